@@ -1,0 +1,36 @@
+# kvfast: run `make` (or `make help`) to list the targets.
+.DEFAULT_GOAL := help
+GO        ?= go
+BIN       := bin/kvfast
+PKGS      := ./...
+FUZZTIME  ?= 20s
+BENCHTIME ?= 1s
+
+.PHONY: help build test test-short bench fuzz lint demo clean
+
+help: ## List the targets with what they do.
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+build: ## Build bin/kvfast.
+	$(GO) build -o $(BIN) ./cmd/kvfast
+
+test: ## Everything CI runs: set-up, go vet, and the whole suite under the race detector.
+	@./scripts/setup-test-deps.sh
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+test-short: ## The suite without the race detector, for a fast local loop.
+	$(GO) test -count=1 -short $(PKGS)
+
+bench: ## All benchmarks once (BENCHTIME=1s by default); see BENCHMARKS.md for the recorded runs.
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+fuzz: ## Each fuzz target for FUZZTIME (default 20s).
+	@./scripts/fuzz-all.sh $(FUZZTIME)
+
+lint: ## gofmt and go vet.
+	@test -z "$$(gofmt -l . | tee /dev/stderr)" || (echo "gofmt: files above need formatting"; exit 1)
+	$(GO) vet $(PKGS)
+
+clean: ## Remove build outputs.
+	rm -rf bin

@@ -1,0 +1,61 @@
+// Command kvfast is the KV-cache-aware router and its companion tools. Each
+// subcommand lives in its own file and registers itself in init.
+package main
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+)
+
+// subcommand is one verb of the kvfast command line.
+type subcommand struct {
+	summary string
+	run     func(args []string) int // returns the process exit code
+}
+
+var subcommands = map[string]subcommand{}
+
+func register(name, summary string, run func(args []string) int) {
+	if _, dup := subcommands[name]; dup {
+		panic("BUG: subcommand registered twice: " + name)
+	}
+	subcommands[name] = subcommand{summary: summary, run: run}
+}
+
+func usage() {
+	var b strings.Builder
+	b.WriteString("kvfast: a KV-cache-aware LLM router for one multi-GPU node.\n\n")
+	b.WriteString("Usage: kvfast <command> [flags]\n\nCommands:\n")
+	names := make([]string, 0, len(subcommands))
+	for n := range subcommands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(&b, "  %-10s %s\n", n, subcommands[n].summary)
+	}
+	b.WriteString("\nRun 'kvfast <command> --help' for the flags of one command.\n")
+	fmt.Fprint(os.Stderr, b.String())
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
+	}
+	name := os.Args[1]
+	switch name {
+	case "-h", "--help", "help":
+		usage()
+		return
+	}
+	cmd, ok := subcommands[name]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "kvfast: unknown command %q\n\n", name)
+		usage()
+		os.Exit(2)
+	}
+	os.Exit(cmd.run(os.Args[2:]))
+}

@@ -1,0 +1,51 @@
+//go:build !race
+
+package radix
+
+import "testing"
+
+func TestHashBlocksAllocatesNothing(t *testing.T) {
+	tokens := seqTokens(8192, 3)
+	dst := make([]uint64, 0, 512)
+	seed := NamespaceSeed("m", "", "")
+	if n := testing.AllocsPerRun(100, func() {
+		dst = AppendBlockHashes(dst[:0], seed, tokens, 16)
+	}); n != 0 {
+		t.Fatalf("AppendBlockHashes: %v allocs per run", n)
+	}
+}
+
+func TestIndexHotPathsAllocateNothing(t *testing.T) {
+	ix := newTestIndex(t, Config{Capacity: 10000})
+	hashes := AppendBlockHashes(nil, 1, seqTokens(512*16, 0), 16)
+	ix.Stored(0, hashes)
+	ix.Stored(1, hashes[:100])
+	var out Overlaps
+	for name, fn := range map[string]func(){
+		"FindMatches": func() { ix.FindMatches(hashes, &out) },
+		"Lookup":      func() { ix.Lookup(hashes[7]) },
+		"Stored":      func() { ix.Stored(2, hashes[:64]) },
+		"Removed":     func() { ix.Removed(2, hashes[:64]) },
+		"EngineMap": func() {
+			ix.MapEngineHash(3, 77, 88)
+			ix.LookupEngineHash(3, 77)
+			ix.UnmapEngineHash(3, 77)
+		},
+	} {
+		if n := testing.AllocsPerRun(100, fn); n != 0 {
+			t.Errorf("%s: %v allocs per run", name, n)
+		}
+	}
+	a, err := NewApprox(Config{Capacity: 10000}, 1e9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time0()
+	if n := testing.AllocsPerRun(100, func() {
+		now = now.Add(1e8)
+		a.Insert(4, hashes[:32], now)
+		a.FindMatches(hashes, &out)
+	}); n != 0 {
+		t.Errorf("Approx: %v allocs per run", n)
+	}
+}

@@ -1,0 +1,201 @@
+package radix
+
+import (
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+func BenchmarkHashBlocks(b *testing.B) {
+	tokens := seqTokens(8192, 1)
+	dst := make([]uint64, 0, 512)
+	seed := NamespaceSeed("llama", "", "")
+	b.ReportAllocs()
+	b.SetBytes(int64(len(tokens) * 4))
+	for b.Loop() {
+		dst = AppendBlockHashes(dst[:0], seed, tokens, 16)
+	}
+	b.ReportMetric(float64(len(tokens))*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+}
+
+// warmIndex builds the benchmark's standing state: prompts of promptBlocks
+// blocks forking from each other, each cached on one to three of 8 workers,
+// until the index holds at least minBlocks distinct blocks.
+func warmIndex(b *testing.B, minBlocks, promptBlocks int) (*Index, [][]uint64) {
+	b.Helper()
+	ix, err := NewHeap(Config{Capacity: minBlocks + minBlocks/8})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(42, 42))
+	var prompts [][]uint64
+	for ix.Stats().Entries < uint64(minBlocks) {
+		for range 256 {
+			p := make([]uint64, promptBlocks)
+			fork := 0
+			if len(prompts) > 0 && r.IntN(4) == 0 {
+				src := prompts[r.IntN(len(prompts))]
+				fork = r.IntN(promptBlocks / 2)
+				copy(p, src[:fork])
+			}
+			for j := fork; j < promptBlocks; j++ {
+				p[j] = r.Uint64()
+			}
+			for range 1 + r.IntN(3) {
+				ix.Stored(WorkerSlot(r.IntN(8)), p)
+			}
+			prompts = append(prompts, p)
+		}
+	}
+	return ix, prompts
+}
+
+var benchIndex struct {
+	once    sync.Once
+	ix      *Index
+	prompts [][]uint64
+}
+
+func sharedWarmIndex(b *testing.B) (*Index, [][]uint64) {
+	benchIndex.once.Do(func() { benchIndex.ix, benchIndex.prompts = warmIndex(b, 1<<20, 512) })
+	return benchIndex.ix, benchIndex.prompts
+}
+
+// BenchmarkFindMatches: a 512-block prompt that one worker holds entirely,
+// among 8 workers, on a warm index of over a million blocks.
+func BenchmarkFindMatches(b *testing.B) {
+	ix, prompts := sharedWarmIndex(b)
+	st := ix.Stats()
+	var out Overlaps
+	r := rand.New(rand.NewPCG(1, 2))
+	b.ReportAllocs()
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		ix.FindMatches(prompts[(i*7919+r.IntN(4))%len(prompts)], &out)
+		i++
+	}
+	b.ReportMetric(float64(512*b.N)/b.Elapsed().Seconds(), "blocks/s")
+	b.ReportMetric(float64(st.Entries), "indexblocks")
+	b.ReportMetric(float64(st.BlockTableBytes)/float64(st.Entries), "tablebytes/block")
+	b.ReportMetric(float64(st.EngineMapBytes)/float64(st.Capacity), "mapbytes/block")
+}
+
+// mutexMap is the baseline: a Go map behind an RWMutex, taken once per
+// lookup call and once per event batch — how most Go routers keep this.
+type mutexMap struct {
+	mu sync.RWMutex
+	m  map[uint64]WorkerSet
+}
+
+func (mm *mutexMap) findMatches(hashes []uint64, out *Overlaps) {
+	*out = Overlaps{}
+	mm.mu.RLock()
+	active := AllWorkers
+	for i, h := range hashes {
+		next := active & mm.m[h]
+		if i > 0 {
+			for gone := active &^ next; gone != 0; {
+				var w WorkerSlot
+				w, gone = gone.First()
+				out[w] = uint32(i)
+			}
+		}
+		active = next
+		if active == 0 {
+			break
+		}
+	}
+	mm.mu.RUnlock()
+	for active != 0 {
+		var w WorkerSlot
+		w, active = active.First()
+		out[w] = uint32(len(hashes))
+	}
+}
+
+func (mm *mutexMap) stored(w WorkerSlot, hashes []uint64) {
+	mm.mu.Lock()
+	for _, h := range hashes {
+		mm.m[h] |= SetOf(w)
+	}
+	mm.mu.Unlock()
+}
+
+func (mm *mutexMap) removed(w WorkerSlot, hashes []uint64) {
+	mm.mu.Lock()
+	for _, h := range hashes {
+		if s := mm.m[h] &^ SetOf(w); s == 0 {
+			delete(mm.m, h)
+		} else {
+			mm.m[h] = s
+		}
+	}
+	mm.mu.Unlock()
+}
+
+// examined is how many hashes a lookup had to resolve: up to and including
+// the first one no remaining worker held.
+func examined(out *Overlaps, n int) int {
+	best := 0
+	for _, o := range out {
+		best = max(best, int(o))
+	}
+	return min(best+1, n)
+}
+
+// BenchmarkIndexMixed runs the same concurrent mix on both structures: on
+// every goroutine, 7 of 8 operations look up a 256-block prompt, and 1 of 8
+// applies an event pair (a worker evicts a 32-block tail, then stores it
+// again). blockops/s counts every block hash resolved or applied.
+func BenchmarkIndexMixed(b *testing.B) {
+	const promptBlocks, eventBlocks = 256, 32
+	r := rand.New(rand.NewPCG(9, 9))
+	prompts := chains(r, 4096, promptBlocks)
+	owners := make([]WorkerSlot, len(prompts))
+	for i := range owners {
+		owners[i] = WorkerSlot(r.IntN(8))
+	}
+
+	run := func(b *testing.B, find func([]uint64, *Overlaps), stored, removed func(WorkerSlot, []uint64)) {
+		for i, p := range prompts {
+			stored(owners[i], p)
+		}
+		var ops atomic.Int64
+		var seq atomic.Uint64
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			gr := rand.New(rand.NewPCG(seq.Add(1), 1))
+			var out Overlaps
+			local := 0
+			for pb.Next() {
+				k := gr.IntN(len(prompts))
+				if gr.IntN(8) == 0 {
+					tail := prompts[k][promptBlocks-eventBlocks:]
+					removed(owners[k], tail)
+					stored(owners[k], tail)
+					local += 2 * eventBlocks
+					continue
+				}
+				find(prompts[k], &out)
+				local += examined(&out, promptBlocks)
+			}
+			ops.Add(int64(local))
+		})
+		b.ReportMetric(float64(ops.Load())/b.Elapsed().Seconds(), "blockops/s")
+	}
+
+	b.Run("kvfast", func(b *testing.B) {
+		ix, err := NewHeap(Config{Capacity: 4096 * promptBlocks})
+		if err != nil {
+			b.Fatal(err)
+		}
+		run(b, func(h []uint64, o *Overlaps) { ix.FindMatches(h, o) }, ix.Stored, ix.Removed)
+	})
+	b.Run("mutexmap", func(b *testing.B) {
+		mm := &mutexMap{m: make(map[uint64]WorkerSet, 4096*promptBlocks)}
+		run(b, mm.findMatches, mm.stored, mm.removed)
+	})
+}

@@ -1,0 +1,415 @@
+package radix
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+)
+
+// model is the reference the index must agree with: a plain map from block
+// hash to worker set.
+type model map[uint64]WorkerSet
+
+func (m model) findMatches(hashes []uint64) (Overlaps, WorkerSet) {
+	var out Overlaps
+	active := AllWorkers
+	var matched WorkerSet
+	for i, h := range hashes {
+		next := active & m[h]
+		if i == 0 {
+			matched = next
+		}
+		for gone := active &^ next; gone != 0; {
+			var w WorkerSlot
+			w, gone = gone.First()
+			out[w] = uint32(i)
+		}
+		active = next
+		if active == 0 {
+			return out, matched
+		}
+	}
+	for rest := active; rest != 0; {
+		var w WorkerSlot
+		w, rest = rest.First()
+		out[w] = uint32(len(hashes))
+	}
+	if len(hashes) == 0 {
+		out = Overlaps{}
+	}
+	return out, matched
+}
+
+func newTestIndex(t testing.TB, cfg Config) *Index {
+	t.Helper()
+	ix, err := NewHeap(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ix
+}
+
+// chains returns n prompts of length blocks, sharing prefixes the way real
+// traffic does: each prompt forks from a random earlier one at a random block.
+func chains(r *rand.Rand, n, length int) [][]uint64 {
+	out := make([][]uint64, n)
+	for i := range out {
+		p := make([]uint64, length)
+		fork := 0
+		if i > 0 {
+			src := out[r.IntN(i)]
+			fork = r.IntN(length + 1)
+			copy(p, src[:fork])
+		}
+		for j := fork; j < length; j++ {
+			p[j] = r.Uint64()
+		}
+		out[i] = p
+	}
+	return out
+}
+
+func TestIndexAgreesWithModel(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		ops  int
+		tiny bool // hashes from a tiny space, so collisions in home slots are the norm
+	}{
+		{name: "one shard", cfg: Config{Capacity: 4000, Shards: 1}, ops: 20000},
+		{name: "many shards", cfg: Config{Capacity: 4000, Shards: 16}, ops: 20000},
+		{name: "small hash space", cfg: Config{Capacity: 500, Shards: 2}, ops: 20000, tiny: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(1, uint64(len(tc.name))))
+			ix := newTestIndex(t, tc.cfg)
+			ref := model{}
+			prompts := chains(r, 64, 24)
+			if tc.tiny {
+				for _, p := range prompts {
+					for j := range p {
+						p[j] = p[j] % 300
+					}
+				}
+			}
+			var got Overlaps
+			for op := 0; op < tc.ops; op++ {
+				w := WorkerSlot(r.IntN(8))
+				if r.IntN(10) == 0 {
+					w = WorkerSlot(r.IntN(MaxWorkers))
+				}
+				p := prompts[r.IntN(len(prompts))]
+				lo := r.IntN(len(p))
+				hi := lo + r.IntN(len(p)-lo) + 1
+				switch k := r.IntN(100); {
+				case k < 45:
+					ix.Stored(w, p[lo:hi])
+					for _, h := range p[lo:hi] {
+						ref[h] |= SetOf(w)
+					}
+				case k < 85:
+					ix.Removed(w, p[lo:hi])
+					for _, h := range p[lo:hi] {
+						if ref[h] &^= SetOf(w); ref[h] == 0 {
+							delete(ref, h)
+						}
+					}
+				case k < 88:
+					ix.Cleared(w)
+					for h := range ref {
+						if ref[h] &^= SetOf(w); ref[h] == 0 {
+							delete(ref, h)
+						}
+					}
+				default:
+					ix.RemoveWorker(w)
+					for h := range ref {
+						if ref[h] &^= SetOf(w); ref[h] == 0 {
+							delete(ref, h)
+						}
+					}
+				}
+				q := prompts[r.IntN(len(prompts))]
+				q = q[:r.IntN(len(q)+1)]
+				gotSet := ix.FindMatches(q, &got)
+				want, wantSet := ref.findMatches(q)
+				if got != want || gotSet != wantSet {
+					t.Fatalf("op %d: FindMatches disagrees with the model\n got %v %b\nwant %v %b", op, got, gotSet, want, wantSet)
+				}
+			}
+			if st := ix.Stats(); st.Overflow != 0 {
+				t.Fatalf("overflow %d in a test sized to avoid it", st.Overflow)
+			} else if st.Entries != uint64(len(ref)) {
+				t.Fatalf("index holds %d entries, model %d", st.Entries, len(ref))
+			}
+			if err := ix.Verify(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestFindMatchesIsContiguousPrefix(t *testing.T) {
+	ix := newTestIndex(t, Config{Capacity: 1000})
+	h := []uint64{10, 11, 12, 13, 14}
+	ix.Stored(0, h)                        // whole prompt
+	ix.Stored(1, h[:2])                    // prefix of two
+	ix.Stored(2, h[1:])                    // everything but the first block: no prefix at all
+	ix.Stored(3, []uint64{10, 11, 13, 14}) // a gap at block 2
+	var out Overlaps
+	set := ix.FindMatches(h, &out)
+	want := Overlaps{0: 5, 1: 2, 3: 2}
+	if out != want {
+		t.Fatalf("overlaps %v, want %v", out[:4], want[:4])
+	}
+	if set != SetOf(0)|SetOf(1)|SetOf(3) {
+		t.Fatalf("matched set %b", set)
+	}
+}
+
+func TestOverflowIsCountedAndRoutingGoesOn(t *testing.T) {
+	ix := newTestIndex(t, Config{Capacity: 100, Shards: 1})
+	limit := int(ix.geo.blockLimit)
+	hashes := make([]uint64, limit+50)
+	for i := range hashes {
+		hashes[i] = uint64(i)*0x9e3779b97f4a7c15 + 12345
+	}
+	ix.Stored(5, hashes)
+	st := ix.Stats()
+	if st.Entries != uint64(limit) || st.Overflow != 50 {
+		t.Fatalf("entries %d overflow %d, want %d and 50", st.Entries, st.Overflow, limit)
+	}
+	var out Overlaps
+	ix.FindMatches(hashes, &out)
+	if out[5] != uint32(limit) {
+		t.Fatalf("overlap %d, want the %d stored blocks", out[5], limit)
+	}
+	// Freeing room lets new stores in again.
+	ix.Removed(5, hashes[:10])
+	ix.Stored(6, hashes[limit:limit+10])
+	if st := ix.Stats(); st.Entries != uint64(limit) || st.Overflow != 50 {
+		t.Fatalf("after reclaim: entries %d overflow %d", st.Entries, st.Overflow)
+	}
+	if err := ix.Verify(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Churn far beyond capacity must leave the table as short-probed as a fresh
+// one: deletion leaves no tombstones to pile up.
+func TestChurnDoesNotDegrade(t *testing.T) {
+	ix := newTestIndex(t, Config{Capacity: 2000, Shards: 2})
+	r := rand.New(rand.NewPCG(7, 7))
+	var live []uint64
+	for i := 0; i < 200_000; i++ {
+		if len(live) < 1500 || r.IntN(2) == 0 {
+			h := r.Uint64()
+			ix.Stored(WorkerSlot(r.IntN(4)), []uint64{h})
+			live = append(live, h)
+			continue
+		}
+		k := r.IntN(len(live))
+		h := live[k]
+		live[k] = live[len(live)-1]
+		live = live[:len(live)-1]
+		for w := WorkerSlot(0); w < 4; w++ {
+			ix.Removed(w, []uint64{h})
+		}
+	}
+	if st := ix.Stats(); st.Overflow != 0 || st.Entries != uint64(len(live)) {
+		t.Fatalf("after churn: entries %d (want %d), overflow %d", st.Entries, len(live), st.Overflow)
+	}
+	if err := ix.Verify(); err != nil {
+		t.Fatal(err)
+	}
+	// Mean probe length of a miss stays what linear probing promises at
+	// this load (~ (1+1/(1-a)^2)/2, under 10 at a <= 3/4), never the whole table.
+	probes := 0
+	for i := 0; i < 10000; i++ {
+		key := storedKey(r.Uint64())
+		sh := ix.shardFor(key)
+		for j := sh.blocks.home(key); sh.blocks.at(j).key.Load() != emptyKey; j = sh.blocks.next(j) {
+			probes++
+		}
+	}
+	if mean := float64(probes) / 10000; mean > 10 {
+		t.Fatalf("mean miss probe length %.1f after churn", mean)
+	}
+}
+
+func TestEngineHashMap(t *testing.T) {
+	ix := newTestIndex(t, Config{Capacity: 1000})
+	for w := WorkerSlot(0); w < 4; w++ {
+		for e := uint64(0); e < 100; e++ { // sequential engine hashes, the worst case for a naive map
+			if !ix.MapEngineHash(w, e, e*1000+uint64(w)) {
+				t.Fatal("map full")
+			}
+		}
+	}
+	if kv, ok := ix.LookupEngineHash(2, 57); !ok || kv != 57002 {
+		t.Fatalf("lookup = %d %v", kv, ok)
+	}
+	if kv, ok := ix.UnmapEngineHash(3, 9); !ok || kv != 9003 {
+		t.Fatalf("unmap = %d %v", kv, ok)
+	}
+	if _, ok := ix.LookupEngineHash(3, 9); ok {
+		t.Fatal("mapping survived unmap")
+	}
+	if _, ok := ix.UnmapEngineHash(3, 9); ok {
+		t.Fatal("unmapped twice")
+	}
+	ix.RemoveWorker(1)
+	if _, ok := ix.LookupEngineHash(1, 5); ok {
+		t.Fatal("RemoveWorker kept a mapping")
+	}
+	if kv, ok := ix.LookupEngineHash(0, 5); !ok || kv != 5000 {
+		t.Fatal("RemoveWorker of slot 1 dropped slot 0's mapping")
+	}
+	st := ix.Stats()
+	if st.EngineMapEntries != 299 || st.UnresolvedRemovals != 1 {
+		t.Fatalf("map entries %d unresolved %d", st.EngineMapEntries, st.UnresolvedRemovals)
+	}
+	if err := ix.Verify(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAttachRefusesBadRegions(t *testing.T) {
+	cfg := Config{Capacity: 1000, Shards: 4}
+	size, err := RegionSize(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := func() []byte {
+		r := alignedHeap(size)
+		if _, err := Format(r, cfg); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for _, tc := range []struct {
+		name  string
+		spoil func([]byte) []byte
+		field string
+	}{
+		{"truncated", func(b []byte) []byte { return b[:size-1] }, "size"},
+		{"shorter than header", func(b []byte) []byte { return b[:10] }, "size"},
+		{"bad magic", func(b []byte) []byte { b[0] = 'X'; return b }, "magic"},
+		{"wrong version", func(b []byte) []byte { b[8] = 99; return b }, "version"},
+		{"flipped size bit", func(b []byte) []byte { b[20] ^= 1; return b }, "checksum"},
+		{"zeroed", func(b []byte) []byte { clear(b); return b }, "magic"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Attach(tc.spoil(fresh()))
+			var ce *CorruptError
+			if !errors.As(err, &ce) || !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("Attach = %v, want a *CorruptError", err)
+			}
+			if ce.Field != tc.field {
+				t.Fatalf("refused on %q, want %q: %v", ce.Field, tc.field, err)
+			}
+		})
+	}
+	t.Run("good region attaches warm", func(t *testing.T) {
+		r := fresh()
+		ix, _ := Attach(r)
+		ix.Stored(3, []uint64{1, 2, 3})
+		again, err := Attach(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out Overlaps
+		again.FindMatches([]uint64{1, 2, 3}, &out)
+		if out[3] != 3 {
+			t.Fatalf("reattached index lost blocks: %v", out[3])
+		}
+	})
+}
+
+func TestRepairAfterInterruptedShift(t *testing.T) {
+	ix := newTestIndex(t, Config{Capacity: 1000, Shards: 1})
+	hashes := make([]uint64, 200)
+	for i := range hashes {
+		hashes[i] = uint64(i)*0x9e3779b97f4a7c15 | 7
+	}
+	ix.Stored(1, hashes)
+	// Forge the state a writer dying inside deleteAt leaves: one slot parked
+	// busy, one key duplicated further down its cluster, an odd move sequence.
+	tb := &ix.shards[0].blocks
+	var dupFrom uint32 = notFound
+	for i := uint32(0); i < tb.n; i++ {
+		if tb.at(i).key.Load() != emptyKey && tb.at(tb.next(i)).key.Load() == emptyKey {
+			dupFrom = i
+			break
+		}
+	}
+	s := tb.at(dupFrom)
+	d := tb.at(tb.next(dupFrom))
+	d.val.Store(s.val.Load())
+	d.key.Store(s.key.Load())
+	var busy uint32
+	for busy = 0; tb.at(busy).key.Load() != emptyKey; busy++ {
+	}
+	tb.at(busy).key.Store(busyKey)
+	tb.moveSeq.Add(1)
+	if ix.Verify() == nil {
+		t.Fatal("Verify accepted a broken table")
+	}
+	if n := ix.Repair(); n != 2 {
+		t.Fatalf("Repair dropped %d slots, want 2", n)
+	}
+	if err := ix.Verify(); err != nil {
+		t.Fatal(err)
+	}
+	var out Overlaps
+	ix.FindMatches(hashes, &out)
+	if out[1] != 200 {
+		t.Fatalf("overlap %d after repair, want 200", out[1])
+	}
+}
+
+func TestApproxExpires(t *testing.T) {
+	a, err := NewApprox(Config{Capacity: 100}, 10e9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time0()
+	h := []uint64{101, 102, 103}
+	a.Insert(4, h, t0)
+	a.Insert(4, h[:1], t0.Add(5e9)) // refresh block 1 only
+	var out Overlaps
+	if a.FindMatches(h, &out); out[4] != 3 {
+		t.Fatalf("overlap %d right after insert", out[4])
+	}
+	a.Expire(t0.Add(10e9)) // first insert's records expire; block 1 still referenced
+	if a.FindMatches(h, &out); out[4] != 1 {
+		t.Fatalf("overlap %d after partial expiry, want 1", out[4])
+	}
+	a.Expire(t0.Add(15e9))
+	if a.FindMatches(h, &out); out[4] != 0 || a.Len() != 0 {
+		t.Fatalf("overlap %d, %d records after full expiry", out[4], a.Len())
+	}
+	if st := a.Index().Stats(); st.Entries != 0 || st.EngineMapEntries != 0 {
+		t.Fatalf("leftovers after expiry: %+v", st.Entries)
+	}
+}
+
+func TestApproxEvictsOldestWhenFull(t *testing.T) {
+	a, err := NewApprox(Config{Capacity: 50, Shards: 1}, 1e12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time0()
+	for i := uint64(0); i < 80; i++ {
+		a.Insert(WorkerSlot(i%3), []uint64{i + 100}, t0)
+	}
+	if a.Len() != 50 {
+		t.Fatalf("%d records, want the 50 it holds", a.Len())
+	}
+	if a.Index().Lookup(100) != 0 || a.Index().Lookup(179) == 0 {
+		t.Fatal("oldest assumption kept or newest dropped")
+	}
+	if err := a.Index().Verify(); err != nil {
+		t.Fatal(err)
+	}
+}
