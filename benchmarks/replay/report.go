@@ -1,0 +1,104 @@
+package replay
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// NamedResult labels one replay, typically with the routing policy it ran
+// against.
+type NamedResult struct {
+	Name   string
+	Result *Result
+}
+
+// WriteTable writes one row per result, side by side: TTFT percentiles,
+// the measured hit rate against the trace's bound, and throughput.
+func WriteTable(w io.Writer, results []NamedResult) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\treqs\terrors\tTTFT p50\tTTFT p90\tTTFT p99\tITL mean\tE2E p50\thit rate\tbound\tof bound\treq/s\tout tok/s\t")
+	for _, nr := range results {
+		s := nr.Result.Summary()
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%.2f\t%.0f\t\n",
+			nr.Name, s.Requests, s.Errors,
+			formatMillis(s.TTFTP50), formatMillis(s.TTFTP90), formatMillis(s.TTFTP99),
+			formatMillis(s.ITLMean), formatMillis(s.LatencyP50),
+			formatRate(s.HitRate, s.HitRateKnown()), s.Bound.Tokens,
+			formatPercent(s.HitFractionOfBound()),
+			s.RequestsPerSec, s.OutputTokensPerSec)
+	}
+	return tw.Flush()
+}
+
+// WriteText writes a human-readable report of one replay.
+func (s *Summary) WriteText(w io.Writer) error {
+	var b strings.Builder
+	mode := fmt.Sprintf("timestamps at %gx", s.Speedup)
+	if s.Mode == ModeConcurrency {
+		mode = fmt.Sprintf("concurrency %d", s.Concurrency)
+	}
+	fmt.Fprintf(&b, "trace       %s (%d tokens per hash id, %s)\n", s.Source, s.BlockTokens, mode)
+	fmt.Fprintf(&b, "requests    %d sent, %d ok, %d failed in %s\n", s.Requests, s.Succeeded, s.Errors, s.Duration.Round(time.Millisecond))
+	fmt.Fprintf(&b, "TTFT        p50 %s  p90 %s  p99 %s\n", formatMillis(s.TTFTP50), formatMillis(s.TTFTP90), formatMillis(s.TTFTP99))
+	fmt.Fprintf(&b, "ITL         mean %s  p99 %s\n", formatMillis(s.ITLMean), formatMillis(s.ITLP99))
+	fmt.Fprintf(&b, "latency     p50 %s  p99 %s (end to end)\n", formatMillis(s.LatencyP50), formatMillis(s.LatencyP99))
+	fmt.Fprintf(&b, "throughput  %.2f req/s  %.0f output tok/s\n", s.RequestsPerSec, s.OutputTokensPerSec)
+	if s.HitRateKnown() {
+		fmt.Fprintf(&b, "prefix hits %.3f of prompt tokens (%s of the infinite-cache bound %.3f)\n",
+			s.HitRate, formatPercent(s.HitFractionOfBound()), s.Bound.Tokens)
+	} else {
+		fmt.Fprintf(&b, "prefix hits n/a: no response reported usage (infinite-cache bound %.3f)\n", s.Bound.Tokens)
+	}
+	if s.MaxSendLag > 50*time.Millisecond {
+		fmt.Fprintf(&b, "warning     requests left up to %s late: the client limited the pace\n", formatMillis(s.MaxSendLag))
+	}
+	if len(s.Workers) > 0 {
+		names := make([]string, 0, len(s.Workers))
+		for n := range s.Workers {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		b.WriteString("workers    ")
+		for _, n := range names {
+			fmt.Fprintf(&b, " %s=%d", n, s.Workers[n])
+		}
+		b.WriteByte('\n')
+	}
+	for _, e := range s.ErrorSamples {
+		fmt.Fprintf(&b, "error       %s\n", e)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// formatMillis prints a duration in milliseconds, the unit TTFT is read in.
+func formatMillis(d time.Duration) string {
+	ms := float64(d) / 1e6
+	switch {
+	case ms >= 10000:
+		return fmt.Sprintf("%.1fs", ms/1000)
+	case ms >= 100:
+		return fmt.Sprintf("%.0fms", ms)
+	default:
+		return fmt.Sprintf("%.1fms", ms)
+	}
+}
+
+func formatRate(r float64, known bool) string {
+	if !known || math.IsNaN(r) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.3f", r)
+}
+
+func formatPercent(f float64) string {
+	if math.IsNaN(f) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f%%", 100*f)
+}
