@@ -1,0 +1,146 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/shm"
+)
+
+func init() {
+	register("inspect", "print a shm segment: header, index, workers, load pages, rings", runInspect)
+}
+
+func runInspect(args []string) int {
+	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
+	verify := fs.Bool("verify", false, "also check the index's structural invariants (locks each shard briefly)")
+	shards := fs.Bool("shards", true, "list entries per shard")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage: kvfast inspect [--verify] [--shards=false] SEGMENT")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return 2
+	}
+	seg, err := shm.Open(fs.Arg(0), shm.Options{NoCreate: true})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer seg.Close()
+	if err := inspect(os.Stdout, seg, *shards); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if *verify {
+		if err := seg.Index().Verify(); err != nil {
+			fmt.Fprintln(os.Stderr, "kvfast: index verification failed:", err)
+			return 1
+		}
+		fmt.Println("index verified: OK")
+	}
+	return 0
+}
+
+func inspect(out io.Writer, seg *shm.Segment, perShard bool) error {
+	h := seg.Header()
+	now := shm.MonotonicNow()
+	fmt.Fprintf(out, "segment %s\n", seg.Path())
+	fmt.Fprintf(out, "  layout version %d, id %016x, created %s\n", h.Version, h.SegmentID,
+		time.Unix(0, h.CreatedUnix).UTC().Format(time.RFC3339))
+	fmt.Fprintf(out, "  file %d bytes; %d worker slots; ring %d bytes each (stride %d, rings at %d); index at %d, %d bytes\n",
+		h.FileSize, h.MaxWorkers, h.RingBytes, h.RingStride, h.RingsOffset, h.IndexOffset, h.IndexSize)
+	if seg.Retired() {
+		fmt.Fprintln(out, "  RETIRED: a router recreated this segment; publishers must register again")
+	}
+	ing := seg.Ingester()
+	if ing.Epoch == 0 {
+		fmt.Fprintln(out, "  ingester: never held")
+	} else {
+		fmt.Fprintf(out, "  ingester: pid %d (last holder), held since %s ago, %d handovers\n",
+			ing.PID, age(now, ing.Since), ing.Epoch)
+	}
+
+	st := seg.Index().Stats()
+	fmt.Fprintf(out, "\nindex: %d/%d blocks (%.1f%%), overflow %d; engine map %d/%d, overflow %d, unresolved removals %d\n",
+		st.Entries, st.Capacity, pct(st.Entries, st.Capacity), st.Overflow,
+		st.EngineMapEntries, st.EngineMapCapacity, st.EngineMapOverflow, st.UnresolvedRemovals)
+	fmt.Fprintf(out, "  region %d bytes: block table %d, engine map %d\n", st.RegionBytes, st.BlockTableBytes, st.EngineMapBytes)
+	if perShard {
+		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "  shard\tentries\tlimit\toverflow\tmap entries\tmap limit\tmap overflow\t")
+		for i, s := range st.Shards {
+			fmt.Fprintf(tw, "  %d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", i, s.Entries, s.Limit, s.Overflow, s.MapEntries, s.MapLimit, s.MapOverflow)
+		}
+		tw.Flush()
+	}
+
+	fmt.Fprintln(out, "\nworkers:")
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  slot\tstate\tgen\tworker\trank\tmodel\tblock\tkv cap\tblocks\tendpoint\tpid\theartbeat\t")
+	workers := seg.Workers(nil)
+	for _, w := range workers {
+		fmt.Fprintf(tw, "  %d\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%d\t%s ago\t\n", w.Slot, w.State, w.Generation, w.WorkerID,
+			w.DPRank, w.Model, w.BlockSize, w.KVCapacityBlocks, st.WorkerBlocks[w.Slot], w.Endpoint, w.PID, age(now, w.Heartbeat))
+	}
+	tw.Flush()
+	if len(workers) == 0 {
+		fmt.Fprintln(out, "  (none registered)")
+	}
+	for s := 0; s < radix.MaxWorkers; s++ {
+		if n := st.WorkerBlocks[s]; n != 0 && !listed(workers, radix.WorkerSlot(s)) {
+			fmt.Fprintf(out, "  slot %d: %d blocks but no registration\n", s, n)
+		}
+	}
+
+	fmt.Fprintln(out, "\nload and rings:")
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  slot\trunning\twaiting\tkv used/total\tload age\thead\ttail\tlag bytes\tpublished\tdropped\tconsumer gen\tlast seq\t")
+	for _, w := range workers {
+		r := seg.RingState(w.Slot)
+		load := "torn"
+		loadAge := "-"
+		if l, err := seg.LoadOf(w.Slot); err == nil {
+			load = fmt.Sprintf("%d\t%d\t%d/%d", l.Running, l.Waiting, l.KVUsedBlocks, l.KVTotalBlocks)
+			if l.Updated != 0 {
+				loadAge = age(now, l.Updated) + " ago"
+			}
+		} else {
+			load += "\t-\t-"
+		}
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", w.Slot, load, loadAge, r.Head, r.Tail, r.Lag(), r.Published, r.Dropped, r.Gen, r.LastSeq)
+	}
+	return tw.Flush()
+}
+
+func listed(ws []shm.WorkerInfo, s radix.WorkerSlot) bool {
+	for _, w := range ws {
+		if w.Slot == s {
+			return true
+		}
+	}
+	return false
+}
+
+func age(now, then int64) string {
+	if then == 0 || then > now {
+		return "?"
+	}
+	return time.Duration(now - then).Round(time.Millisecond).String()
+}
+
+func pct(a, b uint64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return 100 * float64(a) / float64(b)
+}

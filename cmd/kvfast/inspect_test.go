@@ -1,0 +1,42 @@
+package main
+
+import (
+	"bytes"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/shm"
+)
+
+func TestInspect(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "seg")
+	seg, err := shm.Open(path, shm.Options{Index: radix.Config{Capacity: 4096}, RingBytes: shm.MinRingBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	p, err := seg.Register(shm.WorkerConfig{WorkerID: 9, DPRank: 2, Model: "llama", BlockSize: 16, Endpoint: "http://127.0.0.1:8000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Load(shm.Load{Running: 3, Waiting: 1, KVUsedBlocks: 10, KVTotalBlocks: 100})
+	p.Cleared()
+	seg.Index().Stored(p.Slot(), radix.AppendBlockHashes(nil, 1, make([]uint32, 48), 16))
+	var out bytes.Buffer
+	if err := inspect(&out, seg, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"layout version 1", "index: 3/4096 blocks", "llama", "http://127.0.0.1:8000", "live", "10/100", "shard"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if code := runInspect([]string{filepath.Join(t.TempDir(), "missing")}); code != 1 {
+		t.Fatalf("missing segment: exit %d", code)
+	}
+	if code := runInspect([]string{"--verify", path}); code != 0 {
+		t.Fatalf("inspect --verify: exit %d", code)
+	}
+}

@@ -1,0 +1,447 @@
+package feed
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/shm"
+)
+
+// Child processes are this test binary re-executed with KVFAST_FEED_CHILD
+// naming their role, so every cross-process test is self-contained.
+func TestMain(m *testing.M) {
+	role := os.Getenv("KVFAST_FEED_CHILD")
+	if role == "" {
+		os.Exit(m.Run())
+	}
+	if err := runChild(role, os.Getenv("KVFAST_SEG")); err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func runChild(role, seg string) error {
+	id, _ := strconv.ParseUint(os.Getenv("KVFAST_WORKER"), 10, 64)
+	switch role {
+	case "publish-file":
+		ops, err := readOps(os.Getenv("KVFAST_OPS"))
+		if err != nil {
+			return err
+		}
+		p, err := shm.Register(seg, workerCfg(id))
+		if err != nil {
+			return err
+		}
+		for _, o := range ops {
+			if err := publishOp(p, o); err != nil {
+				return err
+			}
+		}
+		fmt.Println(p.Slot(), p.Generation(), p.Seq())
+		return nil // no Close: the worker stays live, as a running engine would
+	case "publish-until-killed":
+		n, _ := strconv.Atoi(os.Getenv("KVFAST_OPS_N"))
+		ops := genOps(id, n)
+		p, err := shm.Register(seg, workerCfg(id))
+		if err != nil {
+			return err
+		}
+		fmt.Println("READY")
+		pace := os.Getenv("KVFAST_PACE") != ""
+		for i, o := range ops {
+			if err := publishOp(p, o); err != nil {
+				return err
+			}
+			if pace && i%64 == 0 {
+				time.Sleep(200 * time.Microsecond)
+			}
+		}
+		fmt.Println("DONE")
+		time.Sleep(time.Hour)
+	case "partial-write":
+		n, _ := strconv.Atoi(os.Getenv("KVFAST_OPS_N"))
+		p, err := shm.Register(seg, workerCfg(id))
+		if err != nil {
+			return err
+		}
+		for _, o := range genOps(id, n) {
+			if err := publishOp(p, o); err != nil {
+				return err
+			}
+		}
+		// Write most of a valid-looking next record past head, the way a
+		// publisher killed between copying and committing leaves it.
+		s, err := shm.Open(seg, shm.Options{NoCreate: true})
+		if err != nil {
+			return err
+		}
+		h := s.Header()
+		ring := h.RingsOffset + int64(p.Slot())*int64(h.RingStride)
+		head := s.RingState(p.Slot()).Head
+		rec := make([]byte, 56)
+		rec[0], rec[4], rec[6] = 56, byte(shm.KindStored), testBlockSize
+		rec[8] = byte(p.Seq() + 1)
+		rec[16] = byte(p.Generation())
+		rec[20] = 1
+		f, err := os.OpenFile(seg, os.O_RDWR, 0)
+		if err != nil {
+			return err
+		}
+		f.WriteAt(rec, ring+256+int64(head%uint64(h.RingBytes)))
+		fmt.Println("READY")
+		time.Sleep(time.Hour)
+	case "latency-publisher":
+		n, _ := strconv.Atoi(os.Getenv("KVFAST_OPS_N"))
+		return latencyPublisher(seg, n)
+	case "ingest":
+		s, err := shm.Open(seg, shm.Options{NoCreate: true})
+		if err != nil {
+			return err
+		}
+		in := New(s, Config{HeartbeatGrace: time.Hour})
+		for {
+			ok, err := in.Acquire()
+			if err != nil {
+				return err
+			}
+			if ok {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		fmt.Println("LOCKED")
+		return in.Run(context.Background())
+	}
+	return fmt.Errorf("unknown role %q", role)
+}
+
+// child starts this binary in a role and returns it with a reader of its
+// stdout lines.
+type child struct {
+	cmd   *exec.Cmd
+	lines chan string
+}
+
+func startChild(t *testing.T, role, seg string, env ...string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), append([]string{"KVFAST_FEED_CHILD=" + role, "KVFAST_SEG=" + seg}, env...)...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, lines: make(chan string, 16)}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			c.lines <- sc.Text()
+		}
+		close(c.lines)
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return c
+}
+
+func (c *child) expect(t *testing.T, want string) string {
+	t.Helper()
+	select {
+	case line, ok := <-c.lines:
+		if !ok {
+			t.Fatalf("child exited before printing %q", want)
+		}
+		if want != "" && line != want {
+			t.Fatalf("child printed %q, want %q", line, want)
+		}
+		return line
+	case <-time.After(30 * time.Second):
+		t.Fatalf("child did not print %q", want)
+	}
+	return ""
+}
+
+func (c *child) kill(t *testing.T) {
+	t.Helper()
+	c.cmd.Process.Signal(syscall.SIGKILL)
+	c.cmd.Wait()
+}
+
+func (c *child) wait(t *testing.T) {
+	t.Helper()
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("child failed: %v", err)
+	}
+}
+
+func pythonDir(t *testing.T) string {
+	dir, err := filepath.Abs("../publishers/python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestCrossProcessPublishers: a Go child, a Python publisher and a Python
+// vLLM adapter each publish the same workload into one segment while this
+// process ingests; the index must reflect exactly what each published.
+func TestCrossProcessPublishers(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	in := acquire(t, seg, Config{HeartbeatGrace: time.Hour})
+	ops := genOps(11, 1500)
+	opsPath := writeOps(t, ops)
+
+	type result struct {
+		name string
+		slot radix.WorkerSlot
+		seq  uint64
+	}
+	var results []result
+	parse := func(name, line string) {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			t.Fatalf("%s printed %q", name, line)
+		}
+		slot, _ := strconv.Atoi(f[0])
+		seq, _ := strconv.ParseUint(f[2], 10, 64)
+		results = append(results, result{name, radix.WorkerSlot(slot), seq})
+	}
+
+	goChild := startChild(t, "publish-file", seg.Path(), "KVFAST_WORKER=1", "KVFAST_OPS="+opsPath)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // ingest concurrently with the publishers
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				in.Poll()
+			}
+		}
+	}()
+	parse("go", goChild.expect(t, ""))
+	goChild.wait(t)
+
+	python, err := exec.LookPath("python3")
+	if err == nil {
+		for i, mode := range []string{"direct", "vllm"} {
+			cmd := exec.Command(python, "testdata/py_publish.py", seg.Path(), opsPath, strconv.Itoa(2+i), mode)
+			cmd.Env = append(os.Environ(), "KVFAST_PY_DIR="+pythonDir(t))
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("python %s: %v\n%s", mode, err, out)
+			}
+			parse("python-"+mode, string(out))
+		}
+	} else {
+		t.Log("python3 not found: Python publisher not exercised")
+	}
+	close(stop)
+	wg.Wait()
+	drainAll(in)
+
+	want := newModel()
+	for _, o := range ops {
+		want.apply(o)
+	}
+	for _, r := range results {
+		if r.seq != uint64(len(ops)) {
+			t.Errorf("%s published %d records, want %d", r.name, r.seq, len(ops))
+		}
+		if _, last := seg.Reader(r.slot).Cursor(); last != r.seq {
+			t.Errorf("%s: consumer cursor at %d, publisher at %d", r.name, last, r.seq)
+		}
+		want.check(t, seg.Index(), r.slot)
+	}
+	if st := in.Stats(); st.Gaps != 0 || st.Garbage != 0 || st.Duplicate != 0 || st.UnresolvedParent != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if python != "" {
+		w, ok := seg.Worker(results[1].slot)
+		if !ok || w.Model != testModel || w.DPRank != 3 || w.KVCapacityBlocks != 777 || w.Endpoint != "http://127.0.0.1:7777" || w.BlockSize != 4 {
+			t.Fatalf("python registration %+v", w)
+		}
+		l, err := seg.LoadOf(results[1].slot)
+		if err != nil || l.Running != 5 || l.Waiting != 2 || l.KVUsedBlocks != 40 || l.KVTotalBlocks != 777 || l.Generation != w.Generation {
+			t.Fatalf("python load page %+v %v", l, err)
+		}
+		if w, _ := seg.Worker(results[2].slot); w.DPRank != 1 || w.Endpoint != "http://127.0.0.1:7778" {
+			t.Fatalf("vllm adapter registration %+v", w)
+		}
+	}
+}
+
+// TestPublisherKilledMidWrite kills publishers while they write: nothing
+// half-written may be applied, and everything committed must be.
+func TestPublisherKilledMidWrite(t *testing.T) {
+	t.Run("random kill", func(t *testing.T) {
+		seg := openSeg(t, 16<<20)
+		const n = 60000
+		c := startChild(t, "publish-until-killed", seg.Path(), "KVFAST_WORKER=3", "KVFAST_OPS_N="+strconv.Itoa(n))
+		c.expect(t, "READY")
+		time.Sleep(time.Duration(2+rand.IntN(10)) * time.Millisecond)
+		c.kill(t)
+		in := acquire(t, seg, Config{HeartbeatGrace: time.Hour})
+		var seqs []uint64
+		in.OnApply = func(_ radix.WorkerSlot, rec *shm.Record) { seqs = append(seqs, rec.Seq) }
+		drainAll(in)
+		if len(seqs) == 0 || len(seqs) == n {
+			t.Logf("killed after %d of %d records (timing-dependent)", len(seqs), n)
+		}
+		for i, s := range seqs {
+			if s != uint64(i+1) {
+				t.Fatalf("record %d has seq %d", i, s)
+			}
+		}
+		ops := genOps(3, n)
+		m := newModel()
+		for _, o := range ops[:len(seqs)] {
+			m.apply(o)
+		}
+		m.check(t, seg.Index(), 0)
+		if st := in.Stats(); st.Garbage != 0 || st.Gaps != 0 {
+			t.Fatalf("stats %+v", st)
+		}
+	})
+	t.Run("uncommitted record", func(t *testing.T) {
+		seg := openSeg(t, 1<<20)
+		c := startChild(t, "partial-write", seg.Path(), "KVFAST_WORKER=4", "KVFAST_OPS_N=200")
+		c.expect(t, "READY")
+		c.kill(t)
+		in := acquire(t, seg, Config{HeartbeatGrace: time.Hour})
+		drainAll(in)
+		m := newModel()
+		for _, o := range genOps(4, 200) {
+			m.apply(o)
+		}
+		m.check(t, seg.Index(), 0)
+		if st := in.Stats(); st.Records != 200 || st.Garbage != 0 {
+			t.Fatalf("stats %+v", st)
+		}
+		// The engine restarts: the new generation overwrites the stale
+		// bytes and its records apply from a clean slate.
+		p, err := seg.Register(workerCfg(4))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fresh := newModel()
+		for _, o := range genOps(40, 50) {
+			publishOp(p, o)
+			fresh.apply(o)
+		}
+		drainAll(in)
+		fresh.check(t, seg.Index(), p.Slot())
+	})
+}
+
+// TestRouterRestartMidStream kills the ingesting router mid-stream and
+// resumes in another process: the sequence numbers it applies must
+// continue exactly after the persisted cursor, and the index must end
+// equal to everything published, nothing lost or doubled.
+func TestRouterRestartMidStream(t *testing.T) {
+	seg := openSeg(t, 16<<20)
+	router := startChild(t, "ingest", seg.Path())
+	router.expect(t, "LOCKED")
+
+	standby := New(seg, Config{HeartbeatGrace: time.Hour})
+	if ok, _ := standby.Acquire(); ok {
+		t.Fatal("acquired the ingester lock while another process holds it")
+	}
+	const n = 20000
+	pub := startChild(t, "publish-until-killed", seg.Path(), "KVFAST_WORKER=5", "KVFAST_OPS_N="+strconv.Itoa(n), "KVFAST_PACE=1")
+	pub.expect(t, "READY")
+	// Let the router ingest part of the stream, then kill it.
+	deadline := time.Now().Add(20 * time.Second)
+	for seg.RingState(0).LastSeq < n/10 {
+		if time.Now().After(deadline) {
+			t.Fatal("child router is not ingesting")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	router.kill(t)
+	st := seg.RingState(0)
+	if st.LastSeq >= n {
+		t.Fatalf("router finished before it was killed (lastSeq %d); slow the publisher", st.LastSeq)
+	}
+	// Takeover: the dead holder's flock is gone.
+	ok, err := standby.Acquire()
+	if !ok || err != nil {
+		t.Fatalf("takeover after holder died: %v %v", ok, err)
+	}
+	defer standby.Release()
+	resumeFrom := seg.RingState(0).LastSeq
+	var seqs []uint64
+	standby.OnApply = func(_ radix.WorkerSlot, rec *shm.Record) { seqs = append(seqs, rec.Seq) }
+	pub.expect(t, "DONE")
+	drainAll(standby)
+	if len(seqs) == 0 || seqs[0] != resumeFrom+1 {
+		t.Fatalf("resumed at seq %v, persisted cursor says %d", seqs[:min(1, len(seqs))], resumeFrom)
+	}
+	for i, s := range seqs {
+		if s != resumeFrom+uint64(i)+1 {
+			t.Fatalf("after restart, record %d has seq %d (resumed from %d)", i, s, resumeFrom)
+		}
+	}
+	if last := seqs[len(seqs)-1]; last != n {
+		t.Fatalf("last applied seq %d, published %d", last, n)
+	}
+	m := newModel()
+	for _, o := range genOps(5, n) {
+		m.apply(o)
+	}
+	m.check(t, seg.Index(), 0)
+	if s := standby.Stats(); s.Gaps != 0 || s.Garbage != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	t.Logf("child router applied 1..%d, this process %d..%d; duplicates skipped: %d", resumeFrom, resumeFrom+1, n, standby.Stats().Duplicate)
+}
+
+// TestIngesterLockTakeover: a standby Run takes over when the holder dies.
+func TestIngesterLockTakeover(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	holder := startChild(t, "ingest", seg.Path())
+	holder.expect(t, "LOCKED")
+	in := New(seg, Config{StandbyPoll: 5 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+	time.Sleep(30 * time.Millisecond)
+	if in.Stats().Ingesting {
+		t.Fatal("standby ingests while the holder is alive")
+	}
+	killed := time.Now()
+	holder.kill(t)
+	for !in.Stats().Ingesting {
+		if time.Since(killed) > 10*time.Second {
+			t.Fatal("standby never took over")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("took over %v after the holder died", time.Since(killed).Round(time.Millisecond))
+	if got := seg.Ingester().PID; got != uint64(os.Getpid()) {
+		t.Fatalf("ingester pid %d", got)
+	}
+	cancel()
+	<-done
+}

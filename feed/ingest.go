@@ -1,0 +1,481 @@
+package feed
+
+import (
+	"context"
+	"runtime"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/shm"
+)
+
+// Config tunes an Ingester. Zero values take the defaults.
+type Config struct {
+	// HeartbeatGrace is how long a live worker may go without a heartbeat
+	// before it is marked down and its blocks removed. Default 5s.
+	HeartbeatGrace time.Duration
+	// RegistryEvery is how often the registry is rescanned for new,
+	// restarted, closed and silent workers. Default 5ms.
+	RegistryEvery time.Duration
+	// IdleSpin is how long the ingester keeps polling after the last
+	// record before it sleeps on the doorbell. Default 50µs.
+	IdleSpin time.Duration
+	// MaxSleep bounds one sleep: publishers that cannot ring the doorbell
+	// (the Python one) are seen at most this late. Default 1ms.
+	MaxSleep time.Duration
+	// StandbyPoll is how often a router that is not the ingester retries
+	// the ingester lock. Default 100ms.
+	StandbyPoll time.Duration
+	// Budget caps the records taken from one ring per pass, so one busy
+	// worker cannot starve the others. Default 1024.
+	Budget int
+}
+
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.HeartbeatGrace, 5*time.Second)
+	def(&c.RegistryEvery, 5*time.Millisecond)
+	def(&c.IdleSpin, 50*time.Microsecond)
+	def(&c.MaxSleep, time.Millisecond)
+	def(&c.StandbyPoll, 100*time.Millisecond)
+	if c.Budget <= 0 {
+		c.Budget = 1024
+	}
+	return c
+}
+
+// worker is the ingester's view of one registry slot.
+type worker struct {
+	gen       uint32 // generation whose blocks the index holds for this slot
+	lastSeq   uint64 // mirror of the ring's persisted cursor
+	state     shm.WorkerState
+	seed      uint64 // namespace seed of the worker's model
+	blockSize int
+	seen      bool  // registry slot read at least once since Acquire
+	poisoned  bool  // ring held garbage; re-examined at the next registry scan
+	removed   bool  // RemoveWorker done for a down or closed worker
+	claimAt   int64 // when the slot was first seen Claiming (monotonic ns)
+}
+
+// Ingester applies every worker's ring to the segment's index. Exactly
+// one Ingester per segment may run at a time; Run and Acquire enforce it
+// with the segment's ingester lock.
+type Ingester struct {
+	seg     *shm.Segment
+	ix      *radix.Index
+	cfg     Config
+	readers [radix.MaxWorkers]*shm.RingReader
+	workers [radix.MaxWorkers]worker
+	kv      []uint64   // scratch for one record's kvfast hashes
+	rec     shm.Record // the record being applied; a field so OnApply cannot make it escape per call
+	c       counters
+	pub     published
+	held    bool
+	lastReg time.Time
+
+	// OnApply, if set, is called after each record is applied and
+	// committed. Tests use it to prove exactly-once delivery.
+	OnApply func(slot radix.WorkerSlot, rec *shm.Record)
+}
+
+// New returns an ingester for seg, which must have been opened with its
+// index (shm.Open).
+func New(seg *shm.Segment, cfg Config) *Ingester {
+	if seg.Index() == nil {
+		panic("BUG: feed: segment opened without its index")
+	}
+	in := &Ingester{seg: seg, ix: seg.Index(), cfg: cfg.withDefaults(),
+		kv: make([]uint64, 0, seg.Header().RingBytes/8)}
+	return in
+}
+
+// Acquire tries to take the ingester role without waiting. On success
+// the ingester resumes every ring from its persisted cursor.
+func (in *Ingester) Acquire() (bool, error) {
+	if in.held {
+		return true, nil
+	}
+	ok, err := in.seg.TryLockIngester()
+	if !ok {
+		return false, err
+	}
+	in.held = true
+	for i := range in.readers {
+		in.readers[i] = in.seg.Reader(radix.WorkerSlot(i))
+		gen, last := in.readers[i].Cursor()
+		in.workers[i] = worker{gen: gen, lastSeq: last}
+	}
+	in.lastReg = time.Time{}
+	in.pub.ingesting.Store(true)
+	return true, nil
+}
+
+// Release gives the ingester role up.
+func (in *Ingester) Release() error {
+	if !in.held {
+		return nil
+	}
+	in.held = false
+	in.pub.ingesting.Store(false)
+	return in.seg.UnlockIngester()
+}
+
+// Run waits to become the ingester (taking over when the holder dies)
+// and then ingests until ctx is done. It returns ctx.Err().
+func (in *Ingester) Run(ctx context.Context) error {
+	defer in.Release()
+	for {
+		ok, err := in.Acquire()
+		if err != nil {
+			return err
+		}
+		if ok {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(in.cfg.StandbyPoll):
+		}
+	}
+	lastWork := time.Now()
+	for ctx.Err() == nil {
+		if in.Poll() > 0 {
+			lastWork = time.Now()
+			continue
+		}
+		idle := time.Since(lastWork)
+		if idle < in.cfg.IdleSpin {
+			runtime.Gosched()
+			continue
+		}
+		sleep := in.cfg.MaxSleep
+		if untilReg := in.cfg.RegistryEvery - time.Since(in.lastReg); untilReg < sleep {
+			sleep = max(untilReg, time.Microsecond)
+		}
+		in.seg.WaitForEvents(sleep, in.watched())
+	}
+	return ctx.Err()
+}
+
+// watched is the set of rings Poll would drain.
+func (in *Ingester) watched() radix.WorkerSet {
+	var set radix.WorkerSet
+	for i := range in.workers {
+		if w := &in.workers[i]; w.seen && !w.poisoned {
+			set |= radix.SetOf(radix.WorkerSlot(i))
+		}
+	}
+	return set
+}
+
+// Poll rescans the registry when due and drains every ring once (up to
+// Budget records each). It returns the number of records consumed. The
+// caller must hold the ingester role (Acquire) and call Poll from one
+// goroutine.
+func (in *Ingester) Poll() int {
+	if !in.held {
+		panic("BUG: feed: Poll without the ingester lock")
+	}
+	if time.Since(in.lastReg) >= in.cfg.RegistryEvery {
+		in.scanRegistry()
+	}
+	n := 0
+	for i := range in.readers {
+		if w := &in.workers[i]; w.seen && !w.poisoned && in.readers[i].Pending() {
+			n += in.drain(radix.WorkerSlot(i), w)
+		}
+	}
+	in.publish()
+	return n
+}
+
+// ScanRegistry rescans the registry now instead of when due.
+func (in *Ingester) ScanRegistry() {
+	if !in.held {
+		panic("BUG: feed: ScanRegistry without the ingester lock")
+	}
+	in.scanRegistry()
+	in.publish()
+}
+
+func (in *Ingester) scanRegistry() {
+	in.lastReg = time.Now()
+	now := shm.MonotonicNow()
+	grace := in.cfg.HeartbeatGrace.Nanoseconds()
+	for i := range in.workers {
+		slot := radix.WorkerSlot(i)
+		w := &in.workers[i]
+		w.poisoned = false
+		st, gen, beat := in.seg.SlotState(slot)
+		if st != shm.StateClaiming {
+			w.claimAt = 0
+		}
+		switch st {
+		case shm.StateFree:
+			w.state = st
+		case shm.StateClaiming:
+			if w.claimAt == 0 {
+				w.claimAt = now
+			} else if now-w.claimAt > grace {
+				in.seg.ExpireClaim(slot)
+			}
+		case shm.StateLive:
+			if gen != w.gen || !w.seen || w.state != shm.StateLive {
+				if !in.adopt(slot, w, gen) {
+					continue
+				}
+			}
+			if now-beat > grace {
+				if ok, _ := in.seg.MarkDown(slot, gen, beat); ok {
+					in.ix.RemoveWorker(slot)
+					w.state, w.removed = shm.StateDown, true
+					in.c.workersDown++
+				}
+			}
+		case shm.StateDown, shm.StateClosed:
+			w.seen = true
+			if !w.removed || w.state != st {
+				if !w.removed {
+					in.ix.RemoveWorker(slot)
+					w.removed = true
+				}
+				if st == shm.StateClosed && w.state != st {
+					in.c.workersClosed++
+				}
+				w.state = st
+			}
+		}
+	}
+}
+
+// adopt reads a live slot's registration and, if its generation differs
+// from the one whose blocks the index holds, drops those blocks: the
+// engine restarted (or another engine took the slot) and its cache is
+// gone. It reports false if the slot could not be read consistently.
+func (in *Ingester) adopt(slot radix.WorkerSlot, w *worker, gen uint32) bool {
+	info, ok := in.seg.Worker(slot)
+	if !ok || info.State != shm.StateLive {
+		return false
+	}
+	gen = info.Generation
+	if gen != w.gen {
+		if w.gen != 0 || w.seen {
+			in.c.generationBumps++
+		}
+		in.ix.RemoveWorker(slot)
+		in.readers[slot].BeginGeneration(gen)
+		w.gen, w.lastSeq = gen, 0
+	}
+	w.seed = radix.NamespaceSeed(info.Model, "", "")
+	w.blockSize = info.BlockSize
+	w.state, w.seen, w.removed = shm.StateLive, true, false
+	return true
+}
+
+// drain consumes up to Budget records of one ring.
+func (in *Ingester) drain(slot radix.WorkerSlot, w *worker) int {
+	r := in.readers[slot]
+	rec := &in.rec
+	n := 0
+	for ; n < in.cfg.Budget; n++ {
+		ok, err := r.Next(rec)
+		if err != nil {
+			// Garbage: no boundary after it can be trusted, and whatever
+			// it described is lost, so the worker's entries are suspect.
+			in.c.garbage++
+			in.c.resyncBytes += r.Resync()
+			in.resync(slot, w)
+			// A producer that keeps writing garbage (say, an unaligned head)
+			// must not keep the ingester spinning: look again at the next
+			// registry scan.
+			w.poisoned = true
+			return n
+		}
+		if !ok {
+			break
+		}
+		if w.state != shm.StateLive {
+			in.c.skippedDown++
+			r.Skip(rec)
+			continue
+		}
+		if rec.Gen != w.gen {
+			if rec.Gen < w.gen {
+				in.c.stale++
+				r.Skip(rec)
+				continue
+			}
+			// The engine re-registered and published before our registry
+			// scan noticed; adopt the new generation now if the registry
+			// agrees, else the record is forged or from the future.
+			if !in.adopt(slot, w, rec.Gen) || w.gen != rec.Gen {
+				in.c.rejected++
+				r.Skip(rec)
+				continue
+			}
+		}
+		if rec.Seq <= w.lastSeq {
+			// Applied before a crash that came between our lastSeq and
+			// tail stores; applying it again would double it.
+			in.c.duplicate++
+			r.Skip(rec)
+			continue
+		}
+		if rec.Seq != w.lastSeq+1 {
+			in.c.gaps++
+			in.resync(slot, w)
+		}
+		in.apply(slot, w, rec)
+		r.Commit(rec)
+		w.lastSeq = rec.Seq
+		if in.OnApply != nil {
+			in.OnApply(slot, rec)
+		}
+	}
+	return n
+}
+
+// resync drops what the index believes worker w holds. Engines cannot
+// replay through shm, so clearing is the only way back to a state that
+// never claims a block the engine may not have.
+func (in *Ingester) resync(slot radix.WorkerSlot, w *worker) {
+	in.ix.Cleared(slot)
+	in.c.resyncs++
+}
+
+func (in *Ingester) apply(slot radix.WorkerSlot, w *worker, rec *shm.Record) {
+	in.c.records++
+	switch rec.Kind {
+	case shm.KindStored:
+		if rec.BlockSize != w.blockSize {
+			// The router hashes prompts in the registered block size; blocks
+			// of another size could never match.
+			in.c.blockSizeMismatch += uint64(len(rec.Hashes))
+			return
+		}
+		parent := w.seed
+		if rec.HasParent {
+			kv, ok := in.ix.LookupEngineHash(slot, rec.Parent)
+			if !ok {
+				// Without the parent's kvfast hash no block of this record can
+				// be named (the chain covers the whole prefix).
+				in.c.unresolvedParent += uint64(len(rec.Hashes))
+				return
+			}
+			parent = kv
+		}
+		kv := in.kv[:0]
+		bs := rec.BlockSize
+		for i, eh := range rec.Hashes {
+			parent = radix.ChainBlockHash(parent, rec.Tokens[i*bs:(i+1)*bs])
+			in.ix.MapEngineHash(slot, eh, parent)
+			kv = append(kv, parent)
+		}
+		in.ix.Stored(slot, kv)
+		in.c.storedBlocks += uint64(len(kv))
+	case shm.KindRemoved:
+		kv := in.kv[:0]
+		for _, eh := range rec.Hashes {
+			if h, ok := in.ix.UnmapEngineHash(slot, eh); ok {
+				kv = append(kv, h)
+			}
+		}
+		in.c.unknownRemoved += uint64(len(rec.Hashes) - len(kv))
+		in.ix.Removed(slot, kv)
+		in.c.removedBlocks += uint64(len(kv))
+	case shm.KindCleared:
+		in.ix.Cleared(slot)
+		in.c.cleared++
+	}
+}
+
+// counters are owned by the ingest goroutine; publish copies them into
+// published for concurrent Stats readers, once per pass rather than per
+// record.
+type counters struct {
+	records, storedBlocks, removedBlocks, cleared       uint64
+	stale, duplicate, skippedDown, rejected             uint64
+	unresolvedParent, unknownRemoved, blockSizeMismatch uint64
+	garbage, resyncBytes, gaps, resyncs                 uint64
+	generationBumps, workersDown, workersClosed         uint64
+}
+
+type published struct {
+	c         [18]atomic.Uint64
+	last      counters
+	ingesting atomic.Bool
+}
+
+func (c *counters) array() [18]uint64 {
+	return [18]uint64{c.records, c.storedBlocks, c.removedBlocks, c.cleared,
+		c.stale, c.duplicate, c.skippedDown, c.rejected,
+		c.unresolvedParent, c.unknownRemoved, c.blockSizeMismatch,
+		c.garbage, c.resyncBytes, c.gaps, c.resyncs,
+		c.generationBumps, c.workersDown, c.workersClosed}
+}
+
+func (in *Ingester) publish() {
+	if in.c == in.pub.last {
+		return
+	}
+	in.pub.last = in.c
+	for i, v := range in.c.array() {
+		in.pub.c[i].Store(v)
+	}
+}
+
+// Stats is a snapshot of the ingester's counters. Records counts records
+// applied; the others count records or blocks by what happened to them.
+type Stats struct {
+	Ingesting bool // this process holds the ingester role
+
+	Records       uint64 // records applied to the index
+	StoredBlocks  uint64 // blocks stored
+	RemovedBlocks uint64 // blocks removed (engine hash resolved)
+	Cleared       uint64 // Cleared records applied
+
+	Stale       uint64 // records of an older generation, skipped
+	Duplicate   uint64 // records already applied before a restart, skipped
+	SkippedDown uint64 // records of a down or closed worker, skipped
+	Rejected    uint64 // records claiming a generation the registry does not show
+
+	UnresolvedParent  uint64 // blocks skipped: parent engine hash unknown
+	UnknownRemoved    uint64 // removed hashes with no mapping
+	BlockSizeMismatch uint64 // blocks skipped: size differs from the registration
+
+	Garbage     uint64 // corrupt records (each triggers a resync)
+	ResyncBytes uint64 // ring bytes discarded by resyncs
+	Gaps        uint64 // sequence gaps (publisher dropped records)
+	Resyncs     uint64 // times a worker's entries were cleared to recover
+
+	GenerationBumps uint64 // engine restarts seen
+	WorkersDown     uint64 // workers marked down for a stale heartbeat
+	WorkersClosed   uint64 // workers that closed cleanly
+
+	LagBytes [radix.MaxWorkers]uint64 // committed ring bytes not yet consumed
+}
+
+// Stats returns the counters as of the end of the last pass, plus the
+// current ring lags. Safe to call from any goroutine.
+func (in *Ingester) Stats() Stats {
+	var a [18]uint64
+	for i := range a {
+		a[i] = in.pub.c[i].Load()
+	}
+	st := Stats{Ingesting: in.pub.ingesting.Load(),
+		Records: a[0], StoredBlocks: a[1], RemovedBlocks: a[2], Cleared: a[3],
+		Stale: a[4], Duplicate: a[5], SkippedDown: a[6], Rejected: a[7],
+		UnresolvedParent: a[8], UnknownRemoved: a[9], BlockSizeMismatch: a[10],
+		Garbage: a[11], ResyncBytes: a[12], Gaps: a[13], Resyncs: a[14],
+		GenerationBumps: a[15], WorkersDown: a[16], WorkersClosed: a[17]}
+	for i := range st.LagBytes {
+		st.LagBytes[i] = in.seg.RingState(radix.WorkerSlot(i)).Lag()
+	}
+	return st
+}

@@ -1,0 +1,259 @@
+package feed
+
+import (
+	"encoding/binary"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvfast/kvfast/shm"
+)
+
+func TestIngestMatchesModel(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	in := acquire(t, seg, Config{})
+	pubs := []*shm.Publisher{}
+	models := []*model{}
+	opsets := [][]op{}
+	for w := 0; w < 3; w++ {
+		p, err := seg.Register(workerCfg(uint64(w + 1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pubs = append(pubs, p)
+		models = append(models, newModel())
+		opsets = append(opsets, genOps(uint64(w+1), 600))
+	}
+	// Interleave publishing and ingesting, checking the model at points.
+	for i := 0; i < 600; i++ {
+		for w, p := range pubs {
+			if err := publishOp(p, opsets[w][i]); err != nil {
+				t.Fatal(err)
+			}
+			models[w].apply(opsets[w][i])
+		}
+		if i%97 == 0 || i == 599 {
+			drainAll(in)
+			for w, p := range pubs {
+				models[w].check(t, seg.Index(), p.Slot())
+			}
+		}
+	}
+	st := in.Stats()
+	if st.Gaps != 0 || st.Garbage != 0 || st.Duplicate != 0 || st.UnresolvedParent != 0 || st.Records != 1800 {
+		t.Fatalf("stats %+v", st)
+	}
+	if err := seg.Index().Verify(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGenerationBumpDropsStaleBlocks(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	in := acquire(t, seg, Config{})
+	old, err := seg.Register(workerCfg(7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := genOps(5, 50)
+	m := newModel()
+	for _, o := range ops[:40] {
+		publishOp(old, o)
+		m.apply(o)
+	}
+	drainAll(in)
+	m.check(t, seg.Index(), old.Slot())
+	// Unconsumed records of the old generation must not survive the bump.
+	for _, o := range ops[40:] {
+		publishOp(old, o)
+	}
+	restarted, err := seg.Register(workerCfg(7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if restarted.Slot() != old.Slot() || restarted.Generation() != old.Generation()+1 {
+		t.Fatalf("restart got slot %d gen %d", restarted.Slot(), restarted.Generation())
+	}
+	fresh := newModel()
+	for _, o := range genOps(6, 20) {
+		publishOp(restarted, o)
+		fresh.apply(o)
+	}
+	drainAll(in)
+	for h := range m.all {
+		if !fresh.present[h] && seg.Index().Lookup(h).Has(old.Slot()) {
+			t.Fatalf("stale block %#x survived the generation bump", h)
+		}
+	}
+	fresh.check(t, seg.Index(), restarted.Slot())
+	if st := in.Stats(); st.GenerationBumps != 1 || st.Stale != 10 {
+		t.Fatalf("bumps %d stale %d", st.GenerationBumps, st.Stale)
+	}
+}
+
+func TestStaleHeartbeatRemovesWorker(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	in := acquire(t, seg, Config{HeartbeatGrace: 300 * time.Millisecond, RegistryEvery: time.Millisecond})
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, err := seg.Register(workerCfg(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m0 := newModel()
+	for _, o := range genOps(1, 30) {
+		publishOp(p, o)
+		publishOp(live, o)
+		m0.apply(o)
+	}
+	p.Heartbeat()
+	live.Heartbeat()
+	drainAll(in)
+	m0.check(t, seg.Index(), p.Slot())
+	if seg.Index().Stats().WorkerBlocks[p.Slot()] == 0 {
+		t.Fatal("nothing ingested")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		live.Heartbeat()
+		drainAll(in)
+		if info, _ := seg.Worker(p.Slot()); info.State == shm.StateDown {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("silent worker never marked down")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := seg.Index().Stats().WorkerBlocks[p.Slot()]; n != 0 {
+		t.Fatalf("down worker still holds %d blocks", n)
+	}
+	if seg.Index().Stats().WorkerBlocks[live.Slot()] == 0 {
+		t.Fatal("the live worker lost its blocks")
+	}
+	if in.Stats().WorkersDown != 1 {
+		t.Fatalf("WorkersDown %d", in.Stats().WorkersDown)
+	}
+	// It comes back: a fresh generation whose records apply again.
+	if err := p.Heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	m := newModel()
+	for _, o := range genOps(9, 10) {
+		publishOp(p, o)
+		m.apply(o)
+	}
+	drainAll(in)
+	m.check(t, seg.Index(), p.Slot())
+	// A clean Close removes the worker too.
+	p.Close()
+	drainAll(in)
+	if n := seg.Index().Stats().WorkerBlocks[p.Slot()]; n != 0 {
+		t.Fatalf("closed worker still holds %d blocks", n)
+	}
+}
+
+func TestGapResyncs(t *testing.T) {
+	seg := openSeg(t, shm.MinRingBytes)
+	in := acquire(t, seg, Config{})
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := genOps(3, 400)
+	var dropped bool
+	i := 0
+	for ; i < len(ops) && !dropped; i++ {
+		dropped = errors.Is(publishOp(p, ops[i]), shm.ErrRingFull)
+	}
+	if !dropped {
+		t.Fatal("ring never filled")
+	}
+	drainAll(in)
+	// After the gap the worker was cleared; blocks published from here on
+	// as fresh roots must be held exactly.
+	m := newModel()
+	p.Cleared()
+	for _, o := range genOps(4, 30) {
+		publishOp(p, o)
+		m.apply(o)
+		drainAll(in)
+	}
+	m.check(t, seg.Index(), p.Slot())
+	if st := in.Stats(); st.Gaps != 0 {
+		// The drops happened before anything was consumed, so the gap is
+		// seen when the first post-drop record arrives.
+		if st.Resyncs < st.Gaps {
+			t.Fatalf("gaps %d resyncs %d", st.Gaps, st.Resyncs)
+		}
+	} else {
+		t.Fatalf("gap not detected: %+v", st)
+	}
+}
+
+func TestIngestSurvivesGarbage(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	in := acquire(t, seg, Config{})
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := genOps(1, 20)
+	for _, o := range good {
+		publishOp(p, o)
+	}
+	drainAll(in)
+	// Scribble over the ring: a record header claiming to be enormous,
+	// committed by a buggy producer.
+	hdr := seg.Header()
+	ring := hdr.RingsOffset + int64(p.Slot())*int64(hdr.RingStride)
+	st := seg.RingState(p.Slot())
+	scribble(t, seg.Path(), ring+256+int64(st.Head%uint64(hdr.RingBytes)), []byte{0xf8, 0xff, 0xff, 0x0f, 1, 0, 4, 0})
+	scribble(t, seg.Path(), ring, binary.LittleEndian.AppendUint64(nil, st.Head+32)) // "commit" it
+	drainAll(in)
+	if s := in.Stats(); s.Garbage == 0 || s.Resyncs == 0 {
+		t.Fatalf("garbage not detected: %+v", s)
+	}
+	// The next record of the (buggy) publisher lands where it thinks head
+	// is, which disagrees with the forged head: refused again, no crash.
+	p.Cleared()
+	drainAll(in)
+	// A restarted publisher continues from the real head and recovers.
+	p, err = seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newModel()
+	for _, o := range genOps(2, 20) {
+		publishOp(p, o)
+		m.apply(o)
+	}
+	drainAll(in)
+	m.check(t, seg.Index(), p.Slot())
+	if err := seg.Index().Verify(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPollRequiresLock(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	holder := acquire(t, seg, Config{})
+	_ = holder
+	other, err := shm.Open(seg.Path(), shm.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	in := New(other, Config{})
+	if ok, _ := in.Acquire(); ok {
+		t.Fatal("two ingesters hold the lock")
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("Poll without the lock did not panic")
+		}
+	}()
+	in.Poll()
+}

@@ -1,0 +1,433 @@
+"""Publish KV-cache events into a kvfast shared-memory segment.
+
+Standard library only (mmap, struct, os), Python 3.9+. This module is an
+implementation of the cross-language contract in docs/shm-layout.md; the Go
+publisher in package shm is the other. Both must stay byte-for-byte equal.
+
+Usage::
+
+    pub = KvfastPublisher("/dev/shm/kvfast", worker_id=1, model="llama-3-8b",
+                          block_size=16, endpoint="http://127.0.0.1:8001")
+    pub.stored(block_hashes=[h1, h2], token_ids=tokens32, parent_hash=None)
+    pub.removed([h1])
+    pub.load(running=3, waiting=0, kv_used_blocks=120, kv_total_blocks=9000)
+    pub.heartbeat()          # at least once per router grace period
+    pub.close()
+
+Event methods never block: when the ring is full the record is dropped,
+False is returned, and the router sees the sequence gap and resyncs.
+
+Memory ordering: the commit protocol needs the record bytes to become
+visible before the head word. CPython gives no fence, so this module relies
+on x86-64's total store order; the words other processes poll (head, seq,
+heartbeat, state) are written through a native 'Q' memoryview, which is a
+single aligned 8-byte store. On weakly ordered CPUs (arm64) use the Go
+publisher.
+"""
+
+import mmap
+import os
+import struct
+import sys
+import threading
+import time
+
+LAYOUT_VERSION = 1
+MAGIC = b"KVFASTSG"
+
+HEADER_SIZE = 4096
+HEADER_SUM_OFF = 248
+CONTROL_OFF = 4096
+CONTROL_SIZE = 4096
+MAX_WORKERS = 64
+SLOT_SIZE = 512
+REGISTRY_OFF = CONTROL_OFF + CONTROL_SIZE
+LOAD_PAGE_SIZE = 128
+LOAD_OFF = REGISTRY_OFF + MAX_WORKERS * SLOT_SIZE
+RINGS_OFF = LOAD_OFF + MAX_WORKERS * LOAD_PAGE_SIZE
+RING_CONTROL_SIZE = 256
+MIN_RING, MAX_RING = 4 << 10, 1 << 30
+PAGE = 4096
+
+CONTROL_RETIRED = 128
+
+# registry slot fields
+S_STATE, S_GEN, S_PID, S_WORKER_ID, S_DP_RANK, S_BLOCK_SIZE = 0, 8, 12, 16, 24, 28
+S_KV_CAPACITY, S_HEARTBEAT, S_REGISTERED, S_MODEL_LEN, S_ENDPT_LEN = 32, 40, 48, 56, 58
+S_MODEL, S_ENDPOINT = 64, 256
+MAX_MODEL_LEN, MAX_ENDPOINT_LEN = S_ENDPOINT - S_MODEL, SLOT_SIZE - S_ENDPOINT
+FREE, CLAIMING, LIVE, DOWN, CLOSED = 0, 1, 2, 3, 4
+
+# ring control fields
+C_HEAD, C_DROPPED, C_PUBLISHED, C_TAIL = 0, 8, 16, 128
+
+# load page fields
+L_SEQ, L_RUNNING, L_WAITING, L_KV_USED, L_KV_TOTAL, L_UPDATED, L_GEN = 0, 8, 16, 24, 32, 40, 48
+
+# records
+STORED, REMOVED, CLEARED, PAD = 1, 2, 3, 0xFF
+FLAG_PARENT = 1
+RECORD_HEAD = 24
+STORED_HEAD = 32
+_HEAD = struct.Struct("<IBBHQII")
+
+U64 = (1 << 64) - 1
+
+
+class SegmentError(Exception):
+    """The segment is missing, of another layout version, or corrupt."""
+
+
+class SlotLost(Exception):
+    """Another registration of the same worker id and DP rank took the slot."""
+
+
+class Retired(Exception):
+    """The router recreated the segment; register again."""
+
+
+def _fnv1a64(data):
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & U64
+    return h
+
+
+def _align(n, a):
+    return (n + a - 1) & ~(a - 1)
+
+
+class KvfastPublisher:
+    """One engine rank's publisher: a registry slot, its ring, its load page.
+
+    Methods are serialised by an internal lock, so a heartbeat thread may
+    run beside the thread that publishes events.
+    """
+
+    def __init__(self, path, worker_id, model, block_size, dp_rank=0,
+                 kv_capacity_blocks=0, endpoint=""):
+        if sys.byteorder != "little":
+            raise SegmentError("kvfast segments are little-endian; this host is not")
+        model_b, endpoint_b = model.encode(), endpoint.encode()
+        if not 0 < block_size <= 1 << 15:
+            raise ValueError("block size %d out of range" % block_size)
+        if len(model_b) > MAX_MODEL_LEN or len(endpoint_b) > MAX_ENDPOINT_LEN:
+            raise ValueError("model or endpoint too long")
+        self._lock = threading.Lock()
+        self._closed = False
+        self._fd = os.open(path, os.O_RDWR)
+        try:
+            self._attach(path)
+        except Exception:
+            os.close(self._fd)
+            raise
+        self.block_size = block_size
+        self._cfg = (worker_id & U64, dp_rank, model_b, block_size, kv_capacity_blocks, endpoint_b)
+        self._claim()
+        self._max_blocks = (self._max_record - STORED_HEAD - 8) // (8 + 4 * block_size)
+        self._max_hashes = (self._max_record - RECORD_HEAD) // 8
+        if self._max_blocks < 1:
+            raise ValueError("one block of %d tokens does not fit the ring" % block_size)
+
+    # -- segment -------------------------------------------------------
+
+    def _attach(self, path):
+        size = os.fstat(self._fd).st_size
+        if size < HEADER_SIZE:
+            raise SegmentError("%s: file is %d bytes, shorter than the header (truncated?); "
+                               "delete it or start the router with --recreate-segment" % (path, size))
+        hdr = os.pread(self._fd, HEADER_SIZE, 0)
+        if hdr[0:8] != MAGIC:
+            raise SegmentError("%s: not a kvfast segment (bad magic)" % path)
+        version = struct.unpack_from("<I", hdr, 8)[0]
+        if version != LAYOUT_VERSION:
+            raise SegmentError("%s: layout version %d, this publisher writes %d; "
+                               "upgrade the publisher or recreate the segment" % (path, version, LAYOUT_VERSION))
+        if struct.unpack_from("<Q", hdr, HEADER_SUM_OFF)[0] != _fnv1a64(hdr[:HEADER_SUM_OFF]):
+            raise SegmentError("%s: header checksum mismatch (corrupt)" % path)
+        ring_bytes, = struct.unpack_from("<Q", hdr, 112)
+        if ring_bytes < MIN_RING or ring_bytes > MAX_RING or ring_bytes & (ring_bytes - 1):
+            raise SegmentError("%s: ring size %d invalid" % (path, ring_bytes))
+        stride = RING_CONTROL_SIZE + ring_bytes
+        index_off = _align(RINGS_OFF + MAX_WORKERS * stride, PAGE)
+        index_size, = struct.unpack_from("<Q", hdr, 128)
+        file_size = _align(index_off + index_size, PAGE)
+        expect = [
+            ("<I", 12, HEADER_SIZE), ("<Q", 16, file_size), ("<I", 40, MAX_WORKERS),
+            ("<I", 44, SLOT_SIZE), ("<Q", 48, CONTROL_OFF), ("<Q", 56, CONTROL_SIZE),
+            ("<Q", 64, REGISTRY_OFF), ("<Q", 80, LOAD_OFF), ("<Q", 96, RINGS_OFF),
+            ("<Q", 104, stride), ("<Q", 120, index_off), ("<I", 160, LOAD_PAGE_SIZE),
+            ("<I", 164, RING_CONTROL_SIZE),
+        ]
+        for fmt, off, want in expect:
+            if struct.unpack_from(fmt, hdr, off)[0] != want:
+                raise SegmentError("%s: header field at %d disagrees with the layout (corrupt)" % (path, off))
+        if size < file_size:
+            raise SegmentError("%s: file is %d bytes, header says %d (truncated)" % (path, size, file_size))
+        self._mm = mmap.mmap(self._fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._q = memoryview(self._mm).cast("Q")  # native 8-byte words
+        self._i = memoryview(self._mm).cast("I")  # native 4-byte words
+        self._ring_bytes = ring_bytes
+        self._stride = stride
+        self._max_record = ring_bytes // 4
+
+    def _lock_registry(self):
+        os.lseek(self._fd, REGISTRY_OFF, os.SEEK_SET)
+        os.lockf(self._fd, os.F_LOCK, 1)
+
+    def _unlock_registry(self):
+        os.lseek(self._fd, REGISTRY_OFF, os.SEEK_SET)
+        os.lockf(self._fd, os.F_ULOCK, 1)
+
+    @staticmethod
+    def _next_state(word, state):
+        return ((((word >> 8) + 1) << 8) | state) & U64
+
+    def _claim(self):
+        worker_id, dp_rank, model_b, block_size, kv_cap, endpoint_b = self._cfg
+        q, i = self._q, self._i
+        self._lock_registry()
+        try:
+            def state(n):
+                return q[(REGISTRY_OFF + n * SLOT_SIZE) // 8] & 0xFF
+
+            pick = -1
+            for want in (
+                lambda n, st: st != FREE and q[(REGISTRY_OFF + n * SLOT_SIZE + S_WORKER_ID) // 8] == worker_id
+                and i[(REGISTRY_OFF + n * SLOT_SIZE + S_DP_RANK) // 4] == dp_rank,
+                lambda n, st: st == FREE,
+                lambda n, st: st in (CLOSED, CLAIMING),
+                lambda n, st: st == DOWN,
+            ):
+                for n in range(MAX_WORKERS):
+                    if want(n, state(n)):
+                        pick = n
+                        break
+                if pick >= 0:
+                    break
+            if pick < 0:
+                raise SegmentError("every worker slot is taken")
+            off = REGISTRY_OFF + pick * SLOT_SIZE
+            word = self._next_state(q[off // 8], CLAIMING)
+            q[off // 8] = word
+            gen = (i[(off + S_GEN) // 4] + 1) & 0xFFFFFFFF or 1
+            now = time.monotonic_ns()
+            i[(off + S_GEN) // 4] = gen
+            i[(off + S_PID) // 4] = os.getpid() & 0xFFFFFFFF
+            q[(off + S_WORKER_ID) // 8] = worker_id
+            i[(off + S_DP_RANK) // 4] = dp_rank
+            i[(off + S_BLOCK_SIZE) // 4] = block_size
+            q[(off + S_KV_CAPACITY) // 8] = kv_cap
+            q[(off + S_HEARTBEAT) // 8] = now
+            q[(off + S_REGISTERED) // 8] = now
+            struct.pack_into("<HH", self._mm, off + S_MODEL_LEN, len(model_b), len(endpoint_b))
+            self._mm[off + S_MODEL:off + SLOT_SIZE] = bytes(SLOT_SIZE - S_MODEL)
+            self._mm[off + S_MODEL:off + S_MODEL + len(model_b)] = model_b
+            self._mm[off + S_ENDPOINT:off + S_ENDPOINT + len(endpoint_b)] = endpoint_b
+            q[off // 8] = self._next_state(word, LIVE)
+        finally:
+            self._unlock_registry()
+        self.slot, self.generation, self.seq = pick, gen, 0
+        self._slot_off = off
+        ring = RINGS_OFF + pick * self._stride
+        self._head_w = (ring + C_HEAD) // 8
+        self._tail_w = (ring + C_TAIL) // 8
+        self._dropped_w = (ring + C_DROPPED) // 8
+        self._published_w = (ring + C_PUBLISHED) // 8
+        self._data = ring + RING_CONTROL_SIZE
+        h, t = q[self._head_w], q[self._tail_w]
+        if h < t or h - t > self._ring_bytes or h % 8:
+            h = t & ~7
+            q[self._head_w] = h
+        self._pos, self._tail_cache = h, t
+        self.dropped = q[self._dropped_w]
+
+    # -- ring ----------------------------------------------------------
+
+    def _reserve(self, n):
+        size = self._ring_bytes
+        off = self._pos & (size - 1)
+        pad = size - off if off + n > size else 0
+        need = pad + n
+        if size - (self._pos - self._tail_cache) < need:
+            t = self._q[self._tail_w]
+            if t > self._pos or self._pos - t > size:
+                return None
+            self._tail_cache = t
+            if size - (self._pos - t) < need:
+                return None
+        if pad:
+            struct.pack_into("<IB", self._mm, self._data + off, pad, PAD)
+            off = 0
+        return off, pad
+
+    def _drop(self):
+        self.seq += 1
+        self.dropped += 1
+        self._q[self._dropped_w] = self.dropped
+        return False
+
+    def _commit(self, pad, n):
+        self._pos += pad + n
+        self._q[self._head_w] = self._pos  # the commit point
+        self._q[self._published_w] = self._q[self._published_w] + 1
+
+    def _header(self, at, size, kind, flags, bs, count):
+        self.seq += 1
+        _HEAD.pack_into(self._mm, at, size, kind, flags, bs, self.seq, self.generation, count)
+
+    def _write_stored(self, parent, hashes, tokens):
+        n, bs = len(hashes), self.block_size
+        size = STORED_HEAD + 8 * n + _align(4 * n * bs, 8)
+        r = self._reserve(size)
+        if r is None:
+            return self._drop()
+        off, pad = r
+        at = self._data + off
+        self._header(at, size, STORED, 0 if parent is None else FLAG_PARENT, bs, n)
+        struct.pack_into("<Q", self._mm, at + 24, 0 if parent is None else parent & U64)
+        struct.pack_into("<%dQ" % n, self._mm, at + STORED_HEAD, *[h & U64 for h in hashes])
+        tok = at + STORED_HEAD + 8 * n
+        struct.pack_into("<%dI" % len(tokens), self._mm, tok, *tokens)
+        end = tok + 4 * len(tokens)
+        if end < at + size:
+            self._mm[end:at + size] = bytes(at + size - end)
+        self._commit(pad, size)
+        return True
+
+    # -- public API ----------------------------------------------------
+
+    def stored(self, block_hashes, token_ids, parent_hash=None):
+        """Publish that the engine cached these full blocks.
+
+        block_hashes are the engine's 64-bit block hashes, token_ids the
+        blocks' tokens (block_size per block, in order), parent_hash the
+        engine hash of the first block's parent or None at a sequence
+        start. Returns False if any record was dropped.
+        """
+        bs = self.block_size
+        if len(token_ids) != len(block_hashes) * bs:
+            raise ValueError("%d blocks need %d tokens, got %d" % (len(block_hashes), len(block_hashes) * bs, len(token_ids)))
+        with self._lock:
+            self._check()
+            ok = True
+            hashes, tokens = list(block_hashes), list(token_ids)
+            while hashes:
+                k = min(len(hashes), self._max_blocks)
+                ok = self._write_stored(parent_hash, hashes[:k], tokens[:k * bs]) and ok
+                parent_hash = hashes[k - 1]
+                hashes, tokens = hashes[k:], tokens[k * bs:]
+            return ok
+
+    def removed(self, block_hashes):
+        """Publish that the engine evicted these blocks."""
+        with self._lock:
+            self._check()
+            ok = True
+            hashes = [h & U64 for h in block_hashes]
+            while hashes:
+                chunk, hashes = hashes[:self._max_hashes], hashes[self._max_hashes:]
+                size = RECORD_HEAD + 8 * len(chunk)
+                r = self._reserve(size)
+                if r is None:
+                    ok = self._drop() and ok
+                    continue
+                off, pad = r
+                at = self._data + off
+                self._header(at, size, REMOVED, 0, 0, len(chunk))
+                struct.pack_into("<%dQ" % len(chunk), self._mm, at + RECORD_HEAD, *chunk)
+                self._commit(pad, size)
+            return ok
+
+    def cleared(self):
+        """Publish that the engine dropped its whole cache."""
+        with self._lock:
+            self._check()
+            r = self._reserve(RECORD_HEAD)
+            if r is None:
+                return self._drop()
+            off, pad = r
+            self._header(self._data + off, RECORD_HEAD, CLEARED, 0, 0, 0)
+            self._commit(pad, RECORD_HEAD)
+            return True
+
+    def load(self, running, waiting, kv_used_blocks, kv_total_blocks):
+        """Publish the engine's load (seqlock write)."""
+        with self._lock:
+            self._check()
+            page = LOAD_OFF + self.slot * LOAD_PAGE_SIZE
+            q, w = self._q, (LOAD_OFF + self.slot * LOAD_PAGE_SIZE + L_SEQ) // 8
+            v = q[w]
+            if v & 1:
+                v += 1
+            q[w] = v + 1
+            q[(page + L_RUNNING) // 8] = running
+            q[(page + L_WAITING) // 8] = waiting
+            q[(page + L_KV_USED) // 8] = kv_used_blocks
+            q[(page + L_KV_TOTAL) // 8] = kv_total_blocks
+            q[(page + L_UPDATED) // 8] = time.monotonic_ns()
+            self._i[(page + L_GEN) // 4] = self.generation
+            q[w] = v + 2
+
+    def heartbeat(self):
+        """Tell the router the engine is alive.
+
+        If the router already marked the worker down, the slot is revived
+        under a new generation (the router dropped this worker's blocks).
+        Raises SlotLost or Retired when the publisher must register anew.
+        """
+        with self._lock:
+            self._check()
+            off = self._slot_off
+            if self._q[(CONTROL_OFF + CONTROL_RETIRED) // 8]:
+                raise Retired("the router recreated the segment")
+            if self._i[(off + S_GEN) // 4] != self.generation:
+                raise SlotLost("slot %d was registered again by another publisher" % self.slot)
+            st = self._q[off // 8] & 0xFF
+            if st == LIVE:
+                self._q[(off + S_HEARTBEAT) // 8] = time.monotonic_ns()
+                return
+            if st != DOWN:
+                raise SlotLost("slot %d is no longer live" % self.slot)
+            self._lock_registry()
+            try:
+                word = self._q[off // 8]
+                if word & 0xFF != DOWN or self._i[(off + S_GEN) // 4] != self.generation:
+                    raise SlotLost("slot %d changed while reviving" % self.slot)
+                gen = (self.generation + 1) & 0xFFFFFFFF or 1
+                self._i[(off + S_GEN) // 4] = gen
+                self._q[(off + S_HEARTBEAT) // 8] = time.monotonic_ns()
+                self._q[off // 8] = self._next_state(word, LIVE)
+                self.generation, self.seq = gen, 0
+            finally:
+                self._unlock_registry()
+
+    def close(self, mark_closed=True):
+        """Release the slot (the router drops this worker's blocks)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if mark_closed:
+                off = self._slot_off
+                self._lock_registry()
+                try:
+                    word = self._q[off // 8]
+                    if word & 0xFF in (LIVE, DOWN) and self._i[(off + S_GEN) // 4] == self.generation:
+                        self._q[off // 8] = self._next_state(word, CLOSED)
+                finally:
+                    self._unlock_registry()
+            self._q.release()
+            self._i.release()
+            self._mm.close()
+            os.close(self._fd)
+
+    def _check(self):
+        if self._closed:
+            raise ValueError("publisher is closed")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

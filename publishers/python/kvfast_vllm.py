@@ -1,0 +1,140 @@
+"""vLLM adapter: publish vLLM's KV-cache events into a kvfast segment.
+
+vLLM hands every batch of KV events (BlockStored, BlockRemoved,
+AllBlocksCleared) to an EventPublisher chosen by name from
+EventPublisherFactory. This module registers one named "kvfast" that maps
+each event onto KvfastPublisher, so the router sees the engine's cache over
+shared memory with no ZMQ hop. See README.md for set-up.
+
+Only vllm's own modules are imported, and only inside register(), so this
+file can be imported (and tested) without vLLM installed.
+"""
+
+import os
+import threading
+
+from kvfast_publisher import KvfastPublisher, Retired, SlotLost
+
+U64 = (1 << 64) - 1
+
+
+def engine_hash(h):
+    """Fold a vLLM ExternalBlockHash (bytes or int) into 64 bits.
+
+    The router treats engine hashes as opaque keys, so any stable 64-bit
+    fold works as long as stored and removed events fold alike.
+    """
+    if isinstance(h, (bytes, bytearray, memoryview)):
+        return int.from_bytes(bytes(h[:8]).ljust(8, b"\0"), "little")
+    return int(h) & U64
+
+
+def _env(name, default=None):
+    v = os.environ.get(name)
+    return default if v in (None, "") else v
+
+
+class KvfastEventPublisher:
+    """vLLM EventPublisher that writes into a kvfast segment.
+
+    vLLM constructs it with the fields of --kv-events-config as keyword
+    arguments plus the data-parallel rank. The segment path comes from
+    "endpoint" when it is a file path (e.g. "/dev/shm/kvfast"), else from
+    KVFAST_SEGMENT. The rest comes from the environment:
+    KVFAST_WORKER_ID (default: the engine's port or 0), KVFAST_MODEL,
+    KVFAST_BLOCK_SIZE (default 16), KVFAST_ENDPOINT (the engine's HTTP URL),
+    KVFAST_KV_BLOCKS, KVFAST_HEARTBEAT_S (default 1).
+    """
+
+    def __init__(self, data_parallel_rank=0, endpoint=None, attn_dp_rank=None, **_config):
+        if attn_dp_rank is not None:
+            data_parallel_rank = attn_dp_rank
+        path = endpoint if endpoint and endpoint.startswith("/") else _env("KVFAST_SEGMENT", "/dev/shm/kvfast")
+        self._dp_rank = int(data_parallel_rank or 0)
+        self._args = dict(
+            path=path,
+            worker_id=int(_env("KVFAST_WORKER_ID", "0")),
+            model=_env("KVFAST_MODEL", ""),
+            block_size=int(_env("KVFAST_BLOCK_SIZE", "16")),
+            dp_rank=self._dp_rank,
+            kv_capacity_blocks=int(_env("KVFAST_KV_BLOCKS", "0")),
+            endpoint=_env("KVFAST_ENDPOINT", ""),
+        )
+        self._pub = KvfastPublisher(**self._args)
+        self.skipped = 0  # events kvfast cannot represent (LoRA, offload tiers)
+        self._stop = threading.Event()
+        period = float(_env("KVFAST_HEARTBEAT_S", "1"))
+        self._beat = threading.Thread(target=self._heartbeat, args=(period,), daemon=True, name="kvfast-heartbeat")
+        self._beat.start()
+
+    def _heartbeat(self, period):
+        while not self._stop.wait(period):
+            try:
+                self._pub.heartbeat()
+            except (SlotLost, Retired):
+                # The router recreated the segment or another registration took
+                # the slot: register again so events keep flowing.
+                try:
+                    self._pub.close(mark_closed=False)
+                    self._pub = KvfastPublisher(**self._args)
+                except Exception:
+                    pass
+            except Exception:
+                pass
+
+    def publish(self, events):
+        """Map one vLLM KVEventBatch onto kvfast records. Never blocks."""
+        pub = self._pub
+        for ev in getattr(events, "events", events):
+            name = type(ev).__name__
+            medium = getattr(ev, "medium", None)
+            if medium not in (None, "GPU", "gpu"):
+                self.skipped += 1  # CPU/disk offload tiers are not the engine's device cache
+                continue
+            if name == "BlockStored":
+                if getattr(ev, "lora_id", None) is not None:
+                    # kvfast seeds LoRA namespaces by adapter name, which the
+                    # event does not carry.
+                    self.skipped += 1
+                    continue
+                if ev.block_size != pub.block_size:
+                    self.skipped += 1
+                    continue
+                parent = ev.parent_block_hash
+                pub.stored([engine_hash(h) for h in ev.block_hashes], ev.token_ids,
+                           None if parent is None else engine_hash(parent))
+            elif name == "BlockRemoved":
+                pub.removed([engine_hash(h) for h in ev.block_hashes])
+            elif name == "AllBlocksCleared":
+                pub.cleared()
+            else:
+                self.skipped += 1
+
+    def shutdown(self):
+        self._stop.set()
+        self._beat.join(timeout=2)
+        self._pub.close()
+
+
+def register():
+    """Register the "kvfast" publisher with vLLM's factory.
+
+    Works as a vLLM general plugin (entry point group vllm.general_plugins),
+    which vLLM calls in every engine process, or called by hand before the
+    engine starts.
+    """
+    from vllm.distributed.kv_events import EventPublisher, EventPublisherFactory
+
+    class KvfastVllmPublisher(KvfastEventPublisher, EventPublisher):
+        def __init__(self, *args, **kwargs):
+            rank = kwargs.get("data_parallel_rank", kwargs.get("attn_dp_rank", 0))
+            try:
+                EventPublisher.__init__(self, rank)
+            except TypeError:  # older vLLM: no rank argument
+                EventPublisher.__init__(self)
+            KvfastEventPublisher.__init__(self, *args, **kwargs)
+
+    try:
+        EventPublisherFactory.register_publisher("kvfast", KvfastVllmPublisher)
+    except KeyError:
+        pass  # already registered in this process

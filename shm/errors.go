@@ -1,0 +1,77 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+)
+
+// recreateHint ends every refusal, because the operator's next step is
+// always the same: the segment holds only soft state that engines and the
+// router rebuild.
+const recreateHint = "delete the file or start the router with --recreate-segment"
+
+var (
+	// ErrIncompatible is the sentinel every refusal to attach a segment
+	// wraps: wrong magic or version, a truncated file, a corrupt header,
+	// a corrupt index region, or sizes that differ from the options.
+	ErrIncompatible = errors.New("kvfast: incompatible or corrupt shm segment")
+	// ErrNoSegment means the segment file does not exist and the caller
+	// asked not to create it.
+	ErrNoSegment = errors.New("kvfast: shm segment does not exist")
+	// ErrRegistryFull means all 64 worker slots are held by live workers.
+	ErrRegistryFull = errors.New("kvfast: every worker slot is taken")
+	// ErrRingFull means the record was dropped because the consumer is
+	// behind; the router sees the gap in sequence numbers and resyncs.
+	ErrRingFull = errors.New("kvfast: event ring full, record dropped")
+	// ErrSlotLost means another publisher took over this worker's slot
+	// (same worker id and DP rank registered again).
+	ErrSlotLost = errors.New("kvfast: worker slot was taken over by another registration")
+	// ErrClosed is returned by a closed publisher or segment.
+	ErrClosed = errors.New("kvfast: closed")
+	// ErrRetired means a router recreated the segment under a new file;
+	// publishers must register again to be seen.
+	ErrRetired = errors.New("kvfast: shm segment was recreated; register again")
+	// ErrTorn means a seqlock read kept racing a writer (or the writer
+	// died mid-update) and no consistent snapshot was obtained.
+	ErrTorn = errors.New("kvfast: no consistent snapshot (writer busy or dead mid-update)")
+)
+
+// CorruptError refuses a segment whose bytes cannot be trusted.
+type CorruptError struct {
+	Path   string
+	Reason string
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("kvfast: cannot attach shm segment %s: %s; %s", e.Path, e.Reason, recreateHint)
+}
+
+func (e *CorruptError) Unwrap() error { return ErrIncompatible }
+
+// VersionError refuses a segment written by a build with another layout.
+type VersionError struct {
+	Path       string
+	Have, Want uint32
+}
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("kvfast: cannot attach shm segment %s: layout version %d, this build reads version %d; %s",
+		e.Path, e.Have, e.Want, recreateHint)
+}
+
+func (e *VersionError) Unwrap() error { return ErrIncompatible }
+
+// MismatchError refuses a valid segment whose sizes differ from what the
+// options ask for, rather than silently running with other sizes.
+type MismatchError struct {
+	Path       string
+	Field      string
+	Have, Want int
+}
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("kvfast: cannot attach shm segment %s: it was formatted with %s %d, the options ask for %d; %s",
+		e.Path, e.Field, e.Have, e.Want, recreateHint)
+}
+
+func (e *MismatchError) Unwrap() error { return ErrIncompatible }

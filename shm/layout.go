@@ -1,0 +1,236 @@
+package shm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// The byte layout of a segment. docs/shm-layout.md is the cross-language
+// contract for everything here; change both together and bump
+// LayoutVersion whenever any offset, size or meaning changes, because
+// publishers in other languages hard-code these numbers.
+const (
+	// LayoutVersion is the only version this build reads or writes.
+	LayoutVersion = 1
+
+	magic = "KVFASTSG"
+
+	headerSize   = 4096
+	headerSumOff = 248 // FNV-1a 64 of bytes [0, headerSumOff)
+
+	controlOff  = headerSize
+	controlSize = 4096
+
+	slotSize     = 512
+	registryOff  = controlOff + controlSize
+	registrySize = radix.MaxWorkers * slotSize
+
+	loadPageSize = 128
+	loadOff      = registryOff + registrySize
+	loadSize     = radix.MaxWorkers * loadPageSize
+
+	ringsOff        = loadOff + loadSize
+	ringControlSize = 256
+
+	// MinRingBytes and MaxRingBytes bound one worker's ring data area.
+	MinRingBytes = 4 << 10
+	MaxRingBytes = 1 << 30
+	// DefaultRingBytes holds about 60 full 512-block BlockStored batches at
+	// block size 16; tmpfs backs only the pages actually written.
+	DefaultRingBytes = 1 << 20
+
+	pageSize = 4096
+)
+
+// Header field offsets (little-endian).
+const (
+	hMagic          = 0
+	hVersion        = 8
+	hHeaderSize     = 12
+	hFileSize       = 16
+	hSegmentID      = 24
+	hCreated        = 32
+	hMaxWorkers     = 40
+	hSlotSize       = 44
+	hControlOff     = 48
+	hControlSize    = 56
+	hRegistryOff    = 64
+	hRegistrySize   = 72
+	hLoadOff        = 80
+	hLoadSize       = 88
+	hRingsOff       = 96
+	hRingStride     = 104
+	hRingBytes      = 112
+	hIndexOff       = 120
+	hIndexSize      = 128
+	hIndexCapacity  = 136
+	hIndexShards    = 144
+	hIndexMapCap    = 152
+	hLoadPageSize   = 160
+	hRingControlSz  = 164
+	controlDoorbell = 0   // u32 futex word, bumped when a sleeping consumer must wake
+	controlSleepers = 64  // u32, nonzero while the consumer may be blocked on the doorbell
+	controlRetired  = 128 // u64, nonzero once a router recreated the segment under a new file
+	controlIngPID   = 192 // u64 pid of the ingester holding the lock
+	controlIngEpoch = 200 // u64 times the ingester lock changed hands
+	controlIngSince = 208 // u64 monotonic ns when the current ingester took over
+)
+
+// layout is the geometry of one segment, derived from the two free
+// parameters (ring size and index size) so that a header can be checked by
+// recomputing it rather than by trusting any offset it stores.
+type layout struct {
+	ringBytes  int
+	ringStride int
+	indexOff   int
+	indexSize  int
+	fileSize   int
+	indexCfg   radix.Config
+}
+
+func newLayout(ringBytes, indexSize int, cfg radix.Config) (layout, error) {
+	if ringBytes < MinRingBytes || ringBytes > MaxRingBytes || ringBytes&(ringBytes-1) != 0 {
+		return layout{}, fmt.Errorf("cannot use ring size %d: must be a power of two from %d to %d", ringBytes, MinRingBytes, MaxRingBytes)
+	}
+	if indexSize <= 0 || indexSize > 1<<40 {
+		return layout{}, fmt.Errorf("cannot use index region size %d: out of range", indexSize)
+	}
+	l := layout{ringBytes: ringBytes, ringStride: ringControlSize + ringBytes, indexSize: indexSize, indexCfg: cfg}
+	l.indexOff = alignUp(ringsOff+radix.MaxWorkers*l.ringStride, pageSize)
+	l.fileSize = alignUp(l.indexOff+indexSize, pageSize)
+	return l, nil
+}
+
+func alignUp(n, a int) int { return (n + a - 1) &^ (a - 1) }
+
+func (l layout) ringOff(slot int) int { return ringsOff + slot*l.ringStride }
+
+func (l layout) encodeHeader(b []byte, segmentID uint64, created int64) {
+	clear(b[:headerSize])
+	le := binary.LittleEndian
+	copy(b[hMagic:], magic)
+	le.PutUint32(b[hVersion:], LayoutVersion)
+	le.PutUint32(b[hHeaderSize:], headerSize)
+	le.PutUint64(b[hFileSize:], uint64(l.fileSize))
+	le.PutUint64(b[hSegmentID:], segmentID)
+	le.PutUint64(b[hCreated:], uint64(created))
+	le.PutUint32(b[hMaxWorkers:], radix.MaxWorkers)
+	le.PutUint32(b[hSlotSize:], slotSize)
+	le.PutUint64(b[hControlOff:], controlOff)
+	le.PutUint64(b[hControlSize:], controlSize)
+	le.PutUint64(b[hRegistryOff:], registryOff)
+	le.PutUint64(b[hRegistrySize:], registrySize)
+	le.PutUint64(b[hLoadOff:], loadOff)
+	le.PutUint64(b[hLoadSize:], loadSize)
+	le.PutUint64(b[hRingsOff:], ringsOff)
+	le.PutUint64(b[hRingStride:], uint64(l.ringStride))
+	le.PutUint64(b[hRingBytes:], uint64(l.ringBytes))
+	le.PutUint64(b[hIndexOff:], uint64(l.indexOff))
+	le.PutUint64(b[hIndexSize:], uint64(l.indexSize))
+	le.PutUint64(b[hIndexCapacity:], uint64(l.indexCfg.Capacity))
+	le.PutUint64(b[hIndexShards:], uint64(l.indexCfg.Shards))
+	le.PutUint64(b[hIndexMapCap:], uint64(l.indexCfg.EngineMapCapacity))
+	le.PutUint32(b[hLoadPageSize:], loadPageSize)
+	le.PutUint32(b[hRingControlSz:], ringControlSize)
+	le.PutUint64(b[headerSumOff:], headerSum(b))
+}
+
+func headerSum(b []byte) uint64 {
+	h := fnv.New64a()
+	h.Write(b[:headerSumOff])
+	return h.Sum64()
+}
+
+// Header is the decoded, validated segment header, for inspect and logs.
+type Header struct {
+	Version     uint32
+	FileSize    int64
+	SegmentID   uint64
+	CreatedUnix int64 // unix nanoseconds
+	MaxWorkers  int
+	RingBytes   int
+	RingStride  int
+	RingsOffset int64 // ring i's control block starts at RingsOffset + i*RingStride
+	IndexOffset int64
+	IndexSize   int64
+	IndexConfig radix.Config
+}
+
+// decodeHeader checks b (the whole mapped file, or at least its first
+// page) against the layout its two free parameters imply. Every stored
+// offset and size must equal the recomputed one and fit in fileLen, so a
+// header that passes cannot point anywhere outside the file.
+func decodeHeader(path string, b []byte, fileLen int64) (layout, Header, error) {
+	if fileLen < headerSize || len(b) < headerSize {
+		return layout{}, Header{}, &CorruptError{Path: path, Reason: fmt.Sprintf("file is %d bytes, shorter than the %d-byte header (truncated?)", fileLen, headerSize)}
+	}
+	le := binary.LittleEndian
+	if string(b[hMagic:hMagic+8]) != magic {
+		return layout{}, Header{}, &CorruptError{Path: path, Reason: fmt.Sprintf("bad magic %q, want %q (not a kvfast segment)", b[hMagic:hMagic+8], magic)}
+	}
+	if v := le.Uint32(b[hVersion:]); v != LayoutVersion {
+		return layout{}, Header{}, &VersionError{Path: path, Have: v, Want: LayoutVersion}
+	}
+	if got, want := le.Uint64(b[headerSumOff:]), headerSum(b); got != want {
+		return layout{}, Header{}, &CorruptError{Path: path, Reason: fmt.Sprintf("header checksum %#x, computed %#x", got, want)}
+	}
+	ringBytes := le.Uint64(b[hRingBytes:])
+	indexSize := le.Uint64(b[hIndexSize:])
+	if ringBytes > MaxRingBytes || indexSize > 1<<40 {
+		return layout{}, Header{}, &CorruptError{Path: path, Reason: fmt.Sprintf("ring size %d or index size %d out of range", ringBytes, indexSize)}
+	}
+	capacity, shards, mapCap := le.Uint64(b[hIndexCapacity:]), le.Uint64(b[hIndexShards:]), le.Uint64(b[hIndexMapCap:])
+	if capacity > 1<<40 || shards > 1<<20 || mapCap > 1<<41 {
+		return layout{}, Header{}, &CorruptError{Path: path, Reason: "index configuration out of range"}
+	}
+	cfg := radix.Config{Capacity: int(capacity), Shards: int(shards), EngineMapCapacity: int(mapCap)}
+	l, err := newLayout(int(ringBytes), int(indexSize), cfg)
+	if err != nil {
+		return layout{}, Header{}, &CorruptError{Path: path, Reason: err.Error()}
+	}
+	checks := []struct {
+		name      string
+		got, want uint64
+	}{
+		{"header size", uint64(le.Uint32(b[hHeaderSize:])), headerSize},
+		{"file size", le.Uint64(b[hFileSize:]), uint64(l.fileSize)},
+		{"max workers", uint64(le.Uint32(b[hMaxWorkers:])), radix.MaxWorkers},
+		{"slot size", uint64(le.Uint32(b[hSlotSize:])), slotSize},
+		{"control offset", le.Uint64(b[hControlOff:]), controlOff},
+		{"control size", le.Uint64(b[hControlSize:]), controlSize},
+		{"registry offset", le.Uint64(b[hRegistryOff:]), registryOff},
+		{"registry size", le.Uint64(b[hRegistrySize:]), registrySize},
+		{"load offset", le.Uint64(b[hLoadOff:]), loadOff},
+		{"load size", le.Uint64(b[hLoadSize:]), loadSize},
+		{"rings offset", le.Uint64(b[hRingsOff:]), ringsOff},
+		{"ring stride", le.Uint64(b[hRingStride:]), uint64(l.ringStride)},
+		{"index offset", le.Uint64(b[hIndexOff:]), uint64(l.indexOff)},
+		{"load page size", uint64(le.Uint32(b[hLoadPageSize:])), loadPageSize},
+		{"ring control size", uint64(le.Uint32(b[hRingControlSz:])), ringControlSize},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			return layout{}, Header{}, &CorruptError{Path: path, Reason: fmt.Sprintf("%s is %d, the layout implies %d", c.name, c.got, c.want)}
+		}
+	}
+	if fileLen < int64(l.fileSize) {
+		return layout{}, Header{}, &CorruptError{Path: path, Reason: fmt.Sprintf("file is %d bytes, header says %d (truncated)", fileLen, l.fileSize)}
+	}
+	h := Header{
+		Version:     LayoutVersion,
+		FileSize:    int64(l.fileSize),
+		SegmentID:   le.Uint64(b[hSegmentID:]),
+		CreatedUnix: int64(le.Uint64(b[hCreated:])),
+		MaxWorkers:  radix.MaxWorkers,
+		RingBytes:   l.ringBytes,
+		RingStride:  l.ringStride,
+		RingsOffset: ringsOff,
+		IndexOffset: int64(l.indexOff),
+		IndexSize:   int64(l.indexSize),
+		IndexConfig: cfg,
+	}
+	return l, h, nil
+}

@@ -1,0 +1,242 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"sync/atomic"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// WorkerConfig describes the engine rank a publisher speaks for.
+type WorkerConfig struct {
+	WorkerID         uint64
+	DPRank           uint32
+	Model            string // served model name; seeds the block hashes
+	BlockSize        int    // tokens per KV block, as the engine uses
+	KVCapacityBlocks uint64
+	Endpoint         string // HTTP base URL the router forwards requests to
+}
+
+func (c WorkerConfig) validate() error {
+	switch {
+	case c.BlockSize <= 0 || c.BlockSize > 1<<15:
+		return fmt.Errorf("cannot register block size %d: must be in [1, %d]", c.BlockSize, 1<<15)
+	case len(c.Model) > MaxModelLen:
+		return fmt.Errorf("cannot register model name of %d bytes: at most %d", len(c.Model), MaxModelLen)
+	case len(c.Endpoint) > MaxEndpointLen:
+		return fmt.Errorf("cannot register endpoint of %d bytes: at most %d", len(c.Endpoint), MaxEndpointLen)
+	}
+	return nil
+}
+
+// Publisher is an engine's side of the feed: it owns one registry slot,
+// that slot's ring (as its single producer) and its load page.
+//
+// Its event methods never block and never allocate: when the ring is full
+// the record is dropped, ErrRingFull returned, and the router sees the gap.
+// A Publisher is not safe for concurrent use; an engine with several
+// event sources serialises them (as vLLM's publisher thread does).
+type Publisher struct {
+	seg       *Segment
+	ownSeg    bool
+	slot      int
+	cfg       WorkerConfig
+	w         ringWriter
+	maxBlocks int // blocks per Stored record that fit maxRecord
+	maxHashes int // hashes per Removed record
+	revived   uint64
+	closed    bool
+}
+
+// Register attaches to the segment at path (which the router created) and
+// claims a slot for cfg. Close releases both.
+func Register(path string, cfg WorkerConfig) (*Publisher, error) {
+	seg, err := attach(path, false)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("cannot register with shm segment %s: %w (start the router first)", path, ErrNoSegment)
+		}
+		return nil, err
+	}
+	p, err := seg.Register(cfg)
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	p.ownSeg = true
+	return p, nil
+}
+
+// Register claims a slot in an already-open segment, for an engine that
+// runs in the router's process (the mock engine in tests and demos).
+func (s *Segment) Register(cfg WorkerConfig) (*Publisher, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	slot, gen, err := s.claim(cfg)
+	if err != nil {
+		return nil, err
+	}
+	p := &Publisher{seg: s, slot: slot, cfg: cfg, w: s.newRingWriter(slot, gen)}
+	per := 8 + 4*cfg.BlockSize
+	p.maxBlocks = (p.w.maxRecord - storedHead - 8) / per
+	p.maxHashes = (p.w.maxRecord - recordHead) / 8
+	if p.maxBlocks < 1 {
+		return nil, fmt.Errorf("cannot register block size %d: one block does not fit a %d-byte ring", cfg.BlockSize, s.lay.ringBytes)
+	}
+	return p, nil
+}
+
+// Slot returns the registry slot this publisher holds.
+func (p *Publisher) Slot() radix.WorkerSlot { return radix.WorkerSlot(p.slot) }
+
+// Generation returns the slot generation the publisher writes under.
+func (p *Publisher) Generation() uint32 { return p.w.gen }
+
+// Seq returns the sequence number of the last record committed or dropped.
+func (p *Publisher) Seq() uint64 { return p.w.seq }
+
+// Dropped returns how many records were dropped because the ring was full.
+func (p *Publisher) Dropped() uint64 { return p.w.droppedN }
+
+// Stored publishes that the engine cached len(engineHashes) full blocks
+// whose tokens are tokens (BlockSize per block, in order). parent is the
+// engine hash of the first block's parent; hasParent is false for a block
+// at the start of a sequence. Batches too large for one record are split
+// into chained records.
+func (p *Publisher) Stored(parent uint64, hasParent bool, engineHashes []uint64, tokens []uint32) error {
+	if p.closed {
+		return ErrClosed
+	}
+	bs := p.cfg.BlockSize
+	if len(tokens) != len(engineHashes)*bs {
+		return fmt.Errorf("cannot publish %d blocks with %d tokens: want %d tokens per block", len(engineHashes), len(tokens), bs)
+	}
+	var err error
+	for len(engineHashes) > 0 {
+		n := min(len(engineHashes), p.maxBlocks)
+		if e := p.w.writeStored(parent, hasParent, engineHashes[:n], tokens[:n*bs], bs); e != nil {
+			err = e
+		}
+		parent, hasParent = engineHashes[n-1], true
+		engineHashes, tokens = engineHashes[n:], tokens[n*bs:]
+	}
+	return err
+}
+
+// Removed publishes that the engine evicted the blocks with these hashes.
+func (p *Publisher) Removed(engineHashes []uint64) error {
+	if p.closed {
+		return ErrClosed
+	}
+	var err error
+	for len(engineHashes) > 0 {
+		n := min(len(engineHashes), p.maxHashes)
+		if e := p.w.writeRemoved(engineHashes[:n]); e != nil {
+			err = e
+		}
+		engineHashes = engineHashes[n:]
+	}
+	return err
+}
+
+// Cleared publishes that the engine dropped every cached block.
+func (p *Publisher) Cleared() error {
+	if p.closed {
+		return ErrClosed
+	}
+	return p.w.writeCleared()
+}
+
+// Load publishes the engine's current load; Updated and Generation are
+// filled in here.
+func (p *Publisher) Load(l Load) {
+	if p.closed {
+		return
+	}
+	l.Updated = monoNow()
+	l.Generation = p.w.gen
+	p.seg.writeLoad(p.slot, l)
+}
+
+// Heartbeat tells the router the engine is alive. If the router already
+// marked the worker down (the heartbeat came too late) the slot is revived
+// under a new generation: the router dropped this worker's blocks, and
+// the new generation tells it to expect a fresh sequence. Revived counts
+// how often that happened.
+func (p *Publisher) Heartbeat() error {
+	if p.closed {
+		return ErrClosed
+	}
+	if p.seg.Retired() {
+		return ErrRetired
+	}
+	off := slotOff(p.slot)
+	if atomic.LoadUint32(p.seg.u32(off+sGeneration)) != p.w.gen {
+		return ErrSlotLost
+	}
+	switch stateOf(atomic.LoadUint64(p.seg.u64(off + sState))) {
+	case StateLive:
+		atomic.StoreUint64(p.seg.u64(off+sHeartbeat), uint64(monoNow()))
+		return nil
+	case StateDown:
+		return p.revive(off)
+	}
+	return ErrSlotLost
+}
+
+func (p *Publisher) revive(off int) error {
+	unlock, _, err := p.seg.lockRegistry(true)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	sw := p.seg.u64(off + sState)
+	w := atomic.LoadUint64(sw)
+	if stateOf(w) != StateDown || atomic.LoadUint32(p.seg.u32(off+sGeneration)) != p.w.gen {
+		return ErrSlotLost
+	}
+	gen := p.w.gen + 1
+	if gen == 0 {
+		gen = 1
+	}
+	atomic.StoreUint32(p.seg.u32(off+sGeneration), gen)
+	atomic.StoreUint64(p.seg.u64(off+sHeartbeat), uint64(monoNow()))
+	atomic.StoreUint64(sw, nextState(w, StateLive))
+	p.w.gen, p.w.seq = gen, 0
+	p.revived++
+	return nil
+}
+
+// Revived returns how many times Heartbeat found the worker marked down
+// and registered it again.
+func (p *Publisher) Revived() uint64 { return p.revived }
+
+// Close marks the slot closed (the router drops the worker's blocks) and,
+// for a publisher made by Register, unmaps the segment.
+func (p *Publisher) Close() error {
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	var err error
+	if unlock, _, lerr := p.seg.lockRegistry(true); lerr == nil {
+		off := slotOff(p.slot)
+		sw := p.seg.u64(off + sState)
+		w := atomic.LoadUint64(sw)
+		if st := stateOf(w); (st == StateLive || st == StateDown) && atomic.LoadUint32(p.seg.u32(off+sGeneration)) == p.w.gen {
+			atomic.StoreUint64(sw, nextState(w, StateClosed))
+		}
+		unlock()
+	} else if !errors.Is(lerr, ErrClosed) {
+		err = lerr
+	}
+	if p.ownSeg {
+		if cerr := p.seg.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}

@@ -1,0 +1,323 @@
+package shm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// WorkerState is the lifecycle state of a registry slot.
+type WorkerState uint8
+
+const (
+	StateFree     WorkerState = 0 // never used
+	StateClaiming WorkerState = 1 // a publisher is writing its fields; readers skip it
+	StateLive     WorkerState = 2
+	StateDown     WorkerState = 3 // the router saw the heartbeat stop and dropped the blocks
+	StateClosed   WorkerState = 4 // the publisher closed cleanly
+)
+
+func (s WorkerState) String() string {
+	switch s {
+	case StateFree:
+		return "free"
+	case StateClaiming:
+		return "claiming"
+	case StateLive:
+		return "live"
+	case StateDown:
+		return "down"
+	case StateClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+// Registry slot field offsets (little-endian). The state word's low byte
+// is the WorkerState and its upper 56 bits count transitions, so a reader
+// that sees the same word before and after copying the fields knows no
+// re-registration happened in between.
+const (
+	sState      = 0  // u64
+	sGeneration = 8  // u32
+	sPID        = 12 // u32
+	sWorkerID   = 16 // u64
+	sDPRank     = 24 // u32
+	sBlockSize  = 28 // u32
+	sKVCapacity = 32 // u64
+	sHeartbeat  = 40 // u64 monotonic ns
+	sRegistered = 48 // u64 monotonic ns
+	sModelLen   = 56 // u16
+	sEndptLen   = 58 // u16
+	sModel      = 64
+	sEndpoint   = 256
+
+	// MaxModelLen and MaxEndpointLen bound the strings a slot stores.
+	MaxModelLen    = sEndpoint - sModel
+	MaxEndpointLen = slotSize - sEndpoint
+)
+
+func stateOf(word uint64) WorkerState { return WorkerState(word & 0xff) }
+
+func nextState(word uint64, st WorkerState) uint64 { return (word>>8+1)<<8 | uint64(st) }
+
+// WorkerInfo is one consistent snapshot of a registry slot.
+type WorkerInfo struct {
+	Slot             radix.WorkerSlot
+	State            WorkerState
+	Generation       uint32
+	PID              uint32
+	WorkerID         uint64
+	DPRank           uint32
+	BlockSize        int
+	KVCapacityBlocks uint64
+	Heartbeat        int64 // CLOCK_MONOTONIC ns of the last heartbeat
+	Registered       int64 // CLOCK_MONOTONIC ns of the registration
+	Model            string
+	Endpoint         string
+	stateWord        uint64
+}
+
+// registryMu serialises registry transitions within this process. POSIX
+// record locks (the cross-process half) do not exclude threads of one
+// process, and closing any descriptor of the file drops them.
+var registryMu sync.Mutex
+
+// lockRegistry takes the registry lock: registryMu, then an fcntl write
+// lock on the registry's first byte, the same lock the Python publisher
+// takes with os.lockf. With wait unset it gives up instead of blocking.
+func (s *Segment) lockRegistry(wait bool) (unlock func(), ok bool, err error) {
+	if wait {
+		registryMu.Lock()
+	} else if !registryMu.TryLock() {
+		return nil, false, nil
+	}
+	if s.closed.Load() {
+		registryMu.Unlock()
+		return nil, false, ErrClosed
+	}
+	cmd := unix.F_SETLK
+	if wait {
+		cmd = unix.F_SETLKW
+	}
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: registryOff, Len: 1}
+	for {
+		err = unix.FcntlFlock(s.f.Fd(), cmd, &lk)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		registryMu.Unlock()
+		if err == unix.EAGAIN || err == unix.EACCES {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("cannot lock registry of %s: %w", s.path, err)
+	}
+	return func() {
+		lk.Type = unix.F_UNLCK
+		unix.FcntlFlock(s.f.Fd(), unix.F_SETLK, &lk)
+		registryMu.Unlock()
+	}, true, nil
+}
+
+func slotOff(slot int) int { return registryOff + slot*slotSize }
+
+// decodeSlot reads the fields of a 512-byte slot image. It trusts nothing:
+// string lengths beyond their fields make the slot unreadable rather than
+// reading past them.
+func decodeSlot(b []byte, info *WorkerInfo) error {
+	if len(b) < slotSize {
+		return fmt.Errorf("slot image is %d bytes, want %d", len(b), slotSize)
+	}
+	le := binary.LittleEndian
+	word := le.Uint64(b[sState:])
+	st := stateOf(word)
+	if st > StateClosed {
+		return fmt.Errorf("unknown worker state %d", uint8(st))
+	}
+	ml, el := int(le.Uint16(b[sModelLen:])), int(le.Uint16(b[sEndptLen:]))
+	if ml > MaxModelLen || el > MaxEndpointLen {
+		return fmt.Errorf("model length %d or endpoint length %d exceeds its field", ml, el)
+	}
+	bs := le.Uint32(b[sBlockSize:])
+	if bs > 1<<16 {
+		return fmt.Errorf("block size %d out of range", bs)
+	}
+	info.State = st
+	info.stateWord = word
+	info.Generation = le.Uint32(b[sGeneration:])
+	info.PID = le.Uint32(b[sPID:])
+	info.WorkerID = le.Uint64(b[sWorkerID:])
+	info.DPRank = le.Uint32(b[sDPRank:])
+	info.BlockSize = int(bs)
+	info.KVCapacityBlocks = le.Uint64(b[sKVCapacity:])
+	info.Heartbeat = int64(le.Uint64(b[sHeartbeat:]))
+	info.Registered = int64(le.Uint64(b[sRegistered:]))
+	info.Model = string(b[sModel : sModel+ml])
+	info.Endpoint = string(b[sEndpoint : sEndpoint+el])
+	return nil
+}
+
+// Worker returns a consistent snapshot of one registry slot. ok is false
+// for a free or claiming slot, a slot whose bytes are invalid, or one that
+// kept changing while being read.
+func (s *Segment) Worker(slot radix.WorkerSlot) (WorkerInfo, bool) {
+	if !slot.Valid() {
+		return WorkerInfo{}, false
+	}
+	off := slotOff(int(slot))
+	sw := s.u64(off + sState)
+	var img [slotSize]byte
+	for try := 0; try < 16; try++ {
+		w1 := atomic.LoadUint64(sw)
+		if st := stateOf(w1); st == StateFree || st == StateClaiming {
+			return WorkerInfo{}, false
+		}
+		copy(img[:], s.bytesAt(off, slotSize))
+		// The heartbeat changes without a transition; take it atomically.
+		binary.LittleEndian.PutUint64(img[sHeartbeat:], atomic.LoadUint64(s.u64(off+sHeartbeat)))
+		if atomic.LoadUint64(sw) != w1 {
+			continue
+		}
+		binary.LittleEndian.PutUint64(img[sState:], w1)
+		var info WorkerInfo
+		if err := decodeSlot(img[:], &info); err != nil {
+			return WorkerInfo{}, false
+		}
+		info.Slot = slot
+		return info, true
+	}
+	return WorkerInfo{}, false
+}
+
+// Workers appends a snapshot of every registered (live, down or closed)
+// slot to dst, in slot order.
+func (s *Segment) Workers(dst []WorkerInfo) []WorkerInfo {
+	for i := 0; i < radix.MaxWorkers; i++ {
+		if info, ok := s.Worker(radix.WorkerSlot(i)); ok {
+			dst = append(dst, info)
+		}
+	}
+	return dst
+}
+
+// SlotState returns the raw state and generation of a slot without
+// copying its strings: the ingester polls this every few milliseconds.
+func (s *Segment) SlotState(slot radix.WorkerSlot) (st WorkerState, gen uint32, heartbeat int64) {
+	off := slotOff(int(slot) & (radix.MaxWorkers - 1))
+	w := atomic.LoadUint64(s.u64(off + sState))
+	return stateOf(w), atomic.LoadUint32(s.u32(off + sGeneration)), int64(atomic.LoadUint64(s.u64(off + sHeartbeat)))
+}
+
+// MarkDown moves a live slot whose heartbeat is still lastBeat to Down, so
+// its publisher learns on its next heartbeat that the router dropped its
+// blocks. It reports whether the transition happened; it gives up rather
+// than wait if a registration holds the registry lock.
+func (s *Segment) MarkDown(slot radix.WorkerSlot, gen uint32, lastBeat int64) (bool, error) {
+	return s.transition(slot, gen, lastBeat, StateLive, StateDown)
+}
+
+// ExpireClaim moves a slot stuck in Claiming (its publisher died while
+// registering) to Down so that it can be reused.
+func (s *Segment) ExpireClaim(slot radix.WorkerSlot) (bool, error) {
+	unlock, ok, err := s.lockRegistry(false)
+	if !ok {
+		return false, err
+	}
+	defer unlock()
+	// Holding the lock proves no live process is mid-claim: claims happen
+	// entirely under it and fcntl locks die with their holder.
+	sw := s.u64(slotOff(int(slot)) + sState)
+	w := atomic.LoadUint64(sw)
+	if stateOf(w) != StateClaiming {
+		return false, nil
+	}
+	atomic.StoreUint64(sw, nextState(w, StateDown))
+	return true, nil
+}
+
+func (s *Segment) transition(slot radix.WorkerSlot, gen uint32, lastBeat int64, from, to WorkerState) (bool, error) {
+	if !slot.Valid() {
+		return false, nil
+	}
+	unlock, ok, err := s.lockRegistry(false)
+	if !ok {
+		return false, err
+	}
+	defer unlock()
+	off := slotOff(int(slot))
+	sw := s.u64(off + sState)
+	w := atomic.LoadUint64(sw)
+	if stateOf(w) != from || atomic.LoadUint32(s.u32(off+sGeneration)) != gen ||
+		int64(atomic.LoadUint64(s.u64(off+sHeartbeat))) != lastBeat {
+		return false, nil
+	}
+	atomic.StoreUint64(sw, nextState(w, to))
+	return true, nil
+}
+
+// claim registers cfg under the registry lock and returns the slot and
+// its new generation. Preference: the slot this (worker id, DP rank) held
+// before, so a restarted engine keeps its slot and its generation grows;
+// then a never-used slot; then one whose worker closed or went down.
+func (s *Segment) claim(cfg WorkerConfig) (int, uint32, error) {
+	unlock, _, err := s.lockRegistry(true)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer unlock()
+	pick := -1
+	for _, want := range []func(st WorkerState, off int) bool{
+		func(st WorkerState, off int) bool {
+			return st != StateFree && atomic.LoadUint64(s.u64(off+sWorkerID)) == cfg.WorkerID &&
+				atomic.LoadUint32(s.u32(off+sDPRank)) == cfg.DPRank
+		},
+		func(st WorkerState, _ int) bool { return st == StateFree },
+		func(st WorkerState, _ int) bool { return st == StateClosed || st == StateClaiming },
+		func(st WorkerState, _ int) bool { return st == StateDown },
+	} {
+		for i := 0; i < radix.MaxWorkers && pick < 0; i++ {
+			off := slotOff(i)
+			if want(stateOf(atomic.LoadUint64(s.u64(off+sState))), off) {
+				pick = i
+			}
+		}
+		if pick >= 0 {
+			break
+		}
+	}
+	if pick < 0 {
+		return 0, 0, fmt.Errorf("cannot register worker %d rank %d in %s: %w", cfg.WorkerID, cfg.DPRank, s.path, ErrRegistryFull)
+	}
+	off := slotOff(pick)
+	sw := s.u64(off + sState)
+	w := nextState(atomic.LoadUint64(sw), StateClaiming)
+	atomic.StoreUint64(sw, w)
+	gen := atomic.LoadUint32(s.u32(off+sGeneration)) + 1
+	if gen == 0 {
+		gen = 1 // 0 means "never registered" to consumers
+	}
+	now := uint64(monoNow())
+	atomic.StoreUint32(s.u32(off+sGeneration), gen)
+	atomic.StoreUint32(s.u32(off+sPID), uint32(pid))
+	atomic.StoreUint64(s.u64(off+sWorkerID), cfg.WorkerID)
+	atomic.StoreUint32(s.u32(off+sDPRank), cfg.DPRank)
+	atomic.StoreUint32(s.u32(off+sBlockSize), uint32(cfg.BlockSize))
+	atomic.StoreUint64(s.u64(off+sKVCapacity), cfg.KVCapacityBlocks)
+	atomic.StoreUint64(s.u64(off+sHeartbeat), now)
+	atomic.StoreUint64(s.u64(off+sRegistered), now)
+	b := s.bytesAt(off, slotSize)
+	binary.LittleEndian.PutUint16(b[sModelLen:], uint16(len(cfg.Model)))
+	binary.LittleEndian.PutUint16(b[sEndptLen:], uint16(len(cfg.Endpoint)))
+	clear(b[sModel:])
+	copy(b[sModel:sEndpoint], cfg.Model)
+	copy(b[sEndpoint:], cfg.Endpoint)
+	atomic.StoreUint64(sw, nextState(w, StateLive))
+	return pick, gen, nil
+}

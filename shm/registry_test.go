@@ -1,0 +1,198 @@
+package shm
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+func TestRegistryLifecycle(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	cfg := WorkerConfig{WorkerID: 42, DPRank: 0, Model: "llama", BlockSize: 16, KVCapacityBlocks: 9000, Endpoint: "http://127.0.0.1:8001"}
+	p, err := Register(path, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rank1 := cfg
+	rank1.DPRank = 1
+	p1, err := Register(path, rank1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p1.Close()
+	if p.Slot() == p1.Slot() {
+		t.Fatal("two DP ranks share a slot")
+	}
+	ws := seg.Workers(nil)
+	if len(ws) != 2 {
+		t.Fatalf("%d workers listed", len(ws))
+	}
+	w := ws[0]
+	if w.WorkerID != 42 || w.DPRank != 0 || w.Model != "llama" || w.BlockSize != 16 || w.KVCapacityBlocks != 9000 ||
+		w.Endpoint != cfg.Endpoint || w.State != StateLive || w.Generation != 1 || w.PID == 0 || w.Heartbeat == 0 {
+		t.Fatalf("bad listing %+v", w)
+	}
+	if ws[1].DPRank != 1 {
+		t.Fatalf("rank 1 listed as %+v", ws[1])
+	}
+
+	// A restarted engine (same id and rank) gets its old slot back under a
+	// new generation, and the old publisher learns it lost the slot.
+	again, err := Register(path, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Slot() != p.Slot() || again.Generation() != 2 {
+		t.Fatalf("re-registration: slot %d gen %d", again.Slot(), again.Generation())
+	}
+	if err := p.Heartbeat(); !errors.Is(err, ErrSlotLost) {
+		t.Fatalf("old publisher heartbeat: %v", err)
+	}
+	p.Close()
+	if info, _ := seg.Worker(again.Slot()); info.State != StateLive || info.Generation != 2 {
+		t.Fatalf("old publisher's Close clobbered the new registration: %+v", info)
+	}
+
+	// Router marks it down; the next heartbeat revives it under gen 3.
+	_, gen, beat := seg.SlotState(again.Slot())
+	if ok, err := seg.MarkDown(again.Slot(), gen, beat); !ok || err != nil {
+		t.Fatalf("MarkDown: %v %v", ok, err)
+	}
+	if info, _ := seg.Worker(again.Slot()); info.State != StateDown {
+		t.Fatalf("state %v after MarkDown", info.State)
+	}
+	if err := again.Heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	if again.Generation() != 3 || again.Revived() != 1 {
+		t.Fatalf("revive: gen %d revived %d", again.Generation(), again.Revived())
+	}
+	// A stale MarkDown (heartbeat moved on) does nothing.
+	if ok, _ := seg.MarkDown(again.Slot(), gen, beat); ok {
+		t.Fatal("MarkDown with a stale heartbeat succeeded")
+	}
+	if err := again.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := seg.Worker(again.Slot()); info.State != StateClosed {
+		t.Fatalf("state %v after Close", info.State)
+	}
+	if err := again.Stored(0, false, nil, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Stored after Close: %v", err)
+	}
+}
+
+func TestRegistryRejectsBadConfig(t *testing.T) {
+	seg, _ := openTest(t, Options{})
+	for _, cfg := range []WorkerConfig{
+		{BlockSize: 0},
+		{BlockSize: 16, Model: string(make([]byte, MaxModelLen+1))},
+		{BlockSize: 16, Endpoint: string(make([]byte, MaxEndpointLen+1))},
+	} {
+		if _, err := seg.Register(cfg); err == nil {
+			t.Errorf("accepted %+v", cfg)
+		}
+	}
+}
+
+func TestExpireClaim(t *testing.T) {
+	seg, _ := openTest(t, Options{})
+	sw := seg.u64(slotOff(5) + sState)
+	atomic.StoreUint64(sw, nextState(0, StateClaiming))
+	if _, ok := seg.Worker(5); ok {
+		t.Fatal("claiming slot listed")
+	}
+	if ok, err := seg.ExpireClaim(5); !ok || err != nil {
+		t.Fatalf("ExpireClaim: %v %v", ok, err)
+	}
+	if st, _, _ := seg.SlotState(5); st != StateDown {
+		t.Fatalf("state %v", st)
+	}
+}
+
+// TestRegistryHammer registers and closes workers from several goroutines
+// while a reader lists them; no two live publishers may share a slot and
+// no listing may show a half-written slot.
+func TestRegistryHammer(t *testing.T) {
+	seg, _ := openTest(t, Options{})
+	var wg sync.WaitGroup
+	var stop atomic.Bool
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for !stop.Load() {
+			for _, w := range seg.Workers(nil) {
+				if w.Model != "model-"+string(rune('a'+w.WorkerID%26)) || w.BlockSize != 16 {
+					t.Errorf("torn slot %+v", w)
+					return
+				}
+			}
+		}
+	}()
+	var owners [64]atomic.Int32
+	var writers sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		writers.Add(1)
+		go func(g int) {
+			defer writers.Done()
+			for i := 0; i < 200; i++ {
+				id := uint64(g*1000 + i%40)
+				p, err := seg.Register(WorkerConfig{WorkerID: id, BlockSize: 16, Model: "model-" + string(rune('a'+id%26))})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if owners[p.Slot()].Add(1) != 1 {
+					t.Errorf("slot %d has two live owners", p.Slot())
+				}
+				owners[p.Slot()].Add(-1)
+				p.Close()
+			}
+		}(g)
+	}
+	writers.Wait()
+	stop.Store(true)
+	wg.Wait()
+}
+
+func TestLoadSeqlock(t *testing.T) {
+	seg, _ := openTest(t, Options{})
+	p := register(t, seg, 1)
+	var wg sync.WaitGroup
+	var stop atomic.Bool
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := uint64(1); !stop.Load(); i++ {
+			p.Load(Load{Running: i, Waiting: i, KVUsedBlocks: i, KVTotalBlocks: i})
+		}
+	}()
+	var reads int
+	for reads < 20000 {
+		l, err := seg.LoadOf(p.Slot())
+		if errors.Is(err, ErrTorn) {
+			continue
+		}
+		if l.Running != l.Waiting || l.Running != l.KVUsedBlocks || l.Running != l.KVTotalBlocks {
+			t.Fatalf("torn read %+v", l)
+		}
+		if l.Running > 0 && l.Generation != p.Generation() {
+			t.Fatalf("generation %d", l.Generation)
+		}
+		reads++
+	}
+	stop.Store(true)
+	wg.Wait()
+	// A writer that died mid-update leaves seq odd: readers give up
+	// cleanly, and the next write repairs it.
+	seq := seg.u64(loadPageOff(int(p.Slot())) + lSeq)
+	atomic.StoreUint64(seq, atomic.LoadUint64(seq)|1)
+	if _, err := seg.LoadOf(p.Slot()); !errors.Is(err, ErrTorn) {
+		t.Fatalf("odd seq: %v", err)
+	}
+	p.Load(Load{Running: 7})
+	if l, err := seg.LoadOf(p.Slot()); err != nil || l.Running != 7 {
+		t.Fatalf("after repair: %+v %v", l, err)
+	}
+}

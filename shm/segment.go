@@ -1,0 +1,283 @@
+package shm
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// DefaultDir is where segments live unless the operator says otherwise:
+// tmpfs, so the segment costs no disk I/O and survives router restarts
+// but not reboots (the state is soft).
+const DefaultDir = "/dev/shm"
+
+// DefaultPath returns the segment path for name under DefaultDir.
+func DefaultPath(name string) string { return filepath.Join(DefaultDir, name) }
+
+// Options configure Open.
+type Options struct {
+	// Index sizes the embedded radix index. Required when the segment is
+	// created; when attaching, a non-zero Capacity must match the file's.
+	Index radix.Config
+	// RingBytes is each worker's ring data size (a power of two). 0 means
+	// DefaultRingBytes when creating and "whatever the file has" when
+	// attaching.
+	RingBytes int
+	// Recreate formats a fresh segment even if a valid one exists. The old
+	// file is marked retired first so that attached publishers notice.
+	Recreate bool
+	// NoCreate refuses to create a missing segment (ErrNoSegment).
+	NoCreate bool
+}
+
+// Segment is one mapped segment file. A router opens it with Open (which
+// also attaches the radix index); a publisher gets one through Register.
+// All methods are safe for concurrent use.
+type Segment struct {
+	path   string
+	f      *os.File
+	mem    []byte
+	base   unsafe.Pointer
+	lay    layout
+	hdr    Header
+	ix     *radix.Index // nil for publisher-only attachments
+	closed atomic.Bool
+	mu     sync.Mutex // guards ingester-lock state
+	locked bool
+}
+
+// Open creates the segment at path, or attaches to the one already there.
+// An existing file that fails any check is refused with an error wrapping
+// ErrIncompatible (see CorruptError, VersionError, MismatchError) unless
+// opts.Recreate is set.
+func Open(path string, opts Options) (*Segment, error) {
+	if opts.Recreate {
+		return recreate(path, opts)
+	}
+	for attempt := 0; ; attempt++ {
+		seg, err := attach(path, true)
+		if err == nil {
+			if err := seg.checkOptions(opts); err != nil {
+				seg.Close()
+				return nil, err
+			}
+			return seg, nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+		if opts.NoCreate {
+			return nil, fmt.Errorf("cannot attach shm segment %s: %w", path, ErrNoSegment)
+		}
+		seg, err = create(path, opts, false)
+		if errors.Is(err, fs.ErrExist) && attempt < 3 {
+			continue // another router created it first; attach to theirs
+		}
+		return seg, err
+	}
+}
+
+func (s *Segment) checkOptions(opts Options) error {
+	if opts.RingBytes != 0 && opts.RingBytes != s.lay.ringBytes {
+		return &MismatchError{Path: s.path, Field: "ring size", Have: s.lay.ringBytes, Want: opts.RingBytes}
+	}
+	if opts.Index.Capacity != 0 && opts.Index.Capacity != s.lay.indexCfg.Capacity {
+		return &MismatchError{Path: s.path, Field: "index capacity", Have: s.lay.indexCfg.Capacity, Want: opts.Index.Capacity}
+	}
+	return nil
+}
+
+func recreate(path string, opts Options) (*Segment, error) {
+	// Tell publishers on the old file that it is dead. Best effort: the
+	// old file may be too corrupt to attach, and then nobody useful is on it.
+	if old, err := attach(path, false); err == nil {
+		old.retire()
+		old.Close()
+	}
+	return create(path, opts, true)
+}
+
+// create formats a new segment in a temporary file and only then makes it
+// visible under path, so no process ever attaches a half-formatted
+// segment. With replace unset it fails with fs.ErrExist if path appeared
+// in the meantime.
+func create(path string, opts Options, replace bool) (*Segment, error) {
+	ringBytes := opts.RingBytes
+	if ringBytes == 0 {
+		ringBytes = DefaultRingBytes
+	}
+	indexSize, err := radix.RegionSize(opts.Index)
+	if err != nil {
+		return nil, fmt.Errorf("cannot create shm segment %s: %w", path, err)
+	}
+	lay, err := newLayout(ringBytes, indexSize, opts.Index)
+	if err != nil {
+		return nil, fmt.Errorf("cannot create shm segment %s: %w", path, err)
+	}
+	var nonce [8]byte
+	rand.Read(nonce[:])
+	tmp := fmt.Sprintf("%s.tmp-%d-%x", path, os.Getpid(), nonce[:4])
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("cannot create shm segment %s: %w", path, err)
+	}
+	defer os.Remove(tmp)
+	fail := func(err error) (*Segment, error) {
+		f.Close()
+		return nil, fmt.Errorf("cannot create shm segment %s: %w", path, err)
+	}
+	if err := f.Chmod(0o600); err != nil { // umask cannot widen 0600, but a pre-set ACL might
+		return fail(err)
+	}
+	if err := f.Truncate(int64(lay.fileSize)); err != nil {
+		return fail(err)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, lay.fileSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fail(err)
+	}
+	seg := &Segment{path: path, f: f, mem: mem, base: unsafe.Pointer(unsafe.SliceData(mem)), lay: lay}
+	ix, err := radix.Format(mem[lay.indexOff:lay.indexOff+lay.indexSize], opts.Index)
+	if err != nil {
+		seg.Close()
+		return nil, fmt.Errorf("cannot create shm segment %s: %w", path, err)
+	}
+	seg.ix = ix
+	// The header goes last: its checksum is what makes the file valid.
+	lay.encodeHeader(mem[:headerSize], binary.LittleEndian.Uint64(nonce[:]), time.Now().UnixNano())
+	if _, seg.hdr, err = decodeHeader(path, mem, int64(len(mem))); err != nil {
+		panic("BUG: shm: freshly encoded header does not decode: " + err.Error())
+	}
+	if replace {
+		err = os.Rename(tmp, path)
+	} else {
+		err = os.Link(tmp, path)
+	}
+	if err != nil {
+		seg.Close()
+		return nil, fmt.Errorf("cannot publish shm segment %s: %w", path, err)
+	}
+	return seg, nil
+}
+
+// attach maps an existing segment and validates it; withIndex also
+// attaches the radix index (routers and inspect need it, publishers not).
+func attach(path string, withIndex bool) (*Segment, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cannot attach shm segment %s: %w", path, err)
+	}
+	size := st.Size()
+	if size < headerSize {
+		f.Close()
+		return nil, &CorruptError{Path: path, Reason: fmt.Sprintf("file is %d bytes, shorter than the %d-byte header (truncated?)", size, headerSize)}
+	}
+	if size > 1<<41 {
+		f.Close()
+		return nil, &CorruptError{Path: path, Reason: fmt.Sprintf("file is %d bytes, larger than any layout", size)}
+	}
+	// Validate the header from a private copy first: mapping a huge file
+	// only to refuse it would be wasteful, and the copy cannot change
+	// under us while we check it.
+	var hb [headerSize]byte
+	if _, err := f.ReadAt(hb[:], 0); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cannot attach shm segment %s: %w", path, err)
+	}
+	lay, hdr, err := decodeHeader(path, hb[:], size)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, lay.fileSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cannot map shm segment %s: %w", path, err)
+	}
+	seg := &Segment{path: path, f: f, mem: mem, base: unsafe.Pointer(unsafe.SliceData(mem)), lay: lay, hdr: hdr}
+	if withIndex {
+		ix, err := radix.Attach(mem[lay.indexOff : lay.indexOff+lay.indexSize])
+		if err != nil {
+			seg.Close()
+			return nil, &CorruptError{Path: path, Reason: "index region: " + err.Error()}
+		}
+		seg.ix = ix
+	}
+	return seg, nil
+}
+
+// Close unmaps the segment and closes the file, releasing the ingester
+// lock if this Segment held it. Views obtained from it must not be used
+// afterwards.
+func (s *Segment) Close() error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	// Closing any descriptor of the file drops this process's POSIX
+	// record locks on it, including the registry lock another goroutine
+	// may hold, so wait for registrations in flight.
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	err := unix.Munmap(s.mem)
+	s.mem, s.base = nil, nil
+	if cerr := s.f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Path returns the file the segment was opened from.
+func (s *Segment) Path() string { return s.path }
+
+// Header returns the validated header.
+func (s *Segment) Header() Header { return s.hdr }
+
+// Index returns the radix index embedded in the segment, or nil for a
+// publisher-only attachment.
+func (s *Segment) Index() *radix.Index { return s.ix }
+
+// Retired reports whether a router recreated the segment under a new
+// file, leaving this mapping orphaned.
+func (s *Segment) Retired() bool { return atomic.LoadUint64(s.u64(controlOff+controlRetired)) != 0 }
+
+func (s *Segment) retire() { atomic.StoreUint64(s.u64(controlOff+controlRetired), 1) }
+
+// u64 and u32 address words whose offsets come from the validated layout;
+// all are naturally aligned because every region starts 64-byte aligned.
+func (s *Segment) u64(off int) *uint64 { return (*uint64)(unsafe.Add(s.base, off)) }
+func (s *Segment) u32(off int) *uint32 { return (*uint32)(unsafe.Add(s.base, off)) }
+
+// bytesAt returns a view of n bytes at off.
+func (s *Segment) bytesAt(off, n int) []byte { return s.mem[off : off+n : off+n] }
+
+// monoNow is CLOCK_MONOTONIC in nanoseconds: the clock every process on
+// the host shares (Python's time.monotonic_ns reads the same one), immune
+// to wall-clock steps, which heartbeats must be.
+func monoNow() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic("BUG: shm: CLOCK_MONOTONIC unavailable: " + err.Error())
+	}
+	return ts.Nano()
+}
+
+// MonotonicNow exposes the heartbeat clock for callers comparing against
+// WorkerInfo.Heartbeat.
+func MonotonicNow() int64 { return monoNow() }

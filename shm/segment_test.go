@@ -1,0 +1,158 @@
+package shm
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+var testIndex = radix.Config{Capacity: 1 << 14}
+
+func openTest(t testing.TB, opts Options) (*Segment, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "seg")
+	if opts.Index.Capacity == 0 {
+		opts.Index = testIndex
+	}
+	if opts.RingBytes == 0 {
+		opts.RingBytes = 64 << 10
+	}
+	seg, err := Open(path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { seg.Close() })
+	return seg, path
+}
+
+func TestSegmentCreateAttach(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("mode %v, want 0600", st.Mode().Perm())
+	}
+	if off := seg.Header().IndexOffset; off%64 != 0 {
+		t.Errorf("index offset %d not 64-byte aligned", off)
+	}
+	for i := 0; i < radix.MaxWorkers; i++ {
+		if seg.lay.ringOff(i)%64 != 0 || (seg.lay.ringOff(i)+ringControlSize)%64 != 0 {
+			t.Fatalf("ring %d not 64-byte aligned", i)
+		}
+	}
+	hashes := radix.AppendBlockHashes(nil, 7, make([]uint32, 64), 16)
+	seg.Index().Stored(3, hashes)
+
+	// A second router attaches to the warm index.
+	again, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if again.Header().SegmentID != seg.Header().SegmentID {
+		t.Fatal("attached to a different segment")
+	}
+	var ov radix.Overlaps
+	if set := again.Index().FindMatches(hashes, &ov); !set.Has(3) || ov[3] != 4 {
+		t.Fatalf("warm index lost blocks: set %b overlap %d", set, ov[3])
+	}
+	if _, err := Open(path, Options{RingBytes: 128 << 10}); !errors.As(err, new(*MismatchError)) {
+		t.Fatalf("ring size mismatch: got %v", err)
+	}
+	if _, err := Open(filepath.Join(t.TempDir(), "none"), Options{NoCreate: true}); !errors.Is(err, ErrNoSegment) {
+		t.Fatalf("NoCreate: got %v", err)
+	}
+}
+
+func TestSegmentRefusals(t *testing.T) {
+	le := binary.LittleEndian
+	cases := []struct {
+		name   string
+		damage func(t *testing.T, path string, b []byte) []byte
+		check  func(error) bool
+	}{
+		{"wrong version", func(t *testing.T, _ string, b []byte) []byte {
+			le.PutUint32(b[hVersion:], LayoutVersion+1)
+			le.PutUint64(b[headerSumOff:], headerSum(b))
+			return b
+		}, func(err error) bool { return errors.As(err, new(*VersionError)) }},
+		{"bad magic", func(t *testing.T, _ string, b []byte) []byte { b[0] ^= 0xff; return b },
+			func(err error) bool { return errors.As(err, new(*CorruptError)) }},
+		{"checksum", func(t *testing.T, _ string, b []byte) []byte { b[hRingBytes] ^= 1; return b },
+			func(err error) bool { return errors.As(err, new(*CorruptError)) }},
+		{"consistent but lying offset", func(t *testing.T, _ string, b []byte) []byte {
+			le.PutUint64(b[hIndexOff:], le.Uint64(b[hIndexOff:])+4096)
+			le.PutUint64(b[headerSumOff:], headerSum(b))
+			return b
+		}, func(err error) bool { return errors.As(err, new(*CorruptError)) }},
+		{"truncated", func(t *testing.T, _ string, b []byte) []byte { return b[:len(b)/2] },
+			func(err error) bool { return errors.As(err, new(*CorruptError)) }},
+		{"shorter than header", func(t *testing.T, _ string, b []byte) []byte { return b[:100] },
+			func(err error) bool { return errors.As(err, new(*CorruptError)) }},
+		{"corrupt index region", func(t *testing.T, _ string, b []byte) []byte {
+			off := le.Uint64(b[hIndexOff:])
+			b[off+20] ^= 0xff
+			return b
+		}, func(err error) bool { return errors.As(err, new(*CorruptError)) }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			seg, path := openTest(t, Options{})
+			seg.Close()
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, tc.damage(t, path, b), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err = Open(path, Options{Index: testIndex})
+			if err == nil || !tc.check(err) || !errors.Is(err, ErrIncompatible) {
+				t.Fatalf("got %v (%T)", err, err)
+			}
+			if !strings.Contains(err.Error(), "--recreate-segment") || !strings.Contains(err.Error(), path) {
+				t.Fatalf("error does not say how to recover: %v", err)
+			}
+			// Publishers never touch the index, so only header damage concerns them.
+			if _, err := Register(path, WorkerConfig{BlockSize: 16}); tc.name != "corrupt index region" && !errors.Is(err, ErrIncompatible) {
+				t.Fatalf("publisher attached a refused segment: %v", err)
+			}
+			fresh, err := Open(path, Options{Index: testIndex, Recreate: true})
+			if err != nil {
+				t.Fatalf("recreate: %v", err)
+			}
+			fresh.Close()
+			again, err := Open(path, Options{})
+			if err != nil {
+				t.Fatalf("attach after recreate: %v", err)
+			}
+			again.Close()
+		})
+	}
+}
+
+func TestRecreateRetiresOldSegment(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	p, err := seg.Register(WorkerConfig{WorkerID: 1, BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := Open(path, Options{Index: testIndex, RingBytes: 64 << 10, Recreate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	if err := p.Heartbeat(); !errors.Is(err, ErrRetired) {
+		t.Fatalf("heartbeat on retired segment: %v", err)
+	}
+	if fresh.Header().SegmentID == seg.Header().SegmentID {
+		t.Fatal("recreate kept the segment id")
+	}
+}
