@@ -1,0 +1,197 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+
+	"github.com/kvfast/kvfast/mocker"
+	"github.com/kvfast/kvfast/radix"
+)
+
+func init() {
+	register("mock", "run one or more simulated engines (OpenAI API, KV cache, KV events)", runMock)
+}
+
+const mockAbout = `Usage: kvfast mock [flags]
+
+Runs simulated inference engines that stand in for vLLM ranks. Each serves
+POST /v1/completions and /v1/chat/completions (streaming or not), GET
+/v1/models, GET /health, POST /reset_prefix_cache and GET /mock/stats.
+
+Each engine keeps a paged KV cache (--kv-blocks blocks of --block-size
+tokens) with prefix caching and LRU eviction, batches continuously within
+--max-batched-tokens per step, preempts when the cache is full, and takes
+simulated time to prefill and decode: prefill grows with the prompt tokens
+not already cached, a decode step with batch size and context. --speedup
+divides that time ("inf" for none at all). Replies report
+usage.prompt_tokens_details.cached_tokens.
+
+With --segment, each engine registers in the router's shm segment and
+publishes every block stored and evicted, its load, and a heartbeat.
+
+Engine i listens on the --listen port plus i (port 0: a free port each)
+and gets worker id --worker-id plus i, or, with --ranks-as-dp, the same
+worker id and DP rank --dp-rank plus i. Its URL is printed on start.
+
+Examples:
+  kvfast mock --engines 4 --port 8100
+  kvfast mock --engines 8 --port 8100 --segment /dev/shm/kvfast --speedup 10
+  kvfast mock --kv-blocks 2048 --block-size 16 --speedup inf
+
+Exit status: 0 after SIGINT or SIGTERM, 1 if an engine cannot start,
+2 for bad flags.
+
+Flags:
+`
+
+func runMock(args []string) int {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	stop := make(chan struct{})
+	go func() {
+		<-sig
+		close(stop)
+	}()
+	return mockCommand(args, os.Stdout, os.Stderr, stop)
+}
+
+// mockCommand is runMock with its outputs and its stop signal injected.
+func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) int {
+	fs := flag.NewFlagSet("mock", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, mockAbout)
+		fs.PrintDefaults()
+	}
+	d := mocker.DefaultTiming
+	var (
+		listen     = fs.String("listen", "127.0.0.1:8100", "base listen `address`; engine i uses its port plus i")
+		port       = fs.String("port", "", "base `port`, overriding the port of --listen (0: a free port per engine)")
+		engines    = fs.Int("engines", 1, "number of engines to run")
+		model      = fs.String("model", mocker.DefaultModel, "served model `name`")
+		blockSize  = fs.Int("block-size", radix.DefaultBlockSize, "tokens per KV block (must equal the router's)")
+		kvBlocks   = fs.Int("kv-blocks", mocker.DefaultKVBlocks, "KV cache capacity per engine, in blocks")
+		maxBatched = fs.Int("max-batched-tokens", mocker.DefaultMaxBatchedTokens, "token budget of one step (prefill chunks and decodes)")
+		maxSeqs    = fs.Int("max-seqs", mocker.DefaultMaxSeqs, "running sequences per engine at most")
+		maxLen     = fs.Int("max-model-len", 0, "prompt plus max_tokens at most (0: the KV capacity in tokens)")
+		defMax     = fs.Int("default-max-tokens", mocker.DefaultMaxTokens, "max_tokens of requests that set none")
+		speedup    = fs.Float64("speedup", 1, "divide simulated time by `factor` (inf: no waiting at all)")
+		segment    = fs.String("segment", "", "shm segment `path` to register in and publish KV events to (the router creates it)")
+		workerID   = fs.Uint64("worker-id", 0, "worker id of engine 0")
+		dpRank     = fs.Uint("dp-rank", 0, "DP rank of engine 0")
+		ranksAsDP  = fs.Bool("ranks-as-dp", false, "engines share --worker-id and take consecutive DP ranks")
+		heartbeat  = fs.Duration("heartbeat", mocker.DefaultHeartbeatInterval, "heartbeat and load refresh period (wall clock)")
+		stepOver   = fs.Duration("step-overhead", d.StepOverhead, "timing: fixed cost of every step")
+		preTok     = fs.Duration("prefill-per-token", d.PrefillPerToken, "timing: cost per prefilled token")
+		preAttn    = fs.Duration("prefill-attention-per-1k", d.PrefillAttentionPer1K, "timing: cost per prefilled token per 1024 tokens it attends to")
+		decSeq     = fs.Duration("decode-per-seq", d.DecodePerSequence, "timing: cost per sequence in a decode step")
+		decAttn    = fs.Duration("decode-attention-per-1k", d.DecodeAttentionPer1K, "timing: cost per 1024 context tokens read in a decode step")
+	)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kvfast mock: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	host, portStr, err := net.SplitHostPort(*listen)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvfast mock: cannot parse --listen %q: %v\n", *listen, err)
+		return 2
+	}
+	basePort, err := strconv.Atoi(portStr)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvfast mock: cannot parse the port of --listen %q: %v\n", *listen, err)
+		return 2
+	}
+	if *port != "" {
+		if basePort, err = strconv.Atoi(*port); err != nil {
+			fmt.Fprintf(stderr, "kvfast mock: cannot parse --port %q: %v\n", *port, err)
+			return 2
+		}
+	}
+	switch {
+	case *engines < 1 || *engines > radix.MaxWorkers:
+		fmt.Fprintf(stderr, "kvfast mock: --engines %d is outside [1, %d]\n", *engines, radix.MaxWorkers)
+		return 2
+	case basePort < 0 || (basePort > 0 && basePort+*engines-1 > 65535):
+		fmt.Fprintf(stderr, "kvfast mock: ports %d..%d are out of range\n", basePort, basePort+*engines-1)
+		return 2
+	case *dpRank > math.MaxUint32-uint(*engines):
+		fmt.Fprintf(stderr, "kvfast mock: --dp-rank %d is out of range\n", *dpRank)
+		return 2
+	}
+
+	var started []*mocker.Engine
+	closeAll := func() int {
+		code := 0
+		for _, e := range started {
+			if err := e.Close(); err != nil {
+				fmt.Fprintf(stderr, "kvfast mock: %v\n", err)
+				code = 1
+			}
+		}
+		return code
+	}
+	for i := range *engines {
+		p := 0
+		if basePort > 0 {
+			p = basePort + i
+		}
+		cfg := mocker.Config{
+			Listen:            net.JoinHostPort(host, strconv.Itoa(p)),
+			Model:             *model,
+			BlockSize:         *blockSize,
+			KVBlocks:          *kvBlocks,
+			MaxBatchedTokens:  *maxBatched,
+			MaxSeqs:           *maxSeqs,
+			MaxModelLen:       *maxLen,
+			DefaultMaxTokens:  *defMax,
+			Speedup:           *speedup,
+			HeartbeatInterval: *heartbeat,
+			Timing: mocker.Timing{
+				StepOverhead: *stepOver, PrefillPerToken: *preTok, PrefillAttentionPer1K: *preAttn,
+				DecodePerSequence: *decSeq, DecodeAttentionPer1K: *decAttn,
+			},
+			Segment:  *segment,
+			WorkerID: *workerID + uint64(i),
+			DPRank:   uint32(*dpRank),
+		}
+		if *ranksAsDP {
+			cfg.WorkerID, cfg.DPRank = *workerID, uint32(*dpRank)+uint32(i)
+		}
+		e, err := mocker.Start(cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvfast mock: engine %d: %v\n", i, err)
+			closeAll()
+			return 1
+		}
+		started = append(started, e)
+		c := e.Config()
+		speed := "x" + strconv.FormatFloat(c.Speedup, 'g', -1, 64)
+		if math.IsInf(c.Speedup, 1) {
+			speed = "no waiting"
+		}
+		events := "no events"
+		if c.Segment != "" {
+			events = "events to " + c.Segment
+		}
+		fmt.Fprintf(stdout, "engine %d: %s worker=%d rank=%d model=%q kv=%dx%d speed %s, %s\n",
+			i, e.URL(), c.WorkerID, c.DPRank, c.Model, c.KVBlocks, c.BlockSize, speed, events)
+	}
+	fmt.Fprintf(stdout, "kvfast mock: %d engine(s) running; interrupt to stop\n", len(started))
+	<-stop
+	return closeAll()
+}

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// lockedBuffer lets the test read what the command prints while it runs.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestMockCommand(t *testing.T) {
+	t.Run("serves N engines until stopped", func(t *testing.T) {
+		var out, errOut lockedBuffer
+		stop := make(chan struct{})
+		code := make(chan int, 1)
+		go func() {
+			code <- mockCommand([]string{"--engines", "3", "--port", "0", "--speedup", "inf", "--ranks-as-dp", "--worker-id", "5", "--kv-blocks", "512"}, &out, &errOut, stop)
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(out.String(), "running") {
+			if time.Now().After(deadline) {
+				t.Fatalf("no start banner; stderr: %s", errOut.String())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		urls := regexp.MustCompile(`http://[0-9.]+:[0-9]+`).FindAllString(out.String(), -1)
+		if len(urls) != 3 || urls[0] == urls[1] {
+			t.Fatalf("engine URLs %v in %q", urls, out.String())
+		}
+		for i, want := range []string{"worker=5 rank=0", "worker=5 rank=1", "worker=5 rank=2"} {
+			if !strings.Contains(out.String(), want) {
+				t.Fatalf("engine %d: %q missing from %q", i, want, out.String())
+			}
+		}
+		for _, u := range urls {
+			resp, err := http.Post(u+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"a b c","max_tokens":2}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !bytes.Contains(b, []byte(`"completion_tokens":2`)) {
+				t.Fatalf("%s: %d %s", u, resp.StatusCode, b)
+			}
+		}
+		close(stop)
+		if c := <-code; c != 0 {
+			t.Fatalf("exit %d; stderr: %s", c, errOut.String())
+		}
+	})
+	t.Run("flags", func(t *testing.T) {
+		for _, tc := range []struct {
+			args []string
+			code int
+		}{
+			{[]string{"--help"}, 0},
+			{[]string{"--engines", "0"}, 2},
+			{[]string{"--listen", "nocolon"}, 2},
+			{[]string{"--port", "x"}, 2},
+			{[]string{"--port", "65535", "--engines", "2"}, 2},
+			{[]string{"extra"}, 2},
+			{[]string{"--port", "0", "--block-size", "-3"}, 1},
+			{[]string{"--port", "0", "--segment", "/nonexistent/kvfast.shm"}, 1},
+		} {
+			var out, errOut lockedBuffer
+			stop := make(chan struct{})
+			close(stop)
+			if got := mockCommand(tc.args, &out, &errOut, stop); got != tc.code {
+				t.Errorf("%v: exit %d, want %d; stderr %s", tc.args, got, tc.code, errOut.String())
+			}
+		}
+	})
+}

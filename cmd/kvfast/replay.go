@@ -1,0 +1,249 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/term"
+
+	"github.com/kvfast/kvfast/benchmarks/replay"
+)
+
+func init() {
+	register("replay", "replay a Mooncake-format trace through a running router and report TTFT and cache hits", runReplay)
+}
+
+const replayAbout = `Usage: kvfast replay [flags]
+
+Replays a Mooncake-format trace (JSONL: timestamp in ms, input_length,
+output_length, hash_ids) through a running router's /v1/completions as
+streaming requests whose prompts are token-id arrays. Each hash id becomes
+a fixed pseudo-random block of tokens, so requests that share hash-id
+prefixes share token prefixes and can hit the engines' prefix caches.
+
+Requests leave at their trace time divided by --speedup, or, with
+--concurrency N, N at a time back to back. The report gives TTFT
+p50/p90/p99, inter-token latency, end-to-end latency, throughput, errors,
+and the prefix hit rate the engines reported (cached_tokens/prompt_tokens)
+next to the best an infinite shared cache could reach on the same requests.
+
+Without --trace, the shipped trace is used if it exists at
+  %s
+relative to the working directory; otherwise its last 600 records, which
+are built into this binary (--trace embedded).
+
+Examples:
+  kvfast replay --max-requests 200 --speedup 4
+  kvfast replay --trace my.jsonl --concurrency 16 --block-tokens 32 --json
+  kvfast replay --html report.html --label kv
+
+Exit status: 0 if every request succeeded, 1 if any failed or the replay
+was interrupted, 2 for bad flags or an unreadable trace.
+
+Flags:
+`
+
+func runReplay(args []string) int {
+	return replayCommand(args, os.Stdout, os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))
+}
+
+// replayCommand is runReplay with its outputs injected; progress is drawn
+// on stderr only when stderrIsTTY.
+func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) int {
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		router      = fs.String("router", replay.DefaultRouterURL, "router base `URL`; /v1/completions is appended")
+		tracePath   = fs.String("trace", "", "trace `file` (JSONL), or \"embedded\" (default: "+replay.SharedTracePath+" if present, else embedded)")
+		traceBlock  = fs.Int("trace-block-size", replay.DefaultTraceBlockSize, "tokens per hash id in the trace")
+		maxRequests = fs.Int("max-requests", 0, "replay only the first `N` records (0: all)")
+		speedup     = fs.Float64("speedup", 1, "divide trace time by `factor` (timestamp mode)")
+		concurrency = fs.Int("concurrency", 0, "keep `N` requests in flight and ignore timestamps (0: timestamp mode)")
+		maxInFlight = fs.Int("max-in-flight", replay.DefaultMaxInFlight, "cap on concurrent requests in timestamp mode")
+		blockTokens = fs.Int("block-tokens", 0, "tokens to send per hash id, to shrink prompts (0: the trace block size)")
+		maxOutput   = fs.Int("max-output-tokens", 0, "cap max_tokens, which is the trace's output_length (0: no cap)")
+		model       = fs.String("model", replay.DefaultModel, "model name to send")
+		seed        = fs.Uint64("seed", 0, "seed of the hash-id-to-token mapping")
+		vocab       = fs.Uint("vocab", replay.DefaultVocab, "token ids are drawn from [0, vocab)")
+		timeout     = fs.Duration("timeout", 5*time.Minute, "bound on one request, from send to end of stream (0: none)")
+		jsonOut     = fs.Bool("json", false, "print the summary as JSON instead of text")
+		quiet       = fs.Bool("quiet", false, "no progress bar or notes on stderr")
+		label       = fs.String("label", "replay", "name of this run in the HTML report")
+		htmlPath    = fs.String("html", "", "also write a self-contained HTML report to `file`")
+		requestsOut = fs.String("requests-out", "", "also write one JSON line per request (timings, usage, worker) to `file`")
+	)
+	fs.Usage = func() { replayFlagHelp(fs.Output(), fs, fmt.Sprintf(replayAbout, replay.SharedTracePath)) }
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kvfast replay: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if *vocab == 0 || *vocab > 1<<32-1 {
+		fmt.Fprintf(stderr, "kvfast replay: --vocab %d: want 1..%d\n", *vocab, uint32(1<<32-1))
+		return 2
+	}
+	if !(*speedup > 0) {
+		fmt.Fprintf(stderr, "kvfast replay: --speedup %v: want a positive factor\n", *speedup)
+		return 2
+	}
+	notef := func(format string, a ...any) {
+		if !*quiet {
+			fmt.Fprintf(stderr, "kvfast replay: "+format+"\n", a...)
+		}
+	}
+
+	tr, err := loadReplayTrace(*tracePath, replay.TraceOptions{BlockSize: *traceBlock}, notef)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvfast replay: %v\n", err)
+		return 2
+	}
+	cfg := replay.Config{
+		RouterURL:       *router,
+		Trace:           tr,
+		MaxRequests:     *maxRequests,
+		Speedup:         *speedup,
+		Concurrency:     *concurrency,
+		MaxInFlight:     *maxInFlight,
+		Tokens:          replay.TokenSynth{BlockTokens: *blockTokens, Vocab: uint32(*vocab), Seed: *seed},
+		MaxOutputTokens: *maxOutput,
+		Model:           *model,
+		Timeout:         *timeout,
+		ProgressLabel:   *label,
+	}
+	if !*quiet && stderrIsTTY {
+		cfg.Progress = stderr
+	}
+	replayed := tr.Head(*maxRequests)
+	if *concurrency > 0 {
+		notef("%d requests from %s at concurrency %d", replayed.Len(), tr.Source, *concurrency)
+	} else {
+		notef("%d requests from %s over %v of trace time at %gx (about %v)", replayed.Len(), tr.Source,
+			replayed.Span().Round(time.Second), *speedup, time.Duration(float64(replayed.Span()) / *speedup).Round(time.Second))
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, runErr := replay.Run(ctx, cfg)
+	if res == nil {
+		fmt.Fprintf(stderr, "kvfast replay: %v\n", runErr)
+		return 2
+	}
+	sum := res.Summary()
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(sum)
+	} else {
+		err = sum.WriteText(stdout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvfast replay: cannot write the report: %v\n", err)
+		return 1
+	}
+	status := 0
+	if *htmlPath != "" {
+		if err := replayWriteFile(*htmlPath, func(w io.Writer) error {
+			return replay.WriteHTML(w, []replay.NamedResult{{Name: *label, Result: res}})
+		}); err != nil {
+			fmt.Fprintf(stderr, "kvfast replay: %v\n", err)
+			status = 1
+		} else {
+			notef("HTML report written to %s", *htmlPath)
+		}
+	}
+	if *requestsOut != "" {
+		if err := replayWriteFile(*requestsOut, func(w io.Writer) error {
+			enc := json.NewEncoder(w)
+			for i := range res.Requests {
+				if err := enc.Encode(&res.Requests[i]); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			fmt.Fprintf(stderr, "kvfast replay: %v\n", err)
+			status = 1
+		}
+	}
+	if runErr != nil {
+		fmt.Fprintf(stderr, "kvfast replay: %v\n", runErr)
+		return 1
+	}
+	if sum.Errors > 0 {
+		notef("%d of %d requests failed", sum.Errors, sum.Requests)
+		return 1
+	}
+	return status
+}
+
+// loadReplayTrace resolves --trace: a path, "embedded", or empty for the
+// shared trace if it is there and the embedded one otherwise.
+func loadReplayTrace(path string, opts replay.TraceOptions, notef func(string, ...any)) (*replay.Trace, error) {
+	switch path {
+	case "embedded":
+		return replay.EmbeddedTrace(opts)
+	case "":
+		tr, err := replay.LoadDefaultTrace(opts)
+		if err == nil && tr.Source == replay.EmbeddedTraceName {
+			notef("%s not found; using the embedded trace (its last 600 records)", replay.SharedTracePath)
+		}
+		return tr, err
+	}
+	return replay.LoadTrace(path, opts)
+}
+
+// replayWriteFile writes a file through a buffer, reporting close errors,
+// which is where a full disk shows up.
+func replayWriteFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("cannot create %s: %w", path, err)
+	}
+	bw := bufio.NewWriter(f)
+	err = write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("cannot write %s: %w", path, err)
+	}
+	return nil
+}
+
+// replayFlagHelp prints about, then every flag GNU-style (--name), which is
+// how the help text spells them.
+func replayFlagHelp(w io.Writer, fs *flag.FlagSet, about string) {
+	var b strings.Builder
+	b.WriteString(about)
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		fmt.Fprintf(&b, "  --%s", f.Name)
+		if name != "" {
+			fmt.Fprintf(&b, " %s", name)
+		}
+		fmt.Fprintf(&b, "\n        %s", usage)
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" && f.DefValue != "0s" {
+			fmt.Fprintf(&b, " (default %s)", f.DefValue)
+		}
+		b.WriteByte('\n')
+	})
+	_, _ = io.WriteString(w, b.String())
+}

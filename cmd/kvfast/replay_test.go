@@ -1,0 +1,142 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"encoding/xml"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// replayStandIn answers completions with two tokens and reports half of
+// every prompt as cached, or fails every request with 503.
+func replayStandIn(t *testing.T, fail bool) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Prompt []uint32 `json:"prompt"`
+		}
+		if fail || json.NewDecoder(r.Body).Decode(&req) != nil {
+			http.Error(w, "no", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("x-kvfast-worker", "w7")
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":null}]}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"b\",\"finish_reason\":\"length\"}]}\n\n")
+		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n",
+			len(req.Prompt), len(req.Prompt)/2)
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func writeTrace(t *testing.T) string {
+	p := filepath.Join(t.TempDir(), "t.jsonl")
+	var b strings.Builder
+	for i := range 6 {
+		fmt.Fprintf(&b, `{"timestamp":%d,"input_length":600,"output_length":2,"hash_ids":[1,%d]}`+"\n", i, i+2)
+	}
+	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestReplayCommand(t *testing.T) {
+	trace := writeTrace(t)
+	run := func(args ...string) (int, string, string) {
+		var out, errOut strings.Builder
+		code := replayCommand(args, &out, &errOut, false)
+		return code, out.String(), errOut.String()
+	}
+	t.Run("help", func(t *testing.T) {
+		code, _, stderr := run("--help")
+		if code != 0 || !strings.Contains(stderr, "--speedup factor") || !strings.Contains(stderr, "Exit status") {
+			t.Fatalf("code %d, help:\n%s", code, stderr)
+		}
+	})
+	t.Run("usage errors", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"--bogus"}, {"extra"}, {"--speedup", "0"}, {"--vocab", "0"},
+			{"--trace", filepath.Join(t.TempDir(), "missing.jsonl")},
+			{"--trace", trace, "--trace-block-size", "8"}, // 600 tokens need 75 blocks of 8
+		} {
+			if code, _, stderr := run(args...); code != 2 || stderr == "" {
+				t.Errorf("%q: code %d, stderr %q", args, code, stderr)
+			}
+		}
+	})
+	t.Run("json, html and per-request output", func(t *testing.T) {
+		dir := t.TempDir()
+		htmlPath, reqPath := filepath.Join(dir, "r.html"), filepath.Join(dir, "r.jsonl")
+		code, stdout, stderr := run("--router", replayStandIn(t, false), "--trace", trace, "--max-requests", "5",
+			"--speedup", "100", "--block-tokens", "16", "--json", "--html", htmlPath, "--requests-out", reqPath, "--label", "kv")
+		if code != 0 {
+			t.Fatalf("code %d, stderr %s", code, stderr)
+		}
+		var sum struct {
+			Requests    int            `json:"requests"`
+			Errors      int            `json:"errors"`
+			HitRate     float64        `json:"hit_rate"`
+			BlockTokens int            `json:"block_tokens"`
+			Workers     map[string]int `json:"workers"`
+			Bound       struct{ Tokens float64 }
+		}
+		if err := json.Unmarshal([]byte(stdout), &sum); err != nil {
+			t.Fatalf("stdout is not JSON: %v\n%s", err, stdout)
+		}
+		// Prompts are 16 + ceil(88*16/512)=3 tokens; the stand-in caches 19/2 = 9.
+		if sum.Requests != 5 || sum.Errors != 0 || sum.HitRate != 9.0/19.0 || sum.BlockTokens != 16 || sum.Workers["w7"] != 5 {
+			t.Fatalf("summary %+v", sum)
+		}
+		if want := 4.0 * 16 / (5 * 19); sum.Bound.Tokens != want {
+			t.Fatalf("bound %v, want %v", sum.Bound.Tokens, want)
+		}
+		f, err := os.Open(reqPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		lines := 0
+		for sc := bufio.NewScanner(f); sc.Scan(); lines++ {
+			var r struct{ Worker string }
+			if err := json.Unmarshal(sc.Bytes(), &r); err != nil || r.Worker != "w7" {
+				t.Fatalf("request line %q: %v", sc.Text(), err)
+			}
+		}
+		if lines != 5 {
+			t.Fatalf("%d request lines, want 5", lines)
+		}
+		html, err := os.ReadFile(htmlPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := xml.NewDecoder(strings.NewReader(string(html)))
+		for {
+			if _, err := d.Token(); err == io.EOF {
+				break
+			} else if err != nil {
+				t.Fatalf("HTML report not well-formed: %v", err)
+			}
+		}
+		if !strings.Contains(string(html), `data-policy="kv"`) {
+			t.Fatal("HTML report lacks the labelled CDF")
+		}
+	})
+	t.Run("text report and failures", func(t *testing.T) {
+		code, stdout, _ := run("--router", replayStandIn(t, false), "--trace", trace, "--concurrency", "2", "--quiet")
+		if code != 0 || !strings.Contains(stdout, "TTFT        p50") || !strings.Contains(stdout, "of the infinite-cache bound") {
+			t.Fatalf("code %d, report:\n%s", code, stdout)
+		}
+		code, stdout, stderr := run("--router", replayStandIn(t, true), "--trace", trace, "--concurrency", "2")
+		if code != 1 || !strings.Contains(stdout, "HTTP 503") || !strings.Contains(stderr, "6 of 6 requests failed") {
+			t.Fatalf("code %d, stdout %s, stderr %s", code, stdout, stderr)
+		}
+	})
+}

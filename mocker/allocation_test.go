@@ -1,0 +1,96 @@
+//go:build !race
+
+package mocker
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/shm"
+)
+
+func TestZeroAllocations(t *testing.T) {
+	t.Run("cache allocate, commit, release", func(t *testing.T) {
+		ev := &eventSink{}
+		c := newKVCache(64, ev)
+		toks := seq(0, 16)
+		h := uint64(0)
+		ids := make([]int32, 0, 8)
+		n := testing.AllocsPerRun(1000, func() {
+			ids = ids[:0]
+			for range 8 {
+				id, _ := c.allocate()
+				h++
+				c.commit(id, h, h-1, true, toks)
+				ids = append(ids, id)
+			}
+			for i := len(ids) - 1; i >= 0; i-- {
+				c.release(ids[i])
+			}
+			ev.flush()
+		})
+		if n != 0 {
+			t.Fatalf("%v allocations per cycle", n)
+		}
+	})
+	t.Run("core decode step", func(t *testing.T) {
+		c := newTestCore(t, Config{BlockSize: 16, KVBlocks: 8192, MaxBatchedTokens: 8192}, nil)
+		for i := range 32 {
+			addReq(t, c, seq(i*1000, 100+i), 4000)
+		}
+		for range 20 {
+			c.Step()
+		}
+		if n := testing.AllocsPerRun(500, func() { c.Step() }); n != 0 {
+			t.Fatalf("%v allocations per step", n)
+		}
+		if c.Stats().BlocksStored < 32*30 {
+			t.Fatal("decode did not fill and store blocks during the measurement")
+		}
+	})
+	t.Run("text tokenizer with room", func(t *testing.T) {
+		buf := make([]uint32, 0, 16)
+		if n := testing.AllocsPerRun(100, func() { buf = AppendTextTokens(buf[:0], "a b c d") }); n != 0 {
+			t.Fatalf("%v allocations", n)
+		}
+	})
+	t.Run("token array with room", func(t *testing.T) {
+		raw := []byte(idsJSON(seq(1, 500)))
+		buf := make([]uint32, 0, 600)
+		if n := testing.AllocsPerRun(100, func() { buf, _ = appendTokenArray(buf[:0], raw) }); n != 0 {
+			t.Fatalf("%v allocations", n)
+		}
+	})
+	t.Run("response chunk", func(t *testing.T) {
+		h := &respHead{id: "cmpl-x", created: 1, model: []byte(`"m"`)}
+		buf := make([]byte, 0, 1024)
+		if n := testing.AllocsPerRun(100, func() { buf = h.appendChunk(buf[:0], 5, 3, "", true, 10, 0) }); n != 0 {
+			t.Fatalf("%v allocations", n)
+		}
+	})
+	t.Run("shm publisher adapter", func(t *testing.T) {
+		seg, err := shm.Open(filepath.Join(t.TempDir(), "seg"), shm.Options{Index: radix.Config{Capacity: 1024}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer seg.Close()
+		p, err := seg.Register(shm.WorkerConfig{Model: "m", BlockSize: 16, KVCapacityBlocks: 64, Endpoint: "http://x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		sp := NewShmPublisher(p)
+		blocks := []BlockEvent{{Hash: 1, Tokens: seq(0, 16)}, {Hash: 2, Tokens: seq(16, 16)}}
+		hashes := []uint64{1, 2}
+		// The ring fills and drops (nobody consumes); dropping must not
+		// allocate either.
+		if n := testing.AllocsPerRun(500, func() {
+			_ = sp.Stored(0, false, blocks)
+			_ = sp.Removed(hashes)
+			_ = sp.Load(1, 2, 3, 64)
+		}); n != 0 {
+			t.Fatalf("%v allocations", n)
+		}
+	})
+}

@@ -1,0 +1,145 @@
+package mocker
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/shm"
+)
+
+// Config describes one simulated engine. The zero value of every field
+// means its default.
+type Config struct {
+	// Listen is the HTTP listen address (default "127.0.0.1:0", an
+	// ephemeral port; Engine.Addr tells which).
+	Listen string
+	// Model is the served model name (default "mock"). Requests naming
+	// another model get a 404; requests naming none are served.
+	Model string
+
+	// BlockSize is the tokens per KV block (default radix.DefaultBlockSize).
+	BlockSize int
+	// KVBlocks is the KV cache capacity in blocks (default 16384).
+	KVBlocks int
+	// MaxBatchedTokens is the token budget of one step, prefill chunks and
+	// decodes together (default 8192).
+	MaxBatchedTokens int
+	// MaxSeqs caps the running batch (default 256).
+	MaxSeqs int
+	// MaxModelLen caps prompt plus max_tokens (default and upper bound:
+	// KVBlocks·BlockSize, so that any accepted request fits in an empty
+	// cache).
+	MaxModelLen int
+	// DefaultMaxTokens applies when a request sets no max_tokens (default
+	// 16, OpenAI's completions default), shortened if the prompt leaves
+	// less room than that.
+	DefaultMaxTokens int
+
+	// Timing is the step cost model (default DefaultTiming when zero).
+	Timing Timing
+	// Speedup divides simulated time when mapping it onto the wall clock
+	// (default 1). +Inf runs steps back to back without sleeping.
+	Speedup float64
+	// HeartbeatInterval is the wall-clock period of Heartbeat and of the
+	// load refresh (default 250ms).
+	HeartbeatInterval time.Duration
+
+	// WorkerID and DPRank identify this engine to the router's registry.
+	WorkerID uint64
+	DPRank   uint32
+
+	// Publisher receives KV events and load. Nil publishes nothing (unless
+	// Segment is set).
+	Publisher Publisher
+	// Segment is the path of a kvfast shm segment (created by the router)
+	// to register with and publish into, instead of Publisher.
+	Segment string
+	// SegmentHandle is a segment already open in this process (an
+	// in-process demo or test): the engine registers in it, instead of
+	// Publisher or Segment.
+	SegmentHandle *shm.Segment
+}
+
+// Defaults.
+const (
+	DefaultKVBlocks          = 16384
+	DefaultMaxBatchedTokens  = 8192
+	DefaultMaxSeqs           = 256
+	DefaultMaxTokens         = 16
+	DefaultModel             = "mock"
+	DefaultHeartbeatInterval = 250 * time.Millisecond
+)
+
+// withDefaults fills zero fields and checks the result.
+func (cfg Config) withDefaults() (Config, error) {
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	if cfg.Model == "" {
+		cfg.Model = DefaultModel
+	}
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = radix.DefaultBlockSize
+	}
+	if cfg.KVBlocks == 0 {
+		cfg.KVBlocks = DefaultKVBlocks
+	}
+	if cfg.MaxBatchedTokens == 0 {
+		cfg.MaxBatchedTokens = DefaultMaxBatchedTokens
+	}
+	if cfg.MaxSeqs == 0 {
+		cfg.MaxSeqs = DefaultMaxSeqs
+	}
+	if cfg.DefaultMaxTokens == 0 {
+		cfg.DefaultMaxTokens = DefaultMaxTokens
+	}
+	if cfg.Timing == (Timing{}) {
+		cfg.Timing = DefaultTiming
+	}
+	if cfg.Speedup == 0 {
+		cfg.Speedup = 1
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	switch {
+	case cfg.BlockSize < 1:
+		return cfg, fmt.Errorf("cannot configure mock engine: block size %d is not positive", cfg.BlockSize)
+	case cfg.KVBlocks < 1 || cfg.KVBlocks > math.MaxInt32:
+		return cfg, fmt.Errorf("cannot configure mock engine: KV capacity %d blocks is out of range", cfg.KVBlocks)
+	case cfg.MaxBatchedTokens < 1:
+		return cfg, fmt.Errorf("cannot configure mock engine: max batched tokens %d is not positive", cfg.MaxBatchedTokens)
+	case cfg.MaxSeqs < 1:
+		return cfg, fmt.Errorf("cannot configure mock engine: max sequences %d is not positive", cfg.MaxSeqs)
+	case cfg.DefaultMaxTokens < 1:
+		return cfg, fmt.Errorf("cannot configure mock engine: default max tokens %d is not positive", cfg.DefaultMaxTokens)
+	case math.IsNaN(cfg.Speedup) || cfg.Speedup < 0:
+		return cfg, fmt.Errorf("cannot configure mock engine: speed-up %v is not positive", cfg.Speedup)
+	case cfg.HeartbeatInterval < 0:
+		return cfg, fmt.Errorf("cannot configure mock engine: heartbeat interval %v is negative", cfg.HeartbeatInterval)
+	}
+	if err := cfg.Timing.validate(); err != nil {
+		return cfg, err
+	}
+	capTokens := int64(cfg.KVBlocks) * int64(cfg.BlockSize)
+	if capTokens > math.MaxInt32 {
+		capTokens = math.MaxInt32
+	}
+	switch {
+	case cfg.MaxModelLen == 0:
+		cfg.MaxModelLen = int(capTokens)
+	case cfg.MaxModelLen < 2 || int64(cfg.MaxModelLen) > capTokens:
+		return cfg, fmt.Errorf("cannot configure mock engine: max model length %d is outside [2, %d], the KV capacity in tokens", cfg.MaxModelLen, capTokens)
+	}
+	return cfg, nil
+}
+
+// EngineSeed is the seed of the mock engine's own block hashes for model.
+// It deliberately differs from radix.NamespaceSeed(model, "", ""), so that
+// the engine hashes the router receives are opaque keys, as a real engine's
+// are, and the router must re-hash the token ids it is sent.
+func EngineSeed(model string) uint64 {
+	return radix.NamespaceSeed("kvfast-mock-engine\x00"+model, "", "")
+}

@@ -1,0 +1,75 @@
+// Package mocker is a simulated LLM inference engine for kvfast's tests,
+// benchmarks and demo. It behaves, as seen from the router, like one vLLM
+// rank: it serves the OpenAI API, keeps a paged KV cache with prefix
+// caching, batches continuously, takes time to prefill and decode, and
+// publishes every cache change as a KV event.
+//
+// # Responsibility
+//
+//   - HTTP (fasthttp): POST /v1/completions and /v1/chat/completions,
+//     streaming (vLLM-shaped SSE chunks ending in "data: [DONE]") or not;
+//     GET /v1/models, GET /health, POST /reset_prefix_cache, and
+//     GET /mock/stats (the engine's counters as JSON). Every response
+//     carries usage with prompt_tokens_details.cached_tokens, the prompt
+//     tokens served from the prefix cache; streams carry it in a final
+//     chunk when stream_options.include_usage is set, as vLLM does. Bad
+//     input gets an OpenAI-style error body.
+//   - Prompts: token-id arrays are used exactly. Text is tokenized one
+//     token per whitespace-separated word, the id a hash of the word
+//     (AppendTextTokens); chat messages go through a fixed template
+//     (AppendChatTokens). Replies are words from a fixed list chosen by a
+//     hash of the prompt, so they are deterministic; a request always
+//     generates exactly max_tokens (default 16) and finishes with
+//     "length".
+//   - KV cache: KVBlocks blocks of BlockSize tokens. Full blocks are
+//     hashed with radix.AppendBlockHashes' chaining under EngineSeed(model)
+//     (deliberately not the router's seed: engine hashes are opaque keys)
+//     and deduplicated by hash. Blocks are reference-counted; unreferenced
+//     cached blocks stay findable until evicted, least recently used first,
+//     and only when no never-cached block is free.
+//   - Scheduling, after vLLM's V1 scheduler: each step has a token budget
+//     (MaxBatchedTokens) shared by running sequences (decode one token, or
+//     continue a chunked prefill) and then waiting ones (FCFS, from their
+//     longest cached prefix, the last prompt token always recomputed). If a
+//     running sequence cannot get a block, the most recently scheduled one
+//     is preempted: its blocks are released and it recomputes later.
+//   - Timing: see Timing. A step's simulated duration grows with the
+//     uncached tokens it prefills and, for decode, with batch size and
+//     context. Config.Speedup divides simulated time on the wall clock.
+//   - Events: Stored for every block entering the prefix cache, Removed for
+//     every eviction, Cleared on start and on a cache reset, Load whenever
+//     it changes and with every Heartbeat (each HeartbeatInterval). They go
+//     to a Publisher: a Recorder in tests, ShmPublisher for a kvfast shm
+//     segment (Config.Segment or Config.SegmentHandle).
+//
+// # Ownership
+//
+// A Core owns the cache, the queues and the simulated clock; it is
+// deterministic: the same configuration and the same sequence of Add,
+// Abort and Step calls make the same decisions and the same events, which
+// is how the tests drive it. An Engine owns one Core, one goroutine that
+// drives it, one listener and one fasthttp server. A Request belongs to
+// the Core from Add until it finishes or is aborted.
+//
+// # Concurrency
+//
+// Core and the Publisher it is given are used by one goroutine only: the
+// engine loop. HTTP handlers hand requests to the loop through a
+// mutex-guarded inbox and learn of progress through per-request atomics and
+// a one-slot notification channel; they never touch the Core. Engine
+// methods are safe for concurrent use. The loop steps back to back while
+// there is work, sleeps after each step until simulated time divided by
+// Speedup has passed on the wall clock, then delivers the step's tokens.
+// When the process cannot keep up by more than 50ms, simulated time is
+// stretched rather than caught up in a burst.
+//
+// # Throughput envelope
+//
+// A step costs microseconds of CPU (one map probe per cached block looked
+// up, one xxhash per block filled, O(batch) bookkeeping) and makes no
+// allocation in steady state; token-id arrays in request bodies are
+// decoded without reflection. At Speedup 1 an engine spends far less CPU than the time it
+// simulates, so tens of engines share a small machine; at high speed-ups
+// the HTTP and JSON work per token, not the scheduler, is the limit. See
+// BenchmarkMock* for numbers.
+package mocker

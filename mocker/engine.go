@@ -1,0 +1,578 @@
+package mocker
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// maxLag bounds how far the engine may fall behind its schedule (a starved
+// CPU, a long GC). Beyond it, simulated time is stretched rather than made
+// up in a burst of back-to-back steps that would compress later latencies.
+const maxLag = 50 * time.Millisecond
+
+// Engine is one simulated engine: a Core driven in (scaled) real time by one
+// goroutine, behind a fasthttp server speaking the OpenAI API.
+type Engine struct {
+	cfg       Config
+	core      *Core // owned by the loop goroutine
+	ownedPub  func() error
+	ln        net.Listener
+	srv       *fasthttp.Server
+	serveDone chan struct{}
+	serveErr  error
+
+	mu     sync.Mutex
+	inbox  []engineOp
+	spare  []engineOp
+	closed bool
+
+	wake     chan struct{} // cap 1: the inbox has work
+	stop     chan struct{} // closed by Close: the loop exits
+	loopDone chan struct{}
+	closing  chan struct{} // closed after the loop exits: waiters give up
+
+	statsMu sync.Mutex
+	stats   Stats
+
+	lastLoad  [4]uint64
+	loadValid bool
+
+	nextID    atomic.Uint64
+	idTag     string
+	modelJSON []byte
+	closeOnce sync.Once
+	closeErr  error
+}
+
+type opKind uint8
+
+const (
+	opAdd opKind = iota
+	opAbort
+	opReset
+)
+
+type engineOp struct {
+	kind opKind
+	r    *Request
+	res  chan error
+}
+
+// Start validates cfg, listens on cfg.Listen and starts serving. Close
+// stops it.
+func Start(cfg Config) (*Engine, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("cannot listen on %s: %w", cfg.Listen, err)
+	}
+	pub := cfg.Publisher
+	var ownedPub func() error
+	if cfg.Segment != "" || cfg.SegmentHandle != nil {
+		if pub != nil || (cfg.Segment != "" && cfg.SegmentHandle != nil) {
+			ln.Close()
+			return nil, errors.New("cannot start mock engine: set only one of Publisher, Segment and SegmentHandle")
+		}
+		sp, err := openSegmentPublisher(cfg, "http://"+ln.Addr().String())
+		if err != nil {
+			ln.Close()
+			return nil, err
+		}
+		pub, ownedPub = sp, sp.Close
+	}
+	core, err := NewCore(cfg, pub)
+	if err != nil {
+		ln.Close()
+		closeOwned(ownedPub)
+		return nil, err
+	}
+	e := &Engine{
+		cfg:       cfg,
+		core:      core,
+		ownedPub:  ownedPub,
+		ln:        ln,
+		serveDone: make(chan struct{}),
+		wake:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		loopDone:  make(chan struct{}),
+		closing:   make(chan struct{}),
+		idTag:     "w" + strconv.FormatUint(cfg.WorkerID, 10) + "r" + strconv.FormatUint(uint64(cfg.DPRank), 10) + "-",
+		modelJSON: appendJSONString(nil, cfg.Model),
+	}
+	e.stats = core.Stats()
+	e.srv = &fasthttp.Server{
+		Handler:            e.handle,
+		Name:               "kvfast-mock",
+		MaxRequestBodySize: 64 << 20,
+		ReadTimeout:        60 * time.Second,
+		IdleTimeout:        120 * time.Second,
+		CloseOnShutdown:    true,
+		Logger:             quietLogger{},
+	}
+	go e.loop()
+	go func() {
+		e.serveErr = e.srv.Serve(ln)
+		close(e.serveDone)
+	}()
+	return e, nil
+}
+
+func closeOwned(f func() error) {
+	if f != nil {
+		_ = f()
+	}
+}
+
+// quietLogger drops fasthttp's per-connection errors, which here are
+// clients hanging up mid-stream: routine for a load generator.
+type quietLogger struct{}
+
+func (quietLogger) Printf(string, ...any) {}
+
+// Addr is the address the engine listens on, "host:port".
+func (e *Engine) Addr() string { return e.ln.Addr().String() }
+
+// URL is the engine's base URL, "http://host:port".
+func (e *Engine) URL() string { return "http://" + e.Addr() }
+
+// Config is the engine's configuration with defaults filled in.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Stats is a snapshot of the engine's counters, at most one step old.
+func (e *Engine) Stats() Stats {
+	e.statsMu.Lock()
+	defer e.statsMu.Unlock()
+	return e.stats
+}
+
+// ResetPrefixCache drops every cached block (publishing Cleared), or fails
+// with ErrCacheBusy while requests are running.
+func (e *Engine) ResetPrefixCache() error {
+	res := make(chan error, 1)
+	if err := e.submit(engineOp{kind: opReset, res: res}); err != nil {
+		return err
+	}
+	select {
+	case err := <-res:
+		return err
+	case <-e.closing:
+		return ErrClosed
+	}
+}
+
+// Close stops the engine: the scheduler stops, requests in flight end
+// (streams with an error event, others with 503), and the server shuts
+// down. It is safe to call more than once.
+func (e *Engine) Close() error {
+	e.closeOnce.Do(func() {
+		e.mu.Lock()
+		e.closed = true
+		e.mu.Unlock()
+		close(e.stop)
+		<-e.loopDone
+		close(e.closing)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err := e.srv.ShutdownWithContext(ctx)
+		<-e.serveDone
+		if e.serveErr != nil && err == nil {
+			err = e.serveErr
+		}
+		if e.ownedPub != nil {
+			err = errors.Join(err, e.ownedPub())
+		}
+		if err != nil {
+			e.closeErr = fmt.Errorf("cannot close mock engine %s: %w", e.Addr(), err)
+		}
+	})
+	return e.closeErr
+}
+
+func (e *Engine) submit(op engineOp) error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return ErrClosed
+	}
+	e.inbox = append(e.inbox, op)
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// drain applies queued operations to the core, in arrival order.
+func (e *Engine) drain() {
+	e.mu.Lock()
+	ops := e.inbox
+	e.inbox = e.spare[:0]
+	e.mu.Unlock()
+	for i, op := range ops {
+		switch op.kind {
+		case opAdd:
+			if err := e.core.Add(op.r); err != nil {
+				// Handlers validate before submitting; an error here means
+				// the request was submitted twice.
+				op.r.pubDone.Store(doneAborted)
+				notify(op.r)
+			}
+		case opAbort:
+			e.core.Abort(op.r)
+		case opReset:
+			op.res <- e.core.ResetPrefixCache()
+		}
+		ops[i] = engineOp{}
+	}
+	e.spare = ops[:0]
+}
+
+// loop is the engine's only goroutine touching the Core and the Publisher.
+// It runs steps back to back while there is work, sleeping after each so
+// that simulated time advances at Speedup times the wall clock, and hands
+// each step's tokens to their requests when the step's time is up.
+func (e *Engine) loop() {
+	defer close(e.loopDone)
+	var hb <-chan time.Time
+	if e.cfg.HeartbeatInterval > 0 {
+		t := time.NewTicker(e.cfg.HeartbeatInterval)
+		defer t.Stop()
+		hb = t.C
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+
+	// A new engine owns an empty cache; say so, in case its slot held
+	// another engine's blocks.
+	e.core.ev.cleared()
+	e.heartbeat()
+
+	realtime := !math.IsInf(e.cfg.Speedup, 1)
+	var anchorWall time.Time
+	var anchorSim time.Duration
+	busy := false
+	for {
+		e.drain()
+		if e.core.Idle() {
+			busy = false
+			e.publishLoad(false)
+			e.snapshotStats()
+			select {
+			case <-e.wake:
+			case <-hb:
+				e.heartbeat()
+			case <-e.stop:
+				return
+			}
+			continue
+		}
+		if !busy {
+			anchorWall, anchorSim, busy = time.Now(), e.core.Now(), true
+		}
+		rep := e.core.Step()
+		e.publishLoad(false)
+		if realtime {
+			due := anchorWall.Add(time.Duration(float64(e.core.Now()-anchorSim) / e.cfg.Speedup))
+			if lag := time.Since(due); lag > maxLag {
+				anchorWall = anchorWall.Add(lag)
+				due = due.Add(lag)
+			}
+			for d := time.Until(due); d > 0; d = time.Until(due) {
+				timer.Reset(d)
+				select {
+				case <-timer.C:
+				case <-hb:
+					e.heartbeat()
+				case <-e.stop:
+					timer.Stop()
+					return
+				}
+			}
+		} else {
+			select {
+			case <-hb:
+				e.heartbeat()
+			case <-e.stop:
+				return
+			default:
+			}
+		}
+		e.deliver(rep.Progressed)
+		e.snapshotStats()
+	}
+}
+
+func (e *Engine) heartbeat() {
+	e.core.ev.heartbeat()
+	e.publishLoad(true)
+}
+
+// publishLoad sends Load when it changed, or always when forced (the
+// periodic refresh).
+func (e *Engine) publishLoad(force bool) {
+	r, w, u, t := e.core.Load()
+	cur := [4]uint64{r, w, u, t}
+	if !force && e.loadValid && cur == e.lastLoad {
+		return
+	}
+	e.lastLoad, e.loadValid = cur, true
+	e.core.ev.load(r, w, u, t)
+}
+
+func (e *Engine) snapshotStats() {
+	s := e.core.Stats()
+	e.statsMu.Lock()
+	e.stats = s
+	e.statsMu.Unlock()
+}
+
+// deliver publishes each request's progress to the goroutine serving it.
+// Produced is stored before done, so a reader that sees done sees the final
+// count.
+func (e *Engine) deliver(progressed []*Request) {
+	for _, r := range progressed {
+		r.pubCached.Store(int32(r.cached))
+		r.pubProduced.Store(int32(len(r.tokens) - len(r.Prompt)))
+		if r.state == stateFinished {
+			r.pubDone.Store(doneFinished)
+		}
+		notify(r)
+	}
+}
+
+func notify(r *Request) {
+	select {
+	case r.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
+	case "/v1/completions":
+		e.handleGenerate(ctx, false)
+	case "/v1/chat/completions":
+		e.handleGenerate(ctx, true)
+	case "/v1/models":
+		if !e.method(ctx, fasthttp.MethodGet) {
+			return
+		}
+		e.handleModels(ctx)
+	case "/health":
+		if !e.method(ctx, fasthttp.MethodGet) {
+			return
+		}
+		ctx.SetStatusCode(fasthttp.StatusOK)
+	case "/reset_prefix_cache":
+		if !e.method(ctx, fasthttp.MethodPost) {
+			return
+		}
+		if err := e.ResetPrefixCache(); err != nil {
+			status := fasthttp.StatusConflict
+			if errors.Is(err, ErrClosed) {
+				status = fasthttp.StatusServiceUnavailable
+			}
+			writeError(ctx, &apiError{status: status, message: err.Error(), typ: "server_error"})
+			return
+		}
+		ctx.SetStatusCode(fasthttp.StatusOK)
+	case "/mock/stats":
+		if !e.method(ctx, fasthttp.MethodGet) {
+			return
+		}
+		e.handleStats(ctx)
+	default:
+		writeError(ctx, &apiError{status: fasthttp.StatusNotFound, message: "no such endpoint: " + string(ctx.Path()), typ: "invalid_request_error"})
+	}
+}
+
+func (e *Engine) method(ctx *fasthttp.RequestCtx, want string) bool {
+	if string(ctx.Method()) == want {
+		return true
+	}
+	ctx.Response.Header.Set("Allow", want)
+	writeError(ctx, &apiError{status: fasthttp.StatusMethodNotAllowed, message: "method " + string(ctx.Method()) + " is not allowed; use " + want, typ: "invalid_request_error"})
+	return false
+}
+
+func writeError(ctx *fasthttp.RequestCtx, e *apiError) {
+	ctx.SetStatusCode(e.status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(appendError(nil, e))
+}
+
+func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
+	if !e.method(ctx, fasthttp.MethodPost) {
+		return
+	}
+	var req apiRequest
+	if err := parseRequest(ctx.PostBody(), chat, &req); err != nil {
+		writeError(ctx, err)
+		return
+	}
+	if req.model != "" && req.model != e.cfg.Model {
+		writeError(ctx, &apiError{status: fasthttp.StatusNotFound, message: "The model `" + req.model + "` does not exist.", typ: "NotFoundError", param: "model", code: "model_not_found"})
+		return
+	}
+	maxTokens := req.maxTokens
+	if maxTokens < 0 {
+		// Like vLLM, an unset limit never makes a prompt too long by itself.
+		maxTokens = min(e.cfg.DefaultMaxTokens, e.cfg.MaxModelLen-len(req.tokens))
+	}
+	if err := e.cfg.validateRequest(len(req.tokens), maxTokens); err != nil {
+		param := "max_tokens"
+		if req.maxTokens < 0 {
+			param = "prompt"
+		}
+		writeError(ctx, badRequest(param, "%v", err))
+		return
+	}
+	r := &Request{Prompt: req.tokens, MaxTokens: maxTokens, notify: make(chan struct{}, 1)}
+	if err := e.submit(engineOp{kind: opAdd, r: r}); err != nil {
+		writeError(ctx, &apiError{status: fasthttp.StatusServiceUnavailable, message: err.Error(), typ: "server_error"})
+		return
+	}
+	h := &respHead{created: time.Now().Unix(), model: e.modelJSON, chat: chat}
+	prefix := "cmpl-"
+	if chat {
+		prefix = "chatcmpl-"
+	}
+	h.id = prefix + e.idTag + strconv.FormatUint(e.nextID.Add(1), 10)
+
+	if !req.stream {
+		for r.pubDone.Load() == 0 {
+			select {
+			case <-r.notify:
+			case <-e.closing:
+				if r.pubDone.Load() == 0 {
+					writeError(ctx, &apiError{status: fasthttp.StatusServiceUnavailable, message: ErrClosed.Error(), typ: "server_error"})
+					return
+				}
+			}
+		}
+		if r.pubDone.Load() != doneFinished {
+			writeError(ctx, &apiError{status: fasthttp.StatusServiceUnavailable, message: "request aborted by the engine", typ: "server_error"})
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBody(h.appendFull(nil, r.outSeed, len(r.Prompt), r.MaxTokens, int(r.pubCached.Load()), "length"))
+		return
+	}
+	ctx.SetContentType("text/event-stream")
+	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	opt := streamOptions{includeUsage: req.includeUsage, continuousUsage: req.continuousUsage}
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) { e.stream(w, r, h, opt) })
+}
+
+type streamOptions struct{ includeUsage, continuousUsage bool }
+
+// stream writes a request's tokens as SSE events as the loop delivers them,
+// one flush per step. A failed flush means the client went away: the
+// request is aborted so that it frees its blocks.
+func (e *Engine) stream(w *bufio.Writer, r *Request, h *respHead, opt streamOptions) {
+	buf := make([]byte, 0, 1024)
+	promptLen := len(r.Prompt)
+	sent := 0
+	for {
+		closing := false
+		select {
+		case <-r.notify:
+		case <-e.closing:
+			closing = true
+		}
+		done := r.pubDone.Load()
+		produced := int(r.pubProduced.Load())
+		cached := int(r.pubCached.Load())
+		for ; sent < produced; sent++ {
+			finish := ""
+			if sent == r.MaxTokens-1 {
+				finish = "length"
+			}
+			buf = h.appendChunk(buf[:0], r.outSeed, sent, finish, opt.continuousUsage, promptLen, cached)
+			_, _ = w.Write(buf)
+		}
+		if done == doneFinished {
+			if opt.includeUsage {
+				buf = h.appendUsageChunk(buf[:0], promptLen, produced, cached)
+				_, _ = w.Write(buf)
+			}
+			_, _ = w.WriteString(sseDone)
+			_ = w.Flush()
+			return
+		}
+		if done == doneAborted || closing {
+			buf = append(buf[:0], "data: "...)
+			buf = appendError(buf, &apiError{status: fasthttp.StatusServiceUnavailable, message: "request aborted: " + ErrClosed.Error(), typ: "server_error"})
+			buf = append(buf, "\n\n"...)
+			_, _ = w.Write(buf)
+			_, _ = w.WriteString(sseDone)
+			_ = w.Flush()
+			return
+		}
+		if err := w.Flush(); err != nil {
+			_ = e.submit(engineOp{kind: opAbort, r: r})
+			return
+		}
+	}
+}
+
+func (e *Engine) handleModels(ctx *fasthttp.RequestCtx) {
+	b := append([]byte(nil), `{"object":"list","data":[{"id":`...)
+	b = append(b, e.modelJSON...)
+	b = append(b, `,"object":"model","created":`...)
+	b = strconv.AppendInt(b, time.Now().Unix(), 10)
+	b = append(b, `,"owned_by":"kvfast-mock","root":`...)
+	b = append(b, e.modelJSON...)
+	b = append(b, `,"parent":null,"max_model_len":`...)
+	b = strconv.AppendInt(b, int64(e.cfg.MaxModelLen), 10)
+	b = append(b, `,"permission":[]}]}`...)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// statsView is Stats with the engine's identity and a few derived values,
+// for GET /mock/stats.
+type statsView struct {
+	Stats
+	Model                string  `json:"model"`
+	WorkerID             uint64  `json:"worker_id"`
+	DPRank               uint32  `json:"dp_rank"`
+	BlockSize            int     `json:"block_size"`
+	Speedup              float64 `json:"speedup"` // 0 for +Inf
+	PrefixHitRate        float64 `json:"prefix_hit_rate"`
+	SimulatedTimeSeconds float64 `json:"simulated_time_seconds"`
+}
+
+func (e *Engine) handleStats(ctx *fasthttp.RequestCtx) {
+	s := e.Stats()
+	v := statsView{
+		Stats: s, Model: e.cfg.Model, WorkerID: e.cfg.WorkerID, DPRank: e.cfg.DPRank,
+		BlockSize: e.cfg.BlockSize, PrefixHitRate: s.PrefixHitRate(),
+		SimulatedTimeSeconds: s.SimulatedTime.Seconds(),
+	}
+	if !math.IsInf(e.cfg.Speedup, 0) {
+		v.Speedup = e.cfg.Speedup
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(ctx, &apiError{status: fasthttp.StatusInternalServerError, message: err.Error(), typ: "server_error"})
+		return
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}

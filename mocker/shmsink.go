@@ -1,0 +1,99 @@
+package mocker
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvfast/kvfast/shm"
+)
+
+// ShmPublisher adapts a shm.Publisher to the mock engine's Publisher seam.
+// Like the shm publisher it is not safe for concurrent use; the engine
+// calls it from its loop goroutine only.
+type ShmPublisher struct {
+	p      *shm.Publisher
+	path   string // set when the publisher was registered by path
+	worker shm.WorkerConfig
+	hashes []uint64
+	tokens []uint32
+	// Reregistered counts registrations renewed after the router
+	// recreated the segment.
+	Reregistered uint64
+}
+
+var _ Publisher = (*ShmPublisher)(nil)
+
+// NewShmPublisher wraps p. The caller keeps ownership of p.
+func NewShmPublisher(p *shm.Publisher) *ShmPublisher { return &ShmPublisher{p: p} }
+
+// Stored implements Publisher. The blocks' tokens are laid end to end, as
+// the shm record carries them, in buffers reused across calls.
+func (s *ShmPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent) error {
+	s.hashes, s.tokens = s.hashes[:0], s.tokens[:0]
+	for _, b := range blocks {
+		s.hashes = append(s.hashes, b.Hash)
+		s.tokens = append(s.tokens, b.Tokens...)
+	}
+	return s.p.Stored(parent, hasParent, s.hashes, s.tokens)
+}
+
+// Removed implements Publisher.
+func (s *ShmPublisher) Removed(hashes []uint64) error { return s.p.Removed(hashes) }
+
+// Cleared implements Publisher.
+func (s *ShmPublisher) Cleared() error { return s.p.Cleared() }
+
+// Load implements Publisher.
+func (s *ShmPublisher) Load(running, waiting, kvUsed, kvTotal uint64) error {
+	s.p.Load(shm.Load{Running: running, Waiting: waiting, KVUsedBlocks: kvUsed, KVTotalBlocks: kvTotal})
+	return nil
+}
+
+// Heartbeat implements Publisher. When the router has recreated the
+// segment and the publisher was registered by path, it registers again
+// in the new segment. The router then knows none of the blocks cached
+// before: it underestimates this engine's cache until they are evicted and
+// stored again, which costs routing quality but never correctness.
+func (s *ShmPublisher) Heartbeat() error {
+	err := s.p.Heartbeat()
+	if !errors.Is(err, shm.ErrRetired) || s.path == "" {
+		return err
+	}
+	p, rerr := shm.Register(s.path, s.worker)
+	if rerr != nil {
+		return fmt.Errorf("cannot register again with shm segment %s: %w", s.path, rerr)
+	}
+	_ = s.p.Close()
+	s.p = p
+	s.Reregistered++
+	return s.p.Cleared()
+}
+
+// Close releases the registration.
+func (s *ShmPublisher) Close() error { return s.p.Close() }
+
+// openSegmentPublisher registers the engine in the segment named by
+// cfg.Segment (or in cfg.SegmentHandle, already open in this process) and
+// returns the publisher and the function that unregisters it.
+func openSegmentPublisher(cfg Config, endpoint string) (*ShmPublisher, error) {
+	wc := shm.WorkerConfig{
+		WorkerID:         cfg.WorkerID,
+		DPRank:           cfg.DPRank,
+		Model:            cfg.Model,
+		BlockSize:        cfg.BlockSize,
+		KVCapacityBlocks: uint64(cfg.KVBlocks),
+		Endpoint:         endpoint,
+	}
+	if cfg.SegmentHandle != nil {
+		p, err := cfg.SegmentHandle.Register(wc)
+		if err != nil {
+			return nil, fmt.Errorf("cannot register mock engine %s in shm segment %s: %w", endpoint, cfg.SegmentHandle.Path(), err)
+		}
+		return &ShmPublisher{p: p, worker: wc}, nil
+	}
+	p, err := shm.Register(cfg.Segment, wc)
+	if err != nil {
+		return nil, fmt.Errorf("cannot register mock engine %s in shm segment %s: %w", endpoint, cfg.Segment, err)
+	}
+	return &ShmPublisher{p: p, path: cfg.Segment, worker: wc}, nil
+}

@@ -1,0 +1,99 @@
+package mocker
+
+import (
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/shm"
+)
+
+// TestShmPublishing runs an engine registered in a real segment file and
+// reads back, as the router's ingester would, what it published.
+func TestShmPublishing(t *testing.T) {
+	for _, byPath := range []bool{true, false} {
+		name := map[bool]string{true: "by path", false: "in process"}[byPath]
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "kvfast.shm")
+			seg, err := shm.Open(path, shm.Options{Index: radix.Config{Capacity: 4096}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seg.Close()
+			cfg := Config{Model: "m", KVBlocks: 256, WorkerID: 7, DPRank: 2, Timing: testTiming}
+			if byPath {
+				cfg.Segment = path
+			} else {
+				cfg.SegmentHandle = seg
+			}
+			e, err := Start(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+
+			workers := seg.Workers(nil)
+			if len(workers) != 1 {
+				t.Fatalf("%d workers registered", len(workers))
+			}
+			w := workers[0]
+			if w.WorkerID != 7 || w.DPRank != 2 || w.Model != "m" || w.BlockSize != 16 || w.KVCapacityBlocks != 256 ||
+				w.Endpoint != e.URL() || w.State != shm.StateLive {
+				t.Fatalf("registry slot: %+v", w)
+			}
+
+			prompt := seq(1, 50)
+			if status, b := do(t, "POST", e.URL()+"/v1/completions", `{"prompt":`+idsJSON(prompt)+`,"max_tokens":1}`); status != 200 {
+				t.Fatalf("status %d: %s", status, b)
+			}
+			want := radix.AppendBlockHashes(nil, EngineSeed("m"), prompt, 16)
+
+			r := seg.Reader(w.Slot)
+			var got []uint64
+			var kinds []shm.Kind
+			var rec shm.Record
+			eventually(t, "the stored blocks in the ring", func() bool {
+				for {
+					ok, err := r.Next(&rec)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !ok {
+						break
+					}
+					kinds = append(kinds, rec.Kind)
+					if rec.Kind == shm.KindStored {
+						got = append(got, rec.Hashes...)
+						if !slices.Equal(rec.Tokens, prompt[:len(rec.Hashes)*16]) {
+							t.Fatalf("stored tokens %v", rec.Tokens)
+						}
+					}
+					r.Commit(&rec)
+				}
+				return len(got) >= len(want)
+			})
+			if !slices.Equal(got, want) || kinds[0] != shm.KindCleared {
+				t.Fatalf("ring: kinds %v hashes %x, want cleared then %x", kinds, got, want)
+			}
+			l, err := seg.LoadOf(w.Slot)
+			if err != nil || l.KVTotalBlocks != 256 {
+				t.Fatalf("load page %+v: %v", l, err)
+			}
+
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if st, _, _ := seg.SlotState(w.Slot); st != shm.StateClosed {
+				t.Fatalf("slot state after close: %v", st)
+			}
+		})
+	}
+
+	t.Run("no segment", func(t *testing.T) {
+		if e, err := Start(Config{Segment: filepath.Join(t.TempDir(), "missing")}); err == nil {
+			e.Close()
+			t.Fatal("started without a segment")
+		}
+	})
+}
