@@ -372,20 +372,15 @@ func (in *Ingester) apply(slot radix.WorkerSlot, w *worker, rec *shm.Record) {
 		}
 		kv := in.kv[:0]
 		bs := rec.BlockSize
-		for i, eh := range rec.Hashes {
+		for i := range rec.Hashes {
 			parent = radix.ChainBlockHash(parent, rec.Tokens[i*bs:(i+1)*bs])
-			in.ix.MapEngineHash(slot, eh, parent)
 			kv = append(kv, parent)
 		}
+		in.ix.MapEngineHashes(slot, rec.Hashes, kv)
 		in.ix.Stored(slot, kv)
 		in.c.storedBlocks += uint64(len(kv))
 	case shm.KindRemoved:
-		kv := in.kv[:0]
-		for _, eh := range rec.Hashes {
-			if h, ok := in.ix.UnmapEngineHash(slot, eh); ok {
-				kv = append(kv, h)
-			}
-		}
+		kv := in.ix.UnmapEngineHashes(slot, rec.Hashes, in.kv[:0])
 		in.c.unknownRemoved += uint64(len(rec.Hashes) - len(kv))
 		in.ix.Removed(slot, kv)
 		in.c.removedBlocks += uint64(len(kv))

@@ -191,25 +191,53 @@ func (ix *Index) FindMatches(hashes []uint64, out *Overlaps) WorkerSet {
 	return matched
 }
 
+// writeBatch is how many keys a writer warms before it takes the first
+// lock. Taking a lock is a full barrier, so a cache miss inside the
+// critical section is paid alone; warming the batch's home slots first
+// lets their misses overlap, and the locked updates then hit the cache.
+const writeBatch = 16
+
+// warm loads the home slot of every key of a batch and returns nothing
+// useful: it exists for its cache side effect.
+func (ix *Index) warm(hashes []uint64, engine bool, w WorkerSlot) {
+	for _, h := range hashes {
+		var key uint64
+		var t *table
+		if engine {
+			key = mapKey(w, h)
+			t = &ix.shardFor(key).engine
+		} else {
+			key = storedKey(h)
+			t = &ix.shardFor(key).blocks
+		}
+		t.at(t.home(key)).key.Load()
+	}
+}
+
 // Stored records that worker w now caches the blocks with these hashes.
 // A block the index has no room for is counted as overflow and skipped.
 func (ix *Index) Stored(w WorkerSlot, hashes []uint64) {
 	ix.checkSlot(w)
 	bit := uint64(SetOf(w))
-	for _, h := range hashes {
-		key := storedKey(h)
-		sh := ix.shardFor(key)
-		sh.mu.Lock()
-		if i, found := sh.blocks.find(key); found {
-			s := sh.blocks.at(i)
-			if old := s.val.Load(); old&bit == 0 {
-				s.val.Store(old | bit)
+	for len(hashes) > 0 {
+		batch := hashes[:min(writeBatch, len(hashes))]
+		hashes = hashes[len(batch):]
+		ix.warm(batch, false, w)
+		for _, h := range batch {
+			key := storedKey(h)
+			sh := ix.shardFor(key)
+			sh.mu.Lock()
+			if i, found := sh.blocks.find(key); found {
+				s := sh.blocks.at(i)
+				if old := s.val.Load(); old&bit == 0 {
+					s.val.Store(old | bit)
+					sh.meta.workerBlocks[w].Add(1)
+				}
+			} else if sh.blocks.insertAt(i, key, bit) {
 				sh.meta.workerBlocks[w].Add(1)
 			}
-		} else if sh.blocks.insertAt(i, key, bit) {
-			sh.meta.workerBlocks[w].Add(1)
+			sh.mu.Unlock()
 		}
-		sh.mu.Unlock()
 	}
 }
 
@@ -218,14 +246,19 @@ func (ix *Index) Stored(w WorkerSlot, hashes []uint64) {
 func (ix *Index) Removed(w WorkerSlot, hashes []uint64) {
 	ix.checkSlot(w)
 	bit := uint64(SetOf(w))
-	for _, h := range hashes {
-		key := storedKey(h)
-		sh := ix.shardFor(key)
-		sh.mu.Lock()
-		if i, found := sh.blocks.find(key); found {
-			ix.clearBit(sh, i, w, bit)
+	for len(hashes) > 0 {
+		batch := hashes[:min(writeBatch, len(hashes))]
+		hashes = hashes[len(batch):]
+		ix.warm(batch, false, w)
+		for _, h := range batch {
+			key := storedKey(h)
+			sh := ix.shardFor(key)
+			sh.mu.Lock()
+			if i, found := sh.blocks.find(key); found {
+				ix.clearBit(sh, i, w, bit)
+			}
+			sh.mu.Unlock()
 		}
-		sh.mu.Unlock()
 	}
 }
 
@@ -356,4 +389,40 @@ func (ix *Index) UnmapEngineHash(w WorkerSlot, engine uint64) (uint64, bool) {
 	kv := sh.engine.at(i).val.Load()
 	sh.engine.deleteAt(i)
 	return kv, true
+}
+
+// MapEngineHashes is MapEngineHash for a batch: engines[i] maps to kvs[i].
+// It returns how many mappings found room.
+func (ix *Index) MapEngineHashes(w WorkerSlot, engines, kvs []uint64) int {
+	if len(engines) != len(kvs) {
+		panic("BUG: radix: MapEngineHashes with unequal slices")
+	}
+	mapped := 0
+	for len(engines) > 0 {
+		n := min(writeBatch, len(engines))
+		ix.warm(engines[:n], true, w)
+		for i := range n {
+			if ix.MapEngineHash(w, engines[i], kvs[i]) {
+				mapped++
+			}
+		}
+		engines, kvs = engines[n:], kvs[n:]
+	}
+	return mapped
+}
+
+// UnmapEngineHashes is UnmapEngineHash for a batch: it appends to dst the
+// kvfast hash of every engine hash that resolved, and returns dst.
+func (ix *Index) UnmapEngineHashes(w WorkerSlot, engines []uint64, dst []uint64) []uint64 {
+	for len(engines) > 0 {
+		n := min(writeBatch, len(engines))
+		ix.warm(engines[:n], true, w)
+		for _, e := range engines[:n] {
+			if kv, ok := ix.UnmapEngineHash(w, e); ok {
+				dst = append(dst, kv)
+			}
+		}
+		engines = engines[n:]
+	}
+	return dst
 }
