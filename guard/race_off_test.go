@@ -1,0 +1,5 @@
+//go:build !race
+
+package guard
+
+const raceEnabled = false

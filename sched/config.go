@@ -1,0 +1,158 @@
+package sched
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// CostParams are the knobs of the cost model (see docs/routing.md). The
+// scheduler holds one global copy, replaceable at run time; a request may
+// carry its own full copy instead.
+type CostParams struct {
+	// OverlapCredit multiplies the blocks a worker already caches before
+	// they are subtracted from the prefill term (Dynamo's
+	// overlap_score_credit, formerly overlap_score_weight). 0 ignores the
+	// cache and balances load only.
+	OverlapCredit float64
+	// PrefillLoadScale weighs the adjusted prefill term against the decode
+	// term (Dynamo's prefill_load_scale).
+	PrefillLoadScale float64
+	// Temperature 0 picks the cheapest worker (ties broken uniformly at
+	// random); above 0 it samples from a softmax over normalised costs.
+	Temperature float64
+	// TrackOutputBlocks adds output blocks to the worker's decode load as
+	// generation crosses block boundaries, decayed toward the request's
+	// expected output length when it gives one.
+	TrackOutputBlocks bool
+}
+
+// DefaultCostParams are Dynamo's defaults: full credit for cached blocks,
+// unscaled prefill, argmin selection, no output-block tracking.
+func DefaultCostParams() CostParams {
+	return CostParams{OverlapCredit: 1, PrefillLoadScale: 1}
+}
+
+// Validate reports whether every parameter is finite and non-negative.
+func (p CostParams) Validate() error {
+	for _, f := range [...]struct {
+		name string
+		v    float64
+	}{
+		{"overlap credit", p.OverlapCredit},
+		{"prefill load scale", p.PrefillLoadScale},
+		{"temperature", p.Temperature},
+	} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
+			return fmt.Errorf("cannot use %s %v: %w", f.name, f.v, ErrInvalidConfig)
+		}
+	}
+	return nil
+}
+
+// BusyThresholds mark a worker busy; a busy worker takes no new request
+// until it drops back under. A zero field disables that test.
+type BusyThresholds struct {
+	// DecodeBlocksFraction: busy when the decode blocks the router has
+	// booked (distinct prompt blocks plus output blocks) exceed this
+	// fraction of the worker's KV capacity, or when the engine's own load
+	// page reports its KV usage above it.
+	DecodeBlocksFraction float64
+	// PrefillTokens: busy when more than this many prompt tokens booked on
+	// the worker still await their first output token.
+	PrefillTokens int64
+}
+
+// Validate reports whether the thresholds are usable.
+func (b BusyThresholds) Validate() error {
+	f := b.DecodeBlocksFraction
+	if math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
+		return fmt.Errorf("cannot use decode busy fraction %v: %w", f, ErrInvalidConfig)
+	}
+	if b.PrefillTokens < 0 {
+		return fmt.Errorf("cannot use prefill busy threshold %d tokens: %w", b.PrefillTokens, ErrInvalidConfig)
+	}
+	return nil
+}
+
+// Defaults applied by New to zero Config fields.
+const (
+	DefaultActiveBlocks  = 1 << 16
+	DefaultQueueCapacity = 1024
+	DefaultPriorityBump  = time.Second
+	DefaultRetryAfterMin = time.Second
+	DefaultRetryAfterMax = 30 * time.Second
+)
+
+// Config sizes and tunes a Scheduler. The zero value is usable.
+type Config struct {
+	// BlockSize is the tokens per KV block, shared by the router's hashes
+	// and every engine; 0 means radix.DefaultBlockSize.
+	BlockSize int
+	// ActiveBlocks bounds the distinct in-flight prompt blocks tracked for
+	// de-duplication (rounded up to a power of two; 0 means
+	// DefaultActiveBlocks). Beyond it blocks are still counted, only
+	// without sharing, so load is over- never under-estimated.
+	ActiveBlocks int
+	// Cost is the initial global cost model; nil means DefaultCostParams.
+	Cost *CostParams
+	// Busy are the initial busy thresholds (zero: never busy).
+	Busy BusyThresholds
+	// QueueCapacity bounds the admission queue: 0 means
+	// DefaultQueueCapacity, negative means no queue (refuse at once).
+	QueueCapacity int
+	// PriorityBump is how much earlier one unit of priority makes a
+	// request look in the queue (0 means DefaultPriorityBump).
+	PriorityBump time.Duration
+	// RetryAfterMin and RetryAfterMax clamp the overload retry hint.
+	RetryAfterMin, RetryAfterMax time.Duration
+	// Seed seeds tie-breaking and sampling; 0 picks one from the clock.
+	Seed uint64
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.BlockSize == 0 {
+		c.BlockSize = radix.DefaultBlockSize
+	}
+	if c.BlockSize < 0 || c.BlockSize > 1<<20 {
+		return c, fmt.Errorf("cannot use block size %d: %w", c.BlockSize, ErrInvalidConfig)
+	}
+	if c.ActiveBlocks == 0 {
+		c.ActiveBlocks = DefaultActiveBlocks
+	}
+	if c.ActiveBlocks < 0 || c.ActiveBlocks > 1<<30 {
+		return c, fmt.Errorf("cannot track %d active blocks: %w", c.ActiveBlocks, ErrInvalidConfig)
+	}
+	if c.Cost == nil {
+		p := DefaultCostParams()
+		c.Cost = &p
+	}
+	if err := c.Cost.Validate(); err != nil {
+		return c, err
+	}
+	if err := c.Busy.Validate(); err != nil {
+		return c, err
+	}
+	switch {
+	case c.QueueCapacity == 0:
+		c.QueueCapacity = DefaultQueueCapacity
+	case c.QueueCapacity < 0:
+		c.QueueCapacity = 0
+	}
+	if c.PriorityBump == 0 {
+		c.PriorityBump = DefaultPriorityBump
+	}
+	if c.RetryAfterMin <= 0 {
+		c.RetryAfterMin = DefaultRetryAfterMin
+	}
+	if c.RetryAfterMax <= 0 {
+		c.RetryAfterMax = DefaultRetryAfterMax
+	}
+	if c.PriorityBump < 0 || c.RetryAfterMax < c.RetryAfterMin {
+		return c, fmt.Errorf("cannot use priority bump %s and retry hint %s..%s: %w",
+			c.PriorityBump, c.RetryAfterMin, c.RetryAfterMax, ErrInvalidConfig)
+	}
+	return c, nil
+}

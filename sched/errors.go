@@ -1,0 +1,62 @@
+package sched
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+var (
+	// ErrNoEligibleWorker means no healthy worker passes the request's
+	// filters (model, pin, allow-list). Waiting would not help, so the
+	// request is refused rather than queued.
+	ErrNoEligibleWorker = errors.New("kvfast: no eligible worker")
+
+	// ErrPinnedWorkerNotFound means the pinned (worker id, DP rank) pair is
+	// not in the worker set. The rank is never guessed: rank 0 is a real
+	// rank, and an unknown rank is this error rather than a fallback.
+	ErrPinnedWorkerNotFound = errors.New("kvfast: pinned worker not found")
+
+	// ErrOverloaded means every eligible worker is busy and the admission
+	// queue is full. It always arrives wrapped in an *OverloadError that
+	// carries a retry hint.
+	ErrOverloaded = errors.New("kvfast: overloaded")
+
+	// ErrInvalidRequest means the request contradicts itself (more block
+	// hashes than its token count can fill, a negative length, ...).
+	ErrInvalidRequest = errors.New("kvfast: invalid routing request")
+
+	// ErrInvalidConfig means a configuration or cost parameter is out of
+	// range (negative, NaN, infinite, or inconsistent with the router).
+	ErrInvalidConfig = errors.New("kvfast: invalid scheduler configuration")
+)
+
+// OverloadError refuses a request because every eligible worker is busy and
+// the admission queue is full. The front end turns it into 429/503 with a
+// Retry-After header of RetryAfter, rounded up to whole seconds.
+type OverloadError struct {
+	RetryAfter time.Duration // how long the client should wait before retrying
+	Waiting    int           // requests already queued when this one was refused
+}
+
+func (e *OverloadError) Error() string {
+	return fmt.Sprintf("cannot queue request behind %d waiting (retry after %s): %v",
+		e.Waiting, e.RetryAfter, ErrOverloaded)
+}
+
+func (e *OverloadError) Unwrap() error { return ErrOverloaded }
+
+// PinError reports a pin that cannot be honoured: the pair is unknown
+// (ErrPinnedWorkerNotFound) or known but unhealthy or filtered out
+// (ErrNoEligibleWorker).
+type PinError struct {
+	WorkerID uint64
+	DPRank   uint32
+	Err      error
+}
+
+func (e *PinError) Error() string {
+	return fmt.Sprintf("cannot route to pinned worker %d rank %d: %v", e.WorkerID, e.DPRank, e.Err)
+}
+
+func (e *PinError) Unwrap() error { return e.Err }

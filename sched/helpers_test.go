@@ -1,0 +1,58 @@
+package sched
+
+import (
+	"testing"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// newTestScheduler returns a scheduler with workers in slots 0..n-1
+// (worker id 100+slot, rank 0, model "m") and a fixed seed.
+func newTestScheduler(t testing.TB, n int, cfg Config) *Scheduler {
+	t.Helper()
+	if cfg.Seed == 0 {
+		cfg.Seed = 42
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if err := s.Upsert(WorkerInfo{
+			ID: 100 + uint64(i), Slot: radix.WorkerSlot(i), Model: "m",
+			Endpoint: "http://127.0.0.1:1", KVCapacityBlocks: 1000,
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+// prompt returns n distinct block hashes sharing their first shared with
+// prefix (a chained prompt's hashes are unique per prefix, so two prompts
+// share exactly their common leading blocks).
+func prompt(prefix uint64, shared int, suffix uint64, n int) []uint64 {
+	h := make([]uint64, n)
+	for i := range h {
+		if i < shared {
+			h[i] = prefix<<32 | uint64(i) + 1
+		} else {
+			h[i] = suffix<<32 | uint64(i) + 1 | 1<<63
+		}
+	}
+	return h
+}
+
+// requireZeroLoad fails unless every slot's bookings are back to zero and
+// the table holds no reference.
+func requireZeroLoad(t testing.TB, s *Scheduler) {
+	t.Helper()
+	for w := range radix.WorkerSlot(radix.MaxWorkers) {
+		if l := s.Load(w); l.ActiveBlocks != 0 || l.PrefillTokens != 0 || l.Requests != 0 || l.OutputBlocks != 0 {
+			t.Errorf("slot %d: load left after every release: %+v", w, l)
+		}
+	}
+	if st := s.Stats(); st.ActiveEntries != 0 || st.DeepShares != 0 || st.Waiting != 0 || st.Booked != st.Released {
+		t.Errorf("stats after every release: %+v", st)
+	}
+}

@@ -1,0 +1,135 @@
+package sched
+
+import (
+	"github.com/kvfast/kvfast/radix"
+)
+
+// Reservation is the load one request has booked on its worker: its prompt
+// blocks, its prompt tokens until the first output token, and its tracked
+// output blocks. It is released exactly once.
+//
+// A Reservation is a value its owner keeps (the guard embeds one), so that
+// its buffer is reused across requests. Its methods are not safe for
+// concurrent use: the owner serialises them.
+type Reservation struct {
+	s              *Scheduler
+	idx            []uint32 // table entry of every booked block
+	n              int
+	prefill        int64 // prompt tokens booked as prefill
+	outputUnits    int64 // output charge currently booked
+	expectedOutput int64
+	slot           radix.WorkerSlot
+	state          resState
+	prefillDone    bool
+	trackOutput    bool
+}
+
+type resState uint8
+
+const (
+	resEmpty resState = iota
+	resBooked
+	resReleased
+)
+
+// keepIdx caps the buffer a pooled reservation keeps between requests.
+const keepIdx = 1 << 16
+
+func (r *Reservation) grow(n int) []uint32 {
+	if cap(r.idx) < n {
+		r.idx = make([]uint32, n, n+n/4)
+	}
+	return r.idx[:n]
+}
+
+// Booked reports whether the reservation holds load.
+func (r *Reservation) Booked() bool { return r.state == resBooked }
+
+// Slot returns the worker the load is booked on.
+func (r *Reservation) Slot() radix.WorkerSlot { return r.slot }
+
+// BlockSize returns the tokens per block of the booking (0 if none).
+func (r *Reservation) BlockSize() int {
+	if r.s == nil {
+		return 0
+	}
+	return r.s.blockSize
+}
+
+// TracksOutput reports whether output blocks are booked as they grow, so
+// that callers can skip reporting progress when they are not.
+func (r *Reservation) TracksOutput() bool { return r.state == resBooked && r.trackOutput }
+
+// PrefillDone releases the booked prompt tokens: the first output token
+// proves the engine finished the prompt. Later calls do nothing.
+func (r *Reservation) PrefillDone() {
+	if r.state != resBooked || r.prefillDone {
+		return
+	}
+	r.prefillDone = true
+	r.s.live[r.slot].prefillTokens.Add(-r.prefill)
+	r.s.wakeWaiters()
+}
+
+// OutputTokens books the output blocks of total generated tokens, counted
+// in whole blocks. With an expected output length E the charge is
+// blocks·max(0, 1 − total/E): a request nearing its expected end will soon
+// free everything, so it weighs less on the choice of worker for the next.
+func (r *Reservation) OutputTokens(total int) {
+	if r.state != resBooked || !r.trackOutput || total < 0 {
+		return
+	}
+	blocks := int64(total / r.s.blockSize)
+	units := blocks * outputUnit
+	if e := r.expectedOutput; e > 0 {
+		left := max(e-int64(total), 0)
+		units = int64(float64(units) * float64(left) / float64(e))
+	}
+	d := units - r.outputUnits
+	if d == 0 {
+		return
+	}
+	r.outputUnits = units
+	r.s.live[r.slot].outputUnits.Add(d)
+	if d < 0 {
+		r.s.wakeWaiters()
+	}
+}
+
+// Release returns everything still booked. Releasing an empty reservation
+// does nothing; releasing one twice is a bug and panics.
+func (r *Reservation) Release() {
+	switch r.state {
+	case resEmpty:
+		return
+	case resReleased:
+		panic("BUG: sched: reservation released twice")
+	}
+	s := r.s
+	l := &s.live[r.slot]
+	s.mu.Lock()
+	l.activeBlocks.Add(-s.table.release(r.idx[:r.n], uint(r.slot)))
+	if !r.prefillDone {
+		l.prefillTokens.Add(-r.prefill)
+	}
+	l.outputUnits.Add(-r.outputUnits)
+	l.requests.Add(-1)
+	s.mu.Unlock()
+	r.state = resReleased
+	s.released.Add(1)
+	s.wakeWaiters()
+}
+
+// Reset makes a released (or never booked) reservation ready for the next
+// request, keeping its buffer unless it grew past what a pool should hold.
+// Resetting a booking would leak its load, so it panics.
+func (r *Reservation) Reset() {
+	if r.state == resBooked {
+		panic("BUG: sched: resetting a reservation that still holds load")
+	}
+	idx := r.idx
+	if cap(idx) > keepIdx {
+		idx = nil
+	}
+	*r = Reservation{idx: idx[:0]}
+}

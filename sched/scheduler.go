@@ -1,0 +1,133 @@
+package sched
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// Scheduler picks a worker for each request and books the request's load
+// on it. It is safe for concurrent use.
+type Scheduler struct {
+	blockSize int
+
+	// mu serialises the active-block table: one critical section per
+	// selection (scan, score, book) and one per release, never one per
+	// block. Booking inside the same section as scoring also means two
+	// concurrent requests never both pick a worker on the strength of load
+	// the other is about to add.
+	mu    sync.Mutex
+	table *activeTable
+
+	wmu     sync.Mutex // serialises worker-set writers
+	workers atomic.Pointer[workerSet]
+	healthy atomic.Uint64 // radix.WorkerSet
+	live    [radix.MaxWorkers]workerLive
+
+	params     atomic.Pointer[CostParams]
+	thresholds atomic.Pointer[BusyThresholds]
+	rng        rng
+
+	queue    admissionQueue
+	waiting  atomic.Int64 // Select calls queued or woken and retrying
+	bump     time.Duration
+	retryMin time.Duration
+	retryMax time.Duration
+	waitEWMA atomic.Int64 // ns a queued request waited, smoothed
+
+	booked, released, queuedTotal, refused atomic.Uint64
+}
+
+// New returns a scheduler with no workers.
+func New(cfg Config) (*Scheduler, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Scheduler{
+		blockSize: cfg.BlockSize,
+		table:     newActiveTable(cfg.ActiveBlocks),
+		bump:      cfg.PriorityBump,
+		retryMin:  cfg.RetryAfterMin,
+		retryMax:  cfg.RetryAfterMax,
+	}
+	s.queue.init(cfg.QueueCapacity)
+	s.workers.Store(&workerSet{
+		bySlot:  map[workerKey]radix.WorkerSlot{},
+		byModel: map[string]radix.WorkerSet{},
+	})
+	p := *cfg.Cost
+	s.params.Store(&p)
+	b := cfg.Busy
+	s.thresholds.Store(&b)
+	seed := cfg.Seed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	s.rng.state.Store(seed)
+	return s, nil
+}
+
+// BlockSize returns the tokens per block the scheduler counts in.
+func (s *Scheduler) BlockSize() int { return s.blockSize }
+
+// CostParams returns the global cost parameters. A request that wants to
+// override some of them copies these, edits the copy and points
+// Request.Cost at it.
+func (s *Scheduler) CostParams() CostParams { return *s.params.Load() }
+
+// SetCostParams replaces the global cost parameters atomically: a
+// selection sees either the old set or the new one, never a mix.
+func (s *Scheduler) SetCostParams(p CostParams) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	s.params.Store(&p)
+	return nil
+}
+
+// BusyThresholds returns the current busy thresholds.
+func (s *Scheduler) BusyThresholds() BusyThresholds { return *s.thresholds.Load() }
+
+// SetBusyThresholds replaces the busy thresholds atomically and lets queued
+// requests re-check them.
+func (s *Scheduler) SetBusyThresholds(b BusyThresholds) error {
+	if err := b.Validate(); err != nil {
+		return err
+	}
+	s.thresholds.Store(&b)
+	s.wakeWaiters()
+	return nil
+}
+
+// Stats is a snapshot of the scheduler's counters.
+type Stats struct {
+	Booked, Released uint64 // reservations booked and released so far
+	Queued           uint64 // requests that had to wait for a worker
+	Refused          uint64 // requests refused as overloaded
+	Waiting          int    // requests waiting now
+	ActiveEntries    int    // distinct blocks held by in-flight requests
+	TableCapacity    int
+	Untracked        uint64 // booked blocks the full table could not de-duplicate
+	DeepShares       int    // (block, worker) pairs held by more than 31 requests
+}
+
+// Stats returns the scheduler's counters.
+func (s *Scheduler) Stats() Stats {
+	s.mu.Lock()
+	st := Stats{
+		ActiveEntries: s.table.live,
+		TableCapacity: len(s.table.entries),
+		Untracked:     s.table.untracked,
+		DeepShares:    len(s.table.high),
+	}
+	s.mu.Unlock()
+	st.Booked = s.booked.Load()
+	st.Released = s.released.Load()
+	st.Queued = s.queuedTotal.Load()
+	st.Refused = s.refused.Load()
+	st.Waiting = int(s.waiting.Load())
+	return st
+}

@@ -1,0 +1,316 @@
+package sched
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// Request is what selection needs to know about one request. The caller
+// (the front end) hashes the prompt and runs the index's FindMatches
+// itself; Select reads the result and keeps nothing that points into the
+// request, so a Request and its buffers can live on the caller's stack.
+type Request struct {
+	Hashes       []uint64        // chained hashes of the prompt's full blocks
+	PromptTokens int             // input length in tokens (ISL), >= len(Hashes)·BlockSize
+	Overlaps     *radix.Overlaps // per-slot cached prefix in blocks; nil means none
+	Model        string          // only workers serving this model; "" means any
+
+	// Pinned restricts the request to exactly (PinWorker, PinRank). Rank 0
+	// is a real rank; a pair not in the worker set is an error.
+	Pinned    bool
+	PinWorker uint64
+	PinRank   uint32
+
+	// AllowListed restricts the request to the slots in Allow.
+	AllowListed bool
+	Allow       radix.WorkerSet
+
+	// Priority moves a queued request ahead of earlier arrivals: each unit
+	// counts as Config.PriorityBump of waiting. Negative values fall back.
+	Priority int32
+
+	// QueryOnly returns the decision without booking anything or queueing.
+	QueryOnly bool
+
+	// Cost, when not nil, replaces the global cost parameters for this
+	// request (copy CostParams(), edit, point here).
+	Cost *CostParams
+
+	// ExpectedOutputTokens, when positive, decays tracked output blocks
+	// toward zero as generation approaches it.
+	ExpectedOutputTokens int
+
+	// Scores, when not nil, receives every eligible worker's cost terms.
+	Scores *Scores
+}
+
+// Decision is the outcome of a selection.
+type Decision struct {
+	Slot          radix.WorkerSlot
+	WorkerID      uint64
+	DPRank        uint32
+	Endpoint      string
+	OverlapBlocks uint32  // prompt blocks the chosen worker already caches
+	Cost          float64 // the chosen worker's cost
+	// Busy is set on a query-only decision when every eligible worker is
+	// over a busy threshold: a real request would have queued.
+	Busy   bool
+	Queued time.Duration // time spent in the admission queue
+}
+
+// Scores are the per-worker terms of one selection, for route-only queries
+// and debugging.
+type Scores struct {
+	Eligible radix.WorkerSet // healthy workers passing the filters
+	Busy     radix.WorkerSet // of those, the ones over a busy threshold
+	Workers  [radix.MaxWorkers]WorkerScore
+}
+
+// WorkerScore is one worker's share of a selection.
+type WorkerScore struct {
+	OverlapBlocks uint32 // cached prefix blocks (from the index)
+	SharedBlocks  uint32 // prompt blocks already held by in-flight requests here
+	WorkerCost
+}
+
+// Select chooses a worker for req and, unless req.QueryOnly, books the
+// request's load into res. When every eligible worker is busy it waits in
+// the admission queue until one frees up or ctx ends; when the queue is
+// full it returns an *OverloadError. res must not hold a booking; it is
+// untouched on error and for query-only requests (res may then be nil).
+func (s *Scheduler) Select(ctx context.Context, req *Request, res *Reservation) (Decision, error) {
+	p, err := s.paramsFor(req)
+	if err != nil {
+		return Decision{}, err
+	}
+	if err := s.check(req); err != nil {
+		return Decision{}, err
+	}
+	if req.QueryOnly {
+		return s.query(req, &p)
+	}
+	if res == nil || res.state == resBooked {
+		return Decision{}, fmt.Errorf("cannot book into a reservation that is missing or already booked: %w", ErrInvalidRequest)
+	}
+	var w *waiter
+	tried := false
+	for {
+		ws := s.workers.Load()
+		filtered, cands, err := s.candidates(ws, req)
+		if err != nil {
+			s.leave(w, false)
+			return Decision{}, err
+		}
+		// Queued requests go first: an arrival joins them unless it is one
+		// of them, woken to retry.
+		if w != nil || s.waiting.Load() == 0 {
+			tried = true
+			if d, ok := s.tryBook(ws, req, &p, cands, res); ok {
+				if w != nil {
+					d.Queued = time.Duration(nanotime() - w.since)
+					s.leave(w, true)
+				}
+				return d, nil
+			}
+		}
+		if w == nil {
+			w = s.join(req.Priority)
+		}
+		w.eligible = filtered
+		if !s.queue.push(w) {
+			if !tried {
+				tried = true
+				if d, ok := s.tryBook(ws, req, &p, cands, res); ok {
+					s.leave(w, false)
+					return d, nil
+				}
+			}
+			err := s.overload()
+			s.leave(w, false)
+			return Decision{}, err
+		}
+		s.admit()
+		select {
+		case <-w.wake:
+		case <-ctx.Done():
+			if !s.queue.remove(w) {
+				<-w.wake // admit woke it as ctx ended; the wake-up passes on in leave
+			}
+			s.leave(w, false)
+			return Decision{}, fmt.Errorf("cannot wait for a free worker: %w", context.Cause(ctx))
+		}
+	}
+}
+
+func (s *Scheduler) paramsFor(req *Request) (CostParams, error) {
+	if req.Cost == nil {
+		return *s.params.Load(), nil
+	}
+	p := *req.Cost
+	return p, p.Validate()
+}
+
+func (s *Scheduler) check(req *Request) error {
+	if req.PromptTokens < 0 || req.ExpectedOutputTokens < 0 ||
+		len(req.Hashes) > req.PromptTokens/s.blockSize {
+		return fmt.Errorf("cannot route %d block hashes for %d prompt tokens: %w",
+			len(req.Hashes), req.PromptTokens, ErrInvalidRequest)
+	}
+	return nil
+}
+
+// candidates returns the workers passing req's filters, and those of them
+// that are healthy.
+func (s *Scheduler) candidates(ws *workerSet, req *Request) (filtered, healthy radix.WorkerSet, err error) {
+	set := ws.present
+	if req.Model != "" {
+		set &= ws.byModel[req.Model]
+	}
+	if req.AllowListed {
+		set &= req.Allow
+	}
+	up := radix.WorkerSet(s.healthy.Load())
+	if req.Pinned {
+		w, ok := ws.bySlot[workerKey{req.PinWorker, req.PinRank}]
+		if !ok {
+			return 0, 0, &PinError{WorkerID: req.PinWorker, DPRank: req.PinRank, Err: ErrPinnedWorkerNotFound}
+		}
+		if !(set & up).Has(w) {
+			return 0, 0, &PinError{WorkerID: req.PinWorker, DPRank: req.PinRank, Err: ErrNoEligibleWorker}
+		}
+		set = radix.SetOf(w)
+	}
+	if set&up == 0 {
+		return 0, 0, fmt.Errorf("cannot route request among %d workers: %w", ws.present.Len(), ErrNoEligibleWorker)
+	}
+	return set, set & up, nil
+}
+
+// tryBook scores cands and books req on the best worker that is not busy,
+// or reports false if all of them are.
+func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, cands radix.WorkerSet, res *Reservation) (Decision, bool) {
+	n := len(req.Hashes)
+	idx := res.grow(n)
+	var acc laneCounter
+	var costs [radix.MaxWorkers]float64
+
+	s.mu.Lock()
+	s.table.scan(req.Hashes, uint64(cands), idx, &acc)
+	s.score(ws, req, p, cands, &acc, &costs)
+	busy := s.busy(ws, cands)
+	if req.Scores != nil {
+		req.Scores.Busy = busy
+	}
+	free := cands &^ busy
+	if free == 0 {
+		s.mu.Unlock()
+		return Decision{}, false
+	}
+	w := pick(&costs, free, p.Temperature, &s.rng)
+	overlap := overlapOf(req, w, n)
+	prefill := int64(req.PromptTokens) - int64(overlap)*int64(s.blockSize)
+	l := &s.live[w]
+	// Counters move inside the section that moves the table, so that they
+	// always agree with it and never dip below zero.
+	l.activeBlocks.Add(s.table.book(req.Hashes, idx, uint(w)))
+	l.prefillTokens.Add(prefill)
+	l.requests.Add(1)
+	s.mu.Unlock()
+
+	*res = Reservation{
+		s:              s,
+		idx:            res.idx,
+		n:              n,
+		prefill:        prefill,
+		expectedOutput: int64(req.ExpectedOutputTokens),
+		slot:           w,
+		state:          resBooked,
+		trackOutput:    p.TrackOutputBlocks,
+	}
+	s.booked.Add(1)
+	info := &ws.info[w]
+	return Decision{
+		Slot:          w,
+		WorkerID:      info.ID,
+		DPRank:        info.DPRank,
+		Endpoint:      info.Endpoint,
+		OverlapBlocks: overlap,
+		Cost:          costs[w],
+	}, true
+}
+
+// query is Select for a query-only request: the same scores and choice,
+// nothing booked, never queued.
+func (s *Scheduler) query(req *Request, p *CostParams) (Decision, error) {
+	ws := s.workers.Load()
+	_, cands, err := s.candidates(ws, req)
+	if err != nil {
+		return Decision{}, err
+	}
+	var acc laneCounter
+	var costs [radix.MaxWorkers]float64
+	s.mu.Lock()
+	s.table.scan(req.Hashes, uint64(cands), nil, &acc)
+	s.mu.Unlock()
+	s.score(ws, req, p, cands, &acc, &costs)
+	busy := s.busy(ws, cands)
+	if req.Scores != nil {
+		req.Scores.Busy = busy
+	}
+	free := cands &^ busy
+	allBusy := free == 0
+	if allBusy {
+		free = cands
+	}
+	w := pick(&costs, free, p.Temperature, &s.rng)
+	info := &ws.info[w]
+	return Decision{
+		Slot:          w,
+		WorkerID:      info.ID,
+		DPRank:        info.DPRank,
+		Endpoint:      info.Endpoint,
+		OverlapBlocks: overlapOf(req, w, len(req.Hashes)),
+		Cost:          costs[w],
+		Busy:          allBusy,
+	}, nil
+}
+
+// score fills costs for every candidate, and req.Scores if asked.
+func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands radix.WorkerSet, acc *laneCounter, costs *[radix.MaxWorkers]float64) {
+	n := len(req.Hashes)
+	reqBlocks := int64((req.PromptTokens + s.blockSize - 1) / s.blockSize)
+	if req.Scores != nil {
+		req.Scores.Eligible = cands
+	}
+	for set := cands; set != 0; {
+		var w radix.WorkerSlot
+		w, set = set.First()
+		l := &s.live[w]
+		shared := acc.get(uint(w))
+		overlap := overlapOf(req, w, n)
+		c := p.Cost(CostInputs{
+			BlockSize:           s.blockSize,
+			PromptTokens:        req.PromptTokens,
+			OverlapBlocks:       overlap,
+			ActivePrefillTokens: l.prefillTokens.Load(),
+			ActiveDecodeBlocks:  float64(l.activeBlocks.Load()) + float64(l.outputUnits.Load())/outputUnit,
+			NewBlocks:           reqBlocks - int64(shared),
+		})
+		costs[w] = c.Cost
+		if req.Scores != nil {
+			req.Scores.Workers[w] = WorkerScore{OverlapBlocks: overlap, SharedBlocks: shared, WorkerCost: c}
+		}
+	}
+}
+
+// overlapOf is w's cached prefix, capped at the prompt: an index racing
+// ahead of the request cannot credit more blocks than the prompt has.
+func overlapOf(req *Request, w radix.WorkerSlot, n int) uint32 {
+	if req.Overlaps == nil {
+		return 0
+	}
+	return min(req.Overlaps[w], uint32(n))
+}

@@ -1,0 +1,258 @@
+package sched
+
+import (
+	"fmt"
+	"maps"
+	"sync/atomic"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// WorkerInfo describes one engine rank. The shm registry and the static
+// configuration both feed it in through Upsert.
+type WorkerInfo struct {
+	ID               uint64
+	DPRank           uint32
+	Slot             radix.WorkerSlot
+	Model            string
+	Endpoint         string
+	BlockSize        int    // 0 means the router's block size; anything else must equal it
+	KVCapacityBlocks uint64 // 0 if unknown (the load page's total is used instead)
+}
+
+type workerKey struct {
+	id   uint64
+	rank uint32
+}
+
+// workerSet is an immutable snapshot of the worker identities. Selection
+// loads it with one atomic read; writers copy, edit and publish a new one.
+// Changes are rare (workers join and leave), selections are not.
+type workerSet struct {
+	present radix.WorkerSet
+	info    [radix.MaxWorkers]WorkerInfo
+	bySlot  map[workerKey]radix.WorkerSlot
+	byModel map[string]radix.WorkerSet
+}
+
+func (ws *workerSet) clone() *workerSet {
+	c := *ws
+	c.bySlot = maps.Clone(ws.bySlot)
+	c.byModel = maps.Clone(ws.byModel)
+	return &c
+}
+
+func (ws *workerSet) drop(w radix.WorkerSlot) {
+	if !ws.present.Has(w) {
+		return
+	}
+	old := ws.info[w]
+	delete(ws.bySlot, workerKey{old.ID, old.DPRank})
+	if m := ws.byModel[old.Model] &^ radix.SetOf(w); m != 0 {
+		ws.byModel[old.Model] = m
+	} else {
+		delete(ws.byModel, old.Model)
+	}
+	ws.present &^= radix.SetOf(w)
+	ws.info[w] = WorkerInfo{}
+}
+
+// workerLive is the per-slot state that changes on every request: the
+// router's own bookings and the engine's load page. Fixed per slot and
+// atomic, so selection reads it without locks; padded to 64 bytes so that
+// different workers' counters mostly sit on different cache lines.
+type workerLive struct {
+	activeBlocks  atomic.Int64 // distinct prompt blocks of in-flight requests
+	outputUnits   atomic.Int64 // output blocks × outputUnit, after decay
+	prefillTokens atomic.Int64 // booked prompt tokens awaiting their first output token
+	requests      atomic.Int64
+	running       atomic.Uint32
+	waiting       atomic.Uint32
+	kvUsed        atomic.Uint64
+	kvTotal       atomic.Uint64
+	_             [64 - 56%64]byte
+}
+
+// outputUnit is the fixed-point scale of output blocks, so that decayed
+// fractional charges add and subtract exactly and every counter returns to
+// zero when its requests finish.
+const outputUnit = 1024
+
+// WorkerLoad is a snapshot of one worker's load.
+type WorkerLoad struct {
+	Healthy bool
+	// Router bookings.
+	ActiveBlocks  int64   // distinct prompt blocks of in-flight requests
+	OutputBlocks  float64 // tracked output blocks, after decay
+	PrefillTokens int64   // booked prompt tokens still in prefill
+	Requests      int64   // in-flight requests
+	// The engine's load page.
+	EngineRunning, EngineWaiting uint32
+	EngineKVUsed, EngineKVTotal  uint64
+}
+
+// Upsert adds a worker or updates the one in its slot. A new identity in a
+// slot starts healthy; re-upserting the same identity keeps its health.
+// Load booked in the slot stays until its requests release it, so a slot
+// handed to a new engine briefly carries its predecessor's in-flight load:
+// an over-estimate that drains, never a negative count.
+func (s *Scheduler) Upsert(w WorkerInfo) error {
+	if !w.Slot.Valid() {
+		return fmt.Errorf("cannot add worker %d rank %d at slot %d: %w", w.ID, w.DPRank, w.Slot, ErrInvalidConfig)
+	}
+	if w.BlockSize != 0 && w.BlockSize != s.blockSize {
+		return fmt.Errorf("cannot add worker %d rank %d with block size %d (router uses %d): %w",
+			w.ID, w.DPRank, w.BlockSize, s.blockSize, ErrInvalidConfig)
+	}
+	w.BlockSize = s.blockSize
+	s.wmu.Lock()
+	old := s.workers.Load()
+	key := workerKey{w.ID, w.DPRank}
+	if at, ok := old.bySlot[key]; ok && at != w.Slot {
+		s.wmu.Unlock()
+		return fmt.Errorf("cannot add worker %d rank %d at slot %d: it holds slot %d: %w",
+			w.ID, w.DPRank, w.Slot, at, ErrInvalidConfig)
+	}
+	same := old.present.Has(w.Slot) && old.info[w.Slot].ID == w.ID && old.info[w.Slot].DPRank == w.DPRank
+	ws := old.clone()
+	ws.drop(w.Slot)
+	ws.present |= radix.SetOf(w.Slot)
+	ws.info[w.Slot] = w
+	ws.bySlot[key] = w.Slot
+	ws.byModel[w.Model] |= radix.SetOf(w.Slot)
+	if !same {
+		s.healthy.Or(uint64(radix.SetOf(w.Slot)))
+		live := &s.live[w.Slot]
+		live.running.Store(0)
+		live.waiting.Store(0)
+		live.kvUsed.Store(0)
+		live.kvTotal.Store(0)
+	}
+	s.workers.Store(ws)
+	s.wmu.Unlock()
+	if same {
+		s.wakeWaiters()
+	} else {
+		s.wakeAll()
+	}
+	return nil
+}
+
+// Remove takes the worker in slot out of selection. Requests already booked
+// on it keep their accounting until they release.
+func (s *Scheduler) Remove(slot radix.WorkerSlot) {
+	if !slot.Valid() {
+		return
+	}
+	s.wmu.Lock()
+	old := s.workers.Load()
+	if old.present.Has(slot) {
+		ws := old.clone()
+		ws.drop(slot)
+		s.healthy.And(^uint64(radix.SetOf(slot)))
+		s.workers.Store(ws)
+	}
+	s.wmu.Unlock()
+	// Waiters pinned to the worker must learn it is gone.
+	s.wakeAll()
+}
+
+// SetHealthy marks the worker in slot healthy or not (heartbeats, engine
+// health checks). Unhealthy workers are never selected.
+func (s *Scheduler) SetHealthy(slot radix.WorkerSlot, healthy bool) {
+	if !slot.Valid() {
+		return
+	}
+	if healthy {
+		if !s.workers.Load().present.Has(slot) {
+			return
+		}
+		s.healthy.Or(uint64(radix.SetOf(slot)))
+	} else {
+		s.healthy.And(^uint64(radix.SetOf(slot)))
+	}
+	s.wakeWaiters()
+}
+
+// SetEngineLoad records the engine's load page for slot: running and
+// waiting requests, KV blocks used and total.
+func (s *Scheduler) SetEngineLoad(slot radix.WorkerSlot, running, waiting uint32, kvUsed, kvTotal uint64) {
+	if !slot.Valid() {
+		return
+	}
+	l := &s.live[slot]
+	l.running.Store(running)
+	l.waiting.Store(waiting)
+	l.kvUsed.Store(kvUsed)
+	l.kvTotal.Store(kvTotal)
+	s.wakeWaiters()
+}
+
+// Resolve maps a (worker id, DP rank) pair to its slot.
+func (s *Scheduler) Resolve(id uint64, rank uint32) (radix.WorkerSlot, bool) {
+	w, ok := s.workers.Load().bySlot[workerKey{id, rank}]
+	return w, ok
+}
+
+// Worker returns the worker in slot, if any.
+func (s *Scheduler) Worker(slot radix.WorkerSlot) (WorkerInfo, bool) {
+	if !slot.Valid() {
+		return WorkerInfo{}, false
+	}
+	ws := s.workers.Load()
+	return ws.info[slot], ws.present.Has(slot)
+}
+
+// Workers returns the set of slots holding a worker.
+func (s *Scheduler) Workers() radix.WorkerSet { return s.workers.Load().present }
+
+// Load returns slot's current load. It also answers for a removed slot,
+// whose bookings drain as their requests finish.
+func (s *Scheduler) Load(slot radix.WorkerSlot) WorkerLoad {
+	if !slot.Valid() {
+		return WorkerLoad{}
+	}
+	l := &s.live[slot]
+	return WorkerLoad{
+		Healthy:       radix.WorkerSet(s.healthy.Load()).Has(slot),
+		ActiveBlocks:  l.activeBlocks.Load(),
+		OutputBlocks:  float64(l.outputUnits.Load()) / outputUnit,
+		PrefillTokens: l.prefillTokens.Load(),
+		Requests:      l.requests.Load(),
+		EngineRunning: l.running.Load(),
+		EngineWaiting: l.waiting.Load(),
+		EngineKVUsed:  l.kvUsed.Load(),
+		EngineKVTotal: l.kvTotal.Load(),
+	}
+}
+
+// busy returns the members of set over a busy threshold.
+func (s *Scheduler) busy(ws *workerSet, set radix.WorkerSet) radix.WorkerSet {
+	th := s.thresholds.Load()
+	if th.DecodeBlocksFraction <= 0 && th.PrefillTokens <= 0 {
+		return 0
+	}
+	var out radix.WorkerSet
+	for set != 0 {
+		var w radix.WorkerSlot
+		w, set = set.First()
+		l := &s.live[w]
+		if th.PrefillTokens > 0 && l.prefillTokens.Load() > th.PrefillTokens {
+			out |= radix.SetOf(w)
+			continue
+		}
+		if f := th.DecodeBlocksFraction; f > 0 {
+			total := l.kvTotal.Load()
+			capacity := ws.info[w].KVCapacityBlocks
+			if capacity == 0 {
+				capacity = total
+			}
+			decode := float64(l.activeBlocks.Load()) + float64(l.outputUnits.Load())/outputUnit
+			if capacity > 0 && decode > f*float64(capacity) ||
+				total > 0 && float64(l.kvUsed.Load()) > f*float64(total) {
+				out |= radix.SetOf(w)
+			}
+		}
+	}
+	return out
+}
