@@ -340,6 +340,10 @@ func TestAdmissionHammer(t *testing.T) {
 					req.Pinned, req.PinWorker = true, 100+uint64(r.IntN(4))
 				}
 				req.Priority = int32(r.IntN(3)) - 1
+				if r.IntN(2) == 0 {
+					pol := Policy(r.IntN(int(numPolicies)))
+					req.Policy = &pol
+				}
 				_, err := s.Select(ctx, &req, &res)
 				cancel()
 				switch {
@@ -369,9 +373,10 @@ func TestAdmissionHammer(t *testing.T) {
 		}()
 	}
 	wg.Add(1)
-	go func() { // thresholds move under the queue's feet
+	go func() { // thresholds and the global policy move under the queue's feet
 		defer wg.Done()
 		for i := range 50 {
+			_ = s.SetPolicy(Policy(i % int(numPolicies)))
 			_ = s.SetBusyThresholds(BusyThresholds{PrefillTokens: int64(60 + i%3*60)})
 			time.Sleep(time.Millisecond)
 		}

@@ -21,7 +21,7 @@ func TestSelectAllocatesNothing(t *testing.T) {
 	ctx := context.Background()
 	var res Reservation
 	var sc Scores
-	for name, fn := range map[string]func(){
+	cases := map[string]func(){
 		"select+release": func() {
 			req := Request{Hashes: h, PromptTokens: 512*16 + 7, Overlaps: &overlaps}
 			if _, err := s.Select(ctx, &req, &res); err != nil {
@@ -63,7 +63,36 @@ func TestSelectAllocatesNothing(t *testing.T) {
 			res.Release()
 			res.Reset()
 		},
-	} {
+	}
+	for _, pol := range allPolicies {
+		cases["policy "+pol.String()] = func() {
+			req := Request{Hashes: h, PromptTokens: 512 * 16, Overlaps: &overlaps, Policy: &pol}
+			if _, err := s.Select(ctx, &req, &res); err != nil {
+				t.Fatal(err)
+			}
+			res.Release()
+		}
+		cases["policy "+pol.String()+" query-only"] = func() {
+			req := Request{Hashes: h, PromptTokens: 512 * 16, Overlaps: &overlaps, Policy: &pol, QueryOnly: true, Scores: &sc}
+			if _, err := s.Select(ctx, &req, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cases["global policy "+pol.String()] = func() {
+			if err := s.SetPolicy(pol); err != nil {
+				t.Fatal(err)
+			}
+			req := Request{Hashes: h, PromptTokens: 512 * 16, Overlaps: &overlaps}
+			if _, err := s.Select(ctx, &req, &res); err != nil {
+				t.Fatal(err)
+			}
+			res.Release()
+			if err := s.SetPolicy(PolicyKV); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for name, fn := range cases {
 		if n := testing.AllocsPerRun(200, fn); n != 0 {
 			t.Errorf("%s: %v allocs per run", name, n)
 		}

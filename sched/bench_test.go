@@ -42,25 +42,12 @@ func (st benchState) background(w int) [2][]uint64 {
 // lookup per block per worker) for a ratio measured in the same run.
 func BenchmarkSelect(b *testing.B) {
 	for _, workers := range []int{8, 64} {
-		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
-			s, st, held := newLoadedScheduler(b, workers)
-			ctx := context.Background()
-			var res Reservation
-			b.ReportAllocs()
-			b.ResetTimer()
-			for b.Loop() {
-				req := Request{Hashes: st.hashes, PromptTokens: benchBlocks * 16, Overlaps: &st.overlaps}
-				if _, err := s.Select(ctx, &req, &res); err != nil {
-					b.Fatal(err)
-				}
-				res.Release()
-			}
-			reportBlocks(b)
-			for i := range held {
-				held[i].Release()
-			}
-			requireZeroLoad(b, s)
-		})
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) { benchSelect(b, workers, PolicyKV) })
+	}
+	// The other policies against the same load: the scan and the booking
+	// are the same, only the choice differs.
+	for _, pol := range allPolicies[1:] {
+		b.Run(fmt.Sprintf("policy=%s/workers=8", pol), func(b *testing.B) { benchSelect(b, 8, pol) })
 	}
 	for _, workers := range []int{8, 64} {
 		b.Run(fmt.Sprintf("mutexmap/workers=%d", workers), func(b *testing.B) {
@@ -80,6 +67,29 @@ func BenchmarkSelect(b *testing.B) {
 			reportBlocks(b)
 		})
 	}
+}
+
+func benchSelect(b *testing.B, workers int, pol Policy) {
+	s, st, held := newLoadedScheduler(b, workers)
+	if err := s.SetPolicy(pol); err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	var res Reservation
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		req := Request{Hashes: st.hashes, PromptTokens: benchBlocks * 16, Overlaps: &st.overlaps}
+		if _, err := s.Select(ctx, &req, &res); err != nil {
+			b.Fatal(err)
+		}
+		res.Release()
+	}
+	reportBlocks(b)
+	for i := range held {
+		held[i].Release()
+	}
+	requireZeroLoad(b, s)
 }
 
 // newLoadedScheduler books every worker's background requests.

@@ -98,6 +98,9 @@ type Config struct {
 	ActiveBlocks int
 	// Cost is the initial global cost model; nil means DefaultCostParams.
 	Cost *CostParams
+	// Policy is the initial global routing policy; the zero value is
+	// PolicyKV, the cost model.
+	Policy Policy
 	// Busy are the initial busy thresholds (zero: never busy).
 	Busy BusyThresholds
 	// QueueCapacity bounds the admission queue: 0 means
@@ -130,6 +133,9 @@ func (c Config) withDefaults() (Config, error) {
 		c.Cost = &p
 	}
 	if err := c.Cost.Validate(); err != nil {
+		return c, err
+	}
+	if err := c.Policy.Validate(); err != nil {
 		return c, err
 	}
 	if err := c.Busy.Validate(); err != nil {

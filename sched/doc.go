@@ -6,40 +6,47 @@
 // Given a request's block hashes, its length and the per-worker prefix
 // overlap the caller got from the radix index, sched filters the workers
 // (model, health, pin, allow-list, busy thresholds), scores each with
-// Dynamo's cost model, picks one (argmin with random tie-break, or a
-// softmax sample), and books the request's prompt blocks, prefill tokens
-// and, optionally, output blocks on it. When every eligible worker is busy
-// the request waits in a bounded priority queue or is refused with an
-// *OverloadError carrying a retry hint. docs/routing.md describes the model
-// with worked examples.
+// Dynamo's cost model, picks one by the routing policy, and books the
+// request's prompt blocks, prefill tokens and, optionally, output blocks
+// on it. The kv policy picks by cost (argmin with random tie-break, or a
+// softmax sample); round-robin, random and least-loaded ignore the cache.
+// Policies differ only in that choice: filters, thresholds, admission and
+// booking are shared, and "approx" is kv fed with overlaps from an
+// approximate index, so sched has no mode for it. When every eligible
+// worker is busy the request waits in a bounded priority queue or is
+// refused with an *OverloadError carrying a retry hint. docs/routing.md
+// describes the model and the policies with worked examples.
 //
 // # Ownership
 //
 // sched owns the worker set (fed by the shm registry and static config
 // through Upsert/Remove/SetHealthy/SetEngineLoad), the active-load
-// accounting of in-flight requests, the global cost parameters and busy
-// thresholds, and the admission queue. It does not own the radix index
-// (the caller runs FindMatches) nor a request's lifecycle: a Reservation
-// is booked into storage the caller owns (package guard embeds it) and
-// the caller releases it exactly once.
+// accounting of in-flight requests, the global cost parameters, routing
+// policy and busy thresholds, the round-robin rotation, and the admission
+// queue. It does not own the radix index (the caller runs FindMatches)
+// nor a request's lifecycle: a Reservation is booked into storage the
+// caller owns (package guard embeds it) and the caller releases it
+// exactly once.
 //
 // # Concurrency
 //
 // Everything is safe for concurrent use. The worker set is an immutable
 // snapshot behind an atomic pointer; per-worker load counters are atomics
-// in a fixed array; parameters are swapped atomically. The active-block
-// table is guarded by one mutex taken once per selection (scan, score and
-// book in one section, so concurrent selections see each other's load) and
+// in a fixed array; parameters and the policy are swapped atomically. The
+// active-block table is guarded by one mutex taken once per selection
+// (scan, score, choose and book in one section, so concurrent selections
+// see each other's load and never take the same round-robin turn) and
 // once per release, never per block. A Reservation's own methods are not
 // concurrent: its owner serialises them.
 //
 // # Throughput envelope
 //
 // Select plus Release of a 512-block prompt among 8 workers costs a few
-// microseconds and makes no allocation (BenchmarkSelect): one pass over the
-// prompt's hashes counts every worker's shared blocks at once through
-// per-block worker bitmasks, booking re-uses the entries that pass found,
-// and release walks the entry numbers the booking kept without hashing.
+// microseconds under every policy and makes no allocation
+// (BenchmarkSelect): one pass over the prompt's hashes counts every
+// worker's shared blocks at once through per-block worker bitmasks,
+// booking re-uses the entries that pass found, and release walks the entry
+// numbers the booking kept without hashing.
 // The table lock bounds a single scheduler at a few hundred thousand
 // selections of that size per second, orders of magnitude above what the
 // engines of one node can serve.

@@ -28,6 +28,8 @@ type Scheduler struct {
 
 	params     atomic.Pointer[CostParams]
 	thresholds atomic.Pointer[BusyThresholds]
+	policy     atomic.Uint32 // Policy
+	turns      atomic.Uint64 // round-robin turns taken
 	rng        rng
 
 	queue    admissionQueue
@@ -62,6 +64,7 @@ func New(cfg Config) (*Scheduler, error) {
 	s.params.Store(&p)
 	b := cfg.Busy
 	s.thresholds.Store(&b)
+	s.policy.Store(uint32(cfg.Policy))
 	seed := cfg.Seed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())

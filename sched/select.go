@@ -39,6 +39,11 @@ type Request struct {
 	// request (copy CostParams(), edit, point here).
 	Cost *CostParams
 
+	// Policy, when not nil, replaces the global routing policy for this
+	// request. Filters, busy thresholds, admission and booking are the
+	// same under every policy; only the choice among candidates differs.
+	Policy *Policy
+
 	// ExpectedOutputTokens, when positive, decays tracked output blocks
 	// toward zero as generation approaches it.
 	ExpectedOutputTokens int
@@ -54,7 +59,8 @@ type Decision struct {
 	DPRank        uint32
 	Endpoint      string
 	OverlapBlocks uint32  // prompt blocks the chosen worker already caches
-	Cost          float64 // the chosen worker's cost
+	Cost          float64 // the chosen worker's cost in the cost model, whatever the policy
+	Policy        Policy  // the policy that chose
 	// Busy is set on a query-only decision when every eligible worker is
 	// over a busy threshold: a real request would have queued.
 	Busy   bool
@@ -86,11 +92,15 @@ func (s *Scheduler) Select(ctx context.Context, req *Request, res *Reservation) 
 	if err != nil {
 		return Decision{}, err
 	}
+	pol, err := s.policyFor(req)
+	if err != nil {
+		return Decision{}, err
+	}
 	if err := s.check(req); err != nil {
 		return Decision{}, err
 	}
 	if req.QueryOnly {
-		return s.query(req, &p)
+		return s.query(req, &p, pol)
 	}
 	if res == nil || res.state == resBooked {
 		return Decision{}, fmt.Errorf("cannot book into a reservation that is missing or already booked: %w", ErrInvalidRequest)
@@ -108,7 +118,7 @@ func (s *Scheduler) Select(ctx context.Context, req *Request, res *Reservation) 
 		// of them, woken to retry.
 		if w != nil || s.waiting.Load() == 0 {
 			tried = true
-			if d, ok := s.tryBook(ws, req, &p, cands, res); ok {
+			if d, ok := s.tryBook(ws, req, &p, pol, cands, res); ok {
 				if w != nil {
 					d.Queued = time.Duration(nanotime() - w.since)
 					s.leave(w, true)
@@ -123,7 +133,7 @@ func (s *Scheduler) Select(ctx context.Context, req *Request, res *Reservation) 
 		if !s.queue.push(w) {
 			if !tried {
 				tried = true
-				if d, ok := s.tryBook(ws, req, &p, cands, res); ok {
+				if d, ok := s.tryBook(ws, req, &p, pol, cands, res); ok {
 					s.leave(w, false)
 					return d, nil
 				}
@@ -189,9 +199,9 @@ func (s *Scheduler) candidates(ws *workerSet, req *Request) (filtered, healthy r
 	return set, set & up, nil
 }
 
-// tryBook scores cands and books req on the best worker that is not busy,
-// or reports false if all of them are.
-func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, cands radix.WorkerSet, res *Reservation) (Decision, bool) {
+// tryBook scores cands and books req on the worker pol chooses among those
+// that are not busy, or reports false if all of them are.
+func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Policy, cands radix.WorkerSet, res *Reservation) (Decision, bool) {
 	n := len(req.Hashes)
 	idx := res.grow(n)
 	var acc laneCounter
@@ -209,7 +219,8 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, cands ra
 		s.mu.Unlock()
 		return Decision{}, false
 	}
-	w := pick(&costs, free, p.Temperature, &s.rng)
+	// A pin is not a round-robin turn: it must not push the rotation on.
+	w := s.choose(pol, &costs, free, p.Temperature, !req.Pinned)
 	overlap := overlapOf(req, w, n)
 	prefill := int64(req.PromptTokens) - int64(overlap)*int64(s.blockSize)
 	l := &s.live[w]
@@ -239,12 +250,13 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, cands ra
 		Endpoint:      info.Endpoint,
 		OverlapBlocks: overlap,
 		Cost:          costs[w],
+		Policy:        pol,
 	}, true
 }
 
 // query is Select for a query-only request: the same scores and choice,
 // nothing booked, never queued.
-func (s *Scheduler) query(req *Request, p *CostParams) (Decision, error) {
+func (s *Scheduler) query(req *Request, p *CostParams, pol Policy) (Decision, error) {
 	ws := s.workers.Load()
 	_, cands, err := s.candidates(ws, req)
 	if err != nil {
@@ -265,7 +277,7 @@ func (s *Scheduler) query(req *Request, p *CostParams) (Decision, error) {
 	if allBusy {
 		free = cands
 	}
-	w := pick(&costs, free, p.Temperature, &s.rng)
+	w := s.choose(pol, &costs, free, p.Temperature, false)
 	info := &ws.info[w]
 	return Decision{
 		Slot:          w,
@@ -274,6 +286,7 @@ func (s *Scheduler) query(req *Request, p *CostParams) (Decision, error) {
 		Endpoint:      info.Endpoint,
 		OverlapBlocks: overlapOf(req, w, len(req.Hashes)),
 		Cost:          costs[w],
+		Policy:        pol,
 		Busy:          allBusy,
 	}, nil
 }

@@ -58,9 +58,10 @@ func (ws *workerSet) drop(w radix.WorkerSlot) {
 }
 
 // workerLive is the per-slot state that changes on every request: the
-// router's own bookings and the engine's load page. Fixed per slot and
-// atomic, so selection reads it without locks; padded to 64 bytes so that
-// different workers' counters mostly sit on different cache lines.
+// router's own bookings, the engine's load page and the slot's last
+// round-robin turn. Fixed per slot and atomic, so selection reads it
+// without locks; exactly 64 bytes (TestLayoutSizes) so that different
+// workers' counters mostly sit on different cache lines.
 type workerLive struct {
 	activeBlocks  atomic.Int64 // distinct prompt blocks of in-flight requests
 	outputUnits   atomic.Int64 // output blocks × outputUnit, after decay
@@ -70,7 +71,7 @@ type workerLive struct {
 	waiting       atomic.Uint32
 	kvUsed        atomic.Uint64
 	kvTotal       atomic.Uint64
-	_             [64 - 56%64]byte
+	lastTurn      atomic.Uint64 // Scheduler.turns when round-robin last picked the slot; 0: never
 }
 
 // outputUnit is the fixed-point scale of output blocks, so that decayed
