@@ -1,0 +1,525 @@
+package dispatch
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// Observer follows one forwarded request, in this order:
+//
+//	OnDispatched                      the engine answered (status and headers)
+//	OnFirstToken                      the first item of a stream
+//	OnItem(tokens)                    each item of a stream
+//	OnComplete(finishReason) | OnAbort(reason)   exactly once per Do
+//
+// A Call that was given an Observer makes exactly one terminal call, on every
+// path: a failed Do, a completed or broken stream, a departed client, or a
+// Release before the end. OnComplete comes before the terminal item reaches
+// the client. finishReason is the raw finish_reason of the terminal item
+// (nil for a stream ended by [DONE] alone, or a response without one); it
+// aliases the relay buffer and is valid only during the call. reason wraps
+// one of the package's sentinel errors.
+//
+// OnDispatched and OnAbort of a failed Do run on the goroutine calling Do;
+// the rest run on the goroutine relaying the response. A stream counts one
+// token per item, which is exact for engines that send a chunk per token.
+// A non-streaming response reports no first token and no items.
+//
+// It is an interface, not a set of funcs, so that a pooled request guard can
+// be passed without allocating a closure per request.
+type Observer interface {
+	OnDispatched()
+	OnFirstToken()
+	OnItem(tokens int)
+	OnComplete(finishReason []byte)
+	OnAbort(reason error)
+}
+
+// Call forwards one request to an engine and relays the response. Take one
+// from Pool.AcquireCall, set the request, Do it (again on another worker if
+// IsRetryable), then Relay a stream or ReadBody a plain response, and
+// Release it. It is owned by one goroutine at a time: after handing
+// StreamWriter to the server, the call belongs to the stream.
+type Call struct {
+	pool   *Pool
+	engine *Engine
+	obs    Observer
+	req    fasthttp.Request
+	resp   fasthttp.Response
+	buf    []byte // len == cap; the relay buffer, grown by ReadBody
+	sw     fasthttp.StreamWriter
+
+	open     bool // resp holds an engine body stream not yet closed
+	finished bool // obs had its terminal call, or there is no obs
+	first    bool // the first item was seen
+	done     bool // [DONE] was seen
+	items    int
+	bytes    int64
+}
+
+func newCall(p *Pool) *Call {
+	c := &Call{pool: p, buf: make([]byte, p.cfg.RelayBufferSize), finished: true}
+	c.sw = c.streamWriter
+	return c
+}
+
+// AcquireCall returns an idle Call from the pool.
+func (p *Pool) AcquireCall() *Call { return p.calls.Get().(*Call) }
+
+// Release ends the call: it cancels an unfinished response (closing its
+// engine connection), reports ErrAbandoned to an observer still waiting, and
+// returns the call to the pool. The call must not be used afterwards.
+func (c *Call) Release() {
+	c.closeStream()
+	c.abort(ErrAbandoned)
+	c.req.Reset()
+	c.resp.Reset()
+	c.engine, c.obs = nil, nil
+	if len(c.buf) > 4*c.pool.cfg.RelayBufferSize {
+		c.buf = make([]byte, c.pool.cfg.RelayBufferSize) // ReadBody grew it; do not pin a huge body
+	}
+	c.pool.calls.Put(c)
+}
+
+// Request returns the request to forward, for headers beyond what
+// SetRequest sets (authorization, request id). Client headers are not
+// forwarded unless added here; leave out Accept-Encoding, or a compressed
+// stream is relayed uninspected.
+func (c *Call) Request() *fasthttp.Request { return &c.req }
+
+// SetRequest prepares a POST of body to uri (path and query, e.g.
+// "/v1/chat/completions") with a JSON content type. body is forwarded
+// unchanged and not copied: it must stay intact until the call is released.
+func (c *Call) SetRequest(uri, body []byte) {
+	c.req.Header.SetMethod(fasthttp.MethodPost)
+	c.req.SetRequestURIBytes(uri)
+	c.req.Header.SetContentType("application/json")
+	c.req.SetBodyRaw(body)
+}
+
+// Do sends the request to slot's engine and waits for the response status
+// and headers (the first-byte timeout). On success it calls
+// obs.OnDispatched; on failure obs.OnAbort, and the error says whether
+// another worker may be tried (IsRetryable). obs may be nil. Calling Do
+// again, for a retry, abandons any response of the previous attempt.
+func (c *Call) Do(slot radix.WorkerSlot, obs Observer) error {
+	c.closeStream()
+	c.abort(ErrAbandoned)
+	c.obs, c.finished, c.first, c.done, c.items, c.bytes = obs, obs == nil, false, false, 0, 0
+	e := c.pool.Engine(slot)
+	c.engine = e
+	if e == nil {
+		err := &Error{Slot: slot, Op: "forward to", Kind: ErrUnknownEngine}
+		c.abort(err)
+		return err
+	}
+	c.req.Header.SetHost(e.addr)
+	e.active.Add(1)
+	if err := e.client.Do(&c.req, &c.resp); err != nil {
+		e.active.Add(-1)
+		ferr := &Error{Slot: slot, Addr: e.addr, Op: "forward to", Kind: classifyDo(err), Cause: err}
+		if de := (*dialError)(nil); errors.As(err, &de) {
+			e.connectFailed() // refused or unreachable, not merely busy
+		}
+		c.abort(ferr)
+		return ferr
+	}
+	c.open = true
+	if obs != nil {
+		obs.OnDispatched()
+	}
+	return nil
+}
+
+func classifyDo(err error) error {
+	var de *dialError
+	switch {
+	case errors.As(err, &de), errors.Is(err, fasthttp.ErrNoFreeConns):
+		return ErrConnect
+	case errors.Is(err, ErrIdleTimeout):
+		return ErrIdleTimeout
+	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, ErrFirstByteTimeout):
+		// fasthttp reports any timeout before the response as ErrTimeout;
+		// the only read deadline then is the first-byte one.
+		return ErrFirstByteTimeout
+	}
+	return ErrEngineFailed
+}
+
+// Response returns the engine's response, for its status and headers.
+func (c *Call) Response() *fasthttp.Response { return &c.resp }
+
+// StatusCode returns the engine's response status.
+func (c *Call) StatusCode() int { return c.resp.StatusCode() }
+
+// Engine returns the engine of the last Do.
+func (c *Call) Engine() *Engine { return c.engine }
+
+var (
+	eventStream = []byte("text/event-stream")
+	contentType = []byte("Content-Type")
+)
+
+// IsEventStream reports whether the engine answered with a server-sent event
+// stream, to be relayed with Relay; otherwise use ReadBody.
+func (c *Call) IsEventStream() bool {
+	ct := c.resp.Header.ContentType()
+	return len(ct) >= len(eventStream) && bytes.EqualFold(ct[:len(eventStream)], eventStream)
+}
+
+// hopByHop lists headers that describe the engine connection, not the
+// response, and so are not passed to the client.
+var hopByHop = [...][]byte{
+	[]byte("Connection"), []byte("Keep-Alive"), []byte("Proxy-Connection"),
+	[]byte("Transfer-Encoding"), []byte("Content-Length"), []byte("TE"),
+	[]byte("Trailer"), []byte("Upgrade"), []byte("Date"), []byte("Server"),
+}
+
+// CopyHeaders sets dst's status and headers from the engine's response,
+// leaving out hop-by-hop headers and the framing, which the server redoes.
+func (c *Call) CopyHeaders(dst *fasthttp.ResponseHeader) {
+	dst.SetStatusCode(c.resp.StatusCode())
+	for k, v := range c.resp.Header.All() {
+		skip := false
+		for _, h := range hopByHop {
+			if bytes.EqualFold(k, h) {
+				skip = true
+				break
+			}
+		}
+		switch {
+		case skip:
+		case bytes.EqualFold(k, contentType):
+			dst.SetContentTypeBytes(v)
+		default:
+			dst.SetBytesKV(k, v)
+		}
+	}
+}
+
+// Items returns how many stream items were relayed.
+func (c *Call) Items() int { return c.items }
+
+// Bytes returns how many response body bytes reached the client writer.
+func (c *Call) Bytes() int64 { return c.bytes }
+
+// StreamWriter returns a fasthttp.StreamWriter that relays the response and
+// then releases the call, for RequestCtx.SetBodyStreamWriter. From then on
+// the call belongs to the stream; the caller must not touch it again.
+func (c *Call) StreamWriter() fasthttp.StreamWriter { return c.sw }
+
+func (c *Call) streamWriter(w *bufio.Writer) {
+	_ = c.Relay(w)
+	c.Release()
+}
+
+// Relay copies the response body to w byte for byte. For an event stream it
+// writes and flushes each complete event as soon as it has arrived, and
+// reports items, the first token and the terminal item to the observer
+// before the client sees them; an engine error event aborts the observer
+// and is relayed like any other. Flushes block while the client is slow,
+// and the engine is not read meanwhile: TCP carries the backpressure.
+//
+// If writing to w fails, the client is gone: Relay closes the engine
+// connection, which cancels the request, and aborts with ErrClientGone. If
+// the engine fails, stalls past the idle timeout or ends the stream early,
+// Relay writes an OpenAI error event to the client (for a stream), closes
+// the engine connection and aborts. A nil return means the response was
+// relayed to its end.
+func (c *Call) Relay(w *bufio.Writer) error {
+	if !c.open {
+		return c.fail(ErrAbandoned, nil, w, false)
+	}
+	body := c.resp.BodyStream()
+	if body == nil { // no body at all
+		c.closeStream()
+		c.end(nil)
+		return nil
+	}
+	sse := c.IsEventStream()
+	var kind, cause error
+	if sse {
+		kind, cause = c.relayEvents(body, w)
+	} else {
+		kind, cause = c.relayPlain(body, w)
+	}
+	if kind == nil {
+		if sse && !c.finished && !c.done {
+			kind = ErrTruncated
+		} else {
+			c.closeStream()
+			c.end(nil)
+			return nil
+		}
+	}
+	return c.fail(kind, cause, w, sse)
+}
+
+// end reports a response that reached its end: complete for a success
+// status, else the engine's error.
+func (c *Call) end(reason []byte) {
+	if s := c.resp.StatusCode(); s < 200 || s > 299 {
+		c.abort(ErrEngineError)
+		return
+	}
+	c.finish(reason)
+}
+
+// fail ends a broken relay: tell a waiting stream client, cancel upstream,
+// abort the observer.
+func (c *Call) fail(kind, cause error, w *bufio.Writer, sse bool) error {
+	var addr string
+	var slot radix.WorkerSlot
+	if c.engine != nil {
+		addr, slot = c.engine.addr, c.engine.slot
+	}
+	err := &Error{Slot: slot, Addr: addr, Op: "relay from", Kind: kind, Cause: cause}
+	if sse && kind != ErrClientGone && !c.finished && !c.done {
+		ev := sseErrors[kindOf(kind)]
+		if _, werr := w.Write(ev); werr == nil && w.Flush() == nil {
+			c.bytes += int64(len(ev))
+		}
+	}
+	c.closeStream()
+	c.abort(err)
+	return err
+}
+
+// write sends p to the client and flushes it.
+func (c *Call) write(w *bufio.Writer, p []byte) error {
+	if _, err := w.Write(p); err != nil {
+		return err
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	c.bytes += int64(len(p))
+	return nil
+}
+
+// readFailure classifies an error reading the engine's body.
+func readFailure(err error) error {
+	switch {
+	case errors.Is(err, ErrIdleTimeout):
+		return ErrIdleTimeout
+	case errors.Is(err, ErrFirstByteTimeout):
+		return ErrFirstByteTimeout
+	}
+	return ErrEngineFailed
+}
+
+// relayEvents is Relay's loop for an event stream, reading r. It returns
+// the kind of failure and its cause, or nils at the end of r.
+//
+// buf[start:end] holds bytes read but not yet sent: the beginning of an
+// incomplete event. Whole events are inspected, then sent and flushed
+// together, which sends each of them as early as flushing one by one would,
+// with fewer writes.
+func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
+	buf := c.buf
+	start, end := 0, 0
+	lineStart := 0  // eventEnd's resume point, relative to start
+	inspect := true // false while passing through an event too big for buf
+	for {
+		if end == len(buf) {
+			if start > 0 {
+				end = copy(buf, buf[start:end])
+				start = 0
+			} else {
+				// One event fills the buffer. Send what there is and
+				// keep going; the event will not be inspected. A pending
+				// line that is only "\r" stays, since its "\n" may yet
+				// end the event.
+				keep := 0
+				if lineStart == end-1 && buf[end-1] == '\r' {
+					keep = 1
+				}
+				if err := c.write(w, buf[:end-keep]); err != nil {
+					return ErrClientGone, err
+				}
+				if lineStart < end-keep {
+					lineStart = -1 // mid-line: the rest of this line is not blank
+				} else {
+					lineStart = 0
+				}
+				end = copy(buf, buf[end-keep:end])
+				inspect = false
+			}
+		}
+		n, rerr := r.Read(buf[end:])
+		end += n
+		sent := start
+		for {
+			evEnd, resume := eventEnd(buf[start:end], lineStart)
+			if evEnd < 0 {
+				lineStart = resume
+				break
+			}
+			if inspect {
+				c.observe(ParseEvent(buf[start : start+evEnd]))
+			}
+			inspect = true
+			start += evEnd
+			lineStart = 0
+		}
+		if start > sent {
+			if err := c.write(w, buf[sent:start]); err != nil {
+				return ErrClientGone, err
+			}
+		}
+		if rerr != nil {
+			if rerr != io.EOF {
+				return readFailure(rerr), rerr
+			}
+			if end > start { // a last event without its blank line
+				if inspect {
+					c.observe(ParseEvent(buf[start:end]))
+				}
+				if err := c.write(w, buf[start:end]); err != nil {
+					return ErrClientGone, err
+				}
+			}
+			return nil, nil
+		}
+	}
+}
+
+// observe passes one event to the observer.
+func (c *Call) observe(ev Event) {
+	switch ev.Kind {
+	case EventItem:
+		c.items++
+		if c.finished {
+			return
+		}
+		if !c.first {
+			c.first = true
+			c.obs.OnFirstToken()
+		}
+		c.obs.OnItem(1)
+		if ev.FinishReason != nil {
+			c.finish(ev.FinishReason)
+		}
+	case EventDone:
+		c.done = true
+		c.end(nil)
+	case EventError:
+		if !c.finished {
+			var addr string
+			var slot radix.WorkerSlot
+			if c.engine != nil {
+				addr, slot = c.engine.addr, c.engine.slot
+			}
+			c.abort(&Error{Slot: slot, Addr: addr, Op: "relay from", Kind: ErrEngineError})
+		}
+	}
+}
+
+// relayPlain is Relay's loop for a body that is not an event stream: it
+// sends the body as it fills the buffer. A body that fits the buffer is
+// inspected for its finish_reason and error before it is sent.
+func (c *Call) relayPlain(r io.Reader, w *bufio.Writer) (kind, cause error) {
+	buf := c.buf
+	end := 0
+	whole := true
+	for {
+		n, rerr := r.Read(buf[end:])
+		end += n
+		if rerr != nil && rerr != io.EOF {
+			return readFailure(rerr), rerr
+		}
+		if rerr == io.EOF {
+			if whole {
+				c.observeBody(buf[:end])
+			}
+			if err := c.write(w, buf[:end]); err != nil {
+				return ErrClientGone, err
+			}
+			return nil, nil
+		}
+		if end == len(buf) {
+			if err := c.write(w, buf); err != nil {
+				return ErrClientGone, err
+			}
+			end, whole = 0, false
+		}
+	}
+}
+
+// observeBody reports a complete non-streaming response.
+func (c *Call) observeBody(body []byte) {
+	ev := classifyJSON(body)
+	if ev.Kind == EventError {
+		c.abort(ErrEngineError)
+		return
+	}
+	c.end(ev.FinishReason)
+}
+
+// ReadBody reads the whole non-streaming response, reports it to the
+// observer (complete with its finish_reason, or aborted for an error status
+// or error object) and returns it. The body is valid until Release; the
+// server copies it into its response, whose Content-Length it then knows.
+// On failure nothing has reached the client, so the server can still answer
+// with an error of its own (ErrorStatus, AppendErrorJSON).
+func (c *Call) ReadBody() ([]byte, error) {
+	if !c.open {
+		return nil, c.fail(ErrAbandoned, nil, nil, false)
+	}
+	body := c.resp.BodyStream()
+	n := 0
+	for body != nil {
+		if n == len(c.buf) {
+			limit := c.pool.cfg.MaxResponseBodySize
+			if n >= limit {
+				return nil, c.fail(ErrResponseTooLarge, nil, nil, false)
+			}
+			c.buf = append(c.buf, make([]byte, min(len(c.buf), limit-n))...)
+		}
+		m, err := body.Read(c.buf[n:])
+		n += m
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, c.fail(readFailure(err), err, nil, false)
+		}
+	}
+	c.closeStream()
+	c.observeBody(c.buf[:n])
+	c.bytes = int64(n)
+	return c.buf[:n], nil
+}
+
+// closeStream lets go of the engine's body stream. A body read to its end
+// returns the connection to the pool; otherwise the connection is closed,
+// which is how an engine learns that its request was cancelled.
+func (c *Call) closeStream() {
+	if c.open {
+		c.open = false
+		_ = c.resp.CloseBodyStream()
+		if c.engine != nil {
+			c.engine.active.Add(-1)
+		}
+	}
+}
+
+func (c *Call) finish(reason []byte) {
+	if !c.finished {
+		c.finished = true
+		c.obs.OnComplete(reason)
+	}
+}
+
+func (c *Call) abort(err error) {
+	if !c.finished {
+		c.finished = true
+		c.obs.OnAbort(err)
+	}
+}

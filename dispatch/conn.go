@@ -1,0 +1,99 @@
+package dispatch
+
+import (
+	"errors"
+	"net"
+	"time"
+)
+
+// engineConn enforces the first-byte and idle timeouts on one pooled engine
+// connection. fasthttp only knows a deadline for the whole response, which
+// a long stream would outlive; so the connection sets its own read deadline
+// before every read, from what the connection is waiting for, and ignores
+// fasthttp's.
+//
+// A connection serves one request at a time and fasthttp hands it from the
+// goroutine that sends the request to the one that reads the streamed body
+// with a happens-before edge, so its fields need no synchronisation. Close,
+// the only method called concurrently (to cancel a stream), touches none.
+type engineConn struct {
+	net.Conn
+	firstByte, idle time.Duration
+	// awaiting is set when a request was written and no byte of the
+	// response has come back yet: the first-byte timeout applies.
+	awaiting    bool
+	hasDeadline bool
+}
+
+func (c *engineConn) Write(p []byte) (int, error) {
+	c.awaiting = true
+	return c.Conn.Write(p)
+}
+
+func (c *engineConn) Read(p []byte) (int, error) {
+	awaiting := c.awaiting
+	d := c.idle
+	if awaiting {
+		d = c.firstByte
+	}
+	if d > 0 {
+		if err := c.Conn.SetReadDeadline(time.Now().Add(d)); err != nil {
+			return 0, err
+		}
+		c.hasDeadline = true
+	} else if c.hasDeadline {
+		if err := c.Conn.SetReadDeadline(time.Time{}); err != nil {
+			return 0, err
+		}
+		c.hasDeadline = false
+	}
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.awaiting = false
+	}
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			if awaiting {
+				return n, errFirstByte
+			}
+			return n, errIdle
+		}
+	}
+	return n, err
+}
+
+// SetReadDeadline ignores fasthttp's deadlines: Read owns them.
+func (c *engineConn) SetReadDeadline(time.Time) error { return nil }
+
+// SetDeadline keeps fasthttp's write deadline and drops its read deadline.
+func (c *engineConn) SetDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(t) }
+
+// connTimeout is what engineConn.Read returns when a deadline passes. It is
+// a net.Error with Timeout() true, as fasthttp expects of a timeout.
+type connTimeout struct{ kind error }
+
+func (e *connTimeout) Error() string   { return e.kind.Error() }
+func (e *connTimeout) Unwrap() error   { return e.kind }
+func (e *connTimeout) Timeout() bool   { return true }
+func (e *connTimeout) Temporary() bool { return false }
+
+var (
+	errFirstByte = &connTimeout{ErrFirstByteTimeout}
+	errIdle      = &connTimeout{ErrIdleTimeout}
+)
+
+// dialError marks a failure to establish a connection, the one failure that
+// lets a request go to another worker.
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+func dialEngine(addr string, connect, firstByte, idle time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", addr, connect)
+	if err != nil {
+		return nil, &dialError{err}
+	}
+	return &engineConn{Conn: c, firstByte: firstByte, idle: idle}, nil
+}

@@ -1,0 +1,516 @@
+package dispatch
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+const completionBody = `{"model":"m","prompt":[1,2,3],"stream":true}`
+
+func TestForwardStreamByteExact(t *testing.T) {
+	events := append([]string{": warming up\n\n"}, vllmStream(20)...)
+	events = append(events[:3], append([]string{
+		"data: {\"choices\":[{\"text\":\"" + strings.Repeat("é", 20000) + "\"}]}\n\n", // larger than the relay buffer
+		"data: {\"choices\":[{\"text\":\"crlf\"}]}\r\n\r\n",
+	}, events[3:]...)...)
+	want := strings.Join(events, "")
+	var gotBody []byte
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		gotBody = bytes.Clone(ctx.PostBody())
+		if string(ctx.Path()) != "/v1/completions" || string(ctx.Method()) != "POST" {
+			ctx.SetStatusCode(404)
+			return
+		}
+		sseEngine(events, time.Millisecond, nil)(ctx)
+	}, nil)
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 3, engine)
+	rec := newRecorder()
+	addr := serve(t, front(pool, 3, func() Observer { return rec }), nil)
+
+	status, h, body := post(t, addr, "/v1/completions", completionBody)
+	if status != 200 || string(body) != want {
+		t.Fatalf("status %d, body differs: got %d bytes, want %d", status, len(body), len(want))
+	}
+	if string(gotBody) != completionBody {
+		t.Fatalf("the engine got %q", gotBody)
+	}
+	if string(h.ContentType()) != "text/event-stream" || string(h.Peek("X-Engine")) != "stand-in" {
+		t.Fatalf("headers not relayed: %s", h.String())
+	}
+	rec.wait(t)
+	// The oversized event passes uninspected; the crlf one counts.
+	if got := rec.summary(); got != "dispatched first item×21 complete:stop" {
+		t.Fatalf("observer saw %q", got)
+	}
+}
+
+func TestForwardNonStreaming(t *testing.T) {
+	okBody := `{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"length"}],"usage":{"completion_tokens":5}}`
+	errBody := `{"object":"error","message":"prompt too long","type":"BadRequestError","param":null,"code":400}`
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		if bytes.Contains(ctx.PostBody(), []byte("bad")) {
+			ctx.SetStatusCode(400)
+			ctx.SetBodyString(errBody)
+			return
+		}
+		ctx.SetBodyString(okBody)
+	}, nil)
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	for _, tc := range []struct {
+		req, want string
+		status    int
+		log       string
+	}{
+		{`{"prompt":"x"}`, okBody, 200, "dispatched complete:length"},
+		{`{"prompt":"bad"}`, errBody, 400, "dispatched abort"},
+	} {
+		rec := newRecorder()
+		addr := serve(t, front(pool, 0, func() Observer { return rec }), nil)
+		status, h, body := post(t, addr, "/v1/completions", tc.req)
+		if status != tc.status || string(body) != tc.want || string(h.ContentType()) != "application/json" {
+			t.Fatalf("got %d %q %q", status, h.ContentType(), body)
+		}
+		rec.wait(t)
+		if got := rec.summary(); got != tc.log {
+			t.Fatalf("observer saw %q, want %q", got, tc.log)
+		}
+	}
+}
+
+func TestClientDisconnectCancelsUpstream(t *testing.T) {
+	events := vllmStream(2000)
+	cancelled := make(chan struct{}, 1)
+	engine := serve(t, sseEngine(events, 2*time.Millisecond, cancelled), nil)
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 1, engine)
+	rec := newRecorder()
+	addr := serve(t, front(pool, 1, func() Observer { return rec }), nil)
+
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = conn.Write([]byte("POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(completionBody)) + "\r\n\r\n" + completionBody))
+	br := bufio.NewReader(conn)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading the stream: %v", err)
+		}
+		if strings.HasPrefix(line, "data: ") {
+			break
+		}
+	}
+	_ = conn.Close()
+
+	rec.wait(t)
+	if !errors.Is(rec.aborted(), ErrClientGone) {
+		t.Fatalf("observer: %s, %v", rec.summary(), rec.aborted())
+	}
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the engine kept streaming to nobody")
+	}
+}
+
+func TestEngineKilledMidStream(t *testing.T) {
+	first := chunk(0, "a", "") + chunk(1, "b", "")
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(func(c net.Conn) {
+			// A chunked stream cut short: the engine process died.
+			_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+			for _, ev := range []string{chunk(0, "a", ""), chunk(1, "b", "")} {
+				_, _ = c.Write([]byte(strconv.FormatInt(int64(len(ev)), 16) + "\r\n" + ev + "\r\n"))
+			}
+			time.Sleep(20 * time.Millisecond)
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetLinger(0) // reset, as a killed process's socket does
+			}
+			_ = c.Close()
+		})
+	}, nil)
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 2, engine)
+	rec := newRecorder()
+	addr := serve(t, front(pool, 2, func() Observer { return rec }), nil)
+
+	status, _, body := post(t, addr, "/v1/completions", completionBody)
+	if status != 200 || !strings.HasPrefix(string(body), first) {
+		t.Fatalf("status %d body %q", status, body)
+	}
+	tail := strings.TrimPrefix(string(body), first)
+	var ev struct {
+		Error struct {
+			Message, Type, Code string
+		}
+	}
+	if !strings.HasPrefix(tail, "data: ") || !strings.HasSuffix(tail, "\n\n") ||
+		json.Unmarshal([]byte(strings.TrimSpace(tail[len("data: "):])), &ev) != nil || ev.Error.Code != "engine_failed" {
+		t.Fatalf("the client did not get an error event: %q", tail)
+	}
+	rec.wait(t)
+	if got := rec.summary(); got != "dispatched first item×2 abort" || !errors.Is(rec.aborted(), ErrEngineFailed) {
+		t.Fatalf("observer: %s %v", got, rec.aborted())
+	}
+}
+
+func TestConnectFailureIsRetryable(t *testing.T) {
+	good := serve(t, sseEngine(vllmStream(2), 0, nil), nil)
+	var changes atomic.Int32
+	pool := NewPool(Config{Health: HealthConfig{Interval: time.Hour,
+		OnChange: func(radix.WorkerSlot, string, bool) { changes.Add(1) }}})
+	defer pool.Close()
+	mustAdd(t, pool, 5, closedAddr(t))
+	mustAdd(t, pool, 6, good)
+
+	c := pool.AcquireCall()
+	defer c.Release()
+	c.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+	rec := newRecorder()
+	err := c.Do(5, rec)
+	if !errors.Is(err, ErrConnect) || !IsRetryable(err) || ErrorStatus(err) != 502 {
+		t.Fatalf("Do = %v", err)
+	}
+	var de *Error
+	if !errors.As(err, &de) || de.Slot != 5 || !strings.HasPrefix(err.Error(), "cannot forward to engine ") {
+		t.Fatalf("error lacks context: %v", err)
+	}
+	rec.wait(t)
+	if rec.summary() != "abort" || !errors.Is(rec.aborted(), ErrConnect) {
+		t.Fatalf("observer: %s", rec.summary())
+	}
+	// A refused connection takes the engine out of selection at once.
+	if pool.Healthy().Has(5) || !pool.Healthy().Has(6) || changes.Load() != 1 {
+		t.Fatalf("healthy set %b after a refused connection, %d changes", pool.Healthy(), changes.Load())
+	}
+	// The same call retries on another worker.
+	rec2 := newRecorder()
+	if err := c.Do(6, rec2); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := c.Relay(bufio.NewWriter(&out)); err != nil || out.String() != strings.Join(vllmStream(2), "") {
+		t.Fatalf("retry: %v %q", err, out.String())
+	}
+	if rec2.summary() != "dispatched first item×2 complete:stop" {
+		t.Fatalf("retry observer: %s", rec2.summary())
+	}
+}
+
+func TestUnknownEngine(t *testing.T) {
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	c := pool.AcquireCall()
+	defer c.Release()
+	rec := newRecorder()
+	err := c.Do(9, rec)
+	if !errors.Is(err, ErrUnknownEngine) || IsRetryable(err) || ErrorStatus(err) != 503 {
+		t.Fatalf("Do = %v", err)
+	}
+	rec.wait(t)
+}
+
+func TestTimeouts(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		switch string(ctx.Path()) {
+		case "/slow-first-byte":
+			select {
+			case <-release:
+			case <-time.After(5 * time.Second):
+			}
+		case "/stall":
+			ctx.SetContentType("text/event-stream")
+			ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+				_, _ = w.WriteString(chunk(0, "a", ""))
+				_ = w.Flush()
+				select {
+				case <-release:
+				case <-time.After(5 * time.Second):
+				}
+			})
+		}
+	}, nil)
+	pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{FirstByte: 150 * time.Millisecond, Idle: 150 * time.Millisecond}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+
+	t.Run("first byte", func(t *testing.T) {
+		c := pool.AcquireCall()
+		defer c.Release()
+		c.SetRequest([]byte("/slow-first-byte"), []byte(completionBody))
+		rec := newRecorder()
+		start := time.Now()
+		err := c.Do(0, rec)
+		if !errors.Is(err, ErrFirstByteTimeout) || IsRetryable(err) || ErrorStatus(err) != 504 {
+			t.Fatalf("Do = %v", err)
+		}
+		if d := time.Since(start); d < 150*time.Millisecond || d > 3*time.Second {
+			t.Fatalf("timed out after %v", d)
+		}
+		rec.wait(t)
+	})
+	t.Run("idle", func(t *testing.T) {
+		rec := newRecorder()
+		addr := serve(t, front(pool, 0, func() Observer { return rec }), nil)
+		start := time.Now()
+		status, _, body := post(t, addr, "/stall", completionBody)
+		if status != 200 || !strings.HasPrefix(string(body), chunk(0, "a", "")) ||
+			!strings.HasSuffix(string(body), string(sseErrors[kindOf(ErrIdleTimeout)])) {
+			t.Fatalf("status %d body %q", status, body)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Fatalf("idle timeout took %v", d)
+		}
+		rec.wait(t)
+		if rec.summary() != "dispatched first item×1 abort" || !errors.Is(rec.aborted(), ErrIdleTimeout) {
+			t.Fatalf("observer: %s %v", rec.summary(), rec.aborted())
+		}
+	})
+	t.Run("slow but steady stream is fine", func(t *testing.T) {
+		slow := serve(t, sseEngine(vllmStream(5), 60*time.Millisecond, nil), nil)
+		mustAdd(t, pool, 1, slow)
+		rec := newRecorder()
+		addr := serve(t, front(pool, 1, func() Observer { return rec }), nil)
+		status, _, body := post(t, addr, "/v1/completions", completionBody)
+		if status != 200 || string(body) != strings.Join(vllmStream(5), "") {
+			t.Fatalf("status %d body %q", status, body)
+		}
+		rec.wait(t)
+	})
+}
+
+func TestStaleKeepAliveConnectionIsRetried(t *testing.T) {
+	// The engine drops idle connections after 50ms, the router keeps them
+	// for 10s: the second request lands on a connection the engine closed.
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"choices":[]}`) },
+		func(s *fasthttp.Server) { s.IdleTimeout = 50 * time.Millisecond })
+	pool := NewPool(Config{Health: noHealth, MaxIdleConnDuration: 10 * time.Second})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	for i := 0; i < 3; i++ {
+		c := pool.AcquireCall()
+		c.SetRequest([]byte("/v1/completions"), []byte(`{}`))
+		if err := c.Do(0, nil); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if _, err := c.ReadBody(); err != nil {
+			t.Fatal(err)
+		}
+		c.Release()
+		time.Sleep(150 * time.Millisecond)
+	}
+}
+
+func TestReleaseBeforeRelayCancelsUpstream(t *testing.T) {
+	cancelled := make(chan struct{}, 1)
+	engine := serve(t, sseEngine(vllmStream(5000), time.Millisecond, cancelled), nil)
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	c := pool.AcquireCall()
+	c.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+	rec := newRecorder()
+	if err := c.Do(0, rec); err != nil {
+		t.Fatal(err)
+	}
+	c.Release()
+	rec.wait(t)
+	if !errors.Is(rec.aborted(), ErrAbandoned) {
+		t.Fatalf("observer: %s %v", rec.summary(), rec.aborted())
+	}
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the engine was not cancelled")
+	}
+}
+
+func TestHealthChecks(t *testing.T) {
+	var status atomic.Int32
+	status.Store(200)
+	var checks atomic.Int32
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/healthz" {
+			checks.Add(1)
+			ctx.SetStatusCode(int(status.Load()))
+		}
+	}, nil)
+	flips := make(chan bool, 16)
+	pool := NewPool(Config{Health: HealthConfig{
+		Path: "/healthz", Interval: 10 * time.Millisecond, Timeout: time.Second, FailAfter: 2, RecoverAfter: 2,
+		OnChange: func(slot radix.WorkerSlot, addr string, healthy bool) {
+			if slot != 7 || addr != engine {
+				t.Errorf("OnChange(%d, %s)", slot, addr)
+			}
+			flips <- healthy
+		},
+	}})
+	defer pool.Close()
+	e, err := pool.Add(7, engine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect := func(want bool) {
+		t.Helper()
+		select {
+		case got := <-flips:
+			if got != want || e.Healthy() != want || pool.Healthy().Has(7) != want {
+				t.Fatalf("flip to %v, engine %v, set %b; want %v", got, e.Healthy(), pool.Healthy(), want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no flip to %v after %d checks", want, checks.Load())
+		}
+	}
+	if !e.Healthy() || !pool.Healthy().Has(7) {
+		t.Fatal("a new engine starts healthy")
+	}
+	status.Store(503)
+	expect(false)
+	status.Store(200)
+	expect(true)
+	status.Store(500)
+	expect(false)
+	status.Store(204)
+	expect(true)
+
+	pool.Remove(7)
+	if pool.Healthy() != 0 || pool.Engine(7) != nil {
+		t.Fatal("Remove left the engine selectable")
+	}
+	n := checks.Load()
+	time.Sleep(50 * time.Millisecond)
+	if checks.Load() > n+1 {
+		t.Fatal("checks continue after Remove")
+	}
+}
+
+func TestHealthCheckOfDeadEngine(t *testing.T) {
+	flips := make(chan bool, 4)
+	pool := NewPool(Config{Health: HealthConfig{Interval: 10 * time.Millisecond, Timeout: 200 * time.Millisecond,
+		OnChange: func(_ radix.WorkerSlot, _ string, h bool) { flips <- h }}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, closedAddr(t))
+	select {
+	case h := <-flips:
+		if h || pool.Healthy() != 0 {
+			t.Fatal("a dead engine stays healthy")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a dead engine was never marked unhealthy")
+	}
+}
+
+func TestPoolAdd(t *testing.T) {
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	if _, err := pool.Add(radix.MaxWorkers, "127.0.0.1:1"); err == nil {
+		t.Fatal("slot out of range accepted")
+	}
+	if _, err := pool.Add(0, "no-port"); err == nil {
+		t.Fatal("address without a port accepted")
+	}
+	a, _ := pool.Add(0, "127.0.0.1:1")
+	b, _ := pool.Add(0, "127.0.0.1:1")
+	if a != b {
+		t.Fatal("re-adding the same address replaced the engine")
+	}
+	c, _ := pool.Add(0, "127.0.0.1:2")
+	if c == a || pool.Engine(0) != c || c.Addr() != "127.0.0.1:2" || c.Slot() != 0 {
+		t.Fatal("a new address did not replace the engine")
+	}
+	if pool.Healthy() != radix.SetOf(0) {
+		t.Fatalf("healthy set %b", pool.Healthy())
+	}
+	pool.Close()
+	if _, err := pool.Add(1, "127.0.0.1:1"); err == nil || pool.Healthy() != 0 {
+		t.Fatal("a closed pool accepts engines")
+	}
+}
+
+func TestAppendErrorJSON(t *testing.T) {
+	for _, k := range kinds {
+		var v struct {
+			Error struct {
+				Message, Type, Code string
+				Param               *string
+			}
+		}
+		err := &Error{Addr: "127.0.0.1:1", Op: "forward to", Kind: k.kind, Cause: io.EOF}
+		if jerr := json.Unmarshal(AppendErrorJSON(nil, err), &v); jerr != nil {
+			t.Fatal(jerr)
+		}
+		if v.Error.Code != k.code || v.Error.Type != "server_error" || v.Error.Message == "" || v.Error.Param != nil ||
+			strings.Contains(v.Error.Message, "127.0.0.1") {
+			t.Fatalf("%+v", v)
+		}
+		if !strings.HasPrefix(k.kind.Error(), "kvfast: ") {
+			t.Fatalf("sentinel %q", k.kind)
+		}
+	}
+	if kinds[kindOf(errors.New("other"))].kind != ErrEngineFailed {
+		t.Fatal("unclassified errors are not engine failures")
+	}
+}
+
+func TestBusyEngineIsRetryableButHealthy(t *testing.T) {
+	release := make(chan struct{})
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/health" {
+			return
+		}
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			_, _ = w.WriteString(chunk(0, "a", ""))
+			_ = w.Flush()
+			<-release
+		})
+	}, nil)
+	pool := NewPool(Config{MaxConnsPerEngine: 1, Health: HealthConfig{Interval: time.Hour}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	first := pool.AcquireCall()
+	first.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+	if err := first.Do(0, nil); err != nil {
+		t.Fatal(err)
+	}
+	second := pool.AcquireCall()
+	second.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+	err := second.Do(0, nil)
+	if !IsRetryable(err) || !errors.Is(err, fasthttp.ErrNoFreeConns) {
+		t.Fatalf("Do on a busy engine = %v", err)
+	}
+	if !pool.Healthy().Has(0) || pool.Engine(0).InFlight() != 1 {
+		t.Fatalf("a busy engine was marked unhealthy (%b) or miscounted (%d)", pool.Healthy(), pool.Engine(0).InFlight())
+	}
+	second.Release()
+	first.Release() // closes the stalled stream's connection
+	close(release)
+	if n := pool.Engine(0).InFlight(); n != 0 {
+		t.Fatalf("%d requests still counted in flight", n)
+	}
+}

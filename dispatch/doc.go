@@ -1,0 +1,62 @@
+// Package dispatch is kvfast's engine-facing side: it forwards a routed
+// request to the chosen engine, relays the response to the client, cancels
+// the engine's work when the client leaves, and checks engine health.
+//
+// # Responsibility
+//
+// A Call sends the request body unchanged to one engine over a pooled
+// keep-alive connection and relays the answer byte for byte. For an
+// OpenAI event stream it inspects each event on the way, without
+// allocating, and tells an Observer what the request lifecycle needs: the
+// engine answered (OnDispatched), the first token (OnFirstToken), each item
+// (OnItem), and exactly one end, OnComplete with the finish_reason before
+// the terminal item reaches the client, or OnAbort with the reason. The
+// guard adapts itself to Observer; the server hands the Call's
+// StreamWriter to fasthttp's SetBodyStreamWriter.
+//
+// Failures are classified so that the caller can act on them:
+//   - ErrConnect: no connection could be made (refused, connect timeout,
+//     every connection busy). Nothing reached the engine or the client, so
+//     the request may be sent to another worker (IsRetryable). A pooled
+//     connection the engine closed while idle is retried once on the same
+//     engine before any of this is decided.
+//   - ErrFirstByteTimeout, ErrIdleTimeout: the engine was silent too long
+//     before its first byte or between two reads of a started response.
+//   - ErrEngineFailed, ErrTruncated, ErrEngineError: the engine broke off,
+//     ended a stream early, or reported an error.
+//   - ErrClientGone: a write to the client failed; the engine connection is
+//     closed, which is how an OpenAI-compatible engine learns to abort.
+//
+// A stream that fails after it started gets an OpenAI error event
+// (data: {"error":{…}}) unless its terminal item was already sent. A
+// departed client is noticed at the next write, so while the engine is
+// silent (queueing, prefill) the idle timeout bounds the waste.
+//
+// # What it owns
+//
+// Per worker slot, one Engine: a fasthttp.HostClient whose connections
+// enforce the first-byte and idle timeouts themselves (fasthttp's own read
+// timeout would cut long streams), an atomic health flag, and a goroutine
+// running the active health checks. The Pool keeps the healthy slots as one
+// atomic radix.WorkerSet for the scheduler to filter with, and pools Calls
+// with their relay buffers.
+//
+// # Concurrency
+//
+// Pool methods are safe for concurrent use; Engine and Healthy are single
+// atomic loads. Add, Remove and Close are serialised. A Call belongs to one
+// goroutine at a time: the handler's until it passes StreamWriter to the
+// server, then the stream's. Observer calls for one Call never overlap.
+// Health flips of one engine are serialised, and a removed engine can
+// never re-enter the healthy set.
+//
+// # Throughput envelope
+//
+// On the 2-core reference machine, the event scanner classifies 4-6M
+// vLLM-sized events/s (0.6-1 GB/s) with no allocation, six to nine times a
+// line scanner with encoding/json; relaying a stream allocates nothing per
+// event. Through a dispatch front end on loopback, a small non-streaming
+// request takes about 14 µs more than calling the engine directly, and a
+// 16-event stream about 30 µs more, both at p50. See BenchmarkSSEScan and
+// BenchmarkRelay.
+package dispatch

@@ -1,0 +1,136 @@
+package dispatch
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// What went wrong with a forwarded request. Errors returned by Call.Do and
+// Call.Relay, and passed to Observer.OnAbort, wrap exactly one of these;
+// test with errors.Is.
+var (
+	// ErrConnect: no connection to the engine could be had (refused,
+	// unreachable, connect timeout, or every pooled connection busy). The
+	// request never left the router, so it may go to another worker.
+	ErrConnect = errors.New("kvfast: cannot connect to the engine")
+	// ErrFirstByteTimeout: the engine took the request but sent no response
+	// within Timeouts.FirstByte.
+	ErrFirstByteTimeout = errors.New("kvfast: the engine did not answer within the first-byte timeout")
+	// ErrIdleTimeout: a started response paused longer than Timeouts.Idle.
+	ErrIdleTimeout = errors.New("kvfast: the engine response stalled beyond the idle timeout")
+	// ErrEngineFailed: the connection broke, or the engine sent something
+	// that is not HTTP, after the request was sent.
+	ErrEngineFailed = errors.New("kvfast: the engine connection failed")
+	// ErrTruncated: a stream ended without its terminal item or [DONE].
+	ErrTruncated = errors.New("kvfast: the engine stream ended before the response was complete")
+	// ErrEngineError: the engine answered with an error status or an error
+	// event; the client received the engine's own error.
+	ErrEngineError = errors.New("kvfast: the engine reported an error")
+	// ErrClientGone: writing to the client failed, so the upstream request
+	// was cancelled by closing its connection.
+	ErrClientGone = errors.New("kvfast: the client went away")
+	// ErrResponseTooLarge: a non-streaming response exceeded
+	// Config.MaxResponseBodySize.
+	ErrResponseTooLarge = errors.New("kvfast: the engine response is larger than the router accepts")
+	// ErrUnknownEngine: no engine is registered in the worker slot.
+	ErrUnknownEngine = errors.New("kvfast: no engine in the worker slot")
+	// ErrAbandoned: the call was released or reused before its response was
+	// relayed to the end.
+	ErrAbandoned = errors.New("kvfast: the response was abandoned before it was relayed")
+)
+
+// IsRetryable reports whether err allows sending the same request to another
+// worker: only when no connection was made, so that nothing reached the
+// engine and no byte reached the client.
+func IsRetryable(err error) bool { return errors.Is(err, ErrConnect) }
+
+// Error is the error of one forwarded request: which engine, at which step,
+// what kind (one of the sentinels above) and the transport's cause.
+type Error struct {
+	Slot  radix.WorkerSlot
+	Addr  string
+	Op    string // "forward to" or "relay from"
+	Kind  error
+	Cause error // may be nil
+}
+
+func (e *Error) Error() string {
+	s := "cannot " + e.Op + " engine " + e.Addr + " (slot " + strconv.Itoa(int(e.Slot)) + "): " + e.Kind.Error()
+	if e.Cause != nil {
+		s += ": " + e.Cause.Error()
+	}
+	return s
+}
+
+func (e *Error) Unwrap() []error {
+	if e.Cause == nil {
+		return []error{e.Kind}
+	}
+	return []error{e.Kind, e.Cause}
+}
+
+// ErrorStatus is the HTTP status a server answers with when Call.Do failed
+// with err and no retry is left.
+func ErrorStatus(err error) int {
+	switch {
+	case errors.Is(err, ErrUnknownEngine):
+		return 503
+	case errors.Is(err, ErrFirstByteTimeout), errors.Is(err, ErrIdleTimeout):
+		return 504
+	}
+	return 502
+}
+
+// AppendErrorJSON appends the OpenAI-style error body for err, a failure of
+// Call.Do, to dst: {"error":{"message":…,"type":"server_error",…}}. The
+// message names the kind of failure, not the engine's address.
+func AppendErrorJSON(dst []byte, err error) []byte {
+	return appendError(dst, kindOf(err))
+}
+
+var kinds = [...]struct {
+	kind error
+	code string
+}{
+	{ErrEngineFailed, "engine_failed"}, // first: the kind of unclassified errors
+	{ErrConnect, "engine_unavailable"},
+	{ErrFirstByteTimeout, "engine_timeout"},
+	{ErrIdleTimeout, "engine_timeout"},
+	{ErrTruncated, "engine_stream_truncated"},
+	{ErrEngineError, "engine_error"},
+	{ErrClientGone, "client_gone"},
+	{ErrResponseTooLarge, "engine_response_too_large"},
+	{ErrUnknownEngine, "engine_unavailable"},
+	{ErrAbandoned, "abandoned"},
+}
+
+// kindOf returns the index in kinds of err's kind, ErrEngineFailed's if none.
+func kindOf(err error) int {
+	for i, k := range kinds {
+		if errors.Is(err, k.kind) {
+			return i
+		}
+	}
+	return 0
+}
+
+func appendError(dst []byte, kind int) []byte {
+	msg := kinds[kind].kind.Error()[len("kvfast: "):]
+	dst = append(dst, `{"error":{"message":"`...)
+	dst = append(dst, msg...) // the sentinels need no escaping
+	dst = append(dst, `","type":"server_error","param":null,"code":"`...)
+	dst = append(dst, kinds[kind].code...)
+	return append(dst, `"}}`...)
+}
+
+// sseErrors holds, per kind, the event written to a client whose stream
+// broke: prepared once so that the failure path allocates nothing.
+var sseErrors = func() (out [len(kinds)][]byte) {
+	for i := range kinds {
+		b := append([]byte("data: "), appendError(nil, i)...)
+		out[i] = append(b, "\n\n"...)
+	}
+	return out
+}()

@@ -1,0 +1,350 @@
+package dispatch
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// Timeouts bound each step of a forwarded request. Zero picks the default;
+// a negative value disables the timeout.
+type Timeouts struct {
+	// Connect bounds establishing a TCP connection to the engine.
+	// Default 2s: engines sit on this node or its network, so a slow
+	// connect means a dead engine and the request had better go elsewhere.
+	Connect time.Duration
+	// Write bounds sending the request. Default 30s.
+	Write time.Duration
+	// FirstByte bounds the wait from sending the request to the first byte
+	// of the response. A non-streaming response arrives whole, so this must
+	// cover queueing and the whole generation. Default 10m.
+	FirstByte time.Duration
+	// Idle bounds every later pause between reads of the response, so for
+	// streams it must cover queueing and prefill if the engine sends its
+	// headers first, as vLLM does. Default 2m.
+	Idle time.Duration
+}
+
+// HealthConfig sets the active health checks: GET Path on every engine each
+// Interval; FailAfter consecutive failures take the engine out of
+// Pool.Healthy, RecoverAfter consecutive successes (2xx) bring it back.
+type HealthConfig struct {
+	Path         string        // default "/health"
+	Interval     time.Duration // default 2s; negative disables checks
+	Timeout      time.Duration // default 1s
+	FailAfter    int           // default 2
+	RecoverAfter int           // default 1
+	// OnChange, if set, is called after an engine's health flips, with the
+	// new state. Calls for one engine are serialised and in order. It must
+	// not call Pool.Add, Remove or Close.
+	OnChange func(slot radix.WorkerSlot, addr string, healthy bool)
+}
+
+// Config configures a Pool.
+type Config struct {
+	Timeouts Timeouts
+	Health   HealthConfig
+	// MaxConnsPerEngine bounds the connections, so the concurrent
+	// requests, to one engine. Default 1024.
+	MaxConnsPerEngine int
+	// MaxIdleConnDuration closes pooled connections idle this long. The
+	// default, 3s, stays under the 5s keep-alive of vLLM's HTTP server, so
+	// the router, not the engine, closes idle connections, and a request
+	// rarely lands on a connection the engine is closing.
+	MaxIdleConnDuration time.Duration
+	// RelayBufferSize is the per-call buffer streams are relayed through.
+	// An event larger than this is relayed but not inspected. Default 16 KiB.
+	RelayBufferSize int
+	// MaxResponseBodySize bounds a non-streaming response read with
+	// Call.ReadBody. Default 64 MiB.
+	MaxResponseBodySize int
+}
+
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		switch {
+		case *d == 0:
+			*d = v
+		case *d < 0:
+			*d = 0 // fasthttp and engineConn read 0 as "no limit"
+		}
+	}
+	def(&c.Timeouts.Connect, 2*time.Second)
+	def(&c.Timeouts.Write, 30*time.Second)
+	def(&c.Timeouts.FirstByte, 10*time.Minute)
+	def(&c.Timeouts.Idle, 2*time.Minute)
+	if c.Health.Path == "" {
+		c.Health.Path = "/health"
+	}
+	if c.Health.Interval == 0 {
+		c.Health.Interval = 2 * time.Second
+	}
+	if c.Health.Timeout <= 0 {
+		c.Health.Timeout = time.Second
+	}
+	if c.Health.FailAfter <= 0 {
+		c.Health.FailAfter = 2
+	}
+	if c.Health.RecoverAfter <= 0 {
+		c.Health.RecoverAfter = 1
+	}
+	if c.MaxConnsPerEngine <= 0 {
+		c.MaxConnsPerEngine = 1024
+	}
+	if c.MaxIdleConnDuration <= 0 {
+		c.MaxIdleConnDuration = 3 * time.Second
+	}
+	if c.RelayBufferSize <= 0 {
+		c.RelayBufferSize = 16 << 10
+	}
+	if c.MaxResponseBodySize <= 0 {
+		c.MaxResponseBodySize = 64 << 20
+	}
+	return c
+}
+
+// Pool holds one Engine per occupied worker slot: its pooled connections
+// and its health. Lookups are lock-free; Add and Remove are serialised.
+type Pool struct {
+	cfg     Config
+	engines [radix.MaxWorkers]atomic.Pointer[Engine]
+	healthy atomic.Uint64 // radix.WorkerSet
+	mu      sync.Mutex    // serialises Add, Remove and Close
+	calls   sync.Pool
+	closed  bool
+}
+
+// NewPool returns an empty pool.
+func NewPool(cfg Config) *Pool {
+	p := &Pool{cfg: cfg.withDefaults()}
+	p.calls.New = func() any { return newCall(p) }
+	return p
+}
+
+// Config returns the pool's configuration with defaults applied.
+func (p *Pool) Config() Config { return p.cfg }
+
+// Engine is one engine endpoint behind one worker slot.
+type Engine struct {
+	slot    radix.WorkerSlot
+	addr    string
+	pool    *Pool
+	client  *fasthttp.HostClient
+	healthy atomic.Bool
+	active  atomic.Int64 // requests sent and not yet relayed to their end
+
+	healthMu sync.Mutex // orders health transitions and their callbacks
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+// Slot returns the engine's worker slot.
+func (e *Engine) Slot() radix.WorkerSlot { return e.slot }
+
+// Addr returns the engine's host:port.
+func (e *Engine) Addr() string { return e.addr }
+
+// Healthy reports the engine's current health.
+func (e *Engine) Healthy() bool { return e.healthy.Load() }
+
+// InFlight returns how many requests to the engine are being sent or
+// relayed: from Call.Do until the response is relayed, read or abandoned.
+func (e *Engine) InFlight() int { return int(e.active.Load()) }
+
+// Add registers the engine at addr (host:port) in slot and starts its health
+// checks. Re-adding the same address is a no-op; a different address
+// replaces the slot's engine, whose in-flight requests run to their end.
+// A new engine starts healthy, so that traffic need not wait for a check.
+func (p *Pool) Add(slot radix.WorkerSlot, addr string) (*Engine, error) {
+	if !slot.Valid() {
+		return nil, fmt.Errorf("cannot add engine %s: worker slot %d is out of range", addr, slot)
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return nil, fmt.Errorf("cannot add engine %q to slot %d: %w", addr, slot, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, fmt.Errorf("cannot add engine %s to slot %d: the pool is closed", addr, slot)
+	}
+	if old := p.engines[slot].Load(); old != nil {
+		if old.addr == addr {
+			return old, nil
+		}
+		p.removeLocked(slot)
+	}
+	e := &Engine{slot: slot, addr: addr, pool: p}
+	t := p.cfg.Timeouts
+	e.client = &fasthttp.HostClient{
+		Addr: addr,
+		Dial: func(addr string) (net.Conn, error) {
+			return dialEngine(addr, t.Connect, t.FirstByte, t.Idle)
+		},
+		MaxConns:                      p.cfg.MaxConnsPerEngine,
+		MaxIdleConnDuration:           p.cfg.MaxIdleConnDuration,
+		WriteTimeout:                  t.Write,
+		StreamResponseBody:            true,
+		NoDefaultUserAgentHeader:      true,
+		DisableHeaderNamesNormalizing: true,
+		DisablePathNormalizing:        true,
+		RetryIfErr:                    retryStaleConn,
+	}
+	e.healthy.Store(true)
+	p.healthy.Or(uint64(radix.SetOf(slot)))
+	p.engines[slot].Store(e)
+	if p.cfg.Health.Interval > 0 {
+		e.stop, e.done = make(chan struct{}), make(chan struct{})
+		go e.checkHealth()
+	}
+	return e, nil
+}
+
+// retryStaleConn sends a request again, once and to the same engine, when the
+// connection closed before any byte of a response came back. That is how a
+// pooled keep-alive connection that the engine closed while idle fails, and
+// the engine then never saw the request. If the engine itself is gone, the
+// second attempt fails to connect, and that error lets the caller pick
+// another worker.
+func retryStaleConn(_ *fasthttp.Request, attempts int, err error) (resetTimeout, retry bool) {
+	stale := errors.Is(err, io.EOF) || errors.Is(err, fasthttp.ErrConnectionClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+	return false, attempts == 1 && stale
+}
+
+// Remove unregisters slot's engine, stops its health checks and closes its
+// idle connections. In-flight requests to it run to their end.
+func (p *Pool) Remove(slot radix.WorkerSlot) {
+	if !slot.Valid() {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.removeLocked(slot)
+}
+
+func (p *Pool) removeLocked(slot radix.WorkerSlot) {
+	e := p.engines[slot].Load()
+	if e == nil {
+		return
+	}
+	// Under healthMu, so that a verdict being recorded cannot put the slot
+	// back into the healthy set after it left.
+	e.healthMu.Lock()
+	p.engines[slot].Store(nil)
+	p.healthy.And(^uint64(radix.SetOf(slot)))
+	e.healthMu.Unlock()
+	if e.stop != nil {
+		close(e.stop)
+		<-e.done
+	}
+	e.client.CloseIdleConnections()
+}
+
+// Close removes every engine.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for s := range p.engines {
+		p.removeLocked(radix.WorkerSlot(s))
+	}
+}
+
+// Engine returns slot's engine, or nil.
+func (p *Pool) Engine(slot radix.WorkerSlot) *Engine {
+	if !slot.Valid() {
+		return nil
+	}
+	return p.engines[slot].Load()
+}
+
+// Healthy returns the slots whose engines are registered and healthy: the
+// scheduler's filter for selection. It is one atomic load.
+func (p *Pool) Healthy() radix.WorkerSet { return radix.WorkerSet(p.healthy.Load()) }
+
+// setHealthy records a health verdict and reports a flip. A removed engine's
+// late verdict is dropped, so it cannot re-enter the healthy set.
+func (e *Engine) setHealthy(h bool) {
+	e.healthMu.Lock()
+	defer e.healthMu.Unlock()
+	if e.healthy.Load() == h {
+		return
+	}
+	if e.pool.engines[e.slot].Load() != e {
+		return
+	}
+	e.healthy.Store(h)
+	bit := uint64(radix.SetOf(e.slot))
+	if h {
+		e.pool.healthy.Or(bit)
+	} else {
+		e.pool.healthy.And(^bit)
+	}
+	if f := e.pool.cfg.Health.OnChange; f != nil {
+		f(e.slot, e.addr, h)
+	}
+}
+
+// connectFailed is the passive half of health checking: a refused connection
+// is as clear a verdict as a failed check, so with active checks running to
+// bring the engine back, take it out of selection at once.
+func (e *Engine) connectFailed() {
+	if e.stop != nil {
+		e.setHealthy(false)
+	}
+}
+
+// checkHealth runs the active checks of one engine until Remove.
+func (e *Engine) checkHealth() {
+	defer close(e.done)
+	cfg := e.pool.cfg.Health
+	client := &fasthttp.HostClient{
+		Addr:                     e.addr,
+		MaxConns:                 1,
+		ReadTimeout:              cfg.Timeout,
+		WriteTimeout:             cfg.Timeout,
+		MaxIdleConnDuration:      cfg.Interval + cfg.Timeout,
+		NoDefaultUserAgentHeader: true,
+		MaxResponseBodySize:      64 << 10,
+		DialTimeout:              fasthttp.DialTimeout,
+	}
+	defer client.CloseIdleConnections()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod(fasthttp.MethodGet)
+	req.SetRequestURI(cfg.Path)
+	req.Header.SetHost(e.addr)
+
+	ticker := time.NewTicker(cfg.Interval)
+	defer ticker.Stop()
+	fails, oks := 0, 0
+	for {
+		err := client.DoTimeout(req, resp, cfg.Timeout)
+		if err == nil && resp.StatusCode() >= 200 && resp.StatusCode() < 300 {
+			fails, oks = 0, oks+1
+			if oks >= cfg.RecoverAfter {
+				e.setHealthy(true)
+			}
+		} else {
+			fails, oks = fails+1, 0
+			if fails >= cfg.FailAfter {
+				e.setHealthy(false)
+			}
+		}
+		select {
+		case <-e.stop:
+			return
+		case <-ticker.C:
+		}
+	}
+}

@@ -1,0 +1,77 @@
+package dispatch
+
+import (
+	"bufio"
+	"bytes"
+	"testing"
+)
+
+// FuzzSSEScan relays arbitrary bytes as an event stream, split into reads at
+// arbitrary points, and checks that the client receives exactly the bytes
+// sent and that inspection sees the same events as a one-shot scan.
+func FuzzSSEScan(f *testing.F) {
+	f.Add([]byte(chunk(0, "a", "")+chunk(1, "b", "stop")+"data: [DONE]\n\n"), uint16(7), false)
+	f.Add([]byte(": c\r\n\r\nevent: error\ndata: x\n\ndata: {\"error\":{}}\n\n"), uint16(1), true)
+	f.Add([]byte("data: {\"choices\":[{\"finish_reason\":\"len\\\"gth\"}]}\n\r\n\n\n"), uint16(300), false)
+	f.Add([]byte("data: {\"choices\":[{\"text\":\"\\"), uint16(2), true)
+	f.Fuzz(func(t *testing.T, data []byte, seed uint16, small bool) {
+		// The classification must stay inside the event and never panic.
+		if ev := ParseEvent(data); ev.FinishReason != nil {
+			if ev.Kind != EventItem || !within(data, ev.FinishReason) {
+				t.Fatalf("finish reason %q outside the event or on a %v", ev.FinishReason, ev.Kind)
+			}
+		}
+
+		bufSize := 4096
+		if small {
+			bufSize = 48
+		}
+		sizes := []int{int(seed%61) + 1, int(seed%7) + 1, int(seed>>8) + 1}
+		c := relayCall(t, bufSize, "text/event-stream", 200, &splitReader{data: data, sizes: sizes}, nil)
+		defer c.Release()
+		var out bytes.Buffer
+		_ = c.Relay(bufio.NewWriterSize(&out, 16))
+		// A stream that ends without [DONE] or a terminal item gets an error
+		// event appended; everything before it must be the exact input.
+		got := out.Bytes()
+		if !bytes.HasPrefix(got, data) {
+			t.Fatalf("relay changed the stream:\n got %q\nwant %q", got, data)
+		}
+		if rest := got[len(data):]; len(rest) > 0 && !bytes.Equal(rest, sseErrors[kindOf(ErrTruncated)]) {
+			t.Fatalf("relay appended %q", rest)
+		}
+
+		if !small && len(data) <= bufSize {
+			if items := oneShotItems(data); c.Items() != items {
+				t.Fatalf("relay counted %d items, a one-shot scan %d", c.Items(), items)
+			}
+		}
+	})
+}
+
+func oneShotItems(b []byte) int {
+	items := 0
+	for len(b) > 0 {
+		n := EventEnd(b)
+		if n < 0 {
+			n = len(b)
+		}
+		if ParseEvent(b[:n]).Kind == EventItem {
+			items++
+		}
+		b = b[n:]
+	}
+	return items
+}
+
+func within(outer, inner []byte) bool {
+	if len(inner) == 0 {
+		return true
+	}
+	for i := range outer {
+		if &outer[i] == &inner[0] {
+			return i+len(inner) <= len(outer)
+		}
+	}
+	return false
+}

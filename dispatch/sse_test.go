@@ -1,0 +1,314 @@
+package dispatch
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestEventEnd(t *testing.T) {
+	cases := []struct {
+		in   string
+		want int
+	}{
+		{"", -1},
+		{"data: x\n", -1},
+		{"data: x\n\n", 9},
+		{"data: x\r\n\r\n", 11},
+		{"data: x\n\r\ndata: y\n\n", 10},
+		{"data: x\r\n\ndata: y\n\n", 10},
+		{": ping\n\ndata: x\n\n", 8},
+		{"\n", 1},
+		{"event: e\ndata: x\n\n", 18},
+		{"data: x\r", -1},
+		{"data: x\r\r", -1}, // bare CR line endings are not split
+		{"data: a\ndata: b\n", -1},
+	}
+	for _, tc := range cases {
+		if got := EventEnd([]byte(tc.in)); got != tc.want {
+			t.Errorf("EventEnd(%q) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestEventEndResumes(t *testing.T) {
+	// Feeding bytes one at a time with the resume point must find the same
+	// boundaries as scanning the whole buffer.
+	stream := []byte("data: a\n\n: c\r\n\r\ndata: {\"x\":1}\n\ndata: [DONE]\n\n")
+	var oneShot, incremental []int
+	for b := stream; ; {
+		n := EventEnd(b)
+		if n < 0 {
+			break
+		}
+		oneShot = append(oneShot, n)
+		b = b[n:]
+	}
+	start, ls := 0, 0
+	for end := 1; end <= len(stream); end++ {
+		for {
+			n, resume := eventEnd(stream[start:end], ls)
+			if n < 0 {
+				ls = resume
+				break
+			}
+			incremental = append(incremental, n)
+			start += n
+			ls = 0
+		}
+	}
+	if len(oneShot) != 4 || !equalInts(oneShot, incremental) {
+		t.Fatalf("one shot %v, incremental %v", oneShot, incremental)
+	}
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestParseEvent(t *testing.T) {
+	cases := []struct {
+		name, ev string
+		kind     EventKind
+		reason   string
+	}{
+		{"completion item", chunk(0, "a", ""), EventItem, ""},
+		{"terminal item", chunk(0, "a", "stop"), EventItem, "stop"},
+		{"chat role chunk", `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}` + "\n\n", EventItem, ""},
+		{"chat terminal", `data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}` + "\n\n", EventItem, "length"},
+		{"second choice finishes", `data: {"choices":[{"index":0,"text":"x"},{"index":1,"text":"y","finish_reason":"stop"}]}` + "\n\n", EventItem, "stop"},
+		{"content mentioning finish_reason", `data: {"choices":[{"text":"\"finish_reason\":\"stop\"","finish_reason":null}]}` + "\n\n", EventItem, ""},
+		{"escaped quote in content", `data: {"choices":[{"text":"a\\\"b\\\\","finish_reason":"stop"}]}` + "\n\n", EventItem, "stop"},
+		{"usage only", `data: {"choices":[],"usage":{"completion_tokens":3}}` + "\n\n", EventOther, ""},
+		{"done", "data: [DONE]\n\n", EventDone, ""},
+		{"done crlf", "data: [DONE]\r\n\r\n", EventDone, ""},
+		{"done without space", "data:[DONE]\n\n", EventDone, ""},
+		{"vllm error", `data: {"error": {"object": "error", "message": "boom", "type": "BadRequestError", "param": null, "code": 400}}` + "\n\n", EventError, ""},
+		{"old-style error", `data: {"object":"error","message":"boom"}` + "\n\n", EventError, ""},
+		{"error field null", `data: {"error":null,"choices":[{"text":"x"}]}` + "\n\n", EventItem, ""},
+		{"event error", "event: error\ndata: whatever\n\n", EventError, ""},
+		{"comment", ": keep-alive\n\n", EventOther, ""},
+		{"empty", "\n", EventOther, ""},
+		{"not json", "data: hello\n\n", EventOther, ""},
+		{"truncated json", `data: {"choices":[{"text":"x`, EventOther, ""},
+		{"crlf item", "data: {\"choices\":[{\"finish_reason\":\"stop\"}]}\r\n\r\n", EventItem, "stop"},
+		{"whitespace json", "data: { \"choices\" : [ { \"finish_reason\" : \"stop\" } ] }\n\n", EventItem, "stop"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ev := ParseEvent([]byte(tc.ev))
+			if ev.Kind != tc.kind || string(ev.FinishReason) != tc.reason {
+				t.Fatalf("ParseEvent = %v %q, want %v %q", ev.Kind, ev.FinishReason, tc.kind, tc.reason)
+			}
+		})
+	}
+}
+
+// splitReader returns its data in pieces whose sizes cycle through sizes.
+type splitReader struct {
+	data   []byte
+	sizes  []int
+	i      int
+	err    error // returned after the data instead of io.EOF, if set
+	closed bool
+}
+
+func (r *splitReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		if r.err != nil {
+			return 0, r.err
+		}
+		return 0, io.EOF
+	}
+	n := r.sizes[r.i%len(r.sizes)]
+	r.i++
+	n = min(n, len(p), len(r.data))
+	copy(p, r.data[:n])
+	r.data = r.data[n:]
+	return n, nil
+}
+
+func (r *splitReader) Close() error { r.closed = true; return nil }
+
+// failWriter fails every write once limit bytes went through.
+type failWriter struct {
+	buf   bytes.Buffer
+	limit int
+}
+
+func (w *failWriter) Write(p []byte) (int, error) {
+	if w.buf.Len()+len(p) > w.limit {
+		return 0, errors.New("client closed")
+	}
+	return w.buf.Write(p)
+}
+
+// relayCall returns a call whose response is body, as if Do had succeeded.
+func relayCall(t *testing.T, bufSize int, contentType string, status int, body io.Reader, obs Observer) *Call {
+	t.Helper()
+	p := NewPool(Config{RelayBufferSize: bufSize, Health: noHealth})
+	c := p.AcquireCall()
+	c.obs, c.finished, c.open = obs, obs == nil, true
+	c.resp.SetStatusCode(status)
+	c.resp.Header.SetContentType(contentType)
+	c.resp.SetBodyStream(body, -1)
+	return c
+}
+
+func TestRelayByteExact(t *testing.T) {
+	big := "data: {\"choices\":[{\"text\":\"" + strings.Repeat("x", 300) + "\",\"finish_reason\":null}]}\n\n"
+	events := append([]string{": hello\n\n", "event: message\r\ndata: {\"choices\":[{\"text\":\"a\"}]}\r\n\r\n", big}, vllmStream(5)...)
+	stream := []byte(strings.Join(events, ""))
+	for _, bufSize := range []int{64, 100, 257, 4096} {
+		for _, sizes := range [][]int{{1}, {2, 3}, {7, 1, 50}, {4096}} {
+			rec := newRecorder()
+			src := &splitReader{data: stream, sizes: sizes}
+			c := relayCall(t, bufSize, "text/event-stream", 200, src, rec)
+			var out bytes.Buffer
+			w := bufio.NewWriterSize(&out, 16)
+			if err := c.Relay(w); err != nil {
+				t.Fatalf("buf %d sizes %v: %v", bufSize, sizes, err)
+			}
+			if !bytes.Equal(out.Bytes(), stream) {
+				t.Fatalf("buf %d sizes %v: relayed bytes differ\n got %q\nwant %q", bufSize, sizes, out.Bytes(), stream)
+			}
+			rec.wait(t)
+			if bufSize >= 4096 {
+				// Nothing was too large to inspect: the full protocol shows.
+				if got := rec.summary(); got != "first item×7 complete:stop" {
+					t.Fatalf("buf %d sizes %v: observer saw %q", bufSize, sizes, got)
+				}
+			} else if got := rec.summary(); !strings.HasSuffix(got, "complete:stop") && !strings.HasSuffix(got, "complete:") {
+				// Events larger than the buffer pass uninspected, but the
+				// stream still completes, at the latest on [DONE].
+				t.Fatalf("buf %d sizes %v: observer saw %q", bufSize, sizes, got)
+			}
+			if c.Bytes() != int64(len(stream)) {
+				t.Fatalf("Bytes() = %d, want %d", c.Bytes(), len(stream))
+			}
+			c.Release()
+		}
+	}
+}
+
+func TestRelayCompletesBeforeTerminalItemIsSent(t *testing.T) {
+	stream := []byte(strings.Join(vllmStream(3), ""))
+	terminal := bytes.Index(stream, []byte(`"finish_reason":"stop"`))
+	rec := newRecorder()
+	var out bytes.Buffer
+	rec.atComplete = func() {
+		if out.Len() > terminal {
+			t.Errorf("the terminal item reached the client before OnComplete")
+		}
+	}
+	c := relayCall(t, 4096, "text/event-stream", 200, &splitReader{data: stream, sizes: []int{4096}}, rec)
+	if err := c.Relay(bufio.NewWriter(&out)); err != nil {
+		t.Fatal(err)
+	}
+	c.Release()
+	if rec.reason != "stop" {
+		t.Fatalf("finish reason %q", rec.reason)
+	}
+}
+
+func TestRelayFailures(t *testing.T) {
+	stream := []byte(strings.Join(vllmStream(4), ""))
+	firstTwo := len(chunk(0, "tok", "")) + len(chunk(1, "tok", ""))
+	cases := []struct {
+		name      string
+		body      *splitReader
+		status    int
+		ctype     string
+		writer    io.Writer
+		wantErr   error // nil: success
+		wantLog   string
+		wantOut   string // a suffix the client must have received
+		wantClose bool
+	}{
+		{"engine breaks mid-stream",
+			&splitReader{data: stream[:firstTwo], sizes: []int{100}, err: io.ErrUnexpectedEOF},
+			200, "text/event-stream", nil, ErrEngineFailed, "first item×2 abort",
+			string(sseErrors[kindOf(ErrEngineFailed)]), true},
+		{"engine idles out",
+			&splitReader{data: stream[:firstTwo], sizes: []int{100}, err: errIdle},
+			200, "text/event-stream", nil, ErrIdleTimeout, "first item×2 abort",
+			`"code":"engine_timeout"}}` + "\n\n", true},
+		{"stream ends early",
+			&splitReader{data: stream[:firstTwo], sizes: []int{100}},
+			200, "text/event-stream", nil, ErrTruncated, "first item×2 abort",
+			`"code":"engine_stream_truncated"}}` + "\n\n", true},
+		{"break after the terminal item needs no error event",
+			&splitReader{data: stream[:bytes.Index(stream, []byte("data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\"choices\":[]"))], sizes: []int{100}, err: io.ErrUnexpectedEOF},
+			200, "text/event-stream", nil, ErrEngineFailed, "first item×4 complete:stop",
+			chunk(3, "tok", "stop"), true},
+		{"client goes away",
+			&splitReader{data: stream, sizes: []int{50}},
+			200, "text/event-stream", &failWriter{limit: firstTwo}, ErrClientGone, "first item×3 abort", "", true},
+		{"engine error event",
+			&splitReader{data: []byte(chunk(0, "a", "") + `data: {"error":{"message":"x"}}` + "\n\ndata: [DONE]\n\n"), sizes: []int{9}},
+			200, "text/event-stream", nil, nil, "first item×1 abort", "data: [DONE]\n\n", false},
+		{"error status stream",
+			&splitReader{data: []byte("data: [DONE]\n\n"), sizes: []int{9}},
+			500, "text/event-stream", nil, nil, "abort", "data: [DONE]\n\n", false},
+		{"plain body completes with its finish reason",
+			&splitReader{data: []byte(`{"choices":[{"text":"hi","finish_reason":"length"}]}`), sizes: []int{5}},
+			200, "application/json", nil, nil, "complete:length", `"length"}]}`, false},
+		{"plain error status",
+			&splitReader{data: []byte(`{"object":"error","message":"bad"}`), sizes: []int{5}},
+			400, "application/json", nil, nil, "abort", `"bad"}`, false},
+		{"plain body breaks",
+			&splitReader{data: []byte(`{"choices":[`), sizes: []int{5}, err: io.ErrUnexpectedEOF},
+			200, "application/json", nil, ErrEngineFailed, "abort", "", true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := newRecorder()
+			c := relayCall(t, 4096, tc.ctype, tc.status, tc.body, rec)
+			var out bytes.Buffer
+			var dst io.Writer = &out
+			if tc.writer != nil {
+				dst = tc.writer
+			}
+			err := c.Relay(bufio.NewWriterSize(dst, 16))
+			if tc.wantErr == nil && err != nil || tc.wantErr != nil && !errors.Is(err, tc.wantErr) {
+				t.Fatalf("Relay = %v, want %v", err, tc.wantErr)
+			}
+			rec.wait(t)
+			if got := rec.summary(); got != tc.wantLog {
+				t.Fatalf("observer saw %q, want %q", got, tc.wantLog)
+			}
+			if rec.abortErr != nil && tc.wantErr != nil && tc.wantLog[len(tc.wantLog)-5:] == "abort" && !errors.Is(rec.abortErr, tc.wantErr) {
+				t.Fatalf("OnAbort(%v), want %v", rec.abortErr, tc.wantErr)
+			}
+			if tc.writer == nil && !strings.HasSuffix(out.String(), tc.wantOut) {
+				t.Fatalf("client got %q, want suffix %q", out.String(), tc.wantOut)
+			}
+			if tc.body.closed != tc.wantClose && tc.wantClose {
+				t.Fatal("the engine stream was not closed")
+			}
+			c.Release()
+		})
+	}
+}
+
+func TestReleaseAbandons(t *testing.T) {
+	rec := newRecorder()
+	src := &splitReader{data: []byte(strings.Join(vllmStream(2), "")), sizes: []int{10}}
+	c := relayCall(t, 4096, "text/event-stream", 200, src, rec)
+	c.Release()
+	rec.wait(t)
+	if !errors.Is(rec.aborted(), ErrAbandoned) || !src.closed {
+		t.Fatalf("Release: abort %v, closed %v", rec.aborted(), src.closed)
+	}
+}

@@ -1,0 +1,53 @@
+package fastpath
+
+import "github.com/cespare/xxhash/v2"
+
+// DefaultApproxChunkBytes is the chunk size of approximate hashing. At about
+// four bytes per token, 64 bytes is close to one 16-token KV block, so
+// overlaps counted in chunks weigh like overlaps counted in blocks.
+const DefaultApproxChunkBytes = 64
+
+// approxDomain separates text-chunk hashes from token-block hashes of the same
+// namespace: the two hash different things and must never meet in an index.
+const approxDomain = "kvfast/approx-text/v1"
+
+// ApproxSeed derives the seed of approximate text hashing from the token
+// namespace seed, radix.NamespaceSeed(model, lora, salt), so that text chunks
+// keep the same model, adapter and salt isolation as token blocks while
+// living in a namespace of their own.
+//
+// It is XXH64 of "kvfast/approx-text/v1" seeded with nsSeed.
+func ApproxSeed(nsSeed uint64) uint64 {
+	var d xxhash.Digest
+	d.ResetWithSeed(nsSeed)
+	d.WriteString(approxDomain)
+	return d.Sum64()
+}
+
+// AppendApproxHashes appends the chained hash of every full chunkBytes-sized
+// chunk of text to dst, chained like radix.AppendBlockHashes: chunk i is
+// XXH64 of its bytes seeded with chunk i-1's hash, chunk 0 with seed. A
+// trailing partial chunk is not hashed, so a prompt that extends another
+// shares all of its full chunks.
+//
+// text is the raw prompt or messages bytes of a ParsedRequest (ApproxText),
+// hashed as they appear in the body; identical client encodings therefore
+// share prefixes, which is what approximate mode can promise.
+//
+// It makes no allocation when dst has room for len(text)/chunkBytes more
+// hashes. chunkBytes must be positive.
+func AppendApproxHashes(dst []uint64, seed uint64, text []byte, chunkBytes int) []uint64 {
+	if chunkBytes <= 0 {
+		panic("BUG: fastpath: approximate chunk size must be positive")
+	}
+	var d xxhash.Digest
+	parent := seed
+	for len(text) >= chunkBytes {
+		d.ResetWithSeed(parent)
+		d.Write(text[:chunkBytes])
+		parent = d.Sum64()
+		dst = append(dst, parent)
+		text = text[chunkBytes:]
+	}
+	return dst
+}

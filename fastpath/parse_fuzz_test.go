@@ -1,0 +1,293 @@
+package fastpath
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// FuzzParseRequest checks Parse against an oracle built on encoding/json:
+// both must agree on which bodies are JSON, and on every accepted body the
+// routing fields must equal what encoding/json decodes, with the same verdict
+// on each field's type and range.
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","prompt":[1,2,3],"stream":true,"max_tokens":16}`,
+		`{"prompt":"hello","cache_salt":"s","max_completion_tokens":3}`,
+		`{"prompt":[[1,2]],"x":{"y":[null,true,false,-1.5e3]}}`,
+		`{"prompt":["a","b"]}`,
+		`{"prompt":[1,"a"],"stream":"x"}`,
+		`{"model":"m\u00e9","messages":[{"role":"user","content":"hi"}],"stream":false}`,
+		`{"messages":[],"prompt":[-1]}`,
+		`{"prompt":[4294967296],"max_tokens":0}`,
+		`{"prompt":[70000]}`,
+		`[1,2]`,
+		`{"prompt":"x"`,
+		`{"\u0070rompt":"x","prompt":null}`,
+		`{"prompt":"\ud800\udc00","model":"\ud800"}`,
+	} {
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
+	}
+	p := Parser{MaxTokenID: 65535, MaxBodyBytes: 1 << 20}
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		api := APICompletions
+		if chat {
+			api = APIChatCompletions
+		}
+		r := AcquireParsedRequest()
+		defer ReleaseParsedRequest(r)
+		err := p.Parse(body, api, r)
+		if len(body) > p.MaxBodyBytes {
+			if err != ErrBodyTooLarge {
+				t.Fatalf("oversized body: %v", err)
+			}
+			return
+		}
+		valid := json.Valid(body)
+		if (err == ErrMalformedJSON) == valid {
+			t.Fatalf("Parse = %v but json.Valid = %v", err, valid)
+		}
+		if !valid {
+			return
+		}
+		want, wantErr := oracle(body, api, p.MaxTokenID)
+		if err != wantErr {
+			t.Fatalf("Parse = %v, oracle = %v", err, wantErr)
+		}
+		if err != nil {
+			if r.Prompt != PromptNone || len(r.Tokens) != 0 {
+				t.Fatal("a refused request kept a prompt")
+			}
+			return
+		}
+		checkAgainstOracle(t, r, want)
+	})
+}
+
+type oracleResult struct {
+	model, salt    any
+	stream         bool
+	maxTokens      int64
+	kind           PromptKind
+	tokens         []uint32
+	text, messages any
+}
+
+// oracle decodes body with encoding/json and applies the parser's rules,
+// field by field in the parser's order of precedence.
+func oracle(body []byte, api API, maxTok uint32) (oracleResult, error) {
+	var res oracleResult
+	if b := bytes.TrimLeft(body, " \t\r\n"); len(b) == 0 || b[0] != '{' {
+		return res, ErrNotObject
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var m map[string]any
+	if err := dec.Decode(&m); err != nil {
+		panic("oracle: valid JSON object did not decode: " + err.Error())
+	}
+	var errs [numFields]*RequestError
+	str := func(key string, f int, typeErr *RequestError, nonEmpty bool) any {
+		switch v := m[key].(type) {
+		case nil:
+		case string:
+			if nonEmpty && v == "" {
+				errs[f] = typeErr
+			}
+			return v
+		default:
+			errs[f] = typeErr
+		}
+		return nil
+	}
+	res.model = str("model", fModel, ErrModelType, false)
+	res.salt = str("cache_salt", fCacheSalt, ErrCacheSaltType, true)
+	switch v := m["stream"].(type) {
+	case nil:
+	case bool:
+		res.stream = v
+	default:
+		errs[fStream] = ErrStreamType
+	}
+	count := func(key string, f int) int64 {
+		switch v := m[key].(type) {
+		case nil:
+		case json.Number:
+			s := string(v)
+			switch {
+			case strings.ContainsAny(s, ".eE"):
+				errs[f] = ErrMaxTokensType
+			case strings.HasPrefix(s, "-"):
+				errs[f] = ErrMaxTokensRange
+			default:
+				n, err := strconv.ParseInt(s, 10, 64)
+				if err != nil || n < 1 {
+					errs[f] = ErrMaxTokensRange
+				}
+				return n
+			}
+		default:
+			errs[f] = ErrMaxTokensType
+		}
+		return 0
+	}
+	mt, mc := count("max_tokens", fMaxTokens), count("max_completion_tokens", fMaxCompl)
+	res.maxTokens = mt
+	if mc != 0 {
+		res.maxTokens = mc
+	}
+	if api == APIChatCompletions {
+		switch v := m["messages"].(type) {
+		case nil:
+		case []any:
+			if len(v) == 0 {
+				errs[fMessages] = ErrEmptyMessages
+			}
+			for _, e := range v {
+				if _, ok := e.(map[string]any); !ok {
+					errs[fMessages] = ErrMessagesType
+				}
+			}
+			res.kind, res.messages = PromptMessages, v
+		default:
+			errs[fMessages] = ErrMessagesType
+		}
+	} else {
+		res.kind, res.tokens, res.text, errs[fPrompt] = oraclePrompt(m["prompt"], maxTok)
+	}
+	for _, e := range errs {
+		if e != nil {
+			return res, e
+		}
+	}
+	if api == APIChatCompletions && res.kind != PromptMessages {
+		return res, ErrMissingMessages
+	}
+	if api != APIChatCompletions && res.kind == PromptNone {
+		return res, ErrMissingPrompt
+	}
+	return res, nil
+}
+
+func oraclePrompt(v any, maxTok uint32) (PromptKind, []uint32, any, *RequestError) {
+	tokens := func(arr []any) ([]uint32, *RequestError) {
+		if len(arr) == 0 {
+			return nil, ErrEmptyPrompt
+		}
+		out := []uint32{}
+		for _, e := range arr {
+			n, ok := e.(json.Number)
+			if !ok {
+				return nil, ErrPromptType
+			}
+			s := string(n)
+			switch {
+			case strings.HasPrefix(s, "-"):
+				return nil, ErrTokenOutOfRange
+			case strings.ContainsAny(s, ".eE"):
+				return nil, ErrPromptType
+			}
+			u, err := strconv.ParseUint(s, 10, 64)
+			if err != nil || u > uint64(maxTok) {
+				return nil, ErrTokenOutOfRange
+			}
+			out = append(out, uint32(u))
+		}
+		return out, nil
+	}
+	switch v := v.(type) {
+	case nil:
+		return PromptNone, nil, nil, nil
+	case string:
+		if v == "" {
+			return PromptNone, nil, nil, ErrEmptyPrompt
+		}
+		return PromptText, nil, v, nil
+	case []any:
+		if len(v) == 0 {
+			return PromptNone, nil, nil, ErrEmptyPrompt
+		}
+		switch first := v[0].(type) {
+		case json.Number:
+			toks, err := tokens(v)
+			if err != nil {
+				return PromptNone, nil, nil, err
+			}
+			return PromptTokens, toks, nil, nil
+		case []any:
+			toks, err := tokens(first)
+			if err != nil {
+				return PromptNone, nil, nil, err
+			}
+			if len(v) > 1 {
+				return PromptNone, nil, nil, ErrBatchNotSupported
+			}
+			return PromptTokens, toks, nil, nil
+		case string:
+			if len(v) > 1 {
+				return PromptNone, nil, nil, ErrBatchNotSupported
+			}
+			if first == "" {
+				return PromptNone, nil, nil, ErrEmptyPrompt
+			}
+			return PromptText, nil, first, nil
+		}
+	}
+	return PromptNone, nil, nil, ErrPromptType
+}
+
+func checkAgainstOracle(t *testing.T, r *ParsedRequest, want oracleResult) {
+	t.Helper()
+	decodeString := func(raw []byte) string {
+		var s string
+		if err := json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &s); err != nil {
+			t.Fatalf("raw string %q does not decode: %v", raw, err)
+		}
+		return s
+	}
+	sameString := func(name string, got []byte, want any) {
+		if want == nil {
+			if got != nil {
+				t.Fatalf("%s = %q, want absent", name, got)
+			}
+			return
+		}
+		// encoding/json turns invalid UTF-8 into U+FFFD; the parser keeps
+		// the bytes the engine will see.
+		if utf8.Valid(got) && string(got) != want.(string) {
+			t.Fatalf("%s = %q, want %q", name, got, want)
+		}
+	}
+	sameString("model", r.Model, want.model)
+	sameString("cache_salt", r.CacheSalt, want.salt)
+	if r.Stream != want.stream || r.MaxTokens != want.maxTokens || r.Prompt != want.kind {
+		t.Fatalf("got stream=%v max=%d kind=%d, want %+v", r.Stream, r.MaxTokens, r.Prompt, want)
+	}
+	switch r.Prompt {
+	case PromptTokens:
+		if len(r.Tokens) == 0 || !reflect.DeepEqual(append([]uint32{}, r.Tokens...), want.tokens) {
+			t.Fatalf("tokens %v, want %v", r.Tokens, want.tokens)
+		}
+	case PromptText:
+		if got := decodeString(r.Text); len(r.Text) == 0 || got != want.text.(string) {
+			t.Fatalf("text %q, want %q", got, want.text)
+		}
+	case PromptMessages:
+		if len(r.Messages) < 2 || r.Messages[0] != '[' || r.Messages[len(r.Messages)-1] != ']' || !json.Valid(r.Messages) {
+			t.Fatalf("messages %q are not one JSON array", r.Messages)
+		}
+		dec := json.NewDecoder(bytes.NewReader(r.Messages))
+		dec.UseNumber()
+		var got any
+		if err := dec.Decode(&got); err != nil || !reflect.DeepEqual(got, want.messages) {
+			t.Fatalf("messages decode to %v, want %v", got, want.messages)
+		}
+	default:
+		t.Fatal("accepted without a prompt")
+	}
+}

@@ -1,0 +1,390 @@
+package fastpath
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestParseAccepts(t *testing.T) {
+	type want struct {
+		model, salt string
+		kind        PromptKind
+		tokens      []uint32
+		text        string // raw, as in the body
+		messages    string
+		stream      bool
+		maxTokens   int64
+	}
+	cases := []struct {
+		name string
+		api  API
+		body string
+		want want
+	}{
+		{"tokens", APICompletions,
+			`{"model":"llama","prompt":[1,2,3],"stream":true,"max_tokens":16}`,
+			want{model: "llama", kind: PromptTokens, tokens: []uint32{1, 2, 3}, stream: true, maxTokens: 16}},
+		{"tokens with python separators", APICompletions,
+			"{\"model\": \"m\", \"prompt\": [ 10 , 0,\t7\n], \"stream\": false}",
+			want{model: "m", kind: PromptTokens, tokens: []uint32{10, 0, 7}}},
+		{"largest uint32 id without a vocabulary limit", APICompletions,
+			`{"prompt":[4294967295]}`,
+			want{kind: PromptTokens, tokens: []uint32{math.MaxUint32}}},
+		{"batch of one token array", APICompletions,
+			`{"prompt":[[5, 6]]}`,
+			want{kind: PromptTokens, tokens: []uint32{5, 6}}},
+		{"text", APICompletions,
+			`{"prompt":"hello world"}`,
+			want{kind: PromptText, text: "hello world"}},
+		{"text keeps its escapes", APICompletions,
+			`{"prompt":"a\"b\\n\u00e9"}`,
+			want{kind: PromptText, text: `a\"b\\n\u00e9`}},
+		{"batch of one string", APICompletions,
+			`{"prompt":["hi"]}`,
+			want{kind: PromptText, text: "hi"}},
+		{"escaped model and key", APICompletions,
+			`{"\u006dodel":"m\u00e9\ud83d\ude00","prompt":[1]}`,
+			want{model: "mé😀", kind: PromptTokens, tokens: []uint32{1}}},
+		{"lone surrogate becomes U+FFFD", APICompletions,
+			`{"model":"a\ud800b","prompt":[1]}`,
+			want{model: "a\uFFFDb", kind: PromptTokens, tokens: []uint32{1}}},
+		{"max_completion_tokens wins", APICompletions,
+			`{"max_completion_tokens":7,"prompt":"x","max_tokens":9}`,
+			want{kind: PromptText, text: "x", maxTokens: 7}},
+		{"cache salt", APICompletions,
+			`{"prompt":"x","cache_salt":"tenant-a"}`,
+			want{kind: PromptText, text: "x", salt: "tenant-a"}},
+		{"nulls mean absent", APICompletions,
+			`{"model":null,"prompt":"x","stream":null,"max_tokens":null,"cache_salt":null}`,
+			want{kind: PromptText, text: "x"}},
+		{"last duplicate wins, verdict included", APICompletions,
+			`{"prompt":"x","stream":"bad","prompt":[3],"stream":true,"model":1,"model":"b"}`,
+			want{model: "b", kind: PromptTokens, tokens: []uint32{3}, stream: true}},
+		{"unknown fields of every shape", APICompletions,
+			`{"logit_bias":{"1":-100,"2":[true,false,null]},"stop":["a","\n"],"n":1,"temperature":0.7e-1,` +
+				`"stream_options":{"include_usage":true},"prompt":[1],"x":[[[{}]]],"y":-0.0E+2}`,
+			want{kind: PromptTokens, tokens: []uint32{1}}},
+		{"chat keeps raw messages", APIChatCompletions,
+			`{"model":"m","messages":[ {"role":"user","content":"hi"} , {"role":"assistant","content":[]}],"stream":true}`,
+			want{model: "m", kind: PromptMessages, stream: true,
+				messages: `[ {"role":"user","content":"hi"} , {"role":"assistant","content":[]}]`}},
+		{"chat ignores prompt", APIChatCompletions,
+			`{"prompt":true,"messages":[{}]}`,
+			want{kind: PromptMessages, messages: `[{}]`}},
+		{"completions ignores messages", APICompletions,
+			`{"messages":7,"prompt":"p"}`,
+			want{kind: PromptText, text: "p"}},
+		{"surrounding whitespace", APICompletions,
+			" \r\n\t{ \"prompt\" :\"p\" } \n",
+			want{kind: PromptText, text: "p"}},
+	}
+	var p Parser
+	r := AcquireParsedRequest()
+	defer ReleaseParsedRequest(r)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := p.Parse([]byte(tc.body), tc.api, r); err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			got := want{
+				model: string(r.Model), salt: string(r.CacheSalt), kind: r.Prompt,
+				tokens: r.Tokens, text: string(r.Text), messages: string(r.Messages),
+				stream: r.Stream, maxTokens: r.MaxTokens,
+			}
+			if len(got.tokens) == 0 {
+				got.tokens = nil
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("got  %+v\nwant %+v", got, tc.want)
+			}
+			if r.API != tc.api {
+				t.Fatalf("API = %d, want %d", r.API, tc.api)
+			}
+		})
+	}
+}
+
+func TestParseRejects(t *testing.T) {
+	cases := []struct {
+		name   string
+		api    API
+		parser Parser
+		body   string
+		want   *RequestError
+	}{
+		{"empty body", APICompletions, Parser{}, ``, ErrMalformedJSON},
+		{"only spaces", APICompletions, Parser{}, `   `, ErrMalformedJSON},
+		{"unclosed object", APICompletions, Parser{}, `{"prompt":"x"`, ErrMalformedJSON},
+		{"unclosed token array", APICompletions, Parser{}, `{"prompt":[1,2}`, ErrMalformedJSON},
+		{"trailing comma in tokens", APICompletions, Parser{}, `{"prompt":[1,2,]}`, ErrMalformedJSON},
+		{"trailing comma in object", APICompletions, Parser{}, `{"prompt":"x",}`, ErrMalformedJSON},
+		{"trailing garbage", APICompletions, Parser{}, `{"prompt":"x"} x`, ErrMalformedJSON},
+		{"two documents", APICompletions, Parser{}, `{"prompt":"x"}{}`, ErrMalformedJSON},
+		{"leading zero token", APICompletions, Parser{}, `{"prompt":[01]}`, ErrMalformedJSON},
+		{"leading zero elsewhere", APICompletions, Parser{}, `{"prompt":"x","n":01}`, ErrMalformedJSON},
+		{"control char in string", APICompletions, Parser{}, "{\"prompt\":\"a\tb\"}", ErrMalformedJSON},
+		{"bad escape", APICompletions, Parser{}, `{"prompt":"a\qb"}`, ErrMalformedJSON},
+		{"short unicode escape", APICompletions, Parser{}, `{"prompt":"a\u12"}`, ErrMalformedJSON},
+		{"single quotes", APICompletions, Parser{}, `{'prompt':'x'}`, ErrMalformedJSON},
+		{"bare word", APICompletions, Parser{}, `{"prompt":"x","stream":True}`, ErrMalformedJSON},
+		{"malformed beats semantic", APICompletions, Parser{}, `{"prompt":[],"stream":"x",`, ErrMalformedJSON},
+		{"malformed after a bad token", APICompletions, Parser{}, `{"prompt":[-1,2,]}`, ErrMalformedJSON},
+		{"malformed after a batch", APICompletions, Parser{}, `{"prompt":[[1],[2,]]}`, ErrMalformedJSON},
+		{"malformed inside messages", APIChatCompletions, Parser{}, `{"messages":[{"role":}]}`, ErrMalformedJSON},
+		{"malformed in ignored field", APIChatCompletions, Parser{}, `{"messages":[{}],"prompt":[1,]}`, ErrMalformedJSON},
+		{"too deep", APICompletions, Parser{}, `{"prompt":"x","d":` + strings.Repeat("[", maxDepth) + strings.Repeat("]", maxDepth) + `}`, ErrMalformedJSON},
+
+		{"array body", APICompletions, Parser{}, `[1,2]`, ErrNotObject},
+		{"string body", APICompletions, Parser{}, `"prompt"`, ErrNotObject},
+		{"body over the limit", APICompletions, Parser{MaxBodyBytes: 16}, `{"prompt":"0123456789"}`, ErrBodyTooLarge},
+
+		{"model not a string", APICompletions, Parser{}, `{"model":1,"prompt":"x"}`, ErrModelType},
+		{"prompt bool", APICompletions, Parser{}, `{"prompt":true}`, ErrPromptType},
+		{"prompt object", APICompletions, Parser{}, `{"prompt":{"a":1}}`, ErrPromptType},
+		{"prompt number", APICompletions, Parser{}, `{"prompt":5}`, ErrPromptType},
+		{"mixed token array", APICompletions, Parser{}, `{"prompt":[1,"a"]}`, ErrPromptType},
+		{"fractional token", APICompletions, Parser{}, `{"prompt":[1.5]}`, ErrPromptType},
+		{"exponent token", APICompletions, Parser{}, `{"prompt":[1e3]}`, ErrPromptType},
+		{"array of bools", APICompletions, Parser{}, `{"prompt":[true]}`, ErrPromptType},
+		{"nested strings", APICompletions, Parser{}, `{"prompt":[["a"]]}`, ErrPromptType},
+		{"stream string", APICompletions, Parser{}, `{"prompt":"x","stream":"yes"}`, ErrStreamType},
+		{"max_tokens string", APICompletions, Parser{}, `{"prompt":"x","max_tokens":"5"}`, ErrMaxTokensType},
+		{"max_tokens fraction", APICompletions, Parser{}, `{"prompt":"x","max_tokens":1.5}`, ErrMaxTokensType},
+		{"max_tokens zero", APICompletions, Parser{}, `{"prompt":"x","max_tokens":0}`, ErrMaxTokensRange},
+		{"max_tokens negative", APICompletions, Parser{}, `{"prompt":"x","max_completion_tokens":-3}`, ErrMaxTokensRange},
+		{"max_tokens overflow", APICompletions, Parser{}, `{"prompt":"x","max_tokens":9223372036854775808}`, ErrMaxTokensRange},
+		{"empty cache salt", APICompletions, Parser{}, `{"prompt":"x","cache_salt":""}`, ErrCacheSaltType},
+		{"messages string", APIChatCompletions, Parser{}, `{"messages":"hi"}`, ErrMessagesType},
+		{"messages of numbers", APIChatCompletions, Parser{}, `{"messages":[{},1]}`, ErrMessagesType},
+
+		{"negative token", APICompletions, Parser{}, `{"prompt":[-1]}`, ErrTokenOutOfRange},
+		{"token over uint32", APICompletions, Parser{}, `{"prompt":[4294967296]}`, ErrTokenOutOfRange},
+		{"huge token", APICompletions, Parser{}, `{"prompt":[123456789012345678901234567890]}`, ErrTokenOutOfRange},
+		{"token over vocabulary", APICompletions, Parser{MaxTokenID: 1000}, `{"prompt":[1000,1001]}`, ErrTokenOutOfRange},
+		{"token over vocabulary in batch of one", APICompletions, Parser{MaxTokenID: 1000}, `{"prompt":[[1001]]}`, ErrTokenOutOfRange},
+
+		{"empty string prompt", APICompletions, Parser{}, `{"prompt":""}`, ErrEmptyPrompt},
+		{"empty token array", APICompletions, Parser{}, `{"prompt":[ ]}`, ErrEmptyPrompt},
+		{"empty inner array", APICompletions, Parser{}, `{"prompt":[[]]}`, ErrEmptyPrompt},
+		{"empty string in array", APICompletions, Parser{}, `{"prompt":[""]}`, ErrEmptyPrompt},
+		{"empty messages", APIChatCompletions, Parser{}, `{"messages":[]}`, ErrEmptyMessages},
+
+		{"batch of token arrays", APICompletions, Parser{}, `{"prompt":[[1,2],[3]]}`, ErrBatchNotSupported},
+		{"batch of strings", APICompletions, Parser{}, `{"prompt":["a","b"]}`, ErrBatchNotSupported},
+
+		{"no prompt", APICompletions, Parser{}, `{"model":"m"}`, ErrMissingPrompt},
+		{"null prompt", APICompletions, Parser{}, `{"prompt":null}`, ErrMissingPrompt},
+		{"prompt replaced by null", APICompletions, Parser{}, `{"prompt":[1],"prompt":null}`, ErrMissingPrompt},
+		{"chat without messages", APIChatCompletions, Parser{}, `{"prompt":"x"}`, ErrMissingMessages},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := AcquireParsedRequest()
+			defer ReleaseParsedRequest(r)
+			err := tc.parser.Parse([]byte(tc.body), tc.api, r)
+			if err != tc.want {
+				t.Fatalf("Parse = %v, want %v", err, tc.want)
+			}
+			if r.Prompt != PromptNone || len(r.Tokens) != 0 || r.Model != nil {
+				t.Fatalf("a failed parse left %+v", r)
+			}
+			if wantValid := tc.want != ErrMalformedJSON; tc.want != ErrBodyTooLarge && json.Valid([]byte(tc.body)) != wantValid {
+				t.Fatalf("encoding/json disagrees on validity (want valid=%v)", wantValid)
+			}
+		})
+	}
+}
+
+func TestParseDepthMatchesEncodingJSON(t *testing.T) {
+	var p Parser
+	r := new(ParsedRequest)
+	// The top-level object is one level, so the nested arrays may add
+	// maxDepth-1 more and no others.
+	for _, extra := range []int{1, 63, 64, 65, 127, 128, 129, maxDepth - 1, maxDepth} {
+		for _, open := range []string{"[", `{"k":`} {
+			close := "]"
+			if open != "[" {
+				close = "}"
+			}
+			body := `{"prompt":"x","d":` + strings.Repeat(open, extra) + strings.Repeat(close, extra) + `}`
+			err := p.Parse([]byte(body), APICompletions, r)
+			valid := json.Valid([]byte(body))
+			if (err == nil) != valid {
+				t.Fatalf("depth %d (%s): Parse = %v, json.Valid = %v", extra+1, open, err, valid)
+			}
+		}
+	}
+}
+
+func TestParseTokenBodies(t *testing.T) {
+	for _, n := range []int{1, 15, 16, 17, 1024, 4096} {
+		for _, sep := range []string{",", ", "} {
+			tokens := benchTokens(n, 151935)
+			body := tokenBody(tokens, sep, true)
+			r := AcquireParsedRequest()
+			if err := (&Parser{MaxTokenID: 151935}).Parse(body, APICompletions, r); err != nil {
+				t.Fatalf("n=%d sep=%q: %v", n, sep, err)
+			}
+			if !slices.Equal(r.Tokens, tokens) {
+				t.Fatalf("n=%d sep=%q: tokens differ", n, sep)
+			}
+			ReleaseParsedRequest(r)
+		}
+	}
+}
+
+func TestParseReusesRequest(t *testing.T) {
+	var p Parser
+	r := AcquireParsedRequest()
+	defer ReleaseParsedRequest(r)
+	if err := p.Parse([]byte(`{"model":"\u0061","prompt":[1,2,3],"stream":true,"cache_salt":"s"}`), APICompletions, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Parse([]byte(`{"prompt":"t"}`), APICompletions, r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Model != nil || r.Stream || r.CacheSalt != nil || len(r.Tokens) != 0 || r.Prompt != PromptText {
+		t.Fatalf("state leaked from the previous parse: %+v", r)
+	}
+}
+
+func TestRequestErrorJSON(t *testing.T) {
+	for _, e := range []*RequestError{ErrMalformedJSON, ErrEmptyPrompt, ErrBatchNotSupported, ErrBodyTooLarge,
+		{Status: 400, Type: invalidRequest, Param: "p\"q", Code: "c\\d", Message: "line\nbreak \x01"}} {
+		var got struct {
+			Error struct {
+				Message string  `json:"message"`
+				Type    string  `json:"type"`
+				Param   *string `json:"param"`
+				Code    string  `json:"code"`
+			} `json:"error"`
+		}
+		buf := e.AppendJSON([]byte("prefix"))
+		if !bytes.HasPrefix(buf, []byte("prefix")) {
+			t.Fatal("AppendJSON did not append")
+		}
+		if err := json.Unmarshal(buf[len("prefix"):], &got); err != nil {
+			t.Fatalf("%s: %v", buf, err)
+		}
+		g := got.Error
+		if g.Message != e.Message || g.Type != e.Type || g.Code != e.Code {
+			t.Fatalf("round trip: %+v vs %+v", g, e)
+		}
+		if (g.Param == nil) != (e.Param == "") || (g.Param != nil && *g.Param != e.Param) {
+			t.Fatalf("param: %v vs %q", g.Param, e.Param)
+		}
+		if e.Status < 400 || e.Status > 499 || e.Type != "invalid_request_error" {
+			t.Fatalf("%v is not a client error", e)
+		}
+		if !strings.HasPrefix(e.Error(), "kvfast: ") {
+			t.Fatalf("Error() = %q", e.Error())
+		}
+	}
+	if !errors.Is(fmt.Errorf("wrapped: %w", ErrEmptyPrompt), ErrEmptyPrompt) {
+		t.Fatal("errors.Is does not see through wrapping")
+	}
+}
+
+func TestApproxHashes(t *testing.T) {
+	text := []byte(strings.Repeat("The quick brown fox jumps over the lazy dog. ", 10)) // 450 bytes
+	seed := ApproxSeed(12345)
+	t.Run("full chunks only", func(t *testing.T) {
+		h := AppendApproxHashes(nil, seed, text, 64)
+		if len(h) != len(text)/64 {
+			t.Fatalf("%d hashes for %d bytes", len(h), len(text))
+		}
+	})
+	t.Run("shared prefix shares hashes", func(t *testing.T) {
+		a := AppendApproxHashes(nil, seed, text, 64)
+		longer := append(slices.Clone(text), "and then some more text to extend the prompt beyond"...)
+		b := AppendApproxHashes(nil, seed, longer, 64)
+		if !slices.Equal(a, b[:len(a)]) {
+			t.Fatal("extending a prompt changed the hashes of its prefix")
+		}
+		changed := slices.Clone(text)
+		changed[100] ^= 1
+		c := AppendApproxHashes(nil, seed, changed, 64)
+		if !slices.Equal(c[:1], a[:1]) || slices.Equal(c[1:], a[1:]) {
+			t.Fatal("a change in chunk 1 must keep chunk 0 and change every later hash")
+		}
+	})
+	t.Run("chained", func(t *testing.T) {
+		h := AppendApproxHashes(nil, seed, text, 64)
+		again := AppendApproxHashes(nil, h[0], text[64:], 64)
+		if !slices.Equal(h[1:], again) {
+			t.Fatal("a chunk's hash is not derived from its parent's")
+		}
+	})
+	t.Run("namespaces apart", func(t *testing.T) {
+		if ApproxSeed(1) == ApproxSeed(2) || ApproxSeed(1) == 1 {
+			t.Fatal("approx seeds collide")
+		}
+		a := AppendApproxHashes(nil, ApproxSeed(1), text, 64)
+		b := AppendApproxHashes(nil, ApproxSeed(2), text, 64)
+		if a[0] == b[0] {
+			t.Fatal("different namespaces share a hash")
+		}
+	})
+	t.Run("appends", func(t *testing.T) {
+		h := AppendApproxHashes([]uint64{7}, seed, text, 64)
+		if h[0] != 7 || len(h) != 1+len(text)/64 {
+			t.Fatal("did not append")
+		}
+	})
+	t.Run("bad chunk size panics", func(t *testing.T) {
+		defer func() {
+			if r := recover(); r == nil || !strings.HasPrefix(fmt.Sprint(r), "BUG:") {
+				t.Fatalf("recover = %v", r)
+			}
+		}()
+		AppendApproxHashes(nil, seed, text, 0)
+	})
+	t.Run("from a parsed request", func(t *testing.T) {
+		r := AcquireParsedRequest()
+		defer ReleaseParsedRequest(r)
+		body := []byte(`{"messages":[{"role":"user","content":"` + string(text) + `"}]}`)
+		if err := (&Parser{}).Parse(body, APIChatCompletions, r); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(r.ApproxText(), r.Messages) || len(AppendApproxHashes(nil, seed, r.ApproxText(), 64)) == 0 {
+			t.Fatal("messages are not what approximate mode hashes")
+		}
+		if err := (&Parser{}).Parse([]byte(`{"prompt":[1,2]}`), APICompletions, r); err != nil || r.ApproxText() != nil {
+			t.Fatal("a token prompt has approximate text")
+		}
+	})
+}
+
+// benchTokens returns n deterministic token ids below vocab.
+func benchTokens(n int, vocab uint32) []uint32 {
+	out := make([]uint32, n)
+	x := uint32(2463534242)
+	for i := range out {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		out[i] = x % vocab
+	}
+	return out
+}
+
+// tokenBody renders a completions body the way OpenAI client libraries do.
+func tokenBody(tokens []uint32, sep string, stream bool) []byte {
+	b := []byte(`{"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": [`)
+	for i, t := range tokens {
+		if i > 0 {
+			b = append(b, sep...)
+		}
+		b = strconv.AppendUint(b, uint64(t), 10)
+	}
+	b = append(b, `], "max_tokens": 128, "temperature": 0.0, "stream": `...)
+	b = strconv.AppendBool(b, stream)
+	return append(b, `, "stream_options": {"include_usage": true}}`...)
+}
