@@ -1,0 +1,39 @@
+// Package fastpath is kvfast's HTTP front end: the OpenAI-compatible
+// endpoints, the route-only endpoint, metrics and health, and the
+// zero-allocation parsing of request bodies that routing depends on.
+//
+// # Responsibility
+//
+// It turns a client request into a routing decision and hands it on: parse
+// the body (Parser), hash the prompt into block hashes (radix for token
+// prompts, AppendApproxHashes for text and chat prompts in approximate
+// mode), ask sched for a worker, put the booking into a guard, and let
+// dispatch forward the unchanged body and relay the response.
+//
+// Parsing reads only what selection needs: model, prompt or messages,
+// stream, max_tokens / max_completion_tokens and cache_salt. It validates
+// the whole body as JSON, as strictly as encoding/json does, so a body the
+// router accepts is one the engine can read; it builds no tree, decodes
+// token ids straight into a pooled ParsedRequest, and refuses wrong types,
+// out-of-range token ids, empty prompts, batches and oversized bodies with a
+// RequestError that renders as an OpenAI error body.
+//
+// # What it owns
+//
+// The pool of ParsedRequest values and, per request, the body bytes they
+// alias. The text-chunk hash namespace of approximate mode (ApproxSeed),
+// kept apart from token-block hashes of the same model, adapter and salt.
+//
+// # Concurrency
+//
+// A Parser is read-only and serves all goroutines. A ParsedRequest belongs
+// to one request at a time. AppendApproxHashes and ApproxSeed are pure.
+//
+// # Throughput envelope
+//
+// On one core of the 2-core reference machine, parsing a 4K-token body runs
+// at about 1.2 GB/s (~25 µs, ~6 ns per token id) and a 16 KB text or chat
+// body at about 4 GB/s, twenty times encoding/json, with zero allocations
+// once a pooled ParsedRequest has grown; approximate hashing runs at about
+// 4 GB/s. See BenchmarkParseRequest and BenchmarkApproxHashes.
+package fastpath

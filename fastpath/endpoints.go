@@ -1,0 +1,289 @@
+package fastpath
+
+import (
+	"encoding/json"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/shm"
+)
+
+// Paths the router serves. The route-only endpoints take the same bodies as
+// their OpenAI twins and answer with the decision instead of forwarding.
+const (
+	PathCompletions          = "/v1/completions"
+	PathChatCompletions      = "/v1/chat/completions"
+	PathRouteCompletions     = "/v1/route/completions"
+	PathRouteChatCompletions = "/v1/route/chat/completions"
+	PathModels               = "/v1/models"
+	PathMetrics              = "/metrics"
+	PathHealth               = "/health"
+	PathReady                = "/ready"
+	PathAdminWorkers         = "/admin/workers"
+)
+
+var errNotFound = &RequestError{Status: 404, Type: invalidRequest, Code: "not_found",
+	Message: "no such endpoint; see the README for the router's endpoints"}
+
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
+	case PathCompletions:
+		s.serveOpenAI(ctx, APICompletions, false)
+	case PathChatCompletions:
+		s.serveOpenAI(ctx, APIChatCompletions, false)
+	case PathRouteCompletions:
+		s.serveOpenAI(ctx, APICompletions, true)
+	case PathRouteChatCompletions:
+		s.serveOpenAI(ctx, APIChatCompletions, true)
+	case PathModels:
+		s.serveModels(ctx)
+	case PathMetrics:
+		s.serveMetrics(ctx)
+	case PathHealth:
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"status":"ok"}`)
+	case PathReady:
+		s.serveReady(ctx)
+	case PathAdminWorkers:
+		s.serveAdminWorkers(ctx)
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, errNotFound)
+	}
+}
+
+// routeOnly answers with the decision and every eligible worker's terms,
+// booking nothing. The JSON is appended by hand: this endpoint is what an
+// external picker calls per request, so it allocates nothing either.
+func (s *Server) routeOnly(ctx *fasthttp.RequestCtx, ex *exchange) {
+	ex.sreq.QueryOnly = true
+	ex.sreq.Scores = &ex.scores
+	dec, err := s.sched.Select(ctx, &ex.sreq, nil)
+	s.metrics.stageSched.Observe(seconds(nanotimeSince(ex.lastItem)))
+	if err != nil {
+		ex.failSelect(ctx, err)
+		return
+	}
+	s.metrics.count(ex.api, statusRouteOnly)
+	ex.dec = dec
+	ex.setDecisionHeaders(ctx) // uses ex.out as scratch: before the body is built there
+	bs := uint64(s.sched.BlockSize())
+	b := ex.out[:0]
+	b = append(b, `{"worker_id":`...)
+	b = strconv.AppendUint(b, dec.WorkerID, 10)
+	b = append(b, `,"dp_rank":`...)
+	b = strconv.AppendUint(b, uint64(dec.DPRank), 10)
+	b = append(b, `,"endpoint":`...)
+	b = appendJSONString(b, dec.Endpoint)
+	b = append(b, `,"overlap_blocks":`...)
+	b = strconv.AppendUint(b, uint64(dec.OverlapBlocks), 10)
+	b = append(b, `,"cached_tokens":`...)
+	if ex.exact {
+		b = strconv.AppendUint(b, uint64(dec.OverlapBlocks)*bs, 10)
+	} else {
+		b = append(b, "null"...) // overlap counted in text chunks, not tokens
+	}
+	b = append(b, `,"prompt_blocks":`...)
+	b = strconv.AppendInt(b, int64(len(ex.hashes)), 10)
+	b = append(b, `,"exact":`...)
+	b = strconv.AppendBool(b, ex.exact)
+	b = append(b, `,"busy":`...)
+	b = strconv.AppendBool(b, dec.Busy)
+	b = append(b, `,"workers":[`...)
+	first := true
+	for set := ex.scores.Eligible; set != 0; {
+		var w radix.WorkerSlot
+		w, set = set.First()
+		info, ok := s.sched.Worker(w)
+		if !ok {
+			continue
+		}
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+		sc := &ex.scores.Workers[w]
+		b = append(b, `{"worker_id":`...)
+		b = strconv.AppendUint(b, info.ID, 10)
+		b = append(b, `,"dp_rank":`...)
+		b = strconv.AppendUint(b, uint64(info.DPRank), 10)
+		b = append(b, `,"overlap_blocks":`...)
+		b = strconv.AppendUint(b, uint64(sc.OverlapBlocks), 10)
+		b = append(b, `,"prefill_blocks":`...)
+		b = strconv.AppendFloat(b, sc.PrefillBlocks, 'g', 6, 64)
+		b = append(b, `,"decode_blocks":`...)
+		b = strconv.AppendFloat(b, sc.DecodeBlocks, 'g', 6, 64)
+		b = append(b, `,"cost":`...)
+		b = strconv.AppendFloat(b, sc.Cost, 'g', 6, 64)
+		b = append(b, `,"busy":`...)
+		b = strconv.AppendBool(b, ex.scores.Busy.Has(w))
+		b = append(b, '}')
+	}
+	b = append(b, "]}"...)
+	ex.out = b
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+func nanotimeSince(t int64) time.Duration { return time.Duration(nanotime() - t) }
+
+func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
+	seeds := *s.seeds.Load()
+	names := make([]string, 0, len(seeds))
+	for n := range seeds {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		OwnedBy string `json:"owned_by"`
+	}
+	out := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: make([]model, 0, len(names))}
+	for _, n := range names {
+		out.Data = append(out.Data, model{ID: n, Object: "model", OwnedBy: "kvfast"})
+	}
+	writeJSON(ctx, fasthttp.StatusOK, out)
+}
+
+// serveReady says whether the router can route at all: at least one
+// healthy worker. Orchestrators hold traffic back until it does.
+func (s *Server) serveReady(ctx *fasthttp.RequestCtx) {
+	n := s.eligible().Len()
+	ctx.SetContentType("application/json")
+	if n == 0 {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString(`{"status":"not_ready","healthy_workers":0}`)
+		return
+	}
+	ctx.SetBodyString(`{"status":"ready","healthy_workers":` + strconv.Itoa(n) + `}`)
+}
+
+var metricsHandler = func(s *Server) fasthttp.RequestHandler {
+	return fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+}
+
+func (s *Server) serveMetrics(ctx *fasthttp.RequestCtx) {
+	s.metricsOnce.Do(func() { s.metricsHTTP = metricsHandler(s) })
+	s.metricsHTTP(ctx)
+}
+
+// WorkerView is one worker as the admin endpoint shows it.
+type WorkerView struct {
+	Slot             int    `json:"slot"`
+	WorkerID         uint64 `json:"worker_id"`
+	DPRank           uint32 `json:"dp_rank"`
+	Model            string `json:"model"`
+	Endpoint         string `json:"endpoint"`
+	Source           string `json:"source"` // "registry" or "static"
+	Healthy          bool   `json:"healthy"`
+	KVCapacityBlocks uint64 `json:"kv_capacity_blocks"`
+
+	ActiveBlocks  int64   `json:"active_blocks"`
+	OutputBlocks  float64 `json:"output_blocks"`
+	PrefillTokens int64   `json:"prefill_tokens"`
+	Requests      int64   `json:"active_requests"`
+
+	EngineRunning uint32 `json:"engine_running"`
+	EngineWaiting uint32 `json:"engine_waiting"`
+	EngineKVUsed  uint64 `json:"engine_kv_used_blocks"`
+	EngineKVTotal uint64 `json:"engine_kv_total_blocks"`
+
+	IndexBlocks  uint64 `json:"index_blocks"`
+	FeedLagBytes uint64 `json:"feed_lag_bytes"`
+	Generation   uint32 `json:"generation,omitempty"`
+}
+
+// AdminView is the body of GET /admin/workers.
+type AdminView struct {
+	Policy  string       `json:"policy"`
+	Workers []WorkerView `json:"workers"`
+	Index   struct {
+		Entries    uint64 `json:"entries"`
+		Capacity   uint64 `json:"capacity"`
+		Overflow   uint64 `json:"overflow"`
+		MapEntries uint64 `json:"engine_map_entries"`
+	} `json:"index"`
+	Feed  *FeedView `json:"feed,omitempty"`
+	Queue struct {
+		Waiting  int    `json:"waiting"`
+		Refused  uint64 `json:"refused"`
+		Booked   uint64 `json:"booked"`
+		Released uint64 `json:"released"`
+	} `json:"queue"`
+}
+
+// FeedView summarises event ingestion.
+type FeedView struct {
+	Ingesting     bool   `json:"ingesting"`
+	Records       uint64 `json:"records"`
+	StoredBlocks  uint64 `json:"stored_blocks"`
+	RemovedBlocks uint64 `json:"removed_blocks"`
+	Gaps          uint64 `json:"gaps"`
+	Resyncs       uint64 `json:"resyncs"`
+	Garbage       uint64 `json:"garbage"`
+}
+
+// Admin returns the admin view; the HTTP endpoint serves it as JSON.
+func (s *Server) Admin() AdminView {
+	var v AdminView
+	v.Policy = s.cfg.Policy
+	ix := s.index.Stats()
+	v.Index.Entries, v.Index.Capacity, v.Index.Overflow, v.Index.MapEntries = ix.Entries, ix.Capacity, ix.Overflow, ix.EngineMapEntries
+	var lag [radix.MaxWorkers]uint64
+	if s.ingester != nil {
+		fs := s.ingester.Stats()
+		lag = fs.LagBytes
+		v.Feed = &FeedView{Ingesting: fs.Ingesting, Records: fs.Records, StoredBlocks: fs.StoredBlocks,
+			RemovedBlocks: fs.RemovedBlocks, Gaps: fs.Gaps, Resyncs: fs.Resyncs, Garbage: fs.Garbage}
+	}
+	st := s.sched.Stats()
+	v.Queue.Waiting, v.Queue.Refused, v.Queue.Booked, v.Queue.Released = st.Waiting, st.Refused, st.Booked, st.Released
+	v.Workers = []WorkerView{}
+	for set := s.sched.Workers(); set != 0; {
+		var w radix.WorkerSlot
+		w, set = set.First()
+		info, ok := s.sched.Worker(w)
+		if !ok {
+			continue
+		}
+		ld := s.sched.Load(w)
+		wv := WorkerView{Slot: int(w), WorkerID: info.ID, DPRank: info.DPRank, Model: info.Model, Endpoint: info.Endpoint,
+			Source: "registry", Healthy: ld.Healthy, KVCapacityBlocks: info.KVCapacityBlocks,
+			ActiveBlocks: ld.ActiveBlocks, OutputBlocks: ld.OutputBlocks, PrefillTokens: ld.PrefillTokens, Requests: ld.Requests,
+			EngineRunning: ld.EngineRunning, EngineWaiting: ld.EngineWaiting, EngineKVUsed: ld.EngineKVUsed, EngineKVTotal: ld.EngineKVTotal,
+			IndexBlocks: ix.WorkerBlocks[w], FeedLagBytes: lag[w]}
+		if s.static.Has(w) {
+			wv.Source = "static"
+		} else if s.seg != nil {
+			if ri, ok := s.seg.Worker(w); ok && ri.State == shm.StateLive {
+				wv.Generation = ri.Generation
+			}
+		}
+		v.Workers = append(v.Workers, wv)
+	}
+	return v
+}
+
+func (s *Server) serveAdminWorkers(ctx *fasthttp.RequestCtx) {
+	writeJSON(ctx, fasthttp.StatusOK, s.Admin())
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusInternalServerError, errInternal)
+		return
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}

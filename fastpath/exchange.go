@@ -1,0 +1,443 @@
+package fastpath
+
+import (
+	"bufio"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/dispatch"
+	"github.com/kvfast/kvfast/guard"
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/sched"
+)
+
+// exchange is one client request from arrival to cleanup. It is pooled and
+// owns every per-request buffer, so a routed request allocates nothing of
+// its own. It is also the dispatch.Observer that turns engine progress into
+// guard transitions and metrics: an interface value over a pooled pointer,
+// not a closure per request.
+type exchange struct {
+	s        *Server
+	api      API
+	req      ParsedRequest
+	hashes   []uint64
+	overlaps radix.Overlaps
+	scores   sched.Scores
+	sreq     sched.Request
+	dec      sched.Decision
+	h        guard.Handle
+	held     bool // h is acquired and not yet released
+	call     *dispatch.Call
+	exact    bool // hashes are token blocks looked up in the event-fed index
+	streamed bool // ownership passed to the stream writer goroutine
+
+	arrived, lastItem int64
+	firstSeen         bool
+	items             int
+	abortErr          error
+
+	rid []byte // request id, echoed back
+	out []byte // scratch for response bodies and header values
+	sw  fasthttp.StreamWriter
+}
+
+func newExchange(s *Server) any {
+	ex := &exchange{s: s}
+	ex.sw = ex.stream
+	return ex
+}
+
+func (s *Server) acquireExchange() *exchange {
+	ex := s.exchanges.Get().(*exchange)
+	ex.arrived = nanotime()
+	return ex
+}
+
+// maxPooledHashes keeps one huge prompt from pinning its buffers forever.
+const maxPooledHashes = 1 << 16
+
+func (s *Server) releaseExchange(ex *exchange) {
+	if ex.held {
+		panic("BUG: fastpath: exchange released with its guard held")
+	}
+	ex.req.Reset()
+	if cap(ex.req.Tokens) > maxPooledTokens {
+		ex.req.Tokens = nil
+	}
+	if cap(ex.hashes) > maxPooledHashes {
+		ex.hashes = nil
+	}
+	if cap(ex.out) > 1<<16 {
+		ex.out = nil
+	}
+	*ex = exchange{s: s, sw: ex.sw, req: ex.req, hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0]}
+	s.exchanges.Put(ex)
+}
+
+var epoch = time.Now()
+
+// nanotime is monotonic nanoseconds since start; time.Since reads the
+// monotonic clock and allocates nothing.
+func nanotime() int64 { return int64(time.Since(epoch)) }
+
+// serveOpenAI handles /v1/completions and /v1/chat/completions, and their
+// route-only twins when routeOnly is set.
+func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api API, routeOnly bool) {
+	if !ctx.IsPost() {
+		ctx.Response.Header.Set("Allow", "POST")
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, errMethodNotAllowed)
+		return
+	}
+	ex := s.acquireExchange()
+	ex.api = api
+	defer s.settle(ctx, ex)
+	ex.echoRequestID(ctx)
+	if err := s.parser.Parse(ctx.PostBody(), api, &ex.req); err != nil {
+		ex.reject(ctx, asRequestError(err))
+		return
+	}
+	queryOnly, rerr := s.readHints(ctx, ex)
+	if rerr != nil {
+		ex.reject(ctx, rerr)
+		return
+	}
+	if rerr := s.prepare(ex); rerr != nil {
+		ex.reject(ctx, rerr)
+		return
+	}
+	if routeOnly || queryOnly {
+		s.routeOnly(ctx, ex)
+		return
+	}
+	ex.h = s.guards.Acquire()
+	ex.held = true
+	dec, err := ex.h.Select(ctx, &ex.sreq)
+	s.metrics.stageSched.Observe(seconds(time.Duration(nanotime() - ex.lastItem)))
+	s.metrics.stageTotal.Observe(seconds(time.Duration(nanotime() - ex.arrived)))
+	if err != nil {
+		ex.failSelect(ctx, err)
+		return
+	}
+	ex.dec = dec
+	s.forward(ctx, ex)
+}
+
+// settle runs when the handler returns. Unless a stream took the exchange
+// over, it releases what the request still holds. A panic anywhere in
+// routing is answered with a 500 instead of killing the router, and its
+// guard is aborted with ReasonPanic before release.
+func (s *Server) settle(ctx *fasthttp.RequestCtx, ex *exchange) {
+	p := recover()
+	if p != nil {
+		s.log.Error("BUG: panic while routing a request", "panic", p, "request_id", string(ex.rid))
+		if ex.held {
+			_ = ex.h.Abort(guard.ReasonPanic)
+		}
+		ctx.Response.Reset()
+		writeError(ctx, fasthttp.StatusInternalServerError, errInternal)
+		s.metrics.count(ex.api, statusEngineError)
+	}
+	if ex.streamed {
+		return
+	}
+	ex.cleanup()
+}
+
+// cleanup releases the guard and the engine call exactly once and returns
+// the exchange to its pool.
+func (ex *exchange) cleanup() {
+	if ex.held {
+		ex.held = false
+		_ = ex.h.Release()
+	}
+	if ex.call != nil {
+		ex.call.Release()
+		ex.call = nil
+	}
+	ex.s.releaseExchange(ex)
+}
+
+// prepare hashes the prompt and looks up every worker's cached prefix.
+func (s *Server) prepare(ex *exchange) *RequestError {
+	r := &ex.req
+	model, seed, err := s.namespace(r)
+	if err != nil {
+		return err
+	}
+	t0 := nanotime()
+	bs := s.sched.BlockSize()
+	if r.Prompt == PromptTokens {
+		ex.hashes = radix.AppendBlockHashes(ex.hashes[:0], seed, r.Tokens, bs)
+		ex.exact = !s.useApprox.Load()
+		ex.sreq.PromptTokens = len(r.Tokens)
+	} else {
+		ex.hashes = AppendApproxHashes(ex.hashes[:0], ApproxSeed(seed), r.ApproxText(), s.cfg.ApproxChunkBytes)
+		ex.exact = false
+		// About four bytes per token: enough for load accounting, which
+		// weighs this request's prefill against the others'.
+		ex.sreq.PromptTokens = max(len(r.ApproxText())/4, len(ex.hashes)*bs)
+	}
+	t1 := nanotime()
+	if ex.exact {
+		s.index.FindMatches(ex.hashes, &ex.overlaps)
+	} else {
+		s.approx.FindMatches(ex.hashes, &ex.overlaps)
+	}
+	t2 := nanotime()
+	s.metrics.stageHash.Observe(seconds(time.Duration(t1 - t0)))
+	s.metrics.stageLookup.Observe(seconds(time.Duration(t2 - t1)))
+	ex.lastItem = t2 // start of the schedule stage, reused as a stopwatch
+	ex.sreq.Hashes = ex.hashes
+	ex.sreq.Overlaps = &ex.overlaps
+	ex.sreq.Model = model
+	if r.MaxTokens > 0 {
+		ex.sreq.ExpectedOutputTokens = int(min(r.MaxTokens, 1<<30))
+	}
+	return nil
+}
+
+// forward sends the request to the chosen engine, re-routing when the
+// engine refuses the connection (nothing reached it, nothing reached the
+// client), and hands a stream to its relay goroutine.
+func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) {
+	ex.call = s.engines.AcquireCall()
+	ex.call.SetRequest(ctx.URI().PathOriginal(), ctx.PostBody())
+	copyForwardHeaders(ctx, ex.call.Request(), ex.rid)
+	for attempt := 0; ; attempt++ {
+		err := ex.call.Do(ex.dec.Slot, ex)
+		if err == nil {
+			break
+		}
+		if !dispatch.IsRetryable(err) || attempt >= s.cfg.MaxRetries || ex.sreq.Pinned {
+			ex.failDispatch(ctx, err)
+			return
+		}
+		// Route again, without the engine that refused.
+		s.metrics.retries.Inc()
+		failed := radix.SetOf(ex.dec.Slot)
+		_ = ex.h.Release()
+		if !ex.sreq.AllowListed {
+			ex.sreq.AllowListed, ex.sreq.Allow = true, radix.AllWorkers
+		}
+		ex.sreq.Allow &^= failed
+		ex.h = s.guards.Acquire()
+		dec, serr := ex.h.Select(ctx, &ex.sreq)
+		if serr != nil {
+			ex.failSelect(ctx, serr)
+			return
+		}
+		ex.dec = dec
+	}
+	if !ex.exact {
+		s.approx.Insert(ex.dec.Slot, ex.hashes, time.Now())
+	}
+	s.metrics.promptBlocks.Add(float64(len(ex.hashes)))
+	s.metrics.cachedBlocks.Add(float64(ex.dec.OverlapBlocks))
+
+	ctx.SetStatusCode(ex.call.StatusCode())
+	ex.call.CopyHeaders(&ctx.Response.Header)
+	ex.setDecisionHeaders(ctx)
+	if ex.call.IsEventStream() {
+		ex.streamed = true
+		s.inflight.Add(1)
+		ctx.SetBodyStreamWriter(ex.sw)
+		return
+	}
+	body, err := ex.call.ReadBody()
+	if err != nil {
+		ex.failRelay(ctx, err)
+		return
+	}
+	ctx.SetBody(body)
+	if ex.call.StatusCode() >= 400 {
+		s.metrics.count(ex.api, statusEngineError)
+		return
+	}
+	_ = ex.h.Close()
+	s.metrics.count(ex.api, statusOK)
+}
+
+// stream relays an engine's event stream on fasthttp's writer goroutine and
+// then settles the request. Relay aborts the guard itself (through the
+// observer) when the client leaves or the engine fails.
+func (ex *exchange) stream(w *bufio.Writer) {
+	s := ex.s
+	defer s.inflight.Done()
+	err := ex.call.Relay(w)
+	status := statusOK
+	switch {
+	case err == nil && ex.call.StatusCode() < 400:
+		_ = ex.h.Close()
+	case err == nil:
+		status = statusEngineError
+	default:
+		status = outcomeOf(err)
+	}
+	s.metrics.count(ex.api, status)
+	ex.cleanup()
+}
+
+// --- dispatch.Observer ---
+
+func (ex *exchange) OnDispatched() { _ = ex.h.Dispatched() }
+
+func (ex *exchange) OnFirstToken() {
+	now := nanotime()
+	ex.s.metrics.ttft.Observe(seconds(time.Duration(now - ex.arrived)))
+	ex.lastItem = now
+	ex.firstSeen = true
+}
+
+func (ex *exchange) OnItem(tokens int) {
+	now := nanotime()
+	if ex.items > 0 {
+		ex.s.metrics.itl.Observe(seconds(time.Duration(now - ex.lastItem)))
+	}
+	ex.lastItem = now
+	ex.items++
+	_ = ex.h.OnItem(tokens, guard.FinishNone)
+}
+
+func (ex *exchange) OnComplete(finishReason []byte) {
+	_ = ex.h.OnItem(0, finishOf(finishReason))
+	if finishReason == nil {
+		_ = ex.h.Close()
+	}
+}
+
+func (ex *exchange) OnAbort(reason error) {
+	ex.abortErr = reason
+	switch {
+	case ex.h.State() == guard.Selected:
+		_ = ex.h.DispatchFailed()
+	case errors.Is(reason, dispatch.ErrClientGone):
+		_ = ex.h.Abort(guard.ReasonClientCancel)
+	case errors.Is(reason, dispatch.ErrFirstByteTimeout), errors.Is(reason, dispatch.ErrIdleTimeout):
+		_ = ex.h.Abort(guard.ReasonTimeout)
+	default:
+		_ = ex.h.Abort(guard.ReasonEngineError)
+	}
+}
+
+func finishOf(reason []byte) guard.Finish {
+	switch string(reason) {
+	case "stop":
+		return guard.FinishStop
+	case "length":
+		return guard.FinishLength
+	case "eos", "end_of_sequence":
+		return guard.FinishEOS
+	case "error":
+		return guard.FinishError
+	}
+	return guard.FinishStop
+}
+
+// outcomeOf maps a failed relay or dispatch to a status label.
+func outcomeOf(err error) string {
+	switch {
+	case errors.Is(err, dispatch.ErrClientGone):
+		return statusCancelled
+	case errors.Is(err, dispatch.ErrFirstByteTimeout), errors.Is(err, dispatch.ErrIdleTimeout):
+		return statusTimeout
+	case errors.Is(err, dispatch.ErrConnect), errors.Is(err, dispatch.ErrUnknownEngine):
+		return statusUnavailable
+	}
+	return statusEngineError
+}
+
+// --- failures ---
+
+func (ex *exchange) reject(ctx *fasthttp.RequestCtx, e *RequestError) {
+	ex.s.metrics.count(ex.api, statusClientError)
+	writeError(ctx, e.Status, e)
+}
+
+func (ex *exchange) failSelect(ctx *fasthttp.RequestCtx, err error) {
+	var over *sched.OverloadError
+	var pin *sched.PinError
+	switch {
+	case errors.As(err, &over):
+		secs := max(1, int((over.RetryAfter+time.Second-1)/time.Second))
+		ex.out = strconv.AppendInt(ex.out[:0], int64(secs), 10)
+		ctx.Response.Header.SetBytesV("Retry-After", ex.out)
+		ex.s.metrics.count(ex.api, statusOverloaded)
+		writeError(ctx, fasthttp.StatusTooManyRequests, errOverloaded)
+	case errors.As(err, &pin), errors.Is(err, sched.ErrPinnedWorkerNotFound):
+		ex.s.metrics.count(ex.api, statusClientError)
+		writeError(ctx, fasthttp.StatusNotFound, errUnknownPinnedWorker)
+	case errors.Is(err, sched.ErrInvalidRequest):
+		ex.s.metrics.count(ex.api, statusClientError)
+		writeError(ctx, fasthttp.StatusBadRequest, &RequestError{Status: 400, Type: invalidRequest, Code: "invalid_request", Message: err.Error()})
+	default: // no eligible worker, or the wait was cut short
+		ex.s.metrics.count(ex.api, statusUnavailable)
+		ctx.Response.Header.Set("Retry-After", "1")
+		writeError(ctx, fasthttp.StatusServiceUnavailable, errNoWorker)
+	}
+}
+
+func (ex *exchange) failDispatch(ctx *fasthttp.RequestCtx, err error) {
+	ex.s.metrics.count(ex.api, outcomeOf(err))
+	ctx.Response.Reset()
+	ctx.SetStatusCode(dispatch.ErrorStatus(err))
+	ctx.SetContentType("application/json")
+	ex.out = dispatch.AppendErrorJSON(ex.out[:0], err)
+	ctx.SetBody(ex.out)
+}
+
+func (ex *exchange) failRelay(ctx *fasthttp.RequestCtx, err error) {
+	ex.failDispatch(ctx, err)
+}
+
+// setDecisionHeaders tells the client where its request went: the worker,
+// its DP rank and the prefix the router expected it to find cached.
+func (ex *exchange) setDecisionHeaders(ctx *fasthttp.RequestCtx) {
+	h := &ctx.Response.Header
+	ex.out = strconv.AppendUint(ex.out[:0], ex.dec.WorkerID, 10)
+	h.SetBytesV(HeaderWorker, ex.out)
+	ex.out = strconv.AppendUint(ex.out[:0], uint64(ex.dec.DPRank), 10)
+	h.SetBytesV(HeaderDPRank, ex.out)
+	ex.out = strconv.AppendUint(ex.out[:0], uint64(ex.dec.OverlapBlocks), 10)
+	h.SetBytesV(HeaderOverlapBlocks, ex.out)
+	h.SetBytesV(HeaderRequestID, ex.rid)
+}
+
+// copyForwardHeaders passes on what an engine may need from the client's
+// request: credentials and the request id. Everything else about the
+// request is its body, forwarded unchanged.
+func copyForwardHeaders(ctx *fasthttp.RequestCtx, req *fasthttp.Request, rid []byte) {
+	if v := ctx.Request.Header.Peek("Authorization"); len(v) > 0 {
+		req.Header.SetBytesV("Authorization", v)
+	}
+	req.Header.SetBytesV(HeaderRequestID, rid)
+}
+
+func writeError(ctx *fasthttp.RequestCtx, status int, e *RequestError) {
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(e.AppendJSON(nil))
+}
+
+func asRequestError(err error) *RequestError {
+	var e *RequestError
+	if errors.As(err, &e) {
+		return e
+	}
+	return &RequestError{Status: 400, Type: invalidRequest, Code: "invalid_request", Message: err.Error()}
+}
+
+var (
+	errMethodNotAllowed = &RequestError{Status: 405, Type: invalidRequest, Code: "method_not_allowed",
+		Message: "this endpoint accepts POST only"}
+	errOverloaded = &RequestError{Status: 429, Type: "server_error", Code: "overloaded",
+		Message: "every eligible worker is busy and the admission queue is full; retry after the Retry-After interval"}
+	errNoWorker = &RequestError{Status: 503, Type: "server_error", Code: "no_worker_available",
+		Message: "no healthy worker can serve this request now"}
+	errUnknownPinnedWorker = &RequestError{Status: 404, Type: invalidRequest, Param: HeaderWorker, Code: "worker_not_found",
+		Message: "the pinned worker and DP rank are not in the worker set"}
+	errInternal = &RequestError{Status: 500, Type: "server_error", Code: "internal_error",
+		Message: "the router failed while handling this request; it has been logged"}
+)

@@ -1,0 +1,177 @@
+package fastpath
+
+import (
+	"bytes"
+	"strconv"
+	"unsafe"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// Routing hints travel in headers, so the body reaches the engine exactly
+// as the client sent it.
+const (
+	// HeaderWorker pins the request to a worker id (and, with
+	// HeaderDPRank, to one of its data-parallel ranks). In the response it
+	// names the worker that served the request.
+	HeaderWorker = "X-Kvfast-Worker"
+	// HeaderDPRank is the DP rank of a pin, and of the serving worker.
+	HeaderDPRank = "X-Kvfast-Dp-Rank"
+	// HeaderAllow restricts selection to a comma-separated list of workers,
+	// each "id" (every rank of it) or "id:rank".
+	HeaderAllow = "X-Kvfast-Allow"
+	// HeaderQueryOnly set to 1 or true answers with the routing decision
+	// instead of forwarding, and books nothing.
+	HeaderQueryOnly = "X-Kvfast-Query-Only"
+	// HeaderPriority raises (or, negative, lowers) a request's place in the
+	// admission queue.
+	HeaderPriority = "X-Kvfast-Priority"
+	// HeaderRequestID is echoed back, and generated when absent.
+	HeaderRequestID = "X-Request-Id"
+	// HeaderOverlapBlocks, in responses, is the prefix in blocks the router
+	// expected the serving worker to hold.
+	HeaderOverlapBlocks = "X-Kvfast-Overlap-Blocks"
+)
+
+var (
+	errBadWorkerHeader = &RequestError{Status: 400, Type: invalidRequest, Param: HeaderWorker, Code: "invalid_header",
+		Message: HeaderWorker + " must be an unsigned integer worker id"}
+	errBadRankHeader = &RequestError{Status: 400, Type: invalidRequest, Param: HeaderDPRank, Code: "invalid_header",
+		Message: HeaderDPRank + " must be an unsigned 32-bit integer, and needs " + HeaderWorker}
+	errAmbiguousPin = &RequestError{Status: 400, Type: invalidRequest, Param: HeaderDPRank, Code: "ambiguous_pin",
+		Message: "the pinned worker has several DP ranks; set " + HeaderDPRank}
+	errBadAllowHeader = &RequestError{Status: 400, Type: invalidRequest, Param: HeaderAllow, Code: "invalid_header",
+		Message: HeaderAllow + " must be a comma-separated list of worker ids or id:rank pairs, naming known workers"}
+	errBadPriorityHeader = &RequestError{Status: 400, Type: invalidRequest, Param: HeaderPriority, Code: "invalid_header",
+		Message: HeaderPriority + " must be an integer between -1000000 and 1000000"}
+	errDirectNeedsWorker = &RequestError{Status: 400, Type: invalidRequest, Param: HeaderWorker, Code: "worker_required",
+		Message: "the router runs in direct mode: every request must name its worker in " + HeaderWorker}
+)
+
+// readHints fills the selection request from the routing headers. It
+// reports whether the request is query-only.
+func (s *Server) readHints(ctx *fasthttp.RequestCtx, ex *exchange) (queryOnly bool, _ *RequestError) {
+	h := &ctx.Request.Header
+	if v := h.Peek(HeaderWorker); len(v) > 0 {
+		id, err := strconv.ParseUint(b2s(v), 10, 64)
+		if err != nil {
+			return false, errBadWorkerHeader
+		}
+		ex.sreq.Pinned, ex.sreq.PinWorker = true, id
+		if r := h.Peek(HeaderDPRank); len(r) > 0 {
+			rank, err := strconv.ParseUint(b2s(r), 10, 32)
+			if err != nil {
+				return false, errBadRankHeader
+			}
+			ex.sreq.PinRank = uint32(rank)
+		} else {
+			// Without a rank the pin is exact only if the worker has one rank;
+			// a guess would silently send the request elsewhere.
+			ranks, only := s.ranksOf(id)
+			switch ranks {
+			case 0:
+				return false, errUnknownPinnedWorker
+			case 1:
+				ex.sreq.PinRank = only
+			default:
+				return false, errAmbiguousPin
+			}
+		}
+	} else if len(h.Peek(HeaderDPRank)) > 0 {
+		return false, errBadRankHeader
+	}
+	if s.cfg.Direct && !ex.sreq.Pinned {
+		return false, errDirectNeedsWorker
+	}
+	if v := h.Peek(HeaderAllow); len(v) > 0 {
+		set, ok := s.parseAllow(v)
+		if !ok {
+			return false, errBadAllowHeader
+		}
+		ex.sreq.AllowListed, ex.sreq.Allow = true, set
+	}
+	if v := h.Peek(HeaderPriority); len(v) > 0 {
+		p, err := strconv.ParseInt(b2s(v), 10, 32)
+		if err != nil || p < -1_000_000 || p > 1_000_000 {
+			return false, errBadPriorityHeader
+		}
+		ex.sreq.Priority = int32(p)
+	}
+	if v := h.Peek(HeaderQueryOnly); len(v) > 0 {
+		queryOnly = bytes.Equal(v, []byte("1")) || bytes.EqualFold(v, []byte("true"))
+	}
+	return queryOnly, nil
+}
+
+// ranksOf counts the DP ranks of worker id and returns the rank when there
+// is exactly one.
+func (s *Server) ranksOf(id uint64) (n int, only uint32) {
+	for set := s.sched.Workers(); set != 0; {
+		var w radix.WorkerSlot
+		w, set = set.First()
+		if info, ok := s.sched.Worker(w); ok && info.ID == id {
+			n++
+			only = info.DPRank
+		}
+	}
+	return n, only
+}
+
+func (s *Server) parseAllow(v []byte) (radix.WorkerSet, bool) {
+	var set radix.WorkerSet
+	for len(v) > 0 {
+		item := v
+		if i := bytes.IndexByte(v, ','); i >= 0 {
+			item, v = v[:i], v[i+1:]
+		} else {
+			v = nil
+		}
+		item = bytes.TrimSpace(item)
+		idPart, rankPart, hasRank := bytes.Cut(item, []byte(":"))
+		id, err := strconv.ParseUint(b2s(idPart), 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		if hasRank {
+			rank, err := strconv.ParseUint(b2s(rankPart), 10, 32)
+			if err != nil {
+				return 0, false
+			}
+			slot, ok := s.sched.Resolve(id, uint32(rank))
+			if !ok {
+				return 0, false
+			}
+			set |= radix.SetOf(slot)
+			continue
+		}
+		found := false
+		for all := s.sched.Workers(); all != 0; {
+			var w radix.WorkerSlot
+			w, all = all.First()
+			if info, ok := s.sched.Worker(w); ok && info.ID == id {
+				set |= radix.SetOf(w)
+				found = true
+			}
+		}
+		if !found {
+			return 0, false
+		}
+	}
+	return set, set != 0
+}
+
+// echoRequestID keeps the client's request id, or makes one, so that logs
+// of the router and the engine can be joined.
+func (ex *exchange) echoRequestID(ctx *fasthttp.RequestCtx) {
+	if v := ctx.Request.Header.Peek(HeaderRequestID); len(v) > 0 && len(v) <= 128 {
+		ex.rid = append(ex.rid[:0], v...)
+		return
+	}
+	ex.rid = append(ex.rid[:0], "kvf-"...)
+	ex.rid = strconv.AppendUint(ex.rid, ex.s.requestID.Add(1), 36)
+}
+
+// b2s views b as a string for parsing; the string must not outlive b.
+func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }

@@ -1,0 +1,220 @@
+package fastpath
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kvfast/kvfast/guard"
+	"github.com/kvfast/kvfast/radix"
+)
+
+// Request outcomes, the values of the status label of
+// kvfast_requests_total. A fixed set keeps the label's cardinality bounded.
+const (
+	statusOK          = "ok"           // the engine's answer was relayed in full
+	statusClientError = "client_error" // refused before routing: bad input
+	statusOverloaded  = "overloaded"   // refused by admission control
+	statusUnavailable = "unavailable"  // no eligible worker, or none reachable
+	statusEngineError = "engine_error" // the engine failed or reported an error
+	statusTimeout     = "timeout"      // an engine timeout
+	statusCancelled   = "cancelled"    // the client went away
+	statusRouteOnly   = "route_only"   // answered a query-only request
+)
+
+var allStatuses = []string{statusOK, statusClientError, statusOverloaded, statusUnavailable,
+	statusEngineError, statusTimeout, statusCancelled, statusRouteOnly}
+
+// Routing stages, the values of the stage label of
+// kvfast_routing_duration_seconds.
+const (
+	stageHash     = "hash"
+	stageLookup   = "lookup"
+	stageSchedule = "schedule"
+	stageTotal    = "total"
+)
+
+// metrics holds every collector the router updates on the request path.
+// Label values are resolved to child collectors once, at construction, so
+// the request path only calls Inc/Observe (atomic adds, no allocation).
+type metrics struct {
+	reg *prometheus.Registry
+
+	requests     map[string]prometheus.Counter
+	ttft         prometheus.Histogram
+	itl          prometheus.Histogram
+	isl          prometheus.Histogram
+	osl          prometheus.Histogram
+	promptBlocks prometheus.Counter
+	cachedBlocks prometheus.Counter
+	stageHash    prometheus.Observer
+	stageLookup  prometheus.Observer
+	stageSched   prometheus.Observer
+	stageTotal   prometheus.Observer
+	retries      prometheus.Counter
+}
+
+func newMetrics(s *Server) *metrics {
+	reg := prometheus.NewRegistry()
+	m := &metrics{reg: reg, requests: map[string]prometheus.Counter{}}
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvfast_requests_total",
+		Help: "Requests handled on the OpenAI endpoints, by endpoint and outcome.",
+	}, []string{"endpoint", "status"})
+	for _, st := range allStatuses {
+		m.requests[st] = requests.WithLabelValues("completions", st)
+	}
+	// Chat shares the counters' status label set; endpoint distinguishes.
+	for _, st := range allStatuses {
+		m.requests["chat/"+st] = requests.WithLabelValues("chat_completions", st)
+	}
+	latency := prometheus.ExponentialBuckets(0.001, 2, 16) // 1 ms .. 33 s
+	m.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "kvfast_time_to_first_token_seconds", Buckets: latency,
+		Help: "From the request's arrival at the router to the first output token relayed.",
+	})
+	m.itl = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "kvfast_inter_token_latency_seconds", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		Help: "Gap between consecutive streamed output items.",
+	})
+	tokens := prometheus.ExponentialBuckets(16, 2, 14) // 16 .. 131072
+	m.isl = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "kvfast_input_sequence_tokens", Buckets: tokens,
+		Help: "Prompt length in tokens of requests that reached an engine (token prompts only).",
+	})
+	m.osl = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "kvfast_output_sequence_tokens", Buckets: tokens,
+		Help: "Output items relayed per streamed request (one per token for engines that stream per token).",
+	})
+	m.promptBlocks = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvfast_prompt_blocks_total",
+		Help: "Full prompt blocks of routed requests. KV hit rate = rate(kvfast_cached_blocks_total) / rate(this).",
+	})
+	m.cachedBlocks = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvfast_cached_blocks_total",
+		Help: "Prompt blocks the chosen worker was estimated to hold already (its prefix overlap).",
+	})
+	stages := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvfast_routing_duration_seconds",
+		Help:    "Time the router spends deciding, by stage: hash, lookup, schedule (including any admission wait), total.",
+		Buckets: prometheus.ExponentialBuckets(1e-6, 2, 20), // 1 µs .. 0.5 s
+	}, []string{"stage"})
+	m.stageHash = stages.WithLabelValues(stageHash)
+	m.stageLookup = stages.WithLabelValues(stageLookup)
+	m.stageSched = stages.WithLabelValues(stageSchedule)
+	m.stageTotal = stages.WithLabelValues(stageTotal)
+	m.retries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvfast_dispatch_retries_total",
+		Help: "Requests re-routed to another worker because the chosen engine refused the connection.",
+	})
+	reg.MustRegister(requests, m.ttft, m.itl, m.isl, m.osl, m.promptBlocks, m.cachedBlocks, stages, m.retries,
+		&stateCollector{s: s},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) count(api API, status string) {
+	if api == APIChatCompletions {
+		m.requests["chat/"+status].Inc()
+		return
+	}
+	m.requests[status].Inc()
+}
+
+// observeFinished is the guard's Finished hook: it only fires for requests
+// that reached an engine, as the lifecycle rules require.
+func (m *metrics) observeFinished(ev guard.Event) {
+	if ev.PromptTokens > 0 {
+		m.isl.Observe(float64(ev.PromptTokens))
+	}
+	if ev.OutputTokens > 0 {
+		m.osl.Observe(float64(ev.OutputTokens))
+	}
+}
+
+func seconds(d time.Duration) float64 { return d.Seconds() }
+
+// stateCollector reads the router's state at scrape time, so that per-worker
+// gauges cost the request path nothing.
+type stateCollector struct{ s *Server }
+
+var (
+	descWorkerActiveBlocks = prometheus.NewDesc("kvfast_worker_active_blocks",
+		"Distinct prompt blocks of in-flight requests booked on the worker, plus tracked output blocks.", []string{"worker", "dp_rank"}, nil)
+	descWorkerPrefill = prometheus.NewDesc("kvfast_worker_prefill_tokens",
+		"Prompt tokens booked on the worker still waiting for their first output token.", []string{"worker", "dp_rank"}, nil)
+	descWorkerRequests = prometheus.NewDesc("kvfast_worker_active_requests",
+		"Requests in flight on the worker, as booked by the router.", []string{"worker", "dp_rank"}, nil)
+	descWorkerHealthy = prometheus.NewDesc("kvfast_worker_healthy",
+		"1 if the worker is eligible for routing (registered, up and passing health checks).", []string{"worker", "dp_rank"}, nil)
+	descWorkerIndexBlocks = prometheus.NewDesc("kvfast_worker_index_blocks",
+		"Blocks the index holds for the worker.", []string{"worker", "dp_rank"}, nil)
+	descWorkerRingLag = prometheus.NewDesc("kvfast_feed_ring_lag_bytes",
+		"Committed event-ring bytes not yet applied to the index.", []string{"worker", "dp_rank"}, nil)
+	descIndexEntries  = prometheus.NewDesc("kvfast_index_entries", "Distinct blocks in the index.", nil, nil)
+	descIndexCapacity = prometheus.NewDesc("kvfast_index_capacity", "Distinct blocks the index can hold.", nil, nil)
+	descIndexOverflow = prometheus.NewDesc("kvfast_index_overflow_total",
+		"Block stores refused because the index was full.", nil, nil)
+	descFeedEvents = prometheus.NewDesc("kvfast_feed_events_total",
+		"Event-feed records and blocks by outcome.", []string{"status"}, nil)
+	descQueueWaiting = prometheus.NewDesc("kvfast_admission_waiting", "Requests waiting in the admission queue.", nil, nil)
+	descRefused      = prometheus.NewDesc("kvfast_admission_refused_total", "Requests refused as overloaded.", nil, nil)
+)
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descWorkerActiveBlocks, descWorkerPrefill, descWorkerRequests,
+		descWorkerHealthy, descWorkerIndexBlocks, descWorkerRingLag, descIndexEntries, descIndexCapacity,
+		descIndexOverflow, descFeedEvents, descQueueWaiting, descRefused} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	ixStats := s.index.Stats()
+	var lag [radix.MaxWorkers]uint64
+	if s.ingester != nil {
+		fs := s.ingester.Stats()
+		lag = fs.LagBytes
+		for _, kv := range []struct {
+			status string
+			v      uint64
+		}{
+			{"records_applied", fs.Records}, {"blocks_stored", fs.StoredBlocks}, {"blocks_removed", fs.RemovedBlocks},
+			{"cleared", fs.Cleared}, {"stale", fs.Stale}, {"duplicate", fs.Duplicate}, {"skipped_down", fs.SkippedDown},
+			{"rejected", fs.Rejected}, {"unresolved_parent", fs.UnresolvedParent}, {"unknown_removed", fs.UnknownRemoved},
+			{"block_size_mismatch", fs.BlockSizeMismatch}, {"garbage", fs.Garbage}, {"gaps", fs.Gaps}, {"resyncs", fs.Resyncs},
+		} {
+			ch <- prometheus.MustNewConstMetric(descFeedEvents, prometheus.CounterValue, float64(kv.v), kv.status)
+		}
+	}
+	eligible := s.eligible()
+	for set := s.sched.Workers(); set != 0; {
+		var w radix.WorkerSlot
+		w, set = set.First()
+		info, ok := s.sched.Worker(w)
+		if !ok {
+			continue
+		}
+		id, rank := strconv.FormatUint(info.ID, 10), strconv.FormatUint(uint64(info.DPRank), 10)
+		ld := s.sched.Load(w)
+		healthy := 0.0
+		if eligible.Has(w) {
+			healthy = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descWorkerActiveBlocks, prometheus.GaugeValue, float64(ld.ActiveBlocks)+ld.OutputBlocks, id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerPrefill, prometheus.GaugeValue, float64(ld.PrefillTokens), id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerRequests, prometheus.GaugeValue, float64(ld.Requests), id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerHealthy, prometheus.GaugeValue, healthy, id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerIndexBlocks, prometheus.GaugeValue, float64(ixStats.WorkerBlocks[w]), id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerRingLag, prometheus.GaugeValue, float64(lag[w]), id, rank)
+	}
+	ch <- prometheus.MustNewConstMetric(descIndexEntries, prometheus.GaugeValue, float64(ixStats.Entries))
+	ch <- prometheus.MustNewConstMetric(descIndexCapacity, prometheus.GaugeValue, float64(ixStats.Capacity))
+	ch <- prometheus.MustNewConstMetric(descIndexOverflow, prometheus.CounterValue, float64(ixStats.Overflow))
+	st := s.sched.Stats()
+	ch <- prometheus.MustNewConstMetric(descQueueWaiting, prometheus.GaugeValue, float64(st.Waiting))
+	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(st.Refused))
+}

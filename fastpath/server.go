@@ -1,0 +1,326 @@
+package fastpath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/dispatch"
+	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/guard"
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/shm"
+)
+
+// Config assembles a router. The zero value of every optional field is a
+// sane default; see cmd/kvfast serve for the operator-facing flags.
+type Config struct {
+	// Index answers "which worker caches this prefix". With a segment it is
+	// the segment's index, fed by engines' events; nil means a heap index
+	// of IndexCapacity blocks that only static configuration feeds.
+	Segment *shm.Segment
+	// Ingester, when set, applies the segment's event rings to the index;
+	// the server runs it (as ingester or standby) for its lifetime.
+	Ingester      *feed.Ingester
+	IndexCapacity int
+
+	Sched    sched.Config
+	Dispatch dispatch.Config
+
+	// Policy picks how a worker is chosen: kv (default), approx,
+	// round-robin, random or least-loaded.
+	Policy string
+	// ApproxTTL is how long the approximate index trusts a routing decision
+	// (default 2 minutes); ApproxCapacity bounds its assumptions (default
+	// 1M (worker, block) pairs); ApproxChunkBytes is the text chunk size
+	// for text and chat prompts (default 64).
+	ApproxTTL        time.Duration
+	ApproxCapacity   int
+	ApproxChunkBytes int
+
+	// Static lists engines that are not in the segment's registry (they
+	// publish no events, or over another transport).
+	Static []StaticWorker
+	// RegistryPoll is how often the segment's registry and load pages are
+	// read into the worker set (default 100 ms).
+	RegistryPoll time.Duration
+
+	// Direct requires every request to name its worker (an external picker
+	// already chose); the router only forwards and accounts.
+	Direct bool
+
+	// Limits.
+	MaxBodyBytes    int           // default 16 MiB
+	MaxTokenID      uint32        // largest accepted token id; 0 = any uint32
+	ReadTimeout     time.Duration // whole request, headers and body (default 30s): bounds slow clients
+	IdleTimeout     time.Duration // keep-alive idle (default 60s)
+	MaxConns        int           // concurrent client connections (default 10000)
+	MaxRetries      int           // re-routes after a refused connection (default 2)
+	ShutdownTimeout time.Duration // drain deadline for in-flight streams (default 30s)
+
+	Logger *slog.Logger
+}
+
+// StaticWorker is an engine named in configuration rather than the registry.
+type StaticWorker struct {
+	ID       uint64
+	DPRank   uint32
+	Endpoint string // host:port or http://host:port
+	Model    string
+	KVBlocks uint64
+}
+
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.ApproxTTL, 2*time.Minute)
+	def(&c.RegistryPoll, 100*time.Millisecond)
+	def(&c.ReadTimeout, 30*time.Second)
+	def(&c.IdleTimeout, 60*time.Second)
+	def(&c.ShutdownTimeout, 30*time.Second)
+	if c.ApproxCapacity <= 0 {
+		c.ApproxCapacity = 1 << 20
+	}
+	if c.ApproxChunkBytes <= 0 {
+		c.ApproxChunkBytes = DefaultApproxChunkBytes
+	}
+	if c.IndexCapacity <= 0 {
+		c.IndexCapacity = 1 << 20
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = 10000
+	}
+	if c.MaxRetries < 0 {
+		c.MaxRetries = 0
+	} else if c.MaxRetries == 0 {
+		c.MaxRetries = 2
+	}
+	if c.Policy == "" {
+		c.Policy = "kv"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Server is the router: the HTTP front end and everything behind it.
+type Server struct {
+	cfg      Config
+	log      *slog.Logger
+	index    *radix.Index
+	approx   *radix.Approx
+	ingester *feed.Ingester
+	seg      *shm.Segment
+	sched    *sched.Scheduler
+	guards   *guard.Pool
+	engines  *dispatch.Pool
+	parser   Parser
+	metrics  *metrics
+	http     *fasthttp.Server
+
+	useApprox atomic.Bool // policy "approx": route on the router's own history
+	seeds     atomic.Pointer[map[string]modelNamespace]
+	static    radix.WorkerSet // slots configured statically
+
+	metricsOnce sync.Once
+	metricsHTTP fasthttp.RequestHandler
+
+	exchanges sync.Pool
+	inflight  sync.WaitGroup // streams still being relayed
+	requestID atomic.Uint64
+
+	stop     context.CancelFunc
+	bg       sync.WaitGroup
+	mu       sync.Mutex
+	started  bool
+	closed   bool
+	ln       net.Listener
+	regState [radix.MaxWorkers]regEntry
+}
+
+// New builds a router from cfg. It starts nothing; call Serve.
+func New(cfg Config) (*Server, error) {
+	cfg = cfg.withDefaults()
+	s := &Server{cfg: cfg, log: cfg.Logger, seg: cfg.Segment, ingester: cfg.Ingester}
+	policy, approx, err := sched.ParsePolicy(cfg.Policy)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Sched.Policy = policy
+	s.useApprox.Store(approx)
+	if s.seg != nil {
+		s.index = s.seg.Index()
+	} else {
+		if s.index, err = radix.NewHeap(radix.Config{Capacity: cfg.IndexCapacity}); err != nil {
+			return nil, fmt.Errorf("cannot create the index: %w", err)
+		}
+	}
+	if s.approx, err = radix.NewApprox(radix.Config{Capacity: cfg.ApproxCapacity}, cfg.ApproxTTL); err != nil {
+		return nil, fmt.Errorf("cannot create the approximate index: %w", err)
+	}
+	if s.sched, err = sched.New(cfg.Sched); err != nil {
+		return nil, err
+	}
+	s.parser = Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
+	s.metrics = newMetrics(s)
+	s.guards = guard.NewPool(s.sched, guard.Observer{Finished: s.metrics.observeFinished})
+	dcfg := cfg.Dispatch
+	userHook := dcfg.Health.OnChange
+	dcfg.Health.OnChange = func(slot radix.WorkerSlot, addr string, healthy bool) {
+		s.sched.SetHealthy(slot, healthy)
+		s.log.Warn("engine health changed", "slot", slot, "addr", addr, "healthy", healthy)
+		if userHook != nil {
+			userHook(slot, addr, healthy)
+		}
+	}
+	s.engines = dispatch.NewPool(dcfg)
+	s.exchanges.New = func() any { return newExchange(s) }
+	s.seeds.Store(&map[string]modelNamespace{})
+	if err := s.addStatic(cfg.Static); err != nil {
+		s.engines.Close()
+		return nil, err
+	}
+	s.http = &fasthttp.Server{
+		Handler:                       s.handle,
+		ErrorHandler:                  s.transportError,
+		Name:                          "kvfast",
+		MaxRequestBodySize:            cfg.MaxBodyBytes,
+		ReadTimeout:                   cfg.ReadTimeout,
+		IdleTimeout:                   cfg.IdleTimeout,
+		Concurrency:                   cfg.MaxConns,
+		DisableHeaderNamesNormalizing: false,
+		NoDefaultServerHeader:         true,
+		NoDefaultDate:                 true,
+		CloseOnShutdown:               true,
+		ReduceMemoryUsage:             false,
+	}
+	return s, nil
+}
+
+// Scheduler exposes the scheduler, for runtime tuning (cost parameters,
+// busy thresholds, policy) and tests.
+func (s *Server) Scheduler() *sched.Scheduler { return s.sched }
+
+// Index is the exact (event-fed) index.
+func (s *Server) Index() *radix.Index { return s.index }
+
+// Serve accepts connections on ln until Shutdown. It also runs the
+// background loops: registry sync, approximate-index expiry and, when
+// configured, event ingestion.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.started || s.closed {
+		s.mu.Unlock()
+		return errors.New("kvfast: server already started or shut down")
+	}
+	s.started = true
+	s.ln = ln
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stop = cancel
+	s.mu.Unlock()
+
+	s.syncRegistry()
+	s.bg.Add(2)
+	go s.registryLoop(ctx)
+	go s.approxLoop(ctx)
+	if s.ingester != nil {
+		s.bg.Add(1)
+		go func() {
+			defer s.bg.Done()
+			if err := s.ingester.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				s.log.Error("event ingestion stopped", "err", err)
+			}
+		}()
+	}
+	s.log.Info("router listening", "addr", ln.Addr().String(), "policy", s.cfg.Policy, "direct", s.cfg.Direct)
+	err := s.http.Serve(ln)
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// ListenAndServe listens on addr (host:port) and serves.
+func (s *Server) ListenAndServe(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %w", addr, err)
+	}
+	return s.Serve(ln)
+}
+
+// Shutdown stops accepting connections, lets in-flight requests and
+// streams finish until ctx ends (then cuts them), stops the background
+// loops and closes the engine pool. Releasing every reservation is the
+// guards' job and happens on every path, cut or not.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	started := s.started
+	s.mu.Unlock()
+	var err error
+	if started {
+		err = s.http.ShutdownWithContext(ctx)
+		// Streams run on their own goroutines; wait for them too.
+		done := make(chan struct{})
+		go func() { s.inflight.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			err = errors.Join(err, fmt.Errorf("cannot drain in-flight streams: %w", ctx.Err()))
+			s.engines.Close() // breaks the remaining relays; their guards abort
+			<-done
+		}
+		s.stop()
+		s.bg.Wait()
+	}
+	s.engines.Close()
+	return err
+}
+
+// transportError answers requests fasthttp could not even read: a body over
+// the limit, a timeout reading a slow client's headers, garbage.
+func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
+	var status int
+	var e *RequestError
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		status, e = fasthttp.StatusRequestEntityTooLarge, ErrBodyTooLarge
+	case isTimeout(err):
+		status, e = fasthttp.StatusRequestTimeout, errRequestTimeout
+	default:
+		status, e = fasthttp.StatusBadRequest, errUnreadableRequest
+	}
+	s.metrics.count(APICompletions, statusClientError)
+	writeError(ctx, status, e)
+	ctx.SetConnectionClose()
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+var (
+	errRequestTimeout    = &RequestError{Message: "the request was not received within the read timeout", Type: invalidRequest, Code: "request_timeout"}
+	errUnreadableRequest = &RequestError{Message: "the request could not be read as HTTP", Type: invalidRequest, Code: "bad_request"}
+)
