@@ -6,9 +6,23 @@
 //
 // It turns a client request into a routing decision and hands it on: parse
 // the body (Parser), hash the prompt into block hashes (radix for token
-// prompts, AppendApproxHashes for text and chat prompts in approximate
-// mode), ask sched for a worker, put the booking into a guard, and let
-// dispatch forward the unchanged body and relay the response.
+// prompts, AppendApproxHashes for text and chat prompts), look up every
+// worker's cached prefix (the event-fed index, or the approximate index of
+// the router's own decisions), ask sched for a worker, put the booking into
+// a guard, and let dispatch forward the unchanged body and relay the
+// response. Server wires these together with the worker set (the shm
+// registry's live engines and static configuration), the metrics, and
+// graceful shutdown.
+//
+// A request's life in the server (exchange.go): the pooled exchange owns
+// every per-request buffer and is itself the dispatch.Observer, so engine
+// progress becomes guard transitions (Dispatched, first token, items,
+// Completed or Aborted) without a closure per request. The booking moves
+// into the guard before the engine is called; from then on every path,
+// including a panic in the handler and a stream whose client vanished,
+// releases it exactly once. A connect failure, the only failure after
+// which nothing reached the engine or the client, re-routes to another
+// worker.
 //
 // Parsing reads only what selection needs: model, prompt or messages,
 // stream, max_tokens / max_completion_tokens and cache_salt. It validates
@@ -20,14 +34,19 @@
 //
 // # What it owns
 //
-// The pool of ParsedRequest values and, per request, the body bytes they
-// alias. The text-chunk hash namespace of approximate mode (ApproxSeed),
+// The HTTP listener and its limits, the pool of exchanges (and the
+// ParsedRequest values and hash buffers inside them), the approximate
+// index, the model-to-namespace table, and the Prometheus registry. The text-chunk hash namespace of approximate mode (ApproxSeed),
 // kept apart from token-block hashes of the same model, adapter and salt.
 //
 // # Concurrency
 //
 // A Parser is read-only and serves all goroutines. A ParsedRequest belongs
 // to one request at a time. AppendApproxHashes and ApproxSeed are pure.
+// The request path reads the worker set, the model table and the index
+// without locks; a stream is relayed on fasthttp's stream-writer goroutine,
+// which takes the exchange over from the handler. Background goroutines
+// poll the registry, expire approximate assumptions and run ingestion.
 //
 // # Throughput envelope
 //
