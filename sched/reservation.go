@@ -116,7 +116,7 @@ func (r *Reservation) Release() {
 	l.requests.Add(-1)
 	s.mu.Unlock()
 	r.state = resReleased
-	s.released.Add(1)
+	s.released.Inc()
 	s.wakeWaiters()
 }
 

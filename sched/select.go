@@ -241,7 +241,7 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 		state:          resBooked,
 		trackOutput:    p.TrackOutputBlocks,
 	}
-	s.booked.Add(1)
+	s.booked.Inc()
 	info := &ws.info[w]
 	return Decision{
 		Slot:          w,
