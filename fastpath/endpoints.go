@@ -72,8 +72,16 @@ func (s *Server) routeOnly(ctx *fasthttp.RequestCtx, ex *exchange) {
 	s.metrics.count(ex.api, statusRouteOnly)
 	ex.dec = dec
 	ex.setDecisionHeaders(ctx) // uses ex.out as scratch: before the body is built there
+	ex.out = s.appendRouteJSON(ex.out[:0], ex)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(ex.out)
+}
+
+// appendRouteJSON appends the route-only answer for ex's decision (ex.dec)
+// and scores to b.
+func (s *Server) appendRouteJSON(b []byte, ex *exchange) []byte {
+	dec := &ex.dec
 	bs := uint64(s.sched.BlockSize())
-	b := ex.out[:0]
 	b = append(b, `{"worker_id":`...)
 	b = strconv.AppendUint(b, dec.WorkerID, 10)
 	b = append(b, `,"dp_rank":`...)
@@ -124,10 +132,7 @@ func (s *Server) routeOnly(ctx *fasthttp.RequestCtx, ex *exchange) {
 		b = strconv.AppendBool(b, ex.scores.Busy.Has(w))
 		b = append(b, '}')
 	}
-	b = append(b, "]}"...)
-	ex.out = b
-	ctx.SetContentType("application/json")
-	ctx.SetBody(b)
+	return append(b, "]}"...)
 }
 
 func nanotimeSince(t int64) time.Duration { return time.Duration(nanotime() - t) }

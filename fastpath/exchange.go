@@ -32,7 +32,6 @@ type exchange struct {
 	held     bool // h is acquired and not yet released
 	call     *dispatch.Call
 	exact    bool // hashes are token blocks looked up in the event-fed index
-	streamed bool // ownership passed to the stream writer goroutine
 
 	arrived, lastItem int64
 	firstSeen         bool
@@ -93,7 +92,12 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api API, routeOnly bool) 
 	}
 	ex := s.acquireExchange()
 	ex.api = api
-	defer s.settle(ctx, ex)
+	// Once a stream takes the exchange over, its goroutine may finish and
+	// recycle ex before this handler returns: settle must learn of the
+	// hand-off from a local, not from ex. settle is deferred itself, not
+	// called from a deferred closure, or its recover would return nil.
+	handedOff := false
+	defer s.settle(ctx, ex, &handedOff)
 	ex.echoRequestID(ctx)
 	if err := s.parser.Parse(ctx.PostBody(), api, &ex.req); err != nil {
 		ex.reject(ctx, asRequestError(err))
@@ -122,15 +126,19 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api API, routeOnly bool) 
 		return
 	}
 	ex.dec = dec
-	s.forward(ctx, ex)
+	handedOff = s.forward(ctx, ex)
 }
 
 // settle runs when the handler returns. Unless a stream took the exchange
 // over, it releases what the request still holds. A panic anywhere in
 // routing is answered with a 500 instead of killing the router, and its
 // guard is aborted with ReasonPanic before release.
-func (s *Server) settle(ctx *fasthttp.RequestCtx, ex *exchange) {
+func (s *Server) settle(ctx *fasthttp.RequestCtx, ex *exchange, handedOff *bool) {
 	p := recover()
+	if *handedOff {
+		// Nothing runs after the hand-off, so p is nil; ex is not ours.
+		return
+	}
 	if p != nil {
 		s.log.Error("BUG: panic while routing a request", "panic", p, "request_id", string(ex.rid))
 		if ex.held {
@@ -139,9 +147,6 @@ func (s *Server) settle(ctx *fasthttp.RequestCtx, ex *exchange) {
 		ctx.Response.Reset()
 		writeError(ctx, fasthttp.StatusInternalServerError, errInternal)
 		s.metrics.count(ex.api, statusEngineError)
-	}
-	if ex.streamed {
-		return
 	}
 	ex.cleanup()
 }
@@ -202,7 +207,7 @@ func (s *Server) prepare(ex *exchange) *RequestError {
 // forward sends the request to the chosen engine, re-routing when the
 // engine refuses the connection (nothing reached it, nothing reached the
 // client), and hands a stream to its relay goroutine.
-func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) {
+func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool) {
 	ex.call = s.engines.AcquireCall()
 	ex.call.SetRequest(ctx.URI().PathOriginal(), ctx.PostBody())
 	copyForwardHeaders(ctx, ex.call.Request(), ex.rid)
@@ -213,7 +218,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) {
 		}
 		if !dispatch.IsRetryable(err) || attempt >= s.cfg.MaxRetries || ex.sreq.Pinned {
 			ex.failDispatch(ctx, err)
-			return
+			return false
 		}
 		// Route again, without the engine that refused.
 		s.metrics.retries.Inc()
@@ -227,7 +232,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) {
 		dec, serr := ex.h.Select(ctx, &ex.sreq)
 		if serr != nil {
 			ex.failSelect(ctx, serr)
-			return
+			return false
 		}
 		ex.dec = dec
 	}
@@ -241,23 +246,23 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) {
 	ex.call.CopyHeaders(&ctx.Response.Header)
 	ex.setDecisionHeaders(ctx)
 	if ex.call.IsEventStream() {
-		ex.streamed = true
 		s.inflight.Add(1)
-		ctx.SetBodyStreamWriter(ex.sw)
-		return
+		ctx.SetBodyStreamWriter(ex.sw) // ex is the stream's from here on
+		return true
 	}
 	body, err := ex.call.ReadBody()
 	if err != nil {
 		ex.failRelay(ctx, err)
-		return
+		return false
 	}
 	ctx.SetBody(body)
 	if ex.call.StatusCode() >= 400 {
 		s.metrics.count(ex.api, statusEngineError)
-		return
+		return false
 	}
 	_ = ex.h.Close()
 	s.metrics.count(ex.api, statusOK)
+	return false
 }
 
 // stream relays an engine's event stream on fasthttp's writer goroutine and
@@ -418,10 +423,18 @@ func copyForwardHeaders(ctx *fasthttp.RequestCtx, req *fasthttp.Request, rid []b
 func writeError(ctx *fasthttp.RequestCtx, status int, e *RequestError) {
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
-	ctx.SetBody(e.AppendJSON(nil))
+	// Render into the response's own (pooled) body buffer, so that a flood
+	// of bad requests makes the router allocate nothing.
+	ctx.Response.ResetBody()
+	ctx.Response.SwapBody(e.AppendJSON(ctx.Response.SwapBody(nil)[:0]))
 }
 
 func asRequestError(err error) *RequestError {
+	// The parser returns its errors unwrapped; asserting first keeps the
+	// common refusal from paying for errors.As, whose target escapes.
+	if e, ok := err.(*RequestError); ok {
+		return e
+	}
 	var e *RequestError
 	if errors.As(err, &e) {
 		return e

@@ -1,0 +1,122 @@
+//go:build !race
+
+package fastpath
+
+import (
+	"bytes"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
+
+// TestRouteOnlyAllocations drives the server's handler in process, with one
+// reused RequestCtx, through everything a route-only request does: header
+// hints, parsing, block hashing, the index lookup, selection with scores,
+// metrics and the hand-built JSON answer. Once the pooled exchange has grown
+// to the request's size, none of it may allocate.
+func TestRouteOnlyAllocations(t *testing.T) {
+	text := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 90) // ~4 KB
+	cases := []struct {
+		name    string
+		path    string
+		body    []byte
+		headers map[string]string
+		cached  int // prompt blocks the first worker caches
+		policy  string
+	}{
+		{name: "tokens 1K cache hit", path: PathRouteCompletions,
+			body: tokenBody(benchTokens(1024, 151935), ", ", false), cached: 48},
+		{name: "tokens 1K cold", path: PathRouteCompletions,
+			body: tokenBody(benchTokens(1024, 151935), ", ", false)},
+		{name: "tokens 4K cache hit", path: PathRouteCompletions,
+			body: tokenBody(benchTokens(4096, 151935), ", ", true), cached: 200},
+		{name: "query-only header with request id", path: PathCompletions,
+			body: tokenBody(benchTokens(1024, 151935), ",", false), cached: 16,
+			headers: map[string]string{HeaderQueryOnly: "true", HeaderRequestID: "client-id-42"}},
+		{name: "pinned worker and rank", path: PathRouteCompletions,
+			body:    tokenBody(benchTokens(1024, 151935), ", ", false),
+			headers: map[string]string{HeaderWorker: "2", HeaderDPRank: "0", HeaderPriority: "-3"}},
+		{name: "allow list", path: PathRouteCompletions,
+			body: tokenBody(benchTokens(1024, 151935), ", ", false), cached: 8,
+			headers: map[string]string{HeaderAllow: "1, 3:0"}},
+		{name: "text prompt, approximate", path: PathRouteCompletions, policy: "approx",
+			body: []byte(`{"model":"` + benchModel + `","prompt":"` + text + `","max_tokens":64}`)},
+		{name: "chat, approximate", path: PathRouteChatCompletions, policy: "approx",
+			body: []byte(`{"model":"` + benchModel + `","messages":[{"role":"system","content":"Be brief."},` +
+				`{"role":"user","content":"` + text + `"}],"stream":true}`)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newRouteTestServer(t, 4, tc.policy)
+			if tc.cached > 0 {
+				fillRouteIndex(t, s, tc.body, 0, tc.cached)
+			}
+			ctx := newRouteCtx(tc.path, tc.body, tc.headers)
+			serve := func() {
+				ctx.Response.Reset()
+				s.handle(ctx)
+			}
+			serve() // grow the pooled exchange's buffers once
+			if code := ctx.Response.StatusCode(); code != fasthttp.StatusOK {
+				t.Fatalf("status %d: %s", code, ctx.Response.Body())
+			}
+			if !bytes.Contains(ctx.Response.Body(), []byte(`"worker_id":`)) {
+				t.Fatalf("no decision in %s", ctx.Response.Body())
+			}
+			if tc.cached > 0 {
+				// The index fill must be what the decision saw, or the
+				// lookup's hit path is not what was measured.
+				want := []byte(`"overlap_blocks":` + strconv.Itoa(tc.cached))
+				if !bytes.Contains(ctx.Response.Body(), want) {
+					t.Fatalf("want %s in %s", want, ctx.Response.Body())
+				}
+			}
+			if n := testing.AllocsPerRun(200, serve); n != 0 {
+				t.Fatalf("a route-only request made %v allocations", n)
+			}
+			if code := ctx.Response.StatusCode(); code != fasthttp.StatusOK {
+				t.Fatalf("status %d after the runs: %s", code, ctx.Response.Body())
+			}
+		})
+	}
+}
+
+// TestRejectedRequestAllocations keeps the cheap refusals cheap: a body that
+// fails to parse, or names no known model, is answered from the static
+// error bodies, so hostile traffic cannot make the router allocate either.
+func TestRejectedRequestAllocations(t *testing.T) {
+	s := newRouteTestServer(t, 2, "")
+	cases := []struct {
+		name   string
+		body   string
+		status int
+		want   *RequestError
+	}{
+		{"malformed", `{"prompt":[1,2,`, fasthttp.StatusBadRequest, ErrMalformedJSON},
+		{"unknown model", `{"model":"nope","prompt":[1,2,3]}`, fasthttp.StatusNotFound, errUnknownModel},
+		{"batch", `{"model":"` + benchModel + `","prompt":[[1],[2]]}`, fasthttp.StatusBadRequest, ErrBatchNotSupported},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := newRouteCtx(PathRouteCompletions, []byte(tc.body), nil)
+			serve := func() {
+				ctx.Response.Reset()
+				s.handle(ctx)
+			}
+			serve()
+			if code := ctx.Response.StatusCode(); code != tc.status {
+				t.Fatalf("status %d, want %d: %s", code, tc.status, ctx.Response.Body())
+			}
+			if n := testing.AllocsPerRun(200, serve); n != 0 {
+				t.Fatalf("a refused request made %v allocations", n)
+			}
+			// The error body is rendered into the response's reused buffer;
+			// it must still be whole after the runs.
+			if got, want := string(ctx.Response.Body()), string(tc.want.AppendJSON(nil)); got != want {
+				t.Fatalf("body %s, want %s", got, want)
+			}
+		})
+	}
+}
