@@ -82,7 +82,7 @@ func newMetrics(s *Server) *metrics {
 	tokens := prometheus.ExponentialBuckets(16, 2, 14) // 16 .. 131072
 	m.isl = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "kvfast_input_sequence_tokens", Buckets: tokens,
-		Help: "Prompt length in tokens of requests that reached an engine (token prompts only).",
+		Help: "Prompt length in tokens of requests that reached an engine (text and chat prompts: estimated at 4 bytes per token).",
 	})
 	m.osl = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "kvfast_output_sequence_tokens", Buckets: tokens,

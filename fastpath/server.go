@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvfast/kvfast/dispatch"
@@ -141,7 +142,8 @@ type Server struct {
 	metricsHTTP fasthttp.RequestHandler
 
 	exchanges sync.Pool
-	inflight  sync.WaitGroup // streams still being relayed
+	inflight  sync.WaitGroup                   // streams still being relayed
+	conns     *xsync.MapOf[net.Conn, struct{}] // open client connections, cut at the shutdown deadline
 	requestID atomic.Uint64
 
 	stop     context.CancelFunc
@@ -156,7 +158,8 @@ type Server struct {
 // New builds a router from cfg. It starts nothing; call Serve.
 func New(cfg Config) (*Server, error) {
 	cfg = cfg.withDefaults()
-	s := &Server{cfg: cfg, log: cfg.Logger, seg: cfg.Segment, ingester: cfg.Ingester}
+	s := &Server{cfg: cfg, log: cfg.Logger, seg: cfg.Segment, ingester: cfg.Ingester,
+		conns: xsync.NewMapOf[net.Conn, struct{}]()}
 	policy, approx, err := sched.ParsePolicy(cfg.Policy)
 	if err != nil {
 		return nil, err
@@ -198,6 +201,8 @@ func New(cfg Config) (*Server, error) {
 	s.http = &fasthttp.Server{
 		Handler:                       s.handle,
 		ErrorHandler:                  s.transportError,
+		Logger:                        fasthttpLogger{s.log},
+		ConnState:                     s.trackConn,
 		Name:                          "kvfast",
 		MaxRequestBodySize:            cfg.MaxBodyBytes,
 		ReadTimeout:                   cfg.ReadTimeout,
@@ -226,6 +231,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.started || s.closed {
 		s.mu.Unlock()
+		_ = ln.Close() // as net/http does: a listener Serve will not serve is closed
 		return errors.New("kvfast: server already started or shut down")
 	}
 	s.started = true
@@ -275,11 +281,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	s.closed = true
-	started := s.started
+	started, ln := s.started, s.ln
 	s.mu.Unlock()
 	var err error
 	if started {
 		err = s.http.ShutdownWithContext(ctx)
+		// A Serve that has not yet handed ln to fasthttp left it nothing
+		// to close, and would then accept forever: close ln ourselves.
+		_ = ln.Close()
 		// Streams run on their own goroutines; wait for them too.
 		done := make(chan struct{})
 		go func() { s.inflight.Wait(); close(done) }()
@@ -287,14 +296,37 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		case <-done:
 		case <-ctx.Done():
 			err = errors.Join(err, fmt.Errorf("cannot drain in-flight streams: %w", ctx.Err()))
-			s.engines.Close() // breaks the remaining relays; their guards abort
-			<-done
+			// Cut them: a relay fails at its next write to its closed
+			// client, cancels its engine request and aborts its guard.
+			// (Closing the engine pool does not reach connections in
+			// use.) A relay waiting on a silent engine notices only at
+			// its idle timeout, so the wait for the cut is bounded.
+			s.conns.Range(func(c net.Conn, _ struct{}) bool { _ = c.Close(); return true })
+			select {
+			case <-done:
+			case <-time.After(streamCutGrace):
+				s.log.Warn("shutdown returns with streams still waiting on silent engines")
+			}
 		}
 		s.stop()
 		s.bg.Wait()
 	}
 	s.engines.Close()
 	return err
+}
+
+// streamCutGrace bounds Shutdown's wait for the streams it cut.
+const streamCutGrace = time.Second
+
+// trackConn keeps the set of open client connections, for Shutdown to cut
+// the streams still running at its deadline.
+func (s *Server) trackConn(c net.Conn, st fasthttp.ConnState) {
+	switch st {
+	case fasthttp.StateNew:
+		s.conns.Store(c, struct{}{})
+	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		s.conns.Delete(c)
+	}
 }
 
 // transportError answers requests fasthttp could not even read: a body over
@@ -313,6 +345,14 @@ func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 	s.metrics.count(APICompletions, statusClientError)
 	writeError(ctx, status, e)
 	ctx.SetConnectionClose()
+}
+
+// fasthttpLogger hands fasthttp's own reports (connections it could not
+// serve, the connection limit reached) to the router's structured log.
+type fasthttpLogger struct{ log *slog.Logger }
+
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	l.log.Warn(fmt.Sprintf(format, args...), "component", "fasthttp")
 }
 
 func isTimeout(err error) bool {

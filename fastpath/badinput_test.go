@@ -1,0 +1,303 @@
+package fastpath
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/mocker"
+)
+
+// TestBadInput: every malformed or unroutable request gets a 4xx with an
+// OpenAI error body, reaches no engine and leaves nothing booked.
+func TestBadInput(t *testing.T) {
+	eng := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`)
+	})
+	const maxBody = 4096
+	r := startE2ERouter(t, Config{
+		MaxBodyBytes: maxBody,
+		MaxTokenID:   1000,
+		Static: []StaticWorker{
+			{ID: 1, Endpoint: eng.addr(), Model: e2eModel},
+			{ID: 2, DPRank: 0, Endpoint: eng.addr(), Model: e2eModel},
+			{ID: 2, DPRank: 1, Endpoint: eng.addr(), Model: e2eModel},
+		},
+	})
+	ok := []byte(`{"model":"mock","prompt":[1,2,3]}`)
+	cases := []struct {
+		name   string
+		method string // POST when empty
+		path   string // PathCompletions when empty
+		body   []byte
+		hdr    map[string]string
+		status int
+		code   string
+	}{
+		// Malformed JSON.
+		{name: "unclosed array", body: []byte(`{"prompt":[1,2,3}`), status: 400, code: "invalid_json"},
+		{name: "truncated", body: []byte(`{"model":"mock","prompt":[1,2`), status: 400, code: "invalid_json"},
+		{name: "trailing garbage", body: []byte(`{"prompt":[1,2]} x`), status: 400, code: "invalid_json"},
+		{name: "empty body", body: []byte{}, status: 400, code: "invalid_json"},
+		{name: "bad escape", body: []byte(`{"prompt":"a\qb"}`), status: 400, code: "invalid_json"},
+		{name: "route endpoint", path: PathRouteCompletions, body: []byte(`{"prompt":`), status: 400, code: "invalid_json"},
+		{name: "chat", path: PathChatCompletions, body: []byte(`{"messages":[{"role":"user",}]}`), status: 400, code: "invalid_json"},
+		// Wrong types.
+		{name: "not an object", body: []byte(`[1,2,3]`), status: 400, code: "invalid_type"},
+		{name: "model number", body: []byte(`{"model":5,"prompt":[1]}`), status: 400, code: "invalid_type"},
+		{name: "prompt object", body: []byte(`{"prompt":{"a":1}}`), status: 400, code: "invalid_type"},
+		{name: "prompt number", body: []byte(`{"prompt":42}`), status: 400, code: "invalid_type"},
+		{name: "token as string", body: []byte(`{"prompt":[1,"2"]}`), status: 400, code: "invalid_type"},
+		{name: "fractional token", body: []byte(`{"prompt":[1.5]}`), status: 400, code: "invalid_type"},
+		{name: "token as bool", body: []byte(`{"prompt":[1,true]}`), status: 400, code: "invalid_type"},
+		{name: "stream string", body: []byte(`{"prompt":[1],"stream":"yes"}`), status: 400, code: "invalid_type"},
+		{name: "max_tokens string", body: []byte(`{"prompt":[1],"max_tokens":"ten"}`), status: 400, code: "invalid_type"},
+		{name: "max_tokens zero", body: []byte(`{"prompt":[1],"max_tokens":0}`), status: 400, code: "invalid_value"},
+		{name: "messages string", path: PathChatCompletions, body: []byte(`{"messages":"hi"}`), status: 400, code: "invalid_type"},
+		// Limits.
+		{name: "negative token", body: []byte(`{"prompt":[1,-2,3]}`), status: 400, code: "token_out_of_range"},
+		{name: "token over max id", body: []byte(`{"prompt":[1,1001]}`), status: 400, code: "token_out_of_range"},
+		{name: "token over uint32", body: []byte(`{"prompt":[4294967296]}`), status: 400, code: "token_out_of_range"},
+		// Empty and missing prompts.
+		{name: "empty string prompt", body: []byte(`{"model":"mock","prompt":""}`), status: 400, code: "empty_prompt"},
+		{name: "empty token prompt", body: []byte(`{"model":"mock","prompt":[]}`), status: 400, code: "empty_prompt"},
+		{name: "empty messages", path: PathChatCompletions, body: []byte(`{"model":"mock","messages":[]}`), status: 400, code: "empty_prompt"},
+		{name: "no prompt", body: []byte(`{"model":"mock"}`), status: 400, code: "missing_required_parameter"},
+		{name: "null prompt", body: []byte(`{"model":"mock","prompt":null}`), status: 400, code: "missing_required_parameter"},
+		// Batches.
+		{name: "batch of strings", body: []byte(`{"prompt":["a","b"]}`), status: 400, code: "batch_not_supported"},
+		{name: "batch of token arrays", body: []byte(`{"prompt":[[1,2],[3,4]]}`), status: 400, code: "batch_not_supported"},
+		// Routing.
+		{name: "unknown model", body: []byte(`{"model":"gpt-9","prompt":[1,2]}`), status: 404, code: "model_not_found"},
+		{name: "unknown model, route-only", path: PathRouteCompletions, body: []byte(`{"model":"gpt-9","prompt":"x"}`), status: 404, code: "model_not_found"},
+		{name: "unknown pinned worker", body: ok, hdr: map[string]string{HeaderWorker: "99"}, status: 404, code: "worker_not_found"},
+		{name: "unknown pinned rank", body: ok, hdr: map[string]string{HeaderWorker: "2", HeaderDPRank: "7"}, status: 404, code: "worker_not_found"},
+		{name: "ambiguous pin", body: ok, hdr: map[string]string{HeaderWorker: "2"}, status: 400, code: "ambiguous_pin"},
+		// Bad hint headers.
+		{name: "worker not a number", body: ok, hdr: map[string]string{HeaderWorker: "abc"}, status: 400, code: "invalid_header"},
+		{name: "negative worker", body: ok, hdr: map[string]string{HeaderWorker: "-1"}, status: 400, code: "invalid_header"},
+		{name: "rank without worker", body: ok, hdr: map[string]string{HeaderDPRank: "0"}, status: 400, code: "invalid_header"},
+		{name: "rank not a number", body: ok, hdr: map[string]string{HeaderWorker: "1", HeaderDPRank: "zero"}, status: 400, code: "invalid_header"},
+		{name: "rank over uint32", body: ok, hdr: map[string]string{HeaderWorker: "1", HeaderDPRank: "4294967296"}, status: 400, code: "invalid_header"},
+		{name: "priority not a number", body: ok, hdr: map[string]string{HeaderPriority: "high"}, status: 400, code: "invalid_header"},
+		{name: "priority out of range", body: ok, hdr: map[string]string{HeaderPriority: "1000001"}, status: 400, code: "invalid_header"},
+		{name: "allow-list garbage", body: ok, hdr: map[string]string{HeaderAllow: "1,zz"}, status: 400, code: "invalid_header"},
+		{name: "allow-list unknown worker", body: ok, hdr: map[string]string{HeaderAllow: "42"}, status: 400, code: "invalid_header"},
+		{name: "allow-list unknown rank", body: ok, hdr: map[string]string{HeaderAllow: "2:5"}, status: 400, code: "invalid_header"},
+		// Wrong method or path.
+		{name: "GET completions", method: http.MethodGet, status: 405, code: "method_not_allowed"},
+		{name: "unknown path", path: "/v1/embeddings", body: ok, status: 404, code: "not_found"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			method, path := tc.method, tc.path
+			if method == "" {
+				method = http.MethodPost
+			}
+			if path == "" {
+				path = PathCompletions
+			}
+			resp := r.do(t, method, path, tc.body, tc.hdr)
+			if resp.status != tc.status {
+				t.Errorf("status %d, want %d: %s", resp.status, tc.status, resp.body)
+			}
+			if ct := resp.header.Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type %q", ct)
+			}
+			if code := checkOpenAIError(t, resp.body); code != tc.code {
+				t.Errorf("code %q, want %q: %s", code, tc.code, resp.body)
+			}
+			if v := r.srv.Admin(); v.Queue.Booked != 0 || !reservationsReleased(v) {
+				t.Errorf("a refused request booked load: queue %+v", v.Queue)
+			}
+		})
+	}
+	// Bodies over the limit are refused as soon as the router knows, from
+	// the declared length or from the chunk sizes, before it reads them. A
+	// raw connection sends only a first part of each, so that the refusal
+	// is read back before the client has written more than the router took.
+	for _, tc := range []struct{ name, head, part string }{
+		{"declared length over the limit", "Content-Length: 100000\r\n", `{"prompt":[` + strings.Repeat("1,", 500)},
+		{"chunked body over the limit", "Transfer-Encoding: chunked\r\n",
+			"800\r\n" + `{"prompt":[` + strings.Repeat("1,", 1018) + "1\r\n" + "801\r\n" + strings.Repeat(",1", 100)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := rawRequest(t, strings.TrimPrefix(r.url, "http://"),
+				"POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Type: application/json\r\n"+tc.head+"\r\n"+tc.part)
+			if resp.StatusCode != http.StatusRequestEntityTooLarge {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			if code := checkOpenAIError(t, body); code != "body_too_large" {
+				t.Errorf("code %q", code)
+			}
+		})
+	}
+	// The table reached no engine and the router still routes.
+	if n := eng.requests.Load(); n != 0 {
+		t.Errorf("bad requests reached the engine %d times", n)
+	}
+	if resp := r.post(t, PathCompletions, ok, map[string]string{HeaderWorker: "1"}); resp.status != 200 {
+		t.Errorf("a good request after the table: %d %s", resp.status, resp.body)
+	}
+	waitReleased(t, r.srv)
+	m := r.metrics(t)
+	if v, _ := metricValue(m, `kvfast_requests_total{endpoint="completions",status="client_error"}`); v < 30 {
+		t.Errorf("client errors counted: %v", v)
+	}
+	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="ok"}`, 1)
+}
+
+// TestSlowClientsHitReadTimeout: slowloris clients that drip their headers
+// or body are cut at the read timeout, and do not stop others from being
+// served meanwhile.
+func TestSlowClientsHitReadTimeout(t *testing.T) {
+	eng := startMock(t, mocker.Config{WorkerID: 1})
+	const readTimeout = 300 * time.Millisecond
+	r := startE2ERouter(t, Config{ReadTimeout: readTimeout,
+		Static: []StaticWorker{{ID: 1, Endpoint: eng.Addr(), Model: e2eModel}}})
+	addr := strings.TrimPrefix(r.url, "http://")
+
+	body := `{"model":"mock","prompt":[1,2,3],"max_tokens":1}`
+	cases := []struct {
+		name string
+		head string   // sent at once
+		drip []string // then one piece every 50 ms, for as long as the server listens
+	}{
+		{"slow headers", "POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\n", repeatLines("X-Slow-%d: 1\r\n", 200)},
+		{"slow request line", "POST /v1/compl", strings.Split(strings.Repeat("e", 200), "")},
+		{"slow body", "POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Type: application/json\r\nContent-Length: " +
+			strconv.Itoa(len(body)) + "\r\n\r\n", strings.Split(body, "")},
+	}
+	type outcome struct {
+		data    []byte
+		elapsed time.Duration
+	}
+	results := make([]chan outcome, len(cases))
+	for i, tc := range cases {
+		results[i] = make(chan outcome, 1)
+		go func() {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				results[i] <- outcome{data: []byte(err.Error())}
+				return
+			}
+			defer c.Close()
+			start := time.Now()
+			_ = c.SetDeadline(start.Add(e2eWait))
+			read := make(chan []byte, 1)
+			go func() {
+				b, _ := io.ReadAll(c) // until the server answers and closes, or resets
+				read <- b
+			}()
+			_, _ = io.WriteString(c, tc.head)
+			tick := time.NewTicker(50 * time.Millisecond)
+			defer tick.Stop()
+			for _, piece := range tc.drip {
+				select {
+				case b := <-read:
+					results[i] <- outcome{b, time.Since(start)}
+					return
+				case <-tick.C:
+					if _, err := io.WriteString(c, piece); err != nil {
+						results[i] <- outcome{<-read, time.Since(start)}
+						return
+					}
+				}
+			}
+			results[i] <- outcome{[]byte("the client finished dripping before the server cut it"), time.Since(start)}
+		}()
+	}
+	// Meanwhile an ordinary client is served.
+	time.Sleep(100 * time.Millisecond)
+	if resp := r.post(t, PathCompletions, []byte(body), nil); resp.status != 200 {
+		t.Errorf("a normal request during the slowloris: %d %s", resp.status, resp.body)
+	}
+	for i, tc := range cases {
+		out := <-results[i]
+		if out.elapsed > readTimeout+3*time.Second || out.elapsed < readTimeout/2 {
+			t.Errorf("%s: cut after %v, want about the read timeout %v", tc.name, out.elapsed, readTimeout)
+		}
+		// Either a 408 with an OpenAI error body, or a closed connection.
+		if len(out.data) > 0 {
+			head, payload, _ := bytes.Cut(out.data, []byte("\r\n\r\n"))
+			if !bytes.HasPrefix(head, []byte("HTTP/1.1 408 ")) {
+				t.Errorf("%s: got %q, want a 408 or a closed connection", tc.name, out.data)
+				continue
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(out.data)), nil)
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+				continue
+			}
+			if code := checkOpenAIError(t, payload); code != "request_timeout" {
+				t.Errorf("%s: code %q", tc.name, code)
+			}
+			resp.Body.Close()
+		}
+		t.Logf("%s: cut after %v with %d bytes", tc.name, out.elapsed, len(out.data))
+	}
+	waitReleased(t, r.srv)
+}
+
+func repeatLines(format string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = strings.Replace(format, "%d", strconv.Itoa(i), 1)
+	}
+	return out
+}
+
+// rawRequest writes req on a new connection and reads one response.
+func rawRequest(t *testing.T, addr, req string) (*http.Response, []byte) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(e2eWait))
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("reading the response: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading the response body: %v", err)
+	}
+	return resp, body
+}
+
+// TestTransportErrorsLoggedStructured: what fasthttp itself reports about
+// connections it could not serve goes to the router's slog logger, not to
+// the standard library's unstructured log.
+func TestTransportErrorsLoggedStructured(t *testing.T) {
+	logs := newLogCapture()
+	r := startE2ERouter(t, Config{MaxBodyBytes: 1024, Logger: slog.New(logs)})
+	resp, body := rawRequest(t, strings.TrimPrefix(r.url, "http://"),
+		"POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Length: 5000\r\n\r\n{")
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	waitFor(t, "fasthttp's report in the router's log", func() bool {
+		_, ok := logs.find("body size exceeds the given limit")
+		return ok
+	})
+	line, _ := logs.find("body size exceeds the given limit")
+	if !strings.HasPrefix(line, "WARN ") {
+		t.Errorf("logged as %q", line)
+	}
+}

@@ -1,0 +1,1151 @@
+package fastpath
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/mocker"
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/shm"
+)
+
+// TestStreamRelayedByteExact: the client receives exactly the bytes the
+// engine sent, for an event stream with every framing an engine may use and
+// for a plain JSON body, and the engine receives exactly the body the
+// client sent.
+func TestStreamRelayedByteExact(t *testing.T) {
+	big := strings.Repeat("§ big event ", 3000) // ~39 KB: larger than the relay buffer
+	events := [][]byte{
+		[]byte(": keep-alive comment\n\n"),
+		itemEvent(0, "Hello", ""),
+		[]byte("event: message\r\ndata: {\"choices\":[{\"index\":0,\"text\":\" crlf\",\"finish_reason\":null}]}\r\n\r\n"),
+		itemEvent(1, " ünïcødé ✓ \"quoted\" \\ back", ""),
+		[]byte("id: 7\nretry: 1000\ndata: {\"choices\":[{\"index\":0,\"text\":\" multi\",\n\n"), // data cut short: relayed as is
+		itemEvent(2, big, ""),
+		itemEvent(3, "!", "length"),
+		[]byte(`data: {"id":"cmpl-standin","object":"text_completion","choices":[],"usage":{"prompt_tokens":64,"completion_tokens":4,"total_tokens":68}}` + "\n\n"),
+		[]byte(doneEvent),
+	}
+	want := concat(events)
+	eng := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
+		for i, ev := range events {
+			if i == 3 {
+				// One event split across two flushes, with a pause: the
+				// relay must hold the half until the rest arrives.
+				_ = writeFlush(w, ev[:10])
+				time.Sleep(20 * time.Millisecond)
+				_ = writeFlush(w, ev[10:])
+				continue
+			}
+			if writeFlush(w, ev) != nil {
+				return
+			}
+		}
+	}))
+	plain := []byte(`{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" plain ✓","finish_reason":"stop"}],` +
+		`"usage":{"prompt_tokens":64,"completion_tokens":2,"total_tokens":66}}` + "\n")
+	plainEng := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.Response.Header.Set("X-Engine-Header", "kept")
+		ctx.SetBody(plain)
+	})
+	r := startE2ERouter(t, Config{Static: []StaticWorker{
+		{ID: 11, Endpoint: "http://" + eng.addr(), Model: e2eModel},
+		{ID: 12, Endpoint: plainEng.addr(), Model: e2eModel},
+	}})
+
+	// Extra fields, odd spacing and key order: forwarded untouched.
+	tokens := e2eTokens(1, 64)
+	body := append([]byte("{ \"stream\" : true ,\"temperature\":0.25, \"stream_options\": {\"include_usage\": true},\n \"prompt\":"),
+		completionBody(tokens, false, 4)[len(`{"model":"mock","prompt":`):]...)
+	body = append(body[:len(body)-1], `, "model":"mock", "echo": false}`...)
+
+	t.Run("stream", func(t *testing.T) {
+		resp := r.post(t, PathCompletions, body, map[string]string{HeaderWorker: "11", HeaderRequestID: "client-rid-1"})
+		if resp.status != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.status, resp.body)
+		}
+		if !bytes.Equal(resp.body, want) {
+			t.Fatalf("relayed stream differs from the engine's\n got %d bytes: %.300q\nwant %d bytes: %.300q",
+				len(resp.body), resp.body, len(want), want)
+		}
+		if ct := resp.header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+			t.Errorf("Content-Type %q", ct)
+		}
+		if got := resp.header.Get("Cache-Control"); got != "no-cache" {
+			t.Errorf("engine header Cache-Control not relayed: %q", got)
+		}
+		if got := resp.header.Get(HeaderWorker); got != "11" {
+			t.Errorf("%s = %q, want 11", HeaderWorker, got)
+		}
+		if got := resp.header.Get(HeaderRequestID); got != "client-rid-1" {
+			t.Errorf("request id not echoed: %q", got)
+		}
+		bodies, rids := eng.received()
+		if len(bodies) != 1 || !bytes.Equal(bodies[0], body) {
+			t.Fatalf("engine received %q, want the client's body %q", bodies, body)
+		}
+		if rids[0] != "client-rid-1" {
+			t.Errorf("engine saw request id %q", rids[0])
+		}
+	})
+	t.Run("plain", func(t *testing.T) {
+		nb := completionBody(tokens, false, 2)
+		resp := r.post(t, PathCompletions, nb, map[string]string{HeaderWorker: "12"})
+		if resp.status != http.StatusOK || !bytes.Equal(resp.body, plain) {
+			t.Fatalf("status %d body %q, want 200 %q", resp.status, resp.body, plain)
+		}
+		if resp.header.Get("X-Engine-Header") != "kept" {
+			t.Errorf("engine header not relayed: %v", resp.header)
+		}
+		if rid := resp.header.Get(HeaderRequestID); rid == "" {
+			t.Error("no request id generated")
+		} else if _, rids := plainEng.received(); rids[0] != rid {
+			t.Errorf("engine saw request id %q, client %q", rids[0], rid)
+		}
+	})
+	waitReleased(t, r.srv)
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="ok"}`, 2)
+	wantMetric(t, m, `kvfast_output_sequence_tokens_count`, 1)
+}
+
+// TestClientCancelReleasesReservations: a client that leaves mid-stream
+// gets its booking released, and the engine's request is cancelled.
+func TestClientCancelReleasesReservations(t *testing.T) {
+	release := make(chan struct{})
+	engineGone := make(chan struct{})
+	eng := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
+		defer close(engineGone)
+		<-release // prefill: no token yet
+		for i := 0; ; i++ {
+			if writeFlush(w, itemEvent(i, " tok", "")) != nil {
+				return // the router hung up: the request is cancelled
+			}
+			time.Sleep(15 * time.Millisecond)
+		}
+	}))
+	r := startE2ERouter(t, Config{Static: []StaticWorker{{ID: 1, Endpoint: eng.addr(), Model: e2eModel}}})
+
+	type result struct {
+		resp *http.Response
+		err  error
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	opened := make(chan result, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.url+PathCompletions,
+			bytes.NewReader(completionBody(e2eTokens(2, 64), true, 1000)))
+		resp, err := r.client.Do(req)
+		opened <- result{resp, err}
+	}()
+
+	// Booked before the engine's first token: 4 prompt blocks, 64 prefill tokens.
+	waitFor(t, "the request to be booked", func() bool { return workerView(t, r.srv, 1, 0).Requests == 1 })
+	if w := workerView(t, r.srv, 1, 0); w.ActiveBlocks != 4 || w.PrefillTokens != 64 {
+		t.Fatalf("during prefill: active blocks %d, prefill tokens %d; want 4 and 64", w.ActiveBlocks, w.PrefillTokens)
+	}
+	close(release)
+	res := <-opened
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	defer res.resp.Body.Close()
+	br := bufio.NewReader(res.resp.Body)
+	for i := range 3 {
+		ev, err := readEvent(br)
+		if err != nil || !bytes.Equal(ev, itemEvent(i, " tok", "")) {
+			t.Fatalf("event %d: %q, %v", i, ev, err)
+		}
+	}
+	// The first token released the prefill; the blocks stay booked.
+	if w := workerView(t, r.srv, 1, 0); w.Requests != 1 || w.ActiveBlocks != 4 || w.PrefillTokens != 0 {
+		t.Fatalf("while decoding: %+v", w)
+	}
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_worker_active_requests{dp_rank="0",worker="1"}`, 1)
+
+	cancel() // the client goes away
+	res.resp.Body.Close()
+	select {
+	case <-engineGone:
+	case <-time.After(e2eWait):
+		t.Fatal("the engine's request was not cancelled after the client left")
+	}
+	waitReleased(t, r.srv)
+	waitFor(t, "the cancellation to be counted", func() bool {
+		v, _ := metricValue(r.metrics(t), `kvfast_requests_total{endpoint="completions",status="cancelled"}`)
+		return v == 1
+	})
+	m = r.metrics(t)
+	wantMetric(t, m, `kvfast_worker_active_requests{dp_rank="0",worker="1"}`, 0)
+	wantMetric(t, m, `kvfast_worker_active_blocks{dp_rank="0",worker="1"}`, 0)
+	wantMetric(t, m, `kvfast_worker_prefill_tokens{dp_rank="0",worker="1"}`, 0)
+	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="ok"}`, 0)
+}
+
+// TestEngineKilledMidStream: the client gets what the engine sent, then an
+// OpenAI error event, and the load is released.
+func TestEngineKilledMidStream(t *testing.T) {
+	kill := make(chan struct{})
+	var eng *e2eEngine
+	eng = startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
+		for i := range 3 {
+			_ = writeFlush(w, itemEvent(i, " tok", ""))
+		}
+		<-kill
+		eng.kill()
+	}))
+	r := startE2ERouter(t, Config{Static: []StaticWorker{{ID: 5, Endpoint: eng.addr(), Model: e2eModel}}})
+	resp, _ := r.openStream(t, PathCompletions, completionBody(e2eTokens(3, 40), true, 100), nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	br := bufio.NewReader(resp.Body)
+	var got []byte
+	for range 3 {
+		ev, err := readEvent(br)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ev...)
+	}
+	if w := workerView(t, r.srv, 5, 0); w.Requests != 1 || w.ActiveBlocks != 2 {
+		t.Fatalf("before the kill: %+v", w)
+	}
+	close(kill)
+	rest, err := io.ReadAll(br)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("reading after the kill: %v", err)
+	}
+	want := concat([][]byte{itemEvent(0, " tok", ""), itemEvent(1, " tok", ""), itemEvent(2, " tok", "")})
+	if !bytes.Equal(got, want) {
+		t.Fatalf("before the kill got %q", got)
+	}
+	data, ok := bytes.CutPrefix(rest, []byte("data: "))
+	if !ok || !bytes.HasSuffix(data, []byte("\n\n")) || bytes.Count(rest, []byte("\n\n")) != 1 {
+		t.Fatalf("after the kill the client got %q, want one error event", rest)
+	}
+	if code := checkOpenAIError(t, bytes.TrimSpace(data)); code != "engine_failed" {
+		t.Errorf("error code %q, want engine_failed", code)
+	}
+	waitReleased(t, r.srv)
+	waitFor(t, "the failure to be counted", func() bool {
+		v, _ := metricValue(r.metrics(t), `kvfast_requests_total{endpoint="completions",status="engine_error"}`)
+		return v == 1
+	})
+}
+
+// TestExactTokenRoutingFollowsEvents: mock engines registered in a shm
+// segment publish their KV events; the router ingests them and sends a
+// repeated prefix to the engine that caches it, which then serves it from
+// its cache.
+func TestExactTokenRoutingFollowsEvents(t *testing.T) {
+	seg, err := shm.Open(filepath.Join(t.TempDir(), "kvfast.seg"), shm.Options{Index: radix.Config{Capacity: 1 << 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = seg.Close() }) // after the engines and the router: cleanups run last-in first-out
+	const n = 3
+	for i := range n {
+		startMock(t, mocker.Config{SegmentHandle: seg, WorkerID: uint64(i + 1)})
+	}
+	r := startE2ERouter(t, Config{Segment: seg, Ingester: feed.New(seg, feed.Config{})})
+	waitFor(t, "the engines to register", func() bool { return len(r.srv.Admin().Workers) == n })
+
+	const prefixBlocks = 6
+	for p := range 4 {
+		prefix := e2eTokens(uint32(100+p), prefixBlocks*16)
+		first := completionBody(append(append([]uint32{}, prefix...), e2eTokens(uint32(200+p), 8)...), false, 4)
+		resp := r.post(t, PathCompletions, first, nil)
+		if resp.status != http.StatusOK {
+			t.Fatalf("prefix %d: status %d: %s", p, resp.status, resp.body)
+		}
+		owner := resp.header.Get(HeaderWorker)
+		if resp.header.Get(HeaderOverlapBlocks) != "0" {
+			t.Errorf("prefix %d: a new prefix had overlap %s", p, resp.header.Get(HeaderOverlapBlocks))
+		}
+		// The engine's Stored events reach the index asynchronously; the
+		// route-only endpoint shows when they have.
+		again := completionBody(append(append([]uint32{}, prefix...), e2eTokens(uint32(300+p), 8)...), false, 4)
+		waitFor(t, "the engine's KV events to reach the index", func() bool {
+			var d struct {
+				WorkerID      uint64 `json:"worker_id"`
+				OverlapBlocks int    `json:"overlap_blocks"`
+			}
+			decodeJSON(t, r.post(t, PathRouteCompletions, again, nil).body, &d)
+			return d.OverlapBlocks == prefixBlocks && strconv.FormatUint(d.WorkerID, 10) == owner
+		})
+		for k := range 2 {
+			resp := r.post(t, PathCompletions, again, nil)
+			if resp.status != http.StatusOK {
+				t.Fatalf("prefix %d repeat %d: status %d: %s", p, k, resp.status, resp.body)
+			}
+			if got := resp.header.Get(HeaderWorker); got != owner {
+				t.Errorf("prefix %d repeat %d went to worker %s, want %s (which caches it)", p, k, got, owner)
+			}
+			if got := resp.header.Get(HeaderOverlapBlocks); got != strconv.Itoa(prefixBlocks) {
+				t.Errorf("prefix %d repeat %d: overlap %s blocks, want %d", p, k, got, prefixBlocks)
+			}
+			var out struct {
+				Usage struct {
+					Details struct {
+						Cached int `json:"cached_tokens"`
+					} `json:"prompt_tokens_details"`
+				} `json:"usage"`
+			}
+			decodeJSON(t, resp.body, &out)
+			if out.Usage.Details.Cached != prefixBlocks*16 {
+				t.Errorf("prefix %d repeat %d: the engine served %d cached tokens, want %d",
+					p, k, out.Usage.Details.Cached, prefixBlocks*16)
+			}
+		}
+	}
+	waitReleased(t, r.srv)
+	v := r.srv.Admin()
+	if v.Feed == nil || v.Feed.StoredBlocks == 0 || v.Index.Entries == 0 {
+		t.Errorf("the feed applied nothing: %+v, index %+v", v.Feed, v.Index)
+	}
+	m := r.metrics(t)
+	if hit, _ := metricValue(m, "kvfast_cached_blocks_total"); hit != 4*2*prefixBlocks {
+		t.Errorf("kvfast_cached_blocks_total = %v, want %d", hit, 4*2*prefixBlocks)
+	}
+}
+
+// TestApproxRoutingWithStaticWorkers: without events, policy approx routes
+// a repeated text or chat prefix to the worker it chose before.
+func TestApproxRoutingWithStaticWorkers(t *testing.T) {
+	var static []StaticWorker
+	for i := range 3 {
+		e := startMock(t, mocker.Config{WorkerID: uint64(i + 1)})
+		static = append(static, StaticWorker{ID: uint64(i + 1), Endpoint: e.URL(), Model: e2eModel})
+	}
+	r := startE2ERouter(t, Config{Static: static, Policy: "approx"})
+
+	// 640 bytes of prompt text: exactly ten 64-byte chunks before the suffix.
+	text := func(p int) string {
+		s := strings.Repeat("word"+strconv.Itoa(p)+" ", 200)
+		return s[:640]
+	}
+	cases := []struct {
+		name, path string
+		body       func(p int, suffix string) []byte
+		overlap    int
+	}{
+		{"text", PathCompletions, func(p int, suffix string) []byte {
+			return []byte(`{"model":"mock","max_tokens":2,"prompt":"` + text(p) + suffix + `"}`)
+		}, 10},
+		{"chat", PathChatCompletions, func(p int, suffix string) []byte {
+			// The raw messages array is hashed: the 640 bytes start at '['.
+			return []byte(`{"model":"mock","max_tokens":2,"messages":` + `[{"role":"user","content":"` +
+				text(p)[len(`[{"role":"user","content":"`):] + suffix + `"}]}`)
+		}, 10},
+		{"tokens", PathCompletions, func(p int, suffix string) []byte {
+			tail := e2eTokens(uint32(len(suffix)+7), 8)
+			return completionBody(append(e2eTokens(uint32(500+p), 160), tail...), false, 2)
+		}, 10},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for p := range 3 {
+				resp := r.post(t, tc.path, tc.body(p, "first suffix"), nil)
+				if resp.status != http.StatusOK {
+					t.Fatalf("status %d: %s", resp.status, resp.body)
+				}
+				owner := resp.header.Get(HeaderWorker)
+				for k, suffix := range []string{"another ending", "a third"} {
+					resp := r.post(t, tc.path, tc.body(p, suffix), nil)
+					if resp.status != http.StatusOK {
+						t.Fatalf("status %d: %s", resp.status, resp.body)
+					}
+					if got := resp.header.Get(HeaderWorker); got != owner {
+						t.Errorf("prompt %d repeat %d went to worker %s, want %s", p, k, got, owner)
+					}
+					if got := resp.header.Get(HeaderOverlapBlocks); got != strconv.Itoa(tc.overlap) {
+						t.Errorf("prompt %d repeat %d: overlap %s, want %d", p, k, got, tc.overlap)
+					}
+				}
+			}
+		})
+	}
+	waitReleased(t, r.srv)
+}
+
+// TestPinToDPRank: a pin to rank 0 of a two-rank worker reaches rank 0's
+// engine, and pins that name no worker are refused, not guessed.
+func TestPinToDPRank(t *testing.T) {
+	var static []StaticWorker
+	for rank := range uint32(2) {
+		e := startMock(t, mocker.Config{WorkerID: 7, DPRank: rank})
+		static = append(static, StaticWorker{ID: 7, DPRank: rank, Endpoint: e.Addr(), Model: e2eModel})
+	}
+	solo := startMock(t, mocker.Config{WorkerID: 9})
+	static = append(static, StaticWorker{ID: 9, Endpoint: solo.Addr(), Model: e2eModel})
+	r := startE2ERouter(t, Config{Static: static})
+	body := completionBody(e2eTokens(4, 48), false, 2)
+
+	served := func(t *testing.T, resp e2eResponse) string {
+		t.Helper()
+		if resp.status != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.status, resp.body)
+		}
+		var out struct{ ID string }
+		decodeJSON(t, resp.body, &out)
+		return out.ID // the mock engine's ids name its worker and rank
+	}
+	for rank, tag := range []string{"-w7r0-", "-w7r1-"} {
+		for range 4 {
+			resp := r.post(t, PathCompletions, body, map[string]string{HeaderWorker: "7", HeaderDPRank: strconv.Itoa(rank)})
+			if id := served(t, resp); !strings.Contains(id, tag) {
+				t.Fatalf("pinned to rank %d, served by %q", rank, id)
+			}
+			if resp.header.Get(HeaderWorker) != "7" || resp.header.Get(HeaderDPRank) != strconv.Itoa(rank) {
+				t.Errorf("decision headers %s=%s %s=%s", HeaderWorker, resp.header.Get(HeaderWorker),
+					HeaderDPRank, resp.header.Get(HeaderDPRank))
+			}
+		}
+	}
+	// A worker with a single rank needs no rank.
+	if id := served(t, r.post(t, PathCompletions, body, map[string]string{HeaderWorker: "9"})); !strings.Contains(id, "-w9r0-") {
+		t.Errorf("pinned to worker 9, served by %q", id)
+	}
+	refused := []struct {
+		name   string
+		hdr    map[string]string
+		status int
+		code   string
+	}{
+		{"rank out of range", map[string]string{HeaderWorker: "7", HeaderDPRank: "2"}, 404, "worker_not_found"},
+		{"unknown worker", map[string]string{HeaderWorker: "8"}, 404, "worker_not_found"},
+		{"unknown worker with rank 0", map[string]string{HeaderWorker: "8", HeaderDPRank: "0"}, 404, "worker_not_found"},
+		{"several ranks, none named", map[string]string{HeaderWorker: "7"}, 400, "ambiguous_pin"},
+	}
+	for _, tc := range refused {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, path := range []string{PathCompletions, PathRouteCompletions} {
+				resp := r.post(t, path, body, tc.hdr)
+				if resp.status != tc.status {
+					t.Fatalf("%s: status %d, want %d: %s", path, resp.status, tc.status, resp.body)
+				}
+				if code := checkOpenAIError(t, resp.body); code != tc.code {
+					t.Errorf("%s: code %q, want %q", path, code, tc.code)
+				}
+			}
+		})
+	}
+	waitReleased(t, r.srv)
+}
+
+// TestGracefulShutdownCompletesStreams: Shutdown stops accepting at once
+// but lets a stream in flight run to its [DONE].
+func TestGracefulShutdownCompletesStreams(t *testing.T) {
+	var events [][]byte
+	for i := range 10 {
+		fin := ""
+		if i == 9 {
+			fin = "length"
+		}
+		events = append(events, itemEvent(i, " tok", fin))
+	}
+	events = append(events, []byte(doneEvent))
+	eng := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
+		for _, ev := range events {
+			if writeFlush(w, ev) != nil {
+				return
+			}
+			time.Sleep(40 * time.Millisecond)
+		}
+	}))
+	r := startE2ERouter(t, Config{Static: []StaticWorker{{ID: 1, Endpoint: eng.addr(), Model: e2eModel}}})
+	resp, _ := r.openStream(t, PathCompletions, completionBody(e2eTokens(5, 32), true, 10), nil)
+	br := bufio.NewReader(resp.Body)
+	first, err := readEvent(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	shutdownDone := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
+		defer cancel()
+		shutdownDone <- r.srv.Shutdown(ctx)
+	}()
+	// New connections are refused while the stream drains.
+	addr := strings.TrimPrefix(r.url, "http://")
+	waitFor(t, "the listener to close", func() bool {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return true
+		}
+		c.Close()
+		return false
+	})
+	select {
+	case err := <-shutdownDone:
+		t.Fatalf("Shutdown returned (%v) while a stream was in flight", err)
+	default:
+	}
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatalf("the stream broke during shutdown: %v", err)
+	}
+	if got := append(first, rest...); !bytes.Equal(got, concat(events)) {
+		t.Fatalf("during shutdown the client got %q, want the whole stream", got)
+	}
+	select {
+	case err := <-shutdownDone:
+		if err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+	case <-time.After(e2eWait):
+		t.Fatal("Shutdown did not return after the stream ended")
+	}
+	waitReleased(t, r.srv)
+	select {
+	case err := <-r.served:
+		r.served <- err // for the cleanup
+	case <-time.After(e2eWait):
+		t.Fatal("Serve did not return after Shutdown")
+	}
+}
+
+// TestConnectFailureRetriedElsewhere: the worker the router prefers refuses
+// connections; the request is re-routed to a live one, unless it is pinned.
+func TestConnectFailureRetriedElsewhere(t *testing.T) {
+	live := startMock(t, mocker.Config{WorkerID: 2})
+	r := startE2ERouter(t, Config{Static: []StaticWorker{
+		{ID: 1, Endpoint: deadAddr(t), Model: e2eModel},
+		{ID: 2, Endpoint: live.Addr(), Model: e2eModel},
+	}})
+	tokens := e2eTokens(6, 80)
+	indexBlocks(t, r.srv, 1, 0, tokens) // the dead worker looks best
+	body := completionBody(tokens, true, 3)
+
+	var route struct {
+		WorkerID      uint64 `json:"worker_id"`
+		OverlapBlocks int    `json:"overlap_blocks"`
+	}
+	decodeJSON(t, r.post(t, PathRouteCompletions, body, nil).body, &route)
+	if route.WorkerID != 1 || route.OverlapBlocks != 5 {
+		t.Fatalf("route-only chose %+v; the test needs the dead worker 1 first", route)
+	}
+	for i := range 2 {
+		resp := r.post(t, PathCompletions, body, nil)
+		if resp.status != http.StatusOK || !bytes.HasSuffix(resp.body, []byte(doneEvent)) {
+			t.Fatalf("attempt %d: status %d: %s", i, resp.status, resp.body)
+		}
+		if got := resp.header.Get(HeaderWorker); got != "2" {
+			t.Errorf("attempt %d served by worker %s, want the live worker 2", i, got)
+		}
+	}
+	wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 2)
+
+	// A pin is never re-routed: the client learns the engine is down.
+	resp := r.post(t, PathCompletions, body, map[string]string{HeaderWorker: "1"})
+	if resp.status != http.StatusBadGateway {
+		t.Fatalf("pinned to a dead engine: status %d: %s", resp.status, resp.body)
+	}
+	if code := checkOpenAIError(t, resp.body); code != "engine_unavailable" {
+		t.Errorf("code %q, want engine_unavailable", code)
+	}
+	waitReleased(t, r.srv)
+	m := r.metrics(t)
+	wantMetric(t, m, "kvfast_dispatch_retries_total", 2)
+	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="unavailable"}`, 1)
+}
+
+// TestDirectModeRequiresWorker: in direct mode a request must name its
+// worker.
+func TestDirectModeRequiresWorker(t *testing.T) {
+	eng := startMock(t, mocker.Config{WorkerID: 3})
+	r := startE2ERouter(t, Config{Direct: true, Static: []StaticWorker{{ID: 3, Endpoint: eng.Addr(), Model: e2eModel}}})
+	body := completionBody(e2eTokens(7, 32), false, 2)
+	for _, path := range []string{PathCompletions, PathChatCompletions, PathRouteCompletions} {
+		b := body
+		if path == PathChatCompletions {
+			b = []byte(`{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`)
+		}
+		resp := r.post(t, path, b, nil)
+		if resp.status != http.StatusBadRequest {
+			t.Fatalf("%s without a worker: status %d: %s", path, resp.status, resp.body)
+		}
+		if code := checkOpenAIError(t, resp.body); code != "worker_required" {
+			t.Errorf("%s: code %q, want worker_required", path, code)
+		}
+		if !bytes.Contains(resp.body, []byte(HeaderWorker)) {
+			t.Errorf("%s: the error does not say which header is needed: %s", path, resp.body)
+		}
+	}
+	resp := r.post(t, PathCompletions, body, map[string]string{HeaderWorker: "3"})
+	if resp.status != http.StatusOK || resp.header.Get(HeaderWorker) != "3" {
+		t.Fatalf("with a worker: status %d, worker %q: %s", resp.status, resp.header.Get(HeaderWorker), resp.body)
+	}
+	waitFor(t, "the engine's counters", func() bool { return eng.Stats().Finished >= 1 })
+	if st := eng.Stats(); st.Requests != 1 {
+		t.Errorf("the engine was sent %d requests, want 1", st.Requests)
+	}
+	waitReleased(t, r.srv)
+}
+
+// routeDecision is the route-only endpoint's answer.
+type routeDecision struct {
+	WorkerID      uint64  `json:"worker_id"`
+	DPRank        *uint32 `json:"dp_rank"`
+	Endpoint      string  `json:"endpoint"`
+	OverlapBlocks uint32  `json:"overlap_blocks"`
+	CachedTokens  *int    `json:"cached_tokens"`
+	PromptBlocks  int     `json:"prompt_blocks"`
+	Exact         bool    `json:"exact"`
+	Busy          bool    `json:"busy"`
+	Workers       []struct {
+		WorkerID      uint64   `json:"worker_id"`
+		DPRank        uint32   `json:"dp_rank"`
+		OverlapBlocks uint32   `json:"overlap_blocks"`
+		PrefillBlocks float64  `json:"prefill_blocks"`
+		DecodeBlocks  float64  `json:"decode_blocks"`
+		Cost          *float64 `json:"cost"`
+		Busy          bool     `json:"busy"`
+	} `json:"workers"`
+}
+
+// TestRouteOnlyReturnsDecision: the route-only endpoint and the query-only
+// header answer with the decision and every worker's cost terms, and
+// neither book load nor reach an engine.
+func TestRouteOnlyReturnsDecision(t *testing.T) {
+	e1 := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(500) })
+	e2 := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(500) })
+	r := startE2ERouter(t, Config{Static: []StaticWorker{
+		{ID: 1, Endpoint: e1.addr(), Model: e2eModel},
+		{ID: 2, Endpoint: e2.addr(), Model: e2eModel},
+	}})
+	tokens := e2eTokens(8, 80) // 5 blocks
+	indexBlocks(t, r.srv, 2, 0, tokens[:48])
+	body := completionBody(tokens, true, 16)
+
+	check := func(t *testing.T, resp e2eResponse) {
+		t.Helper()
+		if resp.status != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.status, resp.body)
+		}
+		var d routeDecision
+		decodeJSON(t, resp.body, &d)
+		if d.WorkerID != 2 || d.DPRank == nil || *d.DPRank != 0 || d.Endpoint != e2.addr() {
+			t.Errorf("decision %s, want worker 2 rank 0 at %s", resp.body, e2.addr())
+		}
+		if d.OverlapBlocks != 3 || d.CachedTokens == nil || *d.CachedTokens != 48 || d.PromptBlocks != 5 || !d.Exact || d.Busy {
+			t.Errorf("decision %s: want 3 overlap blocks, 48 cached tokens, 5 prompt blocks, exact", resp.body)
+		}
+		if len(d.Workers) != 2 {
+			t.Fatalf("per-worker costs: %s", resp.body)
+		}
+		// cost = (prompt blocks − overlap) + prompt blocks, on idle workers.
+		want := map[uint64][4]float64{1: {0, 5, 5, 10}, 2: {3, 2, 5, 7}}
+		for _, w := range d.Workers {
+			exp, ok := want[w.WorkerID]
+			if !ok || w.Cost == nil {
+				t.Fatalf("per-worker costs: %s", resp.body)
+			}
+			if got := [4]float64{float64(w.OverlapBlocks), w.PrefillBlocks, w.DecodeBlocks, *w.Cost}; got != exp {
+				t.Errorf("worker %d: overlap, prefill, decode, cost = %v, want %v", w.WorkerID, got, exp)
+			}
+		}
+		if resp.header.Get(HeaderWorker) != "2" || resp.header.Get(HeaderOverlapBlocks) != "3" {
+			t.Errorf("decision headers: %v", resp.header)
+		}
+	}
+	t.Run("route endpoint", func(t *testing.T) { check(t, r.post(t, PathRouteCompletions, body, nil)) })
+	t.Run("query-only header", func(t *testing.T) {
+		check(t, r.post(t, PathCompletions, body, map[string]string{HeaderQueryOnly: "true"}))
+	})
+	t.Run("chat", func(t *testing.T) {
+		resp := r.post(t, PathRouteChatCompletions, []byte(`{"model":"mock","messages":[{"role":"user","content":"hello"}]}`), nil)
+		if resp.status != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.status, resp.body)
+		}
+		var d routeDecision
+		decodeJSON(t, resp.body, &d)
+		if d.Exact || d.CachedTokens != nil || len(d.Workers) != 2 {
+			t.Errorf("a chat decision is approximate, with no cached token count: %s", resp.body)
+		}
+	})
+	t.Run("allow-list", func(t *testing.T) {
+		resp := r.post(t, PathRouteCompletions, body, map[string]string{HeaderAllow: "1"})
+		var d routeDecision
+		decodeJSON(t, resp.body, &d)
+		if d.WorkerID != 1 || len(d.Workers) != 1 {
+			t.Errorf("allow-listed to worker 1: %s", resp.body)
+		}
+	})
+	v := r.srv.Admin()
+	if v.Queue.Booked != 0 || !reservationsReleased(v) {
+		t.Errorf("route-only booked load: %+v %+v", v.Queue, v.Workers)
+	}
+	if n := e1.requests.Load() + e2.requests.Load(); n != 0 {
+		t.Errorf("route-only reached the engines %d times", n)
+	}
+	wantMetric(t, r.metrics(t), `kvfast_requests_total{endpoint="completions",status="route_only"}`, 3)
+}
+
+// TestOperationalEndpoints covers /health, /ready, /v1/models, /metrics and
+// /admin/workers.
+func TestOperationalEndpoints(t *testing.T) {
+	t.Run("no workers", func(t *testing.T) {
+		r := startE2ERouter(t, Config{})
+		if resp := r.get(t, PathHealth); resp.status != 200 || string(resp.body) != `{"status":"ok"}` {
+			t.Errorf("/health: %d %s", resp.status, resp.body)
+		}
+		resp := r.get(t, PathReady)
+		if resp.status != http.StatusServiceUnavailable {
+			t.Errorf("/ready with no workers: %d %s", resp.status, resp.body)
+		}
+		var ready struct {
+			Status  string `json:"status"`
+			Healthy *int   `json:"healthy_workers"`
+		}
+		decodeJSON(t, resp.body, &ready)
+		if ready.Status != "not_ready" || ready.Healthy == nil || *ready.Healthy != 0 {
+			t.Errorf("/ready body %s", resp.body)
+		}
+		resp = r.post(t, PathCompletions, completionBody(e2eTokens(9, 16), false, 1), nil)
+		if resp.status != http.StatusNotFound || checkOpenAIError(t, resp.body) != "model_not_found" {
+			t.Errorf("a request with no workers: %d %s", resp.status, resp.body)
+		}
+		resp = r.post(t, PathCompletions, []byte(`{"prompt":[1,2,3]}`), nil)
+		if resp.status != http.StatusServiceUnavailable || checkOpenAIError(t, resp.body) != "no_worker_available" ||
+			resp.header.Get("Retry-After") == "" {
+			t.Errorf("a request with no workers and no model: %d %v %s", resp.status, resp.header, resp.body)
+		}
+		var models struct {
+			Object string `json:"object"`
+			Data   []any  `json:"data"`
+		}
+		decodeJSON(t, r.get(t, PathModels).body, &models)
+		if models.Object != "list" || models.Data == nil || len(models.Data) != 0 {
+			t.Errorf("/v1/models with no workers: %+v", models)
+		}
+		var admin AdminView
+		decodeJSON(t, r.get(t, PathAdminWorkers).body, &admin)
+		if admin.Workers == nil || len(admin.Workers) != 0 || admin.Policy != "kv" {
+			t.Errorf("/admin/workers: %+v", admin)
+		}
+		if resp := r.get(t, "/v2/nothing"); resp.status != 404 || checkOpenAIError(t, resp.body) != "not_found" {
+			t.Errorf("unknown path: %d %s", resp.status, resp.body)
+		}
+	})
+	t.Run("with workers", func(t *testing.T) {
+		a := startMock(t, mocker.Config{WorkerID: 1})
+		b := startMock(t, mocker.Config{WorkerID: 2, Model: "other-model"})
+		r := startE2ERouter(t, Config{Static: []StaticWorker{
+			{ID: 1, Endpoint: a.Addr(), Model: e2eModel, KVBlocks: 1000},
+			{ID: 2, Endpoint: b.Addr(), Model: "other-model"},
+		}})
+		resp := r.get(t, PathReady)
+		if resp.status != 200 || string(resp.body) != `{"status":"ready","healthy_workers":2}` {
+			t.Errorf("/ready: %d %s", resp.status, resp.body)
+		}
+		var models struct {
+			Object string `json:"object"`
+			Data   []struct {
+				ID, Object string
+			} `json:"data"`
+		}
+		decodeJSON(t, r.get(t, PathModels).body, &models)
+		if len(models.Data) != 2 || models.Data[0].ID != e2eModel || models.Data[1].ID != "other-model" ||
+			models.Data[0].Object != "model" {
+			t.Errorf("/v1/models: %+v", models)
+		}
+		// A request for each model reaches the engine serving it.
+		for _, tc := range []struct{ model, worker string }{{e2eModel, "1"}, {"other-model", "2"}} {
+			resp := r.post(t, PathCompletions, []byte(`{"model":"`+tc.model+`","prompt":"hello there","max_tokens":2}`), nil)
+			if resp.status != 200 || resp.header.Get(HeaderWorker) != tc.worker {
+				t.Errorf("model %s: status %d worker %q: %s", tc.model, resp.status, resp.header.Get(HeaderWorker), resp.body)
+			}
+		}
+		waitReleased(t, r.srv)
+
+		var admin AdminView
+		resp = r.get(t, PathAdminWorkers)
+		if ct := resp.header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("/admin/workers Content-Type %q", ct)
+		}
+		decodeJSON(t, resp.body, &admin)
+		if len(admin.Workers) != 2 {
+			t.Fatalf("/admin/workers: %s", resp.body)
+		}
+		w := admin.Workers[1] // static workers take slots from the top down: worker 1 sorts last
+		if w.WorkerID != 1 || w.Model != e2eModel || w.Endpoint != a.Addr() || w.Source != "static" || !w.Healthy ||
+			w.KVCapacityBlocks != 1000 || w.Slot != radix.MaxWorkers-1 {
+			t.Errorf("/admin/workers worker 1: %+v", w)
+		}
+		if admin.Index.Capacity == 0 || admin.Feed != nil || admin.Queue.Booked != 2 || admin.Queue.Released != 2 {
+			t.Errorf("/admin/workers summary: %s", resp.body)
+		}
+
+		m := r.metrics(t)
+		for _, series := range []string{
+			`kvfast_requests_total{endpoint="completions",status="ok"} 2`,
+			`kvfast_requests_total{endpoint="chat_completions",status="client_error"} 0`,
+			`kvfast_time_to_first_token_seconds_bucket{le=`,
+			`kvfast_inter_token_latency_seconds_count`,
+			`kvfast_input_sequence_tokens_count`,
+			`kvfast_output_sequence_tokens_count`,
+			`kvfast_routing_duration_seconds_count{stage="hash"} 2`,
+			`kvfast_routing_duration_seconds_count{stage="lookup"} 2`,
+			`kvfast_routing_duration_seconds_count{stage="schedule"} 2`,
+			`kvfast_routing_duration_seconds_count{stage="total"} 2`,
+			`kvfast_prompt_blocks_total`,
+			`kvfast_cached_blocks_total`,
+			`kvfast_worker_active_blocks{dp_rank="0",worker="1"} 0`,
+			`kvfast_worker_prefill_tokens{dp_rank="0",worker="2"} 0`,
+			`kvfast_worker_active_requests{dp_rank="0",worker="1"} 0`,
+			`kvfast_worker_healthy{dp_rank="0",worker="2"} 1`,
+			`kvfast_worker_index_blocks{dp_rank="0",worker="1"} 0`,
+			`kvfast_feed_ring_lag_bytes{dp_rank="0",worker="1"} 0`,
+			`kvfast_index_entries 0`,
+			`kvfast_index_capacity `,
+			`kvfast_admission_waiting 0`,
+			`kvfast_admission_refused_total 0`,
+			`kvfast_dispatch_retries_total 0`,
+			`go_goroutines `,
+		} {
+			if !strings.Contains(m, "\n"+series) {
+				t.Errorf("/metrics lacks %q", series)
+			}
+		}
+	})
+	t.Run("with a feed", func(t *testing.T) {
+		seg, err := shm.Open(filepath.Join(t.TempDir(), "seg"), shm.Options{Index: radix.Config{Capacity: 1 << 12}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = seg.Close() })
+		startMock(t, mocker.Config{SegmentHandle: seg, WorkerID: 4})
+		r := startE2ERouter(t, Config{Segment: seg, Ingester: feed.New(seg, feed.Config{})})
+		waitFor(t, "the engine to register", func() bool { return len(r.srv.Admin().Workers) == 1 })
+		waitFor(t, "the feed to start", func() bool { a := r.srv.Admin(); return a.Feed != nil && a.Feed.Ingesting && a.Feed.Records > 0 })
+		var admin AdminView
+		decodeJSON(t, r.get(t, PathAdminWorkers).body, &admin)
+		w := admin.Workers[0]
+		if w.WorkerID != 4 || w.Source != "registry" || w.Generation == 0 || w.Slot != 0 || admin.Feed == nil {
+			t.Errorf("/admin/workers with a registered engine: %+v %+v", w, admin.Feed)
+		}
+		if !strings.Contains(r.metrics(t), "\n"+`kvfast_feed_events_total{status="records_applied"} `) {
+			t.Error("/metrics lacks the feed's counters")
+		}
+	})
+}
+
+// TestChatStreamThroughMock: a chat stream from a real mock engine arrives
+// whole, ends with [DONE], and counts its items.
+func TestChatStreamThroughMock(t *testing.T) {
+	eng := startMock(t, mocker.Config{WorkerID: 1})
+	r := startE2ERouter(t, Config{Static: []StaticWorker{{ID: 1, Endpoint: eng.Addr(), Model: e2eModel}}})
+	body := []byte(`{"model":"mock","stream":true,"max_tokens":5,"stream_options":{"include_usage":true},` +
+		`"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"say something"}]}`)
+	resp := r.post(t, PathChatCompletions, body, nil)
+	if resp.status != 200 || !bytes.HasSuffix(resp.body, []byte(doneEvent)) {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	var content strings.Builder
+	items := 0
+	for ev := range bytes.SplitSeq(bytes.TrimSuffix(resp.body, []byte(doneEvent)), []byte("\n\n")) {
+		if len(ev) == 0 {
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				Delta struct{ Content string }
+			}
+		}
+		decodeJSON(t, bytes.TrimPrefix(ev, []byte("data: ")), &chunk)
+		if len(chunk.Choices) > 0 {
+			items++
+			content.WriteString(chunk.Choices[0].Delta.Content)
+		}
+	}
+	if items != 5 || content.Len() == 0 {
+		t.Errorf("%d items, content %q", items, content.String())
+	}
+	waitReleased(t, r.srv)
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_requests_total{endpoint="chat_completions",status="ok"}`, 1)
+	wantMetric(t, m, `kvfast_output_sequence_tokens_sum`, 5)
+}
+
+// TestPanicWhileRoutingIsContained: a panic in the handler after the
+// booking (injected where the router times its scheduling stage) is
+// answered with a 500 OpenAI error, releases the booking, and leaves the
+// router serving.
+func TestPanicWhileRoutingIsContained(t *testing.T) {
+	eng := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}`)
+	})
+	var armed atomic.Bool
+	r := startE2ERouterWith(t, Config{Static: []StaticWorker{{ID: 1, Endpoint: eng.addr(), Model: e2eModel}}},
+		func(s *Server) {
+			timer := s.metrics.stageSched
+			s.metrics.stageSched = prometheus.ObserverFunc(func(v float64) {
+				if armed.Load() {
+					panic("injected fault")
+				}
+				timer.Observe(v)
+			})
+		})
+	body := completionBody(e2eTokens(10, 64), false, 2)
+	armed.Store(true)
+	resp := r.post(t, PathCompletions, body, nil)
+	if resp.status != http.StatusInternalServerError || checkOpenAIError(t, resp.body) != "internal_error" {
+		t.Fatalf("a panicking request: status %d: %s", resp.status, resp.body)
+	}
+	waitReleased(t, r.srv)
+	if v := r.srv.Admin(); v.Queue.Booked != 1 {
+		t.Errorf("the panicking request was not booked before the fault: %+v", v.Queue)
+	}
+	armed.Store(false)
+	if resp := r.post(t, PathCompletions, body, nil); resp.status != http.StatusOK {
+		t.Fatalf("after the panic: status %d: %s", resp.status, resp.body)
+	}
+	if n := eng.requests.Load(); n != 1 {
+		t.Errorf("the engine got %d requests, want only the one after the fault", n)
+	}
+	waitReleased(t, r.srv)
+	wantMetric(t, r.metrics(t), `kvfast_requests_total{endpoint="completions",status="engine_error"}`, 1)
+}
+
+// TestConcurrentStreamsHammer: many clients at once, streaming and not,
+// some leaving mid-stream; each gets exactly its own response, and every
+// booking is released.
+func TestConcurrentStreamsHammer(t *testing.T) {
+	respond := func(ctx *fasthttp.RequestCtx) {
+		var req struct {
+			Prompt    []uint32 `json:"prompt"`
+			MaxTokens int      `json:"max_tokens"`
+			Stream    bool     `json:"stream"`
+		}
+		if err := json.Unmarshal(ctx.PostBody(), &req); err != nil || len(req.Prompt) == 0 {
+			ctx.SetStatusCode(400)
+			return
+		}
+		events := hammerEvents(req.Prompt[0], req.MaxTokens)
+		if !req.Stream {
+			ctx.SetContentType("application/json")
+			ctx.SetBody(events[len(events)-2]) // the terminal item, as a body
+			return
+		}
+		sseHandler(func(w *bufio.Writer) {
+			for _, ev := range events {
+				if writeFlush(w, ev) != nil {
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})(ctx)
+	}
+	var static []StaticWorker
+	for i := range 3 {
+		e := startE2EEngine(t, respond)
+		static = append(static, StaticWorker{ID: uint64(i + 1), Endpoint: e.addr(), Model: e2eModel})
+	}
+	r := startE2ERouter(t, Config{Static: static})
+
+	const clients, perClient = 6, 12
+	var completed, cancelled atomic.Int64
+	errs := make(chan error, clients*perClient)
+	done := make(chan struct{})
+	for c := range clients {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for k := range perClient {
+				id := uint32(c*1000 + k)
+				stream, leave := k%3 != 2, k%5 == 4
+				n := 4 + k%5
+				tokens := append([]uint32{id}, e2eTokens(id, 47)...)
+				if err := hammerOne(r, tokens, n, stream, leave); err != nil {
+					errs <- err
+					return
+				}
+				if leave {
+					cancelled.Add(1)
+				} else {
+					completed.Add(1)
+				}
+			}
+		}()
+	}
+	for range clients {
+		<-done
+	}
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	waitReleased(t, r.srv)
+	v := r.srv.Admin()
+	if v.Queue.Booked != clients*perClient {
+		t.Errorf("booked %d requests, want %d", v.Queue.Booked, clients*perClient)
+	}
+	m := r.metrics(t)
+	if ok, _ := metricValue(m, `kvfast_requests_total{endpoint="completions",status="ok"}`); ok < float64(completed.Load()) {
+		t.Errorf("%v requests counted ok, %d completed", ok, completed.Load())
+	}
+}
+
+// hammerEvents is the stream the hammer's engines send for a prompt that
+// starts with id.
+func hammerEvents(id uint32, n int) [][]byte {
+	var evs [][]byte
+	for k := range n {
+		fin := ""
+		if k == n-1 {
+			fin = "length"
+		}
+		evs = append(evs, itemEvent(k, " r"+strconv.FormatUint(uint64(id), 10)+"-"+strconv.Itoa(k), fin))
+	}
+	return append(evs, []byte(doneEvent))
+}
+
+// hammerOne sends one request and checks its answer; leave abandons a
+// stream after its first event.
+func hammerOne(r *e2eRouter, tokens []uint32, n int, stream, leave bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url+PathCompletions,
+		bytes.NewReader(completionBody(tokens, stream, n)))
+	if err != nil {
+		return err
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	want := hammerEvents(tokens[0], n)
+	if leave && stream {
+		ev, err := readEvent(bufio.NewReader(resp.Body))
+		if err != nil || !bytes.Equal(ev, want[0]) {
+			return fmt.Errorf("request %d: first event %q, %v", tokens[0], ev, err)
+		}
+		cancel()
+		return nil
+	}
+	got, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("request %d: %v", tokens[0], err)
+	}
+	if !stream {
+		want = want[len(want)-2 : len(want)-1]
+	}
+	if resp.StatusCode != http.StatusOK || !bytes.Equal(got, concat(want)) {
+		return fmt.Errorf("request %d (stream %v): status %d, got %q, want %q", tokens[0], stream, resp.StatusCode, got, concat(want))
+	}
+	return nil
+}
+
+// TestShutdownRacingServe: a Shutdown that comes while Serve is still
+// starting (a signal at boot) stops the server all the same; Serve must not
+// go on accepting after Shutdown returned.
+func TestShutdownRacingServe(t *testing.T) {
+	for i := range 12 {
+		srv, err := New(Config{Logger: slog.New(slog.DiscardHandler), IndexCapacity: 1 << 10, ApproxCapacity: 1 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		if i%2 == 1 {
+			time.Sleep(time.Duration(i) * 20 * time.Microsecond)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
+		err = srv.Shutdown(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("round %d: Shutdown: %v", i, err)
+		}
+		select {
+		case <-served:
+		case <-time.After(2 * time.Second):
+			ln.Close()
+			<-served
+			t.Fatalf("round %d: Serve still running after Shutdown returned", i)
+		}
+		if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
+			c.Close()
+			t.Errorf("round %d: the listener still accepts after Shutdown", i)
+		}
+	}
+}
+
+// TestShutdownDeadlineCutsStreams: a stream that outlives the shutdown
+// deadline is cut, Shutdown returns soon after its deadline with an error,
+// and the stream's booking is released.
+func TestShutdownDeadlineCutsStreams(t *testing.T) {
+	eng := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
+		for i := 0; ; i++ {
+			if writeFlush(w, itemEvent(i, " tok", "")) != nil {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}))
+	r := startE2ERouter(t, Config{Static: []StaticWorker{{ID: 1, Endpoint: eng.addr(), Model: e2eModel}}})
+	resp, _ := r.openStream(t, PathCompletions, completionBody(e2eTokens(11, 32), true, 100000), nil)
+	br := bufio.NewReader(resp.Body)
+	if _, err := readEvent(br); err != nil {
+		t.Fatal(err)
+	}
+	read := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(br)
+		read <- b
+	}()
+	const deadline = 300 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	start := time.Now()
+	shut := make(chan error, 1)
+	go func() { shut <- r.srv.Shutdown(ctx) }()
+	select {
+	case err := <-shut:
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Shutdown cut a stream but returned %v", err)
+		}
+		if took := time.Since(start); took < deadline {
+			t.Errorf("Shutdown returned after %v, before its deadline", took)
+		}
+	case <-time.After(deadline + 5*time.Second):
+		t.Fatal("Shutdown did not return after its deadline: the endless stream was never cut")
+	}
+	select {
+	case rest := <-read:
+		if bytes.HasSuffix(rest, []byte(doneEvent)) {
+			t.Errorf("a cut stream ended like a complete one: %q", rest)
+		}
+	case <-time.After(e2eWait):
+		t.Fatal("the client's stream was not cut")
+	}
+	waitReleased(t, r.srv)
+}
