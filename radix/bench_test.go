@@ -20,9 +20,10 @@ func BenchmarkHashBlocks(b *testing.B) {
 }
 
 // warmIndex builds the benchmark's standing state: prompts of promptBlocks
-// blocks forking from each other, each cached on one to three of 8 workers,
-// until the index holds at least minBlocks distinct blocks.
-func warmIndex(b *testing.B, minBlocks, promptBlocks int) (*Index, [][]uint64) {
+// blocks (chained hashes of random tokens) forking from each other, each
+// cached on one to three of 8 workers, until the index holds at least
+// minBlocks distinct blocks.
+func warmIndex(b testing.TB, minBlocks, promptBlocks int) (*Index, [][]uint64) {
 	b.Helper()
 	ix, err := NewHeap(Config{Capacity: minBlocks + minBlocks/8})
 	if err != nil {
@@ -32,16 +33,12 @@ func warmIndex(b *testing.B, minBlocks, promptBlocks int) (*Index, [][]uint64) {
 	var prompts [][]uint64
 	for ix.Stats().Entries < uint64(minBlocks) {
 		for range 256 {
-			p := make([]uint64, promptBlocks)
-			fork := 0
+			p := make([]uint64, 0, promptBlocks)
 			if len(prompts) > 0 && r.IntN(4) == 0 {
 				src := prompts[r.IntN(len(prompts))]
-				fork = r.IntN(promptBlocks / 2)
-				copy(p, src[:fork])
+				p = append(p, src[:r.IntN(promptBlocks/2)]...)
 			}
-			for j := fork; j < promptBlocks; j++ {
-				p[j] = r.Uint64()
-			}
+			p = extendChain(r, testSeed, p, promptBlocks-len(p))
 			for range 1 + r.IntN(3) {
 				ix.Stored(WorkerSlot(r.IntN(8)), p)
 			}
@@ -57,7 +54,7 @@ var benchIndex struct {
 	prompts [][]uint64
 }
 
-func sharedWarmIndex(b *testing.B) (*Index, [][]uint64) {
+func sharedWarmIndex(b testing.TB) (*Index, [][]uint64) {
 	benchIndex.once.Do(func() { benchIndex.ix, benchIndex.prompts = warmIndex(b, 1<<20, 512) })
 	return benchIndex.ix, benchIndex.prompts
 }

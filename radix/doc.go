@@ -4,11 +4,15 @@
 //
 // # Hashing
 //
-// A prompt's token IDs are cut into blocks of the engine's block size; each
-// full block is hashed with XXH64, seeded by its parent block's hash (the
-// first block by a namespace seed from model, LoRA adapter and cache salt).
-// One 64-bit value therefore names a whole prefix. docs/hashing.md is the
-// normative description, with test vectors.
+// A prompt's token IDs are cut into blocks of the engine's block size. Each
+// full block is hashed with XXH64, and its parent block's hash (the first
+// block's: a namespace seed from model, LoRA adapter and cache salt) is
+// folded in, so one 64-bit value names a whole prefix. The hash also
+// carries the block's place in a group of eight consecutive blocks: a
+// 3-bit counter and group bits inherited from the group's first block.
+// That is what lets the index keep a prompt's blocks side by side without
+// knowing their depth. docs/hashing.md is the normative description, with
+// test vectors and the collision analysis.
 //
 // # Index
 //
@@ -20,16 +24,25 @@
 // production (package shm), so a restarted router reattaches to a warm
 // index. The byte layout is drawn in layout.go.
 //
+// A block's home is its group's base slot plus its counter, in the shard
+// its group picks, so a group's eight blocks share two or three cache
+// lines. A block that finds no room within a bounded window of its home
+// (the continuations of a popular prefix all share one) spills to a
+// uniform second home in a shard picked by its whole hash, so neither
+// probes nor shard balance degrade however many siblings a prefix has.
+// table.go has the details.
+//
 // # Concurrency
 //
 // Lookups (FindMatches, Lookup, LookupEngineHash) are lock-free and never
 // wait for a writer: they may retry a bounded number of times when a probe
 // raced a deletion's backward shift, and otherwise read each slot once.
 // Writers (Stored, Removed, Cleared, RemoveWorker and the engine map) are
-// serialised per shard by a process-local mutex; the design expects one
-// ingesting process (elected by package feed), so writers of different
-// shards never contend and writers of one shard rarely do. Keeping one
-// writer per shard is what makes in-place deletion without tombstones
+// serialised per shard by a process-local mutex; a block being spilled, or
+// looked for on its spill path, also takes its spill shard's mutex, in
+// ascending shard order. The design expects one ingesting process (elected
+// by package feed), so writers of different shards rarely contend. Keeping
+// one writer per shard is what makes in-place deletion without tombstones
 // safe without a 128-bit compare-and-swap.
 //
 // What a reader may rely on: a block that is present and not being
@@ -45,9 +58,13 @@
 //
 // # Throughput envelope
 //
-// On the 2-core development machines (see BENCHMARKS.md): hashing ~1 G
-// tokens/s, FindMatches of a 512-block prompt on a 1M-block index in tens
-// of microseconds, bounded by one random cache-line load per block
-// (BenchmarkProbeFloor), and a concurrent lookup/event mix several times
-// an RWMutex-guarded map's. Zero allocations on every hot path.
+// On the 2-core development machines (see BENCHMARKS.md): hashing ~1.6 G
+// tokens/s (8K tokens in ~5 µs); FindMatches of a 512-block prompt on a
+// 1M-block index in ~5-7 µs, of which ~2 µs is the memory traffic itself
+// (BenchmarkProbeFloor: the ~190 cache lines the prompt's blocks occupy),
+// ~1 µs is work, and the rest misses not yet overlapped. A concurrent
+// lookup/event mix runs several times faster than an RWMutex-guarded map.
+// Zero allocations on every hot path. FindMatches overlaps its misses
+// with prefetch instructions (prefetch_*.s, a no-op on other
+// architectures), which retire without waiting for memory.
 package radix

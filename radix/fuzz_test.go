@@ -12,6 +12,7 @@ func FuzzApplyEvents(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
 	f.Add([]byte{0x00, 0x10, 0x41, 0x10, 0x82, 0x33, 0xc3, 0x01, 0x00, 0x11, 0x40, 0x11})
 	f.Add(binary.LittleEndian.AppendUint64(nil, 0xdeadbeefcafef00d))
+	f.Add([]byte{0x3c, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0x3c, 1, 9, 10, 11, 12, 13, 14, 15, 16, 0x3c, 2, 17, 18, 19, 20, 21, 22, 23, 24, 0x3d, 0, 1, 2, 3})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ix, err := NewHeap(Config{Capacity: 64, Shards: 2})
 		if err != nil {
@@ -26,7 +27,13 @@ func FuzzApplyEvents(f *testing.F) {
 			w := WorkerSlot(arg % 5)
 			hashes = hashes[:0]
 			for i := 0; i < int(op>>2)%8+1 && i < len(data); i++ {
-				hashes = append(hashes, uint64(data[i]%48)*0x9e3779b97f4a7c15+64)
+				h := uint64(data[i]%48)*0x9e3779b97f4a7c15 + 64
+				if op&0x20 != 0 {
+					// siblings: one group, one counter, so one near home for
+					// all 48 hashes, more than its window holds
+					h = 1<<groupShift | h&freshMask | 1<<32
+				}
+				hashes = append(hashes, h)
 			}
 			switch op & 3 {
 			case 0:

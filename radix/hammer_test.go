@@ -2,54 +2,110 @@ package radix
 
 import (
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// TestHammer runs writers and lock-free readers against one small table, so
+// TestHammer runs writers and lock-free readers against one small index, so
 // that shifts on delete race readers constantly, and checks what a reader
 // may rely on:
 //   - a block that is present and untouched is always found (the stable
 //     worker's blocks never go missing, even while neighbours shift);
 //   - a reader never sees a worker on a block that worker never stored;
 //   - once writers stop, the structure verifies and matches their ledger.
+//
+// It runs on uniform hashes, and on chained ones where every writer's
+// blocks continue one shared prefix, so that siblings crowd the prefix's
+// group: writers then spill across shards and take two locks, while the
+// stable worker's chain runs through the same crowded group.
 func TestHammer(t *testing.T) {
-	const (
-		writers = 3
-		readers = 2
-		stable  = WorkerSlot(63)
-	)
+	const writers = 3
+	t.Run("uniform", func(t *testing.T) {
+		r := rand.New(rand.NewPCG(3, 3))
+		// owner is encoded in the hash's top byte, never a valid chain
+		hashFor := func(owner WorkerSlot, r *rand.Rand) uint64 {
+			return uint64(owner)<<56 | r.Uint64()>>8 | 1<<20
+		}
+		stable := make([]uint64, 400)
+		for i := range stable {
+			stable[i] = hashFor(hammerStable, r)
+		}
+		pools := make([][]uint64, writers)
+		for w := range pools {
+			pools[w] = make([]uint64, 600)
+			wr := rand.New(rand.NewPCG(uint64(w), 11))
+			for i := range pools[w] {
+				pools[w][i] = hashFor(WorkerSlot(w), wr)
+			}
+		}
+		hammer(t, Config{Capacity: 3000, Shards: 2}, stable, pools)
+	})
+	t.Run("siblings", func(t *testing.T) {
+		r := rand.New(rand.NewPCG(4, 4))
+		prefix := extendChain(r, testSeed, nil, 3)
+		stable := extendChain(r, testSeed, slices.Clone(prefix), 397)
+		pools := make([][]uint64, writers)
+		for w := range pools {
+			for range 60 {
+				pools[w] = append(pools[w], extendChain(r, testSeed, slices.Clone(prefix), 10)[3:]...)
+			}
+		}
+		cfg := Config{Capacity: 3000, Shards: 4}
+		// Precondition: stored together, these hashes do spill, and into
+		// other shards than their group's.
+		probe := newTestIndex(t, cfg)
+		probe.Stored(hammerStable, stable)
+		for w, pool := range pools {
+			probe.Stored(WorkerSlot(w), pool)
+		}
+		crossShard := 0
+		for si := range probe.shards {
+			tb := &probe.shards[si].blocks
+			for i := range tb.n {
+				if k := tb.at(i).key.Load(); k != emptyKey && nearShard(k, tb.mask) != tb.self {
+					crossShard++
+				}
+			}
+		}
+		if crossShard < 100 {
+			t.Fatalf("only %d blocks spilled to another shard: the test would not exercise spilling", crossShard)
+		}
+		hammer(t, cfg, stable, pools)
+	})
+}
+
+const hammerStable = WorkerSlot(63)
+
+// hammer stores stable for hammerStable, then lets writer w churn pools[w]
+// as worker w while readers check the guarantees.
+func hammer(t *testing.T, cfg Config, stable []uint64, pools [][]uint64) {
+	const readers = 2
+	writers := len(pools)
 	duration := 2 * time.Second
 	if testing.Short() {
 		duration = 300 * time.Millisecond
 	}
-	ix := newTestIndex(t, Config{Capacity: 3000, Shards: 2})
-	r := rand.New(rand.NewPCG(3, 3))
-
-	// owner is encoded in the hash's top byte, so a reader can tell which
-	// worker may legitimately hold any hash it looks up.
-	hashFor := func(owner WorkerSlot, r *rand.Rand) uint64 {
-		return uint64(owner)<<56 | r.Uint64()>>8 | 1<<20
+	ix := newTestIndex(t, cfg)
+	owner := map[uint64]WorkerSlot{}
+	for _, h := range stable {
+		owner[h] = hammerStable
 	}
-	stableHashes := make([]uint64, 400)
-	for i := range stableHashes {
-		stableHashes[i] = hashFor(stable, r)
+	for w, pool := range pools {
+		for _, h := range pool {
+			if _, dup := owner[h]; dup {
+				t.Fatalf("hash %#x in two pools", h)
+			}
+			owner[h] = WorkerSlot(w)
+		}
 	}
-	ix.Stored(stable, stableHashes)
+	ix.Stored(hammerStable, stable)
 
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	ledgers := make([]map[uint64]bool, writers)
-	pools := make([][]uint64, writers)
-	for w := range writers {
-		pools[w] = make([]uint64, 600)
-		wr := rand.New(rand.NewPCG(uint64(w), 11))
-		for i := range pools[w] {
-			pools[w][i] = hashFor(WorkerSlot(w), wr)
-		}
-	}
 	for w := range writers {
 		ledgers[w] = map[uint64]bool{}
 		wg.Add(1)
@@ -89,19 +145,19 @@ func TestHammer(t *testing.T) {
 			rr := rand.New(rand.NewPCG(uint64(rd), 5))
 			var out Overlaps
 			for !stop.Load() {
-				if ix.FindMatches(stableHashes, &out); out[stable] != uint32(len(stableHashes)) {
+				if ix.FindMatches(stable, &out); out[hammerStable] != uint32(len(stable)) {
 					violations.Add(1)
-					t.Errorf("stable worker's overlap %d of %d", out[stable], len(stableHashes))
+					t.Errorf("stable worker's overlap %d of %d", out[hammerStable], len(stable))
 				}
 				for range 64 {
 					w := rr.IntN(writers)
 					h := pools[w][rr.IntN(len(pools[w]))]
-					if set := ix.Lookup(h); set&^SetOf(WorkerSlot(w)) != 0 {
+					if set := ix.Lookup(h); set&^SetOf(owner[h]) != 0 {
 						violations.Add(1)
 						t.Errorf("hash of worker %d seen held by %b", w, set)
 					}
 				}
-				lookups.Add(int64(len(stableHashes) + 64))
+				lookups.Add(int64(len(stable) + 64))
 				if violations.Load() > 5 {
 					return
 				}
@@ -123,6 +179,9 @@ func TestHammer(t *testing.T) {
 		if got := ix.Stats().WorkerBlocks[w]; got != uint64(len(ledgers[w])) {
 			t.Fatalf("worker %d: %d blocks counted, ledger has %d", w, got, len(ledgers[w]))
 		}
+	}
+	if st := ix.Stats(); st.Overflow != 0 {
+		t.Fatalf("overflow %d in a test sized to avoid it", st.Overflow)
 	}
 	t.Logf("%d block lookups against %d writers", lookups.Load(), writers)
 }

@@ -62,6 +62,27 @@ func xxh64Reference(input []byte, seed uint64) uint64 {
 	return acc
 }
 
+// referenceChain is one step of docs/hashing.md, written from the document
+// rather than from hash.go: field arithmetic by division and remainder, the
+// SplitMix64 finaliser spelled out.
+func referenceChain(parent uint64, block []byte) uint64 {
+	mix := parent
+	mix = (mix ^ mix>>30) * 0xbf58476d1ce4e5b9
+	mix = (mix ^ mix>>27) * 0x94d049bb133111eb
+	mix ^= mix >> 31
+	raw := xxh64Reference(block, 0) ^ mix
+
+	const freshSpan, counterSpan = 1 << 34, 8 // fresh: bits 0..33; counter: bits 34..36
+	parentCounter := parent / freshSpan % counterSpan
+	rawFresh := raw % freshSpan
+	if parentCounter == 7 { // anchor: counter 0, group and fresh bits from raw
+		rawGroup := raw / (freshSpan * counterSpan)
+		return rawGroup*(freshSpan*counterSpan) + 0*freshSpan + rawFresh
+	}
+	parentGroup := parent / (freshSpan * counterSpan)
+	return parentGroup*(freshSpan*counterSpan) + (parentCounter+1)*freshSpan + rawFresh
+}
+
 func referenceBlockHashes(seed uint64, tokens []uint32, blockSize int) []uint64 {
 	var out []uint64
 	parent := seed
@@ -70,15 +91,15 @@ func referenceBlockHashes(seed uint64, tokens []uint32, blockSize int) []uint64 
 		for _, t := range tokens[i : i+blockSize] {
 			buf = binary.LittleEndian.AppendUint32(buf, t)
 		}
-		parent = xxh64Reference(buf, parent)
+		parent = referenceChain(parent, buf)
 		out = append(out, parent)
 	}
 	return out
 }
 
 func referenceNamespaceSeed(model, lora, salt string) uint64 {
-	b := []byte("kvfast/v1\x00" + model + "\x00" + lora + "\x00" + salt)
-	return xxh64Reference(b, 0)
+	b := []byte("kvfast/v2\x00" + model + "\x00" + lora + "\x00" + salt)
+	return xxh64Reference(b, 0) | 7<<34
 }
 
 func seqTokens(n int, start uint32) []uint32 {
@@ -105,11 +126,15 @@ func TestHashVectors(t *testing.T) {
 		hashes            []uint64
 	}{
 		{name: "two blocks of 4", model: "llama-3-8b", tokens: seqTokens(8, 0), blockSize: 4,
-			seed: 0xb37468cd314361d5, hashes: []uint64{0xc4144d948299cfc5, 0x64366285c89d41ba}},
+			seed: 0xdd64c31d3f659eec, hashes: []uint64{0xcfb3a3238b03cfd7, 0xcfb3a32497c13447}},
 		{name: "partial tail ignored", model: "llama-3-8b", tokens: seqTokens(10, 0), blockSize: 4,
-			seed: 0xb37468cd314361d5, hashes: []uint64{0xc4144d948299cfc5, 0x64366285c89d41ba}},
+			seed: 0xdd64c31d3f659eec, hashes: []uint64{0xcfb3a3238b03cfd7, 0xcfb3a32497c13447}},
 		{name: "lora and salt", model: "llama-3-8b", lora: "sql-adapter", salt: "tenant-7", tokens: seqTokens(16, 100), blockSize: 16,
-			seed: 0x01719a9d8d2e7c36, hashes: []uint64{0x96305ac1259e5661}},
+			seed: 0xd36f291fc0d97bb5, hashes: []uint64{0x7d95ff002b112ea8}},
+		{name: "a group boundary", model: "llama-3-8b", tokens: seqTokens(40, 0), blockSize: 4,
+			seed: 0xdd64c31d3f659eec, hashes: []uint64{
+				0xcfb3a3238b03cfd7, 0xcfb3a32497c13447, 0xcfb3a329f6bed87a, 0xcfb3a32e727c91b6, 0xcfb3a333c13fae35,
+				0xcfb3a334e7133ac2, 0xcfb3a33b40149b25, 0xcfb3a33ed62f913e, 0x4175c88349735a0c, 0x4175c885e4f1f7a1}},
 	}
 	for _, v := range vectors {
 		t.Run(v.name, func(t *testing.T) {

@@ -98,6 +98,13 @@ func open(region []byte, g geometry) *Index {
 			slots:    unsafe.Add(base, g.tableOff+i*int(g.blockSlots)*slotSize),
 			n:        g.blockSlots,
 			limit:    g.blockLimit,
+			window:   nearWindowFor(g.blockSlots),
+			grouped:  true,
+			locShift: uint8(groupShift + g.shardBits),
+			locBits:  uint8(groupBits - g.shardBits),
+			self:     uint64(i),
+			mask:     g.shardMask,
+			counts:   spillCounts{base: unsafe.Add(base, g.spillOff), stride: uintptr(g.spillStride)},
 			moveSeq:  &meta.blockMoveSeq,
 			live:     &meta.blockLive,
 			overflow: &meta.blockOverflow,
@@ -106,6 +113,9 @@ func open(region []byte, g geometry) *Index {
 			slots:    unsafe.Add(base, g.mapOff+i*int(g.mapSlots)*slotSize),
 			n:        g.mapSlots,
 			limit:    g.mapLimit,
+			window:   g.mapSlots,
+			self:     uint64(i),
+			mask:     g.shardMask,
 			moveSeq:  &meta.mapMoveSeq,
 			live:     &meta.mapLive,
 			overflow: &meta.mapOverflow,
@@ -114,21 +124,68 @@ func open(region []byte, g geometry) *Index {
 	return ix
 }
 
-func (ix *Index) shardFor(key uint64) *shard {
-	return &ix.shards[(key>>32)&ix.geo.shardMask]
+func (ix *Index) nearShard(key uint64) *shard {
+	return &ix.shards[nearShard(key, ix.geo.shardMask)]
+}
+
+func (ix *Index) spillShard(key uint64) *shard {
+	return &ix.shards[spillShard(key, ix.geo.shardMask)]
+}
+
+func (ix *Index) mapShard(key uint64) *shard {
+	return &ix.shards[mapShard(key, ix.geo.shardMask)]
 }
 
 // Lookup returns the workers that hold the block with hash h.
 func (ix *Index) Lookup(h uint64) WorkerSet {
-	key := storedKey(h)
-	v, _ := ix.shardFor(key).blocks.lookup(key)
+	v, _ := ix.lookupBlock(storedKey(h))
 	return WorkerSet(v)
 }
 
-// lookupBatch is how many probes FindMatches issues before it consumes any
-// result. The first-slot loads of a batch are independent, so the CPU
-// overlaps their cache misses instead of paying them one after another.
-const lookupBatch = 16
+// lookupBlock is the careful block lookup: the near probe, then, if the
+// spill count allows, the spill probe. A miss is reported only when
+// neither table moved an entry meanwhile. Lock-free.
+func (ix *Index) lookupBlock(key uint64) (uint64, bool) {
+	a := &ix.nearShard(key).blocks
+	home := a.home(key)
+	for attempt := 0; attempt < maxReadRetries; attempt++ {
+		seqA := a.moveSeq.Load()
+		v, st := a.probe(key, home, a.window)
+		var b *table
+		var seqB uint64
+		if st == probeMiss && a.counts.get(a.self, home) != 0 {
+			b = &ix.spillShard(key).blocks
+			seqB = b.moveSeq.Load()
+			v, st = b.probe(key, b.spillHome(key), b.n)
+		}
+		switch st {
+		case probeHit:
+			return v, true
+		case probeMiss:
+			if seqA&1 == 0 && a.moveSeq.Load() == seqA && (b == nil || seqB&1 == 0 && b.moveSeq.Load() == seqB) {
+				return 0, false
+			}
+		}
+	}
+	return 0, false
+}
+
+// FindMatches works through a prompt in chunks of lookupChunk blocks, and
+// keeps the next prefetchChunks chunks prefetched while it resolves the
+// current one, so their misses overlap its work and each other.
+//
+// Prefetching is per group, not per block: the first block of a group is
+// where a probe must start from the group's home, and prefetchLines warms
+// groupLines cache lines from there, which at the block table's load holds
+// most groups whole. The other blocks of the group are resolved by
+// guessing that they follow the last block found, as writers place them
+// (see resolve); a wrong guess costs one slot read and falls back to the
+// full probe.
+const (
+	lookupChunk    = 32
+	groupLines     = 4
+	prefetchChunks = 2
+)
 
 // FindMatches writes into out, for every worker, how many leading hashes it
 // holds without a gap, and returns the set of workers whose overlap is at
@@ -139,35 +196,21 @@ func (ix *Index) FindMatches(hashes []uint64, out *Overlaps) WorkerSet {
 	var (
 		active  = AllWorkers
 		matched WorkerSet
-		keys    [lookupBatch]uint64
-		homes   [lookupBatch]uint32
-		firsts  [lookupBatch]uint64
+		run     runCursor
+		lines   [lookupChunk * groupLines]uintptr
 	)
-	mask := ix.geo.shardMask
-	for base := 0; base < len(hashes); base += lookupBatch {
-		n := min(lookupBatch, len(hashes)-base)
-		// Phase 1: issue every first-slot load of the batch.
-		for j := 0; j < n; j++ {
-			key := storedKey(hashes[base+j])
-			t := &ix.shards[(key>>32)&mask].blocks
-			keys[j] = key
-			homes[j] = t.home(key)
-			firsts[j] = t.at(homes[j]).key.Load()
+	for k := range prefetchChunks {
+		if lo := k * lookupChunk; lo < len(hashes) {
+			ix.prefetchGroups(hashes[lo:min(lo+lookupChunk, len(hashes))], &lines)
 		}
-		// Phase 2: resolve each in order, walking on from the home slot
-		// (usually within the cache line phase 1 brought in).
-		for j := 0; j < n; j++ {
-			key := keys[j]
-			t := &ix.shards[(key>>32)&mask].blocks
-			var set WorkerSet
-			if v, ok := t.probeFrom(key, homes[j], firsts[j]); ok {
-				set = WorkerSet(v)
-			} else {
-				v, _ := t.lookup(key) // miss, or raced a writer: the careful path
-				set = WorkerSet(v)
-			}
-			i := base + j
-			next := active & set
+	}
+	for base := 0; base < len(hashes); base += lookupChunk {
+		end := min(base+lookupChunk, len(hashes))
+		if lo := base + prefetchChunks*lookupChunk; lo < len(hashes) {
+			ix.prefetchGroups(hashes[lo:min(lo+lookupChunk, len(hashes))], &lines)
+		}
+		for i := base; i < end; i++ {
+			next := active & ix.resolve(hashes[i], &run)
 			if i > 0 {
 				for gone := active &^ next; gone != 0; {
 					var w WorkerSlot
@@ -191,26 +234,104 @@ func (ix *Index) FindMatches(hashes []uint64, out *Overlaps) WorkerSet {
 	return matched
 }
 
+// prefetchGroups starts loading the lines where the groups of hashes
+// begin: groupLines lines from the home of every block with counter 0, and
+// of the first block (which may start mid-group).
+func (ix *Index) prefetchGroups(hashes []uint64, lines *[lookupChunk * groupLines]uintptr) {
+	n := 0
+	mask := ix.geo.shardMask
+	for j, h := range hashes {
+		key := storedKey(h)
+		if key>>counterShift&counterMask != 0 && j != 0 {
+			continue
+		}
+		t := &ix.shards[nearShard(key, mask)].blocks
+		p := uintptr(unsafe.Pointer(t.at(t.home(key))))
+		for l := range uintptr(groupLines) {
+			lines[n] = p + l*64
+			n++
+		}
+	}
+	prefetchLines(lines[:n])
+}
+
+// runCursor remembers where FindMatches last found a block by a full probe.
+type runCursor struct {
+	key uint64 // that block's key
+	t   *table // its shard's table, nil before the first find
+	pos uint32 // its slot
+}
+
+// resolve returns the workers holding the block with hash h. Writers store
+// a prompt's blocks in order and place each in the first free slot near its
+// home, so a run of one group's blocks usually sits in consecutive slots:
+// the block counter steps ahead of the run's first block lives that many
+// slots after it. A hit there is as good as one by probing (the slot's key
+// is checked around the value read); otherwise the full probe decides, and
+// its hit starts a new run.
+func (ix *Index) resolve(h uint64, run *runCursor) WorkerSet {
+	key := storedKey(h)
+	if t := run.t; t != nil && (key^run.key)&groupMask == 0 {
+		c, rc := uint32(key>>counterShift&counterMask), uint32(run.key>>counterShift&counterMask)
+		if c > rc {
+			p := run.pos + c - rc
+			if p >= t.n {
+				p -= t.n
+			}
+			s := t.at(p)
+			if s.key.Load() == key {
+				v := s.val.Load()
+				if s.key.Load() == key {
+					return WorkerSet(v)
+				}
+			}
+		}
+	}
+	t := &ix.nearShard(key).blocks
+	home := t.home(key)
+	if t.counts.get(t.self, home) != 0 {
+		// Something near this home spilled: try the spill path first
+		// rather than scan a window that is probably full.
+		b := &ix.spillShard(key).blocks
+		if v, st := b.probe(key, b.spillHome(key), b.n); st == probeHit {
+			return WorkerSet(v)
+		}
+	}
+	if v, p, ok := t.probeNear(key, home); ok {
+		*run = runCursor{key: key, t: t, pos: p}
+		return WorkerSet(v)
+	}
+	// Spilled, absent, or raced a writer: the careful path, whose
+	// move-sequence checks make a miss trustworthy.
+	v, _ := ix.lookupBlock(key)
+	return WorkerSet(v)
+}
+
 // writeBatch is how many keys a writer warms before it takes the first
 // lock. Taking a lock is a full barrier, so a cache miss inside the
 // critical section is paid alone; warming the batch's home slots first
 // lets their misses overlap, and the locked updates then hit the cache.
 const writeBatch = 16
 
-// warm loads the home slot of every key of a batch and returns nothing
-// useful: it exists for its cache side effect.
+// warm loads the slots where the batch's probes start and returns nothing
+// useful: it exists for its cache side effect. A block's spill slot is
+// warmed too when its spill count says the writer may have to walk there.
 func (ix *Index) warm(hashes []uint64, engine bool, w WorkerSlot) {
 	for _, h := range hashes {
-		var key uint64
-		var t *table
 		if engine {
-			key = mapKey(w, h)
-			t = &ix.shardFor(key).engine
-		} else {
-			key = storedKey(h)
-			t = &ix.shardFor(key).blocks
+			key := mapKey(w, h)
+			t := &ix.mapShard(key).engine
+			t.at(t.home(key)).key.Load()
+			continue
 		}
-		t.at(t.home(key)).key.Load()
+		key := storedKey(h)
+		t := &ix.nearShard(key).blocks
+		home := t.home(key)
+		t.at(home).key.Load()
+		if t.counts.get(t.self, home) != 0 {
+			b := &ix.spillShard(key).blocks
+			b.at(b.spillHome(key)).key.Load()
+		}
 	}
 }
 
@@ -218,25 +339,12 @@ func (ix *Index) warm(hashes []uint64, engine bool, w WorkerSlot) {
 // A block the index has no room for is counted as overflow and skipped.
 func (ix *Index) Stored(w WorkerSlot, hashes []uint64) {
 	ix.checkSlot(w)
-	bit := uint64(SetOf(w))
 	for len(hashes) > 0 {
 		batch := hashes[:min(writeBatch, len(hashes))]
 		hashes = hashes[len(batch):]
 		ix.warm(batch, false, w)
 		for _, h := range batch {
-			key := storedKey(h)
-			sh := ix.shardFor(key)
-			sh.mu.Lock()
-			if i, found := sh.blocks.find(key); found {
-				s := sh.blocks.at(i)
-				if old := s.val.Load(); old&bit == 0 {
-					s.val.Store(old | bit)
-					sh.meta.workerBlocks[w].Add(1)
-				}
-			} else if sh.blocks.insertAt(i, key, bit) {
-				sh.meta.workerBlocks[w].Add(1)
-			}
-			sh.mu.Unlock()
+			ix.updateBlock(storedKey(h), w, true)
 		}
 	}
 }
@@ -245,21 +353,103 @@ func (ix *Index) Stored(w WorkerSlot, hashes []uint64) {
 // Hashes the index does not hold for w are ignored.
 func (ix *Index) Removed(w WorkerSlot, hashes []uint64) {
 	ix.checkSlot(w)
-	bit := uint64(SetOf(w))
 	for len(hashes) > 0 {
 		batch := hashes[:min(writeBatch, len(hashes))]
 		hashes = hashes[len(batch):]
 		ix.warm(batch, false, w)
 		for _, h := range batch {
-			key := storedKey(h)
-			sh := ix.shardFor(key)
-			sh.mu.Lock()
-			if i, found := sh.blocks.find(key); found {
-				ix.clearBit(sh, i, w, bit)
-			}
-			sh.mu.Unlock()
+			ix.updateBlock(storedKey(h), w, false)
 		}
 	}
+}
+
+// updateBlock adds w to the block key (store) or drops it. It takes the
+// near shard's lock, and the spill shard's too when the key may be spilled
+// or must spill, always ending up holding them in ascending shard order so
+// that two writers never wait for each other's second lock.
+func (ix *Index) updateBlock(key uint64, w WorkerSlot, store bool) {
+	bit := uint64(SetOf(w))
+	a := ix.nearShard(key)
+	at := &a.blocks
+	home := at.home(key)
+	a.mu.Lock()
+	var b *shard
+	for {
+		i, found := at.scan(key, home, at.window)
+		if found {
+			ix.applyBit(a, i, w, bit, store)
+			break
+		}
+		free := i // an empty slot in the window, or notFound when it is full
+		if at.counts.get(at.self, home) == 0 && (free != notFound || !store) {
+			if store {
+				ix.insertBlock(a, free, key, w, bit)
+			}
+			break // not spilled, so not present
+		}
+		if b == nil {
+			b = ix.spillShard(key)
+			if b != a && !lockSecond(a, b) {
+				continue // a was let go meanwhile: look again
+			}
+		}
+		bt := &b.blocks
+		j, found := bt.scan(key, bt.spillHome(key), bt.n)
+		switch {
+		case found:
+			ix.applyBit(b, j, w, bit, store)
+		case !store:
+		case free != notFound:
+			ix.insertBlock(a, free, key, w, bit)
+		default:
+			at.counts.add(at.self, home, true) // before the entry is visible
+			if !ix.insertBlock(b, j, key, w, bit) {
+				at.counts.add(at.self, home, false)
+			}
+		}
+		break
+	}
+	if b != nil && b != a {
+		b.mu.Unlock()
+	}
+	a.mu.Unlock()
+}
+
+// lockSecond locks b while a is held. If b comes after a, it just waits;
+// otherwise it may only try, and on failure lets a go and takes both in
+// order, reporting false: what the caller saw under a may have changed.
+func lockSecond(a, b *shard) bool {
+	if b.blocks.self > a.blocks.self {
+		b.mu.Lock()
+		return true
+	}
+	if b.mu.TryLock() {
+		return true
+	}
+	a.mu.Unlock()
+	b.mu.Lock()
+	a.mu.Lock()
+	return false
+}
+
+func (ix *Index) applyBit(sh *shard, i uint32, w WorkerSlot, bit uint64, store bool) {
+	if !store {
+		ix.clearBit(sh, i, w, bit)
+		return
+	}
+	s := sh.blocks.at(i)
+	if old := s.val.Load(); old&bit == 0 {
+		s.val.Store(old | bit)
+		sh.meta.workerBlocks[w].Add(1)
+	}
+}
+
+func (ix *Index) insertBlock(sh *shard, i uint32, key uint64, w WorkerSlot, bit uint64) bool {
+	if !sh.blocks.insertAt(i, key, bit) {
+		return false
+	}
+	sh.meta.workerBlocks[w].Add(1)
+	return true
 }
 
 // clearBit drops w from slot i, deleting the entry when no worker is left.
@@ -338,25 +528,13 @@ func mapKey(w WorkerSlot, engine uint64) uint64 {
 	return storedKey(mix64(engine^uint64(w)*0x9e3779b97f4a7c15)&mapHashMask | uint64(w)<<mapWorkerShift)
 }
 
-// mix64 is a bijective finaliser (SplitMix64's): engine hashes may be
-// anything, even small sequential integers, and the table needs uniform
-// bits for sharding and probing.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
-
 // MapEngineHash remembers that worker w's block named engine by the engine
 // has the kvfast hash kv, so a later removal by engine hash resolves. It
 // reports false if the map is full (counted as map overflow).
 func (ix *Index) MapEngineHash(w WorkerSlot, engine, kv uint64) bool {
 	ix.checkSlot(w)
 	key := mapKey(w, engine)
-	sh := ix.shardFor(key)
+	sh := ix.mapShard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	i, found := sh.engine.find(key)
@@ -371,14 +549,14 @@ func (ix *Index) MapEngineHash(w WorkerSlot, engine, kv uint64) bool {
 func (ix *Index) LookupEngineHash(w WorkerSlot, engine uint64) (uint64, bool) {
 	ix.checkSlot(w)
 	key := mapKey(w, engine)
-	return ix.shardFor(key).engine.lookup(key)
+	return ix.mapShard(key).engine.lookup(key)
 }
 
 // UnmapEngineHash resolves and forgets worker w's engine hash.
 func (ix *Index) UnmapEngineHash(w WorkerSlot, engine uint64) (uint64, bool) {
 	ix.checkSlot(w)
 	key := mapKey(w, engine)
-	sh := ix.shardFor(key)
+	sh := ix.mapShard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	i, found := sh.engine.find(key)

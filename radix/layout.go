@@ -19,6 +19,7 @@ import (
 //	64                    shards × 384            shard meta, one per shard
 //	tableOff              shards × slots × 16     block table: {key u64, workers u64}
 //	mapOff                shards × mapSlots × 16  engine map:  {key u64, kvHash u64}
+//	spillOff              shards × spillStride    spill counts: u8 per 4 block-table homes
 //
 //	header:
 //	 0  [8]byte magic "KVFXIDX1"
@@ -34,6 +35,14 @@ import (
 //	48  u64 configured engine-map capacity
 //	56  u64 XXH64 of bytes 0..55
 //
+//	Block-table slots hold keys by the grouped layout of hash.go and
+//	table.go: a key's near home is in the shard its group bits pick, at the
+//	group's base plus its counter; a spilled key lives in the shard its
+//	mix picks. The group locator has 27 bits less the shard bits, so past
+//	2^27 slots in all (a 2 GB table) not every slot can be a group's base:
+//	lookups stay correct and only clustering grows. spillStride is the
+//	shard's spill-count bytes (one per 4 slots) rounded up to 64.
+//
 //	shard meta (384 bytes, 6 cache lines):
 //	  line 0: u64 blockMoveSeq, u64 mapMoveSeq   (read by lock-free readers)
 //	  line 1: u64 blockLive, u64 blockOverflow, u64 mapLive, u64 mapOverflow,
@@ -41,7 +50,7 @@ import (
 //	  lines 2-5: u32 blocks held per worker slot, 64 of them
 const (
 	indexMagic      = "KVFXIDX1"
-	indexVersion    = 1
+	indexVersion    = 2 // 2: grouped homes, spill counts (hash scheme kvfast/v2)
 	headerSize      = 64
 	shardMetaSize   = 384
 	slotSize        = 16
@@ -99,6 +108,8 @@ type geometry struct {
 	mapCapacity   uint64
 	tableOff      int
 	mapOff        int
+	spillOff      int
+	spillStride   int // bytes of spill counts per shard
 	size          int
 	shardBits     uint
 	shardMask     uint64
@@ -154,7 +165,9 @@ func (g geometry) finish() geometry {
 	g.shardMetaBase = headerSize
 	g.tableOff = headerSize + int(g.shards)*shardMetaSize
 	g.mapOff = g.tableOff + align64(int(g.shards)*int(g.blockSlots)*slotSize)
-	g.size = g.mapOff + align64(int(g.shards)*int(g.mapSlots)*slotSize)
+	g.spillOff = g.mapOff + align64(int(g.shards)*int(g.mapSlots)*slotSize)
+	g.spillStride = align64((int(g.blockSlots) + spillSpan - 1) / spillSpan)
+	g.size = g.spillOff + int(g.shards)*g.spillStride
 	for 1<<g.shardBits < g.shards {
 		g.shardBits++
 	}
@@ -221,7 +234,7 @@ func decodeHeader(region []byte) (geometry, error) {
 	switch {
 	case g.shards == 0 || g.shards > maxShards || g.shards&(g.shards-1) != 0:
 		return geometry{}, corrupt("shards", "%d is not a power of two in [1, %d]", g.shards, maxShards)
-	case g.blockSlots == 0 || g.blockSlots > maxSlotsPer || g.blockLimit == 0 || g.blockLimit >= g.blockSlots:
+	case g.blockSlots < groupSize || g.blockSlots > maxSlotsPer || g.blockLimit == 0 || g.blockLimit >= g.blockSlots:
 		return geometry{}, corrupt("block table", "%d slots with limit %d per shard", g.blockSlots, g.blockLimit)
 	case g.mapSlots == 0 || g.mapSlots > maxSlotsPer || g.mapLimit == 0 || g.mapLimit >= g.mapSlots:
 		return geometry{}, corrupt("engine map", "%d slots with limit %d per shard", g.mapSlots, g.mapLimit)

@@ -60,28 +60,20 @@ func (ix *Index) Stats() Stats {
 	return st
 }
 
-// Verify checks the index's structural invariants: every entry is reachable
-// from its home slot, no key appears twice, no entry has an empty worker
-// set, and the live and per-worker counters match the slots. It takes every
-// shard's writer lock, so it sees a quiescent table; readers go on. It is
-// for tests, fuzzing and `kvfast inspect --verify`.
+// Verify checks the index's structural invariants: every entry is where
+// a reader finds it (reachable, and no earlier copy hides it), belongs in
+// its shard, has a non-empty worker set, and the live, per-worker and
+// spill counters agree with the slots. It takes every shard's writer lock,
+// so it sees a quiescent index; readers go on. It is for tests, fuzzing and
+// `kvfast inspect --verify`.
 func (ix *Index) Verify() error {
+	ix.lockAll()
+	defer ix.unlockAll()
 	var errs []error
 	for si := range ix.shards {
 		sh := &ix.shards[si]
-		sh.mu.Lock()
 		var perWorker [MaxWorkers]uint64
-		if err := sh.blocks.verify(uint64(si), ix.geo.shardMask, func(v uint64) error {
-			if v == 0 {
-				return errors.New("entry with no worker")
-			}
-			for s := WorkerSet(v); s != 0; {
-				var w WorkerSlot
-				w, s = s.First()
-				perWorker[w]++
-			}
-			return nil
-		}); err != nil {
+		if err := ix.verifyBlocks(sh, &perWorker); err != nil {
 			errs = append(errs, fmt.Errorf("shard %d block table: %w", si, err))
 		}
 		for w := range perWorker {
@@ -89,16 +81,62 @@ func (ix *Index) Verify() error {
 				errs = append(errs, fmt.Errorf("shard %d worker %d: counter %d, table holds %d", si, w, got, perWorker[w]))
 			}
 		}
-		if err := sh.engine.verify(uint64(si), ix.geo.shardMask, nil); err != nil {
+		if err := sh.engine.verifyMap(); err != nil {
 			errs = append(errs, fmt.Errorf("shard %d engine map: %w", si, err))
 		}
-		sh.mu.Unlock()
+	}
+	counts := ix.countSpills()
+	for si := range ix.shards {
+		t := &ix.shards[si].blocks
+		for b, n := range counts[si] {
+			// A spill count may exceed the truth (see spillCounts.add), never fall short.
+			if got := t.counts.get(t.self, uint32(b)*spillSpan); got < n {
+				errs = append(errs, fmt.Errorf("shard %d: spill count of homes %d-%d is %d, %d entries spilled from there",
+					si, b*spillSpan, b*spillSpan+spillSpan-1, got, n))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
 
-func (t *table) verify(shardIndex, shardMask uint64, checkVal func(uint64) error) error {
-	seen := make(map[uint64]uint32)
+func (ix *Index) lockAll() {
+	for i := range ix.shards {
+		ix.shards[i].mu.Lock()
+	}
+}
+
+func (ix *Index) unlockAll() {
+	for i := range ix.shards {
+		ix.shards[i].mu.Unlock()
+	}
+}
+
+// findBlock is what a reader finds for key: the table and slot, or false.
+// Writer, holding the locks of the key's near and spill shards.
+func (ix *Index) findBlock(key uint64) (*table, uint32, bool) {
+	a := &ix.nearShard(key).blocks
+	home := a.home(key)
+	if i, found := a.scan(key, home, a.window); found {
+		return a, i, true
+	}
+	if a.counts.get(a.self, home) == 0 {
+		return nil, notFound, false
+	}
+	b := &ix.spillShard(key).blocks
+	if j, found := b.scan(key, b.spillHome(key), b.n); found {
+		return b, j, true
+	}
+	return nil, notFound, false
+}
+
+// belongs reports whether the block key may live in shard si at all.
+func (ix *Index) belongs(key uint64, si uint64) bool {
+	m := ix.geo.shardMask
+	return nearShard(key, m) == si || spillShard(key, m) == si
+}
+
+func (ix *Index) verifyBlocks(sh *shard, perWorker *[MaxWorkers]uint64) error {
+	t := &sh.blocks
 	var live uint64
 	for i := uint32(0); i < t.n; i++ {
 		s := t.at(i)
@@ -110,24 +148,29 @@ func (t *table) verify(shardIndex, shardMask uint64, checkVal func(uint64) error
 			return fmt.Errorf("slot %d left busy", i)
 		}
 		live++
-		if (k>>32)&shardMask != shardIndex {
-			return fmt.Errorf("slot %d: key %#x belongs to shard %d", i, k, (k>>32)&shardMask)
+		if !ix.belongs(k, t.self) {
+			return fmt.Errorf("slot %d: key %#x belongs to shards %d and %d", i, k, nearShard(k, t.mask), spillShard(k, t.mask))
 		}
-		if j, dup := seen[k]; dup {
-			return fmt.Errorf("key %#x in slots %d and %d", k, j, i)
+		switch ft, j, found := ix.findBlock(k); {
+		case !found:
+			return fmt.Errorf("slot %d: key %#x unreachable by its near and spill probes", i, k)
+		case ft != t || j != i:
+			return fmt.Errorf("key %#x in slot %d of shard %d and slot %d of shard %d", k, j, ft.self, i, t.self)
 		}
-		seen[k] = i
-		for p := t.home(k); p != i; p = t.next(p) {
-			if t.at(p).key.Load() == emptyKey {
-				return fmt.Errorf("slot %d: key %#x unreachable, empty slot %d on its probe path", i, k, p)
-			}
+		v := s.val.Load()
+		if v == 0 {
+			return fmt.Errorf("slot %d: entry with no worker", i)
 		}
-		if checkVal != nil {
-			if err := checkVal(s.val.Load()); err != nil {
-				return fmt.Errorf("slot %d: %w", i, err)
-			}
+		for set := WorkerSet(v); set != 0; {
+			var w WorkerSlot
+			w, set = set.First()
+			perWorker[w]++
 		}
 	}
+	return t.verifyCounters(live)
+}
+
+func (t *table) verifyCounters(live uint64) error {
 	if got := t.live.Load(); got != live {
 		return fmt.Errorf("live counter %d, table holds %d", got, live)
 	}
@@ -137,6 +180,92 @@ func (t *table) verify(shardIndex, shardMask uint64, checkVal func(uint64) error
 	return nil
 }
 
+func (t *table) verifyMap() error {
+	var live uint64
+	for i := uint32(0); i < t.n; i++ {
+		k := t.at(i).key.Load()
+		switch {
+		case k == emptyKey:
+			continue
+		case k == busyKey:
+			return fmt.Errorf("slot %d left busy", i)
+		case mapShard(k, t.mask) != t.self:
+			return fmt.Errorf("slot %d: key %#x belongs to shard %d", i, k, mapShard(k, t.mask))
+		}
+		live++
+		switch j, found := t.find(k); {
+		case !found:
+			return fmt.Errorf("slot %d: key %#x unreachable, empty slot on its probe path", i, k)
+		case j != i:
+			return fmt.Errorf("key %#x in slots %d and %d", k, j, i)
+		}
+	}
+	return t.verifyCounters(live)
+}
+
+// countSpills counts, per shard and span of spill counts, the entries only
+// their spill probe reaches, saturating like the counts do. One pass per
+// table: an entry is near when this is its near shard and its home lies
+// within the window and within the run of occupied slots that holds it.
+// Writer, holding every lock.
+func (ix *Index) countSpills() [][]uint32 {
+	counts := make([][]uint32, len(ix.shards))
+	for si := range counts {
+		counts[si] = make([]uint32, (ix.geo.blockSlots+spillSpan-1)/spillSpan)
+	}
+	for si := range ix.shards {
+		t := &ix.shards[si].blocks
+		count := func(k uint64, i, runStart uint32) {
+			home := t.home(k)
+			if nearShard(k, t.mask) == t.self {
+				if d := t.dist(home, i); d < t.window && d <= t.dist(runStart, i) {
+					return
+				}
+			}
+			c := &counts[nearShard(k, t.mask)][home/spillSpan]
+			*c = min(*c+1, spillSticky)
+		}
+		// Start after an empty slot, so that every run is seen whole.
+		e := uint32(0)
+		for e < t.n && t.at(e).key.Load() != emptyKey {
+			e++
+		}
+		runStart := t.next(e % t.n)
+		for i, steps := runStart, uint32(0); steps < t.n; i, steps = t.next(i), steps+1 {
+			switch k := t.at(i).key.Load(); k {
+			case emptyKey:
+				runStart = t.next(i)
+			case busyKey:
+			default:
+				if e == t.n {
+					// No empty slot anywhere (only a damaged region): the
+					// run is the whole table, which one past i expresses.
+					runStart = t.next(i)
+				}
+				count(k, i, runStart)
+			}
+		}
+	}
+	return counts
+}
+
+// resetSpillCounts rewrites every spill count from the slots. Writer,
+// holding every lock.
+func (ix *Index) resetSpillCounts() {
+	counts := ix.countSpills()
+	for si := range ix.shards {
+		t := &ix.shards[si].blocks
+		for b := 0; b < len(counts[si]); b += 4 {
+			var w uint32
+			for k := 0; k < 4 && b+k < len(counts[si]); k++ {
+				w |= counts[si][b+k] << (8 * k)
+			}
+			word, _ := t.counts.word(t.self, uint32(b)*spillSpan)
+			word.Store(w)
+		}
+	}
+}
+
 // Repair makes a region consistent after a writer died mid-operation (the
 // previous ingester crashed, say): it drops slots left busy and the second
 // copy of a key left by an interrupted shift, re-derives every counter from
@@ -144,12 +273,32 @@ func (t *table) verify(shardIndex, shardMask uint64, checkVal func(uint64) error
 // after Attach and before its first write. It returns how many slots it
 // dropped.
 func (ix *Index) Repair() int {
+	ix.lockAll()
+	defer ix.unlockAll()
 	dropped := 0
 	for si := range ix.shards {
 		sh := &ix.shards[si]
-		sh.mu.Lock()
-		dropped += sh.blocks.repair(uint64(si), ix.geo.shardMask, func(v uint64) bool { return v != 0 })
-		dropped += sh.engine.repair(uint64(si), ix.geo.shardMask, nil)
+		sh.blocks.resetCounters()
+		dropped += sh.engine.repair(nil)
+	}
+	// Spill counts first, so that findBlock, which trusts them, sees every
+	// spilled entry while the passes below decide what to keep.
+	ix.resetSpillCounts()
+	// A deletion shifts neighbours, which on a damaged table can strand
+	// another entry, so sweep until a whole pass finds nothing to drop.
+	for {
+		n := 0
+		for si := range ix.shards {
+			n += ix.repairBlocks(&ix.shards[si].blocks)
+		}
+		if n == 0 {
+			break
+		}
+		dropped += n
+	}
+	ix.resetSpillCounts() // exact again: the passes may have left counts high
+	for si := range ix.shards {
+		sh := &ix.shards[si]
 		var perWorker [MaxWorkers]uint32
 		for i := uint32(0); i < sh.blocks.n; i++ {
 			s := sh.blocks.at(i)
@@ -165,17 +314,16 @@ func (ix *Index) Repair() int {
 		for w := range perWorker {
 			sh.meta.workerBlocks[w].Store(perWorker[w])
 		}
-		sh.mu.Unlock()
 	}
 	return dropped
 }
 
-// repair is the per-table part of Repair. Writer.
-func (t *table) repair(shardIndex, shardMask uint64, keep func(uint64) bool) int {
+// resetCounters closes an open move sequence and recounts the live
+// entries, so that deleteAt's decrements land on a true count. Writer.
+func (t *table) resetCounters() {
 	if seq := t.moveSeq.Load(); seq&1 != 0 {
 		t.moveSeq.Store(seq + 1)
 	}
-	// Count first so that deleteAt's decrements land on a true count.
 	var live uint64
 	for i := uint32(0); i < t.n; i++ {
 		if t.at(i).key.Load() != emptyKey {
@@ -183,33 +331,19 @@ func (t *table) repair(shardIndex, shardMask uint64, keep func(uint64) bool) int
 		}
 	}
 	t.live.Store(live)
-	// A deletion shifts neighbours, which on a damaged table can strand
-	// another entry, so sweep until a whole pass finds nothing to drop.
-	dropped := 0
-	for {
-		n := t.repairPass(shardIndex, shardMask, keep)
-		if n == 0 {
-			return dropped
-		}
-		dropped += n
-	}
 }
 
-func (t *table) repairPass(shardIndex, shardMask uint64, keep func(uint64) bool) int {
+// repairBlocks is one pass of Repair over a block table: it keeps only the
+// entries a reader finds where they are. Writer, holding every lock.
+func (ix *Index) repairBlocks(t *table) int {
 	dropped := 0
 	for i := uint32(0); i < t.n; {
 		s := t.at(i)
 		k := s.key.Load()
-		drop := k == busyKey || (k != emptyKey && ((k>>32)&shardMask != shardIndex || keep != nil && !keep(s.val.Load())))
-		if !drop && k != emptyKey {
-			// An empty slot on the probe path strands the entry; an earlier
-			// copy of the key makes it a duplicate.
-			for p := t.home(k); p != i; p = t.next(p) {
-				if pk := t.at(p).key.Load(); pk == k || pk == emptyKey {
-					drop = true
-					break
-				}
-			}
+		drop := k == busyKey
+		if k != emptyKey && k != busyKey {
+			ft, j, found := ix.findBlock(k)
+			drop = !ix.belongs(k, t.self) || s.val.Load() == 0 || !found || ft != t || j != i
 		}
 		if drop {
 			t.deleteAt(i)
@@ -219,4 +353,32 @@ func (t *table) repairPass(shardIndex, shardMask uint64, keep func(uint64) bool)
 		i++
 	}
 	return dropped
+}
+
+// repair is Repair for an engine-map table. Writer.
+func (t *table) repair(keep func(uint64) bool) int {
+	t.resetCounters()
+	dropped := 0
+	for {
+		n := 0
+		for i := uint32(0); i < t.n; {
+			s := t.at(i)
+			k := s.key.Load()
+			drop := k == busyKey
+			if k != emptyKey && k != busyKey {
+				j, found := t.find(k)
+				drop = mapShard(k, t.mask) != t.self || keep != nil && !keep(s.val.Load()) || !found || j != i
+			}
+			if drop {
+				t.deleteAt(i)
+				n++
+				continue
+			}
+			i++
+		}
+		if n == 0 {
+			return dropped
+		}
+		dropped += n
+	}
 }

@@ -6,21 +6,50 @@ import (
 )
 
 // A table is one shard's open-addressing hash table of 16-byte slots in the
-// region: a key word and a value word. Linear probing keeps a probe inside
-// one or two cache lines; deletion shifts later entries back (no
+// region: a key word and a value word. Probing is linear, so a probe stays
+// within adjacent cache lines; deletion shifts later entries back (no
 // tombstones), so churn never lengthens probes or fills the table with dead
 // slots.
+//
+// The engine map's tables are plain: one uniform home per key.
+//
+// The block table is grouped. A key's near home is its group's base slot
+// plus its counter (see hash.go), in the shard its group bits pick, so the
+// eight blocks of a group land in about three consecutive cache lines and
+// a prompt costs one miss per group rather than one per block. Siblings
+// share a near home, though (every continuation of a popular prefix
+// inherits the same group), so a key is kept near only within window slots
+// of its home. One that finds the window full spills: it goes to a second,
+// uniform home in a shard picked by a mix of the whole key, so that
+// thousands of siblings neither pile into one cluster nor fill one shard.
+// Every entry is reachable by one of the two probes a reader makes:
+//
+//	near:  from the near home, at most window slots, stopping at an empty slot;
+//	spill: from the spill home (in the spill shard), stopping at an empty slot.
+//
+// A spill count per span of spillSpan near homes says how many entries
+// with their home in that span, at least, are spilled. It lets a probe skip
+// the spill path, one random miss, when nothing near its home ever
+// spilled: every miss of a new key, and every lookup but a few in crowded
+// windows. Counts saturate at spillSticky and then stay until Repair.
 //
 // Concurrency: any number of lock-free readers, one writer at a time (the
 // shard's mutex, held by the caller of every method marked "writer").
 // Readers never see a torn entry: a writer fills a slot's value before its
 // key, parks the key at busyKey while rewriting a slot, and brackets a
 // backward shift with an odd moveSeq so that a reader whose probe raced a
-// shift retries instead of reporting a miss.
+// shift retries instead of reporting a miss. An entry never changes shard.
 type table struct {
 	slots    unsafe.Pointer
 	n        uint32 // slots
 	limit    uint32 // live entries allowed
+	window   uint32 // slots the near probe covers
+	grouped  bool
+	locShift uint8  // grouped: key>>locShift is the group locator
+	locBits  uint8  // grouped: width of the locator
+	self     uint64 // this table's shard
+	mask     uint64 // shard mask
+	counts   spillCounts
 	moveSeq  *atomic.Uint64
 	live     *atomic.Uint64
 	overflow *atomic.Uint64
@@ -53,15 +82,54 @@ const notFound = ^uint32(0)
 // bound keeps a reader wait-free even against a pathological writer.
 const maxReadRetries = 8
 
+// nearWindow is how far from its home the block table keeps a key before
+// spilling it. Groups make clusters long (a group needs eight free slots
+// together, so at 3/4 load the mean displacement is ~8 slots rather than
+// ~1), and 128 slots spill under one key in a hundred in normal use, while
+// still bounding the scan that a window crowded with siblings costs.
+const nearWindow = 128
+
+// nearWindowFor is the window of a shard of n slots: nearWindow, or a
+// quarter of a small shard, so that small tables (tests, fuzzing) spill
+// too and no window ever covers the whole table.
+func nearWindowFor(n uint32) uint32 {
+	return min(nearWindow, max(n/4, 1))
+}
+
+// Shard selection. A block's near shard comes from its group bits, so a
+// whole group lands in one shard; its spill shard from the same mix as its
+// spill home. Engine-map keys use bits 32 and up, above their home's bits.
+func nearShard(key, mask uint64) uint64  { return key >> groupShift & mask }
+func spillShard(key, mask uint64) uint64 { return mix64(key) >> 32 & mask }
+func mapShard(key, mask uint64) uint64   { return key >> 32 & mask }
+
 func (t *table) at(i uint32) *slot {
 	return (*slot)(unsafe.Add(t.slots, uintptr(i)*slotSize))
 }
 
-// home reduces the key's low 32 bits onto [0, n) by multiply-shift, which
-// lets n be any size (no power-of-two rounding, so no wasted memory).
-// Shard selection uses bits 32 and up, so the two never correlate.
+// home is where a key's near probe starts. Both variants reduce a field of
+// the key onto [0, n) by multiply-shift, which lets n be any size (no
+// power-of-two rounding, so no wasted memory). Grouped: the group bits not
+// used for the shard locate the group's base, and the counter offsets the
+// block from it. Ungrouped: the low 32 bits, which shard selection does
+// not use. Every shard has the same geometry, so any shard's table
+// computes any key's home.
 func (t *table) home(key uint64) uint32 {
-	return uint32((uint64(uint32(key)) * uint64(t.n)) >> 32)
+	if !t.grouped {
+		return uint32((uint64(uint32(key)) * uint64(t.n)) >> 32)
+	}
+	i := uint32(((key >> t.locShift) * uint64(t.n)) >> t.locBits)
+	i += uint32(key >> counterShift & counterMask)
+	if i >= t.n { // n >= groupSize (decodeHeader checks), so once suffices
+		i -= t.n
+	}
+	return i
+}
+
+// spillHome is a grouped key's second home, in its spill shard: uniform,
+// and different for siblings, whose fresh bits differ.
+func (t *table) spillHome(key uint64) uint32 {
+	return uint32((uint64(uint32(mix64(key))) * uint64(t.n)) >> 32)
 }
 
 func (t *table) next(i uint32) uint32 {
@@ -72,21 +140,12 @@ func (t *table) next(i uint32) uint32 {
 	return i
 }
 
-// lookup returns the value stored under key. Lock-free.
-func (t *table) lookup(key uint64) (uint64, bool) {
-	for attempt := 0; attempt < maxReadRetries; attempt++ {
-		seq := t.moveSeq.Load()
-		v, state := t.probe(key, t.home(key))
-		switch state {
-		case probeHit:
-			return v, true
-		case probeMiss:
-			if seq&1 == 0 && t.moveSeq.Load() == seq {
-				return 0, false
-			}
-		}
+// dist is how many steps a probe takes from a to b.
+func (t *table) dist(a, b uint32) uint32 {
+	if b >= a {
+		return b - a
 	}
-	return 0, false
+	return b + t.n - a
 }
 
 type probeState uint8
@@ -97,10 +156,10 @@ const (
 	probeRaced
 )
 
-// probe walks from slot i. The probe count is bounded by n so that a
-// corrupt region with no empty slot cannot spin a reader forever.
-func (t *table) probe(key uint64, i uint32) (uint64, probeState) {
-	for range t.n {
+// probe walks at most limit slots from slot i. The limit is at most n so
+// that a corrupt region with no empty slot cannot spin a reader forever.
+func (t *table) probe(key uint64, i, limit uint32) (uint64, probeState) {
+	for range limit {
 		s := t.at(i)
 		k := s.key.Load()
 		if k == key {
@@ -118,32 +177,48 @@ func (t *table) probe(key uint64, i uint32) (uint64, probeState) {
 	return 0, probeMiss
 }
 
-// probeFrom is the optimistic hit path of a batched lookup: first is the
-// key already loaded from slot i. It reports ok only for a clean hit; a
-// miss, a busy slot or a race sends the caller to lookup, whose move
-// sequence check makes misses trustworthy.
-func (t *table) probeFrom(key uint64, i uint32, first uint64) (uint64, bool) {
-	k := first
-	for range t.n {
-		if k == key {
-			s := t.at(i)
-			v := s.val.Load()
-			return v, s.key.Load() == key
+// lookup returns the value stored under key in an ungrouped table.
+// Lock-free.
+func (t *table) lookup(key uint64) (uint64, bool) {
+	home := t.home(key)
+	for attempt := 0; attempt < maxReadRetries; attempt++ {
+		seq := t.moveSeq.Load()
+		switch v, state := t.probe(key, home, t.n); state {
+		case probeHit:
+			return v, true
+		case probeMiss:
+			if seq&1 == 0 && t.moveSeq.Load() == seq {
+				return 0, false
+			}
 		}
-		if k == emptyKey || k == busyKey {
-			return 0, false
-		}
-		i = t.next(i)
-		k = t.at(i).key.Load()
 	}
 	return 0, false
 }
 
-// find locates key for a writer: its slot and true, or the empty slot where
-// it belongs and false, or notFound when the table has no empty slot.
-func (t *table) find(key uint64) (uint32, bool) {
-	i := t.home(key)
-	for range t.n {
+// probeNear is FindMatches' optimistic near probe: the value and slot of a
+// clean hit within the window, or false for anything else (a miss, which
+// only the careful lookup may conclude, or a race with a writer).
+func (t *table) probeNear(key uint64, i uint32) (uint64, uint32, bool) {
+	for range t.window {
+		s := t.at(i)
+		k := s.key.Load()
+		if k == key {
+			v := s.val.Load()
+			return v, i, s.key.Load() == key
+		}
+		if k == emptyKey || k == busyKey {
+			return 0, 0, false
+		}
+		i = t.next(i)
+	}
+	return 0, 0, false
+}
+
+// scan walks at most limit slots from i for a writer: the key's slot and
+// true, or the first empty slot and false, or notFound and false when the
+// walk found neither.
+func (t *table) scan(key uint64, i, limit uint32) (uint32, bool) {
+	for range limit {
 		k := t.at(i).key.Load()
 		if k == key {
 			return i, true
@@ -154,6 +229,13 @@ func (t *table) find(key uint64) (uint32, bool) {
 		i = t.next(i)
 	}
 	return notFound, false
+}
+
+// find locates key in an ungrouped table for a writer: its slot and true,
+// or the empty slot where it belongs and false, or notFound when the table
+// has no empty slot.
+func (t *table) find(key uint64) (uint32, bool) {
+	return t.scan(key, t.home(key), t.n)
 }
 
 // insertAt fills the empty slot i. Writer. It reports false, counting an
@@ -170,10 +252,42 @@ func (t *table) insertAt(i uint32, key, val uint64) bool {
 	return true
 }
 
+// nearReachable reports whether a near probe from home reaches slot j: j
+// lies within the window and no slot before it is empty. Writer; during a
+// shift no slot of the cluster is empty (the hole still holds a stale
+// copy), so this sees the probes as they were before the deletion began.
+func (t *table) nearReachable(home, j uint32) bool {
+	if t.dist(home, j) >= t.window {
+		return false
+	}
+	for p := home; p != j; p = t.next(p) {
+		if t.at(p).key.Load() == emptyKey {
+			return false
+		}
+	}
+	return true
+}
+
+// isNear reports whether the entry k in slot j of a grouped table is one
+// its near probe reaches; any other entry there is spilled.
+func (t *table) isNear(k uint64, j uint32) bool {
+	return nearShard(k, t.mask) == t.self && t.nearReachable(t.home(k), j)
+}
+
 // deleteAt removes the entry in slot p and shifts back every later entry of
-// the cluster that may sit earlier, so no probe chain is ever broken and no
-// tombstone is left. Writer.
+// the cluster whose probe passed through the hole, so no probe is ever
+// broken and no tombstone is left. An entry moves only backwards towards
+// the start of the probe that reaches it (its home if the near probe does,
+// else its spill home), so a near entry stays near, and a spilled one may
+// come near (if this is also its near shard), which its spill count then
+// forgets. Writer.
 func (t *table) deleteAt(p uint32) {
+	var spilled uint64 // the deleted entry, if it was spilled
+	if t.grouped {
+		if k := t.at(p).key.Load(); k != busyKey && !t.isNear(k, p) {
+			spilled = k
+		}
+	}
 	hole := p
 	moving := false
 	for j, steps := t.next(p), uint32(1); steps < t.n; j, steps = t.next(j), steps+1 {
@@ -182,8 +296,13 @@ func (t *table) deleteAt(p uint32) {
 		if k == emptyKey {
 			break
 		}
-		if cyclicIn(hole, t.home(k), j) {
-			continue // its home lies after the hole: moving it would hide it
+		near := !t.grouped || t.isNear(k, j)
+		from := t.home(k)
+		if !near {
+			from = t.spillHome(k)
+		}
+		if cyclicIn(hole, from, j) {
+			continue // its probe starts after the hole: moving it would hide it
 		}
 		if !moving {
 			t.moveSeq.Add(1) // odd: readers that miss from now on retry
@@ -193,6 +312,9 @@ func (t *table) deleteAt(p uint32) {
 		dst.key.Store(busyKey)
 		dst.val.Store(src.val.Load())
 		dst.key.Store(k)
+		if !near && t.isNear(k, hole) {
+			t.counts.add(t.self, t.home(k), false)
+		}
 		hole = j
 	}
 	h := t.at(hole)
@@ -200,6 +322,9 @@ func (t *table) deleteAt(p uint32) {
 	h.val.Store(0)
 	if moving {
 		t.moveSeq.Add(1)
+	}
+	if spilled != 0 {
+		t.counts.add(nearShard(spilled, t.mask), t.home(spilled), false)
 	}
 	t.live.Add(^uint64(0))
 }
@@ -210,4 +335,52 @@ func cyclicIn(a, x, b uint32) bool {
 		return a < x && x <= b
 	}
 	return x > a || x <= b
+}
+
+// spillCounts addresses every shard's spill counts: a byte per spillSpan
+// near homes, packed four to a 32-bit word.
+type spillCounts struct {
+	base   unsafe.Pointer
+	stride uintptr // bytes per shard
+}
+
+const (
+	spillSpan   = 4
+	spillSticky = 0xff
+)
+
+func (sc spillCounts) word(shard uint64, home uint32) (*atomic.Uint32, uint32) {
+	b := home / spillSpan
+	return (*atomic.Uint32)(unsafe.Add(sc.base, uintptr(shard)*sc.stride+uintptr(b&^3))), 8 * (b & 3)
+}
+
+// get is how many spilled entries, at least, have their near home in the
+// span of home in shard. Lock-free.
+func (sc spillCounts) get(shard uint64, home uint32) uint32 {
+	w, shift := sc.word(shard, home)
+	return w.Load() >> shift & 0xff
+}
+
+// add counts one spilled entry more (up) or less. Increments come from the
+// near shard's writer, before the entry is stored; decrements, after the
+// entry is gone, from whichever shard's writer removed it, hence the CAS.
+func (sc spillCounts) add(shard uint64, home uint32, up bool) {
+	w, shift := sc.word(shard, home)
+	for {
+		old := w.Load()
+		c := old >> shift & 0xff
+		switch {
+		case c == spillSticky:
+			return
+		case up:
+			c++
+		case c > 0:
+			c--
+		default:
+			return
+		}
+		if w.CompareAndSwap(old, old&^(0xff<<shift)|c<<shift) {
+			return
+		}
+	}
 }
