@@ -25,7 +25,7 @@ func ApproxSeed(nsSeed uint64) uint64 {
 }
 
 // AppendApproxHashes appends the chained hash of every full chunkBytes-sized
-// chunk of text to dst, chained like radix.AppendBlockHashes: chunk i is
+// chunk of text to dst, as a plain seeded XXH64 chain (not radix's grouped layout): chunk i is
 // XXH64 of its bytes seeded with chunk i-1's hash, chunk 0 with seed. A
 // trailing partial chunk is not hashed, so a prompt that extends another
 // shares all of its full chunks.
