@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"github.com/kvfast/kvfast/feed"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
 )
@@ -205,6 +206,8 @@ type WorkerView struct {
 	IndexBlocks  uint64 `json:"index_blocks"`
 	FeedLagBytes uint64 `json:"feed_lag_bytes"`
 	Generation   uint32 `json:"generation,omitempty"`
+
+	ZMQ *feed.ZMQStats `json:"zmq,omitempty"` // a static worker's ZMQ event feed
 }
 
 // AdminView is the body of GET /admin/workers.
@@ -268,6 +271,10 @@ func (s *Server) Admin() AdminView {
 			IndexBlocks: ix.WorkerBlocks[w], FeedLagBytes: lag[w]}
 		if s.static.Has(w) {
 			wv.Source = "static"
+			if sub := s.zmq[w]; sub != nil {
+				zs := sub.Stats()
+				wv.ZMQ = &zs
+			}
 		} else if s.seg != nil {
 			if ri, ok := s.seg.Worker(w); ok && ri.State == shm.StateLive {
 				wv.Generation = ri.Generation

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/kvfast/kvfast/feed"
 	"github.com/kvfast/kvfast/guard"
 	"github.com/kvfast/kvfast/radix"
 )
@@ -43,10 +44,10 @@ type metrics struct {
 	reg *prometheus.Registry
 
 	requests     map[string]prometheus.Counter
-	ttft         prometheus.Histogram
-	itl          prometheus.Histogram
-	isl          prometheus.Histogram
-	osl          prometheus.Histogram
+	ttft         prometheus.Observer
+	itl          prometheus.Observer
+	isl          prometheus.Observer
+	osl          prometheus.Observer
 	promptBlocks prometheus.Counter
 	cachedBlocks prometheus.Counter
 	stageHash    prometheus.Observer
@@ -71,20 +72,20 @@ func newMetrics(s *Server) *metrics {
 		m.requests["chat/"+st] = requests.WithLabelValues("chat_completions", st)
 	}
 	latency := prometheus.ExponentialBuckets(0.001, 2, 16) // 1 ms .. 33 s
-	m.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{
+	ttft := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "kvfast_time_to_first_token_seconds", Buckets: latency,
 		Help: "From the request's arrival at the router to the first output token relayed.",
 	})
-	m.itl = prometheus.NewHistogram(prometheus.HistogramOpts{
+	itl := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "kvfast_inter_token_latency_seconds", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		Help: "Gap between consecutive streamed output items.",
 	})
 	tokens := prometheus.ExponentialBuckets(16, 2, 14) // 16 .. 131072
-	m.isl = prometheus.NewHistogram(prometheus.HistogramOpts{
+	isl := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "kvfast_input_sequence_tokens", Buckets: tokens,
 		Help: "Prompt length in tokens of requests that reached an engine (text and chat prompts: estimated at 4 bytes per token).",
 	})
-	m.osl = prometheus.NewHistogram(prometheus.HistogramOpts{
+	osl := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "kvfast_output_sequence_tokens", Buckets: tokens,
 		Help: "Output items relayed per streamed request (one per token for engines that stream per token).",
 	})
@@ -109,7 +110,8 @@ func newMetrics(s *Server) *metrics {
 		Name: "kvfast_dispatch_retries_total",
 		Help: "Requests re-routed to another worker because the chosen engine refused the connection.",
 	})
-	reg.MustRegister(requests, m.ttft, m.itl, m.isl, m.osl, m.promptBlocks, m.cachedBlocks, stages, m.retries,
+	m.ttft, m.itl, m.isl, m.osl = ttft, itl, isl, osl
+	reg.MustRegister(requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries,
 		&stateCollector{s: s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -159,6 +161,10 @@ var (
 		"Block stores refused because the index was full.", nil, nil)
 	descFeedEvents = prometheus.NewDesc("kvfast_feed_events_total",
 		"Event-feed records and blocks by outcome.", []string{"status"}, nil)
+	descZMQConnected = prometheus.NewDesc("kvfast_zmq_connected",
+		"1 while the router is subscribed to the worker's ZMQ KV-event socket.", []string{"worker", "dp_rank"}, nil)
+	descZMQEvents = prometheus.NewDesc("kvfast_zmq_events_total",
+		"A worker's ZMQ KV-event feed: batches and blocks by outcome.", []string{"worker", "dp_rank", "status"}, nil)
 	descQueueWaiting = prometheus.NewDesc("kvfast_admission_waiting", "Requests waiting in the admission queue.", nil, nil)
 	descRefused      = prometheus.NewDesc("kvfast_admission_refused_total", "Requests refused as overloaded.", nil, nil)
 )
@@ -166,7 +172,7 @@ var (
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descWorkerActiveBlocks, descWorkerPrefill, descWorkerRequests,
 		descWorkerHealthy, descWorkerIndexBlocks, descWorkerRingLag, descIndexEntries, descIndexCapacity,
-		descIndexOverflow, descFeedEvents, descQueueWaiting, descRefused} {
+		descIndexOverflow, descFeedEvents, descZMQConnected, descZMQEvents, descQueueWaiting, descRefused} {
 		ch <- d
 	}
 }
@@ -210,6 +216,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descWorkerHealthy, prometheus.GaugeValue, healthy, id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerIndexBlocks, prometheus.GaugeValue, float64(ixStats.WorkerBlocks[w]), id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerRingLag, prometheus.GaugeValue, float64(lag[w]), id, rank)
+		if sub := s.zmq[w]; sub != nil {
+			collectZMQ(ch, sub.Stats(), id, rank)
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(descIndexEntries, prometheus.GaugeValue, float64(ixStats.Entries))
 	ch <- prometheus.MustNewConstMetric(descIndexCapacity, prometheus.GaugeValue, float64(ixStats.Capacity))
@@ -217,4 +226,27 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	st := s.sched.Stats()
 	ch <- prometheus.MustNewConstMetric(descQueueWaiting, prometheus.GaugeValue, float64(st.Waiting))
 	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(st.Refused))
+}
+
+func collectZMQ(ch chan<- prometheus.Metric, st feed.ZMQStats, id, rank string) {
+	up := 0.0
+	if st.Connected {
+		up = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descZMQConnected, prometheus.GaugeValue, up, id, rank)
+	for _, kv := range []struct {
+		status string
+		v      uint64
+	}{
+		{"batches_applied", st.Batches}, {"batches_replayed", st.Replayed}, {"blocks_stored", st.StoredBlocks},
+		{"blocks_removed", st.RemovedBlocks}, {"cleared", st.Cleared}, {"gaps", st.Gaps}, {"replays", st.Replays},
+		{"replay_failures", st.ReplayFailures}, {"resyncs", st.Resyncs}, {"restarts", st.Restarts},
+		{"duplicates", st.Duplicates}, {"garbage", st.Garbage}, {"disconnects", st.Disconnects},
+		{"bad_events", st.BadEvents}, {"unknown_events", st.UnknownEvents}, {"skipped_lora", st.SkippedLoRA},
+		{"skipped_medium", st.SkippedMedium}, {"skipped_group", st.SkippedGroup}, {"skipped_extra_keys", st.SkippedExtraKeys},
+		{"block_size_mismatch", st.BlockSizeMismatch}, {"unresolved_parent", st.UnresolvedParent},
+		{"unknown_removed", st.UnknownRemoved},
+	} {
+		ch <- prometheus.MustNewConstMetric(descZMQEvents, prometheus.CounterValue, float64(kv.v), id, rank, kv.status)
+	}
 }

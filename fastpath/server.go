@@ -47,12 +47,16 @@ type Config struct {
 	ApproxCapacity   int
 	ApproxChunkBytes int
 
-	// Static lists engines that are not in the segment's registry (they
-	// publish no events, or over another transport).
+	// Static lists engines that are not in the segment's registry: they
+	// publish no events, or publish them over ZMQ (StaticWorker.Events).
 	Static []StaticWorker
 	// RegistryPoll is how often the segment's registry and load pages are
 	// read into the worker set (default 100 ms).
 	RegistryPoll time.Duration
+
+	// QueueTimeout bounds a request's wait in the admission queue (default
+	// 30s); past it the request is refused with 503 and Retry-After.
+	QueueTimeout time.Duration
 
 	// Direct requires every request to name its worker (an external picker
 	// already chose); the router only forwards and accounts.
@@ -64,7 +68,7 @@ type Config struct {
 	ReadTimeout     time.Duration // whole request, headers and body (default 30s): bounds slow clients
 	IdleTimeout     time.Duration // keep-alive idle (default 60s)
 	MaxConns        int           // concurrent client connections (default 10000)
-	MaxRetries      int           // re-routes after a refused connection (default 2)
+	MaxRetries      int           // re-routes after a refused connection: 0 means the default 2, negative means none
 	ShutdownTimeout time.Duration // drain deadline for in-flight streams (default 30s)
 
 	Logger *slog.Logger
@@ -77,6 +81,14 @@ type StaticWorker struct {
 	Endpoint string // host:port or http://host:port
 	Model    string
 	KVBlocks uint64
+
+	// Events is the engine's ZMQ KV-event PUB socket (tcp://host:port),
+	// for engines that publish vLLM's wire format (stock vLLM and SGLang);
+	// "" means the engine publishes no events. Replay is its optional
+	// replay ROUTER socket, and Topic the subscription prefix.
+	Events string
+	Replay string
+	Topic  string
 }
 
 func (c Config) withDefaults() Config {
@@ -90,6 +102,7 @@ func (c Config) withDefaults() Config {
 	def(&c.ReadTimeout, 30*time.Second)
 	def(&c.IdleTimeout, 60*time.Second)
 	def(&c.ShutdownTimeout, 30*time.Second)
+	def(&c.QueueTimeout, 30*time.Second)
 	if c.ApproxCapacity <= 0 {
 		c.ApproxCapacity = 1 << 20
 	}
@@ -136,7 +149,8 @@ type Server struct {
 
 	useApprox atomic.Bool // policy "approx": route on the router's own history
 	seeds     atomic.Pointer[map[string]modelNamespace]
-	static    radix.WorkerSet // slots configured statically
+	static    radix.WorkerSet                       // slots configured statically
+	zmq       [radix.MaxWorkers]*feed.ZMQSubscriber // static workers' event feeds, by slot
 
 	metricsOnce sync.Once
 	metricsHTTP fasthttp.RequestHandler
@@ -226,7 +240,8 @@ func (s *Server) Index() *radix.Index { return s.index }
 
 // Serve accepts connections on ln until Shutdown. It also runs the
 // background loops: registry sync, approximate-index expiry and, when
-// configured, event ingestion.
+// configured, event ingestion (the segment's rings, and one ZMQ
+// subscriber per static worker with an Events endpoint).
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.started || s.closed {
@@ -253,12 +268,55 @@ func (s *Server) Serve(ln net.Listener) error {
 			}
 		}()
 	}
+	s.bg.Add(1)
+	go s.runZMQ(ctx)
 	s.log.Info("router listening", "addr", ln.Addr().String(), "policy", s.cfg.Policy, "direct", s.cfg.Direct)
 	err := s.http.Serve(ln)
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
 	return err
+}
+
+// runZMQ runs one subscriber per static worker with an event socket. The
+// index may live in a segment that several routers share, and only the
+// elected ingester may write it, so with a segment the subscribers start
+// once this process holds the ingester role (which it keeps until
+// shutdown).
+func (s *Server) runZMQ(ctx context.Context) {
+	defer s.bg.Done()
+	feeds := false
+	for _, sub := range s.zmq {
+		feeds = feeds || sub != nil
+	}
+	if !feeds {
+		return
+	}
+	if s.seg != nil {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for s.ingester == nil || !s.ingester.Stats().Ingesting {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for _, sub := range s.zmq {
+		if sub == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := sub.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				s.log.Error("ZMQ event feed stopped", "endpoint", sub.Config().Endpoint, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // ListenAndServe listens on addr (host:port) and serves.

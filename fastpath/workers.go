@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvfast/kvfast/feed"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/shm"
@@ -42,6 +43,18 @@ func (s *Server) addStatic(workers []StaticWorker) error {
 			return err
 		}
 		s.static |= radix.SetOf(slot)
+		if w.Events != "" {
+			if w.Model == "" {
+				return fmt.Errorf("cannot subscribe to static worker %d's events: it needs a model name, which seeds the block hashes", w.ID)
+			}
+			sub, err := feed.NewZMQSubscriber(s.index, feed.ZMQConfig{Endpoint: w.Events, Replay: w.Replay, Topic: w.Topic,
+				Slot: slot, Model: w.Model, BlockSize: s.sched.BlockSize(),
+				Logger: s.log.With("worker", w.ID, "dp_rank", w.DPRank)})
+			if err != nil {
+				return fmt.Errorf("cannot subscribe to static worker %d's events: %w", w.ID, err)
+			}
+			s.zmq[slot] = sub
+		}
 	}
 	s.rebuildSeeds()
 	return nil

@@ -34,8 +34,14 @@ Runs the router. Engines join in two ways:
     with the kvfast publisher) register there and publish their KV events
     and load; the router discovers them and keeps its index in the segment,
     so a restarted router reattaches to a warm index;
-  - statically (--worker, repeatable), for engines without a publisher:
-    those are routed on load and on the router's own history only.
+  - statically (--worker, repeatable): engines without a publisher are
+    routed on load and on the router's own history only; stock vLLM and
+    SGLang publish their KV events over ZMQ, which the router subscribes to
+    with zmq=tcp://host:port (and replay=tcp://host:port if the engine has
+    a replay socket), e.g. for vLLM started with
+      --kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+                           "endpoint": "tcp://*:5557", "topic": "kv-events"}'
+    use --worker url=http://127.0.0.1:8001,model=NAME,zmq=tcp://127.0.0.1:5557,topic=kv-events
 
 Endpoints: POST /v1/completions, /v1/chat/completions (streaming and not),
 POST /v1/route/completions, /v1/route/chat/completions (the decision only),
@@ -72,6 +78,7 @@ type serveOptions struct {
 	busyDecode      float64
 	busyPrefill     int64
 	queueCapacity   int
+	queueTimeout    time.Duration
 	direct          bool
 	approxTTL       time.Duration
 	maxBodyBytes    int
@@ -94,10 +101,10 @@ func (o *serveOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8000", "address the router listens on (host:port); use 0.0.0.0:8000 to serve other hosts")
 	fs.StringVar(&o.segment, "segment", shm.DefaultPath("kvfast"), `shared-memory segment holding the index and the engines' event feed; "none" runs without one (static workers only)`)
 	fs.BoolVar(&o.recreate, "recreate-segment", false, "format a fresh segment even if a valid one exists (drops the warm index)")
-	fs.IntVar(&o.indexCapacity, "index-capacity", 1<<20, "distinct KV blocks the index holds (set when the segment is created); about 22 bytes each")
+	fs.IntVar(&o.indexCapacity, "index-capacity", 1<<20, "distinct KV blocks the index holds (set when the segment is created); about 70 bytes each with the engine-hash map")
 	fs.IntVar(&o.ringBytes, "ring-bytes", 0, "bytes of each worker's event ring when the segment is created (0: the default, 1 MiB)")
 	fs.IntVar(&o.blockSize, "block-size", radix.DefaultBlockSize, "tokens per KV block; must equal the engines' block size")
-	fs.Var(&o.workers, "worker", `a static engine, repeatable: "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N]"`)
+	fs.Var(&o.workers, "worker", `a static engine, repeatable: "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]" (zmq: the engine's KV-event PUB socket, vLLM/SGLang wire format; needs model)`)
 	fs.StringVar(&o.policy, "policy", "kv", "routing policy: kv (cache-aware cost model), approx (cache-aware from the router's own history, no events), round-robin, random, least-loaded")
 	fs.Float64Var(&o.overlapCredit, "overlap-credit", 1, "weight of a worker's cached prefix blocks against its prefill cost (0 ignores the cache)")
 	fs.Float64Var(&o.prefillScale, "prefill-load-scale", 1, "weight of the prefill term against the decode term in the cost")
@@ -106,6 +113,7 @@ func (o *serveOptions) register(fs *flag.FlagSet) {
 	fs.Float64Var(&o.busyDecode, "busy-decode-fraction", 0, "a worker whose decode blocks exceed this fraction of its KV capacity takes no new request (0: off)")
 	fs.Int64Var(&o.busyPrefill, "busy-prefill-tokens", 0, "a worker with more prompt tokens than this awaiting first token takes no new request (0: off)")
 	fs.IntVar(&o.queueCapacity, "queue-capacity", sched.DefaultQueueCapacity, "requests that may wait when every worker is busy; beyond it they get 429 with Retry-After (negative: no queue)")
+	fs.DurationVar(&o.queueTimeout, "queue-timeout", 30*time.Second, "longest wait in the admission queue; past it the request gets 503 with Retry-After")
 	fs.BoolVar(&o.direct, "direct", false, "direct mode: every request must name its worker in X-Kvfast-Worker (an external picker chose)")
 	fs.DurationVar(&o.approxTTL, "approx-ttl", 2*time.Minute, "how long the approximate index trusts that a routed prompt is still cached")
 	fs.IntVar(&o.maxBodyBytes, "max-body-bytes", fastpath.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
@@ -113,7 +121,7 @@ func (o *serveOptions) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.readTimeout, "read-timeout", 30*time.Second, "time allowed to read a whole request, headers and body (cuts slow clients)")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", 60*time.Second, "keep-alive connections idle this long are closed")
 	fs.IntVar(&o.maxConns, "max-conns", 10000, "concurrent client connections")
-	fs.IntVar(&o.maxRetries, "max-retries", 2, "re-routes when the chosen engine refuses the connection (before any byte reaches the client)")
+	fs.IntVar(&o.maxRetries, "max-retries", 2, "re-routes when the chosen engine refuses the connection (before any byte reaches the client); 0 disables")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight streams may finish before they are cut")
 	fs.DurationVar(&o.connectTimeout, "connect-timeout", 2*time.Second, "time to connect to an engine")
 	fs.DurationVar(&o.firstByte, "first-byte-timeout", 10*time.Minute, "time from forwarding to the engine's response headers")
@@ -150,8 +158,14 @@ func (w *workerFlags) Set(v string) error {
 			sw.Model = val
 		case "kv-blocks":
 			sw.KVBlocks, err = strconv.ParseUint(val, 10, 64)
+		case "zmq", "events":
+			sw.Events, err = val, feed.CheckZMQEndpoint(val)
+		case "replay":
+			sw.Replay, err = val, feed.CheckZMQEndpoint(val)
+		case "topic":
+			sw.Topic = val
 		default:
-			return fmt.Errorf("cannot use key %q: want url, id, rank, model or kv-blocks", k)
+			return fmt.Errorf("cannot use key %q: want url, id, rank, model, kv-blocks, zmq, replay or topic", k)
 		}
 		if err != nil {
 			return fmt.Errorf("cannot parse %s=%q: %w", k, val, err)
@@ -159,6 +173,12 @@ func (w *workerFlags) Set(v string) error {
 	}
 	if sw.Endpoint == "" {
 		return errors.New("a static worker needs url=http://host:port")
+	}
+	if sw.Events == "" && (sw.Replay != "" || sw.Topic != "") {
+		return errors.New("replay= and topic= belong to a worker's zmq= event feed")
+	}
+	if sw.Events != "" && sw.Model == "" {
+		return errors.New("a worker with zmq= needs model=NAME: the model seeds the block hashes")
 	}
 	*w = append(*w, sw)
 	return nil
@@ -237,12 +257,13 @@ func buildRouter(o *serveOptions, log *slog.Logger) (*router, error) {
 		ApproxTTL:       o.approxTTL,
 		Static:          o.workers,
 		Direct:          o.direct,
+		QueueTimeout:    o.queueTimeout,
 		MaxBodyBytes:    o.maxBodyBytes,
 		MaxTokenID:      uint32(o.maxTokenID),
 		ReadTimeout:     o.readTimeout,
 		IdleTimeout:     o.idleTimeout,
 		MaxConns:        o.maxConns,
-		MaxRetries:      o.maxRetries,
+		MaxRetries:      retriesConfig(o.maxRetries),
 		ShutdownTimeout: o.shutdownTimeout,
 		Logger:          log,
 	}
@@ -263,6 +284,15 @@ func buildRouter(o *serveOptions, log *slog.Logger) (*router, error) {
 	}
 	r.srv = srv
 	return r, nil
+}
+
+// retriesConfig maps the flag (0 disables re-routing) onto the library's
+// convention (0 is the default, negative disables).
+func retriesConfig(flagValue int) int {
+	if flagValue <= 0 {
+		return -1
+	}
+	return flagValue
 }
 
 func runServe(args []string) int {

@@ -1,0 +1,122 @@
+package fastpath
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// vllmStoredBatch is a KVEventBatch with one BlockStored event, map-encoded
+// as stock vLLM publishes it, with int block hashes.
+func vllmStoredBatch(t *testing.T, hashes []uint64, tokens []uint32, blockSize int) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	e.UseCompactInts(true)
+	ev := map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": nil,
+		"token_ids": tokens, "block_size": blockSize, "lora_id": nil, "medium": "GPU", "lora_name": nil}
+	if err := e.Encode(map[string]any{"ts": 1.5, "events": []any{ev}, "data_parallel_rank": 0}); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// TestStaticWorkerZMQFeed: a static worker configured with a ZMQ events
+// endpoint gets its blocks into the index from a vLLM-format PUB socket,
+// and routing follows them.
+func TestStaticWorkerZMQFeed(t *testing.T) {
+	var pubs []zmq4.Socket
+	var static []StaticWorker
+	for i := range 2 {
+		pub := zmq4.NewPub(context.Background())
+		if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pub.Close() })
+		pubs = append(pubs, pub)
+		eng := startE2EEngine(t, sseHandler(nil))
+		static = append(static, StaticWorker{ID: uint64(i + 1), Endpoint: eng.addr(), Model: e2eModel,
+			Events: "tcp://" + pub.Addr().String(), Topic: "kv-events"})
+	}
+	r := startE2ERouter(t, Config{Static: static})
+
+	const blocks = 6
+	bs := radix.DefaultBlockSize
+	prompt := e2eTokens(77, blocks*bs+5)
+	hashes := make([]uint64, blocks)
+	for i := range hashes {
+		hashes[i] = uint64(1000 + i)
+	}
+	payload := vllmStoredBatch(t, hashes, prompt[:blocks*bs], bs)
+	// Worker 2's engine cached the prompt's blocks. A SUB socket misses
+	// what is published before its subscription arrives, so publish (an
+	// idempotent store) until the router has it.
+	deadline := time.Now().Add(e2eWait)
+	for seq := uint64(0); ; seq++ {
+		var sb [8]byte
+		binary.BigEndian.PutUint64(sb[:], seq)
+		if err := pubs[1].Send(zmq4.NewMsgFrom([]byte("kv-events"), sb[:], payload)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+		if wv := workerView(t, r.srv, 2, 0); wv.ZMQ != nil && wv.ZMQ.StoredBlocks > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the router never applied the batch: %+v", workerView(t, r.srv, 2, 0).ZMQ)
+		}
+	}
+
+	resp := r.post(t, PathRouteCompletions, completionBody(prompt, false, 4), nil)
+	if resp.status != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	var dec struct {
+		WorkerID      uint64 `json:"worker_id"`
+		OverlapBlocks int    `json:"overlap_blocks"`
+	}
+	if err := json.Unmarshal(resp.body, &dec); err != nil {
+		t.Fatal(err)
+	}
+	if dec.WorkerID != 2 || dec.OverlapBlocks != blocks {
+		t.Fatalf("routed to worker %d with %d blocks cached, want worker 2 with %d: %s", dec.WorkerID, dec.OverlapBlocks, blocks, resp.body)
+	}
+
+	wv := workerView(t, r.srv, 2, 0)
+	if wv.ZMQ == nil || !wv.ZMQ.Connected || wv.ZMQ.StoredBlocks%blocks != 0 || wv.IndexBlocks != blocks {
+		t.Fatalf("admin view %+v, zmq %+v", wv, wv.ZMQ)
+	}
+	if wv := workerView(t, r.srv, 1, 0); wv.ZMQ == nil || wv.ZMQ.Batches != 0 || wv.IndexBlocks != 0 {
+		t.Fatalf("worker 1 admin view %+v", wv)
+	}
+	text := r.metrics(t)
+	series := `kvfast_zmq_events_total{dp_rank="0",status="blocks_stored",worker="2"}`
+	if v, ok := metricValue(text, series); !ok || v < blocks {
+		t.Fatalf("%s = %v (found %v)", series, v, ok)
+	}
+	wantMetric(t, text, `kvfast_zmq_connected{dp_rank="0",worker="1"}`, 1)
+}
+
+func TestStaticWorkerZMQNeedsModelAndAddress(t *testing.T) {
+	for _, w := range []StaticWorker{
+		{ID: 1, Endpoint: "127.0.0.1:9", Events: "tcp://127.0.0.1:5557"},                       // no model
+		{ID: 1, Endpoint: "127.0.0.1:9", Model: "m", Events: "tcp://*:5557"},                   // where vLLM binds
+		{ID: 1, Endpoint: "127.0.0.1:9", Model: "m", Events: "tcp://127.0.0.1:1", Replay: "x"}, // bad replay
+	} {
+		_, err := New(Config{Static: []StaticWorker{w}, IndexCapacity: 1 << 10, ApproxCapacity: 1 << 10})
+		if err == nil || !strings.Contains(err.Error(), "worker "+strconv.Itoa(int(w.ID))) {
+			t.Errorf("%+v: %v", w, err)
+		}
+	}
+}

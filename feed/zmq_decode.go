@@ -1,0 +1,834 @@
+package feed
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// ErrMalformedBatch is wrapped by every DecodeError.
+var ErrMalformedBatch = errors.New("kvfast: malformed KV-event batch")
+
+// DecodeError says where and why a KV-event batch could not be decoded.
+type DecodeError struct {
+	Offset int    // byte offset in the payload
+	Reason string // a constant, so that failing costs one allocation
+}
+
+func (e *DecodeError) Error() string {
+	return "cannot decode KV-event batch at byte " + itoa(e.Offset) + ": " + e.Reason
+}
+
+func (e *DecodeError) Unwrap() error { return ErrMalformedBatch }
+
+func itoa(n int) string {
+	var b [20]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+		if n == 0 {
+			return string(b[i:])
+		}
+	}
+}
+
+// VLLMEventKind is the tag of one event in a batch.
+type VLLMEventKind uint8
+
+const (
+	// VLLMUnknown is an event whose tag this version does not know; it is
+	// counted and skipped.
+	VLLMUnknown VLLMEventKind = iota
+	VLLMBlockStored
+	VLLMBlockRemoved
+	VLLMAllBlocksCleared
+)
+
+// VLLMEvent is one decoded event. Its slices alias the decoder's buffers
+// and are valid until the next Decode.
+type VLLMEvent struct {
+	Kind VLLMEventKind
+	// Hashes are the engine's block hashes: an int hash as its 64 bits,
+	// a bytes hash (vLLM's sha256 digests) folded with XXH64.
+	Hashes    []uint64
+	Parent    uint64 // engine hash of the first block's parent, if HasParent
+	HasParent bool
+	Tokens    []uint32 // BlockStored: every block's tokens, back to back
+	BlockSize int64    // BlockStored: as the engine sent it, unchecked
+	// BadTokens: a token id was negative or above 2^32-1, so Tokens is
+	// unusable.
+	BadTokens bool
+	LoRA      bool  // lora_id or lora_name set: not in the base model's namespace
+	OffGPU    bool  // medium set and not "GPU" (a CPU or disk tier)
+	Group     int64 // KV-cache group (hybrid models); 0 when absent
+	// ExtraKeysFrom is the first block whose hash also covers extra keys
+	// (multimodal inputs, cache salt, prompt embeddings), which token ids
+	// alone cannot reproduce; len(Hashes) when none does.
+	ExtraKeysFrom int
+
+	hashLo, hashHi, tokLo, tokHi int
+}
+
+// VLLMBatch is one decoded KVEventBatch.
+type VLLMBatch struct {
+	TS        float64
+	DPRank    int64 // data_parallel_rank, if HasDPRank
+	HasDPRank bool
+	Events    []VLLMEvent
+}
+
+// Default decoder limits. One engine step stores the blocks of at most
+// max_num_batched_tokens new tokens (tens of thousands), so these are far
+// above any honest batch and bound what a hostile one can make us hold.
+const (
+	DefaultMaxBatchBlocks = 1 << 18
+	DefaultMaxBatchTokens = 1 << 22
+)
+
+// VLLMDecoder decodes vLLM's and SGLang's KV-event batches (msgpack, as
+// msgspec writes them): the batch and each event either array-encoded
+// (array_like structs, the event's tag first) or map-encoded (field names,
+// the tag under "type"). Trailing fields newer than this decoder, and
+// unknown map keys, are skipped. The decoder keeps its buffers between
+// calls, so steady-state decoding allocates nothing. Not safe for
+// concurrent use.
+type VLLMDecoder struct {
+	MaxBlocks int // block hashes per batch; 0 = DefaultMaxBatchBlocks
+	MaxTokens int // token ids per batch; 0 = DefaultMaxBatchTokens
+
+	batch  VLLMBatch
+	hashes []uint64
+	tokens []uint32
+	r      mpReader
+}
+
+// Decode decodes payload. The batch and its slices are the decoder's own
+// and are overwritten by the next call. A payload that is not a batch, or
+// exceeds the limits, yields a *DecodeError; an event whose content is
+// well-formed but unusable (bad token ids, an unknown tag) is returned
+// flagged for the caller to count and skip.
+func (d *VLLMDecoder) Decode(payload []byte) (*VLLMBatch, error) {
+	d.r = mpReader{b: payload}
+	d.hashes, d.tokens = d.hashes[:0], d.tokens[:0]
+	b := &d.batch
+	*b = VLLMBatch{Events: b.Events[:0]}
+	if err := d.decodeBatch(); err != nil {
+		return nil, err
+	}
+	if d.r.off != len(payload) {
+		return nil, d.r.fail("trailing bytes after the batch")
+	}
+	for i := range b.Events {
+		ev := &b.Events[i]
+		ev.Hashes = d.hashes[ev.hashLo:ev.hashHi:ev.hashHi]
+		ev.Tokens = d.tokens[ev.tokLo:ev.tokHi:ev.tokHi]
+		ev.ExtraKeysFrom = min(ev.ExtraKeysFrom, len(ev.Hashes))
+	}
+	return b, nil
+}
+
+func (d *VLLMDecoder) decodeBatch() error {
+	r := &d.r
+	c, err := r.peek()
+	if err != nil {
+		return err
+	}
+	if isMap(c) {
+		n, err := r.mapLen()
+		if err != nil {
+			return err
+		}
+		seen := false
+		for range n {
+			key, err := r.str()
+			if err != nil {
+				return err
+			}
+			switch string(key) {
+			case "ts":
+				d.batch.TS, err = r.number()
+			case "events":
+				err, seen = d.decodeEvents(), true
+			case "data_parallel_rank", "attn_dp_rank":
+				err = d.dpRank()
+			default:
+				err = r.skip()
+			}
+			if err != nil {
+				return err
+			}
+		}
+		if !seen {
+			return r.fail("batch has no events")
+		}
+		return nil
+	}
+	n, err := r.arrayLen()
+	if err != nil {
+		return err
+	}
+	if n < 2 {
+		return r.fail("batch array shorter than [ts, events]")
+	}
+	if d.batch.TS, err = r.number(); err != nil {
+		return err
+	}
+	if err := d.decodeEvents(); err != nil {
+		return err
+	}
+	if n > 2 {
+		if err := d.dpRank(); err != nil {
+			return err
+		}
+	}
+	return r.skipN(max(n-3, 0))
+}
+
+func (d *VLLMDecoder) dpRank() error {
+	if d.r.null() {
+		return nil
+	}
+	v, err := d.r.int()
+	d.batch.DPRank, d.batch.HasDPRank = v, err == nil
+	return err
+}
+
+func (d *VLLMDecoder) decodeEvents() error {
+	n, err := d.r.arrayLen()
+	if err != nil {
+		return err
+	}
+	for range n {
+		d.batch.Events = append(d.batch.Events, VLLMEvent{})
+		if err := d.decodeEvent(&d.batch.Events[len(d.batch.Events)-1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Fields a BlockStored must carry (in map form; array form has them by
+// position).
+const (
+	hasHashes = 1 << iota
+	hasTokens
+	hasBlockSize
+	storedNeeds = hasHashes | hasTokens | hasBlockSize
+)
+
+func (d *VLLMDecoder) decodeEvent(ev *VLLMEvent) error {
+	r := &d.r
+	ev.ExtraKeysFrom = math.MaxInt
+	ev.hashLo, ev.hashHi = len(d.hashes), len(d.hashes)
+	ev.tokLo, ev.tokHi = len(d.tokens), len(d.tokens)
+	c, err := r.peek()
+	if err != nil {
+		return err
+	}
+	if isMap(c) {
+		return d.decodeEventMap(ev)
+	}
+	n, err := r.arrayLen()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return r.fail("event array has no tag")
+	}
+	if ev.Kind, err = d.tag(); err != nil {
+		return err
+	}
+	order := fieldsOf(ev.Kind)
+	switch {
+	case ev.Kind == VLLMBlockStored && n-1 < 4:
+		return r.fail("BlockStored array shorter than its required fields")
+	case ev.Kind == VLLMBlockRemoved && n-1 < 1:
+		return r.fail("BlockRemoved array lacks block_hashes")
+	}
+	i := 1
+	for ; i < n && i-1 < len(order); i++ {
+		if _, err := d.field(ev, order[i-1]); err != nil {
+			return err
+		}
+	}
+	return r.skipN(n - i)
+}
+
+// decodeEventMap decodes a map-encoded event. The tag decides which keys
+// are read, and msgspec writes it first but a map need not keep order, so
+// a first pass finds it and a second reads the fields.
+func (d *VLLMDecoder) decodeEventMap(ev *VLLMEvent) error {
+	r := &d.r
+	n, err := r.mapLen()
+	if err != nil {
+		return err
+	}
+	body := r.off
+	tagged := false
+	for i := 0; i < n && !tagged; i++ {
+		key, err := r.str()
+		if err != nil {
+			return err
+		}
+		if string(key) == "type" {
+			if ev.Kind, err = d.tag(); err != nil {
+				return err
+			}
+			tagged = true
+		} else if err := r.skip(); err != nil {
+			return err
+		}
+	}
+	if !tagged {
+		return r.fail("event has no type")
+	}
+	r.off = body
+	order := fieldsOf(ev.Kind)
+	var have int
+	for range n {
+		key, err := r.str()
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(order, string(key)) {
+			if err := r.skip(); err != nil {
+				return err
+			}
+			continue
+		}
+		f, err := d.field(ev, string(key))
+		if err != nil {
+			return err
+		}
+		have |= f
+	}
+	switch {
+	case ev.Kind == VLLMBlockStored && have&storedNeeds != storedNeeds:
+		return r.fail("BlockStored lacks block_hashes, token_ids or block_size")
+	case ev.Kind == VLLMBlockRemoved && have&hasHashes == 0:
+		return r.fail("BlockRemoved lacks block_hashes")
+	}
+	return nil
+}
+
+func fieldsOf(k VLLMEventKind) []string {
+	switch k {
+	case VLLMBlockStored:
+		return storedFields
+	case VLLMBlockRemoved:
+		return removedFields
+	}
+	return nil
+}
+
+// The array layouts, in msgspec's field order (each version appended
+// fields, so a shorter array is an older publisher).
+var (
+	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx"}
+	removedFields = []string{"block_hashes", "medium", "group_idx"}
+)
+
+func (d *VLLMDecoder) tag() (VLLMEventKind, error) {
+	s, err := d.r.str()
+	if err != nil {
+		return 0, err
+	}
+	switch string(s) {
+	case "BlockStored":
+		return VLLMBlockStored, nil
+	case "BlockRemoved":
+		return VLLMBlockRemoved, nil
+	case "AllBlocksCleared":
+		return VLLMAllBlocksCleared, nil
+	}
+	return VLLMUnknown, nil
+}
+
+// field decodes one named field into ev and reports which required field
+// it was.
+func (d *VLLMDecoder) field(ev *VLLMEvent, name string) (int, error) {
+	r := &d.r
+	switch name {
+	case "block_hashes":
+		lo := len(d.hashes)
+		if err := d.hashList(); err != nil {
+			return 0, err
+		}
+		ev.hashLo, ev.hashHi = lo, len(d.hashes)
+		return hasHashes, nil
+	case "parent_block_hash":
+		if r.null() {
+			ev.HasParent = false
+			return 0, nil
+		}
+		h, err := r.blockHash()
+		ev.Parent, ev.HasParent = h, err == nil
+		return 0, err
+	case "token_ids":
+		lo := len(d.tokens)
+		bad, err := d.tokenList()
+		if err != nil {
+			return 0, err
+		}
+		ev.tokLo, ev.tokHi, ev.BadTokens = lo, len(d.tokens), bad
+		return hasTokens, nil
+	case "block_size":
+		v, err := r.int()
+		ev.BlockSize = v
+		return hasBlockSize, err
+	case "lora_id":
+		if r.null() {
+			return 0, nil
+		}
+		v, err := r.int()
+		if v != 0 {
+			ev.LoRA = true
+		}
+		return 0, err
+	case "lora_name":
+		if r.null() {
+			return 0, nil
+		}
+		s, err := r.str()
+		if len(s) > 0 {
+			ev.LoRA = true
+		}
+		return 0, err
+	case "medium":
+		if r.null() {
+			return 0, nil
+		}
+		s, err := r.str()
+		ev.OffGPU = !strings.EqualFold(string(s), "GPU")
+		return 0, err
+	case "group_idx":
+		if r.null() {
+			ev.Group = 0
+			return 0, nil
+		}
+		v, err := r.int()
+		ev.Group = v
+		return 0, err
+	case "extra_keys":
+		if r.null() {
+			return 0, nil
+		}
+		n, err := r.arrayLen()
+		if err != nil {
+			return 0, err
+		}
+		for i := range n {
+			if r.null() {
+				continue
+			}
+			ev.ExtraKeysFrom = min(ev.ExtraKeysFrom, i)
+			if err := r.skip(); err != nil {
+				return 0, err
+			}
+		}
+		return 0, nil
+	}
+	return 0, r.skip()
+}
+
+func (d *VLLMDecoder) hashList() error {
+	r := &d.r
+	n, err := r.arrayLen()
+	if err != nil {
+		return err
+	}
+	if len(d.hashes)+n > orDefault(d.MaxBlocks, DefaultMaxBatchBlocks) {
+		return r.fail("batch exceeds the block limit")
+	}
+	for range n {
+		h, err := r.blockHash()
+		if err != nil {
+			return err
+		}
+		d.hashes = append(d.hashes, h)
+	}
+	return nil
+}
+
+// tokenList appends the token ids and reports whether any was out of
+// uint32 range (the event is then unusable, but the batch is well-formed).
+func (d *VLLMDecoder) tokenList() (bad bool, _ error) {
+	r := &d.r
+	n, err := r.arrayLen()
+	if err != nil {
+		return false, err
+	}
+	if len(d.tokens)+n > orDefault(d.MaxTokens, DefaultMaxBatchTokens) {
+		return false, r.fail("batch exceeds the token limit")
+	}
+	for range n {
+		// Token ids are small: positive fixints and uint8..32 cover them.
+		u, neg, err := r.integer()
+		if err != nil {
+			return false, err
+		}
+		if neg || u > math.MaxUint32 {
+			bad = true
+		}
+		d.tokens = append(d.tokens, uint32(u))
+	}
+	return bad, nil
+}
+
+func orDefault(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// mpReader is a bounds-checked msgpack cursor over one payload. Every
+// length is checked against the bytes left before anything is read or
+// looped over, and skipping nests at most maxSkipDepth deep, so a hostile
+// payload can neither read out of range, loop beyond its own size, nor
+// exhaust the stack.
+type mpReader struct {
+	b     []byte
+	off   int
+	depth int
+}
+
+const maxSkipDepth = 32
+
+// msgpack type bytes (github.com/msgpack/msgpack/blob/master/spec.md).
+const (
+	mpNil      = 0xc0
+	mpFalse    = 0xc2
+	mpTrue     = 0xc3
+	mpBin8     = 0xc4
+	mpBin16    = 0xc5
+	mpBin32    = 0xc6
+	mpExt8     = 0xc7
+	mpExt16    = 0xc8
+	mpExt32    = 0xc9
+	mpFloat32  = 0xca
+	mpFloat64  = 0xcb
+	mpUint8    = 0xcc
+	mpUint16   = 0xcd
+	mpUint32   = 0xce
+	mpUint64   = 0xcf
+	mpInt8     = 0xd0
+	mpInt16    = 0xd1
+	mpInt32    = 0xd2
+	mpInt64    = 0xd3
+	mpFixExt1  = 0xd4
+	mpFixExt2  = 0xd5
+	mpFixExt4  = 0xd6
+	mpFixExt8  = 0xd7
+	mpFixExt16 = 0xd8
+	mpStr8     = 0xd9
+	mpStr16    = 0xda
+	mpStr32    = 0xdb
+	mpArray16  = 0xdc
+	mpArray32  = 0xdd
+	mpMap16    = 0xde
+	mpMap32    = 0xdf
+)
+
+func isMap(c byte) bool { return c&0xf0 == 0x80 || c == mpMap16 || c == mpMap32 }
+
+func (r *mpReader) fail(reason string) error {
+	return &DecodeError{Offset: r.off, Reason: reason}
+}
+
+func (r *mpReader) peek() (byte, error) {
+	if r.off >= len(r.b) {
+		return 0, r.fail("unexpected end of payload")
+	}
+	return r.b[r.off], nil
+}
+
+func (r *mpReader) next() (byte, error) {
+	c, err := r.peek()
+	if err == nil {
+		r.off++
+	}
+	return c, err
+}
+
+// take returns the next n bytes.
+func (r *mpReader) take(n int) ([]byte, error) {
+	if n < 0 || n > len(r.b)-r.off {
+		return nil, r.fail("length runs past the end of the payload")
+	}
+	s := r.b[r.off : r.off+n]
+	r.off += n
+	return s, nil
+}
+
+// uintN reads an n-byte big-endian unsigned integer.
+func (r *mpReader) uintN(n int) (uint64, error) {
+	s, err := r.take(n)
+	if err != nil {
+		return 0, err
+	}
+	switch n {
+	case 1:
+		return uint64(s[0]), nil
+	case 2:
+		return uint64(binary.BigEndian.Uint16(s)), nil
+	case 4:
+		return uint64(binary.BigEndian.Uint32(s)), nil
+	}
+	return binary.BigEndian.Uint64(s), nil
+}
+
+// null consumes a nil and reports whether there was one.
+func (r *mpReader) null() bool {
+	if r.off < len(r.b) && r.b[r.off] == mpNil {
+		r.off++
+		return true
+	}
+	return false
+}
+
+// integer reads any msgpack integer as magnitude bits and sign: a
+// negative value's bits are its two's complement.
+func (r *mpReader) integer() (u uint64, neg bool, err error) {
+	c, err := r.next()
+	if err != nil {
+		return 0, false, err
+	}
+	switch {
+	case c <= 0x7f:
+		return uint64(c), false, nil
+	case c >= 0xe0:
+		return uint64(int64(int8(c))), true, nil
+	}
+	switch c {
+	case mpUint8, mpUint16, mpUint32, mpUint64:
+		u, err = r.uintN(1 << (c - mpUint8))
+		return u, false, err
+	case mpInt8, mpInt16, mpInt32, mpInt64:
+		n := 1 << (c - mpInt8)
+		u, err = r.uintN(n)
+		if err != nil {
+			return 0, false, err
+		}
+		shift := 64 - 8*n
+		v := int64(u<<shift) >> shift // sign-extend
+		return uint64(v), v < 0, nil
+	}
+	r.off--
+	return 0, false, r.fail("want an integer")
+}
+
+// int reads an integer that must fit int64.
+func (r *mpReader) int() (int64, error) {
+	u, neg, err := r.integer()
+	if err != nil {
+		return 0, err
+	}
+	if !neg && u > math.MaxInt64 {
+		return 0, r.fail("integer out of range")
+	}
+	return int64(u), nil
+}
+
+func (r *mpReader) number() (float64, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	switch c {
+	case mpFloat32:
+		r.off++
+		u, err := r.uintN(4)
+		return float64(math.Float32frombits(uint32(u))), err
+	case mpFloat64:
+		r.off++
+		u, err := r.uintN(8)
+		return math.Float64frombits(u), err
+	}
+	v, err := r.int()
+	return float64(v), err
+}
+
+// bytesOf reads a str or bin value, aliasing the payload.
+func (r *mpReader) bytesOf(wantStr bool) ([]byte, error) {
+	c, err := r.next()
+	if err != nil {
+		return nil, err
+	}
+	var n uint64
+	switch {
+	case c&0xe0 == 0xa0:
+		n = uint64(c & 0x1f)
+	case c == mpStr8 || (!wantStr && c == mpBin8):
+		n, err = r.uintN(1)
+	case c == mpStr16 || (!wantStr && c == mpBin16):
+		n, err = r.uintN(2)
+	case c == mpStr32 || (!wantStr && c == mpBin32):
+		n, err = r.uintN(4)
+	default:
+		r.off--
+		if wantStr {
+			return nil, r.fail("want a string")
+		}
+		return nil, r.fail("want an integer, bytes or a string")
+	}
+	if err != nil {
+		return nil, err
+	}
+	return r.take(int(n))
+}
+
+func (r *mpReader) str() ([]byte, error) { return r.bytesOf(true) }
+
+// blockHash reads an engine block hash: an integer (its 64 bits) or bytes
+// (vLLM's digests, folded to 64 bits with XXH64).
+func (r *mpReader) blockHash() (uint64, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	if c <= 0x7f || c >= 0xe0 || (c >= mpUint8 && c <= mpInt64) {
+		u, _, err := r.integer()
+		return u, err
+	}
+	b, err := r.bytesOf(false)
+	if err != nil {
+		return 0, err
+	}
+	return xxhash.Sum64(b), nil
+}
+
+// count checks that n elements of at least min bytes each can still follow.
+func (r *mpReader) count(n uint64, min int) (int, error) {
+	if n > uint64(len(r.b)-r.off)/uint64(min) {
+		return 0, r.fail("element count runs past the end of the payload")
+	}
+	return int(n), nil
+}
+
+func (r *mpReader) arrayLen() (int, error) {
+	c, err := r.next()
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	switch {
+	case c&0xf0 == 0x90:
+		n = uint64(c & 0x0f)
+	case c == mpArray16:
+		n, err = r.uintN(2)
+	case c == mpArray32:
+		n, err = r.uintN(4)
+	default:
+		r.off--
+		return 0, r.fail("want an array")
+	}
+	if err != nil {
+		return 0, err
+	}
+	return r.count(n, 1)
+}
+
+func (r *mpReader) mapLen() (int, error) {
+	c, err := r.next()
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	switch {
+	case c&0xf0 == 0x80:
+		n = uint64(c & 0x0f)
+	case c == mpMap16:
+		n, err = r.uintN(2)
+	case c == mpMap32:
+		n, err = r.uintN(4)
+	default:
+		r.off--
+		return 0, r.fail("want a map")
+	}
+	if err != nil {
+		return 0, err
+	}
+	return r.count(n, 2)
+}
+
+// skipN skips n values.
+func (r *mpReader) skipN(n int) error {
+	for range n {
+		if err := r.skip(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// skip skips one value of any type.
+func (r *mpReader) skip() error {
+	c, err := r.peek()
+	if err != nil {
+		return err
+	}
+	switch {
+	case c <= 0x7f || c >= 0xe0:
+		r.off++
+		return nil
+	case c&0xe0 == 0xa0:
+		_, err = r.str()
+		return err
+	case c&0xf0 == 0x90 || c == mpArray16 || c == mpArray32:
+		n, err := r.arrayLen()
+		if err != nil {
+			return err
+		}
+		return r.nested(n)
+	case c&0xf0 == 0x80 || c == mpMap16 || c == mpMap32:
+		n, err := r.mapLen()
+		if err != nil {
+			return err
+		}
+		return r.nested(2 * n)
+	}
+	r.off++
+	switch c {
+	case mpNil, mpFalse, mpTrue:
+		return nil
+	case mpUint8, mpInt8:
+		_, err = r.take(1)
+	case mpUint16, mpInt16:
+		_, err = r.take(2)
+	case mpUint32, mpInt32, mpFloat32:
+		_, err = r.take(4)
+	case mpUint64, mpInt64, mpFloat64:
+		_, err = r.take(8)
+	case mpStr8, mpStr16, mpStr32, mpBin8, mpBin16, mpBin32:
+		r.off--
+		_, err = r.bytesOf(false)
+	case mpFixExt1, mpFixExt2, mpFixExt4, mpFixExt8, mpFixExt16:
+		_, err = r.take(1 + 1<<(c-mpFixExt1))
+	case mpExt8, mpExt16, mpExt32:
+		var n uint64
+		if n, err = r.uintN(1 << (c - mpExt8)); err == nil {
+			_, err = r.take(int(min(n, math.MaxInt32)) + 1)
+		}
+	default:
+		r.off--
+		return r.fail("unused msgpack type byte")
+	}
+	return err
+}
+
+func (r *mpReader) nested(n int) error {
+	if r.depth >= maxSkipDepth {
+		return r.fail("values nest too deeply")
+	}
+	r.depth++
+	err := r.skipN(n)
+	r.depth--
+	return err
+}

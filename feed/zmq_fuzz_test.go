@@ -1,0 +1,96 @@
+package feed
+
+import (
+	"slices"
+	"testing"
+)
+
+// FuzzDecodeVLLMBatch lets the fuzzer act as a hostile ZMQ publisher: any
+// payload must decode or fail with a DecodeError, never panic, hang or
+// allocate beyond its limits; a decoded batch must be self-consistent and
+// decode the same way twice (the decoder reuses its buffers); and applying
+// it must leave the index structurally valid.
+func FuzzDecodeVLLMBatch(f *testing.F) {
+	sha := bytesHashes.wire(1).([]byte)
+	stored := wireEvent{kind: "BlockStored", hashes: []any{uint64(1), uint64(2)}, tokens: make([]uint32, 2*testBlockSize),
+		bs: testBlockSize, medium: "GPU"}
+	chained := wireEvent{kind: "BlockStored", hashes: []any{sha}, parent: uint64(2), tokens: make([]uint32, testBlockSize),
+		bs: testBlockSize, extra: []any{[]any{"salt"}}, group: 0}
+	events := []wireEvent{stored, chained, {kind: "BlockRemoved", hashes: []any{uint64(1), sha}, medium: "CPU"},
+		{kind: "AllBlocksCleared"}, {kind: "Future"}}
+	for _, fm := range []wireFormat{vllmMap, vllmArray, sglangArray} {
+		f.Add(encodeBatch(f, fm, events))
+		f.Add(encodeBatch(f, fm, nil))
+	}
+	f.Add([]byte{})
+	f.Add([]byte{0x92, 0xcb, 1, 2})
+	f.Add([]byte{0x92, 0, 0xdd, 0xff, 0xff, 0xff, 0xff})
+
+	ix := newZMQIndex(f)
+	s, err := NewZMQSubscriber(ix, ZMQConfig{Endpoint: "tcp://127.0.0.1:1", Slot: zmqTestSlot, Model: testModel,
+		BlockSize: testBlockSize, MaxBatchBlocks: 1 << 12, MaxBatchTokens: 1 << 14})
+	if err != nil {
+		f.Fatal(err)
+	}
+	var again VLLMDecoder
+	seq := uint64(0)
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		b, err := s.dec.Decode(payload)
+		if err != nil {
+			if _, ok := err.(*DecodeError); !ok {
+				t.Fatalf("error of type %T: %v", err, err)
+			}
+			return
+		}
+		blocks, tokens := 0, 0
+		for _, ev := range b.Events {
+			blocks += len(ev.Hashes)
+			tokens += len(ev.Tokens)
+			if ev.ExtraKeysFrom < 0 || ev.ExtraKeysFrom > len(ev.Hashes) {
+				t.Fatalf("ExtraKeysFrom %d of %d blocks", ev.ExtraKeysFrom, len(ev.Hashes))
+			}
+		}
+		if blocks > 1<<12 || tokens > 1<<14 {
+			t.Fatalf("%d blocks and %d tokens passed the limits", blocks, tokens)
+		}
+		first := cloneBatch(b)
+		b2, err := again.Decode(payload)
+		if err != nil || !equalBatches(first, b2) {
+			t.Fatalf("second decode differs: %v", err)
+		}
+		seq++
+		s.offer(seq, payload)
+		if err := ix.Verify(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func cloneBatch(b *VLLMBatch) VLLMBatch {
+	c := *b
+	c.Events = slices.Clone(b.Events)
+	for i := range c.Events {
+		c.Events[i].Hashes = slices.Clone(c.Events[i].Hashes)
+		c.Events[i].Tokens = slices.Clone(c.Events[i].Tokens)
+	}
+	return c
+}
+
+func equalBatches(a VLLMBatch, b *VLLMBatch) bool {
+	if a.TS != b.TS && (a.TS == a.TS || b.TS == b.TS) { // NaN equals NaN here
+		return false
+	}
+	if a.DPRank != b.DPRank || a.HasDPRank != b.HasDPRank || len(a.Events) != len(b.Events) {
+		return false
+	}
+	for i := range a.Events {
+		x, y := &a.Events[i], &b.Events[i]
+		if !slices.Equal(x.Hashes, y.Hashes) || !slices.Equal(x.Tokens, y.Tokens) || x.Kind != y.Kind ||
+			x.Parent != y.Parent || x.HasParent != y.HasParent || x.BlockSize != y.BlockSize ||
+			x.BadTokens != y.BadTokens || x.LoRA != y.LoRA || x.OffGPU != y.OffGPU || x.Group != y.Group ||
+			x.ExtraKeysFrom != y.ExtraKeysFrom {
+			return false
+		}
+	}
+	return true
+}

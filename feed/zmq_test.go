@@ -1,0 +1,919 @@
+package feed
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"math"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/go-zeromq/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+// wireFormat is how a publisher lays out its batches, as msgspec writes
+// them for each engine's struct definitions.
+type wireFormat int
+
+const (
+	vllmMap     wireFormat = iota // current vLLM: structs as maps, tag under "type"
+	vllmArray                     // vLLM with array_like structs: [tag, fields...], batch [ts, events, dp_rank]
+	sglangArray                   // SGLang: array_like, BlockStored ends at lora_id, BlockRemoved at block_hashes
+)
+
+func (f wireFormat) String() string {
+	return [...]string{"vllm-map", "vllm-array", "sglang-array"}[f]
+}
+
+// wireEvent is one event as a publisher builds it; fields hold what
+// msgspec would encode (nil for None).
+type wireEvent struct {
+	kind     string
+	hashes   []any // uint64, int64 or []byte
+	parent   any
+	tokens   []uint32
+	bs       int
+	loraID   any
+	medium   any
+	loraName any
+	extra    []any // extra_keys; omitted when nil
+	group    any   // group_idx; omitted when nil
+}
+
+// encodeBatch writes one KVEventBatch the way the engine's msgspec
+// encoder does, with an independent msgpack implementation.
+func encodeBatch(t testing.TB, f wireFormat, events []wireEvent) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	e.UseCompactInts(true)
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	tokens := func(ts []uint32) {
+		must(e.EncodeArrayLen(len(ts)))
+		for _, x := range ts {
+			must(e.EncodeUint(uint64(x)))
+		}
+	}
+	anys := func(vs []any) {
+		must(e.EncodeArrayLen(len(vs)))
+		for _, v := range vs {
+			must(e.Encode(v))
+		}
+	}
+	const ts = 1722222222.5
+	if f == vllmMap {
+		must(e.EncodeMapLen(3))
+		must(e.EncodeString("ts"))
+		must(e.EncodeFloat64(ts))
+		must(e.EncodeString("events"))
+	} else {
+		n := 3
+		if f == sglangArray {
+			n = 2
+		}
+		must(e.EncodeArrayLen(n))
+		must(e.EncodeFloat64(ts))
+	}
+	must(e.EncodeArrayLen(len(events)))
+	for _, ev := range events {
+		type kv struct {
+			k string
+			v func()
+		}
+		var fields []kv
+		val := func(k string, v any) kv { return kv{k, func() { must(e.Encode(v)) }} }
+		switch ev.kind {
+		case "BlockStored":
+			fields = []kv{{"block_hashes", func() { anys(ev.hashes) }}, val("parent_block_hash", ev.parent),
+				{"token_ids", func() { tokens(ev.tokens) }}, val("block_size", ev.bs), val("lora_id", ev.loraID)}
+			if f != sglangArray {
+				fields = append(fields, val("medium", ev.medium), val("lora_name", ev.loraName))
+			}
+		case "BlockRemoved":
+			fields = []kv{{"block_hashes", func() { anys(ev.hashes) }}}
+			if f != sglangArray {
+				fields = append(fields, val("medium", ev.medium))
+			}
+		}
+		// omit_defaults: trailing fields at their default are left out.
+		// SGLang has neither extra_keys nor group_idx.
+		if ev.extra != nil && f != sglangArray {
+			fields = append(fields, kv{"extra_keys", func() { anys(ev.extra) }})
+		}
+		if ev.group != nil && f != sglangArray {
+			if ev.extra == nil && ev.kind == "BlockStored" {
+				fields = append(fields, val("extra_keys", nil))
+			}
+			fields = append(fields, val("group_idx", ev.group))
+		}
+		if f == vllmMap {
+			must(e.EncodeMapLen(len(fields) + 1))
+			must(e.EncodeString("type"))
+			must(e.EncodeString(ev.kind))
+			for _, fl := range fields {
+				must(e.EncodeString(fl.k))
+				fl.v()
+			}
+		} else {
+			must(e.EncodeArrayLen(len(fields) + 1))
+			must(e.EncodeString(ev.kind))
+			for _, fl := range fields {
+				fl.v()
+			}
+		}
+	}
+	if f == vllmMap {
+		must(e.EncodeString("data_parallel_rank"))
+		must(e.EncodeInt(0))
+	} else if f == vllmArray {
+		must(e.EncodeInt(0))
+	}
+	return buf.Bytes()
+}
+
+// hashKind is how the engine writes block hashes.
+type hashKind int
+
+const (
+	intHashes   hashKind = iota // VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES, SGLang
+	bytesHashes                 // vLLM's default: the sha256 digest
+)
+
+func (k hashKind) wire(h uint64) any {
+	if k == intHashes {
+		return h
+	}
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], h)
+	d := sha256.Sum256(b[:])
+	return d[:]
+}
+
+// wireOps turns model ops into the events a publisher sends for them.
+func wireOps(k hashKind, ops []op) []wireEvent {
+	var evs []wireEvent
+	for _, o := range ops {
+		ev := wireEvent{bs: testBlockSize}
+		for _, h := range o.Hashes {
+			ev.hashes = append(ev.hashes, k.wire(h))
+		}
+		switch o.Op {
+		case "stored":
+			ev.kind, ev.tokens = "BlockStored", o.Tokens
+			if o.Parent != nil {
+				ev.parent = k.wire(*o.Parent)
+			}
+		case "removed":
+			ev.kind = "BlockRemoved"
+		case "cleared":
+			ev.kind = "AllBlocksCleared"
+		}
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+// testEngine is the engine side of vLLM's protocol: a PUB socket and,
+// optionally, the ROUTER replay socket serving a buffer of past batches.
+type testEngine struct {
+	t        testing.TB
+	topic    []byte
+	pub      zmq4.Socket
+	ep       string
+	router   zmq4.Socket
+	replayEp string
+
+	closing sync.Once
+	mu      sync.Mutex
+	seq     uint64
+	buffer  []sentBatch // what the replay socket serves
+	served  int         // replay requests answered
+	stopped sync.WaitGroup
+}
+
+type sentBatch struct {
+	seq     uint64
+	payload []byte
+}
+
+func newTestEngine(t testing.TB, replay bool) *testEngine {
+	t.Helper()
+	return listenTestEngine(t, replay, "tcp://127.0.0.1:0")
+}
+
+func listenTestEngine(t testing.TB, replay bool, ep string) *testEngine {
+	t.Helper()
+	e := &testEngine{t: t, topic: []byte("kv-events")}
+	e.pub = zmq4.NewPub(context.Background())
+	if err := e.pub.Listen(ep); err != nil {
+		t.Fatal(err)
+	}
+	e.ep = "tcp://" + e.pub.Addr().String()
+	if replay {
+		e.router = zmq4.NewRouter(context.Background())
+		if err := e.router.Listen("tcp://127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		e.replayEp = "tcp://" + e.router.Addr().String()
+		e.stopped.Add(1)
+		go e.serveReplay()
+	}
+	t.Cleanup(e.close)
+	return e
+}
+
+func (e *testEngine) close() {
+	e.closing.Do(func() {
+		e.pub.Close()
+		if e.router != nil {
+			e.router.Close()
+		}
+		e.stopped.Wait()
+	})
+}
+
+func (e *testEngine) serveReplay() {
+	defer e.stopped.Done()
+	for {
+		msg, err := e.router.Recv()
+		if err != nil {
+			return
+		}
+		// [identity, empty delimiter, 8-byte start], as vLLM's ROUTER reads it.
+		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 0 || len(msg.Frames[2]) != 8 {
+			e.t.Errorf("bad replay request %q", msg.Frames)
+			continue
+		}
+		id, start := msg.Frames[0], binary.BigEndian.Uint64(msg.Frames[2])
+		e.mu.Lock()
+		var todo []sentBatch
+		for _, b := range e.buffer {
+			if b.seq >= start {
+				todo = append(todo, b)
+			}
+		}
+		e.served++
+		e.mu.Unlock()
+		for _, b := range todo {
+			if e.router.Send(zmq4.NewMsgFrom(id, []byte{}, be64(b.seq), b.payload)) != nil {
+				return
+			}
+		}
+		if e.router.Send(zmq4.NewMsgFrom(id, []byte{}, be64(endOfReplay), []byte{})) != nil {
+			return
+		}
+	}
+}
+
+func be64(v uint64) []byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], v)
+	return b[:]
+}
+
+// publish sends the next batch and keeps it for replay.
+func (e *testEngine) publish(payload []byte) uint64 {
+	return e.emit(payload, true)
+}
+
+// lose numbers and buffers the next batch without sending it, as a PUB
+// socket over its high-water mark drops it.
+func (e *testEngine) lose(payload []byte) uint64 {
+	return e.emit(payload, false)
+}
+
+func (e *testEngine) emit(payload []byte, send bool) uint64 {
+	e.mu.Lock()
+	seq := e.seq
+	e.seq++
+	if e.router != nil {
+		e.buffer = append(e.buffer, sentBatch{seq, payload})
+	}
+	e.mu.Unlock()
+	if send {
+		e.sendRaw(e.topic, be64(seq), payload)
+	}
+	return seq
+}
+
+func (e *testEngine) sendRaw(frames ...[]byte) {
+	if err := e.pub.Send(zmq4.NewMsgFrom(frames...)); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// forget drops the replay buffer up to (not including) seq, as vLLM's
+// bounded buffer does.
+func (e *testEngine) forget(seq uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for len(e.buffer) > 0 && e.buffer[0].seq < seq {
+		e.buffer = e.buffer[1:]
+	}
+}
+
+func (e *testEngine) replaysServed() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.served
+}
+
+// warmUp publishes empty batches until the subscriber applies one: a SUB
+// socket misses what is published before its subscription reaches the
+// PUB. It returns the last sequence number published.
+func (e *testEngine) warmUp(t testing.TB, s *ZMQSubscriber, f wireFormat) uint64 {
+	t.Helper()
+	empty := encodeBatch(t, f, nil)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		before := s.Stats().Batches
+		seq := e.publish(empty)
+		for range 20 {
+			if s.Stats().Batches > before {
+				waitSeq(t, s, seq)
+				return seq
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the subscriber never received a batch: %+v", s.Stats())
+		}
+	}
+}
+
+// waitSeq waits until batch seq (and everything before it) is applied.
+func waitSeq(t testing.TB, s *ZMQSubscriber, seq uint64) {
+	t.Helper()
+	waitFor(t, func() bool { st := s.Stats(); return st.Batches > 0 && st.LastSeq >= seq },
+		func() any { return s.Stats() })
+}
+
+func waitFor(t testing.TB, cond func() bool, state func() any) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out; state: %+v", state())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+const zmqTestSlot = radix.WorkerSlot(61)
+
+func newZMQIndex(t testing.TB) *radix.Index {
+	t.Helper()
+	ix, err := radix.NewHeap(testIndex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ix
+}
+
+// startSub runs a subscriber for e until the test ends.
+func startSub(t testing.TB, ix *radix.Index, e *testEngine, tweak func(*ZMQConfig)) *ZMQSubscriber {
+	t.Helper()
+	cfg := ZMQConfig{Endpoint: e.ep, Replay: e.replayEp, Topic: "kv-events", Slot: zmqTestSlot, Model: testModel,
+		BlockSize: testBlockSize, RedialMin: 5 * time.Millisecond, RedialMax: 20 * time.Millisecond,
+		ReplayTimeout: 500 * time.Millisecond}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	s, err := NewZMQSubscriber(ix, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("Run returned %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("Run did not return after cancel")
+		}
+	})
+	return s
+}
+
+// batches cuts ops into batches of 1 to 4 events.
+func batches(ops []op) [][]op {
+	var out [][]op
+	for i := 0; i < len(ops); {
+		n := min(1+i%4, len(ops)-i)
+		out = append(out, ops[i:i+n])
+		i += n
+	}
+	return out
+}
+
+func TestZMQMatchesModel(t *testing.T) {
+	for _, f := range []wireFormat{vllmMap, vllmArray, sglangArray} {
+		for _, k := range []hashKind{intHashes, bytesHashes} {
+			if f == sglangArray && k == bytesHashes {
+				continue // SGLang's hashes are ints
+			}
+			name := f.String() + map[hashKind]string{intHashes: "/int", bytesHashes: "/bytes"}[k]
+			t.Run(name, func(t *testing.T) {
+				ix := newZMQIndex(t)
+				e := newTestEngine(t, false)
+				s := startSub(t, ix, e, nil)
+				e.warmUp(t, s, f)
+				base := s.Stats()
+				m := newModel()
+				bs := batches(genOps(uint64(10+f)*3+uint64(k), 400))
+				var last uint64
+				for i, b := range bs {
+					last = e.publish(encodeBatch(t, f, wireOps(k, b)))
+					for _, o := range b {
+						m.apply(o)
+					}
+					if i%40 == 0 || i == len(bs)-1 {
+						waitSeq(t, s, last)
+						m.check(t, ix, zmqTestSlot)
+					}
+				}
+				st := s.Stats()
+				if st.Batches-base.Batches != uint64(len(bs)) || st.Gaps != 0 || st.Resyncs != 0 || st.Garbage != 0 ||
+					st.UnresolvedParent != 0 || st.BadEvents != 0 || !st.Connected {
+					t.Fatalf("stats %+v", st)
+				}
+				if err := ix.Verify(); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
+// publishOps publishes ops in batches (through send, which may lose them)
+// and returns the batches with their sequence numbers.
+func publishOps(t testing.TB, f wireFormat, ops []op, send func([]byte) uint64) (seqs []uint64, bs [][]op) {
+	for _, b := range batches(ops) {
+		seqs = append(seqs, send(encodeBatch(t, f, wireOps(intHashes, b))))
+		bs = append(bs, b)
+	}
+	return seqs, bs
+}
+
+func applyAll(m *model, bs [][]op) {
+	for _, b := range bs {
+		for _, o := range b {
+			m.apply(o)
+		}
+	}
+}
+
+func TestZMQGapIsReplayed(t *testing.T) {
+	ix := newZMQIndex(t)
+	e := newTestEngine(t, true)
+	s := startSub(t, ix, e, nil)
+	e.warmUp(t, s, vllmMap)
+	base, served := s.Stats(), e.replaysServed()
+	ops := genOps(21, 300)
+	m := newModel()
+	_, before := publishOps(t, vllmMap, ops[:100], e.publish)
+	_, lost := publishOps(t, vllmMap, ops[100:200], e.lose)
+	seqs, after := publishOps(t, vllmMap, ops[200:], e.publish)
+	applyAll(m, before)
+	applyAll(m, lost)
+	applyAll(m, after)
+	waitSeq(t, s, seqs[len(seqs)-1])
+	m.check(t, ix, zmqTestSlot)
+	st := s.Stats()
+	if st.Gaps != 1 || st.Replays-base.Replays != 1 || st.ReplayFailures != 0 || st.Resyncs != 0 ||
+		st.Replayed-base.Replayed < uint64(len(lost)) {
+		t.Fatalf("stats %+v", st)
+	}
+	if e.replaysServed()-served != 1 {
+		t.Fatalf("%d replays served", e.replaysServed())
+	}
+}
+
+func TestZMQGapWithoutReplayResyncs(t *testing.T) {
+	ix := newZMQIndex(t)
+	e := newTestEngine(t, false)
+	s := startSub(t, ix, e, nil)
+	e.warmUp(t, s, vllmArray)
+	ops := genOps(22, 300)
+	m := newModel()
+	_, before := publishOps(t, vllmArray, ops[:100], e.publish)
+	publishOps(t, vllmArray, ops[100:150], e.lose)
+	seqs, after := publishOps(t, vllmArray, ops[150:], e.publish)
+	applyAll(m, before)
+	m.apply(op{Op: "cleared"}) // the resync
+	applyAll(m, after)
+	waitSeq(t, s, seqs[len(seqs)-1])
+	m.check(t, ix, zmqTestSlot)
+	if st := s.Stats(); st.Gaps != 1 || st.Resyncs != 1 || st.Replays != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestZMQReplayBeyondBufferResyncs(t *testing.T) {
+	ix := newZMQIndex(t)
+	e := newTestEngine(t, true)
+	s := startSub(t, ix, e, nil)
+	e.warmUp(t, s, vllmMap)
+	base := s.Stats()
+	ops := genOps(23, 300)
+	m := newModel()
+	_, before := publishOps(t, vllmMap, ops[:100], e.publish)
+	lostSeqs, lost := publishOps(t, vllmMap, ops[100:200], e.lose)
+	// The engine's buffer has already dropped the first half of the lost
+	// batches: the replay starts after a hole.
+	half := len(lostSeqs) / 2
+	e.forget(lostSeqs[half])
+	seqs, after := publishOps(t, vllmMap, ops[200:], e.publish)
+	applyAll(m, before)
+	m.apply(op{Op: "cleared"})
+	applyAll(m, lost[half:])
+	applyAll(m, after)
+	waitSeq(t, s, seqs[len(seqs)-1])
+	m.check(t, ix, zmqTestSlot)
+	if st := s.Stats(); st.Gaps != 1 || st.Replays-base.Replays != 1 || st.Resyncs != 1 ||
+		st.Replayed-base.Replayed < uint64(len(lost)-half) {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestZMQDeadReplaySocketResyncs(t *testing.T) {
+	ix := newZMQIndex(t)
+	e := newTestEngine(t, false)
+	ln := freeTCPEndpoint(t) // nothing listens there
+	s := startSub(t, ix, e, func(c *ZMQConfig) { c.Replay = ln })
+	e.warmUp(t, s, vllmMap)
+	base := s.Stats()
+	m := newModel()
+	ops := genOps(24, 200)
+	_, before := publishOps(t, vllmMap, ops[:80], e.publish)
+	publishOps(t, vllmMap, ops[80:120], e.lose)
+	seqs, after := publishOps(t, vllmMap, ops[120:], e.publish)
+	applyAll(m, before)
+	m.apply(op{Op: "cleared"})
+	applyAll(m, after)
+	waitSeq(t, s, seqs[len(seqs)-1])
+	m.check(t, ix, zmqTestSlot)
+	if st := s.Stats(); st.Gaps != 1 || st.ReplayFailures-base.ReplayFailures != 1 || st.Resyncs != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// freeTCPEndpoint returns a loopback endpoint nothing listens on.
+func freeTCPEndpoint(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return "tcp://" + ln.Addr().String()
+}
+
+func TestZMQJoinCatchesUpFromReplay(t *testing.T) {
+	ix := newZMQIndex(t)
+	e := newTestEngine(t, true)
+	// The engine ran before the router subscribed: everything it published
+	// went nowhere, but its replay buffer still holds it.
+	ops := genOps(25, 200)
+	m := newModel()
+	_, early := publishOps(t, vllmMap, ops, e.publish)
+	applyAll(m, early)
+	s := startSub(t, ix, e, nil)
+	e.warmUp(t, s, vllmMap)
+	m.check(t, ix, zmqTestSlot)
+	if st := s.Stats(); st.Replays != 1 || st.Gaps != 0 || st.Resyncs != 0 || st.Replayed < uint64(len(early)) {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestZMQEngineRestartDropsItsBlocks(t *testing.T) {
+	ix := newZMQIndex(t)
+	e := newTestEngine(t, false)
+	s := startSub(t, ix, e, nil)
+	e.warmUp(t, s, vllmMap)
+	old := newModel()
+	seqs, bs := publishOps(t, vllmMap, genOps(26, 100), e.publish)
+	applyAll(old, bs)
+	waitSeq(t, s, seqs[len(seqs)-1])
+	old.check(t, ix, zmqTestSlot)
+
+	// The engine restarts on the same port: a new PUB socket whose
+	// numbering starts again at 0. The subscriber must notice the lost
+	// connection, redial, and drop the old engine's blocks.
+	ep := e.ep
+	e.close()
+	e = listenTestEngine(t, false, ep)
+	e.warmUp(t, s, vllmMap)
+	fresh := newModel()
+	for h := range old.all {
+		fresh.all[h] = true // must all be gone
+	}
+	seqs, bs = publishOps(t, vllmMap, genOps(27, 100), e.publish)
+	applyAll(fresh, bs)
+	waitSeq(t, s, seqs[len(seqs)-1])
+	fresh.check(t, ix, zmqTestSlot)
+	if st := s.Stats(); st.Restarts != 1 || st.Disconnects < 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	// The old engine's hash mappings went with it.
+	if st := ix.Stats(); st.EngineMapEntries != uint64(len(fresh.engine)) {
+		t.Fatalf("%d engine-map entries, the new engine mapped %d", st.EngineMapEntries, len(fresh.engine))
+	}
+}
+
+func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
+	ix := newZMQIndex(t)
+	e := newTestEngine(t, false)
+	s := startSub(t, ix, e, nil)
+	e.warmUp(t, s, vllmMap)
+	tokens := func(n int) []uint32 {
+		ts := make([]uint32, n*testBlockSize)
+		for i := range ts {
+			ts[i] = uint32(i + 7)
+		}
+		return ts
+	}
+	good := wireEvent{kind: "BlockStored", hashes: []any{uint64(1), uint64(2)}, tokens: tokens(2), bs: testBlockSize}
+	with := func(f func(*wireEvent)) wireEvent {
+		ev := good
+		ev.hashes = []any{uint64(100 + len(ev.kind)), uint64(200)}
+		f(&ev)
+		return ev
+	}
+	events := []wireEvent{
+		good,
+		with(func(ev *wireEvent) { ev.loraID = 3 }),
+		with(func(ev *wireEvent) { ev.loraName = "adapter" }),
+		with(func(ev *wireEvent) { ev.medium = "CPU" }),
+		with(func(ev *wireEvent) { ev.medium = "GPU" }), // stored: 2 blocks
+		with(func(ev *wireEvent) { ev.group = 1 }),
+		with(func(ev *wireEvent) { ev.bs = 2 * testBlockSize }),
+		with(func(ev *wireEvent) { ev.tokens = ev.tokens[:len(ev.tokens)-1] }),
+		with(func(ev *wireEvent) { ev.parent = uint64(999) }), // unknown parent
+		with(func(ev *wireEvent) {
+			ev.hashes = []any{uint64(300), uint64(301)}
+			ev.extra = []any{nil, []any{"mm-hash", 0}}
+		}),
+		{kind: "BlockRemoved", hashes: []any{uint64(2), uint64(12345)}, medium: "CPU"},
+		{kind: "BlockRemoved", hashes: []any{uint64(12345)}},
+		{kind: "KVCacheEvictedToMars", hashes: []any{uint64(1)}},
+	}
+	seq := e.publish(encodeBatch(t, vllmMap, events))
+	// Unusable token ids: well-formed msgpack, so only the event is skipped.
+	bad := encodeBatch(t, vllmMap, []wireEvent{{kind: "BlockStored", hashes: []any{uint64(50)}, tokens: []uint32{1, 2, 3, 4}, bs: testBlockSize}})
+	bad = bytes.Replace(bad, []byte{0x94, 1, 2, 3, 4}, []byte{0x94, 1, 2, 3, 0xff}, 1) // -1
+	seq2 := e.publish(bad)
+	waitSeq(t, s, seq2)
+	if seq2 != seq+1 {
+		t.Fatal("sequence")
+	}
+	st := s.Stats()
+	want := ZMQStats{Connected: true, LastSeq: seq2, Batches: st.Batches, StoredBlocks: 2 + 2 + 1,
+		SkippedLoRA: 4, SkippedMedium: 2 + 2, SkippedGroup: 2, BlockSizeMismatch: 2, BadEvents: 2,
+		UnresolvedParent: 2, SkippedExtraKeys: 1, UnknownRemoved: 1, UnknownEvents: 1}
+	if st != want {
+		t.Fatalf("stats\n got %+v\nwant %+v", st, want)
+	}
+	seed := radix.NamespaceSeed(testModel, "", "")
+	b1 := radix.ChainBlockHash(seed, tokens(2)[:testBlockSize])
+	b2 := radix.ChainBlockHash(b1, tokens(2)[testBlockSize:])
+	if !ix.Lookup(b1).Has(zmqTestSlot) || !ix.Lookup(b2).Has(zmqTestSlot) {
+		t.Fatal("the good event's blocks are missing")
+	}
+	if n := ix.Stats().WorkerBlocks[zmqTestSlot]; n != 2 {
+		// The medium=GPU and extra-keys events store the same two
+		// token blocks (and the first extra-key block) again.
+		t.Fatalf("slot holds %d blocks", n)
+	}
+}
+
+func TestZMQGarbageIsCountedAndSurvived(t *testing.T) {
+	ix := newZMQIndex(t)
+	e := newTestEngine(t, false)
+	s := startSub(t, ix, e, nil)
+	e.warmUp(t, s, vllmMap)
+	m := newModel()
+	seqs, bs := publishOps(t, vllmMap, genOps(28, 60), e.publish)
+	applyAll(m, bs)
+	waitSeq(t, s, seqs[len(seqs)-1])
+	// Messages that are not [topic, seq, payload] are dropped unnumbered.
+	e.sendRaw(e.topic, be64(seqs[len(seqs)-1]+1))
+	e.sendRaw(e.topic, []byte{1, 2, 3}, []byte{0x90})
+	e.sendRaw(e.topic, be64(0), []byte{0x90}, []byte{})
+	// A numbered batch that does not decode is lost, with what it changed.
+	garbage := e.publish([]byte{0x92, 0xcb, 1, 2})
+	m.apply(op{Op: "cleared"})
+	seqs, bs = publishOps(t, vllmMap, genOps(29, 60), e.publish)
+	applyAll(m, bs)
+	waitSeq(t, s, seqs[len(seqs)-1])
+	m.check(t, ix, zmqTestSlot)
+	if st := s.Stats(); st.Garbage != 4 || st.Resyncs != 1 || st.Gaps != 0 || garbage+1 != seqs[0] {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestZMQRedialsUntilTheEngineComesUp(t *testing.T) {
+	ep := freeTCPEndpoint(t)
+	ix := newZMQIndex(t)
+	s := startSub(t, ix, &testEngine{ep: ep}, nil)
+	waitFor(t, func() bool { return s.Stats().Disconnects >= 2 }, func() any { return s.Stats() })
+	if s.Stats().Connected {
+		t.Fatal("connected to nothing")
+	}
+	e := listenTestEngine(t, false, ep)
+	e.warmUp(t, s, vllmMap)
+	if !s.Stats().Connected {
+		t.Fatal("not connected")
+	}
+}
+
+func TestZMQRunTwice(t *testing.T) {
+	s, err := NewZMQSubscriber(newZMQIndex(t), ZMQConfig{Endpoint: freeTCPEndpoint(t), Slot: 1, Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Run(ctx) }()
+	waitFor(t, func() bool { return s.running.Load() }, func() any { return "not running" })
+	if err := s.Run(ctx); !errors.Is(err, errZMQRunning) {
+		t.Fatalf("second Run: %v", err)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+}
+
+func TestCheckZMQEndpoint(t *testing.T) {
+	for _, tc := range []struct {
+		ep string
+		ok bool
+	}{
+		{"tcp://127.0.0.1:5557", true},
+		{"tcp://engine-0.local:5557", true},
+		{"tcp://[::1]:5557", true},
+		{"ipc:///tmp/kv-events", true},
+		{"tcp://*:5557", false},
+		{"tcp://:5557", false},
+		{"tcp://127.0.0.1", false},
+		{"tcp://127.0.0.1:0", false},
+		{"tcp://127.0.0.1:http", false},
+		{"tcp://127.0.0.1:65536", false},
+		{"127.0.0.1:5557", false},
+		{"http://127.0.0.1:5557", false},
+		{"ipc://", false},
+		{"", false},
+	} {
+		if err := CheckZMQEndpoint(tc.ep); (err == nil) != tc.ok {
+			t.Errorf("%q: %v", tc.ep, err)
+		}
+	}
+	ix := newZMQIndex(t)
+	for _, cfg := range []ZMQConfig{
+		{Endpoint: "tcp://*:1", Slot: 1},
+		{Endpoint: "tcp://127.0.0.1:1", Replay: "tcp://*:2", Slot: 1},
+		{Endpoint: "tcp://127.0.0.1:1", Slot: radix.MaxWorkers},
+	} {
+		if _, err := NewZMQSubscriber(ix, cfg); err == nil {
+			t.Errorf("%+v accepted", cfg)
+		}
+	}
+}
+
+// TestDecodeVLLMBatch pins the decoder against hand-built payloads.
+func TestDecodeVLLMBatch(t *testing.T) {
+	sha := bytesHashes.wire(7).([]byte)
+	stored := wireEvent{kind: "BlockStored", hashes: []any{uint64(1), int64(-2), sha}, parent: uint64(math.MaxUint64),
+		tokens: []uint32{1, 2, math.MaxUint32, 4, 5, 6}, bs: 2, loraID: nil, medium: "gpu",
+		extra: []any{nil, []any{"salt", []any{1, 2, 3}}, nil}, group: 0}
+	for _, f := range []wireFormat{vllmMap, vllmArray, sglangArray} {
+		t.Run(f.String(), func(t *testing.T) {
+			var d VLLMDecoder
+			b, err := d.Decode(encodeBatch(t, f, []wireEvent{stored,
+				{kind: "BlockRemoved", hashes: []any{uint64(9)}, medium: "CPU"}, {kind: "AllBlocksCleared"}}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.TS != 1722222222.5 || len(b.Events) != 3 || b.HasDPRank != (f != sglangArray) {
+				t.Fatalf("batch %+v", b)
+			}
+			ev := b.Events[0]
+			if ev.Kind != VLLMBlockStored || len(ev.Hashes) != 3 || ev.Hashes[0] != 1 || ev.Hashes[1] != uint64(1<<64-2) ||
+				ev.Hashes[2] != xxhash.Sum64(sha) || !ev.HasParent || ev.Parent != math.MaxUint64 || ev.BlockSize != 2 ||
+				len(ev.Tokens) != 6 || ev.Tokens[2] != math.MaxUint32 || ev.BadTokens || ev.LoRA || ev.OffGPU ||
+				ev.ExtraKeysFrom != map[bool]int{true: 3, false: 1}[f == sglangArray] || ev.Group != 0 {
+				t.Fatalf("stored %+v", ev)
+			}
+			rm := b.Events[1]
+			if rm.Kind != VLLMBlockRemoved || len(rm.Hashes) != 1 || rm.Hashes[0] != 9 || rm.OffGPU != (f != sglangArray) {
+				t.Fatalf("removed %+v", rm)
+			}
+			if b.Events[2].Kind != VLLMAllBlocksCleared {
+				t.Fatalf("cleared %+v", b.Events[2])
+			}
+		})
+	}
+	// Shapes msgspec may also produce, written out byte by byte.
+	mp := func(parts ...any) []byte {
+		var buf bytes.Buffer
+		for _, p := range parts {
+			switch p := p.(type) {
+			case byte:
+				buf.WriteByte(p)
+			case int:
+				buf.WriteByte(byte(p))
+			case string:
+				buf.WriteByte(0xa0 | byte(len(p)))
+				buf.WriteString(p)
+			case []byte:
+				buf.Write(p)
+			}
+		}
+		return buf.Bytes()
+	}
+	for _, tc := range []struct {
+		name    string
+		payload []byte
+		check   func(*VLLMBatch) bool
+		err     string
+	}{
+		{"tag after the fields", mp(0x82, "ts", 0, "events", 0x91, 0x83, "block_hashes", 0x91, 5, "medium", 0xc0, "type", "BlockRemoved"),
+			func(b *VLLMBatch) bool { return b.Events[0].Kind == VLLMBlockRemoved && b.Events[0].Hashes[0] == 5 }, ""},
+		{"unknown keys and trailing fields", mp(0x93, 0xca, 0x3f, 0x80, 0, 0, 0x92, 0x93, "AllBlocksCleared", 0x81, "x", 0xc3, 0xd4, 1, 2,
+			0x95, "BlockRemoved", 0x90, 0xc0, 0xc0, 0xc0, 0xc0),
+			func(b *VLLMBatch) bool { return b.TS == 1 && len(b.Events) == 2 && !b.HasDPRank }, ""},
+		{"unknown event map", mp(0x82, "ts", 1, "events", 0x91, 0x82, "type", "Future", "block_hashes", "not a list"),
+			func(b *VLLMBatch) bool { return b.Events[0].Kind == VLLMUnknown }, ""},
+		{"negative token", mp(0x92, 0, 0x91, 0x95, "BlockStored", 0x91, 1, 0xc0, 0x91, 0xff, 1),
+			func(b *VLLMBatch) bool { return b.Events[0].BadTokens }, ""},
+		{"huge token", mp(0x92, 0, 0x91, 0x95, "BlockStored", 0x91, 1, 0xc0, 0x91, 0xcf, []byte{0, 0, 0, 1, 0, 0, 0, 0}, 1),
+			func(b *VLLMBatch) bool { return b.Events[0].BadTokens }, ""},
+		{"int64 hash", mp(0x92, 0, 0x91, 0x92, "BlockRemoved", 0x91, 0xd3, []byte{0x80, 0, 0, 0, 0, 0, 0, 0}),
+			func(b *VLLMBatch) bool { return b.Events[0].Hashes[0] == 1<<63 }, ""},
+		{"empty", nil, nil, "end of payload"},
+		{"not a batch", mp(0xc3), nil, "want an array"},
+		{"short batch", mp(0x91, 0), nil, "shorter"},
+		{"no events", mp(0x81, "ts", 0), nil, "no events"},
+		{"trailing bytes", mp(0x92, 0, 0x90, 0xc0), nil, "trailing"},
+		{"truncated", mp(0x92, 0, 0x91, 0x92, "BlockRemoved", 0x92, 1), nil, "past the end"},
+		{"truncated float", mp(0x92, 0xcb, 1, 2), nil, "past the end"},
+		{"count past end", mp(0x92, 0, 0xdd, []byte{0xff, 0xff, 0xff, 0xff}), nil, "past the end"},
+		{"string past end", mp(0x92, 0, 0x91, 0x91, 0xdb, []byte{0x7f, 0xff, 0xff, 0xff}), nil, "past the end"},
+		{"short stored", mp(0x92, 0, 0x91, 0x94, "BlockStored", 0x90, 0xc0, 0x90), nil, "shorter"},
+		{"stored map lacks tokens", mp(0x82, "ts", 0, "events", 0x91, 0x83, "type", "BlockStored", "block_hashes", 0x90, "block_size", 4), nil, "lacks"},
+		{"untagged", mp(0x92, 0, 0x91, 0x81, "block_hashes", 0x90), nil, "no type"},
+		{"tag not a string", mp(0x92, 0, 0x91, 0x91, 7), nil, "want a string"},
+		{"hash of wrong type", mp(0x92, 0, 0x91, 0x92, "BlockRemoved", 0x91, 0xc3), nil, "want an integer, bytes"},
+		{"medium not a string", mp(0x92, 0, 0x91, 0x93, "BlockRemoved", 0x90, 1), nil, "want a string"},
+		{"block size too big", mp(0x92, 0, 0x91, 0x95, "BlockStored", 0x90, 0xc0, 0x90, 0xcf, []byte{0xff, 0, 0, 0, 0, 0, 0, 0}), nil, "out of range"},
+		{"unused type byte", mp(0x92, 0, 0x91, 0x93, "AllBlocksCleared", 0xc1), nil, "unused"},
+		{"deep nesting", append(mp(0x92, 0, 0x91, 0x92, "AllBlocksCleared"), bytes.Repeat([]byte{0x91}, 10000)...), nil, "nest"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var d VLLMDecoder
+			b, err := d.Decode(tc.payload)
+			if tc.err != "" {
+				var de *DecodeError
+				if !errors.As(err, &de) || !errors.Is(err, ErrMalformedBatch) || !bytes.Contains([]byte(err.Error()), []byte(tc.err)) {
+					t.Fatalf("got %v, want an error about %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || !tc.check(b) {
+				t.Fatalf("got %+v, %v", b, err)
+			}
+		})
+	}
+}
+
+func TestDecodeVLLMBatchLimits(t *testing.T) {
+	ev := wireEvent{kind: "BlockStored", hashes: []any{uint64(1), uint64(2)}, tokens: make([]uint32, 8), bs: 4}
+	payload := encodeBatch(t, vllmMap, []wireEvent{ev, ev})
+	for _, tc := range []struct {
+		blocks, tokens int
+		ok             bool
+	}{{4, 16, true}, {3, 16, false}, {4, 15, false}} {
+		d := VLLMDecoder{MaxBlocks: tc.blocks, MaxTokens: tc.tokens}
+		if _, err := d.Decode(payload); (err == nil) != tc.ok {
+			t.Errorf("limits %d/%d: %v", tc.blocks, tc.tokens, err)
+		}
+	}
+}
