@@ -2,6 +2,7 @@ package fastpath
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"strconv"
 	"time"
@@ -38,6 +39,8 @@ type exchange struct {
 	items             int
 	abortErr          error
 
+	wait queueWait // bounds the admission-queue wait of Select
+
 	rid []byte // request id, echoed back
 	out []byte // scratch for response bodies and header values
 	sw  fasthttp.StreamWriter
@@ -72,6 +75,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	if cap(ex.out) > 1<<16 {
 		ex.out = nil
 	}
+	ex.wait.release()
 	*ex = exchange{s: s, sw: ex.sw, req: ex.req, hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0]}
 	s.exchanges.Put(ex)
 }
@@ -118,7 +122,8 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api API, routeOnly bool) 
 	}
 	ex.h = s.guards.Acquire()
 	ex.held = true
-	dec, err := ex.h.Select(ctx, &ex.sreq)
+	ex.wait.reset(ctx, s.cfg.QueueTimeout)
+	dec, err := ex.h.Select(&ex.wait, &ex.sreq)
 	s.metrics.stageSched.Observe(seconds(time.Duration(nanotime() - ex.lastItem)))
 	s.metrics.stageTotal.Observe(seconds(time.Duration(nanotime() - ex.arrived)))
 	if err != nil {
@@ -145,6 +150,7 @@ func (s *Server) settle(ctx *fasthttp.RequestCtx, ex *exchange, handedOff *bool)
 			_ = ex.h.Abort(guard.ReasonPanic)
 		}
 		ctx.Response.Reset()
+		ctx.Response.Header.SetBytesV(HeaderRequestID, ex.rid)
 		writeError(ctx, fasthttp.StatusInternalServerError, errInternal)
 		s.metrics.count(ex.api, statusEngineError)
 	}
@@ -229,7 +235,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		}
 		ex.sreq.Allow &^= failed
 		ex.h = s.guards.Acquire()
-		dec, serr := ex.h.Select(ctx, &ex.sreq)
+		dec, serr := ex.h.Select(&ex.wait, &ex.sreq)
 		if serr != nil {
 			ex.failSelect(ctx, serr)
 			return false
@@ -252,7 +258,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	}
 	body, err := ex.call.ReadBody()
 	if err != nil {
-		ex.failRelay(ctx, err)
+		ex.failDispatch(ctx, err)
 		return false
 	}
 	ctx.SetBody(body)
@@ -271,6 +277,18 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 func (ex *exchange) stream(w *bufio.Writer) {
 	s := ex.s
 	defer s.inflight.Done()
+	// This goroutine is fasthttp's, which recovers nothing: a panic here
+	// would kill the router and strand the request's load.
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("BUG: panic while relaying a stream", "panic", p, "request_id", string(ex.rid))
+			if ex.held {
+				_ = ex.h.Abort(guard.ReasonPanic)
+			}
+			s.metrics.count(ex.api, statusEngineError)
+			ex.cleanup()
+		}
+	}()
 	err := ex.call.Relay(w)
 	status := statusOK
 	switch {
@@ -307,6 +325,11 @@ func (ex *exchange) OnItem(tokens int) {
 }
 
 func (ex *exchange) OnComplete(finishReason []byte) {
+	if finishReason != nil && ex.req.Choices > 1 {
+		// The first of several choices finished; the others still run.
+		// The request completes when the stream ends (stream calls Close).
+		return
+	}
 	_ = ex.h.OnItem(0, finishOf(finishReason))
 	if finishReason == nil {
 		_ = ex.h.Close()
@@ -363,7 +386,6 @@ func (ex *exchange) reject(ctx *fasthttp.RequestCtx, e *RequestError) {
 
 func (ex *exchange) failSelect(ctx *fasthttp.RequestCtx, err error) {
 	var over *sched.OverloadError
-	var pin *sched.PinError
 	switch {
 	case errors.As(err, &over):
 		secs := max(1, int((over.RetryAfter+time.Second-1)/time.Second))
@@ -371,13 +393,17 @@ func (ex *exchange) failSelect(ctx *fasthttp.RequestCtx, err error) {
 		ctx.Response.Header.SetBytesV("Retry-After", ex.out)
 		ex.s.metrics.count(ex.api, statusOverloaded)
 		writeError(ctx, fasthttp.StatusTooManyRequests, errOverloaded)
-	case errors.As(err, &pin), errors.Is(err, sched.ErrPinnedWorkerNotFound):
+	case errors.Is(err, sched.ErrPinnedWorkerNotFound):
 		ex.s.metrics.count(ex.api, statusClientError)
 		writeError(ctx, fasthttp.StatusNotFound, errUnknownPinnedWorker)
 	case errors.Is(err, sched.ErrInvalidRequest):
 		ex.s.metrics.count(ex.api, statusClientError)
 		writeError(ctx, fasthttp.StatusBadRequest, &RequestError{Status: 400, Type: invalidRequest, Code: "invalid_request", Message: err.Error()})
-	default: // no eligible worker, or the wait was cut short
+	case errors.Is(err, context.DeadlineExceeded):
+		ex.s.metrics.count(ex.api, statusOverloaded)
+		ctx.Response.Header.Set("Retry-After", "1")
+		writeError(ctx, fasthttp.StatusServiceUnavailable, errQueueTimeout)
+	default: // no eligible worker (a pin to a known but unhealthy worker too), or shutdown
 		ex.s.metrics.count(ex.api, statusUnavailable)
 		ctx.Response.Header.Set("Retry-After", "1")
 		writeError(ctx, fasthttp.StatusServiceUnavailable, errNoWorker)
@@ -387,14 +413,11 @@ func (ex *exchange) failSelect(ctx *fasthttp.RequestCtx, err error) {
 func (ex *exchange) failDispatch(ctx *fasthttp.RequestCtx, err error) {
 	ex.s.metrics.count(ex.api, outcomeOf(err))
 	ctx.Response.Reset()
+	ctx.Response.Header.SetBytesV(HeaderRequestID, ex.rid)
 	ctx.SetStatusCode(dispatch.ErrorStatus(err))
 	ctx.SetContentType("application/json")
 	ex.out = dispatch.AppendErrorJSON(ex.out[:0], err)
 	ctx.SetBody(ex.out)
-}
-
-func (ex *exchange) failRelay(ctx *fasthttp.RequestCtx, err error) {
-	ex.failDispatch(ctx, err)
 }
 
 // setDecisionHeaders tells the client where its request went: the worker,
@@ -447,6 +470,8 @@ var (
 		Message: "this endpoint accepts POST only"}
 	errOverloaded = &RequestError{Status: 429, Type: "server_error", Code: "overloaded",
 		Message: "every eligible worker is busy and the admission queue is full; retry after the Retry-After interval"}
+	errQueueTimeout = &RequestError{Status: 503, Type: "server_error", Code: "queue_timeout",
+		Message: "every eligible worker stayed busy for the whole admission-queue timeout; retry after the Retry-After interval"}
 	errNoWorker = &RequestError{Status: 503, Type: "server_error", Code: "no_worker_available",
 		Message: "no healthy worker can serve this request now"}
 	errUnknownPinnedWorker = &RequestError{Status: 404, Type: invalidRequest, Param: HeaderWorker, Code: "worker_not_found",

@@ -167,10 +167,12 @@ func (s *Server) parseAllow(v []byte) (radix.WorkerSet, bool) {
 func (ex *exchange) echoRequestID(ctx *fasthttp.RequestCtx) {
 	if v := ctx.Request.Header.Peek(HeaderRequestID); len(v) > 0 && len(v) <= 128 {
 		ex.rid = append(ex.rid[:0], v...)
-		return
+	} else {
+		ex.rid = append(ex.rid[:0], "kvf-"...)
+		ex.rid = strconv.AppendUint(ex.rid, ex.s.requestID.Add(1), 36)
 	}
-	ex.rid = append(ex.rid[:0], "kvf-"...)
-	ex.rid = strconv.AppendUint(ex.rid, ex.s.requestID.Add(1), 36)
+	// Set now, so refusals carry it too.
+	ctx.Response.Header.SetBytesV(HeaderRequestID, ex.rid)
 }
 
 // b2s views b as a string for parsing; the string must not outlive b.

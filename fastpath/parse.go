@@ -72,6 +72,10 @@ type ParsedRequest struct {
 	// MaxTokens is max_completion_tokens if given, else max_tokens, else 0:
 	// the precedence engines apply.
 	MaxTokens int64
+	// Choices is n, the completions asked for per prompt; 0 when absent
+	// (engines then generate one). With several, the first finish_reason
+	// does not end the request.
+	Choices int64
 
 	modelBuf, saltBuf   []byte
 	maxTokens, maxCompl int64
@@ -134,6 +138,7 @@ const (
 	fMaxTokens
 	fMaxCompl
 	fCacheSalt
+	fChoices
 	numFields
 )
 
@@ -294,9 +299,11 @@ func (p *parser) field(key []byte, i int) int {
 	case "stream":
 		return p.boolField(i, fStream, &r.Stream, ErrStreamType)
 	case "max_tokens":
-		return p.countField(i, fMaxTokens, &r.maxTokens)
+		return p.countField(i, fMaxTokens, &r.maxTokens, ErrMaxTokensType, ErrMaxTokensRange)
 	case "max_completion_tokens":
-		return p.countField(i, fMaxCompl, &r.maxCompl)
+		return p.countField(i, fMaxCompl, &r.maxCompl, ErrMaxTokensType, ErrMaxTokensRange)
+	case "n":
+		return p.countField(i, fChoices, &r.Choices, ErrChoicesType, ErrChoicesRange)
 	}
 	return skipValue(p.b, i, 1)
 }
@@ -347,7 +354,7 @@ func (p *parser) boolField(i, f int, dst *bool, typeErr *RequestError) int {
 }
 
 // countField parses max_tokens-like fields: a positive integer or null.
-func (p *parser) countField(i, f int, dst *int64) int {
+func (p *parser) countField(i, f int, dst *int64, typeErr, rangeErr *RequestError) int {
 	b := p.b
 	p.errs[f] = nil
 	*dst = 0
@@ -356,7 +363,7 @@ func (p *parser) countField(i, f int, dst *int64) int {
 		return literal(b, i, "null")
 	}
 	if c != '-' && (c < '0' || c > '9') {
-		p.errs[f] = ErrMaxTokensType
+		p.errs[f] = typeErr
 		return skipValue(b, i, 1)
 	}
 	end := scanNumber(b, i)
@@ -365,25 +372,25 @@ func (p *parser) countField(i, f int, dst *int64) int {
 	}
 	for j := i; j < end; j++ {
 		if d := b[j]; d == '.' || d == 'e' || d == 'E' {
-			p.errs[f] = ErrMaxTokensType
+			p.errs[f] = typeErr
 			return end
 		}
 	}
 	if c == '-' {
-		p.errs[f] = ErrMaxTokensRange
+		p.errs[f] = rangeErr
 		return end
 	}
 	var v int64
 	for j := i; j < end; j++ {
 		d := int64(b[j] - '0')
 		if v > (math.MaxInt64-d)/10 {
-			p.errs[f] = ErrMaxTokensRange
+			p.errs[f] = rangeErr
 			return end
 		}
 		v = v*10 + d
 	}
 	if v < 1 {
-		p.errs[f] = ErrMaxTokensRange
+		p.errs[f] = rangeErr
 		return end
 	}
 	*dst = v

@@ -97,6 +97,10 @@ var (
 		"max_tokens and max_completion_tokens must be integers")
 	ErrMaxTokensRange = badRequest("max_tokens", "invalid_value",
 		"max_tokens and max_completion_tokens must be at least 1")
+	ErrChoicesType = badRequest("n", "invalid_type",
+		"n must be an integer")
+	ErrChoicesRange = badRequest("n", "invalid_value",
+		"n must be at least 1")
 	ErrCacheSaltType = badRequest("cache_salt", "invalid_type",
 		"cache_salt must be a non-empty string")
 )

@@ -18,6 +18,7 @@ func FuzzParseRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","prompt":[1,2,3],"stream":true,"max_tokens":16}`,
 		`{"prompt":"hello","cache_salt":"s","max_completion_tokens":3}`,
+		`{"prompt":[1,2],"n":3}`, `{"prompt":[1],"n":0}`, `{"prompt":[1],"n":"2"}`, `{"prompt":[1],"n":1.5}`,
 		`{"prompt":[[1,2]],"x":{"y":[null,true,false,-1.5e3]}}`,
 		`{"prompt":["a","b"]}`,
 		`{"prompt":[1,"a"],"stream":"x"}`,
@@ -73,6 +74,7 @@ type oracleResult struct {
 	model, salt    any
 	stream         bool
 	maxTokens      int64
+	choices        int64
 	kind           PromptKind
 	tokens         []uint32
 	text, messages any
@@ -114,29 +116,31 @@ func oracle(body []byte, api API, maxTok uint32) (oracleResult, error) {
 	default:
 		errs[fStream] = ErrStreamType
 	}
-	count := func(key string, f int) int64 {
+	count := func(key string, f int, typeErr, rangeErr *RequestError) int64 {
 		switch v := m[key].(type) {
 		case nil:
 		case json.Number:
 			s := string(v)
 			switch {
 			case strings.ContainsAny(s, ".eE"):
-				errs[f] = ErrMaxTokensType
+				errs[f] = typeErr
 			case strings.HasPrefix(s, "-"):
-				errs[f] = ErrMaxTokensRange
+				errs[f] = rangeErr
 			default:
 				n, err := strconv.ParseInt(s, 10, 64)
 				if err != nil || n < 1 {
-					errs[f] = ErrMaxTokensRange
+					errs[f] = rangeErr
 				}
 				return n
 			}
 		default:
-			errs[f] = ErrMaxTokensType
+			errs[f] = typeErr
 		}
 		return 0
 	}
-	mt, mc := count("max_tokens", fMaxTokens), count("max_completion_tokens", fMaxCompl)
+	mt := count("max_tokens", fMaxTokens, ErrMaxTokensType, ErrMaxTokensRange)
+	mc := count("max_completion_tokens", fMaxCompl, ErrMaxTokensType, ErrMaxTokensRange)
+	res.choices = count("n", fChoices, ErrChoicesType, ErrChoicesRange)
 	res.maxTokens = mt
 	if mc != 0 {
 		res.maxTokens = mc
@@ -265,7 +269,7 @@ func checkAgainstOracle(t *testing.T, r *ParsedRequest, want oracleResult) {
 	}
 	sameString("model", r.Model, want.model)
 	sameString("cache_salt", r.CacheSalt, want.salt)
-	if r.Stream != want.stream || r.MaxTokens != want.maxTokens || r.Prompt != want.kind {
+	if r.Stream != want.stream || r.MaxTokens != want.maxTokens || r.Choices != want.choices || r.Prompt != want.kind {
 		t.Fatalf("got stream=%v max=%d kind=%d, want %+v", r.Stream, r.MaxTokens, r.Prompt, want)
 	}
 	switch r.Prompt {

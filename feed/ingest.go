@@ -105,6 +105,12 @@ func (in *Ingester) Acquire() (bool, error) {
 		return false, err
 	}
 	in.held = true
+	// A previous ingester may have died inside an index write (a half-done
+	// deletion shift, a parked slot). Make the index consistent before the
+	// first write; readers go on meanwhile.
+	if n := in.ix.Repair(); n > 0 {
+		in.c.repairedSlots += uint64(n)
+	}
 	for i := range in.readers {
 		in.readers[i] = in.seg.Reader(radix.WorkerSlot(i))
 		gen, last := in.readers[i].Cursor()
@@ -380,9 +386,18 @@ func (in *Ingester) apply(slot radix.WorkerSlot, w *worker, rec *shm.Record) {
 		in.ix.Stored(slot, kv)
 		in.c.storedBlocks += uint64(len(kv))
 	case shm.KindRemoved:
-		kv := in.ix.UnmapEngineHashes(slot, rec.Hashes, in.kv[:0])
+		// Resolve, remove the blocks, and only then forget the mappings:
+		// an ingester that dies between the steps leaves mappings that the
+		// replayed record resolves again, never blocks nothing can remove.
+		kv := in.kv[:0]
+		for _, eh := range rec.Hashes {
+			if h, ok := in.ix.LookupEngineHash(slot, eh); ok {
+				kv = append(kv, h)
+			}
+		}
 		in.c.unknownRemoved += uint64(len(rec.Hashes) - len(kv))
 		in.ix.Removed(slot, kv)
+		in.ix.UnmapEngineHashes(slot, rec.Hashes, kv[len(kv):])
 		in.c.removedBlocks += uint64(len(kv))
 	case shm.KindCleared:
 		in.ix.Cleared(slot)
@@ -399,20 +414,21 @@ type counters struct {
 	unresolvedParent, unknownRemoved, blockSizeMismatch uint64
 	garbage, resyncBytes, gaps, resyncs                 uint64
 	generationBumps, workersDown, workersClosed         uint64
+	repairedSlots                                       uint64
 }
 
 type published struct {
-	c         [18]atomic.Uint64
+	c         [19]atomic.Uint64
 	last      counters
 	ingesting atomic.Bool
 }
 
-func (c *counters) array() [18]uint64 {
-	return [18]uint64{c.records, c.storedBlocks, c.removedBlocks, c.cleared,
+func (c *counters) array() [19]uint64 {
+	return [19]uint64{c.records, c.storedBlocks, c.removedBlocks, c.cleared,
 		c.stale, c.duplicate, c.skippedDown, c.rejected,
 		c.unresolvedParent, c.unknownRemoved, c.blockSizeMismatch,
 		c.garbage, c.resyncBytes, c.gaps, c.resyncs,
-		c.generationBumps, c.workersDown, c.workersClosed}
+		c.generationBumps, c.workersDown, c.workersClosed, c.repairedSlots}
 }
 
 func (in *Ingester) publish() {
@@ -452,6 +468,7 @@ type Stats struct {
 	GenerationBumps uint64 // engine restarts seen
 	WorkersDown     uint64 // workers marked down for a stale heartbeat
 	WorkersClosed   uint64 // workers that closed cleanly
+	RepairedSlots   uint64 // index slots dropped repairing a dead ingester's half-done writes
 
 	LagBytes [radix.MaxWorkers]uint64 // committed ring bytes not yet consumed
 }
@@ -459,7 +476,7 @@ type Stats struct {
 // Stats returns the counters as of the end of the last pass, plus the
 // current ring lags. Safe to call from any goroutine.
 func (in *Ingester) Stats() Stats {
-	var a [18]uint64
+	var a [19]uint64
 	for i := range a {
 		a[i] = in.pub.c[i].Load()
 	}
@@ -468,7 +485,7 @@ func (in *Ingester) Stats() Stats {
 		Stale: a[4], Duplicate: a[5], SkippedDown: a[6], Rejected: a[7],
 		UnresolvedParent: a[8], UnknownRemoved: a[9], BlockSizeMismatch: a[10],
 		Garbage: a[11], ResyncBytes: a[12], Gaps: a[13], Resyncs: a[14],
-		GenerationBumps: a[15], WorkersDown: a[16], WorkersClosed: a[17]}
+		GenerationBumps: a[15], WorkersDown: a[16], WorkersClosed: a[17], RepairedSlots: a[18]}
 	for i := range st.LagBytes {
 		st.LagBytes[i] = in.seg.RingState(radix.WorkerSlot(i)).Lag()
 	}
