@@ -253,14 +253,20 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.ln = ln
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stop = cancel
+	// Count the background goroutines before Shutdown can see started:
+	// a WaitGroup must not be added to while Shutdown waits on it.
+	const loops = 3 // registry, approx expiry, ZMQ feeds
+	s.bg.Add(loops)
+	if s.ingester != nil {
+		s.bg.Add(1)
+	}
 	s.mu.Unlock()
 
 	s.syncRegistry()
-	s.bg.Add(2)
 	go s.registryLoop(ctx)
 	go s.approxLoop(ctx)
+	go s.runZMQ(ctx)
 	if s.ingester != nil {
-		s.bg.Add(1)
 		go func() {
 			defer s.bg.Done()
 			if err := s.ingester.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
@@ -268,8 +274,6 @@ func (s *Server) Serve(ln net.Listener) error {
 			}
 		}()
 	}
-	s.bg.Add(1)
-	go s.runZMQ(ctx)
 	s.log.Info("router listening", "addr", ln.Addr().String(), "policy", s.cfg.Policy, "direct", s.cfg.Direct)
 	err := s.http.Serve(ln)
 	if errors.Is(err, net.ErrClosed) {
