@@ -32,5 +32,8 @@ lint: ## gofmt and go vet.
 	@test -z "$$(gofmt -l . | tee /dev/stderr)" || (echo "gofmt: files above need formatting"; exit 1)
 	$(GO) vet $(PKGS)
 
+demo: ## Replay the Mooncake trace against 8 mock engines once per routing policy and compare them (about 1.5 min; DEMO_FLAGS=... adds flags).
+	$(GO) run ./cmd/kvfast demo $(DEMO_FLAGS)
+
 clean: ## Remove build outputs.
 	rm -rf bin

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvfast/kvfast/benchmarks/replay"
+)
+
+// writeDemoTrace writes 8 requests 100 ms apart that share their first two
+// hash ids and differ in the third.
+func writeDemoTrace(t *testing.T) string {
+	p := filepath.Join(t.TempDir(), "demo.jsonl")
+	var b strings.Builder
+	for i := range 8 {
+		fmt.Fprintf(&b, `{"timestamp":%d,"input_length":1536,"output_length":3,"hash_ids":[1,2,%d]}`+"\n", 100*i, 10+i)
+	}
+	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestDemoCommand(t *testing.T) {
+	trace := writeDemoTrace(t)
+	run := func(args ...string) (int, string, string) {
+		var out, errOut strings.Builder
+		code := demoCommand(context.Background(), args, &out, &errOut, false)
+		return code, out.String(), errOut.String()
+	}
+	tiny := []string{"--trace", trace, "--engines", "2", "--policies", "kv,round-robin", "--block-tokens", "16",
+		"--speedup", "5", "--engine-speedup", "inf", "--kv-blocks", "256"}
+
+	t.Run("help", func(t *testing.T) {
+		code, _, stderr := run("--help")
+		for _, want := range []string{"--policies list", "--block-tokens", "--engine-speedup", "Exit status", "prefill-load-scale 10"} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("help lacks %q", want)
+			}
+		}
+		if code != 0 {
+			t.Fatalf("code %d", code)
+		}
+	})
+	t.Run("usage errors", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"--bogus"}, {"extra"}, {"--engines", "0"}, {"--engines", "65"}, {"--policies", "kv,fastest"},
+			{"--speedup", "0"}, {"--speedup", "inf"}, {"--engine-speedup", "-1"}, {"--block-tokens", "0"},
+			{"--kv-blocks", "0"}, {"--max-requests", "-1"},
+			{"--trace", filepath.Join(t.TempDir(), "missing.jsonl")},
+			// The trace's longest request (48 prompt + 3 output tokens)
+			// cannot fit in 3 blocks of 16.
+			{"--trace", trace, "--block-tokens", "16", "--kv-blocks", "3"},
+		} {
+			if code, _, stderr := run(args...); code != 2 || stderr == "" {
+				t.Errorf("%q: code %d, stderr %q", args, code, stderr)
+			}
+		}
+	})
+	t.Run("text table, targets and HTML report", func(t *testing.T) {
+		html := filepath.Join(t.TempDir(), "report.html")
+		code, stdout, stderr := run(append(tiny, "--out", html)...)
+		if code != 0 {
+			t.Fatalf("code %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+		}
+		for _, want := range []string{"TTFT p50", "hit rate", "bound", "req/s", "prefilled tok",
+			"target", "kv TTFT p50 at least 3x better than round-robin", "HTML report: " + html} {
+			if !strings.Contains(stdout, want) {
+				t.Errorf("output lacks %q:\n%s", want, stdout)
+			}
+		}
+		rows := map[string]int{} // policy -> table rows naming it (one per table)
+		for _, line := range strings.Split(stdout, "\n") {
+			if f := strings.Fields(line); len(f) > 1 {
+				rows[f[0]]++
+			}
+		}
+		if rows["kv"] != 2 || rows["round-robin"] != 2 {
+			t.Errorf("want each policy in both tables:\n%s", stdout)
+		}
+		page, err := os.ReadFile(html)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for d := xml.NewDecoder(strings.NewReader(string(page))); ; {
+			if _, err := d.Token(); err == io.EOF {
+				break
+			} else if err != nil {
+				t.Fatalf("HTML report not well-formed: %v", err)
+			}
+		}
+		for _, want := range []string{`data-policy="kv"`, `data-policy="round-robin"`} {
+			if !strings.Contains(string(page), want) {
+				t.Errorf("HTML report lacks %s", want)
+			}
+		}
+	})
+	t.Run("json", func(t *testing.T) {
+		code, stdout, stderr := run(append(tiny, "--json", "--out", "", "--max-requests", "6")...)
+		if code != 0 {
+			t.Fatalf("code %d, stderr %s", code, stderr)
+		}
+		var out struct {
+			Engines  int
+			Policies []struct {
+				Policy  string
+				Summary struct {
+					Requests int     `json:"requests"`
+					Errors   int     `json:"errors"`
+					HitRate  float64 `json:"hit_rate"`
+					Workers  map[string]int
+				}
+				Engines struct {
+					PromptTokens uint64 `json:"prompt_tokens"`
+				}
+			}
+			Checks []demoCheck
+		}
+		if err := json.Unmarshal([]byte(stdout), &out); err != nil {
+			t.Fatalf("stdout is not JSON: %v\n%s", err, stdout)
+		}
+		if out.Engines != 2 || len(out.Policies) != 2 || out.Policies[0].Policy != "kv" || out.Policies[1].Policy != "round-robin" {
+			t.Fatalf("JSON %+v", out)
+		}
+		for _, p := range out.Policies {
+			s := p.Summary
+			if s.Requests != 6 || s.Errors != 0 || p.Engines.PromptTokens != 6*48 {
+				t.Errorf("%s: %+v, engines %+v", p.Policy, s, p.Engines)
+			}
+			// Each policy ran on its own two fresh engines.
+			if len(s.Workers) == 0 || len(s.Workers) > 2 {
+				t.Errorf("%s: workers %v", p.Policy, s.Workers)
+			}
+		}
+		// Requests 20 ms apart share 32 of 48 tokens: kv must find them.
+		if kv := out.Policies[0].Summary.HitRate; !(kv > 0) {
+			t.Errorf("kv hit rate %v: the engines' events did not reach the router", kv)
+		}
+		if len(out.Checks) != 2 || !strings.Contains(out.Checks[1].Target, "round-robin") {
+			t.Errorf("checks %+v: want the hit rate and kv against round-robin, no approx", out.Checks)
+		}
+	})
+}
+
+func TestParseDemoPolicies(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string
+		bad  bool
+	}{
+		{in: "all", want: "kv,approx,round-robin,random,least-loaded"},
+		{in: "round-robin, kv", want: "round-robin,kv"},
+		{in: "kv,all,kv", want: "kv,approx,round-robin,random,least-loaded"},
+		{in: "kv,nope", bad: true},
+		{in: "", bad: true},
+	} {
+		got, err := parseDemoPolicies(tc.in)
+		if (err != nil) != tc.bad || (!tc.bad && strings.Join(got, ",") != tc.want) {
+			t.Errorf("parseDemoPolicies(%q) = %v, %v", tc.in, got, err)
+		}
+	}
+}
+
+// demoResult builds a replay result of n requests with the given TTFT and
+// hit rate, against a bound of 0.5.
+func demoResult(n int, ttft time.Duration, hit float64) *replay.Result {
+	r := &replay.Result{Bound: replay.Bound{Tokens: 0.5}, Duration: time.Second}
+	for i := range n {
+		r.Requests = append(r.Requests, replay.RequestResult{Index: i, Attempted: true, Status: 200,
+			TTFT: ttft, Latency: ttft, PromptTokens: 1000, HasUsage: true, UsagePromptTokens: 1000,
+			UsageCachedTokens: int(hit * 1000), UsageCompletionTokens: 1, Chunks: 1})
+	}
+	return r
+}
+
+func TestDemoChecks(t *testing.T) {
+	ms := time.Millisecond
+	runs := func(kvTTFT time.Duration, kvHit float64, others ...any) []demoRun {
+		out := []demoRun{{Policy: "kv", Result: demoResult(10, kvTTFT, kvHit)}}
+		for i := 0; i < len(others); i += 3 {
+			out = append(out, demoRun{Policy: others[i].(string), Result: demoResult(10, others[i+1].(time.Duration), others[i+2].(float64))})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		runs []demoRun
+		met  []bool // hit-rate target, then round-robin, then approx, for the checks present
+	}{
+		{"all met", runs(10*ms, 0.47, "round-robin", 30*ms, 0.1, "approx", 11*ms, 0.44), []bool{true, true, true}},
+		{"approx within noise", runs(10*ms, 0.46, "approx", 11*ms, 0.45), []bool{true, false}},
+		{"hit rate below 90% of bound", runs(10*ms, 0.44, "round-robin", 31*ms, 0.1), []bool{false, true}},
+		{"less than 3x round-robin", runs(10*ms, 0.5, "round-robin", 29*ms, 0.1), []bool{true, false}},
+		{"approx as fast", runs(10*ms, 0.5, "approx", 10*ms, 0.4), []bool{true, false}},
+		{"approx hits more", runs(10*ms, 0.45, "approx", 20*ms, 0.46), []bool{true, false}},
+		{"no kv, no checks", []demoRun{{Policy: "random", Result: demoResult(3, ms, 0)}}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checks := demoChecks(tc.runs)
+			if len(checks) != len(tc.met) {
+				t.Fatalf("checks %+v, want %d", checks, len(tc.met))
+			}
+			for i, c := range checks {
+				if c.Met != tc.met[i] {
+					t.Errorf("check %q (%s): met %v, want %v", c.Target, c.Detail, c.Met, tc.met[i])
+				}
+			}
+		})
+	}
+}
