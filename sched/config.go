@@ -23,6 +23,13 @@ type CostParams struct {
 	// Temperature 0 picks the cheapest worker (ties broken uniformly at
 	// random); above 0 it samples from a softmax over normalised costs.
 	Temperature float64
+	// CreditInFlight also credits, as cached, the prompt blocks that
+	// requests in flight on the worker already hold: the engine computes
+	// them before or while this request prefills, but reports them stored
+	// only afterwards, so the event-fed index alone misses the window in
+	// which follow-ups of a new prefix arrive. Off in DefaultCostParams
+	// (Dynamo's model); kvfast serve turns it on.
+	CreditInFlight bool
 	// TrackOutputBlocks adds output blocks to the worker's decode load as
 	// generation crosses block boundaries, decayed toward the request's
 	// expected output length when it gives one.

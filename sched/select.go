@@ -221,7 +221,7 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 	}
 	// A pin is not a round-robin turn: it must not push the rotation on.
 	w := s.choose(pol, &costs, free, p.Temperature, !req.Pinned)
-	overlap := overlapOf(req, w, n)
+	overlap := p.overlap(req, w, n, acc.get(uint(w)))
 	prefill := int64(req.PromptTokens) - int64(overlap)*int64(s.blockSize)
 	l := &s.live[w]
 	// Counters move inside the section that moves the table, so that they
@@ -284,7 +284,7 @@ func (s *Scheduler) query(req *Request, p *CostParams, pol Policy) (Decision, er
 		WorkerID:      info.ID,
 		DPRank:        info.DPRank,
 		Endpoint:      info.Endpoint,
-		OverlapBlocks: overlapOf(req, w, len(req.Hashes)),
+		OverlapBlocks: p.overlap(req, w, len(req.Hashes), acc.get(uint(w))),
 		Cost:          costs[w],
 		Policy:        pol,
 		Busy:          allBusy,
@@ -303,7 +303,7 @@ func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands radi
 		w, set = set.First()
 		l := &s.live[w]
 		shared := acc.get(uint(w))
-		overlap := overlapOf(req, w, n)
+		overlap := p.overlap(req, w, n, shared)
 		c := p.Cost(CostInputs{
 			BlockSize:           s.blockSize,
 			PromptTokens:        req.PromptTokens,
@@ -317,6 +317,18 @@ func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands radi
 			req.Scores.Workers[w] = WorkerScore{OverlapBlocks: overlap, SharedBlocks: shared, WorkerCost: c}
 		}
 	}
+}
+
+// overlap is the prefix the cost model credits on w: what the index says w
+// caches and, with CreditInFlight, what in-flight requests booked on w
+// already hold. Chained hashes make the latter a prefix too: a block held
+// in flight implies every block before it was in that request's prompt.
+func (p *CostParams) overlap(req *Request, w radix.WorkerSlot, n int, shared uint32) uint32 {
+	o := overlapOf(req, w, n)
+	if p.CreditInFlight {
+		o = max(o, min(shared, uint32(n)))
+	}
+	return o
 }
 
 // overlapOf is w's cached prefix, capped at the prompt: an index racing

@@ -75,6 +75,7 @@ type serveOptions struct {
 	prefillScale    float64
 	temperature     float64
 	trackOutput     bool
+	creditInFlight  bool
 	busyDecode      float64
 	busyPrefill     int64
 	queueCapacity   int
@@ -109,6 +110,7 @@ func (o *serveOptions) register(fs *flag.FlagSet) {
 	fs.Float64Var(&o.overlapCredit, "overlap-credit", 1, "weight of a worker's cached prefix blocks against its prefill cost (0 ignores the cache)")
 	fs.Float64Var(&o.prefillScale, "prefill-load-scale", 1, "weight of the prefill term against the decode term in the cost")
 	fs.Float64Var(&o.temperature, "temperature", 0, "0 picks the cheapest worker; above 0 samples from a softmax over normalised costs")
+	fs.BoolVar(&o.creditInFlight, "credit-in-flight", true, "credit prompt blocks that requests in flight on a worker already hold as cached, not only blocks its engine has reported stored")
 	fs.BoolVar(&o.trackOutput, "track-output-blocks", false, "count output blocks as generation grows, decayed toward max_tokens")
 	fs.Float64Var(&o.busyDecode, "busy-decode-fraction", 0, "a worker whose decode blocks exceed this fraction of its KV capacity takes no new request (0: off)")
 	fs.Int64Var(&o.busyPrefill, "busy-prefill-tokens", 0, "a worker with more prompt tokens than this awaiting first token takes no new request (0: off)")
@@ -245,7 +247,7 @@ func buildRouter(o *serveOptions, log *slog.Logger) (*router, error) {
 		Sched: sched.Config{
 			BlockSize: o.blockSize,
 			Cost: &sched.CostParams{OverlapCredit: o.overlapCredit, PrefillLoadScale: o.prefillScale,
-				Temperature: o.temperature, TrackOutputBlocks: o.trackOutput},
+				Temperature: o.temperature, TrackOutputBlocks: o.trackOutput, CreditInFlight: o.creditInFlight},
 			Busy:          sched.BusyThresholds{DecodeBlocksFraction: o.busyDecode, PrefillTokens: o.busyPrefill},
 			QueueCapacity: o.queueCapacity,
 		},
