@@ -55,4 +55,10 @@
 // body at about 4 GB/s, twenty times encoding/json, with zero allocations
 // once a pooled ParsedRequest has grown; approximate hashing runs at about
 // 4 GB/s. See BenchmarkParseRequest and BenchmarkApproxHashes.
+//
+// End to end over loopback, a route-only request with a 1K-token prompt
+// costs ~30 µs of CPU (client included) and 0 allocations, ~55 K req/s on
+// the 2 cores (BenchmarkRouteOnly); forwarding adds ~16–30 µs at p50 to a
+// plain response and ~35–55 µs to a 16-event stream
+// (benchmarks.BenchmarkProxyOverhead). See BENCHMARKS.md.
 package fastpath
