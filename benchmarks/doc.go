@@ -15,6 +15,10 @@
 //     an engine, as the difference between calling a stand-in engine
 //     directly and through the router, for non-streaming and streaming
 //     requests (target: 100 µs or less at p50).
+//   - TestRoutingDeterminism: the same seed and trace give the same
+//     sequence of routing decisions under the kv policy at temperature 0,
+//     with wall-clock effects removed (engines at infinite speed-up, a
+//     settle barrier between requests). It runs in make test.
 //
 // Trace replay against the mock engine lives in the replay subpackage.
 //
