@@ -80,6 +80,7 @@ type serveOptions struct {
 	busyPrefill     int64
 	queueCapacity   int
 	queueTimeout    time.Duration
+	seed            uint64
 	direct          bool
 	approxTTL       time.Duration
 	maxBodyBytes    int
@@ -116,6 +117,7 @@ func (o *serveOptions) register(fs *flag.FlagSet) {
 	fs.Int64Var(&o.busyPrefill, "busy-prefill-tokens", 0, "a worker with more prompt tokens than this awaiting first token takes no new request (0: off)")
 	fs.IntVar(&o.queueCapacity, "queue-capacity", sched.DefaultQueueCapacity, "requests that may wait when every worker is busy; beyond it they get 429 with Retry-After (negative: no queue)")
 	fs.DurationVar(&o.queueTimeout, "queue-timeout", 30*time.Second, "longest wait in the admission queue; past it the request gets 503 with Retry-After")
+	fs.Uint64Var(&o.seed, "seed", 0, "seed of tie-breaking and softmax sampling, for reproducible decisions (0: from the clock)")
 	fs.BoolVar(&o.direct, "direct", false, "direct mode: every request must name its worker in X-Kvfast-Worker (an external picker chose)")
 	fs.DurationVar(&o.approxTTL, "approx-ttl", 2*time.Minute, "how long the approximate index trusts that a routed prompt is still cached")
 	fs.IntVar(&o.maxBodyBytes, "max-body-bytes", fastpath.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
@@ -250,6 +252,7 @@ func buildRouter(o *serveOptions, log *slog.Logger) (*router, error) {
 				Temperature: o.temperature, TrackOutputBlocks: o.trackOutput, CreditInFlight: o.creditInFlight},
 			Busy:          sched.BusyThresholds{DecodeBlocksFraction: o.busyDecode, PrefillTokens: o.busyPrefill},
 			QueueCapacity: o.queueCapacity,
+			Seed:          o.seed,
 		},
 		Dispatch: dispatch.Config{
 			Timeouts: dispatch.Timeouts{Connect: o.connectTimeout, FirstByte: o.firstByte, Idle: o.streamIdle},
