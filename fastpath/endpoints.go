@@ -11,8 +11,6 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/kvfast/kvfast/feed"
-	"github.com/kvfast/kvfast/radix"
-	"github.com/kvfast/kvfast/shm"
 )
 
 // Paths the router serves. The route-only endpoints take the same bodies as
@@ -105,9 +103,7 @@ func (s *Server) appendRouteJSON(b []byte, ex *exchange) []byte {
 	b = strconv.AppendBool(b, dec.Busy)
 	b = append(b, `,"workers":[`...)
 	first := true
-	for set := ex.scores.Eligible; set != 0; {
-		var w radix.WorkerSlot
-		w, set = set.First()
+	for w := range ex.scores.Eligible.All() {
 		info, ok := s.sched.Worker(w)
 		if !ok {
 			continue
@@ -182,7 +178,18 @@ func (s *Server) serveMetrics(ctx *fasthttp.RequestCtx) {
 	s.metricsHTTP(ctx)
 }
 
-// WorkerView is one worker as the admin endpoint shows it.
+// Snapshot is the router's state as operators see it: the body of
+// GET /admin/workers and the source of /metrics' state gauges, so the two
+// never disagree. The node builds it (State).
+type Snapshot struct {
+	Policy  string       `json:"policy"`
+	Workers []WorkerView `json:"workers"`
+	Index   IndexView    `json:"index"`
+	Feed    *feed.Stats  `json:"feed,omitempty"` // the shm event feed, when there is a segment
+	Queue   QueueView    `json:"queue"`
+}
+
+// WorkerView is one worker in a Snapshot.
 type WorkerView struct {
 	Slot             int    `json:"slot"`
 	WorkerID         uint64 `json:"worker_id"`
@@ -210,83 +217,24 @@ type WorkerView struct {
 	ZMQ *feed.ZMQStats `json:"zmq,omitempty"` // a static worker's ZMQ event feed
 }
 
-// AdminView is the body of GET /admin/workers.
-type AdminView struct {
-	Policy  string       `json:"policy"`
-	Workers []WorkerView `json:"workers"`
-	Index   struct {
-		Entries    uint64 `json:"entries"`
-		Capacity   uint64 `json:"capacity"`
-		Overflow   uint64 `json:"overflow"`
-		MapEntries uint64 `json:"engine_map_entries"`
-	} `json:"index"`
-	Feed  *FeedView `json:"feed,omitempty"`
-	Queue struct {
-		Waiting  int    `json:"waiting"`
-		Refused  uint64 `json:"refused"`
-		Booked   uint64 `json:"booked"`
-		Released uint64 `json:"released"`
-	} `json:"queue"`
+// IndexView is the exact index's occupancy.
+type IndexView struct {
+	Entries    uint64 `json:"entries"`
+	Capacity   uint64 `json:"capacity"`
+	Overflow   uint64 `json:"overflow"`
+	MapEntries uint64 `json:"engine_map_entries"`
 }
 
-// FeedView summarises event ingestion.
-type FeedView struct {
-	Ingesting     bool   `json:"ingesting"`
-	Records       uint64 `json:"records"`
-	StoredBlocks  uint64 `json:"stored_blocks"`
-	RemovedBlocks uint64 `json:"removed_blocks"`
-	Gaps          uint64 `json:"gaps"`
-	Resyncs       uint64 `json:"resyncs"`
-	Garbage       uint64 `json:"garbage"`
-}
-
-// Admin returns the admin view; the HTTP endpoint serves it as JSON.
-func (s *Server) Admin() AdminView {
-	var v AdminView
-	v.Policy = s.cfg.Policy
-	ix := s.index.Stats()
-	v.Index.Entries, v.Index.Capacity, v.Index.Overflow, v.Index.MapEntries = ix.Entries, ix.Capacity, ix.Overflow, ix.EngineMapEntries
-	var lag [radix.MaxWorkers]uint64
-	if s.ingester != nil {
-		fs := s.ingester.Stats()
-		lag = fs.LagBytes
-		v.Feed = &FeedView{Ingesting: fs.Ingesting, Records: fs.Records, StoredBlocks: fs.StoredBlocks,
-			RemovedBlocks: fs.RemovedBlocks, Gaps: fs.Gaps, Resyncs: fs.Resyncs, Garbage: fs.Garbage}
-	}
-	st := s.sched.Stats()
-	v.Queue.Waiting, v.Queue.Refused, v.Queue.Booked, v.Queue.Released = st.Waiting, st.Refused, st.Booked, st.Released
-	v.Workers = []WorkerView{}
-	for set := s.sched.Workers(); set != 0; {
-		var w radix.WorkerSlot
-		w, set = set.First()
-		info, ok := s.sched.Worker(w)
-		if !ok {
-			continue
-		}
-		ld := s.sched.Load(w)
-		wv := WorkerView{Slot: int(w), WorkerID: info.ID, DPRank: info.DPRank, Model: info.Model, Endpoint: info.Endpoint,
-			Source: "registry", Healthy: ld.Healthy, KVCapacityBlocks: info.KVCapacityBlocks,
-			ActiveBlocks: ld.ActiveBlocks, OutputBlocks: ld.OutputBlocks, PrefillTokens: ld.PrefillTokens, Requests: ld.Requests,
-			EngineRunning: ld.EngineRunning, EngineWaiting: ld.EngineWaiting, EngineKVUsed: ld.EngineKVUsed, EngineKVTotal: ld.EngineKVTotal,
-			IndexBlocks: ix.WorkerBlocks[w], FeedLagBytes: lag[w]}
-		if s.static.Has(w) {
-			wv.Source = "static"
-			if sub := s.zmq[w]; sub != nil {
-				zs := sub.Stats()
-				wv.ZMQ = &zs
-			}
-		} else if s.seg != nil {
-			if ri, ok := s.seg.Worker(w); ok && ri.State == shm.StateLive {
-				wv.Generation = ri.Generation
-			}
-		}
-		v.Workers = append(v.Workers, wv)
-	}
-	return v
+// QueueView is admission control and booking.
+type QueueView struct {
+	Waiting  int    `json:"waiting"`
+	Refused  uint64 `json:"refused"`
+	Booked   uint64 `json:"booked"`
+	Released uint64 `json:"released"`
 }
 
 func (s *Server) serveAdminWorkers(ctx *fasthttp.RequestCtx) {
-	writeJSON(ctx, fasthttp.StatusOK, s.Admin())
+	writeJSON(ctx, fasthttp.StatusOK, s.state.Snapshot())
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {

@@ -182,7 +182,7 @@ func (s *Server) prepare(ex *exchange) *RequestError {
 	bs := s.sched.BlockSize()
 	if r.Prompt == PromptTokens {
 		ex.hashes = radix.AppendBlockHashes(ex.hashes[:0], seed, r.Tokens, bs)
-		ex.exact = !s.useApprox.Load()
+		ex.exact = !s.useApprox
 		ex.sreq.PromptTokens = len(r.Tokens)
 	} else {
 		ex.hashes = AppendApproxHashes(ex.hashes[:0], ApproxSeed(seed), r.ApproxText(), s.cfg.ApproxChunkBytes)

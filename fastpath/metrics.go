@@ -9,7 +9,6 @@ import (
 
 	"github.com/kvfast/kvfast/feed"
 	"github.com/kvfast/kvfast/guard"
-	"github.com/kvfast/kvfast/radix"
 )
 
 // Request outcomes, the values of the status label of
@@ -178,12 +177,8 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.s
-	ixStats := s.index.Stats()
-	var lag [radix.MaxWorkers]uint64
-	if s.ingester != nil {
-		fs := s.ingester.Stats()
-		lag = fs.LagBytes
+	snap := c.s.state.Snapshot()
+	if fs := snap.Feed; fs != nil {
 		for _, kv := range []struct {
 			status string
 			v      uint64
@@ -196,36 +191,28 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descFeedEvents, prometheus.CounterValue, float64(kv.v), kv.status)
 		}
 	}
-	eligible := s.eligible()
-	for set := s.sched.Workers(); set != 0; {
-		var w radix.WorkerSlot
-		w, set = set.First()
-		info, ok := s.sched.Worker(w)
-		if !ok {
-			continue
-		}
-		id, rank := strconv.FormatUint(info.ID, 10), strconv.FormatUint(uint64(info.DPRank), 10)
-		ld := s.sched.Load(w)
+	for i := range snap.Workers {
+		wv := &snap.Workers[i]
+		id, rank := strconv.FormatUint(wv.WorkerID, 10), strconv.FormatUint(uint64(wv.DPRank), 10)
 		healthy := 0.0
-		if eligible.Has(w) {
+		if wv.Healthy {
 			healthy = 1
 		}
-		ch <- prometheus.MustNewConstMetric(descWorkerActiveBlocks, prometheus.GaugeValue, float64(ld.ActiveBlocks)+ld.OutputBlocks, id, rank)
-		ch <- prometheus.MustNewConstMetric(descWorkerPrefill, prometheus.GaugeValue, float64(ld.PrefillTokens), id, rank)
-		ch <- prometheus.MustNewConstMetric(descWorkerRequests, prometheus.GaugeValue, float64(ld.Requests), id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerActiveBlocks, prometheus.GaugeValue, float64(wv.ActiveBlocks)+wv.OutputBlocks, id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerPrefill, prometheus.GaugeValue, float64(wv.PrefillTokens), id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerRequests, prometheus.GaugeValue, float64(wv.Requests), id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerHealthy, prometheus.GaugeValue, healthy, id, rank)
-		ch <- prometheus.MustNewConstMetric(descWorkerIndexBlocks, prometheus.GaugeValue, float64(ixStats.WorkerBlocks[w]), id, rank)
-		ch <- prometheus.MustNewConstMetric(descWorkerRingLag, prometheus.GaugeValue, float64(lag[w]), id, rank)
-		if sub := s.zmq[w]; sub != nil {
-			collectZMQ(ch, sub.Stats(), id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerIndexBlocks, prometheus.GaugeValue, float64(wv.IndexBlocks), id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerRingLag, prometheus.GaugeValue, float64(wv.FeedLagBytes), id, rank)
+		if wv.ZMQ != nil {
+			collectZMQ(ch, *wv.ZMQ, id, rank)
 		}
 	}
-	ch <- prometheus.MustNewConstMetric(descIndexEntries, prometheus.GaugeValue, float64(ixStats.Entries))
-	ch <- prometheus.MustNewConstMetric(descIndexCapacity, prometheus.GaugeValue, float64(ixStats.Capacity))
-	ch <- prometheus.MustNewConstMetric(descIndexOverflow, prometheus.CounterValue, float64(ixStats.Overflow))
-	st := s.sched.Stats()
-	ch <- prometheus.MustNewConstMetric(descQueueWaiting, prometheus.GaugeValue, float64(st.Waiting))
-	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(st.Refused))
+	ch <- prometheus.MustNewConstMetric(descIndexEntries, prometheus.GaugeValue, float64(snap.Index.Entries))
+	ch <- prometheus.MustNewConstMetric(descIndexCapacity, prometheus.GaugeValue, float64(snap.Index.Capacity))
+	ch <- prometheus.MustNewConstMetric(descIndexOverflow, prometheus.CounterValue, float64(snap.Index.Overflow))
+	ch <- prometheus.MustNewConstMetric(descQueueWaiting, prometheus.GaugeValue, float64(snap.Queue.Waiting))
+	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(snap.Queue.Refused))
 }
 
 func collectZMQ(ch chan<- prometheus.Metric, st feed.ZMQStats, id, rank string) {

@@ -14,143 +14,107 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvfast/kvfast/dispatch"
-	"github.com/kvfast/kvfast/feed"
 	"github.com/kvfast/kvfast/guard"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
-	"github.com/kvfast/kvfast/shm"
 )
 
-// Config assembles a router. The zero value of every optional field is a
-// sane default; see cmd/kvfast serve for the operator-facing flags.
+// Config is the HTTP front end's part of a router: limits, timeouts and
+// request-path behaviour. Start from DefaultConfig; a zero field means
+// zero, and Validate refuses the zeros that make no sense.
 type Config struct {
-	// Index answers "which worker caches this prefix". With a segment it is
-	// the segment's index, fed by engines' events; nil means a heap index
-	// of IndexCapacity blocks that only static configuration feeds.
-	Segment *shm.Segment
-	// Ingester, when set, applies the segment's event rings to the index;
-	// the server runs it (as ingester or standby) for its lifetime.
-	Ingester      *feed.Ingester
-	IndexCapacity int
-
-	Sched    sched.Config
-	Dispatch dispatch.Config
-
-	// Policy picks how a worker is chosen: kv (default), approx,
-	// round-robin, random or least-loaded.
-	Policy string
-	// ApproxTTL is how long the approximate index trusts a routing decision
-	// (default 2 minutes); ApproxCapacity bounds its assumptions (default
-	// 1M (worker, block) pairs); ApproxChunkBytes is the text chunk size
-	// for text and chat prompts (default 64).
-	ApproxTTL        time.Duration
-	ApproxCapacity   int
-	ApproxChunkBytes int
-
-	// Static lists engines that are not in the segment's registry: they
-	// publish no events, or publish them over ZMQ (StaticWorker.Events).
-	Static []StaticWorker
-	// RegistryPoll is how often the segment's registry and load pages are
-	// read into the worker set (default 100 ms).
-	RegistryPoll time.Duration
-
-	// QueueTimeout bounds a request's wait in the admission queue (default
-	// 30s); past it the request is refused with 503 and Retry-After.
+	// QueueTimeout bounds a request's wait in the admission queue; past it
+	// the request is refused with 503 and Retry-After.
 	QueueTimeout time.Duration
 
 	// Direct requires every request to name its worker (an external picker
 	// already chose); the router only forwards and accounts.
 	Direct bool
 
-	// Limits.
-	MaxBodyBytes    int           // default 16 MiB
-	MaxTokenID      uint32        // largest accepted token id; 0 = any uint32
-	ReadTimeout     time.Duration // whole request, headers and body (default 30s): bounds slow clients
-	IdleTimeout     time.Duration // keep-alive idle (default 60s)
-	MaxConns        int           // concurrent client connections (default 10000)
-	MaxRetries      int           // re-routes after a refused connection: 0 means the default 2, negative means none
-	ShutdownTimeout time.Duration // drain deadline for in-flight streams (default 30s)
+	// ApproxChunkBytes is the text chunk size of approximate hashing for
+	// text and chat prompts.
+	ApproxChunkBytes int
 
+	MaxBodyBytes int           // largest request body (413 beyond)
+	MaxTokenID   uint32        // largest accepted token id; 0 = any uint32
+	ReadTimeout  time.Duration // whole request, headers and body: bounds slow clients
+	IdleTimeout  time.Duration // keep-alive idle
+	MaxConns     int           // concurrent client connections
+	MaxRetries   int           // re-routes after a refused connection; 0: none
+}
+
+// DefaultConfig is the front end kvfast serve runs with.
+func DefaultConfig() Config {
+	return Config{
+		QueueTimeout:     30 * time.Second,
+		ApproxChunkBytes: DefaultApproxChunkBytes,
+		MaxBodyBytes:     DefaultMaxBodyBytes,
+		ReadTimeout:      30 * time.Second,
+		IdleTimeout:      60 * time.Second,
+		MaxConns:         10000,
+		MaxRetries:       2,
+	}
+}
+
+// Validate reports the first setting the front end cannot run with.
+func (c *Config) Validate() error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"queue timeout", c.QueueTimeout}, {"read timeout", c.ReadTimeout}, {"idle timeout", c.IdleTimeout}} {
+		if d.v <= 0 {
+			return fmt.Errorf("cannot use %s %v: must be positive", d.name, d.v)
+		}
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"approx chunk bytes", c.ApproxChunkBytes}, {"max body bytes", c.MaxBodyBytes}, {"max conns", c.MaxConns}} {
+		if n.v <= 0 {
+			return fmt.Errorf("cannot use %s %d: must be positive", n.name, n.v)
+		}
+	}
+	if c.MaxRetries < 0 {
+		return fmt.Errorf("cannot use max retries %d: must not be negative", c.MaxRetries)
+	}
+	return nil
+}
+
+// Deps are the parts of the node the front end routes with. The node owns
+// them and their background work; the front end only reads and books.
+type Deps struct {
+	Index   *radix.Index  // the exact, event-fed index
+	Approx  *radix.Approx // the router's own routing history
+	Sched   *sched.Scheduler
+	Engines *dispatch.Pool
+	// UseApprox routes token prompts on Approx too (the approx policy).
+	UseApprox bool
+	// State gives /admin/workers and /metrics the node's snapshot.
+	State  State
 	Logger *slog.Logger
 }
 
-// StaticWorker is an engine named in configuration rather than the registry.
-type StaticWorker struct {
-	ID       uint64
-	DPRank   uint32
-	Endpoint string // host:port or http://host:port
-	Model    string
-	KVBlocks uint64
-
-	// Events is the engine's ZMQ KV-event PUB socket (tcp://host:port),
-	// for engines that publish vLLM's wire format (stock vLLM and SGLang);
-	// "" means the engine publishes no events. Replay is its optional
-	// replay ROUTER socket, and Topic the subscription prefix.
-	Events string
-	Replay string
-	Topic  string
+// State is the node's view of itself, as operators see it.
+type State interface {
+	Snapshot() Snapshot
 }
 
-func (c Config) withDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	def(&c.ApproxTTL, 2*time.Minute)
-	def(&c.RegistryPoll, 100*time.Millisecond)
-	def(&c.ReadTimeout, 30*time.Second)
-	def(&c.IdleTimeout, 60*time.Second)
-	def(&c.ShutdownTimeout, 30*time.Second)
-	def(&c.QueueTimeout, 30*time.Second)
-	if c.ApproxCapacity <= 0 {
-		c.ApproxCapacity = 1 << 20
-	}
-	if c.ApproxChunkBytes <= 0 {
-		c.ApproxChunkBytes = DefaultApproxChunkBytes
-	}
-	if c.IndexCapacity <= 0 {
-		c.IndexCapacity = 1 << 20
-	}
-	if c.MaxBodyBytes <= 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.MaxConns <= 0 {
-		c.MaxConns = 10000
-	}
-	if c.MaxRetries < 0 {
-		c.MaxRetries = 0
-	} else if c.MaxRetries == 0 {
-		c.MaxRetries = 2
-	}
-	if c.Policy == "" {
-		c.Policy = "kv"
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	return c
-}
-
-// Server is the router: the HTTP front end and everything behind it.
+// Server is the HTTP front end: it parses, routes, books and relays.
 type Server struct {
-	cfg      Config
-	log      *slog.Logger
-	index    *radix.Index
-	approx   *radix.Approx
-	ingester *feed.Ingester
-	seg      *shm.Segment
-	sched    *sched.Scheduler
-	guards   *guard.Pool
-	engines  *dispatch.Pool
-	parser   Parser
-	metrics  *metrics
-	http     *fasthttp.Server
+	cfg     Config
+	log     *slog.Logger
+	index   *radix.Index
+	approx  *radix.Approx
+	sched   *sched.Scheduler
+	guards  *guard.Pool
+	engines *dispatch.Pool
+	state   State
+	parser  Parser
+	metrics *metrics
+	http    *fasthttp.Server
 
-	useApprox atomic.Bool // policy "approx": route on the router's own history
+	useApprox bool
 	seeds     atomic.Pointer[map[string]modelNamespace]
-	static    radix.WorkerSet                       // slots configured statically
-	zmq       [radix.MaxWorkers]*feed.ZMQSubscriber // static workers' event feeds, by slot
 
 	metricsOnce sync.Once
 	metricsHTTP fasthttp.RequestHandler
@@ -160,167 +124,64 @@ type Server struct {
 	conns     *xsync.MapOf[net.Conn, struct{}] // open client connections, cut at the shutdown deadline
 	requestID atomic.Uint64
 
-	stop     context.CancelFunc
-	bg       sync.WaitGroup
-	mu       sync.Mutex
-	started  bool
-	closed   bool
-	ln       net.Listener
-	regState [radix.MaxWorkers]regEntry
+	mu      sync.Mutex
+	started bool
+	closed  bool
+	ln      net.Listener
 }
 
-// New builds a router from cfg. It starts nothing; call Serve.
-func New(cfg Config) (*Server, error) {
-	cfg = cfg.withDefaults()
-	s := &Server{cfg: cfg, log: cfg.Logger, seg: cfg.Segment, ingester: cfg.Ingester,
+// New builds the front end over deps. It starts nothing; call Serve.
+func New(cfg Config, deps Deps) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Index == nil || deps.Approx == nil || deps.Sched == nil || deps.Engines == nil || deps.State == nil {
+		return nil, errors.New("cannot build the front end: Index, Approx, Sched, Engines and State are required")
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.Default()
+	}
+	s := &Server{cfg: cfg, log: deps.Logger, index: deps.Index, approx: deps.Approx, sched: deps.Sched,
+		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox,
 		conns: xsync.NewMapOf[net.Conn, struct{}]()}
-	policy, approx, err := sched.ParsePolicy(cfg.Policy)
-	if err != nil {
-		return nil, err
-	}
-	cfg.Sched.Policy = policy
-	s.useApprox.Store(approx)
-	if s.seg != nil {
-		s.index = s.seg.Index()
-	} else {
-		if s.index, err = radix.NewHeap(radix.Config{Capacity: cfg.IndexCapacity}); err != nil {
-			return nil, fmt.Errorf("cannot create the index: %w", err)
-		}
-	}
-	if s.approx, err = radix.NewApprox(radix.Config{Capacity: cfg.ApproxCapacity}, cfg.ApproxTTL); err != nil {
-		return nil, fmt.Errorf("cannot create the approximate index: %w", err)
-	}
-	if s.sched, err = sched.New(cfg.Sched); err != nil {
-		return nil, err
-	}
 	s.parser = Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
 	s.metrics = newMetrics(s)
 	s.guards = guard.NewPool(s.sched, guard.Observer{Finished: s.metrics.observeFinished})
-	dcfg := cfg.Dispatch
-	userHook := dcfg.Health.OnChange
-	dcfg.Health.OnChange = func(slot radix.WorkerSlot, addr string, healthy bool) {
-		s.sched.SetHealthy(slot, healthy)
-		s.log.Warn("engine health changed", "slot", slot, "addr", addr, "healthy", healthy)
-		if userHook != nil {
-			userHook(slot, addr, healthy)
-		}
-	}
-	s.engines = dispatch.NewPool(dcfg)
 	s.exchanges.New = func() any { return newExchange(s) }
-	s.seeds.Store(&map[string]modelNamespace{})
-	if err := s.addStatic(cfg.Static); err != nil {
-		s.engines.Close()
-		return nil, err
-	}
+	s.WorkersChanged()
 	s.http = &fasthttp.Server{
-		Handler:                       s.handle,
-		ErrorHandler:                  s.transportError,
-		Logger:                        fasthttpLogger{s.log},
-		ConnState:                     s.trackConn,
-		Name:                          "kvfast",
-		MaxRequestBodySize:            cfg.MaxBodyBytes,
-		ReadTimeout:                   cfg.ReadTimeout,
-		IdleTimeout:                   cfg.IdleTimeout,
-		Concurrency:                   cfg.MaxConns,
-		DisableHeaderNamesNormalizing: false,
-		NoDefaultServerHeader:         true,
-		NoDefaultDate:                 true,
-		CloseOnShutdown:               true,
-		ReduceMemoryUsage:             false,
+		Handler:               s.handle,
+		ErrorHandler:          s.transportError,
+		Logger:                fasthttpLogger{s.log},
+		ConnState:             s.trackConn,
+		Name:                  "kvfast",
+		MaxRequestBodySize:    cfg.MaxBodyBytes,
+		ReadTimeout:           cfg.ReadTimeout,
+		IdleTimeout:           cfg.IdleTimeout,
+		Concurrency:           cfg.MaxConns,
+		NoDefaultServerHeader: true,
+		NoDefaultDate:         true,
+		CloseOnShutdown:       true,
 	}
 	return s, nil
 }
 
-// Scheduler exposes the scheduler, for runtime tuning (cost parameters,
-// busy thresholds, policy) and tests.
-func (s *Server) Scheduler() *sched.Scheduler { return s.sched }
-
-// Index is the exact (event-fed) index.
-func (s *Server) Index() *radix.Index { return s.index }
-
-// Serve accepts connections on ln until Shutdown. It also runs the
-// background loops: registry sync, approximate-index expiry and, when
-// configured, event ingestion (the segment's rings, and one ZMQ
-// subscriber per static worker with an Events endpoint).
+// Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.started || s.closed {
 		s.mu.Unlock()
 		_ = ln.Close() // as net/http does: a listener Serve will not serve is closed
-		return errors.New("kvfast: server already started or shut down")
+		return errors.New("cannot serve: the front end was already started or shut down")
 	}
 	s.started = true
 	s.ln = ln
-	ctx, cancel := context.WithCancel(context.Background())
-	s.stop = cancel
-	// Count the background goroutines before Shutdown can see started:
-	// a WaitGroup must not be added to while Shutdown waits on it.
-	const loops = 3 // registry, approx expiry, ZMQ feeds
-	s.bg.Add(loops)
-	if s.ingester != nil {
-		s.bg.Add(1)
-	}
 	s.mu.Unlock()
-
-	s.syncRegistry()
-	go s.registryLoop(ctx)
-	go s.approxLoop(ctx)
-	go s.runZMQ(ctx)
-	if s.ingester != nil {
-		go func() {
-			defer s.bg.Done()
-			if err := s.ingester.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				s.log.Error("event ingestion stopped", "err", err)
-			}
-		}()
-	}
-	s.log.Info("router listening", "addr", ln.Addr().String(), "policy", s.cfg.Policy, "direct", s.cfg.Direct)
 	err := s.http.Serve(ln)
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
 	return err
-}
-
-// runZMQ runs one subscriber per static worker with an event socket. The
-// index may live in a segment that several routers share, and only the
-// elected ingester may write it, so with a segment the subscribers start
-// once this process holds the ingester role (which it keeps until
-// shutdown).
-func (s *Server) runZMQ(ctx context.Context) {
-	defer s.bg.Done()
-	feeds := false
-	for _, sub := range s.zmq {
-		feeds = feeds || sub != nil
-	}
-	if !feeds {
-		return
-	}
-	if s.seg != nil {
-		t := time.NewTicker(50 * time.Millisecond)
-		defer t.Stop()
-		for s.ingester == nil || !s.ingester.Stats().Ingesting {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-		}
-	}
-	var wg sync.WaitGroup
-	for _, sub := range s.zmq {
-		if sub == nil {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := sub.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				s.log.Error("ZMQ event feed stopped", "endpoint", sub.Config().Endpoint, "err", err)
-			}
-		}()
-	}
-	wg.Wait()
 }
 
 // ListenAndServe listens on addr (host:port) and serves.
@@ -332,10 +193,9 @@ func (s *Server) ListenAndServe(addr string) error {
 	return s.Serve(ln)
 }
 
-// Shutdown stops accepting connections, lets in-flight requests and
-// streams finish until ctx ends (then cuts them), stops the background
-// loops and closes the engine pool. Releasing every reservation is the
-// guards' job and happens on every path, cut or not.
+// Shutdown stops accepting connections and lets in-flight requests and
+// streams finish until ctx ends, then cuts them. Releasing every
+// reservation is the guards' job and happens on every path, cut or not.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	if s.closed {
@@ -370,10 +230,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 				s.log.Warn("shutdown returns with streams still waiting on silent engines")
 			}
 		}
-		s.stop()
-		s.bg.Wait()
 	}
-	s.engines.Close()
 	return err
 }
 

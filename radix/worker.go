@@ -1,6 +1,9 @@
 package radix
 
-import "math/bits"
+import (
+	"iter"
+	"math/bits"
+)
 
 // MaxWorkers is the number of worker slots one index can tell apart. A slot
 // is one engine rank on this node: (worker id, DP rank) pairs are mapped to
@@ -33,6 +36,20 @@ func (s WorkerSet) Len() int { return bits.OnesCount64(uint64(s)) }
 // allocation-free way to iterate: for s != 0 { w, s = s.First(); ... }.
 func (s WorkerSet) First() (WorkerSlot, WorkerSet) {
 	return WorkerSlot(bits.TrailingZeros64(uint64(s))), s & (s - 1)
+}
+
+// All yields the slots in s in ascending order. The loop body is inlined
+// into the caller, so ranging over it allocates nothing.
+func (s WorkerSet) All() iter.Seq[WorkerSlot] {
+	return func(yield func(WorkerSlot) bool) {
+		for s != 0 {
+			var w WorkerSlot
+			w, s = s.First()
+			if !yield(w) {
+				return
+			}
+		}
+	}
 }
 
 // Overlaps holds, per worker slot, how many leading blocks of a prompt that

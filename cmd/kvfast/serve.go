@@ -7,20 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
-	"time"
 
-	"github.com/kvfast/kvfast/dispatch"
-	"github.com/kvfast/kvfast/fastpath"
-	"github.com/kvfast/kvfast/feed"
-	"github.com/kvfast/kvfast/radix"
-	"github.com/kvfast/kvfast/sched"
-	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/node"
 )
 
 func init() {
@@ -61,128 +52,67 @@ failure, 2 for bad flags.
 Flags:
 `
 
-// serveOptions are the flags of `kvfast serve`, shared with `kvfast demo`.
-type serveOptions struct {
-	listen          string
-	segment         string
-	recreate        bool
-	indexCapacity   int
-	ringBytes       int
-	blockSize       int
-	workers         workerFlags
-	policy          string
-	overlapCredit   float64
-	prefillScale    float64
-	temperature     float64
-	trackOutput     bool
-	creditInFlight  bool
-	busyDecode      float64
-	busyPrefill     int64
-	queueCapacity   int
-	queueTimeout    time.Duration
-	seed            uint64
-	direct          bool
-	approxTTL       time.Duration
-	maxBodyBytes    int
-	maxTokenID      uint
-	readTimeout     time.Duration
-	idleTimeout     time.Duration
-	maxConns        int
-	maxRetries      int
-	shutdownTimeout time.Duration
-	connectTimeout  time.Duration
-	firstByte       time.Duration
-	streamIdle      time.Duration
-	healthInterval  time.Duration
-	heartbeatGrace  time.Duration
-	logLevel        string
-	logFormat       string
+// bindServeFlags binds the flags of `kvfast serve` to cfg, which holds
+// the defaults (node.DefaultConfig): the help text shows the same values
+// the router runs with when a flag is not given.
+func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address the router listens on (host:port); use 0.0.0.0:8000 to serve other hosts")
+	fs.StringVar(&cfg.Segment.Path, "segment", cfg.Segment.Path, `shared-memory segment holding the index and the engines' event feed; "none" runs without one (static workers only)`)
+	fs.BoolVar(&cfg.Segment.Recreate, "recreate-segment", cfg.Segment.Recreate, "format a fresh segment even if a valid one exists (drops the warm index)")
+	fs.IntVar(&cfg.Segment.IndexCapacity, "index-capacity", cfg.Segment.IndexCapacity, "distinct KV blocks the index holds (set when the segment is created); about 70 bytes each with the engine-hash map")
+	fs.IntVar(&cfg.Segment.RingBytes, "ring-bytes", cfg.Segment.RingBytes, "bytes of each worker's event ring when the segment is created (0: shm's default, 1 MiB)")
+	fs.IntVar(&cfg.Sched.BlockSize, "block-size", cfg.Sched.BlockSize, "tokens per KV block; must equal the engines' block size")
+	fs.Var((*workerFlags)(&cfg.Static), "worker", `a static engine, repeatable: "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]" (zmq: the engine's KV-event PUB socket, vLLM/SGLang wire format; needs model)`)
+	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: kv (cache-aware cost model), approx (cache-aware from the router's own history, no events), round-robin, random, least-loaded")
+	cost := cfg.Sched.Cost
+	fs.Float64Var(&cost.OverlapCredit, "overlap-credit", cost.OverlapCredit, "weight of a worker's cached prefix blocks against its prefill cost (0 ignores the cache)")
+	fs.Float64Var(&cost.PrefillLoadScale, "prefill-load-scale", cost.PrefillLoadScale, "weight of the prefill term against the decode term in the cost")
+	fs.Float64Var(&cost.Temperature, "temperature", cost.Temperature, "0 picks the cheapest worker; above 0 samples from a softmax over normalised costs")
+	fs.BoolVar(&cost.CreditInFlight, "credit-in-flight", cost.CreditInFlight, "credit prompt blocks that requests in flight on a worker already hold as cached, not only blocks its engine has reported stored")
+	fs.BoolVar(&cost.TrackOutputBlocks, "track-output-blocks", cost.TrackOutputBlocks, "count output blocks as generation grows, decayed toward max_tokens")
+	fs.Float64Var(&cfg.Sched.Busy.DecodeBlocksFraction, "busy-decode-fraction", cfg.Sched.Busy.DecodeBlocksFraction, "a worker whose decode blocks exceed this fraction of its KV capacity takes no new request (0: off)")
+	fs.Int64Var(&cfg.Sched.Busy.PrefillTokens, "busy-prefill-tokens", cfg.Sched.Busy.PrefillTokens, "a worker with more prompt tokens than this awaiting first token takes no new request (0: off)")
+	fs.IntVar(&cfg.Sched.QueueCapacity, "queue-capacity", cfg.Sched.QueueCapacity, "requests that may wait when every worker is busy; beyond it they get 429 with Retry-After (negative: no queue)")
+	fs.DurationVar(&cfg.HTTP.QueueTimeout, "queue-timeout", cfg.HTTP.QueueTimeout, "longest wait in the admission queue; past it the request gets 503 with Retry-After")
+	fs.Uint64Var(&cfg.Sched.Seed, "seed", cfg.Sched.Seed, "seed of tie-breaking and softmax sampling, for reproducible decisions (0: from the clock)")
+	fs.BoolVar(&cfg.HTTP.Direct, "direct", cfg.HTTP.Direct, "direct mode: every request must name its worker in X-Kvfast-Worker (an external picker chose)")
+	fs.DurationVar(&cfg.Approx.TTL, "approx-ttl", cfg.Approx.TTL, "how long the approximate index trusts that a routed prompt is still cached")
+	fs.IntVar(&cfg.HTTP.MaxBodyBytes, "max-body-bytes", cfg.HTTP.MaxBodyBytes, "largest request body accepted (413 beyond)")
+	fs.Func("max-token-id", "largest token id accepted in a prompt, usually vocabulary size - 1 (0: any uint32)", func(v string) error {
+		id, err := strconv.ParseUint(v, 10, 32)
+		cfg.HTTP.MaxTokenID = uint32(id)
+		return err
+	})
+	fs.DurationVar(&cfg.HTTP.ReadTimeout, "read-timeout", cfg.HTTP.ReadTimeout, "time allowed to read a whole request, headers and body (cuts slow clients)")
+	fs.DurationVar(&cfg.HTTP.IdleTimeout, "idle-timeout", cfg.HTTP.IdleTimeout, "keep-alive connections idle this long are closed")
+	fs.IntVar(&cfg.HTTP.MaxConns, "max-conns", cfg.HTTP.MaxConns, "concurrent client connections")
+	fs.IntVar(&cfg.HTTP.MaxRetries, "max-retries", cfg.HTTP.MaxRetries, "re-routes when the chosen engine refuses the connection (before any byte reaches the client); 0 disables")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM, how long in-flight streams may finish before they are cut")
+	fs.DurationVar(&cfg.Dispatch.Timeouts.Connect, "connect-timeout", cfg.Dispatch.Timeouts.Connect, "time to connect to an engine")
+	fs.DurationVar(&cfg.Dispatch.Timeouts.FirstByte, "first-byte-timeout", cfg.Dispatch.Timeouts.FirstByte, "time from forwarding to the engine's response headers")
+	fs.DurationVar(&cfg.Dispatch.Timeouts.Idle, "stream-idle-timeout", cfg.Dispatch.Timeouts.Idle, "longest pause inside an engine's response stream")
+	fs.DurationVar(&cfg.Dispatch.Health.Interval, "health-interval", cfg.Dispatch.Health.Interval, "how often engines' /health is checked (negative: never)")
+	fs.DurationVar(&cfg.HeartbeatGrace, "heartbeat-grace", cfg.HeartbeatGrace, "a registered engine silent this long is marked down and its blocks dropped")
+	lo.bind(fs)
 }
 
-func (o *serveOptions) register(fs *flag.FlagSet) {
-	fs.StringVar(&o.listen, "listen", "127.0.0.1:8000", "address the router listens on (host:port); use 0.0.0.0:8000 to serve other hosts")
-	fs.StringVar(&o.segment, "segment", shm.DefaultPath("kvfast"), `shared-memory segment holding the index and the engines' event feed; "none" runs without one (static workers only)`)
-	fs.BoolVar(&o.recreate, "recreate-segment", false, "format a fresh segment even if a valid one exists (drops the warm index)")
-	fs.IntVar(&o.indexCapacity, "index-capacity", 1<<20, "distinct KV blocks the index holds (set when the segment is created); about 70 bytes each with the engine-hash map")
-	fs.IntVar(&o.ringBytes, "ring-bytes", 0, "bytes of each worker's event ring when the segment is created (0: the default, 1 MiB)")
-	fs.IntVar(&o.blockSize, "block-size", radix.DefaultBlockSize, "tokens per KV block; must equal the engines' block size")
-	fs.Var(&o.workers, "worker", `a static engine, repeatable: "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]" (zmq: the engine's KV-event PUB socket, vLLM/SGLang wire format; needs model)`)
-	fs.StringVar(&o.policy, "policy", "kv", "routing policy: kv (cache-aware cost model), approx (cache-aware from the router's own history, no events), round-robin, random, least-loaded")
-	fs.Float64Var(&o.overlapCredit, "overlap-credit", 1, "weight of a worker's cached prefix blocks against its prefill cost (0 ignores the cache)")
-	fs.Float64Var(&o.prefillScale, "prefill-load-scale", 1, "weight of the prefill term against the decode term in the cost")
-	fs.Float64Var(&o.temperature, "temperature", 0, "0 picks the cheapest worker; above 0 samples from a softmax over normalised costs")
-	fs.BoolVar(&o.creditInFlight, "credit-in-flight", true, "credit prompt blocks that requests in flight on a worker already hold as cached, not only blocks its engine has reported stored")
-	fs.BoolVar(&o.trackOutput, "track-output-blocks", false, "count output blocks as generation grows, decayed toward max_tokens")
-	fs.Float64Var(&o.busyDecode, "busy-decode-fraction", 0, "a worker whose decode blocks exceed this fraction of its KV capacity takes no new request (0: off)")
-	fs.Int64Var(&o.busyPrefill, "busy-prefill-tokens", 0, "a worker with more prompt tokens than this awaiting first token takes no new request (0: off)")
-	fs.IntVar(&o.queueCapacity, "queue-capacity", sched.DefaultQueueCapacity, "requests that may wait when every worker is busy; beyond it they get 429 with Retry-After (negative: no queue)")
-	fs.DurationVar(&o.queueTimeout, "queue-timeout", 30*time.Second, "longest wait in the admission queue; past it the request gets 503 with Retry-After")
-	fs.Uint64Var(&o.seed, "seed", 0, "seed of tie-breaking and softmax sampling, for reproducible decisions (0: from the clock)")
-	fs.BoolVar(&o.direct, "direct", false, "direct mode: every request must name its worker in X-Kvfast-Worker (an external picker chose)")
-	fs.DurationVar(&o.approxTTL, "approx-ttl", 2*time.Minute, "how long the approximate index trusts that a routed prompt is still cached")
-	fs.IntVar(&o.maxBodyBytes, "max-body-bytes", fastpath.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
-	fs.UintVar(&o.maxTokenID, "max-token-id", 0, "largest token id accepted in a prompt, usually vocabulary size - 1 (0: any uint32)")
-	fs.DurationVar(&o.readTimeout, "read-timeout", 30*time.Second, "time allowed to read a whole request, headers and body (cuts slow clients)")
-	fs.DurationVar(&o.idleTimeout, "idle-timeout", 60*time.Second, "keep-alive connections idle this long are closed")
-	fs.IntVar(&o.maxConns, "max-conns", 10000, "concurrent client connections")
-	fs.IntVar(&o.maxRetries, "max-retries", 2, "re-routes when the chosen engine refuses the connection (before any byte reaches the client); 0 disables")
-	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight streams may finish before they are cut")
-	fs.DurationVar(&o.connectTimeout, "connect-timeout", 2*time.Second, "time to connect to an engine")
-	fs.DurationVar(&o.firstByte, "first-byte-timeout", 10*time.Minute, "time from forwarding to the engine's response headers")
-	fs.DurationVar(&o.streamIdle, "stream-idle-timeout", 2*time.Minute, "longest pause inside an engine's response stream")
-	fs.DurationVar(&o.healthInterval, "health-interval", 2*time.Second, "how often engines' /health is checked (negative: never)")
-	fs.DurationVar(&o.heartbeatGrace, "heartbeat-grace", 5*time.Second, "a registered engine silent this long is marked down and its blocks dropped")
-	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&o.logFormat, "log-format", "text", "text or json")
+// logOptions are the logging flags every long-running command shares.
+type logOptions struct{ level, format string }
+
+func (lo *logOptions) bind(fs *flag.FlagSet) {
+	fs.StringVar(&lo.level, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&lo.format, "log-format", "text", "text or json")
 }
 
 // workerFlags collects repeated --worker values.
-type workerFlags []fastpath.StaticWorker
+type workerFlags []node.StaticWorker
 
 func (w *workerFlags) String() string { return fmt.Sprintf("%d workers", len(*w)) }
 
 func (w *workerFlags) Set(v string) error {
-	sw := fastpath.StaticWorker{ID: uint64(len(*w))}
-	for _, kv := range strings.Split(v, ",") {
-		k, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
-		if !ok {
-			return fmt.Errorf("cannot parse %q: want key=value pairs", kv)
-		}
-		var err error
-		switch k {
-		case "url", "endpoint":
-			sw.Endpoint = val
-		case "id":
-			sw.ID, err = strconv.ParseUint(val, 10, 64)
-		case "rank", "dp-rank":
-			var r uint64
-			r, err = strconv.ParseUint(val, 10, 32)
-			sw.DPRank = uint32(r)
-		case "model":
-			sw.Model = val
-		case "kv-blocks":
-			sw.KVBlocks, err = strconv.ParseUint(val, 10, 64)
-		case "zmq", "events":
-			sw.Events, err = val, feed.CheckZMQEndpoint(val)
-		case "replay":
-			sw.Replay, err = val, feed.CheckZMQEndpoint(val)
-		case "topic":
-			sw.Topic = val
-		default:
-			return fmt.Errorf("cannot use key %q: want url, id, rank, model, kv-blocks, zmq, replay or topic", k)
-		}
-		if err != nil {
-			return fmt.Errorf("cannot parse %s=%q: %w", k, val, err)
-		}
-	}
-	if sw.Endpoint == "" {
-		return errors.New("a static worker needs url=http://host:port")
-	}
-	if sw.Events == "" && (sw.Replay != "" || sw.Topic != "") {
-		return errors.New("replay= and topic= belong to a worker's zmq= event feed")
-	}
-	if sw.Events != "" && sw.Model == "" {
-		return errors.New("a worker with zmq= needs model=NAME: the model seeds the block hashes")
+	sw, err := node.ParseStaticWorker(v, uint64(len(*w)))
+	if err != nil {
+		return err
 	}
 	*w = append(*w, sw)
 	return nil
@@ -224,141 +154,57 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("cannot use log format %q: want text or json", format)
 }
 
-// router is a built router with what must be closed after it.
-type router struct {
-	srv *fastpath.Server
-	seg *shm.Segment
-}
-
-func (r *router) close() {
-	if r.seg != nil {
-		_ = r.seg.Close()
-	}
-}
-
-func buildRouter(o *serveOptions, log *slog.Logger) (*router, error) {
-	if o.blockSize <= 0 {
-		return nil, fmt.Errorf("cannot use block size %d: must be positive", o.blockSize)
-	}
-	if o.maxTokenID > 1<<32-1 {
-		return nil, fmt.Errorf("cannot use max token id %d: must fit in 32 bits", o.maxTokenID)
-	}
-	r := &router{}
-	cfg := fastpath.Config{
-		IndexCapacity: o.indexCapacity,
-		Sched: sched.Config{
-			BlockSize: o.blockSize,
-			Cost: &sched.CostParams{OverlapCredit: o.overlapCredit, PrefillLoadScale: o.prefillScale,
-				Temperature: o.temperature, TrackOutputBlocks: o.trackOutput, CreditInFlight: o.creditInFlight},
-			Busy:          sched.BusyThresholds{DecodeBlocksFraction: o.busyDecode, PrefillTokens: o.busyPrefill},
-			QueueCapacity: o.queueCapacity,
-			Seed:          o.seed,
-		},
-		Dispatch: dispatch.Config{
-			Timeouts: dispatch.Timeouts{Connect: o.connectTimeout, FirstByte: o.firstByte, Idle: o.streamIdle},
-			Health:   dispatch.HealthConfig{Interval: o.healthInterval},
-		},
-		Policy:          o.policy,
-		ApproxTTL:       o.approxTTL,
-		Static:          o.workers,
-		Direct:          o.direct,
-		QueueTimeout:    o.queueTimeout,
-		MaxBodyBytes:    o.maxBodyBytes,
-		MaxTokenID:      uint32(o.maxTokenID),
-		ReadTimeout:     o.readTimeout,
-		IdleTimeout:     o.idleTimeout,
-		MaxConns:        o.maxConns,
-		MaxRetries:      retriesConfig(o.maxRetries),
-		ShutdownTimeout: o.shutdownTimeout,
-		Logger:          log,
-	}
-	if o.segment != "" && o.segment != "none" {
-		seg, err := shm.Open(o.segment, shm.Options{Index: radix.Config{Capacity: o.indexCapacity},
-			RingBytes: o.ringBytes, Recreate: o.recreate})
-		if err != nil {
-			return nil, err
-		}
-		r.seg = seg
-		cfg.Segment = seg
-		cfg.Ingester = feed.New(seg, feed.Config{HeartbeatGrace: o.heartbeatGrace})
-	}
-	srv, err := fastpath.New(cfg)
-	if err != nil {
-		r.close()
-		return nil, err
-	}
-	r.srv = srv
-	return r, nil
-}
-
-// retriesConfig maps the flag (0 disables re-routing) onto the library's
-// convention (0 is the default, negative disables).
-func retriesConfig(flagValue int) int {
-	if flagValue <= 0 {
-		return -1
-	}
-	return flagValue
-}
-
-func runServe(args []string) int {
+// serveConfig parses serve's command line (and environment) into a node
+// configuration. It returns the exit status to use when parsing stops
+// the command (2 for bad flags, 0 for --help).
+func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(os.Stderr)
+	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveAbout)
 		fs.PrintDefaults()
 	}
-	var o serveOptions
-	o.register(fs)
+	cfg := node.DefaultConfig()
+	var lo logOptions
+	bindServeFlags(fs, &cfg, &lo)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return 0
+			return cfg, 0, false
 		}
-		return 2
+		return cfg, 2, false
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "kvfast serve: unexpected argument %q\n", fs.Arg(0))
-		return 2
+		fmt.Fprintf(stderr, "kvfast serve: unexpected argument %q\n", fs.Arg(0))
+		return cfg, 2, false
 	}
 	if err := applyEnv(fs); err != nil {
-		fmt.Fprintln(os.Stderr, "kvfast serve:", err)
-		return 2
+		fmt.Fprintln(stderr, "kvfast serve:", err)
+		return cfg, 2, false
 	}
-	log, err := newLogger(os.Stderr, o.logLevel, o.logFormat)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "kvfast serve:", err)
-		return 2
+	if cfg.Segment.Path == "none" {
+		cfg.Segment.Path = ""
 	}
-	r, err := buildRouter(&o, log)
+	log, err := newLogger(stderr, lo.level, lo.format)
 	if err != nil {
-		log.Error("cannot start the router", "err", err)
+		fmt.Fprintln(stderr, "kvfast serve:", err)
+		return cfg, 2, false
+	}
+	cfg.Logger = log
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintln(stderr, "kvfast serve:", err)
+		return cfg, 2, false
+	}
+	return cfg, 0, true
+}
+
+func runServe(args []string) int {
+	cfg, code, ok := serveConfig(args, os.Stderr)
+	if !ok {
+		return code
+	}
+	if err := node.Run(context.Background(), cfg); err != nil {
+		cfg.Logger.Error("router stopped", "err", err)
 		return 1
 	}
-	defer r.close()
-	ln, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		log.Error("cannot listen", "addr", o.listen, "err", err)
-		return 1
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	served := make(chan error, 1)
-	go func() { served <- r.srv.Serve(ln) }()
-	select {
-	case err := <-served:
-		if err != nil {
-			log.Error("router stopped", "err", err)
-			return 1
-		}
-		return 0
-	case <-ctx.Done():
-	}
-	log.Info("shutting down: draining in-flight requests", "deadline", o.shutdownTimeout)
-	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
-	defer cancel()
-	if err := r.srv.Shutdown(sctx); err != nil {
-		log.Warn("shutdown cut in-flight requests", "err", err)
-	}
-	<-served
-	log.Info("router stopped")
 	return 0
 }

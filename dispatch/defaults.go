@@ -1,0 +1,27 @@
+package dispatch
+
+import "time"
+
+// DefaultConfig is the pool configuration kvfast serve starts from; zero
+// fields of a Config passed to NewPool take these values too.
+func DefaultConfig() Config {
+	return Config{
+		Timeouts: Timeouts{
+			Connect:   2 * time.Second,
+			Write:     30 * time.Second,
+			FirstByte: 10 * time.Minute,
+			Idle:      2 * time.Minute,
+		},
+		Health: HealthConfig{
+			Path:         "/health",
+			Interval:     2 * time.Second,
+			Timeout:      time.Second,
+			FailAfter:    2,
+			RecoverAfter: 1,
+		},
+		MaxConnsPerEngine:   1024,
+		MaxIdleConnDuration: 3 * time.Second,
+		RelayBufferSize:     16 << 10,
+		MaxResponseBodySize: 64 << 20,
+	}
+}

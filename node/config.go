@@ -1,0 +1,228 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvfast/kvfast/dispatch"
+	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/shm"
+)
+
+// Config is one router on one host. DefaultConfig is the only source of
+// defaults: the command line binds its flags to a DefaultConfig, and a
+// library user starts from one. A zero field means zero (no retries, no
+// queue, a disabled check), never "the default"; Validate refuses the
+// zeros that make no sense.
+type Config struct {
+	// Listen is the API address (host:port) Run listens on.
+	Listen string
+
+	Segment SegmentConfig
+
+	// Static lists engines that are not in the segment's registry: they
+	// publish no events, or publish them over ZMQ (StaticWorker.Events).
+	Static []StaticWorker
+	// RegistryPoll is how often the segment's registry and load pages are
+	// read into the worker set.
+	RegistryPoll time.Duration
+	// HeartbeatGrace: a registered engine silent this long is marked down
+	// and its blocks dropped.
+	HeartbeatGrace time.Duration
+
+	// Policy picks how a worker is chosen: kv, approx, round-robin, random
+	// or least-loaded (sched.ParsePolicy).
+	Policy string
+	Approx ApproxConfig
+
+	Sched    sched.Config
+	Dispatch dispatch.Config
+	HTTP     fastpath.Config
+
+	// ShutdownTimeout is how long Run lets in-flight streams finish after
+	// its context ends, before it cuts them.
+	ShutdownTimeout time.Duration
+
+	Logger *slog.Logger
+}
+
+// SegmentConfig names the shared-memory segment that holds the index and
+// the engines' event feed. An empty Path runs without one: a heap index
+// that only ZMQ feeds and the router's own history fill.
+type SegmentConfig struct {
+	Path string
+	// IndexCapacity is the distinct KV blocks the index holds; with a
+	// segment it applies when the segment is created.
+	IndexCapacity int
+	// RingBytes sizes each worker's event ring at creation (0: shm's
+	// default).
+	RingBytes int
+	// Recreate formats a fresh segment even over a valid one.
+	Recreate bool
+}
+
+// ApproxConfig tunes the approximate index: the router's own routing
+// history, used for text and chat prompts and by the approx policy.
+type ApproxConfig struct {
+	TTL      time.Duration // how long a routing decision is trusted
+	Capacity int           // (worker, block) pairs remembered at most
+}
+
+// StaticWorker is an engine named in configuration rather than the registry.
+type StaticWorker struct {
+	ID       uint64
+	DPRank   uint32
+	Endpoint string // host:port or http://host:port
+	Model    string
+	KVBlocks uint64
+
+	// Events is the engine's ZMQ KV-event PUB socket (tcp://host:port),
+	// for engines that publish vLLM's wire format (stock vLLM and SGLang);
+	// "" means the engine publishes no events. Replay is its optional
+	// replay ROUTER socket, and Topic the subscription prefix.
+	Events string
+	Replay string
+	Topic  string
+}
+
+// DefaultConfig is a router on 127.0.0.1:8000 with the segment at
+// shm.DefaultPath("kvfast"), the kv policy with in-flight crediting, and
+// every limit at its production default.
+func DefaultConfig() Config {
+	cost := sched.DefaultCostParams()
+	// The engines report a prefix stored only after computing it; crediting
+	// blocks in flight closes that window for follow-up requests.
+	cost.CreditInFlight = true
+	return Config{
+		Listen: "127.0.0.1:8000",
+		Segment: SegmentConfig{
+			Path:          shm.DefaultPath("kvfast"),
+			IndexCapacity: 1 << 20,
+		},
+		RegistryPoll:   100 * time.Millisecond,
+		HeartbeatGrace: 5 * time.Second,
+		Policy:         "kv",
+		Approx:         ApproxConfig{TTL: 2 * time.Minute, Capacity: 1 << 20},
+		Sched: sched.Config{
+			BlockSize:     radix.DefaultBlockSize,
+			Cost:          &cost,
+			QueueCapacity: sched.DefaultQueueCapacity,
+		},
+		Dispatch:        dispatch.DefaultConfig(),
+		HTTP:            fastpath.DefaultConfig(),
+		ShutdownTimeout: 30 * time.Second,
+	}
+}
+
+// Validate reports the first setting a router cannot run with.
+func (c *Config) Validate() error {
+	positive := []struct {
+		name string
+		v    time.Duration
+	}{
+		{"registry poll", c.RegistryPoll},
+		{"heartbeat grace", c.HeartbeatGrace},
+		{"approx TTL", c.Approx.TTL},
+		{"shutdown timeout", c.ShutdownTimeout},
+	}
+	for _, p := range positive {
+		if p.v <= 0 {
+			return fmt.Errorf("cannot use %s %v: must be positive", p.name, p.v)
+		}
+	}
+	if c.Segment.IndexCapacity <= 0 {
+		return fmt.Errorf("cannot use index capacity %d: must be positive", c.Segment.IndexCapacity)
+	}
+	if c.Approx.Capacity <= 0 {
+		return fmt.Errorf("cannot use approx capacity %d: must be positive", c.Approx.Capacity)
+	}
+	if c.Sched.BlockSize <= 0 {
+		return fmt.Errorf("cannot use block size %d: must be positive", c.Sched.BlockSize)
+	}
+	if len(c.Static) > radix.MaxWorkers {
+		return fmt.Errorf("cannot configure %d static workers: at most %d", len(c.Static), radix.MaxWorkers)
+	}
+	if _, _, err := sched.ParsePolicy(c.Policy); err != nil {
+		return err
+	}
+	return c.HTTP.Validate()
+}
+
+// ParseStaticWorker reads the --worker syntax:
+// "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]".
+// id defaults to defaultID.
+func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
+	sw := StaticWorker{ID: defaultID}
+	for _, kv := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			return sw, fmt.Errorf("cannot parse %q: want key=value pairs", kv)
+		}
+		var err error
+		switch k {
+		case "url", "endpoint":
+			sw.Endpoint = val
+		case "id":
+			sw.ID, err = strconv.ParseUint(val, 10, 64)
+		case "rank", "dp-rank":
+			var r uint64
+			r, err = strconv.ParseUint(val, 10, 32)
+			sw.DPRank = uint32(r)
+		case "model":
+			sw.Model = val
+		case "kv-blocks":
+			sw.KVBlocks, err = strconv.ParseUint(val, 10, 64)
+		case "zmq", "events":
+			sw.Events, err = val, feed.CheckZMQEndpoint(val)
+		case "replay":
+			sw.Replay, err = val, feed.CheckZMQEndpoint(val)
+		case "topic":
+			sw.Topic = val
+		default:
+			return sw, fmt.Errorf("cannot use key %q: want url, id, rank, model, kv-blocks, zmq, replay or topic", k)
+		}
+		if err != nil {
+			return sw, fmt.Errorf("cannot parse %s=%q: %w", k, val, err)
+		}
+	}
+	if sw.Endpoint == "" {
+		return sw, errors.New("a static worker needs url=http://host:port")
+	}
+	if _, err := hostPort(sw.Endpoint); err != nil {
+		return sw, err
+	}
+	if sw.Events == "" && (sw.Replay != "" || sw.Topic != "") {
+		return sw, errors.New("replay= and topic= belong to a worker's zmq= event feed")
+	}
+	if sw.Events != "" && sw.Model == "" {
+		return sw, errors.New("a worker with zmq= needs model=NAME: the model seeds the block hashes")
+	}
+	return sw, nil
+}
+
+// hostPort accepts "host:port" or an http URL and returns "host:port".
+func hostPort(endpoint string) (string, error) {
+	if strings.Contains(endpoint, "://") {
+		u, err := url.Parse(endpoint)
+		if err != nil {
+			return "", fmt.Errorf("cannot parse endpoint %q: %w", endpoint, err)
+		}
+		if u.Scheme != "http" {
+			return "", fmt.Errorf("cannot use endpoint %q: only http engines are supported", endpoint)
+		}
+		endpoint = u.Host
+	}
+	if _, _, err := net.SplitHostPort(endpoint); err != nil {
+		return "", fmt.Errorf("cannot use endpoint %q: want host:port or http://host:port", endpoint)
+	}
+	return endpoint, nil
+}

@@ -1,0 +1,33 @@
+// Package node wires one kvfast router on one host: the shm segment and
+// its index, the event feeds (the segment's rings and the engines' ZMQ
+// sockets), the scheduler, the engine pool and the HTTP front end.
+//
+// # Responsibility
+//
+// Config is the whole router's configuration and DefaultConfig its only
+// source of defaults; cmd/kvfast binds its flags to a DefaultConfig.
+// New opens what the configuration names, builds each part, and starts
+// the background work: the registry sync (engines joining and leaving
+// through the segment, their load pages), approximate-index expiry, event
+// ingestion as the segment's elected ingester or its standby, and one ZMQ
+// subscriber per static worker that publishes KV events. Serve answers
+// HTTP; Shutdown drains and then stops everything; Run does all of it for
+// a command line, signals included. Snapshot gathers the per-worker state
+// that /admin/workers and /metrics both show.
+//
+// # Ownership
+//
+// A Node owns what it opened: the segment (closed last), the index, the
+// ingester and subscribers, the scheduler and the engine pool. The front
+// end (package fastpath) borrows the index, scheduler and pool, and never
+// outlives the node. Worker membership is the node's: it adds and removes
+// workers in the scheduler and the pool, then tells the front end.
+//
+// # Concurrency
+//
+// After New returns, the node's goroutines run until Close; Close (and
+// Shutdown, which calls it) is safe from any goroutine, any number of
+// times, and only the first call stops anything. Snapshot is safe
+// concurrently with everything. The registry state is touched only by the
+// registry loop, after New's own first sync.
+package node

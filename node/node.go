@@ -1,0 +1,220 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kvfast/kvfast/dispatch"
+	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/shm"
+)
+
+// Node is one running router: its segment, index, event feeds, scheduler,
+// engine pool and HTTP front end. New starts its background work; Shutdown
+// or Close stops it, once.
+type Node struct {
+	cfg      Config
+	log      *slog.Logger
+	seg      *shm.Segment // nil without a segment; the node opened it and closes it
+	index    *radix.Index
+	approx   *radix.Approx
+	ingester *feed.Ingester
+	sched    *sched.Scheduler
+	engines  *dispatch.Pool
+	front    *fastpath.Server
+
+	static radix.WorkerSet                       // slots configured statically
+	zmq    [radix.MaxWorkers]*feed.ZMQSubscriber // static workers' event feeds, by slot
+
+	// regState is what the registry said about each slot last time; only
+	// the registry loop touches it (and New, before the loop starts).
+	regState [radix.MaxWorkers]regEntry
+
+	stop      context.CancelFunc
+	bg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New builds the router described by cfg and starts its background work:
+// the registry sync, approximate-index expiry, event ingestion (as the
+// segment's ingester or its standby) and one ZMQ subscriber per static
+// worker that publishes events. It does not listen; call Serve or use Run.
+func New(cfg Config) (_ *Node, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger}
+	defer func() {
+		if err != nil {
+			n.release()
+		}
+	}()
+	policy, useApprox, err := sched.ParsePolicy(cfg.Policy)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Segment.Path != "" {
+		n.seg, err = shm.Open(cfg.Segment.Path, shm.Options{Index: radix.Config{Capacity: cfg.Segment.IndexCapacity},
+			RingBytes: cfg.Segment.RingBytes, Recreate: cfg.Segment.Recreate})
+		if err != nil {
+			return nil, err
+		}
+		n.index = n.seg.Index()
+		n.ingester = feed.New(n.seg, feed.Config{HeartbeatGrace: cfg.HeartbeatGrace})
+	} else if n.index, err = radix.NewHeap(radix.Config{Capacity: cfg.Segment.IndexCapacity}); err != nil {
+		return nil, fmt.Errorf("cannot create the index: %w", err)
+	}
+	if n.approx, err = radix.NewApprox(radix.Config{Capacity: cfg.Approx.Capacity}, cfg.Approx.TTL); err != nil {
+		return nil, fmt.Errorf("cannot create the approximate index: %w", err)
+	}
+	scfg := cfg.Sched
+	scfg.Policy = policy
+	if n.sched, err = sched.New(scfg); err != nil {
+		return nil, err
+	}
+	dcfg := cfg.Dispatch
+	dcfg.Health.OnChange = n.healthChanged
+	n.engines = dispatch.NewPool(dcfg)
+	if err := n.addStatic(cfg.Static); err != nil {
+		return nil, err
+	}
+	n.front, err = fastpath.New(cfg.HTTP, fastpath.Deps{
+		Index: n.index, Approx: n.approx, Sched: n.sched, Engines: n.engines,
+		UseApprox: useApprox, State: n, Logger: n.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	n.syncRegistry()
+	ctx, cancel := context.WithCancel(context.Background())
+	n.stop = cancel
+	n.bg.Go(func() { n.every(ctx, cfg.RegistryPoll, n.syncRegistry) })
+	n.bg.Go(func() { n.every(ctx, time.Second, func() { n.approx.Expire(time.Now()) }) })
+	n.bg.Go(func() { n.runZMQ(ctx) })
+	if n.ingester != nil {
+		n.bg.Go(func() {
+			if err := n.ingester.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				n.log.Error("event ingestion stopped", "err", err)
+			}
+		})
+	}
+	return n, nil
+}
+
+// healthChanged is the engine pool's health hook: the scheduler routes
+// only to engines that pass their checks.
+func (n *Node) healthChanged(slot radix.WorkerSlot, addr string, healthy bool) {
+	n.sched.SetHealthy(slot, healthy)
+	n.log.Warn("engine health changed", "slot", slot, "addr", addr, "healthy", healthy)
+}
+
+// every runs f each period until ctx ends.
+func (n *Node) every(ctx context.Context, period time.Duration, f func()) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			f()
+		}
+	}
+}
+
+// Scheduler exposes the scheduler, for runtime tuning (cost parameters,
+// busy thresholds, policy).
+func (n *Node) Scheduler() *sched.Scheduler { return n.sched }
+
+// Index is the exact (event-fed) index.
+func (n *Node) Index() *radix.Index { return n.index }
+
+// Serve answers HTTP on ln until Shutdown or Close.
+func (n *Node) Serve(ln net.Listener) error {
+	n.log.Info("router listening", "addr", ln.Addr().String(), "policy", n.cfg.Policy, "direct", n.cfg.HTTP.Direct)
+	return n.front.Serve(ln)
+}
+
+// Shutdown stops accepting requests, lets in-flight ones finish until ctx
+// ends (then cuts them), and stops everything New started. The guards
+// release every booking on every path, cut or not.
+func (n *Node) Shutdown(ctx context.Context) error {
+	err := n.front.Shutdown(ctx)
+	return errors.Join(err, n.Close())
+}
+
+// Close cuts in-flight requests at once and stops everything New started.
+// It is safe to call more than once and after Shutdown; only the first
+// call does anything.
+func (n *Node) Close() error {
+	n.closeOnce.Do(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // no drain: Shutdown is the graceful path
+		_ = n.front.Shutdown(ctx)
+		n.stop()
+		n.bg.Wait()
+		n.closeErr = n.release()
+	})
+	return n.closeErr
+}
+
+// release frees what New acquired, in reverse order.
+func (n *Node) release() error {
+	if n.engines != nil {
+		n.engines.Close()
+	}
+	if n.seg != nil {
+		if err := n.seg.Close(); err != nil {
+			return fmt.Errorf("cannot close the segment: %w", err)
+		}
+	}
+	return nil
+}
+
+// Run serves cfg on cfg.Listen until ctx ends or SIGINT or SIGTERM
+// arrives, then shuts down gracefully within cfg.ShutdownTimeout.
+func Run(ctx context.Context, cfg Config) error {
+	n, err := New(cfg)
+	if err != nil {
+		return fmt.Errorf("cannot start the router: %w", err)
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		_ = n.Close()
+		return fmt.Errorf("cannot listen on %s: %w", cfg.Listen, err)
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- n.Serve(ln) }()
+	select {
+	case err := <-served:
+		return errors.Join(err, n.Close())
+	case <-ctx.Done():
+	}
+	n.log.Info("shutting down: draining in-flight requests", "deadline", cfg.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := n.Shutdown(sctx); err != nil {
+		n.log.Warn("shutdown cut in-flight requests", "err", err)
+	}
+	if err := <-served; err != nil {
+		return err
+	}
+	n.log.Info("router stopped")
+	return nil
+}

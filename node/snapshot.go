@@ -1,0 +1,52 @@
+package node
+
+import (
+	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/shm"
+)
+
+// Snapshot gathers the node's state from its owners (scheduler, index,
+// ingester, ZMQ feeds, registry) into the one view that both
+// /admin/workers and /metrics present. It reads counters and copies; it
+// takes no lock the request path takes.
+func (n *Node) Snapshot() fastpath.Snapshot {
+	var v fastpath.Snapshot
+	v.Policy = n.cfg.Policy
+	ix := n.index.Stats()
+	v.Index = fastpath.IndexView{Entries: ix.Entries, Capacity: ix.Capacity, Overflow: ix.Overflow, MapEntries: ix.EngineMapEntries}
+	var lag [radix.MaxWorkers]uint64
+	if n.ingester != nil {
+		fs := n.ingester.Stats()
+		lag = fs.LagBytes
+		v.Feed = &fs
+	}
+	st := n.sched.Stats()
+	v.Queue = fastpath.QueueView{Waiting: st.Waiting, Refused: st.Refused, Booked: st.Booked, Released: st.Released}
+	v.Workers = []fastpath.WorkerView{}
+	for w := range n.sched.Workers().All() {
+		info, ok := n.sched.Worker(w)
+		if !ok {
+			continue
+		}
+		ld := n.sched.Load(w)
+		wv := fastpath.WorkerView{Slot: int(w), WorkerID: info.ID, DPRank: info.DPRank, Model: info.Model, Endpoint: info.Endpoint,
+			Source: "registry", Healthy: ld.Healthy, KVCapacityBlocks: info.KVCapacityBlocks,
+			ActiveBlocks: ld.ActiveBlocks, OutputBlocks: ld.OutputBlocks, PrefillTokens: ld.PrefillTokens, Requests: ld.Requests,
+			EngineRunning: ld.EngineRunning, EngineWaiting: ld.EngineWaiting, EngineKVUsed: ld.EngineKVUsed, EngineKVTotal: ld.EngineKVTotal,
+			IndexBlocks: ix.WorkerBlocks[w], FeedLagBytes: lag[w]}
+		if n.static.Has(w) {
+			wv.Source = "static"
+			if sub := n.zmq[w]; sub != nil {
+				zs := sub.Stats()
+				wv.ZMQ = &zs
+			}
+		} else if n.seg != nil {
+			if ri, ok := n.seg.Worker(w); ok && ri.State == shm.StateLive {
+				wv.Generation = ri.Generation
+			}
+		}
+		v.Workers = append(v.Workers, wv)
+	}
+	return v
+}

@@ -1,0 +1,156 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/shm"
+)
+
+// regEntry remembers what the registry said about a slot last time, so
+// that the poll only touches the scheduler and the engine pool on change.
+type regEntry struct {
+	present    bool
+	generation uint32
+	endpoint   string
+	model      string
+}
+
+// addStatic gives configured engines the highest slots, counting down, so
+// that they stay clear of the registry, which hands out slots from 0 up.
+func (n *Node) addStatic(workers []StaticWorker) error {
+	for i, w := range workers {
+		slot := radix.WorkerSlot(radix.MaxWorkers - 1 - i)
+		addr, err := hostPort(w.Endpoint)
+		if err != nil {
+			return fmt.Errorf("cannot use static worker %d: %w", w.ID, err)
+		}
+		if err := n.sched.Upsert(sched.WorkerInfo{ID: w.ID, DPRank: w.DPRank, Slot: slot, Model: w.Model,
+			Endpoint: addr, KVCapacityBlocks: w.KVBlocks}); err != nil {
+			return fmt.Errorf("cannot add static worker %d rank %d: %w", w.ID, w.DPRank, err)
+		}
+		if _, err := n.engines.Add(slot, addr); err != nil {
+			return err
+		}
+		n.static |= radix.SetOf(slot)
+		if w.Events == "" {
+			continue
+		}
+		if w.Model == "" {
+			return fmt.Errorf("cannot subscribe to static worker %d's events: it needs a model name, which seeds the block hashes", w.ID)
+		}
+		sub, err := feed.NewZMQSubscriber(n.index, feed.ZMQConfig{Endpoint: w.Events, Replay: w.Replay, Topic: w.Topic,
+			Slot: slot, Model: w.Model, BlockSize: n.sched.BlockSize(),
+			Logger: n.log.With("worker", w.ID, "dp_rank", w.DPRank)})
+		if err != nil {
+			return fmt.Errorf("cannot subscribe to static worker %d's events: %w", w.ID, err)
+		}
+		n.zmq[slot] = sub
+	}
+	return nil
+}
+
+// runZMQ runs one subscriber per static worker with an event socket. The
+// index may live in a segment that several routers share, and only the
+// elected ingester may write it, so with a segment the subscribers start
+// once this process holds the ingester role (which it keeps until
+// shutdown).
+func (n *Node) runZMQ(ctx context.Context) {
+	feeds := false
+	for _, sub := range n.zmq {
+		feeds = feeds || sub != nil
+	}
+	if !feeds {
+		return
+	}
+	if n.ingester != nil {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for !n.ingester.Stats().Ingesting {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for _, sub := range n.zmq {
+		if sub == nil {
+			continue
+		}
+		wg.Go(func() {
+			if err := sub.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				n.log.Error("ZMQ event feed stopped", "endpoint", sub.Config().Endpoint, "err", err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// syncRegistry brings the worker set in line with the segment's registry
+// and copies every live worker's load page into the scheduler.
+func (n *Node) syncRegistry() {
+	if n.seg == nil {
+		return
+	}
+	var live radix.WorkerSet
+	changed := false
+	for i := range radix.MaxWorkers {
+		slot := radix.WorkerSlot(i)
+		if n.static.Has(slot) {
+			continue
+		}
+		info, ok := n.seg.Worker(slot)
+		if !ok || info.State != shm.StateLive {
+			continue
+		}
+		e := &n.regState[slot]
+		if !e.present || e.generation != info.Generation || e.endpoint != info.Endpoint || e.model != info.Model {
+			addr, err := hostPort(info.Endpoint)
+			if err == nil {
+				err = n.sched.Upsert(sched.WorkerInfo{ID: info.WorkerID, DPRank: info.DPRank, Slot: slot,
+					Model: info.Model, Endpoint: addr, BlockSize: info.BlockSize, KVCapacityBlocks: info.KVCapacityBlocks})
+			}
+			if err == nil {
+				_, err = n.engines.Add(slot, addr)
+			}
+			if err != nil {
+				if !e.present || e.generation != info.Generation {
+					n.log.Error("cannot route to registered worker", "slot", slot, "worker", info.WorkerID,
+						"dp_rank", info.DPRank, "endpoint", info.Endpoint, "err", err)
+				}
+				*e = regEntry{generation: info.Generation}
+				continue
+			}
+			n.log.Info("worker joined", "slot", slot, "worker", info.WorkerID, "dp_rank", info.DPRank,
+				"model", info.Model, "endpoint", addr, "generation", info.Generation)
+			*e = regEntry{present: true, generation: info.Generation, endpoint: info.Endpoint, model: info.Model}
+			changed = true
+		}
+		live |= radix.SetOf(slot)
+		if ld, err := n.seg.LoadOf(slot); err == nil {
+			n.sched.SetEngineLoad(slot, uint32(min(ld.Running, 1<<31)), uint32(min(ld.Waiting, 1<<31)),
+				ld.KVUsedBlocks, ld.KVTotalBlocks)
+		}
+	}
+	for i := range radix.MaxWorkers {
+		slot := radix.WorkerSlot(i)
+		if e := &n.regState[slot]; e.present && !live.Has(slot) {
+			n.log.Info("worker left", "slot", slot, "endpoint", e.endpoint)
+			n.sched.Remove(slot)
+			n.engines.Remove(slot)
+			*e = regEntry{}
+			changed = true
+		}
+	}
+	if changed {
+		n.front.WorkersChanged()
+	}
+}
