@@ -1,0 +1,55 @@
+package workers
+
+import (
+	"iter"
+	"math/bits"
+)
+
+// Max is the number of worker slots one node can tell apart.
+const Max = 64
+
+// Slot names one of the Max slots.
+type Slot uint8
+
+// Valid reports whether the slot is in range.
+func (w Slot) Valid() bool { return w < Max }
+
+// Set is a set of worker slots, bit i standing for slot i. It is the
+// value the index stores for every block.
+type Set uint64
+
+// AllSlots contains every slot.
+const AllSlots = ^Set(0)
+
+// SetOf returns the set holding only w.
+func SetOf(w Slot) Set { return 1 << (w & (Max - 1)) }
+
+// Has reports whether w is in s.
+func (s Set) Has(w Slot) bool { return s&SetOf(w) != 0 }
+
+// Len returns how many slots s holds.
+func (s Set) Len() int { return bits.OnesCount64(uint64(s)) }
+
+// First returns the lowest slot in s and the set without it.
+func (s Set) First() (Slot, Set) {
+	return Slot(bits.TrailingZeros64(uint64(s))), s & (s - 1)
+}
+
+// All yields the slots in s in ascending order. The loop body is inlined
+// into the caller, so ranging over it allocates nothing.
+func (s Set) All() iter.Seq[Slot] {
+	return func(yield func(Slot) bool) {
+		for s != 0 {
+			var w Slot
+			w, s = s.First()
+			if !yield(w) {
+				return
+			}
+		}
+	}
+}
+
+// Overlaps holds, per worker slot, how many leading blocks of a prompt that
+// worker already caches. Callers own it (usually on the stack) so that
+// lookups make no allocation.
+type Overlaps [Max]uint32
