@@ -71,7 +71,7 @@ type Ingester struct {
 	cfg     Config
 	readers [radix.MaxWorkers]*shm.RingReader
 	workers [radix.MaxWorkers]worker
-	kv      []uint64   // scratch for one record's kvfast hashes
+	apply   applier
 	rec     shm.Record // the record being applied; a field so OnApply cannot make it escape per call
 	c       counters
 	pub     published
@@ -89,9 +89,10 @@ func New(seg *shm.Segment, cfg Config) *Ingester {
 	if seg.Index() == nil {
 		panic("BUG: feed: segment opened without its index")
 	}
-	in := &Ingester{seg: seg, ix: seg.Index(), cfg: cfg.withDefaults(),
-		kv: make([]uint64, 0, seg.Header().RingBytes/8)}
-	return in
+	// No record holds more block hashes than fit in a ring, so the scratch
+	// never grows.
+	return &Ingester{seg: seg, ix: seg.Index(), cfg: cfg.withDefaults(),
+		apply: newApplier(seg.Index(), seg.Header().RingBytes/8)}
 }
 
 // Acquire tries to take the ingester role without waiting. On success
@@ -296,7 +297,7 @@ func (in *Ingester) drain(slot radix.WorkerSlot, w *worker) int {
 			// it described is lost, so the worker's entries are suspect.
 			in.c.garbage++
 			in.c.resyncBytes += r.Resync()
-			in.resync(slot, w)
+			in.resync(slot)
 			// A producer that keeps writing garbage (say, an unaligned head)
 			// must not keep the ingester spinning: look again at the next
 			// registry scan.
@@ -335,9 +336,9 @@ func (in *Ingester) drain(slot radix.WorkerSlot, w *worker) int {
 		}
 		if rec.Seq != w.lastSeq+1 {
 			in.c.gaps++
-			in.resync(slot, w)
+			in.resync(slot)
 		}
-		in.apply(slot, w, rec)
+		in.applyRecord(slot, w, rec)
 		r.Commit(rec)
 		w.lastSeq = rec.Seq
 		if in.OnApply != nil {
@@ -347,60 +348,39 @@ func (in *Ingester) drain(slot radix.WorkerSlot, w *worker) int {
 	return n
 }
 
-// resync drops what the index believes worker w holds. Engines cannot
+// resync drops the blocks the index holds for slot. Engines cannot
 // replay through shm, so clearing is the only way back to a state that
 // never claims a block the engine may not have.
-func (in *Ingester) resync(slot radix.WorkerSlot, w *worker) {
-	in.ix.Cleared(slot)
+func (in *Ingester) resync(slot radix.WorkerSlot) {
+	in.apply.cleared(slot)
 	in.c.resyncs++
 }
 
-func (in *Ingester) apply(slot radix.WorkerSlot, w *worker, rec *shm.Record) {
+// applyRecord writes one record through the shared apply path (apply.go),
+// after skipping and counting what the router cannot route on.
+func (in *Ingester) applyRecord(slot radix.WorkerSlot, w *worker, rec *shm.Record) {
 	in.c.records++
+	n := uint64(len(rec.Hashes))
 	switch rec.Kind {
 	case shm.KindStored:
 		if rec.BlockSize != w.blockSize {
 			// The router hashes prompts in the registered block size; blocks
 			// of another size could never match.
-			in.c.blockSizeMismatch += uint64(len(rec.Hashes))
+			in.c.blockSizeMismatch += n
 			return
 		}
-		parent := w.seed
-		if rec.HasParent {
-			kv, ok := in.ix.LookupEngineHash(slot, rec.Parent)
-			if !ok {
-				// Without the parent's kvfast hash no block of this record can
-				// be named (the chain covers the whole prefix).
-				in.c.unresolvedParent += uint64(len(rec.Hashes))
-				return
-			}
-			parent = kv
+		parent, ok := in.apply.parent(slot, w.seed, rec.Parent, rec.HasParent)
+		if !ok {
+			in.c.unresolvedParent += n
+			return
 		}
-		kv := in.kv[:0]
-		bs := rec.BlockSize
-		for i := range rec.Hashes {
-			parent = radix.ChainBlockHash(parent, rec.Tokens[i*bs:(i+1)*bs])
-			kv = append(kv, parent)
-		}
-		in.ix.MapEngineHashes(slot, rec.Hashes, kv)
-		in.ix.Stored(slot, kv)
-		in.c.storedBlocks += uint64(len(kv))
+		in.c.storedBlocks += uint64(in.apply.stored(slot, parent, rec.Hashes, rec.Tokens, rec.BlockSize))
 	case shm.KindRemoved:
-		// Resolve, remove the blocks, and only then forget the mappings:
-		// an ingester that dies between the steps leaves mappings that the
-		// replayed record resolves again, never blocks nothing can remove.
-		kv := in.kv[:0]
-		for _, eh := range rec.Hashes {
-			if h, ok := in.ix.LookupEngineHash(slot, eh); ok {
-				kv = append(kv, h)
-			}
-		}
-		in.c.unknownRemoved += uint64(len(rec.Hashes) - len(kv))
-		in.ix.Removed(slot, kv)
-		in.ix.UnmapEngineHashes(slot, rec.Hashes, kv[len(kv):])
-		in.c.removedBlocks += uint64(len(kv))
+		removed := uint64(in.apply.removed(slot, rec.Hashes))
+		in.c.unknownRemoved += n - removed
+		in.c.removedBlocks += removed
 	case shm.KindCleared:
-		in.ix.Cleared(slot)
+		in.apply.cleared(slot)
 		in.c.cleared++
 	}
 }
