@@ -22,7 +22,8 @@ type indexWrites interface {
 //
 // The order keeps one invariant at every instant, including after a
 // writer killed between any two index writes: each block the index holds
-// for worker w is the value of at least one of w's engine-hash mappings.
+// for worker w is the value of at least one of w's engine-hash mappings
+// (bar engine hashes that collide in the map; doc.go).
 // That is what lets a later BlockRemoved, which names blocks only by
 // engine hash, take the block out again; a block without a mapping would
 // be claimed for w until the next resync. The converse is allowed: a
