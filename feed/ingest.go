@@ -72,15 +72,15 @@ type Ingester struct {
 	readers [radix.MaxWorkers]*shm.RingReader
 	workers [radix.MaxWorkers]worker
 	apply   applier
-	rec     shm.Record // the record being applied; a field so OnApply cannot make it escape per call
+	rec     shm.Record // the record being applied; a field so onApply cannot make it escape per call
 	c       counters
 	pub     published
 	held    bool
 	lastReg time.Time
 
-	// OnApply, if set, is called after each record is applied and
-	// committed. Tests use it to prove exactly-once delivery.
-	OnApply func(slot radix.WorkerSlot, rec *shm.Record)
+	// onApply, if set, is called after each record is applied and
+	// committed. Tests set it to prove exactly-once delivery.
+	onApply func(slot radix.WorkerSlot, rec *shm.Record)
 }
 
 // New returns an ingester for seg, which must have been opened with its
@@ -202,15 +202,6 @@ func (in *Ingester) Poll() int {
 	return n
 }
 
-// ScanRegistry rescans the registry now instead of when due.
-func (in *Ingester) ScanRegistry() {
-	if !in.held {
-		panic("BUG: feed: ScanRegistry without the ingester lock")
-	}
-	in.scanRegistry()
-	in.publish()
-}
-
 func (in *Ingester) scanRegistry() {
 	in.lastReg = time.Now()
 	now := shm.MonotonicNow()
@@ -234,7 +225,7 @@ func (in *Ingester) scanRegistry() {
 			}
 		case shm.StateLive:
 			if gen != w.gen || !w.seen || w.state != shm.StateLive {
-				if !in.adopt(slot, w, gen) {
+				if !in.adopt(slot, w) {
 					continue
 				}
 			}
@@ -265,12 +256,12 @@ func (in *Ingester) scanRegistry() {
 // from the one whose blocks the index holds, drops those blocks: the
 // engine restarted (or another engine took the slot) and its cache is
 // gone. It reports false if the slot could not be read consistently.
-func (in *Ingester) adopt(slot radix.WorkerSlot, w *worker, gen uint32) bool {
+func (in *Ingester) adopt(slot radix.WorkerSlot, w *worker) bool {
 	info, ok := in.seg.Worker(slot)
 	if !ok || info.State != shm.StateLive {
 		return false
 	}
-	gen = info.Generation
+	gen := info.Generation
 	if gen != w.gen {
 		if w.gen != 0 || w.seen {
 			in.c.generationBumps++
@@ -321,7 +312,7 @@ func (in *Ingester) drain(slot radix.WorkerSlot, w *worker) int {
 			// The engine re-registered and published before our registry
 			// scan noticed; adopt the new generation now if the registry
 			// agrees, else the record is forged or from the future.
-			if !in.adopt(slot, w, rec.Gen) || w.gen != rec.Gen {
+			if !in.adopt(slot, w) || w.gen != rec.Gen {
 				in.c.rejected++
 				r.Skip(rec)
 				continue
@@ -341,8 +332,8 @@ func (in *Ingester) drain(slot radix.WorkerSlot, w *worker) int {
 		in.applyRecord(slot, w, rec)
 		r.Commit(rec)
 		w.lastSeq = rec.Seq
-		if in.OnApply != nil {
-			in.OnApply(slot, rec)
+		if in.onApply != nil {
+			in.onApply(slot, rec)
 		}
 	}
 	return n
