@@ -23,23 +23,22 @@ type indexWrites interface {
 // The order keeps one invariant at every instant, including after a
 // writer killed between any two index writes: each block the index holds
 // for worker w is the value of at least one of w's engine-hash mappings
-// (bar engine hashes that collide in the map; doc.go).
-// That is what lets a later BlockRemoved, which names blocks only by
-// engine hash, take the block out again; a block without a mapping would
-// be claimed for w until the next resync. The converse is allowed: a
-// mapping may outlive its block (Cleared keeps mappings so that blocks
-// stored later still resolve their parents). Hence: stored maps first and
-// stores only blocks whose mapping found room; removed resolves, removes
-// the blocks, and unmaps last; cleared touches no mapping. The ring's
-// exactly-once commit re-applies a record cut short by a crash, and
-// re-applying either kind then completes it, because every block still
-// held is still mapped. Routers never read the engine map, so the order
-// does not change what they see; radix says what a reader sees of each
-// block write.
+// (bar engine hashes that collide in the map; see doc.go). That is what
+// lets a later Removed, which names blocks only by engine hash, take the
+// block out again; a block without a mapping would be claimed for w until
+// the next resync. The converse is allowed: a mapping may outlive its
+// block (Cleared keeps mappings so that blocks stored later still resolve
+// their parents). Hence stored maps first and stores only blocks whose
+// mapping found room; removed resolves, removes the blocks and unmaps
+// last; cleared touches no mapping. The ring's exactly-once commit
+// re-applies a record cut short by a crash, and re-applying it completes
+// it, because every block still held is still mapped. Routers never read
+// the engine map, so the order does not change what they see; radix says
+// what a reader sees of each block write.
 //
-// One applier writes each worker slot (the index's writers are
-// serialised only per shard, and the resolve-then-unmap of removed reads
-// the map between writes), and it is used from one goroutine.
+// Each worker slot is written by one applier, from one goroutine: the
+// index serialises writers only per shard, and removed reads the map
+// between its writes.
 type applier struct {
 	ix indexWrites
 	kv []uint64 // scratch: one event's kvfast hashes
