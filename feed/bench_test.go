@@ -178,7 +178,7 @@ func benchPublishToVisible(b *testing.B, cfg Config) {
 	lat := make([]int64, 0, b.N)
 	var mu sync.Mutex
 	got := make(chan struct{})
-	in.OnApply = func(_ radix.WorkerSlot, rec *shm.Record) {
+	in.onApply = func(_ radix.WorkerSlot, rec *shm.Record) {
 		if rec.Kind != shm.KindStored {
 			return
 		}

@@ -304,7 +304,7 @@ func TestPublisherKilledMidWrite(t *testing.T) {
 		c.kill(t)
 		in := acquire(t, seg, Config{HeartbeatGrace: time.Hour})
 		var seqs []uint64
-		in.OnApply = func(_ radix.WorkerSlot, rec *shm.Record) { seqs = append(seqs, rec.Seq) }
+		in.onApply = func(_ radix.WorkerSlot, rec *shm.Record) { seqs = append(seqs, rec.Seq) }
 		drainAll(in)
 		if len(seqs) == 0 || len(seqs) == n {
 			t.Logf("killed after %d of %d records (timing-dependent)", len(seqs), n)
@@ -392,7 +392,7 @@ func TestRouterRestartMidStream(t *testing.T) {
 	defer standby.Release()
 	resumeFrom := seg.RingState(0).LastSeq
 	var seqs []uint64
-	standby.OnApply = func(_ radix.WorkerSlot, rec *shm.Record) { seqs = append(seqs, rec.Seq) }
+	standby.onApply = func(_ radix.WorkerSlot, rec *shm.Record) { seqs = append(seqs, rec.Seq) }
 	pub.expect(t, "DONE")
 	drainAll(standby)
 	if len(seqs) == 0 || seqs[0] != resumeFrom+1 {

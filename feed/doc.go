@@ -5,15 +5,43 @@
 //
 // # What it owns
 //
-// The ingest loop and its policy: resolving a record's engine parent
-// hash to a kvfast hash through the index's per-worker engine map,
-// re-hashing token ids with radix.ChainBlockHash (the first block of a
-// sequence is seeded with radix.NamespaceSeed(model, "", "")), applying
-// Stored/Removed/Cleared; detecting sequence gaps and garbage and
-// resyncing the worker (clearing its entries); following the registry
-// (new workers, generation bumps, stale heartbeats, clean closes, each of
-// which drops the stale blocks with RemoveWorker); and the counters in
-// Stats.
+// The ingest loop and its policy: applying Stored/Removed/Cleared to the
+// index through one apply path shared with the ZMQ subscriber (below);
+// detecting sequence gaps and garbage and resyncing the worker (clearing
+// its entries); following the registry (new workers, generation bumps,
+// stale heartbeats, clean closes, each of which drops the stale blocks
+// with RemoveWorker); and the counters in Stats.
+//
+// # Applying events
+//
+// Ring records and ZMQ events reach the index through one path (apply.go),
+// after each source has checked and counted what the router cannot route
+// on. Stored re-hashes the blocks' token ids with radix.ChainBlockHash
+// from the parent's kvfast hash (looked up in the index's per-worker
+// engine map by the parent's engine hash; for the first block of a
+// sequence, radix.NamespaceSeed(model, "", "")), maps each block's engine
+// hash to its kvfast hash, and stores the blocks. Removed resolves the
+// engine hashes, removes the blocks and forgets the mappings. Cleared
+// drops the worker's blocks and keeps its mappings, so that blocks the
+// engine stores later still resolve their parents.
+//
+// The order of those writes keeps one invariant at every instant, and so
+// also after a writer killed between any two index writes: every block
+// the index holds for worker w is the kvfast hash of at least one of w's
+// engine-hash mappings. Engines name blocks only by engine hash, so a
+// block outside that set could never be removed again and would be
+// claimed for w until the next resync. Hence Stored maps before it
+// stores, and stores only the blocks whose mapping found room in the map;
+// Removed removes before it unmaps; Cleared leaves the map alone, and
+// radix's RemoveWorker drops blocks before mappings. The converse is not
+// kept and need not be: a mapping may outlive its block (after Cleared,
+// or a store refused by a full block table), which only lets a later
+// event resolve it. The one exception is two blocks of a worker whose
+// engine hashes collide in the map's key: the later mapping replaces the
+// earlier, whose block then has none. Routers read only the block table,
+// so the order does not change what they see; what a reader sees of one
+// block write is radix's guarantee. The invariant needs one writer per
+// worker slot (Removed reads the map between its writes).
 //
 // # The ZMQ path
 //
@@ -35,11 +63,9 @@
 // loop, skipped values nest at most 32 deep, and a batch carries at most
 // MaxBlocks hashes and MaxTokens token ids.
 //
-// A subscriber applies events like the ring ingester applies records:
-// BlockStored re-hashes its token_ids with radix.ChainBlockHash from the
-// parent's kvfast hash (or the model's namespace seed) and maps the
-// engine hashes; BlockRemoved resolves them; AllBlocksCleared clears the
-// worker. Events the router cannot route on are counted and skipped: LoRA
+// A subscriber applies BlockStored, BlockRemoved and AllBlocksCleared
+// through the same path as ring records' Stored, Removed and Cleared.
+// Events the router cannot route on are counted and skipped: LoRA
 // adapters' blocks, other media (CPU or disk tiers), KV-cache groups
 // other than 0, another block size, blocks whose hash covers extra keys
 // (images, cache salt, from the first such block on), token_ids whose
@@ -70,10 +96,11 @@
 // Exactly-once across router restarts: each record is committed by
 // storing its sequence number, then the ring tail, both in the segment.
 // A router killed between the two finds the record at the tail with
-// seq <= lastSeq and skips it; one killed mid-apply re-applies the record
-// (every record kind is idempotent on the index). Records of an older
-// generation are skipped, a newer generation first drops the worker's
-// blocks.
+// seq <= lastSeq and skips it; one killed mid-apply re-applies the record,
+// which completes it: Stored and Cleared are idempotent, and by the
+// invariant above Removed still resolves every block its first attempt
+// left in the index. Records of an older generation are skipped, a newer
+// generation first drops the worker's blocks.
 //
 // # Concurrency
 //
@@ -85,22 +112,15 @@
 // Each ZMQSubscriber runs one goroutine (Run) and writes only its own
 // worker slot, through the index's per-shard locks, so subscribers and
 // the ring ingester (other slots) write one index concurrently. Its
-// Stats are atomics, safe from any goroutine.
+// Stats are atomics, safe from any goroutine. A subscriber's slot must be
+// one the registry does not hand out: each slot has one writer.
 //
-// # Throughput envelope
+// # Performance
 //
-// On the 2-core reference box one goroutine applies about 8-10M block
-// events/s (BenchmarkFeedIngest, 1M-block index), dominated by the
-// index's per-block locked probes, with zero allocations. Publish to
-// visible across processes: p50 ≈ 14 µs when the ingester sleeps on the
-// doorbell, ≈ 1.5 µs while it spins (BenchmarkPublishToVisible).
-//
-// ZMQ: VLLMDecoder decodes about 1 GB/s (a batch of 256 blocks with
-// sha256 hashes in ~20 µs, ~13M blocks/s, six times vmihailenco/msgpack
-// into interface values, with zero allocations: BenchmarkVLLMDecode);
-// decode plus index writes run at ~7M block operations/s
-// (BenchmarkZMQApply); over loopback through zmq4 a subscriber applies
-// ~20K such batches/s, ~5M blocks/s (BenchmarkZMQEndToEnd). An engine
-// publishes one batch per scheduler step (milliseconds), orders of
-// magnitude below this.
+// Throughput and latency are measured by BenchmarkFeedIngest and
+// BenchmarkPublishToVisible, whose figures BENCHMARKS.md quotes, and by
+// BenchmarkVLLMDecode, BenchmarkZMQApply and BenchmarkZMQEndToEnd.
+// Ingesting a record, and decoding and applying a batch once the
+// subscriber's buffers have grown, allocate nothing (the allocation
+// tests).
 package feed

@@ -71,16 +71,16 @@ type Ingester struct {
 	cfg     Config
 	readers [radix.MaxWorkers]*shm.RingReader
 	workers [radix.MaxWorkers]worker
-	kv      []uint64   // scratch for one record's kvfast hashes
-	rec     shm.Record // the record being applied; a field so OnApply cannot make it escape per call
+	apply   applier
+	rec     shm.Record // the record being applied; a field so onApply cannot make it escape per call
 	c       counters
 	pub     published
 	held    bool
 	lastReg time.Time
 
-	// OnApply, if set, is called after each record is applied and
-	// committed. Tests use it to prove exactly-once delivery.
-	OnApply func(slot radix.WorkerSlot, rec *shm.Record)
+	// onApply, if set, is called after each record is applied and
+	// committed. Tests set it to prove exactly-once delivery.
+	onApply func(slot radix.WorkerSlot, rec *shm.Record)
 }
 
 // New returns an ingester for seg, which must have been opened with its
@@ -89,9 +89,10 @@ func New(seg *shm.Segment, cfg Config) *Ingester {
 	if seg.Index() == nil {
 		panic("BUG: feed: segment opened without its index")
 	}
-	in := &Ingester{seg: seg, ix: seg.Index(), cfg: cfg.withDefaults(),
-		kv: make([]uint64, 0, seg.Header().RingBytes/8)}
-	return in
+	// No record holds more block hashes than fit in a ring, so the scratch
+	// never grows.
+	return &Ingester{seg: seg, ix: seg.Index(), cfg: cfg.withDefaults(),
+		apply: newApplier(seg.Index(), seg.Header().RingBytes/8)}
 }
 
 // Acquire tries to take the ingester role without waiting. On success
@@ -201,15 +202,6 @@ func (in *Ingester) Poll() int {
 	return n
 }
 
-// ScanRegistry rescans the registry now instead of when due.
-func (in *Ingester) ScanRegistry() {
-	if !in.held {
-		panic("BUG: feed: ScanRegistry without the ingester lock")
-	}
-	in.scanRegistry()
-	in.publish()
-}
-
 func (in *Ingester) scanRegistry() {
 	in.lastReg = time.Now()
 	now := shm.MonotonicNow()
@@ -233,7 +225,7 @@ func (in *Ingester) scanRegistry() {
 			}
 		case shm.StateLive:
 			if gen != w.gen || !w.seen || w.state != shm.StateLive {
-				if !in.adopt(slot, w, gen) {
+				if !in.adopt(slot, w) {
 					continue
 				}
 			}
@@ -264,12 +256,12 @@ func (in *Ingester) scanRegistry() {
 // from the one whose blocks the index holds, drops those blocks: the
 // engine restarted (or another engine took the slot) and its cache is
 // gone. It reports false if the slot could not be read consistently.
-func (in *Ingester) adopt(slot radix.WorkerSlot, w *worker, gen uint32) bool {
+func (in *Ingester) adopt(slot radix.WorkerSlot, w *worker) bool {
 	info, ok := in.seg.Worker(slot)
 	if !ok || info.State != shm.StateLive {
 		return false
 	}
-	gen = info.Generation
+	gen := info.Generation
 	if gen != w.gen {
 		if w.gen != 0 || w.seen {
 			in.c.generationBumps++
@@ -296,7 +288,7 @@ func (in *Ingester) drain(slot radix.WorkerSlot, w *worker) int {
 			// it described is lost, so the worker's entries are suspect.
 			in.c.garbage++
 			in.c.resyncBytes += r.Resync()
-			in.resync(slot, w)
+			in.resync(slot)
 			// A producer that keeps writing garbage (say, an unaligned head)
 			// must not keep the ingester spinning: look again at the next
 			// registry scan.
@@ -320,7 +312,7 @@ func (in *Ingester) drain(slot radix.WorkerSlot, w *worker) int {
 			// The engine re-registered and published before our registry
 			// scan noticed; adopt the new generation now if the registry
 			// agrees, else the record is forged or from the future.
-			if !in.adopt(slot, w, rec.Gen) || w.gen != rec.Gen {
+			if !in.adopt(slot, w) || w.gen != rec.Gen {
 				in.c.rejected++
 				r.Skip(rec)
 				continue
@@ -335,72 +327,51 @@ func (in *Ingester) drain(slot radix.WorkerSlot, w *worker) int {
 		}
 		if rec.Seq != w.lastSeq+1 {
 			in.c.gaps++
-			in.resync(slot, w)
+			in.resync(slot)
 		}
-		in.apply(slot, w, rec)
+		in.applyRecord(slot, w, rec)
 		r.Commit(rec)
 		w.lastSeq = rec.Seq
-		if in.OnApply != nil {
-			in.OnApply(slot, rec)
+		if in.onApply != nil {
+			in.onApply(slot, rec)
 		}
 	}
 	return n
 }
 
-// resync drops what the index believes worker w holds. Engines cannot
+// resync drops the blocks the index holds for slot. Engines cannot
 // replay through shm, so clearing is the only way back to a state that
 // never claims a block the engine may not have.
-func (in *Ingester) resync(slot radix.WorkerSlot, w *worker) {
-	in.ix.Cleared(slot)
+func (in *Ingester) resync(slot radix.WorkerSlot) {
+	in.apply.cleared(slot)
 	in.c.resyncs++
 }
 
-func (in *Ingester) apply(slot radix.WorkerSlot, w *worker, rec *shm.Record) {
+// applyRecord writes one record through the shared apply path (apply.go),
+// after skipping and counting what the router cannot route on.
+func (in *Ingester) applyRecord(slot radix.WorkerSlot, w *worker, rec *shm.Record) {
 	in.c.records++
+	n := uint64(len(rec.Hashes))
 	switch rec.Kind {
 	case shm.KindStored:
 		if rec.BlockSize != w.blockSize {
 			// The router hashes prompts in the registered block size; blocks
 			// of another size could never match.
-			in.c.blockSizeMismatch += uint64(len(rec.Hashes))
+			in.c.blockSizeMismatch += n
 			return
 		}
-		parent := w.seed
-		if rec.HasParent {
-			kv, ok := in.ix.LookupEngineHash(slot, rec.Parent)
-			if !ok {
-				// Without the parent's kvfast hash no block of this record can
-				// be named (the chain covers the whole prefix).
-				in.c.unresolvedParent += uint64(len(rec.Hashes))
-				return
-			}
-			parent = kv
+		parent, ok := in.apply.parent(slot, w.seed, rec.Parent, rec.HasParent)
+		if !ok {
+			in.c.unresolvedParent += n
+			return
 		}
-		kv := in.kv[:0]
-		bs := rec.BlockSize
-		for i := range rec.Hashes {
-			parent = radix.ChainBlockHash(parent, rec.Tokens[i*bs:(i+1)*bs])
-			kv = append(kv, parent)
-		}
-		in.ix.MapEngineHashes(slot, rec.Hashes, kv)
-		in.ix.Stored(slot, kv)
-		in.c.storedBlocks += uint64(len(kv))
+		in.c.storedBlocks += uint64(in.apply.stored(slot, parent, rec.Hashes, rec.Tokens, rec.BlockSize))
 	case shm.KindRemoved:
-		// Resolve, remove the blocks, and only then forget the mappings:
-		// an ingester that dies between the steps leaves mappings that the
-		// replayed record resolves again, never blocks nothing can remove.
-		kv := in.kv[:0]
-		for _, eh := range rec.Hashes {
-			if h, ok := in.ix.LookupEngineHash(slot, eh); ok {
-				kv = append(kv, h)
-			}
-		}
-		in.c.unknownRemoved += uint64(len(rec.Hashes) - len(kv))
-		in.ix.Removed(slot, kv)
-		in.ix.UnmapEngineHashes(slot, rec.Hashes, kv[len(kv):])
-		in.c.removedBlocks += uint64(len(kv))
+		removed := uint64(in.apply.removed(slot, rec.Hashes))
+		in.c.unknownRemoved += n - removed
+		in.c.removedBlocks += removed
 	case shm.KindCleared:
-		in.ix.Cleared(slot)
+		in.apply.cleared(slot)
 		in.c.cleared++
 	}
 }

@@ -93,11 +93,11 @@ func CheckZMQEndpoint(ep string) error {
 // ZMQSubscriber applies one engine's ZMQ KV-event stream to the index, in
 // the engine's worker slot. Run it on its own goroutine.
 type ZMQSubscriber struct {
-	ix   *radix.Index
-	cfg  ZMQConfig
-	seed uint64
-	dec  VLLMDecoder
-	kv   []uint64 // scratch for one event's kvfast hashes
+	ix    *radix.Index
+	cfg   ZMQConfig
+	seed  uint64
+	dec   VLLMDecoder
+	apply applier
 
 	// Sequence state, owned by the Run goroutine.
 	synced   bool   // the index holds this worker's state as of lastSeq
@@ -128,7 +128,8 @@ func NewZMQSubscriber(ix *radix.Index, cfg ZMQConfig) (*ZMQSubscriber, error) {
 	if !cfg.Slot.Valid() {
 		return nil, fmt.Errorf("cannot subscribe for worker slot %d: at most %d slots", cfg.Slot, radix.MaxWorkers)
 	}
-	s := &ZMQSubscriber{ix: ix, cfg: cfg, seed: radix.NamespaceSeed(cfg.Model, "", "")}
+	s := &ZMQSubscriber{ix: ix, cfg: cfg, seed: radix.NamespaceSeed(cfg.Model, "", ""),
+		apply: newApplier(ix, 0)}
 	s.dec.MaxBlocks, s.dec.MaxTokens = cfg.MaxBatchBlocks, cfg.MaxBatchTokens
 	return s, nil
 }
@@ -256,7 +257,7 @@ func (s *ZMQSubscriber) offer(seq uint64, payload []byte) {
 	}
 	s.synced, s.lastSeq = true, seq
 	if b, err := s.dec.Decode(payload); err == nil {
-		s.apply(b)
+		s.applyBatch(b)
 	} else {
 		// The batch is lost, and what it changed with it.
 		s.c.garbage.Add(1)
@@ -268,7 +269,7 @@ func (s *ZMQSubscriber) offer(seq uint64, payload []byte) {
 }
 
 func (s *ZMQSubscriber) resync() {
-	s.ix.Cleared(s.cfg.Slot)
+	s.apply.cleared(s.cfg.Slot)
 	s.c.resyncs.Add(1)
 }
 
@@ -327,9 +328,10 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from uint64) {
 	}
 }
 
-// apply writes one decoded batch to the index, event by event, the way
-// Ingester.apply writes a ring record.
-func (s *ZMQSubscriber) apply(b *VLLMBatch) {
+// applyBatch writes one decoded batch through the shared apply path
+// (apply.go), event by event, after skipping and counting what the router
+// cannot route on.
+func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 	slot := s.cfg.Slot
 	s.c.batches.Add(1)
 	for i := range b.Events {
@@ -358,14 +360,12 @@ func (s *ZMQSubscriber) apply(b *VLLMBatch) {
 			case ev.Group != 0:
 				s.c.skippedGroup.Add(n)
 			default:
-				kv := s.ix.UnmapEngineHashes(slot, ev.Hashes, s.kv[:0])
-				s.kv = kv[:0]
-				s.c.unknownRemoved.Add(n - uint64(len(kv)))
-				s.ix.Removed(slot, kv)
-				s.c.removedBlocks.Add(uint64(len(kv)))
+				removed := uint64(s.apply.removed(slot, ev.Hashes))
+				s.c.unknownRemoved.Add(n - removed)
+				s.c.removedBlocks.Add(removed)
 			}
 		case VLLMAllBlocksCleared:
-			s.ix.Cleared(slot)
+			s.apply.cleared(slot)
 			s.c.cleared.Add(1)
 		default:
 			s.c.unknownEvents.Add(1)
@@ -374,32 +374,17 @@ func (s *ZMQSubscriber) apply(b *VLLMBatch) {
 }
 
 func (s *ZMQSubscriber) stored(ev *VLLMEvent, bs int) {
-	slot := s.cfg.Slot
-	parent := s.seed
-	if ev.HasParent {
-		kv, ok := s.ix.LookupEngineHash(slot, ev.Parent)
-		if !ok {
-			// Without the parent's kvfast hash no block of the event can be
-			// named: the chain covers the whole prefix.
-			s.c.unresolvedParent.Add(uint64(len(ev.Hashes)))
-			return
-		}
-		parent = kv
+	parent, ok := s.apply.parent(s.cfg.Slot, s.seed, ev.Parent, ev.HasParent)
+	if !ok {
+		s.c.unresolvedParent.Add(uint64(len(ev.Hashes)))
+		return
 	}
 	// Blocks whose engine hash covers more than tokens (images, a cache
 	// salt) would collide with plain-text blocks; so would every later
 	// block of the chain.
 	m := ev.ExtraKeysFrom
 	s.c.skippedExtraKeys.Add(uint64(len(ev.Hashes) - m))
-	kv := s.kv[:0]
-	for i := range m {
-		parent = radix.ChainBlockHash(parent, ev.Tokens[i*bs:(i+1)*bs])
-		kv = append(kv, parent)
-	}
-	s.kv = kv[:0]
-	s.ix.MapEngineHashes(slot, ev.Hashes[:m], kv)
-	s.ix.Stored(slot, kv)
-	s.c.storedBlocks.Add(uint64(m))
+	s.c.storedBlocks.Add(uint64(s.apply.stored(s.cfg.Slot, parent, ev.Hashes[:m], ev.Tokens[:m*bs], bs)))
 }
 
 // zmqCounters are written by the Run goroutine and read by Stats. Batches

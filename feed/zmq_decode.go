@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
@@ -20,23 +21,10 @@ type DecodeError struct {
 }
 
 func (e *DecodeError) Error() string {
-	return "cannot decode KV-event batch at byte " + itoa(e.Offset) + ": " + e.Reason
+	return "cannot decode KV-event batch at byte " + strconv.Itoa(e.Offset) + ": " + e.Reason
 }
 
 func (e *DecodeError) Unwrap() error { return ErrMalformedBatch }
-
-func itoa(n int) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-		if n == 0 {
-			return string(b[i:])
-		}
-	}
-}
 
 // VLLMEventKind is the tag of one event in a batch.
 type VLLMEventKind uint8

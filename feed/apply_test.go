@@ -1,0 +1,271 @@
+package feed
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/shm"
+)
+
+// errCut is what cutIndex panics with: the writer is killed there.
+var errCut = errors.New("killed")
+
+// cutIndex performs the apply path's index writes one block (or one
+// Cleared) at a time and panics right after the cut-th, leaving the index
+// as an ingester killed between those two writes would. cut 0 never
+// panics and just counts the writes.
+type cutIndex struct {
+	ix     *radix.Index
+	cut    int
+	writes int
+}
+
+func (c *cutIndex) wrote() {
+	c.writes++
+	if c.writes == c.cut {
+		panic(errCut)
+	}
+}
+
+func (c *cutIndex) LookupEngineHash(w radix.WorkerSlot, engine uint64) (uint64, bool) {
+	return c.ix.LookupEngineHash(w, engine)
+}
+
+func (c *cutIndex) MapEngineHashes(w radix.WorkerSlot, engines, kvs []uint64) int {
+	mapped := 0
+	for i, e := range engines {
+		if c.ix.MapEngineHash(w, e, kvs[i]) {
+			mapped++
+		}
+		c.wrote()
+	}
+	return mapped
+}
+
+func (c *cutIndex) UnmapEngineHashes(w radix.WorkerSlot, engines []uint64, dst []uint64) []uint64 {
+	for _, e := range engines {
+		if kv, ok := c.ix.UnmapEngineHash(w, e); ok {
+			dst = append(dst, kv)
+		}
+		c.wrote()
+	}
+	return dst
+}
+
+func (c *cutIndex) Stored(w radix.WorkerSlot, hashes []uint64) {
+	for i := range hashes {
+		c.ix.Stored(w, hashes[i:i+1])
+		c.wrote()
+	}
+}
+
+func (c *cutIndex) Removed(w radix.WorkerSlot, hashes []uint64) {
+	for i := range hashes {
+		c.ix.Removed(w, hashes[i:i+1])
+		c.wrote()
+	}
+}
+
+func (c *cutIndex) Cleared(w radix.WorkerSlot) {
+	c.ix.Cleared(w)
+	c.wrote()
+}
+
+// unnamedBlocks returns the blocks ix holds for slot that none of the
+// slot's engine-hash mappings names, which no removal could take out
+// again. m is the model of a run over ops, so m.all holds every kvfast
+// hash ops can produce; a block outside it fails the test.
+func unnamedBlocks(t *testing.T, ix *radix.Index, slot radix.WorkerSlot, ops []op, m *model) []uint64 {
+	t.Helper()
+	named := map[uint64]bool{}
+	for _, o := range ops {
+		for _, e := range o.Hashes {
+			if kv, ok := ix.LookupEngineHash(slot, e); ok {
+				named[kv] = true
+			}
+		}
+	}
+	var unnamed []uint64
+	held := uint64(0)
+	for kv := range m.all {
+		if ix.Lookup(kv).Has(slot) {
+			held++
+			if !named[kv] {
+				unnamed = append(unnamed, kv)
+			}
+		}
+	}
+	if got := ix.Stats().WorkerBlocks[slot]; got != held {
+		t.Fatalf("slot %d holds %d blocks, %d of them produced by the ops", slot, got, held)
+	}
+	return unnamed
+}
+
+// cutTestOps is a workload with every event kind, removals of blocks that
+// a Cleared already dropped, and stores whose parent a Cleared dropped.
+func cutTestOps(t *testing.T) []op {
+	ops := genOps(17, 60)
+	kinds := map[string]int{}
+	for _, o := range ops {
+		kinds[o.Op]++
+	}
+	if kinds["stored"] == 0 || kinds["removed"] == 0 || kinds["cleared"] == 0 {
+		t.Fatalf("workload lacks an event kind: %v", kinds)
+	}
+	return ops
+}
+
+// TestRingApplyCutAtEveryWrite kills the ring ingester after each single
+// index write of a workload in turn. At every cut, each block the index
+// holds must still be named by an engine-hash mapping (the apply path's
+// ordering rule, apply.go); and a successor that resumes from the ring's
+// persisted cursor, re-applying the record that was cut short, must end
+// with exactly the blocks of an uninterrupted run.
+func TestRingApplyCutAtEveryWrite(t *testing.T) {
+	ops := cutTestOps(t)
+	want := newModel()
+	for _, o := range ops {
+		want.apply(o)
+	}
+	run := func(cut int) int {
+		seg, err := shm.Open(filepath.Join(t.TempDir(), "seg"), shm.Options{Index: radix.Config{Capacity: 1 << 12}, RingBytes: 1 << 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer seg.Close()
+		p, err := seg.Register(workerCfg(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range ops {
+			if err := publishOp(p, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cfg := Config{HeartbeatGrace: time.Hour, RegistryEvery: time.Hour}
+		in := New(seg, cfg)
+		if ok, err := in.Acquire(); !ok {
+			t.Fatalf("cannot take the ingester role: %v", err)
+		}
+		defer func() { in.Release() }() // whichever ingester holds the role by then
+		c := &cutIndex{ix: seg.Index(), cut: cut}
+		in.apply.ix = c
+		killed := func() (killed bool) {
+			defer func() {
+				if r := recover(); r != nil {
+					if r != errCut {
+						panic(r)
+					}
+					killed = true
+				}
+			}()
+			drainAll(in)
+			return false
+		}()
+		if killed != (cut > 0) {
+			t.Fatalf("cut %d of %d writes: killed=%v", cut, c.writes, killed)
+		}
+		if bad := unnamedBlocks(t, seg.Index(), p.Slot(), ops, want); len(bad) > 0 {
+			t.Fatalf("killed after write %d: %d blocks held with no engine hash naming them, e.g. %#x", cut, len(bad), bad[0])
+		}
+		if killed {
+			if err := in.Release(); err != nil {
+				t.Fatal(err)
+			}
+			in = New(seg, cfg)
+			if ok, err := in.Acquire(); !ok {
+				t.Fatalf("successor cannot take the ingester role: %v", err)
+			}
+			drainAll(in)
+		}
+		want.check(t, seg.Index(), p.Slot())
+		return c.writes
+	}
+	total := run(0)
+	if total < 100 {
+		t.Fatalf("only %d index writes: the workload is too small to mean much", total)
+	}
+	for cut := 1; cut <= total; cut++ {
+		run(cut)
+	}
+}
+
+// TestRingAndZMQApplyAlike feeds one event sequence through both sources
+// and requires identical index state, block table and engine map, after
+// every event.
+func TestRingAndZMQApplyAlike(t *testing.T) {
+	ops := genOps(23, 300)
+	seg := openSeg(t, 1<<20)
+	in := acquire(t, seg, Config{HeartbeatGrace: time.Hour, RegistryEvery: time.Hour})
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := p.Slot()
+	zix := newZMQIndex(t)
+	sub, err := NewZMQSubscriber(zix, ZMQConfig{Endpoint: "tcp://127.0.0.1:1", Slot: slot, Model: testModel,
+		BlockSize: testBlockSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newModel()
+	for i, o := range ops {
+		if err := publishOp(p, o); err != nil {
+			t.Fatal(err)
+		}
+		drainAll(in)
+		sub.offer(uint64(i+1), encodeBatch(t, vllmMap, wireOps(intHashes, []op{o})))
+		m.apply(o)
+		for kv := range m.all {
+			if r, z := seg.Index().Lookup(kv).Has(slot), zix.Lookup(kv).Has(slot); r != z {
+				t.Fatalf("after event %d (%s): block %#x held by ring index %v, by ZMQ index %v", i, o.Op, kv, r, z)
+			}
+		}
+		for _, past := range ops[:i+1] {
+			for _, e := range past.Hashes {
+				rkv, rok := seg.Index().LookupEngineHash(slot, e)
+				zkv, zok := zix.LookupEngineHash(slot, e)
+				if rkv != zkv || rok != zok {
+					t.Fatalf("after event %d (%s): engine hash %#x maps to %#x,%v in the ring index, %#x,%v in the ZMQ index",
+						i, o.Op, e, rkv, rok, zkv, zok)
+				}
+			}
+		}
+	}
+	m.check(t, seg.Index(), slot)
+	m.check(t, zix, slot)
+}
+
+// TestStoredSkipsBlocksTheMapCannotName: with the engine map full, a
+// store must not leave blocks that no removal could name.
+func TestStoredSkipsBlocksTheMapCannotName(t *testing.T) {
+	ix, err := radix.NewHeap(radix.Config{Capacity: 1 << 12, EngineMapCapacity: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const slot = radix.WorkerSlot(3)
+	a := newApplier(ix, 0)
+	engines := make([]uint64, 1000)
+	tokens := make([]uint32, len(engines)*testBlockSize)
+	for i := range engines {
+		engines[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+		tokens[i*testBlockSize] = uint32(i)
+	}
+	stored := a.stored(slot, radix.NamespaceSeed(testModel, "", ""), engines, tokens, testBlockSize)
+	st := ix.Stats()
+	if st.EngineMapOverflow == 0 || stored == len(engines) {
+		t.Fatalf("the map did not fill: stored %d of %d, %+v", stored, len(engines), st)
+	}
+	if st.WorkerBlocks[slot] != uint64(stored) {
+		t.Fatalf("stored reports %d blocks, the index holds %d", stored, st.WorkerBlocks[slot])
+	}
+	if removed := a.removed(slot, engines); removed != stored {
+		t.Fatalf("removed %d of %d stored blocks", removed, stored)
+	}
+	if left := ix.Stats().WorkerBlocks[slot]; left != 0 {
+		t.Fatalf("%d blocks left that no engine hash names", left)
+	}
+}
