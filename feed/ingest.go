@@ -11,6 +11,10 @@ import (
 )
 
 // Config tunes an Ingester. Zero values take the defaults.
+// DefaultHeartbeatGrace is how long a registered engine may stay silent
+// before it is taken for dead.
+const DefaultHeartbeatGrace = 5 * time.Second
+
 type Config struct {
 	// HeartbeatGrace is how long a live worker may go without a heartbeat
 	// before it is marked down and its blocks removed. Default 5s.
@@ -38,7 +42,7 @@ func (c Config) withDefaults() Config {
 			*d = v
 		}
 	}
-	def(&c.HeartbeatGrace, 5*time.Second)
+	def(&c.HeartbeatGrace, DefaultHeartbeatGrace)
 	def(&c.RegistryEvery, 5*time.Millisecond)
 	def(&c.IdleSpin, 50*time.Microsecond)
 	def(&c.MaxSleep, time.Millisecond)
@@ -415,33 +419,33 @@ func (in *Ingester) publish() {
 // Stats is a snapshot of the ingester's counters. Records counts records
 // applied; the others count records or blocks by what happened to them.
 type Stats struct {
-	Ingesting bool // this process holds the ingester role
+	Ingesting bool `json:"ingesting"` // this process holds the ingester role
 
-	Records       uint64 // records applied to the index
-	StoredBlocks  uint64 // blocks stored
-	RemovedBlocks uint64 // blocks removed (engine hash resolved)
-	Cleared       uint64 // Cleared records applied
+	Records       uint64 `json:"records"`        // records applied to the index
+	StoredBlocks  uint64 `json:"stored_blocks"`  // blocks stored
+	RemovedBlocks uint64 `json:"removed_blocks"` // blocks removed (engine hash resolved)
+	Cleared       uint64 `json:"cleared"`        // Cleared records applied
 
-	Stale       uint64 // records of an older generation, skipped
-	Duplicate   uint64 // records already applied before a restart, skipped
-	SkippedDown uint64 // records of a down or closed worker, skipped
-	Rejected    uint64 // records claiming a generation the registry does not show
+	Stale       uint64 `json:"stale"`        // records of an older generation, skipped
+	Duplicate   uint64 `json:"duplicate"`    // records already applied before a restart, skipped
+	SkippedDown uint64 `json:"skipped_down"` // records of a down or closed worker, skipped
+	Rejected    uint64 `json:"rejected"`     // records claiming a generation the registry does not show
 
-	UnresolvedParent  uint64 // blocks skipped: parent engine hash unknown
-	UnknownRemoved    uint64 // removed hashes with no mapping
-	BlockSizeMismatch uint64 // blocks skipped: size differs from the registration
+	UnresolvedParent  uint64 `json:"unresolved_parent"`   // blocks skipped: parent engine hash unknown
+	UnknownRemoved    uint64 `json:"unknown_removed"`     // removed hashes with no mapping
+	BlockSizeMismatch uint64 `json:"block_size_mismatch"` // blocks skipped: size differs from the registration
 
-	Garbage     uint64 // corrupt records (each triggers a resync)
-	ResyncBytes uint64 // ring bytes discarded by resyncs
-	Gaps        uint64 // sequence gaps (publisher dropped records)
-	Resyncs     uint64 // times a worker's entries were cleared to recover
+	Garbage     uint64 `json:"garbage"`      // corrupt records (each triggers a resync)
+	ResyncBytes uint64 `json:"resync_bytes"` // ring bytes discarded by resyncs
+	Gaps        uint64 `json:"gaps"`         // sequence gaps (publisher dropped records)
+	Resyncs     uint64 `json:"resyncs"`      // times a worker's entries were cleared to recover
 
-	GenerationBumps uint64 // engine restarts seen
-	WorkersDown     uint64 // workers marked down for a stale heartbeat
-	WorkersClosed   uint64 // workers that closed cleanly
-	RepairedSlots   uint64 // index slots dropped repairing a dead ingester's half-done writes
+	GenerationBumps uint64 `json:"generation_bumps"` // engine restarts seen
+	WorkersDown     uint64 `json:"workers_down"`     // workers marked down for a stale heartbeat
+	WorkersClosed   uint64 `json:"workers_closed"`   // workers that closed cleanly
+	RepairedSlots   uint64 `json:"repaired_slots"`   // index slots dropped repairing a dead ingester's half-done writes
 
-	LagBytes [radix.MaxWorkers]uint64 // committed ring bytes not yet consumed
+	LagBytes [radix.MaxWorkers]uint64 `json:"-"` // committed ring bytes not yet consumed
 }
 
 // Stats returns the counters as of the end of the last pass, plus the

@@ -109,7 +109,7 @@ func DefaultConfig() Config {
 			IndexCapacity: 1 << 20,
 		},
 		RegistryPoll:   100 * time.Millisecond,
-		HeartbeatGrace: 5 * time.Second,
+		HeartbeatGrace: feed.DefaultHeartbeatGrace,
 		Policy:         "kv",
 		Approx:         ApproxConfig{TTL: 2 * time.Minute, Capacity: 1 << 20},
 		Sched: sched.Config{
