@@ -10,14 +10,15 @@ import (
 	"github.com/kvfast/kvfast/shm"
 )
 
-// Config tunes an Ingester. Zero values take the defaults.
 // DefaultHeartbeatGrace is how long a registered engine may stay silent
 // before it is taken for dead.
 const DefaultHeartbeatGrace = 5 * time.Second
 
+// Config tunes an Ingester. Zero values take the defaults.
 type Config struct {
 	// HeartbeatGrace is how long a live worker may go without a heartbeat
-	// before it is marked down and its blocks removed. Default 5s.
+	// before it is marked down and its blocks removed. Default
+	// DefaultHeartbeatGrace.
 	HeartbeatGrace time.Duration
 	// RegistryEvery is how often the registry is rescanned for new,
 	// restarted, closed and silent workers. Default 5ms.
