@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -242,4 +243,26 @@ func TestRunReportsListenFailure(t *testing.T) {
 	}
 	defer n.Close()
 	waitFor(t, "the ingester role", func() bool { s := n.Snapshot(); return s.Feed != nil && s.Feed.Ingesting })
+}
+
+// TestNewRefusesBadStaticWorkers: a static worker whose event feed cannot
+// work is refused when the router is built, naming the worker.
+func TestNewRefusesBadStaticWorkers(t *testing.T) {
+	for _, w := range []StaticWorker{
+		{ID: 1, Endpoint: "127.0.0.1:9", Events: "tcp://127.0.0.1:5557"},                       // no model
+		{ID: 2, Endpoint: "127.0.0.1:9", Model: "m", Events: "tcp://*:5557"},                   // where vLLM binds
+		{ID: 3, Endpoint: "127.0.0.1:9", Model: "m", Events: "tcp://127.0.0.1:1", Replay: "x"}, // bad replay
+		{ID: 4, Endpoint: "https://127.0.0.1:9"},                                               // not http
+	} {
+		cfg := testConfig(t)
+		cfg.Segment.Path = ""
+		cfg.Static = []StaticWorker{w}
+		n, err := New(cfg)
+		if err == nil {
+			_ = n.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), "worker "+strconv.Itoa(int(w.ID))) {
+			t.Errorf("%+v: %v", w, err)
+		}
+	}
 }
