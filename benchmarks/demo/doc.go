@@ -22,7 +22,8 @@
 // # Concurrency
 //
 // Run is sequential: one policy at a time, each replay's load on the
-// machine alone. Options' hooks (Notef, Warnf) and Progress are called
-// from Run's goroutine only. A Report is not safe for concurrent
-// mutation; writing it concurrently is fine.
+// machine alone. It calls Options' hooks (Notef, Warnf) from its own
+// goroutine; Progress is written by the replay's progress bar. A Report
+// is read-only once Run returns it, so writing it from several goroutines
+// is fine.
 package demo

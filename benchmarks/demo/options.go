@@ -89,7 +89,7 @@ type Options struct {
 func DefaultOptions() Options {
 	return Options{
 		Engines:          8,
-		Policies:         AllPolicies,
+		Policies:         slices.Clone(AllPolicies),
 		Trace:            EmbeddedTrace,
 		Speedup:          8,
 		EngineSpeedup:    2,
