@@ -74,3 +74,45 @@ func TestChecks(t *testing.T) {
 		})
 	}
 }
+
+func TestOptions(t *testing.T) {
+	o := DefaultOptions()
+	if err := o.Validate(); err != nil {
+		t.Fatalf("DefaultOptions does not validate: %v", err)
+	}
+	o.Policies[0] = "changed"
+	if AllPolicies[0] != "kv" {
+		t.Fatal("DefaultOptions shares its policy list with AllPolicies")
+	}
+	tr, err := LoadTrace(EmbeddedTrace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o = DefaultOptions()
+	if err := o.CheckFits(tr); err != nil {
+		t.Errorf("the default experiment does not fit the embedded trace: %v", err)
+	}
+	o.KVBlocks = 64
+	if err := o.CheckFits(tr); err == nil || !strings.Contains(err.Error(), "longest request") {
+		t.Errorf("64 blocks per engine: %v", err)
+	}
+	for _, bad := range []func(*Options){
+		func(o *Options) { o.Policies = nil },
+		func(o *Options) { o.Policies = []string{"fastest"} },
+		func(o *Options) { o.Engines = 0 },
+		func(o *Options) { o.Speedup = 0 },
+		func(o *Options) { o.EngineSpeedup = -1 },
+		func(o *Options) { o.Temperature = -1 },
+		func(o *Options) { o.Timing.StepOverhead = -time.Second },
+	} {
+		o := DefaultOptions()
+		bad(&o)
+		if err := o.Validate(); err == nil {
+			t.Errorf("%+v validates", o)
+		}
+		// Run refuses them too, before starting anything.
+		if _, err := Run(t.Context(), o, tr); err == nil {
+			t.Errorf("Run accepted %+v", o)
+		}
+	}
+}
