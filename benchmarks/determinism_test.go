@@ -3,22 +3,16 @@ package benchmarks
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"math"
-	"net"
 	"net/http"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/kvfast/kvfast/benchmarks/replay"
-	"github.com/kvfast/kvfast/fastpath"
-	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/internal/rig"
+	"github.com/kvfast/kvfast/internal/rig/rigtest"
 	"github.com/kvfast/kvfast/mocker"
-	"github.com/kvfast/kvfast/radix"
-	"github.com/kvfast/kvfast/sched"
-	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/node"
 )
 
 // TestRoutingDeterminism checks that the kv policy at temperature 0 is a
@@ -94,72 +88,23 @@ const (
 
 func runDeterminism(t *testing.T, tr *replay.Trace, requests int, seed uint64) determinismRun {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	seg, err := shm.Open(filepath.Join(t.TempDir(), "kvfast.shm"), shm.Options{Index: radix.Config{Capacity: 1 << 16}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = seg.Close() }) // runs last: engines and router stop first
-	ing := feed.New(seg, feed.Config{})
-	cost := sched.DefaultCostParams()
-	cost.Temperature = 0
-	srv, err := fastpath.New(fastpath.Config{
-		Segment:  seg,
-		Ingester: ing,
-		Policy:   "kv",
-		Sched:    sched.Config{Seed: seed, Cost: &cost},
-		Logger:   log,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	var engines []*mocker.Engine
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			t.Error(err)
-		}
-		if err := <-served; err != nil {
-			t.Error(err)
-		}
-		for _, e := range engines {
-			if err := e.Close(); err != nil {
-				t.Error(err)
-			}
-		}
-	})
-	// One at a time, so that each engine gets the same registry slot in
-	// both runs.
-	for i := range determinismEngines {
-		e, err := mocker.Start(mocker.Config{KVBlocks: determinismKVBlocks, Speedup: math.Inf(1), WorkerID: uint64(i), SegmentHandle: seg})
-		if err != nil {
-			t.Fatal(err)
-		}
-		engines = append(engines, e)
-		waitDeterminism(t, fmt.Sprintf("engine %d to register", i), func() bool { return len(srv.Admin().Workers) == i+1 })
-	}
-	waitDeterminism(t, "engines to turn healthy", func() bool {
-		for _, w := range srv.Admin().Workers {
-			if !w.Healthy {
-				return false
-			}
-		}
-		return true
-	})
+	cfg := rigtest.Config()
+	cfg.Policy = "kv"
+	cfg.Sched.Seed = seed
+	cfg.Sched.Cost.Temperature = 0
+	cfg.Segment.IndexCapacity = 1 << 16
+	// The rig starts the engines one at a time, so that each gets the same
+	// registry slot in both runs.
+	r := rigtest.Start(t, rig.Config{Node: cfg, Engines: determinismEngines,
+		Engine: mocker.Config{KVBlocks: determinismKVBlocks, Speedup: math.Inf(1)}})
+	engines := r.Engines
 
-	client := &http.Client{Transport: &settledTransport{base: &http.Transport{Proxy: nil}, srv: srv, ing: ing, engines: engines}}
+	client := &http.Client{Transport: &settledTransport{base: &http.Transport{Proxy: nil}, node: r.Node, engines: engines}}
 	defer client.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	res, err := replay.Run(ctx, replay.Config{
-		RouterURL:       "http://" + ln.Addr().String(),
+		RouterURL:       r.URL,
 		Trace:           tr,
 		MaxRequests:     requests,
 		Concurrency:     1,
@@ -191,22 +136,13 @@ func runDeterminism(t *testing.T, tr *replay.Trace, requests int, seed uint64) d
 // how far event ingestion or load release happened to get.
 type settledTransport struct {
 	base    http.RoundTripper
-	srv     *fastpath.Server
-	ing     *feed.Ingester
+	node    *node.Node
 	engines []*mocker.Engine
 }
 
 func (s *settledTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	deadline := time.Now().Add(10 * time.Second)
-	for !s.settled() {
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("system did not settle within 10s: %+v", s.srv.Admin())
-		}
-		select {
-		case <-r.Context().Done():
-			return nil, r.Context().Err()
-		case <-time.After(200 * time.Microsecond):
-		}
+	if err := rig.WaitFor(r.Context(), 10*time.Second, "the system to settle", s.settled); err != nil {
+		return nil, fmt.Errorf("%w: %+v", err, s.node.Snapshot())
 	}
 	return s.base.RoundTrip(r)
 }
@@ -224,21 +160,14 @@ func (s *settledTransport) settled() bool {
 		stored += st.BlocksStored
 		evicted += st.BlocksEvicted
 	}
-	fs := s.ing.Stats()
+	snap := s.node.Snapshot()
+	fs := snap.Feed
+	if fs == nil {
+		return false
+	}
 	if fs.StoredBlocks+fs.UnresolvedParent+fs.BlockSizeMismatch != stored || fs.RemovedBlocks+fs.UnknownRemoved != evicted {
 		return false
 	}
-	q := s.srv.Admin().Queue
+	q := snap.Queue
 	return q.Waiting == 0 && q.Booked == q.Released
-}
-
-func waitDeterminism(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }

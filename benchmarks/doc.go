@@ -20,13 +20,15 @@
 //     with wall-clock effects removed (engines at infinite speed-up, a
 //     settle barrier between requests). It runs in make test.
 //
-// Trace replay against the mock engine lives in the replay subpackage.
+// Trace replay against the mock engine lives in the replay subpackage, and
+// kvfast demo's experiment (one replay per routing policy, each on a fresh
+// router and engines) in the demo subpackage.
 //
 // # What it owns
 //
-// Nothing at run time. The benchmarks start their own servers and engines
-// on 127.0.0.1 with ephemeral ports and stop them when they end; nothing
-// is sent anywhere but loopback.
+// Nothing at run time. The benchmarks start their own routers and engines
+// (internal/rig) on 127.0.0.1 with ephemeral ports and stop them when they
+// end; nothing is sent anywhere but loopback.
 //
 // # Concurrency
 //

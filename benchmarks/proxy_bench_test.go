@@ -3,8 +3,6 @@ package benchmarks
 import (
 	"bufio"
 	"bytes"
-	"context"
-	"io"
 	"log/slog"
 	"net"
 	"slices"
@@ -14,8 +12,10 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/internal/rig"
+	"github.com/kvfast/kvfast/internal/rig/rigtest"
+	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/radix"
 )
 
@@ -23,7 +23,7 @@ const proxyModel = "bench-model"
 
 // BenchmarkProxyOverhead measures what a kvfast router adds to a request's
 // latency. One client calls a stand-in engine directly and through a real
-// router (fastpath.Server over two static workers, kv policy, the index
+// router (a node over two static workers, kv policy, the index
 // holding part of the prompt) on loopback, alternating the two, and the
 // benchmark reports both latency distributions and their difference:
 // p50-added-µs is the router's p50 minus the direct p50, likewise p99 (a
@@ -48,10 +48,10 @@ func BenchmarkProxyOverhead(b *testing.B) {
 				mode = "stream"
 			}
 			body := completionBody(tokens, stream)
-			fillProxyIndex(b, router.srv, body, tokens)
+			fillProxyIndex(b, router.Node, body, tokens)
 			b.Run(mode+"/tokens="+strconv.Itoa(tokens), func(b *testing.B) {
 				direct := newTimedClient(b, engine, body)
-				routed := newTimedClient(b, router.addr, body)
+				routed := newTimedClient(b, router.Addr, body)
 				want := direct.mustDo(b)
 				if got := routed.mustDo(b); !bytes.Equal(got, want) {
 					b.Fatalf("the router changed the response:\n%s\nwant\n%s", got, want)
@@ -153,46 +153,24 @@ func completionBody(tokens int, stream bool) []byte {
 	return append(b, `}`...)
 }
 
-// proxyRouter is a running kvfast router.
-type proxyRouter struct {
-	srv  *fastpath.Server
-	addr string
-}
-
-// startProxyRouter runs a router over two static workers, both served by
-// the stand-in engine, with health checks off (the engine is up for the
-// whole benchmark and probes would only add noise).
-func startProxyRouter(b *testing.B, engine string) proxyRouter {
-	srv, err := fastpath.New(fastpath.Config{
-		Static: []fastpath.StaticWorker{
-			{ID: 1, Endpoint: engine, Model: proxyModel},
-			{ID: 2, Endpoint: engine, Model: proxyModel},
-		},
-		Dispatch: dispatch.Config{Health: dispatch.HealthConfig{Interval: -1}},
-		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		b.Fatal(err)
+// startProxyRouter runs a router as kvfast serve configures it, over two
+// static workers both served by the stand-in engine, with health checks
+// off (the engine is up for the whole benchmark and probes would only add
+// noise) and logs discarded.
+func startProxyRouter(b *testing.B, engine string) *rig.Rig {
+	cfg := node.DefaultConfig()
+	cfg.Dispatch.Health.Interval = -1
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.Static = []node.StaticWorker{
+		{ID: 1, Endpoint: engine, Model: proxyModel},
+		{ID: 2, Endpoint: engine, Model: proxyModel},
 	}
-	ln := listen(b)
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			b.Error(err)
-		}
-		if err := <-done; err != nil {
-			b.Error(err)
-		}
-	})
-	return proxyRouter{srv: srv, addr: ln.Addr().String()}
+	return rigtest.Start(b, rig.Config{Node: cfg, NoSegment: true})
 }
 
 // fillProxyIndex records that worker 1 caches the first half of body's
 // prompt, so that routing weighs a real overlap against load.
-func fillProxyIndex(b *testing.B, srv *fastpath.Server, body []byte, tokens int) {
+func fillProxyIndex(b *testing.B, n *node.Node, body []byte, tokens int) {
 	var p fastpath.Parser
 	r := fastpath.AcquireParsedRequest()
 	defer fastpath.ReleaseParsedRequest(r)
@@ -200,9 +178,9 @@ func fillProxyIndex(b *testing.B, srv *fastpath.Server, body []byte, tokens int)
 		b.Fatalf("cannot parse the benchmark body: %v", err)
 	}
 	hashes := radix.AppendBlockHashes(nil, radix.NamespaceSeed(proxyModel, "", ""), r.Tokens[:tokens/2], radix.DefaultBlockSize)
-	for _, w := range srv.Admin().Workers {
+	for _, w := range n.Snapshot().Workers {
 		if w.WorkerID == 1 {
-			srv.Index().Stored(radix.WorkerSlot(w.Slot), hashes)
+			n.Index().Stored(radix.WorkerSlot(w.Slot), hashes)
 			return
 		}
 	}

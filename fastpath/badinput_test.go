@@ -1,4 +1,4 @@
-package fastpath
+package fastpath_test
 
 import (
 	"bufio"
@@ -14,7 +14,9 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/mocker"
+	"github.com/kvfast/kvfast/node"
 )
 
 // TestBadInput: every malformed or unroutable request gets a 4xx with an
@@ -25,15 +27,14 @@ func TestBadInput(t *testing.T) {
 		ctx.SetBodyString(`{"choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`)
 	})
 	const maxBody = 4096
-	r := startE2ERouter(t, Config{
-		MaxBodyBytes: maxBody,
-		MaxTokenID:   1000,
-		Static: []StaticWorker{
-			{ID: 1, Endpoint: eng.addr(), Model: e2eModel},
-			{ID: 2, DPRank: 0, Endpoint: eng.addr(), Model: e2eModel},
-			{ID: 2, DPRank: 1, Endpoint: eng.addr(), Model: e2eModel},
-		},
-	})
+	cfg := e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, DPRank: 0, Endpoint: eng.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, DPRank: 1, Endpoint: eng.addr(), Model: e2eModel},
+	)
+	cfg.HTTP.MaxBodyBytes = maxBody
+	cfg.HTTP.MaxTokenID = 1000
+	r := startE2ERouter(t, cfg)
 	ok := []byte(`{"model":"mock","prompt":[1,2,3]}`)
 	cases := []struct {
 		name   string
@@ -50,8 +51,8 @@ func TestBadInput(t *testing.T) {
 		{name: "trailing garbage", body: []byte(`{"prompt":[1,2]} x`), status: 400, code: "invalid_json"},
 		{name: "empty body", body: []byte{}, status: 400, code: "invalid_json"},
 		{name: "bad escape", body: []byte(`{"prompt":"a\qb"}`), status: 400, code: "invalid_json"},
-		{name: "route endpoint", path: PathRouteCompletions, body: []byte(`{"prompt":`), status: 400, code: "invalid_json"},
-		{name: "chat", path: PathChatCompletions, body: []byte(`{"messages":[{"role":"user",}]}`), status: 400, code: "invalid_json"},
+		{name: "route endpoint", path: fastpath.PathRouteCompletions, body: []byte(`{"prompt":`), status: 400, code: "invalid_json"},
+		{name: "chat", path: fastpath.PathChatCompletions, body: []byte(`{"messages":[{"role":"user",}]}`), status: 400, code: "invalid_json"},
 		// Wrong types.
 		{name: "not an object", body: []byte(`[1,2,3]`), status: 400, code: "invalid_type"},
 		{name: "model number", body: []byte(`{"model":5,"prompt":[1]}`), status: 400, code: "invalid_type"},
@@ -63,7 +64,7 @@ func TestBadInput(t *testing.T) {
 		{name: "stream string", body: []byte(`{"prompt":[1],"stream":"yes"}`), status: 400, code: "invalid_type"},
 		{name: "max_tokens string", body: []byte(`{"prompt":[1],"max_tokens":"ten"}`), status: 400, code: "invalid_type"},
 		{name: "max_tokens zero", body: []byte(`{"prompt":[1],"max_tokens":0}`), status: 400, code: "invalid_value"},
-		{name: "messages string", path: PathChatCompletions, body: []byte(`{"messages":"hi"}`), status: 400, code: "invalid_type"},
+		{name: "messages string", path: fastpath.PathChatCompletions, body: []byte(`{"messages":"hi"}`), status: 400, code: "invalid_type"},
 		// Limits.
 		{name: "negative token", body: []byte(`{"prompt":[1,-2,3]}`), status: 400, code: "token_out_of_range"},
 		{name: "token over max id", body: []byte(`{"prompt":[1,1001]}`), status: 400, code: "token_out_of_range"},
@@ -71,7 +72,7 @@ func TestBadInput(t *testing.T) {
 		// Empty and missing prompts.
 		{name: "empty string prompt", body: []byte(`{"model":"mock","prompt":""}`), status: 400, code: "empty_prompt"},
 		{name: "empty token prompt", body: []byte(`{"model":"mock","prompt":[]}`), status: 400, code: "empty_prompt"},
-		{name: "empty messages", path: PathChatCompletions, body: []byte(`{"model":"mock","messages":[]}`), status: 400, code: "empty_prompt"},
+		{name: "empty messages", path: fastpath.PathChatCompletions, body: []byte(`{"model":"mock","messages":[]}`), status: 400, code: "empty_prompt"},
 		{name: "no prompt", body: []byte(`{"model":"mock"}`), status: 400, code: "missing_required_parameter"},
 		{name: "null prompt", body: []byte(`{"model":"mock","prompt":null}`), status: 400, code: "missing_required_parameter"},
 		// Batches.
@@ -79,21 +80,21 @@ func TestBadInput(t *testing.T) {
 		{name: "batch of token arrays", body: []byte(`{"prompt":[[1,2],[3,4]]}`), status: 400, code: "batch_not_supported"},
 		// Routing.
 		{name: "unknown model", body: []byte(`{"model":"gpt-9","prompt":[1,2]}`), status: 404, code: "model_not_found"},
-		{name: "unknown model, route-only", path: PathRouteCompletions, body: []byte(`{"model":"gpt-9","prompt":"x"}`), status: 404, code: "model_not_found"},
-		{name: "unknown pinned worker", body: ok, hdr: map[string]string{HeaderWorker: "99"}, status: 404, code: "worker_not_found"},
-		{name: "unknown pinned rank", body: ok, hdr: map[string]string{HeaderWorker: "2", HeaderDPRank: "7"}, status: 404, code: "worker_not_found"},
-		{name: "ambiguous pin", body: ok, hdr: map[string]string{HeaderWorker: "2"}, status: 400, code: "ambiguous_pin"},
+		{name: "unknown model, route-only", path: fastpath.PathRouteCompletions, body: []byte(`{"model":"gpt-9","prompt":"x"}`), status: 404, code: "model_not_found"},
+		{name: "unknown pinned worker", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "99"}, status: 404, code: "worker_not_found"},
+		{name: "unknown pinned rank", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "2", fastpath.HeaderDPRank: "7"}, status: 404, code: "worker_not_found"},
+		{name: "ambiguous pin", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "2"}, status: 400, code: "ambiguous_pin"},
 		// Bad hint headers.
-		{name: "worker not a number", body: ok, hdr: map[string]string{HeaderWorker: "abc"}, status: 400, code: "invalid_header"},
-		{name: "negative worker", body: ok, hdr: map[string]string{HeaderWorker: "-1"}, status: 400, code: "invalid_header"},
-		{name: "rank without worker", body: ok, hdr: map[string]string{HeaderDPRank: "0"}, status: 400, code: "invalid_header"},
-		{name: "rank not a number", body: ok, hdr: map[string]string{HeaderWorker: "1", HeaderDPRank: "zero"}, status: 400, code: "invalid_header"},
-		{name: "rank over uint32", body: ok, hdr: map[string]string{HeaderWorker: "1", HeaderDPRank: "4294967296"}, status: 400, code: "invalid_header"},
-		{name: "priority not a number", body: ok, hdr: map[string]string{HeaderPriority: "high"}, status: 400, code: "invalid_header"},
-		{name: "priority out of range", body: ok, hdr: map[string]string{HeaderPriority: "1000001"}, status: 400, code: "invalid_header"},
-		{name: "allow-list garbage", body: ok, hdr: map[string]string{HeaderAllow: "1,zz"}, status: 400, code: "invalid_header"},
-		{name: "allow-list unknown worker", body: ok, hdr: map[string]string{HeaderAllow: "42"}, status: 400, code: "invalid_header"},
-		{name: "allow-list unknown rank", body: ok, hdr: map[string]string{HeaderAllow: "2:5"}, status: 400, code: "invalid_header"},
+		{name: "worker not a number", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "abc"}, status: 400, code: "invalid_header"},
+		{name: "negative worker", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "-1"}, status: 400, code: "invalid_header"},
+		{name: "rank without worker", body: ok, hdr: map[string]string{fastpath.HeaderDPRank: "0"}, status: 400, code: "invalid_header"},
+		{name: "rank not a number", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "1", fastpath.HeaderDPRank: "zero"}, status: 400, code: "invalid_header"},
+		{name: "rank over uint32", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "1", fastpath.HeaderDPRank: "4294967296"}, status: 400, code: "invalid_header"},
+		{name: "priority not a number", body: ok, hdr: map[string]string{fastpath.HeaderPriority: "high"}, status: 400, code: "invalid_header"},
+		{name: "priority out of range", body: ok, hdr: map[string]string{fastpath.HeaderPriority: "1000001"}, status: 400, code: "invalid_header"},
+		{name: "allow-list garbage", body: ok, hdr: map[string]string{fastpath.HeaderAllow: "1,zz"}, status: 400, code: "invalid_header"},
+		{name: "allow-list unknown worker", body: ok, hdr: map[string]string{fastpath.HeaderAllow: "42"}, status: 400, code: "invalid_header"},
+		{name: "allow-list unknown rank", body: ok, hdr: map[string]string{fastpath.HeaderAllow: "2:5"}, status: 400, code: "invalid_header"},
 		// Wrong method or path.
 		{name: "GET completions", method: http.MethodGet, status: 405, code: "method_not_allowed"},
 		{name: "unknown path", path: "/v1/embeddings", body: ok, status: 404, code: "not_found"},
@@ -105,7 +106,7 @@ func TestBadInput(t *testing.T) {
 				method = http.MethodPost
 			}
 			if path == "" {
-				path = PathCompletions
+				path = fastpath.PathCompletions
 			}
 			resp := r.do(t, method, path, tc.body, tc.hdr)
 			if resp.status != tc.status {
@@ -117,7 +118,7 @@ func TestBadInput(t *testing.T) {
 			if code := checkOpenAIError(t, resp.body); code != tc.code {
 				t.Errorf("code %q, want %q: %s", code, tc.code, resp.body)
 			}
-			if v := r.srv.Admin(); v.Queue.Booked != 0 || !reservationsReleased(v) {
+			if v := r.node.Snapshot(); v.Queue.Booked != 0 || !reservationsReleased(v) {
 				t.Errorf("a refused request booked load: queue %+v", v.Queue)
 			}
 		})
@@ -146,10 +147,10 @@ func TestBadInput(t *testing.T) {
 	if n := eng.requests.Load(); n != 0 {
 		t.Errorf("bad requests reached the engine %d times", n)
 	}
-	if resp := r.post(t, PathCompletions, ok, map[string]string{HeaderWorker: "1"}); resp.status != 200 {
+	if resp := r.post(t, fastpath.PathCompletions, ok, map[string]string{fastpath.HeaderWorker: "1"}); resp.status != 200 {
 		t.Errorf("a good request after the table: %d %s", resp.status, resp.body)
 	}
-	waitReleased(t, r.srv)
+	waitReleased(t, r.node)
 	m := r.metrics(t)
 	if v, _ := metricValue(m, `kvfast_requests_total{endpoint="completions",status="client_error"}`); v < 30 {
 		t.Errorf("client errors counted: %v", v)
@@ -163,8 +164,9 @@ func TestBadInput(t *testing.T) {
 func TestSlowClientsHitReadTimeout(t *testing.T) {
 	eng := startMock(t, mocker.Config{WorkerID: 1})
 	const readTimeout = 300 * time.Millisecond
-	r := startE2ERouter(t, Config{ReadTimeout: readTimeout,
-		Static: []StaticWorker{{ID: 1, Endpoint: eng.Addr(), Model: e2eModel}}})
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.Addr(), Model: e2eModel})
+	cfg.HTTP.ReadTimeout = readTimeout
+	r := startE2ERouter(t, cfg)
 	addr := strings.TrimPrefix(r.url, "http://")
 
 	body := `{"model":"mock","prompt":[1,2,3],"max_tokens":1}`
@@ -219,7 +221,7 @@ func TestSlowClientsHitReadTimeout(t *testing.T) {
 	}
 	// Meanwhile an ordinary client is served.
 	time.Sleep(100 * time.Millisecond)
-	if resp := r.post(t, PathCompletions, []byte(body), nil); resp.status != 200 {
+	if resp := r.post(t, fastpath.PathCompletions, []byte(body), nil); resp.status != 200 {
 		t.Errorf("a normal request during the slowloris: %d %s", resp.status, resp.body)
 	}
 	for i, tc := range cases {
@@ -246,7 +248,7 @@ func TestSlowClientsHitReadTimeout(t *testing.T) {
 		}
 		t.Logf("%s: cut after %v with %d bytes", tc.name, out.elapsed, len(out.data))
 	}
-	waitReleased(t, r.srv)
+	waitReleased(t, r.node)
 }
 
 func repeatLines(format string, n int) []string {
@@ -286,7 +288,10 @@ func rawRequest(t *testing.T, addr, req string) (*http.Response, []byte) {
 // the standard library's unstructured log.
 func TestTransportErrorsLoggedStructured(t *testing.T) {
 	logs := newLogCapture()
-	r := startE2ERouter(t, Config{MaxBodyBytes: 1024, Logger: slog.New(logs)})
+	cfg := e2eConfig()
+	cfg.HTTP.MaxBodyBytes = 1024
+	cfg.Logger = slog.New(logs)
+	r := startE2ERouter(t, cfg)
 	resp, body := rawRequest(t, strings.TrimPrefix(r.url, "http://"),
 		"POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Length: 5000\r\n\r\n{")
 	if resp.StatusCode != http.StatusRequestEntityTooLarge {

@@ -1,4 +1,4 @@
-package fastpath
+package fastpath_test
 
 import (
 	"bufio"
@@ -8,23 +8,21 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/internal/rig"
 	"github.com/kvfast/kvfast/mocker"
+	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/radix"
-	"github.com/kvfast/kvfast/shm"
 )
 
 // TestStreamRelayedByteExact: the client receives exactly the bytes the
@@ -67,10 +65,10 @@ func TestStreamRelayedByteExact(t *testing.T) {
 		ctx.Response.Header.Set("X-Engine-Header", "kept")
 		ctx.SetBody(plain)
 	})
-	r := startE2ERouter(t, Config{Static: []StaticWorker{
-		{ID: 11, Endpoint: "http://" + eng.addr(), Model: e2eModel},
-		{ID: 12, Endpoint: plainEng.addr(), Model: e2eModel},
-	}})
+	r := startE2ERouter(t, e2eConfig(
+		node.StaticWorker{ID: 11, Endpoint: "http://" + eng.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 12, Endpoint: plainEng.addr(), Model: e2eModel},
+	))
 
 	// Extra fields, odd spacing and key order: forwarded untouched.
 	tokens := e2eTokens(1, 64)
@@ -79,7 +77,7 @@ func TestStreamRelayedByteExact(t *testing.T) {
 	body = append(body[:len(body)-1], `, "model":"mock", "echo": false}`...)
 
 	t.Run("stream", func(t *testing.T) {
-		resp := r.post(t, PathCompletions, body, map[string]string{HeaderWorker: "11", HeaderRequestID: "client-rid-1"})
+		resp := r.post(t, fastpath.PathCompletions, body, map[string]string{fastpath.HeaderWorker: "11", fastpath.HeaderRequestID: "client-rid-1"})
 		if resp.status != http.StatusOK {
 			t.Fatalf("status %d: %s", resp.status, resp.body)
 		}
@@ -93,10 +91,10 @@ func TestStreamRelayedByteExact(t *testing.T) {
 		if got := resp.header.Get("Cache-Control"); got != "no-cache" {
 			t.Errorf("engine header Cache-Control not relayed: %q", got)
 		}
-		if got := resp.header.Get(HeaderWorker); got != "11" {
-			t.Errorf("%s = %q, want 11", HeaderWorker, got)
+		if got := resp.header.Get(fastpath.HeaderWorker); got != "11" {
+			t.Errorf("%s = %q, want 11", fastpath.HeaderWorker, got)
 		}
-		if got := resp.header.Get(HeaderRequestID); got != "client-rid-1" {
+		if got := resp.header.Get(fastpath.HeaderRequestID); got != "client-rid-1" {
 			t.Errorf("request id not echoed: %q", got)
 		}
 		bodies, rids := eng.received()
@@ -109,20 +107,20 @@ func TestStreamRelayedByteExact(t *testing.T) {
 	})
 	t.Run("plain", func(t *testing.T) {
 		nb := completionBody(tokens, false, 2)
-		resp := r.post(t, PathCompletions, nb, map[string]string{HeaderWorker: "12"})
+		resp := r.post(t, fastpath.PathCompletions, nb, map[string]string{fastpath.HeaderWorker: "12"})
 		if resp.status != http.StatusOK || !bytes.Equal(resp.body, plain) {
 			t.Fatalf("status %d body %q, want 200 %q", resp.status, resp.body, plain)
 		}
 		if resp.header.Get("X-Engine-Header") != "kept" {
 			t.Errorf("engine header not relayed: %v", resp.header)
 		}
-		if rid := resp.header.Get(HeaderRequestID); rid == "" {
+		if rid := resp.header.Get(fastpath.HeaderRequestID); rid == "" {
 			t.Error("no request id generated")
 		} else if _, rids := plainEng.received(); rids[0] != rid {
 			t.Errorf("engine saw request id %q, client %q", rids[0], rid)
 		}
 	})
-	waitReleased(t, r.srv)
+	waitReleased(t, r.node)
 	m := r.metrics(t)
 	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="ok"}`, 2)
 	wantMetric(t, m, `kvfast_output_sequence_tokens_count`, 1)
@@ -143,7 +141,7 @@ func TestClientCancelReleasesReservations(t *testing.T) {
 			time.Sleep(15 * time.Millisecond)
 		}
 	}))
-	r := startE2ERouter(t, Config{Static: []StaticWorker{{ID: 1, Endpoint: eng.addr(), Model: e2eModel}}})
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel}))
 
 	type result struct {
 		resp *http.Response
@@ -153,15 +151,15 @@ func TestClientCancelReleasesReservations(t *testing.T) {
 	defer cancel()
 	opened := make(chan result, 1)
 	go func() {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.url+PathCompletions,
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.url+fastpath.PathCompletions,
 			bytes.NewReader(completionBody(e2eTokens(2, 64), true, 1000)))
 		resp, err := r.client.Do(req)
 		opened <- result{resp, err}
 	}()
 
 	// Booked before the engine's first token: 4 prompt blocks, 64 prefill tokens.
-	waitFor(t, "the request to be booked", func() bool { return workerView(t, r.srv, 1, 0).Requests == 1 })
-	if w := workerView(t, r.srv, 1, 0); w.ActiveBlocks != 4 || w.PrefillTokens != 64 {
+	waitFor(t, "the request to be booked", func() bool { return workerView(t, r.node, 1, 0).Requests == 1 })
+	if w := workerView(t, r.node, 1, 0); w.ActiveBlocks != 4 || w.PrefillTokens != 64 {
 		t.Fatalf("during prefill: active blocks %d, prefill tokens %d; want 4 and 64", w.ActiveBlocks, w.PrefillTokens)
 	}
 	close(release)
@@ -178,7 +176,7 @@ func TestClientCancelReleasesReservations(t *testing.T) {
 		}
 	}
 	// The first token released the prefill; the blocks stay booked.
-	if w := workerView(t, r.srv, 1, 0); w.Requests != 1 || w.ActiveBlocks != 4 || w.PrefillTokens != 0 {
+	if w := workerView(t, r.node, 1, 0); w.Requests != 1 || w.ActiveBlocks != 4 || w.PrefillTokens != 0 {
 		t.Fatalf("while decoding: %+v", w)
 	}
 	m := r.metrics(t)
@@ -191,7 +189,7 @@ func TestClientCancelReleasesReservations(t *testing.T) {
 	case <-time.After(e2eWait):
 		t.Fatal("the engine's request was not cancelled after the client left")
 	}
-	waitReleased(t, r.srv)
+	waitReleased(t, r.node)
 	waitFor(t, "the cancellation to be counted", func() bool {
 		v, _ := metricValue(r.metrics(t), `kvfast_requests_total{endpoint="completions",status="cancelled"}`)
 		return v == 1
@@ -215,8 +213,8 @@ func TestEngineKilledMidStream(t *testing.T) {
 		<-kill
 		eng.kill()
 	}))
-	r := startE2ERouter(t, Config{Static: []StaticWorker{{ID: 5, Endpoint: eng.addr(), Model: e2eModel}}})
-	resp, _ := r.openStream(t, PathCompletions, completionBody(e2eTokens(3, 40), true, 100), nil)
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 5, Endpoint: eng.addr(), Model: e2eModel}))
+	resp, _ := r.openStream(t, fastpath.PathCompletions, completionBody(e2eTokens(3, 40), true, 100), nil)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
@@ -229,7 +227,7 @@ func TestEngineKilledMidStream(t *testing.T) {
 		}
 		got = append(got, ev...)
 	}
-	if w := workerView(t, r.srv, 5, 0); w.Requests != 1 || w.ActiveBlocks != 2 {
+	if w := workerView(t, r.node, 5, 0); w.Requests != 1 || w.ActiveBlocks != 2 {
 		t.Fatalf("before the kill: %+v", w)
 	}
 	close(kill)
@@ -248,7 +246,7 @@ func TestEngineKilledMidStream(t *testing.T) {
 	if code := checkOpenAIError(t, bytes.TrimSpace(data)); code != "engine_failed" {
 		t.Errorf("error code %q, want engine_failed", code)
 	}
-	waitReleased(t, r.srv)
+	waitReleased(t, r.node)
 	waitFor(t, "the failure to be counted", func() bool {
 		v, _ := metricValue(r.metrics(t), `kvfast_requests_total{endpoint="completions",status="engine_error"}`)
 		return v == 1
@@ -260,29 +258,23 @@ func TestEngineKilledMidStream(t *testing.T) {
 // repeated prefix to the engine that caches it, which then serves it from
 // its cache.
 func TestExactTokenRoutingFollowsEvents(t *testing.T) {
-	seg, err := shm.Open(filepath.Join(t.TempDir(), "kvfast.seg"), shm.Options{Index: radix.Config{Capacity: 1 << 16}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = seg.Close() }) // after the engines and the router: cleanups run last-in first-out
 	const n = 3
-	for i := range n {
-		startMock(t, mocker.Config{SegmentHandle: seg, WorkerID: uint64(i + 1)})
+	r := startE2ERig(t, rig.Config{Node: e2eConfig(), Engines: n, Engine: mocker.Config{WorkerID: 1, Speedup: 20}})
+	if w := r.node.Snapshot().Workers; len(w) != n {
+		t.Fatalf("%d workers registered, want %d: %+v", len(w), n, w)
 	}
-	r := startE2ERouter(t, Config{Segment: seg, Ingester: feed.New(seg, feed.Config{})})
-	waitFor(t, "the engines to register", func() bool { return len(r.srv.Admin().Workers) == n })
 
 	const prefixBlocks = 6
 	for p := range 4 {
 		prefix := e2eTokens(uint32(100+p), prefixBlocks*16)
 		first := completionBody(append(append([]uint32{}, prefix...), e2eTokens(uint32(200+p), 8)...), false, 4)
-		resp := r.post(t, PathCompletions, first, nil)
+		resp := r.post(t, fastpath.PathCompletions, first, nil)
 		if resp.status != http.StatusOK {
 			t.Fatalf("prefix %d: status %d: %s", p, resp.status, resp.body)
 		}
-		owner := resp.header.Get(HeaderWorker)
-		if resp.header.Get(HeaderOverlapBlocks) != "0" {
-			t.Errorf("prefix %d: a new prefix had overlap %s", p, resp.header.Get(HeaderOverlapBlocks))
+		owner := resp.header.Get(fastpath.HeaderWorker)
+		if resp.header.Get(fastpath.HeaderOverlapBlocks) != "0" {
+			t.Errorf("prefix %d: a new prefix had overlap %s", p, resp.header.Get(fastpath.HeaderOverlapBlocks))
 		}
 		// The engine's Stored events reach the index asynchronously; the
 		// route-only endpoint shows when they have.
@@ -292,18 +284,18 @@ func TestExactTokenRoutingFollowsEvents(t *testing.T) {
 				WorkerID      uint64 `json:"worker_id"`
 				OverlapBlocks int    `json:"overlap_blocks"`
 			}
-			decodeJSON(t, r.post(t, PathRouteCompletions, again, nil).body, &d)
+			decodeJSON(t, r.post(t, fastpath.PathRouteCompletions, again, nil).body, &d)
 			return d.OverlapBlocks == prefixBlocks && strconv.FormatUint(d.WorkerID, 10) == owner
 		})
 		for k := range 2 {
-			resp := r.post(t, PathCompletions, again, nil)
+			resp := r.post(t, fastpath.PathCompletions, again, nil)
 			if resp.status != http.StatusOK {
 				t.Fatalf("prefix %d repeat %d: status %d: %s", p, k, resp.status, resp.body)
 			}
-			if got := resp.header.Get(HeaderWorker); got != owner {
+			if got := resp.header.Get(fastpath.HeaderWorker); got != owner {
 				t.Errorf("prefix %d repeat %d went to worker %s, want %s (which caches it)", p, k, got, owner)
 			}
-			if got := resp.header.Get(HeaderOverlapBlocks); got != strconv.Itoa(prefixBlocks) {
+			if got := resp.header.Get(fastpath.HeaderOverlapBlocks); got != strconv.Itoa(prefixBlocks) {
 				t.Errorf("prefix %d repeat %d: overlap %s blocks, want %d", p, k, got, prefixBlocks)
 			}
 			var out struct {
@@ -320,8 +312,8 @@ func TestExactTokenRoutingFollowsEvents(t *testing.T) {
 			}
 		}
 	}
-	waitReleased(t, r.srv)
-	v := r.srv.Admin()
+	waitReleased(t, r.node)
+	v := r.node.Snapshot()
 	if v.Feed == nil || v.Feed.StoredBlocks == 0 || v.Index.Entries == 0 {
 		t.Errorf("the feed applied nothing: %+v, index %+v", v.Feed, v.Index)
 	}
@@ -334,12 +326,14 @@ func TestExactTokenRoutingFollowsEvents(t *testing.T) {
 // TestApproxRoutingWithStaticWorkers: without events, policy approx routes
 // a repeated text or chat prefix to the worker it chose before.
 func TestApproxRoutingWithStaticWorkers(t *testing.T) {
-	var static []StaticWorker
+	var static []node.StaticWorker
 	for i := range 3 {
 		e := startMock(t, mocker.Config{WorkerID: uint64(i + 1)})
-		static = append(static, StaticWorker{ID: uint64(i + 1), Endpoint: e.URL(), Model: e2eModel})
+		static = append(static, node.StaticWorker{ID: uint64(i + 1), Endpoint: e.URL(), Model: e2eModel})
 	}
-	r := startE2ERouter(t, Config{Static: static, Policy: "approx"})
+	cfg := e2eConfig(static...)
+	cfg.Policy = "approx"
+	r := startE2ERouter(t, cfg)
 
 	// 640 bytes of prompt text: exactly ten 64-byte chunks before the suffix.
 	text := func(p int) string {
@@ -351,15 +345,15 @@ func TestApproxRoutingWithStaticWorkers(t *testing.T) {
 		body       func(p int, suffix string) []byte
 		overlap    int
 	}{
-		{"text", PathCompletions, func(p int, suffix string) []byte {
+		{"text", fastpath.PathCompletions, func(p int, suffix string) []byte {
 			return []byte(`{"model":"mock","max_tokens":2,"prompt":"` + text(p) + suffix + `"}`)
 		}, 10},
-		{"chat", PathChatCompletions, func(p int, suffix string) []byte {
+		{"chat", fastpath.PathChatCompletions, func(p int, suffix string) []byte {
 			// The raw messages array is hashed: the 640 bytes start at '['.
 			return []byte(`{"model":"mock","max_tokens":2,"messages":` + `[{"role":"user","content":"` +
 				text(p)[len(`[{"role":"user","content":"`):] + suffix + `"}]}`)
 		}, 10},
-		{"tokens", PathCompletions, func(p int, suffix string) []byte {
+		{"tokens", fastpath.PathCompletions, func(p int, suffix string) []byte {
 			tail := e2eTokens(uint32(len(suffix)+7), 8)
 			return completionBody(append(e2eTokens(uint32(500+p), 160), tail...), false, 2)
 		}, 10},
@@ -371,36 +365,36 @@ func TestApproxRoutingWithStaticWorkers(t *testing.T) {
 				if resp.status != http.StatusOK {
 					t.Fatalf("status %d: %s", resp.status, resp.body)
 				}
-				owner := resp.header.Get(HeaderWorker)
+				owner := resp.header.Get(fastpath.HeaderWorker)
 				for k, suffix := range []string{"another ending", "a third"} {
 					resp := r.post(t, tc.path, tc.body(p, suffix), nil)
 					if resp.status != http.StatusOK {
 						t.Fatalf("status %d: %s", resp.status, resp.body)
 					}
-					if got := resp.header.Get(HeaderWorker); got != owner {
+					if got := resp.header.Get(fastpath.HeaderWorker); got != owner {
 						t.Errorf("prompt %d repeat %d went to worker %s, want %s", p, k, got, owner)
 					}
-					if got := resp.header.Get(HeaderOverlapBlocks); got != strconv.Itoa(tc.overlap) {
+					if got := resp.header.Get(fastpath.HeaderOverlapBlocks); got != strconv.Itoa(tc.overlap) {
 						t.Errorf("prompt %d repeat %d: overlap %s, want %d", p, k, got, tc.overlap)
 					}
 				}
 			}
 		})
 	}
-	waitReleased(t, r.srv)
+	waitReleased(t, r.node)
 }
 
 // TestPinToDPRank: a pin to rank 0 of a two-rank worker reaches rank 0's
 // engine, and pins that name no worker are refused, not guessed.
 func TestPinToDPRank(t *testing.T) {
-	var static []StaticWorker
+	var static []node.StaticWorker
 	for rank := range uint32(2) {
 		e := startMock(t, mocker.Config{WorkerID: 7, DPRank: rank})
-		static = append(static, StaticWorker{ID: 7, DPRank: rank, Endpoint: e.Addr(), Model: e2eModel})
+		static = append(static, node.StaticWorker{ID: 7, DPRank: rank, Endpoint: e.Addr(), Model: e2eModel})
 	}
 	solo := startMock(t, mocker.Config{WorkerID: 9})
-	static = append(static, StaticWorker{ID: 9, Endpoint: solo.Addr(), Model: e2eModel})
-	r := startE2ERouter(t, Config{Static: static})
+	static = append(static, node.StaticWorker{ID: 9, Endpoint: solo.Addr(), Model: e2eModel})
+	r := startE2ERouter(t, e2eConfig(static...))
 	body := completionBody(e2eTokens(4, 48), false, 2)
 
 	served := func(t *testing.T, resp e2eResponse) string {
@@ -414,18 +408,18 @@ func TestPinToDPRank(t *testing.T) {
 	}
 	for rank, tag := range []string{"-w7r0-", "-w7r1-"} {
 		for range 4 {
-			resp := r.post(t, PathCompletions, body, map[string]string{HeaderWorker: "7", HeaderDPRank: strconv.Itoa(rank)})
+			resp := r.post(t, fastpath.PathCompletions, body, map[string]string{fastpath.HeaderWorker: "7", fastpath.HeaderDPRank: strconv.Itoa(rank)})
 			if id := served(t, resp); !strings.Contains(id, tag) {
 				t.Fatalf("pinned to rank %d, served by %q", rank, id)
 			}
-			if resp.header.Get(HeaderWorker) != "7" || resp.header.Get(HeaderDPRank) != strconv.Itoa(rank) {
-				t.Errorf("decision headers %s=%s %s=%s", HeaderWorker, resp.header.Get(HeaderWorker),
-					HeaderDPRank, resp.header.Get(HeaderDPRank))
+			if resp.header.Get(fastpath.HeaderWorker) != "7" || resp.header.Get(fastpath.HeaderDPRank) != strconv.Itoa(rank) {
+				t.Errorf("decision headers %s=%s %s=%s", fastpath.HeaderWorker, resp.header.Get(fastpath.HeaderWorker),
+					fastpath.HeaderDPRank, resp.header.Get(fastpath.HeaderDPRank))
 			}
 		}
 	}
 	// A worker with a single rank needs no rank.
-	if id := served(t, r.post(t, PathCompletions, body, map[string]string{HeaderWorker: "9"})); !strings.Contains(id, "-w9r0-") {
+	if id := served(t, r.post(t, fastpath.PathCompletions, body, map[string]string{fastpath.HeaderWorker: "9"})); !strings.Contains(id, "-w9r0-") {
 		t.Errorf("pinned to worker 9, served by %q", id)
 	}
 	refused := []struct {
@@ -434,14 +428,14 @@ func TestPinToDPRank(t *testing.T) {
 		status int
 		code   string
 	}{
-		{"rank out of range", map[string]string{HeaderWorker: "7", HeaderDPRank: "2"}, 404, "worker_not_found"},
-		{"unknown worker", map[string]string{HeaderWorker: "8"}, 404, "worker_not_found"},
-		{"unknown worker with rank 0", map[string]string{HeaderWorker: "8", HeaderDPRank: "0"}, 404, "worker_not_found"},
-		{"several ranks, none named", map[string]string{HeaderWorker: "7"}, 400, "ambiguous_pin"},
+		{"rank out of range", map[string]string{fastpath.HeaderWorker: "7", fastpath.HeaderDPRank: "2"}, 404, "worker_not_found"},
+		{"unknown worker", map[string]string{fastpath.HeaderWorker: "8"}, 404, "worker_not_found"},
+		{"unknown worker with rank 0", map[string]string{fastpath.HeaderWorker: "8", fastpath.HeaderDPRank: "0"}, 404, "worker_not_found"},
+		{"several ranks, none named", map[string]string{fastpath.HeaderWorker: "7"}, 400, "ambiguous_pin"},
 	}
 	for _, tc := range refused {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, path := range []string{PathCompletions, PathRouteCompletions} {
+			for _, path := range []string{fastpath.PathCompletions, fastpath.PathRouteCompletions} {
 				resp := r.post(t, path, body, tc.hdr)
 				if resp.status != tc.status {
 					t.Fatalf("%s: status %d, want %d: %s", path, resp.status, tc.status, resp.body)
@@ -452,7 +446,7 @@ func TestPinToDPRank(t *testing.T) {
 			}
 		})
 	}
-	waitReleased(t, r.srv)
+	waitReleased(t, r.node)
 }
 
 // TestGracefulShutdownCompletesStreams: Shutdown stops accepting at once
@@ -475,8 +469,8 @@ func TestGracefulShutdownCompletesStreams(t *testing.T) {
 			time.Sleep(40 * time.Millisecond)
 		}
 	}))
-	r := startE2ERouter(t, Config{Static: []StaticWorker{{ID: 1, Endpoint: eng.addr(), Model: e2eModel}}})
-	resp, _ := r.openStream(t, PathCompletions, completionBody(e2eTokens(5, 32), true, 10), nil)
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel}))
+	resp, _ := r.openStream(t, fastpath.PathCompletions, completionBody(e2eTokens(5, 32), true, 10), nil)
 	br := bufio.NewReader(resp.Body)
 	first, err := readEvent(br)
 	if err != nil {
@@ -487,7 +481,7 @@ func TestGracefulShutdownCompletesStreams(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
 		defer cancel()
-		shutdownDone <- r.srv.Shutdown(ctx)
+		shutdownDone <- r.node.Shutdown(ctx)
 	}()
 	// New connections are refused while the stream drains.
 	addr := strings.TrimPrefix(r.url, "http://")
@@ -519,55 +513,50 @@ func TestGracefulShutdownCompletesStreams(t *testing.T) {
 	case <-time.After(e2eWait):
 		t.Fatal("Shutdown did not return after the stream ended")
 	}
-	waitReleased(t, r.srv)
-	select {
-	case err := <-r.served:
-		r.served <- err // for the cleanup
-	case <-time.After(e2eWait):
-		t.Fatal("Serve did not return after Shutdown")
-	}
+	waitReleased(t, r.node)
+	// That Serve returned is checked by the rig's teardown.
 }
 
 // TestConnectFailureRetriedElsewhere: the worker the router prefers refuses
 // connections; the request is re-routed to a live one, unless it is pinned.
 func TestConnectFailureRetriedElsewhere(t *testing.T) {
 	live := startMock(t, mocker.Config{WorkerID: 2})
-	r := startE2ERouter(t, Config{Static: []StaticWorker{
-		{ID: 1, Endpoint: deadAddr(t), Model: e2eModel},
-		{ID: 2, Endpoint: live.Addr(), Model: e2eModel},
-	}})
+	r := startE2ERouter(t, e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: deadAddr(t), Model: e2eModel},
+		node.StaticWorker{ID: 2, Endpoint: live.Addr(), Model: e2eModel},
+	))
 	tokens := e2eTokens(6, 80)
-	indexBlocks(t, r.srv, 1, 0, tokens) // the dead worker looks best
+	indexBlocks(t, r.node, 1, 0, tokens) // the dead worker looks best
 	body := completionBody(tokens, true, 3)
 
 	var route struct {
 		WorkerID      uint64 `json:"worker_id"`
 		OverlapBlocks int    `json:"overlap_blocks"`
 	}
-	decodeJSON(t, r.post(t, PathRouteCompletions, body, nil).body, &route)
+	decodeJSON(t, r.post(t, fastpath.PathRouteCompletions, body, nil).body, &route)
 	if route.WorkerID != 1 || route.OverlapBlocks != 5 {
 		t.Fatalf("route-only chose %+v; the test needs the dead worker 1 first", route)
 	}
 	for i := range 2 {
-		resp := r.post(t, PathCompletions, body, nil)
+		resp := r.post(t, fastpath.PathCompletions, body, nil)
 		if resp.status != http.StatusOK || !bytes.HasSuffix(resp.body, []byte(doneEvent)) {
 			t.Fatalf("attempt %d: status %d: %s", i, resp.status, resp.body)
 		}
-		if got := resp.header.Get(HeaderWorker); got != "2" {
+		if got := resp.header.Get(fastpath.HeaderWorker); got != "2" {
 			t.Errorf("attempt %d served by worker %s, want the live worker 2", i, got)
 		}
 	}
 	wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 2)
 
 	// A pin is never re-routed: the client learns the engine is down.
-	resp := r.post(t, PathCompletions, body, map[string]string{HeaderWorker: "1"})
+	resp := r.post(t, fastpath.PathCompletions, body, map[string]string{fastpath.HeaderWorker: "1"})
 	if resp.status != http.StatusBadGateway {
 		t.Fatalf("pinned to a dead engine: status %d: %s", resp.status, resp.body)
 	}
 	if code := checkOpenAIError(t, resp.body); code != "engine_unavailable" {
 		t.Errorf("code %q, want engine_unavailable", code)
 	}
-	waitReleased(t, r.srv)
+	waitReleased(t, r.node)
 	m := r.metrics(t)
 	wantMetric(t, m, "kvfast_dispatch_retries_total", 2)
 	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="unavailable"}`, 1)
@@ -577,11 +566,13 @@ func TestConnectFailureRetriedElsewhere(t *testing.T) {
 // worker.
 func TestDirectModeRequiresWorker(t *testing.T) {
 	eng := startMock(t, mocker.Config{WorkerID: 3})
-	r := startE2ERouter(t, Config{Direct: true, Static: []StaticWorker{{ID: 3, Endpoint: eng.Addr(), Model: e2eModel}}})
+	cfg := e2eConfig(node.StaticWorker{ID: 3, Endpoint: eng.Addr(), Model: e2eModel})
+	cfg.HTTP.Direct = true
+	r := startE2ERouter(t, cfg)
 	body := completionBody(e2eTokens(7, 32), false, 2)
-	for _, path := range []string{PathCompletions, PathChatCompletions, PathRouteCompletions} {
+	for _, path := range []string{fastpath.PathCompletions, fastpath.PathChatCompletions, fastpath.PathRouteCompletions} {
 		b := body
-		if path == PathChatCompletions {
+		if path == fastpath.PathChatCompletions {
 			b = []byte(`{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`)
 		}
 		resp := r.post(t, path, b, nil)
@@ -591,19 +582,19 @@ func TestDirectModeRequiresWorker(t *testing.T) {
 		if code := checkOpenAIError(t, resp.body); code != "worker_required" {
 			t.Errorf("%s: code %q, want worker_required", path, code)
 		}
-		if !bytes.Contains(resp.body, []byte(HeaderWorker)) {
+		if !bytes.Contains(resp.body, []byte(fastpath.HeaderWorker)) {
 			t.Errorf("%s: the error does not say which header is needed: %s", path, resp.body)
 		}
 	}
-	resp := r.post(t, PathCompletions, body, map[string]string{HeaderWorker: "3"})
-	if resp.status != http.StatusOK || resp.header.Get(HeaderWorker) != "3" {
-		t.Fatalf("with a worker: status %d, worker %q: %s", resp.status, resp.header.Get(HeaderWorker), resp.body)
+	resp := r.post(t, fastpath.PathCompletions, body, map[string]string{fastpath.HeaderWorker: "3"})
+	if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != "3" {
+		t.Fatalf("with a worker: status %d, worker %q: %s", resp.status, resp.header.Get(fastpath.HeaderWorker), resp.body)
 	}
 	waitFor(t, "the engine's counters", func() bool { return eng.Stats().Finished >= 1 })
 	if st := eng.Stats(); st.Requests != 1 {
 		t.Errorf("the engine was sent %d requests, want 1", st.Requests)
 	}
-	waitReleased(t, r.srv)
+	waitReleased(t, r.node)
 }
 
 // routeDecision is the route-only endpoint's answer.
@@ -633,12 +624,12 @@ type routeDecision struct {
 func TestRouteOnlyReturnsDecision(t *testing.T) {
 	e1 := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(500) })
 	e2 := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(500) })
-	r := startE2ERouter(t, Config{Static: []StaticWorker{
-		{ID: 1, Endpoint: e1.addr(), Model: e2eModel},
-		{ID: 2, Endpoint: e2.addr(), Model: e2eModel},
-	}})
+	r := startE2ERouter(t, e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: e1.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, Endpoint: e2.addr(), Model: e2eModel},
+	))
 	tokens := e2eTokens(8, 80) // 5 blocks
-	indexBlocks(t, r.srv, 2, 0, tokens[:48])
+	indexBlocks(t, r.node, 2, 0, tokens[:48])
 	body := completionBody(tokens, true, 16)
 
 	check := func(t *testing.T, resp e2eResponse) {
@@ -668,16 +659,16 @@ func TestRouteOnlyReturnsDecision(t *testing.T) {
 				t.Errorf("worker %d: overlap, prefill, decode, cost = %v, want %v", w.WorkerID, got, exp)
 			}
 		}
-		if resp.header.Get(HeaderWorker) != "2" || resp.header.Get(HeaderOverlapBlocks) != "3" {
+		if resp.header.Get(fastpath.HeaderWorker) != "2" || resp.header.Get(fastpath.HeaderOverlapBlocks) != "3" {
 			t.Errorf("decision headers: %v", resp.header)
 		}
 	}
-	t.Run("route endpoint", func(t *testing.T) { check(t, r.post(t, PathRouteCompletions, body, nil)) })
+	t.Run("route endpoint", func(t *testing.T) { check(t, r.post(t, fastpath.PathRouteCompletions, body, nil)) })
 	t.Run("query-only header", func(t *testing.T) {
-		check(t, r.post(t, PathCompletions, body, map[string]string{HeaderQueryOnly: "true"}))
+		check(t, r.post(t, fastpath.PathCompletions, body, map[string]string{fastpath.HeaderQueryOnly: "true"}))
 	})
 	t.Run("chat", func(t *testing.T) {
-		resp := r.post(t, PathRouteChatCompletions, []byte(`{"model":"mock","messages":[{"role":"user","content":"hello"}]}`), nil)
+		resp := r.post(t, fastpath.PathRouteChatCompletions, []byte(`{"model":"mock","messages":[{"role":"user","content":"hello"}]}`), nil)
 		if resp.status != http.StatusOK {
 			t.Fatalf("status %d: %s", resp.status, resp.body)
 		}
@@ -688,14 +679,14 @@ func TestRouteOnlyReturnsDecision(t *testing.T) {
 		}
 	})
 	t.Run("allow-list", func(t *testing.T) {
-		resp := r.post(t, PathRouteCompletions, body, map[string]string{HeaderAllow: "1"})
+		resp := r.post(t, fastpath.PathRouteCompletions, body, map[string]string{fastpath.HeaderAllow: "1"})
 		var d routeDecision
 		decodeJSON(t, resp.body, &d)
 		if d.WorkerID != 1 || len(d.Workers) != 1 {
 			t.Errorf("allow-listed to worker 1: %s", resp.body)
 		}
 	})
-	v := r.srv.Admin()
+	v := r.node.Snapshot()
 	if v.Queue.Booked != 0 || !reservationsReleased(v) {
 		t.Errorf("route-only booked load: %+v %+v", v.Queue, v.Workers)
 	}
@@ -709,11 +700,11 @@ func TestRouteOnlyReturnsDecision(t *testing.T) {
 // /admin/workers.
 func TestOperationalEndpoints(t *testing.T) {
 	t.Run("no workers", func(t *testing.T) {
-		r := startE2ERouter(t, Config{})
-		if resp := r.get(t, PathHealth); resp.status != 200 || string(resp.body) != `{"status":"ok"}` {
+		r := startE2ERouter(t, e2eConfig())
+		if resp := r.get(t, fastpath.PathHealth); resp.status != 200 || string(resp.body) != `{"status":"ok"}` {
 			t.Errorf("/health: %d %s", resp.status, resp.body)
 		}
-		resp := r.get(t, PathReady)
+		resp := r.get(t, fastpath.PathReady)
 		if resp.status != http.StatusServiceUnavailable {
 			t.Errorf("/ready with no workers: %d %s", resp.status, resp.body)
 		}
@@ -725,11 +716,11 @@ func TestOperationalEndpoints(t *testing.T) {
 		if ready.Status != "not_ready" || ready.Healthy == nil || *ready.Healthy != 0 {
 			t.Errorf("/ready body %s", resp.body)
 		}
-		resp = r.post(t, PathCompletions, completionBody(e2eTokens(9, 16), false, 1), nil)
+		resp = r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(9, 16), false, 1), nil)
 		if resp.status != http.StatusNotFound || checkOpenAIError(t, resp.body) != "model_not_found" {
 			t.Errorf("a request with no workers: %d %s", resp.status, resp.body)
 		}
-		resp = r.post(t, PathCompletions, []byte(`{"prompt":[1,2,3]}`), nil)
+		resp = r.post(t, fastpath.PathCompletions, []byte(`{"prompt":[1,2,3]}`), nil)
 		if resp.status != http.StatusServiceUnavailable || checkOpenAIError(t, resp.body) != "no_worker_available" ||
 			resp.header.Get("Retry-After") == "" {
 			t.Errorf("a request with no workers and no model: %d %v %s", resp.status, resp.header, resp.body)
@@ -738,12 +729,12 @@ func TestOperationalEndpoints(t *testing.T) {
 			Object string `json:"object"`
 			Data   []any  `json:"data"`
 		}
-		decodeJSON(t, r.get(t, PathModels).body, &models)
+		decodeJSON(t, r.get(t, fastpath.PathModels).body, &models)
 		if models.Object != "list" || models.Data == nil || len(models.Data) != 0 {
 			t.Errorf("/v1/models with no workers: %+v", models)
 		}
-		var admin AdminView
-		decodeJSON(t, r.get(t, PathAdminWorkers).body, &admin)
+		var admin fastpath.Snapshot
+		decodeJSON(t, r.get(t, fastpath.PathAdminWorkers).body, &admin)
 		if admin.Workers == nil || len(admin.Workers) != 0 || admin.Policy != "kv" {
 			t.Errorf("/admin/workers: %+v", admin)
 		}
@@ -754,11 +745,11 @@ func TestOperationalEndpoints(t *testing.T) {
 	t.Run("with workers", func(t *testing.T) {
 		a := startMock(t, mocker.Config{WorkerID: 1})
 		b := startMock(t, mocker.Config{WorkerID: 2, Model: "other-model"})
-		r := startE2ERouter(t, Config{Static: []StaticWorker{
-			{ID: 1, Endpoint: a.Addr(), Model: e2eModel, KVBlocks: 1000},
-			{ID: 2, Endpoint: b.Addr(), Model: "other-model"},
-		}})
-		resp := r.get(t, PathReady)
+		r := startE2ERouter(t, e2eConfig(
+			node.StaticWorker{ID: 1, Endpoint: a.Addr(), Model: e2eModel, KVBlocks: 1000},
+			node.StaticWorker{ID: 2, Endpoint: b.Addr(), Model: "other-model"},
+		))
+		resp := r.get(t, fastpath.PathReady)
 		if resp.status != 200 || string(resp.body) != `{"status":"ready","healthy_workers":2}` {
 			t.Errorf("/ready: %d %s", resp.status, resp.body)
 		}
@@ -768,22 +759,22 @@ func TestOperationalEndpoints(t *testing.T) {
 				ID, Object string
 			} `json:"data"`
 		}
-		decodeJSON(t, r.get(t, PathModels).body, &models)
+		decodeJSON(t, r.get(t, fastpath.PathModels).body, &models)
 		if len(models.Data) != 2 || models.Data[0].ID != e2eModel || models.Data[1].ID != "other-model" ||
 			models.Data[0].Object != "model" {
 			t.Errorf("/v1/models: %+v", models)
 		}
 		// A request for each model reaches the engine serving it.
 		for _, tc := range []struct{ model, worker string }{{e2eModel, "1"}, {"other-model", "2"}} {
-			resp := r.post(t, PathCompletions, []byte(`{"model":"`+tc.model+`","prompt":"hello there","max_tokens":2}`), nil)
-			if resp.status != 200 || resp.header.Get(HeaderWorker) != tc.worker {
-				t.Errorf("model %s: status %d worker %q: %s", tc.model, resp.status, resp.header.Get(HeaderWorker), resp.body)
+			resp := r.post(t, fastpath.PathCompletions, []byte(`{"model":"`+tc.model+`","prompt":"hello there","max_tokens":2}`), nil)
+			if resp.status != 200 || resp.header.Get(fastpath.HeaderWorker) != tc.worker {
+				t.Errorf("model %s: status %d worker %q: %s", tc.model, resp.status, resp.header.Get(fastpath.HeaderWorker), resp.body)
 			}
 		}
-		waitReleased(t, r.srv)
+		waitReleased(t, r.node)
 
-		var admin AdminView
-		resp = r.get(t, PathAdminWorkers)
+		var admin fastpath.Snapshot
+		resp = r.get(t, fastpath.PathAdminWorkers)
 		if ct := resp.header.Get("Content-Type"); ct != "application/json" {
 			t.Errorf("/admin/workers Content-Type %q", ct)
 		}
@@ -833,17 +824,10 @@ func TestOperationalEndpoints(t *testing.T) {
 		}
 	})
 	t.Run("with a feed", func(t *testing.T) {
-		seg, err := shm.Open(filepath.Join(t.TempDir(), "seg"), shm.Options{Index: radix.Config{Capacity: 1 << 12}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = seg.Close() })
-		startMock(t, mocker.Config{SegmentHandle: seg, WorkerID: 4})
-		r := startE2ERouter(t, Config{Segment: seg, Ingester: feed.New(seg, feed.Config{})})
-		waitFor(t, "the engine to register", func() bool { return len(r.srv.Admin().Workers) == 1 })
-		waitFor(t, "the feed to start", func() bool { a := r.srv.Admin(); return a.Feed != nil && a.Feed.Ingesting && a.Feed.Records > 0 })
-		var admin AdminView
-		decodeJSON(t, r.get(t, PathAdminWorkers).body, &admin)
+		r := startE2ERig(t, rig.Config{Node: e2eConfig(), Engines: 1, Engine: mocker.Config{WorkerID: 4, Speedup: 20}})
+		waitFor(t, "the feed to start", func() bool { a := r.node.Snapshot(); return a.Feed != nil && a.Feed.Ingesting && a.Feed.Records > 0 })
+		var admin fastpath.Snapshot
+		decodeJSON(t, r.get(t, fastpath.PathAdminWorkers).body, &admin)
 		w := admin.Workers[0]
 		if w.WorkerID != 4 || w.Source != "registry" || w.Generation == 0 || w.Slot != 0 || admin.Feed == nil {
 			t.Errorf("/admin/workers with a registered engine: %+v %+v", w, admin.Feed)
@@ -858,10 +842,10 @@ func TestOperationalEndpoints(t *testing.T) {
 // whole, ends with [DONE], and counts its items.
 func TestChatStreamThroughMock(t *testing.T) {
 	eng := startMock(t, mocker.Config{WorkerID: 1})
-	r := startE2ERouter(t, Config{Static: []StaticWorker{{ID: 1, Endpoint: eng.Addr(), Model: e2eModel}}})
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.Addr(), Model: e2eModel}))
 	body := []byte(`{"model":"mock","stream":true,"max_tokens":5,"stream_options":{"include_usage":true},` +
 		`"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"say something"}]}`)
-	resp := r.post(t, PathChatCompletions, body, nil)
+	resp := r.post(t, fastpath.PathChatCompletions, body, nil)
 	if resp.status != 200 || !bytes.HasSuffix(resp.body, []byte(doneEvent)) {
 		t.Fatalf("status %d: %s", resp.status, resp.body)
 	}
@@ -885,51 +869,10 @@ func TestChatStreamThroughMock(t *testing.T) {
 	if items != 5 || content.Len() == 0 {
 		t.Errorf("%d items, content %q", items, content.String())
 	}
-	waitReleased(t, r.srv)
+	waitReleased(t, r.node)
 	m := r.metrics(t)
 	wantMetric(t, m, `kvfast_requests_total{endpoint="chat_completions",status="ok"}`, 1)
 	wantMetric(t, m, `kvfast_output_sequence_tokens_sum`, 5)
-}
-
-// TestPanicWhileRoutingIsContained: a panic in the handler after the
-// booking (injected where the router times its scheduling stage) is
-// answered with a 500 OpenAI error, releases the booking, and leaves the
-// router serving.
-func TestPanicWhileRoutingIsContained(t *testing.T) {
-	eng := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}`)
-	})
-	var armed atomic.Bool
-	r := startE2ERouterWith(t, Config{Static: []StaticWorker{{ID: 1, Endpoint: eng.addr(), Model: e2eModel}}},
-		func(s *Server) {
-			timer := s.metrics.stageSched
-			s.metrics.stageSched = prometheus.ObserverFunc(func(v float64) {
-				if armed.Load() {
-					panic("injected fault")
-				}
-				timer.Observe(v)
-			})
-		})
-	body := completionBody(e2eTokens(10, 64), false, 2)
-	armed.Store(true)
-	resp := r.post(t, PathCompletions, body, nil)
-	if resp.status != http.StatusInternalServerError || checkOpenAIError(t, resp.body) != "internal_error" {
-		t.Fatalf("a panicking request: status %d: %s", resp.status, resp.body)
-	}
-	waitReleased(t, r.srv)
-	if v := r.srv.Admin(); v.Queue.Booked != 1 {
-		t.Errorf("the panicking request was not booked before the fault: %+v", v.Queue)
-	}
-	armed.Store(false)
-	if resp := r.post(t, PathCompletions, body, nil); resp.status != http.StatusOK {
-		t.Fatalf("after the panic: status %d: %s", resp.status, resp.body)
-	}
-	if n := eng.requests.Load(); n != 1 {
-		t.Errorf("the engine got %d requests, want only the one after the fault", n)
-	}
-	waitReleased(t, r.srv)
-	wantMetric(t, r.metrics(t), `kvfast_requests_total{endpoint="completions",status="engine_error"}`, 1)
 }
 
 // TestConcurrentStreamsHammer: many clients at once, streaming and not,
@@ -961,12 +904,12 @@ func TestConcurrentStreamsHammer(t *testing.T) {
 			}
 		})(ctx)
 	}
-	var static []StaticWorker
+	var static []node.StaticWorker
 	for i := range 3 {
 		e := startE2EEngine(t, respond)
-		static = append(static, StaticWorker{ID: uint64(i + 1), Endpoint: e.addr(), Model: e2eModel})
+		static = append(static, node.StaticWorker{ID: uint64(i + 1), Endpoint: e.addr(), Model: e2eModel})
 	}
-	r := startE2ERouter(t, Config{Static: static})
+	r := startE2ERouter(t, e2eConfig(static...))
 
 	const clients, perClient = 6, 12
 	var completed, cancelled atomic.Int64
@@ -999,8 +942,8 @@ func TestConcurrentStreamsHammer(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	waitReleased(t, r.srv)
-	v := r.srv.Admin()
+	waitReleased(t, r.node)
+	v := r.node.Snapshot()
 	if v.Queue.Booked != clients*perClient {
 		t.Errorf("booked %d requests, want %d", v.Queue.Booked, clients*perClient)
 	}
@@ -1029,7 +972,7 @@ func hammerEvents(id uint32, n int) [][]byte {
 func hammerOne(r *e2eRouter, tokens []uint32, n int, stream, leave bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url+PathCompletions,
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url+fastpath.PathCompletions,
 		bytes.NewReader(completionBody(tokens, stream, n)))
 	if err != nil {
 		return err
@@ -1061,44 +1004,6 @@ func hammerOne(r *e2eRouter, tokens []uint32, n int, stream, leave bool) error {
 	return nil
 }
 
-// TestShutdownRacingServe: a Shutdown that comes while Serve is still
-// starting (a signal at boot) stops the server all the same; Serve must not
-// go on accepting after Shutdown returned.
-func TestShutdownRacingServe(t *testing.T) {
-	for i := range 12 {
-		srv, err := New(Config{Logger: slog.New(slog.DiscardHandler), IndexCapacity: 1 << 10, ApproxCapacity: 1 << 10})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		served := make(chan error, 1)
-		go func() { served <- srv.Serve(ln) }()
-		if i%2 == 1 {
-			time.Sleep(time.Duration(i) * 20 * time.Microsecond)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
-		err = srv.Shutdown(ctx)
-		cancel()
-		if err != nil {
-			t.Fatalf("round %d: Shutdown: %v", i, err)
-		}
-		select {
-		case <-served:
-		case <-time.After(2 * time.Second):
-			ln.Close()
-			<-served
-			t.Fatalf("round %d: Serve still running after Shutdown returned", i)
-		}
-		if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
-			c.Close()
-			t.Errorf("round %d: the listener still accepts after Shutdown", i)
-		}
-	}
-}
-
 // TestShutdownDeadlineCutsStreams: a stream that outlives the shutdown
 // deadline is cut, Shutdown returns soon after its deadline with an error,
 // and the stream's booking is released.
@@ -1111,8 +1016,8 @@ func TestShutdownDeadlineCutsStreams(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}))
-	r := startE2ERouter(t, Config{Static: []StaticWorker{{ID: 1, Endpoint: eng.addr(), Model: e2eModel}}})
-	resp, _ := r.openStream(t, PathCompletions, completionBody(e2eTokens(11, 32), true, 100000), nil)
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel}))
+	resp, _ := r.openStream(t, fastpath.PathCompletions, completionBody(e2eTokens(11, 32), true, 100000), nil)
 	br := bufio.NewReader(resp.Body)
 	if _, err := readEvent(br); err != nil {
 		t.Fatal(err)
@@ -1127,7 +1032,7 @@ func TestShutdownDeadlineCutsStreams(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	shut := make(chan error, 1)
-	go func() { shut <- r.srv.Shutdown(ctx) }()
+	go func() { shut <- r.node.Shutdown(ctx) }()
 	select {
 	case err := <-shut:
 		if err == nil || !errors.Is(err, context.DeadlineExceeded) {
@@ -1147,5 +1052,5 @@ func TestShutdownDeadlineCutsStreams(t *testing.T) {
 	case <-time.After(e2eWait):
 		t.Fatal("the client's stream was not cut")
 	}
-	waitReleased(t, r.srv)
+	waitReleased(t, r.node)
 }

@@ -1,4 +1,4 @@
-package fastpath
+package fastpath_test
 
 import (
 	"bufio"
@@ -18,109 +18,58 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/internal/rig"
+	"github.com/kvfast/kvfast/internal/rig/rigtest"
 	"github.com/kvfast/kvfast/mocker"
+	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/radix"
 )
 
-// The end-to-end tests run real servers on loopback: a router (New + Serve
-// on an ephemeral port), mock engines (mocker.Start), and e2eEngine, a
-// fasthttp stand-in whose behaviour each test scripts, for the faults a
-// real engine cannot be made to produce on cue. Everything a test starts,
-// t.Cleanup stops.
+// The end-to-end tests run a whole router on loopback (internal/rig: a
+// node serving on an ephemeral port, with mock engines registered in its
+// segment when a test asks for them), mock engines the test starts
+// itself (mocker.Start), and e2eEngine, a fasthttp stand-in whose
+// behaviour each test scripts, for the faults a real engine cannot be made
+// to produce on cue. Everything a test starts, t.Cleanup stops.
 
 const e2eModel = "mock" // mocker's default model, also served by e2eEngine workers
 
 // e2eWait bounds every wait for something the router does asynchronously
 // (releasing a guard after a relay, ingesting events); generous, because
 // the race detector on a shared 2-core machine is slow.
-const e2eWait = 10 * time.Second
+const e2eWait = rig.DefaultWaitTimeout
 
 // e2eRouter is a running router and a client for it.
 type e2eRouter struct {
-	srv    *Server
+	rig    *rig.Rig
+	node   *node.Node
 	url    string // http://127.0.0.1:port
 	client *http.Client
-	served chan error
 }
 
-// startE2ERouter builds a router from cfg and serves it on an ephemeral
-// loopback port. Unless the test sets them, health checks are off (so no
-// background traffic) and logs are discarded.
-func startE2ERouter(t *testing.T, cfg Config) *e2eRouter {
-	t.Helper()
-	return startE2ERouterWith(t, cfg, nil)
+// e2eConfig is the tests' router configuration (rigtest.Config) with
+// static workers.
+func e2eConfig(static ...node.StaticWorker) node.Config {
+	cfg := rigtest.Config()
+	cfg.Static = static
+	return cfg
 }
 
-// startE2ERouterWith is startE2ERouter with a hook that may change the
-// server after New and before Serve (fault injection from inside the
-// package), so that the change happens before any request goroutine.
-func startE2ERouterWith(t *testing.T, cfg Config, before func(*Server)) *e2eRouter {
+// startE2ERouter serves cfg without a segment: static workers only.
+func startE2ERouter(t *testing.T, cfg node.Config) *e2eRouter {
 	t.Helper()
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Dispatch.Health.Interval == 0 {
-		cfg.Dispatch.Health.Interval = -1
-	}
-	if cfg.RegistryPoll == 0 {
-		cfg.RegistryPoll = 10 * time.Millisecond
-	}
-	// Small indexes: the defaults (a million blocks each) cost more to
-	// allocate under the race detector than the tests take to run.
-	if cfg.IndexCapacity == 0 {
-		cfg.IndexCapacity = 1 << 14
-	}
-	if cfg.ApproxCapacity == 0 {
-		cfg.ApproxCapacity = 1 << 14
-	}
-	srv, err := New(cfg)
-	if err != nil {
-		t.Fatalf("cannot build the router: %v", err)
-	}
-	if before != nil {
-		before(srv)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &e2eRouter{srv: srv, url: "http://" + ln.Addr().String(), served: make(chan error, 1)}
+	return startE2ERig(t, rig.Config{Node: cfg, NoSegment: true})
+}
+
+// startE2ERig starts a rig and a client for its router; the client's
+// idle connections are closed before the rig stops.
+func startE2ERig(t *testing.T, cfg rig.Config) *e2eRouter {
+	t.Helper()
+	rg := rigtest.Start(t, cfg)
 	tr := &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 16}
-	r.client = &http.Client{Transport: tr}
-	go func() { r.served <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		tr.CloseIdleConnections()
-		ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			t.Errorf("router shutdown: %v", err)
-		}
-		select {
-		case err := <-r.served:
-			if err != nil {
-				t.Errorf("router Serve returned %v", err)
-			}
-		case <-time.After(e2eWait):
-			t.Error("router Serve did not return after Shutdown")
-		}
-		_ = ln.Close()
-	})
-	// Serving starts on its own goroutine: wait until it answers.
-	deadline := time.Now().Add(e2eWait)
-	for {
-		resp, err := r.client.Get(r.url + PathHealth)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return r
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("router never became healthy: %v", err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	t.Cleanup(tr.CloseIdleConnections) // before the rig's teardown: cleanups run last-in first-out
+	return &e2eRouter{rig: rg, node: rg.Node, url: rg.URL, client: &http.Client{Transport: tr}}
 }
 
 // e2eResponse is a whole response as a client saw it.
@@ -196,7 +145,7 @@ func (r *e2eRouter) openStream(t *testing.T, path string, body []byte, hdr map[s
 // metrics scrapes /metrics.
 func (r *e2eRouter) metrics(t *testing.T) string {
 	t.Helper()
-	resp := r.get(t, PathMetrics)
+	resp := r.get(t, fastpath.PathMetrics)
 	if resp.status != http.StatusOK {
 		t.Fatalf("GET /metrics: status %d: %s", resp.status, resp.body)
 	}
@@ -233,7 +182,7 @@ func wantMetric(t *testing.T, text, series string, want float64) {
 
 // reservationsReleased reports whether nothing is booked on any worker and
 // every booking made so far was released.
-func reservationsReleased(v AdminView) bool {
+func reservationsReleased(v fastpath.Snapshot) bool {
 	for _, w := range v.Workers {
 		if w.Requests != 0 || w.ActiveBlocks != 0 || w.PrefillTokens != 0 || w.OutputBlocks != 0 {
 			return false
@@ -244,43 +193,36 @@ func reservationsReleased(v AdminView) bool {
 
 // waitReleased waits until the router holds no reservation: a stream's guard
 // is released on the relay goroutine, shortly after the client's last byte.
-func waitReleased(t *testing.T, srv *Server) {
+func waitReleased(t *testing.T, n *node.Node) {
 	t.Helper()
-	deadline := time.Now().Add(e2eWait)
-	for {
-		v := srv.Admin()
-		if reservationsReleased(v) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("reservations leaked: queue %+v, workers %+v", v.Queue, v.Workers)
-		}
-		time.Sleep(2 * time.Millisecond)
+	var v fastpath.Snapshot
+	err := rig.WaitFor(context.Background(), e2eWait, "every reservation released", func() bool {
+		v = n.Snapshot()
+		return reservationsReleased(v)
+	})
+	if err != nil {
+		t.Fatalf("reservations leaked: queue %+v, workers %+v: %v", v.Queue, v.Workers, err)
 	}
 }
 
 // waitFor polls cond until it holds or the wait times out.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(e2eWait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
+	if err := rig.WaitFor(context.Background(), e2eWait, what, cond); err != nil {
+		t.Fatal(err)
 	}
 }
 
 // workerView returns the admin view of worker id, rank.
-func workerView(t *testing.T, srv *Server, id uint64, rank uint32) WorkerView {
+func workerView(t *testing.T, n *node.Node, id uint64, rank uint32) fastpath.WorkerView {
 	t.Helper()
-	for _, w := range srv.Admin().Workers {
+	for _, w := range n.Snapshot().Workers {
 		if w.WorkerID == id && w.DPRank == rank {
 			return w
 		}
 	}
 	t.Fatalf("worker %d rank %d is not in the admin view", id, rank)
-	return WorkerView{}
+	return fastpath.WorkerView{}
 }
 
 // openAIError is the error body every refusal must carry.
@@ -449,13 +391,13 @@ func (e *e2eEngine) addr() string { return e.ln.Addr().String() }
 
 func (e *e2eEngine) handle(ctx *fasthttp.RequestCtx) {
 	switch string(ctx.Path()) {
-	case PathHealth:
+	case fastpath.PathHealth:
 		ctx.SetStatusCode(fasthttp.StatusOK)
-	case PathCompletions, PathChatCompletions:
+	case fastpath.PathCompletions, fastpath.PathChatCompletions:
 		e.requests.Add(1)
 		e.mu.Lock()
 		e.bodies = append(e.bodies, append([]byte(nil), ctx.PostBody()...))
-		e.requestIDs = append(e.requestIDs, string(ctx.Request.Header.Peek(HeaderRequestID)))
+		e.requestIDs = append(e.requestIDs, string(ctx.Request.Header.Peek(fastpath.HeaderRequestID)))
 		e.mu.Unlock()
 		e.handler(ctx)
 	default:
@@ -557,14 +499,14 @@ func decodeJSON(t *testing.T, body []byte, v any) {
 // indexBlocks records in the router's index that worker id, rank caches
 // the first blocks of tokens, hashed as the router hashes e2eModel's
 // prompts. It stands in for the engine's KV events.
-func indexBlocks(t *testing.T, srv *Server, id uint64, rank uint32, tokens []uint32) {
+func indexBlocks(t *testing.T, n *node.Node, id uint64, rank uint32, tokens []uint32) {
 	t.Helper()
-	slot, ok := srv.Scheduler().Resolve(id, rank)
+	slot, ok := n.Scheduler().Resolve(id, rank)
 	if !ok {
 		t.Fatalf("worker %d rank %d is unknown", id, rank)
 	}
-	hashes := radix.AppendBlockHashes(nil, radix.NamespaceSeed(e2eModel, "", ""), tokens, srv.Scheduler().BlockSize())
-	srv.Index().Stored(slot, hashes)
+	hashes := radix.AppendBlockHashes(nil, radix.NamespaceSeed(e2eModel, "", ""), tokens, n.Scheduler().BlockSize())
+	n.Index().Stored(slot, hashes)
 }
 
 // logCapture is a slog handler that keeps every record's message and

@@ -1,4 +1,4 @@
-package fastpath
+package fastpath_test
 
 import (
 	"bufio"
@@ -7,13 +7,13 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/sched"
 )
 
@@ -27,17 +27,16 @@ func TestQueueTimeoutRefusesAndLeavesNoTrace(t *testing.T) {
 		_ = writeFlush(w, itemEvent(0, " a", "stop"))
 		_ = writeFlush(w, []byte(doneEvent))
 	}))
-	r := startE2ERouter(t, Config{
-		Static:       []StaticWorker{{ID: 1, Endpoint: eng.addr(), Model: e2eModel}},
-		Sched:        sched.Config{Busy: sched.BusyThresholds{PrefillTokens: 10}},
-		QueueTimeout: 200 * time.Millisecond,
-	})
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel})
+	cfg.Sched.Busy = sched.BusyThresholds{PrefillTokens: 10}
+	cfg.HTTP.QueueTimeout = 200 * time.Millisecond
+	r := startE2ERouter(t, cfg)
 	first, cancelFirst := r.openStreamAsync(t, completionBody(e2eTokens(1, 32), true, 4))
 	defer cancelFirst()
-	waitFor(t, "the first request to be booked", func() bool { return workerView(t, r.srv, 1, 0).Requests == 1 })
+	waitFor(t, "the first request to be booked", func() bool { return workerView(t, r.node, 1, 0).Requests == 1 })
 
 	start := time.Now()
-	resp := r.post(t, PathCompletions, completionBody(e2eTokens(2, 32), false, 4), nil)
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(2, 32), false, 4), nil)
 	if resp.status != http.StatusServiceUnavailable || checkOpenAIError(t, resp.body) != "queue_timeout" {
 		t.Fatalf("queued request: status %d: %s", resp.status, resp.body)
 	}
@@ -50,7 +49,7 @@ func TestQueueTimeoutRefusesAndLeavesNoTrace(t *testing.T) {
 	if n := eng.requests.Load(); n != 1 {
 		t.Fatalf("the engine got %d requests; the timed-out one must not reach it", n)
 	}
-	if v := r.srv.Admin(); v.Queue.Waiting != 0 {
+	if v := r.node.Snapshot(); v.Queue.Waiting != 0 {
 		t.Fatalf("%d requests still queued", v.Queue.Waiting)
 	}
 	close(release)
@@ -60,41 +59,7 @@ func TestQueueTimeoutRefusesAndLeavesNoTrace(t *testing.T) {
 	}
 	_, _ = io.Copy(io.Discard, res.resp.Body)
 	res.resp.Body.Close()
-	waitReleased(t, r.srv)
-}
-
-// A panic on the stream relay goroutine (fasthttp's, which recovers
-// nothing) must neither kill the router nor strand the request's load.
-func TestPanicWhileStreamingIsContained(t *testing.T) {
-	eng := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
-		for i := range 3 {
-			_ = writeFlush(w, itemEvent(i, " x", ""))
-		}
-		_ = writeFlush(w, itemEvent(3, " x", "stop"))
-		_ = writeFlush(w, []byte(doneEvent))
-	}))
-	var armed atomic.Bool
-	r := startE2ERouterWith(t, Config{Static: []StaticWorker{{ID: 1, Endpoint: eng.addr(), Model: e2eModel}}},
-		func(s *Server) {
-			ttft := s.metrics.ttft
-			s.metrics.ttft = prometheus.ObserverFunc(func(v float64) {
-				if armed.Load() {
-					panic("injected fault in the relay")
-				}
-				ttft.Observe(v)
-			})
-		})
-	body := completionBody(e2eTokens(3, 48), true, 4)
-	armed.Store(true)
-	resp := r.post(t, PathCompletions, body, nil) // the stream is cut; the client sees a short body
-	_ = resp
-	waitReleased(t, r.srv)
-	armed.Store(false)
-	resp = r.post(t, PathCompletions, body, nil)
-	if resp.status != http.StatusOK || !bytes.HasSuffix(resp.body, []byte(doneEvent)) {
-		t.Fatalf("after the panic the router does not serve: %d %q", resp.status, resp.body)
-	}
-	waitReleased(t, r.srv)
+	waitReleased(t, r.node)
 }
 
 // With n > 1 the first finish_reason ends one choice, not the request: its
@@ -110,14 +75,14 @@ func TestSeveralChoicesHoldLoadUntilStreamEnd(t *testing.T) {
 		_ = writeFlush(w, choiceEvent(1, " c", "length"))
 		_ = writeFlush(w, []byte(doneEvent))
 	}))
-	r := startE2ERouter(t, Config{Static: []StaticWorker{{ID: 1, Endpoint: eng.addr(), Model: e2eModel}}})
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel}))
 	body := []byte(strings.Replace(string(completionBody(e2eTokens(4, 32), true, 4)), `"stream":true`, `"stream":true,"n":2`, 1))
 	res, cancel := r.openStreamAsync(t, body)
 	defer cancel()
 	<-firstDone
 	// Give the relay time to pass the first finish_reason on.
 	time.Sleep(50 * time.Millisecond)
-	if w := workerView(t, r.srv, 1, 0); w.Requests != 1 {
+	if w := workerView(t, r.node, 1, 0); w.Requests != 1 {
 		t.Fatalf("after choice 0 finished, %d requests booked; choice 1 is still running", w.Requests)
 	}
 	close(rest)
@@ -130,7 +95,7 @@ func TestSeveralChoicesHoldLoadUntilStreamEnd(t *testing.T) {
 	if !bytes.HasSuffix(all, []byte(doneEvent)) {
 		t.Fatalf("stream incomplete: %q", all)
 	}
-	waitReleased(t, r.srv)
+	waitReleased(t, r.node)
 }
 
 func choiceEvent(index int, text, finish string) []byte {
@@ -149,37 +114,37 @@ func TestPinToUnhealthyWorkerIsUnavailable(t *testing.T) {
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}`)
 	})
-	r := startE2ERouter(t, Config{Static: []StaticWorker{
-		{ID: 1, Endpoint: eng.addr(), Model: e2eModel},
-		{ID: 2, Endpoint: eng.addr(), Model: e2eModel},
-	}})
-	slot, ok := r.srv.Scheduler().Resolve(2, 0)
+	r := startE2ERouter(t, e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, Endpoint: eng.addr(), Model: e2eModel},
+	))
+	slot, ok := r.node.Scheduler().Resolve(2, 0)
 	if !ok {
 		t.Fatal("worker 2 not in the worker set")
 	}
-	r.srv.Scheduler().SetHealthy(slot, false)
-	resp := r.post(t, PathCompletions, completionBody(e2eTokens(5, 16), false, 2),
-		map[string]string{HeaderWorker: "2", HeaderDPRank: "0"})
+	r.node.Scheduler().SetHealthy(slot, false)
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(5, 16), false, 2),
+		map[string]string{fastpath.HeaderWorker: "2", fastpath.HeaderDPRank: "0"})
 	if resp.status != http.StatusServiceUnavailable || resp.header.Get("Retry-After") == "" {
 		t.Fatalf("pin to an unhealthy worker: %d %s", resp.status, resp.body)
 	}
 	checkOpenAIError(t, resp.body)
-	if resp := r.post(t, PathCompletions, completionBody(e2eTokens(5, 16), false, 2),
-		map[string]string{HeaderWorker: "9", HeaderDPRank: "0"}); resp.status != http.StatusNotFound {
+	if resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(5, 16), false, 2),
+		map[string]string{fastpath.HeaderWorker: "9", fastpath.HeaderDPRank: "0"}); resp.status != http.StatusNotFound {
 		t.Fatalf("pin to an unknown worker: %d %s", resp.status, resp.body)
 	}
 }
 
 // Refusals carry the request id too, so a client can quote it.
 func TestRequestIDOnRefusals(t *testing.T) {
-	r := startE2ERouter(t, Config{})
-	resp := r.post(t, PathCompletions, []byte(`{"prompt":`), map[string]string{HeaderRequestID: "req-42"})
-	if resp.status != http.StatusBadRequest || resp.header.Get(HeaderRequestID) != "req-42" {
-		t.Fatalf("status %d, request id %q", resp.status, resp.header.Get(HeaderRequestID))
+	r := startE2ERouter(t, e2eConfig())
+	resp := r.post(t, fastpath.PathCompletions, []byte(`{"prompt":`), map[string]string{fastpath.HeaderRequestID: "req-42"})
+	if resp.status != http.StatusBadRequest || resp.header.Get(fastpath.HeaderRequestID) != "req-42" {
+		t.Fatalf("status %d, request id %q", resp.status, resp.header.Get(fastpath.HeaderRequestID))
 	}
-	resp = r.post(t, PathCompletions, []byte(`{"prompt":`), nil)
-	if !strings.HasPrefix(resp.header.Get(HeaderRequestID), "kvf-") {
-		t.Fatalf("generated request id %q", resp.header.Get(HeaderRequestID))
+	resp = r.post(t, fastpath.PathCompletions, []byte(`{"prompt":`), nil)
+	if !strings.HasPrefix(resp.header.Get(fastpath.HeaderRequestID), "kvf-") {
+		t.Fatalf("generated request id %q", resp.header.Get(fastpath.HeaderRequestID))
 	}
 }
 
@@ -193,7 +158,7 @@ type streamResult struct {
 func (r *e2eRouter) openStreamAsync(t *testing.T, body []byte) (<-chan streamResult, context.CancelFunc) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url+PathCompletions, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url+fastpath.PathCompletions, bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package fastpath
+package fastpath_test
 
 import (
 	"bytes"
@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/mocker"
+	"github.com/kvfast/kvfast/node"
 )
 
 // openAIClientDir holds the official openai npm client, installed by
@@ -24,7 +26,7 @@ const openAIClientDir = "testdata/openai"
 // engine. It needs Node.js: outside CI it is skipped when node is absent;
 // in CI (CI set) a missing node or client fails.
 func TestOfficialOpenAIClient(t *testing.T) {
-	node, err := exec.LookPath("node")
+	nodeJS, err := exec.LookPath("node")
 	if err != nil {
 		if os.Getenv("CI") == "" {
 			t.Skip("node is not installed; run scripts/setup-test-deps.sh to run the official openai client")
@@ -35,11 +37,13 @@ func TestOfficialOpenAIClient(t *testing.T) {
 		t.Fatalf("the openai npm client is not installed in %s (%v): run scripts/setup-test-deps.sh", openAIClientDir, err)
 	}
 	eng := startMock(t, mocker.Config{WorkerID: 4})
-	r := startE2ERouter(t, Config{MaxTokenID: 100000, Static: []StaticWorker{{ID: 4, Endpoint: eng.URL(), Model: e2eModel}}})
+	cfg := e2eConfig(node.StaticWorker{ID: 4, Endpoint: eng.URL(), Model: e2eModel})
+	cfg.HTTP.MaxTokenID = 100000
+	r := startE2ERouter(t, cfg)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, filepath.Join(openAIClientDir, "client.mjs"), r.url+"/v1")
+	cmd := exec.CommandContext(ctx, nodeJS, filepath.Join(openAIClientDir, "client.mjs"), r.url+"/v1")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -137,7 +141,7 @@ func TestOfficialOpenAIClient(t *testing.T) {
 		{"unknown model", out.UnknownModel, "NotFoundError", 404, "model_not_found", "model"},
 		{"empty prompt", out.EmptyPrompt, "BadRequestError", 400, "empty_prompt", "prompt"},
 		{"negative token", out.BadToken, "BadRequestError", 400, "token_out_of_range", "prompt"},
-		{"unknown pin", out.UnknownPin, "NotFoundError", 404, "worker_not_found", HeaderWorker},
+		{"unknown pin", out.UnknownPin, "NotFoundError", 404, "worker_not_found", fastpath.HeaderWorker},
 	} {
 		g := tc.got
 		if !g.Thrown || g.Class != tc.class || g.Status != tc.status || g.Code != tc.code ||
@@ -145,7 +149,7 @@ func TestOfficialOpenAIClient(t *testing.T) {
 			t.Errorf("%s: the client saw %+v, want %s %d %s", tc.name, g, tc.class, tc.status, tc.code)
 		}
 	}
-	waitReleased(t, r.srv)
+	waitReleased(t, r.node)
 	m := r.metrics(t)
 	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="ok"}`, 2)
 	wantMetric(t, m, `kvfast_requests_total{endpoint="chat_completions",status="ok"}`, 2)

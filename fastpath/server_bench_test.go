@@ -2,10 +2,8 @@ package fastpath
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -16,40 +14,13 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/radix"
 )
 
 // benchModel is the model tokenBody's bodies name.
 const benchModel = "meta-llama/Llama-3.1-8B-Instruct"
 
-// newRouteTestServer builds a router over n static workers (ids 1..n, rank
-// 0) whose endpoints are never called: route-only requests do not forward,
-// and health checks are off, so no traffic leaves the process.
-func newRouteTestServer(tb testing.TB, n int, policy string) *Server {
-	tb.Helper()
-	static := make([]StaticWorker, n)
-	for i := range static {
-		static[i] = StaticWorker{ID: uint64(i + 1), Endpoint: "127.0.0.1:" + strconv.Itoa(9+i), Model: benchModel}
-	}
-	s, err := New(Config{
-		Static:        static,
-		Policy:        policy,
-		IndexCapacity: 1 << 16,
-		Dispatch:      dispatch.Config{Health: dispatch.HealthConfig{Interval: -1}},
-		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = s.Shutdown(context.Background()) })
-	return s
-}
-
-// staticSlot is the slot addStatic gives the i-th static worker.
-func staticWorkerSlot(i int) radix.WorkerSlot { return radix.WorkerSlot(radix.MaxWorkers - 1 - i) }
-
-// fillIndex records that static worker i caches the first blocks blocks of
+// fillRouteIndex records that static worker i caches the first blocks blocks of
 // body's token prompt, hashed the way the router hashes it.
 func fillRouteIndex(tb testing.TB, s *Server, body []byte, i, blocks int) {
 	tb.Helper()
@@ -62,7 +33,7 @@ func fillRouteIndex(tb testing.TB, s *Server, body []byte, i, blocks int) {
 	if len(hashes) < blocks {
 		tb.Fatalf("the prompt has %d blocks, fewer than %d", len(hashes), blocks)
 	}
-	s.Index().Stored(staticWorkerSlot(i), hashes[:blocks])
+	s.index.Stored(staticWorkerSlot(i), hashes[:blocks])
 }
 
 // newRouteCtx is a POST to path, reusable across handler calls.

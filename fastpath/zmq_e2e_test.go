@@ -1,4 +1,4 @@
-package fastpath
+package fastpath_test
 
 import (
 	"bytes"
@@ -6,14 +6,14 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"net/http"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/radix"
 )
 
@@ -37,7 +37,7 @@ func vllmStoredBatch(t *testing.T, hashes []uint64, tokens []uint32, blockSize i
 // and routing follows them.
 func TestStaticWorkerZMQFeed(t *testing.T) {
 	var pubs []zmq4.Socket
-	var static []StaticWorker
+	var static []node.StaticWorker
 	for i := range 2 {
 		pub := zmq4.NewPub(context.Background())
 		if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
@@ -46,10 +46,10 @@ func TestStaticWorkerZMQFeed(t *testing.T) {
 		t.Cleanup(func() { pub.Close() })
 		pubs = append(pubs, pub)
 		eng := startE2EEngine(t, sseHandler(nil))
-		static = append(static, StaticWorker{ID: uint64(i + 1), Endpoint: eng.addr(), Model: e2eModel,
+		static = append(static, node.StaticWorker{ID: uint64(i + 1), Endpoint: eng.addr(), Model: e2eModel,
 			Events: "tcp://" + pub.Addr().String(), Topic: "kv-events"})
 	}
-	r := startE2ERouter(t, Config{Static: static})
+	r := startE2ERouter(t, e2eConfig(static...))
 
 	const blocks = 6
 	bs := radix.DefaultBlockSize
@@ -70,15 +70,15 @@ func TestStaticWorkerZMQFeed(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(5 * time.Millisecond)
-		if wv := workerView(t, r.srv, 2, 0); wv.ZMQ != nil && wv.ZMQ.StoredBlocks > 0 {
+		if wv := workerView(t, r.node, 2, 0); wv.ZMQ != nil && wv.ZMQ.StoredBlocks > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the router never applied the batch: %+v", workerView(t, r.srv, 2, 0).ZMQ)
+			t.Fatalf("the router never applied the batch: %+v", workerView(t, r.node, 2, 0).ZMQ)
 		}
 	}
 
-	resp := r.post(t, PathRouteCompletions, completionBody(prompt, false, 4), nil)
+	resp := r.post(t, fastpath.PathRouteCompletions, completionBody(prompt, false, 4), nil)
 	if resp.status != http.StatusOK {
 		t.Fatalf("status %d: %s", resp.status, resp.body)
 	}
@@ -93,11 +93,11 @@ func TestStaticWorkerZMQFeed(t *testing.T) {
 		t.Fatalf("routed to worker %d with %d blocks cached, want worker 2 with %d: %s", dec.WorkerID, dec.OverlapBlocks, blocks, resp.body)
 	}
 
-	wv := workerView(t, r.srv, 2, 0)
+	wv := workerView(t, r.node, 2, 0)
 	if wv.ZMQ == nil || !wv.ZMQ.Connected || wv.ZMQ.StoredBlocks%blocks != 0 || wv.IndexBlocks != blocks {
 		t.Fatalf("admin view %+v, zmq %+v", wv, wv.ZMQ)
 	}
-	if wv := workerView(t, r.srv, 1, 0); wv.ZMQ == nil || wv.ZMQ.Batches != 0 || wv.IndexBlocks != 0 {
+	if wv := workerView(t, r.node, 1, 0); wv.ZMQ == nil || wv.ZMQ.Batches != 0 || wv.IndexBlocks != 0 {
 		t.Fatalf("worker 1 admin view %+v", wv)
 	}
 	text := r.metrics(t)
@@ -106,17 +106,4 @@ func TestStaticWorkerZMQFeed(t *testing.T) {
 		t.Fatalf("%s = %v (found %v)", series, v, ok)
 	}
 	wantMetric(t, text, `kvfast_zmq_connected{dp_rank="0",worker="1"}`, 1)
-}
-
-func TestStaticWorkerZMQNeedsModelAndAddress(t *testing.T) {
-	for _, w := range []StaticWorker{
-		{ID: 1, Endpoint: "127.0.0.1:9", Events: "tcp://127.0.0.1:5557"},                       // no model
-		{ID: 1, Endpoint: "127.0.0.1:9", Model: "m", Events: "tcp://*:5557"},                   // where vLLM binds
-		{ID: 1, Endpoint: "127.0.0.1:9", Model: "m", Events: "tcp://127.0.0.1:1", Replay: "x"}, // bad replay
-	} {
-		_, err := New(Config{Static: []StaticWorker{w}, IndexCapacity: 1 << 10, ApproxCapacity: 1 << 10})
-		if err == nil || !strings.Contains(err.Error(), "worker "+strconv.Itoa(int(w.ID))) {
-			t.Errorf("%+v: %v", w, err)
-		}
-	}
 }

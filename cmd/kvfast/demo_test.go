@@ -10,9 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/kvfast/kvfast/benchmarks/replay"
+	"github.com/kvfast/kvfast/benchmarks/demo"
 )
 
 // writeDemoTrace writes 8 requests 100 ms apart that share their first two
@@ -122,7 +121,7 @@ func TestDemoCommand(t *testing.T) {
 					PromptTokens uint64 `json:"prompt_tokens"`
 				}
 			}
-			Checks []demoCheck
+			Checks []demo.Check
 		}
 		if err := json.Unmarshal([]byte(stdout), &out); err != nil {
 			t.Fatalf("stdout is not JSON: %v\n%s", err, stdout)
@@ -148,71 +147,4 @@ func TestDemoCommand(t *testing.T) {
 			t.Errorf("checks %+v: want the hit rate and kv against round-robin, no approx", out.Checks)
 		}
 	})
-}
-
-func TestParseDemoPolicies(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want string
-		bad  bool
-	}{
-		{in: "all", want: "kv,approx,round-robin,random,least-loaded"},
-		{in: "round-robin, kv", want: "round-robin,kv"},
-		{in: "kv,all,kv", want: "kv,approx,round-robin,random,least-loaded"},
-		{in: "kv,nope", bad: true},
-		{in: "", bad: true},
-	} {
-		got, err := parseDemoPolicies(tc.in)
-		if (err != nil) != tc.bad || (!tc.bad && strings.Join(got, ",") != tc.want) {
-			t.Errorf("parseDemoPolicies(%q) = %v, %v", tc.in, got, err)
-		}
-	}
-}
-
-// demoResult builds a replay result of n requests with the given TTFT and
-// hit rate, against a bound of 0.5.
-func demoResult(n int, ttft time.Duration, hit float64) *replay.Result {
-	r := &replay.Result{Bound: replay.Bound{Tokens: 0.5}, Duration: time.Second}
-	for i := range n {
-		r.Requests = append(r.Requests, replay.RequestResult{Index: i, Attempted: true, Status: 200,
-			TTFT: ttft, Latency: ttft, PromptTokens: 1000, HasUsage: true, UsagePromptTokens: 1000,
-			UsageCachedTokens: int(hit * 1000), UsageCompletionTokens: 1, Chunks: 1})
-	}
-	return r
-}
-
-func TestDemoChecks(t *testing.T) {
-	ms := time.Millisecond
-	runs := func(kvTTFT time.Duration, kvHit float64, others ...any) []demoRun {
-		out := []demoRun{{Policy: "kv", Result: demoResult(10, kvTTFT, kvHit)}}
-		for i := 0; i < len(others); i += 3 {
-			out = append(out, demoRun{Policy: others[i].(string), Result: demoResult(10, others[i+1].(time.Duration), others[i+2].(float64))})
-		}
-		return out
-	}
-	for _, tc := range []struct {
-		name string
-		runs []demoRun
-		met  []bool // hit-rate target, then round-robin, then approx, for the checks present
-	}{
-		{"all met", runs(10*ms, 0.47, "round-robin", 30*ms, 0.1, "approx", 11*ms, 0.44), []bool{true, true, true}},
-		{"approx within noise", runs(10*ms, 0.46, "approx", 11*ms, 0.45), []bool{true, false}},
-		{"hit rate below 90% of bound", runs(10*ms, 0.44, "round-robin", 31*ms, 0.1), []bool{false, true}},
-		{"less than 3x round-robin", runs(10*ms, 0.5, "round-robin", 29*ms, 0.1), []bool{true, false}},
-		{"approx as fast", runs(10*ms, 0.5, "approx", 10*ms, 0.4), []bool{true, false}},
-		{"approx hits more", runs(10*ms, 0.45, "approx", 20*ms, 0.46), []bool{true, false}},
-		{"no kv, no checks", []demoRun{{Policy: "random", Result: demoResult(3, ms, 0)}}, nil},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			checks := demoChecks(tc.runs)
-			if len(checks) != len(tc.met) {
-				t.Fatalf("checks %+v, want %d", checks, len(tc.met))
-			}
-			for i, c := range checks {
-				if c.Met != tc.met[i] {
-					t.Errorf("check %q (%s): met %v, want %v", c.Target, c.Detail, c.Met, tc.met[i])
-				}
-			}
-		})
-	}
 }

@@ -42,8 +42,8 @@ and gets worker id --worker-id plus i, or, with --ranks-as-dp, the same
 worker id and DP rank --dp-rank plus i. Its URL is printed on start.
 
 Examples:
-  kvfast mock --engines 4 --port 8100
-  kvfast mock --engines 8 --port 8100 --segment /dev/shm/kvfast --speedup 10
+  kvfast mock --engines 4 --listen 127.0.0.1:8100
+  kvfast mock --engines 8 --listen 127.0.0.1:8100 --segment /dev/shm/kvfast --speedup 10
   kvfast mock --kv-blocks 2048 --block-size 16 --speedup inf
 
 Exit status: 0 after SIGINT or SIGTERM, 1 if an engine cannot start,
@@ -74,8 +74,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 	}
 	d := mocker.DefaultTiming
 	var (
-		listen     = fs.String("listen", "127.0.0.1:8100", "base listen `address`; engine i uses its port plus i")
-		port       = fs.String("port", "", "base `port`, overriding the port of --listen (0: a free port per engine)")
+		listen     = fs.String("listen", "127.0.0.1:8100", "base listen `address` (host:port); engine i uses the port plus i (port 0: a free port per engine)")
 		engines    = fs.Int("engines", 1, "number of engines to run")
 		model      = fs.String("model", mocker.DefaultModel, "served model `name`")
 		blockSize  = fs.Int("block-size", radix.DefaultBlockSize, "tokens per KV block (must equal the router's)")
@@ -115,12 +114,6 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 	if err != nil {
 		fmt.Fprintf(stderr, "kvfast mock: cannot parse the port of --listen %q: %v\n", *listen, err)
 		return 2
-	}
-	if *port != "" {
-		if basePort, err = strconv.Atoi(*port); err != nil {
-			fmt.Fprintf(stderr, "kvfast mock: cannot parse --port %q: %v\n", *port, err)
-			return 2
-		}
 	}
 	switch {
 	case *engines < 1 || *engines > radix.MaxWorkers:

@@ -35,7 +35,7 @@ func TestMockCommand(t *testing.T) {
 		stop := make(chan struct{})
 		code := make(chan int, 1)
 		go func() {
-			code <- mockCommand([]string{"--engines", "3", "--port", "0", "--speedup", "inf", "--ranks-as-dp", "--worker-id", "5", "--kv-blocks", "512"}, &out, &errOut, stop)
+			code <- mockCommand([]string{"--engines", "3", "--listen", "127.0.0.1:0", "--speedup", "inf", "--ranks-as-dp", "--worker-id", "5", "--kv-blocks", "512"}, &out, &errOut, stop)
 		}()
 		deadline := time.Now().Add(10 * time.Second)
 		for !strings.Contains(out.String(), "running") {
@@ -77,11 +77,12 @@ func TestMockCommand(t *testing.T) {
 			{[]string{"--help"}, 0},
 			{[]string{"--engines", "0"}, 2},
 			{[]string{"--listen", "nocolon"}, 2},
-			{[]string{"--port", "x"}, 2},
-			{[]string{"--port", "65535", "--engines", "2"}, 2},
+			{[]string{"--listen", "127.0.0.1:x"}, 2},
+			{[]string{"--listen", "127.0.0.1:65535", "--engines", "2"}, 2},
+			{[]string{"--port", "0"}, 2}, // the listen address carries the port
 			{[]string{"extra"}, 2},
-			{[]string{"--port", "0", "--block-size", "-3"}, 1},
-			{[]string{"--port", "0", "--segment", "/nonexistent/kvfast.shm"}, 1},
+			{[]string{"--listen", "127.0.0.1:0", "--block-size", "-3"}, 1},
+			{[]string{"--listen", "127.0.0.1:0", "--segment", "/nonexistent/kvfast.shm"}, 1},
 		} {
 			var out, errOut lockedBuffer
 			stop := make(chan struct{})

@@ -1,0 +1,118 @@
+package demo
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvfast/kvfast/benchmarks/replay"
+)
+
+func TestParsePolicies(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string
+		bad  bool
+	}{
+		{in: "all", want: "kv,approx,round-robin,random,least-loaded"},
+		{in: "round-robin, kv", want: "round-robin,kv"},
+		{in: "kv,all,kv", want: "kv,approx,round-robin,random,least-loaded"},
+		{in: "kv,nope", bad: true},
+		{in: "", bad: true},
+	} {
+		got, err := ParsePolicies(tc.in)
+		if (err != nil) != tc.bad || (!tc.bad && strings.Join(got, ",") != tc.want) {
+			t.Errorf("ParsePolicies(%q) = %v, %v", tc.in, got, err)
+		}
+	}
+}
+
+// fakeResult builds a replay result of n requests with the given TTFT and
+// hit rate, against a bound of 0.5.
+func fakeResult(n int, ttft time.Duration, hit float64) *replay.Result {
+	r := &replay.Result{Bound: replay.Bound{Tokens: 0.5}, Duration: time.Second}
+	for i := range n {
+		r.Requests = append(r.Requests, replay.RequestResult{Index: i, Attempted: true, Status: 200,
+			TTFT: ttft, Latency: ttft, PromptTokens: 1000, HasUsage: true, UsagePromptTokens: 1000,
+			UsageCachedTokens: int(hit * 1000), UsageCompletionTokens: 1, Chunks: 1})
+	}
+	return r
+}
+
+func TestChecks(t *testing.T) {
+	ms := time.Millisecond
+	runs := func(kvTTFT time.Duration, kvHit float64, others ...any) []PolicyRun {
+		out := []PolicyRun{{Policy: "kv", Result: fakeResult(10, kvTTFT, kvHit)}}
+		for i := 0; i < len(others); i += 3 {
+			out = append(out, PolicyRun{Policy: others[i].(string), Result: fakeResult(10, others[i+1].(time.Duration), others[i+2].(float64))})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		runs []PolicyRun
+		met  []bool // hit-rate target, then round-robin, then approx, for the checks present
+	}{
+		{"all met", runs(10*ms, 0.47, "round-robin", 30*ms, 0.1, "approx", 11*ms, 0.44), []bool{true, true, true}},
+		{"approx within noise", runs(10*ms, 0.46, "approx", 11*ms, 0.45), []bool{true, false}},
+		{"hit rate below 90% of bound", runs(10*ms, 0.44, "round-robin", 31*ms, 0.1), []bool{false, true}},
+		{"less than 3x round-robin", runs(10*ms, 0.5, "round-robin", 29*ms, 0.1), []bool{true, false}},
+		{"approx as fast", runs(10*ms, 0.5, "approx", 10*ms, 0.4), []bool{true, false}},
+		{"approx hits more", runs(10*ms, 0.45, "approx", 20*ms, 0.46), []bool{true, false}},
+		{"no kv, no checks", []PolicyRun{{Policy: "random", Result: fakeResult(3, ms, 0)}}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checks := Checks(tc.runs)
+			if len(checks) != len(tc.met) {
+				t.Fatalf("checks %+v, want %d", checks, len(tc.met))
+			}
+			for i, c := range checks {
+				if c.Met != tc.met[i] {
+					t.Errorf("check %q (%s): met %v, want %v", c.Target, c.Detail, c.Met, tc.met[i])
+				}
+			}
+		})
+	}
+}
+
+func TestOptions(t *testing.T) {
+	o := DefaultOptions()
+	if err := o.Validate(); err != nil {
+		t.Fatalf("DefaultOptions does not validate: %v", err)
+	}
+	o.Policies[0] = "changed"
+	if AllPolicies[0] != "kv" {
+		t.Fatal("DefaultOptions shares its policy list with AllPolicies")
+	}
+	tr, err := LoadTrace(EmbeddedTrace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o = DefaultOptions()
+	if err := o.CheckFits(tr); err != nil {
+		t.Errorf("the default experiment does not fit the embedded trace: %v", err)
+	}
+	o.KVBlocks = 64
+	if err := o.CheckFits(tr); err == nil || !strings.Contains(err.Error(), "longest request") {
+		t.Errorf("64 blocks per engine: %v", err)
+	}
+	for _, bad := range []func(*Options){
+		func(o *Options) { o.Policies = nil },
+		func(o *Options) { o.Policies = []string{"fastest"} },
+		func(o *Options) { o.Engines = 0 },
+		func(o *Options) { o.Speedup = 0 },
+		func(o *Options) { o.EngineSpeedup = -1 },
+		func(o *Options) { o.Temperature = -1 },
+		func(o *Options) { o.Timing.StepOverhead = -time.Second },
+	} {
+		o := DefaultOptions()
+		bad(&o)
+		if err := o.Validate(); err == nil {
+			t.Errorf("%+v validates", o)
+		}
+		// Run refuses them too, before starting anything.
+		if _, err := Run(t.Context(), o, tr); err == nil {
+			t.Errorf("Run accepted %+v", o)
+		}
+	}
+}

@@ -1,0 +1,256 @@
+package demo
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvfast/kvfast/benchmarks/replay"
+)
+
+// Report is an experiment's outcome: every policy's replay, what the
+// engines did, and the targets judged on them.
+type Report struct {
+	Options Options // as run, ApproxTTL resolved
+	Trace   string  // the trace's source
+	Runs    []PolicyRun
+	Checks  []Check
+	// Failed: some policy's replay failed around it or had failed requests.
+	Failed bool
+}
+
+// EngineTotals sums what one policy's engines did.
+type EngineTotals struct {
+	PromptTokens  uint64  `json:"prompt_tokens"`
+	PrefillTokens uint64  `json:"prefill_tokens"` // computed, recomputation included
+	BlocksEvicted uint64  `json:"blocks_evicted"`
+	Preemptions   uint64  `json:"preemptions"`
+	BusyMean      float64 `json:"busy_mean"` // fraction of the replay spent in steps, over engines
+	BusyMax       float64 `json:"busy_max"`
+	// WaitP50 and WaitP90 are percentiles of TTFT beyond the request's own
+	// prefill at the timing model (wall clock), over successful requests.
+	WaitP50 time.Duration `json:"wait_p50_ns"`
+	WaitP90 time.Duration `json:"wait_p90_ns"`
+}
+
+// Totals sums r's engines under the experiment o.
+func (r *PolicyRun) Totals(o *Options) EngineTotals {
+	var t EngineTotals
+	var wall time.Duration
+	if r.Result != nil {
+		wall = r.Result.Duration
+	}
+	for _, s := range r.Engines {
+		t.PromptTokens += s.PromptTokens
+		t.PrefillTokens += s.PrefillTokens
+		t.BlocksEvicted += s.BlocksEvicted
+		t.Preemptions += s.Preemptions
+		if wall > 0 && !math.IsInf(o.EngineSpeedup, 1) {
+			busy := s.BusyTime.Seconds() / o.EngineSpeedup / wall.Seconds()
+			t.BusyMean += busy / float64(len(r.Engines))
+			t.BusyMax = max(t.BusyMax, busy)
+		}
+	}
+	if r.Result != nil {
+		waits := waits(r.Result, o)
+		t.WaitP50, t.WaitP90 = replay.Percentile(waits, 0.5), replay.Percentile(waits, 0.9)
+	}
+	return t
+}
+
+// waits returns, sorted, each successful request's TTFT minus what its own
+// prefill costs at the timing model: the uncached tokens in chunks of at
+// most MaxBatchedTokens, one step overhead per chunk, divided by the
+// engine speed-up. What remains is time spent behind other requests, or
+// sharing steps with them, plus the router's and HTTP's overhead.
+func waits(res *replay.Result, o *Options) []time.Duration {
+	var waits []time.Duration
+	for i := range res.Requests {
+		r := &res.Requests[i]
+		if !r.OK() || !r.HasUsage {
+			continue
+		}
+		own := time.Duration(0)
+		if !math.IsInf(o.EngineSpeedup, 1) {
+			// The engine recomputes at least the last prompt token.
+			cached := min(r.UsageCachedTokens, r.UsagePromptTokens-1)
+			var sim time.Duration
+			for done := cached; done < r.UsagePromptTokens; {
+				n := min(o.MaxBatchedTokens, r.UsagePromptTokens-done)
+				sim += o.Timing.StepOverhead + o.Timing.Prefill(done, n)
+				done += n
+			}
+			own = time.Duration(float64(sim) / o.EngineSpeedup)
+		}
+		waits = append(waits, max(r.TTFT-own, 0))
+	}
+	slices.Sort(waits)
+	return waits
+}
+
+// Check is one routing-quality target, judged on the measured numbers.
+type Check struct {
+	Target string `json:"target"`
+	Detail string `json:"detail"`
+	Met    bool   `json:"met"`
+}
+
+// Checks judges the targets of the routing-quality benchmark that the
+// policies run allow: kv's hit rate against the bound, kv's TTFT p50
+// against round-robin's, and kv against approx.
+func Checks(runs []PolicyRun) []Check {
+	sums := map[string]replay.Summary{}
+	for _, r := range runs {
+		sums[r.Policy] = r.Result.Summary()
+	}
+	kv, ok := sums["kv"]
+	if !ok {
+		return nil
+	}
+	var checks []Check
+	if kv.HitRateKnown() {
+		f := kv.HitFractionOfBound()
+		checks = append(checks, Check{
+			Target: "kv prefix hit rate >= 90% of the infinite-cache bound",
+			Detail: fmt.Sprintf("%.3f of %.3f = %.1f%%", kv.HitRate, kv.Bound.Tokens, 100*f),
+			Met:    f >= 0.9,
+		})
+	}
+	if rr, ok := sums["round-robin"]; ok && kv.TTFTP50 > 0 {
+		ratio := float64(rr.TTFTP50) / float64(kv.TTFTP50)
+		checks = append(checks, Check{
+			Target: "kv TTFT p50 at least 3x better than round-robin",
+			Detail: fmt.Sprintf("%s vs %s = %.1fx", millis(kv.TTFTP50), millis(rr.TTFTP50), ratio),
+			Met:    ratio >= 3,
+		})
+	}
+	if ap, ok := sums["approx"]; ok {
+		// Repeated runs of one policy on a quiet machine spread by about a
+		// point of hit rate either way, so a smaller lead is a tie.
+		checks = append(checks, Check{
+			Target: fmt.Sprintf("kv beats approx (hit rate %.0f+ points higher, lower TTFT p50 and p90)", 100*hitMargin),
+			Detail: fmt.Sprintf("TTFT p50 %s vs %s, p90 %s vs %s, hit rate %.3f vs %.3f",
+				millis(kv.TTFTP50), millis(ap.TTFTP50), millis(kv.TTFTP90), millis(ap.TTFTP90), kv.HitRate, ap.HitRate),
+			Met: kv.TTFTP50 < ap.TTFTP50 && kv.TTFTP90 < ap.TTFTP90 && kv.HitRate >= ap.HitRate+hitMargin,
+		})
+	}
+	return checks
+}
+
+func millis(d time.Duration) string {
+	return fmt.Sprintf("%.1fms", float64(d)/1e6)
+}
+
+func (rep *Report) named() []replay.NamedResult {
+	named := make([]replay.NamedResult, len(rep.Runs))
+	for i, r := range rep.Runs {
+		named[i] = replay.NamedResult{Name: r.Policy, Result: r.Result}
+	}
+	return named
+}
+
+// WriteHTML writes the self-contained HTML report: a TTFT CDF per policy
+// and hit-rate bars.
+func (rep *Report) WriteHTML(w io.Writer) error {
+	return replay.WriteHTML(w, rep.named())
+}
+
+// WriteText writes the replay table, the engines' table, the targets, any
+// timing warning and a line recalling the setup.
+func (rep *Report) WriteText(w io.Writer) error {
+	o := &rep.Options
+	if err := replay.WriteTable(w, rep.named()); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tprompt tok\tprefilled tok\twait p50\twait p90\tbusy mean\tbusiest\tevicted blocks\tpreemptions\t")
+	for i := range rep.Runs {
+		t := rep.Runs[i].Totals(o)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%.0f%%\t%.0f%%\t%d\t%d\t\n", rep.Runs[i].Policy, t.PromptTokens, t.PrefillTokens,
+			millis(t.WaitP50), millis(t.WaitP90), 100*t.BusyMean, 100*t.BusyMax, t.BlocksEvicted, t.Preemptions)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	for _, c := range rep.Checks {
+		verdict := "met    "
+		if !c.Met {
+			verdict = "NOT met"
+		}
+		fmt.Fprintf(w, "target %s  %s: %s\n", verdict, c.Target, c.Detail)
+	}
+	for _, r := range rep.Runs {
+		if lag := r.Result.Summary().MaxSendLag; lag > lagWarning {
+			fmt.Fprintf(w, "warning %s: requests left up to %s late; the machine was too busy to keep time, so this policy's latencies are unreliable\n",
+				r.Policy, millis(lag))
+		}
+	}
+	speed := fmt.Sprintf("%gx real time", o.EngineSpeedup)
+	if math.IsInf(o.EngineSpeedup, 1) {
+		speed = "no waiting"
+	}
+	_, err := fmt.Fprintf(w, "\n%d engines x %d KV blocks of %d tokens, %s; trace at %gx, %d tokens per hash id; "+
+		"cost model prefill-load-scale %g, overlap-credit %g, temperature %g; approx TTL %v. Durations are wall-clock.\n",
+		o.Engines, o.KVBlocks, o.BlockSize, speed, o.Speedup, o.BlockTokens,
+		o.PrefillLoadScale, o.OverlapCredit, o.Temperature, o.ApproxTTL)
+	return err
+}
+
+// jsonReport is the machine-readable report.
+type jsonReport struct {
+	Trace            string           `json:"trace"`
+	Engines          int              `json:"engines"`
+	KVBlocks         int              `json:"kv_blocks"`
+	BlockSize        int              `json:"block_size"`
+	BlockTokens      int              `json:"block_tokens"`
+	Speedup          float64          `json:"speedup"`
+	EngineSpeedup    *float64         `json:"engine_speedup"` // null: no waiting
+	PrefillLoadScale float64          `json:"prefill_load_scale"`
+	OverlapCredit    float64          `json:"overlap_credit"`
+	Temperature      float64          `json:"temperature"`
+	ApproxTTL        float64          `json:"approx_ttl_s"`
+	Timing           map[string]int64 `json:"timing_ns"`
+	Policies         []jsonPolicy     `json:"policies"`
+	Checks           []Check          `json:"checks"`
+	Report           string           `json:"report,omitempty"`
+}
+
+type jsonPolicy struct {
+	Policy  string         `json:"policy"`
+	Summary replay.Summary `json:"summary"`
+	Engines EngineTotals   `json:"engines"`
+}
+
+// WriteJSON writes the report as one indented JSON object; htmlPath, if
+// not empty, is recorded as where the HTML report is.
+func (rep *Report) WriteJSON(w io.Writer, htmlPath string) error {
+	o := &rep.Options
+	out := jsonReport{Trace: rep.Trace, Engines: o.Engines, KVBlocks: o.KVBlocks, BlockSize: o.BlockSize,
+		BlockTokens: o.BlockTokens, Speedup: o.Speedup, PrefillLoadScale: o.PrefillLoadScale,
+		OverlapCredit: o.OverlapCredit, Temperature: o.Temperature, ApproxTTL: o.ApproxTTL.Seconds(), Checks: rep.Checks,
+		Report: htmlPath,
+		Timing: map[string]int64{
+			"step_overhead": int64(o.Timing.StepOverhead), "prefill_per_token": int64(o.Timing.PrefillPerToken),
+			"prefill_attention_per_1k": int64(o.Timing.PrefillAttentionPer1K),
+			"decode_per_seq":           int64(o.Timing.DecodePerSequence), "decode_attention_per_1k": int64(o.Timing.DecodeAttentionPer1K),
+		}}
+	if !math.IsInf(o.EngineSpeedup, 1) {
+		out.EngineSpeedup = &o.EngineSpeedup
+	}
+	if out.Checks == nil {
+		out.Checks = []Check{}
+	}
+	for i := range rep.Runs {
+		out.Policies = append(out.Policies, jsonPolicy{Policy: rep.Runs[i].Policy, Summary: rep.Runs[i].Result.Summary(),
+			Engines: rep.Runs[i].Totals(o)})
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}

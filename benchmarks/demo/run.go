@@ -1,0 +1,143 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/kvfast/kvfast/benchmarks/replay"
+	"github.com/kvfast/kvfast/internal/rig"
+	"github.com/kvfast/kvfast/mocker"
+	"github.com/kvfast/kvfast/node"
+)
+
+// PolicyRun is one policy's replay with what the engines counted during it.
+type PolicyRun struct {
+	Policy  string
+	Result  *replay.Result
+	Engines []mocker.Stats
+}
+
+// Run replays tr once per policy, each against a fresh segment, router and
+// engines, and judges the results. It stops with an error when a policy
+// could not be replayed at all or ctx ended; a policy whose replay ran
+// but failed around it (or whose requests failed) marks the report
+// Failed, and the demo goes on.
+func Run(ctx context.Context, o Options, tr *replay.Trace) (*Report, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if err := o.CheckFits(tr); err != nil {
+		return nil, err
+	}
+	if o.ApproxTTL == 0 {
+		o.ApproxTTL = time.Duration(float64(approxTTLTraceTime) / o.Speedup)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	replayed := tr.Head(o.MaxRequests)
+	pace := fmt.Sprintf("%v of trace time at %gx (about %v each)", replayed.Span().Round(time.Second), o.Speedup,
+		time.Duration(float64(replayed.Span())/o.Speedup).Round(time.Second))
+	if o.Concurrency > 0 {
+		pace = fmt.Sprintf("at concurrency %d", o.Concurrency)
+	}
+	o.notef("%d requests from %s, %d tokens per hash id, %s", replayed.Len(), tr.Source, o.BlockTokens, pace)
+	o.notef("%d engines x %d KV blocks of %d tokens at %gx; policies %s", o.Engines, o.KVBlocks, o.BlockSize,
+		o.EngineSpeedup, strings.Join(o.Policies, ", "))
+
+	rep := &Report{Options: o, Trace: tr.Source}
+	for _, policy := range o.Policies {
+		began := time.Now()
+		run, err := runPolicy(ctx, &o, policy, tr)
+		if err != nil {
+			if run.Result == nil || ctx.Err() != nil {
+				return nil, fmt.Errorf("%s: %w", policy, err)
+			}
+			o.warnf("%s: %v", policy, err)
+			rep.Failed = true
+		}
+		s := run.Result.Summary()
+		o.notef("%-12s done in %v: TTFT p50 %s, hit rate %.3f, %d errors", policy, time.Since(began).Round(100*time.Millisecond),
+			millis(s.TTFTP50), s.HitRate, s.Errors)
+		if s.Errors > 0 {
+			rep.Failed = true
+			for _, e := range s.ErrorSamples {
+				o.notef("%s: error: %s", policy, e)
+			}
+		}
+		rep.Runs = append(rep.Runs, run)
+	}
+	rep.Checks = Checks(rep.Runs)
+	return rep, nil
+}
+
+// runPolicy replays the trace once on a fresh rig running policy, and
+// tears the rig down. The result is returned even with an error when the
+// replay itself ran.
+func runPolicy(ctx context.Context, o *Options, policy string, tr *replay.Trace) (run PolicyRun, err error) {
+	run.Policy = policy
+	r, err := rig.Start(ctx, rig.Config{
+		Node:       routerConfig(o, policy),
+		SegmentDir: o.SegmentDir,
+		Engines:    o.Engines,
+		Engine: mocker.Config{
+			Model:            replay.DefaultModel,
+			BlockSize:        o.BlockSize,
+			KVBlocks:         o.KVBlocks,
+			MaxBatchedTokens: o.MaxBatchedTokens,
+			MaxSeqs:          o.MaxSeqs,
+			Timing:           o.Timing,
+			Speedup:          o.EngineSpeedup,
+		},
+	})
+	if err != nil {
+		return run, err
+	}
+	defer func() { err = errors.Join(err, r.Close()) }()
+
+	cfg := replay.Config{
+		RouterURL:       r.URL,
+		Trace:           tr,
+		MaxRequests:     o.MaxRequests,
+		Speedup:         o.Speedup,
+		Concurrency:     o.Concurrency,
+		Tokens:          replay.TokenSynth{BlockTokens: o.BlockTokens, Seed: o.Seed},
+		MaxOutputTokens: o.MaxOutputTokens,
+		Model:           replay.DefaultModel,
+		Timeout:         o.Timeout,
+		ProgressLabel:   fmt.Sprintf("%-12s", policy),
+		Progress:        o.Progress,
+	}
+	res, err := replay.Run(ctx, cfg)
+	run.Result = res
+	for _, e := range r.Engines {
+		run.Engines = append(run.Engines, e.Stats())
+	}
+	return run, err
+}
+
+// routerConfig is kvfast serve's configuration with the demo's policy,
+// block size and cost model.
+func routerConfig(o *Options, policy string) node.Config {
+	cfg := node.DefaultConfig()
+	cfg.Policy = policy
+	cfg.Sched.BlockSize = o.BlockSize
+	cfg.Sched.Cost.OverlapCredit = o.OverlapCredit
+	cfg.Sched.Cost.PrefillLoadScale = o.PrefillLoadScale
+	cfg.Sched.Cost.Temperature = o.Temperature
+	cfg.Approx.TTL = o.ApproxTTL
+	// The engines live in this process: a heartbeat that stops means the
+	// whole process stalled on a busy machine, not that an engine died,
+	// and dropping the engines' blocks for it would measure the machine
+	// rather than the routing.
+	cfg.HeartbeatGrace = max(cfg.HeartbeatGrace, 30*time.Second)
+	// Every block of every engine must fit, or the index would forget
+	// blocks the engines hold and understate kv routing.
+	cfg.Segment.IndexCapacity = max(cfg.Segment.IndexCapacity, 2*o.Engines*o.KVBlocks)
+	cfg.Logger = o.Logger
+	return cfg
+}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"io"
+	"testing"
+	"time"
+
+	"github.com/kvfast/kvfast/node"
+)
+
+// TestServeConfig: serve's flags bind to node.DefaultConfig, so that no
+// flag means the library's default, and each flag lands in its field.
+func TestServeConfig(t *testing.T) {
+	t.Run("no flags: the defaults", func(t *testing.T) {
+		cfg, _, ok := serveConfig(nil, io.Discard)
+		if !ok {
+			t.Fatal("serve refused no flags")
+		}
+		want := node.DefaultConfig()
+		if cfg.Listen != want.Listen || cfg.Segment != want.Segment || cfg.Policy != want.Policy ||
+			*cfg.Sched.Cost != *want.Sched.Cost || cfg.HTTP != want.HTTP || cfg.ShutdownTimeout != want.ShutdownTimeout ||
+			cfg.Dispatch.Timeouts != want.Dispatch.Timeouts || cfg.Dispatch.Health.Interval != want.Dispatch.Health.Interval {
+			t.Errorf("serve's defaults differ from node.DefaultConfig:\n%+v\n%+v", cfg, want)
+		}
+	})
+	t.Run("flags", func(t *testing.T) {
+		cfg, _, ok := serveConfig([]string{"--segment", "none", "--policy", "round-robin", "--prefill-load-scale", "3",
+			"--max-retries", "0", "--queue-timeout", "2s", "--max-token-id", "151935",
+			"--worker", "url=http://127.0.0.1:9001", "--worker", "url=http://127.0.0.1:9002,id=9"}, io.Discard)
+		if !ok {
+			t.Fatal("serve refused its flags")
+		}
+		if cfg.Segment.Path != "" || cfg.Policy != "round-robin" || cfg.Sched.Cost.PrefillLoadScale != 3 ||
+			cfg.HTTP.MaxRetries != 0 || cfg.HTTP.QueueTimeout != 2*time.Second || cfg.HTTP.MaxTokenID != 151935 {
+			t.Errorf("flags not applied: %+v", cfg)
+		}
+		// Repeated --worker flags take consecutive default ids.
+		if len(cfg.Static) != 2 || cfg.Static[0].ID != 0 || cfg.Static[1].ID != 9 {
+			t.Errorf("static workers %+v", cfg.Static)
+		}
+	})
+	t.Run("refusals", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"--bogus"}, {"extra"}, {"--policy", "fastest"}, {"--worker", "model=m"}, {"--max-token-id", "4294967296"},
+			{"--block-size", "0"}, {"--log-level", "loud"},
+		} {
+			if _, code, ok := serveConfig(args, io.Discard); ok || code != 2 {
+				t.Errorf("%q: ok %v, code %d; want exit status 2", args, ok, code)
+			}
+		}
+		if _, code, ok := serveConfig([]string{"--help"}, io.Discard); ok || code != 0 {
+			t.Errorf("--help: ok %v, code %d; want exit status 0", ok, code)
+		}
+	})
+}

@@ -1,0 +1,112 @@
+package fastpath
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kvfast/kvfast/dispatch"
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/sched"
+)
+
+// The tests in package fastpath drive the front end alone: New over Deps
+// that the test builds (an index, a scheduler and an engine pool over
+// static workers), so that they can reach inside the Server (its handler,
+// its metrics) where a whole router (package node) would hide it.
+// Everything that needs the whole router (registry discovery, event
+// feeds, the worker lifecycle) is tested in package fastpath_test, on
+// internal/rig.
+
+// frontWorker is one static worker of a test front end.
+type frontWorker struct {
+	endpoint string // host:port
+	model    string
+}
+
+// frontState is the node's view for a front end without a node: the
+// policy and nothing else, which is all /admin/workers and /metrics need
+// to answer.
+type frontState struct{ policy string }
+
+func (s frontState) Snapshot() Snapshot { return Snapshot{Policy: s.policy, Workers: []WorkerView{}} }
+
+// newTestFront builds a front end whose worker i has id i+1, rank 0 and
+// the slot a node would give the i-th static worker (staticWorkerSlot).
+// Health probes are off and logs discarded; the engine pool is closed and
+// the front end shut down when the test ends.
+func newTestFront(tb testing.TB, cfg Config, policy string, workers []frontWorker) *Server {
+	tb.Helper()
+	if policy == "" {
+		policy = "kv"
+	}
+	p, useApprox, err := sched.ParsePolicy(policy)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	index, err := radix.NewHeap(radix.Config{Capacity: 1 << 16})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	approx, err := radix.NewApprox(radix.Config{Capacity: 1 << 16}, time.Minute)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sc, err := sched.New(sched.Config{Policy: p})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dcfg := dispatch.DefaultConfig()
+	dcfg.Health.Interval = -1
+	pool := dispatch.NewPool(dcfg)
+	tb.Cleanup(pool.Close) // after the front end's shutdown: cleanups run last-in first-out
+	for i, w := range workers {
+		slot := staticWorkerSlot(i)
+		if err := sc.Upsert(sched.WorkerInfo{ID: uint64(i + 1), Slot: slot, Model: w.model, Endpoint: w.endpoint}); err != nil {
+			tb.Fatal(err)
+		}
+		if _, err := pool.Add(slot, w.endpoint); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	s, err := New(cfg, Deps{Index: index, Approx: approx, Sched: sc, Engines: pool, UseApprox: useApprox,
+		State: frontState{policy}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	return s
+}
+
+// staticWorkerSlot is the slot a node gives its i-th static worker.
+func staticWorkerSlot(i int) radix.WorkerSlot { return radix.WorkerSlot(radix.MaxWorkers - 1 - i) }
+
+// newRouteTestServer is a front end over n workers (ids 1..n) serving
+// benchModel at endpoints that are never called: route-only requests do
+// not forward, and health probes are off, so no traffic leaves the
+// process.
+func newRouteTestServer(tb testing.TB, n int, policy string) *Server {
+	tb.Helper()
+	workers := make([]frontWorker, n)
+	for i := range workers {
+		workers[i] = frontWorker{endpoint: "127.0.0.1:" + strconv.Itoa(9+i), model: benchModel}
+	}
+	return newTestFront(tb, DefaultConfig(), policy, workers)
+}
+
+// released reports whether the scheduler holds no booking: nothing
+// waiting, every booking released, no load on any worker.
+func released(s *Server) bool {
+	st := s.sched.Stats()
+	if st.Waiting != 0 || st.Booked != st.Released {
+		return false
+	}
+	for w := range s.sched.Workers().All() {
+		if ld := s.sched.Load(w); ld.Requests != 0 || ld.ActiveBlocks != 0 || ld.PrefillTokens != 0 || ld.OutputBlocks != 0 {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,203 @@
+package fastpath
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvfast/kvfast/mocker"
+)
+
+// serverWait bounds every wait for something the front end does on its
+// own goroutines; generous, because the race detector on a shared 2-core
+// machine is slow.
+const serverWait = 10 * time.Second
+
+// TestShutdownRacingServe: a Shutdown that comes while Serve is still
+// starting (a signal at boot) stops the server all the same; Serve must not
+// go on accepting after Shutdown returned.
+func TestShutdownRacingServe(t *testing.T) {
+	for i := range 12 {
+		srv := newTestFront(t, DefaultConfig(), "", nil)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		if i%2 == 1 {
+			time.Sleep(time.Duration(i) * 20 * time.Microsecond) // vary where in Serve the Shutdown lands
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), serverWait)
+		err = srv.Shutdown(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("round %d: Shutdown: %v", i, err)
+		}
+		select {
+		case <-served:
+		case <-time.After(serverWait):
+			ln.Close()
+			<-served
+			t.Fatalf("round %d: Serve still running after Shutdown returned", i)
+		}
+		if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
+			c.Close()
+			t.Errorf("round %d: the listener still accepts after Shutdown", i)
+		}
+	}
+}
+
+// servedFront serves a front end over one mock engine on loopback and
+// returns its URL and the engine.
+func servedFront(t *testing.T, arm func(*Server)) (string, *mocker.Engine, *Server) {
+	t.Helper()
+	eng, err := mocker.Start(mocker.Config{Speedup: math.Inf(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close() }) // runs last: the front end stops first
+	s := newTestFront(t, DefaultConfig(), "", []frontWorker{{endpoint: eng.Addr(), model: mocker.DefaultModel}})
+	arm(s) // before Serve: no request goroutine sees the change happen
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(ln) }()
+	return "http://" + ln.Addr().String(), eng, s
+}
+
+// mockBody is a completions request for the mock engine's model.
+func mockBody(seed, tokens int, stream bool) []byte {
+	b := []byte(`{"model":"` + mocker.DefaultModel + `","max_tokens":4,"stream":` + strconv.FormatBool(stream) + `,"prompt":[`)
+	for i := range tokens {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(seed*1000+i), 10)
+	}
+	return append(b, "]}"...)
+}
+
+// postBody posts body and returns the status and the whole response body
+// (what arrived of it, for a cut stream).
+func postBody(t *testing.T, url string, body []byte) (int, []byte) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), serverWait)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+PathCompletions, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, got
+}
+
+func waitReleasedFront(t *testing.T, s *Server) {
+	t.Helper()
+	deadline := time.Now().Add(serverWait)
+	for !released(s) {
+		if time.Now().After(deadline) {
+			t.Fatalf("reservations leaked: %+v", s.sched.Stats())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestPanicWhileRoutingIsContained: a panic in the handler after the
+// booking (injected where the router times its scheduling stage) is
+// answered with a 500 OpenAI error, releases the booking, and leaves the
+// router serving.
+func TestPanicWhileRoutingIsContained(t *testing.T) {
+	var armed atomic.Bool
+	url, eng, s := servedFront(t, func(s *Server) {
+		timer := s.metrics.stageSched
+		s.metrics.stageSched = prometheus.ObserverFunc(func(v float64) {
+			if armed.Load() {
+				panic("injected fault")
+			}
+			timer.Observe(v)
+		})
+	})
+	body := mockBody(10, 64, false)
+	armed.Store(true)
+	status, got := postBody(t, url, body)
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if status != http.StatusInternalServerError || json.Unmarshal(got, &e) != nil || e.Error.Code != "internal_error" {
+		t.Fatalf("a panicking request: status %d: %s", status, got)
+	}
+	waitReleasedFront(t, s)
+	if st := s.sched.Stats(); st.Booked != 1 {
+		t.Errorf("the panicking request was not booked before the fault: %+v", st)
+	}
+	armed.Store(false)
+	if status, got := postBody(t, url, body); status != http.StatusOK {
+		t.Fatalf("after the panic: status %d: %s", status, got)
+	}
+	if n := eng.Stats().Requests; n != 1 {
+		t.Errorf("the engine got %d requests, want only the one after the fault", n)
+	}
+	waitReleasedFront(t, s)
+	_, m := getPath(t, url, PathMetrics)
+	if want := "\n" + `kvfast_requests_total{endpoint="completions",status="engine_error"} 1` + "\n"; !strings.Contains(string(m), want) {
+		t.Errorf("/metrics lacks %q", want)
+	}
+}
+
+// TestPanicWhileStreamingIsContained: a panic on the stream relay
+// goroutine (fasthttp's, which recovers nothing) must neither kill the
+// router nor strand the request's load.
+func TestPanicWhileStreamingIsContained(t *testing.T) {
+	var armed atomic.Bool
+	url, _, s := servedFront(t, func(s *Server) {
+		ttft := s.metrics.ttft
+		s.metrics.ttft = prometheus.ObserverFunc(func(v float64) {
+			if armed.Load() {
+				panic("injected fault in the relay")
+			}
+			ttft.Observe(v)
+		})
+	})
+	body := mockBody(3, 48, true)
+	armed.Store(true)
+	_, _ = postBody(t, url, body) // the stream is cut; the client sees a short body
+	waitReleasedFront(t, s)
+	armed.Store(false)
+	status, got := postBody(t, url, body)
+	if status != http.StatusOK || !bytes.HasSuffix(got, []byte("data: [DONE]\n\n")) {
+		t.Fatalf("after the panic the router does not serve: %d %q", status, got)
+	}
+	waitReleasedFront(t, s)
+}
+
+func getPath(t *testing.T, url, path string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Get(url + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}

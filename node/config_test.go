@@ -1,0 +1,100 @@
+package node
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvfast/kvfast/radix"
+)
+
+func TestDefaultConfigValidates(t *testing.T) {
+	cfg := DefaultConfig()
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("DefaultConfig does not validate: %v", err)
+	}
+	// Each call is a fresh value: a caller tuning its cost model must not
+	// change the next caller's defaults.
+	a, b := DefaultConfig(), DefaultConfig()
+	a.Sched.Cost.PrefillLoadScale = 99
+	if b.Sched.Cost.PrefillLoadScale == 99 {
+		t.Fatal("DefaultConfig values share their cost parameters")
+	}
+}
+
+func TestValidateRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(*Config)
+		want   string
+	}{
+		{"zero registry poll", func(c *Config) { c.RegistryPoll = 0 }, "registry poll"},
+		{"negative heartbeat grace", func(c *Config) { c.HeartbeatGrace = -time.Second }, "heartbeat grace"},
+		{"zero approx TTL", func(c *Config) { c.Approx.TTL = 0 }, "approx TTL"},
+		{"zero shutdown timeout", func(c *Config) { c.ShutdownTimeout = 0 }, "shutdown timeout"},
+		{"zero index capacity", func(c *Config) { c.Segment.IndexCapacity = 0 }, "index capacity"},
+		{"zero approx capacity", func(c *Config) { c.Approx.Capacity = 0 }, "approx capacity"},
+		{"zero block size", func(c *Config) { c.Sched.BlockSize = 0 }, "block size"},
+		{"too many static workers", func(c *Config) {
+			c.Static = make([]StaticWorker, radix.MaxWorkers+1)
+		}, "static workers"},
+		{"unknown policy", func(c *Config) { c.Policy = "fastest" }, "fastest"},
+		{"empty policy", func(c *Config) { c.Policy = "" }, "policy"},
+		{"front end: zero queue timeout", func(c *Config) { c.HTTP.QueueTimeout = 0 }, "queue timeout"},
+		{"front end: negative retries", func(c *Config) { c.HTTP.MaxRetries = -1 }, "max retries"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			tc.change(&cfg)
+			err := cfg.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate = %v, want an error about %q", err, tc.want)
+			}
+			// New refuses what Validate refuses, before opening anything.
+			cfg.Segment.Path = t.TempDir() + "/never-created.shm"
+			if n, err := New(cfg); err == nil {
+				_ = n.Close()
+				t.Fatal("New accepted a configuration Validate refuses")
+			}
+		})
+	}
+}
+
+func TestParseStaticWorker(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		want  StaticWorker
+		err   string
+	}{
+		{value: "url=http://127.0.0.1:8001", want: StaticWorker{ID: 7, Endpoint: "http://127.0.0.1:8001"}},
+		{value: "endpoint=127.0.0.1:8001, model=m, kv-blocks=512, dp-rank=2",
+			want: StaticWorker{ID: 7, DPRank: 2, Endpoint: "127.0.0.1:8001", Model: "m", KVBlocks: 512}},
+		{value: "url=http://127.0.0.1:8001,model=m,zmq=tcp://127.0.0.1:5557",
+			want: StaticWorker{ID: 7, Endpoint: "http://127.0.0.1:8001", Model: "m", Events: "tcp://127.0.0.1:5557"}},
+		{value: "url=http://h:1,id=3,rank=1,model=m,zmq=tcp://h:5558,replay=tcp://h:5559,topic=kv-events",
+			want: StaticWorker{ID: 3, DPRank: 1, Endpoint: "http://h:1", Model: "m", Events: "tcp://h:5558",
+				Replay: "tcp://h:5559", Topic: "kv-events"}},
+		{value: "model=m", err: "needs url"},
+		{value: "url=http://h:1,id", err: "key=value"},
+		{value: "url=http://h:1,colour=red", err: `key "colour"`},
+		{value: "url=http://h:1,id=x", err: "id="},
+		{value: "url=http://h:1,rank=4294967296", err: "rank="},
+		{value: "url=https://h:1", err: "only http"},
+		{value: "url=h", err: "host:port"},
+		{value: "url=http://h:1,zmq=tcp://h:5557", err: "needs model"},
+		{value: "url=http://h:1,model=m,zmq=tcp://*:5557", err: "wildcard"},
+		{value: "url=http://h:1,model=m,zmq=tcp://h:5557,replay=h:5558", err: "replay"},
+		{value: "url=http://h:1,model=m,topic=kv-events", err: "belong to"},
+	} {
+		got, err := ParseStaticWorker(tc.value, 7)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: got %+v, %v; want an error about %q", tc.value, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%q: got %+v, %v; want %+v", tc.value, got, err, tc.want)
+		}
+	}
+}

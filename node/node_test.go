@@ -1,0 +1,268 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/mocker"
+)
+
+// testWait bounds every wait for something a node does on its own
+// goroutines; generous, because the race detector on a shared 2-core
+// machine is slow.
+const testWait = 10 * time.Second
+
+// testConfig is DefaultConfig sized for tests: small indexes, a fast
+// registry poll, no log output.
+func testConfig(t *testing.T) Config {
+	cfg := DefaultConfig()
+	cfg.Segment.Path = filepath.Join(t.TempDir(), "kvfast.shm")
+	cfg.Segment.IndexCapacity = 1 << 12
+	cfg.Approx.Capacity = 1 << 12
+	cfg.RegistryPoll = 5 * time.Millisecond
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	return cfg
+}
+
+// waitFor polls cond until it holds or testWait passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(testWait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// deadAddr returns a loopback address nothing listens on.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// TestCloseStopsBackgroundWork: everything New starts (registry sync,
+// approx expiry, ingestion, a ZMQ subscriber redialling a silent engine,
+// health probes) stops on Close, Close is idempotent, and the segment is
+// released: a second router on it takes the ingester role.
+func TestCloseStopsBackgroundWork(t *testing.T) {
+	// fasthttp's default dialer starts one goroutine for the life of the
+	// process on its first dial; start it now, so that the baseline
+	// counts it.
+	_, _ = fasthttp.DialTimeout(deadAddr(t), time.Second)
+	baseline := runtime.NumGoroutine()
+	cfg := testConfig(t)
+	cfg.Dispatch.Health.Interval = 5 * time.Millisecond
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: deadAddr(t), Model: "m", Events: "tcp://" + deadAddr(t)}}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the node to ingest", func() bool { s := n.Snapshot(); return s.Feed != nil && s.Feed.Ingesting })
+	waitFor(t, "the ZMQ feed to dial", func() bool {
+		for _, w := range n.Snapshot().Workers {
+			if w.ZMQ != nil && w.ZMQ.Disconnects > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	if err := n.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := n.Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown after Close: %v", err)
+	}
+	// The engine pool's HTTP clients stop their idle-connection cleaners
+	// within a few seconds of their last connection: fasthttp gives no way
+	// to stop them sooner.
+	deadline := time.Now().Add(testWait)
+	for runtime.NumGoroutine() > baseline {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines after Close, %d before New:\n%s", runtime.NumGoroutine(), baseline,
+				buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	cfg.Static = nil
+	again, err := New(cfg)
+	if err != nil {
+		t.Fatalf("cannot reopen the segment after Close: %v", err)
+	}
+	defer again.Close()
+	waitFor(t, "a second router to take the ingester role", func() bool {
+		s := again.Snapshot()
+		return s.Feed != nil && s.Feed.Ingesting
+	})
+}
+
+// TestRegistryJoinAndLeave: an engine that registers in the segment
+// becomes a routable worker, and one that deregisters leaves the worker
+// set.
+func TestRegistryJoinAndLeave(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Dispatch.Health.Interval = -1
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	eng, err := mocker.Start(mocker.Config{WorkerID: 42, DPRank: 1, Segment: cfg.Segment.Path, Speedup: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the engine to join", func() bool { return len(n.Snapshot().Workers) == 1 })
+	w := n.Snapshot().Workers[0]
+	if w.WorkerID != 42 || w.DPRank != 1 || w.Source != "registry" || w.Endpoint != eng.Addr() || !w.Healthy || w.Generation == 0 {
+		t.Errorf("joined worker %+v", w)
+	}
+	if _, ok := n.Scheduler().Resolve(42, 1); !ok {
+		t.Error("the scheduler cannot resolve the joined worker")
+	}
+	if err := eng.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the engine to leave", func() bool { return len(n.Snapshot().Workers) == 0 })
+	if _, ok := n.Scheduler().Resolve(42, 1); ok {
+		t.Error("the scheduler still resolves a worker that left")
+	}
+}
+
+// logAddr is a slog handler that hands over the address of the first
+// "router listening" record.
+type logAddr struct {
+	once *sync.Once
+	addr chan string
+}
+
+func (h logAddr) Enabled(context.Context, slog.Level) bool { return true }
+func (h logAddr) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h logAddr) WithGroup(string) slog.Handler            { return h }
+
+func (h logAddr) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "router listening" {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "addr" {
+			h.once.Do(func() { h.addr <- a.Value.String() })
+		}
+		return true
+	})
+	return nil
+}
+
+// TestRunStopsOnCancel: Run serves until its context ends, then shuts
+// down and returns nil.
+func TestRunStopsOnCancel(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Segment.Path = ""
+	logs := logAddr{once: new(sync.Once), addr: make(chan string, 1)}
+	cfg.Logger = slog.New(logs)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- Run(ctx, cfg) }()
+	var addr string
+	select {
+	case addr = <-logs.addr:
+	case err := <-ran:
+		t.Fatalf("Run returned before serving: %v", err)
+	case <-time.After(testWait):
+		t.Fatal("Run never logged its address")
+	}
+	resp, err := http.Get("http://" + addr + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "ok") {
+		t.Fatalf("/health: %d %s", resp.StatusCode, body)
+	}
+	cancel()
+	select {
+	case err := <-ran:
+		if err != nil {
+			t.Fatalf("Run returned %v after its context ended", err)
+		}
+	case <-time.After(testWait):
+		t.Fatal("Run did not return after its context ended")
+	}
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Error("the router still accepts after Run returned")
+	}
+}
+
+// TestRunReportsListenFailure: Run fails, and releases what New opened,
+// when it cannot listen.
+func TestRunReportsListenFailure(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg := testConfig(t)
+	cfg.Listen = ln.Addr().String()
+	err = Run(context.Background(), cfg)
+	var op *net.OpError
+	if err == nil || !errors.As(err, &op) {
+		t.Fatalf("Run on a busy address = %v, want a listen error", err)
+	}
+	// The segment was closed: a router can open it and ingest.
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	waitFor(t, "the ingester role", func() bool { s := n.Snapshot(); return s.Feed != nil && s.Feed.Ingesting })
+}
+
+// TestNewRefusesBadStaticWorkers: a static worker whose event feed cannot
+// work is refused when the router is built, naming the worker.
+func TestNewRefusesBadStaticWorkers(t *testing.T) {
+	for _, w := range []StaticWorker{
+		{ID: 1, Endpoint: "127.0.0.1:9", Events: "tcp://127.0.0.1:5557"},                       // no model
+		{ID: 2, Endpoint: "127.0.0.1:9", Model: "m", Events: "tcp://*:5557"},                   // where vLLM binds
+		{ID: 3, Endpoint: "127.0.0.1:9", Model: "m", Events: "tcp://127.0.0.1:1", Replay: "x"}, // bad replay
+		{ID: 4, Endpoint: "https://127.0.0.1:9"},                                               // not http
+	} {
+		cfg := testConfig(t)
+		cfg.Segment.Path = ""
+		cfg.Static = []StaticWorker{w}
+		n, err := New(cfg)
+		if err == nil {
+			_ = n.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), "worker "+strconv.Itoa(int(w.ID))) {
+			t.Errorf("%+v: %v", w, err)
+		}
+	}
+}
