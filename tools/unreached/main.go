@@ -98,8 +98,7 @@ func run(w io.Writer, dir string, patterns []string, test bool, allowFile string
 		fmt.Fprintf(w, "%s:%d:%d: %s\n", f.pos.Filename, f.pos.Line, f.pos.Column, f.key)
 		n++
 	}
-	stale := slices.Sorted(maps.Keys(allowed))
-	for _, key := range stale {
+	for _, key := range slices.Sorted(maps.Keys(allowed)) {
 		if !used[key] {
 			fmt.Fprintf(w, "%s: %s is reached now or gone: drop it from the list\n", allowFile, key)
 			n++
