@@ -14,10 +14,10 @@ help: ## List the targets with what they do.
 build: ## Build bin/kvfast.
 	$(GO) build -o $(BIN) ./cmd/kvfast
 
-test: ## Everything CI runs: set-up, go vet, and the whole suite under the race detector.
+test: lint ## Everything CI runs: lint, set-up, and the whole suite under the race detector.
 	@./scripts/setup-test-deps.sh
-	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(GO) -C tools test -count=1 ./...
 
 test-short: ## The suite without the race detector, for a fast local loop.
 	$(GO) test -count=1 -short $(PKGS)
@@ -28,9 +28,8 @@ bench: ## All benchmarks once (BENCHTIME=1s by default); see BENCHMARKS.md for t
 fuzz: ## Each fuzz target for FUZZTIME (default 20s).
 	@./scripts/fuzz-all.sh $(FUZZTIME)
 
-lint: ## gofmt and go vet.
-	@test -z "$$(gofmt -l . | tee /dev/stderr)" || (echo "gofmt: files above need formatting"; exit 1)
-	$(GO) vet $(PKGS)
+lint: ## gofmt, go vet, staticcheck, and no code production never runs (tools pinned by tools/go.mod; see .deadcode-allow).
+	@GO=$(GO) ./scripts/lint.sh
 
 demo: ## Replay the Mooncake trace against 8 mock engines once per routing policy and compare them (about 1.5 min; DEMO_FLAGS=... adds flags).
 	$(GO) run ./cmd/kvfast demo $(DEMO_FLAGS)

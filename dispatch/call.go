@@ -44,8 +44,8 @@ type Observer interface {
 // Call forwards one request to an engine and relays the response. Take one
 // from Pool.AcquireCall, set the request, Do it (again on another worker if
 // IsRetryable), then Relay a stream or ReadBody a plain response, and
-// Release it. It is owned by one goroutine at a time: after handing
-// StreamWriter to the server, the call belongs to the stream.
+// Release it. It is owned by one goroutine at a time: a server that relays
+// from its body stream writer hands the call over to that stream.
 type Call struct {
 	pool   *Pool
 	engine *Engine
@@ -53,7 +53,6 @@ type Call struct {
 	req    fasthttp.Request
 	resp   fasthttp.Response
 	buf    []byte // len == cap; the relay buffer, grown by ReadBody
-	sw     fasthttp.StreamWriter
 
 	open     bool // resp holds an engine body stream not yet closed
 	finished bool // obs had its terminal call, or there is no obs
@@ -64,9 +63,7 @@ type Call struct {
 }
 
 func newCall(p *Pool) *Call {
-	c := &Call{pool: p, buf: make([]byte, p.cfg.RelayBufferSize), finished: true}
-	c.sw = c.streamWriter
-	return c
+	return &Call{pool: p, buf: make([]byte, p.cfg.RelayBufferSize), finished: true}
 }
 
 // AcquireCall returns an idle Call from the pool.
@@ -120,9 +117,7 @@ func (c *Call) Do(slot radix.WorkerSlot, obs Observer) error {
 		return err
 	}
 	c.req.Header.SetHost(e.addr)
-	e.active.Add(1)
 	if err := e.client.Do(&c.req, &c.resp); err != nil {
-		e.active.Add(-1)
 		ferr := &Error{Slot: slot, Addr: e.addr, Op: "forward to", Kind: classifyDo(err), Cause: err}
 		if de := (*dialError)(nil); errors.As(err, &de) {
 			e.connectFailed() // refused or unreachable, not merely busy
@@ -152,14 +147,8 @@ func classifyDo(err error) error {
 	return ErrEngineFailed
 }
 
-// Response returns the engine's response, for its status and headers.
-func (c *Call) Response() *fasthttp.Response { return &c.resp }
-
 // StatusCode returns the engine's response status.
 func (c *Call) StatusCode() int { return c.resp.StatusCode() }
-
-// Engine returns the engine of the last Do.
-func (c *Call) Engine() *Engine { return c.engine }
 
 var (
 	eventStream = []byte("text/event-stream")
@@ -201,22 +190,6 @@ func (c *Call) CopyHeaders(dst *fasthttp.ResponseHeader) {
 			dst.SetBytesKV(k, v)
 		}
 	}
-}
-
-// Items returns how many stream items were relayed.
-func (c *Call) Items() int { return c.items }
-
-// Bytes returns how many response body bytes reached the client writer.
-func (c *Call) Bytes() int64 { return c.bytes }
-
-// StreamWriter returns a fasthttp.StreamWriter that relays the response and
-// then releases the call, for RequestCtx.SetBodyStreamWriter. From then on
-// the call belongs to the stream; the caller must not touch it again.
-func (c *Call) StreamWriter() fasthttp.StreamWriter { return c.sw }
-
-func (c *Call) streamWriter(w *bufio.Writer) {
-	_ = c.Relay(w)
-	c.Release()
 }
 
 // Relay copies the response body to w byte for byte. For an event stream it
@@ -504,9 +477,6 @@ func (c *Call) closeStream() {
 	if c.open {
 		c.open = false
 		_ = c.resp.CloseBodyStream()
-		if c.engine != nil {
-			c.engine.active.Add(-1)
-		}
 	}
 }
 

@@ -11,8 +11,8 @@
 // engine answered (OnDispatched), the first token (OnFirstToken), each item
 // (OnItem), and exactly one end, OnComplete with the finish_reason before
 // the terminal item reaches the client, or OnAbort with the reason. The
-// guard adapts itself to Observer; the server hands the Call's
-// StreamWriter to fasthttp's SetBodyStreamWriter.
+// guard adapts itself to Observer; the server calls Relay from the body
+// stream writer it gives fasthttp.
 //
 // Failures are classified so that the caller can act on them:
 //   - ErrConnect: no connection could be made (refused, connect timeout,
@@ -36,27 +36,26 @@
 //
 // Per worker slot, one Engine: a fasthttp.HostClient whose connections
 // enforce the first-byte and idle timeouts themselves (fasthttp's own read
-// timeout would cut long streams), an atomic health flag, and a goroutine
-// running the active health checks. The Pool keeps the healthy slots as one
-// atomic radix.WorkerSet for the scheduler to filter with, and pools Calls
-// with their relay buffers.
+// timeout would cut long streams), its last health verdict, and a goroutine
+// running the active health checks. The Pool pools Calls with their relay
+// buffers. It does not own the health that selection filters by: each
+// flip goes to HealthConfig.OnChange, which the server points at the
+// scheduler.
 //
 // # Concurrency
 //
-// Pool methods are safe for concurrent use; Engine and Healthy are single
-// atomic loads. Add, Remove and Close are serialised. A Call belongs to one
-// goroutine at a time: the handler's until it passes StreamWriter to the
-// server, then the stream's. Observer calls for one Call never overlap.
-// Health flips of one engine are serialised, and a removed engine can
-// never re-enter the healthy set.
+// Pool methods are safe for concurrent use; Engine is a single atomic
+// load. Add, Remove and Close are serialised. A Call belongs to one
+// goroutine at a time: the handler's until it hands the call to a body
+// stream writer, then the stream's. Observer calls for one Call never
+// overlap. Health flips of one engine are serialised, and none is
+// reported after Remove.
 //
 // # Throughput envelope
 //
-// On the 2-core reference machine, the event scanner classifies 4-6M
-// vLLM-sized events/s (0.6-1 GB/s) with no allocation, six to nine times a
-// line scanner with encoding/json; relaying a stream allocates nothing per
-// event. Through a dispatch front end on loopback, a small non-streaming
-// request takes about 14 µs more than calling the engine directly, and a
-// 16-event stream about 30 µs more, both at p50. See BenchmarkSSEScan and
-// BenchmarkRelay.
+// Scanning events and relaying a stream allocate nothing per event (the
+// allocation tests assert it). BenchmarkSSEScan compares the scanner with
+// a line scanner and encoding/json, BenchmarkRelay times a relayed stream,
+// and BenchmarkProxyOverhead (package benchmarks) measures the latency a
+// forwarded request adds; BENCHMARKS.md has the figures.
 package dispatch

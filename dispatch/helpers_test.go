@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -278,5 +277,3 @@ func mustAdd(t testing.TB, p *Pool, slot radix.WorkerSlot, addr string) {
 		t.Fatal(err)
 	}
 }
-
-func isKind(err, kind error) bool { return errors.Is(err, kind) }

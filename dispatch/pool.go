@@ -35,8 +35,9 @@ type Timeouts struct {
 }
 
 // HealthConfig sets the active health checks: GET Path on every engine each
-// Interval; FailAfter consecutive failures take the engine out of
-// Pool.Healthy, RecoverAfter consecutive successes (2xx) bring it back.
+// Interval; FailAfter consecutive failures make the engine unhealthy,
+// RecoverAfter consecutive successes (2xx) healthy again. The pool keeps no
+// healthy set of its own: OnChange tells the one the caller selects with.
 type HealthConfig struct {
 	Path         string        // default "/health"
 	Interval     time.Duration // default 2s; negative disables checks
@@ -44,8 +45,9 @@ type HealthConfig struct {
 	FailAfter    int           // default 2
 	RecoverAfter int           // default 1
 	// OnChange, if set, is called after an engine's health flips, with the
-	// new state. Calls for one engine are serialised and in order. It must
-	// not call Pool.Add, Remove or Close.
+	// new state. Calls for one engine are serialised and in order, and none
+	// comes after Remove returned. It must not call Pool.Add, Remove or
+	// Close.
 	OnChange func(slot radix.WorkerSlot, addr string, healthy bool)
 }
 
@@ -117,8 +119,7 @@ func (c Config) withDefaults() Config {
 type Pool struct {
 	cfg     Config
 	engines [radix.MaxWorkers]atomic.Pointer[Engine]
-	healthy atomic.Uint64 // radix.WorkerSet
-	mu      sync.Mutex    // serialises Add, Remove and Close
+	mu      sync.Mutex // serialises Add, Remove and Close
 	calls   sync.Pool
 	closed  bool
 }
@@ -130,35 +131,18 @@ func NewPool(cfg Config) *Pool {
 	return p
 }
 
-// Config returns the pool's configuration with defaults applied.
-func (p *Pool) Config() Config { return p.cfg }
-
 // Engine is one engine endpoint behind one worker slot.
 type Engine struct {
-	slot    radix.WorkerSlot
-	addr    string
-	pool    *Pool
-	client  *fasthttp.HostClient
-	healthy atomic.Bool
-	active  atomic.Int64 // requests sent and not yet relayed to their end
+	slot   radix.WorkerSlot
+	addr   string
+	pool   *Pool
+	client *fasthttp.HostClient
 
 	healthMu sync.Mutex // orders health transitions and their callbacks
+	healthy  bool       // the last verdict; guarded by healthMu
 	stop     chan struct{}
 	done     chan struct{}
 }
-
-// Slot returns the engine's worker slot.
-func (e *Engine) Slot() radix.WorkerSlot { return e.slot }
-
-// Addr returns the engine's host:port.
-func (e *Engine) Addr() string { return e.addr }
-
-// Healthy reports the engine's current health.
-func (e *Engine) Healthy() bool { return e.healthy.Load() }
-
-// InFlight returns how many requests to the engine are being sent or
-// relayed: from Call.Do until the response is relayed, read or abandoned.
-func (e *Engine) InFlight() int { return int(e.active.Load()) }
 
 // Add registers the engine at addr (host:port) in slot and starts its health
 // checks. Re-adding the same address is a no-op; a different address
@@ -182,7 +166,7 @@ func (p *Pool) Add(slot radix.WorkerSlot, addr string) (*Engine, error) {
 		}
 		p.removeLocked(slot)
 	}
-	e := &Engine{slot: slot, addr: addr, pool: p}
+	e := &Engine{slot: slot, addr: addr, pool: p, healthy: true}
 	t := p.cfg.Timeouts
 	e.client = &fasthttp.HostClient{
 		Addr: addr,
@@ -198,8 +182,6 @@ func (p *Pool) Add(slot radix.WorkerSlot, addr string) (*Engine, error) {
 		DisablePathNormalizing:        true,
 		RetryIfErr:                    retryStaleConn,
 	}
-	e.healthy.Store(true)
-	p.healthy.Or(uint64(radix.SetOf(slot)))
 	p.engines[slot].Store(e)
 	if p.cfg.Health.Interval > 0 {
 		e.stop, e.done = make(chan struct{}), make(chan struct{})
@@ -236,11 +218,10 @@ func (p *Pool) removeLocked(slot radix.WorkerSlot) {
 	if e == nil {
 		return
 	}
-	// Under healthMu, so that a verdict being recorded cannot put the slot
-	// back into the healthy set after it left.
+	// Under healthMu, so that a verdict being recorded cannot reach OnChange
+	// after the engine left.
 	e.healthMu.Lock()
 	p.engines[slot].Store(nil)
-	p.healthy.And(^uint64(radix.SetOf(slot)))
 	e.healthMu.Unlock()
 	if e.stop != nil {
 		close(e.stop)
@@ -267,28 +248,15 @@ func (p *Pool) Engine(slot radix.WorkerSlot) *Engine {
 	return p.engines[slot].Load()
 }
 
-// Healthy returns the slots whose engines are registered and healthy: the
-// scheduler's filter for selection. It is one atomic load.
-func (p *Pool) Healthy() radix.WorkerSet { return radix.WorkerSet(p.healthy.Load()) }
-
 // setHealthy records a health verdict and reports a flip. A removed engine's
-// late verdict is dropped, so it cannot re-enter the healthy set.
+// late verdict is dropped, so it cannot mark the slot healthy again.
 func (e *Engine) setHealthy(h bool) {
 	e.healthMu.Lock()
 	defer e.healthMu.Unlock()
-	if e.healthy.Load() == h {
+	if e.healthy == h || e.pool.engines[e.slot].Load() != e {
 		return
 	}
-	if e.pool.engines[e.slot].Load() != e {
-		return
-	}
-	e.healthy.Store(h)
-	bit := uint64(radix.SetOf(e.slot))
-	if h {
-		e.pool.healthy.Or(bit)
-	} else {
-		e.pool.healthy.And(^bit)
-	}
+	e.healthy = h
 	if f := e.pool.cfg.Health.OnChange; f != nil {
 		f(e.slot, e.addr, h)
 	}

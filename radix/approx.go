@@ -46,9 +46,6 @@ func NewApprox(cfg Config, ttl time.Duration) (*Approx, error) {
 	return &Approx{ix: ix, ttl: ttl, ring: make([]approxRecord, cfg.Capacity)}, nil
 }
 
-// Index exposes the underlying index, for FindMatches and Stats.
-func (a *Approx) Index() *Index { return a.ix }
-
 // FindMatches is Index.FindMatches over the current assumptions.
 func (a *Approx) FindMatches(hashes []uint64, out *Overlaps) WorkerSet {
 	return a.ix.FindMatches(hashes, out)
@@ -86,13 +83,6 @@ func (a *Approx) Expire(now time.Time) {
 	a.mu.Lock()
 	a.expireLocked(now.UnixNano())
 	a.mu.Unlock()
-}
-
-// Len is the number of live assumptions.
-func (a *Approx) Len() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.size
 }
 
 func (a *Approx) expireLocked(nowNs int64) {

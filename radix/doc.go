@@ -58,13 +58,12 @@
 //
 // # Throughput envelope
 //
-// On the 2-core development machines (see BENCHMARKS.md): hashing ~1.6 G
-// tokens/s (8K tokens in ~5 µs); FindMatches of a 512-block prompt on a
-// 1M-block index in ~5-7 µs, of which ~2 µs is the memory traffic itself
-// (BenchmarkProbeFloor: the ~190 cache lines the prompt's blocks occupy),
-// ~1 µs is work, and the rest misses not yet overlapped. A concurrent
-// lookup/event mix runs several times faster than an RWMutex-guarded map.
-// Zero allocations on every hot path. FindMatches overlaps its misses
-// with prefetch instructions (prefetch_*.s, a no-op on other
-// architectures), which retire without waiting for memory.
+// Every hot path (hashing, FindMatches, Lookup, the writers) makes zero
+// allocations; the allocation tests assert it. FindMatches overlaps its
+// cache misses with prefetch instructions (prefetch_*.s, a no-op on other
+// architectures), which retire without waiting for memory, and
+// BenchmarkProbeFloor measures the floor it is held against: one load of
+// each of the prompt's blocks and nothing else. BenchmarkIndexMixed
+// compares a concurrent lookup/event mix with an RWMutex-guarded map.
+// BENCHMARKS.md has the figures.
 package radix

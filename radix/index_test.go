@@ -429,7 +429,7 @@ func TestApproxExpires(t *testing.T) {
 	if a.FindMatches(h, &out); out[4] != 0 || a.Len() != 0 {
 		t.Fatalf("overlap %d, %d records after full expiry", out[4], a.Len())
 	}
-	if st := a.Index().Stats(); st.Entries != 0 || st.EngineMapEntries != 0 {
+	if st := a.ix.Stats(); st.Entries != 0 || st.EngineMapEntries != 0 {
 		t.Fatalf("leftovers after expiry: %+v", st.Entries)
 	}
 }
@@ -446,10 +446,10 @@ func TestApproxEvictsOldestWhenFull(t *testing.T) {
 	if a.Len() != 50 {
 		t.Fatalf("%d records, want the 50 it holds", a.Len())
 	}
-	if a.Index().Lookup(100) != 0 || a.Index().Lookup(179) == 0 {
+	if a.ix.Lookup(100) != 0 || a.ix.Lookup(179) == 0 {
 		t.Fatal("oldest assumption kept or newest dropped")
 	}
-	if err := a.Index().Verify(); err != nil {
+	if err := a.ix.Verify(); err != nil {
 		t.Fatal(err)
 	}
 }

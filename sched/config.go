@@ -9,7 +9,7 @@ import (
 )
 
 // CostParams are the knobs of the cost model (see docs/routing.md). The
-// scheduler holds one global copy, replaceable at run time; a request may
+// scheduler holds one global copy, set by New from Config; a request may
 // carry its own full copy instead.
 type CostParams struct {
 	// OverlapCredit multiplies the blocks a worker already caches before
@@ -103,12 +103,12 @@ type Config struct {
 	// DefaultActiveBlocks). Beyond it blocks are still counted, only
 	// without sharing, so load is over- never under-estimated.
 	ActiveBlocks int
-	// Cost is the initial global cost model; nil means DefaultCostParams.
+	// Cost is the global cost model; nil means DefaultCostParams.
 	Cost *CostParams
-	// Policy is the initial global routing policy; the zero value is
+	// Policy is the global routing policy; the zero value is
 	// PolicyKV, the cost model.
 	Policy Policy
-	// Busy are the initial busy thresholds (zero: never busy).
+	// Busy are the busy thresholds (zero: never busy).
 	Busy BusyThresholds
 	// QueueCapacity bounds the admission queue: 0 means
 	// DefaultQueueCapacity, negative means no queue (refuse at once).

@@ -83,19 +83,6 @@ func ParsePolicy(name string) (p Policy, approx bool, err error) {
 		name, strings.Join(PolicyNames(), ", "), ErrInvalidConfig)
 }
 
-// Policy returns the global routing policy.
-func (s *Scheduler) Policy() Policy { return Policy(s.policy.Load()) }
-
-// SetPolicy replaces the global routing policy for every later selection
-// that does not carry its own.
-func (s *Scheduler) SetPolicy(p Policy) error {
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	s.policy.Store(uint32(p))
-	return nil
-}
-
 func (s *Scheduler) policyFor(req *Request) (Policy, error) {
 	if req.Policy == nil {
 		return Policy(s.policy.Load()), nil

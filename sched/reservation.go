@@ -42,12 +42,6 @@ func (r *Reservation) grow(n int) []uint32 {
 	return r.idx[:n]
 }
 
-// Booked reports whether the reservation holds load.
-func (r *Reservation) Booked() bool { return r.state == resBooked }
-
-// Slot returns the worker the load is booked on.
-func (r *Reservation) Slot() radix.WorkerSlot { return r.slot }
-
 // BlockSize returns the tokens per block of the booking (0 if none).
 func (r *Reservation) BlockSize() int {
 	if r.s == nil {

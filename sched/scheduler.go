@@ -84,35 +84,6 @@ func New(cfg Config) (*Scheduler, error) {
 // BlockSize returns the tokens per block the scheduler counts in.
 func (s *Scheduler) BlockSize() int { return s.blockSize }
 
-// CostParams returns the global cost parameters. A request that wants to
-// override some of them copies these, edits the copy and points
-// Request.Cost at it.
-func (s *Scheduler) CostParams() CostParams { return *s.params.Load() }
-
-// SetCostParams replaces the global cost parameters atomically: a
-// selection sees either the old set or the new one, never a mix.
-func (s *Scheduler) SetCostParams(p CostParams) error {
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	s.params.Store(&p)
-	return nil
-}
-
-// BusyThresholds returns the current busy thresholds.
-func (s *Scheduler) BusyThresholds() BusyThresholds { return *s.thresholds.Load() }
-
-// SetBusyThresholds replaces the busy thresholds atomically and lets queued
-// requests re-check them.
-func (s *Scheduler) SetBusyThresholds(b BusyThresholds) error {
-	if err := b.Validate(); err != nil {
-		return err
-	}
-	s.thresholds.Store(&b)
-	s.wakeWaiters()
-	return nil
-}
-
 // Stats is a snapshot of the scheduler's counters.
 type Stats struct {
 	Booked, Released uint64 // reservations booked and released so far

@@ -36,7 +36,8 @@ type Request struct {
 	QueryOnly bool
 
 	// Cost, when not nil, replaces the global cost parameters for this
-	// request (copy CostParams(), edit, point here).
+	// request (a full set: copy Config.Cost or DefaultCostParams, edit,
+	// point here).
 	Cost *CostParams
 
 	// Policy, when not nil, replaces the global routing policy for this

@@ -182,22 +182,10 @@ func (t *activeTable) incShared(en *entry, e uint32, w uint, m uint64) {
 	en.ovf |= m
 }
 
-// dec drops one reference of worker w from entry e and reports whether w
-// no longer holds the block. The common case, the last reference, inlines.
-func (t *activeTable) dec(e uint32, w uint) bool {
-	en := &t.entries[e]
-	m := uint64(1) << w
-	if en.low[0]&m != 0 && (en.ovf|en.low[1]|en.low[2]|en.low[3]|en.low[4])&m == 0 {
-		en.low[0] &^= m
-		en.mask &^= m
-		if en.mask == 0 {
-			t.live--
-		}
-		return true
-	}
-	return t.decShared(en, e, w, m)
-}
-
+// decShared drops one reference of worker w (mask m) from entry e when it
+// is not w's only one, which release drops inline, and reports whether w
+// no longer holds the block.
+//
 //go:noinline
 func (t *activeTable) decShared(en *entry, e uint32, w uint, m uint64) bool {
 	if en.mask&m == 0 {
@@ -233,16 +221,6 @@ func (t *activeTable) decShared(en *entry, e uint32, w uint, m uint64) bool {
 		t.live--
 	}
 	return true
-}
-
-// count returns worker w's reference count on entry e (tests and checks).
-func (t *activeTable) count(e uint32, w uint) uint32 {
-	en := &t.entries[e]
-	var c uint32
-	for j := range en.low {
-		c |= uint32(en.low[j]>>w&1) << j
-	}
-	return c + t.high[uint64(e)<<6|uint64(w)]<<lanePlanes
 }
 
 // scan looks every hash up once, records its entry in idx (when idx is not
@@ -325,7 +303,8 @@ func (t *activeTable) release(idx []uint32, w uint) int64 {
 			freed++
 			continue
 		}
-		// dec, by hand: the compiler will not inline it into this loop.
+		// w's only reference, the common case, is dropped here: a call
+		// would not be inlined into this loop.
 		en := &t.entries[e]
 		if en.low[0]&m != 0 && (en.ovf|en.low[1]|en.low[2]|en.low[3]|en.low[4])&m == 0 {
 			en.low[0] &^= m

@@ -1,34 +1,51 @@
 #!/usr/bin/env bash
-# Installs what the test suite needs beyond the Go toolchain, so that
-# `make test` passes on a fresh machine. Idempotent and quiet when all is there.
+# Makes sure the test suite has what it needs beyond the Go toolchain, so
+# that `make test` passes on a fresh machine. Quiet when all is there.
+#
+# Needed: Go modules (downloaded), and Node.js 20+ with npm, for fastpath's
+# TestOfficialOpenAIClient, which drives the router with the official
+# openai npm client (pinned by fastpath/testdata/openai/package-lock.json
+# and installed next to it, never globally).
+#
+# The script installs system packages only when asked to: as root, with
+# apt-get, and with KVFAST_INSTALL_DEPS=1 or CI=true (a CI machine is
+# disposable). It then prints the command and the reason before running it.
+# Otherwise it says what is missing and how to install it, and fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+say() { echo "setup-test-deps: $*" >&2; }
+
 # Go modules: downloaded up front so a missing proxy fails here, clearly.
 go mod download
 
-# Node.js and the official openai npm client, pinned by
-# fastpath/testdata/openai/package-lock.json, for fastpath's real-client
-# test (TestOfficialOpenAIClient), which fails in CI without them.
 openai_dir=fastpath/testdata/openai
+why="fastpath's TestOfficialOpenAIClient runs the official openai npm client"
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-		echo "setup-test-deps: installing Node.js and npm with apt-get" >&2
+	opted_in=
+	if [ "${KVFAST_INSTALL_DEPS:-}" = 1 ] || [ "${CI:-}" = true ]; then
+		opted_in=1
+	fi
+	if [ -n "$opted_in" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+		say "Node.js and npm are missing; $why."
+		say "installing them now: apt-get update && apt-get install -y nodejs npm"
 		apt-get update -qq
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+		say "installed Node.js $(node --version) and npm $(npm --version)"
 	else
-		echo "setup-test-deps: node and npm are missing; install Node.js 20 or later with npm" \
-			"(or run this script as root to apt-get them): fastpath's openai client test needs them" >&2
+		say "Node.js 20+ and npm are missing; $why."
+		say "install them, e.g.: sudo apt-get install nodejs npm"
+		say "(or, as root, rerun with KVFAST_INSTALL_DEPS=1 to let this script apt-get them)"
 		exit 1
 	fi
 fi
 node_major=$(node -p 'process.versions.node.split(".")[0]')
 if [ "$node_major" -lt 20 ]; then
-	echo "setup-test-deps: warning: Node.js $(node --version) is older than the openai client supports (20)" >&2
+	say "warning: Node.js $(node --version) is older than the openai client supports (20)"
 fi
 # npm ci only when the installed client is not the locked one.
 locked=$(cd "$openai_dir" && node -p 'require("./package-lock.json").packages["node_modules/openai"].version')
 installed=$(cd "$openai_dir" && node -p 'try { require("./node_modules/openai/package.json").version } catch { "" }')
 if [ "$locked" != "$installed" ]; then
+	say "installing openai@$locked into $openai_dir/node_modules (npm ci, as locked); $why"
 	(cd "$openai_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
-	echo "setup-test-deps: installed openai@$locked in $openai_dir" >&2
 fi

@@ -63,11 +63,13 @@ func BenchmarkRing(b *testing.B) {
 			tokens [16]uint32
 		}
 		ch := make(chan event, (1<<20)/112)
+		var tokens [16]uint32
 		b.ReportAllocs()
 		b.ResetTimer()
 		go func() {
 			for i := 0; i < b.N; i++ {
-				ch <- event{kind: KindStored, seq: uint64(i + 1), hash: uint64(i)}
+				// Every field Stored writes to the ring, as the shm case does.
+				ch <- event{kind: KindStored, seq: uint64(i + 1), parent: 0, hash: uint64(i), tokens: tokens}
 			}
 		}()
 		var sum uint64

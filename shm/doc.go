@@ -36,11 +36,9 @@
 // # Throughput envelope
 //
 // Publishing and consuming a record make no allocation and no system
-// call (the doorbell futex is rung only while the ingester sleeps). On
-// the 2-core reference box a one-block Stored record costs about 40 ns to
-// write and read back in one goroutine; across two goroutines
-// BenchmarkRing/shm moves 6-10M records/s, noisy on a shared box (a Go
-// channel of the same event: about 20M/s in-process; it cannot cross a
-// process or survive a restart). Registration and heartbeats are slow-path (a lock, a
-// syscall).
+// call (the doorbell futex is rung only while the ingester sleeps).
+// Registration and heartbeats are slow-path (a lock, a syscall).
+// BenchmarkRing compares the ring with a buffered Go channel carrying the
+// same event in-process, which, unlike the ring, cannot cross a process or
+// survive a restart; BENCHMARKS.md has the figures.
 package shm

@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"encoding/binary"
 	"runtime"
 	"sync/atomic"
 
@@ -80,24 +79,4 @@ func (s *Segment) LoadOf(slot radix.WorkerSlot) (Load, error) {
 		}
 	}
 	return Load{}, ErrTorn
-}
-
-// decodeLoadPage reads a load page image (for fuzzing and offline
-// inspection): the same acceptance rule as LoadOf on a frozen page.
-func decodeLoadPage(b []byte) (Load, error) {
-	if len(b) < loadPageSize {
-		return Load{}, ErrTorn
-	}
-	le := binary.LittleEndian
-	if le.Uint64(b[lSeq:])&1 != 0 {
-		return Load{}, ErrTorn
-	}
-	return Load{
-		Running:       le.Uint64(b[lRunning:]),
-		Waiting:       le.Uint64(b[lWaiting:]),
-		KVUsedBlocks:  le.Uint64(b[lKVUsed:]),
-		KVTotalBlocks: le.Uint64(b[lKVTotal:]),
-		Updated:       int64(le.Uint64(b[lUpdated:])),
-		Generation:    le.Uint32(b[lGen:]),
-	}, nil
 }

@@ -46,7 +46,6 @@ type Publisher struct {
 	w         ringWriter
 	maxBlocks int // blocks per Stored record that fit maxRecord
 	maxHashes int // hashes per Removed record
-	revived   uint64
 	closed    bool
 }
 
@@ -97,9 +96,6 @@ func (p *Publisher) Generation() uint32 { return p.w.gen }
 
 // Seq returns the sequence number of the last record committed or dropped.
 func (p *Publisher) Seq() uint64 { return p.w.seq }
-
-// Dropped returns how many records were dropped because the ring was full.
-func (p *Publisher) Dropped() uint64 { return p.w.droppedN }
 
 // Stored publishes that the engine cached len(engineHashes) full blocks
 // whose tokens are tokens (BlockSize per block, in order). parent is the
@@ -206,13 +202,8 @@ func (p *Publisher) revive(off int) error {
 	atomic.StoreUint64(p.seg.u64(off+sHeartbeat), uint64(monoNow()))
 	atomic.StoreUint64(sw, nextState(w, StateLive))
 	p.w.gen, p.w.seq = gen, 0
-	p.revived++
 	return nil
 }
-
-// Revived returns how many times Heartbeat found the worker marked down
-// and registered it again.
-func (p *Publisher) Revived() uint64 { return p.revived }
 
 // Close marks the slot closed (the router drops the worker's blocks) and,
 // for a publisher made by Register, unmaps the segment.

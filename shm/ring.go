@@ -89,11 +89,8 @@ type Record struct {
 	Gen       uint32
 	Hashes    []uint64 // engine block hashes
 	Tokens    []uint32 // Stored: len(Hashes)*BlockSize token ids
-	size      uint64
+	size      uint64   // encoded bytes, what Commit and Skip consume
 }
-
-// Size is the record's encoded size in bytes.
-func (r *Record) Size() int { return int(r.size) }
 
 // RecordError says why bytes in a ring are not a valid record.
 type RecordError struct {
@@ -337,13 +334,12 @@ func (w *ringWriter) writeCleared() error {
 // RingReader is the consumer half of one worker's ring. Only the ingester
 // (the holder of the ingester lock) may use it, from one goroutine.
 type RingReader struct {
-	head, tail, lastSeq, dropped, published *uint64
-	gen                                     *uint32
-	data                                    unsafe.Pointer
-	size                                    uint64
-	pos                                     uint64 // == *tail, kept locally
-	avail                                   uint64 // head as last read and validated
-	slot                                    radix.WorkerSlot
+	head, tail, lastSeq *uint64
+	gen                 *uint32
+	data                unsafe.Pointer
+	size                uint64
+	pos                 uint64 // == *tail, kept locally
+	avail               uint64 // head as last read and validated
 }
 
 // Reader returns the consumer half of slot's ring, positioned at the
@@ -357,34 +353,19 @@ func (s *Segment) Reader(slot radix.WorkerSlot) *RingReader {
 func (s *Segment) initReader(r *RingReader, slot radix.WorkerSlot) {
 	off := s.ringBase(int(slot) & (radix.MaxWorkers - 1))
 	*r = RingReader{
-		head:      s.u64(off + ctlHead),
-		tail:      s.u64(off + ctlTail),
-		lastSeq:   s.u64(off + ctlLastSeq),
-		dropped:   s.u64(off + ctlDropped),
-		published: s.u64(off + ctlPublished),
-		gen:       s.u32(off + ctlGen),
-		data:      unsafe.Add(s.base, off+ringControlSize),
-		size:      uint64(s.lay.ringBytes),
-		slot:      slot,
+		head:    s.u64(off + ctlHead),
+		tail:    s.u64(off + ctlTail),
+		lastSeq: s.u64(off + ctlLastSeq),
+		gen:     s.u32(off + ctlGen),
+		data:    unsafe.Add(s.base, off+ringControlSize),
+		size:    uint64(s.lay.ringBytes),
 	}
 	r.pos = atomic.LoadUint64(r.tail) &^ 7
 	r.avail = r.pos
 }
 
-// Slot returns the worker slot whose ring this is.
-func (r *RingReader) Slot() radix.WorkerSlot { return r.slot }
-
 // Pending reports whether the producer has committed bytes not yet read.
 func (r *RingReader) Pending() bool { return atomic.LoadUint64(r.head) != r.pos }
-
-// Lag returns the committed bytes not yet consumed (0 if head is invalid).
-func (r *RingReader) Lag() uint64 {
-	h := atomic.LoadUint64(r.head)
-	if h < r.pos || h-r.pos > r.size {
-		return 0
-	}
-	return h - r.pos
-}
 
 // Cursor returns the persisted generation and last applied sequence
 // number: the consumer's position in the publisher's numbering.
@@ -399,11 +380,6 @@ func (r *RingReader) Cursor() (gen uint32, lastSeq uint64) {
 func (r *RingReader) BeginGeneration(gen uint32) {
 	atomic.StoreUint64(r.lastSeq, 0)
 	atomic.StoreUint32(r.gen, gen)
-}
-
-// Counters returns the producer's published and dropped record counts.
-func (r *RingReader) Counters() (published, dropped uint64) {
-	return atomic.LoadUint64(r.published), atomic.LoadUint64(r.dropped)
 }
 
 // Next decodes the next committed record into rec without consuming it;

@@ -94,8 +94,8 @@ func TestRingOverflowDropsAndShowsGap(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if full == 0 || p.Dropped() != uint64(full) {
-		t.Fatalf("full=%d dropped=%d", full, p.Dropped())
+	if dropped := seg.RingState(p.Slot()).Dropped; full == 0 || dropped != uint64(full) {
+		t.Fatalf("full=%d dropped=%d", full, dropped)
 	}
 	r := seg.Reader(p.Slot())
 	var rec Record
@@ -122,7 +122,7 @@ func TestRingOverflowDropsAndShowsGap(t *testing.T) {
 	if ok, _ := r.Next(&rec); !ok || rec.Seq != last+uint64(full)+1 {
 		t.Fatalf("gap not visible: seq %d, last %d, dropped %d", rec.Seq, last, full)
 	}
-	if _, dropped := r.Counters(); dropped != uint64(full) {
+	if dropped := seg.RingState(p.Slot()).Dropped; dropped != uint64(full) {
 		t.Fatalf("dropped counter %d, want %d", dropped, full)
 	}
 }
@@ -294,8 +294,8 @@ func TestRingHammer(t *testing.T) {
 		r.Commit(&rec)
 	}
 	wg.Wait()
-	if seen+p.Dropped() != records {
-		t.Fatalf("seen %d + dropped %d != %d", seen, p.Dropped(), records)
+	if dropped := seg.RingState(p.Slot()).Dropped; seen+dropped != records {
+		t.Fatalf("seen %d + dropped %d != %d", seen, dropped, records)
 	}
 }
 

@@ -1,0 +1,22 @@
+package dispatch
+
+import (
+	"bufio"
+
+	"github.com/valyala/fasthttp"
+)
+
+// StreamWriter relays the response and then releases the call, for a test
+// server's RequestCtx.SetBodyStreamWriter; fastpath has its own.
+func (c *Call) StreamWriter() fasthttp.StreamWriter {
+	return func(w *bufio.Writer) {
+		_ = c.Relay(w)
+		c.Release()
+	}
+}
+
+// Items returns how many stream items the relay inspected.
+func (c *Call) Items() int { return c.items }
+
+// Bytes returns how many response body bytes reached the client writer.
+func (c *Call) Bytes() int64 { return c.bytes }

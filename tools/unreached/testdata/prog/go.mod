@@ -1,0 +1,3 @@
+module example.com/prog
+
+go 1.26.0

@@ -1,0 +1,5 @@
+package main
+
+import "testing"
+
+func TestOnlyTest(t *testing.T) { onlyTest() }
