@@ -81,8 +81,8 @@ const (
 
 // stringSpecial reports whether any of the 8 bytes in x is a quote, a
 // backslash or a control character: the only bytes a string scan must stop
-// at. A borrow can flag the wrong byte, never miss one, and the caller then
-// looks at bytes one by one.
+// at. The answer for the word is exact; which byte set the flag is not (a
+// borrow can mark a later one), so the caller then looks byte by byte.
 func stringSpecial(x uint64) bool {
 	q := x ^ (swarOnes * '"')
 	s := x ^ (swarOnes * '\\')
@@ -99,13 +99,18 @@ func ScanString(b []byte, i int) (end int, escaped bool) {
 		for i+8 <= len(b) && !stringSpecial(binary.LittleEndian.Uint64(b[i:])) {
 			i += 8
 		}
+		// Within the flagged word, or the last few bytes of b: find the
+		// special byte before going back to whole words.
+		for i < len(b) && b[i] != '"' && b[i] != '\\' && b[i] >= 0x20 {
+			i++
+		}
 		if i >= len(b) {
 			return -1, escaped
 		}
-		switch c := b[i]; {
-		case c == '"':
+		switch b[i] {
+		case '"':
 			return i + 1, escaped
-		case c == '\\':
+		case '\\':
 			escaped = true
 			if i+1 >= len(b) {
 				return -1, escaped
@@ -121,10 +126,8 @@ func ScanString(b []byte, i int) (end int, escaped bool) {
 			default:
 				return -1, escaped
 			}
-		case c < 0x20:
+		default: // a control character
 			return -1, escaped
-		default:
-			i++
 		}
 	}
 }
