@@ -7,7 +7,8 @@
 // A Call sends the request body unchanged to one engine over a pooled
 // keep-alive connection and relays the answer byte for byte. For an
 // OpenAI event stream it inspects each event on the way, without
-// allocating, and tells an Observer what the request lifecycle needs: the
+// allocating (splitting and classifying events is package openai's), and
+// tells an Observer what the request lifecycle needs: the
 // engine answered (OnDispatched), the first token (OnFirstToken), each item
 // (OnItem), and exactly one end, OnComplete with the finish_reason before
 // the terminal item reaches the client, or OnAbort with the reason. The
@@ -28,7 +29,8 @@
 //     closed, which is how an OpenAI-compatible engine learns to abort.
 //
 // A stream that fails after it started gets an OpenAI error event
-// (data: {"error":{…}}) unless its terminal item was already sent. A
+// (data: {"error":{…}}, an openai.Error) unless its terminal item was
+// already sent. A
 // departed client is noticed at the next write, so while the engine is
 // silent (queueing, prefill) the idle timeout bounds the waste.
 //
@@ -52,11 +54,9 @@
 //
 // # Throughput envelope
 //
-// On the 2-core reference machine, the event scanner classifies 4-6M
-// vLLM-sized events/s (0.6-1 GB/s) with no allocation, six to nine times a
-// line scanner with encoding/json; relaying a stream allocates nothing per
-// event. Through a dispatch front end on loopback, a small non-streaming
-// request takes about 14 µs more than calling the engine directly, and a
-// 16-event stream about 30 µs more, both at p50. See BenchmarkSSEScan and
-// BenchmarkRelay.
+// Relaying a stream allocates nothing per event; the event scanner is
+// measured by openai's BenchmarkSSEScan. Through a dispatch front end on
+// loopback, a small non-streaming request takes about 14 µs more than
+// calling the engine directly, and a 16-event stream about 30 µs more, both
+// at p50. See BenchmarkRelay.
 package dispatch

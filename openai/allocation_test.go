@@ -45,3 +45,20 @@ func TestErrorAllocations(t *testing.T) {
 		t.Fatalf("AppendJSON made %v allocations", n)
 	}
 }
+
+func TestSSEScanAllocations(t *testing.T) {
+	stream := []byte(strings.Join(vllmStream(64), "") + ": ping\r\n\r\nevent: error\ndata: {\"error\":{}}\n\n")
+	n := testing.AllocsPerRun(50, func() {
+		for b := stream; len(b) > 0; {
+			end, _ := EventEnd(b, 0)
+			if end < 0 {
+				break
+			}
+			_ = ParseEvent(b[:end])
+			b = b[end:]
+		}
+	})
+	if n != 0 {
+		t.Fatalf("scanning made %v allocations", n)
+	}
+}

@@ -1,6 +1,7 @@
 // Package openai is kvfast's reader and writer of the OpenAI API wire
 // format, the one place that knows its JSON shapes: what a completions or
-// chat-completions request body holds, and how an error is answered.
+// chat-completions request body holds, what a response or stream event
+// says about the request's progress, and how an error is answered.
 //
 // # Responsibility
 //
@@ -13,6 +14,14 @@
 // prompts, batches and oversized bodies with an Error. ParsePrompt reads a
 // prompt value on its own by the same rules, for a reader (the mock engine)
 // that decodes the rest of a body by other means.
+//
+// EventEnd splits an OpenAI server-sent event stream into events and
+// ParseEvent classifies one, without allocating, as routing needs it: an
+// item (a chunk with choices, and its finish_reason if it is the terminal
+// one), the [DONE] sentinel, an error the engine reports, or anything else.
+// ParseResponse does the same for a non-streaming response body. Both read
+// only the fields they need and validate what they skip, so a garbled
+// chunk counts as nothing rather than as progress.
 //
 // Error is the OpenAI error body, {"error":{"message","type","param",
 // "code"}}; every component that answers an OpenAI client with an error
@@ -27,11 +36,13 @@
 //
 // The pool of ParsedRequest values and the package-level Err values, which
 // are shared and must not be modified. A ParsedRequest's byte slices alias
-// the parsed body; the body must outlive their use.
+// the parsed body, and an Event's FinishReason the scanned event; those
+// bytes must outlive their use.
 //
 // # Concurrency
 //
 // A Parser is read-only and serves all goroutines. A ParsedRequest belongs
-// to one request at a time. Error values are immutable once built, so
-// rendering one concurrently is safe.
+// to one request at a time. EventEnd, ParseEvent and ParseResponse are pure.
+// Error values are immutable once built, so rendering one concurrently is
+// safe.
 package openai
