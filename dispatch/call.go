@@ -325,7 +325,7 @@ func readFailure(err error) error {
 func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 	buf := c.buf
 	start, end := 0, 0
-	lineStart := 0  // EventEnd's resume point, relative to start
+	lineStart := 0  // openai.EventEnd's resume point, relative to start
 	inspect := true // false while passing through an event too big for buf
 	for {
 		if end == len(buf) {

@@ -87,7 +87,7 @@ func newRouteCtx(path string, body []byte, headers map[string]string) *fasthttp.
 // It is a native net/http handler, not the fasthttp handler run through an
 // adaptor (which would add a full request and response conversion that no
 // net/http server would pay). It runs the same routing code as the fasthttp
-// endpoint, on the same pooled exchange: Parser.Parse, prepare (block
+// endpoint, on the same pooled exchange: openai.Parser.Parse, prepare (block
 // hashes and the index lookup), a query-only sched.Select with scores, and
 // appendRouteJSON for the answer, plus the same request-id echo and
 // decision headers. Only the HTTP layer differs: net/http's request and
