@@ -16,6 +16,7 @@ import (
 	"github.com/kvfast/kvfast/internal/rig"
 	"github.com/kvfast/kvfast/internal/rig/rigtest"
 	"github.com/kvfast/kvfast/node"
+	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
 )
 
@@ -171,10 +172,10 @@ func startProxyRouter(b *testing.B, engine string) *rig.Rig {
 // fillProxyIndex records that worker 1 caches the first half of body's
 // prompt, so that routing weighs a real overlap against load.
 func fillProxyIndex(b *testing.B, n *node.Node, body []byte, tokens int) {
-	var p fastpath.Parser
-	r := fastpath.AcquireParsedRequest()
-	defer fastpath.ReleaseParsedRequest(r)
-	if err := p.Parse(body, fastpath.APICompletions, r); err != nil || len(r.Tokens) != tokens {
+	var p openai.Parser
+	r := openai.AcquireParsedRequest()
+	defer openai.ReleaseParsedRequest(r)
+	if err := p.Parse(body, openai.APICompletions, r); err != nil || len(r.Tokens) != tokens {
 		b.Fatalf("cannot parse the benchmark body: %v", err)
 	}
 	hashes := radix.AppendBlockHashes(nil, radix.NamespaceSeed(proxyModel, "", ""), r.Tokens[:tokens/2], radix.DefaultBlockSize)

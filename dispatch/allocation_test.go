@@ -10,23 +10,6 @@ import (
 	"testing"
 )
 
-func TestSSEScanAllocations(t *testing.T) {
-	stream := []byte(strings.Join(vllmStream(64), "") + ": ping\r\n\r\nevent: error\ndata: {\"error\":{}}\n\n")
-	n := testing.AllocsPerRun(50, func() {
-		for b := stream; len(b) > 0; {
-			end := EventEnd(b)
-			if end < 0 {
-				break
-			}
-			_ = ParseEvent(b[:end])
-			b = b[end:]
-		}
-	})
-	if n != 0 {
-		t.Fatalf("scanning made %v allocations", n)
-	}
-}
-
 func TestRelayAllocations(t *testing.T) {
 	stream := []byte(strings.Join(vllmStream(256), ""))
 	src := bytes.NewReader(stream)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
 )
 
@@ -297,7 +298,7 @@ func readFailure(err error) error {
 func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 	buf := c.buf
 	start, end := 0, 0
-	lineStart := 0  // eventEnd's resume point, relative to start
+	lineStart := 0  // openai.EventEnd's resume point, relative to start
 	inspect := true // false while passing through an event too big for buf
 	for {
 		if end == len(buf) {
@@ -329,13 +330,13 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 		end += n
 		sent := start
 		for {
-			evEnd, resume := eventEnd(buf[start:end], lineStart)
+			evEnd, resume := openai.EventEnd(buf[start:end], lineStart)
 			if evEnd < 0 {
 				lineStart = resume
 				break
 			}
 			if inspect {
-				c.observe(ParseEvent(buf[start : start+evEnd]))
+				c.observe(openai.ParseEvent(buf[start : start+evEnd]))
 			}
 			inspect = true
 			start += evEnd
@@ -352,7 +353,7 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 			}
 			if end > start { // a last event without its blank line
 				if inspect {
-					c.observe(ParseEvent(buf[start:end]))
+					c.observe(openai.ParseEvent(buf[start:end]))
 				}
 				if err := c.write(w, buf[start:end]); err != nil {
 					return ErrClientGone, err
@@ -364,9 +365,9 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 }
 
 // observe passes one event to the observer.
-func (c *Call) observe(ev Event) {
+func (c *Call) observe(ev openai.Event) {
 	switch ev.Kind {
-	case EventItem:
+	case openai.EventItem:
 		c.items++
 		if c.finished {
 			return
@@ -379,10 +380,10 @@ func (c *Call) observe(ev Event) {
 		if ev.FinishReason != nil {
 			c.finish(ev.FinishReason)
 		}
-	case EventDone:
+	case openai.EventDone:
 		c.done = true
 		c.end(nil)
-	case EventError:
+	case openai.EventError:
 		if !c.finished {
 			var addr string
 			var slot radix.WorkerSlot
@@ -427,8 +428,8 @@ func (c *Call) relayPlain(r io.Reader, w *bufio.Writer) (kind, cause error) {
 
 // observeBody reports a complete non-streaming response.
 func (c *Call) observeBody(body []byte) {
-	ev := classifyJSON(body)
-	if ev.Kind == EventError {
+	ev := openai.ParseResponse(body)
+	if ev.Kind == openai.EventError {
 		c.abort(ErrEngineError)
 		return
 	}

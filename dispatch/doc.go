@@ -7,7 +7,8 @@
 // A Call sends the request body unchanged to one engine over a pooled
 // keep-alive connection and relays the answer byte for byte. For an
 // OpenAI event stream it inspects each event on the way, without
-// allocating, and tells an Observer what the request lifecycle needs: the
+// allocating (splitting and classifying events is package openai's), and
+// tells an Observer what the request lifecycle needs: the
 // engine answered (OnDispatched), the first token (OnFirstToken), each item
 // (OnItem), and exactly one end, OnComplete with the finish_reason before
 // the terminal item reaches the client, or OnAbort with the reason. The
@@ -28,7 +29,8 @@
 //     closed, which is how an OpenAI-compatible engine learns to abort.
 //
 // A stream that fails after it started gets an OpenAI error event
-// (data: {"error":{…}}) unless its terminal item was already sent. A
+// (data: {"error":{…}}, an openai.Error) unless its terminal item was
+// already sent. A
 // departed client is noticed at the next write, so while the engine is
 // silent (queueing, prefill) the idle timeout bounds the waste.
 //
@@ -53,9 +55,9 @@
 //
 // # Throughput envelope
 //
-// Scanning events and relaying a stream allocate nothing per event (the
-// allocation tests assert it). BenchmarkSSEScan compares the scanner with
-// a line scanner and encoding/json, BenchmarkRelay times a relayed stream,
-// and BenchmarkProxyOverhead (package benchmarks) measures the latency a
-// forwarded request adds; BENCHMARKS.md has the figures.
+// Relaying a stream allocates nothing per event (the allocation tests
+// assert it). openai's BenchmarkSSEScan measures the event scanner,
+// BenchmarkRelay times a relayed stream, and BenchmarkProxyOverhead
+// (package benchmarks) measures the latency a forwarded request adds;
+// BENCHMARKS.md has the figures.
 package dispatch

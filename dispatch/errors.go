@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 
+	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
 )
 
@@ -117,12 +118,10 @@ func kindOf(err error) int {
 }
 
 func appendError(dst []byte, kind int) []byte {
-	msg := kinds[kind].kind.Error()[len("kvfast: "):]
-	dst = append(dst, `{"error":{"message":"`...)
-	dst = append(dst, msg...) // the sentinels need no escaping
-	dst = append(dst, `","type":"server_error","param":null,"code":"`...)
-	dst = append(dst, kinds[kind].code...)
-	return append(dst, `"}}`...)
+	k := &kinds[kind]
+	e := openai.Error{Status: ErrorStatus(k.kind), Type: openai.TypeServerError, Code: k.code,
+		Message: k.kind.Error()[len("kvfast: "):]}
+	return e.AppendJSON(dst)
 }
 
 // sseErrors holds, per kind, the event written to a client whose stream

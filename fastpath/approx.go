@@ -30,9 +30,10 @@ func ApproxSeed(nsSeed uint64) uint64 {
 // trailing partial chunk is not hashed, so a prompt that extends another
 // shares all of its full chunks.
 //
-// text is the raw prompt or messages bytes of a ParsedRequest (ApproxText),
-// hashed as they appear in the body; identical client encodings therefore
-// share prefixes, which is what approximate mode can promise.
+// text is the raw prompt or messages bytes of an openai.ParsedRequest
+// (ApproxText), hashed as they appear in the body; identical client
+// encodings therefore share prefixes, which is what approximate mode can
+// promise.
 //
 // It makes no allocation when dst has room for len(text)/chunkBytes more
 // hashes. chunkBytes must be positive.

@@ -1,12 +1,11 @@
 // Package fastpath is kvfast's HTTP front end: the OpenAI-compatible
-// endpoints, the route-only endpoint, metrics and health, and the
-// zero-allocation parsing of request bodies that routing depends on.
+// endpoints, the route-only endpoint, metrics and health.
 //
 // # Responsibility
 //
 // It turns a client request into a routing decision and hands it on: parse
-// the body (Parser), hash the prompt into block hashes (radix for token
-// prompts, AppendApproxHashes for text and chat prompts), look up every
+// the body (openai.Parser), hash the prompt into block hashes (radix for
+// token prompts, AppendApproxHashes for text and chat prompts), look up every
 // worker's cached prefix (the event-fed index, or the approximate index of
 // the router's own decisions), ask sched for a worker, put the booking into
 // a guard, and let dispatch forward the unchanged body and relay the
@@ -24,37 +23,31 @@
 // which nothing reached the engine or the client, re-routes to another
 // worker.
 //
-// Parsing reads only what selection needs: model, prompt or messages,
-// stream, max_tokens / max_completion_tokens and cache_salt. It validates
-// the whole body as JSON, as strictly as encoding/json does, so a body the
-// router accepts is one the engine can read; it builds no tree, decodes
-// token ids straight into a pooled ParsedRequest, and refuses wrong types,
-// out-of-range token ids, empty prompts, batches and oversized bodies with a
-// RequestError that renders as an OpenAI error body.
+// The OpenAI wire format is package openai's: parsing reads only what
+// selection needs, validates the whole body, and refuses a bad one with an
+// openai.Error, which is also how fastpath renders its own refusals
+// (unknown model, bad routing headers, overload).
 //
 // # What it owns
 //
 // The HTTP listener and its limits, the pool of exchanges (and the
-// ParsedRequest values and hash buffers inside them), the approximate
-// index, the model-to-namespace table, and the Prometheus registry. The text-chunk hash namespace of approximate mode (ApproxSeed),
+// openai.ParsedRequest values and hash buffers inside them), the
+// approximate index, the model-to-namespace table, and the Prometheus
+// registry. The text-chunk hash namespace of approximate mode (ApproxSeed),
 // kept apart from token-block hashes of the same model, adapter and salt.
 //
 // # Concurrency
 //
-// A Parser is read-only and serves all goroutines. A ParsedRequest belongs
-// to one request at a time. AppendApproxHashes and ApproxSeed are pure.
-// The request path reads the worker set, the model table and the index
-// without locks; a stream is relayed on fasthttp's stream-writer goroutine,
-// which takes the exchange over from the handler. Background goroutines
-// poll the registry, expire approximate assumptions and run ingestion.
+// AppendApproxHashes and ApproxSeed are pure. The request path reads the
+// worker set, the model table and the index without locks; a stream is
+// relayed on fasthttp's stream-writer goroutine, which takes the exchange
+// over from the handler. Background goroutines poll the registry, expire
+// approximate assumptions and run ingestion.
 //
 // # Throughput envelope
 //
-// On one core of the 2-core reference machine, parsing a 4K-token body runs
-// at about 1.2 GB/s (~25 µs, ~6 ns per token id) and a 16 KB text or chat
-// body at about 4 GB/s, twenty times encoding/json, with zero allocations
-// once a pooled ParsedRequest has grown; approximate hashing runs at about
-// 4 GB/s. See BenchmarkParseRequest and BenchmarkApproxHashes.
+// Approximate hashing is measured by BenchmarkApproxHashes; request parsing
+// by openai's BenchmarkParseRequest.
 //
 // End to end over loopback, a route-only request with a 1K-token prompt
 // costs ~30 µs of CPU (client included) and 0 allocations, ~55 K req/s on

@@ -11,6 +11,8 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/internal/jsonscan"
+	"github.com/kvfast/kvfast/openai"
 )
 
 // Paths the router serves. The route-only endpoints take the same bodies as
@@ -27,19 +29,19 @@ const (
 	PathAdminWorkers         = "/admin/workers"
 )
 
-var errNotFound = &RequestError{Status: 404, Type: invalidRequest, Code: "not_found",
+var errNotFound = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Code: "not_found",
 	Message: "no such endpoint; see the README for the router's endpoints"}
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	switch string(ctx.Path()) {
 	case PathCompletions:
-		s.serveOpenAI(ctx, APICompletions, false)
+		s.serveOpenAI(ctx, openai.APICompletions, false)
 	case PathChatCompletions:
-		s.serveOpenAI(ctx, APIChatCompletions, false)
+		s.serveOpenAI(ctx, openai.APIChatCompletions, false)
 	case PathRouteCompletions:
-		s.serveOpenAI(ctx, APICompletions, true)
+		s.serveOpenAI(ctx, openai.APICompletions, true)
 	case PathRouteChatCompletions:
-		s.serveOpenAI(ctx, APIChatCompletions, true)
+		s.serveOpenAI(ctx, openai.APIChatCompletions, true)
 	case PathModels:
 		s.serveModels(ctx)
 	case PathMetrics:
@@ -86,7 +88,7 @@ func (s *Server) appendRouteJSON(b []byte, ex *exchange) []byte {
 	b = append(b, `,"dp_rank":`...)
 	b = strconv.AppendUint(b, uint64(dec.DPRank), 10)
 	b = append(b, `,"endpoint":`...)
-	b = appendJSONString(b, dec.Endpoint)
+	b = jsonscan.AppendQuoted(b, dec.Endpoint)
 	b = append(b, `,"overlap_blocks":`...)
 	b = strconv.AppendUint(b, uint64(dec.OverlapBlocks), 10)
 	b = append(b, `,"cached_tokens":`...)

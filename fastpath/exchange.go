@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/guard"
+	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 )
@@ -22,8 +23,8 @@ import (
 // not a closure per request.
 type exchange struct {
 	s        *Server
-	api      API
-	req      ParsedRequest
+	api      openai.API
+	req      openai.ParsedRequest
 	hashes   []uint64
 	overlaps radix.Overlaps
 	scores   sched.Scores
@@ -65,10 +66,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	if ex.held {
 		panic("BUG: fastpath: exchange released with its guard held")
 	}
-	ex.req.Reset()
-	if cap(ex.req.Tokens) > maxPooledTokens {
-		ex.req.Tokens = nil
-	}
+	ex.req.Recycle()
 	if cap(ex.hashes) > maxPooledHashes {
 		ex.hashes = nil
 	}
@@ -88,7 +86,7 @@ func nanotime() int64 { return int64(time.Since(epoch)) }
 
 // serveOpenAI handles /v1/completions and /v1/chat/completions, and their
 // route-only twins when routeOnly is set.
-func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api API, routeOnly bool) {
+func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly bool) {
 	if !ctx.IsPost() {
 		ctx.Response.Header.Set("Allow", "POST")
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, errMethodNotAllowed)
@@ -172,7 +170,7 @@ func (ex *exchange) cleanup() {
 }
 
 // prepare hashes the prompt and looks up every worker's cached prefix.
-func (s *Server) prepare(ex *exchange) *RequestError {
+func (s *Server) prepare(ex *exchange) *openai.Error {
 	r := &ex.req
 	model, seed, err := s.namespace(r)
 	if err != nil {
@@ -180,7 +178,7 @@ func (s *Server) prepare(ex *exchange) *RequestError {
 	}
 	t0 := nanotime()
 	bs := s.sched.BlockSize()
-	if r.Prompt == PromptTokens {
+	if r.Prompt == openai.PromptTokens {
 		ex.hashes = radix.AppendBlockHashes(ex.hashes[:0], seed, r.Tokens, bs)
 		ex.exact = !s.useApprox
 		ex.sreq.PromptTokens = len(r.Tokens)
@@ -379,7 +377,7 @@ func outcomeOf(err error) string {
 
 // --- failures ---
 
-func (ex *exchange) reject(ctx *fasthttp.RequestCtx, e *RequestError) {
+func (ex *exchange) reject(ctx *fasthttp.RequestCtx, e *openai.Error) {
 	ex.s.metrics.count(ex.api, statusClientError)
 	writeError(ctx, e.Status, e)
 }
@@ -398,7 +396,7 @@ func (ex *exchange) failSelect(ctx *fasthttp.RequestCtx, err error) {
 		writeError(ctx, fasthttp.StatusNotFound, errUnknownPinnedWorker)
 	case errors.Is(err, sched.ErrInvalidRequest):
 		ex.s.metrics.count(ex.api, statusClientError)
-		writeError(ctx, fasthttp.StatusBadRequest, &RequestError{Status: 400, Type: invalidRequest, Code: "invalid_request", Message: err.Error()})
+		writeError(ctx, fasthttp.StatusBadRequest, &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Code: "invalid_request", Message: err.Error()})
 	case errors.Is(err, context.DeadlineExceeded):
 		ex.s.metrics.count(ex.api, statusOverloaded)
 		ctx.Response.Header.Set("Retry-After", "1")
@@ -443,7 +441,7 @@ func copyForwardHeaders(ctx *fasthttp.RequestCtx, req *fasthttp.Request, rid []b
 	req.Header.SetBytesV(HeaderRequestID, rid)
 }
 
-func writeError(ctx *fasthttp.RequestCtx, status int, e *RequestError) {
+func writeError(ctx *fasthttp.RequestCtx, status int, e *openai.Error) {
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	// Render into the response's own (pooled) body buffer, so that a flood
@@ -452,30 +450,30 @@ func writeError(ctx *fasthttp.RequestCtx, status int, e *RequestError) {
 	ctx.Response.SwapBody(e.AppendJSON(ctx.Response.SwapBody(nil)[:0]))
 }
 
-func asRequestError(err error) *RequestError {
+func asRequestError(err error) *openai.Error {
 	// The parser returns its errors unwrapped; asserting first keeps the
 	// common refusal from paying for errors.As, whose target escapes.
-	if e, ok := err.(*RequestError); ok {
+	if e, ok := err.(*openai.Error); ok {
 		return e
 	}
-	var e *RequestError
+	var e *openai.Error
 	if errors.As(err, &e) {
 		return e
 	}
-	return &RequestError{Status: 400, Type: invalidRequest, Code: "invalid_request", Message: err.Error()}
+	return &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Code: "invalid_request", Message: err.Error()}
 }
 
 var (
-	errMethodNotAllowed = &RequestError{Status: 405, Type: invalidRequest, Code: "method_not_allowed",
+	errMethodNotAllowed = &openai.Error{Status: 405, Type: openai.TypeInvalidRequest, Code: "method_not_allowed",
 		Message: "this endpoint accepts POST only"}
-	errOverloaded = &RequestError{Status: 429, Type: "server_error", Code: "overloaded",
+	errOverloaded = &openai.Error{Status: 429, Type: openai.TypeServerError, Code: "overloaded",
 		Message: "every eligible worker is busy and the admission queue is full; retry after the Retry-After interval"}
-	errQueueTimeout = &RequestError{Status: 503, Type: "server_error", Code: "queue_timeout",
+	errQueueTimeout = &openai.Error{Status: 503, Type: openai.TypeServerError, Code: "queue_timeout",
 		Message: "every eligible worker stayed busy for the whole admission-queue timeout; retry after the Retry-After interval"}
-	errNoWorker = &RequestError{Status: 503, Type: "server_error", Code: "no_worker_available",
+	errNoWorker = &openai.Error{Status: 503, Type: openai.TypeServerError, Code: "no_worker_available",
 		Message: "no healthy worker can serve this request now"}
-	errUnknownPinnedWorker = &RequestError{Status: 404, Type: invalidRequest, Param: HeaderWorker, Code: "worker_not_found",
+	errUnknownPinnedWorker = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Param: HeaderWorker, Code: "worker_not_found",
 		Message: "the pinned worker and DP rank are not in the worker set"}
-	errInternal = &RequestError{Status: 500, Type: "server_error", Code: "internal_error",
+	errInternal = &openai.Error{Status: 500, Type: openai.TypeServerError, Code: "internal_error",
 		Message: "the router failed while handling this request; it has been logged"}
 )

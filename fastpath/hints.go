@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
 )
 
@@ -36,23 +37,23 @@ const (
 )
 
 var (
-	errBadWorkerHeader = &RequestError{Status: 400, Type: invalidRequest, Param: HeaderWorker, Code: "invalid_header",
+	errBadWorkerHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderWorker, Code: "invalid_header",
 		Message: HeaderWorker + " must be an unsigned integer worker id"}
-	errBadRankHeader = &RequestError{Status: 400, Type: invalidRequest, Param: HeaderDPRank, Code: "invalid_header",
+	errBadRankHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderDPRank, Code: "invalid_header",
 		Message: HeaderDPRank + " must be an unsigned 32-bit integer, and needs " + HeaderWorker}
-	errAmbiguousPin = &RequestError{Status: 400, Type: invalidRequest, Param: HeaderDPRank, Code: "ambiguous_pin",
+	errAmbiguousPin = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderDPRank, Code: "ambiguous_pin",
 		Message: "the pinned worker has several DP ranks; set " + HeaderDPRank}
-	errBadAllowHeader = &RequestError{Status: 400, Type: invalidRequest, Param: HeaderAllow, Code: "invalid_header",
+	errBadAllowHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderAllow, Code: "invalid_header",
 		Message: HeaderAllow + " must be a comma-separated list of worker ids or id:rank pairs, naming known workers"}
-	errBadPriorityHeader = &RequestError{Status: 400, Type: invalidRequest, Param: HeaderPriority, Code: "invalid_header",
+	errBadPriorityHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderPriority, Code: "invalid_header",
 		Message: HeaderPriority + " must be an integer between -1000000 and 1000000"}
-	errDirectNeedsWorker = &RequestError{Status: 400, Type: invalidRequest, Param: HeaderWorker, Code: "worker_required",
+	errDirectNeedsWorker = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderWorker, Code: "worker_required",
 		Message: "the router runs in direct mode: every request must name its worker in " + HeaderWorker}
 )
 
 // readHints fills the selection request from the routing headers. It
 // reports whether the request is query-only.
-func (s *Server) readHints(ctx *fasthttp.RequestCtx, ex *exchange) (queryOnly bool, _ *RequestError) {
+func (s *Server) readHints(ctx *fasthttp.RequestCtx, ex *exchange) (queryOnly bool, _ *openai.Error) {
 	h := &ctx.Request.Header
 	if v := h.Peek(HeaderWorker); len(v) > 0 {
 		id, err := strconv.ParseUint(b2s(v), 10, 64)

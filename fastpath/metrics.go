@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvfast/kvfast/feed"
 	"github.com/kvfast/kvfast/guard"
+	"github.com/kvfast/kvfast/openai"
 )
 
 // Request outcomes, the values of the status label of
@@ -116,8 +117,8 @@ func newMetrics(s *Server) *metrics {
 	return m
 }
 
-func (m *metrics) count(api API, status string) {
-	if api == APIChatCompletions {
+func (m *metrics) count(api openai.API, status string) {
+	if api == openai.APIChatCompletions {
 		m.requests["chat/"+status].Inc()
 		return
 	}

@@ -1,6 +1,7 @@
 package fastpath
 
 import (
+	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
 )
 
@@ -22,13 +23,13 @@ type modelNamespace struct {
 	seed uint64
 }
 
-var errUnknownModel = &RequestError{Status: 404, Type: invalidRequest, Param: "model", Code: "model_not_found",
+var errUnknownModel = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Param: "model", Code: "model_not_found",
 	Message: "no worker serves the requested model"}
 
 // namespace resolves the request's model to the name the workers use and to
 // the seed of its block hashes. A missing model routes among all workers
 // (with the first model's seed only if there is exactly one model).
-func (s *Server) namespace(r *ParsedRequest) (model string, seed uint64, _ *RequestError) {
+func (s *Server) namespace(r *openai.ParsedRequest) (model string, seed uint64, _ *openai.Error) {
 	seeds := *s.seeds.Load()
 	if r.Model == nil {
 		if len(seeds) != 1 {

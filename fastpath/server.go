@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/guard"
+	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 )
@@ -48,7 +49,7 @@ func DefaultConfig() Config {
 	return Config{
 		QueueTimeout:     30 * time.Second,
 		ApproxChunkBytes: DefaultApproxChunkBytes,
-		MaxBodyBytes:     DefaultMaxBodyBytes,
+		MaxBodyBytes:     openai.DefaultMaxBodyBytes,
 		ReadTimeout:      30 * time.Second,
 		IdleTimeout:      60 * time.Second,
 		MaxConns:         10000,
@@ -109,7 +110,7 @@ type Server struct {
 	guards  *guard.Pool
 	engines *dispatch.Pool
 	state   State
-	parser  Parser
+	parser  openai.Parser
 	metrics *metrics
 	http    *fasthttp.Server
 
@@ -144,7 +145,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s := &Server{cfg: cfg, log: deps.Logger, index: deps.Index, approx: deps.Approx, sched: deps.Sched,
 		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox,
 		conns: xsync.NewMapOf[net.Conn, struct{}]()}
-	s.parser = Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
+	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
 	s.metrics = newMetrics(s)
 	s.guards = guard.NewPool(s.sched, guard.Observer{Finished: s.metrics.observeFinished})
 	s.exchanges.New = func() any { return newExchange(s) }
@@ -252,16 +253,16 @@ func (s *Server) trackConn(c net.Conn, st fasthttp.ConnState) {
 // the limit, a timeout reading a slow client's headers, garbage.
 func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 	var status int
-	var e *RequestError
+	var e *openai.Error
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		status, e = fasthttp.StatusRequestEntityTooLarge, ErrBodyTooLarge
+		status, e = fasthttp.StatusRequestEntityTooLarge, openai.ErrBodyTooLarge
 	case isTimeout(err):
 		status, e = fasthttp.StatusRequestTimeout, errRequestTimeout
 	default:
 		status, e = fasthttp.StatusBadRequest, errUnreadableRequest
 	}
-	s.metrics.count(APICompletions, statusClientError)
+	s.metrics.count(openai.APICompletions, statusClientError)
 	writeError(ctx, status, e)
 	ctx.SetConnectionClose()
 }
@@ -280,6 +281,6 @@ func isTimeout(err error) bool {
 }
 
 var (
-	errRequestTimeout    = &RequestError{Message: "the request was not received within the read timeout", Type: invalidRequest, Code: "request_timeout"}
-	errUnreadableRequest = &RequestError{Message: "the request could not be read as HTTP", Type: invalidRequest, Code: "bad_request"}
+	errRequestTimeout    = &openai.Error{Message: "the request was not received within the read timeout", Type: openai.TypeInvalidRequest, Code: "request_timeout"}
+	errUnreadableRequest = &openai.Error{Message: "the request could not be read as HTTP", Type: openai.TypeInvalidRequest, Code: "bad_request"}
 )

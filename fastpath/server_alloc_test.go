@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/openai"
 )
 
 // TestRouteOnlyAllocations drives the server's handler in process, with one
@@ -92,11 +94,11 @@ func TestRejectedRequestAllocations(t *testing.T) {
 		name   string
 		body   string
 		status int
-		want   *RequestError
+		want   *openai.Error
 	}{
-		{"malformed", `{"prompt":[1,2,`, fasthttp.StatusBadRequest, ErrMalformedJSON},
+		{"malformed", `{"prompt":[1,2,`, fasthttp.StatusBadRequest, openai.ErrMalformedJSON},
 		{"unknown model", `{"model":"nope","prompt":[1,2,3]}`, fasthttp.StatusNotFound, errUnknownModel},
-		{"batch", `{"model":"` + benchModel + `","prompt":[[1],[2]]}`, fasthttp.StatusBadRequest, ErrBatchNotSupported},
+		{"batch", `{"model":"` + benchModel + `","prompt":[[1],[2]]}`, fasthttp.StatusBadRequest, openai.ErrBatchNotSupported},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

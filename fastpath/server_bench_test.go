@@ -14,6 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
 )
 
@@ -24,9 +25,9 @@ const benchModel = "meta-llama/Llama-3.1-8B-Instruct"
 // body's token prompt, hashed the way the router hashes it.
 func fillRouteIndex(tb testing.TB, s *Server, body []byte, i, blocks int) {
 	tb.Helper()
-	r := AcquireParsedRequest()
-	defer ReleaseParsedRequest(r)
-	if err := s.parser.Parse(body, APICompletions, r); err != nil {
+	r := openai.AcquireParsedRequest()
+	defer openai.ReleaseParsedRequest(r)
+	if err := s.parser.Parse(body, openai.APICompletions, r); err != nil {
 		tb.Fatal(err)
 	}
 	hashes := radix.AppendBlockHashes(nil, radix.NamespaceSeed(benchModel, "", ""), r.Tokens, s.sched.BlockSize())
@@ -57,7 +58,7 @@ func newRouteCtx(path string, body []byte, headers map[string]string) *fasthttp.
 // It is a native net/http handler, not the fasthttp handler run through an
 // adaptor (which would add a full request and response conversion that no
 // net/http server would pay). It runs the same routing code as the fasthttp
-// endpoint, on the same pooled exchange: Parser.Parse, prepare (block
+// endpoint, on the same pooled exchange: openai.Parser.Parse, prepare (block
 // hashes and the index lookup), a query-only sched.Select with scores, and
 // appendRouteJSON for the answer, plus the same request-id echo and
 // decision headers. Only the HTTP layer differs: net/http's request and
@@ -85,12 +86,12 @@ func (h *routeHTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, err := appendHTTPBody((*bp)[:0], r.Body, r.ContentLength, s.cfg.MaxBodyBytes)
 	*bp = body
 	if err != nil {
-		writeHTTPError(w, http.StatusRequestEntityTooLarge, ErrBodyTooLarge)
+		writeHTTPError(w, http.StatusRequestEntityTooLarge, openai.ErrBodyTooLarge)
 		return
 	}
 
 	ex := s.acquireExchange()
-	ex.api = APICompletions
+	ex.api = openai.APICompletions
 	defer ex.cleanup()
 	if v := r.Header.Get(HeaderRequestID); v != "" && len(v) <= 128 {
 		ex.rid = append(ex.rid[:0], v...)
@@ -139,7 +140,7 @@ func (h *routeHTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // appendHTTPBody appends the request body to dst, refusing more than limit bytes.
 func appendHTTPBody(dst []byte, r io.Reader, contentLength int64, limit int) ([]byte, error) {
 	if contentLength > int64(limit) {
-		return dst, ErrBodyTooLarge
+		return dst, openai.ErrBodyTooLarge
 	}
 	if contentLength > 0 && cap(dst) < int(contentLength) {
 		dst = make([]byte, 0, contentLength)
@@ -151,7 +152,7 @@ func appendHTTPBody(dst []byte, r io.Reader, contentLength int64, limit int) ([]
 		n, err := r.Read(dst[len(dst):cap(dst)])
 		dst = dst[:len(dst)+n]
 		if len(dst) > limit {
-			return dst, ErrBodyTooLarge
+			return dst, openai.ErrBodyTooLarge
 		}
 		if errors.Is(err, io.EOF) {
 			return dst, nil
@@ -162,10 +163,10 @@ func appendHTTPBody(dst []byte, r io.Reader, contentLength int64, limit int) ([]
 	}
 }
 
-var errBaselineHints = &RequestError{Status: 400, Type: invalidRequest, Code: "invalid_header",
+var errBaselineHints = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Code: "invalid_header",
 	Message: "the net/http baseline does not take routing hints"}
 
-func writeHTTPError(w http.ResponseWriter, status int, e *RequestError) {
+func writeHTTPError(w http.ResponseWriter, status int, e *openai.Error) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(e.AppendJSON(nil))

@@ -58,7 +58,8 @@ func TestZeroAllocations(t *testing.T) {
 	t.Run("token array with room", func(t *testing.T) {
 		raw := []byte(idsJSON(seq(1, 500)))
 		buf := make([]uint32, 0, 600)
-		if n := testing.AllocsPerRun(100, func() { buf, _ = appendTokenArray(buf[:0], raw) }); n != 0 {
+		var r apiRequest
+		if n := testing.AllocsPerRun(100, func() { buf, _ = promptTokens(&r.prompt, buf[:0], raw) }); n != 0 {
 			t.Fatalf("%v allocations", n)
 		}
 	})

@@ -3,9 +3,12 @@ package mocker
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
+
+	"github.com/kvfast/kvfast/openai"
 )
 
 // apiRequest is what the engine needs from a completions or chat body.
@@ -17,21 +20,15 @@ type apiRequest struct {
 	stream          bool
 	includeUsage    bool // stream_options.include_usage
 	continuousUsage bool // stream_options.continuous_usage_stats (vLLM)
+
+	// prompt reads a completions prompt; tokens then holds its buffer.
+	prompt openai.ParsedRequest
 }
 
-// apiError is an error answered with an OpenAI-style JSON body.
-type apiError struct {
-	status  int
-	message string
-	typ     string
-	param   string // "" for null
-	code    string // "" for null
-}
-
-func (e *apiError) Error() string { return e.message }
-
-func badRequest(param, format string, args ...any) *apiError {
-	return &apiError{status: 400, message: fmt.Sprintf(format, args...), typ: "invalid_request_error", param: param}
+// badRequest is a 400 error with vLLM's numeric code, as the mock engine
+// answers bad input.
+func badRequest(param, format string, args ...any) *openai.Error {
+	return &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: param, Message: fmt.Sprintf(format, args...)}
 }
 
 type wireRequest struct {
@@ -62,7 +59,7 @@ type wirePart struct {
 // /v1/chat/completions (chat true) body. Fields the mock engine does not
 // simulate (temperature, stop, logprobs, ...) are accepted and ignored, as
 // vLLM ignores unknown ones.
-func parseRequest(body []byte, chat bool, dst *apiRequest) *apiError {
+func parseRequest(body []byte, chat bool, dst *apiRequest) *openai.Error {
 	*dst = apiRequest{chat: chat, tokens: dst.tokens[:0], maxTokens: -1}
 	var w wireRequest
 	if err := json.Unmarshal(body, &w); err != nil {
@@ -91,7 +88,7 @@ func parseRequest(body []byte, chat bool, dst *apiRequest) *apiError {
 		dst.maxTokens = int(*mt)
 	}
 
-	var err *apiError
+	var err *openai.Error
 	if chat {
 		if len(w.Prompt) > 0 {
 			return badRequest("prompt", "chat completions take messages, not prompt")
@@ -101,7 +98,7 @@ func parseRequest(body []byte, chat bool, dst *apiRequest) *apiError {
 		if w.Messages != nil {
 			return badRequest("messages", "completions take prompt, not messages")
 		}
-		dst.tokens, err = promptTokens(dst.tokens, w.Prompt, true)
+		dst.tokens, err = promptTokens(&dst.prompt, dst.tokens, w.Prompt)
 	}
 	if err != nil {
 		return err
@@ -116,109 +113,41 @@ func parseRequest(body []byte, chat bool, dst *apiRequest) *apiError {
 	return nil
 }
 
-// promptTokens decodes a completions prompt: a string, an array of token
-// ids, or a one-element array holding either (a batch of one).
-func promptTokens(dst []uint32, raw json.RawMessage, allowBatch bool) ([]uint32, *apiError) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
+// promptTokens decodes a completions prompt with the router's own reader of
+// prompt values, pr: a string, an array of token ids, or a batch of one of
+// either, under the same rules and with the same refusals. Token ids are
+// decoded into dst's array.
+func promptTokens(pr *openai.ParsedRequest, dst []uint32, raw json.RawMessage) ([]uint32, *openai.Error) {
+	if len(raw) == 0 {
 		return dst, badRequest("prompt", "prompt is required")
 	}
-	switch raw[0] {
-	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return dst, badRequest("prompt", "cannot parse prompt: %v", err)
-		}
-		return AppendTextTokens(dst, s), nil
-	case '[':
-		inner := bytes.TrimLeft(raw[1:], " \t\r\n")
-		if len(inner) == 0 || inner[0] == ']' {
-			return dst, badRequest("prompt", "the prompt is empty")
-		}
-		if inner[0] == '"' || inner[0] == '[' {
-			if !allowBatch {
-				return dst, badRequest("prompt", "prompt must be a string or an array of token ids")
-			}
-			var batch []json.RawMessage
-			if err := json.Unmarshal(raw, &batch); err != nil {
-				return dst, badRequest("prompt", "cannot parse prompt: %v", err)
-			}
-			if len(batch) != 1 {
-				return dst, badRequest("prompt", "batched prompts are not supported: got %d prompts, send one per request", len(batch))
-			}
-			return promptTokens(dst, batch[0], false)
-		}
-		return appendTokenArray(dst, raw)
-	}
-	return dst, badRequest("prompt", "prompt must be a string or an array of token ids")
-}
-
-// appendTokenArray parses a JSON array of non-negative integers below 2^32
-// without reflection: token-id prompts are the bulk of the mock engine's
-// input, tens of thousands of ids per request.
-func appendTokenArray(dst []uint32, raw []byte) ([]uint32, *apiError) {
-	if n := bytes.Count(raw, []byte{','}) + 1; cap(dst)-len(dst) < n {
-		dst = append(make([]uint32, 0, len(dst)+n), dst...)
-	}
-	i := skipSpace(raw, 0)
-	if i >= len(raw) || raw[i] != '[' {
-		return dst, badRequest("prompt", "prompt must be a string or an array of token ids")
-	}
-	i = skipSpace(raw, i+1)
-	if i < len(raw) && raw[i] == ']' {
-		return dst, badRequest("prompt", "the prompt is empty")
-	}
-	for {
-		if i >= len(raw) {
-			return dst, badRequest("prompt", "cannot parse prompt: unexpected end of array")
-		}
-		if raw[i] == '-' {
-			return dst, badRequest("prompt", "token ids must not be negative")
-		}
-		start := i
-		var v uint64
-		for i < len(raw) && raw[i] >= '0' && raw[i] <= '9' {
-			v = v*10 + uint64(raw[i]-'0')
-			if v > math.MaxUint32 {
-				return dst, badRequest("prompt", "token id at offset %d exceeds 2^32-1", start)
-			}
-			i++
-		}
-		if i == start {
-			return dst, badRequest("prompt", "prompt arrays must hold only token ids")
-		}
-		if i < len(raw) && (raw[i] == '.' || raw[i] == 'e' || raw[i] == 'E') {
-			return dst, badRequest("prompt", "token ids must be integers")
-		}
-		dst = append(dst, uint32(v))
-		i = skipSpace(raw, i)
-		if i >= len(raw) {
-			return dst, badRequest("prompt", "cannot parse prompt: unexpected end of array")
-		}
-		switch raw[i] {
-		case ',':
-			i = skipSpace(raw, i+1)
-		case ']':
-			if skipSpace(raw, i+1) != len(raw) {
-				return dst, badRequest("prompt", "cannot parse prompt: data after the array")
-			}
-			return dst, nil
-		default:
-			return dst, badRequest("prompt", "cannot parse prompt: unexpected %q in token array", raw[i])
+	// Token-id prompts are the bulk of the mock engine's input, tens of
+	// thousands of ids per request: size the buffer once.
+	if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) > 0 && t[0] == '[' {
+		if n := bytes.Count(raw, []byte{','}) + 1; cap(dst) < n {
+			dst = make([]uint32, 0, n)
 		}
 	}
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
+	pr.Tokens = dst[:0]
+	// The HTTP server bounds the body; the prompt needs no second limit.
+	p := openai.Parser{MaxBodyBytes: math.MaxInt}
+	if err := p.ParsePrompt(raw, pr); err != nil {
+		msg := err.Error()
+		var e *openai.Error
+		if errors.As(err, &e) {
+			msg = e.Message
+		}
+		return dst, badRequest("prompt", "%s", msg)
 	}
-	return i
+	if pr.Prompt == openai.PromptText {
+		return AppendTextTokens(dst[:0], string(pr.AppendText(nil))), nil
+	}
+	return pr.Tokens, nil
 }
 
 // chatTokens applies the chat template (AppendChatTokens) to messages whose
 // content is a string, null, or an array of text parts.
-func chatTokens(dst []uint32, msgs []wireMessage) ([]uint32, *apiError) {
+func chatTokens(dst []uint32, msgs []wireMessage) ([]uint32, *openai.Error) {
 	if len(msgs) == 0 {
 		return dst, badRequest("messages", "messages must hold at least one message")
 	}

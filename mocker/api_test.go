@@ -72,8 +72,8 @@ func TestParseRequest(t *testing.T) {
 				if err == nil {
 					t.Fatalf("accepted: %+v", r)
 				}
-				if want := strings.TrimPrefix(tc.errParam, "-"); err.param != want || err.status != 400 {
-					t.Fatalf("error %d param %q (%s), want 400 param %q", err.status, err.param, err.message, want)
+				if want := strings.TrimPrefix(tc.errParam, "-"); err.Param != want || err.Status != 400 {
+					t.Fatalf("error %d param %q (%s), want 400 param %q", err.Status, err.Param, err.Message, want)
 				}
 				var body struct {
 					Error struct {
@@ -81,8 +81,8 @@ func TestParseRequest(t *testing.T) {
 						Type    string `json:"type"`
 					} `json:"error"`
 				}
-				if jerr := json.Unmarshal(appendError(nil, err), &body); jerr != nil || body.Error.Message == "" || body.Error.Type == "" {
-					t.Fatalf("error body not OpenAI-shaped: %v %s", jerr, appendError(nil, err))
+				if jerr := json.Unmarshal(err.AppendJSON(nil), &body); jerr != nil || body.Error.Message == "" || body.Error.Type == "" {
+					t.Fatalf("error body not OpenAI-shaped: %v %s", jerr, err.AppendJSON(nil))
 				}
 				return
 			}
@@ -154,11 +154,11 @@ func FuzzParseRequest(f *testing.F) {
 		var r apiRequest
 		err := parseRequest(body, chat, &r)
 		if err != nil {
-			if err.status != 400 || err.message == "" {
+			if err.Status != 400 || err.Message == "" {
 				t.Fatalf("bad error %+v", err)
 			}
-			if !json.Valid(appendError(nil, err)) {
-				t.Fatalf("error body is not JSON: %s", appendError(nil, err))
+			if !json.Valid(err.AppendJSON(nil)) {
+				t.Fatalf("error body is not JSON: %s", err.AppendJSON(nil))
 			}
 			return
 		}

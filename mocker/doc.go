@@ -13,9 +13,13 @@
 //     carries usage with prompt_tokens_details.cached_tokens, the prompt
 //     tokens served from the prefix cache; streams carry it in a final
 //     chunk when stream_options.include_usage is set, as vLLM does. Bad
-//     input gets an OpenAI-style error body.
-//   - Prompts: token-id arrays are used exactly. Text is tokenized one
-//     token per whitespace-separated word, the id a hash of the word
+//     input gets an OpenAI error body (openai.Error, with vLLM's numeric
+//     code).
+//   - Prompts: a completions prompt is read by the router's own reader
+//     (openai.Parser.ParsePrompt), so both accept the same prompt forms;
+//     the rest of a body is decoded with encoding/json. Token-id arrays
+//     are used exactly. Text is tokenized one token per
+//     whitespace-separated word, the id a hash of the word
 //     (AppendTextTokens); chat messages go through a fixed template
 //     (AppendChatTokens). Replies are words from a fixed list chosen by a
 //     hash of the prompt, so they are deterministic; a request always
@@ -68,8 +72,8 @@
 // A step costs microseconds of CPU (one map probe per cached block looked
 // up, one xxhash per block filled, O(batch) bookkeeping) and makes no
 // allocation in steady state; token-id arrays in request bodies are
-// decoded without reflection. At Speedup 1 an engine spends far less CPU than the time it
-// simulates, so tens of engines share a small machine; at high speed-ups
-// the HTTP and JSON work per token, not the scheduler, is the limit. See
-// BenchmarkMock* for numbers.
+// decoded without reflection, by openai. At Speedup 1 an engine spends far
+// less CPU than the time it simulates, so tens of engines share a small
+// machine; at high speed-ups the HTTP and JSON work per token, not the
+// scheduler, is the limit. See BenchmarkMock* for numbers.
 package mocker

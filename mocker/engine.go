@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/internal/jsonscan"
+	"github.com/kvfast/kvfast/openai"
 )
 
 // maxLag bounds how far the engine may fall behind its schedule (a starved
@@ -111,7 +114,7 @@ func Start(cfg Config) (*Engine, error) {
 		loopDone:  make(chan struct{}),
 		closing:   make(chan struct{}),
 		idTag:     "w" + strconv.FormatUint(cfg.WorkerID, 10) + "r" + strconv.FormatUint(uint64(cfg.DPRank), 10) + "-",
-		modelJSON: appendJSONString(nil, cfg.Model),
+		modelJSON: jsonscan.AppendQuoted(nil, cfg.Model),
 	}
 	e.stats = core.Stats()
 	e.srv = &fasthttp.Server{
@@ -387,7 +390,7 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 			if errors.Is(err, ErrClosed) {
 				status = fasthttp.StatusServiceUnavailable
 			}
-			writeError(ctx, &apiError{status: status, message: err.Error(), typ: "server_error"})
+			writeError(ctx, &openai.Error{Status: status, Message: err.Error(), Type: openai.TypeServerError})
 			return
 		}
 		ctx.SetStatusCode(fasthttp.StatusOK)
@@ -397,7 +400,7 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 		}
 		e.handleStats(ctx)
 	default:
-		writeError(ctx, &apiError{status: fasthttp.StatusNotFound, message: "no such endpoint: " + string(ctx.Path()), typ: "invalid_request_error"})
+		writeError(ctx, &openai.Error{Status: fasthttp.StatusNotFound, Message: "no such endpoint: " + string(ctx.Path()), Type: openai.TypeInvalidRequest})
 	}
 }
 
@@ -406,14 +409,14 @@ func (e *Engine) method(ctx *fasthttp.RequestCtx, want string) bool {
 		return true
 	}
 	ctx.Response.Header.Set("Allow", want)
-	writeError(ctx, &apiError{status: fasthttp.StatusMethodNotAllowed, message: "method " + string(ctx.Method()) + " is not allowed; use " + want, typ: "invalid_request_error"})
+	writeError(ctx, &openai.Error{Status: fasthttp.StatusMethodNotAllowed, Message: "method " + string(ctx.Method()) + " is not allowed; use " + want, Type: openai.TypeInvalidRequest})
 	return false
 }
 
-func writeError(ctx *fasthttp.RequestCtx, e *apiError) {
-	ctx.SetStatusCode(e.status)
+func writeError(ctx *fasthttp.RequestCtx, e *openai.Error) {
+	ctx.SetStatusCode(e.Status)
 	ctx.SetContentType("application/json")
-	ctx.SetBody(appendError(nil, e))
+	ctx.SetBody(e.AppendJSON(nil))
 }
 
 func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
@@ -426,7 +429,7 @@ func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 		return
 	}
 	if req.model != "" && req.model != e.cfg.Model {
-		writeError(ctx, &apiError{status: fasthttp.StatusNotFound, message: "The model `" + req.model + "` does not exist.", typ: "NotFoundError", param: "model", code: "model_not_found"})
+		writeError(ctx, &openai.Error{Status: fasthttp.StatusNotFound, Message: "The model `" + req.model + "` does not exist.", Type: "NotFoundError", Param: "model", Code: "model_not_found"})
 		return
 	}
 	maxTokens := req.maxTokens
@@ -444,7 +447,7 @@ func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 	}
 	r := &Request{Prompt: req.tokens, MaxTokens: maxTokens, notify: make(chan struct{}, 1)}
 	if err := e.submit(engineOp{kind: opAdd, r: r}); err != nil {
-		writeError(ctx, &apiError{status: fasthttp.StatusServiceUnavailable, message: err.Error(), typ: "server_error"})
+		writeError(ctx, &openai.Error{Status: fasthttp.StatusServiceUnavailable, Message: err.Error(), Type: openai.TypeServerError})
 		return
 	}
 	h := &respHead{created: time.Now().Unix(), model: e.modelJSON, chat: chat}
@@ -460,13 +463,13 @@ func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 			case <-r.notify:
 			case <-e.closing:
 				if r.pubDone.Load() == 0 {
-					writeError(ctx, &apiError{status: fasthttp.StatusServiceUnavailable, message: ErrClosed.Error(), typ: "server_error"})
+					writeError(ctx, &openai.Error{Status: fasthttp.StatusServiceUnavailable, Message: ErrClosed.Error(), Type: openai.TypeServerError})
 					return
 				}
 			}
 		}
 		if r.pubDone.Load() != doneFinished {
-			writeError(ctx, &apiError{status: fasthttp.StatusServiceUnavailable, message: "request aborted by the engine", typ: "server_error"})
+			writeError(ctx, &openai.Error{Status: fasthttp.StatusServiceUnavailable, Message: "request aborted by the engine", Type: openai.TypeServerError})
 			return
 		}
 		ctx.SetContentType("application/json")
@@ -517,7 +520,7 @@ func (e *Engine) stream(w *bufio.Writer, r *Request, h *respHead, opt streamOpti
 		}
 		if done == doneAborted || closing {
 			buf = append(buf[:0], "data: "...)
-			buf = appendError(buf, &apiError{status: fasthttp.StatusServiceUnavailable, message: "request aborted: " + ErrClosed.Error(), typ: "server_error"})
+			buf = (&openai.Error{Status: fasthttp.StatusServiceUnavailable, Message: "request aborted: " + ErrClosed.Error(), Type: openai.TypeServerError}).AppendJSON(buf)
 			buf = append(buf, "\n\n"...)
 			_, _ = w.Write(buf)
 			_, _ = w.WriteString(sseDone)
@@ -570,7 +573,7 @@ func (e *Engine) handleStats(ctx *fasthttp.RequestCtx) {
 	}
 	b, err := json.Marshal(v)
 	if err != nil {
-		writeError(ctx, &apiError{status: fasthttp.StatusInternalServerError, message: err.Error(), typ: "server_error"})
+		writeError(ctx, &openai.Error{Status: fasthttp.StatusInternalServerError, Message: err.Error(), Type: openai.TypeServerError})
 		return
 	}
 	ctx.SetContentType("application/json")

@@ -1,21 +1,11 @@
 package mocker
 
-import (
-	"encoding/json"
-	"strconv"
-)
+import "strconv"
 
 // The response writers append vLLM-shaped JSON to a caller's buffer. Only
-// the model name and error messages come from outside, and they go through
-// appendJSONString; generated words are plain ASCII.
-
-func appendJSONString(b []byte, s string) []byte {
-	q, err := json.Marshal(s)
-	if err != nil {
-		panic("BUG: mocker: cannot marshal a string: " + err.Error())
-	}
-	return append(b, q...)
-}
+// the model name and error messages come from outside: the model name is
+// quoted by jsonscan.AppendQuoted, errors are openai.Error bodies; generated
+// words are plain ASCII.
 
 // respHead is what every body or chunk of one response repeats.
 type respHead struct {
@@ -125,23 +115,3 @@ func (h *respHead) appendUsageChunk(b []byte, prompt, completion, cached int) []
 }
 
 const sseDone = "data: [DONE]\n\n"
-
-func appendError(b []byte, e *apiError) []byte {
-	b = append(b, `{"error":{"message":`...)
-	b = appendJSONString(b, e.message)
-	b = append(b, `,"type":`...)
-	b = appendJSONString(b, e.typ)
-	b = append(b, `,"param":`...)
-	if e.param == "" {
-		b = append(b, "null"...)
-	} else {
-		b = appendJSONString(b, e.param)
-	}
-	b = append(b, `,"code":`...)
-	if e.code == "" {
-		b = strconv.AppendInt(b, int64(e.status), 10)
-	} else {
-		b = appendJSONString(b, e.code)
-	}
-	return append(b, "}}"...)
-}

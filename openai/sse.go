@@ -1,6 +1,10 @@
-package dispatch
+package openai
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/kvfast/kvfast/internal/jsonscan"
+)
 
 // EventKind is what routing makes of one server-sent event of an OpenAI
 // stream.
@@ -32,7 +36,7 @@ func (k EventKind) String() string {
 	return "other"
 }
 
-// Event is the routing view of one event.
+// Event is the routing view of one stream event or response body.
 type Event struct {
 	Kind EventKind
 	// FinishReason is the first non-null choices[].finish_reason of an
@@ -40,21 +44,16 @@ type Event struct {
 	FinishReason []byte
 }
 
-// EventEnd returns the length of the first complete event in b, its
-// terminating blank line included, or -1 if b holds no complete event yet.
+// EventEnd scans b, the start of an event stream, for the blank line that
+// ends its first event, and returns the length of that event, blank line
+// included. Until the event is complete it returns -1 and where to resume:
+// pass that back as lineStart once more bytes follow, so that no byte is
+// scanned twice. lineStart is 0 for a fresh event; -1 says that b starts in
+// the middle of a line (the rest of which therefore is not blank).
 //
 // Lines may end in "\n" or "\r\n"; a stream that ends lines in a bare "\r"
-// is relayed all the same but never splits into events.
-func EventEnd(b []byte) int {
-	end, _ := eventEnd(b, 0)
-	return end
-}
-
-// eventEnd scans b for the blank line that ends an event, resuming at
-// lineStart, the start of the first line not yet known to be complete (0 at
-// first; -1 for a line that began before b and so is not blank). It returns
-// the end of the event, or -1 and where to resume once more bytes arrive.
-func eventEnd(b []byte, lineStart int) (end, resume int) {
+// never splits into events.
+func EventEnd(b []byte, lineStart int) (end, resume int) {
 	from := lineStart
 	if from < 0 {
 		from = 0
@@ -123,7 +122,7 @@ func ParseEvent(ev []byte) Event {
 	case bytes.Equal(data, doneData):
 		return Event{Kind: EventDone}
 	}
-	return classifyJSON(data)
+	return ParseResponse(data)
 }
 
 var (
@@ -133,30 +132,32 @@ var (
 	keyFinishReason = []byte("finish_reason")
 )
 
-// classifyJSON reads an OpenAI chunk or response object for the three things
-// routing needs: is it an error, how many choices does it carry, and the
-// first non-null finish_reason. The walk is lenient: it trusts the engine
-// to send JSON and only guards against reading out of bounds, so a garbled
-// payload is classified as EventOther, never trusted further.
-func classifyJSON(b []byte) Event {
-	i := ws(b, 0)
+// ParseResponse classifies an OpenAI response object: a whole
+// non-streaming response body, or the JSON payload of one stream event. It
+// reads the three things routing needs: is it an error, does it carry
+// choices, and the first non-null finish_reason. Every key and value it
+// passes over must be JSON, or the payload is EventOther; what follows the
+// last field it could read is left to the engine and the client to judge.
+// It never allocates.
+func ParseResponse(b []byte) Event {
+	i := jsonscan.SkipSpace(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return Event{}
 	}
 	var ev Event
 	choices := 0
-	i = ws(b, i+1)
+	i = jsonscan.SkipSpace(b, i+1)
 	for i < len(b) && b[i] == '"' {
 		ks := i + 1
-		i = skipString(b, i)
+		i, _ = jsonscan.ScanString(b, i)
 		if i < 0 {
 			return Event{}
 		}
 		key := b[ks : i-1]
-		if i = ws(b, i); i >= len(b) || b[i] != ':' {
+		if i = jsonscan.SkipSpace(b, i); i >= len(b) || b[i] != ':' {
 			return Event{}
 		}
-		i = ws(b, i+1)
+		i = jsonscan.SkipSpace(b, i+1)
 		if i >= len(b) {
 			return Event{}
 		}
@@ -181,12 +182,12 @@ func classifyJSON(b []byte) Event {
 			}
 		}
 		if i == vs {
-			if i = skipJSON(b, i); i < 0 {
+			if i = jsonscan.SkipValue(b, i, 1); i < 0 {
 				return Event{}
 			}
 		}
-		if i = ws(b, i); i < len(b) && b[i] == ',' {
-			i = ws(b, i+1)
+		if i = jsonscan.SkipSpace(b, i); i < len(b) && b[i] == ',' {
+			i = jsonscan.SkipSpace(b, i+1)
 		}
 	}
 	switch {
@@ -204,19 +205,22 @@ func classifyJSON(b []byte) Event {
 // returns the first string finish_reason among them and the index after the
 // array, or -1.
 func scanChoices(b []byte, i int) (n int, reason []byte, end int) {
-	i = ws(b, i+1)
+	i = jsonscan.SkipSpace(b, i+1)
 	for i < len(b) && b[i] != ']' {
 		n++
 		if b[i] == '{' {
-			if r := objectString(b, i, keyFinishReason); r != nil && reason == nil {
+			var r []byte
+			if r, i = choiceReason(b, i); reason == nil {
 				reason = r
 			}
+		} else {
+			i = jsonscan.SkipValue(b, i, 2)
 		}
-		if i = skipJSON(b, i); i < 0 {
+		if i < 0 {
 			return n, reason, -1
 		}
-		if i = ws(b, i); i < len(b) && b[i] == ',' {
-			i = ws(b, i+1)
+		if i = jsonscan.SkipSpace(b, i); i < len(b) && b[i] == ',' {
+			i = jsonscan.SkipSpace(b, i+1)
 		} else if i >= len(b) || b[i] != ']' {
 			return n, reason, -1
 		}
@@ -227,103 +231,47 @@ func scanChoices(b []byte, i int) (n int, reason []byte, end int) {
 	return n, reason, i + 1
 }
 
-// objectString returns the raw contents of the string value of key in the
-// object at b[i] == '{', or nil if it is absent or not a string.
-func objectString(b []byte, i int, key []byte) []byte {
-	i = ws(b, i+1)
-	for i < len(b) && b[i] == '"' {
+// choiceReason walks the choice object at b[i] == '{' and returns the raw
+// contents of its finish_reason, nil unless the first such key holds a
+// string, and the index after the object, or -1.
+func choiceReason(b []byte, i int) (reason []byte, end int) {
+	seen := false
+	i = jsonscan.SkipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return nil, i + 1
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return nil, -1
+		}
 		ks := i + 1
-		if i = skipString(b, i); i < 0 {
-			return nil
+		if i, _ = jsonscan.ScanString(b, i); i < 0 {
+			return nil, -1
 		}
-		k := b[ks : i-1]
-		if i = ws(b, i); i >= len(b) || b[i] != ':' {
-			return nil
+		key := b[ks : i-1]
+		if i = jsonscan.SkipSpace(b, i); i >= len(b) || b[i] != ':' {
+			return nil, -1
 		}
-		i = ws(b, i+1)
-		if i >= len(b) {
-			return nil
+		vs := jsonscan.SkipSpace(b, i+1)
+		if i = jsonscan.SkipValue(b, vs, 3); i < 0 {
+			return nil, -1
 		}
-		if bytes.Equal(k, key) {
-			if b[i] != '"' {
-				return nil
+		if !seen && bytes.Equal(key, keyFinishReason) {
+			seen = true
+			if b[vs] == '"' {
+				reason = b[vs+1 : i-1]
 			}
-			end := skipString(b, i)
-			if end < 0 {
-				return nil
-			}
-			return b[i+1 : end-1]
 		}
-		if i = skipJSON(b, i); i < 0 {
-			return nil
+		if i = jsonscan.SkipSpace(b, i); i >= len(b) {
+			return nil, -1
 		}
-		if i = ws(b, i); i < len(b) && b[i] == ',' {
-			i = ws(b, i+1)
-		}
-	}
-	return nil
-}
-
-func ws(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipString returns the index after the string at b[i] == '"', or -1.
-func skipString(b []byte, i int) int {
-	for i++; i < len(b); i++ {
 		switch b[i] {
-		case '"':
-			return i + 1
-		case '\\':
-			i++ // the escaped byte can be neither the end nor another escape
+		case ',':
+			i = jsonscan.SkipSpace(b, i+1)
+		case '}':
+			return reason, i + 1
+		default:
+			return nil, -1
 		}
 	}
-	return -1
-}
-
-// skipJSON returns the index after the value at b[i], or -1. Containers are
-// skipped by bracket counting outside strings, which is all a lenient
-// reader needs.
-func skipJSON(b []byte, i int) int {
-	if i >= len(b) {
-		return -1
-	}
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				if i = skipString(b, i); i < 0 {
-					return -1
-				}
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return -1
-	}
-	start := i
-	for i < len(b) {
-		switch b[i] {
-		case ',', '}', ']', ' ', '\t', '\n', '\r':
-			if i == start {
-				return -1 // no value here
-			}
-			return i
-		}
-		i++
-	}
-	return i
 }

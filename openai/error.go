@@ -1,75 +1,72 @@
-package fastpath
+package openai
 
-// RequestError is a request the router refuses before selecting a worker. It
-// carries what an OpenAI-compatible client expects in the error body, so the
-// server writes it with AppendJSON and the status code, and nothing else.
+import (
+	"strconv"
+
+	"github.com/kvfast/kvfast/internal/jsonscan"
+)
+
+// Error is an error answered with an OpenAI error body. It carries what an
+// OpenAI-compatible client expects there, so a server writes it with
+// AppendJSON and the status code, and nothing else.
 //
 // The parser returns the package-level values below, never a fresh one, so a
 // flood of bad bodies costs no allocation. They are shared: do not modify
 // them; compare with errors.Is.
-type RequestError struct {
+type Error struct {
 	// Status is the HTTP status code to answer with.
 	Status int
-	// Type is the OpenAI error type; always "invalid_request_error" here.
+	// Type is the OpenAI error type, such as TypeInvalidRequest.
 	Type string
 	// Param names the offending request field, or "" when no field is to
 	// blame (a malformed or oversized body).
 	Param string
-	// Code is a stable machine-readable reason.
+	// Code is a stable machine-readable reason. When it is "", the body
+	// carries Status as a number instead, the way vLLM fills the field.
 	Code string
 	// Message is shown to the client.
 	Message string
 }
 
-func (e *RequestError) Error() string { return "kvfast: " + e.Message }
+// The error types a router or engine answers with.
+const (
+	TypeInvalidRequest = "invalid_request_error"
+	TypeServerError    = "server_error"
+)
+
+func (e *Error) Error() string { return "kvfast: " + e.Message }
 
 // AppendJSON appends the OpenAI error body
 // {"error":{"message":…,"type":…,"param":…,"code":…}} to dst.
-func (e *RequestError) AppendJSON(dst []byte) []byte {
+func (e *Error) AppendJSON(dst []byte) []byte {
 	dst = append(dst, `{"error":{"message":`...)
-	dst = appendJSONString(dst, e.Message)
+	dst = jsonscan.AppendQuoted(dst, e.Message)
 	dst = append(dst, `,"type":`...)
-	dst = appendJSONString(dst, e.Type)
+	dst = jsonscan.AppendQuoted(dst, e.Type)
 	dst = append(dst, `,"param":`...)
 	if e.Param == "" {
 		dst = append(dst, "null"...)
 	} else {
-		dst = appendJSONString(dst, e.Param)
+		dst = jsonscan.AppendQuoted(dst, e.Param)
 	}
 	dst = append(dst, `,"code":`...)
-	dst = appendJSONString(dst, e.Code)
+	if e.Code == "" {
+		dst = strconv.AppendInt(dst, int64(e.Status), 10)
+	} else {
+		dst = jsonscan.AppendQuoted(dst, e.Code)
+	}
 	return append(dst, "}}"...)
 }
 
-const hexDigits = "0123456789abcdef"
-
-func appendJSONString(dst []byte, s string) []byte {
-	dst = append(dst, '"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			dst = append(dst, '\\', c)
-		case c < 0x20:
-			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&15])
-		default:
-			dst = append(dst, c)
-		}
-	}
-	return append(dst, '"')
-}
-
-const invalidRequest = "invalid_request_error"
-
-func badRequest(param, code, msg string) *RequestError {
-	return &RequestError{Status: 400, Type: invalidRequest, Param: param, Code: code, Message: msg}
+func badRequest(param, code, msg string) *Error {
+	return &Error{Status: 400, Type: TypeInvalidRequest, Param: param, Code: code, Message: msg}
 }
 
 // Errors returned by Parser.Parse.
 var (
 	ErrMalformedJSON = badRequest("", "invalid_json",
 		"the request body is not valid JSON")
-	ErrBodyTooLarge = &RequestError{Status: 413, Type: invalidRequest, Code: "body_too_large",
+	ErrBodyTooLarge = &Error{Status: 413, Type: TypeInvalidRequest, Code: "body_too_large",
 		Message: "the request body is larger than the router accepts"}
 	ErrNotObject = badRequest("", "invalid_type",
 		"the request body must be a JSON object")

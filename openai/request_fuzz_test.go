@@ -1,4 +1,4 @@
-package fastpath
+package openai
 
 import (
 	"bytes"
@@ -93,8 +93,8 @@ func oracle(body []byte, api API, maxTok uint32) (oracleResult, error) {
 	if err := dec.Decode(&m); err != nil {
 		panic("oracle: valid JSON object did not decode: " + err.Error())
 	}
-	var errs [numFields]*RequestError
-	str := func(key string, f int, typeErr *RequestError, nonEmpty bool) any {
+	var errs [numFields]*Error
+	str := func(key string, f int, typeErr *Error, nonEmpty bool) any {
 		switch v := m[key].(type) {
 		case nil:
 		case string:
@@ -116,7 +116,7 @@ func oracle(body []byte, api API, maxTok uint32) (oracleResult, error) {
 	default:
 		errs[fStream] = ErrStreamType
 	}
-	count := func(key string, f int, typeErr, rangeErr *RequestError) int64 {
+	count := func(key string, f int, typeErr, rangeErr *Error) int64 {
 		switch v := m[key].(type) {
 		case nil:
 		case json.Number:
@@ -178,8 +178,8 @@ func oracle(body []byte, api API, maxTok uint32) (oracleResult, error) {
 	return res, nil
 }
 
-func oraclePrompt(v any, maxTok uint32) (PromptKind, []uint32, any, *RequestError) {
-	tokens := func(arr []any) ([]uint32, *RequestError) {
+func oraclePrompt(v any, maxTok uint32) (PromptKind, []uint32, any, *Error) {
+	tokens := func(arr []any) ([]uint32, *Error) {
 		if len(arr) == 0 {
 			return nil, ErrEmptyPrompt
 		}

@@ -1,4 +1,4 @@
-package fastpath
+package openai
 
 import (
 	"encoding/json"
@@ -64,17 +64,4 @@ func BenchmarkParseRequest(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
 		})
 	}
-}
-
-// BenchmarkApproxHashes measures approximate chunk hashing of a 16 KB prompt.
-func BenchmarkApproxHashes(b *testing.B) {
-	text := []byte(strings.Repeat("The quick brown fox jumps over the lazy dog. ", 360))
-	dst := make([]uint64, 0, len(text)/DefaultApproxChunkBytes)
-	seed := ApproxSeed(1)
-	b.SetBytes(int64(len(text)))
-	b.ReportAllocs()
-	for b.Loop() {
-		dst = AppendApproxHashes(dst[:0], seed, text, DefaultApproxChunkBytes)
-	}
-	b.ReportMetric(float64(b.N*len(dst))/b.Elapsed().Seconds(), "chunks/s")
 }

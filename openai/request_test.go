@@ -1,4 +1,4 @@
-package fastpath
+package openai
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kvfast/kvfast/internal/jsonscan"
 )
 
 func TestParseAccepts(t *testing.T) {
@@ -117,7 +119,7 @@ func TestParseRejects(t *testing.T) {
 		api    API
 		parser Parser
 		body   string
-		want   *RequestError
+		want   *Error
 	}{
 		{"empty body", APICompletions, Parser{}, ``, ErrMalformedJSON},
 		{"only spaces", APICompletions, Parser{}, `   `, ErrMalformedJSON},
@@ -139,7 +141,7 @@ func TestParseRejects(t *testing.T) {
 		{"malformed after a batch", APICompletions, Parser{}, `{"prompt":[[1],[2,]]}`, ErrMalformedJSON},
 		{"malformed inside messages", APIChatCompletions, Parser{}, `{"messages":[{"role":}]}`, ErrMalformedJSON},
 		{"malformed in ignored field", APIChatCompletions, Parser{}, `{"messages":[{}],"prompt":[1,]}`, ErrMalformedJSON},
-		{"too deep", APICompletions, Parser{}, `{"prompt":"x","d":` + strings.Repeat("[", maxDepth) + strings.Repeat("]", maxDepth) + `}`, ErrMalformedJSON},
+		{"too deep", APICompletions, Parser{}, `{"prompt":"x","d":` + strings.Repeat("[", jsonscan.MaxDepth) + strings.Repeat("]", jsonscan.MaxDepth) + `}`, ErrMalformedJSON},
 
 		{"array body", APICompletions, Parser{}, `[1,2]`, ErrNotObject},
 		{"string body", APICompletions, Parser{}, `"prompt"`, ErrNotObject},
@@ -206,8 +208,8 @@ func TestParseDepthMatchesEncodingJSON(t *testing.T) {
 	var p Parser
 	r := new(ParsedRequest)
 	// The top-level object is one level, so the nested arrays may add
-	// maxDepth-1 more and no others.
-	for _, extra := range []int{1, 63, 64, 65, 127, 128, 129, maxDepth - 1, maxDepth} {
+	// jsonscan.MaxDepth-1 more and no others.
+	for _, extra := range []int{1, 63, 64, 65, 127, 128, 129, jsonscan.MaxDepth - 1, jsonscan.MaxDepth} {
 		for _, open := range []string{"[", `{"k":`} {
 			close := "]"
 			if open != "[" {
@@ -255,9 +257,9 @@ func TestParseReusesRequest(t *testing.T) {
 	}
 }
 
-func TestRequestErrorJSON(t *testing.T) {
-	for _, e := range []*RequestError{ErrMalformedJSON, ErrEmptyPrompt, ErrBatchNotSupported, ErrBodyTooLarge,
-		{Status: 400, Type: invalidRequest, Param: "p\"q", Code: "c\\d", Message: "line\nbreak \x01"}} {
+func TestErrorJSON(t *testing.T) {
+	for _, e := range []*Error{ErrMalformedJSON, ErrEmptyPrompt, ErrBatchNotSupported, ErrBodyTooLarge,
+		{Status: 400, Type: TypeInvalidRequest, Param: "p\"q", Code: "c\\d", Message: "line\nbreak \x01"}} {
 		var got struct {
 			Error struct {
 				Message string  `json:"message"`
@@ -290,76 +292,52 @@ func TestRequestErrorJSON(t *testing.T) {
 	if !errors.Is(fmt.Errorf("wrapped: %w", ErrEmptyPrompt), ErrEmptyPrompt) {
 		t.Fatal("errors.Is does not see through wrapping")
 	}
+	// Without a code the body carries the status, as vLLM's does.
+	e := &Error{Status: 503, Type: TypeServerError, Message: "bad \xff byte"}
+	if got, want := string(e.AppendJSON(nil)), `{"error":{"message":"bad \ufffd byte","type":"server_error","param":null,"code":503}}`; got != want {
+		t.Fatalf("AppendJSON = %s, want %s", got, want)
+	}
 }
 
-func TestApproxHashes(t *testing.T) {
-	text := []byte(strings.Repeat("The quick brown fox jumps over the lazy dog. ", 10)) // 450 bytes
-	seed := ApproxSeed(12345)
-	t.Run("full chunks only", func(t *testing.T) {
-		h := AppendApproxHashes(nil, seed, text, 64)
-		if len(h) != len(text)/64 {
-			t.Fatalf("%d hashes for %d bytes", len(h), len(text))
+func TestParsePromptMatchesParse(t *testing.T) {
+	p := Parser{MaxTokenID: 1000}
+	whole, alone := AcquireParsedRequest(), AcquireParsedRequest()
+	defer ReleaseParsedRequest(whole)
+	defer ReleaseParsedRequest(alone)
+	for _, prompt := range []string{
+		`[1, 2 ,3]`, ` [[7,8]] `, `"a \"b\""`, `["x"]`, `null`, `""`, `[]`, `[[]]`, `[1001]`, `[-1]`, `[1.5]`,
+		`["a","b"]`, `[[1],[2]]`, `[[["a"]]]`, `{"a":1}`, `true`, `[1,`, `"open`, ``, `[1] x`,
+	} {
+		errWhole := p.Parse([]byte(`{"prompt":`+prompt+`}`), APICompletions, whole)
+		errAlone := p.ParsePrompt([]byte(prompt), alone)
+		if errAlone != errWhole {
+			t.Fatalf("%s: ParsePrompt = %v, Parse = %v", prompt, errAlone, errWhole)
 		}
-	})
-	t.Run("shared prefix shares hashes", func(t *testing.T) {
-		a := AppendApproxHashes(nil, seed, text, 64)
-		longer := append(slices.Clone(text), "and then some more text to extend the prompt beyond"...)
-		b := AppendApproxHashes(nil, seed, longer, 64)
-		if !slices.Equal(a, b[:len(a)]) {
-			t.Fatal("extending a prompt changed the hashes of its prefix")
+		if alone.Prompt != whole.Prompt || !slices.Equal(alone.Tokens, whole.Tokens) || string(alone.Text) != string(whole.Text) || alone.API != whole.API {
+			t.Fatalf("%s: ParsePrompt read %+v, Parse %+v", prompt, alone, whole)
 		}
-		changed := slices.Clone(text)
-		changed[100] ^= 1
-		c := AppendApproxHashes(nil, seed, changed, 64)
-		if !slices.Equal(c[:1], a[:1]) || slices.Equal(c[1:], a[1:]) {
-			t.Fatal("a change in chunk 1 must keep chunk 0 and change every later hash")
-		}
-	})
-	t.Run("chained", func(t *testing.T) {
-		h := AppendApproxHashes(nil, seed, text, 64)
-		again := AppendApproxHashes(nil, h[0], text[64:], 64)
-		if !slices.Equal(h[1:], again) {
-			t.Fatal("a chunk's hash is not derived from its parent's")
-		}
-	})
-	t.Run("namespaces apart", func(t *testing.T) {
-		if ApproxSeed(1) == ApproxSeed(2) || ApproxSeed(1) == 1 {
-			t.Fatal("approx seeds collide")
-		}
-		a := AppendApproxHashes(nil, ApproxSeed(1), text, 64)
-		b := AppendApproxHashes(nil, ApproxSeed(2), text, 64)
-		if a[0] == b[0] {
-			t.Fatal("different namespaces share a hash")
-		}
-	})
-	t.Run("appends", func(t *testing.T) {
-		h := AppendApproxHashes([]uint64{7}, seed, text, 64)
-		if h[0] != 7 || len(h) != 1+len(text)/64 {
-			t.Fatal("did not append")
-		}
-	})
-	t.Run("bad chunk size panics", func(t *testing.T) {
-		defer func() {
-			if r := recover(); r == nil || !strings.HasPrefix(fmt.Sprint(r), "BUG:") {
-				t.Fatalf("recover = %v", r)
-			}
-		}()
-		AppendApproxHashes(nil, seed, text, 0)
-	})
-	t.Run("from a parsed request", func(t *testing.T) {
-		r := AcquireParsedRequest()
-		defer ReleaseParsedRequest(r)
-		body := []byte(`{"messages":[{"role":"user","content":"` + string(text) + `"}]}`)
-		if err := (&Parser{}).Parse(body, APIChatCompletions, r); err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(r.ApproxText(), r.Messages) || len(AppendApproxHashes(nil, seed, r.ApproxText(), 64)) == 0 {
-			t.Fatal("messages are not what approximate mode hashes")
-		}
-		if err := (&Parser{}).Parse([]byte(`{"prompt":[1,2]}`), APICompletions, r); err != nil || r.ApproxText() != nil {
-			t.Fatal("a token prompt has approximate text")
-		}
-	})
+	}
+	if err := (&Parser{MaxBodyBytes: 4}).ParsePrompt([]byte(`[1,2,3]`), alone); err != ErrBodyTooLarge {
+		t.Fatalf("ParsePrompt over the limit = %v", err)
+	}
+}
+
+func TestAppendText(t *testing.T) {
+	var p Parser
+	r := AcquireParsedRequest()
+	defer ReleaseParsedRequest(r)
+	if err := p.Parse([]byte(`{"prompt":"caf\u00e9 \"au\" lait\n"}`), APICompletions, r); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(r.AppendText([]byte("> "))); got != "> café \"au\" lait\n" {
+		t.Fatalf("AppendText = %q", got)
+	}
+	if err := p.Parse([]byte(`{"prompt":[1,2]}`), APICompletions, r); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.AppendText(nil); len(got) != 0 {
+		t.Fatalf("a token prompt has text %q", got)
+	}
 }
 
 // benchTokens returns n deterministic token ids below vocab.

@@ -1,21 +1,16 @@
-package fastpath
+package openai
 
 import (
-	"encoding/binary"
 	"math"
 	"sync"
-	"unicode/utf16"
-	"unicode/utf8"
+
+	"github.com/kvfast/kvfast/internal/jsonscan"
 )
 
 // DefaultMaxBodyBytes bounds a request body when the Parser sets no limit. A
 // 128K-token prompt written as token ids is under 1 MiB; the rest is room
 // for chat messages carrying inline images.
 const DefaultMaxBodyBytes = 16 << 20
-
-// maxDepth is the deepest nesting of arrays and objects accepted, the same
-// limit encoding/json applies, so both agree on which documents are valid.
-const maxDepth = 10000
 
 // API names the OpenAI endpoint a body was posted to. It decides which field
 // holds the prompt: prompt for completions, messages for chat.
@@ -66,7 +61,9 @@ type ParsedRequest struct {
 	// hashing wants stable bytes, not decoded text.
 	Text []byte
 	// Messages is the raw JSON array of chat messages, brackets included,
-	// when Prompt is PromptMessages.
+	// when Prompt is PromptMessages. It is known to be an array of objects
+	// and no more: reading roles and content, for a tokenizer or a chat
+	// template, belongs in this package as a walk over these bytes.
 	Messages []byte
 	Stream   bool
 	// MaxTokens is max_completion_tokens if given, else max_tokens, else 0:
@@ -102,6 +99,13 @@ func (r *ParsedRequest) ApproxText() []byte {
 	return nil
 }
 
+// AppendText appends the text prompt, decoded from its JSON escapes, to
+// dst: what a tokenizer reads, where Text is what routing hashes. It appends
+// nothing unless Prompt is PromptText.
+func (r *ParsedRequest) AppendText(dst []byte) []byte {
+	return jsonscan.AppendUnescaped(dst, r.Text)
+}
+
 // maxPooledTokens keeps the pool from pinning the buffer of one huge prompt.
 const maxPooledTokens = 1 << 18
 
@@ -114,6 +118,15 @@ func AcquireParsedRequest() *ParsedRequest {
 
 // ReleaseParsedRequest returns r to the pool; r must not be used afterwards.
 func ReleaseParsedRequest(r *ParsedRequest) {
+	r.Recycle()
+	parsedPool.Put(r)
+}
+
+// Recycle empties r for the next request, as Reset does, and lets go of any
+// buffer one huge request grew past what is worth keeping. Owners that pool
+// a ParsedRequest inside a larger value call it instead of
+// ReleaseParsedRequest.
+func (r *ParsedRequest) Recycle() {
 	if cap(r.Tokens) > maxPooledTokens {
 		r.Tokens = nil
 	}
@@ -124,7 +137,6 @@ func ReleaseParsedRequest(r *ParsedRequest) {
 		r.saltBuf = nil
 	}
 	r.Reset()
-	parsedPool.Put(r)
 }
 
 // The fields whose errors are tracked separately, so that a later duplicate
@@ -150,6 +162,20 @@ const (
 // field. Otherwise the first bad field, in a fixed order, decides the error.
 // On error r is left empty. Unknown fields are validated and ignored.
 func (p *Parser) Parse(body []byte, api API, r *ParsedRequest) error {
+	return p.run(body, api, r, true)
+}
+
+// ParsePrompt parses raw, the value of the prompt field of a completions
+// body, into r exactly as Parse reads that field: the same forms, limits and
+// errors, and ErrMissingPrompt for null. It serves a reader that decodes the
+// rest of the body by other means; r.MaxTokens and the other fields stay
+// zero.
+func (p *Parser) ParsePrompt(raw []byte, r *ParsedRequest) error {
+	return p.run(raw, APICompletions, r, false)
+}
+
+// run is Parse, or ParsePrompt when whole is false.
+func (p *Parser) run(body []byte, api API, r *ParsedRequest, whole bool) error {
 	r.Reset()
 	limit := p.MaxBodyBytes
 	if limit <= 0 {
@@ -163,9 +189,15 @@ func (p *Parser) Parse(body []byte, api API, r *ParsedRequest) error {
 		maxTok = math.MaxUint32
 	}
 	ps := parser{b: body, r: r, maxTok: maxTok, api: api}
+	var valid bool
+	if whole {
+		valid = ps.document()
+	} else {
+		valid = ps.promptValue()
+	}
 	var err error
 	switch {
-	case !ps.document():
+	case !valid:
 		err = ErrMalformedJSON
 	case ps.notObject:
 		err = ErrNotObject
@@ -204,33 +236,44 @@ type parser struct {
 	maxTok    uint32
 	api       API
 	notObject bool
-	errs      [numFields]*RequestError
+	errs      [numFields]*Error
 }
 
 // document reports whether the whole body is one valid JSON value.
 func (p *parser) document() bool {
 	b := p.b
-	i := skipWS(b, 0)
+	i := jsonscan.SkipSpace(b, 0)
 	if i >= len(b) {
 		return false
 	}
 	if b[i] != '{' {
-		i = skipValue(b, i, 0)
+		i = jsonscan.SkipValue(b, i, 0)
 		if i < 0 {
 			return false
 		}
 		p.notObject = true
-		return skipWS(b, i) == len(b)
+		return jsonscan.SkipSpace(b, i) == len(b)
 	}
 	i = p.object(i)
-	return i >= 0 && skipWS(b, i) == len(b)
+	return i >= 0 && jsonscan.SkipSpace(b, i) == len(b)
+}
+
+// promptValue reports whether the whole of b is one valid prompt value.
+func (p *parser) promptValue() bool {
+	b := p.b
+	i := jsonscan.SkipSpace(b, 0)
+	if i >= len(b) {
+		return false
+	}
+	i = p.prompt(i)
+	return i >= 0 && jsonscan.SkipSpace(b, i) == len(b)
 }
 
 // object walks the top-level object at b[i] == '{' and returns the index
 // after it, or -1 if it is malformed.
 func (p *parser) object(i int) int {
 	b := p.b
-	i = skipWS(b, i+1)
+	i = jsonscan.SkipSpace(b, i+1)
 	if i < len(b) && b[i] == '}' {
 		return i + 1
 	}
@@ -239,7 +282,7 @@ func (p *parser) object(i int) int {
 		if i >= len(b) || b[i] != '"' {
 			return -1
 		}
-		end, escaped := scanString(b, i)
+		end, escaped := jsonscan.ScanString(b, i)
 		if end < 0 {
 			return -1
 		}
@@ -248,29 +291,29 @@ func (p *parser) object(i int) int {
 			// A decoded string is never longer than its escaped form, so a
 			// key that fits kb decodes in place; longer ones match nothing.
 			if len(key) <= len(kb) {
-				key = appendUnescaped(kb[:0], key)
+				key = jsonscan.AppendUnescaped(kb[:0], key)
 			} else {
 				key = nil
 			}
 		}
-		i = skipWS(b, end)
+		i = jsonscan.SkipSpace(b, end)
 		if i >= len(b) || b[i] != ':' {
 			return -1
 		}
-		i = skipWS(b, i+1)
+		i = jsonscan.SkipSpace(b, i+1)
 		if i >= len(b) {
 			return -1
 		}
 		if i = p.field(key, i); i < 0 {
 			return -1
 		}
-		i = skipWS(b, i)
+		i = jsonscan.SkipSpace(b, i)
 		if i >= len(b) {
 			return -1
 		}
 		switch b[i] {
 		case ',':
-			i = skipWS(b, i+1)
+			i = jsonscan.SkipSpace(b, i+1)
 		case '}':
 			return i + 1
 		default:
@@ -305,16 +348,16 @@ func (p *parser) field(key []byte, i int) int {
 	case "n":
 		return p.countField(i, fChoices, &r.Choices, ErrChoicesType, ErrChoicesRange)
 	}
-	return skipValue(p.b, i, 1)
+	return jsonscan.SkipValue(p.b, i, 1)
 }
 
-func (p *parser) stringField(i, f int, dst, buf *[]byte, typeErr *RequestError, nonEmpty bool) int {
+func (p *parser) stringField(i, f int, dst, buf *[]byte, typeErr *Error, nonEmpty bool) int {
 	b := p.b
 	p.errs[f] = nil
 	*dst = nil
 	switch b[i] {
 	case '"':
-		end, escaped := scanString(b, i)
+		end, escaped := jsonscan.ScanString(b, i)
 		if end < 0 {
 			return -1
 		}
@@ -323,50 +366,50 @@ func (p *parser) stringField(i, f int, dst, buf *[]byte, typeErr *RequestError, 
 		case nonEmpty && len(raw) == 0:
 			p.errs[f] = typeErr
 		case escaped:
-			*buf = appendUnescaped((*buf)[:0], raw)
+			*buf = jsonscan.AppendUnescaped((*buf)[:0], raw)
 			*dst = *buf
 		default:
 			*dst = raw
 		}
 		return end
 	case 'n':
-		return literal(b, i, "null")
+		return jsonscan.ScanLiteral(b, i, "null")
 	}
 	p.errs[f] = typeErr
-	return skipValue(b, i, 1)
+	return jsonscan.SkipValue(b, i, 1)
 }
 
-func (p *parser) boolField(i, f int, dst *bool, typeErr *RequestError) int {
+func (p *parser) boolField(i, f int, dst *bool, typeErr *Error) int {
 	b := p.b
 	p.errs[f] = nil
 	*dst = false
 	switch b[i] {
 	case 't':
 		*dst = true
-		return literal(b, i, "true")
+		return jsonscan.ScanLiteral(b, i, "true")
 	case 'f':
-		return literal(b, i, "false")
+		return jsonscan.ScanLiteral(b, i, "false")
 	case 'n':
-		return literal(b, i, "null")
+		return jsonscan.ScanLiteral(b, i, "null")
 	}
 	p.errs[f] = typeErr
-	return skipValue(b, i, 1)
+	return jsonscan.SkipValue(b, i, 1)
 }
 
 // countField parses max_tokens-like fields: a positive integer or null.
-func (p *parser) countField(i, f int, dst *int64, typeErr, rangeErr *RequestError) int {
+func (p *parser) countField(i, f int, dst *int64, typeErr, rangeErr *Error) int {
 	b := p.b
 	p.errs[f] = nil
 	*dst = 0
 	c := b[i]
 	if c == 'n' {
-		return literal(b, i, "null")
+		return jsonscan.ScanLiteral(b, i, "null")
 	}
 	if c != '-' && (c < '0' || c > '9') {
 		p.errs[f] = typeErr
-		return skipValue(b, i, 1)
+		return jsonscan.SkipValue(b, i, 1)
 	}
-	end := scanNumber(b, i)
+	end := jsonscan.ScanNumber(b, i)
 	if end < 0 {
 		return -1
 	}
@@ -404,7 +447,7 @@ func (p *parser) prompt(i int) int {
 	r.Prompt, r.Tokens, r.Text = PromptNone, r.Tokens[:0], nil
 	switch b[i] {
 	case '"':
-		end, _ := scanString(b, i)
+		end, _ := jsonscan.ScanString(b, i)
 		if end < 0 {
 			return -1
 		}
@@ -417,10 +460,10 @@ func (p *parser) prompt(i int) int {
 	case '[':
 		return p.promptArray(i)
 	case 'n':
-		return literal(b, i, "null")
+		return jsonscan.ScanLiteral(b, i, "null")
 	}
 	p.errs[fPrompt] = ErrPromptType
-	return skipValue(b, i, 1)
+	return jsonscan.SkipValue(b, i, 1)
 }
 
 // promptArray handles the array forms of prompt at b[i] == '['. A batch of
@@ -428,7 +471,7 @@ func (p *parser) prompt(i int) int {
 func (p *parser) promptArray(i int) int {
 	r := p.r
 	b := p.b
-	j := skipWS(b, i+1)
+	j := jsonscan.SkipSpace(b, i+1)
 	if j >= len(b) {
 		return -1
 	}
@@ -445,7 +488,7 @@ func (p *parser) promptArray(i int) int {
 			return p.rescan(i)
 		}
 	case c == '"':
-		if end, _ = scanString(b, j); end < 0 {
+		if end, _ = jsonscan.ScanString(b, j); end < 0 {
 			return -1
 		}
 		if end-j == 2 {
@@ -457,7 +500,7 @@ func (p *parser) promptArray(i int) int {
 		p.errs[fPrompt] = ErrPromptType
 		return p.rescan(i)
 	}
-	k := skipWS(b, end)
+	k := jsonscan.SkipSpace(b, end)
 	if k >= len(b) {
 		return -1
 	}
@@ -479,7 +522,7 @@ func (p *parser) rescan(i int) int {
 		p.errs[fPrompt] = ErrPromptType
 	}
 	p.r.Prompt, p.r.Tokens, p.r.Text = PromptNone, p.r.Tokens[:0], nil
-	return skipValue(p.b, i, 1)
+	return jsonscan.SkipValue(p.b, i, 1)
 }
 
 // tokens decodes the array of token ids at b[i] == '[' (at nesting depth
@@ -490,7 +533,7 @@ func (p *parser) tokens(i, depth int) int {
 	r := p.r
 	r.Tokens = r.Tokens[:0]
 	maxTok := uint64(p.maxTok)
-	j := skipWS(b, i+1)
+	j := jsonscan.SkipSpace(b, i+1)
 	if j < len(b) && b[j] == ']' {
 		p.errs[fPrompt] = ErrEmptyPrompt
 		return j + 1
@@ -506,7 +549,7 @@ func (p *parser) tokens(i, depth int) int {
 			} else {
 				p.errs[fPrompt] = ErrPromptType
 			}
-			return skipValue(b, i, depth-1)
+			return jsonscan.SkipValue(b, i, depth-1)
 		}
 		v := uint64(c - '0')
 		j++
@@ -526,12 +569,12 @@ func (p *parser) tokens(i, depth int) int {
 			switch b[j] {
 			case '.', 'e', 'E':
 				p.errs[fPrompt] = ErrPromptType
-				return skipValue(b, i, depth-1)
+				return jsonscan.SkipValue(b, i, depth-1)
 			}
 		}
 		if v > maxTok {
 			p.errs[fPrompt] = ErrTokenOutOfRange
-			return skipValue(b, i, depth-1)
+			return jsonscan.SkipValue(b, i, depth-1)
 		}
 		r.Tokens = append(r.Tokens, uint32(v))
 		if j < len(b) && b[j] == ',' { // the common compact form "1,2,3"
@@ -539,16 +582,16 @@ func (p *parser) tokens(i, depth int) int {
 			if j < len(b) && b[j] >= '0' && b[j] <= '9' {
 				continue
 			}
-			j = skipWS(b, j)
+			j = jsonscan.SkipSpace(b, j)
 			continue
 		}
-		j = skipWS(b, j)
+		j = jsonscan.SkipSpace(b, j)
 		if j >= len(b) {
 			return -1
 		}
 		switch b[j] {
 		case ',':
-			j = skipWS(b, j+1)
+			j = jsonscan.SkipSpace(b, j+1)
 		case ']':
 			// For a batch, promptArray then checks this array is alone.
 			r.Prompt = PromptTokens
@@ -566,13 +609,13 @@ func (p *parser) messages(i int) int {
 	r.Prompt, r.Messages = PromptNone, nil
 	switch b[i] {
 	case 'n':
-		return literal(b, i, "null")
+		return jsonscan.ScanLiteral(b, i, "null")
 	case '[':
 	default:
 		p.errs[fMessages] = ErrMessagesType
-		return skipValue(b, i, 1)
+		return jsonscan.SkipValue(b, i, 1)
 	}
-	j := skipWS(b, i+1)
+	j := jsonscan.SkipSpace(b, i+1)
 	if j < len(b) && b[j] == ']' {
 		p.errs[fMessages] = ErrEmptyMessages
 		return j + 1
@@ -583,353 +626,23 @@ func (p *parser) messages(i int) int {
 		}
 		if b[j] != '{' {
 			p.errs[fMessages] = ErrMessagesType
-			return skipValue(b, i, 1)
+			return jsonscan.SkipValue(b, i, 1)
 		}
-		if j = skipValue(b, j, 2); j < 0 {
+		if j = jsonscan.SkipValue(b, j, 2); j < 0 {
 			return -1
 		}
-		j = skipWS(b, j)
+		j = jsonscan.SkipSpace(b, j)
 		if j >= len(b) {
 			return -1
 		}
 		switch b[j] {
 		case ',':
-			j = skipWS(b, j+1)
+			j = jsonscan.SkipSpace(b, j+1)
 		case ']':
 			r.Prompt, r.Messages = PromptMessages, b[i:j+1]
 			return j + 1
 		default:
 			return -1
-		}
-	}
-}
-
-// skipWS returns the index of the first non-whitespace byte at or after i.
-func skipWS(b []byte, i int) int {
-	for i < len(b) {
-		switch b[i] {
-		case ' ', '\t', '\n', '\r':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
-
-func literal(b []byte, i int, lit string) int {
-	if len(b)-i >= len(lit) && string(b[i:i+len(lit)]) == lit {
-		return i + len(lit)
-	}
-	return -1
-}
-
-func isDigit(c byte) bool { return c >= '0' && c <= '9' }
-
-// scanNumber returns the index after the JSON number at b[i], or -1.
-func scanNumber(b []byte, i int) int {
-	if i < len(b) && b[i] == '-' {
-		i++
-	}
-	if i >= len(b) {
-		return -1
-	}
-	switch c := b[i]; {
-	case c == '0':
-		i++
-	case c >= '1' && c <= '9':
-		i++
-		for i < len(b) && isDigit(b[i]) {
-			i++
-		}
-	default:
-		return -1
-	}
-	if i < len(b) && b[i] == '.' {
-		i++
-		if i >= len(b) || !isDigit(b[i]) {
-			return -1
-		}
-		for i < len(b) && isDigit(b[i]) {
-			i++
-		}
-	}
-	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
-		i++
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			i++
-		}
-		if i >= len(b) || !isDigit(b[i]) {
-			return -1
-		}
-		for i < len(b) && isDigit(b[i]) {
-			i++
-		}
-	}
-	return i
-}
-
-const (
-	swarOnes  = 0x0101010101010101
-	swarHighs = 0x8080808080808080
-)
-
-// stringSpecial reports whether any of the 8 bytes in x is a quote, a
-// backslash or a control character: the only bytes a string scan must stop
-// at. A borrow can flag the wrong byte, never miss one, and the caller then
-// looks at bytes one by one.
-func stringSpecial(x uint64) bool {
-	q := x ^ (swarOnes * '"')
-	s := x ^ (swarOnes * '\\')
-	return ((x-swarOnes*0x20)&^x|(q-swarOnes)&^q|(s-swarOnes)&^s)&swarHighs != 0
-}
-
-// scanString validates the JSON string at b[i] == '"' and returns the index
-// after its closing quote, or -1, and whether it contains escapes.
-func scanString(b []byte, i int) (int, bool) {
-	i++
-	escaped := false
-	for {
-		for i+8 <= len(b) && !stringSpecial(binary.LittleEndian.Uint64(b[i:])) {
-			i += 8
-		}
-		if i >= len(b) {
-			return -1, escaped
-		}
-		switch c := b[i]; {
-		case c == '"':
-			return i + 1, escaped
-		case c == '\\':
-			escaped = true
-			if i+1 >= len(b) {
-				return -1, escaped
-			}
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if i+6 > len(b) || hex4(b[i+2:i+6]) < 0 {
-					return -1, escaped
-				}
-				i += 6
-			default:
-				return -1, escaped
-			}
-		case c < 0x20:
-			return -1, escaped
-		default:
-			i++
-		}
-	}
-}
-
-// hex4 decodes four hex digits, or returns -1.
-func hex4(h []byte) rune {
-	var r rune
-	for _, c := range h[:4] {
-		switch {
-		case c >= '0' && c <= '9':
-			c -= '0'
-		case c >= 'a' && c <= 'f':
-			c -= 'a' - 10
-		case c >= 'A' && c <= 'F':
-			c -= 'A' - 10
-		default:
-			return -1
-		}
-		r = r<<4 | rune(c)
-	}
-	return r
-}
-
-// appendUnescaped appends the decoded form of raw, the validated contents of
-// a JSON string, to dst. Unpaired surrogates become U+FFFD, as in
-// encoding/json.
-func appendUnescaped(dst, raw []byte) []byte {
-	for i := 0; i < len(raw); {
-		c := raw[i]
-		if c != '\\' {
-			dst = append(dst, c)
-			i++
-			continue
-		}
-		e := raw[i+1]
-		i += 2
-		switch e {
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r := hex4(raw[i:])
-			i += 4
-			if utf16.IsSurrogate(r) {
-				r2 := rune(-1)
-				if i+6 <= len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
-					r2 = hex4(raw[i+2:])
-				}
-				if d := utf16.DecodeRune(r, r2); d != utf8.RuneError {
-					r = d
-					i += 6
-				} else {
-					r = utf8.RuneError
-				}
-			}
-			dst = utf8.AppendRune(dst, r)
-		default: // '"', '\\', '/'
-			dst = append(dst, e)
-		}
-	}
-	return dst
-}
-
-// skipValue validates the JSON value at b[i], which sits inside depth open
-// containers, and returns the index after it, or -1.
-func skipValue(b []byte, i, depth int) int {
-	if i >= len(b) {
-		return -1
-	}
-	switch b[i] {
-	case '"':
-		end, _ := scanString(b, i)
-		return end
-	case '{', '[':
-		return skipContainer(b, i, depth)
-	case 't':
-		return literal(b, i, "true")
-	case 'f':
-		return literal(b, i, "false")
-	case 'n':
-		return literal(b, i, "null")
-	}
-	return scanNumber(b, i)
-}
-
-// skipContainer validates the array or object at b[i] without recursion, so
-// that hostile nesting costs a bit per level rather than a stack frame. The
-// common shallow case keeps its bit stack in two words; only documents
-// nested deeper than that pay for clearing a stack sized for maxDepth.
-func skipContainer(b []byte, i, depth int) int {
-	var shallow [2]uint64
-	if end := walkContainer(b, i, depth, shallow[:]); end != errTooDeep {
-		return end
-	}
-	return skipDeepContainer(b, i, depth)
-}
-
-func skipDeepContainer(b []byte, i, depth int) int {
-	var deep [maxDepth/64 + 1]uint64
-	return walkContainer(b, i, depth, deep[:])
-}
-
-// errTooDeep is walkContainer's answer when its bit stack is full.
-const errTooDeep = -2
-
-// walkContainer does skipContainer's work with isObject as the stack of
-// open containers, one bit each (set for an object).
-func walkContainer(b []byte, i, depth int, isObject []uint64) int {
-	const (
-		stValue = iota
-		stKey
-		stAfter
-	)
-	level := 0
-	st := stValue
-	for {
-		switch st {
-		case stKey:
-			if i >= len(b) || b[i] != '"' {
-				return -1
-			}
-			end, _ := scanString(b, i)
-			if end < 0 {
-				return -1
-			}
-			i = skipWS(b, end)
-			if i >= len(b) || b[i] != ':' {
-				return -1
-			}
-			i = skipWS(b, i+1)
-			st = stValue
-		case stValue:
-			if i >= len(b) {
-				return -1
-			}
-			switch c := b[i]; c {
-			case '{', '[':
-				if depth++; depth > maxDepth {
-					return -1
-				}
-				if level == len(isObject)*64 {
-					return errTooDeep
-				}
-				obj := c == '{'
-				word, bit := level>>6, uint64(1)<<(level&63)
-				if obj {
-					isObject[word] |= bit
-				} else {
-					isObject[word] &^= bit
-				}
-				level++
-				i = skipWS(b, i+1)
-				if i >= len(b) {
-					return -1
-				}
-				switch {
-				case obj && b[i] == '}', !obj && b[i] == ']':
-					i++
-					level--
-					depth--
-					st = stAfter
-				case obj:
-					st = stKey
-				}
-				continue
-			case '"':
-				i, _ = scanString(b, i)
-			case 't':
-				i = literal(b, i, "true")
-			case 'f':
-				i = literal(b, i, "false")
-			case 'n':
-				i = literal(b, i, "null")
-			default:
-				i = scanNumber(b, i)
-			}
-			if i < 0 {
-				return -1
-			}
-			st = stAfter
-		case stAfter:
-			if level == 0 {
-				return i
-			}
-			i = skipWS(b, i)
-			if i >= len(b) {
-				return -1
-			}
-			obj := isObject[(level-1)>>6]&(1<<((level-1)&63)) != 0
-			switch c := b[i]; {
-			case c == ',':
-				i = skipWS(b, i+1)
-				if obj {
-					st = stKey
-				} else {
-					st = stValue
-				}
-			case obj && c == '}', !obj && c == ']':
-				i++
-				level--
-				depth--
-			default:
-				return -1
-			}
 		}
 	}
 }

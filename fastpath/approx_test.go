@@ -1,0 +1,94 @@
+package fastpath
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvfast/kvfast/openai"
+)
+
+func TestApproxHashes(t *testing.T) {
+	text := []byte(strings.Repeat("The quick brown fox jumps over the lazy dog. ", 10)) // 450 bytes
+	seed := ApproxSeed(12345)
+	t.Run("full chunks only", func(t *testing.T) {
+		h := AppendApproxHashes(nil, seed, text, 64)
+		if len(h) != len(text)/64 {
+			t.Fatalf("%d hashes for %d bytes", len(h), len(text))
+		}
+	})
+	t.Run("shared prefix shares hashes", func(t *testing.T) {
+		a := AppendApproxHashes(nil, seed, text, 64)
+		longer := append(slices.Clone(text), "and then some more text to extend the prompt beyond"...)
+		b := AppendApproxHashes(nil, seed, longer, 64)
+		if !slices.Equal(a, b[:len(a)]) {
+			t.Fatal("extending a prompt changed the hashes of its prefix")
+		}
+		changed := slices.Clone(text)
+		changed[100] ^= 1
+		c := AppendApproxHashes(nil, seed, changed, 64)
+		if !slices.Equal(c[:1], a[:1]) || slices.Equal(c[1:], a[1:]) {
+			t.Fatal("a change in chunk 1 must keep chunk 0 and change every later hash")
+		}
+	})
+	t.Run("chained", func(t *testing.T) {
+		h := AppendApproxHashes(nil, seed, text, 64)
+		again := AppendApproxHashes(nil, h[0], text[64:], 64)
+		if !slices.Equal(h[1:], again) {
+			t.Fatal("a chunk's hash is not derived from its parent's")
+		}
+	})
+	t.Run("namespaces apart", func(t *testing.T) {
+		if ApproxSeed(1) == ApproxSeed(2) || ApproxSeed(1) == 1 {
+			t.Fatal("approx seeds collide")
+		}
+		a := AppendApproxHashes(nil, ApproxSeed(1), text, 64)
+		b := AppendApproxHashes(nil, ApproxSeed(2), text, 64)
+		if a[0] == b[0] {
+			t.Fatal("different namespaces share a hash")
+		}
+	})
+	t.Run("appends", func(t *testing.T) {
+		h := AppendApproxHashes([]uint64{7}, seed, text, 64)
+		if h[0] != 7 || len(h) != 1+len(text)/64 {
+			t.Fatal("did not append")
+		}
+	})
+	t.Run("bad chunk size panics", func(t *testing.T) {
+		defer func() {
+			if r := recover(); r == nil || !strings.HasPrefix(fmt.Sprint(r), "BUG:") {
+				t.Fatalf("recover = %v", r)
+			}
+		}()
+		AppendApproxHashes(nil, seed, text, 0)
+	})
+	t.Run("from a parsed request", func(t *testing.T) {
+		r := openai.AcquireParsedRequest()
+		defer openai.ReleaseParsedRequest(r)
+		body := []byte(`{"messages":[{"role":"user","content":"` + string(text) + `"}]}`)
+		if err := (&openai.Parser{}).Parse(body, openai.APIChatCompletions, r); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(r.ApproxText(), r.Messages) || len(AppendApproxHashes(nil, seed, r.ApproxText(), 64)) == 0 {
+			t.Fatal("messages are not what approximate mode hashes")
+		}
+		if err := (&openai.Parser{}).Parse([]byte(`{"prompt":[1,2]}`), openai.APICompletions, r); err != nil || r.ApproxText() != nil {
+			t.Fatal("a token prompt has approximate text")
+		}
+	})
+}
+
+// BenchmarkApproxHashes measures approximate chunk hashing of a 16 KB prompt.
+func BenchmarkApproxHashes(b *testing.B) {
+	text := []byte(strings.Repeat("The quick brown fox jumps over the lazy dog. ", 360))
+	dst := make([]uint64, 0, len(text)/DefaultApproxChunkBytes)
+	seed := ApproxSeed(1)
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = AppendApproxHashes(dst[:0], seed, text, DefaultApproxChunkBytes)
+	}
+	b.ReportMetric(float64(b.N*len(dst))/b.Elapsed().Seconds(), "chunks/s")
+}
