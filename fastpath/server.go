@@ -167,13 +167,21 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	return s, nil
 }
 
+// ErrServerClosed is what Serve returns when Shutdown came first: the
+// caller asked for the stop, so it is not a failure.
+var ErrServerClosed = errors.New("kvfast: front end shut down")
+
 // Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.started || s.closed {
+		closed := s.closed
 		s.mu.Unlock()
 		_ = ln.Close() // as net/http does: a listener Serve will not serve is closed
-		return errors.New("cannot serve: the front end was already started or shut down")
+		if closed {
+			return ErrServerClosed
+		}
+		return errors.New("cannot serve: the front end is already serving")
 	}
 	s.started = true
 	s.ln = ln

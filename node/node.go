@@ -146,7 +146,11 @@ func (n *Node) Index() *radix.Index { return n.index }
 // Serve answers HTTP on ln until Shutdown or Close.
 func (n *Node) Serve(ln net.Listener) error {
 	n.log.Info("router listening", "addr", ln.Addr().String(), "policy", n.cfg.Policy, "direct", n.cfg.HTTP.Direct)
-	return n.front.Serve(ln)
+	err := n.front.Serve(ln)
+	if errors.Is(err, fastpath.ErrServerClosed) {
+		return nil // shut down before serving started: what the caller asked for
+	}
+	return err
 }
 
 // Shutdown stops accepting requests, lets in-flight ones finish until ctx
