@@ -173,8 +173,7 @@ func startProxyRouter(b *testing.B, engine string) *rig.Rig {
 // prompt, so that routing weighs a real overlap against load.
 func fillProxyIndex(b *testing.B, n *node.Node, body []byte, tokens int) {
 	var p openai.Parser
-	r := openai.AcquireParsedRequest()
-	defer openai.ReleaseParsedRequest(r)
+	r := new(openai.ParsedRequest)
 	if err := p.Parse(body, openai.APICompletions, r); err != nil || len(r.Tokens) != tokens {
 		b.Fatalf("cannot parse the benchmark body: %v", err)
 	}

@@ -65,8 +65,7 @@ func TestApproxHashes(t *testing.T) {
 		AppendApproxHashes(nil, seed, text, 0)
 	})
 	t.Run("from a parsed request", func(t *testing.T) {
-		r := openai.AcquireParsedRequest()
-		defer openai.ReleaseParsedRequest(r)
+		r := new(openai.ParsedRequest)
 		body := []byte(`{"messages":[{"role":"user","content":"` + string(text) + `"}]}`)
 		if err := (&openai.Parser{}).Parse(body, openai.APIChatCompletions, r); err != nil {
 			t.Fatal(err)

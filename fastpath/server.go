@@ -193,15 +193,6 @@ func (s *Server) Serve(ln net.Listener) error {
 	return err
 }
 
-// ListenAndServe listens on addr (host:port) and serves.
-func (s *Server) ListenAndServe(addr string) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("cannot listen on %s: %w", addr, err)
-	}
-	return s.Serve(ln)
-}
-
 // Shutdown stops accepting connections and lets in-flight requests and
 // streams finish until ctx ends, then cuts them. Releasing every
 // reservation is the guards' job and happens on every path, cut or not.

@@ -25,8 +25,7 @@ const benchModel = "meta-llama/Llama-3.1-8B-Instruct"
 // body's token prompt, hashed the way the router hashes it.
 func fillRouteIndex(tb testing.TB, s *Server, body []byte, i, blocks int) {
 	tb.Helper()
-	r := openai.AcquireParsedRequest()
-	defer openai.ReleaseParsedRequest(r)
+	r := new(openai.ParsedRequest)
 	if err := s.parser.Parse(body, openai.APICompletions, r); err != nil {
 		tb.Fatal(err)
 	}

@@ -61,29 +61,6 @@ const (
 	doneAborted  = 2
 )
 
-// Output returns the tokens generated so far. The slice is valid until the
-// next Step.
-func (r *Request) Output() []uint32 { return r.tokens[len(r.Prompt):] }
-
-// CachedTokens is how many prompt tokens were served from the prefix cache
-// the first time the request was scheduled, or -1 if it has not been.
-func (r *Request) CachedTokens() int { return r.cached }
-
-// Finished reports whether the request generated all its tokens.
-func (r *Request) Finished() bool { return r.state == stateFinished }
-
-// Preemptions is how many times the request was preempted.
-func (r *Request) Preemptions() int { return r.preemptions }
-
-// Arrival, FirstToken and Finish are simulated times (Core.Now) at which
-// the request was added, produced its first token, and finished.
-func (r *Request) Arrival() time.Duration    { return r.arrival }
-func (r *Request) FirstToken() time.Duration { return r.firstTok }
-func (r *Request) Finish() time.Duration     { return r.finish }
-
-// OutputSeed is the seed of the request's generated tokens (see OutputToken).
-func (r *Request) OutputSeed() uint64 { return r.outSeed }
-
 // StepReport describes one step.
 type StepReport struct {
 	Duration      time.Duration // simulated
@@ -165,9 +142,6 @@ func (c *Core) Now() time.Duration { return c.now }
 
 // Idle reports whether no request is waiting or running.
 func (c *Core) Idle() bool { return len(c.running) == 0 && c.waiting.len() == 0 }
-
-// Config returns the configuration with defaults filled in.
-func (c *Core) Config() Config { return c.cfg }
 
 // Validate checks a request against the engine's limits without adding it.
 func (c *Core) Validate(promptLen, maxTokens int) error {

@@ -23,9 +23,6 @@ type ShmPublisher struct {
 
 var _ Publisher = (*ShmPublisher)(nil)
 
-// NewShmPublisher wraps p. The caller keeps ownership of p.
-func NewShmPublisher(p *shm.Publisher) *ShmPublisher { return &ShmPublisher{p: p} }
-
 // Stored implements Publisher. The blocks' tokens are laid end to end, as
 // the shm record carries them, in buffers reused across calls.
 func (s *ShmPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent) error {

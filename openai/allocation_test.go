@@ -27,8 +27,7 @@ func TestParseAllocations(t *testing.T) {
 		{"refused: malformed", APICompletions, []byte(`{"prompt":[1,2,`)},
 	}
 	p := Parser{MaxTokenID: 151935}
-	r := AcquireParsedRequest()
-	defer ReleaseParsedRequest(r)
+	r := new(ParsedRequest)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_ = p.Parse(tc.body, tc.api, r) // grow r's buffers once

@@ -2,7 +2,6 @@ package openai
 
 import (
 	"math"
-	"sync"
 
 	"github.com/kvfast/kvfast/internal/jsonscan"
 )
@@ -108,19 +107,6 @@ func (r *ParsedRequest) AppendText(dst []byte) []byte {
 
 // maxPooledTokens keeps the pool from pinning the buffer of one huge prompt.
 const maxPooledTokens = 1 << 18
-
-var parsedPool = sync.Pool{New: func() any { return new(ParsedRequest) }}
-
-// AcquireParsedRequest returns an empty ParsedRequest from a pool.
-func AcquireParsedRequest() *ParsedRequest {
-	return parsedPool.Get().(*ParsedRequest)
-}
-
-// ReleaseParsedRequest returns r to the pool; r must not be used afterwards.
-func ReleaseParsedRequest(r *ParsedRequest) {
-	r.Recycle()
-	parsedPool.Put(r)
-}
 
 // Recycle empties r for the next request, as Reset does, and lets go of any
 // buffer one huge request grew past what is worth keeping. Owners that pool

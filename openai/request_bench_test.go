@@ -24,8 +24,7 @@ func BenchmarkParseRequest(b *testing.B) {
 	for _, bb := range bodies {
 		b.Run(bb.name+"/kvfast", func(b *testing.B) {
 			p := Parser{MaxTokenID: 151935}
-			r := AcquireParsedRequest()
-			defer ReleaseParsedRequest(r)
+			r := new(ParsedRequest)
 			b.SetBytes(int64(len(bb.body)))
 			b.ReportAllocs()
 			for b.Loop() {

@@ -40,8 +40,7 @@ func FuzzParseRequest(f *testing.F) {
 		if chat {
 			api = APIChatCompletions
 		}
-		r := AcquireParsedRequest()
-		defer ReleaseParsedRequest(r)
+		r := new(ParsedRequest)
 		err := p.Parse(body, api, r)
 		if len(body) > p.MaxBodyBytes {
 			if err != ErrBodyTooLarge {

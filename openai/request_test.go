@@ -88,8 +88,7 @@ func TestParseAccepts(t *testing.T) {
 			want{kind: PromptText, text: "p"}},
 	}
 	var p Parser
-	r := AcquireParsedRequest()
-	defer ReleaseParsedRequest(r)
+	r := new(ParsedRequest)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := p.Parse([]byte(tc.body), tc.api, r); err != nil {
@@ -188,8 +187,7 @@ func TestParseRejects(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := AcquireParsedRequest()
-			defer ReleaseParsedRequest(r)
+			r := new(ParsedRequest)
 			err := tc.parser.Parse([]byte(tc.body), tc.api, r)
 			if err != tc.want {
 				t.Fatalf("Parse = %v, want %v", err, tc.want)
@@ -230,22 +228,20 @@ func TestParseTokenBodies(t *testing.T) {
 		for _, sep := range []string{",", ", "} {
 			tokens := benchTokens(n, 151935)
 			body := tokenBody(tokens, sep, true)
-			r := AcquireParsedRequest()
+			r := new(ParsedRequest)
 			if err := (&Parser{MaxTokenID: 151935}).Parse(body, APICompletions, r); err != nil {
 				t.Fatalf("n=%d sep=%q: %v", n, sep, err)
 			}
 			if !slices.Equal(r.Tokens, tokens) {
 				t.Fatalf("n=%d sep=%q: tokens differ", n, sep)
 			}
-			ReleaseParsedRequest(r)
 		}
 	}
 }
 
 func TestParseReusesRequest(t *testing.T) {
 	var p Parser
-	r := AcquireParsedRequest()
-	defer ReleaseParsedRequest(r)
+	r := new(ParsedRequest)
 	if err := p.Parse([]byte(`{"model":"\u0061","prompt":[1,2,3],"stream":true,"cache_salt":"s"}`), APICompletions, r); err != nil {
 		t.Fatal(err)
 	}
@@ -301,9 +297,7 @@ func TestErrorJSON(t *testing.T) {
 
 func TestParsePromptMatchesParse(t *testing.T) {
 	p := Parser{MaxTokenID: 1000}
-	whole, alone := AcquireParsedRequest(), AcquireParsedRequest()
-	defer ReleaseParsedRequest(whole)
-	defer ReleaseParsedRequest(alone)
+	whole, alone := new(ParsedRequest), new(ParsedRequest)
 	for _, prompt := range []string{
 		`[1, 2 ,3]`, ` [[7,8]] `, `"a \"b\""`, `["x"]`, `null`, `""`, `[]`, `[[]]`, `[1001]`, `[-1]`, `[1.5]`,
 		`["a","b"]`, `[[1],[2]]`, `[[["a"]]]`, `{"a":1}`, `true`, `[1,`, `"open`, ``, `[1] x`,
@@ -324,8 +318,7 @@ func TestParsePromptMatchesParse(t *testing.T) {
 
 func TestAppendText(t *testing.T) {
 	var p Parser
-	r := AcquireParsedRequest()
-	defer ReleaseParsedRequest(r)
+	r := new(ParsedRequest)
 	if err := p.Parse([]byte(`{"prompt":"caf\u00e9 \"au\" lait\n"}`), APICompletions, r); err != nil {
 		t.Fatal(err)
 	}

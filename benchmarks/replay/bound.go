@@ -49,10 +49,6 @@ func (t *Trace) HitBound(blockTokens int) Bound {
 	return b
 }
 
-// PrefixHits returns, for record i, how many of its leading blocks an
-// infinite cache would already hold when it arrives.
-func (t *Trace) PrefixHits(i int) int { return int(t.hitBlocks()[i]) }
-
 func (t *Trace) hitBlocks() []int32 {
 	a := t.analysis
 	if a == nil { // a Trace built by hand rather than loaded

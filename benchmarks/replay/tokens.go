@@ -81,11 +81,6 @@ func (s TokenSynth) AppendPrompt(dst []uint32, r *Record) []uint32 {
 	return dst
 }
 
-// AppendBlock appends the first n tokens of hash id's block.
-func (s TokenSynth) AppendBlock(dst []uint32, hashID uint64, n int) []uint32 {
-	return s.normalized().appendBlock(dst, hashID, n)
-}
-
 // appendBlock runs a splitmix64 stream whose start depends on the seed and
 // the hash id only. Splitmix64 passes BigCrush, needs one word of state and
 // can be keyed by any 64-bit value, which is all a synthetic prompt needs.

@@ -201,11 +201,6 @@ func (r *Rig) waitHealthy(ctx context.Context, n int, source string) error {
 	return nil
 }
 
-// WaitFor is the package's WaitFor with the rig's timeout.
-func (r *Rig) WaitFor(ctx context.Context, what string, cond func() bool) error {
-	return WaitFor(ctx, r.wait, what, cond)
-}
-
 // WaitFor polls cond until it holds, and fails once timeout has passed
 // (0: DefaultWaitTimeout) or ctx ends. It polls often at first and then
 // backs off, so that a condition that holds soon costs little latency and
