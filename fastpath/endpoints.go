@@ -4,13 +4,13 @@ import (
 	"encoding/json"
 	"sort"
 	"strconv"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/internal/jsonscan"
 	"github.com/kvfast/kvfast/openai"
 )
@@ -65,7 +65,7 @@ func (s *Server) routeOnly(ctx *fasthttp.RequestCtx, ex *exchange) {
 	ex.sreq.QueryOnly = true
 	ex.sreq.Scores = &ex.scores
 	dec, err := s.sched.Select(ctx, &ex.sreq, nil)
-	s.metrics.stageSched.Observe(seconds(nanotimeSince(ex.lastItem)))
+	s.metrics.stageSched.Observe(seconds(clock.Since(ex.lastItem)))
 	if err != nil {
 		ex.failSelect(ctx, err)
 		return
@@ -133,8 +133,6 @@ func (s *Server) appendRouteJSON(b []byte, ex *exchange) []byte {
 	}
 	return append(b, "]}"...)
 }
-
-func nanotimeSince(t int64) time.Duration { return time.Duration(nanotime() - t) }
 
 func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
 	seeds := *s.seeds.Load()

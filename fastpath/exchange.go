@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/guard"
+	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
@@ -55,7 +56,7 @@ func newExchange(s *Server) any {
 
 func (s *Server) acquireExchange() *exchange {
 	ex := s.exchanges.Get().(*exchange)
-	ex.arrived = nanotime()
+	ex.arrived = clock.Now()
 	return ex
 }
 
@@ -77,12 +78,6 @@ func (s *Server) releaseExchange(ex *exchange) {
 	*ex = exchange{s: s, sw: ex.sw, req: ex.req, hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0]}
 	s.exchanges.Put(ex)
 }
-
-var epoch = time.Now()
-
-// nanotime is monotonic nanoseconds since start; time.Since reads the
-// monotonic clock and allocates nothing.
-func nanotime() int64 { return int64(time.Since(epoch)) }
 
 // serveOpenAI handles /v1/completions and /v1/chat/completions, and their
 // route-only twins when routeOnly is set.
@@ -122,8 +117,8 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 	ex.held = true
 	ex.wait.reset(ctx, s.cfg.QueueTimeout)
 	dec, err := ex.h.Select(&ex.wait, &ex.sreq)
-	s.metrics.stageSched.Observe(seconds(time.Duration(nanotime() - ex.lastItem)))
-	s.metrics.stageTotal.Observe(seconds(time.Duration(nanotime() - ex.arrived)))
+	s.metrics.stageSched.Observe(seconds(clock.Since(ex.lastItem)))
+	s.metrics.stageTotal.Observe(seconds(clock.Since(ex.arrived)))
 	if err != nil {
 		ex.failSelect(ctx, err)
 		return
@@ -176,7 +171,7 @@ func (s *Server) prepare(ex *exchange) *openai.Error {
 	if err != nil {
 		return err
 	}
-	t0 := nanotime()
+	t0 := clock.Now()
 	bs := s.sched.BlockSize()
 	if r.Prompt == openai.PromptTokens {
 		ex.hashes = radix.AppendBlockHashes(ex.hashes[:0], seed, r.Tokens, bs)
@@ -189,13 +184,13 @@ func (s *Server) prepare(ex *exchange) *openai.Error {
 		// weighs this request's prefill against the others'.
 		ex.sreq.PromptTokens = max(len(r.ApproxText())/4, len(ex.hashes)*bs)
 	}
-	t1 := nanotime()
+	t1 := clock.Now()
 	if ex.exact {
 		s.index.FindMatches(ex.hashes, &ex.overlaps)
 	} else {
 		s.approx.FindMatches(ex.hashes, &ex.overlaps)
 	}
-	t2 := nanotime()
+	t2 := clock.Now()
 	s.metrics.stageHash.Observe(seconds(time.Duration(t1 - t0)))
 	s.metrics.stageLookup.Observe(seconds(time.Duration(t2 - t1)))
 	ex.lastItem = t2 // start of the schedule stage, reused as a stopwatch
@@ -306,14 +301,14 @@ func (ex *exchange) stream(w *bufio.Writer) {
 func (ex *exchange) OnDispatched() { _ = ex.h.Dispatched() }
 
 func (ex *exchange) OnFirstToken() {
-	now := nanotime()
+	now := clock.Now()
 	ex.s.metrics.ttft.Observe(seconds(time.Duration(now - ex.arrived)))
 	ex.lastItem = now
 	ex.firstSeen = true
 }
 
 func (ex *exchange) OnItem(tokens int) {
-	now := nanotime()
+	now := clock.Now()
 	if ex.items > 0 {
 		ex.s.metrics.itl.Observe(seconds(time.Duration(now - ex.lastItem)))
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
 )
@@ -117,7 +118,7 @@ func (h *routeHTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ex.sreq.QueryOnly = true
 	ex.sreq.Scores = &ex.scores
 	dec, err := s.sched.Select(r.Context(), &ex.sreq, nil)
-	s.metrics.stageSched.Observe(seconds(nanotimeSince(ex.lastItem)))
+	s.metrics.stageSched.Observe(seconds(clock.Since(ex.lastItem)))
 	if err != nil {
 		s.metrics.count(ex.api, statusUnavailable)
 		writeHTTPError(w, http.StatusServiceUnavailable, errNoWorker)
