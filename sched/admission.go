@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/radix"
 )
 
@@ -38,11 +39,6 @@ type waiter struct {
 }
 
 var waiterPool = sync.Pool{New: func() any { return &waiter{wake: make(chan struct{}, 1)} }}
-
-var epoch = time.Now()
-
-// nanotime is monotonic nanoseconds since process start.
-func nanotime() int64 { return int64(time.Since(epoch)) }
 
 func (q *admissionQueue) init(capacity int) { q.list = make([]*waiter, 0, capacity) }
 
@@ -106,7 +102,7 @@ func (q *admissionQueue) wakeLocked(w *waiter) {
 // join registers a new waiter; the caller pushes it.
 func (s *Scheduler) join(priority int32) *waiter {
 	w := waiterPool.Get().(*waiter)
-	now := nanotime()
+	now := clock.Now()
 	w.since = now
 	w.key = now - bumpOf(priority, s.bump)
 	s.queue.mu.Lock()
@@ -141,7 +137,7 @@ func (s *Scheduler) leave(w *waiter, admitted bool) {
 	if admitted {
 		// A smoothed wait is the retry hint: the time a refused client
 		// would have spent queued had there been room.
-		d := nanotime() - w.since
+		d := clock.Now() - w.since
 		old := s.waitEWMA.Load()
 		s.waitEWMA.Store(old + (d-old)/8)
 	}

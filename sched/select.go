@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/radix"
 )
 
@@ -121,7 +122,7 @@ func (s *Scheduler) Select(ctx context.Context, req *Request, res *Reservation) 
 			tried = true
 			if d, ok := s.tryBook(ws, req, &p, pol, cands, res); ok {
 				if w != nil {
-					d.Queued = time.Duration(nanotime() - w.since)
+					d.Queued = clock.Since(w.since)
 					s.leave(w, true)
 				}
 				return d, nil
