@@ -79,14 +79,10 @@ func newScenario(t *testing.T, d *datadriven.TestData) *scenario {
 		t.Fatal(err)
 	}
 	sc := &scenario{pos: d.Pos, sched: s}
-	sc.pool = NewPool(s, Observer{
-		Dispatched: func(Event) { sc.events = append(sc.events, "dispatched") },
-		FirstToken: func(Event) { sc.events = append(sc.events, "first token") },
-		Finished: func(e Event) {
-			sc.events = append(sc.events, fmt.Sprintf("finished %s reason=%s finish=%s output=%d",
-				e.State, e.Reason, e.Finish, e.OutputTokens))
-		},
-	})
+	sc.pool = NewPool(s, Observer{Finished: func(e Event) {
+		sc.events = append(sc.events, fmt.Sprintf("finished %s reason=%s prompt=%d output=%d",
+			e.State, e.Reason, e.PromptTokens, e.OutputTokens))
+	}})
 	sc.live = sc.pool.Acquire()
 	return sc
 }
