@@ -19,7 +19,9 @@
 // goroutine, or Release on a dropped stream or a panic unwinding through
 // it — releases the load; nobody else can. The end of every request that
 // was dispatched goes to an Observer, for metrics. docs/routing.md draws
-// the state diagram.
+// the state diagram. Builds with internal/invariants enabled (the
+// invariants tag, or -race) assert that every transition is an edge of it
+// and keeps the handle's generation.
 //
 // # Ownership
 //

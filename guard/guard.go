@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvfast/kvfast/internal/invariants"
 	"github.com/kvfast/kvfast/sched"
 )
 
@@ -92,8 +93,12 @@ type Handle struct {
 // it is released; otherwise Release records the request as dropped.
 func (p *Pool) Acquire() Handle {
 	g := p.pool.Get().(*Guard)
-	gen := genOf(g.word.Load())
+	w := g.word.Load()
+	gen := genOf(w)
 	g.word.Store(pack(gen, Acquired, ReasonNone))
+	if invariants.Enabled {
+		checkTransition(w, pack(gen, Acquired, ReasonNone), gen)
+	}
 	return Handle{g: g, gen: gen}
 }
 
@@ -165,6 +170,9 @@ func (h Handle) Select(ctx context.Context, req *sched.Request) (sched.Decision,
 		g.res.Release()
 		return sched.Decision{}, ErrAborted
 	}
+	if invariants.Enabled {
+		checkTransition(pack(h.gen, Acquired, ReasonNone), pack(h.gen, Selected, ReasonNone), h.gen)
+	}
 	return d, nil
 }
 
@@ -185,6 +193,9 @@ func (h Handle) Dispatched() error {
 			return &TransitionError{From: s, To: Dispatched}
 		}
 		if g.word.CompareAndSwap(w, withState(w, Dispatched)|dispatchedBit) {
+			if invariants.Enabled {
+				checkTransition(w, withState(w, Dispatched)|dispatchedBit, h.gen)
+			}
 			return nil
 		}
 		if w, err = h.load(); err != nil {
@@ -330,6 +341,9 @@ func (h Handle) end(from uint8, to State, reason Reason) (bool, error) {
 		if !g.word.CompareAndSwap(w, pack(h.gen, to, reason)|w&dispatchedBit) {
 			continue
 		}
+		if invariants.Enabled {
+			checkTransition(w, pack(h.gen, to, reason)|w&dispatchedBit, h.gen)
+		}
 		if s != Acquired {
 			g.res.Release()
 		}
@@ -360,6 +374,7 @@ func (h Handle) Release() error {
 			continue
 		}
 		if g.word.CompareAndSwap(w, w|releasingBit) {
+			w |= releasingBit
 			break
 		}
 	}
@@ -367,6 +382,9 @@ func (h Handle) Release() error {
 		f(Event{State: stateOf(w), Reason: reasonOf(w), PromptTokens: g.promptTokens, OutputTokens: g.outputTokens})
 	}
 	g.word.Store(pack(h.gen+1, Free, ReasonNone))
+	if invariants.Enabled {
+		checkTransition(w, pack(h.gen+1, Free, ReasonNone), h.gen)
+	}
 	g.res.Reset()
 	g.dec = sched.Decision{}
 	g.promptTokens, g.blockSize, g.track = 0, 0, false
