@@ -39,15 +39,13 @@
 // once per release, never per block. A Reservation's own methods are not
 // concurrent: its owner serialises them.
 //
-// # Throughput envelope
+// # Cost
 //
-// Select plus Release of a 512-block prompt among 8 workers costs a few
-// microseconds under every policy and makes no allocation
-// (BenchmarkSelect): one pass over the prompt's hashes counts every
-// worker's shared blocks at once through per-block worker bitmasks,
-// booking re-uses the entries that pass found, and release walks the entry
-// numbers the booking kept without hashing.
-// The table lock bounds a single scheduler at a few hundred thousand
-// selections of that size per second, orders of magnitude above what the
-// engines of one node can serve.
+// Select plus Release makes no allocation under every policy
+// (BenchmarkSelect measures it; BENCHMARKS.md has the numbers): one pass
+// over the prompt's hashes counts every worker's shared blocks at once
+// through per-block worker bitmasks, booking re-uses the entries that
+// pass found, and release walks the entry numbers the booking kept
+// without hashing. The table lock is what bounds a single scheduler's
+// selection rate.
 package sched
