@@ -13,11 +13,7 @@ func TestLifecycleAllocatesNothing(t *testing.T) {
 	cost := sched.DefaultCostParams()
 	cost.TrackOutputBlocks = true
 	var n int
-	pool, s := newTestPool(t, 8, sched.Config{Cost: &cost}, Observer{
-		Dispatched: func(Event) { n++ },
-		FirstToken: func(Event) { n++ },
-		Finished:   func(Event) { n++ },
-	})
+	pool, s := newTestPool(t, 8, sched.Config{Cost: &cost}, Observer{Finished: func(Event) { n++ }})
 	h0 := hashes(9, 64)
 	ctx := context.Background()
 	for name, fn := range map[string]func(){

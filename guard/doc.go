@@ -16,9 +16,12 @@
 // load; output blocks are booked at block boundaries; a terminal item
 // completes the request and releases its load before the item is handed
 // on. Whoever wins the terminal CAS — the relay, a canceller on another
-// goroutine, or Release on a panic or a dropped stream — releases the load;
-// nobody else can. Metrics go to an Observer, only for requests that were
-// dispatched. docs/routing.md draws the state diagram.
+// goroutine, or Release on a dropped stream or a panic unwinding through
+// it — releases the load; nobody else can. The end of every request that
+// was dispatched goes to an Observer, for metrics. docs/routing.md draws
+// the state diagram. Builds with internal/invariants enabled (the
+// invariants tag, or -race) assert that every transition is an edge of it
+// and keeps the handle's generation.
 //
 // # Ownership
 //
@@ -30,16 +33,15 @@
 // # Concurrency
 //
 // One goroutine relays the stream (OnItem, Close); any goroutine may Abort
-// concurrently. Progress updates hold a busy bit in the state word for a
-// few nanoseconds, and a terminal transition waits for it, so a release
-// never interleaves with a progress update. Release must come after every
-// other user of the handle is done (its owner joins them first): a guard
-// another goroutine may still touch is never recycled.
+// concurrently. Progress updates hold a busy bit in the state word while
+// they move the reservation, and a terminal transition waits for it, so a
+// release never interleaves with a progress update. Release must come
+// after every other user of the handle is done (its owner joins them
+// first): a guard another goroutine may still touch is never recycled.
 //
-// # Throughput envelope
+// # Cost
 //
-// A whole lifecycle — acquire, select, dispatch, 256 items, finish,
-// release — costs the selection plus a few nanoseconds per item and
-// makes no allocation (BenchmarkGuardLifecycle); intermediate items touch
-// only the relay's own fields and one atomic load.
+// A whole lifecycle makes no allocation, and intermediate items touch only
+// the relay's own fields and one atomic load (BenchmarkGuardLifecycle
+// measures it; BENCHMARKS.md has the numbers).
 package guard

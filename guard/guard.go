@@ -6,8 +6,8 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"github.com/kvfast/kvfast/internal/invariants"
 	"github.com/kvfast/kvfast/sched"
 )
 
@@ -45,16 +45,10 @@ type Guard struct {
 	promptTokens int
 	blockSize    int
 	track        bool
-	dispatchedAt int64
 
 	// Written only by the goroutine relaying the stream.
 	outputTokens int
 	nextBoundary int
-	firstTokenAt int64
-
-	// Written by whoever wins the terminal transition, before cleanedBit.
-	endedAt int64
-	finish  Finish
 }
 
 // Word layout: state in bits 0-7, flags in 8-15, reason in 16-23,
@@ -81,10 +75,6 @@ func stateOf(w uint64) State             { return State(w) }
 func reasonOf(w uint64) Reason           { return Reason(w >> 16) }
 func withState(w uint64, s State) uint64 { return w&^0xFF | uint64(s) }
 
-var epoch = time.Now()
-
-func nanotime() int64 { return int64(time.Since(epoch)) }
-
 // Handle is a caller's reference to a guard for one request. It is a small
 // value: copy it freely, but every copy dies at Release.
 type Handle struct {
@@ -98,10 +88,17 @@ type Handle struct {
 //
 //	h := pool.Acquire()
 //	defer h.Release()
+//
+// A handler that recovers a panic aborts the guard with ReasonPanic before
+// it is released; otherwise Release records the request as dropped.
 func (p *Pool) Acquire() Handle {
 	g := p.pool.Get().(*Guard)
-	gen := genOf(g.word.Load())
+	w := g.word.Load()
+	gen := genOf(w)
 	g.word.Store(pack(gen, Acquired, ReasonNone))
+	if invariants.Enabled {
+		checkTransition(w, pack(gen, Acquired, ReasonNone), gen)
+	}
 	return Handle{g: g, gen: gen}
 }
 
@@ -173,6 +170,9 @@ func (h Handle) Select(ctx context.Context, req *sched.Request) (sched.Decision,
 		g.res.Release()
 		return sched.Decision{}, ErrAborted
 	}
+	if invariants.Enabled {
+		checkTransition(pack(h.gen, Acquired, ReasonNone), pack(h.gen, Selected, ReasonNone), h.gen)
+	}
 	return d, nil
 }
 
@@ -184,7 +184,6 @@ func (h Handle) Dispatched() error {
 		return err
 	}
 	g := h.g
-	g.dispatchedAt = nanotime()
 	for {
 		switch s := stateOf(w); s {
 		case Selected:
@@ -194,22 +193,21 @@ func (h Handle) Dispatched() error {
 			return &TransitionError{From: s, To: Dispatched}
 		}
 		if g.word.CompareAndSwap(w, withState(w, Dispatched)|dispatchedBit) {
-			break
+			if invariants.Enabled {
+				checkTransition(w, withState(w, Dispatched)|dispatchedBit, h.gen)
+			}
+			return nil
 		}
 		if w, err = h.load(); err != nil {
 			return err
 		}
 	}
-	if f := g.pool.obs.Dispatched; f != nil {
-		f(g.event(w|dispatchedBit, Dispatched))
-	}
-	return nil
 }
 
 // DispatchFailed records that the engine never accepted the request
 // (Selected → Aborted) and releases its load.
 func (h Handle) DispatchFailed() error {
-	_, err := h.end(1<<Selected, Aborted, ReasonDispatchFailed, FinishNone)
+	_, err := h.end(1<<Selected, Aborted, ReasonDispatchFailed)
 	return err
 }
 
@@ -245,7 +243,6 @@ func (h Handle) OnItem(tokens int, finish Finish) error {
 				return ErrAborted
 			}
 			if first {
-				g.firstTokenAt = nanotime()
 				g.res.PrefillDone()
 			}
 			if boundary {
@@ -253,21 +250,18 @@ func (h Handle) OnItem(tokens int, finish Finish) error {
 				g.nextBoundary = (g.outputTokens/g.blockSize + 1) * g.blockSize
 			}
 			g.word.And(^busyBit)
-			if f := g.pool.obs.FirstToken; first && f != nil {
-				f(g.event(w, Dispatched))
-			}
 		}
 	}
 	switch finish {
 	case FinishNone:
 		return nil
 	case FinishError:
-		if won, err := h.end(1<<Dispatched, Aborted, ReasonEngineError, finish); err != nil || !won {
+		if won, err := h.end(1<<Dispatched, Aborted, ReasonEngineError); err != nil || !won {
 			return orAborted(err)
 		}
 		return nil
 	default:
-		if won, err := h.end(1<<Dispatched, Completed, ReasonNone, finish); err != nil || !won {
+		if won, err := h.end(1<<Dispatched, Completed, ReasonNone); err != nil || !won {
 			return orAborted(err)
 		}
 		return nil
@@ -305,7 +299,7 @@ func (h Handle) Close() error {
 	if stateOf(w) == Completed {
 		return nil
 	}
-	if won, err := h.end(1<<Dispatched, Completed, ReasonNone, FinishNone); err != nil || !won {
+	if won, err := h.end(1<<Dispatched, Completed, ReasonNone); err != nil || !won {
 		if err == nil && h.State() == Completed {
 			return nil
 		}
@@ -319,14 +313,14 @@ func (h Handle) Close() error {
 // watcher, a timeout) while another relays the stream; the relay's next
 // OnItem returns ErrAborted. Aborting a finished request does nothing.
 func (h Handle) Abort(reason Reason) error {
-	_, err := h.end(1<<Acquired|1<<Selected|1<<Dispatched, Aborted, reason, FinishNone)
+	_, err := h.end(1<<Acquired|1<<Selected|1<<Dispatched, Aborted, reason)
 	return err
 }
 
 // end moves the guard from one of the states in from to the terminal
 // state to, and releases the load exactly once: only the CAS winner does.
 // It reports false, nil when the guard was already terminal.
-func (h Handle) end(from uint8, to State, reason Reason, finish Finish) (bool, error) {
+func (h Handle) end(from uint8, to State, reason Reason) (bool, error) {
 	g := h.g
 	for {
 		w, err := h.load()
@@ -347,8 +341,9 @@ func (h Handle) end(from uint8, to State, reason Reason, finish Finish) (bool, e
 		if !g.word.CompareAndSwap(w, pack(h.gen, to, reason)|w&dispatchedBit) {
 			continue
 		}
-		g.endedAt = nanotime()
-		g.finish = finish
+		if invariants.Enabled {
+			checkTransition(w, pack(h.gen, to, reason)|w&dispatchedBit, h.gen)
+		}
 		if s != Acquired {
 			g.res.Release()
 		}
@@ -358,27 +353,13 @@ func (h Handle) end(from uint8, to State, reason Reason, finish Finish) (bool, e
 }
 
 // Release ends the request's lifecycle and recycles the guard. A request
-// still live is aborted first — ReasonPanic if the goroutine is panicking
-// (when Release is deferred directly, as in `defer h.Release()`; the panic
-// then continues), ReasonDropped otherwise — so its load is released on
-// every path. Metrics are reported for requests that were dispatched.
-// Every other user of the handle must be done before Release (the guard is
-// reused right after); a second Release returns ErrStale.
+// still live is aborted first with ReasonDropped, so its load is released
+// on every path, a panic included. Metrics are reported for requests that
+// were dispatched. Every other user of the handle must be done before
+// Release (the guard is reused right after); a second Release returns
+// ErrStale.
 func (h Handle) Release() error {
-	p := recover()
-	err := h.release(p != nil)
-	if p != nil {
-		panic(p)
-	}
-	return err
-}
-
-func (h Handle) release(panicking bool) error {
-	reason := ReasonDropped
-	if panicking {
-		reason = ReasonPanic
-	}
-	if _, err := h.end(1<<Acquired|1<<Selected|1<<Dispatched, Aborted, reason, FinishNone); err != nil {
+	if _, err := h.end(1<<Acquired|1<<Selected|1<<Dispatched, Aborted, ReasonDropped); err != nil {
 		return err
 	}
 	g := h.g
@@ -393,40 +374,21 @@ func (h Handle) release(panicking bool) error {
 			continue
 		}
 		if g.word.CompareAndSwap(w, w|releasingBit) {
+			w |= releasingBit
 			break
 		}
 	}
 	if f := g.pool.obs.Finished; f != nil && w&dispatchedBit != 0 {
-		f(g.event(w, stateOf(w)))
+		f(Event{State: stateOf(w), Reason: reasonOf(w), PromptTokens: g.promptTokens, OutputTokens: g.outputTokens})
 	}
 	g.word.Store(pack(h.gen+1, Free, ReasonNone))
+	if invariants.Enabled {
+		checkTransition(w, pack(h.gen+1, Free, ReasonNone), h.gen)
+	}
 	g.res.Reset()
 	g.dec = sched.Decision{}
-	g.promptTokens, g.blockSize, g.track, g.dispatchedAt = 0, 0, false, 0
-	g.outputTokens, g.nextBoundary, g.firstTokenAt = 0, 0, 0
-	g.endedAt, g.finish = 0, FinishNone
+	g.promptTokens, g.blockSize, g.track = 0, 0, false
+	g.outputTokens, g.nextBoundary = 0, 0
 	g.pool.pool.Put(g)
 	return nil
-}
-
-func (g *Guard) event(w uint64, s State) Event {
-	e := Event{
-		Slot:          g.dec.Slot,
-		WorkerID:      g.dec.WorkerID,
-		DPRank:        g.dec.DPRank,
-		State:         s,
-		PromptTokens:  g.promptTokens,
-		OverlapBlocks: g.dec.OverlapBlocks,
-		OutputTokens:  g.outputTokens,
-		Queued:        g.dec.Queued,
-	}
-	if g.firstTokenAt != 0 {
-		e.TTFT = time.Duration(g.firstTokenAt - g.dispatchedAt)
-	}
-	if s.Terminal() {
-		e.Reason = reasonOf(w)
-		e.Finish = g.finish
-		e.Duration = time.Duration(g.endedAt - g.dispatchedAt)
-	}
-	return e
 }

@@ -39,17 +39,14 @@ func TestHammer(t *testing.T) {
 		Busy:          sched.BusyThresholds{PrefillTokens: 40},
 		QueueCapacity: 4,   // under the goroutine count, so that some requests are refused
 		ActiveBlocks:  256, // small, so that idle entries are evicted constantly
-	}, Observer{
-		Dispatched: func(Event) { dispatched.Add(1) },
-		Finished: func(e Event) {
-			finished.Add(1)
-			if e.State == Completed {
-				completed.Add(1)
-			} else {
-				aborted.Add(1)
-			}
-		},
-	})
+	}, Observer{Finished: func(e Event) {
+		finished.Add(1)
+		if e.State == Completed {
+			completed.Add(1)
+		} else {
+			aborted.Add(1)
+		}
+	}})
 
 	// Prompts share prefixes in a few families, so that requests hold
 	// blocks in common on one worker and across workers.
@@ -96,7 +93,9 @@ func TestHammer(t *testing.T) {
 			}()
 			defer close(abortc)
 			for i := range lifecycles / goroutines {
-				lifecycle(pool, r, i, prompts, abortc, acked, fail)
+				if lifecycle(pool, r, i, prompts, abortc, acked, fail) {
+					dispatched.Add(1)
+				}
 			}
 		}()
 	}
@@ -116,7 +115,9 @@ func TestHammer(t *testing.T) {
 		lifecycles/goroutines*goroutines, dispatched.Load(), completed.Load(), aborted.Load(), st)
 }
 
-func lifecycle(pool *Pool, r *rand.Rand, i int, prompts [][]uint64, abortc chan<- Handle, acked <-chan struct{}, fail func(string, ...any)) {
+// lifecycle runs one request down a random path and reports whether it
+// reached an engine (and so is due a Finished event).
+func lifecycle(pool *Pool, r *rand.Rand, i int, prompts [][]uint64, abortc chan<- Handle, acked <-chan struct{}, fail func(string, ...any)) (dispatched bool) {
 	path := r.IntN(10)
 	h := pool.Acquire()
 	if path == 7 { // the handler panics at a random point, Release deferred
@@ -127,6 +128,13 @@ func lifecycle(pool *Pool, r *rand.Rand, i int, prompts [][]uint64, abortc chan<
 			fail("release: %v", err)
 		}
 	}()
+	if path == 7 && i%2 == 0 { // ... and, like fastpath, recovers and aborts before the release
+		defer func() {
+			if recover() != nil {
+				_ = h.Abort(ReasonPanic)
+			}
+		}()
+	}
 
 	ctx := context.Background()
 	if r.IntN(8) == 0 { // a client that gives up while queued
@@ -168,6 +176,7 @@ func lifecycle(pool *Pool, r *rand.Rand, i int, prompts [][]uint64, abortc chan<
 		fail("dispatch: %v", err)
 		return
 	}
+	dispatched = true
 	items := r.IntN(12)
 	async := path == 8
 	if async {
@@ -205,4 +214,5 @@ func lifecycle(pool *Pool, r *rand.Rand, i int, prompts [][]uint64, abortc chan<
 	if async {
 		<-acked // the canceller is done with the handle before Release
 	}
+	return dispatched
 }

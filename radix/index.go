@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/kvfast/kvfast/internal/invariants"
 )
 
 // Index maps chained block hashes to the set of workers caching each block,
@@ -17,6 +19,8 @@ type Index struct {
 	region []byte
 	geo    geometry
 	shards []shard
+
+	unverified atomic.Int64 // write work since the last invariant check (see wrote)
 }
 
 type shard struct {
@@ -339,6 +343,9 @@ func (ix *Index) warm(hashes []uint64, engine bool, w WorkerSlot) {
 // A block the index has no room for is counted as overflow and skipped.
 func (ix *Index) Stored(w WorkerSlot, hashes []uint64) {
 	ix.checkSlot(w)
+	if invariants.Enabled {
+		defer ix.wrote("Stored", len(hashes))
+	}
 	for len(hashes) > 0 {
 		batch := hashes[:min(writeBatch, len(hashes))]
 		hashes = hashes[len(batch):]
@@ -353,6 +360,9 @@ func (ix *Index) Stored(w WorkerSlot, hashes []uint64) {
 // Hashes the index does not hold for w are ignored.
 func (ix *Index) Removed(w WorkerSlot, hashes []uint64) {
 	ix.checkSlot(w)
+	if invariants.Enabled {
+		defer ix.wrote("Removed", len(hashes))
+	}
 	for len(hashes) > 0 {
 		batch := hashes[:min(writeBatch, len(hashes))]
 		hashes = hashes[len(batch):]
@@ -474,6 +484,15 @@ func (ix *Index) clearBit(sh *shard, i uint32, w WorkerSlot, bit uint64) (shifte
 // it emptied its cache. The engine-hash map is kept.
 func (ix *Index) Cleared(w WorkerSlot) {
 	ix.checkSlot(w)
+	scanned := ix.clearWorker(w)
+	if invariants.Enabled {
+		ix.wrote("Cleared", scanned/scanPerWrite)
+	}
+}
+
+// clearWorker drops every block of worker w and returns how many slots it
+// scanned to find them.
+func (ix *Index) clearWorker(w WorkerSlot) (scanned int) {
 	bit := uint64(SetOf(w))
 	for si := range ix.shards {
 		sh := &ix.shards[si]
@@ -485,15 +504,21 @@ func (ix *Index) Cleared(w WorkerSlot) {
 				}
 				i++
 			}
+			scanned += int(sh.blocks.n)
 		}
 		sh.mu.Unlock()
 	}
+	return scanned
 }
 
 // RemoveWorker forgets worker w entirely: its blocks and its engine-hash
 // mappings. The slot may then be given to another engine.
 func (ix *Index) RemoveWorker(w WorkerSlot) {
-	ix.Cleared(w)
+	ix.checkSlot(w)
+	scanned := ix.clearWorker(w)
+	if invariants.Enabled {
+		defer ix.wrote("RemoveWorker", (scanned+int(ix.geo.shards)*int(ix.geo.mapSlots))/scanPerWrite)
+	}
 	for si := range ix.shards {
 		sh := &ix.shards[si]
 		sh.mu.Lock()
@@ -533,6 +558,13 @@ func mapKey(w WorkerSlot, engine uint64) uint64 {
 // reports false if the map is full (counted as map overflow).
 func (ix *Index) MapEngineHash(w WorkerSlot, engine, kv uint64) bool {
 	ix.checkSlot(w)
+	if invariants.Enabled {
+		defer ix.wrote("MapEngineHash", 1)
+	}
+	return ix.mapEngineHash(w, engine, kv)
+}
+
+func (ix *Index) mapEngineHash(w WorkerSlot, engine, kv uint64) bool {
 	key := mapKey(w, engine)
 	sh := ix.mapShard(key)
 	sh.mu.Lock()
@@ -555,6 +587,13 @@ func (ix *Index) LookupEngineHash(w WorkerSlot, engine uint64) (uint64, bool) {
 // UnmapEngineHash resolves and forgets worker w's engine hash.
 func (ix *Index) UnmapEngineHash(w WorkerSlot, engine uint64) (uint64, bool) {
 	ix.checkSlot(w)
+	if invariants.Enabled {
+		defer ix.wrote("UnmapEngineHash", 1)
+	}
+	return ix.unmapEngineHash(w, engine)
+}
+
+func (ix *Index) unmapEngineHash(w WorkerSlot, engine uint64) (uint64, bool) {
 	key := mapKey(w, engine)
 	sh := ix.mapShard(key)
 	sh.mu.Lock()
@@ -575,12 +614,16 @@ func (ix *Index) MapEngineHashes(w WorkerSlot, engines, kvs []uint64) int {
 	if len(engines) != len(kvs) {
 		panic("BUG: radix: MapEngineHashes with unequal slices")
 	}
+	ix.checkSlot(w)
+	if invariants.Enabled {
+		defer ix.wrote("MapEngineHashes", len(engines))
+	}
 	mapped := 0
 	for len(engines) > 0 {
 		n := min(writeBatch, len(engines))
 		ix.warm(engines[:n], true, w)
 		for i := range n {
-			if ix.MapEngineHash(w, engines[i], kvs[i]) {
+			if ix.mapEngineHash(w, engines[i], kvs[i]) {
 				mapped++
 			}
 		}
@@ -592,11 +635,15 @@ func (ix *Index) MapEngineHashes(w WorkerSlot, engines, kvs []uint64) int {
 // UnmapEngineHashes is UnmapEngineHash for a batch: it appends to dst the
 // kvfast hash of every engine hash that resolved, and returns dst.
 func (ix *Index) UnmapEngineHashes(w WorkerSlot, engines []uint64, dst []uint64) []uint64 {
+	ix.checkSlot(w)
+	if invariants.Enabled {
+		defer ix.wrote("UnmapEngineHashes", len(engines))
+	}
 	for len(engines) > 0 {
 		n := min(writeBatch, len(engines))
 		ix.warm(engines[:n], true, w)
 		for _, e := range engines[:n] {
-			if kv, ok := ix.UnmapEngineHash(w, e); ok {
+			if kv, ok := ix.unmapEngineHash(w, e); ok {
 				dst = append(dst, kv)
 			}
 		}

@@ -65,7 +65,8 @@ func (ix *Index) Stats() Stats {
 // its shard, has a non-empty worker set, and the live, per-worker and
 // spill counters agree with the slots. It takes every shard's writer lock,
 // so it sees a quiescent index; readers go on. It is for tests, fuzzing and
-// `kvfast inspect --verify`.
+// `kvfast inspect --verify`; builds with internal/invariants enabled also
+// run it after writes, sampled (see wrote).
 func (ix *Index) Verify() error {
 	ix.lockAll()
 	defer ix.unlockAll()

@@ -40,7 +40,7 @@
 // once per release, never per block. A Reservation's own methods are not
 // concurrent: its owner serialises them.
 //
-// # Throughput envelope
+// # Cost
 //
 // Select and Release make no allocation under any policy (the allocation
 // tests assert it): one pass over the prompt's hashes counts every

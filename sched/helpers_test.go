@@ -1,7 +1,9 @@
 package sched
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/kvfast/kvfast/radix"
 )
@@ -55,4 +57,32 @@ func requireZeroLoad(t testing.TB, s *Scheduler) {
 	if st := s.Stats(); st.ActiveEntries != 0 || st.DeepShares != 0 || st.Waiting != 0 || st.Booked != st.Released {
 		t.Errorf("stats after every release: %+v", st)
 	}
+}
+
+// waitFor polls until cond holds (the queue is filled by goroutines).
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+type outcome struct {
+	name string
+	res  *Reservation
+	d    Decision
+	err  error
+}
+
+// goSelect starts a Select that may queue, reporting on out.
+func goSelect(s *Scheduler, ctx context.Context, name string, req Request, out chan<- outcome) {
+	go func() {
+		res := new(Reservation)
+		d, err := s.Select(ctx, &req, res)
+		out <- outcome{name, res, d, err}
+	}()
 }
