@@ -18,6 +18,7 @@ import (
 	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 const proxyModel = "bench-model"
@@ -180,7 +181,7 @@ func fillProxyIndex(b *testing.B, n *node.Node, body []byte, tokens int) {
 	hashes := radix.AppendBlockHashes(nil, radix.NamespaceSeed(proxyModel, "", ""), r.Tokens[:tokens/2], radix.DefaultBlockSize)
 	for _, w := range n.Snapshot().Workers {
 		if w.WorkerID == 1 {
-			n.Index().Stored(radix.WorkerSlot(w.Slot), hashes)
+			n.Index().Stored(workers.Slot(w.Slot), hashes)
 			return
 		}
 	}

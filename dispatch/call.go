@@ -9,7 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvfast/kvfast/openai"
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Observer follows one forwarded request, in this order:
@@ -106,7 +106,7 @@ func (c *Call) SetRequest(uri, body []byte) {
 // obs.OnDispatched; on failure obs.OnAbort, and the error says whether
 // another worker may be tried (IsRetryable). obs may be nil. Calling Do
 // again, for a retry, abandons any response of the previous attempt.
-func (c *Call) Do(slot radix.WorkerSlot, obs Observer) error {
+func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	c.closeStream()
 	c.abort(ErrAbandoned)
 	c.obs, c.finished, c.first, c.done, c.items, c.bytes = obs, obs == nil, false, false, 0, 0
@@ -249,7 +249,7 @@ func (c *Call) end(reason []byte) {
 // abort the observer.
 func (c *Call) fail(kind, cause error, w *bufio.Writer, sse bool) error {
 	var addr string
-	var slot radix.WorkerSlot
+	var slot workers.Slot
 	if c.engine != nil {
 		addr, slot = c.engine.addr, c.engine.slot
 	}
@@ -386,7 +386,7 @@ func (c *Call) observe(ev openai.Event) {
 	case openai.EventError:
 		if !c.finished {
 			var addr string
-			var slot radix.WorkerSlot
+			var slot workers.Slot
 			if c.engine != nil {
 				addr, slot = c.engine.addr, c.engine.slot
 			}

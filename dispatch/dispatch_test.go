@@ -14,9 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfast/kvfast/workers"
 	"github.com/valyala/fasthttp"
-
-	"github.com/kvfast/kvfast/radix"
 )
 
 const completionBody = `{"model":"m","prompt":[1,2,3],"stream":true}`
@@ -182,7 +181,7 @@ func TestConnectFailureIsRetryable(t *testing.T) {
 	good := serve(t, sseEngine(vllmStream(2), 0, nil), nil)
 	flips := make(chan string, 4)
 	pool := NewPool(Config{Health: HealthConfig{Interval: time.Hour,
-		OnChange: func(slot radix.WorkerSlot, _ string, h bool) { flips <- fmt.Sprint(slot, h) }}})
+		OnChange: func(slot workers.Slot, _ string, h bool) { flips <- fmt.Sprint(slot, h) }}})
 	defer pool.Close()
 	mustAdd(t, pool, 5, closedAddr(t))
 	mustAdd(t, pool, 6, good)
@@ -365,7 +364,7 @@ func TestHealthChecks(t *testing.T) {
 	flips := make(chan bool, 16)
 	pool := NewPool(Config{Health: HealthConfig{
 		Path: "/healthz", Interval: 10 * time.Millisecond, Timeout: time.Second, FailAfter: 2, RecoverAfter: 2,
-		OnChange: func(slot radix.WorkerSlot, addr string, healthy bool) {
+		OnChange: func(slot workers.Slot, addr string, healthy bool) {
 			if slot != 7 || addr != engine {
 				t.Errorf("OnChange(%d, %s)", slot, addr)
 			}
@@ -409,7 +408,7 @@ func TestHealthChecks(t *testing.T) {
 func TestHealthCheckOfDeadEngine(t *testing.T) {
 	flips := make(chan bool, 4)
 	pool := NewPool(Config{Health: HealthConfig{Interval: 10 * time.Millisecond, Timeout: 200 * time.Millisecond,
-		OnChange: func(_ radix.WorkerSlot, _ string, h bool) { flips <- h }}})
+		OnChange: func(_ workers.Slot, _ string, h bool) { flips <- h }}})
 	defer pool.Close()
 	mustAdd(t, pool, 0, closedAddr(t))
 	select {
@@ -425,7 +424,7 @@ func TestHealthCheckOfDeadEngine(t *testing.T) {
 func TestPoolAdd(t *testing.T) {
 	pool := NewPool(Config{Health: noHealth})
 	defer pool.Close()
-	if _, err := pool.Add(radix.MaxWorkers, "127.0.0.1:1"); err == nil {
+	if _, err := pool.Add(workers.Max, "127.0.0.1:1"); err == nil {
 		t.Fatal("slot out of range accepted")
 	}
 	if _, err := pool.Add(0, "no-port"); err == nil {
@@ -486,7 +485,7 @@ func TestBusyEngineIsRetryableButHealthy(t *testing.T) {
 	}, nil)
 	flips := make(chan string, 4)
 	pool := NewPool(Config{MaxConnsPerEngine: 1, Health: HealthConfig{Interval: time.Hour,
-		OnChange: func(slot radix.WorkerSlot, _ string, h bool) { flips <- fmt.Sprint(slot, h) }}})
+		OnChange: func(slot workers.Slot, _ string, h bool) { flips <- fmt.Sprint(slot, h) }}})
 	defer pool.Close()
 	mustAdd(t, pool, 0, engine)
 	first := pool.AcquireCall()

@@ -5,7 +5,7 @@ import (
 	"strconv"
 
 	"github.com/kvfast/kvfast/openai"
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // What went wrong with a forwarded request. Errors returned by Call.Do and
@@ -50,7 +50,7 @@ func IsRetryable(err error) bool { return errors.Is(err, ErrConnect) }
 // Error is the error of one forwarded request: which engine, at which step,
 // what kind (one of the sentinels above) and the transport's cause.
 type Error struct {
-	Slot  radix.WorkerSlot
+	Slot  workers.Slot
 	Addr  string
 	Op    string // "forward to" or "relay from"
 	Kind  error

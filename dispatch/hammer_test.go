@@ -11,9 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfast/kvfast/workers"
 	"github.com/valyala/fasthttp"
-
-	"github.com/kvfast/kvfast/radix"
 )
 
 // TestHammerExactlyOneTerminal runs concurrent requests that complete, lose
@@ -62,7 +61,7 @@ func TestHammerExactlyOneTerminal(t *testing.T) {
 	router := serve(t, func(ctx *fasthttp.RequestCtx) {
 		call := pool.AcquireCall()
 		call.SetRequest(ctx.RequestURI(), ctx.PostBody())
-		slot := radix.WorkerSlot(0)
+		slot := workers.Slot(0)
 		if ctx.Request.Header.Peek("X-Dead-First") != nil {
 			slot = 1
 		}

@@ -11,9 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfast/kvfast/workers"
 	"github.com/valyala/fasthttp"
-
-	"github.com/kvfast/kvfast/radix"
 )
 
 type nopObserver struct{}
@@ -204,7 +203,7 @@ func vllmStream(n int) []string {
 
 // front is the server flow the fastpath package will run, reduced to
 // dispatch: forward to slot, relay streams, read plain bodies.
-func front(pool *Pool, slot radix.WorkerSlot, obs func() Observer) fasthttp.RequestHandler {
+func front(pool *Pool, slot workers.Slot, obs func() Observer) fasthttp.RequestHandler {
 	return func(ctx *fasthttp.RequestCtx) {
 		call := pool.AcquireCall()
 		call.SetRequest(ctx.RequestURI(), ctx.PostBody())
@@ -271,7 +270,7 @@ func closedAddr(t testing.TB) string {
 // noHealth disables active checks, for tests about forwarding.
 var noHealth = HealthConfig{Interval: -1}
 
-func mustAdd(t testing.TB, p *Pool, slot radix.WorkerSlot, addr string) {
+func mustAdd(t testing.TB, p *Pool, slot workers.Slot, addr string) {
 	t.Helper()
 	if _, err := p.Add(slot, addr); err != nil {
 		t.Fatal(err)

@@ -10,9 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvfast/kvfast/workers"
 	"github.com/valyala/fasthttp"
-
-	"github.com/kvfast/kvfast/radix"
 )
 
 // Timeouts bound each step of a forwarded request. Zero picks the default;
@@ -48,7 +47,7 @@ type HealthConfig struct {
 	// new state. Calls for one engine are serialised and in order, and none
 	// comes after Remove returned. It must not call Pool.Add, Remove or
 	// Close.
-	OnChange func(slot radix.WorkerSlot, addr string, healthy bool)
+	OnChange func(slot workers.Slot, addr string, healthy bool)
 }
 
 // Config configures a Pool.
@@ -118,7 +117,7 @@ func (c Config) withDefaults() Config {
 // and its health. Lookups are lock-free; Add and Remove are serialised.
 type Pool struct {
 	cfg     Config
-	engines [radix.MaxWorkers]atomic.Pointer[Engine]
+	engines [workers.Max]atomic.Pointer[Engine]
 	mu      sync.Mutex // serialises Add, Remove and Close
 	calls   sync.Pool
 	closed  bool
@@ -133,7 +132,7 @@ func NewPool(cfg Config) *Pool {
 
 // Engine is one engine endpoint behind one worker slot.
 type Engine struct {
-	slot   radix.WorkerSlot
+	slot   workers.Slot
 	addr   string
 	pool   *Pool
 	client *fasthttp.HostClient
@@ -148,7 +147,7 @@ type Engine struct {
 // checks. Re-adding the same address is a no-op; a different address
 // replaces the slot's engine, whose in-flight requests run to their end.
 // A new engine starts healthy, so that traffic need not wait for a check.
-func (p *Pool) Add(slot radix.WorkerSlot, addr string) (*Engine, error) {
+func (p *Pool) Add(slot workers.Slot, addr string) (*Engine, error) {
 	if !slot.Valid() {
 		return nil, fmt.Errorf("cannot add engine %s: worker slot %d is out of range", addr, slot)
 	}
@@ -204,7 +203,7 @@ func retryStaleConn(_ *fasthttp.Request, attempts int, err error) (resetTimeout,
 
 // Remove unregisters slot's engine, stops its health checks and closes its
 // idle connections. In-flight requests to it run to their end.
-func (p *Pool) Remove(slot radix.WorkerSlot) {
+func (p *Pool) Remove(slot workers.Slot) {
 	if !slot.Valid() {
 		return
 	}
@@ -213,7 +212,7 @@ func (p *Pool) Remove(slot radix.WorkerSlot) {
 	p.removeLocked(slot)
 }
 
-func (p *Pool) removeLocked(slot radix.WorkerSlot) {
+func (p *Pool) removeLocked(slot workers.Slot) {
 	e := p.engines[slot].Load()
 	if e == nil {
 		return
@@ -236,12 +235,12 @@ func (p *Pool) Close() {
 	defer p.mu.Unlock()
 	p.closed = true
 	for s := range p.engines {
-		p.removeLocked(radix.WorkerSlot(s))
+		p.removeLocked(workers.Slot(s))
 	}
 }
 
 // Engine returns slot's engine, or nil.
-func (p *Pool) Engine(slot radix.WorkerSlot) *Engine {
+func (p *Pool) Engine(slot workers.Slot) *Engine {
 	if !slot.Valid() {
 		return nil
 	}

@@ -22,7 +22,7 @@ import (
 	"github.com/kvfast/kvfast/internal/rig"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // TestStreamRelayedByteExact: the client receives exactly the bytes the
@@ -784,7 +784,7 @@ func TestOperationalEndpoints(t *testing.T) {
 		}
 		w := admin.Workers[1] // static workers take slots from the top down: worker 1 sorts last
 		if w.WorkerID != 1 || w.Model != e2eModel || w.Endpoint != a.Addr() || w.Source != "static" || !w.Healthy ||
-			w.KVCapacityBlocks != 1000 || w.Slot != radix.MaxWorkers-1 {
+			w.KVCapacityBlocks != 1000 || w.Slot != workers.Max-1 {
 			t.Errorf("/admin/workers worker 1: %+v", w)
 		}
 		if admin.Index.Capacity == 0 || admin.Feed != nil || admin.Queue.Booked != 2 || admin.Queue.Released != 2 {

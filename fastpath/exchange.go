@@ -15,6 +15,7 @@ import (
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // exchange is one client request from arrival to cleanup. It is pooled and
@@ -27,7 +28,7 @@ type exchange struct {
 	api      openai.API
 	req      openai.ParsedRequest
 	hashes   []uint64
-	overlaps radix.Overlaps
+	overlaps workers.Overlaps
 	scores   sched.Scores
 	sreq     sched.Request
 	dec      sched.Decision
@@ -221,10 +222,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		}
 		// Route again, without the engine that refused.
 		s.metrics.retries.Inc()
-		failed := radix.SetOf(ex.dec.Slot)
+		failed := workers.SetOf(ex.dec.Slot)
 		_ = ex.h.Release()
 		if !ex.sreq.AllowListed {
-			ex.sreq.AllowListed, ex.sreq.Allow = true, radix.AllWorkers
+			ex.sreq.AllowListed, ex.sreq.Allow = true, workers.AllSlots
 		}
 		ex.sreq.Allow &^= failed
 		ex.h = s.guards.Acquire()

@@ -10,6 +10,7 @@ import (
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // The tests in package fastpath drive the front end alone: New over Deps
@@ -81,7 +82,7 @@ func newTestFront(tb testing.TB, cfg Config, policy string, workers []frontWorke
 }
 
 // staticWorkerSlot is the slot a node gives its i-th static worker.
-func staticWorkerSlot(i int) radix.WorkerSlot { return radix.WorkerSlot(radix.MaxWorkers - 1 - i) }
+func staticWorkerSlot(i int) workers.Slot { return workers.Slot(workers.Max - 1 - i) }
 
 // newRouteTestServer is a front end over n workers (ids 1..n) serving
 // benchModel at endpoints that are never called: route-only requests do

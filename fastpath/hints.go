@@ -8,7 +8,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvfast/kvfast/openai"
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Routing hints travel in headers, so the body reaches the engine exactly
@@ -109,9 +109,7 @@ func (s *Server) readHints(ctx *fasthttp.RequestCtx, ex *exchange) (queryOnly bo
 // ranksOf counts the DP ranks of worker id and returns the rank when there
 // is exactly one.
 func (s *Server) ranksOf(id uint64) (n int, only uint32) {
-	for set := s.sched.Workers(); set != 0; {
-		var w radix.WorkerSlot
-		w, set = set.First()
+	for w := range s.sched.Workers().All() {
 		if info, ok := s.sched.Worker(w); ok && info.ID == id {
 			n++
 			only = info.DPRank
@@ -120,8 +118,8 @@ func (s *Server) ranksOf(id uint64) (n int, only uint32) {
 	return n, only
 }
 
-func (s *Server) parseAllow(v []byte) (radix.WorkerSet, bool) {
-	var set radix.WorkerSet
+func (s *Server) parseAllow(v []byte) (workers.Set, bool) {
+	var set workers.Set
 	for len(v) > 0 {
 		item := v
 		if i := bytes.IndexByte(v, ','); i >= 0 {
@@ -144,15 +142,13 @@ func (s *Server) parseAllow(v []byte) (radix.WorkerSet, bool) {
 			if !ok {
 				return 0, false
 			}
-			set |= radix.SetOf(slot)
+			set |= workers.SetOf(slot)
 			continue
 		}
 		found := false
-		for all := s.sched.Workers(); all != 0; {
-			var w radix.WorkerSlot
-			w, all = all.First()
+		for w := range s.sched.Workers().All() {
 			if info, ok := s.sched.Worker(w); ok && info.ID == id {
-				set |= radix.SetOf(w)
+				set |= workers.SetOf(w)
 				found = true
 			}
 		}

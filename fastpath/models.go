@@ -3,6 +3,7 @@ package fastpath
 import (
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // WorkersChanged rebuilds what the request path derives from the worker
@@ -56,11 +57,11 @@ func (s *Server) namespace(r *openai.ParsedRequest) (model string, seed uint64, 
 }
 
 // eligible is the set of workers selection may use right now.
-func (s *Server) eligible() radix.WorkerSet {
-	var set radix.WorkerSet
+func (s *Server) eligible() workers.Set {
+	var set workers.Set
 	for w := range s.sched.Workers().All() {
 		if s.sched.Load(w).Healthy {
-			set |= radix.SetOf(w)
+			set |= workers.SetOf(w)
 		}
 	}
 	return set

@@ -1,18 +1,21 @@
 package feed
 
-import "github.com/kvfast/kvfast/radix"
+import (
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
+)
 
 // indexWrites is what the apply path does to the index: the engine map
 // and the block table of one worker. *radix.Index is the only production
 // implementation; tests wrap it to stop the apply path after any single
 // write, as a killed ingester would.
 type indexWrites interface {
-	LookupEngineHash(w radix.WorkerSlot, engine uint64) (uint64, bool)
-	MapEngineHashes(w radix.WorkerSlot, engines, kvs []uint64) int
-	UnmapEngineHashes(w radix.WorkerSlot, engines []uint64, dst []uint64) []uint64
-	Stored(w radix.WorkerSlot, hashes []uint64)
-	Removed(w radix.WorkerSlot, hashes []uint64)
-	Cleared(w radix.WorkerSlot)
+	LookupEngineHash(w workers.Slot, engine uint64) (uint64, bool)
+	MapEngineHashes(w workers.Slot, engines, kvs []uint64) int
+	UnmapEngineHashes(w workers.Slot, engines []uint64, dst []uint64) []uint64
+	Stored(w workers.Slot, hashes []uint64)
+	Removed(w workers.Slot, hashes []uint64)
+	Cleared(w workers.Slot)
 }
 
 // applier turns one worker's Stored, Removed and Cleared events into index
@@ -55,7 +58,7 @@ func newApplier(ix indexWrites, blocks int) applier {
 // It reports false when the parent's engine hash has no mapping: without
 // its kvfast hash no block of the event can be named, since the chain
 // covers the whole prefix.
-func (a *applier) parent(w radix.WorkerSlot, seed, engineParent uint64, hasParent bool) (uint64, bool) {
+func (a *applier) parent(w workers.Slot, seed, engineParent uint64, hasParent bool) (uint64, bool) {
 	if !hasParent {
 		return seed, true
 	}
@@ -67,7 +70,7 @@ func (a *applier) parent(w radix.WorkerSlot, seed, engineParent uint64, hasParen
 // returns how many blocks it stored: a block whose mapping found no room
 // in the engine map (counted there as overflow) is not stored, as nothing
 // could remove it.
-func (a *applier) stored(w radix.WorkerSlot, parent uint64, engines []uint64, tokens []uint32, blockSize int) int {
+func (a *applier) stored(w workers.Slot, parent uint64, engines []uint64, tokens []uint32, blockSize int) int {
 	kv := a.kv[:0]
 	for i := range engines {
 		parent = radix.ChainBlockHash(parent, tokens[i*blockSize:(i+1)*blockSize])
@@ -83,7 +86,7 @@ func (a *applier) stored(w radix.WorkerSlot, parent uint64, engines []uint64, to
 
 // mappedOnly keeps the kvfast hashes kv[i] that engines[i] maps to. Only
 // a full engine map gets here.
-func (a *applier) mappedOnly(w radix.WorkerSlot, engines, kv []uint64) []uint64 {
+func (a *applier) mappedOnly(w workers.Slot, engines, kv []uint64) []uint64 {
 	n := 0
 	for i, e := range engines {
 		if got, ok := a.ix.LookupEngineHash(w, e); ok && got == kv[i] {
@@ -97,7 +100,7 @@ func (a *applier) mappedOnly(w radix.WorkerSlot, engines, kv []uint64) []uint64 
 // removed records that worker w evicted the blocks named engines. It
 // returns how many of them resolved to a kvfast hash; the others were
 // never stored (or their store was skipped) and are ignored.
-func (a *applier) removed(w radix.WorkerSlot, engines []uint64) int {
+func (a *applier) removed(w workers.Slot, engines []uint64) int {
 	kv := a.kv[:0]
 	for _, e := range engines {
 		if h, ok := a.ix.LookupEngineHash(w, e); ok {
@@ -115,6 +118,6 @@ func (a *applier) removed(w radix.WorkerSlot, engines []uint64) int {
 // cleared drops every block of worker w, keeping its mappings: the engine
 // emptied its cache, or the feed lost track of it and must not go on
 // claiming blocks the engine may have dropped.
-func (a *applier) cleared(w radix.WorkerSlot) {
+func (a *applier) cleared(w workers.Slot) {
 	a.ix.Cleared(w)
 }

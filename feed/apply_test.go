@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // errCut is what cutIndex panics with: the writer is killed there.
@@ -30,11 +31,11 @@ func (c *cutIndex) wrote() {
 	}
 }
 
-func (c *cutIndex) LookupEngineHash(w radix.WorkerSlot, engine uint64) (uint64, bool) {
+func (c *cutIndex) LookupEngineHash(w workers.Slot, engine uint64) (uint64, bool) {
 	return c.ix.LookupEngineHash(w, engine)
 }
 
-func (c *cutIndex) MapEngineHashes(w radix.WorkerSlot, engines, kvs []uint64) int {
+func (c *cutIndex) MapEngineHashes(w workers.Slot, engines, kvs []uint64) int {
 	mapped := 0
 	for i, e := range engines {
 		if c.ix.MapEngineHash(w, e, kvs[i]) {
@@ -45,7 +46,7 @@ func (c *cutIndex) MapEngineHashes(w radix.WorkerSlot, engines, kvs []uint64) in
 	return mapped
 }
 
-func (c *cutIndex) UnmapEngineHashes(w radix.WorkerSlot, engines []uint64, dst []uint64) []uint64 {
+func (c *cutIndex) UnmapEngineHashes(w workers.Slot, engines []uint64, dst []uint64) []uint64 {
 	for _, e := range engines {
 		if kv, ok := c.ix.UnmapEngineHash(w, e); ok {
 			dst = append(dst, kv)
@@ -55,21 +56,21 @@ func (c *cutIndex) UnmapEngineHashes(w radix.WorkerSlot, engines []uint64, dst [
 	return dst
 }
 
-func (c *cutIndex) Stored(w radix.WorkerSlot, hashes []uint64) {
+func (c *cutIndex) Stored(w workers.Slot, hashes []uint64) {
 	for i := range hashes {
 		c.ix.Stored(w, hashes[i:i+1])
 		c.wrote()
 	}
 }
 
-func (c *cutIndex) Removed(w radix.WorkerSlot, hashes []uint64) {
+func (c *cutIndex) Removed(w workers.Slot, hashes []uint64) {
 	for i := range hashes {
 		c.ix.Removed(w, hashes[i:i+1])
 		c.wrote()
 	}
 }
 
-func (c *cutIndex) Cleared(w radix.WorkerSlot) {
+func (c *cutIndex) Cleared(w workers.Slot) {
 	c.ix.Cleared(w)
 	c.wrote()
 }
@@ -78,7 +79,7 @@ func (c *cutIndex) Cleared(w radix.WorkerSlot) {
 // slot's engine-hash mappings names, which no removal could take out
 // again. m is the model of a run over ops, so m.all holds every kvfast
 // hash ops can produce; a block outside it fails the test.
-func unnamedBlocks(t *testing.T, ix *radix.Index, slot radix.WorkerSlot, ops []op, m *model) []uint64 {
+func unnamedBlocks(t *testing.T, ix *radix.Index, slot workers.Slot, ops []op, m *model) []uint64 {
 	t.Helper()
 	named := map[uint64]bool{}
 	for _, o := range ops {
@@ -246,7 +247,7 @@ func TestStoredSkipsBlocksTheMapCannotName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const slot = radix.WorkerSlot(3)
+	const slot = workers.Slot(3)
 	a := newApplier(ix, 0)
 	engines := make([]uint64, 1000)
 	tokens := make([]uint32, len(engines)*testBlockSize)

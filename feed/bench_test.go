@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 const (
@@ -107,7 +108,7 @@ func BenchmarkFeedIngestBaseline(b *testing.B) {
 	ch := make(chan event, 2*benchRecords)
 	var mu sync.Mutex
 	engine := map[uint64]uint64{}
-	blocks := map[uint64]radix.WorkerSet{}
+	blocks := map[uint64]workers.Set{}
 	seed := radix.NamespaceSeed("m", "", "")
 	cur, prev := newIngestRound(), newIngestRound()
 	b.ReportAllocs()
@@ -137,7 +138,7 @@ func BenchmarkFeedIngestBaseline(b *testing.B) {
 				for j, eh := range e.hashes {
 					parent = radix.ChainBlockHash(parent, e.tokens[j*benchBlockSize:(j+1)*benchBlockSize])
 					engine[eh] = parent
-					blocks[parent] |= radix.SetOf(1)
+					blocks[parent] |= workers.SetOf(1)
 				}
 			} else {
 				for _, eh := range e.hashes {
@@ -178,7 +179,7 @@ func benchPublishToVisible(b *testing.B, cfg Config) {
 	lat := make([]int64, 0, b.N)
 	var mu sync.Mutex
 	got := make(chan struct{})
-	in.onApply = func(_ radix.WorkerSlot, rec *shm.Record) {
+	in.onApply = func(_ workers.Slot, rec *shm.Record) {
 		if rec.Kind != shm.KindStored {
 			return
 		}

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Child processes are this test binary re-executed with KVFAST_FEED_CHILD
@@ -211,7 +211,7 @@ func TestCrossProcessPublishers(t *testing.T) {
 
 	type result struct {
 		name string
-		slot radix.WorkerSlot
+		slot workers.Slot
 		seq  uint64
 	}
 	var results []result
@@ -222,7 +222,7 @@ func TestCrossProcessPublishers(t *testing.T) {
 		}
 		slot, _ := strconv.Atoi(f[0])
 		seq, _ := strconv.ParseUint(f[2], 10, 64)
-		results = append(results, result{name, radix.WorkerSlot(slot), seq})
+		results = append(results, result{name, workers.Slot(slot), seq})
 	}
 
 	goChild := startChild(t, "publish-file", seg.Path(), "KVFAST_WORKER=1", "KVFAST_OPS="+opsPath)
@@ -304,7 +304,7 @@ func TestPublisherKilledMidWrite(t *testing.T) {
 		c.kill(t)
 		in := acquire(t, seg, Config{HeartbeatGrace: time.Hour})
 		var seqs []uint64
-		in.onApply = func(_ radix.WorkerSlot, rec *shm.Record) { seqs = append(seqs, rec.Seq) }
+		in.onApply = func(_ workers.Slot, rec *shm.Record) { seqs = append(seqs, rec.Seq) }
 		drainAll(in)
 		if len(seqs) == 0 || len(seqs) == n {
 			t.Logf("killed after %d of %d records (timing-dependent)", len(seqs), n)
@@ -392,7 +392,7 @@ func TestRouterRestartMidStream(t *testing.T) {
 	defer standby.Release()
 	resumeFrom := seg.RingState(0).LastSeq
 	var seqs []uint64
-	standby.onApply = func(_ radix.WorkerSlot, rec *shm.Record) { seqs = append(seqs, rec.Seq) }
+	standby.onApply = func(_ workers.Slot, rec *shm.Record) { seqs = append(seqs, rec.Seq) }
 	pub.expect(t, "DONE")
 	drainAll(standby)
 	if len(seqs) == 0 || seqs[0] != resumeFrom+1 {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 const (
@@ -166,7 +167,7 @@ func (m *model) apply(o op) {
 }
 
 // check compares the index's view of slot with the model, exactly.
-func (m *model) check(t testing.TB, ix *radix.Index, slot radix.WorkerSlot) {
+func (m *model) check(t testing.TB, ix *radix.Index, slot workers.Slot) {
 	t.Helper()
 	for h := range m.all {
 		if got := ix.Lookup(h).Has(slot); got != m.present[h] {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // DefaultHeartbeatGrace is how long a registered engine may stay silent
@@ -74,8 +75,8 @@ type Ingester struct {
 	seg     *shm.Segment
 	ix      *radix.Index
 	cfg     Config
-	readers [radix.MaxWorkers]*shm.RingReader
-	workers [radix.MaxWorkers]worker
+	readers [workers.Max]*shm.RingReader
+	workers [workers.Max]worker
 	apply   applier
 	rec     shm.Record // the record being applied; a field so onApply cannot make it escape per call
 	c       counters
@@ -85,7 +86,7 @@ type Ingester struct {
 
 	// onApply, if set, is called after each record is applied and
 	// committed. Tests set it to prove exactly-once delivery.
-	onApply func(slot radix.WorkerSlot, rec *shm.Record)
+	onApply func(slot workers.Slot, rec *shm.Record)
 }
 
 // New returns an ingester for seg, which must have been opened with its
@@ -118,7 +119,7 @@ func (in *Ingester) Acquire() (bool, error) {
 		in.c.repairedSlots += uint64(n)
 	}
 	for i := range in.readers {
-		in.readers[i] = in.seg.Reader(radix.WorkerSlot(i))
+		in.readers[i] = in.seg.Reader(workers.Slot(i))
 		gen, last := in.readers[i].Cursor()
 		in.workers[i] = worker{gen: gen, lastSeq: last}
 	}
@@ -176,11 +177,11 @@ func (in *Ingester) Run(ctx context.Context) error {
 }
 
 // watched is the set of rings Poll would drain.
-func (in *Ingester) watched() radix.WorkerSet {
-	var set radix.WorkerSet
+func (in *Ingester) watched() workers.Set {
+	var set workers.Set
 	for i := range in.workers {
 		if w := &in.workers[i]; w.seen && !w.poisoned {
-			set |= radix.SetOf(radix.WorkerSlot(i))
+			set |= workers.SetOf(workers.Slot(i))
 		}
 	}
 	return set
@@ -200,7 +201,7 @@ func (in *Ingester) Poll() int {
 	n := 0
 	for i := range in.readers {
 		if w := &in.workers[i]; w.seen && !w.poisoned && in.readers[i].Pending() {
-			n += in.drain(radix.WorkerSlot(i), w)
+			n += in.drain(workers.Slot(i), w)
 		}
 	}
 	in.publish()
@@ -212,7 +213,7 @@ func (in *Ingester) scanRegistry() {
 	now := shm.MonotonicNow()
 	grace := in.cfg.HeartbeatGrace.Nanoseconds()
 	for i := range in.workers {
-		slot := radix.WorkerSlot(i)
+		slot := workers.Slot(i)
 		w := &in.workers[i]
 		w.poisoned = false
 		st, gen, beat := in.seg.SlotState(slot)
@@ -261,7 +262,7 @@ func (in *Ingester) scanRegistry() {
 // from the one whose blocks the index holds, drops those blocks: the
 // engine restarted (or another engine took the slot) and its cache is
 // gone. It reports false if the slot could not be read consistently.
-func (in *Ingester) adopt(slot radix.WorkerSlot, w *worker) bool {
+func (in *Ingester) adopt(slot workers.Slot, w *worker) bool {
 	info, ok := in.seg.Worker(slot)
 	if !ok || info.State != shm.StateLive {
 		return false
@@ -282,7 +283,7 @@ func (in *Ingester) adopt(slot radix.WorkerSlot, w *worker) bool {
 }
 
 // drain consumes up to Budget records of one ring.
-func (in *Ingester) drain(slot radix.WorkerSlot, w *worker) int {
+func (in *Ingester) drain(slot workers.Slot, w *worker) int {
 	r := in.readers[slot]
 	rec := &in.rec
 	n := 0
@@ -347,14 +348,14 @@ func (in *Ingester) drain(slot radix.WorkerSlot, w *worker) int {
 // resync drops the blocks the index holds for slot. Engines cannot
 // replay through shm, so clearing is the only way back to a state that
 // never claims a block the engine may not have.
-func (in *Ingester) resync(slot radix.WorkerSlot) {
+func (in *Ingester) resync(slot workers.Slot) {
 	in.apply.cleared(slot)
 	in.c.resyncs++
 }
 
 // applyRecord writes one record through the shared apply path (apply.go),
 // after skipping and counting what the router cannot route on.
-func (in *Ingester) applyRecord(slot radix.WorkerSlot, w *worker, rec *shm.Record) {
+func (in *Ingester) applyRecord(slot workers.Slot, w *worker, rec *shm.Record) {
 	in.c.records++
 	n := uint64(len(rec.Hashes))
 	switch rec.Kind {
@@ -446,7 +447,7 @@ type Stats struct {
 	WorkersClosed   uint64 `json:"workers_closed"`   // workers that closed cleanly
 	RepairedSlots   uint64 `json:"repaired_slots"`   // index slots dropped repairing a dead ingester's half-done writes
 
-	LagBytes [radix.MaxWorkers]uint64 `json:"-"` // committed ring bytes not yet consumed
+	LagBytes [workers.Max]uint64 `json:"-"` // committed ring bytes not yet consumed
 }
 
 // Stats returns the counters as of the end of the last pass, plus the
@@ -463,7 +464,7 @@ func (in *Ingester) Stats() Stats {
 		Garbage: a[11], ResyncBytes: a[12], Gaps: a[13], Resyncs: a[14],
 		GenerationBumps: a[15], WorkersDown: a[16], WorkersClosed: a[17], RepairedSlots: a[18]}
 	for i := range st.LagBytes {
-		st.LagBytes[i] = in.seg.RingState(radix.WorkerSlot(i)).Lag()
+		st.LagBytes[i] = in.seg.RingState(workers.Slot(i)).Lag()
 	}
 	return st
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // ZMQConfig describes one engine's ZMQ KV-event feed. Endpoint, Slot and
@@ -32,8 +33,8 @@ type ZMQConfig struct {
 	// Topic is the subscription prefix; "" receives every topic.
 	Topic string
 
-	Slot  radix.WorkerSlot // the worker's slot in the index
-	Model string           // block-hash namespace: radix.NamespaceSeed(Model, "", "")
+	Slot  workers.Slot // the worker's slot in the index
+	Model string       // block-hash namespace: radix.NamespaceSeed(Model, "", "")
 	// BlockSize is the router's block size; blocks the engine stores in
 	// another size are counted and skipped. Default radix.DefaultBlockSize.
 	BlockSize int
@@ -126,7 +127,7 @@ func NewZMQSubscriber(ix *radix.Index, cfg ZMQConfig) (*ZMQSubscriber, error) {
 		}
 	}
 	if !cfg.Slot.Valid() {
-		return nil, fmt.Errorf("cannot subscribe for worker slot %d: at most %d slots", cfg.Slot, radix.MaxWorkers)
+		return nil, fmt.Errorf("cannot subscribe for worker slot %d: at most %d slots", cfg.Slot, workers.Max)
 	}
 	s := &ZMQSubscriber{ix: ix, cfg: cfg, seed: radix.NamespaceSeed(cfg.Model, "", ""),
 		apply: newApplier(ix, 0)}

@@ -17,6 +17,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // wireFormat is how a publisher lays out its batches, as msgspec writes
@@ -371,7 +372,7 @@ func waitFor(t testing.TB, cond func() bool, state func() any) {
 	}
 }
 
-const zmqTestSlot = radix.WorkerSlot(61)
+const zmqTestSlot = workers.Slot(61)
 
 func newZMQIndex(t testing.TB) *radix.Index {
 	t.Helper()
@@ -790,7 +791,7 @@ func TestCheckZMQEndpoint(t *testing.T) {
 	for _, cfg := range []ZMQConfig{
 		{Endpoint: "tcp://*:1", Slot: 1},
 		{Endpoint: "tcp://127.0.0.1:1", Replay: "tcp://*:2", Slot: 1},
-		{Endpoint: "tcp://127.0.0.1:1", Slot: radix.MaxWorkers},
+		{Endpoint: "tcp://127.0.0.1:1", Slot: workers.Max},
 	} {
 		if _, err := NewZMQSubscriber(ix, cfg); err == nil {
 			t.Errorf("%+v accepted", cfg)

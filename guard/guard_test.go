@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/workers"
 )
 
-func newTestPool(t testing.TB, workers int, cfg sched.Config, obs Observer) (*Pool, *sched.Scheduler) {
+func newTestPool(t testing.TB, nWorkers int, cfg sched.Config, obs Observer) (*Pool, *sched.Scheduler) {
 	t.Helper()
 	if cfg.Seed == 0 {
 		cfg.Seed = 3
@@ -22,8 +22,8 @@ func newTestPool(t testing.TB, workers int, cfg sched.Config, obs Observer) (*Po
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range workers {
-		if err := s.Upsert(sched.WorkerInfo{ID: uint64(i), Slot: radix.WorkerSlot(i), Model: "m", KVCapacityBlocks: 1 << 20}); err != nil {
+	for i := range nWorkers {
+		if err := s.Upsert(sched.WorkerInfo{ID: uint64(i), Slot: workers.Slot(i), Model: "m", KVCapacityBlocks: 1 << 20}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -32,7 +32,7 @@ func newTestPool(t testing.TB, workers int, cfg sched.Config, obs Observer) (*Po
 
 func requireNoLoad(t testing.TB, s *sched.Scheduler) {
 	t.Helper()
-	for w := range radix.WorkerSlot(radix.MaxWorkers) {
+	for w := range workers.Slot(workers.Max) {
 		if l := s.Load(w); l.ActiveBlocks != 0 || l.PrefillTokens != 0 || l.Requests != 0 || l.OutputBlocks != 0 {
 			t.Fatalf("slot %d: load left: %+v", w, l)
 		}

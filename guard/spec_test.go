@@ -10,8 +10,8 @@ import (
 
 	"github.com/cockroachdb/datadriven"
 
-	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // TestSpec runs the lifecycle specs in testdata/: one guard at a time on a
@@ -94,7 +94,7 @@ func (sc *scenario) finish(t *testing.T) {
 	if err := sc.live.Release(); err != nil {
 		t.Errorf("%s: releasing the last guard: %v", sc.pos, err)
 	}
-	for w := range radix.WorkerSlot(radix.MaxWorkers) {
+	for w := range workers.Slot(workers.Max) {
 		if l := sc.sched.Load(w); l.Requests != 0 || l.ActiveBlocks != 0 || l.PrefillTokens != 0 || l.OutputBlocks != 0 {
 			t.Errorf("%s: the scenario left load on slot %d: %+v", sc.pos, w, l)
 		}

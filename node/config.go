@@ -16,6 +16,7 @@ import (
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Config is one router on one host. DefaultConfig is the only source of
@@ -148,8 +149,8 @@ func (c *Config) Validate() error {
 	if c.Sched.BlockSize <= 0 {
 		return fmt.Errorf("cannot use block size %d: must be positive", c.Sched.BlockSize)
 	}
-	if len(c.Static) > radix.MaxWorkers {
-		return fmt.Errorf("cannot configure %d static workers: at most %d", len(c.Static), radix.MaxWorkers)
+	if len(c.Static) > workers.Max {
+		return fmt.Errorf("cannot configure %d static workers: at most %d", len(c.Static), workers.Max)
 	}
 	if _, _, err := sched.ParsePolicy(c.Policy); err != nil {
 		return err

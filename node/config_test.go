@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 func TestDefaultConfigValidates(t *testing.T) {
@@ -36,7 +36,7 @@ func TestValidateRefuses(t *testing.T) {
 		{"zero approx capacity", func(c *Config) { c.Approx.Capacity = 0 }, "approx capacity"},
 		{"zero block size", func(c *Config) { c.Sched.BlockSize = 0 }, "block size"},
 		{"too many static workers", func(c *Config) {
-			c.Static = make([]StaticWorker, radix.MaxWorkers+1)
+			c.Static = make([]StaticWorker, workers.Max+1)
 		}, "static workers"},
 		{"unknown policy", func(c *Config) { c.Policy = "fastest" }, "fastest"},
 		{"empty policy", func(c *Config) { c.Policy = "" }, "policy"},

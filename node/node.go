@@ -17,6 +17,7 @@ import (
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Node is one running router: its segment, index, event feeds, scheduler,
@@ -33,12 +34,12 @@ type Node struct {
 	engines  *dispatch.Pool
 	front    *fastpath.Server
 
-	static radix.WorkerSet                       // slots configured statically
-	zmq    [radix.MaxWorkers]*feed.ZMQSubscriber // static workers' event feeds, by slot
+	static workers.Set                      // slots configured statically
+	zmq    [workers.Max]*feed.ZMQSubscriber // static workers' event feeds, by slot
 
 	// regState is what the registry said about each slot last time; only
 	// the registry loop touches it (and New, before the loop starts).
-	regState [radix.MaxWorkers]regEntry
+	regState [workers.Max]regEntry
 
 	stop      context.CancelFunc
 	bg        sync.WaitGroup
@@ -117,7 +118,7 @@ func New(cfg Config) (_ *Node, err error) {
 
 // healthChanged is the engine pool's health hook: the scheduler routes
 // only to engines that pass their checks.
-func (n *Node) healthChanged(slot radix.WorkerSlot, addr string, healthy bool) {
+func (n *Node) healthChanged(slot workers.Slot, addr string, healthy bool) {
 	n.sched.SetHealthy(slot, healthy)
 	n.log.Warn("engine health changed", "slot", slot, "addr", addr, "healthy", healthy)
 }

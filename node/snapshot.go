@@ -2,8 +2,8 @@ package node
 
 import (
 	"github.com/kvfast/kvfast/fastpath"
-	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Snapshot gathers the node's state from its owners (scheduler, index,
@@ -15,7 +15,7 @@ func (n *Node) Snapshot() fastpath.Snapshot {
 	v.Policy = n.cfg.Policy
 	ix := n.index.Stats()
 	v.Index = fastpath.IndexView{Entries: ix.Entries, Capacity: ix.Capacity, Overflow: ix.Overflow, MapEntries: ix.EngineMapEntries}
-	var lag [radix.MaxWorkers]uint64
+	var lag [workers.Max]uint64
 	if n.ingester != nil {
 		fs := n.ingester.Stats()
 		lag = fs.LagBytes

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/kvfast/kvfast/feed"
-	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // regEntry remembers what the registry said about a slot last time, so
@@ -24,9 +24,9 @@ type regEntry struct {
 
 // addStatic gives configured engines the highest slots, counting down, so
 // that they stay clear of the registry, which hands out slots from 0 up.
-func (n *Node) addStatic(workers []StaticWorker) error {
-	for i, w := range workers {
-		slot := radix.WorkerSlot(radix.MaxWorkers - 1 - i)
+func (n *Node) addStatic(static []StaticWorker) error {
+	for i, w := range static {
+		slot := workers.Slot(workers.Max - 1 - i)
 		addr, err := hostPort(w.Endpoint)
 		if err != nil {
 			return fmt.Errorf("cannot use static worker %d: %w", w.ID, err)
@@ -38,7 +38,7 @@ func (n *Node) addStatic(workers []StaticWorker) error {
 		if _, err := n.engines.Add(slot, addr); err != nil {
 			return err
 		}
-		n.static |= radix.SetOf(slot)
+		n.static |= workers.SetOf(slot)
 		if w.Events == "" {
 			continue
 		}
@@ -100,10 +100,10 @@ func (n *Node) syncRegistry() {
 	if n.seg == nil {
 		return
 	}
-	var live radix.WorkerSet
+	var live workers.Set
 	changed := false
-	for i := range radix.MaxWorkers {
-		slot := radix.WorkerSlot(i)
+	for i := range workers.Max {
+		slot := workers.Slot(i)
 		if n.static.Has(slot) {
 			continue
 		}
@@ -134,14 +134,14 @@ func (n *Node) syncRegistry() {
 			*e = regEntry{present: true, generation: info.Generation, endpoint: info.Endpoint, model: info.Model}
 			changed = true
 		}
-		live |= radix.SetOf(slot)
+		live |= workers.SetOf(slot)
 		if ld, err := n.seg.LoadOf(slot); err == nil {
 			n.sched.SetEngineLoad(slot, uint32(min(ld.Running, 1<<31)), uint32(min(ld.Waiting, 1<<31)),
 				ld.KVUsedBlocks, ld.KVTotalBlocks)
 		}
 	}
-	for i := range radix.MaxWorkers {
-		slot := radix.WorkerSlot(i)
+	for i := range workers.Max {
+		slot := workers.Slot(i)
 		if e := &n.regState[slot]; e.present && !live.Has(slot) {
 			n.log.Info("worker left", "slot", slot, "endpoint", e.endpoint)
 			n.sched.Remove(slot)

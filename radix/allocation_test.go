@@ -2,7 +2,11 @@
 
 package radix
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/kvfast/kvfast/workers"
+)
 
 func TestHashBlocksAllocatesNothing(t *testing.T) {
 	tokens := seqTokens(8192, 3)
@@ -20,7 +24,7 @@ func TestIndexHotPathsAllocateNothing(t *testing.T) {
 	hashes := AppendBlockHashes(nil, 1, seqTokens(512*16, 0), 16)
 	ix.Stored(0, hashes)
 	ix.Stored(1, hashes[:100])
-	var out Overlaps
+	var out workers.Overlaps
 	for name, fn := range map[string]func(){
 		"FindMatches": func() { ix.FindMatches(hashes, &out) },
 		"Lookup":      func() { ix.Lookup(hashes[7]) },

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Approx is the index of the approximate (no-events) mode: instead of
@@ -26,7 +28,7 @@ type Approx struct {
 type approxRecord struct {
 	hash    uint64
 	expires int64 // unix nanoseconds
-	worker  WorkerSlot
+	worker  workers.Slot
 }
 
 // NewApprox returns an approximate index holding at most cfg.Capacity
@@ -47,13 +49,13 @@ func NewApprox(cfg Config, ttl time.Duration) (*Approx, error) {
 }
 
 // FindMatches is Index.FindMatches over the current assumptions.
-func (a *Approx) FindMatches(hashes []uint64, out *Overlaps) WorkerSet {
+func (a *Approx) FindMatches(hashes []uint64, out *workers.Overlaps) workers.Set {
 	return a.ix.FindMatches(hashes, out)
 }
 
 // Insert records that worker w was just sent a prompt with these block
 // hashes. Re-inserting a block extends its life. It makes no allocation.
-func (a *Approx) Insert(w WorkerSlot, hashes []uint64, now time.Time) {
+func (a *Approx) Insert(w workers.Slot, hashes []uint64, now time.Time) {
 	a.ix.checkSlot(w)
 	nowNs := now.UnixNano()
 	expires := nowNs + int64(a.ttl)

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/kvfast/kvfast/workers"
 )
 
 func BenchmarkHashBlocks(b *testing.B) {
@@ -40,7 +42,7 @@ func warmIndex(b testing.TB, minBlocks, promptBlocks int) (*Index, [][]uint64) {
 			}
 			p = extendChain(r, testSeed, p, promptBlocks-len(p))
 			for range 1 + r.IntN(3) {
-				ix.Stored(WorkerSlot(r.IntN(8)), p)
+				ix.Stored(workers.Slot(r.IntN(8)), p)
 			}
 			prompts = append(prompts, p)
 		}
@@ -64,7 +66,7 @@ func sharedWarmIndex(b testing.TB) (*Index, [][]uint64) {
 func BenchmarkFindMatches(b *testing.B) {
 	ix, prompts := sharedWarmIndex(b)
 	st := ix.Stats()
-	var out Overlaps
+	var out workers.Overlaps
 	r := rand.New(rand.NewPCG(1, 2))
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -83,19 +85,17 @@ func BenchmarkFindMatches(b *testing.B) {
 // lookup call and once per event batch — how most Go routers keep this.
 type mutexMap struct {
 	mu sync.RWMutex
-	m  map[uint64]WorkerSet
+	m  map[uint64]workers.Set
 }
 
-func (mm *mutexMap) findMatches(hashes []uint64, out *Overlaps) {
-	*out = Overlaps{}
+func (mm *mutexMap) findMatches(hashes []uint64, out *workers.Overlaps) {
+	*out = workers.Overlaps{}
 	mm.mu.RLock()
-	active := AllWorkers
+	active := workers.AllSlots
 	for i, h := range hashes {
 		next := active & mm.m[h]
 		if i > 0 {
-			for gone := active &^ next; gone != 0; {
-				var w WorkerSlot
-				w, gone = gone.First()
+			for w := range (active &^ next).All() {
 				out[w] = uint32(i)
 			}
 		}
@@ -106,24 +106,24 @@ func (mm *mutexMap) findMatches(hashes []uint64, out *Overlaps) {
 	}
 	mm.mu.RUnlock()
 	for active != 0 {
-		var w WorkerSlot
+		var w workers.Slot
 		w, active = active.First()
 		out[w] = uint32(len(hashes))
 	}
 }
 
-func (mm *mutexMap) stored(w WorkerSlot, hashes []uint64) {
+func (mm *mutexMap) stored(w workers.Slot, hashes []uint64) {
 	mm.mu.Lock()
 	for _, h := range hashes {
-		mm.m[h] |= SetOf(w)
+		mm.m[h] |= workers.SetOf(w)
 	}
 	mm.mu.Unlock()
 }
 
-func (mm *mutexMap) removed(w WorkerSlot, hashes []uint64) {
+func (mm *mutexMap) removed(w workers.Slot, hashes []uint64) {
 	mm.mu.Lock()
 	for _, h := range hashes {
-		if s := mm.m[h] &^ SetOf(w); s == 0 {
+		if s := mm.m[h] &^ workers.SetOf(w); s == 0 {
 			delete(mm.m, h)
 		} else {
 			mm.m[h] = s
@@ -134,7 +134,7 @@ func (mm *mutexMap) removed(w WorkerSlot, hashes []uint64) {
 
 // examined is how many hashes a lookup had to resolve: up to and including
 // the first one no remaining worker held.
-func examined(out *Overlaps, n int) int {
+func examined(out *workers.Overlaps, n int) int {
 	best := 0
 	for _, o := range out {
 		best = max(best, int(o))
@@ -150,12 +150,12 @@ func BenchmarkIndexMixed(b *testing.B) {
 	const promptBlocks, eventBlocks = 256, 32
 	r := rand.New(rand.NewPCG(9, 9))
 	prompts := chains(r, 4096, promptBlocks)
-	owners := make([]WorkerSlot, len(prompts))
+	owners := make([]workers.Slot, len(prompts))
 	for i := range owners {
-		owners[i] = WorkerSlot(r.IntN(8))
+		owners[i] = workers.Slot(r.IntN(8))
 	}
 
-	run := func(b *testing.B, find func([]uint64, *Overlaps), stored, removed func(WorkerSlot, []uint64)) {
+	run := func(b *testing.B, find func([]uint64, *workers.Overlaps), stored, removed func(workers.Slot, []uint64)) {
 		for i, p := range prompts {
 			stored(owners[i], p)
 		}
@@ -165,7 +165,7 @@ func BenchmarkIndexMixed(b *testing.B) {
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			gr := rand.New(rand.NewPCG(seq.Add(1), 1))
-			var out Overlaps
+			var out workers.Overlaps
 			local := 0
 			for pb.Next() {
 				k := gr.IntN(len(prompts))
@@ -189,10 +189,10 @@ func BenchmarkIndexMixed(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		run(b, func(h []uint64, o *Overlaps) { ix.FindMatches(h, o) }, ix.Stored, ix.Removed)
+		run(b, func(h []uint64, o *workers.Overlaps) { ix.FindMatches(h, o) }, ix.Stored, ix.Removed)
 	})
 	b.Run("mutexmap", func(b *testing.B) {
-		mm := &mutexMap{m: make(map[uint64]WorkerSet, 4096*promptBlocks)}
+		mm := &mutexMap{m: make(map[uint64]workers.Set, 4096*promptBlocks)}
 		run(b, mm.findMatches, mm.stored, mm.removed)
 	})
 }

@@ -3,6 +3,8 @@ package radix
 import (
 	"encoding/binary"
 	"testing"
+
+	"github.com/kvfast/kvfast/workers"
 )
 
 // FuzzApplyEvents decodes the input as a stream of index operations over a
@@ -19,12 +21,12 @@ func FuzzApplyEvents(f *testing.F) {
 			t.Fatal(err)
 		}
 		ref := model{}
-		var out Overlaps
+		var out workers.Overlaps
 		hashes := make([]uint64, 0, 8)
 		for len(data) >= 2 {
 			op, arg := data[0], data[1]
 			data = data[2:]
-			w := WorkerSlot(arg % 5)
+			w := workers.Slot(arg % 5)
 			hashes = hashes[:0]
 			for i := 0; i < int(op>>2)%8+1 && i < len(data); i++ {
 				h := uint64(data[i]%48)*0x9e3779b97f4a7c15 + 64
@@ -39,21 +41,21 @@ func FuzzApplyEvents(f *testing.F) {
 			case 0:
 				ix.Stored(w, hashes)
 				for _, h := range hashes {
-					if ref[h]&SetOf(w) == 0 && ix.Lookup(h).Has(w) {
-						ref[h] |= SetOf(w)
+					if ref[h]&workers.SetOf(w) == 0 && ix.Lookup(h).Has(w) {
+						ref[h] |= workers.SetOf(w)
 					}
 				}
 			case 1:
 				ix.Removed(w, hashes)
 				for _, h := range hashes {
-					if ref[h] &^= SetOf(w); ref[h] == 0 {
+					if ref[h] &^= workers.SetOf(w); ref[h] == 0 {
 						delete(ref, h)
 					}
 				}
 			case 2:
 				ix.Cleared(w)
 				for h := range ref {
-					if ref[h] &^= SetOf(w); ref[h] == 0 {
+					if ref[h] &^= workers.SetOf(w); ref[h] == 0 {
 						delete(ref, h)
 					}
 				}
@@ -97,7 +99,7 @@ func FuzzAttach(f *testing.F) {
 		if err != nil {
 			return
 		}
-		var out Overlaps
+		var out workers.Overlaps
 		ix.FindMatches([]uint64{100, 200, 300, 400}, &out)
 		_ = ix.Verify() // may report damage in the slots; must not panic
 		ix.Repair()

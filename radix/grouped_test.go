@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"unsafe"
+
+	"github.com/kvfast/kvfast/workers"
 )
 
 // The layout rests on this: within a group, each block of a chain lands in
@@ -45,7 +47,7 @@ func TestStoredGroupsStayCompact(t *testing.T) {
 	}
 	ix := newTestIndex(t, Config{Capacity: 200_000})
 	for i, p := range prompts {
-		ix.Stored(WorkerSlot(i%8), p)
+		ix.Stored(workers.Slot(i%8), p)
 	}
 	st := ix.Stats()
 	if st.Overflow != 0 {
@@ -111,17 +113,17 @@ func TestSiblingPileUpStaysBounded(t *testing.T) {
 	convs := make([][]uint64, siblings)
 	for i := range convs {
 		p := extendChain(r, testSeed, slices.Clone(prefix), 10)
-		w := WorkerSlot(i % 8)
+		w := workers.Slot(i % 8)
 		ix.Stored(w, p)
 		for _, h := range p {
-			ref[h] |= SetOf(w)
+			ref[h] |= workers.SetOf(w)
 		}
 		convs[i] = p
 	}
 	if err := ix.Verify(); err != nil {
 		t.Fatal(err)
 	}
-	var out Overlaps
+	var out workers.Overlaps
 	for i, p := range convs {
 		gotSet := ix.FindMatches(p, &out)
 		want, wantSet := ref.findMatches(p)
@@ -146,7 +148,7 @@ func TestSiblingPileUpStaysBounded(t *testing.T) {
 	// Removing everything empties the table; Repair then finds nothing to
 	// drop and leaves every spill count at zero (saturated ones included).
 	for i, p := range convs {
-		ix.Removed(WorkerSlot(i%8), p)
+		ix.Removed(workers.Slot(i%8), p)
 	}
 	if st := ix.Stats(); st.Entries != 0 {
 		t.Fatalf("%d entries left", st.Entries)

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvfast/kvfast/workers"
 )
 
 // TestHammer runs writers and lock-free readers against one small index, so
@@ -26,7 +28,7 @@ func TestHammer(t *testing.T) {
 	t.Run("uniform", func(t *testing.T) {
 		r := rand.New(rand.NewPCG(3, 3))
 		// owner is encoded in the hash's top byte, never a valid chain
-		hashFor := func(owner WorkerSlot, r *rand.Rand) uint64 {
+		hashFor := func(owner workers.Slot, r *rand.Rand) uint64 {
 			return uint64(owner)<<56 | r.Uint64()>>8 | 1<<20
 		}
 		stable := make([]uint64, 400)
@@ -38,7 +40,7 @@ func TestHammer(t *testing.T) {
 			pools[w] = make([]uint64, 600)
 			wr := rand.New(rand.NewPCG(uint64(w), 11))
 			for i := range pools[w] {
-				pools[w][i] = hashFor(WorkerSlot(w), wr)
+				pools[w][i] = hashFor(workers.Slot(w), wr)
 			}
 		}
 		hammer(t, Config{Capacity: 3000, Shards: 2}, stable, pools)
@@ -59,7 +61,7 @@ func TestHammer(t *testing.T) {
 		probe := newTestIndex(t, cfg)
 		probe.Stored(hammerStable, stable)
 		for w, pool := range pools {
-			probe.Stored(WorkerSlot(w), pool)
+			probe.Stored(workers.Slot(w), pool)
 		}
 		crossShard := 0
 		for si := range probe.shards {
@@ -77,7 +79,7 @@ func TestHammer(t *testing.T) {
 	})
 }
 
-const hammerStable = WorkerSlot(63)
+const hammerStable = workers.Slot(63)
 
 // hammer stores stable for hammerStable, then lets writer w churn pools[w]
 // as worker w while readers check the guarantees.
@@ -89,7 +91,7 @@ func hammer(t *testing.T, cfg Config, stable []uint64, pools [][]uint64) {
 		duration = 300 * time.Millisecond
 	}
 	ix := newTestIndex(t, cfg)
-	owner := map[uint64]WorkerSlot{}
+	owner := map[uint64]workers.Slot{}
 	for _, h := range stable {
 		owner[h] = hammerStable
 	}
@@ -98,7 +100,7 @@ func hammer(t *testing.T, cfg Config, stable []uint64, pools [][]uint64) {
 			if _, dup := owner[h]; dup {
 				t.Fatalf("hash %#x in two pools", h)
 			}
-			owner[h] = WorkerSlot(w)
+			owner[h] = workers.Slot(w)
 		}
 	}
 	ix.Stored(hammerStable, stable)
@@ -112,7 +114,7 @@ func hammer(t *testing.T, cfg Config, stable []uint64, pools [][]uint64) {
 		go func() {
 			defer wg.Done()
 			wr := rand.New(rand.NewPCG(uint64(w), 99))
-			slot := WorkerSlot(w)
+			slot := workers.Slot(w)
 			batch := make([]uint64, 0, 8)
 			for !stop.Load() {
 				batch = batch[:0]
@@ -143,7 +145,7 @@ func hammer(t *testing.T, cfg Config, stable []uint64, pools [][]uint64) {
 		go func() {
 			defer wg.Done()
 			rr := rand.New(rand.NewPCG(uint64(rd), 5))
-			var out Overlaps
+			var out workers.Overlaps
 			for !stop.Load() {
 				if ix.FindMatches(stable, &out); out[hammerStable] != uint32(len(stable)) {
 					violations.Add(1)
@@ -152,7 +154,7 @@ func hammer(t *testing.T, cfg Config, stable []uint64, pools [][]uint64) {
 				for range 64 {
 					w := rr.IntN(writers)
 					h := pools[w][rr.IntN(len(pools[w]))]
-					if set := ix.Lookup(h); set&^SetOf(owner[h]) != 0 {
+					if set := ix.Lookup(h); set&^workers.SetOf(owner[h]) != 0 {
 						violations.Add(1)
 						t.Errorf("hash of worker %d seen held by %b", w, set)
 					}
@@ -172,7 +174,7 @@ func hammer(t *testing.T, cfg Config, stable []uint64, pools [][]uint64) {
 	}
 	for w := range writers {
 		for _, h := range pools[w] {
-			if got, want := ix.Lookup(h).Has(WorkerSlot(w)), ledgers[w][h]; got != want {
+			if got, want := ix.Lookup(h).Has(workers.Slot(w)), ledgers[w][h]; got != want {
 				t.Fatalf("worker %d hash %#x: index says %v, writer's ledger %v", w, h, got, want)
 			}
 		}

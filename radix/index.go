@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/kvfast/kvfast/internal/invariants"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Index maps chained block hashes to the set of workers caching each block,
@@ -43,7 +44,7 @@ type shardMeta struct {
 	unresolvedRemovals atomic.Uint64
 	_                  [3]uint64
 
-	workerBlocks [MaxWorkers]atomic.Uint32
+	workerBlocks [workers.Max]atomic.Uint32
 }
 
 func init() {
@@ -141,9 +142,9 @@ func (ix *Index) mapShard(key uint64) *shard {
 }
 
 // Lookup returns the workers that hold the block with hash h.
-func (ix *Index) Lookup(h uint64) WorkerSet {
+func (ix *Index) Lookup(h uint64) workers.Set {
 	v, _ := ix.lookupBlock(storedKey(h))
-	return WorkerSet(v)
+	return workers.Set(v)
 }
 
 // lookupBlock is the careful block lookup: the near probe, then, if the
@@ -195,11 +196,11 @@ const (
 // holds without a gap, and returns the set of workers whose overlap is at
 // least one block. It stops probing as soon as no worker is left. It makes
 // no allocation and takes no lock.
-func (ix *Index) FindMatches(hashes []uint64, out *Overlaps) WorkerSet {
-	*out = Overlaps{}
+func (ix *Index) FindMatches(hashes []uint64, out *workers.Overlaps) workers.Set {
+	*out = workers.Overlaps{}
 	var (
-		active  = AllWorkers
-		matched WorkerSet
+		active  = workers.AllSlots
+		matched workers.Set
 		run     runCursor
 		lines   [lookupChunk * groupLines]uintptr
 	)
@@ -216,9 +217,7 @@ func (ix *Index) FindMatches(hashes []uint64, out *Overlaps) WorkerSet {
 		for i := base; i < end; i++ {
 			next := active & ix.resolve(hashes[i], &run)
 			if i > 0 {
-				for gone := active &^ next; gone != 0; {
-					var w WorkerSlot
-					w, gone = gone.First()
+				for w := range (active &^ next).All() {
 					out[w] = uint32(i)
 				}
 			} else {
@@ -230,9 +229,7 @@ func (ix *Index) FindMatches(hashes []uint64, out *Overlaps) WorkerSet {
 			}
 		}
 	}
-	for rest := active; rest != 0; {
-		var w WorkerSlot
-		w, rest = rest.First()
+	for w := range active.All() {
 		out[w] = uint32(len(hashes))
 	}
 	return matched
@@ -273,7 +270,7 @@ type runCursor struct {
 // slots after it. A hit there is as good as one by probing (the slot's key
 // is checked around the value read); otherwise the full probe decides, and
 // its hit starts a new run.
-func (ix *Index) resolve(h uint64, run *runCursor) WorkerSet {
+func (ix *Index) resolve(h uint64, run *runCursor) workers.Set {
 	key := storedKey(h)
 	if t := run.t; t != nil && (key^run.key)&groupMask == 0 {
 		c, rc := uint32(key>>counterShift&counterMask), uint32(run.key>>counterShift&counterMask)
@@ -286,7 +283,7 @@ func (ix *Index) resolve(h uint64, run *runCursor) WorkerSet {
 			if s.key.Load() == key {
 				v := s.val.Load()
 				if s.key.Load() == key {
-					return WorkerSet(v)
+					return workers.Set(v)
 				}
 			}
 		}
@@ -298,17 +295,17 @@ func (ix *Index) resolve(h uint64, run *runCursor) WorkerSet {
 		// rather than scan a window that is probably full.
 		b := &ix.spillShard(key).blocks
 		if v, st := b.probe(key, b.spillHome(key), b.n); st == probeHit {
-			return WorkerSet(v)
+			return workers.Set(v)
 		}
 	}
 	if v, p, ok := t.probeNear(key, home); ok {
 		*run = runCursor{key: key, t: t, pos: p}
-		return WorkerSet(v)
+		return workers.Set(v)
 	}
 	// Spilled, absent, or raced a writer: the careful path, whose
 	// move-sequence checks make a miss trustworthy.
 	v, _ := ix.lookupBlock(key)
-	return WorkerSet(v)
+	return workers.Set(v)
 }
 
 // writeBatch is how many keys a writer warms before it takes the first
@@ -320,7 +317,7 @@ const writeBatch = 16
 // warm loads the slots where the batch's probes start and returns nothing
 // useful: it exists for its cache side effect. A block's spill slot is
 // warmed too when its spill count says the writer may have to walk there.
-func (ix *Index) warm(hashes []uint64, engine bool, w WorkerSlot) {
+func (ix *Index) warm(hashes []uint64, engine bool, w workers.Slot) {
 	for _, h := range hashes {
 		if engine {
 			key := mapKey(w, h)
@@ -341,7 +338,7 @@ func (ix *Index) warm(hashes []uint64, engine bool, w WorkerSlot) {
 
 // Stored records that worker w now caches the blocks with these hashes.
 // A block the index has no room for is counted as overflow and skipped.
-func (ix *Index) Stored(w WorkerSlot, hashes []uint64) {
+func (ix *Index) Stored(w workers.Slot, hashes []uint64) {
 	ix.checkSlot(w)
 	if invariants.Enabled {
 		defer ix.wrote("Stored", len(hashes))
@@ -358,7 +355,7 @@ func (ix *Index) Stored(w WorkerSlot, hashes []uint64) {
 
 // Removed records that worker w evicted the blocks with these hashes.
 // Hashes the index does not hold for w are ignored.
-func (ix *Index) Removed(w WorkerSlot, hashes []uint64) {
+func (ix *Index) Removed(w workers.Slot, hashes []uint64) {
 	ix.checkSlot(w)
 	if invariants.Enabled {
 		defer ix.wrote("Removed", len(hashes))
@@ -377,8 +374,8 @@ func (ix *Index) Removed(w WorkerSlot, hashes []uint64) {
 // near shard's lock, and the spill shard's too when the key may be spilled
 // or must spill, always ending up holding them in ascending shard order so
 // that two writers never wait for each other's second lock.
-func (ix *Index) updateBlock(key uint64, w WorkerSlot, store bool) {
-	bit := uint64(SetOf(w))
+func (ix *Index) updateBlock(key uint64, w workers.Slot, store bool) {
+	bit := uint64(workers.SetOf(w))
 	a := ix.nearShard(key)
 	at := &a.blocks
 	home := at.home(key)
@@ -442,7 +439,7 @@ func lockSecond(a, b *shard) bool {
 	return false
 }
 
-func (ix *Index) applyBit(sh *shard, i uint32, w WorkerSlot, bit uint64, store bool) {
+func (ix *Index) applyBit(sh *shard, i uint32, w workers.Slot, bit uint64, store bool) {
 	if !store {
 		ix.clearBit(sh, i, w, bit)
 		return
@@ -454,7 +451,7 @@ func (ix *Index) applyBit(sh *shard, i uint32, w WorkerSlot, bit uint64, store b
 	}
 }
 
-func (ix *Index) insertBlock(sh *shard, i uint32, key uint64, w WorkerSlot, bit uint64) bool {
+func (ix *Index) insertBlock(sh *shard, i uint32, key uint64, w workers.Slot, bit uint64) bool {
 	if !sh.blocks.insertAt(i, key, bit) {
 		return false
 	}
@@ -465,7 +462,7 @@ func (ix *Index) insertBlock(sh *shard, i uint32, key uint64, w WorkerSlot, bit 
 // clearBit drops w from slot i, deleting the entry when no worker is left.
 // It reports whether the slot now holds another entry (after a shift),
 // which callers scanning a shard must examine again. Writer.
-func (ix *Index) clearBit(sh *shard, i uint32, w WorkerSlot, bit uint64) (shifted bool) {
+func (ix *Index) clearBit(sh *shard, i uint32, w workers.Slot, bit uint64) (shifted bool) {
 	s := sh.blocks.at(i)
 	old := s.val.Load()
 	if old&bit == 0 {
@@ -482,7 +479,7 @@ func (ix *Index) clearBit(sh *shard, i uint32, w WorkerSlot, bit uint64) (shifte
 
 // Cleared drops every block of worker w, as when the engine reports that
 // it emptied its cache. The engine-hash map is kept.
-func (ix *Index) Cleared(w WorkerSlot) {
+func (ix *Index) Cleared(w workers.Slot) {
 	ix.checkSlot(w)
 	scanned := ix.clearWorker(w)
 	if invariants.Enabled {
@@ -492,8 +489,8 @@ func (ix *Index) Cleared(w WorkerSlot) {
 
 // clearWorker drops every block of worker w and returns how many slots it
 // scanned to find them.
-func (ix *Index) clearWorker(w WorkerSlot) (scanned int) {
-	bit := uint64(SetOf(w))
+func (ix *Index) clearWorker(w workers.Slot) (scanned int) {
+	bit := uint64(workers.SetOf(w))
 	for si := range ix.shards {
 		sh := &ix.shards[si]
 		sh.mu.Lock()
@@ -513,7 +510,7 @@ func (ix *Index) clearWorker(w WorkerSlot) (scanned int) {
 
 // RemoveWorker forgets worker w entirely: its blocks and its engine-hash
 // mappings. The slot may then be given to another engine.
-func (ix *Index) RemoveWorker(w WorkerSlot) {
+func (ix *Index) RemoveWorker(w workers.Slot) {
 	ix.checkSlot(w)
 	scanned := ix.clearWorker(w)
 	if invariants.Enabled {
@@ -524,7 +521,7 @@ func (ix *Index) RemoveWorker(w WorkerSlot) {
 		sh.mu.Lock()
 		for i := uint32(0); i < sh.engine.n; {
 			k := sh.engine.at(i).key.Load()
-			if k != emptyKey && k != busyKey && WorkerSlot(k>>mapWorkerShift) == w {
+			if k != emptyKey && k != busyKey && workers.Slot(k>>mapWorkerShift) == w {
 				sh.engine.deleteAt(i)
 				continue
 			}
@@ -534,7 +531,7 @@ func (ix *Index) RemoveWorker(w WorkerSlot) {
 	}
 }
 
-func (ix *Index) checkSlot(w WorkerSlot) {
+func (ix *Index) checkSlot(w workers.Slot) {
 	if !w.Valid() {
 		panic(fmt.Sprintf("BUG: radix: worker slot %d out of range", w))
 	}
@@ -549,14 +546,14 @@ const (
 	mapHashMask    = 1<<mapWorkerShift - 1
 )
 
-func mapKey(w WorkerSlot, engine uint64) uint64 {
+func mapKey(w workers.Slot, engine uint64) uint64 {
 	return storedKey(mix64(engine^uint64(w)*0x9e3779b97f4a7c15)&mapHashMask | uint64(w)<<mapWorkerShift)
 }
 
 // MapEngineHash remembers that worker w's block named engine by the engine
 // has the kvfast hash kv, so a later removal by engine hash resolves. It
 // reports false if the map is full (counted as map overflow).
-func (ix *Index) MapEngineHash(w WorkerSlot, engine, kv uint64) bool {
+func (ix *Index) MapEngineHash(w workers.Slot, engine, kv uint64) bool {
 	ix.checkSlot(w)
 	if invariants.Enabled {
 		defer ix.wrote("MapEngineHash", 1)
@@ -564,7 +561,7 @@ func (ix *Index) MapEngineHash(w WorkerSlot, engine, kv uint64) bool {
 	return ix.mapEngineHash(w, engine, kv)
 }
 
-func (ix *Index) mapEngineHash(w WorkerSlot, engine, kv uint64) bool {
+func (ix *Index) mapEngineHash(w workers.Slot, engine, kv uint64) bool {
 	key := mapKey(w, engine)
 	sh := ix.mapShard(key)
 	sh.mu.Lock()
@@ -578,14 +575,14 @@ func (ix *Index) mapEngineHash(w WorkerSlot, engine, kv uint64) bool {
 }
 
 // LookupEngineHash resolves worker w's engine hash to the kvfast hash.
-func (ix *Index) LookupEngineHash(w WorkerSlot, engine uint64) (uint64, bool) {
+func (ix *Index) LookupEngineHash(w workers.Slot, engine uint64) (uint64, bool) {
 	ix.checkSlot(w)
 	key := mapKey(w, engine)
 	return ix.mapShard(key).engine.lookup(key)
 }
 
 // UnmapEngineHash resolves and forgets worker w's engine hash.
-func (ix *Index) UnmapEngineHash(w WorkerSlot, engine uint64) (uint64, bool) {
+func (ix *Index) UnmapEngineHash(w workers.Slot, engine uint64) (uint64, bool) {
 	ix.checkSlot(w)
 	if invariants.Enabled {
 		defer ix.wrote("UnmapEngineHash", 1)
@@ -593,7 +590,7 @@ func (ix *Index) UnmapEngineHash(w WorkerSlot, engine uint64) (uint64, bool) {
 	return ix.unmapEngineHash(w, engine)
 }
 
-func (ix *Index) unmapEngineHash(w WorkerSlot, engine uint64) (uint64, bool) {
+func (ix *Index) unmapEngineHash(w workers.Slot, engine uint64) (uint64, bool) {
 	key := mapKey(w, engine)
 	sh := ix.mapShard(key)
 	sh.mu.Lock()
@@ -610,7 +607,7 @@ func (ix *Index) unmapEngineHash(w WorkerSlot, engine uint64) (uint64, bool) {
 
 // MapEngineHashes is MapEngineHash for a batch: engines[i] maps to kvs[i].
 // It returns how many mappings found room.
-func (ix *Index) MapEngineHashes(w WorkerSlot, engines, kvs []uint64) int {
+func (ix *Index) MapEngineHashes(w workers.Slot, engines, kvs []uint64) int {
 	if len(engines) != len(kvs) {
 		panic("BUG: radix: MapEngineHashes with unequal slices")
 	}
@@ -634,7 +631,7 @@ func (ix *Index) MapEngineHashes(w WorkerSlot, engines, kvs []uint64) int {
 
 // UnmapEngineHashes is UnmapEngineHash for a batch: it appends to dst the
 // kvfast hash of every engine hash that resolved, and returns dst.
-func (ix *Index) UnmapEngineHashes(w WorkerSlot, engines []uint64, dst []uint64) []uint64 {
+func (ix *Index) UnmapEngineHashes(w workers.Slot, engines []uint64, dst []uint64) []uint64 {
 	ix.checkSlot(w)
 	if invariants.Enabled {
 		defer ix.wrote("UnmapEngineHashes", len(engines))

@@ -4,24 +4,24 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/kvfast/kvfast/workers"
 )
 
 // model is the reference the index must agree with: a plain map from block
 // hash to worker set.
-type model map[uint64]WorkerSet
+type model map[uint64]workers.Set
 
-func (m model) findMatches(hashes []uint64) (Overlaps, WorkerSet) {
-	var out Overlaps
-	active := AllWorkers
-	var matched WorkerSet
+func (m model) findMatches(hashes []uint64) (workers.Overlaps, workers.Set) {
+	var out workers.Overlaps
+	active := workers.AllSlots
+	var matched workers.Set
 	for i, h := range hashes {
 		next := active & m[h]
 		if i == 0 {
 			matched = next
 		}
-		for gone := active &^ next; gone != 0; {
-			var w WorkerSlot
-			w, gone = gone.First()
+		for w := range (active &^ next).All() {
 			out[w] = uint32(i)
 		}
 		active = next
@@ -29,13 +29,11 @@ func (m model) findMatches(hashes []uint64) (Overlaps, WorkerSet) {
 			return out, matched
 		}
 	}
-	for rest := active; rest != 0; {
-		var w WorkerSlot
-		w, rest = rest.First()
+	for w := range active.All() {
 		out[w] = uint32(len(hashes))
 	}
 	if len(hashes) == 0 {
-		out = Overlaps{}
+		out = workers.Overlaps{}
 	}
 	return out, matched
 }
@@ -111,11 +109,11 @@ func TestIndexAgreesWithModel(t *testing.T) {
 					}
 				}
 			}
-			var got Overlaps
+			var got workers.Overlaps
 			for op := 0; op < tc.ops; op++ {
-				w := WorkerSlot(r.IntN(8))
+				w := workers.Slot(r.IntN(8))
 				if r.IntN(10) == 0 {
-					w = WorkerSlot(r.IntN(MaxWorkers))
+					w = workers.Slot(r.IntN(workers.Max))
 				}
 				p := prompts[r.IntN(len(prompts))]
 				lo := r.IntN(len(p))
@@ -124,26 +122,26 @@ func TestIndexAgreesWithModel(t *testing.T) {
 				case k < 45:
 					ix.Stored(w, p[lo:hi])
 					for _, h := range p[lo:hi] {
-						ref[h] |= SetOf(w)
+						ref[h] |= workers.SetOf(w)
 					}
 				case k < 85:
 					ix.Removed(w, p[lo:hi])
 					for _, h := range p[lo:hi] {
-						if ref[h] &^= SetOf(w); ref[h] == 0 {
+						if ref[h] &^= workers.SetOf(w); ref[h] == 0 {
 							delete(ref, h)
 						}
 					}
 				case k < 88:
 					ix.Cleared(w)
 					for h := range ref {
-						if ref[h] &^= SetOf(w); ref[h] == 0 {
+						if ref[h] &^= workers.SetOf(w); ref[h] == 0 {
 							delete(ref, h)
 						}
 					}
 				default:
 					ix.RemoveWorker(w)
 					for h := range ref {
-						if ref[h] &^= SetOf(w); ref[h] == 0 {
+						if ref[h] &^= workers.SetOf(w); ref[h] == 0 {
 							delete(ref, h)
 						}
 					}
@@ -175,13 +173,13 @@ func TestFindMatchesIsContiguousPrefix(t *testing.T) {
 	ix.Stored(1, h[:2])                    // prefix of two
 	ix.Stored(2, h[1:])                    // everything but the first block: no prefix at all
 	ix.Stored(3, []uint64{10, 11, 13, 14}) // a gap at block 2
-	var out Overlaps
+	var out workers.Overlaps
 	set := ix.FindMatches(h, &out)
-	want := Overlaps{0: 5, 1: 2, 3: 2}
+	want := workers.Overlaps{0: 5, 1: 2, 3: 2}
 	if out != want {
 		t.Fatalf("overlaps %v, want %v", out[:4], want[:4])
 	}
-	if set != SetOf(0)|SetOf(1)|SetOf(3) {
+	if set != workers.SetOf(0)|workers.SetOf(1)|workers.SetOf(3) {
 		t.Fatalf("matched set %b", set)
 	}
 }
@@ -198,7 +196,7 @@ func TestOverflowIsCountedAndRoutingGoesOn(t *testing.T) {
 	if st.Entries != uint64(limit) || st.Overflow != 50 {
 		t.Fatalf("entries %d overflow %d, want %d and 50", st.Entries, st.Overflow, limit)
 	}
-	var out Overlaps
+	var out workers.Overlaps
 	ix.FindMatches(hashes, &out)
 	if out[5] != uint32(limit) {
 		t.Fatalf("overlap %d, want the %d stored blocks", out[5], limit)
@@ -223,7 +221,7 @@ func TestChurnDoesNotDegrade(t *testing.T) {
 	for i := 0; i < 200_000; i++ {
 		if len(live) < 1500 || r.IntN(2) == 0 {
 			h := r.Uint64()
-			ix.Stored(WorkerSlot(r.IntN(4)), []uint64{h})
+			ix.Stored(workers.Slot(r.IntN(4)), []uint64{h})
 			live = append(live, h)
 			continue
 		}
@@ -231,7 +229,7 @@ func TestChurnDoesNotDegrade(t *testing.T) {
 		h := live[k]
 		live[k] = live[len(live)-1]
 		live = live[:len(live)-1]
-		for w := WorkerSlot(0); w < 4; w++ {
+		for w := workers.Slot(0); w < 4; w++ {
 			ix.Removed(w, []uint64{h})
 		}
 	}
@@ -279,7 +277,7 @@ func missProbeLength(ix *Index, key uint64) int {
 
 func TestEngineHashMap(t *testing.T) {
 	ix := newTestIndex(t, Config{Capacity: 1000})
-	for w := WorkerSlot(0); w < 4; w++ {
+	for w := workers.Slot(0); w < 4; w++ {
 		for e := uint64(0); e < 100; e++ { // sequential engine hashes, the worst case for a naive map
 			if !ix.MapEngineHash(w, e, e*1000+uint64(w)) {
 				t.Fatal("map full")
@@ -358,7 +356,7 @@ func TestAttachRefusesBadRegions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var out Overlaps
+		var out workers.Overlaps
 		again.FindMatches([]uint64{1, 2, 3}, &out)
 		if out[3] != 3 {
 			t.Fatalf("reattached index lost blocks: %v", out[3])
@@ -401,7 +399,7 @@ func TestRepairAfterInterruptedShift(t *testing.T) {
 	if err := ix.Verify(); err != nil {
 		t.Fatal(err)
 	}
-	var out Overlaps
+	var out workers.Overlaps
 	ix.FindMatches(hashes, &out)
 	if out[1] != 200 {
 		t.Fatalf("overlap %d after repair, want 200", out[1])
@@ -417,7 +415,7 @@ func TestApproxExpires(t *testing.T) {
 	h := []uint64{101, 102, 103}
 	a.Insert(4, h, t0)
 	a.Insert(4, h[:1], t0.Add(5e9)) // refresh block 1 only
-	var out Overlaps
+	var out workers.Overlaps
 	if a.FindMatches(h, &out); out[4] != 3 {
 		t.Fatalf("overlap %d right after insert", out[4])
 	}
@@ -441,7 +439,7 @@ func TestApproxEvictsOldestWhenFull(t *testing.T) {
 	}
 	t0 := time0()
 	for i := uint64(0); i < 80; i++ {
-		a.Insert(WorkerSlot(i%3), []uint64{i + 100}, t0)
+		a.Insert(workers.Slot(i%3), []uint64{i + 100}, t0)
 	}
 	if a.Len() != 50 {
 		t.Fatalf("%d records, want the 50 it holds", a.Len())

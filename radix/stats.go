@@ -3,6 +3,8 @@ package radix
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Stats is a point-in-time summary of an index, for metrics and inspect.
@@ -20,7 +22,7 @@ type Stats struct {
 	BlockTableBytes    int // bytes of the block table alone
 	EngineMapBytes     int // bytes of the engine map alone
 	Shards             []ShardStats
-	WorkerBlocks       [MaxWorkers]uint64 // blocks held per worker slot
+	WorkerBlocks       [workers.Max]uint64 // blocks held per worker slot
 }
 
 // ShardStats describes one shard.
@@ -73,7 +75,7 @@ func (ix *Index) Verify() error {
 	var errs []error
 	for si := range ix.shards {
 		sh := &ix.shards[si]
-		var perWorker [MaxWorkers]uint64
+		var perWorker [workers.Max]uint64
 		if err := ix.verifyBlocks(sh, &perWorker); err != nil {
 			errs = append(errs, fmt.Errorf("shard %d block table: %w", si, err))
 		}
@@ -136,7 +138,7 @@ func (ix *Index) belongs(key uint64, si uint64) bool {
 	return nearShard(key, m) == si || spillShard(key, m) == si
 }
 
-func (ix *Index) verifyBlocks(sh *shard, perWorker *[MaxWorkers]uint64) error {
+func (ix *Index) verifyBlocks(sh *shard, perWorker *[workers.Max]uint64) error {
 	t := &sh.blocks
 	var live uint64
 	for i := uint32(0); i < t.n; i++ {
@@ -162,9 +164,7 @@ func (ix *Index) verifyBlocks(sh *shard, perWorker *[MaxWorkers]uint64) error {
 		if v == 0 {
 			return fmt.Errorf("slot %d: entry with no worker", i)
 		}
-		for set := WorkerSet(v); set != 0; {
-			var w WorkerSlot
-			w, set = set.First()
+		for w := range (workers.Set(v)).All() {
 			perWorker[w]++
 		}
 	}
@@ -300,15 +300,13 @@ func (ix *Index) Repair() int {
 	ix.resetSpillCounts() // exact again: the passes may have left counts high
 	for si := range ix.shards {
 		sh := &ix.shards[si]
-		var perWorker [MaxWorkers]uint32
+		var perWorker [workers.Max]uint32
 		for i := uint32(0); i < sh.blocks.n; i++ {
 			s := sh.blocks.at(i)
 			if s.key.Load() == emptyKey {
 				continue
 			}
-			for set := WorkerSet(s.val.Load()); set != 0; {
-				var w WorkerSlot
-				w, set = set.First()
+			for w := range (workers.Set(s.val.Load())).All() {
 				perWorker[w]++
 			}
 		}

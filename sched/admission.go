@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/kvfast/kvfast/internal/clock"
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // admissionQueue holds the requests waiting for a worker below its busy
@@ -32,7 +32,7 @@ type waiter struct {
 	key      int64  // virtual arrival, ns
 	seq      uint64 // arrival order among equal keys
 	since    int64  // first enqueued, ns
-	eligible radix.WorkerSet
+	eligible workers.Set
 	wake     chan struct{} // buffered 1; a token means "removed, retry"
 	queued   bool          // in list; guarded by admissionQueue.mu
 	woken    bool          // out of list but its place reserved; guarded likewise
@@ -172,7 +172,7 @@ func (s *Scheduler) admit() {
 		return
 	}
 	ws := s.workers.Load()
-	up := ws.present & radix.WorkerSet(s.healthy.Load())
+	up := ws.present & workers.Set(s.healthy.Load())
 	free := up &^ s.busy(ws, up)
 	budget := free.Len()
 	keep := q.list[:0]

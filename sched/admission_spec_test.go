@@ -11,8 +11,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/datadriven"
-
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // TestAdmissionSpec runs the admission specs in testdata/admission*: named
@@ -121,7 +120,7 @@ func (sc *admissionScenario) finish(t *testing.T) {
 		res.Release()
 	}
 	sc.held = nil
-	for w := range radix.WorkerSlot(radix.MaxWorkers) {
+	for w := range workers.Slot(workers.Max) {
 		if l := sc.s.Load(w); l.ActiveBlocks != 0 || l.PrefillTokens != 0 || l.Requests != 0 || l.OutputBlocks != 0 {
 			t.Errorf("%s: the scenario left load on slot %d: %+v", sc.pos, w, l)
 		}
@@ -183,14 +182,14 @@ func (sc *admissionScenario) step(t *testing.T, d *datadriven.TestData) string {
 		d.ScanArgs(t, "id", &id)
 		d.ScanArgs(t, "slot", &slot)
 		d.MaybeScanArgs(t, "model", &model)
-		if err := sc.s.Upsert(WorkerInfo{ID: id, Slot: radix.WorkerSlot(slot), Model: model, KVCapacityBlocks: 1000}); err != nil {
+		if err := sc.s.Upsert(WorkerInfo{ID: id, Slot: workers.Slot(slot), Model: model, KVCapacityBlocks: 1000}); err != nil {
 			d.Fatalf(t, "%v", err)
 		}
 		sc.report(&out, sc.settle(t))
 	case "remove":
 		var slot int
 		d.ScanArgs(t, "slot", &slot)
-		sc.s.Remove(radix.WorkerSlot(slot))
+		sc.s.Remove(workers.Slot(slot))
 		sc.report(&out, sc.settle(t))
 	case "set-busy":
 		var b BusyThresholds

@@ -6,12 +6,12 @@ import (
 	"context"
 	"testing"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 func TestSelectAllocatesNothing(t *testing.T) {
 	s := newTestScheduler(t, 8, Config{Cost: &CostParams{OverlapCredit: 1, PrefillLoadScale: 1, TrackOutputBlocks: true}})
-	var overlaps radix.Overlaps
+	var overlaps workers.Overlaps
 	for w := range 8 {
 		overlaps[w] = uint32(w * 50)
 	}

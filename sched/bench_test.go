@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 const benchBlocks = 512
@@ -18,7 +18,7 @@ const benchBlocks = 512
 // blocks held by several workers and no two workers cost the same.
 type benchState struct {
 	hashes   []uint64
-	overlaps radix.Overlaps
+	overlaps workers.Overlaps
 }
 
 func newBenchState(workers int) benchState {
@@ -159,8 +159,8 @@ func BenchmarkQuery(b *testing.B) {
 type mapAccounting struct {
 	mu      sync.Mutex
 	refs    map[mapKey]int32
-	active  [radix.MaxWorkers]int64
-	prefill [radix.MaxWorkers]int64
+	active  [workers.Max]int64
+	prefill [workers.Max]int64
 }
 
 type mapKey struct {
@@ -180,7 +180,7 @@ func (m *mapAccounting) book(h []uint64, w int, prefill int64) {
 	m.prefill[w] += prefill
 }
 
-func (m *mapAccounting) selectAndBook(h []uint64, overlaps *radix.Overlaps, workers, tokens int) int {
+func (m *mapAccounting) selectAndBook(h []uint64, overlaps *workers.Overlaps, workers, tokens int) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	best, bestCost := 0, math.Inf(1)

@@ -5,7 +5,7 @@ import (
 	"math/bits"
 	"sync/atomic"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // CostInputs is what the cost model knows about one worker for one request.
@@ -67,20 +67,18 @@ func (r *rng) float() float64 { return float64(r.next()>>11) * 0x1p-53 }
 
 // pick chooses among cands (non-empty) by cost: the argmin with ties broken
 // uniformly when temperature is 0, otherwise a softmax sample.
-func pick(costs *[radix.MaxWorkers]float64, cands radix.WorkerSet, temperature float64, r *rng) radix.WorkerSlot {
+func pick(costs *[workers.Max]float64, cands workers.Set, temperature float64, r *rng) workers.Slot {
 	if temperature > 0 {
 		return sample(costs, cands, temperature, r)
 	}
 	best := math.Inf(1)
-	var ties radix.WorkerSet
-	for set := cands; set != 0; {
-		var w radix.WorkerSlot
-		w, set = set.First()
+	var ties workers.Set
+	for w := range cands.All() {
 		switch c := costs[w]; {
 		case c < best:
-			best, ties = c, radix.SetOf(w)
+			best, ties = c, workers.SetOf(w)
 		case c == best:
-			ties |= radix.SetOf(w)
+			ties |= workers.SetOf(w)
 		}
 	}
 	return nth(ties, r.intn(ties.Len()))
@@ -90,29 +88,23 @@ func pick(costs *[radix.MaxWorkers]float64, cands radix.WorkerSet, temperature f
 // exp(−(c−min)/(max−min)/temperature): costs are normalised to [0, 1] first
 // so that one temperature means the same spread whatever the scale of the
 // costs, as in Dynamo.
-func sample(costs *[radix.MaxWorkers]float64, cands radix.WorkerSet, temperature float64, r *rng) radix.WorkerSlot {
+func sample(costs *[workers.Max]float64, cands workers.Set, temperature float64, r *rng) workers.Slot {
 	lo, hi := math.Inf(1), math.Inf(-1)
-	for set := cands; set != 0; {
-		var w radix.WorkerSlot
-		w, set = set.First()
+	for w := range cands.All() {
 		lo, hi = min(lo, costs[w]), max(hi, costs[w])
 	}
 	if !(hi > lo) {
 		return nth(cands, r.intn(cands.Len()))
 	}
-	var weights [radix.MaxWorkers]float64
+	var weights [workers.Max]float64
 	var total float64
-	for set := cands; set != 0; {
-		var w radix.WorkerSlot
-		w, set = set.First()
+	for w := range cands.All() {
 		weights[w] = math.Exp(-(costs[w] - lo) / (hi - lo) / temperature)
 		total += weights[w]
 	}
 	x := r.float() * total
-	var last radix.WorkerSlot
-	for set := cands; set != 0; {
-		var w radix.WorkerSlot
-		w, set = set.First()
+	var last workers.Slot
+	for w := range cands.All() {
 		if x < weights[w] {
 			return w
 		}
@@ -123,7 +115,7 @@ func sample(costs *[radix.MaxWorkers]float64, cands radix.WorkerSet, temperature
 }
 
 // nth returns the i-th lowest member of s.
-func nth(s radix.WorkerSet, i int) radix.WorkerSlot {
+func nth(s workers.Set, i int) workers.Slot {
 	for ; i > 0; i-- {
 		s &= s - 1
 	}

@@ -4,7 +4,7 @@ import (
 	"math"
 	"testing"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // TestCostDynamoClassicExample reproduces the example of Dynamo's router
@@ -13,7 +13,7 @@ import (
 // loads of 10, 5 and 9 blocks, cost 18, 10 and 11; worker 2 wins.
 func TestCostDynamoClassicExample(t *testing.T) {
 	p := DefaultCostParams()
-	workers := []struct {
+	cases := []struct {
 		cached, decode uint32
 		prefill, cost  float64
 	}{
@@ -21,8 +21,8 @@ func TestCostDynamoClassicExample(t *testing.T) {
 		{cached: 5, decode: 5, prefill: 5, cost: 10},
 		{cached: 8, decode: 9, prefill: 2, cost: 11},
 	}
-	var costs [radix.MaxWorkers]float64
-	for i, w := range workers {
+	var costs [workers.Max]float64
+	for i, w := range cases {
 		got := p.Cost(CostInputs{
 			BlockSize:     16,
 			PromptTokens:  10 * 16,
@@ -110,18 +110,18 @@ func TestCostParamsValidate(t *testing.T) {
 // equal probability (and a dearer one never): a chi-square test over a
 // fixed-seed stream, at a significance no correct picker fails.
 func TestTieBreakIsUniform(t *testing.T) {
-	var costs [radix.MaxWorkers]float64
-	cands := radix.WorkerSet(0)
-	for _, w := range []radix.WorkerSlot{3, 10, 40, 63} {
+	var costs [workers.Max]float64
+	cands := workers.Set(0)
+	for _, w := range []workers.Slot{3, 10, 40, 63} {
 		costs[w] = 7
-		cands |= radix.SetOf(w)
+		cands |= workers.SetOf(w)
 	}
 	costs[20] = 7.0001
-	cands |= radix.SetOf(20)
+	cands |= workers.SetOf(20)
 	var r rng
 	r.state.Store(99)
 	const n = 40000
-	var got [radix.MaxWorkers]int
+	var got [workers.Max]int
 	for range n {
 		got[pick(&costs, cands, 0, &r)]++
 	}
@@ -129,7 +129,7 @@ func TestTieBreakIsUniform(t *testing.T) {
 		t.Fatalf("the dearer worker was picked %d times", got[20])
 	}
 	chi := 0.0
-	for _, w := range []radix.WorkerSlot{3, 10, 40, 63} {
+	for _, w := range []workers.Slot{3, 10, 40, 63} {
 		d := float64(got[w]) - n/4
 		chi += d * d / (n / 4)
 	}
@@ -141,7 +141,7 @@ func TestTieBreakIsUniform(t *testing.T) {
 // TestSoftmaxDistribution checks that temperature sampling follows
 // p ∝ exp(−normalised cost / T).
 func TestSoftmaxDistribution(t *testing.T) {
-	var costs [radix.MaxWorkers]float64
+	var costs [workers.Max]float64
 	costs[0], costs[1], costs[2] = 10, 15, 20 // normalised 0, 0.5, 1
 	for _, temp := range []float64{0.25, 0.5, 1, 4} {
 		weights := []float64{1, math.Exp(-0.5 / temp), math.Exp(-1 / temp)}
@@ -164,7 +164,7 @@ func TestSoftmaxDistribution(t *testing.T) {
 }
 
 func TestSoftmaxOfEqualCostsIsUniform(t *testing.T) {
-	var costs [radix.MaxWorkers]float64
+	var costs [workers.Max]float64
 	var r rng
 	var got [4]int
 	for range 8000 {
@@ -178,8 +178,8 @@ func TestSoftmaxOfEqualCostsIsUniform(t *testing.T) {
 }
 
 func TestNth(t *testing.T) {
-	s := radix.WorkerSet(1<<2 | 1<<9 | 1<<63)
-	for i, want := range []radix.WorkerSlot{2, 9, 63} {
+	s := workers.Set(1<<2 | 1<<9 | 1<<63)
+	for i, want := range []workers.Slot{2, 9, 63} {
 		if got := nth(s, i); got != want {
 			t.Fatalf("nth(%d) = %d, want %d", i, got, want)
 		}

@@ -1,6 +1,6 @@
 package sched
 
-import "github.com/kvfast/kvfast/radix"
+import "github.com/kvfast/kvfast/workers"
 
 // Tests change the global parameters while selections run; production sets
 // them once, in New.
@@ -46,7 +46,7 @@ func (s *Scheduler) SetBusyThresholds(b BusyThresholds) error {
 func (r *Reservation) Booked() bool { return r.state == resBooked }
 
 // Slot returns the worker the load is booked on.
-func (r *Reservation) Slot() radix.WorkerSlot { return r.slot }
+func (r *Reservation) Slot() workers.Slot { return r.slot }
 
 // count returns worker w's reference count on entry e.
 func (t *activeTable) count(e uint32, w uint) uint32 {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // newTestScheduler returns a scheduler with workers in slots 0..n-1
@@ -21,7 +21,7 @@ func newTestScheduler(t testing.TB, n int, cfg Config) *Scheduler {
 	}
 	for i := range n {
 		if err := s.Upsert(WorkerInfo{
-			ID: 100 + uint64(i), Slot: radix.WorkerSlot(i), Model: "m",
+			ID: 100 + uint64(i), Slot: workers.Slot(i), Model: "m",
 			Endpoint: "http://127.0.0.1:1", KVCapacityBlocks: 1000,
 		}); err != nil {
 			t.Fatal(err)
@@ -49,7 +49,7 @@ func prompt(prefix uint64, shared int, suffix uint64, n int) []uint64 {
 // the table holds no reference.
 func requireZeroLoad(t testing.TB, s *Scheduler) {
 	t.Helper()
-	for w := range radix.WorkerSlot(radix.MaxWorkers) {
+	for w := range workers.Slot(workers.Max) {
 		if l := s.Load(w); l.ActiveBlocks != 0 || l.PrefillTokens != 0 || l.Requests != 0 || l.OutputBlocks != 0 {
 			t.Errorf("slot %d: load left after every release: %+v", w, l)
 		}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // With CreditInFlight a prompt already booked on a worker counts as its
@@ -33,7 +33,7 @@ func TestCreditInFlight(t *testing.T) {
 			// but has not reported it stored yet).
 			first.PrefillDone()
 			var sc Scores
-			var no radix.Overlaps // the index has not heard of the prefix yet
+			var no workers.Overlaps // the index has not heard of the prefix yet
 			follow := append(append([]uint64(nil), p...), prompt(9, 0, 9, 4)...)
 			d2, err := s.Select(context.Background(), &Request{Hashes: follow, PromptTokens: 12 * 16, Overlaps: &no,
 				QueryOnly: true, Scores: &sc}, nil)

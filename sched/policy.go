@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Policy is the rule that chooses among a request's candidates: the
@@ -97,7 +97,7 @@ func (s *Scheduler) policyFor(req *Request) (Policy, error) {
 // next request would get. The caller holds s.mu when committing, so two
 // concurrent bookings cannot read the same last turn and take the same
 // worker.
-func (s *Scheduler) choose(pol Policy, costs *[radix.MaxWorkers]float64, free radix.WorkerSet, temperature float64, commit bool) radix.WorkerSlot {
+func (s *Scheduler) choose(pol Policy, costs *[workers.Max]float64, free workers.Set, temperature float64, commit bool) workers.Slot {
 	switch pol {
 	case PolicyRoundRobin:
 		return s.roundRobin(free, commit)
@@ -118,12 +118,10 @@ func (s *Scheduler) choose(pol Policy, costs *[radix.MaxWorkers]float64, free ra
 // interleave: with one cursor, a model on slots 0-3 alternating with one
 // on slots 4-7 would find the cursor past its slots every time and wrap to
 // slot 0 for ever.
-func (s *Scheduler) roundRobin(free radix.WorkerSet, commit bool) radix.WorkerSlot {
-	var last radix.WorkerSlot
+func (s *Scheduler) roundRobin(free workers.Set, commit bool) workers.Slot {
+	var last workers.Slot
 	var newest uint64
-	for set := free; set != 0; {
-		var w radix.WorkerSlot
-		w, set = set.First()
+	for w := range free.All() {
 		if t := s.live[w].lastTurn.Load(); t > newest {
 			last, newest = w, t
 		}
@@ -131,7 +129,7 @@ func (s *Scheduler) roundRobin(free radix.WorkerSet, commit bool) radix.WorkerSl
 	next := free
 	if newest != 0 {
 		// Members above last; 2<<63 wraps to 0, leaving none above 63.
-		if above := free &^ (radix.WorkerSet(2)<<last - 1); above != 0 {
+		if above := free &^ (workers.Set(2)<<last - 1); above != 0 {
 			next = above
 		}
 	}
@@ -146,20 +144,18 @@ func (s *Scheduler) roundRobin(free radix.WorkerSet, commit bool) radix.WorkerSl
 // ties going to the fewest decode blocks (distinct in-flight prompt blocks
 // plus tracked output blocks), remaining ties uniformly at random so that
 // an idle cluster is not filled from slot 0 up.
-func (s *Scheduler) leastLoaded(free radix.WorkerSet) radix.WorkerSlot {
+func (s *Scheduler) leastLoaded(free workers.Set) workers.Slot {
 	type load struct{ requests, units int64 }
 	var best load
-	var ties radix.WorkerSet
-	for set := free; set != 0; {
-		var w radix.WorkerSlot
-		w, set = set.First()
+	var ties workers.Set
+	for w := range free.All() {
 		l := &s.live[w]
 		cur := load{l.requests.Load(), l.activeBlocks.Load()*outputUnit + l.outputUnits.Load()}
 		switch {
 		case ties == 0 || cur.requests < best.requests || cur.requests == best.requests && cur.units < best.units:
-			best, ties = cur, radix.SetOf(w)
+			best, ties = cur, workers.SetOf(w)
 		case cur == best:
-			ties |= radix.SetOf(w)
+			ties |= workers.SetOf(w)
 		}
 	}
 	if ties&(ties-1) == 0 {

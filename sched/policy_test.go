@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 var allPolicies = []Policy{PolicyKV, PolicyRoundRobin, PolicyRandom, PolicyLeastLoaded}
@@ -89,12 +89,12 @@ func TestGlobalAndPerRequestPolicy(t *testing.T) {
 	var hold Reservation
 	mustSelect(t, s, &Request{PromptTokens: 16, Pinned: true, PinWorker: 100}, &hold)
 	hold.PrefillDone()
-	overlaps := radix.Overlaps{0: 8}
+	overlaps := workers.Overlaps{0: 8}
 	h := prompt(2, 8, 2, 8)
 	for _, tc := range []struct {
 		global   Policy
 		override *Policy
-		want     radix.WorkerSlot
+		want     workers.Slot
 		wantPol  Policy
 	}{
 		{PolicyKV, nil, 0, PolicyKV},
@@ -131,7 +131,7 @@ func ptr[T any](v T) *T { return &v }
 
 // selectAndRelease books one small request, checks that a query made just
 // before predicted it, and releases it.
-func selectAndRelease(t *testing.T, s *Scheduler, req Request) radix.WorkerSlot {
+func selectAndRelease(t *testing.T, s *Scheduler, req Request) workers.Slot {
 	t.Helper()
 	q := req
 	q.QueryOnly = true
@@ -153,9 +153,9 @@ func TestRoundRobinCyclesOverFreeWorkers(t *testing.T) {
 	s.SetHealthy(2, false)
 	var hold Reservation // makes slot 3 busy
 	mustSelect(t, s, &Request{PromptTokens: 64, Pinned: true, PinWorker: 103}, &hold)
-	run := func(step string, want ...radix.WorkerSlot) {
+	run := func(step string, want ...workers.Slot) {
 		t.Helper()
-		var got []radix.WorkerSlot
+		var got []workers.Slot
 		for range want {
 			got = append(got, selectAndRelease(t, s, Request{PromptTokens: 16}))
 		}
@@ -178,7 +178,7 @@ func TestRoundRobinCyclesOverFreeWorkers(t *testing.T) {
 	var held [5]Reservation
 	for i := range held {
 		d := mustSelect(t, s, &Request{PromptTokens: 40}, &held[i])
-		if want := radix.WorkerSlot((3 + i) % 5); d.Slot != want {
+		if want := workers.Slot((3 + i) % 5); d.Slot != want {
 			t.Fatalf("held request %d went to %d, want %d", i, d.Slot, want)
 		}
 	}
@@ -207,25 +207,25 @@ func TestRoundRobinPerFilter(t *testing.T) {
 		if i >= 3 {
 			model = "b"
 		}
-		if err := s.Upsert(WorkerInfo{ID: uint64(i), Slot: radix.WorkerSlot(i), Model: model}); err != nil {
+		if err := s.Upsert(WorkerInfo{ID: uint64(i), Slot: workers.Slot(i), Model: model}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var a, b []radix.WorkerSlot
+	var a, b []workers.Slot
 	for range 6 {
 		a = append(a, selectAndRelease(t, s, Request{PromptTokens: 16, Model: "a"}))
 		b = append(b, selectAndRelease(t, s, Request{PromptTokens: 16, Model: "b"}))
 	}
-	if !slices.Equal(a, []radix.WorkerSlot{0, 1, 2, 0, 1, 2}) || !slices.Equal(b, []radix.WorkerSlot{3, 4, 5, 3, 4, 5}) {
+	if !slices.Equal(a, []workers.Slot{0, 1, 2, 0, 1, 2}) || !slices.Equal(b, []workers.Slot{3, 4, 5, 3, 4, 5}) {
 		t.Fatalf("model a got %v, model b got %v", a, b)
 	}
 	// An allow-list cycles within itself too.
-	var c []radix.WorkerSlot
+	var c []workers.Slot
 	for range 4 {
-		c = append(c, selectAndRelease(t, s, Request{PromptTokens: 16, AllowListed: true, Allow: radix.SetOf(1) | radix.SetOf(4)}))
+		c = append(c, selectAndRelease(t, s, Request{PromptTokens: 16, AllowListed: true, Allow: workers.SetOf(1) | workers.SetOf(4)}))
 	}
 	// Slot 4 took its last turn after slot 1 did, so slot 1 is next.
-	if !slices.Equal(c, []radix.WorkerSlot{1, 4, 1, 4}) {
+	if !slices.Equal(c, []workers.Slot{1, 4, 1, 4}) {
 		t.Fatalf("allow-list {1, 4} got %v", c)
 	}
 	requireZeroLoad(t, s)
@@ -243,10 +243,10 @@ func TestRandomPolicyIsUniform(t *testing.T) {
 	s.SetHealthy(1, false)
 	var hold Reservation
 	mustSelect(t, s, &Request{PromptTokens: 64, Pinned: true, PinWorker: 104}, &hold) // slot 4 busy
-	overlaps := radix.Overlaps{0: 4}
+	overlaps := workers.Overlaps{0: 4}
 	h := prompt(1, 4, 1, 4)
 	const n = 4000
-	var got [radix.MaxWorkers]int
+	var got [workers.Max]int
 	for range n {
 		var res Reservation
 		d := mustSelect(t, s, &Request{Hashes: h, PromptTokens: 64, Overlaps: &overlaps, AllowListed: true, Allow: 0b11111}, &res)
@@ -281,7 +281,7 @@ func TestLeastLoadedPicksTheEmptiest(t *testing.T) {
 	held := []*Reservation{book(0, 1), book(0, 1), book(1, 10), book(2, 3), book(4, 4)}
 	s.SetHealthy(3, false)
 	// The cache is ignored: slot 0 caching the whole prompt does not help.
-	overlaps := radix.Overlaps{0: 4}
+	overlaps := workers.Overlaps{0: 4}
 	req := Request{Hashes: prompt(1, 4, 1, 4), PromptTokens: 64, Overlaps: &overlaps}
 	for range 20 {
 		if got := selectAndRelease(t, s, req); got != 2 {
@@ -311,14 +311,14 @@ func TestLeastLoadedPicksTheEmptiest(t *testing.T) {
 	// From empty, held requests fill the workers evenly: after every
 	// booking the request counts differ by at most one.
 	var many [40]Reservation
-	var firstRound radix.WorkerSet
+	var firstRound workers.Set
 	for i := range many {
 		d := mustSelect(t, s, &Request{Hashes: prompt(1, 4, uint64(i), 4), PromptTokens: 64}, &many[i])
 		if i < 5 {
-			firstRound |= radix.SetOf(d.Slot)
+			firstRound |= workers.SetOf(d.Slot)
 		}
 		lo, hi := int64(1<<62), int64(0)
-		for w := range radix.WorkerSlot(5) {
+		for w := range workers.Slot(5) {
 			r := s.Load(w).Requests
 			lo, hi = min(lo, r), max(hi, r)
 		}
@@ -368,12 +368,12 @@ func TestPoliciesRespectFilters(t *testing.T) {
 		}
 	}
 	s.SetHealthy(4, false)
-	overlaps := radix.Overlaps{1: 4, 2: 1}
+	overlaps := workers.Overlaps{1: 4, 2: 1}
 	h := prompt(3, 4, 3, 4)
 	for _, tc := range []struct {
 		name    string
 		edit    func(*Request)
-		want    radix.WorkerSet
+		want    workers.Set
 		wantErr error
 	}{
 		{"no filter", func(*Request) {}, 0b1111, nil},
@@ -392,7 +392,7 @@ func TestPoliciesRespectFilters(t *testing.T) {
 	} {
 		for _, pol := range allPolicies {
 			t.Run(tc.name+"/"+pol.String(), func(t *testing.T) {
-				var seen radix.WorkerSet
+				var seen workers.Set
 				for i := range 30 {
 					req := Request{Hashes: h, PromptTokens: 64, Overlaps: &overlaps, Policy: &pol, QueryOnly: i%2 == 1}
 					tc.edit(&req)
@@ -410,7 +410,7 @@ func TestPoliciesRespectFilters(t *testing.T) {
 					if !tc.want.Has(d.Slot) || d.Policy != pol {
 						t.Fatalf("slot %d by %v, want one of %b by %v", d.Slot, d.Policy, tc.want, pol)
 					}
-					seen |= radix.SetOf(d.Slot)
+					seen |= workers.SetOf(d.Slot)
 					res.Release()
 				}
 				if pol != PolicyKV && tc.wantErr == nil && seen != tc.want {
@@ -437,7 +437,7 @@ func TestPoliciesQueueWhenAllBusy(t *testing.T) {
 				mustSelect(t, s, &Request{PromptTokens: 64, Pinned: true, PinWorker: 100 + uint64(i)}, &held[i])
 			}
 			var sc Scores
-			overlaps := radix.Overlaps{1: 2}
+			overlaps := workers.Overlaps{1: 2}
 			q := mustSelect(t, s, &Request{Hashes: prompt(1, 2, 1, 2), PromptTokens: 32, Overlaps: &overlaps, QueryOnly: true, Scores: &sc}, nil)
 			if !q.Busy || sc.Busy != 0b11 || sc.Eligible != 0b11 || q.Policy != pol {
 				t.Fatalf("all busy: decision %+v, scores eligible %b busy %b", q, sc.Eligible, sc.Busy)

@@ -1,8 +1,6 @@
 package sched
 
-import (
-	"github.com/kvfast/kvfast/radix"
-)
+import "github.com/kvfast/kvfast/workers"
 
 // Reservation is the load one request has booked on its worker: its prompt
 // blocks, its prompt tokens until the first output token, and its tracked
@@ -18,7 +16,7 @@ type Reservation struct {
 	prefill        int64 // prompt tokens booked as prefill
 	outputUnits    int64 // output charge currently booked
 	expectedOutput int64
-	slot           radix.WorkerSlot
+	slot           workers.Slot
 	state          resState
 	prefillDone    bool
 	trackOutput    bool

@@ -5,9 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvfast/kvfast/workers"
 	"github.com/puzpuzpuz/xsync/v3"
-
-	"github.com/kvfast/kvfast/radix"
 )
 
 // Scheduler picks a worker for each request and books the request's load
@@ -25,8 +24,8 @@ type Scheduler struct {
 
 	wmu     sync.Mutex // serialises worker-set writers
 	workers atomic.Pointer[workerSet]
-	healthy atomic.Uint64 // radix.WorkerSet
-	live    [radix.MaxWorkers]workerLive
+	healthy atomic.Uint64 // workers.Set
+	live    [workers.Max]workerLive
 
 	params     atomic.Pointer[CostParams]
 	thresholds atomic.Pointer[BusyThresholds]
@@ -65,8 +64,8 @@ func New(cfg Config) (*Scheduler, error) {
 	}
 	s.queue.init(cfg.QueueCapacity)
 	s.workers.Store(&workerSet{
-		bySlot:  map[workerKey]radix.WorkerSlot{},
-		byModel: map[string]radix.WorkerSet{},
+		bySlot:  map[workerKey]workers.Slot{},
+		byModel: map[string]workers.Set{},
 	})
 	p := *cfg.Cost
 	s.params.Store(&p)

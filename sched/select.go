@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/kvfast/kvfast/internal/clock"
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Request is what selection needs to know about one request. The caller
@@ -14,10 +14,10 @@ import (
 // itself; Select reads the result and keeps nothing that points into the
 // request, so a Request and its buffers can live on the caller's stack.
 type Request struct {
-	Hashes       []uint64        // chained hashes of the prompt's full blocks
-	PromptTokens int             // input length in tokens (ISL), >= len(Hashes)·BlockSize
-	Overlaps     *radix.Overlaps // per-slot cached prefix in blocks; nil means none
-	Model        string          // only workers serving this model; "" means any
+	Hashes       []uint64          // chained hashes of the prompt's full blocks
+	PromptTokens int               // input length in tokens (ISL), >= len(Hashes)·BlockSize
+	Overlaps     *workers.Overlaps // per-slot cached prefix in blocks; nil means none
+	Model        string            // only workers serving this model; "" means any
 
 	// Pinned restricts the request to exactly (PinWorker, PinRank). Rank 0
 	// is a real rank; a pair not in the worker set is an error.
@@ -27,7 +27,7 @@ type Request struct {
 
 	// AllowListed restricts the request to the slots in Allow.
 	AllowListed bool
-	Allow       radix.WorkerSet
+	Allow       workers.Set
 
 	// Priority moves a queued request ahead of earlier arrivals: each unit
 	// counts as Config.PriorityBump of waiting. Negative values fall back.
@@ -56,7 +56,7 @@ type Request struct {
 
 // Decision is the outcome of a selection.
 type Decision struct {
-	Slot          radix.WorkerSlot
+	Slot          workers.Slot
 	WorkerID      uint64
 	DPRank        uint32
 	Endpoint      string
@@ -72,9 +72,9 @@ type Decision struct {
 // Scores are the per-worker terms of one selection, for route-only queries
 // and debugging.
 type Scores struct {
-	Eligible radix.WorkerSet // healthy workers passing the filters
-	Busy     radix.WorkerSet // of those, the ones over a busy threshold
-	Workers  [radix.MaxWorkers]WorkerScore
+	Eligible workers.Set // healthy workers passing the filters
+	Busy     workers.Set // of those, the ones over a busy threshold
+	Workers  [workers.Max]WorkerScore
 }
 
 // WorkerScore is one worker's share of a selection.
@@ -176,7 +176,7 @@ func (s *Scheduler) check(req *Request) error {
 
 // candidates returns the workers passing req's filters, and those of them
 // that are healthy.
-func (s *Scheduler) candidates(ws *workerSet, req *Request) (filtered, healthy radix.WorkerSet, err error) {
+func (s *Scheduler) candidates(ws *workerSet, req *Request) (filtered, healthy workers.Set, err error) {
 	set := ws.present
 	if req.Model != "" {
 		set &= ws.byModel[req.Model]
@@ -184,7 +184,7 @@ func (s *Scheduler) candidates(ws *workerSet, req *Request) (filtered, healthy r
 	if req.AllowListed {
 		set &= req.Allow
 	}
-	up := radix.WorkerSet(s.healthy.Load())
+	up := workers.Set(s.healthy.Load())
 	if req.Pinned {
 		w, ok := ws.bySlot[workerKey{req.PinWorker, req.PinRank}]
 		if !ok {
@@ -193,7 +193,7 @@ func (s *Scheduler) candidates(ws *workerSet, req *Request) (filtered, healthy r
 		if !(set & up).Has(w) {
 			return 0, 0, &PinError{WorkerID: req.PinWorker, DPRank: req.PinRank, Err: ErrNoEligibleWorker}
 		}
-		set = radix.SetOf(w)
+		set = workers.SetOf(w)
 	}
 	if set&up == 0 {
 		return 0, 0, fmt.Errorf("cannot route request among %d workers: %w", ws.present.Len(), ErrNoEligibleWorker)
@@ -203,11 +203,11 @@ func (s *Scheduler) candidates(ws *workerSet, req *Request) (filtered, healthy r
 
 // tryBook scores cands and books req on the worker pol chooses among those
 // that are not busy, or reports false if all of them are.
-func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Policy, cands radix.WorkerSet, res *Reservation) (Decision, bool) {
+func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Policy, cands workers.Set, res *Reservation) (Decision, bool) {
 	n := len(req.Hashes)
 	idx := res.grow(n)
 	var acc laneCounter
-	var costs [radix.MaxWorkers]float64
+	var costs [workers.Max]float64
 
 	s.mu.Lock()
 	s.table.scan(req.Hashes, uint64(cands), idx, &acc)
@@ -265,7 +265,7 @@ func (s *Scheduler) query(req *Request, p *CostParams, pol Policy) (Decision, er
 		return Decision{}, err
 	}
 	var acc laneCounter
-	var costs [radix.MaxWorkers]float64
+	var costs [workers.Max]float64
 	s.mu.Lock()
 	s.table.scan(req.Hashes, uint64(cands), nil, &acc)
 	s.mu.Unlock()
@@ -294,15 +294,13 @@ func (s *Scheduler) query(req *Request, p *CostParams, pol Policy) (Decision, er
 }
 
 // score fills costs for every candidate, and req.Scores if asked.
-func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands radix.WorkerSet, acc *laneCounter, costs *[radix.MaxWorkers]float64) {
+func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands workers.Set, acc *laneCounter, costs *[workers.Max]float64) {
 	n := len(req.Hashes)
 	reqBlocks := int64((req.PromptTokens + s.blockSize - 1) / s.blockSize)
 	if req.Scores != nil {
 		req.Scores.Eligible = cands
 	}
-	for set := cands; set != 0; {
-		var w radix.WorkerSlot
-		w, set = set.First()
+	for w := range cands.All() {
 		l := &s.live[w]
 		shared := acc.get(uint(w))
 		overlap := p.overlap(req, w, n, shared)
@@ -325,7 +323,7 @@ func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands radi
 // caches and, with CreditInFlight, what in-flight requests booked on w
 // already hold. Chained hashes make the latter a prefix too: a block held
 // in flight implies every block before it was in that request's prompt.
-func (p *CostParams) overlap(req *Request, w radix.WorkerSlot, n int, shared uint32) uint32 {
+func (p *CostParams) overlap(req *Request, w workers.Slot, n int, shared uint32) uint32 {
 	o := overlapOf(req, w, n)
 	if p.CreditInFlight {
 		o = max(o, min(shared, uint32(n)))
@@ -335,7 +333,7 @@ func (p *CostParams) overlap(req *Request, w radix.WorkerSlot, n int, shared uin
 
 // overlapOf is w's cached prefix, capped at the prompt: an index racing
 // ahead of the request cannot credit more blocks than the prompt has.
-func overlapOf(req *Request, w radix.WorkerSlot, n int) uint32 {
+func overlapOf(req *Request, w workers.Slot, n int) uint32 {
 	if req.Overlaps == nil {
 		return 0
 	}

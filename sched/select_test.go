@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 func mustSelect(t testing.TB, s *Scheduler, req *Request, res *Reservation) Decision {
@@ -24,7 +24,7 @@ func TestSelectWorkedExample(t *testing.T) {
 	s := newTestScheduler(t, 3, Config{})
 	const bs = 16
 	req := prompt(1, 10, 1, 10) // the new request: 10 blocks, 160 tokens
-	overlaps := radix.Overlaps{0: 2, 1: 5, 2: 8}
+	overlaps := workers.Overlaps{0: 2, 1: 5, 2: 8}
 
 	// Worker A (slot 0) decodes an unrelated 4-block request.
 	var onA Reservation
@@ -40,7 +40,7 @@ func TestSelectWorkedExample(t *testing.T) {
 		d := mustSelect(t, s, &Request{Hashes: req, PromptTokens: 10 * bs, Overlaps: &overlaps, QueryOnly: true, Scores: &sc}, nil)
 		return d, sc
 	}
-	expect := func(step string, d Decision, sc Scores, want radix.WorkerSlot, costs [3]WorkerCost) {
+	expect := func(step string, d Decision, sc Scores, want workers.Slot, costs [3]WorkerCost) {
 		t.Helper()
 		for w, c := range costs {
 			if got := sc.Workers[w].WorkerCost; got != c {
@@ -78,7 +78,7 @@ func TestSelectWorkedExample(t *testing.T) {
 
 func TestSelectBooksAndReleasesLoad(t *testing.T) {
 	s := newTestScheduler(t, 2, Config{Cost: &CostParams{OverlapCredit: 1, PrefillLoadScale: 1, TrackOutputBlocks: true}})
-	overlaps := radix.Overlaps{0: 3, 1: 0}
+	overlaps := workers.Overlaps{0: 3, 1: 0}
 	h := prompt(4, 8, 4, 8)
 	var res Reservation
 	d := mustSelect(t, s, &Request{Hashes: h, PromptTokens: 8*16 + 5, Overlaps: &overlaps}, &res)
@@ -176,19 +176,19 @@ func TestSelectPinsAndAllowLists(t *testing.T) {
 	}
 	s.SetHealthy(4, false)
 	// Slot 1 caches the whole prompt, so unpinned selection prefers it.
-	overlaps := radix.Overlaps{1: 4, 2: 1}
+	overlaps := workers.Overlaps{1: 4, 2: 1}
 	h := prompt(3, 4, 3, 4)
 	pin := func(id uint64, rank uint32) func(*Request) {
 		return func(r *Request) { r.Pinned, r.PinWorker, r.PinRank = true, id, rank }
 	}
-	allow := func(set radix.WorkerSet) func(*Request) {
+	allow := func(set workers.Set) func(*Request) {
 		return func(r *Request) { r.AllowListed, r.Allow = true, set }
 	}
 	model := func(m string) func(*Request) { return func(r *Request) { r.Model = m } }
 	for _, tc := range []struct {
 		name    string
 		opts    []func(*Request)
-		want    radix.WorkerSlot
+		want    workers.Slot
 		wantErr error
 	}{
 		{name: "unpinned picks the cache", want: 1},
@@ -196,15 +196,15 @@ func TestSelectPinsAndAllowLists(t *testing.T) {
 		{name: "rank 1", opts: []func(*Request){pin(7, 1)}, want: 1},
 		{name: "unresolvable rank is an error, not rank 0", opts: []func(*Request){pin(7, 5)}, wantErr: ErrPinnedWorkerNotFound},
 		{name: "unknown worker", opts: []func(*Request){pin(99, 0)}, wantErr: ErrPinnedWorkerNotFound},
-		{name: "pin outside the allow-list", opts: []func(*Request){pin(7, 0), allow(radix.SetOf(2))}, wantErr: ErrNoEligibleWorker},
-		{name: "pin inside the allow-list", opts: []func(*Request){pin(8, 0), allow(radix.SetOf(2) | radix.SetOf(1))}, want: 2},
+		{name: "pin outside the allow-list", opts: []func(*Request){pin(7, 0), allow(workers.SetOf(2))}, wantErr: ErrNoEligibleWorker},
+		{name: "pin inside the allow-list", opts: []func(*Request){pin(8, 0), allow(workers.SetOf(2) | workers.SetOf(1))}, want: 2},
 		{name: "pinned worker unhealthy", opts: []func(*Request){pin(10, 0)}, wantErr: ErrNoEligibleWorker},
 		{name: "pin to another model's worker", opts: []func(*Request){pin(9, 0), model("m")}, wantErr: ErrNoEligibleWorker},
-		{name: "allow-list picks its cheapest", opts: []func(*Request){allow(radix.SetOf(0) | radix.SetOf(2))}, want: 2},
-		{name: "allow-list of one", opts: []func(*Request){allow(radix.SetOf(0))}, want: 0},
+		{name: "allow-list picks its cheapest", opts: []func(*Request){allow(workers.SetOf(0) | workers.SetOf(2))}, want: 2},
+		{name: "allow-list of one", opts: []func(*Request){allow(workers.SetOf(0))}, want: 0},
 		{name: "empty allow-list", opts: []func(*Request){allow(0)}, wantErr: ErrNoEligibleWorker},
-		{name: "allow-list of unhealthy only", opts: []func(*Request){allow(radix.SetOf(4))}, wantErr: ErrNoEligibleWorker},
-		{name: "allow-list of another model", opts: []func(*Request){allow(radix.SetOf(3)), model("m")}, wantErr: ErrNoEligibleWorker},
+		{name: "allow-list of unhealthy only", opts: []func(*Request){allow(workers.SetOf(4))}, wantErr: ErrNoEligibleWorker},
+		{name: "allow-list of another model", opts: []func(*Request){allow(workers.SetOf(3)), model("m")}, wantErr: ErrNoEligibleWorker},
 		{name: "model filter", opts: []func(*Request){model("other")}, want: 3},
 		{name: "unknown model", opts: []func(*Request){model("nope")}, wantErr: ErrNoEligibleWorker},
 	} {
@@ -249,7 +249,7 @@ func TestSelectPinsAndAllowLists(t *testing.T) {
 
 func TestQueryOnlyBooksNothing(t *testing.T) {
 	s := newTestScheduler(t, 4, Config{Busy: BusyThresholds{PrefillTokens: 10}})
-	overlaps := radix.Overlaps{2: 3}
+	overlaps := workers.Overlaps{2: 3}
 	var sc Scores
 	req := Request{Hashes: prompt(1, 3, 1, 3), PromptTokens: 48, Overlaps: &overlaps, QueryOnly: true, Scores: &sc}
 	for range 10 {
@@ -288,7 +288,7 @@ func TestPerRequestAndRuntimeCostParams(t *testing.T) {
 	var load Reservation
 	mustSelect(t, s, &Request{Hashes: prompt(8, 0, 8, 6), PromptTokens: 96, Pinned: true, PinWorker: 100}, &load)
 	load.PrefillDone()
-	overlaps := radix.Overlaps{0: 8}
+	overlaps := workers.Overlaps{0: 8}
 	req := Request{Hashes: prompt(2, 8, 2, 8), PromptTokens: 128, Overlaps: &overlaps, QueryOnly: true}
 	// Credit 1: worker 0 costs 0 + 6 + 8 = 14, worker 1 costs 8 + 8 = 16.
 	if d := mustSelect(t, s, &req, nil); d.Slot != 0 || d.Cost != 14 {

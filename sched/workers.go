@@ -5,7 +5,7 @@ import (
 	"maps"
 	"sync/atomic"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // WorkerInfo describes one engine rank. The shm registry and the static
@@ -13,7 +13,7 @@ import (
 type WorkerInfo struct {
 	ID               uint64
 	DPRank           uint32
-	Slot             radix.WorkerSlot
+	Slot             workers.Slot
 	Model            string
 	Endpoint         string
 	BlockSize        int    // 0 means the router's block size; anything else must equal it
@@ -29,10 +29,10 @@ type workerKey struct {
 // loads it with one atomic read; writers copy, edit and publish a new one.
 // Changes are rare (workers join and leave), selections are not.
 type workerSet struct {
-	present radix.WorkerSet
-	info    [radix.MaxWorkers]WorkerInfo
-	bySlot  map[workerKey]radix.WorkerSlot
-	byModel map[string]radix.WorkerSet
+	present workers.Set
+	info    [workers.Max]WorkerInfo
+	bySlot  map[workerKey]workers.Slot
+	byModel map[string]workers.Set
 }
 
 func (ws *workerSet) clone() *workerSet {
@@ -42,18 +42,18 @@ func (ws *workerSet) clone() *workerSet {
 	return &c
 }
 
-func (ws *workerSet) drop(w radix.WorkerSlot) {
+func (ws *workerSet) drop(w workers.Slot) {
 	if !ws.present.Has(w) {
 		return
 	}
 	old := ws.info[w]
 	delete(ws.bySlot, workerKey{old.ID, old.DPRank})
-	if m := ws.byModel[old.Model] &^ radix.SetOf(w); m != 0 {
+	if m := ws.byModel[old.Model] &^ workers.SetOf(w); m != 0 {
 		ws.byModel[old.Model] = m
 	} else {
 		delete(ws.byModel, old.Model)
 	}
-	ws.present &^= radix.SetOf(w)
+	ws.present &^= workers.SetOf(w)
 	ws.info[w] = WorkerInfo{}
 }
 
@@ -117,12 +117,12 @@ func (s *Scheduler) Upsert(w WorkerInfo) error {
 	same := old.present.Has(w.Slot) && old.info[w.Slot].ID == w.ID && old.info[w.Slot].DPRank == w.DPRank
 	ws := old.clone()
 	ws.drop(w.Slot)
-	ws.present |= radix.SetOf(w.Slot)
+	ws.present |= workers.SetOf(w.Slot)
 	ws.info[w.Slot] = w
 	ws.bySlot[key] = w.Slot
-	ws.byModel[w.Model] |= radix.SetOf(w.Slot)
+	ws.byModel[w.Model] |= workers.SetOf(w.Slot)
 	if !same {
-		s.healthy.Or(uint64(radix.SetOf(w.Slot)))
+		s.healthy.Or(uint64(workers.SetOf(w.Slot)))
 		live := &s.live[w.Slot]
 		live.running.Store(0)
 		live.waiting.Store(0)
@@ -141,7 +141,7 @@ func (s *Scheduler) Upsert(w WorkerInfo) error {
 
 // Remove takes the worker in slot out of selection. Requests already booked
 // on it keep their accounting until they release.
-func (s *Scheduler) Remove(slot radix.WorkerSlot) {
+func (s *Scheduler) Remove(slot workers.Slot) {
 	if !slot.Valid() {
 		return
 	}
@@ -150,7 +150,7 @@ func (s *Scheduler) Remove(slot radix.WorkerSlot) {
 	if old.present.Has(slot) {
 		ws := old.clone()
 		ws.drop(slot)
-		s.healthy.And(^uint64(radix.SetOf(slot)))
+		s.healthy.And(^uint64(workers.SetOf(slot)))
 		s.workers.Store(ws)
 	}
 	s.wmu.Unlock()
@@ -160,7 +160,7 @@ func (s *Scheduler) Remove(slot radix.WorkerSlot) {
 
 // SetHealthy marks the worker in slot healthy or not (heartbeats, engine
 // health checks). Unhealthy workers are never selected.
-func (s *Scheduler) SetHealthy(slot radix.WorkerSlot, healthy bool) {
+func (s *Scheduler) SetHealthy(slot workers.Slot, healthy bool) {
 	if !slot.Valid() {
 		return
 	}
@@ -168,16 +168,16 @@ func (s *Scheduler) SetHealthy(slot radix.WorkerSlot, healthy bool) {
 		if !s.workers.Load().present.Has(slot) {
 			return
 		}
-		s.healthy.Or(uint64(radix.SetOf(slot)))
+		s.healthy.Or(uint64(workers.SetOf(slot)))
 	} else {
-		s.healthy.And(^uint64(radix.SetOf(slot)))
+		s.healthy.And(^uint64(workers.SetOf(slot)))
 	}
 	s.wakeWaiters()
 }
 
 // SetEngineLoad records the engine's load page for slot: running and
 // waiting requests, KV blocks used and total.
-func (s *Scheduler) SetEngineLoad(slot radix.WorkerSlot, running, waiting uint32, kvUsed, kvTotal uint64) {
+func (s *Scheduler) SetEngineLoad(slot workers.Slot, running, waiting uint32, kvUsed, kvTotal uint64) {
 	if !slot.Valid() {
 		return
 	}
@@ -190,13 +190,13 @@ func (s *Scheduler) SetEngineLoad(slot radix.WorkerSlot, running, waiting uint32
 }
 
 // Resolve maps a (worker id, DP rank) pair to its slot.
-func (s *Scheduler) Resolve(id uint64, rank uint32) (radix.WorkerSlot, bool) {
+func (s *Scheduler) Resolve(id uint64, rank uint32) (workers.Slot, bool) {
 	w, ok := s.workers.Load().bySlot[workerKey{id, rank}]
 	return w, ok
 }
 
 // Worker returns the worker in slot, if any.
-func (s *Scheduler) Worker(slot radix.WorkerSlot) (WorkerInfo, bool) {
+func (s *Scheduler) Worker(slot workers.Slot) (WorkerInfo, bool) {
 	if !slot.Valid() {
 		return WorkerInfo{}, false
 	}
@@ -205,17 +205,17 @@ func (s *Scheduler) Worker(slot radix.WorkerSlot) (WorkerInfo, bool) {
 }
 
 // Workers returns the set of slots holding a worker.
-func (s *Scheduler) Workers() radix.WorkerSet { return s.workers.Load().present }
+func (s *Scheduler) Workers() workers.Set { return s.workers.Load().present }
 
 // Load returns slot's current load. It also answers for a removed slot,
 // whose bookings drain as their requests finish.
-func (s *Scheduler) Load(slot radix.WorkerSlot) WorkerLoad {
+func (s *Scheduler) Load(slot workers.Slot) WorkerLoad {
 	if !slot.Valid() {
 		return WorkerLoad{}
 	}
 	l := &s.live[slot]
 	return WorkerLoad{
-		Healthy:       radix.WorkerSet(s.healthy.Load()).Has(slot),
+		Healthy:       workers.Set(s.healthy.Load()).Has(slot),
 		ActiveBlocks:  l.activeBlocks.Load(),
 		OutputBlocks:  float64(l.outputUnits.Load()) / outputUnit,
 		PrefillTokens: l.prefillTokens.Load(),
@@ -228,18 +228,18 @@ func (s *Scheduler) Load(slot radix.WorkerSlot) WorkerLoad {
 }
 
 // busy returns the members of set over a busy threshold.
-func (s *Scheduler) busy(ws *workerSet, set radix.WorkerSet) radix.WorkerSet {
+func (s *Scheduler) busy(ws *workerSet, set workers.Set) workers.Set {
 	th := s.thresholds.Load()
 	if th.DecodeBlocksFraction <= 0 && th.PrefillTokens <= 0 {
 		return 0
 	}
-	var out radix.WorkerSet
+	var out workers.Set
 	for set != 0 {
-		var w radix.WorkerSlot
+		var w workers.Slot
 		w, set = set.First()
 		l := &s.live[w]
 		if th.PrefillTokens > 0 && l.prefillTokens.Load() > th.PrefillTokens {
-			out |= radix.SetOf(w)
+			out |= workers.SetOf(w)
 			continue
 		}
 		if f := th.DecodeBlocksFraction; f > 0 {
@@ -251,7 +251,7 @@ func (s *Scheduler) busy(ws *workerSet, set radix.WorkerSet) radix.WorkerSet {
 			decode := float64(l.activeBlocks.Load()) + float64(l.outputUnits.Load())/outputUnit
 			if capacity > 0 && decode > f*float64(capacity) ||
 				total > 0 && float64(l.kvUsed.Load()) > f*float64(total) {
-				out |= radix.SetOf(w)
+				out |= workers.SetOf(w)
 			}
 		}
 	}

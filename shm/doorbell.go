@@ -5,9 +5,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kvfast/kvfast/workers"
 	"golang.org/x/sys/unix"
-
-	"github.com/kvfast/kvfast/radix"
 )
 
 // The doorbell lets an idle ingester sleep in the kernel instead of
@@ -35,7 +34,7 @@ func futexWake(addr *uint32) {
 //
 // Only the rings of the slots in watch count as pending, so a ring the
 // caller has set aside (a worker stuck on garbage) cannot keep it awake.
-func (s *Segment) WaitForEvents(timeout time.Duration, watch radix.WorkerSet) {
+func (s *Segment) WaitForEvents(timeout time.Duration, watch workers.Set) {
 	sleepers := s.u32(controlOff + controlSleepers)
 	bell := s.u32(controlOff + controlDoorbell)
 	atomic.StoreUint32(sleepers, 1)
@@ -48,9 +47,9 @@ func (s *Segment) WaitForEvents(timeout time.Duration, watch radix.WorkerSet) {
 	atomic.StoreUint32(sleepers, 0)
 }
 
-func (s *Segment) anyPending(watch radix.WorkerSet) bool {
+func (s *Segment) anyPending(watch workers.Set) bool {
 	for watch != 0 {
-		var w radix.WorkerSlot
+		var w workers.Slot
 		w, watch = watch.First()
 		off := s.ringBase(int(w))
 		if atomic.LoadUint64(s.u64(off+ctlHead)) != atomic.LoadUint64(s.u64(off+ctlTail)) {

@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // The byte layout of a segment. docs/shm-layout.md is the cross-language
@@ -26,11 +27,11 @@ const (
 
 	slotSize     = 512
 	registryOff  = controlOff + controlSize
-	registrySize = radix.MaxWorkers * slotSize
+	registrySize = workers.Max * slotSize
 
 	loadPageSize = 128
 	loadOff      = registryOff + registrySize
-	loadSize     = radix.MaxWorkers * loadPageSize
+	loadSize     = workers.Max * loadPageSize
 
 	ringsOff        = loadOff + loadSize
 	ringControlSize = 256
@@ -99,7 +100,7 @@ func newLayout(ringBytes, indexSize int, cfg radix.Config) (layout, error) {
 		return layout{}, fmt.Errorf("cannot use index region size %d: out of range", indexSize)
 	}
 	l := layout{ringBytes: ringBytes, ringStride: ringControlSize + ringBytes, indexSize: indexSize, indexCfg: cfg}
-	l.indexOff = alignUp(ringsOff+radix.MaxWorkers*l.ringStride, pageSize)
+	l.indexOff = alignUp(ringsOff+workers.Max*l.ringStride, pageSize)
 	l.fileSize = alignUp(l.indexOff+indexSize, pageSize)
 	return l, nil
 }
@@ -117,7 +118,7 @@ func (l layout) encodeHeader(b []byte, segmentID uint64, created int64) {
 	le.PutUint64(b[hFileSize:], uint64(l.fileSize))
 	le.PutUint64(b[hSegmentID:], segmentID)
 	le.PutUint64(b[hCreated:], uint64(created))
-	le.PutUint32(b[hMaxWorkers:], radix.MaxWorkers)
+	le.PutUint32(b[hMaxWorkers:], workers.Max)
 	le.PutUint32(b[hSlotSize:], slotSize)
 	le.PutUint64(b[hControlOff:], controlOff)
 	le.PutUint64(b[hControlSize:], controlSize)
@@ -197,7 +198,7 @@ func decodeHeader(path string, b []byte, fileLen int64) (layout, Header, error) 
 	}{
 		{"header size", uint64(le.Uint32(b[hHeaderSize:])), headerSize},
 		{"file size", le.Uint64(b[hFileSize:]), uint64(l.fileSize)},
-		{"max workers", uint64(le.Uint32(b[hMaxWorkers:])), radix.MaxWorkers},
+		{"max workers", uint64(le.Uint32(b[hMaxWorkers:])), workers.Max},
 		{"slot size", uint64(le.Uint32(b[hSlotSize:])), slotSize},
 		{"control offset", le.Uint64(b[hControlOff:]), controlOff},
 		{"control size", le.Uint64(b[hControlSize:]), controlSize},
@@ -224,7 +225,7 @@ func decodeHeader(path string, b []byte, fileLen int64) (layout, Header, error) 
 		FileSize:    int64(l.fileSize),
 		SegmentID:   le.Uint64(b[hSegmentID:]),
 		CreatedUnix: int64(le.Uint64(b[hCreated:])),
-		MaxWorkers:  radix.MaxWorkers,
+		MaxWorkers:  workers.Max,
 		RingBytes:   l.ringBytes,
 		RingStride:  l.ringStride,
 		RingsOffset: ringsOff,

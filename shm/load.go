@@ -4,7 +4,7 @@ import (
 	"runtime"
 	"sync/atomic"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Load page field offsets (little-endian). The page is a seqlock: the
@@ -55,8 +55,8 @@ func (s *Segment) writeLoad(slot int, l Load) {
 // and unchanged across the reads, so a torn read is impossible. It gives
 // up with ErrTorn after a bounded number of attempts (a writer that died
 // mid-update leaves seq odd until its slot is registered again).
-func (s *Segment) LoadOf(slot radix.WorkerSlot) (Load, error) {
-	off := loadPageOff(int(slot) & (radix.MaxWorkers - 1))
+func (s *Segment) LoadOf(slot workers.Slot) (Load, error) {
+	off := loadPageOff(int(slot) & (workers.Max - 1))
 	seq := s.u64(off + lSeq)
 	for try := 0; try < 128; try++ {
 		v1 := atomic.LoadUint64(seq)

@@ -6,7 +6,7 @@ import (
 	"io/fs"
 	"sync/atomic"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // WorkerConfig describes the engine rank a publisher speaks for.
@@ -89,7 +89,7 @@ func (s *Segment) Register(cfg WorkerConfig) (*Publisher, error) {
 }
 
 // Slot returns the registry slot this publisher holds.
-func (p *Publisher) Slot() radix.WorkerSlot { return radix.WorkerSlot(p.slot) }
+func (p *Publisher) Slot() workers.Slot { return workers.Slot(p.slot) }
 
 // Generation returns the slot generation the publisher writes under.
 func (p *Publisher) Generation() uint32 { return p.w.gen }

@@ -6,9 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvfast/kvfast/workers"
 	"golang.org/x/sys/unix"
-
-	"github.com/kvfast/kvfast/radix"
 )
 
 // WorkerState is the lifecycle state of a registry slot.
@@ -68,7 +67,7 @@ func nextState(word uint64, st WorkerState) uint64 { return (word>>8+1)<<8 | uin
 
 // WorkerInfo is one consistent snapshot of a registry slot.
 type WorkerInfo struct {
-	Slot             radix.WorkerSlot
+	Slot             workers.Slot
 	State            WorkerState
 	Generation       uint32
 	PID              uint32
@@ -167,7 +166,7 @@ func decodeSlot(b []byte, info *WorkerInfo) error {
 // Worker returns a consistent snapshot of one registry slot. ok is false
 // for a free or claiming slot, a slot whose bytes are invalid, or one that
 // kept changing while being read.
-func (s *Segment) Worker(slot radix.WorkerSlot) (WorkerInfo, bool) {
+func (s *Segment) Worker(slot workers.Slot) (WorkerInfo, bool) {
 	if !slot.Valid() {
 		return WorkerInfo{}, false
 	}
@@ -199,8 +198,8 @@ func (s *Segment) Worker(slot radix.WorkerSlot) (WorkerInfo, bool) {
 // Workers appends a snapshot of every registered (live, down or closed)
 // slot to dst, in slot order.
 func (s *Segment) Workers(dst []WorkerInfo) []WorkerInfo {
-	for i := 0; i < radix.MaxWorkers; i++ {
-		if info, ok := s.Worker(radix.WorkerSlot(i)); ok {
+	for i := 0; i < workers.Max; i++ {
+		if info, ok := s.Worker(workers.Slot(i)); ok {
 			dst = append(dst, info)
 		}
 	}
@@ -209,8 +208,8 @@ func (s *Segment) Workers(dst []WorkerInfo) []WorkerInfo {
 
 // SlotState returns the raw state and generation of a slot without
 // copying its strings: the ingester polls this every few milliseconds.
-func (s *Segment) SlotState(slot radix.WorkerSlot) (st WorkerState, gen uint32, heartbeat int64) {
-	off := slotOff(int(slot) & (radix.MaxWorkers - 1))
+func (s *Segment) SlotState(slot workers.Slot) (st WorkerState, gen uint32, heartbeat int64) {
+	off := slotOff(int(slot) & (workers.Max - 1))
 	w := atomic.LoadUint64(s.u64(off + sState))
 	return stateOf(w), atomic.LoadUint32(s.u32(off + sGeneration)), int64(atomic.LoadUint64(s.u64(off + sHeartbeat)))
 }
@@ -219,13 +218,13 @@ func (s *Segment) SlotState(slot radix.WorkerSlot) (st WorkerState, gen uint32, 
 // its publisher learns on its next heartbeat that the router dropped its
 // blocks. It reports whether the transition happened; it gives up rather
 // than wait if a registration holds the registry lock.
-func (s *Segment) MarkDown(slot radix.WorkerSlot, gen uint32, lastBeat int64) (bool, error) {
+func (s *Segment) MarkDown(slot workers.Slot, gen uint32, lastBeat int64) (bool, error) {
 	return s.transition(slot, gen, lastBeat, StateLive, StateDown)
 }
 
 // ExpireClaim moves a slot stuck in Claiming (its publisher died while
 // registering) to Down so that it can be reused.
-func (s *Segment) ExpireClaim(slot radix.WorkerSlot) (bool, error) {
+func (s *Segment) ExpireClaim(slot workers.Slot) (bool, error) {
 	unlock, ok, err := s.lockRegistry(false)
 	if !ok {
 		return false, err
@@ -242,7 +241,7 @@ func (s *Segment) ExpireClaim(slot radix.WorkerSlot) (bool, error) {
 	return true, nil
 }
 
-func (s *Segment) transition(slot radix.WorkerSlot, gen uint32, lastBeat int64, from, to WorkerState) (bool, error) {
+func (s *Segment) transition(slot workers.Slot, gen uint32, lastBeat int64, from, to WorkerState) (bool, error) {
 	if !slot.Valid() {
 		return false, nil
 	}
@@ -282,7 +281,7 @@ func (s *Segment) claim(cfg WorkerConfig) (int, uint32, error) {
 		func(st WorkerState, _ int) bool { return st == StateClosed || st == StateClaiming },
 		func(st WorkerState, _ int) bool { return st == StateDown },
 	} {
-		for i := 0; i < radix.MaxWorkers && pick < 0; i++ {
+		for i := 0; i < workers.Max && pick < 0; i++ {
 			off := slotOff(i)
 			if want(stateOf(atomic.LoadUint64(s.u64(off+sState))), off) {
 				pick = i

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Kind is the type of an event record.
@@ -344,14 +344,14 @@ type RingReader struct {
 
 // Reader returns the consumer half of slot's ring, positioned at the
 // persisted cursor.
-func (s *Segment) Reader(slot radix.WorkerSlot) *RingReader {
+func (s *Segment) Reader(slot workers.Slot) *RingReader {
 	r := &RingReader{}
 	s.initReader(r, slot)
 	return r
 }
 
-func (s *Segment) initReader(r *RingReader, slot radix.WorkerSlot) {
-	off := s.ringBase(int(slot) & (radix.MaxWorkers - 1))
+func (s *Segment) initReader(r *RingReader, slot workers.Slot) {
+	off := s.ringBase(int(slot) & (workers.Max - 1))
 	*r = RingReader{
 		head:    s.u64(off + ctlHead),
 		tail:    s.u64(off + ctlTail),
@@ -469,8 +469,8 @@ func (r RingState) Lag() uint64 {
 }
 
 // RingState reads slot's ring control words.
-func (s *Segment) RingState(slot radix.WorkerSlot) RingState {
-	off := s.ringBase(int(slot) & (radix.MaxWorkers - 1))
+func (s *Segment) RingState(slot workers.Slot) RingState {
+	off := s.ringBase(int(slot) & (workers.Max - 1))
 	return RingState{
 		Head:      atomic.LoadUint64(s.u64(off + ctlHead)),
 		Tail:      atomic.LoadUint64(s.u64(off + ctlTail)),

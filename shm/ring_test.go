@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 func register(t testing.TB, seg *Segment, id uint64) *Publisher {
@@ -302,7 +302,7 @@ func TestRingHammer(t *testing.T) {
 func TestSlotIndexing(t *testing.T) {
 	seg, _ := openTest(t, Options{})
 	var pubs []*Publisher
-	for i := 0; i < radix.MaxWorkers; i++ {
+	for i := 0; i < workers.Max; i++ {
 		pubs = append(pubs, register(t, seg, uint64(i+1)))
 	}
 	if _, err := seg.Register(WorkerConfig{WorkerID: 999, BlockSize: 4}); !errors.Is(err, ErrRegistryFull) {

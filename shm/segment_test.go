@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 var testIndex = radix.Config{Capacity: 1 << 14}
@@ -42,7 +43,7 @@ func TestSegmentCreateAttach(t *testing.T) {
 	if off := seg.Header().IndexOffset; off%64 != 0 {
 		t.Errorf("index offset %d not 64-byte aligned", off)
 	}
-	for i := 0; i < radix.MaxWorkers; i++ {
+	for i := 0; i < workers.Max; i++ {
 		if seg.lay.ringOff(i)%64 != 0 || (seg.lay.ringOff(i)+ringControlSize)%64 != 0 {
 			t.Fatalf("ring %d not 64-byte aligned", i)
 		}
@@ -59,7 +60,7 @@ func TestSegmentCreateAttach(t *testing.T) {
 	if again.Header().SegmentID != seg.Header().SegmentID {
 		t.Fatal("attached to a different segment")
 	}
-	var ov radix.Overlaps
+	var ov workers.Overlaps
 	if set := again.Index().FindMatches(hashes, &ov); !set.Has(3) || ov[3] != 4 {
 		t.Fatalf("warm index lost blocks: set %b overlap %d", set, ov[3])
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // AllPolicies is every routing policy, in the order the demo runs them.
@@ -110,8 +111,8 @@ func (o *Options) Validate() error {
 	switch {
 	case len(o.Policies) == 0:
 		return errors.New("cannot run without a policy")
-	case o.Engines < 1 || o.Engines > radix.MaxWorkers:
-		return fmt.Errorf("cannot run %d engines: want 1..%d", o.Engines, radix.MaxWorkers)
+	case o.Engines < 1 || o.Engines > workers.Max:
+		return fmt.Errorf("cannot run %d engines: want 1..%d", o.Engines, workers.Max)
 	case !(o.Speedup > 0) || math.IsInf(o.Speedup, 1):
 		return fmt.Errorf("cannot use speedup %v: want a positive factor", o.Speedup)
 	case !(o.EngineSpeedup > 0):

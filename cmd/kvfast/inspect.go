@@ -8,8 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 func init() {
@@ -87,17 +87,17 @@ func inspect(out io.Writer, seg *shm.Segment, perShard bool) error {
 	fmt.Fprintln(out, "\nworkers:")
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  slot\tstate\tgen\tworker\trank\tmodel\tblock\tkv cap\tblocks\tendpoint\tpid\theartbeat\t")
-	workers := seg.Workers(nil)
-	for _, w := range workers {
+	registered := seg.Workers(nil)
+	for _, w := range registered {
 		fmt.Fprintf(tw, "  %d\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%d\t%s ago\t\n", w.Slot, w.State, w.Generation, w.WorkerID,
 			w.DPRank, w.Model, w.BlockSize, w.KVCapacityBlocks, st.WorkerBlocks[w.Slot], w.Endpoint, w.PID, age(now, w.Heartbeat))
 	}
 	tw.Flush()
-	if len(workers) == 0 {
+	if len(registered) == 0 {
 		fmt.Fprintln(out, "  (none registered)")
 	}
-	for s := 0; s < radix.MaxWorkers; s++ {
-		if n := st.WorkerBlocks[s]; n != 0 && !listed(workers, radix.WorkerSlot(s)) {
+	for s := 0; s < workers.Max; s++ {
+		if n := st.WorkerBlocks[s]; n != 0 && !listed(registered, workers.Slot(s)) {
 			fmt.Fprintf(out, "  slot %d: %d blocks but no registration\n", s, n)
 		}
 	}
@@ -105,7 +105,7 @@ func inspect(out io.Writer, seg *shm.Segment, perShard bool) error {
 	fmt.Fprintln(out, "\nload and rings:")
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  slot\trunning\twaiting\tkv used/total\tload age\thead\ttail\tlag bytes\tpublished\tdropped\tconsumer gen\tlast seq\t")
-	for _, w := range workers {
+	for _, w := range registered {
 		r := seg.RingState(w.Slot)
 		load := "torn"
 		loadAge := "-"
@@ -122,7 +122,7 @@ func inspect(out io.Writer, seg *shm.Segment, perShard bool) error {
 	return tw.Flush()
 }
 
-func listed(ws []shm.WorkerInfo, s radix.WorkerSlot) bool {
+func listed(ws []shm.WorkerInfo, s workers.Slot) bool {
 	for _, w := range ws {
 		if w.Slot == s {
 			return true

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 func init() {
@@ -116,8 +117,8 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		return 2
 	}
 	switch {
-	case *engines < 1 || *engines > radix.MaxWorkers:
-		fmt.Fprintf(stderr, "kvfast mock: --engines %d is outside [1, %d]\n", *engines, radix.MaxWorkers)
+	case *engines < 1 || *engines > workers.Max:
+		fmt.Fprintf(stderr, "kvfast mock: --engines %d is outside [1, %d]\n", *engines, workers.Max)
 		return 2
 	case basePort < 0 || (basePort > 0 && basePort+*engines-1 > 65535):
 		fmt.Fprintf(stderr, "kvfast mock: ports %d..%d are out of range\n", basePort, basePort+*engines-1)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
-	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // DefaultWaitTimeout bounds every wait of a Rig whose Config sets none:
@@ -128,8 +128,8 @@ func Start(ctx context.Context, cfg Config) (_ *Rig, err error) {
 
 func (cfg *Config) check() error {
 	switch {
-	case cfg.Engines < 0 || cfg.Engines > radix.MaxWorkers:
-		return fmt.Errorf("cannot start %d engines: want 0..%d", cfg.Engines, radix.MaxWorkers)
+	case cfg.Engines < 0 || cfg.Engines > workers.Max:
+		return fmt.Errorf("cannot start %d engines: want 0..%d", cfg.Engines, workers.Max)
 	case cfg.NoSegment && cfg.Engines > 0:
 		return errors.New("cannot start engines without a segment to register in")
 	case cfg.Engine.Segment != "" || cfg.Engine.SegmentHandle != nil || cfg.Engine.Publisher != nil:
