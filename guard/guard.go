@@ -123,23 +123,6 @@ func (h Handle) State() State {
 	return stateOf(w)
 }
 
-// Reason returns why the request aborted (ReasonNone otherwise).
-func (h Handle) Reason() Reason {
-	w, err := h.load()
-	if err != nil {
-		return ReasonNone
-	}
-	return reasonOf(w)
-}
-
-// Decision returns the selection's outcome.
-func (h Handle) Decision() sched.Decision {
-	if _, err := h.load(); err != nil {
-		return sched.Decision{}
-	}
-	return h.g.dec
-}
-
 // Select chooses a worker and books the request's load straight into the
 // guard (Acquired → Selected), so that from here on every path releases
 // it. It may wait in the admission queue; ctx bounds the wait. On error
