@@ -38,13 +38,9 @@
 // shared 2-core reference machine, noise from other processes lands on
 // both distributions.
 //
-// # Throughput envelope
+// # Performance
 //
-// On the shared 2-core reference machine the router adds, at p50, about
-// 15-30 µs to a small non-streaming request (16- and 1K-token prompts) and
-// about 30-60 µs to a 16-event stream; p99 differences are noisier (50-180
-// µs), as other tenants' work lands on them. The added time is mostly the
-// second loopback hop (a write and a read each way, per event for streams)
-// and parsing and hashing the prompt. See BenchmarkProxyOverhead for the
-// numbers of a given run.
+// What the router adds is mostly the second loopback hop (a write and a
+// read each way, per event for streams) and parsing and hashing the
+// prompt. BENCHMARKS.md has the figures of a recorded run.
 package benchmarks

@@ -1,17 +1,15 @@
 // Package fastpath is kvfast's HTTP front end: the OpenAI-compatible
-// endpoints, the route-only endpoint, metrics and health.
+// endpoints, the route-only endpoint, metrics, health and the admin view.
 //
 // # Responsibility
 //
 // It turns a client request into a routing decision and hands it on: parse
-// the body (openai.Parser), hash the prompt into block hashes (radix for
-// token prompts, AppendApproxHashes for text and chat prompts), look up every
+// the body (openai.Parser), hash the prompt (radix's block hashes for token
+// prompts, its text-chunk hashes for text and chat prompts), look up every
 // worker's cached prefix (the event-fed index, or the approximate index of
 // the router's own decisions), ask sched for a worker, put the booking into
 // a guard, and let dispatch forward the unchanged body and relay the
-// response. Server wires these together with the worker set (the shm
-// registry's live engines and static configuration), the metrics, and
-// graceful shutdown.
+// response.
 //
 // A request's life in the server (exchange.go): the pooled exchange owns
 // every per-request buffer and is itself the dispatch.Observer, so engine
@@ -30,28 +28,28 @@
 //
 // # What it owns
 //
-// The HTTP listener and its limits, the pool of exchanges (and the
-// openai.ParsedRequest values and hash buffers inside them), the
-// approximate index, the model-to-namespace table, and the Prometheus
-// registry. The text-chunk hash namespace of approximate mode (ApproxSeed),
-// kept apart from token-block hashes of the same model, adapter and salt.
+// The HTTP listener and its limits, the pool of exchanges (and the parsed
+// requests and hash buffers inside them), the guard pool, the
+// model-to-namespace table, and the Prometheus registry. It borrows the
+// index, the approximate index, the scheduler and the engine pool from
+// package node, which owns them, their background work and the worker
+// set, and which calls WorkersChanged after membership changes. The node's
+// Snapshot (State) is the one source of /admin/workers and of the
+// per-worker gauges in /metrics.
 //
 // # Concurrency
 //
-// AppendApproxHashes and ApproxSeed are pure. The request path reads the
-// worker set, the model table and the index without locks; a stream is
-// relayed on fasthttp's stream-writer goroutine, which takes the exchange
-// over from the handler. Background goroutines poll the registry, expire
-// approximate assumptions and run ingestion.
+// The request path reads the worker set, the model table and the index
+// without locks; a stream is relayed on fasthttp's stream-writer
+// goroutine, which takes the exchange over from the handler. Serve runs
+// until Shutdown, which drains in-flight streams until its context ends
+// and then cuts them. The front end starts no background goroutine of its
+// own.
 //
-// # Throughput envelope
+// # Performance
 //
-// Approximate hashing is measured by BenchmarkApproxHashes; request parsing
-// by openai's BenchmarkParseRequest.
-//
-// End to end over loopback, a route-only request with a 1K-token prompt
-// costs ~30 µs of CPU (client included) and 0 allocations, ~55 K req/s on
-// the 2 cores (BenchmarkRouteOnly); forwarding adds ~16–30 µs at p50 to a
-// plain response and ~35–55 µs to a 16-event stream
-// (benchmarks.BenchmarkProxyOverhead). See BENCHMARKS.md.
+// A routed request allocates nothing (TestRouteOnlyAllocations).
+// BenchmarkRouteOnly measures a route-only request over loopback and
+// benchmarks.BenchmarkProxyOverhead the latency forwarding adds; the
+// figures are in BENCHMARKS.md.
 package fastpath

@@ -179,7 +179,7 @@ func (s *Server) prepare(ex *exchange) *openai.Error {
 		ex.exact = !s.useApprox
 		ex.sreq.PromptTokens = len(r.Tokens)
 	} else {
-		ex.hashes = AppendApproxHashes(ex.hashes[:0], ApproxSeed(seed), r.ApproxText(), s.cfg.ApproxChunkBytes)
+		ex.hashes = radix.AppendApproxHashes(ex.hashes[:0], radix.ApproxSeed(seed), r.ApproxText(), s.cfg.ApproxChunkBytes)
 		ex.exact = false
 		// About four bytes per token: enough for load accounting, which
 		// weighs this request's prefill against the others'.

@@ -48,7 +48,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		QueueTimeout:     30 * time.Second,
-		ApproxChunkBytes: DefaultApproxChunkBytes,
+		ApproxChunkBytes: radix.DefaultApproxChunkBytes,
 		MaxBodyBytes:     openai.DefaultMaxBodyBytes,
 		ReadTimeout:      30 * time.Second,
 		IdleTimeout:      60 * time.Second,

@@ -359,3 +359,24 @@ func tokenBody(tokens []uint32, sep string, stream bool) []byte {
 	b = strconv.AppendBool(b, stream)
 	return append(b, `, "stream_options": {"include_usage": true}}`...)
 }
+
+// TestApproxText pins what approximate routing hashes: a chat request's
+// raw messages, a text prompt's raw bytes, and nothing for token prompts.
+func TestApproxText(t *testing.T) {
+	r := new(ParsedRequest)
+	if err := (&Parser{}).Parse([]byte(`{"messages":[{"role":"user","content":"hello there"}]}`), APIChatCompletions, r); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(r.ApproxText(), r.Messages) || len(r.ApproxText()) == 0 {
+		t.Fatalf("chat approx text = %q, want the messages %q", r.ApproxText(), r.Messages)
+	}
+	if err := (&Parser{}).Parse([]byte(`{"prompt":"hello there"}`), APICompletions, r); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(r.ApproxText(), []byte("hello there")) {
+		t.Fatalf("text approx text = %q", r.ApproxText())
+	}
+	if err := (&Parser{}).Parse([]byte(`{"prompt":[1,2]}`), APICompletions, r); err != nil || r.ApproxText() != nil {
+		t.Fatalf("a token prompt has approximate text %q (err %v)", r.ApproxText(), err)
+	}
+}

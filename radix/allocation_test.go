@@ -3,6 +3,7 @@
 package radix
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/kvfast/kvfast/workers"
@@ -51,5 +52,17 @@ func TestIndexHotPathsAllocateNothing(t *testing.T) {
 		a.FindMatches(hashes, &out)
 	}); n != 0 {
 		t.Errorf("Approx: %v allocs per run", n)
+	}
+}
+
+func TestApproxAllocations(t *testing.T) {
+	text := []byte(strings.Repeat("x", 4096))
+	dst := make([]uint64, 0, 64)
+	seed := ApproxSeed(42)
+	if n := testing.AllocsPerRun(50, func() { dst = AppendApproxHashes(dst[:0], seed, text, DefaultApproxChunkBytes) }); n != 0 {
+		t.Fatalf("AppendApproxHashes made %v allocations", n)
+	}
+	if n := testing.AllocsPerRun(50, func() { _ = ApproxSeed(7) }); n != 0 {
+		t.Fatalf("ApproxSeed made %v allocations", n)
 	}
 }

@@ -14,6 +14,11 @@
 // knowing their depth. docs/hashing.md is the normative description, with
 // test vectors and the collision analysis.
 //
+// Text and chat prompts, which the router cannot tokenize yet, are hashed
+// for approximate routing in fixed byte chunks (AppendApproxHashes), a
+// plain XXH64 chain under a seed of their own (ApproxSeed), so that text
+// chunks and token blocks of the same namespace never meet.
+//
 // # Index
 //
 // The index is a sharded open-addressing hash table from block hash to a

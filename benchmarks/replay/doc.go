@@ -48,12 +48,10 @@
 // writer, and the shared ITL slice is appended under a mutex once per
 // request. TokenSynth is a value and safe to share. Reports only read.
 //
-// # Throughput envelope
+// # Performance
 //
-// Synthesising and encoding a prompt costs about 10 ns per token with no
-// allocation into reused buffers, so even 40k-token prompts add well under
-// a millisecond before sending. Each output event costs one small JSON
-// decode, a few microseconds. A replay is thus paced by the router and
-// engines, not by this client; Summary.MaxSendLag shows when that stops
-// being true.
+// Prompts are synthesised and encoded into reused buffers without
+// allocation (the allocation tests assert it), and each output event costs
+// one small JSON decode, so a replay is paced by the router and engines,
+// not by this client; Summary.MaxSendLag shows when that stops being true.
 package replay

@@ -1,4 +1,4 @@
-package fastpath
+package radix
 
 import "github.com/cespare/xxhash/v2"
 
@@ -12,7 +12,7 @@ const DefaultApproxChunkBytes = 64
 const approxDomain = "kvfast/approx-text/v1"
 
 // ApproxSeed derives the seed of approximate text hashing from the token
-// namespace seed, radix.NamespaceSeed(model, lora, salt), so that text chunks
+// namespace seed, NamespaceSeed(model, lora, salt), so that text chunks
 // keep the same model, adapter and salt isolation as token blocks while
 // living in a namespace of their own.
 //
@@ -25,7 +25,9 @@ func ApproxSeed(nsSeed uint64) uint64 {
 }
 
 // AppendApproxHashes appends the chained hash of every full chunkBytes-sized
-// chunk of text to dst, as a plain seeded XXH64 chain (not radix's grouped layout): chunk i is
+// chunk of text to dst, as a plain seeded XXH64 chain (not the grouped
+// layout of token blocks, since text chunks go to the approximate index,
+// whose layout is its own): chunk i is
 // XXH64 of its bytes seeded with chunk i-1's hash, chunk 0 with seed. A
 // trailing partial chunk is not hashed, so a prompt that extends another
 // shares all of its full chunks.
@@ -39,7 +41,7 @@ func ApproxSeed(nsSeed uint64) uint64 {
 // hashes. chunkBytes must be positive.
 func AppendApproxHashes(dst []uint64, seed uint64, text []byte, chunkBytes int) []uint64 {
 	if chunkBytes <= 0 {
-		panic("BUG: fastpath: approximate chunk size must be positive")
+		panic("BUG: radix: approximate chunk size must be positive")
 	}
 	var d xxhash.Digest
 	parent := seed

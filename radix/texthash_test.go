@@ -1,13 +1,10 @@
-package fastpath
+package radix
 
 import (
-	"bytes"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/kvfast/kvfast/openai"
 )
 
 func TestApproxHashes(t *testing.T) {
@@ -63,19 +60,6 @@ func TestApproxHashes(t *testing.T) {
 			}
 		}()
 		AppendApproxHashes(nil, seed, text, 0)
-	})
-	t.Run("from a parsed request", func(t *testing.T) {
-		r := new(openai.ParsedRequest)
-		body := []byte(`{"messages":[{"role":"user","content":"` + string(text) + `"}]}`)
-		if err := (&openai.Parser{}).Parse(body, openai.APIChatCompletions, r); err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(r.ApproxText(), r.Messages) || len(AppendApproxHashes(nil, seed, r.ApproxText(), 64)) == 0 {
-			t.Fatal("messages are not what approximate mode hashes")
-		}
-		if err := (&openai.Parser{}).Parse([]byte(`{"prompt":[1,2]}`), openai.APICompletions, r); err != nil || r.ApproxText() != nil {
-			t.Fatal("a token prompt has approximate text")
-		}
 	})
 }
 
