@@ -70,46 +70,45 @@ type Config struct {
 	MaxResponseBodySize int
 }
 
+// withDefaults fills the zero fields of c from DefaultConfig, and maps a
+// negative timeout to 0, which fasthttp and engineConn read as "no limit".
 func (c Config) withDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
+	d := DefaultConfig()
+	dur := func(v *time.Duration, def time.Duration) {
 		switch {
-		case *d == 0:
-			*d = v
-		case *d < 0:
-			*d = 0 // fasthttp and engineConn read 0 as "no limit"
+		case *v == 0:
+			*v = def
+		case *v < 0:
+			*v = 0
 		}
 	}
-	def(&c.Timeouts.Connect, 2*time.Second)
-	def(&c.Timeouts.Write, 30*time.Second)
-	def(&c.Timeouts.FirstByte, 10*time.Minute)
-	def(&c.Timeouts.Idle, 2*time.Minute)
+	dur(&c.Timeouts.Connect, d.Timeouts.Connect)
+	dur(&c.Timeouts.Write, d.Timeouts.Write)
+	dur(&c.Timeouts.FirstByte, d.Timeouts.FirstByte)
+	dur(&c.Timeouts.Idle, d.Timeouts.Idle)
 	if c.Health.Path == "" {
-		c.Health.Path = "/health"
+		c.Health.Path = d.Health.Path
 	}
 	if c.Health.Interval == 0 {
-		c.Health.Interval = 2 * time.Second
+		c.Health.Interval = d.Health.Interval
 	}
-	if c.Health.Timeout <= 0 {
-		c.Health.Timeout = time.Second
+	pos := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
 	}
-	if c.Health.FailAfter <= 0 {
-		c.Health.FailAfter = 2
+	pos(&c.Health.Timeout, d.Health.Timeout)
+	pos(&c.MaxIdleConnDuration, d.MaxIdleConnDuration)
+	posInt := func(v *int, def int) {
+		if *v <= 0 {
+			*v = def
+		}
 	}
-	if c.Health.RecoverAfter <= 0 {
-		c.Health.RecoverAfter = 1
-	}
-	if c.MaxConnsPerEngine <= 0 {
-		c.MaxConnsPerEngine = 1024
-	}
-	if c.MaxIdleConnDuration <= 0 {
-		c.MaxIdleConnDuration = 3 * time.Second
-	}
-	if c.RelayBufferSize <= 0 {
-		c.RelayBufferSize = 16 << 10
-	}
-	if c.MaxResponseBodySize <= 0 {
-		c.MaxResponseBodySize = 64 << 20
-	}
+	posInt(&c.Health.FailAfter, d.Health.FailAfter)
+	posInt(&c.Health.RecoverAfter, d.Health.RecoverAfter)
+	posInt(&c.MaxConnsPerEngine, d.MaxConnsPerEngine)
+	posInt(&c.RelayBufferSize, d.RelayBufferSize)
+	posInt(&c.MaxResponseBodySize, d.MaxResponseBodySize)
 	return c
 }
 
