@@ -18,6 +18,6 @@ run ./shm 'Ring' 1s
 run ./feed 'FeedIngest|PublishToVisible' 1s
 run ./sched 'Select|Query' 1s
 run ./guard 'GuardLifecycle' 1s
-run ./fastpath 'ParseRequest|RouteOnly' 1s
-run ./dispatch 'SSEScan' 1s
+run ./openai 'ParseRequest|SSEScan' 1s
+run ./fastpath 'RouteOnly' 1s
 run ./benchmarks 'ProxyOverhead' 2s
