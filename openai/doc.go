@@ -9,8 +9,8 @@
 // prompt or messages, stream, max_tokens / max_completion_tokens, n and
 // cache_salt. It validates the whole body as JSON, as strictly as
 // encoding/json does, so a body the router accepts is one the engine can
-// read; it builds no tree, decodes token ids straight into a pooled
-// ParsedRequest, and refuses wrong types, out-of-range token ids, empty
+// read; it builds no tree, decodes token ids straight into a
+// caller-owned ParsedRequest, and refuses wrong types, out-of-range token ids, empty
 // prompts, batches and oversized bodies with an Error. ParsePrompt reads a
 // prompt value on its own by the same rules, for a reader (the mock engine)
 // that decodes the rest of a body by other means.
@@ -34,8 +34,9 @@
 //
 // # What it owns
 //
-// The pool of ParsedRequest values and the package-level Err values, which
-// are shared and must not be modified. A ParsedRequest's byte slices alias
+// The package-level Err values, which are shared and must not be
+// modified. Callers own their ParsedRequest values and pool them (the
+// front end keeps one per pooled exchange; Recycle empties one for reuse). A ParsedRequest's byte slices alias
 // the parsed body, and an Event's FinishReason the scanned event; those
 // bytes must outlive their use.
 //
