@@ -37,8 +37,9 @@
 // The package-level Err values, which are shared and must not be
 // modified. Callers own their ParsedRequest values and pool them (the
 // front end keeps one per pooled exchange; Recycle empties one for
-// reuse). A ParsedRequest's byte slices alias the parsed body, and an Event's FinishReason the scanned event; those
-// bytes must outlive their use.
+// reuse). A ParsedRequest's byte slices alias the parsed body, and an
+// Event's FinishReason the scanned event; those bytes must outlive their
+// use.
 //
 // # Concurrency
 //
