@@ -42,9 +42,11 @@
 // The request path reads the worker set, the model table and the index
 // without locks; a stream is relayed on fasthttp's stream-writer
 // goroutine, which takes the exchange over from the handler. Serve runs
-// until Shutdown, which drains in-flight streams until its context ends
-// and then cuts them. The front end starts no background goroutine of its
-// own.
+// until Shutdown, which drains in-flight requests and streams until its
+// context ends and then cuts them; it reports ErrNotDrained when some are
+// still running after the cut, so that the node keeps what they read
+// mapped. Every handler and stream is counted from entry to end for that.
+// The front end starts no background goroutine of its own.
 //
 // # Performance
 //

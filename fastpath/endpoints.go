@@ -33,6 +33,8 @@ var errNotFound = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Co
 	Message: "no such endpoint; see the README for the router's endpoints"}
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	s.active.enter()
+	defer s.active.exit()
 	switch string(ctx.Path()) {
 	case PathCompletions:
 		s.serveOpenAI(ctx, openai.APICompletions, false)

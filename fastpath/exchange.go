@@ -246,7 +246,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	ex.call.CopyHeaders(&ctx.Response.Header)
 	ex.setDecisionHeaders(ctx)
 	if ex.call.IsEventStream() {
-		s.inflight.Add(1)
+		s.active.enter() // the stream holds its own count until it ends
 		ctx.SetBodyStreamWriter(ex.sw) // ex is the stream's from here on
 		return true
 	}
@@ -270,7 +270,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 // observer) when the client leaves or the engine fails.
 func (ex *exchange) stream(w *bufio.Writer) {
 	s := ex.s
-	defer s.inflight.Done()
+	defer s.active.exit()
 	// This goroutine is fasthttp's, which recovers nothing: a panic here
 	// would kill the router and strand the request's load.
 	defer func() {

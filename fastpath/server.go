@@ -121,7 +121,7 @@ type Server struct {
 	metricsHTTP fasthttp.RequestHandler
 
 	exchanges sync.Pool
-	inflight  sync.WaitGroup                   // streams still being relayed
+	active    *activity                        // handlers running and streams being relayed
 	conns     *xsync.MapOf[net.Conn, struct{}] // open client connections, cut at the shutdown deadline
 	requestID atomic.Uint64
 
@@ -144,7 +144,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: deps.Logger, index: deps.Index, approx: deps.Approx, sched: deps.Sched,
 		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox,
-		conns: xsync.NewMapOf[net.Conn, struct{}]()}
+		conns: xsync.NewMapOf[net.Conn, struct{}](), active: newActivity()}
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
 	s.metrics = newMetrics(s)
 	s.guards = guard.NewPool(s.sched, guard.Observer{Finished: s.metrics.observeFinished})
@@ -193,45 +193,61 @@ func (s *Server) Serve(ln net.Listener) error {
 	return err
 }
 
+// ErrNotDrained is what Shutdown returns when handlers or streams were
+// still running after it cut every connection and waited streamCutGrace:
+// they wait on an engine that is silent. Their guards still release their
+// bookings when they end, but the node must keep what they read (the
+// segment) mapped.
+var ErrNotDrained = errors.New("kvfast: requests still running after shutdown cut their connections")
+
 // Shutdown stops accepting connections and lets in-flight requests and
-// streams finish until ctx ends, then cuts them. Releasing every
-// reservation is the guards' job and happens on every path, cut or not.
+// streams finish until ctx ends, then cuts them and waits streamCutGrace
+// more. It returns nil only when nothing is running any more, so that the
+// caller may free what requests read. Releasing every reservation is the
+// guards' job and happens on every path, cut or not.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		if !s.drainAgain() {
+			return ErrNotDrained
+		}
 		return nil
 	}
 	s.closed = true
 	started, ln := s.started, s.ln
 	s.mu.Unlock()
-	var err error
-	if started {
-		err = s.http.ShutdownWithContext(ctx)
-		// A Serve that has not yet handed ln to fasthttp left it nothing
-		// to close, and would then accept forever: close ln ourselves.
-		_ = ln.Close()
-		// Streams run on their own goroutines; wait for them too.
-		done := make(chan struct{})
-		go func() { s.inflight.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			err = errors.Join(err, fmt.Errorf("cannot drain in-flight streams: %w", ctx.Err()))
-			// Cut them: a relay fails at its next write to its closed
-			// client, cancels its engine request and aborts its guard.
-			// (Closing the engine pool does not reach connections in
-			// use.) A relay waiting on a silent engine notices only at
-			// its idle timeout, so the wait for the cut is bounded.
-			s.conns.Range(func(c net.Conn, _ struct{}) bool { _ = c.Close(); return true })
-			select {
-			case <-done:
-			case <-time.After(streamCutGrace):
-				s.log.Warn("shutdown returns with streams still waiting on silent engines")
-			}
-		}
+	if !started {
+		return nil
+	}
+	err := s.http.ShutdownWithContext(ctx)
+	// A Serve that has not yet handed ln to fasthttp left it nothing to
+	// close, and would then accept forever: close ln ourselves.
+	_ = ln.Close()
+	if s.active.wait(ctx) {
+		return err
+	}
+	err = errors.Join(err, fmt.Errorf("cannot drain in-flight requests: %w", ctx.Err()))
+	// Cut them: a relay fails at its next write to its closed client,
+	// cancels its engine request and aborts its guard. (Closing the engine
+	// pool does not reach connections in use.) A relay waiting on a
+	// silent engine notices only at its idle timeout, so the wait for the
+	// cut is bounded.
+	s.conns.Range(func(c net.Conn, _ struct{}) bool { _ = c.Close(); return true })
+	if !s.drainAgain() {
+		s.log.Warn("shutdown returns with requests still waiting on silent engines")
+		return errors.Join(err, ErrNotDrained)
 	}
 	return err
+}
+
+// drainAgain waits streamCutGrace for the last handlers and streams. A
+// second Shutdown (or Close during a Shutdown) gets the same answer the
+// first would: whether everything has stopped.
+func (s *Server) drainAgain() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), streamCutGrace)
+	defer cancel()
+	return s.active.wait(ctx)
 }
 
 // streamCutGrace bounds Shutdown's wait for the streams it cut.

@@ -164,14 +164,21 @@ func (n *Node) Shutdown(ctx context.Context) error {
 
 // Close cuts in-flight requests at once and stops everything New started.
 // It is safe to call more than once and after Shutdown; only the first
-// call does anything.
+// call does anything. If a request is still running after its connection
+// was cut (waiting on a silent engine), the segment stays mapped: it is
+// freed when the process exits, where unmapping it now would fault that
+// request's next read of the index.
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel() // no drain: Shutdown is the graceful path
-		_ = n.front.Shutdown(ctx)
+		drained := !errors.Is(n.front.Shutdown(ctx), fastpath.ErrNotDrained)
 		n.stop()
 		n.bg.Wait()
+		if !drained {
+			n.log.Warn("leaving the segment mapped: requests are still running after their connections were cut")
+			n.seg = nil
+		}
 		n.closeErr = n.release()
 	})
 	return n.closeErr

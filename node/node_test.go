@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -263,6 +264,57 @@ func TestNewRefusesBadStaticWorkers(t *testing.T) {
 		}
 		if err == nil || !strings.Contains(err.Error(), "worker "+strconv.Itoa(int(w.ID))) {
 			t.Errorf("%+v: %v", w, err)
+		}
+	}
+}
+
+// TestCloseWhileRequestsRun: Close while clients hammer the endpoints that
+// read the index (metrics, admin, routing) must not unmap the segment
+// under a running handler, which faults the process. Close waits for the
+// handlers it cut before it frees the segment.
+func TestCloseWhileRequestsRun(t *testing.T) {
+	for round := range 3 {
+		n, err := New(testConfig(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		served := make(chan error, 1)
+		go func() { served <- n.Serve(ln) }()
+		base := "http://" + ln.Addr().String()
+		stop := make(chan struct{})
+		var clients sync.WaitGroup
+		var answered atomic.Int64
+		for _, path := range []string{"/metrics", "/admin/workers", "/v1/route/completions"} {
+			clients.Go(func() {
+				c := &http.Client{Timeout: testWait}
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					resp, err := c.Post(base+path, "application/json", strings.NewReader(`{"prompt":[1,2,3]}`))
+					if err != nil {
+						continue // refused or cut once Close runs
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					answered.Add(1)
+				}
+			})
+		}
+		waitFor(t, "the clients to get answers", func() bool { return answered.Load() > 20 })
+		if err := n.Close(); err != nil {
+			t.Fatalf("round %d: Close: %v", round, err)
+		}
+		close(stop)
+		clients.Wait()
+		if err := <-served; err != nil {
+			t.Fatalf("round %d: Serve: %v", round, err)
 		}
 	}
 }
