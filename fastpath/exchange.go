@@ -246,7 +246,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	ex.call.CopyHeaders(&ctx.Response.Header)
 	ex.setDecisionHeaders(ctx)
 	if ex.call.IsEventStream() {
-		s.active.enter() // the stream holds its own count until it ends
+		s.active.enter()               // the stream holds its own count until it ends
 		ctx.SetBodyStreamWriter(ex.sw) // ex is the stream's from here on
 		return true
 	}
