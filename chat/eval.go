@@ -54,7 +54,8 @@ type loopState struct {
 
 // renderer is the state of one rendering.
 type renderer struct {
-	out     []byte
+	out     []byte // the caller's buffer; the rendering starts at base
+	base    int
 	vars    []binding // innermost last
 	frames  []int     // start of each scope in vars
 	globals *globals
@@ -122,8 +123,10 @@ func (r *renderer) lookup(name string) value {
 
 func (r *renderer) write(s string) error {
 	r.out = append(r.out, s...)
-	return r.checkSize(len(r.out))
+	return r.checkOutput()
 }
+
+func (r *renderer) checkOutput() error { return r.checkSize(len(r.out) - r.base) }
 
 func (r *renderer) execBody(nodes []node) (loopControl, error) {
 	for _, n := range nodes {
@@ -179,7 +182,7 @@ func (r *renderer) exec(n node) (loopControl, error) {
 			return flowNormal, err
 		}
 		r.out = appendStr(r.out, v)
-		return flowNormal, r.checkSize(len(r.out))
+		return flowNormal, r.checkOutput()
 	case *filterBlockNode:
 		if n.filters == nil {
 			return r.execBody(n.body)
@@ -195,7 +198,7 @@ func (r *renderer) exec(n node) (loopControl, error) {
 			}
 		}
 		r.out = appendStr(r.out, v)
-		return flowNormal, r.checkSize(len(r.out))
+		return flowNormal, r.checkOutput()
 	case *breakNode:
 		return flowBreak, nil
 	case *continueNode:
@@ -232,7 +235,7 @@ func (r *renderer) output(e expr) error {
 			for _, p := range parts {
 				r.out = appendStr(r.out, p)
 			}
-			return r.checkSize(len(r.out))
+			return r.checkOutput()
 		}
 	}
 	v, err := r.eval(e)
@@ -240,7 +243,7 @@ func (r *renderer) output(e expr) error {
 		return err
 	}
 	r.out = appendStr(r.out, v)
-	return r.checkSize(len(r.out))
+	return r.checkOutput()
 }
 
 // flattenConcat evaluates a left-leaning chain of one operator. It reports

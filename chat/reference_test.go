@@ -263,3 +263,71 @@ func diffAt(a, b string) int {
 	}
 	return i
 }
+
+// TestExpressionsMatchReference compares the Jinja2 semantics themselves
+// (printing, arithmetic, filters, tests, methods, whitespace control) on
+// the small templates of testdata/expressions.json.
+func TestExpressionsMatchReference(t *testing.T) {
+	python := referencePython(t)
+	b, err := os.ReadFile("testdata/expressions.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var corpus struct {
+		Vars      json.RawMessage `json:"vars"`
+		Templates []string        `json:"templates"`
+	}
+	if err := json.Unmarshal(b, &corpus); err != nil {
+		t.Fatal(err)
+	}
+	type varsCase struct {
+		ID       string          `json:"id"`
+		Template string          `json:"template"`
+		Now      string          `json:"now"`
+		Vars     json.RawMessage `json:"vars"`
+	}
+	var in bytes.Buffer
+	enc := json.NewEncoder(&in)
+	for i, src := range corpus.Templates {
+		_ = enc.Encode(varsCase{fmt.Sprint(i), src, referenceNow.Format("2006-01-02T15:04:05"), corpus.Vars})
+	}
+	cmd := exec.Command(python, filepath.Join(referenceDir, "render.py"))
+	cmd.Stdin = &in
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("reference renderer: %v", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(nil, 64<<20)
+	n := 0
+	for sc.Scan() {
+		var ref refResult
+		if err := json.Unmarshal(sc.Bytes(), &ref); err != nil {
+			t.Fatal(err)
+		}
+		var i int
+		fmt.Sscan(ref.ID, &i)
+		src := corpus.Templates[i]
+		n++
+		tpl, err := chat.Compile(src)
+		if err != nil {
+			if ref.Text != nil {
+				t.Errorf("%q: reference rendered %q, we cannot compile: %v", src, *ref.Text, err)
+			}
+			continue
+		}
+		chat.SetNow(tpl, referenceNow)
+		got, err := chat.RenderVars(tpl, corpus.Vars)
+		switch {
+		case ref.Text == nil && err == nil:
+			t.Errorf("%q: reference failed (%s), we rendered %q", src, ref.Error, got)
+		case ref.Text != nil && err != nil:
+			t.Errorf("%q: reference rendered %q, we failed: %v", src, *ref.Text, err)
+		case ref.Text != nil && got != *ref.Text:
+			t.Errorf("%q:\n got %q\nwant %q", src, got, *ref.Text)
+		}
+	}
+	if n != len(corpus.Templates) {
+		t.Fatalf("reference answered %d of %d templates", n, len(corpus.Templates))
+	}
+}

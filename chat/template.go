@@ -69,8 +69,8 @@ var hfParams = map[string]bool{
 
 var rendererPool = sync.Pool{New: func() any { return new(renderer) }}
 
-// maxPooledOutput keeps the pool from pinning the buffers of one huge
-// rendering.
+// maxPooledOutput keeps the pool from pinning the scratch buffer of one
+// huge rendering.
 const maxPooledOutput = 1 << 20
 
 // Render appends to dst the prompt text the engine renders for in, with
@@ -127,11 +127,29 @@ func (t *Template) Render(dst []byte, in *Input, bos, eos string) ([]byte, error
 		}
 		g.set(kw.name, kw.v)
 	}
+	start := len(dst)
+	dst, err = t.execute(dst, g)
+	if err != nil {
+		return dst[:start], err
+	}
+	if in.continueFinal {
+		cut, err := cutAtFinalMessage(dst[start:], final)
+		if err != nil {
+			return dst[:start], err
+		}
+		dst = append(dst[:start], cut...)
+	}
+	return dst, nil
+}
+
+// execute runs the template with the variables g, appending its output
+// to dst.
+func (t *Template) execute(dst []byte, g *globals) ([]byte, error) {
 	r := rendererPool.Get().(*renderer)
 	defer func() {
-		if cap(r.out) > maxPooledOutput {
-			r.out = nil
-		}
+		// The output is the caller's buffer: the pooled renderer keeps
+		// only its own scratch space.
+		r.out = nil
 		if cap(r.scratch) > maxPooledOutput {
 			r.scratch = nil
 		}
@@ -139,7 +157,8 @@ func (t *Template) Render(dst []byte, in *Input, bos, eos string) ([]byte, error
 		r.vars = r.vars[:0]
 		rendererPool.Put(r)
 	}()
-	r.out = r.out[:0]
+	r.out = dst
+	r.base = len(dst)
 	r.vars = r.vars[:0]
 	r.frames = append(r.frames[:0], 0)
 	r.globals = g
@@ -150,17 +169,11 @@ func (t *Template) Render(dst []byte, in *Input, bos, eos string) ([]byte, error
 		var re *renderError
 		switch {
 		case errors.As(err, &re), errors.Is(err, errLimit):
-			return dst, fmt.Errorf("%w: cannot render chat template: %w", ErrInvalidRequest, err)
+			return r.out[:r.base], fmt.Errorf("%w: cannot render chat template: %w", ErrInvalidRequest, err)
 		}
-		return dst, fmt.Errorf("cannot render chat template: %w", err)
+		return r.out[:r.base], fmt.Errorf("cannot render chat template: %w", err)
 	}
-	out := r.out
-	if in.continueFinal {
-		if out, err = cutAtFinalMessage(out, final); err != nil {
-			return dst, err
-		}
-	}
-	return append(dst, out...), nil
+	return r.out, nil
 }
 
 // tagFinalMessage returns msgs with transformers' continue tag appended to

@@ -5,6 +5,8 @@ Reads JSON lines on stdin, one case each:
     {"id": "...", "template": "...", "bos_token": "...", "eos_token": "...",
      "now": "2024-07-26T10:00:00", "request": {<chat-completions body>}}
 
+(or, with "vars": {...} in place of "request", the template rendered with
+those variables alone)
 and writes one JSON line per case to stdout:
 
     {"id": "...", "text": "<rendered prompt>"}   or   {"id": "...", "error": "..."}
@@ -357,6 +359,10 @@ def lax_bool(v):
 def render(case):
     env = make_env(datetime.fromisoformat(case["now"]))
     source = case["template"]
+    if "vars" in case:
+        # The template alone, with the given variables: for comparing the
+        # Jinja2 semantics themselves.
+        return env.from_string(source).render(**case["vars"])
     req = case["request"]
     if not isinstance(req, dict):
         raise ValueError("body is not an object")
