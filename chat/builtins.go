@@ -1170,14 +1170,22 @@ func dictMethod(obj value, name string) (value, bool) {
 			return none, nil
 		}), true
 	case "items":
-		return method(name, func(r *renderer, _ []value, _ []kwarg) (value, error) { return fItems(r, obj, nil, nil) }), true
+		return method(name, func(r *renderer, _ []value, _ []kwarg) (value, error) {
+			v, err := fItems(r, obj, nil, nil)
+			v.s = "dict_items"
+			return v, err
+		}), true
 	case "keys":
 		return method(name, func(_ *renderer, _ []value, _ []kwarg) (value, error) {
-			return listValue(append([]value(nil), d.keys...)), nil
+			v := listValue(append([]value(nil), d.keys...))
+			v.s = "dict_keys"
+			return v, nil
 		}), true
 	case "values":
 		return method(name, func(_ *renderer, _ []value, _ []kwarg) (value, error) {
-			return listValue(append([]value(nil), d.vals...)), nil
+			v := listValue(append([]value(nil), d.vals...))
+			v.s = "dict_values"
+			return v, nil
 		}), true
 	case "copy":
 		return method(name, func(_ *renderer, _ []value, _ []kwarg) (value, error) {

@@ -222,6 +222,9 @@ func appendJSON(dst []byte, v value, o *jsonOpts, level int, r *renderer) ([]byt
 	case kStr:
 		return appendJSONString(dst, v.s, o.ensureASCII), nil
 	case kList, kTuple:
+		if v.s != "" {
+			return nil, rtErr("Object of type %s is not JSON serializable", v.s)
+		}
 		items := v.items()
 		if len(items) == 0 {
 			return append(dst, "[]"...), nil

@@ -36,7 +36,7 @@ type value struct {
 	k    kind
 	n    int64   // bool (0/1), int
 	f    float64 // float
-	s    string  // str, bigint digits, undefined's name (for errors)
+	s    string  // str, bigint digits, undefined's name, a dict view's type
 	list *[]value
 	dict *dict
 	fn   *function
@@ -231,6 +231,13 @@ func appendRepr(dst []byte, v value) []byte {
 	case kStr:
 		return appendPyStrRepr(dst, v.s)
 	case kList, kTuple:
+		if v.s != "" {
+			// A dict view (items(), keys(), values()) prints as Python's.
+			dst = append(dst, v.s...)
+			dst = append(dst, '(')
+			dst = appendRepr(dst, listValue(v.items()))
+			return append(dst, ')')
+		}
 		open, close := byte('['), byte(']')
 		if v.k == kTuple {
 			open, close = '(', ')'
