@@ -64,6 +64,7 @@ type renderer struct {
 	depth   int
 	now     func() time.Time
 	scratch []byte
+	parts   []value
 }
 
 // errRuntime marks an error the template raised while rendering.
@@ -226,13 +227,16 @@ func (r *renderer) capture(nodes []node) (string, error) {
 // '<|im_start|>' + role + '\n' + content + '<|im_end|>' would allocate.
 func (r *renderer) output(e expr) error {
 	if b, ok := e.(*binExpr); ok && (b.op == "+" || b.op == "~") {
-		var buf [16]value
-		parts, ok, err := r.flattenConcat(b, buf[:0])
+		// The operands go on r.parts, which a nested rendering (a macro
+		// call among them) extends and trims back past our own.
+		start := len(r.parts)
+		parts, ok, err := r.flattenConcat(b, r.parts)
+		r.parts = parts[:start]
 		if err != nil {
 			return err
 		}
 		if ok {
-			for _, p := range parts {
+			for _, p := range parts[start:] {
 				r.out = appendStr(r.out, p)
 			}
 			return r.checkOutput()
@@ -259,19 +263,19 @@ func (r *renderer) flattenConcat(b *binExpr, parts []value) ([]value, bool, erro
 	} else {
 		v, err := r.eval(b.l)
 		if err != nil {
-			return nil, false, err
+			return parts, false, err
 		}
 		if b.op == "+" && v.k != kStr {
-			return nil, false, nil
+			return parts, false, nil
 		}
 		parts = append(parts, v)
 	}
 	v, err := r.eval(b.r)
 	if err != nil {
-		return nil, false, err
+		return parts, false, err
 	}
 	if b.op == "+" && v.k != kStr {
-		return nil, false, nil
+		return parts, false, nil
 	}
 	return append(parts, v), true, nil
 }

@@ -470,6 +470,9 @@ func (in *Input) buildConversation(f contentFormat) (value, error) {
 
 func (m *message) content(f contentFormat) (value, error) {
 	if f == formatString {
+		if len(m.parts) == 1 && m.parts[0].modality == "" {
+			return strValue(m.parts[0].text), nil
+		}
 		var b strings.Builder
 		for i, p := range m.parts {
 			if p.modality != "" {
@@ -479,9 +482,6 @@ func (m *message) content(f contentFormat) (value, error) {
 				b.WriteByte('\n')
 			}
 			b.WriteString(p.text)
-		}
-		if len(m.parts) == 1 {
-			return strValue(m.parts[0].text), nil
 		}
 		return strValue(b.String()), nil
 	}

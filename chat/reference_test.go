@@ -126,19 +126,20 @@ func loadRequests(t *testing.T) map[string]json.RawMessage {
 	if err := json.Unmarshal(b, &reqs); err != nil {
 		t.Fatal(err)
 	}
-	reqs["long"] = longConversation(6, 40)
+	reqs["long"] = longConversation(6, 40, 10)
 	return reqs
 }
 
-// longConversation is a multi-turn chat of about n*words*3 words, with a
-// system prompt, as a request body.
-func longConversation(turns, words int) json.RawMessage {
+// longConversation is a request body: a system prompt of sysRepeat
+// sentences (about 10 tokens each), then turns user/assistant exchanges of
+// turnRepeat sentences each.
+func longConversation(turns, sysRepeat, turnRepeat int) json.RawMessage {
 	var msgs []map[string]any
-	msgs = append(msgs, map[string]any{"role": "system", "content": strings.Repeat("You are a careful assistant. Cite sources. ", words)})
+	msgs = append(msgs, map[string]any{"role": "system", "content": strings.Repeat("You are a careful assistant. Cite sources. ", sysRepeat)})
 	for i := 0; i < turns; i++ {
 		msgs = append(msgs,
-			map[string]any{"role": "user", "content": fmt.Sprintf("Question %d: %s", i, strings.Repeat("why is the sky blue, and what about sunsets? ", words/4))},
-			map[string]any{"role": "assistant", "content": fmt.Sprintf("Answer %d: %s", i, strings.Repeat("Rayleigh scattering favours short wavelengths. ", words/4))})
+			map[string]any{"role": "user", "content": fmt.Sprintf("Question %d: %s", i, strings.Repeat("why is the sky blue, and what about sunsets? ", turnRepeat))},
+			map[string]any{"role": "assistant", "content": fmt.Sprintf("Answer %d: %s", i, strings.Repeat("Rayleigh scattering favours short wavelengths. ", turnRepeat))})
 	}
 	msgs = append(msgs, map[string]any{"role": "user", "content": "Summarize."})
 	b, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs})

@@ -153,8 +153,13 @@ func (t *Template) execute(dst []byte, g *globals) ([]byte, error) {
 		if cap(r.scratch) > maxPooledOutput {
 			r.scratch = nil
 		}
+		// Drop the values the buffers still hold, so a pooled renderer
+		// keeps no request's strings alive.
 		r.globals = nil
+		clear(r.vars[:cap(r.vars)])
 		r.vars = r.vars[:0]
+		clear(r.parts[:cap(r.parts)])
+		r.parts = r.parts[:0]
 		rendererPool.Put(r)
 	}()
 	r.out = dst
