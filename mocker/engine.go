@@ -128,7 +128,9 @@ func Start(cfg Config) (*Engine, error) {
 	}
 	go e.loop()
 	go func() {
-		e.serveErr = e.srv.Serve(ln)
+		if err := e.srv.Serve(ln); !errors.Is(err, net.ErrClosed) {
+			e.serveErr = err
+		}
 		close(e.serveDone)
 	}()
 	return e, nil
@@ -191,6 +193,9 @@ func (e *Engine) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		err := e.srv.ShutdownWithContext(ctx)
+		// A Serve goroutine that had not yet handed ln to fasthttp when
+		// Shutdown ran would then accept forever: close ln ourselves.
+		_ = e.ln.Close()
 		<-e.serveDone
 		if e.serveErr != nil && err == nil {
 			err = e.serveErr

@@ -318,3 +318,67 @@ func TestCloseWhileRequestsRun(t *testing.T) {
 		}
 	}
 }
+
+// countLog is a slog handler counting the records with one message.
+type countLog struct {
+	msg string
+	n   *atomic.Int64
+}
+
+func (h countLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h countLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h countLog) WithGroup(string) slog.Handler            { return h }
+func (h countLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.n.Add(1)
+	}
+	return nil
+}
+
+// TestRefusedRegistration: an engine the router cannot route to (its
+// block size differs) is reported once, not at every registry poll, and
+// a routable worker whose slot re-registers with a refused registration
+// leaves the worker set instead of staying routable under it.
+func TestRefusedRegistration(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.RegistryPoll = time.Hour // the test drives syncRegistry itself
+	cfg.Dispatch.Health.Interval = -1
+	var refusals atomic.Int64
+	cfg.Logger = slog.New(countLog{msg: "cannot route to registered worker", n: &refusals})
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+
+	good, err := mocker.Start(mocker.Config{WorkerID: 1, Segment: cfg.Segment.Path, Speedup: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.syncRegistry()
+	if len(n.Snapshot().Workers) != 1 {
+		t.Fatalf("the good engine did not join: %+v", n.Snapshot().Workers)
+	}
+	if err := good.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The same slot, re-registered before the router polls again, by an
+	// engine whose block size the router cannot route.
+	bad, err := mocker.Start(mocker.Config{WorkerID: 1, BlockSize: 32, Segment: cfg.Segment.Path, Speedup: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	for range 10 {
+		n.syncRegistry()
+	}
+	if got := refusals.Load(); got != 1 {
+		t.Errorf("the refused registration was logged %d times over 10 polls, want once", got)
+	}
+	if ws := n.Snapshot().Workers; len(ws) != 0 {
+		t.Errorf("the slot's old registration is still routable: %+v", ws)
+	}
+	if _, ok := n.Scheduler().Resolve(1, 0); ok {
+		t.Error("the scheduler still resolves the refused worker")
+	}
+}

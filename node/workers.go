@@ -16,7 +16,8 @@ import (
 // regEntry remembers what the registry said about a slot last time, so
 // that the poll only touches the scheduler and the engine pool on change.
 type regEntry struct {
-	present    bool
+	present    bool // routable: in the scheduler and the engine pool
+	refused    bool // this registration cannot be routed to; said once, not retried
 	generation uint32
 	endpoint   string
 	model      string
@@ -100,7 +101,7 @@ func (n *Node) syncRegistry() {
 	if n.seg == nil {
 		return
 	}
-	var live workers.Set
+	var live, registered workers.Set
 	changed := false
 	for i := range workers.Max {
 		slot := workers.Slot(i)
@@ -111,8 +112,13 @@ func (n *Node) syncRegistry() {
 		if !ok || info.State != shm.StateLive {
 			continue
 		}
+		registered |= workers.SetOf(slot)
 		e := &n.regState[slot]
-		if !e.present || e.generation != info.Generation || e.endpoint != info.Endpoint || e.model != info.Model {
+		same := e.generation == info.Generation && e.endpoint == info.Endpoint && e.model == info.Model
+		if e.refused && same {
+			continue // refused once for this registration; a new one is tried again
+		}
+		if !e.present || !same {
 			addr, err := hostPort(info.Endpoint)
 			if err == nil {
 				err = n.sched.Upsert(sched.WorkerInfo{ID: info.WorkerID, DPRank: info.DPRank, Slot: slot,
@@ -122,11 +128,16 @@ func (n *Node) syncRegistry() {
 				_, err = n.engines.Add(slot, addr)
 			}
 			if err != nil {
-				if !e.present || e.generation != info.Generation {
-					n.log.Error("cannot route to registered worker", "slot", slot, "worker", info.WorkerID,
-						"dp_rank", info.DPRank, "endpoint", info.Endpoint, "err", err)
+				n.log.Error("cannot route to registered worker", "slot", slot, "worker", info.WorkerID,
+					"dp_rank", info.DPRank, "endpoint", info.Endpoint, "generation", info.Generation, "err", err)
+				if e.present {
+					// The slot's previous registration must not stay
+					// routable under the new, refused one.
+					n.sched.Remove(slot)
+					n.engines.Remove(slot)
+					changed = true
 				}
-				*e = regEntry{generation: info.Generation}
+				*e = regEntry{refused: true, generation: info.Generation, endpoint: info.Endpoint, model: info.Model}
 				continue
 			}
 			n.log.Info("worker joined", "slot", slot, "worker", info.WorkerID, "dp_rank", info.DPRank,
@@ -142,12 +153,16 @@ func (n *Node) syncRegistry() {
 	}
 	for i := range workers.Max {
 		slot := workers.Slot(i)
-		if e := &n.regState[slot]; e.present && !live.Has(slot) {
+		e := &n.regState[slot]
+		switch {
+		case e.present && !live.Has(slot):
 			n.log.Info("worker left", "slot", slot, "endpoint", e.endpoint)
 			n.sched.Remove(slot)
 			n.engines.Remove(slot)
 			*e = regEntry{}
 			changed = true
+		case e.refused && !registered.Has(slot):
+			*e = regEntry{}
 		}
 	}
 	if changed {
