@@ -174,7 +174,7 @@ func TestPrefixCacheCutsAndSeeds(t *testing.T) {
 func TestPrefixCacheBudget(t *testing.T) {
 	tk := toyTokenizer{specials: toySpecials}
 	seg := func(s string) []byte { return []byte(s + "<|im_end|>") } // one segment each
-	one := int64(4*(2+1) + segmentOverhead)                         // 5 bytes of text: 2 chunks and the special
+	one := int64(4*(2+1) + segmentOverhead)                          // 5 bytes of text: 2 chunks and the special
 	c := NewPrefixCache(3 * one)
 	for _, s := range []string{"aaaaa", "bbbbb", "ccccc"} {
 		c.Encode(nil, tk, 0, seg(s), nil)

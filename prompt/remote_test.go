@@ -278,7 +278,9 @@ func (noEngines) PickEngine(string) (workers.Slot, string, bool) { return 0, "",
 // movingEngine names whichever engine the test last set, in one slot.
 type movingEngine struct{ addr atomic.Pointer[string] }
 
-func (m *movingEngine) PickEngine(string) (workers.Slot, string, bool) { return 3, *m.addr.Load(), true }
+func (m *movingEngine) PickEngine(string) (workers.Slot, string, bool) {
+	return 3, *m.addr.Load(), true
+}
 
 // TestRemoteEngineReplaced: when a slot's engine changes, the renderer
 // forgets what it learned about the old one.
