@@ -143,6 +143,8 @@ type ModelStatus struct {
 	// Outcomes counts the renderer's calls (nil without one).
 	Outcomes *Outcomes     `json:"outcomes,omitempty"`
 	Remote   *RemoteStatus `json:"remote,omitempty"`
+	// PrefixCache is the built-in renderer's cache of tokenized prefixes.
+	PrefixCache *CacheStats `json:"prefix_cache,omitempty"`
 }
 
 // Status reports every model configured or met so far, sorted by name.
