@@ -209,7 +209,7 @@ func TestTokenizerMetrics(t *testing.T) {
 		// label values in label-name order: mode, model, outcome
 		"kvfast_tokenizer_info/remote/a": 1, "kvfast_tokenizer_info/none/b": 1, "kvfast_tokenizer_info/builtin/c": 1,
 		"kvfast_tokenize_total/remote/a/ok": 7, "kvfast_tokenize_total/remote/a/timeout": 2, "kvfast_tokenize_total/remote/a/no_engine": 0,
-		"kvfast_tokenize_total/builtin/c/ok": 1,
+		"kvfast_tokenize_total/builtin/c/ok":       1,
 		"kvfast_prefix_cache_segments_total/c/hit": 5, "kvfast_prefix_cache_segments_total/c/miss": 3,
 		"kvfast_prefix_cache_evictions_total/c": 1, "kvfast_prefix_cache_bytes/c": 4096,
 	}
