@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -39,11 +40,8 @@ type Remote struct {
 	states   [workers.Max]atomic.Pointer[engineState]
 	calls    sync.Pool
 	outcomes outcomeCounters
-	lastErr  atomic.Pointer[errorBox]
+	lastErr  atomic.Pointer[Failure] // for status
 }
-
-// errorBox holds the last failure's cause, for Status.
-type errorBox struct{ err error }
 
 // NewRemote returns the remote renderer of model, which asks the engines
 // picks.
@@ -133,14 +131,14 @@ func (rm *Remote) tokens(ctx context.Context, dst []uint32, api openai.API, body
 		}
 		err := st.client.DoDeadline(req, &c.resp, deadline)
 		if err != nil {
-			rm.failed(err)
-			if isTimeout(err) {
-				return dst, ErrTimeout
+			kind := ErrEngine
+			switch {
+			case isTimeout(err):
+				kind = ErrTimeout
+			case errors.Is(err, fasthttp.ErrBodyTooLarge):
+				kind = ErrBadResponse
 			}
-			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-				return dst, ErrBadResponse
-			}
-			return dst, ErrEngine
+			return dst, rm.fail(kind, c, st, err)
 		}
 		status := c.resp.StatusCode()
 		if routeMissing(status, c.resp.Body()) {
@@ -153,28 +151,31 @@ func (rm *Remote) tokens(ctx context.Context, dst []uint32, api openai.API, body
 				c.resp.Reset()
 				continue
 			}
-			return dst, ErrUnsupported
+			return dst, rm.fail(ErrUnsupported, c, st, nil)
 		}
 		switch {
 		case status >= 500:
-			return dst, ErrEngine
+			return dst, rm.fail(ErrEngine, c, st, nil)
 		case status != fasthttp.StatusOK:
-			return dst, ErrRejected
+			return dst, rm.fail(ErrRejected, c, st, nil)
 		}
 		if useRender {
 			st.endpoint[api01].CompareAndSwap(probeUnknown, probeRender)
 		}
 		raw, ok := tokenArray(c.resp.Body(), shape, key)
 		if !ok {
-			return dst, ErrBadResponse
+			return dst, rm.fail(ErrBadResponse, c, st, errors.New("no token-id array where the endpoint puts it"))
 		}
 		// Decode after what dst holds, into its spare capacity.
 		c.parsed.Tokens = dst[len(dst):]
 		perr := rm.parser.ParsePrompt(raw, &c.parsed)
 		ids := c.parsed.Tokens
 		c.parsed.Tokens = nil // the caller's buffer: never pooled here
-		if perr != nil || c.parsed.Prompt != openai.PromptTokens {
-			return dst, ErrBadResponse
+		if perr == nil && c.parsed.Prompt != openai.PromptTokens {
+			perr = errors.New("the ids are not an array of integers")
+		}
+		if perr != nil {
+			return dst, rm.fail(ErrBadResponse, c, st, perr)
 		}
 		if len(ids) <= cap(dst)-len(dst) {
 			return dst[:len(dst)+len(ids)], nil // decoded in place
@@ -238,7 +239,35 @@ func retryStaleConn(_ *fasthttp.Request, attempts int, err error) (resetTimeout,
 	return false, attempts == 1 && stale
 }
 
-func (rm *Remote) failed(err error) { rm.lastErr.Store(&errorBox{err}) }
+// Failure is a failed call: its kind (ErrTimeout, ErrEngine, ...), which
+// errors.Is matches, and what happened, for operators (the status page's
+// last_error, kvfast tokenize's message).
+type Failure struct {
+	Kind   error
+	Detail string
+}
+
+func (f *Failure) Error() string { return f.Kind.Error() + ": " + f.Detail }
+func (f *Failure) Unwrap() error { return f.Kind }
+
+// fail builds the Failure of a call to st that ended in kind, from cause
+// or, without one, from the engine's answer, and remembers it. Failures
+// allocate; the path that renders does not.
+func (rm *Remote) fail(kind error, c *remoteCall, st *engineState, cause error) error {
+	detail := "POST " + st.addr + string(c.req.URI().PathOriginal())
+	if cause != nil {
+		detail += ": " + cause.Error()
+	} else {
+		body := c.resp.Body()
+		if len(body) > 300 {
+			body = body[:300]
+		}
+		detail += ": status " + strconv.Itoa(c.resp.StatusCode()) + ": " + string(body)
+	}
+	f := &Failure{Kind: kind, Detail: detail}
+	rm.lastErr.Store(f)
+	return f
+}
 
 func isTimeout(err error) bool {
 	var ne net.Error
@@ -280,7 +309,7 @@ func (rm *Remote) status() RemoteStatus {
 		}
 	}
 	if last := rm.lastErr.Load(); last != nil {
-		s.LastError = last.err.Error()
+		s.LastError = last.Error()
 	}
 	return s
 }

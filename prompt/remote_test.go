@@ -189,8 +189,12 @@ func TestRemoteFailures(t *testing.T) {
 				body = text
 			}
 			got, err := rm.Tokens(context.Background(), nil, tc.api, []byte(body), parse(t, tc.api, body))
-			if err != tc.want {
+			if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
 				t.Fatalf("error %v, want %v", err, tc.want)
+			}
+			var f *Failure
+			if err != nil && (!errors.As(err, &f) || !strings.HasPrefix(f.Detail, "POST "+se.addr+"/") || rm.status().LastError != err.Error()) {
+				t.Fatalf("error %q says nothing of the call, or is not the last error (%q)", err, rm.status().LastError)
 			}
 			if err == nil && !slices.Equal(got, tc.ids) {
 				t.Fatalf("ids %v, want %v", got, tc.ids)
@@ -206,7 +210,7 @@ func TestRemoteFailures(t *testing.T) {
 		se.set(map[string]scripted{pathRenderChat: {status: 404, body: []byte(`{"error":{"message":"no model"}}`)}})
 		rm := NewRemote("m", FixedEngine(se.addr), testRemoteConfig)
 		for range 2 {
-			if _, err := rm.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(chat), parse(t, openai.APIChatCompletions, chat)); err != ErrRejected {
+			if _, err := rm.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(chat), parse(t, openai.APIChatCompletions, chat)); !errors.Is(err, ErrRejected) {
 				t.Fatal(err)
 			}
 		}
@@ -233,7 +237,7 @@ func TestRemoteFailures(t *testing.T) {
 	t.Run("timeout", func(t *testing.T) {
 		se.set(map[string]scripted{pathRenderChat: {hang: true}})
 		rm := NewRemote("m", FixedEngine(se.addr), RemoteConfig{Timeout: 50 * time.Millisecond, MaxResponseBytes: 1 << 20})
-		if _, err := rm.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(chat), parse(t, openai.APIChatCompletions, chat)); err != ErrTimeout {
+		if _, err := rm.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(chat), parse(t, openai.APIChatCompletions, chat)); !errors.Is(err, ErrTimeout) {
 			t.Fatalf("error %v, want %v", err, ErrTimeout)
 		}
 		if o := rm.outcomes.load(); o.Timeout != 1 || rm.status().LastError == "" {
@@ -249,14 +253,14 @@ func TestRemoteFailures(t *testing.T) {
 		dead := ln.Addr().String()
 		ln.Close()
 		req := parse(t, openai.APIChatCompletions, chat)
-		if _, err := NewRemote("m", noEngines{}, testRemoteConfig).Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(chat), req); err != ErrNoEngine {
+		if _, err := NewRemote("m", noEngines{}, testRemoteConfig).Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(chat), req); !errors.Is(err, ErrNoEngine) {
 			t.Errorf("no engine: %v", err)
 		}
-		if _, err := NewRemote("m", FixedEngine(dead), testRemoteConfig).Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(chat), req); err != ErrEngine {
+		if _, err := NewRemote("m", FixedEngine(dead), testRemoteConfig).Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(chat), req); !errors.Is(err, ErrEngine) {
 			t.Errorf("dead engine: %v", err)
 		}
 		tokens := `{"prompt":[1,2]}`
-		if _, err := NewRemote("m", FixedEngine(se.addr), testRemoteConfig).Tokens(context.Background(), nil, openai.APICompletions, []byte(tokens), parse(t, openai.APICompletions, tokens)); err != ErrNotRendered {
+		if _, err := NewRemote("m", FixedEngine(se.addr), testRemoteConfig).Tokens(context.Background(), nil, openai.APICompletions, []byte(tokens), parse(t, openai.APICompletions, tokens)); !errors.Is(err, ErrNotRendered) {
 			t.Errorf("token prompt: %v", err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())

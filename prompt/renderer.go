@@ -35,7 +35,8 @@ type Engines interface {
 	PickEngine(model string) (slot workers.Slot, addr string, ok bool)
 }
 
-// Errors a Remote returns; each is also the outcome it counts.
+// The kinds of failure a Remote returns (as a *Failure, which errors.Is
+// matches against them); each is also the outcome it counts.
 var (
 	ErrNoEngine    = errors.New("no healthy engine serves the model")
 	ErrTimeout     = errors.New("the engine did not render the prompt in time")
