@@ -21,7 +21,6 @@ type fakeRenderer struct {
 	ids   []uint32
 	err   error
 	calls atomic.Int64
-	body  atomic.Pointer[string]
 }
 
 func (f *fakeRenderer) Tokens(_ context.Context, dst []uint32, api openai.API, body []byte, r *openai.ParsedRequest) ([]uint32, error) {
