@@ -188,6 +188,9 @@ func (n *Node) Close() error {
 
 // release frees what New acquired, in reverse order.
 func (n *Node) release() error {
+	if n.prompts != nil {
+		n.prompts.Close()
+	}
 	if n.engines != nil {
 		n.engines.Close()
 	}

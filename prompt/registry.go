@@ -131,6 +131,19 @@ func (r *Registry) Renderer(model string) Renderer {
 	return e.renderer
 }
 
+// Close closes the remote renderers' idle connections to the engines. The
+// renderers keep working (a later call dials again); the node calls it
+// when it stops, so that no connection outlives the router.
+func (r *Registry) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.models {
+		if e.remote != nil {
+			e.remote.closeIdle()
+		}
+	}
+}
+
 // ModelStatus is one model's tokenization, as /admin/workers shows it and
 // kvfast_tokenizer_info and kvfast_tokenize_total export it.
 type ModelStatus struct {

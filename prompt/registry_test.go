@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/openai"
@@ -154,4 +155,36 @@ func TestOpen(t *testing.T) {
 			t.Errorf("%q: opened", src)
 		}
 	}
+}
+
+// TestRegistryClose: closing the registry closes the remote renderers'
+// connections to the engines, and a renderer used afterwards dials again.
+func TestRegistryClose(t *testing.T) {
+	se := startScripted(t)
+	se.set(map[string]scripted{pathRenderChat: {status: 200, body: []byte(`{"token_ids":[1]}`)}})
+	cfg := DefaultConfig()
+	cfg.Specs = specs(t, "m=remote")
+	reg, err := NewRegistry(cfg, Options{Engines: FixedEngine(se.addr), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"messages":[{"role":"user","content":"x"}]}`
+	call := func() {
+		if _, err := reg.Renderer("m").Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(body), parse(t, openai.APIChatCompletions, body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	call()
+	if n := se.conns.Load(); n != 1 {
+		t.Fatalf("%d connections open, want 1", n)
+	}
+	reg.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for se.conns.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections still open after Close", se.conns.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	call()
 }

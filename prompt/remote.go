@@ -230,6 +230,15 @@ func (rm *Remote) engine(slot workers.Slot, addr string) *engineState {
 	}
 }
 
+// closeIdle closes the idle connections to every engine asked so far.
+func (rm *Remote) closeIdle() {
+	for i := range rm.states {
+		if st := rm.states[i].Load(); st != nil {
+			st.client.CloseIdleConnections()
+		}
+	}
+}
+
 // retryStaleConn sends a render again, once, when the pooled connection
 // closed before any answer: the engine closed it while idle and never saw
 // the request. Rendering has no side effect, so the retry is always safe.

@@ -100,6 +100,7 @@ type scriptedEngine struct {
 	addr    string
 	answers atomic.Pointer[map[string]scripted]
 	calls   atomic.Int64
+	conns   atomic.Int64  // open client connections
 	hang    chan struct{} // closed at cleanup: a hanging handler returns
 }
 
@@ -117,7 +118,15 @@ func startScripted(tb testing.TB) *scriptedEngine {
 	}
 	se := &scriptedEngine{addr: ln.Addr().String(), hang: make(chan struct{})}
 	se.set(nil)
-	srv := &fasthttp.Server{Handler: se.handle, NoDefaultServerHeader: true, NoDefaultDate: true, NoDefaultContentType: true}
+	srv := &fasthttp.Server{Handler: se.handle, NoDefaultServerHeader: true, NoDefaultDate: true, NoDefaultContentType: true,
+		ConnState: func(_ net.Conn, st fasthttp.ConnState) {
+			switch st {
+			case fasthttp.StateNew:
+				se.conns.Add(1)
+			case fasthttp.StateClosed:
+				se.conns.Add(-1)
+			}
+		}}
 	done := make(chan struct{})
 	go func() { _ = srv.Serve(ln); close(done) }()
 	tb.Cleanup(func() {
