@@ -4,8 +4,10 @@
 // # Responsibility
 //
 // It turns a client request into a routing decision and hands it on: parse
-// the body (openai.Parser), hash the prompt (radix's block hashes for token
-// prompts, its text-chunk hashes for text and chat prompts), look up every
+// the body (openai.Parser), render a text or chat prompt into the engine's
+// token ids when its model has a renderer (package prompt), hash the
+// prompt (radix's block hashes for token ids, its text-chunk hashes for
+// text and chat prompts of models without a renderer), look up every
 // worker's cached prefix (the event-fed index, or the approximate index of
 // the router's own decisions), ask sched for a worker, put the booking into
 // a guard, and let dispatch forward the unchanged body and relay the
@@ -30,9 +32,10 @@
 //
 // The HTTP listener and its limits, the pool of exchanges (and the parsed
 // requests and hash buffers inside them), the guard pool, the
-// model-to-namespace table, and the Prometheus registry. It borrows the
-// index, the approximate index, the scheduler and the engine pool from
-// package node, which owns them, their background work and the worker
+// model table (namespace seed and renderer per model), and the Prometheus
+// registry. It borrows the index, the approximate index, the scheduler, the
+// engine pool and the renderers from package node, which owns them, their
+// background work and the worker
 // set, and which calls WorkersChanged after membership changes. The node's
 // Snapshot (State) is the one source of /admin/workers and of the
 // per-worker gauges in /metrics.

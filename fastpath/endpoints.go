@@ -13,6 +13,7 @@ import (
 	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/internal/jsonscan"
 	"github.com/kvfast/kvfast/openai"
+	"github.com/kvfast/kvfast/prompt"
 )
 
 // Paths the router serves. The route-only endpoints take the same bodies as
@@ -189,6 +190,10 @@ type Snapshot struct {
 	Index   IndexView    `json:"index"`
 	Feed    *feed.Stats  `json:"feed,omitempty"` // the shm event feed, when there is a segment
 	Queue   QueueView    `json:"queue"`
+	// Tokenizers is each model's tokenization: every model configured or
+	// served, with its mode (a model with none routes its text and chat
+	// prompts approximately) and its renderer's counters.
+	Tokenizers []prompt.ModelStatus `json:"tokenizers"`
 }
 
 // WorkerView is one worker in a Snapshot.

@@ -13,6 +13,7 @@ import (
 	"github.com/kvfast/kvfast/guard"
 	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/openai"
+	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/workers"
@@ -27,6 +28,7 @@ type exchange struct {
 	s        *Server
 	api      openai.API
 	req      openai.ParsedRequest
+	tokens   []uint32 // a text or chat prompt's ids, when its model has a renderer
 	hashes   []uint64
 	overlaps workers.Overlaps
 	scores   sched.Scores
@@ -61,8 +63,12 @@ func (s *Server) acquireExchange() *exchange {
 	return ex
 }
 
-// maxPooledHashes keeps one huge prompt from pinning its buffers forever.
-const maxPooledHashes = 1 << 16
+// maxPooledHashes and maxPooledTokens keep one huge prompt from pinning
+// its buffers forever.
+const (
+	maxPooledHashes = 1 << 16
+	maxPooledTokens = 1 << 18
+)
 
 func (s *Server) releaseExchange(ex *exchange) {
 	if ex.held {
@@ -72,11 +78,14 @@ func (s *Server) releaseExchange(ex *exchange) {
 	if cap(ex.hashes) > maxPooledHashes {
 		ex.hashes = nil
 	}
+	if cap(ex.tokens) > maxPooledTokens {
+		ex.tokens = nil
+	}
 	if cap(ex.out) > 1<<16 {
 		ex.out = nil
 	}
 	ex.wait.release()
-	*ex = exchange{s: s, sw: ex.sw, req: ex.req, hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0]}
+	*ex = exchange{s: s, sw: ex.sw, req: ex.req, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0]}
 	s.exchanges.Put(ex)
 }
 
@@ -106,7 +115,7 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 		ex.reject(ctx, rerr)
 		return
 	}
-	if rerr := s.prepare(ex); rerr != nil {
+	if rerr := s.prepare(ctx, ctx.PostBody(), ex); rerr != nil {
 		ex.reject(ctx, rerr)
 		return
 	}
@@ -165,19 +174,37 @@ func (ex *exchange) cleanup() {
 	ex.s.releaseExchange(ex)
 }
 
-// prepare hashes the prompt and looks up every worker's cached prefix.
-func (s *Server) prepare(ex *exchange) *openai.Error {
+// prepare hashes the prompt and looks up every worker's cached prefix. A
+// text or chat prompt whose model has a renderer is first turned into the
+// engine's token ids and then hashed as token blocks, as a token-id prompt
+// is; without one, or when the renderer fails, it is hashed approximately.
+// The body itself reaches the engine unchanged either way.
+func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai.Error {
 	r := &ex.req
-	model, seed, err := s.namespace(r)
+	model, seed, render, err := s.namespace(r)
 	if err != nil {
 		return err
 	}
 	t0 := clock.Now()
+	exactBlocks, tokens := r.Prompt == openai.PromptTokens, r.Tokens
+	if !exactBlocks && render != nil {
+		var rerr error
+		ex.tokens, rerr = render.Tokens(ctx, ex.tokens[:0], ex.api, body, r)
+		t1 := clock.Now()
+		s.metrics.stageTokenize.Observe(seconds(time.Duration(t1 - t0)))
+		t0 = t1
+		if errors.Is(rerr, prompt.ErrInvalidRequest) {
+			return &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Code: "invalid_prompt", Message: rerr.Error()}
+		}
+		// Any other failure was counted by the renderer; the request still
+		// routes, approximately.
+		exactBlocks, tokens = rerr == nil && len(ex.tokens) > 0, ex.tokens
+	}
 	bs := s.sched.BlockSize()
-	if r.Prompt == openai.PromptTokens {
-		ex.hashes = radix.AppendBlockHashes(ex.hashes[:0], seed, r.Tokens, bs)
+	if exactBlocks {
+		ex.hashes = radix.AppendBlockHashes(ex.hashes[:0], seed, tokens, bs)
 		ex.exact = !s.useApprox
-		ex.sreq.PromptTokens = len(r.Tokens)
+		ex.sreq.PromptTokens = len(tokens)
 	} else {
 		ex.hashes = radix.AppendApproxHashes(ex.hashes[:0], radix.ApproxSeed(seed), r.ApproxText(), s.cfg.ApproxChunkBytes)
 		ex.exact = false

@@ -10,6 +10,7 @@ import (
 	"github.com/kvfast/kvfast/feed"
 	"github.com/kvfast/kvfast/guard"
 	"github.com/kvfast/kvfast/openai"
+	"github.com/kvfast/kvfast/prompt"
 )
 
 // Request outcomes, the values of the status label of
@@ -31,6 +32,7 @@ var allStatuses = []string{statusOK, statusClientError, statusOverloaded, status
 // Routing stages, the values of the stage label of
 // kvfast_routing_duration_seconds.
 const (
+	stageTokenize = "tokenize"
 	stageHash     = "hash"
 	stageLookup   = "lookup"
 	stageSchedule = "schedule"
@@ -43,18 +45,19 @@ const (
 type metrics struct {
 	reg *prometheus.Registry
 
-	requests     map[string]prometheus.Counter
-	ttft         prometheus.Observer
-	itl          prometheus.Observer
-	isl          prometheus.Observer
-	osl          prometheus.Observer
-	promptBlocks prometheus.Counter
-	cachedBlocks prometheus.Counter
-	stageHash    prometheus.Observer
-	stageLookup  prometheus.Observer
-	stageSched   prometheus.Observer
-	stageTotal   prometheus.Observer
-	retries      prometheus.Counter
+	requests      map[string]prometheus.Counter
+	ttft          prometheus.Observer
+	itl           prometheus.Observer
+	isl           prometheus.Observer
+	osl           prometheus.Observer
+	promptBlocks  prometheus.Counter
+	cachedBlocks  prometheus.Counter
+	stageTokenize prometheus.Observer
+	stageHash     prometheus.Observer
+	stageLookup   prometheus.Observer
+	stageSched    prometheus.Observer
+	stageTotal    prometheus.Observer
+	retries       prometheus.Counter
 }
 
 func newMetrics(s *Server) *metrics {
@@ -83,7 +86,7 @@ func newMetrics(s *Server) *metrics {
 	tokens := prometheus.ExponentialBuckets(16, 2, 14) // 16 .. 131072
 	isl := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "kvfast_input_sequence_tokens", Buckets: tokens,
-		Help: "Prompt length in tokens of requests that reached an engine (text and chat prompts: estimated at 4 bytes per token).",
+		Help: "Prompt length in tokens of requests that reached an engine (text and chat prompts of models without a tokenizer: estimated at 4 bytes per token).",
 	})
 	osl := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "kvfast_output_sequence_tokens", Buckets: tokens,
@@ -99,9 +102,10 @@ func newMetrics(s *Server) *metrics {
 	})
 	stages := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "kvfast_routing_duration_seconds",
-		Help:    "Time the router spends deciding, by stage: hash, lookup, schedule (including any admission wait), total.",
+		Help:    "Time the router spends deciding, by stage: tokenize (text and chat prompts of models with a tokenizer), hash, lookup, schedule (including any admission wait), total.",
 		Buckets: prometheus.ExponentialBuckets(1e-6, 2, 20), // 1 µs .. 0.5 s
 	}, []string{"stage"})
+	m.stageTokenize = stages.WithLabelValues(stageTokenize)
 	m.stageHash = stages.WithLabelValues(stageHash)
 	m.stageLookup = stages.WithLabelValues(stageLookup)
 	m.stageSched = stages.WithLabelValues(stageSchedule)
@@ -167,12 +171,25 @@ var (
 		"A worker's ZMQ KV-event feed: batches and blocks by outcome.", []string{"worker", "dp_rank", "status"}, nil)
 	descQueueWaiting = prometheus.NewDesc("kvfast_admission_waiting", "Requests waiting in the admission queue.", nil, nil)
 	descRefused      = prometheus.NewDesc("kvfast_admission_refused_total", "Requests refused as overloaded.", nil, nil)
+
+	descTokenizerInfo = prometheus.NewDesc("kvfast_tokenizer_info",
+		"1 per model: how its text and chat prompts become token ids (mode builtin or remote: exact routing; none: approximate).",
+		[]string{"model", "mode"}, nil)
+	descTokenize = prometheus.NewDesc("kvfast_tokenize_total",
+		"Text and chat prompts a model's tokenizer was asked for, by outcome; every outcome but ok routed approximately.",
+		[]string{"model", "mode", "outcome"}, nil)
+	descPrefixCacheSegments = prometheus.NewDesc("kvfast_prefix_cache_segments_total",
+		"Prompt segments the built-in tokenizer's prefix cache copied (hit) or encoded (miss).", []string{"model", "result"}, nil)
+	descPrefixCacheEvictions = prometheus.NewDesc("kvfast_prefix_cache_evictions_total",
+		"Segments the prefix cache dropped to stay within its budget.", []string{"model"}, nil)
+	descPrefixCacheBytes = prometheus.NewDesc("kvfast_prefix_cache_bytes", "Bytes the prefix cache holds.", []string{"model"}, nil)
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descWorkerActiveBlocks, descWorkerPrefill, descWorkerRequests,
 		descWorkerHealthy, descWorkerIndexBlocks, descWorkerRingLag, descIndexEntries, descIndexCapacity,
-		descIndexOverflow, descFeedEvents, descZMQConnected, descZMQEvents, descQueueWaiting, descRefused} {
+		descIndexOverflow, descFeedEvents, descZMQConnected, descZMQEvents, descQueueWaiting, descRefused,
+		descTokenizerInfo, descTokenize, descPrefixCacheSegments, descPrefixCacheEvictions, descPrefixCacheBytes} {
 		ch <- d
 	}
 }
@@ -214,6 +231,30 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descIndexOverflow, prometheus.CounterValue, float64(snap.Index.Overflow))
 	ch <- prometheus.MustNewConstMetric(descQueueWaiting, prometheus.GaugeValue, float64(snap.Queue.Waiting))
 	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(snap.Queue.Refused))
+	for i := range snap.Tokenizers {
+		collectTokenizer(ch, &snap.Tokenizers[i])
+	}
+}
+
+func collectTokenizer(ch chan<- prometheus.Metric, st *prompt.ModelStatus) {
+	ch <- prometheus.MustNewConstMetric(descTokenizerInfo, prometheus.GaugeValue, 1, st.Model, st.Mode)
+	if o := st.Outcomes; o != nil {
+		for _, kv := range []struct {
+			outcome string
+			v       uint64
+		}{
+			{"ok", o.OK}, {"timeout", o.Timeout}, {"engine_error", o.EngineError}, {"rejected", o.Rejected},
+			{"unsupported", o.Unsupported}, {"bad_response", o.BadResponse}, {"no_engine", o.NoEngine}, {"cancelled", o.Cancelled},
+		} {
+			ch <- prometheus.MustNewConstMetric(descTokenize, prometheus.CounterValue, float64(kv.v), st.Model, st.Mode, kv.outcome)
+		}
+	}
+	if c := st.PrefixCache; c != nil {
+		ch <- prometheus.MustNewConstMetric(descPrefixCacheSegments, prometheus.CounterValue, float64(c.Hits), st.Model, "hit")
+		ch <- prometheus.MustNewConstMetric(descPrefixCacheSegments, prometheus.CounterValue, float64(c.Misses), st.Model, "miss")
+		ch <- prometheus.MustNewConstMetric(descPrefixCacheEvictions, prometheus.CounterValue, float64(c.Evictions), st.Model)
+		ch <- prometheus.MustNewConstMetric(descPrefixCacheBytes, prometheus.GaugeValue, float64(c.Bytes), st.Model)
+	}
 }
 
 func collectZMQ(ch chan<- prometheus.Metric, st feed.ZMQStats, id, rank string) {

@@ -16,6 +16,7 @@ import (
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/guard"
 	"github.com/kvfast/kvfast/openai"
+	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 )
@@ -90,9 +91,20 @@ type Deps struct {
 	Engines *dispatch.Pool
 	// UseApprox routes token prompts on Approx too (the approx policy).
 	UseApprox bool
+	// Renderers gives each model's prompt renderer, which turns text and
+	// chat prompts into token ids; nil, or a nil renderer for a model,
+	// routes that model's text and chat prompts approximately.
+	Renderers Renderers
 	// State gives /admin/workers and /metrics the node's snapshot.
 	State  State
 	Logger *slog.Logger
+}
+
+// Renderers resolves a model's prompt renderer (package prompt's
+// Registry). The front end asks when the worker set changes, never per
+// request.
+type Renderers interface {
+	Renderer(model string) prompt.Renderer
 }
 
 // State is the node's view of itself, as operators see it.
@@ -115,6 +127,7 @@ type Server struct {
 	http    *fasthttp.Server
 
 	useApprox bool
+	renderers Renderers
 	seeds     atomic.Pointer[map[string]modelNamespace]
 
 	metricsOnce sync.Once
@@ -143,7 +156,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		deps.Logger = slog.Default()
 	}
 	s := &Server{cfg: cfg, log: deps.Logger, index: deps.Index, approx: deps.Approx, sched: deps.Sched,
-		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox,
+		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, renderers: deps.Renderers,
 		conns: xsync.NewMapOf[net.Conn, struct{}](), active: newActivity()}
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
 	s.metrics = newMetrics(s)

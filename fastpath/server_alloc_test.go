@@ -122,3 +122,37 @@ func TestRejectedRequestAllocations(t *testing.T) {
 		})
 	}
 }
+
+// TestRenderedRouteAllocations: a chat or text request whose model has a
+// renderer takes the tokenize stage and then the token-prompt path, and
+// allocates nothing of its own either (the renderer here appends fixed ids
+// without allocating; the remote renderer's own test,
+// prompt.TestRemoteAllocations, covers the round trip).
+func TestRenderedRouteAllocations(t *testing.T) {
+	ids := benchTokens(1024, 151935)
+	s := newRenderTestServer(t, 4, "", &fakeRenderer{ids: ids})
+	fillRouteIndex(t, s, tokenBody(ids, ",", false), 0, 40)
+	for _, tc := range []struct {
+		name, path string
+		body       []byte
+	}{
+		{"chat", PathRouteChatCompletions, []byte(`{"model":"` + benchModel + `","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"hi"}],"stream":true}`)},
+		{"text", PathRouteCompletions, []byte(`{"model":"` + benchModel + `","prompt":"once upon a time","max_tokens":64}`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := newRouteCtx(tc.path, tc.body, nil)
+			serve := func() {
+				ctx.Response.Reset()
+				s.handle(ctx)
+			}
+			serve()
+			if code := ctx.Response.StatusCode(); code != fasthttp.StatusOK ||
+				!bytes.Contains(ctx.Response.Body(), []byte(`"overlap_blocks":40`)) || !bytes.Contains(ctx.Response.Body(), []byte(`"exact":true`)) {
+				t.Fatalf("status %d: %s", code, ctx.Response.Body())
+			}
+			if n := testing.AllocsPerRun(200, serve); n != 0 {
+				t.Fatalf("a rendered route-only request made %v allocations", n)
+			}
+		})
+	}
+}

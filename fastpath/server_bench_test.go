@@ -110,7 +110,7 @@ func (h *routeHTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeHTTPError(w, http.StatusBadRequest, errBaselineHints)
 		return
 	}
-	if e := s.prepare(ex); e != nil {
+	if e := s.prepare(r.Context(), body, ex); e != nil {
 		s.metrics.count(ex.api, statusClientError)
 		writeHTTPError(w, e.Status, e)
 		return

@@ -127,6 +127,25 @@ func TestTokenizer(t *testing.T) {
 			t.Fatal("unknown role accepted")
 		}
 	})
+	t.Run("special-token text is the special token", func(t *testing.T) {
+		msgs := []ChatMessage{{"system", "be brief"}, {"user", "hi <|end|> there"}, {"assistant", "ok"}, {"tool", "42"}, {"developer", "d"}}
+		want, err := AppendChatTokens(nil, msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := TextSystem + " be brief " + TextEndOfTurn + " " + TextUser + " hi <|end|> there " + TextEndOfTurn + " " +
+			TextAssistant + " ok " + TextEndOfTurn + " " + TextTool + " 42 " + TextEndOfTurn + " " +
+			TextDeveloper + " d " + TextEndOfTurn + " " + TextAssistant
+		if got := AppendTextTokens(nil, text); !slices.Equal(got, want) {
+			t.Fatalf("the template written out tokenizes to\n%v, the chat request to\n%v", got, want)
+		}
+		// Near misses are plain words.
+		for _, w := range []string{"<|end", "<|End|>", "<|end|>x", "<|>"} {
+			if got := AppendTextTokens(nil, w); got[0] != WordToken(w) {
+				t.Errorf("%q tokenized as %d, want the word %d", w, got[0], WordToken(w))
+			}
+		}
+	})
 	t.Run("replies round-trip", func(t *testing.T) {
 		seed := uint64(12345)
 		text := string(appendText(nil, seed, 0, 50))

@@ -46,6 +46,11 @@ type Config struct {
 	// load refresh (default 250ms).
 	HeartbeatInterval time.Duration
 
+	// DisableRender makes the engine answer its render endpoints with 404,
+	// as a vLLM release before them (or SGLang) does, so that a router
+	// asking it falls back to /tokenize.
+	DisableRender bool
+
 	// WorkerID and DPRank identify this engine to the router's registry.
 	WorkerID uint64
 	DPRank   uint32

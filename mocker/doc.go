@@ -9,7 +9,11 @@
 //   - HTTP (fasthttp): POST /v1/completions and /v1/chat/completions,
 //     streaming (vLLM-shaped SSE chunks ending in "data: [DONE]") or not;
 //     GET /v1/models, GET /health, POST /reset_prefix_cache, and
-//     GET /mock/stats (the engine's counters as JSON). Every response
+//     GET /mock/stats (the engine's counters as JSON); and, in vLLM's
+//     shapes, POST /v1/completions/render, /v1/chat/completions/render
+//     and /tokenize, which answer the prompt ids the engine computes for
+//     a request (Config.DisableRender answers the render endpoints with
+//     404, as an engine without them does). Every response
 //     carries usage with prompt_tokens_details.cached_tokens, the prompt
 //     tokens served from the prefix cache; streams carry it in a final
 //     chunk when stream_options.include_usage is set, as vLLM does. Bad
@@ -19,9 +23,10 @@
 //     (openai.Parser.ParsePrompt), so both accept the same prompt forms;
 //     the rest of a body is decoded with encoding/json. Token-id arrays
 //     are used exactly. Text is tokenized one token per
-//     whitespace-separated word, the id a hash of the word
-//     (AppendTextTokens); chat messages go through a fixed template
-//     (AppendChatTokens). Replies are words from a fixed list chosen by a
+//     whitespace-separated word, the id a hash of the word, except the
+//     words that spell a special token (TextSystem, ...), which are that
+//     token (AppendTextTokens); chat messages go through a fixed template
+//     whose text form tokenizes to the same ids (AppendChatTokens). Replies are words from a fixed list chosen by a
 //     hash of the prompt, so they are deterministic; a request always
 //     generates exactly max_tokens (default 16) and finishes with
 //     "length".

@@ -376,6 +376,17 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 		e.handleGenerate(ctx, false)
 	case "/v1/chat/completions":
 		e.handleGenerate(ctx, true)
+	case "/v1/completions/render", "/v1/chat/completions/render":
+		if e.cfg.DisableRender {
+			// As a vLLM release without the endpoints answers: FastAPI's 404.
+			ctx.SetStatusCode(fasthttp.StatusNotFound)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"detail":"Not Found"}`)
+			return
+		}
+		e.handleRender(ctx, string(ctx.Path()) == "/v1/chat/completions/render")
+	case "/tokenize":
+		e.handleTokenize(ctx)
 	case "/v1/models":
 		if !e.method(ctx, fasthttp.MethodGet) {
 			return
@@ -424,20 +435,21 @@ func writeError(ctx *fasthttp.RequestCtx, e *openai.Error) {
 	ctx.SetBody(e.AppendJSON(nil))
 }
 
-func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
+// admit reads a completions (chat false) or chat body and checks it as the
+// engine would before generating: its model, its length and max_tokens. It
+// answers the client itself and returns ok false when the body is refused.
+func (e *Engine) admit(ctx *fasthttp.RequestCtx, chat bool, req *apiRequest) (maxTokens int, ok bool) {
 	if !e.method(ctx, fasthttp.MethodPost) {
-		return
+		return 0, false
 	}
-	var req apiRequest
-	if err := parseRequest(ctx.PostBody(), chat, &req); err != nil {
+	if err := parseRequest(ctx.PostBody(), chat, req); err != nil {
 		writeError(ctx, err)
-		return
+		return 0, false
 	}
-	if req.model != "" && req.model != e.cfg.Model {
-		writeError(ctx, &openai.Error{Status: fasthttp.StatusNotFound, Message: "The model `" + req.model + "` does not exist.", Type: "NotFoundError", Param: "model", Code: "model_not_found"})
-		return
+	if !e.servesModel(ctx, req.model) {
+		return 0, false
 	}
-	maxTokens := req.maxTokens
+	maxTokens = req.maxTokens
 	if maxTokens < 0 {
 		// Like vLLM, an unset limit never makes a prompt too long by itself.
 		maxTokens = min(e.cfg.DefaultMaxTokens, e.cfg.MaxModelLen-len(req.tokens))
@@ -448,6 +460,24 @@ func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 			param = "prompt"
 		}
 		writeError(ctx, badRequest(param, "%v", err))
+		return 0, false
+	}
+	return maxTokens, true
+}
+
+// servesModel refuses, with vLLM's 404, a request naming another model.
+func (e *Engine) servesModel(ctx *fasthttp.RequestCtx, model string) bool {
+	if model != "" && model != e.cfg.Model {
+		writeError(ctx, &openai.Error{Status: fasthttp.StatusNotFound, Message: "The model `" + model + "` does not exist.", Type: "NotFoundError", Param: "model", Code: "model_not_found"})
+		return false
+	}
+	return true
+}
+
+func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
+	var req apiRequest
+	maxTokens, ok := e.admit(ctx, chat, &req)
+	if !ok {
 		return
 	}
 	r := &Request{Prompt: req.tokens, MaxTokens: maxTokens, notify: make(chan struct{}, 1)}

@@ -10,10 +10,13 @@ import (
 // The mock engine has no real tokenizer. Text becomes tokens by a rule that
 // is deterministic, cheap and prefix-stable, which is all prefix caching
 // needs: every maximal run of bytes that are not ASCII whitespace is one
-// token, whose id is VocabBase + XXH64(word) mod (VocabSize − VocabBase).
-// Whitespace only separates words, so "a  b" and "a b" tokenize alike. A
-// router that wants to hash text prompts the way the mock engine caches them
-// must apply the same rule (AppendTextTokens, AppendChatTokens).
+// token, whose id is VocabBase + XXH64(word) mod (VocabSize − VocabBase),
+// except the words that spell a special token ("<|system|>", "<|end|>",
+// ...), which are that token, as a real tokenizer matches added tokens in
+// its input. Whitespace only separates words, so "a  b" and "a b" tokenize
+// alike. A router that wants the ids the mock engine caches asks it (the
+// render and tokenize endpoints) or applies the same rule
+// (AppendTextTokens, AppendChatTokens).
 
 // VocabSize bounds every token id the mock engine produces from text or
 // generates. Token-id prompts may use any uint32.
@@ -32,7 +35,42 @@ const (
 	TokenDeveloper uint32 = 7
 )
 
-// WordToken is the id of one word.
+// The text of the special tokens. The chat template, written out, is
+// "<|system|> You are brief. <|end|> <|user|> Hi <|end|> <|assistant|>":
+// a text prompt holding that text tokenizes exactly as the chat request
+// does.
+const (
+	TextEndOfTurn = "<|end|>"
+	TextSystem    = "<|system|>"
+	TextUser      = "<|user|>"
+	TextAssistant = "<|assistant|>"
+	TextTool      = "<|tool|>"
+	TextDeveloper = "<|developer|>"
+)
+
+// specialToken is the special token a word spells, if any.
+func specialToken(word string) (uint32, bool) {
+	if len(word) < len("<|end|>") || word[0] != '<' || word[1] != '|' {
+		return 0, false
+	}
+	switch word {
+	case TextEndOfTurn:
+		return TokenEndOfTurn, true
+	case TextSystem:
+		return TokenSystem, true
+	case TextUser:
+		return TokenUser, true
+	case TextAssistant:
+		return TokenAssistant, true
+	case TextTool:
+		return TokenTool, true
+	case TextDeveloper:
+		return TokenDeveloper, true
+	}
+	return 0, false
+}
+
+// WordToken is the id of one word that is not a special token's text.
 func WordToken(word string) uint32 {
 	return VocabBase + uint32(xxhash.Sum64String(word)%(VocabSize-VocabBase))
 }
@@ -54,7 +92,12 @@ func AppendTextTokens(dst []uint32, text string) []uint32 {
 			i++
 		}
 		if i > start {
-			dst = append(dst, WordToken(text[start:i]))
+			w := text[start:i]
+			if id, ok := specialToken(w); ok {
+				dst = append(dst, id)
+			} else {
+				dst = append(dst, WordToken(w))
+			}
 		}
 	}
 	return dst
@@ -87,7 +130,8 @@ func RoleToken(role string) (uint32, bool) {
 // AppendChatTokens appends the chat template's tokens to dst: for each
 // message its role token, its content's words and TokenEndOfTurn; then
 // TokenAssistant, which opens the reply. A conversation that grows by turns
-// therefore keeps its earlier tokens as a prefix.
+// therefore keeps its earlier tokens as a prefix. They are the tokens of
+// the template written out as text (see TextSystem).
 func AppendChatTokens(dst []uint32, msgs []ChatMessage) ([]uint32, error) {
 	for i, m := range msgs {
 		rt, ok := RoleToken(m.Role)

@@ -13,6 +13,7 @@ import (
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/shm"
@@ -48,6 +49,10 @@ type Config struct {
 	Sched    sched.Config
 	Dispatch dispatch.Config
 	HTTP     fastpath.Config
+	// Tokenizers says, per model, how text and chat prompts become the
+	// token ids the engine will see, so that they route on exact blocks
+	// (--tokenizer); models it does not cover route them approximately.
+	Tokenizers prompt.Config
 
 	// ShutdownTimeout is how long Run lets in-flight streams finish after
 	// its context ends, before it cuts them.
@@ -120,6 +125,7 @@ func DefaultConfig() Config {
 		},
 		Dispatch:        dispatch.DefaultConfig(),
 		HTTP:            fastpath.DefaultConfig(),
+		Tokenizers:      prompt.DefaultConfig(),
 		ShutdownTimeout: 30 * time.Second,
 	}
 }
@@ -153,6 +159,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("cannot configure %d static workers: at most %d", len(c.Static), workers.Max)
 	}
 	if _, _, err := sched.ParsePolicy(c.Policy); err != nil {
+		return err
+	}
+	if err := c.Tokenizers.Validate(); err != nil {
 		return err
 	}
 	return c.HTTP.Validate()

@@ -1,6 +1,7 @@
 // Package node wires one kvfast router on one host: the shm segment and
 // its index, the event feeds (the segment's rings and the engines' ZMQ
-// sockets), the scheduler, the engine pool and the HTTP front end.
+// sockets), the scheduler, the engine pool, the prompt renderers and the
+// HTTP front end.
 //
 // # Responsibility
 //
@@ -18,8 +19,10 @@
 // # Ownership
 //
 // A Node owns what it opened: the segment (closed last), the index, the
-// ingester and subscribers, the scheduler and the engine pool. The front
-// end (package fastpath) borrows the index, scheduler and pool, and never
+// ingester and subscribers, the scheduler, the engine pool and the prompt
+// registry (package prompt), to whose remote renderers it names the
+// healthy engines serving a model (PickEngine). The front end (package
+// fastpath) borrows the index, scheduler, pool and renderers, and never
 // outlives the node. Worker membership is the node's: it adds and removes
 // workers in the scheduler and the pool, then tells the front end.
 //

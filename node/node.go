@@ -8,12 +8,14 @@ import (
 	"net"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/shm"
@@ -32,10 +34,13 @@ type Node struct {
 	ingester *feed.Ingester
 	sched    *sched.Scheduler
 	engines  *dispatch.Pool
+	prompts  *prompt.Registry
 	front    *fastpath.Server
 
 	static workers.Set                      // slots configured statically
 	zmq    [workers.Max]*feed.ZMQSubscriber // static workers' event feeds, by slot
+
+	renderTurn atomic.Uint64 // PickEngine's round robin
 
 	// regState is what the registry said about each slot last time; only
 	// the registry loop touches it (and New, before the loop starts).
@@ -93,9 +98,13 @@ func New(cfg Config) (_ *Node, err error) {
 	if err := n.addStatic(cfg.Static); err != nil {
 		return nil, err
 	}
+	if n.prompts, err = prompt.NewRegistry(cfg.Tokenizers, prompt.Options{Engines: n,
+		MaxTokenID: cfg.HTTP.MaxTokenID, Logger: n.log}); err != nil {
+		return nil, err
+	}
 	n.front, err = fastpath.New(cfg.HTTP, fastpath.Deps{
 		Index: n.index, Approx: n.approx, Sched: n.sched, Engines: n.engines,
-		UseApprox: useApprox, State: n, Logger: n.log,
+		UseApprox: useApprox, Renderers: n.prompts, State: n, Logger: n.log,
 	})
 	if err != nil {
 		return nil, err
@@ -186,6 +195,9 @@ func (n *Node) Close() error {
 
 // release frees what New acquired, in reverse order.
 func (n *Node) release() error {
+	if n.prompts != nil {
+		n.prompts.Close()
+	}
 	if n.engines != nil {
 		n.engines.Close()
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvfast/kvfast/mocker"
+	"github.com/kvfast/kvfast/prompt"
 )
 
 // testWait bounds every wait for something a node does on its own
@@ -380,5 +381,68 @@ func TestRefusedRegistration(t *testing.T) {
 	}
 	if _, ok := n.Scheduler().Resolve(1, 0); ok {
 		t.Error("the scheduler still resolves the refused worker")
+	}
+}
+
+// TestPickEngine: a remote renderer is pointed at the healthy workers
+// serving its model, in turn, and at none when no healthy one does.
+func TestPickEngine(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Segment.Path = ""
+	cfg.Dispatch.Health.Interval = -1
+	cfg.Static = []StaticWorker{
+		{ID: 1, Endpoint: "127.0.0.1:9001", Model: "a"},
+		{ID: 2, Endpoint: "127.0.0.1:9002", Model: "b"},
+		{ID: 3, Endpoint: "127.0.0.1:9003", Model: "a"},
+	}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	seen := map[string]int{}
+	for range 10 {
+		slot, addr, ok := n.PickEngine("a")
+		if info, _ := n.sched.Worker(slot); !ok || info.Endpoint != addr || info.Model != "a" {
+			t.Fatalf("picked slot %d %q (%v) for model a", slot, addr, ok)
+		}
+		seen[addr]++
+	}
+	if seen["127.0.0.1:9001"] != 5 || seen["127.0.0.1:9003"] != 5 {
+		t.Fatalf("picks %v: want the two engines of model a in turn", seen)
+	}
+	if _, _, ok := n.PickEngine("c"); ok {
+		t.Fatal("picked an engine for a model no worker serves")
+	}
+	slot, _, _ := n.PickEngine("b")
+	n.sched.SetHealthy(slot, false)
+	if _, addr, ok := n.PickEngine("b"); ok {
+		t.Fatalf("picked the unhealthy engine %s", addr)
+	}
+}
+
+// TestTokenizersInSnapshot: the snapshot lists every served model's
+// tokenization; a remote spec for a model no worker serves yet is listed
+// too, and a served model without one is approximate.
+func TestTokenizersInSnapshot(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Segment.Path = ""
+	cfg.Dispatch.Health.Interval = -1
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "127.0.0.1:9001", Model: "plain"}}
+	cfg.Tokenizers.Specs = []prompt.Spec{{Model: "later", Source: prompt.Source{Kind: prompt.SourceRemote}}}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	got := n.Snapshot().Tokenizers
+	if len(got) != 2 || got[0].Model != "later" || got[0].Mode != prompt.ModeRemote || got[1].Model != "plain" ||
+		got[1].Mode != prompt.ModeNone || got[1].Exact {
+		t.Fatalf("tokenizers %+v", got)
+	}
+	cfg.Tokenizers.Specs = []prompt.Spec{{Model: "x", Source: prompt.Source{Kind: prompt.SourceDir, Path: t.TempDir()}}}
+	if n, err := New(cfg); err == nil {
+		n.Close()
+		t.Fatal("a tokenizer directory without tokenizer.json was accepted")
 	}
 }

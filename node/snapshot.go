@@ -23,6 +23,7 @@ func (n *Node) Snapshot() fastpath.Snapshot {
 	}
 	st := n.sched.Stats()
 	v.Queue = fastpath.QueueView{Waiting: st.Waiting, Refused: st.Refused, Booked: st.Booked, Released: st.Released}
+	v.Tokenizers = n.prompts.Status()
 	v.Workers = []fastpath.WorkerView{}
 	for w := range n.sched.Workers().All() {
 		info, ok := n.sched.Worker(w)

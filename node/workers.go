@@ -169,3 +169,27 @@ func (n *Node) syncRegistry() {
 		n.front.WorkersChanged()
 	}
 }
+
+// PickEngine is the engine a remote prompt renderer asks for model's
+// prompt ids (prompt.Engines): a healthy worker serving model, taken in
+// turn so that rendering spreads over the model's engines.
+func (n *Node) PickEngine(model string) (workers.Slot, string, bool) {
+	var serving workers.Set
+	for w := range n.sched.Workers().All() {
+		if info, ok := n.sched.Worker(w); ok && info.Model == model && n.sched.Load(w).Healthy {
+			serving |= workers.SetOf(w)
+		}
+	}
+	if serving == 0 {
+		return 0, "", false
+	}
+	k := int(n.renderTurn.Add(1) % uint64(serving.Len()))
+	for w := range serving.All() {
+		if k == 0 {
+			info, _ := n.sched.Worker(w)
+			return w, info.Endpoint, true
+		}
+		k--
+	}
+	return 0, "", false // unreachable: k < serving.Len()
+}

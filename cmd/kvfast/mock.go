@@ -25,7 +25,10 @@ const mockAbout = `Usage: kvfast mock [flags]
 
 Runs simulated inference engines that stand in for vLLM ranks. Each serves
 POST /v1/completions and /v1/chat/completions (streaming or not), GET
-/v1/models, GET /health, POST /reset_prefix_cache and GET /mock/stats.
+/v1/models, GET /health, POST /reset_prefix_cache, GET /mock/stats, and
+vLLM's POST /v1/completions/render, /v1/chat/completions/render and
+/tokenize, which a router with --tokenizer MODEL=remote asks for the prompt
+ids the engine computes.
 
 Each engine keeps a paged KV cache (--kv-blocks blocks of --block-size
 tokens) with prefix caching and LRU eviction, batches continuously within
@@ -89,6 +92,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		workerID   = fs.Uint64("worker-id", 0, "worker id of engine 0")
 		dpRank     = fs.Uint("dp-rank", 0, "DP rank of engine 0")
 		ranksAsDP  = fs.Bool("ranks-as-dp", false, "engines share --worker-id and take consecutive DP ranks")
+		noRender   = fs.Bool("no-render", false, "answer /v1/completions/render and /v1/chat/completions/render with 404, as an engine without them does (a router then asks /tokenize)")
 		heartbeat  = fs.Duration("heartbeat", mocker.DefaultHeartbeatInterval, "heartbeat and load refresh period (wall clock)")
 		stepOver   = fs.Duration("step-overhead", d.StepOverhead, "timing: fixed cost of every step")
 		preTok     = fs.Duration("prefill-per-token", d.PrefillPerToken, "timing: cost per prefilled token")
@@ -159,9 +163,10 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 				StepOverhead: *stepOver, PrefillPerToken: *preTok, PrefillAttentionPer1K: *preAttn,
 				DecodePerSequence: *decSeq, DecodeAttentionPer1K: *decAttn,
 			},
-			Segment:  *segment,
-			WorkerID: *workerID + uint64(i),
-			DPRank:   uint32(*dpRank),
+			DisableRender: *noRender,
+			Segment:       *segment,
+			WorkerID:      *workerID + uint64(i),
+			DPRank:        uint32(*dpRank),
 		}
 		if *ranksAsDP {
 			cfg.WorkerID, cfg.DPRank = *workerID, uint32(*dpRank)+uint32(i)

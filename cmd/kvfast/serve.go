@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/kvfast/kvfast/node"
+	"github.com/kvfast/kvfast/prompt"
 )
 
 func init() {
@@ -37,6 +38,14 @@ Runs the router. Engines join in two ways:
 Endpoints: POST /v1/completions, /v1/chat/completions (streaming and not),
 POST /v1/route/completions, /v1/route/chat/completions (the decision only),
 GET /v1/models, /metrics, /health, /ready, /admin/workers.
+
+Text and chat prompts route on exact token blocks for the models given a
+tokenizer (--tokenizer): the router renders each one into the token ids the
+engine will see, by asking an engine that serves the model (MODEL=remote),
+or in process from the model's tokenizer files (MODEL=DIR,
+MODEL=hf:ORG/NAME, auto: this build has no built-in tokenizer yet). Other
+models route them approximately; the log, GET /admin/workers (tokenizers)
+and kvfast_tokenizer_info say which.
 
 Routing hints are request headers: X-Kvfast-Worker and X-Kvfast-Dp-Rank
 (pin), X-Kvfast-Allow (allow-list), X-Kvfast-Query-Only, X-Kvfast-Priority,
@@ -93,7 +102,27 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
 	fs.DurationVar(&cfg.Dispatch.Timeouts.Idle, "stream-idle-timeout", cfg.Dispatch.Timeouts.Idle, "longest pause inside an engine's response stream")
 	fs.DurationVar(&cfg.Dispatch.Health.Interval, "health-interval", cfg.Dispatch.Health.Interval, "how often engines' /health is checked (negative: never)")
 	fs.DurationVar(&cfg.HeartbeatGrace, "heartbeat-grace", cfg.HeartbeatGrace, "a registered engine silent this long is marked down and its blocks dropped")
+	fs.Var((*tokenizerFlags)(&cfg.Tokenizers.Specs), "tokenizer", `how a model's text and chat prompts become token ids, so that they route on exact blocks; repeatable: `+
+		`"MODEL=remote" (ask an engine serving it: vLLM's render endpoint, else /tokenize), "MODEL=DIR" (tokenizer.json and tokenizer_config.json), `+
+		`"MODEL=hf:ORG/NAME" (those files in the local Hugging Face cache), "auto" (every served model whose files are in that cache); `+
+		`models without one route text and chat approximately`)
+	fs.DurationVar(&cfg.Tokenizers.Timeout, "tokenize-timeout", cfg.Tokenizers.Timeout, "longest wait for an engine to render a prompt (MODEL=remote); past it the request routes approximately")
+	fs.IntVar(&cfg.Tokenizers.MaxResponseBytes, "tokenize-max-response-bytes", cfg.Tokenizers.MaxResponseBytes, "largest render or tokenize answer accepted from an engine (MODEL=remote)")
 	lo.bind(fs)
+}
+
+// tokenizerFlags collects repeated --tokenizer values.
+type tokenizerFlags []prompt.Spec
+
+func (f *tokenizerFlags) String() string { return fmt.Sprintf("%d tokenizers", len(*f)) }
+
+func (f *tokenizerFlags) Set(v string) error {
+	s, err := prompt.ParseSpec(v)
+	if err != nil {
+		return err
+	}
+	*f = append(*f, s)
+	return nil
 }
 
 // logOptions are the logging flags every long-running command shares.

@@ -2,10 +2,12 @@ package main
 
 import (
 	"io"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/kvfast/kvfast/node"
+	"github.com/kvfast/kvfast/prompt"
 )
 
 // TestServeConfig: serve's flags bind to node.DefaultConfig, so that no
@@ -19,20 +21,27 @@ func TestServeConfig(t *testing.T) {
 		want := node.DefaultConfig()
 		if cfg.Listen != want.Listen || cfg.Segment != want.Segment || cfg.Policy != want.Policy ||
 			*cfg.Sched.Cost != *want.Sched.Cost || cfg.HTTP != want.HTTP || cfg.ShutdownTimeout != want.ShutdownTimeout ||
-			cfg.Dispatch.Timeouts != want.Dispatch.Timeouts || cfg.Dispatch.Health.Interval != want.Dispatch.Health.Interval {
+			cfg.Dispatch.Timeouts != want.Dispatch.Timeouts || cfg.Dispatch.Health.Interval != want.Dispatch.Health.Interval ||
+			cfg.Tokenizers.Timeout != want.Tokenizers.Timeout || cfg.Tokenizers.MaxResponseBytes != want.Tokenizers.MaxResponseBytes ||
+			len(cfg.Tokenizers.Specs) != 0 {
 			t.Errorf("serve's defaults differ from node.DefaultConfig:\n%+v\n%+v", cfg, want)
 		}
 	})
 	t.Run("flags", func(t *testing.T) {
 		cfg, _, ok := serveConfig([]string{"--segment", "none", "--policy", "round-robin", "--prefill-load-scale", "3",
 			"--max-retries", "0", "--queue-timeout", "2s", "--max-token-id", "151935",
-			"--worker", "url=http://127.0.0.1:9001", "--worker", "url=http://127.0.0.1:9002,id=9"}, io.Discard)
+			"--worker", "url=http://127.0.0.1:9001", "--worker", "url=http://127.0.0.1:9002,id=9",
+			"--tokenizer", "Qwen/Qwen3-8B=remote", "--tokenizer", "auto", "--tokenize-timeout", "50ms"}, io.Discard)
 		if !ok {
 			t.Fatal("serve refused its flags")
 		}
 		if cfg.Segment.Path != "" || cfg.Policy != "round-robin" || cfg.Sched.Cost.PrefillLoadScale != 3 ||
 			cfg.HTTP.MaxRetries != 0 || cfg.HTTP.QueueTimeout != 2*time.Second || cfg.HTTP.MaxTokenID != 151935 {
 			t.Errorf("flags not applied: %+v", cfg)
+		}
+		want := []prompt.Spec{{Model: "Qwen/Qwen3-8B", Source: prompt.Source{Kind: prompt.SourceRemote}}, {Auto: true}}
+		if !slices.Equal(cfg.Tokenizers.Specs, want) || cfg.Tokenizers.Timeout != 50*time.Millisecond {
+			t.Errorf("tokenizers %+v", cfg.Tokenizers)
 		}
 		// Repeated --worker flags take consecutive default ids.
 		if len(cfg.Static) != 2 || cfg.Static[0].ID != 0 || cfg.Static[1].ID != 9 {
@@ -42,7 +51,8 @@ func TestServeConfig(t *testing.T) {
 	t.Run("refusals", func(t *testing.T) {
 		for _, args := range [][]string{
 			{"--bogus"}, {"extra"}, {"--policy", "fastest"}, {"--worker", "model=m"}, {"--max-token-id", "4294967296"},
-			{"--block-size", "0"}, {"--log-level", "loud"},
+			{"--block-size", "0"}, {"--log-level", "loud"}, {"--tokenizer", "remote"}, {"--tokenizer", "m=hf:"},
+			{"--tokenizer", "m=remote", "--tokenizer", "m=remote"}, {"--tokenize-timeout", "0s"},
 		} {
 			if _, code, ok := serveConfig(args, io.Discard); ok || code != 2 {
 				t.Errorf("%q: ok %v, code %d; want exit status 2", args, ok, code)

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvfast/kvfast/mocker"
+)
+
+// TestTokenizeCommand asks a mock engine, as an operator would, for the
+// ids of a prompt and of a chat request, and checks they are the ids the
+// engine computes.
+func TestTokenizeCommand(t *testing.T) {
+	e, err := mocker.Start(mocker.Config{Speedup: math.Inf(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	run := func(stdin string, args ...string) (int, string, string) {
+		var out, errOut bytes.Buffer
+		code := tokenizeCommand(args, strings.NewReader(stdin), &out, &errOut)
+		return code, out.String(), errOut.String()
+	}
+	ids := func(t *testing.T, out string) []uint32 {
+		t.Helper()
+		var v []uint32
+		if err := json.Unmarshal([]byte(out), &v); err != nil || !strings.HasSuffix(out, "]\n") {
+			t.Fatalf("output %q: %v", out, err)
+		}
+		return v
+	}
+
+	code, out, errOut := run("<|system|> be brief <|end|> hello\n", "--tokenizer", e.URL(), "--model", "mock")
+	if want := mocker.AppendTextTokens(nil, "<|system|> be brief <|end|> hello"); code != 0 || !slices.Equal(ids(t, out), want) {
+		t.Fatalf("prompt: exit %d, %q (%s); want %v", code, out, errOut, want)
+	}
+	chat := `{"model":"mock","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}`
+	code, out, errOut = run(chat, "--tokenizer", e.URL(), "--chat")
+	want, _ := mocker.AppendChatTokens(nil, []mocker.ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}})
+	if code != 0 || !slices.Equal(ids(t, out), want) {
+		t.Fatalf("chat: exit %d, %q (%s); want %v", code, out, errOut, want)
+	}
+
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(`{}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		stdin string
+		args  []string
+		code  int
+		says  string
+	}{
+		{"x", []string{"--tokenizer", e.URL(), "--model", "other"}, 1, "status 404"},
+		{"x", []string{"--tokenizer", dir}, 1, "no built-in tokenizer"},
+		{"x", []string{"--tokenizer", filepath.Join(dir, "missing")}, 1, "tokenizer.json"},
+		{"", []string{"--tokenizer", e.URL()}, 2, "cannot read the request"},
+		{`{"messages":[]}`, []string{"--tokenizer", e.URL(), "--chat"}, 2, "cannot read the request"},
+		{"x", nil, 2, "want --tokenizer"},
+		{"x", []string{"--tokenizer", e.URL(), "extra"}, 2, "want --tokenizer"},
+		{"x", []string{"--tokenizer", e.URL(), "--timeout", "0s"}, 2, "timeout"},
+	} {
+		code, out, errOut := run(tc.stdin, tc.args...)
+		if code != tc.code || out != "" || !strings.Contains(errOut, tc.says) {
+			t.Errorf("%q < %q: exit %d, stdout %q, stderr %q; want exit %d saying %q", tc.args, tc.stdin, code, out, errOut, tc.code, tc.says)
+		}
+	}
+}

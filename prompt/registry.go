@@ -1,0 +1,205 @@
+package prompt
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+)
+
+// Options are what a Registry needs besides its configuration.
+type Options struct {
+	// Engines picks the engine a remote renderer asks.
+	Engines Engines
+	// MaxTokenID is the largest token id a renderer may return; 0 means
+	// any uint32.
+	MaxTokenID uint32
+	Logger     *slog.Logger
+}
+
+// Modes, the mode label of kvfast_tokenizer_info and kvfast_tokenize_total.
+const (
+	ModeBuiltin = "builtin"
+	ModeRemote  = "remote"
+	ModeNone    = "none" // approximate routing for text and chat prompts
+)
+
+// Registry decides, per model, how text and chat prompts become token ids,
+// and keeps each model's renderer and its counters.
+type Registry struct {
+	cfg  Config
+	opts Options
+	auto bool
+
+	mu     sync.Mutex
+	models map[string]*entry
+}
+
+// entry is one model's decision.
+type entry struct {
+	status   ModelStatus // Model, Mode, Source, Reason
+	renderer Renderer    // nil for ModeNone
+	remote   *Remote     // the renderer, when it is remote
+}
+
+// NewRegistry builds every renderer cfg names explicitly, so that a
+// misconfigured model (a missing directory, a tokenizer that does not
+// load) stops the router at start-up rather than routing approximately
+// unnoticed. Models met later (Renderer) get theirs from auto, or none.
+func NewRegistry(cfg Config, opts Options) (*Registry, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	r := &Registry{cfg: cfg, opts: opts, models: map[string]*entry{}}
+	for _, s := range cfg.Specs {
+		if s.Auto {
+			r.auto = true
+			continue
+		}
+		e, err := r.build(s.Model, s.Source)
+		if err != nil {
+			return nil, err
+		}
+		r.models[s.Model] = e
+		r.opts.Logger.Info("tokenizer configured: text and chat requests route on exact token blocks",
+			"model", s.Model, "mode", e.status.Mode, "source", e.status.Source)
+	}
+	return r, nil
+}
+
+// build makes model's renderer from src.
+func (r *Registry) build(model string, src Source) (*entry, error) {
+	if src.Kind == SourceRemote {
+		if r.opts.Engines == nil {
+			return nil, fmt.Errorf("cannot render %s's prompts remotely: the registry has no engines to ask", model)
+		}
+		rm := NewRemote(model, r.opts.Engines, RemoteConfig{Timeout: r.cfg.Timeout,
+			MaxResponseBytes: r.cfg.MaxResponseBytes, MaxTokenID: r.opts.MaxTokenID})
+		return &entry{status: ModelStatus{Model: model, Mode: ModeRemote, Source: src.String(), Exact: true},
+			renderer: rm, remote: rm}, nil
+	}
+	files, err := ResolveFiles(src)
+	if err != nil {
+		return nil, fmt.Errorf("cannot configure %s's tokenizer: %w", model, err)
+	}
+	rd, err := loadBuiltin(model, files)
+	if err != nil {
+		return nil, err
+	}
+	return &entry{status: ModelStatus{Model: model, Mode: ModeBuiltin, Source: files.Dir, Exact: true}, renderer: rd}, nil
+}
+
+// Renderer returns model's renderer, or nil when the model's text and chat
+// prompts route approximately. The first call for a model that no spec
+// names decides for good: with auto, the model gets the built-in tokenizer
+// if its files are in the local Hugging Face cache; otherwise it gets none,
+// and the log says so once. The front end calls it whenever the worker set
+// changes, never per request.
+func (r *Registry) Renderer(model string) Renderer {
+	if model == "" {
+		return nil // workers that name no model: nothing to look up
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.models[model]; ok {
+		return e.renderer
+	}
+	e := &entry{status: ModelStatus{Model: model, Mode: ModeNone,
+		Reason: "no --tokenizer names this model"}}
+	if r.auto {
+		e.status.Reason = "no --tokenizer names this model, and auto found no tokenizer for it in the Hugging Face cache"
+		if files, err := findInHFCache(model, hfCacheRoots()); err == nil {
+			if built, err := r.build(model, Source{Kind: SourceDir, Path: files.Dir}); err == nil {
+				e = built
+			} else {
+				e.status.Reason = err.Error()
+			}
+		}
+	}
+	r.models[model] = e
+	if e.renderer == nil {
+		r.opts.Logger.Warn("model has no tokenizer: its text and chat requests route approximately (token-id prompts stay exact)",
+			"model", model, "reason", e.status.Reason)
+	} else {
+		r.opts.Logger.Info("tokenizer found: text and chat requests route on exact token blocks",
+			"model", model, "mode", e.status.Mode, "source", e.status.Source)
+	}
+	return e.renderer
+}
+
+// Close closes the remote renderers' idle connections to the engines. The
+// renderers keep working (a later call dials again); the node calls it
+// when it stops, so that no connection outlives the router.
+func (r *Registry) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.models {
+		if e.remote != nil {
+			e.remote.closeIdle()
+		}
+	}
+}
+
+// ModelStatus is one model's tokenization, as /admin/workers shows it and
+// kvfast_tokenizer_info and kvfast_tokenize_total export it.
+type ModelStatus struct {
+	Model  string `json:"model"`
+	Mode   string `json:"mode"`             // ModeBuiltin, ModeRemote or ModeNone
+	Source string `json:"source,omitempty"` // the tokenizer's directory, or "remote"
+	// Exact is true when text and chat requests route on token blocks.
+	Exact  bool   `json:"exact"`
+	Reason string `json:"reason,omitempty"` // why not, when not
+	// Outcomes counts the renderer's calls (nil without one).
+	Outcomes *Outcomes     `json:"outcomes,omitempty"`
+	Remote   *RemoteStatus `json:"remote,omitempty"`
+	// PrefixCache is the built-in renderer's cache of tokenized prefixes.
+	PrefixCache *CacheStats `json:"prefix_cache,omitempty"`
+}
+
+// Status reports every model configured or met so far, sorted by name.
+func (r *Registry) Status() []ModelStatus {
+	r.mu.Lock()
+	entries := make([]*entry, 0, len(r.models))
+	for _, e := range r.models {
+		entries = append(entries, e)
+	}
+	r.mu.Unlock()
+	out := make([]ModelStatus, 0, len(entries))
+	for _, e := range entries {
+		st := e.status
+		if e.remote != nil {
+			o := e.remote.outcomes.load()
+			rs := e.remote.status()
+			st.Outcomes, st.Remote = &o, &rs
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Model < out[j].Model })
+	return out
+}
+
+// Open builds a renderer from a source as kvfast tokenize names it: the URL
+// of an engine (http://host:port), "hf:ORG/NAME" or a directory. model is
+// the name the engine serves (it may be empty for engines that serve one).
+func Open(model, source string, cfg Config, maxTokenID uint32) (Renderer, error) {
+	if addr, ok := engineAddr(source); ok {
+		return NewRemote(model, FixedEngine(addr), RemoteConfig{Timeout: cfg.Timeout,
+			MaxResponseBytes: cfg.MaxResponseBytes, MaxTokenID: maxTokenID}), nil
+	}
+	src, err := ParseSource(source)
+	if err != nil {
+		return nil, err
+	}
+	if src.Kind == SourceRemote {
+		return nil, errors.New(`cannot ask "remote" without an engine: give the engine's URL, http://host:port`)
+	}
+	files, err := ResolveFiles(src)
+	if err != nil {
+		return nil, err
+	}
+	return loadBuiltin(model, files)
+}

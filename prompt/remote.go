@@ -1,0 +1,345 @@
+package prompt
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/openai"
+	"github.com/kvfast/kvfast/workers"
+)
+
+// RemoteConfig bounds a Remote's calls.
+type RemoteConfig struct {
+	Timeout          time.Duration // one round trip, connecting included
+	MaxResponseBytes int
+	// MaxTokenID is the largest id accepted from the engine, normally the
+	// vocabulary size minus one; 0 means any uint32.
+	MaxTokenID uint32
+}
+
+// Remote renders a model's prompts by asking an engine that serves it:
+// the render endpoint where the engine has one, else /tokenize (see
+// wire.go for the shapes and their sources).
+type Remote struct {
+	model   string
+	engines Engines
+	cfg     RemoteConfig
+	parser  openai.Parser // validates the ids an engine returns
+
+	states   [workers.Max]atomic.Pointer[engineState]
+	calls    sync.Pool
+	outcomes outcomeCounters
+	lastErr  atomic.Pointer[Failure] // for status
+}
+
+// NewRemote returns the remote renderer of model, which asks the engines
+// picks.
+func NewRemote(model string, engines Engines, cfg RemoteConfig) *Remote {
+	rm := &Remote{model: model, engines: engines, cfg: cfg,
+		parser: openai.Parser{MaxBodyBytes: max(cfg.MaxResponseBytes, 1), MaxTokenID: cfg.MaxTokenID}}
+	rm.calls.New = func() any { return new(remoteCall) }
+	return rm
+}
+
+// Endpoint support, per engine and API, learned from the engine's first
+// answer.
+const (
+	probeUnknown  int32 = iota
+	probeRender         // the render endpoint answers
+	probeTokenize       // it does not: use /tokenize
+)
+
+// engineState is what a Remote keeps per engine: its connections and which
+// endpoint it answers for completions (index 0) and chat (index 1).
+type engineState struct {
+	addr     string
+	client   *fasthttp.HostClient
+	endpoint [2]atomic.Int32
+}
+
+// remoteCall is one call's buffers, pooled.
+type remoteCall struct {
+	req    fasthttp.Request
+	resp   fasthttp.Response
+	body   []byte               // a /tokenize body
+	parsed openai.ParsedRequest // decodes the returned ids
+}
+
+// maxPooledBody keeps one huge prompt from pinning its buffer in the pool.
+const maxPooledBody = 1 << 20
+
+// Tokens asks an engine serving the model for r's prompt ids. See Renderer.
+func (rm *Remote) Tokens(ctx context.Context, dst []uint32, api openai.API, body []byte, r *openai.ParsedRequest) ([]uint32, error) {
+	out, err := rm.tokens(ctx, dst, api, body, r)
+	rm.outcomes.count(err)
+	return out, err
+}
+
+func (rm *Remote) tokens(ctx context.Context, dst []uint32, api openai.API, body []byte, r *openai.ParsedRequest) ([]uint32, error) {
+	if r.Prompt != openai.PromptText && r.Prompt != openai.PromptMessages {
+		return dst, ErrNotRendered
+	}
+	if err := ctx.Err(); err != nil {
+		return dst, err
+	}
+	deadline := time.Now().Add(rm.cfg.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	slot, addr, ok := rm.engines.PickEngine(rm.model)
+	if !ok {
+		return dst, ErrNoEngine
+	}
+	st := rm.engine(slot, addr)
+	c := rm.calls.Get().(*remoteCall)
+	defer rm.release(c)
+	api01 := 0
+	if api == openai.APIChatCompletions {
+		api01 = 1
+	}
+	useRender := st.endpoint[api01].Load() != probeTokenize
+	for {
+		req := &c.req
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.Header.SetHost(st.addr)
+		req.Header.SetContentType("application/json")
+		shape, key := shapeObject, "tokens"
+		switch {
+		case useRender && api01 == 1:
+			req.SetRequestURI(pathRenderChat)
+			req.SetBodyRaw(body)
+			key = "token_ids"
+		case useRender:
+			req.SetRequestURI(pathRenderCompletions)
+			req.SetBodyRaw(body)
+			shape, key = shapeList, "token_ids"
+		default:
+			req.SetRequestURI(pathTokenize)
+			c.body = appendTokenizeBody(c.body[:0], body, api, r)
+			req.SetBodyRaw(c.body)
+		}
+		err := st.client.DoDeadline(req, &c.resp, deadline)
+		if err != nil {
+			kind := ErrEngine
+			switch {
+			case isTimeout(err):
+				kind = ErrTimeout
+			case errors.Is(err, fasthttp.ErrBodyTooLarge):
+				kind = ErrBadResponse
+			}
+			return dst, rm.fail(kind, c, st, err)
+		}
+		status := c.resp.StatusCode()
+		if routeMissing(status, c.resp.Body()) {
+			if useRender {
+				// An engine without the render endpoint (vLLM before it,
+				// SGLang): remember, and ask /tokenize within the same
+				// deadline.
+				st.endpoint[api01].Store(probeTokenize)
+				useRender = false
+				c.resp.Reset()
+				continue
+			}
+			return dst, rm.fail(ErrUnsupported, c, st, nil)
+		}
+		switch {
+		case status >= 500:
+			return dst, rm.fail(ErrEngine, c, st, nil)
+		case status != fasthttp.StatusOK:
+			return dst, rm.fail(ErrRejected, c, st, nil)
+		}
+		if useRender {
+			st.endpoint[api01].CompareAndSwap(probeUnknown, probeRender)
+		}
+		raw, ok := tokenArray(c.resp.Body(), shape, key)
+		if !ok {
+			return dst, rm.fail(ErrBadResponse, c, st, errors.New("no token-id array where the endpoint puts it"))
+		}
+		// Decode after what dst holds, into its spare capacity.
+		c.parsed.Tokens = dst[len(dst):]
+		perr := rm.parser.ParsePrompt(raw, &c.parsed)
+		ids := c.parsed.Tokens
+		c.parsed.Tokens = nil // the caller's buffer: never pooled here
+		if perr == nil && c.parsed.Prompt != openai.PromptTokens {
+			perr = errors.New("the ids are not an array of integers")
+		}
+		if perr != nil {
+			return dst, rm.fail(ErrBadResponse, c, st, perr)
+		}
+		if len(ids) <= cap(dst)-len(dst) {
+			return dst[:len(dst)+len(ids)], nil // decoded in place
+		}
+		return append(dst, ids...), nil
+	}
+}
+
+// routeMissing reports whether an answer means the engine has no such
+// endpoint: 404 from the web framework (FastAPI's {"detail":"Not Found"},
+// not an OpenAI error body, which a 404 for an unknown model carries), 405,
+// or 501 (vLLM's answer when the model cannot render).
+func routeMissing(status int, body []byte) bool {
+	switch status {
+	case fasthttp.StatusMethodNotAllowed, fasthttp.StatusNotImplemented:
+		return true
+	case fasthttp.StatusNotFound:
+		_, isError := tokenArray(body, shapeObject, "error")
+		_, isVLLMError := tokenArray(body, shapeObject, "object") // vLLM's older {"object":"error",...}
+		return !isError && !isVLLMError
+	}
+	return false
+}
+
+// engine returns the state of the engine at addr in slot, replacing what a
+// slot's earlier engine left.
+func (rm *Remote) engine(slot workers.Slot, addr string) *engineState {
+	p := &rm.states[slot&(workers.Max-1)]
+	if st := p.Load(); st != nil && st.addr == addr {
+		return st
+	}
+	st := &engineState{addr: addr, client: &fasthttp.HostClient{
+		Addr:                          addr,
+		MaxResponseBodySize:           rm.cfg.MaxResponseBytes,
+		MaxIdleConnDuration:           3 * time.Second, // under the engines' 5s keep-alive, as dispatch does
+		NoDefaultUserAgentHeader:      true,
+		DisableHeaderNamesNormalizing: true,
+		DisablePathNormalizing:        true,
+		RetryIfErr:                    retryStaleConn,
+	}}
+	for {
+		old := p.Load()
+		if old != nil && old.addr == addr {
+			return old
+		}
+		if p.CompareAndSwap(old, st) {
+			if old != nil {
+				old.client.CloseIdleConnections()
+			}
+			return st
+		}
+	}
+}
+
+// closeIdle closes the idle connections to every engine asked so far.
+func (rm *Remote) closeIdle() {
+	for i := range rm.states {
+		if st := rm.states[i].Load(); st != nil {
+			st.client.CloseIdleConnections()
+		}
+	}
+}
+
+// retryStaleConn sends a render again, once, when the pooled connection
+// closed before any answer: the engine closed it while idle and never saw
+// the request. Rendering has no side effect, so the retry is always safe.
+func retryStaleConn(_ *fasthttp.Request, attempts int, err error) (resetTimeout, retry bool) {
+	stale := errors.Is(err, io.EOF) || errors.Is(err, fasthttp.ErrConnectionClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+	return false, attempts == 1 && stale
+}
+
+// Failure is a failed call: its kind (ErrTimeout, ErrEngine, ...), which
+// errors.Is matches, and what happened, for operators (the status page's
+// last_error, kvfast tokenize's message).
+type Failure struct {
+	Kind   error
+	Detail string
+}
+
+func (f *Failure) Error() string { return f.Kind.Error() + ": " + f.Detail }
+func (f *Failure) Unwrap() error { return f.Kind }
+
+// fail builds the Failure of a call to st that ended in kind, from cause
+// or, without one, from the engine's answer, and remembers it. Failures
+// allocate; the path that renders does not.
+func (rm *Remote) fail(kind error, c *remoteCall, st *engineState, cause error) error {
+	detail := "POST " + st.addr + string(c.req.URI().PathOriginal())
+	if cause != nil {
+		detail += ": " + cause.Error()
+	} else {
+		body := c.resp.Body()
+		if len(body) > 300 {
+			body = body[:300]
+		}
+		detail += ": status " + strconv.Itoa(c.resp.StatusCode()) + ": " + string(body)
+	}
+	f := &Failure{Kind: kind, Detail: detail}
+	rm.lastErr.Store(f)
+	return f
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) ||
+		errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+func (rm *Remote) release(c *remoteCall) {
+	c.req.Reset()
+	c.resp.Reset()
+	if cap(c.body) > maxPooledBody {
+		c.body = nil
+	}
+	c.parsed.Recycle()
+	rm.calls.Put(c)
+}
+
+// RemoteStatus is a Remote's view for operators.
+type RemoteStatus struct {
+	Engines   []EngineStatus `json:"engines"`
+	LastError string         `json:"last_error,omitempty"`
+}
+
+// EngineStatus says which endpoint an engine answers, per API: "render",
+// "tokenize", or "unknown" until the first call.
+type EngineStatus struct {
+	Addr        string `json:"addr"`
+	Completions string `json:"completions"`
+	Chat        string `json:"chat"`
+}
+
+func (rm *Remote) status() RemoteStatus {
+	var s RemoteStatus
+	names := [...]string{probeUnknown: "unknown", probeRender: "render", probeTokenize: "tokenize"}
+	for i := range rm.states {
+		if st := rm.states[i].Load(); st != nil {
+			s.Engines = append(s.Engines, EngineStatus{Addr: st.addr,
+				Completions: names[int(st.endpoint[0].Load())], Chat: names[int(st.endpoint[1].Load())]})
+		}
+	}
+	if last := rm.lastErr.Load(); last != nil {
+		s.LastError = last.Error()
+	}
+	return s
+}
+
+// FixedEngine is an Engines that always names one engine: kvfast tokenize
+// asks the engine at a URL.
+type FixedEngine string
+
+// PickEngine returns the engine, in slot 0.
+func (e FixedEngine) PickEngine(string) (workers.Slot, string, bool) { return 0, string(e), true }
+
+// engineAddr reads an engine URL, http://host:port (a path is ignored),
+// into host:port.
+func engineAddr(v string) (string, bool) {
+	u, err := url.Parse(v)
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		return "", false
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "80")
+	}
+	return host, true
+}
