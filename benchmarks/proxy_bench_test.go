@@ -161,7 +161,7 @@ func completionBody(tokens int, stream bool) []byte {
 // noise) and logs discarded.
 func startProxyRouter(b *testing.B, engine string) *rig.Rig {
 	cfg := node.DefaultConfig()
-	cfg.Dispatch.Health.Interval = -1
+	cfg.Dispatch.Health.Interval = 0 // no health checks
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	cfg.Static = []node.StaticWorker{
 		{ID: 1, Endpoint: engine, Model: proxyModel},

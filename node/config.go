@@ -120,8 +120,12 @@ func DefaultConfig() Config {
 		Approx:         ApproxConfig{TTL: 2 * time.Minute, Capacity: 1 << 20},
 		Sched: sched.Config{
 			BlockSize:     radix.DefaultBlockSize,
+			ActiveBlocks:  sched.DefaultActiveBlocks,
 			Cost:          &cost,
 			QueueCapacity: sched.DefaultQueueCapacity,
+			PriorityBump:  sched.DefaultPriorityBump,
+			RetryAfterMin: sched.DefaultRetryAfterMin,
+			RetryAfterMax: sched.DefaultRetryAfterMax,
 		},
 		Dispatch:        dispatch.DefaultConfig(),
 		HTTP:            fastpath.DefaultConfig(),
@@ -130,8 +134,43 @@ func DefaultConfig() Config {
 	}
 }
 
+// libraryConfigs maps the node's literal zeros onto the conventions of
+// sched and dispatch, whose constructors read a zero as "my default" for
+// library callers that set only what they care about. Here every field
+// already holds its value (DefaultConfig filled it), so a zero an operator
+// wrote means off: no admission queue, no timeout, no health checks.
+func (c *Config) libraryConfigs() (sched.Config, dispatch.Config) {
+	s, d := c.Sched, c.Dispatch
+	if s.QueueCapacity == 0 {
+		s.QueueCapacity = -1
+	}
+	for _, t := range []*time.Duration{&d.Timeouts.Connect, &d.Timeouts.Write, &d.Timeouts.FirstByte, &d.Timeouts.Idle, &d.Health.Interval} {
+		if *t == 0 {
+			*t = -1
+		}
+	}
+	return s, d
+}
+
 // Validate reports the first setting a router cannot run with.
 func (c *Config) Validate() error {
+	if c.Sched.QueueCapacity < 0 {
+		return fmt.Errorf("cannot use queue capacity %d: must not be negative (0: no queue)", c.Sched.QueueCapacity)
+	}
+	for _, t := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"connect timeout", c.Dispatch.Timeouts.Connect},
+		{"write timeout", c.Dispatch.Timeouts.Write},
+		{"first-byte timeout", c.Dispatch.Timeouts.FirstByte},
+		{"stream idle timeout", c.Dispatch.Timeouts.Idle},
+		{"health interval", c.Dispatch.Health.Interval},
+	} {
+		if t.v < 0 {
+			return fmt.Errorf("cannot use %s %v: must not be negative (0: none)", t.name, t.v)
+		}
+	}
 	positive := []struct {
 		name string
 		v    time.Duration

@@ -98,3 +98,38 @@ func TestParseStaticWorker(t *testing.T) {
 		}
 	}
 }
+
+// TestZeroMeansOff: a zero the operator sets is off, not "the default",
+// even where sched and dispatch read zero as their default; negative
+// values are refused rather than guessed at.
+func TestZeroMeansOff(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Sched.QueueCapacity = 0
+	cfg.Dispatch.Timeouts.Connect = 0
+	cfg.Dispatch.Timeouts.FirstByte = 0
+	cfg.Dispatch.Health.Interval = 0
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s, d := cfg.libraryConfigs()
+	if s.QueueCapacity >= 0 {
+		t.Errorf("queue capacity 0 reached sched as %d, which it reads as its default", s.QueueCapacity)
+	}
+	if d.Timeouts.Connect >= 0 || d.Timeouts.FirstByte >= 0 || d.Health.Interval >= 0 {
+		t.Errorf("zero timeouts reached dispatch as %+v %+v, which it reads as its defaults", d.Timeouts, d.Health)
+	}
+	if d.Timeouts.Idle != DefaultConfig().Dispatch.Timeouts.Idle {
+		t.Errorf("an untouched timeout changed: %v", d.Timeouts.Idle)
+	}
+	for _, bad := range []func(*Config){
+		func(c *Config) { c.Sched.QueueCapacity = -1 },
+		func(c *Config) { c.Dispatch.Health.Interval = -time.Second },
+		func(c *Config) { c.Dispatch.Timeouts.Idle = -time.Second },
+	} {
+		c := DefaultConfig()
+		bad(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("a negative setting was accepted: %+v %+v", c.Sched.QueueCapacity, c.Dispatch)
+		}
+	}
+}

@@ -87,12 +87,11 @@ func New(cfg Config) (_ *Node, err error) {
 	if n.approx, err = radix.NewApprox(radix.Config{Capacity: cfg.Approx.Capacity}, cfg.Approx.TTL); err != nil {
 		return nil, fmt.Errorf("cannot create the approximate index: %w", err)
 	}
-	scfg := cfg.Sched
+	scfg, dcfg := cfg.libraryConfigs()
 	scfg.Policy = policy
 	if n.sched, err = sched.New(scfg); err != nil {
 		return nil, err
 	}
-	dcfg := cfg.Dispatch
 	dcfg.Health.OnChange = n.healthChanged
 	n.engines = dispatch.NewPool(dcfg)
 	if err := n.addStatic(cfg.Static); err != nil {

@@ -128,7 +128,7 @@ func TestCloseStopsBackgroundWork(t *testing.T) {
 // set.
 func TestRegistryJoinAndLeave(t *testing.T) {
 	cfg := testConfig(t)
-	cfg.Dispatch.Health.Interval = -1
+	cfg.Dispatch.Health.Interval = 0 // no health checks
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -343,7 +343,7 @@ func (h countLog) Handle(_ context.Context, r slog.Record) error {
 func TestRefusedRegistration(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.RegistryPoll = time.Hour // the test drives syncRegistry itself
-	cfg.Dispatch.Health.Interval = -1
+	cfg.Dispatch.Health.Interval = 0 // no health checks
 	var refusals atomic.Int64
 	cfg.Logger = slog.New(countLog{msg: "cannot route to registered worker", n: &refusals})
 	n, err := New(cfg)
@@ -389,7 +389,7 @@ func TestRefusedRegistration(t *testing.T) {
 func TestPickEngine(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Segment.Path = ""
-	cfg.Dispatch.Health.Interval = -1
+	cfg.Dispatch.Health.Interval = 0 // no health checks
 	cfg.Static = []StaticWorker{
 		{ID: 1, Endpoint: "127.0.0.1:9001", Model: "a"},
 		{ID: 2, Endpoint: "127.0.0.1:9002", Model: "b"},
@@ -427,7 +427,7 @@ func TestPickEngine(t *testing.T) {
 func TestTokenizersInSnapshot(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Segment.Path = ""
-	cfg.Dispatch.Health.Interval = -1
+	cfg.Dispatch.Health.Interval = 0 // no health checks
 	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "127.0.0.1:9001", Model: "plain"}}
 	cfg.Tokenizers.Specs = []prompt.Spec{{Model: "later", Source: prompt.Source{Kind: prompt.SourceRemote}}}
 	n, err := New(cfg)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvfast/kvfast/benchmarks/replay"
 	"github.com/kvfast/kvfast/mocker"
+	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/workers"
@@ -25,9 +26,6 @@ var AllPolicies = []string{"kv", "approx", "round-robin", "random", "least-loade
 const EmbeddedTrace = "embedded"
 
 const (
-	// approxTTLTraceTime is the approx policy's TTL in trace time: kvfast
-	// serve's default, which assumes requests arrive in real time.
-	approxTTLTraceTime = 2 * time.Minute
 	// lagWarning is the send lag beyond which a replay's timings are the
 	// machine's, not the simulation's.
 	lagWarning = 100 * time.Millisecond
@@ -99,7 +97,7 @@ func DefaultOptions() Options {
 		KVBlocks:         8192,
 		MaxBatchedTokens: mocker.DefaultMaxBatchedTokens,
 		MaxSeqs:          mocker.DefaultMaxSeqs,
-		OverlapCredit:    1,
+		OverlapCredit:    node.DefaultConfig().Sched.Cost.OverlapCredit,
 		PrefillLoadScale: 10,
 		Timing:           mocker.DefaultTiming,
 		Timeout:          2 * time.Minute,

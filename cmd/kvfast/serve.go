@@ -81,7 +81,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
 	fs.BoolVar(&cost.TrackOutputBlocks, "track-output-blocks", cost.TrackOutputBlocks, "count output blocks as generation grows, decayed toward max_tokens")
 	fs.Float64Var(&cfg.Sched.Busy.DecodeBlocksFraction, "busy-decode-fraction", cfg.Sched.Busy.DecodeBlocksFraction, "a worker whose decode blocks exceed this fraction of its KV capacity takes no new request (0: off)")
 	fs.Int64Var(&cfg.Sched.Busy.PrefillTokens, "busy-prefill-tokens", cfg.Sched.Busy.PrefillTokens, "a worker with more prompt tokens than this awaiting first token takes no new request (0: off)")
-	fs.IntVar(&cfg.Sched.QueueCapacity, "queue-capacity", cfg.Sched.QueueCapacity, "requests that may wait when every worker is busy; beyond it they get 429 with Retry-After (negative: no queue)")
+	fs.IntVar(&cfg.Sched.QueueCapacity, "queue-capacity", cfg.Sched.QueueCapacity, "requests that may wait when every worker is busy; beyond it they get 429 with Retry-After (0: no queue)")
 	fs.DurationVar(&cfg.HTTP.QueueTimeout, "queue-timeout", cfg.HTTP.QueueTimeout, "longest wait in the admission queue; past it the request gets 503 with Retry-After")
 	fs.Uint64Var(&cfg.Sched.Seed, "seed", cfg.Sched.Seed, "seed of tie-breaking and softmax sampling, for reproducible decisions (0: from the clock)")
 	fs.BoolVar(&cfg.HTTP.Direct, "direct", cfg.HTTP.Direct, "direct mode: every request must name its worker in X-Kvfast-Worker (an external picker chose)")
@@ -97,10 +97,10 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
 	fs.IntVar(&cfg.HTTP.MaxConns, "max-conns", cfg.HTTP.MaxConns, "concurrent client connections")
 	fs.IntVar(&cfg.HTTP.MaxRetries, "max-retries", cfg.HTTP.MaxRetries, "re-routes when the chosen engine refuses the connection (before any byte reaches the client); 0 disables")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM, how long in-flight streams may finish before they are cut")
-	fs.DurationVar(&cfg.Dispatch.Timeouts.Connect, "connect-timeout", cfg.Dispatch.Timeouts.Connect, "time to connect to an engine")
-	fs.DurationVar(&cfg.Dispatch.Timeouts.FirstByte, "first-byte-timeout", cfg.Dispatch.Timeouts.FirstByte, "time from forwarding to the engine's response headers")
-	fs.DurationVar(&cfg.Dispatch.Timeouts.Idle, "stream-idle-timeout", cfg.Dispatch.Timeouts.Idle, "longest pause inside an engine's response stream")
-	fs.DurationVar(&cfg.Dispatch.Health.Interval, "health-interval", cfg.Dispatch.Health.Interval, "how often engines' /health is checked (negative: never)")
+	fs.DurationVar(&cfg.Dispatch.Timeouts.Connect, "connect-timeout", cfg.Dispatch.Timeouts.Connect, "time to connect to an engine (0: no limit)")
+	fs.DurationVar(&cfg.Dispatch.Timeouts.FirstByte, "first-byte-timeout", cfg.Dispatch.Timeouts.FirstByte, "time from forwarding to the engine's response headers (0: no limit)")
+	fs.DurationVar(&cfg.Dispatch.Timeouts.Idle, "stream-idle-timeout", cfg.Dispatch.Timeouts.Idle, "longest pause inside an engine's response stream (0: no limit)")
+	fs.DurationVar(&cfg.Dispatch.Health.Interval, "health-interval", cfg.Dispatch.Health.Interval, "how often engines' /health is checked (0: never)")
 	fs.DurationVar(&cfg.HeartbeatGrace, "heartbeat-grace", cfg.HeartbeatGrace, "a registered engine silent this long is marked down and its blocks dropped")
 	fs.Var((*tokenizerFlags)(&cfg.Tokenizers.Specs), "tokenizer", `how a model's text and chat prompts become token ids, so that they route on exact blocks; repeatable: `+
 		`"MODEL=remote" (ask an engine serving it: vLLM's render endpoint, else /tokenize), "MODEL=DIR" (tokenizer.json and tokenizer_config.json), `+

@@ -20,7 +20,7 @@ func Config() node.Config {
 	cfg := node.DefaultConfig()
 	cfg.Segment.IndexCapacity = 1 << 14
 	cfg.Approx.Capacity = 1 << 14
-	cfg.Dispatch.Health.Interval = -1
+	cfg.Dispatch.Health.Interval = 0 // no health checks
 	cfg.RegistryPoll = 10 * time.Millisecond
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	return cfg
