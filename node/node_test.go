@@ -342,7 +342,7 @@ func (h countLog) Handle(_ context.Context, r slog.Record) error {
 // leaves the worker set instead of staying routable under it.
 func TestRefusedRegistration(t *testing.T) {
 	cfg := testConfig(t)
-	cfg.RegistryPoll = time.Hour // the test drives syncRegistry itself
+	cfg.RegistryPoll = time.Hour     // the test drives syncRegistry itself
 	cfg.Dispatch.Health.Interval = 0 // no health checks
 	var refusals atomic.Int64
 	cfg.Logger = slog.New(countLog{msg: "cannot route to registered worker", n: &refusals})
