@@ -59,9 +59,11 @@ type Call struct {
 	finished bool // obs had its terminal call, or there is no obs
 	first    bool // the first item was seen
 	done     bool // [DONE] was seen
-	items    int
-	bytes    int64
 }
+
+// errNotEventStream is the cause Relay reports for a plain response, which
+// belongs to ReadBody.
+var errNotEventStream = errors.New("the response is not an event stream")
 
 func newCall(p *Pool) *Call {
 	return &Call{pool: p, buf: make([]byte, p.cfg.RelayBufferSize), finished: true}
@@ -109,7 +111,7 @@ func (c *Call) SetRequest(uri, body []byte) {
 func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	c.closeStream()
 	c.abort(ErrAbandoned)
-	c.obs, c.finished, c.first, c.done, c.items, c.bytes = obs, obs == nil, false, false, 0, 0
+	c.obs, c.finished, c.first, c.done = obs, obs == nil, false, false
 	e := c.pool.Engine(slot)
 	c.engine = e
 	if e == nil {
@@ -216,15 +218,14 @@ func (c *Call) Relay(w *bufio.Writer) error {
 		c.end(nil)
 		return nil
 	}
-	sse := c.IsEventStream()
-	var kind, cause error
-	if sse {
-		kind, cause = c.relayEvents(body, w)
-	} else {
-		kind, cause = c.relayPlain(body, w)
+	if !c.IsEventStream() {
+		// A plain response is read whole with ReadBody; relaying one would
+		// leave its finish unobserved.
+		return c.fail(ErrEngineFailed, errNotEventStream, w, false)
 	}
+	kind, cause := c.relayEvents(body, w)
 	if kind == nil {
-		if sse && !c.finished && !c.done {
+		if !c.finished && !c.done {
 			kind = ErrTruncated
 		} else {
 			c.closeStream()
@@ -232,7 +233,7 @@ func (c *Call) Relay(w *bufio.Writer) error {
 			return nil
 		}
 	}
-	return c.fail(kind, cause, w, sse)
+	return c.fail(kind, cause, w, true)
 }
 
 // end reports a response that reached its end: complete for a success
@@ -257,7 +258,6 @@ func (c *Call) fail(kind, cause error, w *bufio.Writer, sse bool) error {
 	if sse && kind != ErrClientGone && !c.finished && !c.done {
 		ev := sseErrors[kindOf(kind)]
 		if _, werr := w.Write(ev); werr == nil && w.Flush() == nil {
-			c.bytes += int64(len(ev))
 		}
 	}
 	c.closeStream()
@@ -273,7 +273,6 @@ func (c *Call) write(w *bufio.Writer, p []byte) error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	c.bytes += int64(len(p))
 	return nil
 }
 
@@ -368,7 +367,6 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 func (c *Call) observe(ev openai.Event) {
 	switch ev.Kind {
 	case openai.EventItem:
-		c.items++
 		if c.finished {
 			return
 		}
@@ -391,37 +389,6 @@ func (c *Call) observe(ev openai.Event) {
 				addr, slot = c.engine.addr, c.engine.slot
 			}
 			c.abort(&Error{Slot: slot, Addr: addr, Op: "relay from", Kind: ErrEngineError})
-		}
-	}
-}
-
-// relayPlain is Relay's loop for a body that is not an event stream: it
-// sends the body as it fills the buffer. A body that fits the buffer is
-// inspected for its finish_reason and error before it is sent.
-func (c *Call) relayPlain(r io.Reader, w *bufio.Writer) (kind, cause error) {
-	buf := c.buf
-	end := 0
-	whole := true
-	for {
-		n, rerr := r.Read(buf[end:])
-		end += n
-		if rerr != nil && rerr != io.EOF {
-			return readFailure(rerr), rerr
-		}
-		if rerr == io.EOF {
-			if whole {
-				c.observeBody(buf[:end])
-			}
-			if err := c.write(w, buf[:end]); err != nil {
-				return ErrClientGone, err
-			}
-			return nil, nil
-		}
-		if end == len(buf) {
-			if err := c.write(w, buf); err != nil {
-				return ErrClientGone, err
-			}
-			end, whole = 0, false
 		}
 	}
 }
@@ -467,7 +434,6 @@ func (c *Call) ReadBody() ([]byte, error) {
 	}
 	c.closeStream()
 	c.observeBody(c.buf[:n])
-	c.bytes = int64(n)
 	return c.buf[:n], nil
 }
 

@@ -14,9 +14,3 @@ func (c *Call) StreamWriter() fasthttp.StreamWriter {
 		c.Release()
 	}
 }
-
-// Items returns how many stream items the relay inspected.
-func (c *Call) Items() int { return c.items }
-
-// Bytes returns how many response body bytes reached the client writer.
-func (c *Call) Bytes() int64 { return c.bytes }
