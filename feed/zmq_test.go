@@ -8,6 +8,7 @@ import (
 	"errors"
 	"math"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -851,46 +852,54 @@ func TestDecodeVLLMBatch(t *testing.T) {
 		return buf.Bytes()
 	}
 	for _, tc := range []struct {
-		name    string
-		payload []byte
-		check   func(*VLLMBatch) bool
-		err     string
+		name        string
+		payload     []byte
+		check       func(*VLLMBatch) bool
+		err         string
+		undecodable string // the batch decodes, its one event does not, for this reason
 	}{
 		{"tag after the fields", mp(0x82, "ts", 0, "events", 0x91, 0x83, "block_hashes", 0x91, 5, "medium", 0xc0, "type", "BlockRemoved"),
-			func(b *VLLMBatch) bool { return b.Events[0].Kind == VLLMBlockRemoved && b.Events[0].Hashes[0] == 5 }, ""},
+			func(b *VLLMBatch) bool { return b.Events[0].Kind == VLLMBlockRemoved && b.Events[0].Hashes[0] == 5 }, "", ""},
 		{"unknown keys and trailing fields", mp(0x93, 0xca, 0x3f, 0x80, 0, 0, 0x92, 0x93, "AllBlocksCleared", 0x81, "x", 0xc3, 0xd4, 1, 2,
 			0x95, "BlockRemoved", 0x90, 0xc0, 0xc0, 0xc0, 0xc0),
-			func(b *VLLMBatch) bool { return b.TS == 1 && len(b.Events) == 2 && !b.HasDPRank }, ""},
+			func(b *VLLMBatch) bool { return b.TS == 1 && len(b.Events) == 2 && !b.HasDPRank }, "", ""},
 		{"unknown event map", mp(0x82, "ts", 1, "events", 0x91, 0x82, "type", "Future", "block_hashes", "not a list"),
-			func(b *VLLMBatch) bool { return b.Events[0].Kind == VLLMUnknown }, ""},
+			func(b *VLLMBatch) bool { return b.Events[0].Kind == VLLMUnknown }, "", ""},
 		{"negative token", mp(0x92, 0, 0x91, 0x95, "BlockStored", 0x91, 1, 0xc0, 0x91, 0xff, 1),
-			func(b *VLLMBatch) bool { return b.Events[0].BadTokens }, ""},
+			func(b *VLLMBatch) bool { return b.Events[0].BadTokens }, "", ""},
 		{"huge token", mp(0x92, 0, 0x91, 0x95, "BlockStored", 0x91, 1, 0xc0, 0x91, 0xcf, []byte{0, 0, 0, 1, 0, 0, 0, 0}, 1),
-			func(b *VLLMBatch) bool { return b.Events[0].BadTokens }, ""},
+			func(b *VLLMBatch) bool { return b.Events[0].BadTokens }, "", ""},
 		{"int64 hash", mp(0x92, 0, 0x91, 0x92, "BlockRemoved", 0x91, 0xd3, []byte{0x80, 0, 0, 0, 0, 0, 0, 0}),
-			func(b *VLLMBatch) bool { return b.Events[0].Hashes[0] == 1<<63 }, ""},
-		{"empty", nil, nil, "end of payload"},
-		{"not a batch", mp(0xc3), nil, "want an array"},
-		{"short batch", mp(0x91, 0), nil, "shorter"},
-		{"no events", mp(0x81, "ts", 0), nil, "no events"},
-		{"trailing bytes", mp(0x92, 0, 0x90, 0xc0), nil, "trailing"},
-		{"truncated", mp(0x92, 0, 0x91, 0x92, "BlockRemoved", 0x92, 1), nil, "past the end"},
-		{"truncated float", mp(0x92, 0xcb, 1, 2), nil, "past the end"},
-		{"count past end", mp(0x92, 0, 0xdd, []byte{0xff, 0xff, 0xff, 0xff}), nil, "past the end"},
-		{"string past end", mp(0x92, 0, 0x91, 0x91, 0xdb, []byte{0x7f, 0xff, 0xff, 0xff}), nil, "past the end"},
-		{"short stored", mp(0x92, 0, 0x91, 0x94, "BlockStored", 0x90, 0xc0, 0x90), nil, "shorter"},
-		{"stored map lacks tokens", mp(0x82, "ts", 0, "events", 0x91, 0x83, "type", "BlockStored", "block_hashes", 0x90, "block_size", 4), nil, "lacks"},
-		{"untagged", mp(0x92, 0, 0x91, 0x81, "block_hashes", 0x90), nil, "no type"},
-		{"tag not a string", mp(0x92, 0, 0x91, 0x91, 7), nil, "want a string"},
-		{"hash of wrong type", mp(0x92, 0, 0x91, 0x92, "BlockRemoved", 0x91, 0xc3), nil, "want an integer, bytes"},
-		{"medium not a string", mp(0x92, 0, 0x91, 0x93, "BlockRemoved", 0x90, 1), nil, "want a string"},
-		{"block size too big", mp(0x92, 0, 0x91, 0x95, "BlockStored", 0x90, 0xc0, 0x90, 0xcf, []byte{0xff, 0, 0, 0, 0, 0, 0, 0}), nil, "out of range"},
-		{"unused type byte", mp(0x92, 0, 0x91, 0x93, "AllBlocksCleared", 0xc1), nil, "unused"},
-		{"deep nesting", append(mp(0x92, 0, 0x91, 0x92, "AllBlocksCleared"), bytes.Repeat([]byte{0x91}, 10000)...), nil, "nest"},
+			func(b *VLLMBatch) bool { return b.Events[0].Hashes[0] == 1<<63 }, "", ""},
+		{"empty", nil, nil, "end of payload", ""},
+		{"not a batch", mp(0xc3), nil, "want an array", ""},
+		{"short batch", mp(0x91, 0), nil, "shorter", ""},
+		{"no events", mp(0x81, "ts", 0), nil, "no events", ""},
+		{"trailing bytes", mp(0x92, 0, 0x90, 0xc0), nil, "trailing", ""},
+		{"truncated", mp(0x92, 0, 0x91, 0x92, "BlockRemoved", 0x92, 1), nil, "past the end", ""},
+		{"truncated float", mp(0x92, 0xcb, 1, 2), nil, "past the end", ""},
+		{"count past end", mp(0x92, 0, 0xdd, []byte{0xff, 0xff, 0xff, 0xff}), nil, "past the end", ""},
+		{"string past end", mp(0x92, 0, 0x91, 0x91, 0xdb, []byte{0x7f, 0xff, 0xff, 0xff}), nil, "past the end", ""},
+		{"short stored", mp(0x92, 0, 0x91, 0x94, "BlockStored", 0x90, 0xc0, 0x90), nil, "", "shorter"},
+		{"stored map lacks tokens", mp(0x82, "ts", 0, "events", 0x91, 0x83, "type", "BlockStored", "block_hashes", 0x90, "block_size", 4), nil, "", "lacks"},
+		{"untagged", mp(0x92, 0, 0x91, 0x81, "block_hashes", 0x90), nil, "", "no type"},
+		{"tag not a string", mp(0x92, 0, 0x91, 0x91, 7), nil, "", "want a string"},
+		{"hash of wrong type", mp(0x92, 0, 0x91, 0x92, "BlockRemoved", 0x91, 0xc3), nil, "", "want an integer, bytes"},
+		{"medium not a string", mp(0x92, 0, 0x91, 0x93, "BlockRemoved", 0x90, 1), nil, "", "want a string"},
+		{"block size too big", mp(0x92, 0, 0x91, 0x95, "BlockStored", 0x90, 0xc0, 0x90, 0xcf, []byte{0xff, 0, 0, 0, 0, 0, 0, 0}), nil, "", "out of range"},
+		{"unused type byte", mp(0x92, 0, 0x91, 0x93, "AllBlocksCleared", 0xc1), nil, "unused", ""},
+		{"deep nesting", append(mp(0x92, 0, 0x91, 0x92, "AllBlocksCleared"), bytes.Repeat([]byte{0x91}, 10000)...), nil, "nest", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var d VLLMDecoder
 			b, err := d.Decode(tc.payload)
+			if tc.undecodable != "" {
+				if err != nil || len(b.Events) != 1 || !b.Events[0].Undecodable ||
+					!strings.Contains(b.Events[0].Reason, tc.undecodable) {
+					t.Fatalf("got %+v, %v; want one event undecodable for %q", b, err, tc.undecodable)
+				}
+				return
+			}
 			if tc.err != "" {
 				var de *DecodeError
 				if !errors.As(err, &de) || !errors.Is(err, ErrMalformedBatch) || !bytes.Contains([]byte(err.Error()), []byte(tc.err)) {
