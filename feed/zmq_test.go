@@ -50,9 +50,18 @@ type wireEvent struct {
 	group    any   // group_idx; omitted when nil
 }
 
+// testTS is the ts of every batch encodeBatch writes.
+const testTS = 1722222222.5
+
 // encodeBatch writes one KVEventBatch the way the engine's msgspec
 // encoder does, with an independent msgpack implementation.
 func encodeBatch(t testing.TB, f wireFormat, events []wireEvent) []byte {
+	t.Helper()
+	return encodeBatchAt(t, f, testTS, events)
+}
+
+// encodeBatchAt is encodeBatch for a batch made at ts.
+func encodeBatchAt(t testing.TB, f wireFormat, ts float64, events []wireEvent) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	e := msgpack.NewEncoder(&buf)
@@ -74,7 +83,6 @@ func encodeBatch(t testing.TB, f wireFormat, events []wireEvent) []byte {
 			must(e.Encode(v))
 		}
 	}
-	const ts = 1722222222.5
 	if f == vllmMap {
 		must(e.EncodeMapLen(3))
 		must(e.EncodeString("ts"))
@@ -199,10 +207,13 @@ type testEngine struct {
 
 	closing sync.Once
 	mu      sync.Mutex
-	seq     uint64
-	buffer  []sentBatch // what the replay socket serves
-	served  int         // replay requests answered
-	stopped sync.WaitGroup
+	// replayTopic: replies carry the topic frame, as since vLLM PR #45177
+	// (v0.26): [topic, seq, payload], the end marker's topic empty.
+	replayTopic bool
+	seq         uint64
+	buffer      []sentBatch // what the replay socket serves
+	served      int         // replay requests answered
+	stopped     sync.WaitGroup
 }
 
 type sentBatch struct {
@@ -217,15 +228,27 @@ func newTestEngine(t testing.TB, replay bool) *testEngine {
 
 func listenTestEngine(t testing.TB, replay bool, ep string) *testEngine {
 	t.Helper()
+	replayEp := ""
+	if replay {
+		replayEp = "tcp://127.0.0.1:0"
+	}
+	return listenTestEngineAt(t, ep, replayEp)
+}
+
+// listenTestEngineAt starts an engine on the given endpoints, as a
+// restarted engine binds its configured ports again; replayEp "" means no
+// replay socket.
+func listenTestEngineAt(t testing.TB, ep, replayEp string) *testEngine {
+	t.Helper()
 	e := &testEngine{t: t, topic: []byte("kv-events")}
 	e.pub = zmq4.NewPub(context.Background())
 	if err := e.pub.Listen(ep); err != nil {
 		t.Fatal(err)
 	}
 	e.ep = "tcp://" + e.pub.Addr().String()
-	if replay {
+	if replayEp != "" {
 		e.router = zmq4.NewRouter(context.Background())
-		if err := e.router.Listen("tcp://127.0.0.1:0"); err != nil {
+		if err := e.router.Listen(replayEp); err != nil {
 			t.Fatal(err)
 		}
 		e.replayEp = "tcp://" + e.router.Addr().String()
@@ -267,16 +290,32 @@ func (e *testEngine) serveReplay() {
 			}
 		}
 		e.served++
+		withTopic := e.replayTopic
 		e.mu.Unlock()
-		for _, b := range todo {
-			if e.router.Send(zmq4.NewMsgFrom(id, []byte{}, be64(b.seq), b.payload)) != nil {
-				return
+		// A client that hangs up mid-replay only ends its own replay: like
+		// pyzmq's ROUTER, the socket drops what it cannot route.
+		for _, b := range append(todo, sentBatch{endOfReplay, []byte{}}) {
+			if e.reply(id, withTopic, b.seq, b.payload) != nil {
+				break
 			}
 		}
-		if e.router.Send(zmq4.NewMsgFrom(id, []byte{}, be64(endOfReplay), []byte{})) != nil {
-			return
-		}
 	}
+}
+
+// reply sends one replay reply in the engine's shape:
+// [identity, empty, seq, payload], or since vLLM PR #45177
+// [identity, empty, topic, seq, payload] with an empty topic on the end
+// marker (vllm/distributed/kv_events.py, ZmqEventPublisher._service_replay).
+func (e *testEngine) reply(id []byte, withTopic bool, seq uint64, payload []byte) error {
+	frames := [][]byte{id, {}}
+	if withTopic {
+		topic := e.topic
+		if seq == endOfReplay {
+			topic = []byte{}
+		}
+		frames = append(frames, topic)
+	}
+	return e.router.Send(zmq4.NewMsgFrom(append(frames, be64(seq), payload)...))
 }
 
 func be64(v uint64) []byte {
@@ -324,6 +363,13 @@ func (e *testEngine) forget(seq uint64) {
 	for len(e.buffer) > 0 && e.buffer[0].seq < seq {
 		e.buffer = e.buffer[1:]
 	}
+}
+
+// replyWithTopic switches the replay socket to vLLM's current reply shape.
+func (e *testEngine) replyWithTopic() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.replayTopic = true
 }
 
 func (e *testEngine) replaysServed() int {
@@ -483,28 +529,39 @@ func applyAll(m *model, bs [][]op) {
 }
 
 func TestZMQGapIsReplayed(t *testing.T) {
-	ix := newZMQIndex(t)
-	e := newTestEngine(t, true)
-	s := startSub(t, ix, e, nil)
-	e.warmUp(t, s, vllmMap)
-	base, served := s.Stats(), e.replaysServed()
-	ops := genOps(21, 300)
-	m := newModel()
-	_, before := publishOps(t, vllmMap, ops[:100], e.publish)
-	_, lost := publishOps(t, vllmMap, ops[100:200], e.lose)
-	seqs, after := publishOps(t, vllmMap, ops[200:], e.publish)
-	applyAll(m, before)
-	applyAll(m, lost)
-	applyAll(m, after)
-	waitSeq(t, s, seqs[len(seqs)-1])
-	m.check(t, ix, zmqTestSlot)
-	st := s.Stats()
-	if st.Gaps != 1 || st.Replays-base.Replays != 1 || st.ReplayFailures != 0 || st.Resyncs != 0 ||
-		st.Replayed-base.Replayed < uint64(len(lost)) {
-		t.Fatalf("stats %+v", st)
-	}
-	if e.replaysServed()-served != 1 {
-		t.Fatalf("%d replays served", e.replaysServed())
+	// Both reply shapes: [seq, payload] (vLLM before v0.26, SGLang) and
+	// [topic, seq, payload] (vLLM since PR #45177), whose end marker has an
+	// empty topic; a misread marker would stall the replay until its
+	// timeout and count as a failure.
+	for _, withTopic := range []bool{false, true} {
+		t.Run(map[bool]string{false: "seq-payload", true: "topic-seq-payload"}[withTopic], func(t *testing.T) {
+			ix := newZMQIndex(t)
+			e := newTestEngine(t, true)
+			if withTopic {
+				e.replyWithTopic()
+			}
+			s := startSub(t, ix, e, func(c *ZMQConfig) { c.ReplayTimeout = time.Minute })
+			e.warmUp(t, s, vllmMap)
+			base, served := s.Stats(), e.replaysServed()
+			ops := genOps(21, 300)
+			m := newModel()
+			_, before := publishOps(t, vllmMap, ops[:100], e.publish)
+			_, lost := publishOps(t, vllmMap, ops[100:200], e.lose)
+			seqs, after := publishOps(t, vllmMap, ops[200:], e.publish)
+			applyAll(m, before)
+			applyAll(m, lost)
+			applyAll(m, after)
+			waitSeq(t, s, seqs[len(seqs)-1])
+			m.check(t, ix, zmqTestSlot)
+			st := s.Stats()
+			if st.Gaps != 1 || st.Replays-base.Replays != 1 || st.ReplayFailures != 0 || st.Resyncs != 0 ||
+				st.Garbage != 0 || st.Replayed-base.Replayed < uint64(len(lost)) {
+				t.Fatalf("stats %+v", st)
+			}
+			if e.replaysServed()-served != 1 {
+				t.Fatalf("%d replays served", e.replaysServed())
+			}
+		})
 	}
 }
 
