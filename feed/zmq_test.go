@@ -26,13 +26,15 @@ import (
 type wireFormat int
 
 const (
-	vllmMap     wireFormat = iota // current vLLM: structs as maps, tag under "type"
+	vllmMap     wireFormat = iota // vLLM after PR #42892: structs as maps, tag under "type"
 	vllmArray                     // vLLM with array_like structs: [tag, fields...], batch [ts, events, dp_rank]
 	sglangArray                   // SGLang: array_like, BlockStored ends at lora_id, BlockRemoved at block_hashes
+	vllmMixed                     // vLLM v0.26: batch [ts, events, dp_rank], events maps
+	sglangMeta                    // SGLang >= 0.5.18: array_like, medium always sent, a salt as an eighth metadata map
 )
 
 func (f wireFormat) String() string {
-	return [...]string{"vllm-map", "vllm-array", "sglang-array"}[f]
+	return [...]string{"vllm-map", "vllm-array", "sglang-array", "vllm-mixed", "sglang-meta"}[f]
 }
 
 // wireEvent is one event as a publisher builds it; fields hold what
@@ -48,6 +50,8 @@ type wireEvent struct {
 	loraName any
 	extra    []any // extra_keys; omitted when nil
 	group    any   // group_idx; omitted when nil
+	salt     any   // SGLang's cache salt: metadata map (sglangMeta) or cache_salt key (map events)
+	bigram   bool  // token_ids as SGLang's EAGLE bigram pairs
 }
 
 // testTS is the ts of every batch encodeBatch writes.
@@ -71,9 +75,21 @@ func encodeBatchAt(t testing.TB, f wireFormat, ts float64, events []wireEvent) [
 			t.Fatal(err)
 		}
 	}
-	tokens := func(ts []uint32) {
+	tokens := func(ts []uint32, bigram bool) {
 		must(e.EncodeArrayLen(len(ts)))
-		for _, x := range ts {
+		for i, x := range ts {
+			if bigram {
+				// [t_i, t_i+1]; the last pair's second token lies beyond
+				// the block.
+				next := x + 1
+				if i+1 < len(ts) {
+					next = ts[i+1]
+				}
+				must(e.EncodeArrayLen(2))
+				must(e.EncodeUint(uint64(x)))
+				must(e.EncodeUint(uint64(next)))
+				continue
+			}
 			must(e.EncodeUint(uint64(x)))
 		}
 	}
@@ -107,9 +123,17 @@ func encodeBatchAt(t testing.TB, f wireFormat, ts float64, events []wireEvent) [
 		switch ev.kind {
 		case "BlockStored":
 			fields = []kv{{"block_hashes", func() { anys(ev.hashes) }}, val("parent_block_hash", ev.parent),
-				{"token_ids", func() { tokens(ev.tokens) }}, val("block_size", ev.bs), val("lora_id", ev.loraID)}
-			if f != sglangArray {
+				{"token_ids", func() { tokens(ev.tokens, ev.bigram) }}, val("block_size", ev.bs), val("lora_id", ev.loraID)}
+			switch {
+			case f == sglangMeta && ev.salt != nil:
+				fields = append(fields, val("medium", ev.medium), val("metadata", map[string]any{"cache_salt": ev.salt}))
+			case f == sglangMeta:
+				fields = append(fields, val("medium", ev.medium))
+			case f != sglangArray:
 				fields = append(fields, val("medium", ev.medium), val("lora_name", ev.loraName))
+				if ev.salt != nil {
+					fields = append(fields, val("cache_salt", ev.salt))
+				}
 			}
 		case "BlockRemoved":
 			fields = []kv{{"block_hashes", func() { anys(ev.hashes) }}}
@@ -119,16 +143,17 @@ func encodeBatchAt(t testing.TB, f wireFormat, ts float64, events []wireEvent) [
 		}
 		// omit_defaults: trailing fields at their default are left out.
 		// SGLang has neither extra_keys nor group_idx.
-		if ev.extra != nil && f != sglangArray {
+		sglang := f == sglangArray || f == sglangMeta
+		if ev.extra != nil && !sglang {
 			fields = append(fields, kv{"extra_keys", func() { anys(ev.extra) }})
 		}
-		if ev.group != nil && f != sglangArray {
+		if ev.group != nil && !sglang {
 			if ev.extra == nil && ev.kind == "BlockStored" {
 				fields = append(fields, val("extra_keys", nil))
 			}
 			fields = append(fields, val("group_idx", ev.group))
 		}
-		if f == vllmMap {
+		if f == vllmMap || f == vllmMixed {
 			must(e.EncodeMapLen(len(fields) + 1))
 			must(e.EncodeString("type"))
 			must(e.EncodeString(ev.kind))
@@ -147,7 +172,7 @@ func encodeBatchAt(t testing.TB, f wireFormat, ts float64, events []wireEvent) [
 	if f == vllmMap {
 		must(e.EncodeString("data_parallel_rank"))
 		must(e.EncodeInt(0))
-	} else if f == vllmArray {
+	} else if f != sglangArray {
 		must(e.EncodeInt(0))
 	}
 	return buf.Bytes()
@@ -157,13 +182,17 @@ func encodeBatchAt(t testing.TB, f wireFormat, ts float64, events []wireEvent) [
 type hashKind int
 
 const (
-	intHashes   hashKind = iota // VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES, SGLang
-	bytesHashes                 // vLLM's default: the sha256 digest
+	intHashes    hashKind = iota // VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES: uint64, those >= 2^63 as msgpack uint64
+	bytesHashes                  // vLLM's default: the sha256 digest
+	signedHashes                 // SGLang (hash_str_to_int64) and vLLM 0.9 (hash()): int64, often negative
 )
 
 func (k hashKind) wire(h uint64) any {
-	if k == intHashes {
+	switch k {
+	case intHashes:
 		return h
+	case signedHashes:
+		return int64(h)
 	}
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], h)
@@ -472,41 +501,52 @@ func batches(ops []op) [][]op {
 }
 
 func TestZMQMatchesModel(t *testing.T) {
-	for _, f := range []wireFormat{vllmMap, vllmArray, sglangArray} {
-		for _, k := range []hashKind{intHashes, bytesHashes} {
-			if f == sglangArray && k == bytesHashes {
-				continue // SGLang's hashes are ints
-			}
-			name := f.String() + map[hashKind]string{intHashes: "/int", bytesHashes: "/bytes"}[k]
-			t.Run(name, func(t *testing.T) {
-				ix := newZMQIndex(t)
-				e := newTestEngine(t, false)
-				s := startSub(t, ix, e, nil)
-				e.warmUp(t, s, f)
-				base := s.Stats()
-				m := newModel()
-				bs := batches(genOps(uint64(10+f)*3+uint64(k), 400))
-				var last uint64
-				for i, b := range bs {
-					last = e.publish(encodeBatch(t, f, wireOps(k, b)))
-					for _, o := range b {
-						m.apply(o)
-					}
-					if i%40 == 0 || i == len(bs)-1 {
-						waitSeq(t, s, last)
-						m.check(t, ix, zmqTestSlot)
-					}
-				}
-				st := s.Stats()
-				if st.Batches-base.Batches != uint64(len(bs)) || st.Gaps != 0 || st.Resyncs != 0 || st.Garbage != 0 ||
-					st.UnresolvedParent != 0 || st.BadEvents != 0 || !st.Connected {
-					t.Fatalf("stats %+v", st)
-				}
-				if err := ix.Verify(); err != nil {
-					t.Fatal(err)
-				}
-			})
+	for _, tc := range []struct {
+		f     wireFormat
+		k     hashKind
+		eagle bool // SGLang with EAGLE: token_ids as bigram pairs
+	}{
+		{vllmMap, intHashes, false}, {vllmMap, bytesHashes, false}, {vllmArray, intHashes, false},
+		{vllmArray, bytesHashes, false}, {vllmMixed, intHashes, false}, {vllmMixed, bytesHashes, false},
+		{sglangArray, signedHashes, false}, {sglangMeta, signedHashes, false}, {sglangMeta, signedHashes, true},
+	} {
+		f, k := tc.f, tc.k
+		name := f.String() + map[hashKind]string{intHashes: "/int", bytesHashes: "/bytes", signedHashes: "/int64"}[k]
+		if tc.eagle {
+			name += "/eagle"
 		}
+		t.Run(name, func(t *testing.T) {
+			ix := newZMQIndex(t)
+			e := newTestEngine(t, false)
+			s := startSub(t, ix, e, nil)
+			e.warmUp(t, s, f)
+			base := s.Stats()
+			m := newModel()
+			bs := batches(genOps(uint64(10+f)*3+uint64(k), 400))
+			var last uint64
+			for i, b := range bs {
+				evs := wireOps(k, b)
+				for i := range evs {
+					evs[i].bigram = tc.eagle
+				}
+				last = e.publish(encodeBatch(t, f, evs))
+				for _, o := range b {
+					m.apply(o)
+				}
+				if i%40 == 0 || i == len(bs)-1 {
+					waitSeq(t, s, last)
+					m.check(t, ix, zmqTestSlot)
+				}
+			}
+			st := s.Stats()
+			if st.Batches-base.Batches != uint64(len(bs)) || st.Gaps != 0 || st.Resyncs != 0 || st.Garbage != 0 ||
+				st.UnresolvedParent != 0 || st.BadEvents != 0 || !st.Connected {
+				t.Fatalf("stats %+v", st)
+			}
+			if err := ix.Verify(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 
