@@ -597,6 +597,27 @@ func (d *VLLMDecoder) tokenList() (bad, bigram bool, _ error) {
 		return false, false, r.failLimit("batch exceeds the token limit")
 	}
 	for range n {
+		// Token ids are small: a positive fixint or a uint8..32 covers every
+		// vocabulary, and reading those here, inline, is what keeps the
+		// decoder fast, as every block carries block_size of them.
+		if off := r.off; off < len(r.b) {
+			c, rest := r.b[off], r.b[off+1:]
+			switch {
+			case c <= 0x7f:
+				d.tokens, r.off = append(d.tokens, uint32(c)), off+1
+				continue
+			case c == mpUint16 && len(rest) >= 2:
+				d.tokens, r.off = append(d.tokens, uint32(binary.BigEndian.Uint16(rest))), off+3
+				continue
+			case c == mpUint32 && len(rest) >= 4:
+				d.tokens, r.off = append(d.tokens, binary.BigEndian.Uint32(rest)), off+5
+				continue
+			case c == mpUint8 && len(rest) >= 1:
+				d.tokens, r.off = append(d.tokens, uint32(rest[0])), off+2
+				continue
+			}
+		}
+		// Anything else: a bigram pair, an id out of range, or no integer.
 		c, err := r.peek()
 		if err != nil {
 			return false, false, err
@@ -613,7 +634,6 @@ func (d *VLLMDecoder) tokenList() (bad, bigram bool, _ error) {
 				continue
 			}
 		}
-		// Token ids are small: positive fixints and uint8..32 cover them.
 		u, neg, err := r.integer()
 		if err != nil {
 			return false, false, err
