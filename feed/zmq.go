@@ -29,7 +29,9 @@ type ZMQConfig struct {
 	Endpoint string
 	// Replay is the engine's ROUTER replay socket (vLLM's replay_endpoint),
 	// or "" if it has none: lost batches are then recovered by clearing the
-	// worker's entries instead of replaying them.
+	// worker's entries instead of replaying them, and as nothing can prove
+	// that the engine behind a redialled connection is the one followed
+	// before, every reconnect rebuilds the worker's view from live traffic.
 	Replay string
 	// Topic is the subscription prefix; "" receives every topic.
 	Topic string
@@ -152,8 +154,10 @@ var errZMQRunning = errors.New("kvfast: ZMQ subscriber already running")
 // slot (nothing says it is still true), redials a lost engine with
 // backoff, and detects lost batches by sequence number: they are replayed
 // from the engine's replay socket if there is one, else the worker's
-// entries are cleared. An engine that restarted (its sequence went back)
-// has its blocks and engine-hash mappings dropped.
+// entries are cleared. An engine that restarted has its blocks and
+// engine-hash mappings dropped, and after a reconnect the view is kept
+// only if the replay socket proves the stream continues it (doc.go,
+// "Sequence numbers and restarts").
 func (s *ZMQSubscriber) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errZMQRunning
