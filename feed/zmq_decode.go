@@ -585,8 +585,10 @@ func (d *VLLMDecoder) hashList() error {
 // RadixCache.maybe_bigram_convert replaces a key's token ids t0..tn with
 // the pairs (t0,t1), (t1,t2), …, (tn-1,tn) (convert_to_bigram_key), and
 // _record_store_event publishes a page of those pairs as token_ids, with
-// block_size the number of pairs. A pair's first element is the token at
-// its position, so the first elements are the block's tokens.
+// block_size the number of pairs (python/sglang/srt/mem_cache/
+// radix_cache.py, read at amdpilot-org/sglang@0a07596ef429, a fork of
+// sgl-project/sglang). A pair's first element is the token at its
+// position, so the first elements are the block's tokens.
 func (d *VLLMDecoder) tokenList() (bad, bigram bool, _ error) {
 	r := &d.r
 	n, err := r.arrayLen()
