@@ -259,10 +259,11 @@ func (d *VLLMDecoder) decodeEvents() error {
 		if err == nil {
 			continue
 		}
-		if de, ok := err.(*DecodeError); !ok || de.limit {
+		de, ok := err.(*DecodeError)
+		if !ok || de.limit {
 			return err
 		}
-		if err := d.skipUndecodable(ev, start, err.(*DecodeError).Reason); err != nil {
+		if err := d.skipUndecodable(ev, start, de.Reason); err != nil {
 			return err
 		}
 	}
@@ -395,19 +396,20 @@ func (d *VLLMDecoder) decodeEventMap(ev *VLLMEvent) error {
 // Array form follows msgspec's field order, and each version appended
 // fields, so a shorter array is an older publisher: vLLM 0.9 and SGLang
 // stop BlockStored at lora_id and BlockRemoved at block_hashes; vLLM then
-// appended medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind,
-// kv_cache_spec_sliding_window and locality, SGLang medium (and, for a
-// salted block, its metadata map in lora_name's slot).
+// appended medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind
+// and kv_cache_spec_sliding_window (locality follows them in the struct),
+// SGLang medium (and, for a salted block, its metadata map in lora_name's
+// slot).
 var (
 	storedArray = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
 		"medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
 		"locality"}
 	removedArray = []string{"block_hashes", "medium", "group_idx"}
 
-	// Map events name their fields, so they also carry what never had an
-	// array position: SGLang's cache_salt (its map events, sgl-project/
-	// sglang PR #37482) and the cache-spec and locality fields vLLM's
-	// BlockRemoved gained after it switched to maps.
+	// Map events name their fields, so they may also carry what never had
+	// an array position: SGLang's cache_salt (its map events, sgl-project/
+	// sglang PR #37482), and the locality and cache-spec fields of vLLM's
+	// BlockRemoved (which keeps only group_idx by position).
 	storedMap  = append(slices.Clip(storedArray), "cache_salt")
 	removedMap = append(slices.Clip(removedArray), "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality")
 )
