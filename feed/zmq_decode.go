@@ -603,7 +603,8 @@ func (d *VLLMDecoder) tokenList() (bad, bigram bool, _ error) {
 	for range n {
 		// Token ids are small: a positive fixint or a uint8..32 covers every
 		// vocabulary, and reading those here, inline, is what keeps the
-		// decoder fast, as every block carries block_size of them.
+		// decoder fast, as every block carries block_size of them (and,
+		// with EAGLE, as many pairs).
 		if off := r.off; off < len(r.b) {
 			c, rest := r.b[off], r.b[off+1:]
 			switch {
@@ -619,6 +620,13 @@ func (d *VLLMDecoder) tokenList() (bad, bigram bool, _ error) {
 			case c == mpUint8 && len(rest) >= 1:
 				d.tokens, r.off = append(d.tokens, uint32(rest[0])), off+2
 				continue
+			case c == 0x92: // a pair: a fixarray of two
+				if v, n, ok := smallUint(rest); ok {
+					if _, m, ok := smallUint(rest[n:]); ok {
+						d.tokens, r.off, bigram = append(d.tokens, v), off+1+n+m, true
+						continue
+					}
+				}
 			}
 		}
 		// Anything else: a bigram pair, an id out of range, or no integer.
@@ -653,6 +661,27 @@ func (d *VLLMDecoder) tokenList() (bad, bigram bool, _ error) {
 		}
 	}
 	return bad, bigram, nil
+}
+
+// smallUint reads a msgpack unsigned integer of at most 32 bits at the
+// start of b, reporting how many bytes it took, or ok false for anything
+// else (the caller then takes the general path). tokenList inlines the
+// same cases for plain token ids, the hottest loop of the decoder.
+func smallUint(b []byte) (v uint32, n int, ok bool) {
+	if len(b) == 0 {
+		return 0, 0, false
+	}
+	switch c := b[0]; {
+	case c <= 0x7f:
+		return uint32(c), 1, true
+	case c == mpUint8 && len(b) >= 2:
+		return uint32(b[1]), 2, true
+	case c == mpUint16 && len(b) >= 3:
+		return uint32(binary.BigEndian.Uint16(b[1:])), 3, true
+	case c == mpUint32 && len(b) >= 5:
+		return binary.BigEndian.Uint32(b[1:]), 5, true
+	}
+	return 0, 0, false
 }
 
 func orDefault(v, def int) int {
