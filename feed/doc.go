@@ -48,48 +48,100 @@
 // vLLM's ZmqEventPublisher (SGLang's is a copy) sends each KVEventBatch
 // on a PUB socket as frames [topic, 8-byte big-endian sequence number,
 // msgpack payload]. The payload is msgspec's encoding of the batch (ts,
-// events, data_parallel_rank) and its tagged events BlockStored
-// (block_hashes, parent_block_hash, token_ids, block_size, lora_id,
-// medium, lora_name, extra_keys, group_idx), BlockRemoved (block_hashes,
-// medium, group_idx) and AllBlocksCleared: as arrays with the tag first
-// (array_like structs: older vLLM, SGLang, which also stops at lora_id)
-// or as maps with the tag under "type" (current vLLM). VLLMDecoder reads
-// both, with any trailing fields and unknown keys skipped. Block hashes
-// are ints (taken as their 64 bits) or bytes (vLLM's sha256 digests,
-// folded with XXH64); either way they are only keys of the engine map.
-// The decoder is hand-written over the payload bytes rather than a
-// generic msgpack decoder so that it allocates nothing and can bound
-// everything: each count is checked against the bytes left before any
-// loop, skipped values nest at most 32 deep, and a batch carries at most
-// MaxBlocks hashes and MaxTokens token ids.
+// events, data_parallel_rank or attn_dp_rank) and its tagged events
+// BlockStored, BlockRemoved and AllBlocksCleared. VLLMDecoder reads every
+// shape the engines have shipped: batch and events as arrays with the tag
+// first (array_like structs: vLLM before its PR #42892, SGLang before its
+// PR #37482) or as maps with the tag under "type", in any mix (vLLM v0.26
+// sends an array batch of map events); block hashes as uint64, as int64
+// (SGLang's, often negative; taken as their 64 bits) or as sha256 digests
+// (bytes, folded with XXH64), either way only keys of the engine map;
+// SGLang's BlockStoredWithMetadata, whose metadata map sits in the array
+// slot where vLLM has lora_name; SGLang's EAGLE bigram token_ids
+// ([[t0,t1],[t1,t2],…], whose first elements are the block's tokens).
+// Unknown keys and trailing fields are skipped. testdata/conformance pins
+// each shape to the engine file and commit it comes from. The decoder is
+// hand-written over the payload bytes rather than a generic msgpack
+// decoder so that it allocates nothing and can bound everything: each
+// count is checked against the bytes left before any loop, skipped values
+// nest at most 32 deep, and a batch carries at most MaxBlocks hashes and
+// MaxTokens token ids.
 //
-// A subscriber applies BlockStored, BlockRemoved and AllBlocksCleared
-// through the same path as ring records' Stored, Removed and Cleared.
-// Events the router cannot route on are counted and skipped: LoRA
-// adapters' blocks, other media (CPU or disk tiers), KV-cache groups
-// other than 0, another block size, blocks whose hash covers extra keys
-// (images, cache salt, from the first such block on), token_ids whose
-// length is not len(block_hashes)·block_size. A batch that does not
-// decode is counted as garbage and, as its effects are unknown, resyncs
-// the worker.
+// The decoder carries every field an event has (LoRA id and name, cache
+// salt, medium and locality, KV-cache group and its spec, extra keys as
+// raw msgpack), routed on or not: what the router skips is the
+// subscriber's policy, not a loss in decoding. A subscriber applies
+// BlockStored, BlockRemoved and AllBlocksCleared through the same path as
+// ring records' Stored, Removed and Cleared. Events the router cannot
+// route on yet are counted and skipped: LoRA adapters' blocks, other
+// media (CPU or disk tiers), KV-cache groups other than 0, another block
+// size, blocks whose hash covers extra keys (images, cache salt, from the
+// first such block on), token_ids whose length is not
+// len(block_hashes)·block_size. SGLang sends a salt as its own field, not
+// as an extra key, and seeds the salted block's whole hash chain with it;
+// such blocks are skipped and counted exactly as vLLM's salted blocks are
+// (skipped_extra_key_blocks), the salt kept on the decoded event.
+//
+// # Undecodable events
+//
+// A payload that is not msgpack, not a batch, or over a limit loses its
+// batch: it is counted as garbage and, its effects being unknown, resyncs
+// the worker. An event that is well-formed msgpack but not a well-formed
+// event (a field of the wrong type, a required field missing, a tag that
+// is not a string) costs only itself: it is counted (bad_events) and the
+// other events of its batch apply, in order. Ordering decides what the
+// lost event may leave wrong. A lost BlockStored only under-claims: its
+// blocks are never stored, their engine hashes never mapped, so events
+// that chain from them later find no parent and count their blocks as
+// unresolved_parent_blocks, and removals of them as
+// unknown_removed_blocks; nothing is claimed that the engine lacks. Any
+// other lost event (a BlockRemoved, an AllBlocksCleared, or one whose tag
+// could not be read) may have dropped blocks the index still holds, and
+// nothing later would remove them: the worker is resynced at the lost
+// event's place in the batch, before the events after it apply. A resync
+// keeps the engine mappings, so those events still resolve their parents.
+// Events of a type this version does not know are well-formed and are
+// only counted (unknown_events).
+//
+// # Sequence numbers and restarts
 //
 // Sequence numbers drive recovery. A gap is replayed through a DEALER
 // socket from the engine's ROUTER replay socket (request [empty, start];
-// replies [empty, seq, payload], ended by seq -1 with an empty payload)
-// when one is configured; batches still missing after that cost the
-// worker its entries (Cleared), never a claim the engine may have dropped.
-// A subscriber starts by dropping the slot's blocks and, with a replay
-// socket, catches up from sequence 0 (exact if the engine's replay buffer
-// still holds its whole history). A sequence number at or below the last
-// one seen on the live stream means the publisher restarted: the worker's
-// blocks and engine mappings are dropped. A lost connection is redialled
-// with backoff; the next sequence number tells whether anything was
-// missed. Limits: an engine that restarts while disconnected and
-// publishes more batches than the router had seen before it reconnects
-// looks like a gap, not a restart (the replay then comes from the new
-// engine, and its removals of the old engine's blocks are unknown).
-// zmq4 allocates each received frame in full as the ZMTP header claims,
-// so the engine endpoint must be trusted not to claim absurd frame sizes.
+// replies [empty, seq, payload], or [empty, topic, seq, payload] since
+// vLLM's PR #45177 in v0.26, each ended by seq -1 with an empty payload
+// and, in the newer shape, an empty topic) when one is configured;
+// batches still missing after that cost the worker its entries (Cleared),
+// never a claim the engine may have dropped. A subscriber starts by
+// dropping the slot's blocks and, with a replay socket, catches up from
+// sequence 0 (exact if the engine's replay buffer still holds its whole
+// history).
+//
+// An engine that restarts numbers its batches from 0 again and has an
+// empty cache. Two signals prove a restart wherever they appear: a
+// sequence number at or below the last one seen on the live stream, and a
+// batch stamped more than a second before its predecessor (an engine
+// stamps batches with its clock as it makes them and sends them in order,
+// so only another engine's batch goes back). The worker's blocks and
+// engine mappings are then dropped (restarts). A restart also closes the
+// connection, which is where the other restarts are caught. A lost
+// connection is redialled with backoff, and across it nothing is trusted
+// that is not proven: the engine may have restarted meanwhile and
+// published as many batches as the router had seen, or more, so that its
+// first batch looks like the next one or like a gap. On the first live
+// batch after a reconnect the subscriber asks the replay socket for the
+// batch it applied last: the same engine returns it byte for byte from its
+// buffer (the bytes include the engine's timestamp), and what follows is
+// then replayed and applied as the continuation it is. Different bytes
+// prove a restart (restarts); a missing batch (evicted from the buffer), a
+// failed replay, or no replay socket prove nothing: the view is dropped
+// and rebuilt as at start, from the replay buffer's history where there is
+// one, else from live traffic (rejoins). An engine's own start time, from
+// its HTTP API, would be another proof; this package does not call the
+// engine's HTTP API. SGLang's RadixCache publishes AllBlocksCleared when
+// it starts, so the replay of a restarted SGLang's history begins by
+// clearing; it needs no special case, as any AllBlocksCleared is applied.
+// zmq4 allocates each received frame in full as the ZMTP header claims, so
+// the engine endpoint must be trusted not to claim absurd frame sizes.
 //
 // # Delivery guarantee
 //
@@ -119,7 +171,8 @@
 //
 // Throughput and latency are measured by BenchmarkFeedIngest and
 // BenchmarkPublishToVisible, whose figures BENCHMARKS.md quotes, and by
-// BenchmarkVLLMDecode, BenchmarkZMQApply and BenchmarkZMQEndToEnd.
+// BenchmarkZMQDecode (each wire shape, in events/s), BenchmarkVLLMDecode,
+// BenchmarkZMQApply and BenchmarkZMQEndToEnd.
 // Ingesting a record, and decoding and applying a batch once the
 // subscriber's buffers have grown, allocate nothing (the allocation
 // tests).

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvfast/kvfast/radix"
@@ -28,7 +29,9 @@ type ZMQConfig struct {
 	Endpoint string
 	// Replay is the engine's ROUTER replay socket (vLLM's replay_endpoint),
 	// or "" if it has none: lost batches are then recovered by clearing the
-	// worker's entries instead of replaying them.
+	// worker's entries instead of replaying them, and as nothing can prove
+	// that the engine behind a redialled connection is the one followed
+	// before, every reconnect rebuilds the worker's view from live traffic.
 	Replay string
 	// Topic is the subscription prefix; "" receives every topic.
 	Topic string
@@ -101,10 +104,16 @@ type ZMQSubscriber struct {
 	apply applier
 
 	// Sequence state, owned by the Run goroutine.
-	synced   bool   // the index holds this worker's state as of lastSeq
-	lastSeq  uint64 // last batch applied (live or replayed)
-	haveLive bool
-	lastLive uint64 // last batch received on the live stream
+	synced     bool    // the index holds this worker's state as of lastSeq
+	lastSeq    uint64  // last batch applied (live or replayed)
+	lastDigest uint64  // XXH64 of batch lastSeq's payload: what a replay must return for it
+	lastTS     float64 // ts of batch lastSeq, if it decoded
+	haveLive   bool
+	lastLive   uint64 // last batch received on the live stream
+	// unproven: the connection was lost and redialled since lastSeq was
+	// applied, and nothing yet shows that the engine now streaming is the
+	// one whose state the index holds.
+	unproven bool
 
 	running   atomic.Bool
 	connected atomic.Bool
@@ -145,15 +154,17 @@ var errZMQRunning = errors.New("kvfast: ZMQ subscriber already running")
 // slot (nothing says it is still true), redials a lost engine with
 // backoff, and detects lost batches by sequence number: they are replayed
 // from the engine's replay socket if there is one, else the worker's
-// entries are cleared. An engine that restarted (its sequence went back)
-// has its blocks and engine-hash mappings dropped.
+// entries are cleared. An engine that restarted has its blocks and
+// engine-hash mappings dropped, and after a reconnect the view is kept
+// only if the replay socket proves the stream continues it (doc.go,
+// "Sequence numbers and restarts").
 func (s *ZMQSubscriber) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errZMQRunning
 	}
 	defer s.running.Store(false)
 	s.ix.RemoveWorker(s.cfg.Slot)
-	s.synced, s.haveLive = false, false
+	s.synced, s.haveLive, s.unproven = false, false, false
 	wait := s.cfg.RedialMin
 	for {
 		received, err := s.session(ctx)
@@ -197,6 +208,7 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 	}
 	s.connected.Store(true)
 	defer s.connected.Store(false)
+	s.reconnected()
 	s.cfg.Logger.Info("KV-event feed connected", "endpoint", s.cfg.Endpoint, "slot", s.cfg.Slot)
 	for {
 		msg, err := sub.Recv()
@@ -218,32 +230,75 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 	}
 }
 
+// reconnected marks the start of a session. A lost connection is how an
+// engine restart looks from here, and a restarted engine numbers its
+// batches from 0 again, so a sequence number alone cannot tell a
+// restarted engine that has already published more batches than the
+// router had seen from a gap: continuity must be proven before the
+// index's view of the worker is trusted again (onLive).
+func (s *ZMQSubscriber) reconnected() {
+	s.unproven = s.synced
+}
+
 // onLive handles a batch from the live stream.
 func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) {
 	if s.haveLive && seq <= s.lastLive {
 		// A publisher never repeats a number on the live stream: it
 		// restarted, and its cache with it.
-		s.c.restarts.Add(1)
-		s.ix.RemoveWorker(s.cfg.Slot)
-		s.synced = false
+		s.restarted()
 	}
 	s.haveLive, s.lastLive = true, seq
+	canReplay := s.cfg.Replay != ""
+	if s.unproven {
+		s.unproven = false
+		if s.synced {
+			res := replayUnproven
+			if canReplay {
+				res = s.replay(ctx, s.lastSeq, true)
+			}
+			switch res {
+			case replayMismatch:
+				s.restarted()
+			case replayUnproven, replayFailed:
+				s.c.rejoins.Add(1)
+				s.ix.RemoveWorker(s.cfg.Slot)
+				s.synced = false
+				// A replay socket that just failed would only fail again.
+				canReplay = canReplay && res != replayFailed
+			}
+		}
+	}
 	switch {
 	case !s.synced:
 		// Joining: the index holds nothing for this worker, so any suffix
 		// of the engine's history is safe to apply, and the replay buffer
 		// may hold all of it.
-		if seq > 0 && s.cfg.Replay != "" {
-			s.replay(ctx, 0)
+		if seq > 0 && canReplay {
+			s.replay(ctx, 0, false)
 		}
 	case seq > s.lastSeq+1:
 		s.c.gaps.Add(1)
-		if s.cfg.Replay != "" {
-			s.replay(ctx, s.lastSeq+1)
+		if canReplay {
+			s.replay(ctx, s.lastSeq+1, false)
 		}
 	}
 	s.offer(seq, payload)
 }
+
+// restarted drops the worker's blocks and engine mappings: the engine that
+// made them is gone, and what it cached with it.
+func (s *ZMQSubscriber) restarted() {
+	s.c.restarts.Add(1)
+	s.ix.RemoveWorker(s.cfg.Slot)
+	s.synced = false
+}
+
+// clockStepTolerance is how far a batch's ts may run behind its
+// predecessor's before the two are taken for different engines. An engine
+// stamps batches with its wall clock as it makes them and publishes them
+// in order, so only a clock step moves ts back, and steps of this size
+// are rare.
+const clockStepTolerance = 1.0 // seconds
 
 // offer applies batch seq unless it was applied already; batches missing
 // before it first cost the worker its entries, since whatever they removed
@@ -256,8 +311,15 @@ func (s *ZMQSubscriber) offer(seq uint64, payload []byte) {
 	if s.synced && seq != s.lastSeq+1 {
 		s.resync()
 	}
-	s.synced, s.lastSeq = true, seq
-	if b, err := s.dec.Decode(payload); err == nil {
+	b, err := s.dec.Decode(payload)
+	if err == nil && s.synced && b.TS < s.lastTS-clockStepTolerance {
+		// Made before its predecessor: by another engine, whose history
+		// this batch continues and not the one the index holds.
+		s.restarted()
+	}
+	s.synced, s.lastSeq, s.lastDigest = true, seq, xxhash.Sum64(payload)
+	if err == nil {
+		s.lastTS = b.TS
 		s.applyBatch(b)
 	} else {
 		// The batch is lost, and what it changed with it.
@@ -277,12 +339,27 @@ func (s *ZMQSubscriber) resync() {
 // endOfReplay is the sequence number of vLLM's end-of-replay marker (-1).
 const endOfReplay = ^uint64(0)
 
+// replayResult is how a replay ended.
+type replayResult int
+
+const (
+	replayEnded    replayResult = iota // the engine sent its end marker
+	replayFailed                       // the socket failed or stalled
+	replayUnproven                     // verifying: the batch to compare was not there
+	replayMismatch                     // verifying: the batch differs from the one applied
+)
+
 // replay asks the engine's replay socket for every batch from seq from on
 // and offers each. vLLM's protocol: the request is [empty delimiter,
-// 8-byte big-endian start]; each reply is [empty, seq, payload], and
-// [empty, -1, empty] ends the stream. A replay that fails or stalls is
-// abandoned; offer then resyncs over whatever is still missing.
-func (s *ZMQSubscriber) replay(ctx context.Context, from uint64) {
+// 8-byte big-endian start]; replies and the end marker (seq -1, empty
+// payload) come in the shapes replayReply accepts. A replay that fails or
+// stalls is abandoned; offer then resyncs over whatever is still missing.
+//
+// With verify, from is the batch applied last, and the first reply must be
+// that batch, byte for byte, for the rest to be taken as its continuation:
+// an engine's replay buffer holds the payloads it published, so only the
+// engine that published it returns the same bytes under that number.
+func (s *ZMQSubscriber) replay(ctx context.Context, from uint64, verify bool) replayResult {
 	s.c.replays.Add(1)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -291,42 +368,73 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from uint64) {
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.DialTimeout),
 		zmq4.WithTimeout(s.cfg.ReplayTimeout), zmq4.WithLogger(s.zmqLog()))
 	defer d.Close()
-	fail := func(err error) {
+	fail := func(err error) replayResult {
 		s.c.replayFailures.Add(1)
 		s.cfg.Logger.Warn("KV-event replay failed", "endpoint", s.cfg.Replay, "from", from, "err", err)
+		return replayFailed
 	}
 	if err := d.Dial(s.cfg.Replay); err != nil {
-		fail(err)
-		return
+		return fail(err)
 	}
 	var req [8]byte
 	binary.BigEndian.PutUint64(req[:], from)
 	if err := d.Send(zmq4.NewMsgFrom([]byte{}, req[:])); err != nil {
-		fail(err)
-		return
+		return fail(err)
 	}
 	for {
 		msg, err := d.Recv()
 		if err != nil {
-			fail(err)
-			return
+			return fail(err)
 		}
 		stall.Reset(s.cfg.ReplayTimeout)
-		f := msg.Frames
-		if len(f) == 3 && len(f[0]) == 0 {
-			f = f[1:] // the ROUTER's envelope delimiter
-		}
-		if msg.Type == zmq4.CmdMsg || len(f) != 2 || len(f[0]) != 8 {
+		seq, payload, ok := replayReply(msg.Frames)
+		if msg.Type == zmq4.CmdMsg || !ok {
 			s.c.garbage.Add(1)
 			continue
 		}
-		seq := binary.BigEndian.Uint64(f[0])
-		if seq == endOfReplay && len(f[1]) == 0 {
-			return
+		end := seq == endOfReplay && len(payload) == 0
+		if verify {
+			verify = false
+			switch {
+			case end || seq != from:
+				return replayUnproven
+			case xxhash.Sum64(payload) != s.lastDigest:
+				return replayMismatch
+			}
+			continue // applied already: what follows continues it
+		}
+		if end {
+			return replayEnded
 		}
 		s.c.replayed.Add(1)
-		s.offer(seq, f[1])
+		s.offer(seq, payload)
 	}
+}
+
+// replayReply reads one message of the replay socket as it reaches a
+// DEALER: the ROUTER's empty delimiter, then
+//
+//	[seq, payload]         vLLM before PR #45177 (v0.26), SGLang
+//	[topic, seq, payload]  vLLM since PR #45177; its end marker's topic is empty
+//
+// (vllm/distributed/kv_events.py, ZmqEventPublisher._service_replay: the
+// old shape at vllm-project/vllm@b4e69e0af33f, the new one at
+// vMaroon/vllm@08ee3e54203f, a fork carrying #45177). The last two frames
+// are the sequence number and the payload; at most a delimiter and a topic
+// precede them. The topic is not checked: the replay socket is the
+// engine's own, and its live topic was already matched by the SUB.
+func replayReply(f [][]byte) (seq uint64, payload []byte, ok bool) {
+	switch {
+	case len(f) < 2 || len(f) > 4:
+		return 0, nil, false
+	case len(f) == 4 && len(f[0]) != 0:
+		return 0, nil, false // two frames before seq, the first not a delimiter
+	}
+	s, p := f[len(f)-2], f[len(f)-1]
+	if len(s) != 8 {
+		return 0, nil, false
+	}
+	return binary.BigEndian.Uint64(s), p, true
 }
 
 // applyBatch writes one decoded batch through the shared apply path
@@ -338,6 +446,10 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 	for i := range b.Events {
 		ev := &b.Events[i]
 		n := uint64(len(ev.Hashes))
+		if ev.Undecodable {
+			s.undecodable(ev)
+			continue
+		}
 		switch ev.Kind {
 		case VLLMBlockStored:
 			switch bs := s.cfg.BlockSize; {
@@ -351,6 +463,11 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 				s.c.blockSizeMismatch.Add(n)
 			case ev.BadTokens || len(ev.Tokens) != len(ev.Hashes)*bs:
 				s.c.badEvents.Add(1)
+			case len(ev.Salt) > 0:
+				// SGLang seeds a salted block's hash chain with the salt; until
+				// requests are hashed in their salt's namespace, such blocks
+				// are skipped like vLLM's, whose salt is an extra key.
+				s.c.skippedExtraKeys.Add(n)
 			default:
 				s.stored(ev, bs)
 			}
@@ -374,6 +491,22 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 	}
 }
 
+// undecodable counts an event that could not be decoded and keeps the
+// view from claiming what it may have dropped. A Stored that is lost only
+// under-claims: its blocks are not stored, and blocks later events chain
+// from them are counted unresolved. Any other event (a Removed, a Cleared,
+// or one whose tag was unreadable) may have dropped blocks the index still
+// holds, so the worker is resynced at its place in the batch: the events
+// after it still apply, and, as a resync keeps the engine mappings, still
+// resolve their parents.
+func (s *ZMQSubscriber) undecodable(ev *VLLMEvent) {
+	s.c.badEvents.Add(1)
+	s.cfg.Logger.Debug("undecodable KV event", "endpoint", s.cfg.Endpoint, "kind", ev.Kind, "reason", ev.Reason)
+	if ev.Kind != VLLMBlockStored {
+		s.resync()
+	}
+}
+
 func (s *ZMQSubscriber) stored(ev *VLLMEvent, bs int) {
 	parent, ok := s.apply.parent(s.cfg.Slot, s.seed, ev.Parent, ev.HasParent)
 	if !ok {
@@ -394,6 +527,7 @@ func (s *ZMQSubscriber) stored(ev *VLLMEvent, bs int) {
 type zmqCounters struct {
 	batches, replayed, storedBlocks, removedBlocks, cleared atomic.Uint64
 	gaps, replays, replayFailures, resyncs, restarts        atomic.Uint64
+	rejoins                                                 atomic.Uint64
 	duplicates, garbage, disconnects                        atomic.Uint64
 	badEvents, unknownEvents                                atomic.Uint64
 	skippedLoRA, skippedMedium, skippedGroup                atomic.Uint64
@@ -418,12 +552,13 @@ type ZMQStats struct {
 	Replays        uint64 `json:"replays"`         // replay requests made
 	ReplayFailures uint64 `json:"replay_failures"` // replays that failed or stalled
 	Resyncs        uint64 `json:"resyncs"`         // times the worker's entries were cleared to recover
-	Restarts       uint64 `json:"restarts"`        // publisher restarts (sequence went back)
+	Restarts       uint64 `json:"restarts"`        // publisher restarts (sequence or ts went back, replay showed another history)
+	Rejoins        uint64 `json:"rejoins"`         // reconnects whose continuity could not be proven: the worker's view was rebuilt
 	Duplicates     uint64 `json:"duplicates"`      // batches already applied, skipped
 	Garbage        uint64 `json:"garbage"`         // messages or payloads that could not be decoded
 	Disconnects    uint64 `json:"disconnects"`     // lost or failed connections
 
-	BadEvents     uint64 `json:"bad_events"`     // BlockStored events with unusable token ids
+	BadEvents     uint64 `json:"bad_events"`     // events that did not decode, or BlockStored events with unusable token ids
 	UnknownEvents uint64 `json:"unknown_events"` // events of a type this version does not know
 
 	SkippedLoRA       uint64 `json:"skipped_lora_blocks"`        // blocks of LoRA adapters
@@ -442,7 +577,7 @@ func (s *ZMQSubscriber) Stats() ZMQStats {
 		Batches: c.batches.Load(), Replayed: c.replayed.Load(), StoredBlocks: c.storedBlocks.Load(),
 		RemovedBlocks: c.removedBlocks.Load(), Cleared: c.cleared.Load(),
 		Gaps: c.gaps.Load(), Replays: c.replays.Load(), ReplayFailures: c.replayFailures.Load(),
-		Resyncs: c.resyncs.Load(), Restarts: c.restarts.Load(), Duplicates: c.duplicates.Load(),
+		Resyncs: c.resyncs.Load(), Restarts: c.restarts.Load(), Rejoins: c.rejoins.Load(), Duplicates: c.duplicates.Load(),
 		Garbage: c.garbage.Load(), Disconnects: c.disconnects.Load(),
 		BadEvents: c.badEvents.Load(), UnknownEvents: c.unknownEvents.Load(),
 		SkippedLoRA: c.skippedLoRA.Load(), SkippedMedium: c.skippedMedium.Load(), SkippedGroup: c.skippedGroup.Load(),

@@ -8,8 +8,13 @@ import (
 )
 
 // benchBatch is an engine step's worth of events: 8 prompts of 32 blocks
-// of 16 tokens, with vLLM's default sha256 (bytes) block hashes.
+// of 16 tokens.
 func benchBatch(b *testing.B, f wireFormat, k hashKind, round uint64) ([]byte, int) {
+	evs := benchEvents(k, round)
+	return encodeBatch(b, f, evs), len(evs) * len(evs[0].hashes)
+}
+
+func benchEvents(k hashKind, round uint64) []wireEvent {
 	const events, blocks, bs = 8, 32, 16
 	var evs []wireEvent
 	for e := range uint64(events) {
@@ -22,7 +27,48 @@ func benchBatch(b *testing.B, f wireFormat, k hashKind, round uint64) ([]byte, i
 		}
 		evs = append(evs, ev)
 	}
-	return encodeBatch(b, f, evs), events * blocks
+	return evs
+}
+
+// BenchmarkZMQDecode: the decoder on one engine step's batch in each wire
+// shape the engines ship (testdata/conformance), in events/s. Once its
+// buffers have grown it allocates nothing (TestZMQDecodeZeroAllocs).
+func BenchmarkZMQDecode(b *testing.B) {
+	for _, bc := range []struct {
+		name  string
+		f     wireFormat
+		k     hashKind
+		tweak func(*wireEvent)
+	}{
+		{"vllm-v0.26/int", vllmMixed, intHashes, nil},
+		{"vllm-map/sha256", vllmMap, bytesHashes, nil},
+		{"vllm-array/sha256", vllmArray, bytesHashes, nil},
+		{"sglang/int64", sglangMeta, signedHashes, nil},
+		{"sglang-salted/int64", sglangMeta, signedHashes, func(ev *wireEvent) { ev.salt = "tenant-a" }},
+		{"sglang-eagle/int64", sglangMeta, signedHashes, func(ev *wireEvent) { ev.bigram = true }},
+	} {
+		evs := benchEvents(bc.k, 1)
+		if bc.tweak != nil {
+			for i := range evs {
+				bc.tweak(&evs[i])
+			}
+		}
+		payload := encodeBatch(b, bc.f, evs)
+		blocks := len(evs) * len(evs[0].hashes)
+		b.Run(bc.name, func(b *testing.B) {
+			var d VLLMDecoder
+			b.ReportAllocs()
+			b.SetBytes(int64(len(payload)))
+			for b.Loop() {
+				if _, err := d.Decode(payload); err != nil {
+					b.Fatal(err)
+				}
+			}
+			el := b.Elapsed().Seconds()
+			b.ReportMetric(float64(len(evs))*float64(b.N)/el, "events/s")
+			b.ReportMetric(float64(blocks)*float64(b.N)/el, "blocks/s")
+		})
+	}
 }
 
 // BenchmarkVLLMDecode: the decoder against decoding the same payload

@@ -18,6 +18,11 @@ var ErrMalformedBatch = errors.New("kvfast: malformed KV-event batch")
 type DecodeError struct {
 	Offset int    // byte offset in the payload
 	Reason string // a constant, so that failing costs one allocation
+
+	// limit: the batch exceeds a decoder limit. Such a batch is refused
+	// whole, even where the excess is one event's, so that the limits
+	// bound the work a batch can cause, not only the memory.
+	limit bool
 }
 
 func (e *DecodeError) Error() string {
@@ -38,27 +43,72 @@ const (
 	VLLMAllBlocksCleared
 )
 
+func (k VLLMEventKind) String() string {
+	switch k {
+	case VLLMBlockStored:
+		return "BlockStored"
+	case VLLMBlockRemoved:
+		return "BlockRemoved"
+	case VLLMAllBlocksCleared:
+		return "AllBlocksCleared"
+	}
+	return "unknown"
+}
+
 // VLLMEvent is one decoded event. Its slices alias the decoder's buffers
-// and are valid until the next Decode.
+// (Hashes, Tokens; valid until the next Decode) or the payload (the byte
+// fields; valid as long as the payload is). Fields the router does not
+// route on yet (LoRA, salt, tier, group metadata, extra keys) are decoded
+// and carried all the same, so that skipping them is the subscriber's
+// policy, not the decoder's loss.
 type VLLMEvent struct {
 	Kind VLLMEventKind
-	// Hashes are the engine's block hashes: an int hash as its 64 bits,
-	// a bytes hash (vLLM's sha256 digests) folded with XXH64.
+	// Hashes are the engine's block hashes: an int hash as its 64 bits
+	// (SGLang's negative int64s as their two's complement), a bytes hash
+	// (vLLM's sha256 digests) folded with XXH64.
 	Hashes    []uint64
 	Parent    uint64 // engine hash of the first block's parent, if HasParent
 	HasParent bool
 	Tokens    []uint32 // BlockStored: every block's tokens, back to back
 	BlockSize int64    // BlockStored: as the engine sent it, unchecked
-	// BadTokens: a token id was negative or above 2^32-1, so Tokens is
-	// unusable.
+	// BadTokens: a token id was negative or above 2^32-1, or a bigram pair
+	// was empty, so Tokens is unusable.
 	BadTokens bool
-	LoRA      bool  // lora_id or lora_name set: not in the base model's namespace
-	OffGPU    bool  // medium set and not "GPU" (a CPU or disk tier)
-	Group     int64 // KV-cache group (hybrid models); 0 when absent
+	// Bigram: token_ids came as SGLang's EAGLE bigram pairs [[t0,t1],
+	// [t1,t2], …]; Tokens holds each pair's first element, which are the
+	// block's own tokens.
+	Bigram bool
+
+	LoRA     bool   // lora_id or lora_name set: not in the base model's namespace
+	LoRAID   int64  // lora_id (vLLM deprecated it for lora_name); 0 when absent
+	LoRAName []byte // lora_name; nil when absent
+	// Salt is a cache salt sent as its own field: SGLang's
+	// BlockStoredWithMetadata metadata.cache_salt, or its map events'
+	// cache_salt. nil when absent. vLLM sends its salt inside ExtraKeys.
+	Salt []byte
+
+	Medium   []byte // medium as sent ("GPU", "CPU", "CPU_PINNED", "DISK", …); nil when absent
+	OffGPU   bool   // medium set and not "GPU" (a CPU or disk tier)
+	Locality []byte // locality ("LOCAL", "REMOTE"); nil when absent
+
+	Group         int64  // KV-cache group (hybrid models); 0 when absent
+	SpecKind      []byte // kv_cache_spec_kind ("full_attention", …); nil when absent
+	SlidingWindow int64  // kv_cache_spec_sliding_window; 0 when absent
+
+	// ExtraKeys is extra_keys as raw msgpack (an array with one entry per
+	// block: nil, or what else the block's hash covers), nil when absent.
+	ExtraKeys []byte
 	// ExtraKeysFrom is the first block whose hash also covers extra keys
 	// (multimodal inputs, cache salt, prompt embeddings), which token ids
 	// alone cannot reproduce; len(Hashes) when none does.
 	ExtraKeysFrom int
+
+	// Undecodable: the event is well-formed msgpack but not a well-formed
+	// event (a field of the wrong type, a required field missing). Reason
+	// says why; Kind is known if the tag could be read, and nothing else
+	// is meaningful.
+	Undecodable bool
+	Reason      string
 
 	hashLo, hashHi, tokLo, tokHi int
 }
@@ -80,11 +130,16 @@ const (
 )
 
 // VLLMDecoder decodes vLLM's and SGLang's KV-event batches (msgpack, as
-// msgspec writes them): the batch and each event either array-encoded
-// (array_like structs, the event's tag first) or map-encoded (field names,
-// the tag under "type"). Trailing fields newer than this decoder, and
-// unknown map keys, are skipped. The decoder keeps its buffers between
-// calls, so steady-state decoding allocates nothing. Not safe for
+// msgspec writes them) in every shape the engines have shipped; the
+// conformance specs (testdata/conformance) pin each shape to the engine
+// source it comes from. The batch is an array [ts, events, rank] or a map;
+// each event is an array with its tag first (array_like structs) or a map
+// with the tag under "type". Trailing fields newer than this decoder, and
+// unknown map keys, are skipped. An event that is well-formed msgpack but
+// not a well-formed event comes back flagged Undecodable, so that one bad
+// event does not cost its batch; only a payload that is not msgpack, not a
+// batch, or over a limit fails whole. The decoder keeps its buffers
+// between calls, so steady-state decoding allocates nothing. Not safe for
 // concurrent use.
 type VLLMDecoder struct {
 	MaxBlocks int // block hashes per batch; 0 = DefaultMaxBatchBlocks
@@ -98,9 +153,9 @@ type VLLMDecoder struct {
 
 // Decode decodes payload. The batch and its slices are the decoder's own
 // and are overwritten by the next call. A payload that is not a batch, or
-// exceeds the limits, yields a *DecodeError; an event whose content is
-// well-formed but unusable (bad token ids, an unknown tag) is returned
-// flagged for the caller to count and skip.
+// exceeds the limits, yields a *DecodeError; an event that cannot be used
+// (undecodable, bad token ids, an unknown tag) is returned flagged for the
+// caller to count and skip.
 func (d *VLLMDecoder) Decode(payload []byte) (*VLLMBatch, error) {
 	d.r = mpReader{b: payload}
 	d.hashes, d.tokens = d.hashes[:0], d.tokens[:0]
@@ -117,6 +172,10 @@ func (d *VLLMDecoder) Decode(payload []byte) (*VLLMBatch, error) {
 		ev.Hashes = d.hashes[ev.hashLo:ev.hashHi:ev.hashHi]
 		ev.Tokens = d.tokens[ev.tokLo:ev.tokHi:ev.tokHi]
 		ev.ExtraKeysFrom = min(ev.ExtraKeysFrom, len(ev.Hashes))
+		// Derived here, once every field of a map event has been read in
+		// whatever order it came.
+		ev.LoRA = ev.LoRAID != 0 || len(ev.LoRAName) > 0
+		ev.OffGPU = ev.Medium != nil && !strings.EqualFold(string(ev.Medium), "GPU")
 	}
 	return b, nil
 }
@@ -194,10 +253,35 @@ func (d *VLLMDecoder) decodeEvents() error {
 	}
 	for range n {
 		d.batch.Events = append(d.batch.Events, VLLMEvent{})
-		if err := d.decodeEvent(&d.batch.Events[len(d.batch.Events)-1]); err != nil {
+		ev := &d.batch.Events[len(d.batch.Events)-1]
+		start := d.r.off
+		err := d.decodeEvent(ev)
+		if err == nil {
+			continue
+		}
+		de, ok := err.(*DecodeError)
+		if !ok || de.limit {
+			return err
+		}
+		if err := d.skipUndecodable(ev, start, de.Reason); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// skipUndecodable rewinds to the start of an event that failed to decode
+// and skips it whole, keeping what its tag said. An event that cannot even
+// be skipped (truncated, nested too deep, an unused type byte) means the
+// batch is not msgpack, and fails it.
+func (d *VLLMDecoder) skipUndecodable(ev *VLLMEvent, start int, reason string) error {
+	d.hashes, d.tokens = d.hashes[:ev.hashLo], d.tokens[:ev.tokLo]
+	d.r.off, d.r.depth = start, 0
+	if err := d.r.skip(); err != nil {
+		return err
+	}
+	*ev = VLLMEvent{Kind: ev.Kind, Undecodable: true, Reason: reason, ExtraKeysFrom: math.MaxInt,
+		hashLo: len(d.hashes), hashHi: len(d.hashes), tokLo: len(d.tokens), tokHi: len(d.tokens)}
 	return nil
 }
 
@@ -232,7 +316,7 @@ func (d *VLLMDecoder) decodeEvent(ev *VLLMEvent) error {
 	if ev.Kind, err = d.tag(); err != nil {
 		return err
 	}
-	order := fieldsOf(ev.Kind)
+	order := arrayFields(ev.Kind)
 	switch {
 	case ev.Kind == VLLMBlockStored && n-1 < 4:
 		return r.fail("BlockStored array shorter than its required fields")
@@ -277,14 +361,14 @@ func (d *VLLMDecoder) decodeEventMap(ev *VLLMEvent) error {
 		return r.fail("event has no type")
 	}
 	r.off = body
-	order := fieldsOf(ev.Kind)
+	known := mapFields(ev.Kind)
 	var have int
 	for range n {
 		key, err := r.str()
 		if err != nil {
 			return err
 		}
-		if !slices.Contains(order, string(key)) {
+		if !slices.Contains(known, string(key)) {
 			if err := r.skip(); err != nil {
 				return err
 			}
@@ -305,22 +389,50 @@ func (d *VLLMDecoder) decodeEventMap(ev *VLLMEvent) error {
 	return nil
 }
 
-func fieldsOf(k VLLMEventKind) []string {
+// The schema: which fields each event carries, by position in array form
+// and by name in map form. This is where the engines' wire quirks live;
+// field() reads each one, tolerating every type an engine has sent in it.
+//
+// Array form follows msgspec's field order, and each version appended
+// fields, so a shorter array is an older publisher: vLLM 0.9 and SGLang
+// stop BlockStored at lora_id and BlockRemoved at block_hashes; vLLM then
+// appended medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind
+// and kv_cache_spec_sliding_window (locality follows them in the struct),
+// SGLang medium (and, for a salted block, its metadata map in lora_name's
+// slot).
+var (
+	storedArray = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+		"medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
+		"locality"}
+	removedArray = []string{"block_hashes", "medium", "group_idx"}
+
+	// Map events name their fields, so they may also carry what never had
+	// an array position: SGLang's cache_salt (its map events, sgl-project/
+	// sglang PR #37482), and the locality and cache-spec fields of vLLM's
+	// BlockRemoved (which keeps only group_idx by position).
+	storedMap  = append(slices.Clip(storedArray), "cache_salt")
+	removedMap = append(slices.Clip(removedArray), "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality")
+)
+
+func arrayFields(k VLLMEventKind) []string {
 	switch k {
 	case VLLMBlockStored:
-		return storedFields
+		return storedArray
 	case VLLMBlockRemoved:
-		return removedFields
+		return removedArray
 	}
 	return nil
 }
 
-// The array layouts, in msgspec's field order (each version appended
-// fields, so a shorter array is an older publisher).
-var (
-	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx"}
-	removedFields = []string{"block_hashes", "medium", "group_idx"}
-)
+func mapFields(k VLLMEventKind) []string {
+	switch k {
+	case VLLMBlockStored:
+		return storedMap
+	case VLLMBlockRemoved:
+		return removedMap
+	}
+	return nil
+}
 
 func (d *VLLMDecoder) tag() (VLLMEventKind, error) {
 	s, err := d.r.str()
@@ -342,6 +454,7 @@ func (d *VLLMDecoder) tag() (VLLMEventKind, error) {
 // it was.
 func (d *VLLMDecoder) field(ev *VLLMEvent, name string) (int, error) {
 	r := &d.r
+	var err error
 	switch name {
 	case "block_hashes":
 		lo := len(d.hashes)
@@ -355,74 +468,96 @@ func (d *VLLMDecoder) field(ev *VLLMEvent, name string) (int, error) {
 			ev.HasParent = false
 			return 0, nil
 		}
-		h, err := r.blockHash()
-		ev.Parent, ev.HasParent = h, err == nil
-		return 0, err
+		ev.Parent, err = r.blockHash()
+		ev.HasParent = err == nil
 	case "token_ids":
 		lo := len(d.tokens)
-		bad, err := d.tokenList()
-		if err != nil {
+		if ev.BadTokens, ev.Bigram, err = d.tokenList(); err != nil {
 			return 0, err
 		}
-		ev.tokLo, ev.tokHi, ev.BadTokens = lo, len(d.tokens), bad
+		ev.tokLo, ev.tokHi = lo, len(d.tokens)
 		return hasTokens, nil
 	case "block_size":
-		v, err := r.int()
-		ev.BlockSize = v
+		ev.BlockSize, err = r.int()
 		return hasBlockSize, err
 	case "lora_id":
-		if r.null() {
-			return 0, nil
-		}
-		v, err := r.int()
-		if v != 0 {
-			ev.LoRA = true
-		}
-		return 0, err
+		ev.LoRAID, err = r.optInt()
 	case "lora_name":
-		if r.null() {
-			return 0, nil
+		// SGLang's BlockStoredWithMetadata (sgl-project/sglang PR #30827,
+		// SGLang >= 0.5.18) appends its metadata struct, a map, in the
+		// array slot where vLLM has lora_name; SGLang sends no LoRA name.
+		if c, perr := r.peek(); perr == nil && isMap(c) {
+			return 0, d.metadata(ev)
 		}
-		s, err := r.str()
-		if len(s) > 0 {
-			ev.LoRA = true
-		}
-		return 0, err
+		ev.LoRAName, err = r.optStr()
+	case "cache_salt":
+		ev.Salt, err = r.optStr()
 	case "medium":
-		if r.null() {
-			return 0, nil
-		}
-		s, err := r.str()
-		ev.OffGPU = !strings.EqualFold(string(s), "GPU")
-		return 0, err
+		ev.Medium, err = r.optStr()
+	case "locality":
+		ev.Locality, err = r.optStr()
 	case "group_idx":
-		if r.null() {
-			ev.Group = 0
-			return 0, nil
-		}
-		v, err := r.int()
-		ev.Group = v
-		return 0, err
+		ev.Group, err = r.optInt()
+	case "kv_cache_spec_kind":
+		ev.SpecKind, err = r.optStr()
+	case "kv_cache_spec_sliding_window":
+		ev.SlidingWindow, err = r.optInt()
 	case "extra_keys":
-		if r.null() {
-			return 0, nil
-		}
-		n, err := r.arrayLen()
-		if err != nil {
-			return 0, err
-		}
-		for i := range n {
-			if r.null() {
-				continue
-			}
-			ev.ExtraKeysFrom = min(ev.ExtraKeysFrom, i)
-			if err := r.skip(); err != nil {
-				return 0, err
-			}
-		}
-		return 0, nil
+		err = d.extraKeys(ev)
+	default:
+		err = r.skip()
 	}
-	return 0, r.skip()
+	return 0, err
+}
+
+// metadata reads SGLang's BlockStoredMetadata map, keeping the cache salt
+// and skipping what does not change the block's identity (session_id).
+func (d *VLLMDecoder) metadata(ev *VLLMEvent) error {
+	r := &d.r
+	n, err := r.mapLen()
+	if err != nil {
+		return err
+	}
+	for range n {
+		key, err := r.str()
+		if err != nil {
+			return err
+		}
+		if string(key) == "cache_salt" {
+			ev.Salt, err = r.optStr()
+		} else {
+			err = r.skip()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// extraKeys keeps extra_keys raw for whoever routes on them, and notes the
+// first block that has any.
+func (d *VLLMDecoder) extraKeys(ev *VLLMEvent) error {
+	r := &d.r
+	if r.null() {
+		return nil
+	}
+	start := r.off
+	n, err := r.arrayLen()
+	if err != nil {
+		return err
+	}
+	for i := range n {
+		if r.null() {
+			continue
+		}
+		ev.ExtraKeysFrom = min(ev.ExtraKeysFrom, i)
+		if err := r.skip(); err != nil {
+			return err
+		}
+	}
+	ev.ExtraKeys = r.b[start:r.off:r.off]
+	return nil
 }
 
 func (d *VLLMDecoder) hashList() error {
@@ -432,7 +567,7 @@ func (d *VLLMDecoder) hashList() error {
 		return err
 	}
 	if len(d.hashes)+n > orDefault(d.MaxBlocks, DefaultMaxBatchBlocks) {
-		return r.fail("batch exceeds the block limit")
+		return r.failLimit("batch exceeds the block limit")
 	}
 	for range n {
 		h, err := r.blockHash()
@@ -445,28 +580,108 @@ func (d *VLLMDecoder) hashList() error {
 }
 
 // tokenList appends the token ids and reports whether any was out of
-// uint32 range (the event is then unusable, but the batch is well-formed).
-func (d *VLLMDecoder) tokenList() (bad bool, _ error) {
+// uint32 range (the event is then unusable, but the batch is well-formed)
+// and whether they came as bigram pairs.
+//
+// SGLang with EAGLE speculative decoding keys its radix tree by bigrams:
+// RadixCache.maybe_bigram_convert replaces a key's token ids t0..tn with
+// the pairs (t0,t1), (t1,t2), …, (tn-1,tn) (convert_to_bigram_key), and
+// _record_store_event publishes a page of those pairs as token_ids, with
+// block_size the number of pairs (python/sglang/srt/mem_cache/
+// radix_cache.py, read at amdpilot-org/sglang@0a07596ef429, a fork of
+// sgl-project/sglang). A pair's first element is the token at its
+// position, so the first elements are the block's tokens.
+func (d *VLLMDecoder) tokenList() (bad, bigram bool, _ error) {
 	r := &d.r
 	n, err := r.arrayLen()
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	if len(d.tokens)+n > orDefault(d.MaxTokens, DefaultMaxBatchTokens) {
-		return false, r.fail("batch exceeds the token limit")
+		return false, false, r.failLimit("batch exceeds the token limit")
 	}
 	for range n {
-		// Token ids are small: positive fixints and uint8..32 cover them.
+		// Token ids are small: a positive fixint or a uint8..32 covers every
+		// vocabulary, and reading those here, inline, is what keeps the
+		// decoder fast, as every block carries block_size of them (and,
+		// with EAGLE, as many pairs).
+		if off := r.off; off < len(r.b) {
+			c, rest := r.b[off], r.b[off+1:]
+			switch {
+			case c <= 0x7f:
+				d.tokens, r.off = append(d.tokens, uint32(c)), off+1
+				continue
+			case c == mpUint16 && len(rest) >= 2:
+				d.tokens, r.off = append(d.tokens, uint32(binary.BigEndian.Uint16(rest))), off+3
+				continue
+			case c == mpUint32 && len(rest) >= 4:
+				d.tokens, r.off = append(d.tokens, binary.BigEndian.Uint32(rest)), off+5
+				continue
+			case c == mpUint8 && len(rest) >= 1:
+				d.tokens, r.off = append(d.tokens, uint32(rest[0])), off+2
+				continue
+			case c == 0x92: // a pair: a fixarray of two
+				if v, n, ok := smallUint(rest); ok {
+					if _, m, ok := smallUint(rest[n:]); ok {
+						d.tokens, r.off, bigram = append(d.tokens, v), off+1+n+m, true
+						continue
+					}
+				}
+			}
+		}
+		// Anything else: a bigram pair, an id out of range, or no integer.
+		c, err := r.peek()
+		if err != nil {
+			return false, false, err
+		}
+		var pair int
+		if c&0xf0 == 0x90 || c == mpArray16 || c == mpArray32 {
+			if pair, err = r.arrayLen(); err != nil {
+				return false, false, err
+			}
+			bigram = true
+			if pair == 0 {
+				bad = true
+				d.tokens = append(d.tokens, 0)
+				continue
+			}
+		}
 		u, neg, err := r.integer()
 		if err != nil {
-			return false, err
+			return false, false, err
 		}
 		if neg || u > math.MaxUint32 {
 			bad = true
 		}
 		d.tokens = append(d.tokens, uint32(u))
+		if pair > 1 {
+			if err := r.skipN(pair - 1); err != nil {
+				return false, false, err
+			}
+		}
 	}
-	return bad, nil
+	return bad, bigram, nil
+}
+
+// smallUint reads a msgpack unsigned integer of at most 32 bits at the
+// start of b, reporting how many bytes it took, or ok false for anything
+// else (the caller then takes the general path). tokenList inlines the
+// same cases for plain token ids, the hottest loop of the decoder.
+func smallUint(b []byte) (v uint32, n int, ok bool) {
+	if len(b) == 0 {
+		return 0, 0, false
+	}
+	switch c := b[0]; {
+	case c <= 0x7f:
+		return uint32(c), 1, true
+	case c == mpUint8 && len(b) >= 2:
+		return uint32(b[1]), 2, true
+	case c == mpUint16 && len(b) >= 3:
+		return uint32(binary.BigEndian.Uint16(b[1:])), 3, true
+	case c == mpUint32 && len(b) >= 5:
+		return binary.BigEndian.Uint32(b[1:]), 5, true
+	}
+	return 0, 0, false
 }
 
 func orDefault(v, def int) int {
@@ -528,6 +743,10 @@ func isMap(c byte) bool { return c&0xf0 == 0x80 || c == mpMap16 || c == mpMap32 
 
 func (r *mpReader) fail(reason string) error {
 	return &DecodeError{Offset: r.off, Reason: reason}
+}
+
+func (r *mpReader) failLimit(reason string) error {
+	return &DecodeError{Offset: r.off, Reason: reason, limit: true}
 }
 
 func (r *mpReader) peek() (byte, error) {
@@ -673,6 +892,24 @@ func (r *mpReader) bytesOf(wantStr bool) ([]byte, error) {
 }
 
 func (r *mpReader) str() ([]byte, error) { return r.bytesOf(true) }
+
+// optStr reads a string or nil (as a nil slice; an empty string is an
+// empty, non-nil one).
+func (r *mpReader) optStr() ([]byte, error) {
+	if r.null() {
+		return nil, nil
+	}
+	s, err := r.str()
+	return s[:len(s):len(s)], err
+}
+
+// optInt reads an int64 or nil (as 0).
+func (r *mpReader) optInt() (int64, error) {
+	if r.null() {
+		return 0, nil
+	}
+	return r.int()
+}
 
 // blockHash reads an engine block hash: an integer (its 64 bits) or bytes
 // (vLLM's digests, folded to 64 bits with XXH64).

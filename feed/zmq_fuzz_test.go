@@ -1,6 +1,7 @@
 package feed
 
 import (
+	"bytes"
 	"slices"
 	"testing"
 )
@@ -21,6 +22,22 @@ func FuzzDecodeVLLMBatch(f *testing.F) {
 	for _, fm := range []wireFormat{vllmMap, vllmArray, sglangArray} {
 		f.Add(encodeBatch(f, fm, events))
 		f.Add(encodeBatch(f, fm, nil))
+	}
+	// The shapes of testdata/conformance: SGLang's salted and bigram
+	// events, map events with a cache salt, vLLM v0.26's mixed batch, the
+	// hybrid fields, and undecodable events among good ones.
+	for _, src := range []string{
+		`[1.5, [["BlockStored", [-3], null, [1, 2, 3, 4], 4, null, "GPU", {"cache_salt": "a", "session_id": "s"}],
+		  ["BlockStored", [-4], -3, [[5, 6], [6, 7], [7, 8], [8, 9]], 4, null, "CPU_PINNED"], ["BlockRemoved", [-3], "GPU"]], 0]`,
+		`[2.5, [{"type": "BlockStored", "block_hashes": [18446744073709551615], "parent_block_hash": null,
+		  "token_ids": [1, 2, 3, 4], "block_size": 4, "lora_id": null, "medium": "GPU", "lora_name": "x",
+		  "cache_salt": "t", "extra_keys": [["t"]], "group_idx": 1, "kv_cache_spec_kind": "sliding_window",
+		  "kv_cache_spec_sliding_window": 128, "locality": "LOCAL"}], 1]`,
+		`[3.5, [["BlockStored", [1], null, [1, 2, 3, 4], 4, null, "GPU", null, null, 0, "full_attention", 0, "LOCAL"],
+		  {"type": "BlockStored", "block_hashes": [2], "medium": 7}, [7], {"type": "BlockRemoved", "block_hashes": "x"},
+		  ["BlockStored", [3], null, [[1], [], 3, [4, 5, 6]], 4, null]], 0]`,
+	} {
+		f.Add(mpNotation(f, src))
 	}
 	f.Add([]byte{})
 	f.Add([]byte{0x92, 0xcb, 1, 2})
@@ -49,6 +66,12 @@ func FuzzDecodeVLLMBatch(f *testing.F) {
 			if ev.ExtraKeysFrom < 0 || ev.ExtraKeysFrom > len(ev.Hashes) {
 				t.Fatalf("ExtraKeysFrom %d of %d blocks", ev.ExtraKeysFrom, len(ev.Hashes))
 			}
+			if ev.Undecodable && (ev.Reason == "" || len(ev.Hashes)+len(ev.Tokens) > 0 || ev.Salt != nil) {
+				t.Fatalf("undecodable event carries fields: %+v", ev)
+			}
+			if ev.LoRA != (ev.LoRAID != 0 || len(ev.LoRAName) > 0) || ev.OffGPU && ev.Medium == nil {
+				t.Fatalf("derived flags disagree with the fields: %+v", ev)
+			}
 		}
 		if blocks > 1<<12 || tokens > 1<<14 {
 			t.Fatalf("%d blocks and %d tokens passed the limits", blocks, tokens)
@@ -66,6 +89,8 @@ func FuzzDecodeVLLMBatch(f *testing.F) {
 	})
 }
 
+// cloneBatch copies what a decoder owns; the byte fields alias the payload,
+// which the fuzzer does not change under them.
 func cloneBatch(b *VLLMBatch) VLLMBatch {
 	c := *b
 	c.Events = slices.Clone(b.Events)
@@ -87,8 +112,12 @@ func equalBatches(a VLLMBatch, b *VLLMBatch) bool {
 		x, y := &a.Events[i], &b.Events[i]
 		if !slices.Equal(x.Hashes, y.Hashes) || !slices.Equal(x.Tokens, y.Tokens) || x.Kind != y.Kind ||
 			x.Parent != y.Parent || x.HasParent != y.HasParent || x.BlockSize != y.BlockSize ||
-			x.BadTokens != y.BadTokens || x.LoRA != y.LoRA || x.OffGPU != y.OffGPU || x.Group != y.Group ||
-			x.ExtraKeysFrom != y.ExtraKeysFrom {
+			x.BadTokens != y.BadTokens || x.Bigram != y.Bigram || x.LoRA != y.LoRA || x.LoRAID != y.LoRAID ||
+			!bytes.Equal(x.LoRAName, y.LoRAName) || !bytes.Equal(x.Salt, y.Salt) || !bytes.Equal(x.Medium, y.Medium) ||
+			x.OffGPU != y.OffGPU || !bytes.Equal(x.Locality, y.Locality) || x.Group != y.Group ||
+			!bytes.Equal(x.SpecKind, y.SpecKind) || x.SlidingWindow != y.SlidingWindow ||
+			!bytes.Equal(x.ExtraKeys, y.ExtraKeys) || x.ExtraKeysFrom != y.ExtraKeysFrom ||
+			x.Undecodable != y.Undecodable || x.Reason != y.Reason {
 			return false
 		}
 	}

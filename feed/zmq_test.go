@@ -8,6 +8,7 @@ import (
 	"errors"
 	"math"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,13 +26,15 @@ import (
 type wireFormat int
 
 const (
-	vllmMap     wireFormat = iota // current vLLM: structs as maps, tag under "type"
+	vllmMap     wireFormat = iota // vLLM after PR #42892: structs as maps, tag under "type"
 	vllmArray                     // vLLM with array_like structs: [tag, fields...], batch [ts, events, dp_rank]
 	sglangArray                   // SGLang: array_like, BlockStored ends at lora_id, BlockRemoved at block_hashes
+	vllmMixed                     // vLLM v0.26: batch [ts, events, dp_rank], events maps
+	sglangMeta                    // SGLang >= 0.5.18: array_like, medium always sent, a salt as an eighth metadata map
 )
 
 func (f wireFormat) String() string {
-	return [...]string{"vllm-map", "vllm-array", "sglang-array"}[f]
+	return [...]string{"vllm-map", "vllm-array", "sglang-array", "vllm-mixed", "sglang-meta"}[f]
 }
 
 // wireEvent is one event as a publisher builds it; fields hold what
@@ -47,11 +50,22 @@ type wireEvent struct {
 	loraName any
 	extra    []any // extra_keys; omitted when nil
 	group    any   // group_idx; omitted when nil
+	salt     any   // SGLang's cache salt: metadata map (sglangMeta) or cache_salt key (map events)
+	bigram   bool  // token_ids as SGLang's EAGLE bigram pairs
 }
+
+// testTS is the ts of every batch encodeBatch writes.
+const testTS = 1722222222.5
 
 // encodeBatch writes one KVEventBatch the way the engine's msgspec
 // encoder does, with an independent msgpack implementation.
 func encodeBatch(t testing.TB, f wireFormat, events []wireEvent) []byte {
+	t.Helper()
+	return encodeBatchAt(t, f, testTS, events)
+}
+
+// encodeBatchAt is encodeBatch for a batch made at ts.
+func encodeBatchAt(t testing.TB, f wireFormat, ts float64, events []wireEvent) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	e := msgpack.NewEncoder(&buf)
@@ -61,9 +75,21 @@ func encodeBatch(t testing.TB, f wireFormat, events []wireEvent) []byte {
 			t.Fatal(err)
 		}
 	}
-	tokens := func(ts []uint32) {
+	tokens := func(ts []uint32, bigram bool) {
 		must(e.EncodeArrayLen(len(ts)))
-		for _, x := range ts {
+		for i, x := range ts {
+			if bigram {
+				// [t_i, t_i+1]; the last pair's second token lies beyond
+				// the block.
+				next := x + 1
+				if i+1 < len(ts) {
+					next = ts[i+1]
+				}
+				must(e.EncodeArrayLen(2))
+				must(e.EncodeUint(uint64(x)))
+				must(e.EncodeUint(uint64(next)))
+				continue
+			}
 			must(e.EncodeUint(uint64(x)))
 		}
 	}
@@ -73,7 +99,6 @@ func encodeBatch(t testing.TB, f wireFormat, events []wireEvent) []byte {
 			must(e.Encode(v))
 		}
 	}
-	const ts = 1722222222.5
 	if f == vllmMap {
 		must(e.EncodeMapLen(3))
 		must(e.EncodeString("ts"))
@@ -98,9 +123,17 @@ func encodeBatch(t testing.TB, f wireFormat, events []wireEvent) []byte {
 		switch ev.kind {
 		case "BlockStored":
 			fields = []kv{{"block_hashes", func() { anys(ev.hashes) }}, val("parent_block_hash", ev.parent),
-				{"token_ids", func() { tokens(ev.tokens) }}, val("block_size", ev.bs), val("lora_id", ev.loraID)}
-			if f != sglangArray {
+				{"token_ids", func() { tokens(ev.tokens, ev.bigram) }}, val("block_size", ev.bs), val("lora_id", ev.loraID)}
+			switch {
+			case f == sglangMeta && ev.salt != nil:
+				fields = append(fields, val("medium", ev.medium), val("metadata", map[string]any{"cache_salt": ev.salt}))
+			case f == sglangMeta:
+				fields = append(fields, val("medium", ev.medium))
+			case f != sglangArray:
 				fields = append(fields, val("medium", ev.medium), val("lora_name", ev.loraName))
+				if ev.salt != nil {
+					fields = append(fields, val("cache_salt", ev.salt))
+				}
 			}
 		case "BlockRemoved":
 			fields = []kv{{"block_hashes", func() { anys(ev.hashes) }}}
@@ -110,16 +143,17 @@ func encodeBatch(t testing.TB, f wireFormat, events []wireEvent) []byte {
 		}
 		// omit_defaults: trailing fields at their default are left out.
 		// SGLang has neither extra_keys nor group_idx.
-		if ev.extra != nil && f != sglangArray {
+		sglang := f == sglangArray || f == sglangMeta
+		if ev.extra != nil && !sglang {
 			fields = append(fields, kv{"extra_keys", func() { anys(ev.extra) }})
 		}
-		if ev.group != nil && f != sglangArray {
+		if ev.group != nil && !sglang {
 			if ev.extra == nil && ev.kind == "BlockStored" {
 				fields = append(fields, val("extra_keys", nil))
 			}
 			fields = append(fields, val("group_idx", ev.group))
 		}
-		if f == vllmMap {
+		if f == vllmMap || f == vllmMixed {
 			must(e.EncodeMapLen(len(fields) + 1))
 			must(e.EncodeString("type"))
 			must(e.EncodeString(ev.kind))
@@ -138,7 +172,7 @@ func encodeBatch(t testing.TB, f wireFormat, events []wireEvent) []byte {
 	if f == vllmMap {
 		must(e.EncodeString("data_parallel_rank"))
 		must(e.EncodeInt(0))
-	} else if f == vllmArray {
+	} else if f != sglangArray {
 		must(e.EncodeInt(0))
 	}
 	return buf.Bytes()
@@ -148,13 +182,17 @@ func encodeBatch(t testing.TB, f wireFormat, events []wireEvent) []byte {
 type hashKind int
 
 const (
-	intHashes   hashKind = iota // VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES, SGLang
-	bytesHashes                 // vLLM's default: the sha256 digest
+	intHashes    hashKind = iota // VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES: uint64, those >= 2^63 as msgpack uint64
+	bytesHashes                  // vLLM's default: the sha256 digest
+	signedHashes                 // SGLang (hash_str_to_int64) and vLLM 0.9 (hash()): int64, often negative
 )
 
 func (k hashKind) wire(h uint64) any {
-	if k == intHashes {
+	switch k {
+	case intHashes:
 		return h
+	case signedHashes:
+		return int64(h)
 	}
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], h)
@@ -198,10 +236,13 @@ type testEngine struct {
 
 	closing sync.Once
 	mu      sync.Mutex
-	seq     uint64
-	buffer  []sentBatch // what the replay socket serves
-	served  int         // replay requests answered
-	stopped sync.WaitGroup
+	// replayTopic: replies carry the topic frame, as since vLLM PR #45177
+	// (v0.26): [topic, seq, payload], the end marker's topic empty.
+	replayTopic bool
+	seq         uint64
+	buffer      []sentBatch // what the replay socket serves
+	served      int         // replay requests answered
+	stopped     sync.WaitGroup
 }
 
 type sentBatch struct {
@@ -216,15 +257,27 @@ func newTestEngine(t testing.TB, replay bool) *testEngine {
 
 func listenTestEngine(t testing.TB, replay bool, ep string) *testEngine {
 	t.Helper()
+	replayEp := ""
+	if replay {
+		replayEp = "tcp://127.0.0.1:0"
+	}
+	return listenTestEngineAt(t, ep, replayEp)
+}
+
+// listenTestEngineAt starts an engine on the given endpoints, as a
+// restarted engine binds its configured ports again; replayEp "" means no
+// replay socket.
+func listenTestEngineAt(t testing.TB, ep, replayEp string) *testEngine {
+	t.Helper()
 	e := &testEngine{t: t, topic: []byte("kv-events")}
 	e.pub = zmq4.NewPub(context.Background())
 	if err := e.pub.Listen(ep); err != nil {
 		t.Fatal(err)
 	}
 	e.ep = "tcp://" + e.pub.Addr().String()
-	if replay {
+	if replayEp != "" {
 		e.router = zmq4.NewRouter(context.Background())
-		if err := e.router.Listen("tcp://127.0.0.1:0"); err != nil {
+		if err := e.router.Listen(replayEp); err != nil {
 			t.Fatal(err)
 		}
 		e.replayEp = "tcp://" + e.router.Addr().String()
@@ -266,16 +319,32 @@ func (e *testEngine) serveReplay() {
 			}
 		}
 		e.served++
+		withTopic := e.replayTopic
 		e.mu.Unlock()
-		for _, b := range todo {
-			if e.router.Send(zmq4.NewMsgFrom(id, []byte{}, be64(b.seq), b.payload)) != nil {
-				return
+		// A client that hangs up mid-replay only ends its own replay: like
+		// pyzmq's ROUTER, the socket drops what it cannot route.
+		for _, b := range append(todo, sentBatch{endOfReplay, []byte{}}) {
+			if e.reply(id, withTopic, b.seq, b.payload) != nil {
+				break
 			}
 		}
-		if e.router.Send(zmq4.NewMsgFrom(id, []byte{}, be64(endOfReplay), []byte{})) != nil {
-			return
-		}
 	}
+}
+
+// reply sends one replay reply in the engine's shape:
+// [identity, empty, seq, payload], or since vLLM PR #45177
+// [identity, empty, topic, seq, payload] with an empty topic on the end
+// marker (vllm/distributed/kv_events.py, ZmqEventPublisher._service_replay).
+func (e *testEngine) reply(id []byte, withTopic bool, seq uint64, payload []byte) error {
+	frames := [][]byte{id, {}}
+	if withTopic {
+		topic := e.topic
+		if seq == endOfReplay {
+			topic = []byte{}
+		}
+		frames = append(frames, topic)
+	}
+	return e.router.Send(zmq4.NewMsgFrom(append(frames, be64(seq), payload)...))
 }
 
 func be64(v uint64) []byte {
@@ -323,6 +392,13 @@ func (e *testEngine) forget(seq uint64) {
 	for len(e.buffer) > 0 && e.buffer[0].seq < seq {
 		e.buffer = e.buffer[1:]
 	}
+}
+
+// replyWithTopic switches the replay socket to vLLM's current reply shape.
+func (e *testEngine) replyWithTopic() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.replayTopic = true
 }
 
 func (e *testEngine) replaysServed() int {
@@ -425,41 +501,52 @@ func batches(ops []op) [][]op {
 }
 
 func TestZMQMatchesModel(t *testing.T) {
-	for _, f := range []wireFormat{vllmMap, vllmArray, sglangArray} {
-		for _, k := range []hashKind{intHashes, bytesHashes} {
-			if f == sglangArray && k == bytesHashes {
-				continue // SGLang's hashes are ints
-			}
-			name := f.String() + map[hashKind]string{intHashes: "/int", bytesHashes: "/bytes"}[k]
-			t.Run(name, func(t *testing.T) {
-				ix := newZMQIndex(t)
-				e := newTestEngine(t, false)
-				s := startSub(t, ix, e, nil)
-				e.warmUp(t, s, f)
-				base := s.Stats()
-				m := newModel()
-				bs := batches(genOps(uint64(10+f)*3+uint64(k), 400))
-				var last uint64
-				for i, b := range bs {
-					last = e.publish(encodeBatch(t, f, wireOps(k, b)))
-					for _, o := range b {
-						m.apply(o)
-					}
-					if i%40 == 0 || i == len(bs)-1 {
-						waitSeq(t, s, last)
-						m.check(t, ix, zmqTestSlot)
-					}
-				}
-				st := s.Stats()
-				if st.Batches-base.Batches != uint64(len(bs)) || st.Gaps != 0 || st.Resyncs != 0 || st.Garbage != 0 ||
-					st.UnresolvedParent != 0 || st.BadEvents != 0 || !st.Connected {
-					t.Fatalf("stats %+v", st)
-				}
-				if err := ix.Verify(); err != nil {
-					t.Fatal(err)
-				}
-			})
+	for _, tc := range []struct {
+		f     wireFormat
+		k     hashKind
+		eagle bool // SGLang with EAGLE: token_ids as bigram pairs
+	}{
+		{vllmMap, intHashes, false}, {vllmMap, bytesHashes, false}, {vllmArray, intHashes, false},
+		{vllmArray, bytesHashes, false}, {vllmMixed, intHashes, false}, {vllmMixed, bytesHashes, false},
+		{sglangArray, signedHashes, false}, {sglangMeta, signedHashes, false}, {sglangMeta, signedHashes, true},
+	} {
+		f, k := tc.f, tc.k
+		name := f.String() + map[hashKind]string{intHashes: "/int", bytesHashes: "/bytes", signedHashes: "/int64"}[k]
+		if tc.eagle {
+			name += "/eagle"
 		}
+		t.Run(name, func(t *testing.T) {
+			ix := newZMQIndex(t)
+			e := newTestEngine(t, false)
+			s := startSub(t, ix, e, nil)
+			e.warmUp(t, s, f)
+			base := s.Stats()
+			m := newModel()
+			bs := batches(genOps(uint64(10+f)*3+uint64(k), 400))
+			var last uint64
+			for i, b := range bs {
+				evs := wireOps(k, b)
+				for i := range evs {
+					evs[i].bigram = tc.eagle
+				}
+				last = e.publish(encodeBatch(t, f, evs))
+				for _, o := range b {
+					m.apply(o)
+				}
+				if i%40 == 0 || i == len(bs)-1 {
+					waitSeq(t, s, last)
+					m.check(t, ix, zmqTestSlot)
+				}
+			}
+			st := s.Stats()
+			if st.Batches-base.Batches != uint64(len(bs)) || st.Gaps != 0 || st.Resyncs != 0 || st.Garbage != 0 ||
+				st.UnresolvedParent != 0 || st.BadEvents != 0 || !st.Connected {
+				t.Fatalf("stats %+v", st)
+			}
+			if err := ix.Verify(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 
@@ -482,28 +569,39 @@ func applyAll(m *model, bs [][]op) {
 }
 
 func TestZMQGapIsReplayed(t *testing.T) {
-	ix := newZMQIndex(t)
-	e := newTestEngine(t, true)
-	s := startSub(t, ix, e, nil)
-	e.warmUp(t, s, vllmMap)
-	base, served := s.Stats(), e.replaysServed()
-	ops := genOps(21, 300)
-	m := newModel()
-	_, before := publishOps(t, vllmMap, ops[:100], e.publish)
-	_, lost := publishOps(t, vllmMap, ops[100:200], e.lose)
-	seqs, after := publishOps(t, vllmMap, ops[200:], e.publish)
-	applyAll(m, before)
-	applyAll(m, lost)
-	applyAll(m, after)
-	waitSeq(t, s, seqs[len(seqs)-1])
-	m.check(t, ix, zmqTestSlot)
-	st := s.Stats()
-	if st.Gaps != 1 || st.Replays-base.Replays != 1 || st.ReplayFailures != 0 || st.Resyncs != 0 ||
-		st.Replayed-base.Replayed < uint64(len(lost)) {
-		t.Fatalf("stats %+v", st)
-	}
-	if e.replaysServed()-served != 1 {
-		t.Fatalf("%d replays served", e.replaysServed())
+	// Both reply shapes: [seq, payload] (vLLM before v0.26, SGLang) and
+	// [topic, seq, payload] (vLLM since PR #45177), whose end marker has an
+	// empty topic; a misread marker would stall the replay until its
+	// timeout and count as a failure.
+	for _, withTopic := range []bool{false, true} {
+		t.Run(map[bool]string{false: "seq-payload", true: "topic-seq-payload"}[withTopic], func(t *testing.T) {
+			ix := newZMQIndex(t)
+			e := newTestEngine(t, true)
+			if withTopic {
+				e.replyWithTopic()
+			}
+			s := startSub(t, ix, e, func(c *ZMQConfig) { c.ReplayTimeout = time.Minute })
+			e.warmUp(t, s, vllmMap)
+			base, served := s.Stats(), e.replaysServed()
+			ops := genOps(21, 300)
+			m := newModel()
+			_, before := publishOps(t, vllmMap, ops[:100], e.publish)
+			_, lost := publishOps(t, vllmMap, ops[100:200], e.lose)
+			seqs, after := publishOps(t, vllmMap, ops[200:], e.publish)
+			applyAll(m, before)
+			applyAll(m, lost)
+			applyAll(m, after)
+			waitSeq(t, s, seqs[len(seqs)-1])
+			m.check(t, ix, zmqTestSlot)
+			st := s.Stats()
+			if st.Gaps != 1 || st.Replays-base.Replays != 1 || st.ReplayFailures != 0 || st.Resyncs != 0 ||
+				st.Garbage != 0 || st.Replayed-base.Replayed < uint64(len(lost)) {
+				t.Fatalf("stats %+v", st)
+			}
+			if e.replaysServed()-served != 1 {
+				t.Fatalf("%d replays served", e.replaysServed())
+			}
+		})
 	}
 }
 
@@ -851,46 +949,54 @@ func TestDecodeVLLMBatch(t *testing.T) {
 		return buf.Bytes()
 	}
 	for _, tc := range []struct {
-		name    string
-		payload []byte
-		check   func(*VLLMBatch) bool
-		err     string
+		name        string
+		payload     []byte
+		check       func(*VLLMBatch) bool
+		err         string
+		undecodable string // the batch decodes, its one event does not, for this reason
 	}{
 		{"tag after the fields", mp(0x82, "ts", 0, "events", 0x91, 0x83, "block_hashes", 0x91, 5, "medium", 0xc0, "type", "BlockRemoved"),
-			func(b *VLLMBatch) bool { return b.Events[0].Kind == VLLMBlockRemoved && b.Events[0].Hashes[0] == 5 }, ""},
+			func(b *VLLMBatch) bool { return b.Events[0].Kind == VLLMBlockRemoved && b.Events[0].Hashes[0] == 5 }, "", ""},
 		{"unknown keys and trailing fields", mp(0x93, 0xca, 0x3f, 0x80, 0, 0, 0x92, 0x93, "AllBlocksCleared", 0x81, "x", 0xc3, 0xd4, 1, 2,
 			0x95, "BlockRemoved", 0x90, 0xc0, 0xc0, 0xc0, 0xc0),
-			func(b *VLLMBatch) bool { return b.TS == 1 && len(b.Events) == 2 && !b.HasDPRank }, ""},
+			func(b *VLLMBatch) bool { return b.TS == 1 && len(b.Events) == 2 && !b.HasDPRank }, "", ""},
 		{"unknown event map", mp(0x82, "ts", 1, "events", 0x91, 0x82, "type", "Future", "block_hashes", "not a list"),
-			func(b *VLLMBatch) bool { return b.Events[0].Kind == VLLMUnknown }, ""},
+			func(b *VLLMBatch) bool { return b.Events[0].Kind == VLLMUnknown }, "", ""},
 		{"negative token", mp(0x92, 0, 0x91, 0x95, "BlockStored", 0x91, 1, 0xc0, 0x91, 0xff, 1),
-			func(b *VLLMBatch) bool { return b.Events[0].BadTokens }, ""},
+			func(b *VLLMBatch) bool { return b.Events[0].BadTokens }, "", ""},
 		{"huge token", mp(0x92, 0, 0x91, 0x95, "BlockStored", 0x91, 1, 0xc0, 0x91, 0xcf, []byte{0, 0, 0, 1, 0, 0, 0, 0}, 1),
-			func(b *VLLMBatch) bool { return b.Events[0].BadTokens }, ""},
+			func(b *VLLMBatch) bool { return b.Events[0].BadTokens }, "", ""},
 		{"int64 hash", mp(0x92, 0, 0x91, 0x92, "BlockRemoved", 0x91, 0xd3, []byte{0x80, 0, 0, 0, 0, 0, 0, 0}),
-			func(b *VLLMBatch) bool { return b.Events[0].Hashes[0] == 1<<63 }, ""},
-		{"empty", nil, nil, "end of payload"},
-		{"not a batch", mp(0xc3), nil, "want an array"},
-		{"short batch", mp(0x91, 0), nil, "shorter"},
-		{"no events", mp(0x81, "ts", 0), nil, "no events"},
-		{"trailing bytes", mp(0x92, 0, 0x90, 0xc0), nil, "trailing"},
-		{"truncated", mp(0x92, 0, 0x91, 0x92, "BlockRemoved", 0x92, 1), nil, "past the end"},
-		{"truncated float", mp(0x92, 0xcb, 1, 2), nil, "past the end"},
-		{"count past end", mp(0x92, 0, 0xdd, []byte{0xff, 0xff, 0xff, 0xff}), nil, "past the end"},
-		{"string past end", mp(0x92, 0, 0x91, 0x91, 0xdb, []byte{0x7f, 0xff, 0xff, 0xff}), nil, "past the end"},
-		{"short stored", mp(0x92, 0, 0x91, 0x94, "BlockStored", 0x90, 0xc0, 0x90), nil, "shorter"},
-		{"stored map lacks tokens", mp(0x82, "ts", 0, "events", 0x91, 0x83, "type", "BlockStored", "block_hashes", 0x90, "block_size", 4), nil, "lacks"},
-		{"untagged", mp(0x92, 0, 0x91, 0x81, "block_hashes", 0x90), nil, "no type"},
-		{"tag not a string", mp(0x92, 0, 0x91, 0x91, 7), nil, "want a string"},
-		{"hash of wrong type", mp(0x92, 0, 0x91, 0x92, "BlockRemoved", 0x91, 0xc3), nil, "want an integer, bytes"},
-		{"medium not a string", mp(0x92, 0, 0x91, 0x93, "BlockRemoved", 0x90, 1), nil, "want a string"},
-		{"block size too big", mp(0x92, 0, 0x91, 0x95, "BlockStored", 0x90, 0xc0, 0x90, 0xcf, []byte{0xff, 0, 0, 0, 0, 0, 0, 0}), nil, "out of range"},
-		{"unused type byte", mp(0x92, 0, 0x91, 0x93, "AllBlocksCleared", 0xc1), nil, "unused"},
-		{"deep nesting", append(mp(0x92, 0, 0x91, 0x92, "AllBlocksCleared"), bytes.Repeat([]byte{0x91}, 10000)...), nil, "nest"},
+			func(b *VLLMBatch) bool { return b.Events[0].Hashes[0] == 1<<63 }, "", ""},
+		{"empty", nil, nil, "end of payload", ""},
+		{"not a batch", mp(0xc3), nil, "want an array", ""},
+		{"short batch", mp(0x91, 0), nil, "shorter", ""},
+		{"no events", mp(0x81, "ts", 0), nil, "no events", ""},
+		{"trailing bytes", mp(0x92, 0, 0x90, 0xc0), nil, "trailing", ""},
+		{"truncated", mp(0x92, 0, 0x91, 0x92, "BlockRemoved", 0x92, 1), nil, "past the end", ""},
+		{"truncated float", mp(0x92, 0xcb, 1, 2), nil, "past the end", ""},
+		{"count past end", mp(0x92, 0, 0xdd, []byte{0xff, 0xff, 0xff, 0xff}), nil, "past the end", ""},
+		{"string past end", mp(0x92, 0, 0x91, 0x91, 0xdb, []byte{0x7f, 0xff, 0xff, 0xff}), nil, "past the end", ""},
+		{"short stored", mp(0x92, 0, 0x91, 0x94, "BlockStored", 0x90, 0xc0, 0x90), nil, "", "shorter"},
+		{"stored map lacks tokens", mp(0x82, "ts", 0, "events", 0x91, 0x83, "type", "BlockStored", "block_hashes", 0x90, "block_size", 4), nil, "", "lacks"},
+		{"untagged", mp(0x92, 0, 0x91, 0x81, "block_hashes", 0x90), nil, "", "no type"},
+		{"tag not a string", mp(0x92, 0, 0x91, 0x91, 7), nil, "", "want a string"},
+		{"hash of wrong type", mp(0x92, 0, 0x91, 0x92, "BlockRemoved", 0x91, 0xc3), nil, "", "want an integer, bytes"},
+		{"medium not a string", mp(0x92, 0, 0x91, 0x93, "BlockRemoved", 0x90, 1), nil, "", "want a string"},
+		{"block size too big", mp(0x92, 0, 0x91, 0x95, "BlockStored", 0x90, 0xc0, 0x90, 0xcf, []byte{0xff, 0, 0, 0, 0, 0, 0, 0}), nil, "", "out of range"},
+		{"unused type byte", mp(0x92, 0, 0x91, 0x93, "AllBlocksCleared", 0xc1), nil, "unused", ""},
+		{"deep nesting", append(mp(0x92, 0, 0x91, 0x92, "AllBlocksCleared"), bytes.Repeat([]byte{0x91}, 10000)...), nil, "nest", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var d VLLMDecoder
 			b, err := d.Decode(tc.payload)
+			if tc.undecodable != "" {
+				if err != nil || len(b.Events) != 1 || !b.Events[0].Undecodable ||
+					!strings.Contains(b.Events[0].Reason, tc.undecodable) {
+					t.Fatalf("got %+v, %v; want one event undecodable for %q", b, err, tc.undecodable)
+				}
+				return
+			}
 			if tc.err != "" {
 				var de *DecodeError
 				if !errors.As(err, &de) || !errors.Is(err, ErrMalformedBatch) || !bytes.Contains([]byte(err.Error()), []byte(tc.err)) {
