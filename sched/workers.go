@@ -234,9 +234,7 @@ func (s *Scheduler) busy(ws *workerSet, set workers.Set) workers.Set {
 		return 0
 	}
 	var out workers.Set
-	for set != 0 {
-		var w workers.Slot
-		w, set = set.First()
+	for w := range set.All() {
 		l := &s.live[w]
 		if th.PrefillTokens > 0 && l.prefillTokens.Load() > th.PrefillTokens {
 			out |= workers.SetOf(w)

@@ -48,9 +48,7 @@ func (s *Segment) WaitForEvents(timeout time.Duration, watch workers.Set) {
 }
 
 func (s *Segment) anyPending(watch workers.Set) bool {
-	for watch != 0 {
-		var w workers.Slot
-		w, watch = watch.First()
+	for w := range watch.All() {
 		off := s.ringBase(int(w))
 		if atomic.LoadUint64(s.u64(off+ctlHead)) != atomic.LoadUint64(s.u64(off+ctlTail)) {
 			return true
