@@ -41,7 +41,6 @@ type Guard struct {
 	res  sched.Reservation
 
 	// Written by the owner before the CAS that publishes them.
-	dec          sched.Decision
 	promptTokens int
 	blockSize    int
 	track        bool
@@ -143,7 +142,6 @@ func (h Handle) Select(ctx context.Context, req *sched.Request) (sched.Decision,
 	if err != nil {
 		return d, err
 	}
-	g.dec = d
 	g.promptTokens = req.PromptTokens
 	g.blockSize = g.res.BlockSize()
 	g.nextBoundary = g.blockSize
@@ -369,7 +367,6 @@ func (h Handle) Release() error {
 		checkTransition(w, pack(h.gen+1, Free, ReasonNone), h.gen)
 	}
 	g.res.Reset()
-	g.dec = sched.Decision{}
 	g.promptTokens, g.blockSize, g.track = 0, 0, false
 	g.outputTokens, g.nextBoundary = 0, 0
 	g.pool.pool.Put(g)

@@ -76,7 +76,7 @@ func TestRecycledGuardRefusesItsOldHandle(t *testing.T) {
 	if _, err := old.Select(context.Background(), &sched.Request{PromptTokens: 16}); !errors.Is(err, ErrStale) {
 		t.Errorf("Select on a released handle: %v", err)
 	}
-	if old.State() != Free || old.Decision() != (sched.Decision{}) {
+	if old.State() != Free || old.Reason() != ReasonNone {
 		t.Error("a stale handle reads the new request's state")
 	}
 	if cur.State() != Selected || s.Load(0).Requests != 1 {

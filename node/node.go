@@ -145,8 +145,8 @@ func (n *Node) every(ctx context.Context, period time.Duration, f func()) {
 	}
 }
 
-// Scheduler exposes the scheduler, for runtime tuning (cost parameters,
-// busy thresholds, policy).
+// Scheduler exposes the scheduler, for callers that inspect workers or
+// mark one unhealthy (end-to-end tests inject faults through it).
 func (n *Node) Scheduler() *sched.Scheduler { return n.sched }
 
 // Index is the exact (event-fed) index.
