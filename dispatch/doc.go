@@ -56,8 +56,7 @@
 // # Throughput envelope
 //
 // Relaying a stream allocates nothing per event (the allocation tests
-// assert it). openai's BenchmarkSSEScan measures the event scanner,
-// BenchmarkRelay times a relayed stream, and BenchmarkProxyOverhead
-// (package benchmarks) measures the latency a forwarded request adds;
-// BENCHMARKS.md has the figures.
+// assert it). BENCHMARKS.md records openai's BenchmarkSSEScan (the event
+// scanner) and BenchmarkProxyOverhead (package benchmarks: the latency a
+// forwarded request adds); BenchmarkRelay times a relayed stream alone.
 package dispatch

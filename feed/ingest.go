@@ -429,13 +429,13 @@ type Stats struct {
 	Cleared       uint64 `json:"cleared"`        // Cleared records applied
 
 	Stale       uint64 `json:"stale"`        // records of an older generation, skipped
-	Duplicate   uint64 `json:"duplicate"`    // records already applied before a restart, skipped
+	Duplicate   uint64 `json:"duplicates"`   // records already applied before a restart, skipped
 	SkippedDown uint64 `json:"skipped_down"` // records of a down or closed worker, skipped
 	Rejected    uint64 `json:"rejected"`     // records claiming a generation the registry does not show
 
-	UnresolvedParent  uint64 `json:"unresolved_parent"`   // blocks skipped: parent engine hash unknown
-	UnknownRemoved    uint64 `json:"unknown_removed"`     // removed hashes with no mapping
-	BlockSizeMismatch uint64 `json:"block_size_mismatch"` // blocks skipped: size differs from the registration
+	UnresolvedParent  uint64 `json:"unresolved_parent_blocks"`   // blocks skipped: parent engine hash unknown
+	UnknownRemoved    uint64 `json:"unknown_removed_blocks"`     // removed hashes with no mapping
+	BlockSizeMismatch uint64 `json:"block_size_mismatch_blocks"` // blocks skipped: size differs from the registration
 
 	Garbage     uint64 `json:"garbage"`      // corrupt records (each triggers a resync)
 	ResyncBytes uint64 `json:"resync_bytes"` // ring bytes discarded by resyncs
