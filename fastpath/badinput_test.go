@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -185,11 +186,14 @@ func TestSlowClientsHitReadTimeout(t *testing.T) {
 		elapsed time.Duration
 	}
 	results := make([]chan outcome, len(cases))
+	var dripping sync.WaitGroup // every slow client connected and sent its head
 	for i, tc := range cases {
 		results[i] = make(chan outcome, 1)
+		dripping.Add(1)
 		go func() {
 			c, err := net.Dial("tcp", addr)
 			if err != nil {
+				dripping.Done()
 				results[i] <- outcome{data: []byte(err.Error())}
 				return
 			}
@@ -202,6 +206,7 @@ func TestSlowClientsHitReadTimeout(t *testing.T) {
 				read <- b
 			}()
 			_, _ = io.WriteString(c, tc.head)
+			dripping.Done()
 			tick := time.NewTicker(50 * time.Millisecond)
 			defer tick.Stop()
 			for _, piece := range tc.drip {
@@ -220,7 +225,7 @@ func TestSlowClientsHitReadTimeout(t *testing.T) {
 		}()
 	}
 	// Meanwhile an ordinary client is served.
-	time.Sleep(100 * time.Millisecond)
+	dripping.Wait()
 	if resp := r.post(t, fastpath.PathCompletions, []byte(body), nil); resp.status != 200 {
 		t.Errorf("a normal request during the slowloris: %d %s", resp.status, resp.body)
 	}

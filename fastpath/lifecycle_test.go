@@ -80,18 +80,29 @@ func TestSeveralChoicesHoldLoadUntilStreamEnd(t *testing.T) {
 	res, cancel := r.openStreamAsync(t, body)
 	defer cancel()
 	<-firstDone
-	// Give the relay time to pass the first finish_reason on.
-	time.Sleep(50 * time.Millisecond)
-	if w := workerView(t, r.node, 1, 0); w.Requests != 1 {
-		t.Fatalf("after choice 0 finished, %d requests booked; choice 1 is still running", w.Requests)
-	}
-	close(rest)
 	got := <-res
 	if got.err != nil {
 		t.Fatal(got.err)
 	}
-	all, _ := io.ReadAll(got.resp.Body)
+	// Read until choice 0's finish has reached the client: the relay has
+	// passed the first finish_reason on, and only then is the booking
+	// worth checking.
+	br := bufio.NewReader(got.resp.Body)
+	var seen []byte
+	for !bytes.Contains(seen, []byte(`"finish_reason":"stop"`)) {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			t.Fatalf("the stream ended before choice 0 finished: %v (%q)", err, seen)
+		}
+		seen = append(seen, line...)
+	}
+	if w := workerView(t, r.node, 1, 0); w.Requests != 1 {
+		t.Fatalf("after choice 0 finished, %d requests booked; choice 1 is still running", w.Requests)
+	}
+	close(rest)
+	tail, _ := io.ReadAll(br)
 	got.resp.Body.Close()
+	all := append(seen, tail...)
 	if !bytes.HasSuffix(all, []byte(doneEvent)) {
 		t.Fatalf("stream incomplete: %q", all)
 	}
