@@ -47,13 +47,14 @@ type Options struct {
 	EngineSpeedup float64 // divides the engines' simulated time (+Inf: no waiting)
 	Concurrency   int     // keep N requests in flight, ignoring timestamps (0: timestamps)
 
-	BlockTokens      int // tokens sent per trace hash id
-	BlockSize        int // tokens per KV block, engines and router
-	KVBlocks         int // KV cache capacity per engine, in blocks
-	MaxBatchedTokens int // engine step budget
-	MaxSeqs          int // engine running sequences at most
-	MaxOutputTokens  int // cap on each request's max_tokens (0: none)
-	Seed             uint64
+	BlockTokens      int    // tokens sent per trace hash id
+	BlockSize        int    // tokens per KV block, engines and router
+	KVBlocks         int    // KV cache capacity per engine, in blocks
+	MaxBatchedTokens int    // engine step budget
+	MaxSeqs          int    // engine running sequences at most
+	MaxOutputTokens  int    // cap on each request's max_tokens (0: none)
+	Seed             uint64 // the hash-id-to-token mapping
+	RouterSeed       uint64 // the routers' tie-breaking (0: from the clock)
 
 	// The router's cost model.
 	OverlapCredit    float64

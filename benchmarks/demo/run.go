@@ -131,6 +131,7 @@ func routerConfig(o *Options, policy string) node.Config {
 	cfg.Sched.Cost.OverlapCredit = o.OverlapCredit
 	cfg.Sched.Cost.PrefillLoadScale = o.PrefillLoadScale
 	cfg.Sched.Cost.Temperature = o.Temperature
+	cfg.Sched.Seed = o.RouterSeed
 	cfg.Approx.TTL = o.ApproxTTL
 	// The engines live in this process: a heartbeat that stops means the
 	// whole process stalled on a busy machine, not that an engine died,

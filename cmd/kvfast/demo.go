@@ -103,7 +103,7 @@ and why:
 Examples:
   kvfast demo
   kvfast demo --policies kv,round-robin --max-requests 200
-  kvfast demo --engines 4 --out /tmp/report.html --json
+  kvfast demo --engines 4 --html /tmp/report.html --json
   kvfast demo --trace ../shared/traces/mooncake_synthetic.jsonl --kv-blocks 49152
 
 Exit status: 0 if every request of every policy succeeded (whether or not
@@ -215,7 +215,8 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.IntVar(&o.MaxBatchedTokens, "max-batched-tokens", o.MaxBatchedTokens, "engine: token budget of one step")
 	fs.IntVar(&o.MaxSeqs, "max-seqs", o.MaxSeqs, "engine: running sequences at most")
 	fs.IntVar(&o.MaxOutputTokens, "max-output-tokens", o.MaxOutputTokens, "cap each request's max_tokens, which is the trace's output_length (0: no cap)")
-	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the hash-id-to-token mapping")
+	fs.Uint64Var(&o.Seed, "token-seed", o.Seed, "seed of the hash-id-to-token mapping")
+	fs.Uint64Var(&o.RouterSeed, "seed", o.RouterSeed, "seed of the routers' tie-breaking, as kvfast serve --seed (0: from the clock)")
 	fs.Float64Var(&o.OverlapCredit, "overlap-credit", o.OverlapCredit, "router cost model: weight of a worker's cached prefix blocks against its prefill cost")
 	fs.Float64Var(&o.PrefillLoadScale, "prefill-load-scale", o.PrefillLoadScale, "router cost model: weight of the prefill term against the decode term (kvfast serve's default is 1)")
 	fs.Float64Var(&o.Temperature, "temperature", o.Temperature, "router cost model: 0 picks the cheapest worker, above 0 samples a softmax over costs")
@@ -225,13 +226,13 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.DurationVar(&o.Timing.PrefillAttentionPer1K, "prefill-attention-per-1k", o.Timing.PrefillAttentionPer1K, "engine timing: cost per prefilled token per 1024 tokens it attends to")
 	fs.DurationVar(&o.Timing.DecodePerSequence, "decode-per-seq", o.Timing.DecodePerSequence, "engine timing: cost per sequence in a decode step")
 	fs.DurationVar(&o.Timing.DecodeAttentionPer1K, "decode-attention-per-1k", o.Timing.DecodeAttentionPer1K, "engine timing: cost per 1024 context tokens read in a decode step")
-	fs.StringVar(&out.out, "out", out.out, "write the HTML report to `file` (empty: none)")
+	fs.StringVar(&out.out, "html", out.out, "write the HTML report to `file` (empty: none)")
 	fs.BoolVar(&out.json, "json", out.json, "print the results as JSON instead of tables")
 	fs.BoolVar(&out.quiet, "quiet", out.quiet, "no progress bars or notes on stderr")
 	fs.StringVar(&out.logLevel, "log-level", out.logLevel, "router log level: debug, info, warn or error")
 	fs.StringVar(&o.SegmentDir, "segment-dir", o.SegmentDir, "`directory` in which each run's segment gets a fresh temporary directory (default: /dev/shm if present, else the system temp dir)")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "bound on one request, from send to end of stream")
-	fs.Usage = func() { replayFlagHelp(fs.Output(), fs, demoAbout) }
+	fs.Usage = func() { printUsage(fs.Output(), fs, demoAbout) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, out, 0

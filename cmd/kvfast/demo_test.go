@@ -66,7 +66,7 @@ func TestDemoCommand(t *testing.T) {
 	})
 	t.Run("text table, targets and HTML report", func(t *testing.T) {
 		html := filepath.Join(t.TempDir(), "report.html")
-		code, stdout, stderr := run(append(tiny, "--out", html)...)
+		code, stdout, stderr := run(append(tiny, "--html", html)...)
 		if code != 0 {
 			t.Fatalf("code %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 		}
@@ -103,7 +103,7 @@ func TestDemoCommand(t *testing.T) {
 		}
 	})
 	t.Run("json", func(t *testing.T) {
-		code, stdout, stderr := run(append(tiny, "--json", "--out", "", "--max-requests", "6")...)
+		code, stdout, stderr := run(append(tiny, "--json", "--html", "", "--max-requests", "6")...)
 		if code != 0 {
 			t.Fatalf("code %d, stderr %s", code, stderr)
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,22 +17,36 @@ func init() {
 	register("inspect", "print a shm segment: header, index, workers, load pages, rings", runInspect)
 }
 
+const inspectAbout = `Usage: kvfast inspect [flags]
+
+Prints a shm segment without changing it: its header, the index's
+occupancy per shard, the worker registry, every worker's load page and
+event ring. It attaches read-only as far as the router is concerned (it
+never ingests) and refuses a segment that does not exist.
+
+Exit status: 0 when printed (and, with --verify, consistent), 1 when the
+segment cannot be opened or fails verification, 2 for bad flags.
+
+Flags:
+`
+
 func runInspect(args []string) int {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
+	segment := fs.String("segment", shm.DefaultPath("kvfast"), "the segment file to print, as kvfast serve --segment")
 	verify := fs.Bool("verify", false, "also check the index's structural invariants (locks each shard briefly)")
 	shards := fs.Bool("shards", true, "list entries per shard")
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: kvfast inspect [--verify] [--shards=false] SEGMENT")
-		fs.PrintDefaults()
-	}
+	fs.Usage = func() { printUsage(fs.Output(), fs, inspectAbout) }
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
-	if fs.NArg() != 1 {
-		fs.Usage()
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "kvfast inspect: unexpected argument %q (the segment is --segment)\n", fs.Arg(0))
 		return 2
 	}
-	seg, err := shm.Open(fs.Arg(0), shm.Options{NoCreate: true})
+	seg, err := shm.Open(*segment, shm.Options{NoCreate: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

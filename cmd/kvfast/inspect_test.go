@@ -33,10 +33,10 @@ func TestInspect(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
-	if code := runInspect([]string{filepath.Join(t.TempDir(), "missing")}); code != 1 {
+	if code := runInspect([]string{"--segment", filepath.Join(t.TempDir(), "missing")}); code != 1 {
 		t.Fatalf("missing segment: exit %d", code)
 	}
-	if code := runInspect([]string{"--verify", path}); code != 0 {
+	if code := runInspect([]string{"--verify", "--segment", path}); code != 0 {
 		t.Fatalf("inspect --verify: exit %d", code)
 	}
 }

@@ -3,7 +3,9 @@
 package main
 
 import (
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
@@ -58,4 +60,24 @@ func main() {
 		os.Exit(2)
 	}
 	os.Exit(cmd.run(os.Args[2:]))
+}
+
+// printUsage writes a command's help: its description, then every flag
+// in the --flag form the descriptions use, with its default.
+func printUsage(w io.Writer, fs *flag.FlagSet, about string) {
+	var b strings.Builder
+	b.WriteString(about)
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		fmt.Fprintf(&b, "  --%s", f.Name)
+		if name != "" {
+			fmt.Fprintf(&b, " %s", name)
+		}
+		fmt.Fprintf(&b, "\n        %s", usage)
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" && f.DefValue != "0s" {
+			fmt.Fprintf(&b, " (default %s)", f.DefValue)
+		}
+		b.WriteByte('\n')
+	})
+	_, _ = io.WriteString(w, b.String())
 }

@@ -34,7 +34,7 @@ Each engine keeps a paged KV cache (--kv-blocks blocks of --block-size
 tokens) with prefix caching and LRU eviction, batches continuously within
 --max-batched-tokens per step, preempts when the cache is full, and takes
 simulated time to prefill and decode: prefill grows with the prompt tokens
-not already cached, a decode step with batch size and context. --speedup
+not already cached, a decode step with batch size and context. --engine-speedup
 divides that time ("inf" for none at all). Replies report
 usage.prompt_tokens_details.cached_tokens.
 
@@ -47,8 +47,8 @@ worker id and DP rank --dp-rank plus i. Its URL is printed on start.
 
 Examples:
   kvfast mock --engines 4 --listen 127.0.0.1:8100
-  kvfast mock --engines 8 --listen 127.0.0.1:8100 --segment /dev/shm/kvfast --speedup 10
-  kvfast mock --kv-blocks 2048 --block-size 16 --speedup inf
+  kvfast mock --engines 8 --listen 127.0.0.1:8100 --segment /dev/shm/kvfast --engine-speedup 10
+  kvfast mock --kv-blocks 2048 --block-size 16 --engine-speedup inf
 
 Exit status: 0 after SIGINT or SIGTERM, 1 if an engine cannot start,
 2 for bad flags.
@@ -72,10 +72,7 @@ func runMock(args []string) int {
 func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) int {
 	fs := flag.NewFlagSet("mock", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, mockAbout)
-		fs.PrintDefaults()
-	}
+	fs.Usage = func() { printUsage(stderr, fs, mockAbout) }
 	d := mocker.DefaultTiming
 	var (
 		listen     = fs.String("listen", "127.0.0.1:8100", "base listen `address` (host:port); engine i uses the port plus i (port 0: a free port per engine)")
@@ -87,7 +84,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		maxSeqs    = fs.Int("max-seqs", mocker.DefaultMaxSeqs, "running sequences per engine at most")
 		maxLen     = fs.Int("max-model-len", 0, "prompt plus max_tokens at most (0: the KV capacity in tokens)")
 		defMax     = fs.Int("default-max-tokens", mocker.DefaultMaxTokens, "max_tokens of requests that set none")
-		speedup    = fs.Float64("speedup", 1, "divide simulated time by `factor` (inf: no waiting at all)")
+		speedup    = fs.Float64("engine-speedup", 1, "divide simulated time by `factor` (inf: no waiting at all)")
 		segment    = fs.String("segment", "", "shm segment `path` to register in and publish KV events to (the router creates it)")
 		workerID   = fs.Uint64("worker-id", 0, "worker id of engine 0")
 		dpRank     = fs.Uint("dp-rank", 0, "DP rank of engine 0")

@@ -35,7 +35,7 @@ func TestMockCommand(t *testing.T) {
 		stop := make(chan struct{})
 		code := make(chan int, 1)
 		go func() {
-			code <- mockCommand([]string{"--engines", "3", "--listen", "127.0.0.1:0", "--speedup", "inf", "--ranks-as-dp", "--worker-id", "5", "--kv-blocks", "512"}, &out, &errOut, stop)
+			code <- mockCommand([]string{"--engines", "3", "--listen", "127.0.0.1:0", "--engine-speedup", "inf", "--ranks-as-dp", "--worker-id", "5", "--kv-blocks", "512"}, &out, &errOut, stop)
 		}()
 		deadline := time.Now().Add(10 * time.Second)
 		for !strings.Contains(out.String(), "running") {

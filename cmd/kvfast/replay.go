@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -73,7 +72,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		blockTokens = fs.Int("block-tokens", 0, "tokens to send per hash id, to shrink prompts (0: the trace block size)")
 		maxOutput   = fs.Int("max-output-tokens", 0, "cap max_tokens, which is the trace's output_length (0: no cap)")
 		model       = fs.String("model", replay.DefaultModel, "model name to send")
-		seed        = fs.Uint64("seed", 0, "seed of the hash-id-to-token mapping")
+		seed        = fs.Uint64("token-seed", 0, "seed of the hash-id-to-token mapping")
 		vocab       = fs.Uint("vocab", replay.DefaultVocab, "token ids are drawn from [0, vocab)")
 		timeout     = fs.Duration("timeout", 5*time.Minute, "bound on one request, from send to end of stream (0: none)")
 		jsonOut     = fs.Bool("json", false, "print the summary as JSON instead of text")
@@ -82,7 +81,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		htmlPath    = fs.String("html", "", "also write a self-contained HTML report to `file`")
 		requestsOut = fs.String("requests-out", "", "also write one JSON line per request (timings, usage, worker) to `file`")
 	)
-	fs.Usage = func() { replayFlagHelp(fs.Output(), fs, fmt.Sprintf(replayAbout, replay.SharedTracePath)) }
+	fs.Usage = func() { printUsage(fs.Output(), fs, fmt.Sprintf(replayAbout, replay.SharedTracePath)) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -226,24 +225,4 @@ func replayWriteFile(path string, write func(io.Writer) error) error {
 		return fmt.Errorf("cannot write %s: %w", path, err)
 	}
 	return nil
-}
-
-// replayFlagHelp prints about, then every flag GNU-style (--name), which is
-// how the help text spells them.
-func replayFlagHelp(w io.Writer, fs *flag.FlagSet, about string) {
-	var b strings.Builder
-	b.WriteString(about)
-	fs.VisitAll(func(f *flag.Flag) {
-		name, usage := flag.UnquoteUsage(f)
-		fmt.Fprintf(&b, "  --%s", f.Name)
-		if name != "" {
-			fmt.Fprintf(&b, " %s", name)
-		}
-		fmt.Fprintf(&b, "\n        %s", usage)
-		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" && f.DefValue != "0s" {
-			fmt.Fprintf(&b, " (default %s)", f.DefValue)
-		}
-		b.WriteByte('\n')
-	})
-	_, _ = io.WriteString(w, b.String())
 }

@@ -189,10 +189,7 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), serveAbout)
-		fs.PrintDefaults()
-	}
+	fs.Usage = func() { printUsage(fs.Output(), fs, serveAbout) }
 	cfg := node.DefaultConfig()
 	var lo logOptions
 	bindServeFlags(fs, &cfg, &lo)

@@ -55,10 +55,7 @@ func runTokenize(args []string) int {
 func tokenizeCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		_, _ = io.WriteString(stderr, tokenizeAbout)
-		fs.PrintDefaults()
-	}
+	fs.Usage = func() { printUsage(stderr, fs, tokenizeAbout) }
 	cfg := prompt.DefaultConfig()
 	var (
 		source = fs.String("tokenizer", "", "the engine's URL (http://host:port), a tokenizer directory, or hf:ORG/NAME")
