@@ -1,7 +1,9 @@
 package tokenizer
 
 import (
+	"bytes"
 	"fmt"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -32,6 +34,17 @@ type bpeModel struct {
 	suffix       string
 	// fallbackIDs[b] is the id of "<0xXX>", -1 when absent.
 	fallbackIDs [256]int32
+
+	// wordBoundary, when not 0, is a character before which no merge can
+	// join a symbol that does not end with it (SentencePiece's "▁": no
+	// merge spans two words). A word can then be encoded a stretch at a
+	// time, each "▁word" on its own, with the same result: the models
+	// with no pre-tokenizer hand BPE whole paragraphs.
+	wordBoundary rune
+	// notBoundaryAfter lists the characters after which a boundary
+	// character does not start a stretch, because a merge joins a symbol
+	// ending with one of them to one starting with the boundary.
+	notBoundaryAfter []rune
 }
 
 // mergeTable maps a pair of symbol ids to the merge's rank and the id of
@@ -184,6 +197,7 @@ func newBPE(c bpeConfig) (*bpeModel, error) {
 		}
 	}
 	m.allBytes = m.byteLevel && m.prefix == "" && m.suffix == ""
+	m.wordBoundary, m.notBoundaryAfter = findWordBoundary(c, m)
 	for b := range 256 {
 		m.byteID[b] = -1
 		if id, ok := m.vocab[string([]byte{byte(b)})]; ok && m.byteLevel {
@@ -197,6 +211,61 @@ func newBPE(c bpeConfig) (*bpeModel, error) {
 		}
 	}
 	return m, nil
+}
+
+// findWordBoundary returns "▁" when the vocabulary has it, 0 otherwise,
+// and the characters after which "▁" starts no stretch: the last
+// characters of the left symbols of merges whose right symbol starts with
+// "▁" and whose left one does not end with it.
+func findWordBoundary(c bpeConfig, m *bpeModel) (rune, []rune) {
+	const boundary = '▁'
+	if c.byteLevel || c.ignoreMerges || c.prefix != "" || c.suffix != "" {
+		return 0, nil
+	}
+	if _, ok := m.runeIDs[boundary]; !ok {
+		return 0, nil
+	}
+	var after []rune
+	for _, mg := range c.merges {
+		last, _ := utf8.DecodeLastRuneInString(mg[0])
+		first, _ := utf8.DecodeRuneInString(mg[1])
+		if first == boundary && last != boundary && !slices.Contains(after, last) {
+			if len(after) == maxNotBoundaryAfter {
+				return 0, nil
+			}
+			after = append(after, last)
+		}
+	}
+	return boundary, after
+}
+
+// maxNotBoundaryAfter bounds the exceptions to a word boundary; past it,
+// words are not split.
+const maxNotBoundaryAfter = 32
+
+// nextWordStart returns where the stretch of word that starts at i ends:
+// before the next boundary character that follows another character (and
+// none of notBoundaryAfter).
+func (m *bpeModel) nextWordStart(word []byte, i int) int {
+	const boundaryLen = len(string('▁'))
+	// Skip the boundary characters that start the stretch.
+	for i+boundaryLen <= len(word) && string(word[i:i+boundaryLen]) == "▁" {
+		i += boundaryLen
+	}
+	for i < len(word) {
+		j := bytes.Index(word[i:], []byte("▁"))
+		if j < 0 {
+			return len(word)
+		}
+		if j > 0 {
+			prev, _ := utf8.DecodeLastRune(word[:i+j])
+			if prev != '▁' && !slices.Contains(m.notBoundaryAfter, prev) {
+				return i + j
+			}
+		}
+		i += j + boundaryLen
+	}
+	return len(word)
 }
 
 // fallbackToken is the name of byte b's token, "<0xAB>".

@@ -196,9 +196,23 @@ func (t *Tokenizer) encodePiece(st *encodeState, dst []uint32, text []byte, firs
 	return dst
 }
 
-// encodeWord encodes one pre-tokenized word, through the word cache when
-// it is short.
+// encodeWord encodes one pre-tokenized word, a stretch at a time when no
+// merge spans the model's word boundary.
 func (t *Tokenizer) encodeWord(st *encodeState, dst []uint32, word []byte) []uint32 {
+	if t.model.wordBoundary == 0 {
+		return t.encodeStretch(st, dst, word)
+	}
+	for i := 0; i < len(word); {
+		j := t.model.nextWordStart(word, i)
+		dst = t.encodeStretch(st, dst, word[i:j])
+		i = j
+	}
+	return dst
+}
+
+// encodeStretch encodes a word or a stretch of one, through the word cache
+// when it is short.
+func (t *Tokenizer) encodeStretch(st *encodeState, dst []uint32, word []byte) []uint32 {
 	if len(word) > cacheKeyBytes {
 		return t.model.encodeWord(st, word, dst)
 	}
