@@ -36,11 +36,29 @@ func (n normSequence) apply(st *encodeState, dst, src []byte) []byte {
 // unicodeNorm is NFC, NFD, NFKC or NFKD.
 type unicodeNorm struct{ form norm.Form }
 
-func (n unicodeNorm) apply(_ *encodeState, dst, src []byte) []byte {
-	if n.form.IsNormal(src) {
-		return append(dst, src...)
+func (n unicodeNorm) apply(st *encodeState, dst, src []byte) []byte {
+	// Copy what is already normal, and normalize the segments that may
+	// not be one at a time, so that one combining mark does not send the
+	// rest of a prompt through the slow path. QuickSpan, NextBoundary and
+	// an Iter kept in the state allocate nothing, unlike Form.Append.
+	for len(src) > 0 {
+		p := n.form.QuickSpan(src)
+		dst = append(dst, src[:p]...)
+		src = src[p:]
+		if len(src) == 0 {
+			break
+		}
+		q := n.form.NextBoundary(src, true)
+		if q <= 0 {
+			q = len(src)
+		}
+		st.normIter.Init(n.form, src[:q])
+		for !st.normIter.Done() {
+			dst = append(dst, st.normIter.Next()...)
+		}
+		src = src[q:]
 	}
-	return n.form.Append(dst, src...)
+	return dst
 }
 
 type lowercase struct{}

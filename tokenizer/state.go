@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"golang.org/x/text/unicode/norm"
 	"hash/maphash"
 	"unicode/utf8"
 )
@@ -14,6 +15,7 @@ type encodeState struct {
 	norm     []byte
 	normA    []byte
 	normB    []byte
+	normIter norm.Iter
 
 	arena    []byte
 	piecesA  []piece
