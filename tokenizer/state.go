@@ -38,7 +38,7 @@ type encodeState struct {
 
 // maxRetainedBytes caps what a pooled state keeps of a buffer that a huge
 // input grew, so that one large prompt does not pin its memory.
-const maxRetainedBytes = 1 << 20
+const maxRetainedBytes = 16 << 20
 
 // trim drops buffers a huge input grew past maxRetainedBytes.
 func (st *encodeState) trim() {
