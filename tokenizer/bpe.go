@@ -197,7 +197,6 @@ func newBPE(c bpeConfig) (*bpeModel, error) {
 		}
 	}
 	m.allBytes = m.byteLevel && m.prefix == "" && m.suffix == ""
-	m.wordBoundary, m.notBoundaryAfter = findWordBoundary(c, m)
 	for b := range 256 {
 		m.byteID[b] = -1
 		if id, ok := m.vocab[string([]byte{byte(b)})]; ok && m.byteLevel {
@@ -210,6 +209,7 @@ func newBPE(c bpeConfig) (*bpeModel, error) {
 			m.fallbackIDs[b] = int32(id)
 		}
 	}
+	m.wordBoundary, m.notBoundaryAfter = findWordBoundary(c, m)
 	return m, nil
 }
 
@@ -224,6 +224,18 @@ func findWordBoundary(c bpeConfig, m *bpeModel) (rune, []rune) {
 	}
 	if _, ok := m.runeIDs[boundary]; !ok {
 		return 0, nil
+	}
+	// A character with no token, no fallback and no unk is dropped, and
+	// the symbols around it meet: the stretch would end there.
+	if m.unkID < 0 {
+		if !c.byteFallback {
+			return 0, nil
+		}
+		for _, id := range m.fallbackIDs {
+			if id < 0 {
+				return 0, nil
+			}
+		}
 	}
 	var after []rune
 	for _, mg := range c.merges {

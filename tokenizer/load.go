@@ -323,14 +323,19 @@ func parsePreTokenizer(raw json.RawMessage, depth int, out []preTokenizer) ([]pr
 		}
 		return append(out, splitPre{m: m, behavior: b, invert: s.Invert}), nil
 	case "ByteLevel":
-		b := struct {
-			AddPrefixSpace bool `json:"add_prefix_space"`
-			UseRegex       bool `json:"use_regex"`
-		}{UseRegex: true}
+		var b struct {
+			AddPrefixSpace *bool `json:"add_prefix_space"`
+			TrimOffsets    *bool `json:"trim_offsets"`
+			UseRegex       *bool `json:"use_regex"`
+		}
 		if err := json.Unmarshal(raw, &b); err != nil {
 			return nil, err
 		}
-		return append(out, byteLevelPre{addPrefixSpace: b.AddPrefixSpace, useRegex: b.UseRegex}), nil
+		// The model's loader requires both; use_regex defaults to true.
+		if b.AddPrefixSpace == nil || b.TrimOffsets == nil {
+			return nil, errors.New("cannot read ByteLevel: add_prefix_space and trim_offsets are required")
+		}
+		return append(out, byteLevelPre{addPrefixSpace: *b.AddPrefixSpace, useRegex: b.UseRegex == nil || *b.UseRegex}), nil
 	case "Metaspace":
 		var m struct {
 			Replacement    *string `json:"replacement"`
