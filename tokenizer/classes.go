@@ -1,8 +1,8 @@
 package tokenizer
 
 import (
+	"slices"
 	"sync"
-	"unicode"
 	"unicode/utf8"
 )
 
@@ -24,7 +24,20 @@ const (
 	clSymbol                            // \p{S}
 	clWord                              // \w of Rust's regex crate: Alphabetic, M, Nd, Pc, Join_Control
 	clNewline                           // \r or \n
+	// clNormalizedAsIs marks what the model's normalization tables (of
+	// Unicode 9.0) had not assigned, and so leave as they are.
+	clNormalizedAsIs
 )
+
+// classRange gives the class of the code points lo to hi.
+type classRange struct {
+	lo, hi rune
+	class  charClass
+}
+
+type runeRange struct{ lo, hi rune }
+
+//go:generate node testdata/reference/gen-unicode.mjs
 
 // bmpClasses holds the classes of the Basic Multilingual Plane, so that
 // classifying a character there is one load; it is filled once, when the
@@ -44,45 +57,32 @@ func initClasses() {
 	})
 }
 
+// computeClass looks r up in the generated Unicode 16.0 tables: the
+// model's own implementation classifies with Oniguruma's and Rust's
+// tables, which are newer than Go's unicode package.
 func computeClass(r rune) charClass {
 	var c charClass
-	if unicode.IsLetter(r) {
-		c |= clLetter
+	if i, ok := slices.BinarySearchFunc(classRanges, r, func(cr classRange, r rune) int {
 		switch {
-		case unicode.Is(unicode.Lu, r):
-			c |= clUpper
-		case unicode.Is(unicode.Ll, r):
-			c |= clLower
-		case unicode.Is(unicode.Lt, r):
-			c |= clTitle
-		case unicode.Is(unicode.Lm, r):
-			c |= clModifier
-		case unicode.Is(unicode.Lo, r):
-			c |= clOtherLetter
+		case cr.hi < r:
+			return -1
+		case cr.lo > r:
+			return 1
 		}
+		return 0
+	}); ok {
+		c = classRanges[i].class
 	}
-	if unicode.IsNumber(r) {
-		c |= clNumber
-	}
-	if unicode.IsSpace(r) {
-		c |= clSpace
-	}
-	if unicode.IsMark(r) {
-		c |= clMark
-	}
-	if unicode.IsPunct(r) {
-		c |= clPunct
-	}
-	if unicode.IsSymbol(r) {
-		c |= clSymbol
-	}
-	if unicode.IsLetter(r) || unicode.Is(unicode.Nl, r) || unicode.Is(unicode.Other_Alphabetic, r) ||
-		unicode.IsMark(r) || unicode.Is(unicode.Nd, r) || unicode.Is(unicode.Pc, r) ||
-		unicode.Is(unicode.Join_Control, r) {
-		c |= clWord
-	}
-	if r == '\r' || r == '\n' {
-		c |= clNewline
+	if _, ok := slices.BinarySearchFunc(unassignedInNormalization, r, func(rr runeRange, r rune) int {
+		switch {
+		case rr.hi < r:
+			return -1
+		case rr.lo > r:
+			return 1
+		}
+		return 0
+	}); ok {
+		c |= clNormalizedAsIs
 	}
 	return c
 }

@@ -37,6 +37,27 @@ func (n normSequence) apply(st *encodeState, dst, src []byte) []byte {
 type unicodeNorm struct{ form norm.Form }
 
 func (n unicodeNorm) apply(st *encodeState, dst, src []byte) []byte {
+	// What the model's (Unicode 9.0) tables do not know is a starter they
+	// leave alone, so the text is normalized around it.
+	for i := 0; i < len(src); {
+		if src[i] < utf8.RuneSelf {
+			i++
+			continue
+		}
+		c, size := classAt(src, i)
+		if c&clNormalizedAsIs == 0 {
+			i += size
+			continue
+		}
+		dst = n.normalize(st, dst, src[:i])
+		dst = append(dst, src[i:i+size]...)
+		src = src[i+size:]
+		i = 0
+	}
+	return n.normalize(st, dst, src)
+}
+
+func (n unicodeNorm) normalize(st *encodeState, dst, src []byte) []byte {
 	// Copy what is already normal, and normalize the segments that may
 	// not be one at a time, so that one combining mark does not send the
 	// rest of a prompt through the slow path. QuickSpan, NextBoundary and
@@ -82,10 +103,10 @@ type strip struct{ left, right bool }
 
 func (s strip) apply(_ *encodeState, dst, src []byte) []byte {
 	if s.left {
-		src = bytes.TrimLeftFunc(src, unicode.IsSpace)
+		src = bytes.TrimLeftFunc(src, isWhitespace)
 	}
 	if s.right {
-		src = bytes.TrimRightFunc(src, unicode.IsSpace)
+		src = bytes.TrimRightFunc(src, isWhitespace)
 	}
 	return append(dst, src...)
 }
@@ -95,7 +116,7 @@ type stripAccents struct{}
 func (stripAccents) apply(_ *encodeState, dst, src []byte) []byte {
 	for i := 0; i < len(src); {
 		r, n := decodeAt(src, i)
-		if !unicode.IsMark(r) {
+		if classOf(r)&clMark == 0 {
 			dst = append(dst, src[i:i+n]...)
 		}
 		i += n

@@ -1,7 +1,5 @@
 package tokenizer
 
-import "unicode"
-
 // piece is a stretch of st.arena that pre-tokenization is splitting;
 // first records that it starts where the input text starts, which
 // Metaspace's "first" prepend scheme asks.
@@ -164,9 +162,9 @@ func (c charPre) split(st *encodeState, p piece, out []piece) []piece {
 	return appendSpans(out, p, st.spans)
 }
 
-func isNumeric(r rune) bool { return unicode.IsNumber(r) }
+func isNumeric(r rune) bool { return classOf(r)&clNumber != 0 }
 
-func isWhitespace(r rune) bool { return unicode.IsSpace(r) }
+func isWhitespace(r rune) bool { return classOf(r)&clSpace != 0 }
 
 // delimiterPre is CharDelimiterSplit.
 func delimiterPre(d rune) charPre {
