@@ -22,9 +22,11 @@ const (
 	maxNesting     = 16
 )
 
-// errUnsupported marks a tokenizer.json this package cannot reproduce
-// exactly: a component it does not implement.
-var errUnsupported = errors.New("unsupported")
+// ErrUnsupported is wrapped by New's error for a tokenizer.json this
+// package cannot reproduce exactly: a component it does not implement
+// (another model type, BPE dropout, another normalizer or pre-tokenizer).
+// A caller routes such a model approximately.
+var ErrUnsupported = errors.New("unsupported")
 
 type tokenizerFile struct {
 	Version       *string          `json:"version"`
@@ -72,7 +74,7 @@ func New(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 		return nil, fmt.Errorf("cannot parse tokenizer.json: %w", err)
 	}
 	if f.Version != nil && *f.Version != "1.0" {
-		return nil, fmt.Errorf("cannot load tokenizer.json: version %q: %w", *f.Version, errUnsupported)
+		return nil, fmt.Errorf("cannot load tokenizer.json: version %q: %w", *f.Version, ErrUnsupported)
 	}
 	t := &Tokenizer{}
 	var err error
@@ -86,7 +88,7 @@ func New(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 	for i, p := range t.pre {
 		if _, ok := p.(byteLevelPre); ok {
 			if i != len(t.pre)-1 {
-				return nil, fmt.Errorf("cannot load tokenizer.json: pre_tokenizer: ByteLevel before another pre-tokenizer: %w", errUnsupported)
+				return nil, fmt.Errorf("cannot load tokenizer.json: pre_tokenizer: ByteLevel before another pre-tokenizer: %w", ErrUnsupported)
 			}
 			byteLevel = true
 		}
@@ -273,7 +275,7 @@ func parseNormalizer(raw json.RawMessage, depth int) (normalizer, error) {
 		}
 		return replace{m: m, content: *r.Content}, nil
 	}
-	return nil, fmt.Errorf("normalizer %q: %w", typ, errUnsupported)
+	return nil, fmt.Errorf("normalizer %q: %w", typ, ErrUnsupported)
 }
 
 func parsePreTokenizer(raw json.RawMessage, depth int, out []preTokenizer) ([]preTokenizer, error) {
@@ -395,7 +397,7 @@ func parsePreTokenizer(raw json.RawMessage, depth int, out []preTokenizer) ([]pr
 		r, _ := utf8.DecodeRuneInString(d.Delimiter)
 		return append(out, delimiterPre(r)), nil
 	}
-	return nil, fmt.Errorf("pre-tokenizer %q: %w", typ, errUnsupported)
+	return nil, fmt.Errorf("pre-tokenizer %q: %w", typ, ErrUnsupported)
 }
 
 func parseModel(raw json.RawMessage) (bpeConfig, error) {
@@ -408,14 +410,14 @@ func parseModel(raw json.RawMessage) (bpeConfig, error) {
 		return c, err
 	}
 	if m.Type != nil && *m.Type != "BPE" {
-		return c, fmt.Errorf("model %q: %w", *m.Type, errUnsupported)
+		return c, fmt.Errorf("model %q: %w", *m.Type, ErrUnsupported)
 	}
 	if m.Vocab == nil || isNull(m.Merges) {
 		return c, errors.New("cannot read BPE: missing vocab or merges")
 	}
 	if m.Dropout != nil && *m.Dropout != 0 {
 		// Dropout samples merges at random: no one can reproduce it.
-		return c, fmt.Errorf("BPE dropout %v: %w", *m.Dropout, errUnsupported)
+		return c, fmt.Errorf("BPE dropout %v: %w", *m.Dropout, ErrUnsupported)
 	}
 	if len(m.Vocab) > maxVocab {
 		return c, fmt.Errorf("cannot read BPE: %d vocabulary entries, more than %d", len(m.Vocab), maxVocab)
@@ -605,7 +607,7 @@ func parsePostProcessor(raw json.RawMessage, depth int) (prefix, suffix []uint32
 	case "TemplateProcessing":
 		return parseTemplate(raw)
 	}
-	return nil, nil, fmt.Errorf("post-processor %q: %w", typ, errUnsupported)
+	return nil, nil, fmt.Errorf("post-processor %q: %w", typ, ErrUnsupported)
 }
 
 // parseTemplate reads a TemplateProcessing's single-sequence template as
@@ -642,7 +644,7 @@ func parseTemplate(raw json.RawMessage) (prefix, suffix []uint32, err error) {
 		}
 		if isSeq {
 			if name != "A" || seenA {
-				return nil, nil, fmt.Errorf("single template uses sequence %q: %w", name, errUnsupported)
+				return nil, nil, fmt.Errorf("single template uses sequence %q: %w", name, ErrUnsupported)
 			}
 			seenA = true
 			continue
