@@ -27,10 +27,10 @@
 //     (TemplateProcessing, RobertaProcessing, BertProcessing, ByteLevel,
 //     Sequence).
 //
-// New refuses, with an error, a file that uses anything
-// else (another model type, BPE dropout, other normalizers or
-// pre-tokenizers) or that the model's own loader would refuse, rather than
-// tokenize it approximately. Truncation and padding settings are ignored:
+// New refuses, with an error, a file that uses anything else (another
+// model type, BPE dropout, other normalizers or pre-tokenizers: the error
+// wraps ErrUnsupported) or that the model's own loader would refuse,
+// rather than tokenize it approximately. Truncation and padding settings are ignored:
 // an engine never truncates or pads a prompt.
 //
 // Split patterns: the ones tokenizer.json files use for these families

@@ -34,6 +34,9 @@ func TestCodePointSweep(t *testing.T) {
 		}
 	}
 	for _, fam := range families {
+		if raceEnabled && !slices.Contains(sweepFamiliesUnderRace, fam.name) {
+			continue
+		}
 		t.Run(fam.name, func(t *testing.T) {
 			tok := loadFamily(t, o, fam.name)
 			const batch = 16
@@ -56,6 +59,12 @@ func TestCodePointSweep(t *testing.T) {
 		})
 	}
 }
+
+// sweepFamiliesUnderRace are the families the sweep covers under the race
+// detector: one per way of classifying characters (DeepSeek's \p{P} and
+// \p{S}, o200k's letter cases, GPT-2's classes after NFKC, Qwen's after
+// NFC).
+var sweepFamiliesUnderRace = []string{"deepseek_v3", "gptoss", "claude", "qwen3"}
 
 // sweepDifference narrows a failing chunk down to its first failing line.
 func sweepDifference(tok *Tokenizer, o *oracle, name string, chunk []byte) string {
