@@ -65,6 +65,9 @@ type Config struct {
 	// in-process demo or test): the engine registers in it, instead of
 	// Publisher or Segment.
 	SegmentHandle *shm.Segment
+	// ZMQ publishes the KV events on ZMQ sockets in vLLM's or SGLang's
+	// wire format (ZMQConfig.Listen set), instead of Publisher or Segment.
+	ZMQ ZMQConfig
 }
 
 // Defaults.

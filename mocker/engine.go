@@ -30,6 +30,7 @@ type Engine struct {
 	cfg       Config
 	core      *Core // owned by the loop goroutine
 	ownedPub  func() error
+	zmq       *ZMQPublisher // nil unless Config.ZMQ.Listen is set
 	ln        net.Listener
 	srv       *fasthttp.Server
 	serveDone chan struct{}
@@ -97,6 +98,20 @@ func Start(cfg Config) (*Engine, error) {
 		}
 		pub, ownedPub = sp, sp.Close
 	}
+	var zp *ZMQPublisher
+	if cfg.ZMQ.Listen != "" {
+		if pub != nil {
+			ln.Close()
+			closeOwned(ownedPub)
+			return nil, errors.New("cannot start mock engine: set only one of Publisher, Segment, SegmentHandle and ZMQ")
+		}
+		zp, err = NewZMQPublisher(cfg.ZMQ, cfg.DPRank)
+		if err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("cannot start mock engine: %w", err)
+		}
+		pub, ownedPub = zp, zp.Close
+	}
 	core, err := NewCore(cfg, pub)
 	if err != nil {
 		ln.Close()
@@ -107,6 +122,7 @@ func Start(cfg Config) (*Engine, error) {
 		cfg:       cfg,
 		core:      core,
 		ownedPub:  ownedPub,
+		zmq:       zp,
 		ln:        ln,
 		serveDone: make(chan struct{}),
 		wake:      make(chan struct{}, 1),
@@ -153,6 +169,24 @@ func (e *Engine) Addr() string { return e.ln.Addr().String() }
 
 // URL is the engine's base URL, "http://host:port".
 func (e *Engine) URL() string { return "http://" + e.Addr() }
+
+// ZMQEndpoint is the bound endpoint of the engine's KV-event PUB socket,
+// tcp://host:port, or "" when it publishes none.
+func (e *Engine) ZMQEndpoint() string {
+	if e.zmq == nil {
+		return ""
+	}
+	return e.zmq.Endpoint()
+}
+
+// ZMQReplayEndpoint is the bound endpoint of the engine's KV-event replay
+// socket, or "" when it has none.
+func (e *Engine) ZMQReplayEndpoint() string {
+	if e.zmq == nil {
+		return ""
+	}
+	return e.zmq.ReplayEndpoint()
+}
 
 // Config is the engine's configuration with defaults filled in.
 func (e *Engine) Config() Config { return e.cfg }
