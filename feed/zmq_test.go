@@ -758,7 +758,7 @@ func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 	}
 	events := []wireEvent{
 		good,
-		with(func(ev *wireEvent) { ev.loraID = 3 }),             // unnamed adapter: skipped
+		with(func(ev *wireEvent) { ev.loraID = 3 }),           // unnamed adapter: skipped
 		with(func(ev *wireEvent) { ev.loraName = "adapter" }), // stored in the adapter's namespace
 		with(func(ev *wireEvent) { ev.medium = "CPU" }),
 		with(func(ev *wireEvent) { ev.medium = "GPU" }), // stored: 2 blocks
