@@ -51,6 +51,11 @@ type Config struct {
 	// asking it falls back to /tokenize.
 	DisableRender bool
 
+	// LoRAAdapters are adapter names GET /v1/models lists with the model
+	// as their parent, as vLLM lists its LoRA modules, so that a router
+	// learns them. The mock does not simulate adapters otherwise.
+	LoRAAdapters []string
+
 	// WorkerID and DPRank identify this engine to the router's registry.
 	WorkerID uint64
 	DPRank   uint32

@@ -612,7 +612,22 @@ func (e *Engine) handleModels(ctx *fasthttp.RequestCtx) {
 	b = append(b, e.modelJSON...)
 	b = append(b, `,"parent":null,"max_model_len":`...)
 	b = strconv.AppendInt(b, int64(e.cfg.MaxModelLen), 10)
-	b = append(b, `,"permission":[]}]}`...)
+	b = append(b, `,"permission":[]}`...)
+	// LoRA adapters as vLLM lists them (vllm/entrypoints/openai/
+	// serving_models.py, show_available_models): root the adapter's path,
+	// parent the base model.
+	for _, a := range e.cfg.LoRAAdapters {
+		b = append(b, `,{"id":`...)
+		b = jsonscan.AppendQuoted(b, a)
+		b = append(b, `,"object":"model","created":`...)
+		b = strconv.AppendInt(b, time.Now().Unix(), 10)
+		b = append(b, `,"owned_by":"kvfast-mock","root":`...)
+		b = jsonscan.AppendQuoted(b, "/adapters/"+a)
+		b = append(b, `,"parent":`...)
+		b = append(b, e.modelJSON...)
+		b = append(b, `,"max_model_len":null,"permission":[]}`...)
+	}
+	b = append(b, `]}`...)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
 }

@@ -514,3 +514,28 @@ func TestEnginesHammer(t *testing.T) {
 		}
 	}
 }
+
+// TestModelsListAdapters: LoRA adapters are listed as vLLM lists them,
+// with the base model as their parent.
+func TestModelsListAdapters(t *testing.T) {
+	e := startEngine(t, Config{Model: "base", Speedup: math.Inf(1), LoRAAdapters: []string{"sql", "chat-\"x\""}})
+	status, b := do(t, "GET", e.URL()+"/v1/models", "")
+	var models struct {
+		Data []struct {
+			ID     string  `json:"id"`
+			Root   string  `json:"root"`
+			Parent *string `json:"parent"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(b, &models); status != 200 || err != nil || len(models.Data) != 3 {
+		t.Fatalf("models: %d %s %v", status, b, err)
+	}
+	if d := models.Data[0]; d.ID != "base" || d.Parent != nil {
+		t.Fatalf("base model card %s", b)
+	}
+	for i, want := range []string{"sql", "chat-\"x\""} {
+		if d := models.Data[i+1]; d.ID != want || d.Parent == nil || *d.Parent != "base" || d.Root != "/adapters/"+want {
+			t.Fatalf("adapter card %d: %s", i, b)
+		}
+	}
+}
