@@ -137,6 +137,9 @@ func TestNamespacesRouteApart(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	if resp := r.get(t, fastpath.PathModels); !bytes.Contains(resp.body, []byte(`"id":"sql","object":"model","owned_by":"kvfast","parent":"`+e2eModel+`"`)) {
+		t.Errorf("the router's model list does not show the adapter: %s", resp.body)
+	}
 	for _, tc := range []struct {
 		model, salt string
 		worker      uint64 // 0: no worker holds any block
