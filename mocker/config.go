@@ -153,6 +153,10 @@ func (cfg Config) withDefaults() (Config, error) {
 // It deliberately differs from radix.NamespaceSeed(model, "", ""), so that
 // the engine hashes the router receives are opaque keys, as a real engine's
 // are, and the router must re-hash the token ids it is sent.
-func EngineSeed(model string) uint64 {
-	return radix.NamespaceSeed("kvfast-mock-engine\x00"+model, "", "")
+func EngineSeed(model string) uint64 { return namespacedEngineSeed(model, "", "") }
+
+// namespacedEngineSeed is EngineSeed in the namespace of a LoRA adapter and
+// a cache salt.
+func namespacedEngineSeed(model, lora, salt string) uint64 {
+	return radix.NamespaceSeed("kvfast-mock-engine\x00"+model, lora, salt)
 }

@@ -33,7 +33,11 @@
 //   - KV cache: KVBlocks blocks of BlockSize tokens. Full blocks are
 //     hashed with radix.AppendBlockHashes' chaining under EngineSeed(model)
 //     (deliberately not the router's seed: engine hashes are opaque keys)
-//     and deduplicated by hash. Blocks are reference-counted; unreferenced
+//     and deduplicated by hash. A request naming one of Config.LoRAAdapters
+//     as its model, or carrying cache_salt, is hashed in that adapter's
+//     and salt's namespace, as vLLM's are, and shares blocks only within
+//     it; ZMQPublisher reports the namespace as the engine it speaks does,
+//     ShmPublisher (whose records cannot name one) leaves such blocks out. Blocks are reference-counted; unreferenced
 //     cached blocks stay findable until evicted, least recently used first,
 //     and only when no never-cached block is free.
 //   - Scheduling, after vLLM's V1 scheduler: each step has a token budget

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -501,7 +502,7 @@ func (e *Engine) admit(ctx *fasthttp.RequestCtx, chat bool, req *apiRequest) (ma
 
 // servesModel refuses, with vLLM's 404, a request naming another model.
 func (e *Engine) servesModel(ctx *fasthttp.RequestCtx, model string) bool {
-	if model != "" && model != e.cfg.Model {
+	if model != "" && model != e.cfg.Model && !slices.Contains(e.cfg.LoRAAdapters, model) {
 		writeError(ctx, &openai.Error{Status: fasthttp.StatusNotFound, Message: "The model `" + model + "` does not exist.", Type: "NotFoundError", Param: "model", Code: "model_not_found"})
 		return false
 	}
@@ -514,7 +515,10 @@ func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 	if !ok {
 		return
 	}
-	r := &Request{Prompt: req.tokens, MaxTokens: maxTokens, notify: make(chan struct{}, 1)}
+	r := &Request{Prompt: req.tokens, MaxTokens: maxTokens, CacheSalt: req.cacheSalt, notify: make(chan struct{}, 1)}
+	if req.model != "" && req.model != e.cfg.Model {
+		r.LoRA = req.model // servesModel let it through: an adapter
+	}
 	if err := e.submit(engineOp{kind: opAdd, r: r}); err != nil {
 		writeError(ctx, &openai.Error{Status: fasthttp.StatusServiceUnavailable, Message: err.Error(), Type: openai.TypeServerError})
 		return

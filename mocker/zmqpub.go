@@ -142,10 +142,20 @@ func (p *ZMQPublisher) Close() error {
 	return nil
 }
 
-// Stored implements Publisher.
+// Stored implements Publisher. An adapter's or a salted request's blocks
+// carry their namespace as the engines send it: vLLM names the adapter in
+// lora_name and hashes it into every block, the salt into a sequence's
+// first block, and lists those keys in extra_keys
+// (vllm/v1/core/kv_cache_utils.py, generate_block_hash_extra_keys);
+// SGLang sends the salt in BlockStoredWithMetadata's metadata map on every
+// salted block and never names an adapter.
 func (p *ZMQPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent) error {
 	p.hashes, p.tokens = p.hashes[:0], p.tokens[:0]
 	blockSize := 0
+	var lora, salt string
+	if len(blocks) > 0 {
+		lora, salt = blocks[0].LoRA, blocks[0].Salt
+	}
 	for _, b := range blocks {
 		p.hashes = append(p.hashes, b.Hash)
 		p.tokens = append(p.tokens, b.Tokens...)
@@ -153,7 +163,11 @@ func (p *ZMQPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent
 	}
 	b := p.batchHead()
 	if p.cfg.Format == ZMQSGLang {
-		b = mpArray(b, 7)
+		n := 7
+		if salt != "" {
+			n = 8
+		}
+		b = mpArray(b, n)
 		b = mpStr(b, "BlockStored")
 		b = p.appendHashes(b, p.hashes)
 		b = p.appendParent(b, parent, hasParent)
@@ -161,16 +175,52 @@ func (p *ZMQPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent
 		b = mpUint(b, uint64(blockSize))
 		b = append(b, mpNil) // lora_id
 		b = mpStr(b, "GPU")
+		if salt != "" {
+			b = mpStr(mpStr(mpMap(b, 1), "cache_salt"), salt)
+		}
+		return p.send(p.batchTail(b))
+	}
+	saltFirst := salt != "" && !hasParent // vLLM salts a request's first block only
+	extra := lora != "" || saltFirst
+	n := 8
+	if extra {
+		n = 9
+	}
+	b = mpMap(b, n)
+	b = mpStr(mpStr(b, "type"), "BlockStored")
+	b = p.appendHashes(mpStr(b, "block_hashes"), p.hashes)
+	b = p.appendParent(mpStr(b, "parent_block_hash"), parent, hasParent)
+	b = mpTokens(mpStr(b, "token_ids"), p.tokens)
+	b = mpUint(mpStr(b, "block_size"), uint64(blockSize))
+	b = append(mpStr(b, "lora_id"), mpNil)
+	b = mpStr(mpStr(b, "medium"), "GPU")
+	if b = mpStr(b, "lora_name"); lora != "" {
+		b = mpStr(b, lora)
 	} else {
-		b = mpMap(b, 8)
-		b = mpStr(mpStr(b, "type"), "BlockStored")
-		b = p.appendHashes(mpStr(b, "block_hashes"), p.hashes)
-		b = p.appendParent(mpStr(b, "parent_block_hash"), parent, hasParent)
-		b = mpTokens(mpStr(b, "token_ids"), p.tokens)
-		b = mpUint(mpStr(b, "block_size"), uint64(blockSize))
-		b = append(mpStr(b, "lora_id"), mpNil)
-		b = mpStr(mpStr(b, "medium"), "GPU")
-		b = append(mpStr(b, "lora_name"), mpNil)
+		b = append(b, mpNil)
+	}
+	if extra {
+		b = mpArray(mpStr(b, "extra_keys"), len(blocks))
+		for i := range blocks {
+			keys := 0
+			if lora != "" {
+				keys++
+			}
+			if i == 0 && saltFirst {
+				keys++
+			}
+			if keys == 0 {
+				b = append(b, mpNil)
+				continue
+			}
+			b = mpArray(b, keys)
+			if lora != "" {
+				b = mpStr(b, lora)
+			}
+			if i == 0 && saltFirst {
+				b = mpStr(b, salt)
+			}
+		}
 	}
 	return p.send(p.batchTail(b))
 }

@@ -97,12 +97,24 @@ func TestZMQPublisherWireShapes(t *testing.T) {
 			[]any{map[string]any{"type": "BlockStored", "block_hashes": []any{int8(7)}, "parent_block_hash": parent,
 				"token_ids": []any{uint16(300), int8(4)}, "block_size": int8(2), "lora_id": nil, "medium": "GPU", "lora_name": nil}},
 			[]any{map[string]any{"type": "BlockRemoved", "block_hashes": []any{int8(7)}, "medium": "GPU"}},
+			// An adapter's salted request: the name on every block, the
+			// salt on the first; its continuation has no extra keys left.
+			[]any{map[string]any{"type": "BlockStored", "block_hashes": []any{int8(8), int8(9)}, "parent_block_hash": nil,
+				"token_ids": []any{int8(1), int8(2), int8(3), int8(4)}, "block_size": int8(2), "lora_id": nil, "medium": "GPU",
+				"lora_name": "sql", "extra_keys": []any{[]any{"sql", "a"}, []any{"sql"}}}},
+			[]any{map[string]any{"type": "BlockStored", "block_hashes": []any{int8(10)}, "parent_block_hash": int8(9),
+				"token_ids": []any{int8(5), int8(6)}, "block_size": int8(2), "lora_id": nil, "medium": "GPU", "lora_name": nil}},
 		},
 		ZMQSGLang: {
 			[]any{[]any{"AllBlocksCleared"}},
 			[]any{[]any{"BlockStored", []any{int64(math.MinInt64)}, nil, []any{int8(1), int8(2)}, int8(2), nil, "GPU"}},
 			[]any{[]any{"BlockStored", []any{int8(7)}, int64(math.MinInt64), []any{uint16(300), int8(4)}, int8(2), nil, "GPU"}},
 			[]any{[]any{"BlockRemoved", []any{int8(7)}, "GPU"}},
+			// SGLang names no adapter; the salt is on every salted block.
+			[]any{[]any{"BlockStored", []any{int8(8), int8(9)}, nil, []any{int8(1), int8(2), int8(3), int8(4)}, int8(2), nil, "GPU",
+				map[string]any{"cache_salt": "a"}}},
+			[]any{[]any{"BlockStored", []any{int8(10)}, int8(9), []any{int8(5), int8(6)}, int8(2), nil, "GPU",
+				map[string]any{"cache_salt": "a"}}},
 		},
 	}
 	for format, events := range want {
@@ -117,6 +129,9 @@ func TestZMQPublisherWireShapes(t *testing.T) {
 				p.Stored(0, false, []BlockEvent{{Hash: parent, Tokens: []uint32{1, 2}}}),
 				p.Stored(parent, true, []BlockEvent{{Hash: 7, Tokens: []uint32{300, 4}}}),
 				p.Removed([]uint64{7}),
+				p.Stored(0, false, []BlockEvent{{Hash: 8, Tokens: []uint32{1, 2}, LoRA: "sql", Salt: "a"},
+					{Hash: 9, Tokens: []uint32{3, 4}, LoRA: "sql", Salt: "a"}}),
+				p.Stored(9, true, []BlockEvent{{Hash: 10, Tokens: []uint32{5, 6}, Salt: "a"}}),
 			} {
 				if err != nil {
 					t.Fatal(err)
