@@ -1,6 +1,7 @@
 package fastpath_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -81,4 +82,74 @@ func routeOnly(t *testing.T, r *e2eRouter, prompt []uint32) (worker uint64, over
 		t.Fatal(err)
 	}
 	return dec.WorkerID, int(dec.OverlapBlocks)
+}
+
+// TestMockZMQNamespaces: mock engines serving adapter "sql" publish on ZMQ
+// in vLLM's format. Engine 1 caches a prompt for the adapter, engine 2 the
+// same prompt for tenant-a's cache salt, and each namespace's requests
+// find only their own blocks through the router.
+func TestMockZMQNamespaces(t *testing.T) {
+	var engines []*mocker.Engine
+	var static []node.StaticWorker
+	for i := range 2 {
+		e := startMock(t, mocker.Config{Listen: "127.0.0.1:0", Model: e2eModel, KVBlocks: 1024, LoRAAdapters: []string{"sql"},
+			ZMQ: mocker.ZMQConfig{Listen: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", Topic: "kv-events"}})
+		engines = append(engines, e)
+		static = append(static, node.StaticWorker{ID: uint64(i + 1), Endpoint: e.Addr(), Model: e2eModel,
+			Events: e.ZMQEndpoint(), Replay: e.ZMQReplayEndpoint(), Topic: "kv-events"})
+	}
+	r := startE2ERouter(t, e2eConfig(static...))
+
+	const blocks = 4
+	bs := radix.DefaultBlockSize
+	prompt := e2eTokens(57, blocks*bs+1)
+	ids, err := json.Marshal(prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := [][]byte{
+		[]byte(`{"model":"sql","max_tokens":1,"prompt":` + string(ids) + `}`),
+		[]byte(`{"model":"` + e2eModel + `","cache_salt":"tenant-a","max_tokens":1,"prompt":` + string(ids) + `}`),
+	}
+	post := func(e *mocker.Engine, body []byte) {
+		resp, err := http.Post(e.URL()+"/v1/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: status %d", e.URL(), resp.StatusCode)
+		}
+	}
+	// overlap is what the router says worker id holds of body's prompt;
+	// 0 also while it does not know the adapter yet.
+	overlap := func(id uint64, body []byte) uint32 {
+		resp := r.post(t, fastpath.PathRouteCompletions, body, nil)
+		var d routeDecision
+		if resp.status != http.StatusOK || json.Unmarshal(resp.body, &d) != nil {
+			return 0
+		}
+		for _, w := range d.Workers {
+			if w.WorkerID == id {
+				return w.OverlapBlocks
+			}
+		}
+		return 0
+	}
+	// Each engine caches its namespaced prompt, then serves other prompts
+	// (a block each, in the base namespace) until the router holds the
+	// namespaced blocks: its subscriber catches up from the replay socket
+	// on the first live batch it sees.
+	deadline := time.Now().Add(e2eWait)
+	for i, e := range engines {
+		id := uint64(i + 1)
+		post(e, cached[i])
+		for n := 0; overlap(id, cached[i]) != blocks; n++ {
+			if time.Now().After(deadline) {
+				t.Fatalf("worker %d: the router never held the namespaced blocks: %+v", id, workerView(t, r.node, id, 0).ZMQ)
+			}
+			post(e, completionBody(e2eTokens(uint32(7000*(i+1)+n), bs+1), false, 1))
+		}
+	}
+	wantNamespaces(t, r, prompt, blocks, deadline)
 }

@@ -109,6 +109,14 @@ func TestNamespacesRouteApart(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 
+	wantNamespaces(t, r, prompt, blocks, deadline)
+}
+
+// wantNamespaces checks that worker 1 holds prompt's blocks for adapter
+// "sql" only and worker 2 for salt tenant-a only: each namespace's
+// requests find only their own blocks.
+func wantNamespaces(t *testing.T, r *e2eRouter, prompt []uint32, blocks uint32, deadline time.Time) {
+	t.Helper()
 	route := func(model, salt string) (status int, d routeDecision) {
 		ids, err := json.Marshal(prompt)
 		if err != nil {

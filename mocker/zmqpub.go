@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"sync"
 	"time"
 
@@ -131,13 +132,23 @@ func (p *ZMQPublisher) ReplayEndpoint() string { return p.cfg.Replay }
 
 // Close closes the sockets and waits for the replay goroutine.
 func (p *ZMQPublisher) Close() error {
-	err := p.pub.Close()
+	err := closeSocket(p.pub)
 	if p.router != nil {
-		err = errors.Join(err, p.router.Close())
+		err = errors.Join(err, closeSocket(p.router))
 	}
 	p.done.Wait()
 	if err != nil {
 		return fmt.Errorf("cannot close KV-event sockets: %w", err)
+	}
+	return nil
+}
+
+// closeSocket closes s. zmq4 reports the connections a subscriber had
+// already hung up as errors of the close; they are not this socket's
+// failure.
+func closeSocket(s zmq4.Socket) error {
+	if err := s.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
 	}
 	return nil
 }
