@@ -52,6 +52,11 @@ such an engine with a static worker whose zmq= (and replay=) name these
 endpoints. --zmq-drop-every N loses every Nth batch from the live stream,
 kept for replay, to watch a router repair gaps.
 
+--lora-adapters names LoRA adapters the engines serve, as vLLM's
+--lora-modules does: a request naming one as its model, or carrying
+cache_salt, caches its blocks in that namespace, published on ZMQ as the
+engine does (shm records cannot carry a namespace and leave them out).
+
 Engine i listens on the --listen port plus i (port 0: a free port each;
 likewise the --zmq-listen and --zmq-replay ports)
 and gets worker id --worker-id plus i, or, with --ranks-as-dp, the same
@@ -103,6 +108,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		zmqListen  = fs.String("zmq-listen", "tcp://127.0.0.1:5557", "with --publish zmq*: engine 0's KV-event PUB `endpoint`; engine i uses the port plus i (port 0: a free port each)")
 		zmqReplay  = fs.String("zmq-replay", "", "with --publish zmq*: engine 0's replay ROUTER `endpoint`, numbered like --zmq-listen (\"\": no replay socket)")
 		zmqTopic   = fs.String("zmq-topic", "", "with --publish zmq*: the topic frame of every message (vLLM's default is empty)")
+		adapters   = fs.String("lora-adapters", "", "comma-separated LoRA adapter `names` each engine serves (listed by GET /v1/models with the model as parent; their requests, like salted ones, cache in their own namespace)")
 		zmqDrop    = fs.Int("zmq-drop-every", 0, "with --publish zmq*: lose every `N`th batch from the live stream (it stays replayable)")
 		workerID   = fs.Uint64("worker-id", 0, "worker id of engine 0")
 		dpRank     = fs.Uint("dp-rank", 0, "DP rank of engine 0")
@@ -196,6 +202,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 				DecodePerSequence: *decSeq, DecodeAttentionPer1K: *decAttn,
 			},
 			DisableRender: *noRender,
+			LoRAAdapters:  loraAdapters(*adapters),
 			Segment:       *segment,
 			WorkerID:      *workerID + uint64(i),
 			DPRank:        uint32(*dpRank),
@@ -283,4 +290,15 @@ func numberedEndpoints(base string, n int) ([]string, error) {
 		eps[i] = "tcp://" + net.JoinHostPort(host, strconv.Itoa(p))
 	}
 	return eps, nil
+}
+
+// loraAdapters splits --lora-adapters.
+func loraAdapters(list string) []string {
+	var names []string
+	for _, n := range strings.Split(list, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	return names
 }

@@ -75,7 +75,8 @@ func TestMockCommand(t *testing.T) {
 		code := make(chan int, 1)
 		go func() {
 			code <- mockCommand([]string{"--engines", "2", "--listen", "127.0.0.1:0", "--engine-speedup", "inf",
-				"--publish", "zmq-sglang", "--zmq-listen", "tcp://127.0.0.1:0", "--zmq-replay", "tcp://127.0.0.1:0"}, &out, &errOut, stop)
+				"--publish", "zmq-sglang", "--zmq-listen", "tcp://127.0.0.1:0", "--zmq-replay", "tcp://127.0.0.1:0",
+				"--lora-adapters", "sql, chat"}, &out, &errOut, stop)
 		}()
 		deadline := time.Now().Add(10 * time.Second)
 		for !strings.Contains(out.String(), "running") {
@@ -87,6 +88,16 @@ func TestMockCommand(t *testing.T) {
 		m := regexp.MustCompile(`events zmq sglang (tcp://[0-9.]+:[0-9]+) replay (tcp://[0-9.]+:[0-9]+)`).FindAllStringSubmatch(out.String(), -1)
 		if len(m) != 2 || m[0][1] == m[1][1] || m[0][2] == m[1][2] || m[0][1] == m[0][2] {
 			t.Fatalf("ZMQ endpoints %v in %q", m, out.String())
+		}
+		u := regexp.MustCompile(`http://[0-9.]+:[0-9]+`).FindString(out.String())
+		resp, err := http.Get(u + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !bytes.Contains(b, []byte(`"id":"sql"`)) || !bytes.Contains(b, []byte(`"id":"chat"`)) {
+			t.Fatalf("adapters missing from /v1/models: %s", b)
 		}
 		close(stop)
 		if c := <-code; c != 0 {
