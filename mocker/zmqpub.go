@@ -172,7 +172,7 @@ func (p *ZMQPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent
 		p.tokens = append(p.tokens, b.Tokens...)
 		blockSize = len(b.Tokens)
 	}
-	b := p.batchHead()
+	b := p.batchHead(len(p.hashes), len(p.tokens))
 	if p.cfg.Format == ZMQSGLang {
 		n := 7
 		if salt != "" {
@@ -238,7 +238,7 @@ func (p *ZMQPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent
 
 // Removed implements Publisher.
 func (p *ZMQPublisher) Removed(hashes []uint64) error {
-	b := p.batchHead()
+	b := p.batchHead(len(hashes), 0)
 	if p.cfg.Format == ZMQSGLang {
 		b = mpArray(b, 3)
 		b = mpStr(b, "BlockRemoved")
@@ -255,7 +255,7 @@ func (p *ZMQPublisher) Removed(hashes []uint64) error {
 
 // Cleared implements Publisher.
 func (p *ZMQPublisher) Cleared() error {
-	b := p.batchHead()
+	b := p.batchHead(0, 0)
 	if p.cfg.Format == ZMQSGLang {
 		b = mpStr(mpArray(b, 1), "AllBlocksCleared")
 	} else {
@@ -270,9 +270,10 @@ func (p *ZMQPublisher) Load(running, waiting, kvUsed, kvTotal uint64) error { re
 // Heartbeat implements Publisher; the engines publish no heartbeat on ZMQ.
 func (p *ZMQPublisher) Heartbeat() error { return nil }
 
-// batchHead starts a one-event batch: [ts, [event.
-func (p *ZMQPublisher) batchHead() []byte {
-	b := make([]byte, 0, 64+5*len(p.hashes)+3*len(p.tokens))
+// batchHead starts a one-event batch: [ts, [event, in a buffer sized for
+// a payload of about hashes block hashes and tokens token ids.
+func (p *ZMQPublisher) batchHead(hashes, tokens int) []byte {
+	b := make([]byte, 0, 64+9*hashes+3*tokens)
 	b = mpArray(b, 3)
 	b = mpFloat(b, float64(time.Now().UnixNano())/1e9)
 	return mpArray(b, 1)
@@ -313,8 +314,10 @@ func (p *ZMQPublisher) send(payload []byte) error {
 	p.seq++
 	if p.router != nil {
 		if len(p.buffer) == p.cfg.BufferSteps {
-			copy(p.buffer, p.buffer[1:])
-			p.buffer = p.buffer[:len(p.buffer)-1]
+			// Sliding the slice forward makes append move it to a new
+			// array once its capacity runs out: amortised O(1) per batch.
+			p.buffer[0] = replayBatch{}
+			p.buffer = p.buffer[1:]
 		}
 		p.buffer = append(p.buffer, replayBatch{seq, payload})
 	}

@@ -160,3 +160,27 @@ func TestZMQPublisherWireShapes(t *testing.T) {
 		})
 	}
 }
+
+// TestZMQPublisherBufferIsBounded: the replay buffer keeps the last
+// BufferSteps batches, as vLLM's does.
+func TestZMQPublisherBufferIsBounded(t *testing.T) {
+	p, err := NewZMQPublisher(ZMQConfig{Listen: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", BufferSteps: 3}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for range 50 {
+		if err := p.Cleared(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var seqs []uint64
+	for _, b := range p.buffer {
+		seqs = append(seqs, b.seq)
+	}
+	if !reflect.DeepEqual(seqs, []uint64{47, 48, 49}) {
+		t.Fatalf("buffered %v, want the last three", seqs)
+	}
+}
