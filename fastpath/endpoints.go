@@ -153,13 +153,18 @@ func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
 		ID      string `json:"id"`
 		Object  string `json:"object"`
 		OwnedBy string `json:"owned_by"`
+		Parent  string `json:"parent,omitempty"` // a LoRA adapter's base model, as vLLM lists it
 	}
 	out := struct {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{Object: "list", Data: make([]model, 0, len(names))}
 	for _, n := range names {
-		out.Data = append(out.Data, model{ID: n, Object: "model", OwnedBy: "kvfast"})
+		m := model{ID: n, Object: "model", OwnedBy: "kvfast"}
+		if ns := seeds[n]; ns.lora != "" {
+			m.Parent = ns.name
+		}
+		out.Data = append(out.Data, m)
 	}
 	writeJSON(ctx, fasthttp.StatusOK, out)
 }

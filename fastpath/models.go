@@ -12,6 +12,27 @@ import (
 // its block hashes and its prompt renderer. The node calls it after adding
 // or removing workers.
 func (s *Server) WorkersChanged() {
+	s.modelsMu.Lock()
+	defer s.modelsMu.Unlock()
+	s.rebuildModels()
+}
+
+// SetAdapters tells the request path which model names are LoRA adapters,
+// each mapped to its base model (the parent an engine's GET /v1/models
+// gives it). A request naming an adapter routes among its base model's
+// workers, in the adapter's namespace NamespaceSeed(base, adapter, salt),
+// where the feed puts the blocks an engine reports under that lora_name.
+// An adapter whose base model no worker serves is ignored; one that names
+// a served base model stays the base model. The node calls it when the
+// adapters its engines list change.
+func (s *Server) SetAdapters(adapters map[string]string) {
+	s.modelsMu.Lock()
+	defer s.modelsMu.Unlock()
+	s.adapters = adapters
+	s.rebuildModels()
+}
+
+func (s *Server) rebuildModels() {
 	m := map[string]modelNamespace{}
 	for w := range s.sched.Workers().All() {
 		if info, ok := s.sched.Worker(w); ok {
@@ -25,11 +46,20 @@ func (s *Server) WorkersChanged() {
 			m[info.Model] = ns
 		}
 	}
+	for adapter, base := range s.adapters {
+		ns, served := m[base]
+		if _, clash := m[adapter]; !served || clash || ns.lora != "" {
+			continue
+		}
+		ns.lora, ns.seed = adapter, radix.NamespaceSeed(base, adapter, "")
+		m[adapter] = ns
+	}
 	s.seeds.Store(&m)
 }
 
 type modelNamespace struct {
-	name   string
+	name   string // the base model's, which its workers register with
+	lora   string // the LoRA adapter a request names, "" for the base model
 	seed   uint64
 	render prompt.Renderer // nil: text and chat prompts route approximately
 }
@@ -37,18 +67,26 @@ type modelNamespace struct {
 var errUnknownModel = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Param: "model", Code: "model_not_found",
 	Message: "no worker serves the requested model"}
 
-// namespace resolves the request's model to the name the workers use, the
-// seed of its block hashes and its prompt renderer. A missing model routes
-// among all workers (with the first model's seed and renderer only if
-// there is exactly one model).
+// namespace resolves the request's model to the name the workers use (an
+// adapter's base model), the seed of its block hashes (in the namespace of
+// the adapter it names and of its cache_salt) and its prompt renderer. A
+// missing model routes among all workers (with the model's seed and
+// renderer only if there is exactly one base model).
 func (s *Server) namespace(r *openai.ParsedRequest) (model string, seed uint64, render prompt.Renderer, _ *openai.Error) {
 	seeds := *s.seeds.Load()
+	var lora string
 	if r.Model == nil {
-		if len(seeds) != 1 {
-			return "", radix.NamespaceSeed("", "", string(r.CacheSalt)), nil, nil
-		}
+		// Adapters are not models of their own here: only the base
+		// models count.
+		bases := 0
 		for _, ns := range seeds {
-			model, seed, render = ns.name, ns.seed, ns.render
+			if ns.lora == "" {
+				bases++
+				model, seed, render = ns.name, ns.seed, ns.render
+			}
+		}
+		if bases != 1 {
+			return "", radix.NamespaceSeed("", "", string(r.CacheSalt)), nil, nil
 		}
 	} else {
 		// The entry carries the name as a string already, so the body's
@@ -57,12 +95,12 @@ func (s *Server) namespace(r *openai.ParsedRequest) (model string, seed uint64, 
 		if !ok {
 			return "", 0, nil, errUnknownModel
 		}
-		model, seed, render = ns.name, ns.seed, ns.render
+		model, seed, render, lora = ns.name, ns.seed, ns.render, ns.lora
 	}
 	if len(r.CacheSalt) > 0 {
 		// Salted requests are rare and get their own namespace; computing
 		// it allocates the strings, which is acceptable off the common path.
-		seed = radix.NamespaceSeed(model, "", string(r.CacheSalt))
+		seed = radix.NamespaceSeed(model, lora, string(r.CacheSalt))
 	}
 	return model, seed, render, nil
 }

@@ -129,6 +129,8 @@ type Server struct {
 	useApprox bool
 	renderers Renderers
 	seeds     atomic.Pointer[map[string]modelNamespace]
+	modelsMu  sync.Mutex        // serialises rebuilds of seeds
+	adapters  map[string]string // LoRA adapter -> base model; under modelsMu
 
 	metricsOnce sync.Once
 	metricsHTTP fasthttp.RequestHandler

@@ -27,6 +27,7 @@ func TestRouteOnlyAllocations(t *testing.T) {
 		headers map[string]string
 		cached  int // prompt blocks the first worker caches
 		policy  string
+		adapter bool // benchModel serves LoRA adapter "sql"
 	}{
 		{name: "tokens 1K cache hit", path: PathRouteCompletions,
 			body: tokenBody(benchTokens(1024, 151935), ", ", false), cached: 48},
@@ -43,6 +44,8 @@ func TestRouteOnlyAllocations(t *testing.T) {
 		{name: "allow list", path: PathRouteCompletions,
 			body: tokenBody(benchTokens(1024, 151935), ", ", false), cached: 8,
 			headers: map[string]string{HeaderAllow: "1, 3:0"}},
+		{name: "LoRA adapter", path: PathRouteCompletions, adapter: true,
+			body: bytes.Replace(tokenBody(benchTokens(1024, 151935), ", ", false), []byte(`"`+benchModel+`"`), []byte(`"sql"`), 1)},
 		{name: "text prompt, approximate", path: PathRouteCompletions, policy: "approx",
 			body: []byte(`{"model":"` + benchModel + `","prompt":"` + text + `","max_tokens":64}`)},
 		{name: "chat, approximate", path: PathRouteChatCompletions, policy: "approx",
@@ -52,6 +55,9 @@ func TestRouteOnlyAllocations(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newRouteTestServer(t, 4, tc.policy)
+			if tc.adapter {
+				s.SetAdapters(map[string]string{"sql": benchModel})
+			}
 			if tc.cached > 0 {
 				fillRouteIndex(t, s, tc.body, 0, tc.cached)
 			}

@@ -23,7 +23,9 @@ import (
 //	new [block-size=N]      a fresh index and subscriber (model test-model, default block size 4)
 //	apply                   offer the input payload as the next batch; print what the
 //	                        subscriber counted and how many blocks the worker holds
-//	holds tokens=a,b,…      whether the worker holds each block of that token chain
+//	holds tokens=a,b,… [lora=name] [salt=s]
+//	                        whether the worker holds each block of that token
+//	                        chain, hashed in the namespace of lora and salt
 //	replay                  read one replay-socket message, one frame per input line:
 //	                        empty | str "…" | seq N (8 bytes big-endian; -1 ends a replay)
 //
@@ -163,8 +165,14 @@ func (c *conformance) apply(payload []byte) string {
 }
 
 func (c *conformance) holds(t *testing.T, d *datadriven.TestData) string {
-	var arg string
+	var arg, lora, salt string
 	d.ScanArgs(t, "tokens", &arg)
+	if d.HasArg("lora") {
+		d.ScanArgs(t, "lora", &lora)
+	}
+	if d.HasArg("salt") {
+		d.ScanArgs(t, "salt", &salt)
+	}
 	var tokens []uint32
 	for _, f := range strings.Split(arg, ",") {
 		v, err := strconv.ParseUint(f, 10, 32)
@@ -175,7 +183,7 @@ func (c *conformance) holds(t *testing.T, d *datadriven.TestData) string {
 	}
 	bs := c.s.cfg.BlockSize
 	var sb strings.Builder
-	h := c.s.seed
+	h := radix.NamespaceSeed(c.s.cfg.Model, lora, salt)
 	for i := 0; i+bs <= len(tokens); i += bs {
 		h = radix.ChainBlockHash(h, tokens[i:i+bs])
 		fmt.Fprintf(&sb, "block %d: %v\n", i/bs, c.s.ix.Lookup(h).Has(zmqTestSlot))

@@ -19,7 +19,8 @@
 // on. Stored re-hashes the blocks' token ids with radix.ChainBlockHash
 // from the parent's kvfast hash (looked up in the index's per-worker
 // engine map by the parent's engine hash; for the first block of a
-// sequence, radix.NamespaceSeed(model, "", "")), maps each block's engine
+// sequence, radix.NamespaceSeed(model, lora, salt), the namespace of its
+// LoRA adapter and cache salt, "" for none), maps each block's engine
 // hash to its kvfast hash, and stores the blocks. Removed resolves the
 // engine hashes, removes the blocks and forgets the mappings. Cleared
 // drops the worker's blocks and keeps its mappings, so that blocks the
@@ -72,15 +73,35 @@
 // raw msgpack), routed on or not: what the router skips is the
 // subscriber's policy, not a loss in decoding. A subscriber applies
 // BlockStored, BlockRemoved and AllBlocksCleared through the same path as
-// ring records' Stored, Removed and Cleared. Events the router cannot
-// route on yet are counted and skipped: LoRA adapters' blocks, other
-// media (CPU or disk tiers), KV-cache groups other than 0, another block
-// size, blocks whose hash covers extra keys (images, cache salt, from the
-// first such block on), token_ids whose length is not
-// len(block_hashes)·block_size. SGLang sends a salt as its own field, not
-// as an extra key, and seeds the salted block's whole hash chain with it;
-// such blocks are skipped and counted exactly as vLLM's salted blocks are
-// (skipped_extra_key_blocks), the salt kept on the decoded event.
+// ring records' Stored, Removed and Cleared.
+//
+// # Namespaces
+//
+// Blocks of a LoRA adapter or of a salted request are hashed in their
+// namespace, radix.NamespaceSeed(model, lora, salt), the one requests
+// naming that adapter (their model) and salt (their cache_salt) are
+// hashed in, so that they match only each other. Only a sequence's first
+// block (no parent) takes the seed; later blocks inherit it through the
+// parent's kvfast hash. vLLM names the adapter in lora_name and, hashing
+// each block with the extra keys lora + mm + salt + prompt_embeds
+// (kv_cache_utils.py, generate_block_hash_extra_keys), repeats the name
+// first in every block's extra keys and puts the salt last in a
+// request's first block's: those keys are the namespace, anything else
+// (multimodal pairs, prompt-embedding digests) is not. SGLang sends the
+// salt as its own field (metadata.cache_salt, or cache_salt in its map
+// events), and its events name no adapter at all (lora_id is always
+// null): kvfast takes SGLang's blocks as the base model's, so with SGLang
+// serving adapters, a base-model request may be credited with blocks an
+// adapter's request cached (an over-claim the events give no way to
+// avoid, and no way to count), while adapter requests find no blocks (an
+// under-claim). Serve adapters from vLLM where routing must be exact.
+//
+// Events the router cannot route on yet are counted and skipped: blocks
+// of an adapter named only by lora_id (vLLM before lora_name; requests
+// name adapters), other media (CPU or disk tiers), KV-cache groups other
+// than 0, another block size, blocks whose hash covers extra keys beyond
+// the namespace (images, prompt embeddings, from the first such block
+// on), token_ids whose length is not len(block_hashes)·block_size.
 //
 // # Undecodable events
 //

@@ -97,11 +97,14 @@ func CheckZMQEndpoint(ep string) error {
 // ZMQSubscriber applies one engine's ZMQ KV-event stream to the index, in
 // the engine's worker slot. Run it on its own goroutine.
 type ZMQSubscriber struct {
-	ix    *radix.Index
-	cfg   ZMQConfig
-	seed  uint64
-	dec   VLLMDecoder
-	apply applier
+	ix   *radix.Index
+	cfg  ZMQConfig
+	seed uint64 // the base model's namespace
+	// namespaces caches the seeds of the LoRA adapters and cache salts
+	// seen, so that a stream of salted batches allocates nothing.
+	namespaces namespaceSeeds
+	dec        VLLMDecoder
+	apply      applier
 
 	// Sequence state, owned by the Run goroutine.
 	synced     bool    // the index holds this worker's state as of lastSeq
@@ -453,7 +456,9 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 		switch ev.Kind {
 		case VLLMBlockStored:
 			switch bs := s.cfg.BlockSize; {
-			case ev.LoRA:
+			case ev.LoRA && len(ev.LoRAName) == 0:
+				// An adapter named only by lora_id (vLLM before lora_name):
+				// requests name adapters, so its blocks cannot be matched.
 				s.c.skippedLoRA.Add(n)
 			case ev.OffGPU:
 				s.c.skippedMedium.Add(n)
@@ -463,11 +468,6 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 				s.c.blockSizeMismatch.Add(n)
 			case ev.BadTokens || len(ev.Tokens) != len(ev.Hashes)*bs:
 				s.c.badEvents.Add(1)
-			case len(ev.Salt) > 0:
-				// SGLang seeds a salted block's hash chain with the salt; until
-				// requests are hashed in their salt's namespace, such blocks
-				// are skipped like vLLM's, whose salt is an extra key.
-				s.c.skippedExtraKeys.Add(n)
 			default:
 				s.stored(ev, bs)
 			}
@@ -508,14 +508,20 @@ func (s *ZMQSubscriber) undecodable(ev *VLLMEvent) {
 }
 
 func (s *ZMQSubscriber) stored(ev *VLLMEvent, bs int) {
-	parent, ok := s.apply.parent(s.cfg.Slot, s.seed, ev.Parent, ev.HasParent)
+	seed := s.seed
+	if !ev.HasParent && (len(ev.LoRAName) > 0 || len(ev.Salt) > 0) {
+		// A block with a parent inherits its namespace from the parent's
+		// kvfast hash; only a sequence's first block is seeded with it.
+		seed = s.namespaces.seed(s.cfg.Model, ev.LoRAName, ev.Salt)
+	}
+	parent, ok := s.apply.parent(s.cfg.Slot, seed, ev.Parent, ev.HasParent)
 	if !ok {
 		s.c.unresolvedParent.Add(uint64(len(ev.Hashes)))
 		return
 	}
-	// Blocks whose engine hash covers more than tokens (images, a cache
-	// salt) would collide with plain-text blocks; so would every later
-	// block of the chain.
+	// Blocks whose engine hash covers more than tokens and namespace
+	// (images, prompt embeddings) would collide with plain-text blocks; so
+	// would every later block of the chain.
 	m := ev.ExtraKeysFrom
 	s.c.skippedExtraKeys.Add(uint64(len(ev.Hashes) - m))
 	s.c.storedBlocks.Add(uint64(s.apply.stored(s.cfg.Slot, parent, ev.Hashes[:m], ev.Tokens[:m*bs], bs)))
@@ -583,4 +589,28 @@ func (s *ZMQSubscriber) Stats() ZMQStats {
 		SkippedLoRA: c.skippedLoRA.Load(), SkippedMedium: c.skippedMedium.Load(), SkippedGroup: c.skippedGroup.Load(),
 		SkippedExtraKeys: c.skippedExtraKeys.Load(), BlockSizeMismatch: c.blockSizeMismatch.Load(),
 		UnresolvedParent: c.unresolvedParent.Load(), UnknownRemoved: c.unknownRemoved.Load()}
+}
+
+// namespaceSeeds caches radix.NamespaceSeed(model, lora, salt) by lora
+// and salt. A tenant's salt recurs on every one of its requests, so the
+// cache saves hashing and, above all, the strings NamespaceSeed takes; it
+// is bounded, and simply emptied when full, as recomputing costs little.
+type namespaceSeeds struct {
+	m   map[string]uint64
+	key []byte
+}
+
+const maxNamespaceSeeds = 4096
+
+func (c *namespaceSeeds) seed(model string, lora, salt []byte) uint64 {
+	c.key = append(append(append(c.key[:0], lora...), 0), salt...)
+	if v, ok := c.m[string(c.key)]; ok {
+		return v
+	}
+	if c.m == nil || len(c.m) >= maxNamespaceSeeds {
+		c.m = make(map[string]uint64)
+	}
+	v := radix.NamespaceSeed(model, string(lora), string(salt))
+	c.m[string(c.key)] = v
+	return v
 }

@@ -73,3 +73,33 @@ func TestZMQDecodeZeroAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestZMQApplyNamespacedZeroAllocs: blocks of an adapter and of a salted
+// tenant are applied in their namespace without allocating once the
+// namespace's seed is cached.
+func TestZMQApplyNamespacedZeroAllocs(t *testing.T) {
+	ix := newZMQIndex(t)
+	s, err := NewZMQSubscriber(ix, ZMQConfig{Endpoint: "tcp://127.0.0.1:1", Slot: zmqTestSlot, Model: testModel,
+		BlockSize: testBlockSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := mpNotation(t, `[1.5, [{"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": null,
+	  "token_ids": [1, 2, 3, 4, 5, 6, 7, 8], "block_size": 4, "lora_id": 2, "medium": "GPU", "lora_name": "a",
+	  "extra_keys": [["a", "tenant"], ["a"]]},
+	  ["BlockStored", [3], null, [1, 2, 3, 4], 4, null, "GPU", {"cache_salt": "other"}]], 0]`)
+	gone := mpNotation(t, `[1.5, [{"type": "BlockRemoved", "block_hashes": [1, 2, 3]}], 0]`)
+	seq := s.lastSeq
+	allocs := testing.AllocsPerRun(200, func() {
+		seq++
+		s.offer(seq, stored)
+		seq++
+		s.offer(seq, gone)
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocs per stored+removed pair", allocs)
+	}
+	if st := s.Stats(); st.StoredBlocks == 0 || st.RemovedBlocks != st.StoredBlocks || st.SkippedExtraKeys != 0 {
+		t.Fatalf("the namespaced blocks were not applied: %+v", st)
+	}
+}

@@ -82,9 +82,10 @@ type VLLMEvent struct {
 	LoRA     bool   // lora_id or lora_name set: not in the base model's namespace
 	LoRAID   int64  // lora_id (vLLM deprecated it for lora_name); 0 when absent
 	LoRAName []byte // lora_name; nil when absent
-	// Salt is a cache salt sent as its own field: SGLang's
-	// BlockStoredWithMetadata metadata.cache_salt, or its map events'
-	// cache_salt. nil when absent. vLLM sends its salt inside ExtraKeys.
+	// Salt is the cache salt of the sequence the blocks belong to: SGLang's
+	// BlockStoredWithMetadata metadata.cache_salt or its map events'
+	// cache_salt, or vLLM's, which is the first block's last extra key
+	// when the event starts a sequence (no parent). nil when absent.
 	Salt []byte
 
 	Medium   []byte // medium as sent ("GPU", "CPU", "CPU_PINNED", "DISK", …); nil when absent
@@ -99,8 +100,10 @@ type VLLMEvent struct {
 	// block: nil, or what else the block's hash covers), nil when absent.
 	ExtraKeys []byte
 	// ExtraKeysFrom is the first block whose hash also covers extra keys
-	// (multimodal inputs, cache salt, prompt embeddings), which token ids
-	// alone cannot reproduce; len(Hashes) when none does.
+	// beyond the event's namespace (multimodal inputs, prompt embeddings),
+	// which token ids alone cannot reproduce; len(Hashes) when none does.
+	// The namespace keys are vLLM's LoRA name (on every block, first) and
+	// cache salt (on a sequence's first block, last): see namespaceKeys.
 	ExtraKeysFrom int
 
 	// Undecodable: the event is well-formed msgpack but not a well-formed
@@ -171,10 +174,13 @@ func (d *VLLMDecoder) Decode(payload []byte) (*VLLMBatch, error) {
 		ev := &b.Events[i]
 		ev.Hashes = d.hashes[ev.hashLo:ev.hashHi:ev.hashHi]
 		ev.Tokens = d.tokens[ev.tokLo:ev.tokHi:ev.tokHi]
-		ev.ExtraKeysFrom = min(ev.ExtraKeysFrom, len(ev.Hashes))
 		// Derived here, once every field of a map event has been read in
 		// whatever order it came.
 		ev.LoRA = ev.LoRAID != 0 || len(ev.LoRAName) > 0
+		if ev.ExtraKeys != nil && !ev.Undecodable {
+			ev.ExtraKeysFrom = namespaceKeys(ev)
+		}
+		ev.ExtraKeysFrom = min(ev.ExtraKeysFrom, len(ev.Hashes))
 		ev.OffGPU = ev.Medium != nil && !strings.EqualFold(string(ev.Medium), "GPU")
 	}
 	return b, nil
@@ -535,8 +541,9 @@ func (d *VLLMDecoder) metadata(ev *VLLMEvent) error {
 	return nil
 }
 
-// extraKeys keeps extra_keys raw for whoever routes on them, and notes the
-// first block that has any.
+// extraKeys keeps extra_keys raw, after checking that it is an array of
+// skippable values; which of them are the namespace is decided once the
+// whole event is read (namespaceKeys).
 func (d *VLLMDecoder) extraKeys(ev *VLLMEvent) error {
 	r := &d.r
 	if r.null() {
@@ -547,17 +554,62 @@ func (d *VLLMDecoder) extraKeys(ev *VLLMEvent) error {
 	if err != nil {
 		return err
 	}
+	if err := r.skipN(n); err != nil {
+		return err
+	}
+	ev.ExtraKeys = r.b[start:r.off:r.off]
+	return nil
+}
+
+// namespaceKeys returns the first block of ev whose extra keys hold more
+// than its namespace, taking vLLM's salt from them into ev.Salt.
+//
+// vLLM hashes each block with the extra keys lora + mm + salt +
+// prompt_embeds, in that order (vllm/v1/core/kv_cache_utils.py,
+// generate_block_hash_extra_keys, as of tag v0.27.1): the LoRA name on
+// every block of an adapter's request, the cache salt on the request's
+// first block only (start_token_idx 0), multimodal keys as (identifier,
+// offset) pairs and prompt embeddings as digests. So a block's keys are
+// namespace only if they are the event's LoRA name, and, on the first
+// block of an event without a parent, one more string: the salt. Anything
+// else ends what the router can hash. An older vLLM whose multimodal keys
+// were plain strings could have its first block's image hash read as a
+// salt; that block then lands in a namespace no request has, which only
+// under-claims.
+func namespaceKeys(ev *VLLMEvent) int {
+	r := mpReader{b: ev.ExtraKeys}
+	n, err := r.arrayLen()
+	if err != nil {
+		return 0
+	}
 	for i := range n {
 		if r.null() {
 			continue
 		}
-		ev.ExtraKeysFrom = min(ev.ExtraKeysFrom, i)
-		if err := r.skip(); err != nil {
-			return err
+		keys, err := r.arrayLen()
+		if err != nil {
+			return i
+		}
+		k := 0
+		if len(ev.LoRAName) > 0 && k < keys {
+			if s, err := r.str(); err != nil || string(s) != string(ev.LoRAName) {
+				return i
+			}
+			k++
+		}
+		if i == 0 && !ev.HasParent && k < keys {
+			s, err := r.str()
+			if err != nil || (ev.Salt != nil && string(s) != string(ev.Salt)) {
+				return i
+			}
+			ev.Salt = s[:len(s):len(s)]
+			k++
+		}
+		if k < keys {
+			return i
 		}
 	}
-	ev.ExtraKeys = r.b[start:r.off:r.off]
-	return nil
+	return n
 }
 
 func (d *VLLMDecoder) hashList() error {

@@ -758,8 +758,8 @@ func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 	}
 	events := []wireEvent{
 		good,
-		with(func(ev *wireEvent) { ev.loraID = 3 }),
-		with(func(ev *wireEvent) { ev.loraName = "adapter" }),
+		with(func(ev *wireEvent) { ev.loraID = 3 }),           // unnamed adapter: skipped
+		with(func(ev *wireEvent) { ev.loraName = "adapter" }), // stored in the adapter's namespace
 		with(func(ev *wireEvent) { ev.medium = "CPU" }),
 		with(func(ev *wireEvent) { ev.medium = "GPU" }), // stored: 2 blocks
 		with(func(ev *wireEvent) { ev.group = 1 }),
@@ -784,8 +784,8 @@ func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 		t.Fatal("sequence")
 	}
 	st := s.Stats()
-	want := ZMQStats{Connected: true, LastSeq: seq2, Batches: st.Batches, StoredBlocks: 2 + 2 + 1,
-		SkippedLoRA: 4, SkippedMedium: 2 + 2, SkippedGroup: 2, BlockSizeMismatch: 2, BadEvents: 2,
+	want := ZMQStats{Connected: true, LastSeq: seq2, Batches: st.Batches, StoredBlocks: 2 + 2 + 2 + 1,
+		SkippedLoRA: 2, SkippedMedium: 2 + 2, SkippedGroup: 2, BlockSizeMismatch: 2, BadEvents: 2,
 		UnresolvedParent: 2, SkippedExtraKeys: 1, UnknownRemoved: 1, UnknownEvents: 1}
 	if st != want {
 		t.Fatalf("stats\n got %+v\nwant %+v", st, want)
@@ -796,9 +796,14 @@ func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 	if !ix.Lookup(b1).Has(zmqTestSlot) || !ix.Lookup(b2).Has(zmqTestSlot) {
 		t.Fatal("the good event's blocks are missing")
 	}
-	if n := ix.Stats().WorkerBlocks[zmqTestSlot]; n != 2 {
+	a1 := radix.ChainBlockHash(radix.NamespaceSeed(testModel, "adapter", ""), tokens(2)[:testBlockSize])
+	if !ix.Lookup(a1).Has(zmqTestSlot) {
+		t.Fatal("the adapter's blocks are missing")
+	}
+	if n := ix.Stats().WorkerBlocks[zmqTestSlot]; n != 4 {
 		// The medium=GPU and extra-keys events store the same two
-		// token blocks (and the first extra-key block) again.
+		// token blocks (and the first extra-key block) again; the
+		// adapter's are two others.
 		t.Fatalf("slot holds %d blocks", n)
 	}
 }

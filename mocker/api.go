@@ -15,6 +15,7 @@ import (
 type apiRequest struct {
 	chat            bool
 	model           string
+	cacheSalt       string // vLLM's cache_salt, "" for none
 	tokens          []uint32
 	maxTokens       int // -1: not set
 	stream          bool
@@ -33,6 +34,7 @@ func badRequest(param, format string, args ...any) *openai.Error {
 
 type wireRequest struct {
 	Model               string          `json:"model"`
+	CacheSalt           string          `json:"cache_salt"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Messages            []wireMessage   `json:"messages"`
 	MaxTokens           *int64          `json:"max_tokens"`
@@ -65,7 +67,7 @@ func parseRequest(body []byte, chat bool, dst *apiRequest) *openai.Error {
 	if err := json.Unmarshal(body, &w); err != nil {
 		return badRequest("", "cannot parse request body: %v", err)
 	}
-	dst.model = w.Model
+	dst.model, dst.cacheSalt = w.Model, w.CacheSalt
 	dst.stream = w.Stream
 	if w.StreamOptions != nil {
 		if !w.Stream {

@@ -51,6 +51,11 @@ type Config struct {
 	// asking it falls back to /tokenize.
 	DisableRender bool
 
+	// LoRAAdapters are adapter names GET /v1/models lists with the model
+	// as their parent, as vLLM lists its LoRA modules, so that a router
+	// learns them. The mock does not simulate adapters otherwise.
+	LoRAAdapters []string
+
 	// WorkerID and DPRank identify this engine to the router's registry.
 	WorkerID uint64
 	DPRank   uint32
@@ -65,6 +70,9 @@ type Config struct {
 	// in-process demo or test): the engine registers in it, instead of
 	// Publisher or Segment.
 	SegmentHandle *shm.Segment
+	// ZMQ publishes the KV events on ZMQ sockets in vLLM's or SGLang's
+	// wire format (ZMQConfig.Listen set), instead of Publisher or Segment.
+	ZMQ ZMQConfig
 }
 
 // Defaults.
@@ -145,6 +153,10 @@ func (cfg Config) withDefaults() (Config, error) {
 // It deliberately differs from radix.NamespaceSeed(model, "", ""), so that
 // the engine hashes the router receives are opaque keys, as a real engine's
 // are, and the router must re-hash the token ids it is sent.
-func EngineSeed(model string) uint64 {
-	return radix.NamespaceSeed("kvfast-mock-engine\x00"+model, "", "")
+func EngineSeed(model string) uint64 { return namespacedEngineSeed(model, "", "") }
+
+// namespacedEngineSeed is EngineSeed in the namespace of a LoRA adapter and
+// a cache salt.
+func namespacedEngineSeed(model, lora, salt string) uint64 {
+	return radix.NamespaceSeed("kvfast-mock-engine\x00"+model, lora, salt)
 }

@@ -35,6 +35,13 @@ const (
 type Request struct {
 	Prompt    []uint32
 	MaxTokens int
+	// LoRA and CacheSalt put the request's blocks in their own namespace,
+	// as vLLM hashes an adapter's name into every block and the salt into
+	// the first: they share cached blocks only with requests of the same
+	// adapter and salt. "" for none.
+	LoRA, CacheSalt string
+
+	seed uint64 // the namespace's: the first block's parent hash
 
 	tokens    []uint32 // prompt then generated tokens
 	hashes    []uint64 // engine hashes of tokens' full blocks, computed lazily
@@ -175,6 +182,10 @@ func (c *Core) Add(r *Request) error {
 	r.hashes = make([]uint64, 0, total/bs)
 	r.blocks = make([]int32, 0, (total+bs-1)/bs)
 	r.outSeed = radix.ChainBlockHash(c.seed^0x6f7574707574, r.Prompt) // "output"
+	r.seed = c.seed
+	if r.LoRA != "" || r.CacheSalt != "" {
+		r.seed = namespacedEngineSeed(c.cfg.Model, r.LoRA, r.CacheSalt)
+	}
 	r.cached = -1
 	r.arrival = c.now
 	r.state = stateWaiting
@@ -252,7 +263,7 @@ func (c *Core) blocksFor(tokens int) int { return (tokens + c.cfg.BlockSize - 1)
 func (c *Core) ensureHashes(r *Request, n int) {
 	bs := c.cfg.BlockSize
 	for i := len(r.hashes); i < n; i++ {
-		parent := c.seed
+		parent := r.seed
 		if i > 0 {
 			parent = r.hashes[i-1]
 		}
@@ -285,7 +296,7 @@ func (c *Core) commitFull(r *Request) {
 			parent = r.hashes[i-1]
 		}
 		id := r.blocks[i]
-		if other, dup := c.cache.commit(id, r.hashes[i], parent, hasParent, r.tokens[i*bs:(i+1)*bs]); dup {
+		if other, dup := c.cache.commit(id, r.hashes[i], parent, hasParent, r.tokens[i*bs:(i+1)*bs], r.LoRA, r.CacheSalt); dup {
 			// Another request computed the same block first: share its copy
 			// and give ours back, as a hashing engine deduplicates.
 			c.cache.acquire(other)

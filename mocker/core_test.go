@@ -194,7 +194,7 @@ func TestCacheEvictionOrder(t *testing.T) {
 			t.Fatal("allocation failed in an empty cache")
 		}
 		ids[i] = id
-		c.commit(id, uint64(100+i), 0, false, seq(i, 4))
+		c.commit(id, uint64(100+i), 0, false, seq(i, 4), "", "")
 	}
 	held, _ := c.allocate() // never cached, never released
 	c.checkInvariants()
@@ -617,12 +617,12 @@ func TestCoreIsDeterministic(t *testing.T) {
 func TestEventSinkKeepsOrderAndBatches(t *testing.T) {
 	rec := &Recorder{}
 	s := &eventSink{pub: rec}
-	s.store(0, false, 1, nil)
-	s.store(1, true, 2, nil) // continues the chain: same call
-	s.store(0, false, 3, nil)
+	s.store(0, false, BlockEvent{Hash: 1})
+	s.store(1, true, BlockEvent{Hash: 2}) // continues the chain: same call
+	s.store(0, false, BlockEvent{Hash: 3})
 	s.remove(2)
 	s.remove(3)
-	s.store(1, true, 2, nil)
+	s.store(1, true, BlockEvent{Hash: 2})
 	s.flush()
 	var got []string
 	for _, e := range rec.Events() {

@@ -33,7 +33,11 @@
 //   - KV cache: KVBlocks blocks of BlockSize tokens. Full blocks are
 //     hashed with radix.AppendBlockHashes' chaining under EngineSeed(model)
 //     (deliberately not the router's seed: engine hashes are opaque keys)
-//     and deduplicated by hash. Blocks are reference-counted; unreferenced
+//     and deduplicated by hash. A request naming one of Config.LoRAAdapters
+//     as its model, or carrying cache_salt, is hashed in that adapter's
+//     and salt's namespace, as vLLM's are, and shares blocks only within
+//     it; ZMQPublisher reports the namespace as the engine it speaks does,
+//     ShmPublisher (whose records cannot name one) leaves such blocks out. Blocks are reference-counted; unreferenced
 //     cached blocks stay findable until evicted, least recently used first,
 //     and only when no never-cached block is free.
 //   - Scheduling, after vLLM's V1 scheduler: each step has a token budget
@@ -49,7 +53,10 @@
 //     every eviction, Cleared on start and on a cache reset, Load whenever
 //     it changes and with every Heartbeat (each HeartbeatInterval). They go
 //     to a Publisher: a Recorder in tests, ShmPublisher for a kvfast shm
-//     segment (Config.Segment or Config.SegmentHandle).
+//     segment (Config.Segment or Config.SegmentHandle), or ZMQPublisher
+//     (Config.ZMQ), which speaks vLLM's or SGLang's own ZMQ wire format
+//     (PUB socket, ROUTER replay socket and its end marker), so that the
+//     router's ZMQ path runs end to end against the mock.
 //
 // # Ownership
 //
@@ -63,7 +70,8 @@
 // # Concurrency
 //
 // Core and the Publisher it is given are used by one goroutine only: the
-// engine loop. HTTP handlers hand requests to the loop through a
+// engine loop (ZMQPublisher's replay goroutine shares only its buffer,
+// under a mutex). HTTP handlers hand requests to the loop through a
 // mutex-guarded inbox and learn of progress through per-request atomics and
 // a one-slot notification channel; they never touch the Core. Engine
 // methods are safe for concurrent use. The loop steps back to back while

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,7 @@ type Engine struct {
 	cfg       Config
 	core      *Core // owned by the loop goroutine
 	ownedPub  func() error
+	zmq       *ZMQPublisher // nil unless Config.ZMQ.Listen is set
 	ln        net.Listener
 	srv       *fasthttp.Server
 	serveDone chan struct{}
@@ -97,6 +99,20 @@ func Start(cfg Config) (*Engine, error) {
 		}
 		pub, ownedPub = sp, sp.Close
 	}
+	var zp *ZMQPublisher
+	if cfg.ZMQ.Listen != "" {
+		if pub != nil {
+			ln.Close()
+			closeOwned(ownedPub)
+			return nil, errors.New("cannot start mock engine: set only one of Publisher, Segment, SegmentHandle and ZMQ")
+		}
+		zp, err = NewZMQPublisher(cfg.ZMQ, cfg.DPRank)
+		if err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("cannot start mock engine: %w", err)
+		}
+		pub, ownedPub = zp, zp.Close
+	}
 	core, err := NewCore(cfg, pub)
 	if err != nil {
 		ln.Close()
@@ -107,6 +123,7 @@ func Start(cfg Config) (*Engine, error) {
 		cfg:       cfg,
 		core:      core,
 		ownedPub:  ownedPub,
+		zmq:       zp,
 		ln:        ln,
 		serveDone: make(chan struct{}),
 		wake:      make(chan struct{}, 1),
@@ -153,6 +170,24 @@ func (e *Engine) Addr() string { return e.ln.Addr().String() }
 
 // URL is the engine's base URL, "http://host:port".
 func (e *Engine) URL() string { return "http://" + e.Addr() }
+
+// ZMQEndpoint is the bound endpoint of the engine's KV-event PUB socket,
+// tcp://host:port, or "" when it publishes none.
+func (e *Engine) ZMQEndpoint() string {
+	if e.zmq == nil {
+		return ""
+	}
+	return e.zmq.Endpoint()
+}
+
+// ZMQReplayEndpoint is the bound endpoint of the engine's KV-event replay
+// socket, or "" when it has none.
+func (e *Engine) ZMQReplayEndpoint() string {
+	if e.zmq == nil {
+		return ""
+	}
+	return e.zmq.ReplayEndpoint()
+}
 
 // Config is the engine's configuration with defaults filled in.
 func (e *Engine) Config() Config { return e.cfg }
@@ -467,7 +502,7 @@ func (e *Engine) admit(ctx *fasthttp.RequestCtx, chat bool, req *apiRequest) (ma
 
 // servesModel refuses, with vLLM's 404, a request naming another model.
 func (e *Engine) servesModel(ctx *fasthttp.RequestCtx, model string) bool {
-	if model != "" && model != e.cfg.Model {
+	if model != "" && model != e.cfg.Model && !slices.Contains(e.cfg.LoRAAdapters, model) {
 		writeError(ctx, &openai.Error{Status: fasthttp.StatusNotFound, Message: "The model `" + model + "` does not exist.", Type: "NotFoundError", Param: "model", Code: "model_not_found"})
 		return false
 	}
@@ -480,7 +515,10 @@ func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 	if !ok {
 		return
 	}
-	r := &Request{Prompt: req.tokens, MaxTokens: maxTokens, notify: make(chan struct{}, 1)}
+	r := &Request{Prompt: req.tokens, MaxTokens: maxTokens, CacheSalt: req.cacheSalt, notify: make(chan struct{}, 1)}
+	if req.model != "" && req.model != e.cfg.Model {
+		r.LoRA = req.model // servesModel let it through: an adapter
+	}
 	if err := e.submit(engineOp{kind: opAdd, r: r}); err != nil {
 		writeError(ctx, &openai.Error{Status: fasthttp.StatusServiceUnavailable, Message: err.Error(), Type: openai.TypeServerError})
 		return
@@ -578,7 +616,22 @@ func (e *Engine) handleModels(ctx *fasthttp.RequestCtx) {
 	b = append(b, e.modelJSON...)
 	b = append(b, `,"parent":null,"max_model_len":`...)
 	b = strconv.AppendInt(b, int64(e.cfg.MaxModelLen), 10)
-	b = append(b, `,"permission":[]}]}`...)
+	b = append(b, `,"permission":[]}`...)
+	// LoRA adapters as vLLM lists them (vllm/entrypoints/openai/
+	// serving_models.py, show_available_models): root the adapter's path,
+	// parent the base model.
+	for _, a := range e.cfg.LoRAAdapters {
+		b = append(b, `,{"id":`...)
+		b = jsonscan.AppendQuoted(b, a)
+		b = append(b, `,"object":"model","created":`...)
+		b = strconv.AppendInt(b, time.Now().Unix(), 10)
+		b = append(b, `,"owned_by":"kvfast-mock","root":`...)
+		b = jsonscan.AppendQuoted(b, "/adapters/"+a)
+		b = append(b, `,"parent":`...)
+		b = append(b, e.modelJSON...)
+		b = append(b, `,"max_model_len":null,"permission":[]}`...)
+	}
+	b = append(b, `]}`...)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -512,5 +513,75 @@ func TestEnginesHammer(t *testing.T) {
 		if got, want := len(recs[i].Cached()), e.Stats().KVCached; got != want {
 			t.Errorf("engine %d: events say %d blocks, cache %d", i, got, want)
 		}
+	}
+}
+
+// TestModelsListAdapters: LoRA adapters are listed as vLLM lists them,
+// with the base model as their parent.
+func TestModelsListAdapters(t *testing.T) {
+	e := startEngine(t, Config{Model: "base", Speedup: math.Inf(1), LoRAAdapters: []string{"sql", "chat-\"x\""}})
+	status, b := do(t, "GET", e.URL()+"/v1/models", "")
+	var models struct {
+		Data []struct {
+			ID     string  `json:"id"`
+			Root   string  `json:"root"`
+			Parent *string `json:"parent"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(b, &models); status != 200 || err != nil || len(models.Data) != 3 {
+		t.Fatalf("models: %d %s %v", status, b, err)
+	}
+	if d := models.Data[0]; d.ID != "base" || d.Parent != nil {
+		t.Fatalf("base model card %s", b)
+	}
+	for i, want := range []string{"sql", "chat-\"x\""} {
+		if d := models.Data[i+1]; d.ID != want || d.Parent == nil || *d.Parent != "base" || d.Root != "/adapters/"+want {
+			t.Fatalf("adapter card %d: %s", i, b)
+		}
+	}
+}
+
+// TestNamespacesDoNotShareCache: an adapter's and a salted request's
+// blocks are cached in their own namespace, as vLLM's are, and published
+// with it.
+func TestNamespacesDoNotShareCache(t *testing.T) {
+	rec := &Recorder{}
+	e := startEngine(t, Config{Model: "m", Speedup: math.Inf(1), Publisher: rec, LoRAAdapters: []string{"sql"}})
+	prompt := idsJSON(seq(1, 40))
+	for i, tc := range []struct {
+		model, salt string
+		cached      int
+	}{
+		{"m", "", 0}, {"m", "", 32},
+		{"m", "a", 0}, {"m", "a", 32}, {"", "b", 0},
+		{"sql", "", 0}, {"sql", "", 32}, {"sql", "a", 0}, {"sql", "a", 32},
+		{"m", "", 32},
+	} {
+		body := `{"model":"` + tc.model + `","prompt":` + prompt + `,"max_tokens":1`
+		if tc.salt != "" {
+			body += `,"cache_salt":"` + tc.salt + `"`
+		}
+		status, b := do(t, "POST", e.URL()+"/v1/completions", body+"}")
+		if status != 200 {
+			t.Fatalf("request %d: status %d: %s", i, status, b)
+		}
+		if got := decode(t, b).Usage.PromptTokensDetails.CachedTokens; got != tc.cached {
+			t.Errorf("request %d (model %q salt %q): %d tokens cached, want %d", i, tc.model, tc.salt, got, tc.cached)
+		}
+	}
+	if status, b := do(t, "POST", e.URL()+"/v1/completions", `{"model":"other","prompt":[1]}`); status != 404 {
+		t.Fatalf("an unknown model: %d %s", status, b)
+	}
+	namespaces := map[[2]string]int{}
+	for _, ev := range rec.Events() {
+		if ev.Kind == EventStored {
+			for _, b := range ev.Blocks {
+				namespaces[[2]string{b.LoRA, b.Salt}]++
+			}
+		}
+	}
+	want := map[[2]string]int{{"", ""}: 2, {"", "a"}: 2, {"", "b"}: 2, {"sql", ""}: 2, {"sql", "a"}: 2}
+	if !reflect.DeepEqual(namespaces, want) {
+		t.Fatalf("blocks stored by namespace %v, want %v", namespaces, want)
 	}
 }

@@ -5,6 +5,10 @@ package mocker
 type BlockEvent struct {
 	Hash   uint64
 	Tokens []uint32 // exactly BlockSize ids; valid only during the call
+	// LoRA and Salt are the adapter and cache salt of the request that
+	// stored the block: its hash (and every block's chained from it)
+	// covers them. The blocks of one Stored call share them.
+	LoRA, Salt string
 }
 
 // Publisher receives the engine's KV-cache events and load. It is the seam
@@ -56,17 +60,19 @@ func (s *eventSink) remove(h uint64) {
 	s.removed = append(s.removed, h)
 }
 
-func (s *eventSink) store(parent uint64, hasParent bool, h uint64, tokens []uint32) {
+func (s *eventSink) store(parent uint64, hasParent bool, b BlockEvent) {
 	if len(s.removed) > 0 {
 		s.flushRemoved()
 	}
+	// A block chained from the last one is in its namespace, as its hash
+	// covers the parent's.
 	if n := len(s.stored); n > 0 && (!hasParent || s.stored[n-1].Hash != parent) {
 		s.flushStored()
 	}
 	if len(s.stored) == 0 {
 		s.storedParent, s.storedHasPar = parent, hasParent
 	}
-	s.stored = append(s.stored, BlockEvent{Hash: h, Tokens: tokens})
+	s.stored = append(s.stored, b)
 }
 
 func (s *eventSink) flush() {

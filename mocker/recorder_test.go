@@ -68,7 +68,7 @@ func (r *Recorder) add(e Event) error {
 func (r *Recorder) Stored(parentHash uint64, hasParent bool, blocks []BlockEvent) error {
 	cp := make([]BlockEvent, len(blocks))
 	for i, b := range blocks {
-		cp[i] = BlockEvent{Hash: b.Hash, Tokens: slices.Clone(b.Tokens)}
+		cp[i] = BlockEvent{Hash: b.Hash, Tokens: slices.Clone(b.Tokens), LoRA: b.LoRA, Salt: b.Salt}
 	}
 	return r.add(Event{Kind: EventStored, Parent: parentHash, HasParent: hasParent, Blocks: cp})
 }

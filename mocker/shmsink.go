@@ -25,7 +25,17 @@ var _ Publisher = (*ShmPublisher)(nil)
 
 // Stored implements Publisher. The blocks' tokens are laid end to end, as
 // the shm record carries them, in buffers reused across calls.
+//
+// Blocks of an adapter or a salted request are not published: a shm
+// record names no namespace, and the router would file them under the
+// base model's, where requests without that adapter and salt would match
+// them. The router then under-claims them, which is safe. (Their
+// evictions still are published; the router ignores hashes it never
+// stored.)
 func (s *ShmPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent) error {
+	if len(blocks) > 0 && (blocks[0].LoRA != "" || blocks[0].Salt != "") {
+		return nil
+	}
 	s.hashes, s.tokens = s.hashes[:0], s.tokens[:0]
 	for _, b := range blocks {
 		s.hashes = append(s.hashes, b.Hash)

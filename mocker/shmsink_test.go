@@ -44,6 +44,11 @@ func TestShmPublishing(t *testing.T) {
 			}
 
 			prompt := seq(1, 50)
+			// A salted request's blocks are not published (a shm record
+			// names no namespace): the ring holds the plain request's only.
+			if status, b := do(t, "POST", e.URL()+"/v1/completions", `{"prompt":`+idsJSON(prompt)+`,"max_tokens":1,"cache_salt":"t"}`); status != 200 {
+				t.Fatalf("status %d: %s", status, b)
+			}
 			if status, b := do(t, "POST", e.URL()+"/v1/completions", `{"prompt":`+idsJSON(prompt)+`,"max_tokens":1}`); status != 200 {
 				t.Fatalf("status %d: %s", status, b)
 			}

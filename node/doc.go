@@ -10,8 +10,10 @@
 // New opens what the configuration names, builds each part, and starts
 // the background work: the registry sync (engines joining and leaving
 // through the segment, their load pages), approximate-index expiry, event
-// ingestion as the segment's elected ingester or its standby, and one ZMQ
-// subscriber per static worker that publishes KV events. Serve answers
+// ingestion as the segment's elected ingester or its standby, one ZMQ
+// subscriber per static worker that publishes KV events, and the poll of
+// every engine's GET /v1/models for the LoRA adapters it serves (which
+// the front end routes in their own namespace). Serve answers
 // HTTP; Shutdown drains and then stops everything; Run does all of it for
 // a command line, signals included. Snapshot gathers the per-worker state
 // that /admin/workers and /metrics both show.

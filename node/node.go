@@ -114,6 +114,11 @@ func New(cfg Config) (_ *Node, err error) {
 	n.bg.Go(func() { n.every(ctx, cfg.RegistryPoll, n.syncRegistry) })
 	n.bg.Go(func() { n.every(ctx, time.Second, func() { n.approx.Expire(time.Now()) }) })
 	n.bg.Go(func() { n.runZMQ(ctx) })
+	n.bg.Go(func() {
+		adapters := newAdapterPoller()
+		adapters.poll(ctx, n)
+		n.every(ctx, adapterPoll, func() { adapters.poll(ctx, n) })
+	})
 	if n.ingester != nil {
 		n.bg.Go(func() {
 			if err := n.ingester.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/kvfast/kvfast/mocker"
@@ -41,7 +42,23 @@ usage.prompt_tokens_details.cached_tokens.
 With --segment, each engine registers in the router's shm segment and
 publishes every block stored and evicted, its load, and a heartbeat.
 
-Engine i listens on the --listen port plus i (port 0: a free port each)
+With --publish zmq, each engine publishes its KV events as a stock vLLM
+(v0.26) does with KV events enabled: a PUB socket on --zmq-listen sending
+[topic, 8-byte big-endian seq, msgpack batch] with map-tagged events, and,
+with --zmq-replay, a ROUTER replay socket answering [topic, seq, payload]
+and the end marker. --publish zmq-sglang speaks SGLang's format instead:
+array events, int64 block hashes, replies [seq, payload]. A router follows
+such an engine with a static worker whose zmq= (and replay=) name these
+endpoints. --zmq-drop-every N loses every Nth batch from the live stream,
+kept for replay, to watch a router repair gaps.
+
+--lora-adapters names LoRA adapters the engines serve, as vLLM's
+--lora-modules does: a request naming one as its model, or carrying
+cache_salt, caches its blocks in that namespace, published on ZMQ as the
+engine does (shm records cannot carry a namespace and leave them out).
+
+Engine i listens on the --listen port plus i (port 0: a free port each;
+likewise the --zmq-listen and --zmq-replay ports)
 and gets worker id --worker-id plus i, or, with --ranks-as-dp, the same
 worker id and DP rank --dp-rank plus i. Its URL is printed on start.
 
@@ -49,6 +66,7 @@ Examples:
   kvfast mock --engines 4 --listen 127.0.0.1:8100
   kvfast mock --engines 8 --listen 127.0.0.1:8100 --segment /dev/shm/kvfast --engine-speedup 10
   kvfast mock --kv-blocks 2048 --block-size 16 --engine-speedup inf
+  kvfast mock --engines 2 --publish zmq --zmq-listen tcp://127.0.0.1:5557 --zmq-replay tcp://127.0.0.1:5657
 
 Exit status: 0 after SIGINT or SIGTERM, 1 if an engine cannot start,
 2 for bad flags.
@@ -86,6 +104,12 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		defMax     = fs.Int("default-max-tokens", mocker.DefaultMaxTokens, "max_tokens of requests that set none")
 		speedup    = fs.Float64("engine-speedup", 1, "divide simulated time by `factor` (inf: no waiting at all)")
 		segment    = fs.String("segment", "", "shm segment `path` to register in and publish KV events to (the router creates it)")
+		publish    = fs.String("publish", "", "KV-event `transport`: shm (the default with --segment), zmq (vLLM's wire format) or zmq-sglang (SGLang's)")
+		zmqListen  = fs.String("zmq-listen", "tcp://127.0.0.1:5557", "with --publish zmq*: engine 0's KV-event PUB `endpoint`; engine i uses the port plus i (port 0: a free port each)")
+		zmqReplay  = fs.String("zmq-replay", "", "with --publish zmq*: engine 0's replay ROUTER `endpoint`, numbered like --zmq-listen (\"\": no replay socket)")
+		zmqTopic   = fs.String("zmq-topic", "", "with --publish zmq*: the topic frame of every message (vLLM's default is empty)")
+		adapters   = fs.String("lora-adapters", "", "comma-separated LoRA adapter `names` each engine serves (listed by GET /v1/models with the model as parent; their requests, like salted ones, cache in their own namespace)")
+		zmqDrop    = fs.Int("zmq-drop-every", 0, "with --publish zmq*: lose every `N`th batch from the live stream (it stays replayable)")
 		workerID   = fs.Uint64("worker-id", 0, "worker id of engine 0")
 		dpRank     = fs.Uint("dp-rank", 0, "DP rank of engine 0")
 		ranksAsDP  = fs.Bool("ranks-as-dp", false, "engines share --worker-id and take consecutive DP ranks")
@@ -129,6 +153,23 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		return 2
 	}
 
+	zmqFormat, err := publishMode(*publish, *segment)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvfast mock: %v\n", err)
+		return 2
+	}
+	zmqOn := *publish == "zmq" || *publish == "zmq-sglang"
+	var zmqEndpoints, replayEndpoints []string
+	if zmqOn {
+		if zmqEndpoints, err = numberedEndpoints(*zmqListen, *engines); err == nil && *zmqReplay != "" {
+			replayEndpoints, err = numberedEndpoints(*zmqReplay, *engines)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "kvfast mock: %v\n", err)
+			return 2
+		}
+	}
+
 	var started []*mocker.Engine
 	closeAll := func() int {
 		code := 0
@@ -161,9 +202,16 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 				DecodePerSequence: *decSeq, DecodeAttentionPer1K: *decAttn,
 			},
 			DisableRender: *noRender,
+			LoRAAdapters:  loraAdapters(*adapters),
 			Segment:       *segment,
 			WorkerID:      *workerID + uint64(i),
 			DPRank:        uint32(*dpRank),
+		}
+		if zmqOn {
+			cfg.ZMQ = mocker.ZMQConfig{Listen: zmqEndpoints[i], Format: zmqFormat, Topic: *zmqTopic, DropEvery: *zmqDrop}
+			if replayEndpoints != nil {
+				cfg.ZMQ.Replay = replayEndpoints[i]
+			}
 		}
 		if *ranksAsDP {
 			cfg.WorkerID, cfg.DPRank = *workerID, uint32(*dpRank)+uint32(i)
@@ -181,8 +229,14 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 			speed = "no waiting"
 		}
 		events := "no events"
-		if c.Segment != "" {
+		switch {
+		case c.Segment != "":
 			events = "events to " + c.Segment
+		case e.ZMQEndpoint() != "":
+			events = "events zmq " + c.ZMQ.Format.String() + " " + e.ZMQEndpoint()
+			if r := e.ZMQReplayEndpoint(); r != "" {
+				events += " replay " + r
+			}
 		}
 		fmt.Fprintf(stdout, "engine %d: %s worker=%d rank=%d model=%q kv=%dx%d speed %s, %s\n",
 			i, e.URL(), c.WorkerID, c.DPRank, c.Model, c.KVBlocks, c.BlockSize, speed, events)
@@ -190,4 +244,61 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 	fmt.Fprintf(stdout, "kvfast mock: %d engine(s) running; interrupt to stop\n", len(started))
 	<-stop
 	return closeAll()
+}
+
+// publishMode checks --publish against --segment and returns the ZMQ wire
+// format it names.
+func publishMode(publish, segment string) (mocker.ZMQFormat, error) {
+	switch publish {
+	case "":
+		return 0, nil
+	case "shm":
+		if segment == "" {
+			return 0, errors.New("--publish shm needs --segment")
+		}
+		return 0, nil
+	case "zmq", "zmq-sglang":
+		if segment != "" {
+			return 0, fmt.Errorf("--publish %s and --segment are exclusive", publish)
+		}
+		if publish == "zmq-sglang" {
+			return mocker.ZMQSGLang, nil
+		}
+		return mocker.ZMQVLLM, nil
+	}
+	return 0, fmt.Errorf("--publish %q: want shm, zmq or zmq-sglang", publish)
+}
+
+// numberedEndpoints returns engine i's endpoint for each of n engines:
+// base's port plus i, or port 0 (a free port) for all when base's is 0.
+func numberedEndpoints(base string, n int) ([]string, error) {
+	addr, ok := strings.CutPrefix(base, "tcp://")
+	host, portStr, err := net.SplitHostPort(addr)
+	port, perr := strconv.Atoi(portStr)
+	if !ok || err != nil || perr != nil || port < 0 {
+		return nil, fmt.Errorf("cannot use ZMQ endpoint %q: want tcp://host:port", base)
+	}
+	if port > 0 && port+n-1 > 65535 {
+		return nil, fmt.Errorf("ZMQ ports %d..%d are out of range", port, port+n-1)
+	}
+	eps := make([]string, n)
+	for i := range eps {
+		p := port
+		if p > 0 {
+			p += i
+		}
+		eps[i] = "tcp://" + net.JoinHostPort(host, strconv.Itoa(p))
+	}
+	return eps, nil
+}
+
+// loraAdapters splits --lora-adapters.
+func loraAdapters(list string) []string {
+	var names []string
+	for _, n := range strings.Split(list, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	return names
 }

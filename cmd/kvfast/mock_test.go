@@ -69,6 +69,41 @@ func TestMockCommand(t *testing.T) {
 			t.Fatalf("exit %d; stderr: %s", c, errOut.String())
 		}
 	})
+	t.Run("publishes on ZMQ", func(t *testing.T) {
+		var out, errOut lockedBuffer
+		stop := make(chan struct{})
+		code := make(chan int, 1)
+		go func() {
+			code <- mockCommand([]string{"--engines", "2", "--listen", "127.0.0.1:0", "--engine-speedup", "inf",
+				"--publish", "zmq-sglang", "--zmq-listen", "tcp://127.0.0.1:0", "--zmq-replay", "tcp://127.0.0.1:0",
+				"--lora-adapters", "sql, chat"}, &out, &errOut, stop)
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(out.String(), "running") {
+			if time.Now().After(deadline) {
+				t.Fatalf("no start banner; stderr: %s", errOut.String())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		m := regexp.MustCompile(`events zmq sglang (tcp://[0-9.]+:[0-9]+) replay (tcp://[0-9.]+:[0-9]+)`).FindAllStringSubmatch(out.String(), -1)
+		if len(m) != 2 || m[0][1] == m[1][1] || m[0][2] == m[1][2] || m[0][1] == m[0][2] {
+			t.Fatalf("ZMQ endpoints %v in %q", m, out.String())
+		}
+		u := regexp.MustCompile(`http://[0-9.]+:[0-9]+`).FindString(out.String())
+		resp, err := http.Get(u + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !bytes.Contains(b, []byte(`"id":"sql"`)) || !bytes.Contains(b, []byte(`"id":"chat"`)) {
+			t.Fatalf("adapters missing from /v1/models: %s", b)
+		}
+		close(stop)
+		if c := <-code; c != 0 {
+			t.Fatalf("exit %d; stderr: %s", c, errOut.String())
+		}
+	})
 	t.Run("flags", func(t *testing.T) {
 		for _, tc := range []struct {
 			args []string
@@ -83,6 +118,12 @@ func TestMockCommand(t *testing.T) {
 			{[]string{"extra"}, 2},
 			{[]string{"--listen", "127.0.0.1:0", "--block-size", "-3"}, 1},
 			{[]string{"--listen", "127.0.0.1:0", "--segment", "/nonexistent/kvfast.shm"}, 1},
+			{[]string{"--publish", "bogus"}, 2},
+			{[]string{"--publish", "shm"}, 2}, // without --segment
+			{[]string{"--publish", "zmq", "--segment", "/dev/shm/x"}, 2},
+			{[]string{"--publish", "zmq", "--zmq-listen", "udp://127.0.0.1:1"}, 2},
+			{[]string{"--publish", "zmq", "--zmq-replay", "tcp://127.0.0.1"}, 2},
+			{[]string{"--publish", "zmq", "--zmq-listen", "tcp://127.0.0.1:65535", "--engines", "2"}, 2},
 		} {
 			var out, errOut lockedBuffer
 			stop := make(chan struct{})

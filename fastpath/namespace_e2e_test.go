@@ -1,0 +1,178 @@
+package fastpath_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/mocker"
+	"github.com/kvfast/kvfast/node"
+	"github.com/kvfast/kvfast/radix"
+)
+
+// namespacedBatch is a vLLM v0.26 batch with one BlockStored of a whole
+// prompt's blocks, as an adapter's (lora) or a salted (salt) request
+// leaves them: the LoRA name in every block's extra keys, the salt after
+// it in the first block's (vllm/v1/core/kv_cache_utils.py,
+// generate_block_hash_extra_keys).
+func namespacedBatch(t *testing.T, firstHash uint64, tokens []uint32, bs int, lora, salt string) []byte {
+	t.Helper()
+	n := len(tokens) / bs
+	hashes := make([]uint64, n)
+	extra := make([]any, n)
+	for i := range hashes {
+		hashes[i] = firstHash + uint64(i)
+		var keys []any
+		if lora != "" {
+			keys = append(keys, lora)
+		}
+		if i == 0 && salt != "" {
+			keys = append(keys, salt)
+		}
+		if keys != nil {
+			extra[i] = keys
+		}
+	}
+	var loraName any
+	if lora != "" {
+		loraName = lora
+	}
+	ev := map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": nil,
+		"token_ids": tokens[:n*bs], "block_size": bs, "lora_id": nil, "medium": "GPU", "lora_name": loraName,
+		"extra_keys": extra}
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	e.UseCompactInts(true)
+	if err := e.Encode([]any{1.5, []any{ev}, 0}); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// TestNamespacesRouteApart: worker 1 cached a prompt for LoRA adapter
+// "sql" (which its engine lists in GET /v1/models), worker 2 the same
+// prompt for tenant-a's cache salt. Each namespace's requests find only
+// their own blocks: a request naming the adapter matches worker 1, a
+// request salted tenant-a matches worker 2, and the base model, another
+// tenant's salt, and the adapter with a salt match nothing.
+func TestNamespacesRouteApart(t *testing.T) {
+	bs := radix.DefaultBlockSize
+	const blocks = 4
+	prompt := e2eTokens(31, blocks*bs+2)
+	var static []node.StaticWorker
+	var pubs []zmq4.Socket
+	for i, adapters := range [][]string{{"sql"}, nil} {
+		eng := startMock(t, mocker.Config{Listen: "127.0.0.1:0", Model: e2eModel, LoRAAdapters: adapters})
+		pub := zmq4.NewPub(context.Background())
+		if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pub.Close() })
+		pubs = append(pubs, pub)
+		static = append(static, node.StaticWorker{ID: uint64(i + 1), Endpoint: eng.Addr(), Model: e2eModel,
+			Events: "tcp://" + pub.Addr().String(), Topic: "kv-events"})
+	}
+	r := startE2ERouter(t, e2eConfig(static...))
+	payloads := [][]byte{
+		namespacedBatch(t, 100, prompt, bs, "sql", ""),
+		namespacedBatch(t, 200, prompt, bs, "", "tenant-a"),
+	}
+	// A SUB socket misses what is published before its subscription
+	// arrives: publish (an idempotent store) until both feeds have it.
+	deadline := time.Now().Add(e2eWait)
+	for seq := uint64(0); ; seq++ {
+		var sb [8]byte
+		binary.BigEndian.PutUint64(sb[:], seq)
+		done := true
+		for i, pub := range pubs {
+			if err := pub.Send(zmq4.NewMsgFrom([]byte("kv-events"), sb[:], payloads[i])); err != nil {
+				t.Fatal(err)
+			}
+			wv := workerView(t, r.node, uint64(i+1), 0)
+			done = done && wv.IndexBlocks == blocks
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the router never applied the namespaced blocks")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	wantNamespaces(t, r, prompt, blocks, deadline)
+}
+
+// wantNamespaces checks that worker 1 holds prompt's blocks for adapter
+// "sql" only and worker 2 for salt tenant-a only: each namespace's
+// requests find only their own blocks.
+func wantNamespaces(t *testing.T, r *e2eRouter, prompt []uint32, blocks uint32, deadline time.Time) {
+	t.Helper()
+	route := func(model, salt string) (status int, d routeDecision) {
+		ids, err := json.Marshal(prompt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := []byte(`{"model":` + strconv.Quote(model) + `,"max_tokens":1,`)
+		if salt != "" {
+			body = append(body, `"cache_salt":`+strconv.Quote(salt)+`,`...)
+		}
+		body = append(append(append(body, `"prompt":`...), ids...), '}')
+		resp := r.post(t, fastpath.PathRouteCompletions, body, nil)
+		if resp.status == http.StatusOK {
+			if err := json.Unmarshal(resp.body, &d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return resp.status, d
+	}
+	// The adapter is known once the router has polled the engines' models.
+	for {
+		if status, _ := route("sql", ""); status == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the router never learned adapter sql")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if resp := r.get(t, fastpath.PathModels); !bytes.Contains(resp.body, []byte(`"id":"sql","object":"model","owned_by":"kvfast","parent":"`+e2eModel+`"`)) {
+		t.Errorf("the router's model list does not show the adapter: %s", resp.body)
+	}
+	for _, tc := range []struct {
+		model, salt string
+		worker      uint64 // 0: no worker holds any block
+	}{
+		{"sql", "", 1},
+		{e2eModel, "tenant-a", 2},
+		{e2eModel, "", 0},
+		{e2eModel, "tenant-b", 0},
+		{"sql", "tenant-a", 0},
+	} {
+		status, d := route(tc.model, tc.salt)
+		if status != http.StatusOK {
+			t.Fatalf("model %q salt %q: status %d", tc.model, tc.salt, status)
+		}
+		for _, w := range d.Workers {
+			want := uint32(0)
+			if w.WorkerID == tc.worker {
+				want = blocks
+			}
+			if w.OverlapBlocks != want {
+				t.Errorf("model %q salt %q: worker %d overlaps %d blocks, want %d", tc.model, tc.salt, w.WorkerID, w.OverlapBlocks, want)
+			}
+		}
+		if tc.worker != 0 && d.WorkerID != tc.worker {
+			t.Errorf("model %q salt %q: routed to worker %d, want %d", tc.model, tc.salt, d.WorkerID, tc.worker)
+		}
+	}
+}
