@@ -88,15 +88,15 @@ type Config struct {
 
 // Result is everything one replay measured. Requests are in trace order.
 type Result struct {
-	Source      string        `json:"source"`
-	Workload    string        `json:"workload"`
-	Mode        string        `json:"mode"`
-	Speedup     float64       `json:"speedup,omitempty"`
-	Concurrency int           `json:"concurrency,omitempty"`
+	Source      string  `json:"source"`
+	Workload    string  `json:"workload"`
+	Mode        string  `json:"mode"`
+	Speedup     float64 `json:"speedup,omitempty"`
+	Concurrency int     `json:"concurrency,omitempty"`
 	// BlockTokens is the tokens sent per hash id; for the chat workload,
 	// the words, which are about as many tokens.
-	BlockTokens int       `json:"block_tokens"`
-	Started     time.Time `json:"started"`
+	BlockTokens int           `json:"block_tokens"`
+	Started     time.Time     `json:"started"`
 	Duration    time.Duration `json:"duration_ns"` // first send to last completion
 	// Bound is the infinite-cache bound of the replayed records, with the
 	// prompt sizes actually sent.
