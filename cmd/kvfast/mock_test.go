@@ -83,6 +83,8 @@ func TestMockCommand(t *testing.T) {
 			{[]string{"extra"}, 2},
 			{[]string{"--listen", "127.0.0.1:0", "--block-size", "-3"}, 1},
 			{[]string{"--listen", "127.0.0.1:0", "--segment", "/nonexistent/kvfast.shm"}, 1},
+			{[]string{"--listen", "127.0.0.1:0", "--tokenizer", "/nonexistent/tokenizer"}, 1},
+			{[]string{"--listen", "127.0.0.1:0", "--tokenizer", "remote"}, 1},
 		} {
 			var out, errOut lockedBuffer
 			stop := make(chan struct{})
