@@ -54,6 +54,8 @@ func TestDemoCommand(t *testing.T) {
 			{"--bogus"}, {"extra"}, {"--engines", "0"}, {"--engines", "65"}, {"--policies", "kv,fastest"},
 			{"--speedup", "0"}, {"--speedup", "inf"}, {"--engine-speedup", "-1"}, {"--block-tokens", "0"},
 			{"--kv-blocks", "0"}, {"--max-requests", "-1"},
+			{"--workload", "images"}, {"--policies", "kv-remote"}, {"--tokenizer", "/some/dir"},
+			{"--workload", "chat", "--policies", "kv-local"}, {"--workload", "chat", "--tokenizer", "remote"},
 			{"--trace", filepath.Join(t.TempDir(), "missing.jsonl")},
 			// The trace's longest request (48 prompt + 3 output tokens)
 			// cannot fit in 3 blocks of 16.
