@@ -8,9 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/kvfast/kvfast/benchmarks/replay"
+	"github.com/kvfast/kvfast/tokenizer"
 )
 
 var update = flag.Bool("update", false, "rewrite files/ with what testdata/train/train.mjs makes")
@@ -88,6 +90,76 @@ func TestFilesRegenerate(t *testing.T) {
 		if !bytes.Equal(made, embedded) {
 			t.Errorf("files/%s is not what train.mjs makes (%d bytes, not %d); rerun with -update if the change is meant", name, len(made), len(embedded))
 		}
+	}
+}
+
+// referenceEncode encodes texts with Hugging Face's tokenizers on the
+// embedded files.
+func referenceEncode(t *testing.T, texts []string, addSpecial bool) [][]uint32 {
+	t.Helper()
+	dir := filepath.Join("testdata", "train")
+	if _, err := exec.LookPath("node"); err != nil {
+		missingReference(t, "Node.js")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "tokenizers", "package.json")); err != nil {
+		missingReference(t, "the tokenizers npm package in "+dir)
+	}
+	files := t.TempDir()
+	if err := WriteDir(files); err != nil {
+		t.Fatal(err)
+	}
+	in, err := json.Marshal(map[string]any{"texts": texts, "add_special": addSpecial})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("node", "encode.mjs", filepath.Join(files, "tokenizer.json"))
+	cmd.Dir = dir
+	cmd.Stdin = bytes.NewReader(in)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("encode.mjs: %v\n%s", err, stderr.Bytes())
+	}
+	var res struct{ IDs [][]uint32 }
+	if err := json.Unmarshal(out, &res); err != nil || len(res.IDs) != len(texts) {
+		t.Fatalf("encode.mjs answered %s: %v", out, err)
+	}
+	return res.IDs
+}
+
+// TestBuiltinTokenizerMatchesReference: the built-in tokenizer (package
+// tokenizer) encodes the demo's traffic, chat renderings and completions
+// prompts with and without special tokens, as Hugging Face's does, and
+// spends a token per word of the workload's text.
+func TestBuiltinTokenizerMatchesReference(t *testing.T) {
+	files := t.TempDir()
+	if err := WriteDir(files); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Load(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	synth := replay.ChatSynth{Seed: 5}
+	workload := string(synth.AppendText(nil, 77, 300))
+	texts := []string{
+		workload,
+		"<|startoftext|><|im_start|>system\n" + workload + "<|im_end|>\n<|im_start|>user\nwhat is a block?<|im_end|>\n<|im_start|>assistant\n",
+		"<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nThe cache, the prefix and 12345 tokens: café, 東京, 🙂\t\n\n  end",
+		" the of and to in is that cache block prefill",
+		"",
+	}
+	for _, addSpecial := range []bool{false, true} {
+		want := referenceEncode(t, texts, addSpecial)
+		for i, text := range texts {
+			if got := tok.Encode(nil, []byte(text), addSpecial); !slices.Equal(got, want[i]) {
+				t.Errorf("text %d, special tokens %v: built-in %v, reference %v", i, addSpecial, got, want[i])
+			}
+		}
+	}
+	if n := len(tok.Encode(nil, []byte(workload), false)); n != 300 {
+		t.Errorf("300 words of the workload's text are %d tokens, want 300", n)
 	}
 }
 
