@@ -47,11 +47,6 @@ func Compile(source string) (*Template, error) {
 	return t, nil
 }
 
-// ReadsContentAsParts reports vLLM's content format for this template:
-// true when it loops over a message's content and so receives content as
-// a list of {"type": ...} parts, false when it receives one string.
-func (t *Template) ReadsContentAsParts() bool { return t.format == formatParts }
-
 // The tag transformers appends to the final message when it is to be
 // continued, to find where that message ends in the rendering.
 const continueTag = "CONTINUE_FINAL_MESSAGE_TAG "

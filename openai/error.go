@@ -90,6 +90,8 @@ var (
 		"model must be a string")
 	ErrStreamType = badRequest("stream", "invalid_type",
 		"stream must be a boolean")
+	ErrAddSpecialTokensType = badRequest("add_special_tokens", "invalid_type",
+		"add_special_tokens must be a boolean")
 	ErrMaxTokensType = badRequest("max_tokens", "invalid_type",
 		"max_tokens and max_completion_tokens must be integers")
 	ErrMaxTokensRange = badRequest("max_tokens", "invalid_value",

@@ -72,10 +72,22 @@ type ParsedRequest struct {
 	// (engines then generate one). With several, the first finish_reason
 	// does not end the request.
 	Choices int64
+	// AddSpecialTokens is vLLM's add_special_tokens: whether the engine
+	// adds the tokenizer's BOS/EOS when it tokenizes the prompt.
+	AddSpecialTokens SpecialTokens
 
 	modelBuf, saltBuf   []byte
 	maxTokens, maxCompl int64
 }
+
+// SpecialTokens is what a request says of add_special_tokens.
+type SpecialTokens uint8
+
+const (
+	SpecialDefault SpecialTokens = iota // absent or null: the engine's default for the API
+	SpecialAdd                          // true
+	SpecialOmit                         // false
+)
 
 // Reset empties r and keeps its buffers.
 func (r *ParsedRequest) Reset() {
@@ -137,6 +149,7 @@ const (
 	fMaxCompl
 	fCacheSalt
 	fChoices
+	fAddSpecial
 	numFields
 )
 
@@ -327,6 +340,16 @@ func (p *parser) field(key []byte, i int) int {
 		}
 	case "stream":
 		return p.boolField(i, fStream, &r.Stream, ErrStreamType)
+	case "add_special_tokens":
+		var add bool
+		end := p.boolField(i, fAddSpecial, &add, ErrAddSpecialTokensType)
+		r.AddSpecialTokens = SpecialOmit
+		if add {
+			r.AddSpecialTokens = SpecialAdd
+		} else if p.b[i] == 'n' {
+			r.AddSpecialTokens = SpecialDefault
+		}
+		return end
 	case "max_tokens":
 		return p.countField(i, fMaxTokens, &r.maxTokens, ErrMaxTokensType, ErrMaxTokensRange)
 	case "max_completion_tokens":

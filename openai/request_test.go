@@ -380,3 +380,27 @@ func TestApproxText(t *testing.T) {
 		t.Fatalf("a token prompt has approximate text %q (err %v)", r.ApproxText(), err)
 	}
 }
+
+// TestAddSpecialTokens reads vLLM's add_special_tokens, which decides
+// whether the engine adds BOS/EOS to the prompt it tokenizes.
+func TestAddSpecialTokens(t *testing.T) {
+	for body, want := range map[string]SpecialTokens{
+		`{"prompt":"hi"}`: SpecialDefault,
+		`{"prompt":"hi","add_special_tokens":null}`:                            SpecialDefault,
+		`{"prompt":"hi","add_special_tokens":true}`:                            SpecialAdd,
+		`{"prompt":"hi","add_special_tokens":false}`:                           SpecialOmit,
+		`{"add_special_tokens":true,"prompt":"hi","add_special_tokens":false}`: SpecialOmit,
+	} {
+		r := new(ParsedRequest)
+		if err := (&Parser{}).Parse([]byte(body), APICompletions, r); err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		if r.AddSpecialTokens != want {
+			t.Errorf("%s: AddSpecialTokens = %d, want %d", body, r.AddSpecialTokens, want)
+		}
+	}
+	r := new(ParsedRequest)
+	if err := (&Parser{}).Parse([]byte(`{"prompt":"hi","add_special_tokens":1}`), APICompletions, r); err != ErrAddSpecialTokensType {
+		t.Errorf("a number for add_special_tokens: %v", err)
+	}
+}

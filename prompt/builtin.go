@@ -1,23 +1,141 @@
 package prompt
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvfast/kvfast/chat"
+	"github.com/kvfast/kvfast/openai"
+	"github.com/kvfast/kvfast/tokenizer"
 )
 
-// The built-in renderer plugs in here: render the chat template from
-// files.Config (package chat), tokenize with files.Tokenizer (package
-// tokenizer), and cache tokenized prefixes (PrefixCache). Neither package
-// is part of this tree yet, so loadBuiltin refuses every model and says
-// so; the registry, kvfast tokenize and the HF-cache resolution already
-// call it.
+// Builtin renders prompts inside the router: the model's chat template
+// (package chat) and its tokenizer (package tokenizer), exactly as the
+// engine computes them, with tokenized prefixes cached at the template's
+// special-token boundaries so that a new turn tokenizes only its tail.
+type Builtin struct {
+	model string
+	tok   *tokenizer.Tokenizer
+	tmpl  *chat.Template // nil when the model has no chat template
+	bos   string
+	eos   string
+	cache *PrefixCache // nil when caching is off
+	seed  uint64       // separates this tokenizer's segments in a shared cache
 
-// ErrNoBuiltin is why a model configured for the built-in tokenizer is
-// refused: this build does not have one yet.
-var ErrNoBuiltin = errors.New("this build has no built-in tokenizer yet; use MODEL=remote")
+	outcomes outcomeCounters
+	bufs     sync.Pool // *builtinBufs
+}
 
-// loadBuiltin returns the built-in renderer of model, from its tokenizer
-// files.
-func loadBuiltin(model string, files Files) (Renderer, error) {
-	return nil, fmt.Errorf("cannot load %s's tokenizer from %s: %w", model, files.Dir, ErrNoBuiltin)
+// builtinBufs are one call's scratch: the rendered or decoded prompt text
+// and its safe cut offsets.
+type builtinBufs struct {
+	text []byte
+	cuts []int
+}
+
+// maxPooledText keeps one huge prompt from pinning its buffer in the pool.
+const maxPooledText = 1 << 20
+
+// ErrNoChatTemplate is why a chat request to a model without a chat
+// template routes approximately: the engine refuses it, or applies a
+// default the router does not know.
+var ErrNoChatTemplate = errors.New("the model's tokenizer_config.json has no chat template")
+
+// NewBuiltin builds model's renderer from its tokenizer files. cacheBytes
+// bounds its prefix cache (0: no cache).
+func NewBuiltin(model string, files Files, cacheBytes int64) (*Builtin, error) {
+	tok, err := tokenizer.Load(files.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("cannot load %s's tokenizer: %w", model, err)
+	}
+	cfg := tok.Config()
+	b := &Builtin{model: model, tok: tok, bos: cfg.BOSToken, eos: cfg.EOSToken,
+		seed: xxhash.Sum64String("kvfast/prompt-cache\x00" + files.Dir)}
+	if cfg.ChatTemplate != "" {
+		if b.tmpl, err = chat.Compile(cfg.ChatTemplate); err != nil {
+			return nil, fmt.Errorf("cannot compile %s's chat template: %w", model, err)
+		}
+	}
+	if cacheBytes > 0 {
+		b.cache = NewPrefixCache(cacheBytes)
+	}
+	return b, nil
+}
+
+// Tokens implements Renderer.
+func (b *Builtin) Tokens(_ context.Context, dst []uint32, api openai.API, body []byte, r *openai.ParsedRequest) ([]uint32, error) {
+	bufs, _ := b.bufs.Get().(*builtinBufs)
+	if bufs == nil {
+		bufs = new(builtinBufs)
+	}
+	dst, err := b.tokens(bufs, dst, api, body, r)
+	if cap(bufs.text) <= maxPooledText {
+		b.bufs.Put(bufs)
+	}
+	switch {
+	case err == nil:
+		b.outcomes.ok.Add(1)
+	case errors.Is(err, ErrInvalidRequest):
+		b.outcomes.rejected.Add(1)
+	default: // no chat template, media a string template cannot carry
+		b.outcomes.unsupported.Add(1)
+	}
+	return dst, err
+}
+
+func (b *Builtin) tokens(bufs *builtinBufs, dst []uint32, api openai.API, body []byte, r *openai.ParsedRequest) ([]uint32, error) {
+	var addSpecial bool
+	switch r.Prompt {
+	case openai.PromptText:
+		bufs.text = r.AppendText(bufs.text[:0])
+		// vLLM tokenizes a completions prompt with special tokens unless
+		// the request says otherwise.
+		addSpecial = r.AddSpecialTokens != openai.SpecialOmit
+	case openai.PromptMessages:
+		if b.tmpl == nil {
+			return dst, ErrNoChatTemplate
+		}
+		in, err := chat.DecodeInput(body)
+		if err == nil {
+			bufs.text, err = b.tmpl.Render(bufs.text[:0], in, b.bos, b.eos)
+		}
+		if errors.Is(err, chat.ErrInvalidRequest) {
+			return dst, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+		if err != nil {
+			return dst, err
+		}
+		addSpecial = in.AddSpecialTokens()
+	default:
+		return dst, ErrNotRendered
+	}
+	if b.cache == nil {
+		return b.tok.Encode(dst, bufs.text, addSpecial), nil
+	}
+	// The post-processor's tokens wrap the whole text; the cached segments
+	// are the text's own ids.
+	prefix, suffix := b.tok.Affixes()
+	if addSpecial {
+		dst = append(dst, prefix...)
+	}
+	bufs.cuts = b.tok.AppendCuts(bufs.cuts[:0], bufs.text)
+	dst = b.cache.Encode(dst, b.tok, b.seed, bufs.text, bufs.cuts)
+	if addSpecial {
+		dst = append(dst, suffix...)
+	}
+	return dst, nil
+}
+
+// status fills the parts of a model's status the renderer knows.
+func (b *Builtin) status(st *ModelStatus) {
+	o := b.outcomes.load()
+	st.Outcomes = &o
+	if b.cache != nil {
+		cs := b.cache.Stats()
+		st.PrefixCache = &cs
+	}
 }

@@ -17,10 +17,9 @@
 //     any failure returns an error so that the caller routes the request
 //     approximately. Which endpoint an engine has is probed on first use
 //     and remembered per engine.
-//   - Built-in renders the chat template and tokenizes in process
-//     (packages tokenizer and chat). Its adapter is not part of this tree
-//     yet: loadBuiltin (builtin.go) is the one place it plugs in, and until
-//     then a model configured for it is refused with ErrNoBuiltin.
+//   - Builtin renders the chat template (package chat) and tokenizes
+//     (package tokenizer) in process, from the model's tokenizer.json and
+//     tokenizer_config.json, with the PrefixCache below.
 //
 // The Registry holds the configuration (--tokenizer: MODEL=DIR,
 // MODEL=hf:ORG/NAME, MODEL=remote, auto; Spec, ParseSpec), resolves

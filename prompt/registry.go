@@ -41,6 +41,7 @@ type entry struct {
 	status   ModelStatus // Model, Mode, Source, Reason
 	renderer Renderer    // nil for ModeNone
 	remote   *Remote     // the renderer, when it is remote
+	builtin  *Builtin    // the renderer, when it is built in
 }
 
 // NewRegistry builds every renderer cfg names explicitly, so that a
@@ -86,11 +87,12 @@ func (r *Registry) build(model string, src Source) (*entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot configure %s's tokenizer: %w", model, err)
 	}
-	rd, err := loadBuiltin(model, files)
+	b, err := NewBuiltin(model, files, r.cfg.PrefixCacheBytes)
 	if err != nil {
 		return nil, err
 	}
-	return &entry{status: ModelStatus{Model: model, Mode: ModeBuiltin, Source: files.Dir, Exact: true}, renderer: rd}, nil
+	return &entry{status: ModelStatus{Model: model, Mode: ModeBuiltin, Source: files.Dir, Exact: true},
+		renderer: b, builtin: b}, nil
 }
 
 // Renderer returns model's renderer, or nil when the model's text and chat
@@ -176,6 +178,9 @@ func (r *Registry) Status() []ModelStatus {
 			rs := e.remote.status()
 			st.Outcomes, st.Remote = &o, &rs
 		}
+		if e.builtin != nil {
+			e.builtin.status(&st)
+		}
 		out = append(out, st)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Model < out[j].Model })
@@ -201,5 +206,5 @@ func Open(model, source string, cfg Config, maxTokenID uint32) (Renderer, error)
 	if err != nil {
 		return nil, err
 	}
-	return loadBuiltin(model, files)
+	return NewBuiltin(model, files, cfg.PrefixCacheBytes)
 }

@@ -95,7 +95,7 @@ func TestRegistry(t *testing.T) {
 	if len(st) != 3 || st[0].Model != "Org/Cached" || st[1].Model != "Org/Elsewhere" || st[2].Model != "mock" {
 		t.Fatalf("status %+v", st)
 	}
-	if s := st[0]; s.Mode != ModeNone || s.Exact || !strings.Contains(s.Reason, ErrNoBuiltin.Error()) || s.Outcomes != nil {
+	if s := st[0]; s.Mode != ModeNone || s.Exact || !strings.Contains(s.Reason, "cannot load") || s.Outcomes != nil {
 		t.Errorf("cached model %+v", s)
 	}
 	if s := st[1]; s.Mode != ModeNone || !strings.Contains(s.Reason, "auto found no tokenizer") {
@@ -119,7 +119,7 @@ func TestRegistryRefuses(t *testing.T) {
 	}{
 		{"a directory without tokenizer.json", []string{"m=" + t.TempDir()}, Options{}, nil},
 		{"a cache without the model", []string{"m=hf:Org/Name"}, Options{}, nil},
-		{"the built-in tokenizer", []string{"m=" + dir}, Options{}, ErrNoBuiltin},
+		{"a tokenizer that does not load", []string{"m=" + dir}, Options{}, nil},
 		{"remote without engines", []string{"m=remote"}, Options{}, nil},
 		{"a model twice", []string{"m=remote", "m=remote"}, Options{Engines: noEngines{}}, nil},
 	}
@@ -147,8 +147,11 @@ func TestOpen(t *testing.T) {
 	}
 	dir := t.TempDir()
 	writeTokenizerDir(t, dir, true)
-	if _, err := Open("m", dir, DefaultConfig(), 0); !errors.Is(err, ErrNoBuiltin) {
-		t.Errorf("a directory: %v", err)
+	if _, err := Open("m", dir, DefaultConfig(), 0); err == nil {
+		t.Error("a directory whose tokenizer does not load opened")
+	}
+	if _, err := Open("m", tinyDir, DefaultConfig(), 0); err != nil {
+		t.Errorf("a real tokenizer directory: %v", err)
 	}
 	for _, src := range []string{"remote", "", t.TempDir(), "hf:a/b/c"} {
 		if _, err := Open("m", src, DefaultConfig(), 0); err == nil {

@@ -23,12 +23,15 @@ type Config struct {
 	// 128K-token prompt is about 1 MiB of ids; an answer carrying
 	// multimodal tensors may be far larger and is refused.
 	MaxResponseBytes int
+	// PrefixCacheBytes bounds each built-in tokenizer's cache of tokenized
+	// prompt prefixes (0: no cache).
+	PrefixCacheBytes int64
 }
 
 // DefaultConfig is no tokenizer (every text and chat request routes
-// approximately) with the remote limits kvfast serve runs with.
+// approximately) with the limits kvfast serve runs with.
 func DefaultConfig() Config {
-	return Config{Timeout: 200 * time.Millisecond, MaxResponseBytes: 4 << 20}
+	return Config{Timeout: 200 * time.Millisecond, MaxResponseBytes: 4 << 20, PrefixCacheBytes: 64 << 20}
 }
 
 // Validate reports the first setting the registry cannot run with.
@@ -38,6 +41,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxResponseBytes <= 0 {
 		return fmt.Errorf("cannot use tokenize max response bytes %d: must be positive", c.MaxResponseBytes)
+	}
+	if c.PrefixCacheBytes < 0 {
+		return fmt.Errorf("cannot use tokenize cache bytes %d: must not be negative (0: no cache)", c.PrefixCacheBytes)
 	}
 	seen := map[string]bool{}
 	for _, s := range c.Specs {

@@ -1,7 +1,6 @@
 package prompt
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -191,7 +190,7 @@ func TestHFCacheRoots(t *testing.T) {
 	if _, err := ResolveFiles(Source{Kind: SourceHF, Path: "o/n"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ResolveFiles(Source{Kind: SourceRemote}); err == nil || errors.Is(err, ErrNoBuiltin) {
+	if _, err := ResolveFiles(Source{Kind: SourceRemote}); err == nil {
 		t.Fatalf("resolving a remote source: %v", err)
 	}
 }

@@ -121,6 +121,17 @@ func New(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 			rawPatterns = append(rawPatterns, a.pattern)
 		}
 	}
+	t.cutAround = map[uint32]struct{}{}
+	for _, tok := range raw {
+		if !tok.lstrip && !tok.rstrip && !tok.singleWord {
+			t.cutAround[tok.id] = struct{}{}
+		}
+	}
+	for _, p := range t.pre {
+		if m, ok := p.(metaspacePre); ok && m.scheme == prependFirst {
+			t.positional = true
+		}
+	}
 	if len(raw) > 0 {
 		if t.rawTokens, err = buildTrie(raw, rawPatterns); err != nil {
 			return nil, fmt.Errorf("cannot load tokenizer.json: added_tokens: %w", err)

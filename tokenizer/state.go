@@ -1,9 +1,10 @@
 package tokenizer
 
 import (
-	"golang.org/x/text/unicode/norm"
 	"hash/maphash"
 	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // encodeState is the scratch memory of one Encode call; Tokenizer pools

@@ -27,6 +27,14 @@ type Tokenizer struct {
 	vocabSize int
 	config    Config
 
+	// cutAround holds the raw added tokens a text may be cut around
+	// (AppendCuts): those that strip no whitespace and need no word
+	// boundary. positional is set when the pre-tokenizer treats the start
+	// of the text specially (Metaspace's "first" scheme), so that no cut
+	// is safe.
+	cutAround  map[uint32]struct{}
+	positional bool
+
 	states sync.Pool
 }
 
@@ -99,9 +107,6 @@ func readLimited(path string, limit int64) ([]byte, error) {
 // Config returns what tokenizer_config.json says.
 func (t *Tokenizer) Config() Config { return t.config }
 
-// VocabSize is one more than the largest token id Encode can return.
-func (t *Tokenizer) VocabSize() int { return t.vocabSize }
-
 // Encode appends the token ids of text to dst, exactly as HF tokenizers'
 // encode(text, add_special_tokens=addSpecial) does: added and special
 // tokens in the text are matched as tokens, then the normalizer, the
@@ -127,6 +132,50 @@ func (t *Tokenizer) Encode(dst []uint32, text []byte, addSpecial bool) []uint32 
 		dst = append(dst, t.suffix...)
 	}
 	st.trim()
+	t.states.Put(st)
+	return dst
+}
+
+// Affixes are the post-processor's special tokens around a single
+// sequence: Encode(text, true) is prefix, Encode(text, false), suffix. The
+// slices are the tokenizer's own; callers must not modify them.
+func (t *Tokenizer) Affixes() (prefix, suffix []uint32) { return t.prefix, t.suffix }
+
+// AppendCuts appends to dst, ascending, the byte offsets at which text may
+// be cut without changing its ids: Encode(text) equals the Encode of the
+// pieces, concatenated, when special tokens are not added. They are the
+// two sides of every added token matched in the raw text: the model
+// splits the input there before normalizing and pre-tokenizing, so
+// nothing merges across. Tokens that strip neighbouring whitespace or
+// need a word boundary are left out (their match depends on what lies
+// beside them), and so is every cut when the pre-tokenizer treats the
+// start of the text specially. A prompt cache keys its pieces on these
+// cuts. It allocates only to grow dst.
+func (t *Tokenizer) AppendCuts(dst []int, text []byte) []int {
+	if t.positional || t.rawTokens == nil || !utf8.Valid(text) {
+		return dst
+	}
+	st, _ := t.states.Get().(*encodeState)
+	if st == nil {
+		st = new(encodeState)
+	}
+	st.rawSegs = t.rawTokens.appendMatches(text, st.rawSegs[:0])
+	last := 0
+	for _, seg := range st.rawSegs {
+		if seg.token < 0 || seg.end <= seg.start {
+			continue
+		}
+		if _, ok := t.cutAround[uint32(seg.token)]; !ok {
+			continue
+		}
+		if seg.start > last {
+			dst = append(dst, seg.start)
+		}
+		if seg.end < len(text) {
+			dst = append(dst, seg.end)
+		}
+		last = seg.end
+	}
 	t.states.Put(st)
 	return dst
 }

@@ -43,7 +43,7 @@ Text and chat prompts route on exact token blocks for the models given a
 tokenizer (--tokenizer): the router renders each one into the token ids the
 engine will see, by asking an engine that serves the model (MODEL=remote),
 or in process from the model's tokenizer files (MODEL=DIR,
-MODEL=hf:ORG/NAME, auto: this build has no built-in tokenizer yet). Other
+MODEL=hf:ORG/NAME, auto). Other
 models route them approximately; the log, GET /admin/workers (tokenizers)
 and kvfast_tokenizer_info say which.
 
@@ -107,6 +107,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
 		`"MODEL=hf:ORG/NAME" (those files in the local Hugging Face cache), "auto" (every served model whose files are in that cache); `+
 		`models without one route text and chat approximately`)
 	fs.DurationVar(&cfg.Tokenizers.Timeout, "tokenize-timeout", cfg.Tokenizers.Timeout, "longest wait for an engine to render a prompt (MODEL=remote); past it the request routes approximately")
+	fs.Int64Var(&cfg.Tokenizers.PrefixCacheBytes, "tokenize-cache-bytes", cfg.Tokenizers.PrefixCacheBytes, "per built-in tokenizer, bytes of tokenized prompt prefixes kept so that a conversation's next turn tokenizes only its tail (0: no cache)")
 	fs.IntVar(&cfg.Tokenizers.MaxResponseBytes, "tokenize-max-response-bytes", cfg.Tokenizers.MaxResponseBytes, "largest render or tokenize answer accepted from an engine (MODEL=remote)")
 	lo.bind(fs)
 }

@@ -47,6 +47,18 @@ func TestTokenizeCommand(t *testing.T) {
 		t.Fatalf("chat: exit %d, %q (%s); want %v", code, out, errOut, want)
 	}
 
+	// The built-in tokenizer: the prompt package's small real tokenizer.
+	// Its ids for this chat are Hugging Face tokenizers' own (see
+	// prompt/testdata/tiny/gen.py and prompt's TestBuiltinChat).
+	tiny := filepath.Join("..", "..", "prompt", "testdata", "tiny")
+	code, out, errOut = run(`{"messages":[{"role":"system","content":"You are the assistant in the system."},`+
+		`{"role":"user","content":"hello there"}],"add_generation_prompt":false}`, "--tokenizer", tiny, "--chat")
+	wantTiny := []uint32{282, 268, 10, 89, 263, 262, 114, 101, 258, 262, 115, 115, 105, 115, 116, 97, 110, 116, 260, 258,
+		32, 268, 46, 283, 10, 282, 269, 261, 10, 104, 101, 108, 108, 111, 258, 114, 101, 283, 10}
+	if code != 0 || !slices.Equal(ids(t, out), wantTiny) {
+		t.Fatalf("built-in chat: exit %d, %q (%s); want %v", code, out, errOut, wantTiny)
+	}
+
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(`{}`), 0o644); err != nil {
 		t.Fatal(err)
@@ -58,7 +70,7 @@ func TestTokenizeCommand(t *testing.T) {
 		says  string
 	}{
 		{"x", []string{"--tokenizer", e.URL(), "--model", "other"}, 1, "status 404"},
-		{"x", []string{"--tokenizer", dir}, 1, "no built-in tokenizer"},
+		{"x", []string{"--tokenizer", dir}, 1, "cannot load"},
 		{"x", []string{"--tokenizer", filepath.Join(dir, "missing")}, 1, "tokenizer.json"},
 		{"", []string{"--tokenizer", e.URL()}, 2, "cannot read the request"},
 		{`{"messages":[]}`, []string{"--tokenizer", e.URL(), "--chat"}, 2, "cannot read the request"},

@@ -1,0 +1,113 @@
+package prompt
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/kvfast/kvfast/openai"
+)
+
+// tinyDir is a small real tokenizer (testdata/tiny/gen.py writes it): a
+// byte-level BPE with ChatML special tokens and a ChatML chat template.
+const tinyDir = "testdata/tiny"
+
+func tinyBuiltin(t *testing.T, cacheBytes int64) *Builtin {
+	t.Helper()
+	files, err := ResolveFiles(Source{Kind: SourceDir, Path: tinyDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewBuiltin("tiny", files, cacheBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func builtinTokens(t *testing.T, b *Builtin, api openai.API, body string) []uint32 {
+	t.Helper()
+	ids, err := b.Tokens(context.Background(), nil, api, []byte(body), parse(t, api, body))
+	if err != nil {
+		t.Fatalf("%s: %v", body, err)
+	}
+	return ids
+}
+
+// TestBuiltinChat renders and tokenizes a chat request as the engine does.
+// The ids are Hugging Face tokenizers' own for the rendered text (see
+// testdata/tiny/gen.py; checked with the tokenizers npm package).
+func TestBuiltinChat(t *testing.T) {
+	body := `{"messages":[{"role":"system","content":"You are the assistant in the system."},` +
+		`{"role":"user","content":"hello there"}],"add_generation_prompt":false}`
+	want := []uint32{282, 268, 10, 89, 263, 262, 114, 101, 258, 262, 115, 115, 105, 115, 116, 97, 110, 116, 260, 258,
+		32, 268, 46, 283, 10, 282, 269, 261, 10, 104, 101, 108, 108, 111, 258, 114, 101, 283, 10}
+	for _, cache := range []int64{0, 1 << 20} {
+		b := tinyBuiltin(t, cache)
+		for range 2 { // the second time from the cache, when there is one
+			if got := builtinTokens(t, b, openai.APIChatCompletions, body); !slices.Equal(got, want) {
+				t.Fatalf("cache %d: got %v\nwant %v", cache, got, want)
+			}
+		}
+	}
+}
+
+// TestBuiltinCachesTurns: the next turn of a conversation reuses the
+// segments of the turns before it and tokenizes only what is new, and the
+// result is what encoding the whole rendering gives.
+func TestBuiltinCachesTurns(t *testing.T) {
+	b := tinyBuiltin(t, 1<<20)
+	turn1 := `{"messages":[{"role":"system","content":"You are the assistant."},{"role":"user","content":"in the system"}]}`
+	turn2 := `{"messages":[{"role":"system","content":"You are the assistant."},{"role":"user","content":"in the system"},` +
+		`{"role":"assistant","content":"the user"},{"role":"user","content":"as the system"}]}`
+	builtinTokens(t, b, openai.APIChatCompletions, turn1)
+	before := b.cache.Stats()
+	got := builtinTokens(t, b, openai.APIChatCompletions, turn2)
+	after := b.cache.Stats()
+	if hits := after.Hits - before.Hits; hits == 0 {
+		t.Errorf("the second turn copied no segment from the cache: %+v → %+v", before, after)
+	}
+	uncached := tinyBuiltin(t, 0)
+	if want := builtinTokens(t, uncached, openai.APIChatCompletions, turn2); !slices.Equal(got, want) {
+		t.Fatalf("cached %v\nwhole  %v", got, want)
+	}
+}
+
+// TestBuiltinText: a completions prompt is tokenized with the
+// post-processor's tokens unless add_special_tokens is false, and the
+// cache does not change the ids.
+func TestBuiltinText(t *testing.T) {
+	for _, cache := range []int64{0, 1 << 20} {
+		b := tinyBuiltin(t, cache)
+		plain := builtinTokens(t, b, openai.APICompletions, `{"prompt":"<|im_start|>user\nthe system<|im_end|>"}`)
+		want := b.tok.Encode(nil, []byte("<|im_start|>user\nthe system<|im_end|>"), true)
+		if !slices.Equal(plain, want) {
+			t.Fatalf("cache %d: %v, want %v", cache, plain, want)
+		}
+		omit := builtinTokens(t, b, openai.APICompletions, `{"prompt":"the\u0020system","add_special_tokens":false}`)
+		if want := b.tok.Encode(nil, []byte("the system"), false); !slices.Equal(omit, want) {
+			t.Fatalf("cache %d: %v, want %v", cache, omit, want)
+		}
+	}
+}
+
+// TestBuiltinRefusals: what the client got wrong is ErrInvalidRequest (a
+// 400); what the renderer cannot do routes approximately, counted.
+func TestBuiltinRefusals(t *testing.T) {
+	b := tinyBuiltin(t, 1<<20)
+	body := `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:,"}}]}]}`
+	_, err := b.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(body), parse(t, openai.APIChatCompletions, body))
+	if err == nil || errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("media in a string template: %v, want an approximate fallback", err)
+	}
+	bad := `{"messages":[{"role":"user","content":7}]}`
+	if _, err := b.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(bad), parse(t, openai.APIChatCompletions, bad)); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("content 7: %v, want ErrInvalidRequest", err)
+	}
+	var st ModelStatus
+	b.status(&st)
+	if st.Outcomes == nil || st.Outcomes.Unsupported != 1 || st.Outcomes.Rejected != 1 || st.PrefixCache == nil {
+		t.Errorf("status %+v", st)
+	}
+}
