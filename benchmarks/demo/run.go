@@ -107,25 +107,25 @@ func Run(ctx context.Context, o Options, tr *replay.Trace) (*Report, error) {
 // says where kv-builtin's router finds its files: the demo's own, written
 // to a temporary directory that cleanup removes, or o.Tokenizer's.
 func (o *Options) openTokenizer() (_ *tokenizer, cleanup func(), err error) {
-	cleanup = func() {}
 	tok := &tokenizer{name: o.Tokenizer}
+	cleanup = func() {}
 	if o.Tokenizer == "" {
 		dir, err := os.MkdirTemp("", "kvfast-demo-tokenizer-")
 		if err != nil {
-			return nil, cleanup, fmt.Errorf("cannot write the demo tokenizer: %w", err)
+			return nil, nil, fmt.Errorf("cannot write the demo tokenizer: %w", err)
 		}
 		cleanup = func() { os.RemoveAll(dir) }
-		if err := demotok.WriteDir(dir); err != nil {
-			cleanup()
-			return nil, func() {}, err
-		}
 		tok.source, tok.name = prompt.Source{Kind: prompt.SourceDir, Path: dir}, "the demo tokenizer"
-	} else if tok.source, err = prompt.ParseSource(o.Tokenizer); err != nil {
-		return nil, cleanup, err
+		err = demotok.WriteDir(dir)
+	} else {
+		tok.source, err = prompt.ParseSource(o.Tokenizer)
 	}
-	if tok.engines, err = prompt.Open(replay.DefaultModel, tok.source.String(), prompt.DefaultConfig(), 0); err != nil {
+	if err == nil {
+		tok.engines, err = prompt.Open(replay.DefaultModel, tok.source.String(), prompt.DefaultConfig(), 0)
+	}
+	if err != nil {
 		cleanup()
-		return nil, func() {}, fmt.Errorf("cannot load the engines' tokenizer: %w", err)
+		return nil, nil, fmt.Errorf("cannot load the engines' tokenizer: %w", err)
 	}
 	return tok, cleanup, nil
 }
