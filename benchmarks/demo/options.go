@@ -94,9 +94,6 @@ type Options struct {
 	// a token-id prompt, or replay.WorkloadChat, a conversation that the
 	// engines tokenize with Tokenizer.
 	Workload string
-	// Tokenizer is the engines' tokenizer in the chat workload, which
-	// kv-builtin's router loads too: "" for the demo's own (package
-	// demotok), or a directory or hf:ORG/NAME as --tokenizer names one.
 	// Trace is a Mooncake JSONL file, or EmbeddedTrace.
 	Trace       string
 	MaxRequests int // replay only the first N records (0: all)
@@ -105,6 +102,9 @@ type Options struct {
 	EngineSpeedup float64 // divides the engines' simulated time (+Inf: no waiting)
 	Concurrency   int     // keep N requests in flight, ignoring timestamps (0: timestamps)
 
+	// Tokenizer is the engines' tokenizer in the chat workload, which
+	// kv-builtin's router loads too: "" for the demo's own (package
+	// demotok), or a directory or hf:ORG/NAME as --tokenizer names one.
 	Tokenizer string
 
 	BlockTokens      int    // tokens (chat: words) sent per trace hash id
