@@ -293,12 +293,19 @@ func TestTimeouts(t *testing.T) {
 		}
 	})
 	t.Run("slow but steady stream is fine", func(t *testing.T) {
-		slow := serve(t, sseEngine(vllmStream(5), 60*time.Millisecond, nil), nil)
+		// The stream (12 events, 1.2s) outlasts the idle timeout, and no
+		// gap comes near it: a tenth of it, so that a loaded machine's
+		// scheduling delays do not stretch a gap past it.
+		const idle, gap = time.Second, 100 * time.Millisecond
+		pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{FirstByte: idle, Idle: idle}})
+		defer pool.Close()
+		events := vllmStream(10)
+		slow := serve(t, sseEngine(events, gap, nil), nil)
 		mustAdd(t, pool, 1, slow)
 		rec := newRecorder()
 		addr := serve(t, front(pool, 1, func() Observer { return rec }), nil)
 		status, _, body := post(t, addr, "/v1/completions", completionBody)
-		if status != 200 || string(body) != strings.Join(vllmStream(5), "") {
+		if status != 200 || string(body) != strings.Join(events, "") {
 			t.Fatalf("status %d body %q", status, body)
 		}
 		rec.wait(t)

@@ -48,7 +48,9 @@
 // until Shutdown, which drains in-flight requests and streams until its
 // context ends and then cuts them; it reports ErrNotDrained when some are
 // still running after the cut, so that the node keeps what they read
-// mapped. Every handler and stream is counted from entry to end for that.
+// mapped. Every handler and stream is counted from entry to end for that,
+// and once a Shutdown has drained them a request still arriving on a
+// connection fasthttp left open is refused with 503, not handled.
 // The front end starts no background goroutine of its own.
 //
 // # Performance

@@ -461,12 +461,22 @@ func TestGracefulShutdownCompletesStreams(t *testing.T) {
 		events = append(events, itemEvent(i, " tok", fin))
 	}
 	events = append(events, []byte(doneEvent))
+	// The engine holds the stream after its first event until the test
+	// has seen the listener close, so that the stream is still in flight
+	// then however slowly the test runs.
+	rest := make(chan struct{})
 	eng := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
-		for _, ev := range events {
+		for i, ev := range events {
 			if writeFlush(w, ev) != nil {
 				return
 			}
-			time.Sleep(40 * time.Millisecond)
+			if i == 0 {
+				select {
+				case <-rest:
+				case <-time.After(e2eWait):
+					return
+				}
+			}
 		}
 	}))
 	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel}))
@@ -498,11 +508,12 @@ func TestGracefulShutdownCompletesStreams(t *testing.T) {
 		t.Fatalf("Shutdown returned (%v) while a stream was in flight", err)
 	default:
 	}
-	rest, err := io.ReadAll(br)
+	close(rest)
+	tail, err := io.ReadAll(br)
 	if err != nil {
 		t.Fatalf("the stream broke during shutdown: %v", err)
 	}
-	if got := append(first, rest...); !bytes.Equal(got, concat(events)) {
+	if got := append(first, tail...); !bytes.Equal(got, concat(events)) {
 		t.Fatalf("during shutdown the client got %q, want the whole stream", got)
 	}
 	select {

@@ -34,7 +34,12 @@ var errNotFound = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Co
 	Message: "no such endpoint; see the README for the router's endpoints"}
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
-	s.active.enter()
+	if !s.active.enter() {
+		// Shutdown has drained: what the handlers read may be freed.
+		ctx.SetConnectionClose()
+		writeError(ctx, fasthttp.StatusServiceUnavailable, errShuttingDown)
+		return
+	}
 	defer s.active.exit()
 	switch string(ctx.Path()) {
 	case PathCompletions:

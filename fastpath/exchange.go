@@ -273,7 +273,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	ex.call.CopyHeaders(&ctx.Response.Header)
 	ex.setDecisionHeaders(ctx)
 	if ex.call.IsEventStream() {
-		s.active.enter()               // the stream holds its own count until it ends
+		// The stream holds its own count until it ends; the handler's
+		// count keeps a drain from sealing, so this enter cannot fail.
+		s.active.enter()
 		ctx.SetBodyStreamWriter(ex.sw) // ex is the stream's from here on
 		return true
 	}
@@ -497,6 +499,8 @@ var (
 		Message: "no healthy worker can serve this request now"}
 	errUnknownPinnedWorker = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Param: HeaderWorker, Code: "worker_not_found",
 		Message: "the pinned worker and DP rank are not in the worker set"}
+	errShuttingDown = &openai.Error{Status: 503, Type: openai.TypeServerError, Code: "shutting_down",
+		Message: "the router is shutting down; retry on another router"}
 	errInternal = &openai.Error{Status: 500, Type: openai.TypeServerError, Code: "internal_error",
 		Message: "the router failed while handling this request; it has been logged"}
 )

@@ -40,6 +40,12 @@ func (s frontState) Snapshot() Snapshot { return Snapshot{Policy: s.policy, Work
 // the front end shut down when the test ends.
 func newTestFront(tb testing.TB, cfg Config, policy string, workers []frontWorker) *Server {
 	tb.Helper()
+	return newTestFrontWith(tb, cfg, policy, workers, nil)
+}
+
+// newTestFrontWith is newTestFront with the models' prompt renderers.
+func newTestFrontWith(tb testing.TB, cfg Config, policy string, workers []frontWorker, renderers Renderers) *Server {
+	tb.Helper()
 	if policy == "" {
 		policy = "kv"
 	}
@@ -73,7 +79,7 @@ func newTestFront(tb testing.TB, cfg Config, policy string, workers []frontWorke
 		}
 	}
 	s, err := New(cfg, Deps{Index: index, Approx: approx, Sched: sc, Engines: pool, UseApprox: useApprox,
-		State: frontState{policy}, Logger: slog.New(slog.DiscardHandler)})
+		Renderers: renderers, State: frontState{policy}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		tb.Fatal(err)
 	}

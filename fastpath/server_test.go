@@ -1,9 +1,11 @@
 package fastpath
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"math"
 	"net"
@@ -56,6 +58,65 @@ func TestShutdownRacingServe(t *testing.T) {
 			c.Close()
 			t.Errorf("round %d: the listener still accepts after Shutdown", i)
 		}
+	}
+}
+
+// TestNoRequestHandledAfterDrainedShutdown: once Shutdown has not
+// reported ErrNotDrained, the node unmaps the segment handlers read, so no
+// handler may start afterwards. fasthttp counts a connection that has not
+// yet sent a request as idle only after 5s, and a Shutdown whose context
+// has ended (Node.Close's) leaves it open: its first request must be
+// refused, not handled.
+func TestNoRequestHandledAfterDrainedShutdown(t *testing.T) {
+	srv := newTestFront(t, DefaultConfig(), "", nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(serverWait))
+	replies := bufio.NewReader(conn)
+	get := func() (int, error) {
+		if _, err := io.WriteString(conn, "GET "+PathAdminWorkers+" HTTP/1.1\r\nHost: kvfast\r\n\r\n"); err != nil {
+			return 0, err
+		}
+		resp, err := http.ReadResponse(replies, nil)
+		if err != nil {
+			return 0, err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	deadline := time.Now().Add(serverWait)
+	for srv.conns.Size() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the front end never accepted the connection")
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // as Node.Close: no drain
+	if err := srv.Shutdown(ctx); errors.Is(err, ErrNotDrained) {
+		t.Fatalf("Shutdown with no request running: %v", err)
+	}
+	if status, err := get(); err == nil && status == http.StatusOK {
+		t.Fatal("a request was handled after Shutdown reported the front end drained")
+	}
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatalf("Serve: %v", err)
+		}
+	case <-time.After(serverWait):
+		t.Fatal("Serve still running after Shutdown returned")
 	}
 }
 

@@ -93,7 +93,11 @@ func TestGenerationBumpDropsStaleBlocks(t *testing.T) {
 
 func TestStaleHeartbeatRemovesWorker(t *testing.T) {
 	seg := openSeg(t, 1<<20)
-	in := acquire(t, seg, Config{HeartbeatGrace: 300 * time.Millisecond, RegistryEvery: time.Millisecond})
+	// The grace is also how long this goroutine may stall between a
+	// heartbeat and the scan after it before a worker that is live is
+	// marked down: a second, not a few hundred milliseconds a loaded
+	// machine can take.
+	in := acquire(t, seg, Config{HeartbeatGrace: time.Second, RegistryEvery: time.Millisecond})
 	p, err := seg.Register(workerCfg(1))
 	if err != nil {
 		t.Fatal(err)

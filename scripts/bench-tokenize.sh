@@ -14,13 +14,13 @@ if [ ${#families[@]} -eq 0 ]; then
 	families=(llama3 qwen3 deepseek_v3 gptoss gpt4o gpt35turbo claude llama2 gemma3 gemini)
 fi
 benchtime=${BENCHTIME:-3s}
-pattern="^BenchmarkTokenize/($(IFS='|'; echo "${families[*]}"))\$"
-go_out=$(GOMAXPROCS=1 go test -run '^$' -bench "$pattern" -benchtime "$benchtime" -benchmem ./tokenizer)
-hf_out=$(cd tokenizer/testdata/reference && BENCH_SECONDS=${benchtime%s} node bench.mjs "${families[@]}")
-echo "$go_out" | grep '^Benchmark' >&2
+# Family by family, Go then Node, so that both sides of a ratio see the
+# same machine: these machines are shared, and their load drifts.
 printf '%-12s %14s %14s %8s %10s\n' family kvfast_tok/s hf_tok/s ratio allocs/op
 for f in "${families[@]}"; do
-	line=$(echo "$go_out" | grep "^BenchmarkTokenize/$f\b" || true)
+	line=$(GOMAXPROCS=1 go test -run '^$' -bench "^BenchmarkTokenize/$f\$" -benchtime "$benchtime" -benchmem ./tokenizer | grep '^Benchmark')
+	echo "$line" >&2
+	hf_out=$(cd tokenizer/testdata/reference && BENCH_SECONDS=${benchtime%s} node bench.mjs "$f")
 	go_tps=$(echo "$line" | awk '{for (i=1;i<=NF;i++) if ($i=="tokens/s") print $(i-1)}')
 	allocs=$(echo "$line" | awk '{for (i=1;i<=NF;i++) if ($i=="allocs/op") print $(i-1)}')
 	hf_tps=$(echo "$hf_out" | awk -v f="$f" '$1==f {print $2}')

@@ -21,6 +21,11 @@ import (
 type standIn struct {
 	firstToken time.Duration // delay before the first chunk
 	tokenGap   time.Duration // delay between chunks
+	// hold, when set, keeps every request waiting before its first chunk
+	// until hold is closed or the client leaves; arrived then gets a
+	// signal per request.
+	hold    chan struct{}
+	arrived chan struct{}
 
 	mu       sync.Mutex
 	cache    map[uint64]bool
@@ -49,7 +54,17 @@ const (
 )
 
 func newStandIn(t *testing.T, firstToken, tokenGap time.Duration) *standIn {
-	s := &standIn{firstToken: firstToken, tokenGap: tokenGap, cache: map[uint64]bool{}}
+	return startStandIn(t, &standIn{firstToken: firstToken, tokenGap: tokenGap})
+}
+
+// newHoldingStandIn returns a stand-in whose requests stay in flight
+// until the client leaves (see standIn.hold).
+func newHoldingStandIn(t *testing.T) *standIn {
+	return startStandIn(t, &standIn{hold: make(chan struct{}), arrived: make(chan struct{}, 16)})
+}
+
+func startStandIn(t *testing.T, s *standIn) *standIn {
+	s.cache = map[uint64]bool{}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve)) // listens on 127.0.0.1:0
 	t.Cleanup(s.srv.Close)
 	return s
@@ -89,6 +104,14 @@ func (s *standIn) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set(WorkerHeader, fmt.Sprintf("w%d", n%2))
 	flusher := w.(http.Flusher)
+	if s.hold != nil {
+		s.arrived <- struct{}{}
+		select {
+		case <-s.hold:
+		case <-r.Context().Done():
+			return
+		}
+	}
 	time.Sleep(s.firstToken)
 	fmt.Fprint(w, ": keep-alive comment\n\n")
 	for i := range req.MaxTokens {
@@ -308,17 +331,26 @@ func TestRunFailures(t *testing.T) {
 		}
 	})
 	t.Run("cancel", func(t *testing.T) {
-		s := newStandIn(t, 200*time.Millisecond, 0)
+		s := newHoldingStandIn(t)
 		slow, err := ReadTrace(strings.NewReader(`{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[1]}
 {"timestamp":60000,"input_length":1,"output_length":1,"hash_ids":[2]}`), "slow", TraceOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+		// Cancelled while the first request is in flight and the second
+		// a minute away.
+		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
+		go func() {
+			select {
+			case <-s.arrived:
+			case <-time.After(10 * time.Second): // the checks below report it
+			}
+			cancel()
+		}()
 		start := time.Now()
 		res, err := Run(ctx, Config{RouterURL: s.srv.URL, Trace: slow})
-		if !errors.Is(err, context.DeadlineExceeded) || res == nil {
+		if !errors.Is(err, context.Canceled) || res == nil {
 			t.Fatalf("error %v, result %v", err, res)
 		}
 		if time.Since(start) > 5*time.Second {
