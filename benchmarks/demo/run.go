@@ -110,8 +110,8 @@ func (o *Options) openTokenizer() (_ *tokenizer, cleanup func(), err error) {
 	tok := &tokenizer{name: o.Tokenizer}
 	cleanup = func() {}
 	if o.Tokenizer == "" {
-		dir, err := os.MkdirTemp("", "kvfast-demo-tokenizer-")
-		if err != nil {
+		var dir string
+		if dir, err = os.MkdirTemp("", "kvfast-demo-tokenizer-"); err != nil {
 			return nil, nil, fmt.Errorf("cannot write the demo tokenizer: %w", err)
 		}
 		cleanup = func() { os.RemoveAll(dir) }
