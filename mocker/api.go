@@ -2,6 +2,7 @@ package mocker
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -60,8 +61,9 @@ type wirePart struct {
 // parseRequest decodes a /v1/completions (chat false) or
 // /v1/chat/completions (chat true) body. Fields the mock engine does not
 // simulate (temperature, stop, logprobs, ...) are accepted and ignored, as
-// vLLM ignores unknown ones.
-func parseRequest(body []byte, chat bool, dst *apiRequest) *openai.Error {
+// vLLM ignores unknown ones. A text or chat prompt is tokenized by rd, the
+// engine's renderer, or, when rd is nil, by the toy tokenizer.
+func parseRequest(ctx context.Context, body []byte, chat bool, rd Renderer, dst *apiRequest) *openai.Error {
 	*dst = apiRequest{chat: chat, tokens: dst.tokens[:0], maxTokens: -1}
 	var w wireRequest
 	if err := json.Unmarshal(body, &w); err != nil {
@@ -91,15 +93,18 @@ func parseRequest(body []byte, chat bool, dst *apiRequest) *openai.Error {
 	}
 
 	var err *openai.Error
-	if chat {
-		if len(w.Prompt) > 0 {
-			return badRequest("prompt", "chat completions take messages, not prompt")
-		}
+	switch {
+	case chat && len(w.Prompt) > 0:
+		return badRequest("prompt", "chat completions take messages, not prompt")
+	case chat && rd != nil:
+		dst.tokens, err = renderTokens(ctx, rd, dst.tokens, openai.APIChatCompletions, body, &dst.prompt)
+	case chat:
 		dst.tokens, err = chatTokens(dst.tokens, w.Messages)
-	} else {
-		if w.Messages != nil {
-			return badRequest("messages", "completions take prompt, not messages")
-		}
+	case w.Messages != nil:
+		return badRequest("messages", "completions take prompt, not messages")
+	case rd != nil && isTextPrompt(w.Prompt):
+		dst.tokens, err = renderTokens(ctx, rd, dst.tokens, openai.APICompletions, body, &dst.prompt)
+	default:
 		dst.tokens, err = promptTokens(&dst.prompt, dst.tokens, w.Prompt)
 	}
 	if err != nil {
@@ -145,6 +150,44 @@ func promptTokens(pr *openai.ParsedRequest, dst []uint32, raw json.RawMessage) (
 		return AppendTextTokens(dst[:0], string(pr.AppendText(nil))), nil
 	}
 	return pr.Tokens, nil
+}
+
+// isTextPrompt reports whether a completions prompt is text (a string, or
+// a batch of one string) rather than token ids, so that the engine's
+// renderer, if it has one, tokenizes it.
+func isTextPrompt(raw json.RawMessage) bool {
+	t := bytes.TrimLeft(raw, " \t\r\n")
+	if len(t) > 0 && t[0] == '[' {
+		t = bytes.TrimLeft(t[1:], " \t\r\n")
+	}
+	return len(t) > 0 && t[0] == '"'
+}
+
+// renderTokens has rd compute the ids of body's text or chat prompt, into
+// dst's array. The body is read by the router's own parser, as a router
+// with a built-in renderer reads it before rendering, and pr, its parse,
+// is handed to rd. Every failure is the request's: the engine cannot
+// render it, which vLLM answers with 400 as well.
+func renderTokens(ctx context.Context, rd Renderer, dst []uint32, api openai.API, body []byte, pr *openai.ParsedRequest) ([]uint32, *openai.Error) {
+	param := "prompt"
+	if api == openai.APIChatCompletions {
+		param = "messages"
+	}
+	// The HTTP server bounds the body; the prompt needs no second limit.
+	p := openai.Parser{MaxBodyBytes: math.MaxInt}
+	if err := p.Parse(body, api, pr); err != nil {
+		msg := err.Error()
+		var e *openai.Error
+		if errors.As(err, &e) {
+			msg, param = e.Message, e.Param
+		}
+		return dst, badRequest(param, "%s", msg)
+	}
+	out, err := rd.Tokens(ctx, dst[:0], api, body, pr)
+	if err != nil {
+		return out[:0], badRequest(param, "cannot render the prompt: %v", err)
+	}
+	return out, nil
 }
 
 // chatTokens applies the chat template (AppendChatTokens) to messages whose

@@ -1,6 +1,7 @@
 package mocker
 
 import (
+	"context"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -67,7 +68,7 @@ func TestParseRequest(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var r apiRequest
-			err := parseRequest([]byte(tc.body), tc.chat, &r)
+			err := parseRequest(context.Background(), []byte(tc.body), tc.chat, nil, &r)
 			if tc.errParam != "" {
 				if err == nil {
 					t.Fatalf("accepted: %+v", r)
@@ -171,7 +172,7 @@ func FuzzParseRequest(f *testing.F) {
 	f.Add([]byte(`[`), true)
 	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
 		var r apiRequest
-		err := parseRequest(body, chat, &r)
+		err := parseRequest(context.Background(), body, chat, nil, &r)
 		if err != nil {
 			if err.Status != 400 || err.Message == "" {
 				t.Fatalf("bad error %+v", err)
@@ -191,7 +192,7 @@ func FuzzParseRequest(f *testing.F) {
 			t.Fatal("stream options without stream")
 		}
 		var again apiRequest
-		if parseRequest(body, chat, &again) != nil || !slices.Equal(again.tokens, r.tokens) {
+		if parseRequest(context.Background(), body, chat, nil, &again) != nil || !slices.Equal(again.tokens, r.tokens) {
 			t.Fatal("parsing is not deterministic")
 		}
 	})

@@ -2,6 +2,7 @@ package mocker
 
 import (
 	"container/list"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -159,7 +160,7 @@ func BenchmarkMockParseRequest(b *testing.B) {
 		b.SetBytes(int64(len(body)))
 		var r apiRequest
 		for range b.N {
-			if err := parseRequest(body, false, &r); err != nil {
+			if err := parseRequest(context.Background(), body, false, nil, &r); err != nil {
 				b.Fatal(err)
 			}
 		}

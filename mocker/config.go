@@ -46,6 +46,15 @@ type Config struct {
 	// load refresh (default 250ms).
 	HeartbeatInterval time.Duration
 
+	// Renderer, when set, tokenizes text and chat prompts in place of the
+	// toy tokenizer (AppendTextTokens, AppendChatTokens): a real model's
+	// tokenizer and chat template, say prompt.Open's built-in renderer of
+	// a tokenizer directory. Generation, the render endpoints and
+	// /tokenize all use it, so that the ids the engine caches and
+	// publishes are the ids a router asking it for them gets. Token-id
+	// prompts are used as they are either way.
+	Renderer Renderer
+
 	// DisableRender makes the engine answer its render endpoints with 404,
 	// as a vLLM release before them (or SGLang) does, so that a router
 	// asking it falls back to /tokenize.

@@ -22,14 +22,19 @@
 //   - Prompts: a completions prompt is read by the router's own reader
 //     (openai.Parser.ParsePrompt), so both accept the same prompt forms;
 //     the rest of a body is decoded with encoding/json. Token-id arrays
-//     are used exactly. Text is tokenized one token per
+//     are used exactly. Text and chat prompts are tokenized by
+//     Config.Renderer when the engine has one (a real tokenizer and chat
+//     template: package prompt's built-in renderer), which is handed the
+//     body and the router's parse of it (openai.Parser.Parse). Without
+//     one, a toy tokenizer stands in: text is one token per
 //     whitespace-separated word, the id a hash of the word, except the
 //     words that spell a special token (TextSystem, ...), which are that
 //     token (AppendTextTokens); chat messages go through a fixed template
-//     whose text form tokenizes to the same ids (AppendChatTokens). Replies are words from a fixed list chosen by a
-//     hash of the prompt, so they are deterministic; a request always
-//     generates exactly max_tokens (default 16) and finishes with
-//     "length".
+//     whose text form tokenizes to the same ids (AppendChatTokens).
+//     Replies are words from a fixed list chosen by a hash of the prompt,
+//     so they are deterministic, and their ids are the toy tokenizer's
+//     either way; a request always generates exactly max_tokens (default
+//     16) and finishes with "length".
 //   - KV cache: KVBlocks blocks of BlockSize tokens. Full blocks are
 //     hashed with radix.AppendBlockHashes' chaining under EngineSeed(model)
 //     (deliberately not the router's seed: engine hashes are opaque keys)
@@ -71,7 +76,8 @@
 //
 // Core and the Publisher it is given are used by one goroutine only: the
 // engine loop (ZMQPublisher's replay goroutine shares only its buffer,
-// under a mutex). HTTP handlers hand requests to the loop through a
+// under a mutex); the Renderer is called from the HTTP handlers,
+// concurrently. HTTP handlers hand requests to the loop through a
 // mutex-guarded inbox and learn of progress through per-request atomics and
 // a one-slot notification channel; they never touch the Core. Engine
 // methods are safe for concurrent use. The loop steps back to back while

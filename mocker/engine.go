@@ -477,7 +477,7 @@ func (e *Engine) admit(ctx *fasthttp.RequestCtx, chat bool, req *apiRequest) (ma
 	if !e.method(ctx, fasthttp.MethodPost) {
 		return 0, false
 	}
-	if err := parseRequest(ctx.PostBody(), chat, req); err != nil {
+	if err := parseRequest(ctx, ctx.PostBody(), chat, e.cfg.Renderer, req); err != nil {
 		writeError(ctx, err)
 		return 0, false
 	}

@@ -67,7 +67,10 @@ type wireTokenize struct {
 
 // handleTokenize answers POST /tokenize as vLLM does:
 // {"count","max_model_len","tokens","token_strs"}. A prompt is tokenized as
-// a completions text prompt, messages as a chat request.
+// a completions text prompt, messages as a chat request; with a Renderer,
+// the body is handed to it as that request's body, since /tokenize's
+// fields (add_special_tokens, add_generation_prompt, tools, ...) are named
+// and defaulted as the completions and chat requests' are.
 func (e *Engine) handleTokenize(ctx *fasthttp.RequestCtx) {
 	if !e.method(ctx, fasthttp.MethodPost) {
 		return
@@ -81,16 +84,18 @@ func (e *Engine) handleTokenize(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	var tokens []uint32
+	var pr openai.ParsedRequest
+	var err *openai.Error
 	switch p := bytes.TrimSpace(w.Prompt); {
 	case w.Messages != nil && len(p) > 0:
 		writeError(ctx, badRequest("", "give prompt or messages, not both"))
 		return
+	case w.Messages != nil && e.cfg.Renderer != nil:
+		tokens, err = renderTokens(ctx, e.cfg.Renderer, nil, openai.APIChatCompletions, ctx.PostBody(), &pr)
 	case w.Messages != nil:
-		var err *openai.Error
-		if tokens, err = chatTokens(nil, w.Messages); err != nil {
-			writeError(ctx, err)
-			return
-		}
+		tokens, err = chatTokens(nil, w.Messages)
+	case len(p) > 0 && p[0] == '"' && e.cfg.Renderer != nil:
+		tokens, err = renderTokens(ctx, e.cfg.Renderer, nil, openai.APICompletions, ctx.PostBody(), &pr)
 	case len(p) > 0 && p[0] == '"':
 		var text string
 		if err := json.Unmarshal(p, &text); err != nil {
@@ -100,6 +105,10 @@ func (e *Engine) handleTokenize(ctx *fasthttp.RequestCtx) {
 		tokens = AppendTextTokens(nil, text)
 	default:
 		writeError(ctx, badRequest("prompt", "prompt must be a string, or give messages"))
+		return
+	}
+	if err != nil {
+		writeError(ctx, err)
 		return
 	}
 	b := make([]byte, 0, 64+8*len(tokens))

@@ -1,15 +1,18 @@
 package mocker
 
 import (
+	"context"
 	"fmt"
 	"math/bits"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvfast/kvfast/openai"
 )
 
-// The mock engine has no real tokenizer. Text becomes tokens by a rule that
-// is deterministic, cheap and prefix-stable, which is all prefix caching
-// needs: every maximal run of bytes that are not ASCII whitespace is one
+// Without a Renderer (Config.Renderer), the mock engine has no real
+// tokenizer. Text becomes tokens by a rule that is deterministic, cheap and
+// prefix-stable, which is all prefix caching needs: every maximal run of bytes that are not ASCII whitespace is one
 // token, whose id is VocabBase + XXH64(word) mod (VocabSize − VocabBase),
 // except the words that spell a special token ("<|system|>", "<|end|>",
 // ...), which are that token, as a real tokenizer matches added tokens in
@@ -17,6 +20,16 @@ import (
 // alike. A router that wants the ids the mock engine caches asks it (the
 // render and tokenize endpoints) or applies the same rule
 // (AppendTextTokens, AppendChatTokens).
+
+// Renderer tokenizes an engine's text and chat prompts for real, in place
+// of the toy tokenizer: Tokens appends to dst the ids of r's prompt, r
+// being the router's parse (package openai) of body, a completions or chat
+// body posted to api. It is package prompt's Renderer, declared again here
+// because prompt's tests run against the mock engine, so that mocker
+// cannot import prompt; any prompt.Renderer is one.
+type Renderer interface {
+	Tokens(ctx context.Context, dst []uint32, api openai.API, body []byte, r *openai.ParsedRequest) ([]uint32, error)
+}
 
 // VocabSize bounds every token id the mock engine produces from text or
 // generates. Token-id prompts may use any uint32.

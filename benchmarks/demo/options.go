@@ -13,13 +13,64 @@ import (
 	"github.com/kvfast/kvfast/benchmarks/replay"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
+	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/workers"
 )
 
-// AllPolicies is every routing policy, in the order the demo runs them.
+// AllPolicies is every routing policy, in the order the demo runs them on
+// the token workload.
 var AllPolicies = []string{"kv", "approx", "round-robin", "random", "least-loaded"}
+
+// The kv policy's variants for the chat workload, which differ in how the
+// router turns a conversation into the engines' token ids: a kv router
+// with neither routes chat requests approximately, as approx does.
+const (
+	// PolicyKVBuiltin tokenizes in the router, with the built-in tokenizer
+	// loaded from the engines' own tokenizer files (--tokenizer MODEL=DIR).
+	PolicyKVBuiltin = "kv-builtin"
+	// PolicyKVRemote asks an engine to render each request
+	// (--tokenizer MODEL=remote).
+	PolicyKVRemote = "kv-remote"
+)
+
+// ChatPolicies is the chat workload's default comparison: kv with each way
+// of tokenizing exactly, against approx.
+var ChatPolicies = []string{PolicyKVBuiltin, PolicyKVRemote, "approx"}
+
+// allChatPolicies is "all" for the chat workload.
+var allChatPolicies = []string{PolicyKVBuiltin, PolicyKVRemote, "approx", "round-robin", "random", "least-loaded"}
+
+// DefaultPolicies is the comparison a workload runs by default.
+func DefaultPolicies(workload string) []string {
+	if workload == replay.WorkloadChat {
+		return slices.Clone(ChatPolicies)
+	}
+	return slices.Clone(AllPolicies)
+}
+
+// policyVariant splits a policy name of the demo into the router's
+// routing policy and its tokenizer for text and chat prompts
+// (prompt.ModeBuiltin, prompt.ModeRemote, or "" for none).
+func policyVariant(name string) (policy, tokenizer string, err error) {
+	switch name {
+	case PolicyKVBuiltin:
+		return "kv", prompt.ModeBuiltin, nil
+	case PolicyKVRemote:
+		return "kv", prompt.ModeRemote, nil
+	}
+	if _, _, err := sched.ParsePolicy(name); err != nil {
+		return "", "", fmt.Errorf("%w, or %s or %s with --workload chat", err, PolicyKVBuiltin, PolicyKVRemote)
+	}
+	return name, "", nil
+}
+
+// chatTemplateTokens is about what the chat template adds per message in
+// tokens (the demo tokenizer's ChatML spends five: <|im_start|>, the role,
+// a newline, <|im_end|> and a newline), and once more for the BOS token
+// and the generation prompt.
+const chatTemplateTokens = 5
 
 // EmbeddedTrace names the trace compiled into the binary: the last 600
 // records of the Mooncake synthetic trace.
@@ -39,6 +90,10 @@ const (
 type Options struct {
 	Engines  int      // mock engines per policy
 	Policies []string // routing policies, run in this order
+	// Workload is what each trace record becomes: replay.WorkloadTokens,
+	// a token-id prompt, or replay.WorkloadChat, a conversation that the
+	// engines tokenize with Tokenizer.
+	Workload string
 	// Trace is a Mooncake JSONL file, or EmbeddedTrace.
 	Trace       string
 	MaxRequests int // replay only the first N records (0: all)
@@ -47,7 +102,12 @@ type Options struct {
 	EngineSpeedup float64 // divides the engines' simulated time (+Inf: no waiting)
 	Concurrency   int     // keep N requests in flight, ignoring timestamps (0: timestamps)
 
-	BlockTokens      int    // tokens sent per trace hash id
+	// Tokenizer is the engines' tokenizer in the chat workload, which
+	// kv-builtin's router loads too: "" for the demo's own (package
+	// demotok), or a directory or hf:ORG/NAME as --tokenizer names one.
+	Tokenizer string
+
+	BlockTokens      int    // tokens (chat: words) sent per trace hash id
 	BlockSize        int    // tokens per KV block, engines and router
 	KVBlocks         int    // KV cache capacity per engine, in blocks
 	MaxBatchedTokens int    // engine step budget
@@ -90,6 +150,7 @@ func DefaultOptions() Options {
 	return Options{
 		Engines:          8,
 		Policies:         slices.Clone(AllPolicies),
+		Workload:         replay.WorkloadTokens,
 		Trace:            EmbeddedTrace,
 		Speedup:          8,
 		EngineSpeedup:    2,
@@ -125,9 +186,29 @@ func (o *Options) Validate() error {
 	case o.MaxRequests < 0 || o.Concurrency < 0 || o.MaxOutputTokens < 0 || o.ApproxTTL < 0:
 		return errors.New("cannot use a negative request count, concurrency, output cap or approx TTL")
 	}
+	switch o.Workload {
+	case replay.WorkloadTokens:
+		if o.Tokenizer != "" {
+			return errors.New("cannot use a tokenizer with the token workload, which sends token ids: use the chat workload")
+		}
+	case replay.WorkloadChat:
+		if o.Tokenizer != "" {
+			if src, err := prompt.ParseSource(o.Tokenizer); err != nil {
+				return err
+			} else if src.Kind == prompt.SourceRemote {
+				return errors.New("cannot give the engines a remote tokenizer: name a directory or hf:ORG/NAME")
+			}
+		}
+	default:
+		return fmt.Errorf("cannot run workload %q: want one of %v", o.Workload, replay.Workloads)
+	}
 	for _, p := range o.Policies {
-		if _, _, err := sched.ParsePolicy(p); err != nil {
+		_, tok, err := policyVariant(p)
+		if err != nil {
 			return err
+		}
+		if tok != "" && o.Workload != replay.WorkloadChat {
+			return fmt.Errorf("cannot run %s on the token workload, which sends token ids: it tokenizes text, use the chat workload", p)
 		}
 	}
 	cost := sched.CostParams{OverlapCredit: o.OverlapCredit, PrefillLoadScale: o.PrefillLoadScale, Temperature: o.Temperature}
@@ -143,9 +224,14 @@ func (o *Options) Validate() error {
 	return nil
 }
 
-// ParsePolicies splits a comma-separated list, expanding "all" and
-// checking every name against the scheduler's own parser.
-func ParsePolicies(list string) ([]string, error) {
+// ParsePolicies splits a comma-separated list, expanding "all" (every
+// policy the workload can run) and checking every name against the
+// scheduler's own parser or the kv variants.
+func ParsePolicies(list, workload string) ([]string, error) {
+	all := AllPolicies
+	if workload == replay.WorkloadChat {
+		all = allChatPolicies
+	}
 	var out []string
 	for _, p := range strings.Split(list, ",") {
 		p = strings.TrimSpace(p)
@@ -154,8 +240,8 @@ func ParsePolicies(list string) ([]string, error) {
 		}
 		names := []string{p}
 		if p == "all" {
-			names = AllPolicies
-		} else if _, _, err := sched.ParsePolicy(p); err != nil {
+			names = all
+		} else if _, _, err := policyVariant(p); err != nil {
 			return nil, err
 		}
 		for _, n := range names {
@@ -178,7 +264,7 @@ func LoadTrace(path string) (*replay.Trace, error) {
 // CheckFits reports whether every request the demo replays from tr fits
 // in an empty engine: an engine refuses a request longer than its cache.
 func (o *Options) CheckFits(tr *replay.Trace) error {
-	synth := o.tokens(tr)
+	synth, chat := o.tokens(tr), o.chat(tr)
 	longest := 0
 	replayed := tr.Head(o.MaxRequests)
 	for i := range replayed.Records {
@@ -187,7 +273,12 @@ func (o *Options) CheckFits(tr *replay.Trace) error {
 		if o.MaxOutputTokens > 0 && out > o.MaxOutputTokens {
 			out = o.MaxOutputTokens
 		}
-		longest = max(longest, synth.PromptLen(r)+out)
+		prompt := synth.PromptLen(r)
+		if o.Workload == replay.WorkloadChat {
+			words, messages := chat.PromptLen(r)
+			prompt = words + chatTemplateTokens*(messages+1)
+		}
+		longest = max(longest, prompt+out)
 	}
 	if capacity := o.KVBlocks * o.BlockSize; longest > capacity {
 		return fmt.Errorf("cannot fit the longest request: it needs %d tokens but an engine holds %d (%d KV blocks x %d): "+
@@ -199,6 +290,11 @@ func (o *Options) CheckFits(tr *replay.Trace) error {
 // tokens is how the replay turns tr's hash ids into token prompts.
 func (o *Options) tokens(tr *replay.Trace) replay.TokenSynth {
 	return replay.TokenSynth{TraceBlockSize: tr.BlockSize, BlockTokens: o.BlockTokens, Seed: o.Seed}
+}
+
+// chat is how the replay turns tr's hash ids into conversations.
+func (o *Options) chat(tr *replay.Trace) replay.ChatSynth {
+	return replay.ChatSynth{TraceBlockSize: tr.BlockSize, BlockWords: o.BlockTokens, Seed: o.Seed}
 }
 
 func (o *Options) notef(format string, args ...any) {

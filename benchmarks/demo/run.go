@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/kvfast/kvfast/benchmarks/demo/demotok"
 	"github.com/kvfast/kvfast/benchmarks/replay"
 	"github.com/kvfast/kvfast/internal/rig"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
+	"github.com/kvfast/kvfast/prompt"
 )
 
 // PolicyRun is one policy's replay with what the engines counted during it.
@@ -19,6 +22,17 @@ type PolicyRun struct {
 	Policy  string
 	Result  *replay.Result
 	Engines []mocker.Stats
+	// Tokenizer is how the router tokenized the model's text and chat
+	// prompts, with its outcome counts; nil when it did not.
+	Tokenizer *prompt.ModelStatus
+}
+
+// tokenizer is the chat workload's tokenizer: the engines' renderer, and
+// where kv-builtin's router loads the same files from.
+type tokenizer struct {
+	engines mocker.Renderer
+	source  prompt.Source
+	name    string // as reports show it
 }
 
 // Run replays tr once per policy, each against a fresh segment, router and
@@ -47,14 +61,26 @@ func Run(ctx context.Context, o Options, tr *replay.Trace) (*Report, error) {
 	if o.Concurrency > 0 {
 		pace = fmt.Sprintf("at concurrency %d", o.Concurrency)
 	}
-	o.notef("%d requests from %s, %d tokens per hash id, %s", replayed.Len(), tr.Source, o.BlockTokens, pace)
+	var tok *tokenizer
+	if o.Workload == replay.WorkloadChat {
+		var cleanup func()
+		var err error
+		if tok, cleanup, err = o.openTokenizer(); err != nil {
+			return nil, err
+		}
+		defer cleanup()
+		o.notef("%d requests from %s as conversations, %d words per hash id, %s; engines tokenize with %s", replayed.Len(), tr.Source,
+			o.BlockTokens, pace, tok.name)
+	} else {
+		o.notef("%d requests from %s, %d tokens per hash id, %s", replayed.Len(), tr.Source, o.BlockTokens, pace)
+	}
 	o.notef("%d engines x %d KV blocks of %d tokens at %gx; policies %s", o.Engines, o.KVBlocks, o.BlockSize,
 		o.EngineSpeedup, strings.Join(o.Policies, ", "))
 
 	rep := &Report{Options: o, Trace: tr.Source}
 	for _, policy := range o.Policies {
 		began := time.Now()
-		run, err := runPolicy(ctx, &o, policy, tr)
+		run, err := runPolicy(ctx, &o, policy, tr, tok)
 		if err != nil {
 			if run.Result == nil || ctx.Err() != nil {
 				return nil, fmt.Errorf("%s: %w", policy, err)
@@ -73,17 +99,52 @@ func Run(ctx context.Context, o Options, tr *replay.Trace) (*Report, error) {
 		}
 		rep.Runs = append(rep.Runs, run)
 	}
-	rep.Checks = Checks(rep.Runs)
+	rep.Checks = Checks(o.Workload, rep.Runs)
 	return rep, nil
+}
+
+// openTokenizer loads the chat workload's tokenizer for the engines and
+// says where kv-builtin's router finds its files: the demo's own, written
+// to a temporary directory that cleanup removes, or o.Tokenizer's.
+func (o *Options) openTokenizer() (_ *tokenizer, cleanup func(), err error) {
+	tok := &tokenizer{name: o.Tokenizer}
+	cleanup = func() {}
+	if o.Tokenizer == "" {
+		var dir string
+		if dir, err = os.MkdirTemp("", "kvfast-demo-tokenizer-"); err != nil {
+			return nil, nil, fmt.Errorf("cannot write the demo tokenizer: %w", err)
+		}
+		cleanup = func() { os.RemoveAll(dir) }
+		tok.source, tok.name = prompt.Source{Kind: prompt.SourceDir, Path: dir}, "the demo tokenizer"
+		err = demotok.WriteDir(dir)
+	} else {
+		tok.source, err = prompt.ParseSource(o.Tokenizer)
+	}
+	if err == nil {
+		tok.engines, err = prompt.Open(replay.DefaultModel, tok.source.String(), prompt.DefaultConfig(), 0)
+	}
+	if err != nil {
+		cleanup()
+		return nil, nil, fmt.Errorf("cannot load the engines' tokenizer: %w", err)
+	}
+	return tok, cleanup, nil
 }
 
 // runPolicy replays the trace once on a fresh rig running policy, and
 // tears the rig down. The result is returned even with an error when the
 // replay itself ran.
-func runPolicy(ctx context.Context, o *Options, policy string, tr *replay.Trace) (run PolicyRun, err error) {
+func runPolicy(ctx context.Context, o *Options, policy string, tr *replay.Trace, tok *tokenizer) (run PolicyRun, err error) {
 	run.Policy = policy
+	cfg, err := routerConfig(o, policy, tok)
+	if err != nil {
+		return run, err
+	}
+	var engineTok mocker.Renderer
+	if tok != nil {
+		engineTok = tok.engines
+	}
 	r, err := rig.Start(ctx, rig.Config{
-		Node:       routerConfig(o, policy),
+		Node:       cfg,
 		SegmentDir: o.SegmentDir,
 		Engines:    o.Engines,
 		Engine: mocker.Config{
@@ -94,6 +155,7 @@ func runPolicy(ctx context.Context, o *Options, policy string, tr *replay.Trace)
 			MaxSeqs:          o.MaxSeqs,
 			Timing:           o.Timing,
 			Speedup:          o.EngineSpeedup,
+			Renderer:         engineTok,
 		},
 	})
 	if err != nil {
@@ -101,32 +163,51 @@ func runPolicy(ctx context.Context, o *Options, policy string, tr *replay.Trace)
 	}
 	defer func() { err = errors.Join(err, r.Close()) }()
 
-	cfg := replay.Config{
+	rcfg := replay.Config{
 		RouterURL:       r.URL,
 		Trace:           tr,
 		MaxRequests:     o.MaxRequests,
 		Speedup:         o.Speedup,
 		Concurrency:     o.Concurrency,
+		Workload:        o.Workload,
 		Tokens:          replay.TokenSynth{BlockTokens: o.BlockTokens, Seed: o.Seed},
+		Chat:            replay.ChatSynth{BlockWords: o.BlockTokens, Seed: o.Seed},
 		MaxOutputTokens: o.MaxOutputTokens,
 		Model:           replay.DefaultModel,
 		Timeout:         o.Timeout,
 		ProgressLabel:   fmt.Sprintf("%-12s", policy),
 		Progress:        o.Progress,
 	}
-	res, err := replay.Run(ctx, cfg)
+	res, err := replay.Run(ctx, rcfg)
 	run.Result = res
 	for _, e := range r.Engines {
 		run.Engines = append(run.Engines, e.Stats())
+	}
+	for _, st := range r.Node.Snapshot().Tokenizers {
+		if st.Model == replay.DefaultModel && st.Mode != prompt.ModeNone {
+			run.Tokenizer = &st
+		}
 	}
 	return run, err
 }
 
 // routerConfig is kvfast serve's configuration with the demo's policy,
-// block size and cost model.
-func routerConfig(o *Options, policy string) node.Config {
+// tokenizer, block size and cost model.
+func routerConfig(o *Options, name string, tok *tokenizer) (node.Config, error) {
 	cfg := node.DefaultConfig()
+	policy, mode, err := policyVariant(name)
+	if err != nil {
+		return cfg, err
+	}
 	cfg.Policy = policy
+	switch {
+	case mode == prompt.ModeBuiltin && tok != nil:
+		cfg.Tokenizers.Specs = []prompt.Spec{{Model: replay.DefaultModel, Source: tok.source}}
+	case mode == prompt.ModeRemote:
+		cfg.Tokenizers.Specs = []prompt.Spec{{Model: replay.DefaultModel, Source: prompt.Source{Kind: prompt.SourceRemote}}}
+	case mode != "":
+		return cfg, fmt.Errorf("cannot run %s without the chat workload's tokenizer", name)
+	}
 	cfg.Sched.BlockSize = o.BlockSize
 	cfg.Sched.Cost.OverlapCredit = o.OverlapCredit
 	cfg.Sched.Cost.PrefillLoadScale = o.PrefillLoadScale
@@ -142,5 +223,5 @@ func routerConfig(o *Options, policy string) node.Config {
 	// blocks the engines hold and understate kv routing.
 	cfg.Segment.IndexCapacity = max(cfg.Segment.IndexCapacity, 2*o.Engines*o.KVBlocks)
 	cfg.Logger = o.Logger
-	return cfg
+	return cfg, nil
 }

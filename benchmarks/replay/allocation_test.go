@@ -10,8 +10,9 @@ func TestZeroAllocs(t *testing.T) {
 		rec.HashIDs[i] = uint64(i)
 	}
 	synth := TokenSynth{}
+	chat := ChatSynth{}.normalized()
 	tokens := make([]uint32, 0, synth.PromptLen(rec))
-	body := newCompletionBody("mock")
+	body := newRequestBody("mock")
 	buf := make([]byte, 0, 1<<20)
 	tests := []struct {
 		name string
@@ -19,6 +20,7 @@ func TestZeroAllocs(t *testing.T) {
 	}{
 		{"AppendPrompt", func() { tokens = synth.AppendPrompt(tokens[:0], rec) }},
 		{"appendBody", func() { buf = body.appendBody(buf[:0], tokens, 92) }},
+		{"appendChat", func() { buf = body.appendChat(buf[:0], chat, rec, 92) }},
 		{"Percentile", func() { _ = Percentile(nil, 0.5) }},
 	}
 	for _, tt := range tests {

@@ -23,7 +23,7 @@ func BenchmarkPromptBody(b *testing.B) {
 	synth := TokenSynth{}
 	b.Run("append", func(b *testing.B) {
 		b.ReportAllocs()
-		body := newCompletionBody("mock")
+		body := newRequestBody("mock")
 		var tokens []uint32
 		var buf []byte
 		for b.Loop() {
@@ -31,6 +31,17 @@ func BenchmarkPromptBody(b *testing.B) {
 			buf = body.appendBody(buf[:0], tokens, rec.OutputLength)
 		}
 		b.ReportMetric(float64(b.N)*float64(len(tokens))/b.Elapsed().Seconds(), "tokens/s")
+	})
+	b.Run("chat", func(b *testing.B) {
+		b.ReportAllocs()
+		body := newRequestBody("mock")
+		chat := ChatSynth{}.normalized()
+		var buf []byte
+		for b.Loop() {
+			buf = body.appendChat(buf[:0], chat, rec, rec.OutputLength)
+		}
+		words, _ := chat.PromptLen(rec)
+		b.ReportMetric(float64(b.N)*float64(words)/b.Elapsed().Seconds(), "words/s")
 	})
 	b.Run("encoding-json", func(b *testing.B) {
 		b.ReportAllocs()

@@ -5,28 +5,29 @@ import (
 	"strconv"
 )
 
-// completionBody writes /v1/completions request bodies. The fixed part is
-// rendered once; per request only max_tokens and the prompt are appended,
-// into a buffer the caller reuses, because a Mooncake prompt is tens of
-// thousands of token ids and encoding/json would box and reflect over each.
-type completionBody struct {
+// requestBody writes /v1/completions and /v1/chat/completions request
+// bodies. The fixed part is rendered once; per request only max_tokens and
+// the prompt or messages are appended, into a buffer the caller reuses,
+// because a Mooncake prompt is tens of thousands of token ids (or words)
+// and encoding/json would box and reflect over each.
+type requestBody struct {
 	head []byte // `{"model":...,"max_tokens":`
 }
 
-// newCompletionBody renders the fields every request shares. stream_options
+// newRequestBody renders the fields every request shares. stream_options
 // asks for the final usage chunk that carries cached_tokens; ignore_eos
 // makes vLLM-compatible engines generate exactly max_tokens, as the trace
-// recorded.
-func newCompletionBody(model string) completionBody {
+// recorded. Both APIs take them all.
+func newRequestBody(model string) requestBody {
 	m, _ := json.Marshal(model) // a Go string always marshals
 	head := []byte(`{"model":`)
 	head = append(head, m...)
 	head = append(head, `,"stream":true,"stream_options":{"include_usage":true},"ignore_eos":true,"max_tokens":`...)
-	return completionBody{head: head}
+	return requestBody{head: head}
 }
 
-// appendBody appends one complete JSON body to dst.
-func (c completionBody) appendBody(dst []byte, prompt []uint32, maxTokens int) []byte {
+// appendBody appends one complete completions body to dst.
+func (c requestBody) appendBody(dst []byte, prompt []uint32, maxTokens int) []byte {
 	dst = append(dst, c.head...)
 	dst = strconv.AppendInt(dst, int64(maxTokens), 10)
 	dst = append(dst, `,"prompt":[`...)
@@ -37,4 +38,13 @@ func (c completionBody) appendBody(dst []byte, prompt []uint32, maxTokens int) [
 		dst = strconv.AppendUint(dst, uint64(tok), 10)
 	}
 	return append(dst, "]}"...)
+}
+
+// appendChat appends one complete chat body to dst: rec's conversation.
+func (c requestBody) appendChat(dst []byte, s ChatSynth, rec *Record, maxTokens int) []byte {
+	dst = append(dst, c.head...)
+	dst = strconv.AppendInt(dst, int64(maxTokens), 10)
+	dst = append(dst, `,"messages":`...)
+	dst = s.appendMessages(dst, rec)
+	return append(dst, '}')
 }

@@ -8,8 +8,10 @@
 // It reads Mooncake-format traces (JSONL records of timestamp in ms,
 // input_length, output_length and hash_ids, each hash id standing for a
 // block of 512 tokens unless told otherwise), turns every record into a
-// token-id prompt, replays the prompts through the router's
-// /v1/completions as streaming requests, and reports on the responses.
+// token-id prompt replayed through the router's /v1/completions, or (the
+// chat workload) into a conversation replayed through its
+// /v1/chat/completions, as streaming requests, and reports on the
+// responses.
 //
 // # What it owns
 //
@@ -25,6 +27,16 @@
 //     hash-id prefixes yield equal token prefixes. Blocks can be shrunk
 //     (BlockTokens) to replay the trace's sharing structure with small
 //     prompts on a small machine.
+//   - Text synthesis (ChatSynth), for the chat workload: each hash id maps
+//     to a fixed stretch of words keyed the same way, and a record becomes
+//     a conversation whose system prompt is its first hash id, whose
+//     earlier turns (a user message and a short assistant reply per hash
+//     id) are the prefix it shares with other records, and whose last hash
+//     id is the new user turn. The engines' tokenizer and chat template
+//     decide the tokens, so the bound, counted in hash ids, holds only
+//     approximately: with a tokenizer that spends one token per word (the
+//     demo's), each shared hash id stands for its words plus the template
+//     tokens of its two messages and the reply.
 //   - The replay client (Run): open loop at trace time divided by a
 //     speed-up, or closed loop at a fixed concurrency, over a pooled
 //     net/http client. TTFT is the time from sending to the first SSE event

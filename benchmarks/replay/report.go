@@ -42,7 +42,11 @@ func (s *Summary) WriteText(w io.Writer) error {
 	if s.Mode == ModeConcurrency {
 		mode = fmt.Sprintf("concurrency %d", s.Concurrency)
 	}
-	fmt.Fprintf(&b, "trace       %s (%d tokens per hash id, %s)\n", s.Source, s.BlockTokens, mode)
+	perID := fmt.Sprintf("%d tokens per hash id", s.BlockTokens)
+	if s.Workload == WorkloadChat {
+		perID = fmt.Sprintf("chat, %d words per hash id", s.BlockTokens)
+	}
+	fmt.Fprintf(&b, "trace       %s (%s, %s)\n", s.Source, perID, mode)
 	fmt.Fprintf(&b, "requests    %d sent, %d ok, %d failed in %s\n", s.Requests, s.Succeeded, s.Errors, s.Duration.Round(time.Millisecond))
 	fmt.Fprintf(&b, "TTFT        p50 %s  p90 %s  p99 %s\n", formatMillis(s.TTFTP50), formatMillis(s.TTFTP90), formatMillis(s.TTFTP99))
 	fmt.Fprintf(&b, "ITL         mean %s  p99 %s\n", formatMillis(s.ITLMean), formatMillis(s.ITLP99))

@@ -44,8 +44,9 @@ var ErrBadConfig = errors.New("kvfast: bad replay config")
 
 // Config describes one replay.
 type Config struct {
-	// RouterURL is the router's base URL (DefaultRouterURL if empty);
-	// /v1/completions is appended unless the path already ends with it.
+	// RouterURL is the router's base URL (DefaultRouterURL if empty); the
+	// workload's endpoint, /v1/completions or /v1/chat/completions, is
+	// appended unless the path already ends with it.
 	RouterURL string
 	// Trace is the workload. Required.
 	Trace *Trace
@@ -61,8 +62,13 @@ type Config struct {
 	// sending waits and the wait shows up as send lag. 0 means
 	// DefaultMaxInFlight.
 	MaxInFlight int
-	// Tokens synthesises prompts. Its TraceBlockSize is taken from Trace.
+	// Workload is what each record becomes: WorkloadTokens (the default
+	// when empty) or WorkloadChat.
+	Workload string
+	// Tokens synthesises the token workload's prompts, Chat the chat
+	// workload's conversations. Their TraceBlockSize is taken from Trace.
 	Tokens TokenSynth
+	Chat   ChatSynth
 	// MaxOutputTokens caps max_tokens (the trace's output_length); 0 = no cap.
 	MaxOutputTokens int
 	// Model is sent in every request; DefaultModel if empty.
@@ -82,10 +88,13 @@ type Config struct {
 
 // Result is everything one replay measured. Requests are in trace order.
 type Result struct {
-	Source      string        `json:"source"`
-	Mode        string        `json:"mode"`
-	Speedup     float64       `json:"speedup,omitempty"`
-	Concurrency int           `json:"concurrency,omitempty"`
+	Source      string  `json:"source"`
+	Workload    string  `json:"workload"`
+	Mode        string  `json:"mode"`
+	Speedup     float64 `json:"speedup,omitempty"`
+	Concurrency int     `json:"concurrency,omitempty"`
+	// BlockTokens is the tokens sent per hash id; for the chat workload,
+	// the words, which are about as many tokens.
 	BlockTokens int           `json:"block_tokens"`
 	Started     time.Time     `json:"started"`
 	Duration    time.Duration `json:"duration_ns"` // first send to last completion
@@ -108,8 +117,9 @@ type RequestResult struct {
 	Sent    time.Duration `json:"sent_ns"`
 	TTFT    time.Duration `json:"ttft_ns"`    // to the first SSE event with output
 	Latency time.Duration `json:"latency_ns"` // to the end of the stream
-	// PromptTokens is the prompt length sent; the Usage fields are what
-	// the server reported (zero when HasUsage is false).
+	// PromptTokens is the prompt length sent (for the chat workload, its
+	// words, the template's tokens not counted); the Usage fields are
+	// what the server reported (zero when HasUsage is false).
 	PromptTokens          int    `json:"prompt_tokens"`
 	HasUsage              bool   `json:"has_usage"`
 	UsagePromptTokens     int    `json:"usage_prompt_tokens"`
@@ -167,7 +177,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 type runner struct {
 	trace     *Trace
 	synth     TokenSynth
-	body      completionBody
+	chat      ChatSynth // when isChat
+	isChat    bool
+	body      requestBody
 	endpoint  string
 	client    *http.Client
 	ownClient bool
@@ -189,7 +201,19 @@ func newRunner(cfg Config) (*runner, error) {
 	if cfg.Trace == nil || cfg.Trace.Len() == 0 {
 		return nil, bad("no trace")
 	}
-	endpoint, err := completionsURL(cfg.RouterURL)
+	workload := cfg.Workload
+	if workload == "" {
+		workload = WorkloadTokens
+	}
+	path := pathCompletions
+	switch workload {
+	case WorkloadTokens:
+	case WorkloadChat:
+		path = pathChatCompletions
+	default:
+		return nil, bad("workload %q is not one of %v", cfg.Workload, Workloads)
+	}
+	endpoint, err := endpointURL(cfg.RouterURL, path)
 	if err != nil {
 		return nil, bad("%v", err)
 	}
@@ -214,6 +238,16 @@ func newRunner(cfg Config) (*runner, error) {
 		return nil, bad("%v", err)
 	}
 	synth = synth.normalized()
+	chat := cfg.Chat
+	chat.TraceBlockSize = trace.blockSize()
+	if err := chat.Validate(); err != nil {
+		return nil, bad("%v", err)
+	}
+	chat = chat.normalized()
+	blockTokens := synth.BlockTokens
+	if workload == WorkloadChat {
+		blockTokens = chat.BlockWords
+	}
 	model := cfg.Model
 	if model == "" {
 		model = DefaultModel
@@ -221,7 +255,9 @@ func newRunner(cfg Config) (*runner, error) {
 	r := &runner{
 		trace:    trace,
 		synth:    synth,
-		body:     newCompletionBody(model),
+		chat:     chat,
+		isChat:   workload == WorkloadChat,
+		body:     newRequestBody(model),
 		endpoint: endpoint,
 		client:   cfg.Client,
 		timeout:  cfg.Timeout,
@@ -244,8 +280,9 @@ func newRunner(cfg Config) (*runner, error) {
 	}
 	r.res = &Result{
 		Source:      trace.Source,
-		BlockTokens: synth.BlockTokens,
-		Bound:       trace.HitBound(synth.BlockTokens),
+		Workload:    workload,
+		BlockTokens: blockTokens,
+		Bound:       trace.HitBound(blockTokens),
 		Requests:    make([]RequestResult, trace.Len()),
 	}
 	if cfg.Concurrency > 0 {
@@ -269,8 +306,14 @@ func (r *runner) close() {
 	}
 }
 
-// completionsURL turns a router base URL into its completions endpoint.
-func completionsURL(base string) (string, error) {
+// The endpoints the workloads post to.
+const (
+	pathCompletions     = "/v1/completions"
+	pathChatCompletions = "/v1/chat/completions"
+)
+
+// endpointURL turns a router base URL into its endpoint at path.
+func endpointURL(base, path string) (string, error) {
 	if base == "" {
 		base = DefaultRouterURL
 	}
@@ -281,8 +324,8 @@ func completionsURL(base string) (string, error) {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return "", fmt.Errorf("router URL %q is not an http(s) URL with a host", base)
 	}
-	if !strings.HasSuffix(u.Path, "/v1/completions") {
-		u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/completions"
+	if !strings.HasSuffix(u.Path, path) {
+		u.Path = strings.TrimSuffix(u.Path, "/") + path
 	}
 	return u.String(), nil
 }
@@ -427,13 +470,18 @@ func (r *runner) do(ctx context.Context, i int, b *requestBuffers) {
 		}
 	}()
 
-	b.tokens = r.synth.AppendPrompt(b.tokens[:0], rec)
 	maxTokens := max(rec.OutputLength, 1) // 0 is not a valid max_tokens
 	if r.maxOut > 0 {
 		maxTokens = min(maxTokens, r.maxOut)
 	}
-	b.body = r.body.appendBody(b.body[:0], b.tokens, maxTokens)
-	rr.PromptTokens = len(b.tokens)
+	if r.isChat {
+		b.body = r.body.appendChat(b.body[:0], r.chat, rec, maxTokens)
+		rr.PromptTokens, _ = r.chat.PromptLen(rec)
+	} else {
+		b.tokens = r.synth.AppendPrompt(b.tokens[:0], rec)
+		b.body = r.body.appendBody(b.body[:0], b.tokens, maxTokens)
+		rr.PromptTokens = len(b.tokens)
+	}
 
 	if r.timeout > 0 {
 		var cancel context.CancelFunc

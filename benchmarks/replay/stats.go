@@ -13,6 +13,7 @@ const maxErrorSamples = 5
 // Summary condenses a Result into the figures a report shows.
 type Summary struct {
 	Source      string
+	Workload    string // WorkloadTokens or WorkloadChat
 	Mode        string
 	Speedup     float64
 	Concurrency int
@@ -66,6 +67,7 @@ func (s *Summary) HitFractionOfBound() float64 {
 func (r *Result) Summary() Summary {
 	s := Summary{
 		Source:      r.Source,
+		Workload:    r.Workload,
 		Mode:        r.Mode,
 		Speedup:     r.Speedup,
 		Concurrency: r.Concurrency,
@@ -177,6 +179,7 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 	}
 	return json.Marshal(struct {
 		Source             string         `json:"source"`
+		Workload           string         `json:"workload"`
 		Mode               string         `json:"mode"`
 		Speedup            float64        `json:"speedup,omitempty"`
 		Concurrency        int            `json:"concurrency,omitempty"`
@@ -205,7 +208,7 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 		Workers            map[string]int `json:"workers"`
 		ErrorSamples       []string       `json:"error_samples,omitempty"`
 	}{
-		s.Source, s.Mode, s.Speedup, s.Concurrency, s.BlockTokens,
+		s.Source, s.Workload, s.Mode, s.Speedup, s.Concurrency, s.BlockTokens,
 		s.Requests, s.Succeeded, s.Errors,
 		ms(s.TTFTP50), ms(s.TTFTP90), ms(s.TTFTP99),
 		ms(s.ITLMean), ms(s.ITLP99),

@@ -100,8 +100,37 @@ and why:
                        after its last use, so the TTL costs approx no hit
                        here; on the full trace it would.
 
+--workload chat replays the same trace as chat conversations instead
+of token-id prompts (see kvfast replay --help: each hash id becomes a
+stretch of --block-tokens words, the earlier turns of a conversation are
+the prefix it shares), sent to /v1/chat/completions. A router must then
+turn a conversation into the engines' token ids before it can route on
+their KV blocks, and the engines tokenize with a real Hugging Face
+tokenizer: by default a small one built into kvfast (byte-level BPE
+trained on the workload's words, one token per word, and a ChatML chat
+template; benchmarks/demo/demotok), or --tokenizer DIR|hf:ORG/NAME. The
+policies compared by default are then
+  kv-builtin  kv routing, the router tokenizing with its built-in
+              tokenizer from the engines' tokenizer files
+              (kvfast serve --tokenizer mock=DIR)
+  kv-remote   kv routing, the router asking an engine to render each
+              request (vLLM's render endpoints; --tokenizer mock=remote)
+  approx      routing on text chunks and the router's own history
+and any other policy may be added (plain kv routes chat requests
+approximately: it has no tokenizer). The hit rate's bound is counted in
+hash ids of --block-tokens tokens; the engines count real tokens, which
+add the template's five per message and the replies, so for chat the
+bound is approximate. Those make the prompts 14% longer than the token
+workload's (3.49M prompt tokens against 3.07M), so the default
+--kv-blocks, sized for the token workload, leaves the engines less
+headroom: about 22k blocks evicted per policy against the token
+workload's 8k (12k with --kv-blocks 9216). A line per tokenizing policy counts
+the requests it tokenized and those it routed approximately because
+rendering failed.
+
 Examples:
   kvfast demo
+  kvfast demo --workload chat
   kvfast demo --policies kv,round-robin --max-requests 200
   kvfast demo --engines 4 --html /tmp/report.html --json
   kvfast demo --trace ../shared/traces/mooncake_synthetic.jsonl --kv-blocks 49152
@@ -201,15 +230,17 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.SetOutput(stderr)
 	o := demo.DefaultOptions()
 	out := demoOutput{out: filepath.Join(os.TempDir(), "kvfast-demo.html"), logLevel: "warn"}
-	policies := "all"
+	policies := ""
 	fs.IntVar(&o.Engines, "engines", o.Engines, "mock engines to start for each policy")
-	fs.StringVar(&policies, "policies", policies, "comma-separated `list` of routing policies to compare: kv, approx, round-robin, random, least-loaded, or all")
+	fs.StringVar(&policies, "policies", policies, "comma-separated `list` of routing policies to compare: kv, approx, round-robin, random, least-loaded, with --workload chat kv-builtin and kv-remote, or all (default: all for tokens, kv-builtin,kv-remote,approx for chat)")
+	fs.StringVar(&o.Workload, "workload", o.Workload, "what each trace record becomes: tokens (a token-id prompt) or chat (a conversation)")
+	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, "chat workload: the engines' tokenizer, a `DIR` or hf:ORG/NAME (default: the demo's own)")
 	fs.StringVar(&o.Trace, "trace", o.Trace, "trace `file` (Mooncake JSONL), or \"embedded\" for the last 600 records of the shipped trace")
 	fs.IntVar(&o.MaxRequests, "max-requests", o.MaxRequests, "replay only the first `N` records of the trace (0: all)")
 	fs.Float64Var(&o.Speedup, "speedup", o.Speedup, "divide the trace's inter-arrival times by `factor`")
 	fs.Float64Var(&o.EngineSpeedup, "engine-speedup", o.EngineSpeedup, "divide the engines' simulated time by `factor` (inf: engines never wait); load grows with --speedup / --engine-speedup")
 	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "keep `N` requests in flight and ignore timestamps (0: replay timestamps at --speedup)")
-	fs.IntVar(&o.BlockTokens, "block-tokens", o.BlockTokens, "tokens sent per trace hash id (the trace's own is 512); fewer make shorter prompts with the same sharing")
+	fs.IntVar(&o.BlockTokens, "block-tokens", o.BlockTokens, "tokens (chat: words) sent per trace hash id (the trace's own is 512); fewer make shorter prompts with the same sharing")
 	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "tokens per KV block, in the engines and the router")
 	fs.IntVar(&o.KVBlocks, "kv-blocks", o.KVBlocks, "KV cache capacity of each engine, in blocks")
 	fs.IntVar(&o.MaxBatchedTokens, "max-batched-tokens", o.MaxBatchedTokens, "engine: token budget of one step")
@@ -247,7 +278,9 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 		return bad("unexpected argument %q", fs.Arg(0))
 	}
 	var err error
-	if o.Policies, err = demo.ParsePolicies(policies); err != nil {
+	if policies == "" {
+		o.Policies = demo.DefaultPolicies(o.Workload)
+	} else if o.Policies, err = demo.ParsePolicies(policies, o.Workload); err != nil {
 		return bad("--policies: %v", err)
 	}
 	if err := o.Validate(); err != nil {

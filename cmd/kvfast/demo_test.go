@@ -54,6 +54,8 @@ func TestDemoCommand(t *testing.T) {
 			{"--bogus"}, {"extra"}, {"--engines", "0"}, {"--engines", "65"}, {"--policies", "kv,fastest"},
 			{"--speedup", "0"}, {"--speedup", "inf"}, {"--engine-speedup", "-1"}, {"--block-tokens", "0"},
 			{"--kv-blocks", "0"}, {"--max-requests", "-1"},
+			{"--workload", "images"}, {"--policies", "kv-remote"}, {"--tokenizer", "/some/dir"},
+			{"--workload", "chat", "--policies", "kv-local"}, {"--workload", "chat", "--tokenizer", "remote"},
 			{"--trace", filepath.Join(t.TempDir(), "missing.jsonl")},
 			// The trace's longest request (48 prompt + 3 output tokens)
 			// cannot fit in 3 blocks of 16.
@@ -145,6 +147,55 @@ func TestDemoCommand(t *testing.T) {
 		}
 		if len(out.Checks) != 2 || !strings.Contains(out.Checks[1].Target, "round-robin") {
 			t.Errorf("checks %+v: want the hit rate and kv against round-robin, no approx", out.Checks)
+		}
+	})
+	t.Run("chat workload", func(t *testing.T) {
+		chat := []string{"--trace", trace, "--engines", "2", "--workload", "chat", "--block-tokens", "16",
+			"--speedup", "5", "--engine-speedup", "inf", "--kv-blocks", "256", "--json", "--html", ""}
+		code, stdout, stderr := run(chat...)
+		if code != 0 {
+			t.Fatalf("code %d, stderr %s", code, stderr)
+		}
+		var out struct {
+			Workload string
+			Policies []struct {
+				Policy  string
+				Summary struct {
+					Requests int     `json:"requests"`
+					Errors   int     `json:"errors"`
+					HitRate  float64 `json:"hit_rate"`
+				}
+				Tokenizer *struct {
+					Mode     string
+					Outcomes *struct{ OK int }
+				}
+			}
+			Checks []demo.Check
+		}
+		if err := json.Unmarshal([]byte(stdout), &out); err != nil {
+			t.Fatalf("stdout is not JSON: %v\n%s", err, stdout)
+		}
+		if out.Workload != "chat" || len(out.Policies) != 3 {
+			t.Fatalf("JSON %+v", out)
+		}
+		for i, want := range []struct{ policy, mode string }{{"kv-builtin", "builtin"}, {"kv-remote", "remote"}, {"approx", ""}} {
+			p := out.Policies[i]
+			if p.Policy != want.policy || p.Summary.Requests != 8 || p.Summary.Errors != 0 {
+				t.Errorf("policy %d: %+v, want %s with 8 requests and no error", i, p, want.policy)
+			}
+			switch {
+			case want.mode == "" && p.Tokenizer != nil, want.mode != "" && (p.Tokenizer == nil || p.Tokenizer.Mode != want.mode):
+				t.Errorf("%s tokenized with %+v, want %q", p.Policy, p.Tokenizer, want.mode)
+			case want.mode == "remote" && (p.Tokenizer.Outcomes == nil || p.Tokenizer.Outcomes.OK != 8):
+				t.Errorf("%s rendered %+v, want all 8 requests", p.Policy, p.Tokenizer.Outcomes)
+			}
+			// The conversations share their system prompt and first turn.
+			if want.mode != "" && !(p.Summary.HitRate > 0) {
+				t.Errorf("%s hit rate %v: the router did not find the engines' blocks", p.Policy, p.Summary.HitRate)
+			}
+		}
+		if len(out.Checks) != 4 {
+			t.Errorf("checks %+v: want the bound and approx for each of kv-builtin and kv-remote", out.Checks)
 		}
 	})
 }

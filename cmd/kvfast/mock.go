@@ -13,7 +13,9 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/kvfast/kvfast/benchmarks/demo/demotok"
 	"github.com/kvfast/kvfast/mocker"
+	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -38,6 +40,16 @@ simulated time to prefill and decode: prefill grows with the prompt tokens
 not already cached, a decode step with batch size and context. --engine-speedup
 divides that time ("inf" for none at all). Replies report
 usage.prompt_tokens_details.cached_tokens.
+
+Text and chat prompts are tokenized by a toy tokenizer (one token per
+word, a fixed chat template) unless --tokenizer names a real one: a
+directory holding tokenizer.json and tokenizer_config.json, hf:ORG/NAME
+(found in the local Hugging Face cache), or "demo", the small tokenizer
+built into kvfast for kvfast demo (benchmarks/demo/demotok). The engines
+then compute, cache and publish that tokenizer's ids, and answer render
+and tokenize with them, so that a router can be checked against them with
+--tokenizer MODEL=remote or with the same files (MODEL=DIR). Generated
+tokens stay the toy tokenizer's.
 
 With --segment, each engine registers in the router's shm segment and
 publishes every block stored and evicted, its load, and a heartbeat.
@@ -67,9 +79,10 @@ Examples:
   kvfast mock --engines 8 --listen 127.0.0.1:8100 --segment /dev/shm/kvfast --engine-speedup 10
   kvfast mock --kv-blocks 2048 --block-size 16 --engine-speedup inf
   kvfast mock --engines 2 --publish zmq --zmq-listen tcp://127.0.0.1:5557 --zmq-replay tcp://127.0.0.1:5657
+  kvfast mock --engines 2 --listen 127.0.0.1:8100 --tokenizer demo
 
-Exit status: 0 after SIGINT or SIGTERM, 1 if an engine cannot start,
-2 for bad flags.
+Exit status: 0 after SIGINT or SIGTERM, 1 if an engine or the tokenizer
+cannot start, 2 for bad flags.
 
 Flags:
 `
@@ -113,6 +126,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		workerID   = fs.Uint64("worker-id", 0, "worker id of engine 0")
 		dpRank     = fs.Uint("dp-rank", 0, "DP rank of engine 0")
 		ranksAsDP  = fs.Bool("ranks-as-dp", false, "engines share --worker-id and take consecutive DP ranks")
+		tokenizer  = fs.String("tokenizer", "", "tokenize text and chat prompts with the tokenizer in `DIR`, hf:ORG/NAME, or \""+demotok.Name+"\" (the demo's); empty: the toy tokenizer")
 		noRender   = fs.Bool("no-render", false, "answer /v1/completions/render and /v1/chat/completions/render with 404, as an engine without them does (a router then asks /tokenize)")
 		heartbeat  = fs.Duration("heartbeat", mocker.DefaultHeartbeatInterval, "heartbeat and load refresh period (wall clock)")
 		stepOver   = fs.Duration("step-overhead", d.StepOverhead, "timing: fixed cost of every step")
@@ -169,6 +183,21 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 			return 2
 		}
 	}
+	var renderer mocker.Renderer
+	tokenizerName := "toy tokenizer"
+	if *tokenizer != "" {
+		var err error
+		if *tokenizer == demotok.Name {
+			renderer, err = demotok.Open(*model)
+		} else {
+			renderer, err = prompt.Open(*model, *tokenizer, prompt.DefaultConfig(), 0)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "kvfast mock: cannot load --tokenizer %s: %v\n", *tokenizer, err)
+			return 1
+		}
+		tokenizerName = "tokenizer " + *tokenizer
+	}
 
 	var started []*mocker.Engine
 	closeAll := func() int {
@@ -201,6 +230,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 				StepOverhead: *stepOver, PrefillPerToken: *preTok, PrefillAttentionPer1K: *preAttn,
 				DecodePerSequence: *decSeq, DecodeAttentionPer1K: *decAttn,
 			},
+			Renderer:      renderer,
 			DisableRender: *noRender,
 			LoRAAdapters:  loraAdapters(*adapters),
 			Segment:       *segment,
@@ -238,8 +268,8 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 				events += " replay " + r
 			}
 		}
-		fmt.Fprintf(stdout, "engine %d: %s worker=%d rank=%d model=%q kv=%dx%d speed %s, %s\n",
-			i, e.URL(), c.WorkerID, c.DPRank, c.Model, c.KVBlocks, c.BlockSize, speed, events)
+		fmt.Fprintf(stdout, "engine %d: %s worker=%d rank=%d model=%q kv=%dx%d speed %s, %s, %s\n",
+			i, e.URL(), c.WorkerID, c.DPRank, c.Model, c.KVBlocks, c.BlockSize, speed, events, tokenizerName)
 	}
 	fmt.Fprintf(stdout, "kvfast mock: %d engine(s) running; interrupt to stop\n", len(started))
 	<-stop

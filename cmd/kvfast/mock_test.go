@@ -2,13 +2,19 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvfast/kvfast/benchmarks/demo/demotok"
+	"github.com/kvfast/kvfast/openai"
 )
 
 // lockedBuffer lets the test read what the command prints while it runs.
@@ -104,6 +110,54 @@ func TestMockCommand(t *testing.T) {
 			t.Fatalf("exit %d; stderr: %s", c, errOut.String())
 		}
 	})
+	t.Run("the demo tokenizer", func(t *testing.T) {
+		var out, errOut lockedBuffer
+		stop := make(chan struct{})
+		code := make(chan int, 1)
+		go func() {
+			code <- mockCommand([]string{"--listen", "127.0.0.1:0", "--engine-speedup", "inf", "--tokenizer", "demo"}, &out, &errOut, stop)
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(out.String(), "running") {
+			if time.Now().After(deadline) {
+				t.Fatalf("no start banner; stderr: %s", errOut.String())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		url := regexp.MustCompile(`http://[0-9.]+:[0-9]+`).FindString(out.String())
+		if !strings.Contains(out.String(), "tokenizer demo") {
+			t.Errorf("the banner does not name the tokenizer: %q", out.String())
+		}
+		body := `{"model":"mock","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi there"}]}`
+		resp, err := http.Post(url+"/v1/chat/completions/render", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct {
+			TokenIDs []uint32 `json:"token_ids"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("render: status %d, %v", resp.StatusCode, err)
+		}
+		rd, err := demotok.Open("mock")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var req openai.ParsedRequest
+		if err := (&openai.Parser{}).Parse([]byte(body), openai.APIChatCompletions, &req); err != nil {
+			t.Fatal(err)
+		}
+		want, err := rd.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(body), &req)
+		if err != nil || !slices.Equal(got.TokenIDs, want) {
+			t.Errorf("the engine rendered %v, the demo tokenizer %v (%v)", got.TokenIDs, want, err)
+		}
+		close(stop)
+		if c := <-code; c != 0 {
+			t.Fatalf("exit %d; stderr: %s", c, errOut.String())
+		}
+	})
 	t.Run("flags", func(t *testing.T) {
 		for _, tc := range []struct {
 			args []string
@@ -124,6 +178,8 @@ func TestMockCommand(t *testing.T) {
 			{[]string{"--publish", "zmq", "--zmq-listen", "udp://127.0.0.1:1"}, 2},
 			{[]string{"--publish", "zmq", "--zmq-replay", "tcp://127.0.0.1"}, 2},
 			{[]string{"--publish", "zmq", "--zmq-listen", "tcp://127.0.0.1:65535", "--engines", "2"}, 2},
+			{[]string{"--listen", "127.0.0.1:0", "--tokenizer", "/nonexistent/tokenizer"}, 1},
+			{[]string{"--listen", "127.0.0.1:0", "--tokenizer", "remote"}, 1},
 		} {
 			var out, errOut lockedBuffer
 			stop := make(chan struct{})

@@ -25,10 +25,25 @@ func init() {
 const replayAbout = `Usage: kvfast replay [flags]
 
 Replays a Mooncake-format trace (JSONL: timestamp in ms, input_length,
-output_length, hash_ids) through a running router's /v1/completions as
-streaming requests whose prompts are token-id arrays. Each hash id becomes
-a fixed pseudo-random block of tokens, so requests that share hash-id
-prefixes share token prefixes and can hit the engines' prefix caches.
+output_length, hash_ids) through a running router as streaming requests.
+
+--workload tokens (the default) sends each record to /v1/completions as a
+token-id prompt: each hash id becomes a fixed pseudo-random block of
+tokens, so requests that share hash-id prefixes share token prefixes and
+can hit the engines' prefix caches.
+
+--workload chat sends each record to /v1/chat/completions as a
+conversation, which the router must tokenize (--tokenizer) to route on
+token blocks: each hash id becomes a fixed stretch of --block-tokens words
+(pseudo-words from a fixed vocabulary, keyed by --token-seed and the hash
+id), the first hash id is the system prompt, each following one an
+earlier turn (the user's words and an 8-word assistant reply), and the
+last one the new user turn, so that requests sharing hash-id prefixes
+share their earlier turns. The infinite-cache bound is still counted in
+hash ids of --block-tokens tokens; the engines count real tokens, which
+add the chat template's few per message and the replies, so the two
+compare only approximately (the demo's tokenizer spends one token per
+word).
 
 Requests leave at their trace time divided by --speedup, or, with
 --concurrency N, N at a time back to back. The report gives TTFT
@@ -45,6 +60,7 @@ Examples:
   kvfast replay --max-requests 200 --speedup 4
   kvfast replay --trace my.jsonl --concurrency 16 --block-tokens 32 --json
   kvfast replay --html report.html --label kv
+  kvfast replay --workload chat --block-tokens 128 --max-requests 200 --speedup 4
 
 Exit status: 0 if every request succeeded, 1 if any failed or the replay
 was interrupted, 2 for bad flags or an unreadable trace.
@@ -62,18 +78,19 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		router      = fs.String("router", replay.DefaultRouterURL, "router base `URL`; /v1/completions is appended")
+		router      = fs.String("router", replay.DefaultRouterURL, "router base `URL`; /v1/completions (chat: /v1/chat/completions) is appended")
+		workload    = fs.String("workload", replay.WorkloadTokens, "what each record becomes: tokens (token-id prompts) or chat (conversations)")
 		tracePath   = fs.String("trace", "", "trace `file` (JSONL), or \"embedded\" (default: "+replay.SharedTracePath+" if present, else embedded)")
 		traceBlock  = fs.Int("trace-block-size", replay.DefaultTraceBlockSize, "tokens per hash id in the trace")
 		maxRequests = fs.Int("max-requests", 0, "replay only the first `N` records (0: all)")
 		speedup     = fs.Float64("speedup", 1, "divide trace time by `factor` (timestamp mode)")
 		concurrency = fs.Int("concurrency", 0, "keep `N` requests in flight and ignore timestamps (0: timestamp mode)")
 		maxInFlight = fs.Int("max-in-flight", replay.DefaultMaxInFlight, "cap on concurrent requests in timestamp mode")
-		blockTokens = fs.Int("block-tokens", 0, "tokens to send per hash id, to shrink prompts (0: the trace block size)")
+		blockTokens = fs.Int("block-tokens", 0, "tokens (chat: words) to send per hash id, to shrink prompts (0: the trace block size)")
 		maxOutput   = fs.Int("max-output-tokens", 0, "cap max_tokens, which is the trace's output_length (0: no cap)")
 		model       = fs.String("model", replay.DefaultModel, "model name to send")
-		seed        = fs.Uint64("token-seed", 0, "seed of the hash-id-to-token mapping")
-		vocab       = fs.Uint("vocab", replay.DefaultVocab, "token ids are drawn from [0, vocab)")
+		seed        = fs.Uint64("token-seed", 0, "seed of the hash-id-to-token (chat: to-text) mapping")
+		vocab       = fs.Uint("vocab", replay.DefaultVocab, "token ids are drawn from [0, vocab) (tokens workload)")
 		timeout     = fs.Duration("timeout", 5*time.Minute, "bound on one request, from send to end of stream (0: none)")
 		jsonOut     = fs.Bool("json", false, "print the summary as JSON instead of text")
 		quiet       = fs.Bool("quiet", false, "no progress bar or notes on stderr")
@@ -94,6 +111,10 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 	}
 	if *vocab == 0 || *vocab > 1<<32-1 {
 		fmt.Fprintf(stderr, "kvfast replay: --vocab %d: want 1..%d\n", *vocab, uint32(1<<32-1))
+		return 2
+	}
+	if *workload != replay.WorkloadTokens && *workload != replay.WorkloadChat {
+		fmt.Fprintf(stderr, "kvfast replay: --workload %q: want one of %v\n", *workload, replay.Workloads)
 		return 2
 	}
 	if !(*speedup > 0) {
@@ -118,7 +139,9 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		Speedup:         *speedup,
 		Concurrency:     *concurrency,
 		MaxInFlight:     *maxInFlight,
+		Workload:        *workload,
 		Tokens:          replay.TokenSynth{BlockTokens: *blockTokens, Vocab: uint32(*vocab), Seed: *seed},
+		Chat:            replay.ChatSynth{BlockWords: *blockTokens, Seed: *seed},
 		MaxOutputTokens: *maxOutput,
 		Model:           *model,
 		Timeout:         *timeout,

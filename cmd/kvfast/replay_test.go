@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -63,7 +64,7 @@ func TestReplayCommand(t *testing.T) {
 	})
 	t.Run("usage errors", func(t *testing.T) {
 		for _, args := range [][]string{
-			{"--bogus"}, {"extra"}, {"--speedup", "0"}, {"--vocab", "0"},
+			{"--bogus"}, {"extra"}, {"--speedup", "0"}, {"--vocab", "0"}, {"--workload", "images"},
 			{"--trace", filepath.Join(t.TempDir(), "missing.jsonl")},
 			{"--trace", trace, "--trace-block-size", "8"}, // 600 tokens need 75 blocks of 8
 		} {
@@ -127,6 +128,35 @@ func TestReplayCommand(t *testing.T) {
 		}
 		if !strings.Contains(string(html), `data-policy="kv"`) {
 			t.Fatal("HTML report lacks the labelled CDF")
+		}
+	})
+	t.Run("chat workload", func(t *testing.T) {
+		var paths, bodies []string
+		var mu sync.Mutex
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			var req struct {
+				Messages []struct{ Role, Content string } `json:"messages"`
+			}
+			if err := json.NewDecoder(r.Body).Decode(&req); err != nil || len(req.Messages) == 0 {
+				http.Error(w, "no messages", http.StatusBadRequest)
+				return
+			}
+			mu.Lock()
+			paths = append(paths, r.URL.Path)
+			bodies = append(bodies, req.Messages[len(req.Messages)-1].Role)
+			mu.Unlock()
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":\"length\"}]}\n\n")
+			fmt.Fprint(w, "data: [DONE]\n\n")
+		}))
+		t.Cleanup(srv.Close)
+		code, stdout, stderr := run("--router", srv.URL, "--trace", trace, "--workload", "chat", "--block-tokens", "8", "--concurrency", "2", "--quiet")
+		if code != 0 || !strings.Contains(stdout, "chat, 8 words per hash id") {
+			t.Fatalf("code %d, stderr %s, report:\n%s", code, stderr, stdout)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(paths) != 6 || paths[0] != "/v1/chat/completions" || bodies[0] != "user" {
+			t.Fatalf("the router got %v, conversations ending with %v", paths, bodies)
 		}
 	})
 	t.Run("text report and failures", func(t *testing.T) {
