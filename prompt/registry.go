@@ -124,7 +124,7 @@ func (r *Registry) Renderer(model string) Renderer {
 	}
 	r.models[model] = e
 	if e.renderer == nil {
-		r.opts.Logger.Warn("model has no tokenizer: its text and chat requests route approximately (token-id prompts stay exact)",
+		r.opts.Logger.Info("model has no tokenizer: its text and chat requests route approximately (token-id prompts stay exact)",
 			"model", model, "reason", e.status.Reason)
 	} else {
 		r.opts.Logger.Info("tokenizer found: text and chat requests route on exact token blocks",
