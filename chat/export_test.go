@@ -26,10 +26,6 @@ func RenderVars(t *Template, varsJSON []byte) (string, error) {
 // default: true).
 func (in *Input) AddGenerationPrompt() bool { return in.addGenerationPrompt }
 
-// HasMedia reports whether a message carries images, audio or video. The
-// engine expands those into placeholder tokens of its own, so token ids
-// rendered here match the engine's only up to them.
-func (in *Input) HasMedia() bool { return in.hasMedia }
 
 // ReadsContentAsParts reports vLLM's content format for this template:
 // true when it loops over a message's content and so receives content as

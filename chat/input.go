@@ -70,6 +70,11 @@ type part struct {
 // vLLM's default for chat is false.
 func (in *Input) AddSpecialTokens() bool { return in.addSpecialTokens }
 
+// HasMedia reports whether a message carries images, audio or video. The
+// engine expands those into placeholder tokens of its own, so token ids
+// rendered here match the engine's only up to them.
+func (in *Input) HasMedia() bool { return in.hasMedia }
+
 // DecodeInput reads a chat-completions body as vLLM reads it for its chat
 // template: messages (string or content-part content, tool calls, tool
 // results, reasoning), tools, documents, chat_template_kwargs,

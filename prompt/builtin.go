@@ -25,6 +25,9 @@ type Builtin struct {
 	eos   string
 	cache *PrefixCache // nil when caching is off
 	seed  uint64       // separates this tokenizer's segments in a shared cache
+	// maxBytes bounds the body and the rendered text a request may have
+	// for the router to tokenize it (ErrTooLarge beyond).
+	maxBytes int
 
 	outcomes outcomeCounters
 	bufs     sync.Pool // *builtinBufs
@@ -40,6 +43,17 @@ type builtinBufs struct {
 // maxPooledText keeps one huge prompt from pinning its buffer in the pool.
 const maxPooledText = 1 << 20
 
+// ErrMedia is why a chat request with images, audio or video routes
+// approximately on the built-in path: the engine expands each item into
+// placeholder tokens of its own (how many depends on the item), which
+// only the engine's render endpoint can report.
+var ErrMedia = errors.New("multimodal content: the engine's placeholder tokens are its own")
+
+// ErrTooLarge is why a request larger than MaxRenderBytes routes
+// approximately: tokenizing it would cost the router more than the
+// routing is worth, and an engine would most likely refuse it anyway.
+var ErrTooLarge = errors.New("the request is larger than the router tokenizes")
+
 // ErrNoChatTemplate is why a chat request to a model without a chat
 // template routes approximately: the engine refuses it, or applies a
 // default the router does not know.
@@ -48,12 +62,16 @@ var ErrNoChatTemplate = errors.New("the model's tokenizer_config.json has no cha
 // NewBuiltin builds model's renderer from its tokenizer files. cacheBytes
 // bounds its prefix cache (0: no cache).
 func NewBuiltin(model string, files Files, cacheBytes int64) (*Builtin, error) {
+	return newBuiltin(model, files, cacheBytes, DefaultConfig().MaxRenderBytes)
+}
+
+func newBuiltin(model string, files Files, cacheBytes int64, maxRenderBytes int) (*Builtin, error) {
 	tok, err := tokenizer.Load(files.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("cannot load %s's tokenizer: %w", model, err)
 	}
 	cfg := tok.Config()
-	b := &Builtin{model: model, tok: tok, bos: cfg.BOSToken, eos: cfg.EOSToken,
+	b := &Builtin{model: model, tok: tok, bos: cfg.BOSToken, eos: cfg.EOSToken, maxBytes: maxRenderBytes,
 		seed: xxhash.Sum64String("kvfast/prompt-cache\x00" + files.Dir)}
 	if cfg.ChatTemplate != "" {
 		if b.tmpl, err = chat.Compile(cfg.ChatTemplate); err != nil {
@@ -88,6 +106,9 @@ func (b *Builtin) Tokens(_ context.Context, dst []uint32, api openai.API, body [
 }
 
 func (b *Builtin) tokens(bufs *builtinBufs, dst []uint32, api openai.API, body []byte, r *openai.ParsedRequest) ([]uint32, error) {
+	if len(body) > b.maxBytes {
+		return dst, ErrTooLarge
+	}
 	var addSpecial bool
 	switch r.Prompt {
 	case openai.PromptText:
@@ -108,6 +129,12 @@ func (b *Builtin) tokens(bufs *builtinBufs, dst []uint32, api openai.API, body [
 		}
 		if err != nil {
 			return dst, err
+		}
+		if in.HasMedia() {
+			return dst, ErrMedia
+		}
+		if len(bufs.text) > b.maxBytes {
+			return dst, ErrTooLarge
 		}
 		addSpecial = in.AddSpecialTokens()
 	default:

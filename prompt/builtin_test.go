@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvfast/kvfast/openai"
@@ -104,6 +105,18 @@ func TestBuiltinRefusals(t *testing.T) {
 	bad := `{"messages":[{"role":"user","content":7}]}`
 	if _, err := b.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(bad), parse(t, openai.APIChatCompletions, bad)); !errors.Is(err, ErrInvalidRequest) {
 		t.Errorf("content 7: %v, want ErrInvalidRequest", err)
+	}
+	files, err := ResolveFiles(Source{Kind: SourceDir, Path: tinyDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := newBuiltin("tiny", files, 0, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := `{"messages":[{"role":"user","content":"` + strings.Repeat("the system ", 10) + `"}]}`
+	if _, err := small.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(big), parse(t, openai.APIChatCompletions, big)); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("a body over the bound: %v, want ErrTooLarge", err)
 	}
 	var st ModelStatus
 	b.status(&st)

@@ -26,12 +26,18 @@ type Config struct {
 	// PrefixCacheBytes bounds each built-in tokenizer's cache of tokenized
 	// prompt prefixes (0: no cache).
 	PrefixCacheBytes int64
+	// MaxRenderBytes bounds the request body, and the rendered prompt, the
+	// built-in path tokenizes; larger requests route approximately.
+	MaxRenderBytes int
 }
 
 // DefaultConfig is no tokenizer (every text and chat request routes
 // approximately) with the limits kvfast serve runs with.
 func DefaultConfig() Config {
-	return Config{Timeout: 200 * time.Millisecond, MaxResponseBytes: 4 << 20, PrefixCacheBytes: 64 << 20}
+	return Config{Timeout: 200 * time.Millisecond, MaxResponseBytes: 4 << 20, PrefixCacheBytes: 64 << 20,
+		// About 256K tokens of text: past the context of the models
+		// routed today, and a few milliseconds of tokenizing.
+		MaxRenderBytes: 1 << 20}
 }
 
 // Validate reports the first setting the registry cannot run with.
@@ -41,6 +47,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxResponseBytes <= 0 {
 		return fmt.Errorf("cannot use tokenize max response bytes %d: must be positive", c.MaxResponseBytes)
+	}
+	if c.MaxRenderBytes <= 0 {
+		return fmt.Errorf("cannot use tokenize max bytes %d: must be positive", c.MaxRenderBytes)
 	}
 	if c.PrefixCacheBytes < 0 {
 		return fmt.Errorf("cannot use tokenize cache bytes %d: must not be negative (0: no cache)", c.PrefixCacheBytes)

@@ -40,12 +40,12 @@ POST /v1/route/completions, /v1/route/chat/completions (the decision only),
 GET /v1/models, /metrics, /health, /ready, /admin/workers.
 
 Text and chat prompts route on exact token blocks for the models given a
-tokenizer (--tokenizer): the router renders each one into the token ids the
-engine will see, by asking an engine that serves the model (MODEL=remote),
-or in process from the model's tokenizer files (MODEL=DIR,
-MODEL=hf:ORG/NAME, auto). Other
-models route them approximately; the log, GET /admin/workers (tokenizers)
-and kvfast_tokenizer_info say which.
+tokenizer (--tokenizer): the router renders each one into the token ids
+the engine will see, by asking an engine that serves the model
+(MODEL=remote), or in process from the model's tokenizer files
+(MODEL=DIR, MODEL=hf:ORG/NAME, auto). Other models route them
+approximately; the log, GET /admin/workers (tokenizers) and
+kvfast_tokenizer_info say which.
 
 Routing hints are request headers: X-Kvfast-Worker and X-Kvfast-Dp-Rank
 (pin), X-Kvfast-Allow (allow-list), X-Kvfast-Query-Only, X-Kvfast-Priority,
@@ -108,6 +108,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
 		`models without one route text and chat approximately`)
 	fs.DurationVar(&cfg.Tokenizers.Timeout, "tokenize-timeout", cfg.Tokenizers.Timeout, "longest wait for an engine to render a prompt (MODEL=remote); past it the request routes approximately")
 	fs.Int64Var(&cfg.Tokenizers.PrefixCacheBytes, "tokenize-cache-bytes", cfg.Tokenizers.PrefixCacheBytes, "per built-in tokenizer, bytes of tokenized prompt prefixes kept so that a conversation's next turn tokenizes only its tail (0: no cache)")
+	fs.IntVar(&cfg.Tokenizers.MaxRenderBytes, "tokenize-max-bytes", cfg.Tokenizers.MaxRenderBytes, "largest request body (and rendered prompt) the built-in tokenizer tokenizes; larger requests route approximately")
 	fs.IntVar(&cfg.Tokenizers.MaxResponseBytes, "tokenize-max-response-bytes", cfg.Tokenizers.MaxResponseBytes, "largest render or tokenize answer accepted from an engine (MODEL=remote)")
 	lo.bind(fs)
 }

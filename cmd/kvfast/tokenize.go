@@ -30,8 +30,12 @@ routing looks wrong.
   http://host:port   an engine: its render endpoint (vLLM's
                      /v1/completions/render, /v1/chat/completions/render),
                      else its /tokenize, exactly as --tokenizer MODEL=remote
-  DIR, hf:ORG/NAME   the model's tokenizer files (built-in tokenizer; not
-                     in this build yet)
+  DIR, hf:ORG/NAME   the model's tokenizer files (tokenizer.json and
+                     tokenizer_config.json): the built-in tokenizer and
+                     chat template, exactly as --tokenizer MODEL=DIR
+
+With an engine, the model named (--model, or a chat body's "model") must
+be one the engine serves.
 
 The prompt is taken byte for byte, a trailing newline included: use
 printf '%s' or echo -n to leave it out. Without --chat it is sent as a
@@ -40,6 +44,8 @@ completions request {"model": NAME, "prompt": PROMPT}.
 Examples:
   printf '%s' 'The capital of France is' | kvfast tokenize --tokenizer http://127.0.0.1:8001
   kvfast tokenize --tokenizer http://127.0.0.1:8001 --chat < request.json
+  printf '%s' 'Hello' | kvfast tokenize --tokenizer hf:Qwen/Qwen3-8B
+  kvfast tokenize --tokenizer /models/llama3/ --chat < request.json
 
 Exit status: 0 with the ids printed, 1 if they cannot be had, 2 for bad
 flags or input.
