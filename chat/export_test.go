@@ -26,7 +26,6 @@ func RenderVars(t *Template, varsJSON []byte) (string, error) {
 // default: true).
 func (in *Input) AddGenerationPrompt() bool { return in.addGenerationPrompt }
 
-
 // ReadsContentAsParts reports vLLM's content format for this template:
 // true when it loops over a message's content and so receives content as
 // a list of {"type": ...} parts, false when it receives one string.

@@ -74,7 +74,9 @@ func BenchmarkChatRoute(b *testing.B) {
 		cacheBytes int64
 	}{{"cached-system-prompt", 64 << 20}, {"uncached", 0}} {
 		b.Run(tc.name, func(b *testing.B) {
-			rd, err := prompt.NewBuiltin(benchModel, files, tc.cacheBytes)
+			pcfg := prompt.DefaultConfig()
+			pcfg.PrefixCacheBytes = tc.cacheBytes
+			rd, err := prompt.NewBuiltin(benchModel, files, pcfg)
 			if err != nil {
 				b.Fatal(err)
 			}

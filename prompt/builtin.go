@@ -59,22 +59,20 @@ var ErrTooLarge = errors.New("the request is larger than the router tokenizes")
 // default the router does not know.
 var ErrNoChatTemplate = errors.New("the model's tokenizer_config.json has no chat template")
 
-// NewBuiltin builds model's renderer from its tokenizer files. cacheBytes
-// bounds its prefix cache (0: no cache).
-func NewBuiltin(model string, files Files, cacheBytes int64) (*Builtin, error) {
-	return newBuiltin(model, files, cacheBytes, DefaultConfig().MaxRenderBytes)
-}
-
-func newBuiltin(model string, files Files, cacheBytes int64, maxRenderBytes int) (*Builtin, error) {
+// NewBuiltin builds model's renderer from its tokenizer files, with cfg's
+// prefix-cache budget (PrefixCacheBytes, 0: no cache) and size bound
+// (MaxRenderBytes).
+func NewBuiltin(model string, files Files, cfg Config) (*Builtin, error) {
+	cacheBytes, maxRenderBytes := cfg.PrefixCacheBytes, cfg.MaxRenderBytes
 	tok, err := tokenizer.Load(files.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("cannot load %s's tokenizer: %w", model, err)
 	}
-	cfg := tok.Config()
-	b := &Builtin{model: model, tok: tok, bos: cfg.BOSToken, eos: cfg.EOSToken, maxBytes: maxRenderBytes,
+	tc := tok.Config()
+	b := &Builtin{model: model, tok: tok, bos: tc.BOSToken, eos: tc.EOSToken, maxBytes: maxRenderBytes,
 		seed: xxhash.Sum64String("kvfast/prompt-cache\x00" + files.Dir)}
-	if cfg.ChatTemplate != "" {
-		if b.tmpl, err = chat.Compile(cfg.ChatTemplate); err != nil {
+	if tc.ChatTemplate != "" {
+		if b.tmpl, err = chat.Compile(tc.ChatTemplate); err != nil {
 			return nil, fmt.Errorf("cannot compile %s's chat template: %w", model, err)
 		}
 	}

@@ -20,7 +20,9 @@ func tinyBuiltin(t *testing.T, cacheBytes int64) *Builtin {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := NewBuiltin("tiny", files, cacheBytes)
+	cfg := DefaultConfig()
+	cfg.PrefixCacheBytes = cacheBytes
+	b, err := NewBuiltin("tiny", files, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +112,9 @@ func TestBuiltinRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	small, err := newBuiltin("tiny", files, 0, 64)
+	cfg := DefaultConfig()
+	cfg.MaxRenderBytes = 64
+	small, err := NewBuiltin("tiny", files, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

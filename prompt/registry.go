@@ -87,7 +87,7 @@ func (r *Registry) build(model string, src Source) (*entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot configure %s's tokenizer: %w", model, err)
 	}
-	b, err := newBuiltin(model, files, r.cfg.PrefixCacheBytes, r.cfg.MaxRenderBytes)
+	b, err := NewBuiltin(model, files, r.cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -206,5 +206,5 @@ func Open(model, source string, cfg Config, maxTokenID uint32) (Renderer, error)
 	if err != nil {
 		return nil, err
 	}
-	return newBuiltin(model, files, cfg.PrefixCacheBytes, cfg.MaxRenderBytes)
+	return NewBuiltin(model, files, cfg)
 }
