@@ -15,6 +15,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -66,6 +67,36 @@ type engineState struct {
 	addr     string
 	client   *fasthttp.HostClient
 	endpoint [2]atomic.Int32
+	// failures counts the calls in a row that timed out or failed on the
+	// engine's side; from the second on, the engine is not asked again
+	// until backoffUntil (clock.Now nanoseconds), a wait that doubles with
+	// each further failure up to maxBackoff.
+	failures     atomic.Int32
+	backoffUntil atomic.Int64
+}
+
+// Backoff of an engine whose render calls keep failing.
+const (
+	minBackoff = time.Second
+	maxBackoff = time.Minute
+)
+
+// failed records a call to st that timed out or failed on the engine's
+// side.
+func (st *engineState) failed() {
+	n := st.failures.Add(1)
+	if n < 2 {
+		return // one failure may be a blip
+	}
+	wait := min(minBackoff<<min(n-2, 6), maxBackoff)
+	st.backoffUntil.Store(clock.Now() + int64(wait))
+}
+
+// answered records a call st answered, whatever it said.
+func (st *engineState) answered() {
+	if st.failures.Load() != 0 {
+		st.failures.Store(0)
+	}
 }
 
 // remoteCall is one call's buffers, pooled.
@@ -102,6 +133,9 @@ func (rm *Remote) tokens(ctx context.Context, dst []uint32, api openai.API, body
 		return dst, ErrNoEngine
 	}
 	st := rm.engine(slot, addr)
+	if until := st.backoffUntil.Load(); until != 0 && clock.Now() < until {
+		return dst, ErrBackoff
+	}
 	c := rm.calls.Get().(*remoteCall)
 	defer rm.release(c)
 	api01 := 0
@@ -138,9 +172,17 @@ func (rm *Remote) tokens(ctx context.Context, dst []uint32, api openai.API, body
 			case errors.Is(err, fasthttp.ErrBodyTooLarge):
 				kind = ErrBadResponse
 			}
+			if kind != ErrBadResponse {
+				st.failed()
+			}
 			return dst, rm.fail(kind, c, st, err)
 		}
 		status := c.resp.StatusCode()
+		if status >= 500 && !routeMissing(status, c.resp.Body()) {
+			st.failed()
+		} else {
+			st.answered()
+		}
 		if routeMissing(status, c.resp.Body()) {
 			if useRender {
 				// An engine without the render endpoint (vLLM before it,

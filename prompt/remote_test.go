@@ -395,3 +395,43 @@ func idsJSON(ids []uint32) string {
 	b.WriteByte(']')
 	return b.String()
 }
+
+// TestRemoteBacksOffAStalledEngine: an engine that keeps timing out stops
+// being asked for a while, so that requests route approximately at once
+// instead of each waiting out the timeout; one that answers is asked
+// again.
+func TestRemoteBacksOffAStalledEngine(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // accept and never answer
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	rm := NewRemote("m", FixedEngine(ln.Addr().String()), RemoteConfig{Timeout: 50 * time.Millisecond,
+		MaxResponseBytes: 1 << 20})
+	defer rm.closeIdle()
+	body := `{"prompt":"hello"}`
+	r := parse(t, openai.APICompletions, body)
+	var errs []error
+	for range 4 {
+		_, err := rm.Tokens(context.Background(), nil, openai.APICompletions, []byte(body), r)
+		errs = append(errs, err)
+	}
+	if !errors.Is(errs[0], ErrTimeout) || !errors.Is(errs[1], ErrTimeout) {
+		t.Fatalf("the first two calls: %v, %v; want timeouts", errs[0], errs[1])
+	}
+	if !errors.Is(errs[2], ErrBackoff) || !errors.Is(errs[3], ErrBackoff) {
+		t.Fatalf("after two timeouts: %v, %v; want ErrBackoff", errs[2], errs[3])
+	}
+	if o := rm.outcomes.load(); o.Timeout != 2 || o.Backoff != 2 {
+		t.Errorf("outcomes %+v", o)
+	}
+}

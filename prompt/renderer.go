@@ -45,6 +45,10 @@ var (
 	ErrUnsupported = errors.New("the engine has no render or tokenize endpoint for this API")
 	ErrBadResponse = errors.New("the engine's rendered prompt is not a valid token-id array")
 	ErrNotRendered = errors.New("only text and chat prompts are rendered")
+	// ErrBackoff: the engine timed out or failed on its last calls, and is
+	// not asked again until its backoff ends, so that a stalled engine
+	// costs requests nothing rather than the timeout each.
+	ErrBackoff = errors.New("the engine failed its last render calls: not asked until its backoff ends")
 )
 
 // Outcomes counts how a renderer's calls ended: the outcome label of
@@ -59,11 +63,12 @@ type Outcomes struct {
 	BadResponse uint64 `json:"bad_response"` // ErrBadResponse: unparsable, too large, an id out of range
 	NoEngine    uint64 `json:"no_engine"`    // ErrNoEngine
 	Cancelled   uint64 `json:"cancelled"`    // the request's context ended first
+	Backoff     uint64 `json:"backoff"`      // ErrBackoff: not asked, the engine is backing off
 }
 
 // outcomeCounters are Outcomes as atomics, bumped on the request path.
 type outcomeCounters struct {
-	ok, timeout, engine, rejected, unsupported, bad, noEngine, cancelled atomic.Uint64
+	ok, timeout, engine, rejected, unsupported, bad, noEngine, cancelled, backoff atomic.Uint64
 }
 
 // count records how a call ended; err is what Tokens returns.
@@ -81,6 +86,8 @@ func (c *outcomeCounters) count(err error) {
 		c.bad.Add(1)
 	case errors.Is(err, ErrNoEngine):
 		c.noEngine.Add(1)
+	case errors.Is(err, ErrBackoff):
+		c.backoff.Add(1)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		c.cancelled.Add(1)
 	default:
@@ -90,5 +97,6 @@ func (c *outcomeCounters) count(err error) {
 
 func (c *outcomeCounters) load() Outcomes {
 	return Outcomes{OK: c.ok.Load(), Timeout: c.timeout.Load(), EngineError: c.engine.Load(), Rejected: c.rejected.Load(),
-		Unsupported: c.unsupported.Load(), BadResponse: c.bad.Load(), NoEngine: c.noEngine.Load(), Cancelled: c.cancelled.Load()}
+		Unsupported: c.unsupported.Load(), BadResponse: c.bad.Load(), NoEngine: c.noEngine.Load(), Cancelled: c.cancelled.Load(),
+		Backoff: c.backoff.Load()}
 }
