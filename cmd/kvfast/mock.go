@@ -48,7 +48,8 @@ directory holding tokenizer.json and tokenizer_config.json, hf:ORG/NAME
 built into kvfast for kvfast demo (benchmarks/demo/demotok). The engines
 then compute, cache and publish that tokenizer's ids, and answer render
 and tokenize with them, so that a router can be checked against them with
---tokenizer MODEL=remote or with the same files (MODEL=DIR). Generated
+--tokenizer MODEL=remote or with the same files (MODEL=DIR; for the
+demo tokenizer, MODEL=demo). Generated
 tokens stay the toy tokenizer's.
 
 With --segment, each engine registers in the router's shm segment and

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvfast/kvfast/benchmarks/demo/demotok"
 	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/prompt"
 )
@@ -225,11 +226,46 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 	return cfg, 0, true
 }
 
+// writeDemoTokenizer gives every --tokenizer MODEL=demo the files of the
+// demo tokenizer the mock engines use (kvfast mock --tokenizer demo),
+// written to a temporary directory that cleanup removes. A directory
+// named "demo" in the working directory still wins.
+func writeDemoTokenizer(cfg *node.Config) (cleanup func(), err error) {
+	cleanup = func() {}
+	if _, err := os.Stat(demotok.Name); err == nil {
+		return cleanup, nil
+	}
+	dir := ""
+	for i, s := range cfg.Tokenizers.Specs {
+		if s.Source.Kind != prompt.SourceDir || s.Source.Path != demotok.Name {
+			continue
+		}
+		if dir == "" {
+			if dir, err = os.MkdirTemp("", "kvfast-demotok-"); err != nil {
+				return cleanup, fmt.Errorf("cannot write the demo tokenizer: %w", err)
+			}
+			cleanup = func() { _ = os.RemoveAll(dir) }
+			if err := demotok.WriteDir(dir); err != nil {
+				cleanup()
+				return func() {}, err
+			}
+		}
+		cfg.Tokenizers.Specs[i].Source.Path = dir
+	}
+	return cleanup, nil
+}
+
 func runServe(args []string) int {
 	cfg, code, ok := serveConfig(args, os.Stderr)
 	if !ok {
 		return code
 	}
+	cleanup, err := writeDemoTokenizer(&cfg)
+	if err != nil {
+		cfg.Logger.Error("cannot start the router", "err", err)
+		return 1
+	}
+	defer cleanup()
 	if err := node.Run(context.Background(), cfg); err != nil {
 		cfg.Logger.Error("router stopped", "err", err)
 		return 1

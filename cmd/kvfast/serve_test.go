@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -62,4 +63,29 @@ func TestServeConfig(t *testing.T) {
 			t.Errorf("--help: ok %v, code %d; want exit status 0", ok, code)
 		}
 	})
+}
+
+// TestServeDemoTokenizer: --tokenizer MODEL=demo gives the router the
+// files of the demo tokenizer kvfast mock --tokenizer demo uses, in a
+// temporary directory that goes when the router does.
+func TestServeDemoTokenizer(t *testing.T) {
+	cfg, code, ok := serveConfig([]string{"--segment", "none", "--tokenizer", "mock=demo"}, io.Discard)
+	if !ok {
+		t.Fatalf("serveConfig: exit %d", code)
+	}
+	cleanup, err := writeDemoTokenizer(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := cfg.Tokenizers.Specs[0].Source.Path
+	if dir == "demo" {
+		t.Fatal("the spec still names demo")
+	}
+	if _, err := prompt.Open("mock", dir, prompt.DefaultConfig(), 0); err != nil {
+		t.Fatalf("the written files do not load: %v", err)
+	}
+	cleanup()
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the directory outlived cleanup: %v", err)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvfast/kvfast/benchmarks/demo/demotok"
 	"github.com/kvfast/kvfast/internal/jsonscan"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/prompt"
@@ -33,6 +34,8 @@ routing looks wrong.
   DIR, hf:ORG/NAME   the model's tokenizer files (tokenizer.json and
                      tokenizer_config.json): the built-in tokenizer and
                      chat template, exactly as --tokenizer MODEL=DIR
+  demo               the embedded demo tokenizer (kvfast mock --tokenizer
+                     demo)
 
 With an engine, the model named (--model, or a chat body's "model") must
 be one the engine serves.
@@ -107,7 +110,12 @@ func tokenizeCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) i
 	if req.Model != nil {
 		name = string(req.Model)
 	}
-	rd, err := prompt.Open(name, *source, cfg, 0)
+	var rd prompt.Renderer
+	if *source == demotok.Name {
+		rd, err = demotok.Open(name)
+	} else {
+		rd, err = prompt.Open(name, *source, cfg, 0)
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "kvfast tokenize:", err)
 		return 1
