@@ -31,6 +31,7 @@ type exchange struct {
 	tokens   []uint32 // a text or chat prompt's ids, when its model has a renderer
 	hashes   []uint64
 	overlaps workers.Overlaps
+	lower    workers.LowerTiers
 	scores   sched.Scores
 	sreq     sched.Request
 	dec      sched.Decision
@@ -213,9 +214,14 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 		ex.sreq.PromptTokens = max(len(r.ApproxText())/4, len(ex.hashes)*bs)
 	}
 	t1 := clock.Now()
-	if ex.exact {
+	ex.sreq.LowerTiers = nil
+	switch {
+	case ex.exact && s.sched.Tiered():
+		s.index.FindTieredMatches(ex.hashes, &ex.overlaps, &ex.lower)
+		ex.sreq.LowerTiers = &ex.lower
+	case ex.exact:
 		s.index.FindMatches(ex.hashes, &ex.overlaps)
-	} else {
+	default:
 		s.approx.FindMatches(ex.hashes, &ex.overlaps)
 	}
 	t2 := clock.Now()

@@ -43,14 +43,61 @@ type indexWrites interface {
 // index serialises writers only per shard, and removed reads the map
 // between its writes.
 type applier struct {
-	ix indexWrites
-	kv []uint64 // scratch: one event's kvfast hashes
+	ix  indexWrites
+	kv  []uint64 // scratch: one event's kvfast hashes
+	eng []uint64 // scratch: one event's engine hashes in a keyspace other than the GPU's
+}
+
+// keyspace is where a worker holds an event's blocks: a KV-cache group
+// and a tier. Blocks and engine mappings of a keyspace other than group 0
+// on the GPU are written under radix.KeyspaceHash of their hashes, so
+// each keyspace keeps the invariant above on its own, and evicting a
+// block from one tier or group leaves its other copies removable.
+type keyspace struct {
+	group int
+	tier  workers.Tier
+}
+
+// gpu is the keyspace of group 0 on the GPU: every block of a model
+// without hybrid groups or offloading, and every ring record's.
+var gpu keyspace
+
+// keys returns hashes as keyspace k names them, in scratch when k is not
+// the GPU's.
+func (k keyspace) keys(hashes []uint64, scratch *[]uint64) []uint64 {
+	if k == gpu {
+		return hashes
+	}
+	out := (*scratch)[:0]
+	for _, h := range hashes {
+		out = append(out, radix.KeyspaceHash(h, k.group, k.tier))
+	}
+	*scratch = out[:0]
+	return out
 }
 
 // newApplier returns an applier whose scratch holds blocks hashes before
 // it grows.
 func newApplier(ix indexWrites, blocks int) applier {
-	return applier{ix: ix, kv: make([]uint64, 0, blocks)}
+	return applier{ix: ix, kv: make([]uint64, 0, blocks), eng: make([]uint64, 0, blocks)}
+}
+
+// resolve returns the kvfast hash of worker w's block named engine in
+// keyspace k, or, failing that, in another tier of its group: a block's
+// kvfast hash is the same in every keyspace, and a block copied to a
+// lower tier was on another tier first.
+func (a *applier) resolve(w workers.Slot, k keyspace, engine uint64) (uint64, bool) {
+	if kv, ok := a.ix.LookupEngineHash(w, radix.KeyspaceHash(engine, k.group, k.tier)); ok || k.tier == workers.TierGPU {
+		return kv, ok
+	}
+	for t := range workers.Tiers {
+		if t != k.tier {
+			if kv, ok := a.ix.LookupEngineHash(w, radix.KeyspaceHash(engine, k.group, t)); ok {
+				return kv, true
+			}
+		}
+	}
+	return 0, false
 }
 
 // parent returns the kvfast hash an event's first block chains from: the
@@ -58,29 +105,58 @@ func newApplier(ix indexWrites, blocks int) applier {
 // It reports false when the parent's engine hash has no mapping: without
 // its kvfast hash no block of the event can be named, since the chain
 // covers the whole prefix.
-func (a *applier) parent(w workers.Slot, seed, engineParent uint64, hasParent bool) (uint64, bool) {
+func (a *applier) parent(w workers.Slot, k keyspace, seed, engineParent uint64, hasParent bool) (uint64, bool) {
 	if !hasParent {
 		return seed, true
+	}
+	if kv, ok := a.resolve(w, k, engineParent); ok || k == gpu {
+		return kv, ok
 	}
 	return a.ix.LookupEngineHash(w, engineParent)
 }
 
-// stored records that worker w stored the blocks named engines, each
-// blockSize tokens of tokens, chained from the kvfast hash parent. It
-// returns how many blocks it stored: a block whose mapping found no room
-// in the engine map (counted there as overflow) is not stored, as nothing
-// could remove it.
-func (a *applier) stored(w workers.Slot, parent uint64, engines []uint64, tokens []uint32, blockSize int) int {
+// stored records that worker w stored, in keyspace k, the blocks named
+// engines, each blockSize tokens of tokens, chained from the kvfast hash
+// parent. It returns how many blocks it stored: a block whose mapping
+// found no room in the engine map (counted there as overflow) is not
+// stored, as nothing could remove it.
+func (a *applier) stored(w workers.Slot, k keyspace, parent uint64, engines []uint64, tokens []uint32, blockSize int) int {
 	kv := a.kv[:0]
 	for i := range engines {
 		parent = radix.ChainBlockHash(parent, tokens[i*blockSize:(i+1)*blockSize])
 		kv = append(kv, parent)
 	}
 	a.kv = kv[:0]
-	if a.ix.MapEngineHashes(w, engines, kv) < len(kv) {
-		kv = a.mappedOnly(w, engines, kv)
+	return a.store(w, k, engines, kv)
+}
+
+// storedByReference records that worker w now also holds, in keyspace k,
+// blocks it already held elsewhere: vLLM's offloading connector names the
+// blocks it copied to a lower tier by their engine hashes alone, without
+// tokens. Blocks whose kvfast hash no mapping gives are skipped and
+// counted in unresolved.
+func (a *applier) storedByReference(w workers.Slot, k keyspace, engines []uint64) (stored, unresolved int) {
+	kv, eng := a.kv[:0], a.eng[:0]
+	for _, e := range engines {
+		h, ok := a.resolve(w, k, e)
+		if !ok {
+			unresolved++
+			continue
+		}
+		kv, eng = append(kv, h), append(eng, e)
 	}
-	a.ix.Stored(w, kv)
+	a.kv, a.eng = kv[:0], eng[:0]
+	return a.store(w, k, eng, kv), unresolved
+}
+
+// store maps engines[i] to kv[i] in keyspace k, then stores the blocks
+// whose mapping found room.
+func (a *applier) store(w workers.Slot, k keyspace, engines, kv []uint64) int {
+	keys := k.keys(engines, &a.eng)
+	if a.ix.MapEngineHashes(w, keys, kv) < len(kv) {
+		kv = a.mappedOnly(w, keys, kv)
+	}
+	a.ix.Stored(w, k.keys(kv, &a.kv))
 	return len(kv)
 }
 
@@ -97,21 +173,22 @@ func (a *applier) mappedOnly(w workers.Slot, engines, kv []uint64) []uint64 {
 	return kv[:n]
 }
 
-// removed records that worker w evicted the blocks named engines. It
-// returns how many of them resolved to a kvfast hash; the others were
-// never stored (or their store was skipped) and are ignored.
-func (a *applier) removed(w workers.Slot, engines []uint64) int {
+// removed records that worker w evicted the blocks named engines from
+// keyspace k. It returns how many of them resolved to a kvfast hash; the
+// others were never stored (or their store was skipped) and are ignored.
+func (a *applier) removed(w workers.Slot, k keyspace, engines []uint64) int {
+	keys := k.keys(engines, &a.eng)
 	kv := a.kv[:0]
-	for _, e := range engines {
+	for _, e := range keys {
 		if h, ok := a.ix.LookupEngineHash(w, e); ok {
 			kv = append(kv, h)
 		}
 	}
 	a.kv = kv[:0]
-	a.ix.Removed(w, kv)
+	a.ix.Removed(w, k.keys(kv, &a.kv))
 	// The same hashes resolve again, into the same scratch, which Removed
 	// no longer needs.
-	a.ix.UnmapEngineHashes(w, engines, kv[:0])
+	a.ix.UnmapEngineHashes(w, keys, kv[:0])
 	return len(kv)
 }
 

@@ -255,7 +255,7 @@ func TestStoredSkipsBlocksTheMapCannotName(t *testing.T) {
 		engines[i] = uint64(i+1) * 0x9e3779b97f4a7c15
 		tokens[i*testBlockSize] = uint32(i)
 	}
-	stored := a.stored(slot, radix.NamespaceSeed(testModel, "", ""), engines, tokens, testBlockSize)
+	stored := a.stored(slot, gpu, radix.NamespaceSeed(testModel, "", ""), engines, tokens, testBlockSize)
 	st := ix.Stats()
 	if st.EngineMapOverflow == 0 || stored == len(engines) {
 		t.Fatalf("the map did not fill: stored %d of %d, %+v", stored, len(engines), st)
@@ -263,7 +263,7 @@ func TestStoredSkipsBlocksTheMapCannotName(t *testing.T) {
 	if st.WorkerBlocks[slot] != uint64(stored) {
 		t.Fatalf("stored reports %d blocks, the index holds %d", stored, st.WorkerBlocks[slot])
 	}
-	if removed := a.removed(slot, engines); removed != stored {
+	if removed := a.removed(slot, gpu, engines); removed != stored {
 		t.Fatalf("removed %d of %d stored blocks", removed, stored)
 	}
 	if left := ix.Stats().WorkerBlocks[slot]; left != 0 {

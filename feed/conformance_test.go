@@ -11,6 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // TestZMQConformance runs the wire conformance specs in
@@ -23,9 +24,13 @@ import (
 //	new [block-size=N]      a fresh index and subscriber (model test-model, default block size 4)
 //	apply                   offer the input payload as the next batch; print what the
 //	                        subscriber counted and how many blocks the worker holds
-//	holds tokens=a,b,… [lora=name] [salt=s]
+//	holds tokens=a,b,… [lora=name] [salt=s] [tier=gpu|host|disk] [group=N]
 //	                        whether the worker holds each block of that token
-//	                        chain, hashed in the namespace of lora and salt
+//	                        chain, hashed in the namespace of lora and salt,
+//	                        on that tier (default gpu) in that KV-cache group
+//	                        (default 0)
+//	match tokens=a,b,…      the blocks FindMatches and FindTieredMatches credit
+//	                        the worker with for that chain: prefix, host, disk
 //	replay                  read one replay-socket message, one frame per input line:
 //	                        empty | str "…" | seq N (8 bytes big-endian; -1 ends a replay)
 //
@@ -47,12 +52,15 @@ func TestZMQConformance(t *testing.T) {
 			case "new":
 				sc = newConformance(t, d)
 				return ""
-			case "apply", "holds":
+			case "apply", "holds", "match":
 				if sc == nil {
 					d.Fatalf(t, "%s before new", d.Cmd)
 				}
-				if d.Cmd == "apply" {
+				switch d.Cmd {
+				case "apply":
 					return sc.apply(mpNotation(t, d.Input))
+				case "match":
+					return sc.match(t, d)
 				}
 				return sc.holds(t, d)
 			case "replay":
@@ -99,7 +107,8 @@ func dumpBatch(b *VLLMBatch) string {
 		field("lora_name", ev.LoRAName != nil, strconv.Quote(string(ev.LoRAName)))
 		field("salt", ev.Salt != nil, strconv.Quote(string(ev.Salt)))
 		field("medium", ev.Medium != nil, string(ev.Medium))
-		flag("off_gpu", ev.OffGPU)
+		field("tier", ev.Tier != workers.TierGPU, ev.Tier)
+		flag("unknown_medium", ev.UnknownMedium)
 		field("locality", ev.Locality != nil, string(ev.Locality))
 		field("group", ev.Group != 0, ev.Group)
 		field("spec", ev.SpecKind != nil, string(ev.SpecKind))
@@ -165,14 +174,41 @@ func (c *conformance) apply(payload []byte) string {
 }
 
 func (c *conformance) holds(t *testing.T, d *datadriven.TestData) string {
-	var arg, lora, salt string
+	var lora, salt, tier string
+	group := 0
+	for _, a := range []struct {
+		name string
+		v    *string
+	}{{"lora", &lora}, {"salt", &salt}, {"tier", &tier}} {
+		if d.HasArg(a.name) {
+			d.ScanArgs(t, a.name, a.v)
+		}
+	}
+	d.MaybeScanArgs(t, "group", &group)
+	tr := map[string]workers.Tier{"": workers.TierGPU, "gpu": workers.TierGPU, "host": workers.TierHost, "disk": workers.TierDisk}[tier]
+	var sb strings.Builder
+	for i, h := range c.chain(t, d, lora, salt) {
+		fmt.Fprintf(&sb, "block %d: %v\n", i, c.s.ix.Lookup(radix.KeyspaceHash(h, group, tr)).Has(zmqTestSlot))
+	}
+	return sb.String()
+}
+
+func (c *conformance) match(t *testing.T, d *datadriven.TestData) string {
+	hashes := c.chain(t, d, "", "")
+	var out workers.Overlaps
+	var lower workers.LowerTiers
+	c.s.ix.FindMatches(hashes, &out)
+	gpu := out[zmqTestSlot]
+	c.s.ix.FindTieredMatches(hashes, &out, &lower)
+	return fmt.Sprintf("gpu-only prefix %d; tiered prefix %d (host %d, disk %d)\n", gpu, out[zmqTestSlot],
+		lower.Blocks(workers.TierHost, zmqTestSlot), lower.Blocks(workers.TierDisk, zmqTestSlot))
+}
+
+// chain is the kvfast hashes of the tokens argument's full blocks, in the
+// namespace of lora and salt.
+func (c *conformance) chain(t *testing.T, d *datadriven.TestData, lora, salt string) []uint64 {
+	var arg string
 	d.ScanArgs(t, "tokens", &arg)
-	if d.HasArg("lora") {
-		d.ScanArgs(t, "lora", &lora)
-	}
-	if d.HasArg("salt") {
-		d.ScanArgs(t, "salt", &salt)
-	}
 	var tokens []uint32
 	for _, f := range strings.Split(arg, ",") {
 		v, err := strconv.ParseUint(f, 10, 32)
@@ -182,13 +218,13 @@ func (c *conformance) holds(t *testing.T, d *datadriven.TestData) string {
 		tokens = append(tokens, uint32(v))
 	}
 	bs := c.s.cfg.BlockSize
-	var sb strings.Builder
+	var hashes []uint64
 	h := radix.NamespaceSeed(c.s.cfg.Model, lora, salt)
 	for i := 0; i+bs <= len(tokens); i += bs {
 		h = radix.ChainBlockHash(h, tokens[i:i+bs])
-		fmt.Fprintf(&sb, "block %d: %v\n", i/bs, c.s.ix.Lookup(h).Has(zmqTestSlot))
+		hashes = append(hashes, h)
 	}
-	return sb.String()
+	return hashes
 }
 
 func dumpReplayReply(t *testing.T, d *datadriven.TestData) string {

@@ -366,14 +366,14 @@ func (in *Ingester) applyRecord(slot workers.Slot, w *worker, rec *shm.Record) {
 			in.c.blockSizeMismatch += n
 			return
 		}
-		parent, ok := in.apply.parent(slot, w.seed, rec.Parent, rec.HasParent)
+		parent, ok := in.apply.parent(slot, gpu, w.seed, rec.Parent, rec.HasParent)
 		if !ok {
 			in.c.unresolvedParent += n
 			return
 		}
-		in.c.storedBlocks += uint64(in.apply.stored(slot, parent, rec.Hashes, rec.Tokens, rec.BlockSize))
+		in.c.storedBlocks += uint64(in.apply.stored(slot, gpu, parent, rec.Hashes, rec.Tokens, rec.BlockSize))
 	case shm.KindRemoved:
-		removed := uint64(in.apply.removed(slot, rec.Hashes))
+		removed := uint64(in.apply.removed(slot, gpu, rec.Hashes))
 		in.c.unknownRemoved += n - removed
 		in.c.removedBlocks += removed
 	case shm.KindCleared:

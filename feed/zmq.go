@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -103,8 +104,11 @@ type ZMQSubscriber struct {
 	// namespaces caches the seeds of the LoRA adapters and cache salts
 	// seen, so that a stream of salted batches allocates nothing.
 	namespaces namespaceSeeds
-	dec        VLLMDecoder
-	apply      applier
+	// groups are the KV-cache groups learned from the engine's events
+	// (learnGroup); N is 0 until one is.
+	groups radix.Hybrid
+	dec    VLLMDecoder
+	apply  applier
 
 	// Sequence state, owned by the Run goroutine.
 	synced     bool    // the index holds this worker's state as of lastSeq
@@ -455,30 +459,32 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 		}
 		switch ev.Kind {
 		case VLLMBlockStored:
+			k, ok := s.keyspace(ev)
 			switch bs := s.cfg.BlockSize; {
+			case !ok:
 			case ev.LoRA && len(ev.LoRAName) == 0:
 				// An adapter named only by lora_id (vLLM before lora_name):
 				// requests name adapters, so its blocks cannot be matched.
 				s.c.skippedLoRA.Add(n)
-			case ev.OffGPU:
-				s.c.skippedMedium.Add(n)
-			case ev.Group != 0:
-				s.c.skippedGroup.Add(n)
+			case k.tier != workers.TierGPU && len(ev.Tokens) == 0 && ev.BlockSize%int64(bs) == 0:
+				// vLLM's offloading connector names the blocks it copied
+				// by engine hash alone, block_size 0 (its offloaded block
+				// size before). An offloaded block of several GPU blocks
+				// is named by its last one, which alone is credited: the
+				// blocks before it can only be under-claimed.
+				stored, unresolved := s.apply.storedByReference(slot, k, ev.Hashes)
+				s.c.storedBlocks.Add(uint64(stored))
+				s.c.unresolvedParent.Add(uint64(unresolved))
 			case ev.BlockSize != int64(bs):
 				s.c.blockSizeMismatch.Add(n)
 			case ev.BadTokens || len(ev.Tokens) != len(ev.Hashes)*bs:
 				s.c.badEvents.Add(1)
 			default:
-				s.stored(ev, bs)
+				s.stored(ev, k, bs)
 			}
 		case VLLMBlockRemoved:
-			switch {
-			case ev.OffGPU:
-				s.c.skippedMedium.Add(n)
-			case ev.Group != 0:
-				s.c.skippedGroup.Add(n)
-			default:
-				removed := uint64(s.apply.removed(slot, ev.Hashes))
+			if k, ok := s.keyspace(ev); ok {
+				removed := uint64(s.apply.removed(slot, k, ev.Hashes))
 				s.c.unknownRemoved.Add(n - removed)
 				s.c.removedBlocks.Add(removed)
 			}
@@ -507,14 +513,78 @@ func (s *ZMQSubscriber) undecodable(ev *VLLMEvent) {
 	}
 }
 
-func (s *ZMQSubscriber) stored(ev *VLLMEvent, bs int) {
+// keyspace returns where ev's blocks are held, learning the KV-cache
+// group's kind on the way. Blocks it cannot place are counted as skipped
+// and it reports false: a medium it does not know, a group beyond
+// radix.MaxGroups, or a lower tier of a group other than 0 (offloading
+// hybrid models is not modelled: its blocks would be credited without
+// the other groups' rule).
+func (s *ZMQSubscriber) keyspace(ev *VLLMEvent) (keyspace, bool) {
+	n := uint64(len(ev.Hashes))
+	switch {
+	case ev.UnknownMedium:
+		s.c.skippedMedium.Add(n)
+		return keyspace{}, false
+	case ev.Group < 0 || ev.Group >= radix.MaxGroups:
+		s.c.skippedGroup.Add(n)
+		return keyspace{}, false
+	case ev.Group != 0 && ev.Tier != workers.TierGPU:
+		s.c.skippedMedium.Add(n)
+		return keyspace{}, false
+	}
+	if ev.Kind == VLLMBlockStored && (ev.Group != 0 || ev.SpecKind != nil) {
+		s.learnGroup(int(ev.Group), ev.SpecKind, ev.SlidingWindow)
+	}
+	return keyspace{group: int(ev.Group), tier: ev.Tier}, true
+}
+
+// learnGroup records the kind of KV-cache group g, and tells the index
+// when the worker's model turns out to be hybrid or its groups change.
+// Groups are learned from the events that store into them, so until a
+// group's first store the index does not hold the worker to it: a group
+// that has stored nothing yet is one whose hits are not yet offered.
+func (s *ZMQSubscriber) learnGroup(g int, kind []byte, window int64) {
+	spec := groupSpec(kind, window, s.cfg.BlockSize)
+	if g < s.groups.N && s.groups.Groups[g] == spec || g == 0 && s.groups.N == 0 && spec.Kind == radix.FullAttention {
+		return
+	}
+	s.groups.Groups[g] = spec
+	s.groups.N = max(s.groups.N, g+1, 1)
+	if s.groups.N < 2 {
+		return
+	}
+	h := s.groups // a copy: readers hold the old one
+	s.ix.SetHybrid(s.cfg.Slot, &h)
+	s.cfg.Logger.Info("KV-cache groups of a hybrid model", "endpoint", s.cfg.Endpoint, "groups", h.N,
+		"group", g, "kind", string(kind), "sliding_window", window)
+}
+
+// groupSpec is the reuse rule of a group of kind kind (vLLM's
+// kv_cache_spec_kind). A sliding window of W tokens needs the
+// ⌈(W−1)/blockSize⌉ blocks before the prefix's end (vLLM's
+// SlidingWindowManager); a mamba group needs the last block's state.
+// Full attention, and any kind not known here, need every block: the
+// strictest rule can only under-claim.
+func groupSpec(kind []byte, window int64, blockSize int) radix.GroupSpec {
+	switch string(kind) {
+	case "sliding_window":
+		if window > 1 {
+			return radix.GroupSpec{Kind: radix.Windowed, WindowBlocks: int(min((window-1+int64(blockSize)-1)/int64(blockSize), math.MaxInt32))}
+		}
+	case "mamba":
+		return radix.GroupSpec{Kind: radix.Windowed, WindowBlocks: 1}
+	}
+	return radix.GroupSpec{Kind: radix.FullAttention}
+}
+
+func (s *ZMQSubscriber) stored(ev *VLLMEvent, k keyspace, bs int) {
 	seed := s.seed
 	if !ev.HasParent && (len(ev.LoRAName) > 0 || len(ev.Salt) > 0) {
 		// A block with a parent inherits its namespace from the parent's
 		// kvfast hash; only a sequence's first block is seeded with it.
 		seed = s.namespaces.seed(s.cfg.Model, ev.LoRAName, ev.Salt)
 	}
-	parent, ok := s.apply.parent(s.cfg.Slot, seed, ev.Parent, ev.HasParent)
+	parent, ok := s.apply.parent(s.cfg.Slot, k, seed, ev.Parent, ev.HasParent)
 	if !ok {
 		s.c.unresolvedParent.Add(uint64(len(ev.Hashes)))
 		return
@@ -524,7 +594,7 @@ func (s *ZMQSubscriber) stored(ev *VLLMEvent, bs int) {
 	// would every later block of the chain.
 	m := ev.ExtraKeysFrom
 	s.c.skippedExtraKeys.Add(uint64(len(ev.Hashes) - m))
-	s.c.storedBlocks.Add(uint64(s.apply.stored(s.cfg.Slot, parent, ev.Hashes[:m], ev.Tokens[:m*bs], bs)))
+	s.c.storedBlocks.Add(uint64(s.apply.stored(s.cfg.Slot, k, parent, ev.Hashes[:m], ev.Tokens[:m*bs], bs)))
 }
 
 // zmqCounters are written by the Run goroutine and read by Stats. Batches

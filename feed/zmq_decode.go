@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvfast/kvfast/workers"
 )
 
 // ErrMalformedBatch is wrapped by every DecodeError.
@@ -88,9 +90,12 @@ type VLLMEvent struct {
 	// when the event starts a sequence (no parent). nil when absent.
 	Salt []byte
 
-	Medium   []byte // medium as sent ("GPU", "CPU", "CPU_PINNED", "DISK", …); nil when absent
-	OffGPU   bool   // medium set and not "GPU" (a CPU or disk tier)
-	Locality []byte // locality ("LOCAL", "REMOTE"); nil when absent
+	Medium []byte // medium as sent ("GPU", "CPU", "CPU_PINNED", "DISK", …); nil when absent
+	// Tier is the tier Medium names (mediumTier); the GPU when Medium is
+	// absent. UnknownMedium: Medium names no tier this decoder knows.
+	Tier          workers.Tier
+	UnknownMedium bool
+	Locality      []byte // locality ("LOCAL", "REMOTE"); nil when absent
 
 	Group         int64  // KV-cache group (hybrid models); 0 when absent
 	SpecKind      []byte // kv_cache_spec_kind ("full_attention", …); nil when absent
@@ -181,9 +186,34 @@ func (d *VLLMDecoder) Decode(payload []byte) (*VLLMBatch, error) {
 			ev.ExtraKeysFrom = namespaceKeys(ev)
 		}
 		ev.ExtraKeysFrom = min(ev.ExtraKeysFrom, len(ev.Hashes))
-		ev.OffGPU = ev.Medium != nil && !strings.EqualFold(string(ev.Medium), "GPU")
+		ev.Tier, ev.UnknownMedium = mediumTier(ev.Medium)
 	}
 	return b, nil
+}
+
+// mediumTier maps the media the engines name to tiers:
+//
+//	GPU                          vLLM, SGLang: the engine's KV cache
+//	CPU, CPU_PINNED              vLLM's OffloadingConnector (CPU), SGLang HiCache's host pool
+//	STORAGE, FS, OBJ, DISK,      vLLM's storage offloading (FS and OBJ in its first
+//	EXTERNAL                     shape), SGLang HiCache's disk and external storage
+//
+// Case is ignored; anything else is unknown and reported so. No medium at
+// all is the GPU: engines before tiers sent none.
+func mediumTier(medium []byte) (workers.Tier, bool) {
+	if medium == nil {
+		return workers.TierGPU, false
+	}
+	switch m := string(medium); {
+	case strings.EqualFold(m, "GPU"):
+		return workers.TierGPU, false
+	case strings.EqualFold(m, "CPU"), strings.EqualFold(m, "CPU_PINNED"):
+		return workers.TierHost, false
+	case strings.EqualFold(m, "STORAGE"), strings.EqualFold(m, "FS"), strings.EqualFold(m, "OBJ"),
+		strings.EqualFold(m, "DISK"), strings.EqualFold(m, "EXTERNAL"):
+		return workers.TierDisk, false
+	}
+	return workers.TierGPU, true
 }
 
 func (d *VLLMDecoder) decodeBatch() error {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"slices"
 	"testing"
+
+	"github.com/kvfast/kvfast/workers"
 )
 
 // FuzzDecodeVLLMBatch lets the fuzzer act as a hostile ZMQ publisher: any
@@ -69,7 +71,7 @@ func FuzzDecodeVLLMBatch(f *testing.F) {
 			if ev.Undecodable && (ev.Reason == "" || len(ev.Hashes)+len(ev.Tokens) > 0 || ev.Salt != nil) {
 				t.Fatalf("undecodable event carries fields: %+v", ev)
 			}
-			if ev.LoRA != (ev.LoRAID != 0 || len(ev.LoRAName) > 0) || ev.OffGPU && ev.Medium == nil {
+			if ev.LoRA != (ev.LoRAID != 0 || len(ev.LoRAName) > 0) || (ev.Tier != workers.TierGPU || ev.UnknownMedium) && ev.Medium == nil {
 				t.Fatalf("derived flags disagree with the fields: %+v", ev)
 			}
 		}
@@ -114,7 +116,7 @@ func equalBatches(a VLLMBatch, b *VLLMBatch) bool {
 			x.Parent != y.Parent || x.HasParent != y.HasParent || x.BlockSize != y.BlockSize ||
 			x.BadTokens != y.BadTokens || x.Bigram != y.Bigram || x.LoRA != y.LoRA || x.LoRAID != y.LoRAID ||
 			!bytes.Equal(x.LoRAName, y.LoRAName) || !bytes.Equal(x.Salt, y.Salt) || !bytes.Equal(x.Medium, y.Medium) ||
-			x.OffGPU != y.OffGPU || !bytes.Equal(x.Locality, y.Locality) || x.Group != y.Group ||
+			x.Tier != y.Tier || x.UnknownMedium != y.UnknownMedium || !bytes.Equal(x.Locality, y.Locality) || x.Group != y.Group ||
 			!bytes.Equal(x.SpecKind, y.SpecKind) || x.SlidingWindow != y.SlidingWindow ||
 			!bytes.Equal(x.ExtraKeys, y.ExtraKeys) || x.ExtraKeysFrom != y.ExtraKeysFrom ||
 			x.Undecodable != y.Undecodable || x.Reason != y.Reason {

@@ -760,9 +760,11 @@ func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 		good,
 		with(func(ev *wireEvent) { ev.loraID = 3 }),           // unnamed adapter: skipped
 		with(func(ev *wireEvent) { ev.loraName = "adapter" }), // stored in the adapter's namespace
-		with(func(ev *wireEvent) { ev.medium = "CPU" }),
-		with(func(ev *wireEvent) { ev.medium = "GPU" }), // stored: 2 blocks
-		with(func(ev *wireEvent) { ev.group = 1 }),
+		with(func(ev *wireEvent) { ev.medium = "CPU" }),       // stored on the host tier
+		with(func(ev *wireEvent) { ev.medium = "GPU" }),       // stored: 2 blocks
+		with(func(ev *wireEvent) { ev.medium = "TAPE" }),      // no tier kvfast knows: skipped
+		with(func(ev *wireEvent) { ev.group = 1 }),            // stored in group 1
+		with(func(ev *wireEvent) { ev.group = radix.MaxGroups }),
 		with(func(ev *wireEvent) { ev.bs = 2 * testBlockSize }),
 		with(func(ev *wireEvent) { ev.tokens = ev.tokens[:len(ev.tokens)-1] }),
 		with(func(ev *wireEvent) { ev.parent = uint64(999) }), // unknown parent
@@ -784,9 +786,9 @@ func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 		t.Fatal("sequence")
 	}
 	st := s.Stats()
-	want := ZMQStats{Connected: true, LastSeq: seq2, Batches: st.Batches, StoredBlocks: 2 + 2 + 2 + 1,
-		SkippedLoRA: 2, SkippedMedium: 2 + 2, SkippedGroup: 2, BlockSizeMismatch: 2, BadEvents: 2,
-		UnresolvedParent: 2, SkippedExtraKeys: 1, UnknownRemoved: 1, UnknownEvents: 1}
+	want := ZMQStats{Connected: true, LastSeq: seq2, Batches: st.Batches, StoredBlocks: 2 + 2 + 2 + 2 + 2 + 1,
+		SkippedLoRA: 2, SkippedMedium: 2, SkippedGroup: 2, BlockSizeMismatch: 2, BadEvents: 2,
+		UnresolvedParent: 2, SkippedExtraKeys: 1, UnknownRemoved: 2 + 1, UnknownEvents: 1}
 	if st != want {
 		t.Fatalf("stats\n got %+v\nwant %+v", st, want)
 	}
@@ -800,10 +802,15 @@ func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 	if !ix.Lookup(a1).Has(zmqTestSlot) {
 		t.Fatal("the adapter's blocks are missing")
 	}
-	if n := ix.Stats().WorkerBlocks[zmqTestSlot]; n != 4 {
+	for _, k := range []keyspace{{tier: workers.TierHost}, {group: 1}} {
+		if !ix.Lookup(radix.KeyspaceHash(b2, k.group, k.tier)).Has(zmqTestSlot) {
+			t.Fatalf("the blocks of %+v are missing", k)
+		}
+	}
+	if n := ix.Stats().WorkerBlocks[zmqTestSlot]; n != 8 {
 		// The medium=GPU and extra-keys events store the same two
 		// token blocks (and the first extra-key block) again; the
-		// adapter's are two others.
+		// adapter's, the host tier's and group 1's are two others each.
 		t.Fatalf("slot holds %d blocks", n)
 	}
 }
@@ -922,12 +929,12 @@ func TestDecodeVLLMBatch(t *testing.T) {
 			ev := b.Events[0]
 			if ev.Kind != VLLMBlockStored || len(ev.Hashes) != 3 || ev.Hashes[0] != 1 || ev.Hashes[1] != uint64(1<<64-2) ||
 				ev.Hashes[2] != xxhash.Sum64(sha) || !ev.HasParent || ev.Parent != math.MaxUint64 || ev.BlockSize != 2 ||
-				len(ev.Tokens) != 6 || ev.Tokens[2] != math.MaxUint32 || ev.BadTokens || ev.LoRA || ev.OffGPU ||
+				len(ev.Tokens) != 6 || ev.Tokens[2] != math.MaxUint32 || ev.BadTokens || ev.LoRA || ev.Tier != workers.TierGPU ||
 				ev.ExtraKeysFrom != map[bool]int{true: 3, false: 1}[f == sglangArray] || ev.Group != 0 {
 				t.Fatalf("stored %+v", ev)
 			}
 			rm := b.Events[1]
-			if rm.Kind != VLLMBlockRemoved || len(rm.Hashes) != 1 || rm.Hashes[0] != 9 || rm.OffGPU != (f != sglangArray) {
+			if rm.Kind != VLLMBlockRemoved || len(rm.Hashes) != 1 || rm.Hashes[0] != 9 || (rm.Tier == workers.TierHost) != (f != sglangArray) {
 				t.Fatalf("removed %+v", rm)
 			}
 			if b.Events[2].Kind != VLLMAllBlocksCleared {

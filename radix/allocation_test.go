@@ -25,12 +25,18 @@ func TestIndexHotPathsAllocateNothing(t *testing.T) {
 	hashes := AppendBlockHashes(nil, 1, seqTokens(512*16, 0), 16)
 	ix.Stored(0, hashes)
 	ix.Stored(1, hashes[:100])
+	for _, h := range hashes[100:200] {
+		ix.Stored(1, []uint64{KeyspaceHash(h, 0, workers.TierHost)})
+	}
+	ix.SetHybrid(1, &Hybrid{N: 2, Groups: [MaxGroups]GroupSpec{1: {Kind: Windowed, WindowBlocks: 4}}})
 	var out workers.Overlaps
+	var lower workers.LowerTiers
 	for name, fn := range map[string]func(){
-		"FindMatches": func() { ix.FindMatches(hashes, &out) },
-		"Lookup":      func() { ix.Lookup(hashes[7]) },
-		"Stored":      func() { ix.Stored(2, hashes[:64]) },
-		"Removed":     func() { ix.Removed(2, hashes[:64]) },
+		"FindMatches":       func() { ix.FindMatches(hashes, &out) },
+		"FindTieredMatches": func() { ix.FindTieredMatches(hashes, &out, &lower) },
+		"Lookup":            func() { ix.Lookup(hashes[7]) },
+		"Stored":            func() { ix.Stored(2, hashes[:64]) },
+		"Removed":           func() { ix.Removed(2, hashes[:64]) },
 		"EngineMap": func() {
 			ix.MapEngineHash(3, 77, 88)
 			ix.LookupEngineHash(3, 77)

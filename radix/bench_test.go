@@ -81,6 +81,56 @@ func BenchmarkFindMatches(b *testing.B) {
 	b.ReportMetric(float64(st.EngineMapBytes)/float64(st.Capacity), "mapbytes/block")
 }
 
+// BenchmarkFindMatchesTiers: the cost of crediting lower tiers.
+//   - off: FindMatches on BenchmarkFindMatches' index;
+//   - on: FindTieredMatches on the same index, which holds nothing off the
+//     GPU: the extra probes where a worker's GPU prefix ends;
+//   - half-host: FindTieredMatches where every holder keeps the first
+//     half of a prompt on the GPU and the second half on the host, so
+//     half the walk probes two keyspaces.
+func BenchmarkFindMatchesTiers(b *testing.B) {
+	ix, prompts := sharedWarmIndex(b)
+	run := func(b *testing.B, ix *Index, prompts [][]uint64, tiered bool) {
+		var out workers.Overlaps
+		var lower workers.LowerTiers
+		r := rand.New(rand.NewPCG(1, 2))
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			p := prompts[(i*7919+r.IntN(4))%len(prompts)]
+			if tiered {
+				ix.FindTieredMatches(p, &out, &lower)
+			} else {
+				ix.FindMatches(p, &out)
+			}
+			i++
+		}
+		b.ReportMetric(float64(512*b.N)/b.Elapsed().Seconds(), "blocks/s")
+	}
+	b.Run("off", func(b *testing.B) { run(b, ix, prompts, false) })
+	b.Run("on", func(b *testing.B) { run(b, ix, prompts, true) })
+	b.Run("half-host", func(b *testing.B) {
+		hix, err := NewHeap(Config{Capacity: 1 << 19})
+		if err != nil {
+			b.Fatal(err)
+		}
+		r := rand.New(rand.NewPCG(42, 43))
+		var hp [][]uint64
+		for len(hp) < 400 {
+			p := extendChain(r, testSeed, make([]uint64, 0, 512), 512)
+			w := workers.Slot(r.IntN(8))
+			hix.Stored(w, p[:256])
+			host := make([]uint64, 256)
+			for j, h := range p[256:] {
+				host[j] = KeyspaceHash(h, 0, workers.TierHost)
+			}
+			hix.Stored(w, host)
+			hp = append(hp, p)
+		}
+		run(b, hix, hp, true)
+	})
+}
+
 // mutexMap is the baseline: a Go map behind an RWMutex, taken once per
 // lookup call and once per event batch — how most Go routers keep this.
 type mutexMap struct {

@@ -22,6 +22,11 @@ type Index struct {
 	shards []shard
 
 	unverified atomic.Int64 // write work since the last invariant check (see wrote)
+
+	// Hybrid workers (keyspace.go): process-local, set by the feed.
+	hybridMu  sync.Mutex // serialises SetHybrid
+	hybrid    [workers.Max]atomic.Pointer[Hybrid]
+	hybridSet atomic.Uint64 // workers.Set of slots with a Hybrid
 }
 
 type shard struct {
@@ -193,15 +198,35 @@ const (
 )
 
 // FindMatches writes into out, for every worker, how many leading hashes it
-// holds without a gap, and returns the set of workers whose overlap is at
-// least one block. It stops probing as soon as no worker is left. It makes
-// no allocation and takes no lock.
+// holds on the GPU without a gap, and returns the set of workers whose
+// overlap is at least one block. A hybrid worker's overlap is the prefix
+// every KV-cache group of its model can serve (SetHybrid). It stops
+// probing as soon as no worker is left. It makes no allocation and takes
+// no lock.
 func (ix *Index) FindMatches(hashes []uint64, out *workers.Overlaps) workers.Set {
+	return ix.findMatches(hashes, out, nil)
+}
+
+// FindTieredMatches is FindMatches for engines that offload blocks: a
+// block a worker holds on a lower tier (host memory, storage) continues
+// its prefix as one on the GPU does, and lower receives, per tier and
+// worker, how many blocks of out's prefix are held only there. A prompt
+// whose first blocks are on the GPU and whose next ones are on the host
+// matches all of them. Lower tiers are probed only for the workers a
+// block is missing from on the GPU, so a prompt every worker holds on
+// the GPU costs what FindMatches does.
+func (ix *Index) FindTieredMatches(hashes []uint64, out *workers.Overlaps, lower *workers.LowerTiers) workers.Set {
+	*lower = workers.LowerTiers{}
+	return ix.findMatches(hashes, out, lower)
+}
+
+func (ix *Index) findMatches(hashes []uint64, out *workers.Overlaps, lower *workers.LowerTiers) workers.Set {
 	*out = workers.Overlaps{}
 	var (
 		active  = workers.AllSlots
 		matched workers.Set
 		run     runCursor
+		runs    [workers.Tiers - 1]runCursor // one per lower tier
 		lines   [lookupChunk * groupLines]uintptr
 	)
 	for k := range prefetchChunks {
@@ -216,6 +241,9 @@ func (ix *Index) FindMatches(hashes []uint64, out *workers.Overlaps) workers.Set
 		}
 		for i := base; i < end; i++ {
 			next := active & ix.resolve(hashes[i], &run)
+			if lower != nil && next != active {
+				next |= ix.lowerTiers(hashes[i], active&^next, lower, &runs)
+			}
 			if i > 0 {
 				for w := range (active &^ next).All() {
 					out[w] = uint32(i)
@@ -225,12 +253,46 @@ func (ix *Index) FindMatches(hashes []uint64, out *workers.Overlaps) workers.Set
 			}
 			active = next
 			if active == 0 {
-				return matched
+				return ix.finish(hashes, out, lower, matched)
 			}
 		}
 	}
 	for w := range active.All() {
 		out[w] = uint32(len(hashes))
+	}
+	return ix.finish(hashes, out, lower, matched)
+}
+
+// lowerTiers returns which of the workers in missing hold the block with
+// hash h on a lower tier, and counts it there for each. A worker holding
+// it on several is counted on the fastest.
+func (ix *Index) lowerTiers(h uint64, missing workers.Set, lower *workers.LowerTiers, runs *[workers.Tiers - 1]runCursor) workers.Set {
+	var found workers.Set
+	for t := workers.TierHost; t < workers.Tiers && missing != 0; t++ {
+		on := missing & ix.resolve(KeyspaceHash(h, 0, t), &runs[t-1])
+		for w := range on.All() {
+			lower[t-1][w]++
+		}
+		found |= on
+		missing &^= on
+	}
+	return found
+}
+
+// finish holds hybrid workers to their other groups, which can only
+// shorten a match; a shortened match keeps its lower-tier counts capped
+// at its new length, which can only under-credit it.
+func (ix *Index) finish(hashes []uint64, out *workers.Overlaps, lower *workers.LowerTiers, matched workers.Set) workers.Set {
+	if matched&workers.Set(ix.hybridSet.Load()) == 0 {
+		return matched
+	}
+	matched = ix.clampHybrid(hashes, out, matched)
+	if lower != nil {
+		for t := range lower {
+			for w := range workers.Set(ix.hybridSet.Load()).All() {
+				lower[t][w] = min(lower[t][w], out[w])
+			}
+		}
 	}
 	return matched
 }
@@ -511,7 +573,7 @@ func (ix *Index) clearWorker(w workers.Slot) (scanned int) {
 // RemoveWorker forgets worker w entirely: its blocks and its engine-hash
 // mappings. The slot may then be given to another engine.
 func (ix *Index) RemoveWorker(w workers.Slot) {
-	ix.checkSlot(w)
+	ix.SetHybrid(w, nil)
 	scanned := ix.clearWorker(w)
 	if invariants.Enabled {
 		defer ix.wrote("RemoveWorker", (scanned+int(ix.geo.shards)*int(ix.geo.mapSlots))/scanPerWrite)

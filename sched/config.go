@@ -30,6 +30,14 @@ type CostParams struct {
 	// which follow-ups of a new prefix arrive. Off in DefaultCostParams
 	// (Dynamo's model); kvfast serve turns it on.
 	CreditInFlight bool
+	// HostTierWeight and DiskTierWeight credit a cached block a worker
+	// holds only in host memory or only on storage as that fraction of
+	// one on its GPU: loading it back is cheaper than recomputing it,
+	// dearer than finding it in place. They apply when the caller fills
+	// Request.LowerTiers (FindTieredMatches). Dynamo's defaults: 0.75 and
+	// 0.25.
+	HostTierWeight float64
+	DiskTierWeight float64
 	// TrackOutputBlocks adds output blocks to the worker's decode load as
 	// generation crosses block boundaries, decayed toward the request's
 	// expected output length when it gives one.
@@ -37,10 +45,15 @@ type CostParams struct {
 }
 
 // DefaultCostParams are Dynamo's defaults: full credit for cached blocks,
-// unscaled prefill, argmin selection, no output-block tracking.
+// three quarters for blocks in host memory and a quarter for blocks on
+// storage, unscaled prefill, argmin selection, no output-block tracking.
 func DefaultCostParams() CostParams {
-	return CostParams{OverlapCredit: 1, PrefillLoadScale: 1}
+	return CostParams{OverlapCredit: 1, PrefillLoadScale: 1, HostTierWeight: 0.75, DiskTierWeight: 0.25}
 }
+
+// Tiered reports whether lower tiers earn any credit, so that the caller
+// need look them up (FindTieredMatches rather than FindMatches).
+func (p *CostParams) Tiered() bool { return p.HostTierWeight > 0 || p.DiskTierWeight > 0 }
 
 // Validate reports whether every parameter is finite and non-negative.
 func (p CostParams) Validate() error {
@@ -51,6 +64,8 @@ func (p CostParams) Validate() error {
 		{"overlap credit", p.OverlapCredit},
 		{"prefill load scale", p.PrefillLoadScale},
 		{"temperature", p.Temperature},
+		{"host tier weight", p.HostTierWeight},
+		{"disk tier weight", p.DiskTierWeight},
 	} {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
 			return fmt.Errorf("cannot use %s %v: %w", f.name, f.v, ErrInvalidConfig)

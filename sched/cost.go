@@ -12,7 +12,9 @@ import (
 type CostInputs struct {
 	BlockSize           int     // tokens per block
 	PromptTokens        int     // the request's input length
-	OverlapBlocks       uint32  // leading prompt blocks the worker already caches
+	OverlapBlocks       uint32  // leading prompt blocks the worker already caches, on any tier
+	HostBlocks          uint32  // of those, the ones held only in host memory
+	DiskBlocks          uint32  // of those, the ones held only on storage
 	ActivePrefillTokens int64   // prompt tokens booked on the worker, still in prefill
 	ActiveDecodeBlocks  float64 // distinct in-flight blocks on the worker, plus output blocks
 	NewBlocks           int64   // prompt blocks the request would add to the worker's active set
@@ -21,26 +23,34 @@ type CostInputs struct {
 // WorkerCost is the cost of sending one request to one worker, with the two
 // terms it is made of.
 type WorkerCost struct {
-	PrefillBlocks float64 // max(active prefill + request − credit·overlap, 0), before scaling
+	PrefillBlocks float64 // max(active prefill + request − credit·cached, 0), before scaling
 	DecodeBlocks  float64 // active decode + new blocks
 	Cost          float64 // PrefillLoadScale·PrefillBlocks + DecodeBlocks; lower wins
 }
 
 // Cost evaluates the cost model, lower being better:
 //
-//	prefill = max(active_prefill_blocks + request_blocks − OverlapCredit·overlap_blocks, 0)
+//	cached  = gpu_blocks + HostTierWeight·host_blocks + DiskTierWeight·disk_blocks
+//	prefill = max(active_prefill_blocks + request_blocks − OverlapCredit·cached, 0)
 //	cost    = PrefillLoadScale·prefill + active_decode_blocks + new_blocks
 //
-// Prefill terms are in blocks of BlockSize tokens, fractional when the
-// token counts are not whole blocks.
+// where gpu_blocks are the overlap's blocks on neither lower tier. Prefill
+// terms are in blocks of BlockSize tokens, fractional when the token
+// counts are not whole blocks.
 func (p CostParams) Cost(in CostInputs) WorkerCost {
 	bs := float64(in.BlockSize)
-	prefill := (float64(in.ActivePrefillTokens)+float64(in.PromptTokens))/bs - p.OverlapCredit*float64(in.OverlapBlocks)
+	prefill := (float64(in.ActivePrefillTokens)+float64(in.PromptTokens))/bs - p.OverlapCredit*p.cached(in.OverlapBlocks, in.HostBlocks, in.DiskBlocks)
 	if prefill < 0 {
 		prefill = 0
 	}
 	decode := in.ActiveDecodeBlocks + float64(in.NewBlocks)
 	return WorkerCost{PrefillBlocks: prefill, DecodeBlocks: decode, Cost: p.PrefillLoadScale*prefill + decode}
+}
+
+// cached is the overlap in GPU-block equivalents: lower-tier blocks
+// weighted by their tier. host+disk never exceeds overlap.
+func (p *CostParams) cached(overlap, host, disk uint32) float64 {
+	return float64(overlap-host-disk) + p.HostTierWeight*float64(host) + p.DiskTierWeight*float64(disk)
 }
 
 // rng is a splitmix64 stream over an atomic counter: safe from any

@@ -83,6 +83,10 @@ func New(cfg Config) (*Scheduler, error) {
 // BlockSize returns the tokens per block the scheduler counts in.
 func (s *Scheduler) BlockSize() int { return s.blockSize }
 
+// Tiered reports whether the global cost parameters credit lower tiers,
+// so that the caller looks them up (Request.LowerTiers).
+func (s *Scheduler) Tiered() bool { return s.params.Load().Tiered() }
+
 // Stats is a snapshot of the scheduler's counters.
 type Stats struct {
 	Booked, Released uint64 // reservations booked and released so far

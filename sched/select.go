@@ -17,7 +17,11 @@ type Request struct {
 	Hashes       []uint64          // chained hashes of the prompt's full blocks
 	PromptTokens int               // input length in tokens (ISL), >= len(Hashes)·BlockSize
 	Overlaps     *workers.Overlaps // per-slot cached prefix in blocks; nil means none
-	Model        string            // only workers serving this model; "" means any
+	// LowerTiers, when not nil, says how many blocks of each Overlaps
+	// prefix are held only on a lower tier (FindTieredMatches); they are
+	// credited at the cost parameters' tier weights. nil: all on the GPU.
+	LowerTiers *workers.LowerTiers
+	Model      string // only workers serving this model; "" means any
 
 	// Pinned restricts the request to exactly (PinWorker, PinRank). Rank 0
 	// is a real rank; a pair not in the worker set is an error.
@@ -79,7 +83,9 @@ type Scores struct {
 
 // WorkerScore is one worker's share of a selection.
 type WorkerScore struct {
-	OverlapBlocks uint32 // cached prefix blocks (from the index)
+	OverlapBlocks uint32 // cached prefix blocks (from the index), on any tier
+	HostBlocks    uint32 // of those, held only in host memory
+	DiskBlocks    uint32 // of those, held only on storage
 	SharedBlocks  uint32 // prompt blocks already held by in-flight requests here
 	WorkerCost
 }
@@ -224,7 +230,8 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 	// A pin is not a round-robin turn: it must not push the rotation on.
 	w := s.choose(pol, &costs, free, p.Temperature, !req.Pinned)
 	overlap := p.overlap(req, w, n, acc.get(uint(w)))
-	prefill := int64(req.PromptTokens) - int64(overlap)*int64(s.blockSize)
+	host, disk := p.lowerTiers(req, w, overlap, acc.get(uint(w)))
+	prefill := int64(req.PromptTokens) - int64(p.cached(overlap, host, disk)*float64(s.blockSize))
 	l := &s.live[w]
 	// Counters move inside the section that moves the table, so that they
 	// always agree with it and never dip below zero.
@@ -304,17 +311,21 @@ func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands work
 		l := &s.live[w]
 		shared := acc.get(uint(w))
 		overlap := p.overlap(req, w, n, shared)
+		host, disk := p.lowerTiers(req, w, overlap, shared)
 		c := p.Cost(CostInputs{
 			BlockSize:           s.blockSize,
 			PromptTokens:        req.PromptTokens,
 			OverlapBlocks:       overlap,
+			HostBlocks:          host,
+			DiskBlocks:          disk,
 			ActivePrefillTokens: l.prefillTokens.Load(),
 			ActiveDecodeBlocks:  float64(l.activeBlocks.Load()) + float64(l.outputUnits.Load())/outputUnit,
 			NewBlocks:           reqBlocks - int64(shared),
 		})
 		costs[w] = c.Cost
 		if req.Scores != nil {
-			req.Scores.Workers[w] = WorkerScore{OverlapBlocks: overlap, SharedBlocks: shared, WorkerCost: c}
+			req.Scores.Workers[w] = WorkerScore{OverlapBlocks: overlap, HostBlocks: host, DiskBlocks: disk,
+				SharedBlocks: shared, WorkerCost: c}
 		}
 	}
 }
@@ -329,6 +340,20 @@ func (p *CostParams) overlap(req *Request, w workers.Slot, n int, shared uint32)
 		o = max(o, min(shared, uint32(n)))
 	}
 	return o
+}
+
+// lowerTiers returns how many of the overlap blocks credited on w are
+// held only in host memory and only on storage. Blocks that in-flight
+// requests hold (CreditInFlight) are on the GPU, so an overlap that came
+// from them has none on a lower tier; the index's counts are capped to
+// the credited overlap.
+func (p *CostParams) lowerTiers(req *Request, w workers.Slot, overlap, shared uint32) (host, disk uint32) {
+	if req.LowerTiers == nil || p.CreditInFlight && shared >= overlap {
+		return 0, 0
+	}
+	host = min(req.LowerTiers.Blocks(workers.TierHost, w), overlap)
+	disk = min(req.LowerTiers.Blocks(workers.TierDisk, w), overlap-host)
+	return host, disk
 }
 
 // overlapOf is w's cached prefix, capped at the prompt: an index racing

@@ -400,3 +400,49 @@ func TestWorkerSetChanges(t *testing.T) {
 		t.Fatalf("re-upsert did not update: %+v", info)
 	}
 }
+
+// TestSelectCreditsLowerTiers: a 10-block prompt that worker A holds on
+// its GPU for 4 blocks, worker B for 8 blocks of which 6 only in host
+// memory, worker C for 10 blocks of which 8 only on storage. With
+// Dynamo's weights (host 0.75, disk 0.25) the cached equivalents are 4,
+// 2 + 4.5 = 6.5 and 2 + 2 = 4, so B wins; without tier credit it would be
+// C (10 blocks), and crediting only the GPU, A.
+func TestSelectCreditsLowerTiers(t *testing.T) {
+	s := newTestScheduler(t, 3, Config{})
+	const bs = 16
+	req := prompt(1, 10, 1, 10)
+	overlaps := workers.Overlaps{0: 4, 1: 8, 2: 10}
+	var lower workers.LowerTiers
+	lower[workers.TierHost-1][1] = 6
+	lower[workers.TierDisk-1][2] = 8
+	var sc Scores
+	d := mustSelect(t, s, &Request{Hashes: req, PromptTokens: 10 * bs, Overlaps: &overlaps, LowerTiers: &lower,
+		QueryOnly: true, Scores: &sc}, nil)
+	want := [3]float64{10 - 4 + 10, 10 - 6.5 + 10, 10 - 4 + 10}
+	for w, c := range want {
+		if got := sc.Workers[w].Cost; got != c {
+			t.Errorf("worker %c: cost %v, want %v", 'A'+w, got, c)
+		}
+	}
+	if d.Slot != 1 || sc.Workers[1].HostBlocks != 6 || sc.Workers[2].DiskBlocks != 8 {
+		t.Errorf("chose %c with scores %+v", 'A'+d.Slot, sc.Workers[:3])
+	}
+
+	// Booking credits the weighted blocks: B's prefill is 160 − 6.5·16 tokens.
+	var res Reservation
+	d = mustSelect(t, s, &Request{Hashes: req, PromptTokens: 10 * bs, Overlaps: &overlaps, LowerTiers: &lower}, &res)
+	if got := s.Load(d.Slot).PrefillTokens; d.Slot != 1 || got != 160-104 {
+		t.Errorf("booked %d prefill tokens on %c, want 56 on B", got, 'A'+d.Slot)
+	}
+	res.Release()
+
+	// Tier weights 0: lower tiers earn nothing, and A's GPU blocks win.
+	p := DefaultCostParams()
+	p.HostTierWeight, p.DiskTierWeight = 0, 0
+	d = mustSelect(t, s, &Request{Hashes: req, PromptTokens: 10 * bs, Overlaps: &overlaps, LowerTiers: &lower,
+		QueryOnly: true, Cost: &p}, nil)
+	if d.Slot != 0 {
+		t.Errorf("without tier credit chose %c, want A", 'A'+d.Slot)
+	}
+	requireZeroLoad(t, s)
+}

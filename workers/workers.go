@@ -53,3 +53,38 @@ func (s Set) All() iter.Seq[Slot] {
 // worker already caches. Callers own it (usually on the stack) so that
 // lookups make no allocation.
 type Overlaps [Max]uint32
+
+// Tier is the medium a worker holds a KV block on. Engines that offload
+// evicted blocks keep them reusable at a lower cost than a recompute:
+// loading a block from host memory or storage is cheaper than computing
+// it again, dearer than finding it on the GPU.
+type Tier uint8
+
+const (
+	TierGPU  Tier = iota // the engine's own KV cache
+	TierHost             // host memory (vLLM CPU, SGLang HiCache CPU_PINNED)
+	TierDisk             // storage: local disk, a shared file system, object stores
+	Tiers                // how many tiers there are
+)
+
+func (t Tier) String() string {
+	switch t {
+	case TierGPU:
+		return "gpu"
+	case TierHost:
+		return "host"
+	case TierDisk:
+		return "disk"
+	}
+	return "tier?"
+}
+
+// LowerTiers holds, per tier below the GPU and per worker slot, how many
+// blocks of the worker's matched prefix (its Overlaps entry) are held only
+// on that tier. A block a worker holds on the GPU and elsewhere counts as
+// GPU. LowerTiers[t-1] is tier t's.
+type LowerTiers [Tiers - 1]Overlaps
+
+// Blocks returns how many of w's matched blocks are held on tier t, which
+// must be below the GPU.
+func (l *LowerTiers) Blocks(t Tier, w Slot) uint32 { return l[t-1][w] }
