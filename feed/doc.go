@@ -96,13 +96,34 @@
 // avoid, and no way to count), while adapter requests find no blocks (an
 // under-claim). Serve adapters from vLLM where routing must be exact.
 //
-// Events the router cannot route on yet are counted and skipped: blocks
-// of an adapter named only by lora_id (vLLM before lora_name; requests
-// name adapters), other media (CPU or disk tiers), KV-cache groups other
-// than 0, another block size, blocks whose hash covers extra keys beyond
-// the namespace (images, prompt embeddings, from the first such block
-// on), token_ids whose length is not len(block_hashes)·block_size.
+// # Tiers and KV-cache groups
 //
+// A worker holds each block in a keyspace: a tier (the GPU, host memory,
+// storage: mediumTier maps the media the engines name) and, for a hybrid
+// model, a KV-cache group. Blocks and engine mappings of a keyspace other
+// than group 0 on the GPU are written under radix.KeyspaceHash of their
+// hashes, so every keyspace keeps the invariant below on its own and an
+// eviction from one tier leaves the block's other copies removable. A
+// BlockStored on a lower tier that carries tokens (SGLang HiCache's
+// CPU_PINNED backups) is hashed like any other; one without (vLLM's
+// OffloadingConnector: token_ids [], block_size 0) names blocks the
+// worker held on another tier first, and is resolved through that tier's
+// mappings; an offloaded block that spans several GPU blocks is named by
+// its last, which alone is credited. Each group's kind
+// (kv_cache_spec_kind, kv_cache_spec_sliding_window) is learned from the
+// events that store into it, and once a worker has groups beyond 0 the
+// index holds its matches to vLLM's reuse rule (radix.Index.SetHybrid).
+// AllBlocksCleared drops every keyspace; the ring path (shm records name
+// no tier or group) writes group 0 on the GPU only.
+//
+// Events the router cannot route on are counted and skipped: blocks of an
+// adapter named only by lora_id (vLLM before lora_name; requests name
+// adapters), media no engine has shipped, groups beyond radix.MaxGroups,
+// lower tiers of groups other than 0 (offloading a hybrid model is not
+// modelled), another block size, blocks whose hash covers extra keys
+// beyond the namespace (images, prompt embeddings, from the first such
+// block on), token_ids whose length is not len(block_hashes)·block_size.
+
 // # Undecodable events
 //
 // A payload that is not msgpack, not a batch, or over a limit loses its

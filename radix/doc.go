@@ -39,9 +39,10 @@
 //
 // # Concurrency
 //
-// Lookups (FindMatches, Lookup, LookupEngineHash) are lock-free and never
-// wait for a writer: they may retry a bounded number of times when a probe
-// raced a deletion's backward shift, and otherwise read each slot once.
+// Lookups (FindMatches, FindTieredMatches, Lookup, LookupEngineHash) are
+// lock-free and never wait for a writer: they may retry a bounded number
+// of times when a probe raced a deletion's backward shift, and otherwise
+// read each slot once.
 // Writers (Stored, Removed, Cleared, RemoveWorker and the engine map) are
 // serialised per shard by a process-local mutex; a block being spilled, or
 // looked for on its spill path, also takes its spill shard's mutex, in
@@ -49,6 +50,20 @@
 // by package feed), so writers of different shards rarely contend. Keeping
 // one writer per shard is what makes in-place deletion without tombstones
 // safe without a 128-bit compare-and-swap.
+//
+// # Tiers and hybrid groups
+//
+// A block a worker holds on a lower tier (host memory, storage) or in a
+// KV-cache group other than 0 is stored under KeyspaceHash(h, group,
+// tier), which keeps the hash's counter bits, so each keyspace's blocks
+// still sit side by side and nothing in the table knows of keyspaces.
+// FindTieredMatches continues a worker's prefix through its lower-tier
+// copies, probing them only for workers that miss a block on the GPU, and
+// counts them per tier. For a worker SetHybrid describes, FindMatches
+// shortens the group-0 prefix to the longest one every other group can
+// serve (full attention: every block; sliding window: the blocks within
+// the window before the prefix's end), so a hit is never claimed that the
+// engine could not use. Hybrid descriptions are process-local.
 //
 // What a reader may rely on: a block that is present and not being
 // changed is always found; a reader never sees a worker set that no writer
