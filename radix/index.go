@@ -208,13 +208,16 @@ func (ix *Index) FindMatches(hashes []uint64, out *workers.Overlaps) workers.Set
 }
 
 // FindTieredMatches is FindMatches for engines that offload blocks: a
-// block a worker holds on a lower tier (host memory, storage) continues
-// its prefix as one on the GPU does, and lower receives, per tier and
-// worker, how many blocks of out's prefix are held only there. A prompt
-// whose first blocks are on the GPU and whose next ones are on the host
-// matches all of them. Lower tiers are probed only for the workers a
-// block is missing from on the GPU, so a prompt every worker holds on
-// the GPU costs what FindMatches does.
+// worker's prefix is the run of blocks it holds on the GPU, continued by
+// the run it holds on lower tiers (host memory, storage), and lower
+// receives, per tier and worker, how many blocks of out's prefix are
+// lower-tier ones. That is how the engines reuse them: vLLM takes the
+// GPU prefix and then asks its offloading connector for the blocks that
+// follow (a GPU copy after the GPU prefix ended is not used), and
+// SGLang's HiCache evicts device copies leaf first, so a device block
+// never follows a host-only one. Lower tiers are probed only for workers
+// past their GPU run, and the GPU no longer once every worker is, so a
+// prompt every worker holds on the GPU costs what FindMatches does.
 func (ix *Index) FindTieredMatches(hashes []uint64, out *workers.Overlaps, lower *workers.LowerTiers) workers.Set {
 	*lower = workers.LowerTiers{}
 	return ix.findMatches(hashes, out, lower)
@@ -224,6 +227,7 @@ func (ix *Index) findMatches(hashes []uint64, out *workers.Overlaps, lower *work
 	*out = workers.Overlaps{}
 	var (
 		active  = workers.AllSlots
+		onGPU   = workers.AllSlots // active workers whose prefix is all on the GPU so far
 		matched workers.Set
 		run     runCursor
 		runs    [workers.Tiers - 1]runCursor // one per lower tier
@@ -240,7 +244,11 @@ func (ix *Index) findMatches(hashes []uint64, out *workers.Overlaps, lower *work
 			ix.prefetchGroups(hashes[lo:min(lo+lookupChunk, len(hashes))], &lines)
 		}
 		for i := base; i < end; i++ {
-			next := active & ix.resolve(hashes[i], &run)
+			var next workers.Set
+			if onGPU != 0 {
+				onGPU &= ix.resolve(hashes[i], &run)
+				next = onGPU
+			}
 			if lower != nil && next != active {
 				next |= ix.lowerTiers(hashes[i], active&^next, lower, &runs)
 			}

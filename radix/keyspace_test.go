@@ -47,12 +47,15 @@ func TestTieredMatchesCreditEveryTierOfThePrefix(t *testing.T) {
 	on(1, workers.TierHost, 0, 16)
 	on(2, workers.TierHost, 0, 3) // host only, then a gap, then GPU that is not a prefix
 	on(2, workers.TierGPU, 4, 16)
+	on(3, workers.TierGPU, 0, 2) // GPU 0-1, host 2-3, then GPU copies the engine would not use:
+	on(3, workers.TierHost, 2, 4) // vLLM loads from its connector only after the GPU prefix
+	on(3, workers.TierGPU, 4, 16)
 
 	var out workers.Overlaps
 	var lower workers.LowerTiers
 	matched := ix.FindTieredMatches(hashes, &out, &lower)
-	want := map[workers.Slot][3]uint32{0: {12, 6, 2}, 1: {16, 0, 0}, 2: {3, 3, 0}}
-	if matched != workers.SetOf(0)|workers.SetOf(1)|workers.SetOf(2) {
+	want := map[workers.Slot][3]uint32{0: {12, 6, 2}, 1: {16, 0, 0}, 2: {3, 3, 0}, 3: {4, 2, 0}}
+	if matched != workers.SetOf(0)|workers.SetOf(1)|workers.SetOf(2)|workers.SetOf(3) {
 		t.Fatalf("matched %b", matched)
 	}
 	for w, x := range want {
