@@ -47,7 +47,7 @@ func TestTieredMatchesCreditEveryTierOfThePrefix(t *testing.T) {
 	on(1, workers.TierHost, 0, 16)
 	on(2, workers.TierHost, 0, 3) // host only, then a gap, then GPU that is not a prefix
 	on(2, workers.TierGPU, 4, 16)
-	on(3, workers.TierGPU, 0, 2) // GPU 0-1, host 2-3, then GPU copies the engine would not use:
+	on(3, workers.TierGPU, 0, 2)  // GPU 0-1, host 2-3, then GPU copies the engine would not use:
 	on(3, workers.TierHost, 2, 4) // vLLM loads from its connector only after the GPU prefix
 	on(3, workers.TierGPU, 4, 16)
 
