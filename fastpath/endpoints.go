@@ -172,8 +172,13 @@ func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
 // serveReady says whether the router can route at all: at least one
 // healthy worker. Orchestrators hold traffic back until it does.
 func (s *Server) serveReady(ctx *fasthttp.RequestCtx) {
-	n := s.eligible().Len()
 	ctx.SetContentType("application/json")
+	if !s.isSettled() {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString(`{"status":"starting","healthy_workers":0}`)
+		return
+	}
+	n := s.eligible().Len()
 	if n == 0 {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		ctx.SetBodyString(`{"status":"not_ready","healthy_workers":0}`)

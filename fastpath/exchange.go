@@ -182,7 +182,7 @@ func (ex *exchange) cleanup() {
 // The body itself reaches the engine unchanged either way.
 func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai.Error {
 	r := &ex.req
-	model, seed, render, err := s.namespace(r)
+	model, seed, render, err := s.namespace(ctx, r)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,9 @@
 package fastpath
 
 import (
+	"context"
+	"time"
+
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
@@ -71,8 +74,10 @@ var errUnknownModel = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest
 // adapter's base model), the seed of its block hashes (in the namespace of
 // the adapter it names and of its cache_salt) and its prompt renderer. A
 // missing model routes among all workers (with the model's seed and
-// renderer only if there is exactly one base model).
-func (s *Server) namespace(r *openai.ParsedRequest) (model string, seed uint64, render prompt.Renderer, _ *openai.Error) {
+// renderer only if there is exactly one base model). A model no worker
+// serves waits, while the node is still starting, for its discovery to
+// settle (see awaitSettled).
+func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model string, seed uint64, render prompt.Renderer, _ *openai.Error) {
 	seeds := *s.seeds.Load()
 	var lora string
 	if r.Model == nil {
@@ -92,6 +97,9 @@ func (s *Server) namespace(r *openai.ParsedRequest) (model string, seed uint64, 
 		// The entry carries the name as a string already, so the body's
 		// bytes are never converted (which would allocate).
 		ns, ok := seeds[string(r.Model)]
+		if !ok && s.awaitSettled(ctx) {
+			ns, ok = (*s.seeds.Load())[string(r.Model)]
+		}
 		if !ok {
 			return "", 0, nil, errUnknownModel
 		}
@@ -103,6 +111,40 @@ func (s *Server) namespace(r *openai.ParsedRequest) (model string, seed uint64, 
 		seed = radix.NamespaceSeed(model, lora, string(r.CacheSalt))
 	}
 	return model, seed, render, nil
+}
+
+// isSettled reports whether the node's start-up has settled (Deps.Settled).
+func (s *Server) isSettled() bool {
+	if s.settled == nil {
+		return true
+	}
+	select {
+	case <-s.settled:
+		return true
+	default:
+		return false
+	}
+}
+
+// awaitSettled holds a request that names a model no worker serves while
+// the node is still discovering its workers: an engine that already
+// answers its health check may not be routable for a moment yet, and a
+// 404 then would be wrong. It waits at most the queue timeout, and not
+// past the request's context, and reports whether the node settled
+// meanwhile (so that the model is worth looking up again).
+func (s *Server) awaitSettled(ctx context.Context) bool {
+	if s.isSettled() {
+		return false
+	}
+	t := time.NewTimer(s.cfg.QueueTimeout)
+	defer t.Stop()
+	select {
+	case <-s.settled:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
 }
 
 // eligible is the set of workers selection may use right now.

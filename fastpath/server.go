@@ -98,6 +98,12 @@ type Deps struct {
 	// State gives /admin/workers and /metrics the node's snapshot.
 	State  State
 	Logger *slog.Logger
+	// Settled, if set, is closed once the node's start-up has settled:
+	// its configured and registered workers are routable, their models
+	// known, and its index is safe to route on. Until then /ready answers
+	// 503, and a request naming a model no worker serves yet waits for it
+	// (within the queue timeout) rather than getting 404. nil: settled.
+	Settled <-chan struct{}
 }
 
 // Renderers resolves a model's prompt renderer (package prompt's
@@ -128,6 +134,7 @@ type Server struct {
 
 	useApprox bool
 	renderers Renderers
+	settled   <-chan struct{} // Deps.Settled
 	seeds     atomic.Pointer[map[string]modelNamespace]
 	modelsMu  sync.Mutex        // serialises rebuilds of seeds
 	adapters  map[string]string // LoRA adapter -> base model; under modelsMu
@@ -158,7 +165,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		deps.Logger = slog.Default()
 	}
 	s := &Server{cfg: cfg, log: deps.Logger, index: deps.Index, approx: deps.Approx, sched: deps.Sched,
-		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, renderers: deps.Renderers,
+		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, renderers: deps.Renderers, settled: deps.Settled,
 		conns: xsync.NewMapOf[net.Conn, struct{}](), active: newActivity()}
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
 	s.metrics = newMetrics(s)

@@ -1,6 +1,7 @@
 package feed
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"testing"
@@ -148,7 +149,7 @@ func TestRingApplyCutAtEveryWrite(t *testing.T) {
 		}
 		cfg := Config{HeartbeatGrace: time.Hour, RegistryEvery: time.Hour}
 		in := New(seg, cfg)
-		if ok, err := in.Acquire(); !ok {
+		if ok, err := in.Acquire(context.Background()); !ok {
 			t.Fatalf("cannot take the ingester role: %v", err)
 		}
 		defer func() { in.Release() }() // whichever ingester holds the role by then
@@ -177,7 +178,7 @@ func TestRingApplyCutAtEveryWrite(t *testing.T) {
 				t.Fatal(err)
 			}
 			in = New(seg, cfg)
-			if ok, err := in.Acquire(); !ok {
+			if ok, err := in.Acquire(context.Background()); !ok {
 				t.Fatalf("successor cannot take the ingester role: %v", err)
 			}
 			drainAll(in)

@@ -123,7 +123,7 @@ func runChild(role, seg string) error {
 		}
 		in := New(s, Config{HeartbeatGrace: time.Hour})
 		for {
-			ok, err := in.Acquire()
+			ok, err := in.Acquire(context.Background())
 			if err != nil {
 				return err
 			}
@@ -388,7 +388,7 @@ func TestRouterRestartMidStream(t *testing.T) {
 	router.expect(t, "LOCKED")
 
 	standby := New(seg, Config{HeartbeatGrace: time.Hour})
-	if ok, _ := standby.Acquire(); ok {
+	if ok, _ := standby.Acquire(context.Background()); ok {
 		t.Fatal("acquired the ingester lock while another process holds it")
 	}
 	const n = 20000
@@ -410,7 +410,7 @@ func TestRouterRestartMidStream(t *testing.T) {
 		t.Fatalf("the router applied seq %d, past where the publisher holds (%d)", st.LastSeq, n/2)
 	}
 	// Takeover: the dead holder's flock is gone.
-	ok, err := standby.Acquire()
+	ok, err := standby.Acquire(context.Background())
 	if !ok || err != nil {
 		t.Fatalf("takeover after holder died: %v %v", ok, err)
 	}

@@ -12,6 +12,19 @@
 // stale heartbeats, clean closes, each of which drops the stale blocks
 // with RemoveWorker); and the counters in Stats.
 //
+// # Taking over the index
+//
+// Acquire, before the first write, has radix repair what a dead
+// predecessor left half-written, within Config.RepairBudget and its
+// caller's context (a shutdown stops it, and the role is given back),
+// logging progress. An index damaged beyond repair, or whose repair
+// overruns the budget, is Reset instead (Stats.IndexResets, and a warning
+// in the log): engines cannot replay through the segment, so it refills
+// from their next events, as one worker's entries do after a resync.
+// Settled is closed once the first attempt has decided (the role taken
+// and the index safe, or another process holding it); the node keeps
+// /ready at 503 until then.
+//
 // # Applying events
 //
 // Ring records and ZMQ events reach the index through one path (apply.go),

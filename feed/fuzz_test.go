@@ -1,6 +1,7 @@
 package feed
 
 import (
+	"context"
 	"os"
 	"testing"
 
@@ -25,7 +26,7 @@ func FuzzIngest(f *testing.F) {
 		f.Fatal(err)
 	}
 	in := New(seg, Config{})
-	if ok, err := in.Acquire(); !ok {
+	if ok, err := in.Acquire(context.Background()); !ok {
 		f.Fatal(err)
 	}
 	in.ScanRegistry()

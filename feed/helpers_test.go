@@ -2,6 +2,7 @@ package feed
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -196,7 +197,7 @@ func workerCfg(id uint64) shm.WorkerConfig {
 func acquire(t testing.TB, seg *shm.Segment, cfg Config) *Ingester {
 	t.Helper()
 	in := New(seg, cfg)
-	ok, err := in.Acquire()
+	ok, err := in.Acquire(context.Background())
 	if err != nil || !ok {
 		t.Fatalf("acquire: %v %v", ok, err)
 	}

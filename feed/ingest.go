@@ -2,7 +2,10 @@ package feed
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +17,13 @@ import (
 // DefaultHeartbeatGrace is how long a registered engine may stay silent
 // before it is taken for dead.
 const DefaultHeartbeatGrace = 5 * time.Second
+
+// DefaultRepairBudget is how long the index repair at Acquire may take
+// before the index is dropped instead. A sound 1M-block index repairs in
+// a fraction of a second (BENCHMARKS.md), so the budget is only reached
+// by an index far larger than that on a slow host, where starting empty
+// costs less than keeping ingestion off.
+const DefaultRepairBudget = 10 * time.Second
 
 // Config tunes an Ingester. Zero values take the defaults.
 type Config struct {
@@ -36,6 +46,12 @@ type Config struct {
 	// Budget caps the records taken from one ring per pass, so one busy
 	// worker cannot starve the others. Default 1024.
 	Budget int
+	// RepairBudget bounds the index repair Acquire runs; past it, or when
+	// the index is damaged beyond repair, the index is reset and refills
+	// from the engines' events. Default DefaultRepairBudget.
+	RepairBudget time.Duration
+	// Logger receives the repair's progress and outcome. Default: discard.
+	Logger *slog.Logger
 }
 
 func (c Config) withDefaults() Config {
@@ -49,8 +65,12 @@ func (c Config) withDefaults() Config {
 	def(&c.IdleSpin, 50*time.Microsecond)
 	def(&c.MaxSleep, time.Millisecond)
 	def(&c.StandbyPoll, 100*time.Millisecond)
+	def(&c.RepairBudget, DefaultRepairBudget)
 	if c.Budget <= 0 {
 		c.Budget = 1024
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c
 }
@@ -84,6 +104,11 @@ type Ingester struct {
 	held    bool
 	lastReg time.Time
 
+	// settled is closed once the first Acquire has decided: the role
+	// taken and the index repaired (or reset), or left to another holder.
+	settled     chan struct{}
+	settledOnce sync.Once
+
 	// onApply, if set, is called after each record is applied and
 	// committed. Tests set it to prove exactly-once delivery.
 	onApply func(slot workers.Slot, rec *shm.Record)
@@ -98,25 +123,37 @@ func New(seg *shm.Segment, cfg Config) *Ingester {
 	// No record holds more block hashes than fit in a ring, so the scratch
 	// never grows.
 	return &Ingester{seg: seg, ix: seg.Index(), cfg: cfg.withDefaults(),
-		apply: newApplier(seg.Index(), seg.Header().RingBytes/8)}
+		apply: newApplier(seg.Index(), seg.Header().RingBytes/8), settled: make(chan struct{})}
 }
 
+// Settled is closed once the first Acquire (or Run's first attempt) has
+// decided: this process took the role and its index is repaired, or
+// another process holds the role. Until then the index may be one that a
+// dead ingester left half-written, or worse, and the router should not
+// call itself ready.
+func (in *Ingester) Settled() <-chan struct{} { return in.settled }
+
+func (in *Ingester) settle() { in.settledOnce.Do(func() { close(in.settled) }) }
+
 // Acquire tries to take the ingester role without waiting. On success
-// the ingester resumes every ring from its persisted cursor.
-func (in *Ingester) Acquire() (bool, error) {
+// the ingester has made the index safe to write (see repair) and resumes
+// every ring from its persisted cursor. When ctx ends during the repair,
+// it gives the role back and returns ctx's error.
+func (in *Ingester) Acquire(ctx context.Context) (bool, error) {
 	if in.held {
 		return true, nil
 	}
 	ok, err := in.seg.TryLockIngester()
 	if !ok {
+		if err == nil {
+			in.settle() // another process ingests and keeps the index
+		}
 		return false, err
 	}
 	in.held = true
-	// A previous ingester may have died inside an index write (a half-done
-	// deletion shift, a parked slot). Make the index consistent before the
-	// first write; readers go on meanwhile.
-	if n := in.ix.Repair(); n > 0 {
-		in.c.repairedSlots += uint64(n)
+	if err := in.repair(ctx); err != nil {
+		_ = in.Release()
+		return false, err
 	}
 	for i := range in.readers {
 		in.readers[i] = in.seg.Reader(workers.Slot(i))
@@ -125,7 +162,50 @@ func (in *Ingester) Acquire() (bool, error) {
 	}
 	in.lastReg = time.Time{}
 	in.pub.ingesting.Store(true)
+	in.publish()
+	in.settle()
 	return true, nil
+}
+
+// repair makes the index safe to write before the first write. A previous
+// ingester may have died inside an index write (a half-done deletion
+// shift, a parked slot), which radix's Repair undoes; bytes nobody wrote,
+// or a repair over the budget, get the index reset instead: engines cannot
+// replay what they stored through the segment, so it refills from their
+// next events, which is what a resync of one worker does too. Readers go
+// on meanwhile. Only the end of ctx (shutdown) is an error.
+func (in *Ingester) repair(ctx context.Context) error {
+	log := in.cfg.Logger
+	start := time.Now()
+	st := in.ix.Stats()
+	log.Info("repairing the index before ingesting", "entries", st.Entries, "region_bytes", st.RegionBytes, "budget", in.cfg.RepairBudget)
+	rctx, cancel := context.WithTimeout(ctx, in.cfg.RepairBudget)
+	defer cancel()
+	var lastLog time.Time
+	n, err := in.ix.Repair(rctx, radix.RepairOptions{Progress: func(p radix.RepairProgress) {
+		if now := time.Now(); now.Sub(lastLog) >= time.Second {
+			lastLog = now
+			log.Info("index repair progress", "phase", p.Phase, "slots_done", p.Done, "slots", p.Total, "elapsed", now.Sub(start).Round(time.Millisecond))
+		}
+	}})
+	in.c.repairedSlots += uint64(n)
+	switch {
+	case err == nil:
+		log.Info("index repaired", "dropped_slots", n, "entries", in.ix.Stats().Entries, "elapsed", time.Since(start).Round(time.Millisecond))
+		return nil
+	case ctx.Err() != nil:
+		log.Warn("index repair stopped: shutting down", "elapsed", time.Since(start).Round(time.Millisecond))
+		return ctx.Err()
+	}
+	reason := "damaged beyond repair"
+	if !errors.Is(err, radix.ErrBeyondRepair) {
+		reason = "repair over its budget"
+	}
+	in.ix.Reset()
+	in.c.indexResets++
+	log.Warn("dropped the index: "+reason+"; it refills from the engines' next KV events, and routing meanwhile ignores what they cached before",
+		"err", err, "elapsed", time.Since(start).Round(time.Millisecond))
+	return nil
 }
 
 // Release gives the ingester role up.
@@ -142,9 +222,13 @@ func (in *Ingester) Release() error {
 // and then ingests until ctx is done. It returns ctx.Err().
 func (in *Ingester) Run(ctx context.Context) error {
 	defer in.Release()
+	defer in.settle() // on every path: a router that stops is not waiting for this
 	for {
-		ok, err := in.Acquire()
+		ok, err := in.Acquire(ctx)
 		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
 			return err
 		}
 		if ok {
@@ -391,21 +475,21 @@ type counters struct {
 	unresolvedParent, unknownRemoved, blockSizeMismatch uint64
 	garbage, resyncBytes, gaps, resyncs                 uint64
 	generationBumps, workersDown, workersClosed         uint64
-	repairedSlots                                       uint64
+	repairedSlots, indexResets                          uint64
 }
 
 type published struct {
-	c         [19]atomic.Uint64
+	c         [20]atomic.Uint64
 	last      counters
 	ingesting atomic.Bool
 }
 
-func (c *counters) array() [19]uint64 {
-	return [19]uint64{c.records, c.storedBlocks, c.removedBlocks, c.cleared,
+func (c *counters) array() [20]uint64 {
+	return [20]uint64{c.records, c.storedBlocks, c.removedBlocks, c.cleared,
 		c.stale, c.duplicate, c.skippedDown, c.rejected,
 		c.unresolvedParent, c.unknownRemoved, c.blockSizeMismatch,
 		c.garbage, c.resyncBytes, c.gaps, c.resyncs,
-		c.generationBumps, c.workersDown, c.workersClosed, c.repairedSlots}
+		c.generationBumps, c.workersDown, c.workersClosed, c.repairedSlots, c.indexResets}
 }
 
 func (in *Ingester) publish() {
@@ -446,6 +530,7 @@ type Stats struct {
 	WorkersDown     uint64 `json:"workers_down"`     // workers marked down for a stale heartbeat
 	WorkersClosed   uint64 `json:"workers_closed"`   // workers that closed cleanly
 	RepairedSlots   uint64 `json:"repaired_slots"`   // index slots dropped repairing a dead ingester's half-done writes
+	IndexResets     uint64 `json:"index_resets"`     // times the index was dropped: damaged beyond repair, or repair over its budget
 
 	LagBytes [workers.Max]uint64 `json:"-"` // committed ring bytes not yet consumed
 }
@@ -453,7 +538,7 @@ type Stats struct {
 // Stats returns the counters as of the end of the last pass, plus the
 // current ring lags. Safe to call from any goroutine.
 func (in *Ingester) Stats() Stats {
-	var a [19]uint64
+	var a [20]uint64
 	for i := range a {
 		a[i] = in.pub.c[i].Load()
 	}
@@ -462,7 +547,7 @@ func (in *Ingester) Stats() Stats {
 		Stale: a[4], Duplicate: a[5], SkippedDown: a[6], Rejected: a[7],
 		UnresolvedParent: a[8], UnknownRemoved: a[9], BlockSizeMismatch: a[10],
 		Garbage: a[11], ResyncBytes: a[12], Gaps: a[13], Resyncs: a[14],
-		GenerationBumps: a[15], WorkersDown: a[16], WorkersClosed: a[17], RepairedSlots: a[18]}
+		GenerationBumps: a[15], WorkersDown: a[16], WorkersClosed: a[17], RepairedSlots: a[18], IndexResets: a[19]}
 	for i := range st.LagBytes {
 		st.LagBytes[i] = in.seg.RingState(workers.Slot(i)).Lag()
 	}

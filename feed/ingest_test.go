@@ -1,6 +1,7 @@
 package feed
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"testing"
@@ -251,7 +252,7 @@ func TestPollRequiresLock(t *testing.T) {
 	}
 	defer other.Close()
 	in := New(other, Config{})
-	if ok, _ := in.Acquire(); ok {
+	if ok, _ := in.Acquire(context.Background()); ok {
 		t.Fatal("two ingesters hold the lock")
 	}
 	defer func() {

@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net/http"
+	"strconv"
 	"time"
 
+	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/workers"
 )
 
@@ -19,7 +22,8 @@ import (
 const adapterPoll = 2 * time.Second
 
 // adapterPoller learns from each engine's GET /v1/models the LoRA
-// adapters it serves and hands the union to the front end. Only its own
+// adapters it serves, and the model of a static worker configured without
+// one, and hands them to the scheduler and the front end. Only its own
 // goroutine touches it.
 type adapterPoller struct {
 	client *http.Client
@@ -33,10 +37,13 @@ func newAdapterPoller() *adapterPoller {
 
 // poll refreshes every worker's adapters and tells the front end when
 // the union changed. An engine that does not answer keeps what it listed
-// last; a worker that left loses its entry.
-func (p *adapterPoller) poll(ctx context.Context, n *Node) {
+// last; a worker that left loses its entry. A static worker whose model is
+// still unknown takes the first base model its engine lists. poll reports
+// whether every static worker's model is known.
+func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 	live := n.sched.Workers()
 	union := map[string]string{}
+	learned := false
 	for i := range workers.Max {
 		slot := workers.Slot(i)
 		info, ok := n.sched.Worker(slot)
@@ -44,35 +51,65 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) {
 			p.known[slot] = nil
 			continue
 		}
-		if got, err := p.fetch(ctx, info.Endpoint, info.Model); err == nil {
+		unknown := workers.Set(n.unknownModel.Load()).Has(slot)
+		base, got, err := p.fetch(ctx, info.Endpoint, info.Model)
+		switch {
+		case err != nil:
+			n.log.Debug("cannot learn an engine's models", "slot", slot, "endpoint", info.Endpoint, "err", err)
+		case unknown && base != "":
+			if err := n.learnModel(info, base); err != nil {
+				n.throttle.Log(n.log, slog.LevelError, "learn/"+strconv.Itoa(int(slot)),
+					"cannot route to a static worker under the model its engine serves", "slot", slot,
+					"worker", info.ID, "endpoint", info.Endpoint, "model", base, "err", err)
+				break
+			}
+			learned = true
 			p.known[slot] = got
-		} else {
-			n.log.Debug("cannot learn an engine's LoRA adapters", "slot", slot, "endpoint", info.Endpoint, "err", err)
+		default:
+			p.known[slot] = got
 		}
 		maps.Copy(union, p.known[slot])
+	}
+	if learned {
+		n.front.WorkersChanged()
 	}
 	if !maps.Equal(union, p.pushed) {
 		p.pushed = union
 		n.front.SetAdapters(union)
 	}
+	return n.unknownModel.Load() == 0
 }
 
-// fetch reads one engine's model list. vLLM lists each LoRA adapter with
-// parent set to its base model (vllm/entrypoints/openai/serving_models.py,
-// show_available_models); only adapters of the model the worker serves
-// are kept.
-func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (map[string]string, error) {
+// learnModel routes the static worker info under the model its engine
+// serves.
+func (n *Node) learnModel(info sched.WorkerInfo, model string) error {
+	info.Model = model
+	if err := n.sched.Upsert(info); err != nil {
+		return err
+	}
+	n.unknownModel.And(^uint64(workers.SetOf(info.Slot)))
+	n.log.Info("static worker serves model", "slot", info.Slot, "worker", info.ID, "endpoint", info.Endpoint, "model", model)
+	return nil
+}
+
+// fetch reads one engine's model list: the first base model it lists, and
+// the adapters of model. vLLM lists each LoRA adapter with parent set to
+// its base model and each base model with parent null
+// (vllm/entrypoints/openai/serving_models.py, show_available_models).
+// With model "" (not known yet), the base model found is the one whose
+// adapters are kept.
+func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (string, map[string]string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+endpoint+"/v1/models", nil)
 	if err != nil {
-		return nil, fmt.Errorf("cannot ask %s for its models: %w", endpoint, err)
+		return "", nil, fmt.Errorf("cannot ask %s for its models: %w", endpoint, err)
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("cannot ask %s for its models: %w", endpoint, err)
+		return "", nil, fmt.Errorf("cannot ask %s for its models: %w", endpoint, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("cannot ask %s for its models: status %d", endpoint, resp.StatusCode)
+		return "", nil, fmt.Errorf("cannot ask %s for its models: status %d", endpoint, resp.StatusCode)
 	}
 	var list struct {
 		Data []struct {
@@ -81,7 +118,17 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (map[
 		} `json:"data"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&list); err != nil {
-		return nil, fmt.Errorf("cannot read %s's model list: %w", endpoint, err)
+		return "", nil, fmt.Errorf("cannot read %s's model list: %w", endpoint, err)
+	}
+	base := ""
+	for _, m := range list.Data {
+		if (m.Parent == nil || *m.Parent == "") && m.ID != "" {
+			base = m.ID
+			break
+		}
+	}
+	if model == "" {
+		model = base
 	}
 	var got map[string]string
 	for _, m := range list.Data {
@@ -92,5 +139,5 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (map[
 			got[m.ID] = model
 		}
 	}
-	return got, nil
+	return base, got, nil
 }

@@ -40,6 +40,10 @@ type Config struct {
 	// HeartbeatGrace: a registered engine silent this long is marked down
 	// and its blocks dropped.
 	HeartbeatGrace time.Duration
+	// DiscoveryTimeout bounds how long start-up waits for static workers
+	// configured without a model to say which they serve (GET /v1/models)
+	// before the router calls itself ready without them.
+	DiscoveryTimeout time.Duration
 
 	// Policy picks how a worker is chosen: kv, approx, round-robin, random
 	// or least-loaded (sched.ParsePolicy).
@@ -74,6 +78,10 @@ type SegmentConfig struct {
 	RingBytes int
 	// Recreate formats a fresh segment even over a valid one.
 	Recreate bool
+	// AllowForeign attaches to a segment another user owns or that group
+	// or others may access (shm.Options.AllowForeign); without it such a
+	// segment is refused.
+	AllowForeign bool
 }
 
 // ApproxConfig tunes the approximate index: the router's own routing
@@ -114,14 +122,21 @@ func DefaultConfig() Config {
 			Path:          shm.DefaultPath("kvfast"),
 			IndexCapacity: 1 << 20,
 		},
-		RegistryPoll:   100 * time.Millisecond,
-		HeartbeatGrace: feed.DefaultHeartbeatGrace,
-		Policy:         "kv",
-		Approx:         ApproxConfig{TTL: 2 * time.Minute, Capacity: 1 << 20},
+		RegistryPoll:     100 * time.Millisecond,
+		HeartbeatGrace:   feed.DefaultHeartbeatGrace,
+		DiscoveryTimeout: 30 * time.Second,
+		Policy:           "kv",
+		Approx:           ApproxConfig{TTL: 2 * time.Minute, Capacity: 1 << 20},
 		Sched: sched.Config{
-			BlockSize:     radix.DefaultBlockSize,
-			ActiveBlocks:  sched.DefaultActiveBlocks,
-			Cost:          &cost,
+			BlockSize:    radix.DefaultBlockSize,
+			ActiveBlocks: sched.DefaultActiveBlocks,
+			Cost:         &cost,
+			// Admission control is on by default: a worker over either
+			// threshold takes no new request, which then waits in the
+			// queue (bounded, and by --queue-timeout) for the first worker
+			// to drop under, instead of piling onto engines that would
+			// preempt or queue it themselves, blind to the other engines.
+			Busy:          defaultBusy,
 			QueueCapacity: sched.DefaultQueueCapacity,
 			PriorityBump:  sched.DefaultPriorityBump,
 			RetryAfterMin: sched.DefaultRetryAfterMin,
@@ -133,6 +148,16 @@ func DefaultConfig() Config {
 		ShutdownTimeout: 30 * time.Second,
 	}
 }
+
+// defaultBusy are the busy thresholds kvfast serve runs with. A worker is
+// busy when the decode blocks booked on it (or its engine's reported KV
+// usage) pass 95% of its KV capacity, where the engine would start to
+// preempt, or when more than 128Ki prompt tokens booked on it still await
+// their first token: seconds of prefill even on a fast engine, which the
+// request is better off waiting out in the router's queue, free to take
+// whichever worker drops under first. Workers that report no KV capacity
+// are judged on prompt tokens alone.
+var defaultBusy = sched.BusyThresholds{DecodeBlocksFraction: 0.95, PrefillTokens: 128 << 10}
 
 // libraryConfigs maps the node's literal zeros onto the conventions of
 // sched and dispatch, whose constructors read a zero as "my default" for
@@ -177,6 +202,7 @@ func (c *Config) Validate() error {
 	}{
 		{"registry poll", c.RegistryPoll},
 		{"heartbeat grace", c.HeartbeatGrace},
+		{"discovery timeout", c.DiscoveryTimeout},
 		{"approx TTL", c.Approx.TTL},
 		{"shutdown timeout", c.ShutdownTimeout},
 	}

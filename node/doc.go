@@ -13,10 +13,33 @@
 // ingestion as the segment's elected ingester or its standby, one ZMQ
 // subscriber per static worker that publishes KV events, and the poll of
 // every engine's GET /v1/models for the LoRA adapters it serves (which
-// the front end routes in their own namespace). Serve answers
+// the front end routes in their own namespace, and which tells a static
+// worker configured without a model which one it serves). Serve answers
 // HTTP; Shutdown drains and then stops everything; Run does all of it for
 // a command line, signals included. Snapshot gathers the per-worker state
 // that /admin/workers and /metrics both show.
+//
+// # Start-up
+//
+// The router is not ready (GET /ready answers 503, and a request naming a
+// model no worker serves yet waits, within the queue timeout, instead of
+// getting 404) until its start-up has settled (Settled, the front end's
+// Deps.Settled): every static worker's model is known (configured, or
+// learned from its engine's GET /v1/models, polled every RegistryPoll
+// until then; after DiscoveryTimeout the node settles without it and says
+// so), and, with a segment, the ingester has made the index safe to route
+// on: repaired it in time linear in the region, or, when the damage is
+// more than a crashed writer leaves or the repair overruns its budget,
+// dropped it to refill from the engines' events (package feed logs which,
+// with the repair's progress). Registered workers are routable when New
+// returns: it syncs the registry once itself. Close stops a repair in
+// progress (it honours its context), so SIGTERM is obeyed at once.
+//
+// The segment is attached only if this user owns it with mode 0600
+// (SegmentConfig.AllowForeign overrides, with a warning in the log).
+// Conditions that every registry poll sees again, a refused registration
+// or an unreadable registry slot, are logged once a minute per slot
+// (internal/logthrottle).
 //
 // # Ownership
 //

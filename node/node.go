@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"os/signal"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/internal/logthrottle"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
@@ -42,6 +44,20 @@ type Node struct {
 
 	renderTurn atomic.Uint64 // PickEngine's round robin
 
+	// unknownModel is the static workers configured without a model whose
+	// engines have not yet said which they serve (the model poll learns it).
+	unknownModel atomic.Uint64
+	// discovered is closed when unknownModel empties; settled, when the
+	// node's start-up has settled (see awaitSettled), which the front end
+	// waits for before it calls itself ready.
+	discovered     chan struct{}
+	discoveredOnce sync.Once
+	settled        chan struct{}
+
+	// throttle keeps conditions that every poll sees again (a refused
+	// registration, a corrupt registry slot) to one log line a minute.
+	throttle *logthrottle.Throttle
+
 	// regState is what the registry said about each slot last time; only
 	// the registry loop touches it (and New, before the loop starts).
 	regState [workers.Max]regEntry
@@ -63,7 +79,8 @@ func New(cfg Config) (_ *Node, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger}
+	n := &Node{cfg: cfg, log: cfg.Logger, discovered: make(chan struct{}), settled: make(chan struct{}),
+		throttle: logthrottle.New(logRepeatEvery)}
 	defer func() {
 		if err != nil {
 			n.release()
@@ -75,12 +92,18 @@ func New(cfg Config) (_ *Node, err error) {
 	}
 	if cfg.Segment.Path != "" {
 		n.seg, err = shm.Open(cfg.Segment.Path, shm.Options{Index: radix.Config{Capacity: cfg.Segment.IndexCapacity},
-			RingBytes: cfg.Segment.RingBytes, Recreate: cfg.Segment.Recreate})
+			RingBytes: cfg.Segment.RingBytes, Recreate: cfg.Segment.Recreate, AllowForeign: cfg.Segment.AllowForeign})
 		if err != nil {
 			return nil, err
 		}
+		if cfg.Segment.AllowForeign {
+			if st, serr := os.Stat(cfg.Segment.Path); serr == nil && st.Mode().Perm()&0o077 != 0 {
+				n.log.Warn("attached to a segment others may access (--allow-foreign-segment): whoever can write it can register engines and rewrite the index",
+					"segment", cfg.Segment.Path, "mode", fmt.Sprintf("%#o", st.Mode().Perm()))
+			}
+		}
 		n.index = n.seg.Index()
-		n.ingester = feed.New(n.seg, feed.Config{HeartbeatGrace: cfg.HeartbeatGrace})
+		n.ingester = feed.New(n.seg, feed.Config{HeartbeatGrace: cfg.HeartbeatGrace, Logger: n.log})
 	} else if n.index, err = radix.NewHeap(radix.Config{Capacity: cfg.Segment.IndexCapacity}); err != nil {
 		return nil, fmt.Errorf("cannot create the index: %w", err)
 	}
@@ -103,22 +126,27 @@ func New(cfg Config) (_ *Node, err error) {
 	}
 	n.front, err = fastpath.New(cfg.HTTP, fastpath.Deps{
 		Index: n.index, Approx: n.approx, Sched: n.sched, Engines: n.engines,
-		UseApprox: useApprox, Renderers: n.prompts, State: n, Logger: n.log,
+		UseApprox: useApprox, Renderers: n.prompts, State: n, Logger: n.log, Settled: n.settled,
 	})
 	if err != nil {
 		return nil, err
 	}
 	n.syncRegistry()
+	if n.unknownModel.Load() == 0 {
+		n.discoveredOnce.Do(func() { close(n.discovered) })
+		if n.ingester == nil {
+			// Nothing left to discover or repair: ready (on the workers'
+			// health) from the first request on.
+			close(n.settled)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n.stop = cancel
 	n.bg.Go(func() { n.every(ctx, cfg.RegistryPoll, n.syncRegistry) })
 	n.bg.Go(func() { n.every(ctx, time.Second, func() { n.approx.Expire(time.Now()) }) })
 	n.bg.Go(func() { n.runZMQ(ctx) })
-	n.bg.Go(func() {
-		adapters := newAdapterPoller()
-		adapters.poll(ctx, n)
-		n.every(ctx, adapterPoll, func() { adapters.poll(ctx, n) })
-	})
+	n.bg.Go(func() { n.pollModels(ctx) })
+	n.bg.Go(func() { n.awaitSettled(ctx) })
 	if n.ingester != nil {
 		n.bg.Go(func() {
 			if err := n.ingester.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
@@ -128,6 +156,79 @@ func New(cfg Config) (_ *Node, err error) {
 	}
 	return n, nil
 }
+
+// logRepeatEvery is how often a condition every poll sees again is logged.
+const logRepeatEvery = time.Minute
+
+// pollModels asks every engine which models and adapters it serves: every
+// RegistryPoll while a static worker's model is still unknown, so that it
+// becomes routable as soon as its engine answers, then every adapterPoll.
+func (n *Node) pollModels(ctx context.Context) {
+	p := newAdapterPoller()
+	start := time.Now()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		period := adapterPoll
+		if p.poll(ctx, n) {
+			n.discoveredOnce.Do(func() { close(n.discovered) })
+		} else if time.Since(start) < n.cfg.DiscoveryTimeout {
+			period = n.cfg.RegistryPoll
+		}
+		t.Reset(period)
+	}
+}
+
+// awaitSettled closes n.settled, which /ready and requests naming a model
+// no worker serves yet wait for, once start-up has settled: every static
+// worker's model is known (or DiscoveryTimeout passed, said in the log),
+// and the index is safe to route on (this router repaired it as the
+// ingester, or another router holds that role). Registered workers are
+// routable already: New synced the registry before it returned.
+func (n *Node) awaitSettled(ctx context.Context) {
+	select {
+	case <-n.settled:
+		return // settled in New
+	default:
+	}
+	start := time.Now()
+	timeout := time.NewTimer(n.cfg.DiscoveryTimeout)
+	defer timeout.Stop()
+	select {
+	case <-n.discovered:
+	case <-timeout.C:
+		n.log.Warn("static workers' engines have not said which model they serve; requests naming a model route to them once they do",
+			"slots", slotList(workers.Set(n.unknownModel.Load())), "waited", n.cfg.DiscoveryTimeout)
+	case <-ctx.Done():
+		return
+	}
+	if n.ingester != nil {
+		select {
+		case <-n.ingester.Settled():
+		case <-ctx.Done():
+			return
+		}
+	}
+	close(n.settled)
+	n.log.Info("router ready", "workers", n.sched.Workers().Len(), "after", time.Since(start).Round(time.Millisecond))
+}
+
+func slotList(set workers.Set) []int {
+	var out []int
+	for w := range set.All() {
+		out = append(out, int(w))
+	}
+	return out
+}
+
+// Settled is closed once the node's start-up has settled (see
+// awaitSettled): from then on /ready reports on the workers' health.
+func (n *Node) Settled() <-chan struct{} { return n.settled }
 
 // healthChanged is the engine pool's health hook: the scheduler routes
 // only to engines that pass their checks.

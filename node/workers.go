@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -40,6 +42,10 @@ func (n *Node) addStatic(static []StaticWorker) error {
 			return err
 		}
 		n.static |= workers.SetOf(slot)
+		if w.Model == "" {
+			// Learned from the engine's GET /v1/models (pollModels).
+			n.unknownModel.Or(uint64(workers.SetOf(slot)))
+		}
 		if w.Events == "" {
 			continue
 		}
@@ -108,8 +114,15 @@ func (n *Node) syncRegistry() {
 		if n.static.Has(slot) {
 			continue
 		}
-		info, ok := n.seg.Worker(slot)
-		if !ok || info.State != shm.StateLive {
+		info, err := n.seg.ReadWorker(slot)
+		if err != nil {
+			// A corrupt slot routes nothing; say so, once a minute, since
+			// every poll reads it again.
+			n.throttle.Log(n.log, slog.LevelWarn, "slot/"+strconv.Itoa(i), "skipping an unreadable registry slot",
+				"slot", slot, "segment", n.seg.Path(), "err", err)
+			continue
+		}
+		if info.State != shm.StateLive {
 			continue
 		}
 		registered |= workers.SetOf(slot)
@@ -128,7 +141,10 @@ func (n *Node) syncRegistry() {
 				_, err = n.engines.Add(slot, addr)
 			}
 			if err != nil {
-				n.log.Error("cannot route to registered worker", "slot", slot, "worker", info.WorkerID,
+				// An engine that keeps re-registering with the same flaw
+				// (a restart loop) is a new registration every time:
+				// throttled by slot as well.
+				n.throttle.Log(n.log, slog.LevelError, "refused/"+strconv.Itoa(i), "cannot route to registered worker", "slot", slot, "worker", info.WorkerID,
 					"dp_rank", info.DPRank, "endpoint", info.Endpoint, "generation", info.Generation, "err", err)
 				if e.present {
 					// The slot's previous registration must not stay

@@ -76,6 +76,18 @@
 // limit is refused and counted (Stats.Overflow); lookups go on. Deletion
 // shifts later entries back, so churn leaves no dead slots behind.
 //
+// # Repair
+//
+// A writer that dies mid-operation leaves at most a parked slot and a
+// duplicated key per table it held. Repair, which the next writer runs
+// once before its first write, undoes that in time linear in the region:
+// a survey pass recounts every table and measures its runs of occupied
+// slots, which bound what the sweeps after it cost, and refuses
+// (ErrBeyondRepair) a region no crash leaves, one with more entries than
+// its limit or runs long enough to make the sweeps superlinear (random
+// bytes). Repair honours its context between slots and reports progress;
+// Reset empties a refused region in place. BENCHMARKS.md has the figures.
+//
 // # Throughput envelope
 //
 // Every hot path (hashing, FindMatches, Lookup, the writers) makes zero

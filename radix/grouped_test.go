@@ -1,6 +1,7 @@
 package radix
 
 import (
+	"context"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -156,8 +157,8 @@ func TestSiblingPileUpStaysBounded(t *testing.T) {
 	if err := ix.Verify(); err != nil {
 		t.Fatal(err)
 	}
-	if n := ix.Repair(); n != 0 {
-		t.Fatalf("Repair dropped %d slots of a sound table", n)
+	if n, err := ix.Repair(context.Background(), RepairOptions{}); err != nil || n != 0 {
+		t.Fatalf("Repair dropped %d slots of a sound table (%v)", n, err)
 	}
 	for si := range ix.shards {
 		b := &ix.shards[si].blocks

@@ -1,6 +1,7 @@
 package radix
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
 	"testing"
@@ -393,8 +394,8 @@ func TestRepairAfterInterruptedShift(t *testing.T) {
 	if ix.Verify() == nil {
 		t.Fatal("Verify accepted a broken table")
 	}
-	if n := ix.Repair(); n != 2 {
-		t.Fatalf("Repair dropped %d slots, want 2", n)
+	if n, err := ix.Repair(context.Background(), RepairOptions{}); err != nil || n != 2 {
+		t.Fatalf("Repair dropped %d slots (%v), want 2", n, err)
 	}
 	if err := ix.Verify(); err != nil {
 		t.Fatal(err)

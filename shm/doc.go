@@ -13,10 +13,19 @@
 //     MismatchError, all wrapping ErrIncompatible, all saying how to
 //     recreate), retirement on --recreate-segment, the ingester flock and
 //     the futex doorbell.
+//   - Trust: a router (Open) attaches only to a segment this user owns
+//     with no group or other permission bits (mode 0600, as create makes
+//     it), because whoever can write the segment can register engines,
+//     forge KV events and rewrite the index; anything else is refused with
+//     an OwnerError that says how to fix it, unless Options.AllowForeign
+//     (--allow-foreign-segment). Publishers (Register) may run as other
+//     users and are not checked.
 //   - Registry: 64 slots; Register claims one under a cross-process
 //     registry lock (fcntl, so Python can take it with os.lockf);
-//     Workers/Worker read consistent snapshots; MarkDown/ExpireClaim are
-//     the router's transitions.
+//     Workers/Worker read consistent snapshots, and ReadWorker says why a
+//     slot holds none (a SlotError for bytes no publisher writes, ErrTorn
+//     for a writer that never finished); MarkDown/ExpireClaim are the
+//     router's transitions.
 //   - Rings: Publisher writes records (ringWriter), RingReader decodes and
 //     commits them. Records are committed by a release store of head and
 //     consumed by a store of tail, which is also the persisted cursor.

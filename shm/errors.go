@@ -3,6 +3,7 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 )
 
 // recreateHint ends every refusal, because the operator's next step is
@@ -31,6 +32,12 @@ var (
 	// ErrRetired means a router recreated the segment under a new file;
 	// publishers must register again to be seen.
 	ErrRetired = errors.New("kvfast: shm segment was recreated; register again")
+	// ErrForeignSegment is what OwnerError wraps: the segment is not this
+	// user's alone.
+	ErrForeignSegment = errors.New("kvfast: shm segment is owned or writable by another user")
+	// ErrSlotCorrupt means a registry slot's bytes are not a registration
+	// any publisher writes (see SlotError).
+	ErrSlotCorrupt = errors.New("kvfast: corrupt registry slot")
 	// ErrTorn means a seqlock read kept racing a writer (or the writer
 	// died mid-update) and no consistent snapshot was obtained.
 	ErrTorn = errors.New("kvfast: no consistent snapshot (writer busy or dead mid-update)")
@@ -75,3 +82,36 @@ func (e *MismatchError) Error() string {
 }
 
 func (e *MismatchError) Unwrap() error { return ErrIncompatible }
+
+// OwnerError refuses a segment that another user owns, or that group or
+// others may access: any of them could register engines, forge KV events
+// and rewrite the index. It wraps ErrForeignSegment.
+type OwnerError struct {
+	Path  string
+	Owner int         // the file's owner uid
+	Mode  fs.FileMode // its permission bits
+	UID   int         // ours
+}
+
+func (e *OwnerError) Error() string {
+	return fmt.Sprintf("kvfast: cannot attach shm segment %s: it is owned by uid %d with mode %#o, and the router (uid %d) only trusts a segment "+
+		"it owns with mode 0600, since whoever can write it can register engines and rewrite the index; "+
+		"delete the file (or start the router with --recreate-segment), or `chown %d %s && chmod 600 %s` if it is yours, "+
+		"or pass --allow-foreign-segment to attach anyway",
+		e.Path, e.Owner, e.Mode, e.UID, e.UID, e.Path, e.Path)
+}
+
+func (e *OwnerError) Unwrap() error { return ErrForeignSegment }
+
+// SlotError says why a registry slot could not be read. It wraps
+// ErrSlotCorrupt.
+type SlotError struct {
+	Slot   int
+	Reason string
+}
+
+func (e *SlotError) Error() string {
+	return fmt.Sprintf("kvfast: registry slot %d is corrupt: %s", e.Slot, e.Reason)
+}
+
+func (e *SlotError) Unwrap() error { return ErrSlotCorrupt }

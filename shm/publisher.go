@@ -52,7 +52,9 @@ type Publisher struct {
 // Register attaches to the segment at path (which the router created) and
 // claims a slot for cfg. Close releases both.
 func Register(path string, cfg WorkerConfig) (*Publisher, error) {
-	seg, err := attach(path, false)
+	// Engines may run as another user than the router that made the
+	// segment; the router's own refusal of foreign segments protects it.
+	seg, err := attach(path, false, true)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("cannot register with shm segment %s: %w (start the router first)", path, ErrNoSegment)

@@ -165,10 +165,20 @@ func decodeSlot(b []byte, info *WorkerInfo) error {
 
 // Worker returns a consistent snapshot of one registry slot. ok is false
 // for a free or claiming slot, a slot whose bytes are invalid, or one that
-// kept changing while being read.
+// kept changing while being read (ReadWorker says which).
 func (s *Segment) Worker(slot workers.Slot) (WorkerInfo, bool) {
+	info, err := s.ReadWorker(slot)
+	return info, err == nil && info.State != StateFree && info.State != StateClaiming
+}
+
+// ReadWorker is Worker with the reason a slot holds no worker: a free or
+// claiming slot yields a WorkerInfo with that State and no error; a slot
+// whose bytes no publisher writes, a *SlotError wrapping ErrSlotCorrupt;
+// one that kept changing while being read, ErrTorn. The registry poll
+// logs the errors, which Worker's callers only skip.
+func (s *Segment) ReadWorker(slot workers.Slot) (WorkerInfo, error) {
 	if !slot.Valid() {
-		return WorkerInfo{}, false
+		return WorkerInfo{}, fmt.Errorf("cannot read registry slot %d: out of range", slot)
 	}
 	off := slotOff(int(slot))
 	sw := s.u64(off + sState)
@@ -176,7 +186,7 @@ func (s *Segment) Worker(slot workers.Slot) (WorkerInfo, bool) {
 	for try := 0; try < 16; try++ {
 		w1 := atomic.LoadUint64(sw)
 		if st := stateOf(w1); st == StateFree || st == StateClaiming {
-			return WorkerInfo{}, false
+			return WorkerInfo{Slot: slot, State: st}, nil
 		}
 		copy(img[:], s.bytesAt(off, slotSize))
 		// The heartbeat changes without a transition; take it atomically.
@@ -187,12 +197,12 @@ func (s *Segment) Worker(slot workers.Slot) (WorkerInfo, bool) {
 		binary.LittleEndian.PutUint64(img[sState:], w1)
 		var info WorkerInfo
 		if err := decodeSlot(img[:], &info); err != nil {
-			return WorkerInfo{}, false
+			return WorkerInfo{}, &SlotError{Slot: int(slot), Reason: err.Error()}
 		}
 		info.Slot = slot
-		return info, true
+		return info, nil
 	}
-	return WorkerInfo{}, false
+	return WorkerInfo{}, fmt.Errorf("cannot read registry slot %d: %w", slot, ErrTorn)
 }
 
 // Workers appends a snapshot of every registered (live, down or closed)

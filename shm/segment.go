@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -40,6 +41,11 @@ type Options struct {
 	Recreate bool
 	// NoCreate refuses to create a missing segment (ErrNoSegment).
 	NoCreate bool
+	// AllowForeign attaches to an existing segment that another user owns
+	// or that group or others may access. Without it such a segment is
+	// refused (*OwnerError): whoever can write it can register engines,
+	// forge KV events and rewrite the index the router trusts.
+	AllowForeign bool
 }
 
 // Segment is one mapped segment file. A router opens it with Open (which
@@ -67,7 +73,7 @@ func Open(path string, opts Options) (*Segment, error) {
 		return recreate(path, opts)
 	}
 	for attempt := 0; ; attempt++ {
-		seg, err := attach(path, true)
+		seg, err := attach(path, true, opts.AllowForeign)
 		if err == nil {
 			if err := seg.checkOptions(opts); err != nil {
 				seg.Close()
@@ -102,7 +108,7 @@ func (s *Segment) checkOptions(opts Options) error {
 func recreate(path string, opts Options) (*Segment, error) {
 	// Tell publishers on the old file that it is dead. Best effort: the
 	// old file may be too corrupt to attach, and then nobody useful is on it.
-	if old, err := attach(path, false); err == nil {
+	if old, err := attach(path, false, true); err == nil {
 		old.retire()
 		old.Close()
 	}
@@ -174,7 +180,9 @@ func create(path string, opts Options, replace bool) (*Segment, error) {
 
 // attach maps an existing segment and validates it; withIndex also
 // attaches the radix index (routers and inspect need it, publishers not).
-func attach(path string, withIndex bool) (*Segment, error) {
+// Without allowForeign, a segment that is not ours alone is refused
+// before any of its bytes is read.
+func attach(path string, withIndex, allowForeign bool) (*Segment, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return nil, err
@@ -183,6 +191,12 @@ func attach(path string, withIndex bool) (*Segment, error) {
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("cannot attach shm segment %s: %w", path, err)
+	}
+	if !allowForeign {
+		if err := checkOwner(path, st); err != nil {
+			f.Close()
+			return nil, err
+		}
 	}
 	size := st.Size()
 	if size < headerSize {
@@ -221,6 +235,21 @@ func attach(path string, withIndex bool) (*Segment, error) {
 		seg.ix = ix
 	}
 	return seg, nil
+}
+
+// checkOwner refuses a segment file that another user owns or that group
+// or others may read or write: the stat comes from the descriptor attach
+// goes on to map, so the file cannot be swapped in between.
+func checkOwner(path string, st fs.FileInfo) error {
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil // not a POSIX file system: nothing to compare
+	}
+	uid := os.Geteuid()
+	if int(sys.Uid) != uid || st.Mode().Perm()&0o077 != 0 {
+		return &OwnerError{Path: path, Owner: int(sys.Uid), Mode: st.Mode().Perm(), UID: uid}
+	}
+	return nil
 }
 
 // Close unmaps the segment and closes the file, releasing the ingester

@@ -46,7 +46,9 @@ func runInspect(args []string) int {
 		fmt.Fprintf(os.Stderr, "kvfast inspect: unexpected argument %q (the segment is --segment)\n", fs.Arg(0))
 		return 2
 	}
-	seg, err := shm.Open(*segment, shm.Options{NoCreate: true})
+	// Inspect only reports, and trusts nothing it reads: it may look at a
+	// segment the router would refuse to attach.
+	seg, err := shm.Open(*segment, shm.Options{NoCreate: true, AllowForeign: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -56,6 +56,16 @@ X-Kvfast-Worker and X-Kvfast-Dp-Rank.
 Every flag can also be set through the environment: --some-flag is
 KVFAST_SOME_FLAG. A flag on the command line wins over the environment.
 
+Admission control is on by default: a worker over a busy threshold
+(--busy-decode-fraction, --busy-prefill-tokens) takes no new request; the
+request waits in a bounded queue (--queue-capacity) for at most
+--queue-timeout, and is refused with 429 or 503 and Retry-After beyond.
+
+/ready answers 503 until start-up has settled: static workers' models
+known, and the segment's index repaired (or dropped, if it was damaged
+beyond repair; the log says which). The segment must be owned by this
+user with mode 0600 unless --allow-foreign-segment.
+
 Exit status: 0 after a clean shutdown (SIGINT or SIGTERM), 1 on a runtime
 failure, 2 for bad flags.
 
@@ -69,6 +79,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address the router listens on (host:port); use 0.0.0.0:8000 to serve other hosts")
 	fs.StringVar(&cfg.Segment.Path, "segment", cfg.Segment.Path, `shared-memory segment holding the index and the engines' event feed; "none" runs without one (static workers only)`)
 	fs.BoolVar(&cfg.Segment.Recreate, "recreate-segment", cfg.Segment.Recreate, "format a fresh segment even if a valid one exists (drops the warm index)")
+	fs.BoolVar(&cfg.Segment.AllowForeign, "allow-foreign-segment", cfg.Segment.AllowForeign, "attach to a segment another user owns or that group or others may access (refused otherwise: whoever can write it can register engines and rewrite the index)")
 	fs.IntVar(&cfg.Segment.IndexCapacity, "index-capacity", cfg.Segment.IndexCapacity, "distinct KV blocks the index holds (set when the segment is created); about 70 bytes each with the engine-hash map")
 	fs.IntVar(&cfg.Segment.RingBytes, "ring-bytes", cfg.Segment.RingBytes, "bytes of each worker's event ring when the segment is created (0: shm's default, 1 MiB)")
 	fs.IntVar(&cfg.Sched.BlockSize, "block-size", cfg.Sched.BlockSize, "tokens per KV block; must equal the engines' block size")
@@ -82,8 +93,8 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
 	fs.Float64Var(&cost.Temperature, "temperature", cost.Temperature, "0 picks the cheapest worker; above 0 samples from a softmax over normalised costs")
 	fs.BoolVar(&cost.CreditInFlight, "credit-in-flight", cost.CreditInFlight, "credit prompt blocks that requests in flight on a worker already hold as cached, not only blocks its engine has reported stored")
 	fs.BoolVar(&cost.TrackOutputBlocks, "track-output-blocks", cost.TrackOutputBlocks, "count output blocks as generation grows, decayed toward max_tokens")
-	fs.Float64Var(&cfg.Sched.Busy.DecodeBlocksFraction, "busy-decode-fraction", cfg.Sched.Busy.DecodeBlocksFraction, "a worker whose decode blocks exceed this fraction of its KV capacity takes no new request (0: off)")
-	fs.Int64Var(&cfg.Sched.Busy.PrefillTokens, "busy-prefill-tokens", cfg.Sched.Busy.PrefillTokens, "a worker with more prompt tokens than this awaiting first token takes no new request (0: off)")
+	fs.Float64Var(&cfg.Sched.Busy.DecodeBlocksFraction, "busy-decode-fraction", cfg.Sched.Busy.DecodeBlocksFraction, "admission: a worker whose decode blocks (or its engine's reported KV usage) exceed this fraction of its KV capacity takes no new request, which queues (0: off)")
+	fs.Int64Var(&cfg.Sched.Busy.PrefillTokens, "busy-prefill-tokens", cfg.Sched.Busy.PrefillTokens, "admission: a worker with more prompt tokens than this awaiting their first token takes no new request, which queues (0: off)")
 	fs.IntVar(&cfg.Sched.QueueCapacity, "queue-capacity", cfg.Sched.QueueCapacity, "requests that may wait when every worker is busy; beyond it they get 429 with Retry-After (0: no queue)")
 	fs.DurationVar(&cfg.HTTP.QueueTimeout, "queue-timeout", cfg.HTTP.QueueTimeout, "longest wait in the admission queue; past it the request gets 503 with Retry-After")
 	fs.Uint64Var(&cfg.Sched.Seed, "seed", cfg.Sched.Seed, "seed of tie-breaking and softmax sampling, for reproducible decisions (0: from the clock)")
@@ -105,6 +116,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
 	fs.DurationVar(&cfg.Dispatch.Timeouts.Idle, "stream-idle-timeout", cfg.Dispatch.Timeouts.Idle, "longest pause inside an engine's response stream (0: no limit)")
 	fs.DurationVar(&cfg.Dispatch.Health.Interval, "health-interval", cfg.Dispatch.Health.Interval, "how often engines' /health is checked (0: never)")
 	fs.DurationVar(&cfg.HeartbeatGrace, "heartbeat-grace", cfg.HeartbeatGrace, "a registered engine silent this long is marked down and its blocks dropped")
+	fs.DurationVar(&cfg.DiscoveryTimeout, "discovery-timeout", cfg.DiscoveryTimeout, "at start-up, how long /ready stays 503 (and requests naming an unknown model wait) for static workers configured without model= to say which they serve")
 	fs.Var((*tokenizerFlags)(&cfg.Tokenizers.Specs), "tokenizer", `how a model's text and chat prompts become token ids, so that they route on exact blocks; repeatable: `+
 		`"MODEL=remote" (ask an engine serving it: vLLM's render endpoint, else /tokenize), "MODEL=DIR" (tokenizer.json and tokenizer_config.json), `+
 		`"MODEL=hf:ORG/NAME" (those files in the local Hugging Face cache), "auto" (every served model whose files are in that cache); `+

@@ -4,6 +4,8 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,7 +26,8 @@ func TestServeConfig(t *testing.T) {
 			*cfg.Sched.Cost != *want.Sched.Cost || cfg.HTTP != want.HTTP || cfg.ShutdownTimeout != want.ShutdownTimeout ||
 			cfg.Dispatch.Timeouts != want.Dispatch.Timeouts || cfg.Dispatch.Health.Interval != want.Dispatch.Health.Interval ||
 			cfg.Tokenizers.Timeout != want.Tokenizers.Timeout || cfg.Tokenizers.MaxResponseBytes != want.Tokenizers.MaxResponseBytes ||
-			len(cfg.Tokenizers.Specs) != 0 {
+			len(cfg.Tokenizers.Specs) != 0 || cfg.Sched.Busy != want.Sched.Busy || cfg.Sched.QueueCapacity != want.Sched.QueueCapacity ||
+			cfg.DiscoveryTimeout != want.DiscoveryTimeout {
 			t.Errorf("serve's defaults differ from node.DefaultConfig:\n%+v\n%+v", cfg, want)
 		}
 	})
@@ -47,6 +50,23 @@ func TestServeConfig(t *testing.T) {
 		// Repeated --worker flags take consecutive default ids.
 		if len(cfg.Static) != 2 || cfg.Static[0].ID != 0 || cfg.Static[1].ID != 9 {
 			t.Errorf("static workers %+v", cfg.Static)
+		}
+	})
+	t.Run("start-up and trust flags", func(t *testing.T) {
+		cfg, _, ok := serveConfig([]string{"--allow-foreign-segment", "--discovery-timeout", "3s"}, io.Discard)
+		if !ok || !cfg.Segment.AllowForeign || cfg.DiscoveryTimeout != 3*time.Second {
+			t.Errorf("flags not applied: ok %v, allow foreign %v, discovery timeout %v", ok, cfg.Segment.AllowForeign, cfg.DiscoveryTimeout)
+		}
+	})
+	t.Run("help documents the admission defaults", func(t *testing.T) {
+		var help strings.Builder
+		serveConfig([]string{"--help"}, &help)
+		want := node.DefaultConfig().Sched
+		for _, s := range []string{"Admission control is on by default", "--allow-foreign-segment",
+			"(default " + strconv.FormatInt(want.Busy.PrefillTokens, 10) + ")", "(default " + strconv.FormatFloat(want.Busy.DecodeBlocksFraction, 'g', -1, 64) + ")"} {
+			if !strings.Contains(help.String(), s) {
+				t.Errorf("--help lacks %q", s)
+			}
 		}
 	})
 	t.Run("refusals", func(t *testing.T) {

@@ -1,0 +1,162 @@
+package feed
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvfast/kvfast/shm"
+)
+
+// lockedBuffer is a log sink the test reads while the ingester writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// scribbleIndex writes random bytes over the index region of the segment
+// file from offset from (past the index header) for n bytes, through the
+// file rather than the mapping, as a stray writer would.
+func scribbleIndex(t *testing.T, seg *shm.Segment, from, n int64) {
+	t.Helper()
+	h := seg.Header()
+	if n < 0 {
+		n = h.IndexSize - from
+	}
+	junk := make([]byte, n)
+	r := rand.New(rand.NewPCG(9, 9))
+	for i := range junk {
+		junk[i] = byte(r.Uint32())
+	}
+	f, err := os.OpenFile(seg.Path(), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(junk, h.IndexOffset+from); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fillIndex publishes and ingests enough blocks that damage lands on some.
+func fillIndex(t *testing.T, seg *shm.Segment) {
+	t.Helper()
+	in := acquire(t, seg, Config{})
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for i, o := range genOps(3, 2000) {
+		publishOp(p, o)
+		if i%100 == 0 {
+			drainAll(in)
+		}
+	}
+	drainAll(in)
+	if err := in.Release(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAcquireRepairsOrResetsADamagedIndex(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		from, n   int64
+		wantReset bool
+	}{
+		// Everything past the index header: more live entries than any
+		// writer could store, so no repair can be trusted.
+		{"whole region", 64, -1, true},
+		{"one KiB", 64 << 10, 1 << 10, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			seg := openSeg(t, 1<<20)
+			fillIndex(t, seg)
+			scribbleIndex(t, seg, tc.from, tc.n)
+			var log lockedBuffer
+			in := New(seg, Config{Logger: slog.New(slog.NewTextHandler(&log, nil))})
+			select {
+			case <-in.Settled():
+				t.Fatal("settled before Acquire")
+			default:
+			}
+			ok, err := in.Acquire(context.Background())
+			if !ok || err != nil {
+				t.Fatalf("Acquire: %v %v", ok, err)
+			}
+			defer in.Release()
+			select {
+			case <-in.Settled():
+			default:
+				t.Fatal("not settled after Acquire")
+			}
+			if err := seg.Index().Verify(); err != nil {
+				t.Fatalf("index inconsistent after Acquire: %v", err)
+			}
+			st := in.Stats()
+			out := log.String()
+			if got := st.IndexResets == 1; got != tc.wantReset {
+				t.Fatalf("index resets %d, want reset %v; log:\n%s", st.IndexResets, tc.wantReset, out)
+			}
+			for _, want := range []string{"repairing the index before ingesting"} {
+				if !strings.Contains(out, want) {
+					t.Fatalf("log lacks %q:\n%s", want, out)
+				}
+			}
+			want := "index repaired"
+			if tc.wantReset {
+				want = "dropped the index: damaged beyond repair"
+			}
+			if !strings.Contains(out, want) {
+				t.Fatalf("log lacks %q:\n%s", want, out)
+			}
+			// Ingestion goes on on the repaired index.
+			p, err := seg.Register(workerCfg(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			m := newModel()
+			for _, o := range genOps(4, 200) {
+				publishOp(p, o)
+				m.apply(o)
+			}
+			drainAll(in)
+			m.check(t, seg.Index(), p.Slot())
+		})
+	}
+}
+
+func TestAcquireCancelledDuringRepairGivesTheRoleBack(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	in := New(seg, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if ok, err := in.Acquire(ctx); ok || err == nil {
+		t.Fatalf("Acquire with an ended context: %v %v", ok, err)
+	}
+	// The lock is free again: another ingester takes it.
+	other := New(seg, Config{})
+	if ok, err := other.Acquire(context.Background()); !ok || err != nil {
+		t.Fatalf("the role was not given back: %v %v", ok, err)
+	}
+	other.Release()
+}

@@ -1,0 +1,337 @@
+package node
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvfast/kvfast/mocker"
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/shm"
+)
+
+// slowModelsEngine is an engine that answers /health at once but says
+// which model it serves (GET /v1/models) only once released: the window in
+// which a router that trusted /health alone answered 404.
+type slowModelsEngine struct {
+	srv       *http.Server
+	addr      string
+	released  atomic.Bool
+	modelAsks atomic.Int64
+}
+
+func startSlowModelsEngine(t *testing.T) *slowModelsEngine {
+	t.Helper()
+	e := &slowModelsEngine{}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("/v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		e.modelAsks.Add(1)
+		if !e.released.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable) // still loading the model
+			return
+		}
+		io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model","parent":null}]}`)
+	})
+	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"c","object":"text_completion","model":"m","choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}`)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.addr = ln.Addr().String()
+	e.srv = &http.Server{Handler: mux}
+	go e.srv.Serve(ln)
+	t.Cleanup(func() { e.srv.Close() })
+	return e
+}
+
+// serveNode starts n on a loopback listener and returns its base URL.
+func serveNode(t *testing.T, n *Node) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- n.Serve(ln) }()
+	t.Cleanup(func() {
+		n.Close()
+		<-served
+	})
+	return "http://" + ln.Addr().String()
+}
+
+func getStatus(t *testing.T, url string) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestStartupRaceHoldsRequests: a request naming the model of a static
+// engine the router has not yet discovered waits for discovery instead of
+// getting 404, and /ready stays 503 until the engine is routable.
+func TestStartupRaceHoldsRequests(t *testing.T) {
+	eng := startSlowModelsEngine(t)
+	cfg := testConfig(t)
+	cfg.Segment.Path = ""
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: eng.addr}} // no model=: the engine says
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := serveNode(t, n)
+	if got := getStatus(t, base+"/ready"); got != http.StatusServiceUnavailable {
+		t.Fatalf("/ready before the engine's model is known: %d, want 503", got)
+	}
+	if got := getStatus(t, base+"/health"); got != http.StatusOK {
+		t.Fatalf("/health: %d", got)
+	}
+	type answer struct {
+		status int
+		body   string
+		err    error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":[1,2,3],"max_tokens":1}`))
+		if err != nil {
+			answered <- answer{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		answered <- answer{status: resp.StatusCode, body: string(b)}
+	}()
+	// Let the router poll the loading engine a few dozen more times (5 ms
+	// apart): a router that refuses instead of holding has answered by then.
+	asked := eng.modelAsks.Load()
+	waitFor(t, "the router to keep polling the engine's models", func() bool { return eng.modelAsks.Load() >= asked+40 })
+	select {
+	case a := <-answered:
+		t.Fatalf("answered before the engine's model was known: %d %s %v", a.status, a.body, a.err)
+	default:
+	}
+	if got := getStatus(t, base+"/ready"); got != http.StatusServiceUnavailable {
+		t.Fatalf("/ready while the engine's model is unknown: %d, want 503", got)
+	}
+	eng.released.Store(true)
+	select {
+	case a := <-answered:
+		if a.err != nil || a.status != http.StatusOK {
+			t.Fatalf("held request: %d %s %v, want 200", a.status, a.body, a.err)
+		}
+	case <-time.After(testWait):
+		t.Fatal("the held request was not answered after the engine's model became known")
+	}
+	waitFor(t, "/ready", func() bool { return getStatus(t, base+"/ready") == http.StatusOK })
+	if got := n.Snapshot().Workers[0].Model; got != "m" {
+		t.Fatalf("the static worker's model is %q, want the engine's m", got)
+	}
+	// Once settled, a model nobody serves is refused at once.
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"model":"other","prompt":[1,2,3]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("unknown model after start-up: %d, want 404", resp.StatusCode)
+	}
+}
+
+// TestSettlesAfterIndexRepair: a router whose segment's index holds bytes
+// nobody wrote is not ready until its ingester has dealt with them (here:
+// dropped the index, since no repair could be trusted), and says so.
+func TestSettlesAfterIndexRepair(t *testing.T) {
+	cfg := testConfig(t)
+	seg, err := shm.Open(cfg.Segment.Path, shm.Options{Index: radix.Config{Capacity: cfg.Segment.IndexCapacity}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := seg.Header()
+	seg.Close()
+	junk := make([]byte, h.IndexSize-64)
+	r := rand.New(rand.NewPCG(5, 5))
+	for i := range junk {
+		junk[i] = byte(r.Uint32())
+	}
+	f, err := os.OpenFile(cfg.Segment.Path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(junk, h.IndexOffset+64); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	var dropped atomic.Int64
+	cfg.Logger = slog.New(countLog{msg: "dropped the index: damaged beyond repair; it refills from the engines' next KV events, and routing meanwhile ignores what they cached before", n: &dropped})
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	select {
+	case <-n.Settled():
+	case <-time.After(testWait):
+		t.Fatal("the router never settled")
+	}
+	if s := n.Snapshot(); s.Feed == nil || s.Feed.IndexResets != 1 || dropped.Load() != 1 {
+		t.Fatalf("settled with feed %+v and %d drop logs, want the index dropped and said once", s.Feed, dropped.Load())
+	}
+	if err := n.Index().Verify(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCorruptRegistrySlotIsLogged: a registry slot whose bytes no
+// publisher writes is skipped and said, once a minute, not at every poll.
+func TestCorruptRegistrySlotIsLogged(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.RegistryPoll = time.Hour // the test drives syncRegistry itself
+	var lines atomic.Int64
+	cfg.Logger = slog.New(countLog{msg: "skipping an unreadable registry slot", n: &lines})
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 1, Model: "m", BlockSize: 16, Endpoint: "http://127.0.0.1:9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	// docs/shm-layout.md: the registry starts at byte 8192, 512 bytes a
+	// slot, the model's length a u16 at byte 56 of it; its field holds 192.
+	f, err := os.OpenFile(cfg.Segment.Path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ml [2]byte
+	binary.LittleEndian.PutUint16(ml[:], 1000)
+	if _, err := f.WriteAt(ml[:], 8192+int64(p.Slot())*512+56); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	for range 10 {
+		n.syncRegistry()
+	}
+	if got := lines.Load(); got != 1 {
+		t.Fatalf("the corrupt slot was logged %d times over 10 polls, want once", got)
+	}
+	if ws := n.Snapshot().Workers; len(ws) != 0 {
+		t.Fatalf("a corrupt slot is routable: %+v", ws)
+	}
+}
+
+// TestRefusedEngineInARestartLoopIsLoggedOnce: an engine whose block size
+// the router cannot use, restarting over and over (a new registration
+// each time), is reported once a minute, not at every restart.
+func TestRefusedEngineInARestartLoopIsLoggedOnce(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.RegistryPoll = time.Hour // the test drives syncRegistry itself
+	cfg.Dispatch.Health.Interval = 0
+	var refusals atomic.Int64
+	cfg.Logger = slog.New(countLog{msg: "cannot route to registered worker", n: &refusals})
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	for range 5 {
+		bad, err := mocker.Start(mocker.Config{WorkerID: 1, BlockSize: 32, Segment: cfg.Segment.Path, Speedup: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.syncRegistry()
+		n.syncRegistry()
+		if err := bad.Close(); err != nil {
+			t.Fatal(err)
+		}
+		n.syncRegistry()
+	}
+	if got := refusals.Load(); got != 1 {
+		t.Fatalf("5 refused registrations of one slot were logged %d times, want once", got)
+	}
+}
+
+// TestForeignSegmentRefused: serve refuses a segment others may write,
+// saying how to fix it, unless told to attach anyway.
+func TestForeignSegmentRefused(t *testing.T) {
+	cfg := testConfig(t)
+	seg, err := shm.Open(cfg.Segment.Path, shm.Options{Index: radix.Config{Capacity: cfg.Segment.IndexCapacity}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg.Close()
+	if err := os.Chmod(cfg.Segment.Path, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	n, err := New(cfg)
+	if err == nil {
+		n.Close()
+		t.Fatal("attached to a world-writable segment")
+	}
+	if !errors.Is(err, shm.ErrForeignSegment) || !strings.Contains(err.Error(), "--allow-foreign-segment") {
+		t.Fatalf("refusal %v does not say how to override", err)
+	}
+	var warned atomic.Int64
+	cfg.Logger = slog.New(countLog{msg: "attached to a segment others may access (--allow-foreign-segment): whoever can write it can register engines and rewrite the index", n: &warned})
+	cfg.Segment.AllowForeign = true
+	n, err = New(cfg)
+	if err != nil {
+		t.Fatalf("with AllowForeign: %v", err)
+	}
+	n.Close()
+	if warned.Load() != 1 {
+		t.Fatalf("attached to a world-writable segment with %d warnings, want 1", warned.Load())
+	}
+}
+
+// TestDefaultsAdmitOnlyWhatWorkersCanTake: with the default configuration
+// a worker over the prompt-token threshold is busy, so a request waits in
+// the queue rather than piling onto it.
+func TestDefaultsAdmitOnlyWhatWorkersCanTake(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Segment.Path = ""
+	cfg.Dispatch.Health.Interval = 0
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "127.0.0.1:9", Model: "m"}}
+	if cfg.Sched.Busy == (sched.BusyThresholds{}) || cfg.Sched.QueueCapacity == 0 {
+		t.Fatalf("default admission: busy %+v, queue %d", cfg.Sched.Busy, cfg.Sched.QueueCapacity)
+	}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	var res sched.Reservation
+	big := int(cfg.Sched.Busy.PrefillTokens) + 1
+	if _, err := n.Scheduler().Select(context.Background(), &sched.Request{PromptTokens: big}, &res); err != nil {
+		t.Fatal(err)
+	}
+	defer res.Release()
+	dec, err := n.Scheduler().Select(context.Background(), &sched.Request{PromptTokens: 16, QueryOnly: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !dec.Busy {
+		t.Fatal("a worker with more prompt tokens awaiting their first token than the default threshold still takes requests")
+	}
+}
