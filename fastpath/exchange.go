@@ -231,23 +231,36 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	return nil
 }
 
-// forward sends the request to the chosen engine, re-routing when the
-// engine refuses the connection (nothing reached it, nothing reached the
-// client), and hands a stream to its relay goroutine.
+// forward sends the request to the chosen engine and hands a stream to its
+// relay goroutine. Until a byte of the answer reaches the client, a failed
+// attempt (refused or broken connection, garbage, a 5xx: dispatch's
+// IsRetryable) is re-routed to another worker, up to MaxRetries times; each
+// attempt's guard ends and is released before the next one is booked, so
+// every attempt's load is released exactly once.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool) {
 	ex.call = s.engines.AcquireCall()
 	ex.call.SetRequest(ctx.URI().PathOriginal(), ctx.PostBody())
 	copyForwardHeaders(ctx, ex.call.Request(), ex.rid)
+	var body []byte
 	for attempt := 0; ; attempt++ {
+		retryable := attempt < s.cfg.MaxRetries && !ex.sreq.Pinned
 		err := ex.call.Do(ex.dec.Slot, ex)
+		if err == nil && retryable && ex.call.StatusCode() >= 500 {
+			err = ex.call.Discard()
+		}
+		if err == nil && !ex.call.IsEventStream() {
+			// A plain answer is read whole before the client sees any of
+			// it, so a failure while reading it may still be retried.
+			body, err = ex.call.ReadBody()
+		}
 		if err == nil {
 			break
 		}
-		if !dispatch.IsRetryable(err) || attempt >= s.cfg.MaxRetries || ex.sreq.Pinned {
+		if !retryable || !dispatch.IsRetryable(err) {
 			ex.failDispatch(ctx, err)
 			return false
 		}
-		// Route again, without the engine that refused.
+		// Route again, without the engines that failed.
 		s.metrics.retries.Inc()
 		failed := workers.SetOf(ex.dec.Slot)
 		_ = ex.h.Release()
@@ -278,11 +291,6 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		s.active.enter()
 		ctx.SetBodyStreamWriter(ex.sw) // ex is the stream's from here on
 		return true
-	}
-	body, err := ex.call.ReadBody()
-	if err != nil {
-		ex.failDispatch(ctx, err)
-		return false
 	}
 	ctx.SetBody(body)
 	if ex.call.StatusCode() >= 400 {
