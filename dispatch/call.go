@@ -59,6 +59,7 @@ type Call struct {
 	finished bool // obs had its terminal call, or there is no obs
 	first    bool // the first item was seen
 	done     bool // [DONE] was seen
+	judged   bool // this attempt's verdict on its engine was recorded
 }
 
 // errNotEventStream is the cause Relay reports for a plain response, which
@@ -111,7 +112,7 @@ func (c *Call) SetRequest(uri, body []byte) {
 func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	c.closeStream()
 	c.abort(ErrAbandoned)
-	c.obs, c.finished, c.first, c.done = obs, obs == nil, false, false
+	c.obs, c.finished, c.first, c.done, c.judged = obs, obs == nil, false, false, false
 	e := c.pool.Engine(slot)
 	c.engine = e
 	if e == nil {
@@ -125,14 +126,45 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 		if de := (*dialError)(nil); errors.As(err, &de) {
 			e.connectFailed() // refused or unreachable, not merely busy
 		}
+		if !errors.Is(err, fasthttp.ErrNoFreeConns) {
+			c.judge(false)
+		}
 		c.abort(ferr)
 		return ferr
 	}
 	c.open = true
+	if c.resp.StatusCode() >= 500 {
+		c.judge(false)
+	}
 	if obs != nil {
 		obs.OnDispatched()
 	}
 	return nil
+}
+
+// Discard gives up the response Do received, a 5xx status, so that the
+// request may be sent to another worker before any byte of it reached the
+// client: it closes the engine connection, aborts the observer with
+// ErrEngineError and returns that error, which IsRetryable accepts.
+func (c *Call) Discard() error {
+	var addr string
+	var slot workers.Slot
+	if c.engine != nil {
+		addr, slot = c.engine.addr, c.engine.slot
+	}
+	err := &Error{Slot: slot, Addr: addr, Op: "forward to", Kind: ErrEngineError}
+	c.closeStream()
+	c.abort(err)
+	return err
+}
+
+// judge records this attempt's verdict on its engine for passive health,
+// once.
+func (c *Call) judge(ok bool) {
+	if !c.judged && c.engine != nil {
+		c.judged = true
+		c.engine.record(ok)
+	}
 }
 
 func classifyDo(err error) error {
@@ -239,6 +271,7 @@ func (c *Call) Relay(w *bufio.Writer) error {
 // end reports a response that reached its end: complete for a success
 // status, else the engine's error.
 func (c *Call) end(reason []byte) {
+	c.judge(c.resp.StatusCode() < 500) // a 4xx is the client's fault, answered properly
 	if s := c.resp.StatusCode(); s < 200 || s > 299 {
 		c.abort(ErrEngineError)
 		return
@@ -255,6 +288,9 @@ func (c *Call) fail(kind, cause error, w *bufio.Writer, sse bool) error {
 		addr, slot = c.engine.addr, c.engine.slot
 	}
 	err := &Error{Slot: slot, Addr: addr, Op: "relay from", Kind: kind, Cause: cause}
+	if isEngineFault(kind) {
+		c.judge(false)
+	}
 	if sse && kind != ErrClientGone && !c.finished && !c.done {
 		ev := sseErrors[kindOf(kind)]
 		if _, werr := w.Write(ev); werr == nil && w.Flush() == nil {

@@ -18,7 +18,9 @@
 // Failures are classified so that the caller can act on them:
 //   - ErrConnect: no connection could be made (refused, connect timeout,
 //     every connection busy). Nothing reached the engine or the client, so
-//     the request may be sent to another worker (IsRetryable). A pooled
+//     the request may be sent to another worker (IsRetryable, which also
+//     accepts ErrEngineFailed and a 5xx given up with Discard, as long as
+//     the caller has sent the client nothing). A pooled
 //     connection the engine closed while idle is retried once on the same
 //     engine before any of this is decided.
 //   - ErrFirstByteTimeout, ErrIdleTimeout: the engine was silent too long
@@ -34,12 +36,21 @@
 // departed client is noticed at the next write, so while the engine is
 // silent (queueing, prefill) the idle timeout bounds the waste.
 //
+// Every attempt is also a verdict on its engine (passive health,
+// OutlierConfig): consecutive failures or a failure rate over a window
+// eject the engine for a backoff that grows with each ejection in a row,
+// with at most MaxEjectedPercent of the engines out at once. An ejection
+// reaches the selector the way active-health flips do, through
+// HealthConfig.OnChange, which reports one routable bit (healthy and not
+// ejected), so a passing /health cannot undo an ejection.
+//
 // # What it owns
 //
 // Per worker slot, one Engine: a fasthttp.HostClient whose connections
 // enforce the first-byte and idle timeouts themselves (fasthttp's own read
 // timeout would cut long streams), its last health verdict, and a goroutine
-// running the active health checks. The Pool pools Calls with their relay
+// running the active health checks, and its outlier record (counters, the
+// ejection state and its timer). The Pool pools Calls with their relay
 // buffers. It does not own the health that selection filters by: each
 // flip goes to HealthConfig.OnChange, which the server points at the
 // scheduler.

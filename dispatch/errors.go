@@ -42,10 +42,16 @@ var (
 	ErrAbandoned = errors.New("kvfast: the response was abandoned before it was relayed")
 )
 
-// IsRetryable reports whether err allows sending the same request to another
-// worker: only when no connection was made, so that nothing reached the
-// engine and no byte reached the client.
-func IsRetryable(err error) bool { return errors.Is(err, ErrConnect) }
+// IsRetryable reports whether err, from Do, Discard or ReadBody, allows
+// sending the same request to another worker: the engine refused the
+// connection, broke it or sent garbage instead of an answer, or answered
+// with a 5xx (Discard). Whether any byte already reached the client is the
+// caller's to know: a relayed stream is never sent again. Timeouts are
+// not retried, since the engine may still be generating, nor is a busy
+// pool or a departed client.
+func IsRetryable(err error) bool {
+	return errors.Is(err, ErrConnect) || errors.Is(err, ErrEngineFailed) || errors.Is(err, ErrEngineError)
+}
 
 // Error is the error of one forwarded request: which engine, at which step,
 // what kind (one of the sentinels above) and the transport's cause.

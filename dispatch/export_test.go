@@ -14,3 +14,7 @@ func (c *Call) StreamWriter() fasthttp.StreamWriter {
 		c.Release()
 	}
 }
+
+// EndEjection ends e's ejection now, as its timer would, so that tests of
+// the growing backoff need not wait for it.
+func (e *Engine) EndEjection() { e.unEject() }

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/workers"
 	"github.com/valyala/fasthttp"
 )
@@ -43,10 +44,11 @@ type HealthConfig struct {
 	Timeout      time.Duration // default 1s
 	FailAfter    int           // default 2
 	RecoverAfter int           // default 1
-	// OnChange, if set, is called after an engine's health flips, with the
-	// new state. Calls for one engine are serialised and in order, and none
-	// comes after Remove returned. It must not call Pool.Add, Remove or
-	// Close.
+	// OnChange, if set, is called after an engine's routability flips,
+	// with the new state: routable means passing the active checks and not
+	// ejected by passive health (OutlierConfig). Calls for one engine are
+	// serialised and in order, and none comes after Remove returned. It
+	// must not call Pool.Add, Remove or Close.
 	OnChange func(slot workers.Slot, addr string, healthy bool)
 }
 
@@ -54,6 +56,7 @@ type HealthConfig struct {
 type Config struct {
 	Timeouts Timeouts
 	Health   HealthConfig
+	Outlier  OutlierConfig
 	// MaxConnsPerEngine bounds the connections, so the concurrent
 	// requests, to one engine. Default 1024.
 	MaxConnsPerEngine int
@@ -109,6 +112,24 @@ func (c Config) withDefaults() Config {
 	posInt(&c.MaxConnsPerEngine, d.MaxConnsPerEngine)
 	posInt(&c.RelayBufferSize, d.RelayBufferSize)
 	posInt(&c.MaxResponseBodySize, d.MaxResponseBodySize)
+	o, do := &c.Outlier, d.Outlier
+	for _, v := range []struct {
+		v   *int
+		def int
+	}{{&o.Consecutive, do.Consecutive}, {&o.FailurePercent, do.FailurePercent},
+		{&o.MaxEjectedPercent, do.MaxEjectedPercent}} {
+		switch {
+		case *v.v == 0:
+			*v.v = v.def
+		case *v.v < 0:
+			*v.v = 0 // off
+		}
+	}
+	posInt(&o.MinRequests, do.MinRequests)
+	pos(&o.Window, do.Window)
+	pos(&o.BaseEjection, do.BaseEjection)
+	pos(&o.MaxEjection, do.MaxEjection)
+	o.MaxEjection = max(o.MaxEjection, o.BaseEjection)
 	return c
 }
 
@@ -120,6 +141,9 @@ type Pool struct {
 	mu      sync.Mutex // serialises Add, Remove and Close
 	calls   sync.Pool
 	closed  bool
+
+	ejectMu sync.Mutex // guards ejected; taken inside an engine's healthMu
+	ejected int        // engines ejected now (OutlierConfig.MaxEjectedPercent)
 }
 
 // NewPool returns an empty pool.
@@ -137,7 +161,9 @@ type Engine struct {
 	client *fasthttp.HostClient
 
 	healthMu sync.Mutex // orders health transitions and their callbacks
-	healthy  bool       // the last verdict; guarded by healthMu
+	healthy  bool       // the active checks' last verdict; guarded by healthMu
+	routable bool       // healthy and not ejected, as last reported; guarded by healthMu
+	out      outlier    // passive health
 	stop     chan struct{}
 	done     chan struct{}
 }
@@ -164,7 +190,8 @@ func (p *Pool) Add(slot workers.Slot, addr string) (*Engine, error) {
 		}
 		p.removeLocked(slot)
 	}
-	e := &Engine{slot: slot, addr: addr, pool: p, healthy: true}
+	e := &Engine{slot: slot, addr: addr, pool: p, healthy: true, routable: true}
+	e.out.windowStart.Store(clock.Now())
 	t := p.cfg.Timeouts
 	e.client = &fasthttp.HostClient{
 		Addr: addr,
@@ -220,6 +247,7 @@ func (p *Pool) removeLocked(slot workers.Slot) {
 	// after the engine left.
 	e.healthMu.Lock()
 	p.engines[slot].Store(nil)
+	e.endEjectionLocked()
 	e.healthMu.Unlock()
 	if e.stop != nil {
 		close(e.stop)
@@ -246,8 +274,9 @@ func (p *Pool) Engine(slot workers.Slot) *Engine {
 	return p.engines[slot].Load()
 }
 
-// setHealthy records a health verdict and reports a flip. A removed engine's
-// late verdict is dropped, so it cannot mark the slot healthy again.
+// setHealthy records an active health verdict and reports a flip. A
+// removed engine's late verdict is dropped, so it cannot mark the slot
+// healthy again.
 func (e *Engine) setHealthy(h bool) {
 	e.healthMu.Lock()
 	defer e.healthMu.Unlock()
@@ -255,8 +284,21 @@ func (e *Engine) setHealthy(h bool) {
 		return
 	}
 	e.healthy = h
+	e.reportLocked()
+}
+
+// reportLocked tells OnChange when e's routability (active health passing
+// and no ejection) flipped. Both kinds of verdict go through here, so the
+// selector sees one bit per engine and a passing /health cannot undo an
+// ejection.
+func (e *Engine) reportLocked() {
+	r := e.healthy && !e.out.ejected.Load()
+	if r == e.routable {
+		return
+	}
+	e.routable = r
 	if f := e.pool.cfg.Health.OnChange; f != nil {
-		f(e.slot, e.addr, h)
+		f(e.slot, e.addr, r)
 	}
 }
 

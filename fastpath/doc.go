@@ -19,9 +19,16 @@
 // Completed or Aborted) without a closure per request. The booking moves
 // into the guard before the engine is called; from then on every path,
 // including a panic in the handler and a stream whose client vanished,
-// releases it exactly once. A connect failure, the only failure after
-// which nothing reached the engine or the client, re-routes to another
-// worker.
+// releases it exactly once. Until a byte of the answer reaches the client,
+// a refused or broken engine connection or a 5xx re-routes to another
+// worker (dispatch.IsRetryable), up to MaxRetries times; each attempt's
+// guard is released before the next is booked. While a request is served
+// its client connection is watched for a hang-up (internal/hangup): a
+// client that leaves while queued gives up its queue slot, and one that
+// leaves while its non-streaming answer is awaited has its guard aborted,
+// which frees its booking at once. (The engine call itself still runs to
+// its answer: cutting it is not done yet.) The watcher's one goroutine is
+// the only one the front end starts; Shutdown stops it.
 //
 // The OpenAI wire format is package openai's: parsing reads only what
 // selection needs, validates the whole body, and refuses a bad one with an
@@ -53,7 +60,6 @@
 // mapped. Every handler and stream is counted from entry to end for that,
 // and once a Shutdown has drained them a request still arriving on a
 // connection fasthttp left open is refused with 503, not handled.
-// The front end starts no background goroutine of its own.
 //
 // # Performance
 //

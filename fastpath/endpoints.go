@@ -222,6 +222,12 @@ type WorkerView struct {
 	Healthy          bool   `json:"healthy"`
 	KVCapacityBlocks uint64 `json:"kv_capacity_blocks"`
 
+	// Passive health (dispatch.OutlierConfig): whether the worker is
+	// ejected now, for how many more seconds, and how often it was.
+	Ejected        bool    `json:"ejected"`
+	EjectedSeconds float64 `json:"ejected_seconds,omitempty"`
+	Ejections      uint64  `json:"ejections"`
+
 	ActiveBlocks  int64   `json:"active_blocks"`
 	OutputBlocks  float64 `json:"output_blocks"`
 	PrefillTokens int64   `json:"prefill_tokens"`

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -12,6 +13,7 @@ import (
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/guard"
 	"github.com/kvfast/kvfast/internal/clock"
+	"github.com/kvfast/kvfast/internal/hangup"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
@@ -46,6 +48,12 @@ type exchange struct {
 	abortErr          error
 
 	wait queueWait // bounds the admission-queue wait of Select
+
+	// The client's hang-up (Server.hangups) arrives on the watcher's
+	// goroutine: hangMu orders it with the handler's changes of h.
+	watch  hangup.Registration
+	hangMu sync.Mutex
+	hungUp bool
 
 	rid []byte // request id, echoed back
 	out []byte // scratch for response bodies and header values
@@ -124,9 +132,9 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 		s.routeOnly(ctx, ex)
 		return
 	}
-	ex.h = s.guards.Acquire()
-	ex.held = true
 	ex.wait.reset(ctx, s.cfg.QueueTimeout)
+	ex.setGuard(s.guards.Acquire())
+	ex.watchClient(ctx)
 	dec, err := ex.h.Select(&ex.wait, &ex.sreq)
 	s.metrics.stageSched.Observe(seconds(clock.Since(ex.lastItem)))
 	s.metrics.stageTotal.Observe(seconds(clock.Since(ex.arrived)))
@@ -164,6 +172,8 @@ func (s *Server) settle(ctx *fasthttp.RequestCtx, ex *exchange, handedOff *bool)
 // cleanup releases the guard and the engine call exactly once and returns
 // the exchange to its pool.
 func (ex *exchange) cleanup() {
+	ex.watch.Stop() // no HangUp runs after this
+	ex.watch = hangup.Registration{}
 	if ex.held {
 		ex.held = false
 		_ = ex.h.Release()
@@ -237,23 +247,36 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	return nil
 }
 
-// forward sends the request to the chosen engine, re-routing when the
-// engine refuses the connection (nothing reached it, nothing reached the
-// client), and hands a stream to its relay goroutine.
+// forward sends the request to the chosen engine and hands a stream to its
+// relay goroutine. Until a byte of the answer reaches the client, a failed
+// attempt (refused or broken connection, garbage, a 5xx: dispatch's
+// IsRetryable) is re-routed to another worker, up to MaxRetries times; each
+// attempt's guard ends and is released before the next one is booked, so
+// every attempt's load is released exactly once.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool) {
 	ex.call = s.engines.AcquireCall()
 	ex.call.SetRequest(ctx.URI().PathOriginal(), ctx.PostBody())
 	copyForwardHeaders(ctx, ex.call.Request(), ex.rid)
+	var body []byte
 	for attempt := 0; ; attempt++ {
+		retryable := attempt < s.cfg.MaxRetries && !ex.sreq.Pinned
 		err := ex.call.Do(ex.dec.Slot, ex)
+		if err == nil && retryable && ex.call.StatusCode() >= 500 {
+			err = ex.call.Discard()
+		}
+		if err == nil && !ex.call.IsEventStream() {
+			// A plain answer is read whole before the client sees any of
+			// it, so a failure while reading it may still be retried.
+			body, err = ex.call.ReadBody()
+		}
 		if err == nil {
 			break
 		}
-		if !dispatch.IsRetryable(err) || attempt >= s.cfg.MaxRetries || ex.sreq.Pinned {
+		if !retryable || !dispatch.IsRetryable(err) {
 			ex.failDispatch(ctx, err)
 			return false
 		}
-		// Route again, without the engine that refused.
+		// Route again, without the engines that failed.
 		s.metrics.retries.Inc()
 		failed := workers.SetOf(ex.dec.Slot)
 		_ = ex.h.Release()
@@ -261,7 +284,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			ex.sreq.AllowListed, ex.sreq.Allow = true, workers.AllSlots
 		}
 		ex.sreq.Allow &^= failed
-		ex.h = s.guards.Acquire()
+		ex.setGuard(s.guards.Acquire())
 		dec, serr := ex.h.Select(&ex.wait, &ex.sreq)
 		if serr != nil {
 			ex.failSelect(ctx, serr)
@@ -284,11 +307,6 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		s.active.enter()
 		ctx.SetBodyStreamWriter(ex.sw) // ex is the stream's from here on
 		return true
-	}
-	body, err := ex.call.ReadBody()
-	if err != nil {
-		ex.failDispatch(ctx, err)
-		return false
 	}
 	ctx.SetBody(body)
 	if ex.call.StatusCode() >= 400 {
@@ -330,6 +348,52 @@ func (ex *exchange) stream(w *bufio.Writer) {
 	}
 	s.metrics.count(ex.api, status)
 	ex.cleanup()
+}
+
+// --- client hang-up ---
+
+// watchClient asks to hear of the client's hang-up while the request is
+// served (internal/hangup): fasthttp would notice only at the response.
+func (ex *exchange) watchClient(ctx *fasthttp.RequestCtx) {
+	if w := ex.s.hangups; w != nil {
+		if reg, err := w.Watch(ctx.Conn(), ex); err == nil {
+			ex.watch = reg
+		}
+	}
+}
+
+// setGuard makes h the request's guard, held. A client already gone
+// aborts it at once, so that Select books nothing.
+func (ex *exchange) setGuard(h guard.Handle) {
+	ex.hangMu.Lock()
+	ex.h, ex.held = h, true
+	gone := ex.hungUp
+	ex.hangMu.Unlock()
+	if gone {
+		_ = h.Abort(guard.ReasonClientCancel)
+	}
+}
+
+// HangUp runs on the watcher's goroutine when the client closed its
+// connection: the request leaves the admission queue, and its guard is
+// aborted, which releases its booking now rather than when the engine
+// answers.
+func (ex *exchange) HangUp() {
+	ex.hangMu.Lock()
+	ex.hungUp = true
+	h, held := ex.h, ex.held
+	ex.hangMu.Unlock()
+	ex.wait.cancel(context.Canceled)
+	if held {
+		_ = h.Abort(guard.ReasonClientCancel)
+	}
+}
+
+// clientGone reports whether the client hung up.
+func (ex *exchange) clientGone() bool {
+	ex.hangMu.Lock()
+	defer ex.hangMu.Unlock()
+	return ex.hungUp
 }
 
 // --- dispatch.Observer ---
@@ -416,6 +480,11 @@ func (ex *exchange) reject(ctx *fasthttp.RequestCtx, e *openai.Error) {
 func (ex *exchange) failSelect(ctx *fasthttp.RequestCtx, err error) {
 	var over *sched.OverloadError
 	switch {
+	case ex.clientGone():
+		// Nobody reads this answer; fasthttp finds the connection closed.
+		ex.s.metrics.count(ex.api, statusCancelled)
+		ctx.SetConnectionClose()
+		writeError(ctx, fasthttp.StatusServiceUnavailable, errClientGone)
 	case errors.As(err, &over):
 		secs := max(1, int((over.RetryAfter+time.Second-1)/time.Second))
 		ex.out = strconv.AppendInt(ex.out[:0], int64(secs), 10)
@@ -507,6 +576,8 @@ var (
 		Message: "the pinned worker and DP rank are not in the worker set"}
 	errShuttingDown = &openai.Error{Status: 503, Type: openai.TypeServerError, Code: "shutting_down",
 		Message: "the router is shutting down; retry on another router"}
+	errClientGone = &openai.Error{Status: 503, Type: openai.TypeServerError, Code: "client_gone",
+		Message: "the client closed its connection before the request was routed"}
 	errInternal = &openai.Error{Status: 500, Type: openai.TypeServerError, Code: "internal_error",
 		Message: "the router failed while handling this request; it has been logged"}
 )

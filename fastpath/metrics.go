@@ -155,6 +155,10 @@ var (
 		"Requests in flight on the worker, as booked by the router.", []string{"worker", "dp_rank"}, nil)
 	descWorkerHealthy = prometheus.NewDesc("kvfast_worker_healthy",
 		"1 if the worker is eligible for routing (registered, up and passing health checks).", []string{"worker", "dp_rank"}, nil)
+	descWorkerEjected = prometheus.NewDesc("kvfast_worker_ejected",
+		"1 while passive health checking has ejected the worker for failing requests.", []string{"worker", "dp_rank"}, nil)
+	descWorkerEjections = prometheus.NewDesc("kvfast_worker_ejections_total",
+		"Times passive health checking ejected the worker since it joined.", []string{"worker", "dp_rank"}, nil)
 	descWorkerIndexBlocks = prometheus.NewDesc("kvfast_worker_index_blocks",
 		"Blocks the index holds for the worker.", []string{"worker", "dp_rank"}, nil)
 	descWorkerRingLag = prometheus.NewDesc("kvfast_feed_ring_lag_bytes",
@@ -187,7 +191,7 @@ var (
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descWorkerActiveBlocks, descWorkerPrefill, descWorkerRequests,
-		descWorkerHealthy, descWorkerIndexBlocks, descWorkerRingLag, descIndexEntries, descIndexCapacity,
+		descWorkerHealthy, descWorkerEjected, descWorkerEjections, descWorkerIndexBlocks, descWorkerRingLag, descIndexEntries, descIndexCapacity,
 		descIndexOverflow, descFeedEvents, descZMQConnected, descZMQEvents, descQueueWaiting, descRefused,
 		descTokenizerInfo, descTokenize, descPrefixCacheSegments, descPrefixCacheEvictions, descPrefixCacheBytes} {
 		ch <- d
@@ -212,14 +216,19 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for i := range snap.Workers {
 		wv := &snap.Workers[i]
 		id, rank := strconv.FormatUint(wv.WorkerID, 10), strconv.FormatUint(uint64(wv.DPRank), 10)
-		healthy := 0.0
+		healthy, ejected := 0.0, 0.0
 		if wv.Healthy {
 			healthy = 1
+		}
+		if wv.Ejected {
+			ejected = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descWorkerActiveBlocks, prometheus.GaugeValue, float64(wv.ActiveBlocks)+wv.OutputBlocks, id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerPrefill, prometheus.GaugeValue, float64(wv.PrefillTokens), id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerRequests, prometheus.GaugeValue, float64(wv.Requests), id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerHealthy, prometheus.GaugeValue, healthy, id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerEjected, prometheus.GaugeValue, ejected, id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerEjections, prometheus.CounterValue, float64(wv.Ejections), id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerIndexBlocks, prometheus.GaugeValue, float64(wv.IndexBlocks), id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerRingLag, prometheus.GaugeValue, float64(wv.FeedLagBytes), id, rank)
 		if wv.ZMQ != nil {

@@ -51,6 +51,10 @@ func (q *queueWait) Done() <-chan struct{} {
 	defer q.mu.Unlock()
 	if q.done == nil {
 		q.done = make(chan struct{})
+		if q.err != nil { // the client left before the request queued
+			close(q.done)
+			return q.done
+		}
 		q.timer = time.AfterFunc(q.timeout, func() { q.cancel(context.DeadlineExceeded) })
 		q.unwatch = context.AfterFunc(q.parent, func() { q.cancel(context.Canceled) })
 	}
@@ -63,11 +67,14 @@ func (q *queueWait) Err() error {
 	return q.err
 }
 
+// cancel ends the wait with err, or makes a wait not yet begun end at once.
 func (q *queueWait) cancel(err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.err == nil && q.done != nil {
+	if q.err == nil {
 		q.err = err
-		close(q.done)
+		if q.done != nil {
+			close(q.done)
+		}
 	}
 }

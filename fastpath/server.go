@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/guard"
+	"github.com/kvfast/kvfast/internal/hangup"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
@@ -143,6 +144,7 @@ type Server struct {
 	metricsHTTP fasthttp.RequestHandler
 
 	exchanges sync.Pool
+	hangups   *hangup.Watcher                  // nil where client hang-ups cannot be watched
 	active    *activity                        // handlers running and streams being relayed
 	conns     *xsync.MapOf[net.Conn, struct{}] // open client connections, cut at the shutdown deadline
 	requestID atomic.Uint64
@@ -171,6 +173,11 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.metrics = newMetrics(s)
 	s.guards = guard.NewPool(s.sched, guard.Observer{Finished: s.metrics.observeFinished})
 	s.exchanges.New = func() any { return newExchange(s) }
+	if w, err := hangup.New(); err == nil {
+		s.hangups = w
+	} else {
+		s.log.Warn("clients that leave are noticed only when their answer is written", "err", err)
+	}
 	s.WorkersChanged()
 	s.http = &fasthttp.Server{
 		Handler:               s.handle,
@@ -240,8 +247,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	started, ln := s.started, s.ln
 	s.mu.Unlock()
 	if !started {
+		s.hangups.Close()
 		return nil
 	}
+	defer s.hangups.Close() // after the drain: the requests it cut stop their watches
 	err := s.http.ShutdownWithContext(ctx)
 	// A Serve that has not yet handed ln to fasthttp left it nothing to
 	// close, and would then accept forever: close ln ourselves.

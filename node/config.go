@@ -174,6 +174,11 @@ func (c *Config) libraryConfigs() (sched.Config, dispatch.Config) {
 			*t = -1
 		}
 	}
+	for _, v := range []*int{&d.Outlier.Consecutive, &d.Outlier.FailurePercent, &d.Outlier.MaxEjectedPercent} {
+		if *v == 0 {
+			*v = -1
+		}
+	}
 	return s, d
 }
 
@@ -196,10 +201,25 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("cannot use %s %v: must not be negative (0: none)", t.name, t.v)
 		}
 	}
+	o := &c.Dispatch.Outlier
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"eject consecutive", o.Consecutive}, {"eject failure percent", o.FailurePercent}, {"eject max percent", o.MaxEjectedPercent}} {
+		if n.v < 0 || n.v > 100 && n.name != "eject consecutive" {
+			return fmt.Errorf("cannot use %s %d: must be 0 (off) or positive, a percentage at most 100", n.name, n.v)
+		}
+	}
+	if o.FailurePercent > 0 && o.MinRequests <= 0 {
+		return fmt.Errorf("cannot use eject min requests %d: must be positive", o.MinRequests)
+	}
 	positive := []struct {
 		name string
 		v    time.Duration
 	}{
+		{"eject window", o.Window},
+		{"eject base time", o.BaseEjection},
+		{"eject max time", o.MaxEjection},
 		{"registry poll", c.RegistryPoll},
 		{"heartbeat grace", c.HeartbeatGrace},
 		{"discovery timeout", c.DiscoveryTimeout},

@@ -231,10 +231,16 @@ func slotList(set workers.Set) []int {
 func (n *Node) Settled() <-chan struct{} { return n.settled }
 
 // healthChanged is the engine pool's health hook: the scheduler routes
-// only to engines that pass their checks.
+// only to engines that pass their checks and are not ejected for failing
+// requests.
 func (n *Node) healthChanged(slot workers.Slot, addr string, healthy bool) {
 	n.sched.SetHealthy(slot, healthy)
-	n.log.Warn("engine health changed", "slot", slot, "addr", addr, "healthy", healthy)
+	var o dispatch.OutlierStatus
+	if e := n.engines.Engine(slot); e != nil {
+		o = e.Outlier()
+	}
+	n.log.Warn("engine health changed", "slot", slot, "addr", addr, "healthy", healthy,
+		"ejected", o.Ejected, "ejected_for", o.Remaining, "ejections", o.Ejections)
 }
 
 // every runs f each period until ctx ends.

@@ -36,6 +36,10 @@ func (n *Node) Snapshot() fastpath.Snapshot {
 			ActiveBlocks: ld.ActiveBlocks, OutputBlocks: ld.OutputBlocks, PrefillTokens: ld.PrefillTokens, Requests: ld.Requests,
 			EngineRunning: ld.EngineRunning, EngineWaiting: ld.EngineWaiting, EngineKVUsed: ld.EngineKVUsed, EngineKVTotal: ld.EngineKVTotal,
 			IndexBlocks: ix.WorkerBlocks[w], FeedLagBytes: lag[w]}
+		if e := n.engines.Engine(w); e != nil {
+			o := e.Outlier()
+			wv.Ejected, wv.EjectedSeconds, wv.Ejections = o.Ejected, o.Remaining.Seconds(), o.Ejections
+		}
 		if n.static.Has(w) {
 			wv.Source = "static"
 			if sub := n.zmq[w]; sub != nil {

@@ -1,0 +1,197 @@
+package dispatch
+
+import (
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvfast/kvfast/internal/clock"
+)
+
+// OutlierConfig sets passive health checking: every forwarded request is a
+// verdict on its engine, and an engine whose requests keep failing while
+// its /health still answers is ejected from selection for a while, as
+// Envoy's outlier detection does. Zero picks the default; a negative
+// Consecutive, FailurePercent or MaxEjectedPercent disables that part.
+//
+// A failure is a refused connection, a reset or garbage instead of an
+// answer, a stream that breaks off, a timeout, or a 5xx status. A client
+// that leaves, a busy connection pool or a 4xx is no verdict on the engine.
+type OutlierConfig struct {
+	// Consecutive failures in a row eject the engine. Default 5.
+	Consecutive int
+	// FailurePercent ejects an engine when at least this share of its
+	// requests failed within one Window, once it saw MinRequests there.
+	// Default 80.
+	FailurePercent int
+	MinRequests    int           // default 20
+	Window         time.Duration // default 10s
+	// BaseEjection is the first ejection's length; the n-th ejection in a
+	// row lasts n times as long, up to MaxEjection. Each BaseEjection an
+	// engine then serves without being ejected again forgives one step.
+	// Defaults 30s and 5m.
+	BaseEjection, MaxEjection time.Duration
+	// MaxEjectedPercent bounds the share of the pool's engines ejected at
+	// once, rounded down: ejection must not empty the pool because of a
+	// fault on the router's side. An engine over the bound stays in
+	// selection, and retries route around it. Default 50.
+	MaxEjectedPercent int
+}
+
+// OutlierStatus is an engine's passive-health state, for operators.
+type OutlierStatus struct {
+	Ejected   bool
+	Ejections uint64        // since the engine was added
+	Remaining time.Duration // left of the current ejection; 0 when not ejected
+}
+
+// outlier is one engine's passive-health record. The counters move on every
+// request without a lock; ejecting and returning take the engine's
+// healthMu, which also orders them with active-health flips.
+type outlier struct {
+	consecutive           atomic.Int32
+	windowStart           atomic.Int64 // clock time the rate window began
+	requests, failures    atomic.Int32 // within the window
+	ejected               atomic.Bool
+	ejections             atomic.Uint64
+	until                 atomic.Int64
+	multiplier            int   // under healthMu
+	returnedAt            int64 // clock time of the last return; under healthMu
+	timer                 *time.Timer
+	heldEjectionAllowance bool // counted in Pool.ejected; under healthMu
+}
+
+// isEngineFault reports whether a failure of a forwarded request counts
+// against its engine.
+func isEngineFault(kind error) bool {
+	switch {
+	case errors.Is(kind, ErrClientGone), errors.Is(kind, ErrAbandoned), errors.Is(kind, ErrUnknownEngine),
+		errors.Is(kind, ErrResponseTooLarge):
+		return false
+	}
+	return true
+}
+
+// record counts one request's verdict on e and ejects it when the verdicts
+// say so.
+func (e *Engine) record(ok bool) {
+	cfg := &e.pool.cfg.Outlier
+	o := &e.out
+	now := clock.Now()
+	if start := o.windowStart.Load(); now-start > int64(cfg.Window) && o.windowStart.CompareAndSwap(start, now) {
+		// A racing request may count into the old window's totals; the
+		// rate is an estimate either way.
+		o.requests.Store(0)
+		o.failures.Store(0)
+	}
+	reqs := o.requests.Add(1)
+	if ok {
+		if o.consecutive.Load() != 0 {
+			o.consecutive.Store(0)
+		}
+		return
+	}
+	fails := o.failures.Add(1)
+	n := o.consecutive.Add(1)
+	if o.ejected.Load() {
+		return
+	}
+	byRun := cfg.Consecutive > 0 && int(n) >= cfg.Consecutive
+	byRate := cfg.FailurePercent > 0 && int(reqs) >= cfg.MinRequests && int(fails)*100 >= cfg.FailurePercent*int(reqs)
+	if byRun || byRate {
+		e.eject(now)
+	}
+}
+
+// eject takes e out of selection for its backoff, if the pool's bound
+// allows another ejection.
+func (e *Engine) eject(now int64) {
+	p := e.pool
+	cfg := &p.cfg.Outlier
+	e.healthMu.Lock()
+	defer e.healthMu.Unlock()
+	o := &e.out
+	if o.ejected.Load() || p.engines[e.slot].Load() != e || !p.reserveEjection() {
+		return
+	}
+	if o.multiplier > 0 && cfg.BaseEjection > 0 {
+		forgiven := int((now - o.returnedAt) / int64(cfg.BaseEjection))
+		o.multiplier = max(0, o.multiplier-forgiven)
+	}
+	o.multiplier++
+	d := min(time.Duration(o.multiplier)*cfg.BaseEjection, cfg.MaxEjection)
+	o.heldEjectionAllowance = true
+	o.until.Store(now + int64(d))
+	o.ejections.Add(1)
+	o.ejected.Store(true)
+	o.consecutive.Store(0)
+	o.requests.Store(0)
+	o.failures.Store(0)
+	o.timer = time.AfterFunc(d, e.unEject)
+	e.reportLocked()
+}
+
+// unEject returns e to selection when its ejection ends. It starts with a
+// clean record, so a still-failing engine is ejected again, for longer.
+func (e *Engine) unEject() {
+	e.healthMu.Lock()
+	defer e.healthMu.Unlock()
+	o := &e.out
+	if !o.ejected.Load() || e.pool.engines[e.slot].Load() != e {
+		return
+	}
+	e.endEjectionLocked()
+	o.returnedAt = clock.Now()
+	e.reportLocked()
+}
+
+// endEjectionLocked clears e's ejection and gives its allowance back.
+func (e *Engine) endEjectionLocked() {
+	o := &e.out
+	if o.timer != nil {
+		o.timer.Stop()
+		o.timer = nil
+	}
+	o.ejected.Store(false)
+	o.until.Store(0)
+	o.consecutive.Store(0)
+	if o.heldEjectionAllowance {
+		o.heldEjectionAllowance = false
+		e.pool.ejectMu.Lock()
+		e.pool.ejected--
+		e.pool.ejectMu.Unlock()
+	}
+}
+
+// reserveEjection counts one more ejected engine if MaxEjectedPercent of
+// the engines in the pool allows it.
+func (p *Pool) reserveEjection() bool {
+	pct := p.cfg.Outlier.MaxEjectedPercent
+	if pct <= 0 {
+		return false
+	}
+	n := 0
+	for i := range p.engines {
+		if p.engines[i].Load() != nil {
+			n++
+		}
+	}
+	p.ejectMu.Lock()
+	defer p.ejectMu.Unlock()
+	if (p.ejected+1)*100 > n*pct {
+		return false
+	}
+	p.ejected++
+	return true
+}
+
+// Outlier returns e's passive-health state. It reads atomics only, so a
+// health hook may call it.
+func (e *Engine) Outlier() OutlierStatus {
+	o := &e.out
+	st := OutlierStatus{Ejected: o.ejected.Load(), Ejections: o.ejections.Load()}
+	if st.Ejected {
+		st.Remaining = max(0, time.Duration(o.until.Load()-clock.Now()))
+	}
+	return st
+}

@@ -1,0 +1,249 @@
+package dispatch
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/workers"
+)
+
+// flips records OnChange calls.
+type flips struct {
+	mu  sync.Mutex
+	log map[workers.Slot][]bool
+}
+
+func (f *flips) onChange(slot workers.Slot, _ string, routable bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.log == nil {
+		f.log = map[workers.Slot][]bool{}
+	}
+	f.log[slot] = append(f.log[slot], routable)
+}
+
+func (f *flips) of(slot workers.Slot) []bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]bool(nil), f.log[slot]...)
+}
+
+func failingEngine(t *testing.T) string {
+	return serve(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString(`{"error":{"message":"sick"}}`)
+	}, nil)
+}
+
+// call forwards one request to slot and reads the answer whole.
+func call(t *testing.T, p *Pool, slot workers.Slot) {
+	t.Helper()
+	c := p.AcquireCall()
+	defer c.Release()
+	c.SetRequest([]byte("/v1/completions"), []byte(`{"prompt":"x"}`))
+	if err := c.Do(slot, nil); err != nil {
+		if errors.Is(err, ErrConnect) {
+			return
+		}
+		t.Fatalf("Do: %v", err)
+	}
+	if _, err := c.ReadBody(); err != nil {
+		t.Fatalf("ReadBody: %v", err)
+	}
+}
+
+// TestEjectionBoundedByMaxEjectedPercent: four engines all fail, but only
+// half of them (50%) may be ejected at once; the other two stay routable
+// however often they fail.
+func TestEjectionBoundedByMaxEjectedPercent(t *testing.T) {
+	var f flips
+	p := NewPool(Config{Health: HealthConfig{Interval: -1, OnChange: f.onChange},
+		Outlier: OutlierConfig{Consecutive: 2, FailurePercent: -1, BaseEjection: time.Hour, MaxEjectedPercent: 50}})
+	defer p.Close()
+	for s := range workers.Slot(4) {
+		mustAdd(t, p, s, failingEngine(t))
+	}
+	for range 5 {
+		for s := range workers.Slot(4) {
+			call(t, p, s)
+		}
+	}
+	ejected := 0
+	for s := range workers.Slot(4) {
+		o := p.Engine(s).Outlier()
+		if o.Ejected {
+			ejected++
+			if got := f.of(s); len(got) != 1 || got[0] {
+				t.Errorf("slot %d: OnChange got %v, want one flip to unroutable", s, got)
+			}
+		} else if got := f.of(s); len(got) != 0 {
+			t.Errorf("slot %d is not ejected but OnChange got %v", s, got)
+		}
+	}
+	if ejected != 2 {
+		t.Fatalf("%d of 4 engines ejected, want 2 (50%%)", ejected)
+	}
+	// Removing an ejected engine gives its allowance back.
+	for s := range workers.Slot(4) {
+		if p.Engine(s).Outlier().Ejected {
+			p.Remove(s)
+			break
+		}
+	}
+	for range 2 {
+		for s := range workers.Slot(4) {
+			if p.Engine(s) != nil {
+				call(t, p, s)
+			}
+		}
+	}
+	ejected = 0
+	for s := range workers.Slot(4) {
+		if e := p.Engine(s); e != nil && e.Outlier().Ejected {
+			ejected++
+		}
+	}
+	if ejected != 1 {
+		t.Errorf("after removing an ejected engine, %d of 3 are ejected; want 1 (50%% rounded down)", ejected)
+	}
+}
+
+// TestEjectionBackoffGrowsAndEngineReturns: each ejection in a row lasts one
+// base longer, up to the maximum, and the engine comes back routable after
+// each; a real timer brings it back too.
+func TestEjectionBackoffGrowsAndEngineReturns(t *testing.T) {
+	var f flips
+	const base = time.Hour
+	p := NewPool(Config{Health: HealthConfig{Interval: -1, OnChange: f.onChange},
+		Outlier: OutlierConfig{Consecutive: 3, FailurePercent: -1, BaseEjection: base, MaxEjection: 150 * time.Minute, MaxEjectedPercent: 100}})
+	defer p.Close()
+	mustAdd(t, p, 0, failingEngine(t))
+	e := p.Engine(0)
+	for i, want := range []time.Duration{base, 2 * base, 150 * time.Minute, 150 * time.Minute} {
+		for range 3 {
+			call(t, p, 0)
+		}
+		o := e.Outlier()
+		if !o.Ejected || o.Ejections != uint64(i+1) {
+			t.Fatalf("ejection %d: %+v", i+1, o)
+		}
+		// Remaining counts down from the backoff; the test takes far less
+		// than a minute to get here.
+		if o.Remaining > want || o.Remaining < want-time.Minute {
+			t.Errorf("ejection %d lasts %v, want %v", i+1, o.Remaining, want)
+		}
+		e.EndEjection()
+		if o := e.Outlier(); o.Ejected {
+			t.Fatalf("still ejected after the ejection ended: %+v", o)
+		}
+	}
+	if got, want := f.of(0), []bool{false, true, false, true, false, true, false, true}; len(got) != len(want) {
+		t.Errorf("OnChange flips %v, want %v", got, want)
+	}
+
+	// The timer ends an ejection by itself.
+	var g flips
+	q := NewPool(Config{Health: HealthConfig{Interval: -1, OnChange: g.onChange},
+		Outlier: OutlierConfig{Consecutive: 1, FailurePercent: -1, BaseEjection: time.Millisecond, MaxEjectedPercent: 100}})
+	defer q.Close()
+	mustAdd(t, q, 0, failingEngine(t))
+	call(t, q, 0)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(g.of(0)) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the engine did not return after its ejection: flips %v, %+v", g.of(0), q.Engine(0).Outlier())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := g.of(0); got[0] || !got[1] {
+		t.Errorf("flips %v, want [false true]", got)
+	}
+}
+
+// TestPassingHealthChecksDoNotUndoEjection: the engine's /health fails
+// and then passes again while it is ejected; it stays out of selection.
+func TestPassingHealthChecksDoNotUndoEjection(t *testing.T) {
+	var healthFails atomic.Bool
+	var passed atomic.Int64
+	addr := serve(t, func(ctx *fasthttp.RequestCtx) {
+		switch {
+		case string(ctx.Path()) != "/health":
+			ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+		case healthFails.Load():
+			ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		default:
+			passed.Add(1)
+		}
+	}, nil)
+	var f flips
+	p := NewPool(Config{Health: HealthConfig{Interval: time.Millisecond, FailAfter: 1, RecoverAfter: 1, OnChange: f.onChange},
+		Outlier: OutlierConfig{Consecutive: 1, FailurePercent: -1, BaseEjection: time.Hour, MaxEjectedPercent: 100}})
+	defer p.Close()
+	mustAdd(t, p, 0, addr)
+	call(t, p, 0)
+	if !p.Engine(0).Outlier().Ejected {
+		t.Fatal("not ejected")
+	}
+	healthFails.Store(true)
+	waitUntil(t, "a failed health check", func() bool { return checksFailed(p) })
+	healthFails.Store(false)
+	n := passed.Load()
+	waitUntil(t, "three passing health checks", func() bool { return passed.Load() >= n+3 })
+	if got := f.of(0); len(got) != 1 || got[0] {
+		t.Fatalf("flips %v, want only the one to unroutable", got)
+	}
+}
+
+// TestFailureRateEjects: failures that never come three in a row still
+// eject once they pass the rate over enough requests.
+func TestFailureRateEjects(t *testing.T) {
+	n := 0
+	var mu sync.Mutex
+	addr := serve(t, func(ctx *fasthttp.RequestCtx) {
+		mu.Lock()
+		n++
+		fail := n%3 != 0
+		mu.Unlock()
+		if fail {
+			ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+		}
+	}, nil)
+	p := NewPool(Config{Health: noHealth,
+		Outlier: OutlierConfig{Consecutive: 3, FailurePercent: 60, MinRequests: 10, Window: time.Hour, BaseEjection: time.Hour, MaxEjectedPercent: 100}})
+	defer p.Close()
+	mustAdd(t, p, 0, addr)
+	for i := range 9 {
+		call(t, p, 0)
+		if p.Engine(0).Outlier().Ejected {
+			t.Fatalf("ejected after %d requests, before the minimum of 10", i+1)
+		}
+	}
+	call(t, p, 0)
+	if !p.Engine(0).Outlier().Ejected {
+		t.Fatal("2 in 3 requests failed over 10 requests, but the engine was not ejected")
+	}
+}
+
+// checksFailed reports whether slot 0's active checks call it unhealthy.
+func checksFailed(p *Pool) bool {
+	e := p.Engine(0)
+	e.healthMu.Lock()
+	defer e.healthMu.Unlock()
+	return !e.healthy
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

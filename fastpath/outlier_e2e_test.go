@@ -1,0 +1,98 @@
+package fastpath_test
+
+import (
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/node"
+)
+
+// TestSickEnginesAreEjected is issue 12's seven engines that answer 500 to
+// every request but pass /health, next to one good engine. Requests are
+// sent one at a time, so each verdict lands before the next selection and
+// the bounds below are exact, whatever order the policy tries workers in:
+//   - an engine is ejected at its 3rd failure in a row and not selected
+//     again within the test (the ejection lasts a minute), so the sick
+//     engines see at most 7 × 3 = 21 requests between them;
+//   - a client request fails only when all its 1 + MaxRetries = 3 attempts
+//     hit sick engines, so at most 21 / 3 = 7 of them fail, and none once
+//     the seven are ejected.
+func TestSickEnginesAreEjected(t *testing.T) {
+	const sick, consecutive, requests = 7, 3, 60
+	var static []node.StaticWorker
+	var engines []*e2eEngine
+	for i := range sick {
+		e := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+			ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"error":{"message":"sick","type":"server_error"}}`)
+		})
+		engines = append(engines, e)
+		static = append(static, node.StaticWorker{ID: uint64(i + 1), Endpoint: e.addr(), Model: e2eModel})
+	}
+	good := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"c","object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}`)
+	})
+	static = append(static, node.StaticWorker{ID: 100, Endpoint: good.addr(), Model: e2eModel})
+	cfg := e2eConfig(static...)
+	cfg.Policy = "round-robin" // spread the first requests over the sick engines too
+	cfg.HTTP.MaxRetries = 2
+	cfg.Dispatch.Outlier.Consecutive = consecutive
+	cfg.Dispatch.Outlier.FailurePercent = 0
+	cfg.Dispatch.Outlier.MaxEjectedPercent = 90 // 7 of 8
+	cfg.Dispatch.Outlier.BaseEjection = time.Minute
+	r := startE2ERouter(t, cfg)
+
+	body := completionBody(e2eTokens(12, 32), false, 2)
+	failed := 0
+	for i := range requests {
+		resp := r.post(t, fastpath.PathCompletions, body, nil)
+		switch {
+		case resp.status == http.StatusOK:
+		case resp.status == http.StatusInternalServerError:
+			failed++
+		default:
+			t.Fatalf("request %d: status %d: %s", i, resp.status, resp.body)
+		}
+	}
+	sickCalls := int64(0)
+	for _, e := range engines {
+		sickCalls += e.requests.Load()
+	}
+	if sickCalls > sick*consecutive || failed > sick {
+		t.Errorf("sick engines saw %d requests (at most %d) and %d of %d client requests failed (at most %d)",
+			sickCalls, sick*consecutive, failed, requests, sick)
+	}
+	// Ejected or not, every engine got its chance.
+	if sickCalls < sick*consecutive {
+		t.Errorf("sick engines saw only %d requests; each should have failed %d times before its ejection", sickCalls, consecutive)
+	}
+	for i := range sick {
+		if v := workerView(t, r.node, uint64(i+1), 0); !v.Ejected || v.Ejections != 1 || v.Healthy || v.EjectedSeconds <= 0 {
+			t.Errorf("sick worker %d: ejected %v, %d ejections, healthy %v, %.1fs left; want ejected once", i+1, v.Ejected, v.Ejections, v.Healthy, v.EjectedSeconds)
+		}
+	}
+	if v := workerView(t, r.node, 100, 0); v.Ejected || v.Ejections != 0 || !v.Healthy {
+		t.Errorf("the good worker: ejected %v, %d ejections, healthy %v", v.Ejected, v.Ejections, v.Healthy)
+	}
+	// Once the sick engines are out, everything succeeds.
+	for i := range 10 {
+		if resp := r.post(t, fastpath.PathCompletions, body, nil); resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != "100" {
+			t.Fatalf("request %d after the ejections: status %d from worker %s", i, resp.status, resp.header.Get(fastpath.HeaderWorker))
+		}
+	}
+	waitReleased(t, r.node)
+	m := r.metrics(t)
+	for i := range sick {
+		id := strconv.Itoa(i + 1)
+		wantMetric(t, m, `kvfast_worker_ejected{dp_rank="0",worker="`+id+`"}`, 1)
+		wantMetric(t, m, `kvfast_worker_ejections_total{dp_rank="0",worker="`+id+`"}`, 1)
+	}
+	wantMetric(t, m, `kvfast_worker_ejected{dp_rank="0",worker="100"}`, 0)
+}
