@@ -13,7 +13,7 @@ import (
 func TestZeroAllocations(t *testing.T) {
 	t.Run("cache allocate, commit, release", func(t *testing.T) {
 		ev := &eventSink{}
-		c := newKVCache(64, ev)
+		c := newKVCache(&Config{KVBlocks: 64, BlockSize: 16}, ev)
 		toks := seq(0, 16)
 		h := uint64(0)
 		ids := make([]int32, 0, 8)
@@ -26,7 +26,7 @@ func TestZeroAllocations(t *testing.T) {
 				ids = append(ids, id)
 			}
 			for i := len(ids) - 1; i >= 0; i-- {
-				c.release(ids[i])
+				c.release(ids[i], false)
 			}
 			ev.flush()
 		})
@@ -87,8 +87,8 @@ func TestZeroAllocations(t *testing.T) {
 		// The ring fills and drops (nobody consumes); dropping must not
 		// allocate either.
 		if n := testing.AllocsPerRun(500, func() {
-			_ = sp.Stored(0, false, blocks)
-			_ = sp.Removed(hashes)
+			_ = sp.Stored(Placement{}, 0, false, blocks)
+			_ = sp.Removed(Placement{}, hashes)
 			_ = sp.Load(1, 2, 3, 64)
 		}); n != 0 {
 			t.Fatalf("%v allocations", n)
