@@ -13,6 +13,7 @@ import (
 //	    n·PrefillPerToken + PrefillAttentionPer1K · n·(c + (n+1)/2) / 1024
 //	+ Σ over decoding sequences (context c):
 //	    DecodePerSequence + DecodeAttentionPer1K · (c+1) / 1024
+//	+ HostLoadPerBlock · blocks loaded back from the host pool
 //
 // Prefill is linear in the tokens computed (the MLP and projection work)
 // plus an attention term that grows with how far into the sequence each new
