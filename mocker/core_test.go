@@ -599,19 +599,25 @@ func TestEveryStoreAndEvictionPublished(t *testing.T) {
 }
 
 func TestCoreIsDeterministic(t *testing.T) {
-	run := func() ([]Event, Stats) {
-		rec := &Recorder{}
-		c := newTestCore(t, Config{BlockSize: 4, KVBlocks: 40, MaxBatchedTokens: 48, MaxSeqs: 8}, rec)
-		randomWorkload(t, c, 11, func() {})
-		return rec.Events(), c.Stats()
-	}
-	e1, s1 := run()
-	e2, s2 := run()
-	if !reflect.DeepEqual(e1, e2) || s1 != s2 {
-		t.Fatal("the same inputs gave different events or stats")
-	}
-	if s1.Preemptions == 0 {
-		t.Log("note: this workload did not preempt")
+	for _, cfg := range []Config{
+		{BlockSize: 4, KVBlocks: 40, MaxBatchedTokens: 48, MaxSeqs: 8},
+		{BlockSize: 4, KVBlocks: 40, MaxBatchedTokens: 48, MaxSeqs: 8, HostBlocks: 30},
+		{BlockSize: 4, KVBlocks: 40, MaxBatchedTokens: 48, MaxSeqs: 8, SlidingWindow: 10},
+	} {
+		run := func() ([]Event, Stats) {
+			rec := &Recorder{}
+			c := newTestCore(t, cfg, rec)
+			randomWorkload(t, c, 11, func() {})
+			return rec.Events(), c.Stats()
+		}
+		e1, s1 := run()
+		e2, s2 := run()
+		if !reflect.DeepEqual(e1, e2) || s1 != s2 {
+			t.Fatalf("%+v: the same inputs gave different events or stats", cfg)
+		}
+		if s1.Preemptions == 0 {
+			t.Logf("note: this workload did not preempt (%+v)", cfg)
+		}
 	}
 }
 
