@@ -622,6 +622,8 @@ type routeDecision struct {
 		WorkerID      uint64   `json:"worker_id"`
 		DPRank        uint32   `json:"dp_rank"`
 		OverlapBlocks uint32   `json:"overlap_blocks"`
+		HostBlocks    uint32   `json:"host_blocks"`
+		DiskBlocks    uint32   `json:"disk_blocks"`
 		PrefillBlocks float64  `json:"prefill_blocks"`
 		DecodeBlocks  float64  `json:"decode_blocks"`
 		Cost          *float64 `json:"cost"`

@@ -129,6 +129,11 @@ func (s *Server) appendRouteJSON(b []byte, ex *exchange) []byte {
 		b = strconv.AppendUint(b, uint64(info.DPRank), 10)
 		b = append(b, `,"overlap_blocks":`...)
 		b = strconv.AppendUint(b, uint64(sc.OverlapBlocks), 10)
+		// Of those, the ones credited from a lower tier (FindTieredMatches).
+		b = append(b, `,"host_blocks":`...)
+		b = strconv.AppendUint(b, uint64(sc.HostBlocks), 10)
+		b = append(b, `,"disk_blocks":`...)
+		b = strconv.AppendUint(b, uint64(sc.DiskBlocks), 10)
 		b = append(b, `,"prefill_blocks":`...)
 		b = strconv.AppendFloat(b, sc.PrefillBlocks, 'g', 6, 64)
 		b = append(b, `,"decode_blocks":`...)

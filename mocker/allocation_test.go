@@ -13,7 +13,7 @@ import (
 func TestZeroAllocations(t *testing.T) {
 	t.Run("cache allocate, commit, release", func(t *testing.T) {
 		ev := &eventSink{}
-		c := newKVCache(64, ev)
+		c := newKVCache(&Config{KVBlocks: 64, BlockSize: 16}, ev)
 		toks := seq(0, 16)
 		h := uint64(0)
 		ids := make([]int32, 0, 8)
@@ -26,12 +26,53 @@ func TestZeroAllocations(t *testing.T) {
 				ids = append(ids, id)
 			}
 			for i := len(ids) - 1; i >= 0; i-- {
-				c.release(ids[i])
+				c.release(ids[i], false)
 			}
 			ev.flush()
 		})
 		if n != 0 {
 			t.Fatalf("%v allocations per cycle", n)
+		}
+	})
+	t.Run("eviction into the host pool, hybrid window", func(t *testing.T) {
+		for _, cfg := range []Config{
+			{KVBlocks: 16, BlockSize: 16, HostBlocks: 8},
+			{KVBlocks: 16, BlockSize: 16, SlidingWindow: 32},
+		} {
+			ev := &eventSink{}
+			c := newKVCache(&cfg, ev)
+			hybrid := cfg.SlidingWindow > 0
+			toks := seq(0, 16)
+			h := uint64(0)
+			ids := make([]int32, 0, 12)
+			cycle := func() {
+				ids = ids[:0]
+				for range 12 {
+					id, _ := c.allocate()
+					h++
+					c.commit(id, h, h-1, true, toks, "", "")
+					if hybrid {
+						c.enterWindow(id, toks)
+					}
+					ids = append(ids, id)
+				}
+				if hybrid {
+					for i := range ids[:6] {
+						c.leaveWindow(ids[i])
+					}
+				}
+				for i := len(ids) - 1; i >= 0; i-- {
+					c.release(ids[i], hybrid && i < 6)
+				}
+				ev.flush()
+			}
+			cycle() // fills the pool
+			if n := testing.AllocsPerRun(1000, cycle); n != 0 {
+				t.Fatalf("%+v: %v allocations per cycle", cfg, n)
+			}
+			if c.host != nil && c.hostEvicts == 0 || cfg.SlidingWindow > 0 && c.windowFreed == 0 {
+				t.Fatalf("%+v: the cycle neither offloaded nor freed", cfg)
+			}
 		}
 	})
 	t.Run("core decode step", func(t *testing.T) {
@@ -87,8 +128,8 @@ func TestZeroAllocations(t *testing.T) {
 		// The ring fills and drops (nobody consumes); dropping must not
 		// allocate either.
 		if n := testing.AllocsPerRun(500, func() {
-			_ = sp.Stored(0, false, blocks)
-			_ = sp.Removed(hashes)
+			_ = sp.Stored(Placement{}, 0, false, blocks)
+			_ = sp.Removed(Placement{}, hashes)
 			_ = sp.Load(1, 2, 3, 64)
 		}); n != 0 {
 			t.Fatalf("%v allocations", n)

@@ -22,7 +22,7 @@ func BenchmarkMockCacheAllocate(b *testing.B) {
 	toks := seq(0, 16)
 	b.Run("paged", func(b *testing.B) {
 		b.ReportAllocs()
-		c := newKVCache(nblocks, &eventSink{})
+		c := newKVCache(&Config{KVBlocks: nblocks, BlockSize: 16}, &eventSink{})
 		ids := make([]int32, 0, seqLen)
 		h := uint64(0)
 		b.ResetTimer()
@@ -35,7 +35,7 @@ func BenchmarkMockCacheAllocate(b *testing.B) {
 				ids = append(ids, id)
 			}
 			for j := len(ids) - 1; j >= 0; j-- {
-				c.release(ids[j])
+				c.release(ids[j], false)
 			}
 			c.ev.flush()
 		}

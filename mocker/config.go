@@ -1,6 +1,7 @@
 package mocker
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -64,6 +65,27 @@ type Config struct {
 	// as their parent, as vLLM lists its LoRA modules, so that a router
 	// learns them. The mock does not simulate adapters otherwise.
 	LoRAAdapters []string
+
+	// HostBlocks > 0 gives the engine a CPU tier of that many blocks, as
+	// vLLM's OffloadingConnector and SGLang's HiCache keep the blocks the
+	// GPU evicts in host memory: an evicted block is copied there (the
+	// least recently used copy making room), and a request whose prefix
+	// continues there loads those blocks back at Timing.HostLoadPerBlock
+	// each instead of computing them. ZMQPublisher announces the copies
+	// as the engine it speaks does; ShmPublisher, whose records name no
+	// tier, leaves them out.
+	HostBlocks int
+
+	// SlidingWindow > 0 makes the engine a hybrid model (vLLM's hybrid KV
+	// cache manager) with a second KV-cache group of sliding-window
+	// attention over that many tokens: group 1 caches every block group 0
+	// does and frees it as soon as no running request's window covers it,
+	// and a cached prefix is reused only if group 1 still holds the
+	// blocks its window needs before the prefix's end. Events name their
+	// group, which only vLLM's ZMQ format can: the engine refuses it with
+	// SGLang's format or a shm segment. Not with HostBlocks (vLLM does
+	// not offload hybrid models either). 0: one full-attention group.
+	SlidingWindow int
 
 	// WorkerID and DPRank identify this engine to the router's registry.
 	WorkerID uint64
@@ -141,6 +163,16 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fmt.Errorf("cannot configure mock engine: speed-up %v is not positive", cfg.Speedup)
 	case cfg.HeartbeatInterval < 0:
 		return cfg, fmt.Errorf("cannot configure mock engine: heartbeat interval %v is negative", cfg.HeartbeatInterval)
+	case cfg.HostBlocks < 0 || cfg.HostBlocks > math.MaxInt32:
+		return cfg, fmt.Errorf("cannot configure mock engine: host pool of %d blocks is out of range", cfg.HostBlocks)
+	case cfg.SlidingWindow < 0 || cfg.SlidingWindow == 1:
+		return cfg, fmt.Errorf("cannot configure mock engine: sliding window of %d tokens is not 0 or at least 2", cfg.SlidingWindow)
+	case cfg.SlidingWindow > 0 && cfg.HostBlocks > 0:
+		return cfg, errors.New("cannot configure mock engine: a hybrid model (sliding window) with a host pool is not simulated")
+	case cfg.SlidingWindow > 0 && (cfg.Segment != "" || cfg.SegmentHandle != nil):
+		return cfg, errors.New("cannot configure mock engine: shm records cannot name the KV-cache groups of a sliding window")
+	case cfg.SlidingWindow > 0 && cfg.ZMQ.Listen != "" && cfg.ZMQ.Format == ZMQSGLang:
+		return cfg, errors.New("cannot configure mock engine: SGLang's events cannot name the KV-cache groups of a sliding window")
 	}
 	if err := cfg.Timing.validate(); err != nil {
 		return cfg, err

@@ -47,6 +47,7 @@ type Request struct {
 	hashes    []uint64 // engine hashes of tokens' full blocks, computed lazily
 	blocks    []int32  // blocks held, in sequence order
 	committed int      // leading blocks registered in the cache
+	winFrom   int      // hybrid engines: leading blocks the sliding window has passed
 	computed  int      // tokens whose KV is in blocks
 	outSeed   uint64
 	state     reqState
@@ -81,23 +82,34 @@ type StepReport struct {
 
 // Stats counts what a Core has done.
 type Stats struct {
-	Steps              uint64        `json:"steps"`
-	Requests           uint64        `json:"requests"` // added
-	Finished           uint64        `json:"finished"`
-	Aborted            uint64        `json:"aborted"`
-	Preemptions        uint64        `json:"preemptions"`
-	PromptTokens       uint64        `json:"prompt_tokens"`        // of requests scheduled at least once
-	CachedPromptTokens uint64        `json:"cached_prompt_tokens"` // of those, served from the prefix cache
-	GeneratedTokens    uint64        `json:"generated_tokens"`
-	PrefillTokens      uint64        `json:"prefill_tokens"` // computed in prefill chunks, recomputation included
-	BlocksStored       uint64        `json:"blocks_stored"`  // blocks published as Stored
-	BlocksEvicted      uint64        `json:"blocks_evicted"` // blocks published as Removed
+	Steps              uint64 `json:"steps"`
+	Requests           uint64 `json:"requests"` // added
+	Finished           uint64 `json:"finished"`
+	Aborted            uint64 `json:"aborted"`
+	Preemptions        uint64 `json:"preemptions"`
+	PromptTokens       uint64 `json:"prompt_tokens"`        // of requests scheduled at least once
+	CachedPromptTokens uint64 `json:"cached_prompt_tokens"` // of those, served from the prefix cache
+	GeneratedTokens    uint64 `json:"generated_tokens"`
+	PrefillTokens      uint64 `json:"prefill_tokens"` // computed in prefill chunks, recomputation included
+	BlocksStored       uint64 `json:"blocks_stored"`  // blocks published as Stored
+	BlocksEvicted      uint64 `json:"blocks_evicted"` // blocks published as Removed
+	// Host pool (Config.HostBlocks): blocks copied there on eviction,
+	// loaded back for a request, and dropped from it.
+	BlocksOffloaded   uint64 `json:"blocks_offloaded"`
+	BlocksLoaded      uint64 `json:"blocks_loaded"`
+	HostBlocksEvicted uint64 `json:"host_blocks_evicted"`
+	// Hybrid engines (Config.SlidingWindow): blocks the sliding-window
+	// group freed, and prompt blocks cached in group 0 that a request
+	// could not reuse because group 1 had freed their window.
+	WindowBlocksFreed  uint64        `json:"window_blocks_freed"`
+	WindowMissedBlocks uint64        `json:"window_missed_blocks"`
 	PublishErrors      uint64        `json:"publish_errors"`
 	Running            int           `json:"running"`
 	Waiting            int           `json:"waiting"`
 	KVHeld             int           `json:"kv_held"`   // blocks referenced by running requests
 	KVCached           int           `json:"kv_cached"` // blocks findable by hash, held or not
 	KVTotal            int           `json:"kv_total"`
+	HostCached         int           `json:"host_cached"`       // blocks in the host pool
 	SimulatedTime      time.Duration `json:"simulated_time_ns"` // Core.Now
 	BusyTime           time.Duration `json:"busy_time_ns"`      // simulated time spent in non-empty steps
 }
@@ -116,10 +128,13 @@ func (s Stats) PrefixHitRate() float64 {
 // Abort and Step calls, it makes the same decisions and publishes the same
 // events. It is not safe for concurrent use.
 type Core struct {
-	cfg   Config
-	seed  uint64
-	ev    eventSink
-	cache kvCache
+	cfg  Config
+	seed uint64
+	// windowBlocks is how many blocks before a prefix's end group 1 must
+	// hold for the prefix to be reused (hybrid engines).
+	windowBlocks int
+	ev           eventSink
+	cache        kvCache
 
 	waiting deque
 	running []*Request
@@ -139,8 +154,11 @@ func NewCore(cfg Config, pub Publisher) (*Core, error) {
 		return nil, err
 	}
 	c := &Core{cfg: cfg, seed: EngineSeed(cfg.Model)}
+	if cfg.SlidingWindow > 0 {
+		c.windowBlocks = (cfg.SlidingWindow - 1 + cfg.BlockSize - 1) / cfg.BlockSize
+	}
 	c.ev.pub = pub
-	c.cache = newKVCache(cfg.KVBlocks, &c.ev)
+	c.cache = newKVCache(&c.cfg, &c.ev)
 	return c, nil
 }
 
@@ -249,6 +267,11 @@ func (c *Core) Load() (running, waiting, kvUsed, kvTotal uint64) {
 func (c *Core) Stats() Stats {
 	s := c.stats
 	s.BlocksStored, s.BlocksEvicted = c.cache.stored, c.cache.evicted
+	s.BlocksOffloaded, s.BlocksLoaded, s.HostBlocksEvicted = c.cache.offloaded, c.cache.loaded, c.cache.hostEvicts
+	s.WindowBlocksFreed = c.cache.windowFreed
+	if c.cache.host != nil {
+		s.HostCached = c.cache.host.len()
+	}
 	s.PublishErrors = c.ev.errors
 	s.Running, s.Waiting = len(c.running), c.waiting.len()
 	s.KVHeld, s.KVCached, s.KVTotal = c.cache.held, c.cache.cachedBlocks(), c.cache.total()
@@ -299,23 +322,50 @@ func (c *Core) commitFull(r *Request) {
 		if other, dup := c.cache.commit(id, r.hashes[i], parent, hasParent, r.tokens[i*bs:(i+1)*bs], r.LoRA, r.CacheSalt); dup {
 			// Another request computed the same block first: share its copy
 			// and give ours back, as a hashing engine deduplicates.
-			c.cache.acquire(other)
-			c.cache.release(id)
+			c.cache.acquire(other, true)
+			c.cache.release(id, false)
 			r.blocks[i] = other
 		}
 	}
+	if c.cfg.SlidingWindow > 0 {
+		// Group 1 caches the same blocks, after group 0, except those the
+		// window has already passed (a long prefill chunk).
+		for i := max(r.committed, c.windowSkip(r.computed)); i < full; i++ {
+			c.cache.enterWindow(r.blocks[i], r.tokens[i*bs:(i+1)*bs])
+		}
+	}
 	r.committed = full
+}
+
+// windowSkip is how many leading blocks of a sequence with computed tokens
+// in KV the sliding window no longer covers: those whose every token is
+// more than SlidingWindow−1 tokens before the last (vLLM's
+// SlidingWindowManager.get_num_skipped_tokens).
+func (c *Core) windowSkip(computed int) int {
+	return max(computed-c.cfg.SlidingWindow+1, 0) / c.cfg.BlockSize
+}
+
+// skipWindow frees from group 1 the blocks of r that r's window has
+// passed and no other holder's window covers.
+func (c *Core) skipWindow(r *Request) {
+	if c.cfg.SlidingWindow == 0 {
+		return
+	}
+	for to := min(c.windowSkip(r.computed), r.committed); r.winFrom < to; r.winFrom++ {
+		c.cache.leaveWindow(r.blocks[r.winFrom])
+	}
 }
 
 // releaseBlocks drops r's references, last block first so that the LRU
 // evicts the tail of a prefix before its head.
 func (c *Core) releaseBlocks(r *Request) {
 	for i := len(r.blocks) - 1; i >= 0; i-- {
-		c.cache.release(r.blocks[i])
+		c.cache.release(r.blocks[i], i < r.winFrom)
 	}
 	r.blocks = r.blocks[:0]
 	r.committed = 0
 	r.computed = 0
+	r.winFrom = 0
 }
 
 // preempt sends r back to the front of the waiting queue; it will recompute
@@ -374,12 +424,15 @@ func (c *Core) Step() StepReport {
 		}
 		r.computed += n
 		c.commitFull(r)
+		c.skipWindow(r)
 		budget -= n
 		c.scheduled = append(c.scheduled, r)
 	}
 
 	// Then waiting requests, unless this step had to preempt: FCFS, each
-	// starting from its longest cached prefix, chunked to the budget.
+	// starting from its longest cached prefix, chunked to the budget. A
+	// prefix the GPU lacks may continue in the host pool: those blocks are
+	// loaded back rather than computed.
 	bs := c.cfg.BlockSize
 	for rep.Preempted == 0 && budget > 0 && len(c.running) < c.cfg.MaxSeqs && c.waiting.len() > 0 {
 		r := c.waiting.front()
@@ -387,28 +440,50 @@ func (c *Core) Step() StepReport {
 		// sample from; a fully cached prompt still recomputes its last block.
 		maxHit := (len(r.tokens) - 1) / bs
 		c.ensureHashes(r, maxHit)
-		hit, unreferenced := c.cache.match(r.hashes[:maxHit])
-		computed := hit * bs
+		hit := c.cache.match(r.hashes[:maxHit])
+		missed := 0
+		if c.cfg.SlidingWindow > 0 {
+			short := c.cache.windowHit(r.hashes[:hit], c.windowBlocks)
+			hit, missed = short, hit-short
+		}
+		loaded := 0
+		if c.cache.host != nil {
+			loaded = c.cache.host.prefix(r.hashes[hit:maxHit])
+		}
+		computed := (hit + loaded) * bs
 		n := min(len(r.tokens)-computed, budget)
 		need := c.blocksFor(computed+n) - hit
-		if need > c.cache.free()-unreferenced {
+		if need > c.cache.free()-c.cache.unreferenced(r.hashes[:hit]) {
 			break
 		}
 		c.waiting.popFront()
+		// Blocks the window has passed already are reused in group 0 only.
+		r.winFrom = min(c.windowSkip(hit*bs), hit)
+		if c.cfg.SlidingWindow == 0 {
+			r.winFrom = 0
+		}
 		for j := range hit {
-			r.blocks = append(r.blocks, c.cache.acquireCached(r.hashes[j]))
+			r.blocks = append(r.blocks, c.cache.acquireCached(r.hashes[j], j >= r.winFrom))
 		}
 		r.committed = hit
+		if loaded > 0 {
+			// Refresh the copies before allocating, which may offload GPU
+			// blocks and push the least recent copies out.
+			c.cache.load(r.hashes[hit : hit+loaded])
+			cost += time.Duration(loaded) * c.cfg.Timing.HostLoadPerBlock
+		}
 		c.allocate(r, need)
 		if r.cached < 0 {
 			r.cached = computed
 			c.stats.PromptTokens += uint64(len(r.Prompt))
 			c.stats.CachedPromptTokens += uint64(min(computed, len(r.Prompt)))
+			c.stats.WindowMissedBlocks += uint64(missed)
 		}
 		cost += c.cfg.Timing.Prefill(computed, n)
 		rep.PrefillTokens += n
 		r.computed = computed + n
 		c.commitFull(r)
+		c.skipWindow(r)
 		budget -= n
 		r.state = stateRunning
 		c.running = append(c.running, r)

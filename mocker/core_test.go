@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // testTiming has round numbers so that expected durations can be worked out
@@ -177,7 +178,7 @@ func TestDecodeBlocksAreCachedAndShared(t *testing.T) {
 func TestCacheEvictionOrder(t *testing.T) {
 	rec := &Recorder{}
 	ev := &eventSink{pub: rec}
-	c := newKVCache(6, ev)
+	c := newKVCache(&Config{KVBlocks: 6, BlockSize: 16}, ev)
 	removed := func() []uint64 {
 		ev.flush()
 		var out []uint64
@@ -199,7 +200,7 @@ func TestCacheEvictionOrder(t *testing.T) {
 	held, _ := c.allocate() // never cached, never released
 	c.checkInvariants()
 	for _, i := range []int{2, 0, 3, 1} { // LRU order: 102, 100, 103, 101
-		c.release(ids[i])
+		c.release(ids[i], false)
 	}
 	removed()
 
@@ -208,7 +209,7 @@ func TestCacheEvictionOrder(t *testing.T) {
 		if !ok || len(removed()) != 0 {
 			t.Fatal("allocation evicted while an empty block was free")
 		}
-		c.release(id)
+		c.release(id, false)
 	})
 	t.Run("least recently released first", func(t *testing.T) {
 		id, ok := c.allocate() // the one empty block again
@@ -227,14 +228,14 @@ func TestCacheEvictionOrder(t *testing.T) {
 			t.Fatalf("evicted %v, want [102 100]", got)
 		}
 		for _, id := range ids {
-			c.release(id)
+			c.release(id, false)
 		}
 		c.checkInvariants()
 	})
 	t.Run("a hit refreshes recency", func(t *testing.T) {
 		// LRU now: 103, 101, then three empty blocks released above (empty
 		// blocks are on their own list). Touch 103: 101 becomes oldest.
-		c.release(c.acquireCached(103))
+		c.release(c.acquireCached(103, true), false)
 		var got []int32
 		for range 4 {
 			id, ok := c.allocate()
@@ -247,7 +248,7 @@ func TestCacheEvictionOrder(t *testing.T) {
 			t.Fatalf("evicted %v, want [101]", r)
 		}
 		for _, id := range got {
-			c.release(id)
+			c.release(id, false)
 		}
 	})
 	t.Run("held blocks are never evicted", func(t *testing.T) {
@@ -266,7 +267,7 @@ func TestCacheEvictionOrder(t *testing.T) {
 			if id == held {
 				t.Fatal("allocated a held block")
 			}
-			c.release(id)
+			c.release(id, false)
 		}
 		c.checkInvariants()
 	})
@@ -598,31 +599,41 @@ func TestEveryStoreAndEvictionPublished(t *testing.T) {
 }
 
 func TestCoreIsDeterministic(t *testing.T) {
-	run := func() ([]Event, Stats) {
-		rec := &Recorder{}
-		c := newTestCore(t, Config{BlockSize: 4, KVBlocks: 40, MaxBatchedTokens: 48, MaxSeqs: 8}, rec)
-		randomWorkload(t, c, 11, func() {})
-		return rec.Events(), c.Stats()
-	}
-	e1, s1 := run()
-	e2, s2 := run()
-	if !reflect.DeepEqual(e1, e2) || s1 != s2 {
-		t.Fatal("the same inputs gave different events or stats")
-	}
-	if s1.Preemptions == 0 {
-		t.Log("note: this workload did not preempt")
+	for _, cfg := range []Config{
+		{BlockSize: 4, KVBlocks: 40, MaxBatchedTokens: 48, MaxSeqs: 8},
+		{BlockSize: 4, KVBlocks: 40, MaxBatchedTokens: 48, MaxSeqs: 8, HostBlocks: 30},
+		{BlockSize: 4, KVBlocks: 40, MaxBatchedTokens: 48, MaxSeqs: 8, SlidingWindow: 10},
+	} {
+		run := func() ([]Event, Stats) {
+			rec := &Recorder{}
+			c := newTestCore(t, cfg, rec)
+			randomWorkload(t, c, 11, func() {})
+			return rec.Events(), c.Stats()
+		}
+		e1, s1 := run()
+		e2, s2 := run()
+		if !reflect.DeepEqual(e1, e2) || s1 != s2 {
+			t.Fatalf("%+v: the same inputs gave different events or stats", cfg)
+		}
+		if s1.Preemptions == 0 {
+			t.Logf("note: this workload did not preempt (%+v)", cfg)
+		}
 	}
 }
 
 func TestEventSinkKeepsOrderAndBatches(t *testing.T) {
 	rec := &Recorder{}
 	s := &eventSink{pub: rec}
-	s.store(0, false, BlockEvent{Hash: 1})
-	s.store(1, true, BlockEvent{Hash: 2}) // continues the chain: same call
-	s.store(0, false, BlockEvent{Hash: 3})
-	s.remove(2)
-	s.remove(3)
-	s.store(1, true, BlockEvent{Hash: 2})
+	gpu, host := Placement{}, Placement{Tier: workers.TierHost}
+	s.store(gpu, 0, false, BlockEvent{Hash: 1})
+	s.store(gpu, 1, true, BlockEvent{Hash: 2}) // continues the chain: same call
+	s.store(gpu, 0, false, BlockEvent{Hash: 3})
+	s.remove(gpu, 2)
+	s.remove(gpu, 3)
+	s.store(gpu, 1, true, BlockEvent{Hash: 2})
+	s.store(host, 2, true, BlockEvent{Hash: 3}) // chained, but elsewhere: another call
+	s.remove(host, 3)
+	s.remove(gpu, 2) // same kind, another placement: another call
 	s.flush()
 	var got []string
 	for _, e := range rec.Events() {
@@ -631,9 +642,10 @@ func TestEventSinkKeepsOrderAndBatches(t *testing.T) {
 			ids = append(ids, b.Hash)
 		}
 		ids = append(ids, e.Hashes...)
-		got = append(got, e.Kind.String()+fmtIDs(ids))
+		got = append(got, e.At.Tier.String()+" "+e.Kind.String()+fmtIDs(ids))
 	}
-	want := []string{"stored[1 2]", "stored[3]", "removed[2 3]", "stored[2]"}
+	want := []string{"gpu stored[1 2]", "gpu stored[3]", "gpu removed[2 3]", "gpu stored[2]",
+		"host stored[3]", "host removed[3]", "gpu removed[2]"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("events %v, want %v", got, want)
 	}

@@ -45,6 +45,14 @@
 //     ShmPublisher (whose records cannot name one) leaves such blocks out. Blocks are reference-counted; unreferenced
 //     cached blocks stay findable until evicted, least recently used first,
 //     and only when no never-cached block is free.
+//   - CPU tier (Config.HostBlocks): an evicted block is copied to a bounded
+//     host pool (LRU), and a prefix continuing there is loaded back at
+//     Timing.HostLoadPerBlock a block instead of computed.
+//   - Hybrid models (Config.SlidingWindow): a second KV-cache group of
+//     sliding-window attention caches every block and frees it once no
+//     running request's window covers it; a prefix is reused only if that
+//     group holds the window before its end, as vLLM's hybrid manager
+//     decides, so cached_tokens says what the engine really reused.
 //   - Scheduling, after vLLM's V1 scheduler: each step has a token budget
 //     (MaxBatchedTokens) shared by running sequences (decode one token, or
 //     continue a chunked prefill) and then waiting ones (FCFS, from their
@@ -54,8 +62,9 @@
 //   - Timing: see Timing. A step's simulated duration grows with the
 //     uncached tokens it prefills and, for decode, with batch size and
 //     context. Config.Speedup divides simulated time on the wall clock.
-//   - Events: Stored for every block entering the prefix cache, Removed for
-//     every eviction, Cleared on start and on a cache reset, Load whenever
+//   - Events: Stored for every block entering the prefix cache (or the
+//     host pool, or group 1), Removed for every eviction (each naming its
+//     Placement: tier and group), Cleared on start and on a cache reset, Load whenever
 //     it changes and with every Heartbeat (each HeartbeatInterval). They go
 //     to a Publisher: a Recorder in tests, ShmPublisher for a kvfast shm
 //     segment (Config.Segment or Config.SegmentHandle), or ZMQPublisher

@@ -189,6 +189,18 @@ func (e *Engine) ZMQReplayEndpoint() string {
 	return e.zmq.ReplayEndpoint()
 }
 
+// ZMQPublished is how many KV-event batches the engine has published on
+// ZMQ (0 when it publishes none): a subscriber that applied batch
+// ZMQPublished()-1 knows every change so far. A reply is delivered only
+// after the step that finished it has published its events, so a test
+// can wait for a router to catch up with an engine before it asks it.
+func (e *Engine) ZMQPublished() uint64 {
+	if e.zmq == nil {
+		return 0
+	}
+	return e.zmq.Published()
+}
+
 // Config is the engine's configuration with defaults filled in.
 func (e *Engine) Config() Config { return e.cfg }
 

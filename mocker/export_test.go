@@ -77,6 +77,23 @@ func (c *kvCache) checkInvariants() {
 	if held != c.held {
 		panic("BUG: mocker: held count is wrong")
 	}
+	for _, b := range c.blocks {
+		if b.inWindow && !b.cached || b.winRef < 0 || b.winRef > b.ref {
+			panic("BUG: mocker: a block's sliding-window state disagrees with its references")
+		}
+	}
+	if p := c.host; p != nil {
+		n := 0
+		for id := p.head; id != noBlock; id = p.entries[id].next {
+			if got, ok := p.byHash[p.entries[id].hash]; !ok || got != id {
+				panic("BUG: mocker: host copy not findable by its hash")
+			}
+			n++
+		}
+		if n != len(p.byHash) || n+len(p.free) != len(p.entries) {
+			panic("BUG: mocker: host pool counts are wrong")
+		}
+	}
 	for h, id := range c.byHash {
 		if b := c.blocks[id]; !b.cached || b.hash != h {
 			panic("BUG: mocker: hash map points at a block that does not cache it")

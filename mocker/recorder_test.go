@@ -3,6 +3,8 @@ package mocker
 import (
 	"slices"
 	"sync"
+
+	"github.com/kvfast/kvfast/workers"
 )
 
 // EventKind names the kind of a recorded event.
@@ -36,6 +38,7 @@ func (k EventKind) String() string {
 // Event is one call a Recorder received, with its slices copied.
 type Event struct {
 	Kind      EventKind
+	At        Placement    // Stored, Removed
 	Parent    uint64       // Stored
 	HasParent bool         // Stored
 	Blocks    []BlockEvent // Stored
@@ -65,17 +68,17 @@ func (r *Recorder) add(e Event) error {
 }
 
 // Stored implements Publisher.
-func (r *Recorder) Stored(parentHash uint64, hasParent bool, blocks []BlockEvent) error {
+func (r *Recorder) Stored(at Placement, parentHash uint64, hasParent bool, blocks []BlockEvent) error {
 	cp := make([]BlockEvent, len(blocks))
 	for i, b := range blocks {
 		cp[i] = BlockEvent{Hash: b.Hash, Tokens: slices.Clone(b.Tokens), LoRA: b.LoRA, Salt: b.Salt}
 	}
-	return r.add(Event{Kind: EventStored, Parent: parentHash, HasParent: hasParent, Blocks: cp})
+	return r.add(Event{Kind: EventStored, At: at, Parent: parentHash, HasParent: hasParent, Blocks: cp})
 }
 
 // Removed implements Publisher.
-func (r *Recorder) Removed(hashes []uint64) error {
-	return r.add(Event{Kind: EventRemoved, Hashes: slices.Clone(hashes)})
+func (r *Recorder) Removed(at Placement, hashes []uint64) error {
+	return r.add(Event{Kind: EventRemoved, At: at, Hashes: slices.Clone(hashes)})
 }
 
 // Cleared implements Publisher.
@@ -104,12 +107,19 @@ func (r *Recorder) Reset() {
 }
 
 // Cached replays the store, remove and clear events and returns the set of
-// engine hashes a consumer would believe the engine caches.
-func (r *Recorder) Cached() map[uint64]struct{} {
+// engine hashes a consumer would believe the engine caches on the GPU (in
+// group 0).
+func (r *Recorder) Cached() map[uint64]struct{} { return r.CachedIn(workers.TierGPU, 0) }
+
+// CachedIn is Cached for the blocks held on tier in KV-cache group group.
+func (r *Recorder) CachedIn(tier workers.Tier, group int) map[uint64]struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	set := make(map[uint64]struct{})
 	for _, e := range r.events {
+		if (e.Kind == EventStored || e.Kind == EventRemoved) && (e.At.Tier != tier || e.At.Group != group) {
+			continue
+		}
 		switch e.Kind {
 		case EventStored:
 			for _, b := range e.Blocks {

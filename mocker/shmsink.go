@@ -31,9 +31,11 @@ var _ Publisher = (*ShmPublisher)(nil)
 // base model's, where requests without that adapter and salt would match
 // them. The router then under-claims them, which is safe. (Their
 // evictions still are published; the router ignores hashes it never
-// stored.)
-func (s *ShmPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent) error {
-	if len(blocks) > 0 && (blocks[0].LoRA != "" || blocks[0].Salt != "") {
+// stored.) Nor can a record name a tier or a KV-cache group: only blocks
+// stored on the GPU in group 0 are published, and copies in the host pool
+// or in a hybrid engine's other group are left out.
+func (s *ShmPublisher) Stored(at Placement, parent uint64, hasParent bool, blocks []BlockEvent) error {
+	if !at.OnGPU() || len(blocks) > 0 && (blocks[0].LoRA != "" || blocks[0].Salt != "") {
 		return nil
 	}
 	s.hashes, s.tokens = s.hashes[:0], s.tokens[:0]
@@ -44,8 +46,14 @@ func (s *ShmPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent
 	return s.p.Stored(parent, hasParent, s.hashes, s.tokens)
 }
 
-// Removed implements Publisher.
-func (s *ShmPublisher) Removed(hashes []uint64) error { return s.p.Removed(hashes) }
+// Removed implements Publisher. Only evictions from the GPU in group 0 are
+// published: a record would name the GPU's copy of every other.
+func (s *ShmPublisher) Removed(at Placement, hashes []uint64) error {
+	if !at.OnGPU() {
+		return nil
+	}
+	return s.p.Removed(hashes)
+}
 
 // Cleared implements Publisher.
 func (s *ShmPublisher) Cleared() error { return s.p.Cleared() }

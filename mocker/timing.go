@@ -13,6 +13,7 @@ import (
 //	    n·PrefillPerToken + PrefillAttentionPer1K · n·(c + (n+1)/2) / 1024
 //	+ Σ over decoding sequences (context c):
 //	    DecodePerSequence + DecodeAttentionPer1K · (c+1) / 1024
+//	+ HostLoadPerBlock · blocks loaded back from the host pool
 //
 // Prefill is linear in the tokens computed (the MLP and projection work)
 // plus an attention term that grows with how far into the sequence each new
@@ -27,22 +28,33 @@ type Timing struct {
 	PrefillAttentionPer1K time.Duration // per prefill token, per 1024 tokens it attends to
 	DecodePerSequence     time.Duration // per sequence in the decode batch
 	DecodeAttentionPer1K  time.Duration // per 1024 context tokens read by decoding sequences
+	// HostLoadPerBlock is the cost of loading one block back from the
+	// host pool (Config.HostBlocks) instead of computing it.
+	HostLoadPerBlock time.Duration
 }
 
 // DefaultTiming is roughly an 8B-parameter model on one H100-class GPU:
 // about 20k prefill tokens/s on short prompts, slower on long ones, and a
 // 64-sequence decode step of 10–15 ms. It is not calibrated against a real
 // engine; it only has the right shape.
+//
+// HostLoadPerBlock is a copy over PCIe: such a model keeps 128 KiB of
+// keys and values per token (32 layers × 8 KV heads × 128 dims × K and V
+// × 2 bytes), 2 MiB per block of radix.DefaultBlockSize (16) tokens, and
+// a PCIe 5.0 x16 link moves about 50 GB/s, so 40 µs a block: twenty
+// times less than prefilling its 16 tokens (800 µs at PrefillPerToken),
+// which is why engines offload at all.
 var DefaultTiming = Timing{
 	StepOverhead:          3 * time.Millisecond,
 	PrefillPerToken:       50 * time.Microsecond,
 	PrefillAttentionPer1K: 750 * time.Nanosecond,
 	DecodePerSequence:     120 * time.Microsecond,
 	DecodeAttentionPer1K:  4 * time.Microsecond,
+	HostLoadPerBlock:      40 * time.Microsecond,
 }
 
 func (t Timing) validate() error {
-	for _, d := range [...]time.Duration{t.StepOverhead, t.PrefillPerToken, t.PrefillAttentionPer1K, t.DecodePerSequence, t.DecodeAttentionPer1K} {
+	for _, d := range [...]time.Duration{t.StepOverhead, t.PrefillPerToken, t.PrefillAttentionPer1K, t.DecodePerSequence, t.DecodeAttentionPer1K, t.HostLoadPerBlock} {
 		if d < 0 {
 			return fmt.Errorf("cannot use timing %+v: durations must not be negative", t)
 		}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvfast/kvfast/workers"
 )
 
 // ZMQFormat is the wire format a ZMQPublisher speaks.
@@ -124,6 +126,14 @@ func NewZMQPublisher(cfg ZMQConfig, dpRank uint32) (*ZMQPublisher, error) {
 	return p, nil
 }
 
+// Published is how many batches the publisher has numbered so far: a
+// subscriber that applied batch Published()-1 has seen every event.
+func (p *ZMQPublisher) Published() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seq
+}
+
 // Endpoint is the PUB socket's bound endpoint, tcp://host:port.
 func (p *ZMQPublisher) Endpoint() string { return p.cfg.Listen }
 
@@ -160,7 +170,19 @@ func closeSocket(s zmq4.Socket) error {
 // (vllm/v1/core/kv_cache_utils.py, generate_block_hash_extra_keys);
 // SGLang sends the salt in BlockStoredWithMetadata's metadata map on every
 // salted block and never names an adapter.
-func (p *ZMQPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent) error {
+//
+// Copies in the host pool are announced as the engines' offloading does:
+// vLLM's OffloadingConnector by engine hash alone (token_ids [], parent
+// null, block_size 0, medium "CPU"), SGLang's HiCache with tokens and
+// parent, medium "CPU_PINNED". A hybrid engine's events name their
+// KV-cache group (group_idx, kv_cache_spec_kind and, for the
+// sliding-window group, kv_cache_spec_sliding_window), as vLLM's hybrid
+// allocator does; SGLang has no groups, so its format publishes group 0
+// only.
+func (p *ZMQPublisher) Stored(at Placement, parent uint64, hasParent bool, blocks []BlockEvent) error {
+	if p.cfg.Format == ZMQSGLang && at.Group != 0 {
+		return nil
+	}
 	p.hashes, p.tokens = p.hashes[:0], p.tokens[:0]
 	blockSize := 0
 	var lora, salt string
@@ -185,17 +207,23 @@ func (p *ZMQPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent
 		b = mpTokens(b, p.tokens)
 		b = mpUint(b, uint64(blockSize))
 		b = append(b, mpNil) // lora_id
-		b = mpStr(b, "GPU")
+		b = mpStr(b, p.medium(at))
 		if salt != "" {
 			b = mpStr(mpStr(mpMap(b, 1), "cache_salt"), salt)
 		}
 		return p.send(p.batchTail(b))
 	}
+	byReference := at.Tier != workers.TierGPU
+	if byReference {
+		// The connector knows the blocks it copied by engine hash only.
+		hasParent, blockSize, lora, salt = false, 0, "", ""
+		p.tokens = p.tokens[:0]
+	}
 	saltFirst := salt != "" && !hasParent // vLLM salts a request's first block only
 	extra := lora != "" || saltFirst
-	n := 8
+	n := 8 + groupKeys(at)
 	if extra {
-		n = 9
+		n++
 	}
 	b = mpMap(b, n)
 	b = mpStr(mpStr(b, "type"), "BlockStored")
@@ -204,7 +232,7 @@ func (p *ZMQPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent
 	b = mpTokens(mpStr(b, "token_ids"), p.tokens)
 	b = mpUint(mpStr(b, "block_size"), uint64(blockSize))
 	b = append(mpStr(b, "lora_id"), mpNil)
-	b = mpStr(mpStr(b, "medium"), "GPU")
+	b = mpStr(mpStr(b, "medium"), p.medium(at))
 	if b = mpStr(b, "lora_name"); lora != "" {
 		b = mpStr(b, lora)
 	} else {
@@ -233,24 +261,72 @@ func (p *ZMQPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent
 			}
 		}
 	}
+	b = appendGroup(b, at, true)
 	return p.send(p.batchTail(b))
 }
 
 // Removed implements Publisher.
-func (p *ZMQPublisher) Removed(hashes []uint64) error {
+func (p *ZMQPublisher) Removed(at Placement, hashes []uint64) error {
+	if p.cfg.Format == ZMQSGLang && at.Group != 0 {
+		return nil
+	}
 	b := p.batchHead(len(hashes), 0)
 	if p.cfg.Format == ZMQSGLang {
 		b = mpArray(b, 3)
 		b = mpStr(b, "BlockRemoved")
 		b = p.appendHashes(b, hashes)
-		b = mpStr(b, "GPU")
+		b = mpStr(b, p.medium(at))
 	} else {
-		b = mpMap(b, 3)
+		n := 3
+		if at.Hybrid {
+			n++
+		}
+		b = mpMap(b, n)
 		b = mpStr(mpStr(b, "type"), "BlockRemoved")
 		b = p.appendHashes(mpStr(b, "block_hashes"), hashes)
-		b = mpStr(mpStr(b, "medium"), "GPU")
+		b = mpStr(mpStr(b, "medium"), p.medium(at))
+		b = appendGroup(b, at, false)
 	}
 	return p.send(p.batchTail(b))
+}
+
+// medium names at's tier as the format's engine does.
+func (p *ZMQPublisher) medium(at Placement) string {
+	switch {
+	case at.Tier == workers.TierGPU:
+		return "GPU"
+	case p.cfg.Format == ZMQSGLang:
+		return "CPU_PINNED"
+	}
+	return "CPU"
+}
+
+// groupKeys is how many keys appendGroup writes into a BlockStored.
+func groupKeys(at Placement) int {
+	switch {
+	case !at.Hybrid:
+		return 0
+	case at.Group != 0:
+		return 3
+	}
+	return 2
+}
+
+// appendGroup writes a hybrid engine's group keys: group_idx, and, for a
+// store, the group's kind and sliding window.
+func appendGroup(b []byte, at Placement, store bool) []byte {
+	if !at.Hybrid {
+		return b
+	}
+	b = mpUint(mpStr(b, "group_idx"), uint64(at.Group))
+	if !store {
+		return b
+	}
+	if at.Group == 0 {
+		return mpStr(mpStr(b, "kv_cache_spec_kind"), "full_attention")
+	}
+	b = mpStr(mpStr(b, "kv_cache_spec_kind"), "sliding_window")
+	return mpUint(mpStr(b, "kv_cache_spec_sliding_window"), uint64(at.SlidingWindow))
 }
 
 // Cleared implements Publisher.

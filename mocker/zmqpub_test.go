@@ -126,12 +126,12 @@ func TestZMQPublisherWireShapes(t *testing.T) {
 			defer p.Close()
 			for _, err := range []error{
 				p.Cleared(),
-				p.Stored(0, false, []BlockEvent{{Hash: parent, Tokens: []uint32{1, 2}}}),
-				p.Stored(parent, true, []BlockEvent{{Hash: 7, Tokens: []uint32{300, 4}}}),
-				p.Removed([]uint64{7}),
-				p.Stored(0, false, []BlockEvent{{Hash: 8, Tokens: []uint32{1, 2}, LoRA: "sql", Salt: "a"},
+				p.Stored(Placement{}, 0, false, []BlockEvent{{Hash: parent, Tokens: []uint32{1, 2}}}),
+				p.Stored(Placement{}, parent, true, []BlockEvent{{Hash: 7, Tokens: []uint32{300, 4}}}),
+				p.Removed(Placement{}, []uint64{7}),
+				p.Stored(Placement{}, 0, false, []BlockEvent{{Hash: 8, Tokens: []uint32{1, 2}, LoRA: "sql", Salt: "a"},
 					{Hash: 9, Tokens: []uint32{3, 4}, LoRA: "sql", Salt: "a"}}),
-				p.Stored(9, true, []BlockEvent{{Hash: 10, Tokens: []uint32{5, 6}, Salt: "a"}}),
+				p.Stored(Placement{}, 9, true, []BlockEvent{{Hash: 10, Tokens: []uint32{5, 6}, Salt: "a"}}),
 			} {
 				if err != nil {
 					t.Fatal(err)
@@ -182,5 +182,70 @@ func TestZMQPublisherBufferIsBounded(t *testing.T) {
 	}
 	if !reflect.DeepEqual(seqs, []uint64{47, 48, 49}) {
 		t.Fatalf("buffered %v, want the last three", seqs)
+	}
+}
+
+// TestZMQPublisherTierAndGroupShapes: host copies are announced as each
+// engine's offloading does (vLLM's connector by engine hash alone, SGLang's
+// HiCache with tokens and parent), and a hybrid engine's events name their
+// KV-cache group in vLLM's format; SGLang's, which has no groups, carries
+// group 0 only.
+func TestZMQPublisherTierAndGroupShapes(t *testing.T) {
+	host := Placement{Tier: workers.TierHost}
+	full := Placement{Hybrid: true}
+	window := Placement{Hybrid: true, Group: 1, SlidingWindow: 4096}
+	want := map[ZMQFormat][]any{
+		ZMQVLLM: {
+			[]any{map[string]any{"type": "BlockStored", "block_hashes": []any{int8(10)}, "parent_block_hash": nil,
+				"token_ids": []any{}, "block_size": int8(0), "lora_id": nil, "medium": "CPU", "lora_name": nil}},
+			[]any{map[string]any{"type": "BlockRemoved", "block_hashes": []any{int8(10)}, "medium": "CPU"}},
+			[]any{map[string]any{"type": "BlockStored", "block_hashes": []any{int8(11)}, "parent_block_hash": int8(9),
+				"token_ids": []any{int8(5), int8(6)}, "block_size": int8(2), "lora_id": nil, "medium": "GPU", "lora_name": nil,
+				"group_idx": int8(0), "kv_cache_spec_kind": "full_attention"}},
+			[]any{map[string]any{"type": "BlockStored", "block_hashes": []any{int8(11)}, "parent_block_hash": int8(9),
+				"token_ids": []any{int8(5), int8(6)}, "block_size": int8(2), "lora_id": nil, "medium": "GPU", "lora_name": nil,
+				"group_idx": int8(1), "kv_cache_spec_kind": "sliding_window", "kv_cache_spec_sliding_window": uint16(4096)}},
+			[]any{map[string]any{"type": "BlockRemoved", "block_hashes": []any{int8(11)}, "medium": "GPU", "group_idx": int8(1)}},
+		},
+		ZMQSGLang: {
+			[]any{[]any{"BlockStored", []any{int8(10)}, int8(9), []any{int8(5), int8(6)}, int8(2), nil, "CPU_PINNED",
+				map[string]any{"cache_salt": "a"}}},
+			[]any{[]any{"BlockRemoved", []any{int8(10)}, "CPU_PINNED"}},
+			[]any{[]any{"BlockStored", []any{int8(11)}, int8(9), []any{int8(5), int8(6)}, int8(2), nil, "GPU"}},
+		},
+	}
+	for format, events := range want {
+		t.Run(format.String(), func(t *testing.T) {
+			p, err := NewZMQPublisher(ZMQConfig{Listen: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", Format: format}, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			for _, err := range []error{
+				p.Stored(host, 9, true, []BlockEvent{{Hash: 10, Tokens: []uint32{5, 6}, Salt: "a"}}),
+				p.Removed(host, []uint64{10}),
+				p.Stored(full, 9, true, []BlockEvent{{Hash: 11, Tokens: []uint32{5, 6}}}),
+				p.Stored(window, 9, true, []BlockEvent{{Hash: 11, Tokens: []uint32{5, 6}}}),
+				p.Removed(window, []uint64{11}),
+			} {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := p.Published(); got != uint64(len(events)) {
+				t.Fatalf("published %d batches, want %d", got, len(events))
+			}
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			for i, b := range p.buffer {
+				var got []any
+				if err := msgpack.Unmarshal(b.payload, &got); err != nil {
+					t.Fatalf("batch %d: %v", i, err)
+				}
+				if !reflect.DeepEqual(got[1], events[i]) {
+					t.Fatalf("batch %d events\n got %#v\nwant %#v", i, got[1], events[i])
+				}
+			}
+		})
 	}
 }

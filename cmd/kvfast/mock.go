@@ -65,6 +65,21 @@ such an engine with a static worker whose zmq= (and replay=) name these
 endpoints. --zmq-drop-every N loses every Nth batch from the live stream,
 kept for replay, to watch a router repair gaps.
 
+--host-blocks N gives each engine a CPU tier of N blocks, as vLLM's
+OffloadingConnector and SGLang's HiCache do: a block the GPU evicts is
+copied there (least recently used copies making room) and loaded back,
+at --host-load-per-block each, for a request whose prefix continues there.
+On ZMQ the copies are announced as each engine does (vLLM: token-less
+BlockStored, medium CPU; SGLang: with tokens, medium CPU_PINNED); shm
+records cannot name a tier and leave them out.
+
+--sliding-window TOKENS makes each engine a hybrid model, as vLLM's hybrid
+KV-cache manager runs one: a second KV-cache group of sliding-window
+attention caches every block and frees it as soon as no running request's
+window covers it, and a cached prefix is reused only if that group still
+holds the window before its end. Events name their group (group_idx,
+kv_cache_spec_kind), so it needs --publish zmq, and not --host-blocks.
+
 --lora-adapters names LoRA adapters the engines serve, as vLLM's
 --lora-modules does: a request naming one as its model, or carrying
 cache_salt, caches its blocks in that namespace, published on ZMQ as the
@@ -81,6 +96,8 @@ Examples:
   kvfast mock --kv-blocks 2048 --block-size 16 --engine-speedup inf
   kvfast mock --engines 2 --publish zmq --zmq-listen tcp://127.0.0.1:5557 --zmq-replay tcp://127.0.0.1:5657
   kvfast mock --engines 2 --listen 127.0.0.1:8100 --tokenizer demo
+  kvfast mock --engines 2 --publish zmq --zmq-listen tcp://127.0.0.1:5557 --kv-blocks 512 --host-blocks 4096
+  kvfast mock --publish zmq --zmq-listen tcp://127.0.0.1:5557 --sliding-window 1024
 
 Exit status: 0 after SIGINT or SIGTERM, 1 if an engine or the tokenizer
 cannot start, 2 for bad flags.
@@ -123,6 +140,8 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		zmqReplay  = fs.String("zmq-replay", "", "with --publish zmq*: engine 0's replay ROUTER `endpoint`, numbered like --zmq-listen (\"\": no replay socket)")
 		zmqTopic   = fs.String("zmq-topic", "", "with --publish zmq*: the topic frame of every message (vLLM's default is empty)")
 		adapters   = fs.String("lora-adapters", "", "comma-separated LoRA adapter `names` each engine serves (listed by GET /v1/models with the model as parent; their requests, like salted ones, cache in their own namespace)")
+		hostBlocks = fs.Int("host-blocks", 0, "CPU tier per engine, in `blocks`: evicted blocks are kept there and loaded back (0: none)")
+		window     = fs.Int("sliding-window", 0, "make each engine a hybrid model with a sliding-window KV-cache group of `tokens` (needs --publish zmq; 0: none)")
 		zmqDrop    = fs.Int("zmq-drop-every", 0, "with --publish zmq*: lose every `N`th batch from the live stream (it stays replayable)")
 		workerID   = fs.Uint64("worker-id", 0, "worker id of engine 0")
 		dpRank     = fs.Uint("dp-rank", 0, "DP rank of engine 0")
@@ -135,6 +154,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		preAttn    = fs.Duration("prefill-attention-per-1k", d.PrefillAttentionPer1K, "timing: cost per prefilled token per 1024 tokens it attends to")
 		decSeq     = fs.Duration("decode-per-seq", d.DecodePerSequence, "timing: cost per sequence in a decode step")
 		decAttn    = fs.Duration("decode-attention-per-1k", d.DecodeAttentionPer1K, "timing: cost per 1024 context tokens read in a decode step")
+		hostLoad   = fs.Duration("host-load-per-block", d.HostLoadPerBlock, "timing: cost of loading a block back from the CPU tier (--host-blocks)")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -171,6 +191,14 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 	zmqFormat, err := publishMode(*publish, *segment)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvfast mock: %v\n", err)
+		return 2
+	}
+	switch {
+	case *window > 0 && (*segment != "" || *publish == "zmq-sglang"):
+		fmt.Fprintln(stderr, "kvfast mock: --sliding-window needs vLLM's events (--publish zmq): shm records and SGLang's events cannot name KV-cache groups")
+		return 2
+	case *window > 0 && *hostBlocks > 0:
+		fmt.Fprintln(stderr, "kvfast mock: --sliding-window and --host-blocks are exclusive: offloading a hybrid model is not simulated")
 		return 2
 	}
 	zmqOn := *publish == "zmq" || *publish == "zmq-sglang"
@@ -229,8 +257,10 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 			HeartbeatInterval: *heartbeat,
 			Timing: mocker.Timing{
 				StepOverhead: *stepOver, PrefillPerToken: *preTok, PrefillAttentionPer1K: *preAttn,
-				DecodePerSequence: *decSeq, DecodeAttentionPer1K: *decAttn,
+				DecodePerSequence: *decSeq, DecodeAttentionPer1K: *decAttn, HostLoadPerBlock: *hostLoad,
 			},
+			HostBlocks:    *hostBlocks,
+			SlidingWindow: *window,
 			Renderer:      renderer,
 			DisableRender: *noRender,
 			LoRAAdapters:  loraAdapters(*adapters),
@@ -269,8 +299,15 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 				events += " replay " + r
 			}
 		}
-		fmt.Fprintf(stdout, "engine %d: %s worker=%d rank=%d model=%q kv=%dx%d speed %s, %s, %s\n",
-			i, e.URL(), c.WorkerID, c.DPRank, c.Model, c.KVBlocks, c.BlockSize, speed, events, tokenizerName)
+		kv := fmt.Sprintf("%dx%d", c.KVBlocks, c.BlockSize)
+		if c.HostBlocks > 0 {
+			kv += fmt.Sprintf(" host=%d", c.HostBlocks)
+		}
+		if c.SlidingWindow > 0 {
+			kv += fmt.Sprintf(" sliding-window=%d", c.SlidingWindow)
+		}
+		fmt.Fprintf(stdout, "engine %d: %s worker=%d rank=%d model=%q kv=%s speed %s, %s, %s\n",
+			i, e.URL(), c.WorkerID, c.DPRank, c.Model, kv, speed, events, tokenizerName)
 	}
 	fmt.Fprintf(stdout, "kvfast mock: %d engine(s) running; interrupt to stop\n", len(started))
 	<-stop

@@ -82,7 +82,7 @@ func TestMockCommand(t *testing.T) {
 		go func() {
 			code <- mockCommand([]string{"--engines", "2", "--listen", "127.0.0.1:0", "--engine-speedup", "inf",
 				"--publish", "zmq-sglang", "--zmq-listen", "tcp://127.0.0.1:0", "--zmq-replay", "tcp://127.0.0.1:0",
-				"--lora-adapters", "sql, chat"}, &out, &errOut, stop)
+				"--lora-adapters", "sql, chat", "--host-blocks", "64"}, &out, &errOut, stop)
 		}()
 		deadline := time.Now().Add(10 * time.Second)
 		for !strings.Contains(out.String(), "running") {
@@ -90,6 +90,9 @@ func TestMockCommand(t *testing.T) {
 				t.Fatalf("no start banner; stderr: %s", errOut.String())
 			}
 			time.Sleep(5 * time.Millisecond)
+		}
+		if strings.Count(out.String(), "host=64") != 2 {
+			t.Errorf("the banner does not show the CPU tier: %q", out.String())
 		}
 		m := regexp.MustCompile(`events zmq sglang (tcp://[0-9.]+:[0-9]+) replay (tcp://[0-9.]+:[0-9]+)`).FindAllStringSubmatch(out.String(), -1)
 		if len(m) != 2 || m[0][1] == m[1][1] || m[0][2] == m[1][2] || m[0][1] == m[0][2] {
@@ -180,6 +183,11 @@ func TestMockCommand(t *testing.T) {
 			{[]string{"--publish", "zmq", "--zmq-listen", "tcp://127.0.0.1:65535", "--engines", "2"}, 2},
 			{[]string{"--listen", "127.0.0.1:0", "--tokenizer", "/nonexistent/tokenizer"}, 1},
 			{[]string{"--listen", "127.0.0.1:0", "--tokenizer", "remote"}, 1},
+			{[]string{"--sliding-window", "64", "--publish", "zmq-sglang"}, 2},
+			{[]string{"--sliding-window", "64", "--segment", "/dev/shm/x"}, 2},
+			{[]string{"--sliding-window", "64", "--host-blocks", "8", "--publish", "zmq"}, 2},
+			{[]string{"--listen", "127.0.0.1:0", "--host-blocks", "-1"}, 1},
+			{[]string{"--listen", "127.0.0.1:0", "--sliding-window", "1"}, 1},
 		} {
 			var out, errOut lockedBuffer
 			stop := make(chan struct{})
