@@ -274,7 +274,7 @@ func collectZMQ(ch chan<- prometheus.Metric, st feed.ZMQStats, id, rank string) 
 		{"bad_events", st.BadEvents}, {"unknown_events", st.UnknownEvents}, {"skipped_lora", st.SkippedLoRA},
 		{"skipped_medium", st.SkippedMedium}, {"skipped_group", st.SkippedGroup}, {"skipped_extra_keys", st.SkippedExtraKeys},
 		{"block_size_mismatch", st.BlockSizeMismatch}, {"unresolved_parent", st.UnresolvedParent},
-		{"unknown_removed", st.UnknownRemoved},
+		{"unknown_removed", st.UnknownRemoved}, {"multimodal_blocks", st.MultimodalBlocks},
 	} {
 		ch <- prometheus.MustNewConstMetric(descZMQEvents, prometheus.CounterValue, float64(kv.v), id, rank, kv.status)
 	}
