@@ -1,5 +1,7 @@
 package mocker
 
+import "github.com/kvfast/kvfast/radix"
+
 // BlockEvent is one block in a Stored event: the engine's own hash for the
 // block and the token ids it holds.
 type BlockEvent struct {
@@ -9,6 +11,11 @@ type BlockEvent struct {
 	// stored the block: its hash (and every block's chained from it)
 	// covers them. The blocks of one Stored call share them.
 	LoRA, Salt string
+	// MM are the multimodal inputs of that request and Start the block's
+	// first token in it: the block's hash covers the inputs it overlaps
+	// (multimodal.go).
+	MM    []radix.MMItem
+	Start int
 }
 
 // Publisher receives the engine's KV-cache events and load. It is the seam

@@ -159,7 +159,9 @@ func closeSocket(s zmq4.Socket) error {
 // first block, and lists those keys in extra_keys
 // (vllm/v1/core/kv_cache_utils.py, generate_block_hash_extra_keys);
 // SGLang sends the salt in BlockStoredWithMetadata's metadata map on every
-// salted block and never names an adapter.
+// salted block and never names an adapter. An image's blocks list its
+// (mm_hash, offset) keys between the adapter and the salt, as vLLM's do
+// (multimodal.go); the SGLang format carries no such keys.
 func (p *ZMQPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent) error {
 	p.hashes, p.tokens = p.hashes[:0], p.tokens[:0]
 	blockSize := 0
@@ -193,6 +195,9 @@ func (p *ZMQPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent
 	}
 	saltFirst := salt != "" && !hasParent // vLLM salts a request's first block only
 	extra := lora != "" || saltFirst
+	for i := range blocks {
+		extra = extra || blocks[i].mmKeys() > 0
+	}
 	n := 8
 	if extra {
 		n = 9
@@ -213,7 +218,7 @@ func (p *ZMQPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent
 	if extra {
 		b = mpArray(mpStr(b, "extra_keys"), len(blocks))
 		for i := range blocks {
-			keys := 0
+			keys := blocks[i].mmKeys()
 			if lora != "" {
 				keys++
 			}
@@ -224,10 +229,12 @@ func (p *ZMQPublisher) Stored(parent uint64, hasParent bool, blocks []BlockEvent
 				b = append(b, mpNil)
 				continue
 			}
+			// vLLM's order: lora + mm + salt (generate_block_hash_extra_keys).
 			b = mpArray(b, keys)
 			if lora != "" {
 				b = mpStr(b, lora)
 			}
+			b = blocks[i].appendMMKeys(b)
 			if i == 0 && saltFirst {
 				b = mpStr(b, salt)
 			}
