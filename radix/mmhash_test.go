@@ -81,3 +81,22 @@ func TestMMKeysSeparateBlocks(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkHashBlocksMM: an 8K-token prompt with four images of 576
+// placeholder tokens each (a LLaVA-sized image), against
+// BenchmarkHashBlocks' text prompt of the same length.
+func BenchmarkHashBlocksMM(b *testing.B) {
+	tokens := seqTokens(8192, 1)
+	var items []MMItem
+	for i := range 4 {
+		items = append(items, MMItem{ID: []byte("5f2b1c9d7e3a4b6c8d0e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e"), Offset: 100 + 2000*i, Length: 576})
+	}
+	dst := make([]uint64, 0, 512)
+	seed := NamespaceSeed("llava", "", "")
+	b.ReportAllocs()
+	b.SetBytes(int64(len(tokens) * 4))
+	for b.Loop() {
+		dst = AppendBlockHashesMM(dst[:0], seed, tokens, 16, items)
+	}
+	b.ReportMetric(float64(len(tokens))*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+}
