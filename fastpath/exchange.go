@@ -30,7 +30,8 @@ type exchange struct {
 	s        *Server
 	api      openai.API
 	req      openai.ParsedRequest
-	tokens   []uint32 // a text or chat prompt's ids, when its model has a renderer
+	tokens   []uint32          // a text or chat prompt's ids, when its model has a renderer
+	mm       prompt.Multimodal // the prompt's images, audio, video, when the renderer learns them
 	hashes   []uint64
 	overlaps workers.Overlaps
 	lower    workers.LowerTiers
@@ -198,9 +199,14 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	}
 	t0 := clock.Now()
 	exactBlocks, tokens := r.Prompt == openai.PromptTokens, r.Tokens
+	ex.mm.Reset()
 	if !exactBlocks && render != nil {
 		var rerr error
-		ex.tokens, rerr = render.Tokens(ctx, ex.tokens[:0], ex.api, body, r)
+		if mr, ok := render.(prompt.MultimodalRenderer); ok {
+			ex.tokens, rerr = mr.TokensMultimodal(ctx, ex.tokens[:0], &ex.mm, ex.api, body, r)
+		} else {
+			ex.tokens, rerr = render.Tokens(ctx, ex.tokens[:0], ex.api, body, r)
+		}
 		t1 := clock.Now()
 		s.metrics.stageTokenize.Observe(seconds(time.Duration(t1 - t0)))
 		t0 = t1
@@ -212,8 +218,18 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 		exactBlocks, tokens = rerr == nil && len(ex.tokens) > 0, ex.tokens
 	}
 	bs := s.sched.BlockSize()
+	// An engine hashes an image's blocks with the image's hash: with the
+	// inputs the renderer learned, so does the router, and the prompt
+	// routes exactly; without them, its blocks from the first image on
+	// cannot match, and it is counted as approximate.
+	switch {
+	case len(ex.mm.Items) > 0:
+		s.metrics.multimodalExact.Inc()
+	case r.Prompt == openai.PromptMessages && prompt.HasMultimodalParts(r.Messages):
+		s.metrics.multimodalApprox.Inc()
+	}
 	if exactBlocks {
-		ex.hashes = radix.AppendBlockHashes(ex.hashes[:0], seed, tokens, bs)
+		ex.hashes = radix.AppendBlockHashesMM(ex.hashes[:0], seed, tokens, bs, ex.mm.Items)
 		ex.exact = !s.useApprox
 		ex.sreq.PromptTokens = len(tokens)
 	} else {

@@ -58,6 +58,9 @@ type metrics struct {
 	stageSched    prometheus.Observer
 	stageTotal    prometheus.Observer
 	retries       prometheus.Counter
+	// multimodalExact and multimodalApprox count requests with images,
+	// audio or video by how they routed (kvfast_multimodal_requests_total).
+	multimodalExact, multimodalApprox prometheus.Counter
 }
 
 func newMetrics(s *Server) *metrics {
@@ -114,8 +117,16 @@ func newMetrics(s *Server) *metrics {
 		Name: "kvfast_dispatch_retries_total",
 		Help: "Requests re-routed to another worker because the chosen engine refused the connection.",
 	})
+	multimodal := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvfast_multimodal_requests_total",
+		Help: "Requests with images, audio or video, by routing: exact when the engine's render endpoint named each input's hash and placeholders, " +
+			"so its blocks are hashed as the engine hashes them; approximate otherwise (no renderer, /tokenize, a built-in tokenizer, " +
+			"a failed render): blocks from the first input on cannot match.",
+	}, []string{"routing"})
+	m.multimodalExact = multimodal.WithLabelValues("exact")
+	m.multimodalApprox = multimodal.WithLabelValues("approximate")
 	m.ttft, m.itl, m.isl, m.osl = ttft, itl, isl, osl
-	reg.MustRegister(requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries,
+	reg.MustRegister(requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, multimodal,
 		&stateCollector{s: s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -283,7 +294,7 @@ func collectZMQ(ch chan<- prometheus.Metric, st feed.ZMQStats, id, rank string) 
 		{"bad_events", st.BadEvents}, {"unknown_events", st.UnknownEvents}, {"skipped_lora", st.SkippedLoRA},
 		{"skipped_medium", st.SkippedMedium}, {"skipped_group", st.SkippedGroup}, {"skipped_extra_keys", st.SkippedExtraKeys},
 		{"block_size_mismatch", st.BlockSizeMismatch}, {"unresolved_parent", st.UnresolvedParent},
-		{"unknown_removed", st.UnknownRemoved},
+		{"unknown_removed", st.UnknownRemoved}, {"multimodal_blocks", st.MultimodalBlocks},
 	} {
 		ch <- prometheus.MustNewConstMetric(descZMQEvents, prometheus.CounterValue, float64(kv.v), id, rank, kv.status)
 	}

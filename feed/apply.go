@@ -117,13 +117,18 @@ func (a *applier) parent(w workers.Slot, k keyspace, seed, engineParent uint64, 
 
 // stored records that worker w stored, in keyspace k, the blocks named
 // engines, each blockSize tokens of tokens, chained from the kvfast hash
-// parent. It returns how many blocks it stored: a block whose mapping
+// parent; mm, when not nil, holds each block's multimodal digest (0 for
+// none). It returns how many blocks it stored: a block whose mapping
 // found no room in the engine map (counted there as overflow) is not
 // stored, as nothing could remove it.
-func (a *applier) stored(w workers.Slot, k keyspace, parent uint64, engines []uint64, tokens []uint32, blockSize int) int {
+func (a *applier) stored(w workers.Slot, k keyspace, parent uint64, engines []uint64, tokens []uint32, mm []uint64, blockSize int) int {
 	kv := a.kv[:0]
 	for i := range engines {
-		parent = radix.ChainBlockHash(parent, tokens[i*blockSize:(i+1)*blockSize])
+		var extra uint64
+		if mm != nil {
+			extra = mm[i]
+		}
+		parent = radix.ChainBlockHashExtra(parent, tokens[i*blockSize:(i+1)*blockSize], extra)
 		kv = append(kv, parent)
 	}
 	a.kv = kv[:0]

@@ -256,7 +256,7 @@ func TestStoredSkipsBlocksTheMapCannotName(t *testing.T) {
 		engines[i] = uint64(i+1) * 0x9e3779b97f4a7c15
 		tokens[i*testBlockSize] = uint32(i)
 	}
-	stored := a.stored(slot, gpu, radix.NamespaceSeed(testModel, "", ""), engines, tokens, testBlockSize)
+	stored := a.stored(slot, gpu, radix.NamespaceSeed(testModel, "", ""), engines, tokens, nil, testBlockSize)
 	st := ix.Stats()
 	if st.EngineMapOverflow == 0 || stored == len(engines) {
 		t.Fatalf("the map did not fill: stored %d of %d, %+v", stored, len(engines), st)

@@ -24,10 +24,12 @@ import (
 //	new [block-size=N]      a fresh index and subscriber (model test-model, default block size 4)
 //	apply                   offer the input payload as the next batch; print what the
 //	                        subscriber counted and how many blocks the worker holds
-//	holds tokens=a,b,… [lora=name] [salt=s] [tier=gpu|host|disk] [group=N]
+//	holds tokens=a,b,… [lora=name] [salt=s] [tier=gpu|host|disk] [group=N] [mm=(id@offset+length,…)]
 //	                        whether the worker holds each block of that token
 //	                        chain, hashed in the namespace of lora and salt,
-//	                        on that tier (default gpu) in that KV-cache group
+//	                        with those multimodal inputs (mm_hash id, its
+//	                        placeholders at offset, length long), on that
+//	                        tier (default gpu) in that KV-cache group
 //	                        (default 0)
 //	match tokens=a,b,…      the blocks FindMatches and FindTieredMatches credit
 //	                        the worker with for that chain: prefix, host, disk
@@ -120,6 +122,15 @@ func dumpBatch(b *VLLMBatch) string {
 			}
 			fmt.Fprintf(&sb, " extra_keys=%v from=%d", v, ev.ExtraKeysFrom)
 		}
+		if ev.MMExtra != nil {
+			var mm []int
+			for i, e := range ev.MMExtra {
+				if e != 0 {
+					mm = append(mm, i)
+				}
+			}
+			fmt.Fprintf(&sb, " mm_blocks=%v", mm)
+		}
 		sb.WriteByte('\n')
 	}
 	return sb.String()
@@ -158,6 +169,7 @@ func (c *conformance) apply(payload []byte) string {
 		{"skipped_lora", st.SkippedLoRA, c.last.SkippedLoRA}, {"skipped_medium", st.SkippedMedium, c.last.SkippedMedium},
 		{"skipped_group", st.SkippedGroup, c.last.SkippedGroup},
 		{"skipped_extra_keys", st.SkippedExtraKeys, c.last.SkippedExtraKeys},
+		{"multimodal_blocks", st.MultimodalBlocks, c.last.MultimodalBlocks},
 		{"block_size_mismatch", st.BlockSizeMismatch, c.last.BlockSizeMismatch},
 		{"unresolved_parent", st.UnresolvedParent, c.last.UnresolvedParent},
 		{"unknown_removed", st.UnknownRemoved, c.last.UnknownRemoved},
@@ -217,14 +229,26 @@ func (c *conformance) chain(t *testing.T, d *datadriven.TestData, lora, salt str
 		}
 		tokens = append(tokens, uint32(v))
 	}
-	bs := c.s.cfg.BlockSize
-	var hashes []uint64
-	h := radix.NamespaceSeed(c.s.cfg.Model, lora, salt)
-	for i := 0; i+bs <= len(tokens); i += bs {
-		h = radix.ChainBlockHash(h, tokens[i:i+bs])
-		hashes = append(hashes, h)
+	var items []radix.MMItem
+	for _, a := range d.CmdArgs {
+		if a.Key != "mm" {
+			continue
+		}
+		for _, v := range a.Vals {
+			var it radix.MMItem
+			id, rng, ok1 := strings.Cut(v, "@")
+			off, length, ok2 := strings.Cut(rng, "+")
+			var err1, err2 error
+			it.ID = []byte(id)
+			it.Offset, err1 = strconv.Atoi(off)
+			it.Length, err2 = strconv.Atoi(length)
+			if !ok1 || !ok2 || err1 != nil || err2 != nil {
+				d.Fatalf(t, "mm: want id@offset+length, got %q", v)
+			}
+			items = append(items, it)
+		}
 	}
-	return hashes
+	return radix.AppendBlockHashesMM(nil, radix.NamespaceSeed(c.s.cfg.Model, lora, salt), tokens, c.s.cfg.BlockSize, items)
 }
 
 func dumpReplayReply(t *testing.T, d *datadriven.TestData) string {

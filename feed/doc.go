@@ -99,8 +99,19 @@
 // each block with the extra keys lora + mm + salt + prompt_embeds
 // (kv_cache_utils.py, generate_block_hash_extra_keys), repeats the name
 // first in every block's extra keys and puts the salt last in a
-// request's first block's: those keys are the namespace, anything else
-// (multimodal pairs, prompt-embedding digests) is not. SGLang sends the
+// request's first block's: those keys are the namespace. Between them
+// come the multimodal keys, one (identifier, offset) pair per image,
+// audio or video input whose placeholder tokens the block overlaps
+// (identifier: the input's mm_hash, "lora_name:" prefixed under
+// tower-connector LoRA, a prefix dropped here; offset: where its
+// placeholders start, relative to the block). They are folded into the
+// block's hash (radix.FoldMMKey, radix.ChainBlockHashExtra) exactly as
+// the router folds the mm_hashes and placeholder ranges the engine's
+// render endpoint returns for a request, so an image prompt matches the
+// blocks of the same image and never another image's (counted in
+// multimodal_blocks). Prompt-embedding digests, and keys of any other
+// shape, are not reproducible from a request and end what is hashed
+// (below). SGLang sends the
 // salt as its own field (metadata.cache_salt, or cache_salt in its map
 // events), and its events name no adapter at all (lora_id is always
 // null): kvfast takes SGLang's blocks as the base model's, so with SGLang
@@ -134,9 +145,10 @@
 // adapters), media no engine has shipped, groups beyond radix.MaxGroups,
 // lower tiers of groups other than 0 (offloading a hybrid model is not
 // modelled), another block size, blocks whose hash covers extra keys
-// beyond the namespace (images, prompt embeddings, from the first such
-// block on), token_ids whose length is not len(block_hashes)·block_size.
-
+// beyond the namespace and multimodal pairs (prompt embeddings, unknown
+// shapes, from the first such block on), token_ids whose length is not
+// len(block_hashes)·block_size.
+//
 // # Undecodable events
 //
 // A payload that is not msgpack, not a batch, or over a limit loses its

@@ -455,7 +455,7 @@ func (in *Ingester) applyRecord(slot workers.Slot, w *worker, rec *shm.Record) {
 			in.c.unresolvedParent += n
 			return
 		}
-		in.c.storedBlocks += uint64(in.apply.stored(slot, gpu, parent, rec.Hashes, rec.Tokens, rec.BlockSize))
+		in.c.storedBlocks += uint64(in.apply.stored(slot, gpu, parent, rec.Hashes, rec.Tokens, nil, rec.BlockSize))
 	case shm.KindRemoved:
 		removed := uint64(in.apply.removed(slot, gpu, rec.Hashes))
 		in.c.unknownRemoved += n - removed

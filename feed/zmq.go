@@ -589,12 +589,21 @@ func (s *ZMQSubscriber) stored(ev *VLLMEvent, k keyspace, bs int) {
 		s.c.unresolvedParent.Add(uint64(len(ev.Hashes)))
 		return
 	}
-	// Blocks whose engine hash covers more than tokens and namespace
-	// (images, prompt embeddings) would collide with plain-text blocks; so
-	// would every later block of the chain.
+	// Blocks whose engine hash covers keys kvfast cannot reproduce
+	// (prompt embeddings) would collide with plain-text blocks; so would
+	// every later block of the chain. Multimodal keys are folded in.
 	m := ev.ExtraKeysFrom
 	s.c.skippedExtraKeys.Add(uint64(len(ev.Hashes) - m))
-	s.c.storedBlocks.Add(uint64(s.apply.stored(s.cfg.Slot, k, parent, ev.Hashes[:m], ev.Tokens[:m*bs], bs)))
+	var mm []uint64
+	if ev.MMExtra != nil {
+		mm = ev.MMExtra[:m]
+		for _, e := range mm {
+			if e != 0 {
+				s.c.multimodalBlocks.Add(1)
+			}
+		}
+	}
+	s.c.storedBlocks.Add(uint64(s.apply.stored(s.cfg.Slot, k, parent, ev.Hashes[:m], ev.Tokens[:m*bs], mm, bs)))
 }
 
 // zmqCounters are written by the Run goroutine and read by Stats. Batches
@@ -608,6 +617,7 @@ type zmqCounters struct {
 	badEvents, unknownEvents                                atomic.Uint64
 	skippedLoRA, skippedMedium, skippedGroup                atomic.Uint64
 	skippedExtraKeys, blockSizeMismatch                     atomic.Uint64
+	multimodalBlocks                                        atomic.Uint64
 	unresolvedParent, unknownRemoved                        atomic.Uint64
 	lastSeq                                                 atomic.Uint64
 }
@@ -640,7 +650,8 @@ type ZMQStats struct {
 	SkippedLoRA       uint64 `json:"skipped_lora_blocks"`        // blocks of LoRA adapters
 	SkippedMedium     uint64 `json:"skipped_medium_blocks"`      // blocks in a CPU or disk tier
 	SkippedGroup      uint64 `json:"skipped_group_blocks"`       // blocks of KV-cache groups other than 0
-	SkippedExtraKeys  uint64 `json:"skipped_extra_key_blocks"`   // blocks hashed with extra keys (images, salt)
+	SkippedExtraKeys  uint64 `json:"skipped_extra_key_blocks"`   // blocks hashed with extra keys kvfast cannot reproduce (prompt embeddings)
+	MultimodalBlocks  uint64 `json:"multimodal_blocks"`          // blocks received whose hash covers multimodal keys, hashed with them
 	BlockSizeMismatch uint64 `json:"block_size_mismatch_blocks"` // blocks of another block size
 	UnresolvedParent  uint64 `json:"unresolved_parent_blocks"`   // blocks whose parent engine hash is unknown
 	UnknownRemoved    uint64 `json:"unknown_removed_blocks"`     // removed hashes with no mapping
@@ -657,8 +668,9 @@ func (s *ZMQSubscriber) Stats() ZMQStats {
 		Garbage: c.garbage.Load(), Disconnects: c.disconnects.Load(),
 		BadEvents: c.badEvents.Load(), UnknownEvents: c.unknownEvents.Load(),
 		SkippedLoRA: c.skippedLoRA.Load(), SkippedMedium: c.skippedMedium.Load(), SkippedGroup: c.skippedGroup.Load(),
-		SkippedExtraKeys: c.skippedExtraKeys.Load(), BlockSizeMismatch: c.blockSizeMismatch.Load(),
-		UnresolvedParent: c.unresolvedParent.Load(), UnknownRemoved: c.unknownRemoved.Load()}
+		SkippedExtraKeys: c.skippedExtraKeys.Load(), MultimodalBlocks: c.multimodalBlocks.Load(),
+		BlockSizeMismatch: c.blockSizeMismatch.Load(),
+		UnresolvedParent:  c.unresolvedParent.Load(), UnknownRemoved: c.unknownRemoved.Load()}
 }
 
 // namespaceSeeds caches radix.NamespaceSeed(model, lora, salt) by lora

@@ -75,8 +75,8 @@ func TestZMQDecodeZeroAllocs(t *testing.T) {
 }
 
 // TestZMQApplyNamespacedZeroAllocs: blocks of an adapter and of a salted
-// tenant are applied in their namespace without allocating once the
-// namespace's seed is cached.
+// tenant are applied in their namespace, and image blocks with their
+// multimodal keys, without allocating once the namespace's seed is cached.
 func TestZMQApplyNamespacedZeroAllocs(t *testing.T) {
 	ix := newZMQIndex(t)
 	s, err := NewZMQSubscriber(ix, ZMQConfig{Endpoint: "tcp://127.0.0.1:1", Slot: zmqTestSlot, Model: testModel,
@@ -87,8 +87,11 @@ func TestZMQApplyNamespacedZeroAllocs(t *testing.T) {
 	stored := mpNotation(t, `[1.5, [{"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": null,
 	  "token_ids": [1, 2, 3, 4, 5, 6, 7, 8], "block_size": 4, "lora_id": 2, "medium": "GPU", "lora_name": "a",
 	  "extra_keys": [["a", "tenant"], ["a"]]},
-	  ["BlockStored", [3], null, [1, 2, 3, 4], 4, null, "GPU", {"cache_salt": "other"}]], 0]`)
-	gone := mpNotation(t, `[1.5, [{"type": "BlockRemoved", "block_hashes": [1, 2, 3]}], 0]`)
+	  ["BlockStored", [3], null, [1, 2, 3, 4], 4, null, "GPU", {"cache_salt": "other"}],
+	  {"type": "BlockStored", "block_hashes": [4, 5], "parent_block_hash": null,
+	  "token_ids": [9, 9, 9, 9, 9, 9, 9, 9], "block_size": 4, "lora_id": 2, "medium": "GPU", "lora_name": "a",
+	  "extra_keys": [["a", ["a:img", 1]], ["a", ["a:img", -3], ["img2", 2]]]}], 0]`)
+	gone := mpNotation(t, `[1.5, [{"type": "BlockRemoved", "block_hashes": [1, 2, 3, 4, 5]}], 0]`)
 	seq := s.lastSeq
 	allocs := testing.AllocsPerRun(200, func() {
 		seq++
@@ -99,7 +102,8 @@ func TestZMQApplyNamespacedZeroAllocs(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("%v allocs per stored+removed pair", allocs)
 	}
-	if st := s.Stats(); st.StoredBlocks == 0 || st.RemovedBlocks != st.StoredBlocks || st.SkippedExtraKeys != 0 {
-		t.Fatalf("the namespaced blocks were not applied: %+v", st)
+	if st := s.Stats(); st.StoredBlocks == 0 || st.RemovedBlocks != st.StoredBlocks || st.SkippedExtraKeys != 0 ||
+		st.MultimodalBlocks == 0 {
+		t.Fatalf("the namespaced and multimodal blocks were not applied: %+v", st)
 	}
 }

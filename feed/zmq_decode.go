@@ -10,6 +10,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/workers"
 )
 
@@ -105,11 +106,17 @@ type VLLMEvent struct {
 	// block: nil, or what else the block's hash covers), nil when absent.
 	ExtraKeys []byte
 	// ExtraKeysFrom is the first block whose hash also covers extra keys
-	// beyond the event's namespace (multimodal inputs, prompt embeddings),
-	// which token ids alone cannot reproduce; len(Hashes) when none does.
-	// The namespace keys are vLLM's LoRA name (on every block, first) and
-	// cache salt (on a sequence's first block, last): see namespaceKeys.
+	// that kvfast cannot reproduce (prompt embeddings, shapes it does not
+	// know); len(Hashes) when none does. The keys it reproduces are vLLM's
+	// LoRA name (on every block, first), multimodal (identifier, offset)
+	// pairs (after it) and the cache salt (on a sequence's first block,
+	// last): see blockKeys.
 	ExtraKeysFrom int
+	// MMExtra holds, per block before ExtraKeysFrom, the digest of the
+	// block's multimodal keys (radix.FoldMMKey; 0 for a block without),
+	// which the block's kvfast hash folds in (radix.ChainBlockHashExtra).
+	// nil when no block has any.
+	MMExtra []uint64
 
 	// Undecodable: the event is well-formed msgpack but not a well-formed
 	// event (a field of the wrong type, a required field missing). Reason
@@ -118,7 +125,7 @@ type VLLMEvent struct {
 	Undecodable bool
 	Reason      string
 
-	hashLo, hashHi, tokLo, tokHi int
+	hashLo, hashHi, tokLo, tokHi, mmLo, mmHi int
 }
 
 // VLLMBatch is one decoded KVEventBatch.
@@ -156,6 +163,7 @@ type VLLMDecoder struct {
 	batch  VLLMBatch
 	hashes []uint64
 	tokens []uint32
+	mm     []uint64 // the events' MMExtra, back to back
 	r      mpReader
 }
 
@@ -166,7 +174,7 @@ type VLLMDecoder struct {
 // caller to count and skip.
 func (d *VLLMDecoder) Decode(payload []byte) (*VLLMBatch, error) {
 	d.r = mpReader{b: payload}
-	d.hashes, d.tokens = d.hashes[:0], d.tokens[:0]
+	d.hashes, d.tokens, d.mm = d.hashes[:0], d.tokens[:0], d.mm[:0]
 	b := &d.batch
 	*b = VLLMBatch{Events: b.Events[:0]}
 	if err := d.decodeBatch(); err != nil {
@@ -183,10 +191,16 @@ func (d *VLLMDecoder) Decode(payload []byte) (*VLLMBatch, error) {
 		// whatever order it came.
 		ev.LoRA = ev.LoRAID != 0 || len(ev.LoRAName) > 0
 		if ev.ExtraKeys != nil && !ev.Undecodable {
-			ev.ExtraKeysFrom = namespaceKeys(ev)
+			ev.ExtraKeysFrom = d.blockKeys(ev)
 		}
 		ev.ExtraKeysFrom = min(ev.ExtraKeysFrom, len(ev.Hashes))
 		ev.Tier, ev.UnknownMedium = mediumTier(ev.Medium)
+	}
+	// Sliced once d.mm has stopped growing.
+	for i := range b.Events {
+		if ev := &b.Events[i]; ev.mmHi > ev.mmLo {
+			ev.MMExtra = d.mm[ev.mmLo:ev.mmHi:ev.mmHi]
+		}
 	}
 	return b, nil
 }
@@ -591,55 +605,118 @@ func (d *VLLMDecoder) extraKeys(ev *VLLMEvent) error {
 	return nil
 }
 
-// namespaceKeys returns the first block of ev whose extra keys hold more
-// than its namespace, taking vLLM's salt from them into ev.Salt.
+// blockKeys reads each block's extra keys: it returns the first block
+// whose keys hold more than kvfast can hash, takes vLLM's salt from them
+// into ev.Salt, and appends every block's multimodal digest to d.mm (the
+// event's MMExtra, when any block has one).
 //
 // vLLM hashes each block with the extra keys lora + mm + salt +
 // prompt_embeds, in that order (vllm/v1/core/kv_cache_utils.py,
-// generate_block_hash_extra_keys, as of tag v0.27.1): the LoRA name on
-// every block of an adapter's request, the cache salt on the request's
-// first block only (start_token_idx 0), multimodal keys as (identifier,
-// offset) pairs and prompt embeddings as digests. So a block's keys are
-// namespace only if they are the event's LoRA name, and, on the first
-// block of an event without a parent, one more string: the salt. Anything
-// else ends what the router can hash. An older vLLM whose multimodal keys
-// were plain strings could have its first block's image hash read as a
-// salt; that block then lands in a namespace no request has, which only
-// under-claims.
-func namespaceKeys(ev *VLLMEvent) int {
+// generate_block_hash_extra_keys, at vllm-project/vllm@001cabc1be16,
+// and as of tag v0.27.1), and BlockStored carries them per block
+// (vllm/v1/core/block_pool.py, cache_full_blocks, at
+// vMaroon/vllm@1abf1df4798a): the LoRA name on every block of an
+// adapter's request; one (identifier, offset) pair per multimodal input
+// the block overlaps (_gen_mm_extra_hash_keys), the identifier being the
+// input's mm_hash, prefixed with "lora_name:" when the engine runs
+// tower-connector LoRA (vllm/v1/engine/input_processor.py,
+// _get_mm_identifier, at vllm-project/vllm@a1799180e1fc), and the
+// offset where its placeholders start relative to the block, negative
+// when they began in an earlier one; the cache salt on the request's
+// first block only (start_token_idx 0); prompt embeddings as sha256
+// digests. So a block's keys are hashable if they are the event's LoRA
+// name, then [string, integer] pairs, then, on the first block of an
+// event without a parent, one more string: the salt. Anything else (a
+// digest, a key of a shape not known here) ends what the router can hash.
+// An identifier's LoRA prefix is dropped: the block's namespace already
+// holds the adapter, and the router knows inputs by their mm_hash. An
+// older vLLM whose multimodal keys were plain strings could have its
+// first block's image hash read as a salt; that block then lands in a
+// namespace no request has, which only under-claims.
+func (d *VLLMDecoder) blockKeys(ev *VLLMEvent) int {
+	lo := len(d.mm)
+	from, mm := d.readBlockKeys(ev)
+	if mm {
+		ev.mmLo, ev.mmHi = lo, lo+from
+	} else {
+		d.mm = d.mm[:lo] // text blocks: no digests to keep
+	}
+	return from
+}
+
+// readBlockKeys is blockKeys but for the bookkeeping of d.mm: it appends
+// one digest per hashable block and reports whether any is not 0.
+func (d *VLLMDecoder) readBlockKeys(ev *VLLMEvent) (from int, mm bool) {
 	r := mpReader{b: ev.ExtraKeys}
 	n, err := r.arrayLen()
 	if err != nil {
-		return 0
+		return 0, false
 	}
+	n = min(n, len(ev.Hashes))
+	any := false
 	for i := range n {
 		if r.null() {
+			d.mm = append(d.mm, 0)
 			continue
 		}
 		keys, err := r.arrayLen()
 		if err != nil {
-			return i
+			return i, any
 		}
 		k := 0
 		if len(ev.LoRAName) > 0 && k < keys {
 			if s, err := r.str(); err != nil || string(s) != string(ev.LoRAName) {
-				return i
+				return i, any
 			}
 			k++
 		}
-		if i == 0 && !ev.HasParent && k < keys {
+		var extra uint64
+		for ; k < keys; k++ {
+			c, err := r.peek()
+			if err != nil || !isArrayTag(c) {
+				break
+			}
+			id, off, ok := mmKey(&r)
+			if !ok {
+				return i, any
+			}
+			if p := len(ev.LoRAName); p > 0 && len(id) > p && id[p] == ':' && string(id[:p]) == string(ev.LoRAName) {
+				id = id[p+1:]
+			}
+			extra = radix.FoldMMKey(extra, id, off)
+		}
+		if i == 0 && !ev.HasParent && k == keys-1 {
 			s, err := r.str()
 			if err != nil || (ev.Salt != nil && string(s) != string(ev.Salt)) {
-				return i
+				return i, any
 			}
 			ev.Salt = s[:len(s):len(s)]
 			k++
 		}
 		if k < keys {
-			return i
+			return i, any
 		}
+		d.mm = append(d.mm, extra)
+		any = any || extra != 0
 	}
-	return n
+	return n, any
+}
+
+// isArrayTag reports whether c starts a msgpack array.
+func isArrayTag(c byte) bool { return c&0xf0 == 0x90 || c == mpArray16 || c == mpArray32 }
+
+// mmKey reads one multimodal key, vLLM's (identifier, offset) tuple: an
+// array of a string and an integer.
+func mmKey(r *mpReader) (id []byte, offset int64, ok bool) {
+	if n, err := r.arrayLen(); err != nil || n != 2 {
+		return nil, 0, false
+	}
+	id, err := r.str()
+	if err != nil {
+		return nil, 0, false
+	}
+	offset, err = r.int()
+	return id, offset, err == nil
 }
 
 func (d *VLLMDecoder) hashList() error {

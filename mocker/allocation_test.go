@@ -22,7 +22,7 @@ func TestZeroAllocations(t *testing.T) {
 			for range 8 {
 				id, _ := c.allocate()
 				h++
-				c.commit(id, h, h-1, true, toks, "", "")
+				c.commit(id, h, h-1, true, toks, "", "", blockMM{})
 				ids = append(ids, id)
 			}
 			for i := len(ids) - 1; i >= 0; i-- {
@@ -50,7 +50,7 @@ func TestZeroAllocations(t *testing.T) {
 				for range 12 {
 					id, _ := c.allocate()
 					h++
-					c.commit(id, h, h-1, true, toks, "", "")
+					c.commit(id, h, h-1, true, toks, "", "", blockMM{})
 					if hybrid {
 						c.enterWindow(id, toks)
 					}

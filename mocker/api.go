@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/kvfast/kvfast/openai"
+	"github.com/kvfast/kvfast/radix"
 )
 
 // apiRequest is what the engine needs from a completions or chat body.
@@ -18,7 +19,8 @@ type apiRequest struct {
 	model           string
 	cacheSalt       string // vLLM's cache_salt, "" for none
 	tokens          []uint32
-	maxTokens       int // -1: not set
+	mm              []radix.MMItem // the chat prompt's images (multimodal.go)
+	maxTokens       int            // -1: not set
 	stream          bool
 	includeUsage    bool // stream_options.include_usage
 	continuousUsage bool // stream_options.continuous_usage_stats (vLLM)
@@ -54,8 +56,9 @@ type wireMessage struct {
 }
 
 type wirePart struct {
-	Type string  `json:"type"`
-	Text *string `json:"text"`
+	Type     string     `json:"type"`
+	Text     *string    `json:"text"`
+	ImageURL *wireImage `json:"image_url"`
 }
 
 // parseRequest decodes a /v1/completions (chat false) or
@@ -99,7 +102,7 @@ func parseRequest(ctx context.Context, body []byte, chat bool, rd Renderer, dst 
 	case chat && rd != nil:
 		dst.tokens, err = renderTokens(ctx, rd, dst.tokens, openai.APIChatCompletions, body, &dst.prompt)
 	case chat:
-		dst.tokens, err = chatTokens(dst.tokens, w.Messages)
+		dst.tokens, dst.mm, err = chatTokensMM(dst.tokens, w.Messages)
 	case w.Messages != nil:
 		return badRequest("messages", "completions take prompt, not messages")
 	case rd != nil && isTextPrompt(w.Prompt):

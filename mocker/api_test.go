@@ -62,7 +62,10 @@ func TestParseRequest(t *testing.T) {
 		{name: "prompt on chat", chat: true, body: `{"prompt":[1],"messages":[{"role":"user","content":"x"}]}`, errParam: "prompt"},
 		{name: "no messages", chat: true, body: `{"messages":[]}`, errParam: "messages"},
 		{name: "bad role", chat: true, body: `{"messages":[{"role":"wizard","content":"x"}]}`, errParam: "messages"},
-		{name: "image part", chat: true, body: `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, errParam: "messages"},
+		{name: "image part", chat: true, body: `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`,
+			tokens: append(append([]uint32{TokenUser}, slices.Repeat([]uint32{TokenImage}, ImageTokens)...), TokenEndOfTurn, TokenAssistant), maxTokens: -1},
+		{name: "audio part", chat: true, body: `{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{}}]}]}`, errParam: "messages"},
+		{name: "image part without url", chat: true, body: `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]}`, errParam: "messages"},
 		{name: "numeric content", chat: true, body: `{"messages":[{"role":"user","content":5}]}`, errParam: "messages"},
 	}
 	for _, tc := range cases {

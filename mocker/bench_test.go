@@ -31,7 +31,7 @@ func BenchmarkMockCacheAllocate(b *testing.B) {
 			for range seqLen {
 				id, _ := c.allocate()
 				h++
-				c.commit(id, h, h-1, true, toks, "", "")
+				c.commit(id, h, h-1, true, toks, "", "", blockMM{})
 				ids = append(ids, id)
 			}
 			for j := len(ids) - 1; j >= 0; j-- {

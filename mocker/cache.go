@@ -313,7 +313,7 @@ func (c *kvCache) release(id int32, leftWindow bool) {
 // commit registers a held, full block under hash h and publishes it. If
 // another block already caches h, nothing changes and that block's id is
 // returned with dup set: the caller switches to it (hash dedup).
-func (c *kvCache) commit(id int32, h uint64, parent uint64, hasParent bool, tokens []uint32, lora, salt string) (existing int32, dup bool) {
+func (c *kvCache) commit(id int32, h uint64, parent uint64, hasParent bool, tokens []uint32, lora, salt string, mm blockMM) (existing int32, dup bool) {
 	if other, ok := c.byHash[h]; ok {
 		return other, true
 	}
@@ -328,7 +328,7 @@ func (c *kvCache) commit(id int32, h uint64, parent uint64, hasParent bool, toke
 	}
 	c.byHash[h] = id
 	c.stored++
-	c.ev.store(c.gpu, parent, hasParent, BlockEvent{Hash: h, Tokens: tokens, LoRA: lora, Salt: salt})
+	c.ev.store(c.gpu, parent, hasParent, BlockEvent{Hash: h, Tokens: tokens, LoRA: lora, Salt: salt, MM: mm.items, Start: mm.start})
 	return id, false
 }
 

@@ -40,6 +40,9 @@ type Request struct {
 	// the first: they share cached blocks only with requests of the same
 	// adapter and salt. "" for none.
 	LoRA, CacheSalt string
+	// MM are the prompt's multimodal inputs (images), sorted by offset:
+	// the blocks overlapping one are hashed with its keys, as vLLM does.
+	MM []radix.MMItem
 
 	seed uint64 // the namespace's: the first block's parent hash
 
@@ -290,7 +293,8 @@ func (c *Core) ensureHashes(r *Request, n int) {
 		if i > 0 {
 			parent = r.hashes[i-1]
 		}
-		r.hashes = append(r.hashes, radix.ChainBlockHash(parent, r.tokens[i*bs:(i+1)*bs]))
+		extra, _ := radix.BlockMMExtra(r.MM, 0, i*bs, (i+1)*bs)
+		r.hashes = append(r.hashes, radix.ChainBlockHashExtra(parent, r.tokens[i*bs:(i+1)*bs], extra))
 	}
 }
 
@@ -319,7 +323,7 @@ func (c *Core) commitFull(r *Request) {
 			parent = r.hashes[i-1]
 		}
 		id := r.blocks[i]
-		if other, dup := c.cache.commit(id, r.hashes[i], parent, hasParent, r.tokens[i*bs:(i+1)*bs], r.LoRA, r.CacheSalt); dup {
+		if other, dup := c.cache.commit(id, r.hashes[i], parent, hasParent, r.tokens[i*bs:(i+1)*bs], r.LoRA, r.CacheSalt, blockMM{r.MM, i * bs}); dup {
 			// Another request computed the same block first: share its copy
 			// and give ours back, as a hashing engine deduplicates.
 			c.cache.acquire(other, true)

@@ -195,7 +195,7 @@ func TestCacheEvictionOrder(t *testing.T) {
 			t.Fatal("allocation failed in an empty cache")
 		}
 		ids[i] = id
-		c.commit(id, uint64(100+i), 0, false, seq(i, 4), "", "")
+		c.commit(id, uint64(100+i), 0, false, seq(i, 4), "", "", blockMM{})
 	}
 	held, _ := c.allocate() // never cached, never released
 	c.checkInvariants()

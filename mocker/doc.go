@@ -30,7 +30,11 @@
 //     whitespace-separated word, the id a hash of the word, except the
 //     words that spell a special token (TextSystem, ...), which are that
 //     token (AppendTextTokens); chat messages go through a fixed template
-//     whose text form tokenizes to the same ids (AppendChatTokens).
+//     whose text form tokenizes to the same ids (AppendChatTokens). An
+//     image_url part becomes ImageTokens placeholder tokens known by the
+//     image's hash (ImageHash of its URL), which the render endpoint
+//     reports in features and the engine hashes into the blocks it
+//     overlaps, as vLLM does (multimodal.go).
 //     Replies are words from a fixed list chosen by a hash of the prompt,
 //     so they are deterministic, and their ids are the toy tokenizer's
 //     either way; a request always generates exactly max_tokens (default

@@ -527,7 +527,7 @@ func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 	if !ok {
 		return
 	}
-	r := &Request{Prompt: req.tokens, MaxTokens: maxTokens, CacheSalt: req.cacheSalt, notify: make(chan struct{}, 1)}
+	r := &Request{Prompt: req.tokens, MaxTokens: maxTokens, CacheSalt: req.cacheSalt, MM: req.mm, notify: make(chan struct{}, 1)}
 	if req.model != "" && req.model != e.cfg.Model {
 		r.LoRA = req.model // servesModel let it through: an adapter
 	}

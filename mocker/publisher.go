@@ -1,6 +1,9 @@
 package mocker
 
-import "github.com/kvfast/kvfast/workers"
+import (
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
+)
 
 // BlockEvent is one block in a Stored event: the engine's own hash for the
 // block and the token ids it holds.
@@ -11,6 +14,11 @@ type BlockEvent struct {
 	// stored the block: its hash (and every block's chained from it)
 	// covers them. The blocks of one Stored call share them.
 	LoRA, Salt string
+	// MM are the multimodal inputs of that request and Start the block's
+	// first token in it: the block's hash covers the inputs it overlaps
+	// (multimodal.go).
+	MM    []radix.MMItem
+	Start int
 }
 
 // Placement says which copy of a block an event is about. Every block is

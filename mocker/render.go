@@ -19,7 +19,8 @@ import (
 // handleRender answers POST /v1/chat/completions/render (chat) and
 // /v1/completions/render: the request is checked as /v1/chat/completions
 // or /v1/completions would check it, and the answer is vLLM's
-// GenerateRequest, one object for chat and a list of one for completions.
+// GenerateRequest, one object for chat and a list of one for completions,
+// with the images' hashes and placeholder ranges in features.
 func (e *Engine) handleRender(ctx *fasthttp.RequestCtx, chat bool) {
 	var req apiRequest
 	maxTokens, ok := e.admit(ctx, chat, &req)
@@ -40,7 +41,8 @@ func (e *Engine) handleRender(ctx *fasthttp.RequestCtx, chat bool) {
 	b = strconv.AppendUint(b, e.nextID.Add(1), 10)
 	b = append(b, `","token_ids":`...)
 	b = appendIDs(b, req.tokens)
-	b = append(b, `,"features":null,"sampling_params":{"max_tokens":`...)
+	b = appendFeatures(append(b, `,"features":`...), req.mm)
+	b = append(b, `,"sampling_params":{"max_tokens":`...)
 	b = strconv.AppendInt(b, int64(maxTokens), 10)
 	b = append(b, `},"model":`...)
 	if req.model == "" {
@@ -93,7 +95,7 @@ func (e *Engine) handleTokenize(ctx *fasthttp.RequestCtx) {
 	case w.Messages != nil && e.cfg.Renderer != nil:
 		tokens, err = renderTokens(ctx, e.cfg.Renderer, nil, openai.APIChatCompletions, ctx.PostBody(), &pr)
 	case w.Messages != nil:
-		tokens, err = chatTokens(nil, w.Messages)
+		tokens, _, err = chatTokensMM(nil, w.Messages)
 	case len(p) > 0 && p[0] == '"' && e.cfg.Renderer != nil:
 		tokens, err = renderTokens(ctx, e.cfg.Renderer, nil, openai.APICompletions, ctx.PostBody(), &pr)
 	case len(p) > 0 && p[0] == '"':

@@ -169,7 +169,9 @@ func closeSocket(s zmq4.Socket) error {
 // first block, and lists those keys in extra_keys
 // (vllm/v1/core/kv_cache_utils.py, generate_block_hash_extra_keys);
 // SGLang sends the salt in BlockStoredWithMetadata's metadata map on every
-// salted block and never names an adapter.
+// salted block and never names an adapter. An image's blocks list its
+// (mm_hash, offset) keys between the adapter and the salt, as vLLM's do
+// (multimodal.go); the SGLang format carries no such keys.
 //
 // Copies in the host pool are announced as the engines' offloading does:
 // vLLM's OffloadingConnector by engine hash alone (token_ids [], parent
@@ -221,6 +223,11 @@ func (p *ZMQPublisher) Stored(at Placement, parent uint64, hasParent bool, block
 	}
 	saltFirst := salt != "" && !hasParent // vLLM salts a request's first block only
 	extra := lora != "" || saltFirst
+	if !byReference {
+		for i := range blocks {
+			extra = extra || blocks[i].mmKeys() > 0
+		}
+	}
 	n := 8 + groupKeys(at)
 	if extra {
 		n++
@@ -241,7 +248,7 @@ func (p *ZMQPublisher) Stored(at Placement, parent uint64, hasParent bool, block
 	if extra {
 		b = mpArray(mpStr(b, "extra_keys"), len(blocks))
 		for i := range blocks {
-			keys := 0
+			keys := blocks[i].mmKeys()
 			if lora != "" {
 				keys++
 			}
@@ -252,10 +259,12 @@ func (p *ZMQPublisher) Stored(at Placement, parent uint64, hasParent bool, block
 				b = append(b, mpNil)
 				continue
 			}
+			// vLLM's order: lora + mm + salt (generate_block_hash_extra_keys).
 			b = mpArray(b, keys)
 			if lora != "" {
 				b = mpStr(b, lora)
 			}
+			b = blocks[i].appendMMKeys(b)
 			if i == 0 && saltFirst {
 				b = mpStr(b, salt)
 			}

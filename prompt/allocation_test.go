@@ -49,6 +49,32 @@ func TestRemoteAllocations(t *testing.T) {
 	}
 }
 
+// TestRemoteMultimodalAllocations: reading a render answer's multimodal
+// inputs allocates nothing once the Multimodal's buffers have grown.
+func TestRemoteMultimodalAllocations(t *testing.T) {
+	se := startScripted(t)
+	se.set(map[string]scripted{pathRenderChat: {status: 200, body: renderAnswer(
+		`{"mm_hashes":{"image":["3f2a9c","77b0e1"]},"mm_placeholders":{"image":[{"offset":6,"length":4},{"offset":1,"length":4}]}}`)}})
+	rm := NewRemote("m", FixedEngine(se.addr), testRemoteConfig)
+	req, body := parse(t, openai.APIChatCompletions, mmChat), []byte(mmChat)
+	dst := make([]uint32, 0, 64)
+	var mm Multimodal
+	var err error
+	call := func() {
+		if dst, err = rm.TokensMultimodal(context.Background(), dst[:0], &mm, openai.APIChatCompletions, body, req); err != nil || len(mm.Items) != 2 {
+			t.Fatalf("%v, %v", mm.Items, err)
+		}
+	}
+	call()
+	if n := testing.AllocsPerRun(200, call); n != 0 {
+		t.Fatalf("a multimodal render made %v allocations", n)
+	}
+	msgs := []byte(`[{"role":"user","content":[{"type":"text","text":"x"},{"type":"image_url","image_url":{"url":"u"}}]}]`)
+	if n := testing.AllocsPerRun(200, func() { HasMultimodalParts(msgs) }); n != 0 {
+		t.Fatalf("HasMultimodalParts made %v allocations", n)
+	}
+}
+
 // TestPrefixCacheAllocations: a prompt whose segments are all cached is
 // copied out without allocating.
 func TestPrefixCacheAllocations(t *testing.T) {

@@ -17,6 +17,14 @@
 //     any failure returns an error so that the caller routes the request
 //     approximately. Which endpoint an engine has is probed on first use
 //     and remembered per engine.
+//     From the render endpoint it also learns a prompt's multimodal
+//     inputs (MultimodalRenderer, Multimodal: each image's mm_hash and
+//     placeholder range, bounded in count and length, refused unless
+//     every hash has one range inside the prompt), which the caller
+//     folds into the blocks' hashes as the engine does
+//     (radix.AppendBlockHashesMM); /tokenize says nothing of them.
+//     HasMultimodalParts tells a chat request with images, audio or
+//     video, which without them routes approximately.
 //   - Builtin renders the chat template (package chat) and tokenizes
 //     (package tokenizer) in process, from the model's tokenizer.json and
 //     tokenizer_config.json, with the PrefixCache below.

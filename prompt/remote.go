@@ -112,12 +112,22 @@ const maxPooledBody = 1 << 20
 
 // Tokens asks an engine serving the model for r's prompt ids. See Renderer.
 func (rm *Remote) Tokens(ctx context.Context, dst []uint32, api openai.API, body []byte, r *openai.ParsedRequest) ([]uint32, error) {
-	out, err := rm.tokens(ctx, dst, api, body, r)
+	return rm.TokensMultimodal(ctx, dst, nil, api, body, r)
+}
+
+// TokensMultimodal asks an engine serving the model for r's prompt ids
+// and, from the render endpoint, its multimodal inputs. See
+// MultimodalRenderer.
+func (rm *Remote) TokensMultimodal(ctx context.Context, dst []uint32, mm *Multimodal, api openai.API, body []byte, r *openai.ParsedRequest) ([]uint32, error) {
+	if mm != nil {
+		mm.Reset()
+	}
+	out, err := rm.tokens(ctx, dst, mm, api, body, r)
 	rm.outcomes.count(err)
 	return out, err
 }
 
-func (rm *Remote) tokens(ctx context.Context, dst []uint32, api openai.API, body []byte, r *openai.ParsedRequest) ([]uint32, error) {
+func (rm *Remote) tokens(ctx context.Context, dst []uint32, mm *Multimodal, api openai.API, body []byte, r *openai.ParsedRequest) ([]uint32, error) {
 	if r.Prompt != openai.PromptText && r.Prompt != openai.PromptMessages {
 		return dst, ErrNotRendered
 	}
@@ -204,7 +214,11 @@ func (rm *Remote) tokens(ctx context.Context, dst []uint32, api openai.API, body
 		if useRender {
 			st.endpoint[api01].CompareAndSwap(probeUnknown, probeRender)
 		}
-		raw, ok := tokenArray(c.resp.Body(), shape, key)
+		other := ""
+		if useRender && mm != nil {
+			other = "features"
+		}
+		raw, features, ok := topValues(c.resp.Body(), shape, key, other)
 		if !ok {
 			return dst, rm.fail(ErrBadResponse, c, st, errors.New("no token-id array where the endpoint puts it"))
 		}
@@ -218,6 +232,11 @@ func (rm *Remote) tokens(ctx context.Context, dst []uint32, api openai.API, body
 		}
 		if perr != nil {
 			return dst, rm.fail(ErrBadResponse, c, st, perr)
+		}
+		if features != nil {
+			if ferr := mm.parseFeatures(features, len(ids)); ferr != nil {
+				return dst, rm.fail(ErrBadResponse, c, st, ferr)
+			}
 		}
 		if len(ids) <= cap(dst)-len(dst) {
 			return dst[:len(dst)+len(ids)], nil // decoded in place

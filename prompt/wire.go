@@ -11,8 +11,9 @@ import (
 //   - POST /v1/chat/completions/render takes a ChatCompletionRequest, the
 //     very body a client posts to /v1/chat/completions, and answers one
 //     GenerateRequest object whose "token_ids" are the prompt ids the
-//     engine would compute (and "features", multimodal placeholders, when
-//     there are images); POST /v1/completions/render takes a
+//     engine would compute (and "features", the multimodal inputs'
+//     hashes and placeholder ranges, when there are images: see
+//     multimodal.go); POST /v1/completions/render takes a
 //     CompletionRequest and answers a list of GenerateRequest, one per
 //     prompt. vllm/entrypoints/serve/render/api_router.py @1c608d646e4c,
 //     vllm/entrypoints/serve/render/serving.py @0001948bc769,
@@ -155,18 +156,24 @@ const (
 // list. Every other value is validated and skipped; the last duplicate of
 // key wins, as in the engines' own JSON readers.
 func tokenArray(b []byte, shape responseShape, key string) ([]byte, bool) {
+	found, _, ok := topValues(b, shape, key, "")
+	return found, ok
+}
+
+// topValues is tokenArray that also returns the value of a second key,
+// other (nil when absent or other is ""), from the same scan.
+func topValues(b []byte, shape responseShape, key, other string) (found, otherVal []byte, ok bool) {
 	i := jsonscan.SkipSpace(b, 0)
 	if shape == shapeList {
 		if i >= len(b) || b[i] != '[' {
-			return nil, false
+			return nil, nil, false
 		}
 		i = jsonscan.SkipSpace(b, i+1)
 	}
 	if i >= len(b) || b[i] != '{' {
-		return nil, false
+		return nil, nil, false
 	}
 	depth := 1 + int(shape)
-	var found []byte
 	var kb [maxEscapedKey]byte
 	i = jsonscan.SkipSpace(b, i+1)
 	if i < len(b) && b[i] == '}' {
@@ -174,35 +181,38 @@ func tokenArray(b []byte, shape responseShape, key string) ([]byte, bool) {
 	} else {
 		for {
 			if i >= len(b) || b[i] != '"' {
-				return nil, false
+				return nil, nil, false
 			}
 			end, escaped := jsonscan.ScanString(b, i)
 			if end < 0 {
-				return nil, false
+				return nil, nil, false
 			}
 			k := unescapedKey(b[i+1:end-1], escaped, &kb)
 			i = jsonscan.SkipSpace(b, end)
 			if i >= len(b) || b[i] != ':' {
-				return nil, false
+				return nil, nil, false
 			}
 			i = jsonscan.SkipSpace(b, i+1)
 			vend := jsonscan.SkipValue(b, i, depth)
 			if vend < 0 {
-				return nil, false
+				return nil, nil, false
 			}
-			if string(k) == key {
+			switch {
+			case string(k) == key:
 				found = b[i:vend]
+			case other != "" && string(k) == other:
+				otherVal = b[i:vend]
 			}
 			i = jsonscan.SkipSpace(b, vend)
 			if i >= len(b) {
-				return nil, false
+				return nil, nil, false
 			}
 			if b[i] == '}' {
 				i++
 				break
 			}
 			if b[i] != ',' {
-				return nil, false
+				return nil, nil, false
 			}
 			i = jsonscan.SkipSpace(b, i+1)
 		}
@@ -210,12 +220,12 @@ func tokenArray(b []byte, shape responseShape, key string) ([]byte, bool) {
 	if shape == shapeList {
 		i = jsonscan.SkipSpace(b, i)
 		if i >= len(b) || b[i] != ']' { // a second element: a batch, not one prompt
-			return nil, false
+			return nil, nil, false
 		}
 		i++
 	}
 	if jsonscan.SkipSpace(b, i) != len(b) {
-		return nil, false
+		return nil, nil, false
 	}
-	return found, found != nil
+	return found, otherVal, found != nil
 }
