@@ -327,6 +327,15 @@ func (s *soak) client(ctx context.Context, id uint64) {
 		s.rep.Requests++
 		s.rep.Outcomes[kind]++
 		s.mu.Unlock()
+		if kind == "transport" {
+			// The router is restarting (its old port refuses): a client
+			// that retried at once would count thousands of refusals
+			// and load nothing. Pacing, not synchronisation.
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration(10+r.IntN(40)) * time.Millisecond):
+			}
+		}
 	}
 }
 
