@@ -199,8 +199,6 @@ func (p *Parser) run(body []byte, api API, r *ParsedRequest, whole bool) error {
 	switch {
 	case !valid:
 		err = ErrMalformedJSON
-	case ps.notObject:
-		err = ErrNotObject
 	case !utf8.Valid(body):
 		// Outside strings valid JSON is ASCII, so this refuses exactly the
 		// keys and string values (prompt, chat content, model) that are not
@@ -208,6 +206,8 @@ func (p *Parser) run(body []byte, api API, r *ParsedRequest, whole bool) error {
 		// OpenAI API refuses them, and an engine would hash or tokenize
 		// different bytes than routing did.
 		err = ErrInvalidUTF8
+	case ps.notObject:
+		err = ErrNotObject
 	default:
 		for _, e := range ps.errs {
 			if e != nil {
