@@ -46,6 +46,10 @@ type exchange struct {
 
 	wait queueWait // bounds the admission-queue wait of Select
 
+	body    []byte // the request body (readBody): ex.buf's bytes, or fasthttp's
+	buf     []byte // the pooled body buffer
+	charged int64  // bytes of buf charged to the server's body budget
+
 	rid []byte // request id, echoed back
 	out []byte // scratch for response bodies and header values
 	sw  fasthttp.StreamWriter
@@ -85,7 +89,8 @@ func (s *Server) releaseExchange(ex *exchange) {
 		ex.out = nil
 	}
 	ex.wait.release()
-	*ex = exchange{s: s, sw: ex.sw, req: ex.req, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0]}
+	ex.releaseBody()
+	*ex = exchange{s: s, sw: ex.sw, req: ex.req, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0], buf: ex.buf}
 	s.exchanges.Put(ex)
 }
 
@@ -106,7 +111,17 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 	handedOff := false
 	defer s.settle(ctx, ex, &handedOff)
 	ex.echoRequestID(ctx)
-	if err := s.parser.Parse(ctx.PostBody(), api, &ex.req); err != nil {
+	if rerr := s.readBody(ctx, ex); rerr != nil {
+		if rerr == errBodyBudget {
+			ctx.Response.Header.SetBytesV("Retry-After", s.retryAfter(ex))
+			ex.s.metrics.count(ex.api, statusOverloaded)
+			writeError(ctx, rerr.Status, rerr)
+			return
+		}
+		ex.reject(ctx, rerr)
+		return
+	}
+	if err := s.parser.Parse(ex.body, api, &ex.req); err != nil {
 		ex.reject(ctx, asRequestError(err))
 		return
 	}
@@ -115,7 +130,7 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 		ex.reject(ctx, rerr)
 		return
 	}
-	if rerr := s.prepare(ctx, ctx.PostBody(), ex); rerr != nil {
+	if rerr := s.prepare(ctx, ex.body, ex); rerr != nil {
 		ex.reject(ctx, rerr)
 		return
 	}
@@ -127,6 +142,9 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 	ex.held = true
 	ex.wait.reset(ctx, s.cfg.QueueTimeout)
 	dec, err := ex.h.Select(&ex.wait, &ex.sreq)
+	if ex.wait.queued() {
+		s.waits.observe(clock.Since(ex.lastItem))
+	}
 	s.metrics.stageSched.Observe(seconds(clock.Since(ex.lastItem)))
 	s.metrics.stageTotal.Observe(seconds(clock.Since(ex.arrived)))
 	if err != nil {
@@ -236,7 +254,9 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 // client), and hands a stream to its relay goroutine.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool) {
 	ex.call = s.engines.AcquireCall()
-	ex.call.SetRequest(ctx.URI().PathOriginal(), ctx.PostBody())
+	// The engine gets the path that was routed, not the client's spelling
+	// of it: what a front proxy filtered and what the engine serves agree.
+	ex.call.SetRequest(routedPath(ex.api), ex.body)
 	copyForwardHeaders(ctx, ex.call.Request(), ex.rid)
 	for attempt := 0; ; attempt++ {
 		err := ex.call.Do(ex.dec.Slot, ex)
@@ -424,11 +444,11 @@ func (ex *exchange) failSelect(ctx *fasthttp.RequestCtx, err error) {
 		writeError(ctx, fasthttp.StatusBadRequest, &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Code: "invalid_request", Message: err.Error()})
 	case errors.Is(err, context.DeadlineExceeded):
 		ex.s.metrics.count(ex.api, statusOverloaded)
-		ctx.Response.Header.Set("Retry-After", "1")
+		ctx.Response.Header.SetBytesV("Retry-After", ex.s.retryAfter(ex))
 		writeError(ctx, fasthttp.StatusServiceUnavailable, errQueueTimeout)
 	default: // no eligible worker (a pin to a known but unhealthy worker too), or shutdown
 		ex.s.metrics.count(ex.api, statusUnavailable)
-		ctx.Response.Header.Set("Retry-After", "1")
+		ctx.Response.Header.SetBytesV("Retry-After", ex.s.retryAfter(ex))
 		writeError(ctx, fasthttp.StatusServiceUnavailable, errNoWorker)
 	}
 }
@@ -442,6 +462,23 @@ func (ex *exchange) failDispatch(ctx *fasthttp.RequestCtx, err error) {
 	ex.out = dispatch.AppendErrorJSON(ex.out[:0], err)
 	ctx.SetBody(ex.out)
 }
+
+// retryAfter renders the Retry-After of a refusal into ex.out: the recent
+// admission-queue wait, in whole seconds.
+func (s *Server) retryAfter(ex *exchange) []byte {
+	ex.out = strconv.AppendInt(ex.out[:0], s.waits.retryAfterSeconds(), 10)
+	return ex.out
+}
+
+// routedPath is the path a request of api is forwarded to.
+func routedPath(api openai.API) []byte {
+	if api == openai.APIChatCompletions {
+		return pathChatCompletions
+	}
+	return pathCompletions
+}
+
+var pathCompletions, pathChatCompletions = []byte(PathCompletions), []byte(PathChatCompletions)
 
 // setDecisionHeaders tells the client where its request went: the worker,
 // its DP rank and the prefix the router expected it to find cached.

@@ -58,6 +58,7 @@ type metrics struct {
 	stageSched    prometheus.Observer
 	stageTotal    prometheus.Observer
 	retries       prometheus.Counter
+	transport     map[string]prometheus.Counter // by reason: connections refused before a request was read
 }
 
 func newMetrics(s *Server) *metrics {
@@ -114,8 +115,16 @@ func newMetrics(s *Server) *metrics {
 		Name: "kvfast_dispatch_retries_total",
 		Help: "Requests re-routed to another worker because the chosen engine refused the connection.",
 	})
+	transport := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvfast_http_transport_errors_total",
+		Help: "Connections answered before a request could be read, by reason: header_timeout (idle or slow header), body_too_large, malformed. Not counted in kvfast_requests_total.",
+	}, []string{"reason"})
+	m.transport = map[string]prometheus.Counter{}
+	for _, r := range []string{transportTimeout, transportTooLarge, transportMalformed} {
+		m.transport[r] = transport.WithLabelValues(r)
+	}
 	m.ttft, m.itl, m.isl, m.osl = ttft, itl, isl, osl
-	reg.MustRegister(requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries,
+	reg.MustRegister(requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, transport,
 		&stateCollector{s: s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
