@@ -331,7 +331,7 @@ func TestRedactHidesCredentials(t *testing.T) {
 	for in, want := range map[string]string{
 		"error: Authorization: Bearer abc.def rest": "error: Authorization: [REDACTED] abc.def rest",
 		"authorization: basic dXNlcjpw":             "authorization: [REDACTED] dXNlcjpw",
-		`buf="x-api-key: k1\r\n"`:                  `buf="x-api-key: [REDACTED]\r\n"`,
+		`buf="x-api-key: k1\r\n"`:                   `buf="x-api-key: [REDACTED]\r\n"`,
 		"GET /v1/models?api_key=zzz&x=1":            "GET /v1/models?api_key=[REDACTED]&x=1",
 		"nothing to hide":                           "nothing to hide",
 	} {
