@@ -5,6 +5,8 @@ import (
 	"crypto/subtle"
 	"io"
 	"net"
+	"net/netip"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,18 +21,77 @@ import (
 // checked, and a connection refused while its client is still sending is
 // closed so that the client reads the refusal instead of a reset.
 
-// edgeListener tags every connection it accepts with its listener's role.
+// edgeListener tags every connection it accepts with its listener's role
+// and bounds the connections of each client address (connLimiter). The
+// bound is kept here rather than by fasthttp's MaxConnsPerIP, which would
+// wrap the connection and hide edgeConn from the handlers.
 type edgeListener struct {
 	net.Listener
 	admin bool
+	limit *connLimiter
 }
 
 func (l edgeListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip := remoteIP(c)
+		if !l.limit.enter(ip) {
+			l.limit.refuse(c)
+			continue
+		}
+		return &edgeConn{Conn: c, admin: l.admin, ip: ip, limit: l.limit}, nil
 	}
-	return &edgeConn{Conn: c, admin: l.admin}, nil
+}
+
+// connLimiter counts open connections per client address.
+type connLimiter struct {
+	max   int // 0: no bound
+	mu    sync.Mutex
+	perIP map[netip.Addr]int
+}
+
+func (l *connLimiter) enter(ip netip.Addr) bool {
+	if l.max <= 0 {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.perIP[ip] >= l.max {
+		return false
+	}
+	l.perIP[ip]++
+	return true
+}
+
+func (l *connLimiter) exit(ip netip.Addr) {
+	if l.max <= 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.perIP[ip]--; l.perIP[ip] <= 0 {
+		delete(l.perIP, ip)
+	}
+}
+
+// refuse answers a connection over its address's bound with 429 and
+// closes it. The answer fits in the socket buffer of a new connection, so
+// the write does not hold up accepting; the deadline makes sure.
+func (l *connLimiter) refuse(c net.Conn) {
+	_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	_, _ = io.WriteString(c, "HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+	_ = c.Close()
+}
+
+func remoteIP(c net.Conn) netip.Addr {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		ip, _ := netip.AddrFromSlice(a.IP)
+		return ip.Unmap()
+	}
+	return netip.Addr{} // not TCP: one shared bound
 }
 
 // edgeConn is a client connection. A refusal sent before the request body
@@ -44,6 +105,9 @@ type edgeConn struct {
 	net.Conn
 	admin  bool
 	linger atomic.Bool
+	closed atomic.Bool
+	ip     netip.Addr
+	limit  *connLimiter
 }
 
 // lingerBytes and lingerTime bound what a lingering close reads and waits
@@ -55,6 +119,10 @@ const (
 )
 
 func (c *edgeConn) Close() error {
+	if c.closed.Swap(true) {
+		return c.Conn.Close() // net.Conn's own answer to a second Close
+	}
+	defer c.limit.exit(c.ip)
 	if c.linger.Swap(false) {
 		if tc, ok := c.Conn.(interface{ CloseWrite() error }); ok && tc.CloseWrite() == nil {
 			_ = c.Conn.SetReadDeadline(time.Now().Add(lingerTime))

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"net"
 	"strconv"
 	"time"
 
@@ -296,6 +297,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		// The stream holds its own count until it ends; the handler's
 		// count keeps a drain from sealing, so this enter cannot fail.
 		s.active.enter()
+		if !ctx.Request.Header.IsHTTP11() {
+			s.streamHTTP10(ctx, ex)
+			return true
+		}
 		ctx.SetBodyStreamWriter(ex.sw) // ex is the stream's from here on
 		return true
 	}
@@ -312,6 +317,26 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	_ = ex.h.Close()
 	s.metrics.count(ex.api, statusOK)
 	return false
+}
+
+// streamHTTP10 relays a stream to an HTTP/1.0 client, which cannot read
+// chunked encoding: the response has no length and ends when the router
+// closes the connection. fasthttp frames every streamed body as chunked,
+// so the router takes the connection over and writes the response itself.
+func (s *Server) streamHTTP10(ctx *fasthttp.RequestCtx, ex *exchange) {
+	h := &ctx.Response.Header
+	h.SetContentLength(-2) // no Content-Length, no Transfer-Encoding
+	h.SetConnectionClose()
+	head := h.AppendBytes(nil)
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		s.conns.Store(c, struct{}{}) // Shutdown cuts it as it cuts other streams
+		defer s.conns.Delete(c)
+		w := bufio.NewWriter(c)
+		_, _ = w.Write(head) // a failure shows at the relay's first flush, which settles ex
+		ex.stream(w)
+		_ = w.Flush()
+	})
 }
 
 // stream relays an engine's event stream on fasthttp's writer goroutine and

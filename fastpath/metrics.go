@@ -123,8 +123,12 @@ func newMetrics(s *Server) *metrics {
 	for _, r := range []string{transportTimeout, transportTooLarge, transportMalformed} {
 		m.transport[r] = transport.WithLabelValues(r)
 	}
+	bodyBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvfast_request_body_bytes_in_flight",
+		Help: "Request body bytes held in memory now, against the body budget (--body-budget-bytes).",
+	}, func() float64 { return float64(s.budget.used.Load()) })
 	m.ttft, m.itl, m.isl, m.osl = ttft, itl, isl, osl
-	reg.MustRegister(requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, transport,
+	reg.MustRegister(bodyBytes, requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, transport,
 		&stateCollector{s: s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -181,7 +182,8 @@ type Server struct {
 	metricsHTTP fasthttp.RequestHandler
 
 	budget     bodyBudget
-	waits      waitStats // recent admission-queue waits, for Retry-After
+	connLimit  connLimiter // per client address, over every listener
+	waits      waitStats   // recent admission-queue waits, for Retry-After
 	apiKeys    [][]byte
 	adminToken []byte
 
@@ -212,6 +214,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		conns: xsync.NewMapOf[net.Conn, struct{}](), active: newActivity()}
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
 	s.budget.limit = cfg.BodyBudgetBytes
+	s.connLimit = connLimiter{max: cfg.MaxConnsPerIP, perIP: map[netip.Addr]int{}}
 	for _, k := range cfg.APIKeys {
 		s.apiKeys = append(s.apiKeys, []byte(k))
 	}
@@ -244,9 +247,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
 			return fasthttp.RequestConfig{ReadTimeout: cfg.ReadTimeout, MaxRequestBodySize: 1}
 		},
-		IdleTimeout:   cfg.IdleTimeout,
-		Concurrency:   cfg.MaxConns,
-		MaxConnsPerIP: cfg.MaxConnsPerIP,
+		IdleTimeout: cfg.IdleTimeout,
+		Concurrency: cfg.MaxConns,
 		// Errors about a request fasthttp could not parse must not carry
 		// its bytes (credentials) into the log.
 		SecureErrorLogMessage: true,
@@ -281,7 +283,7 @@ func (s *Server) serve(ln net.Listener, admin bool) error {
 	s.started = true
 	s.lns = append(s.lns, ln)
 	s.mu.Unlock()
-	err := s.http.Serve(edgeListener{Listener: ln, admin: admin})
+	err := s.http.Serve(edgeListener{Listener: ln, admin: admin, limit: &s.connLimit})
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
