@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 
@@ -65,8 +66,11 @@ Flags:
 // bindServeFlags binds the flags of `kvfast serve` to cfg, which holds
 // the defaults (node.DefaultConfig): the help text shows the same values
 // the router runs with when a flag is not given.
-func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
-	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address the router listens on (host:port); use 0.0.0.0:8000 to serve other hosts")
+func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *securityFiles) {
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address the router listens on (host:port); use 0.0.0.0:8000 to serve other hosts (then set --api-key-file)")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, `address of the admin listener (host:port), which alone serves /admin/... and /metrics; "" serves them on the API listener (then set --admin-token-file)`)
+	fs.StringVar(&sec.adminToken, "admin-token-file", "", "file holding the token /admin/... and /metrics require as Authorization: Bearer TOKEN (none: no token)")
+	fs.StringVar(&sec.apiKeys, "api-key-file", "", "file of API keys, one per line (# comments), that the OpenAI endpoints require as Authorization: Bearer KEY (none: no check)")
 	fs.StringVar(&cfg.Segment.Path, "segment", cfg.Segment.Path, `shared-memory segment holding the index and the engines' event feed; "none" runs without one (static workers only)`)
 	fs.BoolVar(&cfg.Segment.Recreate, "recreate-segment", cfg.Segment.Recreate, "format a fresh segment even if a valid one exists (drops the warm index)")
 	fs.IntVar(&cfg.Segment.IndexCapacity, "index-capacity", cfg.Segment.IndexCapacity, "distinct KV blocks the index holds (set when the segment is created); about 70 bytes each with the engine-hash map")
@@ -93,9 +97,12 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
 		cfg.HTTP.MaxTokenID = uint32(id)
 		return err
 	})
-	fs.DurationVar(&cfg.HTTP.ReadTimeout, "read-timeout", cfg.HTTP.ReadTimeout, "time allowed to read a whole request, headers and body (cuts slow clients)")
+	fs.DurationVar(&cfg.HTTP.HeaderTimeout, "header-timeout", cfg.HTTP.HeaderTimeout, "time allowed for a complete request header, from a connection's accept or a keep-alive request's first byte (cuts idle and slow-header connections)")
+	fs.DurationVar(&cfg.HTTP.ReadTimeout, "read-timeout", cfg.HTTP.ReadTimeout, "time allowed to read a request body, after its header (cuts slow uploads)")
 	fs.DurationVar(&cfg.HTTP.IdleTimeout, "idle-timeout", cfg.HTTP.IdleTimeout, "keep-alive connections idle this long are closed")
 	fs.IntVar(&cfg.HTTP.MaxConns, "max-conns", cfg.HTTP.MaxConns, "concurrent client connections")
+	fs.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", cfg.HTTP.MaxConnsPerIP, "concurrent connections from one client address, beyond which it gets 429 (0: no bound; behind one proxy, raise it to --max-conns)")
+	fs.Int64Var(&cfg.HTTP.BodyBudgetBytes, "body-budget-bytes", cfg.HTTP.BodyBudgetBytes, "request body bytes held in memory at once over all requests; a body that does not fit gets 503 with Retry-After before it is read (at least --max-body-bytes)")
 	fs.IntVar(&cfg.HTTP.MaxRetries, "max-retries", cfg.HTTP.MaxRetries, "re-routes when the chosen engine refuses the connection (before any byte reaches the client); 0 disables")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM, how long in-flight streams may finish before they are cut")
 	fs.DurationVar(&cfg.Dispatch.Timeouts.Connect, "connect-timeout", cfg.Dispatch.Timeouts.Connect, "time to connect to an engine (0: no limit)")
@@ -112,6 +119,38 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
 	fs.IntVar(&cfg.Tokenizers.MaxRenderBytes, "tokenize-max-bytes", cfg.Tokenizers.MaxRenderBytes, "largest request body (and rendered prompt) the built-in tokenizer tokenizes; larger requests route approximately")
 	fs.IntVar(&cfg.Tokenizers.MaxResponseBytes, "tokenize-max-response-bytes", cfg.Tokenizers.MaxResponseBytes, "largest render or tokenize answer accepted from an engine (MODEL=remote)")
 	lo.bind(fs)
+}
+
+// securityFiles are the flags naming files of secrets: a secret on the
+// command line would show in every process listing.
+type securityFiles struct{ adminToken, apiKeys string }
+
+// load reads the files into cfg.
+func (sec securityFiles) load(cfg *node.Config) error {
+	if sec.adminToken != "" {
+		b, err := os.ReadFile(sec.adminToken)
+		if err != nil {
+			return fmt.Errorf("cannot read the admin token: %w", err)
+		}
+		if cfg.HTTP.AdminToken = strings.TrimSpace(string(b)); cfg.HTTP.AdminToken == "" {
+			return fmt.Errorf("cannot use admin token file %s: it is empty", sec.adminToken)
+		}
+	}
+	if sec.apiKeys != "" {
+		b, err := os.ReadFile(sec.apiKeys)
+		if err != nil {
+			return fmt.Errorf("cannot read the API keys: %w", err)
+		}
+		for line := range strings.Lines(string(b)) {
+			if k := strings.TrimSpace(line); k != "" && !strings.HasPrefix(k, "#") {
+				cfg.HTTP.APIKeys = append(cfg.HTTP.APIKeys, k)
+			}
+		}
+		if len(cfg.HTTP.APIKeys) == 0 {
+			return fmt.Errorf("cannot use API key file %s: it holds no key", sec.apiKeys)
+		}
+	}
+	return nil
 }
 
 // tokenizerFlags collects repeated --tokenizer values.
@@ -195,7 +234,8 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 	fs.Usage = func() { printUsage(fs.Output(), fs, serveAbout) }
 	cfg := node.DefaultConfig()
 	var lo logOptions
-	bindServeFlags(fs, &cfg, &lo)
+	var sec securityFiles
+	bindServeFlags(fs, &cfg, &lo, &sec)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, 0, false
@@ -212,6 +252,10 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 	}
 	if cfg.Segment.Path == "none" {
 		cfg.Segment.Path = ""
+	}
+	if err := sec.load(&cfg); err != nil {
+		fmt.Fprintln(stderr, "kvfast serve:", err)
+		return cfg, 2, false
 	}
 	log, err := newLogger(stderr, lo.level, lo.format)
 	if err != nil {
@@ -255,6 +299,24 @@ func writeDemoTokenizer(cfg *node.Config) (cleanup func(), err error) {
 	return cleanup, nil
 }
 
+// baselineMemory is what the router needs besides request bodies: its
+// index, pools and buffers at the default sizes.
+const baselineMemory = 300 << 20
+
+// setMemoryLimit gives the Go runtime a soft memory limit of the baseline
+// plus the body budget, unless GOMEMLIMIT sets one: under a flood of large
+// bodies the collector then runs before the heap doubles over the
+// garbage of finished ones, which is what keeps the resident size near
+// the budget rather than twice it.
+func setMemoryLimit(cfg node.Config) {
+	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
+		return
+	}
+	limit := baselineMemory + cfg.HTTP.BodyBudgetBytes
+	debug.SetMemoryLimit(limit)
+	cfg.Logger.Debug("memory limit set", "bytes", limit)
+}
+
 func runServe(args []string) int {
 	cfg, code, ok := serveConfig(args, os.Stderr)
 	if !ok {
@@ -266,6 +328,7 @@ func runServe(args []string) int {
 		return 1
 	}
 	defer cleanup()
+	setMemoryLimit(cfg)
 	if err := node.Run(context.Background(), cfg); err != nil {
 		cfg.Logger.Error("router stopped", "err", err)
 		return 1
