@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -152,8 +153,9 @@ func fromAdminListener(ctx *fasthttp.RequestCtx) bool {
 // read until its request ends (a stream's body stays forwarded, and
 // referenced, until the stream ends).
 type bodyBudget struct {
-	limit int64
-	used  atomic.Int64
+	limit      int64
+	used       atomic.Int64
+	lastReturn atomic.Int64 // unix nanoseconds of the last returnMemory
 }
 
 // reserve charges n bytes, or reports that they do not fit.
@@ -279,9 +281,34 @@ func (ex *exchange) releaseBody() {
 		ex.charged = 0
 	}
 	if cap(ex.buf) > maxPooledBody {
+		large := cap(ex.buf) >= returnAfterBytes
 		ex.buf = nil
+		if large {
+			ex.s.budget.returnMemory()
+		}
 	}
 	ex.buf, ex.body = ex.buf[:0], nil
+}
+
+// returnAfterBytes is the body size whose end may return memory to the
+// system, and returnEvery how often at most.
+const (
+	returnAfterBytes = 1 << 20
+	returnEvery      = 10 * time.Second
+)
+
+// returnMemory hands the memory of finished large bodies back to the
+// system once none is in flight. Left to itself the runtime keeps it: an
+// idle router runs no collection for two minutes, and until one runs the
+// dead bodies count as in use. One collection at most every returnEvery,
+// on a goroutine of its own so that no request waits for it.
+func (b *bodyBudget) returnMemory() {
+	now := time.Now().UnixNano()
+	last := b.lastReturn.Load()
+	if b.used.Load() != 0 || now-last < int64(returnEvery) || !b.lastReturn.CompareAndSwap(last, now) {
+		return
+	}
+	go debug.FreeOSMemory()
 }
 
 // bearer returns the token of an "Authorization: Bearer TOKEN" header, or

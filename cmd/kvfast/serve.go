@@ -299,11 +299,14 @@ func writeDemoTokenizer(cfg *node.Config) (cleanup func(), err error) {
 	return cleanup, nil
 }
 
-// baselineMemory is what the router needs besides request bodies: its
-// index, pools and buffers at the default sizes.
-const baselineMemory = 300 << 20
+// baselineMemory is what the router's Go heap needs besides request
+// bodies (its indexes, pools and buffers at the default sizes), with room
+// left under the 300 MiB the resident size may take beyond the budget for
+// what the runtime does not count (stacks, fasthttp's per-connection
+// buffers outside the heap goal, the binary).
+const baselineMemory = 224 << 20
 
-// setMemoryLimit gives the Go runtime a soft memory limit of the baseline
+// setMemoryLimit gives the Go runtime a soft memory limit of 224 MiB
 // plus the body budget, unless GOMEMLIMIT sets one: under a flood of large
 // bodies the collector then runs before the heap doubles over the
 // garbage of finished ones, which is what keeps the resident size near
