@@ -74,8 +74,8 @@
 // connection fasthttp left open is refused with 503, not handled.
 // The front end starts no background goroutine of its own (an HTTP/1.0
 // stream is relayed on the goroutine fasthttp gives a taken-over
-// connection; when the last large body in flight ends, one short-lived
-// goroutine returns memory to the system, at most every 10 s). The connection counts are under a mutex taken once per
+// connection; when the last large body in flight ends, a timer returns
+// memory to the system, at most every 10 s). The connection counts are under a mutex taken once per
 // accept and close; the body budget and the queue-wait average are
 // atomics.
 //

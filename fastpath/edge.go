@@ -153,9 +153,11 @@ func fromAdminListener(ctx *fasthttp.RequestCtx) bool {
 // read until its request ends (a stream's body stays forwarded, and
 // referenced, until the stream ends).
 type bodyBudget struct {
-	limit      int64
-	used       atomic.Int64
-	lastReturn atomic.Int64 // unix nanoseconds of the last returnMemory
+	limit int64
+	used  atomic.Int64
+	// returnMemory's state: when it last ran, and whether it is due.
+	lastReturn    atomic.Int64 // unix nanoseconds
+	returnPending atomic.Bool
 }
 
 // reserve charges n bytes, or reports that they do not fit.
@@ -300,15 +302,23 @@ const (
 // returnMemory hands the memory of finished large bodies back to the
 // system once none is in flight. Left to itself the runtime keeps it: an
 // idle router runs no collection for two minutes, and until one runs the
-// dead bodies count as in use. One collection at most every returnEvery,
-// on a goroutine of its own so that no request waits for it.
+// dead bodies count as in use. A timer does it, at most once every
+// returnEvery and at least returnEvery after the last time, so that no
+// request waits for the collection and a flood does not run one per body;
+// a timer already pending covers later calls.
 func (b *bodyBudget) returnMemory() {
-	now := time.Now().UnixNano()
-	last := b.lastReturn.Load()
-	if b.used.Load() != 0 || now-last < int64(returnEvery) || !b.lastReturn.CompareAndSwap(last, now) {
-		return
+	if b.used.Load() != 0 || !b.returnPending.CompareAndSwap(false, true) {
+		return // the last body of those in flight calls again
 	}
-	go debug.FreeOSMemory()
+	wait := time.Duration(b.lastReturn.Load() + int64(returnEvery) - time.Now().UnixNano())
+	time.AfterFunc(max(wait, 0), func() {
+		b.returnPending.Store(false)
+		if b.used.Load() != 0 {
+			return // more bodies arrived: the last of them calls again
+		}
+		b.lastReturn.Store(time.Now().UnixNano())
+		debug.FreeOSMemory()
+	})
 }
 
 // bearer returns the token of an "Authorization: Bearer TOKEN" header, or
