@@ -124,14 +124,15 @@ func TestBadInput(t *testing.T) {
 			}
 		})
 	}
-	// Bodies over the limit are refused as soon as the router knows, from
-	// the declared length or from the chunk sizes, before it reads them. A
-	// raw connection sends only a first part of each, so that the refusal
-	// is read back before the client has written more than the router took.
+	// Bodies over the limit are refused as soon as the router knows: from
+	// the declared length before reading the body, a chunked one as soon as
+	// what it read passes the limit. A raw connection sends only a first
+	// part of the first and one byte over the limit of the second, so that
+	// the refusal is read back before the client has written more.
 	for _, tc := range []struct{ name, head, part string }{
 		{"declared length over the limit", "Content-Length: 100000\r\n", `{"prompt":[` + strings.Repeat("1,", 500)},
 		{"chunked body over the limit", "Transfer-Encoding: chunked\r\n",
-			"800\r\n" + `{"prompt":[` + strings.Repeat("1,", 1018) + "1\r\n" + "801\r\n" + strings.Repeat(",1", 100)},
+			"800\r\n" + `{"prompt":[` + strings.Repeat("1,", 1018) + "1\r\n" + "801\r\n" + strings.Repeat(",1", 1024) + ",\r\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, body := rawRequest(t, strings.TrimPrefix(r.url, "http://"),
@@ -167,6 +168,7 @@ func TestSlowClientsHitReadTimeout(t *testing.T) {
 	const readTimeout = 300 * time.Millisecond
 	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.Addr(), Model: e2eModel})
 	cfg.HTTP.ReadTimeout = readTimeout
+	cfg.HTTP.HeaderTimeout = readTimeout // headers are cut by the header timeout, bodies by the read timeout
 	r := startE2ERouter(t, cfg)
 	addr := strings.TrimPrefix(r.url, "http://")
 
@@ -290,24 +292,51 @@ func rawRequest(t *testing.T, addr, req string) (*http.Response, []byte) {
 
 // TestTransportErrorsLoggedStructured: what fasthttp itself reports about
 // connections it could not serve goes to the router's slog logger, not to
-// the standard library's unstructured log.
+// the standard library's unstructured log, and no log line carries the
+// request's bytes: a malformed request's credentials stay out of the log,
+// which records its method, path, size and the reason instead.
 func TestTransportErrorsLoggedStructured(t *testing.T) {
 	logs := newLogCapture()
 	cfg := e2eConfig()
 	cfg.HTTP.MaxBodyBytes = 1024
 	cfg.Logger = slog.New(logs)
 	r := startE2ERouter(t, cfg)
+	const secret = "sk-secret-7f3a9c"
 	resp, body := rawRequest(t, strings.TrimPrefix(r.url, "http://"),
-		"POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Length: 5000\r\n\r\n{")
-	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		"POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nAuthorization: Bearer "+secret+"\r\nContent-Length: 12\r\n"+
+			"X-Api-Key: "+secret+"\r\nBroken header line without a colon "+secret+"\r\n\r\n{\"prompt\":1}")
+	if resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
 	waitFor(t, "fasthttp's report in the router's log", func() bool {
-		_, ok := logs.find("body size exceeds the given limit")
+		_, ok := logs.find("component=fasthttp")
 		return ok
 	})
-	line, _ := logs.find("body size exceeds the given limit")
+	line, _ := logs.find("component=fasthttp")
 	if !strings.HasPrefix(line, "WARN ") {
 		t.Errorf("logged as %q", line)
+	}
+	if line, ok := logs.find("could not be read"); !ok || !strings.Contains(line, "reason=malformed") {
+		t.Errorf("no structured record of the refusal: %q", line)
+	}
+	if line, ok := logs.find(secret); ok {
+		t.Errorf("a credential reached the log: %q", line)
+	}
+	if line, ok := logs.find("Bearer"); ok {
+		t.Errorf("request bytes reached the log: %q", line)
+	}
+}
+
+func TestRedactHidesCredentials(t *testing.T) {
+	for in, want := range map[string]string{
+		"error: Authorization: Bearer abc.def rest": "error: Authorization: [REDACTED] abc.def rest",
+		"authorization: basic dXNlcjpw":             "authorization: [REDACTED] dXNlcjpw",
+		`buf="x-api-key: k1\r\n"`:                   `buf="x-api-key: [REDACTED]\r\n"`,
+		"GET /v1/models?api_key=zzz&x=1":            "GET /v1/models?api_key=[REDACTED]&x=1",
+		"nothing to hide":                           "nothing to hide",
+	} {
+		if got := fastpath.Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

@@ -30,6 +30,23 @@
 // its answer: cutting it is not done yet.) The watcher's one goroutine is
 // the only one the front end starts; Shutdown stops it.
 //
+// The edge (edge.go) stands between the network and that path. Every
+// connection comes through edgeListener, which tags it with its listener
+// (API or admin: Serve and ServeAdmin) and bounds each client address's
+// connections. fasthttp's read timeout is the header timeout, and a
+// header-received hook gives the body its own (Config.ReadTimeout).
+// Request bodies are streamed: the exchange reads its body itself, after
+// charging it to the server's body budget, so a body too large or not
+// fitting is refused from its header, and a refusal sent while the client
+// is still writing marks the connection to linger (half-close, bounded
+// drain) so that the client reads it. Routes match fasthttp's normalised
+// path; /admin/... and /metrics are served only on the admin listener
+// (or on the API listener when Config.AdminOnAPI), behind the admin token
+// if set, and the OpenAI endpoints behind the API keys if set. The engine
+// is sent the routed path, never the client's spelling. No request bytes
+// are logged: transport errors log method, path, size and reason, and
+// fasthttp's own reports lose their quoted bytes and any credential.
+//
 // The OpenAI wire format is package openai's: parsing reads only what
 // selection needs, validates the whole body, and refuses a bad one with an
 // openai.Error, which is also how fastpath renders its own refusals
@@ -37,8 +54,10 @@
 //
 // # What it owns
 //
-// The HTTP listener and its limits, the pool of exchanges (and the parsed
-// requests and hash buffers inside them), the guard pool, the
+// The HTTP listeners and their limits, the per-address connection counts,
+// the body budget, the recent queue waits that Retry-After is derived
+// from, the pool of exchanges (and the body, parsed request and hash
+// buffers inside them), the guard pool, the
 // model table (namespace seed and renderer per model, and per LoRA
 // adapter the node learned from the engines' model lists: its base model's
 // workers and renderer, its own namespace), and the Prometheus
@@ -60,6 +79,12 @@
 // mapped. Every handler and stream is counted from entry to end for that,
 // and once a Shutdown has drained them a request still arriving on a
 // connection fasthttp left open is refused with 503, not handled.
+// Besides the hang-up watcher's goroutine, the front end's background
+// work is small: an HTTP/1.0 stream is relayed on the goroutine fasthttp
+// gives a taken-over connection, and when the last large body in flight
+// ends, a timer returns memory to the system, at most every 10 s. The
+// connection counts are under a mutex taken once per accept and close;
+// the body budget and the queue-wait average are atomics.
 //
 // # Performance
 //

@@ -41,26 +41,59 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	defer s.active.exit()
-	switch string(ctx.Path()) {
-	case PathCompletions:
-		s.serveOpenAI(ctx, openai.APICompletions, false)
-	case PathChatCompletions:
-		s.serveOpenAI(ctx, openai.APIChatCompletions, false)
-	case PathRouteCompletions:
-		s.serveOpenAI(ctx, openai.APICompletions, true)
-	case PathRouteChatCompletions:
-		s.serveOpenAI(ctx, openai.APIChatCompletions, true)
-	case PathModels:
-		s.serveModels(ctx)
-	case PathMetrics:
-		s.serveMetrics(ctx)
+	if hasObsFold(ctx.Request.Header.RawHeaders()) {
+		lingerOnClose(ctx)
+		writeError(ctx, fasthttp.StatusBadRequest, errObsFold)
+		return
+	}
+	// ctx.Path is the normalised path (percent-decoded, dot segments and
+	// repeated slashes resolved): routes match on what the path means, so
+	// /v1/%2e%2e/admin/workers is /admin/workers, which the API listener
+	// does not serve unless told to.
+	admin := fromAdminListener(ctx)
+	switch p := string(ctx.Path()); p {
+	case PathCompletions, PathChatCompletions, PathRouteCompletions, PathRouteChatCompletions, PathModels:
+		if admin {
+			writeError(ctx, fasthttp.StatusNotFound, errNotFound)
+			return
+		}
+		if len(s.apiKeys) > 0 && !anyKeyMatches(bearer(ctx), s.apiKeys) {
+			ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
+			writeError(ctx, fasthttp.StatusUnauthorized, errUnauthorized)
+			return
+		}
+		switch p {
+		case PathCompletions:
+			s.serveOpenAI(ctx, openai.APICompletions, false)
+		case PathChatCompletions:
+			s.serveOpenAI(ctx, openai.APIChatCompletions, false)
+		case PathRouteCompletions:
+			s.serveOpenAI(ctx, openai.APICompletions, true)
+		case PathRouteChatCompletions:
+			s.serveOpenAI(ctx, openai.APIChatCompletions, true)
+		default:
+			s.serveModels(ctx)
+		}
+	case PathMetrics, PathAdminWorkers:
+		if !admin && !s.cfg.AdminOnAPI {
+			writeError(ctx, fasthttp.StatusNotFound, errNotFound)
+			return
+		}
+		if s.adminToken != nil && !anyKeyMatches(bearer(ctx), [][]byte{s.adminToken}) {
+			ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
+			writeError(ctx, fasthttp.StatusUnauthorized, errAdminUnauthorized)
+			return
+		}
+		if p == PathMetrics {
+			s.serveMetrics(ctx)
+		} else {
+			s.serveAdminWorkers(ctx)
+		}
 	case PathHealth:
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"status":"ok"}`)
 	case PathReady:
 		s.serveReady(ctx)
-	case PathAdminWorkers:
-		s.serveAdminWorkers(ctx)
 	default:
 		writeError(ctx, fasthttp.StatusNotFound, errNotFound)
 	}

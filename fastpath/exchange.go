@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -56,6 +57,10 @@ type exchange struct {
 	hangMu sync.Mutex
 	hungUp bool
 
+	body    []byte // the request body (readBody): ex.buf's bytes, or fasthttp's
+	buf     []byte // the pooled body buffer
+	charged int64  // bytes of buf charged to the server's body budget
+
 	rid []byte // request id, echoed back
 	out []byte // scratch for response bodies and header values
 	sw  fasthttp.StreamWriter
@@ -95,7 +100,8 @@ func (s *Server) releaseExchange(ex *exchange) {
 		ex.out = nil
 	}
 	ex.wait.release()
-	*ex = exchange{s: s, sw: ex.sw, req: ex.req, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0]}
+	ex.releaseBody()
+	*ex = exchange{s: s, sw: ex.sw, req: ex.req, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0], buf: ex.buf}
 	s.exchanges.Put(ex)
 }
 
@@ -116,7 +122,17 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 	handedOff := false
 	defer s.settle(ctx, ex, &handedOff)
 	ex.echoRequestID(ctx)
-	if err := s.parser.Parse(ctx.PostBody(), api, &ex.req); err != nil {
+	if rerr := s.readBody(ctx, ex); rerr != nil {
+		if rerr == errBodyBudget {
+			ctx.Response.Header.SetBytesV("Retry-After", s.retryAfter(ex))
+			ex.s.metrics.count(ex.api, statusOverloaded)
+			writeError(ctx, rerr.Status, rerr)
+			return
+		}
+		ex.reject(ctx, rerr)
+		return
+	}
+	if err := s.parser.Parse(ex.body, api, &ex.req); err != nil {
 		ex.reject(ctx, asRequestError(err))
 		return
 	}
@@ -125,7 +141,7 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 		ex.reject(ctx, rerr)
 		return
 	}
-	if rerr := s.prepare(ctx, ctx.PostBody(), ex); rerr != nil {
+	if rerr := s.prepare(ctx, ex.body, ex); rerr != nil {
 		ex.reject(ctx, rerr)
 		return
 	}
@@ -137,6 +153,9 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 	ex.setGuard(s.guards.Acquire())
 	ex.watchClient(ctx)
 	dec, err := ex.h.Select(&ex.wait, &ex.sreq)
+	if ex.wait.queued() {
+		s.waits.observe(clock.Since(ex.lastItem))
+	}
 	s.metrics.stageSched.Observe(seconds(clock.Since(ex.lastItem)))
 	s.metrics.stageTotal.Observe(seconds(clock.Since(ex.arrived)))
 	if err != nil {
@@ -271,7 +290,9 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 // every attempt's load is released exactly once.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool) {
 	ex.call = s.engines.AcquireCall()
-	ex.call.SetRequest(ctx.URI().PathOriginal(), ctx.PostBody())
+	// The engine gets the path that was routed, not the client's spelling
+	// of it: what a front proxy filtered and what the engine serves agree.
+	ex.call.SetRequest(routedPath(ex.api), ex.body)
 	copyForwardHeaders(ctx, ex.call.Request(), ex.rid)
 	var body []byte
 	for attempt := 0; ; attempt++ {
@@ -321,6 +342,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		// The stream holds its own count until it ends; the handler's
 		// count keeps a drain from sealing, so this enter cannot fail.
 		s.active.enter()
+		if !ctx.Request.Header.IsHTTP11() {
+			s.streamHTTP10(ctx, ex)
+			return true
+		}
 		ctx.SetBodyStreamWriter(ex.sw) // ex is the stream's from here on
 		return true
 	}
@@ -332,6 +357,26 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	_ = ex.h.Close()
 	s.metrics.count(ex.api, statusOK)
 	return false
+}
+
+// streamHTTP10 relays a stream to an HTTP/1.0 client, which cannot read
+// chunked encoding: the response has no length and ends when the router
+// closes the connection. fasthttp frames every streamed body as chunked,
+// so the router takes the connection over and writes the response itself.
+func (s *Server) streamHTTP10(ctx *fasthttp.RequestCtx, ex *exchange) {
+	h := &ctx.Response.Header
+	h.SetContentLength(-2) // no Content-Length, no Transfer-Encoding
+	h.SetConnectionClose()
+	head := h.AppendBytes(nil)
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		s.conns.Store(c, struct{}{}) // Shutdown cuts it as it cuts other streams
+		defer s.conns.Delete(c)
+		w := bufio.NewWriter(c)
+		_, _ = w.Write(head) // a failure shows at the relay's first flush, which settles ex
+		ex.stream(w)
+		_ = w.Flush()
+	})
 }
 
 // stream relays an engine's event stream on fasthttp's writer goroutine and
@@ -515,11 +560,11 @@ func (ex *exchange) failSelect(ctx *fasthttp.RequestCtx, err error) {
 		writeError(ctx, fasthttp.StatusBadRequest, &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Code: "invalid_request", Message: err.Error()})
 	case errors.Is(err, context.DeadlineExceeded):
 		ex.s.metrics.count(ex.api, statusOverloaded)
-		ctx.Response.Header.Set("Retry-After", "1")
+		ctx.Response.Header.SetBytesV("Retry-After", ex.s.retryAfter(ex))
 		writeError(ctx, fasthttp.StatusServiceUnavailable, errQueueTimeout)
 	default: // no eligible worker (a pin to a known but unhealthy worker too), or shutdown
 		ex.s.metrics.count(ex.api, statusUnavailable)
-		ctx.Response.Header.Set("Retry-After", "1")
+		ctx.Response.Header.SetBytesV("Retry-After", ex.s.retryAfter(ex))
 		writeError(ctx, fasthttp.StatusServiceUnavailable, errNoWorker)
 	}
 }
@@ -533,6 +578,23 @@ func (ex *exchange) failDispatch(ctx *fasthttp.RequestCtx, err error) {
 	ex.out = dispatch.AppendErrorJSON(ex.out[:0], err)
 	ctx.SetBody(ex.out)
 }
+
+// retryAfter renders the Retry-After of a refusal into ex.out: the recent
+// admission-queue wait, in whole seconds.
+func (s *Server) retryAfter(ex *exchange) []byte {
+	ex.out = strconv.AppendInt(ex.out[:0], s.waits.retryAfterSeconds(), 10)
+	return ex.out
+}
+
+// routedPath is the path a request of api is forwarded to.
+func routedPath(api openai.API) []byte {
+	if api == openai.APIChatCompletions {
+		return pathChatCompletions
+	}
+	return pathCompletions
+}
+
+var pathCompletions, pathChatCompletions = []byte(PathCompletions), []byte(PathChatCompletions)
 
 // setDecisionHeaders tells the client where its request went: the worker,
 // its DP rank and the prefix the router expected it to find cached.

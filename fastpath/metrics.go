@@ -61,6 +61,7 @@ type metrics struct {
 	// multimodalExact and multimodalApprox count requests with images,
 	// audio or video by how they routed (kvfast_multimodal_requests_total).
 	multimodalExact, multimodalApprox prometheus.Counter
+	transport     map[string]prometheus.Counter // by reason: connections refused before a request was read
 }
 
 func newMetrics(s *Server) *metrics {
@@ -125,8 +126,20 @@ func newMetrics(s *Server) *metrics {
 	}, []string{"routing"})
 	m.multimodalExact = multimodal.WithLabelValues("exact")
 	m.multimodalApprox = multimodal.WithLabelValues("approximate")
+	transport := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvfast_http_transport_errors_total",
+		Help: "Connections answered before a request could be read, by reason: header_timeout (idle or slow header), body_too_large, malformed. Not counted in kvfast_requests_total.",
+	}, []string{"reason"})
+	m.transport = map[string]prometheus.Counter{}
+	for _, r := range []string{transportTimeout, transportTooLarge, transportMalformed} {
+		m.transport[r] = transport.WithLabelValues(r)
+	}
+	bodyBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvfast_request_body_bytes_in_flight",
+		Help: "Request body bytes held in memory now, against the body budget (--body-budget-bytes).",
+	}, func() float64 { return float64(s.budget.used.Load()) })
 	m.ttft, m.itl, m.isl, m.osl = ttft, itl, isl, osl
-	reg.MustRegister(requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, multimodal,
+	reg.MustRegister(bodyBytes, requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, transport, multimodal,
 		&stateCollector{s: s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

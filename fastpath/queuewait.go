@@ -3,6 +3,7 @@ package fastpath
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -77,4 +78,45 @@ func (q *queueWait) cancel(err error) {
 			close(q.done)
 		}
 	}
+}
+
+// waitStats remembers how long recent requests waited in the admission
+// queue, for the Retry-After of a refusal: a client told to come back
+// after about the current wait neither hammers a saturated router nor
+// stays away from one that has drained. It is a moving average updated
+// with atomics; requests that did not queue do not touch it.
+type waitStats struct {
+	avg atomic.Int64 // nanoseconds, exponentially weighted over recent waits
+}
+
+// observe folds one queue wait into the average, with weight 1/8.
+func (w *waitStats) observe(d time.Duration) {
+	for {
+		old := w.avg.Load()
+		next := old + (int64(d)-old)/8
+		if w.avg.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// Retry-After's bounds, in seconds.
+const (
+	minRetryAfter = 1
+	maxRetryAfter = 60
+)
+
+// retryAfterSeconds is the recent average wait rounded up to whole seconds
+// and clamped to [minRetryAfter, maxRetryAfter].
+func (w *waitStats) retryAfterSeconds() int64 {
+	secs := (w.avg.Load() + int64(time.Second) - 1) / int64(time.Second)
+	return min(max(secs, minRetryAfter), maxRetryAfter)
+}
+
+// queued reports whether the request waiting under q had to queue: Done
+// arms the wait only then.
+func (q *queueWait) queued() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.done != nil
 }

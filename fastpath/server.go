@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,12 +40,34 @@ type Config struct {
 	// text and chat prompts.
 	ApproxChunkBytes int
 
-	MaxBodyBytes int           // largest request body (413 beyond)
-	MaxTokenID   uint32        // largest accepted token id; 0 = any uint32
-	ReadTimeout  time.Duration // whole request, headers and body: bounds slow clients
-	IdleTimeout  time.Duration // keep-alive idle
-	MaxConns     int           // concurrent client connections
-	MaxRetries   int           // re-routes after a refused connection; 0: none
+	MaxBodyBytes int    // largest request body (413 beyond)
+	MaxTokenID   uint32 // largest accepted token id; 0 = any uint32
+	// HeaderTimeout bounds the wait for a complete request header, from a
+	// new connection's accept or a keep-alive request's first byte: an
+	// idle or slow-header connection is closed after it.
+	HeaderTimeout time.Duration
+	ReadTimeout   time.Duration // the request body, from the end of its header: bounds slow uploads
+	IdleTimeout   time.Duration // keep-alive idle
+	MaxConns      int           // concurrent client connections
+	// MaxConnsPerIP bounds one client address's concurrent connections, so
+	// that one client cannot take every connection; 0: no bound.
+	MaxConnsPerIP int
+	// BodyBudgetBytes bounds the request body bytes held in memory at once
+	// over all requests; a request whose body does not fit is refused with
+	// 503 and Retry-After before its body is read. At least MaxBodyBytes.
+	BodyBudgetBytes int64
+	MaxRetries      int // re-routes after a refused connection; 0: none
+
+	// APIKeys, when not empty, are the keys the OpenAI endpoints (/v1/...)
+	// accept in Authorization: Bearer KEY; others get 401.
+	APIKeys []string
+	// AdminToken, when not empty, is required as Authorization: Bearer
+	// TOKEN by /admin/... and /metrics, on whichever listener serves them.
+	AdminToken string
+	// AdminOnAPI serves /admin/... and /metrics on the API listener too;
+	// otherwise only a listener given to ServeAdmin serves them, and the
+	// API listener answers 404.
+	AdminOnAPI bool
 }
 
 // DefaultConfig is the front end kvfast serve runs with.
@@ -52,19 +76,30 @@ func DefaultConfig() Config {
 		QueueTimeout:     30 * time.Second,
 		ApproxChunkBytes: radix.DefaultApproxChunkBytes,
 		MaxBodyBytes:     openai.DefaultMaxBodyBytes,
+		HeaderTimeout:    10 * time.Second,
 		ReadTimeout:      30 * time.Second,
 		IdleTimeout:      60 * time.Second,
 		MaxConns:         10000,
+		MaxConnsPerIP:    DefaultMaxConnsPerIP,
+		BodyBudgetBytes:  DefaultBodyBudgetBytes,
 		MaxRetries:       2,
 	}
 }
+
+// DefaultMaxConnsPerIP leaves room for a busy client's connection pool and
+// for a few clients behind one NAT; a router behind a single proxy sees
+// one address and needs it raised to MaxConns (or 0).
+const DefaultMaxConnsPerIP = 256
+
+// DefaultBodyBudgetBytes holds 16 maximum-size (16 MiB) bodies at once.
+const DefaultBodyBudgetBytes = 256 << 20
 
 // Validate reports the first setting the front end cannot run with.
 func (c *Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"queue timeout", c.QueueTimeout}, {"read timeout", c.ReadTimeout}, {"idle timeout", c.IdleTimeout}} {
+	}{{"queue timeout", c.QueueTimeout}, {"header timeout", c.HeaderTimeout}, {"read timeout", c.ReadTimeout}, {"idle timeout", c.IdleTimeout}} {
 		if d.v <= 0 {
 			return fmt.Errorf("cannot use %s %v: must be positive", d.name, d.v)
 		}
@@ -79,6 +114,17 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxRetries < 0 {
 		return fmt.Errorf("cannot use max retries %d: must not be negative", c.MaxRetries)
+	}
+	if c.MaxConnsPerIP < 0 {
+		return fmt.Errorf("cannot use max conns per IP %d: must not be negative (0: no bound)", c.MaxConnsPerIP)
+	}
+	if c.BodyBudgetBytes < int64(c.MaxBodyBytes) {
+		return fmt.Errorf("cannot use body budget %d bytes: must hold at least one body of max body bytes (%d)", c.BodyBudgetBytes, c.MaxBodyBytes)
+	}
+	for i, k := range c.APIKeys {
+		if k == "" {
+			return fmt.Errorf("cannot use API key %d: it is empty", i+1)
+		}
 	}
 	return nil
 }
@@ -143,6 +189,12 @@ type Server struct {
 	metricsOnce sync.Once
 	metricsHTTP fasthttp.RequestHandler
 
+	budget     bodyBudget
+	connLimit  connLimiter // per client address, over every listener
+	waits      waitStats   // recent admission-queue waits, for Retry-After
+	apiKeys    [][]byte
+	adminToken []byte
+
 	exchanges sync.Pool
 	hangups   *hangup.Watcher                  // nil where client hang-ups cannot be watched
 	active    *activity                        // handlers running and streams being relayed
@@ -152,7 +204,7 @@ type Server struct {
 	mu      sync.Mutex
 	started bool
 	closed  bool
-	ln      net.Listener
+	lns     []net.Listener
 }
 
 // New builds the front end over deps. It starts nothing; call Serve.
@@ -170,6 +222,14 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, renderers: deps.Renderers, settled: deps.Settled,
 		conns: xsync.NewMapOf[net.Conn, struct{}](), active: newActivity()}
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
+	s.budget.limit = cfg.BodyBudgetBytes
+	s.connLimit = connLimiter{max: cfg.MaxConnsPerIP, perIP: map[netip.Addr]int{}}
+	for _, k := range cfg.APIKeys {
+		s.apiKeys = append(s.apiKeys, []byte(k))
+	}
+	if cfg.AdminToken != "" {
+		s.adminToken = []byte(cfg.AdminToken)
+	}
 	s.metrics = newMetrics(s)
 	s.guards = guard.NewPool(s.sched, guard.Observer{Finished: s.metrics.observeFinished})
 	s.exchanges.New = func() any { return newExchange(s) }
@@ -180,15 +240,32 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s.WorkersChanged()
 	s.http = &fasthttp.Server{
-		Handler:               s.handle,
-		ErrorHandler:          s.transportError,
-		Logger:                fasthttpLogger{s.log},
-		ConnState:             s.trackConn,
-		Name:                  "kvfast",
-		MaxRequestBodySize:    cfg.MaxBodyBytes,
-		ReadTimeout:           cfg.ReadTimeout,
-		IdleTimeout:           cfg.IdleTimeout,
-		Concurrency:           cfg.MaxConns,
+		Handler:      s.handle,
+		ErrorHandler: s.transportError,
+		Logger:       fasthttpLogger{s.log},
+		ConnState:    s.trackConn,
+		Name:         "kvfast",
+		// Bodies are streamed: fasthttp reads a few KiB before the handler,
+		// which reads the rest under the body budget (readBody), so that a
+		// body that is too large or does not fit is refused unread.
+		StreamRequestBody:  true,
+		MaxRequestBodySize: cfg.MaxBodyBytes,
+		// fasthttp's read timeout runs from a connection's accept (or a
+		// keep-alive request's first byte) to the end of the header: the
+		// header timeout. HeaderReceived then gives the body its own.
+		ReadTimeout: cfg.HeaderTimeout,
+		// The one-byte body limit makes fasthttp read ahead one byte of a
+		// body: beyond it a body is a stream either way, and a larger read
+		// ahead would wait for bytes that a client whose body is refused
+		// may hold back until it has the answer.
+		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
+			return fasthttp.RequestConfig{ReadTimeout: cfg.ReadTimeout, MaxRequestBodySize: 1}
+		},
+		IdleTimeout: cfg.IdleTimeout,
+		Concurrency: cfg.MaxConns,
+		// Errors about a request fasthttp could not parse must not carry
+		// its bytes (credentials) into the log.
+		SecureErrorLogMessage: true,
 		NoDefaultServerHeader: true,
 		NoDefaultDate:         true,
 		CloseOnShutdown:       true,
@@ -200,22 +277,27 @@ func New(cfg Config, deps Deps) (*Server, error) {
 // caller asked for the stop, so it is not a failure.
 var ErrServerClosed = errors.New("kvfast: front end shut down")
 
-// Serve accepts connections on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error {
+// Serve accepts API connections on ln until Shutdown: the OpenAI
+// endpoints, /health and /ready, and the admin endpoints too when
+// Config.AdminOnAPI is set.
+func (s *Server) Serve(ln net.Listener) error { return s.serve(ln, false) }
+
+// ServeAdmin accepts admin connections on ln until Shutdown: /admin/...,
+// /metrics, /health and /ready. It may run beside Serve, on its own
+// listener (by default a loopback address).
+func (s *Server) ServeAdmin(ln net.Listener) error { return s.serve(ln, true) }
+
+func (s *Server) serve(ln net.Listener, admin bool) error {
 	s.mu.Lock()
-	if s.started || s.closed {
-		closed := s.closed
+	if s.closed {
 		s.mu.Unlock()
 		_ = ln.Close() // as net/http does: a listener Serve will not serve is closed
-		if closed {
-			return ErrServerClosed
-		}
-		return errors.New("cannot serve: the front end is already serving")
+		return ErrServerClosed
 	}
 	s.started = true
-	s.ln = ln
+	s.lns = append(s.lns, ln)
 	s.mu.Unlock()
-	err := s.http.Serve(ln)
+	err := s.http.Serve(edgeListener{Listener: ln, admin: admin, limit: &s.connLimit})
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
@@ -244,7 +326,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	s.closed = true
-	started, ln := s.started, s.ln
+	started, lns := s.started, s.lns
 	s.mu.Unlock()
 	if !started {
 		s.hangups.Close()
@@ -252,9 +334,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	defer s.hangups.Close() // after the drain: the requests it cut stop their watches
 	err := s.http.ShutdownWithContext(ctx)
-	// A Serve that has not yet handed ln to fasthttp left it nothing to
-	// close, and would then accept forever: close ln ourselves.
-	_ = ln.Close()
+	// A Serve that has not yet handed its listener to fasthttp left it
+	// nothing to close, and would then accept forever: close them ourselves.
+	for _, ln := range lns {
+		_ = ln.Close()
+	}
 	if s.active.wait(ctx) {
 		return err
 	}
@@ -295,30 +379,70 @@ func (s *Server) trackConn(c net.Conn, st fasthttp.ConnState) {
 	}
 }
 
-// transportError answers requests fasthttp could not even read: a body over
-// the limit, a timeout reading a slow client's headers, garbage.
+// transportError answers requests fasthttp could not even read: a
+// connection that sent no complete header within the header timeout,
+// garbage, a body over the limit. They are not requests to an OpenAI
+// endpoint, so they are counted apart from kvfast_requests_total
+// (kvfast_http_transport_errors_total), and logged at debug level with
+// the method, path, declared size and reason, never their bytes.
 func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 	var status int
 	var e *openai.Error
+	reason := transportMalformed
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		status, e = fasthttp.StatusRequestEntityTooLarge, openai.ErrBodyTooLarge
+		status, e, reason = fasthttp.StatusRequestEntityTooLarge, openai.ErrBodyTooLarge, transportTooLarge
+		lingerOnClose(ctx)
 	case isTimeout(err):
-		status, e = fasthttp.StatusRequestTimeout, errRequestTimeout
+		status, e, reason = fasthttp.StatusRequestTimeout, errRequestTimeout, transportTimeout
 	default:
 		status, e = fasthttp.StatusBadRequest, errUnreadableRequest
 	}
-	s.metrics.count(openai.APICompletions, statusClientError)
+	s.metrics.transport[reason].Inc()
+	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		h := &ctx.Request.Header
+		s.log.Debug("refused a request that could not be read", "reason", reason, "err", withoutQuotes(err.Error()),
+			"method", string(h.Method()), "path", string(ctx.URI().Path()), "content_length", h.ContentLength(),
+			"remote", ctx.RemoteAddr().String())
+	}
 	writeError(ctx, status, e)
 	ctx.SetConnectionClose()
 }
 
+// Reasons of kvfast_http_transport_errors_total.
+const (
+	transportTimeout   = "header_timeout"
+	transportTooLarge  = "body_too_large"
+	transportMalformed = "malformed"
+)
+
 // fasthttpLogger hands fasthttp's own reports (connections it could not
-// serve, the connection limit reached) to the router's structured log.
+// serve, the connection limit reached) to the router's structured log,
+// with any credential they quote redacted.
 type fasthttpLogger struct{ log *slog.Logger }
 
 func (l fasthttpLogger) Printf(format string, args ...any) {
-	l.log.Warn(fmt.Sprintf(format, args...), "component", "fasthttp")
+	if format == fasthttpConnError && len(args) == 3 {
+		// The error quotes the bytes fasthttp could not parse, which may
+		// be a credential's header line: log only what went wrong.
+		l.log.Warn("cannot serve a connection", "component", "fasthttp", "local", fmt.Sprint(args[0]),
+			"remote", fmt.Sprint(args[1]), "err", withoutQuotes(fmt.Sprint(args[2])))
+		return
+	}
+	l.log.Warn(redact(fmt.Sprintf(format, args...)), "component", "fasthttp")
+}
+
+// fasthttpConnError is the format of fasthttp's report of a connection it
+// stopped serving on an error (its worker pool's).
+const fasthttpConnError = "error when serving connection %q<->%q: %v"
+
+// withoutQuotes cuts an error message at its first quoted part: fasthttp
+// quotes the request bytes it could not parse there.
+func withoutQuotes(msg string) string {
+	if i := strings.IndexByte(msg, '"'); i >= 0 {
+		msg = strings.TrimRight(msg[:i], ": ") + ": (request bytes not logged)"
+	}
+	return redact(msg)
 }
 
 func isTimeout(err error) bool {

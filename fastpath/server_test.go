@@ -129,7 +129,9 @@ func servedFront(t *testing.T, arm func(*Server)) (string, *mocker.Engine, *Serv
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = eng.Close() }) // runs last: the front end stops first
-	s := newTestFront(t, DefaultConfig(), "", []frontWorker{{endpoint: eng.Addr(), model: mocker.DefaultModel}})
+	cfg := DefaultConfig()
+	cfg.AdminOnAPI = true // the tests read /metrics from the one listener
+	s := newTestFront(t, cfg, "", []frontWorker{{endpoint: eng.Addr(), model: mocker.DefaultModel}})
 	arm(s) // before Serve: no request goroutine sees the change happen
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -28,6 +28,10 @@ import (
 type Config struct {
 	// Listen is the API address (host:port) Run listens on.
 	Listen string
+	// AdminListen is the address (host:port) Run serves /admin/... and
+	// /metrics on, apart from the API; "" serves them on the API listener
+	// (HTTP.AdminOnAPI), where HTTP.AdminToken should then guard them.
+	AdminListen string
 
 	Segment SegmentConfig
 
@@ -117,7 +121,8 @@ func DefaultConfig() Config {
 	// blocks in flight closes that window for follow-up requests.
 	cost.CreditInFlight = true
 	return Config{
-		Listen: "127.0.0.1:8000",
+		Listen:      "127.0.0.1:8000",
+		AdminListen: DefaultAdminListen,
 		Segment: SegmentConfig{
 			Path:          shm.DefaultPath("kvfast"),
 			IndexCapacity: 1 << 20,
@@ -158,6 +163,10 @@ func DefaultConfig() Config {
 // whichever worker drops under first. Workers that report no KV capacity
 // are judged on prompt tokens alone.
 var defaultBusy = sched.BusyThresholds{DecodeBlocksFraction: 0.95, PrefillTokens: 128 << 10}
+
+// DefaultAdminListen keeps the admin endpoints on loopback, on a port of
+// their own.
+const DefaultAdminListen = "127.0.0.1:8089"
 
 // libraryConfigs maps the node's literal zeros onto the conventions of
 // sched and dispatch, whose constructors read a zero as "my default" for

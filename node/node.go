@@ -79,6 +79,9 @@ func New(cfg Config) (_ *Node, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.AdminListen == "" {
+		cfg.HTTP.AdminOnAPI = true
+	}
 	n := &Node{cfg: cfg, log: cfg.Logger, discovered: make(chan struct{}), settled: make(chan struct{}),
 		throttle: logthrottle.New(logRepeatEvery)}
 	defer func() {
@@ -274,6 +277,39 @@ func (n *Node) Serve(ln net.Listener) error {
 	return err
 }
 
+// ServeAdmin answers the admin endpoints (/admin/..., /metrics, /health,
+// /ready) on ln until Shutdown or Close; it runs beside Serve.
+func (n *Node) ServeAdmin(ln net.Listener) error {
+	n.log.Info("admin endpoints listening", "addr", ln.Addr().String())
+	err := n.front.ServeAdmin(ln)
+	if errors.Is(err, fastpath.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// warnExposure says at start what an operator may not have meant: an API
+// that other hosts reach without an API key, admin endpoints on it
+// without a token.
+func (n *Node) warnExposure(api net.Addr) {
+	if isLoopback(api) {
+		return
+	}
+	if len(n.cfg.HTTP.APIKeys) == 0 {
+		n.log.Warn("the API listener is reachable from other hosts and no API key is set: anyone who reaches it can use the engines (--api-key-file)",
+			"addr", api.String())
+	}
+	if n.cfg.HTTP.AdminOnAPI && n.cfg.HTTP.AdminToken == "" {
+		n.log.Warn("the admin endpoints are served on a listener reachable from other hosts without an admin token (--admin-listen, --admin-token-file)",
+			"addr", api.String())
+	}
+}
+
+func isLoopback(a net.Addr) bool {
+	tcp, ok := a.(*net.TCPAddr)
+	return ok && tcp.IP.IsLoopback()
+}
+
 // Shutdown stops accepting requests, lets in-flight ones finish until ctx
 // ends (then cuts them), and stops everything New started. The guards
 // release every booking on every path, cut or not.
@@ -332,10 +368,22 @@ func Run(ctx context.Context, cfg Config) error {
 		_ = n.Close()
 		return fmt.Errorf("cannot listen on %s: %w", cfg.Listen, err)
 	}
+	var adminLn net.Listener
+	if cfg.AdminListen != "" {
+		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+			_ = ln.Close()
+			_ = n.Close()
+			return fmt.Errorf("cannot listen on %s (admin): %w", cfg.AdminListen, err)
+		}
+	}
+	n.warnExposure(ln.Addr())
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	served := make(chan error, 1)
+	served := make(chan error, 2)
 	go func() { served <- n.Serve(ln) }()
+	if adminLn != nil {
+		go func() { served <- n.ServeAdmin(adminLn) }()
+	}
 	select {
 	case err := <-served:
 		return errors.Join(err, n.Close())
@@ -349,6 +397,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if err := <-served; err != nil {
 		return err
+	}
+	if adminLn != nil {
+		if err := <-served; err != nil {
+			return err
+		}
 	}
 	n.log.Info("router stopped")
 	return nil

@@ -36,6 +36,7 @@ func testConfig(t *testing.T) Config {
 	cfg.Approx.Capacity = 1 << 12
 	cfg.RegistryPoll = 5 * time.Millisecond
 	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.AdminListen = "127.0.0.1:0" // never a fixed port in tests
 	return cfg
 }
 
@@ -207,6 +208,12 @@ func TestRunStopsOnCancel(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "ok") {
 		t.Fatalf("/health: %d %s", resp.StatusCode, body)
+	}
+	// The admin endpoints are on the admin listener only.
+	if resp, err := http.Get("http://" + addr + "/admin/workers"); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("/admin/workers on the API listener: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 	cancel()
 	select {
@@ -444,5 +451,42 @@ func TestTokenizersInSnapshot(t *testing.T) {
 	if n, err := New(cfg); err == nil {
 		n.Close()
 		t.Fatal("a tokenizer directory without tokenizer.json was accepted")
+	}
+}
+
+// TestWarnExposure: an API listener other hosts can reach is reported at
+// start when it checks no API key, and so are admin endpoints on it
+// without a token; a loopback one is not.
+func TestWarnExposure(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		addr       string
+		keys       []string
+		adminOnAPI bool
+		want       []string
+	}{
+		{"loopback", "127.0.0.1:8000", nil, true, nil},
+		{"exposed without keys", "0.0.0.0:8000", nil, false, []string{"no API key"}},
+		{"exposed with keys", "10.1.2.3:8000", []string{"k"}, false, nil},
+		{"exposed admin", "0.0.0.0:8000", []string{"k"}, true, []string{"without an admin token"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf strings.Builder
+			n := &Node{log: slog.New(slog.NewTextHandler(&buf, nil))}
+			n.cfg.HTTP.APIKeys, n.cfg.HTTP.AdminOnAPI = tc.keys, tc.adminOnAPI
+			addr, err := net.ResolveTCPAddr("tcp", tc.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n.warnExposure(addr)
+			for _, w := range tc.want {
+				if !strings.Contains(buf.String(), w) {
+					t.Errorf("no warning %q in %q", w, buf.String())
+				}
+			}
+			if len(tc.want) == 0 && buf.Len() > 0 {
+				t.Errorf("unexpected warning %q", buf.String())
+			}
+		})
 	}
 }

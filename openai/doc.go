@@ -10,7 +10,8 @@
 // cache_salt. It validates the whole body as JSON, as strictly as
 // encoding/json does, so a body the router accepts is one the engine can
 // read; it builds no tree, decodes token ids straight into a
-// caller-owned ParsedRequest, and refuses wrong types, out-of-range token ids, empty
+// caller-owned ParsedRequest, and refuses wrong types, text that is not UTF-8 (as the
+// OpenAI API does, where encoding/json would read U+FFFD), out-of-range token ids, empty
 // prompts, batches and oversized bodies with an Error. ParsePrompt reads a
 // prompt value on its own by the same rules, for a reader (the mock engine)
 // that decodes the rest of a body by other means.

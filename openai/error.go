@@ -68,6 +68,8 @@ var (
 		"the request body is not valid JSON")
 	ErrBodyTooLarge = &Error{Status: 413, Type: TypeInvalidRequest, Code: "body_too_large",
 		Message: "the request body is larger than the router accepts"}
+	ErrInvalidUTF8 = badRequest("", "invalid_utf8",
+		"the request body is not valid UTF-8; every JSON string and key must be UTF-8 encoded")
 	ErrNotObject = badRequest("", "invalid_type",
 		"the request body must be a JSON object")
 	ErrMissingPrompt = badRequest("prompt", "missing_required_parameter",

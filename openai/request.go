@@ -2,6 +2,7 @@ package openai
 
 import (
 	"math"
+	"unicode/utf8"
 
 	"github.com/kvfast/kvfast/internal/jsonscan"
 )
@@ -198,6 +199,13 @@ func (p *Parser) run(body []byte, api API, r *ParsedRequest, whole bool) error {
 	switch {
 	case !valid:
 		err = ErrMalformedJSON
+	case !utf8.Valid(body):
+		// Outside strings valid JSON is ASCII, so this refuses exactly the
+		// keys and string values (prompt, chat content, model) that are not
+		// UTF-8. encoding/json would quietly turn them into U+FFFD; the
+		// OpenAI API refuses them, and an engine would hash or tokenize
+		// different bytes than routing did.
+		err = ErrInvalidUTF8
 	case ps.notObject:
 		err = ErrNotObject
 	default:

@@ -146,6 +146,13 @@ func TestParseRejects(t *testing.T) {
 		{"string body", APICompletions, Parser{}, `"prompt"`, ErrNotObject},
 		{"body over the limit", APICompletions, Parser{MaxBodyBytes: 16}, `{"prompt":"0123456789"}`, ErrBodyTooLarge},
 
+		{"invalid UTF-8 in prompt", APICompletions, Parser{}, "{\"prompt\":\"a\xffb\"}", ErrInvalidUTF8},
+		{"truncated UTF-8 in prompt", APICompletions, Parser{}, "{\"prompt\":\"caf\xc3\"}", ErrInvalidUTF8},
+		{"surrogate bytes in prompt", APICompletions, Parser{}, "{\"prompt\":\"\xed\xa0\x80\"}", ErrInvalidUTF8},
+		{"invalid UTF-8 in chat content", APIChatCompletions, Parser{}, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi \xc0\xaf\"}]}", ErrInvalidUTF8},
+		{"invalid UTF-8 in a key", APICompletions, Parser{}, "{\"prompt\":\"x\",\"k\x80\":1}", ErrInvalidUTF8},
+		{"invalid UTF-8 in model", APICompletions, Parser{}, "{\"model\":\"m\xfe\",\"prompt\":[1]}", ErrInvalidUTF8},
+
 		{"model not a string", APICompletions, Parser{}, `{"model":1,"prompt":"x"}`, ErrModelType},
 		{"prompt bool", APICompletions, Parser{}, `{"prompt":true}`, ErrPromptType},
 		{"prompt object", APICompletions, Parser{}, `{"prompt":{"a":1}}`, ErrPromptType},
@@ -195,7 +202,8 @@ func TestParseRejects(t *testing.T) {
 			if r.Prompt != PromptNone || len(r.Tokens) != 0 || r.Model != nil {
 				t.Fatalf("a failed parse left %+v", r)
 			}
-			if wantValid := tc.want != ErrMalformedJSON; tc.want != ErrBodyTooLarge && json.Valid([]byte(tc.body)) != wantValid {
+			// encoding/json accepts invalid UTF-8 (it decodes it as U+FFFD).
+			if wantValid := tc.want != ErrMalformedJSON; tc.want != ErrBodyTooLarge && tc.want != ErrInvalidUTF8 && json.Valid([]byte(tc.body)) != wantValid {
 				t.Fatalf("encoding/json disagrees on validity (want valid=%v)", wantValid)
 			}
 		})

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 
@@ -75,8 +76,11 @@ Flags:
 // bindServeFlags binds the flags of `kvfast serve` to cfg, which holds
 // the defaults (node.DefaultConfig): the help text shows the same values
 // the router runs with when a flag is not given.
-func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
-	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address the router listens on (host:port); use 0.0.0.0:8000 to serve other hosts")
+func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *securityFiles) {
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address the router listens on (host:port); use 0.0.0.0:8000 to serve other hosts (then set --api-key-file)")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, `address of the admin listener (host:port), which alone serves /admin/... and /metrics; "" serves them on the API listener (then set --admin-token-file)`)
+	fs.StringVar(&sec.adminToken, "admin-token-file", "", "file holding the token /admin/... and /metrics require as Authorization: Bearer TOKEN (none: no token)")
+	fs.StringVar(&sec.apiKeys, "api-key-file", "", "file of API keys, one per line (# comments), that the OpenAI endpoints require as Authorization: Bearer KEY (none: no check)")
 	fs.StringVar(&cfg.Segment.Path, "segment", cfg.Segment.Path, `shared-memory segment holding the index and the engines' event feed; "none" runs without one (static workers only)`)
 	fs.BoolVar(&cfg.Segment.Recreate, "recreate-segment", cfg.Segment.Recreate, "format a fresh segment even if a valid one exists (drops the warm index)")
 	fs.BoolVar(&cfg.Segment.AllowForeign, "allow-foreign-segment", cfg.Segment.AllowForeign, "attach to a segment another user owns or that group or others may access (refused otherwise: whoever can write it can register engines and rewrite the index)")
@@ -106,7 +110,8 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
 		cfg.HTTP.MaxTokenID = uint32(id)
 		return err
 	})
-	fs.DurationVar(&cfg.HTTP.ReadTimeout, "read-timeout", cfg.HTTP.ReadTimeout, "time allowed to read a whole request, headers and body (cuts slow clients)")
+	fs.DurationVar(&cfg.HTTP.HeaderTimeout, "header-timeout", cfg.HTTP.HeaderTimeout, "time allowed for a complete request header, from a connection's accept or a keep-alive request's first byte (cuts idle and slow-header connections)")
+	fs.DurationVar(&cfg.HTTP.ReadTimeout, "read-timeout", cfg.HTTP.ReadTimeout, "time allowed to read a request body, after its header (cuts slow uploads)")
 	fs.DurationVar(&cfg.HTTP.IdleTimeout, "idle-timeout", cfg.HTTP.IdleTimeout, "keep-alive connections idle this long are closed")
 	fs.IntVar(&cfg.HTTP.MaxConns, "max-conns", cfg.HTTP.MaxConns, "concurrent client connections")
 	fs.IntVar(&cfg.HTTP.MaxRetries, "max-retries", cfg.HTTP.MaxRetries, "re-routes to another worker when an engine refuses or resets the connection or answers 5xx, before any byte reaches the client; 0 disables")
@@ -118,6 +123,8 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
 	fs.DurationVar(&oc.BaseEjection, "eject-base-time", oc.BaseEjection, "first ejection's length; the n-th in a row lasts n times as long")
 	fs.DurationVar(&oc.MaxEjection, "eject-max-time", oc.MaxEjection, "longest ejection")
 	fs.IntVar(&oc.MaxEjectedPercent, "eject-max-percent", oc.MaxEjectedPercent, "at most this percentage of engines (rounded down) is ejected at once (0: no ejection)")
+	fs.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", cfg.HTTP.MaxConnsPerIP, "concurrent connections from one client address, beyond which it gets 429 (0: no bound; behind one proxy, raise it to --max-conns)")
+	fs.Int64Var(&cfg.HTTP.BodyBudgetBytes, "body-budget-bytes", cfg.HTTP.BodyBudgetBytes, "request body bytes held in memory at once over all requests; a body that does not fit gets 503 with Retry-After before it is read (at least --max-body-bytes)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM, how long in-flight streams may finish before they are cut")
 	fs.DurationVar(&cfg.Dispatch.Timeouts.Connect, "connect-timeout", cfg.Dispatch.Timeouts.Connect, "time to connect to an engine (0: no limit)")
 	fs.DurationVar(&cfg.Dispatch.Timeouts.FirstByte, "first-byte-timeout", cfg.Dispatch.Timeouts.FirstByte, "time from forwarding to the engine's response headers (0: no limit)")
@@ -134,6 +141,38 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions) {
 	fs.IntVar(&cfg.Tokenizers.MaxRenderBytes, "tokenize-max-bytes", cfg.Tokenizers.MaxRenderBytes, "largest request body (and rendered prompt) the built-in tokenizer tokenizes; larger requests route approximately")
 	fs.IntVar(&cfg.Tokenizers.MaxResponseBytes, "tokenize-max-response-bytes", cfg.Tokenizers.MaxResponseBytes, "largest render or tokenize answer accepted from an engine (MODEL=remote)")
 	lo.bind(fs)
+}
+
+// securityFiles are the flags naming files of secrets: a secret on the
+// command line would show in every process listing.
+type securityFiles struct{ adminToken, apiKeys string }
+
+// load reads the files into cfg.
+func (sec securityFiles) load(cfg *node.Config) error {
+	if sec.adminToken != "" {
+		b, err := os.ReadFile(sec.adminToken)
+		if err != nil {
+			return fmt.Errorf("cannot read the admin token: %w", err)
+		}
+		if cfg.HTTP.AdminToken = strings.TrimSpace(string(b)); cfg.HTTP.AdminToken == "" {
+			return fmt.Errorf("cannot use admin token file %s: it is empty", sec.adminToken)
+		}
+	}
+	if sec.apiKeys != "" {
+		b, err := os.ReadFile(sec.apiKeys)
+		if err != nil {
+			return fmt.Errorf("cannot read the API keys: %w", err)
+		}
+		for line := range strings.Lines(string(b)) {
+			if k := strings.TrimSpace(line); k != "" && !strings.HasPrefix(k, "#") {
+				cfg.HTTP.APIKeys = append(cfg.HTTP.APIKeys, k)
+			}
+		}
+		if len(cfg.HTTP.APIKeys) == 0 {
+			return fmt.Errorf("cannot use API key file %s: it holds no key", sec.apiKeys)
+		}
+	}
+	return nil
 }
 
 // tokenizerFlags collects repeated --tokenizer values.
@@ -217,7 +256,8 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 	fs.Usage = func() { printUsage(fs.Output(), fs, serveAbout) }
 	cfg := node.DefaultConfig()
 	var lo logOptions
-	bindServeFlags(fs, &cfg, &lo)
+	var sec securityFiles
+	bindServeFlags(fs, &cfg, &lo, &sec)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, 0, false
@@ -234,6 +274,10 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 	}
 	if cfg.Segment.Path == "none" {
 		cfg.Segment.Path = ""
+	}
+	if err := sec.load(&cfg); err != nil {
+		fmt.Fprintln(stderr, "kvfast serve:", err)
+		return cfg, 2, false
 	}
 	log, err := newLogger(stderr, lo.level, lo.format)
 	if err != nil {
@@ -277,6 +321,27 @@ func writeDemoTokenizer(cfg *node.Config) (cleanup func(), err error) {
 	return cleanup, nil
 }
 
+// baselineMemory is what the router's Go heap needs besides request
+// bodies (its indexes, pools and buffers at the default sizes), with room
+// left under the 300 MiB the resident size may take beyond the budget for
+// what the runtime does not count (stacks, fasthttp's per-connection
+// buffers outside the heap goal, the binary).
+const baselineMemory = 224 << 20
+
+// setMemoryLimit gives the Go runtime a soft memory limit of 224 MiB
+// plus the body budget, unless GOMEMLIMIT sets one: under a flood of large
+// bodies the collector then runs before the heap doubles over the
+// garbage of finished ones, which is what keeps the resident size near
+// the budget rather than twice it.
+func setMemoryLimit(cfg node.Config) {
+	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
+		return
+	}
+	limit := baselineMemory + cfg.HTTP.BodyBudgetBytes
+	debug.SetMemoryLimit(limit)
+	cfg.Logger.Debug("memory limit set", "bytes", limit)
+}
+
 func runServe(args []string) int {
 	cfg, code, ok := serveConfig(args, os.Stderr)
 	if !ok {
@@ -288,6 +353,7 @@ func runServe(args []string) int {
 		return 1
 	}
 	defer cleanup()
+	setMemoryLimit(cfg)
 	if err := node.Run(context.Background(), cfg); err != nil {
 		cfg.Logger.Error("router stopped", "err", err)
 		return 1

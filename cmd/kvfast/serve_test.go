@@ -3,6 +3,8 @@ package main
 import (
 	"io"
 	"os"
+	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,7 +25,7 @@ func TestServeConfig(t *testing.T) {
 		}
 		want := node.DefaultConfig()
 		if cfg.Listen != want.Listen || cfg.Segment != want.Segment || cfg.Policy != want.Policy ||
-			*cfg.Sched.Cost != *want.Sched.Cost || cfg.HTTP != want.HTTP || cfg.ShutdownTimeout != want.ShutdownTimeout ||
+			*cfg.Sched.Cost != *want.Sched.Cost || !reflect.DeepEqual(cfg.HTTP, want.HTTP) || cfg.AdminListen != want.AdminListen || cfg.ShutdownTimeout != want.ShutdownTimeout ||
 			cfg.Dispatch.Timeouts != want.Dispatch.Timeouts || cfg.Dispatch.Health.Interval != want.Dispatch.Health.Interval ||
 			cfg.Tokenizers.Timeout != want.Tokenizers.Timeout || cfg.Tokenizers.MaxResponseBytes != want.Tokenizers.MaxResponseBytes ||
 			len(cfg.Tokenizers.Specs) != 0 || cfg.Sched.Busy != want.Sched.Busy || cfg.Sched.QueueCapacity != want.Sched.QueueCapacity ||
@@ -66,6 +68,35 @@ func TestServeConfig(t *testing.T) {
 			"(default " + strconv.FormatInt(want.Busy.PrefillTokens, 10) + ")", "(default " + strconv.FormatFloat(want.Busy.DecodeBlocksFraction, 'g', -1, 64) + ")"} {
 			if !strings.Contains(help.String(), s) {
 				t.Errorf("--help lacks %q", s)
+			}
+		}
+	})
+	t.Run("security files", func(t *testing.T) {
+		dir := t.TempDir()
+		keys, token := filepath.Join(dir, "keys"), filepath.Join(dir, "token")
+		if err := os.WriteFile(keys, []byte("# team a\nkey-a\n\n  key-b  \n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(token, []byte("tok\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, _, ok := serveConfig([]string{"--api-key-file", keys, "--admin-token-file", token, "--admin-listen", "",
+			"--header-timeout", "3s", "--max-conns-per-ip", "7", "--body-budget-bytes", "33554432"}, io.Discard)
+		if !ok {
+			t.Fatal("serve refused its flags")
+		}
+		if !slices.Equal(cfg.HTTP.APIKeys, []string{"key-a", "key-b"}) || cfg.HTTP.AdminToken != "tok" || cfg.AdminListen != "" ||
+			cfg.HTTP.HeaderTimeout != 3*time.Second || cfg.HTTP.MaxConnsPerIP != 7 || cfg.HTTP.BodyBudgetBytes != 32<<20 {
+			t.Errorf("flags not applied: keys %q, token %q, admin %q, %+v", cfg.HTTP.APIKeys, cfg.HTTP.AdminToken, cfg.AdminListen, cfg.HTTP)
+		}
+		empty := filepath.Join(dir, "empty")
+		if err := os.WriteFile(empty, []byte("# nothing\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{{"--api-key-file", empty}, {"--admin-token-file", empty + "x"},
+			{"--body-budget-bytes", "1024"}} {
+			if _, code, ok := serveConfig(args, io.Discard); ok || code != 2 {
+				t.Errorf("%q: ok %v, code %d; want exit status 2", args, ok, code)
 			}
 		}
 	})

@@ -14,10 +14,11 @@ import (
 // indexes of 16K entries (the defaults, a million each, cost more to
 // allocate under the race detector than most tests take to run), health
 // probes off (no background traffic the test did not ask for), logs
-// discarded, and the registry polled every 10 ms so that engines join
+// discarded, the admin endpoints on the API listener, and the registry polled every 10 ms so that engines join
 // quickly.
 func Config() node.Config {
 	cfg := node.DefaultConfig()
+	cfg.AdminListen = "" // admin endpoints on the rig's one listener
 	cfg.Segment.IndexCapacity = 1 << 14
 	cfg.Approx.Capacity = 1 << 14
 	cfg.Dispatch.Health.Interval = 0 // no health checks

@@ -1,0 +1,427 @@
+package fastpath
+
+import (
+	"bytes"
+	"crypto/subtle"
+	"io"
+	"net"
+	"net/netip"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/openai"
+)
+
+// The edge: what stands between a hostile network and the request path.
+// Connections are tagged with the listener they came from (API or admin),
+// request bodies are read under a global byte budget, credentials are
+// checked, and a connection refused while its client is still sending is
+// closed so that the client reads the refusal instead of a reset.
+
+// edgeListener tags every connection it accepts with its listener's role
+// and bounds the connections of each client address (connLimiter). The
+// bound is kept here rather than by fasthttp's MaxConnsPerIP, which would
+// wrap the connection and hide edgeConn from the handlers.
+type edgeListener struct {
+	net.Listener
+	admin bool
+	limit *connLimiter
+}
+
+func (l edgeListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip := remoteIP(c)
+		if !l.limit.enter(ip) {
+			l.limit.refuse(c)
+			continue
+		}
+		return &edgeConn{Conn: c, admin: l.admin, ip: ip, limit: l.limit}, nil
+	}
+}
+
+// connLimiter counts open connections per client address.
+type connLimiter struct {
+	max   int // 0: no bound
+	mu    sync.Mutex
+	perIP map[netip.Addr]int
+}
+
+func (l *connLimiter) enter(ip netip.Addr) bool {
+	if l.max <= 0 {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.perIP[ip] >= l.max {
+		return false
+	}
+	l.perIP[ip]++
+	return true
+}
+
+func (l *connLimiter) exit(ip netip.Addr) {
+	if l.max <= 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.perIP[ip]--; l.perIP[ip] <= 0 {
+		delete(l.perIP, ip)
+	}
+}
+
+// refuse answers a connection over its address's bound with 429 and
+// closes it. The answer fits in the socket buffer of a new connection, so
+// the write does not hold up accepting; the deadline makes sure.
+func (l *connLimiter) refuse(c net.Conn) {
+	_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	_, _ = io.WriteString(c, "HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+	_ = c.Close()
+}
+
+func remoteIP(c net.Conn) netip.Addr {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		ip, _ := netip.AddrFromSlice(a.IP)
+		return ip.Unmap()
+	}
+	return netip.Addr{} // not TCP: one shared bound
+}
+
+// edgeConn is a client connection. A refusal sent before the request body
+// was read marks it to linger: closing a socket with unread bytes makes
+// the kernel send a reset, which discards the refusal at a client still
+// writing (Python's requests and urllib write the whole body before they
+// read). Lingering half-closes first, so the client sees the end of the
+// response, and discards what it still sends, within lingerBytes and
+// lingerTime, before the close.
+type edgeConn struct {
+	net.Conn
+	admin  bool
+	linger atomic.Bool
+	closed atomic.Bool
+	ip     netip.Addr
+	limit  *connLimiter
+}
+
+// NetConn returns the accepted connection, so that the hang-up watcher
+// (internal/hangup) can poll its socket.
+func (c *edgeConn) NetConn() net.Conn { return c.Conn }
+
+// lingerBytes and lingerTime bound what a lingering close reads and waits
+// for: enough for a client to finish writing a body a few times the
+// largest one accepted, not enough to hold a connection for long.
+const (
+	lingerBytes = 64 << 20
+	lingerTime  = 5 * time.Second
+)
+
+func (c *edgeConn) Close() error {
+	if c.closed.Swap(true) {
+		return c.Conn.Close() // net.Conn's own answer to a second Close
+	}
+	defer c.limit.exit(c.ip)
+	if c.linger.Swap(false) {
+		if tc, ok := c.Conn.(interface{ CloseWrite() error }); ok && tc.CloseWrite() == nil {
+			_ = c.Conn.SetReadDeadline(time.Now().Add(lingerTime))
+			_, _ = io.CopyN(io.Discard, c.Conn, lingerBytes)
+		}
+	}
+	return c.Conn.Close()
+}
+
+// lingerOnClose closes ctx's connection after this response, gracefully:
+// for refusals sent while the client may still be writing its body.
+func lingerOnClose(ctx *fasthttp.RequestCtx) {
+	ctx.SetConnectionClose()
+	if c, ok := ctx.Conn().(*edgeConn); ok {
+		c.linger.Store(true)
+	}
+}
+
+// fromAdminListener says whether ctx arrived on the admin listener.
+func fromAdminListener(ctx *fasthttp.RequestCtx) bool {
+	c, ok := ctx.Conn().(*edgeConn)
+	return ok && c.admin
+}
+
+// bodyBudget bounds the request body bytes held in memory at once, over
+// every request. A body is charged its buffer's capacity from before it is
+// read until its request ends (a stream's body stays forwarded, and
+// referenced, until the stream ends).
+type bodyBudget struct {
+	limit int64
+	used  atomic.Int64
+	// returnMemory's state: when it last ran, and whether it is due.
+	lastReturn    atomic.Int64 // unix nanoseconds
+	returnPending atomic.Bool
+}
+
+// reserve charges n bytes, or reports that they do not fit.
+func (b *bodyBudget) reserve(n int64) bool {
+	for {
+		used := b.used.Load()
+		if used+n > b.limit {
+			return false
+		}
+		if b.used.CompareAndSwap(used, used+n) {
+			return true
+		}
+	}
+}
+
+func (b *bodyBudget) release(n int64) { b.used.Add(-n) }
+
+// maxPooledBody keeps a pooled exchange from pinning a large body buffer:
+// bigger ones are dropped when their request ends. A pooled buffer is
+// reused without a charge: the pool holds at most one per exchange, and
+// exchanges are bounded by the connections.
+const maxPooledBody = 64 << 10
+
+// readBody reads the request body into ex.buf (ex.body) under the body budget. The
+// server streams request bodies (fasthttp reads only a small prefix before
+// the handler), so an oversized or over-budget body is refused from its
+// headers, before it is read. The charge stays on ex until cleanup.
+func (s *Server) readBody(ctx *fasthttp.RequestCtx, ex *exchange) *openai.Error {
+	r := ctx.RequestBodyStream()
+	if r == nil {
+		// Not streamed (a RequestCtx built in process): already in memory.
+		ex.body = ctx.PostBody()
+		if len(ex.body) > s.cfg.MaxBodyBytes {
+			return openai.ErrBodyTooLarge
+		}
+		return nil
+	}
+	declared := ctx.Request.Header.ContentLength()
+	if declared > s.cfg.MaxBodyBytes {
+		lingerOnClose(ctx)
+		return openai.ErrBodyTooLarge
+	}
+	if declared >= 0 {
+		if err := ex.growBody(declared); err != nil {
+			lingerOnClose(ctx)
+			return err
+		}
+		ex.body = ex.buf[:declared]
+		if _, err := io.ReadFull(r, ex.body); err != nil {
+			return bodyReadFailed(ctx, err)
+		}
+		return nil
+	}
+	// Chunked: grow as the body arrives, charging each growth before it
+	// happens.
+	buf := ex.buf[:0]
+	for {
+		if len(buf) == cap(buf) {
+			want := max(2*cap(buf), 4096)
+			if want > s.cfg.MaxBodyBytes {
+				want = s.cfg.MaxBodyBytes + 1 // one byte over: detects a body past the limit
+			}
+			if want <= len(buf) {
+				lingerOnClose(ctx)
+				return openai.ErrBodyTooLarge
+			}
+			ex.buf = buf
+			if err := ex.growBody(want); err != nil {
+				lingerOnClose(ctx)
+				return err
+			}
+			buf = ex.buf[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		ex.buf = buf
+		if len(buf) > s.cfg.MaxBodyBytes {
+			lingerOnClose(ctx)
+			return openai.ErrBodyTooLarge
+		}
+		if err == io.EOF {
+			ex.body = buf
+			return nil
+		}
+		if err != nil {
+			return bodyReadFailed(ctx, err)
+		}
+	}
+}
+
+// bodyReadFailed closes the connection of a body that could not be read:
+// what is left of it on the wire cannot be told from a next request.
+func bodyReadFailed(ctx *fasthttp.RequestCtx, err error) *openai.Error {
+	ctx.SetConnectionClose()
+	if isTimeout(err) {
+		return errBodyTimeout
+	}
+	return errUnreadableBody
+}
+
+// growBody makes ex.buf's capacity at least n, charging the budget for
+// what it adds; its contents are kept.
+func (ex *exchange) growBody(n int) *openai.Error {
+	if n <= cap(ex.buf) {
+		return nil
+	}
+	grow := int64(n - cap(ex.buf))
+	if !ex.s.budget.reserve(grow) {
+		return errBodyBudget
+	}
+	ex.charged += grow
+	b := make([]byte, len(ex.buf), n)
+	copy(b, ex.buf)
+	ex.buf = b
+	return nil
+}
+
+// releaseBody ends ex's charge against the budget and drops a body buffer
+// too large to pool.
+func (ex *exchange) releaseBody() {
+	if ex.charged > 0 {
+		ex.s.budget.release(ex.charged)
+		ex.charged = 0
+	}
+	if cap(ex.buf) > maxPooledBody {
+		large := cap(ex.buf) >= returnAfterBytes
+		ex.buf = nil
+		if large {
+			ex.s.budget.returnMemory()
+		}
+	}
+	ex.buf, ex.body = ex.buf[:0], nil
+}
+
+// returnAfterBytes is the body size whose end may return memory to the
+// system, and returnEvery how often at most.
+const (
+	returnAfterBytes = 1 << 20
+	returnEvery      = 10 * time.Second
+)
+
+// returnMemory hands the memory of finished large bodies back to the
+// system once none is in flight. Left to itself the runtime keeps it: an
+// idle router runs no collection for two minutes, and until one runs the
+// dead bodies count as in use. A timer does it, at most once every
+// returnEvery and at least returnEvery after the last time, so that no
+// request waits for the collection and a flood does not run one per body;
+// a timer already pending covers later calls.
+func (b *bodyBudget) returnMemory() {
+	if b.used.Load() != 0 || !b.returnPending.CompareAndSwap(false, true) {
+		return // the last body of those in flight calls again
+	}
+	wait := time.Duration(b.lastReturn.Load() + int64(returnEvery) - time.Now().UnixNano())
+	time.AfterFunc(max(wait, 0), func() {
+		b.returnPending.Store(false)
+		if b.used.Load() != 0 {
+			return // more bodies arrived: the last of them calls again
+		}
+		b.lastReturn.Store(time.Now().UnixNano())
+		debug.FreeOSMemory()
+	})
+}
+
+// bearer returns the token of an "Authorization: Bearer TOKEN" header, or
+// nil.
+func bearer(ctx *fasthttp.RequestCtx) []byte {
+	v := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
+	const scheme = "bearer "
+	if len(v) <= len(scheme) || !bytes.EqualFold(v[:len(scheme)], []byte(scheme)) {
+		return nil
+	}
+	return bytes.TrimSpace(v[len(scheme):])
+}
+
+// anyKeyMatches compares tok with every key in constant time, so that
+// neither the position of a mismatch nor which key matched shows in the
+// time taken.
+func anyKeyMatches(tok []byte, keys [][]byte) bool {
+	match := 0
+	for _, k := range keys {
+		match |= subtle.ConstantTimeCompare(tok, k)
+	}
+	return match == 1 && len(tok) > 0
+}
+
+// hasObsFold reports a header line continued on the next (obsolete line
+// folding). RFC 9112 lets a server refuse it or unfold it; unfolding is
+// how one header is read differently by two parsers, e.g. a folded
+// Transfer-Encoding that a proxy ignores and fasthttp reads as chunked,
+// so the router refuses it.
+func hasObsFold(raw []byte) bool {
+	return bytes.Contains(raw, []byte("\n ")) || bytes.Contains(raw, []byte("\n\t"))
+}
+
+var (
+	errBodyBudget = &openai.Error{Status: 503, Type: openai.TypeServerError, Code: "body_budget_exceeded",
+		Message: "the router is holding as many request bodies as its memory budget allows; retry after the Retry-After interval"}
+	errUnreadableBody = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Code: "bad_request",
+		Message: "the request body could not be read in full"}
+	errBodyTimeout = &openai.Error{Status: 408, Type: openai.TypeInvalidRequest, Code: "request_timeout",
+		Message: "the request body was not received within the read timeout"}
+	errObsFold = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Code: "bad_request",
+		Message: "folded header lines are not accepted"}
+	errUnauthorized = &openai.Error{Status: 401, Type: openai.TypeInvalidRequest, Code: "invalid_api_key",
+		Message: "missing or incorrect API key; send it as Authorization: Bearer KEY"}
+	errAdminUnauthorized = &openai.Error{Status: 401, Type: openai.TypeInvalidRequest, Code: "invalid_admin_token",
+		Message: "missing or incorrect admin token; send it as Authorization: Bearer TOKEN"}
+)
+
+// credentialMarks start a credential in a message: what follows each, up
+// to the next space, quote or line end, is replaced by redacted.
+var credentialMarks = []string{"authorization:", "bearer ", "api-key:", "api_key=", "api-key=", "token="}
+
+const redacted = "[REDACTED]"
+
+// redact hides credentials in a log message quoting request bytes, as
+// fasthttp's reports may. The request path does not call it: it logs no
+// request bytes.
+func redact(msg string) string {
+	lower := []byte(msg)
+	for i, c := range lower {
+		if 'A' <= c && c <= 'Z' {
+			lower[i] = c + 'a' - 'A'
+		}
+	}
+	var out []byte
+	last := 0
+	for i := 0; i < len(lower); i++ {
+		for _, m := range credentialMarks {
+			if !bytes.HasPrefix(lower[i:], []byte(m)) {
+				continue
+			}
+			start := i + len(m)
+			for start < len(msg) && msg[start] == ' ' {
+				start++
+			}
+			// "Authorization: Bearer X" redacts the scheme too; that is fine.
+			end := start
+			for end < len(msg) && !isCredentialEnd(msg[end]) {
+				end++
+			}
+			if end == start {
+				continue
+			}
+			out = append(out, msg[last:start]...)
+			out = append(out, redacted...)
+			last, i = end, end-1
+			break
+		}
+	}
+	if out == nil {
+		return msg
+	}
+	return string(append(out, msg[last:]...))
+}
+
+func isCredentialEnd(c byte) bool {
+	switch c {
+	case ' ', '\t', '\r', '\n', '"', '\'', '\\', ',', ';', '&':
+		return true
+	}
+	return false
+}

@@ -1,0 +1,390 @@
+package fastpath_test
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/mocker"
+	"github.com/kvfast/kvfast/node"
+)
+
+// dialFrom connects to addr from the loopback address local (127.0.0.x):
+// a distinct client address on one host.
+func dialFrom(t *testing.T, local, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}, Timeout: e2eWait}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatalf("cannot connect from %s: %v", local, err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// getFrom sends GET path from the loopback address local and returns the
+// status, or 0 and the error if the connection was refused or reset.
+func getFrom(t *testing.T, local, addr, path string) (int, error) {
+	t.Helper()
+	c := dialFrom(t, local, addr)
+	_ = c.SetDeadline(time.Now().Add(e2eWait))
+	if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: kvfast\r\n\r\n"); err != nil {
+		return 0, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// TestIdleConnectionFlood: one address opening idle connections up to the
+// router's connection limit takes only its per-address share; a client at
+// another address still gets through; the idle ones are closed at the
+// header timeout, long before the read timeout, and their 408s are not
+// counted as completion errors; a request whose header arrived in time
+// still has the read timeout for its body.
+func TestIdleConnectionFlood(t *testing.T) {
+	eng := startMock(t, mocker.Config{WorkerID: 1})
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.Addr(), Model: e2eModel})
+	const maxConns, perIP = 8, 3
+	cfg.HTTP.MaxConns = maxConns
+	cfg.HTTP.MaxConnsPerIP = perIP
+	cfg.HTTP.HeaderTimeout = 2 * time.Second
+	cfg.HTTP.ReadTimeout = time.Minute // longer than the test waits for anything
+	r := startE2ERouter(t, cfg)
+	addr := strings.TrimPrefix(r.url, "http://")
+
+	// A client whose header arrives now and whose body comes later.
+	body := completionBody(e2eTokens(1, 64), false, 4)
+	slow := dialFrom(t, "127.0.0.3", addr)
+	_ = slow.SetDeadline(time.Now().Add(2 * e2eWait))
+	if _, err := io.WriteString(slow, "POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Type: application/json\r\nContent-Length: "+
+		strconv.Itoa(len(body))+"\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The flood: as many idle connections as the router takes in all.
+	closed := make(chan []byte, maxConns)
+	for range maxConns {
+		c := dialFrom(t, "127.0.0.1", addr)
+		go func() {
+			_ = c.SetReadDeadline(time.Now().Add(2 * e2eWait))
+			b, _ := io.ReadAll(c) // until the router closes it (or the deadline)
+			closed <- b
+		}()
+	}
+	// The router accepts in arrival order, so the flood is sorted out (its
+	// share taken, the rest refused) before the next client is accepted;
+	// the header timeout is long enough that the flood still holds its
+	// share then.
+	if status, err := getFrom(t, "127.0.0.2", addr, fastpath.PathHealth); status != http.StatusOK {
+		t.Fatalf("a client at another address during the flood: status %d, %v", status, err)
+	}
+	refused, timedOut := 0, 0
+	for range maxConns {
+		select {
+		case b := <-closed:
+			switch {
+			case bytes.HasPrefix(b, []byte("HTTP/1.1 429 ")):
+				refused++ // over the per-address bound
+			case bytes.HasPrefix(b, []byte("HTTP/1.1 408 ")):
+				timedOut++ // the header timeout
+			default:
+				t.Errorf("an idle connection ended with %q", b)
+			}
+		case <-time.After(e2eWait):
+			t.Fatalf("idle connections still open after %v: %d refused, %d cut at the header timeout", e2eWait, refused, timedOut)
+		}
+	}
+	if refused != maxConns-perIP || timedOut != perIP {
+		t.Errorf("%d refused and %d cut at the header timeout, want %d and %d", refused, timedOut, maxConns-perIP, perIP)
+	}
+
+	// Its header came before the flood's, so the header timeout has passed
+	// for it too: the body still has the read timeout.
+	if _, err := slow.Write(body); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(slow), nil)
+	if err != nil {
+		t.Fatalf("the slow-body request: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("the slow-body request: status %d", resp.StatusCode)
+	}
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="client_error"}`, 0)
+	wantMetric(t, m, `kvfast_http_transport_errors_total{reason="header_timeout"}`, perIP)
+}
+
+// blockingEngine answers generation requests only when release is closed.
+func blockingEngine(t *testing.T) (*e2eEngine, chan struct{}, chan struct{}) {
+	t.Helper()
+	arrived, release := make(chan struct{}, 16), make(chan struct{})
+	eng := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		arrived <- struct{}{}
+		<-release
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`)
+	})
+	return eng, arrived, release
+}
+
+// TestBodyBudget: request bodies in flight are bounded in bytes over all
+// requests. A body that does not fit is refused with 503 and Retry-After
+// from its header, before the client has sent it; once the bodies in
+// flight end, the budget is free again.
+func TestBodyBudget(t *testing.T) {
+	eng, arrived, release := blockingEngine(t)
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel})
+	const maxBody = 64 << 10
+	cfg.HTTP.MaxBodyBytes = maxBody
+	cfg.HTTP.BodyBudgetBytes = 2 * maxBody
+	r := startE2ERouter(t, cfg)
+	addr := strings.TrimPrefix(r.url, "http://")
+	big := completionBody(e2eTokens(2, 8000), false, 4) // under maxBody, over half of it
+	if len(big) > maxBody || len(big) <= maxBody/2 {
+		t.Fatalf("body of %d bytes: want (%d, %d]", len(big), maxBody/2, maxBody)
+	}
+	var held sync.WaitGroup
+	for range 2 {
+		held.Go(func() {
+			if resp := r.post(t, fastpath.PathCompletions, big, nil); resp.status != 200 {
+				t.Errorf("a request within the budget: %d %s", resp.status, resp.body)
+			}
+		})
+	}
+	for range 2 {
+		<-arrived // both bodies are held while their engine calls run
+	}
+	if v, _ := metricValue(r.metrics(t), "kvfast_request_body_bytes_in_flight"); v != float64(2*len(big)) {
+		t.Errorf("body bytes in flight %v, want %d", v, 2*len(big))
+	}
+	// A third body does not fit: refused from its header, while the client
+	// has sent only the first bytes.
+	c := dialFrom(t, "127.0.0.1", addr)
+	_ = c.SetDeadline(time.Now().Add(e2eWait))
+	if _, err := io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Type: application/json\r\nContent-Length: "+
+		strconv.Itoa(len(big))+"\r\n\r\n"+string(big[:100])); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("the over-budget request: %v", err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("the over-budget request: status %d, Retry-After %q: %s", resp.StatusCode, resp.Header.Get("Retry-After"), got)
+	}
+	if code := checkOpenAIError(t, got); code != "body_budget_exceeded" {
+		t.Errorf("code %q", code)
+	}
+	close(release)
+	held.Wait()
+	waitFor(t, "the budget released", func() bool {
+		v, ok := metricValue(r.metrics(t), "kvfast_request_body_bytes_in_flight")
+		return ok && v == 0
+	})
+	if resp := r.post(t, fastpath.PathCompletions, big, nil); resp.status != 200 {
+		t.Errorf("after the bodies ended: %d %s", resp.status, resp.body)
+	}
+}
+
+// TestOversizedBodyRefusalIsRead: a client that writes its whole oversized
+// body before it reads, as Python's urllib and requests do, reads the 413
+// instead of a connection reset.
+func TestOversizedBodyRefusalIsRead(t *testing.T) {
+	cfg := e2eConfig()
+	const maxBody = 64 << 10
+	cfg.HTTP.MaxBodyBytes = maxBody
+	r := startE2ERouter(t, cfg)
+	const size = 4 << 20 // far more than the socket buffers hold
+	c := dialFrom(t, "127.0.0.1", strings.TrimPrefix(r.url, "http://"))
+	_ = c.SetDeadline(time.Now().Add(2 * e2eWait))
+	if _, err := io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Type: application/json\r\nContent-Length: "+
+		strconv.Itoa(size)+"\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	chunk := bytes.Repeat([]byte("1,"), 8<<10)
+	for sent := 0; sent < size; sent += len(chunk) {
+		if _, err := c.Write(chunk[:min(len(chunk), size-sent)]); err != nil {
+			t.Fatalf("the router reset the connection after %d bytes: %v", sent, err)
+		}
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("reading the refusal: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("status %d, want 413", resp.StatusCode)
+	}
+}
+
+// TestHTTP10StreamIsCloseDelimited: an HTTP/1.0 client cannot read chunked
+// encoding; its stream has no length and ends with the connection.
+func TestHTTP10StreamIsCloseDelimited(t *testing.T) {
+	eng := startMock(t, mocker.Config{WorkerID: 1})
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.Addr(), Model: e2eModel}))
+	body := completionBody(e2eTokens(3, 64), true, 5)
+	c := dialFrom(t, "127.0.0.1", strings.TrimPrefix(r.url, "http://"))
+	_ = c.SetDeadline(time.Now().Add(e2eWait))
+	if _, err := io.WriteString(c, "POST /v1/completions HTTP/1.0\r\nHost: kvfast\r\nContent-Type: application/json\r\nContent-Length: "+
+		strconv.Itoa(len(body))+"\r\n\r\n"+string(body)); err != nil {
+		t.Fatal(err)
+	}
+	all, err := io.ReadAll(c) // the response ends when the router closes
+	if err != nil {
+		t.Fatalf("reading the stream: %v", err)
+	}
+	head, payload, ok := bytes.Cut(all, []byte("\r\n\r\n"))
+	if !ok || !bytes.Contains(head, []byte(" 200 ")) {
+		t.Fatalf("response %q", all)
+	}
+	lower := bytes.ToLower(head)
+	if bytes.Contains(lower, []byte("transfer-encoding")) || bytes.Contains(lower, []byte("content-length")) {
+		t.Errorf("an HTTP/1.0 stream is framed: %q", head)
+	}
+	if !bytes.HasPrefix(payload, []byte("data: ")) || !bytes.Contains(payload, []byte("data: [DONE]")) {
+		t.Errorf("payload is not the raw event stream: %q", payload)
+	}
+	waitReleased(t, r.node)
+}
+
+// TestObsFoldedHeaderRefused: a folded header line (here Transfer-Encoding,
+// which a proxy may ignore while fasthttp reads it as chunked) is refused,
+// and the connection closed.
+func TestObsFoldedHeaderRefused(t *testing.T) {
+	eng, _, release := blockingEngine(t)
+	close(release)
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel}))
+	resp, body := rawRequest(t, strings.TrimPrefix(r.url, "http://"),
+		"POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Type: application/json\r\nTransfer-Encoding:\r\n chunked\r\n\r\n"+
+			"10\r\n{\"prompt\":[1,2]}\r\n0\r\n\r\n")
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("status %d: %s", resp.StatusCode, body)
+	}
+	if eng.requests.Load() != 0 {
+		t.Error("the folded request reached the engine")
+	}
+}
+
+// TestAdminSurface: with an admin listener the API listener serves no admin
+// endpoint under any spelling of its path; the admin listener does, behind
+// the admin token; the OpenAI endpoints take API keys; and the engine gets
+// the path that was routed, not the client's spelling of it.
+func TestAdminSurface(t *testing.T) {
+	var mu sync.Mutex
+	var paths []string
+	eng := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		mu.Lock()
+		paths = append(paths, string(ctx.URI().PathOriginal()))
+		mu.Unlock()
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`)
+	})
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel})
+	cfg.AdminListen = "127.0.0.1:0" // served below: the API listener must not serve admin
+	cfg.HTTP.AdminToken = "admin-tok"
+	cfg.HTTP.APIKeys = []string{"key-one", "key-two"}
+	r := startE2ERouter(t, cfg)
+	api := strings.TrimPrefix(r.url, "http://")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = r.node.ServeAdmin(ln) }() // the rig's Shutdown closes it
+	adminAddr := ln.Addr().String()
+
+	request := func(addr, method, path, auth string, body []byte) (int, []byte) {
+		t.Helper()
+		c := dialFrom(t, "127.0.0.1", addr)
+		_ = c.SetDeadline(time.Now().Add(e2eWait))
+		req := method + " " + path + " HTTP/1.1\r\nHost: kvfast\r\nConnection: close\r\n"
+		if auth != "" {
+			req += "Authorization: Bearer " + auth + "\r\n"
+		}
+		req += "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + string(body)
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	for _, p := range []string{"/admin/workers", "//admin/workers", "/v1/%2e%2e/admin/workers", "/v1/../admin/workers",
+		"/%61dmin/workers", "/metrics", "/v1/./../metrics"} {
+		for _, m := range []string{"GET", "POST", "DELETE"} {
+			if status, b := request(api, m, p, "admin-tok", nil); status != http.StatusNotFound {
+				t.Errorf("API listener: %s %s: %d %s", m, p, status, b)
+			}
+		}
+	}
+	if status, b := request(adminAddr, "GET", "/admin/workers", "", nil); status != http.StatusUnauthorized {
+		t.Errorf("admin without the token: %d %s", status, b)
+	}
+	if status, b := request(adminAddr, "GET", "/admin/workers", "wrong", nil); status != http.StatusUnauthorized {
+		t.Errorf("admin with a wrong token: %d %s", status, b)
+	}
+	if status, b := request(adminAddr, "GET", "//admin/workers", "admin-tok", nil); status != http.StatusOK || !bytes.Contains(b, []byte(`"workers"`)) {
+		t.Errorf("admin with the token: %d %s", status, b)
+	}
+	if status, _ := request(adminAddr, "GET", "/metrics", "admin-tok", nil); status != http.StatusOK {
+		t.Errorf("metrics on the admin listener: %d", status)
+	}
+	if status, _ := request(adminAddr, "POST", "/v1/completions", "key-one", completionBody(e2eTokens(4, 8), false, 1)); status != http.StatusNotFound {
+		t.Errorf("completions on the admin listener: %d", status)
+	}
+	if status, _ := request(adminAddr, "GET", "/health", "", nil); status != http.StatusOK {
+		t.Errorf("health on the admin listener: %d", status)
+	}
+
+	body := completionBody(e2eTokens(5, 8), false, 1)
+	for _, key := range []string{"", "key-three", "key-on", "key-one2"} {
+		status, b := request(api, "POST", "/v1/completions", key, body)
+		if status != http.StatusUnauthorized {
+			t.Errorf("API key %q: %d %s", key, status, b)
+		} else if code := checkOpenAIError(t, b); code != "invalid_api_key" {
+			t.Errorf("API key %q: code %q", key, code)
+		}
+	}
+	if status, _ := request(api, "GET", "/v1/models", "", nil); status != http.StatusUnauthorized {
+		t.Errorf("models without a key: %d", status)
+	}
+	if status, _ := request(api, "GET", "/health", "", nil); status != http.StatusOK {
+		t.Errorf("health without a key: %d", status)
+	}
+	for _, p := range []string{"/v1/completions", "//v1/completions", "/v1/./completions", "/v1/x/../%63ompletions"} {
+		if status, b := request(api, "POST", p, "key-two", body); status != http.StatusOK {
+			t.Errorf("POST %s with a key: %d %s", p, status, b)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, p := range paths {
+		if p != fastpath.PathCompletions {
+			t.Errorf("the engine was sent %q, not the routed path", p)
+		}
+	}
+	if len(paths) != 4 {
+		t.Errorf("the engine got %d requests, want 4", len(paths))
+	}
+}
