@@ -61,7 +61,7 @@ type metrics struct {
 	// multimodalExact and multimodalApprox count requests with images,
 	// audio or video by how they routed (kvfast_multimodal_requests_total).
 	multimodalExact, multimodalApprox prometheus.Counter
-	transport     map[string]prometheus.Counter // by reason: connections refused before a request was read
+	transport                         map[string]prometheus.Counter // by reason: connections refused before a request was read
 }
 
 func newMetrics(s *Server) *metrics {
