@@ -6,7 +6,9 @@ PKGS      := ./...
 FUZZTIME  ?= 20s
 BENCHTIME ?= 1s
 
-.PHONY: help build test test-short bench fuzz lint demo clean
+SOAK_DURATION ?= 30m
+
+.PHONY: help build test test-short bench fuzz lint demo soak clean
 
 help: ## List the targets with what they do.
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -14,10 +16,11 @@ help: ## List the targets with what they do.
 build: ## Build bin/kvfast.
 	$(GO) build -o $(BIN) ./cmd/kvfast
 
-test: lint ## Everything CI runs: lint, set-up, and the whole suite under the race detector.
+test: lint ## Everything CI runs: lint, set-up, the whole suite under the race detector, and a two-minute soak.
 	@./scripts/setup-test-deps.sh
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) -C tools test -count=1 ./...
+	KVFAST_SOAK=2m $(GO) test -count=1 -timeout 10m -run '^TestSoak$$' -v ./benchmarks/soak
 
 test-short: ## The suite without the race detector, for a fast local loop.
 	$(GO) test -count=1 -short $(PKGS)
@@ -33,6 +36,9 @@ lint: ## gofmt, go vet, staticcheck, and no code production never runs (tools pi
 
 demo: ## Replay the Mooncake trace against 8 mock engines once per routing policy and compare them (about 1.5 min; DEMO_FLAGS=... adds flags).
 	$(GO) run ./cmd/kvfast demo $(DEMO_FLAGS)
+
+soak: ## Run a node under client, engine and router faults for SOAK_DURATION (default 30m), then check nothing leaked.
+	$(GO) run ./cmd/kvfast soak --duration $(SOAK_DURATION)
 
 clean: ## Remove build outputs.
 	rm -rf bin

@@ -229,10 +229,6 @@ func slotList(set workers.Set) []int {
 	return out
 }
 
-// Settled is closed once the node's start-up has settled (see
-// awaitSettled): from then on /ready reports on the workers' health.
-func (n *Node) Settled() <-chan struct{} { return n.settled }
-
 // healthChanged is the engine pool's health hook: the scheduler routes
 // only to engines that pass their checks and are not ejected for failing
 // requests.

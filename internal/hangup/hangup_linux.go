@@ -124,7 +124,8 @@ func (r Registration) Stop() {
 	if !pending {
 		// The run loop took the entry: wait until it has told the target.
 		w.deliverMu.Lock()
-		w.deliverMu.Unlock() //nolint:staticcheck // an empty section: waiting is the point
+		//lint:ignore SA2001 an empty section: waiting for the delivery in progress is the point
+		w.deliverMu.Unlock()
 	}
 }
 
