@@ -1,10 +1,3 @@
-// Command bodyflood measures the router's resident memory under a flood of
-// large request bodies: it sends -n concurrent POSTs of -size bytes to a
-// running router, samples the router's VmRSS (/proc/PID/status) while they
-// run and for -settle afterwards, and prints the baseline, the peak, the
-// final figure and how the requests were answered.
-//
-//	go run ./benchmarks/bodyflood -url http://127.0.0.1:8000 -pid $(pgrep -n kvfast) -n 25 -size 16777000
 package main
 
 import (
