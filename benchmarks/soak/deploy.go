@@ -68,7 +68,9 @@ func (s *soak) stopRouter() error {
 	case <-time.After(30 * time.Second):
 		errs = append(errs, errors.New("cannot stop the router: still serving 30s after Shutdown"))
 	}
-	q := r.node.Snapshot().Queue
+	// The scheduler's counters, not Node.Snapshot: a node that drained
+	// has unmapped its segment, which Snapshot reads the index from.
+	q := r.node.Scheduler().Stats()
 	s.rep.Booked += q.Booked
 	s.rep.Released += q.Released
 	if q.Booked != q.Released {
