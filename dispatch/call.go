@@ -260,8 +260,9 @@ func (c *Call) CopyHeaders(dst *fasthttp.ResponseHeader) {
 // and is relayed like any other. Flushes block while the client is slow,
 // and the engine is not read meanwhile: TCP carries the backpressure.
 //
-// If writing to w fails, the client is gone: Relay closes the engine
-// connection, which cancels the request, and aborts with ErrClientGone. If
+// If writing to w fails, or Abort is called, the client is gone: Relay
+// closes the engine connection, which cancels the request, and aborts with
+// ErrClientGone. If
 // the engine fails, stalls past the idle timeout or ends the stream early,
 // Relay writes an OpenAI error event to the client (for a stream), closes
 // the engine connection and aborts. A nil return means the response was
