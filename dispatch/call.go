@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net"
+	"sync"
 
 	"github.com/valyala/fasthttp"
 
@@ -46,7 +48,8 @@ type Observer interface {
 // from Pool.AcquireCall, set the request, Do it (again on another worker if
 // IsRetryable), then Relay a stream or ReadBody a plain response, and
 // Release it. It is owned by one goroutine at a time: a server that relays
-// from its body stream writer hands the call over to that stream.
+// from its body stream writer hands the call over to that stream. Abort
+// alone may come from another goroutine, to cancel it.
 type Call struct {
 	pool   *Pool
 	engine *Engine
@@ -54,6 +57,16 @@ type Call struct {
 	req    fasthttp.Request
 	resp   fasthttp.Response
 	buf    []byte // len == cap; the relay buffer, grown by ReadBody
+
+	// The engine connection held from Do until closeStream (roundtrip.go).
+	client  *fasthttp.HostClient // the engine's client, which cc belongs to
+	cc      any                  // fasthttp's pooled connection
+	br      *bufio.Reader        // reads cc; the body stream reads through it
+	bodyEOF bool                 // the body was read to its end: cc may be pooled
+
+	cancelMu  sync.Mutex // orders Abort with taking and letting go of conn
+	conn      net.Conn   // cc's connection while the call uses it
+	cancelled bool       // Abort was called
 
 	open     bool // resp holds an engine body stream not yet closed
 	finished bool // obs had its terminal call, or there is no obs
@@ -75,10 +88,14 @@ func (p *Pool) AcquireCall() *Call { return p.calls.Get().(*Call) }
 
 // Release ends the call: it cancels an unfinished response (closing its
 // engine connection), reports ErrAbandoned to an observer still waiting, and
-// returns the call to the pool. The call must not be used afterwards.
+// returns the call to the pool. The call must not be used afterwards, nor
+// aborted: whoever calls Abort must be stopped first.
 func (c *Call) Release() {
 	c.closeStream()
 	c.abort(ErrAbandoned)
+	c.cancelMu.Lock()
+	c.cancelled = false
+	c.cancelMu.Unlock()
 	c.req.Reset()
 	c.resp.Reset()
 	c.engine, c.obs = nil, nil
@@ -108,7 +125,8 @@ func (c *Call) SetRequest(uri, body []byte) {
 // and headers (the first-byte timeout). On success it calls
 // obs.OnDispatched; on failure obs.OnAbort, and the error says whether
 // another worker may be tried (IsRetryable). obs may be nil. Calling Do
-// again, for a retry, abandons any response of the previous attempt.
+// again, for a retry, abandons any response of the previous attempt. An
+// Abort, before or during Do, makes it fail with ErrClientGone.
 func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	c.closeStream()
 	c.abort(ErrAbandoned)
@@ -121,12 +139,20 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 		return err
 	}
 	c.req.Header.SetHost(e.addr)
-	if err := e.client.Do(&c.req, &c.resp); err != nil {
-		ferr := &Error{Slot: slot, Addr: e.addr, Op: "forward to", Kind: classifyDo(err), Cause: err}
+	c.req.URI().DisablePathNormalizing = true
+	if err := c.roundTrip(e); err != nil {
+		kind := classifyDo(err)
+		if c.isCancelled() {
+			kind = ErrClientGone // whatever the broken connection said
+		}
+		if errors.Is(err, ErrClientGone) {
+			err = nil // not a cause: the kind says it all
+		}
+		ferr := &Error{Slot: slot, Addr: e.addr, Op: "forward to", Kind: kind, Cause: err}
 		if de := (*dialError)(nil); errors.As(err, &de) {
 			e.connectFailed() // refused or unreachable, not merely busy
 		}
-		if !errors.Is(err, fasthttp.ErrNoFreeConns) {
+		if kind != ErrClientGone && !errors.Is(err, fasthttp.ErrNoFreeConns) {
 			c.judge(false)
 		}
 		c.abort(ferr)
@@ -234,8 +260,9 @@ func (c *Call) CopyHeaders(dst *fasthttp.ResponseHeader) {
 // and is relayed like any other. Flushes block while the client is slow,
 // and the engine is not read meanwhile: TCP carries the backpressure.
 //
-// If writing to w fails, the client is gone: Relay closes the engine
-// connection, which cancels the request, and aborts with ErrClientGone. If
+// If writing to w fails, or Abort is called, the client is gone: Relay
+// closes the engine connection, which cancels the request, and aborts with
+// ErrClientGone. If
 // the engine fails, stalls past the idle timeout or ends the stream early,
 // Relay writes an OpenAI error event to the client (for a stream), closes
 // the engine connection and aborts. A nil return means the response was
@@ -312,8 +339,12 @@ func (c *Call) write(w *bufio.Writer, p []byte) error {
 	return nil
 }
 
-// readFailure classifies an error reading the engine's body.
-func readFailure(err error) error {
+// readFailure classifies an error reading the engine's body. A read that
+// Abort broke is the client's doing, not the engine's.
+func (c *Call) readFailure(err error) error {
+	if c.isCancelled() {
+		return ErrClientGone
+	}
 	switch {
 	case errors.Is(err, ErrIdleTimeout):
 		return ErrIdleTimeout
@@ -384,8 +415,9 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 		}
 		if rerr != nil {
 			if rerr != io.EOF {
-				return readFailure(rerr), rerr
+				return c.readFailure(rerr), rerr
 			}
+			c.bodyEOF = true
 			if end > start { // a last event without its blank line
 				if inspect {
 					c.observe(openai.ParseEvent(buf[start:end]))
@@ -462,10 +494,11 @@ func (c *Call) ReadBody() ([]byte, error) {
 		m, err := body.Read(c.buf[n:])
 		n += m
 		if err == io.EOF {
+			c.bodyEOF = true
 			break
 		}
 		if err != nil {
-			return nil, c.fail(readFailure(err), err, nil, false)
+			return nil, c.fail(c.readFailure(err), err, nil, false)
 		}
 	}
 	c.closeStream()
@@ -473,13 +506,15 @@ func (c *Call) ReadBody() ([]byte, error) {
 	return c.buf[:n], nil
 }
 
-// closeStream lets go of the engine's body stream. A body read to its end
-// returns the connection to the pool; otherwise the connection is closed,
-// which is how an engine learns that its request was cancelled.
+// closeStream lets go of the engine's body stream and its connection. A
+// body read to its end returns the connection to the pool; otherwise the
+// connection is closed, which is how an engine learns that its request was
+// cancelled.
 func (c *Call) closeStream() {
 	if c.open {
 		c.open = false
 		_ = c.resp.CloseBodyStream()
+		c.letGo(c.bodyEOF && !c.resp.ConnectionClose())
 	}
 }
 

@@ -5,7 +5,14 @@
 // # Responsibility
 //
 // A Call sends the request body unchanged to one engine over a pooled
-// keep-alive connection and relays the answer byte for byte. For an
+// keep-alive connection and relays the answer byte for byte. It does the
+// round trip itself with fasthttp's exported pieces (HostClient.AcquireConn,
+// Request.Write, Response.Read with a streamed body, ReleaseConn or
+// CloseConn), not HostClient.Do, so that it knows the connection carrying
+// its request from the moment it is sent until the body is closed: Abort,
+// from any goroutine, closes that connection, and a Do waiting for the
+// headers of a silent engine, or a Relay or ReadBody waiting for its next
+// byte, returns at once with ErrClientGone. For an
 // OpenAI event stream it inspects each event on the way, without
 // allocating (splitting and classifying events is package openai's), and
 // tells an Observer what the request lifecycle needs: the
@@ -27,14 +34,19 @@
 //     before its first byte or between two reads of a started response.
 //   - ErrEngineFailed, ErrTruncated, ErrEngineError: the engine broke off,
 //     ended a stream early, or reported an error.
-//   - ErrClientGone: a write to the client failed; the engine connection is
-//     closed, which is how an OpenAI-compatible engine learns to abort.
+//   - ErrClientGone: the call was aborted (Abort), or a write to the client
+//     failed; the engine connection is closed, which is how an
+//     OpenAI-compatible engine (vLLM, SGLang) learns to abort. It is never
+//     held against the engine, nor retried.
 //
 // A stream that fails after it started gets an OpenAI error event
 // (data: {"error":{…}}, an openai.Error) unless its terminal item was
-// already sent. A
-// departed client is noticed at the next write, so while the engine is
-// silent (queueing, prefill) the idle timeout bounds the waste.
+// already sent, nor when its client left. Without Abort a departed client
+// is noticed only at the next write, so the server that can tell (package
+// fastpath, through internal/hangup) aborts the call when its client
+// hangs up, and while the engine is silent (queueing, prefill, a long
+// non-streaming generation) nothing waits for a timeout. An aborted
+// call's connection is closed, never pooled again.
 //
 // Every attempt is also a verdict on its engine (passive health,
 // OutlierConfig): consecutive failures or a failure rate over a window
@@ -60,7 +72,10 @@
 // Pool methods are safe for concurrent use; Engine is a single atomic
 // load. Add, Remove and Close are serialised. A Call belongs to one
 // goroutine at a time: the handler's until it hands the call to a body
-// stream writer, then the stream's. Observer calls for one Call never
+// stream writer, then the stream's. Abort is the exception: any goroutine
+// may call it until Release, and a mutex per call orders it with the
+// call's taking and letting go of its connection, so that it never closes
+// a connection already back in the pool. Observer calls for one Call never
 // overlap. Health flips of one engine are serialised, and none is
 // reported after Remove.
 //

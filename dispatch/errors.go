@@ -29,8 +29,9 @@ var (
 	// ErrEngineError: the engine answered with an error status or an error
 	// event; the client received the engine's own error.
 	ErrEngineError = errors.New("kvfast: the engine reported an error")
-	// ErrClientGone: writing to the client failed, so the upstream request
-	// was cancelled by closing its connection.
+	// ErrClientGone: the client left (Call.Abort), or writing to it
+	// failed, so the upstream request was cancelled by closing its
+	// connection.
 	ErrClientGone = errors.New("kvfast: the client went away")
 	// ErrResponseTooLarge: a non-streaming response exceeded
 	// Config.MaxResponseBodySize.

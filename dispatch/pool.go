@@ -1,13 +1,10 @@
 package dispatch
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/kvfast/kvfast/internal/clock"
@@ -205,7 +202,6 @@ func (p *Pool) Add(slot workers.Slot, addr string) (*Engine, error) {
 		NoDefaultUserAgentHeader:      true,
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
-		RetryIfErr:                    retryStaleConn,
 	}
 	p.engines[slot].Store(e)
 	if p.cfg.Health.Interval > 0 {
@@ -213,18 +209,6 @@ func (p *Pool) Add(slot workers.Slot, addr string) (*Engine, error) {
 		go e.checkHealth()
 	}
 	return e, nil
-}
-
-// retryStaleConn sends a request again, once and to the same engine, when the
-// connection closed before any byte of a response came back. That is how a
-// pooled keep-alive connection that the engine closed while idle fails, and
-// the engine then never saw the request. If the engine itself is gone, the
-// second attempt fails to connect, and that error lets the caller pick
-// another worker.
-func retryStaleConn(_ *fasthttp.Request, attempts int, err error) (resetTimeout, retry bool) {
-	stale := errors.Is(err, io.EOF) || errors.Is(err, fasthttp.ErrConnectionClosed) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
-	return false, attempts == 1 && stale
 }
 
 // Remove unregisters slot's engine, stops its health checks and closes its

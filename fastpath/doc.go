@@ -25,10 +25,14 @@
 // guard is released before the next is booked. While a request is served
 // its client connection is watched for a hang-up (internal/hangup): a
 // client that leaves while queued gives up its queue slot, and one that
-// leaves while its non-streaming answer is awaited has its guard aborted,
-// which frees its booking at once. (The engine call itself still runs to
-// its answer: cutting it is not done yet.) The watcher's one goroutine is
-// the only one the front end starts; Shutdown stops it.
+// leaves while its answer is awaited or relayed has its guard aborted,
+// which frees its booking at once, and its engine call aborted
+// (dispatch.Call.Abort), which closes the engine connection so that the
+// engine stops generating and the handler or stream returns. Shutdown's
+// cut, after its drain deadline, tells every watched request the same
+// (hangup.Watcher.HangUpAll), so requests waiting on a silent engine do
+// not outlive it. The watcher's one goroutine is the only one the front
+// end starts; Shutdown stops it.
 //
 // The edge (edge.go) stands between the network and that path. Every
 // connection comes through edgeListener, which tags it with its listener

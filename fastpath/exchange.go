@@ -289,7 +289,7 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 // attempt's guard ends and is released before the next one is booked, so
 // every attempt's load is released exactly once.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool) {
-	ex.call = s.engines.AcquireCall()
+	ex.setCall(s.engines.AcquireCall())
 	// The engine gets the path that was routed, not the client's spelling
 	// of it: what a front proxy filtered and what the engine serves agree.
 	ex.call.SetRequest(routedPath(ex.api), ex.body)
@@ -435,18 +435,37 @@ func (ex *exchange) setGuard(h guard.Handle) {
 	}
 }
 
+// setCall makes c the request's engine call. A client already gone
+// aborts it at once, so that Do sends nothing.
+func (ex *exchange) setCall(c *dispatch.Call) {
+	ex.hangMu.Lock()
+	ex.call = c
+	gone := ex.hungUp
+	ex.hangMu.Unlock()
+	if gone {
+		c.Abort()
+	}
+}
+
 // HangUp runs on the watcher's goroutine when the client closed its
-// connection: the request leaves the admission queue, and its guard is
-// aborted, which releases its booking now rather than when the engine
-// answers.
+// connection, or when Shutdown cuts it: the request leaves the admission
+// queue, its guard is aborted, which releases its booking now rather than
+// when the engine answers, and its engine call is aborted, which closes
+// the engine connection so that the engine stops generating and the
+// handler or stream waiting on it returns at once.
 func (ex *exchange) HangUp() {
 	ex.hangMu.Lock()
 	ex.hungUp = true
-	h, held := ex.h, ex.held
+	h, held, call := ex.h, ex.held, ex.call
 	ex.hangMu.Unlock()
 	ex.wait.cancel(context.Canceled)
 	if held {
 		_ = h.Abort(guard.ReasonClientCancel)
+	}
+	if call != nil {
+		// cleanup stops the watch before it releases the call, so the
+		// call is still this request's.
+		call.Abort()
 	}
 }
 

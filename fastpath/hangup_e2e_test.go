@@ -15,8 +15,9 @@ import (
 
 // slowEngine answers nothing until the test calls the returned func: a
 // generation that takes longer than any client is willing to wait. (The
-// router does not yet cut the engine call of a departed non-streaming
-// client, so the test lets the engine answer before the router stops.)
+// router closes its connection when the client leaves, but a fasthttp
+// handler does not notice: the test lets it return before the engine
+// stops. TestDepartedClientCancelsEngine checks the closed connection.)
 func slowEngine(t *testing.T) (*e2eEngine, func()) {
 	release := make(chan struct{})
 	e := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {

@@ -306,7 +306,9 @@ func (s *Server) serve(ln net.Listener, admin bool) error {
 
 // ErrNotDrained is what Shutdown returns when handlers or streams were
 // still running after it cut every connection and waited streamCutGrace:
-// they wait on an engine that is silent. Their guards still release their
+// they wait on a silent engine and their engine calls could not be aborted,
+// which happens only where client hang-ups cannot be watched
+// (internal/hangup). Their guards still release their
 // bookings when they end, but the node must keep what they read (the
 // segment) mapped.
 var ErrNotDrained = errors.New("kvfast: requests still running after shutdown cut their connections")
@@ -343,11 +345,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return err
 	}
 	err = errors.Join(err, fmt.Errorf("cannot drain in-flight requests: %w", ctx.Err()))
-	// Cut them: a relay fails at its next write to its closed client,
-	// cancels its engine request and aborts its guard. (Closing the engine
-	// pool does not reach connections in use.) A relay waiting on a
-	// silent engine notices only at its idle timeout, so the wait for the
-	// cut is bounded.
+	// Cut them: every request still running is told its client is gone
+	// (exchange.HangUp), which aborts its guard and its engine call, so
+	// that a handler or relay waiting on a silent engine returns at once;
+	// then the client connections are closed.
+	s.hangups.HangUpAll()
 	s.conns.Range(func(c net.Conn, _ struct{}) bool { _ = c.Close(); return true })
 	if !s.drainAgain() {
 		s.log.Warn("shutdown returns with requests still waiting on silent engines")

@@ -66,6 +66,11 @@ type Node struct {
 	bg        sync.WaitGroup
 	closeOnce sync.Once
 	closeErr  error
+	// released orders Snapshot with the unmapping of the segment: Snapshot
+	// reads the index under the read lock, Close unmaps under the write
+	// lock and sets released, after which Snapshot leaves the index out.
+	releaseMu sync.RWMutex
+	released  bool
 }
 
 // New builds the router described by cfg and starts its background work:
@@ -331,7 +336,10 @@ func (n *Node) Close() error {
 			n.log.Warn("leaving the segment mapped: requests are still running after their connections were cut")
 			n.seg = nil
 		}
+		n.releaseMu.Lock()
 		n.closeErr = n.release()
+		n.released = true
+		n.releaseMu.Unlock()
 	})
 	return n.closeErr
 }

@@ -490,3 +490,21 @@ func TestWarnExposure(t *testing.T) {
 		})
 	}
 }
+
+// TestSnapshotAfterClose: Snapshot stays safe once Close has unmapped the
+// segment (a metrics scrape racing a shutdown, a test reading counters
+// after it): it leaves the segment's parts out instead of faulting.
+func TestSnapshotAfterClose(t *testing.T) {
+	cfg := testConfig(t)
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	v := n.Snapshot()
+	if v.Feed != nil || v.Index.Capacity != 0 {
+		t.Errorf("a closed node reported its segment: feed %v, index %+v", v.Feed, v.Index)
+	}
+}

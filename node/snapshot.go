@@ -2,6 +2,7 @@ package node
 
 import (
 	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -13,10 +14,19 @@ import (
 func (n *Node) Snapshot() fastpath.Snapshot {
 	var v fastpath.Snapshot
 	v.Policy = n.cfg.Policy
-	ix := n.index.Stats()
+	// After Close the segment may be unmapped: leave out what lives there
+	// (the index, the rings' lag, the registry) rather than read freed
+	// memory.
+	n.releaseMu.RLock()
+	defer n.releaseMu.RUnlock()
+	mapped := !n.released
+	var ix radix.Stats
+	if mapped {
+		ix = n.index.Stats()
+	}
 	v.Index = fastpath.IndexView{Entries: ix.Entries, Capacity: ix.Capacity, Overflow: ix.Overflow, MapEntries: ix.EngineMapEntries}
 	var lag [workers.Max]uint64
-	if n.ingester != nil {
+	if n.ingester != nil && mapped {
 		fs := n.ingester.Stats()
 		lag = fs.LagBytes
 		v.Feed = &fs
@@ -46,7 +56,7 @@ func (n *Node) Snapshot() fastpath.Snapshot {
 				zs := sub.Stats()
 				wv.ZMQ = &zs
 			}
-		} else if n.seg != nil {
+		} else if n.seg != nil && mapped {
 			if ri, ok := n.seg.Worker(w); ok && ri.State == shm.StateLive {
 				wv.Generation = ri.Generation
 			}

@@ -13,6 +13,8 @@
 // wakes it nor is consumed. When the peer hangs up, the request's Target
 // is told once, on the Watcher's goroutine. A half-close by a client that
 // still waits for its answer counts as leaving, as it does for nginx.
+// HangUpAll tells every watched request at once, for a server that cuts
+// its connections itself (a closed socket leaves the epoll set unreported).
 //
 // On systems without epoll New reports ErrUnsupported and a server goes
 // without the early notice: a departed client is then found at the write.
@@ -21,7 +23,8 @@
 //
 // A Watcher owns its epoll descriptor, a wake-up pipe and, from the first
 // Watch until Close, one goroutine. Watch, Registration.Stop and Close are
-// safe for concurrent use. A Target must not block: it runs on the one
+// safe for concurrent use, and so is HangUpAll, which tells its targets on
+// the caller's goroutine, one at a time. A Target must not block: it runs on the one
 // goroutine that serves every hang-up.
 //
 // # Cost

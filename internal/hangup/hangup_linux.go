@@ -163,6 +163,29 @@ func (w *Watcher) run() {
 	}
 }
 
+// HangUpAll tells every watched request that its client is gone, as if
+// each had hung up, and ends their watches: a server that cuts its
+// connections (closing a socket takes it out of the epoll set unreported)
+// uses it to make the requests on them stop waiting. It returns once every
+// target has been told. A nil Watcher has nothing to tell.
+func (w *Watcher) HangUpAll() {
+	if w == nil {
+		return
+	}
+	w.deliverMu.Lock()
+	defer w.deliverMu.Unlock()
+	w.mu.Lock()
+	due := make([]Target, 0, len(w.watched))
+	for fd, e := range w.watched {
+		delete(w.watched, fd)
+		due = append(due, e.target)
+	}
+	w.mu.Unlock()
+	for _, t := range due {
+		t.HangUp()
+	}
+}
+
 // Close stops the watcher. Registrations still open are dropped unreported.
 // A nil Watcher may be closed.
 func (w *Watcher) Close() {

@@ -21,5 +21,8 @@ func (w *Watcher) Watch(net.Conn, Target) (Registration, error) {
 // Stop does nothing.
 func (Registration) Stop() {}
 
+// HangUpAll does nothing: nothing is watched.
+func (w *Watcher) HangUpAll() {}
+
 // Close does nothing.
 func (w *Watcher) Close() {}

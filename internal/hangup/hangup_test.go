@@ -96,3 +96,56 @@ func TestStoppedWatchIsSilent(t *testing.T) {
 		t.Fatal("a peer that had already left was not reported")
 	}
 }
+
+// TestHangUpAll: every watched request is told at once, before its client
+// left, and only once: the client's later close reaches nobody (a second
+// HangUp would close a closed channel and panic), and Stop still returns.
+func TestHangUpAll(t *testing.T) {
+	w, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	var regs []Registration
+	var targets []chanTarget
+	var clients []net.Conn
+	for range 3 {
+		client, server := pair(t)
+		hung := make(chanTarget)
+		reg, err := w.Watch(server, hung)
+		if err != nil {
+			t.Fatal(err)
+		}
+		regs, targets, clients = append(regs, reg), append(targets, hung), append(clients, client)
+	}
+	w.HangUpAll()
+	for i, hung := range targets {
+		select {
+		case <-hung:
+		default:
+			t.Fatalf("target %d was not told when HangUpAll returned", i)
+		}
+	}
+	for _, c := range clients {
+		c.Close()
+	}
+	// A fresh watch that sees a hang-up proves the run loop went past the
+	// closes above without telling anyone twice.
+	client, server := pair(t)
+	hung := make(chanTarget)
+	reg, err := w.Watch(server, hung)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client.Close()
+	select {
+	case <-hung:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a hang-up after HangUpAll was not reported")
+	}
+	for _, r := range append(regs, reg) {
+		r.Stop()
+	}
+	var nilWatcher *Watcher
+	nilWatcher.HangUpAll()
+}

@@ -1,0 +1,213 @@
+package dispatch
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// silentEngine reads each request and never answers it, as an engine does
+// while it queues or generates a long non-streaming response; with
+// streamHeaders it first sends the headers of an event stream, as vLLM does
+// before prefill. It reports on closed each connection the router closes,
+// which is how an engine learns to stop generating.
+type silentEngine struct {
+	ln       net.Listener
+	requests atomic.Int64
+	closed   chan struct{}
+}
+
+func startSilentEngine(t *testing.T, streamHeaders bool) *silentEngine {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &silentEngine{ln: ln, closed: make(chan struct{}, 16)}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			go e.serve(c, streamHeaders)
+		}
+	}()
+	return e
+}
+
+func (e *silentEngine) serve(c net.Conn, streamHeaders bool) {
+	br := bufio.NewReader(c)
+	var req fasthttp.Request
+	if err := req.Read(br); err != nil {
+		return
+	}
+	e.requests.Add(1)
+	if streamHeaders {
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+	}
+	// Nothing more comes from the router: a read returns only when it
+	// closes the connection.
+	_, _ = io.Copy(io.Discard, br)
+	e.closed <- struct{}{}
+}
+
+func (e *silentEngine) addr() string { return e.ln.Addr().String() }
+
+// waitClosed fails the test unless the router closes a connection to e
+// within a generous deadline.
+func (e *silentEngine) waitClosed(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-e.closed:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: the engine's connection was not closed", what)
+	}
+}
+
+func waitRequests(t *testing.T, e *silentEngine, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.requests.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the engine received %d requests, want %d", e.requests.Load(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestAbortWhileWaitingForHeaders: a client that leaves while a
+// non-streaming request waits on a silent engine makes Do return at once
+// with ErrClientGone, long before the first-byte timeout, and closes the
+// engine connection; the observer's one end is that abort.
+func TestAbortWhileWaitingForHeaders(t *testing.T) {
+	eng := startSilentEngine(t, false)
+	pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{FirstByte: time.Hour}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, eng.addr())
+	c := pool.AcquireCall()
+	c.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+	rec := newRecorder()
+	done := make(chan error, 1)
+	go func() { done <- c.Do(0, rec) }()
+	waitRequests(t, eng, 1)
+	c.Abort()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClientGone) || IsRetryable(err) {
+			t.Fatalf("Do after Abort: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Do still waits on the silent engine after Abort")
+	}
+	eng.waitClosed(t, "Abort during Do")
+	rec.wait(t)
+	if got := rec.summary(); got != "abort" || !errors.Is(rec.aborted(), ErrClientGone) {
+		t.Fatalf("observer: %s %v", got, rec.aborted())
+	}
+	c.Release()
+	if n := pool.Engine(0).client.ConnsCount(); n != 0 {
+		t.Fatalf("%d engine connections still counted after the abort", n)
+	}
+	if !pool.Engine(0).routable {
+		t.Fatal("a departed client was held against the engine")
+	}
+}
+
+// TestAbortBeforeFirstEvent: an event stream whose engine sent its headers
+// and then stays silent (queueing, prefill) is cut by Abort, not by the
+// idle timeout.
+func TestAbortBeforeFirstEvent(t *testing.T) {
+	eng := startSilentEngine(t, true)
+	pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{FirstByte: time.Hour, Idle: time.Hour}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, eng.addr())
+	c := pool.AcquireCall()
+	c.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+	rec := newRecorder()
+	if err := c.Do(0, rec); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	w := bufio.NewWriter(io.Discard)
+	go func() { done <- c.Relay(w) }()
+	c.Abort()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClientGone) {
+			t.Fatalf("Relay after Abort: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Relay still waits on the silent engine after Abort")
+	}
+	eng.waitClosed(t, "Abort during Relay")
+	rec.wait(t)
+	if got := rec.summary(); got != "dispatched abort" || !errors.Is(rec.aborted(), ErrClientGone) {
+		t.Fatalf("observer: %s %v", got, rec.aborted())
+	}
+	if w.Buffered() != 0 {
+		t.Fatal("an error event was written to a departed client")
+	}
+	c.Release()
+}
+
+// TestAbortBeforeDo: a call aborted before it was sent sends nothing, on
+// any attempt, until it is released; a released call is fresh again.
+func TestAbortBeforeDo(t *testing.T) {
+	eng := startSilentEngine(t, false)
+	// A call that did reach the silent engine fails at the first-byte
+	// timeout instead, with another error.
+	pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{FirstByte: time.Second}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, eng.addr())
+	c := pool.AcquireCall()
+	c.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+	c.Abort()
+	for range 2 {
+		rec := newRecorder()
+		if err := c.Do(0, rec); !errors.Is(err, ErrClientGone) {
+			t.Fatalf("Do of an aborted call: %v", err)
+		}
+		rec.wait(t)
+	}
+	if n := eng.requests.Load(); n != 0 {
+		t.Fatalf("the engine received %d requests of an aborted call", n)
+	}
+	c.Release()
+}
+
+// TestAbortAfterCompletionKeepsConnection: a response read to its end
+// returns its connection to the pool at once, so an Abort that comes
+// later (the client leaving right after its answer) closes nothing.
+func TestAbortAfterCompletionKeepsConnection(t *testing.T) {
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`)
+	}, nil)
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	for i := range 3 {
+		c := pool.AcquireCall()
+		c.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+		if err := c.Do(0, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.ReadBody(); err != nil {
+			t.Fatal(err)
+		}
+		c.Abort()
+		c.Release()
+		if n := pool.Engine(0).client.ConnsCount(); n != 1 {
+			t.Fatalf("request %d: %d engine connections, want the one pooled connection", i, n)
+		}
+	}
+}

@@ -1,0 +1,182 @@
+package dispatch
+
+import (
+	"errors"
+	"io"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// A Call does its own round trip over the engine's pooled connections,
+// instead of HostClient.Do, so that it knows which connection carries its
+// request: Abort can then close that very connection while Do waits for a
+// silent engine, which HostClient.Do gives no handle on.
+
+// connOps are the HostClient methods that take and give back a pooled
+// connection. fasthttp does not export the connection's type, so the
+// methods are bound once through a generic helper and the connection
+// travels as an interface value (a pointer in an interface: no allocation).
+type connOps struct {
+	acquire func(hc *fasthttp.HostClient) (cc any, conn net.Conn, err error)
+	release func(hc *fasthttp.HostClient, cc any)
+	close   func(hc *fasthttp.HostClient, cc any)
+}
+
+var pooledConns = bindConnOps((*fasthttp.HostClient).AcquireConn,
+	(*fasthttp.HostClient).ReleaseConn, (*fasthttp.HostClient).CloseConn)
+
+func bindConnOps[C interface{ Conn() net.Conn }](
+	acquire func(*fasthttp.HostClient, time.Duration, bool) (C, error),
+	release, closeConn func(*fasthttp.HostClient, C),
+) connOps {
+	return connOps{
+		acquire: func(hc *fasthttp.HostClient) (any, net.Conn, error) {
+			// No wait for a free connection (MaxConnWaitTimeout is 0):
+			// a full pool is ErrNoFreeConns, which lets the request go
+			// elsewhere.
+			cc, err := acquire(hc, 0, false)
+			if err != nil {
+				return nil, nil, err
+			}
+			return cc, cc.Conn(), nil
+		},
+		release: func(hc *fasthttp.HostClient, cc any) { release(hc, cc.(C)) },
+		close:   func(hc *fasthttp.HostClient, cc any) { closeConn(hc, cc.(C)) },
+	}
+}
+
+// Abort cancels the call because its client is gone. It may be called from
+// any goroutine, any number of times, until Release: it closes the engine
+// connection the call is using, which wakes a Do, Relay or ReadBody waiting
+// on the engine and tells an OpenAI-compatible engine to stop generating.
+// The call then fails, or the next Do fails at once, with ErrClientGone,
+// and its observer gets that abort as its one terminal call.
+func (c *Call) Abort() {
+	c.cancelMu.Lock()
+	c.cancelled = true
+	if c.conn != nil {
+		_ = c.conn.Close()
+	}
+	c.cancelMu.Unlock()
+}
+
+// isCancelled reports whether Abort was called. Failure paths ask it, so
+// that a read broken by Abort is not blamed on the engine.
+func (c *Call) isCancelled() bool {
+	c.cancelMu.Lock()
+	defer c.cancelMu.Unlock()
+	return c.cancelled
+}
+
+// roundTrip sends the request to e and reads the response status and
+// headers, leaving the body to be streamed from the connection, which the
+// call holds until closeStream. A pooled keep-alive connection that the
+// engine closed while idle fails before any byte of a response came back,
+// and the engine then never saw the request: that is sent again, once, on
+// the same engine. If the engine itself is gone, the second attempt fails
+// to connect, and that error lets the caller pick another worker.
+func (c *Call) roundTrip(e *Engine) error {
+	for attempt := 1; ; attempt++ {
+		retry, err := c.send(e)
+		if err == nil {
+			return nil
+		}
+		if retry && attempt == 1 && isStale(err) && !c.isCancelled() {
+			continue
+		}
+		if err == io.EOF {
+			err = fasthttp.ErrConnectionClosed
+		}
+		return err
+	}
+}
+
+func isStale(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, fasthttp.ErrConnectionClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// send is one attempt of roundTrip. retry reports a failure after the
+// connection was had, which a stale one would cause.
+func (c *Call) send(e *Engine) (retry bool, err error) {
+	cc, conn, err := pooledConns.acquire(e.client)
+	if err != nil {
+		return false, err
+	}
+	c.client, c.cc, c.bodyEOF = e.client, cc, false
+	if !c.hold(conn) {
+		c.letGo(false)
+		return false, ErrClientGone
+	}
+	if wt := c.pool.cfg.Timeouts.Write; wt > 0 {
+		if err := conn.SetWriteDeadline(time.Now().Add(wt)); err != nil {
+			c.letGo(false)
+			return true, err
+		}
+	}
+	bw := c.client.AcquireWriter(conn)
+	err = c.req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	c.client.ReleaseWriter(bw)
+	if err != nil {
+		c.letGo(false)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			err = fasthttp.ErrTimeout
+		}
+		return true, err
+	}
+	c.resp.Reset()
+	c.resp.StreamBody = true
+	c.resp.Header.DisableNormalizing()
+	c.br = c.client.AcquireReader(conn)
+	if err := c.resp.Read(c.br); err != nil {
+		c.resp.Reset()
+		c.letGo(false)
+		return true, err
+	}
+	if c.resp.BodyStream() == nil {
+		c.bodyEOF = true // a status without a body (204, 304)
+	}
+	return false, nil
+}
+
+// hold records conn as the one Abort must close, unless Abort came first.
+func (c *Call) hold(conn net.Conn) bool {
+	c.cancelMu.Lock()
+	defer c.cancelMu.Unlock()
+	if c.cancelled {
+		return false
+	}
+	c.conn = conn
+	return true
+}
+
+// letGo ends the call's use of its connection: back to the engine's pool
+// when reuse (the response was read to its end) and nobody aborted the
+// call, else closed. The response's body stream must be closed already.
+func (c *Call) letGo(reuse bool) {
+	if c.cc == nil {
+		return
+	}
+	c.cancelMu.Lock()
+	c.conn = nil
+	// After Abort the connection is closed, or about to be: never pool it.
+	reuse = reuse && !c.cancelled
+	c.cancelMu.Unlock()
+	if c.br != nil {
+		c.client.ReleaseReader(c.br)
+		c.br = nil
+	}
+	if reuse {
+		pooledConns.release(c.client, c.cc)
+	} else {
+		pooledConns.close(c.client, c.cc)
+	}
+	c.client, c.cc = nil, nil
+}
