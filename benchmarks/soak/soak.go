@@ -74,6 +74,9 @@ type Report struct {
 
 	BaselineGoroutines, EndGoroutines int
 	BaselineRSS, PeakRSS, EndRSS      uint64
+	// RSSEveryMinute samples resident memory once a minute under load:
+	// a plateau, or the growth a leak shows.
+	RSSEveryMinute []uint64
 }
 
 // String renders the report as the lines BENCHMARKS.md records.
@@ -85,6 +88,13 @@ func (r Report) String() string {
 	fmt.Fprintf(&b, "bookings: %d booked, %d released\n", r.Booked, r.Released)
 	fmt.Fprintf(&b, "goroutines: %d at baseline, %d at the end\n", r.BaselineGoroutines, r.EndGoroutines)
 	fmt.Fprintf(&b, "RSS: %d MiB at baseline, %d MiB peak, %d MiB at the end\n", r.BaselineRSS>>20, r.PeakRSS>>20, r.EndRSS>>20)
+	if len(r.RSSEveryMinute) > 0 {
+		b.WriteString("RSS each minute under load (MiB):")
+		for _, v := range r.RSSEveryMinute {
+			fmt.Fprintf(&b, " %d", v>>20)
+		}
+		b.WriteByte('\n')
+	}
 	return b.String()
 }
 
@@ -269,13 +279,22 @@ func (s *soak) count(m map[string]uint64, kind string) {
 	s.mu.Unlock()
 }
 
-// watchRSS samples resident memory for the report's peak.
+// watchRSS samples resident memory for the report's peak and its
+// once-a-minute series.
 func (s *soak) watchRSS(ctx context.Context) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
+	next := time.Now().Add(time.Minute)
 	for {
-		if r := rss(); r > s.peakRSS.Load() {
+		r := rss()
+		if r > s.peakRSS.Load() {
 			s.peakRSS.Store(r)
+		}
+		if now := time.Now(); now.After(next) {
+			s.mu.Lock()
+			s.rep.RSSEveryMinute = append(s.rep.RSSEveryMinute, r)
+			s.mu.Unlock()
+			next = now.Add(time.Minute)
 		}
 		select {
 		case <-ctx.Done():
