@@ -164,7 +164,7 @@ func TestBindingsConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 	for bucket := uint64(0); bucket <= b.mask; bucket++ {
-		if *b.word(bucket*bindingBucketSize)&1 != 0 {
+		if *b.word(bucket * bindingBucketSize)&1 != 0 {
 			t.Fatalf("bucket %d left locked", bucket)
 		}
 	}
