@@ -158,8 +158,6 @@ type exchangeSession struct {
 	opened bool
 }
 
-func (es *exchangeSession) reset() { *es = exchangeSession{id: es.id[:0]} }
-
 var (
 	errBadSessionHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderSession, Code: "invalid_header",
 		Message: HeaderSession + " must be 1 to 256 bytes"}
