@@ -334,7 +334,10 @@ func (ex *exchange) sessionControl(ctx *fasthttp.RequestCtx) bool {
 	}
 	ss := ex.s.sessions
 	if ctl.Open {
-		if err := ss.open(ctx, ex.dec.Endpoint, string(ex.sess.id), ctl.OpenParams); err != nil {
+		// Not ctx: fasthttp's RequestCtx is recycled after the handler and
+		// must not parent a context that outlives it; the call is bounded
+		// by ControlTimeout instead.
+		if err := ss.open(context.Background(), ex.dec.Endpoint, string(ex.sess.id), ctl.OpenParams); err != nil {
 			ss.control["open/error"].Inc()
 			ss.throttle.Log(ss.s.log, slog.LevelWarn, "session-open", "cannot open the session on the chosen worker",
 				"worker_id", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "err", err)
