@@ -34,6 +34,14 @@
 // not outlive it. The watcher's one goroutine is the only one the front
 // end starts; Shutdown stops it.
 //
+// Sticky sessions (session.go): a request naming its session in
+// HeaderSession is pinned to the worker its session is bound to, in the
+// bindings table shared through the segment (shm.Bindings), while that
+// worker is eligible; transient overload does not move it. SGLang's
+// session_control opens the engine session before dispatch and closes it
+// from an action deferred on the guard, after the booking is freed; those
+// calls run on short-lived goroutines of their own.
+//
 // The edge (edge.go) stands between the network and that path. Every
 // connection comes through edgeListener, which tags it with its listener
 // (API or admin: Serve and ServeAdmin) and bounds each client address's

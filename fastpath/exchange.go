@@ -50,6 +50,7 @@ type exchange struct {
 	abortErr          error
 
 	wait queueWait // bounds the admission-queue wait of Select
+	sess exchangeSession
 
 	// The client's hang-up (Server.hangups) arrives on the watcher's
 	// goroutine: hangMu orders it with the handler's changes of h.
@@ -101,7 +102,8 @@ func (s *Server) releaseExchange(ex *exchange) {
 	}
 	ex.wait.release()
 	ex.releaseBody()
-	*ex = exchange{s: s, sw: ex.sw, req: ex.req, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0], buf: ex.buf}
+	*ex = exchange{s: s, sw: ex.sw, req: ex.req, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0], buf: ex.buf,
+		sess: exchangeSession{id: ex.sess.id[:0]}}
 	s.exchanges.Put(ex)
 }
 
@@ -145,6 +147,10 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 		ex.reject(ctx, rerr)
 		return
 	}
+	if rerr := s.stickyRoute(ctx, ex, routeOnly || queryOnly); rerr != nil {
+		ex.reject(ctx, rerr)
+		return
+	}
 	if routeOnly || queryOnly {
 		s.routeOnly(ctx, ex)
 		return
@@ -152,7 +158,7 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 	ex.wait.reset(ctx, s.cfg.QueueTimeout)
 	ex.setGuard(s.guards.Acquire())
 	ex.watchClient(ctx)
-	dec, err := ex.h.Select(&ex.wait, &ex.sreq)
+	dec, err := ex.selectSticky()
 	if ex.wait.queued() {
 		s.waits.observe(clock.Since(ex.lastItem))
 	}
@@ -163,6 +169,9 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 		return
 	}
 	ex.dec = dec
+	if !ex.sessionControl(ctx) {
+		return
+	}
 	handedOff = s.forward(ctx, ex)
 }
 
@@ -296,7 +305,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	copyForwardHeaders(ctx, ex.call.Request(), ex.rid)
 	var body []byte
 	for attempt := 0; ; attempt++ {
-		retryable := attempt < s.cfg.MaxRetries && !ex.sreq.Pinned
+		retryable := attempt < s.cfg.MaxRetries && (!ex.sreq.Pinned || ex.sess.sticky) && ex.sessionRetryable()
 		err := ex.call.Do(ex.dec.Slot, ex)
 		if err == nil && retryable && ex.call.StatusCode() >= 500 {
 			err = ex.call.Discard()
@@ -316,6 +325,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		// Route again, without the engines that failed.
 		s.metrics.retries.Inc()
 		failed := workers.SetOf(ex.dec.Slot)
+		ex.unstick(unbindFailed)
 		_ = ex.h.Release()
 		if !ex.sreq.AllowListed {
 			ex.sreq.AllowListed, ex.sreq.Allow = true, workers.AllSlots
@@ -332,6 +342,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	if !ex.exact {
 		s.approx.Insert(ex.dec.Slot, ex.hashes, time.Now())
 	}
+	ex.bindSession()
 	s.metrics.promptBlocks.Add(float64(len(ex.hashes)))
 	s.metrics.cachedBlocks.Add(float64(ex.dec.OverlapBlocks))
 

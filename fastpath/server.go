@@ -22,6 +22,7 @@ import (
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/shm"
 )
 
 // Config is the HTTP front end's part of a router: limits, timeouts and
@@ -68,6 +69,9 @@ type Config struct {
 	// otherwise only a listener given to ServeAdmin serves them, and the
 	// API listener answers 404.
 	AdminOnAPI bool
+
+	// Sessions configures sticky sessions (HeaderSession).
+	Sessions SessionConfig
 }
 
 // DefaultConfig is the front end kvfast serve runs with.
@@ -83,6 +87,7 @@ func DefaultConfig() Config {
 		MaxConnsPerIP:    DefaultMaxConnsPerIP,
 		BodyBudgetBytes:  DefaultBodyBudgetBytes,
 		MaxRetries:       2,
+		Sessions:         DefaultSessionConfig(),
 	}
 }
 
@@ -121,6 +126,9 @@ func (c *Config) Validate() error {
 	if c.BodyBudgetBytes < int64(c.MaxBodyBytes) {
 		return fmt.Errorf("cannot use body budget %d bytes: must hold at least one body of max body bytes (%d)", c.BodyBudgetBytes, c.MaxBodyBytes)
 	}
+	if err := c.Sessions.validate(); err != nil {
+		return err
+	}
 	for i, k := range c.APIKeys {
 		if k == "" {
 			return fmt.Errorf("cannot use API key %d: it is empty", i+1)
@@ -138,6 +146,9 @@ type Deps struct {
 	Engines *dispatch.Pool
 	// UseApprox routes token prompts on Approx too (the approx policy).
 	UseApprox bool
+	// Bindings is the sticky-session table: the segment's, so that every
+	// router on the node agrees; nil gives this router one of its own.
+	Bindings *shm.Bindings
 	// Renderers gives each model's prompt renderer, which turns text and
 	// chat prompts into token ids; nil, or a nil renderer for a model,
 	// routes that model's text and chat prompts approximately.
@@ -178,6 +189,8 @@ type Server struct {
 	parser  openai.Parser
 	metrics *metrics
 	http    *fasthttp.Server
+	// sessions is nil when sticky sessions are off (SessionConfig.TTL 0).
+	sessions *sessions
 
 	useApprox bool
 	renderers Renderers
@@ -231,6 +244,12 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.adminToken = []byte(cfg.AdminToken)
 	}
 	s.metrics = newMetrics(s)
+	if cfg.Sessions.TTL > 0 {
+		var err error
+		if s.sessions, err = newSessions(s, cfg.Sessions, deps.Bindings); err != nil {
+			return nil, err
+		}
+	}
 	s.guards = guard.NewPool(s.sched, guard.Observer{Finished: s.metrics.observeFinished})
 	s.exchanges.New = func() any { return newExchange(s) }
 	if w, err := hangup.New(); err == nil {

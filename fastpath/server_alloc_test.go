@@ -28,6 +28,7 @@ func TestRouteOnlyAllocations(t *testing.T) {
 		cached  int // prompt blocks the first worker caches
 		policy  string
 		adapter bool // benchModel serves LoRA adapter "sql"
+		session bool // the request's session is bound to worker 3
 	}{
 		{name: "tokens 1K cache hit", path: PathRouteCompletions,
 			body: tokenBody(benchTokens(1024, 151935), ", ", false), cached: 48},
@@ -44,6 +45,12 @@ func TestRouteOnlyAllocations(t *testing.T) {
 		{name: "allow list", path: PathRouteCompletions,
 			body: tokenBody(benchTokens(1024, 151935), ", ", false), cached: 8,
 			headers: map[string]string{HeaderAllow: "1, 3:0"}},
+		{name: "sticky session bound", path: PathRouteCompletions, session: true,
+			body:    tokenBody(benchTokens(1024, 151935), ", ", false),
+			headers: map[string]string{HeaderSession: "conversation-42"}},
+		{name: "sticky session unbound", path: PathRouteCompletions,
+			body:    tokenBody(benchTokens(1024, 151935), ", ", false),
+			headers: map[string]string{HeaderSession: "conversation-43"}},
 		{name: "LoRA adapter", path: PathRouteCompletions, adapter: true,
 			body: bytes.Replace(tokenBody(benchTokens(1024, 151935), ", ", false), []byte(`"`+benchModel+`"`), []byte(`"sql"`), 1)},
 		{name: "text prompt, approximate", path: PathRouteCompletions, policy: "approx",
@@ -60,6 +67,10 @@ func TestRouteOnlyAllocations(t *testing.T) {
 			}
 			if tc.cached > 0 {
 				fillRouteIndex(t, s, tc.body, 0, tc.cached)
+			}
+			if tc.session {
+				b := s.sessions.table
+				b.Bind(b.Key([]byte("conversation-42")), 3, 0, b.Now(), int64(s.cfg.Sessions.TTL))
 			}
 			ctx := newRouteCtx(tc.path, tc.body, tc.headers)
 			serve := func() {
@@ -83,6 +94,9 @@ func TestRouteOnlyAllocations(t *testing.T) {
 			}
 			if n := testing.AllocsPerRun(200, serve); n != 0 {
 				t.Fatalf("a route-only request made %v allocations", n)
+			}
+			if tc.session && !bytes.Contains(ctx.Response.Body(), []byte(`"worker_id":3`)) {
+				t.Fatalf("the bound session was not routed to its worker: %s", ctx.Response.Body())
 			}
 			if code := ctx.Response.StatusCode(); code != fasthttp.StatusOK {
 				t.Fatalf("status %d after the runs: %s", code, ctx.Response.Body())

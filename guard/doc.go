@@ -18,7 +18,9 @@
 // on. Whoever wins the terminal CAS — the relay, a canceller on another
 // goroutine, or Release on a dropped stream or a panic unwinding through
 // it — releases the load; nobody else can. The end of every request that
-// was dispatched goes to an Observer, for metrics. docs/routing.md draws
+// was dispatched goes to an Observer, for metrics. An action deferred on
+// the guard (Defer: an engine session's close) runs once at Release, after
+// the load is freed, whatever path led there. docs/routing.md draws
 // the state diagram. Builds with internal/invariants enabled (the
 // invariants tag, or -race) assert that every transition is an edge of it
 // and keeps the handle's generation.

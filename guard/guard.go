@@ -48,6 +48,8 @@ type Guard struct {
 	// Written only by the goroutine relaying the stream.
 	outputTokens int
 	nextBoundary int
+	// Set by the owner (Defer); run by Release after the load is freed.
+	after AfterRelease
 }
 
 // Word layout: state in bits 0-7, flags in 8-15, reason in 16-23,
@@ -359,9 +361,12 @@ func (h Handle) Release() error {
 			break
 		}
 	}
+	ev := Event{State: stateOf(w), Reason: reasonOf(w), PromptTokens: g.promptTokens, OutputTokens: g.outputTokens}
 	if f := g.pool.obs.Finished; f != nil && w&dispatchedBit != 0 {
-		f(Event{State: stateOf(w), Reason: reasonOf(w), PromptTokens: g.promptTokens, OutputTokens: g.outputTokens})
+		f(ev)
 	}
+	after := g.after
+	g.after = nil
 	g.word.Store(pack(h.gen+1, Free, ReasonNone))
 	if invariants.Enabled {
 		checkTransition(w, pack(h.gen+1, Free, ReasonNone), h.gen)
@@ -370,5 +375,8 @@ func (h Handle) Release() error {
 	g.promptTokens, g.blockSize, g.track = 0, 0, false
 	g.outputTokens, g.nextBoundary = 0, 0
 	g.pool.pool.Put(g)
+	if after != nil {
+		after.AfterRelease(ev)
+	}
 	return nil
 }

@@ -86,6 +86,9 @@ type SegmentConfig struct {
 	// or others may access (shm.Options.AllowForeign); without it such a
 	// segment is refused.
 	AllowForeign bool
+	// Sessions is how many sticky sessions the bindings table holds: the
+	// segment's (set when it is created), or this router's own without one.
+	Sessions int
 }
 
 // ApproxConfig tunes the approximate index: the router's own routing
@@ -126,6 +129,7 @@ func DefaultConfig() Config {
 		Segment: SegmentConfig{
 			Path:          shm.DefaultPath("kvfast"),
 			IndexCapacity: 1 << 20,
+			Sessions:      shm.DefaultBindings,
 		},
 		RegistryPoll:     100 * time.Millisecond,
 		HeartbeatGrace:   feed.DefaultHeartbeatGrace,

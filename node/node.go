@@ -100,7 +100,8 @@ func New(cfg Config) (_ *Node, err error) {
 	}
 	if cfg.Segment.Path != "" {
 		n.seg, err = shm.Open(cfg.Segment.Path, shm.Options{Index: radix.Config{Capacity: cfg.Segment.IndexCapacity},
-			RingBytes: cfg.Segment.RingBytes, Recreate: cfg.Segment.Recreate, AllowForeign: cfg.Segment.AllowForeign})
+			RingBytes: cfg.Segment.RingBytes, Recreate: cfg.Segment.Recreate, AllowForeign: cfg.Segment.AllowForeign,
+			Bindings: cfg.Segment.Sessions})
 		if err != nil {
 			return nil, err
 		}
@@ -132,8 +133,19 @@ func New(cfg Config) (_ *Node, err error) {
 		MaxTokenID: cfg.HTTP.MaxTokenID, Logger: n.log}); err != nil {
 		return nil, err
 	}
+	// Sticky sessions live in the segment, where every router on the node
+	// sees them; without one, in this router's own table.
+	var bindings *shm.Bindings
+	switch {
+	case n.seg != nil:
+		bindings = n.seg.Bindings()
+	case cfg.HTTP.Sessions.TTL > 0:
+		if bindings, err = shm.NewBindings(cfg.Segment.Sessions); err != nil {
+			return nil, err
+		}
+	}
 	n.front, err = fastpath.New(cfg.HTTP, fastpath.Deps{
-		Index: n.index, Approx: n.approx, Sched: n.sched, Engines: n.engines,
+		Index: n.index, Approx: n.approx, Sched: n.sched, Engines: n.engines, Bindings: bindings,
 		UseApprox: useApprox, Renderers: n.prompts, State: n, Logger: n.log, Settled: n.settled,
 	})
 	if err != nil {

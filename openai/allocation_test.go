@@ -23,6 +23,8 @@ func TestParseAllocations(t *testing.T) {
 			`"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"stream":true,"logit_bias":{"5":1}}`)},
 		{"deeply nested unknown field", APICompletions, []byte(`{"prompt":"x","d":` +
 			strings.Repeat("[", 500) + strings.Repeat("]", 500) + `}`)},
+		{"session control", APIChatCompletions, []byte(`{"messages":[{"role":"user","content":"hi"}],` +
+			`"session_control":{"\u006fpen":{"capacity_of_str_len":65536},"close":false}}`)},
 		{"refused: batch", APICompletions, []byte(`{"prompt":[[1],[2]]}`)},
 		{"refused: malformed", APICompletions, []byte(`{"prompt":[1,2,`)},
 	}

@@ -76,6 +76,8 @@ type ParsedRequest struct {
 	// AddSpecialTokens is vLLM's add_special_tokens: whether the engine
 	// adds the tokenizer's BOS/EOS when it tokenizes the prompt.
 	AddSpecialTokens SpecialTokens
+	// Session is the request's session_control (session.go).
+	Session SessionControl
 
 	modelBuf, saltBuf   []byte
 	maxTokens, maxCompl int64
@@ -151,6 +153,7 @@ const (
 	fCacheSalt
 	fChoices
 	fAddSpecial
+	fSessionControl
 	numFields
 )
 
@@ -364,6 +367,8 @@ func (p *parser) field(key []byte, i int) int {
 		return p.countField(i, fMaxCompl, &r.maxCompl, ErrMaxTokensType, ErrMaxTokensRange)
 	case "n":
 		return p.countField(i, fChoices, &r.Choices, ErrChoicesType, ErrChoicesRange)
+	case "session_control":
+		return p.sessionControl(i)
 	}
 	return jsonscan.SkipValue(p.b, i, 1)
 }

@@ -30,6 +30,10 @@ func FuzzParseRequest(f *testing.F) {
 		`{"prompt":"x"`,
 		`{"\u0070rompt":"x","prompt":null}`,
 		`{"prompt":"\ud800\udc00","model":"\ud800"}`,
+		`{"prompt":[1],"session_control":{"open":{"capacity_of_str_len":100}}}`,
+		`{"prompt":[1],"session_control":{"close":true,"\u006fpen":true}}`,
+		`{"prompt":[1],"session_control":{"open":1,"open":false}}`,
+		`{"prompt":[1],"session_control":[true]}`,
 	} {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
@@ -84,6 +88,34 @@ type oracleResult struct {
 	kind           PromptKind
 	tokens         []uint32
 	text, messages any
+	session        SessionControl // OpenParams is only non-nil or nil
+}
+
+func oracleSession(v any) (SessionControl, *Error) {
+	var sc SessionControl
+	switch v := v.(type) {
+	case nil:
+		return sc, nil
+	case map[string]any:
+		switch o := v["open"].(type) {
+		case nil:
+		case bool:
+			sc.Open = o
+		case map[string]any:
+			sc.Open, sc.OpenParams = true, []byte("{}")
+		default:
+			return SessionControl{}, ErrSessionControlType
+		}
+		switch c := v["close"].(type) {
+		case nil:
+		case bool:
+			sc.Close = c
+		default:
+			return SessionControl{}, ErrSessionControlType
+		}
+		return sc, nil
+	}
+	return sc, ErrSessionControlType
 }
 
 // oracle decodes body with encoding/json and applies the parser's rules,
@@ -170,6 +202,7 @@ func oracle(body []byte, api API, maxTok uint32) (oracleResult, error) {
 	} else {
 		res.kind, res.tokens, res.text, errs[fPrompt] = oraclePrompt(m["prompt"], maxTok)
 	}
+	res.session, errs[fSessionControl] = oracleSession(m["session_control"])
 	for _, e := range errs {
 		if e != nil {
 			return res, e
@@ -253,6 +286,13 @@ func oraclePrompt(v any, maxTok uint32) (PromptKind, []uint32, any, *Error) {
 
 func checkAgainstOracle(t *testing.T, r *ParsedRequest, want oracleResult) {
 	t.Helper()
+	if r.Session.Open != want.session.Open || r.Session.Close != want.session.Close ||
+		(r.Session.OpenParams == nil) != (want.session.OpenParams == nil) {
+		t.Fatalf("session_control = %+v, oracle %+v", r.Session, want.session)
+	}
+	if p := r.Session.OpenParams; p != nil && !json.Valid(p) {
+		t.Fatalf("session_control open parameters %q are not one JSON value", p)
+	}
 	decodeString := func(raw []byte) string {
 		var s string
 		if err := json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &s); err != nil {

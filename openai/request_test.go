@@ -412,3 +412,33 @@ func TestAddSpecialTokens(t *testing.T) {
 		t.Errorf("a number for add_special_tokens: %v", err)
 	}
 }
+
+func TestParseSessionControl(t *testing.T) {
+	var p Parser
+	for _, tc := range []struct {
+		body string
+		want SessionControl
+		err  error
+	}{
+		{`{"prompt":"x"}`, SessionControl{}, nil},
+		{`{"prompt":"x","session_control":null}`, SessionControl{}, nil},
+		{`{"prompt":"x","session_control":{"open":true}}`, SessionControl{Open: true}, nil},
+		{`{"prompt":"x","session_control":{"open":{"capacity_of_str_len":9}}}`,
+			SessionControl{Open: true, OpenParams: []byte(`{"capacity_of_str_len":9}`)}, nil},
+		{`{"prompt":"x","session_control":{"close":true,"other":[1]}}`, SessionControl{Close: true}, nil},
+		{`{"prompt":"x","session_control":{"open":"yes"}}`, SessionControl{}, ErrSessionControlType},
+		{`{"prompt":"x","session_control":{"open":"yes","open":true}}`, SessionControl{Open: true}, nil},
+		{`{"prompt":"x","session_control":"open"}`, SessionControl{}, ErrSessionControlType},
+		{`{"prompt":"x","session_control":{"open":true,}}`, SessionControl{}, ErrMalformedJSON},
+	} {
+		var r ParsedRequest
+		err := p.Parse([]byte(tc.body), APICompletions, &r)
+		if err != tc.err {
+			t.Errorf("%s: err %v, want %v", tc.body, err, tc.err)
+			continue
+		}
+		if r.Session.Open != tc.want.Open || r.Session.Close != tc.want.Close || string(r.Session.OpenParams) != string(tc.want.OpenParams) {
+			t.Errorf("%s: %+v, want %+v", tc.body, r.Session, tc.want)
+		}
+	}
+}

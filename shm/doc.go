@@ -30,6 +30,9 @@
 //     commits them. Records are committed by a release store of head and
 //     consumed by a store of tail, which is also the persisted cursor.
 //   - Load pages: Publisher.Load writes, Segment.LoadOf reads.
+//   - Session bindings (bindings.go): the routers' sticky-session table,
+//     bounded, per-bucket seqlocked, expired lazily, so that every router
+//     on the node agrees where a session lives. Publishers never touch it.
 //
 // # Concurrency
 //

@@ -156,7 +156,7 @@ func FuzzLoadOf(f *testing.F) {
 // the result must be a clean attach or a refusal wrapping ErrIncompatible.
 func FuzzAttach(f *testing.F) {
 	dir := f.TempDir()
-	seg, err := Open(dir+"/template", Options{Index: testIndex, RingBytes: MinRingBytes})
+	seg, err := Open(dir+"/template", Options{Index: testIndex, RingBytes: MinRingBytes, Bindings: MinBindings})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -190,5 +190,9 @@ func FuzzAttach(f *testing.F) {
 		for i := 0; i < 64; i++ {
 			s.LoadOf(0)
 		}
+		b := s.Bindings()
+		k := b.Key([]byte("session"))
+		b.Bind(k, 1, 0, b.Now(), 1e9)
+		b.Lookup(k, b.Now(), 1e9)
 	})
 }

@@ -15,7 +15,7 @@ import (
 // publishers in other languages hard-code these numbers.
 const (
 	// LayoutVersion is the only version this build reads or writes.
-	LayoutVersion = 1
+	LayoutVersion = 2
 
 	magic = "KVFASTSG"
 
@@ -72,6 +72,8 @@ const (
 	hIndexMapCap    = 152
 	hLoadPageSize   = 160
 	hRingControlSz  = 164
+	hBindingsOff    = 168 // since version 2
+	hBindingsSize   = 176 // since version 2
 	controlDoorbell = 0   // u32 futex word, bumped when a sleeping consumer must wake
 	controlSleepers = 64  // u32, nonzero while the consumer may be blocked on the doorbell
 	controlRetired  = 128 // u64, nonzero once a router recreated the segment under a new file
@@ -90,18 +92,25 @@ type layout struct {
 	indexSize  int
 	fileSize   int
 	indexCfg   radix.Config
+	// The sticky-session bindings region follows the index.
+	bindingsOff  int
+	bindingsSize int
 }
 
-func newLayout(ringBytes, indexSize int, cfg radix.Config) (layout, error) {
+func newLayout(ringBytes, indexSize, bindingsSize int, cfg radix.Config) (layout, error) {
 	if ringBytes < MinRingBytes || ringBytes > MaxRingBytes || ringBytes&(ringBytes-1) != 0 {
 		return layout{}, fmt.Errorf("cannot use ring size %d: must be a power of two from %d to %d", ringBytes, MinRingBytes, MaxRingBytes)
 	}
 	if indexSize <= 0 || indexSize > 1<<40 {
 		return layout{}, fmt.Errorf("cannot use index region size %d: out of range", indexSize)
 	}
-	l := layout{ringBytes: ringBytes, ringStride: ringControlSize + ringBytes, indexSize: indexSize, indexCfg: cfg}
+	if n := bindingsSize / bindingBucketSize; n == 0 || bindingsSize%bindingBucketSize != 0 || n&(n-1) != 0 || bindingsSize > MaxBindings/bindingWays*bindingBucketSize {
+		return layout{}, fmt.Errorf("cannot use bindings region size %d: must be a power of two of %d-byte buckets, at most %d", bindingsSize, bindingBucketSize, MaxBindings/bindingWays*bindingBucketSize)
+	}
+	l := layout{ringBytes: ringBytes, ringStride: ringControlSize + ringBytes, indexSize: indexSize, indexCfg: cfg, bindingsSize: bindingsSize}
 	l.indexOff = alignUp(ringsOff+workers.Max*l.ringStride, pageSize)
-	l.fileSize = alignUp(l.indexOff+indexSize, pageSize)
+	l.bindingsOff = alignUp(l.indexOff+indexSize, pageSize)
+	l.fileSize = alignUp(l.bindingsOff+bindingsSize, pageSize)
 	return l, nil
 }
 
@@ -136,6 +145,8 @@ func (l layout) encodeHeader(b []byte, segmentID uint64, created int64) {
 	le.PutUint64(b[hIndexMapCap:], uint64(l.indexCfg.EngineMapCapacity))
 	le.PutUint32(b[hLoadPageSize:], loadPageSize)
 	le.PutUint32(b[hRingControlSz:], ringControlSize)
+	le.PutUint64(b[hBindingsOff:], uint64(l.bindingsOff))
+	le.PutUint64(b[hBindingsSize:], uint64(l.bindingsSize))
 	le.PutUint64(b[headerSumOff:], headerSum(b))
 }
 
@@ -158,6 +169,11 @@ type Header struct {
 	IndexOffset int64
 	IndexSize   int64
 	IndexConfig radix.Config
+	// BindingsOffset and BindingsSize place the sticky-session table;
+	// Bindings is how many sessions it holds.
+	BindingsOffset int64
+	BindingsSize   int64
+	Bindings       int
 }
 
 // decodeHeader checks b (the whole mapped file, or at least its first
@@ -180,7 +196,8 @@ func decodeHeader(path string, b []byte, fileLen int64) (layout, Header, error) 
 	}
 	ringBytes := le.Uint64(b[hRingBytes:])
 	indexSize := le.Uint64(b[hIndexSize:])
-	if ringBytes > MaxRingBytes || indexSize > 1<<40 {
+	bindingsSize := le.Uint64(b[hBindingsSize:])
+	if ringBytes > MaxRingBytes || indexSize > 1<<40 || bindingsSize > 1<<40 {
 		return layout{}, Header{}, &CorruptError{Path: path, Reason: fmt.Sprintf("ring size %d or index size %d out of range", ringBytes, indexSize)}
 	}
 	capacity, shards, mapCap := le.Uint64(b[hIndexCapacity:]), le.Uint64(b[hIndexShards:]), le.Uint64(b[hIndexMapCap:])
@@ -188,7 +205,7 @@ func decodeHeader(path string, b []byte, fileLen int64) (layout, Header, error) 
 		return layout{}, Header{}, &CorruptError{Path: path, Reason: "index configuration out of range"}
 	}
 	cfg := radix.Config{Capacity: int(capacity), Shards: int(shards), EngineMapCapacity: int(mapCap)}
-	l, err := newLayout(int(ringBytes), int(indexSize), cfg)
+	l, err := newLayout(int(ringBytes), int(indexSize), int(bindingsSize), cfg)
 	if err != nil {
 		return layout{}, Header{}, &CorruptError{Path: path, Reason: err.Error()}
 	}
@@ -211,6 +228,7 @@ func decodeHeader(path string, b []byte, fileLen int64) (layout, Header, error) 
 		{"index offset", le.Uint64(b[hIndexOff:]), uint64(l.indexOff)},
 		{"load page size", uint64(le.Uint32(b[hLoadPageSize:])), loadPageSize},
 		{"ring control size", uint64(le.Uint32(b[hRingControlSz:])), ringControlSize},
+		{"bindings offset", le.Uint64(b[hBindingsOff:]), uint64(l.bindingsOff)},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -232,6 +250,10 @@ func decodeHeader(path string, b []byte, fileLen int64) (layout, Header, error) 
 		IndexOffset: int64(l.indexOff),
 		IndexSize:   int64(l.indexSize),
 		IndexConfig: cfg,
+
+		BindingsOffset: int64(l.bindingsOff),
+		BindingsSize:   int64(l.bindingsSize),
+		Bindings:       l.bindingsSize / bindingBucketSize * bindingWays,
 	}
 	return l, h, nil
 }

@@ -36,6 +36,10 @@ type Options struct {
 	// DefaultRingBytes when creating and "whatever the file has" when
 	// attaching.
 	RingBytes int
+	// Bindings is how many sticky sessions the bindings region holds. 0
+	// means DefaultBindings when creating and "whatever the file has"
+	// when attaching; another value must match the file's.
+	Bindings int
 	// Recreate formats a fresh segment even if a valid one exists. The old
 	// file is marked retired first so that attached publishers notice.
 	Recreate bool
@@ -59,6 +63,7 @@ type Segment struct {
 	lay    layout
 	hdr    Header
 	ix     *radix.Index // nil for publisher-only attachments
+	binds  *Bindings    // nil for publisher-only attachments
 	closed atomic.Bool
 	mu     sync.Mutex // guards ingester-lock state
 	locked bool
@@ -102,6 +107,15 @@ func (s *Segment) checkOptions(opts Options) error {
 	if opts.Index.Capacity != 0 && opts.Index.Capacity != s.lay.indexCfg.Capacity {
 		return &MismatchError{Path: s.path, Field: "index capacity", Have: s.lay.indexCfg.Capacity, Want: opts.Index.Capacity}
 	}
+	if opts.Bindings != 0 && opts.Bindings != s.hdr.Bindings {
+		want, err := BindingsRegionSize(opts.Bindings)
+		if err != nil {
+			return err
+		}
+		if want != s.lay.bindingsSize {
+			return &MismatchError{Path: s.path, Field: "session bindings", Have: s.hdr.Bindings, Want: opts.Bindings}
+		}
+	}
 	return nil
 }
 
@@ -128,7 +142,15 @@ func create(path string, opts Options, replace bool) (*Segment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot create shm segment %s: %w", path, err)
 	}
-	lay, err := newLayout(ringBytes, indexSize, opts.Index)
+	bindings := opts.Bindings
+	if bindings == 0 {
+		bindings = DefaultBindings
+	}
+	bindingsSize, err := BindingsRegionSize(bindings)
+	if err != nil {
+		return nil, fmt.Errorf("cannot create shm segment %s: %w", path, err)
+	}
+	lay, err := newLayout(ringBytes, indexSize, bindingsSize, opts.Index)
 	if err != nil {
 		return nil, fmt.Errorf("cannot create shm segment %s: %w", path, err)
 	}
@@ -165,6 +187,9 @@ func create(path string, opts Options, replace bool) (*Segment, error) {
 	lay.encodeHeader(mem[:headerSize], binary.LittleEndian.Uint64(nonce[:]), time.Now().UnixNano())
 	if _, seg.hdr, err = decodeHeader(path, mem, int64(len(mem))); err != nil {
 		panic("BUG: shm: freshly encoded header does not decode: " + err.Error())
+	}
+	if seg.binds, err = attachBindings(seg.bytesAt(lay.bindingsOff, lay.bindingsSize), seg.hdr.SegmentID); err != nil {
+		panic("BUG: shm: freshly laid out bindings region does not attach: " + err.Error())
 	}
 	if replace {
 		err = os.Rename(tmp, path)
@@ -233,6 +258,12 @@ func attach(path string, withIndex, allowForeign bool) (*Segment, error) {
 			return nil, &CorruptError{Path: path, Reason: "index region: " + err.Error()}
 		}
 		seg.ix = ix
+		// The region's geometry comes from the validated header; its
+		// contents are hints that Bindings bounds-checks by construction.
+		if seg.binds, err = attachBindings(seg.bytesAt(lay.bindingsOff, lay.bindingsSize), hdr.SegmentID); err != nil {
+			seg.Close()
+			return nil, &CorruptError{Path: path, Reason: "bindings region: " + err.Error()}
+		}
 	}
 	return seg, nil
 }
@@ -281,6 +312,10 @@ func (s *Segment) Header() Header { return s.hdr }
 // Index returns the radix index embedded in the segment, or nil for a
 // publisher-only attachment.
 func (s *Segment) Index() *radix.Index { return s.ix }
+
+// Bindings returns the sticky-session table embedded in the segment, or
+// nil for a publisher-only attachment.
+func (s *Segment) Bindings() *Bindings { return s.binds }
 
 // Retired reports whether a router recreated the segment under a new
 // file, leaving this mapping orphaned.

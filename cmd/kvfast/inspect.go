@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"text/tabwriter"
 	"time"
@@ -76,6 +77,12 @@ func inspect(out io.Writer, seg *shm.Segment, perShard bool) error {
 		time.Unix(0, h.CreatedUnix).UTC().Format(time.RFC3339))
 	fmt.Fprintf(out, "  file %d bytes; %d worker slots; ring %d bytes each (stride %d, rings at %d); index at %d, %d bytes\n",
 		h.FileSize, h.MaxWorkers, h.RingBytes, h.RingStride, h.RingsOffset, h.IndexOffset, h.IndexSize)
+	if b := seg.Bindings(); b != nil {
+		// Without the routers' TTL every stored binding counts; expired
+		// ones leave lazily, on the routers' next lookup or bind.
+		fmt.Fprintf(out, "  session bindings at %d, %d bytes: %d stored, capacity %d\n",
+			h.BindingsOffset, h.BindingsSize, b.Live(b.Now(), math.MaxInt64), b.Capacity())
+	}
 	if seg.Retired() {
 		fmt.Fprintln(out, "  RETIRED: a router recreated this segment; publishers must register again")
 	}

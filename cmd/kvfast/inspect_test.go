@@ -28,7 +28,7 @@ func TestInspect(t *testing.T) {
 	if err := inspect(&out, seg, true); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"layout version 1", "index: 3/4096 blocks", "llama", "http://127.0.0.1:8000", "live", "10/100", "shard"} {
+	for _, want := range []string{"layout version 2", "session bindings at", "index: 3/4096 blocks", "llama", "http://127.0.0.1:8000", "live", "10/100", "shard"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

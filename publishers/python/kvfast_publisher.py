@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 MAGIC = b"KVFASTSG"
 
 HEADER_SIZE = 4096
@@ -48,6 +48,7 @@ RINGS_OFF = LOAD_OFF + MAX_WORKERS * LOAD_PAGE_SIZE
 RING_CONTROL_SIZE = 256
 MIN_RING, MAX_RING = 4 << 10, 1 << 30
 PAGE = 4096
+BINDING_BUCKET = 256
 
 CONTROL_RETIRED = 128
 
@@ -151,13 +152,20 @@ class KvfastPublisher:
         stride = RING_CONTROL_SIZE + ring_bytes
         index_off = _align(RINGS_OFF + MAX_WORKERS * stride, PAGE)
         index_size, = struct.unpack_from("<Q", hdr, 128)
-        file_size = _align(index_off + index_size, PAGE)
+        # The routers' sticky-session table follows the index; a publisher
+        # never touches it, but the file size depends on it.
+        bindings_off = _align(index_off + index_size, PAGE)
+        bindings_size, = struct.unpack_from("<Q", hdr, 176)
+        n = bindings_size // BINDING_BUCKET
+        if n == 0 or bindings_size % BINDING_BUCKET or n & (n - 1):
+            raise SegmentError("%s: bindings region size %d invalid" % (path, bindings_size))
+        file_size = _align(bindings_off + bindings_size, PAGE)
         expect = [
             ("<I", 12, HEADER_SIZE), ("<Q", 16, file_size), ("<I", 40, MAX_WORKERS),
             ("<I", 44, SLOT_SIZE), ("<Q", 48, CONTROL_OFF), ("<Q", 56, CONTROL_SIZE),
             ("<Q", 64, REGISTRY_OFF), ("<Q", 80, LOAD_OFF), ("<Q", 96, RINGS_OFF),
             ("<Q", 104, stride), ("<Q", 120, index_off), ("<I", 160, LOAD_PAGE_SIZE),
-            ("<I", 164, RING_CONTROL_SIZE),
+            ("<I", 164, RING_CONTROL_SIZE), ("<Q", 168, bindings_off),
         ]
         for fmt, off, want in expect:
             if struct.unpack_from(fmt, hdr, off)[0] != want:

@@ -1,0 +1,428 @@
+package fastpath
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/guard"
+	"github.com/kvfast/kvfast/internal/logthrottle"
+	"github.com/kvfast/kvfast/openai"
+	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
+)
+
+// Sticky sessions. A request names its session in HeaderSession; the
+// first one routes normally and binds the session to the worker and rank
+// that served it, in the bindings table every router on the segment
+// shares (shm.Bindings). Later requests of the session are pinned to that
+// worker while it is eligible, and refresh the binding; a binding idle
+// for SessionConfig.TTL expires. docs/routing.md has the rules.
+
+// HeaderSession names a request's sticky session: any string of up to
+// maxSessionIDBytes bytes. SGLang's open_session and close_session get it
+// as their session_id.
+const HeaderSession = "X-Kvfast-Session-Id"
+
+const maxSessionIDBytes = 256
+
+// SessionConfig configures sticky sessions.
+type SessionConfig struct {
+	// TTL is how long a binding lives without a request of its session.
+	// 0 turns sticky sessions off (HeaderSession is ignored).
+	TTL time.Duration
+	// BusyUnbindAfter moves a session off a worker that has stayed over a
+	// busy threshold this long. A shorter overload is transient: the
+	// session's requests wait in the admission queue for their worker,
+	// where its KV is. 0: a busy worker never loses its sessions.
+	BusyUnbindAfter time.Duration
+	// ControlTimeout bounds one open_session or close_session call.
+	ControlTimeout time.Duration
+}
+
+// DefaultSessionConfig is what kvfast serve runs with.
+func DefaultSessionConfig() SessionConfig {
+	return SessionConfig{TTL: 10 * time.Minute, BusyUnbindAfter: 30 * time.Second, ControlTimeout: 5 * time.Second}
+}
+
+func (c *SessionConfig) validate() error {
+	if c.TTL < 0 || c.BusyUnbindAfter < 0 {
+		return fmt.Errorf("cannot use session TTL %v or busy unbind %v: must not be negative", c.TTL, c.BusyUnbindAfter)
+	}
+	if c.TTL > 0 && c.ControlTimeout <= 0 {
+		return fmt.Errorf("cannot use session control timeout %v: must be positive", c.ControlTimeout)
+	}
+	return nil
+}
+
+// defaultSessionCapacity is SGLang's capacity_of_str_len when the open
+// request names none.
+const defaultSessionCapacity = 65536
+
+// Why a binding was removed: the reason label of
+// kvfast_session_unbinds_total.
+const (
+	unbindRemoved    = "removed"     // the worker left the worker set
+	unbindDown       = "down"        // the worker is unhealthy or ejected
+	unbindNotAllowed = "not_allowed" // the request's allow-list excludes it
+	unbindModel      = "model"       // the worker does not serve the request's model
+	unbindBusy       = "busy"        // over a busy threshold for BusyUnbindAfter
+	unbindFailed     = "failed"      // the worker failed the request (connect, 5xx) and it was re-routed
+	unbindClosed     = "closed"      // the session was closed (session_control close)
+	unbindOpenFailed = "open_failed" // open_session failed on the chosen worker
+)
+
+var unbindReasons = []string{unbindRemoved, unbindDown, unbindNotAllowed, unbindModel, unbindBusy, unbindFailed, unbindClosed, unbindOpenFailed}
+
+// sessions is the server's sticky-session state.
+type sessions struct {
+	s        *Server
+	cfg      SessionConfig
+	ttl      int64
+	table    *shm.Bindings
+	throttle *logthrottle.Throttle
+	client   *http.Client // open_session, close_session
+	// busySince is when this router first saw each slot busy in the
+	// current stretch, busySeen when it last did (CLOCK_MONOTONIC ns).
+	busySince, busySeen [workers.Max]atomic.Int64
+
+	lookups map[shm.LookupResult]prometheus.Counter
+	binds   map[shm.BindResult]prometheus.Counter
+	unbinds map[string]prometheus.Counter
+	control map[string]prometheus.Counter // "open/ok", "open/error", "close/ok", "close/error"
+}
+
+func newSessions(s *Server, cfg SessionConfig, table *shm.Bindings) (*sessions, error) {
+	if table == nil {
+		var err error
+		if table, err = shm.NewBindings(shm.DefaultBindings); err != nil {
+			return nil, fmt.Errorf("cannot build the session table: %w", err)
+		}
+	}
+	ss := &sessions{s: s, cfg: cfg, ttl: int64(cfg.TTL), table: table, throttle: logthrottle.New(time.Minute),
+		client:  &http.Client{Timeout: cfg.ControlTimeout},
+		lookups: map[shm.LookupResult]prometheus.Counter{}, binds: map[shm.BindResult]prometheus.Counter{},
+		unbinds: map[string]prometheus.Counter{}, control: map[string]prometheus.Counter{}}
+	reg := s.metrics.reg
+	lookups := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvfast_session_lookups_total",
+		Help: "Sticky-session lookups by result: hit (a live binding), miss, expired (idle past the TTL, removed)."}, []string{"result"})
+	for r, name := range map[shm.LookupResult]string{shm.BindingHit: "hit", shm.BindingMiss: "miss", shm.BindingExpired: "expired"} {
+		ss.lookups[r] = lookups.WithLabelValues(name)
+	}
+	binds := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvfast_session_binds_total",
+		Help: "Sticky-session bind attempts by result: new, refreshed, rebound (moved to another worker), evicted (a new binding that pushed out the least recently used one), failed (the bucket stayed locked)."}, []string{"result"})
+	for r, name := range map[shm.BindResult]string{shm.BindNew: "new", shm.BindRefreshed: "refreshed", shm.BindReplaced: "rebound",
+		shm.BindEvicted: "evicted", shm.BindFailed: "failed"} {
+		ss.binds[r] = binds.WithLabelValues(name)
+	}
+	unbinds := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvfast_session_unbinds_total",
+		Help: "Sticky-session bindings removed, by reason."}, []string{"reason"})
+	for _, r := range unbindReasons {
+		ss.unbinds[r] = unbinds.WithLabelValues(r)
+	}
+	control := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvfast_session_control_total",
+		Help: "Engine session lifecycle calls (SGLang open_session, close_session) by operation and result."}, []string{"op", "result"})
+	for _, op := range []string{"open", "close"} {
+		for _, res := range []string{"ok", "error"} {
+			ss.control[op+"/"+res] = control.WithLabelValues(op, res)
+		}
+	}
+	live := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvfast_session_bindings",
+		Help: "Live sticky-session bindings in the table (shared by every router on the segment)."},
+		func() float64 { return float64(table.Live(table.Now(), ss.ttl)) })
+	reg.MustRegister(lookups, binds, unbinds, control, live)
+	return ss, nil
+}
+
+// exchangeSession is one request's session state, part of the pooled
+// exchange.
+type exchangeSession struct {
+	id     []byte // the session id, copied from the header
+	key    uint64
+	active bool // the request names a session and sessions are on
+	sticky bool // the request is pinned by its binding, not by the client
+	bound  shm.Binding
+	// opened: open_session succeeded on the chosen worker, so a re-route
+	// elsewhere would lose the session; retries are off.
+	opened bool
+}
+
+var (
+	errBadSessionHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderSession, Code: "invalid_header",
+		Message: HeaderSession + " must be 1 to 256 bytes"}
+	errSessionControlNeedsID = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: "session_control", Code: "session_id_required",
+		Message: "session_control needs the session named in " + HeaderSession}
+	errSessionsOff = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: "session_control", Code: "sessions_disabled",
+		Message: "this router runs without sticky sessions (--session-ttl 0); session_control cannot be honoured"}
+	errSessionOpen = &openai.Error{Status: 502, Type: openai.TypeServerError, Code: "session_open_failed",
+		Message: "the chosen worker could not open the session (SGLang open_session); nothing was generated"}
+)
+
+// stickyRoute reads the request's session and, when it is bound to a
+// worker that can serve the request, pins the request there. A bound
+// worker that cannot (gone, down, outside the allow-list, not serving the
+// model, busy for too long) loses the binding, and the request routes
+// normally and binds anew. A query-only request reads bindings but never
+// changes them. It runs after prepare, which learns the model.
+func (s *Server) stickyRoute(ctx *fasthttp.RequestCtx, ex *exchange, queryOnly bool) *openai.Error {
+	es := &ex.sess
+	v := ctx.Request.Header.Peek(HeaderSession)
+	ctl := ex.req.Session
+	if len(v) == 0 {
+		if ctl.Open || ctl.Close {
+			return errSessionControlNeedsID
+		}
+		return nil
+	}
+	if len(v) > maxSessionIDBytes {
+		return errBadSessionHeader
+	}
+	ss := s.sessions
+	if ss == nil {
+		if ctl.Open || ctl.Close {
+			return errSessionsOff
+		}
+		return nil
+	}
+	es.active = true
+	es.id = append(es.id[:0], v...)
+	es.key = ss.table.Key(es.id)
+	if ex.sreq.Pinned {
+		return nil // the client's own pin wins; the session binds where it lands
+	}
+	now := ss.table.Now()
+	b, res := ss.table.Lookup(es.key, now, ss.ttl)
+	if !queryOnly {
+		ss.lookups[res].Inc()
+	}
+	if res != shm.BindingHit {
+		return nil
+	}
+	if reason := ss.ineligible(ex, b, now); reason != "" {
+		if !queryOnly {
+			ss.unbind(es, b, reason, now)
+		}
+		return nil
+	}
+	es.sticky, es.bound = true, b
+	ex.sreq.Pinned, ex.sreq.PinWorker, ex.sreq.PinRank = true, b.WorkerID, b.DPRank
+	return nil
+}
+
+// ineligible returns why binding b cannot take ex, or "".
+func (ss *sessions) ineligible(ex *exchange, b shm.Binding, now int64) string {
+	slot, ok := ss.s.sched.Resolve(b.WorkerID, b.DPRank)
+	if !ok {
+		return unbindRemoved
+	}
+	e := ss.s.sched.Eligibility(slot)
+	switch {
+	case !e.Present:
+		return unbindRemoved
+	case !e.Healthy:
+		return unbindDown
+	case ex.sreq.AllowListed && !ex.sreq.Allow.Has(slot):
+		return unbindNotAllowed
+	case ex.sreq.Model != "" && e.Model != ex.sreq.Model:
+		return unbindModel
+	}
+	if !e.Busy {
+		ss.busySince[slot].Store(0)
+		return ""
+	}
+	// Busy: transient unless this router has watched it stay busy. A
+	// stretch not seen for a second is a new stretch.
+	if since := ss.busySince[slot].Load(); since == 0 || now-ss.busySeen[slot].Load() > int64(time.Second) {
+		ss.busySince[slot].Store(now)
+	}
+	ss.busySeen[slot].Store(now)
+	if after := int64(ss.cfg.BusyUnbindAfter); after > 0 && now-ss.busySince[slot].Load() >= after {
+		return unbindBusy
+	}
+	return ""
+}
+
+// unbind removes es's binding to b, counts it and logs it, throttled per
+// reason so that a worker going down with thousands of sessions does not
+// flood the log.
+func (ss *sessions) unbind(es *exchangeSession, b shm.Binding, reason string, now int64) {
+	if !ss.table.Unbind(es.key, b.WorkerID, b.DPRank, now) {
+		return // already gone, or another router rebound it meanwhile
+	}
+	ss.unbinds[reason].Inc()
+	ss.throttle.Log(ss.s.log, slog.LevelInfo, "session-unbind/"+reason, "sticky session moved off its worker",
+		"reason", reason, "worker_id", b.WorkerID, "dp_rank", b.DPRank)
+}
+
+// selectSticky is Select for a request that may be pinned by its
+// binding: when the bound worker stopped being eligible between the
+// check and the selection (a race with its removal or health), the
+// binding is dropped and the request routes normally. Nothing was booked
+// by the failed attempt, so the guard selects again.
+func (ex *exchange) selectSticky() (sched.Decision, error) {
+	dec, err := ex.h.Select(&ex.wait, &ex.sreq)
+	var pin *sched.PinError
+	if err == nil || !ex.sess.sticky || !errors.As(err, &pin) {
+		return dec, err
+	}
+	ex.unstick(unbindDown)
+	return ex.h.Select(&ex.wait, &ex.sreq)
+}
+
+// unstick drops the binding's pin from the request and the binding from
+// the table, for reason.
+func (ex *exchange) unstick(reason string) {
+	es := &ex.sess
+	if !es.sticky {
+		return
+	}
+	ss := ex.s.sessions
+	ss.unbind(es, es.bound, reason, ss.table.Now())
+	es.sticky = false
+	ex.sreq.Pinned, ex.sreq.PinWorker, ex.sreq.PinRank = false, 0, 0
+}
+
+// retryable reports whether a failed attempt may be re-routed as far as
+// the session is concerned: not once the session was opened on the
+// worker, and not when a deferred close is registered on the guard (a
+// re-route releases it). A sticky pin gives way to another worker.
+func (ex *exchange) sessionRetryable() bool {
+	return !ex.sess.opened && !ex.req.Session.Close
+}
+
+// bindSession binds (or refreshes) the session to the worker that served
+// the request. Called once the engine accepted it.
+func (ex *exchange) bindSession() {
+	if !ex.req.Session.Close { // a closing session is unbound when it closes
+		ex.bindTo(ex.dec.WorkerID, ex.dec.DPRank)
+	}
+}
+
+// bindTo binds, or refreshes, the request's session to (workerID, rank).
+// It is also the hook for routing stages that choose the worker which
+// will hold the conversation's KV by other means than one Select (the
+// decode stage of disaggregated serving binds the decode worker, where
+// the KV lives). A request without a session does nothing.
+func (ex *exchange) bindTo(workerID uint64, rank uint32) {
+	es := &ex.sess
+	if !es.active {
+		return
+	}
+	ss := ex.s.sessions
+	ss.binds[ss.table.Bind(es.key, workerID, rank, ss.table.Now(), ss.ttl)].Inc()
+}
+
+// sessionControl runs the request's session_control on the chosen worker
+// before dispatch: open_session now, failing the request if it fails;
+// close_session deferred until the guard is released, so after the
+// stream ended and its booking was freed.
+func (ex *exchange) sessionControl(ctx *fasthttp.RequestCtx) bool {
+	ctl := &ex.req.Session
+	if !ex.sess.active || !ctl.Open && !ctl.Close {
+		return true
+	}
+	ss := ex.s.sessions
+	if ctl.Open {
+		// Not ctx: fasthttp's RequestCtx is recycled after the handler and
+		// must not parent a context that outlives it; the call is bounded
+		// by ControlTimeout instead.
+		if err := ss.open(context.Background(), ex.dec.Endpoint, string(ex.sess.id), ctl.OpenParams); err != nil {
+			ss.control["open/error"].Inc()
+			ss.throttle.Log(ss.s.log, slog.LevelWarn, "session-open", "cannot open the session on the chosen worker",
+				"worker_id", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "err", err)
+			ex.unstick(unbindOpenFailed)
+			_ = ex.h.DispatchFailed()
+			ex.s.metrics.count(ex.api, statusUnavailable)
+			writeError(ctx, errSessionOpen.Status, errSessionOpen)
+			return false
+		}
+		ss.control["open/ok"].Inc()
+		ex.sess.opened = true
+	}
+	if ctl.Close {
+		_ = ex.h.Defer(&sessionCloser{ss: ss, endpoint: ex.dec.Endpoint, id: string(ex.sess.id), key: ex.sess.key,
+			workerID: ex.dec.WorkerID, rank: ex.dec.DPRank})
+	}
+	return true
+}
+
+// open calls the engine's open_session (SGLang: POST /open_session with
+// capacity_of_str_len and session_id, answered with the session id).
+func (ss *sessions) open(ctx context.Context, endpoint, id string, params []byte) error {
+	req := map[string]any{}
+	if len(params) > 0 {
+		if err := json.Unmarshal(params, &req); err != nil {
+			return fmt.Errorf("cannot read session_control open parameters: %w", err)
+		}
+	}
+	if _, ok := req["capacity_of_str_len"]; !ok {
+		req["capacity_of_str_len"] = defaultSessionCapacity
+	}
+	req["session_id"] = id
+	return ss.call(ctx, endpoint, "/open_session", req)
+}
+
+func (ss *sessions) call(ctx context.Context, endpoint, path string, body any) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("cannot encode %s: %w", path, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, ss.cfg.ControlTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+endpoint+path, bytes.NewReader(b))
+	if err != nil {
+		return fmt.Errorf("cannot call %s on %s: %w", path, endpoint, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := ss.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot call %s on %s: %w", path, endpoint, err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("cannot call %s on %s: status %d: %s", path, endpoint, resp.StatusCode, msg)
+	}
+	return nil
+}
+
+// sessionCloser is the deferred close_session of one request. It owns
+// copies of what it needs: the exchange is recycled when it runs.
+type sessionCloser struct {
+	ss       *sessions
+	endpoint string
+	id       string
+	key      uint64
+	workerID uint64
+	rank     uint32
+}
+
+// AfterRelease runs once the request's guard is released, on every path;
+// the call itself goes to a goroutine, as Release must not block.
+func (c *sessionCloser) AfterRelease(guard.Event) {
+	ss := c.ss
+	now := ss.table.Now()
+	if ss.table.Unbind(c.key, c.workerID, c.rank, now) {
+		ss.unbinds[unbindClosed].Inc()
+	}
+	go func() {
+		if err := ss.call(context.Background(), c.endpoint, "/close_session", map[string]string{"session_id": c.id}); err != nil {
+			ss.control["close/error"].Inc()
+			ss.throttle.Log(ss.s.log, slog.LevelWarn, "session-close", "cannot close the session on its worker",
+				"worker_id", c.workerID, "dp_rank", c.rank, "err", err)
+			return
+		}
+		ss.control["close/ok"].Inc()
+	}()
+}

@@ -1,0 +1,467 @@
+package fastpath_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/internal/rig"
+	"github.com/kvfast/kvfast/node"
+)
+
+// sessionEngine is an SGLang stand-in: completions (answered by the
+// test's handler), open_session and close_session, with a log of what
+// arrived, in order.
+type sessionEngine struct {
+	ln        *killableListener
+	mu        sync.Mutex
+	log       []string
+	openFails bool
+	// atClose, when set, runs as close_session arrives (the test reads the
+	// router's bookings there).
+	atClose func()
+}
+
+func startSessionEngine(t *testing.T, handler fasthttp.RequestHandler) *sessionEngine {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	se := &sessionEngine{ln: &killableListener{Listener: ln, conns: map[net.Conn]struct{}{}}}
+	srv := &fasthttp.Server{Logger: quietFastHTTPLogger{}, CloseOnShutdown: true, Handler: func(ctx *fasthttp.RequestCtx) {
+		switch string(ctx.Path()) {
+		case fastpath.PathHealth:
+		case fastpath.PathCompletions, fastpath.PathChatCompletions:
+			se.note("generate")
+			handler(ctx)
+		case "/open_session":
+			se.note("open " + string(ctx.PostBody()))
+			se.mu.Lock()
+			fail := se.openFails
+			se.mu.Unlock()
+			if fail {
+				ctx.SetStatusCode(fasthttp.StatusBadRequest)
+				ctx.SetBodyString(`{"object":"error","message":"session exists"}`)
+				return
+			}
+			ctx.SetBodyString(`"s"`)
+		case "/close_session":
+			se.mu.Lock()
+			at := se.atClose
+			se.mu.Unlock()
+			if at != nil {
+				at()
+			}
+			se.note("close " + string(ctx.PostBody()))
+		default:
+			ctx.SetStatusCode(fasthttp.StatusNotFound)
+		}
+	}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(se.ln)
+	}()
+	t.Cleanup(func() {
+		se.kill()
+		select {
+		case <-done:
+		case <-time.After(e2eWait):
+			t.Error("stand-in engine did not stop")
+		}
+	})
+	return se
+}
+
+func (se *sessionEngine) addr() string { return se.ln.Addr().String() }
+func (se *sessionEngine) kill()        { se.ln.kill() }
+
+func (se *sessionEngine) note(s string) {
+	se.mu.Lock()
+	se.log = append(se.log, s)
+	se.mu.Unlock()
+}
+
+func (se *sessionEngine) events() []string {
+	se.mu.Lock()
+	defer se.mu.Unlock()
+	return append([]string(nil), se.log...)
+}
+
+func plainAnswer(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("application/json")
+	ctx.SetBodyString(`{"id":"x","object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}`)
+}
+
+func sessionRouter(t *testing.T, mutate func(*node.Config), engines ...*sessionEngine) *e2eRouter {
+	t.Helper()
+	var static []node.StaticWorker
+	for i, e := range engines {
+		static = append(static, node.StaticWorker{ID: uint64(i + 1), Endpoint: e.addr(), Model: e2eModel, KVBlocks: 1 << 16})
+	}
+	cfg := e2eConfig(static...)
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	return startE2ERouter(t, cfg)
+}
+
+func sessionHeaders(id string, extra ...string) map[string]string {
+	h := map[string]string{fastpath.HeaderSession: id}
+	for i := 0; i+1 < len(extra); i += 2 {
+		h[extra[i]] = extra[i+1]
+	}
+	return h
+}
+
+func servedBy(t *testing.T, r e2eResponse) string {
+	t.Helper()
+	if r.status != http.StatusOK {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	return r.header.Get(fastpath.HeaderWorker)
+}
+
+func metricOr0(text, series string) float64 {
+	v, _ := metricValue(text, series)
+	return v
+}
+
+// The first request binds the session; later ones, whatever their prompt,
+// go to the bound worker and refresh the binding.
+func TestStickyBindAndRefresh(t *testing.T) {
+	a, b := startSessionEngine(t, plainAnswer), startSessionEngine(t, plainAnswer)
+	r := sessionRouter(t, nil, a, b)
+	first := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 64), false, 4), sessionHeaders("conv-1")))
+	for i := range 8 {
+		got := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(100+i), 64), false, 4), sessionHeaders("conv-1")))
+		if got != first {
+			t.Fatalf("request %d of the session went to worker %s, bound to %s", i+2, got, first)
+		}
+	}
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_session_binds_total{result="new"}`, 1)
+	wantMetric(t, m, `kvfast_session_binds_total{result="refreshed"}`, 8)
+	wantMetric(t, m, `kvfast_session_lookups_total{result="hit"}`, 8)
+	wantMetric(t, m, `kvfast_session_bindings`, 1)
+	// Query-only requests read the binding but neither bind nor refresh.
+	q := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(7, 64), false, 4), sessionHeaders("conv-1", fastpath.HeaderQueryOnly, "1"))
+	if got := servedBy(t, q); got != first {
+		t.Fatalf("query-only answer names worker %s, the session is bound to %s", got, first)
+	}
+	r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(8, 64), false, 4), sessionHeaders("never-bound", fastpath.HeaderQueryOnly, "1"))
+	m = r.metrics(t)
+	wantMetric(t, m, `kvfast_session_binds_total{result="refreshed"}`, 8)
+	wantMetric(t, m, `kvfast_session_bindings`, 1)
+}
+
+// A binding idle past the TTL expires: the next request of the session is
+// routed afresh and binds again.
+func TestStickyExpires(t *testing.T) {
+	a := startSessionEngine(t, plainAnswer)
+	r := sessionRouter(t, func(c *node.Config) { c.HTTP.Sessions.TTL = time.Nanosecond }, a)
+	for range 2 {
+		servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 32), false, 4), sessionHeaders("conv")))
+	}
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_session_lookups_total{result="expired"}`, 1)
+	wantMetric(t, m, `kvfast_session_binds_total{result="new"}`, 2)
+}
+
+// A bound worker outside the request's allow-list, failing, or down
+// loses the session, which rebinds where the request lands.
+func TestStickyUnbindsIneligibleWorker(t *testing.T) {
+	engines := []*sessionEngine{startSessionEngine(t, plainAnswer), startSessionEngine(t, plainAnswer), startSessionEngine(t, plainAnswer)}
+	r := sessionRouter(t, func(c *node.Config) {
+		c.Dispatch.Outlier.Consecutive = 1 // one refused connection ejects the engine: "down"
+		c.Dispatch.Outlier.MaxEjectedPercent = 100
+		c.Dispatch.Outlier.BaseEjection = time.Hour
+		c.Dispatch.Outlier.MaxEjection = time.Hour
+	}, engines...)
+	post := func(session string, seed uint32, extra ...string) string {
+		t.Helper()
+		return servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(seed, 64), false, 4), sessionHeaders(session, extra...)))
+	}
+	x := post("s1", 1)
+	// A client's pin wins over a binding, and the session binds where it lands.
+	if got := post("s2", 2, fastpath.HeaderWorker, x); got != x {
+		t.Fatalf("pinned request went to %s, want %s", got, x)
+	}
+	post("s3", 3, fastpath.HeaderWorker, x)
+	others := []string{}
+	for _, w := range []string{"1", "2", "3"} {
+		if w != x {
+			others = append(others, w)
+		}
+	}
+	if got := post("s1", 4, fastpath.HeaderAllow, others[0]); got != others[0] {
+		t.Fatalf("allow-listed request went to %s, want %s", got, others[0])
+	}
+	wantMetric(t, r.metrics(t), `kvfast_session_unbinds_total{reason="not_allowed"}`, 1)
+	if got := post("s1", 5); got != others[0] {
+		t.Fatalf("after the rebind the session went to %s, want %s", got, others[0])
+	}
+	// The bound worker's engine dies: the request is re-routed, and the
+	// session rebinds to a survivor.
+	id, _ := strconv.Atoi(x)
+	engines[id-1].kill()
+	if got := post("s2", 6); got == x {
+		t.Fatal("served by the dead worker")
+	}
+	wantMetric(t, r.metrics(t), `kvfast_session_unbinds_total{reason="failed"}`, 1)
+	// That failure ejected it: a session still bound there is moved off
+	// before any attempt.
+	waitFor(t, "the dead worker ejected", func() bool { return !workerView(t, r.node, uint64(id), 0).Healthy })
+	if got := post("s3", 7); got == x {
+		t.Fatal("served by the ejected worker")
+	}
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_session_unbinds_total{reason="down"}`, 1)
+	wantMetric(t, m, `kvfast_session_unbinds_total{reason="failed"}`, 1)
+	waitReleased(t, r.node)
+}
+
+// Transient overload does not unbind: a request of a session whose worker
+// is busy waits in the admission queue for that worker, though others are
+// idle.
+func TestStickyIgnoresTransientOverload(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	// A body asking for 7 tokens is held in prefill (no token yet) until
+	// release; others are answered at once.
+	handler := func(ctx *fasthttp.RequestCtx) {
+		if !bytes.Contains(ctx.PostBody(), []byte(`"max_tokens":7`)) {
+			plainAnswer(ctx)
+			return
+		}
+		sseHandler(func(w *bufio.Writer) {
+			_ = writeFlush(w, []byte(": prefilling\n\n"))
+			<-release
+			_ = writeFlush(w, itemEvent(0, "a", "stop"))
+			_ = writeFlush(w, []byte(doneEvent))
+		})(ctx)
+	}
+	r := sessionRouter(t, func(c *node.Config) {
+		c.Sched.Busy.PrefillTokens = 1 // one request in prefill makes a worker busy
+		c.Sched.Busy.DecodeBlocksFraction = 0
+	}, startSessionEngine(t, handler), startSessionEngine(t, handler))
+	bound := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 64), false, 4), sessionHeaders("conv")))
+	id, _ := strconv.ParseUint(bound, 10, 64)
+	blocked := make(chan error, 1)
+	go func() {
+		resp, err := postNoFatal(r, completionBody(e2eTokens(9, 64), true, 7), map[string]string{fastpath.HeaderWorker: bound})
+		if err == nil && resp.status != http.StatusOK {
+			err = fmt.Errorf("status %d", resp.status)
+		}
+		blocked <- err
+	}()
+	waitFor(t, "the bound worker busy with a prefill", func() bool { return workerView(t, r.node, id, 0).PrefillTokens > 0 })
+	queued := make(chan e2eResponse, 1)
+	go func() {
+		resp, _ := postNoFatal(r, completionBody(e2eTokens(2, 64), false, 4), sessionHeaders("conv"))
+		queued <- resp
+	}()
+	waitFor(t, "the session's request to queue for its busy worker", func() bool { return r.node.Snapshot().Queue.Waiting > 0 })
+	once.Do(func() { close(release) })
+	if err := <-blocked; err != nil {
+		t.Fatal(err)
+	}
+	got := <-queued
+	if got.status != http.StatusOK || got.header.Get(fastpath.HeaderWorker) != bound {
+		t.Fatalf("queued request: status %d, worker %q; want 200 from the bound worker %s", got.status, got.header.Get(fastpath.HeaderWorker), bound)
+	}
+	m := r.metrics(t)
+	for _, reason := range []string{"busy", "down", "failed", "removed"} {
+		if v := metricOr0(m, `kvfast_session_unbinds_total{reason="`+reason+`"}`); v != 0 {
+			t.Fatalf("transient overload unbound the session (%s: %v)", reason, v)
+		}
+	}
+	waitReleased(t, r.node)
+}
+
+// postNoFatal is post for goroutines other than the test's.
+func postNoFatal(r *e2eRouter, body []byte, hdr map[string]string) (e2eResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url+fastpath.PathCompletions, bytes.NewReader(body))
+	if err != nil {
+		return e2eResponse{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return e2eResponse{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return e2eResponse{status: resp.StatusCode, header: resp.Header, body: b}, err
+}
+
+// Two routers on one segment share bindings: a session bound through one
+// is pinned by the other.
+func TestStickySharedAcrossRoutersOnOneSegment(t *testing.T) {
+	a, b := startSessionEngine(t, plainAnswer), startSessionEngine(t, plainAnswer)
+	static := []node.StaticWorker{
+		{ID: 1, Endpoint: a.addr(), Model: e2eModel, KVBlocks: 1 << 16},
+		{ID: 2, Endpoint: b.addr(), Model: e2eModel, KVBlocks: 1 << 16},
+	}
+	one := startE2ERig(t, rig.Config{Node: e2eConfig(static...)})
+	cfg := e2eConfig(static...)
+	cfg.Segment.Path = one.rig.SegmentPath
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listen = ln.Addr().String()
+	n2, err := node.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- n2.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
+		defer cancel()
+		_ = n2.Shutdown(ctx)
+		<-served
+	})
+	two := &e2eRouter{node: n2, url: "http://" + ln.Addr().String(), client: one.client}
+	for i := range 6 {
+		id := fmt.Sprintf("conv-%d", i)
+		w1 := servedBy(t, one.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(i), 64), false, 4), sessionHeaders(id)))
+		w2 := servedBy(t, two.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(50+i), 64), false, 4), sessionHeaders(id)))
+		if w1 != w2 {
+			t.Fatalf("session %s: router one bound it to %s, router two sent it to %s", id, w1, w2)
+		}
+	}
+	wantMetric(t, two.metrics(t), `kvfast_session_lookups_total{result="hit"}`, 6)
+}
+
+// session_control: open runs on the chosen worker before the request; a
+// close runs after the stream ended and its booking was freed, on the
+// normal, engine-error and client-drop paths.
+func TestSessionOpenCloseOrdering(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		engine func(release <-chan struct{}) fasthttp.RequestHandler
+		drop   bool
+	}{
+		{"completed", func(<-chan struct{}) fasthttp.RequestHandler {
+			return sseHandler(func(w *bufio.Writer) {
+				_ = writeFlush(w, itemEvent(0, "a", ""))
+				_ = writeFlush(w, itemEvent(1, "b", "stop"))
+				_ = writeFlush(w, []byte(doneEvent))
+			})
+		}, false},
+		{"engine breaks off", func(<-chan struct{}) fasthttp.RequestHandler {
+			return sseHandler(func(w *bufio.Writer) { _ = writeFlush(w, itemEvent(0, "a", "")) })
+		}, false},
+		{"client drops", func(release <-chan struct{}) fasthttp.RequestHandler {
+			// Generation goes on until the router, told of the client's
+			// hang-up, stops relaying and closes the engine connection.
+			return sseHandler(func(w *bufio.Writer) {
+				for i := 0; i < 1<<20; i++ {
+					if writeFlush(w, itemEvent(i, "a", "")) != nil {
+						return
+					}
+					select {
+					case <-release:
+						return
+					default:
+					}
+				}
+			})
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			release := make(chan struct{})
+			defer close(release)
+			e := startSessionEngine(t, tc.engine(release))
+			r := sessionRouter(t, nil, e)
+			var bookedAtClose []int64
+			var mu sync.Mutex
+			e.mu.Lock()
+			e.atClose = func() {
+				var booked int64 = -1
+				for _, w := range r.node.Snapshot().Workers {
+					if w.WorkerID == 1 {
+						booked = w.Requests
+					}
+				}
+				mu.Lock()
+				bookedAtClose = append(bookedAtClose, booked)
+				mu.Unlock()
+			}
+			e.mu.Unlock()
+			body := []byte(`{"model":"` + e2eModel + `","prompt":[1,2,3,4],"max_tokens":4,"stream":true,` +
+				`"session_control":{"open":{"capacity_of_str_len":1000},"close":true}}`)
+			resp, cancel := r.openStream(t, fastpath.PathCompletions, body, sessionHeaders("conv-9"))
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			if tc.drop {
+				if _, err := readEvent(bufio.NewReader(resp.Body)); err != nil {
+					t.Fatal(err)
+				}
+				cancel()
+			} else {
+				_, _ = io.Copy(io.Discard, resp.Body)
+			}
+			waitFor(t, "close_session", func() bool { ev := e.events(); return len(ev) == 3 })
+			ev := e.events()
+			if ev[0] != `open {"capacity_of_str_len":1000,"session_id":"conv-9"}` || ev[1] != "generate" ||
+				ev[2] != `close {"session_id":"conv-9"}` {
+				t.Fatalf("engine saw %q; want open, generate, close", ev)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(bookedAtClose) != 1 || bookedAtClose[0] != 0 {
+				t.Fatalf("requests booked on the worker when close_session arrived: %v; want none", bookedAtClose)
+			}
+			waitReleased(t, r.node)
+			m := r.metrics(t)
+			wantMetric(t, m, `kvfast_session_control_total{op="open",result="ok"}`, 1)
+			waitFor(t, "the close counted", func() bool {
+				return metricOr0(r.metrics(t), `kvfast_session_control_total{op="close",result="ok"}`) == 1
+			})
+		})
+	}
+}
+
+// An open that the worker refuses fails the request before dispatch.
+func TestSessionOpenFailsFast(t *testing.T) {
+	e := startSessionEngine(t, plainAnswer)
+	e.mu.Lock()
+	e.openFails = true
+	e.mu.Unlock()
+	r := sessionRouter(t, nil, e)
+	resp := r.post(t, fastpath.PathCompletions, []byte(`{"model":"`+e2eModel+`","prompt":[1,2],"session_control":{"open":true}}`), sessionHeaders("conv"))
+	if resp.status != http.StatusBadGateway || checkOpenAIError(t, resp.body) != "session_open_failed" {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	if ev := e.events(); len(ev) != 1 {
+		t.Fatalf("engine saw %q; want only the failed open", ev)
+	}
+	waitReleased(t, r.node)
+	// Without a session id, session_control is refused.
+	resp = r.post(t, fastpath.PathCompletions, []byte(`{"model":"`+e2eModel+`","prompt":[1,2],"session_control":{"close":true}}`), nil)
+	if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != "session_id_required" {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+}

@@ -1,0 +1,81 @@
+package fastpath
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/kvfast/kvfast/dispatch"
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
+)
+
+// A busy bound worker keeps its sessions through a transient overload and
+// loses them only once this router has watched it stay busy for
+// BusyUnbindAfter; a stretch it was not seen busy for starts the count
+// again.
+func TestStickyBusyUnbindNeedsSustainedOverload(t *testing.T) {
+	index, _ := radix.NewHeap(radix.Config{Capacity: 1 << 10})
+	approx, _ := radix.NewApprox(radix.Config{Capacity: 1 << 10}, time.Minute)
+	sc, err := sched.New(sched.Config{Busy: sched.BusyThresholds{DecodeBlocksFraction: 0.5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const slot = workers.Slot(5)
+	if err := sc.Upsert(sched.WorkerInfo{ID: 9, Slot: slot, Model: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Sessions.BusyUnbindAfter = 500 * time.Millisecond
+	pool := dispatch.NewPool(dispatch.DefaultConfig())
+	t.Cleanup(pool.Close)
+	s, err := New(cfg, Deps{Index: index, Approx: approx, Sched: sc, Engines: pool, State: frontState{"kv"}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	ex := &exchange{s: s}
+	b := shm.Binding{WorkerID: 9}
+	ms := func(n int64) int64 { return 1e12 + n*int64(time.Millisecond) }
+	sc.SetEngineLoad(slot, 0, 0, 90, 100) // KV 90% used: busy
+	for _, step := range []struct {
+		at   int64
+		busy bool
+		want string
+	}{
+		{0, true, ""},       // first seen busy
+		{400, true, ""},     // transient
+		{800, true, "busy"}, // busy for 800 ms, seen at least once a second
+		{900, false, ""},    // recovered: the count resets
+		{1000, true, ""},
+		{1400, true, ""},
+		{3000, true, ""}, // not seen busy for 1.6 s: a new stretch
+		{3400, true, ""},
+		{3500, true, "busy"},
+	} {
+		used := uint64(10)
+		if step.busy {
+			used = 90
+		}
+		sc.SetEngineLoad(slot, 0, 0, used, 100)
+		if got := s.sessions.ineligible(ex, b, ms(step.at)); got != step.want {
+			t.Fatalf("at %d ms (busy %v): ineligible = %q, want %q", step.at, step.busy, got, step.want)
+		}
+	}
+	sc.SetHealthy(slot, false)
+	if got := s.sessions.ineligible(ex, b, ms(4000)); got != unbindDown {
+		t.Fatalf("unhealthy: %q", got)
+	}
+	ex.sreq.Model = "other"
+	sc.SetHealthy(slot, true)
+	if got := s.sessions.ineligible(ex, b, ms(4000)); got != unbindModel {
+		t.Fatalf("another model: %q", got)
+	}
+	sc.Remove(slot)
+	if got := s.sessions.ineligible(ex, b, ms(4000)); got != unbindRemoved {
+		t.Fatalf("removed: %q", got)
+	}
+}

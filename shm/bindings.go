@@ -1,0 +1,351 @@
+package shm
+
+import (
+	"fmt"
+	"math/bits"
+	"runtime"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// The sticky-session bindings region: a fixed-size hash table of
+// session → (worker id, DP rank), shared by every router on the segment so
+// that they agree where a conversation's KV lives. docs/shm-layout.md is
+// the contract.
+//
+// The table is bindingBuckets buckets of bindingBucketSize bytes. A bucket
+// starts with a seqlock word and holds bindingWays entries; a session
+// hashes to one bucket and lives in one of its ways. Writers (Bind,
+// Unbind, a lazy expiry) take the bucket's lock with a compare-and-swap;
+// readers (Lookup) never lock: they retry while the sequence is odd or
+// changed. Nothing scans the table in the background: an entry idle past
+// the TTL is dead to Lookup at once and its way is reclaimed by the next
+// write into its bucket.
+const (
+	bindingBucketSize = 256
+	bindingEntrySize  = 32
+	bindingWays       = (bindingBucketSize - bindingEntrySize) / bindingEntrySize // 7: the first 32 bytes are the bucket header
+
+	// Entry fields (u64 each, little-endian, atomic).
+	beKey     = 0  // session key; 0: empty way
+	beWorker  = 8  // worker id
+	beRank    = 16 // DP rank in the low 32 bits; the high 32 are zero
+	beTouched = 24 // CLOCK_MONOTONIC ns of the last bind or refresh
+
+	// MinBindings and MaxBindings bound the sessions a region holds.
+	MinBindings = bindingWays
+	MaxBindings = bindingWays << 24
+	// DefaultBindings is the bindings region's capacity when the segment
+	// is created without one: 64K sessions in 2 MiB.
+	DefaultBindings = bindingWays << 13
+
+	// bindingLockSteal is how long a bucket lock may stay taken before a
+	// writer decides its holder died mid-update and takes it over. A
+	// holder does a handful of stores; a second is beyond any stall that
+	// is not a dead or stopped process.
+	bindingLockSteal = int64(1e9)
+)
+
+// bindingBuckets returns the bucket count that holds capacity sessions: a
+// power of two, so that a key's bucket is a mask of its hash.
+func bindingBuckets(capacity int) int {
+	n := (capacity + bindingWays - 1) / bindingWays
+	if n <= 1 {
+		return 1
+	}
+	return 1 << bits.Len(uint(n-1))
+}
+
+// BindingsRegionSize returns the bytes a region of capacity sessions takes.
+func BindingsRegionSize(capacity int) (int, error) {
+	if capacity < MinBindings || capacity > MaxBindings {
+		return 0, fmt.Errorf("cannot size a bindings region for %d sessions: must be %d to %d", capacity, MinBindings, MaxBindings)
+	}
+	return bindingBuckets(capacity) * bindingBucketSize, nil
+}
+
+// Binding is where a session is bound.
+type Binding struct {
+	WorkerID uint64
+	DPRank   uint32
+	Touched  int64 // CLOCK_MONOTONIC ns of the last bind or refresh
+}
+
+// LookupResult says what Lookup found.
+type LookupResult uint8
+
+const (
+	BindingMiss    LookupResult = iota // no binding
+	BindingHit                         // a live binding
+	BindingExpired                     // a binding idle past the TTL, now removed
+)
+
+// Bindings is a sticky-session table, in a segment or on the heap (a
+// router without a segment). All methods are safe for concurrent use by
+// any number of goroutines and processes, and make no allocation. Every
+// value read from the table is only a hint the caller validates (the
+// worker must still be eligible), so a corrupt region misroutes at worst:
+// it cannot make a method panic or read outside the region.
+type Bindings struct {
+	mem     []byte
+	base    unsafe.Pointer
+	mask    uint64 // buckets - 1
+	seed    uint64 // keys are hashed with it, so that ids colliding in one segment do not in another
+	monoNow func() int64
+}
+
+// NewBindings returns a heap-backed table of capacity sessions, for a
+// router that runs without a segment.
+func NewBindings(capacity int) (*Bindings, error) {
+	size, err := BindingsRegionSize(capacity)
+	if err != nil {
+		return nil, err
+	}
+	// Backed by uint64s so that every word is 8-byte aligned.
+	words := make([]uint64, size/8)
+	mem := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), size)
+	return attachBindings(mem, 0)
+}
+
+// attachBindings views region as a bindings table. The region's length
+// must be a power-of-two number of buckets and its start 8-byte aligned;
+// its contents are not trusted.
+func attachBindings(region []byte, seed uint64) (*Bindings, error) {
+	n := len(region) / bindingBucketSize
+	if n == 0 || len(region)%bindingBucketSize != 0 || n&(n-1) != 0 {
+		return nil, fmt.Errorf("cannot attach a bindings region of %d bytes: not a power of two of %d-byte buckets", len(region), bindingBucketSize)
+	}
+	base := unsafe.Pointer(unsafe.SliceData(region))
+	if uintptr(base)%8 != 0 {
+		return nil, fmt.Errorf("cannot attach a bindings region at %p: not 8-byte aligned", base)
+	}
+	return &Bindings{mem: region, base: base, mask: uint64(n - 1), seed: seed, monoNow: monoNow}, nil
+}
+
+// Capacity returns how many sessions the table holds.
+func (b *Bindings) Capacity() int { return int(b.mask+1) * bindingWays }
+
+// Key hashes a session id into the table's key space. 0 is reserved for
+// an empty way, so no id hashes to it.
+func (b *Bindings) Key(sessionID []byte) uint64 {
+	var d xxhash.Digest
+	d.ResetWithSeed(b.seed)
+	_, _ = d.Write(sessionID)
+	if k := d.Sum64(); k != 0 {
+		return k
+	}
+	return 1
+}
+
+// Now returns the clock bindings are stamped with (CLOCK_MONOTONIC, shared
+// by every process on the host).
+func (b *Bindings) Now() int64 { return b.monoNow() }
+
+func (b *Bindings) word(off uint64) *uint64 { return (*uint64)(unsafe.Add(b.base, off)) }
+
+func (b *Bindings) bucketOf(key uint64) uint64 {
+	return (key & b.mask) * bindingBucketSize
+}
+
+func entryOff(bucket uint64, way int) uint64 {
+	return bucket + bindingEntrySize*uint64(way+1)
+}
+
+// live reports whether an entry touched at touched is still bound at now.
+// A touch from the future (a corrupt word, or another process's clock
+// read racing ours) counts as now.
+func live(touched, now, ttl int64) bool { return now-touched <= ttl }
+
+// Lookup returns key's binding. A binding idle longer than ttl is removed
+// (lazily, here) and reported as BindingExpired. It never blocks on a
+// writer: if the bucket stays locked or keeps changing through a bounded
+// number of reads, it reports a miss, and the request routes normally.
+func (b *Bindings) Lookup(key uint64, now, ttl int64) (Binding, LookupResult) {
+	bucket := b.bucketOf(key)
+	seq := b.word(bucket)
+	for try := 0; try < 64; try++ {
+		v1 := atomic.LoadUint64(seq)
+		if v1&1 != 0 {
+			if try > 4 {
+				runtime.Gosched()
+			}
+			continue
+		}
+		var found Binding
+		hit := false
+		for way := range bindingWays {
+			e := entryOff(bucket, way)
+			if atomic.LoadUint64(b.word(e+beKey)) != key {
+				continue
+			}
+			found = Binding{
+				WorkerID: atomic.LoadUint64(b.word(e + beWorker)),
+				DPRank:   uint32(atomic.LoadUint64(b.word(e + beRank))),
+				Touched:  int64(atomic.LoadUint64(b.word(e + beTouched))),
+			}
+			hit = true
+			break
+		}
+		if atomic.LoadUint64(seq) != v1 {
+			continue
+		}
+		switch {
+		case !hit:
+			return Binding{}, BindingMiss
+		case live(found.Touched, now, ttl):
+			return found, BindingHit
+		}
+		b.expire(key, now, ttl)
+		return Binding{}, BindingExpired
+	}
+	return Binding{}, BindingMiss
+}
+
+// lock takes bucket's lock and returns the sequence to restore (plus two)
+// on unlock, or false when another writer holds it. A lock held past
+// bindingLockSteal is taken over: its holder died between its stores,
+// which leaves at worst one entry half-written, and entries are hints.
+func (b *Bindings) lock(bucket uint64, now int64) (uint64, bool) {
+	seq := b.word(bucket)
+	for try := 0; try < 64; try++ {
+		v := atomic.LoadUint64(seq)
+		if v&1 != 0 {
+			held := int64(v >> 1)
+			if now-held <= bindingLockSteal {
+				if try > 4 {
+					runtime.Gosched()
+				}
+				continue
+			}
+		}
+		if atomic.CompareAndSwapUint64(seq, v, uint64(now)<<1|1) {
+			// A stolen lock's sequence is gone: restart from the lock
+			// time, which readers cannot have seen as an even value.
+			if v&1 != 0 {
+				v = uint64(now) << 1
+			}
+			return v, true
+		}
+	}
+	return 0, false
+}
+
+func (b *Bindings) unlock(bucket, v uint64) { atomic.StoreUint64(b.word(bucket), v+2) }
+
+// expire removes key's entry if it is still idle past ttl.
+func (b *Bindings) expire(key uint64, now, ttl int64) {
+	bucket := b.bucketOf(key)
+	v, ok := b.lock(bucket, now)
+	if !ok {
+		return
+	}
+	for way := range bindingWays {
+		e := entryOff(bucket, way)
+		if atomic.LoadUint64(b.word(e+beKey)) == key && !live(int64(atomic.LoadUint64(b.word(e+beTouched))), now, ttl) {
+			atomic.StoreUint64(b.word(e+beKey), 0)
+		}
+	}
+	b.unlock(bucket, v)
+}
+
+// BindResult says what Bind did.
+type BindResult uint8
+
+const (
+	BindFailed    BindResult = iota // the bucket stayed locked; nothing changed
+	BindRefreshed                   // the same binding, touched again
+	BindNew                         // a new binding in a free or expired way
+	BindReplaced                    // key was bound elsewhere; now here
+	BindEvicted                     // a new binding that evicted the bucket's least recently used live one
+)
+
+// Bind binds key to (workerID, rank) at now, or refreshes the binding if
+// it is already there. When key's bucket is full of live bindings the
+// least recently touched one is evicted: the table is bounded, and an
+// evicted session just routes normally next time.
+func (b *Bindings) Bind(key, workerID uint64, rank uint32, now, ttl int64) BindResult {
+	bucket := b.bucketOf(key)
+	v, ok := b.lock(bucket, now)
+	if !ok {
+		return BindFailed
+	}
+	match, free, lru := -1, -1, -1
+	var lruTouched int64
+	for way := range bindingWays {
+		e := entryOff(bucket, way)
+		k := atomic.LoadUint64(b.word(e + beKey))
+		if k == key {
+			match = way
+			break
+		}
+		touched := int64(atomic.LoadUint64(b.word(e + beTouched)))
+		switch {
+		case k == 0 || !live(touched, now, ttl):
+			if free < 0 {
+				free = way
+			}
+		case lru < 0 || touched < lruTouched:
+			lru, lruTouched = way, touched
+		}
+	}
+	victim, res := lru, BindEvicted
+	switch {
+	case match >= 0:
+		e := entryOff(bucket, match)
+		victim, res = match, BindRefreshed
+		if atomic.LoadUint64(b.word(e+beWorker)) != workerID || uint32(atomic.LoadUint64(b.word(e+beRank))) != rank {
+			res = BindReplaced
+		}
+	case free >= 0:
+		victim, res = free, BindNew
+	}
+	e := entryOff(bucket, victim)
+	atomic.StoreUint64(b.word(e+beKey), key)
+	atomic.StoreUint64(b.word(e+beWorker), workerID)
+	atomic.StoreUint64(b.word(e+beRank), uint64(rank))
+	atomic.StoreUint64(b.word(e+beTouched), uint64(now))
+	b.unlock(bucket, v)
+	return res
+}
+
+// Unbind removes key's binding if it still names (workerID, rank), so that
+// a router unbinding a worker it found ineligible cannot undo another
+// router's fresh rebind. It reports whether it removed one.
+func (b *Bindings) Unbind(key, workerID uint64, rank uint32, now int64) bool {
+	bucket := b.bucketOf(key)
+	v, ok := b.lock(bucket, now)
+	if !ok {
+		return false
+	}
+	removed := false
+	for way := range bindingWays {
+		e := entryOff(bucket, way)
+		if atomic.LoadUint64(b.word(e+beKey)) == key &&
+			atomic.LoadUint64(b.word(e+beWorker)) == workerID &&
+			uint32(atomic.LoadUint64(b.word(e+beRank))) == rank {
+			atomic.StoreUint64(b.word(e+beKey), 0)
+			removed = true
+		}
+	}
+	b.unlock(bucket, v)
+	return removed
+}
+
+// Live counts the bindings not idle past ttl. It reads every bucket
+// without locking, for a metrics gauge: a count racing writers may be off
+// by the few entries they move.
+func (b *Bindings) Live(now, ttl int64) int {
+	n := 0
+	for bucket := uint64(0); bucket <= b.mask; bucket++ {
+		off := bucket * bindingBucketSize
+		for way := range bindingWays {
+			e := entryOff(off, way)
+			if atomic.LoadUint64(b.word(e+beKey)) != 0 && live(int64(atomic.LoadUint64(b.word(e+beTouched))), now, ttl) {
+				n++
+			}
+		}
+	}
+	return n
+}

@@ -1,0 +1,171 @@
+package shm
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+)
+
+const testTTL = int64(10e9)
+
+func TestBindingsBindRefreshExpire(t *testing.T) {
+	b, err := NewBindings(MinBindings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := b.Key([]byte("conversation-1"))
+	if _, r := b.Lookup(k, 100, testTTL); r != BindingMiss {
+		t.Fatalf("empty table: lookup = %v, want a miss", r)
+	}
+	if r := b.Bind(k, 7, 2, 100, testTTL); r != BindNew {
+		t.Fatalf("first bind = %v, want BindNew", r)
+	}
+	got, r := b.Lookup(k, 100+testTTL, testTTL)
+	if r != BindingHit || got.WorkerID != 7 || got.DPRank != 2 || got.Touched != 100 {
+		t.Fatalf("lookup at the TTL = %+v, %v; want worker 7 rank 2 touched 100", got, r)
+	}
+	// A refresh moves the idle clock: the binding outlives its first TTL.
+	if r := b.Bind(k, 7, 2, 200, testTTL); r != BindRefreshed {
+		t.Fatalf("refresh = %v, want BindRefreshed", r)
+	}
+	if _, r := b.Lookup(k, 150+testTTL, testTTL); r != BindingHit {
+		t.Fatalf("after a refresh, lookup = %v, want a hit", r)
+	}
+	if _, r := b.Lookup(k, 201+testTTL, testTTL); r != BindingExpired {
+		t.Fatalf("idle past the TTL, lookup = %v, want BindingExpired", r)
+	}
+	if _, r := b.Lookup(k, 201+testTTL, testTTL); r != BindingMiss {
+		t.Fatalf("an expired binding is removed by the lookup that found it; second lookup = %v", r)
+	}
+	if n := b.Live(0, testTTL); n != 0 {
+		t.Fatalf("Live = %d after expiry", n)
+	}
+}
+
+func TestBindingsRebindAndUnbind(t *testing.T) {
+	b, _ := NewBindings(MinBindings)
+	k := b.Key([]byte("s"))
+	b.Bind(k, 1, 0, 10, testTTL)
+	if r := b.Bind(k, 2, 0, 20, testTTL); r != BindReplaced {
+		t.Fatalf("binding to another worker = %v, want BindReplaced", r)
+	}
+	// An unbind naming the old worker must not undo the rebind.
+	if b.Unbind(k, 1, 0, 30) {
+		t.Fatal("Unbind of a stale target removed the new binding")
+	}
+	if got, r := b.Lookup(k, 30, testTTL); r != BindingHit || got.WorkerID != 2 {
+		t.Fatalf("lookup = %+v, %v; want worker 2", got, r)
+	}
+	if !b.Unbind(k, 2, 0, 40) {
+		t.Fatal("Unbind of the current target removed nothing")
+	}
+	if _, r := b.Lookup(k, 40, testTTL); r != BindingMiss {
+		t.Fatalf("after Unbind, lookup = %v", r)
+	}
+}
+
+func TestBindingsBoundedEvictsLeastRecentlyUsed(t *testing.T) {
+	b, _ := NewBindings(MinBindings) // one bucket of bindingWays
+	if b.Capacity() != bindingWays {
+		t.Fatalf("capacity %d, want %d", b.Capacity(), bindingWays)
+	}
+	keys := make([]uint64, bindingWays+1)
+	for i := range keys {
+		keys[i] = b.Key(fmt.Appendf(nil, "s%d", i))
+	}
+	for i, k := range keys[:bindingWays] {
+		if r := b.Bind(k, uint64(i), 0, int64(100+i), testTTL); r != BindNew {
+			t.Fatalf("bind %d = %v", i, r)
+		}
+	}
+	b.Bind(keys[0], 0, 0, 1000, testTTL) // keys[1] is now the least recently used
+	if r := b.Bind(keys[bindingWays], 99, 0, 1001, testTTL); r != BindEvicted {
+		t.Fatalf("bind into a full table = %v, want BindEvicted", r)
+	}
+	if _, r := b.Lookup(keys[1], 1001, testTTL); r != BindingMiss {
+		t.Fatalf("the least recently used binding survived: %v", r)
+	}
+	for _, i := range []int{0, 2, bindingWays} {
+		if _, r := b.Lookup(keys[i], 1001, testTTL); r != BindingHit {
+			t.Fatalf("binding %d lost: %v", i, r)
+		}
+	}
+	if n := b.Live(1001, testTTL); n != bindingWays {
+		t.Fatalf("Live = %d, want %d", n, bindingWays)
+	}
+}
+
+func TestBindingsStealDeadWritersLock(t *testing.T) {
+	b, _ := NewBindings(MinBindings)
+	k := b.Key([]byte("s"))
+	// A writer that died holding the lock at t=5s.
+	*b.word(b.bucketOf(k)) = uint64(5e9)<<1 | 1
+	if r := b.Bind(k, 1, 0, 5e9+10, testTTL); r != BindFailed {
+		t.Fatalf("bind while a live writer holds the lock = %v, want BindFailed", r)
+	}
+	if r := b.Bind(k, 1, 0, 5e9+bindingLockSteal+1, testTTL); r != BindNew {
+		t.Fatalf("bind after the holder is presumed dead = %v, want BindNew", r)
+	}
+	if _, r := b.Lookup(k, 5e9+bindingLockSteal+1, testTTL); r != BindingHit {
+		t.Fatalf("lookup after a stolen lock = %v", r)
+	}
+}
+
+// Two routers attached to one segment share their bindings.
+func TestBindingsSharedAcrossAttachments(t *testing.T) {
+	seg, path := openTest(t, Options{Bindings: 1024})
+	other, err := Open(path, Options{NoCreate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if other.Header().Bindings != seg.Header().Bindings || seg.Header().Bindings < 1024 {
+		t.Fatalf("capacities %d and %d, asked for 1024", seg.Header().Bindings, other.Header().Bindings)
+	}
+	a, b := seg.Bindings(), other.Bindings()
+	k := a.Key([]byte("conversation"))
+	if k != b.Key([]byte("conversation")) {
+		t.Fatal("two attachments hash one session id differently")
+	}
+	now := a.Now()
+	a.Bind(k, 42, 3, now, testTTL)
+	got, r := b.Lookup(k, now, testTTL)
+	if r != BindingHit || got.WorkerID != 42 || got.DPRank != 3 {
+		t.Fatalf("the other attachment sees %+v, %v", got, r)
+	}
+	if _, err := Open(path, Options{NoCreate: true, Bindings: 1 << 20}); err == nil {
+		t.Fatal("attaching with another bindings capacity was accepted")
+	}
+}
+
+func TestBindingsConcurrent(t *testing.T) {
+	b, _ := NewBindings(MinBindings * 4)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 2000 {
+				k := b.Key(fmt.Appendf(nil, "s%d", i%40))
+				now := int64(i + 1)
+				switch i % 3 {
+				case 0:
+					b.Bind(k, uint64(g), 0, now, testTTL)
+				case 1:
+					if got, r := b.Lookup(k, now, testTTL); r == BindingHit && got.WorkerID > 3 {
+						t.Errorf("lookup read a worker nobody bound: %+v", got)
+						return
+					}
+				default:
+					b.Unbind(k, uint64(g), 0, now)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for bucket := uint64(0); bucket <= b.mask; bucket++ {
+		if *b.word(bucket * bindingBucketSize)&1 != 0 {
+			t.Fatalf("bucket %d left locked", bucket)
+		}
+	}
+}
