@@ -67,8 +67,8 @@ const (
 	// RoleBoth: a slot written by an older publisher reads as an
 	// aggregated engine, so the layout version did not change.
 	sRole     = 60 // u32: the worker's Role
-	sModel      = 64
-	sEndpoint   = 256
+	sModel    = 64
+	sEndpoint = 256
 
 	// MaxModelLen and MaxEndpointLen bound the strings a slot stores.
 	MaxModelLen    = sEndpoint - sModel
