@@ -42,7 +42,8 @@ type exchange struct {
 	h        guard.Handle
 	held     bool // h is acquired and not yet released
 	call     *dispatch.Call
-	exact    bool // hashes are token blocks looked up in the event-fed index
+	exact    bool         // hashes are token blocks looked up in the event-fed index
+	pre      prefillStage // a disaggregated request's prefill stage (disagg.go)
 
 	arrived, lastItem int64
 	firstSeen         bool
@@ -101,7 +102,8 @@ func (s *Server) releaseExchange(ex *exchange) {
 	}
 	ex.wait.release()
 	ex.releaseBody()
-	*ex = exchange{s: s, sw: ex.sw, req: ex.req, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0], buf: ex.buf}
+	*ex = exchange{s: s, sw: ex.sw, req: ex.req, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0], buf: ex.buf,
+		pre: ex.pre.recycle()}
 	s.exchanges.Put(ex)
 }
 
@@ -149,6 +151,10 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 		s.routeOnly(ctx, ex)
 		return
 	}
+	if s.disaggregating() {
+		handedOff = s.serveDisagg(ctx, ex)
+		return
+	}
 	ex.wait.reset(ctx, s.cfg.QueueTimeout)
 	ex.setGuard(s.guards.Acquire())
 	ex.watchClient(ctx)
@@ -194,6 +200,7 @@ func (s *Server) settle(ctx *fasthttp.RequestCtx, ex *exchange, handedOff *bool)
 func (ex *exchange) cleanup() {
 	ex.watch.Stop() // no HangUp runs after this
 	ex.watch = hangup.Registration{}
+	ex.releasePrefill()
 	if ex.held {
 		ex.held = false
 		_ = ex.h.Release()
@@ -443,8 +450,12 @@ func (ex *exchange) HangUp() {
 	ex.hangMu.Lock()
 	ex.hungUp = true
 	h, held := ex.h, ex.held
+	pre, preHeld := ex.pre.h, ex.pre.held
 	ex.hangMu.Unlock()
 	ex.wait.cancel(context.Canceled)
+	if preHeld {
+		_ = pre.Abort(guard.ReasonClientCancel)
+	}
 	if held {
 		_ = h.Abort(guard.ReasonClientCancel)
 	}
@@ -459,10 +470,14 @@ func (ex *exchange) clientGone() bool {
 
 // --- dispatch.Observer ---
 
-func (ex *exchange) OnDispatched() { _ = ex.h.Dispatched() }
+func (ex *exchange) OnDispatched() {
+	_ = ex.h.Dispatched()
+	ex.decodeDispatched()
+}
 
 func (ex *exchange) OnFirstToken() {
 	now := clock.Now()
+	ex.decodeFirstToken(now)
 	ex.s.metrics.ttft.Observe(seconds(time.Duration(now - ex.arrived)))
 	ex.lastItem = now
 	ex.firstSeen = true

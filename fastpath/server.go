@@ -68,6 +68,10 @@ type Config struct {
 	// otherwise only a listener given to ServeAdmin serves them, and the
 	// API listener answers 404.
 	AdminOnAPI bool
+
+	// Disagg routes requests in two stages, prefill then decode, over
+	// workers' roles (disagg.go); its zero value is off.
+	Disagg DisaggConfig
 }
 
 // DefaultConfig is the front end kvfast serve runs with.
@@ -126,7 +130,7 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("cannot use API key %d: it is empty", i+1)
 		}
 	}
-	return nil
+	return c.Disagg.validate()
 }
 
 // Deps are the parts of the node the front end routes with. The node owns
