@@ -53,7 +53,9 @@ type DisaggConfig struct {
 	// the rule.
 	LocalCachedFraction float64
 	// BootstrapPort is the port of an SGLang prefill engine's bootstrap
-	// server, sent as bootstrap_port (SGLang's default is 8998).
+	// server, sent as bootstrap_port (SGLang's default is 8998); 0 sends
+	// the prefill worker's own HTTP port (kvfast's mock engine serves its
+	// bootstrap there).
 	BootstrapPort int
 }
 
@@ -70,8 +72,8 @@ func (c *DisaggConfig) validate() error {
 		return fmt.Errorf("cannot use disaggregation thresholds %d tokens, %v cached: want tokens >= 0 and a fraction in [0, 1]",
 			c.MinRemoteTokens, c.LocalCachedFraction)
 	}
-	if c.Protocol == DisaggSGLang && (c.BootstrapPort <= 0 || c.BootstrapPort > 65535) {
-		return fmt.Errorf("cannot use bootstrap port %d: want 1-65535", c.BootstrapPort)
+	if c.BootstrapPort < 0 || c.BootstrapPort > 65535 {
+		return fmt.Errorf("cannot use bootstrap port %d: want 1-65535, or 0 for the prefill worker's HTTP port", c.BootstrapPort)
 	}
 	return nil
 }
@@ -354,12 +356,16 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		ex.releasePrefill()
 		return false
 	}
-	host, _, err := net.SplitHostPort(d.Endpoint)
+	host, portText, err := net.SplitHostPort(d.Endpoint)
 	if err != nil {
 		host = d.Endpoint
 	}
+	port := s.cfg.Disagg.BootstrapPort
+	if port == 0 {
+		port, _ = strconv.Atoi(portText)
+	}
 	room := rand.Uint64() >> 1 // SGLang reads the room as a signed 64-bit integer
-	if st.decode, err = appendSGLangBody(st.decode[:0], ex.body, host, s.cfg.Disagg.BootstrapPort, room); err != nil {
+	if st.decode, err = appendSGLangBody(st.decode[:0], ex.body, host, port, room); err != nil {
 		ex.releasePrefill()
 		return false
 	}

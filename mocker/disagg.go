@@ -145,7 +145,7 @@ func (e *Engine) prepareDisagg(req *apiRequest, r *Request) *openai.Error {
 	switch {
 	case d.bootstrap && !e.cfg.SGLangBootstrap:
 		return badRequest("bootstrap_room", "this engine was not started for disaggregation (SGLang bootstrap)")
-	case d.bootstrap && e.isBootstrapHost(d.host):
+	case d.bootstrap && e.isBootstrap(d.host, d.port):
 		if e.cfg.Role == RoleDecode {
 			return badRequest("bootstrap_host", "a decode engine cannot serve as the prefill of a room")
 		}
@@ -179,11 +179,11 @@ func (e *Engine) prepareDisagg(req *apiRequest, r *Request) *openai.Error {
 	return nil
 }
 
-// isBootstrapHost reports whether host names this engine: the request is
-// the prefill half of a room.
-func (e *Engine) isBootstrapHost(host string) bool {
-	own, _, _ := net.SplitHostPort(e.Addr())
-	return host == own || host == "localhost" && own == "127.0.0.1"
+// isBootstrap reports whether host and port name this engine's bootstrap
+// server (its HTTP listener): the request is the prefill half of a room.
+func (e *Engine) isBootstrap(host string, port int) bool {
+	own, ownPort, _ := net.SplitHostPort(e.Addr())
+	return (host == own || host == "localhost" && own == "127.0.0.1") && strconv.Itoa(port) == ownPort
 }
 
 type pullRequest struct {
