@@ -81,9 +81,9 @@ func (c *DisaggConfig) validate() error {
 // Disaggregation decisions, the values of kvfast_disagg_decisions_total's
 // decision label.
 const (
-	decisionRemote        = "remote"         // prefilled on a prefill worker
-	decisionLocalShort    = "local_short"    // uncached remainder under MinRemoteTokens
-	decisionLocalCached   = "local_cached"   // decode worker caches LocalCachedFraction of the prompt
+	decisionRemote        = "remote"       // prefilled on a prefill worker
+	decisionLocalShort    = "local_short"  // uncached remainder under MinRemoteTokens
+	decisionLocalCached   = "local_cached" // decode worker caches LocalCachedFraction of the prompt
 	decisionLocalNoWorker = "local_no_prefill_worker"
 	decisionFallback      = "fallback_local" // every prefill attempt failed: prefilled locally
 )
@@ -116,10 +116,10 @@ type prefillStage struct {
 	done chan struct{}
 }
 
-func (st *prefillStage) OnDispatched()  { _ = st.h.Dispatched() }
-func (st *prefillStage) OnFirstToken()  {}
-func (st *prefillStage) OnItem(int)     {}
-func (st *prefillStage) OnAbort(error)  { st.abortFailed() }
+func (st *prefillStage) OnDispatched() { _ = st.h.Dispatched() }
+func (st *prefillStage) OnFirstToken() {}
+func (st *prefillStage) OnItem(int)    {}
+func (st *prefillStage) OnAbort(error) { st.abortFailed() }
 func (st *prefillStage) OnComplete([]byte) {
 	// The prefill's one token ends its stage, whatever the finish reason:
 	// its booking is done with once the KV is computed.
@@ -464,4 +464,3 @@ func (s *Server) appendDisaggRoute(ctx context.Context, b []byte, ex *exchange) 
 	b = strconv.AppendBool(b, d.Busy)
 	return append(b, "}}"...)
 }
-

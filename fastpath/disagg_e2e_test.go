@@ -52,7 +52,6 @@ func startDisaggRig(t *testing.T, dis fastpath.DisaggConfig, sglang bool) *disag
 	return d
 }
 
-
 // streamText reads a whole SSE answer and returns its items' texts, the
 // finish reasons and whether it ended with [DONE]; an error event fails
 // the test unless allowed.

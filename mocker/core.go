@@ -110,20 +110,20 @@ type Stats struct {
 	// Hybrid engines (Config.SlidingWindow): blocks the sliding-window
 	// group freed, and prompt blocks cached in group 0 that a request
 	// could not reuse because group 1 had freed their window.
-	WindowBlocksFreed  uint64        `json:"window_blocks_freed"`
-	WindowMissedBlocks uint64        `json:"window_missed_blocks"`
-	PublishErrors      uint64        `json:"publish_errors"`
-	Running            int           `json:"running"`
-	Waiting            int           `json:"waiting"`
-	KVHeld             int           `json:"kv_held"`   // blocks referenced by running requests
-	KVCached           int           `json:"kv_cached"` // blocks findable by hash, held or not
-	KVTotal            int           `json:"kv_total"`
-	HostCached         int           `json:"host_cached"`       // blocks in the host pool
+	WindowBlocksFreed  uint64 `json:"window_blocks_freed"`
+	WindowMissedBlocks uint64 `json:"window_missed_blocks"`
+	PublishErrors      uint64 `json:"publish_errors"`
+	Running            int    `json:"running"`
+	Waiting            int    `json:"waiting"`
+	KVHeld             int    `json:"kv_held"`   // blocks referenced by running requests
+	KVCached           int    `json:"kv_cached"` // blocks findable by hash, held or not
+	KVTotal            int    `json:"kv_total"`
+	HostCached         int    `json:"host_cached"` // blocks in the host pool
 	// Disaggregated serving (disagg.go): prompt blocks whose KV a remote
 	// prefill computed and this engine pulled instead of computing them.
-	BlocksTransferred uint64 `json:"blocks_transferred"`
-	SimulatedTime      time.Duration `json:"simulated_time_ns"` // Core.Now
-	BusyTime           time.Duration `json:"busy_time_ns"`      // simulated time spent in non-empty steps
+	BlocksTransferred uint64        `json:"blocks_transferred"`
+	SimulatedTime     time.Duration `json:"simulated_time_ns"` // Core.Now
+	BusyTime          time.Duration `json:"busy_time_ns"`      // simulated time spent in non-empty steps
 }
 
 // PrefixHitRate is the share of prompt tokens served from the prefix cache.
