@@ -59,8 +59,13 @@ type DisaggConfig struct {
 	BootstrapPort int
 }
 
-// DefaultBootstrapPort is SGLang's default disaggregation bootstrap port.
-const DefaultBootstrapPort = 8998
+// Conditional disaggregation's defaults: a prompt whose uncached part is
+// under 256 tokens (about a dozen milliseconds of prefill on an 8B model)
+// is not worth a KV transfer, nor is one its decode worker caches at 90%.
+const (
+	DefaultMinRemoteTokens     = 256
+	DefaultLocalCachedFraction = 0.9
+)
 
 func (c *DisaggConfig) validate() error {
 	switch c.Protocol {

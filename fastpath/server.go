@@ -87,6 +87,8 @@ func DefaultConfig() Config {
 		MaxConnsPerIP:    DefaultMaxConnsPerIP,
 		BodyBudgetBytes:  DefaultBodyBudgetBytes,
 		MaxRetries:       2,
+		// Off until --disagg; the thresholds are what it starts with.
+		Disagg: DisaggConfig{MinRemoteTokens: DefaultMinRemoteTokens, LocalCachedFraction: DefaultLocalCachedFraction},
 	}
 }
 
