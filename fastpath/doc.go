@@ -42,6 +42,14 @@
 // from an action deferred on the guard, after the booking is freed; those
 // calls run on short-lived goroutines of their own.
 //
+// With Config.Disagg on (disagg.go), a request runs in two stages: a
+// decode worker is chosen first, conditional disaggregation decides
+// whether it prefills the prompt itself, and otherwise a prefill worker
+// computes it in the engines' protocol (vLLM's kv_transfer_params, or
+// SGLang's bootstrap room, whose prefill request is sent from a goroutine
+// of its own that cleanup joins); each stage has its own guard, and the
+// decode stage is relayed as any request is.
+//
 // The edge (edge.go) stands between the network and that path. Every
 // connection comes through edgeListener, which tags it with its listener
 // (API or admin: Serve and ServeAdmin) and bounds each client address's

@@ -14,6 +14,7 @@ import (
 	"github.com/kvfast/kvfast/internal/jsonscan"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/prompt"
+	"github.com/kvfast/kvfast/sched"
 )
 
 // Paths the router serves. The route-only endpoints take the same bodies as
@@ -105,6 +106,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 func (s *Server) routeOnly(ctx *fasthttp.RequestCtx, ex *exchange) {
 	ex.sreq.QueryOnly = true
 	ex.sreq.Scores = &ex.scores
+	if s.disaggregating() {
+		ex.sreq.Stage = sched.StageDecode
+	}
 	dec, err := s.sched.Select(ctx, &ex.sreq, nil)
 	s.metrics.stageSched.Observe(seconds(clock.Since(ex.lastItem)))
 	if err != nil {
@@ -115,6 +119,9 @@ func (s *Server) routeOnly(ctx *fasthttp.RequestCtx, ex *exchange) {
 	ex.dec = dec
 	ex.setDecisionHeaders(ctx) // uses ex.out as scratch: before the body is built there
 	ex.out = s.appendRouteJSON(ex.out[:0], ex)
+	if s.disaggregating() {
+		ex.out = s.appendDisaggRoute(ctx, ex.out, ex)
+	}
 	ctx.SetContentType("application/json")
 	ctx.SetBody(ex.out)
 }

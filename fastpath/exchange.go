@@ -42,7 +42,8 @@ type exchange struct {
 	h        guard.Handle
 	held     bool // h is acquired and not yet released
 	call     *dispatch.Call
-	exact    bool // hashes are token blocks looked up in the event-fed index
+	exact    bool         // hashes are token blocks looked up in the event-fed index
+	pre      prefillStage // a disaggregated request's prefill stage (disagg.go)
 
 	arrived, lastItem int64
 	firstSeen         bool
@@ -103,7 +104,8 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.wait.release()
 	ex.releaseBody()
 	*ex = exchange{s: s, sw: ex.sw, req: ex.req, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0], buf: ex.buf,
-		sess: exchangeSession{id: ex.sess.id[:0]}}
+		sess: exchangeSession{id: ex.sess.id[:0]},
+		pre:  ex.pre.recycle()}
 	s.exchanges.Put(ex)
 }
 
@@ -155,6 +157,10 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 		s.routeOnly(ctx, ex)
 		return
 	}
+	if s.disaggregating() {
+		handedOff = s.serveDisagg(ctx, ex)
+		return
+	}
 	ex.wait.reset(ctx, s.cfg.QueueTimeout)
 	ex.setGuard(s.guards.Acquire())
 	ex.watchClient(ctx)
@@ -203,6 +209,7 @@ func (s *Server) settle(ctx *fasthttp.RequestCtx, ex *exchange, handedOff *bool)
 func (ex *exchange) cleanup() {
 	ex.watch.Stop() // no HangUp runs after this
 	ex.watch = hangup.Registration{}
+	ex.releasePrefill()
 	if ex.held {
 		ex.held = false
 		_ = ex.h.Release()
@@ -468,8 +475,17 @@ func (ex *exchange) HangUp() {
 	ex.hangMu.Lock()
 	ex.hungUp = true
 	h, held, call := ex.h, ex.held, ex.call
+	pre, preHeld := ex.pre.h, ex.pre.held
+	if ex.pre.call != nil {
+		// Under hangMu: releasePrefill takes the call from under it
+		// before releasing it, so this is still the prefill's call.
+		ex.pre.call.Abort()
+	}
 	ex.hangMu.Unlock()
 	ex.wait.cancel(context.Canceled)
+	if preHeld {
+		_ = pre.Abort(guard.ReasonClientCancel)
+	}
 	if held {
 		_ = h.Abort(guard.ReasonClientCancel)
 	}
@@ -489,10 +505,14 @@ func (ex *exchange) clientGone() bool {
 
 // --- dispatch.Observer ---
 
-func (ex *exchange) OnDispatched() { _ = ex.h.Dispatched() }
+func (ex *exchange) OnDispatched() {
+	_ = ex.h.Dispatched()
+	ex.decodeDispatched()
+}
 
 func (ex *exchange) OnFirstToken() {
 	now := clock.Now()
+	ex.decodeFirstToken(now)
 	ex.s.metrics.ttft.Observe(seconds(time.Duration(now - ex.arrived)))
 	ex.lastItem = now
 	ex.firstSeen = true

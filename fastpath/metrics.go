@@ -62,6 +62,7 @@ type metrics struct {
 	// audio or video by how they routed (kvfast_multimodal_requests_total).
 	multimodalExact, multimodalApprox prometheus.Counter
 	transport                         map[string]prometheus.Counter // by reason: connections refused before a request was read
+	dis                               disaggMetrics                 // disaggregated serving (disagg_metrics.go)
 }
 
 func newMetrics(s *Server) *metrics {
@@ -139,6 +140,7 @@ func newMetrics(s *Server) *metrics {
 		Help: "Request body bytes held in memory now, against the body budget (--body-budget-bytes).",
 	}, func() float64 { return float64(s.budget.used.Load()) })
 	m.ttft, m.itl, m.isl, m.osl = ttft, itl, isl, osl
+	m.dis = newDisaggMetrics(reg, s)
 	reg.MustRegister(bodyBytes, requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, transport, multimodal,
 		&stateCollector{s: s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

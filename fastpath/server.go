@@ -72,6 +72,9 @@ type Config struct {
 
 	// Sessions configures sticky sessions (HeaderSession).
 	Sessions SessionConfig
+	// Disagg routes requests in two stages, prefill then decode, over
+	// workers' roles (disagg.go); its zero value is off.
+	Disagg DisaggConfig
 }
 
 // DefaultConfig is the front end kvfast serve runs with.
@@ -88,6 +91,8 @@ func DefaultConfig() Config {
 		BodyBudgetBytes:  DefaultBodyBudgetBytes,
 		MaxRetries:       2,
 		Sessions:         DefaultSessionConfig(),
+		// Off until --disagg; the thresholds are what it starts with.
+		Disagg: DisaggConfig{MinRemoteTokens: DefaultMinRemoteTokens, LocalCachedFraction: DefaultLocalCachedFraction},
 	}
 }
 
@@ -134,7 +139,7 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("cannot use API key %d: it is empty", i+1)
 		}
 	}
-	return nil
+	return c.Disagg.validate()
 }
 
 // Deps are the parts of the node the front end routes with. The node owns

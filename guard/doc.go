@@ -46,4 +46,12 @@
 // A whole lifecycle makes no allocation, and intermediate items touch only
 // the relay's own fields and one atomic load (BenchmarkGuardLifecycle
 // measures it; BENCHMARKS.md has the numbers).
+//
+// # Two stages
+//
+// A disaggregated request (fastpath, docs/routing.md) holds two guards
+// from one pool, one per stage; each releases its own booking exactly
+// once. PrefillRemote (stages.go) drops a decode stage's prefill load
+// when another worker computes its prompt. TestTwoStageHammer checks
+// random two-stage lifecycles with faults at every step.
 package guard

@@ -27,6 +27,8 @@ type apiRequest struct {
 
 	// prompt reads a completions prompt; tokens then holds its buffer.
 	prompt openai.ParsedRequest
+
+	disagg disaggRequest // kv_transfer_params and SGLang's bootstrap fields (disagg.go)
 }
 
 // badRequest is a 400 error with vLLM's numeric code, as the mock engine
@@ -44,6 +46,10 @@ type wireRequest struct {
 	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
 	N                   *int64          `json:"n"`
 	Stream              bool            `json:"stream"`
+	KVTransferParams    json.RawMessage `json:"kv_transfer_params"`
+	BootstrapHost       *string         `json:"bootstrap_host"`
+	BootstrapPort       *int            `json:"bootstrap_port"`
+	BootstrapRoom       *uint64         `json:"bootstrap_room"`
 	StreamOptions       *struct {
 		IncludeUsage         bool `json:"include_usage"`
 		ContinuousUsageStats bool `json:"continuous_usage_stats"`
@@ -73,6 +79,9 @@ func parseRequest(ctx context.Context, body []byte, chat bool, rd Renderer, dst 
 		return badRequest("", "cannot parse request body: %v", err)
 	}
 	dst.model, dst.cacheSalt = w.Model, w.CacheSalt
+	if err := dst.disagg.read(&w); err != nil {
+		return err
+	}
 	dst.stream = w.Stream
 	if w.StreamOptions != nil {
 		if !w.Stream {

@@ -87,6 +87,26 @@ type Config struct {
 	// not offload hybrid models either). 0: one full-attention group.
 	SlidingWindow int
 
+	// Role is the engine's part in disaggregated serving (disagg.go):
+	// RolePrefill keeps a prompt's KV for a remote decode when asked
+	// (kv_transfer_params do_remote_decode), RoleDecode pulls it from the
+	// prefill engine the params name (do_remote_prefill), RoleBoth (the
+	// default) does either. Every role also serves plain requests, as a
+	// vLLM engine with a KV connector does. The role is registered in the
+	// shm segment.
+	Role Role
+	// SGLangBootstrap simulates SGLang's disaggregation instead: a
+	// request carrying bootstrap_host, bootstrap_port and bootstrap_room
+	// is a prefill (on a prefill engine: it computes the prompt and keeps
+	// it for the room) or a decode (it pulls the room's KV from the
+	// prefill engine's bootstrap server, which the mock serves on its
+	// HTTP port).
+	SGLangBootstrap bool
+	// TransferTimeout is how long a prefill engine keeps a finished
+	// prompt's blocks for a remote decode that does not come (vLLM's
+	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT; default DefaultTransferTimeout).
+	TransferTimeout time.Duration
+
 	// WorkerID and DPRank identify this engine to the router's registry.
 	WorkerID uint64
 	DPRank   uint32
@@ -114,6 +134,7 @@ const (
 	DefaultMaxTokens         = 16
 	DefaultModel             = "mock"
 	DefaultHeartbeatInterval = 250 * time.Millisecond
+	DefaultTransferTimeout   = 480 * time.Second // vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT
 )
 
 // withDefaults fills zero fields and checks the result.
@@ -148,7 +169,14 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.HeartbeatInterval == 0 {
 		cfg.HeartbeatInterval = DefaultHeartbeatInterval
 	}
+	if cfg.TransferTimeout == 0 {
+		cfg.TransferTimeout = DefaultTransferTimeout
+	}
 	switch {
+	case cfg.Role > RoleDecode:
+		return cfg, fmt.Errorf("cannot configure mock engine: unknown role %d", cfg.Role)
+	case cfg.TransferTimeout < 0:
+		return cfg, fmt.Errorf("cannot configure mock engine: transfer timeout %v is negative", cfg.TransferTimeout)
 	case cfg.BlockSize < 1:
 		return cfg, fmt.Errorf("cannot configure mock engine: block size %d is not positive", cfg.BlockSize)
 	case cfg.KVBlocks < 1 || cfg.KVBlocks > math.MaxInt32:

@@ -43,6 +43,12 @@ type Request struct {
 	// MM are the prompt's multimodal inputs (images), sorted by offset:
 	// the blocks overlapping one are hashed with its keys, as vLLM does.
 	MM []radix.MMItem
+	// KeepBlocks holds the request's blocks when it finishes, for a
+	// remote decode to pull (disagg.go); ReleaseKept lets them go.
+	KeepBlocks bool
+	// Transferred is how many leading prompt blocks a remote prefill
+	// computed: their KV arrives by transfer and is not computed here.
+	Transferred int
 
 	seed uint64 // the namespace's: the first block's parent hash
 
@@ -104,17 +110,20 @@ type Stats struct {
 	// Hybrid engines (Config.SlidingWindow): blocks the sliding-window
 	// group freed, and prompt blocks cached in group 0 that a request
 	// could not reuse because group 1 had freed their window.
-	WindowBlocksFreed  uint64        `json:"window_blocks_freed"`
-	WindowMissedBlocks uint64        `json:"window_missed_blocks"`
-	PublishErrors      uint64        `json:"publish_errors"`
-	Running            int           `json:"running"`
-	Waiting            int           `json:"waiting"`
-	KVHeld             int           `json:"kv_held"`   // blocks referenced by running requests
-	KVCached           int           `json:"kv_cached"` // blocks findable by hash, held or not
-	KVTotal            int           `json:"kv_total"`
-	HostCached         int           `json:"host_cached"`       // blocks in the host pool
-	SimulatedTime      time.Duration `json:"simulated_time_ns"` // Core.Now
-	BusyTime           time.Duration `json:"busy_time_ns"`      // simulated time spent in non-empty steps
+	WindowBlocksFreed  uint64 `json:"window_blocks_freed"`
+	WindowMissedBlocks uint64 `json:"window_missed_blocks"`
+	PublishErrors      uint64 `json:"publish_errors"`
+	Running            int    `json:"running"`
+	Waiting            int    `json:"waiting"`
+	KVHeld             int    `json:"kv_held"`   // blocks referenced by running requests
+	KVCached           int    `json:"kv_cached"` // blocks findable by hash, held or not
+	KVTotal            int    `json:"kv_total"`
+	HostCached         int    `json:"host_cached"` // blocks in the host pool
+	// Disaggregated serving (disagg.go): prompt blocks whose KV a remote
+	// prefill computed and this engine pulled instead of computing them.
+	BlocksTransferred uint64        `json:"blocks_transferred"`
+	SimulatedTime     time.Duration `json:"simulated_time_ns"` // Core.Now
+	BusyTime          time.Duration `json:"busy_time_ns"`      // simulated time spent in non-empty steps
 }
 
 // PrefixHitRate is the share of prompt tokens served from the prefix cache.
@@ -454,7 +463,8 @@ func (c *Core) Step() StepReport {
 		if c.cache.host != nil {
 			loaded = c.cache.host.prefix(r.hashes[hit:maxHit])
 		}
-		computed := (hit + loaded) * bs
+		transferred := max(0, min(r.Transferred, maxHit)-hit-loaded)
+		computed := (hit + loaded + transferred) * bs
 		n := min(len(r.tokens)-computed, budget)
 		need := c.blocksFor(computed+n) - hit
 		if need > c.cache.free()-c.cache.unreferenced(r.hashes[:hit]) {
@@ -478,9 +488,13 @@ func (c *Core) Step() StepReport {
 		}
 		c.allocate(r, need)
 		if r.cached < 0 {
-			r.cached = computed
+			// cached_tokens counts this engine's cache only, not the KV
+			// a remote prefill computed.
+			local := computed - transferred*bs
+			r.cached = local
+			c.stats.BlocksTransferred += uint64(transferred)
 			c.stats.PromptTokens += uint64(len(r.Prompt))
-			c.stats.CachedPromptTokens += uint64(min(computed, len(r.Prompt)))
+			c.stats.CachedPromptTokens += uint64(min(local, len(r.Prompt)))
 			c.stats.WindowMissedBlocks += uint64(missed)
 		}
 		cost += c.cfg.Timing.Prefill(computed, n)
@@ -520,7 +534,9 @@ func (c *Core) Step() StepReport {
 		c.stats.GeneratedTokens++
 		c.progressed = append(c.progressed, r)
 		if out+1 == r.MaxTokens {
-			c.releaseBlocks(r)
+			if !r.KeepBlocks {
+				c.releaseBlocks(r)
+			}
 			r.state = stateFinished
 			r.finish = c.now
 			c.stats.Finished++

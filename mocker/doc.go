@@ -6,6 +6,11 @@
 //
 // # Responsibility
 //
+//   - Disaggregated serving (disagg.go, Config.Role, SGLangBootstrap): a
+//     prefill engine keeps a prompt's KV for a remote decode and names its
+//     blocks in vLLM's kv_transfer_params (or keeps them for an SGLang
+//     bootstrap room); a decode engine pulls them over HTTP, paying
+//     Timing.TransferPerBlock a block, and refuses blocks no longer kept.
 //   - HTTP (fasthttp): POST /v1/completions and /v1/chat/completions,
 //     streaming (vLLM-shaped SSE chunks ending in "data: [DONE]") or not;
 //     GET /v1/models, GET /health, POST /reset_prefix_cache, and

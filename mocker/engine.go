@@ -58,6 +58,8 @@ type Engine struct {
 	modelJSON []byte
 	closeOnce sync.Once
 	closeErr  error
+
+	transfers transfers // prompts kept for a remote decode (disagg.go)
 }
 
 type opKind uint8
@@ -66,6 +68,7 @@ const (
 	opAdd opKind = iota
 	opAbort
 	opReset
+	opReleaseKept
 )
 
 type engineOp struct {
@@ -291,6 +294,8 @@ func (e *Engine) drain() {
 			e.core.Abort(op.r)
 		case opReset:
 			op.res <- e.core.ResetPrefixCache()
+		case opReleaseKept:
+			e.core.ReleaseKept(op.r)
 		}
 		ops[i] = engineOp{}
 	}
@@ -457,6 +462,11 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		ctx.SetStatusCode(fasthttp.StatusOK)
+	case pathKVPull, pathBootstrapPull:
+		if !e.method(ctx, fasthttp.MethodPost) {
+			return
+		}
+		e.handlePull(ctx, string(ctx.Path()) == pathBootstrapPull)
 	case "/mock/stats":
 		if !e.method(ctx, fasthttp.MethodGet) {
 			return
@@ -531,6 +541,10 @@ func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 	if req.model != "" && req.model != e.cfg.Model {
 		r.LoRA = req.model // servesModel let it through: an adapter
 	}
+	if oerr := e.prepareDisagg(&req, r); oerr != nil {
+		writeError(ctx, oerr)
+		return
+	}
 	if err := e.submit(engineOp{kind: opAdd, r: r}); err != nil {
 		writeError(ctx, &openai.Error{Status: fasthttp.StatusServiceUnavailable, Message: err.Error(), Type: openai.TypeServerError})
 		return
@@ -558,7 +572,7 @@ func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 			return
 		}
 		ctx.SetContentType("application/json")
-		ctx.SetBody(h.appendFull(nil, r.outSeed, len(r.Prompt), r.MaxTokens, int(r.pubCached.Load()), "length"))
+		ctx.SetBody(e.finishDisagg(&req, r, h.id, h.appendFull(nil, r.outSeed, len(r.Prompt), r.MaxTokens, int(r.pubCached.Load()), "length")))
 		return
 	}
 	ctx.SetContentType("text/event-stream")

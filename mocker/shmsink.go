@@ -98,6 +98,7 @@ func openSegmentPublisher(cfg Config, endpoint string) (*ShmPublisher, error) {
 		BlockSize:        cfg.BlockSize,
 		KVCapacityBlocks: uint64(cfg.KVBlocks),
 		Endpoint:         endpoint,
+		Role:             cfg.Role,
 	}
 	if cfg.SegmentHandle != nil {
 		p, err := cfg.SegmentHandle.Register(wc)

@@ -31,6 +31,10 @@ type Timing struct {
 	// HostLoadPerBlock is the cost of loading one block back from the
 	// host pool (Config.HostBlocks) instead of computing it.
 	HostLoadPerBlock time.Duration
+	// TransferPerBlock is the cost of pulling one block's KV from a
+	// remote prefill engine (disaggregated serving, disagg.go), paid by
+	// the decode engine before it schedules the request.
+	TransferPerBlock time.Duration
 }
 
 // DefaultTiming is roughly an 8B-parameter model on one H100-class GPU:
@@ -51,10 +55,11 @@ var DefaultTiming = Timing{
 	DecodePerSequence:     120 * time.Microsecond,
 	DecodeAttentionPer1K:  4 * time.Microsecond,
 	HostLoadPerBlock:      40 * time.Microsecond,
+	TransferPerBlock:      80 * time.Microsecond,
 }
 
 func (t Timing) validate() error {
-	for _, d := range [...]time.Duration{t.StepOverhead, t.PrefillPerToken, t.PrefillAttentionPer1K, t.DecodePerSequence, t.DecodeAttentionPer1K, t.HostLoadPerBlock} {
+	for _, d := range [...]time.Duration{t.StepOverhead, t.PrefillPerToken, t.PrefillAttentionPer1K, t.DecodePerSequence, t.DecodeAttentionPer1K, t.HostLoadPerBlock, t.TransferPerBlock} {
 		if d < 0 {
 			return fmt.Errorf("cannot use timing %+v: durations must not be negative", t)
 		}

@@ -105,6 +105,9 @@ type StaticWorker struct {
 	Endpoint string // host:port or http://host:port
 	Model    string
 	KVBlocks uint64
+	// Role is the worker's part in disaggregated serving (role=prefill,
+	// decode or both; both when absent).
+	Role sched.Role
 
 	// Events is the engine's ZMQ KV-event PUB socket (tcp://host:port),
 	// for engines that publish vLLM's wire format (stock vLLM and SGLang);
@@ -266,7 +269,7 @@ func (c *Config) Validate() error {
 }
 
 // ParseStaticWorker reads the --worker syntax:
-// "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]".
+// "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,role=prefill|decode|both][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]".
 // id defaults to defaultID.
 func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	sw := StaticWorker{ID: defaultID}
@@ -295,8 +298,10 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 			sw.Replay, err = val, feed.CheckZMQEndpoint(val)
 		case "topic":
 			sw.Topic = val
+		case "role":
+			sw.Role, err = sched.ParseRole(val)
 		default:
-			return sw, fmt.Errorf("cannot use key %q: want url, id, rank, model, kv-blocks, zmq, replay or topic", k)
+			return sw, fmt.Errorf("cannot use key %q: want url, id, rank, model, kv-blocks, role, zmq, replay or topic", k)
 		}
 		if err != nil {
 			return sw, fmt.Errorf("cannot parse %s=%q: %w", k, val, err)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/workers"
 )
 
@@ -74,6 +75,9 @@ func TestParseStaticWorker(t *testing.T) {
 		{value: "url=http://h:1,id=3,rank=1,model=m,zmq=tcp://h:5558,replay=tcp://h:5559,topic=kv-events",
 			want: StaticWorker{ID: 3, DPRank: 1, Endpoint: "http://h:1", Model: "m", Events: "tcp://h:5558",
 				Replay: "tcp://h:5559", Topic: "kv-events"}},
+		{value: "url=http://h:1,role=prefill", want: StaticWorker{ID: 7, Endpoint: "http://h:1", Role: sched.RolePrefill}},
+		{value: "url=http://h:1,role=decode", want: StaticWorker{ID: 7, Endpoint: "http://h:1", Role: sched.RoleDecode}},
+		{value: "url=http://h:1,role=encode", err: "role="},
 		{value: "model=m", err: "needs url"},
 		{value: "url=http://h:1,id", err: "key=value"},
 		{value: "url=http://h:1,colour=red", err: `key "colour"`},

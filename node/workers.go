@@ -35,7 +35,7 @@ func (n *Node) addStatic(static []StaticWorker) error {
 			return fmt.Errorf("cannot use static worker %d: %w", w.ID, err)
 		}
 		if err := n.sched.Upsert(sched.WorkerInfo{ID: w.ID, DPRank: w.DPRank, Slot: slot, Model: w.Model,
-			Endpoint: addr, KVCapacityBlocks: w.KVBlocks}); err != nil {
+			Endpoint: addr, KVCapacityBlocks: w.KVBlocks, Role: w.Role}); err != nil {
 			return fmt.Errorf("cannot add static worker %d rank %d: %w", w.ID, w.DPRank, err)
 		}
 		if _, err := n.engines.Add(slot, addr); err != nil {
@@ -135,7 +135,8 @@ func (n *Node) syncRegistry() {
 			addr, err := hostPort(info.Endpoint)
 			if err == nil {
 				err = n.sched.Upsert(sched.WorkerInfo{ID: info.WorkerID, DPRank: info.DPRank, Slot: slot,
-					Model: info.Model, Endpoint: addr, BlockSize: info.BlockSize, KVCapacityBlocks: info.KVCapacityBlocks})
+					Model: info.Model, Endpoint: addr, BlockSize: info.BlockSize, KVCapacityBlocks: info.KVCapacityBlocks,
+					Role: sched.Role(info.Role)})
 			}
 			if err == nil {
 				_, err = n.engines.Add(slot, addr)

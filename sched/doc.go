@@ -3,6 +3,10 @@
 //
 // # Responsibility
 //
+// Workers carry a Role (prefill, decode or both) and a request a Stage,
+// which keeps only the workers that can run that stage of a
+// disaggregated request (roles.go).
+//
 // Given a request's block hashes, its length and the per-worker prefix
 // overlap the caller got from the radix index, sched filters the workers
 // (model, health, pin, allow-list, busy thresholds), scores each with

@@ -37,6 +37,10 @@ type Request struct {
 	// counts as Config.PriorityBump of waiting. Negative values fall back.
 	Priority int32
 
+	// Stage keeps only the workers whose role can run this stage of a
+	// disaggregated request (roles.go); StageAny keeps all.
+	Stage Stage
+
 	// QueryOnly returns the decision without booking anything or queueing.
 	QueryOnly bool
 
@@ -190,6 +194,7 @@ func (s *Scheduler) candidates(ws *workerSet, req *Request) (filtered, healthy w
 	if req.AllowListed {
 		set &= req.Allow
 	}
+	set &^= ws.excluded(req.Stage)
 	up := workers.Set(s.healthy.Load())
 	if req.Pinned {
 		w, ok := ws.bySlot[workerKey{req.PinWorker, req.PinRank}]

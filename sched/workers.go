@@ -18,6 +18,7 @@ type WorkerInfo struct {
 	Endpoint         string
 	BlockSize        int    // 0 means the router's block size; anything else must equal it
 	KVCapacityBlocks uint64 // 0 if unknown (the load page's total is used instead)
+	Role             Role   // disaggregated serving's part for the worker (roles.go)
 }
 
 type workerKey struct {
@@ -33,6 +34,9 @@ type workerSet struct {
 	info    [workers.Max]WorkerInfo
 	bySlot  map[workerKey]workers.Slot
 	byModel map[string]workers.Set
+	// onlyPrefill and onlyDecode are the workers whose Role excludes the
+	// other stage (roles.go); RoleBoth workers are in neither.
+	onlyPrefill, onlyDecode workers.Set
 }
 
 func (ws *workerSet) clone() *workerSet {
@@ -54,6 +58,7 @@ func (ws *workerSet) drop(w workers.Slot) {
 		delete(ws.byModel, old.Model)
 	}
 	ws.present &^= workers.SetOf(w)
+	ws.setRole(w, RoleBoth)
 	ws.info[w] = WorkerInfo{}
 }
 
@@ -121,6 +126,7 @@ func (s *Scheduler) Upsert(w WorkerInfo) error {
 	ws.info[w.Slot] = w
 	ws.bySlot[key] = w.Slot
 	ws.byModel[w.Model] |= workers.SetOf(w.Slot)
+	ws.setRole(w.Slot, w.Role)
 	if !same {
 		s.healthy.Or(uint64(workers.SetOf(w.Slot)))
 		live := &s.live[w.Slot]

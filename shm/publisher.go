@@ -17,6 +17,7 @@ type WorkerConfig struct {
 	BlockSize        int    // tokens per KV block, as the engine uses
 	KVCapacityBlocks uint64
 	Endpoint         string // HTTP base URL the router forwards requests to
+	Role             Role   // disaggregated serving's part; RoleBoth when aggregated
 }
 
 func (c WorkerConfig) validate() error {
@@ -25,6 +26,8 @@ func (c WorkerConfig) validate() error {
 		return fmt.Errorf("cannot register block size %d: must be in [1, %d]", c.BlockSize, 1<<15)
 	case len(c.Model) > MaxModelLen:
 		return fmt.Errorf("cannot register model name of %d bytes: at most %d", len(c.Model), MaxModelLen)
+	case c.Role > RoleDecode:
+		return fmt.Errorf("cannot register role %d: want 0 (both), 1 (prefill) or 2 (decode)", c.Role)
 	case len(c.Endpoint) > MaxEndpointLen:
 		return fmt.Errorf("cannot register endpoint of %d bytes: at most %d", len(c.Endpoint), MaxEndpointLen)
 	}

@@ -37,6 +37,16 @@ func (s WorkerState) String() string {
 	return fmt.Sprintf("state(%d)", uint8(s))
 }
 
+// Role is the part a registered engine plays in disaggregated serving,
+// with sched.Role's numbering: 0 both (aggregated), 1 prefill, 2 decode.
+type Role uint8
+
+const (
+	RoleBoth Role = iota
+	RolePrefill
+	RoleDecode
+)
+
 // Registry slot field offsets (little-endian). The state word's low byte
 // is the WorkerState and its upper 56 bits count transitions, so a reader
 // that sees the same word before and after copying the fields knows no
@@ -53,8 +63,12 @@ const (
 	sRegistered = 48 // u64 monotonic ns
 	sModelLen   = 56 // u16
 	sEndptLen   = 58 // u16
-	sModel      = 64
-	sEndpoint   = 256
+	// sRole was reserved (always zero) before roles existed, and zero is
+	// RoleBoth: a slot written by an older publisher reads as an
+	// aggregated engine, so the layout version did not change.
+	sRole     = 60 // u32: the worker's Role
+	sModel    = 64
+	sEndpoint = 256
 
 	// MaxModelLen and MaxEndpointLen bound the strings a slot stores.
 	MaxModelLen    = sEndpoint - sModel
@@ -79,6 +93,7 @@ type WorkerInfo struct {
 	Registered       int64 // CLOCK_MONOTONIC ns of the registration
 	Model            string
 	Endpoint         string
+	Role             Role
 	stateWord        uint64
 }
 
@@ -145,6 +160,9 @@ func decodeSlot(b []byte, info *WorkerInfo) error {
 		return fmt.Errorf("model length %d or endpoint length %d exceeds its field", ml, el)
 	}
 	bs := le.Uint32(b[sBlockSize:])
+	if r := le.Uint32(b[sRole:]); r > uint32(RoleDecode) {
+		return fmt.Errorf("unknown worker role %d", r)
+	}
 	if bs > 1<<16 {
 		return fmt.Errorf("block size %d out of range", bs)
 	}
@@ -160,6 +178,7 @@ func decodeSlot(b []byte, info *WorkerInfo) error {
 	info.Registered = int64(le.Uint64(b[sRegistered:]))
 	info.Model = string(b[sModel : sModel+ml])
 	info.Endpoint = string(b[sEndpoint : sEndpoint+el])
+	info.Role = Role(le.Uint32(b[sRole:]))
 	return nil
 }
 
@@ -319,6 +338,7 @@ func (s *Segment) claim(cfg WorkerConfig) (int, uint32, error) {
 	atomic.StoreUint32(s.u32(off+sDPRank), cfg.DPRank)
 	atomic.StoreUint32(s.u32(off+sBlockSize), uint32(cfg.BlockSize))
 	atomic.StoreUint64(s.u64(off+sKVCapacity), cfg.KVCapacityBlocks)
+	atomic.StoreUint32(s.u32(off+sRole), uint32(cfg.Role))
 	atomic.StoreUint64(s.u64(off+sHeartbeat), now)
 	atomic.StoreUint64(s.u64(off+sRegistered), now)
 	b := s.bytesAt(off, slotSize)

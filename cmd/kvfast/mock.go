@@ -155,6 +155,10 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		decSeq     = fs.Duration("decode-per-seq", d.DecodePerSequence, "timing: cost per sequence in a decode step")
 		decAttn    = fs.Duration("decode-attention-per-1k", d.DecodeAttentionPer1K, "timing: cost per 1024 context tokens read in a decode step")
 		hostLoad   = fs.Duration("host-load-per-block", d.HostLoadPerBlock, "timing: cost of loading a block back from the CPU tier (--host-blocks)")
+		role       = fs.String("role", "both", "disaggregated serving `role` of every engine: prefill (keeps a prompt's KV for a remote decode: vLLM kv_transfer_params do_remote_decode), decode (pulls it: do_remote_prefill) or both; registered in the segment")
+		sglang     = fs.Bool("sglang-bootstrap", false, "simulate SGLang's disaggregation instead of vLLM's: requests with bootstrap_host/port/room pair a prefill and a decode engine by room (the bootstrap server is the engine's HTTP port)")
+		xferBlock  = fs.Duration("transfer-per-block", d.TransferPerBlock, "timing: cost of pulling one block's KV from a remote prefill engine")
+		xferTTL    = fs.Duration("transfer-timeout", mocker.DefaultTransferTimeout, "how long a prefill engine keeps a finished prompt's blocks for a decode that does not pull them")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -188,6 +192,11 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		return 2
 	}
 
+	engineRole, err := mocker.ParseRole(*role)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvfast mock: --role: %v\n", err)
+		return 2
+	}
 	zmqFormat, err := publishMode(*publish, *segment)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvfast mock: %v\n", err)
@@ -258,15 +267,19 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 			Timing: mocker.Timing{
 				StepOverhead: *stepOver, PrefillPerToken: *preTok, PrefillAttentionPer1K: *preAttn,
 				DecodePerSequence: *decSeq, DecodeAttentionPer1K: *decAttn, HostLoadPerBlock: *hostLoad,
+				TransferPerBlock: *xferBlock,
 			},
-			HostBlocks:    *hostBlocks,
-			SlidingWindow: *window,
-			Renderer:      renderer,
-			DisableRender: *noRender,
-			LoRAAdapters:  loraAdapters(*adapters),
-			Segment:       *segment,
-			WorkerID:      *workerID + uint64(i),
-			DPRank:        uint32(*dpRank),
+			Role:            engineRole,
+			SGLangBootstrap: *sglang,
+			TransferTimeout: *xferTTL,
+			HostBlocks:      *hostBlocks,
+			SlidingWindow:   *window,
+			Renderer:        renderer,
+			DisableRender:   *noRender,
+			LoRAAdapters:    loraAdapters(*adapters),
+			Segment:         *segment,
+			WorkerID:        *workerID + uint64(i),
+			DPRank:          uint32(*dpRank),
 		}
 		if zmqOn {
 			cfg.ZMQ = mocker.ZMQConfig{Listen: zmqEndpoints[i], Format: zmqFormat, Topic: *zmqTopic, DropEvery: *zmqDrop}

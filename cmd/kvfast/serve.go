@@ -87,7 +87,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.IntVar(&cfg.Segment.IndexCapacity, "index-capacity", cfg.Segment.IndexCapacity, "distinct KV blocks the index holds (set when the segment is created); about 70 bytes each with the engine-hash map")
 	fs.IntVar(&cfg.Segment.RingBytes, "ring-bytes", cfg.Segment.RingBytes, "bytes of each worker's event ring when the segment is created (0: shm's default, 1 MiB)")
 	fs.IntVar(&cfg.Sched.BlockSize, "block-size", cfg.Sched.BlockSize, "tokens per KV block; must equal the engines' block size")
-	fs.Var((*workerFlags)(&cfg.Static), "worker", `a static engine, repeatable: "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]" (zmq: the engine's KV-event PUB socket, vLLM/SGLang wire format; needs model)`)
+	fs.Var((*workerFlags)(&cfg.Static), "worker", `a static engine, repeatable: "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,role=prefill|decode|both][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]" (zmq: the engine's KV-event PUB socket, vLLM/SGLang wire format; needs model; role: its part in disaggregated serving, see --disagg)`)
 	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: kv (cache-aware cost model), approx (cache-aware from the router's own history, no events), round-robin, random, least-loaded")
 	cost := cfg.Sched.Cost
 	fs.Float64Var(&cost.OverlapCredit, "overlap-credit", cost.OverlapCredit, "weight of a worker's cached prefix blocks against its prefill cost (0 ignores the cache)")
@@ -119,6 +119,11 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.IntVar(&cfg.Segment.Sessions, "session-capacity", cfg.Segment.Sessions, "sticky sessions the bindings table holds (set when the segment is created; the least recently used binding in a full bucket is evicted)")
 	fs.DurationVar(&cfg.HTTP.Sessions.BusyUnbindAfter, "session-busy-unbind", cfg.HTTP.Sessions.BusyUnbindAfter, "move a session off its worker once that worker has stayed over a busy threshold this long; shorter overload is transient and the session's requests queue for their worker (0: never)")
 	fs.DurationVar(&cfg.HTTP.Sessions.ControlTimeout, "session-control-timeout", cfg.HTTP.Sessions.ControlTimeout, "bound on one SGLang open_session or close_session call (session_control)")
+	dis := &cfg.HTTP.Disagg
+	fs.StringVar(&dis.Protocol, "disagg", dis.Protocol, "route requests in two stages, prefill on a prefill worker then decode on a decode worker (workers' role=), in the engines' `protocol`: vllm (NixlConnector kv_transfer_params) or sglang (bootstrap_host/port/room); empty: off")
+	fs.IntVar(&dis.MinRemoteTokens, "disagg-min-remote-tokens", dis.MinRemoteTokens, "with --disagg: prefill on the decode worker when the part of the prompt it does not cache is shorter than this many tokens")
+	fs.Float64Var(&dis.LocalCachedFraction, "disagg-local-cached-fraction", dis.LocalCachedFraction, "with --disagg: prefill on the decode worker when it caches at least this fraction of the prompt (0: off)")
+	fs.IntVar(&dis.BootstrapPort, "disagg-bootstrap-port", dis.BootstrapPort, "with --disagg sglang: the prefill engines' bootstrap port (SGLang's default is 8998; 0: the prefill worker's HTTP port, as kvfast mock serves it)")
 	oc := &cfg.Dispatch.Outlier
 	fs.IntVar(&oc.Consecutive, "eject-consecutive", oc.Consecutive, "eject an engine from routing after this many failed requests in a row (5xx, refused or reset connection, timeout; 0: off)")
 	fs.IntVar(&oc.FailurePercent, "eject-failure-percent", oc.FailurePercent, "eject an engine whose requests failed at least this percentage within --eject-window, once it saw --eject-min-requests there (0: off)")

@@ -56,6 +56,8 @@ CONTROL_RETIRED = 128
 S_STATE, S_GEN, S_PID, S_WORKER_ID, S_DP_RANK, S_BLOCK_SIZE = 0, 8, 12, 16, 24, 28
 S_KV_CAPACITY, S_HEARTBEAT, S_REGISTERED, S_MODEL_LEN, S_ENDPT_LEN = 32, 40, 48, 56, 58
 S_MODEL, S_ENDPOINT = 64, 256
+S_ROLE = 60
+ROLES = {"both": 0, "prefill": 1, "decode": 2}
 MAX_MODEL_LEN, MAX_ENDPOINT_LEN = S_ENDPOINT - S_MODEL, SLOT_SIZE - S_ENDPOINT
 FREE, CLAIMING, LIVE, DOWN, CLOSED = 0, 1, 2, 3, 4
 
@@ -106,7 +108,7 @@ class KvfastPublisher:
     """
 
     def __init__(self, path, worker_id, model, block_size, dp_rank=0,
-                 kv_capacity_blocks=0, endpoint=""):
+                 kv_capacity_blocks=0, endpoint="", role="both"):
         if sys.byteorder != "little":
             raise SegmentError("kvfast segments are little-endian; this host is not")
         model_b, endpoint_b = model.encode(), endpoint.encode()
@@ -114,6 +116,9 @@ class KvfastPublisher:
             raise ValueError("block size %d out of range" % block_size)
         if len(model_b) > MAX_MODEL_LEN or len(endpoint_b) > MAX_ENDPOINT_LEN:
             raise ValueError("model or endpoint too long")
+        if role not in ROLES:
+            raise ValueError("role %r: want both, prefill or decode" % role)
+        self._role = ROLES[role]
         self._lock = threading.Lock()
         self._closed = False
         self._fd = os.open(path, os.O_RDWR)
@@ -226,6 +231,7 @@ class KvfastPublisher:
             i[(off + S_DP_RANK) // 4] = dp_rank
             i[(off + S_BLOCK_SIZE) // 4] = block_size
             q[(off + S_KV_CAPACITY) // 8] = kv_cap
+            i[(off + S_ROLE) // 4] = self._role
             q[(off + S_HEARTBEAT) // 8] = now
             q[(off + S_REGISTERED) // 8] = now
             struct.pack_into("<HH", self._mm, off + S_MODEL_LEN, len(model_b), len(endpoint_b))

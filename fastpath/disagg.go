@@ -1,0 +1,490 @@
+package fastpath
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/dispatch"
+	"github.com/kvfast/kvfast/guard"
+	"github.com/kvfast/kvfast/internal/clock"
+	"github.com/kvfast/kvfast/internal/jsonscan"
+	"github.com/kvfast/kvfast/openai"
+	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/workers"
+)
+
+// Disaggregated prefill → decode (docs/routing.md, "Disaggregated
+// serving"). A request is routed to a decode worker first, by the cost
+// model over the decode pool, so that the decode worker's own cached
+// prefix is known; then either that worker prefills locally (a short
+// uncached remainder, or a prompt it mostly caches: conditional
+// disaggregation), or a prefill worker chosen by the cost model over the
+// prefill pool computes the prompt and hands its KV over, in the engines'
+// own protocol. Each stage has its own guard from the server's pool, so
+// each stage's booking is released exactly once, whatever fails.
+
+// Disaggregation protocols (DisaggConfig.Protocol).
+const (
+	DisaggOff    = ""
+	DisaggVLLM   = "vllm"   // NixlConnector and compatible: prefill with max_tokens 1, then decode with its kv_transfer_params
+	DisaggSGLang = "sglang" // bootstrap_host/port/room injected, both stages sent at once, decode relayed
+)
+
+// DisaggConfig configures disaggregated serving.
+type DisaggConfig struct {
+	// Protocol is DisaggOff, DisaggVLLM or DisaggSGLang. Off routes every
+	// request to one worker, whatever the workers' roles.
+	Protocol string
+	// MinRemoteTokens: a prompt whose part the chosen decode worker does
+	// not cache is shorter than this is prefilled on the decode worker,
+	// where shipping its KV would cost more than computing it.
+	MinRemoteTokens int
+	// LocalCachedFraction: when the chosen decode worker caches at least
+	// this share of the prompt, it prefills the rest itself. 0 disables
+	// the rule.
+	LocalCachedFraction float64
+	// BootstrapPort is the port of an SGLang prefill engine's bootstrap
+	// server, sent as bootstrap_port (SGLang's default is 8998); 0 sends
+	// the prefill worker's own HTTP port (kvfast's mock engine serves its
+	// bootstrap there).
+	BootstrapPort int
+}
+
+// Conditional disaggregation's defaults: a prompt whose uncached part is
+// under 256 tokens (about a dozen milliseconds of prefill on an 8B model)
+// is not worth a KV transfer, nor is one its decode worker caches at 90%.
+const (
+	DefaultMinRemoteTokens     = 256
+	DefaultLocalCachedFraction = 0.9
+)
+
+func (c *DisaggConfig) validate() error {
+	switch c.Protocol {
+	case DisaggOff, DisaggVLLM, DisaggSGLang:
+	default:
+		return fmt.Errorf("cannot use disaggregation protocol %q: want vllm, sglang or none", c.Protocol)
+	}
+	if c.MinRemoteTokens < 0 || c.LocalCachedFraction < 0 || c.LocalCachedFraction > 1 {
+		return fmt.Errorf("cannot use disaggregation thresholds %d tokens, %v cached: want tokens >= 0 and a fraction in [0, 1]",
+			c.MinRemoteTokens, c.LocalCachedFraction)
+	}
+	if c.BootstrapPort < 0 || c.BootstrapPort > 65535 {
+		return fmt.Errorf("cannot use bootstrap port %d: want 1-65535, or 0 for the prefill worker's HTTP port", c.BootstrapPort)
+	}
+	return nil
+}
+
+// Disaggregation decisions, the values of kvfast_disagg_decisions_total's
+// decision label.
+const (
+	decisionRemote        = "remote"       // prefilled on a prefill worker
+	decisionLocalShort    = "local_short"  // uncached remainder under MinRemoteTokens
+	decisionLocalCached   = "local_cached" // decode worker caches LocalCachedFraction of the prompt
+	decisionLocalNoWorker = "local_no_prefill_worker"
+	decisionFallback      = "fallback_local" // every prefill attempt failed: prefilled locally
+)
+
+var allDecisions = []string{decisionRemote, decisionLocalShort, decisionLocalCached, decisionLocalNoWorker, decisionFallback}
+
+// Stages of a disaggregated request's time to first token, the values of
+// kvfast_disagg_stage_seconds's stage label.
+const (
+	stagePrefill      = "prefill"            // prefill request sent → its answer read (vLLM), or → its answer's end (SGLang)
+	stageTransferWait = "transfer_wait"      // decode request sent → the decode engine answered (it pulls the KV first)
+	stageFirstDecode  = "first_decode_token" // decode engine answered → first output token
+)
+
+// prefillStage is the prefill half of one exchange: its own guard, engine
+// call and buffers. It is the prefill call's dispatch.Observer.
+type prefillStage struct {
+	h       guard.Handle
+	held    bool // h is acquired and not yet released; set under the exchange's hangMu
+	call    *dispatch.Call
+	dec     sched.Decision
+	decided bool   // the request was disaggregated: dec names the prefill worker
+	body    []byte // the prefill request's body
+	decode  []byte // the decode request's body (the client's, rewritten)
+
+	decodeSent, decodeAnswered int64 // clock readings for the stage metrics
+
+	// SGLang sends the prefill request from a goroutine of its own; done
+	// is closed when it has finished with h and call.
+	done chan struct{}
+}
+
+func (st *prefillStage) OnDispatched() { _ = st.h.Dispatched() }
+func (st *prefillStage) OnFirstToken() {}
+func (st *prefillStage) OnItem(int)    {}
+func (st *prefillStage) OnAbort(error) { st.abortFailed() }
+func (st *prefillStage) OnComplete([]byte) {
+	// The prefill's one token ends its stage, whatever the finish reason:
+	// its booking is done with once the KV is computed.
+	_ = st.h.OnItem(1, guard.FinishLength)
+}
+
+func (st *prefillStage) abortFailed() {
+	if st.h.State() == guard.Selected {
+		_ = st.h.DispatchFailed()
+		return
+	}
+	_ = st.h.Abort(guard.ReasonEngineError)
+}
+
+// recycle keeps the stage's buffers for the exchange's next request.
+func (st *prefillStage) recycle() prefillStage {
+	if cap(st.body) > 1<<20 || cap(st.decode) > 1<<20 {
+		return prefillStage{}
+	}
+	return prefillStage{body: st.body[:0], decode: st.decode[:0]}
+}
+
+// setPrefillGuard makes h the prefill stage's guard, held; as setGuard, a
+// client already gone aborts it at once.
+func (ex *exchange) setPrefillGuard(h guard.Handle) {
+	ex.hangMu.Lock()
+	ex.pre.h, ex.pre.held = h, true
+	gone := ex.hungUp
+	ex.hangMu.Unlock()
+	if gone {
+		_ = h.Abort(guard.ReasonClientCancel)
+	}
+}
+
+// releasePrefill ends the prefill stage: it waits for an SGLang prefill
+// sender, then releases the stage's call and guard.
+func (ex *exchange) releasePrefill() {
+	st := &ex.pre
+	if st.done != nil {
+		<-st.done
+		st.done = nil
+	}
+	ex.hangMu.Lock()
+	call := st.call
+	st.call = nil
+	ex.hangMu.Unlock()
+	if call != nil {
+		call.Release()
+	}
+	ex.hangMu.Lock()
+	held := st.held
+	st.held = false
+	ex.hangMu.Unlock()
+	if held {
+		_ = st.h.Release()
+	}
+}
+
+// setPrefillCall makes c the prefill stage's call, under hangMu so that a
+// hang-up aborts it (HangUp), and aborts it at once if the client has
+// already left.
+func (ex *exchange) setPrefillCall(c *dispatch.Call) {
+	ex.hangMu.Lock()
+	ex.pre.call = c
+	gone := ex.hungUp
+	ex.hangMu.Unlock()
+	if gone {
+		c.Abort()
+	}
+}
+
+// disaggregating reports whether requests are routed in two stages.
+func (s *Server) disaggregating() bool { return s.cfg.Disagg.Protocol != DisaggOff }
+
+// serveDisagg routes a request in two stages (or, as conditional
+// disaggregation decides, in one on a decode-capable worker) and hands
+// the decode stage to forward, which relays it as any request. It
+// reports whether a stream took the exchange over.
+func (s *Server) serveDisagg(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool) {
+	ex.sreq.Stage = sched.StageDecode
+	ex.wait.reset(ctx, s.cfg.QueueTimeout)
+	ex.setGuard(s.guards.Acquire())
+	ex.watchClient(ctx)
+	// A session binds to its decode worker, where the conversation's KV
+	// lives (forward binds it on dispatch): selectSticky pins the request
+	// there while that worker can decode.
+	dec, err := ex.selectSticky()
+	if ex.wait.queued() {
+		s.waits.observe(clock.Since(ex.lastItem))
+	}
+	s.metrics.stageSched.Observe(seconds(clock.Since(ex.lastItem)))
+	s.metrics.stageTotal.Observe(seconds(clock.Since(ex.arrived)))
+	if err != nil {
+		ex.failSelect(ctx, err)
+		return false
+	}
+	ex.dec = dec
+	decision := s.decideDisagg(ex)
+	if decision == decisionRemote {
+		// The decode worker computes none of the prompt: its prefill
+		// booking goes now, before it misleads other selections.
+		_ = ex.h.PrefillRemote()
+		var ok bool
+		if s.cfg.Disagg.Protocol == DisaggSGLang {
+			ok = s.startSGLang(ctx, ex)
+		} else {
+			ok = s.prefillVLLM(ctx, ex)
+		}
+		if ex.clientGone() || ex.h.State() == guard.Aborted {
+			ex.failSelect(ctx, context.Canceled)
+			return false
+		}
+		if !ok {
+			decision = decisionFallback
+		}
+	}
+	s.metrics.dis.decisions[decision].Inc()
+	if ex.pre.decided {
+		ex.setPrefillHeaders(ctx)
+		ex.body = ex.pre.decode
+	}
+	ex.pre.decodeSent = clock.Now()
+	return s.forward(ctx, ex)
+}
+
+// decideDisagg is conditional disaggregation: whether the decode worker
+// chosen in ex.dec prefills the prompt itself.
+func (s *Server) decideDisagg(ex *exchange) string {
+	cfg := &s.cfg.Disagg
+	cached := int(ex.dec.OverlapBlocks) * s.sched.BlockSize()
+	prompt := ex.sreq.PromptTokens
+	switch {
+	case prompt-cached < cfg.MinRemoteTokens:
+		return decisionLocalShort
+	case cfg.LocalCachedFraction > 0 && float64(cached) >= cfg.LocalCachedFraction*float64(prompt):
+		return decisionLocalCached
+	case s.prefillCandidates(ex) == 0:
+		return decisionLocalNoWorker
+	}
+	return decisionRemote
+}
+
+// prefillCandidates are the workers the prefill stage may choose: the
+// prefill pool, under the request's allow-list, without the decode worker
+// (a both-role worker prefilling for itself is a local prefill).
+func (s *Server) prefillCandidates(ex *exchange) workers.Set {
+	set := s.sched.StageWorkers(sched.StagePrefill) &^ workers.SetOf(ex.dec.Slot)
+	if ex.sreq.AllowListed {
+		set &= ex.sreq.Allow
+	}
+	return set
+}
+
+// prefillRequest is the selection request of the prefill stage: the same
+// prompt and overlaps, the prefill pool, no output.
+func (s *Server) prefillRequest(ex *exchange) sched.Request {
+	preq := ex.sreq
+	preq.Stage = sched.StagePrefill
+	preq.ExpectedOutputTokens = 0
+	preq.Scores = nil
+	preq.Pinned = false // a pin names the worker that answers: the decode worker
+	preq.AllowListed, preq.Allow = true, s.prefillCandidates(ex)
+	return preq
+}
+
+// prefillVLLM runs the vLLM prefill stage: the prompt, one token and
+// kv_transfer_params asking to keep the KV for a remote decode, on a
+// prefill worker; a failed attempt is retried on another prefill worker,
+// up to MaxRetries times. On success the decode body, carrying the
+// prefill's answer's kv_transfer_params, is in ex.pre.decode. It reports
+// false when every attempt failed or the client left.
+func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
+	st := &ex.pre
+	var err error
+	if st.body, err = appendVLLMPrefillBody(st.body[:0], ex.body, ex.api == openai.APIChatCompletions); err != nil {
+		return false
+	}
+	preq := s.prefillRequest(ex)
+	for attempt := 0; attempt <= s.cfg.MaxRetries; attempt++ {
+		if attempt > 0 {
+			s.metrics.retries.Inc()
+		}
+		ex.setPrefillGuard(s.guards.Acquire())
+		d, serr := st.h.Select(&ex.wait, &preq)
+		if serr != nil {
+			ex.releasePrefill()
+			return false
+		}
+		st.dec = d
+		ex.setPrefillCall(s.engines.AcquireCall())
+		st.call.SetRequest(routedPath(ex.api), st.body)
+		copyForwardHeaders(ctx, st.call.Request(), ex.rid)
+		t0 := clock.Now()
+		err := st.call.Do(d.Slot, st)
+		var body []byte
+		if err == nil {
+			body, err = st.call.ReadBody()
+		}
+		if err == nil && st.call.StatusCode() >= 300 {
+			err = errPrefillRefused
+			st.abortFailed()
+		}
+		var params []byte
+		if err == nil {
+			if params = topLevelMember(body, "kv_transfer_params"); len(params) == 0 || string(params) == "null" {
+				err = errNoTransferParams
+			}
+		}
+		if err == nil {
+			st.decode, err = appendVLLMDecodeBody(st.decode[:0], ex.body, params)
+		}
+		s.metrics.dis.stages[stagePrefill].Observe(seconds(clock.Since(t0)))
+		ex.releasePrefill() // the prefill stage is over: its booking goes now
+		if err == nil {
+			st.decided = true
+			return true
+		}
+		s.log.Debug("prefill stage failed", "request_id", string(ex.rid), "worker", d.WorkerID, "err", err)
+		if ex.clientGone() || !retryablePrefill(err) {
+			return false
+		}
+		preq.Allow &^= workers.SetOf(d.Slot)
+		if preq.Allow == 0 {
+			return false
+		}
+	}
+	return false
+}
+
+var (
+	errPrefillRefused   = errors.New("the prefill engine refused the request")
+	errNoTransferParams = errors.New("the prefill engine's answer has no kv_transfer_params")
+)
+
+// retryablePrefill: a prefill failure is tried on another prefill worker
+// unless the request itself is at fault, which no worker would accept.
+func retryablePrefill(err error) bool {
+	return !errors.Is(err, dispatch.ErrClientGone)
+}
+
+// startSGLang starts the SGLang prefill stage: both stages get the
+// client's body with the prefill worker's bootstrap address and a fresh
+// room, the prefill request is sent from a goroutine of its own, and the
+// decode request goes on at once (forward), so that the decode engine
+// pairs with the prefill engine by room while both run. The prefill's
+// answer is read and dropped; cleanup waits for the sender.
+func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
+	st := &ex.pre
+	preq := s.prefillRequest(ex)
+	ex.setPrefillGuard(s.guards.Acquire())
+	d, err := st.h.Select(&ex.wait, &preq)
+	if err != nil {
+		ex.releasePrefill()
+		return false
+	}
+	host, portText, err := net.SplitHostPort(d.Endpoint)
+	if err != nil {
+		host = d.Endpoint
+	}
+	port := s.cfg.Disagg.BootstrapPort
+	if port == 0 {
+		port, _ = strconv.Atoi(portText)
+	}
+	room := rand.Uint64() >> 1 // SGLang reads the room as a signed 64-bit integer
+	if st.decode, err = appendSGLangBody(st.decode[:0], ex.body, host, port, room); err != nil {
+		ex.releasePrefill()
+		return false
+	}
+	st.dec, st.decided = d, true
+	ex.setPrefillCall(s.engines.AcquireCall())
+	st.call.SetRequest(routedPath(ex.api), st.decode)
+	copyForwardHeaders(ctx, st.call.Request(), ex.rid)
+	st.done = make(chan struct{})
+	go func(call *dispatch.Call, slot workers.Slot) {
+		defer close(st.done)
+		t0 := clock.Now()
+		if err := call.Do(slot, st); err == nil {
+			if call.IsEventStream() {
+				err = call.Relay(discardWriter())
+			} else {
+				_, err = call.ReadBody()
+			}
+			if err == nil && call.StatusCode() < 300 {
+				_ = st.h.Close()
+			}
+		}
+		s.metrics.dis.stages[stagePrefill].Observe(seconds(clock.Since(t0)))
+	}(st.call, d.Slot)
+	return true
+}
+
+// discardWriter is where an SGLang prefill engine's streamed answer goes.
+func discardWriter() *bufio.Writer { return bufio.NewWriterSize(io.Discard, 4096) }
+
+// setPrefillHeaders names the prefill worker in the response, beside the
+// decode worker's X-Kvfast-Worker.
+func (ex *exchange) setPrefillHeaders(ctx *fasthttp.RequestCtx) {
+	h := &ctx.Response.Header
+	ex.out = strconv.AppendUint(ex.out[:0], ex.pre.dec.WorkerID, 10)
+	h.SetBytesV(HeaderPrefillWorker, ex.out)
+	ex.out = strconv.AppendUint(ex.out[:0], uint64(ex.pre.dec.DPRank), 10)
+	h.SetBytesV(HeaderPrefillDPRank, ex.out)
+}
+
+// Response headers of a disaggregated request.
+const (
+	// HeaderPrefillWorker names the worker that prefilled the prompt of a
+	// disaggregated request; X-Kvfast-Worker names the decode worker.
+	HeaderPrefillWorker = "X-Kvfast-Prefill-Worker"
+	HeaderPrefillDPRank = "X-Kvfast-Prefill-Dp-Rank"
+)
+
+// decodeDispatched and decodeFirstToken split a disaggregated request's
+// time to first token into its stages (the exchange's observer calls
+// them).
+func (ex *exchange) decodeDispatched() {
+	if !ex.pre.decided {
+		return
+	}
+	now := clock.Now()
+	ex.pre.decodeAnswered = now
+	ex.s.metrics.dis.stages[stageTransferWait].Observe(seconds(time.Duration(now - ex.pre.decodeSent)))
+}
+
+func (ex *exchange) decodeFirstToken(now int64) {
+	if !ex.pre.decided || ex.pre.decodeAnswered == 0 {
+		return
+	}
+	ex.s.metrics.dis.stages[stageFirstDecode].Observe(seconds(time.Duration(now - ex.pre.decodeAnswered)))
+}
+
+// appendDisaggRoute extends a route-only answer (b ends with its closing
+// brace) with the prefill stage's choice and the disaggregation decision.
+func (s *Server) appendDisaggRoute(ctx context.Context, b []byte, ex *exchange) []byte {
+	if len(b) == 0 || b[len(b)-1] != '}' {
+		return b
+	}
+	b = b[:len(b)-1]
+	decision := s.decideDisagg(ex)
+	b = append(b, `,"disaggregation":`...)
+	b = jsonscan.AppendQuoted(b, decision)
+	b = append(b, `,"prefill":`...)
+	if decision != decisionRemote {
+		return append(b, "null}"...)
+	}
+	preq := s.prefillRequest(ex)
+	preq.QueryOnly = true
+	d, err := s.sched.Select(ctx, &preq, nil)
+	if err != nil {
+		return append(b, "null}"...)
+	}
+	b = append(b, `{"worker_id":`...)
+	b = strconv.AppendUint(b, d.WorkerID, 10)
+	b = append(b, `,"dp_rank":`...)
+	b = strconv.AppendUint(b, uint64(d.DPRank), 10)
+	b = append(b, `,"endpoint":`...)
+	b = jsonscan.AppendQuoted(b, d.Endpoint)
+	b = append(b, `,"overlap_blocks":`...)
+	b = strconv.AppendUint(b, uint64(d.OverlapBlocks), 10)
+	b = append(b, `,"busy":`...)
+	b = strconv.AppendBool(b, d.Busy)
+	return append(b, "}}"...)
+}

@@ -1,0 +1,177 @@
+package fastpath
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/kvfast/kvfast/internal/jsonscan"
+)
+
+// The two stages of a disaggregated request send the client's body with a
+// few top-level members replaced. These helpers copy the body's members
+// except the named ones and append the replacements, without building a
+// tree: a body is already known to be a valid JSON object (the parser
+// read it). A member spelled with escapes in its name is copied as is.
+
+var errNotObject = errors.New("the body is not a JSON object")
+
+// appendMembersExcept appends body's top-level members, "{" included and
+// the closing "}" not, leaving out those named in drop; it reports
+// whether any member was written.
+func appendMembersExcept(dst, body []byte, drop ...string) ([]byte, bool, error) {
+	i := jsonscan.SkipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return dst, false, errNotObject
+	}
+	dst = append(dst, '{')
+	wrote := false
+	i++
+	for {
+		i = jsonscan.SkipSpace(body, i)
+		if i < len(body) && body[i] == '}' {
+			return dst, wrote, nil
+		}
+		if i >= len(body) || body[i] != '"' {
+			return dst, wrote, errNotObject
+		}
+		keyEnd, _ := jsonscan.ScanString(body, i)
+		if keyEnd < 0 {
+			return dst, wrote, errNotObject
+		}
+		key := body[i+1 : keyEnd-1]
+		j := jsonscan.SkipSpace(body, keyEnd)
+		if j >= len(body) || body[j] != ':' {
+			return dst, wrote, errNotObject
+		}
+		j = jsonscan.SkipSpace(body, j+1)
+		end := jsonscan.SkipValue(body, j, 1)
+		if end < 0 {
+			return dst, wrote, errNotObject
+		}
+		if !named(key, drop) {
+			if wrote {
+				dst = append(dst, ',')
+			}
+			dst = append(dst, body[i:keyEnd]...)
+			dst = append(dst, ':')
+			dst = append(dst, body[j:end]...)
+			wrote = true
+		}
+		i = jsonscan.SkipSpace(body, end)
+		if i < len(body) && body[i] == ',' {
+			i++
+		}
+	}
+}
+
+func named(key []byte, names []string) bool {
+	for _, n := range names {
+		if string(key) == n {
+			return true
+		}
+	}
+	return false
+}
+
+// topLevelMember returns the raw value of body's top-level member name,
+// or nil.
+func topLevelMember(body []byte, name string) []byte {
+	i := jsonscan.SkipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return nil
+	}
+	i++
+	for {
+		i = jsonscan.SkipSpace(body, i)
+		if i >= len(body) || body[i] != '"' {
+			return nil
+		}
+		keyEnd, _ := jsonscan.ScanString(body, i)
+		if keyEnd < 0 {
+			return nil
+		}
+		j := jsonscan.SkipSpace(body, keyEnd)
+		if j >= len(body) || body[j] != ':' {
+			return nil
+		}
+		j = jsonscan.SkipSpace(body, j+1)
+		end := jsonscan.SkipValue(body, j, 1)
+		if end < 0 {
+			return nil
+		}
+		if string(body[i+1:keyEnd-1]) == name {
+			return body[j:end]
+		}
+		i = jsonscan.SkipSpace(body, end)
+		if i < len(body) && body[i] == ',' {
+			i++
+		}
+	}
+}
+
+func appendMember(dst []byte, wrote bool, name, raw string) []byte {
+	if wrote {
+		dst = append(dst, ',')
+	}
+	dst = append(dst, '"')
+	dst = append(dst, name...)
+	dst = append(dst, `":`...)
+	return append(dst, raw...)
+}
+
+// vllmPrefillParams asks a vLLM prefill engine to keep the prompt's KV for
+// a remote decode (vLLM's disaggregated proxy examples send exactly this).
+const vllmPrefillParams = `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
+
+// appendVLLMPrefillBody appends the prefill stage's body: the client's,
+// non-streaming, one token, with the prefill kv_transfer_params.
+// stream_options and min_tokens go, as a one-token request refuses them.
+func appendVLLMPrefillBody(dst, body []byte, chat bool) ([]byte, error) {
+	dst, wrote, err := appendMembersExcept(dst, body, "kv_transfer_params", "stream", "stream_options",
+		"max_tokens", "max_completion_tokens", "min_tokens", "min_completion_tokens")
+	if err != nil {
+		return dst, err
+	}
+	dst = appendMember(dst, wrote, "kv_transfer_params", vllmPrefillParams)
+	dst = appendMember(dst, true, "stream", "false")
+	dst = appendMember(dst, true, "max_tokens", "1")
+	if chat && topLevelMember(body, "max_completion_tokens") != nil {
+		dst = appendMember(dst, true, "max_completion_tokens", "1")
+	}
+	return append(dst, '}'), nil
+}
+
+// appendVLLMDecodeBody appends the decode stage's body: the client's, with
+// the kv_transfer_params the prefill engine answered.
+func appendVLLMDecodeBody(dst, body, params []byte) ([]byte, error) {
+	dst, wrote, err := appendMembersExcept(dst, body, "kv_transfer_params")
+	if err != nil {
+		return dst, err
+	}
+	if wrote {
+		dst = append(dst, ',')
+	}
+	dst = append(dst, `"kv_transfer_params":`...)
+	dst = append(dst, params...)
+	return append(dst, '}'), nil
+}
+
+// appendSGLangBody appends the body both stages of an SGLang request get:
+// the client's, with the prefill engine's bootstrap address and the room
+// that pairs the two stages.
+func appendSGLangBody(dst, body []byte, host string, port int, room uint64) ([]byte, error) {
+	dst, wrote, err := appendMembersExcept(dst, body, "bootstrap_host", "bootstrap_port", "bootstrap_room")
+	if err != nil {
+		return dst, err
+	}
+	if wrote {
+		dst = append(dst, ',')
+	}
+	dst = append(dst, `"bootstrap_host":`...)
+	dst = jsonscan.AppendQuoted(dst, host)
+	dst = append(dst, `,"bootstrap_port":`...)
+	dst = strconv.AppendInt(dst, int64(port), 10)
+	dst = append(dst, `,"bootstrap_room":`...)
+	dst = strconv.AppendUint(dst, room, 10)
+	return append(dst, '}'), nil
+}

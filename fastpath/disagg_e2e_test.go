@@ -1,0 +1,384 @@
+package fastpath_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/internal/rig"
+	"github.com/kvfast/kvfast/mocker"
+	"github.com/kvfast/kvfast/node"
+	"github.com/kvfast/kvfast/sched"
+)
+
+// disaggRig is a router in disaggregated mode over mock engines
+// registered in its segment with their roles: one prefill engine (worker
+// 1) and two decode engines (workers 2 and 3).
+type disaggRig struct {
+	r       *e2eRouter
+	prefill *mocker.Engine
+	decode  []*mocker.Engine
+}
+
+func startDisaggRig(t *testing.T, dis fastpath.DisaggConfig, sglang bool) *disaggRig {
+	t.Helper()
+	cfg := e2eConfig()
+	cfg.HTTP.Disagg = dis
+	r := startE2ERig(t, rig.Config{Node: cfg})
+	engine := func(id uint64, role mocker.Role) *mocker.Engine {
+		return startMock(t, mocker.Config{WorkerID: id, Role: role, Segment: r.rig.SegmentPath, SGLangBootstrap: sglang, KVBlocks: 2048})
+	}
+	d := &disaggRig{r: r, prefill: engine(1, mocker.RolePrefill)}
+	d.decode = []*mocker.Engine{engine(2, mocker.RoleDecode), engine(3, mocker.RoleDecode)}
+	ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
+	defer cancel()
+	if err := r.rig.WaitWorkers(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[uint64]sched.Role{1: sched.RolePrefill, 2: sched.RoleDecode, 3: sched.RoleDecode} {
+		slot, _ := r.node.Scheduler().Resolve(id, 0)
+		if info, _ := r.node.Scheduler().Worker(slot); info.Role != want {
+			t.Fatalf("worker %d registered as %v, want %v", id, info.Role, want)
+		}
+	}
+	return d
+}
+
+// streamText reads a whole SSE answer and returns its items' texts, the
+// finish reasons and whether it ended with [DONE]; an error event fails
+// the test unless allowed.
+func readStream(t *testing.T, body []byte) (items int, finish string, done bool, errEvent bool) {
+	t.Helper()
+	rd := bufio.NewReader(bytes.NewReader(body))
+	for {
+		ev, err := readEvent(rd)
+		if err != nil {
+			return
+		}
+		data := bytes.TrimPrefix(bytes.TrimSpace(ev), []byte("data: "))
+		if string(data) == "[DONE]" {
+			done = true
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+			Error any `json:"error"`
+		}
+		if err := json.Unmarshal(data, &chunk); err != nil {
+			continue // an engine's garbage, relayed as it came
+		}
+		if chunk.Error != nil {
+			errEvent = true
+			continue
+		}
+		if len(chunk.Choices) > 0 {
+			items++
+			if f := chunk.Choices[0].FinishReason; f != nil {
+				finish = *f
+			}
+		}
+	}
+}
+
+func decisionCount(t *testing.T, r *e2eRouter, decision string) float64 {
+	t.Helper()
+	v, _ := metricValue(r.metrics(t), `kvfast_disagg_decisions_total{decision="`+decision+`"}`)
+	return v
+}
+
+// TestDisaggVLLMTwoStages: a long prompt is prefilled on the prefill
+// engine (one token, kv_transfer_params), its KV pulled by a decode
+// engine, and the decode engine's stream relayed whole; both stages'
+// bookings are released, the stage metrics observed.
+func TestDisaggVLLMTwoStages(t *testing.T) {
+	d := startDisaggRig(t, fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM, MinRemoteTokens: 64}, false)
+	r := d.r
+	for i, stream := range []bool{true, false} {
+		resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(1+i), 300), stream, 12), nil)
+		if resp.status != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.status, resp.body)
+		}
+		if got := resp.header.Get(fastpath.HeaderPrefillWorker); got != "1" {
+			t.Errorf("prefill worker %q, want 1", got)
+		}
+		if w := resp.header.Get(fastpath.HeaderWorker); w != "2" && w != "3" {
+			t.Errorf("decode worker %q, want 2 or 3", w)
+		}
+		if stream {
+			items, finish, done, errEv := readStream(t, resp.body)
+			if items != 12 || finish != "length" || !done || errEv {
+				t.Errorf("stream: %d items, finish %q, done %v, error event %v; want 12 items ending in length and [DONE]", items, finish, done, errEv)
+			}
+		} else if !bytes.Contains(resp.body, []byte(`"finish_reason":"length"`)) || bytes.Contains(resp.body, []byte("kv_transfer_params")) {
+			t.Errorf("plain answer: %s", resp.body)
+		}
+		waitReleased(t, r.node)
+	}
+	ps := d.prefill.Stats()
+	if ps.Finished != 2 || ps.GeneratedTokens != 2 {
+		t.Errorf("prefill engine: %d finished, %d tokens; want 2 one-token prefills", ps.Finished, ps.GeneratedTokens)
+	}
+	var transferred, decoded uint64
+	totals := func() bool {
+		transferred, decoded = 0, 0
+		for _, e := range d.decode {
+			s := e.Stats()
+			transferred += s.BlocksTransferred
+			decoded += s.GeneratedTokens
+		}
+		return decoded == 24
+	}
+	waitFor(t, "the decode engines' counters", totals)
+	// 300 tokens are 18 full blocks of 16 before the last token.
+	if transferred != 36 {
+		t.Errorf("decode engines: %d blocks transferred, want 36", transferred)
+	}
+	// The prefill engine kept the blocks only until they were pulled.
+	waitFor(t, "the prefill engine to release the pulled blocks", func() bool { return d.prefill.Stats().KVHeld == 0 })
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_disagg_decisions_total{decision="remote"}`, 2)
+	for _, st := range []string{"prefill", "transfer_wait", "first_decode_token"} {
+		if v, ok := metricValue(m, `kvfast_disagg_stage_seconds_count{stage="`+st+`"}`); !ok || v < 1 {
+			t.Errorf("stage %s observed %v times", st, v)
+		}
+	}
+	if v, ok := metricValue(m, `kvfast_role_workers{role="decode"}`); !ok || v != 2 {
+		t.Errorf("kvfast_role_workers{role=decode} = %v", v)
+	}
+}
+
+// TestDisaggConditional: a short uncached remainder and a prompt the
+// decode worker mostly caches are prefilled locally; each decision is
+// counted and the prefill engine never sees them.
+func TestDisaggConditional(t *testing.T) {
+	d := startDisaggRig(t, fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM, MinRemoteTokens: 64, LocalCachedFraction: 0.5}, false)
+	r := d.r
+	short := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(2, 40), false, 4), nil)
+	if short.status != http.StatusOK || short.header.Get(fastpath.HeaderPrefillWorker) != "" {
+		t.Fatalf("short prompt: status %d, prefill worker %q: %s", short.status, short.header.Get(fastpath.HeaderPrefillWorker), short.body)
+	}
+	if n := decisionCount(t, r, "local_short"); n != 1 {
+		t.Errorf("local_short decisions %v, want 1", n)
+	}
+	long := e2eTokens(3, 320)
+	first := r.post(t, fastpath.PathCompletions, completionBody(long, false, 4), nil)
+	if first.status != http.StatusOK || first.header.Get(fastpath.HeaderPrefillWorker) != "1" {
+		t.Fatalf("long prompt: status %d, prefill worker %q", first.status, first.header.Get(fastpath.HeaderPrefillWorker))
+	}
+	dw, _ := strconv.ParseUint(first.header.Get(fastpath.HeaderWorker), 10, 64)
+	// The decode worker now holds the pulled blocks and says so in its
+	// events: a continuation of the prompt is mostly cached there.
+	waitFor(t, "the decode worker's blocks in the index", func() bool {
+		return workerView(t, r.node, dw, 0).IndexBlocks >= 18
+	})
+	next := append(append([]uint32(nil), long...), e2eTokens(4, 96)...)
+	again := r.post(t, fastpath.PathCompletions, completionBody(next, false, 4), nil)
+	if again.status != http.StatusOK || again.header.Get(fastpath.HeaderPrefillWorker) != "" ||
+		again.header.Get(fastpath.HeaderWorker) != first.header.Get(fastpath.HeaderWorker) {
+		t.Fatalf("cached continuation: status %d, prefill %q, decode %q (first on %q)", again.status,
+			again.header.Get(fastpath.HeaderPrefillWorker), again.header.Get(fastpath.HeaderWorker), first.header.Get(fastpath.HeaderWorker))
+	}
+	if n := decisionCount(t, r, "local_cached"); n != 1 {
+		t.Errorf("local_cached decisions %v, want 1", n)
+	}
+	if n := d.prefill.Stats().Requests; n != 1 {
+		t.Errorf("prefill engine saw %d requests, want only the remote one", n)
+	}
+	waitReleased(t, r.node)
+
+	// The route-only answer names both stages' workers.
+	route := r.post(t, fastpath.PathRouteCompletions, completionBody(e2eTokens(5, 300), false, 4), nil)
+	var ans struct {
+		WorkerID       uint64 `json:"worker_id"`
+		Disaggregation string `json:"disaggregation"`
+		Prefill        *struct {
+			WorkerID uint64 `json:"worker_id"`
+		} `json:"prefill"`
+	}
+	decodeJSON(t, route.body, &ans)
+	if ans.Disaggregation != "remote" || ans.Prefill == nil || ans.Prefill.WorkerID != 1 || (ans.WorkerID != 2 && ans.WorkerID != 3) {
+		t.Errorf("route-only answer %s", route.body)
+	}
+}
+
+// TestDisaggVLLMFaults: a prefill engine that refuses is retried on
+// another, one that never answers right falls back to a local prefill, a
+// decode failure after the first byte ends the stream with an error
+// event, and a client that leaves during the prefill aborts both stages;
+// every path frees every booking.
+func TestDisaggVLLMFaults(t *testing.T) {
+	decode := startMock(t, mocker.Config{Role: mocker.RoleDecode})
+	realPrefill := startMock(t, mocker.Config{Role: mocker.RolePrefill})
+	broken := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"overloaded","type":"server_error"}}`)
+	})
+	release := make(chan struct{})
+	stuck := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		<-release
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+	})
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	run := func(t *testing.T, prefill []node.StaticWorker, dec node.StaticWorker) *e2eRouter {
+		cfg := e2eConfig(append(prefill, dec)...)
+		cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM}
+		cfg.HTTP.MaxRetries = 2
+		cfg.Dispatch.Outlier.Consecutive = 0
+		return startE2ERouter(t, cfg)
+	}
+	decodeWorker := node.StaticWorker{ID: 10, Endpoint: decode.Addr(), Model: e2eModel, Role: sched.RoleDecode}
+	prefillOf := func(id uint64, addr string) node.StaticWorker {
+		return node.StaticWorker{ID: id, Endpoint: addr, Model: e2eModel, Role: sched.RolePrefill}
+	}
+	body := completionBody(e2eTokens(7, 200), true, 6)
+
+	t.Run("retried on another prefill worker", func(t *testing.T) {
+		r := run(t, []node.StaticWorker{prefillOf(1, broken.addr()), prefillOf(2, deadAddr(t)), prefillOf(3, realPrefill.Addr())}, decodeWorker)
+		for range 3 {
+			resp := r.post(t, fastpath.PathCompletions, body, nil)
+			if items, _, done, errEv := readStream(t, resp.body); resp.status != 200 || items != 6 || !done || errEv ||
+				resp.header.Get(fastpath.HeaderPrefillWorker) != "3" {
+				t.Fatalf("status %d, prefill %q, %d items: %s", resp.status, resp.header.Get(fastpath.HeaderPrefillWorker), items, resp.body)
+			}
+		}
+		waitReleased(t, r.node)
+		if n := decisionCount(t, r, "remote"); n != 3 {
+			t.Errorf("remote decisions %v, want 3", n)
+		}
+	})
+	t.Run("falls back to a local prefill", func(t *testing.T) {
+		r := run(t, []node.StaticWorker{prefillOf(1, broken.addr()), prefillOf(2, deadAddr(t))}, decodeWorker)
+		resp := r.post(t, fastpath.PathCompletions, body, nil)
+		if items, _, done, _ := readStream(t, resp.body); resp.status != 200 || items != 6 || !done || resp.header.Get(fastpath.HeaderPrefillWorker) != "" {
+			t.Fatalf("status %d, prefill %q: %s", resp.status, resp.header.Get(fastpath.HeaderPrefillWorker), resp.body)
+		}
+		waitReleased(t, r.node)
+		if n := decisionCount(t, r, "fallback_local"); n != 1 {
+			t.Errorf("fallback decisions %v, want 1", n)
+		}
+	})
+	t.Run("decode fails after the first byte", func(t *testing.T) {
+		dying := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
+			_ = writeFlush(w, itemEvent(0, "a", ""))
+			_ = writeFlush(w, []byte("data: {garbage\n\n"))
+		}))
+		r := run(t, []node.StaticWorker{prefillOf(3, realPrefill.Addr())},
+			node.StaticWorker{ID: 11, Endpoint: dying.addr(), Model: e2eModel, Role: sched.RoleDecode})
+		resp := r.post(t, fastpath.PathCompletions, body, nil)
+		items, _, _, errEv := readStream(t, resp.body)
+		if resp.status != 200 || items != 1 || !errEv {
+			t.Errorf("status %d, %d items, error event %v: %s", resp.status, items, errEv, resp.body)
+		}
+		waitReleased(t, r.node)
+	})
+	t.Run("client leaves during the prefill", func(t *testing.T) {
+		r := run(t, []node.StaticWorker{prefillOf(4, stuck.addr())}, decodeWorker)
+		before := decode.Stats().Requests
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.url+fastpath.PathCompletions, bytes.NewReader(body))
+		errc := make(chan error, 1)
+		go func() {
+			resp, err := r.client.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			errc <- err
+		}()
+		waitFor(t, "the prefill request", func() bool { return stuck.requests.Load() == 1 })
+		waitFor(t, "both stages booked", func() bool {
+			v := r.node.Snapshot()
+			return v.Queue.Booked-v.Queue.Released == 2
+		})
+		cancel()
+		<-errc
+		waitReleased(t, r.node) // both bookings freed while the prefill engine still computes
+		close(release)
+		waitFor(t, "the cancelled request's end", func() bool {
+			v, _ := metricValue(r.metrics(t), `kvfast_requests_total{endpoint="completions",status="cancelled"}`)
+			return v == 1
+		})
+		if got := decode.Stats().Requests; got != before {
+			t.Errorf("the decode engine got %d requests after the client left", got-before)
+		}
+	})
+}
+
+// TestDisaggSGLang: both stages get bootstrap_host, bootstrap_port and
+// the same bootstrap_room, at once; the decode engine pairs with the
+// prefill engine by room and its stream is relayed.
+func TestDisaggSGLang(t *testing.T) {
+	d := startDisaggRig(t, fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, MinRemoteTokens: 64}, true)
+	r := d.r
+	for i, stream := range []bool{true, false} {
+		text := strings.Repeat("a long system prompt number "+strconv.Itoa(i)+" ", 40)
+		resp := r.post(t, fastpath.PathChatCompletions, chatBody(text, stream), nil)
+		if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderPrefillWorker) != "1" {
+			t.Fatalf("status %d, prefill %q: %s", resp.status, resp.header.Get(fastpath.HeaderPrefillWorker), resp.body)
+		}
+		if stream {
+			if items, finish, done, errEv := readStream(t, resp.body); items != 8 || finish != "length" || !done || errEv {
+				t.Errorf("stream: %d items, finish %q, done %v, error %v", items, finish, done, errEv)
+			}
+		}
+		waitReleased(t, r.node)
+	}
+	var transferred uint64
+	for _, e := range d.decode {
+		transferred += e.Stats().BlocksTransferred
+	}
+	if transferred == 0 || d.prefill.Stats().Finished != 2 {
+		t.Errorf("%d blocks transferred, %d prefills finished", transferred, d.prefill.Stats().Finished)
+	}
+	waitFor(t, "the prefill engine to release the rooms' blocks", func() bool { return d.prefill.Stats().KVHeld == 0 })
+}
+
+func chatBody(text string, stream bool) []byte {
+	b, _ := json.Marshal(map[string]any{"model": e2eModel, "stream": stream, "max_tokens": 8,
+		"messages": []map[string]string{{"role": "user", "content": text}}})
+	return b
+}
+
+// TestDisaggStickySessionBindsDecodeWorker: in disaggregated mode a
+// session binds to its decode worker, where the conversation's KV lives,
+// and its later requests decode there whatever their prefill worker.
+func TestDisaggStickySessionBindsDecodeWorker(t *testing.T) {
+	d := startDisaggRig(t, fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM, MinRemoteTokens: 64}, false)
+	r := d.r
+	hdr := map[string]string{fastpath.HeaderSession: "conversation-1"}
+	var bound string
+	for i := range 6 {
+		// Each turn a different prompt, so that the cost model alone
+		// would spread them over both decode workers.
+		resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(100+i), 300), false, 4), hdr)
+		if resp.status != http.StatusOK {
+			t.Fatalf("turn %d: status %d: %s", i, resp.status, resp.body)
+		}
+		w := resp.header.Get(fastpath.HeaderWorker)
+		if w != "2" && w != "3" {
+			t.Fatalf("turn %d decoded on worker %q, want a decode worker", i, w)
+		}
+		if i == 0 {
+			bound = w
+		} else if w != bound {
+			t.Fatalf("turn %d decoded on worker %s, the session is bound to %s", i, w, bound)
+		}
+		waitReleased(t, r.node)
+	}
+}

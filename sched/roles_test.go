@@ -1,0 +1,70 @@
+package sched
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/kvfast/kvfast/workers"
+)
+
+func TestStageFiltersByRole(t *testing.T) {
+	s := newTestScheduler(t, 0, Config{})
+	roles := []Role{RolePrefill, RoleDecode, RoleBoth, RoleDecode}
+	for i, r := range roles {
+		if err := s.Upsert(WorkerInfo{ID: 100 + uint64(i), Slot: workers.Slot(i), Model: "m", Endpoint: "h:1", Role: r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		stage Stage
+		want  workers.Set
+	}{
+		{StageAny, workers.SetOf(0) | workers.SetOf(1) | workers.SetOf(2) | workers.SetOf(3)},
+		{StagePrefill, workers.SetOf(0) | workers.SetOf(2)},
+		{StageDecode, workers.SetOf(1) | workers.SetOf(2) | workers.SetOf(3)},
+	}
+	for _, c := range cases {
+		if got := s.StageWorkers(c.stage); got != c.want {
+			t.Errorf("stage %d: workers %b, want %b", c.stage, got, c.want)
+		}
+		var sc Scores
+		if _, err := s.Select(context.Background(), &Request{PromptTokens: 16, Stage: c.stage, QueryOnly: true, Scores: &sc}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if sc.Eligible != c.want {
+			t.Errorf("stage %d: eligible %b, want %b", c.stage, sc.Eligible, c.want)
+		}
+	}
+	// A role change on re-upsert moves the worker between the sets, and
+	// removal clears it.
+	if err := s.Upsert(WorkerInfo{ID: 100, Slot: 0, Model: "m", Endpoint: "h:1", Role: RoleDecode}); err != nil {
+		t.Fatal(err)
+	}
+	if s.StageWorkers(StagePrefill).Has(0) || !s.StageWorkers(StageDecode).Has(0) {
+		t.Error("slot 0 kept its prefill role after becoming a decode worker")
+	}
+	s.Remove(2)
+	if got := s.StageWorkers(StagePrefill); got != 0 {
+		t.Errorf("prefill workers %b after the only one left", got)
+	}
+	var res Reservation
+	_, err := s.Select(context.Background(), &Request{PromptTokens: 16, Stage: StagePrefill}, &res)
+	if !errors.Is(err, ErrNoEligibleWorker) {
+		t.Errorf("prefill stage with no prefill worker: %v, want ErrNoEligibleWorker", err)
+	}
+}
+
+func TestParseRole(t *testing.T) {
+	for in, want := range map[string]Role{"": RoleBoth, "both": RoleBoth, "prefill": RolePrefill, "decode": RoleDecode} {
+		if got, err := ParseRole(in); err != nil || got != want {
+			t.Errorf("ParseRole(%q) = %v, %v; want %v", in, got, err, want)
+		}
+		if want.String() != in && in != "" {
+			t.Errorf("%v.String() = %q, want %q", want, want.String(), in)
+		}
+	}
+	if _, err := ParseRole("encode"); err == nil {
+		t.Error("ParseRole accepted an unknown role")
+	}
+}
