@@ -382,3 +382,16 @@ func TestDisaggStickySessionBindsDecodeWorker(t *testing.T) {
 		waitReleased(t, r.node)
 	}
 }
+
+// TestDisaggRefusesSessionControl: SGLang's session_control opens a
+// session on the one worker that serves a request; with prefill and
+// decode apart there is none, so it is refused, not silently dropped.
+func TestDisaggRefusesSessionControl(t *testing.T) {
+	d := startDisaggRig(t, fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM, MinRemoteTokens: 64}, false)
+	body := []byte(`{"model":"mock","prompt":[1,2,3],"max_tokens":2,"session_control":{"open":true}}`)
+	resp := d.r.post(t, fastpath.PathCompletions, body, map[string]string{fastpath.HeaderSession: "s"})
+	if resp.status != http.StatusBadRequest || !bytes.Contains(resp.body, []byte("session_control_disaggregated")) {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	waitReleased(t, d.r.node)
+}

@@ -158,6 +158,10 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 		return
 	}
 	if s.disaggregating() {
+		if ex.req.Session.Open || ex.req.Session.Close {
+			ex.reject(ctx, errSessionControlDisagg)
+			return
+		}
 		handedOff = s.serveDisagg(ctx, ex)
 		return
 	}

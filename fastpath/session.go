@@ -165,6 +165,8 @@ var (
 		Message: "session_control needs the session named in " + HeaderSession}
 	errSessionsOff = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: "session_control", Code: "sessions_disabled",
 		Message: "this router runs without sticky sessions (--session-ttl 0); session_control cannot be honoured"}
+	errSessionControlDisagg = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: "session_control", Code: "session_control_disaggregated",
+		Message: "this router serves prefill and decode on separate workers (--disagg); session_control (SGLang open_session and close_session) cannot be honoured there"}
 	errSessionOpen = &openai.Error{Status: 502, Type: openai.TypeServerError, Code: "session_open_failed",
 		Message: "the chosen worker could not open the session (SGLang open_session); nothing was generated"}
 )
