@@ -52,11 +52,13 @@ type htmlReport struct {
 }
 
 type htmlRow struct {
-	Name, Color                         string
-	Requests, Errors                    int
-	TTFTP50, TTFTP90, TTFTP99, ITL, E2E string
-	HitRate, Bound, OfBound             string
-	ReqPerSec, TokPerSec                string
+	Name, Color               string
+	Requests, Errors          int
+	TTFTP50, TTFTP90, TTFTP99 string
+	ITLP50, ITLP90, ITLP99    string
+	E2E                       string
+	HitRate, Bound, OfBound   string
+	ReqPerSec, TokPerSec      string
 }
 
 type htmlBars struct {
@@ -106,7 +108,8 @@ func buildHTMLReport(results []NamedResult, now time.Time) htmlReport {
 		rep.Rows = append(rep.Rows, htmlRow{
 			Name: nr.Name, Color: color, Requests: s.Requests, Errors: s.Errors,
 			TTFTP50: formatMillis(s.TTFTP50), TTFTP90: formatMillis(s.TTFTP90), TTFTP99: formatMillis(s.TTFTP99),
-			ITL: formatMillis(s.ITLMean), E2E: formatMillis(s.LatencyP50),
+			ITLP50: formatMillis(s.ITLP50), ITLP90: formatMillis(s.ITLP90), ITLP99: formatMillis(s.ITLP99),
+			E2E:     formatMillis(s.LatencyP50),
 			HitRate: formatRate(s.HitRate, s.HitRateKnown()), Bound: fmt.Sprintf("%.3f", s.Bound.Tokens),
 			OfBound:   formatPercent(s.HitFractionOfBound()),
 			ReqPerSec: fmt.Sprintf("%.2f", s.RequestsPerSec), TokPerSec: fmt.Sprintf("%.0f", s.OutputTokensPerSec),
@@ -267,10 +270,10 @@ svg text { font-size: 11px; fill: #444; }
 <h1>kvfast replay report</h1>
 <p class="note">Trace: {{.Sources}}. Generated {{.Generated}}.</p>
 <table class="summary">
-<thead><tr><th>policy</th><th>requests</th><th>errors</th><th>TTFT p50</th><th>TTFT p90</th><th>TTFT p99</th><th>ITL mean</th><th>E2E p50</th><th>hit rate</th><th>bound</th><th>of bound</th><th>req/s</th><th>out tok/s</th></tr></thead>
+<thead><tr><th>policy</th><th>requests</th><th>errors</th><th>TTFT p50</th><th>TTFT p90</th><th>TTFT p99</th><th>ITL p50</th><th>ITL p90</th><th>ITL p99</th><th>E2E p50</th><th>hit rate</th><th>bound</th><th>of bound</th><th>req/s</th><th>out tok/s</th></tr></thead>
 <tbody>
 {{- range .Rows}}
-<tr><td><span class="swatch" style="background: {{.Color}}"></span>{{.Name}}</td><td>{{.Requests}}</td><td>{{.Errors}}</td><td>{{.TTFTP50}}</td><td>{{.TTFTP90}}</td><td>{{.TTFTP99}}</td><td>{{.ITL}}</td><td>{{.E2E}}</td><td>{{.HitRate}}</td><td>{{.Bound}}</td><td>{{.OfBound}}</td><td>{{.ReqPerSec}}</td><td>{{.TokPerSec}}</td></tr>
+<tr><td><span class="swatch" style="background: {{.Color}}"></span>{{.Name}}</td><td>{{.Requests}}</td><td>{{.Errors}}</td><td>{{.TTFTP50}}</td><td>{{.TTFTP90}}</td><td>{{.TTFTP99}}</td><td>{{.ITLP50}}</td><td>{{.ITLP90}}</td><td>{{.ITLP99}}</td><td>{{.E2E}}</td><td>{{.HitRate}}</td><td>{{.Bound}}</td><td>{{.OfBound}}</td><td>{{.ReqPerSec}}</td><td>{{.TokPerSec}}</td></tr>
 {{- end}}
 </tbody>
 </table>

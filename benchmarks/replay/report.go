@@ -17,17 +17,18 @@ type NamedResult struct {
 	Result *Result
 }
 
-// WriteTable writes one row per result, side by side: TTFT percentiles,
-// the measured hit rate against the trace's bound, and throughput.
+// WriteTable writes one row per result, side by side: TTFT and
+// inter-token latency percentiles, the end-to-end median, the measured
+// hit rate against the trace's bound, and throughput.
 func WriteTable(w io.Writer, results []NamedResult) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\treqs\terrors\tTTFT p50\tTTFT p90\tTTFT p99\tITL mean\tE2E p50\thit rate\tbound\tof bound\treq/s\tout tok/s\t")
+	fmt.Fprintln(tw, "policy\treqs\terrors\tTTFT p50\tTTFT p90\tTTFT p99\tITL p50\tITL p90\tITL p99\tE2E p50\thit rate\tbound\tof bound\treq/s\tout tok/s\t")
 	for _, nr := range results {
 		s := nr.Result.Summary()
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%.2f\t%.0f\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%.2f\t%.0f\t\n",
 			nr.Name, s.Requests, s.Errors,
 			formatMillis(s.TTFTP50), formatMillis(s.TTFTP90), formatMillis(s.TTFTP99),
-			formatMillis(s.ITLMean), formatMillis(s.LatencyP50),
+			formatMillis(s.ITLP50), formatMillis(s.ITLP90), formatMillis(s.ITLP99), formatMillis(s.LatencyP50),
 			formatRate(s.HitRate, s.HitRateKnown()), s.Bound.Tokens,
 			formatPercent(s.HitFractionOfBound()),
 			s.RequestsPerSec, s.OutputTokensPerSec)
@@ -49,7 +50,8 @@ func (s *Summary) WriteText(w io.Writer) error {
 	fmt.Fprintf(&b, "trace       %s (%s, %s)\n", s.Source, perID, mode)
 	fmt.Fprintf(&b, "requests    %d sent, %d ok, %d failed in %s\n", s.Requests, s.Succeeded, s.Errors, s.Duration.Round(time.Millisecond))
 	fmt.Fprintf(&b, "TTFT        p50 %s  p90 %s  p99 %s\n", formatMillis(s.TTFTP50), formatMillis(s.TTFTP90), formatMillis(s.TTFTP99))
-	fmt.Fprintf(&b, "ITL         mean %s  p99 %s\n", formatMillis(s.ITLMean), formatMillis(s.ITLP99))
+	fmt.Fprintf(&b, "ITL         mean %s  p50 %s  p90 %s  p99 %s\n", formatMillis(s.ITLMean), formatMillis(s.ITLP50),
+		formatMillis(s.ITLP90), formatMillis(s.ITLP99))
 	fmt.Fprintf(&b, "latency     p50 %s  p99 %s (end to end)\n", formatMillis(s.LatencyP50), formatMillis(s.LatencyP99))
 	fmt.Fprintf(&b, "throughput  %.2f req/s  %.0f output tok/s\n", s.RequestsPerSec, s.OutputTokensPerSec)
 	if s.HitRateKnown() {

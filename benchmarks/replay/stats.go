@@ -24,8 +24,9 @@ type Summary struct {
 	Errors    int
 
 	TTFTP50, TTFTP90, TTFTP99 time.Duration
-	ITLMean, ITLP99           time.Duration // over every inter-chunk gap
-	LatencyP50, LatencyP99    time.Duration // end to end
+	// ITL is over every inter-chunk gap of every successful request.
+	ITLMean, ITLP50, ITLP90, ITLP99 time.Duration
+	LatencyP50, LatencyP99          time.Duration // end to end
 
 	Duration           time.Duration
 	RequestsPerSec     float64 // successful requests per second
@@ -112,7 +113,8 @@ func (r *Result) Summary() Summary {
 	s.LatencyP50, s.LatencyP99 = Percentile(lat, 0.50), Percentile(lat, 0.99)
 	gaps := slices.Clone(r.Gaps)
 	slices.Sort(gaps)
-	s.ITLMean, s.ITLP99 = Mean(gaps), Percentile(gaps, 0.99)
+	s.ITLMean = Mean(gaps)
+	s.ITLP50, s.ITLP90, s.ITLP99 = Percentile(gaps, 0.50), Percentile(gaps, 0.90), Percentile(gaps, 0.99)
 	if secs := r.Duration.Seconds(); secs > 0 {
 		s.RequestsPerSec = float64(s.Succeeded) / secs
 		s.OutputTokensPerSec = float64(s.OutputTokens) / secs
@@ -191,6 +193,8 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 		TTFTP90            float64        `json:"ttft_p90_ms"`
 		TTFTP99            float64        `json:"ttft_p99_ms"`
 		ITLMean            float64        `json:"itl_mean_ms"`
+		ITLP50             float64        `json:"itl_p50_ms"`
+		ITLP90             float64        `json:"itl_p90_ms"`
 		ITLP99             float64        `json:"itl_p99_ms"`
 		LatencyP50         float64        `json:"latency_p50_ms"`
 		LatencyP99         float64        `json:"latency_p99_ms"`
@@ -211,7 +215,7 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 		s.Source, s.Workload, s.Mode, s.Speedup, s.Concurrency, s.BlockTokens,
 		s.Requests, s.Succeeded, s.Errors,
 		ms(s.TTFTP50), ms(s.TTFTP90), ms(s.TTFTP99),
-		ms(s.ITLMean), ms(s.ITLP99),
+		ms(s.ITLMean), ms(s.ITLP50), ms(s.ITLP90), ms(s.ITLP99),
 		ms(s.LatencyP50), ms(s.LatencyP99),
 		s.Duration.Seconds(), s.RequestsPerSec, s.OutputTokens, s.OutputTokensPerSec,
 		s.UsageReports, s.UsagePromptTokens, s.UsageCachedTokens,

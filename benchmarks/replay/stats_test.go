@@ -83,8 +83,10 @@ func TestSummary(t *testing.T) {
 	if s.TTFTP50 != 25*time.Millisecond || s.LatencyP50 != 35*time.Millisecond {
 		t.Fatalf("p50s %v, %v", s.TTFTP50, s.LatencyP50)
 	}
-	if s.ITLMean != 2*time.Millisecond || s.ITLP99 != 3*time.Millisecond {
-		t.Fatalf("ITL %v, %v", s.ITLMean, s.ITLP99)
+	// Gaps 1,1,1,1,3,3,3,3 ms: the median interpolates between the two
+	// middle ranks.
+	if s.ITLMean != 2*time.Millisecond || s.ITLP50 != 2*time.Millisecond || s.ITLP90 != 3*time.Millisecond || s.ITLP99 != 3*time.Millisecond {
+		t.Fatalf("ITL mean %v, p50 %v, p90 %v, p99 %v", s.ITLMean, s.ITLP50, s.ITLP90, s.ITLP99)
 	}
 	if s.HitRate != 0.3 || math.Abs(s.HitFractionOfBound()-0.5) > 1e-12 {
 		t.Fatalf("hit rate %v (%v of bound)", s.HitRate, s.HitFractionOfBound())
@@ -104,7 +106,7 @@ func TestSummary(t *testing.T) {
 	if err := json.Unmarshal(js, &back); err != nil {
 		t.Fatal(err)
 	}
-	if back["ttft_p50_ms"] != 25.0 || back["hit_rate"] != 0.3 || back["errors"] != 2.0 {
+	if back["ttft_p50_ms"] != 25.0 || back["itl_p50_ms"] != 2.0 || back["itl_p90_ms"] != 3.0 || back["hit_rate"] != 0.3 || back["errors"] != 2.0 {
 		t.Fatalf("JSON %s", js)
 	}
 
@@ -132,13 +134,13 @@ func TestWriteTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
-	if len(lines) != 3 || !strings.Contains(lines[0], "TTFT p50") {
+	if len(lines) != 3 || !strings.Contains(lines[0], "TTFT p50") || !strings.Contains(lines[0], "ITL p90") {
 		t.Fatalf("table:\n%s", b.String())
 	}
-	if f := strings.Fields(lines[1]); f[0] != "kv" || f[3] != "15.0ms" || f[8] != "0.600" || f[10] != "100%" {
+	if f := strings.Fields(lines[1]); f[0] != "kv" || f[3] != "15.0ms" || f[6] != "2.0ms" || f[10] != "0.600" || f[12] != "100%" {
 		t.Fatalf("kv row %q", f)
 	}
-	if f := strings.Fields(lines[2]); f[0] != "round-robin" || f[2] != "1" || f[8] != "n/a" {
+	if f := strings.Fields(lines[2]); f[0] != "round-robin" || f[2] != "1" || f[10] != "n/a" {
 		t.Fatalf("round-robin row %q", f)
 	}
 }

@@ -39,6 +39,11 @@ type Config struct {
 	// unset.
 	Engines int
 	Engine  mocker.Config
+	// Roles, if set, gives engine i the role Roles[i] in place of
+	// Engine.Role (disaggregated serving: a pool of prefill engines and
+	// one of decode engines behind one router); it must then name every
+	// engine.
+	Roles []mocker.Role
 
 	// WaitTimeout bounds Start's wait for the engines and the rig's waits
 	// (0: DefaultWaitTimeout).
@@ -111,6 +116,9 @@ func Start(ctx context.Context, cfg Config) (_ *Rig, err error) {
 	for i := range cfg.Engines {
 		ec := cfg.Engine
 		ec.WorkerID += uint64(i)
+		if cfg.Roles != nil {
+			ec.Role = cfg.Roles[i]
+		}
 		ec.Segment = r.SegmentPath
 		e, err := mocker.Start(ec)
 		if err != nil {
@@ -130,6 +138,8 @@ func (cfg *Config) check() error {
 	switch {
 	case cfg.Engines < 0 || cfg.Engines > workers.Max:
 		return fmt.Errorf("cannot start %d engines: want 0..%d", cfg.Engines, workers.Max)
+	case cfg.Roles != nil && len(cfg.Roles) != cfg.Engines:
+		return fmt.Errorf("cannot start %d engines with %d roles: want one role per engine", cfg.Engines, len(cfg.Roles))
 	case cfg.NoSegment && cfg.Engines > 0:
 		return errors.New("cannot start engines without a segment to register in")
 	case cfg.Engine.Segment != "" || cfg.Engine.SegmentHandle != nil || cfg.Engine.Publisher != nil:

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/internal/rig"
 	"github.com/kvfast/kvfast/internal/rig/rigtest"
 	"github.com/kvfast/kvfast/mocker"
@@ -75,6 +76,28 @@ func TestRigRoutesToItsEngines(t *testing.T) {
 	}
 }
 
+// TestRigRoles: Roles gives each engine its own role, which the router's
+// disaggregated routing sees: a request is prefilled on the prefill engine
+// and decoded on the decode engine.
+func TestRigRoles(t *testing.T) {
+	cfg := rigtest.Config()
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM}
+	r := rigtest.Start(t, rig.Config{Node: cfg, SegmentDir: t.TempDir(), Engines: 2,
+		Engine: mocker.Config{WorkerID: 20, Speedup: math.Inf(1)}, Roles: []mocker.Role{mocker.RolePrefill, mocker.RoleDecode}})
+	resp, err := http.Post(r.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17],"max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(fastpath.HeaderPrefillWorker) != "20" || resp.Header.Get("X-Kvfast-Worker") != "21" {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	if st := r.Engines[1].Stats(); st.BlocksTransferred != 1 {
+		t.Errorf("the decode engine pulled %d blocks, want the prompt's one full block", st.BlocksTransferred)
+	}
+}
+
 // TestRigWithoutSegment: static workers only, and WaitWorkers sees them.
 func TestRigWithoutSegment(t *testing.T) {
 	eng, err := mocker.Start(mocker.Config{Speedup: math.Inf(1)})
@@ -103,6 +126,7 @@ func TestRigRefuses(t *testing.T) {
 		{"engines with their own segment", rig.Config{Node: rigtest.Config(), Engines: 1,
 			Engine: mocker.Config{Segment: "/dev/shm/elsewhere"}}, "own segment"},
 		{"negative engines", rig.Config{Node: rigtest.Config(), Engines: -1}, "engines"},
+		{"a role short", rig.Config{Node: rigtest.Config(), Engines: 2, Roles: []mocker.Role{mocker.RolePrefill}}, "one role per engine"},
 		{"a router that cannot start", rig.Config{Node: node.Config{}}, "router"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
