@@ -1,6 +1,10 @@
 package demo
 
 import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -119,6 +123,10 @@ func TestOptions(t *testing.T) {
 		func(o *Options) { o.Tokenizer = "/some/dir" },
 		func(o *Options) { o.Policies = []string{PolicyKVRemote} },
 		func(o *Options) { o.Workload, o.Tokenizer = replay.WorkloadChat, "remote" },
+		func(o *Options) { o.Disagg, o.Engines, o.Policies = DisaggSpec{2, 6}, 7, []string{"kv"} },
+		func(o *Options) { o.Disagg = DisaggSpec{2, 6} }, // every policy
+		func(o *Options) { o.Disagg, o.Engines, o.Policies = DisaggSpec{0, 8}, 8, []string{"kv"} },
+		func(o *Options) { o.Disagg, o.Policies, o.DisaggLocalCachedFraction = DisaggSpec{2, 6}, []string{"kv"}, 1.5 },
 	} {
 		o := DefaultOptions()
 		bad(&o)
@@ -129,5 +137,91 @@ func TestOptions(t *testing.T) {
 		if _, err := Run(t.Context(), o, tr); err == nil {
 			t.Errorf("Run accepted %+v", o)
 		}
+	}
+}
+
+func TestParseDisagg(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want DisaggSpec
+		bad  bool
+	}{
+		{in: "2P6D", want: DisaggSpec{2, 6}},
+		{in: "1p1d", want: DisaggSpec{1, 1}},
+		{in: " 10P22D ", want: DisaggSpec{10, 22}},
+		{in: "0P8D", bad: true},
+		{in: "2P0D", bad: true},
+		{in: "P6D", bad: true},
+		{in: "2P6", bad: true},
+		{in: "2D6P", bad: true},
+		{in: "", bad: true},
+	} {
+		got, err := ParseDisagg(tc.in)
+		if (err != nil) != tc.bad || got != tc.want {
+			t.Errorf("ParseDisagg(%q) = %v, %v", tc.in, got, err)
+		}
+	}
+	if d := (DisaggSpec{2, 3}); d.String() != "2P3D" || d.Engines() != 5 || fmt.Sprint(d.Roles()) != "[1 1 2 2 2]" {
+		t.Errorf("%v: %d engines, roles %v", d, d.Engines(), d.Roles())
+	}
+}
+
+// TestDisaggRun replays a few requests aggregated and then disaggregated
+// on one prefill and one decode engine, with conditional disaggregation
+// off so that every prompt goes through the prefill engine: both runs
+// complete, every booking is released, the decode engine pulls the
+// prompts' blocks, and the table shows the latency percentiles side by
+// side with the engines by role.
+func TestDisaggRun(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "tiny.jsonl")
+	var b strings.Builder
+	for i := range 6 {
+		fmt.Fprintf(&b, `{"timestamp":%d,"input_length":1536,"output_length":4,"hash_ids":[1,2,%d]}`+"\n", 50*i, 10+i)
+	}
+	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := LoadTrace(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := DefaultOptions()
+	o.Trace, o.Policies, o.Engines, o.Disagg = p, []string{"kv"}, 2, DisaggSpec{Prefill: 1, Decode: 1}
+	o.DisaggMinRemoteTokens, o.DisaggLocalCachedFraction = 0, 0
+	o.BlockTokens, o.KVBlocks, o.EngineSpeedup, o.Concurrency = 16, 256, math.Inf(1), 2
+	o.SegmentDir = t.TempDir()
+	rep, err := Run(t.Context(), o, tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Failed || len(rep.Runs) != 2 || len(rep.Checks) != 0 {
+		t.Fatalf("failed %v, %d runs, checks %+v", rep.Failed, len(rep.Runs), rep.Checks)
+	}
+	for i, want := range []string{"kv aggregated", "kv 1P1D"} {
+		run := &rep.Runs[i]
+		if s := run.Result.Summary(); run.Policy != want || s.Succeeded != 6 || s.Errors != 0 || !run.Released {
+			t.Errorf("run %d: %q, %d ok, %d errors, bookings released %v", i, run.Policy, s.Succeeded, s.Errors, run.Released)
+		}
+	}
+	if agg := rep.Runs[0].RoleTotals(&o); len(agg) != 1 || agg[0].Role != "both" || agg[0].Engines != 2 || agg[0].BlocksTransferred != 0 {
+		t.Errorf("aggregated by role: %+v", agg)
+	}
+	dis := rep.Runs[1].RoleTotals(&o)
+	if len(dis) != 2 || dis[0].Role != "prefill" || dis[0].Requests != 6 || dis[1].Role != "decode" || dis[1].BlocksTransferred == 0 {
+		t.Errorf("disaggregated by role: %+v", dis)
+	}
+	var text strings.Builder
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"TTFT p50", "TTFT p90", "TTFT p99", "ITL p50", "ITL p90", "ITL p99", "E2E p50", "hit rate", "out tok/s",
+		"kv aggregated", "kv 1P1D", "transferred blocks", "1 prefill + 1 decode"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, text.String())
+		}
+	}
+	var html strings.Builder
+	if err := rep.WriteHTML(&html); err != nil || !strings.Contains(html.String(), "<th>ITL p90</th>") || !strings.Contains(html.String(), "kv 1P1D") {
+		t.Errorf("HTML report (%v) lacks the ITL percentiles or the disaggregated run", err)
 	}
 }

@@ -7,10 +7,12 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kvfast/kvfast/benchmarks/replay"
+	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/prompt"
@@ -124,6 +126,16 @@ type Options struct {
 	// trace time, i.e. 2m / Speedup).
 	ApproxTTL time.Duration
 
+	// Disagg, when set, turns the experiment into aggregated against
+	// disaggregated serving: the one policy in Policies runs on Engines
+	// engines of role both, then with the router's vLLM disaggregation on
+	// Disagg.Prefill prefill and Disagg.Decode decode engines (Engines
+	// must be their sum), same trace, same seeds.
+	Disagg DisaggSpec
+	// The router's conditional disaggregation (fastpath.DisaggConfig).
+	DisaggMinRemoteTokens     int
+	DisaggLocalCachedFraction float64
+
 	Timing  mocker.Timing // the engines' step cost model
 	Timeout time.Duration // bound on one request, from send to end of stream
 
@@ -163,7 +175,55 @@ func DefaultOptions() Options {
 		PrefillLoadScale: 10,
 		Timing:           mocker.DefaultTiming,
 		Timeout:          2 * time.Minute,
+
+		DisaggMinRemoteTokens:     fastpath.DefaultMinRemoteTokens,
+		DisaggLocalCachedFraction: fastpath.DefaultLocalCachedFraction,
 	}
+}
+
+// DisaggSpec is a disaggregated deployment: Prefill prefill engines and
+// Decode decode engines, written "2P6D". The zero value is aggregated
+// serving only.
+type DisaggSpec struct{ Prefill, Decode int }
+
+// Enabled reports whether the spec names a disaggregated deployment.
+func (d DisaggSpec) Enabled() bool { return d != DisaggSpec{} }
+
+// Engines is the deployment's engine count.
+func (d DisaggSpec) Engines() int { return d.Prefill + d.Decode }
+
+func (d DisaggSpec) String() string { return fmt.Sprintf("%dP%dD", d.Prefill, d.Decode) }
+
+// Roles is each engine's role in rig slot order: the prefill engines
+// first.
+func (d DisaggSpec) Roles() []mocker.Role {
+	roles := make([]mocker.Role, 0, d.Engines())
+	for range d.Prefill {
+		roles = append(roles, mocker.RolePrefill)
+	}
+	for range d.Decode {
+		roles = append(roles, mocker.RoleDecode)
+	}
+	return roles
+}
+
+// ParseDisagg reads "NPMD" (case-insensitive): N prefill engines and M
+// decode engines, each at least one.
+func ParseDisagg(s string) (DisaggSpec, error) {
+	var d DisaggSpec
+	var p, dd string
+	up := strings.ToUpper(strings.TrimSpace(s))
+	i := strings.IndexByte(up, 'P')
+	if i > 0 && strings.HasSuffix(up, "D") {
+		p, dd = up[:i], up[i+1:len(up)-1]
+	}
+	var err1, err2 error
+	d.Prefill, err1 = strconv.Atoi(p)
+	d.Decode, err2 = strconv.Atoi(dd)
+	if err1 != nil || err2 != nil || d.Prefill < 1 || d.Decode < 1 {
+		return DisaggSpec{}, fmt.Errorf("cannot read disaggregation %q: want NPMD, N prefill and M decode engines, such as 2P6D", s)
+	}
+	return d, nil
 }
 
 // Validate reports the first option the demo cannot run with.
@@ -185,6 +245,20 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("cannot give engines %d KV blocks: want at least 1", o.KVBlocks)
 	case o.MaxRequests < 0 || o.Concurrency < 0 || o.MaxOutputTokens < 0 || o.ApproxTTL < 0:
 		return errors.New("cannot use a negative request count, concurrency, output cap or approx TTL")
+	}
+	if o.Disagg.Enabled() {
+		switch {
+		case o.Disagg.Prefill < 1 || o.Disagg.Decode < 1:
+			return fmt.Errorf("cannot disaggregate onto %s: want at least one prefill and one decode engine", o.Disagg)
+		case o.Disagg.Engines() != o.Engines:
+			return fmt.Errorf("cannot compare %d aggregated engines with %s: the same engines run both ways, want %d", o.Engines, o.Disagg, o.Disagg.Engines())
+		case len(o.Policies) != 1:
+			return fmt.Errorf("cannot compare disaggregation under %d policies: name one", len(o.Policies))
+		}
+		if o.DisaggMinRemoteTokens < 0 || !(o.DisaggLocalCachedFraction >= 0 && o.DisaggLocalCachedFraction <= 1) {
+			return fmt.Errorf("cannot use disaggregation thresholds %d tokens, %v cached: want tokens >= 0 and a fraction in [0, 1]",
+				o.DisaggMinRemoteTokens, o.DisaggLocalCachedFraction)
+		}
 	}
 	switch o.Workload {
 	case replay.WorkloadTokens:
@@ -308,3 +382,8 @@ func (o *Options) warnf(format string, args ...any) {
 		o.Warnf(format, args...)
 	}
 }
+
+// DisaggConcurrency is kvfast demo --disagg's load, in requests kept in
+// flight, unless --speedup or --concurrency says otherwise: see the
+// command's help for why.
+const DisaggConcurrency = 32

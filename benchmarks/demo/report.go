@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/kvfast/kvfast/benchmarks/replay"
+	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/prompt"
+	"github.com/kvfast/kvfast/sched"
 )
 
 // Report is an experiment's outcome: every policy's replay, what the
@@ -191,6 +193,12 @@ func (rep *Report) WriteText(w io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(w)
+	if o.Disagg.Enabled() {
+		if err := rep.writeRoles(w); err != nil {
+			return err
+		}
+		fmt.Fprintln(w)
+	}
 	for _, c := range rep.Checks {
 		verdict := "met    "
 		if !c.Met {
@@ -221,11 +229,75 @@ func (rep *Report) WriteText(w io.Writer) error {
 		}
 		workload = fmt.Sprintf("as conversations of %d words per hash id, engines tokenizing with %s", o.BlockTokens, tok)
 	}
-	_, err := fmt.Fprintf(w, "\n%d engines x %d KV blocks of %d tokens, %s; trace at %gx, %s; "+
+	engines := fmt.Sprintf("%d engines", o.Engines)
+	if o.Disagg.Enabled() {
+		engines = fmt.Sprintf("%d engines (aggregated: all both; %s: %d prefill + %d decode, vLLM protocol, "+
+			"local prefill under %d uncached tokens or at %g cached)", o.Engines, o.Disagg, o.Disagg.Prefill, o.Disagg.Decode,
+			o.DisaggMinRemoteTokens, o.DisaggLocalCachedFraction)
+	}
+	_, err := fmt.Fprintf(w, "\n%s x %d KV blocks of %d tokens, %s; trace at %gx, %s; "+
 		"cost model prefill-load-scale %g, overlap-credit %g, temperature %g; approx TTL %v. Durations are wall-clock.\n",
-		o.Engines, o.KVBlocks, o.BlockSize, speed, o.Speedup, workload,
+		engines, o.KVBlocks, o.BlockSize, speed, o.Speedup, workload,
 		o.PrefillLoadScale, o.OverlapCredit, o.Temperature, o.ApproxTTL)
 	return err
+}
+
+// RoleTotals sums what one role's engines did in a run.
+type RoleTotals struct {
+	Role              string  `json:"role"`
+	Engines           int     `json:"engines"`
+	Requests          uint64  `json:"requests"` // requests the engines received (a remote prefill counts on both engines)
+	PrefillTokens     uint64  `json:"prefill_tokens"`
+	BlocksTransferred uint64  `json:"blocks_transferred"` // pulled from a prefill engine
+	BusyMean          float64 `json:"busy_mean"`
+	BusyMax           float64 `json:"busy_max"`
+}
+
+// RoleTotals sums r's engines by role, in the order prefill, decode, both,
+// leaving out roles no engine had.
+func (r *PolicyRun) RoleTotals(o *Options) []RoleTotals {
+	var wall time.Duration
+	if r.Result != nil {
+		wall = r.Result.Duration
+	}
+	var out []RoleTotals
+	for _, role := range []mocker.Role{mocker.RolePrefill, mocker.RoleDecode, mocker.RoleBoth} {
+		t := RoleTotals{Role: sched.Role(role).String()} // shm numbers roles as sched does
+		for i, s := range r.Engines {
+			if r.Roles[i] != role {
+				continue
+			}
+			t.Engines++
+			t.Requests += s.Requests
+			t.PrefillTokens += s.PrefillTokens
+			t.BlocksTransferred += s.BlocksTransferred
+			if wall > 0 && !math.IsInf(o.EngineSpeedup, 1) {
+				busy := s.BusyTime.Seconds() / o.EngineSpeedup / wall.Seconds()
+				t.BusyMean += busy
+				t.BusyMax = max(t.BusyMax, busy)
+			}
+		}
+		if t.Engines > 0 {
+			t.BusyMean /= float64(t.Engines)
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// writeRoles writes the engines by role: where the prompts were computed,
+// how many requests the prefill pool served (remote prefills) and the
+// blocks the decode pool pulled.
+func (rep *Report) writeRoles(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "run	role	engines	requests	prefilled tok	transferred blocks	busy mean	busiest	")
+	for i := range rep.Runs {
+		for _, t := range rep.Runs[i].RoleTotals(&rep.Options) {
+			fmt.Fprintf(tw, "%s	%s	%d	%d	%d	%d	%.0f%%	%.0f%%	\n", rep.Runs[i].Policy, t.Role, t.Engines, t.Requests,
+				t.PrefillTokens, t.BlocksTransferred, 100*t.BusyMean, 100*t.BusyMax)
+		}
+	}
+	return tw.Flush()
 }
 
 // tokenizerLine says how the policy's router tokenized chat requests, and
@@ -264,6 +336,7 @@ type jsonReport struct {
 	Temperature      float64          `json:"temperature"`
 	ApproxTTL        float64          `json:"approx_ttl_s"`
 	Timing           map[string]int64 `json:"timing_ns"`
+	Disagg           string           `json:"disagg,omitempty"` // NPMD; the policies are then the aggregated and the disaggregated run
 	Policies         []jsonPolicy     `json:"policies"`
 	Checks           []Check          `json:"checks"`
 	Report           string           `json:"report,omitempty"`
@@ -274,6 +347,8 @@ type jsonPolicy struct {
 	Summary   replay.Summary      `json:"summary"`
 	Engines   EngineTotals        `json:"engines"`
 	Tokenizer *prompt.ModelStatus `json:"tokenizer,omitempty"`
+	Roles     []RoleTotals        `json:"roles,omitempty"` // with disagg
+	Released  bool                `json:"bookings_released"`
 }
 
 // WriteJSON writes the report as one indented JSON object; htmlPath, if
@@ -292,12 +367,19 @@ func (rep *Report) WriteJSON(w io.Writer, htmlPath string) error {
 	if !math.IsInf(o.EngineSpeedup, 1) {
 		out.EngineSpeedup = &o.EngineSpeedup
 	}
+	if o.Disagg.Enabled() {
+		out.Disagg = o.Disagg.String()
+	}
 	if out.Checks == nil {
 		out.Checks = []Check{}
 	}
 	for i := range rep.Runs {
-		out.Policies = append(out.Policies, jsonPolicy{Policy: rep.Runs[i].Policy, Summary: rep.Runs[i].Result.Summary(),
-			Engines: rep.Runs[i].Totals(o), Tokenizer: rep.Runs[i].Tokenizer})
+		jp := jsonPolicy{Policy: rep.Runs[i].Policy, Summary: rep.Runs[i].Result.Summary(),
+			Engines: rep.Runs[i].Totals(o), Tokenizer: rep.Runs[i].Tokenizer, Released: rep.Runs[i].Released}
+		if o.Disagg.Enabled() {
+			jp.Roles = rep.Runs[i].RoleTotals(o)
+		}
+		out.Policies = append(out.Policies, jp)
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

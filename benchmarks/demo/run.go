@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvfast/kvfast/benchmarks/demo/demotok"
 	"github.com/kvfast/kvfast/benchmarks/replay"
+	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/internal/rig"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
@@ -19,9 +20,18 @@ import (
 
 // PolicyRun is one policy's replay with what the engines counted during it.
 type PolicyRun struct {
+	// Policy names the run: the routing policy, or with Options.Disagg
+	// the policy and the deployment ("kv aggregated", "kv 2P6D").
 	Policy  string
 	Result  *replay.Result
 	Engines []mocker.Stats
+	// Roles is each engine's role, in the order of Engines.
+	Roles []mocker.Role
+	// Disaggregated: the router ran with disaggregation on.
+	Disaggregated bool
+	// Released: once the replay ended, the router held no booking on any
+	// worker (every stage's booking was released).
+	Released bool
 	// Tokenizer is how the router tokenized the model's text and chat
 	// prompts, with its outcome counts; nil when it did not.
 	Tokenizer *prompt.ModelStatus
@@ -77,30 +87,63 @@ func Run(ctx context.Context, o Options, tr *replay.Trace) (*Report, error) {
 	o.notef("%d engines x %d KV blocks of %d tokens at %gx; policies %s", o.Engines, o.KVBlocks, o.BlockSize,
 		o.EngineSpeedup, strings.Join(o.Policies, ", "))
 
+	if o.Disagg.Enabled() {
+		o.notef("%s aggregated on %d engines, then disaggregated on %s (vLLM protocol)", o.Policies[0], o.Engines, o.Disagg)
+	}
+
 	rep := &Report{Options: o, Trace: tr.Source}
-	for _, policy := range o.Policies {
+	for _, spec := range o.runSpecs() {
 		began := time.Now()
-		run, err := runPolicy(ctx, &o, policy, tr, tok)
+		run, err := runPolicy(ctx, &o, spec, tr, tok)
 		if err != nil {
 			if run.Result == nil || ctx.Err() != nil {
-				return nil, fmt.Errorf("%s: %w", policy, err)
+				return nil, fmt.Errorf("%s: %w", spec.name, err)
 			}
-			o.warnf("%s: %v", policy, err)
+			o.warnf("%s: %v", spec.name, err)
 			rep.Failed = true
 		}
 		s := run.Result.Summary()
-		o.notef("%-12s done in %v: TTFT p50 %s, hit rate %.3f, %d errors", policy, time.Since(began).Round(100*time.Millisecond),
-			millis(s.TTFTP50), s.HitRate, s.Errors)
+		o.notef("%-12s done in %v: TTFT p50 %s, ITL p99 %s, hit rate %.3f, %d errors", spec.name, time.Since(began).Round(100*time.Millisecond),
+			millis(s.TTFTP50), millis(s.ITLP99), s.HitRate, s.Errors)
 		if s.Errors > 0 {
 			rep.Failed = true
 			for _, e := range s.ErrorSamples {
-				o.notef("%s: error: %s", policy, e)
+				o.notef("%s: error: %s", spec.name, e)
 			}
 		}
 		rep.Runs = append(rep.Runs, run)
 	}
-	rep.Checks = Checks(o.Workload, rep.Runs)
+	if !o.Disagg.Enabled() {
+		// The targets compare policies; a disaggregation run has one.
+		rep.Checks = Checks(o.Workload, rep.Runs)
+	}
 	return rep, nil
+}
+
+// runSpec is one replay of an experiment: a name, the router's policy, the
+// engines' roles (nil: all both) and whether the router disaggregates.
+type runSpec struct {
+	name, policy string
+	roles        []mocker.Role
+	disagg       bool
+}
+
+// runSpecs lists the experiment's replays: one per policy, or with Disagg
+// the policy aggregated and then disaggregated.
+func (o *Options) runSpecs() []runSpec {
+	if o.Disagg.Enabled() {
+		p := o.Policies[0]
+		both := make([]mocker.Role, o.Engines)
+		return []runSpec{
+			{name: p + " aggregated", policy: p, roles: both},
+			{name: p + " " + o.Disagg.String(), policy: p, roles: o.Disagg.Roles(), disagg: true},
+		}
+	}
+	specs := make([]runSpec, len(o.Policies))
+	for i, p := range o.Policies {
+		specs[i] = runSpec{name: p, policy: p}
+	}
+	return specs
 }
 
 // openTokenizer loads the chat workload's tokenizer for the engines and
@@ -130,14 +173,19 @@ func (o *Options) openTokenizer() (_ *tokenizer, cleanup func(), err error) {
 	return tok, cleanup, nil
 }
 
-// runPolicy replays the trace once on a fresh rig running policy, and
+// runPolicy replays the trace once on a fresh rig as spec says, and
 // tears the rig down. The result is returned even with an error when the
 // replay itself ran.
-func runPolicy(ctx context.Context, o *Options, policy string, tr *replay.Trace, tok *tokenizer) (run PolicyRun, err error) {
-	run.Policy = policy
-	cfg, err := routerConfig(o, policy, tok)
+func runPolicy(ctx context.Context, o *Options, spec runSpec, tr *replay.Trace, tok *tokenizer) (run PolicyRun, err error) {
+	run.Policy, run.Disaggregated = spec.name, spec.disagg
+	cfg, err := routerConfig(o, spec.policy, tok)
 	if err != nil {
 		return run, err
+	}
+	if spec.disagg {
+		cfg.HTTP.Disagg.Protocol = fastpath.DisaggVLLM
+		cfg.HTTP.Disagg.MinRemoteTokens = o.DisaggMinRemoteTokens
+		cfg.HTTP.Disagg.LocalCachedFraction = o.DisaggLocalCachedFraction
 	}
 	var engineTok mocker.Renderer
 	if tok != nil {
@@ -157,6 +205,7 @@ func runPolicy(ctx context.Context, o *Options, policy string, tr *replay.Trace,
 			Speedup:          o.EngineSpeedup,
 			Renderer:         engineTok,
 		},
+		Roles: spec.roles,
 	})
 	if err != nil {
 		return run, err
@@ -175,13 +224,32 @@ func runPolicy(ctx context.Context, o *Options, policy string, tr *replay.Trace,
 		MaxOutputTokens: o.MaxOutputTokens,
 		Model:           replay.DefaultModel,
 		Timeout:         o.Timeout,
-		ProgressLabel:   fmt.Sprintf("%-12s", policy),
+		ProgressLabel:   fmt.Sprintf("%-12s", spec.name),
 		Progress:        o.Progress,
 	}
 	res, err := replay.Run(ctx, rcfg)
 	run.Result = res
-	for _, e := range r.Engines {
+	if res != nil {
+		// A stream's bookings are released on the router's relay
+		// goroutine just after the client's last byte; a booking still
+		// held once that has had ample time is a leak.
+		var v fastpath.Snapshot
+		werr := rig.WaitFor(ctx, 10*time.Second, "every booking released", func() bool {
+			v = r.Node.Snapshot()
+			return bookingsReleased(&v)
+		})
+		run.Released = werr == nil
+		if werr != nil {
+			err = errors.Join(err, fmt.Errorf("cannot see every booking released (queue %+v): %w", v.Queue, werr))
+		}
+	}
+	for i, e := range r.Engines {
 		run.Engines = append(run.Engines, e.Stats())
+		role := mocker.RoleBoth
+		if spec.roles != nil {
+			role = spec.roles[i]
+		}
+		run.Roles = append(run.Roles, role)
 	}
 	for _, st := range r.Node.Snapshot().Tokenizers {
 		if st.Model == replay.DefaultModel && st.Mode != prompt.ModeNone {
@@ -189,6 +257,17 @@ func runPolicy(ctx context.Context, o *Options, policy string, tr *replay.Trace,
 		}
 	}
 	return run, err
+}
+
+// bookingsReleased reports whether the router holds no booking: none
+// counted on any worker, and as many released as booked.
+func bookingsReleased(v *fastpath.Snapshot) bool {
+	for _, w := range v.Workers {
+		if w.Requests != 0 || w.ActiveBlocks != 0 || w.PrefillTokens != 0 || w.OutputBlocks != 0 {
+			return false
+		}
+	}
+	return v.Queue.Booked == v.Queue.Released && v.Queue.Waiting == 0
 }
 
 // routerConfig is kvfast serve's configuration with the demo's policy,
