@@ -464,6 +464,37 @@ func TestTimingMonotoneInBatchAndContext(t *testing.T) {
 	}
 }
 
+// TestPrefillStallsDecodesInTheSameStep: a prompt admitted while others
+// decode shares their step, as vLLM's chunked prefill shares the step's
+// token budget, and the step lasts the decodes plus the prefill chunk: the
+// decoding sequences' next token waits for it. This is the prefill
+// interference that disaggregated serving removes (kvfast demo --disagg).
+func TestPrefillStallsDecodesInTheSameStep(t *testing.T) {
+	tm := DefaultTiming
+	c := newTestCore(t, Config{BlockSize: 16, KVBlocks: 4096, MaxBatchedTokens: 8192, Timing: tm}, nil)
+	for i := range 4 {
+		addReq(t, c, seq(i*100000, 64), 10)
+	}
+	c.Step() // prefill all four
+	alone := c.Step()
+	if alone.DecodeSeqs != 4 || alone.PrefillTokens != 0 {
+		t.Fatalf("decode step: %d decodes, %d prefilled", alone.DecodeSeqs, alone.PrefillTokens)
+	}
+	addReq(t, c, seq(900000, 4000), 2)
+	shared := c.Step() // the four decodes and the new prompt, which samples its first token
+	if shared.DecodeSeqs != 4 || shared.PrefillTokens != 4000 || len(shared.Progressed) != 5 {
+		t.Fatalf("shared step: %d decodes, %d prefilled, %d progressed", shared.DecodeSeqs, shared.PrefillTokens, len(shared.Progressed))
+	}
+	// The decodes' context grew by one token between the steps.
+	grown := time.Duration(0)
+	for range 4 {
+		grown += tm.Decode(65) - tm.Decode(64)
+	}
+	if want := alone.Duration + grown + tm.Prefill(0, 4000); shared.Duration != want {
+		t.Fatalf("shared step %v, want the decode step %v plus the prefill %v", shared.Duration, alone.Duration+grown, tm.Prefill(0, 4000))
+	}
+}
+
 func TestChunkedPrefillRespectsBudget(t *testing.T) {
 	c := newTestCore(t, Config{BlockSize: 16, KVBlocks: 256, MaxBatchedTokens: 100}, nil)
 	r := addReq(t, c, seq(1, 350), 2)

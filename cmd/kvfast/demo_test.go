@@ -28,6 +28,32 @@ func writeDemoTrace(t *testing.T) string {
 	return p
 }
 
+// TestDemoDisaggFlags: --disagg sizes the engines, runs one policy and
+// replays at its own load unless the flags name one.
+func TestDemoDisaggFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args        []string
+		engines     int
+		policies    string
+		concurrency int
+		speedup     float64
+	}{
+		{[]string{"--disagg", "2P6D"}, 8, "kv", demo.DisaggConcurrency, 8},
+		{[]string{"--disagg", "1P3D", "--engines", "4", "--policies", "round-robin"}, 4, "round-robin", demo.DisaggConcurrency, 8},
+		{[]string{"--disagg", "2P6D", "--speedup", "4"}, 8, "kv", 0, 4},
+		{[]string{"--disagg", "2P6D", "--concurrency", "16"}, 8, "kv", 16, 8},
+		{[]string{"--disagg", "2P6D", "--workload", "chat"}, 8, demo.PolicyKVBuiltin, demo.DisaggConcurrency, 8},
+	} {
+		var stderr strings.Builder
+		o, _, code := parseDemoFlags(tc.args, &stderr)
+		if code != -1 || o.Engines != tc.engines || strings.Join(o.Policies, ",") != tc.policies || o.Concurrency != tc.concurrency ||
+			o.Speedup != tc.speedup || o.Disagg.Engines() != tc.engines {
+			t.Errorf("%q: code %d, %d engines, policies %v, concurrency %d, speedup %v, disagg %v: %s", tc.args, code, o.Engines,
+				o.Policies, o.Concurrency, o.Speedup, o.Disagg, stderr.String())
+		}
+	}
+}
+
 func TestDemoCommand(t *testing.T) {
 	trace := writeDemoTrace(t)
 	run := func(args ...string) (int, string, string) {
@@ -40,7 +66,7 @@ func TestDemoCommand(t *testing.T) {
 
 	t.Run("help", func(t *testing.T) {
 		code, _, stderr := run("--help")
-		for _, want := range []string{"--policies list", "--block-tokens", "--engine-speedup", "Exit status", "prefill-load-scale 10"} {
+		for _, want := range []string{"--policies list", "--block-tokens", "--engine-speedup", "Exit status", "prefill-load-scale 10", "--disagg NPMD", "--concurrency 32"} {
 			if !strings.Contains(stderr, want) {
 				t.Errorf("help lacks %q", want)
 			}
@@ -56,6 +82,7 @@ func TestDemoCommand(t *testing.T) {
 			{"--kv-blocks", "0"}, {"--max-requests", "-1"},
 			{"--workload", "images"}, {"--policies", "kv-remote"}, {"--tokenizer", "/some/dir"},
 			{"--workload", "chat", "--policies", "kv-local"}, {"--workload", "chat", "--tokenizer", "remote"},
+			{"--disagg", "2x"}, {"--disagg", "2P6D", "--engines", "5"}, {"--disagg", "2P6D", "--policies", "kv,approx"},
 			{"--trace", filepath.Join(t.TempDir(), "missing.jsonl")},
 			// The trace's longest request (48 prompt + 3 output tokens)
 			// cannot fit in 3 blocks of 16.
