@@ -235,9 +235,13 @@ func (rep *Report) WriteText(w io.Writer) error {
 			"local prefill under %d uncached tokens or at %g cached)", o.Engines, o.Disagg, o.Disagg.Prefill, o.Disagg.Decode,
 			o.DisaggMinRemoteTokens, o.DisaggLocalCachedFraction)
 	}
-	_, err := fmt.Fprintf(w, "\n%s x %d KV blocks of %d tokens, %s; trace at %gx, %s; "+
+	pace := fmt.Sprintf("trace at %gx", o.Speedup)
+	if o.Concurrency > 0 {
+		pace = fmt.Sprintf("trace at concurrency %d", o.Concurrency)
+	}
+	_, err := fmt.Fprintf(w, "\n%s x %d KV blocks of %d tokens, %s; %s, %s; "+
 		"cost model prefill-load-scale %g, overlap-credit %g, temperature %g; approx TTL %v. Durations are wall-clock.\n",
-		engines, o.KVBlocks, o.BlockSize, speed, o.Speedup, workload,
+		engines, o.KVBlocks, o.BlockSize, speed, pace, workload,
 		o.PrefillLoadScale, o.OverlapCredit, o.Temperature, o.ApproxTTL)
 	return err
 }

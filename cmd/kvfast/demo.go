@@ -31,7 +31,7 @@ no policy inherits another's warm caches. Then it prints two tables side
 by side, checks the routing-quality targets, and writes a self-contained
 HTML report (a TTFT CDF per policy, hit-rate bars) whose path it prints.
 
-The first table is the replay's: TTFT p50/p90/p99, inter-token latency,
+The first table is the replay's: TTFT and inter-token latency p50/p90/p99,
 end-to-end latency, the prefix hit rate the engines reported
 (cached_tokens/prompt_tokens) against the trace's infinite-cache bound,
 and throughput. The second is the engines': prompt tokens received and
