@@ -126,7 +126,9 @@ func TestOptions(t *testing.T) {
 		func(o *Options) { o.Disagg, o.Engines, o.Policies = DisaggSpec{2, 6}, 7, []string{"kv"} },
 		func(o *Options) { o.Disagg = DisaggSpec{2, 6} }, // every policy
 		func(o *Options) { o.Disagg, o.Engines, o.Policies = DisaggSpec{0, 8}, 8, []string{"kv"} },
-		func(o *Options) { o.Disagg, o.Policies, o.DisaggLocalCachedFraction = DisaggSpec{2, 6}, []string{"kv"}, 1.5 },
+		func(o *Options) {
+			o.Disagg, o.Policies, o.DisaggLocalCachedFraction = DisaggSpec{2, 6}, []string{"kv"}, 1.5
+		},
 	} {
 		o := DefaultOptions()
 		bad(&o)
