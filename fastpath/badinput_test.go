@@ -3,13 +3,16 @@ package fastpath_test
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -337,6 +340,22 @@ func TestRedactHidesCredentials(t *testing.T) {
 	} {
 		if got := fastpath.Redact(in); got != want {
 			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestClientWentAwayIsRoutine: fasthttp's report of a write to a
+// connection the client or the router already closed is not a warning;
+// anything else still is.
+func TestClientWentAwayIsRoutine(t *testing.T) {
+	for err, want := range map[error]bool{
+		net.ErrClosed: true,
+		&net.OpError{Op: "write", Err: os.NewSyscallError("write", syscall.EPIPE)}:    true,
+		&net.OpError{Op: "read", Err: os.NewSyscallError("read", syscall.ECONNRESET)}: true,
+		errors.New("cannot parse request line"):                                       false,
+	} {
+		if got := fastpath.ClientWentAway(err); got != want {
+			t.Errorf("%v: %v, want %v", err, got, want)
 		}
 	}
 }

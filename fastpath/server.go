@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/puzpuzpuz/xsync/v3"
@@ -449,13 +450,26 @@ type fasthttpLogger struct{ log *slog.Logger }
 
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	if format == fasthttpConnError && len(args) == 3 {
+		// A client that left, or a connection the router closed itself (a
+		// hang-up, a refused body, the shutdown cut), is routine: worth a
+		// debug line, not a warning an operator must read.
+		level := slog.LevelWarn
+		if err, ok := args[2].(error); ok && clientWentAway(err) {
+			level = slog.LevelDebug
+		}
 		// The error quotes the bytes fasthttp could not parse, which may
 		// be a credential's header line: log only what went wrong.
-		l.log.Warn("cannot serve a connection", "component", "fasthttp", "local", fmt.Sprint(args[0]),
+		l.log.Log(context.Background(), level, "cannot serve a connection", "component", "fasthttp", "local", fmt.Sprint(args[0]),
 			"remote", fmt.Sprint(args[1]), "err", withoutQuotes(fmt.Sprint(args[2])))
 		return
 	}
 	l.log.Warn(redact(fmt.Sprintf(format, args...)), "component", "fasthttp")
+}
+
+// clientWentAway reports whether err only says that the connection was
+// gone by the time fasthttp wrote to it.
+func clientWentAway(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // fasthttpConnError is the format of fasthttp's report of a connection it
