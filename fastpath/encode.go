@@ -112,6 +112,7 @@ type encodeStage struct {
 	err  error
 	// tried are the encoders that failed this item.
 	tried workers.Set
+	sent  bool // an attempt was sent and is not yet settled
 	ok    bool
 }
 
@@ -262,6 +263,7 @@ func (s *Server) serveEncode(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 				continue
 			}
 			launched++
+			ex.enc[i].sent = true
 			wg.Add(1)
 			go s.runEncode(ex, i, &wg)
 		}
@@ -269,13 +271,11 @@ func (s *Server) serveEncode(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		pending = 0
 		for i := range ex.enc {
 			st := &ex.enc[i]
-			if st.ok || st.err == errNoEncoder {
-				continue
-			}
-			if st.call != nil || st.held {
+			if st.sent {
+				st.sent = false
 				s.finishEncode(ex, i)
 			}
-			if !st.ok {
+			if !st.ok && st.err != errNoEncoder {
 				pending++
 			}
 		}

@@ -42,8 +42,8 @@ type exchange struct {
 	h        guard.Handle
 	held     bool // h is acquired and not yet released
 	call     *dispatch.Call
-	exact    bool         // hashes are token blocks looked up in the event-fed index
-	pre      prefillStage // a disaggregated request's prefill stage (disagg.go)
+	exact    bool          // hashes are token blocks looked up in the event-fed index
+	pre      prefillStage  // a disaggregated request's prefill stage (disagg.go)
 	media    prompt.Media  // a chat request's multimodal items, read when they go to encoders (encode.go)
 	enc      []encodeStage // one per item of media: the encoder stage (encode.go)
 
@@ -60,7 +60,7 @@ type exchange struct {
 	watch   hangup.Registration
 	watched bool // watchClient ran
 	hangMu  sync.Mutex
-	hungUp bool
+	hungUp  bool
 
 	body    []byte // the request body (readBody): ex.buf's bytes, or fasthttp's
 	buf     []byte // the pooled body buffer

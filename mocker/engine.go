@@ -676,13 +676,13 @@ func (e *Engine) handleModels(ctx *fasthttp.RequestCtx) {
 // for GET /mock/stats.
 type statsView struct {
 	Stats
-	Model                string  `json:"model"`
-	WorkerID             uint64  `json:"worker_id"`
-	DPRank               uint32  `json:"dp_rank"`
-	BlockSize            int     `json:"block_size"`
-	Speedup              float64 `json:"speedup"` // 0 for +Inf
-	PrefixHitRate        float64 `json:"prefix_hit_rate"`
-	SimulatedTimeSeconds float64 `json:"simulated_time_seconds"`
+	Model                string      `json:"model"`
+	WorkerID             uint64      `json:"worker_id"`
+	DPRank               uint32      `json:"dp_rank"`
+	BlockSize            int         `json:"block_size"`
+	Speedup              float64     `json:"speedup"` // 0 for +Inf
+	PrefixHitRate        float64     `json:"prefix_hit_rate"`
+	SimulatedTimeSeconds float64     `json:"simulated_time_seconds"`
 	Encode               EncodeStats `json:"encode"`
 }
 

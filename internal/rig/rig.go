@@ -39,6 +39,11 @@ type Config struct {
 	// unset.
 	Engines int
 	Engine  mocker.Config
+	// Roles, when set, gives engine i the role Roles[i] instead of
+	// Engine.Role (len(Roles) == Engines): an E/P/D deployment in one
+	// rig. Every engine shares the rig's encoder-cache store (Rig.ECStore)
+	// unless Engine.ECStore names another.
+	Roles []mocker.Role
 
 	// WaitTimeout bounds Start's wait for the engines and the rig's waits
 	// (0: DefaultWaitTimeout).
@@ -57,6 +62,10 @@ type Rig struct {
 	// SegmentPath is the segment's file ("" with NoSegment): more engines
 	// may register there (mocker.Config.Segment).
 	SegmentPath string
+	// ECStore is the encoder-cache store the engines share: encode
+	// engines save what they encode there, the others find it there.
+	// More engines may share it (mocker.Config.ECStore).
+	ECStore *mocker.ECStore
 
 	wait      time.Duration
 	shutdown  time.Duration
@@ -73,7 +82,10 @@ func Start(ctx context.Context, cfg Config) (_ *Rig, err error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	r := &Rig{wait: cfg.WaitTimeout, shutdown: cfg.Node.ShutdownTimeout}
+	r := &Rig{wait: cfg.WaitTimeout, shutdown: cfg.Node.ShutdownTimeout, ECStore: cfg.Engine.ECStore}
+	if r.ECStore == nil {
+		r.ECStore = mocker.NewECStore()
+	}
 	if r.wait <= 0 {
 		r.wait = DefaultWaitTimeout
 	}
@@ -112,6 +124,10 @@ func Start(ctx context.Context, cfg Config) (_ *Rig, err error) {
 		ec := cfg.Engine
 		ec.WorkerID += uint64(i)
 		ec.Segment = r.SegmentPath
+		ec.ECStore = r.ECStore
+		if cfg.Roles != nil {
+			ec.Role = cfg.Roles[i]
+		}
 		e, err := mocker.Start(ec)
 		if err != nil {
 			return nil, fmt.Errorf("cannot start engine %d: %w", i, err)
@@ -132,6 +148,8 @@ func (cfg *Config) check() error {
 		return fmt.Errorf("cannot start %d engines: want 0..%d", cfg.Engines, workers.Max)
 	case cfg.NoSegment && cfg.Engines > 0:
 		return errors.New("cannot start engines without a segment to register in")
+	case cfg.Roles != nil && len(cfg.Roles) != cfg.Engines:
+		return fmt.Errorf("cannot start %d engines with %d roles", cfg.Engines, len(cfg.Roles))
 	case cfg.Engine.Segment != "" || cfg.Engine.SegmentHandle != nil || cfg.Engine.Publisher != nil:
 		return errors.New("cannot start engines with their own segment or publisher: the rig registers them in its segment")
 	}
