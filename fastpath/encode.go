@@ -111,9 +111,11 @@ type encodeStage struct {
 	rid  []byte // the item's request id: the client's, suffixed
 	err  error
 	// tried are the encoders that failed this item.
-	tried workers.Set
-	sent  bool // an attempt was sent and is not yet settled
-	ok    bool
+	tried    workers.Set
+	attempts int  // attempts sent
+	sent     bool // an attempt was sent and is not yet settled
+	ok       bool // an encoder encoded the item
+	settled  bool // ok, or given up: no more attempts
 }
 
 func (st *encodeStage) OnDispatched() { _ = st.h.Dispatched() }
@@ -240,30 +242,31 @@ func (s *Server) serveEncode(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	for i := range items {
 		ex.enc[i].item = i
 		if duplicateItem(items, i) {
-			ex.enc[i].ok = true
+			ex.enc[i].ok, ex.enc[i].settled = true, true
 			s.metrics.enc.outcomes[encodeDuplicate].Inc()
 			continue
 		}
 		pending++
 	}
 	var wg sync.WaitGroup
-	for attempt := 0; attempt <= s.cfg.MaxRetries && pending > 0; attempt++ {
-		if attempt > 0 {
-			s.metrics.retries.Inc()
-		}
-		// Select sequentially, so that each booking weighs on the next
-		// item's choice, then send concurrently.
+	for pending > 0 {
+		// Select one item after the other, so that each booking weighs on
+		// the next item's choice, then send them all at once. Only the
+		// first item of a round may wait in the admission queue: an item
+		// that finds every encoder busy while this request holds others'
+		// bookings waits for the next round instead, or requests holding
+		// some encoders and waiting for more could wait for each other.
 		launched := 0
 		for i := range ex.enc {
 			st := &ex.enc[i]
-			if st.ok || st.err == errNoEncoder {
+			if st.settled || !s.startEncode(ctx, ex, i, launched > 0) {
 				continue
 			}
-			if !s.startEncode(ctx, ex, i) {
-				continue
+			if st.attempts > 0 {
+				s.metrics.retries.Inc()
 			}
 			launched++
-			ex.enc[i].sent = true
+			st.sent = true
 			wg.Add(1)
 			go s.runEncode(ex, i, &wg)
 		}
@@ -275,7 +278,7 @@ func (s *Server) serveEncode(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 				st.sent = false
 				s.finishEncode(ex, i)
 			}
-			if !st.ok && st.err != errNoEncoder {
+			if !st.settled {
 				pending++
 			}
 		}
@@ -319,10 +322,12 @@ func (s *Server) encodeRequest(ex *exchange, st *encodeStage) sched.Request {
 	return req
 }
 
-// startEncode chooses stage i's encoder, books it and builds its call. It
-// reports false when no encoder can take the item (the stage's err says
-// why) or the client left.
-func (s *Server) startEncode(ctx *fasthttp.RequestCtx, ex *exchange, i int) bool {
+// startEncode chooses stage i's encoder, books it and builds its call.
+// It reports false when the item waits for the next round (holding: the
+// request holds other items' bookings, and every encoder it may use is
+// busy), when no encoder can take it (the stage is then settled, its err
+// saying why), or when the client left.
+func (s *Server) startEncode(ctx *fasthttp.RequestCtx, ex *exchange, i int, holding bool) bool {
 	st := &ex.enc[i]
 	it := &ex.media.Items[st.item]
 	req := s.encodeRequest(ex, st)
@@ -337,10 +342,17 @@ func (s *Server) startEncode(ctx *fasthttp.RequestCtx, ex *exchange, i int) bool
 			req.AllowListed, req.Allow, hit = true, workers.SetOf(slot), true
 		}
 	}
+	if holding && !hit {
+		q := req
+		q.QueryOnly = true
+		if d, err := s.sched.Select(&ex.wait, &q, nil); err == nil && d.Busy {
+			return false
+		}
+	}
 	ex.setEncodeGuard(i, s.guards.Acquire())
 	d, err := st.h.Select(&ex.wait, &req)
 	if err != nil {
-		st.err = errNoEncoder
+		st.err, st.settled = errNoEncoder, true
 		ex.releaseEncode(i)
 		return false
 	}
@@ -392,10 +404,13 @@ func (s *Server) finishEncode(ex *exchange, i int) {
 	st := &ex.enc[i]
 	it := &ex.media.Items[st.item]
 	slot := st.dec.Slot
+	st.attempts++
 	if st.ok {
+		st.settled = true
 		s.metrics.enc.outcomes[encodeEncoded].Inc()
 		s.encAffinity.record(it.ID, slot, time.Now())
 	} else {
+		st.settled = st.attempts > s.cfg.MaxRetries
 		st.tried |= workers.SetOf(slot)
 		s.encAffinity.forget(it.ID, slot)
 		s.log.Debug("encoder failed an item", "request_id", string(ex.rid), "worker", st.dec.WorkerID, "err", st.err)
