@@ -69,17 +69,19 @@ func (a *encoderAffinity) record(id uint64, slot workers.Slot, now time.Time) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if e := a.byItem[id]; e != nil {
+	e := a.byItem[id]
+	if e != nil {
 		a.unlink(e)
+	}
+	if l := &a.lru[slot]; l.n >= a.perEncoder {
+		a.drop(l.tail)
+	}
+	if e != nil {
 		e.slot, e.at = slot, now
 		a.pushFront(e)
 		return
 	}
-	l := &a.lru[slot]
-	if l.n >= a.perEncoder {
-		a.drop(l.tail)
-	}
-	e := a.alloc()
+	e = a.alloc()
 	e.id, e.slot, e.at = id, slot, now
 	a.byItem[id] = e
 	a.pushFront(e)

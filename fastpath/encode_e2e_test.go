@@ -272,3 +272,42 @@ func TestEncodeMediaLimits(t *testing.T) {
 		t.Errorf("an encoder was asked: %+v", s)
 	}
 }
+
+// TestEncodeThenDisagg: under --disagg vllm, the items are encoded
+// first; the prefill engine finds them handed over, computes the prompt
+// and hands its KV to the decode engine, which encodes nothing.
+func TestEncodeThenDisagg(t *testing.T) {
+	cfg := e2eConfig()
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM, MinRemoteTokens: 1}
+	roles := []mocker.Role{mocker.RolePrefill, mocker.RoleDecode, mocker.RoleEncode}
+	r := startE2ERig(t, rig.Config{Node: cfg, Engines: len(roles), Roles: roles, Engine: mocker.Config{WorkerID: 1, Speedup: 20}})
+	ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
+	defer cancel()
+	if err := r.rig.WaitWorkers(ctx, len(roles)); err != nil {
+		t.Fatal(err)
+	}
+	pre, dec, enc := r.rig.Engines[0], r.rig.Engines[1], r.rig.Engines[2]
+	resp := r.post(t, fastpath.PathChatCompletions, imagesChat(true, imageURL("e"), imageURL("f")), nil)
+	if resp.status != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	if p, d := resp.header.Get(fastpath.HeaderPrefillWorker), resp.header.Get(fastpath.HeaderWorker); p != "1" || d != "2" {
+		t.Errorf("prefill worker %q, decode worker %q; want 1 and 2", p, d)
+	}
+	if items, finish, done, errEv := readStream(t, resp.body); items != 4 || finish != "length" || !done || errEv {
+		t.Errorf("stream: %d items, finish %q, done %v, error event %v", items, finish, done, errEv)
+	}
+	waitReleased(t, r.node)
+	if s := enc.EncodeStats(); s.Encoded != 2 {
+		t.Errorf("encoder: %+v; want both images encoded", s)
+	}
+	if s := pre.EncodeStats(); s.HandedOver != 2 || s.Encoded != 0 {
+		t.Errorf("prefill engine: %+v; want both images handed over", s)
+	}
+	if s := dec.EncodeStats(); s.HandedOver != 0 || s.Encoded != 0 {
+		t.Errorf("decode engine: %+v; want no image looked at: it gets the KV", s)
+	}
+	if s := dec.Stats(); s.BlocksTransferred == 0 {
+		t.Error("the decode engine pulled no KV")
+	}
+}
