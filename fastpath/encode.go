@@ -249,6 +249,9 @@ func (s *Server) serveEncode(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		pending++
 	}
 	var wg sync.WaitGroup
+	// A panic while the round is being booked must not let cleanup
+	// release calls still in use: the senders are joined first.
+	defer wg.Wait()
 	for pending > 0 {
 		// Select one item after the other, so that each booking weighs on
 		// the next item's choice, then send them all at once. Only the
