@@ -100,13 +100,6 @@ func (a *encoderAffinity) forget(id uint64, slot workers.Slot) {
 	}
 }
 
-// len returns how many items are remembered.
-func (a *encoderAffinity) len() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.byItem)
-}
-
 func (a *encoderAffinity) alloc() *affinityEntry {
 	if a.free == nil {
 		// Entries come in chunks, so that a router whose encoders never

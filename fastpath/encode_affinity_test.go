@@ -44,7 +44,7 @@ func TestEncoderAffinityBounded(t *testing.T) {
 	if _, ok := a.lookup(4, now.Add(2*time.Minute)); ok {
 		t.Error("an entry past the ttl was trusted")
 	}
-	if n := a.len(); n != 0 {
+	if n := len(a.byItem); n != 0 {
 		t.Errorf("%d items remembered, want none", n)
 	}
 	var off *encoderAffinity
