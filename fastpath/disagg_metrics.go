@@ -58,7 +58,7 @@ func (c *roleLoadCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *roleLoadCollector) Collect(ch chan<- prometheus.Metric) {
-	var prefill, blocks, requests, count [3]float64
+	var prefill, blocks, requests, count [4]float64
 	sc := c.s.sched
 	for w := range sc.Workers().All() {
 		info, ok := sc.Worker(w)
@@ -72,7 +72,7 @@ func (c *roleLoadCollector) Collect(ch chan<- prometheus.Metric) {
 		requests[r] += float64(l.Requests)
 		count[r]++
 	}
-	for _, r := range []sched.Role{sched.RoleBoth, sched.RolePrefill, sched.RoleDecode} {
+	for _, r := range []sched.Role{sched.RoleBoth, sched.RolePrefill, sched.RoleDecode, sched.RoleEncode} {
 		name := r.String()
 		ch <- prometheus.MustNewConstMetric(descRolePrefill, prometheus.GaugeValue, prefill[r], name)
 		ch <- prometheus.MustNewConstMetric(descRoleBlocks, prometheus.GaugeValue, blocks[r], name)

@@ -50,6 +50,14 @@
 // of its own that cleanup joins); each stage has its own guard, and the
 // decode stage is relayed as any request is.
 //
+// With encode workers present (encode.go), a chat request's images, audio
+// and video (prompt.Media) first go to encoders, one guard and engine call
+// per item, chosen by encoder-cache affinity (encoderAffinity, bounded
+// per encoder and in time, under its own mutex) then load, sent from one
+// goroutine each that the handler joins before the request goes on; a
+// hang-up aborts every item's guard and call, and cleanup releases each
+// exactly once.
+//
 // The edge (edge.go) stands between the network and that path. Every
 // connection comes through edgeListener, which tags it with its listener
 // (API or admin: Serve and ServeAdmin) and bounds each client address's

@@ -42,8 +42,10 @@ type exchange struct {
 	h        guard.Handle
 	held     bool // h is acquired and not yet released
 	call     *dispatch.Call
-	exact    bool         // hashes are token blocks looked up in the event-fed index
-	pre      prefillStage // a disaggregated request's prefill stage (disagg.go)
+	exact    bool          // hashes are token blocks looked up in the event-fed index
+	pre      prefillStage  // a disaggregated request's prefill stage (disagg.go)
+	media    prompt.Media  // a chat request's multimodal items, read when they go to encoders (encode.go)
+	enc      []encodeStage // one per item of media: the encoder stage (encode.go)
 
 	arrived, lastItem int64
 	firstSeen         bool
@@ -55,9 +57,10 @@ type exchange struct {
 
 	// The client's hang-up (Server.hangups) arrives on the watcher's
 	// goroutine: hangMu orders it with the handler's changes of h.
-	watch  hangup.Registration
-	hangMu sync.Mutex
-	hungUp bool
+	watch   hangup.Registration
+	watched bool // watchClient ran
+	hangMu  sync.Mutex
+	hungUp  bool
 
 	body    []byte // the request body (readBody): ex.buf's bytes, or fasthttp's
 	buf     []byte // the pooled body buffer
@@ -83,8 +86,9 @@ func (s *Server) acquireExchange() *exchange {
 // maxPooledHashes and maxPooledTokens keep one huge prompt from pinning
 // its buffers forever.
 const (
-	maxPooledHashes = 1 << 16
-	maxPooledTokens = 1 << 18
+	maxPooledHashes       = 1 << 16
+	maxPooledTokens       = 1 << 18
+	maxPooledEncodeStages = 64
 )
 
 func (s *Server) releaseExchange(ex *exchange) {
@@ -101,11 +105,16 @@ func (s *Server) releaseExchange(ex *exchange) {
 	if cap(ex.out) > 1<<16 {
 		ex.out = nil
 	}
+	ex.media.Reset()
+	if cap(ex.enc) > maxPooledEncodeStages {
+		ex.enc = nil
+	}
 	ex.wait.release()
 	ex.releaseBody()
 	*ex = exchange{s: s, sw: ex.sw, req: ex.req, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0], buf: ex.buf,
-		sess: exchangeSession{id: ex.sess.id[:0]},
-		pre:  ex.pre.recycle()}
+		sess:  exchangeSession{id: ex.sess.id[:0]},
+		pre:   ex.pre.recycle(),
+		media: ex.media, enc: ex.enc[:0]}
 	s.exchanges.Put(ex)
 }
 
@@ -149,6 +158,10 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 		ex.reject(ctx, rerr)
 		return
 	}
+	if rerr := s.readMedia(ex); rerr != nil {
+		ex.reject(ctx, rerr)
+		return
+	}
 	if rerr := s.stickyRoute(ctx, ex, routeOnly || queryOnly); rerr != nil {
 		ex.reject(ctx, rerr)
 		return
@@ -157,11 +170,15 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 		s.routeOnly(ctx, ex)
 		return
 	}
+	if s.disaggregating() && (ex.req.Session.Open || ex.req.Session.Close) {
+		ex.reject(ctx, errSessionControlDisagg)
+		return
+	}
+	if len(ex.media.Items) > 0 && !s.serveEncode(ctx, ex) {
+		ex.failSelect(ctx, context.Canceled) // the client left during the encoder stage
+		return
+	}
 	if s.disaggregating() {
-		if ex.req.Session.Open || ex.req.Session.Close {
-			ex.reject(ctx, errSessionControlDisagg)
-			return
-		}
 		handedOff = s.serveDisagg(ctx, ex)
 		return
 	}
@@ -213,6 +230,9 @@ func (s *Server) settle(ctx *fasthttp.RequestCtx, ex *exchange, handedOff *bool)
 func (ex *exchange) cleanup() {
 	ex.watch.Stop() // no HangUp runs after this
 	ex.watch = hangup.Registration{}
+	for i := range ex.enc {
+		ex.releaseEncode(i)
+	}
 	ex.releasePrefill()
 	if ex.held {
 		ex.held = false
@@ -438,6 +458,10 @@ func (ex *exchange) stream(w *bufio.Writer) {
 // watchClient asks to hear of the client's hang-up while the request is
 // served (internal/hangup): fasthttp would notice only at the response.
 func (ex *exchange) watchClient(ctx *fasthttp.RequestCtx) {
+	if ex.watched {
+		return // an earlier stage asked
+	}
+	ex.watched = true
 	if w := ex.s.hangups; w != nil {
 		if reg, err := w.Watch(ctx.Conn(), ex); err == nil {
 			ex.watch = reg
@@ -485,6 +509,7 @@ func (ex *exchange) HangUp() {
 		// before releasing it, so this is still the prefill's call.
 		ex.pre.call.Abort()
 	}
+	ex.hangUpEncode()
 	ex.hangMu.Unlock()
 	ex.wait.cancel(context.Canceled)
 	if preHeld {

@@ -63,6 +63,7 @@ type metrics struct {
 	multimodalExact, multimodalApprox prometheus.Counter
 	transport                         map[string]prometheus.Counter // by reason: connections refused before a request was read
 	dis                               disaggMetrics                 // disaggregated serving (disagg_metrics.go)
+	enc                               encodeMetrics                 // the encoder stage (encode_metrics.go)
 }
 
 func newMetrics(s *Server) *metrics {
@@ -141,6 +142,7 @@ func newMetrics(s *Server) *metrics {
 	}, func() float64 { return float64(s.budget.used.Load()) })
 	m.ttft, m.itl, m.isl, m.osl = ttft, itl, isl, osl
 	m.dis = newDisaggMetrics(reg, s)
+	m.enc = newEncodeMetrics(reg)
 	reg.MustRegister(bodyBytes, requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, transport, multimodal,
 		&stateCollector{s: s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

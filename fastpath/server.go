@@ -76,6 +76,9 @@ type Config struct {
 	// Disagg routes requests in two stages, prefill then decode, over
 	// workers' roles (disagg.go); its zero value is off.
 	Disagg DisaggConfig
+	// Encode sends multimodal items to encode workers before the request
+	// goes on (encode.go); it runs whenever encoders are present.
+	Encode EncodeConfig
 }
 
 // DefaultConfig is the front end kvfast serve runs with.
@@ -94,6 +97,7 @@ func DefaultConfig() Config {
 		Sessions:         DefaultSessionConfig(),
 		// Off until --disagg; the thresholds are what it starts with.
 		Disagg: DisaggConfig{MinRemoteTokens: DefaultMinRemoteTokens, LocalCachedFraction: DefaultLocalCachedFraction},
+		Encode: DefaultEncodeConfig(),
 	}
 }
 
@@ -139,6 +143,9 @@ func (c *Config) Validate() error {
 		if k == "" {
 			return fmt.Errorf("cannot use API key %d: it is empty", i+1)
 		}
+	}
+	if err := c.Encode.validate(); err != nil {
+		return err
 	}
 	return c.Disagg.validate()
 }
@@ -197,6 +204,9 @@ type Server struct {
 	http    *fasthttp.Server
 	// sessions is nil when sticky sessions are off (SessionConfig.TTL 0).
 	sessions *sessions
+	// encAffinity remembers which encoder has which item; nil when
+	// affinity is off.
+	encAffinity *encoderAffinity
 
 	useApprox bool
 	renderers Renderers
@@ -250,6 +260,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.adminToken = []byte(cfg.AdminToken)
 	}
 	s.metrics = newMetrics(s)
+	if !cfg.Encode.Off && cfg.Encode.AffinityItems > 0 {
+		s.encAffinity = newEncoderAffinity(cfg.Encode.AffinityItems, cfg.Encode.AffinityTTL)
+	}
 	if cfg.Sessions.TTL > 0 {
 		var err error
 		if s.sessions, err = newSessions(s, cfg.Sessions, deps.Bindings); err != nil {

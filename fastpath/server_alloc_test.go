@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvfast/kvfast/openai"
+	"github.com/kvfast/kvfast/sched"
 )
 
 // TestRouteOnlyAllocations drives the server's handler in process, with one
@@ -29,6 +30,7 @@ func TestRouteOnlyAllocations(t *testing.T) {
 		policy  string
 		adapter bool // benchModel serves LoRA adapter "sql"
 		session bool // the request's session is bound to worker 3
+		encoder bool // an encode worker is present: multimodal items are read
 	}{
 		{name: "tokens 1K cache hit", path: PathRouteCompletions,
 			body: tokenBody(benchTokens(1024, 151935), ", ", false), cached: 48},
@@ -58,12 +60,21 @@ func TestRouteOnlyAllocations(t *testing.T) {
 		{name: "chat, approximate", path: PathRouteChatCompletions, policy: "approx",
 			body: []byte(`{"model":"` + benchModel + `","messages":[{"role":"system","content":"Be brief."},` +
 				`{"role":"user","content":"` + text + `"}],"stream":true}`)},
+		{name: "chat with images, encoders present", path: PathRouteChatCompletions, policy: "approx", encoder: true,
+			body: []byte(`{"model":"` + benchModel + `","messages":[{"role":"user","content":[{"type":"text","text":"` + text + `"},` +
+				`{"type":"image_url","image_url":{"url":"data:image/png;base64,` + strings.Repeat("iVBORw0K", 512) + `"}},` +
+				`{"type":"image_url","image_url":{"url":"https://example.com/cat.png"}}]}]}`)},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newRouteTestServer(t, 4, tc.policy)
 			if tc.adapter {
 				s.SetAdapters(map[string]string{"sql": benchModel})
+			}
+			if tc.encoder {
+				if err := s.sched.Upsert(sched.WorkerInfo{ID: 99, Slot: 4, Model: benchModel, Endpoint: "127.0.0.1:99", Role: sched.RoleEncode}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if tc.cached > 0 {
 				fillRouteIndex(t, s, tc.body, 0, tc.cached)

@@ -12,8 +12,8 @@ import (
 	"github.com/kvfast/kvfast/workers"
 )
 
-// newStagePool is a pool over six workers: slots 0-1 prefill, 2-4
-// decode, 5 both.
+// newStagePool is a pool over eight workers: slots 0-1 prefill, 2-4
+// decode, 5 both, 6-7 encode.
 func newStagePool(t testing.TB, cfg sched.Config, obs Observer) (*Pool, *sched.Scheduler) {
 	t.Helper()
 	cfg.Seed = 5
@@ -21,7 +21,8 @@ func newStagePool(t testing.TB, cfg sched.Config, obs Observer) (*Pool, *sched.S
 	if err != nil {
 		t.Fatal(err)
 	}
-	roles := []sched.Role{sched.RolePrefill, sched.RolePrefill, sched.RoleDecode, sched.RoleDecode, sched.RoleDecode, sched.RoleBoth}
+	roles := []sched.Role{sched.RolePrefill, sched.RolePrefill, sched.RoleDecode, sched.RoleDecode, sched.RoleDecode, sched.RoleBoth,
+		sched.RoleEncode, sched.RoleEncode}
 	for i, r := range roles {
 		if err := s.Upsert(sched.WorkerInfo{ID: uint64(i), Slot: workers.Slot(i), Model: "m", KVCapacityBlocks: 1 << 20, Role: r}); err != nil {
 			t.Fatal(err)
@@ -72,14 +73,16 @@ func TestPrefillRemote(t *testing.T) {
 }
 
 // TestTwoStageHammer runs a million disaggregated lifecycles (fewer with
-// -short or -race), each a prefill guard and a decode guard from one
-// pool, with a fault injected at a random step of either stage: a client
-// cancel from another goroutine racing both stages, a prefill worker
-// that refuses or errs (retried on another, or prefilled locally), a
-// decode dispatch failure, an engine error or a timeout mid-stream, a
-// panic, a stream dropped without a close. Afterwards every worker of
-// both roles has zero booked load and every dispatched stage was
-// reported finished exactly once.
+// -short or -race), each up to three encode guards (one per multimodal
+// item), a prefill guard and a decode guard from one pool, with a fault
+// injected at a random step of any stage: a client cancel from another
+// goroutine racing the encode stage or both later stages, an encoder
+// that refuses (retried on another) or errs (the item left to the
+// prefill engine), a prefill worker that refuses or errs (retried on
+// another, or prefilled locally), a decode dispatch failure, an engine
+// error or a timeout mid-stream, a panic, a stream dropped without a
+// close. Afterwards every worker of every role has zero booked load and
+// every dispatched stage was reported finished exactly once.
 func TestTwoStageHammer(t *testing.T) {
 	lifecycles := 1_000_000
 	switch {
@@ -135,7 +138,7 @@ func TestTwoStageHammer(t *testing.T) {
 			}()
 			defer close(cancels)
 			for range lifecycles / goroutines {
-				dispatched.Add(int64(twoStageLifecycle(pool, r, prompts, cancels, acked, fail)))
+				dispatched.Add(int64(twoStageLifecycle(pool, s, r, prompts, cancels, acked, fail)))
 			}
 		}()
 	}
@@ -152,7 +155,7 @@ func TestTwoStageHammer(t *testing.T) {
 
 // twoStageLifecycle runs one disaggregated request as fastpath does and
 // returns how many of its guards were dispatched.
-func twoStageLifecycle(pool *Pool, r *rand.Rand, prompts [][]uint64, cancels chan<- [2]Handle, acked <-chan struct{}, fail func(string, ...any)) (dispatched int) {
+func twoStageLifecycle(pool *Pool, s *sched.Scheduler, r *rand.Rand, prompts [][]uint64, cancels chan<- [2]Handle, acked <-chan struct{}, fail func(string, ...any)) (dispatched int) {
 	const (
 		faultNone = iota
 		faultCancel
@@ -163,9 +166,21 @@ func twoStageLifecycle(pool *Pool, r *rand.Rand, prompts [][]uint64, cancels cha
 		faultTimeout
 		faultPanic
 		faultDrop
+		faultEncodeRefused
+		faultEncodeError
+		faultEncodeCancel
 		faults
 	)
 	fault := r.IntN(faults)
+	step := r.IntN(6) // where the fault strikes
+	// The encoder stage comes first, each item with its own guard, as
+	// fastpath runs it; a client leaving during it ends the request.
+	encoded, gone := encodeStage(pool, s, r, fault == faultEncodeRefused, fault == faultEncodeError,
+		fault == faultEncodeCancel, fault == faultPanic && step == 0, cancels, acked, fail)
+	dispatched += encoded
+	if gone {
+		return dispatched
+	}
 	dec := pool.Acquire()
 	var pre Handle
 	preHeld := false
@@ -194,9 +209,8 @@ func twoStageLifecycle(pool *Pool, r *rand.Rand, prompts [][]uint64, cancels cha
 		if !errors.Is(err, sched.ErrOverloaded) {
 			fail("select decode: %v", err)
 		}
-		return 0
+		return dispatched
 	}
-	step := r.IntN(6) // where the fault strikes
 	async := fault == faultCancel && step%2 == 0
 	remote := r.IntN(5) > 0 // otherwise prefilled locally (short or cached prompt)
 	if remote {
@@ -289,4 +303,120 @@ func twoStageLifecycle(pool *Pool, r *rand.Rand, prompts [][]uint64, cancels cha
 		_ = dec.OnItem(1, FinishStop)
 	}
 	return dispatched
+}
+
+// encodeStage runs the encoder stage of one request with up to three
+// items as fastpath does, in rounds: each round books its items one
+// after the other (only the first may queue; a later one that finds every
+// encoder busy waits for the next round), dispatches them, and settles
+// them. It returns how many of its guards were dispatched and whether the
+// client left meanwhile. cancel has the client's goroutine abort the
+// round's guards while they run.
+func encodeStage(pool *Pool, s *sched.Scheduler, r *rand.Rand, refuse, engineError, cancel, panics bool, cancels chan<- [2]Handle, acked <-chan struct{}, fail func(string, ...any)) (dispatched int, gone bool) {
+	items := r.IntN(4)
+	var enc [3]Handle
+	var held, settled [3]bool
+	var attempts [3]int
+	release := func(i int) {
+		if held[i] {
+			held[i] = false
+			if err := enc[i].Release(); err != nil {
+				fail("release encode: %v", err)
+			}
+		}
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			for i := range enc {
+				if held[i] {
+					_ = enc[i].Abort(ReasonPanic)
+				}
+			}
+			gone = true
+		}
+		for i := range enc {
+			release(i)
+		}
+	}()
+	for pending := items; pending > 0; {
+		booked := 0
+		var round [3]bool
+		for i := range items {
+			if settled[i] {
+				continue
+			}
+			req := sched.Request{PromptTokens: 256, Stage: sched.StageEncode}
+			if booked > 0 {
+				q := req
+				q.QueryOnly = true
+				if d, err := s.Select(context.Background(), &q, nil); err == nil && d.Busy {
+					continue // the next round
+				}
+			}
+			enc[i], held[i] = pool.Acquire(), true
+			if _, err := enc[i].Select(context.Background(), &req); err != nil {
+				if !errors.Is(err, sched.ErrOverloaded) {
+					fail("select encode: %v", err)
+				}
+				release(i)
+				settled[i] = true // the prefill engine encodes the item
+				continue
+			}
+			booked++
+			round[i] = true
+		}
+		if panics && booked > 0 {
+			panic("handler bug in the encode stage")
+		}
+		if cancel && booked > 0 {
+			first, last := -1, -1
+			for i := range items {
+				if round[i] {
+					if first < 0 {
+						first = i
+					}
+					last = i
+				}
+			}
+			cancels <- [2]Handle{enc[first], enc[last]}
+		}
+		for i := range items {
+			if !round[i] {
+				continue
+			}
+			attempts[i]++
+			if refuse && attempts[i] == 1 {
+				_ = enc[i].DispatchFailed()
+				release(i) // retried on another encoder
+				continue
+			}
+			settled[i] = true
+			if enc[i].Dispatched() != nil {
+				if !cancel {
+					fail("dispatch of a live encode guard")
+				}
+				continue
+			}
+			dispatched++
+			if engineError {
+				_ = enc[i].OnItem(0, FinishError) // the prefill engine encodes it
+			} else if err := enc[i].OnItem(1, FinishLength); err != nil && !cancel {
+				fail("encode item: %v", err)
+			}
+			if !cancel {
+				release(i)
+			}
+		}
+		if cancel && booked > 0 {
+			<-acked // the client's goroutine is done with the handles: they go in the deferred release
+			return dispatched, true
+		}
+		pending = 0
+		for i := range items {
+			if !settled[i] {
+				pending++
+			}
+		}
+	}
+	return dispatched, false
 }

@@ -106,6 +106,15 @@ type Config struct {
 	// prompt's blocks for a remote decode that does not come (vLLM's
 	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT; default DefaultTransferTimeout).
 	TransferTimeout time.Duration
+	// ECStore is the encoder-cache connector's storage (encode.go): an
+	// encode engine (RoleEncode, which needs one) saves every item it
+	// encodes there, and the other engines skip encoding the items they
+	// find there. Nil: no engine finds any, and every engine encodes its
+	// own requests' items.
+	ECStore *ECStore
+	// EncoderCacheItems is an encode engine's encoder cache, in items
+	// (default DefaultEncoderCacheItems; negative: none).
+	EncoderCacheItems int
 
 	// WorkerID and DPRank identify this engine to the router's registry.
 	WorkerID uint64
@@ -172,9 +181,14 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.TransferTimeout == 0 {
 		cfg.TransferTimeout = DefaultTransferTimeout
 	}
+	if cfg.EncoderCacheItems == 0 {
+		cfg.EncoderCacheItems = DefaultEncoderCacheItems
+	}
 	switch {
-	case cfg.Role > RoleDecode:
+	case cfg.Role > RoleEncode:
 		return cfg, fmt.Errorf("cannot configure mock engine: unknown role %d", cfg.Role)
+	case cfg.Role == RoleEncode && cfg.ECStore == nil:
+		return cfg, fmt.Errorf("cannot configure mock engine: %w", errEncodeStore)
 	case cfg.TransferTimeout < 0:
 		return cfg, fmt.Errorf("cannot configure mock engine: transfer timeout %v is negative", cfg.TransferTimeout)
 	case cfg.BlockSize < 1:

@@ -49,9 +49,10 @@ const (
 	RoleBoth    = shm.RoleBoth
 	RolePrefill = shm.RolePrefill
 	RoleDecode  = shm.RoleDecode
+	RoleEncode  = shm.RoleEncode // encode.go
 )
 
-// ParseRole reads "prefill", "decode" or "both".
+// ParseRole reads "prefill", "decode", "encode" or "both".
 func ParseRole(s string) (Role, error) {
 	switch s {
 	case "", "both":
@@ -60,8 +61,10 @@ func ParseRole(s string) (Role, error) {
 		return RolePrefill, nil
 	case "decode":
 		return RoleDecode, nil
+	case "encode":
+		return RoleEncode, nil
 	}
-	return RoleBoth, fmt.Errorf("cannot use role %q: want prefill, decode or both", s)
+	return RoleBoth, fmt.Errorf("cannot use role %q: want prefill, decode, encode or both", s)
 }
 
 const (

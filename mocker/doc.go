@@ -11,6 +11,12 @@
 //     blocks in vLLM's kv_transfer_params (or keeps them for an SGLang
 //     bootstrap room); a decode engine pulls them over HTTP, paying
 //     Timing.TransferPerBlock a block, and refuses blocks no longer kept.
+//   - Encoder disaggregation (encode.go, Config.Role RoleEncode, ECStore,
+//     EncoderCacheItems): an encode engine encodes a chat request's
+//     images at Timing.EncodePerItem each, one at a time, unless its
+//     encoder cache (LRU, by mm_hash) has them, and saves them to the
+//     shared encoder-cache store; the other engines skip encoding the
+//     images they find there and pay for the others.
 //   - HTTP (fasthttp): POST /v1/completions and /v1/chat/completions,
 //     streaming (vLLM-shaped SSE chunks ending in "data: [DONE]") or not;
 //     GET /v1/models, GET /health, POST /reset_prefix_cache, and

@@ -60,6 +60,7 @@ type Engine struct {
 	closeErr  error
 
 	transfers transfers // prompts kept for a remote decode (disagg.go)
+	enc       encoder   // the encoder: its cache and timeline (encode.go)
 }
 
 type opKind uint8
@@ -136,6 +137,7 @@ func Start(cfg Config) (*Engine, error) {
 		idTag:     "w" + strconv.FormatUint(cfg.WorkerID, 10) + "r" + strconv.FormatUint(uint64(cfg.DPRank), 10) + "-",
 		modelJSON: jsonscan.AppendQuoted(nil, cfg.Model),
 	}
+	e.enc.capacity = cfg.EncoderCacheItems
 	e.stats = core.Stats()
 	e.srv = &fasthttp.Server{
 		Handler:            e.handle,
@@ -532,6 +534,10 @@ func (e *Engine) servesModel(ctx *fasthttp.RequestCtx, model string) bool {
 }
 
 func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
+	if e.cfg.Role == RoleEncode {
+		e.handleEncode(ctx, chat)
+		return
+	}
 	var req apiRequest
 	maxTokens, ok := e.admit(ctx, chat, &req)
 	if !ok {
@@ -543,6 +549,10 @@ func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 	}
 	if oerr := e.prepareDisagg(&req, r); oerr != nil {
 		writeError(ctx, oerr)
+		return
+	}
+	if err := e.encodeLocally(&req); err != nil {
+		writeError(ctx, &openai.Error{Status: fasthttp.StatusServiceUnavailable, Message: err.Error(), Type: openai.TypeServerError})
 		return
 	}
 	if err := e.submit(engineOp{kind: opAdd, r: r}); err != nil {
@@ -666,13 +676,14 @@ func (e *Engine) handleModels(ctx *fasthttp.RequestCtx) {
 // for GET /mock/stats.
 type statsView struct {
 	Stats
-	Model                string  `json:"model"`
-	WorkerID             uint64  `json:"worker_id"`
-	DPRank               uint32  `json:"dp_rank"`
-	BlockSize            int     `json:"block_size"`
-	Speedup              float64 `json:"speedup"` // 0 for +Inf
-	PrefixHitRate        float64 `json:"prefix_hit_rate"`
-	SimulatedTimeSeconds float64 `json:"simulated_time_seconds"`
+	Model                string      `json:"model"`
+	WorkerID             uint64      `json:"worker_id"`
+	DPRank               uint32      `json:"dp_rank"`
+	BlockSize            int         `json:"block_size"`
+	Speedup              float64     `json:"speedup"` // 0 for +Inf
+	PrefixHitRate        float64     `json:"prefix_hit_rate"`
+	SimulatedTimeSeconds float64     `json:"simulated_time_seconds"`
+	Encode               EncodeStats `json:"encode"`
 }
 
 func (e *Engine) handleStats(ctx *fasthttp.RequestCtx) {
@@ -680,7 +691,7 @@ func (e *Engine) handleStats(ctx *fasthttp.RequestCtx) {
 	v := statsView{
 		Stats: s, Model: e.cfg.Model, WorkerID: e.cfg.WorkerID, DPRank: e.cfg.DPRank,
 		BlockSize: e.cfg.BlockSize, PrefixHitRate: s.PrefixHitRate(),
-		SimulatedTimeSeconds: s.SimulatedTime.Seconds(),
+		SimulatedTimeSeconds: s.SimulatedTime.Seconds(), Encode: e.EncodeStats(),
 	}
 	if !math.IsInf(e.cfg.Speedup, 0) {
 		v.Speedup = e.cfg.Speedup

@@ -35,6 +35,11 @@ type Timing struct {
 	// remote prefill engine (disaggregated serving, disagg.go), paid by
 	// the decode engine before it schedules the request.
 	TransferPerBlock time.Duration
+	// EncodePerItem is the cost of encoding one multimodal item (an
+	// image through the vision encoder), paid by an encode engine for an
+	// item its encoder cache lacks, and by any other engine for an item
+	// not handed over through the encoder-cache store (encode.go).
+	EncodePerItem time.Duration
 }
 
 // DefaultTiming is roughly an 8B-parameter model on one H100-class GPU:
@@ -56,10 +61,11 @@ var DefaultTiming = Timing{
 	DecodeAttentionPer1K:  4 * time.Microsecond,
 	HostLoadPerBlock:      40 * time.Microsecond,
 	TransferPerBlock:      80 * time.Microsecond,
+	EncodePerItem:         20 * time.Millisecond, // a ViT over one image of a few hundred patches
 }
 
 func (t Timing) validate() error {
-	for _, d := range [...]time.Duration{t.StepOverhead, t.PrefillPerToken, t.PrefillAttentionPer1K, t.DecodePerSequence, t.DecodeAttentionPer1K, t.HostLoadPerBlock, t.TransferPerBlock} {
+	for _, d := range [...]time.Duration{t.StepOverhead, t.PrefillPerToken, t.PrefillAttentionPer1K, t.DecodePerSequence, t.DecodeAttentionPer1K, t.HostLoadPerBlock, t.TransferPerBlock, t.EncodePerItem} {
 		if d < 0 {
 			return fmt.Errorf("cannot use timing %+v: durations must not be negative", t)
 		}

@@ -106,7 +106,7 @@ type StaticWorker struct {
 	Model    string
 	KVBlocks uint64
 	// Role is the worker's part in disaggregated serving (role=prefill,
-	// decode or both; both when absent).
+	// decode, encode or both; both when absent).
 	Role sched.Role
 
 	// Events is the engine's ZMQ KV-event PUB socket (tcp://host:port),
@@ -269,7 +269,7 @@ func (c *Config) Validate() error {
 }
 
 // ParseStaticWorker reads the --worker syntax:
-// "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,role=prefill|decode|both][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]".
+// "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,role=prefill|decode|encode|both][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]".
 // id defaults to defaultID.
 func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	sw := StaticWorker{ID: defaultID}

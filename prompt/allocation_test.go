@@ -4,6 +4,7 @@ package prompt
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/kvfast/kvfast/openai"
@@ -85,5 +86,21 @@ func TestPrefixCacheAllocations(t *testing.T) {
 	dst := c.Encode(nil, enc, 0, text, cuts)
 	if n := testing.AllocsPerRun(200, func() { dst = c.Encode(dst[:0], enc, 0, text, cuts) }); n != 0 {
 		t.Fatalf("a cached prompt made %v allocations", n)
+	}
+}
+
+// TestMediaAllocations: reading a request's media, base64 decoding and
+// hashing included, allocates nothing once its buffers are warm.
+func TestMediaAllocations(t *testing.T) {
+	msgs := []byte(`[{"role":"user","content":[{"type":"text","text":"x"},
+		{"type":"image_url","image_url":{"url":"data:image/png;base64,` + strings.Repeat("QUJD", 5000) + `"}},
+		{"type":"image_url","image_url":{"url":"https:\/\/example.com\/a.png"}}]}]`)
+	var m Media
+	lim := MediaLimits{MaxItems: 8, MaxItemBytes: 1 << 20}
+	if err := m.Parse(msgs, lim); err != nil || len(m.Items) != 2 {
+		t.Fatalf("items %+v, %v", m.Items, err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = m.Parse(msgs, lim) }); n != 0 {
+		t.Errorf("Media.Parse: %v allocations, want 0", n)
 	}
 }

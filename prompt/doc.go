@@ -25,6 +25,11 @@
 //     (radix.AppendBlockHashesMM); /tokenize says nothing of them.
 //     HasMultimodalParts tells a chat request with images, audio or
 //     video, which without them routes approximately.
+//   - Media reads a chat request's multimodal content parts from the body
+//     itself, for the encoder stage: each part's raw JSON and a content
+//     identity (a hash of a data URL's decoded bytes, or of the URL; the
+//     router downloads nothing), bounded by MediaLimits, without
+//     allocating.
 //   - Builtin renders the chat template (package chat) and tokenizes
 //     (package tokenizer) in process, from the model's tokenizer.json and
 //     tokenizer_config.json, with the PrefixCache below.

@@ -3,9 +3,9 @@
 //
 // # Responsibility
 //
-// Workers carry a Role (prefill, decode or both) and a request a Stage,
-// which keeps only the workers that can run that stage of a
-// disaggregated request (roles.go).
+// Workers carry a Role (prefill, decode, encode or both) and a request a
+// Stage, which keeps only the workers that can run that stage of a
+// disaggregated request (roles.go); encoders serve StageEncode only.
 //
 // Given a request's block hashes, its length and the per-worker prefix
 // overlap the caller got from the radix index, sched filters the workers

@@ -10,7 +10,7 @@ import (
 
 func TestStageFiltersByRole(t *testing.T) {
 	s := newTestScheduler(t, 0, Config{})
-	roles := []Role{RolePrefill, RoleDecode, RoleBoth, RoleDecode}
+	roles := []Role{RolePrefill, RoleDecode, RoleBoth, RoleDecode, RoleEncode}
 	for i, r := range roles {
 		if err := s.Upsert(WorkerInfo{ID: 100 + uint64(i), Slot: workers.Slot(i), Model: "m", Endpoint: "h:1", Role: r}); err != nil {
 			t.Fatal(err)
@@ -23,6 +23,7 @@ func TestStageFiltersByRole(t *testing.T) {
 		{StageAny, workers.SetOf(0) | workers.SetOf(1) | workers.SetOf(2) | workers.SetOf(3)},
 		{StagePrefill, workers.SetOf(0) | workers.SetOf(2)},
 		{StageDecode, workers.SetOf(1) | workers.SetOf(2) | workers.SetOf(3)},
+		{StageEncode, workers.SetOf(4)},
 	}
 	for _, c := range cases {
 		if got := s.StageWorkers(c.stage); got != c.want {
@@ -44,6 +45,17 @@ func TestStageFiltersByRole(t *testing.T) {
 	if s.StageWorkers(StagePrefill).Has(0) || !s.StageWorkers(StageDecode).Has(0) {
 		t.Error("slot 0 kept its prefill role after becoming a decode worker")
 	}
+	// An encoder never answers a request of any other stage.
+	if s.StageWorkers(StageAny).Has(4) || s.StageWorkers(StagePrefill).Has(4) || s.StageWorkers(StageDecode).Has(4) {
+		t.Error("the encoder is a candidate of a generating stage")
+	}
+	if err := s.Upsert(WorkerInfo{ID: 104, Slot: 4, Model: "m", Endpoint: "h:1", Role: RoleBoth}); err != nil {
+		t.Fatal(err)
+	}
+	if s.StageWorkers(StageEncode) != 0 || !s.StageWorkers(StageAny).Has(4) {
+		t.Error("slot 4 kept its encode role after becoming an aggregated worker")
+	}
+	s.Remove(4)
 	s.Remove(2)
 	if got := s.StageWorkers(StagePrefill); got != 0 {
 		t.Errorf("prefill workers %b after the only one left", got)
@@ -56,7 +68,7 @@ func TestStageFiltersByRole(t *testing.T) {
 }
 
 func TestParseRole(t *testing.T) {
-	for in, want := range map[string]Role{"": RoleBoth, "both": RoleBoth, "prefill": RolePrefill, "decode": RoleDecode} {
+	for in, want := range map[string]Role{"": RoleBoth, "both": RoleBoth, "prefill": RolePrefill, "decode": RoleDecode, "encode": RoleEncode} {
 		if got, err := ParseRole(in); err != nil || got != want {
 			t.Errorf("ParseRole(%q) = %v, %v; want %v", in, got, err, want)
 		}
@@ -64,7 +76,7 @@ func TestParseRole(t *testing.T) {
 			t.Errorf("%v.String() = %q, want %q", want, want.String(), in)
 		}
 	}
-	if _, err := ParseRole("encode"); err == nil {
+	if _, err := ParseRole("vision"); err == nil {
 		t.Error("ParseRole accepted an unknown role")
 	}
 }

@@ -34,9 +34,9 @@ type workerSet struct {
 	info    [workers.Max]WorkerInfo
 	bySlot  map[workerKey]workers.Slot
 	byModel map[string]workers.Set
-	// onlyPrefill and onlyDecode are the workers whose Role excludes the
-	// other stage (roles.go); RoleBoth workers are in neither.
-	onlyPrefill, onlyDecode workers.Set
+	// onlyPrefill, onlyDecode and onlyEncode are the workers whose Role
+	// excludes the other stages (roles.go); RoleBoth workers are in none.
+	onlyPrefill, onlyDecode, onlyEncode workers.Set
 }
 
 func (ws *workerSet) clone() *workerSet {

@@ -26,8 +26,8 @@ func (c WorkerConfig) validate() error {
 		return fmt.Errorf("cannot register block size %d: must be in [1, %d]", c.BlockSize, 1<<15)
 	case len(c.Model) > MaxModelLen:
 		return fmt.Errorf("cannot register model name of %d bytes: at most %d", len(c.Model), MaxModelLen)
-	case c.Role > RoleDecode:
-		return fmt.Errorf("cannot register role %d: want 0 (both), 1 (prefill) or 2 (decode)", c.Role)
+	case c.Role > RoleEncode:
+		return fmt.Errorf("cannot register role %d: want 0 (both), 1 (prefill), 2 (decode) or 3 (encode)", c.Role)
 	case len(c.Endpoint) > MaxEndpointLen:
 		return fmt.Errorf("cannot register endpoint of %d bytes: at most %d", len(c.Endpoint), MaxEndpointLen)
 	}

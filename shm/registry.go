@@ -38,13 +38,17 @@ func (s WorkerState) String() string {
 }
 
 // Role is the part a registered engine plays in disaggregated serving,
-// with sched.Role's numbering: 0 both (aggregated), 1 prefill, 2 decode.
+// with sched.Role's numbering: 0 both (aggregated), 1 prefill, 2 decode,
+// 3 encode. Encode came last so that the numbers already written keep
+// their meaning; a reader older than it refuses the slot (an unknown
+// role), rather than routing token generation to an encoder.
 type Role uint8
 
 const (
 	RoleBoth Role = iota
 	RolePrefill
 	RoleDecode
+	RoleEncode
 )
 
 // Registry slot field offsets (little-endian). The state word's low byte
@@ -160,7 +164,7 @@ func decodeSlot(b []byte, info *WorkerInfo) error {
 		return fmt.Errorf("model length %d or endpoint length %d exceeds its field", ml, el)
 	}
 	bs := le.Uint32(b[sBlockSize:])
-	if r := le.Uint32(b[sRole:]); r > uint32(RoleDecode) {
+	if r := le.Uint32(b[sRole:]); r > uint32(RoleEncode) {
 		return fmt.Errorf("unknown worker role %d", r)
 	}
 	if bs > 1<<16 {

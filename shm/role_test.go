@@ -34,7 +34,11 @@ func TestRegistryRole(t *testing.T) {
 	if _, err := seg.ReadWorker(p.Slot()); err == nil {
 		t.Error("a slot with an unknown role was read")
 	}
-	cfg.Role = 3
+	binary.LittleEndian.PutUint32(seg.bytesAt(slotOff(int(p.Slot()))+sRole, 4), uint32(RoleEncode))
+	if w, err := seg.ReadWorker(p.Slot()); err != nil || w.Role != RoleEncode {
+		t.Errorf("an encode slot read as %+v, %v", w, err)
+	}
+	cfg.Role = RoleEncode + 1
 	if _, err := Register(path, cfg); err == nil {
 		t.Error("registered an unknown role")
 	}

@@ -155,7 +155,10 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		decSeq     = fs.Duration("decode-per-seq", d.DecodePerSequence, "timing: cost per sequence in a decode step")
 		decAttn    = fs.Duration("decode-attention-per-1k", d.DecodeAttentionPer1K, "timing: cost per 1024 context tokens read in a decode step")
 		hostLoad   = fs.Duration("host-load-per-block", d.HostLoadPerBlock, "timing: cost of loading a block back from the CPU tier (--host-blocks)")
-		role       = fs.String("role", "both", "disaggregated serving `role` of every engine: prefill (keeps a prompt's KV for a remote decode: vLLM kv_transfer_params do_remote_decode), decode (pulls it: do_remote_prefill) or both; registered in the segment")
+		role       = fs.String("role", "both", "disaggregated serving `role` of every engine: prefill (keeps a prompt's KV for a remote decode: vLLM kv_transfer_params do_remote_decode), decode (pulls it: do_remote_prefill), encode (encodes chat requests' images and saves them to --ec-store: vLLM's ec_producer) or both; registered in the segment")
+		encItem    = fs.Duration("encode-per-item", d.EncodePerItem, "timing: cost of encoding one image, paid by an encode engine on an encoder-cache miss and by any other engine for an image not found in --ec-store")
+		encCache   = fs.Int("encoder-cache-items", mocker.DefaultEncoderCacheItems, "an encode engine's encoder cache, in images (least recently used out first)")
+		ecStore    = fs.String("ec-store", "", "`directory` of the encoder-cache store shared with engines in other processes (an entry per mm_hash, as vLLM's example EC connector keeps a file per mm_hash); default: shared by this process's engines only")
 		sglang     = fs.Bool("sglang-bootstrap", false, "simulate SGLang's disaggregation instead of vLLM's: requests with bootstrap_host/port/room pair a prefill and a decode engine by room (the bootstrap server is the engine's HTTP port)")
 		xferBlock  = fs.Duration("transfer-per-block", d.TransferPerBlock, "timing: cost of pulling one block's KV from a remote prefill engine")
 		xferTTL    = fs.Duration("transfer-timeout", mocker.DefaultTransferTimeout, "how long a prefill engine keeps a finished prompt's blocks for a decode that does not pull them")
@@ -237,6 +240,14 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		tokenizerName = "tokenizer " + *tokenizer
 	}
 
+	store := mocker.NewECStore()
+	if *ecStore != "" {
+		if store, err = mocker.OpenECStore(*ecStore); err != nil {
+			fmt.Fprintf(stderr, "kvfast mock: --ec-store: %v\n", err)
+			return 1
+		}
+	}
+
 	var started []*mocker.Engine
 	closeAll := func() int {
 		code := 0
@@ -267,19 +278,21 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 			Timing: mocker.Timing{
 				StepOverhead: *stepOver, PrefillPerToken: *preTok, PrefillAttentionPer1K: *preAttn,
 				DecodePerSequence: *decSeq, DecodeAttentionPer1K: *decAttn, HostLoadPerBlock: *hostLoad,
-				TransferPerBlock: *xferBlock,
+				TransferPerBlock: *xferBlock, EncodePerItem: *encItem,
 			},
-			Role:            engineRole,
-			SGLangBootstrap: *sglang,
-			TransferTimeout: *xferTTL,
-			HostBlocks:      *hostBlocks,
-			SlidingWindow:   *window,
-			Renderer:        renderer,
-			DisableRender:   *noRender,
-			LoRAAdapters:    loraAdapters(*adapters),
-			Segment:         *segment,
-			WorkerID:        *workerID + uint64(i),
-			DPRank:          uint32(*dpRank),
+			ECStore:           store,
+			EncoderCacheItems: *encCache,
+			Role:              engineRole,
+			SGLangBootstrap:   *sglang,
+			TransferTimeout:   *xferTTL,
+			HostBlocks:        *hostBlocks,
+			SlidingWindow:     *window,
+			Renderer:          renderer,
+			DisableRender:     *noRender,
+			LoRAAdapters:      loraAdapters(*adapters),
+			Segment:           *segment,
+			WorkerID:          *workerID + uint64(i),
+			DPRank:            uint32(*dpRank),
 		}
 		if zmqOn {
 			cfg.ZMQ = mocker.ZMQConfig{Listen: zmqEndpoints[i], Format: zmqFormat, Topic: *zmqTopic, DropEvery: *zmqDrop}

@@ -87,7 +87,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.IntVar(&cfg.Segment.IndexCapacity, "index-capacity", cfg.Segment.IndexCapacity, "distinct KV blocks the index holds (set when the segment is created); about 70 bytes each with the engine-hash map")
 	fs.IntVar(&cfg.Segment.RingBytes, "ring-bytes", cfg.Segment.RingBytes, "bytes of each worker's event ring when the segment is created (0: shm's default, 1 MiB)")
 	fs.IntVar(&cfg.Sched.BlockSize, "block-size", cfg.Sched.BlockSize, "tokens per KV block; must equal the engines' block size")
-	fs.Var((*workerFlags)(&cfg.Static), "worker", `a static engine, repeatable: "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,role=prefill|decode|both][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]" (zmq: the engine's KV-event PUB socket, vLLM/SGLang wire format; needs model; role: its part in disaggregated serving, see --disagg)`)
+	fs.Var((*workerFlags)(&cfg.Static), "worker", `a static engine, repeatable: "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,role=prefill|decode|encode|both][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]" (zmq: the engine's KV-event PUB socket, vLLM/SGLang wire format; needs model; role: its part in disaggregated serving, see --disagg; encode workers take chat requests' images, audio and video first, see --encode-max-items)`)
 	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: kv (cache-aware cost model), approx (cache-aware from the router's own history, no events), round-robin, random, least-loaded")
 	cost := cfg.Sched.Cost
 	fs.Float64Var(&cost.OverlapCredit, "overlap-credit", cost.OverlapCredit, "weight of a worker's cached prefix blocks against its prefill cost (0 ignores the cache)")
@@ -124,6 +124,12 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.IntVar(&dis.MinRemoteTokens, "disagg-min-remote-tokens", dis.MinRemoteTokens, "with --disagg: prefill on the decode worker when the part of the prompt it does not cache is shorter than this many tokens")
 	fs.Float64Var(&dis.LocalCachedFraction, "disagg-local-cached-fraction", dis.LocalCachedFraction, "with --disagg: prefill on the decode worker when it caches at least this fraction of the prompt (0: off)")
 	fs.IntVar(&dis.BootstrapPort, "disagg-bootstrap-port", dis.BootstrapPort, "with --disagg sglang: the prefill engines' bootstrap port (SGLang's default is 8998; 0: the prefill worker's HTTP port, as kvfast mock serves it)")
+	enc := &cfg.HTTP.Encode
+	fs.BoolVar(&enc.Off, "encode-off", enc.Off, "never send multimodal items to encode workers (role=encode): every engine encodes its own requests' images (the stage runs whenever encode workers are present, except under --disagg sglang, whose engines call their encoders themselves)")
+	fs.IntVar(&enc.MaxItems, "encode-max-items", enc.MaxItems, "multimodal content parts (image_url, audio_url, input_audio, video_url) one chat request may carry when encode workers are present (400 beyond)")
+	fs.IntVar(&enc.MaxItemBytes, "encode-max-item-bytes", enc.MaxItemBytes, "decoded bytes of one inline item (a data: URL, input_audio), or length of one item's URL, when encode workers are present (413 beyond); the router never downloads a URL")
+	fs.IntVar(&enc.AffinityItems, "encoder-affinity-items", enc.AffinityItems, "recently encoded items remembered per encoder, to send an item again to the encoder whose cache has it (0: choose encoders by load only)")
+	fs.DurationVar(&enc.AffinityTTL, "encoder-affinity-ttl", enc.AffinityTTL, "how long an encoder is trusted to still have an item it encoded")
 	oc := &cfg.Dispatch.Outlier
 	fs.IntVar(&oc.Consecutive, "eject-consecutive", oc.Consecutive, "eject an engine from routing after this many failed requests in a row (5xx, refused or reset connection, timeout; 0: off)")
 	fs.IntVar(&oc.FailurePercent, "eject-failure-percent", oc.FailurePercent, "eject an engine whose requests failed at least this percentage within --eject-window, once it saw --eject-min-requests there (0: off)")

@@ -39,10 +39,11 @@ type Config struct {
 	// unset.
 	Engines int
 	Engine  mocker.Config
-	// Roles, if set, gives engine i the role Roles[i] in place of
-	// Engine.Role (disaggregated serving: a pool of prefill engines and
-	// one of decode engines behind one router); it must then name every
-	// engine.
+	// Roles, when set, gives engine i the role Roles[i] instead of
+	// Engine.Role (len(Roles) == Engines): a disaggregated deployment
+	// (prefill and decode pools, encoders) behind one router. Every engine
+	// shares the rig's encoder-cache store (Rig.ECStore) unless
+	// Engine.ECStore names another.
 	Roles []mocker.Role
 
 	// WaitTimeout bounds Start's wait for the engines and the rig's waits
@@ -62,6 +63,10 @@ type Rig struct {
 	// SegmentPath is the segment's file ("" with NoSegment): more engines
 	// may register there (mocker.Config.Segment).
 	SegmentPath string
+	// ECStore is the encoder-cache store the engines share: encode
+	// engines save what they encode there, the others find it there.
+	// More engines may share it (mocker.Config.ECStore).
+	ECStore *mocker.ECStore
 
 	wait      time.Duration
 	shutdown  time.Duration
@@ -78,7 +83,10 @@ func Start(ctx context.Context, cfg Config) (_ *Rig, err error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	r := &Rig{wait: cfg.WaitTimeout, shutdown: cfg.Node.ShutdownTimeout}
+	r := &Rig{wait: cfg.WaitTimeout, shutdown: cfg.Node.ShutdownTimeout, ECStore: cfg.Engine.ECStore}
+	if r.ECStore == nil {
+		r.ECStore = mocker.NewECStore()
+	}
 	if r.wait <= 0 {
 		r.wait = DefaultWaitTimeout
 	}
@@ -116,10 +124,11 @@ func Start(ctx context.Context, cfg Config) (_ *Rig, err error) {
 	for i := range cfg.Engines {
 		ec := cfg.Engine
 		ec.WorkerID += uint64(i)
+		ec.Segment = r.SegmentPath
+		ec.ECStore = r.ECStore
 		if cfg.Roles != nil {
 			ec.Role = cfg.Roles[i]
 		}
-		ec.Segment = r.SegmentPath
 		e, err := mocker.Start(ec)
 		if err != nil {
 			return nil, fmt.Errorf("cannot start engine %d: %w", i, err)

@@ -57,7 +57,7 @@ S_STATE, S_GEN, S_PID, S_WORKER_ID, S_DP_RANK, S_BLOCK_SIZE = 0, 8, 12, 16, 24, 
 S_KV_CAPACITY, S_HEARTBEAT, S_REGISTERED, S_MODEL_LEN, S_ENDPT_LEN = 32, 40, 48, 56, 58
 S_MODEL, S_ENDPOINT = 64, 256
 S_ROLE = 60
-ROLES = {"both": 0, "prefill": 1, "decode": 2}
+ROLES = {"both": 0, "prefill": 1, "decode": 2, "encode": 3}
 MAX_MODEL_LEN, MAX_ENDPOINT_LEN = S_ENDPOINT - S_MODEL, SLOT_SIZE - S_ENDPOINT
 FREE, CLAIMING, LIVE, DOWN, CLOSED = 0, 1, 2, 3, 4
 
@@ -117,7 +117,7 @@ class KvfastPublisher:
         if len(model_b) > MAX_MODEL_LEN or len(endpoint_b) > MAX_ENDPOINT_LEN:
             raise ValueError("model or endpoint too long")
         if role not in ROLES:
-            raise ValueError("role %r: want both, prefill or decode" % role)
+            raise ValueError("role %r: want both, prefill, decode or encode" % role)
         self._role = ROLES[role]
         self._lock = threading.Lock()
         self._closed = False
