@@ -46,8 +46,11 @@ var allChatPolicies = []string{PolicyKVBuiltin, PolicyKVRemote, "approx", "round
 
 // DefaultPolicies is the comparison a workload runs by default.
 func DefaultPolicies(workload string) []string {
-	if workload == replay.WorkloadChat {
+	switch workload {
+	case replay.WorkloadChat:
 		return slices.Clone(ChatPolicies)
+	case replay.WorkloadMultimodal:
+		return slices.Clone(MultimodalPolicies)
 	}
 	return slices.Clone(AllPolicies)
 }
@@ -93,8 +96,9 @@ type Options struct {
 	Engines  int      // mock engines per policy
 	Policies []string // routing policies, run in this order
 	// Workload is what each trace record becomes: replay.WorkloadTokens,
-	// a token-id prompt, or replay.WorkloadChat, a conversation that the
-	// engines tokenize with Tokenizer.
+	// a token-id prompt, replay.WorkloadChat, a conversation that the
+	// engines tokenize with Tokenizer, or replay.WorkloadMultimodal, a
+	// conversation with images (multimodal.go).
 	Workload string
 	// Trace is a Mooncake JSONL file, or EmbeddedTrace.
 	Trace       string
@@ -135,6 +139,18 @@ type Options struct {
 	// The router's conditional disaggregation (fastpath.DisaggConfig).
 	DisaggMinRemoteTokens     int
 	DisaggLocalCachedFraction float64
+
+	// Encode, when set, turns the multimodal experiment into aggregated
+	// against encoder-disaggregated serving (multimodal.go): the one
+	// policy runs on Engines aggregated engines, then with Encode.Encoders
+	// of them as encode engines and the router's encoder stage choosing
+	// encoders by affinity, then by load alone; same trace, same seeds.
+	Encode EncodeSpec
+	// Images are the multimodal workload's images (their Seed is Seed's).
+	Images replay.ImageSynth
+	// EncoderCacheItems is each engine's encoder cache, in images (0: the
+	// mock's default; DefaultOptions: DefaultEncoderCacheItems).
+	EncoderCacheItems int
 
 	Timing  mocker.Timing // the engines' step cost model
 	Timeout time.Duration // bound on one request, from send to end of stream
@@ -178,6 +194,7 @@ func DefaultOptions() Options {
 
 		DisaggMinRemoteTokens:     fastpath.DefaultMinRemoteTokens,
 		DisaggLocalCachedFraction: fastpath.DefaultLocalCachedFraction,
+		EncoderCacheItems:         DefaultEncoderCacheItems,
 	}
 }
 
@@ -273,6 +290,7 @@ func (o *Options) Validate() error {
 				return errors.New("cannot give the engines a remote tokenizer: name a directory or hf:ORG/NAME")
 			}
 		}
+	case replay.WorkloadMultimodal:
 	default:
 		return fmt.Errorf("cannot run workload %q: want one of %v", o.Workload, replay.Workloads)
 	}
@@ -281,9 +299,12 @@ func (o *Options) Validate() error {
 		if err != nil {
 			return err
 		}
-		if tok != "" && o.Workload != replay.WorkloadChat {
-			return fmt.Errorf("cannot run %s on the token workload, which sends token ids: it tokenizes text, use the chat workload", p)
+		if err := policyFitsWorkload(p, tok, o.Workload); err != nil {
+			return err
 		}
+	}
+	if err := o.validateMultimodal(); err != nil {
+		return err
 	}
 	cost := sched.CostParams{OverlapCredit: o.OverlapCredit, PrefillLoadScale: o.PrefillLoadScale, Temperature: o.Temperature}
 	if err := cost.Validate(); err != nil {
@@ -305,6 +326,8 @@ func ParsePolicies(list, workload string) ([]string, error) {
 	all := AllPolicies
 	if workload == replay.WorkloadChat {
 		all = allChatPolicies
+	} else if mm := multimodalPolicies(workload); mm != nil {
+		all = mm
 	}
 	var out []string
 	for _, p := range strings.Split(list, ",") {
@@ -338,7 +361,8 @@ func LoadTrace(path string) (*replay.Trace, error) {
 // CheckFits reports whether every request the demo replays from tr fits
 // in an empty engine: an engine refuses a request longer than its cache.
 func (o *Options) CheckFits(tr *replay.Trace) error {
-	synth, chat := o.tokens(tr), o.chat(tr)
+	synth, chat, images := o.tokens(tr), o.chat(tr), o.images()
+	var ranks []int
 	longest := 0
 	replayed := tr.Head(o.MaxRequests)
 	for i := range replayed.Records {
@@ -348,9 +372,13 @@ func (o *Options) CheckFits(tr *replay.Trace) error {
 			out = o.MaxOutputTokens
 		}
 		prompt := synth.PromptLen(r)
-		if o.Workload == replay.WorkloadChat {
+		if o.Workload != replay.WorkloadTokens {
 			words, messages := chat.PromptLen(r)
 			prompt = words + chatTemplateTokens*(messages+1)
+		}
+		if images != nil {
+			ranks = images.AppendImages(ranks[:0], chat, r)
+			prompt += len(ranks) * mocker.ImageTokens
 		}
 		longest = max(longest, prompt+out)
 	}

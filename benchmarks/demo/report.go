@@ -24,6 +24,8 @@ type Report struct {
 	Checks  []Check
 	// Failed: some policy's replay failed around it or had failed requests.
 	Failed bool
+	// Images describes the images the multimodal workload sent.
+	Images ImageLoad
 }
 
 // EngineTotals sums what one policy's engines did.
@@ -114,7 +116,7 @@ func Checks(workload string, runs []PolicyRun) []Check {
 	}
 	exact := []string{"kv"}
 	bound := "the infinite-cache bound"
-	if workload == replay.WorkloadChat {
+	if workload == replay.WorkloadChat || workload == replay.WorkloadMultimodal {
 		exact = []string{PolicyKVBuiltin, PolicyKVRemote}
 		// The bound counts a hash id's words, the engines the template's
 		// tokens too.
@@ -171,6 +173,9 @@ func (rep *Report) named() []replay.NamedResult {
 // WriteHTML writes the self-contained HTML report: a TTFT CDF per policy
 // and hit-rate bars.
 func (rep *Report) WriteHTML(w io.Writer) error {
+	if rep.Options.Workload == replay.WorkloadMultimodal {
+		return replay.WriteHTMLTables(w, rep.named(), rep.encodeHTMLTables())
+	}
 	return replay.WriteHTML(w, rep.named())
 }
 
@@ -198,6 +203,12 @@ func (rep *Report) WriteText(w io.Writer) error {
 			return err
 		}
 		fmt.Fprintln(w)
+	}
+	if o.Workload == replay.WorkloadMultimodal {
+		if err := rep.writeEncode(w); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "\n%s\n\n", rep.imagesLine())
 	}
 	for _, c := range rep.Checks {
 		verdict := "met    "
@@ -228,6 +239,9 @@ func (rep *Report) WriteText(w io.Writer) error {
 			tok = "the demo tokenizer"
 		}
 		workload = fmt.Sprintf("as conversations of %d words per hash id, engines tokenizing with %s", o.BlockTokens, tok)
+	}
+	if o.Workload == replay.WorkloadMultimodal {
+		workload = fmt.Sprintf("as conversations with images of %d words per hash id, engines tokenizing with the mock's tokenizer", o.BlockTokens)
 	}
 	engines := fmt.Sprintf("%d engines", o.Engines)
 	if o.Disagg.Enabled() {
@@ -341,6 +355,8 @@ type jsonReport struct {
 	ApproxTTL        float64          `json:"approx_ttl_s"`
 	Timing           map[string]int64 `json:"timing_ns"`
 	Disagg           string           `json:"disagg,omitempty"` // NPMD; the policies are then the aggregated and the disaggregated run
+	Encode           string           `json:"encode,omitempty"` // NE; the policies are then aggregated, encoders by affinity, encoders by load
+	Images           *ImageLoad       `json:"images,omitempty"` // the multimodal workload's
 	Policies         []jsonPolicy     `json:"policies"`
 	Checks           []Check          `json:"checks"`
 	Report           string           `json:"report,omitempty"`
@@ -351,7 +367,8 @@ type jsonPolicy struct {
 	Summary   replay.Summary      `json:"summary"`
 	Engines   EngineTotals        `json:"engines"`
 	Tokenizer *prompt.ModelStatus `json:"tokenizer,omitempty"`
-	Roles     []RoleTotals        `json:"roles,omitempty"` // with disagg
+	Roles     []RoleTotals        `json:"roles,omitempty"`  // with disagg
+	Encode    *EncodeTotals       `json:"encode,omitempty"` // the multimodal workload's
 	Released  bool                `json:"bookings_released"`
 }
 
@@ -374,6 +391,12 @@ func (rep *Report) WriteJSON(w io.Writer, htmlPath string) error {
 	if o.Disagg.Enabled() {
 		out.Disagg = o.Disagg.String()
 	}
+	if o.Encode.Enabled() {
+		out.Encode = o.Encode.String()
+	}
+	if o.Workload == replay.WorkloadMultimodal {
+		out.Images = &rep.Images
+	}
 	if out.Checks == nil {
 		out.Checks = []Check{}
 	}
@@ -382,6 +405,10 @@ func (rep *Report) WriteJSON(w io.Writer, htmlPath string) error {
 			Engines: rep.Runs[i].Totals(o), Tokenizer: rep.Runs[i].Tokenizer, Released: rep.Runs[i].Released}
 		if o.Disagg.Enabled() {
 			jp.Roles = rep.Runs[i].RoleTotals(o)
+		}
+		if o.Workload == replay.WorkloadMultimodal {
+			t := rep.Runs[i].EncodeTotals()
+			jp.Encode = &t
 		}
 		out.Policies = append(out.Policies, jp)
 	}

@@ -35,6 +35,10 @@ type PolicyRun struct {
 	// Tokenizer is how the router tokenized the model's text and chat
 	// prompts, with its outcome counts; nil when it did not.
 	Tokenizer *prompt.ModelStatus
+	// Encode is each engine's multimodal counters, in the order of
+	// Engines, with the multimodal workload (EncodeTotals sums them).
+	Encode       []mocker.EncodeStats
+	routerEncode EncodeTotals // the router's encoder-stage metrics
 }
 
 // tokenizer is the chat workload's tokenizer: the engines' renderer, and
@@ -92,6 +96,10 @@ func Run(ctx context.Context, o Options, tr *replay.Trace) (*Report, error) {
 	}
 
 	rep := &Report{Options: o, Trace: tr.Source}
+	if o.Workload == replay.WorkloadMultimodal {
+		rep.Images = o.imageLoad(tr)
+		o.notef("%s", rep.imagesLine())
+	}
 	for _, spec := range o.runSpecs() {
 		began := time.Now()
 		run, err := runPolicy(ctx, &o, spec, tr, tok)
@@ -113,7 +121,7 @@ func Run(ctx context.Context, o Options, tr *replay.Trace) (*Report, error) {
 		}
 		rep.Runs = append(rep.Runs, run)
 	}
-	if !o.Disagg.Enabled() {
+	if !o.Disagg.Enabled() && !o.Encode.Enabled() {
 		// The targets compare policies; a disaggregation run has one.
 		rep.Checks = Checks(o.Workload, rep.Runs)
 	}
@@ -126,11 +134,15 @@ type runSpec struct {
 	name, policy string
 	roles        []mocker.Role
 	disagg       bool
+	encodeByLoad bool // the router chooses encoders by load only
 }
 
 // runSpecs lists the experiment's replays: one per policy, or with Disagg
 // the policy aggregated and then disaggregated.
 func (o *Options) runSpecs() []runSpec {
+	if o.Encode.Enabled() {
+		return o.encodeRunSpecs()
+	}
 	if o.Disagg.Enabled() {
 		p := o.Policies[0]
 		both := make([]mocker.Role, o.Engines)
@@ -187,6 +199,17 @@ func runPolicy(ctx context.Context, o *Options, spec runSpec, tr *replay.Trace, 
 		cfg.HTTP.Disagg.MinRemoteTokens = o.DisaggMinRemoteTokens
 		cfg.HTTP.Disagg.LocalCachedFraction = o.DisaggLocalCachedFraction
 	}
+	// The router remembers as many images per encoder as its cache
+	// holds, or none: load only.
+	if o.EncoderCacheItems > 0 {
+		cfg.HTTP.Encode.AffinityItems = o.EncoderCacheItems
+	}
+	if spec.encodeByLoad {
+		cfg.HTTP.Encode.AffinityItems = 0
+	}
+	// The rig's router listens on loopback only; collectEncode reads its
+	// /metrics there.
+	cfg.HTTP.AdminOnAPI = true
 	var engineTok mocker.Renderer
 	if tok != nil {
 		engineTok = tok.engines
@@ -204,6 +227,8 @@ func runPolicy(ctx context.Context, o *Options, spec runSpec, tr *replay.Trace, 
 			Timing:           o.Timing,
 			Speedup:          o.EngineSpeedup,
 			Renderer:         engineTok,
+			// Encode engines only.
+			EncoderCacheItems: o.EncoderCacheItems,
 		},
 		Roles: spec.roles,
 	})
@@ -220,7 +245,7 @@ func runPolicy(ctx context.Context, o *Options, spec runSpec, tr *replay.Trace, 
 		Concurrency:     o.Concurrency,
 		Workload:        o.Workload,
 		Tokens:          replay.TokenSynth{BlockTokens: o.BlockTokens, Seed: o.Seed},
-		Chat:            replay.ChatSynth{BlockWords: o.BlockTokens, Seed: o.Seed},
+		Chat:            replay.ChatSynth{BlockWords: o.BlockTokens, Seed: o.Seed, Images: o.images()},
 		MaxOutputTokens: o.MaxOutputTokens,
 		Model:           replay.DefaultModel,
 		Timeout:         o.Timeout,
@@ -250,6 +275,9 @@ func runPolicy(ctx context.Context, o *Options, spec runSpec, tr *replay.Trace, 
 			role = spec.roles[i]
 		}
 		run.Roles = append(run.Roles, role)
+	}
+	if o.Workload == replay.WorkloadMultimodal {
+		err = errors.Join(err, run.collectEncode(ctx, r))
 	}
 	for _, st := range r.Node.Snapshot().Tokenizers {
 		if st.Model == replay.DefaultModel && st.Mode != prompt.ModeNone {

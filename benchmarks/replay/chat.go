@@ -14,7 +14,7 @@ const (
 )
 
 // Workloads lists the workload names, for flags and messages.
-var Workloads = []string{WorkloadTokens, WorkloadChat}
+var Workloads = []string{WorkloadTokens, WorkloadChat, WorkloadMultimodal}
 
 const (
 	// DefaultSystemIDs is how many leading hash ids of a record become its
@@ -70,6 +70,9 @@ type ChatSynth struct {
 	SystemIDs int
 	// Seed selects one of many equally valid texts.
 	Seed uint64
+	// Images, when set, puts images in some user turns (images.go): the
+	// multimodal workload.
+	Images *ImageSet
 }
 
 // normalized fills in defaults.
@@ -164,15 +167,15 @@ func (s ChatSynth) appendMessages(dst []byte, r *Record) []byte {
 		dst = append(dst, `"},`...)
 	}
 	for _, id := range r.HashIDs[sys : n-1] {
-		dst = append(dst, `{"role":"user","content":"`...)
-		dst = s.AppendText(dst, id, s.BlockWords)
-		dst = append(dst, `"},{"role":"assistant","content":"`...)
+		dst = append(dst, `{"role":"user","content":`...)
+		dst = s.appendUserContent(dst, id, s.BlockWords)
+		dst = append(dst, `},{"role":"assistant","content":"`...)
 		dst = s.appendReply(dst, id)
 		dst = append(dst, `"},`...)
 	}
-	dst = append(dst, `{"role":"user","content":"`...)
-	dst = s.AppendText(dst, r.HashIDs[n-1], s.lastWords(r))
-	return append(dst, `"}]`...)
+	dst = append(dst, `{"role":"user","content":`...)
+	dst = s.appendUserContent(dst, r.HashIDs[n-1], s.lastWords(r))
+	return append(dst, `}]`...)
 }
 
 // chatVocab is the vocabulary of synthesised text: pronounceable

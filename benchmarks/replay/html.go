@@ -49,6 +49,7 @@ type htmlReport struct {
 	XLabelY   float64
 	XTitleX   float64
 	XTitleY   float64
+	Tables    []HTMLTable // the caller's, below the summary (htmltables.go)
 }
 
 type htmlRow struct {
@@ -277,6 +278,20 @@ svg text { font-size: 11px; fill: #444; }
 {{- end}}
 </tbody>
 </table>
+{{- range .Tables}}
+<h2>{{.Title}}</h2>
+{{- if .Note}}
+<p class="note">{{.Note}}</p>
+{{- end}}
+<table class="extra">
+<thead><tr>{{range .Header}}<th>{{.}}</th>{{end}}</tr></thead>
+<tbody>
+{{- range .Rows}}
+<tr>{{range .}}<td>{{.}}</td>{{end}}</tr>
+{{- end}}
+</tbody>
+</table>
+{{- end}}
 <h2>Prefix hit rate</h2>
 <p class="note">Cached prompt tokens reported by the engines over all prompt tokens. The dashed line is the infinite-cache bound computed from the trace: no routing can do better.</p>
 <svg class="hits" xmlns="http://www.w3.org/2000/svg" width="{{.Bars.W}}" height="{{.Bars.H}}" viewBox="0 0 {{.Bars.W}} {{.Bars.H}}" role="img">

@@ -44,8 +44,8 @@ func (s *Summary) WriteText(w io.Writer) error {
 		mode = fmt.Sprintf("concurrency %d", s.Concurrency)
 	}
 	perID := fmt.Sprintf("%d tokens per hash id", s.BlockTokens)
-	if s.Workload == WorkloadChat {
-		perID = fmt.Sprintf("chat, %d words per hash id", s.BlockTokens)
+	if s.Workload != WorkloadTokens {
+		perID = fmt.Sprintf("%s, %d words per hash id", s.Workload, s.BlockTokens)
 	}
 	fmt.Fprintf(&b, "trace       %s (%s, %s)\n", s.Source, perID, mode)
 	fmt.Fprintf(&b, "requests    %d sent, %d ok, %d failed in %s\n", s.Requests, s.Succeeded, s.Errors, s.Duration.Round(time.Millisecond))

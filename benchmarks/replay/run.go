@@ -63,7 +63,8 @@ type Config struct {
 	// DefaultMaxInFlight.
 	MaxInFlight int
 	// Workload is what each record becomes: WorkloadTokens (the default
-	// when empty) or WorkloadChat.
+	// when empty), WorkloadChat or WorkloadMultimodal (Chat with
+	// Chat.Images, or the default images when nil).
 	Workload string
 	// Tokens synthesises the token workload's prompts, Chat the chat
 	// workload's conversations. Their TraceBlockSize is taken from Trace.
@@ -208,7 +209,7 @@ func newRunner(cfg Config) (*runner, error) {
 	path := pathCompletions
 	switch workload {
 	case WorkloadTokens:
-	case WorkloadChat:
+	case WorkloadChat, WorkloadMultimodal:
 		path = pathChatCompletions
 	default:
 		return nil, bad("workload %q is not one of %v", cfg.Workload, Workloads)
@@ -244,8 +245,13 @@ func newRunner(cfg Config) (*runner, error) {
 		return nil, bad("%v", err)
 	}
 	chat = chat.normalized()
+	if workload != WorkloadMultimodal {
+		chat.Images = nil
+	} else if chat.Images == nil {
+		chat.Images, _ = NewImageSet(ImageSynth{}) // the defaults compile
+	}
 	blockTokens := synth.BlockTokens
-	if workload == WorkloadChat {
+	if workload != WorkloadTokens {
 		blockTokens = chat.BlockWords
 	}
 	model := cfg.Model
@@ -256,7 +262,7 @@ func newRunner(cfg Config) (*runner, error) {
 		trace:    trace,
 		synth:    synth,
 		chat:     chat,
-		isChat:   workload == WorkloadChat,
+		isChat:   workload != WorkloadTokens,
 		body:     newRequestBody(model),
 		endpoint: endpoint,
 		client:   cfg.Client,

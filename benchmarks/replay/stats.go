@@ -13,7 +13,7 @@ const maxErrorSamples = 5
 // Summary condenses a Result into the figures a report shows.
 type Summary struct {
 	Source      string
-	Workload    string // WorkloadTokens or WorkloadChat
+	Workload    string // WorkloadTokens, WorkloadChat or WorkloadMultimodal
 	Mode        string
 	Speedup     float64
 	Concurrency int

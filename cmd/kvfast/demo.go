@@ -14,6 +14,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/kvfast/kvfast/benchmarks/demo"
+	"github.com/kvfast/kvfast/benchmarks/replay"
 )
 
 func init() {
@@ -163,9 +164,35 @@ decoding beside a long prefill waits for it. So --disagg replays at
                        compute most prompts), which by timestamps at a
                        higher speedup grows without bound.
 
+--workload multimodal is the chat workload with images (kvfast replay
+--help): one user turn in twenty (--image-turn-rate) starts with an
+image_url part naming one of 512 images (--images) drawn with Zipf
+popularity of exponent 1 (--image-exponent), keyed by the turn's hash id
+so that shared prefixes share their images. About two images per
+request, a few hundred distinct: web and media popularity is Zipf-like
+with an exponent near 1, and more images than one engine's encoder
+cache holds but fewer than a pool of them does is where the choice of
+encoder shows. The engines tokenize with the mock's own tokenizer (each
+image is 20 placeholder tokens under its hash), so the policies are
+kv-remote (exact KV routing, images' blocks included) and approx; every
+engine encodes each image it is sent, at --encode-per-item (20 ms).
+
+--encode NE (2E, say) with --workload multimodal compares where images
+are encoded: the one policy (default kv-remote) runs on --engines
+aggregated engines that encode their own images, then with N of them as
+encode engines (vLLM's ec_producer, an encoder cache of
+--encoder-cache-items images each) and the rest aggregated, the router
+sending each image to an encoder first (kvfast serve's encoder stage),
+to the encoder that encoded it last unless it is busy (affinity), and
+then to the least loaded encoder alone (--encoder-affinity-items 0). A
+table gives each run's TTFT p50 and p90 beside the encoders' cache hit
+rate, the images encoded on encoders and locally, and the router's
+affinity hits. The routing targets are not judged.
+
 Examples:
   kvfast demo
   kvfast demo --disagg 2P6D
+  kvfast demo --workload multimodal --encode 2E
   kvfast demo --workload chat
   kvfast demo --policies kv,round-robin --max-requests 200
   kvfast demo --engines 4 --html /tmp/report.html --json
@@ -266,13 +293,19 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.SetOutput(stderr)
 	o := demo.DefaultOptions()
 	out := demoOutput{out: filepath.Join(os.TempDir(), "kvfast-demo.html"), logLevel: "warn"}
-	policies, disagg := "", ""
+	policies, disagg, encode := "", "", ""
 	fs.StringVar(&disagg, "disagg", disagg, "compare aggregated with disaggregated serving on the same engines and trace: `NPMD` prefill and decode engines, such as 2P6D (see above)")
 	fs.IntVar(&o.DisaggMinRemoteTokens, "disagg-min-remote-tokens", o.DisaggMinRemoteTokens, "with --disagg: the router prefills on the decode engine when the part of the prompt it does not cache is shorter than this")
 	fs.Float64Var(&o.DisaggLocalCachedFraction, "disagg-local-cached-fraction", o.DisaggLocalCachedFraction, "with --disagg: the router prefills on the decode engine when it caches at least this fraction of the prompt (0: off)")
+	fs.StringVar(&encode, "encode", encode, "with --workload multimodal: compare aggregated serving with `N`E of the engines as encoders, choosing them by affinity and then by load, such as 2E (see above)")
+	fs.IntVar(&o.Images.Images, "images", replay.DefaultImages, "multimodal workload: images in the set the user turns' images are drawn from")
+	fs.Float64Var(&o.Images.Exponent, "image-exponent", replay.DefaultImageExponent, "multimodal workload: Zipf exponent of the images' popularity")
+	fs.Float64Var(&o.Images.TurnRate, "image-turn-rate", replay.DefaultImageTurnRate, "multimodal workload: fraction of user turns that carry an image")
+	fs.IntVar(&o.EncoderCacheItems, "encoder-cache-items", o.EncoderCacheItems, "multimodal workload: each encode engine's encoder cache, in images")
+	fs.DurationVar(&o.Timing.EncodePerItem, "encode-per-item", o.Timing.EncodePerItem, "engine timing: cost of encoding one image")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "mock engines to start for each policy")
 	fs.StringVar(&policies, "policies", policies, "comma-separated `list` of routing policies to compare: kv, approx, round-robin, random, least-loaded, with --workload chat kv-builtin and kv-remote, or all (default: all for tokens, kv-builtin,kv-remote,approx for chat)")
-	fs.StringVar(&o.Workload, "workload", o.Workload, "what each trace record becomes: tokens (a token-id prompt) or chat (a conversation)")
+	fs.StringVar(&o.Workload, "workload", o.Workload, "what each trace record becomes: tokens (a token-id prompt), chat (a conversation) or multimodal (a conversation with images)")
 	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, "chat workload: the engines' tokenizer, a `DIR` or hf:ORG/NAME (default: the demo's own)")
 	fs.StringVar(&o.Trace, "trace", o.Trace, "trace `file` (Mooncake JSONL), or \"embedded\" for the last 600 records of the shipped trace")
 	fs.IntVar(&o.MaxRequests, "max-requests", o.MaxRequests, "replay only the first `N` records of the trace (0: all)")
@@ -336,6 +369,14 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 		}
 		if !set["speedup"] && !set["concurrency"] {
 			o.Concurrency = demo.DisaggConcurrency
+		}
+	}
+	if encode != "" {
+		if o.Encode, err = demo.ParseEncode(encode); err != nil {
+			return bad("--encode: %v", err)
+		}
+		if policies == "" {
+			o.Policies = o.Policies[:1]
 		}
 	}
 	if err := o.Validate(); err != nil {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 
@@ -45,6 +46,12 @@ add the chat template's few per message and the replies, so the two
 compare only approximately (the demo's tokenizer spends one token per
 word).
 
+--workload multimodal is the chat workload with images: one user turn in
+twenty (keyed by --token-seed and its hash id, so shared prefixes share
+their images) starts with an image_url part, an https URL naming one of
+512 images drawn with Zipf popularity (exponent 1), for a router's
+encoder stage (kvfast demo --encode).
+
 Requests leave at their trace time divided by --speedup, or, with
 --concurrency N, N at a time back to back. The report gives TTFT
 p50/p90/p99, inter-token latency, end-to-end latency, throughput, errors,
@@ -79,7 +86,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 	fs.SetOutput(stderr)
 	var (
 		router      = fs.String("router", replay.DefaultRouterURL, "router base `URL`; /v1/completions (chat: /v1/chat/completions) is appended")
-		workload    = fs.String("workload", replay.WorkloadTokens, "what each record becomes: tokens (token-id prompts) or chat (conversations)")
+		workload    = fs.String("workload", replay.WorkloadTokens, "what each record becomes: tokens (token-id prompts), chat (conversations) or multimodal (conversations with images)")
 		tracePath   = fs.String("trace", "", "trace `file` (JSONL), or \"embedded\" (default: "+replay.SharedTracePath+" if present, else embedded)")
 		traceBlock  = fs.Int("trace-block-size", replay.DefaultTraceBlockSize, "tokens per hash id in the trace")
 		maxRequests = fs.Int("max-requests", 0, "replay only the first `N` records (0: all)")
@@ -113,7 +120,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		fmt.Fprintf(stderr, "kvfast replay: --vocab %d: want 1..%d\n", *vocab, uint32(1<<32-1))
 		return 2
 	}
-	if *workload != replay.WorkloadTokens && *workload != replay.WorkloadChat {
+	if !slices.Contains(replay.Workloads, *workload) {
 		fmt.Fprintf(stderr, "kvfast replay: --workload %q: want one of %v\n", *workload, replay.Workloads)
 		return 2
 	}
@@ -146,6 +153,9 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		Model:           *model,
 		Timeout:         *timeout,
 		ProgressLabel:   *label,
+	}
+	if *workload == replay.WorkloadMultimodal {
+		cfg.Chat.Images, _ = replay.NewImageSet(replay.ImageSynth{Seed: *seed}) // the defaults compile
 	}
 	if !*quiet && stderrIsTTY {
 		cfg.Progress = stderr
