@@ -12,8 +12,12 @@
 // routing-quality targets (Checks). With Options.Disagg it runs one
 // policy twice instead, aggregated and then disaggregated (prefill and
 // decode engines, the router speaking vLLM's protocol), and judges no
-// targets. After each replay it checks that the router released every
-// booking. A Report writes itself as text
+// targets. With Options.Encode (the multimodal workload, images in the
+// conversations) it runs one policy three times: on aggregated engines
+// that encode their own images, then with encode engines chosen by
+// affinity, then by load alone, and reads the engines' encoder counters
+// and the router's encoder metrics (multimodal.go). After each replay it
+// checks that the router released every booking. A Report writes itself as text
 // tables, JSON or the HTML report. Flags, exit codes and files are the
 // command's.
 //

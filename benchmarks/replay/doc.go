@@ -37,6 +37,10 @@
 //     approximately: with a tokenizer that spends one token per word (the
 //     demo's), each shared hash id stands for its words plus the template
 //     tokens of its two messages and the reply.
+//   - Image synthesis (ImageSynth, ImageSet), for the multimodal
+//     workload: the chat workload's conversations with an image_url part
+//     in some user turns, drawn from a set of Zipf popularity, keyed by
+//     the turn's hash id as its text is.
 //   - The replay client (Run): open loop at trace time divided by a
 //     speed-up, or closed loop at a fixed concurrency, over a pooled
 //     net/http client. TTFT is the time from sending to the first SSE event
@@ -47,7 +51,8 @@
 //     x-kvfast-worker response header, if any, is recorded per request.
 //   - Statistics (Result.Summary, Percentile) and reports: a text summary,
 //     JSON (Summary.MarshalJSON), a side-by-side table (WriteTable) and a
-//     self-contained HTML page with inline SVG charts (WriteHTML).
+//     self-contained HTML page with inline SVG charts (WriteHTML), to
+//     which a caller may add tables of its own (WriteHTMLTables).
 //
 // net/http rather than fasthttp sends the requests: reading a response
 // body while it streams is first-class there, and the client's few

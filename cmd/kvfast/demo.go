@@ -168,11 +168,12 @@ decoding beside a long prefill waits for it. So --disagg replays at
 --help): one user turn in twenty (--image-turn-rate) starts with an
 image_url part naming one of 512 images (--images) drawn with Zipf
 popularity of exponent 1 (--image-exponent), keyed by the turn's hash id
-so that shared prefixes share their images. About two images per
-request, a few hundred distinct: web and media popularity is Zipf-like
-with an exponent near 1, and more images than one engine's encoder
-cache holds but fewer than a pool of them does is where the choice of
-encoder shows. The engines tokenize with the mock's own tokenizer (each
+so that shared prefixes share their images: about two images per
+request, 151 distinct on the embedded trace. Web and media popularity is
+Zipf-like with an exponent near 1, and the images in use outnumber what
+one encoder's cache holds (--encoder-cache-items 32, about what vLLM's
+default encoder cache budget of 8192 embedding tokens holds), so where an
+image is encoded decides whether it is encoded again. The engines tokenize with the mock's own tokenizer (each
 image is 20 placeholder tokens under its hash), so the policies are
 kv-remote (exact KV routing, images' blocks included) and approx; every
 engine encodes each image it is sent, at --encode-per-item (20 ms).
