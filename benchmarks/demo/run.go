@@ -85,6 +85,9 @@ func Run(ctx context.Context, o Options, tr *replay.Trace) (*Report, error) {
 		defer cleanup()
 		o.notef("%d requests from %s as conversations, %d words per hash id, %s; engines tokenize with %s", replayed.Len(), tr.Source,
 			o.BlockTokens, pace, tok.name)
+	} else if o.Workload == replay.WorkloadMultimodal {
+		o.notef("%d requests from %s as conversations with images, %d words per hash id, %s; engines tokenize with the mock's tokenizer",
+			replayed.Len(), tr.Source, o.BlockTokens, pace)
 	} else {
 		o.notef("%d requests from %s, %d tokens per hash id, %s", replayed.Len(), tr.Source, o.BlockTokens, pace)
 	}
