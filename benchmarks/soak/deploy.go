@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -199,7 +200,10 @@ func (e *sickEngine) serve(w http.ResponseWriter, r *http.Request) {
 	switch e.mode {
 	case hangs:
 		// Until the router gives up on the request (its connection
-		// closes) or the soak ends.
+		// closes) or the soak ends. net/http notices a closed connection
+		// (and cancels the request's context) only once the body has
+		// been read, so read it first.
+		_, _ = io.Copy(io.Discard, r.Body)
 		select {
 		case <-r.Context().Done():
 		case <-e.done:
