@@ -118,12 +118,17 @@ func (t *table) home(key uint64) uint32 {
 	if !t.grouped {
 		return uint32((uint64(uint32(key)) * uint64(t.n)) >> 32)
 	}
-	i := uint32(((key >> t.locShift) * uint64(t.n)) >> t.locBits)
-	i += uint32(key >> counterShift & counterMask)
+	i := t.groupBase(key) + uint32(key>>counterShift&counterMask)
 	if i >= t.n { // n >= groupSize (decodeHeader checks), so once suffices
 		i -= t.n
 	}
 	return i
+}
+
+// groupBase is the slot where a grouped key's group starts: its near home
+// less its counter.
+func (t *table) groupBase(key uint64) uint32 {
+	return uint32(((key >> t.locShift) * uint64(t.n)) >> t.locBits)
 }
 
 // spillHome is a grouped key's second home, in its spill shard: uniform,
@@ -195,11 +200,11 @@ func (t *table) lookup(key uint64) (uint64, bool) {
 	return 0, false
 }
 
-// probeNear is FindMatches' optimistic near probe: the value and slot of a
-// clean hit within the window, or false for anything else (a miss, which
-// only the careful lookup may conclude, or a race with a writer).
-func (t *table) probeNear(key uint64, i uint32) (uint64, uint32, bool) {
-	for range t.window {
+// probeNear is FindMatches' optimistic probe: the value and slot of a
+// clean hit within limit slots of i, or false for anything else (a miss,
+// which only the careful lookup may conclude, or a race with a writer).
+func (t *table) probeNear(key uint64, i, limit uint32) (uint64, uint32, bool) {
+	for range limit {
 		s := t.at(i)
 		k := s.key.Load()
 		if k == key {
@@ -352,6 +357,13 @@ const (
 func (sc spillCounts) word(shard uint64, home uint32) (*atomic.Uint32, uint32) {
 	b := home / spillSpan
 	return (*atomic.Uint32)(unsafe.Add(sc.base, uintptr(shard)*sc.stride+uintptr(b&^3))), 8 * (b & 3)
+}
+
+// addr is the word holding home's count in shard: what a lookup about to
+// read it may prefetch.
+func (sc spillCounts) addr(shard uint64, home uint32) *atomic.Uint32 {
+	w, _ := sc.word(shard, home)
+	return w
 }
 
 // get is how many spilled entries, at least, have their near home in the
