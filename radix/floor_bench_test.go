@@ -2,6 +2,7 @@ package radix
 
 import (
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -72,16 +73,42 @@ func BenchmarkProbeFloor(b *testing.B) {
 	b.ReportMetric(lines, "lines/prompt")
 }
 
+// pairTimes compares two operations timed in the same iterations by the
+// medians of their last pairSamples times, so that an iteration in which
+// the benchmark was descheduled, common on shared machines, moves neither.
+type pairTimes struct {
+	a, b [pairSamples]time.Duration
+	n    int
+}
+
+const pairSamples = 1 << 13
+
+func (p *pairTimes) add(a, b time.Duration) {
+	p.a[p.n%pairSamples], p.b[p.n%pairSamples] = a, b
+	p.n++
+}
+
+// ratio is a's median time over b's.
+func (p *pairTimes) ratio() float64 {
+	return float64(p.median(p.a[:])) / float64(p.median(p.b[:]))
+}
+
+func (p *pairTimes) median(d []time.Duration) time.Duration {
+	d = slices.Clone(d[:min(p.n, pairSamples)])
+	slices.Sort(d)
+	return d[len(d)/2]
+}
+
 // BenchmarkFindMatchesFloor holds FindMatches to the floor in one loop, so
 // that machine noise hits both alike: every iteration times FindMatches on
 // one prompt and the floor's loads on another (both cold: a prompt looked
 // at second would otherwise find the first one's lines in the cache),
-// taking turns at going first. x-floor is FindMatches' total time over the
-// floor's.
+// taking turns at going first. x-floor is FindMatches' median time over
+// the floor's.
 func BenchmarkFindMatchesFloor(b *testing.B) {
 	ix, prompts, slots, _ := sharedFloorSlots(b)
 	var out workers.Overlaps
-	var tFind, tFloor time.Duration
+	times := new(pairTimes)
 	r := rand.New(rand.NewPCG(3, 4))
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -89,22 +116,21 @@ func BenchmarkFindMatchesFloor(b *testing.B) {
 	for b.Loop() {
 		p := (i*7919 + r.IntN(4)) % len(prompts)
 		q := (p + len(prompts)/2) % len(prompts)
+		t0 := time.Now()
 		if i%2 == 0 {
-			t0 := time.Now()
 			ix.FindMatches(prompts[p], &out)
 			t1 := time.Now()
 			probeFloor(slots[q])
-			tFind, tFloor = tFind+t1.Sub(t0), tFloor+time.Since(t1)
+			times.add(t1.Sub(t0), time.Since(t1))
 		} else {
-			t0 := time.Now()
 			probeFloor(slots[q])
 			t1 := time.Now()
 			ix.FindMatches(prompts[p], &out)
-			tFloor, tFind = tFloor+t1.Sub(t0), tFind+time.Since(t1)
+			times.add(time.Since(t1), t1.Sub(t0))
 		}
 		i++
 	}
-	b.ReportMetric(float64(tFind)/float64(tFloor), "x-floor")
-	b.ReportMetric(float64(tFind.Nanoseconds())/float64(b.N), "find-ns/op")
-	b.ReportMetric(float64(tFloor.Nanoseconds())/float64(b.N), "floor-ns/op")
+	b.ReportMetric(times.ratio(), "x-floor")
+	b.ReportMetric(float64(times.median(times.a[:]).Nanoseconds()), "find-ns")
+	b.ReportMetric(float64(times.median(times.b[:]).Nanoseconds()), "floor-ns")
 }

@@ -201,7 +201,11 @@ const (
 	groupLines    = 4
 	// batchLines bounds one batch's prefetches: a batch's first block may
 	// start mid-group, so it spans one group more than it holds whole.
-	batchLines = (prefetchBatch/groupSize + 1) * (groupLines + 1)
+	batchLines = (prefetchBatch/groupSize + 1) * groupLines
+	// nearReach is how far from its home the full probe looks before it
+	// asks whether the key may have spilled: the prefetched lines, less
+	// the slots of the home's line before it.
+	nearReach = groupLines*64/slotSize - 3
 )
 
 // FindMatches writes into out, for every worker, how many leading hashes it
@@ -329,7 +333,7 @@ func (ix *Index) prefetchGroups(hashes []uint64, lo int) {
 	hi := min(lo+prefetchBatch, len(hashes))
 	mask := ix.geo.shardMask
 	j := lo
-	for j < hi && n+groupLines+1 <= len(lines) { // a chain never hits the bound
+	for j < hi && n+groupLines <= len(lines) { // a chain never hits the bound
 		key := storedKey(hashes[j])
 		t := &ix.shards[nearShard(key, mask)].blocks
 		base := t.groupBase(key)
@@ -338,8 +342,6 @@ func (ix *Index) prefetchGroups(hashes []uint64, lo int) {
 			lines[n] = p + l*64
 			n++
 		}
-		lines[n] = uintptr(unsafe.Pointer(t.counts.addr(t.self, base)))
-		n++
 		j += groupSize - int(key>>counterShift&counterMask)
 	}
 	prefetchLines(lines[:n])
@@ -401,26 +403,34 @@ func (ix *Index) resolve(h uint64, run *runCursor) workers.Set {
 	return v
 }
 
-// probeBlock is resolve's full probe: the near window, or first the spill
-// path when something near the key's home spilled. It returns the run a
-// hit starts.
+// probeBlock is resolve's full probe. It scans the near window as far as
+// FindMatches prefetched it (nearReach slots) before it reads the home's
+// spill count, a line of its own: a window that went on further is
+// crowded, and one that ended at an empty slot does not hold the key, so
+// only then may the key have spilled, and only then is the count worth a
+// miss. A key found near or on its spill path starts a run.
 func (ix *Index) probeBlock(key uint64) (workers.Set, runCursor) {
 	t := &ix.nearShard(key).blocks
 	home := t.home(key)
-	if t.counts.get(t.self, home) != 0 {
-		// Something near this home spilled: try the spill path first
-		// rather than scan a window that is probably full.
-		b := &ix.spillShard(key).blocks
-		if v, p, ok := b.probeNear(key, b.spillHome(key), b.n); ok {
-			return workers.Set(v), b.runFrom(p)
+	reach := min(nearReach, t.window)
+	v, p, st := t.probeNear(key, home, reach)
+	if st == probeOn || st == probeMiss {
+		if t.counts.get(t.self, home) != 0 {
+			b := &ix.spillShard(key).blocks
+			if v, p, st := b.probeNear(key, b.spillHome(key), b.n); st == probeHit {
+				return workers.Set(v), b.runFrom(p)
+			}
+		}
+		if st == probeOn {
+			v, p, st = t.probeNear(key, p, t.window-reach)
 		}
 	}
-	if v, p, ok := t.probeNear(key, home, t.window); ok {
+	if st == probeHit {
 		return workers.Set(v), t.runFrom(p)
 	}
-	// Spilled, absent, or raced a writer: the careful path, whose
-	// move-sequence checks make a miss trustworthy.
-	v, _ := ix.lookupBlock(key)
+	// Absent, or raced a writer: the careful path, whose move-sequence
+	// checks make a miss trustworthy.
+	v, _ = ix.lookupBlock(key)
 	return workers.Set(v), runCursor{}
 }
 

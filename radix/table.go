@@ -156,9 +156,10 @@ func (t *table) dist(a, b uint32) uint32 {
 type probeState uint8
 
 const (
-	probeMiss probeState = iota
-	probeHit
-	probeRaced
+	probeMiss  probeState = iota // an empty slot: the key is not on this path
+	probeHit                     // found
+	probeRaced                   // a writer was moving this path's entries
+	probeOn                      // the limit came first: the path goes on
 )
 
 // probe walks at most limit slots from slot i. The limit is at most n so
@@ -201,22 +202,29 @@ func (t *table) lookup(key uint64) (uint64, bool) {
 }
 
 // probeNear is FindMatches' optimistic probe: the value and slot of a
-// clean hit within limit slots of i, or false for anything else (a miss,
-// which only the careful lookup may conclude, or a race with a writer).
-func (t *table) probeNear(key uint64, i, limit uint32) (uint64, uint32, bool) {
+// clean hit within limit slots of i, probeMiss at an empty slot, probeOn
+// when the limit came first, and probeRaced at any sign of a writer. Only
+// the careful lookup may conclude that a key is absent.
+func (t *table) probeNear(key uint64, i, limit uint32) (uint64, uint32, probeState) {
 	for range limit {
 		s := t.at(i)
 		k := s.key.Load()
 		if k == key {
 			v := s.val.Load()
-			return v, i, s.key.Load() == key
+			if s.key.Load() != key {
+				return 0, 0, probeRaced
+			}
+			return v, i, probeHit
 		}
-		if k == emptyKey || k == busyKey {
-			return 0, 0, false
+		if k == emptyKey {
+			return 0, 0, probeMiss
+		}
+		if k == busyKey {
+			return 0, 0, probeRaced
 		}
 		i = t.next(i)
 	}
-	return 0, 0, false
+	return 0, i, probeOn
 }
 
 // scan walks at most limit slots from i for a writer: the key's slot and
@@ -357,13 +365,6 @@ const (
 func (sc spillCounts) word(shard uint64, home uint32) (*atomic.Uint32, uint32) {
 	b := home / spillSpan
 	return (*atomic.Uint32)(unsafe.Add(sc.base, uintptr(shard)*sc.stride+uintptr(b&^3))), 8 * (b & 3)
-}
-
-// addr is the word holding home's count in shard: what a lookup about to
-// read it may prefetch.
-func (sc spillCounts) addr(shard uint64, home uint32) *atomic.Uint32 {
-	w, _ := sc.word(shard, home)
-	return w
 }
 
 // get is how many spilled entries, at least, have their near home in the
