@@ -198,7 +198,7 @@ func (ix *Index) lookupBlock(key uint64) (uint64, bool) {
 const (
 	prefetchBatch = 4 * groupSize // blocks whose groups are prefetched at once
 	prefetchAhead = 4 * prefetchBatch
-	groupLines    = 4
+	groupLines    = 5
 	// batchLines bounds one batch's prefetches: a batch's first block may
 	// start mid-group, so it spans one group more than it holds whole.
 	batchLines = (prefetchBatch/groupSize + 1) * groupLines

@@ -216,10 +216,10 @@ func (t *table) probeNear(key uint64, i, limit uint32) (uint64, uint32, probeSta
 			}
 			return v, i, probeHit
 		}
-		if k == emptyKey {
-			return 0, 0, probeMiss
-		}
-		if k == busyKey {
+		if k <= busyKey { // one test for both reserved keys
+			if k == emptyKey {
+				return 0, 0, probeMiss
+			}
 			return 0, 0, probeRaced
 		}
 		i = t.next(i)
