@@ -103,34 +103,42 @@
 
 // link replaces the block sum at off(DI) with the block's hash, the
 // chain's link (hash.go) from parent R10, and makes it the new parent.
-// R8 = freshMask, R9 = ^counter bits, R11 and R12 mix64's multipliers.
+// The chain is the critical path, so everything that depends only on the
+// parent's counter and group bits is worked out beside mix64: the mask
+// M of the bits the block takes from the mix (its fresh bits, or all but
+// the counter for an anchor), and the bits P it takes from its parent
+// (group and counter+1, or none), folded with the sum into Q = sum&M ^ P.
+// The hash is then Q ^ mix64(parent)&M, two steps after the mix.
+// R8 = freshMask, R9 = ^counter bits, R11 and R12 mix64's multipliers,
+// R13 = 0.
 #define link(off) \
-	MOVQ R10, AX; \
-	MOVQ AX, DX; \
-	SHRQ $30, DX; \
-	XORQ DX, AX; \
-	IMULQ R11, AX; \
-	MOVQ AX, DX; \
-	SHRQ $27, DX; \
-	XORQ DX, AX; \
-	IMULQ R12, AX; \
-	MOVQ AX, DX; \
-	SHRQ $31, DX; \
-	XORQ DX, AX; \
-	XORQ off(DI), AX; \
 	MOVQ R10, DX; \
 	SHRQ $34, DX; \
+	MOVL DX, BX; \
+	ANDL $7, BX; \
 	INCQ DX; \
 	SHLQ $34, DX; \
-	MOVQ AX, BX; \
-	ANDQ R8, BX; \
-	ORQ BX, DX; \
-	ANDQ R9, AX; \
-	MOVQ R10, BX; \
-	SHRQ $34, BX; \
-	ANDL $7, BX; \
 	CMPL BX, $7; \
-	CMOVQNE DX, AX; \
+	MOVQ R8, BX; \
+	CMOVQEQ R9, BX; \
+	CMOVQEQ R13, DX; \
+	MOVQ off(DI), CX; \
+	ANDQ BX, CX; \
+	XORQ CX, DX; \
+	MOVQ R10, AX; \
+	MOVQ AX, CX; \
+	SHRQ $30, CX; \
+	XORQ CX, AX; \
+	IMULQ R11, AX; \
+	MOVQ AX, CX; \
+	SHRQ $27, CX; \
+	XORQ CX, AX; \
+	IMULQ R12, AX; \
+	MOVQ AX, CX; \
+	SHRQ $31, CX; \
+	XORQ CX, AX; \
+	ANDQ BX, AX; \
+	XORQ DX, AX; \
 	MOVQ AX, R10; \
 	MOVQ AX, off(DI)
 
@@ -156,6 +164,7 @@ TEXT ·hashBlocks8(SB), NOSPLIT, $0-40
 	MOVQ parent+24(FP), R10
 	TESTQ CX, CX
 	JZ none
+	MOVQ CX, batches+16(FP) // the batches left: CX is scratch in link
 	MOVQ $0x60EA27EEADC0B5D6, AX
 	VPBROADCASTQ AX, Z24
 	MOVQ $0x61C8864E7A143579, AX
@@ -174,16 +183,17 @@ TEXT ·hashBlocks8(SB), NOSPLIT, $0-40
 	MOVQ $0xFFFFFFE3FFFFFFFF, R9  // ^(7 << 34)
 	MOVQ $0xBF58476D1CE4E5B9, R11
 	MOVQ $0x94D049BB133111EB, R12
+	XORL R13, R13
 	sums(0)
 	ADDQ $512, SI
-	DECQ CX
+	DECQ batches+16(FP)
 	JZ last
 loop:
 	sums(64)
 	link8(0)
 	ADDQ $64, DI
 	ADDQ $512, SI
-	DECQ CX
+	DECQ batches+16(FP)
 	JNZ loop
 last:
 	link8(0)
