@@ -243,12 +243,23 @@ func (ix *Index) findMatches(hashes []uint64, out *workers.Overlaps, lower *work
 		run     runCursor
 		runs    [workers.Tiers - 1]runCursor // one per lower tier
 	)
+	tier := workers.TierGPU // whose keys are prefetched
 	for lo := 0; lo < prefetchAhead && lo < len(hashes); lo += prefetchBatch {
-		ix.prefetchGroups(hashes, lo)
+		ix.prefetchGroups(hashes, lo, tier)
 	}
 	for i := 0; i < len(hashes); i++ {
+		if onGPU == 0 && tier == workers.TierGPU {
+			// Every worker left is past its GPU run: from here on the
+			// lookup probes host-memory copies (and, for workers that
+			// miss those too, storage, unprefetched). Catch up on the
+			// window the GPU keys were prefetched for.
+			tier = workers.TierHost
+			for lo := i; lo < i+prefetchAhead && lo < len(hashes); lo += prefetchBatch {
+				ix.prefetchGroups(hashes, lo, tier)
+			}
+		}
 		if i%prefetchBatch == 0 && i+prefetchAhead < len(hashes) {
-			ix.prefetchGroups(hashes, i+prefetchAhead)
+			ix.prefetchGroups(hashes, i+prefetchAhead, tier)
 		}
 		next := onGPU
 		if onGPU != 0 {
@@ -321,20 +332,20 @@ func (ix *Index) finish(hashes []uint64, out *workers.Overlaps, lower *workers.L
 }
 
 // prefetchGroups starts loading the groups of the batch of blocks from
-// hashes[lo]: groupLines lines from the base slot of the first block's
-// group and of every later group's anchor, and each group's spill-count
-// line. Hashes from AppendBlockHashes form a chain, whose counters step
-// by one, so the anchors are found from the first block's counter alone;
-// other hashes are resolved just as correctly, only with less of them
-// prefetched.
-func (ix *Index) prefetchGroups(hashes []uint64, lo int) {
+// hashes[lo], as held on tier: groupLines lines from the base slot of the
+// first block's group and of every later group's anchor. Hashes from
+// AppendBlockHashes form a chain, whose counters step by one (and
+// KeyspaceHash keeps them), so the anchors are found from the first
+// block's counter alone; other hashes are resolved just as correctly,
+// only with less of them prefetched.
+func (ix *Index) prefetchGroups(hashes []uint64, lo int, tier workers.Tier) {
 	var lines [batchLines]uintptr
 	n := 0
 	hi := min(lo+prefetchBatch, len(hashes))
 	mask := ix.geo.shardMask
 	j := lo
 	for j < hi && n+groupLines <= len(lines) { // a chain never hits the bound
-		key := storedKey(hashes[j])
+		key := storedKey(KeyspaceHash(hashes[j], 0, tier))
 		t := &ix.shards[nearShard(key, mask)].blocks
 		base := t.groupBase(key)
 		p := uintptr(unsafe.Pointer(t.at(base)))
