@@ -83,6 +83,8 @@ func AppendBlockHashes(dst []uint64, seed uint64, tokens []uint32, blockSize int
 	b := tokenBytes(tokens)
 	parent := seed
 	if step == vectorBlockBytes && haveHashBlocks8 {
+		// Whole batches of eight default-sized blocks: their XXH64s eight
+		// at a time in vector registers, beside the chain (xxh64x8_amd64.s).
 		if batches := len(b) / (8 * step); batches > 0 {
 			n := 8 * batches
 			dst = slices.Grow(dst, n)
