@@ -189,12 +189,12 @@ func (ix *Index) lookupBlock(key uint64) (uint64, bool) {
 // prefetched past it is only wasted bandwidth).
 //
 // Prefetching is per group, not per block: groupLines cache lines from
-// the group's base slot, which at the block table's load hold 98% of the
-// groups' blocks (most groups whole), and the line of the group's spill
-// counts, which the full probe reads. The blocks of a group after its
-// first are resolved by guessing that each follows the one before, as
-// writers place them (see runCursor); a wrong guess costs one slot read
-// and falls back to the full probe.
+// the group's base slot, which at the block table's load hold 96% of the
+// groups whole (BENCHMARKS.md, issue 15, has what else was tried). The
+// blocks of a group after its first are resolved by guessing that each
+// follows the one before, as writers place them (see runCursor), with no
+// call; a wrong guess costs one slot read and falls back to the full
+// probe (probeBlock), which mostly meets only its group's first block.
 const (
 	prefetchBatch = 4 * groupSize // blocks whose groups are prefetched at once
 	prefetchAhead = 4 * prefetchBatch
