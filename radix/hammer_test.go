@@ -16,7 +16,8 @@ import (
 // may rely on:
 //   - a block that is present and untouched is always found (the stable
 //     worker's blocks never go missing, even while neighbours shift);
-//   - a reader never sees a worker on a block that worker never stored;
+//   - a reader never sees a worker on a block that worker never stored,
+//     by Lookup or by FindMatches' guesses along a run of slots;
 //   - once writers stop, the structure verifies and matches their ledger.
 //
 // It runs on uniform hashes, and on chained ones where every writer's
@@ -159,7 +160,17 @@ func hammer(t *testing.T, cfg Config, stable []uint64, pools [][]uint64) {
 						t.Errorf("hash of worker %d seen held by %b", w, set)
 					}
 				}
-				lookups.Add(int64(len(stable) + 64))
+				// FindMatches' run guesses read the slots next to the
+				// ones they found, which writers keep shifting: a run of
+				// one writer's blocks may only ever match that writer.
+				w := rr.IntN(writers)
+				lo := rr.IntN(len(pools[w]))
+				run := pools[w][lo:min(lo+1+rr.IntN(3*groupSize), len(pools[w]))]
+				if set := ix.FindMatches(run, &out); set&^workers.SetOf(workers.Slot(w)) != 0 {
+					violations.Add(1)
+					t.Errorf("blocks of worker %d matched for %b", w, set)
+				}
+				lookups.Add(int64(len(stable) + 64 + len(run)))
 				if violations.Load() > 5 {
 					return
 				}

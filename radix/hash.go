@@ -1,6 +1,7 @@
 package radix
 
 import (
+	"slices"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -81,6 +82,17 @@ func AppendBlockHashes(dst []uint64, seed uint64, tokens []uint32, blockSize int
 	step := 4 * blockSize
 	b := tokenBytes(tokens)
 	parent := seed
+	if step == vectorBlockBytes && haveHashBlocks8 {
+		// Whole batches of eight default-sized blocks: their XXH64s eight
+		// at a time in vector registers, beside the chain (xxh64x8_amd64.s).
+		if batches := len(b) / (8 * step); batches > 0 {
+			n := 8 * batches
+			dst = slices.Grow(dst, n)
+			parent = hashBlocks8(unsafe.SliceData(dst[len(dst):len(dst)+n]), &b[0], batches, parent)
+			dst = dst[:len(dst)+n]
+			b = b[n*step:]
+		}
+	}
 	for len(b) >= step {
 		parent = link(parent, xxhash.Sum64(b[:step]))
 		dst = append(dst, parent)

@@ -180,21 +180,32 @@ func (ix *Index) lookupBlock(key uint64) (uint64, bool) {
 	return 0, false
 }
 
-// FindMatches works through a prompt in chunks of lookupChunk blocks, and
-// keeps the next prefetchChunks chunks prefetched while it resolves the
-// current one, so their misses overlap its work and each other.
+// FindMatches is software-pipelined. Every block's home is computable
+// from its hash alone, so while it resolves block i it has already asked
+// for the lines of the groups prefetchAhead blocks further on: a batch of
+// prefetches retires without waiting for memory, so those misses overlap
+// each other and the resolving, which then mostly hits the cache, and the
+// early exit still stops at the first block no worker holds (what was
+// prefetched past it is only wasted bandwidth).
 //
-// Prefetching is per group, not per block: the first block of a group is
-// where a probe must start from the group's home, and prefetchLines warms
-// groupLines cache lines from there, which at the block table's load holds
-// most groups whole. The other blocks of the group are resolved by
-// guessing that they follow the last block found, as writers place them
-// (see resolve); a wrong guess costs one slot read and falls back to the
-// full probe.
+// Prefetching is per group, not per block: groupLines cache lines from
+// the group's base slot, which at the block table's load hold 96% of the
+// groups whole (BENCHMARKS.md, issue 15, has what else was tried). The
+// blocks of a group after its first are resolved by guessing that each
+// follows the one before, as writers place them (see runCursor), with no
+// call; a wrong guess costs one slot read and falls back to the full
+// probe (probeBlock), which mostly meets only its group's first block.
 const (
-	lookupChunk    = 32
-	groupLines     = 4
-	prefetchChunks = 2
+	prefetchBatch = 4 * groupSize // blocks whose groups are prefetched at once
+	prefetchAhead = 4 * prefetchBatch
+	groupLines    = 5
+	// batchLines bounds one batch's prefetches: a batch's first block may
+	// start mid-group, so it spans one group more than it holds whole.
+	batchLines = (prefetchBatch/groupSize + 1) * groupLines
+	// nearReach is how far from its home the full probe looks before it
+	// asks whether the key may have spilled: the prefetched lines, less
+	// the slots of the home's line before it.
+	nearReach = groupLines*64/slotSize - 3
 )
 
 // FindMatches writes into out, for every worker, how many leading hashes it
@@ -231,38 +242,53 @@ func (ix *Index) findMatches(hashes []uint64, out *workers.Overlaps, lower *work
 		matched workers.Set
 		run     runCursor
 		runs    [workers.Tiers - 1]runCursor // one per lower tier
-		lines   [lookupChunk * groupLines]uintptr
 	)
-	for k := range prefetchChunks {
-		if lo := k * lookupChunk; lo < len(hashes) {
-			ix.prefetchGroups(hashes[lo:min(lo+lookupChunk, len(hashes))], &lines)
-		}
+	tier := workers.TierGPU // whose keys are prefetched
+	for lo := 0; lo < prefetchAhead && lo < len(hashes); lo += prefetchBatch {
+		ix.prefetchGroups(hashes, lo, tier)
 	}
-	for base := 0; base < len(hashes); base += lookupChunk {
-		end := min(base+lookupChunk, len(hashes))
-		if lo := base + prefetchChunks*lookupChunk; lo < len(hashes) {
-			ix.prefetchGroups(hashes[lo:min(lo+lookupChunk, len(hashes))], &lines)
+	for i := 0; i < len(hashes); i++ {
+		if onGPU == 0 && tier == workers.TierGPU {
+			// Every worker left is past its GPU run: from here on the
+			// lookup probes host-memory copies (and, for workers that
+			// miss those too, storage, unprefetched). Catch up on the
+			// window the GPU keys were prefetched for.
+			tier = workers.TierHost
+			for lo := i; lo < i+prefetchAhead && lo < len(hashes); lo += prefetchBatch {
+				ix.prefetchGroups(hashes, lo, tier)
+			}
 		}
-		for i := base; i < end; i++ {
-			var next workers.Set
-			if onGPU != 0 {
-				onGPU &= ix.resolve(hashes[i], &run)
-				next = onGPU
-			}
-			if lower != nil && next != active {
-				next |= ix.lowerTiers(hashes[i], active&^next, lower, &runs)
-			}
-			if i > 0 {
-				for w := range (active &^ next).All() {
-					out[w] = uint32(i)
-				}
+		if i%prefetchBatch == 0 && i+prefetchAhead < len(hashes) {
+			ix.prefetchGroups(hashes, i+prefetchAhead, tier)
+		}
+		next := onGPU
+		if onGPU != 0 {
+			key := storedKey(hashes[i])
+			v, ok := run.guess(key)
+			if ok {
+				run.advance()
 			} else {
-				matched = next
+				v, run = ix.probeBlock(key)
 			}
-			active = next
-			if active == 0 {
-				return ix.finish(hashes, out, lower, matched)
+			onGPU &= v
+			next = onGPU
+		}
+		if next == active {
+			continue
+		}
+		if lower != nil {
+			next |= ix.lowerTiers(hashes[i], active&^next, lower, &runs)
+		}
+		if i == 0 {
+			matched = next
+		} else {
+			for w := range (active &^ next).All() {
+				out[w] = uint32(i)
 			}
+		}
+		active = next
+		if active == 0 {
+			return ix.finish(hashes, out, lower, matched)
 		}
 	}
 	for w := range active.All() {
@@ -305,77 +331,118 @@ func (ix *Index) finish(hashes []uint64, out *workers.Overlaps, lower *workers.L
 	return matched
 }
 
-// prefetchGroups starts loading the lines where the groups of hashes
-// begin: groupLines lines from the home of every block with counter 0, and
-// of the first block (which may start mid-group).
-func (ix *Index) prefetchGroups(hashes []uint64, lines *[lookupChunk * groupLines]uintptr) {
+// prefetchGroups starts loading the groups of the batch of blocks from
+// hashes[lo], as held on tier: groupLines lines from the base slot of the
+// first block's group and of every later group's anchor. Hashes from
+// AppendBlockHashes form a chain, whose counters step by one (and
+// KeyspaceHash keeps them), so the anchors are found from the first
+// block's counter alone; other hashes are resolved just as correctly,
+// only with less of them prefetched.
+func (ix *Index) prefetchGroups(hashes []uint64, lo int, tier workers.Tier) {
+	var lines [batchLines]uintptr
 	n := 0
+	hi := min(lo+prefetchBatch, len(hashes))
 	mask := ix.geo.shardMask
-	for j, h := range hashes {
-		key := storedKey(h)
-		if key>>counterShift&counterMask != 0 && j != 0 {
-			continue
-		}
+	j := lo
+	for j < hi && n+groupLines <= len(lines) { // a chain never hits the bound
+		key := storedKey(KeyspaceHash(hashes[j], 0, tier))
 		t := &ix.shards[nearShard(key, mask)].blocks
-		p := uintptr(unsafe.Pointer(t.at(t.home(key))))
+		base := t.groupBase(key)
+		p := uintptr(unsafe.Pointer(t.at(base)))
 		for l := range uintptr(groupLines) {
 			lines[n] = p + l*64
 			n++
 		}
+		j += groupSize - int(key>>counterShift&counterMask)
 	}
 	prefetchLines(lines[:n])
 }
 
-// runCursor remembers where FindMatches last found a block by a full probe.
+// runCursor follows a run of one group's blocks through the slots. Writers
+// store a prompt's blocks in order and place each in the first free slot
+// near its home, so a group's blocks usually sit in consecutive slots:
+// the block after one found in slot p is most likely in slot p+1. A hit
+// there is as good as one by probing (any slot holding a key is its
+// entry, and the key is checked around the value read); otherwise the
+// full probe decides and restarts the run. After a group's last block the
+// guess reads a slot that is almost always in a line already loaded, and
+// misses. A cursor is a small value that lookups keep in registers; the
+// zero value guesses nothing.
 type runCursor struct {
-	key uint64 // that block's key
-	t   *table // its shard's table, nil before the first find
-	pos uint32 // its slot
+	next *slot  // where the run's next block should be; nil for none
+	end  *slot  // one past the run's table, where next wraps
+	t    *table // the run's table
 }
 
-// resolve returns the workers holding the block with hash h. Writers store
-// a prompt's blocks in order and place each in the first free slot near its
-// home, so a run of one group's blocks usually sits in consecutive slots:
-// the block counter steps ahead of the run's first block lives that many
-// slots after it. A hit there is as good as one by probing (the slot's key
-// is checked around the value read); otherwise the full probe decides, and
-// its hit starts a new run.
+// guess resolves key by the run's guess, or reports false when it
+// missed. Small enough to inline, so that the common case of a lookup
+// costs no call; on a hit the caller moves the run on (advance).
+func (r *runCursor) guess(key uint64) (workers.Set, bool) {
+	s := r.next
+	if s == nil || s.key.Load() != key {
+		return 0, false
+	}
+	v := s.val.Load()
+	return workers.Set(v), s.key.Load() == key
+}
+
+// advance moves the run past the block guess found.
+func (r *runCursor) advance() {
+	r.next = (*slot)(unsafe.Add(unsafe.Pointer(r.next), slotSize))
+	if r.next == r.end {
+		r.next = r.t.at(0)
+	}
+}
+
+// runFrom is the run whose last block was found in slot p.
+func (t *table) runFrom(p uint32) runCursor {
+	r := runCursor{next: t.at(p), end: t.at(t.n), t: t}
+	r.advance()
+	return r
+}
+
+// resolve returns the workers holding the block with hash h, by the run's
+// guess or the full probe, and moves the run on.
 func (ix *Index) resolve(h uint64, run *runCursor) workers.Set {
 	key := storedKey(h)
-	if t := run.t; t != nil && (key^run.key)&groupMask == 0 {
-		c, rc := uint32(key>>counterShift&counterMask), uint32(run.key>>counterShift&counterMask)
-		if c > rc {
-			p := run.pos + c - rc
-			if p >= t.n {
-				p -= t.n
-			}
-			s := t.at(p)
-			if s.key.Load() == key {
-				v := s.val.Load()
-				if s.key.Load() == key {
-					return workers.Set(v)
-				}
-			}
-		}
+	v, ok := run.guess(key)
+	if ok {
+		run.advance()
+	} else {
+		v, *run = ix.probeBlock(key)
 	}
+	return v
+}
+
+// probeBlock is resolve's full probe. It scans the near window as far as
+// FindMatches prefetched it (nearReach slots) before it reads the home's
+// spill count, a line of its own: a window that went on further is
+// crowded, and one that ended at an empty slot does not hold the key, so
+// only then may the key have spilled, and only then is the count worth a
+// miss. A key found near or on its spill path starts a run.
+func (ix *Index) probeBlock(key uint64) (workers.Set, runCursor) {
 	t := &ix.nearShard(key).blocks
 	home := t.home(key)
-	if t.counts.get(t.self, home) != 0 {
-		// Something near this home spilled: try the spill path first
-		// rather than scan a window that is probably full.
-		b := &ix.spillShard(key).blocks
-		if v, st := b.probe(key, b.spillHome(key), b.n); st == probeHit {
-			return workers.Set(v)
+	reach := min(nearReach, t.window)
+	v, p, st := t.probeNear(key, home, reach)
+	if st == probeOn || st == probeMiss {
+		if t.counts.get(t.self, home) != 0 {
+			b := &ix.spillShard(key).blocks
+			if v, p, st := b.probeNear(key, b.spillHome(key), b.n); st == probeHit {
+				return workers.Set(v), b.runFrom(p)
+			}
+		}
+		if st == probeOn {
+			v, p, st = t.probeNear(key, p, t.window-reach)
 		}
 	}
-	if v, p, ok := t.probeNear(key, home); ok {
-		*run = runCursor{key: key, t: t, pos: p}
-		return workers.Set(v)
+	if st == probeHit {
+		return workers.Set(v), t.runFrom(p)
 	}
-	// Spilled, absent, or raced a writer: the careful path, whose
-	// move-sequence checks make a miss trustworthy.
-	v, _ := ix.lookupBlock(key)
-	return workers.Set(v)
+	// Absent, or raced a writer: the careful path, whose move-sequence
+	// checks make a miss trustworthy.
+	v, _ = ix.lookupBlock(key)
+	return workers.Set(v), runCursor{}
 }
 
 // writeBatch is how many keys a writer warms before it takes the first

@@ -91,16 +91,23 @@ func TestIndexAgreesWithModel(t *testing.T) {
 		cfg  Config
 		ops  int
 		tiny bool // hashes from a tiny space, so collisions in home slots are the norm
+		// long prompts run FindMatches' pipeline past its start-up, and
+		// queries start anywhere in them, often mid-group
+		long bool
 	}{
 		{name: "one shard", cfg: Config{Capacity: 4000, Shards: 1}, ops: 20000},
 		{name: "many shards", cfg: Config{Capacity: 4000, Shards: 16}, ops: 20000},
 		{name: "small hash space", cfg: Config{Capacity: 500, Shards: 2}, ops: 20000, tiny: true},
+		{name: "long prompts", cfg: Config{Capacity: 6000, Shards: 4}, ops: 5000, long: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(1, uint64(len(tc.name))))
 			ix := newTestIndex(t, tc.cfg)
 			ref := model{}
 			prompts := chains(r, 64, 24)
+			if tc.long {
+				prompts = chains(r, 16, 8*prefetchAhead/3)
+			}
 			if tc.tiny {
 				// +2 keeps clear of 0 and 1, which the index merges with
 				// 2 and 3 (storedKey) and the model would not.
@@ -149,6 +156,9 @@ func TestIndexAgreesWithModel(t *testing.T) {
 				}
 				q := prompts[r.IntN(len(prompts))]
 				q = q[:r.IntN(len(q)+1)]
+				if tc.long {
+					q = q[r.IntN(len(q)+1):]
+				}
 				gotSet := ix.FindMatches(q, &got)
 				want, wantSet := ref.findMatches(q)
 				if got != want || gotSet != wantSet {
@@ -165,6 +175,34 @@ func TestIndexAgreesWithModel(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFindMatchesAcrossTableEnd: a run guess after a table's last slot is
+// its first, and a group whose slots wrap there is found whole.
+func TestFindMatchesAcrossTableEnd(t *testing.T) {
+	tb := &newTestIndex(t, Config{Capacity: 64, Shards: 2}).shards[1].blocks
+	if run := tb.runFrom(tb.n - 1); run.next != tb.at(0) {
+		t.Fatalf("the run after slot %d guesses %p, not slot 0 at %p", tb.n-1, run.next, tb.at(0))
+	}
+	r := rand.New(rand.NewPCG(8, 8))
+	for attempt := 0; attempt < 100000; attempt++ {
+		ix := newTestIndex(t, Config{Capacity: 64, Shards: 1})
+		p := extendChain(r, testSeed, nil, groupSize)
+		tb := &ix.shards[0].blocks
+		if tb.groupBase(storedKey(p[0])) < tb.n-groupSize/2 {
+			continue
+		}
+		ix.Stored(3, p)
+		var out workers.Overlaps
+		if set := ix.FindMatches(p, &out); set != workers.SetOf(3) || out[3] != groupSize {
+			t.Fatalf("set %b, overlap %d of %d", set, out[3], groupSize)
+		}
+		if last, i, _ := ix.findBlock(storedKey(p[groupSize-1])); last != tb || i >= groupSize {
+			t.Fatalf("the group's last block is in slot %d of %d: the group did not wrap", i, tb.n)
+		}
+		return
+	}
+	t.Fatal("no chain's group started near the table's end")
 }
 
 func TestFindMatchesIsContiguousPrefix(t *testing.T) {

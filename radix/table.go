@@ -118,12 +118,17 @@ func (t *table) home(key uint64) uint32 {
 	if !t.grouped {
 		return uint32((uint64(uint32(key)) * uint64(t.n)) >> 32)
 	}
-	i := uint32(((key >> t.locShift) * uint64(t.n)) >> t.locBits)
-	i += uint32(key >> counterShift & counterMask)
+	i := t.groupBase(key) + uint32(key>>counterShift&counterMask)
 	if i >= t.n { // n >= groupSize (decodeHeader checks), so once suffices
 		i -= t.n
 	}
 	return i
+}
+
+// groupBase is the slot where a grouped key's group starts: its near home
+// less its counter.
+func (t *table) groupBase(key uint64) uint32 {
+	return uint32(((key >> t.locShift) * uint64(t.n)) >> t.locBits)
 }
 
 // spillHome is a grouped key's second home, in its spill shard: uniform,
@@ -151,9 +156,10 @@ func (t *table) dist(a, b uint32) uint32 {
 type probeState uint8
 
 const (
-	probeMiss probeState = iota
-	probeHit
-	probeRaced
+	probeMiss  probeState = iota // an empty slot: the key is not on this path
+	probeHit                     // found
+	probeRaced                   // a writer was moving this path's entries
+	probeOn                      // the limit came first: the path goes on
 )
 
 // probe walks at most limit slots from slot i. The limit is at most n so
@@ -195,23 +201,30 @@ func (t *table) lookup(key uint64) (uint64, bool) {
 	return 0, false
 }
 
-// probeNear is FindMatches' optimistic near probe: the value and slot of a
-// clean hit within the window, or false for anything else (a miss, which
-// only the careful lookup may conclude, or a race with a writer).
-func (t *table) probeNear(key uint64, i uint32) (uint64, uint32, bool) {
-	for range t.window {
+// probeNear is FindMatches' optimistic probe: the value and slot of a
+// clean hit within limit slots of i, probeMiss at an empty slot, probeOn
+// when the limit came first, and probeRaced at any sign of a writer. Only
+// the careful lookup may conclude that a key is absent.
+func (t *table) probeNear(key uint64, i, limit uint32) (uint64, uint32, probeState) {
+	for range limit {
 		s := t.at(i)
 		k := s.key.Load()
 		if k == key {
 			v := s.val.Load()
-			return v, i, s.key.Load() == key
+			if s.key.Load() != key {
+				return 0, 0, probeRaced
+			}
+			return v, i, probeHit
 		}
-		if k == emptyKey || k == busyKey {
-			return 0, 0, false
+		if k <= busyKey { // one test for both reserved keys
+			if k == emptyKey {
+				return 0, 0, probeMiss
+			}
+			return 0, 0, probeRaced
 		}
 		i = t.next(i)
 	}
-	return 0, 0, false
+	return 0, i, probeOn
 }
 
 // scan walks at most limit slots from i for a writer: the key's slot and
