@@ -1,6 +1,11 @@
 package sched
 
-import "github.com/kvfast/kvfast/workers"
+import (
+	"time"
+
+	"github.com/kvfast/kvfast/internal/clock"
+	"github.com/kvfast/kvfast/workers"
+)
 
 // Reservation is the load one request has booked on its worker: its prompt
 // blocks, its prompt tokens until the first output token, and its tracked
@@ -20,6 +25,12 @@ type Reservation struct {
 	state          resState
 	prefillDone    bool
 	trackOutput    bool
+
+	// What the worker's calibration learns from (calibrate.go).
+	bookedAt     int64 // clock.Now at booking
+	prefillAhead int64 // prefill tokens booked on the worker, this request's included
+	firstAt      int64 // clock.Now at the first token
+	seqsAtFirst  int64 // requests in flight on the worker then
 }
 
 type resState uint8
@@ -59,8 +70,38 @@ func (r *Reservation) PrefillDone() {
 		return
 	}
 	r.prefillDone = true
-	r.s.live[r.slot].prefillTokens.Add(-r.prefill)
+	l := &r.s.live[r.slot]
+	l.prefillTokens.Add(-r.prefill)
+	r.firstAt = clock.Now()
+	r.seqsAtFirst = l.requests.Load()
+	r.s.calib[r.slot].observePrefill(r.prefillAhead, time.Duration(r.firstAt-r.bookedAt))
 	r.s.wakeWaiters()
+}
+
+// Completed records that the request finished normally after output
+// tokens: the worker's calibration learns its decode speed from the mean
+// gap between tokens against the batch it shared. Call it once, before
+// Release, from the goroutine that called PrefillDone; a request that
+// aborted teaches nothing and is not reported.
+func (r *Reservation) Completed(output int) {
+	if r.state != resBooked || !r.prefillDone || output < 1 {
+		return
+	}
+	s := r.s
+	l := &s.live[r.slot]
+	now := clock.Now()
+	seqs := l.requests.Load()
+	var gap time.Duration
+	if output > 1 {
+		gap = time.Duration(now-r.firstAt) / time.Duration(output-1)
+	}
+	// The batch it decoded with, averaged over its two ends; the context
+	// a sequence holds, in the decode term's own blocks (distinct, plus
+	// output when tracked), so that the derived scale converts into them.
+	avgSeqs := float64(r.seqsAtFirst+seqs) / 2
+	blocks := float64(l.activeBlocks.Load()) + float64(l.outputUnits.Load())/outputUnit
+	context := blocks * float64(s.blockSize) / float64(max(seqs, 1))
+	s.calib[r.slot].observeDecode(gap, avgSeqs, context, output)
 }
 
 // OutputTokens books the output blocks of total generated tokens, counted

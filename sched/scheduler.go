@@ -26,6 +26,7 @@ type Scheduler struct {
 	workers atomic.Pointer[workerSet]
 	healthy atomic.Uint64 // workers.Set
 	live    [workers.Max]workerLive
+	calib   [workers.Max]calibrator // each worker's fitted timing (calibrate.go)
 
 	params     atomic.Pointer[CostParams]
 	thresholds atomic.Pointer[BusyThresholds]
@@ -63,6 +64,9 @@ func New(cfg Config) (*Scheduler, error) {
 		retryMax:  cfg.RetryAfterMax,
 	}
 	s.queue.init(cfg.QueueCapacity)
+	for i := range s.calib {
+		s.calib[i].reset()
+	}
 	s.workers.Store(&workerSet{
 		bySlot:  map[workerKey]workers.Slot{},
 		byModel: map[string]workers.Set{},

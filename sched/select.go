@@ -241,7 +241,9 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 	// Counters move inside the section that moves the table, so that they
 	// always agree with it and never dip below zero.
 	l.activeBlocks.Add(s.table.book(req.Hashes, idx, uint(w)))
-	l.prefillTokens.Add(prefill)
+	// What the first token will have waited for: the prefill booked here
+	// ahead of this request, and its own (calibrate.go).
+	ahead := l.prefillTokens.Add(prefill)
 	l.requests.Add(1)
 	s.mu.Unlock()
 
@@ -254,6 +256,8 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 		slot:           w,
 		state:          resBooked,
 		trackOutput:    p.TrackOutputBlocks,
+		bookedAt:       clock.Now(),
+		prefillAhead:   ahead,
 	}
 	s.booked.Inc()
 	info := &ws.info[w]
@@ -317,7 +321,11 @@ func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands work
 		shared := acc.get(uint(w))
 		overlap := p.overlap(req, w, n, shared)
 		host, disk := p.lowerTiers(req, w, overlap, shared)
-		c := p.Cost(CostInputs{
+		scale := p.PrefillLoadScale
+		if p.AutoPrefillLoadScale {
+			scale = s.calib[w].loadScale()
+		}
+		c := p.cost(scale, CostInputs{
 			BlockSize:           s.blockSize,
 			PromptTokens:        req.PromptTokens,
 			OverlapBlocks:       overlap,

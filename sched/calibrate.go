@@ -1,0 +1,150 @@
+package sched
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvfast/kvfast/workers"
+)
+
+// The cost model counts prefill in blocks and decode in blocks, and
+// PrefillLoadScale converts the one into the other. With
+// CostParams.AutoPrefillLoadScale the scheduler measures that rate per
+// worker instead of taking it as configured (docs/routing.md, "Calibrated
+// prefill load scale", derives it):
+//
+//	TTFT           ≈ prefillOverhead + prefillPerToken · tokens
+//	                 (tokens: prefill booked ahead on the worker, plus the
+//	                 request's own uncached prompt)
+//	inter-token    ≈ decodeStep + decodePerSequence · sequences
+//	scale          = prefillPerToken · contextTokens / (outputTokens · decodePerSequence)
+//
+// where contextTokens is the mean KV a sequence in flight holds and
+// outputTokens the mean output of a request: a prefill block then weighs
+// what the time to compute it is worth in decode blocks, each held through
+// the new request's whole generation. Both fits are robustLines, fed at a
+// request's first token and at its completion, never per token.
+
+// Priors: an 8B-parameter model on one H100-class GPU, the same shape as
+// mocker.DefaultTiming, give or take a factor of two. The fit leaves them
+// behind after a few dozen requests.
+const (
+	priorPrefillOverhead   = 20 * time.Millisecond  // TTFT intercept: dispatch, one step, the wire
+	priorPrefillPerToken   = 50 * time.Microsecond  // about 20k prefill tokens a second
+	priorPrefillRefTokens  = 4096                   // prompt tokens at the prior's second point
+	priorDecodeStep        = 10 * time.Millisecond  // step overhead with an empty batch
+	priorDecodePerSequence = 150 * time.Microsecond // per sequence in the batch
+	priorDecodeRefSeqs     = 32                     // batch at the prior's second point
+	priorContextTokens     = 2048                   // KV a sequence in flight holds
+	priorOutputTokens      = 256                    // output a request generates
+	// priorWeight is the prior's worth in observations.
+	priorWeight = 4
+)
+
+// Bounds on the derived scale: beyond them the cost model is pure
+// affinity or pure load balance, which the fit has no business choosing
+// on its own.
+const (
+	MinAutoPrefillLoadScale = 1.0 / 64
+	MaxAutoPrefillLoadScale = 1024
+)
+
+// Calibration is one worker's fitted engine timing and the prefill load
+// scale derived from it.
+type Calibration struct {
+	PrefillOverhead   time.Duration // TTFT with nothing to prefill
+	PrefillPerToken   time.Duration // TTFT per prefill token booked ahead or in the prompt
+	DecodeStep        time.Duration // inter-token gap with an empty batch
+	DecodePerSequence time.Duration // inter-token gap per sequence in flight
+	ContextTokens     float64       // mean KV tokens a sequence in flight holds
+	OutputTokens      float64       // mean output tokens per request
+	PrefillSamples    uint64        // first tokens observed
+	DecodeSamples     uint64        // completions observed
+	PrefillLoadScale  float64       // the scale derived from the above
+}
+
+// calibrator is one worker's estimator. Its mutex is taken twice per
+// request (first token, completion), by the goroutine relaying that
+// request, never by selection: selection reads scale, an atomic.
+type calibrator struct {
+	mu      sync.Mutex
+	prefill robustLine
+	decode  robustLine
+	context ewma
+	output  ewma
+	scale   atomic.Uint64 // float64 bits of the derived scale
+}
+
+func (c *calibrator) reset() {
+	c.mu.Lock()
+	c.prefill = newRobustLine(priorPrefillOverhead.Seconds(), priorPrefillPerToken.Seconds(), priorPrefillRefTokens, priorWeight)
+	c.decode = newRobustLine(priorDecodeStep.Seconds(), priorDecodePerSequence.Seconds(), priorDecodeRefSeqs, priorWeight)
+	c.context = ewma{mean: priorContextTokens, weight: priorWeight}
+	c.output = ewma{mean: priorOutputTokens, weight: priorWeight}
+	c.publish()
+	c.mu.Unlock()
+}
+
+// publish derives the scale from the fits; c.mu is held.
+func (c *calibrator) publish() {
+	s := c.prefill.m * c.context.mean / (c.output.mean * c.decode.m)
+	if math.IsNaN(s) {
+		s = 1
+	}
+	c.scale.Store(math.Float64bits(min(max(s, MinAutoPrefillLoadScale), MaxAutoPrefillLoadScale)))
+}
+
+func (c *calibrator) loadScale() float64 { return math.Float64frombits(c.scale.Load()) }
+
+// observePrefill records a first token ttft after booking, with tokens of
+// prefill booked on the worker ahead of and including the request's own.
+func (c *calibrator) observePrefill(tokens int64, ttft time.Duration) {
+	c.mu.Lock()
+	c.prefill.observe(float64(tokens), ttft.Seconds())
+	c.publish()
+	c.mu.Unlock()
+}
+
+// observeDecode records a completed request: its mean inter-token gap
+// over a batch of seqs sequences on average, each holding contextTokens
+// of KV, and its output length.
+func (c *calibrator) observeDecode(gap time.Duration, seqs, contextTokens float64, output int) {
+	c.mu.Lock()
+	if gap > 0 && seqs >= 1 {
+		c.decode.observe(seqs, gap.Seconds())
+		c.context.observe(contextTokens)
+	}
+	c.output.observe(float64(output))
+	c.publish()
+	c.mu.Unlock()
+}
+
+func (c *calibrator) snapshot() Calibration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return Calibration{
+		PrefillOverhead:   seconds(c.prefill.c),
+		PrefillPerToken:   seconds(c.prefill.m),
+		DecodeStep:        seconds(c.decode.c),
+		DecodePerSequence: seconds(c.decode.m),
+		ContextTokens:     c.context.mean,
+		OutputTokens:      c.output.mean,
+		PrefillSamples:    c.prefill.samples,
+		DecodeSamples:     c.decode.samples,
+		PrefillLoadScale:  c.loadScale(),
+	}
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// Calibration returns slot's fitted timing and derived prefill load scale:
+// the prior until its requests have taught it otherwise. The fit runs
+// whether or not the cost parameters use it.
+func (s *Scheduler) Calibration(slot workers.Slot) Calibration {
+	if !slot.Valid() {
+		return Calibration{}
+	}
+	return s.calib[slot].snapshot()
+}
