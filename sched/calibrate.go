@@ -2,6 +2,7 @@ package sched
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,9 +12,9 @@ import (
 
 // The cost model counts prefill in blocks and decode in blocks, and
 // PrefillLoadScale converts the one into the other. With
-// CostParams.AutoPrefillLoadScale the scheduler measures that rate per
-// worker instead of taking it as configured (docs/routing.md, "Calibrated
-// prefill load scale", derives it):
+// CostParams.AutoPrefillLoadScale the scheduler measures that rate
+// instead of taking it as configured (docs/routing.md, "Calibrated
+// prefill load scale", derives it). Per worker it fits
 //
 //	TTFT           ≈ prefillOverhead + prefillPerToken · tokens
 //	                 (tokens: prefill booked ahead on the worker, plus the
@@ -21,26 +22,45 @@ import (
 //	inter-token    ≈ decodeStep + decodePerSequence · sequences
 //	scale          = prefillPerToken · contextTokens / (outputTokens · decodePerSequence)
 //
-// where contextTokens is the mean KV a sequence in flight holds and
-// outputTokens the mean output of a request: a prefill block then weighs
-// what the time to compute it is worth in decode blocks, each held through
-// the new request's whole generation. Both fits are robustLines, fed at a
-// request's first token and at its completion, never per token.
+// where contextTokens is the mean KV a sequence in flight holds, in the
+// decode term's blocks, and outputTokens the mean output of a request: a
+// prefill block then weighs what the time to compute it is worth in
+// decode blocks, each slowing every step of the new request's generation.
+// Both fits are robustLines, fed at a request's first token and at its
+// completion, never per token.
+//
+// The cost model applies one scale to every worker, the median of theirs:
+// costs are compared across workers, so they must share a unit, and one
+// worker's noisy fit must not make it look dearer or cheaper than its
+// peers.
 
 // Priors: an 8B-parameter model on one H100-class GPU, the same shape as
 // mocker.DefaultTiming, give or take a factor of two. The fit leaves them
 // behind after a few dozen requests.
 const (
-	priorPrefillOverhead   = 20 * time.Millisecond  // TTFT intercept: dispatch, one step, the wire
-	priorPrefillPerToken   = 50 * time.Microsecond  // about 20k prefill tokens a second
-	priorPrefillRefTokens  = 4096                   // prompt tokens at the prior's second point
-	priorDecodeStep        = 10 * time.Millisecond  // step overhead with an empty batch
-	priorDecodePerSequence = 150 * time.Microsecond // per sequence in the batch
-	priorDecodeRefSeqs     = 32                     // batch at the prior's second point
-	priorContextTokens     = 2048                   // KV a sequence in flight holds
-	priorOutputTokens      = 256                    // output a request generates
+	priorPrefillOverhead  = 20 * time.Millisecond // TTFT intercept: dispatch, one step, the wire
+	priorPrefillPerToken  = 50 * time.Microsecond // about 20k prefill tokens a second
+	priorPrefillRefTokens = 4096                  // spread of the slope's prior, in prompt tokens
+	priorDecodeStep       = 10 * time.Millisecond // step overhead with an empty batch
+	// priorDecodePerPrefillToken is the prior of a sequence's share of a
+	// decode step, in prefill tokens: one decoded token is one token's
+	// forward pass plus a read of the sequence's whole KV, so it costs a
+	// few prefilled tokens (2.4 to 2.8 in mocker.DefaultTiming). Tied to
+	// the fitted prefill speed, the prior holds on any hardware; it
+	// decides the decode slope only while the batch barely varies, as at
+	// light load, where the router cannot measure it.
+	priorDecodePerPrefillToken = 3
+	priorDecodeRefSeqs         = 32   // spread of the slope's prior, in sequences
+	priorContextTokens         = 2048 // KV a sequence in flight holds
+	priorOutputTokens          = 256  // output a request generates
 	// priorWeight is the prior's worth in observations.
 	priorWeight = 4
+	// minCalibrationSamples are the first tokens a worker must have seen
+	// before its scale counts toward the one the cost model uses.
+	minCalibrationSamples = 8
+	// autoScaleEvery: the shared scale is recomputed after this many
+	// observations, so that the median costs little per request.
+	autoScaleEvery = 8
 )
 
 // Bounds on the derived scale: beyond them the cost model is pure
@@ -75,14 +95,16 @@ type calibrator struct {
 	context ewma
 	output  ewma
 	scale   atomic.Uint64 // float64 bits of the derived scale
+	samples atomic.Uint64 // first tokens observed (prefill.samples, for lock-free readers)
 }
 
 func (c *calibrator) reset() {
 	c.mu.Lock()
 	c.prefill = newRobustLine(priorPrefillOverhead.Seconds(), priorPrefillPerToken.Seconds(), priorPrefillRefTokens, priorWeight)
-	c.decode = newRobustLine(priorDecodeStep.Seconds(), priorDecodePerSequence.Seconds(), priorDecodeRefSeqs, priorWeight)
+	c.decode = newRobustLine(priorDecodeStep.Seconds(), priorDecodePerPrefillToken*priorPrefillPerToken.Seconds(), priorDecodeRefSeqs, priorWeight)
 	c.context = ewma{mean: priorContextTokens, weight: priorWeight}
 	c.output = ewma{mean: priorOutputTokens, weight: priorWeight}
+	c.samples.Store(0)
 	c.publish()
 	c.mu.Unlock()
 }
@@ -103,6 +125,10 @@ func (c *calibrator) loadScale() float64 { return math.Float64frombits(c.scale.L
 func (c *calibrator) observePrefill(tokens int64, ttft time.Duration) {
 	c.mu.Lock()
 	c.prefill.observe(float64(tokens), ttft.Seconds())
+	c.samples.Store(c.prefill.samples)
+	// The decode slope's prior follows the measured prefill speed.
+	c.decode.m0 = priorDecodePerPrefillToken * c.prefill.m
+	c.decode.solve()
 	c.publish()
 	c.mu.Unlock()
 }
@@ -138,6 +164,43 @@ func (c *calibrator) snapshot() Calibration {
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// autoScale is the prefill load scale the cost model applies with
+// AutoPrefillLoadScale: the median of the calibrated workers' scales
+// (refreshed by calibrated), or the prior's before any worker is.
+func (s *Scheduler) autoScale() float64 { return math.Float64frombits(s.sharedScale.Load()) }
+
+// calibrated counts one observation and, every autoScaleEvery of them,
+// recomputes the shared scale. Concurrent recomputations may race; each
+// stores a median of current scales, so whichever lands last is right.
+func (s *Scheduler) calibrated() {
+	if s.observations.Add(1)%autoScaleEvery != 0 {
+		return
+	}
+	var scales [workers.Max]float64
+	n := 0
+	for w := range s.workers.Load().present.All() {
+		c := &s.calib[w]
+		if c.samples.Load() >= minCalibrationSamples {
+			scales[n] = c.loadScale()
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	slices.Sort(scales[:n])
+	m := scales[n/2]
+	if n%2 == 0 {
+		m = (scales[n/2-1] + m) / 2
+	}
+	s.sharedScale.Store(math.Float64bits(m))
+}
+
+// AutoPrefillLoadScale returns the prefill load scale the cost model
+// applies when CostParams.AutoPrefillLoadScale is set: the median over
+// calibrated workers of each one's Calibration.PrefillLoadScale.
+func (s *Scheduler) AutoPrefillLoadScale() float64 { return s.autoScale() }
 
 // Calibration returns slot's fitted timing and derived prefill load scale:
 // the prior until its requests have taught it otherwise. The fit runs

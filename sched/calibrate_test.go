@@ -33,17 +33,24 @@ func TestRobustLineConvergesThroughNoiseAndOutliers(t *testing.T) {
 		c, m     float64 // the truth
 		xMax     float64
 		outliers float64
+		cached   float64 // fraction of observations at x = 0, fully cached prompts
 	}{
 		// The prior is 20 ms + 50 µs/token; engines far from it either way.
-		{"slower than the prior", 0.050, 400e-6, 8192, 0.10},
-		{"faster than the prior", 0.004, 8e-6, 8192, 0.10},
-		{"a fifth outliers", 0.020, 60e-6, 16384, 0.20},
+		{"slower than the prior", 0.050, 400e-6, 8192, 0.10, 0},
+		{"faster than the prior", 0.004, 8e-6, 8192, 0.10, 0},
+		{"a fifth outliers", 0.020, 60e-6, 16384, 0.20, 0},
+		// Short TTFTs weigh most in relative terms: they must not let the
+		// prior hold the slope.
+		{"most prompts cached", 0.003, 25e-6, 8192, 0.05, 0.6},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(1, 2))
 			l := newRobustLine(priorPrefillOverhead.Seconds(), priorPrefillPerToken.Seconds(), priorPrefillRefTokens, priorWeight)
 			for range 3000 {
 				x := math.Floor(tc.xMax * r.Float64())
+				if r.Float64() < tc.cached {
+					x = 0
+				}
 				l.observe(x, noisy(r, tc.c+tc.m*x, 0.15, tc.outliers))
 			}
 			if !within(l.m, tc.m, 0.10) || !within(l.c, tc.c, 0.35) {
@@ -95,11 +102,12 @@ func TestRobustLineWithoutDataIsThePrior(t *testing.T) {
 	if !within(l.c, 0.02, 1e-9) || !within(l.m, 50e-6, 1e-9) {
 		t.Fatalf("fit %v + %v·x, want the prior", l.c, l.m)
 	}
-	// All observations at one x: the prior pins the slope's other end.
+	// All observations at one x say nothing of the slope: it stays the
+	// prior's, and the level follows the data.
 	for range 100 {
 		l.observe(1000, 0.2)
 	}
-	if got := l.predict(1000); !within(got, 0.2, 0.05) || !(l.m > 0) {
+	if got := l.predict(1000); !within(got, 0.2, 0.05) || !within(l.m, 50e-6, 0.01) {
 		t.Fatalf("predicts %v at the only x seen, slope %v", got, l.m)
 	}
 }
@@ -131,30 +139,45 @@ func TestCalibratorScale(t *testing.T) {
 	}
 }
 
-// TestAutoScaleSteersSelection: with AutoPrefillLoadScale each worker's
-// cost uses its own fitted scale, and a fixed scale ignores the fit.
+// TestAutoScaleSteersSelection: with AutoPrefillLoadScale every worker's
+// cost uses the median of the calibrated workers' scales, which follows
+// their fits; a fixed scale ignores them.
 func TestAutoScaleSteersSelection(t *testing.T) {
 	cost := DefaultCostParams()
 	cost.AutoPrefillLoadScale = true
-	s := newTestScheduler(t, 2, Config{BlockSize: 16, Cost: &cost})
-	// Worker 0 learns that prefill is dear against decode; worker 1 keeps
-	// the prior.
-	for range 500 {
-		s.calib[0].observePrefill(4096, 4096*500*time.Microsecond)
+	s := newTestScheduler(t, 3, Config{BlockSize: 16, Cost: &cost})
+	prior := s.AutoPrefillLoadScale()
+	if !within(prior, s.calib[0].loadScale(), 1e-12) {
+		t.Fatalf("shared scale %v before any data, want the prior's %v", prior, s.calib[0].loadScale())
 	}
-	dear, prior := s.calib[0].loadScale(), s.calib[1].loadScale()
-	if !(dear > 5*prior) {
-		t.Fatalf("scales %v and %v: the slow prefill did not raise worker 0's", dear, prior)
+	// Workers 0 and 1 learn that prefill is dear against decode; worker 2
+	// has seen too little to count.
+	for w := range 2 {
+		for i := range 500 {
+			tokens := int64(i * 16)
+			s.calib[w].observePrefill(tokens, time.Duration(tokens)*time.Duration(300+100*w)*time.Microsecond)
+			s.calibrated()
+			seqs := 1 + i%48
+			s.calib[w].observeDecode(2*time.Millisecond+time.Duration(seqs)*100*time.Microsecond, float64(seqs), priorContextTokens, priorOutputTokens)
+		}
+	}
+	s.calib[2].observePrefill(10, time.Second)
+	for range autoScaleEvery {
+		s.calibrated()
+	}
+	want := (s.calib[0].loadScale() + s.calib[1].loadScale()) / 2
+	if got := s.AutoPrefillLoadScale(); !within(got, want, 1e-12) || !(got > 2*prior) {
+		t.Fatalf("shared scale %v, want the median %v of the calibrated workers, above the prior %v", got, want, prior)
 	}
 	var scores Scores
 	req := &Request{Hashes: prompt(1, 0, 1, 10), PromptTokens: 160, QueryOnly: true, Scores: &scores}
 	if _, err := s.Select(context.Background(), req, nil); err != nil {
 		t.Fatal(err)
 	}
-	for w, scale := range []float64{dear, prior} {
+	for w := range 3 {
 		ws := scores.Workers[w]
-		if !within(ws.Cost, scale*ws.PrefillBlocks+ws.DecodeBlocks, 1e-12) {
-			t.Errorf("worker %d: cost %v, want %v·%v + %v", w, ws.Cost, scale, ws.PrefillBlocks, ws.DecodeBlocks)
+		if !within(ws.Cost, want*ws.PrefillBlocks+ws.DecodeBlocks, 1e-12) {
+			t.Errorf("worker %d: cost %v, want %v·%v + %v", w, ws.Cost, want, ws.PrefillBlocks, ws.DecodeBlocks)
 		}
 	}
 	fixed := DefaultCostParams()

@@ -14,15 +14,15 @@ import "math"
 // decay by decay per observation, so memory and CPU are constant and the
 // fit follows an engine whose speed drifts (a new model, a degraded GPU).
 //
-// The prior enters as two pseudo-observations on the prior line, at x = 0
-// and x = xRef, of total weight priorWeight that fades as observations
-// come, so with no data the fit is the prior, and after a few dozen
-// observations it is theirs. robustLine is not safe for concurrent use.
+// The prior is a ridge of weight priorWeight (solve), fading as
+// observations come: with no data the fit is the prior, after a few dozen
+// it is theirs wherever they say anything. robustLine is not safe for concurrent use.
 type robustLine struct {
 	c0, m0      float64 // the prior line
 	xRef        float64 // where the prior's second pseudo-observation sits
 	priorWeight float64
 
+	n                   float64 // decayed count of the observations
 	w, sx, sy, sxx, sxy float64 // decayed weighted sums of the observations
 	scale               float64 // robust scale of relative residuals
 	samples             uint64
@@ -45,6 +45,8 @@ const (
 	// priorFade is the observations after which the prior weighs half
 	// its initial worth.
 	priorFade = 8
+	// priorFloor is the part of the prior that never fades.
+	priorFloor = 1
 	// minScale keeps the scale from collapsing on noiseless data, which
 	// would turn every later change of regime into an outlier.
 	minScale = 0.01
@@ -74,6 +76,7 @@ func (l *robustLine) observe(x, y float64) {
 	// Relative residuals: weigh each observation by 1/ŷ², so that a long
 	// prompt's TTFT does not drown a short one's.
 	wt /= yhat * yhat
+	l.n = l.n*fitDecay + 1
 	l.w = l.w*fitDecay + wt
 	l.sx = l.sx*fitDecay + wt*x
 	l.sy = l.sy*fitDecay + wt*y
@@ -91,40 +94,47 @@ func (l *robustLine) floor() float64 {
 
 // solve refits the line from the sums and the prior, keeping the slope
 // positive and the intercept non-negative.
+//
+// The prior is a ridge in centred form: the slope shrinks toward the
+// prior's as if priorWeight observations sat xRef/2 either side of the
+// data's mean, and the level at that mean toward the prior line's as if
+// priorWeight observations sat there. So when the data barely spread in x
+// (a worker whose batch hardly varies) the slope stays the prior's while
+// the level follows the data, instead of the line pivoting on one prior
+// point far from them; and data that do spread soon outweigh it.
 func (l *robustLine) solve() {
-	w, sx, sy, sxx, sxy := l.w, l.sx, l.sy, l.sxx, l.sxy
-	// The prior's pseudo-observations, weighted as an observation at
-	// their x would be now: relative to the current fit, not to the
-	// prior's own values, or a prior far below the data would outweigh
-	// them however many there are.
-	y1 := l.c0 + l.m0*l.xRef
-	f0, f1 := max(l.c, l.floor()), max(l.predict(l.xRef), l.floor())
-	// The prior fades as observations come: by the hundredth it weighs
-	// under a tenth of one, still enough to pin a slope that the data,
-	// all at one x, leave open.
-	pw := l.priorWeight * priorFade / (priorFade + float64(l.samples))
-	p0 := pw / 2 / (f0 * f0)
-	p1 := pw / 2 / (f1 * f1)
-	w += p0 + p1
-	sx += p1 * l.xRef
-	sy += p0*l.c0 + p1*y1
-	sxx += p1 * l.xRef * l.xRef
-	sxy += p1 * l.xRef * y1
-	det := w*sxx - sx*sx
-	m := (w*sxy - sx*sy) / det
-	c := (sy - m*sx) / w
-	if !(det > 0) || math.IsNaN(m) || math.IsNaN(c) {
+	// The prior fades as observations come, to priorFloor of its worth:
+	// enough to hold a slope the data leave open.
+	pw := l.priorWeight * (priorFloor + (1-priorFloor)*priorFade/(priorFade+float64(l.samples)))
+	if l.n <= 0 || l.w <= 0 {
+		l.c, l.m = l.c0, l.m0
+		return
+	}
+	xbar, ybar := l.sx/l.w, l.sy/l.w
+	sxx := max(l.sxx-l.w*xbar*xbar, 0)
+	sxy := l.sxy - l.w*xbar*ybar
+	// The pseudo-observations weigh what real ones at their x would:
+	// 1/ŷ² by the current fit, as observe weighs.
+	half := l.xRef / 2
+	wLevel := pw / sq(max(l.predict(xbar), l.floor()))
+	wSlope := pw * half * half / sq(max(l.predict(xbar+half), l.floor()))
+	m := (sxy + wSlope*l.m0) / (sxx + wSlope)
+	level := (l.w*ybar + wLevel*(l.c0+l.m0*xbar)) / (l.w + wLevel)
+	c := level - m*xbar
+	if math.IsNaN(m) || math.IsNaN(c) {
 		return
 	}
 	if c < 0 {
 		// The data want a line below the origin: fit through it instead.
-		c, m = 0, sxy/sxx
+		c, m = 0, (l.sxy+wSlope*l.m0)/(l.sxx+wSlope)
 	}
 	// A slope of zero would make the fitted cost free; bound the fit to
 	// within a factor 10⁴ of the prior either way.
 	l.m = min(max(m, l.m0*1e-4), l.m0*1e4)
 	l.c = min(c, max(l.c0, l.floor())*1e4)
 }
+
+func sq(x float64) float64 { return x * x }
 
 // ewma is an exponentially weighted mean with a prior that counts as
 // priorWeight observations and decays like them.

@@ -75,6 +75,7 @@ func (r *Reservation) PrefillDone() {
 	r.firstAt = clock.Now()
 	r.seqsAtFirst = l.requests.Load()
 	r.s.calib[r.slot].observePrefill(r.prefillAhead, time.Duration(r.firstAt-r.bookedAt))
+	r.s.calibrated()
 	r.s.wakeWaiters()
 }
 
@@ -102,6 +103,7 @@ func (r *Reservation) Completed(output int) {
 	blocks := float64(l.activeBlocks.Load()) + float64(l.outputUnits.Load())/outputUnit
 	context := blocks * float64(s.blockSize) / float64(max(seqs, 1))
 	s.calib[r.slot].observeDecode(gap, avgSeqs, context, output)
+	s.calibrated()
 }
 
 // OutputTokens books the output blocks of total generated tokens, counted

@@ -27,6 +27,9 @@ type Scheduler struct {
 	healthy atomic.Uint64 // workers.Set
 	live    [workers.Max]workerLive
 	calib   [workers.Max]calibrator // each worker's fitted timing (calibrate.go)
+	// sharedScale is the float64 bits of the prefill load scale applied
+	// with AutoPrefillLoadScale; observations counts what fed the fits.
+	sharedScale, observations atomic.Uint64
 
 	params     atomic.Pointer[CostParams]
 	thresholds atomic.Pointer[BusyThresholds]
@@ -67,6 +70,7 @@ func New(cfg Config) (*Scheduler, error) {
 	for i := range s.calib {
 		s.calib[i].reset()
 	}
+	s.sharedScale.Store(s.calib[0].scale.Load())
 	s.workers.Store(&workerSet{
 		bySlot:  map[workerKey]workers.Slot{},
 		byModel: map[string]workers.Set{},

@@ -316,15 +316,15 @@ func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands work
 	if req.Scores != nil {
 		req.Scores.Eligible = cands
 	}
+	scale := p.PrefillLoadScale
+	if p.AutoPrefillLoadScale {
+		scale = s.autoScale()
+	}
 	for w := range cands.All() {
 		l := &s.live[w]
 		shared := acc.get(uint(w))
 		overlap := p.overlap(req, w, n, shared)
 		host, disk := p.lowerTiers(req, w, overlap, shared)
-		scale := p.PrefillLoadScale
-		if p.AutoPrefillLoadScale {
-			scale = s.calib[w].loadScale()
-		}
 		c := p.cost(scale, CostInputs{
 			BlockSize:           s.blockSize,
 			PromptTokens:        req.PromptTokens,
