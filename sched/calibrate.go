@@ -2,6 +2,7 @@ package sched
 
 import (
 	"math"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -40,7 +41,7 @@ import (
 const (
 	priorPrefillOverhead  = 20 * time.Millisecond // TTFT intercept: dispatch, one step, the wire
 	priorPrefillPerToken  = 50 * time.Microsecond // about 20k prefill tokens a second
-	priorPrefillRefTokens = 4096                  // spread of the slope's prior, in prompt tokens
+	priorPrefillRefTokens = 1024                  // spread of the slope's prior, in prompt tokens
 	priorDecodeStep       = 10 * time.Millisecond // step overhead with an empty batch
 	// priorDecodePerPrefillToken is the prior of a sequence's share of a
 	// decode step, in prefill tokens: one decoded token is one token's
@@ -50,11 +51,13 @@ const (
 	// decides the decode slope only while the batch barely varies, as at
 	// light load, where the router cannot measure it.
 	priorDecodePerPrefillToken = 3
-	priorDecodeRefSeqs         = 32   // spread of the slope's prior, in sequences
+	priorDecodeRefSeqs         = 4    // spread of the slope's prior, in sequences
 	priorContextTokens         = 2048 // KV a sequence in flight holds
 	priorOutputTokens          = 256  // output a request generates
-	// priorWeight is the prior's worth in observations.
-	priorWeight = 4
+	// priorWeight is the fitted lines' prior's worth in observations,
+	// priorMeanWeight the measured means'.
+	priorWeight     = 4
+	priorMeanWeight = 0.25
 	// minCalibrationSamples are the first tokens a worker must have seen
 	// before its scale counts toward the one the cost model uses.
 	minCalibrationSamples = 8
@@ -96,14 +99,61 @@ type calibrator struct {
 	output  ewma
 	scale   atomic.Uint64 // float64 bits of the derived scale
 	samples atomic.Uint64 // first tokens observed (prefill.samples, for lock-free readers)
+	batch   batchArea
+	// retired counts prefill tokens whose first token came, so that a
+	// request learns how much prefill the worker finished while it
+	// waited: its own, what was queued ahead, and what shared its steps.
+	retired atomic.Int64
+}
+
+// batchArea integrates a worker's requests in flight over time, so that a
+// request learns the mean batch it decoded with from two readings, at its
+// first token and at its end, and not from the batch at either end, which
+// a wave of requests finishing together would make look small. Writers
+// (booking and release) are serialised by the scheduler's table lock;
+// readers retry across a write, seqlock fashion, and never block it.
+type batchArea struct {
+	seq  atomic.Uint64 // odd while a writer is mid-update
+	area atomic.Int64  // request·nanoseconds up to at
+	at   atomic.Int64  // clock.Now of the last change
+	n    atomic.Int64  // requests in flight since then
+}
+
+// add changes the requests in flight by d at now; the caller holds the
+// scheduler's table lock.
+func (b *batchArea) add(now, d int64) {
+	b.seq.Add(1)
+	at, n := b.at.Load(), b.n.Load()
+	if at != 0 && now > at {
+		b.area.Add(n * (now - at))
+	}
+	b.at.Store(max(now, at))
+	b.n.Store(n + d)
+	b.seq.Add(1)
+}
+
+// read returns the area up to now.
+func (b *batchArea) read(now int64) int64 {
+	for {
+		s := b.seq.Load()
+		if s&1 == 0 {
+			area, at, n := b.area.Load(), b.at.Load(), b.n.Load()
+			if b.seq.Load() == s {
+				return area + n*max(now-at, 0)
+			}
+		}
+		runtime.Gosched()
+	}
 }
 
 func (c *calibrator) reset() {
 	c.mu.Lock()
 	c.prefill = newRobustLine(priorPrefillOverhead.Seconds(), priorPrefillPerToken.Seconds(), priorPrefillRefTokens, priorWeight)
 	c.decode = newRobustLine(priorDecodeStep.Seconds(), priorDecodePerPrefillToken*priorPrefillPerToken.Seconds(), priorDecodeRefSeqs, priorWeight)
-	c.context = ewma{mean: priorContextTokens, weight: priorWeight}
-	c.output = ewma{mean: priorOutputTokens, weight: priorWeight}
+	// Context and output are measured, not fitted: one observation
+	// already says more than the prior, which only fills the gap before.
+	c.context = ewma{mean: priorContextTokens, weight: priorMeanWeight}
+	c.output = ewma{mean: priorOutputTokens, weight: priorMeanWeight}
 	c.samples.Store(0)
 	c.publish()
 	c.mu.Unlock()

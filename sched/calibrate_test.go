@@ -223,3 +223,17 @@ func TestReservationFeedsCalibration(t *testing.T) {
 		t.Fatalf("invalid slot: %+v", got)
 	}
 }
+
+func TestBatchAreaIntegratesRequestsInFlight(t *testing.T) {
+	var b batchArea
+	b.add(10, 1)
+	b.add(20, 1)
+	if got := b.read(30); got != 1*10+2*10 {
+		t.Fatalf("area %d at 30, want 30", got)
+	}
+	b.add(30, -2)
+	b.add(25, 1) // a clock read before the last change: counted from it
+	if got := b.read(50); got != 30+1*20 {
+		t.Fatalf("area %d at 50, want 50", got)
+	}
+}

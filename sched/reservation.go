@@ -27,10 +27,11 @@ type Reservation struct {
 	trackOutput    bool
 
 	// What the worker's calibration learns from (calibrate.go).
-	bookedAt     int64 // clock.Now at booking
-	prefillAhead int64 // prefill tokens booked on the worker, this request's included
-	firstAt      int64 // clock.Now at the first token
-	seqsAtFirst  int64 // requests in flight on the worker then
+	bookedAt      int64 // clock.Now at booking
+	prefillAhead  int64 // prefill tokens booked on the worker, this request's included
+	retiredAtBook int64 // the worker's calibrator.retired then
+	firstAt       int64 // clock.Now at the first token
+	areaAtFirst   int64 // the worker's batchArea then
 }
 
 type resState uint8
@@ -73,8 +74,13 @@ func (r *Reservation) PrefillDone() {
 	l := &r.s.live[r.slot]
 	l.prefillTokens.Add(-r.prefill)
 	r.firstAt = clock.Now()
-	r.seqsAtFirst = l.requests.Load()
-	r.s.calib[r.slot].observePrefill(r.prefillAhead, time.Duration(r.firstAt-r.bookedAt))
+	c := &r.s.calib[r.slot]
+	r.areaAtFirst = c.batch.read(r.firstAt)
+	// The prefill the wait paid for: what was queued ahead at booking,
+	// or, when the engine batched later arrivals into the same steps,
+	// what finished meanwhile, which counts them.
+	done := max(r.prefillAhead, c.retired.Add(r.prefill)-r.retiredAtBook)
+	c.observePrefill(done, time.Duration(r.firstAt-r.bookedAt))
 	r.s.calibrated()
 	r.s.wakeWaiters()
 }
@@ -93,13 +99,15 @@ func (r *Reservation) Completed(output int) {
 	now := clock.Now()
 	seqs := l.requests.Load()
 	var gap time.Duration
-	if output > 1 {
+	avgSeqs := float64(seqs)
+	if output > 1 && now > r.firstAt {
 		gap = time.Duration(now-r.firstAt) / time.Duration(output-1)
+		// The batch it decoded with, averaged over its decode.
+		avgSeqs = float64(s.calib[r.slot].batch.read(now)-r.areaAtFirst) / float64(now-r.firstAt)
 	}
-	// The batch it decoded with, averaged over its two ends; the context
-	// a sequence holds, in the decode term's own blocks (distinct, plus
-	// output when tracked), so that the derived scale converts into them.
-	avgSeqs := float64(r.seqsAtFirst+seqs) / 2
+	// The context a sequence holds, in the decode term's own blocks
+	// (distinct, plus output when tracked), so that the derived scale
+	// converts into them.
 	blocks := float64(l.activeBlocks.Load()) + float64(l.outputUnits.Load())/outputUnit
 	context := blocks * float64(s.blockSize) / float64(max(seqs, 1))
 	s.calib[r.slot].observeDecode(gap, avgSeqs, context, output)
@@ -149,6 +157,7 @@ func (r *Reservation) Release() {
 	}
 	l.outputUnits.Add(-r.outputUnits)
 	l.requests.Add(-1)
+	s.calib[r.slot].batch.add(clock.Now(), -1)
 	s.mu.Unlock()
 	r.state = resReleased
 	s.released.Inc()

@@ -245,6 +245,9 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 	// ahead of this request, and its own (calibrate.go).
 	ahead := l.prefillTokens.Add(prefill)
 	l.requests.Add(1)
+	now := clock.Now()
+	s.calib[w].batch.add(now, 1)
+	retired := s.calib[w].retired.Load()
 	s.mu.Unlock()
 
 	*res = Reservation{
@@ -256,8 +259,9 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 		slot:           w,
 		state:          resBooked,
 		trackOutput:    p.TrackOutputBlocks,
-		bookedAt:       clock.Now(),
+		bookedAt:       now,
 		prefillAhead:   ahead,
+		retiredAtBook:  retired,
 	}
 	s.booked.Inc()
 	info := &ws.info[w]
