@@ -51,9 +51,14 @@ const (
 	// decides the decode slope only while the batch barely varies, as at
 	// light load, where the router cannot measure it.
 	priorDecodePerPrefillToken = 3
-	priorDecodeRefSeqs         = 4    // spread of the slope's prior, in sequences
-	priorContextTokens         = 2048 // KV a sequence in flight holds
-	priorOutputTokens          = 256  // output a request generates
+	priorDecodeRefSeqs         = 4 // spread of the slope's prior, in sequences
+	// A sequence in flight holds a few thousand tokens of KV and a
+	// request generates a short answer: the shape of the RAG, agent and
+	// multi-turn traffic that prefix caching is for. With the decode
+	// prior they give a scale of 4096 / (3 · 128) ≈ 10.7 until the
+	// workers' first requests have been measured.
+	priorContextTokens = 4096
+	priorOutputTokens  = 128
 	// priorWeight is the fitted lines' prior's worth in observations,
 	// priorMeanWeight the measured means'.
 	priorWeight     = 4
