@@ -197,21 +197,27 @@ func TestAutoScaleSteersSelection(t *testing.T) {
 func TestReservationFeedsCalibration(t *testing.T) {
 	s := newTestScheduler(t, 1, Config{BlockSize: 16})
 	var res Reservation
-	for i := range 3 {
-		if _, err := s.Select(context.Background(), &Request{Hashes: prompt(uint64(i+1), 0, 1, 4), PromptTokens: 70}, &res); err != nil {
+	for i, stage := range []Stage{StageAny, StageAny, StageAny, StagePrefill, StageDecode, StageAny} {
+		if _, err := s.Select(context.Background(), &Request{Hashes: prompt(uint64(i+1), 0, 1, 4), PromptTokens: 70, Stage: stage}, &res); err != nil {
 			t.Fatal(err)
 		}
 		res.PrefillDone()
-		if i < 2 {
+		switch i {
+		case 0, 1, 3, 4:
 			res.Completed(20)
+		case 5:
+			res.Completed(1) // one token: nothing was decoded
 		}
 		res.Release()
 		res.Completed(20) // released: ignored
 		res.Reset()
 	}
+	// Requests 0-3 and 5 taught prefill (a decode stage's first token
+	// waited for a remote prefill); 0, 1 and 4 taught decode (2 aborted,
+	// a prefill stage's one token and a one-token answer never decoded).
 	got := s.Calibration(0)
-	if got.PrefillSamples != 3 || got.DecodeSamples != 2 || got.OutputTokens >= priorOutputTokens {
-		t.Fatalf("calibration %+v: want 3 first tokens, 2 completions, output pulled toward 20", got)
+	if got.PrefillSamples != 5 || got.DecodeSamples != 3 || got.OutputTokens >= priorOutputTokens/2 {
+		t.Fatalf("calibration %+v: want 5 first tokens, 3 completions, output pulled toward 20", got)
 	}
 	if err := s.Upsert(WorkerInfo{ID: 7, Slot: 0, Model: "m", Endpoint: "http://127.0.0.1:2"}); err != nil {
 		t.Fatal(err)

@@ -32,6 +32,7 @@ type Reservation struct {
 	retiredAtBook int64 // the worker's calibrator.retired then
 	firstAt       int64 // clock.Now at the first token
 	areaAtFirst   int64 // the worker's batchArea then
+	stage         Stage // a disaggregated request's stage teaches only its half
 }
 
 type resState uint8
@@ -80,8 +81,12 @@ func (r *Reservation) PrefillDone() {
 	// or, when the engine batched later arrivals into the same steps,
 	// what finished meanwhile, which counts them.
 	done := max(r.prefillAhead, c.retired.Add(r.prefill)-r.retiredAtBook)
-	c.observePrefill(done, time.Duration(r.firstAt-r.bookedAt))
-	r.s.calibrated()
+	// A decode stage's first token waited for a remote prefill and its
+	// transfer, not for this engine's prefill.
+	if r.stage != StageDecode {
+		c.observePrefill(done, time.Duration(r.firstAt-r.bookedAt))
+		r.s.calibrated()
+	}
 	r.s.wakeWaiters()
 }
 
@@ -91,7 +96,9 @@ func (r *Reservation) PrefillDone() {
 // Release, from the goroutine that called PrefillDone; a request that
 // aborted teaches nothing and is not reported.
 func (r *Reservation) Completed(output int) {
-	if r.state != resBooked || !r.prefillDone || output < 1 {
+	// A request of one token never decoded, and a prefill stage's one
+	// token is all it was asked for.
+	if r.state != resBooked || !r.prefillDone || output < 2 || r.stage == StagePrefill {
 		return
 	}
 	s := r.s
@@ -100,7 +107,7 @@ func (r *Reservation) Completed(output int) {
 	seqs := l.requests.Load()
 	var gap time.Duration
 	avgSeqs := float64(seqs)
-	if output > 1 && now > r.firstAt {
+	if now > r.firstAt {
 		gap = time.Duration(now-r.firstAt) / time.Duration(output-1)
 		// The batch it decoded with, averaged over its decode.
 		avgSeqs = float64(s.calib[r.slot].batch.read(now)-r.areaAtFirst) / float64(now-r.firstAt)

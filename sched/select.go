@@ -262,6 +262,7 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 		bookedAt:       now,
 		prefillAhead:   ahead,
 		retiredAtBook:  retired,
+		stage:          req.Stage,
 	}
 	s.booked.Inc()
 	info := &ws.info[w]

@@ -91,8 +91,14 @@ and why:
                        block of decoding context costs it microseconds,
                        so the demo weighs prefill 10x: still well under
                        the engines' true ratio, leaving the decode term
-                       to balance load. Run with --prefill-load-scale 1
-                       to see serve's default.
+                       to balance load. kvfast serve now defaults to
+                       --prefill-load-scale auto, which measures the
+                       engines' timing and derives the scale from it
+                       (docs/routing.md); here it settles between about
+                       10 and 30 and matches the hand-set 10 (BENCHMARKS.md,
+                       "Calibration sweep"). Run with
+                       --prefill-load-scale auto to see it, or 1 for
+                       Dynamo's default.
   --approx-ttl         The approx policy forgets a routing decision after
                        2 minutes of trace time (serve's default TTL at
                        real-time arrivals), 15 s of wall time at 8x. On
