@@ -221,8 +221,8 @@ func (c *calibrator) snapshot() Calibration {
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // autoScale is the prefill load scale the cost model applies with
-// AutoPrefillLoadScale: the median of the calibrated workers' scales
-// (refreshed by calibrated), or the prior's before any worker is.
+// AutoPrefillLoadScale: the median of the workers' scales (refreshed by
+// calibrated), the prior's standing for workers not yet calibrated.
 func (s *Scheduler) autoScale() float64 { return math.Float64frombits(s.sharedScale.Load()) }
 
 // calibrated counts one observation and, every autoScaleEvery of them,
@@ -232,14 +232,18 @@ func (s *Scheduler) calibrated() {
 	if s.observations.Add(1)%autoScaleEvery != 0 {
 		return
 	}
+	// A worker that has seen too little votes for the prior, so that the
+	// first worker's first fits do not steer the others' requests: the
+	// scale leaves the prior once half the workers have measured theirs.
 	var scales [workers.Max]float64
 	n := 0
 	for w := range s.workers.Load().present.All() {
 		c := &s.calib[w]
+		scales[n] = s.priorScale
 		if c.samples.Load() >= minCalibrationSamples {
 			scales[n] = c.loadScale()
-			n++
 		}
+		n++
 	}
 	if n == 0 {
 		return
@@ -254,7 +258,8 @@ func (s *Scheduler) calibrated() {
 
 // AutoPrefillLoadScale returns the prefill load scale the cost model
 // applies when CostParams.AutoPrefillLoadScale is set: the median over
-// calibrated workers of each one's Calibration.PrefillLoadScale.
+// workers of each one's Calibration.PrefillLoadScale, or of the prior's
+// for a worker with fewer than 8 first tokens measured.
 func (s *Scheduler) AutoPrefillLoadScale() float64 { return s.autoScale() }
 
 // Calibration returns slot's fitted timing and derived prefill load scale:

@@ -140,8 +140,9 @@ func TestCalibratorScale(t *testing.T) {
 }
 
 // TestAutoScaleSteersSelection: with AutoPrefillLoadScale every worker's
-// cost uses the median of the calibrated workers' scales, which follows
-// their fits; a fixed scale ignores them.
+// cost uses the median of the workers' scales, the prior's standing for a
+// worker not yet calibrated, which follows their fits; a fixed scale
+// ignores them.
 func TestAutoScaleSteersSelection(t *testing.T) {
 	cost := DefaultCostParams()
 	cost.AutoPrefillLoadScale = true
@@ -165,9 +166,11 @@ func TestAutoScaleSteersSelection(t *testing.T) {
 	for range autoScaleEvery {
 		s.calibrated()
 	}
-	want := (s.calib[0].loadScale() + s.calib[1].loadScale()) / 2
+	// Worker 2 votes for the prior: the median of three is the lower of
+	// the two fits.
+	want := min(s.calib[0].loadScale(), s.calib[1].loadScale())
 	if got := s.AutoPrefillLoadScale(); !within(got, want, 1e-12) || !(got > 2*prior) {
-		t.Fatalf("shared scale %v, want the median %v of the calibrated workers, above the prior %v", got, want, prior)
+		t.Fatalf("shared scale %v, want %v, the median of the two fits and the prior %v", got, want, prior)
 	}
 	var scores Scores
 	req := &Request{Hashes: prompt(1, 0, 1, 10), PromptTokens: 160, QueryOnly: true, Scores: &scores}

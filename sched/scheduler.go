@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,7 @@ type Scheduler struct {
 	// sharedScale is the float64 bits of the prefill load scale applied
 	// with AutoPrefillLoadScale; observations counts what fed the fits.
 	sharedScale, observations atomic.Uint64
+	priorScale                float64 // the scale of a worker with no data
 
 	params     atomic.Pointer[CostParams]
 	thresholds atomic.Pointer[BusyThresholds]
@@ -70,7 +72,8 @@ func New(cfg Config) (*Scheduler, error) {
 	for i := range s.calib {
 		s.calib[i].reset()
 	}
-	s.sharedScale.Store(s.calib[0].scale.Load())
+	s.priorScale = s.calib[0].loadScale()
+	s.sharedScale.Store(math.Float64bits(s.priorScale))
 	s.workers.Store(&workerSet{
 		bySlot:  map[workerKey]workers.Slot{},
 		byModel: map[string]workers.Set{},
