@@ -222,7 +222,8 @@ func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Se
 
 // autoScale is the prefill load scale the cost model applies with
 // AutoPrefillLoadScale: the median of the workers' scales (refreshed by
-// calibrated), the prior's standing for workers not yet calibrated.
+// calibrated), the prior's standing for a worker with fewer than
+// minCalibrationSamples first tokens measured.
 func (s *Scheduler) autoScale() float64 { return math.Float64frombits(s.sharedScale.Load()) }
 
 // calibrated counts one observation and, every autoScaleEvery of them,
@@ -255,12 +256,6 @@ func (s *Scheduler) calibrated() {
 	}
 	s.sharedScale.Store(math.Float64bits(m))
 }
-
-// AutoPrefillLoadScale returns the prefill load scale the cost model
-// applies when CostParams.AutoPrefillLoadScale is set: the median over
-// workers of each one's Calibration.PrefillLoadScale, or of the prior's
-// for a worker with fewer than 8 first tokens measured.
-func (s *Scheduler) AutoPrefillLoadScale() float64 { return s.autoScale() }
 
 // Calibration returns slot's fitted timing and derived prefill load scale:
 // the prior until its requests have taught it otherwise. The fit runs

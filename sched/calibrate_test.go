@@ -147,7 +147,7 @@ func TestAutoScaleSteersSelection(t *testing.T) {
 	cost := DefaultCostParams()
 	cost.AutoPrefillLoadScale = true
 	s := newTestScheduler(t, 3, Config{BlockSize: 16, Cost: &cost})
-	prior := s.AutoPrefillLoadScale()
+	prior := s.autoScale()
 	if !within(prior, s.calib[0].loadScale(), 1e-12) {
 		t.Fatalf("shared scale %v before any data, want the prior's %v", prior, s.calib[0].loadScale())
 	}
@@ -169,7 +169,7 @@ func TestAutoScaleSteersSelection(t *testing.T) {
 	// Worker 2 votes for the prior: the median of three is the lower of
 	// the two fits.
 	want := min(s.calib[0].loadScale(), s.calib[1].loadScale())
-	if got := s.AutoPrefillLoadScale(); !within(got, want, 1e-12) || !(got > 2*prior) {
+	if got := s.autoScale(); !within(got, want, 1e-12) || !(got > 2*prior) {
 		t.Fatalf("shared scale %v, want %v, the median of the two fits and the prior %v", got, want, prior)
 	}
 	var scores Scores

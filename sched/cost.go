@@ -37,18 +37,14 @@ type WorkerCost struct {
 // where gpu_blocks are the overlap's blocks on neither lower tier. Prefill
 // terms are in blocks of BlockSize tokens, fractional when the token
 // counts are not whole blocks.
-func (p CostParams) Cost(in CostInputs) WorkerCost { return p.cost(p.PrefillLoadScale, in) }
-
-// cost is Cost with the prefill load scale given: with
-// AutoPrefillLoadScale, each worker's own.
-func (p *CostParams) cost(scale float64, in CostInputs) WorkerCost {
+func (p CostParams) Cost(in CostInputs) WorkerCost {
 	bs := float64(in.BlockSize)
 	prefill := (float64(in.ActivePrefillTokens)+float64(in.PromptTokens))/bs - p.OverlapCredit*p.cached(in.OverlapBlocks, in.HostBlocks, in.DiskBlocks)
 	if prefill < 0 {
 		prefill = 0
 	}
 	decode := in.ActiveDecodeBlocks + float64(in.NewBlocks)
-	return WorkerCost{PrefillBlocks: prefill, DecodeBlocks: decode, Cost: scale*prefill + decode}
+	return WorkerCost{PrefillBlocks: prefill, DecodeBlocks: decode, Cost: p.PrefillLoadScale*prefill + decode}
 }
 
 // cached is the overlap in GPU-block equivalents: lower-tier blocks

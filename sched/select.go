@@ -321,16 +321,18 @@ func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands work
 	if req.Scores != nil {
 		req.Scores.Eligible = cands
 	}
-	scale := p.PrefillLoadScale
-	if p.AutoPrefillLoadScale {
-		scale = s.autoScale()
+	// With the scale on auto, every worker's cost uses the shared fitted
+	// one (calibrate.go).
+	q := *p
+	if q.AutoPrefillLoadScale {
+		q.PrefillLoadScale = s.autoScale()
 	}
 	for w := range cands.All() {
 		l := &s.live[w]
 		shared := acc.get(uint(w))
 		overlap := p.overlap(req, w, n, shared)
 		host, disk := p.lowerTiers(req, w, overlap, shared)
-		c := p.cost(scale, CostInputs{
+		c := q.Cost(CostInputs{
 			BlockSize:           s.blockSize,
 			PromptTokens:        req.PromptTokens,
 			OverlapBlocks:       overlap,
