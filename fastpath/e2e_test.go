@@ -637,10 +637,12 @@ type routeDecision struct {
 func TestRouteOnlyReturnsDecision(t *testing.T) {
 	e1 := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(500) })
 	e2 := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(500) })
-	r := startE2ERouter(t, e2eConfig(
+	cfg := e2eConfig(
 		node.StaticWorker{ID: 1, Endpoint: e1.addr(), Model: e2eModel},
 		node.StaticWorker{ID: 2, Endpoint: e2.addr(), Model: e2eModel},
-	))
+	)
+	cfg.Sched.Cost.AutoPrefillLoadScale = false // the costs below are at scale 1
+	r := startE2ERouter(t, cfg)
 	tokens := e2eTokens(8, 80) // 5 blocks
 	indexBlocks(t, r.node, 2, 0, tokens[:48])
 	body := completionBody(tokens, true, 16)

@@ -288,6 +288,8 @@ type WorkerView struct {
 	Generation   uint32 `json:"generation,omitempty"`
 
 	ZMQ *feed.ZMQStats `json:"zmq,omitempty"` // a static worker's ZMQ event feed
+
+	Calibration *CalibrationView `json:"calibration,omitempty"` // the worker's fitted timing (calibration.go)
 }
 
 // IndexView is the exact index's occupancy.

@@ -224,6 +224,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 		descTokenizerInfo, descTokenize, descPrefixCacheSegments, descPrefixCacheEvictions, descPrefixCacheBytes} {
 		ch <- d
 	}
+	describeCalibration(ch)
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -262,6 +263,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if wv.ZMQ != nil {
 			collectZMQ(ch, *wv.ZMQ, id, rank)
 		}
+		collectCalibration(ch, wv.Calibration, id, rank)
 	}
 	ch <- prometheus.MustNewConstMetric(descIndexEntries, prometheus.GaugeValue, float64(snap.Index.Entries))
 	ch <- prometheus.MustNewConstMetric(descIndexCapacity, prometheus.GaugeValue, float64(snap.Index.Capacity))

@@ -244,6 +244,12 @@ func (h Handle) OnItem(tokens int, finish Finish) error {
 		}
 		return nil
 	default:
+		// The scheduler's calibration learns decode speed from requests
+		// that finish; the busy bit keeps an abort's release out.
+		if h.enterBusy() {
+			g.res.Completed(g.outputTokens)
+			g.word.And(^busyBit)
+		}
 		if won, err := h.end(1<<Dispatched, Completed, ReasonNone); err != nil || !won {
 			return orAborted(err)
 		}

@@ -126,6 +126,9 @@ func DefaultConfig() Config {
 	// The engines report a prefix stored only after computing it; crediting
 	// blocks in flight closes that window for follow-up requests.
 	cost.CreditInFlight = true
+	// No one number suits every model and GPU: each worker's is measured
+	// (sched/calibrate.go); --prefill-load-scale N pins it.
+	cost.AutoPrefillLoadScale = true
 	return Config{
 		Listen:      "127.0.0.1:8000",
 		AdminListen: DefaultAdminListen,

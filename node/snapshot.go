@@ -35,6 +35,7 @@ func (n *Node) Snapshot() fastpath.Snapshot {
 	v.Queue = fastpath.QueueView{Waiting: st.Waiting, Refused: st.Refused, Booked: st.Booked, Released: st.Released}
 	v.Tokenizers = n.prompts.Status()
 	v.Workers = []fastpath.WorkerView{}
+	auto := n.cfg.Sched.Cost != nil && n.cfg.Sched.Cost.AutoPrefillLoadScale
 	for w := range n.sched.Workers().All() {
 		info, ok := n.sched.Worker(w)
 		if !ok {
@@ -45,7 +46,8 @@ func (n *Node) Snapshot() fastpath.Snapshot {
 			Source: "registry", Healthy: ld.Healthy, KVCapacityBlocks: info.KVCapacityBlocks,
 			ActiveBlocks: ld.ActiveBlocks, OutputBlocks: ld.OutputBlocks, PrefillTokens: ld.PrefillTokens, Requests: ld.Requests,
 			EngineRunning: ld.EngineRunning, EngineWaiting: ld.EngineWaiting, EngineKVUsed: ld.EngineKVUsed, EngineKVTotal: ld.EngineKVTotal,
-			IndexBlocks: ix.WorkerBlocks[w], FeedLagBytes: lag[w]}
+			IndexBlocks: ix.WorkerBlocks[w], FeedLagBytes: lag[w],
+			Calibration: fastpath.NewCalibrationView(n.sched.Calibration(w), auto)}
 		if e := n.engines.Engine(w); e != nil {
 			o := e.Outlier()
 			wv.Ejected, wv.EjectedSeconds, wv.Ejections = o.Ejected, o.Remaining.Seconds(), o.Ejections

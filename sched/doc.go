@@ -21,11 +21,19 @@
 // refused with an *OverloadError carrying a retry hint. docs/routing.md
 // describes the model and the policies with worked examples.
 //
+// sched also calibrates the model (calibrate.go, fit.go): from each
+// booked request's first token and normal end it fits, per worker, the
+// engine's prefill time per token and decode time per step and per
+// sequence, robustly and online, and derives the prefill load scale that
+// puts the cost's two terms in the same unit of time. With
+// CostParams.AutoPrefillLoadScale (kvfast serve's default) selection uses
+// the median of the workers' scales.
+//
 // # Ownership
 //
 // sched owns the worker set (fed by the shm registry and static config
 // through Upsert/Remove/SetHealthy/SetEngineLoad), the active-load
-// accounting of in-flight requests, the global cost parameters, routing
+// accounting of in-flight requests, each worker's timing calibration, the global cost parameters, routing
 // policy and busy thresholds, the round-robin rotation, and the admission
 // queue. It does not own the radix index (the caller runs FindMatches)
 // nor a request's lifecycle: a Reservation is booked into storage the
@@ -41,7 +49,10 @@
 // active-block table is guarded by one mutex taken once per selection
 // (scan, score, choose and book in one section, so concurrent selections
 // see each other's load and never take the same round-robin turn) and
-// once per release, never per block. A Reservation's own methods are not
+// once per release, never per block. Each worker's calibration has its
+// own mutex, taken at a request's first token and at its end by the
+// goroutine relaying it; selection reads the derived scale through an
+// atomic. A Reservation's own methods are not
 // concurrent: its owner serialises them.
 //
 // # Cost

@@ -1,6 +1,11 @@
 package sched
 
-import "github.com/kvfast/kvfast/workers"
+import (
+	"time"
+
+	"github.com/kvfast/kvfast/internal/clock"
+	"github.com/kvfast/kvfast/workers"
+)
 
 // Reservation is the load one request has booked on its worker: its prompt
 // blocks, its prompt tokens until the first output token, and its tracked
@@ -20,6 +25,14 @@ type Reservation struct {
 	state          resState
 	prefillDone    bool
 	trackOutput    bool
+
+	// What the worker's calibration learns from (calibrate.go).
+	bookedAt      int64 // clock.Now at booking
+	prefillAhead  int64 // prefill tokens booked on the worker, this request's included
+	retiredAtBook int64 // the worker's calibrator.retired then
+	firstAt       int64 // clock.Now at the first token
+	areaAtFirst   int64 // the worker's batchArea then
+	stage         Stage // a disaggregated request's stage teaches only its half
 }
 
 type resState uint8
@@ -59,8 +72,53 @@ func (r *Reservation) PrefillDone() {
 		return
 	}
 	r.prefillDone = true
-	r.s.live[r.slot].prefillTokens.Add(-r.prefill)
+	l := &r.s.live[r.slot]
+	l.prefillTokens.Add(-r.prefill)
+	r.firstAt = clock.Now()
+	c := &r.s.calib[r.slot]
+	r.areaAtFirst = c.batch.read(r.firstAt)
+	// The prefill the wait paid for: what was queued ahead at booking,
+	// or, when the engine batched later arrivals into the same steps,
+	// what finished meanwhile, which counts them.
+	done := max(r.prefillAhead, c.retired.Add(r.prefill)-r.retiredAtBook)
+	// A decode stage's first token waited for a remote prefill and its
+	// transfer, not for this engine's prefill.
+	if r.stage != StageDecode {
+		c.observePrefill(done, time.Duration(r.firstAt-r.bookedAt))
+		r.s.calibrated()
+	}
 	r.s.wakeWaiters()
+}
+
+// Completed records that the request finished normally after output
+// tokens: the worker's calibration learns its decode speed from the mean
+// gap between tokens against the batch it shared. Call it once, before
+// Release, from the goroutine that called PrefillDone; a request that
+// aborted teaches nothing and is not reported.
+func (r *Reservation) Completed(output int) {
+	// A request of one token never decoded, and a prefill stage's one
+	// token is all it was asked for.
+	if r.state != resBooked || !r.prefillDone || output < 2 || r.stage == StagePrefill {
+		return
+	}
+	s := r.s
+	l := &s.live[r.slot]
+	now := clock.Now()
+	seqs := l.requests.Load()
+	var gap time.Duration
+	avgSeqs := float64(seqs)
+	if now > r.firstAt {
+		gap = time.Duration(now-r.firstAt) / time.Duration(output-1)
+		// The batch it decoded with, averaged over its decode.
+		avgSeqs = float64(s.calib[r.slot].batch.read(now)-r.areaAtFirst) / float64(now-r.firstAt)
+	}
+	// The context a sequence holds, in the decode term's own blocks
+	// (distinct, plus output when tracked), so that the derived scale
+	// converts into them.
+	blocks := float64(l.activeBlocks.Load()) + float64(l.outputUnits.Load())/outputUnit
+	context := blocks * float64(s.blockSize) / float64(max(seqs, 1))
+	s.calib[r.slot].observeDecode(gap, avgSeqs, context, output)
+	s.calibrated()
 }
 
 // OutputTokens books the output blocks of total generated tokens, counted
@@ -106,6 +164,7 @@ func (r *Reservation) Release() {
 	}
 	l.outputUnits.Add(-r.outputUnits)
 	l.requests.Add(-1)
+	s.calib[r.slot].batch.add(clock.Now(), -1)
 	s.mu.Unlock()
 	r.state = resReleased
 	s.released.Inc()

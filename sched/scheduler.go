@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,11 @@ type Scheduler struct {
 	workers atomic.Pointer[workerSet]
 	healthy atomic.Uint64 // workers.Set
 	live    [workers.Max]workerLive
+	calib   [workers.Max]calibrator // each worker's fitted timing (calibrate.go)
+	// sharedScale is the float64 bits of the prefill load scale applied
+	// with AutoPrefillLoadScale; observations counts what fed the fits.
+	sharedScale, observations atomic.Uint64
+	priorScale                float64 // the scale of a worker with no data
 
 	params     atomic.Pointer[CostParams]
 	thresholds atomic.Pointer[BusyThresholds]
@@ -63,6 +69,11 @@ func New(cfg Config) (*Scheduler, error) {
 		retryMax:  cfg.RetryAfterMax,
 	}
 	s.queue.init(cfg.QueueCapacity)
+	for i := range s.calib {
+		s.calib[i].reset()
+	}
+	s.priorScale = s.calib[0].loadScale()
+	s.sharedScale.Store(math.Float64bits(s.priorScale))
 	s.workers.Store(&workerSet{
 		bySlot:  map[workerKey]workers.Slot{},
 		byModel: map[string]workers.Set{},

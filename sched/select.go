@@ -241,8 +241,13 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 	// Counters move inside the section that moves the table, so that they
 	// always agree with it and never dip below zero.
 	l.activeBlocks.Add(s.table.book(req.Hashes, idx, uint(w)))
-	l.prefillTokens.Add(prefill)
+	// What the first token will have waited for: the prefill booked here
+	// ahead of this request, and its own (calibrate.go).
+	ahead := l.prefillTokens.Add(prefill)
 	l.requests.Add(1)
+	now := clock.Now()
+	s.calib[w].batch.add(now, 1)
+	retired := s.calib[w].retired.Load()
 	s.mu.Unlock()
 
 	*res = Reservation{
@@ -254,6 +259,10 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 		slot:           w,
 		state:          resBooked,
 		trackOutput:    p.TrackOutputBlocks,
+		bookedAt:       now,
+		prefillAhead:   ahead,
+		retiredAtBook:  retired,
+		stage:          req.Stage,
 	}
 	s.booked.Inc()
 	info := &ws.info[w]
@@ -312,12 +321,18 @@ func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands work
 	if req.Scores != nil {
 		req.Scores.Eligible = cands
 	}
+	// With the scale on auto, every worker's cost uses the shared fitted
+	// one (calibrate.go).
+	q := *p
+	if q.AutoPrefillLoadScale {
+		q.PrefillLoadScale = s.autoScale()
+	}
 	for w := range cands.All() {
 		l := &s.live[w]
 		shared := acc.get(uint(w))
 		overlap := p.overlap(req, w, n, shared)
 		host, disk := p.lowerTiers(req, w, overlap, shared)
-		c := p.Cost(CostInputs{
+		c := q.Cost(CostInputs{
 			BlockSize:           s.blockSize,
 			PromptTokens:        req.PromptTokens,
 			OverlapBlocks:       overlap,

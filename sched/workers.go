@@ -134,6 +134,9 @@ func (s *Scheduler) Upsert(w WorkerInfo) error {
 		live.waiting.Store(0)
 		live.kvUsed.Store(0)
 		live.kvTotal.Store(0)
+		// A new engine in the slot may be another model or GPU: its
+		// timing is learnt afresh.
+		s.calib[w.Slot].reset()
 	}
 	s.workers.Store(ws)
 	s.wmu.Unlock()

@@ -1,25 +1,64 @@
 #!/usr/bin/env bash
-# Reproduces the figures of issue 15 in BENCHMARKS.md ("Issue 15"). Each
-# part is a ratio measured in one run, so that it holds on any machine.
-#
-#   scripts/bench-issue15.sh [out] [count]   (default bench-issue15.txt, 5)
-#
-# Part 1 and 2 (radix): x-floor, FindMatches over the memory floor of the
-# same lookups, and x-xxh64, block hashing over xxhash.Sum64 of the same
-# bytes, each timed in one loop with the two sides taking turns, compared
-# by medians; then the standalone benchmarks they replace, for scale.
-# Other parts of the issue add their sections below.
+# Reproduces what BENCHMARKS.md records for issue 15. Each part is a
+# separate block, selected by name (default: all of them), and runs one
+# thing at a time so that nothing competes for the 2 cores.
+# Usage: scripts/bench-issue15.sh [part...] (OUT=dir for the raw output)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-bench-issue15.txt}
-count=${2:-5}
-run() { # package, benchmark regexp, benchtime
-	echo "== $1 $2" >&2
-	go test -run '^$' -bench "$2" -benchmem -benchtime "$3" -count "$count" "$1" | tee -a "$out"
-}
-: >"$out"
-{ echo "# $(date -u +%FT%TZ) $(go version) $(nproc) cores"; uname -a; } >>"$out"
+out=${OUT:-bench-issue15}
+mkdir -p "$out"
+go build -o "$out/kvfast" ./cmd/kvfast
+parts=("$@")
+want() { [ ${#parts[@]} -eq 0 ] || [[ " ${parts[*]} " == *" $1 "* ]]; }
 
-# 1. FindMatches at memory speed; 2. hashing at XXH64 speed.
-run ./radix '^(BenchmarkFindMatchesFloor|BenchmarkHashBlocksXXH64)$' 1s
-run ./radix '^(BenchmarkFindMatches|BenchmarkProbeFloor|BenchmarkHashBlocks|BenchmarkHashBlocksMM|BenchmarkFindMatchesTiers)$' 1s
+# --- floor: lookup and hashing against their floors (issue 15, parts 1 and 2) ---
+# x-floor: FindMatches over the memory floor of the same lookups; x-xxh64:
+# block hashing over xxhash.Sum64 of the same bytes. Each is timed in one
+# loop with the two sides taking turns and compared by medians; then the
+# standalone benchmarks they replace, for scale. COUNT runs each (5).
+if want floor; then
+  count=${COUNT:-5}
+  {
+    echo "# $(date -u +%FT%TZ) $(go version) $(nproc) cores"; uname -a
+    go test -run '^$' -bench '^(BenchmarkFindMatchesFloor|BenchmarkHashBlocksXXH64)$' -benchmem -count "$count" ./radix
+    go test -run '^$' -bench '^(BenchmarkFindMatches|BenchmarkProbeFloor|BenchmarkHashBlocks|BenchmarkHashBlocksMM|BenchmarkFindMatchesTiers)$' -benchmem -count "$count" ./radix
+  } | tee "$out/floor.txt"
+fi
+# --- end floor ---
+
+# --- calibration: the prefill load scale, auto against a hand-tuned sweep (issue 15, part 3) ---
+# kv on the demo's two workloads with --prefill-load-scale pinned at each
+# value of the sweep and with auto, REPS runs each with --seed 1..REPS.
+# Each run's tables go to calib-WORKLOAD-SCALE-SEED.txt and its notes
+# (including the scale auto fitted, or would have) to .err; the summary
+# table, medians over the runs, to calibration.txt.
+if want calibration; then
+  reps=${REPS:-3}
+  scales=${SCALES:-"auto 1 3 10 30 100 1000"}
+  for seed in $(seq 1 "$reps"); do
+    for x in $scales; do
+      for wl in tokens chat; do
+        pol=kv
+        [ "$wl" = chat ] && pol=kv-builtin
+        echo "== calibration: $wl, --prefill-load-scale $x, seed $seed" >&2
+        "$out/kvfast" demo --workload "$wl" --policies "$pol" --prefill-load-scale "$x" --seed "$seed" --html "" \
+          > "$out/calib-$wl-$x-$seed.txt" 2> "$out/calib-$wl-$x-$seed.err"
+      done
+    done
+  done
+  # Columns of the demo's first table: 4 is TTFT p50, 11 the hit rate.
+  {
+    printf '%-8s %-6s %12s %12s %10s\n' workload scale 'TTFT p50' 'hit rate' 'fitted'
+    for wl in tokens chat; do
+      for x in $scales; do
+        ttft=$(for f in "$out"/calib-$wl-$x-*.txt; do grep -A1 'policy  reqs' "$f" | tail -1 | awk '{print $4}'; done |
+          sed 's/ms$//' | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)] "ms"}')
+        hit=$(for f in "$out"/calib-$wl-$x-*.txt; do grep -A1 'policy  reqs' "$f" | tail -1 | awk '{print $11}'; done |
+          sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')
+        fit=$(grep -ho 'fitted prefill load scale [0-9.e+]*' "$out"/calib-$wl-$x-*.err | awk '{print $5}' | sort -g | tr '\n' ' ')
+        printf '%-8s %-6s %12s %12s   %s\n' "$wl" "$x" "$ttft" "$hit" "$fit"
+      done
+    done
+  } | tee "$out/calibration.txt"
+fi
+# --- end calibration ---

@@ -126,6 +126,9 @@ type Options struct {
 	OverlapCredit    float64
 	PrefillLoadScale float64
 	Temperature      float64
+	// AutoPrefillLoadScale fits the scale per engine instead
+	// (--prefill-load-scale auto), ignoring PrefillLoadScale.
+	AutoPrefillLoadScale bool
 	// ApproxTTL is the approx policy's wall-clock TTL (0: two minutes of
 	// trace time, i.e. 2m / Speedup).
 	ApproxTTL time.Duration

@@ -254,9 +254,9 @@ func (rep *Report) WriteText(w io.Writer) error {
 		pace = fmt.Sprintf("trace at concurrency %d", o.Concurrency)
 	}
 	_, err := fmt.Fprintf(w, "\n%s x %d KV blocks of %d tokens, %s; %s, %s; "+
-		"cost model prefill-load-scale %g, overlap-credit %g, temperature %g; approx TTL %v. Durations are wall-clock.\n",
+		"cost model prefill-load-scale %s, overlap-credit %g, temperature %g; approx TTL %v. Durations are wall-clock.\n",
 		engines, o.KVBlocks, o.BlockSize, speed, pace, workload,
-		o.PrefillLoadScale, o.OverlapCredit, o.Temperature, o.ApproxTTL)
+		o.prefillLoadScaleText(), o.OverlapCredit, o.Temperature, o.ApproxTTL)
 	return err
 }
 
@@ -350,6 +350,7 @@ type jsonReport struct {
 	Speedup          float64          `json:"speedup"`
 	EngineSpeedup    *float64         `json:"engine_speedup"` // null: no waiting
 	PrefillLoadScale float64          `json:"prefill_load_scale"`
+	AutoLoadScale    bool             `json:"auto_prefill_load_scale,omitempty"` // prefill_load_scale is then unused
 	OverlapCredit    float64          `json:"overlap_credit"`
 	Temperature      float64          `json:"temperature"`
 	ApproxTTL        float64          `json:"approx_ttl_s"`
@@ -377,7 +378,7 @@ type jsonPolicy struct {
 func (rep *Report) WriteJSON(w io.Writer, htmlPath string) error {
 	o := &rep.Options
 	out := jsonReport{Trace: rep.Trace, Workload: o.Workload, Tokenizer: o.Tokenizer, Engines: o.Engines, KVBlocks: o.KVBlocks, BlockSize: o.BlockSize,
-		BlockTokens: o.BlockTokens, Speedup: o.Speedup, PrefillLoadScale: o.PrefillLoadScale,
+		BlockTokens: o.BlockTokens, Speedup: o.Speedup, PrefillLoadScale: o.PrefillLoadScale, AutoLoadScale: o.AutoPrefillLoadScale,
 		OverlapCredit: o.OverlapCredit, Temperature: o.Temperature, ApproxTTL: o.ApproxTTL.Seconds(), Checks: rep.Checks,
 		Report: htmlPath,
 		Timing: map[string]int64{

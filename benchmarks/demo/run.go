@@ -267,6 +267,7 @@ func runPolicy(ctx context.Context, o *Options, spec runSpec, tr *replay.Trace, 
 			return bookingsReleased(&v)
 		})
 		run.Released = werr == nil
+		o.noteCalibration(spec.name, &v)
 		if werr != nil {
 			err = errors.Join(err, fmt.Errorf("cannot see every booking released (queue %+v): %w", v.Queue, werr))
 		}
@@ -321,6 +322,7 @@ func routerConfig(o *Options, name string, tok *tokenizer) (node.Config, error) 
 	cfg.Sched.BlockSize = o.BlockSize
 	cfg.Sched.Cost.OverlapCredit = o.OverlapCredit
 	cfg.Sched.Cost.PrefillLoadScale = o.PrefillLoadScale
+	cfg.Sched.Cost.AutoPrefillLoadScale = o.AutoPrefillLoadScale
 	cfg.Sched.Cost.Temperature = o.Temperature
 	cfg.Sched.Seed = o.RouterSeed
 	cfg.Approx.TTL = o.ApproxTTL

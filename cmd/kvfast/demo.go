@@ -92,8 +92,14 @@ and why:
                        block of decoding context costs it microseconds,
                        so the demo weighs prefill 10x: still well under
                        the engines' true ratio, leaving the decode term
-                       to balance load. Run with --prefill-load-scale 1
-                       to see serve's default.
+                       to balance load. kvfast serve now defaults to
+                       --prefill-load-scale auto, which measures the
+                       engines' timing and derives the scale from it
+                       (docs/routing.md); here it settles between about
+                       10 and 30 and matches the hand-set 10 (BENCHMARKS.md,
+                       "Calibration sweep"). Run with
+                       --prefill-load-scale auto to see it, or 1 for
+                       Dynamo's default.
   --approx-ttl         The approx policy forgets a routing decision after
                        2 minutes of trace time (serve's default TTL at
                        real-time arrivals), 15 s of wall time at 8x. On
@@ -322,7 +328,7 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.Uint64Var(&o.Seed, "token-seed", o.Seed, "seed of the hash-id-to-token mapping")
 	fs.Uint64Var(&o.RouterSeed, "seed", o.RouterSeed, "seed of the routers' tie-breaking, as kvfast serve --seed (0: from the clock)")
 	fs.Float64Var(&o.OverlapCredit, "overlap-credit", o.OverlapCredit, "router cost model: weight of a worker's cached prefix blocks against its prefill cost")
-	fs.Float64Var(&o.PrefillLoadScale, "prefill-load-scale", o.PrefillLoadScale, "router cost model: weight of the prefill term against the decode term (kvfast serve's default is 1)")
+	fs.Var(prefillLoadScaleFlag{&o.PrefillLoadScale, &o.AutoPrefillLoadScale}, "prefill-load-scale", "router cost model: weight of the prefill term against the decode term, `auto` (kvfast serve's default) or a number")
 	fs.Float64Var(&o.Temperature, "temperature", o.Temperature, "router cost model: 0 picks the cheapest worker, above 0 samples a softmax over costs")
 	fs.DurationVar(&o.ApproxTTL, "approx-ttl", o.ApproxTTL, "wall-clock TTL of the approx policy's routing history (0: 2 minutes of trace time, i.e. 2m / --speedup)")
 	fs.DurationVar(&o.Timing.StepOverhead, "step-overhead", o.Timing.StepOverhead, "engine timing: fixed cost of every step")

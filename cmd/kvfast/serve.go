@@ -91,7 +91,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: kv (cache-aware cost model), approx (cache-aware from the router's own history, no events), round-robin, random, least-loaded")
 	cost := cfg.Sched.Cost
 	fs.Float64Var(&cost.OverlapCredit, "overlap-credit", cost.OverlapCredit, "weight of a worker's cached prefix blocks against its prefill cost (0 ignores the cache)")
-	fs.Float64Var(&cost.PrefillLoadScale, "prefill-load-scale", cost.PrefillLoadScale, "weight of the prefill term against the decode term in the cost")
+	fs.Var(prefillLoadScaleFlag{&cost.PrefillLoadScale, &cost.AutoPrefillLoadScale}, "prefill-load-scale", prefillLoadScaleUsage)
 	fs.Float64Var(&cost.HostTierWeight, "host-tier-weight", cost.HostTierWeight, "credit for a cached block a worker holds only in host memory (vLLM CPU offloading, SGLang HiCache), as a fraction of one on its GPU; 0 ignores host copies")
 	fs.Float64Var(&cost.DiskTierWeight, "disk-tier-weight", cost.DiskTierWeight, "credit for a cached block a worker holds only on storage (vLLM STORAGE, SGLang DISK and EXTERNAL), as a fraction of one on its GPU; 0 ignores them")
 	fs.Float64Var(&cost.Temperature, "temperature", cost.Temperature, "0 picks the cheapest worker; above 0 samples from a softmax over normalised costs")
