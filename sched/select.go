@@ -233,7 +233,7 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 		return Decision{}, false
 	}
 	// A pin is not a round-robin turn: it must not push the rotation on.
-	w := s.choose(pol, &costs, free, p.Temperature, !req.Pinned)
+	w := s.choose(pol, req, &costs, free, p.Temperature, !req.Pinned)
 	overlap := p.overlap(req, w, n, acc.get(uint(w)))
 	host, disk := p.lowerTiers(req, w, overlap, acc.get(uint(w)))
 	prefill := int64(req.PromptTokens) - int64(p.cached(overlap, host, disk)*float64(s.blockSize))
@@ -291,7 +291,7 @@ func (s *Scheduler) query(req *Request, p *CostParams, pol Policy) (Decision, er
 	if allBusy {
 		free = cands
 	}
-	w := s.choose(pol, &costs, free, p.Temperature, false)
+	w := s.choose(pol, req, &costs, free, p.Temperature, false)
 	info := &ws.info[w]
 	return Decision{
 		Slot:          w,
