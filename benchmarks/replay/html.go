@@ -126,8 +126,8 @@ func buildHTMLReport(results []NamedResult, now time.Time) htmlReport {
 			ITLP50: formatMillis(s.ITLP50), ITLP90: formatMillis(s.ITLP90), ITLP99: formatMillis(s.ITLP99),
 			E2E:     formatMillis(s.LatencyP50),
 			HitRate: formatRate(s.HitRate, s.HitRateKnown()), Bound: fmt.Sprintf("%.3f", s.Bound.Tokens),
-			OfBound:   formatPercent(s.HitFractionOfBound()),
-			LRU:       formatLRU(s.PooledLRU), OfLRU: formatPercent(s.HitFractionOfLRU()),
+			OfBound: formatPercent(s.HitFractionOfBound()),
+			LRU:     formatLRU(s.PooledLRU), OfLRU: formatPercent(s.HitFractionOfLRU()),
 			ReqPerSec: fmt.Sprintf("%.2f", s.RequestsPerSec), TokPerSec: fmt.Sprintf("%.0f", s.OutputTokensPerSec),
 		})
 		y := 8 + barRow*float64(i)
