@@ -26,6 +26,10 @@ type Scheduler struct {
 	workers atomic.Pointer[workerSet]
 	healthy atomic.Uint64 // workers.Set
 	live    [workers.Max]workerLive
+	// written counts, per slot, the prompt blocks booked uncached since
+	// its engine joined: how full its cache is (capacity.go). Apart from
+	// live, whose layout is one cache line per worker.
+	written [workers.Max]atomic.Int64
 
 	params     atomic.Pointer[CostParams]
 	thresholds atomic.Pointer[BusyThresholds]

@@ -92,6 +92,11 @@ type WorkerScore struct {
 	DiskBlocks    uint32 // of those, held only on storage
 	SharedBlocks  uint32 // prompt blocks already held by in-flight requests here
 	WorkerCost
+	// EvictBlocks is the eviction term (capacity.go) in prefill blocks,
+	// before scaling; WorkerCost.Cost includes it scaled by
+	// PrefillLoadScale. 0 unless CostParams.EvictionWeight is set and the
+	// worker's cache is full.
+	EvictBlocks float64
 }
 
 // Select chooses a worker for req and, unless req.QueryOnly, books the
@@ -242,6 +247,7 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 	// always agree with it and never dip below zero.
 	l.activeBlocks.Add(s.table.book(req.Hashes, idx, uint(w)))
 	l.prefillTokens.Add(prefill)
+	s.written[w].Add(int64(n) - int64(overlap))
 	l.requests.Add(1)
 	s.mu.Unlock()
 
@@ -312,6 +318,7 @@ func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands work
 	if req.Scores != nil {
 		req.Scores.Eligible = cands
 	}
+	fill := s.cacheFill(ws, p, cands)
 	for w := range cands.All() {
 		l := &s.live[w]
 		shared := acc.get(uint(w))
@@ -327,10 +334,12 @@ func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands work
 			ActiveDecodeBlocks:  float64(l.activeBlocks.Load()) + float64(l.outputUnits.Load())/outputUnit,
 			NewBlocks:           reqBlocks - int64(shared),
 		})
+		evict := p.evictBlocks(fill[w], n-int(overlap))
+		c.Cost += p.PrefillLoadScale * evict
 		costs[w] = c.Cost
 		if req.Scores != nil {
 			req.Scores.Workers[w] = WorkerScore{OverlapBlocks: overlap, HostBlocks: host, DiskBlocks: disk,
-				SharedBlocks: shared, WorkerCost: c}
+				SharedBlocks: shared, WorkerCost: c, EvictBlocks: evict}
 		}
 	}
 }

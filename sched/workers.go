@@ -134,6 +134,7 @@ func (s *Scheduler) Upsert(w WorkerInfo) error {
 		live.waiting.Store(0)
 		live.kvUsed.Store(0)
 		live.kvTotal.Store(0)
+		s.written[w.Slot].Store(0)
 	}
 	s.workers.Store(ws)
 	s.wmu.Unlock()

@@ -22,6 +22,9 @@ type Report struct {
 	Trace   string  // the trace's source
 	Runs    []PolicyRun
 	Checks  []Check
+	// Sweep holds every capacity's runs when Options.Capacities is set;
+	// Runs are then the largest capacity's.
+	Sweep []SweepPoint
 	// Failed: some policy's replay failed around it or had failed requests.
 	Failed bool
 }
@@ -142,6 +145,22 @@ func Checks(workload string, runs []PolicyRun) []Check {
 				Met:    ratio >= 3,
 			})
 		}
+		if lru := kv.PooledLRU; lru != nil && kv.HitRateKnown() && lru.Tokens > 0 {
+			f := kv.HitFractionOfLRU()
+			checks = append(checks, Check{
+				Target: fmt.Sprintf("%s prefix hit rate >= 95%% of the pooled-LRU reference", name),
+				Detail: fmt.Sprintf("%.3f of %.3f = %.1f%% (one LRU cache of %d blocks, working set %d)", kv.HitRate, lru.Tokens, 100*f,
+					lru.CapacityBlocks, lru.WorkingSetBlocks),
+				Met: f >= 0.95,
+			})
+		}
+		if af, ok := sums["affinity"]; ok && kv.HitRateKnown() && af.HitRateKnown() {
+			checks = append(checks, Check{
+				Target: fmt.Sprintf("%s beats affinity (hit rate at least as high, TTFT p99 no higher)", name),
+				Detail: fmt.Sprintf("hit rate %.3f vs %.3f, TTFT p99 %s vs %s", kv.HitRate, af.HitRate, millis(kv.TTFTP99), millis(af.TTFTP99)),
+				Met:    kv.HitRate >= af.HitRate && kv.TTFTP99 <= af.TTFTP99,
+			})
+		}
 		if ap, ok := sums["approx"]; ok {
 			// Repeated runs of one policy on a quiet machine spread by about a
 			// point of hit rate either way, so a smaller lead is a tie.
@@ -171,13 +190,23 @@ func (rep *Report) named() []replay.NamedResult {
 // WriteHTML writes the self-contained HTML report: a TTFT CDF per policy
 // and hit-rate bars.
 func (rep *Report) WriteHTML(w io.Writer) error {
-	return replay.WriteHTML(w, rep.named())
+	var sweeps []replay.CapacitySweep
+	if len(rep.Sweep) > 0 {
+		sweeps = append(sweeps, rep.capacitySweep())
+	}
+	return replay.WriteHTMLSweeps(w, rep.named(), sweeps)
 }
 
 // WriteText writes the replay table, the engines' table, the targets, any
 // timing warning and a line recalling the setup.
 func (rep *Report) WriteText(w io.Writer) error {
 	o := &rep.Options
+	if len(rep.Sweep) > 0 {
+		if err := rep.writeSweep(w); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "\nat the largest capacity, %d KV blocks per engine:\n", o.KVBlocks)
+	}
 	if err := replay.WriteTable(w, rep.named()); err != nil {
 		return err
 	}
@@ -343,6 +372,7 @@ type jsonReport struct {
 	Disagg           string           `json:"disagg,omitempty"` // NPMD; the policies are then the aggregated and the disaggregated run
 	Policies         []jsonPolicy     `json:"policies"`
 	Checks           []Check          `json:"checks"`
+	Sweep            []jsonSweepPoint `json:"capacity_sweep,omitempty"`
 	Report           string           `json:"report,omitempty"`
 }
 
@@ -385,6 +415,7 @@ func (rep *Report) WriteJSON(w io.Writer, htmlPath string) error {
 		}
 		out.Policies = append(out.Policies, jp)
 	}
+	out.Sweep = rep.jsonSweep()
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)

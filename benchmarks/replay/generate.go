@@ -46,10 +46,10 @@ type GenConfig struct {
 var GeneratedTraces = map[string]GenConfig{
 	"low": {Name: "low", Requests: 600, Seed: 1, Concurrent: 160, TurnsMin: 1, TurnsMax: 2,
 		SystemPrompts: 48, SystemBlocks: 4, FirstMin: 8, FirstMax: 28, TurnMin: 2, TurnMax: 6,
-		OutputLength: 128, RatePerSec: 4},
+		OutputLength: 32, RatePerSec: 4},
 	"high": {Name: "high", Requests: 600, Seed: 2, Concurrent: 96, TurnsMin: 6, TurnsMax: 16,
 		SystemPrompts: 6, SystemBlocks: 8, FirstMin: 6, FirstMax: 16, TurnMin: 1, TurnMax: 3,
-		OutputLength: 128, RatePerSec: 5},
+		OutputLength: 32, RatePerSec: 5},
 }
 
 // GeneratedTraceNames lists GeneratedTraces' names, sorted.

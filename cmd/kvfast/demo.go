@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/term"
@@ -271,10 +273,10 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.IntVar(&o.DisaggMinRemoteTokens, "disagg-min-remote-tokens", o.DisaggMinRemoteTokens, "with --disagg: the router prefills on the decode engine when the part of the prompt it does not cache is shorter than this")
 	fs.Float64Var(&o.DisaggLocalCachedFraction, "disagg-local-cached-fraction", o.DisaggLocalCachedFraction, "with --disagg: the router prefills on the decode engine when it caches at least this fraction of the prompt (0: off)")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "mock engines to start for each policy")
-	fs.StringVar(&policies, "policies", policies, "comma-separated `list` of routing policies to compare: kv, approx, round-robin, random, least-loaded, with --workload chat kv-builtin and kv-remote, or all (default: all for tokens, kv-builtin,kv-remote,approx for chat)")
+	fs.StringVar(&policies, "policies", policies, "comma-separated `list` of routing policies to compare: kv, approx, affinity, round-robin, random, least-loaded, with --workload chat kv-builtin and kv-remote, or all (default: all for tokens, kv-builtin,kv-remote,approx for chat)")
 	fs.StringVar(&o.Workload, "workload", o.Workload, "what each trace record becomes: tokens (a token-id prompt) or chat (a conversation)")
 	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, "chat workload: the engines' tokenizer, a `DIR` or hf:ORG/NAME (default: the demo's own)")
-	fs.StringVar(&o.Trace, "trace", o.Trace, "trace `file` (Mooncake JSONL), or \"embedded\" for the last 600 records of the shipped trace")
+	fs.StringVar(&o.Trace, "trace", o.Trace, "trace `file` (Mooncake JSONL), \"embedded\" for the last 600 records of the shipped trace, or gen:low or gen:high for a generated trace of low or high reuse")
 	fs.IntVar(&o.MaxRequests, "max-requests", o.MaxRequests, "replay only the first `N` records of the trace (0: all)")
 	fs.Float64Var(&o.Speedup, "speedup", o.Speedup, "divide the trace's inter-arrival times by `factor`")
 	fs.Float64Var(&o.EngineSpeedup, "engine-speedup", o.EngineSpeedup, "divide the engines' simulated time by `factor` (inf: engines never wait); load grows with --speedup / --engine-speedup")
@@ -282,6 +284,17 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.IntVar(&o.BlockTokens, "block-tokens", o.BlockTokens, "tokens (chat: words) sent per trace hash id (the trace's own is 512); fewer make shorter prompts with the same sharing")
 	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "tokens per KV block, in the engines and the router")
 	fs.IntVar(&o.KVBlocks, "kv-blocks", o.KVBlocks, "KV cache capacity of each engine, in blocks")
+	fs.Func("capacities", "sweep the engines' capacity instead of --kv-blocks: comma-separated `fractions` of the replayed prompts' working set (such as 0.25,0.5,1), every policy replayed at each, with the pooled-LRU reference; the table and HTML report show hit rate against capacity", func(v string) error {
+		o.Capacities = nil
+		for _, f := range strings.Split(v, ",") {
+			x, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+			if err != nil {
+				return fmt.Errorf("cannot read capacity fraction %q: %w", f, err)
+			}
+			o.Capacities = append(o.Capacities, x)
+		}
+		return nil
+	})
 	fs.IntVar(&o.MaxBatchedTokens, "max-batched-tokens", o.MaxBatchedTokens, "engine: token budget of one step")
 	fs.IntVar(&o.MaxSeqs, "max-seqs", o.MaxSeqs, "engine: running sequences at most")
 	fs.IntVar(&o.MaxOutputTokens, "max-output-tokens", o.MaxOutputTokens, "cap each request's max_tokens, which is the trace's output_length (0: no cap)")
