@@ -126,6 +126,9 @@ func DefaultConfig() Config {
 	// The engines report a prefix stored only after computing it; crediting
 	// blocks in flight closes that window for follow-up requests.
 	cost.CreditInFlight = true
+	// Once caches are full, a copy of a prefix evicts another: keep
+	// prefixes in one place unless load forces a copy.
+	cost.EvictionWeight = sched.DefaultEvictionWeight
 	return Config{
 		Listen:      "127.0.0.1:8000",
 		AdminListen: DefaultAdminListen,

@@ -303,6 +303,7 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.Float64Var(&o.OverlapCredit, "overlap-credit", o.OverlapCredit, "router cost model: weight of a worker's cached prefix blocks against its prefill cost")
 	fs.Float64Var(&o.PrefillLoadScale, "prefill-load-scale", o.PrefillLoadScale, "router cost model: weight of the prefill term against the decode term (kvfast serve's default is 1)")
 	fs.Float64Var(&o.Temperature, "temperature", o.Temperature, "router cost model: 0 picks the cheapest worker, above 0 samples a softmax over costs")
+	fs.Float64Var(&o.EvictionWeight, "eviction-weight", o.EvictionWeight, "router cost model: once a worker's cache is full, extra prefill blocks charged per prompt block it does not cache (kvfast serve --eviction-weight; 0: Dynamo's model)")
 	fs.DurationVar(&o.ApproxTTL, "approx-ttl", o.ApproxTTL, "wall-clock TTL of the approx policy's routing history (0: 2 minutes of trace time, i.e. 2m / --speedup)")
 	fs.DurationVar(&o.Timing.StepOverhead, "step-overhead", o.Timing.StepOverhead, "engine timing: fixed cost of every step")
 	fs.DurationVar(&o.Timing.PrefillPerToken, "prefill-per-token", o.Timing.PrefillPerToken, "engine timing: cost per prefilled (uncached) token")
