@@ -269,9 +269,9 @@ func (rep *Report) WriteText(w io.Writer) error {
 		pace = fmt.Sprintf("trace at concurrency %d", o.Concurrency)
 	}
 	_, err := fmt.Fprintf(w, "\n%s x %d KV blocks of %d tokens, %s; %s, %s; "+
-		"cost model prefill-load-scale %g, overlap-credit %g, temperature %g; approx TTL %v. Durations are wall-clock.\n",
+		"cost model prefill-load-scale %g, overlap-credit %g, temperature %g, eviction-weight %g; approx TTL %v. Durations are wall-clock.\n",
 		engines, o.KVBlocks, o.BlockSize, speed, pace, workload,
-		o.PrefillLoadScale, o.OverlapCredit, o.Temperature, o.ApproxTTL)
+		o.PrefillLoadScale, o.OverlapCredit, o.Temperature, o.EvictionWeight, o.ApproxTTL)
 	return err
 }
 
@@ -367,6 +367,7 @@ type jsonReport struct {
 	PrefillLoadScale float64          `json:"prefill_load_scale"`
 	OverlapCredit    float64          `json:"overlap_credit"`
 	Temperature      float64          `json:"temperature"`
+	EvictionWeight   float64          `json:"eviction_weight"`
 	ApproxTTL        float64          `json:"approx_ttl_s"`
 	Timing           map[string]int64 `json:"timing_ns"`
 	Disagg           string           `json:"disagg,omitempty"` // NPMD; the policies are then the aggregated and the disaggregated run
@@ -391,7 +392,8 @@ func (rep *Report) WriteJSON(w io.Writer, htmlPath string) error {
 	o := &rep.Options
 	out := jsonReport{Trace: rep.Trace, Workload: o.Workload, Tokenizer: o.Tokenizer, Engines: o.Engines, KVBlocks: o.KVBlocks, BlockSize: o.BlockSize,
 		BlockTokens: o.BlockTokens, Speedup: o.Speedup, PrefillLoadScale: o.PrefillLoadScale,
-		OverlapCredit: o.OverlapCredit, Temperature: o.Temperature, ApproxTTL: o.ApproxTTL.Seconds(), Checks: rep.Checks,
+		OverlapCredit: o.OverlapCredit, Temperature: o.Temperature, EvictionWeight: o.EvictionWeight,
+		ApproxTTL: o.ApproxTTL.Seconds(), Checks: rep.Checks,
 		Report: htmlPath,
 		Timing: map[string]int64{
 			"step_overhead": int64(o.Timing.StepOverhead), "prefill_per_token": int64(o.Timing.PrefillPerToken),

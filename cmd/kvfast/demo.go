@@ -35,7 +35,10 @@ HTML report (a TTFT CDF per policy, hit-rate bars) whose path it prints.
 
 The first table is the replay's: TTFT and inter-token latency p50/p90/p99,
 end-to-end latency, the prefix hit rate the engines reported
-(cached_tokens/prompt_tokens) against the trace's infinite-cache bound,
+(cached_tokens/prompt_tokens) against the trace's infinite-cache bound
+and against the pooled-LRU reference (one LRU cache of all the engines'
+blocks together, simulated on the same prompts: what a perfect pooling
+of the engines' memory would hit when it cannot hold the working set),
 and throughput. The second is the engines': prompt tokens received and
 actually prefilled, how busy they were, blocks evicted, preemptions, and
 "wait", the part of each TTFT beyond the request's own prefill at the
@@ -100,7 +103,20 @@ and why:
                        real-time arrivals), 15 s of wall time at 8x. On
                        this trace no prefix is reused more than 2 minutes
                        after its last use, so the TTL costs approx no hit
-                       here; on the full trace it would.
+                       here; on the full trace it would. The affinity
+                       policy (longest prefix on the same history, load
+                       only as a tie-break, as vLLM production-stack's
+                       prefixaware router) uses the same TTL.
+
+--capacities 0.25,0.5,0.75,1 sweeps the engines' KV capacity instead of
+--kv-blocks: at each fraction of the replayed prompts' working set
+(distinct KV blocks; 30k for the embedded trace at --block-tokens 64),
+split evenly over the engines, every policy is replayed, and a table and
+a chart in the HTML report show hit rate against capacity, one line per
+policy, with the pooled-LRU reference and the bound. At 0.25x the longest
+embedded prompt must still fit one engine: run it with --engines 4
+--block-tokens 64 (scripts/bench-issue15.sh does). --trace gen:low and
+gen:high generate multi-turn traces of low and high reuse instead.
 
 --workload chat replays the same trace as chat conversations instead
 of token-id prompts (see kvfast replay --help: each hash id becomes a

@@ -88,7 +88,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.IntVar(&cfg.Segment.RingBytes, "ring-bytes", cfg.Segment.RingBytes, "bytes of each worker's event ring when the segment is created (0: shm's default, 1 MiB)")
 	fs.IntVar(&cfg.Sched.BlockSize, "block-size", cfg.Sched.BlockSize, "tokens per KV block; must equal the engines' block size")
 	fs.Var((*workerFlags)(&cfg.Static), "worker", `a static engine, repeatable: "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,role=prefill|decode|both][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]" (zmq: the engine's KV-event PUB socket, vLLM/SGLang wire format; needs model; role: its part in disaggregated serving, see --disagg)`)
-	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: kv (cache-aware cost model), approx (cache-aware from the router's own history, no events), round-robin, random, least-loaded")
+	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: kv (cache-aware cost model), approx (cache-aware from the router's own history, no events), affinity (longest prefix on the router's own history, load only as a tie-break), round-robin, random, least-loaded")
 	cost := cfg.Sched.Cost
 	fs.Float64Var(&cost.OverlapCredit, "overlap-credit", cost.OverlapCredit, "weight of a worker's cached prefix blocks against its prefill cost (0 ignores the cache)")
 	fs.Float64Var(&cost.PrefillLoadScale, "prefill-load-scale", cost.PrefillLoadScale, "weight of the prefill term against the decode term in the cost")
