@@ -103,10 +103,7 @@ func (rep *Report) capacitySweep() replay.CapacitySweep {
 func (rep *Report) writeSweep(w io.Writer) error {
 	names := rep.sweepPolicies()
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := []string{"capacity", "KV blocks", "bound", "pooled LRU"}
-	for _, n := range names {
-		head = append(head, n)
-	}
+	head := append([]string{"capacity", "KV blocks", "bound", "pooled LRU"}, names...)
 	for _, n := range names {
 		head = append(head, n+" p99")
 	}

@@ -31,7 +31,7 @@
 //     (Trace.WorkingSetBlocks).
 //   - Generated traces (Generate, GeneratedTraces): multi-turn sessions
 //     over shared system prompts, "low" and "high" reuse, deterministic
-//     from a seed, writable as JSONL (Trace.WriteJSONL).
+//     from a seed.
 //   - Token synthesis (TokenSynth): each hash id maps to a fixed
 //     pseudo-random block of token ids keyed by (seed, hash id), so equal
 //     hash-id prefixes yield equal token prefixes. Blocks can be shrunk

@@ -1,10 +1,7 @@
 package replay
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"sort"
 	"time"
@@ -137,27 +134,3 @@ func Generate(cfg GenConfig) (*Trace, error) {
 	t.analysis = &prefixAnalysis{records: t.Records}
 	return t, nil
 }
-
-// WriteJSONL writes the trace in Mooncake JSONL, one record a line, so
-// that a generated trace can be replayed by other tools.
-func (t *Trace) WriteJSONL(w io.Writer) error {
-	bw := bufio.NewWriter(w)
-	for i := range t.Records {
-		r := &t.Records[i]
-		line, err := json.Marshal(wireRecord{
-			Timestamp: ptr(float64(r.Timestamp) / float64(time.Millisecond)), InputLength: ptr(int64(r.InputLength)),
-			OutputLength: ptr(int64(r.OutputLength)), HashIDs: r.HashIDs,
-		})
-		if err != nil {
-			return fmt.Errorf("cannot encode trace record %d: %w", i, err)
-		}
-		bw.Write(line)
-		bw.WriteByte('\n')
-	}
-	if err := bw.Flush(); err != nil {
-		return fmt.Errorf("cannot write trace %s: %w", t.Source, err)
-	}
-	return nil
-}
-
-func ptr[T any](v T) *T { return &v }
