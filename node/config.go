@@ -129,6 +129,9 @@ func DefaultConfig() Config {
 	// No one number suits every model and GPU: each worker's is measured
 	// (sched/calibrate.go); --prefill-load-scale N pins it.
 	cost.AutoPrefillLoadScale = true
+	// Once caches are full, a copy of a prefix evicts another: keep
+	// prefixes in one place unless load forces a copy.
+	cost.EvictionWeight = sched.DefaultEvictionWeight
 	return Config{
 		Listen:      "127.0.0.1:8000",
 		AdminListen: DefaultAdminListen,

@@ -42,6 +42,14 @@ type CostParams struct {
 	// 0.25.
 	HostTierWeight float64
 	DiskTierWeight float64
+	// EvictionWeight charges a placement for the cached blocks it evicts:
+	// on a worker whose cache is full, every prompt block it does not
+	// already cache costs this many prefill blocks more, since computing
+	// it there pushes out a block some later request may want
+	// (capacity.go, docs/routing.md). It makes kv keep a prefix in one
+	// place unless load forces a copy. 0, Dynamo's model, ignores
+	// eviction; kvfast serve sets DefaultEvictionWeight.
+	EvictionWeight float64
 	// TrackOutputBlocks adds output blocks to the worker's decode load as
 	// generation crosses block boundaries, decayed toward the request's
 	// expected output length when it gives one.
@@ -70,6 +78,7 @@ func (p CostParams) Validate() error {
 		{"temperature", p.Temperature},
 		{"host tier weight", p.HostTierWeight},
 		{"disk tier weight", p.DiskTierWeight},
+		{"eviction weight", p.EvictionWeight},
 	} {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
 			return fmt.Errorf("cannot use %s %v: %w", f.name, f.v, ErrInvalidConfig)

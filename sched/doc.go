@@ -13,7 +13,10 @@
 // Dynamo's cost model, picks one by the routing policy, and books the
 // request's prompt blocks, prefill tokens and, optionally, output blocks
 // on it. The kv policy picks by cost (argmin with random tie-break, or a
-// softmax sample); round-robin, random and least-loaded ignore the cache.
+// softmax sample), with an eviction term once a worker's cache is full
+// (capacity.go); affinity picks the longest cached prefix, load only
+// breaking ties (affinity.go); round-robin, random and least-loaded
+// ignore the cache.
 // Policies differ only in that choice: filters, thresholds, admission and
 // booking are shared, and "approx" is kv fed with overlaps from an
 // approximate index, so sched has no mode for it. When every eligible
@@ -33,7 +36,9 @@
 //
 // sched owns the worker set (fed by the shm registry and static config
 // through Upsert/Remove/SetHealthy/SetEngineLoad), the active-load
-// accounting of in-flight requests, each worker's timing calibration, the global cost parameters, routing
+// accounting of in-flight requests, each worker's timing calibration, the
+// count of uncached blocks booked on each worker (how full its cache is),
+// the global cost parameters, routing
 // policy and busy thresholds, the round-robin rotation, and the admission
 // queue. It does not own the radix index (the caller runs FindMatches)
 // nor a request's lifecycle: a Reservation is booked into storage the

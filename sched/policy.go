@@ -27,6 +27,11 @@ const (
 	// requests booked by the router, then the fewest active blocks, then
 	// at random.
 	PolicyLeastLoaded
+	// PolicyAffinity picks the candidate with the longest cached prefix,
+	// ignoring load but as a tie-break (affinity.go): the baseline of a
+	// pure prefix-affinity router, such as vLLM production-stack's
+	// prefixaware router, fed the router's own routing history.
+	PolicyAffinity
 
 	numPolicies
 )
@@ -34,7 +39,7 @@ const (
 // PolicyNames returns the names ParsePolicy accepts, for flag help and
 // error messages.
 func PolicyNames() []string {
-	return []string{"kv", "approx", "round-robin", "random", "least-loaded"}
+	return []string{"kv", "approx", "round-robin", "random", "least-loaded", "affinity"}
 }
 
 // String returns the policy's name as ParsePolicy reads it.
@@ -48,6 +53,8 @@ func (p Policy) String() string {
 		return "random"
 	case PolicyLeastLoaded:
 		return "least-loaded"
+	case PolicyAffinity:
+		return "affinity"
 	}
 	return "Policy(" + strconv.Itoa(int(p)) + ")"
 }
@@ -60,8 +67,9 @@ func (p Policy) Validate() error {
 	return nil
 }
 
-// ParsePolicy reads a policy name: "kv", "approx", "round-robin", "random"
-// or "least-loaded". "approx" is PolicyKV with approx set: the scheduler
+// ParsePolicy reads a policy name: "kv", "approx", "round-robin",
+// "random", "least-loaded" or "affinity". "approx" is PolicyKV with
+// approx set, and "affinity" PolicyAffinity with approx set: the scheduler
 // has no mode of its own for it, the caller feeds Request.Overlaps from an
 // approximate index of its own routing decisions (radix.Approx) instead of
 // the event-fed one. Any other name is an error wrapping ErrInvalidConfig
@@ -78,6 +86,8 @@ func ParsePolicy(name string) (p Policy, approx bool, err error) {
 		return PolicyRandom, false, nil
 	case "least-loaded":
 		return PolicyLeastLoaded, false, nil
+	case "affinity":
+		return PolicyAffinity, true, nil
 	}
 	return 0, false, fmt.Errorf("cannot use routing policy %q (want one of %s): %w",
 		name, strings.Join(PolicyNames(), ", "), ErrInvalidConfig)
@@ -97,8 +107,10 @@ func (s *Scheduler) policyFor(req *Request) (Policy, error) {
 // next request would get. The caller holds s.mu when committing, so two
 // concurrent bookings cannot read the same last turn and take the same
 // worker.
-func (s *Scheduler) choose(pol Policy, costs *[workers.Max]float64, free workers.Set, temperature float64, commit bool) workers.Slot {
+func (s *Scheduler) choose(pol Policy, req *Request, costs *[workers.Max]float64, free workers.Set, temperature float64, commit bool) workers.Slot {
 	switch pol {
+	case PolicyAffinity:
+		return s.affinity(req, free)
 	case PolicyRoundRobin:
 		return s.roundRobin(free, commit)
 	case PolicyRandom:

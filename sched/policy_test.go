@@ -12,7 +12,7 @@ import (
 	"github.com/kvfast/kvfast/workers"
 )
 
-var allPolicies = []Policy{PolicyKV, PolicyRoundRobin, PolicyRandom, PolicyLeastLoaded}
+var allPolicies = []Policy{PolicyKV, PolicyRoundRobin, PolicyRandom, PolicyLeastLoaded, PolicyAffinity}
 
 func TestParsePolicy(t *testing.T) {
 	cases := []struct {
@@ -25,6 +25,7 @@ func TestParsePolicy(t *testing.T) {
 		{"round-robin", PolicyRoundRobin, false},
 		{"random", PolicyRandom, false},
 		{"least-loaded", PolicyLeastLoaded, false},
+		{"affinity", PolicyAffinity, true},
 	}
 	var names []string
 	for _, tc := range cases {
@@ -33,7 +34,7 @@ func TestParsePolicy(t *testing.T) {
 		if err != nil || p != tc.want || approx != tc.approx {
 			t.Errorf("ParsePolicy(%q) = %v, %v, %v; want %v, %v", tc.name, p, approx, err, tc.want, tc.approx)
 		}
-		if !tc.approx && p.String() != tc.name {
+		if p != PolicyKV && p.String() != tc.name || tc.name == "kv" && p.String() != "kv" {
 			t.Errorf("%v.String() = %q, want %q", p, p.String(), tc.name)
 		}
 	}
@@ -413,7 +414,9 @@ func TestPoliciesRespectFilters(t *testing.T) {
 					seen |= workers.SetOf(d.Slot)
 					res.Release()
 				}
-				if pol != PolicyKV && tc.wantErr == nil && seen != tc.want {
+				// kv and affinity follow the cache (slot 1 holds the
+				// longest prefix); the others must reach every candidate.
+				if pol != PolicyKV && pol != PolicyAffinity && tc.wantErr == nil && seen != tc.want {
 					t.Fatalf("%v only ever picked %b of %b", pol, seen, tc.want)
 				}
 			})

@@ -32,6 +32,10 @@ type Scheduler struct {
 	// with AutoPrefillLoadScale; observations counts what fed the fits.
 	sharedScale, observations atomic.Uint64
 	priorScale                float64 // the scale of a worker with no data
+	// written counts, per slot, the prompt blocks booked uncached since
+	// its engine joined: how full its cache is (capacity.go). Apart from
+	// live, whose layout is one cache line per worker.
+	written [workers.Max]atomic.Int64
 
 	params     atomic.Pointer[CostParams]
 	thresholds atomic.Pointer[BusyThresholds]

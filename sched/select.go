@@ -92,6 +92,11 @@ type WorkerScore struct {
 	DiskBlocks    uint32 // of those, held only on storage
 	SharedBlocks  uint32 // prompt blocks already held by in-flight requests here
 	WorkerCost
+	// EvictBlocks is the eviction term (capacity.go) in prefill blocks,
+	// before scaling; WorkerCost.Cost includes it scaled by
+	// PrefillLoadScale. 0 unless CostParams.EvictionWeight is set and the
+	// worker's cache is full.
+	EvictBlocks float64
 }
 
 // Select chooses a worker for req and, unless req.QueryOnly, books the
@@ -233,7 +238,7 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 		return Decision{}, false
 	}
 	// A pin is not a round-robin turn: it must not push the rotation on.
-	w := s.choose(pol, &costs, free, p.Temperature, !req.Pinned)
+	w := s.choose(pol, req, &costs, free, p.Temperature, !req.Pinned)
 	overlap := p.overlap(req, w, n, acc.get(uint(w)))
 	host, disk := p.lowerTiers(req, w, overlap, acc.get(uint(w)))
 	prefill := int64(req.PromptTokens) - int64(p.cached(overlap, host, disk)*float64(s.blockSize))
@@ -244,6 +249,7 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 	// What the first token will have waited for: the prefill booked here
 	// ahead of this request, and its own (calibrate.go).
 	ahead := l.prefillTokens.Add(prefill)
+	s.written[w].Add(int64(n) - int64(overlap))
 	l.requests.Add(1)
 	now := clock.Now()
 	s.calib[w].batch.add(now, 1)
@@ -300,7 +306,7 @@ func (s *Scheduler) query(req *Request, p *CostParams, pol Policy) (Decision, er
 	if allBusy {
 		free = cands
 	}
-	w := s.choose(pol, &costs, free, p.Temperature, false)
+	w := s.choose(pol, req, &costs, free, p.Temperature, false)
 	info := &ws.info[w]
 	return Decision{
 		Slot:          w,
@@ -327,6 +333,7 @@ func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands work
 	if q.AutoPrefillLoadScale {
 		q.PrefillLoadScale = s.autoScale()
 	}
+	fill := s.cacheFill(ws, p, cands)
 	for w := range cands.All() {
 		l := &s.live[w]
 		shared := acc.get(uint(w))
@@ -342,10 +349,12 @@ func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands work
 			ActiveDecodeBlocks:  float64(l.activeBlocks.Load()) + float64(l.outputUnits.Load())/outputUnit,
 			NewBlocks:           reqBlocks - int64(shared),
 		})
+		evict := p.evictBlocks(fill[w], n-int(overlap))
+		c.Cost += q.PrefillLoadScale * evict
 		costs[w] = c.Cost
 		if req.Scores != nil {
 			req.Scores.Workers[w] = WorkerScore{OverlapBlocks: overlap, HostBlocks: host, DiskBlocks: disk,
-				SharedBlocks: shared, WorkerCost: c}
+				SharedBlocks: shared, WorkerCost: c, EvictBlocks: evict}
 		}
 	}
 }

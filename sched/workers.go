@@ -137,6 +137,7 @@ func (s *Scheduler) Upsert(w WorkerInfo) error {
 		// A new engine in the slot may be another model or GPU: its
 		// timing is learnt afresh.
 		s.calib[w.Slot].reset()
+		s.written[w.Slot].Store(0)
 	}
 	s.workers.Store(ws)
 	s.wmu.Unlock()

@@ -62,3 +62,23 @@ if want calibration; then
   } | tee "$out/calibration.txt"
 fi
 # --- end calibration ---
+
+# --- capacity: hit rate when caches are full (issue 15, items 4 and 5) ---
+# Every policy, the pooled-LRU reference and the infinite-cache bound,
+# with the engines' KV capacity at 0.25x to 1x of the replayed prompts'
+# working set, on the shipped trace's last 600 records and on generated
+# traces of low and high reuse. 4 engines and 64 tokens per hash id so
+# that the longest prompt fits an engine at 0.25x; about 20 s per policy
+# and capacity, 8 minutes per trace on 2 cores.
+if want capacity; then
+  mkdir -p benchmarks/results/issue15
+  for trace in embedded gen:low gen:high; do
+    name=${trace#gen:}
+    echo "== capacity sweep: $trace" >&2
+    "$out/kvfast" demo --quiet --trace "$trace" --engines 4 --block-tokens 64 \
+      --capacities 0.25,0.5,0.75,1 --policies all --seed 1 \
+      --html "benchmarks/results/issue15/capacity-$name.html" | tee "benchmarks/results/issue15/capacity-$name.txt" ||
+      echo "kvfast demo failed on $trace: see above" >&2
+  done
+fi
+# --- end capacity ---

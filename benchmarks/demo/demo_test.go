@@ -18,10 +18,10 @@ func TestParsePolicies(t *testing.T) {
 		want         string
 		bad          bool
 	}{
-		{in: "all", want: "kv,approx,round-robin,random,least-loaded"},
+		{in: "all", want: "kv,approx,affinity,round-robin,random,least-loaded"},
 		{in: "round-robin, kv", want: "round-robin,kv"},
-		{in: "kv,all,kv", want: "kv,approx,round-robin,random,least-loaded"},
-		{in: "all", workload: replay.WorkloadChat, want: "kv-builtin,kv-remote,approx,round-robin,random,least-loaded"},
+		{in: "kv,all,kv", want: "kv,approx,affinity,round-robin,random,least-loaded"},
+		{in: "all", workload: replay.WorkloadChat, want: "kv-builtin,kv-remote,approx,affinity,round-robin,random,least-loaded"},
 		{in: "kv-remote,kv", workload: replay.WorkloadChat, want: "kv-remote,kv"},
 		{in: "kv,nope", bad: true},
 		{in: "kv-local", workload: replay.WorkloadChat, bad: true},
@@ -49,6 +49,14 @@ func fakeResult(n int, ttft time.Duration, hit float64) *replay.Result {
 	return r
 }
 
+// withLRU gives every run's result the pooled-LRU reference hit.
+func withLRU(runs []PolicyRun, hit float64) []PolicyRun {
+	for i := range runs {
+		runs[i].Result.PooledLRU = &replay.PooledLRU{Bound: replay.Bound{Tokens: hit}, CapacityBlocks: 100, WorkingSetBlocks: 200}
+	}
+	return runs
+}
+
 func TestChecks(t *testing.T) {
 	ms := time.Millisecond
 	runs := func(kvTTFT time.Duration, kvHit float64, others ...any) []PolicyRun {
@@ -62,7 +70,7 @@ func TestChecks(t *testing.T) {
 		name     string
 		workload string
 		runs     []PolicyRun
-		met      []bool // hit-rate target, then round-robin, then approx, for the checks present
+		met      []bool // hit-rate target, then round-robin, pooled LRU, affinity, approx, for the checks present
 	}{
 		{"all met", "", runs(10*ms, 0.47, "round-robin", 30*ms, 0.1, "approx", 11*ms, 0.44), []bool{true, true, true}},
 		{"approx within noise", "", runs(10*ms, 0.46, "approx", 11*ms, 0.45), []bool{true, false}},
@@ -71,6 +79,11 @@ func TestChecks(t *testing.T) {
 		{"approx as fast", "", runs(10*ms, 0.5, "approx", 10*ms, 0.4), []bool{true, false}},
 		{"approx hits more", "", runs(10*ms, 0.45, "approx", 20*ms, 0.46), []bool{true, false}},
 		{"no kv, no checks", "", []PolicyRun{{Policy: "random", Result: fakeResult(3, ms, 0)}}, nil},
+		// Then the pooled-LRU reference (0.45 when set), then affinity.
+		{"pooled LRU and affinity met", "", withLRU(runs(10*ms, 0.44, "affinity", 20*ms, 0.44), 0.45), []bool{false, true, true}},
+		{"below 95% of the pooled LRU", "", withLRU(runs(10*ms, 0.42, "affinity", 20*ms, 0.41), 0.45), []bool{false, false, true}},
+		{"affinity hits more", "", runs(10*ms, 0.44, "affinity", 20*ms, 0.45), []bool{false, false}},
+		{"affinity has the shorter tail", "", runs(30*ms, 0.46, "affinity", 20*ms, 0.45), []bool{true, false}},
 		{"chat: each exact kv variant, plain kv not", replay.WorkloadChat,
 			[]PolicyRun{{Policy: "kv", Result: fakeResult(10, ms, 0.5)}, {Policy: PolicyKVBuiltin, Result: fakeResult(10, 10*ms, 0.47)},
 				{Policy: PolicyKVRemote, Result: fakeResult(10, 12*ms, 0.40)}, {Policy: "approx", Result: fakeResult(10, 11*ms, 0.4)}},
@@ -118,6 +131,10 @@ func TestOptions(t *testing.T) {
 		func(o *Options) { o.Speedup = 0 },
 		func(o *Options) { o.EngineSpeedup = -1 },
 		func(o *Options) { o.Temperature = -1 },
+		func(o *Options) { o.EvictionWeight = -1 },
+		func(o *Options) { o.Capacities = []float64{0.5, 0.25} },
+		func(o *Options) { o.Capacities = []float64{0} },
+		func(o *Options) { o.Capacities, o.Workload = []float64{1}, replay.WorkloadChat },
 		func(o *Options) { o.Timing.StepOverhead = -time.Second },
 		func(o *Options) { o.Workload = "images" },
 		func(o *Options) { o.Tokenizer = "/some/dir" },
@@ -225,5 +242,71 @@ func TestDisaggRun(t *testing.T) {
 	var html strings.Builder
 	if err := rep.WriteHTML(&html); err != nil || !strings.Contains(html.String(), "<th>ITL p90</th>") || !strings.Contains(html.String(), "kv 1P1D") {
 		t.Errorf("HTML report (%v) lacks the ITL percentiles or the disaggregated run", err)
+	}
+}
+
+func TestCapacitySweepRun(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "tiny.jsonl")
+	var b strings.Builder
+	for i := range 6 {
+		fmt.Fprintf(&b, `{"timestamp":%d,"input_length":1536,"output_length":4,"hash_ids":[1,2,%d]}`+"\n", 50*i, 10+i)
+	}
+	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := LoadTrace(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := DefaultOptions()
+	o.Trace, o.Policies, o.Engines, o.Capacities = p, []string{"kv", "affinity"}, 2, []float64{1, 2}
+	o.BlockTokens, o.EngineSpeedup, o.Concurrency = 16, math.Inf(1), 2
+	o.SegmentDir = t.TempDir()
+	// 16 tokens per hash id in blocks of 16: ids 1 and 1,2 shared, one
+	// block of each record's own; 8 blocks, 4 per engine at 1x.
+	if ws := tr.WorkingSetBlocks(o.BlockTokens, o.BlockSize); ws != 8 {
+		t.Fatalf("working set %d blocks, want 8", ws)
+	}
+	rep, err := Run(t.Context(), o, tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Failed || len(rep.Sweep) != 2 || rep.Sweep[0].KVBlocks != 4 || rep.Sweep[1].KVBlocks != 8 || rep.Options.KVBlocks != 8 {
+		t.Fatalf("failed %v, sweep %+v, options' KV blocks %d", rep.Failed, rep.Sweep, rep.Options.KVBlocks)
+	}
+	for _, pt := range rep.Sweep {
+		for _, r := range pt.Runs {
+			s := r.Result.Summary()
+			if s.Succeeded != 6 || s.PooledLRU == nil || s.PooledLRU.CapacityBlocks != 2*pt.KVBlocks {
+				t.Errorf("at %gx, %s: %d ok, pooled LRU %+v", pt.Fraction, r.Policy, s.Succeeded, s.PooledLRU)
+			}
+		}
+	}
+	var text, html, js strings.Builder
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"capacity", "pooled LRU", "affinity p99", "at 1x capacity, kv", "eviction-weight 30"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, text.String())
+		}
+	}
+	if err := rep.WriteHTML(&html); err != nil || !strings.Contains(html.String(), "Hit rate against capacity") ||
+		!strings.Contains(html.String(), `data-series="pooled LRU"`) {
+		t.Errorf("HTML report (%v) lacks the sweep chart", err)
+	}
+	if err := rep.WriteJSON(&js, ""); err != nil || !strings.Contains(js.String(), `"capacity_sweep"`) {
+		t.Errorf("JSON report (%v) lacks the sweep", err)
+	}
+}
+
+func TestGeneratedTraceNames(t *testing.T) {
+	for _, name := range []string{"gen:low", "gen:high"} {
+		if tr, err := LoadTrace(name); err != nil || tr.Len() == 0 {
+			t.Errorf("LoadTrace(%q): %v", name, err)
+		}
+	}
+	if _, err := LoadTrace("gen:medium"); err == nil || !strings.Contains(err.Error(), "low, high") && !strings.Contains(err.Error(), "high, low") {
+		t.Errorf("LoadTrace(gen:medium): %v", err)
 	}
 }

@@ -9,15 +9,18 @@
 // starts from node.DefaultConfig with the demo's policy, block size and
 // cost model. Run replays the trace per policy on an internal/rig rig, so
 // that no policy inherits another's warm caches, and judges the
-// routing-quality targets (Checks). With Options.Disagg it runs one
-// policy twice instead, aggregated and then disaggregated (prefill and
-// decode engines, the router speaking vLLM's protocol), and judges no
-// targets. With Options.Encode (the multimodal workload, images in the
-// conversations) it runs one policy three times: on aggregated engines
-// that encode their own images, then with encode engines chosen by
-// affinity, then by load alone, and reads the engines' encoder counters
-// and the router's encoder metrics (multimodal.go). After each replay it
-// checks that the router released every booking. A Report writes itself as text
+// routing-quality targets (Checks), among them kv against the pooled-LRU
+// reference and the affinity baseline. With Options.Capacities it
+// repeats that at each capacity of a sweep (sweep.go). With
+// Options.Disagg it runs one policy twice instead, aggregated and then
+// disaggregated (prefill and decode engines, the router speaking vLLM's
+// protocol), and judges no targets. With Options.Encode (the multimodal
+// workload, images in the conversations) it runs one policy three times:
+// on aggregated engines that encode their own images, then with encode
+// engines chosen by affinity, then by load alone, and reads the engines'
+// encoder counters and the router's encoder metrics (multimodal.go).
+// After each replay it checks that the router released every booking. A
+// Report writes itself as text
 // tables, JSON or the HTML report. Flags, exit codes and files are the
 // command's.
 //

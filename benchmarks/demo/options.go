@@ -23,7 +23,7 @@ import (
 
 // AllPolicies is every routing policy, in the order the demo runs them on
 // the token workload.
-var AllPolicies = []string{"kv", "approx", "round-robin", "random", "least-loaded"}
+var AllPolicies = []string{"kv", "approx", "affinity", "round-robin", "random", "least-loaded"}
 
 // The kv policy's variants for the chat workload, which differ in how the
 // router turns a conversation into the engines' token ids: a kv router
@@ -42,7 +42,7 @@ const (
 var ChatPolicies = []string{PolicyKVBuiltin, PolicyKVRemote, "approx"}
 
 // allChatPolicies is "all" for the chat workload.
-var allChatPolicies = []string{PolicyKVBuiltin, PolicyKVRemote, "approx", "round-robin", "random", "least-loaded"}
+var allChatPolicies = []string{PolicyKVBuiltin, PolicyKVRemote, "approx", "affinity", "round-robin", "random", "least-loaded"}
 
 // DefaultPolicies is the comparison a workload runs by default.
 func DefaultPolicies(workload string) []string {
@@ -103,6 +103,11 @@ type Options struct {
 	// Trace is a Mooncake JSONL file, or EmbeddedTrace.
 	Trace       string
 	MaxRequests int // replay only the first N records (0: all)
+	// Capacities, when set, sweeps the engines' capacity instead of
+	// using KVBlocks: for each fraction of the replayed prompts' working
+	// set (distinct KV blocks), KVBlocks becomes that share of it per
+	// engine and every policy is replayed (sweep.go).
+	Capacities []float64
 
 	Speedup       float64 // divides the trace's inter-arrival times
 	EngineSpeedup float64 // divides the engines' simulated time (+Inf: no waiting)
@@ -129,6 +134,7 @@ type Options struct {
 	// AutoPrefillLoadScale fits the scale per engine instead
 	// (--prefill-load-scale auto), ignoring PrefillLoadScale.
 	AutoPrefillLoadScale bool
+	EvictionWeight       float64
 	// ApproxTTL is the approx policy's wall-clock TTL (0: two minutes of
 	// trace time, i.e. 2m / Speedup).
 	ApproxTTL time.Duration
@@ -192,6 +198,7 @@ func DefaultOptions() Options {
 		MaxSeqs:          mocker.DefaultMaxSeqs,
 		OverlapCredit:    node.DefaultConfig().Sched.Cost.OverlapCredit,
 		PrefillLoadScale: 10,
+		EvictionWeight:   node.DefaultConfig().Sched.Cost.EvictionWeight,
 		Timing:           mocker.DefaultTiming,
 		Timeout:          2 * time.Minute,
 
@@ -266,6 +273,14 @@ func (o *Options) Validate() error {
 	case o.MaxRequests < 0 || o.Concurrency < 0 || o.MaxOutputTokens < 0 || o.ApproxTTL < 0:
 		return errors.New("cannot use a negative request count, concurrency, output cap or approx TTL")
 	}
+	for i, f := range o.Capacities {
+		if !(f > 0) || math.IsInf(f, 1) || i > 0 && f <= o.Capacities[i-1] {
+			return fmt.Errorf("cannot sweep capacities %v: want positive fractions of the working set in ascending order", o.Capacities)
+		}
+	}
+	if len(o.Capacities) > 0 && (o.Disagg.Enabled() || o.Workload != replay.WorkloadTokens) {
+		return errors.New("cannot sweep capacities with --disagg or the chat workload: the pooled-LRU reference needs token prompts")
+	}
 	if o.Disagg.Enabled() {
 		switch {
 		case o.Disagg.Prefill < 1 || o.Disagg.Decode < 1:
@@ -309,7 +324,8 @@ func (o *Options) Validate() error {
 	if err := o.validateMultimodal(); err != nil {
 		return err
 	}
-	cost := sched.CostParams{OverlapCredit: o.OverlapCredit, PrefillLoadScale: o.PrefillLoadScale, Temperature: o.Temperature}
+	cost := sched.CostParams{OverlapCredit: o.OverlapCredit, PrefillLoadScale: o.PrefillLoadScale, Temperature: o.Temperature,
+		EvictionWeight: o.EvictionWeight}
 	if err := cost.Validate(); err != nil {
 		return err
 	}
@@ -353,10 +369,23 @@ func ParsePolicies(list, workload string) ([]string, error) {
 	return out, nil
 }
 
-// LoadTrace reads the trace at path, or the embedded one.
+// GeneratedTracePrefix names a generated trace (replay.GeneratedTraces):
+// "gen:low" or "gen:high".
+const GeneratedTracePrefix = "gen:"
+
+// LoadTrace reads the trace at path, the embedded one, or generates one
+// named gen:NAME.
 func LoadTrace(path string) (*replay.Trace, error) {
 	if path == EmbeddedTrace || path == "" {
 		return replay.EmbeddedTrace(replay.TraceOptions{})
+	}
+	if name, ok := strings.CutPrefix(path, GeneratedTracePrefix); ok {
+		cfg, ok := replay.GeneratedTraces[name]
+		if !ok {
+			return nil, fmt.Errorf("cannot generate trace %q: want %s followed by one of %s", path, GeneratedTracePrefix,
+				strings.Join(replay.GeneratedTraceNames(), ", "))
+		}
+		return replay.Generate(cfg)
 	}
 	return replay.LoadTrace(path, replay.TraceOptions{})
 }

@@ -22,6 +22,9 @@ type Report struct {
 	Trace   string  // the trace's source
 	Runs    []PolicyRun
 	Checks  []Check
+	// Sweep holds every capacity's runs when Options.Capacities is set;
+	// Runs are then the largest capacity's.
+	Sweep []SweepPoint
 	// Failed: some policy's replay failed around it or had failed requests.
 	Failed bool
 	// Images describes the images the multimodal workload sent.
@@ -144,6 +147,22 @@ func Checks(workload string, runs []PolicyRun) []Check {
 				Met:    ratio >= 3,
 			})
 		}
+		if lru := kv.PooledLRU; lru != nil && kv.HitRateKnown() && lru.Tokens > 0 {
+			f := kv.HitFractionOfLRU()
+			checks = append(checks, Check{
+				Target: fmt.Sprintf("%s prefix hit rate >= 95%% of the pooled-LRU reference", name),
+				Detail: fmt.Sprintf("%.3f of %.3f = %.1f%% (one LRU cache of %d blocks, working set %d)", kv.HitRate, lru.Tokens, 100*f,
+					lru.CapacityBlocks, lru.WorkingSetBlocks),
+				Met: f >= 0.95,
+			})
+		}
+		if af, ok := sums["affinity"]; ok && kv.HitRateKnown() && af.HitRateKnown() {
+			checks = append(checks, Check{
+				Target: fmt.Sprintf("%s beats affinity (hit rate at least as high, TTFT p99 no higher)", name),
+				Detail: fmt.Sprintf("hit rate %.3f vs %.3f, TTFT p99 %s vs %s", kv.HitRate, af.HitRate, millis(kv.TTFTP99), millis(af.TTFTP99)),
+				Met:    kv.HitRate >= af.HitRate && kv.TTFTP99 <= af.TTFTP99,
+			})
+		}
 		if ap, ok := sums["approx"]; ok {
 			// Repeated runs of one policy on a quiet machine spread by about a
 			// point of hit rate either way, so a smaller lead is a tie.
@@ -173,16 +192,27 @@ func (rep *Report) named() []replay.NamedResult {
 // WriteHTML writes the self-contained HTML report: a TTFT CDF per policy
 // and hit-rate bars.
 func (rep *Report) WriteHTML(w io.Writer) error {
-	if rep.Options.Workload == replay.WorkloadMultimodal {
-		return replay.WriteHTMLTables(w, rep.named(), rep.encodeHTMLTables())
+	var sweeps []replay.CapacitySweep
+	if len(rep.Sweep) > 0 {
+		sweeps = append(sweeps, rep.capacitySweep())
 	}
-	return replay.WriteHTML(w, rep.named())
+	var tables []replay.HTMLTable
+	if rep.Options.Workload == replay.WorkloadMultimodal {
+		tables = rep.encodeHTMLTables()
+	}
+	return replay.WriteHTMLWith(w, rep.named(), sweeps, tables)
 }
 
 // WriteText writes the replay table, the engines' table, the targets, any
 // timing warning and a line recalling the setup.
 func (rep *Report) WriteText(w io.Writer) error {
 	o := &rep.Options
+	if len(rep.Sweep) > 0 {
+		if err := rep.writeSweep(w); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "\nat the largest capacity, %d KV blocks per engine:\n", o.KVBlocks)
+	}
 	if err := replay.WriteTable(w, rep.named()); err != nil {
 		return err
 	}
@@ -254,9 +284,9 @@ func (rep *Report) WriteText(w io.Writer) error {
 		pace = fmt.Sprintf("trace at concurrency %d", o.Concurrency)
 	}
 	_, err := fmt.Fprintf(w, "\n%s x %d KV blocks of %d tokens, %s; %s, %s; "+
-		"cost model prefill-load-scale %s, overlap-credit %g, temperature %g; approx TTL %v. Durations are wall-clock.\n",
+		"cost model prefill-load-scale %s, overlap-credit %g, temperature %g, eviction-weight %g; approx TTL %v. Durations are wall-clock.\n",
 		engines, o.KVBlocks, o.BlockSize, speed, pace, workload,
-		o.prefillLoadScaleText(), o.OverlapCredit, o.Temperature, o.ApproxTTL)
+		o.prefillLoadScaleText(), o.OverlapCredit, o.Temperature, o.EvictionWeight, o.ApproxTTL)
 	return err
 }
 
@@ -353,6 +383,7 @@ type jsonReport struct {
 	AutoLoadScale    bool             `json:"auto_prefill_load_scale,omitempty"` // prefill_load_scale is then unused
 	OverlapCredit    float64          `json:"overlap_credit"`
 	Temperature      float64          `json:"temperature"`
+	EvictionWeight   float64          `json:"eviction_weight"`
 	ApproxTTL        float64          `json:"approx_ttl_s"`
 	Timing           map[string]int64 `json:"timing_ns"`
 	Disagg           string           `json:"disagg,omitempty"` // NPMD; the policies are then the aggregated and the disaggregated run
@@ -360,6 +391,7 @@ type jsonReport struct {
 	Images           *ImageLoad       `json:"images,omitempty"` // the multimodal workload's
 	Policies         []jsonPolicy     `json:"policies"`
 	Checks           []Check          `json:"checks"`
+	Sweep            []jsonSweepPoint `json:"capacity_sweep,omitempty"`
 	Report           string           `json:"report,omitempty"`
 }
 
@@ -379,7 +411,8 @@ func (rep *Report) WriteJSON(w io.Writer, htmlPath string) error {
 	o := &rep.Options
 	out := jsonReport{Trace: rep.Trace, Workload: o.Workload, Tokenizer: o.Tokenizer, Engines: o.Engines, KVBlocks: o.KVBlocks, BlockSize: o.BlockSize,
 		BlockTokens: o.BlockTokens, Speedup: o.Speedup, PrefillLoadScale: o.PrefillLoadScale, AutoLoadScale: o.AutoPrefillLoadScale,
-		OverlapCredit: o.OverlapCredit, Temperature: o.Temperature, ApproxTTL: o.ApproxTTL.Seconds(), Checks: rep.Checks,
+		OverlapCredit: o.OverlapCredit, Temperature: o.Temperature, EvictionWeight: o.EvictionWeight,
+		ApproxTTL: o.ApproxTTL.Seconds(), Checks: rep.Checks,
 		Report: htmlPath,
 		Timing: map[string]int64{
 			"step_overhead": int64(o.Timing.StepOverhead), "prefill_per_token": int64(o.Timing.PrefillPerToken),
@@ -413,6 +446,7 @@ func (rep *Report) WriteJSON(w io.Writer, htmlPath string) error {
 		}
 		out.Policies = append(out.Policies, jp)
 	}
+	out.Sweep = rep.jsonSweep()
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)

@@ -58,6 +58,9 @@ func Run(ctx context.Context, o Options, tr *replay.Trace) (*Report, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	if len(o.Capacities) > 0 {
+		return runSweep(ctx, o, tr)
+	}
 	if err := o.CheckFits(tr); err != nil {
 		return nil, err
 	}
@@ -250,10 +253,13 @@ func runPolicy(ctx context.Context, o *Options, spec runSpec, tr *replay.Trace, 
 		Tokens:          replay.TokenSynth{BlockTokens: o.BlockTokens, Seed: o.Seed},
 		Chat:            replay.ChatSynth{BlockWords: o.BlockTokens, Seed: o.Seed, Images: o.images()},
 		MaxOutputTokens: o.MaxOutputTokens,
-		Model:           replay.DefaultModel,
-		Timeout:         o.Timeout,
-		ProgressLabel:   fmt.Sprintf("%-12s", spec.name),
-		Progress:        o.Progress,
+		// The reference: one LRU cache of every engine's blocks.
+		PooledCapacityBlocks: o.Engines * o.KVBlocks,
+		EngineBlockSize:      o.BlockSize,
+		Model:                replay.DefaultModel,
+		Timeout:              o.Timeout,
+		ProgressLabel:        fmt.Sprintf("%-12s", spec.name),
+		Progress:             o.Progress,
 	}
 	res, err := replay.Run(ctx, rcfg)
 	run.Result = res
@@ -324,6 +330,7 @@ func routerConfig(o *Options, name string, tok *tokenizer) (node.Config, error) 
 	cfg.Sched.Cost.PrefillLoadScale = o.PrefillLoadScale
 	cfg.Sched.Cost.AutoPrefillLoadScale = o.AutoPrefillLoadScale
 	cfg.Sched.Cost.Temperature = o.Temperature
+	cfg.Sched.Cost.EvictionWeight = o.EvictionWeight
 	cfg.Sched.Seed = o.RouterSeed
 	cfg.Approx.TTL = o.ApproxTTL
 	// The engines live in this process: a heartbeat that stops means the

@@ -22,6 +22,16 @@
 //     already had. On the shipped trace it is 0.640 of blocks and 0.651 of
 //     tokens; the token figure is the one a measured hit rate is set
 //     against, since engines report cached tokens.
+//   - The pooled-LRU reference (Trace.PooledLRU): the hit rate of one LRU
+//     cache of all engines' KV blocks together on the same prompts,
+//     simulated exactly as the mock engines cache (prefix-contiguous
+//     hits, the last token always computed, a prompt's tail evicted
+//     before its head), for capacities below the working set where the
+//     infinite-cache bound is out of reach; and the working set itself
+//     (Trace.WorkingSetBlocks).
+//   - Generated traces (Generate, GeneratedTraces): multi-turn sessions
+//     over shared system prompts, "low" and "high" reuse, deterministic
+//     from a seed.
 //   - Token synthesis (TokenSynth): each hash id maps to a fixed
 //     pseudo-random block of token ids keyed by (seed, hash id), so equal
 //     hash-id prefixes yield equal token prefixes. Blocks can be shrunk
@@ -51,8 +61,9 @@
 //     x-kvfast-worker response header, if any, is recorded per request.
 //   - Statistics (Result.Summary, Percentile) and reports: a text summary,
 //     JSON (Summary.MarshalJSON), a side-by-side table (WriteTable) and a
-//     self-contained HTML page with inline SVG charts (WriteHTML), to
-//     which a caller may add tables of its own (WriteHTMLTables).
+//     self-contained HTML page with inline SVG charts (WriteHTML), with
+//     capacity sweeps (hit rate against capacity) and tables of the
+//     caller's own when asked (WriteHTMLWith).
 //
 // net/http rather than fasthttp sends the requests: reading a response
 // body while it streams is first-class there, and the client's few

@@ -18,7 +18,19 @@ import (
 // faintly behind, so the page needs no script, stylesheet or network. The
 // output is also well-formed XML.
 func WriteHTML(w io.Writer, results []NamedResult) error {
-	return reportTemplate.Execute(w, buildHTMLReport(results, time.Now()))
+	return WriteHTMLWith(w, results, nil, nil)
+}
+
+// WriteHTMLWith is WriteHTML followed by one line chart per capacity
+// sweep (hit rate against cache capacity, a line per policy and the
+// references dashed) and by the caller's own tables.
+func WriteHTMLWith(w io.Writer, results []NamedResult, sweeps []CapacitySweep, tables []HTMLTable) error {
+	rep := buildHTMLReport(results, time.Now())
+	for _, sw := range sweeps {
+		rep.Sweeps = append(rep.Sweeps, buildSweepChart(sw))
+	}
+	rep.Tables = tables
+	return reportTemplate.Execute(w, rep)
 }
 
 // Chart geometry in SVG user units.
@@ -39,6 +51,8 @@ type htmlReport struct {
 	Bars      htmlBars
 	CDFs      []htmlCDF
 	HasTTFT   bool
+	HasLRU    bool
+	Sweeps    []sweepChart
 	W, H      float64
 	PlotLeft  float64
 	PlotRight float64
@@ -59,6 +73,7 @@ type htmlRow struct {
 	ITLP50, ITLP90, ITLP99    string
 	E2E                       string
 	HitRate, Bound, OfBound   string
+	LRU, OfLRU                string
 	ReqPerSec, TokPerSec      string
 }
 
@@ -71,6 +86,7 @@ type htmlBar struct {
 	Name, Color, Label       string
 	Y, TextY, Width, BoundX  float64
 	BoundTop, BoundBot, TxtX float64
+	LRUX                     float64 // 0: no pooled-LRU reference
 }
 
 type htmlCDF struct {
@@ -112,7 +128,8 @@ func buildHTMLReport(results []NamedResult, now time.Time) htmlReport {
 			ITLP50: formatMillis(s.ITLP50), ITLP90: formatMillis(s.ITLP90), ITLP99: formatMillis(s.ITLP99),
 			E2E:     formatMillis(s.LatencyP50),
 			HitRate: formatRate(s.HitRate, s.HitRateKnown()), Bound: fmt.Sprintf("%.3f", s.Bound.Tokens),
-			OfBound:   formatPercent(s.HitFractionOfBound()),
+			OfBound: formatPercent(s.HitFractionOfBound()),
+			LRU:     formatLRU(s.PooledLRU), OfLRU: formatPercent(s.HitFractionOfLRU()),
 			ReqPerSec: fmt.Sprintf("%.2f", s.RequestsPerSec), TokPerSec: fmt.Sprintf("%.0f", s.OutputTokensPerSec),
 		})
 		y := 8 + barRow*float64(i)
@@ -120,6 +137,10 @@ func buildHTMLReport(results []NamedResult, now time.Time) htmlReport {
 			Name: nr.Name, Color: color, Y: y, TextY: y + 15,
 			BoundX: barLabelWidth + barScale*clamp01(s.Bound.Tokens), BoundTop: y - 3, BoundBot: y + 23,
 			TxtX: barLabelWidth + barScale + 8,
+		}
+		if s.PooledLRU != nil {
+			rep.HasLRU = true
+			bar.LRUX = barLabelWidth + barScale*clamp01(s.PooledLRU.Tokens)
 		}
 		if s.HitRateKnown() {
 			bar.Width = barScale * clamp01(s.HitRate)
@@ -264,6 +285,9 @@ svg text { font-size: 11px; fill: #444; }
 .other { fill: none; stroke: #ccc; stroke-width: 1; }
 .cdf-curve { fill: none; stroke-width: 2; }
 .bound { stroke: #000; stroke-width: 2; stroke-dasharray: 4 2; }
+.lru { stroke: #000; stroke-width: 2; stroke-dasharray: 1 2; }
+.sweep-line { fill: none; stroke-width: 2; }
+.sweep-ref { fill: none; stroke-width: 2; stroke-dasharray: 5 3; }
 .note { color: #666; font-size: 0.9em; }
 </style>
 </head>
@@ -271,10 +295,10 @@ svg text { font-size: 11px; fill: #444; }
 <h1>kvfast replay report</h1>
 <p class="note">Trace: {{.Sources}}. Generated {{.Generated}}.</p>
 <table class="summary">
-<thead><tr><th>policy</th><th>requests</th><th>errors</th><th>TTFT p50</th><th>TTFT p90</th><th>TTFT p99</th><th>ITL p50</th><th>ITL p90</th><th>ITL p99</th><th>E2E p50</th><th>hit rate</th><th>bound</th><th>of bound</th><th>req/s</th><th>out tok/s</th></tr></thead>
+<thead><tr><th>policy</th><th>requests</th><th>errors</th><th>TTFT p50</th><th>TTFT p90</th><th>TTFT p99</th><th>ITL p50</th><th>ITL p90</th><th>ITL p99</th><th>E2E p50</th><th>hit rate</th><th>bound</th><th>of bound</th>{{if .HasLRU}}<th>pooled LRU</th><th>of LRU</th>{{end}}<th>req/s</th><th>out tok/s</th></tr></thead>
 <tbody>
 {{- range .Rows}}
-<tr><td><span class="swatch" style="background: {{.Color}}"></span>{{.Name}}</td><td>{{.Requests}}</td><td>{{.Errors}}</td><td>{{.TTFTP50}}</td><td>{{.TTFTP90}}</td><td>{{.TTFTP99}}</td><td>{{.ITLP50}}</td><td>{{.ITLP90}}</td><td>{{.ITLP99}}</td><td>{{.E2E}}</td><td>{{.HitRate}}</td><td>{{.Bound}}</td><td>{{.OfBound}}</td><td>{{.ReqPerSec}}</td><td>{{.TokPerSec}}</td></tr>
+<tr><td><span class="swatch" style="background: {{.Color}}"></span>{{.Name}}</td><td>{{.Requests}}</td><td>{{.Errors}}</td><td>{{.TTFTP50}}</td><td>{{.TTFTP90}}</td><td>{{.TTFTP99}}</td><td>{{.ITLP50}}</td><td>{{.ITLP90}}</td><td>{{.ITLP99}}</td><td>{{.E2E}}</td><td>{{.HitRate}}</td><td>{{.Bound}}</td><td>{{.OfBound}}</td>{{if $.HasLRU}}<td>{{.LRU}}</td><td>{{.OfLRU}}</td>{{end}}<td>{{.ReqPerSec}}</td><td>{{.TokPerSec}}</td></tr>
 {{- end}}
 </tbody>
 </table>
@@ -293,7 +317,7 @@ svg text { font-size: 11px; fill: #444; }
 </table>
 {{- end}}
 <h2>Prefix hit rate</h2>
-<p class="note">Cached prompt tokens reported by the engines over all prompt tokens. The dashed line is the infinite-cache bound computed from the trace: no routing can do better.</p>
+<p class="note">Cached prompt tokens reported by the engines over all prompt tokens. The dashed line is the infinite-cache bound computed from the trace: no routing can do better.{{if .HasLRU}} The dotted line is the pooled-LRU reference: one LRU cache of all engines' capacity together, fed the same prompts.{{end}}</p>
 <svg class="hits" xmlns="http://www.w3.org/2000/svg" width="{{.Bars.W}}" height="{{.Bars.H}}" viewBox="0 0 {{.Bars.W}} {{.Bars.H}}" role="img">
 <line class="axis" x1="{{.Bars.ScaleLeft}}" y1="2" x2="{{.Bars.ScaleLeft}}" y2="{{.Bars.GridBot}}"/>
 <line class="grid" x1="{{.Bars.ScaleMid}}" y1="2" x2="{{.Bars.ScaleMid}}" y2="{{.Bars.GridBot}}"/>
@@ -303,6 +327,9 @@ svg text { font-size: 11px; fill: #444; }
 <text x="4" y="{{.TextY}}">{{.Name}}</text>
 <rect x="{{$.Bars.ScaleLeft}}" y="{{.Y}}" width="{{.Width}}" height="20" fill="{{.Color}}"/>
 <line class="bound" x1="{{.BoundX}}" y1="{{.BoundTop}}" x2="{{.BoundX}}" y2="{{.BoundBot}}"/>
+{{- if .LRUX}}
+<line class="lru" x1="{{.LRUX}}" y1="{{.BoundTop}}" x2="{{.LRUX}}" y2="{{.BoundBot}}"/>
+{{- end}}
 <text x="{{.TxtX}}" y="{{.TextY}}">{{.Label}}</text>
 </g>
 {{- end}}
@@ -338,6 +365,29 @@ svg text { font-size: 11px; fill: #444; }
 </figure>
 {{- end}}
 </div>
+{{- range .Sweeps}}
+<h2>{{.Title}}</h2>
+<p class="note">Prefix hit rate against total cache capacity, as a fraction of the replayed prompts' working set (distinct KV blocks). Solid: policies; dashed: references computed from the trace.</p>
+<svg class="sweep" xmlns="http://www.w3.org/2000/svg" width="{{.W}}" height="{{.H}}" viewBox="0 0 {{.W}} {{.H}}" role="img">
+{{- range .YTicks}}
+<line class="grid" x1="{{$.PlotLeft}}" y1="{{.Pos}}" x2="{{$.PlotRight}}" y2="{{.Pos}}"/>
+<text x="{{$.PlotLeft}}" y="{{.Pos}}" dx="-4" dy="4" text-anchor="end">{{.Label}}</text>
+{{- end}}
+{{- range .XTicks}}
+<line class="grid" x1="{{.Pos}}" y1="{{$.PlotTop}}" x2="{{.Pos}}" y2="{{$.PlotBot}}"/>
+<text x="{{.Pos}}" y="{{$.XLabelY}}" text-anchor="middle">{{.Label}}</text>
+{{- end}}
+<line class="axis" x1="{{$.PlotLeft}}" y1="{{$.PlotBot}}" x2="{{$.PlotRight}}" y2="{{$.PlotBot}}"/>
+<line class="axis" x1="{{$.PlotLeft}}" y1="{{$.PlotTop}}" x2="{{$.PlotLeft}}" y2="{{$.PlotBot}}"/>
+{{- range .Lines}}
+<path class="{{if .Reference}}sweep-ref{{else}}sweep-line{{end}}" stroke="{{.Color}}" d="{{.Path}}" data-series="{{.Name}}"/>
+{{- end}}
+{{- range .Lines}}
+<text x="{{.LegendX}}" y="{{.LegendY}}" fill="{{.Color}}">{{.Name}}</text>
+{{- end}}
+<text x="{{.XTitleX}}" y="{{.XTitleY}}" text-anchor="middle">capacity / working set</text>
+</svg>
+{{- end}}
 </body>
 </html>
 `))

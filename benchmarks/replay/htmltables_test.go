@@ -5,14 +5,14 @@ import (
 	"testing"
 )
 
-// TestWriteHTMLTables: a caller's table is written below the summary,
+// TestWriteHTMLWithTables: a caller's table is written below the summary,
 // escaped, and the page stays well-formed.
-func TestWriteHTMLTables(t *testing.T) {
+func TestWriteHTMLWithTables(t *testing.T) {
 	results := []NamedResult{{"kv", fakeResult([]float64{5, 8}, 60, 100, 0)}}
 	tables := []HTMLTable{{Title: "Encoders <1>", Note: "a & b", Header: []string{"run", "hit rate"},
 		Rows: [][]string{{"kv 2E", "0.5"}, {`by "load"`, "0.3"}}}}
 	var b strings.Builder
-	if err := WriteHTMLTables(&b, results, tables); err != nil {
+	if err := WriteHTMLWith(&b, results, nil, tables); err != nil {
 		t.Fatal(err)
 	}
 	doc := b.String()

@@ -21,19 +21,38 @@ type NamedResult struct {
 // inter-token latency percentiles, the end-to-end median, the measured
 // hit rate against the trace's bound, and throughput.
 func WriteTable(w io.Writer, results []NamedResult) error {
+	withLRU := false
+	for _, nr := range results {
+		withLRU = withLRU || nr.Result.PooledLRU != nil
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\treqs\terrors\tTTFT p50\tTTFT p90\tTTFT p99\tITL p50\tITL p90\tITL p99\tE2E p50\thit rate\tbound\tof bound\treq/s\tout tok/s\t")
+	head := "policy\treqs\terrors\tTTFT p50\tTTFT p90\tTTFT p99\tITL p50\tITL p90\tITL p99\tE2E p50\thit rate\tbound\tof bound\t"
+	if withLRU {
+		head += "pooled LRU\tof LRU\t"
+	}
+	fmt.Fprintln(tw, head+"req/s\tout tok/s\t")
 	for _, nr := range results {
 		s := nr.Result.Summary()
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%.2f\t%.0f\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t",
 			nr.Name, s.Requests, s.Errors,
 			formatMillis(s.TTFTP50), formatMillis(s.TTFTP90), formatMillis(s.TTFTP99),
 			formatMillis(s.ITLP50), formatMillis(s.ITLP90), formatMillis(s.ITLP99), formatMillis(s.LatencyP50),
 			formatRate(s.HitRate, s.HitRateKnown()), s.Bound.Tokens,
-			formatPercent(s.HitFractionOfBound()),
-			s.RequestsPerSec, s.OutputTokensPerSec)
+			formatPercent(s.HitFractionOfBound()))
+		if withLRU {
+			fmt.Fprintf(tw, "%s\t%s\t", formatLRU(s.PooledLRU), formatPercent(s.HitFractionOfLRU()))
+		}
+		fmt.Fprintf(tw, "%.2f\t%.0f\t\n", s.RequestsPerSec, s.OutputTokensPerSec)
 	}
 	return tw.Flush()
+}
+
+// formatLRU prints the pooled-LRU reference's hit rate, or n/a.
+func formatLRU(p *PooledLRU) string {
+	if p == nil {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.3f", p.Tokens)
 }
 
 // WriteText writes a human-readable report of one replay.
@@ -59,6 +78,10 @@ func (s *Summary) WriteText(w io.Writer) error {
 			s.HitRate, formatPercent(s.HitFractionOfBound()), s.Bound.Tokens)
 	} else {
 		fmt.Fprintf(&b, "prefix hits n/a: no response reported usage (infinite-cache bound %.3f)\n", s.Bound.Tokens)
+	}
+	if p := s.PooledLRU; p != nil {
+		fmt.Fprintf(&b, "pooled LRU  %.3f of prompt tokens in one LRU cache of %d blocks (working set %d blocks); measured %s of it\n",
+			p.Tokens, p.CapacityBlocks, p.WorkingSetBlocks, formatPercent(s.HitFractionOfLRU()))
 	}
 	if s.MaxSendLag > 50*time.Millisecond {
 		fmt.Fprintf(&b, "warning     requests left up to %s late: the client limited the pace\n", formatMillis(s.MaxSendLag))

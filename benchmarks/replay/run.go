@@ -72,6 +72,13 @@ type Config struct {
 	Chat   ChatSynth
 	// MaxOutputTokens caps max_tokens (the trace's output_length); 0 = no cap.
 	MaxOutputTokens int
+	// PooledCapacityBlocks, when positive, adds the pooled-LRU reference
+	// to the result: one LRU cache of that many KV blocks of
+	// EngineBlockSize tokens (all engines' capacity together) fed the same
+	// prompts. The token workload only: chat prompts are the engines'
+	// tokens, which the trace does not know.
+	PooledCapacityBlocks int
+	EngineBlockSize      int
 	// Model is sent in every request; DefaultModel if empty.
 	Model string
 	// Timeout bounds one request from send to the end of its stream;
@@ -101,8 +108,11 @@ type Result struct {
 	Duration    time.Duration `json:"duration_ns"` // first send to last completion
 	// Bound is the infinite-cache bound of the replayed records, with the
 	// prompt sizes actually sent.
-	Bound    Bound           `json:"bound"`
-	Requests []RequestResult `json:"requests"`
+	Bound Bound `json:"bound"`
+	// PooledLRU is the pooled-LRU reference (Config.PooledCapacityBlocks),
+	// nil when not asked for.
+	PooledLRU *PooledLRU      `json:"pooled_lru,omitempty"`
+	Requests  []RequestResult `json:"requests"`
 	// Gaps holds every inter-chunk gap of every successful request (ITL).
 	Gaps []time.Duration `json:"-"`
 }
@@ -290,6 +300,10 @@ func newRunner(cfg Config) (*runner, error) {
 		BlockTokens: blockTokens,
 		Bound:       trace.HitBound(blockTokens),
 		Requests:    make([]RequestResult, trace.Len()),
+	}
+	if cfg.PooledCapacityBlocks > 0 && workload == WorkloadTokens {
+		ref := trace.PooledLRU(cfg.PooledCapacityBlocks, blockTokens, cfg.EngineBlockSize)
+		r.res.PooledLRU = &ref
 	}
 	if cfg.Concurrency > 0 {
 		r.res.Mode, r.res.Concurrency = ModeConcurrency, cfg.Concurrency

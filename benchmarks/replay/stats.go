@@ -41,6 +41,8 @@ type Summary struct {
 	// HitRate is UsageCachedTokens/UsagePromptTokens, NaN without usage.
 	HitRate float64
 	Bound   Bound
+	// PooledLRU is the pooled-LRU reference, nil when not computed.
+	PooledLRU *PooledLRU
 
 	// MaxSendLag is the longest a request left after its due time: large
 	// values mean the client, not the router, set the pace.
@@ -64,6 +66,15 @@ func (s *Summary) HitFractionOfBound() float64 {
 	return s.HitRate / s.Bound.Tokens
 }
 
+// HitFractionOfLRU is HitRate over the pooled-LRU reference's, NaN when
+// either is unknown or the reference is zero.
+func (s *Summary) HitFractionOfLRU() float64 {
+	if !s.HitRateKnown() || s.PooledLRU == nil || s.PooledLRU.Tokens == 0 {
+		return math.NaN()
+	}
+	return s.HitRate / s.PooledLRU.Tokens
+}
+
 // Summary computes the summary of r.
 func (r *Result) Summary() Summary {
 	s := Summary{
@@ -75,6 +86,7 @@ func (r *Result) Summary() Summary {
 		BlockTokens: r.BlockTokens,
 		Duration:    r.Duration,
 		Bound:       r.Bound,
+		PooledLRU:   r.PooledLRU,
 		HitRate:     math.NaN(),
 		Workers:     map[string]int{},
 	}
@@ -171,12 +183,15 @@ func Mean(values []time.Duration) time.Duration {
 // null, so that the output is easy to consume from any language.
 func (s Summary) MarshalJSON() ([]byte, error) {
 	ms := func(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }
-	var hit, ofBound *float64
+	var hit, ofBound, ofLRU *float64
 	if s.HitRateKnown() {
 		h := s.HitRate
 		hit = &h
 		if f := s.HitFractionOfBound(); !math.IsNaN(f) {
 			ofBound = &f
+		}
+		if f := s.HitFractionOfLRU(); !math.IsNaN(f) {
+			ofLRU = &f
 		}
 	}
 	return json.Marshal(struct {
@@ -208,6 +223,8 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 		HitRate            *float64       `json:"hit_rate"`
 		Bound              Bound          `json:"bound"`
 		HitFractionOfBound *float64       `json:"hit_rate_of_bound"`
+		PooledLRU          *PooledLRU     `json:"pooled_lru,omitempty"`
+		HitFractionOfLRU   *float64       `json:"hit_rate_of_pooled_lru,omitempty"`
 		MaxSendLag         float64        `json:"max_send_lag_ms"`
 		Workers            map[string]int `json:"workers"`
 		ErrorSamples       []string       `json:"error_samples,omitempty"`
@@ -219,6 +236,6 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 		ms(s.LatencyP50), ms(s.LatencyP99),
 		s.Duration.Seconds(), s.RequestsPerSec, s.OutputTokens, s.OutputTokensPerSec,
 		s.UsageReports, s.UsagePromptTokens, s.UsageCachedTokens,
-		hit, s.Bound, ofBound, ms(s.MaxSendLag), s.Workers, s.ErrorSamples,
+		hit, s.Bound, ofBound, s.PooledLRU, ofLRU, ms(s.MaxSendLag), s.Workers, s.ErrorSamples,
 	})
 }

@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/term"
@@ -34,7 +36,10 @@ HTML report (a TTFT CDF per policy, hit-rate bars) whose path it prints.
 
 The first table is the replay's: TTFT and inter-token latency p50/p90/p99,
 end-to-end latency, the prefix hit rate the engines reported
-(cached_tokens/prompt_tokens) against the trace's infinite-cache bound,
+(cached_tokens/prompt_tokens) against the trace's infinite-cache bound
+and against the pooled-LRU reference (one LRU cache of all the engines'
+blocks together, simulated on the same prompts: what a perfect pooling
+of the engines' memory would hit when it cannot hold the working set),
 and throughput. The second is the engines': prompt tokens received and
 actually prefilled, how busy they were, blocks evicted, preemptions, and
 "wait", the part of each TTFT beyond the request's own prefill at the
@@ -105,7 +110,20 @@ and why:
                        real-time arrivals), 15 s of wall time at 8x. On
                        this trace no prefix is reused more than 2 minutes
                        after its last use, so the TTL costs approx no hit
-                       here; on the full trace it would.
+                       here; on the full trace it would. The affinity
+                       policy (longest prefix on the same history, load
+                       only as a tie-break, as vLLM production-stack's
+                       prefixaware router) uses the same TTL.
+
+--capacities 0.25,0.5,0.75,1 sweeps the engines' KV capacity instead of
+--kv-blocks: at each fraction of the replayed prompts' working set
+(distinct KV blocks; 30k for the embedded trace at --block-tokens 64),
+split evenly over the engines, every policy is replayed, and a table and
+a chart in the HTML report show hit rate against capacity, one line per
+policy, with the pooled-LRU reference and the bound. At 0.25x the longest
+embedded prompt must still fit one engine: run it with --engines 4
+--block-tokens 64 (scripts/bench-issue15.sh does). --trace gen:low and
+gen:high generate multi-turn traces of low and high reuse instead.
 
 --workload chat replays the same trace as chat conversations instead
 of token-id prompts (see kvfast replay --help: each hash id becomes a
@@ -311,10 +329,10 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.IntVar(&o.EncoderCacheItems, "encoder-cache-items", o.EncoderCacheItems, "multimodal workload: each encode engine's encoder cache, in images")
 	fs.DurationVar(&o.Timing.EncodePerItem, "encode-per-item", o.Timing.EncodePerItem, "engine timing: cost of encoding one image")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "mock engines to start for each policy")
-	fs.StringVar(&policies, "policies", policies, "comma-separated `list` of routing policies to compare: kv, approx, round-robin, random, least-loaded, with --workload chat kv-builtin and kv-remote, or all (default: all for tokens, kv-builtin,kv-remote,approx for chat)")
+	fs.StringVar(&policies, "policies", policies, "comma-separated `list` of routing policies to compare: kv, approx, affinity, round-robin, random, least-loaded, with --workload chat kv-builtin and kv-remote, or all (default: all for tokens, kv-builtin,kv-remote,approx for chat)")
 	fs.StringVar(&o.Workload, "workload", o.Workload, "what each trace record becomes: tokens (a token-id prompt), chat (a conversation) or multimodal (a conversation with images)")
 	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, "chat workload: the engines' tokenizer, a `DIR` or hf:ORG/NAME (default: the demo's own)")
-	fs.StringVar(&o.Trace, "trace", o.Trace, "trace `file` (Mooncake JSONL), or \"embedded\" for the last 600 records of the shipped trace")
+	fs.StringVar(&o.Trace, "trace", o.Trace, "trace `file` (Mooncake JSONL), \"embedded\" for the last 600 records of the shipped trace, or gen:low or gen:high for a generated trace of low or high reuse")
 	fs.IntVar(&o.MaxRequests, "max-requests", o.MaxRequests, "replay only the first `N` records of the trace (0: all)")
 	fs.Float64Var(&o.Speedup, "speedup", o.Speedup, "divide the trace's inter-arrival times by `factor`")
 	fs.Float64Var(&o.EngineSpeedup, "engine-speedup", o.EngineSpeedup, "divide the engines' simulated time by `factor` (inf: engines never wait); load grows with --speedup / --engine-speedup")
@@ -322,6 +340,17 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.IntVar(&o.BlockTokens, "block-tokens", o.BlockTokens, "tokens (chat: words) sent per trace hash id (the trace's own is 512); fewer make shorter prompts with the same sharing")
 	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "tokens per KV block, in the engines and the router")
 	fs.IntVar(&o.KVBlocks, "kv-blocks", o.KVBlocks, "KV cache capacity of each engine, in blocks")
+	fs.Func("capacities", "sweep the engines' capacity instead of --kv-blocks: comma-separated `fractions` of the replayed prompts' working set (such as 0.25,0.5,1), every policy replayed at each, with the pooled-LRU reference; the table and HTML report show hit rate against capacity", func(v string) error {
+		o.Capacities = nil
+		for _, f := range strings.Split(v, ",") {
+			x, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+			if err != nil {
+				return fmt.Errorf("cannot read capacity fraction %q: %w", f, err)
+			}
+			o.Capacities = append(o.Capacities, x)
+		}
+		return nil
+	})
 	fs.IntVar(&o.MaxBatchedTokens, "max-batched-tokens", o.MaxBatchedTokens, "engine: token budget of one step")
 	fs.IntVar(&o.MaxSeqs, "max-seqs", o.MaxSeqs, "engine: running sequences at most")
 	fs.IntVar(&o.MaxOutputTokens, "max-output-tokens", o.MaxOutputTokens, "cap each request's max_tokens, which is the trace's output_length (0: no cap)")
@@ -330,6 +359,7 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.Float64Var(&o.OverlapCredit, "overlap-credit", o.OverlapCredit, "router cost model: weight of a worker's cached prefix blocks against its prefill cost")
 	fs.Var(prefillLoadScaleFlag{&o.PrefillLoadScale, &o.AutoPrefillLoadScale}, "prefill-load-scale", "router cost model: weight of the prefill term against the decode term, `auto` (kvfast serve's default) or a number")
 	fs.Float64Var(&o.Temperature, "temperature", o.Temperature, "router cost model: 0 picks the cheapest worker, above 0 samples a softmax over costs")
+	fs.Float64Var(&o.EvictionWeight, "eviction-weight", o.EvictionWeight, "router cost model: once a worker's cache is full, extra prefill blocks charged per prompt block it does not cache (kvfast serve --eviction-weight; 0: Dynamo's model)")
 	fs.DurationVar(&o.ApproxTTL, "approx-ttl", o.ApproxTTL, "wall-clock TTL of the approx policy's routing history (0: 2 minutes of trace time, i.e. 2m / --speedup)")
 	fs.DurationVar(&o.Timing.StepOverhead, "step-overhead", o.Timing.StepOverhead, "engine timing: fixed cost of every step")
 	fs.DurationVar(&o.Timing.PrefillPerToken, "prefill-per-token", o.Timing.PrefillPerToken, "engine timing: cost per prefilled (uncached) token")

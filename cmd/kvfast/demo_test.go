@@ -172,8 +172,8 @@ func TestDemoCommand(t *testing.T) {
 		if kv := out.Policies[0].Summary.HitRate; !(kv > 0) {
 			t.Errorf("kv hit rate %v: the engines' events did not reach the router", kv)
 		}
-		if len(out.Checks) != 2 || !strings.Contains(out.Checks[1].Target, "round-robin") {
-			t.Errorf("checks %+v: want the hit rate and kv against round-robin, no approx", out.Checks)
+		if len(out.Checks) != 3 || !strings.Contains(out.Checks[1].Target, "round-robin") || !strings.Contains(out.Checks[2].Target, "pooled-LRU") {
+			t.Errorf("checks %+v: want the hit rate, kv against round-robin and against the pooled LRU, no approx", out.Checks)
 		}
 	})
 	t.Run("chat workload", func(t *testing.T) {

@@ -88,7 +88,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.IntVar(&cfg.Segment.RingBytes, "ring-bytes", cfg.Segment.RingBytes, "bytes of each worker's event ring when the segment is created (0: shm's default, 1 MiB)")
 	fs.IntVar(&cfg.Sched.BlockSize, "block-size", cfg.Sched.BlockSize, "tokens per KV block; must equal the engines' block size")
 	fs.Var((*workerFlags)(&cfg.Static), "worker", `a static engine, repeatable: "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,role=prefill|decode|encode|both][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]" (zmq: the engine's KV-event PUB socket, vLLM/SGLang wire format; needs model; role: its part in disaggregated serving, see --disagg; encode workers take chat requests' images, audio and video first, see --encode-max-items)`)
-	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: kv (cache-aware cost model), approx (cache-aware from the router's own history, no events), round-robin, random, least-loaded")
+	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: kv (cache-aware cost model), approx (cache-aware from the router's own history, no events), affinity (longest prefix on the router's own history, load only as a tie-break), round-robin, random, least-loaded")
 	cost := cfg.Sched.Cost
 	fs.Float64Var(&cost.OverlapCredit, "overlap-credit", cost.OverlapCredit, "weight of a worker's cached prefix blocks against its prefill cost (0 ignores the cache)")
 	fs.Var(prefillLoadScaleFlag{&cost.PrefillLoadScale, &cost.AutoPrefillLoadScale}, "prefill-load-scale", prefillLoadScaleUsage)
@@ -96,6 +96,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.Float64Var(&cost.DiskTierWeight, "disk-tier-weight", cost.DiskTierWeight, "credit for a cached block a worker holds only on storage (vLLM STORAGE, SGLang DISK and EXTERNAL), as a fraction of one on its GPU; 0 ignores them")
 	fs.Float64Var(&cost.Temperature, "temperature", cost.Temperature, "0 picks the cheapest worker; above 0 samples from a softmax over normalised costs")
 	fs.BoolVar(&cost.CreditInFlight, "credit-in-flight", cost.CreditInFlight, "credit prompt blocks that requests in flight on a worker already hold as cached, not only blocks its engine has reported stored")
+	fs.Float64Var(&cost.EvictionWeight, "eviction-weight", cost.EvictionWeight, "once a worker's cache is full, charge each prompt block it does not cache this many prefill blocks more, for the cached block computing it evicts; 0 ignores eviction (Dynamo's model)")
 	fs.BoolVar(&cost.TrackOutputBlocks, "track-output-blocks", cost.TrackOutputBlocks, "count output blocks as generation grows, decayed toward max_tokens")
 	fs.Float64Var(&cfg.Sched.Busy.DecodeBlocksFraction, "busy-decode-fraction", cfg.Sched.Busy.DecodeBlocksFraction, "admission: a worker whose decode blocks (or its engine's reported KV usage) exceed this fraction of its KV capacity takes no new request, which queues (0: off)")
 	fs.Int64Var(&cfg.Sched.Busy.PrefillTokens, "busy-prefill-tokens", cfg.Sched.Busy.PrefillTokens, "admission: a worker with more prompt tokens than this awaiting their first token takes no new request, which queues (0: off)")
