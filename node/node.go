@@ -17,6 +17,7 @@ import (
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/feed"
 	"github.com/kvfast/kvfast/internal/logthrottle"
+	"github.com/kvfast/kvfast/internal/sdnotify"
 	"github.com/kvfast/kvfast/internal/tracing"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
@@ -419,11 +420,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if adminLn != nil {
 		go func() { served <- n.ServeAdmin(adminLn) }()
 	}
+	n.notifyReady(ctx)
 	select {
 	case err := <-served:
 		return errors.Join(err, n.Close())
 	case <-ctx.Done():
 	}
+	n.notify("STOPPING=1")
 	n.log.Info("shutting down: draining in-flight requests", "deadline", cfg.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
@@ -440,4 +443,28 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	n.log.Info("router stopped")
 	return nil
+}
+
+// notifyReady tells systemd (a unit of Type=notify) that the router is up
+// once its listeners are bound: the segment is open, so engines ordered
+// after it may register, and clients may connect. Start-up settling
+// (/ready) comes later and is sent as a status line, so that a unit
+// waiting for the router never waits for engines that wait for it.
+func (n *Node) notifyReady(ctx context.Context) {
+	n.notify("READY=1\nSTATUS=listening; settling (/ready answers 503 until then)")
+	go func() {
+		select {
+		case <-n.settled:
+			n.notify(fmt.Sprintf("STATUS=ready: routing to %d workers", n.sched.Workers().Len()))
+		case <-ctx.Done():
+		}
+	}()
+}
+
+// notify sends state to systemd, if it started the router; a failure
+// costs only the service manager's view, so it is logged, not returned.
+func (n *Node) notify(state string) {
+	if _, err := sdnotify.Notify(state); err != nil {
+		n.log.Warn("cannot notify systemd", "err", err)
+	}
 }
