@@ -2,6 +2,7 @@ package deploy_test
 
 import (
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -348,5 +349,43 @@ func TestSystemdUnitsVerify(t *testing.T) {
 	// verify exits 0 on keys it ignores: any complaint fails the test.
 	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+// TestDockerfileBuildsStaticBinary runs the Dockerfile's own go build
+// command (its build stage's RUN line) on this machine and checks that the
+// binary is static: no program interpreter, no shared libraries. That is
+// what lets it run on distroless's static base, which has no libc. make
+// lint checks the rest of the Dockerfile (tools/dockerfilecheck).
+func TestDockerfileBuildsStaticBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the router from scratch: not in -short")
+	}
+	src, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^RUN (CGO_ENABLED=0 go build .* -o )/out/kvfast( \./cmd/kvfast)$`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("the Dockerfile has no RUN CGO_ENABLED=0 go build ... -o /out/kvfast ./cmd/kvfast")
+	}
+	bin := filepath.Join(t.TempDir(), "kvfast")
+	cmd := exec.Command("sh", "-c", string(m[1])+bin+string(m[2]))
+	cmd.Dir = ".."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", cmd, err, out)
+	}
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
+			t.Errorf("the binary has a %v program header: it is dynamically linked", p.Type)
+		}
+	}
+	if libs, err := f.ImportedLibraries(); err != nil || len(libs) > 0 {
+		t.Errorf("the binary needs shared libraries %q (%v)", libs, err)
 	}
 }
