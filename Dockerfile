@@ -37,8 +37,8 @@ COPY --from=build /out/kvfast /usr/local/bin/kvfast
 # (KVFAST_API_KEY_FILE) and an admin token (KVFAST_ADMIN_TOKEN_FILE), or
 # keep the ports off untrusted networks.
 ENV KVFAST_LISTEN=0.0.0.0:8000 \
-    KVFAST_ADMIN_LISTEN=0.0.0.0:8001
-EXPOSE 8000 8001
+    KVFAST_ADMIN_LISTEN=0.0.0.0:8089
+EXPOSE 8000 8089
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/kvfast"]
 CMD ["serve"]
