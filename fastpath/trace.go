@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvfast/kvfast/internal/clock"
@@ -54,7 +55,13 @@ func (ex *exchange) traceStart(ctx *fasthttp.RequestCtx) {
 	if tracer == nil {
 		return
 	}
-	parent := tracing.Propagator.Extract(context.Background(), requestHeaders{&ctx.Request.Header})
+	carrier := propagation.MapCarrier{}
+	for _, k := range [...]string{headerTraceparent, headerTracestate} {
+		if v := ctx.Request.Header.Peek(k); len(v) > 0 {
+			carrier[k] = string(v)
+		}
+	}
+	parent := tracing.Propagator.Extract(context.Background(), carrier)
 	ex.tr.ctx, ex.tr.root = tracer.Start(parent, spanRequest,
 		trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithTimestamp(clock.Time(ex.arrived)),
@@ -160,7 +167,11 @@ func (ex *exchange) startCall(name string, req *fasthttp.Request, dec *sched.Dec
 		attrs = append(attrs, attribute.String("kvfast.stage", stage))
 	}
 	ctx, span := ex.s.tracer.Start(ex.tr.ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
-	tracing.Propagator.Inject(ctx, requestHeaders{&req.Header})
+	carrier := propagation.MapCarrier{}
+	tracing.Propagator.Inject(ctx, carrier)
+	for k, v := range carrier {
+		req.Header.Set(k, v)
+	}
 	return span
 }
 
@@ -188,20 +199,6 @@ func decisionAttributes(dec *sched.Decision) []attribute.KeyValue {
 func finishedSpan(tracer trace.Tracer, ctx context.Context, name string, start, end int64) {
 	_, span := tracer.Start(ctx, name, trace.WithTimestamp(clock.Time(start)))
 	span.End(trace.WithTimestamp(clock.Time(end)))
-}
-
-// requestHeaders lets the W3C propagator read and write a fasthttp
-// request's headers.
-type requestHeaders struct{ h *fasthttp.RequestHeader }
-
-func (c requestHeaders) Get(key string) string { return string(c.h.Peek(key)) }
-func (c requestHeaders) Set(key, value string) { c.h.Set(key, value) }
-func (c requestHeaders) Keys() []string {
-	var keys []string
-	for k := range c.h.All() {
-		keys = append(keys, string(k))
-	}
-	return keys
 }
 
 // W3C trace-context headers, forwarded to engines as they came when the
