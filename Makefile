@@ -7,14 +7,19 @@ FUZZTIME  ?= 20s
 BENCHTIME ?= 1s
 
 SOAK_DURATION ?= 30m
+IMAGE         ?= kvfast:dev
 
-.PHONY: help build test test-short bench fuzz lint demo soak clean
+.PHONY: help build image test test-short bench fuzz lint demo soak clean
 
 help: ## List the targets with what they do.
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## Build bin/kvfast.
 	$(GO) build -o $(BIN) ./cmd/kvfast
+
+image: ## Build the container image IMAGE (default kvfast:dev) from the Dockerfile; needs Docker (docs/deploy.md).
+	@command -v docker >/dev/null 2>&1 || { echo "make image: docker is not installed; make lint checks the Dockerfile without it" >&2; exit 1; }
+	docker build -t $(IMAGE) .
 
 test: lint ## Everything CI runs: lint, set-up, the whole suite under the race detector, and a two-minute soak.
 	@./scripts/setup-test-deps.sh

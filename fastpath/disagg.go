@@ -217,6 +217,7 @@ func (s *Server) serveDisagg(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff 
 	}
 	s.metrics.stageSched.Observe(seconds(clock.Since(ex.lastItem)))
 	s.metrics.stageTotal.Observe(seconds(clock.Since(ex.arrived)))
+	ex.traceRoute(&dec, err)
 	if err != nil {
 		ex.failSelect(ctx, err)
 		return false
@@ -317,6 +318,7 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		ex.setPrefillCall(s.engines.AcquireCall())
 		st.call.SetRequest(routedPath(ex.api), st.body)
 		copyForwardHeaders(ctx, st.call.Request(), ex.rid)
+		span := ex.startCall(spanPrefill, st.call.Request(), &d, stagePrefill)
 		t0 := clock.Now()
 		err := st.call.Do(d.Slot, st)
 		var body []byte
@@ -337,6 +339,7 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			st.decode, err = appendVLLMDecodeBody(st.decode[:0], ex.body, params)
 		}
 		s.metrics.dis.stages[stagePrefill].Observe(seconds(clock.Since(t0)))
+		endCall(span, err)
 		ex.releasePrefill() // the prefill stage is over: its booking goes now
 		if err == nil {
 			st.decided = true
@@ -397,11 +400,13 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	ex.setPrefillCall(s.engines.AcquireCall())
 	st.call.SetRequest(routedPath(ex.api), st.decode)
 	copyForwardHeaders(ctx, st.call.Request(), ex.rid)
+	span := ex.startCall(spanPrefill, st.call.Request(), &d, stagePrefill)
 	st.done = make(chan struct{})
 	go func(call *dispatch.Call, slot workers.Slot) {
 		defer close(st.done)
 		t0 := clock.Now()
-		if err := call.Do(slot, st); err == nil {
+		err := call.Do(slot, st)
+		if err == nil {
 			if call.IsEventStream() {
 				err = call.Relay(discardWriter())
 			} else {
@@ -412,6 +417,7 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			}
 		}
 		s.metrics.dis.stages[stagePrefill].Observe(seconds(clock.Since(t0)))
+		endCall(span, err)
 	}(st.call, d.Slot)
 	return true
 }

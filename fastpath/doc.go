@@ -58,6 +58,17 @@
 // hang-up aborts every item's guard and call, and cleanup releases each
 // exactly once.
 //
+// Tracing (trace.go) is off unless Deps.Tracer is set (--otlp-endpoint).
+// Off, the client's W3C traceparent and tracestate are forwarded to the
+// engine as they came, and each stage costs one nil check. On, the
+// exchange starts the request's span (a child of the client's
+// traceparent) and records route (tokenize, hash, lookup, select, queue)
+// from the clock readings the metrics take anyway, one client span per
+// engine call (dispatch, prefill, encode) whose context goes to that
+// engine as its traceparent, and the first token; cleanup ends them.
+// Spans of calls made on other goroutines (the encoders', SGLang's
+// prefill) are ended there.
+//
 // The edge (edge.go) stands between the network and that path. Every
 // connection comes through edgeListener, which tags it with its listener
 // (API or admin: Serve and ServeAdmin) and bounds each client address's

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/guard"
@@ -112,10 +113,11 @@ type encodeStage struct {
 	err  error
 	// tried are the encoders that failed this item.
 	tried    workers.Set
-	attempts int  // attempts sent
-	sent     bool // an attempt was sent and is not yet settled
-	ok       bool // an encoder encoded the item
-	settled  bool // ok, or given up: no more attempts
+	attempts int        // attempts sent
+	sent     bool       // an attempt was sent and is not yet settled
+	ok       bool       // an encoder encoded the item
+	settled  bool       // ok, or given up: no more attempts
+	span     trace.Span // the attempt's trace span; nil when the request is not traced
 }
 
 func (st *encodeStage) OnDispatched() { _ = st.h.Dispatched() }
@@ -371,6 +373,7 @@ func (s *Server) startEncode(ctx *fasthttp.RequestCtx, ex *exchange, i int, hold
 	ex.setEncodeCall(i, s.engines.AcquireCall())
 	st.call.SetRequest(pathChatCompletions, st.body)
 	copyForwardHeaders(ctx, st.call.Request(), st.rid)
+	st.span = ex.startCall(spanEncode, st.call.Request(), &d, "encode")
 	return true
 }
 
@@ -397,6 +400,8 @@ func (s *Server) runEncode(ex *exchange, i int, wg *sync.WaitGroup) {
 	}
 	st.err = err
 	st.ok = err == nil
+	endCall(st.span, err)
+	st.span = nil
 }
 
 var errInternalEncode = errors.New("the router failed while encoding the item")

@@ -111,11 +111,12 @@ func (s *Server) routeOnly(ctx *fasthttp.RequestCtx, ex *exchange) {
 	}
 	dec, err := s.sched.Select(ctx, &ex.sreq, nil)
 	s.metrics.stageSched.Observe(seconds(clock.Since(ex.lastItem)))
+	ex.traceRoute(&dec, err)
 	if err != nil {
 		ex.failSelect(ctx, err)
 		return
 	}
-	s.metrics.count(ex.api, statusRouteOnly)
+	ex.count(statusRouteOnly)
 	ex.dec = dec
 	ex.setDecisionHeaders(ctx) // uses ex.out as scratch: before the body is built there
 	ex.out = s.appendRouteJSON(ex.out[:0], ex)

@@ -51,6 +51,8 @@ type exchange struct {
 	firstSeen         bool
 	items             int
 	abortErr          error
+	outcome           string       // the status label the request was counted under (count)
+	tr                requestTrace // its spans, when the request is traced (trace.go)
 
 	wait queueWait // bounds the admission-queue wait of Select
 	sess exchangeSession
@@ -135,10 +137,11 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 	handedOff := false
 	defer s.settle(ctx, ex, &handedOff)
 	ex.echoRequestID(ctx)
+	ex.traceStart(ctx)
 	if rerr := s.readBody(ctx, ex); rerr != nil {
 		if rerr == errBodyBudget {
 			ctx.Response.Header.SetBytesV("Retry-After", s.retryAfter(ex))
-			ex.s.metrics.count(ex.api, statusOverloaded)
+			ex.count(statusOverloaded)
 			writeError(ctx, rerr.Status, rerr)
 			return
 		}
@@ -191,6 +194,7 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 	}
 	s.metrics.stageSched.Observe(seconds(clock.Since(ex.lastItem)))
 	s.metrics.stageTotal.Observe(seconds(clock.Since(ex.arrived)))
+	ex.traceRoute(&dec, err)
 	if err != nil {
 		ex.failSelect(ctx, err)
 		return
@@ -220,7 +224,7 @@ func (s *Server) settle(ctx *fasthttp.RequestCtx, ex *exchange, handedOff *bool)
 		ctx.Response.Reset()
 		ctx.Response.Header.SetBytesV(HeaderRequestID, ex.rid)
 		writeError(ctx, fasthttp.StatusInternalServerError, errInternal)
-		s.metrics.count(ex.api, statusEngineError)
+		ex.count(statusEngineError)
 	}
 	ex.cleanup()
 }
@@ -234,6 +238,7 @@ func (ex *exchange) cleanup() {
 		ex.releaseEncode(i)
 	}
 	ex.releasePrefill()
+	ex.traceEnd()
 	if ex.held {
 		ex.held = false
 		_ = ex.h.Release()
@@ -257,6 +262,7 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 		return err
 	}
 	t0 := clock.Now()
+	ex.tr.routeAt = t0
 	exactBlocks, tokens := r.Prompt == openai.PromptTokens, r.Tokens
 	ex.mm.Reset()
 	if !exactBlocks && render != nil {
@@ -269,6 +275,7 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 		t1 := clock.Now()
 		s.metrics.stageTokenize.Observe(seconds(time.Duration(t1 - t0)))
 		t0 = t1
+		ex.tr.rendered = true
 		if errors.Is(rerr, prompt.ErrInvalidRequest) {
 			return &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Code: "invalid_prompt", Message: rerr.Error()}
 		}
@@ -313,6 +320,7 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	s.metrics.stageHash.Observe(seconds(time.Duration(t1 - t0)))
 	s.metrics.stageLookup.Observe(seconds(time.Duration(t2 - t1)))
 	ex.lastItem = t2 // start of the schedule stage, reused as a stopwatch
+	ex.tr.hashAt, ex.tr.lookupAt, ex.tr.selectAt = t0, t1, t2
 	ex.sreq.Hashes = ex.hashes
 	ex.sreq.Overlaps = &ex.overlaps
 	ex.sreq.Model = model
@@ -337,6 +345,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	var body []byte
 	for attempt := 0; ; attempt++ {
 		retryable := attempt < s.cfg.MaxRetries && (!ex.sreq.Pinned || ex.sess.sticky) && ex.sessionRetryable()
+		ex.traceDispatch(ex.call.Request())
 		err := ex.call.Do(ex.dec.Slot, ex)
 		if err == nil && retryable && ex.call.StatusCode() >= 500 {
 			err = ex.call.Discard()
@@ -349,6 +358,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		if err == nil {
 			break
 		}
+		ex.traceDispatchFailed(err)
 		if !retryable || !dispatch.IsRetryable(err) {
 			ex.failDispatch(ctx, err)
 			return false
@@ -393,11 +403,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	}
 	ctx.SetBody(body)
 	if ex.call.StatusCode() >= 400 {
-		s.metrics.count(ex.api, statusEngineError)
+		ex.count(statusEngineError)
 		return false
 	}
 	_ = ex.h.Close()
-	s.metrics.count(ex.api, statusOK)
+	ex.count(statusOK)
 	return false
 }
 
@@ -435,7 +445,7 @@ func (ex *exchange) stream(w *bufio.Writer) {
 			if ex.held {
 				_ = ex.h.Abort(guard.ReasonPanic)
 			}
-			s.metrics.count(ex.api, statusEngineError)
+			ex.count(statusEngineError)
 			ex.cleanup()
 		}
 	}()
@@ -449,7 +459,7 @@ func (ex *exchange) stream(w *bufio.Writer) {
 	default:
 		status = outcomeOf(err)
 	}
-	s.metrics.count(ex.api, status)
+	ex.count(status)
 	ex.cleanup()
 }
 
@@ -542,6 +552,7 @@ func (ex *exchange) OnDispatched() {
 func (ex *exchange) OnFirstToken() {
 	now := clock.Now()
 	ex.decodeFirstToken(now)
+	ex.traceFirstToken(now)
 	ex.s.metrics.ttft.Observe(seconds(time.Duration(now - ex.arrived)))
 	ex.lastItem = now
 	ex.firstSeen = true
@@ -613,7 +624,7 @@ func outcomeOf(err error) string {
 // --- failures ---
 
 func (ex *exchange) reject(ctx *fasthttp.RequestCtx, e *openai.Error) {
-	ex.s.metrics.count(ex.api, statusClientError)
+	ex.count(statusClientError)
 	writeError(ctx, e.Status, e)
 }
 
@@ -622,34 +633,34 @@ func (ex *exchange) failSelect(ctx *fasthttp.RequestCtx, err error) {
 	switch {
 	case ex.clientGone():
 		// Nobody reads this answer; fasthttp finds the connection closed.
-		ex.s.metrics.count(ex.api, statusCancelled)
+		ex.count(statusCancelled)
 		ctx.SetConnectionClose()
 		writeError(ctx, fasthttp.StatusServiceUnavailable, errClientGone)
 	case errors.As(err, &over):
 		secs := max(1, int((over.RetryAfter+time.Second-1)/time.Second))
 		ex.out = strconv.AppendInt(ex.out[:0], int64(secs), 10)
 		ctx.Response.Header.SetBytesV("Retry-After", ex.out)
-		ex.s.metrics.count(ex.api, statusOverloaded)
+		ex.count(statusOverloaded)
 		writeError(ctx, fasthttp.StatusTooManyRequests, errOverloaded)
 	case errors.Is(err, sched.ErrPinnedWorkerNotFound):
-		ex.s.metrics.count(ex.api, statusClientError)
+		ex.count(statusClientError)
 		writeError(ctx, fasthttp.StatusNotFound, errUnknownPinnedWorker)
 	case errors.Is(err, sched.ErrInvalidRequest):
-		ex.s.metrics.count(ex.api, statusClientError)
+		ex.count(statusClientError)
 		writeError(ctx, fasthttp.StatusBadRequest, &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Code: "invalid_request", Message: err.Error()})
 	case errors.Is(err, context.DeadlineExceeded):
-		ex.s.metrics.count(ex.api, statusOverloaded)
+		ex.count(statusOverloaded)
 		ctx.Response.Header.SetBytesV("Retry-After", ex.s.retryAfter(ex))
 		writeError(ctx, fasthttp.StatusServiceUnavailable, errQueueTimeout)
 	default: // no eligible worker (a pin to a known but unhealthy worker too), or shutdown
-		ex.s.metrics.count(ex.api, statusUnavailable)
+		ex.count(statusUnavailable)
 		ctx.Response.Header.SetBytesV("Retry-After", ex.s.retryAfter(ex))
 		writeError(ctx, fasthttp.StatusServiceUnavailable, errNoWorker)
 	}
 }
 
 func (ex *exchange) failDispatch(ctx *fasthttp.RequestCtx, err error) {
-	ex.s.metrics.count(ex.api, outcomeOf(err))
+	ex.count(outcomeOf(err))
 	ctx.Response.Reset()
 	ctx.Response.Header.SetBytesV(HeaderRequestID, ex.rid)
 	ctx.SetStatusCode(dispatch.ErrorStatus(err))
@@ -694,6 +705,14 @@ func (ex *exchange) setDecisionHeaders(ctx *fasthttp.RequestCtx) {
 func copyForwardHeaders(ctx *fasthttp.RequestCtx, req *fasthttp.Request, rid []byte) {
 	if v := ctx.Request.Header.Peek("Authorization"); len(v) > 0 {
 		req.Header.SetBytesV("Authorization", v)
+	}
+	// The client's trace context goes on as it came; a traced request's
+	// engine call replaces traceparent with its own span (startCall).
+	if v := ctx.Request.Header.Peek(headerTraceparent); len(v) > 0 {
+		req.Header.SetBytesV(headerTraceparent, v)
+		if v := ctx.Request.Header.Peek(headerTracestate); len(v) > 0 {
+			req.Header.SetBytesV(headerTracestate, v)
+		}
 	}
 	req.Header.SetBytesV(HeaderRequestID, rid)
 }

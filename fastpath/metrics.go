@@ -149,6 +149,12 @@ func newMetrics(s *Server) *metrics {
 	return m
 }
 
+// count counts ex's outcome, once per request, and keeps it for its trace.
+func (ex *exchange) count(status string) {
+	ex.outcome = status
+	ex.s.metrics.count(ex.api, status)
+}
+
 func (m *metrics) count(api openai.API, status string) {
 	if api == openai.APIChatCompletions {
 		m.requests["chat/"+status].Inc()

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvfast/kvfast/internal/clock"
 )
 
 // queueWait is the context a request waits in the admission queue under.
@@ -20,6 +22,7 @@ type queueWait struct {
 
 	mu      sync.Mutex
 	done    chan struct{}
+	since   int64 // when the request began to wait (clock.Now), for its trace's queue span
 	err     error
 	timer   *time.Timer
 	unwatch func() bool
@@ -39,7 +42,7 @@ func (q *queueWait) release() {
 	if q.unwatch != nil {
 		q.unwatch()
 	}
-	q.done, q.err, q.timer, q.unwatch = nil, nil, nil, nil
+	q.done, q.err, q.timer, q.unwatch, q.since = nil, nil, nil, nil, 0
 	q.parent = nil
 	q.mu.Unlock()
 }
@@ -52,6 +55,7 @@ func (q *queueWait) Done() <-chan struct{} {
 	defer q.mu.Unlock()
 	if q.done == nil {
 		q.done = make(chan struct{})
+		q.since = clock.Now()
 		if q.err != nil { // the client left before the request queued
 			close(q.done)
 			return q.done
@@ -119,4 +123,11 @@ func (q *queueWait) queued() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.done != nil
+}
+
+// queuedSince is when the request began to wait, or 0 if it never did.
+func (q *queueWait) queuedSince() int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.since
 }

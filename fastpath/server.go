@@ -15,6 +15,7 @@ import (
 
 	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/guard"
@@ -169,6 +170,10 @@ type Deps struct {
 	// State gives /admin/workers and /metrics the node's snapshot.
 	State  State
 	Logger *slog.Logger
+	// Tracer, if set, traces every request (trace.go): the node's
+	// OpenTelemetry tracer, exporting to --otlp-endpoint. nil: tracing is
+	// off, and costs the request path nothing.
+	Tracer trace.Tracer
 	// Settled, if set, is closed once the node's start-up has settled:
 	// its configured and registered workers are routable, their models
 	// known, and its index is safe to route on. Until then /ready answers
@@ -209,6 +214,7 @@ type Server struct {
 	encAffinity *encoderAffinity
 
 	useApprox bool
+	tracer    trace.Tracer // Deps.Tracer; nil: off
 	renderers Renderers
 	settled   <-chan struct{} // Deps.Settled
 	seeds     atomic.Pointer[map[string]modelNamespace]
@@ -248,7 +254,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		deps.Logger = slog.Default()
 	}
 	s := &Server{cfg: cfg, log: deps.Logger, index: deps.Index, approx: deps.Approx, sched: deps.Sched,
-		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, renderers: deps.Renderers, settled: deps.Settled,
+		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, tracer: deps.Tracer, renderers: deps.Renderers, settled: deps.Settled,
 		conns: xsync.NewMapOf[net.Conn, struct{}](), active: newActivity()}
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
 	s.budget.limit = cfg.BodyBudgetBytes

@@ -345,7 +345,7 @@ func (ex *exchange) sessionControl(ctx *fasthttp.RequestCtx) bool {
 				"worker_id", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "err", err)
 			ex.unstick(unbindOpenFailed)
 			_ = ex.h.DispatchFailed()
-			ex.s.metrics.count(ex.api, statusUnavailable)
+			ex.count(statusUnavailable)
 			writeError(ctx, errSessionOpen.Status, errSessionOpen)
 			return false
 		}

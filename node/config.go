@@ -13,6 +13,7 @@ import (
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/internal/tracing"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
@@ -65,6 +66,10 @@ type Config struct {
 	// ShutdownTimeout is how long Run lets in-flight streams finish after
 	// its context ends, before it cuts them.
 	ShutdownTimeout time.Duration
+
+	// Tracing exports a span tree per request to an OpenTelemetry
+	// collector (--otlp-endpoint); off while its Endpoint is empty.
+	Tracing tracing.Config
 
 	Logger *slog.Logger
 }
@@ -164,6 +169,7 @@ func DefaultConfig() Config {
 		HTTP:            fastpath.DefaultConfig(),
 		Tokenizers:      prompt.DefaultConfig(),
 		ShutdownTimeout: 30 * time.Second,
+		Tracing:         tracing.DefaultConfig(),
 	}
 }
 
@@ -269,6 +275,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.Tokenizers.Validate(); err != nil {
+		return err
+	}
+	if err := c.Tracing.Validate(); err != nil {
 		return err
 	}
 	return c.HTTP.Validate()

@@ -17,6 +17,8 @@ import (
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/feed"
 	"github.com/kvfast/kvfast/internal/logthrottle"
+	"github.com/kvfast/kvfast/internal/sdnotify"
+	"github.com/kvfast/kvfast/internal/tracing"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
@@ -38,6 +40,7 @@ type Node struct {
 	engines  *dispatch.Pool
 	prompts  *prompt.Registry
 	front    *fastpath.Server
+	traces   *tracing.Provider // nil: tracing off
 
 	static workers.Set                      // slots configured statically
 	zmq    [workers.Max]*feed.ZMQSubscriber // static workers' event feeds, by slot
@@ -144,9 +147,13 @@ func New(cfg Config) (_ *Node, err error) {
 			return nil, err
 		}
 	}
+	if n.traces, err = tracing.New(cfg.Tracing); err != nil {
+		return nil, err
+	}
 	n.front, err = fastpath.New(cfg.HTTP, fastpath.Deps{
 		Index: n.index, Approx: n.approx, Sched: n.sched, Engines: n.engines, Bindings: bindings,
 		UseApprox: useApprox, Renderers: n.prompts, State: n, Logger: n.log, Settled: n.settled,
+		Tracer: n.traces.Tracer(),
 	})
 	if err != nil {
 		return nil, err
@@ -331,6 +338,10 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	return errors.Join(err, n.Close())
 }
 
+// traceFlushTimeout bounds the export of the spans still buffered at
+// shutdown: a collector that is down must not hold the router's exit.
+const traceFlushTimeout = 5 * time.Second
+
 // Close cuts in-flight requests at once and stops everything New started.
 // It is safe to call more than once and after Shutdown; only the first
 // call does anything. If a request is still running after its connection
@@ -358,6 +369,15 @@ func (n *Node) Close() error {
 
 // release frees what New acquired, in reverse order.
 func (n *Node) release() error {
+	if n.traces != nil {
+		// The front end has drained: the last requests' spans are ended
+		// and go out now, unless the collector is slow to take them.
+		ctx, cancel := context.WithTimeout(context.Background(), traceFlushTimeout)
+		if err := n.traces.Shutdown(ctx); err != nil {
+			n.log.Warn("dropped spans at shutdown", "err", err)
+		}
+		cancel()
+	}
 	if n.prompts != nil {
 		n.prompts.Close()
 	}
@@ -400,11 +420,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if adminLn != nil {
 		go func() { served <- n.ServeAdmin(adminLn) }()
 	}
+	n.notifyReady(ctx)
 	select {
 	case err := <-served:
 		return errors.Join(err, n.Close())
 	case <-ctx.Done():
 	}
+	n.notify("STOPPING=1")
 	n.log.Info("shutting down: draining in-flight requests", "deadline", cfg.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
@@ -421,4 +443,28 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	n.log.Info("router stopped")
 	return nil
+}
+
+// notifyReady tells systemd (a unit of Type=notify) that the router is up
+// once its listeners are bound: the segment is open, so engines ordered
+// after it may register, and clients may connect. Start-up settling
+// (/ready) comes later and is sent as a status line, so that a unit
+// waiting for the router never waits for engines that wait for it.
+func (n *Node) notifyReady(ctx context.Context) {
+	n.notify("READY=1\nSTATUS=listening; settling (/ready answers 503 until then)")
+	go func() {
+		select {
+		case <-n.settled:
+			n.notify(fmt.Sprintf("STATUS=ready: routing to %d workers", n.sched.Workers().Len()))
+		case <-ctx.Done():
+		}
+	}()
+}
+
+// notify sends state to systemd, if it started the router; a failure
+// costs only the service manager's view, so it is logged, not returned.
+func (n *Node) notify(state string) {
+	if _, err := sdnotify.Notify(state); err != nil {
+		n.log.Warn("cannot notify systemd", "err", err)
+	}
 }

@@ -13,7 +13,8 @@
 # templates of those packages, pinned by chat/testdata/reference; demotok's
 # regeneration test retrains the demo tokenizer with Hugging Face's
 # tokenizers, pinned by benchmarks/demo/demotok/testdata/train. Each is
-# installed next to its lock file.
+# installed next to its lock file. deploy's tests run promtool (Debian's
+# prometheus package) on the Prometheus rules and the dashboard's queries.
 #
 # The script installs system packages only when asked to: as root, with
 # apt-get, and with KVFAST_INSTALL_DEPS=1 or CI=true (a CI machine is
@@ -82,6 +83,25 @@ if ! /usr/bin/python3 -c 'import jinja2' >/dev/null 2>&1; then
 		say "install it, e.g.: sudo apt-get install python3-jinja2"
 		say "(or, as root, rerun with KVFAST_INSTALL_DEPS=1 to let this script apt-get it)"
 		exit 1
+	fi
+fi
+# deploy's tests check the Prometheus rules and the dashboard's queries
+# with promtool, from Debian's prometheus package. Outside CI the test
+# skips, saying so, when promtool is missing.
+why="deploy's TestRulesPassPromtool runs promtool check rules and promtool test rules"
+if ! command -v promtool >/dev/null 2>&1; then
+	if can_apt; then
+		say "promtool is missing; $why."
+		say "installing it now: apt-get update && apt-get install -y prometheus"
+		apt_install prometheus
+		say "installed $(promtool --version 2>&1 | head -n 1)"
+	elif [ "${CI:-}" = true ]; then
+		say "promtool is missing; $why."
+		say "install it as root, e.g.: apt-get install prometheus"
+		exit 1
+	else
+		say "note: promtool is missing, so deploy's promtool checks will skip; $why."
+		say "install it, e.g.: sudo apt-get install prometheus (or, as root, rerun with KVFAST_INSTALL_DEPS=1)"
 	fi
 fi
 # npm_ci_if_stale DIR WHY: npm ci in DIR when any package its lock file

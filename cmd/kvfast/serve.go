@@ -156,6 +156,10 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.Int64Var(&cfg.Tokenizers.PrefixCacheBytes, "tokenize-cache-bytes", cfg.Tokenizers.PrefixCacheBytes, "per built-in tokenizer, bytes of tokenized prompt prefixes kept so that a conversation's next turn tokenizes only its tail (0: no cache)")
 	fs.IntVar(&cfg.Tokenizers.MaxRenderBytes, "tokenize-max-bytes", cfg.Tokenizers.MaxRenderBytes, "largest request body (and rendered prompt) the built-in tokenizer tokenizes; larger requests route approximately")
 	fs.IntVar(&cfg.Tokenizers.MaxResponseBytes, "tokenize-max-response-bytes", cfg.Tokenizers.MaxResponseBytes, "largest render or tokenize answer accepted from an engine (MODEL=remote)")
+	tr := &cfg.Tracing
+	fs.StringVar(&tr.Endpoint, "otlp-endpoint", tr.Endpoint, "export a span tree per request (route: hash, lookup, select; queue; dispatch; first token; prefill and encode stages) to this OpenTelemetry collector over OTLP/HTTP: http://host:4318 or https://...; an empty path means /v1/traces (empty: tracing off, at no cost)")
+	fs.StringVar(&tr.ServiceName, "otlp-service-name", tr.ServiceName, "service.name of the exported spans")
+	fs.Float64Var(&tr.SampleRatio, "trace-sample-ratio", tr.SampleRatio, "share of requests traced among those arriving without a traceparent (a client's sampled flag is always followed)")
 	lo.bind(fs)
 }
 

@@ -29,7 +29,7 @@ func TestServeConfig(t *testing.T) {
 			cfg.Dispatch.Timeouts != want.Dispatch.Timeouts || cfg.Dispatch.Health.Interval != want.Dispatch.Health.Interval ||
 			cfg.Tokenizers.Timeout != want.Tokenizers.Timeout || cfg.Tokenizers.MaxResponseBytes != want.Tokenizers.MaxResponseBytes ||
 			len(cfg.Tokenizers.Specs) != 0 || cfg.Sched.Busy != want.Sched.Busy || cfg.Sched.QueueCapacity != want.Sched.QueueCapacity ||
-			cfg.DiscoveryTimeout != want.DiscoveryTimeout {
+			cfg.DiscoveryTimeout != want.DiscoveryTimeout || cfg.Tracing != want.Tracing {
 			t.Errorf("serve's defaults differ from node.DefaultConfig:\n%+v\n%+v", cfg, want)
 		}
 	})
@@ -58,6 +58,16 @@ func TestServeConfig(t *testing.T) {
 		cfg, _, ok := serveConfig([]string{"--allow-foreign-segment", "--discovery-timeout", "3s"}, io.Discard)
 		if !ok || !cfg.Segment.AllowForeign || cfg.DiscoveryTimeout != 3*time.Second {
 			t.Errorf("flags not applied: ok %v, allow foreign %v, discovery timeout %v", ok, cfg.Segment.AllowForeign, cfg.DiscoveryTimeout)
+		}
+	})
+	t.Run("tracing flags and their environment", func(t *testing.T) {
+		if cfg, _, _ := serveConfig(nil, io.Discard); cfg.Tracing.Endpoint != "" {
+			t.Errorf("tracing on by default: %+v", cfg.Tracing)
+		}
+		t.Setenv("KVFAST_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+		cfg, _, ok := serveConfig([]string{"--trace-sample-ratio", "0.25", "--otlp-service-name", "router-a"}, io.Discard)
+		if !ok || cfg.Tracing.Endpoint != "http://127.0.0.1:4318" || cfg.Tracing.SampleRatio != 0.25 || cfg.Tracing.ServiceName != "router-a" {
+			t.Errorf("tracing flags not applied: ok %v, %+v", ok, cfg.Tracing)
 		}
 	})
 	t.Run("help documents the admission defaults", func(t *testing.T) {
@@ -105,6 +115,7 @@ func TestServeConfig(t *testing.T) {
 			{"--bogus"}, {"extra"}, {"--policy", "fastest"}, {"--worker", "model=m"}, {"--max-token-id", "4294967296"},
 			{"--block-size", "0"}, {"--log-level", "loud"}, {"--tokenizer", "remote"}, {"--tokenizer", "m=hf:"},
 			{"--tokenizer", "m=remote", "--tokenizer", "m=remote"}, {"--tokenize-timeout", "0s"},
+			{"--otlp-endpoint", "collector:4318"}, {"--otlp-endpoint", "http://c:4318", "--trace-sample-ratio", "2"},
 		} {
 			if _, code, ok := serveConfig(args, io.Discard); ok || code != 2 {
 				t.Errorf("%q: ok %v, code %d; want exit status 2", args, ok, code)

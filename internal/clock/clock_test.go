@@ -15,3 +15,12 @@ func TestNowIsMonotonic(t *testing.T) {
 		t.Fatalf("Since(a) = %v", d)
 	}
 }
+
+func TestTimeMapsNowToWallClock(t *testing.T) {
+	before := time.Now()
+	at := Time(Now())
+	after := time.Now()
+	if at.Before(before) || at.After(after) {
+		t.Fatalf("Time(Now()) = %v, want between %v and %v", at, before, after)
+	}
+}

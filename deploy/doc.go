@@ -1,0 +1,16 @@
+// Package deploy holds what operators run kvfast with, beside the binary:
+// the Prometheus rules (prometheus/), the Grafana dashboard (grafana/) and
+// the systemd unit (systemd/); the container image is the repository's
+// Dockerfile. docs/deploy.md explains them.
+//
+// # Responsibility
+//
+// It has no Go code of its own: its tests keep the files honest. The
+// rules pass promtool (check and unit tests), the dashboard has the shape
+// Grafana imports and valid PromQL, and every metric either of them names
+// is one a running router exports.
+//
+// # Ownership and concurrency
+//
+// Nothing runs here; the tests start a router (internal/rig) and stop it.
+package deploy
