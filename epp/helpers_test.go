@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"strconv"
 	"testing"
@@ -38,6 +39,9 @@ func startEPP(t testing.TB, cfg epp.Config, eps ...epp.Endpoint) *eppRig {
 	t.Helper()
 	if cfg.Model == "" {
 		cfg.Model = testModel
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	p, err := epp.NewPicker(cfg)
 	if err != nil {
