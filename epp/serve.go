@@ -2,6 +2,12 @@ package epp
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
@@ -41,4 +47,88 @@ func NewGRPC(ctx context.Context, s *Server, opts ...grpc.ServerOption) *grpc.Se
 		}
 	}()
 	return g
+}
+
+// Listeners are where Run serves: ext_proc and gRPC health on GRPC (GIE's
+// default port is 9002), Prometheus metrics on Metrics ("" for none).
+type Listeners struct {
+	GRPC, Metrics string
+	// Poll is how often the Source is asked for the endpoints.
+	Poll time.Duration
+	// Drain bounds the wait for open streams at shutdown; past it they
+	// are cut (their bookings are released either way).
+	Drain time.Duration
+}
+
+// Run serves the picker cfg describes, with endpoints from src, until ctx
+// ends, then drains the open streams within l.Drain.
+func Run(ctx context.Context, cfg Config, src Source, l Listeners) error {
+	p, err := NewPicker(cfg)
+	if err != nil {
+		return fmt.Errorf("cannot start the picker: %w", err)
+	}
+	defer p.Close()
+	s := NewServer(p)
+	ln, err := net.Listen("tcp", l.GRPC)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %w", l.GRPC, err)
+	}
+	var mln net.Listener
+	if l.Metrics != "" {
+		if mln, err = net.Listen("tcp", l.Metrics); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("cannot listen on %s (metrics): %w", l.Metrics, err)
+		}
+	}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	g := NewGRPC(ctx, s)
+	var wg sync.WaitGroup
+	wg.Go(func() { p.Run(ctx, src, l.Poll) })
+	errs := make(chan error, 2)
+	wg.Go(func() { errs <- g.Serve(ln) })
+	var hs *http.Server
+	if mln != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", s.MetricsHandler())
+		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		wg.Go(func() {
+			if err := hs.Serve(mln); !errors.Is(err, http.ErrServerClosed) {
+				errs <- err
+			}
+		})
+	}
+	metricsAddr := ""
+	if mln != nil {
+		metricsAddr = mln.Addr().String()
+	}
+	p.log.Info("endpoint picker listening", "grpc", ln.Addr().String(), "metrics", metricsAddr, "model", cfg.Model, "policy", cfg.Policy)
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errs:
+	}
+	stop()
+	drained := make(chan struct{})
+	go func() {
+		g.GracefulStop()
+		close(drained)
+	}()
+	t := time.NewTimer(l.Drain)
+	select {
+	case <-drained:
+	case <-t.C:
+		p.log.Warn("cutting streams still open after the drain timeout", "timeout", l.Drain)
+		g.Stop()
+		<-drained
+	}
+	t.Stop()
+	if hs != nil {
+		_ = hs.Close()
+	}
+	wg.Wait()
+	if runErr != nil {
+		return fmt.Errorf("cannot serve: %w", runErr)
+	}
+	return nil
 }

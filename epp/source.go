@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
+
+	"github.com/kvfast/kvfast/feed"
 )
 
 // Endpoint is one engine the gateway can forward to: a pod of the
@@ -42,3 +45,26 @@ type Static []Endpoint
 
 // Endpoints returns the list.
 func (s Static) Endpoints(context.Context) ([]Endpoint, error) { return slices.Clone(s), nil }
+
+// ParseEndpoint reads the --endpoint syntax:
+// "ip:port[,zmq=tcp://ip:port[,replay=tcp://ip:port]]".
+func ParseEndpoint(v string) (Endpoint, error) {
+	parts := strings.Split(v, ",")
+	e := Endpoint{Address: strings.TrimPrefix(strings.TrimSpace(parts[0]), "http://")}
+	for _, kv := range parts[1:] {
+		k, val, _ := strings.Cut(strings.TrimSpace(kv), "=")
+		var err error
+		switch k {
+		case "zmq", "events":
+			e.Events, err = val, feed.CheckZMQEndpoint(val)
+		case "replay":
+			e.Replay, err = val, feed.CheckZMQEndpoint(val)
+		default:
+			return e, fmt.Errorf("cannot use key %q in endpoint %q: want zmq or replay", k, v)
+		}
+		if err != nil {
+			return e, fmt.Errorf("cannot parse %s=%q: %w", k, val, err)
+		}
+	}
+	return e, e.Check()
+}
