@@ -8,7 +8,7 @@ BENCHTIME ?= 1s
 
 SOAK_DURATION ?= 30m
 
-.PHONY: help build test test-short bench fuzz lint demo soak clean
+.PHONY: help build test test-short bench fuzz lint manifests demo soak clean
 
 help: ## List the targets with what they do.
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -16,10 +16,11 @@ help: ## List the targets with what they do.
 build: ## Build bin/kvfast.
 	$(GO) build -o $(BIN) ./cmd/kvfast
 
-test: lint ## Everything CI runs: lint, set-up, the whole suite under the race detector, and a two-minute soak.
+test: lint ## Everything CI runs: lint, set-up, the whole suite under the race detector, the manifests' check, and a two-minute soak.
 	@./scripts/setup-test-deps.sh
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) -C tools test -count=1 ./...
+	@GO=$(GO) ./scripts/check-manifests.sh
 	KVFAST_SOAK=2m $(GO) test -count=1 -timeout 10m -run '^TestSoak$$' -v ./benchmarks/soak
 
 test-short: ## The suite without the race detector, for a fast local loop.
@@ -33,6 +34,9 @@ fuzz: ## Each fuzz target for FUZZTIME (default 20s).
 
 lint: ## gofmt, go vet, staticcheck, and no code production never runs (tools pinned by tools/go.mod; see .deadcode-allow).
 	@GO=$(GO) ./scripts/lint.sh
+
+manifests: ## Validate the Kubernetes manifests (deploy/kubernetes) with kubeconform, strictly, against schemas generated offline from pinned modules.
+	@GO=$(GO) ./scripts/check-manifests.sh
 
 demo: ## Replay the Mooncake trace against 8 mock engines once per routing policy and compare them (about 1.5 min; DEMO_FLAGS=... adds flags).
 	$(GO) run ./cmd/kvfast demo $(DEMO_FLAGS)
