@@ -73,6 +73,12 @@ type Config struct {
 	// Fallbacks is how many further endpoints, cheapest first, follow the
 	// chosen one in the destination, for a gateway that retries.
 	Fallbacks int
+	// QueryNodes says the endpoints are kvfast routers, one per node,
+	// each asked per request, through its route-only endpoint and within
+	// QueryTimeout, what it caches of the prompt (nodequery.go), instead
+	// of the picker following engines' events.
+	QueryNodes   bool
+	QueryTimeout time.Duration
 	// DestinationNamespace and SubsetNamespace are the metadata
 	// namespaces; empty means the protocol's defaults.
 	DestinationNamespace, SubsetNamespace string
@@ -91,6 +97,7 @@ func DefaultConfig() Config {
 		RequestBodyMode:      extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED,
 		MaxBodyBytes:         16 << 20,
 		QueueTimeout:         30 * time.Second,
+		QueryTimeout:         250 * time.Millisecond,
 		DestinationNamespace: DefaultDestinationNamespace,
 		SubsetNamespace:      DefaultSubsetNamespace,
 	}
@@ -123,8 +130,9 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("cannot use %s %d: must be positive: %w", v.name, v.n, ErrInvalidConfig)
 		}
 	}
-	if c.ApproxTTL <= 0 || c.QueueTimeout <= 0 {
-		return fmt.Errorf("cannot use approx TTL %s and queue timeout %s: both must be positive: %w", c.ApproxTTL, c.QueueTimeout, ErrInvalidConfig)
+	if c.ApproxTTL <= 0 || c.QueueTimeout <= 0 || (c.QueryNodes && c.QueryTimeout <= 0) {
+		return fmt.Errorf("cannot use approx TTL %s, queue timeout %s and node query timeout %s: each must be positive: %w",
+			c.ApproxTTL, c.QueueTimeout, c.QueryTimeout, ErrInvalidConfig)
 	}
 	if c.Fallbacks < 0 || c.Fallbacks > 8 {
 		return fmt.Errorf("cannot name %d fallback endpoints: want 0 to 8: %w", c.Fallbacks, ErrInvalidConfig)

@@ -103,7 +103,7 @@ var (
 func (x *exchange) decide(ctx context.Context) {
 	t0 := clock.Now()
 	x.decided = true
-	if rerr := x.prepare(); rerr != nil {
+	if rerr := x.prepare(ctx); rerr != nil {
 		x.refuse(rerr, 0)
 		return
 	}
@@ -133,7 +133,7 @@ func (x *exchange) decide(ctx context.Context) {
 // prepare reads the prompt from the body (when the path is one the
 // picker parses), hashes it, and looks up every endpoint's cached prefix.
 // A request without a prompt routes by load alone.
-func (x *exchange) prepare() *openai.Error {
+func (x *exchange) prepare(ctx context.Context) *openai.Error {
 	p := x.s.p
 	x.hashes, x.exact = x.hashes[:0], !p.useApprox
 	x.sreq = sched.Request{AllowListed: x.subset, Allow: x.allow}
@@ -168,9 +168,15 @@ func (x *exchange) prepare() *openai.Error {
 			x.sreq.ExpectedOutputTokens = int(min(x.req.MaxTokens, 1<<30))
 		}
 	}
-	if x.exact {
+	switch {
+	case p.cfg.QueryNodes:
+		x.overlaps, x.exact = workers.Overlaps{}, true // the nodes' answers stand in for the index
+		if len(x.hashes) > 0 {
+			x.queryNodes(ctx)
+		}
+	case x.exact:
 		p.index.FindMatches(x.hashes, &x.overlaps)
-	} else {
+	default:
 		p.approx.FindMatches(x.hashes, &x.overlaps)
 	}
 	x.sreq.Hashes, x.sreq.Overlaps = x.hashes, &x.overlaps

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,7 @@ type Picker struct {
 	approx    *radix.Approx
 	sched     *sched.Scheduler
 	guards    *guard.Pool
+	nodes     *http.Client // asks the nodes' routers (Config.QueryNodes)
 	useApprox bool
 	seed      uint64 // the base model's namespace
 
@@ -84,6 +86,9 @@ func NewPicker(cfg Config) (*Picker, error) {
 		return nil, err
 	}
 	p.guards = guard.NewPool(p.sched, guard.Observer{})
+	if cfg.QueryNodes {
+		p.nodes = newNodeClient(cfg.QueryTimeout)
+	}
 	empty := map[string]workers.Slot{}
 	p.slots.Store(&empty)
 	p.ctx, p.stop = context.WithCancel(context.Background())

@@ -32,6 +32,11 @@ with kvfast's scheduler, and names the pod in the
 x-gateway-destination-endpoint header and the envoy.lb dynamic metadata.
 It never carries the traffic itself.
 
+Behind a cluster gateway, the endpoints may themselves be kvfast routers,
+one per node (kvfast serve in front of the node's engines): with
+--query-nodes the picker asks each, per request, what it caches of the
+prompt, and the node's router then picks the engine.
+
 Endpoints come from one of:
   - the InferencePool (--pool NAME): its selector's Ready pods, at its
     target port, read from the API server with the pod's service account
@@ -83,6 +88,8 @@ func bindEPPFlags(fs *flag.FlagSet, cfg *epp.Config, o *eppOptions) {
 	fs.IntVar(&o.replay, "replay-port", 0, "with --pool: every pod's ZMQ replay port (0: none)")
 	fs.StringVar(&cfg.Topic, "topic", cfg.Topic, "ZMQ subscription prefix of the KV events (vLLM's kv-events-config topic)")
 	fs.Var(&o.static, "endpoint", `a static endpoint, repeatable: "ip:port[,zmq=tcp://ip:port[,replay=tcp://ip:port]]" (zmq: the engine's KV-event PUB socket, vLLM/SGLang wire format); exclusive with --pool`)
+	fs.BoolVar(&cfg.QueryNodes, "query-nodes", cfg.QueryNodes, "the endpoints are kvfast routers, one per node: ask each, per request, what it caches of the prompt (its route-only endpoint, which books nothing) instead of following engines' events (use with --events-port 0)")
+	fs.DurationVar(&cfg.QueryTimeout, "query-timeout", cfg.QueryTimeout, "with --query-nodes: how long a request waits for the nodes' answers; a node that has not answered counts as caching nothing")
 	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: kv (cache-aware cost model), approx (cache-aware from the picker's own history, no events), round-robin, random, least-loaded")
 	fs.IntVar(&cfg.Sched.BlockSize, "block-size", cfg.Sched.BlockSize, "tokens per KV block; must equal the engines' block size (0: 16)")
 	fs.IntVar(&cfg.IndexCapacity, "index-capacity", cfg.IndexCapacity, "distinct KV blocks the index holds, over every pod")
