@@ -1,6 +1,7 @@
 package epp
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -149,19 +150,46 @@ func (k *Kube) Endpoints(ctx context.Context) ([]Endpoint, error) {
 
 // get reads one API object into v.
 func (k *Kube) get(ctx context.Context, path string, query url.Values, v any) error {
+	status, body, err := k.call(ctx, http.MethodGet, path, query, nil)
+	if err != nil {
+		return err
+	}
+	if status != http.StatusOK {
+		return fmt.Errorf("cannot get %s: the API server answered %d: %s", path, status, firstLine(body))
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("cannot decode the API server's answer for %s: %w", path, err)
+	}
+	return nil
+}
+
+// call makes one request of the API server, with in (if not nil) as its
+// JSON body, and returns the answer's status and body.
+func (k *Kube) call(ctx context.Context, method, path string, query url.Values, in any) (int, []byte, error) {
 	u := strings.TrimSuffix(k.APIServer, "/") + path
 	if len(query) > 0 {
 		u += "?" + query.Encode()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	var rd io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return 0, nil, fmt.Errorf("cannot encode a request for %s: %w", path, err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
 	if err != nil {
-		return fmt.Errorf("cannot ask the API server for %s: %w", path, err)
+		return 0, nil, fmt.Errorf("cannot ask the API server for %s: %w", path, err)
 	}
 	req.Header.Set("Accept", "application/json")
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if k.TokenFile != "" {
 		tok, err := os.ReadFile(k.TokenFile)
 		if err != nil {
-			return fmt.Errorf("cannot read the service-account token: %w", err)
+			return 0, nil, fmt.Errorf("cannot read the service-account token: %w", err)
 		}
 		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
 	}
@@ -171,20 +199,14 @@ func (k *Kube) get(ctx context.Context, path string, query url.Values, v any) er
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return fmt.Errorf("cannot ask the API server for %s: %w", path, err)
+		return 0, nil, fmt.Errorf("cannot ask the API server for %s: %w", path, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return fmt.Errorf("cannot read the API server's answer for %s: %w", path, err)
+		return 0, nil, fmt.Errorf("cannot read the API server's answer for %s: %w", path, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("cannot get %s: the API server answered %d: %s", path, resp.StatusCode, firstLine(body))
-	}
-	if err := json.Unmarshal(body, v); err != nil {
-		return fmt.Errorf("cannot decode the API server's answer for %s: %w", path, err)
-	}
-	return nil
+	return resp.StatusCode, body, nil
 }
 
 func firstLine(b []byte) string {

@@ -24,8 +24,9 @@ const (
 )
 
 // NewGRPC returns a gRPC server that answers ext_proc with s and the gRPC
-// health protocol. Readiness turns SERVING when s's picker has synced its
-// endpoints (or never, if ctx ends first).
+// health protocol. Readiness (and the ext_proc service's health) turns
+// SERVING when s's picker has synced its endpoints and, with an Elector,
+// while s leads (SetLeading).
 func NewGRPC(ctx context.Context, s *Server, opts ...grpc.ServerOption) *grpc.Server {
 	// A buffered request body comes in one message.
 	opts = append([]grpc.ServerOption{grpc.MaxRecvMsgSize(s.p.cfg.MaxBodyBytes + 1<<16)}, opts...)
@@ -33,21 +34,48 @@ func NewGRPC(ctx context.Context, s *Server, opts ...grpc.ServerOption) *grpc.Se
 	extprocv3.RegisterExternalProcessorServer(g, s)
 	hs := health.NewServer()
 	hs.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
-	for _, svc := range []string{"", HealthReadiness, extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
-		hs.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
-	}
 	healthpb.RegisterHealthServer(g, hs)
+	s.ready.attach(hs)
 	go func() {
 		select {
 		case <-s.p.Ready():
-			for _, svc := range []string{"", HealthReadiness, extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
-				hs.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
-			}
+			s.ready.set(func(r *readiness) { r.synced = true })
 		case <-ctx.Done():
 		}
 	}()
 	return g
 }
+
+// readiness is what the readiness health services answer: SERVING once
+// the endpoints are known, while this replica leads.
+type readiness struct {
+	mu      sync.Mutex
+	hs      *health.Server
+	synced  bool
+	leading bool
+}
+
+func (r *readiness) attach(hs *health.Server) { r.set(func(r *readiness) { r.hs = hs }) }
+
+func (r *readiness) set(change func(*readiness)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	change(r)
+	if r.hs == nil {
+		return
+	}
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if r.synced && r.leading {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	for _, svc := range []string{"", HealthReadiness, extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
+		r.hs.SetServingStatus(svc, st)
+	}
+}
+
+// SetLeading says whether this replica holds the Lease (Elector.Run's
+// callback); a replica without an Elector leads.
+func (s *Server) SetLeading(leading bool) { s.ready.set(func(r *readiness) { r.leading = leading }) }
 
 // Listeners are where Run serves: ext_proc and gRPC health on GRPC (GIE's
 // default port is 9002), Prometheus metrics on Metrics ("" for none).
@@ -58,6 +86,9 @@ type Listeners struct {
 	// Drain bounds the wait for open streams at shutdown; past it they
 	// are cut (their bookings are released either way).
 	Drain time.Duration
+	// Elector, if set, makes this replica one of an active-standby set:
+	// ready only while it holds the Lease.
+	Elector *Elector
 }
 
 // Run serves the picker cfg describes, with endpoints from src, until ctx
@@ -82,9 +113,15 @@ func Run(ctx context.Context, cfg Config, src Source, l Listeners) error {
 	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
+	if l.Elector != nil {
+		s.SetLeading(false)
+	}
 	g := NewGRPC(ctx, s)
 	var wg sync.WaitGroup
 	wg.Go(func() { p.Run(ctx, src, l.Poll) })
+	if l.Elector != nil {
+		wg.Go(func() { l.Elector.Run(ctx, s.SetLeading) })
+	}
 	errs := make(chan error, 2)
 	wg.Go(func() { errs <- g.Serve(ln) })
 	var hs *http.Server

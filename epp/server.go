@@ -24,11 +24,13 @@ type Server struct {
 	parser    openai.Parser
 	exchanges sync.Pool
 	metrics   *metrics
+	ready     readiness
 }
 
 // NewServer answers ext_proc streams with p's decisions.
 func NewServer(p *Picker) *Server {
 	s := &Server{p: p, parser: openai.Parser{MaxBodyBytes: p.cfg.MaxBodyBytes}, metrics: newMetrics(p)}
+	s.ready.leading = true
 	s.exchanges.New = func() any { return &exchange{s: s} }
 	return s
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -74,6 +75,8 @@ type eppOptions struct {
 	static             endpointFlags
 	bodyMode           string
 	log                logOptions
+	elect              bool
+	lease              epp.Elector
 }
 
 func bindEPPFlags(fs *flag.FlagSet, cfg *epp.Config, o *eppOptions) {
@@ -103,6 +106,10 @@ func bindEPPFlags(fs *flag.FlagSet, cfg *epp.Config, o *eppOptions) {
 	fs.StringVar(&cfg.DestinationNamespace, "destination-namespace", cfg.DestinationNamespace, "dynamic-metadata namespace of the chosen endpoint")
 	fs.StringVar(&cfg.SubsetNamespace, "subset-namespace", cfg.SubsetNamespace, "filter-metadata namespace of the gateway's subset hint")
 	fs.Uint64Var(&cfg.Sched.Seed, "seed", cfg.Sched.Seed, "seed of tie-breaking, for reproducible decisions (0: from the clock)")
+	fs.BoolVar(&o.elect, "leader-elect", false, "active-standby: hold a Lease in --pool-namespace, and answer readiness only while holding it (run two or more replicas, all following the pods' events)")
+	fs.StringVar(&o.lease.Name, "lease-name", "kvfast-epp", "with --leader-elect: the Lease's name")
+	fs.DurationVar(&o.lease.Duration, "lease-duration", 15*time.Second, "with --leader-elect: how long a claim lasts unrenewed; a standby takes over within it when the leader dies (at once when it stops)")
+	fs.StringVar(&o.lease.Identity, "lease-identity", "", "with --leader-elect: this replica's name in the Lease (default: the host name, which is the pod's)")
 	o.log.bind(fs)
 }
 
@@ -161,6 +168,11 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 	if o.listeners.Poll <= 0 || o.listeners.Drain <= 0 {
 		return fail(errors.New("--poll and --drain-timeout must be positive"))
 	}
+	if o.elect {
+		if err := eppElector(&o, log); err != nil {
+			return fail(err)
+		}
+	}
 	return cfg, o, src, 0, true
 }
 
@@ -180,6 +192,26 @@ func eppSource(o eppOptions) (epp.Source, error) {
 		return nil, errors.New("no endpoints: give --pool NAME (in-cluster) or --endpoint ip:port,zmq=... (repeatable)")
 	}
 	return epp.Static(o.static), nil
+}
+
+// eppElector readies the Lease of --leader-elect, through the API server
+// the pod's service account reaches.
+func eppElector(o *eppOptions, log *slog.Logger) error {
+	if o.lease.Duration < 3*time.Second || o.lease.Name == "" {
+		return errors.New("--lease-duration must be at least 3s and --lease-name set")
+	}
+	k, err := epp.InCluster(o.namespace, o.pool)
+	if err != nil {
+		return fmt.Errorf("cannot elect a leader: %w", err)
+	}
+	if o.lease.Identity == "" {
+		if o.lease.Identity, err = os.Hostname(); err != nil {
+			return fmt.Errorf("cannot name this replica in the lease: %w", err)
+		}
+	}
+	o.lease.Kube, o.lease.Logger = k, log
+	o.listeners.Elector = &o.lease
+	return nil
 }
 
 func runEPP(args []string) int {

@@ -2,7 +2,10 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +13,7 @@ import (
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
 	"github.com/kvfast/kvfast/epp"
+	"github.com/kvfast/kvfast/node"
 )
 
 // TestEPPConfig: epp's flags land in the picker's configuration and its
@@ -56,4 +60,96 @@ func TestEPPConfig(t *testing.T) {
 			t.Errorf("--help does not mention %s", s)
 		}
 	}
+}
+
+// TestManifestsUseRealFlags: every kvfast container in deploy/kubernetes
+// runs a command with flags (and KVFAST_ environment variables) that
+// command has, with values it accepts.
+func TestManifestsUseRealFlags(t *testing.T) {
+	files, err := filepath.Glob("../../deploy/kubernetes/*/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	more, _ := filepath.Glob("../../deploy/kubernetes/*/*/*.yaml")
+	files = append(files, more...)
+	containers := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range kvfastContainers(string(b)) {
+			containers++
+			fs := flag.NewFlagSet(c.args[0], flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			switch c.args[0] {
+			case "epp":
+				cfg, o := epp.DefaultConfig(), eppOptions{}
+				bindEPPFlags(fs, &cfg, &o)
+			case "serve":
+				cfg := node.DefaultConfig()
+				var lo logOptions
+				var sec securityFiles
+				bindServeFlags(fs, &cfg, &lo, &sec)
+			default:
+				t.Errorf("%s: kvfast %s: not a command the manifests should run", f, c.args[0])
+				continue
+			}
+			if err := fs.Parse(c.args[1:]); err != nil {
+				t.Errorf("%s: kvfast %v: %v", f, c.args, err)
+			}
+			for _, env := range c.env {
+				name := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(env, "KVFAST_")), "_", "-")
+				if fs.Lookup(name) == nil {
+					t.Errorf("%s: %s names no flag of kvfast %s", f, env, c.args[0])
+				}
+			}
+		}
+	}
+	if containers < 4 {
+		t.Fatalf("found %d kvfast containers in the manifests, want 4 or more", containers)
+	}
+}
+
+type container struct{ args, env []string }
+
+// kvfastContainers reads, from a manifest, the args and KVFAST_
+// environment variables of each container whose image is kvfast's: the
+// list items under "args:" and the "- name: KVFAST_..." under "env:" that
+// follow its image line, at the container's indentation.
+func kvfastContainers(manifest string) []container {
+	var out []container
+	lines := strings.Split(manifest, "\n")
+	for i, l := range lines {
+		if strings.TrimSpace(l) != "image: kvfast:latest" {
+			continue
+		}
+		indent := len(l) - len(strings.TrimLeft(l, " "))
+		var c container
+		section := ""
+		for _, m := range lines[i+1:] {
+			trimmed := strings.TrimSpace(m)
+			ind := len(m) - len(strings.TrimLeft(m, " "))
+			if trimmed == "" {
+				continue
+			}
+			if ind < indent || (ind == indent-2 && strings.HasPrefix(trimmed, "- ")) {
+				break // the next container, or the end of this one
+			}
+			if ind == indent {
+				section = strings.TrimSuffix(trimmed, ":")
+				continue
+			}
+			switch {
+			case section == "args" && strings.HasPrefix(trimmed, "- "):
+				c.args = append(c.args, strings.TrimPrefix(trimmed, "- "))
+			case section == "env" && strings.HasPrefix(trimmed, "- name: KVFAST_"):
+				c.env = append(c.env, strings.TrimPrefix(trimmed, "- name: "))
+			}
+		}
+		if len(c.args) > 0 {
+			out = append(out, c)
+		}
+	}
+	return out
 }
