@@ -1,6 +1,9 @@
 package epp
 
 import (
+	"context"
+	"net"
+
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvfast/kvfast/radix"
@@ -20,3 +23,8 @@ func (p *Picker) SlotOf(addr string) (workers.Slot, bool) {
 }
 
 func (s *Server) OpenStreams() int { return int(testutil.ToFloat64(s.metrics.streams)) }
+
+// Serve is Run on listeners the test opened (hln and mln may be nil).
+func Serve(ctx context.Context, cfg Config, src Source, l Listeners, ln, hln, mln net.Listener) error {
+	return serve(ctx, cfg, src, l, ln, hln, mln)
+}

@@ -2,6 +2,7 @@ package epp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
@@ -78,9 +80,12 @@ func (r *readiness) set(change func(*readiness)) {
 func (s *Server) SetLeading(leading bool) { s.ready.set(func(r *readiness) { r.leading = leading }) }
 
 // Listeners are where Run serves: ext_proc and gRPC health on GRPC (GIE's
-// default port is 9002), Prometheus metrics on Metrics ("" for none).
+// default port is 9002), over TLS if TLS is set; gRPC health alone, in
+// plain text for the kubelet's probes, on Health ("" for none);
+// Prometheus metrics on Metrics ("" for none).
 type Listeners struct {
-	GRPC, Metrics string
+	GRPC, Health, Metrics string
+	TLS                   *tls.Config
 	// Poll is how often the Source is asked for the endpoints.
 	Poll time.Duration
 	// Drain bounds the wait for open streams at shutdown; past it they
@@ -94,36 +99,66 @@ type Listeners struct {
 // Run serves the picker cfg describes, with endpoints from src, until ctx
 // ends, then drains the open streams within l.Drain.
 func Run(ctx context.Context, cfg Config, src Source, l Listeners) error {
-	p, err := NewPicker(cfg)
-	if err != nil {
-		return fmt.Errorf("cannot start the picker: %w", err)
-	}
-	defer p.Close()
-	s := NewServer(p)
 	ln, err := net.Listen("tcp", l.GRPC)
 	if err != nil {
 		return fmt.Errorf("cannot listen on %s: %w", l.GRPC, err)
 	}
-	var mln net.Listener
+	var mln, hln net.Listener
 	if l.Metrics != "" {
 		if mln, err = net.Listen("tcp", l.Metrics); err != nil {
 			_ = ln.Close()
 			return fmt.Errorf("cannot listen on %s (metrics): %w", l.Metrics, err)
 		}
 	}
+	if l.Health != "" {
+		if hln, err = net.Listen("tcp", l.Health); err != nil {
+			_ = ln.Close()
+			if mln != nil {
+				_ = mln.Close()
+			}
+			return fmt.Errorf("cannot listen on %s (health): %w", l.Health, err)
+		}
+	}
+	return serve(ctx, cfg, src, l, ln, hln, mln)
+}
+
+// serve is Run on listeners already open (hln and mln may be nil); it
+// closes them.
+func serve(ctx context.Context, cfg Config, src Source, l Listeners, ln, hln, mln net.Listener) error {
+	p, err := NewPicker(cfg)
+	if err != nil {
+		for _, c := range []net.Listener{ln, hln, mln} {
+			if c != nil {
+				_ = c.Close()
+			}
+		}
+		return fmt.Errorf("cannot start the picker: %w", err)
+	}
+	defer p.Close()
+	s := NewServer(p)
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	if l.Elector != nil {
 		s.SetLeading(false)
 	}
-	g := NewGRPC(ctx, s)
+	var opts []grpc.ServerOption
+	if l.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(l.TLS)))
+	}
+	g := NewGRPC(ctx, s, opts...)
 	var wg sync.WaitGroup
 	wg.Go(func() { p.Run(ctx, src, l.Poll) })
 	if l.Elector != nil {
 		wg.Go(func() { l.Elector.Run(ctx, s.SetLeading) })
 	}
-	errs := make(chan error, 2)
+	errs := make(chan error, 3)
 	wg.Go(func() { errs <- g.Serve(ln) })
+	var hg *grpc.Server
+	if hln != nil {
+		hg = grpc.NewServer()
+		healthpb.RegisterHealthServer(hg, s.ready.hs)
+		wg.Go(func() { errs <- hg.Serve(hln) })
+	}
 	var hs *http.Server
 	if mln != nil {
 		mux := http.NewServeMux()
@@ -139,7 +174,12 @@ func Run(ctx context.Context, cfg Config, src Source, l Listeners) error {
 	if mln != nil {
 		metricsAddr = mln.Addr().String()
 	}
-	p.log.Info("endpoint picker listening", "grpc", ln.Addr().String(), "metrics", metricsAddr, "model", cfg.Model, "policy", cfg.Policy)
+	healthAddr := ""
+	if hln != nil {
+		healthAddr = hln.Addr().String()
+	}
+	p.log.Info("endpoint picker listening", "grpc", ln.Addr().String(), "tls", l.TLS != nil, "health", healthAddr,
+		"metrics", metricsAddr, "model", cfg.Model, "policy", cfg.Policy)
 	var runErr error
 	select {
 	case <-ctx.Done():
@@ -160,6 +200,9 @@ func Run(ctx context.Context, cfg Config, src Source, l Listeners) error {
 		<-drained
 	}
 	t.Stop()
+	if hg != nil {
+		hg.Stop()
+	}
 	if hs != nil {
 		_ = hs.Close()
 	}

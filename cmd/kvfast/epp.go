@@ -53,9 +53,15 @@ The gateway's ext_proc filter should send the request body in
 FULL_DUPLEX_STREAMED mode (GIE's gateways do), or BUFFERED; Envoy says
 which on each stream, and --request-body-mode is assumed when it does not.
 No eligible pod: 503; every pod busy and the queue full: 429; a body the
-picker cannot parse: 400. Health: gRPC health services "liveness",
+picker cannot parse: 400.
+
+ext_proc is served over TLS (--secure-serving, self-signed unless
+--cert-path), as GIE's own picker serves it, so that gateways set up for
+that picker connect unchanged. The gRPC health services "liveness",
 "readiness" and envoy.service.ext_proc.v3.ExternalProcessor (ready once
-the endpoints are known). Metrics: GET /metrics on --metrics-listen.
+the endpoints are known, and, with --leader-elect, while holding the
+Lease) are served there and, in plain text for the kubelet's probes, on
+--health-listen. Metrics: GET /metrics on --metrics-listen.
 docs/epp.md has the protocol, its sources and the deployments.
 
 Every flag can also be set through the environment: --some-flag is
@@ -77,10 +83,15 @@ type eppOptions struct {
 	log                logOptions
 	elect              bool
 	lease              epp.Elector
+	secure             bool
+	certPath           string
 }
 
 func bindEPPFlags(fs *flag.FlagSet, cfg *epp.Config, o *eppOptions) {
 	fs.StringVar(&o.listeners.GRPC, "listen", ":9002", "address of the ext_proc gRPC service (host:port); 9002 is the port InferencePool's endpointPickerRef defaults to")
+	fs.StringVar(&o.listeners.Health, "health-listen", ":9003", `address of the gRPC health services alone, in plain text, for the kubelet's grpc probes (host:port; "" for none)`)
+	fs.BoolVar(&o.secure, "secure-serving", true, "serve ext_proc over TLS, as GIE's own picker does by default (with a self-signed certificate unless --cert-path; gateways connect without verifying it); false: plain HTTP/2")
+	fs.StringVar(&o.certPath, "cert-path", "", "with --secure-serving: directory of tls.crt and tls.key (a mounted TLS secret) instead of a self-signed certificate")
 	fs.StringVar(&o.listeners.Metrics, "metrics-listen", ":9090", `address of GET /metrics (host:port; "" for none)`)
 	fs.DurationVar(&o.listeners.Poll, "poll", 5*time.Second, "how often the endpoints are listed again")
 	fs.DurationVar(&o.listeners.Drain, "drain-timeout", 30*time.Second, "at shutdown, how long open requests may take to finish before they are cut")
@@ -170,6 +181,17 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 	}
 	if o.elect {
 		if err := eppElector(&o, log); err != nil {
+			return fail(err)
+		}
+	}
+	if o.secure {
+		var err error
+		if o.certPath != "" {
+			o.listeners.TLS, err = epp.CertDirTLS(o.certPath)
+		} else {
+			o.listeners.TLS, err = epp.SelfSignedTLS("kvfast-epp")
+		}
+		if err != nil {
 			return fail(err)
 		}
 	}
