@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
@@ -249,22 +250,28 @@ func runFleet(t *testing.T, policy string) float64 {
 	gw := startGateway(t, r.client)
 
 	// Each engine's feed is followed before the workload starts: the
-	// engine serves a prompt of its own until the picker's index holds it
-	// (a SUB socket misses what was published before it joined; the
-	// replay socket fills that in on the first live batch).
+	// engine serves prompts of its own until the picker's index holds one
+	// of the last few (a SUB socket misses what was published before it
+	// joined, and a batch lost then may be given up for good if its
+	// replay times out: only the live stream counts).
 	for i, e := range engines {
 		slot, _ := r.picker.SlotOf(eps[i].Address)
-		for n := 0; !holds(r, slot, tokens(uint32(900000+1000*i), 2*bs), 2); n++ {
-			if n > 2000 {
-				t.Fatalf("engine %d: the picker never saw its KV events", i)
+		var posted [][]uint32
+		deadline := time.Now().Add(wait)
+		for n := 0; ; n++ {
+			held := false
+			for _, p := range posted[max(0, len(posted)-3):] {
+				held = held || holds(r, slot, p, 1)
 			}
-			// After the first, other prompts: live batches, which make the
-			// subscriber replay what it missed.
-			p := tokens(uint32(900000+1000*i), 2*bs)
-			if n > 0 {
-				p = tokens(uint32(5000000+100000*i+100*n), bs)
+			if held {
+				break
 			}
+			if time.Now().After(deadline) {
+				t.Fatalf("engine %d: the picker never saw its KV events (%d prompts posted)", i, n)
+			}
+			p := tokens(uint32(50000000+1000000*i+100*n), bs)
 			post(t, e.URL()+"/v1/completions", completionBody(t, p, false))
+			posted = append(posted, p)
 		}
 	}
 
@@ -278,11 +285,14 @@ func runFleet(t *testing.T, policy string) float64 {
 			promptTokens += u.PromptTokens
 			cachedTokens += u.PromptTokensDetails.CachedTokens
 		}
-		// Before the next round, the picker has seen every engine's
-		// events of this one: each group's prefix is in the index.
-		for g := range fleetGroups {
-			waitFor(t, "the index to hold every group's prefix", func() bool {
-				return holdsAnywhere(r, prefix(g), fleetPrefixBlocks)
+		// Before the next round, the picker has applied every batch the
+		// engines published in this one (a mock engine publishes a step's
+		// events before it replies).
+		for i, e := range engines {
+			waitFor(t, "the picker to apply every engine's events", func() bool {
+				st := r.picker.FeedStats()[eps[i].Address]
+				n := e.ZMQPublished()
+				return n > 0 && st.Batches > 0 && st.LastSeq == n-1
 			})
 		}
 	}
@@ -372,15 +382,4 @@ func holds(r *eppRig, slot workers.Slot, prompt []uint32, blocks int) bool {
 	var ov workers.Overlaps
 	r.picker.Index().FindMatches(radix.AppendBlockHashes(nil, radix.NamespaceSeed(testModel, "", ""), prompt, radix.DefaultBlockSize), &ov)
 	return int(ov[slot]) >= blocks
-}
-
-func holdsAnywhere(r *eppRig, prompt []uint32, blocks int) bool {
-	var ov workers.Overlaps
-	r.picker.Index().FindMatches(radix.AppendBlockHashes(nil, radix.NamespaceSeed(testModel, "", ""), prompt, radix.DefaultBlockSize), &ov)
-	for _, n := range ov {
-		if int(n) >= blocks {
-			return true
-		}
-	}
-	return false
 }

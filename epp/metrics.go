@@ -46,8 +46,38 @@ func newMetrics(p *Picker) *metrics {
 	endpoints := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvfast_epp_endpoints",
 		Help: "Endpoints the picker routes to."}, func() float64 { return float64(p.Endpoints()) })
 	m.reg.MustRegister(m.streams, m.decisions, m.decisionSeconds, m.promptBlocks, m.cachedBlocks, m.refusals,
-		m.cancelled, m.servedElsewhere, endpoints)
+		m.cancelled, m.servedElsewhere, endpoints, feedCollector{p})
 	return m
+}
+
+// feedCollector reports every endpoint's event feed, read when scraped.
+type feedCollector struct{ p *Picker }
+
+var (
+	feedConnected = prometheus.NewDesc("kvfast_epp_feed_connected",
+		"1 while the picker's ZMQ subscriber to the endpoint's KV events is connected.", []string{"endpoint"}, nil)
+	feedBatches = prometheus.NewDesc("kvfast_epp_feed_batches_total",
+		"KV-event batches applied from the endpoint (live or replayed).", []string{"endpoint"}, nil)
+	feedResyncs = prometheus.NewDesc("kvfast_epp_feed_resyncs_total",
+		"Times the endpoint's entries were cleared to recover from lost events.", []string{"endpoint"}, nil)
+)
+
+func (feedCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- feedConnected
+	ch <- feedBatches
+	ch <- feedResyncs
+}
+
+func (c feedCollector) Collect(ch chan<- prometheus.Metric) {
+	for addr, st := range c.p.FeedStats() {
+		connected := 0.0
+		if st.Connected {
+			connected = 1
+		}
+		ch <- prometheus.MustNewConstMetric(feedConnected, prometheus.GaugeValue, connected, addr)
+		ch <- prometheus.MustNewConstMetric(feedBatches, prometheus.CounterValue, float64(st.Batches), addr)
+		ch <- prometheus.MustNewConstMetric(feedResyncs, prometheus.CounterValue, float64(st.Resyncs), addr)
+	}
 }
 
 func (m *metrics) decided(took time.Duration, cached uint32, prompt int) {

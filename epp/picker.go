@@ -49,8 +49,9 @@ type Picker struct {
 type member struct {
 	ep   Endpoint
 	slot workers.Slot
-	stop context.CancelFunc // ends the subscriber; nil without one
-	done chan struct{}      // closed when the subscriber has returned
+	sub  *feed.ZMQSubscriber // nil without events
+	stop context.CancelFunc  // ends the subscriber; nil without one
+	done chan struct{}       // closed when the subscriber has returned
 }
 
 // NewPicker builds the routing state cfg describes. It has no endpoints
@@ -161,25 +162,24 @@ func (p *Picker) Sync(eps []Endpoint) {
 func (p *Picker) join(e Endpoint, slot workers.Slot) (*member, error) {
 	p.nextID++
 	m := &member{ep: e, slot: slot}
-	var sub *feed.ZMQSubscriber
 	if e.Events != "" {
-		var err error
-		sub, err = feed.NewZMQSubscriber(p.index, feed.ZMQConfig{Endpoint: e.Events, Replay: e.Replay, Topic: p.cfg.Topic,
+		sub, err := feed.NewZMQSubscriber(p.index, feed.ZMQConfig{Endpoint: e.Events, Replay: e.Replay, Topic: p.cfg.Topic,
 			Slot: slot, Model: p.cfg.Model, BlockSize: p.sched.BlockSize(),
 			Logger: p.log.With("endpoint", e.Address, "pod", e.Name)})
 		if err != nil {
 			return nil, fmt.Errorf("cannot subscribe to its events: %w", err)
 		}
+		m.sub = sub
 	}
 	if err := p.sched.Upsert(sched.WorkerInfo{ID: p.nextID, Slot: slot, Model: p.cfg.Model, Endpoint: e.Address}); err != nil {
 		return nil, err
 	}
-	if sub != nil {
+	if m.sub != nil {
 		ctx, stop := context.WithCancel(p.ctx)
 		m.stop, m.done = stop, make(chan struct{})
 		go func() {
 			defer close(m.done)
-			if err := sub.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			if err := m.sub.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 				p.log.Error("ZMQ event feed stopped", "endpoint", e.Address, "events", e.Events, "err", err)
 			}
 		}()
@@ -199,6 +199,20 @@ func (p *Picker) leave(m *member) {
 	}
 	p.index.RemoveWorker(m.slot)
 	p.log.Info("endpoint left", "endpoint", m.ep.Address, "pod", m.ep.Name, "slot", m.slot)
+}
+
+// FeedStats returns each endpoint's event feed counters, by address, for
+// the endpoints that publish events.
+func (p *Picker) FeedStats() map[string]feed.ZMQStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]feed.ZMQStats, len(p.members))
+	for addr, m := range p.members {
+		if m.sub != nil {
+			out[addr] = m.sub.Stats()
+		}
+	}
+	return out
 }
 
 // Run syncs the endpoints src gives every period until ctx ends. A
