@@ -1,6 +1,8 @@
 package epp_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -119,10 +121,12 @@ func TestE2ENodesBehindClusterPicker(t *testing.T) {
 	for _, policy := range []string{"kv", "round-robin"} {
 		t.Run(policy, func(t *testing.T) {
 			var eps []epp.Endpoint
+			var nodes []string
 			for range 2 {
 				n := rigtest.Start(t, rig.Config{Node: rigtest.Config(), Engines: 4,
 					Engine: mocker.Config{Model: testModel, KVBlocks: 4096, Speedup: 50}})
 				eps = append(eps, epp.Endpoint{Address: n.Addr})
+				nodes = append(nodes, n.URL)
 			}
 			cfg := epp.DefaultConfig()
 			cfg.QueryNodes, cfg.Policy = true, policy
@@ -138,6 +142,20 @@ func TestE2ENodesBehindClusterPicker(t *testing.T) {
 					promptTokens += u.PromptTokens
 					cached += u.PromptTokensDetails.CachedTokens
 				}
+				// Before the next round, some node's router knows each
+				// group's prefix is cached (its index follows the
+				// engines' events, asynchronously).
+				for g := range groups {
+					body := completionBody(t, tokens(uint32(100000*(g+1)), 12*bs), false)
+					waitFor(t, "a node to know the prefix cached", func() bool {
+						for _, n := range nodes {
+							if routeOverlap(t, n, body) >= 12 {
+								return true
+							}
+						}
+						return false
+					})
+				}
 			}
 			settled(t, r)
 			hit[policy] = float64(cached) / float64(promptTokens)
@@ -147,4 +165,22 @@ func TestE2ENodesBehindClusterPicker(t *testing.T) {
 	if hit["kv"] < hit["round-robin"]+0.1 {
 		t.Fatalf("node picks by the nodes' answers: hit rate %.3f, round-robin %.3f: want kv ahead by 0.1 or more", hit["kv"], hit["round-robin"])
 	}
+}
+
+// routeOverlap asks a node's router, through its route-only endpoint,
+// how many of the prompt's blocks its choice caches.
+func routeOverlap(t *testing.T, nodeURL string, body []byte) int {
+	t.Helper()
+	resp, err := http.Post(nodeURL+fastpath.PathRouteCompletions, "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var d struct {
+		OverlapBlocks int `json:"overlap_blocks"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d.OverlapBlocks
 }
