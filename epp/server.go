@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/guard"
 	"github.com/kvfast/kvfast/openai"
 )
@@ -46,6 +47,12 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	s.metrics.streams.Inc()
 	defer func() {
 		s.metrics.streams.Dec()
+		if x.held {
+			// Only a panic unwinding through handle gets here with the
+			// booking held: release it before the process goes down.
+			_ = x.h.Abort(guard.ReasonPanic)
+			x.release()
+		}
 		x.reset()
 		s.exchanges.Put(x)
 	}()
@@ -95,7 +102,7 @@ func (x *exchange) handle(ctx context.Context, msg *extprocv3.ProcessingRequest)
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		if !x.decided {
 			// Trailers end a body that never said so itself.
-			x.decideAndRelease(ctx)
+			x.decideAndAnswer(ctx)
 			if x.immediate {
 				return
 			}
@@ -122,9 +129,9 @@ func (x *exchange) requestHeaders(ctx context.Context, msg *extprocv3.Processing
 	}
 	path, _, _ := strings.Cut(x.path, "?")
 	switch strings.TrimSuffix(path, "/") {
-	case "/v1/completions":
+	case fastpath.PathCompletions:
 		x.api = openai.APICompletions
-	case "/v1/chat/completions":
+	case fastpath.PathChatCompletions:
 		x.api = openai.APIChatCompletions
 	}
 	x.readSubset(msg.GetMetadataContext())
@@ -162,13 +169,13 @@ func (x *exchange) requestBody(ctx context.Context, b *extprocv3.HttpBody) {
 	if !b.GetEndOfStream() && x.reqMode != extprocfilter.ProcessingMode_BUFFERED_PARTIAL {
 		return // more of the body follows; nothing is answered yet
 	}
-	x.decideAndRelease(ctx)
+	x.decideAndAnswer(ctx)
 }
 
-// decideAndRelease chooses the endpoint once the body is in and answers
+// decideAndAnswer chooses the endpoint once the body is in and answers
 // what the gateway waits for: in full duplex mode the held headers, then
 // the body; otherwise the body, with the destination on it.
-func (x *exchange) decideAndRelease(ctx context.Context) {
+func (x *exchange) decideAndAnswer(ctx context.Context) {
 	x.decide(ctx)
 	if x.immediate {
 		return
