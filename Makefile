@@ -9,7 +9,7 @@ BENCHTIME ?= 1s
 SOAK_DURATION ?= 30m
 IMAGE         ?= kvfast:dev
 
-.PHONY: help build image test test-short bench fuzz lint demo soak clean
+.PHONY: help build image test test-short bench fuzz lint manifests demo soak clean
 
 help: ## List the targets with what they do.
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -21,10 +21,11 @@ image: ## Build the container image IMAGE (default kvfast:dev) from the Dockerfi
 	@command -v docker >/dev/null 2>&1 || { echo "make image: docker is not installed; make lint checks the Dockerfile without it" >&2; exit 1; }
 	docker build -t $(IMAGE) .
 
-test: lint ## Everything CI runs: lint, set-up, the whole suite under the race detector, and a two-minute soak.
+test: lint ## Everything CI runs: lint, set-up, the whole suite under the race detector, the manifests' check, and a two-minute soak.
 	@./scripts/setup-test-deps.sh
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) -C tools test -count=1 ./...
+	@GO=$(GO) ./scripts/check-manifests.sh
 	KVFAST_SOAK=2m $(GO) test -count=1 -timeout 10m -run '^TestSoak$$' -v ./benchmarks/soak
 
 test-short: ## The suite without the race detector, for a fast local loop.
@@ -38,6 +39,9 @@ fuzz: ## Each fuzz target for FUZZTIME (default 20s).
 
 lint: ## gofmt, go vet, staticcheck, and no code production never runs (tools pinned by tools/go.mod; see .deadcode-allow).
 	@GO=$(GO) ./scripts/lint.sh
+
+manifests: ## Validate the Kubernetes manifests (deploy/kubernetes) with kubeconform, strictly, against schemas generated offline from pinned modules.
+	@GO=$(GO) ./scripts/check-manifests.sh
 
 demo: ## Replay the Mooncake trace against 8 mock engines once per routing policy and compare them (about 1.5 min; DEMO_FLAGS=... adds flags).
 	$(GO) run ./cmd/kvfast demo $(DEMO_FLAGS)

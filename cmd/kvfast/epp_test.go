@@ -1,0 +1,155 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+
+	"github.com/kvfast/kvfast/epp"
+	"github.com/kvfast/kvfast/node"
+)
+
+// TestEPPConfig: epp's flags land in the picker's configuration and its
+// endpoint source; what cannot run is refused with status 2, and --help
+// teaches with status 0.
+func TestEPPConfig(t *testing.T) {
+	cfg, o, src, _, ok := eppConfig([]string{"--model", "qwen", "--policy", "round-robin", "--fallbacks", "2",
+		"--request-body-mode", "buffered", "--listen", "127.0.0.1:9100",
+		"--endpoint", "10.0.0.1:8000,zmq=tcp://10.0.0.1:5557,replay=tcp://10.0.0.1:5558", "--endpoint", "10.0.0.2:8000"}, io.Discard)
+	if !ok {
+		t.Fatal("epp refused its flags")
+	}
+	if cfg.Model != "qwen" || cfg.Policy != "round-robin" || cfg.Fallbacks != 2 || o.listeners.GRPC != "127.0.0.1:9100" ||
+		cfg.RequestBodyMode != extprocfilter.ProcessingMode_BUFFERED {
+		t.Errorf("flags not applied: %+v %+v", cfg, o)
+	}
+	want := epp.Static{{Address: "10.0.0.1:8000", Events: "tcp://10.0.0.1:5557", Replay: "tcp://10.0.0.1:5558"}, {Address: "10.0.0.2:8000"}}
+	if got, _ := src.(epp.Static); !slices.Equal(got, want) {
+		t.Errorf("endpoints %+v, want %+v", src, want)
+	}
+
+	for _, bad := range [][]string{
+		{"--endpoint", "10.0.0.1:8000"}, // no model
+		{"--model", "m"},                // no endpoints
+		{"--model", "m", "--endpoint", "10.0.0.1"},
+		{"--model", "m", "--endpoint", "10.0.0.1:8000,zmq=udp://x"},
+		{"--model", "m", "--endpoint", "10.0.0.1:8000", "--pool", "p"},
+		{"--model", "m", "--endpoint", "10.0.0.1:8000", "--request-body-mode", "streamed"},
+		{"--model", "m", "--endpoint", "10.0.0.1:8000", "--fallbacks", "9"},
+		{"--model", "m", "--pool", "p"}, // not in a pod
+	} {
+		t.Setenv("KUBERNETES_SERVICE_HOST", "")
+		if _, _, _, code, ok := eppConfig(bad, io.Discard); ok || code != 2 {
+			t.Errorf("%q: ok %v, status %d; want refused with 2", bad, ok, code)
+		}
+	}
+
+	var help bytes.Buffer
+	if _, _, _, code, ok := eppConfig([]string{"--help"}, &help); ok || code != 0 {
+		t.Fatalf("--help: ok %v, status %d", ok, code)
+	}
+	for _, s := range []string{"x-gateway-destination-endpoint", "--pool", "--endpoint", "FULL_DUPLEX_STREAMED", "docs/epp.md"} {
+		if !strings.Contains(help.String(), s) {
+			t.Errorf("--help does not mention %s", s)
+		}
+	}
+}
+
+// TestManifestsUseRealFlags: every kvfast container in deploy/kubernetes
+// runs a command with flags (and KVFAST_ environment variables) that
+// command has, with values it accepts.
+func TestManifestsUseRealFlags(t *testing.T) {
+	files, err := filepath.Glob("../../deploy/kubernetes/*/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	more, _ := filepath.Glob("../../deploy/kubernetes/*/*/*.yaml")
+	files = append(files, more...)
+	containers := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range kvfastContainers(string(b)) {
+			containers++
+			fs := flag.NewFlagSet(c.args[0], flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			switch c.args[0] {
+			case "epp":
+				cfg, o := epp.DefaultConfig(), eppOptions{}
+				bindEPPFlags(fs, &cfg, &o)
+			case "serve":
+				cfg := node.DefaultConfig()
+				var lo logOptions
+				var sec securityFiles
+				bindServeFlags(fs, &cfg, &lo, &sec)
+			default:
+				t.Errorf("%s: kvfast %s: not a command the manifests should run", f, c.args[0])
+				continue
+			}
+			if err := fs.Parse(c.args[1:]); err != nil {
+				t.Errorf("%s: kvfast %v: %v", f, c.args, err)
+			}
+			for _, env := range c.env {
+				name := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(env, "KVFAST_")), "_", "-")
+				if fs.Lookup(name) == nil {
+					t.Errorf("%s: %s names no flag of kvfast %s", f, env, c.args[0])
+				}
+			}
+		}
+	}
+	if containers < 4 {
+		t.Fatalf("found %d kvfast containers in the manifests, want 4 or more", containers)
+	}
+}
+
+type container struct{ args, env []string }
+
+// kvfastContainers reads, from a manifest, the args and KVFAST_
+// environment variables of each container whose image is kvfast's: the
+// list items under "args:" and the "- name: KVFAST_..." under "env:" that
+// follow its image line, at the container's indentation.
+func kvfastContainers(manifest string) []container {
+	var out []container
+	lines := strings.Split(manifest, "\n")
+	for i, l := range lines {
+		if strings.TrimSpace(l) != "image: kvfast:latest" {
+			continue
+		}
+		indent := len(l) - len(strings.TrimLeft(l, " "))
+		var c container
+		section := ""
+		for _, m := range lines[i+1:] {
+			trimmed := strings.TrimSpace(m)
+			ind := len(m) - len(strings.TrimLeft(m, " "))
+			if trimmed == "" {
+				continue
+			}
+			if ind < indent || (ind == indent-2 && strings.HasPrefix(trimmed, "- ")) {
+				break // the next container, or the end of this one
+			}
+			if ind == indent {
+				section = strings.TrimSuffix(trimmed, ":")
+				continue
+			}
+			switch {
+			case section == "args" && strings.HasPrefix(trimmed, "- "):
+				c.args = append(c.args, strings.TrimPrefix(trimmed, "- "))
+			case section == "env" && strings.HasPrefix(trimmed, "- name: KVFAST_"):
+				c.env = append(c.env, strings.TrimPrefix(trimmed, "- name: "))
+			}
+		}
+		if len(c.args) > 0 {
+			out = append(out, c)
+		}
+	}
+	return out
+}

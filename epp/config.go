@@ -1,0 +1,141 @@
+package epp
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/sched"
+)
+
+// The protocol's names (docs/proposals/004-endpoint-picker-protocol in the
+// Gateway API Inference Extension). The gateway may be configured with
+// other metadata namespaces; Config carries the ones in use.
+const (
+	// HeaderDestination names the chosen endpoint, "ip:port", or several,
+	// comma-separated, the first preferred.
+	HeaderDestination = "x-gateway-destination-endpoint"
+	// DefaultDestinationNamespace wraps HeaderDestination in the dynamic
+	// metadata of the response.
+	DefaultDestinationNamespace = "envoy.lb"
+	// DefaultSubsetNamespace wraps KeySubset in the request's filter
+	// metadata.
+	DefaultSubsetNamespace = "envoy.lb.subset_hint"
+	// KeySubset lists the endpoints the picker must choose from.
+	KeySubset = "x-gateway-destination-endpoint-subset"
+	// KeyServed is the endpoint that served the request, which the
+	// gateway reports in the response phase's metadata, under the
+	// destination namespace, when it tried a fallback.
+	KeyServed = "x-gateway-destination-endpoint-served"
+)
+
+// BodyMode is how the gateway sends the request body, which decides when
+// the picker can answer: Envoy's ProcessingMode.request_body_mode.
+type BodyMode = extprocfilter.ProcessingMode_BodySendMode
+
+// Config is the picker's configuration. DefaultConfig fills it.
+type Config struct {
+	// Model is the base model the pool's engines serve: it seeds the
+	// block hashes (radix.NamespaceSeed) of both the index and the
+	// requests. A request naming another model is taken to name one of
+	// its LoRA adapters and is hashed in that adapter's namespace, where
+	// the engines' events put its blocks.
+	Model string
+	// Sched configures the scheduler; Policy names its routing policy
+	// (sched.ParsePolicy: kv, approx, round-robin, random, least-loaded).
+	Sched  sched.Config
+	Policy string
+	// IndexCapacity is the distinct KV blocks the index holds.
+	IndexCapacity int
+	// ApproxTTL and ApproxCapacity size the approximate index, which
+	// text and chat prompts route on (by the picker's own decisions).
+	ApproxTTL        time.Duration
+	ApproxCapacity   int
+	ApproxChunkBytes int
+	// Topic is the ZMQ subscription prefix of every endpoint's events.
+	Topic string
+
+	// RequestBodyMode is assumed when the gateway does not say which it
+	// uses (Envoy sends ProcessingRequest.protocol_config on each
+	// stream's first message; older ones do not). GIE's gateways use
+	// FULL_DUPLEX_STREAMED.
+	RequestBodyMode BodyMode
+	// MaxBodyBytes bounds a request body the picker buffers to read the
+	// prompt (413 beyond).
+	MaxBodyBytes int
+	// QueueTimeout bounds a request's wait in the admission queue when
+	// every endpoint is busy (503 past it).
+	QueueTimeout time.Duration
+	// Fallbacks is how many further endpoints, cheapest first, follow the
+	// chosen one in the destination, for a gateway that retries.
+	Fallbacks int
+	// QueryNodes says the endpoints are kvfast routers, one per node,
+	// each asked per request, through its route-only endpoint and within
+	// QueryTimeout, what it caches of the prompt (nodequery.go), instead
+	// of the picker following engines' events.
+	QueryNodes   bool
+	QueryTimeout time.Duration
+	// DestinationNamespace and SubsetNamespace are the metadata
+	// namespaces; empty means the protocol's defaults.
+	DestinationNamespace, SubsetNamespace string
+
+	Logger *slog.Logger // nil: slog.Default()
+}
+
+// DefaultConfig is the picker's defaults.
+func DefaultConfig() Config {
+	return Config{
+		Policy:               "kv",
+		IndexCapacity:        1 << 20,
+		ApproxTTL:            2 * time.Minute,
+		ApproxCapacity:       1 << 20,
+		ApproxChunkBytes:     radix.DefaultApproxChunkBytes,
+		RequestBodyMode:      extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED,
+		MaxBodyBytes:         16 << 20,
+		QueueTimeout:         30 * time.Second,
+		QueryTimeout:         250 * time.Millisecond,
+		DestinationNamespace: DefaultDestinationNamespace,
+		SubsetNamespace:      DefaultSubsetNamespace,
+	}
+}
+
+// ErrInvalidConfig is what Validate's errors wrap.
+var ErrInvalidConfig = errors.New("kvfast: invalid endpoint-picker configuration")
+
+// Validate reports the first setting the picker cannot run with.
+func (c *Config) Validate() error {
+	if c.Model == "" {
+		return fmt.Errorf("cannot pick without the pool's model, which seeds the block hashes: %w", ErrInvalidConfig)
+	}
+	if _, _, err := sched.ParsePolicy(c.Policy); err != nil {
+		return err
+	}
+	switch c.RequestBodyMode {
+	case extprocfilter.ProcessingMode_NONE, extprocfilter.ProcessingMode_BUFFERED,
+		extprocfilter.ProcessingMode_BUFFERED_PARTIAL, extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED:
+	default:
+		return fmt.Errorf("cannot assume request body mode %s: want NONE, BUFFERED, BUFFERED_PARTIAL or FULL_DUPLEX_STREAMED: %w",
+			c.RequestBodyMode, ErrInvalidConfig)
+	}
+	for _, v := range []struct {
+		name string
+		n    int
+	}{{"index capacity", c.IndexCapacity}, {"approx capacity", c.ApproxCapacity},
+		{"approx chunk bytes", c.ApproxChunkBytes}, {"max body bytes", c.MaxBodyBytes}} {
+		if v.n <= 0 {
+			return fmt.Errorf("cannot use %s %d: must be positive: %w", v.name, v.n, ErrInvalidConfig)
+		}
+	}
+	if c.ApproxTTL <= 0 || c.QueueTimeout <= 0 || (c.QueryNodes && c.QueryTimeout <= 0) {
+		return fmt.Errorf("cannot use approx TTL %s, queue timeout %s and node query timeout %s: each must be positive: %w",
+			c.ApproxTTL, c.QueueTimeout, c.QueryTimeout, ErrInvalidConfig)
+	}
+	if c.Fallbacks < 0 || c.Fallbacks > 8 {
+		return fmt.Errorf("cannot name %d fallback endpoints: want 0 to 8: %w", c.Fallbacks, ErrInvalidConfig)
+	}
+	return nil
+}

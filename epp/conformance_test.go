@@ -1,0 +1,385 @@
+package epp_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+
+	"github.com/kvfast/kvfast/epp"
+	"github.com/kvfast/kvfast/sched"
+)
+
+// These tests drive the picker exactly as Envoy's ext_proc filter does,
+// over a real gRPC connection, through every phase of one HTTP request,
+// in the body modes the Gateway API Inference Extension's gateways use
+// (FULL_DUPLEX_STREAMED) and the one older gateways use (BUFFERED).
+
+// TestFullDuplexStreaming: the request headers' answer waits for the
+// body; it then names the endpoint that caches the prompt, in the header
+// mutation and the envoy.lb metadata alike; the body goes upstream
+// unchanged in the picker's streamed answers; the response's events pass
+// through chunk by chunk (one split across chunks), and the booking,
+// live while the response streams, is released when it ends.
+func TestFullDuplexStreaming(t *testing.T) {
+	eps := endpoints(4)
+	r := startEPP(t, epp.DefaultConfig(), eps...)
+	prompt := tokens(1000, 8*16+5)
+	cache(t, r, eps[2].Address, prompt, 6)
+	cache(t, r, eps[1].Address, prompt, 2)
+
+	st := r.open(t, duplexMode())
+	body := completionBody(t, prompt, true)
+	st.requestHeaders("/v1/completions", false, nil)
+	half := len(body) / 2
+	st.requestBody(body[:half], false)
+	st.requestBody(body[half:], true)
+
+	hr := st.recv()
+	rh, ok := hr.Response.(*extprocv3.ProcessingResponse_RequestHeaders)
+	if !ok {
+		t.Fatalf("first answer %T, want the request headers' (held until the body came)", hr.Response)
+	}
+	if got := destinationOf(t, hr, rh.RequestHeaders.GetResponse()); got != eps[2].Address {
+		t.Fatalf("routed to %s, want %s, which caches 6 of the prompt's 8 blocks", got, eps[2].Address)
+	}
+	var upstream []byte
+	for {
+		br := st.recv()
+		b, ok := br.Response.(*extprocv3.ProcessingResponse_RequestBody)
+		if !ok {
+			t.Fatalf("answer %T, want the request body's", br.Response)
+		}
+		sr := b.RequestBody.GetResponse().GetBodyMutation().GetStreamedResponse()
+		upstream = append(upstream, sr.GetBody()...)
+		if sr.GetEndOfStream() {
+			break
+		}
+	}
+	if !bytes.Equal(upstream, body) {
+		t.Fatalf("the body sent upstream changed:\n got %s\nwant %s", upstream, body)
+	}
+	slot, _ := r.picker.SlotOf(eps[2].Address)
+	if got := r.picker.Sched().Load(slot).Requests; got != 1 {
+		t.Fatalf("requests booked on the chosen endpoint: %d, want 1", got)
+	}
+
+	st.responseHeaders("200", "text/event-stream", nil)
+	if _, ok := st.recv().Response.(*extprocv3.ProcessingResponse_ResponseHeaders); !ok {
+		t.Fatal("response headers not answered")
+	}
+	events := sseChunk("a", "") + sseChunk("b", "") + sseChunk("c", "length") + "data: [DONE]\n\n"
+	first, rest := splitAt(events, len(sseChunk("a", ""))+7) // the second event spans two chunks
+	var downstream []byte
+	for i, chunk := range []string{first, rest, ""} {
+		st.responseBody([]byte(chunk), i == 2)
+		br, ok := st.recv().Response.(*extprocv3.ProcessingResponse_ResponseBody)
+		if !ok {
+			t.Fatal("response body chunk not answered")
+		}
+		sr := br.ResponseBody.GetResponse().GetBodyMutation().GetStreamedResponse()
+		if sr.GetEndOfStream() != (i == 2) {
+			t.Fatalf("chunk %d: end of stream %v", i, sr.GetEndOfStream())
+		}
+		downstream = append(downstream, sr.GetBody()...)
+		if i == 0 {
+			if got := r.picker.Sched().Load(slot).Requests; got != 1 {
+				t.Fatalf("mid-stream: %d requests booked, want 1", got)
+			}
+		}
+	}
+	if string(downstream) != events {
+		t.Fatalf("the response changed on its way:\n got %q\nwant %q", downstream, events)
+	}
+	st.closeAndWaitEOF()
+	settled(t, r)
+	if st := r.picker.Sched().Stats(); st.Booked != 1 || st.Released != 1 {
+		t.Fatalf("booked %d, released %d: want one each", st.Booked, st.Released)
+	}
+	if got := r.picker.Sched().Load(slot); got.Requests != 0 || got.PrefillTokens != 0 {
+		t.Fatalf("load left after the response ended: %+v", got)
+	}
+}
+
+// TestBufferedNonStreaming: in BUFFERED mode the headers are answered at
+// once (the body only comes after), and the destination rides on the
+// body's answer; a plain JSON response passes through and its end
+// releases the booking.
+func TestBufferedNonStreaming(t *testing.T) {
+	eps := endpoints(3)
+	r := startEPP(t, epp.DefaultConfig(), eps...)
+	prompt := tokens(5000, 4*16)
+	cache(t, r, eps[0].Address, prompt, 4)
+
+	st := r.open(t, bufferedMode())
+	st.requestHeaders("/v1/completions", false, nil)
+	hr := st.recv()
+	rh, ok := hr.Response.(*extprocv3.ProcessingResponse_RequestHeaders)
+	if !ok {
+		t.Fatalf("answer %T, want the request headers'", hr.Response)
+	}
+	if rh.RequestHeaders.GetResponse().GetHeaderMutation() != nil || hr.GetDynamicMetadata() != nil {
+		t.Fatal("buffered mode: the headers' answer routed before the body came")
+	}
+	st.requestBody(completionBody(t, prompt, false), true)
+	br := st.recv()
+	b, ok := br.Response.(*extprocv3.ProcessingResponse_RequestBody)
+	if !ok {
+		t.Fatalf("answer %T, want the request body's", br.Response)
+	}
+	if got := destinationOf(t, br, b.RequestBody.GetResponse()); got != eps[0].Address {
+		t.Fatalf("routed to %s, want %s", got, eps[0].Address)
+	}
+	if b.RequestBody.GetResponse().GetBodyMutation() != nil {
+		t.Fatal("buffered mode: the body was mutated")
+	}
+	st.responseHeaders("200", "application/json", nil)
+	st.recv()
+	st.responseBody([]byte(`{"choices":[{"text":"x","finish_reason":"length"}]}`), true)
+	rb, ok := st.recv().Response.(*extprocv3.ProcessingResponse_ResponseBody)
+	if !ok || rb.ResponseBody.GetResponse().GetBodyMutation() != nil {
+		t.Fatal("buffered response body: want a plain continue")
+	}
+	st.closeAndWaitEOF()
+	settled(t, r)
+	if st := r.picker.Sched().Stats(); st.Booked != 1 {
+		t.Fatalf("booked %d, want 1", st.Booked)
+	}
+}
+
+// TestChatAndHeadersOnly: a chat request routes (approximately: text is
+// hashed in chunks) and a request without a body (GET) is routed on its
+// headers at once.
+func TestChatAndHeadersOnly(t *testing.T) {
+	r := startEPP(t, epp.DefaultConfig(), endpoints(2)...)
+	st := r.open(t, duplexMode())
+	st.requestHeaders("/v1/chat/completions", false, nil)
+	st.requestBody([]byte(`{"model":"`+testModel+`","messages":[{"role":"user","content":"hello there"}],"stream":true}`), true)
+	hr := st.recv()
+	destinationOf(t, hr, hr.GetRequestHeaders().GetResponse())
+	st.recv() // the body
+	st.closeAndWaitEOF()
+
+	get := r.open(t, duplexMode())
+	get.requestHeaders("/v1/models", true, nil)
+	hr = get.recv()
+	destinationOf(t, hr, hr.GetRequestHeaders().GetResponse())
+	get.responseHeaders("200", "application/json", nil)
+	get.recv()
+	get.responseBody([]byte(`{"data":[]}`), true)
+	get.recv()
+	get.closeAndWaitEOF()
+	settled(t, r)
+}
+
+// immediate returns the ImmediateResponse that ends the stream.
+func immediate(t *testing.T, st *stream) *extprocv3.ImmediateResponse {
+	t.Helper()
+	r := st.recv()
+	ir, ok := r.Response.(*extprocv3.ProcessingResponse_ImmediateResponse)
+	if !ok {
+		t.Fatalf("answer %T, want an ImmediateResponse", r.Response)
+	}
+	if _, err := st.s.Recv(); err == nil {
+		t.Fatal("the stream went on after the ImmediateResponse")
+	}
+	return ir.ImmediateResponse
+}
+
+// TestNoHealthyEndpoint: with every endpoint unhealthy, and with a subset
+// hint that names none the picker knows, the request is answered with
+// 503, as the protocol says; a subset hint naming one known endpoint
+// routes there.
+func TestNoHealthyEndpoint(t *testing.T) {
+	eps := endpoints(3)
+	r := startEPP(t, epp.DefaultConfig(), eps...)
+	body := completionBody(t, tokens(1, 40), false)
+
+	st := r.open(t, duplexMode())
+	st.requestHeaders("/v1/completions", false, subsetHint("192.0.2.1:8000"))
+	st.requestBody(body, true)
+	if ir := immediate(t, st); ir.GetStatus().GetCode() != typev3.StatusCode_ServiceUnavailable {
+		t.Fatalf("subset of unknown endpoints: status %v, want 503", ir.GetStatus().GetCode())
+	}
+
+	st = r.open(t, duplexMode())
+	st.requestHeaders("/v1/completions", false, subsetHint("192.0.2.1:8000", eps[1].Address))
+	st.requestBody(body, true)
+	hr := st.recv()
+	if got := destinationOf(t, hr, hr.GetRequestHeaders().GetResponse()); got != eps[1].Address {
+		t.Fatalf("subset routed to %s, want %s", got, eps[1].Address)
+	}
+	st.cancel()
+
+	for _, e := range eps {
+		slot, _ := r.picker.SlotOf(e.Address)
+		r.picker.Sched().SetHealthy(slot, false)
+	}
+	st = r.open(t, duplexMode())
+	st.requestHeaders("/v1/completions", false, nil)
+	st.requestBody(body, true)
+	ir := immediate(t, st)
+	if ir.GetStatus().GetCode() != typev3.StatusCode_ServiceUnavailable {
+		t.Fatalf("no healthy endpoint: status %v, want 503", ir.GetStatus().GetCode())
+	}
+	var e struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	if err := json.Unmarshal(ir.GetBody(), &e); err != nil || e.Error.Code != "no_endpoint" {
+		t.Fatalf("body %s (%v): want an OpenAI error with code no_endpoint", ir.GetBody(), err)
+	}
+	settled(t, r)
+}
+
+// TestOverloadedAndBadRequests: a request that finds every endpoint busy
+// with no queue is refused with 429 and Retry-After; a body that is not a
+// completions request, 400; one larger than the picker reads, 413.
+func TestOverloadedAndBadRequests(t *testing.T) {
+	cfg := epp.DefaultConfig()
+	cfg.Sched = sched.Config{Busy: sched.BusyThresholds{PrefillTokens: 1}, QueueCapacity: -1}
+	cfg.MaxBodyBytes = 4096
+	r := startEPP(t, cfg, endpoints(1)...)
+	body := completionBody(t, tokens(1, 40), false)
+
+	busy := r.open(t, duplexMode())
+	busy.requestHeaders("/v1/completions", false, nil)
+	busy.requestBody(body, true)
+	busy.recv() // routed; its prompt awaits its first token, so the endpoint is busy
+	busy.recv()
+
+	st := r.open(t, duplexMode())
+	st.requestHeaders("/v1/completions", false, nil)
+	st.requestBody(body, true)
+	ir := immediate(t, st)
+	if ir.GetStatus().GetCode() != typev3.StatusCode_TooManyRequests {
+		t.Fatalf("overloaded: status %v, want 429", ir.GetStatus().GetCode())
+	}
+	retry := ""
+	for _, h := range ir.GetHeaders().GetSetHeaders() {
+		if strings.EqualFold(h.GetHeader().GetKey(), "retry-after") {
+			retry = string(h.GetHeader().GetRawValue())
+		}
+	}
+	if retry == "" {
+		t.Fatal("429 without Retry-After")
+	}
+	busy.closeAndWaitEOF() // ended before any response: aborted, released
+
+	for _, c := range []struct {
+		body []byte
+		want typev3.StatusCode
+	}{
+		{[]byte(`{"model":"x","prompt":`), typev3.StatusCode_BadRequest},
+		{bytes.Repeat([]byte("x"), 5000), typev3.StatusCode_PayloadTooLarge},
+	} {
+		st := r.open(t, duplexMode())
+		st.requestHeaders("/v1/completions", false, nil)
+		st.requestBody(c.body, true)
+		if got := immediate(t, st).GetStatus().GetCode(); got != c.want {
+			t.Fatalf("status %v, want %v", got, c.want)
+		}
+	}
+	settled(t, r)
+	if st := r.picker.Sched().Stats(); st.Booked != 1 || st.Released != 1 {
+		t.Fatalf("booked %d, released %d: want one each", st.Booked, st.Released)
+	}
+}
+
+// TestClientDisconnects: a stream reset mid-body (nothing booked yet),
+// one reset after the decision but before the response, and one reset
+// mid-response each end with no booking left, released once.
+func TestClientDisconnects(t *testing.T) {
+	eps := endpoints(2)
+	r := startEPP(t, epp.DefaultConfig(), eps...)
+	body := completionBody(t, tokens(7, 64), true)
+
+	midBody := r.open(t, duplexMode())
+	midBody.requestHeaders("/v1/completions", false, nil)
+	midBody.requestBody(body[:10], false)
+	midBody.cancel()
+	settled(t, r)
+	if st := r.picker.Sched().Stats(); st.Booked != 0 {
+		t.Fatalf("a request cut mid-body booked %d", st.Booked)
+	}
+
+	for _, midResponse := range []bool{false, true} {
+		st := r.open(t, duplexMode())
+		st.requestHeaders("/v1/completions", false, nil)
+		st.requestBody(body, true)
+		hr := st.recv()
+		dest := destinationOf(t, hr, hr.GetRequestHeaders().GetResponse())
+		st.recv()
+		if midResponse {
+			st.responseHeaders("200", "text/event-stream", nil)
+			st.recv()
+			st.responseBody([]byte(sseChunk("a", "")), false)
+			st.recv()
+		}
+		slot, _ := r.picker.SlotOf(dest)
+		if got := r.picker.Sched().Load(slot).Requests; got != 1 {
+			t.Fatalf("before the reset: %d requests booked, want 1", got)
+		}
+		st.cancel()
+		settled(t, r)
+		if got := r.picker.Sched().Load(slot); got.Requests != 0 || got.ActiveBlocks != 0 {
+			t.Fatalf("after the reset (mid-response %v): load left %+v", midResponse, got)
+		}
+	}
+	if st := r.picker.Sched().Stats(); st.Booked != 2 || st.Released != 2 {
+		t.Fatalf("booked %d, released %d: want two each", st.Booked, st.Released)
+	}
+}
+
+// TestFallbacksAndServed: with fallbacks the destination lists further
+// endpoints after the chosen one, header and metadata alike; when the
+// gateway reports that a fallback served the request, the booking moves
+// there.
+func TestFallbacksAndServed(t *testing.T) {
+	cfg := epp.DefaultConfig()
+	cfg.Fallbacks = 2
+	eps := endpoints(4)
+	r := startEPP(t, cfg, eps...)
+	prompt := tokens(300, 5*16)
+	cache(t, r, eps[3].Address, prompt, 5)
+	cache(t, r, eps[0].Address, prompt, 3)
+
+	st := r.open(t, duplexMode())
+	st.requestHeaders("/v1/completions", false, nil)
+	st.requestBody(completionBody(t, prompt, true), true)
+	hr := st.recv()
+	dest := strings.Split(destinationOf(t, hr, hr.GetRequestHeaders().GetResponse()), ",")
+	if len(dest) != 3 || dest[0] != eps[3].Address || dest[1] != eps[0].Address {
+		t.Fatalf("destination %v: want %s first, then %s (the next cheapest), 3 in all", dest, eps[3].Address, eps[0].Address)
+	}
+	st.recv()
+	st.responseHeaders("200", "text/event-stream", servedBy(dest[1]))
+	st.recv()
+	primary, _ := r.picker.SlotOf(dest[0])
+	served, _ := r.picker.SlotOf(dest[1])
+	if p, s := r.picker.Sched().Load(primary).Requests, r.picker.Sched().Load(served).Requests; p != 0 || s != 1 {
+		t.Fatalf("after the fallback served: %d requests on the primary, %d on the fallback; want 0 and 1", p, s)
+	}
+	st.responseBody([]byte(sseChunk("a", "stop")), true)
+	st.recv()
+	st.closeAndWaitEOF()
+	settled(t, r)
+}
+
+// TestHealthBeforeSync: readiness and the ext_proc service turn SERVING once the
+// picker knows its endpoints.
+func TestHealthBeforeSync(t *testing.T) {
+	r := startEPP(t, epp.DefaultConfig())
+	if code := grpcHealth(t, r.addr, epp.HealthLiveness); code != "SERVING" {
+		t.Fatalf("liveness %s before sync", code)
+	}
+	if code := grpcHealth(t, r.addr, epp.HealthReadiness); code != "NOT_SERVING" {
+		t.Fatalf("readiness %s before sync", code)
+	}
+	r.picker.Sync(endpoints(1))
+	waitFor(t, "readiness", func() bool {
+		return grpcHealth(t, r.addr, extprocv3.ExternalProcessor_ServiceDesc.ServiceName) == "SERVING"
+	})
+}

@@ -1,0 +1,95 @@
+package epp
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics are the picker's Prometheus series, in a registry of its own
+// (GET /metrics on the metrics listener).
+type metrics struct {
+	reg             *prometheus.Registry
+	streams         prometheus.Gauge
+	decisions       prometheus.Counter
+	decisionSeconds prometheus.Histogram
+	promptBlocks    prometheus.Counter
+	cachedBlocks    prometheus.Counter
+	refusals        *prometheus.CounterVec
+	cancelled       prometheus.Counter
+	servedElsewhere prometheus.Counter
+}
+
+func newMetrics(p *Picker) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry(),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvfast_epp_streams",
+			Help: "ext_proc streams open now (HTTP requests the gateway is processing)."}),
+		decisions: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvfast_epp_decisions_total",
+			Help: "Requests the picker chose an endpoint for."}),
+		decisionSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvfast_epp_decision_seconds",
+			Help:    "Time from the request's last needed message to its decision: parse, hash, lookup, select (queueing included).",
+			Buckets: prometheus.ExponentialBuckets(5e-6, 2, 20)}),
+		promptBlocks: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvfast_epp_prompt_blocks_total",
+			Help: "Prompt blocks of routed requests."}),
+		cachedBlocks: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvfast_epp_cached_blocks_total",
+			Help: "Of those, blocks the chosen endpoint already cached, by the index: the KV hit rate is their ratio."}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvfast_epp_refusals_total",
+			Help: "Requests the picker answered itself (ImmediateResponse), by HTTP status."}, []string{"status"}),
+		cancelled: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvfast_epp_cancelled_total",
+			Help: "Requests whose stream ended while they waited for an endpoint."}),
+		servedElsewhere: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvfast_epp_served_elsewhere_total",
+			Help: "Requests the gateway reported served by a fallback endpoint (the booking moved there)."}),
+	}
+	endpoints := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvfast_epp_endpoints",
+		Help: "Endpoints the picker routes to."}, func() float64 { return float64(p.Endpoints()) })
+	m.reg.MustRegister(m.streams, m.decisions, m.decisionSeconds, m.promptBlocks, m.cachedBlocks, m.refusals,
+		m.cancelled, m.servedElsewhere, endpoints, feedCollector{p})
+	return m
+}
+
+// feedCollector reports every endpoint's event feed, read when scraped.
+type feedCollector struct{ p *Picker }
+
+var (
+	feedConnected = prometheus.NewDesc("kvfast_epp_feed_connected",
+		"1 while the picker's ZMQ subscriber to the endpoint's KV events is connected.", []string{"endpoint"}, nil)
+	feedBatches = prometheus.NewDesc("kvfast_epp_feed_batches_total",
+		"KV-event batches applied from the endpoint (live or replayed).", []string{"endpoint"}, nil)
+	feedResyncs = prometheus.NewDesc("kvfast_epp_feed_resyncs_total",
+		"Times the endpoint's entries were cleared to recover from lost events.", []string{"endpoint"}, nil)
+)
+
+func (feedCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- feedConnected
+	ch <- feedBatches
+	ch <- feedResyncs
+}
+
+func (c feedCollector) Collect(ch chan<- prometheus.Metric) {
+	for addr, st := range c.p.FeedStats() {
+		connected := 0.0
+		if st.Connected {
+			connected = 1
+		}
+		ch <- prometheus.MustNewConstMetric(feedConnected, prometheus.GaugeValue, connected, addr)
+		ch <- prometheus.MustNewConstMetric(feedBatches, prometheus.CounterValue, float64(st.Batches), addr)
+		ch <- prometheus.MustNewConstMetric(feedResyncs, prometheus.CounterValue, float64(st.Resyncs), addr)
+	}
+}
+
+func (m *metrics) decided(took time.Duration, cached uint32, prompt int) {
+	m.decisions.Inc()
+	m.decisionSeconds.Observe(took.Seconds())
+	m.promptBlocks.Add(float64(prompt))
+	m.cachedBlocks.Add(float64(cached))
+}
+
+func (m *metrics) refused(status int) { m.refusals.WithLabelValues(strconv.Itoa(status)).Inc() }
+
+// MetricsHandler serves the picker's metrics.
+func (s *Server) MetricsHandler() http.Handler {
+	return promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{})
+}

@@ -1,0 +1,361 @@
+package epp
+
+import (
+	"context"
+	"io"
+	"strings"
+	"sync"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/guard"
+	"github.com/kvfast/kvfast/openai"
+)
+
+// Server is the ext_proc service: one Process stream per HTTP request
+// the gateway forwards.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	p         *Picker
+	parser    openai.Parser
+	exchanges sync.Pool
+	metrics   *metrics
+	ready     readiness
+}
+
+// NewServer answers ext_proc streams with p's decisions.
+func NewServer(p *Picker) *Server {
+	s := &Server{p: p, parser: openai.Parser{MaxBodyBytes: p.cfg.MaxBodyBytes}, metrics: newMetrics(p)}
+	s.ready.leading = true
+	s.exchanges.New = func() any { return &exchange{s: s} }
+	return s
+}
+
+// Process follows one HTTP request through its phases. It returns when
+// the gateway ends the stream, when the picker answered with an
+// ImmediateResponse, or when the stream breaks; the request's booking is
+// released on every one of those paths, once.
+func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	ctx := stream.Context()
+	x := s.exchanges.Get().(*exchange)
+	x.reqMode, x.respMode = s.p.cfg.RequestBodyMode, s.p.cfg.RequestBodyMode
+	s.metrics.streams.Inc()
+	defer func() {
+		s.metrics.streams.Dec()
+		if x.held {
+			// Only a panic unwinding through handle gets here with the
+			// booking held: release it before the process goes down.
+			_ = x.h.Abort(guard.ReasonPanic)
+			x.release()
+		}
+		x.reset()
+		s.exchanges.Put(x)
+	}()
+	for first := true; ; first = false {
+		msg, err := stream.Recv()
+		if err != nil {
+			// The gateway half-closes a stream it is done with and resets
+			// one whose HTTP request died (the client left).
+			x.end(err == io.EOF)
+			if err == io.EOF || ctx.Err() != nil || status.Code(err) == codes.Canceled {
+				return nil
+			}
+			return status.Errorf(codes.Unknown, "cannot receive from the gateway: %v", err)
+		}
+		if first && msg.GetProtocolConfig() != nil {
+			pc := msg.GetProtocolConfig()
+			x.reqMode, x.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+		}
+		x.handle(ctx, msg)
+		for _, r := range x.out {
+			if msg.GetObservabilityMode() {
+				break // responses would be ignored
+			}
+			if err := stream.Send(r); err != nil {
+				x.end(false)
+				return status.Errorf(codes.Unknown, "cannot answer the gateway: %v", err)
+			}
+		}
+		x.out = x.out[:0]
+		if x.immediate {
+			// The gateway answers the client itself and ends the stream.
+			x.end(false)
+			return nil
+		}
+	}
+}
+
+// handle turns one message of the gateway into the responses it needs,
+// appended to x.out. A request phase that must wait (the headers in full
+// duplex mode, until the body has arrived) appends none.
+func (x *exchange) handle(ctx context.Context, msg *extprocv3.ProcessingRequest) {
+	switch m := msg.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		x.requestHeaders(ctx, msg, m.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		x.requestBody(ctx, m.RequestBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		if !x.decided {
+			// Trailers end a body that never said so itself.
+			x.decideAndAnswer(ctx)
+			if x.immediate {
+				return
+			}
+		}
+		x.out = append(x.out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+			RequestTrailers: &extprocv3.TrailersResponse{}}})
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		x.responseHeaders(msg, m.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		x.responseBody(m.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		x.complete()
+		x.out = append(x.out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+			ResponseTrailers: &extprocv3.TrailersResponse{}}})
+	}
+}
+
+func (x *exchange) requestHeaders(ctx context.Context, msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) {
+	x.api, x.path = 0, ""
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		if hv.GetKey() == ":path" {
+			x.path = headerValue(hv)
+		}
+	}
+	path, _, _ := strings.Cut(x.path, "?")
+	switch strings.TrimSuffix(path, "/") {
+	case fastpath.PathCompletions:
+		x.api = openai.APICompletions
+	case fastpath.PathChatCompletions:
+		x.api = openai.APIChatCompletions
+	}
+	x.readSubset(msg.GetMetadataContext())
+	switch {
+	case h.GetEndOfStream() || x.reqMode == extprocfilter.ProcessingMode_NONE || x.reqMode == extprocfilter.ProcessingMode_STREAMED:
+		// No body is coming before the headers go upstream: decide on
+		// the headers alone (by load, with no prompt to match).
+		x.decide(ctx)
+		if !x.immediate {
+			x.out = append(x.out, x.headersResponse(true))
+		}
+	case x.reqMode == extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED:
+		// The body follows without waiting; the headers' answer, which
+		// carries the destination, waits for it.
+	default:
+		// BUFFERED: the body is sent once the headers are answered; the
+		// destination rides on the body's answer.
+		x.out = append(x.out, x.headersResponse(false))
+	}
+}
+
+func (x *exchange) requestBody(ctx context.Context, b *extprocv3.HttpBody) {
+	duplex := x.reqMode == extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED
+	if x.decided {
+		// A body that follows a decision made on the headers goes on as
+		// it is.
+		x.out = append(x.out, passBody(duplex, b.GetBody(), b.GetEndOfStream(), true))
+		return
+	}
+	if len(x.body)+len(b.GetBody()) > x.s.p.cfg.MaxBodyBytes {
+		x.refuse(errBodyTooLarge, 0)
+		return
+	}
+	x.body = append(x.body, b.GetBody()...)
+	if !b.GetEndOfStream() && x.reqMode != extprocfilter.ProcessingMode_BUFFERED_PARTIAL {
+		return // more of the body follows; nothing is answered yet
+	}
+	x.decideAndAnswer(ctx)
+}
+
+// decideAndAnswer chooses the endpoint once the body is in and answers
+// what the gateway waits for: in full duplex mode the held headers, then
+// the body; otherwise the body, with the destination on it.
+func (x *exchange) decideAndAnswer(ctx context.Context) {
+	x.decide(ctx)
+	if x.immediate {
+		return
+	}
+	if x.reqMode != extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED {
+		r := x.routed(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+			RequestBody: &extprocv3.BodyResponse{Response: x.destination()}}})
+		x.out = append(x.out, r)
+		return
+	}
+	x.out = append(x.out, x.headersResponse(true))
+	// The body goes upstream in the picker's answers, in pieces that
+	// stay well below gRPC's default 4 MiB message limit.
+	body := x.body
+	for {
+		n := min(len(body), bodyChunk)
+		last := n == len(body)
+		x.out = append(x.out, passBody(true, body[:n], last, true))
+		body = body[n:]
+		if last {
+			break
+		}
+	}
+}
+
+const bodyChunk = 1 << 20
+
+// passBody answers a body chunk the picker does not change: in full
+// duplex mode by sending it back, otherwise by letting it continue.
+func passBody(duplex bool, chunk []byte, eos, request bool) *extprocv3.ProcessingResponse {
+	br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}
+	if duplex {
+		br.Response.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: chunk, EndOfStream: eos}}}
+	}
+	if request {
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
+}
+
+// headersResponse answers the request headers, with the destination when
+// routed is set.
+func (x *exchange) headersResponse(routed bool) *extprocv3.ProcessingResponse {
+	if !routed {
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+			RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}}
+	}
+	return x.routed(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+		RequestHeaders: &extprocv3.HeadersResponse{Response: x.destination()}}})
+}
+
+// destination is the header mutation naming the chosen endpoints. It
+// overwrites any destination the client sent, and clears the route cache
+// so that the gateway routes on it.
+func (x *exchange) destination() *extprocv3.CommonResponse {
+	return &extprocv3.CommonResponse{
+		ClearRouteCache: true,
+		HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
+			Header:       &corev3.HeaderValue{Key: HeaderDestination, RawValue: []byte(x.dest)},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		}}},
+	}
+}
+
+// routed adds the destination's dynamic metadata, the same value as the
+// header (the protocol forbids two different ones).
+func (x *exchange) routed(r *extprocv3.ProcessingResponse) *extprocv3.ProcessingResponse {
+	r.DynamicMetadata = destinationMetadata(x.s.p.cfg.DestinationNamespace, x.dest)
+	return r
+}
+
+func (x *exchange) responseHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) {
+	code := ""
+	x.sse = false
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		switch strings.ToLower(hv.GetKey()) {
+		case ":status":
+			code = headerValue(hv)
+		case "content-type":
+			x.sse = strings.HasPrefix(strings.ToLower(headerValue(hv)), "text/event-stream")
+		}
+	}
+	x.responded = true
+	x.followServed(msg.GetMetadataContext())
+	if x.held {
+		if code == "" || code[0] == '5' {
+			// The gateway could not reach the endpoint, or the engine
+			// failed the request: nothing runs there.
+			_ = x.h.DispatchFailed()
+		} else {
+			_ = x.h.Dispatched()
+		}
+	}
+	if h.GetEndOfStream() {
+		x.complete()
+	}
+	x.out = append(x.out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}})
+}
+
+func (x *exchange) responseBody(b *extprocv3.HttpBody) {
+	if x.sse && x.held {
+		x.scanEvents(b.GetBody())
+	}
+	if b.GetEndOfStream() {
+		x.complete()
+	}
+	x.out = append(x.out, passBody(x.respMode == extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED, b.GetBody(), b.GetEndOfStream(), false))
+}
+
+// scanEvents turns the stream's events into guard progress: each item
+// carries a token (the first releases the prompt's prefill load), a
+// finish reason completes the request, an error event aborts it. An
+// event split across chunks is carried over, up to maxCarry bytes.
+func (x *exchange) scanEvents(chunk []byte) {
+	x.carry = append(x.carry, chunk...)
+	for {
+		end, resume := openai.EventEnd(x.carry, x.lineStart)
+		if end < 0 {
+			x.lineStart = resume
+			break
+		}
+		x.lineStart = 0
+		ev := openai.ParseEvent(x.carry[:end])
+		x.carry = x.carry[:copy(x.carry, x.carry[end:])]
+		switch ev.Kind {
+		case openai.EventItem:
+			_ = x.h.OnItem(1, x.finish(ev.FinishReason))
+		case openai.EventError:
+			_ = x.h.Abort(guard.ReasonEngineError)
+		}
+	}
+	if len(x.carry) > maxCarry {
+		// Not an event stream after all: stop carrying it.
+		x.carry, x.lineStart = x.carry[:0], -1
+	}
+}
+
+const maxCarry = 1 << 20
+
+// finish maps an item's finish reason to the guard's: the guard only
+// tells a terminal item from an error, and with several choices only the
+// end of the stream completes the request.
+func (x *exchange) finish(reason []byte) guard.Finish {
+	switch {
+	case reason == nil || x.req.Choices > 1:
+		return guard.FinishNone
+	case string(reason) == "error":
+		return guard.FinishError
+	}
+	return guard.FinishStop
+}
+
+// complete records the normal end of the response.
+func (x *exchange) complete() {
+	if x.held {
+		_ = x.h.Close()
+	}
+}
+
+// end settles the request when its stream ends: a gateway that closed the
+// stream after the response began has seen that response end (with the
+// response body not sent to the picker, nothing else says so); any other
+// end means the request died on its way, and its booking is aborted.
+func (x *exchange) end(closed bool) {
+	if !x.held {
+		return
+	}
+	if closed && x.responded {
+		_ = x.h.Close()
+	} else {
+		_ = x.h.Abort(guard.ReasonClientCancel)
+	}
+	x.release()
+}
+
+func headerValue(h *corev3.HeaderValue) string {
+	if v := h.GetRawValue(); len(v) > 0 {
+		return string(v)
+	}
+	return h.GetValue()
+}

@@ -1,0 +1,70 @@
+package epp
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+
+	"github.com/kvfast/kvfast/feed"
+)
+
+// Endpoint is one engine the gateway can forward to: a pod of the
+// InferencePool, or one statically configured.
+type Endpoint struct {
+	// Address is "ip:port", as the gateway forwards to it and as the
+	// destination header names it.
+	Address string
+	// Events is the engine's ZMQ KV-event PUB socket (tcp://ip:port), ""
+	// if it publishes none; Replay its replay socket, "" if none.
+	Events, Replay string
+	// Name says which pod it is, for the log; it may be empty.
+	Name string
+}
+
+// Check reports whether e can be routed to.
+func (e Endpoint) Check() error {
+	if _, _, err := net.SplitHostPort(e.Address); err != nil {
+		return fmt.Errorf("cannot use endpoint %q: want ip:port: %w", e.Address, err)
+	}
+	if e.Events == "" && e.Replay != "" {
+		return fmt.Errorf("cannot use endpoint %s: a replay socket belongs to an event feed", e.Address)
+	}
+	return nil
+}
+
+// Source says which endpoints the pool has now. Run polls it; an error
+// keeps the endpoints of the last answer that succeeded.
+type Source interface {
+	Endpoints(ctx context.Context) ([]Endpoint, error)
+}
+
+// Static is a fixed list of endpoints.
+type Static []Endpoint
+
+// Endpoints returns the list.
+func (s Static) Endpoints(context.Context) ([]Endpoint, error) { return slices.Clone(s), nil }
+
+// ParseEndpoint reads the --endpoint syntax:
+// "ip:port[,zmq=tcp://ip:port[,replay=tcp://ip:port]]".
+func ParseEndpoint(v string) (Endpoint, error) {
+	parts := strings.Split(v, ",")
+	e := Endpoint{Address: strings.TrimPrefix(strings.TrimSpace(parts[0]), "http://")}
+	for _, kv := range parts[1:] {
+		k, val, _ := strings.Cut(strings.TrimSpace(kv), "=")
+		var err error
+		switch k {
+		case "zmq", "events":
+			e.Events, err = val, feed.CheckZMQEndpoint(val)
+		case "replay":
+			e.Replay, err = val, feed.CheckZMQEndpoint(val)
+		default:
+			return e, fmt.Errorf("cannot use key %q in endpoint %q: want zmq or replay", k, v)
+		}
+		if err != nil {
+			return e, fmt.Errorf("cannot parse %s=%q: %w", k, val, err)
+		}
+	}
+	return e, e.Check()
+}
