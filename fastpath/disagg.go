@@ -205,24 +205,12 @@ func (s *Server) disaggregating() bool { return s.cfg.Disagg.Protocol != DisaggO
 // reports whether a stream took the exchange over.
 func (s *Server) serveDisagg(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool) {
 	ex.sreq.Stage = sched.StageDecode
-	ex.wait.reset(ctx, s.cfg.QueueTimeout)
-	ex.setGuard(s.guards.Acquire())
-	ex.watchClient(ctx)
 	// A session binds to its decode worker, where the conversation's KV
-	// lives (forward binds it on dispatch): selectSticky pins the request
-	// there while that worker can decode.
-	dec, err := ex.selectSticky()
-	if ex.wait.queued() {
-		s.waits.observe(clock.Since(ex.lastItem))
-	}
-	s.metrics.stageSched.Observe(seconds(clock.Since(ex.lastItem)))
-	s.metrics.stageTotal.Observe(seconds(clock.Since(ex.arrived)))
-	ex.traceRoute(&dec, err)
-	if err != nil {
-		ex.failSelect(ctx, err)
+	// lives (forward binds it on dispatch): book's selectSticky pins the
+	// request there while that worker can decode.
+	if !s.book(ctx, ex) {
 		return false
 	}
-	ex.dec = dec
 	decision := s.decideDisagg(ex)
 	if decision == decisionRemote {
 		// The decode worker computes none of the prompt: its prefill

@@ -185,6 +185,17 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 		handedOff = s.serveDisagg(ctx, ex)
 		return
 	}
+	if !s.book(ctx, ex) || !ex.sessionControl(ctx) {
+		return
+	}
+	handedOff = s.forward(ctx, ex)
+}
+
+// book chooses the request's worker and books it into a fresh guard,
+// watching the client from here on: a session's binding pins it
+// (selectSticky), the wait and the stage are measured, and a refusal is
+// answered. It reports whether ex.dec holds a booked decision.
+func (s *Server) book(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	ex.wait.reset(ctx, s.cfg.QueueTimeout)
 	ex.setGuard(s.guards.Acquire())
 	ex.watchClient(ctx)
@@ -197,13 +208,10 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 	ex.traceRoute(&dec, err)
 	if err != nil {
 		ex.failSelect(ctx, err)
-		return
+		return false
 	}
 	ex.dec = dec
-	if !ex.sessionControl(ctx) {
-		return
-	}
-	handedOff = s.forward(ctx, ex)
+	return true
 }
 
 // settle runs when the handler returns. Unless a stream took the exchange
