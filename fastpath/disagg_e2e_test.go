@@ -16,7 +16,7 @@ import (
 	"github.com/kvfast/kvfast/internal/rig"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
-	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // disaggRig is a router in disaggregated mode over mock engines
@@ -33,17 +33,17 @@ func startDisaggRig(t *testing.T, dis fastpath.DisaggConfig, sglang bool) *disag
 	cfg := e2eConfig()
 	cfg.HTTP.Disagg = dis
 	r := startE2ERig(t, rig.Config{Node: cfg})
-	engine := func(id uint64, role mocker.Role) *mocker.Engine {
+	engine := func(id uint64, role workers.Role) *mocker.Engine {
 		return startMock(t, mocker.Config{WorkerID: id, Role: role, Segment: r.rig.SegmentPath, SGLangBootstrap: sglang, KVBlocks: 2048})
 	}
-	d := &disaggRig{r: r, prefill: engine(1, mocker.RolePrefill)}
-	d.decode = []*mocker.Engine{engine(2, mocker.RoleDecode), engine(3, mocker.RoleDecode)}
+	d := &disaggRig{r: r, prefill: engine(1, workers.RolePrefill)}
+	d.decode = []*mocker.Engine{engine(2, workers.RoleDecode), engine(3, workers.RoleDecode)}
 	ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
 	defer cancel()
 	if err := r.rig.WaitWorkers(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
-	for id, want := range map[uint64]sched.Role{1: sched.RolePrefill, 2: sched.RoleDecode, 3: sched.RoleDecode} {
+	for id, want := range map[uint64]workers.Role{1: workers.RolePrefill, 2: workers.RoleDecode, 3: workers.RoleDecode} {
 		slot, _ := r.node.Scheduler().Resolve(id, 0)
 		if info, _ := r.node.Scheduler().Worker(slot); info.Role != want {
 			t.Fatalf("worker %d registered as %v, want %v", id, info.Role, want)
@@ -217,8 +217,8 @@ func TestDisaggConditional(t *testing.T) {
 // event, and a client that leaves during the prefill aborts both stages;
 // every path frees every booking.
 func TestDisaggVLLMFaults(t *testing.T) {
-	decode := startMock(t, mocker.Config{Role: mocker.RoleDecode})
-	realPrefill := startMock(t, mocker.Config{Role: mocker.RolePrefill})
+	decode := startMock(t, mocker.Config{Role: workers.RoleDecode})
+	realPrefill := startMock(t, mocker.Config{Role: workers.RolePrefill})
 	broken := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		ctx.SetContentType("application/json")
@@ -243,9 +243,9 @@ func TestDisaggVLLMFaults(t *testing.T) {
 		cfg.Dispatch.Outlier.Consecutive = 0
 		return startE2ERouter(t, cfg)
 	}
-	decodeWorker := node.StaticWorker{ID: 10, Endpoint: decode.Addr(), Model: e2eModel, Role: sched.RoleDecode}
+	decodeWorker := node.StaticWorker{ID: 10, Endpoint: decode.Addr(), Model: e2eModel, Role: workers.RoleDecode}
 	prefillOf := func(id uint64, addr string) node.StaticWorker {
-		return node.StaticWorker{ID: id, Endpoint: addr, Model: e2eModel, Role: sched.RolePrefill}
+		return node.StaticWorker{ID: id, Endpoint: addr, Model: e2eModel, Role: workers.RolePrefill}
 	}
 	body := completionBody(e2eTokens(7, 200), true, 6)
 
@@ -280,7 +280,7 @@ func TestDisaggVLLMFaults(t *testing.T) {
 			_ = writeFlush(w, []byte("data: {garbage\n\n"))
 		}))
 		r := run(t, []node.StaticWorker{prefillOf(3, realPrefill.Addr())},
-			node.StaticWorker{ID: 11, Endpoint: dying.addr(), Model: e2eModel, Role: sched.RoleDecode})
+			node.StaticWorker{ID: 11, Endpoint: dying.addr(), Model: e2eModel, Role: workers.RoleDecode})
 		resp := r.post(t, fastpath.PathCompletions, body, nil)
 		items, _, _, errEv := readStream(t, resp.body)
 		if resp.status != 200 || items != 1 || !errEv {

@@ -3,7 +3,6 @@ package fastpath
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/workers"
 )
 
@@ -72,7 +71,7 @@ func (c *roleLoadCollector) Collect(ch chan<- prometheus.Metric) {
 		requests[r] += float64(l.Requests)
 		count[r]++
 	}
-	for _, r := range []sched.Role{sched.RoleBoth, sched.RolePrefill, sched.RoleDecode, sched.RoleEncode} {
+	for _, r := range []workers.Role{workers.RoleBoth, workers.RolePrefill, workers.RoleDecode, workers.RoleEncode} {
 		name := r.String()
 		ch <- prometheus.MustNewConstMetric(descRolePrefill, prometheus.GaugeValue, prefill[r], name)
 		ch <- prometheus.MustNewConstMetric(descRoleBlocks, prometheus.GaugeValue, blocks[r], name)

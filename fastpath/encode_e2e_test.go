@@ -17,6 +17,7 @@ import (
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // encodeRig is a router over an aggregated mock engine (worker 1, slot
@@ -30,9 +31,9 @@ type encodeRig struct {
 
 func startEncodeRig(t *testing.T, encoders int, engine mocker.Config, static ...node.StaticWorker) *encodeRig {
 	t.Helper()
-	roles := []mocker.Role{mocker.RoleBoth}
+	roles := []workers.Role{workers.RoleBoth}
 	for range encoders {
-		roles = append(roles, mocker.RoleEncode)
+		roles = append(roles, workers.RoleEncode)
 	}
 	if engine.Speedup == 0 {
 		engine.Speedup = 20
@@ -158,7 +159,7 @@ func failingEncoder(t *testing.T) (node.StaticWorker, *atomic.Int64) {
 		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
 		ctx.SetBodyString(`{"error":{"message":"encoder out of memory","type":"server_error"}}`)
 	})
-	return node.StaticWorker{ID: 9, Endpoint: "http://" + e.addr(), Model: mocker.DefaultModel, Role: sched.RoleEncode}, &n
+	return node.StaticWorker{ID: 9, Endpoint: "http://" + e.addr(), Model: mocker.DefaultModel, Role: workers.RoleEncode}, &n
 }
 
 // TestEncodeFailureRecovers: an item whose encoder fails is encoded on
@@ -279,7 +280,7 @@ func TestEncodeMediaLimits(t *testing.T) {
 func TestEncodeThenDisagg(t *testing.T) {
 	cfg := e2eConfig()
 	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM, MinRemoteTokens: 1}
-	roles := []mocker.Role{mocker.RolePrefill, mocker.RoleDecode, mocker.RoleEncode}
+	roles := []workers.Role{workers.RolePrefill, workers.RoleDecode, workers.RoleEncode}
 	r := startE2ERig(t, rig.Config{Node: cfg, Engines: len(roles), Roles: roles, Engine: mocker.Config{WorkerID: 1, Speedup: 20}})
 	ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
 	defer cancel()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // TestRouteOnlyAllocations drives the server's handler in process, with one
@@ -75,7 +76,7 @@ func TestRouteOnlyAllocations(t *testing.T) {
 				s.SetAdapters(map[string]string{"sql": benchModel})
 			}
 			if tc.encoder {
-				if err := s.sched.Upsert(sched.WorkerInfo{ID: 99, Slot: 4, Model: benchModel, Endpoint: "127.0.0.1:99", Role: sched.RoleEncode}); err != nil {
+				if err := s.sched.Upsert(sched.WorkerInfo{ID: 99, Slot: 4, Model: benchModel, Endpoint: "127.0.0.1:99", Role: workers.RoleEncode}); err != nil {
 					t.Fatal(err)
 				}
 			}

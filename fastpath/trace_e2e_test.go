@@ -20,6 +20,7 @@ import (
 	"github.com/kvfast/kvfast/internal/rig"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // otlpReceiver is an in-process OpenTelemetry collector: it takes OTLP/HTTP
@@ -307,7 +308,7 @@ func TestTracingDisaggregatedStages(t *testing.T) {
 	cfg := tracedConfig(rcv)
 	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM, MinRemoteTokens: 64}
 	r := startE2ERig(t, rig.Config{Node: cfg})
-	for id, role := range map[uint64]mocker.Role{1: mocker.RolePrefill, 2: mocker.RoleDecode} {
+	for id, role := range map[uint64]workers.Role{1: workers.RolePrefill, 2: workers.RoleDecode} {
 		startMock(t, mocker.Config{WorkerID: id, Role: role, Segment: r.rig.SegmentPath, KVBlocks: 2048})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
@@ -339,7 +340,7 @@ func TestTracingDisaggregatedStages(t *testing.T) {
 // encoder call in the trace, below the request's span.
 func TestTracingEncoderStage(t *testing.T) {
 	rcv := startOTLPReceiver(t)
-	r := startE2ERig(t, rig.Config{Node: tracedConfig(rcv), Engines: 2, Roles: []mocker.Role{mocker.RoleBoth, mocker.RoleEncode},
+	r := startE2ERig(t, rig.Config{Node: tracedConfig(rcv), Engines: 2, Roles: []workers.Role{workers.RoleBoth, workers.RoleEncode},
 		Engine: mocker.Config{WorkerID: 1, Speedup: 20}})
 	ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
 	defer cancel()

@@ -21,8 +21,8 @@ func newStagePool(t testing.TB, cfg sched.Config, obs Observer) (*Pool, *sched.S
 	if err != nil {
 		t.Fatal(err)
 	}
-	roles := []sched.Role{sched.RolePrefill, sched.RolePrefill, sched.RoleDecode, sched.RoleDecode, sched.RoleDecode, sched.RoleBoth,
-		sched.RoleEncode, sched.RoleEncode}
+	roles := []workers.Role{workers.RolePrefill, workers.RolePrefill, workers.RoleDecode, workers.RoleDecode, workers.RoleDecode, workers.RoleBoth,
+		workers.RoleEncode, workers.RoleEncode}
 	for i, r := range roles {
 		if err := s.Upsert(sched.WorkerInfo{ID: uint64(i), Slot: workers.Slot(i), Model: "m", KVCapacityBlocks: 1 << 20, Role: r}); err != nil {
 			t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Config describes one simulated engine. The zero value of every field
@@ -87,14 +88,14 @@ type Config struct {
 	// not offload hybrid models either). 0: one full-attention group.
 	SlidingWindow int
 
-	// Role is the engine's part in disaggregated serving (disagg.go):
-	// RolePrefill keeps a prompt's KV for a remote decode when asked
-	// (kv_transfer_params do_remote_decode), RoleDecode pulls it from the
-	// prefill engine the params name (do_remote_prefill), RoleBoth (the
+	// workers.Role is the engine's part in disaggregated serving (disagg.go):
+	// workers.RolePrefill keeps a prompt's KV for a remote decode when asked
+	// (kv_transfer_params do_remote_decode), workers.RoleDecode pulls it from the
+	// prefill engine the params name (do_remote_prefill), workers.RoleBoth (the
 	// default) does either. Every role also serves plain requests, as a
 	// vLLM engine with a KV connector does. The role is registered in the
 	// shm segment.
-	Role Role
+	Role workers.Role
 	// SGLangBootstrap simulates SGLang's disaggregation instead: a
 	// request carrying bootstrap_host, bootstrap_port and bootstrap_room
 	// is a prefill (on a prefill engine: it computes the prompt and keeps
@@ -107,7 +108,7 @@ type Config struct {
 	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT; default DefaultTransferTimeout).
 	TransferTimeout time.Duration
 	// ECStore is the encoder-cache connector's storage (encode.go): an
-	// encode engine (RoleEncode, which needs one) saves every item it
+	// encode engine (workers.RoleEncode, which needs one) saves every item it
 	// encodes there, and the other engines skip encoding the items they
 	// find there. Nil: no engine finds any, and every engine encodes its
 	// own requests' items.
@@ -185,9 +186,9 @@ func (cfg Config) withDefaults() (Config, error) {
 		cfg.EncoderCacheItems = DefaultEncoderCacheItems
 	}
 	switch {
-	case cfg.Role > RoleEncode:
+	case cfg.Role > workers.RoleEncode:
 		return cfg, fmt.Errorf("cannot configure mock engine: unknown role %d", cfg.Role)
-	case cfg.Role == RoleEncode && cfg.ECStore == nil:
+	case cfg.Role == workers.RoleEncode && cfg.ECStore == nil:
 		return cfg, fmt.Errorf("cannot configure mock engine: %w", errEncodeStore)
 	case cfg.TransferTimeout < 0:
 		return cfg, fmt.Errorf("cannot configure mock engine: transfer timeout %v is negative", cfg.TransferTimeout)

@@ -3,7 +3,6 @@ package mocker
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"math"
 	"net"
 	"slices"
@@ -14,7 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvfast/kvfast/openai"
-	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Disaggregated serving, simulated in the engines' own protocols.
@@ -39,33 +38,6 @@ import (
 // server (POST /mock/bootstrap/pull, on the mock's HTTP port) for the
 // room, waiting until the prefill is done, and then proceeds as a vLLM
 // decode does.
-
-// Role is the engine's part in disaggregated serving, as the shm registry
-// records it.
-type Role = shm.Role
-
-// Roles.
-const (
-	RoleBoth    = shm.RoleBoth
-	RolePrefill = shm.RolePrefill
-	RoleDecode  = shm.RoleDecode
-	RoleEncode  = shm.RoleEncode // encode.go
-)
-
-// ParseRole reads "prefill", "decode", "encode" or "both".
-func ParseRole(s string) (Role, error) {
-	switch s {
-	case "", "both":
-		return RoleBoth, nil
-	case "prefill":
-		return RolePrefill, nil
-	case "decode":
-		return RoleDecode, nil
-	case "encode":
-		return RoleEncode, nil
-	}
-	return RoleBoth, fmt.Errorf("cannot use role %q: want prefill, decode, encode or both", s)
-}
 
 const (
 	pathKVPull        = "/mock/kv/pull"
@@ -149,27 +121,27 @@ func (e *Engine) prepareDisagg(req *apiRequest, r *Request) *openai.Error {
 	case d.bootstrap && !e.cfg.SGLangBootstrap:
 		return badRequest("bootstrap_room", "this engine was not started for disaggregation (SGLang bootstrap)")
 	case d.bootstrap && e.isBootstrap(d.host, d.port):
-		if e.cfg.Role == RoleDecode {
+		if e.cfg.Role == workers.RoleDecode {
 			return badRequest("bootstrap_host", "a decode engine cannot serve as the prefill of a room")
 		}
 		r.KeepBlocks, r.MaxTokens = true, 1
 		req.stream = false // the router reads the prefill's answer and drops it
 		return nil
 	case d.bootstrap:
-		if e.cfg.Role == RolePrefill {
+		if e.cfg.Role == workers.RolePrefill {
 			return badRequest("bootstrap_host", "a prefill engine cannot decode a room")
 		}
 		return e.pull(r, "http://"+net.JoinHostPort(d.host, strconv.Itoa(d.port))+pathBootstrapPull, pullRequest{Room: d.room})
 	case d.kv == nil:
 		return nil
 	case d.kv.DoRemoteDecode:
-		if e.cfg.Role == RoleDecode {
+		if e.cfg.Role == workers.RoleDecode {
 			return badRequest("kv_transfer_params", "a decode engine (kv_consumer) cannot prefill for a remote decode")
 		}
 		r.KeepBlocks = !req.stream
 		return nil
 	case d.kv.DoRemotePrefill:
-		if e.cfg.Role == RolePrefill {
+		if e.cfg.Role == workers.RolePrefill {
 			return badRequest("kv_transfer_params", "a prefill engine (kv_producer) cannot decode a remote prefill")
 		}
 		kv := d.kv

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvfast/kvfast/workers"
 )
 
 func tokenPrompt(n, seed int) string {
@@ -21,8 +23,8 @@ func tokenPrompt(n, seed int) string {
 // them; a second pull of the same blocks is refused, and so are requests
 // of the wrong role.
 func TestVLLMTransfer(t *testing.T) {
-	pre := startEngine(t, Config{Role: RolePrefill, BlockSize: 16, Speedup: 1000})
-	dec := startEngine(t, Config{Role: RoleDecode, BlockSize: 16, Speedup: 1000})
+	pre := startEngine(t, Config{Role: workers.RolePrefill, BlockSize: 16, Speedup: 1000})
+	dec := startEngine(t, Config{Role: workers.RoleDecode, BlockSize: 16, Speedup: 1000})
 	prompt := tokenPrompt(100, 1)
 	status, body := do(t, "POST", pre.URL()+"/v1/completions", `{"prompt":`+prompt+`,"max_tokens":1,"stream":false,`+
 		`"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}}`)
@@ -65,7 +67,7 @@ func TestVLLMTransfer(t *testing.T) {
 // TestTransferTimeout: blocks no decode pulls are freed after the
 // transfer timeout, and a late pull is refused.
 func TestTransferTimeout(t *testing.T) {
-	pre := startEngine(t, Config{Role: RolePrefill, BlockSize: 16, Speedup: 1000, TransferTimeout: time.Millisecond})
+	pre := startEngine(t, Config{Role: workers.RolePrefill, BlockSize: 16, Speedup: 1000, TransferTimeout: time.Millisecond})
 	dec := startEngine(t, Config{BlockSize: 16, Speedup: 1000})
 	prompt := tokenPrompt(64, 2)
 	_, body := do(t, "POST", pre.URL()+"/v1/completions", `{"prompt":`+prompt+`,"max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}`)

@@ -11,7 +11,7 @@
 //     blocks in vLLM's kv_transfer_params (or keeps them for an SGLang
 //     bootstrap room); a decode engine pulls them over HTTP, paying
 //     Timing.TransferPerBlock a block, and refuses blocks no longer kept.
-//   - Encoder disaggregation (encode.go, Config.Role RoleEncode, ECStore,
+//   - Encoder disaggregation (encode.go, Config.Role workers.RoleEncode, ECStore,
 //     EncoderCacheItems): an encode engine encodes a chat request's
 //     images at Timing.EncodePerItem each, one at a time, unless its
 //     encoder cache (LRU, by mm_hash) has them, and saves them to the

@@ -18,7 +18,7 @@ import (
 )
 
 // Encoder disaggregation, simulated as vLLM runs it (docs/mocker.md). An
-// encode engine (Config.Role RoleEncode, vLLM's ec_producer) answers a
+// encode engine (Config.Role workers.RoleEncode, vLLM's ec_producer) answers a
 // chat request by encoding its images: each costs Timing.EncodePerItem
 // unless the engine's encoder cache (Config.EncoderCacheItems items,
 // least recently used out first, keyed by the image's mm_hash, ImageHash)

@@ -4,6 +4,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/kvfast/kvfast/workers"
 )
 
 // TestEncodeHandOver: an encode engine encodes an image once and then
@@ -14,7 +16,7 @@ func TestEncodeHandOver(t *testing.T) {
 	store := NewECStore()
 	timing := testTiming
 	timing.EncodePerItem = 1
-	enc := startEngine(t, Config{Model: "m", Role: RoleEncode, ECStore: store, Speedup: math.Inf(1), Timing: timing})
+	enc := startEngine(t, Config{Model: "m", Role: workers.RoleEncode, ECStore: store, Speedup: math.Inf(1), Timing: timing})
 	agg := startEngine(t, Config{Model: "m", ECStore: store, Speedup: math.Inf(1), Timing: timing})
 	cat := imageChat("http://pictures/cat.png")
 	for range 2 {
@@ -43,7 +45,7 @@ func TestEncodeHandOver(t *testing.T) {
 	if status, _ := do(t, "POST", enc.URL()+"/v1/completions", `{"model":"m","prompt":"hi"}`); status != 400 {
 		t.Errorf("an encode engine answered a completions request: %d", status)
 	}
-	if _, err := Start(Config{Role: RoleEncode}); err == nil {
+	if _, err := Start(Config{Role: workers.RoleEncode}); err == nil {
 		t.Error("an encode engine started without a store")
 	}
 }

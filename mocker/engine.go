@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvfast/kvfast/internal/jsonscan"
 	"github.com/kvfast/kvfast/openai"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // maxLag bounds how far the engine may fall behind its schedule (a starved
@@ -534,7 +535,7 @@ func (e *Engine) servesModel(ctx *fasthttp.RequestCtx, model string) bool {
 }
 
 func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
-	if e.cfg.Role == RoleEncode {
+	if e.cfg.Role == workers.RoleEncode {
 		e.handleEncode(ctx, chat)
 		return
 	}

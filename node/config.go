@@ -112,7 +112,7 @@ type StaticWorker struct {
 	KVBlocks uint64
 	// Role is the worker's part in disaggregated serving (role=prefill,
 	// decode, encode or both; both when absent).
-	Role sched.Role
+	Role workers.Role
 
 	// Events is the engine's ZMQ KV-event PUB socket (tcp://host:port),
 	// for engines that publish vLLM's wire format (stock vLLM and SGLang);
@@ -314,7 +314,7 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 		case "topic":
 			sw.Topic = val
 		case "role":
-			sw.Role, err = sched.ParseRole(val)
+			sw.Role, err = workers.ParseRole(val)
 		default:
 			return sw, fmt.Errorf("cannot use key %q: want url, id, rank, model, kv-blocks, role, zmq, replay or topic", k)
 		}

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/workers"
 )
 
@@ -75,9 +74,9 @@ func TestParseStaticWorker(t *testing.T) {
 		{value: "url=http://h:1,id=3,rank=1,model=m,zmq=tcp://h:5558,replay=tcp://h:5559,topic=kv-events",
 			want: StaticWorker{ID: 3, DPRank: 1, Endpoint: "http://h:1", Model: "m", Events: "tcp://h:5558",
 				Replay: "tcp://h:5559", Topic: "kv-events"}},
-		{value: "url=http://h:1,role=prefill", want: StaticWorker{ID: 7, Endpoint: "http://h:1", Role: sched.RolePrefill}},
-		{value: "url=http://h:1,role=decode", want: StaticWorker{ID: 7, Endpoint: "http://h:1", Role: sched.RoleDecode}},
-		{value: "url=http://h:1,role=encode", want: StaticWorker{ID: 7, Endpoint: "http://h:1", Role: sched.RoleEncode}},
+		{value: "url=http://h:1,role=prefill", want: StaticWorker{ID: 7, Endpoint: "http://h:1", Role: workers.RolePrefill}},
+		{value: "url=http://h:1,role=decode", want: StaticWorker{ID: 7, Endpoint: "http://h:1", Role: workers.RoleDecode}},
+		{value: "url=http://h:1,role=encode", want: StaticWorker{ID: 7, Endpoint: "http://h:1", Role: workers.RoleEncode}},
 		{value: "url=http://h:1,role=vision", err: "role="},
 		{value: "model=m", err: "needs url"},
 		{value: "url=http://h:1,id", err: "key=value"},

@@ -3,7 +3,7 @@
 //
 // # Responsibility
 //
-// Workers carry a Role (prefill, decode, encode or both) and a request a
+// Workers carry a workers.Role (prefill, decode, encode or both) and a request a
 // Stage, which keeps only the workers that can run that stage of a
 // disaggregated request (roles.go); encoders serve StageEncode only.
 //

@@ -10,7 +10,7 @@ import (
 
 func TestStageFiltersByRole(t *testing.T) {
 	s := newTestScheduler(t, 0, Config{})
-	roles := []Role{RolePrefill, RoleDecode, RoleBoth, RoleDecode, RoleEncode}
+	roles := []workers.Role{workers.RolePrefill, workers.RoleDecode, workers.RoleBoth, workers.RoleDecode, workers.RoleEncode}
 	for i, r := range roles {
 		if err := s.Upsert(WorkerInfo{ID: 100 + uint64(i), Slot: workers.Slot(i), Model: "m", Endpoint: "h:1", Role: r}); err != nil {
 			t.Fatal(err)
@@ -39,7 +39,7 @@ func TestStageFiltersByRole(t *testing.T) {
 	}
 	// A role change on re-upsert moves the worker between the sets, and
 	// removal clears it.
-	if err := s.Upsert(WorkerInfo{ID: 100, Slot: 0, Model: "m", Endpoint: "h:1", Role: RoleDecode}); err != nil {
+	if err := s.Upsert(WorkerInfo{ID: 100, Slot: 0, Model: "m", Endpoint: "h:1", Role: workers.RoleDecode}); err != nil {
 		t.Fatal(err)
 	}
 	if s.StageWorkers(StagePrefill).Has(0) || !s.StageWorkers(StageDecode).Has(0) {
@@ -49,7 +49,7 @@ func TestStageFiltersByRole(t *testing.T) {
 	if s.StageWorkers(StageAny).Has(4) || s.StageWorkers(StagePrefill).Has(4) || s.StageWorkers(StageDecode).Has(4) {
 		t.Error("the encoder is a candidate of a generating stage")
 	}
-	if err := s.Upsert(WorkerInfo{ID: 104, Slot: 4, Model: "m", Endpoint: "h:1", Role: RoleBoth}); err != nil {
+	if err := s.Upsert(WorkerInfo{ID: 104, Slot: 4, Model: "m", Endpoint: "h:1", Role: workers.RoleBoth}); err != nil {
 		t.Fatal(err)
 	}
 	if s.StageWorkers(StageEncode) != 0 || !s.StageWorkers(StageAny).Has(4) {
@@ -68,15 +68,15 @@ func TestStageFiltersByRole(t *testing.T) {
 }
 
 func TestParseRole(t *testing.T) {
-	for in, want := range map[string]Role{"": RoleBoth, "both": RoleBoth, "prefill": RolePrefill, "decode": RoleDecode, "encode": RoleEncode} {
-		if got, err := ParseRole(in); err != nil || got != want {
-			t.Errorf("ParseRole(%q) = %v, %v; want %v", in, got, err, want)
+	for in, want := range map[string]workers.Role{"": workers.RoleBoth, "both": workers.RoleBoth, "prefill": workers.RolePrefill, "decode": workers.RoleDecode, "encode": workers.RoleEncode} {
+		if got, err := workers.ParseRole(in); err != nil || got != want {
+			t.Errorf("workers.ParseRole(%q) = %v, %v; want %v", in, got, err, want)
 		}
 		if want.String() != in && in != "" {
 			t.Errorf("%v.String() = %q, want %q", want, want.String(), in)
 		}
 	}
-	if _, err := ParseRole("vision"); err == nil {
+	if _, err := workers.ParseRole("vision"); err == nil {
 		t.Error("ParseRole accepted an unknown role")
 	}
 }

@@ -16,9 +16,9 @@ type WorkerInfo struct {
 	Slot             workers.Slot
 	Model            string
 	Endpoint         string
-	BlockSize        int    // 0 means the router's block size; anything else must equal it
-	KVCapacityBlocks uint64 // 0 if unknown (the load page's total is used instead)
-	Role             Role   // disaggregated serving's part for the worker (roles.go)
+	BlockSize        int          // 0 means the router's block size; anything else must equal it
+	KVCapacityBlocks uint64       // 0 if unknown (the load page's total is used instead)
+	Role             workers.Role // disaggregated serving's part for the worker (roles.go)
 }
 
 type workerKey struct {
@@ -34,8 +34,8 @@ type workerSet struct {
 	info    [workers.Max]WorkerInfo
 	bySlot  map[workerKey]workers.Slot
 	byModel map[string]workers.Set
-	// onlyPrefill, onlyDecode and onlyEncode are the workers whose Role
-	// excludes the other stages (roles.go); RoleBoth workers are in none.
+	// onlyPrefill, onlyDecode and onlyEncode are the workers whose workers.Role
+	// excludes the other stages (roles.go); workers.RoleBoth workers are in none.
 	onlyPrefill, onlyDecode, onlyEncode workers.Set
 }
 
@@ -58,7 +58,7 @@ func (ws *workerSet) drop(w workers.Slot) {
 		delete(ws.byModel, old.Model)
 	}
 	ws.present &^= workers.SetOf(w)
-	ws.setRole(w, RoleBoth)
+	ws.setRole(w, workers.RoleBoth)
 	ws.info[w] = WorkerInfo{}
 }
 

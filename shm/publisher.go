@@ -16,8 +16,8 @@ type WorkerConfig struct {
 	Model            string // served model name; seeds the block hashes
 	BlockSize        int    // tokens per KV block, as the engine uses
 	KVCapacityBlocks uint64
-	Endpoint         string // HTTP base URL the router forwards requests to
-	Role             Role   // disaggregated serving's part; RoleBoth when aggregated
+	Endpoint         string       // HTTP base URL the router forwards requests to
+	Role             workers.Role // disaggregated serving's part; workers.RoleBoth when aggregated
 }
 
 func (c WorkerConfig) validate() error {
@@ -26,7 +26,7 @@ func (c WorkerConfig) validate() error {
 		return fmt.Errorf("cannot register block size %d: must be in [1, %d]", c.BlockSize, 1<<15)
 	case len(c.Model) > MaxModelLen:
 		return fmt.Errorf("cannot register model name of %d bytes: at most %d", len(c.Model), MaxModelLen)
-	case c.Role > RoleEncode:
+	case c.Role > workers.RoleEncode:
 		return fmt.Errorf("cannot register role %d: want 0 (both), 1 (prefill), 2 (decode) or 3 (encode)", c.Role)
 	case len(c.Endpoint) > MaxEndpointLen:
 		return fmt.Errorf("cannot register endpoint of %d bytes: at most %d", len(c.Endpoint), MaxEndpointLen)

@@ -37,20 +37,6 @@ func (s WorkerState) String() string {
 	return fmt.Sprintf("state(%d)", uint8(s))
 }
 
-// Role is the part a registered engine plays in disaggregated serving,
-// with sched.Role's numbering: 0 both (aggregated), 1 prefill, 2 decode,
-// 3 encode. Encode came last so that the numbers already written keep
-// their meaning; a reader older than it refuses the slot (an unknown
-// role), rather than routing token generation to an encoder.
-type Role uint8
-
-const (
-	RoleBoth Role = iota
-	RolePrefill
-	RoleDecode
-	RoleEncode
-)
-
 // Registry slot field offsets (little-endian). The state word's low byte
 // is the WorkerState and its upper 56 bits count transitions, so a reader
 // that sees the same word before and after copying the fields knows no
@@ -68,9 +54,9 @@ const (
 	sModelLen   = 56 // u16
 	sEndptLen   = 58 // u16
 	// sRole was reserved (always zero) before roles existed, and zero is
-	// RoleBoth: a slot written by an older publisher reads as an
+	// workers.RoleBoth: a slot written by an older publisher reads as an
 	// aggregated engine, so the layout version did not change.
-	sRole     = 60 // u32: the worker's Role
+	sRole     = 60 // u32: the worker's workers.Role
 	sModel    = 64
 	sEndpoint = 256
 
@@ -97,7 +83,7 @@ type WorkerInfo struct {
 	Registered       int64 // CLOCK_MONOTONIC ns of the registration
 	Model            string
 	Endpoint         string
-	Role             Role
+	Role             workers.Role
 	stateWord        uint64
 }
 
@@ -164,7 +150,7 @@ func decodeSlot(b []byte, info *WorkerInfo) error {
 		return fmt.Errorf("model length %d or endpoint length %d exceeds its field", ml, el)
 	}
 	bs := le.Uint32(b[sBlockSize:])
-	if r := le.Uint32(b[sRole:]); r > uint32(RoleEncode) {
+	if r := le.Uint32(b[sRole:]); r > uint32(workers.RoleEncode) {
 		return fmt.Errorf("unknown worker role %d", r)
 	}
 	if bs > 1<<16 {
@@ -182,7 +168,7 @@ func decodeSlot(b []byte, info *WorkerInfo) error {
 	info.Registered = int64(le.Uint64(b[sRegistered:]))
 	info.Model = string(b[sModel : sModel+ml])
 	info.Endpoint = string(b[sEndpoint : sEndpoint+el])
-	info.Role = Role(le.Uint32(b[sRole:]))
+	info.Role = workers.Role(le.Uint32(b[sRole:]))
 	return nil
 }
 

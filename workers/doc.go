@@ -1,7 +1,9 @@
 // Package workers holds the vocabulary every layer of kvfast shares about
 // the engines on one node: a worker Slot, a Set of slots, the per-slot
-// prefix Overlaps of a lookup, and the storage Tier a cached block sits on
-// (with LowerTiers, a lookup's per-tier counts). It is a leaf: it imports
+// prefix Overlaps of a lookup, the storage Tier a cached block sits on
+// (with LowerTiers, a lookup's per-tier counts), and the Role a worker
+// plays in disaggregated serving (numbered as the shm registry records
+// it). It is a leaf: it imports
 // nothing of kvfast, so the index, the segment, the scheduler and the
 // engine pool can all speak of workers without importing one another.
 //

@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"fmt"
 	"iter"
 	"math/bits"
 )
@@ -88,3 +89,47 @@ type LowerTiers [Tiers - 1]Overlaps
 // Blocks returns how many of w's matched blocks are held on tier t, which
 // must be below the GPU.
 func (l *LowerTiers) Blocks(t Tier, w Slot) uint32 { return l[t-1][w] }
+
+// Role is the part a worker plays when serving is disaggregated: it
+// computes prompts for others (prefill), generates from prompts others
+// computed (decode), does both (the zero value: every aggregated engine),
+// or only encodes multimodal inputs for the others (encode). The shm
+// registry records it in this numbering, so it must not change.
+type Role uint8
+
+const (
+	RoleBoth Role = iota
+	RolePrefill
+	RoleDecode
+	RoleEncode
+)
+
+// ParseRole reads a role's name: "prefill", "decode", "encode" or "both"
+// ("" too).
+func ParseRole(s string) (Role, error) {
+	switch s {
+	case "", "both":
+		return RoleBoth, nil
+	case "prefill":
+		return RolePrefill, nil
+	case "decode":
+		return RoleDecode, nil
+	case "encode":
+		return RoleEncode, nil
+	}
+	return RoleBoth, fmt.Errorf("cannot use role %q: want prefill, decode, encode or both", s)
+}
+
+func (r Role) String() string {
+	switch r {
+	case RolePrefill:
+		return "prefill"
+	case RoleDecode:
+		return "decode"
+	case RoleEncode:
+		return "encode"
+	case RoleBoth:
+		return "both"
+	}
+	return fmt.Sprintf("role(%d)", uint8(r))
+}

@@ -180,7 +180,7 @@ func TestParseDisagg(t *testing.T) {
 			t.Errorf("ParseDisagg(%q) = %v, %v", tc.in, got, err)
 		}
 	}
-	if d := (DisaggSpec{2, 3}); d.String() != "2P3D" || d.Engines() != 5 || fmt.Sprint(d.Roles()) != "[1 1 2 2 2]" {
+	if d := (DisaggSpec{2, 3}); d.String() != "2P3D" || d.Engines() != 5 || fmt.Sprint(d.Roles()) != "[prefill prefill decode decode decode]" {
 		t.Errorf("%v: %d engines, roles %v", d, d.Engines(), d.Roles())
 	}
 }

@@ -16,8 +16,8 @@ import (
 
 	"github.com/kvfast/kvfast/benchmarks/replay"
 	"github.com/kvfast/kvfast/internal/rig"
-	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/prompt"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // The multimodal workload (replay.WorkloadMultimodal) and the encoder
@@ -58,10 +58,10 @@ func (e EncodeSpec) String() string { return strconv.Itoa(e.Encoders) + "E" }
 
 // Roles is each of engines engines' role in rig slot order: the encoders
 // first.
-func (e EncodeSpec) Roles(engines int) []mocker.Role {
-	roles := make([]mocker.Role, engines)
+func (e EncodeSpec) Roles(engines int) []workers.Role {
+	roles := make([]workers.Role, engines)
 	for i := range min(e.Encoders, engines) {
-		roles[i] = mocker.RoleEncode
+		roles[i] = workers.RoleEncode
 	}
 	return roles
 }
@@ -90,7 +90,7 @@ const (
 func (o *Options) encodeRunSpecs() []runSpec {
 	p, epd := o.Policies[0], o.Encode.Roles(o.Engines)
 	return []runSpec{
-		{name: p + " " + runAggregated, policy: p, roles: make([]mocker.Role, o.Engines)},
+		{name: p + " " + runAggregated, policy: p, roles: make([]workers.Role, o.Engines)},
 		{name: fmt.Sprintf("%s %s %s", p, o.Encode, runAffinity), policy: p, roles: epd},
 		{name: fmt.Sprintf("%s %s %s", p, o.Encode, runLoadOnly), policy: p, roles: epd, encodeByLoad: true},
 	}
@@ -210,7 +210,7 @@ type EncodeTotals struct {
 func (r *PolicyRun) EncodeTotals() EncodeTotals {
 	t := r.routerEncode
 	for i, s := range r.Encode {
-		if r.Roles[i] == mocker.RoleEncode {
+		if r.Roles[i] == workers.RoleEncode {
 			t.EncoderItems += s.CacheHits + s.Encoded
 			t.EncoderHits += s.CacheHits
 			t.EncodedOnEncoders += s.Encoded

@@ -26,7 +26,7 @@ func TestParseEncode(t *testing.T) {
 			t.Errorf("ParseEncode(%q) = %v, %v", tc.in, got, err)
 		}
 	}
-	if e := (EncodeSpec{2}); e.String() != "2E" || fmt.Sprint(e.Roles(4)) != "[3 3 0 0]" {
+	if e := (EncodeSpec{2}); e.String() != "2E" || fmt.Sprint(e.Roles(4)) != "[encode encode both both]" {
 		t.Errorf("%v: roles %v", e, e.Roles(4))
 	}
 }

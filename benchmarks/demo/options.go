@@ -223,13 +223,13 @@ func (d DisaggSpec) String() string { return fmt.Sprintf("%dP%dD", d.Prefill, d.
 
 // Roles is each engine's role in rig slot order: the prefill engines
 // first.
-func (d DisaggSpec) Roles() []mocker.Role {
-	roles := make([]mocker.Role, 0, d.Engines())
+func (d DisaggSpec) Roles() []workers.Role {
+	roles := make([]workers.Role, 0, d.Engines())
 	for range d.Prefill {
-		roles = append(roles, mocker.RolePrefill)
+		roles = append(roles, workers.RolePrefill)
 	}
 	for range d.Decode {
-		roles = append(roles, mocker.RoleDecode)
+		roles = append(roles, workers.RoleDecode)
 	}
 	return roles
 }

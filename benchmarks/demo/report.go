@@ -10,9 +10,8 @@ import (
 	"time"
 
 	"github.com/kvfast/kvfast/benchmarks/replay"
-	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/prompt"
-	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Report is an experiment's outcome: every policy's replay, what the
@@ -309,8 +308,8 @@ func (r *PolicyRun) RoleTotals(o *Options) []RoleTotals {
 		wall = r.Result.Duration
 	}
 	var out []RoleTotals
-	for _, role := range []mocker.Role{mocker.RolePrefill, mocker.RoleDecode, mocker.RoleBoth} {
-		t := RoleTotals{Role: sched.Role(role).String()} // shm numbers roles as sched does
+	for _, role := range []workers.Role{workers.RolePrefill, workers.RoleDecode, workers.RoleBoth} {
+		t := RoleTotals{Role: workers.Role(role).String()} // shm numbers roles as sched does
 		for i, s := range r.Engines {
 			if r.Roles[i] != role {
 				continue

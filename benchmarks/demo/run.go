@@ -16,6 +16,7 @@ import (
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/prompt"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // PolicyRun is one policy's replay with what the engines counted during it.
@@ -26,7 +27,7 @@ type PolicyRun struct {
 	Result  *replay.Result
 	Engines []mocker.Stats
 	// Roles is each engine's role, in the order of Engines.
-	Roles []mocker.Role
+	Roles []workers.Role
 	// Disaggregated: the router ran with disaggregation on.
 	Disaggregated bool
 	// Released: once the replay ended, the router held no booking on any
@@ -138,7 +139,7 @@ func Run(ctx context.Context, o Options, tr *replay.Trace) (*Report, error) {
 // engines' roles (nil: all both) and whether the router disaggregates.
 type runSpec struct {
 	name, policy string
-	roles        []mocker.Role
+	roles        []workers.Role
 	disagg       bool
 	encodeByLoad bool // the router chooses encoders by load only
 }
@@ -151,7 +152,7 @@ func (o *Options) runSpecs() []runSpec {
 	}
 	if o.Disagg.Enabled() {
 		p := o.Policies[0]
-		both := make([]mocker.Role, o.Engines)
+		both := make([]workers.Role, o.Engines)
 		return []runSpec{
 			{name: p + " aggregated", policy: p, roles: both},
 			{name: p + " " + o.Disagg.String(), policy: p, roles: o.Disagg.Roles(), disagg: true},
@@ -280,7 +281,7 @@ func runPolicy(ctx context.Context, o *Options, spec runSpec, tr *replay.Trace, 
 	}
 	for i, e := range r.Engines {
 		run.Engines = append(run.Engines, e.Stats())
-		role := mocker.RoleBoth
+		role := workers.RoleBoth
 		if spec.roles != nil {
 			role = spec.roles[i]
 		}

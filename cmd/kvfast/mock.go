@@ -195,7 +195,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		return 2
 	}
 
-	engineRole, err := mocker.ParseRole(*role)
+	engineRole, err := workers.ParseRole(*role)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvfast mock: --role: %v\n", err)
 		return 2

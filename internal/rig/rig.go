@@ -44,7 +44,7 @@ type Config struct {
 	// (prefill and decode pools, encoders) behind one router. Every engine
 	// shares the rig's encoder-cache store (Rig.ECStore) unless
 	// Engine.ECStore names another.
-	Roles []mocker.Role
+	Roles []workers.Role
 
 	// WaitTimeout bounds Start's wait for the engines and the rig's waits
 	// (0: DefaultWaitTimeout).

@@ -18,6 +18,7 @@ import (
 	"github.com/kvfast/kvfast/internal/rig/rigtest"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // TestRigRoutesToItsEngines: Start returns with every engine routable, in
@@ -83,7 +84,7 @@ func TestRigRoles(t *testing.T) {
 	cfg := rigtest.Config()
 	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM}
 	r := rigtest.Start(t, rig.Config{Node: cfg, SegmentDir: t.TempDir(), Engines: 2,
-		Engine: mocker.Config{WorkerID: 20, Speedup: math.Inf(1)}, Roles: []mocker.Role{mocker.RolePrefill, mocker.RoleDecode}})
+		Engine: mocker.Config{WorkerID: 20, Speedup: math.Inf(1)}, Roles: []workers.Role{workers.RolePrefill, workers.RoleDecode}})
 	resp, err := http.Post(r.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17],"max_tokens":2}`))
 	if err != nil {
 		t.Fatal(err)
@@ -126,7 +127,7 @@ func TestRigRefuses(t *testing.T) {
 		{"engines with their own segment", rig.Config{Node: rigtest.Config(), Engines: 1,
 			Engine: mocker.Config{Segment: "/dev/shm/elsewhere"}}, "own segment"},
 		{"negative engines", rig.Config{Node: rigtest.Config(), Engines: -1}, "engines"},
-		{"a role short", rig.Config{Node: rigtest.Config(), Engines: 2, Roles: []mocker.Role{mocker.RolePrefill}}, "one role per engine"},
+		{"a role short", rig.Config{Node: rigtest.Config(), Engines: 2, Roles: []workers.Role{workers.RolePrefill}}, "one role per engine"},
 		{"a router that cannot start", rig.Config{Node: node.Config{}}, "router"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
