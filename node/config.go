@@ -134,9 +134,11 @@ func DefaultConfig() Config {
 	// No one number suits every model and GPU: each worker's is measured
 	// (sched/calibrate.go); --prefill-load-scale N pins it.
 	cost.AutoPrefillLoadScale = true
-	// Once caches are full, a copy of a prefix evicts another: keep
-	// prefixes in one place unless load forces a copy.
-	cost.EvictionWeight = sched.DefaultEvictionWeight
+	// The eviction term (--eviction-weight) stays off: with it, a worker
+	// that swallows requests without answering looks emptier than the
+	// others and draws traffic (the soak lost 30x throughput to its
+	// never-answering engine), until hangs are detected sooner than the
+	// first-byte timeout.
 	return Config{
 		Listen:      "127.0.0.1:8000",
 		AdminListen: DefaultAdminListen,

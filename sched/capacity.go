@@ -2,11 +2,14 @@ package sched
 
 import "github.com/kvfast/kvfast/workers"
 
-// DefaultEvictionWeight is the eviction weight kvfast serve runs with:
-// between two full workers, a copy of a prefix must save more than 31
-// times the prefix's prefill in queueing. Weights 1, 3, 10 and 30 were
-// measured on the capacity sweep (docs/routing.md): hits rose with the
-// weight up to 10 and held at 30, the TTFT tail did not move.
+// DefaultEvictionWeight is the eviction weight kvfast demo runs with, and
+// what kvfast serve --eviction-weight should be set to where every engine
+// answers: between two full workers, a copy of a prefix must save more
+// than 31 times the prefix's prefill in queueing. Weights 1, 3, 10 and 30
+// were measured on the capacity sweep (docs/routing.md): hits rose with
+// the weight up to 10 and held at 30, the TTFT tail did not move. kvfast
+// serve leaves the term off (0): a worker that swallows requests without
+// answering looks emptier than the others under it and draws traffic.
 const DefaultEvictionWeight = 30
 
 // The eviction term.

@@ -198,7 +198,7 @@ func DefaultOptions() Options {
 		MaxSeqs:          mocker.DefaultMaxSeqs,
 		OverlapCredit:    node.DefaultConfig().Sched.Cost.OverlapCredit,
 		PrefillLoadScale: 10,
-		EvictionWeight:   node.DefaultConfig().Sched.Cost.EvictionWeight,
+		EvictionWeight:   sched.DefaultEvictionWeight,
 		Timing:           mocker.DefaultTiming,
 		Timeout:          2 * time.Minute,
 
