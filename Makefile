@@ -43,7 +43,7 @@ lint: ## gofmt, go vet, staticcheck, and no code production never runs (tools pi
 manifests: ## Validate the Kubernetes manifests (deploy/kubernetes) with kubeconform, strictly, against schemas generated offline from pinned modules.
 	@GO=$(GO) ./scripts/check-manifests.sh
 
-demo: ## Replay the Mooncake trace against 8 mock engines once per routing policy and compare them (about 1.5 min; DEMO_FLAGS=... adds flags).
+demo: ## Replay the Mooncake trace against 8 mock engines once per routing policy and compare them (about 2 min; DEMO_FLAGS=... adds flags).
 	$(GO) run ./cmd/kvfast demo $(DEMO_FLAGS)
 
 soak: ## Run a node under client, engine and router faults for SOAK_DURATION (default 30m), then check nothing leaked.
