@@ -107,36 +107,12 @@ var (
 // refuse and is not an item.
 func (m *Media) Parse(messages []byte, lim MediaLimits) *openai.Error {
 	m.Reset()
-	var kb, pb, tb [maxEscapedKey]byte
-	i, ok := openContainer(messages, 0, '[')
-	for ok {
-		msg, next := nextElement(messages, i)
-		if next < 0 {
-			return nil
-		}
-		i = next
-		k, isObject := openContainer(msg, 0, '{')
-		for isObject {
-			key, content, next := nextField(msg, k, &kb)
-			if next < 0 {
-				break
-			}
-			k = next
-			if string(key) != "content" {
-				continue
-			}
-			j, isArray := openContainer(content, 0, '[')
-			for isArray {
-				part, next := nextElement(content, j)
-				if next < 0 {
-					break
-				}
-				j = next
-				if err := m.readPart(part, lim, &pb, &tb); err != nil {
-					m.Reset()
-					return err
-				}
-			}
+	var pb, tb [maxEscapedKey]byte
+	parts := newContentParts(messages)
+	for part, ok := parts.next(); ok; part, ok = parts.next() {
+		if err := m.readPart(part, lim, &pb, &tb); err != nil {
+			m.Reset()
+			return err
 		}
 	}
 	return nil

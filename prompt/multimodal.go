@@ -302,58 +302,92 @@ func nextElement(b []byte, i int) (val []byte, next int) {
 	return b[i:end], end
 }
 
+// contentParts walks the content parts of a chat request's messages (the
+// raw array, known valid JSON): every element of every message's content
+// array, in order. A struct rather than a callback, so that the walk
+// allocates nothing.
+type contentParts struct {
+	messages, msg, content []byte
+	i, k, j                int
+	inMsg, inContent       bool
+	kb                     [maxEscapedKey]byte
+}
+
+func newContentParts(messages []byte) contentParts {
+	c := contentParts{messages: messages}
+	var ok bool
+	if c.i, ok = openContainer(messages, 0, '['); !ok {
+		c.i = -1
+	}
+	return c
+}
+
+// next returns the next content part, or false when there is none.
+func (c *contentParts) next() ([]byte, bool) {
+	for {
+		if c.inContent {
+			part, next := nextElement(c.content, c.j)
+			if next >= 0 {
+				c.j = next
+				return part, true
+			}
+			c.inContent = false
+		}
+		if c.inMsg {
+			key, content, next := nextField(c.msg, c.k, &c.kb)
+			if next < 0 {
+				c.inMsg = false
+				continue
+			}
+			c.k = next
+			if string(key) == "content" {
+				c.content = content
+				c.j, c.inContent = openContainer(content, 0, '[')
+			}
+			continue
+		}
+		if c.i < 0 {
+			return nil, false
+		}
+		msg, next := nextElement(c.messages, c.i)
+		if next < 0 {
+			c.i = -1
+			return nil, false
+		}
+		c.i = next
+		c.msg = msg
+		c.k, c.inMsg = openContainer(msg, 0, '{')
+	}
+}
+
 // HasMultimodalParts reports whether a chat request's messages (the raw
 // array, known valid) carry a content part other than text: an image,
 // audio, video or file, which an engine hashes into its cached blocks.
 // It tells the front end that a request it could not learn the inputs of
 // routes approximately.
 func HasMultimodalParts(messages []byte) bool {
-	var kb, pb, tb [maxEscapedKey]byte
-	i, ok := openContainer(messages, 0, '[')
-	for ok {
-		msg, next := nextElement(messages, i)
-		if next < 0 {
-			return false
-		}
-		i = next
-		k, isObject := openContainer(msg, 0, '{')
-		for isObject {
-			key, content, next := nextField(msg, k, &kb)
+	var pb, tb [maxEscapedKey]byte
+	parts := newContentParts(messages)
+	for part, ok := parts.next(); ok; part, ok = parts.next() {
+		p, isPart := openContainer(part, 0, '{')
+		for isPart {
+			pk, typ, next := nextField(part, p, &pb)
 			if next < 0 {
 				break
 			}
-			k = next
-			if string(key) != "content" {
+			p = next
+			if string(pk) != "type" {
 				continue
 			}
-			j, isArray := openContainer(content, 0, '[')
-			for isArray {
-				part, next := nextElement(content, j)
-				if next < 0 {
-					break
-				}
-				j = next
-				p, isPart := openContainer(part, 0, '{')
-				for isPart {
-					pk, typ, next := nextField(part, p, &pb)
-					if next < 0 {
-						break
-					}
-					p = next
-					if string(pk) != "type" {
-						continue
-					}
-					end, escaped := jsonscan.ScanString(typ, 0)
-					if end != len(typ) {
-						break
-					}
-					t := unescapedKey(typ[1:end-1], escaped, &tb)
-					switch string(t) {
-					case "text", "input_text", "output_text", "refusal":
-					default:
-						return true
-					}
-				}
+			end, escaped := jsonscan.ScanString(typ, 0)
+			if end != len(typ) {
+				break
+			}
+			t := unescapedKey(typ[1:end-1], escaped, &tb)
+			switch string(t) {
+			case "text", "input_text", "output_text", "refusal":
+			default:
+				return true
 			}
 		}
 	}
