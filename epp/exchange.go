@@ -139,8 +139,7 @@ func (x *exchange) prepare(ctx context.Context) *openai.Error {
 	x.sreq = sched.Request{AllowListed: x.subset, Allow: x.allow}
 	if x.api != 0 && len(x.body) > 0 {
 		if err := x.s.parser.Parse(x.body, x.api, &x.req); err != nil {
-			var oe *openai.Error
-			if errors.As(err, &oe) {
+			if oe, ok := errors.AsType[*openai.Error](err); ok {
 				return oe
 			}
 			return &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Code: "invalid_body", Message: err.Error()}
@@ -221,9 +220,8 @@ func (x *exchange) appendDestination(dec sched.Decision) string {
 // refusalOf maps a failed selection to the protocol's errors, with the
 // wait an overload suggests (0: none).
 func refusalOf(err error) (*openai.Error, time.Duration) {
-	var over *sched.OverloadError
-	switch {
-	case errors.As(err, &over):
+	switch over, overloaded := errors.AsType[*sched.OverloadError](err); {
+	case overloaded:
 		return errOverloaded, over.RetryAfter
 	case errors.Is(err, context.DeadlineExceeded):
 		return errQueueTimeout, 0

@@ -637,14 +637,13 @@ func (ex *exchange) reject(ctx *fasthttp.RequestCtx, e *openai.Error) {
 }
 
 func (ex *exchange) failSelect(ctx *fasthttp.RequestCtx, err error) {
-	var over *sched.OverloadError
-	switch {
+	switch over, overloaded := errors.AsType[*sched.OverloadError](err); {
 	case ex.clientGone():
 		// Nobody reads this answer; fasthttp finds the connection closed.
 		ex.count(statusCancelled)
 		ctx.SetConnectionClose()
 		writeError(ctx, fasthttp.StatusServiceUnavailable, errClientGone)
-	case errors.As(err, &over):
+	case overloaded:
 		secs := max(1, int((over.RetryAfter+time.Second-1)/time.Second))
 		ex.out = strconv.AppendInt(ex.out[:0], int64(secs), 10)
 		ctx.Response.Header.SetBytesV("Retry-After", ex.out)
@@ -735,13 +734,7 @@ func writeError(ctx *fasthttp.RequestCtx, status int, e *openai.Error) {
 }
 
 func asRequestError(err error) *openai.Error {
-	// The parser returns its errors unwrapped; asserting first keeps the
-	// common refusal from paying for errors.As, whose target escapes.
-	if e, ok := err.(*openai.Error); ok {
-		return e
-	}
-	var e *openai.Error
-	if errors.As(err, &e) {
+	if e, ok := errors.AsType[*openai.Error](err); ok {
 		return e
 	}
 	return &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Code: "invalid_request", Message: err.Error()}

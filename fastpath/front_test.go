@@ -46,6 +46,13 @@ func newTestFront(tb testing.TB, cfg Config, policy string, workers []frontWorke
 // newTestFrontWith is newTestFront with the models' prompt renderers.
 func newTestFrontWith(tb testing.TB, cfg Config, policy string, workers []frontWorker, renderers Renderers) *Server {
 	tb.Helper()
+	return newTestFrontSched(tb, cfg, sched.Config{}, policy, workers, renderers)
+}
+
+// newTestFrontSched is newTestFrontWith over a scheduler configured by sc
+// (its Policy is set from policy).
+func newTestFrontSched(tb testing.TB, cfg Config, sc sched.Config, policy string, workers []frontWorker, renderers Renderers) *Server {
+	tb.Helper()
 	if policy == "" {
 		policy = "kv"
 	}
@@ -61,7 +68,8 @@ func newTestFrontWith(tb testing.TB, cfg Config, policy string, workers []frontW
 	if err != nil {
 		tb.Fatal(err)
 	}
-	sc, err := sched.New(sched.Config{Policy: p})
+	sc.Policy = p
+	scheduler, err := sched.New(sc)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -71,14 +79,14 @@ func newTestFrontWith(tb testing.TB, cfg Config, policy string, workers []frontW
 	tb.Cleanup(pool.Close) // after the front end's shutdown: cleanups run last-in first-out
 	for i, w := range workers {
 		slot := staticWorkerSlot(i)
-		if err := sc.Upsert(sched.WorkerInfo{ID: uint64(i + 1), Slot: slot, Model: w.model, Endpoint: w.endpoint}); err != nil {
+		if err := scheduler.Upsert(sched.WorkerInfo{ID: uint64(i + 1), Slot: slot, Model: w.model, Endpoint: w.endpoint}); err != nil {
 			tb.Fatal(err)
 		}
 		if _, err := pool.Add(slot, w.endpoint); err != nil {
 			tb.Fatal(err)
 		}
 	}
-	s, err := New(cfg, Deps{Index: index, Approx: approx, Sched: sc, Engines: pool, UseApprox: useApprox,
+	s, err := New(cfg, Deps{Index: index, Approx: approx, Sched: scheduler, Engines: pool, UseApprox: useApprox,
 		Renderers: renderers, State: frontState{policy}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		tb.Fatal(err)

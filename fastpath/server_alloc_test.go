@@ -191,3 +191,47 @@ func TestRenderedRouteAllocations(t *testing.T) {
 		})
 	}
 }
+
+// TestOverloadAllocations: when every worker is busy and the admission
+// queue is full, the request is refused with 429 and a Retry-After. That
+// refusal is the path a traffic spike takes for every request beyond
+// capacity, so it must allocate nothing either: a router shedding load
+// must not add garbage collection to its troubles.
+func TestOverloadAllocations(t *testing.T) {
+	s := newTestFrontSched(t, DefaultConfig(),
+		sched.Config{Busy: sched.BusyThresholds{PrefillTokens: 1}, QueueCapacity: -1},
+		"", []frontWorker{{endpoint: "127.0.0.1:9", model: benchModel}, {endpoint: "127.0.0.1:10", model: benchModel}}, nil)
+	// One booking of two prompt tokens on each worker makes both busy.
+	held := make([]sched.Reservation, 2)
+	for i := range held {
+		if _, err := s.sched.Select(t.Context(), &sched.Request{Model: benchModel, PromptTokens: 2}, &held[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for i := range held {
+			held[i].Release()
+		}
+	})
+	ctx := newRouteCtx(PathCompletions, tokenBody(benchTokens(1024, 151935), ", ", false), nil)
+	serve := func() {
+		ctx.Response.Reset()
+		s.handle(ctx)
+	}
+	serve()
+	if code := ctx.Response.StatusCode(); code != fasthttp.StatusTooManyRequests {
+		t.Fatalf("status %d, want 429: %s", code, ctx.Response.Body())
+	}
+	if n := testing.AllocsPerRun(200, serve); n != 0 {
+		t.Fatalf("a request refused as overloaded made %v allocations", n)
+	}
+	if got, want := string(ctx.Response.Body()), string(errOverloaded.AppendJSON(nil)); got != want {
+		t.Fatalf("body %s, want %s", got, want)
+	}
+	if ra := string(ctx.Response.Header.Peek("Retry-After")); ra != "1" {
+		t.Fatalf("Retry-After %q, want 1 (the scheduler's minimum)", ra)
+	}
+	if st := s.sched.Stats(); st.Booked != 2 || st.Waiting != 0 {
+		t.Fatalf("refusals left bookings or waiters behind: %+v", st)
+	}
+}

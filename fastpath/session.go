@@ -274,8 +274,12 @@ func (ss *sessions) unbind(es *exchangeSession, b shm.Binding, reason string, no
 // by the failed attempt, so the guard selects again.
 func (ex *exchange) selectSticky() (sched.Decision, error) {
 	dec, err := ex.h.Select(&ex.wait, &ex.sreq)
-	var pin *sched.PinError
-	if err == nil || !ex.sess.sticky || !errors.As(err, &pin) {
+	if err == nil || !ex.sess.sticky {
+		return dec, err
+	}
+	// AsType, unlike As, lets nothing escape: this runs on every refused
+	// request, the 429s of a traffic spike included.
+	if _, pinned := errors.AsType[*sched.PinError](err); !pinned {
 		return dec, err
 	}
 	ex.unstick(unbindDown)

@@ -204,13 +204,29 @@ func (s *Scheduler) wakeAll() {
 	q.list = q.list[:0]
 }
 
-// overload builds the refusal for a full queue.
+// overload is the refusal for a full queue: the recent queue wait as a
+// retry hint. Retry-After is whole seconds on the wire, so the hint is
+// rounded up (a client honouring it never comes back early) and clamped
+// to [RetryAfterMin, RetryAfterMax]; that leaves one refusal per whole
+// second up to the maximum, built once (newRefusals), because a spike
+// refuses thousands of requests a second and none of them may allocate.
 func (s *Scheduler) overload() error {
 	s.refused.Add(1)
-	hint := time.Duration(s.waitEWMA.Load())
-	// Retry-After is whole seconds on the wire; round up so that a client
-	// honouring it never comes back early.
-	hint = (hint + time.Second - 1).Truncate(time.Second)
-	hint = min(max(hint, s.retryMin), s.retryMax)
-	return &OverloadError{RetryAfter: hint, Waiting: s.queue.len()}
+	wait := max(s.waitEWMA.Load(), 0)
+	secs := wait / int64(time.Second)
+	if wait%int64(time.Second) != 0 {
+		secs++
+	}
+	return &s.refusals[min(secs, int64(len(s.refusals)-1))]
+}
+
+// newRefusals returns the refusal for a wait of k whole seconds at index
+// k, for k from 0 to the first whole second at or above hi.
+func newRefusals(lo, hi time.Duration) []OverloadError {
+	n := (hi + time.Second - 1) / time.Second
+	r := make([]OverloadError, n+1)
+	for k := range r {
+		r[k].RetryAfter = min(max(time.Duration(k)*time.Second, lo), hi)
+	}
+	return r
 }

@@ -312,7 +312,7 @@ func describeOutcome(o outcome) string {
 	case o.err == nil:
 		return fmt.Sprintf("admitted on slot %d", o.d.Slot)
 	case errors.As(o.err, &oe):
-		return fmt.Sprintf("refused as overloaded (retry after %s, %d waiting)", oe.RetryAfter, oe.Waiting)
+		return fmt.Sprintf("refused as overloaded (retry after %s)", oe.RetryAfter)
 	case errors.Is(o.err, context.DeadlineExceeded):
 		return "timed out in the queue"
 	case errors.Is(o.err, context.Canceled):

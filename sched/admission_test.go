@@ -3,6 +3,7 @@ package sched
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -157,5 +158,34 @@ func TestPriorityBumpSaturates(t *testing.T) {
 		if got := bumpOf(tc.p, tc.bump); got != tc.want {
 			t.Errorf("bumpOf(%d, %s) = %d, want %d", tc.p, tc.bump, got, tc.want)
 		}
+	}
+}
+
+// TestRefusalHints checks the prebuilt refusals against the rule they
+// precompute: the queue wait rounded up to whole seconds, then clamped to
+// [RetryAfterMin, RetryAfterMax], for bounds on and off whole seconds.
+func TestRefusalHints(t *testing.T) {
+	for _, b := range []struct{ lo, hi time.Duration }{
+		{time.Second, 30 * time.Second},
+		{1500 * time.Millisecond, 10200 * time.Millisecond},
+		{3 * time.Second, 3 * time.Second},
+		{time.Millisecond, MaxRetryAfter},
+	} {
+		s := newTestScheduler(t, 1, Config{RetryAfterMin: b.lo, RetryAfterMax: b.hi})
+		for _, wait := range []time.Duration{-time.Second, 0, 1, time.Second - 1, time.Second, time.Second + 1,
+			2500 * time.Millisecond, 10 * time.Second, 10*time.Second + 1, 11 * time.Second, 2 * time.Hour, math.MaxInt64} {
+			s.waitEWMA.Store(int64(wait))
+			want := b.hi // the rule's own rounding would overflow at the largest wait
+			if wait < time.Hour*1000 {
+				want = min(max((max(wait, 0)+time.Second-1).Truncate(time.Second), b.lo), b.hi)
+			}
+			var oe *OverloadError
+			if !errors.As(s.overload(), &oe) || oe.RetryAfter != want {
+				t.Errorf("bounds %s..%s, wait %s: hint %v, want %s", b.lo, b.hi, wait, oe, want)
+			}
+		}
+	}
+	if _, err := New(Config{RetryAfterMax: MaxRetryAfter + time.Second}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("a retry hint above MaxRetryAfter was accepted: %v", err)
 	}
 }

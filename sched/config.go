@@ -119,6 +119,10 @@ const (
 	DefaultPriorityBump  = time.Second
 	DefaultRetryAfterMin = time.Second
 	DefaultRetryAfterMax = 30 * time.Second
+	// MaxRetryAfter bounds RetryAfterMax: a client told to wait longer
+	// has been turned away, and the scheduler keeps one prebuilt refusal
+	// per second of the range.
+	MaxRetryAfter = time.Hour
 )
 
 // Config sizes and tunes a Scheduler. The zero value is usable.
@@ -144,7 +148,8 @@ type Config struct {
 	// PriorityBump is how much earlier one unit of priority makes a
 	// request look in the queue (0 means DefaultPriorityBump).
 	PriorityBump time.Duration
-	// RetryAfterMin and RetryAfterMax clamp the overload retry hint.
+	// RetryAfterMin and RetryAfterMax clamp the overload retry hint;
+	// RetryAfterMax may not exceed MaxRetryAfter.
 	RetryAfterMin, RetryAfterMax time.Duration
 	// Seed seeds tie-breaking and sampling; 0 picks one from the clock.
 	Seed uint64
@@ -191,7 +196,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.RetryAfterMax <= 0 {
 		c.RetryAfterMax = DefaultRetryAfterMax
 	}
-	if c.PriorityBump < 0 || c.RetryAfterMax < c.RetryAfterMin {
+	if c.PriorityBump < 0 || c.RetryAfterMax < c.RetryAfterMin || c.RetryAfterMax > MaxRetryAfter {
 		return c, fmt.Errorf("cannot use priority bump %s and retry hint %s..%s: %w",
 			c.PriorityBump, c.RetryAfterMin, c.RetryAfterMax, ErrInvalidConfig)
 	}

@@ -34,14 +34,17 @@ var (
 // OverloadError refuses a request because every eligible worker is busy and
 // the admission queue is full. The front end turns it into 429/503 with a
 // Retry-After header of RetryAfter, rounded up to whole seconds.
+//
+// The scheduler hands out shared values, one per retry hint it can give,
+// so that a refusal allocates nothing (Scheduler.overload): callers must
+// not modify one. How many requests were waiting is in Stats.
 type OverloadError struct {
 	RetryAfter time.Duration // how long the client should wait before retrying
-	Waiting    int           // requests already queued when this one was refused
 }
 
 func (e *OverloadError) Error() string {
-	return fmt.Sprintf("cannot queue request behind %d waiting (retry after %s): %v",
-		e.Waiting, e.RetryAfter, ErrOverloaded)
+	return fmt.Sprintf("cannot queue request: the admission queue is full (retry after %s): %v",
+		e.RetryAfter, ErrOverloaded)
 }
 
 func (e *OverloadError) Unwrap() error { return ErrOverloaded }

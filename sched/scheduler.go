@@ -46,8 +46,7 @@ type Scheduler struct {
 	queue    admissionQueue
 	waiting  atomic.Int64 // Select calls queued or woken and retrying
 	bump     time.Duration
-	retryMin time.Duration
-	retryMax time.Duration
+	refusals []OverloadError // by the queue wait in whole seconds (overload)
 	waitEWMA atomic.Int64 // ns a queued request waited, smoothed
 
 	// Booked and released move on every request from every core: striped
@@ -69,8 +68,7 @@ func New(cfg Config) (*Scheduler, error) {
 		blockSize: cfg.BlockSize,
 		table:     newActiveTable(cfg.ActiveBlocks),
 		bump:      cfg.PriorityBump,
-		retryMin:  cfg.RetryAfterMin,
-		retryMax:  cfg.RetryAfterMax,
+		refusals:  newRefusals(cfg.RetryAfterMin, cfg.RetryAfterMax),
 	}
 	s.queue.init(cfg.QueueCapacity)
 	for i := range s.calib {
