@@ -127,8 +127,12 @@
 //
 // # Performance
 //
-// A routed request allocates nothing (TestRouteOnlyAllocations).
-// BenchmarkRouteOnly measures a route-only request over loopback and
-// benchmarks.BenchmarkProxyOverhead the latency forwarding adds; the
-// figures are in BENCHMARKS.md.
+// A routed request allocates nothing (TestRouteOnlyAllocations), and
+// neither does a refusal, the 429 of a full queue included
+// (TestRejectedRequestAllocations, TestOverloadAllocations).
+// BenchmarkRouteStages times a route-only request's stages in process,
+// which scripts/bench-issue15.sh frontend sets beside the router's CPU
+// per request under wrk; BenchmarkRouteOnly measures a route-only
+// request over loopback and benchmarks.BenchmarkProxyOverhead the
+// latency forwarding adds; the figures are in BENCHMARKS.md.
 package fastpath

@@ -82,3 +82,123 @@ if want capacity; then
   done
 fi
 # --- end capacity ---
+
+# --- affinity: kv against pure affinity, repeated (issue 15, item 5) ---
+# The capacity sweep above runs each point once, and single runs of one
+# policy spread by about as much as kv and affinity differ on the
+# generated traces. This part runs only kv and affinity over the same
+# sweep with --seed 1..REPS (default 5) and summarises, per trace and
+# capacity, the median hit rate and TTFT p99 of each and how many runs kv
+# won on each measure. TRACES narrows it (default: embedded gen:low
+# gen:high). Raw tables: affinity-TRACE-SEED.txt.
+if want affinity; then
+  reps=${REPS:-5}
+  traces=${TRACES:-"embedded gen:low gen:high"}
+  for seed in $(seq 1 "$reps"); do
+    for trace in $traces; do
+      name=${trace#gen:}
+      echo "== kv against affinity: $trace, seed $seed" >&2
+      "$out/kvfast" demo --quiet --trace "$trace" --engines 4 --block-tokens 64 \
+        --capacities 0.25,0.5,0.75,1 --policies kv,affinity --seed "$seed" --html "" \
+        > "$out/affinity-$name-$seed.txt" || echo "kvfast demo failed on $trace, seed $seed" >&2
+    done
+  done
+  # A sweep row with two policies reads: capacity, KV blocks, bound, pooled
+  # LRU, kv hit rate, (share), affinity hit rate, (share), kv p99, affinity p99.
+  {
+    printf '%-9s %-8s %9s %9s %7s %9s %9s %7s %s\n' trace capacity 'kv hit' 'aff hit' 'kv won' 'kv p99' 'aff p99' 'kv won' 'runs'
+    for trace in $traces; do
+      trace=${trace#gen:}
+      cat "$out"/affinity-$trace-*.txt | awk -v trace="$trace" '
+        function ms(v) { if (v ~ /ms$/) { sub(/ms$/, "", v); return v + 0 } if (v ~ /µs$/) { sub(/µs$/, "", v); return v / 1000 } sub(/s$/, "", v); return v * 1000 }
+        function median(a, n,   i, j, t) { for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t } return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2 }
+        $1 ~ /^[0-9.]+x$/ && NF == 10 {
+          c = $1; n[c]++; if (!(c in seen)) { seen[c] = 1; order[++caps] = c }
+          kh[c, n[c]] = $5; ah[c, n[c]] = $7; kp[c, n[c]] = ms($9); ap[c, n[c]] = ms($10)
+          if ($5 + 0 >= $7 + 0) hw[c]++
+          if (ms($9) <= ms($10)) pw[c]++
+        }
+        END {
+          for (i = 1; i <= caps; i++) {
+            c = order[i]; m = n[c]
+            for (j = 1; j <= m; j++) { x[j] = kh[c, j]; y[j] = ah[c, j]; u[j] = kp[c, j]; v[j] = ap[c, j] }
+            printf "%-9s %-8s %9.3f %9.3f %5d/%d %7.1fms %7.1fms %5d/%d\n", trace, c, median(x, m), median(y, m), hw[c], m, median(u, m), median(v, m), pw[c], m
+          }
+        }'
+    done
+  } | tee "$out/affinity.txt"
+fi
+# --- end affinity ---
+
+# --- frontend: router CPU per request under an external load generator (issue 15, part 6) ---
+# A router (kvfast serve, default flags) in front of four mock engines, one
+# of which caches the prompt, answers route-only requests for one
+# 1024-token completions body (TOKENS to change it) sent by wrk, a separate
+# process, over CONNS keep-alive connections for SECS seconds. The
+# router's CPU per request (user and system, from /proc) is set beside the
+# sum of the in-process stage benchmarks (BenchmarkRouteStages: parse,
+# hash, lookup, select, encode) on the same body and index state; what the
+# stages do not account for is HTTP, framework, runtime and kernel cost.
+# REPS rounds, each a wrk run and a benchmark count, alternating.
+if want frontend; then
+  command -v wrk >/dev/null || { echo "frontend: needs wrk (apt-get install wrk)" >&2; exit 1; }
+  reps=${REPS:-3}; secs=${SECS:-15}; conns=${CONNS:-16}; tokens=${TOKENS:-1024}
+  tmp=$(mktemp -d)
+  pids=()
+  cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"; }
+  trap cleanup EXIT
+  freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
+  api=$(freeport); admin=$(freeport)
+  python3 -c '
+import json, random, sys
+r = random.Random(1)
+json.dump({"model": "mock", "prompt": [r.randrange(151935) for _ in range(int(sys.argv[1]))],
+           "max_tokens": 16, "temperature": 0.0}, sys.stdout)' "$tokens" > "$tmp/body.json"
+  "$out/kvfast" serve --listen "127.0.0.1:$api" --admin-listen "127.0.0.1:$admin" --segment "$tmp/seg" --log-level warn 2> "$out/frontend-serve.log" &
+  router=$!; pids+=("$router")
+  for _ in $(seq 100); do [ -e "$tmp/seg" ] && break; sleep 0.1; done
+  "$out/kvfast" mock --engines 4 --listen 127.0.0.1:0 --segment "$tmp/seg" --engine-speedup inf 2> "$out/frontend-mock.log" &
+  pids+=("$!")
+  for _ in $(seq 100); do
+    [ "$(curl -s "127.0.0.1:$admin/admin/workers" | grep -o '"healthy":true' | wc -l)" -ge 4 ] && break; sleep 0.1
+  done
+  # One served request caches the prompt on one engine, whose KV events
+  # reach the index; then every route-only answer finds the whole prompt.
+  curl -sf -XPOST -H 'Content-Type: application/json' --data-binary @"$tmp/body.json" "127.0.0.1:$api/v1/completions" > /dev/null
+  blocks=$((tokens / 16))
+  for _ in $(seq 100); do
+    curl -s -XPOST --data-binary @"$tmp/body.json" "127.0.0.1:$api/v1/route/completions" | grep -q "\"overlap_blocks\":$blocks," && break; sleep 0.1
+  done
+  url="http://127.0.0.1:$api/v1/route/completions"
+  KVFAST_BODY="$tmp/body.json" wrk -t1 -c"$conns" -d3s -s scripts/frontend.lua "$url" > /dev/null # warm up
+  : > "$out/frontend-wrk.txt"; : > "$out/frontend-stages.txt"
+  for rep in $(seq 1 "$reps"); do
+    read -r u0 s0 < <(awk '{print $14, $15}' "/proc/$router/stat")
+    KVFAST_BODY="$tmp/body.json" wrk -t1 -c"$conns" -d"${secs}s" -s scripts/frontend.lua "$url" > "$tmp/wrk.txt"
+    read -r u1 s1 < <(awk '{print $14, $15}' "/proc/$router/stat")
+    n=$(awk '/requests in/ {print $1}' "$tmp/wrk.txt")
+    bad=$(awk '/Non-2xx/ {print $NF}' "$tmp/wrk.txt")
+    echo "round $rep: requests $n non2xx ${bad:-0} user_ticks $((u1 - u0)) sys_ticks $((s1 - s0)) clk_tck $(getconf CLK_TCK)" | tee -a "$out/frontend-wrk.txt"
+    go test -run '^$' -bench "^BenchmarkRouteStages/tokens=$tokens/" -benchtime 20000x -count 1 ./fastpath | tee -a "$out/frontend-stages.txt" | grep -E '^Benchmark' >&2
+  done
+  # Per round: CPU per request (user, system) and the stage sum, each a
+  # median over the rounds; overhead is the share of the CPU the stages do
+  # not account for.
+  {
+    awk '/^round/ { printf "%.2f %.2f\n", $8 * 1e6 / $12 / $4, $10 * 1e6 / $12 / $4 }' "$out/frontend-wrk.txt" > "$tmp/cpu"
+    awk '/^BenchmarkRouteStages/ && !/handler/ { n[$1]++; v[$1, n[$1]] = $3 }
+         END { for (r = 1; ; r++) { s = 0; k = 0; for (b in n) if (n[b] >= r) { s += v[b, r]; k++ } if (!k) break; printf "%.2f\n", s / 1000 } }' "$out/frontend-stages.txt" > "$tmp/stages"
+    awk '/handler/ { printf "%.2f\n", $3 / 1000 }' "$out/frontend-stages.txt" > "$tmp/handler"
+    paste "$tmp/cpu" "$tmp/stages" "$tmp/handler" | awk -v tokens="$tokens" -v conns="$conns" '
+      { u[NR] = $1; s[NR] = $2; t[NR] = $1 + $2; st[NR] = $3; h[NR] = $4; o[NR] = 1 - $3 / ($1 + $2) }
+      function med(a, n,   i, j, x) { for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { x = a[j]; a[j] = a[j-1]; a[j-1] = x } return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2 }
+      END {
+        printf "route-only, %d-token prompt, %d connections, %d rounds (medians; per round in frontend-*.txt)\n", tokens, conns, NR
+        printf "router CPU per request: %.1f us (user %.1f, system %.1f)\n", med(t, NR), med(u, NR), med(s, NR)
+        printf "in-process handler:     %.1f us\n", med(h, NR)
+        printf "stage sum:              %.1f us (parse, hash, lookup, select, encode)\n", med(st, NR)
+        printf "HTTP, framework, runtime and kernel: %.0f%% of the router CPU (target <= 30%%)\n", 100 * med(o, NR)
+      }'
+  } | tee "$out/frontend.txt"
+fi
+# --- end frontend ---
