@@ -85,12 +85,6 @@ func (q *admissionQueue) remove(w *waiter) bool {
 	return true
 }
 
-func (q *admissionQueue) len() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.list) + q.transit
-}
-
 // wakeLocked hands w its wake-up token; q.mu is held.
 func (q *admissionQueue) wakeLocked(w *waiter) {
 	w.queued = false

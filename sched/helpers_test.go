@@ -86,3 +86,10 @@ func goSelect(s *Scheduler, ctx context.Context, name string, req Request, out c
 		out <- outcome{name, res, d, err}
 	}()
 }
+
+// len is how many requests are queued or between queue and admission.
+func (q *admissionQueue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.list) + q.transit
+}

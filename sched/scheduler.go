@@ -47,7 +47,7 @@ type Scheduler struct {
 	waiting  atomic.Int64 // Select calls queued or woken and retrying
 	bump     time.Duration
 	refusals []OverloadError // by the queue wait in whole seconds (overload)
-	waitEWMA atomic.Int64 // ns a queued request waited, smoothed
+	waitEWMA atomic.Int64    // ns a queued request waited, smoothed
 
 	// Booked and released move on every request from every core: striped
 	// counters keep them off one contended cache line. The rare events use
