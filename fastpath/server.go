@@ -322,10 +322,11 @@ func New(cfg Config, deps Deps) (*Server, error) {
 // request's header. fasthttp's default of 4 KiB takes two reads for a
 // 1K-token prompt (about 7.5 KB of JSON): with 8 KiB one read brings the
 // whole request, one syscall fewer per request, measured as 2.0 reads a
-// request before and 1.07 after under wrk (BENCHMARKS.md, "Front end and
-// proxy"). The buffer lives as long as its connection, so --max-conns
-// connections hold up to that many times 8 KiB (80 MiB at the default
-// 10000; 40 MiB before).
+// request before and 1.07 after under wrk (BENCHMARKS.md, "Router CPU
+// per request under external load"). The buffer lives as long as its
+// connection, so --max-conns connections hold up to that many times 8 KiB
+// (78 MiB at the default 10000; 39 MiB before). A header that does not
+// fit is answered 400 (TestHeaderLimit).
 const readBufferBytes = 8 << 10
 
 // ErrServerClosed is what Serve returns when Shutdown came first: the

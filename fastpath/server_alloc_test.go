@@ -213,25 +213,39 @@ func TestOverloadAllocations(t *testing.T) {
 			held[i].Release()
 		}
 	})
-	ctx := newRouteCtx(PathCompletions, tokenBody(benchTokens(1024, 151935), ", ", false), nil)
-	serve := func() {
-		ctx.Response.Reset()
-		s.handle(ctx)
-	}
-	serve()
-	if code := ctx.Response.StatusCode(); code != fasthttp.StatusTooManyRequests {
-		t.Fatalf("status %d, want 429: %s", code, ctx.Response.Body())
-	}
-	if n := testing.AllocsPerRun(200, serve); n != 0 {
-		t.Fatalf("a request refused as overloaded made %v allocations", n)
-	}
-	if got, want := string(ctx.Response.Body()), string(errOverloaded.AppendJSON(nil)); got != want {
-		t.Fatalf("body %s, want %s", got, want)
-	}
-	if ra := string(ctx.Response.Header.Peek("Retry-After")); ra != "1" {
-		t.Fatalf("Retry-After %q, want 1 (the scheduler's minimum)", ra)
-	}
-	if st := s.sched.Stats(); st.Booked != 2 || st.Waiting != 0 {
-		t.Fatalf("refusals left bookings or waiters behind: %+v", st)
+	// A sticky session's request is pinned to its bound worker and takes
+	// the session's own refusal path (selectSticky).
+	b := s.sessions.table
+	b.Bind(b.Key([]byte("conversation-7")), 1, 0, b.Now(), int64(s.cfg.Sessions.TTL))
+	for _, tc := range []struct {
+		name    string
+		headers map[string]string
+	}{
+		{"plain", nil},
+		{"sticky session", map[string]string{HeaderSession: "conversation-7"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := newRouteCtx(PathCompletions, tokenBody(benchTokens(1024, 151935), ", ", false), tc.headers)
+			serve := func() {
+				ctx.Response.Reset()
+				s.handle(ctx)
+			}
+			serve()
+			if code := ctx.Response.StatusCode(); code != fasthttp.StatusTooManyRequests {
+				t.Fatalf("status %d, want 429: %s", code, ctx.Response.Body())
+			}
+			if n := testing.AllocsPerRun(200, serve); n != 0 {
+				t.Fatalf("a request refused as overloaded made %v allocations", n)
+			}
+			if got, want := string(ctx.Response.Body()), string(errOverloaded.AppendJSON(nil)); got != want {
+				t.Fatalf("body %s, want %s", got, want)
+			}
+			if ra := string(ctx.Response.Header.Peek("Retry-After")); ra != "1" {
+				t.Fatalf("Retry-After %q, want 1 (the scheduler's minimum)", ra)
+			}
+			if st := s.sched.Stats(); st.Booked != 2 || st.Waiting != 0 {
+				t.Fatalf("refusals left bookings or waiters behind: %+v", st)
+			}
+		})
 	}
 }

@@ -264,3 +264,41 @@ func getPath(t *testing.T, url, path string) (int, []byte) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, b
 }
+
+// TestHeaderLimit pins what the connection read buffer (readBufferBytes)
+// does to headers: one that fits is served, one larger than the buffer is
+// refused with 400 and its connection closed, and the router goes on
+// serving.
+func TestHeaderLimit(t *testing.T) {
+	url, _, _ := servedFront(t, func(*Server) {})
+	body := mockBody(1, 32, false)
+	for _, tc := range []struct {
+		name   string
+		header int // bytes of one extra header's value
+		status int
+	}{
+		{"fits", readBufferBytes - 1024, http.StatusOK},
+		{"larger than the buffer", readBufferBytes + 256, http.StatusBadRequest},
+		{"small again", 16, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), serverWait)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+PathRouteCompletions, bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Padding", strings.Repeat("p", tc.header))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			got, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, got)
+			}
+		})
+	}
+}

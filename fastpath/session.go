@@ -277,8 +277,8 @@ func (ex *exchange) selectSticky() (sched.Decision, error) {
 	if err == nil || !ex.sess.sticky {
 		return dec, err
 	}
-	// AsType, unlike As, lets nothing escape: this runs on every refused
-	// request, the 429s of a traffic spike included.
+	// AsType, unlike As, lets nothing escape: a sticky request refused
+	// in a traffic spike passes here too.
 	if _, pinned := errors.AsType[*sched.PinError](err); !pinned {
 		return dec, err
 	}

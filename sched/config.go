@@ -197,8 +197,8 @@ func (c Config) withDefaults() (Config, error) {
 		c.RetryAfterMax = DefaultRetryAfterMax
 	}
 	if c.PriorityBump < 0 || c.RetryAfterMax < c.RetryAfterMin || c.RetryAfterMax > MaxRetryAfter {
-		return c, fmt.Errorf("cannot use priority bump %s and retry hint %s..%s: %w",
-			c.PriorityBump, c.RetryAfterMin, c.RetryAfterMax, ErrInvalidConfig)
+		return c, fmt.Errorf("cannot use priority bump %s and retry hint %s..%s (the bump must not be negative, the hint's range not reversed nor reach past %s): %w",
+			c.PriorityBump, c.RetryAfterMin, c.RetryAfterMax, MaxRetryAfter, ErrInvalidConfig)
 	}
 	return c, nil
 }

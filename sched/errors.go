@@ -32,7 +32,7 @@ var (
 )
 
 // OverloadError refuses a request because every eligible worker is busy and
-// the admission queue is full. The front end turns it into 429/503 with a
+// the admission queue is full. The front end turns it into a 429 with a
 // Retry-After header of RetryAfter, rounded up to whole seconds.
 //
 // The scheduler hands out shared values, one per retry hint it can give,

@@ -139,7 +139,8 @@ fi
 # sum of the in-process stage benchmarks (BenchmarkRouteStages: parse,
 # hash, lookup, select, encode) on the same body and index state; what the
 # stages do not account for is HTTP, framework, runtime and kernel cost.
-# REPS rounds, each a wrk run and a benchmark count, alternating.
+# REPS rounds, each a wrk run and five counts of the stage benchmarks
+# (per stage their median), alternating. Everything goes to frontend.txt.
 if want frontend; then
   command -v wrk >/dev/null || { echo "frontend: needs wrk (apt-get install wrk)" >&2; exit 1; }
   reps=${REPS:-3}; secs=${SECS:-15}; conns=${CONNS:-16}; tokens=${TOKENS:-1024}
@@ -147,6 +148,14 @@ if want frontend; then
   pids=()
   cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"; }
   trap cleanup EXIT
+  # wait_for DESC CMD...: polls CMD for up to 30 s and gives up loudly.
+  wait_for() {
+    local desc=$1; shift
+    for _ in $(seq 300); do "$@" && return 0; sleep 0.1; done
+    echo "frontend: gave up waiting for $desc" >&2; exit 1
+  }
+  # A free port as the kernel picks it; another process could take it
+  # before the router binds, in which case serve fails and so does the wait.
   freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
   api=$(freeport); admin=$(freeport)
   python3 -c '
@@ -156,49 +165,64 @@ json.dump({"model": "mock", "prompt": [r.randrange(151935) for _ in range(int(sy
            "max_tokens": 16, "temperature": 0.0}, sys.stdout)' "$tokens" > "$tmp/body.json"
   "$out/kvfast" serve --listen "127.0.0.1:$api" --admin-listen "127.0.0.1:$admin" --segment "$tmp/seg" --log-level warn 2> "$out/frontend-serve.log" &
   router=$!; pids+=("$router")
-  for _ in $(seq 100); do [ -e "$tmp/seg" ] && break; sleep 0.1; done
+  wait_for "the router's segment" test -e "$tmp/seg"
   "$out/kvfast" mock --engines 4 --listen 127.0.0.1:0 --segment "$tmp/seg" --engine-speedup inf 2> "$out/frontend-mock.log" &
   pids+=("$!")
-  for _ in $(seq 100); do
-    [ "$(curl -s "127.0.0.1:$admin/admin/workers" | grep -o '"healthy":true' | wc -l)" -ge 4 ] && break; sleep 0.1
-  done
+  healthy() { [ "$(curl -s "127.0.0.1:$admin/admin/workers" | grep -o '"healthy":true' | wc -l)" -ge 4 ]; }
+  wait_for "four healthy engines" healthy
   # One served request caches the prompt on one engine, whose KV events
   # reach the index; then every route-only answer finds the whole prompt.
   curl -sf -XPOST -H 'Content-Type: application/json' --data-binary @"$tmp/body.json" "127.0.0.1:$api/v1/completions" > /dev/null
-  blocks=$((tokens / 16))
-  for _ in $(seq 100); do
-    curl -s -XPOST --data-binary @"$tmp/body.json" "127.0.0.1:$api/v1/route/completions" | grep -q "\"overlap_blocks\":$blocks," && break; sleep 0.1
-  done
+  cached() {
+    curl -s -XPOST --data-binary @"$tmp/body.json" "127.0.0.1:$api/v1/route/completions" > "$tmp/route.json" &&
+      awk '# the decision comes first, before the per-worker terms
+           match($0, /"overlap_blocks":[0-9]+/) { o = substr($0, RSTART + 17, RLENGTH - 17) + 0 }
+           match($0, /"prompt_blocks":[0-9]+/) { p = substr($0, RSTART + 16, RLENGTH - 16) + 0 }
+           END { exit !(p > 0 && o == p) }' "$tmp/route.json"
+  }
+  wait_for "the prompt to be cached in the index" cached
   url="http://127.0.0.1:$api/v1/route/completions"
   KVFAST_BODY="$tmp/body.json" wrk -t1 -c"$conns" -d3s -s scripts/frontend.lua "$url" > /dev/null # warm up
-  : > "$out/frontend-wrk.txt"; : > "$out/frontend-stages.txt"
+  {
+    echo "# scripts/bench-issue15.sh frontend: REPS=$reps SECS=$secs CONNS=$conns TOKENS=$tokens"
+    echo "# $(date -u +%FT%TZ) $(go version) $(nproc) cores, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  } > "$out/frontend.txt"
+  : > "$tmp/stages.txt"
   for rep in $(seq 1 "$reps"); do
     read -r u0 s0 < <(awk '{print $14, $15}' "/proc/$router/stat")
     KVFAST_BODY="$tmp/body.json" wrk -t1 -c"$conns" -d"${secs}s" -s scripts/frontend.lua "$url" > "$tmp/wrk.txt"
     read -r u1 s1 < <(awk '{print $14, $15}' "/proc/$router/stat")
     n=$(awk '/requests in/ {print $1}' "$tmp/wrk.txt")
     bad=$(awk '/Non-2xx/ {print $NF}' "$tmp/wrk.txt")
-    echo "round $rep: requests $n non2xx ${bad:-0} user_ticks $((u1 - u0)) sys_ticks $((s1 - s0)) clk_tck $(getconf CLK_TCK)" | tee -a "$out/frontend-wrk.txt"
-    go test -run '^$' -bench "^BenchmarkRouteStages/tokens=$tokens/" -benchtime 20000x -count 1 ./fastpath | tee -a "$out/frontend-stages.txt" | grep -E '^Benchmark' >&2
+    errs=$(awk '/Socket errors/ {print}' "$tmp/wrk.txt")
+    if [ -n "$bad" ] || [ -n "$errs" ]; then
+      cat "$tmp/wrk.txt" >&2; echo "frontend: wrk saw failed requests; the figures would not be of served ones" >&2; exit 1
+    fi
+    echo "round $rep: requests $n user_ticks $((u1 - u0)) sys_ticks $((s1 - s0)) clk_tck $(getconf CLK_TCK)" | tee -a "$out/frontend.txt"
+    go test -run '^$' -bench "^BenchmarkRouteStages/tokens=$tokens/" -benchtime 20000x -count 5 ./fastpath |
+      grep -E '^Benchmark' | sed "s/^/round $rep: /" | tee -a "$tmp/stages.txt" >&2
   done
-  # Per round: CPU per request (user, system) and the stage sum, each a
-  # median over the rounds; overhead is the share of the CPU the stages do
-  # not account for.
-  {
-    awk '/^round/ { printf "%.2f %.2f\n", $8 * 1e6 / $12 / $4, $10 * 1e6 / $12 / $4 }' "$out/frontend-wrk.txt" > "$tmp/cpu"
-    awk '/^BenchmarkRouteStages/ && !/handler/ { n[$1]++; v[$1, n[$1]] = $3 }
-         END { for (r = 1; ; r++) { s = 0; k = 0; for (b in n) if (n[b] >= r) { s += v[b, r]; k++ } if (!k) break; printf "%.2f\n", s / 1000 } }' "$out/frontend-stages.txt" > "$tmp/stages"
-    awk '/handler/ { printf "%.2f\n", $3 / 1000 }' "$out/frontend-stages.txt" > "$tmp/handler"
-    paste "$tmp/cpu" "$tmp/stages" "$tmp/handler" | awk -v tokens="$tokens" -v conns="$conns" '
-      { u[NR] = $1; s[NR] = $2; t[NR] = $1 + $2; st[NR] = $3; h[NR] = $4; o[NR] = 1 - $3 / ($1 + $2) }
-      function med(a, n,   i, j, x) { for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { x = a[j]; a[j] = a[j-1]; a[j-1] = x } return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2 }
-      END {
-        printf "route-only, %d-token prompt, %d connections, %d rounds (medians; per round in frontend-*.txt)\n", tokens, conns, NR
-        printf "router CPU per request: %.1f us (user %.1f, system %.1f)\n", med(t, NR), med(u, NR), med(s, NR)
-        printf "in-process handler:     %.1f us\n", med(h, NR)
-        printf "stage sum:              %.1f us (parse, hash, lookup, select, encode)\n", med(st, NR)
-        printf "HTTP, framework, runtime and kernel: %.0f%% of the router CPU (target <= 30%%)\n", 100 * med(o, NR)
-      }'
-  } | tee "$out/frontend.txt"
+  cat "$tmp/stages.txt" >> "$out/frontend.txt"
+  # Per round: CPU per request (user, system), the sum of the stages'
+  # medians and the handler's median; then the medians over the rounds.
+  # overhead is the share of the CPU the stages do not account for.
+  awk '
+    function med(a, n,   i, j, x) { for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { x = a[j]; a[j] = a[j-1]; a[j-1] = x } return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2 }
+    $3 == "requests" { r = $2 + 0; rounds = r > rounds ? r : rounds; u[r] = $6 * 1e6 / $10 / $4; s[r] = $8 * 1e6 / $10 / $4 }
+    $3 ~ /^BenchmarkRouteStages/ { r = $2 + 0; st = $3; sub(/.*\//, "", st); sub(/-[0-9]+$/, "", st); k = r SUBSEP st; n[k]++; v[k, n[k]] = $5 / 1000; names[st] = 1 }
+    END {
+      for (r = 1; r <= rounds; r++) {
+        sum = 0
+        for (st in names) { m = n[r, st]; for (i = 1; i <= m; i++) x[i] = v[r, st, i]; md[st] = med(x, m); if (st != "handler") sum += md[st] }
+        t[r] = u[r] + s[r]; uu[r] = u[r]; ss[r] = s[r]; stg[r] = sum; h[r] = md["handler"]; o[r] = 1 - sum / t[r]
+        printf "round %d: CPU %.1f us/request (user %.1f, system %.1f), stage sum %.2f us (parse %.2f, hash %.2f, lookup %.2f, select %.2f, encode %.2f), handler %.2f us\n", r, t[r], u[r], s[r], sum, md["parse"], md["hash"], md["lookup"], md["select"], md["encode"], h[r]
+        if (sum > h[r]) printf "round %d: WARNING: the stage sum exceeds the whole handler; the machine was too noisy for this round\n", r
+      }
+      printf "route-only, %d rounds, medians:\n", rounds
+      printf "router CPU per request: %.1f us (user %.1f, system %.1f)\n", med(t, rounds), med(uu, rounds), med(ss, rounds)
+      printf "in-process handler:     %.1f us\n", med(h, rounds)
+      printf "stage sum:              %.1f us (parse, hash, lookup, select, encode)\n", med(stg, rounds)
+      printf "outside the stages (HTTP, framework, runtime, kernel): %.0f%% of the router CPU (target <= 30%%)\n", 100 * med(o, rounds)
+    }' "$out/frontend.txt" | tee -a "$out/frontend.txt"
 fi
 # --- end frontend ---
