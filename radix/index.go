@@ -192,8 +192,9 @@ func (ix *Index) lookupBlock(key uint64) (uint64, bool) {
 // the group's base slot, which at the block table's load hold 96% of the
 // groups whole (BENCHMARKS.md, issue 15, has what else was tried). The
 // blocks of a group after its first are resolved by guessing that each
-// follows the one before, as writers place them (see runCursor), with no
-// call; a wrong guess costs one slot read and falls back to the full
+// follows the one before, as writers place them (see runCursor): follow
+// takes the rest of the group in one tight loop while no worker drops
+// out; a wrong guess costs one slot read and falls back to the full
 // probe (probeBlock), which mostly meets only its group's first block.
 const (
 	prefetchBatch = 4 * groupSize // blocks whose groups are prefetched at once
@@ -244,22 +245,19 @@ func (ix *Index) findMatches(hashes []uint64, out *workers.Overlaps, lower *work
 		runs    [workers.Tiers - 1]runCursor // one per lower tier
 	)
 	tier := workers.TierGPU // whose keys are prefetched
-	for lo := 0; lo < prefetchAhead && lo < len(hashes); lo += prefetchBatch {
-		ix.prefetchGroups(hashes, lo, tier)
-	}
-	for i := 0; i < len(hashes); i++ {
+	fetched := 0            // hashes[:fetched] have had their groups prefetched
+	for i := 0; i < len(hashes); {
 		if onGPU == 0 && tier == workers.TierGPU {
 			// Every worker left is past its GPU run: from here on the
 			// lookup probes host-memory copies (and, for workers that
 			// miss those too, storage, unprefetched). Catch up on the
 			// window the GPU keys were prefetched for.
 			tier = workers.TierHost
-			for lo := i; lo < i+prefetchAhead && lo < len(hashes); lo += prefetchBatch {
-				ix.prefetchGroups(hashes, lo, tier)
-			}
+			fetched = i
 		}
-		if i%prefetchBatch == 0 && i+prefetchAhead < len(hashes) {
-			ix.prefetchGroups(hashes, i+prefetchAhead, tier)
+		for fetched <= i+prefetchAhead && fetched < len(hashes) {
+			ix.prefetchGroups(hashes, fetched, tier)
+			fetched += prefetchBatch
 		}
 		next := onGPU
 		if onGPU != 0 {
@@ -272,8 +270,18 @@ func (ix *Index) findMatches(hashes []uint64, out *workers.Overlaps, lower *work
 			}
 			onGPU &= v
 			next = onGPU
+			if next == active {
+				i++
+				if i < len(hashes) {
+					k, to := run.follow(hashes[i:], onGPU)
+					i += k
+					run.next = to
+				}
+				continue
+			}
 		}
 		if next == active {
+			i++
 			continue
 		}
 		if lower != nil {
@@ -290,6 +298,7 @@ func (ix *Index) findMatches(hashes []uint64, out *workers.Overlaps, lower *work
 		if active == 0 {
 			return ix.finish(hashes, out, lower, matched)
 		}
+		i++
 	}
 	for w := range active.All() {
 		out[w] = uint32(len(hashes))
@@ -392,6 +401,41 @@ func (r *runCursor) advance() {
 	if r.next == r.end {
 		r.next = r.t.at(0)
 	}
+}
+
+// follow resolves the blocks of hashes that follow the run, up to the
+// end of the first one's group (by counter), as long as each sits in the
+// run's next slot and every worker in want holds it: guess without a
+// call per block, and without the general loop's bookkeeping, which has
+// nothing to do while no worker drops out. It returns how many blocks it
+// resolved and where the run goes on; the caller resolves the block it
+// stopped at. A hash that storedKey remaps never matches, so it is left
+// to the caller too.
+func (r runCursor) follow(hashes []uint64, want workers.Set) (int, *slot) {
+	s := r.next
+	if s == nil {
+		return 0, nil
+	}
+	k := min(groupSize-int(hashes[0]>>counterShift&counterMask), len(hashes))
+	if n := int((uintptr(unsafe.Pointer(r.end)) - uintptr(unsafe.Pointer(s))) / slotSize); n < k {
+		k = n // the run wraps there: left to guess
+	}
+	j := 0
+	for ; j < k; j++ {
+		h := hashes[j]
+		if s.key.Load() != h {
+			break
+		}
+		v := s.val.Load()
+		if s.key.Load() != h || workers.Set(v)&want != want {
+			break
+		}
+		s = (*slot)(unsafe.Add(unsafe.Pointer(s), slotSize))
+	}
+	if s == r.end {
+		s = r.t.at(0)
+	}
+	return j, s
 }
 
 // runFrom is the run whose last block was found in slot p.
