@@ -203,10 +203,6 @@ const (
 	// batchLines bounds one batch's prefetches: a batch's first block may
 	// start mid-group, so it spans one group more than it holds whole.
 	batchLines = (prefetchBatch/groupSize + 1) * groupLines
-	// nearReach is how far from its home the full probe looks before it
-	// asks whether the key may have spilled: the prefetched lines, less
-	// the slots of the home's line before it.
-	nearReach = groupLines*64/slotSize - 3
 )
 
 // FindMatches writes into out, for every worker, how many leading hashes it
@@ -458,30 +454,27 @@ func (ix *Index) resolve(h uint64, run *runCursor) workers.Set {
 	return v
 }
 
-// probeBlock is resolve's full probe. It scans the near window as far as
-// FindMatches prefetched it (nearReach slots) before it reads the home's
-// spill count, a line of its own: a window that went on further is
-// crowded, and one that ended at an empty slot does not hold the key, so
-// only then may the key have spilled, and only then is the count worth a
-// miss. A key found near or on its spill path starts a run.
+// probeBlock is resolve's full probe. It scans the whole near window
+// before it reads the home's spill count, a line of its own, and only
+// then, if the count allows, the spill path: a probe that goes past the
+// prefetched lines is in a window crowded by a popular prefix's
+// continuations, where counts are often nonzero but the key is mostly
+// found near, and reading the count and the spill home first put two
+// misses, one after the other, in front of the rest of the scan (the
+// scan's own lines are independent loads the CPU overlaps). A key found
+// near or on its spill path starts a run.
 func (ix *Index) probeBlock(key uint64) (workers.Set, runCursor) {
 	t := &ix.nearShard(key).blocks
 	home := t.home(key)
-	reach := min(nearReach, t.window)
-	v, p, st := t.probeNear(key, home, reach)
-	if st == probeOn || st == probeMiss {
-		if t.counts.get(t.self, home) != 0 {
-			b := &ix.spillShard(key).blocks
-			if v, p, st := b.probeNear(key, b.spillHome(key), b.n); st == probeHit {
-				return workers.Set(v), b.runFrom(p)
-			}
-		}
-		if st == probeOn {
-			v, p, st = t.probeNear(key, p, t.window-reach)
-		}
-	}
+	v, p, st := t.probeNear(key, home, t.window)
 	if st == probeHit {
 		return workers.Set(v), t.runFrom(p)
+	}
+	if st != probeRaced && t.counts.get(t.self, home) != 0 {
+		b := &ix.spillShard(key).blocks
+		if v, p, st := b.probeNear(key, b.spillHome(key), b.n); st == probeHit {
+			return workers.Set(v), b.runFrom(p)
+		}
 	}
 	// Absent, or raced a writer: the careful path, whose move-sequence
 	// checks make a miss trustworthy.
