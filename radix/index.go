@@ -342,14 +342,21 @@ func (ix *Index) finish(hashes []uint64, out *workers.Overlaps, lower *workers.L
 // AppendBlockHashes form a chain, whose counters step by one (and
 // KeyspaceHash keeps them), so the anchors are found from the first
 // block's counter alone; other hashes are resolved just as correctly,
-// only with less of them prefetched.
+// only with less of them prefetched. Stepping by each anchor's own
+// counter would find the same anchors in a chain, but each anchor's load
+// would then wait for the one before, and a cold prompt's hashes miss the
+// cache: one miss after another, where these overlap.
 func (ix *Index) prefetchGroups(hashes []uint64, lo int, tier workers.Tier) {
 	var lines [batchLines]uintptr
 	n := 0
 	hi := min(lo+prefetchBatch, len(hashes))
 	mask := ix.geo.shardMask
 	j := lo
-	for j < hi && n+groupLines <= len(lines) { // a chain never hits the bound
+	step := groupSize
+	if c := int(hashes[lo] >> counterShift & counterMask); c != 0 {
+		step -= c
+	}
+	for j < hi && n+groupLines <= len(lines) {
 		key := storedKey(KeyspaceHash(hashes[j], 0, tier))
 		t := &ix.shards[nearShard(key, mask)].blocks
 		base := t.groupBase(key)
@@ -358,7 +365,8 @@ func (ix *Index) prefetchGroups(hashes []uint64, lo int, tier workers.Tier) {
 			lines[n] = p + l*64
 			n++
 		}
-		j += groupSize - int(key>>counterShift&counterMask)
+		j += step
+		step = groupSize
 	}
 	prefetchLines(lines[:n])
 }
