@@ -192,10 +192,10 @@ func (ix *Index) lookupBlock(key uint64) (uint64, bool) {
 // the group's base slot, which at the block table's load hold 96% of the
 // groups whole (BENCHMARKS.md, issue 15, has what else was tried). The
 // blocks of a group after its first are resolved by guessing that each
-// follows the one before, as writers place them (see runCursor): follow
-// takes the rest of the group in one tight loop while no worker drops
-// out; a wrong guess costs one slot read and falls back to the full
-// probe (probeBlock), which mostly meets only its group's first block.
+// follows the one before, as writers place them (see runCursor), the
+// rest of a group in one tight loop while no worker drops out; a wrong
+// guess costs one slot read and falls back to the full probe
+// (probeBlock), which mostly meets only its group's first block.
 const (
 	prefetchBatch = 4 * groupSize // blocks whose groups are prefetched at once
 	prefetchAhead = 4 * prefetchBatch
@@ -268,10 +268,34 @@ func (ix *Index) findMatches(hashes []uint64, out *workers.Overlaps, lower *work
 			next = onGPU
 			if next == active {
 				i++
-				if i < len(hashes) {
-					k, to := run.follow(hashes[i:], onGPU)
-					i += k
-					run.next = to
+				// The rest of the group, up to its last block (by
+				// counter), while each block sits in the run's next
+				// slot and every worker still in the match holds it:
+				// guess in one tight loop, written out here because a
+				// call per group, with the loop's state reloaded
+				// around it, cost more than the loop itself. The
+				// block it stops at goes the general way; a hash that
+				// storedKey remaps never matches a slot, so it does.
+				if s := run.next; s != nil && i < len(hashes) {
+					// Not past the table's end either: a run that
+					// wraps there is left to guess.
+					end := min(i+groupSize-int(hashes[i]>>counterShift&counterMask), len(hashes),
+						i+int((uintptr(unsafe.Pointer(run.end))-uintptr(unsafe.Pointer(s)))/slotSize))
+					for ; i < end; i++ {
+						h := hashes[i]
+						if s.key.Load() != h {
+							break
+						}
+						v := s.val.Load()
+						if s.key.Load() != h || workers.Set(v)&onGPU != onGPU {
+							break
+						}
+						s = (*slot)(unsafe.Add(unsafe.Pointer(s), slotSize))
+					}
+					if s == run.end {
+						s = run.t.at(0)
+					}
+					run.next = s
 				}
 				continue
 			}
@@ -405,41 +429,6 @@ func (r *runCursor) advance() {
 	if r.next == r.end {
 		r.next = r.t.at(0)
 	}
-}
-
-// follow resolves the blocks of hashes that follow the run, up to the
-// end of the first one's group (by counter), as long as each sits in the
-// run's next slot and every worker in want holds it: guess without a
-// call per block, and without the general loop's bookkeeping, which has
-// nothing to do while no worker drops out. It returns how many blocks it
-// resolved and where the run goes on; the caller resolves the block it
-// stopped at. A hash that storedKey remaps never matches, so it is left
-// to the caller too.
-func (r runCursor) follow(hashes []uint64, want workers.Set) (int, *slot) {
-	s := r.next
-	if s == nil {
-		return 0, nil
-	}
-	k := min(groupSize-int(hashes[0]>>counterShift&counterMask), len(hashes))
-	if n := int((uintptr(unsafe.Pointer(r.end)) - uintptr(unsafe.Pointer(s))) / slotSize); n < k {
-		k = n // the run wraps there: left to guess
-	}
-	j := 0
-	for ; j < k; j++ {
-		h := hashes[j]
-		if s.key.Load() != h {
-			break
-		}
-		v := s.val.Load()
-		if s.key.Load() != h || workers.Set(v)&want != want {
-			break
-		}
-		s = (*slot)(unsafe.Add(unsafe.Pointer(s), slotSize))
-	}
-	if s == r.end {
-		s = r.t.at(0)
-	}
-	return j, s
 }
 
 // runFrom is the run whose last block was found in slot p.
