@@ -261,7 +261,7 @@ func (ix *Index) findMatches(hashes []uint64, out *workers.Overlaps, lower *work
 			v, ok := run.guess(key)
 			if ok {
 				run.advance()
-			} else {
+			} else if v, ok = run.seek(key); !ok {
 				v, run = ix.probeBlock(key)
 			}
 			onGPU &= v
@@ -430,6 +430,42 @@ func (r *runCursor) advance() {
 		r.next = r.t.at(0)
 	}
 }
+
+// seek looks for a block that guess did not find further on in the run:
+// a block whose parent sits in slot p was stored after p (unless a
+// deletion has moved entries since), past whatever took p+1, typically
+// the continuation of another prompt sharing the parent, so the slots
+// from its home up to p need not be read again, as the full probe would.
+// It reads at most seekSlots slots, stops at a reserved key, and on a hit
+// moves the run there; a miss proves nothing and leaves it to the probe.
+// A group's first block has no parent in the run.
+func (r *runCursor) seek(key uint64) (workers.Set, bool) {
+	s := r.next
+	if s == nil || key>>counterShift&counterMask == 0 {
+		return 0, false
+	}
+	// s is guess's slot; the slots after it, short of the table's end.
+	n := min(seekSlots, int((uintptr(unsafe.Pointer(r.end))-uintptr(unsafe.Pointer(s)))/slotSize)-1)
+	for range n {
+		s = (*slot)(unsafe.Add(unsafe.Pointer(s), slotSize))
+		k := s.key.Load()
+		if k == key {
+			v := s.val.Load()
+			if s.key.Load() != key {
+				return 0, false
+			}
+			r.next = s
+			r.advance()
+			return workers.Set(v), true
+		}
+		if k <= busyKey {
+			return 0, false
+		}
+	}
+	return 0, false
+}
+
+const seekSlots = 32
 
 // runFrom is the run whose last block was found in slot p.
 func (t *table) runFrom(p uint32) runCursor {
