@@ -192,20 +192,21 @@ func (ix *Index) lookupBlock(key uint64) (uint64, bool) {
 // the group's base slot, which at the block table's load hold 96% of the
 // groups whole (BENCHMARKS.md, issue 15, has what else was tried). The
 // blocks of a group after its first are resolved by guessing that each
-// follows the one before, as writers place them (see runCursor), with no
-// call; a wrong guess costs one slot read and falls back to the full
-// probe (probeBlock), which mostly meets only its group's first block.
+// follows the one before, as writers place them (see runCursor), the
+// rest of a group in one tight loop while no worker drops out; a wrong
+// guess costs one slot read, then the slots after it (seek), and falls
+// back to the full probe (probeBlock), which mostly meets only its
+// group's first block.
 const (
 	prefetchBatch = 4 * groupSize // blocks whose groups are prefetched at once
-	prefetchAhead = 4 * prefetchBatch
+	// prefetchAhead: eight groups ahead measured slightly faster than
+	// sixteen, whose extra prefetches in flight hold up the misses of
+	// probes that go past the prefetched lines.
+	prefetchAhead = 2 * prefetchBatch
 	groupLines    = 5
 	// batchLines bounds one batch's prefetches: a batch's first block may
 	// start mid-group, so it spans one group more than it holds whole.
 	batchLines = (prefetchBatch/groupSize + 1) * groupLines
-	// nearReach is how far from its home the full probe looks before it
-	// asks whether the key may have spilled: the prefetched lines, less
-	// the slots of the home's line before it.
-	nearReach = groupLines*64/slotSize - 3
 )
 
 // FindMatches writes into out, for every worker, how many leading hashes it
@@ -244,22 +245,19 @@ func (ix *Index) findMatches(hashes []uint64, out *workers.Overlaps, lower *work
 		runs    [workers.Tiers - 1]runCursor // one per lower tier
 	)
 	tier := workers.TierGPU // whose keys are prefetched
-	for lo := 0; lo < prefetchAhead && lo < len(hashes); lo += prefetchBatch {
-		ix.prefetchGroups(hashes, lo, tier)
-	}
-	for i := 0; i < len(hashes); i++ {
+	fetched := 0            // hashes[:fetched] have had their groups prefetched
+	for i := 0; i < len(hashes); {
 		if onGPU == 0 && tier == workers.TierGPU {
 			// Every worker left is past its GPU run: from here on the
 			// lookup probes host-memory copies (and, for workers that
 			// miss those too, storage, unprefetched). Catch up on the
 			// window the GPU keys were prefetched for.
 			tier = workers.TierHost
-			for lo := i; lo < i+prefetchAhead && lo < len(hashes); lo += prefetchBatch {
-				ix.prefetchGroups(hashes, lo, tier)
-			}
+			fetched = i
 		}
-		if i%prefetchBatch == 0 && i+prefetchAhead < len(hashes) {
-			ix.prefetchGroups(hashes, i+prefetchAhead, tier)
+		for fetched <= i+prefetchAhead && fetched < len(hashes) {
+			ix.prefetchGroups(hashes, fetched, tier)
+			fetched += prefetchBatch
 		}
 		next := onGPU
 		if onGPU != 0 {
@@ -267,13 +265,47 @@ func (ix *Index) findMatches(hashes []uint64, out *workers.Overlaps, lower *work
 			v, ok := run.guess(key)
 			if ok {
 				run.advance()
-			} else {
+			} else if v, ok = run.seek(key); !ok {
 				v, run = ix.probeBlock(key)
 			}
 			onGPU &= v
 			next = onGPU
+			if next == active {
+				i++
+				// The rest of the group, up to its last block (by
+				// counter), while each block sits in the run's next
+				// slot and every worker still in the match holds it:
+				// guess in one tight loop, written out here because a
+				// call per group, with the loop's state reloaded
+				// around it, cost more than the loop itself. The
+				// block it stops at goes the general way; a hash that
+				// storedKey remaps never matches a slot, so it does.
+				if s := run.next; s != nil && i < len(hashes) {
+					// Not past the table's end either: a run that
+					// wraps there is left to guess.
+					end := min(i+groupSize-int(hashes[i]>>counterShift&counterMask), len(hashes),
+						i+int((uintptr(unsafe.Pointer(run.end))-uintptr(unsafe.Pointer(s)))/slotSize))
+					for ; i < end; i++ {
+						h := hashes[i]
+						if s.key.Load() != h {
+							break
+						}
+						v := s.val.Load()
+						if s.key.Load() != h || workers.Set(v)&onGPU != onGPU {
+							break
+						}
+						s = (*slot)(unsafe.Add(unsafe.Pointer(s), slotSize))
+					}
+					if s == run.end {
+						s = run.t.at(0)
+					}
+					run.next = s
+				}
+				continue
+			}
 		}
 		if next == active {
+			i++
 			continue
 		}
 		if lower != nil {
@@ -290,6 +322,7 @@ func (ix *Index) findMatches(hashes []uint64, out *workers.Overlaps, lower *work
 		if active == 0 {
 			return ix.finish(hashes, out, lower, matched)
 		}
+		i++
 	}
 	for w := range active.All() {
 		out[w] = uint32(len(hashes))
@@ -337,14 +370,21 @@ func (ix *Index) finish(hashes []uint64, out *workers.Overlaps, lower *workers.L
 // AppendBlockHashes form a chain, whose counters step by one (and
 // KeyspaceHash keeps them), so the anchors are found from the first
 // block's counter alone; other hashes are resolved just as correctly,
-// only with less of them prefetched.
+// only with less of them prefetched. Stepping by each anchor's own
+// counter would find the same anchors in a chain, but each anchor's load
+// would then wait for the one before, and a cold prompt's hashes miss the
+// cache: one miss after another, where these overlap.
 func (ix *Index) prefetchGroups(hashes []uint64, lo int, tier workers.Tier) {
 	var lines [batchLines]uintptr
 	n := 0
 	hi := min(lo+prefetchBatch, len(hashes))
 	mask := ix.geo.shardMask
 	j := lo
-	for j < hi && n+groupLines <= len(lines) { // a chain never hits the bound
+	step := groupSize
+	if c := int(hashes[lo] >> counterShift & counterMask); c != 0 {
+		step -= c
+	}
+	for j < hi && n+groupLines <= len(lines) {
 		key := storedKey(KeyspaceHash(hashes[j], 0, tier))
 		t := &ix.shards[nearShard(key, mask)].blocks
 		base := t.groupBase(key)
@@ -353,7 +393,8 @@ func (ix *Index) prefetchGroups(hashes []uint64, lo int, tier workers.Tier) {
 			lines[n] = p + l*64
 			n++
 		}
-		j += groupSize - int(key>>counterShift&counterMask)
+		j += step
+		step = groupSize
 	}
 	prefetchLines(lines[:n])
 }
@@ -394,6 +435,42 @@ func (r *runCursor) advance() {
 	}
 }
 
+// seek looks for a block that guess did not find further on in the run:
+// a block whose parent sits in slot p was stored after p (unless a
+// deletion has moved entries since), past whatever took p+1, typically
+// the continuation of another prompt sharing the parent, so the slots
+// from its home up to p need not be read again, as the full probe would.
+// It reads at most seekSlots slots, stops at a reserved key, and on a hit
+// moves the run there; a miss proves nothing and leaves it to the probe.
+// A group's first block has no parent in the run.
+func (r *runCursor) seek(key uint64) (workers.Set, bool) {
+	s := r.next
+	if s == nil || key>>counterShift&counterMask == 0 {
+		return 0, false
+	}
+	// s is guess's slot; the slots after it, short of the table's end.
+	n := min(seekSlots, int((uintptr(unsafe.Pointer(r.end))-uintptr(unsafe.Pointer(s)))/slotSize)-1)
+	for range n {
+		s = (*slot)(unsafe.Add(unsafe.Pointer(s), slotSize))
+		k := s.key.Load()
+		if k == key {
+			v := s.val.Load()
+			if s.key.Load() != key {
+				return 0, false
+			}
+			r.next = s
+			r.advance()
+			return workers.Set(v), true
+		}
+		if k <= busyKey {
+			return 0, false
+		}
+	}
+	return 0, false
+}
+
+const seekSlots = 32
+
 // runFrom is the run whose last block was found in slot p.
 func (t *table) runFrom(p uint32) runCursor {
 	r := runCursor{next: t.at(p), end: t.at(t.n), t: t}
@@ -414,30 +491,27 @@ func (ix *Index) resolve(h uint64, run *runCursor) workers.Set {
 	return v
 }
 
-// probeBlock is resolve's full probe. It scans the near window as far as
-// FindMatches prefetched it (nearReach slots) before it reads the home's
-// spill count, a line of its own: a window that went on further is
-// crowded, and one that ended at an empty slot does not hold the key, so
-// only then may the key have spilled, and only then is the count worth a
-// miss. A key found near or on its spill path starts a run.
+// probeBlock is resolve's full probe. It scans the whole near window
+// before it reads the home's spill count, a line of its own, and only
+// then, if the count allows, the spill path: a probe that goes past the
+// prefetched lines is in a window crowded by a popular prefix's
+// continuations, where counts are often nonzero but the key is mostly
+// found near, and reading the count and the spill home first put two
+// misses, one after the other, in front of the rest of the scan (the
+// scan's own lines are independent loads the CPU overlaps). A key found
+// near or on its spill path starts a run.
 func (ix *Index) probeBlock(key uint64) (workers.Set, runCursor) {
 	t := &ix.nearShard(key).blocks
 	home := t.home(key)
-	reach := min(nearReach, t.window)
-	v, p, st := t.probeNear(key, home, reach)
-	if st == probeOn || st == probeMiss {
-		if t.counts.get(t.self, home) != 0 {
-			b := &ix.spillShard(key).blocks
-			if v, p, st := b.probeNear(key, b.spillHome(key), b.n); st == probeHit {
-				return workers.Set(v), b.runFrom(p)
-			}
-		}
-		if st == probeOn {
-			v, p, st = t.probeNear(key, p, t.window-reach)
-		}
-	}
+	v, p, st := t.probeNear(key, home, t.window)
 	if st == probeHit {
 		return workers.Set(v), t.runFrom(p)
+	}
+	if st != probeRaced && t.counts.get(t.self, home) != 0 {
+		b := &ix.spillShard(key).blocks
+		if v, p, st := b.probeNear(key, b.spillHome(key), b.n); st == probeHit {
+			return workers.Set(v), b.runFrom(p)
+		}
 	}
 	// Absent, or raced a writer: the careful path, whose move-sequence
 	// checks make a miss trustworthy.
