@@ -100,6 +100,12 @@ func TestStaticWorkerZMQFeed(t *testing.T) {
 	if wv := workerView(t, r.node, 1, 0); wv.ZMQ == nil || wv.ZMQ.Batches != 0 || wv.IndexBlocks != 0 {
 		t.Fatalf("worker 1 admin view %+v", wv)
 	}
+	// Nothing above waited for worker 1's subscriber: on a loaded machine
+	// it may still be dialling.
+	waitFor(t, "worker 1's ZMQ subscriber to connect", func() bool {
+		wv := workerView(t, r.node, 1, 0)
+		return wv.ZMQ != nil && wv.ZMQ.Connected
+	})
 	text := r.metrics(t)
 	series := `kvfast_zmq_events_total{dp_rank="0",status="blocks_stored",worker="2"}`
 	if v, ok := metricValue(text, series); !ok || v < blocks {
