@@ -157,13 +157,22 @@ func mockBody(seed, tokens int, stream bool) []byte {
 // (what arrived of it, for a cut stream).
 func postBody(t *testing.T, url string, body []byte) (int, []byte) {
 	t.Helper()
+	return postWith(t, url+PathCompletions, body, nil)
+}
+
+// postWith posts body to url with extra headers, as postBody does.
+func postWith(t *testing.T, url string, body []byte, headers map[string]string) (int, []byte) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), serverWait)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+PathCompletions, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -282,22 +291,9 @@ func TestHeaderLimit(t *testing.T) {
 		{"small again", 16, http.StatusOK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), serverWait)
-			defer cancel()
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+PathRouteCompletions, bytes.NewReader(body))
-			if err != nil {
-				t.Fatal(err)
-			}
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("X-Padding", strings.Repeat("p", tc.header))
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			got, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != tc.status {
-				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, got)
+			status, got := postWith(t, url+PathRouteCompletions, body, map[string]string{"X-Padding": strings.Repeat("p", tc.header)})
+			if status != tc.status {
+				t.Fatalf("status %d, want %d: %s", status, tc.status, got)
 			}
 		})
 	}
