@@ -105,7 +105,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 // external picker calls per request, so it allocates nothing either.
 func (s *Server) routeOnly(ctx *fasthttp.RequestCtx, ex *exchange) {
 	ex.sreq.QueryOnly = true
-	ex.sreq.Scores = &ex.scores
+	// Rows are read only for the eligible set, which a selection that
+	// scores nothing (a pinned or policy pick) leaves as it found it.
+	ex.scores.Eligible, ex.scores.Busy = 0, 0
+	ex.sreq.Scores = ex.scores
 	if s.disaggregating() {
 		ex.sreq.Stage = sched.StageDecode
 	}
@@ -163,7 +166,7 @@ func (s *Server) appendRouteJSON(b []byte, ex *exchange) []byte {
 			b = append(b, ',')
 		}
 		first = false
-		sc := &ex.scores.Workers[w]
+		sc := ex.scores.Workers[w]
 		b = append(b, `{"worker_id":`...)
 		b = strconv.AppendUint(b, info.ID, 10)
 		b = append(b, `,"dp_rank":`...)

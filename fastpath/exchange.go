@@ -36,16 +36,21 @@ type exchange struct {
 	hashes   []uint64
 	overlaps workers.Overlaps
 	lower    workers.LowerTiers
-	scores   sched.Scores
-	sreq     sched.Request
-	dec      sched.Decision
-	h        guard.Handle
-	held     bool // h is acquired and not yet released
-	call     *dispatch.Call
-	exact    bool          // hashes are token blocks looked up in the event-fed index
-	pre      prefillStage  // a disaggregated request's prefill stage (disagg.go)
-	media    prompt.Media  // a chat request's multimodal items, read when they go to encoders (encode.go)
-	enc      []encodeStage // one per item of media: the encoder stage (encode.go)
+	// scores is the route-only answer's per-worker table (3 KiB). It is
+	// allocated with the exchange and kept across reuse instead of being
+	// zeroed with the rest of it on every request: the scheduler writes
+	// the eligible set and every eligible worker's row, and only those
+	// rows are read.
+	scores *sched.Scores
+	sreq   sched.Request
+	dec    sched.Decision
+	h      guard.Handle
+	held   bool // h is acquired and not yet released
+	call   *dispatch.Call
+	exact  bool          // hashes are token blocks looked up in the event-fed index
+	pre    prefillStage  // a disaggregated request's prefill stage (disagg.go)
+	media  prompt.Media  // a chat request's multimodal items, read when they go to encoders (encode.go)
+	enc    []encodeStage // one per item of media: the encoder stage (encode.go)
 
 	arrived, lastItem int64
 	firstSeen         bool
@@ -74,7 +79,7 @@ type exchange struct {
 }
 
 func newExchange(s *Server) any {
-	ex := &exchange{s: s}
+	ex := &exchange{s: s, scores: new(sched.Scores)}
 	ex.sw = ex.stream
 	return ex
 }
@@ -113,7 +118,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	}
 	ex.wait.release()
 	ex.releaseBody()
-	*ex = exchange{s: s, sw: ex.sw, req: ex.req, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0], buf: ex.buf,
+	*ex = exchange{s: s, sw: ex.sw, req: ex.req, scores: ex.scores, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0], buf: ex.buf,
 		sess:  exchangeSession{id: ex.sess.id[:0]},
 		pre:   ex.pre.recycle(),
 		media: ex.media, enc: ex.enc[:0]}
@@ -698,13 +703,22 @@ var pathCompletions, pathChatCompletions = []byte(PathCompletions), []byte(PathC
 func (ex *exchange) setDecisionHeaders(ctx *fasthttp.RequestCtx) {
 	h := &ctx.Response.Header
 	ex.out = strconv.AppendUint(ex.out[:0], ex.dec.WorkerID, 10)
-	h.SetBytesV(HeaderWorker, ex.out)
+	h.SetCanonical(headerWorkerKey, ex.out)
 	ex.out = strconv.AppendUint(ex.out[:0], uint64(ex.dec.DPRank), 10)
-	h.SetBytesV(HeaderDPRank, ex.out)
+	h.SetCanonical(headerDPRankKey, ex.out)
 	ex.out = strconv.AppendUint(ex.out[:0], uint64(ex.dec.OverlapBlocks), 10)
-	h.SetBytesV(HeaderOverlapBlocks, ex.out)
-	h.SetBytesV(HeaderRequestID, ex.rid)
+	h.SetCanonical(headerOverlapBlocksKey, ex.out)
+	h.SetCanonical(headerRequestIDKey, ex.rid)
 }
+
+// The decision headers' names, already in the canonical form fasthttp
+// would otherwise copy and normalize them into on every request.
+var (
+	headerWorkerKey        = []byte(HeaderWorker)
+	headerDPRankKey        = []byte(HeaderDPRank)
+	headerOverlapBlocksKey = []byte(HeaderOverlapBlocks)
+	headerRequestIDKey     = []byte(HeaderRequestID)
+)
 
 // copyForwardHeaders passes on what an engine may need from the client's
 // request: credentials and the request id. Everything else about the

@@ -116,7 +116,7 @@ func (h *routeHTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ex.sreq.QueryOnly = true
-	ex.sreq.Scores = &ex.scores
+	ex.sreq.Scores = ex.scores
 	dec, err := s.sched.Select(r.Context(), &ex.sreq, nil)
 	s.metrics.stageSched.Observe(seconds(clock.Since(ex.lastItem)))
 	if err != nil {

@@ -49,7 +49,7 @@ func BenchmarkRouteStages(b *testing.B) {
 			lookup := func() { s.index.FindMatches(ex.hashes, &ex.overlaps) }
 			choose := func() {
 				ex.sreq = sched.Request{Model: benchModel, Hashes: ex.hashes, Overlaps: &ex.overlaps,
-					PromptTokens: len(ex.req.Tokens), QueryOnly: true, Scores: &ex.scores}
+					PromptTokens: len(ex.req.Tokens), QueryOnly: true, Scores: ex.scores}
 				dec, err := s.sched.Select(b.Context(), &ex.sreq, nil)
 				if err != nil {
 					b.Fatal(err)
