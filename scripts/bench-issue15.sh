@@ -203,12 +203,29 @@ json.dump({"model": "mock", "prompt": [r.randrange(151935) for _ in range(int(sy
       grep -E '^Benchmark' | sed "s/^/round $rep: /" | tee -a "$tmp/stages.txt" >&2
   done
   cat "$tmp/stages.txt" >> "$out/frontend.txt"
+  # A profile round, not counted above (sampling costs the router CPU):
+  # perf records the router while wrk loads it, and perf-attribute.py
+  # splits the samples into the stages, HTTP and framework, kernel and
+  # runtime. PROFILE=0, or no usable perf, skips it.
+  if [ "${PROFILE:-1}" != 0 ] && command -v perf >/dev/null && perf record -o /dev/null -- true >/dev/null 2>&1; then
+    KVFAST_BODY="$tmp/body.json" wrk -t1 -c"$conns" -d"$((secs + 2))s" -s scripts/frontend.lua "$url" > /dev/null &
+    wrkpid=$!
+    perf record -F 999 -g -p "$router" -o "$tmp/perf.data" -- sleep "$secs" > /dev/null 2>&1
+    wait "$wrkpid"
+    perf script -i "$tmp/perf.data" -F tid,period,ip,sym,dso 2> /dev/null | python3 scripts/perf-attribute.py |
+      sed 's/^/profile: /' >> "$out/frontend.txt"
+  else
+    echo "frontend: no profile round (PROFILE=0, or perf is missing or not allowed)" >&2
+  fi
   # Per round: CPU per request (user, system), the sum of the stages'
   # medians and the handler's median; then the medians over the rounds.
   # overhead is the share of the CPU the stages do not account for.
   awk '
     function med(a, n,   i, j, x) { for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { x = a[j]; a[j] = a[j-1]; a[j-1] = x } return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2 }
     $3 == "requests" { r = $2 + 0; rounds = r > rounds ? r : rounds; u[r] = $6 * 1e6 / $10 / $4; s[r] = $8 * 1e6 / $10 / $4 }
+    $1 == "profile:" && $2 == "share" { line = $0; sub(/^profile: share /, "", line); pv = line; sub(/.*: /, "", pv); sub(/:[^:]*$/, "", line); sub(/%$/, "", pv)
+      if (line ~ /^HTTP and framework/) http = pv + 0; else { nprof++; pname[nprof] = line; pshare[nprof] = pv + 0 }
+      next }
     $3 ~ /^BenchmarkRouteStages/ { r = $2 + 0; st = $3; sub(/.*\//, "", st); sub(/-[0-9]+$/, "", st); k = r SUBSEP st; n[k]++; v[k, n[k]] = $5 / 1000; names[st] = 1 }
     END {
       for (r = 1; r <= rounds; r++) {
@@ -222,7 +239,12 @@ json.dump({"model": "mock", "prompt": [r.randrange(151935) for _ in range(int(sy
       printf "router CPU per request: %.1f us (user %.1f, system %.1f)\n", med(t, rounds), med(uu, rounds), med(ss, rounds)
       printf "in-process handler:     %.1f us\n", med(h, rounds)
       printf "stage sum:              %.1f us (parse, hash, lookup, select, encode)\n", med(stg, rounds)
-      printf "outside the stages (HTTP, framework, runtime, kernel): %.0f%% of the router CPU (target <= 30%%)\n", 100 * med(o, rounds)
+      printf "outside the stages (HTTP, framework, runtime, kernel): %.0f%% of the router CPU\n", 100 * med(o, rounds)
+      if (nprof) {
+        printf "profile round, share of the router CPU (and us per request at the median CPU above):\n"
+        for (i = 1; i <= nprof; i++) printf "  %-48s %5.1f%% %6.1f us\n", pname[i], pshare[i], pshare[i] * med(t, rounds) / 100
+        printf "HTTP and framework (fasthttp, net, kvfast outside the stages): %.1f%% of the router CPU (target <= 30%%)\n", http
+      }
     }' "$out/frontend.txt" | tee -a "$out/frontend.txt"
 fi
 # --- end frontend ---
