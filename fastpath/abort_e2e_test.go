@@ -150,3 +150,29 @@ func TestShutdownAbortsCallsOnSilentEngines(t *testing.T) {
 		})
 	}
 }
+
+// TestSilentEngineStalls: a request that waits on a silent engine past the
+// stall time shows the worker stalled in /admin/workers and /metrics, and
+// the stall ends with the request.
+func TestSilentEngineStalls(t *testing.T) {
+	eng := startSilentEngine(t, false)
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel})
+	cfg.Dispatch.Timeouts.FirstByte, cfg.Dispatch.Timeouts.Idle = time.Hour, time.Hour
+	cost := *cfg.Sched.Cost
+	cost.StallAfter = 50 * time.Millisecond
+	cfg.Sched.Cost = &cost
+	r := startE2ERouter(t, cfg)
+	const series = `kvfast_worker_stalled{dp_rank="0",worker="1"}`
+	if v, ok := metricValue(r.metrics(t), series); !ok || v != 0 {
+		t.Fatalf("an idle worker: %s = %v (found %v), want 0", series, v, ok)
+	}
+	c := sendRaw(t, r, completionBody(e2eTokens(33, 64), false, 4))
+	waitFor(t, "the worker to count as stalled", func() bool { return workerView(t, r.node, 1, 0).Stalled })
+	wantMetric(t, r.metrics(t), series, 1)
+	_ = c.Close() // the client leaves: nothing waits on the engine any more
+	eng.waitClosed(t)
+	waitReleased(t, r.node)
+	if workerView(t, r.node, 1, 0).Stalled {
+		t.Fatal("the worker is still stalled with nothing waiting on it")
+	}
+}

@@ -276,6 +276,9 @@ type WorkerView struct {
 	Ejected        bool    `json:"ejected"`
 	EjectedSeconds float64 `json:"ejected_seconds,omitempty"`
 	Ejections      uint64  `json:"ejections"`
+	// Stalled: requests have waited on the worker for a first token for
+	// longer than the stall time; its in-flight prompts earn no credit.
+	Stalled bool `json:"stalled"`
 
 	ActiveBlocks  int64   `json:"active_blocks"`
 	OutputBlocks  float64 `json:"output_blocks"`

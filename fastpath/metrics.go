@@ -191,6 +191,8 @@ var (
 		"1 if the worker is eligible for routing (registered, up and passing health checks).", []string{"worker", "dp_rank"}, nil)
 	descWorkerEjected = prometheus.NewDesc("kvfast_worker_ejected",
 		"1 while passive health checking has ejected the worker for failing requests.", []string{"worker", "dp_rank"}, nil)
+	descWorkerStalled = prometheus.NewDesc("kvfast_worker_stalled",
+		"1 while requests have waited on the worker for a first token for longer than the stall time (--stall-after); its in-flight prompts then earn no cache credit.", []string{"worker", "dp_rank"}, nil)
 	descWorkerEjections = prometheus.NewDesc("kvfast_worker_ejections_total",
 		"Times passive health checking ejected the worker since it joined.", []string{"worker", "dp_rank"}, nil)
 	descWorkerIndexBlocks = prometheus.NewDesc("kvfast_worker_index_blocks",
@@ -225,7 +227,7 @@ var (
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descWorkerActiveBlocks, descWorkerPrefill, descWorkerRequests,
-		descWorkerHealthy, descWorkerEjected, descWorkerEjections, descWorkerIndexBlocks, descWorkerRingLag, descIndexEntries, descIndexCapacity,
+		descWorkerHealthy, descWorkerEjected, descWorkerStalled, descWorkerEjections, descWorkerIndexBlocks, descWorkerRingLag, descIndexEntries, descIndexCapacity,
 		descIndexOverflow, descFeedEvents, descZMQConnected, descZMQEvents, descQueueWaiting, descRefused,
 		descTokenizerInfo, descTokenize, descPrefixCacheSegments, descPrefixCacheEvictions, descPrefixCacheBytes} {
 		ch <- d
@@ -251,9 +253,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for i := range snap.Workers {
 		wv := &snap.Workers[i]
 		id, rank := strconv.FormatUint(wv.WorkerID, 10), strconv.FormatUint(uint64(wv.DPRank), 10)
-		healthy, ejected := 0.0, 0.0
+		healthy, ejected, stalled := 0.0, 0.0, 0.0
 		if wv.Healthy {
 			healthy = 1
+		}
+		if wv.Stalled {
+			stalled = 1
 		}
 		if wv.Ejected {
 			ejected = 1
@@ -263,6 +268,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descWorkerRequests, prometheus.GaugeValue, float64(wv.Requests), id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerHealthy, prometheus.GaugeValue, healthy, id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerEjected, prometheus.GaugeValue, ejected, id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerStalled, prometheus.GaugeValue, stalled, id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerEjections, prometheus.CounterValue, float64(wv.Ejections), id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerIndexBlocks, prometheus.GaugeValue, float64(wv.IndexBlocks), id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerRingLag, prometheus.GaugeValue, float64(wv.FeedLagBytes), id, rank)

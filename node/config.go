@@ -134,11 +134,13 @@ func DefaultConfig() Config {
 	// No one number suits every model and GPU: each worker's is measured
 	// (sched/calibrate.go); --prefill-load-scale N pins it.
 	cost.AutoPrefillLoadScale = true
-	// The eviction term (--eviction-weight) stays off: with it, a worker
-	// that swallows requests without answering looks emptier than the
-	// others and draws traffic (the soak lost 30x throughput to its
-	// never-answering engine), until hangs are detected sooner than the
-	// first-byte timeout.
+	// An engine that keeps requests waiting without a first token loses
+	// that credit (sched/stall.go), and with it the pull the eviction term
+	// would give a worker that swallows requests and never answers.
+	cost.StallAfter = sched.DefaultStallAfter
+	// Once caches are full, a placement is charged for the cached blocks
+	// it evicts (sched/capacity.go; --eviction-weight 0 turns it off).
+	cost.EvictionWeight = sched.DefaultEvictionWeight
 	return Config{
 		Listen:      "127.0.0.1:8000",
 		AdminListen: DefaultAdminListen,

@@ -2,14 +2,14 @@ package sched
 
 import "github.com/kvfast/kvfast/workers"
 
-// DefaultEvictionWeight is the eviction weight kvfast demo runs with, and
-// what kvfast serve --eviction-weight should be set to where every engine
-// answers: between two full workers, a copy of a prefix must save more
-// than 31 times the prefix's prefill in queueing. Weights 1, 3, 10 and 30
-// were measured on the capacity sweep (docs/routing.md): hits rose with
-// the weight up to 10 and held at 30, the TTFT tail did not move. kvfast
-// serve leaves the term off (0): a worker that swallows requests without
-// answering looks emptier than the others under it and draws traffic.
+// DefaultEvictionWeight is the eviction weight kvfast serve and kvfast
+// demo run with: between two full workers, a copy of a prefix must save
+// more than 31 times the prefix's prefill in queueing. Weights 1, 3, 10
+// and 30 were measured on the capacity sweep (docs/routing.md): hits rose
+// with the weight up to 10 and held at 30, the TTFT tail did not move. It
+// needs stall detection (CostParams.StallAfter, stall.go) beside it: the
+// term multiplies the in-flight credit, which a worker that swallows
+// requests without answering would otherwise keep.
 const DefaultEvictionWeight = 30
 
 // The eviction term.
@@ -42,7 +42,7 @@ const DefaultEvictionWeight = 30
 
 // cacheFill returns how full each candidate's cache is, 0 empty to 1
 // full: the factor of its eviction term. All zero when the weight is 0.
-func (s *Scheduler) cacheFill(ws *workerSet, p *CostParams, cands workers.Set) (fill [workers.Max]float64) {
+func (s *Scheduler) cacheFill(ws *workerSet, p *CostParams, cands workers.Set, now int64) (fill [workers.Max]float64) {
 	if p.EvictionWeight == 0 {
 		return fill
 	}
@@ -51,7 +51,11 @@ func (s *Scheduler) cacheFill(ws *workerSet, p *CostParams, cands workers.Set) (
 		if capacity == 0 {
 			capacity = s.live[w].kvTotal.Load()
 		}
-		if capacity > 0 { // unknown capacity: no eviction term
+		switch {
+		case capacity == 0: // unknown capacity: no eviction term
+		case s.progress[w].unproven(now, p.StallAfter):
+			fill[w] = 1 // free memory counts only on an engine that answers (stall.go)
+		default:
 			fill[w] = min(float64(s.written[w].Load())/float64(capacity), 1)
 		}
 	}

@@ -3,6 +3,7 @@ package sched
 import (
 	"testing"
 
+	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/workers"
 )
 
@@ -13,20 +14,23 @@ import (
 // eviction term charges worker 0 its 20 uncached blocks and worker 1 all
 // 40, and keeps it (570 + 10·20 = 770 against 440 + 10·40 = 840). A queue
 // of 60 blocks still forces the copy, and before the caches fill the
-// term is next to nothing.
+// term is next to nothing, unless worker 0's engine has never answered:
+// then its free memory does not count (stall.go).
 func TestEvictionTermKeepsAPrefixInOnePlace(t *testing.T) {
 	const bs, capacity = 16, 1000 // newTestScheduler's KVCapacityBlocks
 	for _, tc := range []struct {
-		name   string
-		weight float64
-		full   bool
-		queue  int
-		want   workers.Slot
+		name     string
+		weight   float64
+		full     bool
+		queue    int
+		answered bool // worker 0's engine has produced a first token before
+		want     workers.Slot
 	}{
-		{"no eviction term", 0, true, 30, 1},
-		{"full caches", 1, true, 30, 0},
-		{"full caches, long queue", 1, true, 60, 1},
-		{"empty caches", 1, false, 30, 1},
+		{"no eviction term", 0, true, 30, true, 1},
+		{"full caches", 1, true, 30, true, 0},
+		{"full caches, long queue", 1, true, 60, true, 1},
+		{"empty caches", 1, false, 30, true, 1},
+		{"empty caches, worker 0 never answered", 1, false, 30, false, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := DefaultCostParams()
@@ -40,6 +44,9 @@ func TestEvictionTermKeepsAPrefixInOnePlace(t *testing.T) {
 					res.Release()
 				}
 			}
+			if tc.answered {
+				s.progress[0].answered.Store(true)
+			}
 			var queued Reservation
 			mustSelect(t, s, &Request{Hashes: prompt(50, 0, 1, tc.queue), PromptTokens: tc.queue * bs, Pinned: true, PinWorker: 100}, &queued)
 			overlaps := workers.Overlaps{0: 20}
@@ -50,7 +57,10 @@ func TestEvictionTermKeepsAPrefixInOnePlace(t *testing.T) {
 				t.Fatalf("picked %d (costs %.0f, %.0f), want %d", d.Slot, sc.Workers[0].Cost, sc.Workers[1].Cost, tc.want)
 			}
 			wantEvict := [2]float64{20 * tc.weight, 40 * tc.weight}
-			if !tc.full { // only the queued request's 30 blocks written, on worker 0
+			switch {
+			case !tc.full && !tc.answered: // worker 0 is priced full, worker 1 has nothing waiting
+				wantEvict = [2]float64{20 * tc.weight, 0}
+			case !tc.full: // only the queued request's 30 blocks written, on worker 0
 				wantEvict = [2]float64{20 * tc.weight * 30 / capacity, 0}
 			}
 			for w := range 2 {
@@ -75,7 +85,7 @@ func TestCacheFullnessRampsWithBookedBlocksAndRestartsWithTheEngine(t *testing.T
 		res.Release()
 	}
 	book(1, 250)
-	if f := s.cacheFill(ws, &p, 1)[0]; f != 0.25 {
+	if f := s.cacheFill(ws, &p, 1, clock.Now())[0]; f != 0.25 {
 		t.Fatalf("after 250 of 1000 blocks: fullness %v, want 0.25", f)
 	}
 	// A cached prompt writes nothing new.
@@ -84,20 +94,20 @@ func TestCacheFullnessRampsWithBookedBlocksAndRestartsWithTheEngine(t *testing.T
 	mustSelect(t, s, &Request{Hashes: prompt(1, 0, 1, 250), PromptTokens: 250 * 16, Overlaps: &overlaps}, &res)
 	res.Release()
 	book(2, 2000)
-	if f := s.cacheFill(ws, &p, 1)[0]; f != 1 {
+	if f := s.cacheFill(ws, &p, 1, clock.Now())[0]; f != 1 {
 		t.Fatalf("after 2250 of 1000 blocks: fullness %v, want 1", f)
 	}
 	// A new engine in the slot starts empty.
 	if err := s.Upsert(WorkerInfo{ID: 555, Slot: 0, Model: "m", KVCapacityBlocks: 1000}); err != nil {
 		t.Fatal(err)
 	}
-	if f := s.cacheFill(s.workers.Load(), &p, 1)[0]; f != 0 {
+	if f := s.cacheFill(s.workers.Load(), &p, 1, clock.Now())[0]; f != 0 {
 		t.Fatalf("new engine: fullness %v, want 0", f)
 	}
 	// Without the weight nothing is computed.
 	p.EvictionWeight = 0
 	book(3, 2000)
-	if f := s.cacheFill(s.workers.Load(), &p, 1)[0]; f != 0 {
+	if f := s.cacheFill(s.workers.Load(), &p, 1, clock.Now())[0]; f != 0 {
 		t.Fatalf("weight 0: fullness %v, want 0 (not computed)", f)
 	}
 }

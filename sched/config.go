@@ -50,6 +50,12 @@ type CostParams struct {
 	// place unless load forces a copy. 0, Dynamo's model, ignores
 	// eviction; kvfast serve sets DefaultEvictionWeight.
 	EvictionWeight float64
+	// StallAfter withdraws a worker's in-flight credit (CreditInFlight)
+	// while requests have waited on it this long without any first token
+	// from it (stall.go): an engine that accepts requests and never
+	// answers must not draw the follow-ups of what it holds. 0 never
+	// withdraws it; kvfast serve sets DefaultStallAfter.
+	StallAfter time.Duration
 	// TrackOutputBlocks adds output blocks to the worker's decode load as
 	// generation crosses block boundaries, decayed toward the request's
 	// expected output length when it gives one.
@@ -83,6 +89,9 @@ func (p CostParams) Validate() error {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
 			return fmt.Errorf("cannot use %s %v: %w", f.name, f.v, ErrInvalidConfig)
 		}
+	}
+	if p.StallAfter < 0 {
+		return fmt.Errorf("cannot use stall time %v: %w", p.StallAfter, ErrInvalidConfig)
 	}
 	return nil
 }

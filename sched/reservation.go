@@ -75,6 +75,7 @@ func (r *Reservation) PrefillDone() {
 	l := &r.s.live[r.slot]
 	l.prefillTokens.Add(-r.prefill)
 	r.firstAt = clock.Now()
+	r.s.progress[r.slot].firstToken(r.firstAt)
 	c := &r.s.calib[r.slot]
 	r.areaAtFirst = c.batch.read(r.firstAt)
 	// The prefill the wait paid for: what was queued ahead at booking,
@@ -161,6 +162,7 @@ func (r *Reservation) Release() {
 	l.activeBlocks.Add(-s.table.release(r.idx[:r.n], uint(r.slot)))
 	if !r.prefillDone {
 		l.prefillTokens.Add(-r.prefill)
+		s.progress[r.slot].abandoned()
 	}
 	l.outputUnits.Add(-r.outputUnits)
 	l.requests.Add(-1)

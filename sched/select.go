@@ -226,8 +226,9 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 	var costs [workers.Max]float64
 
 	s.mu.Lock()
+	now := clock.Now()
 	s.table.scan(req.Hashes, uint64(cands), idx, &acc)
-	s.score(ws, req, p, cands, &acc, &costs)
+	s.score(ws, req, p, cands, &acc, &costs, now)
 	busy := s.busy(ws, cands)
 	if req.Scores != nil {
 		req.Scores.Busy = busy
@@ -239,8 +240,9 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 	}
 	// A pin is not a round-robin turn: it must not push the rotation on.
 	w := s.choose(pol, req, &costs, free, p.Temperature, !req.Pinned)
-	overlap := p.overlap(req, w, n, acc.get(uint(w)))
-	host, disk := p.lowerTiers(req, w, overlap, acc.get(uint(w)))
+	shared := s.inFlightCredit(p, w, acc.get(uint(w)), now)
+	overlap := p.overlap(req, w, n, shared)
+	host, disk := p.lowerTiers(req, w, overlap, shared)
 	prefill := int64(req.PromptTokens) - int64(p.cached(overlap, host, disk)*float64(s.blockSize))
 	l := &s.live[w]
 	// Counters move inside the section that moves the table, so that they
@@ -251,7 +253,7 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 	ahead := l.prefillTokens.Add(prefill)
 	s.written[w].Add(int64(n) - int64(overlap))
 	l.requests.Add(1)
-	now := clock.Now()
+	s.progress[w].booked(now)
 	s.calib[w].batch.add(now, 1)
 	retired := s.calib[w].retired.Load()
 	s.mu.Unlock()
@@ -296,7 +298,7 @@ func (s *Scheduler) query(req *Request, p *CostParams, pol Policy) (Decision, er
 	s.mu.Lock()
 	s.table.scan(req.Hashes, uint64(cands), nil, &acc)
 	s.mu.Unlock()
-	s.score(ws, req, p, cands, &acc, &costs)
+	s.score(ws, req, p, cands, &acc, &costs, clock.Now())
 	busy := s.busy(ws, cands)
 	if req.Scores != nil {
 		req.Scores.Busy = busy
@@ -320,8 +322,9 @@ func (s *Scheduler) query(req *Request, p *CostParams, pol Policy) (Decision, er
 	}, nil
 }
 
-// score fills costs for every candidate, and req.Scores if asked.
-func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands workers.Set, acc *laneCounter, costs *[workers.Max]float64) {
+// score fills costs for every candidate, and req.Scores if asked, as of
+// clock time now.
+func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands workers.Set, acc *laneCounter, costs *[workers.Max]float64, now int64) {
 	n := len(req.Hashes)
 	reqBlocks := int64((req.PromptTokens + s.blockSize - 1) / s.blockSize)
 	if req.Scores != nil {
@@ -333,10 +336,10 @@ func (s *Scheduler) score(ws *workerSet, req *Request, p *CostParams, cands work
 	if q.AutoPrefillLoadScale {
 		q.PrefillLoadScale = s.autoScale()
 	}
-	fill := s.cacheFill(ws, p, cands)
+	fill := s.cacheFill(ws, p, cands, now)
 	for w := range cands.All() {
 		l := &s.live[w]
-		shared := acc.get(uint(w))
+		shared := s.inFlightCredit(p, w, acc.get(uint(w)), now)
 		overlap := p.overlap(req, w, n, shared)
 		host, disk := p.lowerTiers(req, w, overlap, shared)
 		c := q.Cost(CostInputs{

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"sync/atomic"
 
+	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/workers"
 )
 
@@ -87,6 +88,10 @@ const outputUnit = 1024
 // WorkerLoad is a snapshot of one worker's load.
 type WorkerLoad struct {
 	Healthy bool
+	// Stalled: requests have waited on the worker for a first token for
+	// longer than CostParams.StallAfter, so its in-flight prompts earn no
+	// credit (stall.go).
+	Stalled bool
 	// Router bookings.
 	ActiveBlocks  int64   // distinct prompt blocks of in-flight requests
 	OutputBlocks  float64 // tracked output blocks, after decay
@@ -138,6 +143,7 @@ func (s *Scheduler) Upsert(w WorkerInfo) error {
 		// timing is learnt afresh.
 		s.calib[w.Slot].reset()
 		s.written[w.Slot].Store(0)
+		s.progress[w.Slot].answered.Store(false)
 	}
 	s.workers.Store(ws)
 	s.wmu.Unlock()
@@ -226,6 +232,7 @@ func (s *Scheduler) Load(slot workers.Slot) WorkerLoad {
 	l := &s.live[slot]
 	return WorkerLoad{
 		Healthy:       workers.Set(s.healthy.Load()).Has(slot),
+		Stalled:       s.progress[slot].stalled(clock.Now(), s.params.Load().StallAfter),
 		ActiveBlocks:  l.activeBlocks.Load(),
 		OutputBlocks:  float64(l.outputUnits.Load()) / outputUnit,
 		PrefillTokens: l.prefillTokens.Load(),
