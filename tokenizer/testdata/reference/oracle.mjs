@@ -5,7 +5,11 @@
 //   {"load":NAME,"file":PATH}            -> {"ok":true,"vocab":N} | {"error":MSG}
 //   {"load":NAME,"json":TOKENIZER_JSON}  -> the same, from the file's text
 //   {"encode":NAME,"texts":[B64,...],"add_special":BOOL}
-//                                        -> {"ids":[[ID,...],...]} | {"error":MSG}
+//                                        -> {"ids":[B64,...]} | {"error":MSG}
+//
+// Each text's ids come back as base64 of little-endian uint32s: decoding
+// a JSON number per token was most of the Go side's time in the sweep
+// under the race detector.
 //
 // Texts travel as base64 of their bytes and become JS strings as Node decodes
 // UTF-8 (each maximal invalid subsequence turns into one U+FFFD), which is
@@ -32,7 +36,7 @@ async function encode(req) {
   for (const b64 of req.texts) {
     const text = Buffer.from(b64, 'base64').toString('utf8');
     const enc = await tok.encode(text, null, { addSpecialTokens: req.add_special });
-    ids.push(Array.from(enc.getIds()));
+    ids.push(Buffer.from(Uint32Array.from(enc.getIds()).buffer).toString('base64'));
   }
   return { ids };
 }
