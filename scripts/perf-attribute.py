@@ -7,9 +7,9 @@ sampled CPU. Each sample goes to exactly one part, decided by its whole
 call chain, in this order:
 
   stages      a frame of the routing stages (openai, tokenizer, chat,
-              radix, sched, fastpath's route encoder): the work the
-              in-process stage benchmarks time; page faults and
-              interrupts taken inside them count here too
+              radix, sched, fastpath's route encoder) under the request
+              handler: the work the in-process stage benchmarks time;
+              page faults and interrupts taken inside them count here too
   sysmon, gc  the runtime's monitor thread and the garbage collector
   kernel      the leaf is in the kernel: split by what the Go side was
               doing (socket read, socket write, netpoll, futex or
@@ -34,6 +34,7 @@ from collections import Counter
 KVFAST = "github.com/kvfast/kvfast/"
 STAGE_PREFIXES = tuple(KVFAST + p for p in ("openai.", "tokenizer.", "chat.", "radix.", "sched."))
 STAGE_FUNCS = ("fastpath.(*Server).appendRouteJSON",)
+REQUEST_ROOT = KVFAST + "fastpath.(*Server).handle"
 GC_FUNCS = ("runtime.gcBgMarkWorker", "runtime.bgsweep", "runtime.bgscavenge", "runtime.gcAssistAlloc", "runtime.gcStart")
 FRAMEWORK_PREFIXES = ("github.com/valyala/fasthttp.", "net.", "internal/poll.", "bufio.", "crypto/tls.")
 
@@ -63,7 +64,9 @@ SYSCALL_FRAMES = ("syscall.Syscall", "syscall.RawSyscall", "internal/runtime/sys
 
 def classify(frames):
     syms = [s for s, _ in frames]
-    if any(is_stage(s) for s in syms):
+    # The stages' packages also run in the background (the feed applies
+    # events to the index): only what a request's handler calls counts.
+    if any(s.startswith(REQUEST_ROOT) for s in syms) and any(is_stage(s) for s in syms):
         return "stages"
     if any(s.startswith("runtime.sysmon") for s in syms):
         return "runtime: sysmon"
