@@ -276,7 +276,7 @@ type WorkerView struct {
 	Ejected        bool    `json:"ejected"`
 	EjectedSeconds float64 `json:"ejected_seconds,omitempty"`
 	Ejections      uint64  `json:"ejections"`
-	// Stalled: requests have waited on the worker for a first token for
+	// Stalled: requests have waited on the worker without an answer for
 	// longer than the stall time; its in-flight prompts earn no credit.
 	Stalled bool `json:"stalled"`
 

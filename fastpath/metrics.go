@@ -192,7 +192,7 @@ var (
 	descWorkerEjected = prometheus.NewDesc("kvfast_worker_ejected",
 		"1 while passive health checking has ejected the worker for failing requests.", []string{"worker", "dp_rank"}, nil)
 	descWorkerStalled = prometheus.NewDesc("kvfast_worker_stalled",
-		"1 while requests have waited on the worker for a first token for longer than the stall time (--stall-after); its in-flight prompts then earn no cache credit.", []string{"worker", "dp_rank"}, nil)
+		"1 while requests have waited on the worker without an answer (a first token, or a whole answer when not streamed) for longer than the stall time (--stall-after); its in-flight prompts then earn no cache credit and its free cache memory does not count.", []string{"worker", "dp_rank"}, nil)
 	descWorkerEjections = prometheus.NewDesc("kvfast_worker_ejections_total",
 		"Times passive health checking ejected the worker since it joined.", []string{"worker", "dp_rank"}, nil)
 	descWorkerIndexBlocks = prometheus.NewDesc("kvfast_worker_index_blocks",

@@ -334,6 +334,11 @@ func (h Handle) end(from uint8, to State, reason Reason) (bool, error) {
 			checkTransition(w, pack(h.gen, to, reason)|w&dispatchedBit, h.gen)
 		}
 		if s != Acquired {
+			if to == Completed {
+				// An answer, for the worker's stall detection, even
+				// when no first token was seen (not streamed).
+				g.res.Answered()
+			}
 			g.res.Release()
 		}
 		g.word.Or(cleanedBit)

@@ -50,11 +50,13 @@ type CostParams struct {
 	// place unless load forces a copy. 0, Dynamo's model, ignores
 	// eviction; kvfast serve sets DefaultEvictionWeight.
 	EvictionWeight float64
-	// StallAfter withdraws a worker's in-flight credit (CreditInFlight)
-	// while requests have waited on it this long without any first token
-	// from it (stall.go): an engine that accepts requests and never
-	// answers must not draw the follow-ups of what it holds. 0 never
-	// withdraws it; kvfast serve sets DefaultStallAfter.
+	// StallAfter withdraws a worker's in-flight credit (CreditInFlight),
+	// and the eviction term's discount for its free memory, while requests
+	// have waited on it this long without any answer from it (stall.go):
+	// an engine that accepts requests and never answers must not draw
+	// traffic. 0 never stalls a worker (one that has never answered still
+	// has its free memory priced as full); kvfast serve sets
+	// DefaultStallAfter.
 	StallAfter time.Duration
 	// TrackOutputBlocks adds output blocks to the worker's decode load as
 	// generation crosses block boundaries, decayed toward the request's

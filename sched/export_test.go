@@ -1,6 +1,10 @@
 package sched
 
-import "github.com/kvfast/kvfast/workers"
+import (
+	"time"
+
+	"github.com/kvfast/kvfast/workers"
+)
 
 // Tests change the global parameters while selections run; production sets
 // them once, in New.
@@ -56,4 +60,10 @@ func (t *activeTable) count(e uint32, w uint) uint32 {
 		c |= uint32(en.low[j]>>w&1) << j
 	}
 	return c + t.high[uint64(e)<<6|uint64(w)]<<lanePlanes
+}
+
+// backdateProgress moves worker w's last answer d into the past, as if
+// its requests had waited that long.
+func (s *Scheduler) backdateProgress(w workers.Slot, d time.Duration) {
+	s.progress[w].since.Add(-int64(d))
 }

@@ -25,6 +25,8 @@ type Reservation struct {
 	state          resState
 	prefillDone    bool
 	trackOutput    bool
+	waiting        bool   // counted in the worker's progress until answered or released (stall.go)
+	engineGen      uint32 // the engine generation it was counted on
 
 	// What the worker's calibration learns from (calibrate.go).
 	bookedAt      int64 // clock.Now at booking
@@ -66,16 +68,24 @@ func (r *Reservation) BlockSize() int {
 func (r *Reservation) TracksOutput() bool { return r.state == resBooked && r.trackOutput }
 
 // PrefillDone releases the booked prompt tokens: the first output token
-// proves the engine finished the prompt. Later calls do nothing.
+// proves the engine finished the prompt. Later calls do nothing, but for
+// a decode stage's: its first call is its remote prefill's end, its
+// second the engine's own first token, an answer (stall.go).
 func (r *Reservation) PrefillDone() {
-	if r.state != resBooked || r.prefillDone {
+	if r.state != resBooked {
+		return
+	}
+	if r.prefillDone {
+		r.answer(clock.Now())
 		return
 	}
 	r.prefillDone = true
 	l := &r.s.live[r.slot]
 	l.prefillTokens.Add(-r.prefill)
 	r.firstAt = clock.Now()
-	r.s.progress[r.slot].firstToken(r.firstAt)
+	if r.stage != StageDecode {
+		r.answer(r.firstAt)
+	}
 	c := &r.s.calib[r.slot]
 	r.areaAtFirst = c.batch.read(r.firstAt)
 	// The prefill the wait paid for: what was queued ahead at booking,
@@ -89,6 +99,23 @@ func (r *Reservation) PrefillDone() {
 		r.s.calibrated()
 	}
 	r.s.wakeWaiters()
+}
+
+// Answered records that the engine answered the request: a request that
+// is not streamed gives no first token, and its completion is the first
+// sign of progress the worker's stall detection gets (stall.go). Later
+// calls, and calls after a first token, do nothing.
+func (r *Reservation) Answered() {
+	if r.state == resBooked {
+		r.answer(clock.Now())
+	}
+}
+
+func (r *Reservation) answer(now int64) {
+	if r.waiting {
+		r.waiting = false
+		r.s.progress[r.slot].closed(r.engineGen, true, now)
+	}
 }
 
 // Completed records that the request finished normally after output
@@ -162,7 +189,10 @@ func (r *Reservation) Release() {
 	l.activeBlocks.Add(-s.table.release(r.idx[:r.n], uint(r.slot)))
 	if !r.prefillDone {
 		l.prefillTokens.Add(-r.prefill)
-		s.progress[r.slot].abandoned()
+	}
+	if r.waiting {
+		r.waiting = false
+		s.progress[r.slot].closed(r.engineGen, false, 0)
 	}
 	l.outputUnits.Add(-r.outputUnits)
 	l.requests.Add(-1)

@@ -253,8 +253,9 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 	ahead := l.prefillTokens.Add(prefill)
 	s.written[w].Add(int64(n) - int64(overlap))
 	l.requests.Add(1)
-	s.progress[w].booked(now)
-	s.calib[w].batch.add(now, 1)
+	gen := s.progress[w].booked(now)
+	booked := clock.Now()
+	s.calib[w].batch.add(booked, 1)
 	retired := s.calib[w].retired.Load()
 	s.mu.Unlock()
 
@@ -267,10 +268,12 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 		slot:           w,
 		state:          resBooked,
 		trackOutput:    p.TrackOutputBlocks,
-		bookedAt:       now,
+		bookedAt:       booked,
 		prefillAhead:   ahead,
 		retiredAtBook:  retired,
 		stage:          req.Stage,
+		waiting:        true,
+		engineGen:      gen,
 	}
 	s.booked.Inc()
 	info := &ws.info[w]

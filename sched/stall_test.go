@@ -12,43 +12,50 @@ func TestProgressStalls(t *testing.T) {
 	const after = 10 * time.Millisecond
 	ms := func(n int64) int64 { return n * int64(time.Millisecond) }
 	var p progress
-	check := func(at int64, want bool) {
+	check := func(at int64, stalled, unproven bool) {
 		t.Helper()
-		if got := p.stalled(ms(at), after); got != want {
-			t.Fatalf("at %d ms with %d awaiting: stalled %v, want %v", at, p.awaiting.Load(), got, want)
+		if got := p.stalled(ms(at), after); got != stalled {
+			t.Fatalf("at %d ms with %d waiting: stalled %v, want %v", at, p.awaiting(), got, stalled)
+		}
+		if got := p.unproven(ms(at), after); got != unproven {
+			t.Fatalf("at %d ms with %d waiting: unproven %v, want %v", at, p.awaiting(), got, unproven)
 		}
 	}
-	check(100, false) // nothing waits
-	if p.unproven(ms(100), after) {
-		t.Fatal("an engine with nothing waiting on it counts as unproven")
-	}
-	p.booked(ms(0))
-	check(5, false)
-	if !p.unproven(ms(5), after) {
-		t.Fatal("an engine that never answered, with a request waiting, counts as proven")
-	}
-	check(11, true) // waited past after without a first token
+	check(100, false, false) // nothing waits
+	g := p.booked(ms(0))
+	check(5, false, true) // never answered
+	check(11, true, true) // waited past after without an answer
 	if p.stalled(ms(11), 0) {
 		t.Fatal("a stall time of 0 must never stall")
 	}
-	p.firstToken(ms(12))
-	check(50, false) // nothing waits any more
-	p.booked(ms(51))
-	if p.unproven(ms(52), after) {
-		t.Fatal("an engine that answered and is not stalled counts as unproven")
-	}
-	if !p.unproven(ms(62), after) {
-		t.Fatal("a stalled engine counts as proven")
-	}
-	p.abandoned()
+	p.closed(g, true, ms(12))
+	check(50, false, false) // nothing waits any more
 	p.booked(ms(60))
 	p.booked(ms(61)) // the wait is counted from the first arrival
-	check(71, true)
-	p.firstToken(ms(72)) // one answered: progress, though one still waits
-	check(80, false)
-	check(83, true)
-	p.abandoned() // the router gave up on it
-	check(200, false)
+	check(62, false, false)
+	check(71, true, true)
+	p.closed(g, true, ms(72)) // one answered: progress, though one still waits
+	check(80, false, false)
+	check(83, true, true)
+	p.closed(g, false, 0) // given up on: no progress
+	check(200, false, false)
+
+	// A new engine in the slot starts afresh: its predecessor's request
+	// neither counts nor, when it ends, miscounts the new one's.
+	old := p.booked(ms(300))
+	p.renew(ms(301))
+	check(400, false, false)
+	g = p.booked(ms(402))
+	if g == old {
+		t.Fatal("renew kept the generation")
+	}
+	check(403, false, true) // the new engine has not answered yet
+	p.closed(old, true, ms(404))
+	if p.awaiting() != 1 || p.answered.Load() {
+		t.Fatalf("the old engine's answer changed the new one's state: %d waiting, answered %v", p.awaiting(), p.answered.Load())
+	}
+	p.closed(g, true, ms(405))
+	check(500, false, false)
 }
 
 // An engine that keeps a request waiting past StallAfter loses the credit
@@ -57,7 +64,7 @@ func TestProgressStalls(t *testing.T) {
 func TestStallWithdrawsInFlightCredit(t *testing.T) {
 	cost := DefaultCostParams()
 	cost.CreditInFlight = true
-	cost.StallAfter = 20 * time.Millisecond
+	cost.StallAfter = time.Hour // the test moves the clock (backdateProgress)
 	// The first request still prefills: at credit 1 its queued prefill
 	// cancels the credit for its prefix and the follow-up's choice would be
 	// a tie.
@@ -84,12 +91,9 @@ func TestStallWithdrawsInFlightCredit(t *testing.T) {
 	if d, credit := query(); d.Slot != d1.Slot || credit != 8 {
 		t.Fatalf("before the stall: follow-up to slot %d, credit %d on slot %d; want slot %d, 8", d.Slot, credit, d1.Slot, d1.Slot)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for !s.Load(d1.Slot).Stalled {
-		if time.Now().After(deadline) {
-			t.Fatal("the worker never counted as stalled")
-		}
-		time.Sleep(time.Millisecond)
+	s.backdateProgress(d1.Slot, 2*time.Hour)
+	if !s.Load(d1.Slot).Stalled {
+		t.Fatal("a worker whose request waited past the stall time is not stalled")
 	}
 	if d, credit := query(); d.Slot == d1.Slot || credit != 0 {
 		t.Fatalf("stalled: follow-up to slot %d, credit %d on the stalled slot %d; want another slot, 0", d.Slot, credit, d1.Slot)
@@ -103,6 +107,45 @@ func TestStallWithdrawsInFlightCredit(t *testing.T) {
 	}
 	first.Release()
 	requireZeroLoad(t, s)
+}
+
+// What counts as an answer: a stream's first token; for a request that
+// is not streamed, its completion (Answered); for a disaggregated decode
+// stage, its own first token, not the end of its remote prefill. A
+// request given up on before any of them is no answer.
+func TestWhatAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		stage    Stage
+		steps    func(r *Reservation)
+		answered bool
+		waiting  uint32 // still waiting after steps
+	}{
+		{"first token", StageAny, func(r *Reservation) { r.PrefillDone() }, true, 0},
+		{"not streamed, completed", StageAny, func(r *Reservation) { r.Answered() }, true, 0},
+		{"given up on", StageAny, func(*Reservation) {}, false, 1},
+		{"decode stage, remote prefill done", StageDecode, func(r *Reservation) { r.PrefillDone() }, false, 1},
+		{"decode stage, its first token", StageDecode, func(r *Reservation) { r.PrefillDone(); r.PrefillDone() }, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTestScheduler(t, 1, Config{})
+			var r Reservation
+			mustSelect(t, s, &Request{Hashes: prompt(1, 0, 1, 4), PromptTokens: 64, Stage: tc.stage}, &r)
+			tc.steps(&r)
+			p := &s.progress[r.Slot()]
+			if got := p.awaiting(); got != tc.waiting {
+				t.Errorf("%d requests waiting, want %d", got, tc.waiting)
+			}
+			if got := p.answered.Load(); got != tc.answered {
+				t.Errorf("answered %v, want %v", got, tc.answered)
+			}
+			r.Release()
+			if got := p.awaiting(); got != 0 {
+				t.Errorf("%d requests waiting after the release", got)
+			}
+			requireZeroLoad(t, s)
+		})
+	}
 }
 
 func TestStallAfterValidated(t *testing.T) {

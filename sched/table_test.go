@@ -14,6 +14,9 @@ func TestLayoutSizes(t *testing.T) {
 	if n := unsafe.Sizeof(workerLive{}); n != 64 {
 		t.Errorf("workerLive is %d bytes, want 64", n)
 	}
+	if n := unsafe.Sizeof(progress{}); n != 64 {
+		t.Errorf("progress is %d bytes, want 64", n)
+	}
 }
 
 // checkTable verifies the table against itself: every used entry with a

@@ -88,9 +88,9 @@ const outputUnit = 1024
 // WorkerLoad is a snapshot of one worker's load.
 type WorkerLoad struct {
 	Healthy bool
-	// Stalled: requests have waited on the worker for a first token for
+	// Stalled: requests have waited on the worker without an answer for
 	// longer than CostParams.StallAfter, so its in-flight prompts earn no
-	// credit (stall.go).
+	// credit and its free memory does not count (stall.go).
 	Stalled bool
 	// Router bookings.
 	ActiveBlocks  int64   // distinct prompt blocks of in-flight requests
@@ -143,7 +143,7 @@ func (s *Scheduler) Upsert(w WorkerInfo) error {
 		// timing is learnt afresh.
 		s.calib[w.Slot].reset()
 		s.written[w.Slot].Store(0)
-		s.progress[w.Slot].answered.Store(false)
+		s.progress[w.Slot].renew(clock.Now())
 	}
 	s.workers.Store(ws)
 	s.wmu.Unlock()
