@@ -30,7 +30,11 @@
 // sequence, robustly and online, and derives the prefill load scale that
 // puts the cost's two terms in the same unit of time. With
 // CostParams.AutoPrefillLoadScale (kvfast serve's default) selection uses
-// the median of the workers' scales.
+// the median of the workers' scales. The same answers feed stall
+// detection (stall.go): a worker with requests waiting that has never
+// answered, or not for CostParams.StallAfter, loses its in-flight credit
+// and its eviction term's discount for free memory, so that an engine
+// that swallows requests does not draw traffic.
 //
 // # Ownership
 //
@@ -38,6 +42,7 @@
 // through Upsert/Remove/SetHealthy/SetEngineLoad), the active-load
 // accounting of in-flight requests, each worker's timing calibration, the
 // count of uncached blocks booked on each worker (how full its cache is),
+// each worker's progress (stall.go),
 // the global cost parameters, routing
 // policy and busy thresholds, the round-robin rotation, and the admission
 // queue. It does not own the radix index (the caller runs FindMatches)
