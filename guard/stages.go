@@ -36,7 +36,7 @@ func (h Handle) PrefillRemote() error {
 			break
 		}
 	}
-	g.res.PrefillDone()
+	g.res.RemotePrefillDone()
 	g.word.And(^busyBit)
 	return nil
 }

@@ -68,24 +68,36 @@ func (r *Reservation) BlockSize() int {
 func (r *Reservation) TracksOutput() bool { return r.state == resBooked && r.trackOutput }
 
 // PrefillDone releases the booked prompt tokens: the first output token
-// proves the engine finished the prompt. Later calls do nothing, but for
-// a decode stage's: its first call is its remote prefill's end, its
-// second the engine's own first token, an answer (stall.go).
+// proves the engine finished the prompt, and it is the engine's answer
+// (stall.go). After RemotePrefillDone it only records the answer; later
+// calls do nothing.
 func (r *Reservation) PrefillDone() {
 	if r.state != resBooked {
 		return
 	}
-	if r.prefillDone {
-		r.answer(clock.Now())
-		return
+	now := clock.Now()
+	r.answer(now)
+	if !r.prefillDone {
+		r.prefilled(now)
 	}
+}
+
+// RemotePrefillDone releases a decode stage's booked prompt tokens when
+// another engine computed its prompt: the prefill is done, but this
+// engine has not answered yet (its first token's PrefillDone will).
+func (r *Reservation) RemotePrefillDone() {
+	if r.state == resBooked && !r.prefillDone {
+		r.prefilled(clock.Now())
+	}
+}
+
+// prefilled releases the booked prompt tokens at now and teaches the
+// worker's calibration.
+func (r *Reservation) prefilled(now int64) {
 	r.prefillDone = true
 	l := &r.s.live[r.slot]
 	l.prefillTokens.Add(-r.prefill)
-	r.firstAt = clock.Now()
-	if r.stage != StageDecode {
-		r.answer(r.firstAt)
-	}
+	r.firstAt = now
 	c := &r.s.calib[r.slot]
 	r.areaAtFirst = c.batch.read(r.firstAt)
 	// The prefill the wait paid for: what was queued ahead at booking,

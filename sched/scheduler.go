@@ -36,8 +36,8 @@ type Scheduler struct {
 	// its engine joined: how full its cache is (capacity.go). Apart from
 	// live, whose layout is one cache line per worker.
 	written [workers.Max]atomic.Int64
-	// progress is each worker's first-token progress, for stall
-	// detection (stall.go).
+	// progress is each worker's answers, for stall detection
+	// (stall.go).
 	progress [workers.Max]progress
 
 	params     atomic.Pointer[CostParams]

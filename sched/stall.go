@@ -31,9 +31,9 @@ const DefaultStallAfter = 10 * time.Second
 // ended up waiting on it (throughput fell 30-fold).
 //
 // So each worker tracks its progress: the time of its last answer (a
-// stream's first token; a request that is not streamed answers when it
-// completes; a disaggregated decode stage with its own first token, not
-// when its remote prefill is done), or, if later, the moment a request
+// stream's first token, also a disaggregated decode stage's own, not the
+// end of its remote prefill; a request that is not streamed answers when
+// it completes; an error is no answer), or, if later, the moment a request
 // began waiting on it when none was, and whether it has answered at all
 // since its engine joined. A worker with requests waiting and no answer
 // for StallAfter is stalled: its in-flight credit is withdrawn, so it is
@@ -44,9 +44,10 @@ const DefaultStallAfter = 10 * time.Second
 // StallAfter has passed. Its requests are left alone: whether to give up
 // on them is the dispatcher's timeouts' call, and outlier ejection's.
 
-// progress is one worker's stall state, apart from workerLive, whose
-// layout is one cache line per worker, and padded to a line of its own:
-// answers update it outside the scheduler's lock.
+// progress is one worker's stall state, apart from workerLive, and
+// padded to 64 bytes like it, so that different workers' entries mostly
+// sit on different cache lines: answers update it outside the
+// scheduler's lock.
 type progress struct {
 	// waiting packs the engine's generation (high 32 bits, bumped when a
 	// new engine takes the slot) and the requests booked on it that wait

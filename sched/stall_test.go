@@ -109,10 +109,10 @@ func TestStallWithdrawsInFlightCredit(t *testing.T) {
 	requireZeroLoad(t, s)
 }
 
-// What counts as an answer: a stream's first token; for a request that
-// is not streamed, its completion (Answered); for a disaggregated decode
-// stage, its own first token, not the end of its remote prefill. A
-// request given up on before any of them is no answer.
+// What counts as an answer: a stream's first token (a disaggregated
+// decode stage's own, not the end of its remote prefill); for a request
+// that is not streamed, its completion (Answered). A request given up on
+// before any of them is no answer.
 func TestWhatAnswers(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -124,8 +124,9 @@ func TestWhatAnswers(t *testing.T) {
 		{"first token", StageAny, func(r *Reservation) { r.PrefillDone() }, true, 0},
 		{"not streamed, completed", StageAny, func(r *Reservation) { r.Answered() }, true, 0},
 		{"given up on", StageAny, func(*Reservation) {}, false, 1},
-		{"decode stage, remote prefill done", StageDecode, func(r *Reservation) { r.PrefillDone() }, false, 1},
-		{"decode stage, its first token", StageDecode, func(r *Reservation) { r.PrefillDone(); r.PrefillDone() }, true, 0},
+		{"decode stage, remote prefill done", StageDecode, func(r *Reservation) { r.RemotePrefillDone() }, false, 1},
+		{"decode stage, then its first token", StageDecode, func(r *Reservation) { r.RemotePrefillDone(); r.PrefillDone() }, true, 0},
+		{"decode stage prefilled here, its first token", StageDecode, func(r *Reservation) { r.PrefillDone() }, true, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newTestScheduler(t, 1, Config{})
