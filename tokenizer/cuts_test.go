@@ -11,6 +11,7 @@ import (
 // template interleaves them). Encode itself is held to Hugging Face's ids
 // by TestExactAgainstReference, so this ties the cuts to the engine too.
 func TestCutsKeepIDs(t *testing.T) {
+	skipUnderRace(t)
 	requireReference(t)
 	cases := corpus(t)
 	for _, fam := range families {

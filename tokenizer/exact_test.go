@@ -116,6 +116,7 @@ func generatedCases() []corpusCase {
 // corpus text must encode to the reference's ids, with and without the
 // post-processor's special tokens.
 func TestExactAgainstReference(t *testing.T) {
+	skipUnderRace(t)
 	o := getOracle(t)
 	cases := corpus(t)
 	texts := make([][]byte, len(cases))

@@ -2,6 +2,6 @@
 
 package tokenizer
 
-// raceEnabled lets the heaviest differential tests cover fewer families
-// under the race detector, which slows the Go side several times over.
+// raceEnabled makes the differential tests skip under the race detector
+// (skipUnderRace).
 const raceEnabled = true

@@ -156,6 +156,7 @@ func variants() []variant {
 // TestVariantsAgainstReference checks each variant on a slice of the
 // corpus; a variant the reference refuses to load must be refused here too.
 func TestVariantsAgainstReference(t *testing.T) {
+	skipUnderRace(t)
 	if testing.Short() {
 		t.Skip("loads many tokenizers")
 	}
