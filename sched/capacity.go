@@ -7,9 +7,9 @@ import "github.com/kvfast/kvfast/workers"
 // more than 31 times the prefix's prefill in queueing. Weights 1, 3, 10
 // and 30 were measured on the capacity sweep (docs/routing.md): hits rose
 // with the weight up to 10 and held at 30, the TTFT tail did not move. It
-// needs stall detection (CostParams.StallAfter, stall.go) beside it: the
-// term multiplies the in-flight credit, which a worker that swallows
-// requests without answering would otherwise keep.
+// needs stall detection (stall.go) beside it: the term rewards free
+// memory and multiplies the in-flight credit, and a worker that swallows
+// requests without answering would otherwise keep both.
 const DefaultEvictionWeight = 30
 
 // The eviction term.
