@@ -254,8 +254,7 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 	s.written[w].Add(int64(n) - int64(overlap))
 	l.requests.Add(1)
 	gen := s.progress[w].booked(now)
-	booked := clock.Now()
-	s.calib[w].batch.add(booked, 1)
+	s.calib[w].batch.add(now, 1)
 	retired := s.calib[w].retired.Load()
 	s.mu.Unlock()
 
@@ -268,7 +267,7 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 		slot:           w,
 		state:          resBooked,
 		trackOutput:    p.TrackOutputBlocks,
-		bookedAt:       booked,
+		bookedAt:       now, // before the table scan: microseconds, against TTFTs of milliseconds
 		prefillAhead:   ahead,
 		retiredAtBook:  retired,
 		stage:          req.Stage,
