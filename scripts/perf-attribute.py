@@ -98,9 +98,7 @@ def samples(lines):
                 yield frames, period
             frames, period = [], 1
             continue
-        if not line.startswith((" ", "\t")) or not line.lstrip()[0:1].isalnum():
-            continue
-        if line.startswith("\t"):
+        if line.startswith("\t"):  # a frame: address, symbol, (dso)
             parts = line.strip().split(None, 1)
             if len(parts) < 2:
                 continue
@@ -110,7 +108,7 @@ def samples(lines):
                 rest, dso = rest.rsplit(" (", 1)
                 dso = dso[:-1]
             frames.append((rest.split("+0x")[0], dso))
-        else:
+        else:  # a sample's header: tid, period
             fields = line.split()
             if len(fields) >= 2 and fields[1].isdigit():
                 period = int(fields[1])
