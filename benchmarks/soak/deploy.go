@@ -30,6 +30,11 @@ func (s *soak) startRouter() error {
 	cfg.Segment.IndexCapacity = 1 << 18
 	cfg.ShutdownTimeout = 5 * time.Second
 	cfg.Logger = s.cfg.Logger
+	if w := s.cfg.EvictionWeight; w != nil {
+		cost := *cfg.Sched.Cost
+		cost.EvictionWeight = *w
+		cfg.Sched.Cost = &cost
+	}
 	for i, e := range s.sick {
 		cfg.Static = append(cfg.Static, node.StaticWorker{ID: 9000 + uint64(i), Endpoint: e.url, Model: mocker.DefaultModel, KVBlocks: 1024})
 	}

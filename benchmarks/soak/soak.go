@@ -37,6 +37,11 @@ type Config struct {
 	// the end (500 MiB: the router's 300 MB target with the mock engines
 	// and the clients, which share the process, on top).
 	RSSBound uint64
+	// EvictionWeight, when set, replaces the router's default eviction
+	// weight (kvfast serve --eviction-weight), to compare the soak with
+	// the term on and off (docs/routing.md, "Stalled and unproven
+	// engines").
+	EvictionWeight *float64
 	// Logger receives progress lines; nil discards them.
 	Logger *slog.Logger
 }

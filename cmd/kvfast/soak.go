@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -59,6 +61,14 @@ func soakCommand(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the clients' and the faults' choices")
 	fs.Uint64Var(&rssMiB, "rss-bound", 500, "resident memory, in MiB, the process must be back under at the end (router, engines and clients share it)")
 	fs.StringVar(&logLevel, "log-level", logLevel, "log level: debug, info, warn or error")
+	fs.Func("eviction-weight", "the router's eviction weight, as kvfast serve --eviction-weight (default: serve's, 30); 0 turns the term off", func(v string) error {
+		w, err := strconv.ParseFloat(v, 64)
+		if err != nil || w < 0 || math.IsNaN(w) || math.IsInf(w, 0) {
+			return fmt.Errorf("cannot use eviction weight %q: want a finite number >= 0", v)
+		}
+		cfg.EvictionWeight = &w
+		return nil
+	})
 	fs.Usage = func() { printUsage(fs.Output(), fs, soakAbout) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
