@@ -69,60 +69,67 @@ fi
 # working set, on the shipped trace's last 600 records and on generated
 # traces of low and high reuse. 4 engines and 64 tokens per hash id so
 # that the longest prompt fits an engine at 0.25x; about 20 s per policy
-# and capacity, 8 minutes per trace on 2 cores.
+# and capacity, 8 minutes per trace on 2 cores. SCALE sets
+# --prefill-load-scale (default 10: the demo's default when BENCHMARKS.md's
+# sweep was recorded; the affinity part below runs kv at auto).
 if want capacity; then
   mkdir -p benchmarks/results/issue15
   for trace in embedded gen:low gen:high; do
     name=${trace#gen:}
     echo "== capacity sweep: $trace" >&2
     "$out/kvfast" demo --quiet --trace "$trace" --engines 4 --block-tokens 64 \
-      --capacities 0.25,0.5,0.75,1 --policies all --seed 1 \
+      --capacities 0.25,0.5,0.75,1 --policies all --seed 1 --prefill-load-scale "${SCALE:-10}" \
       --html "benchmarks/results/issue15/capacity-$name.html" | tee "benchmarks/results/issue15/capacity-$name.txt" ||
       echo "kvfast demo failed on $trace: see above" >&2
   done
 fi
 # --- end capacity ---
 
-# --- affinity: kv against pure affinity, repeated (issue 15, item 5) ---
+# --- affinity: kv against pure affinity and approx, repeated (issue 15, items 4 and 5) ---
 # The capacity sweep above runs each point once, and single runs of one
 # policy spread by about as much as kv and affinity differ on the
-# generated traces. This part runs only kv and affinity over the same
-# sweep with --seed 1..REPS (default 5) and summarises, per trace and
-# capacity, the median hit rate and TTFT p99 of each and how many runs kv
-# won on each measure. TRACES narrows it (default: embedded gen:low
-# gen:high). Raw tables: affinity-TRACE-SEED.txt.
+# generated traces. This part runs only kv, affinity and approx over the
+# same sweep with --seed 1..REPS (default 5), kv at the demo's default
+# --prefill-load-scale (auto; SCALE pins another), and summarises, per
+# trace and capacity, the median hit rate of each, kv's median share of
+# the pooled-LRU reference, the median TTFT p99 of kv and affinity, and
+# in how many runs kv won each comparison. TRACES narrows it (default:
+# embedded gen:low gen:high). Raw tables: affinity-TRACE-SEED.txt.
 if want affinity; then
   reps=${REPS:-5}
   traces=${TRACES:-"embedded gen:low gen:high"}
   for seed in $(seq 1 "$reps"); do
     for trace in $traces; do
       name=${trace#gen:}
-      echo "== kv against affinity: $trace, seed $seed" >&2
+      echo "== kv against affinity and approx: $trace, seed $seed" >&2
       "$out/kvfast" demo --quiet --trace "$trace" --engines 4 --block-tokens 64 \
-        --capacities 0.25,0.5,0.75,1 --policies kv,affinity --seed "$seed" --html "" \
+        --capacities 0.25,0.5,0.75,1 --policies kv,affinity,approx --seed "$seed" --html "" \
+        --prefill-load-scale "${SCALE:-auto}" \
         > "$out/affinity-$name-$seed.txt" || echo "kvfast demo failed on $trace, seed $seed" >&2
     done
   done
-  # A sweep row with two policies reads: capacity, KV blocks, bound, pooled
-  # LRU, kv hit rate, (share), affinity hit rate, (share), kv p99, affinity p99.
+  # A sweep row with three policies reads: capacity, KV blocks, bound,
+  # pooled LRU, then each policy's hit rate and (share of the pooled LRU)
+  # in --policies order, then each one's TTFT p99 in the same order.
   {
-    printf '%-9s %-8s %9s %9s %7s %9s %9s %7s %s\n' trace capacity 'kv hit' 'aff hit' 'kv won' 'kv p99' 'aff p99' 'kv won' 'runs'
+    printf '%-9s %-8s %7s %8s %8s %8s %7s %7s %9s %9s %7s %s\n' trace capacity 'kv hit' 'of LRU' 'aff hit' 'apx hit' 'kv>=aff' 'kv>=apx' 'kv p99' 'aff p99' 'kv<=aff' 'runs'
     for trace in $traces; do
       trace=${trace#gen:}
       cat "$out"/affinity-$trace-*.txt | awk -v trace="$trace" '
         function ms(v) { if (v ~ /ms$/) { sub(/ms$/, "", v); return v + 0 } if (v ~ /µs$/) { sub(/µs$/, "", v); return v / 1000 } sub(/s$/, "", v); return v * 1000 }
         function median(a, n,   i, j, t) { for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t } return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2 }
-        $1 ~ /^[0-9.]+x$/ && NF == 10 {
+        $1 ~ /^[0-9.]+x$/ && NF == 13 {
           c = $1; n[c]++; if (!(c in seen)) { seen[c] = 1; order[++caps] = c }
-          kh[c, n[c]] = $5; ah[c, n[c]] = $7; kp[c, n[c]] = ms($9); ap[c, n[c]] = ms($10)
-          if ($5 + 0 >= $7 + 0) hw[c]++
-          if (ms($9) <= ms($10)) pw[c]++
+          i = n[c]; kh[c, i] = $5; ks[c, i] = $5 / $4; ah[c, i] = $7; xh[c, i] = $9; kp[c, i] = ms($11); ap[c, i] = ms($12)
+          if ($5 + 0 >= $7 + 0) aw[c]++
+          if ($5 + 0 >= $9 + 0) xw[c]++
+          if (ms($11) <= ms($12)) pw[c]++
         }
         END {
           for (i = 1; i <= caps; i++) {
             c = order[i]; m = n[c]
-            for (j = 1; j <= m; j++) { x[j] = kh[c, j]; y[j] = ah[c, j]; u[j] = kp[c, j]; v[j] = ap[c, j] }
-            printf "%-9s %-8s %9.3f %9.3f %5d/%d %7.1fms %7.1fms %5d/%d\n", trace, c, median(x, m), median(y, m), hw[c], m, median(u, m), median(v, m), pw[c], m
+            for (j = 1; j <= m; j++) { h[j] = kh[c, j]; s[j] = ks[c, j]; a[j] = ah[c, j]; x[j] = xh[c, j]; u[j] = kp[c, j]; v[j] = ap[c, j] }
+            printf "%-9s %-8s %7.3f %7.1f%% %8.3f %8.3f %5d/%d %5d/%d %7.1fms %7.1fms %5d/%d %d\n", trace, c, median(h, m), 100 * median(s, m), median(a, m), median(x, m), aw[c], m, xw[c], m, median(u, m), median(v, m), pw[c], m, m
           }
         }'
     done

@@ -184,6 +184,7 @@ type Options struct {
 // policies, 8 engines, and a load at which routing that loses cache hits
 // queues while routing that keeps them does not.
 func DefaultOptions() Options {
+	serve := node.DefaultConfig().Sched.Cost // the cost model as kvfast serve runs it
 	return Options{
 		Engines:          8,
 		Policies:         slices.Clone(AllPolicies),
@@ -196,11 +197,13 @@ func DefaultOptions() Options {
 		KVBlocks:         8192,
 		MaxBatchedTokens: mocker.DefaultMaxBatchedTokens,
 		MaxSeqs:          mocker.DefaultMaxSeqs,
-		OverlapCredit:    node.DefaultConfig().Sched.Cost.OverlapCredit,
-		PrefillLoadScale: 10,
-		EvictionWeight:   sched.DefaultEvictionWeight,
-		Timing:           mocker.DefaultTiming,
-		Timeout:          2 * time.Minute,
+		OverlapCredit:    serve.OverlapCredit,
+		PrefillLoadScale: serve.PrefillLoadScale,
+		// auto: the demo pinned 10 until the scale could be measured.
+		AutoPrefillLoadScale: serve.AutoPrefillLoadScale,
+		EvictionWeight:       sched.DefaultEvictionWeight,
+		Timing:               mocker.DefaultTiming,
+		Timeout:              2 * time.Minute,
 
 		DisaggMinRemoteTokens:     fastpath.DefaultMinRemoteTokens,
 		DisaggLocalCachedFraction: fastpath.DefaultLocalCachedFraction,

@@ -66,7 +66,7 @@ func TestDemoCommand(t *testing.T) {
 
 	t.Run("help", func(t *testing.T) {
 		code, _, stderr := run("--help")
-		for _, want := range []string{"--policies list", "--block-tokens", "--engine-speedup", "Exit status", "prefill-load-scale 10", "--disagg NPMD", "--concurrency 32"} {
+		for _, want := range []string{"--policies list", "--block-tokens", "--engine-speedup", "Exit status", "prefill-load-scale auto", "--disagg NPMD", "--concurrency 32"} {
 			if !strings.Contains(stderr, want) {
 				t.Errorf("help lacks %q", want)
 			}
