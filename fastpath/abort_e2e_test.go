@@ -2,10 +2,13 @@ package fastpath_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"net"
+	"net/http"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,6 +29,9 @@ type silentEngine struct {
 	ln       net.Listener
 	requests atomic.Int64
 	closed   chan struct{}
+	// rejectOne makes it answer requests for one token (max_tokens 1)
+	// with a 400 at once, as an engine refuses a request it judges bad.
+	rejectOne atomic.Bool
 }
 
 func startSilentEngine(t *testing.T, streamHeaders bool) *silentEngine {
@@ -58,6 +64,11 @@ func (e *silentEngine) serve(c net.Conn, streamHeaders bool) {
 		}
 		switch string(req.URI().Path()) {
 		case fastpath.PathCompletions, fastpath.PathChatCompletions:
+			if e.rejectOne.Load() && bytes.Contains(req.Body(), []byte(`"max_tokens":1,`)) {
+				const body = `{"error":{"message":"bad request","type":"invalid_request_error"}}`
+				_, _ = io.WriteString(c, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+				continue
+			}
 		case fastpath.PathHealth:
 			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
 			continue
@@ -175,4 +186,31 @@ func TestSilentEngineStalls(t *testing.T) {
 	if workerView(t, r.node, 1, 0).Stalled {
 		t.Fatal("the worker is still stalled with nothing waiting on it")
 	}
+}
+
+// TestRejectingEngineAnswers: an engine's 4xx is an answer. A worker
+// stalled by a request it never answers is no longer stalled once it
+// refuses another request, which proves it is reading them.
+func TestRejectingEngineAnswers(t *testing.T) {
+	eng := startSilentEngine(t, false)
+	eng.rejectOne.Store(true)
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel})
+	cfg.Dispatch.Timeouts.FirstByte, cfg.Dispatch.Timeouts.Idle = time.Hour, time.Hour
+	cost := *cfg.Sched.Cost
+	// Long enough that the check after the 400 comes well inside it.
+	cost.StallAfter = 2 * time.Second
+	cfg.Sched.Cost = &cost
+	r := startE2ERouter(t, cfg)
+	c := sendRaw(t, r, completionBody(e2eTokens(33, 64), false, 4))
+	waitFor(t, "the worker to count as stalled", func() bool { return workerView(t, r.node, 1, 0).Stalled })
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(34, 64), false, 1), nil)
+	if resp.status != http.StatusBadRequest {
+		t.Fatalf("status %d, want the engine's 400: %s", resp.status, resp.body)
+	}
+	if workerView(t, r.node, 1, 0).Stalled {
+		t.Fatal("the worker is still stalled after it answered a request with a 400")
+	}
+	_ = c.Close()
+	eng.waitClosed(t)
+	waitReleased(t, r.node)
 }

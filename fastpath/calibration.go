@@ -17,11 +17,12 @@ type CalibrationView struct {
 	OutputTokens             float64 `json:"output_tokens"`
 	PrefillSamples           uint64  `json:"prefill_samples"`
 	DecodeSamples            uint64  `json:"decode_samples"`
-	// PrefillLoadScale is the scale the fit gives; the cost model uses it
-	// when the prefill load scale is auto.
+	// PrefillLoadScale is the scale this worker's fit gives.
 	PrefillLoadScale float64 `json:"prefill_load_scale"`
-	// InUse reports whether the cost model uses it (--prefill-load-scale
-	// auto) rather than a pinned number.
+	// InUse reports whether the fits feed the cost model
+	// (--prefill-load-scale auto) rather than a pinned number. Costs are
+	// compared across workers, so they share one scale, derived from all
+	// the workers' fits: Snapshot.PrefillLoadScale.
 	InUse bool `json:"in_use"`
 }
 
@@ -49,13 +50,15 @@ var (
 	descCalibStep = prometheus.NewDesc("kvfast_worker_decode_step_seconds",
 		"Fitted inter-token gap of the worker with an empty batch.", []string{"worker", "dp_rank"}, nil)
 	descCalibScale = prometheus.NewDesc("kvfast_worker_prefill_load_scale",
-		"Prefill load scale the worker's fitted timing gives (used by the cost model when --prefill-load-scale is auto).", []string{"worker", "dp_rank"}, nil)
+		"Prefill load scale the worker's fitted timing gives; with --prefill-load-scale auto the cost model applies the workers' median (kvfast_prefill_load_scale).", []string{"worker", "dp_rank"}, nil)
+	descScaleInUse = prometheus.NewDesc("kvfast_prefill_load_scale",
+		"Prefill load scale the cost model applies: the pinned number, or with --prefill-load-scale auto the one derived from the workers' fitted timing.", nil, nil)
 	descCalibSamples = prometheus.NewDesc("kvfast_worker_calibration_samples_total",
 		"Requests the worker's timing fit has learnt from, by what: first_token (prefill) or completion (decode).", []string{"worker", "dp_rank", "kind"}, nil)
 )
 
 func describeCalibration(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descCalibPrefill, descCalibDecode, descCalibStep, descCalibScale, descCalibSamples} {
+	for _, d := range []*prometheus.Desc{descCalibPrefill, descCalibDecode, descCalibStep, descCalibScale, descCalibSamples, descScaleInUse} {
 		ch <- d
 	}
 }

@@ -33,9 +33,15 @@ func TestCalibrationIsExposed(t *testing.T) {
 		!(c.PrefillSecondsPerToken > 0) || !(c.DecodeSecondsPerSequence > 0) || c.OutputTokens > 32 {
 		t.Errorf("calibration %+v: want in use, 2 first tokens and 2 completions learnt from, output pulled toward 4", *c)
 	}
+	// Too few first tokens for the worker's own scale to count: the one
+	// applied is still the prior's.
+	if !admin.PrefillLoadScaleAuto || !(admin.PrefillLoadScale > 0) {
+		t.Errorf("/admin/workers: prefill load scale %v, auto %v; want a positive scale, auto", admin.PrefillLoadScale, admin.PrefillLoadScaleAuto)
+	}
 	metrics := r.metrics(t)
 	for _, series := range []string{
 		`kvfast_worker_prefill_load_scale{dp_rank="0",worker="1"} `,
+		"\nkvfast_prefill_load_scale ",
 		`kvfast_worker_prefill_seconds_per_token{dp_rank="0",worker="1"} `,
 		`kvfast_worker_decode_seconds_per_sequence{dp_rank="0",worker="1"} `,
 		`kvfast_worker_decode_step_seconds{dp_rank="0",worker="1"} `,

@@ -229,6 +229,10 @@ func (s *Server) serveDisagg(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff 
 		if !ok {
 			decision = decisionFallback
 		}
+		// The decode worker owes an answer from here: after the remote
+		// prefill (vLLM), or beside it (SGLang), or computing the prompt
+		// itself when the prefill failed.
+		_ = ex.h.AwaitDecode()
 	}
 	s.metrics.dis.decisions[decision].Inc()
 	if ex.pre.decided {

@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -155,6 +157,69 @@ func TestDisaggVLLMTwoStages(t *testing.T) {
 	if v, ok := metricValue(m, `kvfast_role_workers{role="decode"}`); !ok || v != 2 {
 		t.Errorf("kvfast_role_workers{role=decode} = %v", v)
 	}
+}
+
+// TestDisaggSlowPrefillDoesNotStallDecode: in vLLM's protocol the decode
+// stage's request is sent only once the remote prefill is done, so a
+// prefill slower than the stall time is not held against the decode
+// worker, which has nothing to answer until then.
+func TestDisaggSlowPrefillDoesNotStallDecode(t *testing.T) {
+	const stallAfter = 50 * time.Millisecond
+	cfg := e2eConfig()
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM, MinRemoteTokens: 64}
+	cost := *cfg.Sched.Cost
+	cost.StallAfter = stallAfter
+	cfg.Sched.Cost = &cost
+	r := startE2ERig(t, rig.Config{Node: cfg})
+	// The prefill engine's one step takes eight stall times.
+	prefill := startMock(t, mocker.Config{WorkerID: 1, Role: workers.RolePrefill, Segment: r.rig.SegmentPath, KVBlocks: 2048,
+		Speedup: 1, Timing: mocker.Timing{StepOverhead: 8 * stallAfter}})
+	for id := uint64(2); id <= 3; id++ {
+		startMock(t, mocker.Config{WorkerID: id, Role: workers.RoleDecode, Segment: r.rig.SegmentPath, KVBlocks: 2048})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
+	defer cancel()
+	if err := r.rig.WaitWorkers(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	// Watch the decode workers while the prefill runs: a snapshot taken
+	// before the prefill engine has finished is one taken before the
+	// decode stage could be sent.
+	var stalledEarly atomic.Bool
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			snap := r.node.Snapshot()
+			if prefill.Stats().Finished == 0 {
+				for _, w := range snap.Workers {
+					if w.WorkerID != 1 && w.Stalled {
+						stalledEarly.Store(true)
+					}
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	start := time.Now()
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(5, 300), true, 4), nil)
+	took := time.Since(start)
+	close(stop)
+	<-stopped
+	if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderPrefillWorker) != "1" {
+		t.Fatalf("status %d, prefill worker %q: %s", resp.status, resp.header.Get(fastpath.HeaderPrefillWorker), resp.body)
+	}
+	if took < 8*stallAfter {
+		t.Fatalf("the request took %v: the prefill was not slow, so the test proves nothing", took)
+	}
+	if stalledEarly.Load() {
+		t.Fatal("a decode worker counted as stalled while the remote prefill ran")
+	}
+	waitReleased(t, r.node)
 }
 
 // TestDisaggConditional: a short uncached remainder and a prompt the

@@ -249,11 +249,18 @@ func (s *Server) serveMetrics(ctx *fasthttp.RequestCtx) {
 // GET /admin/workers and the source of /metrics' state gauges, so the two
 // never disagree. The node builds it (State).
 type Snapshot struct {
-	Policy  string       `json:"policy"`
-	Workers []WorkerView `json:"workers"`
-	Index   IndexView    `json:"index"`
-	Feed    *feed.Stats  `json:"feed,omitempty"` // the shm event feed, when there is a segment
-	Queue   QueueView    `json:"queue"`
+	Policy string `json:"policy"`
+	// PrefillLoadScale is the prefill load scale the cost model applies
+	// now; PrefillLoadScaleAuto says it is derived from the workers'
+	// fitted timing (--prefill-load-scale auto: the median of their
+	// calibration.prefill_load_scale, or a disaggregated pool's, as
+	// docs/routing.md describes) rather than pinned.
+	PrefillLoadScale     float64      `json:"prefill_load_scale"`
+	PrefillLoadScaleAuto bool         `json:"prefill_load_scale_auto"`
+	Workers              []WorkerView `json:"workers"`
+	Index                IndexView    `json:"index"`
+	Feed                 *feed.Stats  `json:"feed,omitempty"` // the shm event feed, when there is a segment
+	Queue                QueueView    `json:"queue"`
 	// Tokenizers is each model's tokenization: every model configured or
 	// served, with its mode (a model with none routes its text and chat
 	// prompts approximately) and its renderer's counters.

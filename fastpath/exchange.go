@@ -602,6 +602,10 @@ func (ex *exchange) OnAbort(reason error) {
 		_ = ex.h.Abort(guard.ReasonClientCancel)
 	case errors.Is(reason, dispatch.ErrFirstByteTimeout), errors.Is(reason, dispatch.ErrIdleTimeout):
 		_ = ex.h.Abort(guard.ReasonTimeout)
+	case errors.Is(reason, dispatch.ErrEngineError) && ex.call != nil && ex.call.StatusCode()/100 == 4:
+		// The engine judged the request and refused it: no failure of
+		// the engine's, and proof that it answers (sched's stall.go).
+		_ = ex.h.Abort(guard.ReasonEngineRejected)
 	default:
 		_ = ex.h.Abort(guard.ReasonEngineError)
 	}

@@ -281,6 +281,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descIndexCapacity, prometheus.GaugeValue, float64(snap.Index.Capacity))
 	ch <- prometheus.MustNewConstMetric(descIndexOverflow, prometheus.CounterValue, float64(snap.Index.Overflow))
 	ch <- prometheus.MustNewConstMetric(descQueueWaiting, prometheus.GaugeValue, float64(snap.Queue.Waiting))
+	ch <- prometheus.MustNewConstMetric(descScaleInUse, prometheus.GaugeValue, snap.PrefillLoadScale)
 	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(snap.Queue.Refused))
 	for i := range snap.Tokenizers {
 		collectTokenizer(ch, &snap.Tokenizers[i])

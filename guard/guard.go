@@ -334,9 +334,10 @@ func (h Handle) end(from uint8, to State, reason Reason) (bool, error) {
 			checkTransition(w, pack(h.gen, to, reason)|w&dispatchedBit, h.gen)
 		}
 		if s != Acquired {
-			if to == Completed {
+			if to == Completed || reason == ReasonEngineRejected {
 				// An answer, for the worker's stall detection, even
-				// when no first token was seen (not streamed).
+				// when no first token was seen (not streamed): the
+				// engine judged the request, whatever it said.
 				g.res.Answered()
 			}
 			g.res.Release()

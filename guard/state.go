@@ -46,9 +46,10 @@ const (
 	ReasonTimeout               // a deadline passed
 	ReasonPanic                 // a handler panicked with the guard live
 	ReasonDropped               // released while live: the stream ended without a close
+	ReasonEngineRejected        // the engine refused the request with a 4xx: the client's fault, and an answer
 )
 
-var reasonNames = [...]string{"none", "client_cancel", "dispatch_failed", "engine_error", "timeout", "panic", "dropped"}
+var reasonNames = [...]string{"none", "client_cancel", "dispatch_failed", "engine_error", "timeout", "panic", "dropped", "engine_rejected"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {

@@ -36,6 +36,7 @@ func (n *Node) Snapshot() fastpath.Snapshot {
 	v.Tokenizers = n.prompts.Status()
 	v.Workers = []fastpath.WorkerView{}
 	auto := n.cfg.Sched.Cost != nil && n.cfg.Sched.Cost.AutoPrefillLoadScale
+	v.PrefillLoadScale, v.PrefillLoadScaleAuto = n.sched.PrefillLoadScale(), auto
 	for w := range n.sched.Workers().All() {
 		info, ok := n.sched.Worker(w)
 		if !ok {

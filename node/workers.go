@@ -136,7 +136,7 @@ func (n *Node) syncRegistry() {
 			if err == nil {
 				err = n.sched.Upsert(sched.WorkerInfo{ID: info.WorkerID, DPRank: info.DPRank, Slot: slot,
 					Model: info.Model, Endpoint: addr, BlockSize: info.BlockSize, KVCapacityBlocks: info.KVCapacityBlocks,
-					Role: workers.Role(info.Role)})
+					Role: workers.Role(info.Role), Generation: info.Generation})
 			}
 			if err == nil {
 				_, err = n.engines.Add(slot, addr)

@@ -101,3 +101,65 @@ func TestSelectAllocatesNothing(t *testing.T) {
 	bg.Release()
 	requireZeroLoad(t, s)
 }
+
+// kvfast serve turns on what the plain cost model leaves off (in-flight
+// credit, the fitted scale, stall detection, the eviction term), and the
+// shared scale is recomputed only every autoScaleEvery observations,
+// which AllocsPerRun's whole-number average would hide: so each run
+// carries autoScaleEvery whole requests, and a disaggregated pool's
+// (pooledScale) is measured too.
+func TestServingDefaultsAllocateNothing(t *testing.T) {
+	cost := DefaultCostParams()
+	cost.CreditInFlight, cost.AutoPrefillLoadScale, cost.TrackOutputBlocks = true, true, true
+	cost.StallAfter, cost.EvictionWeight = DefaultStallAfter, DefaultEvictionWeight
+	ctx := context.Background()
+	h := prompt(3, 0, 3, 64)
+	for _, disagg := range []bool{false, true} {
+		s, err := New(Config{Cost: &cost, Seed: 42})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 4 {
+			role := workers.RoleBoth
+			if disagg {
+				role = []workers.Role{workers.RolePrefill, workers.RolePrefill, workers.RoleDecode, workers.RoleDecode}[i]
+			}
+			if err := s.Upsert(WorkerInfo{ID: uint64(i), Slot: workers.Slot(i), Model: "m", KVCapacityBlocks: 100, Role: role}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var res Reservation
+		serve := func(stage Stage, remote bool, output int) {
+			req := Request{Hashes: h, PromptTokens: 64 * 16, Stage: stage, ExpectedOutputTokens: output}
+			if _, err := s.Select(ctx, &req, &res); err != nil {
+				t.Fatal(err)
+			}
+			if remote {
+				res.RemotePrefillDone()
+				res.AwaitDecode()
+			}
+			res.PrefillDone()
+			res.OutputTokens(output)
+			res.Completed(output)
+			res.Release()
+			res.Reset()
+		}
+		n := testing.AllocsPerRun(50, func() {
+			for range autoScaleEvery {
+				if disagg {
+					serve(StagePrefill, false, 1)
+					serve(StageDecode, true, 40)
+				} else {
+					serve(StageAny, false, 40)
+				}
+			}
+		})
+		if n != 0 {
+			t.Errorf("disaggregated %v: %v allocs per %d requests", disagg, n, autoScaleEvery)
+		}
+		if disagg && s.Calibration(0).PrefillSamples < minCalibrationSamples {
+			t.Fatalf("the prefill workers learnt nothing: %+v", s.Calibration(0))
+		}
+		requireZeroLoad(t, s)
+	}
+}

@@ -166,11 +166,18 @@ func (c *calibrator) reset() {
 
 // publish derives the scale from the fits; c.mu is held.
 func (c *calibrator) publish() {
-	s := c.prefill.m * c.context.mean / (c.output.mean * c.decode.m)
+	c.scale.Store(math.Float64bits(scaleOf(c.prefill.m, c.decode.m, c.context.mean, c.output.mean)))
+}
+
+// scaleOf is the prefill load scale of a prefill slope alpha and a decode
+// slope gamma (seconds per token, per sequence) with sequences holding
+// context tokens and producing output tokens on average, bounded.
+func scaleOf(alpha, gamma, context, output float64) float64 {
+	s := alpha * context / (output * gamma)
 	if math.IsNaN(s) {
 		s = 1
 	}
-	c.scale.Store(math.Float64bits(min(max(s, MinAutoPrefillLoadScale), MaxAutoPrefillLoadScale)))
+	return min(max(s, MinAutoPrefillLoadScale), MaxAutoPrefillLoadScale)
 }
 
 func (c *calibrator) loadScale() float64 { return math.Float64frombits(c.scale.Load()) }
@@ -221,40 +228,99 @@ func (c *calibrator) snapshot() Calibration {
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // autoScale is the prefill load scale the cost model applies with
-// AutoPrefillLoadScale: the median of the workers' scales (refreshed by
-// calibrated), the prior's standing for a worker with fewer than
-// minCalibrationSamples first tokens measured.
+// AutoPrefillLoadScale, refreshed by calibrated.
 func (s *Scheduler) autoScale() float64 { return math.Float64frombits(s.sharedScale.Load()) }
+
+// PrefillLoadScale returns the prefill load scale the cost model applies
+// now: the pinned one, or with AutoPrefillLoadScale the one the workers'
+// fits give.
+func (s *Scheduler) PrefillLoadScale() float64 {
+	if p := s.params.Load(); !p.AutoPrefillLoadScale {
+		return p.PrefillLoadScale
+	}
+	return s.autoScale()
+}
 
 // calibrated counts one observation and, every autoScaleEvery of them,
 // recomputes the shared scale. Concurrent recomputations may race; each
-// stores a median of current scales, so whichever lands last is right.
+// stores a scale of current fits, so whichever lands last is right.
+//
+// Costs are compared across workers, so they share one scale. Workers
+// that serve both roles measure both halves of it, and the scale is the
+// median of theirs. A disaggregated pool without such workers measures
+// prefill speed on its prefill workers and decode cost on its decode
+// workers, so the scale is derived from the medians of each half. Either
+// way a worker that has seen fewer than minCalibrationSamples votes for
+// the prior, so that the first worker's first fits do not steer the
+// others' requests: the scale leaves the prior once half the workers have
+// measured theirs. Encoders time neither half and have no vote.
 func (s *Scheduler) calibrated() {
 	if s.observations.Add(1)%autoScaleEvery != 0 {
 		return
 	}
-	// A worker that has seen too little votes for the prior, so that the
-	// first worker's first fits do not steer the others' requests: the
-	// scale leaves the prior once half the workers have measured theirs.
-	var scales [workers.Max]float64
-	n := 0
-	for w := range s.workers.Load().present.All() {
-		c := &s.calib[w]
-		scales[n] = s.priorScale
-		if c.samples.Load() >= minCalibrationSamples {
-			scales[n] = c.loadScale()
+	ws := s.workers.Load()
+	var m float64
+	if both := ws.present &^ (ws.onlyPrefill | ws.onlyDecode | ws.onlyEncode); both != 0 {
+		var scales [workers.Max]float64
+		n := 0
+		for w := range both.All() {
+			c := &s.calib[w]
+			scales[n] = s.priorScale
+			if c.samples.Load() >= minCalibrationSamples {
+				scales[n] = c.loadScale()
+			}
+			n++
 		}
-		n++
-	}
-	if n == 0 {
-		return
-	}
-	slices.Sort(scales[:n])
-	m := scales[n/2]
-	if n%2 == 0 {
-		m = (scales[n/2-1] + m) / 2
+		m = median(scales[:n])
+	} else {
+		if ws.onlyPrefill == 0 || ws.onlyDecode == 0 {
+			return
+		}
+		m = s.pooledScale(ws.onlyPrefill, ws.onlyDecode)
 	}
 	s.sharedScale.Store(math.Float64bits(m))
+}
+
+// pooledScale is the scale of a pool whose prefill workers are prefill
+// and decode workers decode: the prefill slope's median over the former
+// against the decode slope's, context's and output's over the latter.
+func (s *Scheduler) pooledScale(prefill, decode workers.Set) float64 {
+	priorAlpha := priorPrefillPerToken.Seconds()
+	var slopes, decodes, contexts, outputs [workers.Max]float64
+	n := 0
+	for w := range prefill.All() {
+		c := &s.calib[w]
+		c.mu.Lock()
+		slopes[n] = priorAlpha
+		if c.prefill.samples >= minCalibrationSamples {
+			slopes[n] = c.prefill.m
+		}
+		c.mu.Unlock()
+		n++
+	}
+	alpha := median(slopes[:n])
+	n = 0
+	for w := range decode.All() {
+		c := &s.calib[w]
+		c.mu.Lock()
+		decodes[n], contexts[n], outputs[n] = priorDecodePerPrefillToken*priorAlpha, priorContextTokens, priorOutputTokens
+		if c.decode.samples >= minCalibrationSamples {
+			decodes[n], contexts[n], outputs[n] = c.decode.m, c.context.mean, c.output.mean
+		}
+		c.mu.Unlock()
+		n++
+	}
+	return scaleOf(alpha, median(decodes[:n]), median(contexts[:n]), median(outputs[:n]))
+}
+
+// median sorts v (non-empty) and returns its median.
+func median(v []float64) float64 {
+	slices.Sort(v)
+	m := v[len(v)/2]
+	if len(v)%2 == 0 {
+		m = (v[len(v)/2-1] + m) / 2
+	}
+	return m
 }
 
 // Calibration returns slot's fitted timing and derived prefill load scale:

@@ -196,15 +196,27 @@ func TestAutoScaleSteersSelection(t *testing.T) {
 
 // TestReservationFeedsCalibration: a booked request's first token and
 // completion reach its worker's calibrator, an aborted one's completion
-// does not, and a new engine in the slot starts from the prior.
+// does not, a decode stage whose prompt another engine computed teaches
+// only decode, timed from its own first token, and a new engine in the
+// slot starts from the prior.
 func TestReservationFeedsCalibration(t *testing.T) {
 	s := newTestScheduler(t, 1, Config{BlockSize: 16})
 	var res Reservation
-	for i, stage := range []Stage{StageAny, StageAny, StageAny, StagePrefill, StageDecode, StageAny} {
+	for i, stage := range []Stage{StageAny, StageAny, StageAny, StagePrefill, StageDecode, StageAny, StageDecode} {
 		if _, err := s.Select(context.Background(), &Request{Hashes: prompt(uint64(i+1), 0, 1, 4), PromptTokens: 70, Stage: stage}, &res); err != nil {
 			t.Fatal(err)
 		}
+		if i == 4 { // prefilled elsewhere; request 6 prefills here
+			res.RemotePrefillDone()
+			res.AwaitDecode()
+			if res.firstAt != 0 {
+				t.Fatal("the end of a remote prefill was taken for the first token")
+			}
+		}
 		res.PrefillDone()
+		if res.firstAt == 0 {
+			t.Fatalf("request %d: no first token recorded", i)
+		}
 		switch i {
 		case 0, 1, 3, 4:
 			res.Completed(20)
@@ -215,12 +227,12 @@ func TestReservationFeedsCalibration(t *testing.T) {
 		res.Completed(20) // released: ignored
 		res.Reset()
 	}
-	// Requests 0-3 and 5 taught prefill (a decode stage's first token
-	// waited for a remote prefill); 0, 1 and 4 taught decode (2 aborted,
-	// a prefill stage's one token and a one-token answer never decoded).
+	// Requests 0-3, 5 and 6 taught prefill; 0, 1 and 4 taught decode (2
+	// and 6 aborted, a prefill stage's one token and a one-token answer
+	// never decoded).
 	got := s.Calibration(0)
-	if got.PrefillSamples != 5 || got.DecodeSamples != 3 || got.OutputTokens >= priorOutputTokens/2 {
-		t.Fatalf("calibration %+v: want 5 first tokens, 3 completions, output pulled toward 20", got)
+	if got.PrefillSamples != 6 || got.DecodeSamples != 3 || got.OutputTokens >= priorOutputTokens/2 {
+		t.Fatalf("calibration %+v: want 6 first tokens, 3 completions, output pulled toward 20", got)
 	}
 	if err := s.Upsert(WorkerInfo{ID: 7, Slot: 0, Model: "m", Endpoint: "http://127.0.0.1:2"}); err != nil {
 		t.Fatal(err)
@@ -230,6 +242,54 @@ func TestReservationFeedsCalibration(t *testing.T) {
 	}
 	if got := s.Calibration(workers.Slot(workers.Max)); got != (Calibration{}) {
 		t.Fatalf("invalid slot: %+v", got)
+	}
+}
+
+// TestDisaggregatedPoolScale: without workers of both roles, the scale
+// comes from the prefill workers' prefill slope and the decode workers'
+// decode fit, neither of which times the other half; an encoder has no
+// vote.
+func TestDisaggregatedPoolScale(t *testing.T) {
+	cost := DefaultCostParams()
+	cost.AutoPrefillLoadScale = true
+	s, err := New(Config{Cost: &cost, Seed: 42})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roles := []workers.Role{workers.RolePrefill, workers.RolePrefill, workers.RoleDecode, workers.RoleDecode, workers.RoleEncode}
+	for i, r := range roles {
+		if err := s.Upsert(WorkerInfo{ID: uint64(i), Slot: workers.Slot(i), Model: "m", Role: r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prior := s.PrefillLoadScale()
+	for i := range 200 {
+		for w := range 2 { // prefill: 200 and 240 µs a token
+			tokens := int64(100 + i*16)
+			s.calib[w].observePrefill(tokens, time.Duration(tokens)*time.Duration(200+40*w)*time.Microsecond)
+		}
+		for w := 2; w < 4; w++ { // decode: 140 µs a sequence
+			seqs := 1 + i%32
+			s.calib[w].observeDecode(3*time.Millisecond+time.Duration(seqs)*140*time.Microsecond, float64(seqs), 5000, 200)
+		}
+		s.calib[4].observePrefill(10, time.Second) // an encoder's timing means nothing here
+	}
+	for range autoScaleEvery {
+		s.calibrated()
+	}
+	alpha := (s.calib[0].prefill.m + s.calib[1].prefill.m) / 2
+	gamma := (s.calib[2].decode.m + s.calib[3].decode.m) / 2
+	want := scaleOf(alpha, gamma, s.calib[2].context.mean, s.calib[2].output.mean)
+	if got := s.PrefillLoadScale(); !within(got, want, 1e-9) || !within(got, 220e-6*5000/(200*140e-6), 0.1) || within(got, prior, 0.5) {
+		t.Fatalf("pool scale %v, want %v (about %v), away from the prior %v", got, want, 220e-6*5000/(200*140e-6), prior)
+	}
+	pinned := DefaultCostParams()
+	pinned.PrefillLoadScale = 3
+	if err := s.SetCostParams(pinned); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.PrefillLoadScale(); got != 3 {
+		t.Fatalf("pinned at 3: PrefillLoadScale %v", got)
 	}
 }
 

@@ -45,7 +45,7 @@ func TestEvictionTermKeepsAPrefixInOnePlace(t *testing.T) {
 				}
 			}
 			if tc.answered {
-				s.progress[0].answered.Store(true)
+				s.progress[0].waiting.Or(answeredBit)
 			}
 			var queued Reservation
 			mustSelect(t, s, &Request{Hashes: prompt(50, 0, 1, tc.queue), PromptTokens: tc.queue * bs, Pinned: true, PinWorker: 100}, &queued)
@@ -103,6 +103,20 @@ func TestCacheFullnessRampsWithBookedBlocksAndRestartsWithTheEngine(t *testing.T
 	}
 	if f := s.cacheFill(s.workers.Load(), &p, 1, clock.Now())[0]; f != 0 {
 		t.Fatalf("new engine: fullness %v, want 0", f)
+	}
+	// So does the same engine restarted: its registration's generation
+	// changed. The same registration upserted again keeps its count.
+	book(4, 2000)
+	for _, tc := range []struct {
+		gen  uint32
+		want float64
+	}{{0, 1}, {1, 0}} {
+		if err := s.Upsert(WorkerInfo{ID: 555, Slot: 0, Model: "m", KVCapacityBlocks: 1000, Generation: tc.gen}); err != nil {
+			t.Fatal(err)
+		}
+		if f := s.cacheFill(s.workers.Load(), &p, 1, clock.Now())[0]; f != tc.want {
+			t.Fatalf("upserted at generation %d: fullness %v, want %v", tc.gen, f, tc.want)
+		}
 	}
 	// Without the weight nothing is computed.
 	p.EvictionWeight = 0

@@ -20,9 +20,10 @@ type CostParams struct {
 	// PrefillLoadScale weighs the adjusted prefill term against the decode
 	// term (Dynamo's prefill_load_scale).
 	PrefillLoadScale float64
-	// AutoPrefillLoadScale replaces PrefillLoadScale, for each worker, by
-	// the scale its fitted timing gives (calibrate.go, Calibration):
-	// kvfast serve's default, --prefill-load-scale auto.
+	// AutoPrefillLoadScale replaces PrefillLoadScale by the scale the
+	// workers' fitted timing gives (calibrate.go: the median of theirs,
+	// or a disaggregated pool's), shared by all: kvfast serve's default,
+	// --prefill-load-scale auto.
 	AutoPrefillLoadScale bool
 	// Temperature 0 picks the cheapest worker (ties broken uniformly at
 	// random); above 0 it samples from a softmax over normalised costs.

@@ -30,11 +30,13 @@
 // sequence, robustly and online, and derives the prefill load scale that
 // puts the cost's two terms in the same unit of time. With
 // CostParams.AutoPrefillLoadScale (kvfast serve's default) selection uses
-// the median of the workers' scales. The same answers feed stall
-// detection (stall.go): a worker with requests waiting that has never
-// answered, or not for CostParams.StallAfter, loses its in-flight credit
-// and its eviction term's discount for free memory, so that an engine
-// that swallows requests does not draw traffic.
+// the median of the workers' scales (a disaggregated pool's: its prefill
+// workers' prefill speed against its decode workers' decode cost). The
+// same answers feed stall detection (stall.go): a worker with requests
+// waiting that has never answered, or whose requests have waited
+// CostParams.StallAfter in all since its last answer, loses its
+// in-flight credit and its eviction term's discount for free memory, so
+// that an engine that swallows requests does not draw traffic.
 //
 // # Ownership
 //

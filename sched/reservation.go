@@ -26,6 +26,7 @@ type Reservation struct {
 	prefillDone    bool
 	trackOutput    bool
 	waiting        bool   // counted in the worker's progress until answered or released (stall.go)
+	awaitDecode    bool   // a decode stage between RemotePrefillDone and AwaitDecode
 	engineGen      uint32 // the engine generation it was counted on
 
 	// What the worker's calibration learns from (calibrate.go).
@@ -69,30 +70,55 @@ func (r *Reservation) TracksOutput() bool { return r.state == resBooked && r.tra
 
 // PrefillDone releases the booked prompt tokens: the first output token
 // proves the engine finished the prompt, and it is the engine's answer
-// (stall.go). After RemotePrefillDone it only records the answer; later
-// calls do nothing.
+// (stall.go). After RemotePrefillDone it only records the answer and
+// when decoding began; later calls do nothing.
 func (r *Reservation) PrefillDone() {
 	if r.state != resBooked {
 		return
 	}
 	now := clock.Now()
 	r.answer(now)
-	if !r.prefillDone {
+	switch {
+	case !r.prefillDone:
 		r.prefilled(now)
+	case r.firstAt == 0: // the first token after a remote prefill
+		r.firstAt = now
+		r.areaAtFirst = r.s.calib[r.slot].batch.read(now)
 	}
 }
 
 // RemotePrefillDone releases a decode stage's booked prompt tokens when
-// another engine computed its prompt: the prefill is done, but this
-// engine has not answered yet (its first token's PrefillDone will).
+// another engine computes its prompt. The engine it is booked on has
+// nothing to answer until its request is sent, so the request stops
+// waiting on it until AwaitDecode. Call it before the decode stage is
+// sent; its own first token's PrefillDone is the engine's answer.
 func (r *Reservation) RemotePrefillDone() {
-	if r.state == resBooked && !r.prefillDone {
-		r.prefilled(clock.Now())
+	if r.state != resBooked || r.prefillDone {
+		return
 	}
+	r.prefillDone = true
+	r.s.live[r.slot].prefillTokens.Add(-r.prefill)
+	if r.waiting {
+		r.waiting, r.awaitDecode = false, true
+		r.s.progress[r.slot].closed(r.engineGen, false, clock.Now())
+	}
+	r.s.wakeWaiters()
 }
 
-// prefilled releases the booked prompt tokens at now and teaches the
-// worker's calibration.
+// AwaitDecode records that a decode stage whose prompt another engine
+// computed (RemotePrefillDone) is being sent to its engine, which from
+// now on owes it an answer (stall.go). Other calls do nothing.
+func (r *Reservation) AwaitDecode() {
+	if r.state != resBooked || !r.awaitDecode {
+		return
+	}
+	r.awaitDecode = false
+	r.engineGen = r.s.progress[r.slot].booked(clock.Now())
+	r.waiting = true
+}
+
+// prefilled releases the booked prompt tokens of a prompt the worker
+// computed at now and teaches the worker's calibration.
 func (r *Reservation) prefilled(now int64) {
 	r.prefillDone = true
 	l := &r.s.live[r.slot]
@@ -104,12 +130,10 @@ func (r *Reservation) prefilled(now int64) {
 	// or, when the engine batched later arrivals into the same steps,
 	// what finished meanwhile, which counts them.
 	done := max(r.prefillAhead, c.retired.Add(r.prefill)-r.retiredAtBook)
-	// A decode stage's first token waited for a remote prefill and its
-	// transfer, not for this engine's prefill.
-	if r.stage != StageDecode {
-		c.observePrefill(done, time.Duration(r.firstAt-r.bookedAt))
-		r.s.calibrated()
-	}
+	// A decode stage that computed its prompt here (conditional
+	// disaggregation kept it local) has a first token like any other.
+	c.observePrefill(done, time.Duration(r.firstAt-r.bookedAt))
+	r.s.calibrated()
 	r.s.wakeWaiters()
 }
 
@@ -137,8 +161,9 @@ func (r *Reservation) answer(now int64) {
 // aborted teaches nothing and is not reported.
 func (r *Reservation) Completed(output int) {
 	// A request of one token never decoded, and a prefill stage's one
-	// token is all it was asked for.
-	if r.state != resBooked || !r.prefillDone || output < 2 || r.stage == StagePrefill {
+	// token is all it was asked for; without a first token there is no
+	// decode to time.
+	if r.state != resBooked || r.firstAt == 0 || output < 2 || r.stage == StagePrefill {
 		return
 	}
 	s := r.s
@@ -202,13 +227,14 @@ func (r *Reservation) Release() {
 	if !r.prefillDone {
 		l.prefillTokens.Add(-r.prefill)
 	}
+	now := clock.Now()
 	if r.waiting {
 		r.waiting = false
-		s.progress[r.slot].closed(r.engineGen, false, 0)
+		s.progress[r.slot].closed(r.engineGen, false, now)
 	}
 	l.outputUnits.Add(-r.outputUnits)
 	l.requests.Add(-1)
-	s.calib[r.slot].batch.add(clock.Now(), -1)
+	s.calib[r.slot].batch.add(now, -1)
 	s.mu.Unlock()
 	r.state = resReleased
 	s.released.Inc()

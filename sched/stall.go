@@ -33,16 +33,27 @@ const DefaultStallAfter = 10 * time.Second
 // So each worker tracks its progress: the time of its last answer (a
 // stream's first token, also a disaggregated decode stage's own, not the
 // end of its remote prefill; a request that is not streamed answers when
-// it completes; an error is no answer), or, if later, the moment a request
-// began waiting on it when none was, and whether it has answered at all
-// since its engine joined. A worker with requests waiting and no answer
-// for StallAfter is stalled: its in-flight credit is withdrawn, so it is
-// priced by what the index says it caches and by its queue. While
-// requests wait on a worker that is stalled or has never answered, its
-// free memory does not count: its cache is priced as full. A hung engine's
-// answer never comes; one that hangs after answering keeps both until
-// StallAfter has passed. Its requests are left alone: whether to give up
-// on them is the dispatcher's timeouts' call, and outlier ejection's.
+// it completes; an engine's 4xx, which judges the request, answers too;
+// a 5xx, a broken stream or a timeout is no answer), and whether it has
+// answered at all since its engine joined. The stall clock runs only
+// while requests wait on the worker: it starts when the first begins
+// waiting, pauses when the last leaves unanswered (given up on by the
+// client or a timeout) and resumes with the next, and an answer sets it
+// back to zero. A worker whose clock passes StallAfter is stalled: its
+// in-flight credit is withdrawn, so it is priced by what the index says
+// it caches and by its queue. While requests wait on a worker that is
+// stalled or has never answered, its free memory does not count: its
+// cache is priced as full. A hung engine's answer never comes, and
+// clients that give up on it first do not reset its clock; one that
+// hangs after answering keeps both until StallAfter of waiting has
+// passed. Its requests are left alone: whether to give up on them is the
+// dispatcher's timeouts' call, and outlier ejection's.
+//
+// A disaggregated decode stage waits on its worker only once its request
+// is sent (Reservation.AwaitDecode): in vLLM's protocol that is after the
+// remote prefill, so a slow prefill pool does not make its decode workers
+// look stalled. In SGLang's the decode request goes out beside the
+// prefill's, and the decode worker's clock runs through the prefill.
 
 // progress is one worker's stall state, apart from workerLive, and
 // padded to 64 bytes like it, so that different workers' entries mostly
@@ -50,24 +61,35 @@ const DefaultStallAfter = 10 * time.Second
 // scheduler's lock.
 type progress struct {
 	// waiting packs the engine's generation (high 32 bits, bumped when a
-	// new engine takes the slot) and the requests booked on it that wait
-	// for their answer (low 32 bits), so that a request
-	// booked on the slot's previous engine cannot miscount the new one's.
-	waiting  atomic.Uint64
-	since    atomic.Int64 // clock time of the last answer, or of waiting rising from 0
-	answered atomic.Bool  // an answer came since the slot's engine joined
-	_        [64 - 8 - 8 - 4]byte
+	// new engine takes the slot), whether that engine has answered
+	// (answeredBit), and the requests booked on it that wait for their
+	// answer (the low 31 bits), so that a request of the slot's previous
+	// engine can neither miscount the new one's nor mark it answered.
+	waiting atomic.Uint64
+	// since is the clock time the stall clock counts from: the last
+	// answer, or the moment requests began waiting again less the time
+	// owed from earlier waits.
+	since atomic.Int64
+	// owed is the stall clock's reading when the last waiting request
+	// left unanswered, carried over to the next wait.
+	owed atomic.Int64
+	_    [64 - 8 - 8 - 8]byte
 }
+
+const (
+	answeredBit  = 1 << 31
+	waitingCount = answeredBit - 1
+)
 
 // booked records a request waiting for its answer from now on and
 // returns the engine generation it waits on.
 func (p *progress) booked(now int64) uint32 {
 	for {
 		v := p.waiting.Load()
-		if uint32(v) == 0 {
+		if v&waitingCount == 0 {
 			// Before the count rises, so that no reader sees a request
 			// waiting since an old time.
-			p.since.Store(now)
+			p.since.Store(now - p.owed.Load())
 		}
 		if p.waiting.CompareAndSwap(v, v+1) {
 			return uint32(v >> 32)
@@ -79,20 +101,28 @@ func (p *progress) booked(now int64) uint32 {
 // waits: it was answered at now, or it was given up on. A request of an
 // earlier engine changes nothing.
 func (p *progress) closed(gen uint32, answered bool, now int64) {
+	if answered {
+		p.owed.Store(0) // before the count can fall to 0 and a booking read it
+	}
 	for {
 		v := p.waiting.Load()
-		if uint32(v>>32) != gen || uint32(v) == 0 {
+		if uint32(v>>32) != gen || v&waitingCount == 0 {
 			return
 		}
-		if p.waiting.CompareAndSwap(v, v-1) {
-			break
+		next := v - 1
+		if answered {
+			next |= answeredBit
 		}
-	}
-	if answered {
-		p.since.Store(now)
-		if !p.answered.Load() {
-			p.answered.Store(true)
+		if !p.waiting.CompareAndSwap(v, next) {
+			continue
 		}
+		switch {
+		case answered:
+			p.since.Store(now)
+		case next&waitingCount == 0:
+			p.owed.Store(max(now-p.since.Load(), 0))
+		}
+		return
 	}
 }
 
@@ -106,14 +136,16 @@ func (p *progress) renew(now int64) {
 			break
 		}
 	}
+	p.owed.Store(0)
 	p.since.Store(now)
-	p.answered.Store(false)
 }
 
-func (p *progress) awaiting() uint32 { return uint32(p.waiting.Load()) }
+func (p *progress) awaiting() uint32 { return uint32(p.waiting.Load() & waitingCount) }
 
-// stalled reports whether requests have waited on the worker for longer
-// than after without an answer from it.
+func (p *progress) answered() bool { return p.waiting.Load()&answeredBit != 0 }
+
+// stalled reports whether requests wait on the worker and its stall
+// clock has passed after.
 func (p *progress) stalled(now int64, after time.Duration) bool {
 	return after > 0 && p.awaiting() > 0 && time.Duration(now-p.since.Load()) > after
 }
@@ -122,7 +154,7 @@ func (p *progress) stalled(now int64, after time.Duration) bool {
 // (capacity.go): requests wait on it and it has either never answered
 // since its engine joined or is stalled.
 func (p *progress) unproven(now int64, after time.Duration) bool {
-	return p.awaiting() > 0 && (!p.answered.Load() || p.stalled(now, after))
+	return p.awaiting() > 0 && (!p.answered() || p.stalled(now, after))
 }
 
 // inFlightCredit is the in-flight credit of worker w, whose requests in

@@ -37,25 +37,45 @@ func TestProgressStalls(t *testing.T) {
 	p.closed(g, true, ms(72)) // one answered: progress, though one still waits
 	check(80, false, false)
 	check(83, true, true)
-	p.closed(g, false, 0) // given up on: no progress
+	p.closed(g, true, ms(85))
 	check(200, false, false)
 
+	// Requests given up on pause the clock; they do not reset it.
+	p.booked(ms(300))
+	p.closed(g, false, ms(303)) // 3 ms of waiting owed
+	check(400, false, false)    // nothing waits
+	p.booked(ms(500))
+	check(507, false, false) // 3 + 7 ms
+	check(508, true, true)   // 3 + 8 ms: past after
+	p.closed(g, false, ms(509))
+	p.booked(ms(600)) // 12 ms owed: stalled at once
+	check(600, true, true)
+	p.closed(g, true, ms(601)) // an answer clears what was owed
+	p.booked(ms(700))
+	check(709, false, false)
+	p.closed(g, true, ms(709))
+
 	// A new engine in the slot starts afresh: its predecessor's request
-	// neither counts nor, when it ends, miscounts the new one's.
-	old := p.booked(ms(300))
-	p.renew(ms(301))
-	check(400, false, false)
-	g = p.booked(ms(402))
+	// neither counts nor, when it ends, miscounts the new one's or marks
+	// it answered.
+	old := p.booked(ms(1000))
+	p.closed(old, false, ms(1005))
+	p.booked(ms(1006))
+	p.renew(ms(1008))
+	check(1100, false, false)
+	g = p.booked(ms(1102))
 	if g == old {
 		t.Fatal("renew kept the generation")
 	}
-	check(403, false, true) // the new engine has not answered yet
-	p.closed(old, true, ms(404))
-	if p.awaiting() != 1 || p.answered.Load() {
-		t.Fatalf("the old engine's answer changed the new one's state: %d waiting, answered %v", p.awaiting(), p.answered.Load())
+	check(1103, false, true) // the new engine has not answered yet
+	check(1111, false, true) // and owes nothing of its predecessor's wait
+	check(1113, true, true)
+	p.closed(old, true, ms(1114))
+	if p.awaiting() != 1 || p.answered() {
+		t.Fatalf("the old engine's answer changed the new one's state: %d waiting, answered %v", p.awaiting(), p.answered())
 	}
-	p.closed(g, true, ms(405))
-	check(500, false, false)
+	p.closed(g, true, ms(1115))
+	check(1200, false, false)
 }
 
 // An engine that keeps a request waiting past StallAfter loses the credit
@@ -112,8 +132,11 @@ func TestStallWithdrawsInFlightCredit(t *testing.T) {
 // What counts as an answer: a stream's first token (a disaggregated
 // decode stage's own, not the end of its remote prefill); for a request
 // that is not streamed, its completion (Answered). A request given up on
-// before any of them is no answer.
+// before any of them is no answer. A decode stage whose prompt another
+// engine computes does not wait on its worker until it is sent.
 func TestWhatAnswers(t *testing.T) {
+	remote := func(r *Reservation) { r.RemotePrefillDone() }
+	sent := func(r *Reservation) { r.RemotePrefillDone(); r.AwaitDecode() }
 	for _, tc := range []struct {
 		name     string
 		stage    Stage
@@ -124,9 +147,12 @@ func TestWhatAnswers(t *testing.T) {
 		{"first token", StageAny, func(r *Reservation) { r.PrefillDone() }, true, 0},
 		{"not streamed, completed", StageAny, func(r *Reservation) { r.Answered() }, true, 0},
 		{"given up on", StageAny, func(*Reservation) {}, false, 1},
-		{"decode stage, remote prefill done", StageDecode, func(r *Reservation) { r.RemotePrefillDone() }, false, 1},
-		{"decode stage, then its first token", StageDecode, func(r *Reservation) { r.RemotePrefillDone(); r.PrefillDone() }, true, 0},
+		{"decode stage, remote prefill under way", StageDecode, remote, false, 0},
+		{"decode stage, sent after its remote prefill", StageDecode, sent, false, 1},
+		{"decode stage, sent twice", StageDecode, func(r *Reservation) { sent(r); r.AwaitDecode() }, false, 1},
+		{"decode stage, then its first token", StageDecode, func(r *Reservation) { sent(r); r.PrefillDone() }, true, 0},
 		{"decode stage prefilled here, its first token", StageDecode, func(r *Reservation) { r.PrefillDone() }, true, 0},
+		{"sent without a remote prefill", StageDecode, func(r *Reservation) { r.AwaitDecode() }, false, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newTestScheduler(t, 1, Config{})
@@ -137,7 +163,7 @@ func TestWhatAnswers(t *testing.T) {
 			if got := p.awaiting(); got != tc.waiting {
 				t.Errorf("%d requests waiting, want %d", got, tc.waiting)
 			}
-			if got := p.answered.Load(); got != tc.answered {
+			if got := p.answered(); got != tc.answered {
 				t.Errorf("answered %v, want %v", got, tc.answered)
 			}
 			r.Release()

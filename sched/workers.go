@@ -20,6 +20,11 @@ type WorkerInfo struct {
 	BlockSize        int          // 0 means the router's block size; anything else must equal it
 	KVCapacityBlocks uint64       // 0 if unknown (the load page's total is used instead)
 	Role             workers.Role // disaggregated serving's part for the worker (roles.go)
+	// Generation tells apart successive engines of one identity in one
+	// slot (the shm registry bumps it when an engine re-registers, as a
+	// restarted one does): a new value is a new engine, whose cache,
+	// timing and progress start afresh. Static workers leave it 0.
+	Generation uint32
 }
 
 type workerKey struct {
@@ -103,7 +108,9 @@ type WorkerLoad struct {
 }
 
 // Upsert adds a worker or updates the one in its slot. A new identity in a
-// slot starts healthy; re-upserting the same identity keeps its health.
+// slot, or a new generation of the same one (a restarted engine), starts
+// healthy with its cache, timing and progress reset; re-upserting the same
+// identity and generation keeps them.
 // Load booked in the slot stays until its requests release it, so a slot
 // handed to a new engine briefly carries its predecessor's in-flight load:
 // an over-estimate that drains, never a negative count.
@@ -124,7 +131,8 @@ func (s *Scheduler) Upsert(w WorkerInfo) error {
 		return fmt.Errorf("cannot add worker %d rank %d at slot %d: it holds slot %d: %w",
 			w.ID, w.DPRank, w.Slot, at, ErrInvalidConfig)
 	}
-	same := old.present.Has(w.Slot) && old.info[w.Slot].ID == w.ID && old.info[w.Slot].DPRank == w.DPRank
+	prev := &old.info[w.Slot]
+	same := old.present.Has(w.Slot) && prev.ID == w.ID && prev.DPRank == w.DPRank && prev.Generation == w.Generation
 	ws := old.clone()
 	ws.drop(w.Slot)
 	ws.present |= workers.SetOf(w.Slot)

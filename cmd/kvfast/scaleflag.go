@@ -14,7 +14,7 @@ type prefillLoadScaleFlag struct {
 	auto  *bool
 }
 
-const prefillLoadScaleUsage = "weight of the prefill term against the decode term in the cost: `auto` fits it per worker from the timing the router observes (see docs/routing.md), a number pins it"
+const prefillLoadScaleUsage = "weight of the prefill term against the decode term in the cost: `auto` derives it from each worker's timing as the router observes it and applies the workers' median (kvfast_prefill_load_scale; see docs/routing.md), a number pins it"
 
 func (f prefillLoadScaleFlag) String() string {
 	switch {
