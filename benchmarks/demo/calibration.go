@@ -36,8 +36,8 @@ func (o *Options) noteCalibration(policy string, v *fastpath.Snapshot) {
 	}
 	slices.Sort(scales)
 	n := float64(len(scales))
-	o.notef("%s: fitted prefill load scale %.3g (min %.3g, max %.3g over %d engines; used: %s): "+
+	o.notef("%s: fitted prefill load scale %.3g (min %.3g, max %.3g over %d engines; used: %s, applying %.3g at the end): "+
 		"%.1f us per prefill token, %.0f us per decoding sequence, %.0f context tokens a sequence, %.0f output tokens a request",
-		policy, scales[len(scales)/2], scales[0], scales[len(scales)-1], len(scales), o.prefillLoadScaleText(),
+		policy, scales[len(scales)/2], scales[0], scales[len(scales)-1], len(scales), o.prefillLoadScaleText(), v.PrefillLoadScale,
 		prefill/n*1e6, decode/n*1e6, context/n, output/n)
 }
