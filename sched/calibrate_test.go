@@ -306,3 +306,28 @@ func TestBatchAreaIntegratesRequestsInFlight(t *testing.T) {
 		t.Fatalf("area %d at 50, want 50", got)
 	}
 }
+
+// TestEWMABoundsOneOutlier: one huge answer barely moves a settled mean,
+// a lasting shift still moves it.
+func TestEWMABoundsOneOutlier(t *testing.T) {
+	e := ewma{mean: priorOutputTokens, weight: priorMeanWeight}
+	for range 600 {
+		e.observe(200)
+	}
+	before := e.mean
+	e.observe(100_000)
+	if d := e.mean - before; !(d > 0 && d < 2) {
+		t.Fatalf("one 100k-token answer moved the mean from %v by %v, want under 2 tokens", before, d)
+	}
+	for range 1000 {
+		e.observe(2000)
+	}
+	if e.mean < 1700 {
+		t.Fatalf("after 1000 answers of 2000 tokens the mean is %v, want it to have followed", e.mean)
+	}
+	fresh := ewma{mean: priorOutputTokens, weight: priorMeanWeight}
+	fresh.observe(5000)
+	if fresh.mean < 4000 {
+		t.Fatalf("a first observation of 5000 gives %v: an unsettled mean must follow the data", fresh.mean)
+	}
+}

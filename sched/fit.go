@@ -137,14 +137,27 @@ func (l *robustLine) solve() {
 func sq(x float64) float64 { return x * x }
 
 // ewma is an exponentially weighted mean with a prior that counts as
-// priorWeight observations and decays like them.
+// priorWeight observations and decays like them. Once it has seen
+// ewmaSettled observations' worth, an observation beyond ewmaClamp times
+// the mean either way counts as that bound: one request with a 100k-token
+// answer among 200-token ones moves the mean by under a token instead of
+// by hundreds, while a real shift is still followed, by a factor of about
+// 2 every hundred observations.
 type ewma struct {
 	mean, weight float64
 }
 
+const (
+	ewmaSettled = 8
+	ewmaClamp   = 4
+)
+
 func (e *ewma) observe(v float64) {
 	if !(v >= 0) || math.IsInf(v, 0) {
 		return
+	}
+	if e.weight >= ewmaSettled && e.mean > 0 {
+		v = min(max(v, e.mean/ewmaClamp), e.mean*ewmaClamp)
 	}
 	e.weight = e.weight*fitDecay + 1
 	e.mean += (v - e.mean) / e.weight
