@@ -31,8 +31,8 @@
 // engine stops generating and the handler or stream returns. Shutdown's
 // cut, after its drain deadline, tells every watched request the same
 // (hangup.Watcher.HangUpAll), so requests waiting on a silent engine do
-// not outlive it. The watcher's one goroutine is the only one the front
-// end starts; Shutdown stops it.
+// not outlive it. The watcher's one goroutine is the only long-lived one
+// the front end starts; Shutdown stops it.
 //
 // Sticky sessions (session.go): a request naming its session in
 // HeaderSession is pinned to the worker its session is bound to, in the

@@ -118,7 +118,7 @@ func newMetrics(s *Server) *metrics {
 	m.stageTotal = stages.WithLabelValues(stageTotal)
 	m.retries = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvfast_dispatch_retries_total",
-		Help: "Requests re-routed to another worker because the chosen engine refused the connection.",
+		Help: "Requests re-routed to another worker before any byte reached the client, because the chosen engine refused or broke the connection, sent something that is not HTTP, or answered 5xx.",
 	})
 	multimodal := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvfast_multimodal_requests_total",

@@ -14,10 +14,16 @@
 // knowing their depth. docs/hashing.md is the normative description, with
 // test vectors and the collision analysis.
 //
-// Text and chat prompts, which the router cannot tokenize yet, are hashed
-// for approximate routing in fixed byte chunks (AppendApproxHashes), a
-// plain XXH64 chain under a seed of their own (ApproxSeed), so that text
-// chunks and token blocks of the same namespace never meet.
+// Text and chat prompts of models the router has no tokenizer for are
+// hashed for approximate routing in fixed byte chunks
+// (AppendApproxHashes), a plain XXH64 chain under a seed of their own
+// (ApproxSeed), so that text chunks and token blocks of the same namespace
+// never meet.
+//
+// Approx (approx.go) is the index of routing without engine events: it
+// records the router's own decisions in an Index, as if the chosen engine
+// now cached the prompt, and forgets each after a TTL. The approx and
+// affinity policies, and text prompts without a tokenizer, look up there.
 //
 // # Index
 //

@@ -59,8 +59,8 @@ and why:
                        2 cores can play 8 engines, the router and the
                        client without becoming the bottleneck.
   --speedup 8          Requests arrive 8x faster than in the trace, so the
-  --engine-speedup 2   142 s play in 18 s per policy and all five in about
-                       95 s. Engines run 2x faster than real time,
+  --engine-speedup 2   142 s play in 18 s per policy and all six in about
+                       2 minutes. Engines run 2x faster than real time,
                        so in the engines' simulated time arrivals are 4x
                        the trace's rate while prompts are 4x shorter: the
                        prefill work offered is exactly the trace's own,
