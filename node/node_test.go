@@ -144,8 +144,14 @@ func TestRegistryJoinAndLeave(t *testing.T) {
 	if w.WorkerID != 42 || w.DPRank != 1 || w.Source != "registry" || w.Endpoint != eng.Addr() || !w.Healthy || w.Generation == 0 {
 		t.Errorf("joined worker %+v", w)
 	}
-	if _, ok := n.Scheduler().Resolve(42, 1); !ok {
+	slot, ok := n.Scheduler().Resolve(42, 1)
+	if !ok {
 		t.Error("the scheduler cannot resolve the joined worker")
+	}
+	// The registration's generation reaches the scheduler, which starts a
+	// restarted engine's cache, timing and progress afresh by it.
+	if info, _ := n.Scheduler().Worker(slot); info.Generation != w.Generation {
+		t.Errorf("scheduler has generation %d, the registry %d", info.Generation, w.Generation)
 	}
 	if err := eng.Close(); err != nil {
 		t.Fatal(err)
