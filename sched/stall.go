@@ -101,9 +101,6 @@ func (p *progress) booked(now int64) uint32 {
 // waits: it was answered at now, or it was given up on. A request of an
 // earlier engine changes nothing.
 func (p *progress) closed(gen uint32, answered bool, now int64) {
-	if answered {
-		p.owed.Store(0) // before the count can fall to 0 and a booking read it
-	}
 	for {
 		v := p.waiting.Load()
 		if uint32(v>>32) != gen || v&waitingCount == 0 {
@@ -112,6 +109,7 @@ func (p *progress) closed(gen uint32, answered bool, now int64) {
 		next := v - 1
 		if answered {
 			next |= answeredBit
+			p.owed.Store(0) // before the count can fall to 0 and a booking read it
 		}
 		if !p.waiting.CompareAndSwap(v, next) {
 			continue
