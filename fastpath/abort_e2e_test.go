@@ -162,17 +162,24 @@ func TestShutdownAbortsCallsOnSilentEngines(t *testing.T) {
 	}
 }
 
+// startStallRouter routes to eng alone with no dispatch timeouts and the
+// stall time after.
+func startStallRouter(t *testing.T, eng *silentEngine, after time.Duration) *e2eRouter {
+	t.Helper()
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel})
+	cfg.Dispatch.Timeouts.FirstByte, cfg.Dispatch.Timeouts.Idle = time.Hour, time.Hour
+	cost := *cfg.Sched.Cost
+	cost.StallAfter = after
+	cfg.Sched.Cost = &cost
+	return startE2ERouter(t, cfg)
+}
+
 // TestSilentEngineStalls: a request that waits on a silent engine past the
 // stall time shows the worker stalled in /admin/workers and /metrics, and
 // the stall ends with the request.
 func TestSilentEngineStalls(t *testing.T) {
 	eng := startSilentEngine(t, false)
-	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel})
-	cfg.Dispatch.Timeouts.FirstByte, cfg.Dispatch.Timeouts.Idle = time.Hour, time.Hour
-	cost := *cfg.Sched.Cost
-	cost.StallAfter = 50 * time.Millisecond
-	cfg.Sched.Cost = &cost
-	r := startE2ERouter(t, cfg)
+	r := startStallRouter(t, eng, 50*time.Millisecond)
 	const series = `kvfast_worker_stalled{dp_rank="0",worker="1"}`
 	if v, ok := metricValue(r.metrics(t), series); !ok || v != 0 {
 		t.Fatalf("an idle worker: %s = %v (found %v), want 0", series, v, ok)
@@ -194,13 +201,8 @@ func TestSilentEngineStalls(t *testing.T) {
 func TestRejectingEngineAnswers(t *testing.T) {
 	eng := startSilentEngine(t, false)
 	eng.rejectOne.Store(true)
-	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel})
-	cfg.Dispatch.Timeouts.FirstByte, cfg.Dispatch.Timeouts.Idle = time.Hour, time.Hour
-	cost := *cfg.Sched.Cost
 	// Long enough that the check after the 400 comes well inside it.
-	cost.StallAfter = 2 * time.Second
-	cfg.Sched.Cost = &cost
-	r := startE2ERouter(t, cfg)
+	r := startStallRouter(t, eng, 2*time.Second)
 	c := sendRaw(t, r, completionBody(e2eTokens(33, 64), false, 4))
 	waitFor(t, "the worker to count as stalled", func() bool { return workerView(t, r.node, 1, 0).Stalled })
 	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(34, 64), false, 1), nil)
