@@ -140,8 +140,8 @@ func sq(x float64) float64 { return x * x }
 // priorWeight observations and decays like them. Once it has seen
 // ewmaSettled observations' worth, an observation beyond ewmaClamp times
 // the mean either way counts as that bound: one request with a 100k-token
-// answer among 200-token ones moves the mean by under a token instead of
-// by hundreds, while a real shift is still followed, by a factor of about
+// answer among 200-token ones moves the mean by a token or two instead
+// of by hundreds, while a real shift is still followed, by a factor of about
 // 2 every hundred observations.
 type ewma struct {
 	mean, weight float64
