@@ -150,6 +150,40 @@ func TestBufferedNonStreaming(t *testing.T) {
 	}
 }
 
+// TestSilentEndpointsRouteOnHistory: endpoints that publish no KV events
+// route exact (token) prompts on the picker's own history: a prompt sent
+// again goes where the first one went.
+func TestSilentEndpointsRouteOnHistory(t *testing.T) {
+	eps := endpoints(4)
+	r := startEPP(t, epp.DefaultConfig(), eps...)
+	prompt := tokens(7000, 6*16)
+	route := func() string {
+		st := r.open(t, bufferedMode())
+		st.requestHeaders("/v1/completions", false, nil)
+		st.recv()
+		st.requestBody(completionBody(t, prompt, false), true)
+		br := st.recv()
+		b, ok := br.Response.(*extprocv3.ProcessingResponse_RequestBody)
+		if !ok {
+			t.Fatalf("answer %T, want the request body's", br.Response)
+		}
+		dest := destinationOf(t, br, b.RequestBody.GetResponse())
+		st.responseHeaders("200", "application/json", nil)
+		st.recv()
+		st.responseBody([]byte(`{"choices":[{"text":"x","finish_reason":"length"}]}`), true)
+		st.recv()
+		st.closeAndWaitEOF()
+		settled(t, r)
+		return dest
+	}
+	first := route()
+	for i := range 3 {
+		if got := route(); got != first {
+			t.Fatalf("repeat %d routed to %s, the first to %s", i+1, got, first)
+		}
+	}
+}
+
 // TestChatAndHeadersOnly: a chat request routes (approximately: text is
 // hashed in chunks) and a request without a body (GET) is routed on its
 // headers at once.

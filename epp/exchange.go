@@ -123,7 +123,7 @@ func (x *exchange) decide(ctx context.Context) {
 		return
 	}
 	x.dec = dec
-	if !x.exact {
+	if !x.exact || workers.Set(x.s.p.silent.Load()).Has(dec.Slot) {
 		x.s.p.approx.Insert(dec.Slot, x.hashes, time.Now())
 	}
 	x.dest = x.appendDestination(dec)
@@ -175,6 +175,7 @@ func (x *exchange) prepare(ctx context.Context) *openai.Error {
 		}
 	case x.exact:
 		p.index.FindMatches(x.hashes, &x.overlaps)
+		p.approx.FindMatchesFor(workers.Set(p.silent.Load()), x.hashes, &x.overlaps)
 	default:
 		p.approx.FindMatches(x.hashes, &x.overlaps)
 	}

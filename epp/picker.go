@@ -33,6 +33,9 @@ type Picker struct {
 
 	// slots is the request path's view of membership: address → slot.
 	slots atomic.Pointer[map[string]workers.Slot]
+	// silent are the members without an event feed (a workers.Set): their
+	// exact prompts route on the router's own history.
+	silent atomic.Uint64
 	// synced is closed by the first Sync: the picker is ready.
 	synced   chan struct{}
 	syncOnce sync.Once
@@ -151,10 +154,15 @@ func (p *Picker) Sync(eps []Endpoint) {
 		p.members[addr] = m
 	}
 	slots := make(map[string]workers.Slot, len(p.members))
+	var silent workers.Set
 	for addr, m := range p.members {
 		slots[addr] = m.slot
+		if m.sub == nil {
+			silent |= workers.SetOf(m.slot)
+		}
 	}
 	p.slots.Store(&slots)
+	p.silent.Store(uint64(silent))
 	p.syncOnce.Do(func() { close(p.synced) })
 }
 

@@ -329,6 +329,9 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	default:
 		s.approx.FindMatches(ex.hashes, &ex.overlaps)
 	}
+	if ex.exact {
+		s.approx.FindMatchesFor(s.silent, ex.hashes, &ex.overlaps)
+	}
 	t2 := clock.Now()
 	s.metrics.stageHash.Observe(seconds(time.Duration(t1 - t0)))
 	s.metrics.stageLookup.Observe(seconds(time.Duration(t2 - t1)))
@@ -393,7 +396,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		}
 		ex.dec = dec
 	}
-	if !ex.exact {
+	if !ex.exact || s.silent.Has(ex.dec.Slot) {
 		s.approx.Insert(ex.dec.Slot, ex.hashes, time.Now())
 	}
 	ex.bindSession()

@@ -25,6 +25,7 @@ import (
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Config is the HTTP front end's part of a router: limits, timeouts and
@@ -160,6 +161,10 @@ type Deps struct {
 	Engines *dispatch.Pool
 	// UseApprox routes token prompts on Approx too (the approx policy).
 	UseApprox bool
+	// Silent are the workers that publish no KV events (static engines
+	// without zmq=): the index never learns what they cache, so their
+	// exact prompts route on Approx as text prompts do.
+	Silent workers.Set
 	// Bindings is the sticky-session table: the segment's, so that every
 	// router on the node agrees; nil gives this router one of its own.
 	Bindings *shm.Bindings
@@ -214,6 +219,7 @@ type Server struct {
 	encAffinity *encoderAffinity
 
 	useApprox bool
+	silent    workers.Set  // Deps.Silent
 	tracer    trace.Tracer // Deps.Tracer; nil: off
 	renderers Renderers
 	settled   <-chan struct{} // Deps.Settled
@@ -254,7 +260,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		deps.Logger = slog.Default()
 	}
 	s := &Server{cfg: cfg, log: deps.Logger, index: deps.Index, approx: deps.Approx, sched: deps.Sched,
-		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, tracer: deps.Tracer, renderers: deps.Renderers, settled: deps.Settled,
+		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, silent: deps.Silent, tracer: deps.Tracer, renderers: deps.Renderers, settled: deps.Settled,
 		conns: xsync.NewMapOf[net.Conn, struct{}](), active: newActivity()}
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
 	s.budget.limit = cfg.BodyBudgetBytes

@@ -152,7 +152,7 @@ func New(cfg Config) (_ *Node, err error) {
 	}
 	n.front, err = fastpath.New(cfg.HTTP, fastpath.Deps{
 		Index: n.index, Approx: n.approx, Sched: n.sched, Engines: n.engines, Bindings: bindings,
-		UseApprox: useApprox, Renderers: n.prompts, State: n, Logger: n.log, Settled: n.settled,
+		UseApprox: useApprox, Silent: n.silentStatic(), Renderers: n.prompts, State: n, Logger: n.log, Settled: n.settled,
 		Tracer: n.traces.Tracer(),
 	})
 	if err != nil {

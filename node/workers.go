@@ -63,6 +63,17 @@ func (n *Node) addStatic(static []StaticWorker) error {
 	return nil
 }
 
+// silentStatic returns the static workers that publish no KV events.
+func (n *Node) silentStatic() workers.Set {
+	silent := n.static
+	for w := range n.static.All() {
+		if n.zmq[w] != nil {
+			silent &^= workers.SetOf(w)
+		}
+	}
+	return silent
+}
+
 // runZMQ runs one subscriber per static worker with an event socket. The
 // index may live in a segment that several routers share, and only the
 // elected ingester may write it, so with a segment the subscribers start

@@ -56,6 +56,7 @@ func TestIndexHotPathsAllocateNothing(t *testing.T) {
 		now = now.Add(1e8)
 		a.Insert(4, hashes[:32], now)
 		a.FindMatches(hashes, &out)
+		a.FindMatchesFor(workers.SetOf(4)|workers.SetOf(9), hashes, &out)
 	}); n != 0 {
 		t.Errorf("Approx: %v allocs per run", n)
 	}

@@ -53,6 +53,23 @@ func (a *Approx) FindMatches(hashes []uint64, out *workers.Overlaps) workers.Set
 	return a.ix.FindMatches(hashes, out)
 }
 
+// FindMatchesFor is FindMatches for the workers in only, over what out
+// already holds: each of their entries rises to their overlap in the
+// history if that is longer; the others' are left as they were. It
+// completes a lookup in the event-fed Index for engines that publish no
+// events, whose exact prompts can match only the router's own record of
+// what it sent them. It makes no allocation.
+func (a *Approx) FindMatchesFor(only workers.Set, hashes []uint64, out *workers.Overlaps) {
+	if only == 0 {
+		return
+	}
+	var history workers.Overlaps
+	a.ix.FindMatches(hashes, &history)
+	for w := range only.All() {
+		out[w] = max(out[w], history[w])
+	}
+}
+
 // Insert records that worker w was just sent a prompt with these block
 // hashes. Re-inserting a block extends its life. It makes no allocation.
 func (a *Approx) Insert(w workers.Slot, hashes []uint64, now time.Time) {

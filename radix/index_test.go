@@ -471,6 +471,29 @@ func TestApproxExpires(t *testing.T) {
 	}
 }
 
+func TestApproxFindMatchesForOnlyTouchesItsWorkers(t *testing.T) {
+	a, err := NewApprox(Config{Capacity: 100}, 10e9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := []uint64{101, 102, 103}
+	a.Insert(4, h, time0())
+	a.Insert(5, h[:2], time0())
+	// What an event-fed lookup left: worker 5 caches all three per its
+	// events; workers 4 and 7 publish none, so only the history knows
+	// what they have, and the longer of the two answers stands.
+	out := workers.Overlaps{5: 3, 6: 1, 7: 2}
+	a.FindMatchesFor(workers.SetOf(4)|workers.SetOf(7), h, &out)
+	want := workers.Overlaps{4: 3, 5: 3, 6: 1, 7: 2}
+	if out != want {
+		t.Fatalf("overlaps %v, want %v", out[:8], want[:8])
+	}
+	a.FindMatchesFor(0, h, &out)
+	if out != want {
+		t.Fatalf("an empty set changed the overlaps to %v", out[:8])
+	}
+}
+
 func TestApproxEvictsOldestWhenFull(t *testing.T) {
 	a, err := NewApprox(Config{Capacity: 50, Shards: 1}, 1e12)
 	if err != nil {
