@@ -212,6 +212,11 @@ func TestRejectingEngineAnswers(t *testing.T) {
 	if workerView(t, r.node, 1, 0).Stalled {
 		t.Fatal("the worker is still stalled after it answered a request with a 400")
 	}
+	// The client's input, not a failure: outside the error ratio's statuses.
+	waitFor(t, "the refusal to be counted", func() bool {
+		v, _ := metricValue(r.metrics(t), `kvfast_requests_total{endpoint="completions",status="engine_rejected"}`)
+		return v == 1
+	})
 	_ = c.Close()
 	eng.waitClosed(t)
 	waitReleased(t, r.node)

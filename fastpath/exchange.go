@@ -418,13 +418,27 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		return true
 	}
 	ctx.SetBody(body)
-	if ex.call.StatusCode() >= 400 {
-		ex.count(statusEngineError)
+	if code := ex.call.StatusCode(); code >= 400 {
+		ex.count(engineStatus(code))
 		return false
 	}
 	_ = ex.h.Close()
 	ex.count(statusOK)
 	return false
+}
+
+// engineStatus is how an engine's error answer (status code >= 400) is
+// counted: a 429 is the engine's overload, any other 4xx its refusal of
+// the client's input, a 5xx its failure.
+func engineStatus(code int) string {
+	switch {
+	case code == fasthttp.StatusTooManyRequests:
+		return statusOverloaded
+	case code < 500:
+		return statusEngineRejected
+	default:
+		return statusEngineError
+	}
 }
 
 // streamHTTP10 relays a stream to an HTTP/1.0 client, which cannot read
@@ -471,7 +485,7 @@ func (ex *exchange) stream(w *bufio.Writer) {
 	case err == nil && ex.call.StatusCode() < 400:
 		_ = ex.h.Close()
 	case err == nil:
-		status = statusEngineError
+		status = engineStatus(ex.call.StatusCode())
 	default:
 		status = outcomeOf(err)
 	}

@@ -18,16 +18,20 @@ import (
 const (
 	statusOK          = "ok"           // the engine's answer was relayed in full
 	statusClientError = "client_error" // refused before routing: bad input
-	statusOverloaded  = "overloaded"   // refused by admission control
+	statusOverloaded  = "overloaded"   // refused by admission control, or by the engine (429)
 	statusUnavailable = "unavailable"  // no eligible worker, or none reachable
-	statusEngineError = "engine_error" // the engine failed or reported an error
-	statusTimeout     = "timeout"      // an engine timeout
-	statusCancelled   = "cancelled"    // the client went away
-	statusRouteOnly   = "route_only"   // answered a query-only request
+	statusEngineError = "engine_error" // the engine failed, or answered with a 5xx
+	// statusEngineRejected: the engine refused the request (a 4xx other
+	// than 429): the client's input, found out by the engine, so not
+	// counted among the router's and engines' errors.
+	statusEngineRejected = "engine_rejected"
+	statusTimeout        = "timeout"    // an engine timeout
+	statusCancelled      = "cancelled"  // the client went away
+	statusRouteOnly      = "route_only" // answered a query-only request
 )
 
 var allStatuses = []string{statusOK, statusClientError, statusOverloaded, statusUnavailable,
-	statusEngineError, statusTimeout, statusCancelled, statusRouteOnly}
+	statusEngineError, statusEngineRejected, statusTimeout, statusCancelled, statusRouteOnly}
 
 // Routing stages, the values of the stage label of
 // kvfast_routing_duration_seconds.
