@@ -235,6 +235,65 @@ func TestOversizedBodyRefusalIsRead(t *testing.T) {
 	}
 }
 
+// TestExpectContinue: a client that waits for 100 Continue before its
+// body gets a 413 instead when the declared body is over the limit, and
+// sends nothing; under the limit it gets the 100 and then its answer.
+func TestExpectContinue(t *testing.T) {
+	eng := startMock(t, mocker.Config{WorkerID: 1})
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.Addr(), Model: e2eModel})
+	const maxBody = 64 << 10
+	cfg.HTTP.MaxBodyBytes = maxBody
+	r := startE2ERouter(t, cfg)
+	addr := strings.TrimPrefix(r.url, "http://")
+	head := func(size int) string {
+		return "POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: " +
+			strconv.Itoa(size) + "\r\n\r\n"
+	}
+
+	c := dialFrom(t, "127.0.0.1", addr)
+	_ = c.SetDeadline(time.Now().Add(e2eWait))
+	if _, err := io.WriteString(c, head(maxBody+1)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("reading the answer to the oversized declaration: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("status %d, want 413 before the body", resp.StatusCode)
+	}
+	waitFor(t, "the refusal to be counted", func() bool {
+		v, _ := metricValue(r.metrics(t), `kvfast_http_transport_errors_total{reason="body_too_large"}`)
+		return v == 1
+	})
+
+	body := completionBody(e2eTokens(5, 64), false, 2)
+	c = dialFrom(t, "127.0.0.1", addr)
+	_ = c.SetDeadline(time.Now().Add(e2eWait))
+	if _, err := io.WriteString(c, head(len(body))); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusContinue {
+		t.Fatalf("interim answer %v, %v: want 100 Continue", resp, err)
+	}
+	if _, err := c.Write(body); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("reading the answer: %v", err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d after 100 Continue: %s", resp.StatusCode, got)
+	}
+	waitReleased(t, r.node)
+}
+
 // TestHTTP10StreamIsCloseDelimited: an HTTP/1.0 client cannot read chunked
 // encoding; its stream has no length and ends with the connection.
 func TestHTTP10StreamIsCloseDelimited(t *testing.T) {

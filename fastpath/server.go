@@ -312,6 +312,16 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
 			return fasthttp.RequestConfig{ReadTimeout: cfg.ReadTimeout, MaxRequestBodySize: 1}
 		},
+		// A client that asks before it sends its body (Expect:
+		// 100-continue; curl does past 1 MiB) hears of one over the limit
+		// before sending any of it, instead of fasthttp's automatic 100.
+		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
+			if ctx.Request.Header.ContentLength() > cfg.MaxBodyBytes {
+				s.metrics.transport[transportTooLarge].Inc()
+				return fasthttp.StatusRequestEntityTooLarge
+			}
+			return fasthttp.StatusContinue
+		},
 		IdleTimeout: cfg.IdleTimeout,
 		Concurrency: cfg.MaxConns,
 		// Errors about a request fasthttp could not parse must not carry
