@@ -161,7 +161,10 @@ func TestEngineKilledMidStream(t *testing.T) {
 	if status != 200 || !strings.HasPrefix(string(body), first) {
 		t.Fatalf("status %d body %q", status, body)
 	}
-	tail := strings.TrimPrefix(string(body), first)
+	tail, ok := strings.CutSuffix(strings.TrimPrefix(string(body), first), "data: [DONE]\n\n")
+	if !ok {
+		t.Fatalf("the client's stream does not end with [DONE]: %q", body)
+	}
 	var ev struct {
 		Error struct {
 			Message, Type, Code string

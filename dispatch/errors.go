@@ -131,12 +131,14 @@ func appendError(dst []byte, kind int) []byte {
 	return e.AppendJSON(dst)
 }
 
-// sseErrors holds, per kind, the event written to a client whose stream
-// broke: prepared once so that the failure path allocates nothing.
+// sseErrors holds, per kind, the events written to a client whose stream
+// broke: the error, then [DONE], as vLLM and SGLang end a stream whose
+// generation failed, so that a client reading up to [DONE] stops there.
+// Prepared once so that the failure path allocates nothing.
 var sseErrors = func() (out [len(kinds)][]byte) {
 	for i := range kinds {
 		b := append([]byte("data: "), appendError(nil, i)...)
-		out[i] = append(b, "\n\n"...)
+		out[i] = append(b, "\n\ndata: [DONE]\n\n"...)
 	}
 	return out
 }()

@@ -239,9 +239,10 @@ func TestEngineKilledMidStream(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Fatalf("before the kill got %q", got)
 	}
-	data, ok := bytes.CutPrefix(rest, []byte("data: "))
-	if !ok || !bytes.HasSuffix(data, []byte("\n\n")) || bytes.Count(rest, []byte("\n\n")) != 1 {
-		t.Fatalf("after the kill the client got %q, want one error event", rest)
+	event, ok := bytes.CutSuffix(rest, []byte("data: [DONE]\n\n"))
+	data, isData := bytes.CutPrefix(event, []byte("data: "))
+	if !ok || !isData || !bytes.HasSuffix(data, []byte("\n\n")) || bytes.Count(event, []byte("\n\n")) != 1 {
+		t.Fatalf("after the kill the client got %q, want one error event and [DONE]", rest)
 	}
 	if code := checkOpenAIError(t, bytes.TrimSpace(data)); code != "engine_failed" {
 		t.Errorf("error code %q, want engine_failed", code)
