@@ -328,6 +328,19 @@ func TestTransportErrorsLoggedStructured(t *testing.T) {
 	if line, ok := logs.find("Bearer"); ok {
 		t.Errorf("request bytes reached the log: %q", line)
 	}
+
+	// Any client can send garbage: the warnings it causes are throttled,
+	// the count of refusals is not.
+	for range 4 {
+		rawRequest(t, strings.TrimPrefix(r.url, "http://"), "GARBAGE\r\n\r\n")
+	}
+	waitFor(t, "the refusals to be counted", func() bool {
+		v, _ := metricValue(r.metrics(t), `kvfast_http_transport_errors_total{reason="malformed"}`)
+		return v == 5
+	})
+	if n := logs.count("WARN cannot serve a connection"); n != 1 {
+		t.Errorf("%d warnings about malformed requests, want 1 a minute", n)
+	}
 }
 
 func TestRedactHidesCredentials(t *testing.T) {

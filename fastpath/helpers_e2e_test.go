@@ -543,3 +543,16 @@ func (c logCapture) find(s string) (string, bool) {
 	}
 	return "", false
 }
+
+// count returns how many records contain s.
+func (c logCapture) count(s string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, l := range *c.logs {
+		if strings.Contains(l, s) {
+			n++
+		}
+	}
+	return n
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/guard"
 	"github.com/kvfast/kvfast/internal/hangup"
+	"github.com/kvfast/kvfast/internal/logthrottle"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
@@ -292,7 +293,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.http = &fasthttp.Server{
 		Handler:      s.handle,
 		ErrorHandler: s.transportError,
-		Logger:       fasthttpLogger{s.log},
+		Logger:       fasthttpLogger{log: s.log, throttle: logthrottle.New(time.Minute)},
 		ConnState:    s.trackConn,
 		Name:         "kvfast",
 		// Bodies are streamed: fasthttp reads a few KiB before the handler,
@@ -492,8 +493,14 @@ const (
 
 // fasthttpLogger hands fasthttp's own reports (connections it could not
 // serve, the connection limit reached) to the router's structured log,
-// with any credential they quote redacted.
-type fasthttpLogger struct{ log *slog.Logger }
+// with any credential they quote redacted. Any client can make fasthttp
+// report (a garbage request line is enough, and each is also counted in
+// kvfast_http_transport_errors_total), so warnings about connections are
+// written at most once a minute, with the count held back.
+type fasthttpLogger struct {
+	log      *slog.Logger
+	throttle *logthrottle.Throttle
+}
 
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	if format == fasthttpConnError && len(args) == 3 {
@@ -506,8 +513,13 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 		}
 		// The error quotes the bytes fasthttp could not parse, which may
 		// be a credential's header line: log only what went wrong.
-		l.log.Log(context.Background(), level, "cannot serve a connection", "component", "fasthttp", "local", fmt.Sprint(args[0]),
-			"remote", fmt.Sprint(args[1]), "err", withoutQuotes(fmt.Sprint(args[2])))
+		attrs := []any{"component", "fasthttp", "local", fmt.Sprint(args[0]),
+			"remote", fmt.Sprint(args[1]), "err", withoutQuotes(fmt.Sprint(args[2]))}
+		if level == slog.LevelWarn {
+			l.throttle.Log(l.log, level, "connection", "cannot serve a connection", attrs...)
+		} else {
+			l.log.Log(context.Background(), level, "cannot serve a connection", attrs...)
+		}
 		return
 	}
 	l.log.Warn(redact(fmt.Sprintf(format, args...)), "component", "fasthttp")
