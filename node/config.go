@@ -275,6 +275,14 @@ func (c *Config) Validate() error {
 	if len(c.Static) > workers.Max {
 		return fmt.Errorf("cannot configure %d static workers: at most %d", len(c.Static), workers.Max)
 	}
+	seen := make(map[[2]uint64]int, len(c.Static))
+	for i, w := range c.Static {
+		key := [2]uint64{w.ID, uint64(w.DPRank)}
+		if j, dup := seen[key]; dup {
+			return fmt.Errorf("cannot configure static workers %d and %d: both are worker id %d rank %d (give each --worker its own id= or rank=)", j+1, i+1, w.ID, w.DPRank)
+		}
+		seen[key] = i
+	}
 	if _, _, err := sched.ParsePolicy(c.Policy); err != nil {
 		return err
 	}

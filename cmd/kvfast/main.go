@@ -38,7 +38,7 @@ func usage() {
 	for _, n := range names {
 		fmt.Fprintf(&b, "  %-10s %s\n", n, subcommands[n].summary)
 	}
-	b.WriteString("\nRun 'kvfast <command> --help' for the flags of one command.\n")
+	b.WriteString("\nRun 'kvfast <command> --help' (or 'kvfast help <command>') for the flags of one command.\n")
 	fmt.Fprint(os.Stderr, b.String())
 }
 
@@ -49,9 +49,21 @@ func main() {
 	}
 	name := os.Args[1]
 	switch name {
-	case "-h", "--help", "help":
+	case "-h", "--help":
 		usage()
 		return
+	case "help":
+		// "kvfast help serve" is "kvfast serve --help".
+		if len(os.Args) < 3 {
+			usage()
+			return
+		}
+		if cmd, ok := subcommands[os.Args[2]]; ok {
+			os.Exit(cmd.run([]string{"--help"}))
+		}
+		fmt.Fprintf(os.Stderr, "kvfast: unknown command %q\n\n", os.Args[2])
+		usage()
+		os.Exit(2)
 	}
 	cmd, ok := subcommands[name]
 	if !ok {

@@ -51,8 +51,10 @@ kvfast_tokenizer_info say which.
 
 Routing hints are request headers: X-Kvfast-Worker and X-Kvfast-Dp-Rank
 (pin), X-Kvfast-Allow (allow-list), X-Kvfast-Query-Only, X-Kvfast-Priority,
-X-Request-Id (echoed). Responses name the serving worker in
-X-Kvfast-Worker and X-Kvfast-Dp-Rank.
+X-Kvfast-Session-Id (sticky session, with --session-ttl), X-Request-Id
+(echoed). Responses name the serving worker in X-Kvfast-Worker and
+X-Kvfast-Dp-Rank, and the prefix it was credited in
+X-Kvfast-Overlap-Blocks.
 
 Every flag can also be set through the environment: --some-flag is
 KVFAST_SOME_FLAG. A flag on the command line wins over the environment.
