@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
@@ -58,9 +59,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			writeError(ctx, fasthttp.StatusNotFound, errNotFound)
 			return
 		}
-		if len(s.apiKeys) > 0 && !anyKeyMatches(bearer(ctx), s.apiKeys) {
-			ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
-			writeError(ctx, fasthttp.StatusUnauthorized, errUnauthorized)
+		if !s.apiKeyAccepted(ctx) {
 			return
 		}
 		switch p {
@@ -96,8 +95,27 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case PathReady:
 		s.serveReady(ctx)
 	default:
+		// GET /v1/models/{id}, as the OpenAI clients' models.retrieve
+		// asks; an id may hold slashes (org/name).
+		if id, ok := strings.CutPrefix(p, PathModels+"/"); ok && id != "" && !admin {
+			if s.apiKeyAccepted(ctx) {
+				s.serveModel(ctx, id)
+			}
+			return
+		}
 		writeError(ctx, fasthttp.StatusNotFound, errNotFound)
 	}
+}
+
+// apiKeyAccepted reports whether the request may use the OpenAI endpoints
+// (any key, when --api-key sets none), and answers 401 if not.
+func (s *Server) apiKeyAccepted(ctx *fasthttp.RequestCtx) bool {
+	if len(s.apiKeys) > 0 && !anyKeyMatches(bearer(ctx), s.apiKeys) {
+		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
+		writeError(ctx, fasthttp.StatusUnauthorized, errUnauthorized)
+		return false
+	}
+	return true
 }
 
 // routeOnly answers with the decision and every eligible worker's terms,
@@ -198,24 +216,41 @@ func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		OwnedBy string `json:"owned_by"`
-		Parent  string `json:"parent,omitempty"` // a LoRA adapter's base model, as vLLM lists it
-	}
 	out := struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{Object: "list", Data: make([]model, 0, len(names))}
+		Object string       `json:"object"`
+		Data   []modelEntry `json:"data"`
+	}{Object: "list", Data: make([]modelEntry, 0, len(names))}
 	for _, n := range names {
-		m := model{ID: n, Object: "model", OwnedBy: "kvfast"}
-		if ns := seeds[n]; ns.lora != "" {
-			m.Parent = ns.name
-		}
-		out.Data = append(out.Data, m)
+		out.Data = append(out.Data, entryOf(n, seeds[n]))
 	}
 	writeJSON(ctx, fasthttp.StatusOK, out)
+}
+
+// serveModel answers GET /v1/models/{id}: the model's entry of the list,
+// or 404 model_not_found.
+func (s *Server) serveModel(ctx *fasthttp.RequestCtx, id string) {
+	ns, ok := (*s.seeds.Load())[id]
+	if !ok {
+		writeError(ctx, fasthttp.StatusNotFound, errUnknownModel)
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, entryOf(id, ns))
+}
+
+// modelEntry is one model as GET /v1/models lists it.
+type modelEntry struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	OwnedBy string `json:"owned_by"`
+	Parent  string `json:"parent,omitempty"` // a LoRA adapter's base model, as vLLM lists it
+}
+
+func entryOf(name string, ns modelNamespace) modelEntry {
+	m := modelEntry{ID: name, Object: "model", OwnedBy: "kvfast"}
+	if ns.lora != "" {
+		m.Parent = ns.name
+	}
+	return m
 }
 
 // serveReady says whether the router can route at all: at least one

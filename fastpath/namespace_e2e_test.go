@@ -148,6 +148,15 @@ func wantNamespaces(t *testing.T, r *e2eRouter, prompt []uint32, blocks uint32, 
 	if resp := r.get(t, fastpath.PathModels); !bytes.Contains(resp.body, []byte(`"id":"sql","object":"model","owned_by":"kvfast","parent":"`+e2eModel+`"`)) {
 		t.Errorf("the router's model list does not show the adapter: %s", resp.body)
 	}
+	// One model, as the OpenAI clients' models.retrieve asks for it.
+	if resp := r.get(t, fastpath.PathModels+"/sql"); resp.status != http.StatusOK ||
+		string(resp.body) != `{"id":"sql","object":"model","owned_by":"kvfast","parent":"`+e2eModel+`"}` {
+		t.Errorf("GET /v1/models/sql: %d %s", resp.status, resp.body)
+	}
+	if resp := r.get(t, fastpath.PathModels+"/no-such-model"); resp.status != http.StatusNotFound ||
+		!bytes.Contains(resp.body, []byte(`"code":"model_not_found"`)) {
+		t.Errorf("GET /v1/models/no-such-model: %d %s", resp.status, resp.body)
+	}
 	for _, tc := range []struct {
 		model, salt string
 		worker      uint64 // 0: no worker holds any block

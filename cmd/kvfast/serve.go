@@ -39,7 +39,7 @@ Runs the router. Engines join in two ways:
 
 Endpoints: POST /v1/completions, /v1/chat/completions (streaming and not),
 POST /v1/route/completions, /v1/route/chat/completions (the decision only),
-GET /v1/models, /metrics, /health, /ready, /admin/workers.
+GET /v1/models, /v1/models/{id}, /metrics, /health, /ready, /admin/workers.
 
 Text and chat prompts route on exact token blocks for the models given a
 tokenizer (--tokenizer): the router renders each one into the token ids
