@@ -163,7 +163,7 @@ func DefaultConfig() Config {
 			// queue (bounded, and by --queue-timeout) for the first worker
 			// to drop under, instead of piling onto engines that would
 			// preempt or queue it themselves, blind to the other engines.
-			Busy:          defaultBusy,
+			Busy:          sched.DefaultBusy,
 			QueueCapacity: sched.DefaultQueueCapacity,
 			PriorityBump:  sched.DefaultPriorityBump,
 			RetryAfterMin: sched.DefaultRetryAfterMin,
@@ -176,16 +176,6 @@ func DefaultConfig() Config {
 		Tracing:         tracing.DefaultConfig(),
 	}
 }
-
-// defaultBusy are the busy thresholds kvfast serve runs with. A worker is
-// busy when the decode blocks booked on it (or its engine's reported KV
-// usage) pass 95% of its KV capacity, where the engine would start to
-// preempt, or when more than 128Ki prompt tokens booked on it still await
-// their first token: seconds of prefill even on a fast engine, which the
-// request is better off waiting out in the router's queue, free to take
-// whichever worker drops under first. Workers that report no KV capacity
-// are judged on prompt tokens alone.
-var defaultBusy = sched.BusyThresholds{DecodeBlocksFraction: 0.95, PrefillTokens: 128 << 10}
 
 // DefaultAdminListen keeps the admin endpoints on loopback, on a port of
 // their own.

@@ -124,6 +124,16 @@ func (b BusyThresholds) Validate() error {
 	return nil
 }
 
+// DefaultBusy are the busy thresholds kvfast serve and kvfast epp run
+// with. A worker is busy when the decode blocks booked on it (or its engine's reported KV
+// usage) pass 95% of its KV capacity, where the engine would start to
+// preempt, or when more than 128Ki prompt tokens booked on it still await
+// their first token: seconds of prefill even on a fast engine, which the
+// request is better off waiting out in the router's queue, free to take
+// whichever worker drops under first. Workers that report no KV capacity
+// are judged on prompt tokens alone.
+var DefaultBusy = BusyThresholds{DecodeBlocksFraction: 0.95, PrefillTokens: 128 << 10}
+
 // Defaults applied by New to zero Config fields.
 const (
 	DefaultActiveBlocks  = 1 << 16
