@@ -98,7 +98,15 @@ func TestOfficialOpenAIClient(t *testing.T) {
 			FinishReason string `json:"finish_reason"`
 			Usage        *usage `json:"usage"`
 		} `json:"chat_stream"`
-		UnknownModel refusal `json:"unknown_model"`
+		Models struct {
+			IDs       []string `json:"ids"`
+			Retrieved struct {
+				ID     string `json:"id"`
+				Object string `json:"object"`
+			} `json:"retrieved"`
+		} `json:"models"`
+		UnknownModel         refusal `json:"unknown_model"`
+		UnknownModelRetrieve refusal `json:"unknown_model_retrieve"`
 		EmptyPrompt  refusal `json:"empty_prompt"`
 		BadToken     refusal `json:"bad_token"`
 		UnknownPin   refusal `json:"unknown_pin"`
@@ -130,6 +138,9 @@ func TestOfficialOpenAIClient(t *testing.T) {
 		cst.Chunks < 5 {
 		t.Errorf("chat stream: %+v, want the content %q", cst, ch.Content)
 	}
+	if m := out.Models; len(m.IDs) != 1 || m.IDs[0] != e2eModel || m.Retrieved.ID != e2eModel || m.Retrieved.Object != "model" {
+		t.Errorf("models: %+v", m)
+	}
 	for _, tc := range []struct {
 		name   string
 		got    refusal
@@ -139,6 +150,7 @@ func TestOfficialOpenAIClient(t *testing.T) {
 		param  string
 	}{
 		{"unknown model", out.UnknownModel, "NotFoundError", 404, "model_not_found", "model"},
+		{"unknown model retrieved", out.UnknownModelRetrieve, "NotFoundError", 404, "model_not_found", "model"},
 		{"empty prompt", out.EmptyPrompt, "BadRequestError", 400, "empty_prompt", "prompt"},
 		{"negative token", out.BadToken, "BadRequestError", 400, "token_out_of_range", "prompt"},
 		{"unknown pin", out.UnknownPin, "NotFoundError", 404, "worker_not_found", fastpath.HeaderWorker},

@@ -74,6 +74,14 @@ const out = {};
   out.chat_stream = { content, chunks, finish_reason: finish, usage };
 }
 
+// The model list, and one model of it.
+{
+  const ids = [];
+  for await (const m of client.models.list()) ids.push(m.id);
+  const one = await client.models.retrieve('mock');
+  out.models = { ids, retrieved: { id: one.id, object: one.object } };
+}
+
 // Refusals surface as the client's typed errors, with the router's fields.
 async function refusal(call) {
   try {
@@ -94,6 +102,7 @@ async function refusal(call) {
 out.unknown_model = await refusal(() => client.completions.create({ model: 'no-such-model', prompt, max_tokens: 2 }));
 out.empty_prompt = await refusal(() => client.completions.create({ model: 'mock', prompt: '', max_tokens: 2 }));
 out.bad_token = await refusal(() => client.completions.create({ model: 'mock', prompt: [1, -5], max_tokens: 2 }));
+out.unknown_model_retrieve = await refusal(() => client.models.retrieve('no-such-model'));
 out.unknown_pin = await refusal(() =>
   client.completions.create({ model: 'mock', prompt, max_tokens: 2 }, { headers: { 'X-Kvfast-Worker': '999' } }));
 
