@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -68,6 +69,11 @@ type Call struct {
 	conn      net.Conn   // cc's connection while the call uses it
 	cancelled bool       // Abort was called
 
+	// downstream is the client Relay writes to; with downstreamWrite > 0
+	// each write must complete within it (SetClientWriteTimeout).
+	downstream      deadliner
+	downstreamWrite time.Duration
+
 	open     bool // resp holds an engine body stream not yet closed
 	finished bool // obs had its terminal call, or there is no obs
 	first    bool // the first item was seen
@@ -99,6 +105,7 @@ func (c *Call) Release() {
 	c.req.Reset()
 	c.resp.Reset()
 	c.engine, c.obs = nil, nil
+	c.downstream, c.downstreamWrite = nil, 0
 	if len(c.buf) > 4*c.pool.cfg.RelayBufferSize {
 		c.buf = make([]byte, c.pool.cfg.RelayBufferSize) // ReadBody grew it; do not pin a huge body
 	}
@@ -319,17 +326,34 @@ func (c *Call) fail(kind, cause error, w *bufio.Writer, sse bool) error {
 		c.judge(false)
 	}
 	if sse && kind != ErrClientGone && !c.finished && !c.done {
-		ev := sseErrors[kindOf(kind)]
-		if _, werr := w.Write(ev); werr == nil && w.Flush() == nil {
-		}
+		_ = c.write(w, sseErrors[kindOf(kind)])
 	}
 	c.closeStream()
 	c.abort(err)
 	return err
 }
 
+// deadliner is the client's side of a relay: its connection, or the
+// fasthttp.RequestCtx that writes to it.
+type deadliner interface{ SetWriteDeadline(time.Time) error }
+
+// SetClientWriteTimeout makes every write Relay makes to its client
+// complete within d, on client's connection: a client that stops reading
+// a stream (a full receive window) is cut when its next write has waited
+// d, rather than holding the engine, the booking and the relay forever.
+// d is per write, not per stream: a long stream the client keeps reading
+// is not cut. d <= 0 sets no deadline.
+func (c *Call) SetClientWriteTimeout(client deadliner, d time.Duration) {
+	c.downstream, c.downstreamWrite = client, d
+}
+
 // write sends p to the client and flushes it.
 func (c *Call) write(w *bufio.Writer, p []byte) error {
+	if c.downstreamWrite > 0 && c.downstream != nil {
+		if err := c.downstream.SetWriteDeadline(time.Now().Add(c.downstreamWrite)); err != nil {
+			return err
+		}
+	}
 	if _, err := w.Write(p); err != nil {
 		return err
 	}

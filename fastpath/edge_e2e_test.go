@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -290,6 +291,52 @@ func TestExpectContinue(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d after 100 Continue: %s", resp.StatusCode, got)
+	}
+	waitReleased(t, r.node)
+}
+
+// TestStreamClientThatStopsReadingIsCut: a stream's client that stops
+// reading (its receive window full) is cut once a write has waited
+// --write-timeout, and its request released and counted as cancelled,
+// instead of holding the engine and the booking while it stays connected.
+func TestStreamClientThatStopsReadingIsCut(t *testing.T) {
+	eng := startMock(t, mocker.Config{WorkerID: 1, Speedup: math.Inf(1)})
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.Addr(), Model: e2eModel})
+	cfg.HTTP.WriteTimeout = time.Second
+	r := startE2ERouter(t, cfg)
+	c := dialFrom(t, "127.0.0.1", strings.TrimPrefix(r.url, "http://"))
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(4096)
+	}
+	// Tens of megabytes of events, far more than the sockets buffer.
+	body := completionBody(e2eTokens(9, 32), true, 200000)
+	if _, err := io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Type: application/json\r\nContent-Length: "+
+		strconv.Itoa(len(body))+"\r\n\r\n"+string(body)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the stream to be booked", func() bool { return r.node.Snapshot().Queue.Booked == 1 })
+	waitReleased(t, r.node) // the client is still connected, reading nothing
+	waitFor(t, "the cut to be counted", func() bool {
+		v, _ := metricValue(r.metrics(t), `kvfast_requests_total{endpoint="completions",status="cancelled"}`)
+		return v == 1
+	})
+}
+
+// TestLongStreamOutlivesWriteTimeout: --write-timeout bounds each write,
+// not the stream: a stream several times longer that its client reads is
+// relayed whole.
+func TestLongStreamOutlivesWriteTimeout(t *testing.T) {
+	eng := startMock(t, mocker.Config{WorkerID: 1, Speedup: 1}) // a decode step of about 3 ms
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.Addr(), Model: e2eModel})
+	cfg.HTTP.WriteTimeout = time.Second
+	r := startE2ERouter(t, cfg)
+	start := time.Now()
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(10, 32), true, 1000), nil)
+	if took := time.Since(start); took < 2*cfg.HTTP.WriteTimeout {
+		t.Fatalf("the stream took %v: too short to show anything", took)
+	}
+	if resp.status != http.StatusOK || !bytes.HasSuffix(resp.body, []byte("data: [DONE]\n\n")) {
+		t.Fatalf("status %d, stream ends %q", resp.status, resp.body[max(0, len(resp.body)-200):])
 	}
 	waitReleased(t, r.node)
 }

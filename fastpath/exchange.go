@@ -414,6 +414,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			s.streamHTTP10(ctx, ex)
 			return true
 		}
+		ex.call.SetClientWriteTimeout(ctx, s.cfg.WriteTimeout)
 		ctx.SetBodyStreamWriter(ex.sw) // ex is the stream's from here on
 		return true
 	}
@@ -455,6 +456,7 @@ func (s *Server) streamHTTP10(ctx *fasthttp.RequestCtx, ex *exchange) {
 		s.conns.Store(c, struct{}{}) // Shutdown cuts it as it cuts other streams
 		defer s.conns.Delete(c)
 		w := bufio.NewWriter(c)
+		ex.call.SetClientWriteTimeout(c, s.cfg.WriteTimeout)
 		_, _ = w.Write(head) // a failure shows at the relay's first flush, which settles ex
 		ex.stream(w)
 		_ = w.Flush()

@@ -107,9 +107,9 @@ func TestOfficialOpenAIClient(t *testing.T) {
 		} `json:"models"`
 		UnknownModel         refusal `json:"unknown_model"`
 		UnknownModelRetrieve refusal `json:"unknown_model_retrieve"`
-		EmptyPrompt  refusal `json:"empty_prompt"`
-		BadToken     refusal `json:"bad_token"`
-		UnknownPin   refusal `json:"unknown_pin"`
+		EmptyPrompt          refusal `json:"empty_prompt"`
+		BadToken             refusal `json:"bad_token"`
+		UnknownPin           refusal `json:"unknown_pin"`
 	}
 	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
 		t.Fatalf("cannot read the client's report %q: %v (stderr %s)", stdout.String(), err, stderr.String())

@@ -53,7 +53,12 @@ type Config struct {
 	HeaderTimeout time.Duration
 	ReadTimeout   time.Duration // the request body, from the end of its header: bounds slow uploads
 	IdleTimeout   time.Duration // keep-alive idle
-	MaxConns      int           // concurrent client connections
+	// WriteTimeout bounds each write to a client: a plain answer whole,
+	// and each write of a stream, so that a client that stops reading
+	// (a full receive window) is cut and its request released instead of
+	// holding its engine and booking for as long as it stays connected.
+	WriteTimeout time.Duration
+	MaxConns     int // concurrent client connections
 	// MaxConnsPerIP bounds one client address's concurrent connections, so
 	// that one client cannot take every connection; 0: no bound.
 	MaxConnsPerIP int
@@ -93,6 +98,7 @@ func DefaultConfig() Config {
 		HeaderTimeout:    10 * time.Second,
 		ReadTimeout:      30 * time.Second,
 		IdleTimeout:      60 * time.Second,
+		WriteTimeout:     60 * time.Second,
 		MaxConns:         10000,
 		MaxConnsPerIP:    DefaultMaxConnsPerIP,
 		BodyBudgetBytes:  DefaultBodyBudgetBytes,
@@ -117,7 +123,7 @@ func (c *Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"queue timeout", c.QueueTimeout}, {"header timeout", c.HeaderTimeout}, {"read timeout", c.ReadTimeout}, {"idle timeout", c.IdleTimeout}} {
+	}{{"queue timeout", c.QueueTimeout}, {"header timeout", c.HeaderTimeout}, {"read timeout", c.ReadTimeout}, {"idle timeout", c.IdleTimeout}, {"write timeout", c.WriteTimeout}} {
 		if d.v <= 0 {
 			return fmt.Errorf("cannot use %s %v: must be positive", d.name, d.v)
 		}
@@ -323,8 +329,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 			}
 			return fasthttp.StatusContinue
 		},
-		IdleTimeout: cfg.IdleTimeout,
-		Concurrency: cfg.MaxConns,
+		IdleTimeout:  cfg.IdleTimeout,
+		WriteTimeout: cfg.WriteTimeout, // a stream's relay moves it on at each write
+		Concurrency:  cfg.MaxConns,
 		// Errors about a request fasthttp could not parse must not carry
 		// its bytes (credentials) into the log.
 		SecureErrorLogMessage: true,
