@@ -1,10 +1,10 @@
 package fastpath
 
 import (
+	"bytes"
 	"encoding/json"
 	"sort"
 	"strconv"
-	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
@@ -97,15 +97,18 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	default:
 		// GET /v1/models/{id}, as the OpenAI clients' models.retrieve
 		// asks; an id may hold slashes (org/name).
-		if id, ok := strings.CutPrefix(p, PathModels+"/"); ok && id != "" && !admin {
+		// ctx.Path, not p: p is only compared, so the switch makes no string.
+		if id, ok := bytes.CutPrefix(ctx.Path(), modelsPrefix); ok && len(id) > 0 && !admin {
 			if s.apiKeyAccepted(ctx) {
-				s.serveModel(ctx, id)
+				s.serveModel(ctx, string(id))
 			}
 			return
 		}
 		writeError(ctx, fasthttp.StatusNotFound, errNotFound)
 	}
 }
+
+var modelsPrefix = []byte(PathModels + "/")
 
 // apiKeyAccepted reports whether the request may use the OpenAI endpoints
 // (any key, when --api-key sets none), and answers 401 if not.
