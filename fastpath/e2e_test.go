@@ -550,7 +550,12 @@ func TestConnectFailureRetriedElsewhere(t *testing.T) {
 		t.Fatalf("route-only chose %+v; the test needs the dead worker 1 first", route)
 	}
 	for i := range 2 {
-		resp := r.post(t, fastpath.PathCompletions, body, nil)
+		// A prompt of its own each time: the worker that served one now
+		// holds it in the router's history (it publishes no events), so a
+		// repeat would go there first.
+		tokens := e2eTokens(uint32(60+i), 80)
+		indexBlocks(t, r.node, 1, 0, tokens)
+		resp := r.post(t, fastpath.PathCompletions, completionBody(tokens, true, 3), nil)
 		if resp.status != http.StatusOK || !bytes.HasSuffix(resp.body, []byte(doneEvent)) {
 			t.Fatalf("attempt %d: status %d: %s", i, resp.status, resp.body)
 		}
