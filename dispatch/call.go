@@ -78,6 +78,7 @@ type Call struct {
 	finished bool // obs had its terminal call, or there is no obs
 	first    bool // the first item was seen
 	done     bool // [DONE] was seen
+	midEvent bool // the client was last sent part of an event, not its end
 	judged   bool // this attempt's verdict on its engine was recorded
 }
 
@@ -137,7 +138,7 @@ func (c *Call) SetRequest(uri, body []byte) {
 func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	c.closeStream()
 	c.abort(ErrAbandoned)
-	c.obs, c.finished, c.first, c.done, c.judged = obs, obs == nil, false, false, false
+	c.obs, c.finished, c.first, c.done, c.judged, c.midEvent = obs, obs == nil, false, false, false, false
 	e := c.pool.Engine(slot)
 	c.engine = e
 	if e == nil {
@@ -326,6 +327,11 @@ func (c *Call) fail(kind, cause error, w *bufio.Writer, sse bool) error {
 		c.judge(false)
 	}
 	if sse && kind != ErrClientGone && !c.finished && !c.done {
+		if c.midEvent {
+			// End the event cut short, so that the error is an event of
+			// its own.
+			_ = c.write(w, blankLine)
+		}
 		_ = c.write(w, sseErrors[kindOf(kind)])
 	}
 	c.closeStream()
@@ -407,6 +413,7 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 				if err := c.write(w, buf[:end-keep]); err != nil {
 					return ErrClientGone, err
 				}
+				c.midEvent = true
 				if lineStart < end-keep {
 					lineStart = -1 // mid-line: the rest of this line is not blank
 				} else {
@@ -436,22 +443,54 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 			if err := c.write(w, buf[sent:start]); err != nil {
 				return ErrClientGone, err
 			}
+			c.midEvent = false
+		}
+		if c.done && rerr == nil {
+			c.expectEnd()
 		}
 		if rerr != nil {
+			if c.done && errors.Is(rerr, ErrIdleTimeout) {
+				// [DONE] came and the body did not end: the response is
+				// whole, the connection is not reusable (bodyEOF stays
+				// false, so closeStream closes it).
+				return nil, nil
+			}
 			if rerr != io.EOF {
 				return c.readFailure(rerr), rerr
 			}
 			c.bodyEOF = true
-			if end > start { // a last event without its blank line
-				if inspect {
-					c.observe(openai.ParseEvent(buf[start:end]))
-				}
-				if err := c.write(w, buf[start:end]); err != nil {
-					return ErrClientGone, err
+			if end > start && inspect { // a last event without its blank line
+				c.observe(openai.ParseEvent(buf[start:end]))
+				// Complete it if it ended the response (clients drop an
+				// unterminated event at the end of a stream); a truncated
+				// one is dropped for the error event that follows, which
+				// would otherwise be glued to it.
+				if c.finished || c.done {
+					if err := c.write(w, buf[start:end]); err != nil {
+						return ErrClientGone, err
+					}
+					if err := c.write(w, blankLine); err != nil {
+						return ErrClientGone, err
+					}
 				}
 			}
 			return nil, nil
 		}
+	}
+}
+
+var blankLine = []byte("\n\n")
+
+// doneGrace is how long the relay waits, after [DONE], for the engine to
+// end the response body: a well-behaved engine ends it at once (the
+// chunked body's last chunk follows [DONE]), and the client's stream ends
+// only when it does.
+const doneGrace = time.Second
+
+// expectEnd bounds the wait for the end of the body after [DONE].
+func (c *Call) expectEnd() {
+	if ec, ok := c.conn.(*engineConn); ok && ec.ending == 0 {
+		ec.expectEnd(doneGrace)
 	}
 }
 

@@ -23,18 +23,29 @@ type engineConn struct {
 	// response has come back yet: the first-byte timeout applies.
 	awaiting    bool
 	hasDeadline bool
+	// ending, when set, bounds the reads that follow a stream's [DONE]:
+	// all that may still come is the end of the body (expectEnd).
+	ending time.Duration
 }
 
 func (c *engineConn) Write(p []byte) (int, error) {
-	c.awaiting = true
+	c.awaiting, c.ending = true, 0
 	return c.Conn.Write(p)
 }
+
+// expectEnd bounds the reads until the next request by d: the response has
+// said its last word, and an engine that does not end the body soon after
+// is not waited for.
+func (c *engineConn) expectEnd(d time.Duration) { c.ending = d }
 
 func (c *engineConn) Read(p []byte) (int, error) {
 	awaiting := c.awaiting
 	d := c.idle
 	if awaiting {
 		d = c.firstByte
+	}
+	if c.ending > 0 && (d <= 0 || c.ending < d) {
+		d = c.ending
 	}
 	if d > 0 {
 		if err := c.Conn.SetReadDeadline(time.Now().Add(d)); err != nil {

@@ -341,6 +341,35 @@ func TestLongStreamOutlivesWriteTimeout(t *testing.T) {
 	waitReleased(t, r.node)
 }
 
+// TestStreamEndsAtDoneThoughTheEngineHolds: an engine that sends [DONE]
+// and keeps its response open is waited for briefly, not for the stream
+// idle timeout: the client's stream ends, as a success, and the engine is
+// not counted as failing for it.
+func TestStreamEndsAtDoneThoughTheEngineHolds(t *testing.T) {
+	hold := make(chan struct{})
+	defer close(hold) // before the engine's cleanup, which waits for its handlers
+	eng := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
+		_ = writeFlush(w, concat([][]byte{itemEvent(0, " a", ""), itemEvent(1, " b", "stop"), []byte("data: [DONE]\n\n")}))
+		<-hold
+	}))
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel})
+	cfg.Dispatch.Timeouts.Idle = time.Minute
+	r := startE2ERouter(t, cfg)
+	start := time.Now()
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(11, 32), true, 2), nil)
+	if took := time.Since(start); took > cfg.Dispatch.Timeouts.Idle/2 {
+		t.Fatalf("the stream took %v to end after [DONE]", took)
+	}
+	if resp.status != http.StatusOK || !bytes.HasSuffix(resp.body, []byte("data: [DONE]\n\n")) {
+		t.Fatalf("status %d: %q", resp.status, resp.body)
+	}
+	waitReleased(t, r.node)
+	waitFor(t, "the stream to be counted as a success", func() bool {
+		v, _ := metricValue(r.metrics(t), `kvfast_requests_total{endpoint="completions",status="ok"}`)
+		return v == 1
+	})
+}
+
 // TestHTTP10StreamIsCloseDelimited: an HTTP/1.0 client cannot read chunked
 // encoding; its stream has no length and ends with the connection.
 func TestHTTP10StreamIsCloseDelimited(t *testing.T) {
