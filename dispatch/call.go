@@ -74,12 +74,13 @@ type Call struct {
 	downstream      deadliner
 	downstreamWrite time.Duration
 
-	open     bool // resp holds an engine body stream not yet closed
-	finished bool // obs had its terminal call, or there is no obs
-	first    bool // the first item was seen
-	done     bool // [DONE] was seen
-	midEvent bool // the client was last sent part of an event, not its end
-	judged   bool // this attempt's verdict on its engine was recorded
+	open     bool  // resp holds an engine body stream not yet closed
+	finished bool  // obs had its terminal call, or there is no obs
+	first    bool  // the first item was seen
+	done     bool  // [DONE] was seen
+	midEvent bool  // the client was last sent part of an event, not its end
+	charged  int64 // bytes of the pool's response budget ReadBody holds
+	judged   bool  // this attempt's verdict on its engine was recorded
 }
 
 // errNotEventStream is the cause Relay reports for a plain response, which
@@ -107,6 +108,10 @@ func (c *Call) Release() {
 	c.resp.Reset()
 	c.engine, c.obs = nil, nil
 	c.downstream, c.downstreamWrite = nil, 0
+	// The budget counts what one response needed, not what the pooled
+	// call keeps: a kept buffer is at most four relay buffers.
+	c.pool.responseBytes.Add(-c.charged)
+	c.charged = 0
 	if len(c.buf) > 4*c.pool.cfg.RelayBufferSize {
 		c.buf = make([]byte, c.pool.cfg.RelayBufferSize) // ReadBody grew it; do not pin a huge body
 	}
@@ -545,14 +550,21 @@ func (c *Call) ReadBody() ([]byte, error) {
 		return nil, c.fail(ErrAbandoned, nil, nil, false)
 	}
 	body := c.resp.BodyStream()
+	limit := c.pool.cfg.MaxResponseBodySize
+	if c.resp.Header.ContentLength() > limit {
+		return nil, c.fail(ErrResponseTooLarge, nil, nil, false) // refused from its header, unread
+	}
 	n := 0
 	for body != nil {
 		if n == len(c.buf) {
-			limit := c.pool.cfg.MaxResponseBodySize
 			if n >= limit {
 				return nil, c.fail(ErrResponseTooLarge, nil, nil, false)
 			}
-			c.buf = append(c.buf, make([]byte, min(len(c.buf), limit-n))...)
+			grow := min(len(c.buf), limit-n)
+			if !c.chargeResponse(int64(grow)) {
+				return nil, c.fail(ErrResponseBudget, nil, nil, false)
+			}
+			c.buf = append(c.buf, make([]byte, grow)...)
 		}
 		m, err := body.Read(c.buf[n:])
 		n += m
@@ -567,6 +579,18 @@ func (c *Call) ReadBody() ([]byte, error) {
 	c.closeStream()
 	c.observeBody(c.buf[:n])
 	return c.buf[:n], nil
+}
+
+// chargeResponse takes n more bytes of the pool's response budget for
+// this call, or reports false, taking none, if they do not fit.
+func (c *Call) chargeResponse(n int64) bool {
+	p := c.pool
+	if p.responseBytes.Add(n) > p.cfg.ResponseBudgetBytes {
+		p.responseBytes.Add(-n)
+		return false
+	}
+	c.charged += n
+	return true
 }
 
 // closeStream lets go of the engine's body stream and its connection. A

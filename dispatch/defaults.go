@@ -32,5 +32,6 @@ func DefaultConfig() Config {
 		MaxIdleConnDuration: 3 * time.Second,
 		RelayBufferSize:     16 << 10,
 		MaxResponseBodySize: 64 << 20,
+		ResponseBudgetBytes: 256 << 20,
 	}
 }

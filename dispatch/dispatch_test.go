@@ -537,3 +537,67 @@ func drain(ch chan string) string {
 		}
 	}
 }
+
+// TestResponseLimits: a plain response whose Content-Length is over
+// MaxResponseBodySize is refused unread; one without a length is cut at
+// the limit; and the bytes responses hold at once over all calls stay
+// within ResponseBudgetBytes, a response that does not fit being refused
+// as the router's overload, not the engine's fault, until Release gives
+// the budget back.
+func TestResponseLimits(t *testing.T) {
+	const relay, limit = 1 << 10, 64 << 10
+	big := bytes.Repeat([]byte("x"), 48<<10)
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		switch string(ctx.Path()) {
+		case "/declared":
+			ctx.SetBody(make([]byte, limit+1))
+		case "/chunked":
+			ctx.SetBodyStream(bytes.NewReader(make([]byte, limit+1)), -1)
+		default:
+			ctx.SetBody(big)
+		}
+	}, nil)
+	pool := NewPool(Config{Health: noHealth, RelayBufferSize: relay, MaxResponseBodySize: limit, ResponseBudgetBytes: limit})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	read := func(path string) (*Call, error) {
+		c := pool.AcquireCall()
+		c.SetRequest([]byte(path), []byte(`{}`))
+		if err := c.Do(0, nil); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		_, err := c.ReadBody()
+		return c, err
+	}
+	for _, path := range []string{"/declared", "/chunked"} {
+		c, err := read(path)
+		if !errors.Is(err, ErrResponseTooLarge) {
+			t.Errorf("%s: %v, want ErrResponseTooLarge", path, err)
+		}
+		c.Release()
+	}
+	if held := pool.ResponseBytes(); held != 0 {
+		t.Fatalf("%d budget bytes held after release", held)
+	}
+	first, err := read("/big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held := pool.ResponseBytes(); held <= 0 || held > limit {
+		t.Fatalf("one response holds %d budget bytes", held)
+	}
+	second, err := read("/big")
+	if !errors.Is(err, ErrResponseBudget) || ErrorStatus(err) != 503 || isEngineFault(ErrResponseBudget) {
+		t.Fatalf("a second response past the budget: %v (status %d)", err, ErrorStatus(err))
+	}
+	second.Release()
+	first.Release()
+	if held := pool.ResponseBytes(); held != 0 {
+		t.Fatalf("%d budget bytes held after release", held)
+	}
+	third, err := read("/big")
+	if err != nil {
+		t.Fatalf("after release the budget is free again: %v", err)
+	}
+	third.Release()
+}

@@ -36,6 +36,11 @@ var (
 	// ErrResponseTooLarge: a non-streaming response exceeded
 	// Config.MaxResponseBodySize.
 	ErrResponseTooLarge = errors.New("kvfast: the engine response is larger than the router accepts")
+	// ErrResponseBudget: reading a non-streaming response would take the
+	// bytes the router holds of such responses, over all requests, past
+	// Config.ResponseBudgetBytes. The router's overload, not the engine's
+	// fault.
+	ErrResponseBudget = errors.New("kvfast: the router holds too many large engine responses at once")
 	// ErrUnknownEngine: no engine is registered in the worker slot.
 	ErrUnknownEngine = errors.New("kvfast: no engine in the worker slot")
 	// ErrAbandoned: the call was released or reused before its response was
@@ -83,7 +88,7 @@ func (e *Error) Unwrap() []error {
 // with err and no retry is left.
 func ErrorStatus(err error) int {
 	switch {
-	case errors.Is(err, ErrUnknownEngine):
+	case errors.Is(err, ErrUnknownEngine), errors.Is(err, ErrResponseBudget):
 		return 503
 	case errors.Is(err, ErrFirstByteTimeout), errors.Is(err, ErrIdleTimeout):
 		return 504
@@ -110,6 +115,7 @@ var kinds = [...]struct {
 	{ErrEngineError, "engine_error"},
 	{ErrClientGone, "client_gone"},
 	{ErrResponseTooLarge, "engine_response_too_large"},
+	{ErrResponseBudget, "response_budget_exceeded"},
 	{ErrUnknownEngine, "engine_unavailable"},
 	{ErrAbandoned, "abandoned"},
 }

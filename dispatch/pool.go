@@ -68,6 +68,11 @@ type Config struct {
 	// MaxResponseBodySize bounds a non-streaming response read with
 	// Call.ReadBody. Default 64 MiB.
 	MaxResponseBodySize int
+	// ResponseBudgetBytes bounds the bytes of non-streaming responses
+	// held at once over all calls, beyond each call's relay buffer (what
+	// ReadBody grows it by), so that many large answers at once cannot
+	// take the router's memory. Default 256 MiB.
+	ResponseBudgetBytes int64
 }
 
 // withDefaults fills the zero fields of c from DefaultConfig, and maps a
@@ -109,6 +114,9 @@ func (c Config) withDefaults() Config {
 	posInt(&c.MaxConnsPerEngine, d.MaxConnsPerEngine)
 	posInt(&c.RelayBufferSize, d.RelayBufferSize)
 	posInt(&c.MaxResponseBodySize, d.MaxResponseBodySize)
+	if c.ResponseBudgetBytes <= 0 {
+		c.ResponseBudgetBytes = d.ResponseBudgetBytes
+	}
 	o, do := &c.Outlier, d.Outlier
 	for _, v := range []struct {
 		v   *int
@@ -141,7 +149,12 @@ type Pool struct {
 
 	ejectMu sync.Mutex // guards ejected; taken inside an engine's healthMu
 	ejected int        // engines ejected now (OutlierConfig.MaxEjectedPercent)
+
+	responseBytes atomic.Int64 // held against ResponseBudgetBytes
 }
+
+// ResponseBytes is what the pool's calls hold of ResponseBudgetBytes now.
+func (p *Pool) ResponseBytes() int64 { return p.responseBytes.Load() }
 
 // NewPool returns an empty pool.
 func NewPool(cfg Config) *Pool {

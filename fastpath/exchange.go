@@ -653,6 +653,8 @@ func outcomeOf(err error) string {
 		return statusTimeout
 	case errors.Is(err, dispatch.ErrConnect), errors.Is(err, dispatch.ErrUnknownEngine):
 		return statusUnavailable
+	case errors.Is(err, dispatch.ErrResponseBudget):
+		return statusOverloaded
 	}
 	return statusEngineError
 }

@@ -144,10 +144,14 @@ func newMetrics(s *Server) *metrics {
 		Name: "kvfast_request_body_bytes_in_flight",
 		Help: "Request body bytes held in memory now, against the body budget (--body-budget-bytes).",
 	}, func() float64 { return float64(s.budget.used.Load()) })
+	responseBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvfast_engine_response_bytes_in_flight",
+		Help: "Bytes of non-streaming engine responses held in memory now, beyond the relay buffers, against the response budget (--response-budget-bytes).",
+	}, func() float64 { return float64(s.engines.ResponseBytes()) })
 	m.ttft, m.itl, m.isl, m.osl = ttft, itl, isl, osl
 	m.dis = newDisaggMetrics(reg, s)
 	m.enc = newEncodeMetrics(reg)
-	reg.MustRegister(bodyBytes, requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, transport, multimodal,
+	reg.MustRegister(bodyBytes, responseBytes, requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, transport, multimodal,
 		&stateCollector{s: s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

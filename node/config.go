@@ -235,6 +235,9 @@ func (c *Config) Validate() error {
 	if o.FailurePercent > 0 && o.MinRequests <= 0 {
 		return fmt.Errorf("cannot use eject min requests %d: must be positive", o.MinRequests)
 	}
+	if d := &c.Dispatch; d.MaxResponseBodySize <= 0 || d.ResponseBudgetBytes < int64(d.MaxResponseBodySize) {
+		return fmt.Errorf("cannot use max response bytes %d and response budget %d: both must be positive, the budget at least the max", d.MaxResponseBodySize, d.ResponseBudgetBytes)
+	}
 	positive := []struct {
 		name string
 		v    time.Duration

@@ -41,6 +41,9 @@ func TestValidateRefuses(t *testing.T) {
 		{"duplicate static worker", func(c *Config) {
 			c.Static = []StaticWorker{{ID: 1, Endpoint: "127.0.0.1:1"}, {ID: 2, Endpoint: "127.0.0.1:2"}, {ID: 1, Endpoint: "127.0.0.1:3"}}
 		}, "static workers 1 and 3: both are worker id 1 rank 0"},
+		{"response budget under one response", func(c *Config) {
+			c.Dispatch.ResponseBudgetBytes = int64(c.Dispatch.MaxResponseBodySize) - 1
+		}, "response budget"},
 		{"unknown policy", func(c *Config) { c.Policy = "fastest" }, "fastest"},
 		{"empty policy", func(c *Config) { c.Policy = "" }, "policy"},
 		{"front end: zero queue timeout", func(c *Config) { c.HTTP.QueueTimeout = 0 }, "queue timeout"},

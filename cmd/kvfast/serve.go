@@ -146,6 +146,8 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", cfg.HTTP.MaxConnsPerIP, "concurrent connections from one client address, beyond which it gets 429 (0: no bound; behind one proxy, raise it to --max-conns)")
 	fs.Int64Var(&cfg.HTTP.BodyBudgetBytes, "body-budget-bytes", cfg.HTTP.BodyBudgetBytes, "request body bytes held in memory at once over all requests; a body that does not fit gets 503 with Retry-After before it is read (at least --max-body-bytes)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM, how long in-flight streams may finish before they are cut")
+	fs.IntVar(&cfg.Dispatch.MaxResponseBodySize, "max-response-bytes", cfg.Dispatch.MaxResponseBodySize, "largest non-streaming engine response relayed (502 engine_response_too_large beyond; refused from its Content-Length when it has one)")
+	fs.Int64Var(&cfg.Dispatch.ResponseBudgetBytes, "response-budget-bytes", cfg.Dispatch.ResponseBudgetBytes, "non-streaming engine response bytes held in memory at once over all requests, beyond the relay buffers; a response that does not fit gets 503 response_budget_exceeded")
 	fs.DurationVar(&cfg.Dispatch.Timeouts.Connect, "connect-timeout", cfg.Dispatch.Timeouts.Connect, "time to connect to an engine (0: no limit)")
 	fs.DurationVar(&cfg.Dispatch.Timeouts.FirstByte, "first-byte-timeout", cfg.Dispatch.Timeouts.FirstByte, "time from forwarding to the engine's response headers (0: no limit)")
 	fs.DurationVar(&cfg.Dispatch.Timeouts.Idle, "stream-idle-timeout", cfg.Dispatch.Timeouts.Idle, "longest pause inside an engine's response stream (0: no limit)")
@@ -356,15 +358,15 @@ func writeDemoTokenizer(cfg *node.Config) (cleanup func(), err error) {
 const baselineMemory = 224 << 20
 
 // setMemoryLimit gives the Go runtime a soft memory limit of 224 MiB
-// plus the body budget, unless GOMEMLIMIT sets one: under a flood of large
-// bodies the collector then runs before the heap doubles over the
-// garbage of finished ones, which is what keeps the resident size near
-// the budget rather than twice it.
+// plus the body and response budgets, unless GOMEMLIMIT sets one: under a
+// flood of large bodies the collector then runs before the heap doubles
+// over the garbage of finished ones, which is what keeps the resident
+// size near the budgets rather than twice them.
 func setMemoryLimit(cfg node.Config) {
 	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
 		return
 	}
-	limit := baselineMemory + cfg.HTTP.BodyBudgetBytes
+	limit := baselineMemory + cfg.HTTP.BodyBudgetBytes + cfg.Dispatch.ResponseBudgetBytes
 	debug.SetMemoryLimit(limit)
 	cfg.Logger.Debug("memory limit set", "bytes", limit)
 }
