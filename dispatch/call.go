@@ -213,6 +213,8 @@ func classifyDo(err error) error {
 		return ErrConnect
 	case errors.Is(err, ErrIdleTimeout):
 		return ErrIdleTimeout
+	case errors.Is(err, ErrWriteTimeout):
+		return ErrWriteTimeout
 	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, ErrFirstByteTimeout):
 		// fasthttp reports any timeout before the response as ErrTimeout;
 		// the only read deadline then is the first-byte one.

@@ -278,6 +278,42 @@ func TestTimeouts(t *testing.T) {
 		}
 		rec.wait(t)
 	})
+	t.Run("write", func(t *testing.T) {
+		// An engine that accepts connections and never reads them: a
+		// request larger than the sockets buffer cannot be written.
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var held []net.Conn
+		accepted := make(chan struct{})
+		go func() {
+			defer close(accepted)
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				held = append(held, c)
+			}
+		}()
+		defer func() {
+			_ = ln.Close()
+			<-accepted
+			for _, c := range held {
+				_ = c.Close()
+			}
+		}()
+		p := NewPool(Config{Health: noHealth, Timeouts: Timeouts{Write: 150 * time.Millisecond}})
+		defer p.Close()
+		mustAdd(t, p, 0, ln.Addr().String())
+		c := p.AcquireCall()
+		defer c.Release()
+		c.SetRequest([]byte("/v1/completions"), bytes.Repeat([]byte("x"), 32<<20))
+		if err := c.Do(0, nil); !errors.Is(err, ErrWriteTimeout) || IsRetryable(err) || ErrorStatus(err) != 504 {
+			t.Fatalf("Do = %v, want ErrWriteTimeout", err)
+		}
+	})
 	t.Run("idle", func(t *testing.T) {
 		rec := newRecorder()
 		addr := serve(t, front(pool, 0, func() Observer { return rec }), nil)

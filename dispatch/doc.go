@@ -30,8 +30,12 @@
 //     the caller has sent the client nothing). A pooled
 //     connection the engine closed while idle is retried once on the same
 //     engine before any of this is decided.
-//   - ErrFirstByteTimeout, ErrIdleTimeout: the engine was silent too long
-//     before its first byte or between two reads of a started response.
+//   - ErrWriteTimeout, ErrFirstByteTimeout, ErrIdleTimeout: the engine
+//     stopped reading the request, or was silent too long before its first
+//     byte or between two reads of a started response.
+//   - ErrResponseTooLarge, ErrResponseBudget: a non-streaming answer over
+//     Config.MaxResponseBodySize, or one that would take the answers held
+//     at once past Config.ResponseBudgetBytes (the router's overload).
 //   - ErrEngineFailed, ErrTruncated, ErrEngineError: the engine broke off,
 //     ended a stream early, or reported an error.
 //   - ErrClientGone: the call was aborted (Abort), or a write to the client

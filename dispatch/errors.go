@@ -19,6 +19,9 @@ var (
 	// ErrFirstByteTimeout: the engine took the request but sent no response
 	// within Timeouts.FirstByte.
 	ErrFirstByteTimeout = errors.New("kvfast: the engine did not answer within the first-byte timeout")
+	// ErrWriteTimeout: the engine did not take the whole request within
+	// Timeouts.Write (it stopped reading).
+	ErrWriteTimeout = errors.New("kvfast: the engine did not take the request within the write timeout")
 	// ErrIdleTimeout: a started response paused longer than Timeouts.Idle.
 	ErrIdleTimeout = errors.New("kvfast: the engine response stalled beyond the idle timeout")
 	// ErrEngineFailed: the connection broke, or the engine sent something
@@ -90,7 +93,7 @@ func ErrorStatus(err error) int {
 	switch {
 	case errors.Is(err, ErrUnknownEngine), errors.Is(err, ErrResponseBudget):
 		return 503
-	case errors.Is(err, ErrFirstByteTimeout), errors.Is(err, ErrIdleTimeout):
+	case errors.Is(err, ErrFirstByteTimeout), errors.Is(err, ErrIdleTimeout), errors.Is(err, ErrWriteTimeout):
 		return 504
 	}
 	return 502
@@ -111,6 +114,7 @@ var kinds = [...]struct {
 	{ErrConnect, "engine_unavailable"},
 	{ErrFirstByteTimeout, "engine_timeout"},
 	{ErrIdleTimeout, "engine_timeout"},
+	{ErrWriteTimeout, "engine_timeout"},
 	{ErrTruncated, "engine_stream_truncated"},
 	{ErrEngineError, "engine_error"},
 	{ErrClientGone, "client_gone"},

@@ -127,7 +127,7 @@ func (c *Call) send(e *Engine) (retry bool, err error) {
 		c.letGo(false)
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
-			err = fasthttp.ErrTimeout
+			err = ErrWriteTimeout
 		}
 		return true, err
 	}

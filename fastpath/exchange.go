@@ -619,7 +619,7 @@ func (ex *exchange) OnAbort(reason error) {
 		_ = ex.h.DispatchFailed()
 	case errors.Is(reason, dispatch.ErrClientGone):
 		_ = ex.h.Abort(guard.ReasonClientCancel)
-	case errors.Is(reason, dispatch.ErrFirstByteTimeout), errors.Is(reason, dispatch.ErrIdleTimeout):
+	case errors.Is(reason, dispatch.ErrFirstByteTimeout), errors.Is(reason, dispatch.ErrIdleTimeout), errors.Is(reason, dispatch.ErrWriteTimeout):
 		_ = ex.h.Abort(guard.ReasonTimeout)
 	case errors.Is(reason, dispatch.ErrEngineError) && ex.call != nil && ex.call.StatusCode()/100 == 4:
 		// The engine judged the request and refused it: no failure of
@@ -649,7 +649,7 @@ func outcomeOf(err error) string {
 	switch {
 	case errors.Is(err, dispatch.ErrClientGone):
 		return statusCancelled
-	case errors.Is(err, dispatch.ErrFirstByteTimeout), errors.Is(err, dispatch.ErrIdleTimeout):
+	case errors.Is(err, dispatch.ErrFirstByteTimeout), errors.Is(err, dispatch.ErrIdleTimeout), errors.Is(err, dispatch.ErrWriteTimeout):
 		return statusTimeout
 	case errors.Is(err, dispatch.ErrConnect), errors.Is(err, dispatch.ErrUnknownEngine):
 		return statusUnavailable
