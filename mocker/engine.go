@@ -16,6 +16,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvfast/kvfast/internal/hangup"
 	"github.com/kvfast/kvfast/internal/jsonscan"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/workers"
@@ -37,6 +38,10 @@ type Engine struct {
 	srv       *fasthttp.Server
 	serveDone chan struct{}
 	serveErr  error
+	// hangups tells a non-streaming request that its client left, as
+	// vLLM's server does, so that it is aborted rather than run to its
+	// end; nil where connections cannot be watched.
+	hangups *hangup.Watcher
 
 	mu     sync.Mutex
 	inbox  []engineOp
@@ -149,6 +154,9 @@ func Start(cfg Config) (*Engine, error) {
 		CloseOnShutdown:    true,
 		Logger:             quietLogger{},
 	}
+	if w, err := hangup.New(); err == nil {
+		e.hangups = w
+	}
 	go e.loop()
 	go func() {
 		if err := e.srv.Serve(ln); !errors.Is(err, net.ErrClosed) {
@@ -250,6 +258,7 @@ func (e *Engine) Close() error {
 		// Shutdown ran would then accept forever: close ln ourselves.
 		_ = e.ln.Close()
 		<-e.serveDone
+		e.hangups.Close() // after the handlers: their registrations are stopped
 		if e.serveErr != nil && err == nil {
 			err = e.serveErr
 		}
@@ -568,6 +577,11 @@ func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 	h.id = prefix + e.idTag + strconv.FormatUint(e.nextID.Add(1), 10)
 
 	if !req.stream {
+		if e.hangups != nil {
+			if reg, err := e.hangups.Watch(ctx.Conn(), abortOnHangUp{e, r}); err == nil {
+				defer reg.Stop()
+			}
+		}
 		for r.pubDone.Load() == 0 {
 			select {
 			case <-r.notify:
@@ -591,6 +605,14 @@ func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 	opt := streamOptions{includeUsage: req.includeUsage, continuousUsage: req.continuousUsage}
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) { e.stream(w, r, h, opt) })
 }
+
+// abortOnHangUp aborts a non-streaming request whose client left.
+type abortOnHangUp struct {
+	e *Engine
+	r *Request
+}
+
+func (a abortOnHangUp) HangUp() { _ = a.e.submit(engineOp{kind: opAbort, r: a.r}) }
 
 type streamOptions struct{ includeUsage, continuousUsage bool }
 

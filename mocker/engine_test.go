@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -363,6 +365,28 @@ func TestHTTPClientDisconnectAborts(t *testing.T) {
 		t.Fatalf("first line %q: %v", line, err)
 	}
 	resp.Body.Close()
+	eventually(t, "the request to be aborted", func() bool { s := e.Stats(); return s.Aborted == 1 && s.KVHeld == 0 })
+}
+
+// TestHTTPClientDisconnectAbortsPlain: a non-streaming request whose
+// client closes its connection is aborted too, as vLLM aborts one, not
+// run to its end (Linux: the engine watches the connection).
+func TestHTTPClientDisconnectAbortsPlain(t *testing.T) {
+	e := startEngine(t, Config{Speedup: 1})
+	if e.hangups == nil {
+		t.Skip("connections cannot be watched here")
+	}
+	c, err := net.Dial("tcp", e.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"prompt":[1,2,3],"max_tokens":100000}`
+	if _, err := io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: mock\r\nContent-Type: application/json\r\nContent-Length: "+
+		strconv.Itoa(len(body))+"\r\n\r\n"+body); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the request to run", func() bool { return e.Stats().Running == 1 })
+	_ = c.Close()
 	eventually(t, "the request to be aborted", func() bool { s := e.Stats(); return s.Aborted == 1 && s.KVHeld == 0 })
 }
 
