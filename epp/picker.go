@@ -162,6 +162,9 @@ func (p *Picker) Sync(eps []Endpoint) {
 		}
 	}
 	p.slots.Store(&slots)
+	if p.cfg.QueryNodes {
+		silent = 0 // the nodes answer for their engines; no history is kept
+	}
 	p.silent.Store(uint64(silent))
 	p.syncOnce.Do(func() { close(p.synced) })
 }
