@@ -67,7 +67,8 @@ type Call struct {
 
 	cancelMu  sync.Mutex // orders Abort with taking and letting go of conn
 	conn      net.Conn   // cc's connection while the call uses it
-	cancelled bool       // Abort was called
+	cancelled bool       // Abort or Cut was called
+	cut       bool       // Cut was called
 
 	// downstream is the client Relay writes to; with downstreamWrite > 0
 	// each write must complete within it (SetClientWriteTimeout).
@@ -102,7 +103,7 @@ func (c *Call) Release() {
 	c.closeStream()
 	c.abort(ErrAbandoned)
 	c.cancelMu.Lock()
-	c.cancelled = false
+	c.cancelled, c.cut = false, false
 	c.cancelMu.Unlock()
 	c.req.Reset()
 	c.resp.Reset()
@@ -156,7 +157,7 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	if err := c.roundTrip(e); err != nil {
 		kind := classifyDo(err)
 		if c.isCancelled() {
-			kind = ErrClientGone // whatever the broken connection said
+			kind = c.cancelKind() // whatever the broken connection said
 		}
 		if errors.Is(err, ErrClientGone) {
 			err = nil // not a cause: the kind says it all
@@ -380,7 +381,7 @@ func (c *Call) write(w *bufio.Writer, p []byte) error {
 // Abort broke is the client's doing, not the engine's.
 func (c *Call) readFailure(err error) error {
 	if c.isCancelled() {
-		return ErrClientGone
+		return c.cancelKind()
 	}
 	switch {
 	case errors.Is(err, ErrIdleTimeout):

@@ -44,6 +44,9 @@ var (
 	// Config.ResponseBudgetBytes. The router's overload, not the engine's
 	// fault.
 	ErrResponseBudget = errors.New("kvfast: the router holds too many large engine responses at once")
+	// ErrShuttingDown: the router cut the call because it is shutting
+	// down and the request outlived the drain (Call.Cut).
+	ErrShuttingDown = errors.New("kvfast: the router is shutting down")
 	// ErrUnknownEngine: no engine is registered in the worker slot.
 	ErrUnknownEngine = errors.New("kvfast: no engine in the worker slot")
 	// ErrAbandoned: the call was released or reused before its response was
@@ -91,7 +94,7 @@ func (e *Error) Unwrap() []error {
 // with err and no retry is left.
 func ErrorStatus(err error) int {
 	switch {
-	case errors.Is(err, ErrUnknownEngine), errors.Is(err, ErrResponseBudget):
+	case errors.Is(err, ErrUnknownEngine), errors.Is(err, ErrResponseBudget), errors.Is(err, ErrShuttingDown):
 		return 503
 	case errors.Is(err, ErrFirstByteTimeout), errors.Is(err, ErrIdleTimeout), errors.Is(err, ErrWriteTimeout):
 		return 504
@@ -120,6 +123,7 @@ var kinds = [...]struct {
 	{ErrClientGone, "client_gone"},
 	{ErrResponseTooLarge, "engine_response_too_large"},
 	{ErrResponseBudget, "response_budget_exceeded"},
+	{ErrShuttingDown, "server_shutting_down"},
 	{ErrUnknownEngine, "engine_unavailable"},
 	{ErrAbandoned, "abandoned"},
 }

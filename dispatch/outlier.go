@@ -66,7 +66,7 @@ type outlier struct {
 func isEngineFault(kind error) bool {
 	switch {
 	case errors.Is(kind, ErrClientGone), errors.Is(kind, ErrAbandoned), errors.Is(kind, ErrUnknownEngine),
-		errors.Is(kind, ErrResponseTooLarge), errors.Is(kind, ErrResponseBudget):
+		errors.Is(kind, ErrResponseTooLarge), errors.Is(kind, ErrResponseBudget), errors.Is(kind, ErrShuttingDown):
 		return false
 	}
 	return true

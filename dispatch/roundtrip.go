@@ -54,13 +54,31 @@ func bindConnOps[C interface{ Conn() net.Conn }](
 // on the engine and tells an OpenAI-compatible engine to stop generating.
 // The call then fails, or the next Do fails at once, with ErrClientGone,
 // and its observer gets that abort as its one terminal call.
-func (c *Call) Abort() {
+func (c *Call) Abort() { c.cancel(false) }
+
+// Cut is Abort for a router that is shutting down: the call fails with
+// ErrShuttingDown instead, and a stream's client, still there, is told so
+// with an error event before its stream ends.
+func (c *Call) Cut() { c.cancel(true) }
+
+func (c *Call) cancel(cut bool) {
 	c.cancelMu.Lock()
 	c.cancelled = true
+	c.cut = c.cut || cut
 	if c.conn != nil {
 		_ = c.conn.Close()
 	}
 	c.cancelMu.Unlock()
+}
+
+// cancelKind is the kind of failure a cancelled call reports.
+func (c *Call) cancelKind() error {
+	c.cancelMu.Lock()
+	defer c.cancelMu.Unlock()
+	if c.cut {
+		return ErrShuttingDown
+	}
+	return ErrClientGone
 }
 
 // isCancelled reports whether Abort was called. Failure paths ask it, so

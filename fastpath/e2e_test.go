@@ -1027,7 +1027,9 @@ func hammerOne(r *e2eRouter, tokens []uint32, n int, stream, leave bool) error {
 
 // TestShutdownDeadlineCutsStreams: a stream that outlives the shutdown
 // deadline is cut, Shutdown returns soon after its deadline with an error,
-// and the stream's booking is released.
+// and the stream's booking is released. Its client is told: the stream
+// ends, properly framed, with a server_shutting_down error event and
+// [DONE], not with a connection torn mid-chunk.
 func TestShutdownDeadlineCutsStreams(t *testing.T) {
 	eng := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
 		for i := 0; ; i++ {
@@ -1067,8 +1069,10 @@ func TestShutdownDeadlineCutsStreams(t *testing.T) {
 	}
 	select {
 	case rest := <-read:
-		if bytes.HasSuffix(rest, []byte(doneEvent)) {
-			t.Errorf("a cut stream ended like a complete one: %q", rest)
+		event, ok := bytes.CutSuffix(rest, []byte(doneEvent))
+		_, last, _ := bytes.Cut(event, []byte("data: {\"error\""))
+		if !ok || last == nil || checkOpenAIError(t, bytes.TrimSpace(append([]byte(`{"error"`), last...))) != "server_shutting_down" {
+			t.Errorf("a cut stream ended with %q, want a server_shutting_down error event and [DONE]", rest[max(0, len(rest)-300):])
 		}
 	case <-time.After(e2eWait):
 		t.Fatal("the client's stream was not cut")

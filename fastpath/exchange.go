@@ -453,8 +453,13 @@ func (s *Server) streamHTTP10(ctx *fasthttp.RequestCtx, ex *exchange) {
 	head := h.AppendBytes(nil)
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
-		s.conns.Store(c, struct{}{}) // Shutdown cuts it as it cuts other streams
-		defer s.conns.Delete(c)
+		cs := new(connState)
+		cs.serving.Store(true)
+		s.conns.Store(c, cs) // Shutdown cuts it as it cuts other streams
+		defer func() {
+			s.conns.Delete(c)
+			s.noteIdle()
+		}()
 		w := bufio.NewWriter(c)
 		ex.call.SetClientWriteTimeout(c, s.cfg.WriteTimeout)
 		_, _ = w.Write(head) // a failure shows at the relay's first flush, which settles ex
@@ -563,7 +568,11 @@ func (ex *exchange) HangUp() {
 	if call != nil {
 		// cleanup stops the watch before it releases the call, so the
 		// call is still this request's.
-		call.Abort()
+		if ex.s.cutting.Load() {
+			call.Cut()
+		} else {
+			call.Abort()
+		}
 	}
 }
 
@@ -617,7 +626,8 @@ func (ex *exchange) OnAbort(reason error) {
 	switch {
 	case ex.h.State() == guard.Selected:
 		_ = ex.h.DispatchFailed()
-	case errors.Is(reason, dispatch.ErrClientGone):
+	case errors.Is(reason, dispatch.ErrClientGone), errors.Is(reason, dispatch.ErrShuttingDown):
+		// A shutdown cut, like a client's cancel, is no failure of the engine's.
 		_ = ex.h.Abort(guard.ReasonClientCancel)
 	case errors.Is(reason, dispatch.ErrFirstByteTimeout), errors.Is(reason, dispatch.ErrIdleTimeout), errors.Is(reason, dispatch.ErrWriteTimeout):
 		_ = ex.h.Abort(guard.ReasonTimeout)
@@ -655,6 +665,8 @@ func outcomeOf(err error) string {
 		return statusUnavailable
 	case errors.Is(err, dispatch.ErrResponseBudget):
 		return statusOverloaded
+	case errors.Is(err, dispatch.ErrShuttingDown):
+		return statusUnavailable
 	}
 	return statusEngineError
 }

@@ -246,7 +246,12 @@ type Server struct {
 	exchanges sync.Pool
 	hangups   *hangup.Watcher                  // nil where client hang-ups cannot be watched
 	active    *activity                        // handlers running and streams being relayed
-	conns     *xsync.MapOf[net.Conn, struct{}] // open client connections, cut at the shutdown deadline
+	conns     *xsync.MapOf[net.Conn, *connState] // open client connections, cut at the shutdown deadline
+	// cutting is set when Shutdown's deadline passes: a request told of a
+	// hang-up from then on was cut by the router (exchange.HangUp), and
+	// its client, still there, is told so.
+	cutting   atomic.Bool
+	connsIdle chan struct{} // cap 1: once cutting, the last request's response was written
 	requestID atomic.Uint64
 
 	mu      sync.Mutex
@@ -268,7 +273,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: deps.Logger, index: deps.Index, approx: deps.Approx, sched: deps.Sched,
 		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, silent: deps.Silent, tracer: deps.Tracer, renderers: deps.Renderers, settled: deps.Settled,
-		conns: xsync.NewMapOf[net.Conn, struct{}](), active: newActivity()}
+		conns: xsync.NewMapOf[net.Conn, *connState](), connsIdle: make(chan struct{}, 1), active: newActivity()}
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
 	s.budget.limit = cfg.BodyBudgetBytes
 	s.connLimit = connLimiter{max: cfg.MaxConnsPerIP, perIP: map[netip.Addr]int{}}
@@ -425,12 +430,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return err
 	}
 	err = errors.Join(err, fmt.Errorf("cannot drain in-flight requests: %w", ctx.Err()))
-	// Cut them: every request still running is told its client is gone
-	// (exchange.HangUp), which aborts its guard and its engine call, so
-	// that a handler or relay waiting on a silent engine returns at once;
-	// then the client connections are closed.
+	// Cut them: every request still running is told (exchange.HangUp),
+	// which aborts its guard and cuts its engine call, so that a handler
+	// or relay waiting on an engine returns at once, a stream's client
+	// getting an error event and the end of its stream, a waiting one a
+	// 503. Once they have, or after streamCutGrace, the client
+	// connections are closed.
+	s.cutting.Store(true)
 	s.hangups.HangUpAll()
-	s.conns.Range(func(c net.Conn, _ struct{}) bool { _ = c.Close(); return true })
+	s.drainAgain()
+	s.responsesWritten(streamCutGrace)
+	s.conns.Range(func(c net.Conn, _ *connState) bool { _ = c.Close(); return true })
 	if !s.drainAgain() {
 		s.log.Warn("shutdown returns with requests still waiting on silent engines")
 		return errors.Join(err, ErrNotDrained)
@@ -452,12 +462,61 @@ const streamCutGrace = time.Second
 
 // trackConn keeps the set of open client connections, for Shutdown to cut
 // the streams still running at its deadline.
+// Between requests only the flag moves: the entry is made once per
+// connection, so that a request costs no allocation here.
 func (s *Server) trackConn(c net.Conn, st fasthttp.ConnState) {
 	switch st {
 	case fasthttp.StateNew:
-		s.conns.Store(c, struct{}{})
+		s.conns.Store(c, new(connState))
+	case fasthttp.StateActive, fasthttp.StateIdle:
+		if cs, ok := s.conns.Load(c); ok {
+			cs.serving.Store(st == fasthttp.StateActive)
+		}
+		if st == fasthttp.StateIdle {
+			s.noteIdle()
+		}
 	case fasthttp.StateClosed, fasthttp.StateHijacked:
 		s.conns.Delete(c)
+		s.noteIdle()
+	}
+}
+
+// connState is what trackConn knows of an open connection.
+type connState struct{ serving atomic.Bool }
+
+// serving reports whether a connection is still serving a request.
+func (s *Server) serving() (busy bool) {
+	s.conns.Range(func(_ net.Conn, cs *connState) bool {
+		busy = cs.serving.Load()
+		return !busy
+	})
+	return busy
+}
+
+// noteIdle tells responsesWritten when, once Shutdown cuts, no connection
+// serves a request any more.
+func (s *Server) noteIdle() {
+	if s.cutting.Load() && !s.serving() {
+		select {
+		case s.connsIdle <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// responsesWritten waits up to d for every connection to finish its
+// response. A cut request's relay returns before fasthttp has written the
+// end of its response (the error event, the last chunk): closing the
+// connections at once would cut those tails.
+func (s *Server) responsesWritten(d time.Duration) {
+	if !s.serving() {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.connsIdle:
+	case <-t.C:
 	}
 }
 
