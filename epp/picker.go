@@ -209,6 +209,7 @@ func (p *Picker) leave(m *member) {
 		<-m.done
 	}
 	p.index.RemoveWorker(m.slot)
+	p.approx.Forget(m.slot)
 	p.log.Info("endpoint left", "endpoint", m.ep.Address, "pod", m.ep.Name, "slot", m.slot)
 }
 

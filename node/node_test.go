@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/prompt"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // testWait bounds every wait for something a node does on its own
@@ -153,10 +154,18 @@ func TestRegistryJoinAndLeave(t *testing.T) {
 	if info, _ := n.Scheduler().Worker(slot); info.Generation != w.Generation {
 		t.Errorf("scheduler has generation %d, the registry %d", info.Generation, w.Generation)
 	}
+	// What the router sent the engine (its own history, which text
+	// prompts route on) is forgotten when the engine leaves.
+	sent := []uint64{7, 8, 9}
+	n.approx.Insert(slot, sent, time.Now())
 	if err := eng.Close(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the engine to leave", func() bool { return len(n.Snapshot().Workers) == 0 })
+	var overlaps workers.Overlaps
+	if n.approx.FindMatches(sent, &overlaps); overlaps[slot] != 0 {
+		t.Errorf("the history still credits the slot of an engine that left with %d blocks", overlaps[slot])
+	}
 	if _, ok := n.Scheduler().Resolve(42, 1); ok {
 		t.Error("the scheduler still resolves a worker that left")
 	}

@@ -143,6 +143,11 @@ func (n *Node) syncRegistry() {
 			continue // refused once for this registration; a new one is tried again
 		}
 		if !e.present || !same {
+			if e.present {
+				// A new engine in the slot: what the router sent the old
+				// one is not in its cache.
+				n.approx.Forget(slot)
+			}
 			addr, err := hostPort(info.Endpoint)
 			if err == nil {
 				err = n.sched.Upsert(sched.WorkerInfo{ID: info.WorkerID, DPRank: info.DPRank, Slot: slot,
@@ -185,6 +190,7 @@ func (n *Node) syncRegistry() {
 		switch {
 		case e.present && !live.Has(slot):
 			n.log.Info("worker left", "slot", slot, "endpoint", e.endpoint)
+			n.approx.Forget(slot)
 			n.sched.Remove(slot)
 			n.engines.Remove(slot)
 			*e = regEntry{}

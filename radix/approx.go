@@ -29,6 +29,7 @@ type approxRecord struct {
 	hash    uint64
 	expires int64 // unix nanoseconds
 	worker  workers.Slot
+	dead    bool // Forget dropped it: popping it touches nothing
 }
 
 // NewApprox returns an approximate index holding at most cfg.Capacity
@@ -95,6 +96,22 @@ func (a *Approx) Insert(w workers.Slot, hashes []uint64, now time.Time) {
 	}
 }
 
+// Forget drops every assumption about worker w, whose engine left or was
+// replaced: what the router sent the old engine is not in the new one's
+// cache. It walks the records once, under the lock Insert takes; engines
+// change rarely.
+func (a *Approx) Forget(w workers.Slot) {
+	a.ix.checkSlot(w)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i := range a.size {
+		if r := &a.ring[(a.head+i)%len(a.ring)]; r.worker == w {
+			r.dead = true
+		}
+	}
+	a.ix.RemoveWorker(w)
+}
+
 // Expire forgets every assumption older than the TTL. The router calls it
 // periodically so that lookups do not see stale assumptions when no new
 // request arrives to trigger expiry.
@@ -114,6 +131,9 @@ func (a *Approx) popLocked() {
 	r := a.ring[a.head]
 	a.head = (a.head + 1) % len(a.ring)
 	a.size--
+	if r.dead {
+		return
+	}
 	refs, ok := a.ix.LookupEngineHash(r.worker, r.hash)
 	switch {
 	case !ok:

@@ -494,6 +494,36 @@ func TestApproxFindMatchesForOnlyTouchesItsWorkers(t *testing.T) {
 	}
 }
 
+// TestApproxForget: a worker whose engine changed keeps no assumption;
+// the others keep theirs, and its old records expire without touching
+// what is recorded for its new engine.
+func TestApproxForget(t *testing.T) {
+	a, err := NewApprox(Config{Capacity: 100}, 10e9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := []uint64{101, 102, 103}
+	a.Insert(4, h, time0())
+	a.Insert(5, h, time0())
+	a.Forget(4)
+	var out workers.Overlaps
+	if a.FindMatches(h, &out); out[4] != 0 || out[5] != 3 {
+		t.Fatalf("after Forget(4): overlaps %v", out[:6])
+	}
+	a.Insert(4, h[:2], time0().Add(5e9)) // the new engine
+	a.Expire(time0().Add(10e9))          // the old engine's records, and worker 5's, expire
+	if a.FindMatches(h, &out); out[4] != 2 || out[5] != 0 {
+		t.Fatalf("after the old records expired: overlaps %v", out[:6])
+	}
+	a.Expire(time0().Add(15e9))
+	if st := a.ix.Stats(); a.Len() != 0 || st.Entries != 0 || st.EngineMapEntries != 0 {
+		t.Fatalf("leftovers: %d records, %+v", a.Len(), st)
+	}
+	if err := a.ix.Verify(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestApproxEvictsOldestWhenFull(t *testing.T) {
 	a, err := NewApprox(Config{Capacity: 50, Shards: 1}, 1e12)
 	if err != nil {
