@@ -207,8 +207,11 @@
 // engine's HTTP API. SGLang's RadixCache publishes AllBlocksCleared when
 // it starts, so the replay of a restarted SGLang's history begins by
 // clearing; it needs no special case, as any AllBlocksCleared is applied.
-// zmq4 allocates each received frame in full as the ZMTP header claims, so
-// the engine endpoint must be trusted not to claim absurd frame sizes.
+// zmq4 allocates each received frame in full as the ZMTP header claims,
+// before reading it; the subscriber therefore dials through transports of
+// its own (zmq_frames.go) that follow the framing as the bytes arrive and
+// break the connection at a header claiming more than 64 MiB, which the
+// feed counts as a disconnect.
 //
 // # Delivery guarantee
 //

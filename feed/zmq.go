@@ -210,7 +210,7 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
 		return false, fmt.Errorf("cannot subscribe to %q: %w", s.cfg.Topic, err)
 	}
-	if err := sub.Dial(s.cfg.Endpoint); err != nil {
+	if err := sub.Dial(guarded(s.cfg.Endpoint)); err != nil {
 		return false, err
 	}
 	s.connected.Store(true)
@@ -380,7 +380,7 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from uint64, verify bool) re
 		s.cfg.Logger.Warn("KV-event replay failed", "endpoint", s.cfg.Replay, "from", from, "err", err)
 		return replayFailed
 	}
-	if err := d.Dial(s.cfg.Replay); err != nil {
+	if err := d.Dial(guarded(s.cfg.Replay)); err != nil {
 		return fail(err)
 	}
 	var req [8]byte
