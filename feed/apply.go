@@ -16,6 +16,7 @@ type indexWrites interface {
 	Stored(w workers.Slot, hashes []uint64)
 	Removed(w workers.Slot, hashes []uint64)
 	Cleared(w workers.Slot)
+	ClearedAll(w workers.Slot)
 }
 
 // applier turns one worker's Stored, Removed and Cleared events into index
@@ -197,9 +198,17 @@ func (a *applier) removed(w workers.Slot, k keyspace, engines []uint64) int {
 	return len(kv)
 }
 
-// cleared drops every block of worker w, keeping its mappings: the engine
-// emptied its cache, or the feed lost track of it and must not go on
-// claiming blocks the engine may have dropped.
+// cleared drops every block of worker w, keeping its mappings: the feed
+// lost track of the engine and must not go on claiming blocks it may have
+// dropped, while what the engine reports next may still chain from blocks
+// it holds (a resync).
 func (a *applier) cleared(w workers.Slot) {
 	a.ix.Cleared(w)
+}
+
+// engineCleared drops every block of worker w and its mappings: the engine
+// itself reported that it emptied its cache (AllBlocksCleared), so nothing
+// it stores later chains from a block it held before.
+func (a *applier) engineCleared(w workers.Slot) {
+	a.ix.ClearedAll(w)
 }

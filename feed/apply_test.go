@@ -76,6 +76,11 @@ func (c *cutIndex) Cleared(w workers.Slot) {
 	c.wrote()
 }
 
+func (c *cutIndex) ClearedAll(w workers.Slot) {
+	c.ix.ClearedAll(w)
+	c.wrote()
+}
+
 // unnamedBlocks returns the blocks ix holds for slot that none of the
 // slot's engine-hash mappings names, which no removal could take out
 // again. m is the model of a run over ops, so m.all holds every kvfast

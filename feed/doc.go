@@ -35,9 +35,14 @@
 // sequence, radix.NamespaceSeed(model, lora, salt), the namespace of its
 // LoRA adapter and cache salt, "" for none), maps each block's engine
 // hash to its kvfast hash, and stores the blocks. Removed resolves the
-// engine hashes, removes the blocks and forgets the mappings. Cleared
-// drops the worker's blocks and keeps its mappings, so that blocks the
-// engine stores later still resolve their parents.
+// engine hashes, removes the blocks and forgets the mappings. The
+// engine's own Cleared (it emptied its cache, which vLLM and SGLang do
+// only with no request holding a block) drops the worker's blocks and its
+// mappings (radix's ClearedAll): nothing it stores later chains from a
+// block it dropped, and an engine reset after every weight sync would
+// otherwise fill the map. The router's resync, after a gap or a lost
+// event, drops the blocks and keeps the mappings (Cleared), so that
+// blocks the engine still holds, and stores later, resolve their parents.
 //
 // The order of those writes keeps one invariant at every instant, and so
 // also after a writer killed between any two index writes: every block
@@ -46,9 +51,9 @@
 // block outside that set could never be removed again and would be
 // claimed for w until the next resync. Hence Stored maps before it
 // stores, and stores only the blocks whose mapping found room in the map;
-// Removed removes before it unmaps; Cleared leaves the map alone, and
-// radix's RemoveWorker drops blocks before mappings. The converse is not
-// kept and need not be: a mapping may outlive its block (after Cleared,
+// Removed removes before it unmaps; a resync leaves the map alone, and
+// ClearedAll and RemoveWorker drop blocks before mappings. The converse is not
+// kept and need not be: a mapping may outlive its block (after a resync,
 // or a store refused by a full block table), which only lets a later
 // event resolve it. The one exception is two blocks of a worker whose
 // engine hashes collide in the map's key: the later mapping replaces the

@@ -67,7 +67,11 @@ func genOps(seed uint64, n int) []op {
 			}
 			ops = append(ops, o)
 		case r == 19:
+			// An engine empties its cache only when no request holds a
+			// block (vLLM's reset_prefix_cache, SGLang's flush_cache), so
+			// nothing it stores later chains from a block it held before.
 			ops = append(ops, op{Op: "cleared"})
+			known = known[:0]
 		}
 	}
 	return ops
@@ -164,6 +168,7 @@ func (m *model) apply(o op) {
 		}
 	case "cleared":
 		clear(m.present)
+		clear(m.engine) // the engine's hashes of the blocks it dropped name nothing now
 	}
 }
 

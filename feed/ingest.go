@@ -461,7 +461,7 @@ func (in *Ingester) applyRecord(slot workers.Slot, w *worker, rec *shm.Record) {
 		in.c.unknownRemoved += n - removed
 		in.c.removedBlocks += removed
 	case shm.KindCleared:
-		in.apply.cleared(slot)
+		in.apply.engineCleared(slot)
 		in.c.cleared++
 	}
 }

@@ -489,7 +489,7 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 				s.c.removedBlocks.Add(removed)
 			}
 		case VLLMAllBlocksCleared:
-			s.apply.cleared(slot)
+			s.apply.engineCleared(slot)
 			s.c.cleared.Add(1)
 		default:
 			s.c.unknownEvents.Add(1)

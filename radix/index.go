@@ -723,9 +723,25 @@ func (ix *Index) clearWorker(w workers.Slot) (scanned int) {
 // mappings. The slot may then be given to another engine.
 func (ix *Index) RemoveWorker(w workers.Slot) {
 	ix.SetHybrid(w, nil)
+	ix.forgetWorker(w, "RemoveWorker")
+}
+
+// ClearedAll is Cleared for an engine that reports it emptied its cache
+// (vLLM's reset_prefix_cache, SGLang's flush_cache): its engine-hash
+// mappings go too, since no block it stores later can chain from one it
+// dropped, and an engine reset after every weight sync would otherwise
+// fill the engine map with the mappings of blocks long gone. Its KV-cache
+// groups stay: the model is the same.
+func (ix *Index) ClearedAll(w workers.Slot) {
+	ix.checkSlot(w)
+	ix.forgetWorker(w, "ClearedAll")
+}
+
+// forgetWorker drops every block and engine-hash mapping of worker w.
+func (ix *Index) forgetWorker(w workers.Slot, op string) {
 	scanned := ix.clearWorker(w)
 	if invariants.Enabled {
-		defer ix.wrote("RemoveWorker", (scanned+int(ix.geo.shards)*int(ix.geo.mapSlots))/scanPerWrite)
+		defer ix.wrote(op, (scanned+int(ix.geo.shards)*int(ix.geo.mapSlots))/scanPerWrite)
 	}
 	for si := range ix.shards {
 		sh := &ix.shards[si]

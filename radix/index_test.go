@@ -351,6 +351,44 @@ func TestEngineHashMap(t *testing.T) {
 	}
 }
 
+// TestClearedAllDropsMappings: an engine's own clear takes its blocks and
+// its mappings, so rounds of storing and clearing (an engine reset after
+// every weight sync) leave the engine map as empty as they found it;
+// Cleared, the router's resync, keeps the mappings; neither touches
+// another worker's, nor the worker's KV-cache groups.
+func TestClearedAllDropsMappings(t *testing.T) {
+	ix := newTestIndex(t, Config{Capacity: 1000})
+	ix.SetHybrid(1, &Hybrid{N: 2, Groups: [MaxGroups]GroupSpec{{Kind: FullAttention}, {Kind: Windowed, WindowBlocks: 4}}})
+	ix.MapEngineHash(2, 7, 7002)
+	ix.Stored(2, []uint64{7002})
+	for round := range 5 {
+		for e := uint64(0); e < 300; e++ {
+			kv := uint64(round)<<32 | e
+			if !ix.MapEngineHash(1, e+uint64(round)*1000, kv) {
+				t.Fatalf("round %d: the engine map is full", round)
+			}
+			ix.Stored(1, []uint64{kv})
+		}
+		if round == 0 {
+			ix.Cleared(1)
+			if _, ok := ix.LookupEngineHash(1, 5); !ok || ix.Stats().WorkerBlocks[1] != 0 {
+				t.Fatal("Cleared dropped a mapping, or kept a block")
+			}
+		}
+		ix.ClearedAll(1)
+	}
+	st := ix.Stats()
+	if st.EngineMapEntries != 1 || st.WorkerBlocks[1] != 0 || st.WorkerBlocks[2] != 1 {
+		t.Fatalf("after the rounds: map entries %d, worker 1 blocks %d, worker 2 blocks %d", st.EngineMapEntries, st.WorkerBlocks[1], st.WorkerBlocks[2])
+	}
+	if h := ix.hybrid[1].Load(); h == nil || h.N != 2 {
+		t.Fatalf("ClearedAll dropped the worker's groups: %+v", h)
+	}
+	if err := ix.Verify(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestAttachRefusesBadRegions(t *testing.T) {
 	cfg := Config{Capacity: 1000, Shards: 4}
 	size, err := RegionSize(cfg)
