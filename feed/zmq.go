@@ -472,6 +472,7 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 				// size before). An offloaded block of several GPU blocks
 				// is named by its last one, which alone is credited: the
 				// blocks before it can only be under-claimed.
+				s.learnGroupOf(ev)
 				stored, unresolved := s.apply.storedByReference(slot, k, ev.Hashes)
 				s.c.storedBlocks.Add(uint64(stored))
 				s.c.unresolvedParent.Add(uint64(unresolved))
@@ -480,6 +481,7 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 			case ev.BadTokens || len(ev.Tokens) != len(ev.Hashes)*bs:
 				s.c.badEvents.Add(1)
 			default:
+				s.learnGroupOf(ev)
 				s.stored(ev, k, bs)
 			}
 		case VLLMBlockRemoved:
@@ -513,12 +515,11 @@ func (s *ZMQSubscriber) undecodable(ev *VLLMEvent) {
 	}
 }
 
-// keyspace returns where ev's blocks are held, learning the KV-cache
-// group's kind on the way. Blocks it cannot place are counted as skipped
-// and it reports false: a medium it does not know, a group beyond
-// radix.MaxGroups, or a lower tier of a group other than 0 (offloading
-// hybrid models is not modelled: its blocks would be credited without
-// the other groups' rule).
+// keyspace returns where ev's blocks are held. Blocks it cannot place are
+// counted as skipped and it reports false: a medium it does not know, a
+// group beyond radix.MaxGroups, or a lower tier of a group other than 0
+// (offloading hybrid models is not modelled: its blocks would be credited
+// without the other groups' rule).
 func (s *ZMQSubscriber) keyspace(ev *VLLMEvent) (keyspace, bool) {
 	n := uint64(len(ev.Hashes))
 	switch {
@@ -532,10 +533,19 @@ func (s *ZMQSubscriber) keyspace(ev *VLLMEvent) (keyspace, bool) {
 		s.c.skippedMedium.Add(n)
 		return keyspace{}, false
 	}
-	if ev.Kind == VLLMBlockStored && (ev.Group != 0 || ev.SpecKind != nil) {
+	return keyspace{group: int(ev.Group), tier: ev.Tier}, true
+}
+
+// learnGroupOf learns the kind of the KV-cache group a Stored event stores
+// into, once the event is known to be one whose blocks are stored. A
+// group learned from events the router cannot index (another block size,
+// token ids that do not cover the blocks) would hold every match of the
+// worker to a group that never holds a block, zeroing its credit: such
+// a group is left unknown, and counted where the event is skipped.
+func (s *ZMQSubscriber) learnGroupOf(ev *VLLMEvent) {
+	if ev.Group != 0 || ev.SpecKind != nil {
 		s.learnGroup(int(ev.Group), ev.SpecKind, ev.SlidingWindow)
 	}
-	return keyspace{group: int(ev.Group), tier: ev.Tier}, true
 }
 
 // learnGroup records the kind of KV-cache group g, and tells the index
