@@ -44,9 +44,10 @@ type indexWrites interface {
 // index serialises writers only per shard, and removed reads the map
 // between its writes.
 type applier struct {
-	ix  indexWrites
-	kv  []uint64 // scratch: one event's kvfast hashes
-	eng []uint64 // scratch: one event's engine hashes in a keyspace other than the GPU's
+	ix     indexWrites
+	kv     []uint64 // scratch: one event's kvfast hashes
+	eng    []uint64 // scratch: one event's engine hashes in a keyspace other than the GPU's
+	reused uint64   // blocks not stored: their engine hash named another block (takeReused)
 }
 
 // keyspace is where a worker holds an event's blocks: a KV-cache group
@@ -156,7 +157,8 @@ func (a *applier) storedByReference(w workers.Slot, k keyspace, engines []uint64
 }
 
 // store maps engines[i] to kv[i] in keyspace k, then stores the blocks
-// whose mapping found room.
+// whose mapping found room and whose engine hash did not already name
+// another of the worker's blocks (counted in reused).
 func (a *applier) store(w workers.Slot, k keyspace, engines, kv []uint64) int {
 	keys := k.keys(engines, &a.eng)
 	if a.ix.MapEngineHashes(w, keys, kv) < len(kv) {
@@ -166,17 +168,30 @@ func (a *applier) store(w workers.Slot, k keyspace, engines, kv []uint64) int {
 	return len(kv)
 }
 
-// mappedOnly keeps the kvfast hashes kv[i] that engines[i] maps to. Only
-// a full engine map gets here.
+// mappedOnly keeps the kvfast hashes kv[i] that engines[i] maps to, and
+// counts in reused those whose engine hash names another block. Only a
+// full engine map or a reused name gets here.
 func (a *applier) mappedOnly(w workers.Slot, engines, kv []uint64) []uint64 {
 	n := 0
 	for i, e := range engines {
-		if got, ok := a.ix.LookupEngineHash(w, e); ok && got == kv[i] {
+		got, ok := a.ix.LookupEngineHash(w, e)
+		switch {
+		case ok && got == kv[i]:
 			kv[n] = kv[i]
 			n++
+		case ok:
+			a.reused++
 		}
 	}
 	return kv[:n]
+}
+
+// takeReused returns the blocks skipped for a reused engine hash since
+// the last call.
+func (a *applier) takeReused() uint64 {
+	n := a.reused
+	a.reused = 0
+	return n
 }
 
 // removed records that worker w evicted the blocks named engines from

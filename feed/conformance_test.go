@@ -173,6 +173,7 @@ func (c *conformance) apply(payload []byte) string {
 		{"block_size_mismatch", st.BlockSizeMismatch, c.last.BlockSizeMismatch},
 		{"unresolved_parent", st.UnresolvedParent, c.last.UnresolvedParent},
 		{"unknown_removed", st.UnknownRemoved, c.last.UnknownRemoved},
+		{"reused_engine_hash", st.ReusedEngineHash, c.last.ReusedEngineHash},
 	}
 	c.last = st
 	var sb strings.Builder

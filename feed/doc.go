@@ -55,9 +55,10 @@
 // ClearedAll and RemoveWorker drop blocks before mappings. The converse is not
 // kept and need not be: a mapping may outlive its block (after a resync,
 // or a store refused by a full block table), which only lets a later
-// event resolve it. The one exception is two blocks of a worker whose
-// engine hashes collide in the map's key: the later mapping replaces the
-// earlier, whose block then has none. Routers read only the block table,
+// event resolve it. Two blocks of a worker under one engine hash (or
+// engine hashes that collide in the map's key) cannot both be named: the
+// first keeps the name and the later one is not stored (counted as
+// reused_engine_hash), which only under-claims. Routers read only the block table,
 // so the order does not change what they see; what a reader sees of one
 // block write is radix's guarantee. The invariant needs one writer per
 // worker slot (Removed reads the map between its writes).

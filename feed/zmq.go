@@ -450,6 +450,7 @@ func replayReply(f [][]byte) (seq uint64, payload []byte, ok bool) {
 func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 	slot := s.cfg.Slot
 	s.c.batches.Add(1)
+	defer func() { s.c.reusedEngineHash.Add(s.apply.takeReused()) }()
 	for i := range b.Events {
 		ev := &b.Events[i]
 		n := uint64(len(ev.Hashes))
@@ -628,7 +629,7 @@ type zmqCounters struct {
 	skippedLoRA, skippedMedium, skippedGroup                atomic.Uint64
 	skippedExtraKeys, blockSizeMismatch                     atomic.Uint64
 	multimodalBlocks                                        atomic.Uint64
-	unresolvedParent, unknownRemoved                        atomic.Uint64
+	unresolvedParent, unknownRemoved, reusedEngineHash      atomic.Uint64
 	lastSeq                                                 atomic.Uint64
 }
 
@@ -665,6 +666,7 @@ type ZMQStats struct {
 	BlockSizeMismatch uint64 `json:"block_size_mismatch_blocks"` // blocks of another block size
 	UnresolvedParent  uint64 `json:"unresolved_parent_blocks"`   // blocks whose parent engine hash is unknown
 	UnknownRemoved    uint64 `json:"unknown_removed_blocks"`     // removed hashes with no mapping
+	ReusedEngineHash  uint64 `json:"reused_engine_hash_blocks"`  // blocks not stored: their engine hash already names another block (per-page hashing)
 }
 
 // Stats returns the subscriber's counters. Safe from any goroutine.
@@ -680,7 +682,8 @@ func (s *ZMQSubscriber) Stats() ZMQStats {
 		SkippedLoRA: c.skippedLoRA.Load(), SkippedMedium: c.skippedMedium.Load(), SkippedGroup: c.skippedGroup.Load(),
 		SkippedExtraKeys: c.skippedExtraKeys.Load(), MultimodalBlocks: c.multimodalBlocks.Load(),
 		BlockSizeMismatch: c.blockSizeMismatch.Load(),
-		UnresolvedParent:  c.unresolvedParent.Load(), UnknownRemoved: c.unknownRemoved.Load()}
+		UnresolvedParent:  c.unresolvedParent.Load(), UnknownRemoved: c.unknownRemoved.Load(),
+		ReusedEngineHash: c.reusedEngineHash.Load()}
 }
 
 // namespaceSeeds caches radix.NamespaceSeed(model, lora, salt) by lora

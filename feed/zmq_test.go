@@ -759,7 +759,10 @@ func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 	events := []wireEvent{
 		good,
 		with(func(ev *wireEvent) { ev.loraID = 3 }),           // unnamed adapter: skipped
-		with(func(ev *wireEvent) { ev.loraName = "adapter" }), // stored in the adapter's namespace
+		with(func(ev *wireEvent) { // stored in the adapter's namespace, under hashes of its own as vLLM's carry the adapter
+			ev.loraName = "adapter"
+			ev.hashes = []any{uint64(500), uint64(501)}
+		}),
 		with(func(ev *wireEvent) { ev.medium = "CPU" }),       // stored on the host tier
 		with(func(ev *wireEvent) { ev.medium = "GPU" }),       // stored: 2 blocks
 		with(func(ev *wireEvent) { ev.medium = "TAPE" }),      // no tier kvfast knows: skipped

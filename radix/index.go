@@ -801,6 +801,20 @@ func (ix *Index) mapEngineHash(w workers.Slot, engine, kv uint64) bool {
 	return sh.engine.insertAt(i, key, kv)
 }
 
+// mapEngineHashFirst is mapEngineHash keeping an existing mapping of
+// engine to another block: it reports whether engine maps to kv after.
+func (ix *Index) mapEngineHashFirst(w workers.Slot, engine, kv uint64) bool {
+	key := mapKey(w, engine)
+	sh := ix.mapShard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	i, found := sh.engine.find(key)
+	if found {
+		return sh.engine.at(i).val.Load() == kv
+	}
+	return sh.engine.insertAt(i, key, kv)
+}
+
 // LookupEngineHash resolves worker w's engine hash to the kvfast hash.
 func (ix *Index) LookupEngineHash(w workers.Slot, engine uint64) (uint64, bool) {
 	ix.checkSlot(w)
@@ -832,8 +846,15 @@ func (ix *Index) unmapEngineHash(w workers.Slot, engine uint64) (uint64, bool) {
 	return kv, true
 }
 
-// MapEngineHashes is MapEngineHash for a batch: engines[i] maps to kvs[i].
-// It returns how many mappings found room.
+// MapEngineHashes is MapEngineHash for a batch, engines[i] mapping to
+// kvs[i], except that an engine hash that already names another block of
+// w keeps it. Engines that hash each block alone (SGLang releases that
+// hash a page's tokens without its prefix) give one name to every copy of
+// a page: the feed applies the first and skips the rest, since the later
+// mapping would leave the earlier block with no name, claimed until the
+// next resync, while skipping only under-claims. It returns how many of
+// engines[i] map to kvs[i] afterwards: mapped, found mapped so, or not for
+// lack of room or because the name was taken.
 func (ix *Index) MapEngineHashes(w workers.Slot, engines, kvs []uint64) int {
 	if len(engines) != len(kvs) {
 		panic("BUG: radix: MapEngineHashes with unequal slices")
@@ -847,7 +868,7 @@ func (ix *Index) MapEngineHashes(w workers.Slot, engines, kvs []uint64) int {
 		n := min(writeBatch, len(engines))
 		ix.warm(engines[:n], true, w)
 		for i := range n {
-			if ix.mapEngineHash(w, engines[i], kvs[i]) {
+			if ix.mapEngineHashFirst(w, engines[i], kvs[i]) {
 				mapped++
 			}
 		}
