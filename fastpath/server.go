@@ -244,8 +244,8 @@ type Server struct {
 	adminToken []byte
 
 	exchanges sync.Pool
-	hangups   *hangup.Watcher                  // nil where client hang-ups cannot be watched
-	active    *activity                        // handlers running and streams being relayed
+	hangups   *hangup.Watcher                    // nil where client hang-ups cannot be watched
+	active    *activity                          // handlers running and streams being relayed
 	conns     *xsync.MapOf[net.Conn, *connState] // open client connections, cut at the shutdown deadline
 	// cutting is set when Shutdown's deadline passes: a request told of a
 	// hang-up from then on was cut by the router (exchange.HangUp), and

@@ -758,15 +758,15 @@ func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 	}
 	events := []wireEvent{
 		good,
-		with(func(ev *wireEvent) { ev.loraID = 3 }),           // unnamed adapter: skipped
+		with(func(ev *wireEvent) { ev.loraID = 3 }), // unnamed adapter: skipped
 		with(func(ev *wireEvent) { // stored in the adapter's namespace, under hashes of its own as vLLM's carry the adapter
 			ev.loraName = "adapter"
 			ev.hashes = []any{uint64(500), uint64(501)}
 		}),
-		with(func(ev *wireEvent) { ev.medium = "CPU" }),       // stored on the host tier
-		with(func(ev *wireEvent) { ev.medium = "GPU" }),       // stored: 2 blocks
-		with(func(ev *wireEvent) { ev.medium = "TAPE" }),      // no tier kvfast knows: skipped
-		with(func(ev *wireEvent) { ev.group = 1 }),            // stored in group 1
+		with(func(ev *wireEvent) { ev.medium = "CPU" }),  // stored on the host tier
+		with(func(ev *wireEvent) { ev.medium = "GPU" }),  // stored: 2 blocks
+		with(func(ev *wireEvent) { ev.medium = "TAPE" }), // no tier kvfast knows: skipped
+		with(func(ev *wireEvent) { ev.group = 1 }),       // stored in group 1
 		with(func(ev *wireEvent) { ev.group = radix.MaxGroups }),
 		with(func(ev *wireEvent) { ev.bs = 2 * testBlockSize }),
 		with(func(ev *wireEvent) { ev.tokens = ev.tokens[:len(ev.tokens)-1] }),
