@@ -346,10 +346,14 @@ type WorkerView struct {
 
 // IndexView is the exact index's occupancy.
 type IndexView struct {
-	Entries    uint64 `json:"entries"`
-	Capacity   uint64 `json:"capacity"`
-	Overflow   uint64 `json:"overflow"`
-	MapEntries uint64 `json:"engine_map_entries"`
+	Entries     uint64 `json:"entries"`
+	Capacity    uint64 `json:"capacity"`
+	Overflow    uint64 `json:"overflow"`
+	MapEntries  uint64 `json:"engine_map_entries"`
+	MapCapacity uint64 `json:"engine_map_capacity"`
+	// MapOverflow counts engine-hash mappings refused for lack of room:
+	// their blocks were not stored, as nothing could remove them.
+	MapOverflow uint64 `json:"engine_map_overflow"`
 }
 
 // QueueView is admission control and booking.

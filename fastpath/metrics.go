@@ -211,6 +211,12 @@ var (
 	descIndexCapacity = prometheus.NewDesc("kvfast_index_capacity", "Distinct blocks the index can hold.", nil, nil)
 	descIndexOverflow = prometheus.NewDesc("kvfast_index_overflow_total",
 		"Block stores refused because the index was full.", nil, nil)
+	descIndexMapEntries = prometheus.NewDesc("kvfast_index_engine_map_entries",
+		"Engine-hash mappings the index holds (each stored block's name on its worker).", nil, nil)
+	descIndexMapCapacity = prometheus.NewDesc("kvfast_index_engine_map_capacity",
+		"Engine-hash mappings the index can hold.", nil, nil)
+	descIndexMapOverflow = prometheus.NewDesc("kvfast_index_engine_map_overflow_total",
+		"Engine-hash mappings refused because the map was full; their blocks were not stored.", nil, nil)
 	descFeedEvents = prometheus.NewDesc("kvfast_feed_events_total",
 		"Event-feed records and blocks by outcome.", []string{"status"}, nil)
 	descZMQConnected = prometheus.NewDesc("kvfast_zmq_connected",
@@ -236,7 +242,7 @@ var (
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descWorkerActiveBlocks, descWorkerPrefill, descWorkerRequests,
 		descWorkerHealthy, descWorkerEjected, descWorkerStalled, descWorkerEjections, descWorkerIndexBlocks, descWorkerRingLag, descIndexEntries, descIndexCapacity,
-		descIndexOverflow, descFeedEvents, descZMQConnected, descZMQEvents, descQueueWaiting, descRefused,
+		descIndexOverflow, descIndexMapEntries, descIndexMapCapacity, descIndexMapOverflow, descFeedEvents, descZMQConnected, descZMQEvents, descQueueWaiting, descRefused,
 		descTokenizerInfo, descTokenize, descPrefixCacheSegments, descPrefixCacheEvictions, descPrefixCacheBytes} {
 		ch <- d
 	}
@@ -288,6 +294,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descIndexEntries, prometheus.GaugeValue, float64(snap.Index.Entries))
 	ch <- prometheus.MustNewConstMetric(descIndexCapacity, prometheus.GaugeValue, float64(snap.Index.Capacity))
 	ch <- prometheus.MustNewConstMetric(descIndexOverflow, prometheus.CounterValue, float64(snap.Index.Overflow))
+	ch <- prometheus.MustNewConstMetric(descIndexMapEntries, prometheus.GaugeValue, float64(snap.Index.MapEntries))
+	ch <- prometheus.MustNewConstMetric(descIndexMapCapacity, prometheus.GaugeValue, float64(snap.Index.MapCapacity))
+	ch <- prometheus.MustNewConstMetric(descIndexMapOverflow, prometheus.CounterValue, float64(snap.Index.MapOverflow))
 	ch <- prometheus.MustNewConstMetric(descQueueWaiting, prometheus.GaugeValue, float64(snap.Queue.Waiting))
 	ch <- prometheus.MustNewConstMetric(descScaleInUse, prometheus.GaugeValue, snap.PrefillLoadScale)
 	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(snap.Queue.Refused))

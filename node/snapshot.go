@@ -24,7 +24,8 @@ func (n *Node) Snapshot() fastpath.Snapshot {
 	if mapped {
 		ix = n.index.Stats()
 	}
-	v.Index = fastpath.IndexView{Entries: ix.Entries, Capacity: ix.Capacity, Overflow: ix.Overflow, MapEntries: ix.EngineMapEntries}
+	v.Index = fastpath.IndexView{Entries: ix.Entries, Capacity: ix.Capacity, Overflow: ix.Overflow,
+		MapEntries: ix.EngineMapEntries, MapCapacity: ix.EngineMapCapacity, MapOverflow: ix.EngineMapOverflow}
 	var lag [workers.Max]uint64
 	if n.ingester != nil && mapped {
 		fs := n.ingester.Stats()
