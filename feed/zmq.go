@@ -326,7 +326,11 @@ func (s *ZMQSubscriber) offer(seq uint64, payload []byte) {
 	}
 	s.synced, s.lastSeq, s.lastDigest = true, seq, xxhash.Sum64(payload)
 	if err == nil {
-		s.lastTS = b.TS
+		if !math.IsNaN(b.TS) && !math.IsInf(b.TS, 0) {
+			// A timestamp that is not a number says nothing of the clock,
+			// and would hide every later step back.
+			s.lastTS = b.TS
+		}
 		s.applyBatch(b)
 	} else {
 		// The batch is lost, and what it changed with it.

@@ -2,6 +2,7 @@ package feed
 
 import (
 	"context"
+	"math"
 	"testing"
 )
 
@@ -203,8 +204,11 @@ func TestZMQTimestampBackwardsIsARestart(t *testing.T) {
 		applyAll(old, [][]op{b})
 		seq++
 	}
-	// A clock step within the tolerance is not a restart.
+	// A clock step within the tolerance is not a restart, nor is a
+	// timestamp that is not a number, which must not hide the next step.
 	s.offer(seq, encodeBatchAt(t, vllmMap, 2000-clockStepTolerance/2, nil))
+	seq++
+	s.offer(seq, encodeBatchAt(t, vllmMap, math.NaN(), nil))
 	seq++
 	old.check(t, s.ix, zmqTestSlot)
 	if st := s.Stats(); st.Restarts != 0 {
