@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -75,13 +76,14 @@ type Call struct {
 	downstream      deadliner
 	downstreamWrite time.Duration
 
-	open     bool  // resp holds an engine body stream not yet closed
-	finished bool  // obs had its terminal call, or there is no obs
-	first    bool  // the first item was seen
-	done     bool  // [DONE] was seen
-	midEvent bool  // the client was last sent part of an event, not its end
-	charged  int64 // bytes of the pool's response budget ReadBody holds
-	judged   bool  // this attempt's verdict on its engine was recorded
+	open     bool     // resp holds an engine body stream not yet closed
+	finished bool     // obs had its terminal call, or there is no obs
+	first    bool     // the first item was seen
+	done     bool     // [DONE] was seen
+	midEvent bool     // the client was last sent part of an event, not its end
+	rank     [20]byte // scratch: the pinned rank's digits (HeaderDataParallelRank)
+	charged  int64    // bytes of the pool's response budget ReadBody holds
+	judged   bool     // this attempt's verdict on its engine was recorded
 }
 
 // errNotEventStream is the cause Relay reports for a plain response, which
@@ -153,6 +155,11 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 		return err
 	}
 	c.req.Header.SetHost(e.addr)
+	if r := e.dpRank.Load(); r >= 0 {
+		c.req.Header.SetBytesV(HeaderDataParallelRank, strconv.AppendInt(c.rank[:0], r, 10))
+	} else {
+		c.req.Header.Del(HeaderDataParallelRank)
+	}
 	c.req.URI().DisablePathNormalizing = true
 	if err := c.roundTrip(e); err != nil {
 		kind := classifyDo(err)

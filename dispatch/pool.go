@@ -153,6 +153,23 @@ type Pool struct {
 	responseBytes atomic.Int64 // held against ResponseBudgetBytes
 }
 
+// HeaderDataParallelRank names the data-parallel rank a request is for.
+// vLLM's and SGLang's API servers, fronting several ranks with internal
+// load balancing, send a request carrying it to that rank (vLLM reads it
+// case-insensitively; SGLang's DataParallelController honours it).
+const HeaderDataParallelRank = "X-Data-Parallel-Rank"
+
+// PinRank makes every request to slot's engine carry
+// HeaderDataParallelRank with rank, or none with rank < 0. A router that chose one rank of an API
+// server fronting several must say which, or the server balances the
+// request onto whichever rank it likes, and the rank whose cache was
+// chosen is not the one that serves it.
+func (p *Pool) PinRank(slot workers.Slot, rank int64) {
+	if e := p.Engine(slot); e != nil {
+		e.dpRank.Store(rank)
+	}
+}
+
 // ResponseBytes is what the pool's calls hold of ResponseBudgetBytes now.
 func (p *Pool) ResponseBytes() int64 { return p.responseBytes.Load() }
 
@@ -176,6 +193,9 @@ type Engine struct {
 	out      outlier    // passive health
 	stop     chan struct{}
 	done     chan struct{}
+	// dpRank, when not negative, goes with every request to the engine as
+	// X-Data-Parallel-Rank (PinRank).
+	dpRank atomic.Int64
 }
 
 // Add registers the engine at addr (host:port) in slot and starts its health
@@ -201,6 +221,7 @@ func (p *Pool) Add(slot workers.Slot, addr string) (*Engine, error) {
 		p.removeLocked(slot)
 	}
 	e := &Engine{slot: slot, addr: addr, pool: p, healthy: true, routable: true}
+	e.dpRank.Store(-1)
 	e.out.windowStart.Store(clock.Now())
 	t := p.cfg.Timeouts
 	e.client = &fasthttp.HostClient{

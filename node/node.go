@@ -132,6 +132,7 @@ func New(cfg Config) (_ *Node, err error) {
 	if err := n.addStatic(cfg.Static); err != nil {
 		return nil, err
 	}
+	n.pinSharedRanks()
 	if n.prompts, err = prompt.NewRegistry(cfg.Tokenizers, prompt.Options{Engines: n,
 		MaxTokenID: cfg.HTTP.MaxTokenID, Logger: n.log}); err != nil {
 		return nil, err

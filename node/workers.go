@@ -200,7 +200,32 @@ func (n *Node) syncRegistry() {
 		}
 	}
 	if changed {
+		n.pinSharedRanks()
 		n.front.WorkersChanged()
+	}
+}
+
+// pinSharedRanks pins the data-parallel rank of every worker that shares
+// its endpoint with another (one API server fronting several ranks, as
+// vLLM and SGLang serve data parallelism with internal load balancing),
+// so that each request reaches the rank it was routed to; a worker alone
+// at its endpoint is sent no rank, which a server of one rank, or one per
+// rank, does not need.
+func (n *Node) pinSharedRanks() {
+	byEndpoint := map[string]workers.Set{}
+	for w := range n.sched.Workers().All() {
+		if info, ok := n.sched.Worker(w); ok {
+			byEndpoint[info.Endpoint] |= workers.SetOf(w)
+		}
+	}
+	for _, set := range byEndpoint {
+		for w := range set.All() {
+			rank := int64(-1)
+			if info, _ := n.sched.Worker(w); set.Len() > 1 {
+				rank = int64(info.DPRank)
+			}
+			n.engines.PinRank(w, rank)
+		}
 	}
 }
 
