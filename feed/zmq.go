@@ -483,11 +483,18 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 				s.c.unresolvedParent.Add(uint64(unresolved))
 			case ev.BlockSize != int64(bs):
 				s.c.blockSizeMismatch.Add(n)
-			case ev.BadTokens || len(ev.Tokens) != len(ev.Hashes)*bs:
+			case ev.BadTokens:
 				s.c.badEvents.Add(1)
+			case len(ev.Tokens) != len(ev.Hashes)*bs:
+				if skip, ok := nullBlocks(ev, bs); ok {
+					s.learnGroupOf(ev)
+					s.stored(ev, k, bs, skip)
+				} else {
+					s.c.badEvents.Add(1)
+				}
 			default:
 				s.learnGroupOf(ev)
-				s.stored(ev, k, bs)
+				s.stored(ev, k, bs, 0)
 			}
 		case VLLMBlockRemoved:
 			if k, ok := s.keyspace(ev); ok {
@@ -592,7 +599,26 @@ func groupSpec(kind []byte, window int64, blockSize int) radix.GroupSpec {
 	return radix.GroupSpec{Kind: radix.FullAttention}
 }
 
-func (s *ZMQSubscriber) stored(ev *VLLMEvent, k keyspace, bs int) {
+// nullBlocks reports how many of a Stored event's blocks the engine left
+// out as null blocks, when its token ids cover more blocks than it names.
+// vLLM's cache_full_blocks skips the null blocks of a sliding-window or
+// mamba group (those past the window, or before the blocks align mode
+// keeps), which lead the range, while token_ids still covers the whole
+// range: the blocks named are its last ones. Elsewhere such an event is
+// not understood and is skipped.
+func nullBlocks(ev *VLLMEvent, bs int) (int, bool) {
+	spec := groupSpec(ev.SpecKind, ev.SlidingWindow, bs)
+	blocks := len(ev.Tokens) / bs
+	if spec.Kind != radix.Windowed || len(ev.Tokens)%bs != 0 || blocks <= len(ev.Hashes) {
+		return 0, false
+	}
+	return blocks - len(ev.Hashes), true
+}
+
+// stored stores a Stored event's blocks; the event's token ids begin with
+// skip null blocks it does not name (nullBlocks), which the chain of
+// kvfast hashes runs through.
+func (s *ZMQSubscriber) stored(ev *VLLMEvent, k keyspace, bs, skip int) {
 	seed := s.seed
 	if !ev.HasParent && (len(ev.LoRAName) > 0 || len(ev.Salt) > 0) {
 		// A block with a parent inherits its namespace from the parent's
@@ -603,6 +629,10 @@ func (s *ZMQSubscriber) stored(ev *VLLMEvent, k keyspace, bs int) {
 	if !ok {
 		s.c.unresolvedParent.Add(uint64(len(ev.Hashes)))
 		return
+	}
+	tokens := ev.Tokens[skip*bs:]
+	for i := range skip {
+		parent = radix.ChainBlockHash(parent, ev.Tokens[i*bs:(i+1)*bs])
 	}
 	// Blocks whose engine hash covers keys kvfast cannot reproduce
 	// (prompt embeddings) would collide with plain-text blocks; so would
@@ -618,7 +648,7 @@ func (s *ZMQSubscriber) stored(ev *VLLMEvent, k keyspace, bs int) {
 			}
 		}
 	}
-	s.c.storedBlocks.Add(uint64(s.apply.stored(s.cfg.Slot, k, parent, ev.Hashes[:m], ev.Tokens[:m*bs], mm, bs)))
+	s.c.storedBlocks.Add(uint64(s.apply.stored(s.cfg.Slot, k, parent, ev.Hashes[:m], tokens[:m*bs], mm, bs)))
 }
 
 // zmqCounters are written by the Run goroutine and read by Stats. Batches
