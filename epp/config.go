@@ -89,14 +89,17 @@ type Config struct {
 // DefaultConfig is the picker's defaults.
 func DefaultConfig() Config {
 	return Config{
-		Policy:               "kv",
-		IndexCapacity:        1 << 20,
-		ApproxTTL:            2 * time.Minute,
-		ApproxCapacity:       1 << 20,
-		ApproxChunkBytes:     radix.DefaultApproxChunkBytes,
-		RequestBodyMode:      extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED,
-		MaxBodyBytes:         16 << 20,
-		QueueTimeout:         30 * time.Second,
+		Policy:           "kv",
+		IndexCapacity:    1 << 20,
+		ApproxTTL:        2 * time.Minute,
+		ApproxCapacity:   1 << 20,
+		ApproxChunkBytes: radix.DefaultApproxChunkBytes,
+		RequestBodyMode:  extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED,
+		MaxBodyBytes:     16 << 20,
+		QueueTimeout:     30 * time.Second,
+		// Admission as kvfast serve has it: an endpoint over a busy
+		// threshold takes no new request, which waits in the queue.
+		Sched:                sched.Config{Busy: sched.DefaultBusy, QueueCapacity: sched.DefaultQueueCapacity},
 		QueryTimeout:         250 * time.Millisecond,
 		DestinationNamespace: DefaultDestinationNamespace,
 		SubsetNamespace:      DefaultSubsetNamespace,

@@ -104,13 +104,13 @@ func bindEPPFlags(fs *flag.FlagSet, cfg *epp.Config, o *eppOptions) {
 	fs.Var(&o.static, "endpoint", `a static endpoint, repeatable: "ip:port[,zmq=tcp://ip:port[,replay=tcp://ip:port]]" (zmq: the engine's KV-event PUB socket, vLLM/SGLang wire format); exclusive with --pool`)
 	fs.BoolVar(&cfg.QueryNodes, "query-nodes", cfg.QueryNodes, "the endpoints are kvfast routers, one per node: ask each, per request, what it caches of the prompt (its route-only endpoint, which books nothing) instead of following engines' events (use with --events-port 0)")
 	fs.DurationVar(&cfg.QueryTimeout, "query-timeout", cfg.QueryTimeout, "with --query-nodes: how long a request waits for the nodes' answers; a node that has not answered counts as caching nothing")
-	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: kv (cache-aware cost model), approx (cache-aware from the picker's own history, no events), round-robin, random, least-loaded")
+	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: kv (cache-aware cost model), approx (cache-aware from the picker's own history, no events), affinity (longest prefix on the picker's own history, load only as a tie-break), round-robin, random, least-loaded")
 	fs.IntVar(&cfg.Sched.BlockSize, "block-size", cfg.Sched.BlockSize, "tokens per KV block; must equal the engines' block size (0: 16)")
 	fs.IntVar(&cfg.IndexCapacity, "index-capacity", cfg.IndexCapacity, "distinct KV blocks the index holds, over every pod")
 	fs.IntVar(&cfg.Fallbacks, "fallbacks", cfg.Fallbacks, "further endpoints, cheapest first, listed after the chosen one for a gateway that retries (0 to 8)")
 	fs.StringVar(&o.bodyMode, "request-body-mode", "full-duplex", "the gateway's request body mode, assumed when Envoy does not say: full-duplex, buffered, buffered-partial or none (route on headers only)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body the picker reads (413 beyond)")
-	fs.IntVar(&cfg.Sched.QueueCapacity, "queue-capacity", cfg.Sched.QueueCapacity, "requests that may wait when every endpoint is busy; beyond it they get 429 (0: default 1024; negative: no queue)")
+	fs.IntVar(&cfg.Sched.QueueCapacity, "queue-capacity", cfg.Sched.QueueCapacity, "requests that may wait when every endpoint is busy; beyond it they get 429 (0: no queue)")
 	fs.DurationVar(&cfg.QueueTimeout, "queue-timeout", cfg.QueueTimeout, "longest wait in the admission queue; past it the request gets 503")
 	fs.Float64Var(&cfg.Sched.Busy.DecodeBlocksFraction, "busy-decode-fraction", cfg.Sched.Busy.DecodeBlocksFraction, "admission: an endpoint whose decode blocks exceed this fraction of its KV capacity takes no new request (0: off)")
 	fs.Int64Var(&cfg.Sched.Busy.PrefillTokens, "busy-prefill-tokens", cfg.Sched.Busy.PrefillTokens, "admission: an endpoint with more prompt tokens than this awaiting their first token takes no new request (0: off)")
@@ -166,8 +166,11 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 		return fail(err)
 	}
 	cfg.Logger = log
-	if cfg.Sched.BlockSize < 0 || cfg.Sched.QueueCapacity < -1 {
-		return fail(fmt.Errorf("cannot use block size %d and queue capacity %d: %w", cfg.Sched.BlockSize, cfg.Sched.QueueCapacity, sched.ErrInvalidConfig))
+	if cfg.Sched.BlockSize < 0 || cfg.Sched.QueueCapacity < 0 {
+		return fail(fmt.Errorf("cannot use block size %d and queue capacity %d: must not be negative: %w", cfg.Sched.BlockSize, cfg.Sched.QueueCapacity, sched.ErrInvalidConfig))
+	}
+	if cfg.Sched.QueueCapacity == 0 {
+		cfg.Sched.QueueCapacity = -1 // no queue, as kvfast serve reads 0; sched reads 0 as its default
 	}
 	if err := cfg.Validate(); err != nil {
 		return fail(err)

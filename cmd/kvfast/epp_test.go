@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvfast/kvfast/epp"
 	"github.com/kvfast/kvfast/node"
+	"github.com/kvfast/kvfast/sched"
 )
 
 // TestEPPConfig: epp's flags land in the picker's configuration and its
@@ -30,6 +31,13 @@ func TestEPPConfig(t *testing.T) {
 		cfg.RequestBodyMode != extprocfilter.ProcessingMode_BUFFERED {
 		t.Errorf("flags not applied: %+v %+v", cfg, o)
 	}
+	// Admission as kvfast serve's: busy thresholds on, a queue of 1024.
+	if cfg.Sched.Busy != sched.DefaultBusy || cfg.Sched.QueueCapacity != sched.DefaultQueueCapacity {
+		t.Errorf("admission defaults %+v, queue %d; want kvfast serve's", cfg.Sched.Busy, cfg.Sched.QueueCapacity)
+	}
+	if cfg, _, _, _, ok := eppConfig([]string{"--model", "m", "--endpoint", "10.0.0.1:8000", "--queue-capacity", "0"}, io.Discard); !ok || cfg.Sched.QueueCapacity >= 0 {
+		t.Errorf("--queue-capacity 0: ok %v, capacity %d; want no queue (negative, sched's convention)", ok, cfg.Sched.QueueCapacity)
+	}
 	want := epp.Static{{Address: "10.0.0.1:8000", Events: "tcp://10.0.0.1:5557", Replay: "tcp://10.0.0.1:5558"}, {Address: "10.0.0.2:8000"}}
 	if got, _ := src.(epp.Static); !slices.Equal(got, want) {
 		t.Errorf("endpoints %+v, want %+v", src, want)
@@ -44,6 +52,7 @@ func TestEPPConfig(t *testing.T) {
 		{"--model", "m", "--endpoint", "10.0.0.1:8000", "--request-body-mode", "streamed"},
 		{"--model", "m", "--endpoint", "10.0.0.1:8000", "--fallbacks", "9"},
 		{"--model", "m", "--pool", "p"}, // not in a pod
+		{"--model", "m", "--endpoint", "10.0.0.1:8000", "--queue-capacity", "-1"},
 	} {
 		t.Setenv("KUBERNETES_SERVICE_HOST", "")
 		if _, _, _, code, ok := eppConfig(bad, io.Discard); ok || code != 2 {
