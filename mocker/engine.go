@@ -303,7 +303,12 @@ func (e *Engine) drain() {
 				notify(op.r)
 			}
 		case opAbort:
-			e.core.Abort(op.r)
+			if e.core.Abort(op.r) {
+				// Its handler may be waiting for it (a non-streaming
+				// request whose client hung up): it ends now.
+				op.r.pubDone.Store(doneAborted)
+				notify(op.r)
+			}
 		case opReset:
 			op.res <- e.core.ResetPrefixCache()
 		case opReleaseKept:

@@ -388,6 +388,9 @@ func TestHTTPClientDisconnectAbortsPlain(t *testing.T) {
 	eventually(t, "the request to run", func() bool { return e.Stats().Running == 1 })
 	_ = c.Close()
 	eventually(t, "the request to be aborted", func() bool { s := e.Stats(); return s.Aborted == 1 && s.KVHeld == 0 })
+	// Its handler returned: the engine's server has no connection left
+	// open to wait for at Close.
+	eventually(t, "the handler to return", func() bool { return e.srv.GetOpenConnectionsCount() == 0 })
 }
 
 func TestHTTPCloseEndsRequests(t *testing.T) {
