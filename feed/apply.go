@@ -3,6 +3,7 @@ package feed
 import (
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/workers"
+	"slices"
 )
 
 // indexWrites is what the apply path does to the index: the engine map
@@ -10,6 +11,8 @@ import (
 // implementation; tests wrap it to stop the apply path after any single
 // write, as a killed ingester would.
 type indexWrites interface {
+	Lookup(h uint64) workers.Set
+	MapEngineHash(w workers.Slot, engine, kv uint64) bool
 	LookupEngineHash(w workers.Slot, engine uint64) (uint64, bool)
 	MapEngineHashes(w workers.Slot, engines, kvs []uint64) int
 	UnmapEngineHashes(w workers.Slot, engines []uint64, dst []uint64) []uint64
@@ -162,28 +165,45 @@ func (a *applier) storedByReference(w workers.Slot, k keyspace, engines []uint64
 func (a *applier) store(w workers.Slot, k keyspace, engines, kv []uint64) int {
 	keys := k.keys(engines, &a.eng)
 	if a.ix.MapEngineHashes(w, keys, kv) < len(kv) {
-		kv = a.mappedOnly(w, keys, kv)
+		kv = a.mappedOnly(w, k, keys, kv)
 	}
 	a.ix.Stored(w, k.keys(kv, &a.kv))
 	return len(kv)
 }
 
 // mappedOnly keeps the kvfast hashes kv[i] that engines[i] maps to, and
-// counts in reused those whose engine hash names another block. Only a
-// full engine map or a reused name gets here.
-func (a *applier) mappedOnly(w workers.Slot, engines, kv []uint64) []uint64 {
+// counts in reused those whose engine hash names another block the
+// worker holds. A name whose block the worker no longer holds (a resync
+// dropped it and kept the names, or its removal was lost) is stale: the
+// new block takes it. Only a full engine map or a taken name gets here.
+func (a *applier) mappedOnly(w workers.Slot, k keyspace, engines, kv []uint64) []uint64 {
 	n := 0
 	for i, e := range engines {
 		got, ok := a.ix.LookupEngineHash(w, e)
 		switch {
 		case ok && got == kv[i]:
-			kv[n] = kv[i]
-			n++
+		case ok && !a.holds(w, k, got) && !slices.Contains(kv[:i], got):
+			if !a.ix.MapEngineHash(w, e, kv[i]) {
+				continue
+			}
 		case ok:
 			a.reused++
+			continue
+		default:
+			continue // no room in the map
 		}
+		kv[n] = kv[i]
+		n++
 	}
 	return kv[:n]
+}
+
+// holds reports whether worker w holds the block kv in keyspace k.
+func (a *applier) holds(w workers.Slot, k keyspace, kv uint64) bool {
+	if k != gpu {
+		kv = radix.KeyspaceHash(kv, k.group, k.tier)
+	}
+	return a.ix.Lookup(kv).Has(w)
 }
 
 // takeReused returns the blocks skipped for a reused engine hash since

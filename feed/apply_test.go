@@ -32,6 +32,14 @@ func (c *cutIndex) wrote() {
 	}
 }
 
+func (c *cutIndex) Lookup(h uint64) workers.Set { return c.ix.Lookup(h) }
+
+func (c *cutIndex) MapEngineHash(w workers.Slot, engine, kv uint64) bool {
+	ok := c.ix.MapEngineHash(w, engine, kv)
+	c.wrote()
+	return ok
+}
+
 func (c *cutIndex) LookupEngineHash(w workers.Slot, engine uint64) (uint64, bool) {
 	return c.ix.LookupEngineHash(w, engine)
 }
@@ -274,5 +282,44 @@ func TestStoredSkipsBlocksTheMapCannotName(t *testing.T) {
 	}
 	if left := ix.Stats().WorkerBlocks[slot]; left != 0 {
 		t.Fatalf("%d blocks left that no engine hash names", left)
+	}
+}
+
+// TestStoredUnderATakenName: a block whose engine hash names another block
+// the worker holds is not stored (reused), in another event or the same
+// one, so that every held block keeps a name; a name whose block the
+// worker no longer holds (dropped by a resync, which keeps names) is
+// stale, and a new block takes it.
+func TestStoredUnderATakenName(t *testing.T) {
+	ix, err := radix.NewHeap(radix.Config{Capacity: 1 << 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const slot = workers.Slot(2)
+	seed := radix.NamespaceSeed(testModel, "", "")
+	a := newApplier(ix, 0)
+	block := func(tok uint32) []uint32 {
+		b := make([]uint32, testBlockSize)
+		b[0] = tok
+		return b
+	}
+	if n := a.stored(slot, gpu, seed, []uint64{7}, block(1), nil, testBlockSize); n != 1 {
+		t.Fatalf("first block: stored %d", n)
+	}
+	if n := a.stored(slot, gpu, seed, []uint64{7}, block(2), nil, testBlockSize); n != 0 || a.takeReused() != 1 {
+		t.Fatal("a second block under a held block's name was stored")
+	}
+	if n := a.stored(slot, gpu, seed, []uint64{8, 8}, append(block(3), block(4)...), nil, testBlockSize); n != 1 || a.takeReused() != 1 {
+		t.Fatalf("one event naming two blocks alike: stored %d", n)
+	}
+	a.cleared(slot) // a resync: blocks go, names stay
+	if n := a.stored(slot, gpu, seed, []uint64{7}, block(5), nil, testBlockSize); n != 1 || a.takeReused() != 0 {
+		t.Fatalf("a block under a stale name: stored %d", n)
+	}
+	if removed := a.removed(slot, gpu, []uint64{7}); removed != 1 || ix.Stats().WorkerBlocks[slot] != 0 {
+		t.Fatalf("removed %d; %d blocks left", removed, ix.Stats().WorkerBlocks[slot])
+	}
+	if err := ix.Verify(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -56,9 +56,13 @@
 // kept and need not be: a mapping may outlive its block (after a resync,
 // or a store refused by a full block table), which only lets a later
 // event resolve it. Two blocks of a worker under one engine hash (or
-// engine hashes that collide in the map's key) cannot both be named: the
-// first keeps the name and the later one is not stored (counted as
-// reused_engine_hash), which only under-claims. Routers read only the block table,
+// engine hashes that collide in the map's key) cannot both be named: a
+// block the worker holds keeps its name and the later one is not stored
+// (counted as reused_engine_hash); a name whose block the worker no
+// longer holds (a resync dropped it) is taken over. An event that later
+// names the shared hash as its parent chains from the block that kept
+// the name, which may not be its prefix: engines that hash each block
+// alone cannot be followed exactly, and such blocks may be over-claimed. Routers read only the block table,
 // so the order does not change what they see; what a reader sees of one
 // block write is radix's guarantee. The invariant needs one writer per
 // worker slot (Removed reads the map between its writes).

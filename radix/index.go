@@ -688,8 +688,9 @@ func (ix *Index) clearBit(sh *shard, i uint32, w workers.Slot, bit uint64) (shif
 	return s.key.Load() != emptyKey
 }
 
-// Cleared drops every block of worker w, as when the engine reports that
-// it emptied its cache. The engine-hash map is kept.
+// Cleared drops every block of worker w and keeps its engine-hash map:
+// the feed's resync, after which the engine's later events may still
+// chain from blocks it holds. An engine's own clear is ClearedAll.
 func (ix *Index) Cleared(w workers.Slot) {
 	ix.checkSlot(w)
 	scanned := ix.clearWorker(w)
@@ -848,13 +849,12 @@ func (ix *Index) unmapEngineHash(w workers.Slot, engine uint64) (uint64, bool) {
 
 // MapEngineHashes is MapEngineHash for a batch, engines[i] mapping to
 // kvs[i], except that an engine hash that already names another block of
-// w keeps it. Engines that hash each block alone (SGLang releases that
+// w keeps it: engines that hash each block alone (SGLang releases that
 // hash a page's tokens without its prefix) give one name to every copy of
-// a page: the feed applies the first and skips the rest, since the later
-// mapping would leave the earlier block with no name, claimed until the
-// next resync, while skipping only under-claims. It returns how many of
-// engines[i] map to kvs[i] afterwards: mapped, found mapped so, or not for
-// lack of room or because the name was taken.
+// a page, and the later mapping would leave the earlier block with no
+// name, claimed until the next resync. The caller decides (the feed lets
+// a new block take a name whose block w no longer holds). It returns how
+// many of engines[i] map to kvs[i] afterwards.
 func (ix *Index) MapEngineHashes(w workers.Slot, engines, kvs []uint64) int {
 	if len(engines) != len(kvs) {
 		panic("BUG: radix: MapEngineHashes with unequal slices")
