@@ -312,10 +312,23 @@ func (c *Call) Relay(w *bufio.Writer) error {
 		} else {
 			c.closeStream()
 			c.end(nil)
+			// The server writes the stream's last chunk after Relay: give
+			// it a deadline of its own, not what is left of the last
+			// write's, which a long silence before the end used up.
+			c.extendDeadline()
 			return nil
 		}
 	}
 	return c.fail(kind, cause, w, true)
+}
+
+// extendDeadline gives the next write to the client the whole write
+// timeout, when one is set (SetClientWriteTimeout).
+func (c *Call) extendDeadline() error {
+	if c.downstreamWrite > 0 && c.downstream != nil {
+		return c.downstream.SetWriteDeadline(time.Now().Add(c.downstreamWrite))
+	}
+	return nil
 }
 
 // end reports a response that reached its end: complete for a success
@@ -354,8 +367,7 @@ func (c *Call) fail(kind, cause error, w *bufio.Writer, sse bool) error {
 	return err
 }
 
-// deadliner is the client's side of a relay: its connection, or the
-// fasthttp.RequestCtx that writes to it.
+// deadliner is the client's side of a relay: its connection.
 type deadliner interface{ SetWriteDeadline(time.Time) error }
 
 // SetClientWriteTimeout makes every write Relay makes to its client
@@ -370,10 +382,8 @@ func (c *Call) SetClientWriteTimeout(client deadliner, d time.Duration) {
 
 // write sends p to the client and flushes it.
 func (c *Call) write(w *bufio.Writer, p []byte) error {
-	if c.downstreamWrite > 0 && c.downstream != nil {
-		if err := c.downstream.SetWriteDeadline(time.Now().Add(c.downstreamWrite)); err != nil {
-			return err
-		}
+	if err := c.extendDeadline(); err != nil {
+		return err
 	}
 	if _, err := w.Write(p); err != nil {
 		return err

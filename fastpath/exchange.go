@@ -414,7 +414,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			s.streamHTTP10(ctx, ex)
 			return true
 		}
-		ex.call.SetClientWriteTimeout(ctx, s.cfg.WriteTimeout)
+		// The connection, not ctx: the stream writer must not touch ctx,
+		// which fasthttp may reuse for another client once a write to
+		// this one has failed; a connection is never reused.
+		ex.call.SetClientWriteTimeout(ctx.Conn(), s.cfg.WriteTimeout)
 		ctx.SetBodyStreamWriter(ex.sw) // ex is the stream's from here on
 		return true
 	}
