@@ -122,6 +122,37 @@ func TestAbortWhileWaitingForHeaders(t *testing.T) {
 	}
 }
 
+// TestCutWhileWaitingForHeaders: a shutdown's Cut fails Do with
+// ErrShuttingDown (503, not retried) and is not held against the engine,
+// however many requests it cuts there.
+func TestCutWhileWaitingForHeaders(t *testing.T) {
+	eng := startSilentEngine(t, false)
+	pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{FirstByte: time.Hour},
+		Outlier: OutlierConfig{Consecutive: 2, FailurePercent: -1, BaseEjection: time.Hour, MaxEjectedPercent: 100}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, eng.addr())
+	for i := range int64(3) {
+		c := pool.AcquireCall()
+		c.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+		done := make(chan error, 1)
+		go func() { done <- c.Do(0, nil) }()
+		waitRequests(t, eng, i+1)
+		c.Cut()
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrShuttingDown) || IsRetryable(err) || ErrorStatus(err) != 503 {
+				t.Fatalf("Do after Cut: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Do still waits on the silent engine after Cut")
+		}
+		c.Release()
+	}
+	if st := pool.Engine(0).Outlier(); st.Ejected {
+		t.Fatalf("cuts were held against the engine: %+v", st)
+	}
+}
+
 // TestAbortBeforeFirstEvent: an event stream whose engine sent its headers
 // and then stays silent (queueing, prefill) is cut by Abort, not by the
 // idle timeout.

@@ -173,7 +173,7 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 		if de := (*dialError)(nil); errors.As(err, &de) {
 			e.connectFailed() // refused or unreachable, not merely busy
 		}
-		if kind != ErrClientGone && !errors.Is(err, fasthttp.ErrNoFreeConns) {
+		if isEngineFault(kind) && !errors.Is(err, fasthttp.ErrNoFreeConns) {
 			c.judge(false)
 		}
 		c.abort(ferr)
