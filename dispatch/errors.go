@@ -123,7 +123,7 @@ var kinds = [...]struct {
 	{ErrClientGone, "client_gone"},
 	{ErrResponseTooLarge, "engine_response_too_large"},
 	{ErrResponseBudget, "response_budget_exceeded"},
-	{ErrShuttingDown, "server_shutting_down"},
+	{ErrShuttingDown, "shutting_down"},
 	{ErrUnknownEngine, "engine_unavailable"},
 	{ErrAbandoned, "abandoned"},
 }

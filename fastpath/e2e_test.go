@@ -1028,7 +1028,7 @@ func hammerOne(r *e2eRouter, tokens []uint32, n int, stream, leave bool) error {
 // TestShutdownDeadlineCutsStreams: a stream that outlives the shutdown
 // deadline is cut, Shutdown returns soon after its deadline with an error,
 // and the stream's booking is released. Its client is told: the stream
-// ends, properly framed, with a server_shutting_down error event and
+// ends, properly framed, with a shutting_down error event and
 // [DONE], not with a connection torn mid-chunk.
 func TestShutdownDeadlineCutsStreams(t *testing.T) {
 	eng := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
@@ -1071,8 +1071,8 @@ func TestShutdownDeadlineCutsStreams(t *testing.T) {
 	case rest := <-read:
 		event, ok := bytes.CutSuffix(rest, []byte(doneEvent))
 		_, last, _ := bytes.Cut(event, []byte("data: {\"error\""))
-		if !ok || last == nil || checkOpenAIError(t, bytes.TrimSpace(append([]byte(`{"error"`), last...))) != "server_shutting_down" {
-			t.Errorf("a cut stream ended with %q, want a server_shutting_down error event and [DONE]", rest[max(0, len(rest)-300):])
+		if !ok || last == nil || checkOpenAIError(t, bytes.TrimSpace(append([]byte(`{"error"`), last...))) != "shutting_down" {
+			t.Errorf("a cut stream ended with %q, want a shutting_down error event and [DONE]", rest[max(0, len(rest)-300):])
 		}
 	case <-time.After(e2eWait):
 		t.Fatal("the client's stream was not cut")

@@ -539,6 +539,16 @@ func (ex *exchange) setCall(c *dispatch.Call) {
 	gone := ex.hungUp
 	ex.hangMu.Unlock()
 	if gone {
+		ex.cancelCall(c)
+	}
+}
+
+// cancelCall aborts c for a client that left, or cuts it for a router
+// that is shutting down (Shutdown's deadline passed).
+func (ex *exchange) cancelCall(c *dispatch.Call) {
+	if ex.s.cutting.Load() {
+		c.Cut()
+	} else {
 		c.Abort()
 	}
 }
@@ -557,7 +567,7 @@ func (ex *exchange) HangUp() {
 	if ex.pre.call != nil {
 		// Under hangMu: releasePrefill takes the call from under it
 		// before releasing it, so this is still the prefill's call.
-		ex.pre.call.Abort()
+		ex.cancelCall(ex.pre.call)
 	}
 	ex.hangUpEncode()
 	ex.hangMu.Unlock()
@@ -571,11 +581,7 @@ func (ex *exchange) HangUp() {
 	if call != nil {
 		// cleanup stops the watch before it releases the call, so the
 		// call is still this request's.
-		if ex.s.cutting.Load() {
-			call.Cut()
-		} else {
-			call.Abort()
-		}
+		ex.cancelCall(call)
 	}
 }
 
@@ -683,6 +689,11 @@ func (ex *exchange) reject(ctx *fasthttp.RequestCtx, e *openai.Error) {
 
 func (ex *exchange) failSelect(ctx *fasthttp.RequestCtx, err error) {
 	switch over, overloaded := errors.AsType[*sched.OverloadError](err); {
+	case ex.clientGone() && ex.s.cutting.Load():
+		// Shutdown cut it while it waited to be routed.
+		ex.count(statusUnavailable)
+		ctx.SetConnectionClose()
+		writeError(ctx, fasthttp.StatusServiceUnavailable, errShuttingDown)
 	case ex.clientGone():
 		// Nobody reads this answer; fasthttp finds the connection closed.
 		ex.count(statusCancelled)

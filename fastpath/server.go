@@ -399,8 +399,10 @@ func (s *Server) serve(ln net.Listener, admin bool) error {
 var ErrNotDrained = errors.New("kvfast: requests still running after shutdown cut their connections")
 
 // Shutdown stops accepting connections and lets in-flight requests and
-// streams finish until ctx ends, then cuts them and waits streamCutGrace
-// more. It returns nil only when nothing is running any more, so that the
+// streams finish until ctx ends, then cuts them and waits at most three
+// times streamCutGrace more: for the cut requests to end, for their
+// answers to be written, and for what is left after the connections are
+// closed. It returns nil only when nothing is running any more, so that the
 // caller may free what requests read. Releasing every reservation is the
 // guards' job and happens on every path, cut or not.
 func (s *Server) Shutdown(ctx context.Context) error {
