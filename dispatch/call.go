@@ -484,6 +484,14 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 				return c.readFailure(rerr), rerr
 			}
 			c.bodyEOF = true
+			if end > start && !inspect {
+				// The rest of an event too big to inspect: relayed as it
+				// came, as the rest of it was.
+				if err := c.write(w, buf[start:end]); err != nil {
+					return ErrClientGone, err
+				}
+				c.midEvent = true
+			}
 			if end > start && inspect { // a last event without its blank line
 				c.observe(openai.ParseEvent(buf[start:end]))
 				// Complete it if it ended the response (clients drop an

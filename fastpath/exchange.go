@@ -640,6 +640,9 @@ func (ex *exchange) OnAbort(reason error) {
 		_ = ex.h.Abort(guard.ReasonClientCancel)
 	case errors.Is(reason, dispatch.ErrFirstByteTimeout), errors.Is(reason, dispatch.ErrIdleTimeout), errors.Is(reason, dispatch.ErrWriteTimeout):
 		_ = ex.h.Abort(guard.ReasonTimeout)
+	case errors.Is(reason, dispatch.ErrResponseTooLarge), errors.Is(reason, dispatch.ErrResponseBudget):
+		// The engine answered; the router would not hold the answer.
+		_ = ex.h.Abort(guard.ReasonEngineRejected)
 	case errors.Is(reason, dispatch.ErrEngineError) && ex.call != nil && ex.call.StatusCode()/100 == 4:
 		// The engine judged the request and refused it: no failure of
 		// the engine's, and proof that it answers (sched's stall.go).

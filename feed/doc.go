@@ -58,7 +58,7 @@
 // event resolve it. Two blocks of a worker under one engine hash (or
 // engine hashes that collide in the map's key) cannot both be named: a
 // block the worker holds keeps its name and the later one is not stored
-// (counted as reused_engine_hash); a name whose block the worker no
+// (counted as reused_engine_hash on ZMQ feeds); a name whose block the worker no
 // longer holds (a resync dropped it) is taken over. An event that later
 // names the shared hash as its parent chains from the block that kept
 // the name, which may not be its prefix: engines that hash each block
