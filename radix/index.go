@@ -786,34 +786,26 @@ func (ix *Index) MapEngineHash(w workers.Slot, engine, kv uint64) bool {
 	if invariants.Enabled {
 		defer ix.wrote("MapEngineHash", 1)
 	}
-	return ix.mapEngineHash(w, engine, kv)
+	return ix.mapEngineHash(w, engine, kv, true)
 }
 
-func (ix *Index) mapEngineHash(w workers.Slot, engine, kv uint64) bool {
+// mapEngineHash maps worker w's engine hash to kv, replacing a mapping to
+// another block when replace is set and keeping it otherwise. It reports
+// whether engine maps to kv after: false also for a full map.
+func (ix *Index) mapEngineHash(w workers.Slot, engine, kv uint64, replace bool) bool {
 	key := mapKey(w, engine)
 	sh := ix.mapShard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	i, found := sh.engine.find(key)
-	if found {
+	switch {
+	case !found:
+		return sh.engine.insertAt(i, key, kv)
+	case replace:
 		sh.engine.at(i).val.Store(kv)
 		return true
 	}
-	return sh.engine.insertAt(i, key, kv)
-}
-
-// mapEngineHashFirst is mapEngineHash keeping an existing mapping of
-// engine to another block: it reports whether engine maps to kv after.
-func (ix *Index) mapEngineHashFirst(w workers.Slot, engine, kv uint64) bool {
-	key := mapKey(w, engine)
-	sh := ix.mapShard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	i, found := sh.engine.find(key)
-	if found {
-		return sh.engine.at(i).val.Load() == kv
-	}
-	return sh.engine.insertAt(i, key, kv)
+	return sh.engine.at(i).val.Load() == kv
 }
 
 // LookupEngineHash resolves worker w's engine hash to the kvfast hash.
@@ -868,7 +860,7 @@ func (ix *Index) MapEngineHashes(w workers.Slot, engines, kvs []uint64) int {
 		n := min(writeBatch, len(engines))
 		ix.warm(engines[:n], true, w)
 		for i := range n {
-			if ix.mapEngineHashFirst(w, engines[i], kvs[i]) {
+			if ix.mapEngineHash(w, engines[i], kvs[i], false) {
 				mapped++
 			}
 		}
