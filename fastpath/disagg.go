@@ -152,7 +152,7 @@ func (st *prefillStage) recycle() prefillStage {
 func (ex *exchange) setPrefillGuard(h guard.Handle) {
 	ex.hangMu.Lock()
 	ex.pre.h, ex.pre.held = h, true
-	gone := ex.hungUp
+	gone := ex.goneLocked()
 	ex.hangMu.Unlock()
 	if gone {
 		_ = h.Abort(guard.ReasonClientCancel)
@@ -189,7 +189,7 @@ func (ex *exchange) releasePrefill() {
 func (ex *exchange) setPrefillCall(c *dispatch.Call) {
 	ex.hangMu.Lock()
 	ex.pre.call = c
-	gone := ex.hungUp
+	gone := ex.goneLocked()
 	ex.hangMu.Unlock()
 	if gone {
 		c.Abort()

@@ -176,7 +176,7 @@ func (ex *exchange) setEncodeGuard(i int, h guard.Handle) {
 	ex.hangMu.Lock()
 	st := &ex.enc[i]
 	st.h, st.held = h, true
-	gone := ex.hungUp
+	gone := ex.goneLocked()
 	ex.hangMu.Unlock()
 	if gone {
 		_ = h.Abort(guard.ReasonClientCancel)
@@ -188,7 +188,7 @@ func (ex *exchange) setEncodeGuard(i int, h guard.Handle) {
 func (ex *exchange) setEncodeCall(i int, c *dispatch.Call) {
 	ex.hangMu.Lock()
 	ex.enc[i].call = c
-	gone := ex.hungUp
+	gone := ex.goneLocked()
 	ex.hangMu.Unlock()
 	if gone {
 		c.Abort()

@@ -524,7 +524,7 @@ func (ex *exchange) watchClient(ctx *fasthttp.RequestCtx) {
 func (ex *exchange) setGuard(h guard.Handle) {
 	ex.hangMu.Lock()
 	ex.h, ex.held = h, true
-	gone := ex.hungUp
+	gone := ex.goneLocked()
 	ex.hangMu.Unlock()
 	if gone {
 		_ = h.Abort(guard.ReasonClientCancel)
@@ -536,7 +536,7 @@ func (ex *exchange) setGuard(h guard.Handle) {
 func (ex *exchange) setCall(c *dispatch.Call) {
 	ex.hangMu.Lock()
 	ex.call = c
-	gone := ex.hungUp
+	gone := ex.goneLocked()
 	ex.hangMu.Unlock()
 	if gone {
 		ex.cancelCall(c)
@@ -589,6 +589,18 @@ func (ex *exchange) HangUp() {
 func (ex *exchange) clientGone() bool {
 	ex.hangMu.Lock()
 	defer ex.hangMu.Unlock()
+	return ex.goneLocked()
+}
+
+// goneLocked reports, with hangMu held, whether the request must stop:
+// its client hung up, or Shutdown is cutting requests. A request that
+// reaches a stage after the cut's hang-ups went out (it was still reading
+// its body, say) is cut there, rather than booking a worker and calling
+// an engine that nothing would abort.
+func (ex *exchange) goneLocked() bool {
+	if ex.s.cutting.Load() {
+		ex.hungUp = true
+	}
 	return ex.hungUp
 }
 
