@@ -114,8 +114,13 @@ func TestMockZMQHostTier(t *testing.T) {
 			if got := postMock(t, a, prompt); got != 0 {
 				t.Fatalf("a new prompt was served %d cached tokens", got)
 			}
-			// Prompts of 11 blocks, on a GPU of 12, evict it into the host pool.
-			n := 0
+			// Prompts of 11 blocks, on a GPU of 12, evict it into the host
+			// pool. A fixed few, then a wait that posts nothing: more
+			// prompts while the router lags (a loaded machine) would push
+			// it out of the host pool too.
+			for n := range 3 {
+				postMock(t, a, completionBody(e2eTokens(uint32(5000+n), 10*bs+1), false, 1))
+			}
 			waitFor(t, "the router to hold the prompt on worker 1's host tier alone", func() bool {
 				if caughtUp(t, r, a, 1) {
 					for _, w := range routeDecisionOf(t, r, prompt).Workers {
@@ -124,8 +129,6 @@ func TestMockZMQHostTier(t *testing.T) {
 						}
 					}
 				}
-				n++
-				postMock(t, a, completionBody(e2eTokens(uint32(5000+n), 10*bs+1), false, 1))
 				return false
 			})
 			d := routeDecisionOf(t, r, prompt)
