@@ -335,6 +335,7 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		ex.releasePrefill() // the prefill stage is over: its booking goes now
 		if err == nil {
 			st.decided = true
+			s.remember(ex, d.Slot)
 			return true
 		}
 		s.log.Debug("prefill stage failed", "request_id", string(ex.rid), "worker", d.WorkerID, "err", err)
@@ -389,6 +390,7 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		return false
 	}
 	st.dec, st.decided = d, true
+	s.remember(ex, d.Slot)
 	ex.setPrefillCall(s.engines.AcquireCall())
 	st.call.SetRequest(routedPath(ex.api), st.decode)
 	copyForwardHeaders(ctx, st.call.Request(), ex.rid)

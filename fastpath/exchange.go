@@ -346,6 +346,15 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	return nil
 }
 
+// remember records in the router's history that slot now holds the
+// request's prompt, where the history is what routes it: text prompts
+// (approximate), and exact prompts to engines that publish no KV events.
+func (s *Server) remember(ex *exchange, slot workers.Slot) {
+	if !ex.exact || s.silent.Has(slot) {
+		s.approx.Insert(slot, ex.hashes, time.Now())
+	}
+}
+
 // forward sends the request to the chosen engine and hands a stream to its
 // relay goroutine. Until a byte of the answer reaches the client, a failed
 // attempt (refused or broken connection, garbage, a 5xx: dispatch's
@@ -396,9 +405,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		}
 		ex.dec = dec
 	}
-	if !ex.exact || s.silent.Has(ex.dec.Slot) {
-		s.approx.Insert(ex.dec.Slot, ex.hashes, time.Now())
-	}
+	s.remember(ex, ex.dec.Slot)
 	ex.bindSession()
 	s.metrics.promptBlocks.Add(float64(len(ex.hashes)))
 	s.metrics.cachedBlocks.Add(float64(ex.dec.OverlapBlocks))

@@ -14,6 +14,7 @@ import (
 	"github.com/kvfast/kvfast/internal/rig/rigtest"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // TestSilentStaticWorkersRouteOnHistory: engines that publish no KV
@@ -36,11 +37,7 @@ func TestSilentStaticWorkersRouteOnHistory(t *testing.T) {
 	if err := r.WaitWorkers(t.Context(), 2); err != nil {
 		t.Fatal(err)
 	}
-	tokens := make([]string, 256)
-	for i := range tokens {
-		tokens[i] = strconv.Itoa(1000 + i)
-	}
-	body := fmt.Sprintf(`{"model":%q,"prompt":[%s],"max_tokens":1}`, mocker.DefaultModel, strings.Join(tokens, ","))
+	body := tokenPrompt(256, 0, 0)
 	first := ""
 	for i := range 6 {
 		resp, err := http.Post(r.URL+"/v1/completions", "application/json", strings.NewReader(body))
@@ -61,4 +58,65 @@ func TestSilentStaticWorkersRouteOnHistory(t *testing.T) {
 			t.Fatalf("repeat %d went to worker %s with %q blocks credited; the first went to %s", i, w, overlap, first)
 		}
 	}
+}
+
+// TestSilentPrefillWorkersRouteOnHistory: in disaggregated serving, a
+// prefill worker that publishes no KV events is credited what the router
+// sent it, as an aggregated one is: a repeated prompt is prefilled again
+// where its prefix is. Before, the prefill stage recorded no history, so
+// every repeat was prefilled wherever load put it.
+func TestSilentPrefillWorkersRouteOnHistory(t *testing.T) {
+	cfg := rigtest.Config()
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM, MinRemoteTokens: 64}
+	for i, role := range []workers.Role{workers.RolePrefill, workers.RolePrefill, workers.RoleDecode} {
+		eng, err := mocker.Start(mocker.Config{WorkerID: uint64(i + 1), Role: role, Speedup: math.Inf(1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = eng.Close() })
+		cfg.Static = append(cfg.Static, node.StaticWorker{ID: uint64(i + 1), Endpoint: eng.Addr(), Model: mocker.DefaultModel, Role: role})
+	}
+	r := rigtest.Start(t, rig.Config{Node: cfg, NoSegment: true})
+	if err := r.WaitWorkers(t.Context(), 3); err != nil {
+		t.Fatal(err)
+	}
+	// One shared prefix, each prompt with a tail of its own: the decode
+	// worker's copy of the prefix leaves enough to prefill remotely.
+	first := ""
+	for i := range 6 {
+		body := tokenPrompt(256, 128, 5000+i*1000)
+		resp, err := http.Post(r.URL+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
+		}
+		w := resp.Header.Get(fastpath.HeaderPrefillWorker)
+		if w == "" {
+			t.Fatalf("request %d was not prefilled remotely: %s", i, b)
+		}
+		if i == 0 {
+			first = w
+			continue
+		}
+		if w != first {
+			t.Fatalf("repeat %d was prefilled on worker %s; the first on %s", i, w, first)
+		}
+	}
+}
+
+// tokenPrompt is a completions body of a prefix of n distinct token ids,
+// the same in every prompt, and then tail ids counting up from tailFrom.
+func tokenPrompt(n, tail, tailFrom int) string {
+	tokens := make([]string, 0, n+tail)
+	for i := range n {
+		tokens = append(tokens, strconv.Itoa(1000+i))
+	}
+	for i := range tail {
+		tokens = append(tokens, strconv.Itoa(tailFrom+i))
+	}
+	return fmt.Sprintf(`{"model":%q,"prompt":[%s],"max_tokens":1}`, mocker.DefaultModel, strings.Join(tokens, ","))
 }
