@@ -260,9 +260,13 @@ func TestExpectContinue(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reading the answer to the oversized declaration: %v", err)
 	}
+	refusal, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusRequestEntityTooLarge {
 		t.Fatalf("status %d, want 413 before the body", resp.StatusCode)
+	}
+	if code := checkOpenAIError(t, refusal); code != "body_too_large" {
+		t.Errorf("refusal code %q, want body_too_large: %q", code, refusal)
 	}
 	waitFor(t, "the refusal to be counted", func() bool {
 		v, _ := metricValue(r.metrics(t), `kvfast_http_transport_errors_total{reason="body_too_large"}`)

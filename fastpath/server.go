@@ -327,9 +327,15 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		// A client that asks before it sends its body (Expect:
 		// 100-continue; curl does past 1 MiB) hears of one over the limit
 		// before sending any of it, instead of fasthttp's automatic 100.
+		// fasthttp's doc asks the handler not to touch the response, which
+		// must stay clean for a request it goes on to read; a refused one
+		// is answered with whatever the response holds, so the refusal
+		// carries the same OpenAI error as any other oversized body
+		// (TestExpectContinue checks this still holds).
 		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
 			if ctx.Request.Header.ContentLength() > cfg.MaxBodyBytes {
 				s.metrics.transport[transportTooLarge].Inc()
+				writeError(ctx, fasthttp.StatusRequestEntityTooLarge, openai.ErrBodyTooLarge)
 				return fasthttp.StatusRequestEntityTooLarge
 			}
 			return fasthttp.StatusContinue
