@@ -355,6 +355,19 @@ func (s *Server) remember(ex *exchange, slot workers.Slot) {
 	}
 }
 
+// canTryElsewhere reports whether a worker other than the one that just
+// answered could take the request's next attempt; a sticky pin gives way,
+// as it does on the re-route.
+func (ex *exchange) canTryElsewhere() bool {
+	req := &ex.sreq
+	if ex.sess.sticky {
+		unpinned := *req
+		unpinned.Pinned = false
+		req = &unpinned
+	}
+	return ex.s.sched.Eligible(req, workers.SetOf(ex.dec.Slot)) != 0
+}
+
 // forward sends the request to the chosen engine and hands a stream to its
 // relay goroutine. Until a byte of the answer reaches the client, a failed
 // attempt (refused or broken connection, garbage, a 5xx: dispatch's
@@ -373,7 +386,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		ex.traceDispatch(ex.call.Request())
 		err := ex.call.Do(ex.dec.Slot, ex)
 		if err == nil && retryable && ex.call.StatusCode() >= 500 {
-			err = ex.call.Discard()
+			if !ex.canTryElsewhere() {
+				retryable = false // no other engine to ask: the client gets this one's answer
+			} else {
+				err = ex.call.Discard()
+			}
 		}
 		if err == nil && !ex.call.IsEventStream() {
 			// A plain answer is read whole before the client sees any of
@@ -399,6 +416,12 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		ex.sreq.Allow &^= failed
 		ex.setGuard(s.guards.Acquire())
 		dec, serr := ex.h.Select(&ex.wait, &ex.sreq)
+		if errors.Is(serr, sched.ErrNoEligibleWorker) {
+			// Nowhere else to try: the client hears what went wrong with
+			// the engine that was tried, not that no worker exists.
+			ex.failDispatch(ctx, err)
+			return false
+		}
 		if serr != nil {
 			ex.failSelect(ctx, serr)
 			return false

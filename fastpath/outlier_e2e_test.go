@@ -96,3 +96,37 @@ func TestSickEnginesAreEjected(t *testing.T) {
 	}
 	wantMetric(t, m, `kvfast_worker_ejected{dp_rank="0",worker="100"}`, 0)
 }
+
+// TestLoneEngineFailureReachesClient: when no other engine could take a
+// retry, the client learns what the one engine did. An engine's 5xx is
+// relayed as it came, and asked once, instead of being dropped for a
+// retry that finds no worker and answers "no worker available"; an
+// engine that refuses connections is reported as unreachable.
+func TestLoneEngineFailureReachesClient(t *testing.T) {
+	const engineError = `{"error":{"message":"out of memory","type":"server_error","code":500}}`
+	sick := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(engineError)
+	})
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: sick.addr(), Model: e2eModel})
+	cfg.HTTP.MaxRetries = 2
+	r := startE2ERouter(t, cfg)
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(13, 32), false, 2), nil)
+	if resp.status != http.StatusInternalServerError || string(resp.body) != engineError {
+		t.Errorf("a lone engine's 500: client got %d %s; want the engine's answer", resp.status, resp.body)
+	}
+	if n := sick.requests.Load(); n != 1 {
+		t.Errorf("the lone engine was asked %d times, want once", n)
+	}
+	waitReleased(t, r.node)
+
+	cfg = e2eConfig(node.StaticWorker{ID: 2, Endpoint: deadAddr(t), Model: e2eModel})
+	cfg.HTTP.MaxRetries = 2
+	r = startE2ERouter(t, cfg)
+	resp = r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(14, 32), false, 2), nil)
+	if code := checkOpenAIError(t, resp.body); resp.status != http.StatusBadGateway || code != "engine_unavailable" {
+		t.Errorf("a lone unreachable engine: client got %d %s; want 502 engine_unavailable", resp.status, resp.body)
+	}
+	waitReleased(t, r.node)
+}

@@ -189,6 +189,17 @@ func (s *Scheduler) check(req *Request) error {
 	return nil
 }
 
+// Eligible returns the healthy workers passing req's filters (model,
+// allow-list, stage, pin) other than except: where an attempt that failed
+// on except could go next. It books nothing.
+func (s *Scheduler) Eligible(req *Request, except workers.Set) workers.Set {
+	_, up, err := s.candidates(s.workers.Load(), req)
+	if err != nil {
+		return 0
+	}
+	return up &^ except
+}
+
 // candidates returns the workers passing req's filters, and those of them
 // that are healthy.
 func (s *Scheduler) candidates(ws *workerSet, req *Request) (filtered, healthy workers.Set, err error) {
