@@ -101,6 +101,8 @@ func TestBadInput(t *testing.T) {
 		{name: "allow-list unknown rank", body: ok, hdr: map[string]string{fastpath.HeaderAllow: "2:5"}, status: 400, code: "invalid_header"},
 		// Wrong method or path.
 		{name: "GET completions", method: http.MethodGet, status: 405, code: "method_not_allowed"},
+		{name: "POST models", path: fastpath.PathModels, body: ok, status: 405, code: "method_not_allowed"},
+		{name: "DELETE a model", method: http.MethodDelete, path: fastpath.PathModels + "/" + e2eModel, status: 405, code: "method_not_allowed"},
 		{name: "unknown path", path: "/v1/embeddings", body: ok, status: 404, code: "not_found"},
 	}
 	for _, tc := range cases {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"sort"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
@@ -213,6 +214,9 @@ func (s *Server) appendRouteJSON(b []byte, ex *exchange) []byte {
 }
 
 func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
+	if !readOnly(ctx) {
+		return
+	}
 	seeds := *s.seeds.Load()
 	names := make([]string, 0, len(seeds))
 	for n := range seeds {
@@ -223,8 +227,9 @@ func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
 		Object string       `json:"object"`
 		Data   []modelEntry `json:"data"`
 	}{Object: "list", Data: make([]modelEntry, 0, len(names))}
+	now := time.Now().Unix()
 	for _, n := range names {
-		out.Data = append(out.Data, entryOf(n, seeds[n]))
+		out.Data = append(out.Data, entryOf(n, seeds[n], now))
 	}
 	writeJSON(ctx, fasthttp.StatusOK, out)
 }
@@ -232,24 +237,40 @@ func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
 // serveModel answers GET /v1/models/{id}: the model's entry of the list,
 // or 404 model_not_found.
 func (s *Server) serveModel(ctx *fasthttp.RequestCtx, id string) {
+	if !readOnly(ctx) {
+		return
+	}
 	ns, ok := (*s.seeds.Load())[id]
 	if !ok {
 		writeError(ctx, fasthttp.StatusNotFound, errUnknownModel)
 		return
 	}
-	writeJSON(ctx, fasthttp.StatusOK, entryOf(id, ns))
+	writeJSON(ctx, fasthttp.StatusOK, entryOf(id, ns, time.Now().Unix()))
 }
 
-// modelEntry is one model as GET /v1/models lists it.
+// readOnly answers 405 to a method other than GET or HEAD and reports
+// whether the request may go on.
+func readOnly(ctx *fasthttp.RequestCtx) bool {
+	if ctx.IsGet() || ctx.IsHead() {
+		return true
+	}
+	ctx.Response.Header.Set("Allow", "GET, HEAD")
+	writeError(ctx, fasthttp.StatusMethodNotAllowed, errMethodNotAllowed)
+	return false
+}
+
+// modelEntry is one model as GET /v1/models lists it: OpenAI's Model
+// object, whose created vLLM also fills with the time of the answer.
 type modelEntry struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
+	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
 	Parent  string `json:"parent,omitempty"` // a LoRA adapter's base model, as vLLM lists it
 }
 
-func entryOf(name string, ns modelNamespace) modelEntry {
-	m := modelEntry{ID: name, Object: "model", OwnedBy: "kvfast"}
+func entryOf(name string, ns modelNamespace, created int64) modelEntry {
+	m := modelEntry{ID: name, Object: "model", Created: created, OwnedBy: "kvfast"}
 	if ns.lora != "" {
 		m.Parent = ns.name
 	}
