@@ -26,8 +26,10 @@ import (
 // A Call that was given an Observer makes exactly one terminal call, on every
 // path: a failed Do, a completed or broken stream, a departed client, or a
 // Release before the end. OnComplete comes before the terminal item reaches
-// the client. finishReason is the raw finish_reason of the terminal item
-// (nil for a stream ended by [DONE] alone, or a response without one); it
+// the client. The terminal item is the one carrying a finish_reason, or
+// with SetChoices(n) the n-th such item. finishReason is its raw
+// finish_reason (nil for a stream ended by [DONE] alone, or a response
+// without one); it
 // aliases the relay buffer and is valid only during the call. reason wraps
 // one of the package's sentinel errors.
 //
@@ -84,6 +86,8 @@ type Call struct {
 	rank     [20]byte // scratch: the pinned rank's digits (HeaderDataParallelRank)
 	charged  int64    // bytes of the pool's response budget ReadBody holds
 	judged   bool     // this attempt's verdict on its engine was recorded
+	choices  int      // completions the request asked for (SetChoices); 0 is one
+	finishes int      // finish reasons seen in this attempt's stream
 }
 
 // errNotEventStream is the cause Relay reports for a plain response, which
@@ -111,6 +115,7 @@ func (c *Call) Release() {
 	c.resp.Reset()
 	c.engine, c.obs = nil, nil
 	c.downstream, c.downstreamWrite = nil, 0
+	c.choices = 0
 	// The budget counts what one response needed, not what the pooled
 	// call keeps: a kept buffer is at most four relay buffers.
 	c.pool.responseBytes.Add(-c.charged)
@@ -137,6 +142,12 @@ func (c *Call) SetRequest(uri, body []byte) {
 	c.req.SetBodyRaw(body)
 }
 
+// SetChoices says the request asks for n completions (OpenAI's n): its
+// stream's generation ends with the n-th finish_reason, not the first,
+// and until then the stream's items are counted and a broken stream is a
+// failure. n <= 1 is one completion.
+func (c *Call) SetChoices(n int) { c.choices = n }
+
 // Do sends the request to slot's engine and waits for the response status
 // and headers (the first-byte timeout). On success it calls
 // obs.OnDispatched; on failure obs.OnAbort, and the error says whether
@@ -147,6 +158,7 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	c.closeStream()
 	c.abort(ErrAbandoned)
 	c.obs, c.finished, c.first, c.done, c.judged, c.midEvent = obs, obs == nil, false, false, false, false
+	c.finishes = 0
 	e := c.pool.Engine(slot)
 	c.engine = e
 	if e == nil {
@@ -540,7 +552,9 @@ func (c *Call) observe(ev openai.Event) {
 		}
 		c.obs.OnItem(1)
 		if ev.FinishReason != nil {
-			c.finish(ev.FinishReason)
+			if c.finishes++; c.finishes >= c.choices {
+				c.finish(ev.FinishReason)
+			}
 		}
 	case openai.EventDone:
 		c.done = true

@@ -1079,3 +1079,68 @@ func TestShutdownDeadlineCutsStreams(t *testing.T) {
 	}
 	waitReleased(t, r.node)
 }
+
+// TestSeveralChoicesEndWithTheLast: a streamed request for n=2
+// completions keeps its booking until the second choice finishes, and a
+// stream that breaks after only the first finished is a failure the
+// client hears of (an error event, then [DONE]), not a success.
+func TestSeveralChoicesEndWithTheLast(t *testing.T) {
+	second := func(text, finish string) []byte {
+		return bytes.Replace(itemEvent(1, text, finish), []byte(`"index":0`), []byte(`"index":1`), 1)
+	}
+	for _, broken := range []bool{false, true} {
+		t.Run(map[bool]string{false: "whole", true: "broken"}[broken], func(t *testing.T) {
+			next := make(chan struct{})
+			var eng *e2eEngine
+			eng = startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
+				_ = writeFlush(w, itemEvent(0, " a", "stop"))
+				<-next
+				_ = writeFlush(w, second(" b", ""))
+				if broken {
+					eng.kill()
+					return
+				}
+				_ = writeFlush(w, second(" c", "length"))
+				_ = writeFlush(w, []byte(doneEvent))
+			}))
+			r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 5, Endpoint: eng.addr(), Model: e2eModel}))
+			body := bytes.Replace(completionBody(e2eTokens(3, 40), true, 2), []byte(`"stream"`), []byte(`"n":2,"stream"`), 1)
+			resp, _ := r.openStream(t, fastpath.PathCompletions, body, nil)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			br := bufio.NewReader(resp.Body)
+			if ev, err := readEvent(br); err != nil || !bytes.Contains(ev, []byte(`"finish_reason":"stop"`)) {
+				t.Fatalf("first event %q, %v", ev, err)
+			}
+			if w := workerView(t, r.node, 5, 0); w.Requests != 1 {
+				t.Fatalf("after the first choice finished: %d requests booked, want 1", w.Requests)
+			}
+			close(next)
+			rest, err := io.ReadAll(br)
+			if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Fatalf("reading the rest: %v", err)
+			}
+			events, ok := bytes.CutSuffix(rest, []byte(doneEvent))
+			if !ok {
+				t.Fatalf("the stream did not end with [DONE]: %q", rest)
+			}
+			status := "ok"
+			if broken {
+				status = "engine_error"
+				last := events[bytes.LastIndex(events[:len(events)-2], []byte("\n\n"))+2:]
+				data, _ := bytes.CutPrefix(bytes.TrimSpace(last), []byte("data: "))
+				if code := checkOpenAIError(t, data); code != "engine_failed" {
+					t.Errorf("error code %q, want engine_failed", code)
+				}
+			} else if bytes.Contains(events, []byte(`"error"`)) || !bytes.Contains(events, []byte(`"finish_reason":"length"`)) {
+				t.Errorf("after the first choice: %q", events)
+			}
+			waitReleased(t, r.node)
+			waitFor(t, "the request to be counted", func() bool {
+				v, _ := metricValue(r.metrics(t), `kvfast_requests_total{endpoint="completions",status="`+status+`"}`)
+				return v == 1
+			})
+		})
+	}
+}

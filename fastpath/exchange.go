@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"math"
 	"net"
 	"strconv"
 	"sync"
@@ -341,7 +342,11 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	ex.sreq.Overlaps = &ex.overlaps
 	ex.sreq.Model = model
 	if r.MaxTokens > 0 {
-		ex.sreq.ExpectedOutputTokens = int(min(r.MaxTokens, 1<<30))
+		// Every choice generates up to max_tokens, and the relay counts
+		// the items of all of them. Each factor is capped before they
+		// multiply, since either may be near 2^63.
+		choices := min(max(r.Choices, 1), 1<<30)
+		ex.sreq.ExpectedOutputTokens = int(min(min(r.MaxTokens, 1<<30)*choices, 1<<30))
 	}
 	return nil
 }
@@ -379,6 +384,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	// The engine gets the path that was routed, not the client's spelling
 	// of it: what a front proxy filtered and what the engine serves agree.
 	ex.call.SetRequest(routedPath(ex.api), ex.body)
+	ex.call.SetChoices(int(min(ex.req.Choices, math.MaxInt32)))
 	copyForwardHeaders(ctx, ex.call.Request(), ex.rid)
 	var body []byte
 	for attempt := 0; ; attempt++ {
@@ -661,11 +667,6 @@ func (ex *exchange) OnItem(tokens int) {
 }
 
 func (ex *exchange) OnComplete(finishReason []byte) {
-	if finishReason != nil && ex.req.Choices > 1 {
-		// The first of several choices finished; the others still run.
-		// The request completes when the stream ends (stream calls Close).
-		return
-	}
 	_ = ex.h.OnItem(0, finishOf(finishReason))
 	if finishReason == nil {
 		_ = ex.h.Close()
