@@ -7,7 +7,7 @@ FUZZTIME  ?= 20s
 BENCHTIME ?= 1s
 
 SOAK_DURATION ?= 30m
-IMAGE         ?= kvfast:dev
+IMAGE         ?= kvfast:latest
 
 .PHONY: help build image test test-short bench fuzz lint manifests demo soak clean
 
@@ -17,7 +17,7 @@ help: ## List the targets with what they do.
 build: ## Build bin/kvfast.
 	$(GO) build -o $(BIN) ./cmd/kvfast
 
-image: ## Build the container image IMAGE (default kvfast:dev) from the Dockerfile; needs Docker (docs/deploy.md).
+image: ## Build the container image IMAGE (default kvfast:latest, the tag deploy/kubernetes runs) from the Dockerfile; needs Docker (docs/deploy.md).
 	@command -v docker >/dev/null 2>&1 || { echo "make image: docker is not installed; make lint checks the Dockerfile without it" >&2; exit 1; }
 	docker build -t $(IMAGE) .
 

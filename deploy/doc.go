@@ -1,7 +1,8 @@
 // Package deploy holds what operators run kvfast with, beside the binary:
-// the Prometheus rules (prometheus/), the Grafana dashboard (grafana/) and
-// the systemd unit (systemd/); the container image is the repository's
-// Dockerfile. docs/deploy.md explains them.
+// the Prometheus rules (prometheus/), the Grafana dashboard (grafana/), the
+// systemd units (systemd/: the router and one engine per GPU) and the
+// Kubernetes manifests (kubernetes/); the container image is the
+// repository's Dockerfile. docs/deploy.md explains them.
 //
 // # Responsibility
 //

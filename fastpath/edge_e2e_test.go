@@ -406,7 +406,7 @@ func TestHTTP10StreamIsCloseDelimited(t *testing.T) {
 
 // TestObsFoldedHeaderRefused: a folded header line (here Transfer-Encoding,
 // which a proxy may ignore while fasthttp reads it as chunked) is refused,
-// and the connection closed.
+// the connection closed, and the refusal counted as a malformed request.
 func TestObsFoldedHeaderRefused(t *testing.T) {
 	eng, _, release := blockingEngine(t)
 	close(release)
@@ -420,6 +420,7 @@ func TestObsFoldedHeaderRefused(t *testing.T) {
 	if eng.requests.Load() != 0 {
 		t.Error("the folded request reached the engine")
 	}
+	wantMetric(t, r.metrics(t), `kvfast_http_transport_errors_total{reason="malformed"}`, 1)
 }
 
 // TestAdminSurface: with an admin listener the API listener serves no admin

@@ -45,6 +45,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	defer s.active.exit()
 	if hasObsFold(ctx.Request.Header.RawHeaders()) {
+		// A header fasthttp read but that a proxy may read another way:
+		// refused before it is a request, like what fasthttp cannot read.
+		s.metrics.transport[transportMalformed].Inc()
 		lingerOnClose(ctx)
 		writeError(ctx, fasthttp.StatusBadRequest, errObsFold)
 		return

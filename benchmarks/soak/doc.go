@@ -15,7 +15,9 @@
 // floods it with large bodies and with idle connections. At the end it
 // stops the load and waits, with generous deadlines, for what must hold:
 // no load booked on any worker, every booking released, goroutines back
-// at their baseline, resident memory under its bound, and the index
+// within a slack of their baseline (16 plus one per client: idle
+// connections that close late; a leak grows past it), resident memory
+// under its bound, and the index
 // holding exactly the blocks each live engine caches. Report says what
 // ran and what was seen; Run's error lists every check that failed.
 //

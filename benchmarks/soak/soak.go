@@ -78,6 +78,7 @@ type Report struct {
 	Released uint64            // releases over every router's life
 
 	BaselineGoroutines, EndGoroutines int
+	GoroutineSlack                    int // the end may exceed the baseline by this much
 	BaselineRSS, PeakRSS, EndRSS      uint64
 	// RSSEveryMinute samples resident memory once a minute under load:
 	// a plateau, or the growth a leak shows.
@@ -91,7 +92,7 @@ func (r Report) String() string {
 	fmt.Fprintf(&b, "outcomes: %s\n", sortedCounts(r.Outcomes))
 	fmt.Fprintf(&b, "faults: %s\n", sortedCounts(r.Faults))
 	fmt.Fprintf(&b, "bookings: %d booked, %d released\n", r.Booked, r.Released)
-	fmt.Fprintf(&b, "goroutines: %d at baseline, %d at the end\n", r.BaselineGoroutines, r.EndGoroutines)
+	fmt.Fprintf(&b, "goroutines: %d at baseline, %d at the end (slack %d)\n", r.BaselineGoroutines, r.EndGoroutines, r.GoroutineSlack)
 	fmt.Fprintf(&b, "RSS: %d MiB at baseline, %d MiB peak, %d MiB at the end\n", r.BaselineRSS>>20, r.PeakRSS>>20, r.EndRSS>>20)
 	if len(r.RSSEveryMinute) > 0 {
 		b.WriteString("RSS each minute under load (MiB):")
@@ -226,6 +227,7 @@ func (s *soak) check(ctx context.Context) error {
 	// pools close within their idle timeouts, and fasthttp's idle workers
 	// within ten seconds; a leak stays.
 	slack := 16 + s.cfg.Clients
+	s.rep.GoroutineSlack = slack
 	if err := rig.WaitFor(ctx, settle, "goroutines back at the baseline", func() bool {
 		http.DefaultClient.CloseIdleConnections()
 		return runtime.NumGoroutine() <= s.rep.BaselineGoroutines+slack

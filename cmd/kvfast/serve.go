@@ -156,7 +156,8 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.DurationVar(&cfg.DiscoveryTimeout, "discovery-timeout", cfg.DiscoveryTimeout, "at start-up, how long /ready stays 503 (and requests naming an unknown model wait) for static workers configured without model= to say which they serve")
 	fs.Var((*tokenizerFlags)(&cfg.Tokenizers.Specs), "tokenizer", `how a model's text and chat prompts become token ids, so that they route on exact blocks; repeatable: `+
 		`"MODEL=remote" (ask an engine serving it: vLLM's render endpoint, else /tokenize), "MODEL=DIR" (tokenizer.json and tokenizer_config.json), `+
-		`"MODEL=hf:ORG/NAME" (those files in the local Hugging Face cache), "auto" (every served model whose files are in that cache); `+
+		`"MODEL=hf:ORG/NAME" (those files in the local Hugging Face cache), "MODEL=demo" (the built-in demo tokenizer of kvfast mock --tokenizer demo), `+
+		`"auto" (every served model whose files are in that cache); `+
 		`models without one route text and chat approximately`)
 	fs.DurationVar(&cfg.Tokenizers.Timeout, "tokenize-timeout", cfg.Tokenizers.Timeout, "longest wait for an engine to render a prompt (MODEL=remote); past it the request routes approximately")
 	fs.Int64Var(&cfg.Tokenizers.PrefixCacheBytes, "tokenize-cache-bytes", cfg.Tokenizers.PrefixCacheBytes, "per built-in tokenizer, bytes of tokenized prompt prefixes kept so that a conversation's next turn tokenizes only its tail (0: no cache)")

@@ -33,7 +33,8 @@ segment, a flood of 8 MiB bodies, or a flood of idle connections.
 
 When the time is up the load stops, and the soak waits (up to 90 s each)
 for: no load booked on any worker, every booking released (also at each
-router restart), goroutines back at their baseline, resident memory under
+router restart), goroutines back within 16 plus --clients of their
+baseline (idle connections that close late), resident memory under
 --rss-bound, and the index holding exactly the blocks each live engine
 caches. It prints what ran and what was seen, and exits 1 if any check
 failed. make soak runs it for SOAK_DURATION (default 30m); make test runs
