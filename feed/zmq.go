@@ -723,23 +723,34 @@ func (s *ZMQSubscriber) Stats() ZMQStats {
 // namespaceSeeds caches radix.NamespaceSeed(model, lora, salt) by lora
 // and salt. A tenant's salt recurs on every one of its requests, so the
 // cache saves hashing and, above all, the strings NamespaceSeed takes; it
-// is bounded, and simply emptied when full, as recomputing costs little.
+// is bounded in entries and in bytes (a publisher decides how long names
+// are), and simply emptied when full, as recomputing costs little. A key
+// longer than any real adapter name and salt is not cached at all.
 type namespaceSeeds struct {
-	m   map[string]uint64
-	key []byte
+	m     map[string]uint64
+	bytes int // of the keys in m
+	key   []byte
 }
 
-const maxNamespaceSeeds = 4096
+const (
+	maxNamespaceSeeds     = 4096
+	maxNamespaceSeedBytes = 1 << 20
+	maxNamespaceKeyBytes  = 1 << 10
+)
 
 func (c *namespaceSeeds) seed(model string, lora, salt []byte) uint64 {
+	if len(lora)+len(salt) >= maxNamespaceKeyBytes {
+		return radix.NamespaceSeed(model, string(lora), string(salt))
+	}
 	c.key = append(append(append(c.key[:0], lora...), 0), salt...)
 	if v, ok := c.m[string(c.key)]; ok {
 		return v
 	}
-	if c.m == nil || len(c.m) >= maxNamespaceSeeds {
-		c.m = make(map[string]uint64)
+	if c.m == nil || len(c.m) >= maxNamespaceSeeds || c.bytes+len(c.key) > maxNamespaceSeedBytes {
+		c.m, c.bytes = make(map[string]uint64), 0
 	}
 	v := radix.NamespaceSeed(model, string(lora), string(salt))
 	c.m[string(c.key)] = v
+	c.bytes += len(c.key)
 	return v
 }

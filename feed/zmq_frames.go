@@ -18,6 +18,11 @@ import (
 // it cannot afford. So the subscriber dials through transports of its
 // own that read ZMTP framing as the bytes pass and break the connection
 // at a header claiming more than maxZMQFrameBytes, before zmq4 sees it.
+// zmq4 also keeps every frame of a message until its last: the guard
+// bounds a message's frames (maxZMQMessageFrames) and their bytes
+// together (maxZMQFrameBytes), or a peer could send a message of a
+// thousand 60 MiB frames, or ten million empty ones (about 80 bytes of
+// zmq4's per 2 on the wire).
 // The feed then counts a disconnect and redials, as for any other
 // broken connection.
 
@@ -28,12 +33,20 @@ import (
 // here; what is larger is refused by the decoder anyway.
 const maxZMQFrameBytes = 64 << 20
 
+// maxZMQMessageFrames bounds the frames of one message. The engines send
+// three (topic, sequence, payload) and their replay sockets as many.
+const maxZMQMessageFrames = 8
+
 // zmtpGreetingBytes is the size of the greeting that opens a ZMTP 3
 // connection; frames follow it.
 const zmtpGreetingBytes = 64
 
 // ZMTP frame flags (RFC 23): more frames follow, an 8-byte size, a command.
-const zmtpFlagLong = 0x02
+const (
+	zmtpFlagMore    = 0x01
+	zmtpFlagLong    = 0x02
+	zmtpFlagCommand = 0x04
+)
 
 // guardedPrefix names the bounded transports: "kvfast-tcp" for tcp://
 // endpoints, "kvfast-ipc" for ipc://.
@@ -75,7 +88,10 @@ type frameGuard struct {
 	skip   uint64  // greeting or body bytes to pass before the next header
 	hdr    [9]byte // the header being read: flags, then the size
 	hdrLen int
-	err    error // the refusal, returned by every later Read
+	// frames and bytes of the message being read, up to its last frame
+	frames   int
+	msgBytes uint64
+	err      error // the refusal, returned by every later Read
 }
 
 func (g *frameGuard) Read(p []byte) (int, error) {
@@ -116,6 +132,18 @@ func (g *frameGuard) scan(b []byte) error {
 		g.hdrLen = 0
 		if size > maxZMQFrameBytes {
 			return fmt.Errorf("cannot accept a ZMTP frame of %d bytes from the engine: the limit is %d", size, maxZMQFrameBytes)
+		}
+		if flags := g.hdr[0]; flags&zmtpFlagCommand == 0 {
+			g.frames++
+			g.msgBytes += size
+			switch {
+			case g.frames > maxZMQMessageFrames:
+				return fmt.Errorf("cannot accept a ZMQ message of more than %d frames from the engine", maxZMQMessageFrames)
+			case g.msgBytes > maxZMQFrameBytes:
+				return fmt.Errorf("cannot accept a ZMQ message of more than %d bytes from the engine", maxZMQFrameBytes)
+			case flags&zmtpFlagMore == 0:
+				g.frames, g.msgBytes = 0, 0
+			}
 		}
 		g.skip = size
 	}

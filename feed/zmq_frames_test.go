@@ -55,6 +55,56 @@ func TestFrameGuardFollowsFraming(t *testing.T) {
 	}
 }
 
+// TestFrameGuardBoundsMessages: a message may have up to
+// maxZMQMessageFrames frames and maxZMQFrameBytes in all, and messages
+// one after another each have their own allowance; beyond either bound
+// the guard refuses, however small each frame.
+func TestFrameGuardBoundsMessages(t *testing.T) {
+	scan := func(b []byte) error {
+		g := frameGuard{skip: zmtpGreetingBytes}
+		return g.scan(append(zmtpGreeting(), b...))
+	}
+	frames := func(n int, size uint64) []byte { // a message of n frames of size bytes
+		var b []byte
+		for i := range n {
+			flags := byte(zmtpFlagLong | zmtpFlagMore)
+			if i == n-1 {
+				flags = zmtpFlagLong
+			}
+			b = append(b, flags)
+			b = binary.BigEndian.AppendUint64(b, size)
+			b = append(b, make([]byte, size)...)
+		}
+		return b
+	}
+	var many []byte
+	for range 100 {
+		many = append(many, frames(3, 10)...)
+	}
+	if err := scan(many); err != nil {
+		t.Errorf("100 messages of three frames: %v", err)
+	}
+	if err := scan(frames(maxZMQMessageFrames, 0)); err != nil {
+		t.Errorf("a message of %d empty frames: %v", maxZMQMessageFrames, err)
+	}
+	if err := scan(frames(maxZMQMessageFrames+1, 0)); err == nil {
+		t.Errorf("a message of %d empty frames passed", maxZMQMessageFrames+1)
+	}
+	// Two frames of half the limit and one more byte: headers only, the
+	// guard refuses at the second header before its body is read.
+	half := uint64(maxZMQFrameBytes/2 + 1)
+	hdrs := append([]byte{zmtpFlagLong | zmtpFlagMore}, binary.BigEndian.AppendUint64(nil, half)...)
+	g := frameGuard{skip: zmtpGreetingBytes}
+	err := g.scan(append(zmtpGreeting(), hdrs...))
+	g.skip = 0 // as if the first frame's body had been read
+	if err == nil {
+		err = g.scan(hdrs)
+	}
+	if err == nil {
+		t.Errorf("a message of two frames of %d bytes passed", half)
+	}
+}
+
 // TestZMQHugeFrameClaimIsRefused: a peer on the engine's port that claims
 // a frame of 2^62 bytes (zmq4 would allocate it, and panic) breaks only
 // its connection: the subscriber counts the disconnect and dials again.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"math"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -1036,6 +1037,34 @@ func TestDecodeVLLMBatchLimits(t *testing.T) {
 		d := VLLMDecoder{MaxBlocks: tc.blocks, MaxTokens: tc.tokens}
 		if _, err := d.Decode(payload); (err == nil) != tc.ok {
 			t.Errorf("limits %d/%d: %v", tc.blocks, tc.tokens, err)
+		}
+	}
+}
+
+// TestNamespaceSeedsAreBounded: the cache of namespace seeds holds what a
+// publisher names within its entry and byte bounds, and keeps no key
+// longer than a real adapter name and salt; every seed is the one
+// radix.NamespaceSeed gives.
+func TestNamespaceSeedsAreBounded(t *testing.T) {
+	var c namespaceSeeds
+	long := bytes.Repeat([]byte{'x'}, maxNamespaceKeyBytes)
+	for i := range 100 {
+		name := append(bytes.Clone(long), byte(i))
+		if got, want := c.seed("m", name, nil), radix.NamespaceSeed("m", string(name), ""); got != want {
+			t.Fatalf("seed of a long name %x, want %x", got, want)
+		}
+	}
+	if len(c.m) != 0 {
+		t.Errorf("%d long names cached", len(c.m))
+	}
+	name := bytes.Repeat([]byte{'y'}, maxNamespaceKeyBytes-10)
+	for i := range 5000 {
+		salt := []byte(strconv.Itoa(i))
+		if got, want := c.seed("m", name, salt), radix.NamespaceSeed("m", string(name), string(salt)); got != want {
+			t.Fatalf("seed %x, want %x", got, want)
+		}
+		if c.bytes > maxNamespaceSeedBytes || len(c.m) > maxNamespaceSeeds {
+			t.Fatalf("after %d names: %d entries of %d bytes", i+1, len(c.m), c.bytes)
 		}
 	}
 }
