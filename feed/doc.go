@@ -191,7 +191,12 @@
 // never a claim the engine may have dropped. A subscriber starts by
 // dropping the slot's blocks and, with a replay socket, catches up from
 // sequence 0 (exact if the engine's replay buffer still holds its whole
-// history).
+// history). The live stream waits while a replay runs, so a replay ends
+// at the live batch that called for it (a reply numbered at or past it
+// ends the replay there), a reply that does not move the sequence on is
+// not progress against the stall timeout, and a replay lasts 30 stall
+// timeouts at most: a replay socket that repeats itself or lies about
+// numbers cannot freeze the worker's view.
 //
 // An engine that restarts numbers its batches from 0 again and has an
 // empty cache. Two signals prove a restart wherever they appear: a

@@ -261,7 +261,7 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 		if s.synced {
 			res := replayUnproven
 			if canReplay {
-				res = s.replay(ctx, s.lastSeq, true)
+				res = s.replay(ctx, s.lastSeq, seq, true)
 			}
 			switch res {
 			case replayMismatch:
@@ -281,12 +281,12 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 		// of the engine's history is safe to apply, and the replay buffer
 		// may hold all of it.
 		if seq > 0 && canReplay {
-			s.replay(ctx, 0, false)
+			s.replay(ctx, 0, seq, false)
 		}
 	case seq > s.lastSeq+1:
 		s.c.gaps.Add(1)
 		if canReplay {
-			s.replay(ctx, s.lastSeq+1, false)
+			s.replay(ctx, s.lastSeq+1, seq, false)
 		}
 	}
 	s.offer(seq, payload)
@@ -361,18 +361,27 @@ const (
 )
 
 // replay asks the engine's replay socket for every batch from seq from on
-// and offers each. vLLM's protocol: the request is [empty delimiter,
-// 8-byte big-endian start]; replies and the end marker (seq -1, empty
-// payload) come in the shapes replayReply accepts. A replay that fails or
-// stalls is abandoned; offer then resyncs over whatever is still missing.
+// and offers each, up to the live batch until that called for it (which
+// the caller offers next). vLLM's protocol: the request is [empty
+// delimiter, 8-byte big-endian start]; replies and the end marker (seq
+// -1, empty payload) come in the shapes replayReply accepts. A replay that
+// fails or stalls is abandoned; offer then resyncs over whatever is still
+// missing.
+//
+// The live stream waits while a replay runs, so the replay socket is not
+// trusted to end it: a reply at or past until ends it (the rest comes
+// live, and a number from nowhere cannot shadow the live stream), a reply
+// that does not move the sequence on is skipped without counting as
+// progress against the stall timeout, and the whole replay has
+// maxReplayTimeouts stall timeouts at most.
 //
 // With verify, from is the batch applied last, and the first reply must be
 // that batch, byte for byte, for the rest to be taken as its continuation:
 // an engine's replay buffer holds the payloads it published, so only the
 // engine that published it returns the same bytes under that number.
-func (s *ZMQSubscriber) replay(ctx context.Context, from uint64, verify bool) replayResult {
+func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify bool) replayResult {
 	s.c.replays.Add(1)
-	rctx, cancel := context.WithCancel(ctx)
+	rctx, cancel := context.WithTimeout(ctx, maxReplayTimeouts*s.cfg.ReplayTimeout)
 	defer cancel()
 	stall := time.AfterFunc(s.cfg.ReplayTimeout, cancel)
 	defer stall.Stop()
@@ -392,12 +401,12 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from uint64, verify bool) re
 	if err := d.Send(zmq4.NewMsgFrom([]byte{}, req[:])); err != nil {
 		return fail(err)
 	}
+	next := from // the lowest number that moves the replay on
 	for {
 		msg, err := d.Recv()
 		if err != nil {
 			return fail(err)
 		}
-		stall.Reset(s.cfg.ReplayTimeout)
 		seq, payload, ok := replayReply(msg.Frames)
 		if msg.Type == zmq4.CmdMsg || !ok {
 			s.c.garbage.Add(1)
@@ -412,15 +421,28 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from uint64, verify bool) re
 			case xxhash.Sum64(payload) != s.lastDigest:
 				return replayMismatch
 			}
+			stall.Reset(s.cfg.ReplayTimeout)
+			next = from + 1
 			continue // applied already: what follows continues it
 		}
-		if end {
+		switch {
+		case end, seq >= until:
 			return replayEnded
+		case seq < next:
+			s.c.duplicates.Add(1) // a repeat moves nothing on
+			continue
 		}
+		stall.Reset(s.cfg.ReplayTimeout)
+		next = seq + 1
 		s.c.replayed.Add(1)
 		s.offer(seq, payload)
 	}
 }
+
+// maxReplayTimeouts bounds one replay, in stall timeouts (ReplayTimeout):
+// an engine's replay buffer of thousands of batches arrives in well under
+// one.
+const maxReplayTimeouts = 30
 
 // replayReply reads one message of the replay socket as it reaches a
 // DEALER: the ROUTER's empty delimiter, then

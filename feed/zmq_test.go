@@ -243,7 +243,10 @@ type testEngine struct {
 	seq         uint64
 	buffer      []sentBatch // what the replay socket serves
 	served      int         // replay requests answered
-	stopped     sync.WaitGroup
+	// serve, when set, answers replay requests instead of the buffer
+	// (a misbehaving replay socket).
+	serve   func(id []byte, start uint64)
+	stopped sync.WaitGroup
 }
 
 type sentBatch struct {
@@ -320,8 +323,12 @@ func (e *testEngine) serveReplay() {
 			}
 		}
 		e.served++
-		withTopic := e.replayTopic
+		withTopic, serve := e.replayTopic, e.serve
 		e.mu.Unlock()
+		if serve != nil {
+			serve(id, start)
+			continue
+		}
 		// A client that hangs up mid-replay only ends its own replay: like
 		// pyzmq's ROUTER, the socket drops what it cannot route.
 		for _, b := range append(todo, sentBatch{endOfReplay, []byte{}}) {
@@ -602,6 +609,56 @@ func TestZMQGapIsReplayed(t *testing.T) {
 			if e.replaysServed()-served != 1 {
 				t.Fatalf("%d replays served", e.replaysServed())
 			}
+		})
+	}
+}
+
+// TestZMQMisbehavingReplayEnds: the live stream waits while a replay
+// runs, so a replay socket must not be able to hold it: one that repeats
+// a batch without end stalls out, and one that answers with a number from
+// far ahead ends the replay there without shadowing the live stream. In
+// both the worker's later live batches are applied.
+func TestZMQMisbehavingReplayEnds(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		serve func(e *testEngine, id []byte, start uint64, payload []byte, stop <-chan struct{})
+	}{
+		{"repeats a batch", func(e *testEngine, id []byte, start uint64, payload []byte, stop <-chan struct{}) {
+			for { // every 100 ms until the test ends, against a 300 ms stall timeout
+				if e.reply(id, false, start, payload) != nil {
+					return
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		}},
+		{"lies about the number", func(e *testEngine, id []byte, _ uint64, payload []byte, _ <-chan struct{}) {
+			_ = e.reply(id, false, 1e12, payload)
+			_ = e.reply(id, false, endOfReplay, []byte{})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := newZMQIndex(t)
+			e := newTestEngine(t, true)
+			s := startSub(t, ix, e, func(c *ZMQConfig) { c.ReplayTimeout = 300 * time.Millisecond })
+			e.warmUp(t, s, vllmMap)
+			ops := genOps(26, 200)
+			_, lost := publishOps(t, vllmMap, ops[:50], e.lose)
+			lostPayload := encodeBatch(t, vllmMap, wireOps(intHashes, lost[0]))
+			e.mu.Lock()
+			stop := make(chan struct{})
+			t.Cleanup(func() { close(stop) }) // before the engine's own cleanup waits for its server
+			e.serve = func(id []byte, start uint64) { tc.serve(e, id, start, lostPayload, stop) }
+			e.mu.Unlock()
+			m := newModel()
+			m.apply(op{Op: "cleared"}) // the lost batches stay lost
+			seqs, after := publishOps(t, vllmMap, ops[50:], e.publish)
+			applyAll(m, after)
+			waitSeq(t, s, seqs[len(seqs)-1])
+			m.check(t, ix, zmqTestSlot)
 		})
 	}
 }
