@@ -388,22 +388,25 @@ func (in *Ingester) drain(slot workers.Slot, w *worker) int {
 		if !ok {
 			break
 		}
-		if w.state != shm.StateLive {
-			in.c.skippedDown++
+		if rec.Gen < w.gen {
+			in.c.stale++
 			r.Skip(rec)
 			continue
 		}
-		if rec.Gen != w.gen {
-			if rec.Gen < w.gen {
-				in.c.stale++
-				r.Skip(rec)
-				continue
-			}
-			// The engine re-registered and published before our registry
-			// scan noticed; adopt the new generation now if the registry
-			// agrees, else the record is forged or from the future.
+		if rec.Gen != w.gen || w.state != shm.StateLive {
+			// The engine re-registered (a new generation) or came back
+			// after it was marked down, and published before our registry
+			// scan noticed: adopt it now if the registry agrees, else the
+			// record is from an engine that is down, forged, or from the
+			// future. Checked before the state, or what a re-registered
+			// engine publishes first would be lost.
+			wasLive := w.state == shm.StateLive
 			if !in.adopt(slot, w) || w.gen != rec.Gen {
-				in.c.rejected++
+				if wasLive {
+					in.c.rejected++
+				} else {
+					in.c.skippedDown++
+				}
 				r.Skip(rec)
 				continue
 			}

@@ -262,3 +262,41 @@ func TestPollRequiresLock(t *testing.T) {
 	}()
 	in.Poll()
 }
+
+// TestEngineBackBeforeTheScanKeepsItsFirstRecords: an engine that
+// re-registers into its old slot and publishes before the ingester's next
+// registry scan has what it published applied, not skipped as the closed
+// worker's records (the first blocks of a restarted engine, and every
+// chain built on them, were never credited).
+func TestEngineBackBeforeTheScanKeepsItsFirstRecords(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	in := acquire(t, seg, Config{RegistryEvery: time.Hour}) // scans only when told
+	p, err := seg.Register(workerCfg(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range genOps(11, 20) {
+		publishOp(p, o)
+	}
+	drainAll(in)
+	p.Close()
+	in.ScanRegistry() // the ingester sees the worker closed
+	again, err := seg.Register(workerCfg(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Slot() != p.Slot() {
+		t.Fatalf("re-registered into slot %d, not %d", again.Slot(), p.Slot())
+	}
+	m := newModel()
+	for _, o := range genOps(12, 20) {
+		publishOp(again, o)
+		m.apply(o)
+	}
+	for in.Poll() > 0 {
+	}
+	m.check(t, seg.Index(), again.Slot())
+	if st := in.Stats(); st.SkippedDown != 0 {
+		t.Errorf("%d records skipped as a down worker's", st.SkippedDown)
+	}
+}
