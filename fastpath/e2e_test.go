@@ -1128,8 +1128,8 @@ func TestSeveralChoicesEndWithTheLast(t *testing.T) {
 			status := "ok"
 			if broken {
 				status = "engine_error"
-				last := events[bytes.LastIndex(events[:len(events)-2], []byte("\n\n"))+2:]
-				data, _ := bytes.CutPrefix(bytes.TrimSpace(last), []byte("data: "))
+				all := bytes.Split(bytes.TrimSpace(events), []byte("\n\n"))
+				data, _ := bytes.CutPrefix(all[len(all)-1], []byte("data: "))
 				if code := checkOpenAIError(t, data); code != "engine_failed" {
 					t.Errorf("error code %q, want engine_failed", code)
 				}
