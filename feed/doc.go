@@ -42,7 +42,10 @@
 // block it dropped, and an engine reset after every weight sync would
 // otherwise fill the map. The router's resync, after a gap or a lost
 // event, drops the blocks and keeps the mappings (Cleared), so that
-// blocks the engine still holds, and stores later, resolve their parents.
+// blocks the engine still holds, and stores later, resolve their parents;
+// with the engine map more than half full it drops the worker's mappings
+// too, since those of blocks evicted in the lost events would otherwise
+// pile up over repeated gaps until the map refused every store.
 //
 // The order of those writes keeps one invariant at every instant, and so
 // also after a writer killed between any two index writes: every block

@@ -691,8 +691,20 @@ func (ix *Index) clearBit(sh *shard, i uint32, w workers.Slot, bit uint64) (shif
 // Cleared drops every block of worker w and keeps its engine-hash map:
 // the feed's resync, after which the engine's later events may still
 // chain from blocks it holds. An engine's own clear is ClearedAll.
+//
+// The mappings kept include those of blocks the engine evicted in the
+// events the resync stands for, whose removals never came: a worker that
+// keeps losing events (a ring overflowing under a stalled router) would
+// fill the engine map with them until it refuses every worker's stores.
+// So once the map is more than half full, a resync drops the worker's
+// mappings as ClearedAll does, trading a few continuations that will not
+// chain for a map that stays usable.
 func (ix *Index) Cleared(w workers.Slot) {
 	ix.checkSlot(w)
+	if ix.engineMapLive() > ix.geo.mapCapacity/2 {
+		ix.forgetWorker(w, "Cleared")
+		return
+	}
 	scanned := ix.clearWorker(w)
 	if invariants.Enabled {
 		ix.wrote("Cleared", scanned/scanPerWrite)
@@ -718,6 +730,15 @@ func (ix *Index) clearWorker(w workers.Slot) (scanned int) {
 		sh.mu.Unlock()
 	}
 	return scanned
+}
+
+// engineMapLive counts the engine-hash mappings held, over every shard.
+func (ix *Index) engineMapLive() uint64 {
+	var n uint64
+	for i := range ix.shards {
+		n += ix.shards[i].meta.mapLive.Load()
+	}
+	return n
 }
 
 // RemoveWorker forgets worker w entirely: its blocks and its engine-hash

@@ -581,3 +581,38 @@ func TestApproxEvictsOldestWhenFull(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRepeatedResyncsDoNotFillTheEngineMap: the router's resync keeps a
+// worker's mappings, including those of blocks whose removals were lost
+// with the events it stands for; a worker that keeps losing events must
+// not fill the map with them. Once the map is half full, a resync drops
+// the worker's mappings, and no store is ever refused.
+func TestRepeatedResyncsDoNotFillTheEngineMap(t *testing.T) {
+	ix := newTestIndex(t, Config{Capacity: 1000})
+	capacity := ix.Stats().EngineMapCapacity
+	per := capacity / 8 // mappings a round adds, none of them removed
+	for round := range uint64(40) {
+		for e := range per {
+			kv := round<<32 | e
+			if !ix.MapEngineHash(1, round<<32|e, kv) {
+				t.Fatalf("round %d: the engine map refused a mapping at %d entries of %d", round, ix.Stats().EngineMapEntries, capacity)
+			}
+			ix.Stored(1, []uint64{kv})
+		}
+		before := ix.Stats().EngineMapEntries
+		ix.Cleared(1)
+		after := ix.Stats().EngineMapEntries
+		switch {
+		case before <= capacity/2 && after != before:
+			t.Fatalf("round %d: a resync with the map %d/%d full dropped mappings (%d left)", round, before, capacity, after)
+		case before > capacity/2 && after != 0:
+			t.Fatalf("round %d: a resync with the map %d/%d full kept %d mappings", round, before, capacity, after)
+		}
+	}
+	if st := ix.Stats(); st.EngineMapOverflow != 0 || st.WorkerBlocks[1] != 0 {
+		t.Fatalf("overflow %d, blocks %d", st.EngineMapOverflow, st.WorkerBlocks[1])
+	}
+	if err := ix.Verify(); err != nil {
+		t.Fatal(err)
+	}
+}
