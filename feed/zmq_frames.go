@@ -34,7 +34,8 @@ import (
 const maxZMQFrameBytes = 64 << 20
 
 // maxZMQMessageFrames bounds the frames of one message. The engines send
-// three (topic, sequence, payload) and their replay sockets as many.
+// three (topic, sequence, payload), their replay sockets at most four
+// (with the ROUTER's empty delimiter).
 const maxZMQMessageFrames = 8
 
 // zmtpGreetingBytes is the size of the greeting that opens a ZMTP 3

@@ -40,16 +40,8 @@ func TestSilentStaticWorkersRouteOnHistory(t *testing.T) {
 	body := tokenPrompt(256, 0, 0)
 	first := ""
 	for i := range 6 {
-		resp, err := http.Post(r.URL+"/v1/completions", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
-		}
-		w, overlap := resp.Header.Get("X-Kvfast-Worker"), resp.Header.Get(fastpath.HeaderOverlapBlocks)
+		header, _ := postCompletion(t, r.URL, body)
+		w, overlap := header.Get("X-Kvfast-Worker"), header.Get(fastpath.HeaderOverlapBlocks)
 		if i == 0 {
 			first = w
 			continue
@@ -85,16 +77,8 @@ func TestSilentPrefillWorkersRouteOnHistory(t *testing.T) {
 	first := ""
 	for i := range 6 {
 		body := tokenPrompt(256, 128, 5000+i*1000)
-		resp, err := http.Post(r.URL+"/v1/completions", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
-		}
-		w := resp.Header.Get(fastpath.HeaderPrefillWorker)
+		header, b := postCompletion(t, r.URL, body)
+		w := header.Get(fastpath.HeaderPrefillWorker)
 		if w == "" {
 			t.Fatalf("request %d was not prefilled remotely: %s", i, b)
 		}
@@ -119,4 +103,20 @@ func tokenPrompt(n, tail, tailFrom int) string {
 		tokens = append(tokens, strconv.Itoa(tailFrom+i))
 	}
 	return fmt.Sprintf(`{"model":%q,"prompt":[%s],"max_tokens":1}`, mocker.DefaultModel, strings.Join(tokens, ","))
+}
+
+// postCompletion posts a completions body to the router at url and
+// returns the answer's headers and body, failing the test unless it is 200.
+func postCompletion(t *testing.T, url, body string) (http.Header, []byte) {
+	t.Helper()
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	return resp.Header, b
 }
