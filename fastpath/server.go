@@ -428,6 +428,15 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	defer s.hangups.Close() // after the drain: the requests it cut stop their watches
+	// fasthttp counts a connection that has not yet carried a request as
+	// busy for its first five seconds: a client's or balancer's spare dial
+	// would hold the shutdown that long.
+	s.conns.Range(func(c net.Conn, cs *connState) bool {
+		if !cs.used.Load() {
+			_ = c.Close()
+		}
+		return true
+	})
 	err := s.http.ShutdownWithContext(ctx)
 	// A Serve that has not yet handed its listener to fasthttp left it
 	// nothing to close, and would then accept forever: close them ourselves.
@@ -479,6 +488,7 @@ func (s *Server) trackConn(c net.Conn, st fasthttp.ConnState) {
 	case fasthttp.StateActive, fasthttp.StateIdle:
 		if cs, ok := s.conns.Load(c); ok {
 			cs.serving.Store(st == fasthttp.StateActive)
+			cs.used.Store(true)
 		}
 		if st == fasthttp.StateIdle {
 			s.noteIdle()
@@ -490,7 +500,7 @@ func (s *Server) trackConn(c net.Conn, st fasthttp.ConnState) {
 }
 
 // connState is what trackConn knows of an open connection.
-type connState struct{ serving atomic.Bool }
+type connState struct{ serving, used atomic.Bool }
 
 // serving reports whether a connection is still serving a request.
 func (s *Server) serving() (busy bool) {

@@ -38,6 +38,11 @@ type Engine struct {
 	srv       *fasthttp.Server
 	serveDone chan struct{}
 	serveErr  error
+	// unused holds the connections that have not yet carried a request.
+	// Shutdown counts such a connection as busy for its first five seconds
+	// (fasthttp, like net/http), so a client's spare dial would otherwise
+	// hold Close for that long.
+	unused sync.Map // net.Conn → struct{}
 	// hangups tells a non-streaming request that its client left, as
 	// vLLM's server does, so that it is aborted rather than run to its
 	// end; nil where connections cannot be watched.
@@ -153,6 +158,7 @@ func Start(cfg Config) (*Engine, error) {
 		IdleTimeout:        120 * time.Second,
 		CloseOnShutdown:    true,
 		Logger:             quietLogger{},
+		ConnState:          e.trackConn,
 	}
 	if w, err := hangup.New(); err == nil {
 		e.hangups = w
@@ -251,7 +257,10 @@ func (e *Engine) Close() error {
 		close(e.stop)
 		<-e.loopDone
 		close(e.closing)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		e.unused.Range(func(c, _ any) bool { _ = c.(net.Conn).Close(); return true })
+		// Longer than the five seconds a connection accepted after the
+		// sweep may count as busy.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		err := e.srv.ShutdownWithContext(ctx)
 		// A Serve goroutine that had not yet handed ln to fasthttp when
@@ -270,6 +279,15 @@ func (e *Engine) Close() error {
 		}
 	})
 	return e.closeErr
+}
+
+func (e *Engine) trackConn(c net.Conn, st fasthttp.ConnState) {
+	switch st {
+	case fasthttp.StateNew:
+		e.unused.Store(c, struct{}{})
+	case fasthttp.StateActive, fasthttp.StateClosed, fasthttp.StateHijacked:
+		e.unused.Delete(c)
+	}
 }
 
 func (e *Engine) submit(op engineOp) error {

@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"reflect"
 	"strconv"
 	"strings"
@@ -430,6 +432,35 @@ func TestHTTPCloseEndsRequests(t *testing.T) {
 	}
 	if e.Close() != nil {
 		t.Fatal("second Close failed")
+	}
+}
+
+// TestCloseCutsUnusedConnections: a connection that never carried a
+// request (an HTTP client's spare dial) must not hold Close: fasthttp counts
+// it as busy for its first five seconds, longer than Close used to wait.
+func TestCloseCutsUnusedConnections(t *testing.T) {
+	e, err := Start(Config{Speedup: 1, Timing: testTiming})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", e.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	eventually(t, "the connection accepted", func() bool {
+		n := 0
+		e.unused.Range(func(_, _ any) bool { n++; return true })
+		return n == 1
+	})
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := conn.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the unused connection is still open after Close: read %d, %v", n, err)
 	}
 }
 
