@@ -12,7 +12,9 @@
 //     against the file (typed refusals: CorruptError, VersionError,
 //     MismatchError, all wrapping ErrIncompatible, all saying how to
 //     recreate), retirement on --recreate-segment, the ingester flock and
-//     the futex doorbell.
+//     the futex doorbell. Open has the file system back the whole file
+//     (fallocate), refusing with a SpaceError where it has no room, since
+//     a sparse file on a full tmpfs faults (SIGBUS) at a later write.
 //   - Trust: a router (Open) attaches only to a segment this user owns
 //     with no group or other permission bits (mode 0600, as create makes
 //     it), because whoever can write the segment can register engines,

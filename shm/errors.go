@@ -35,6 +35,9 @@ var (
 	// ErrForeignSegment is what OwnerError wraps: the segment is not this
 	// user's alone.
 	ErrForeignSegment = errors.New("kvfast: shm segment is owned or writable by another user")
+	// ErrNoSpace is what SpaceError wraps: the segment's file system
+	// cannot hold it.
+	ErrNoSpace = errors.New("kvfast: no room for the shm segment")
 	// ErrSlotCorrupt means a registry slot's bytes are not a registration
 	// any publisher writes (see SlotError).
 	ErrSlotCorrupt = errors.New("kvfast: corrupt registry slot")
@@ -102,6 +105,28 @@ func (e *OwnerError) Error() string {
 }
 
 func (e *OwnerError) Unwrap() error { return ErrForeignSegment }
+
+// SpaceError refuses a segment its file system cannot back: a /dev/shm
+// smaller than the segment (a container's is 64 MiB unless enlarged)
+// would otherwise let the file be created sparse and kill the process
+// with SIGBUS at the first write to a page it cannot supply. It wraps
+// ErrNoSpace.
+type SpaceError struct {
+	Path       string
+	Size, Free int64 // bytes; Free is -1 when the file system did not say
+}
+
+func (e *SpaceError) Error() string {
+	free := "its file system did not say how much is free"
+	if e.Free >= 0 {
+		free = fmt.Sprintf("its file system has %d MiB free", e.Free>>20)
+	}
+	return fmt.Sprintf("kvfast: cannot back shm segment %s: it needs %d MiB and %s; enlarge the file system "+
+		"(docker run --shm-size, a Kubernetes emptyDir's sizeLimit) or make the segment smaller (--index-capacity, --ring-bytes)",
+		e.Path, (e.Size+1<<20-1)>>20, free)
+}
+
+func (e *SpaceError) Unwrap() error { return ErrNoSpace }
 
 // SlotError says why a registry slot could not be read. It wraps
 // ErrSlotCorrupt.

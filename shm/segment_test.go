@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -156,4 +158,51 @@ func TestRecreateRetiresOldSegment(t *testing.T) {
 	if fresh.Header().SegmentID == seg.Header().SegmentID {
 		t.Fatal("recreate kept the segment id")
 	}
+}
+
+// TestSegmentRefusedWhenItCannotBeBacked: a file system without room for
+// the segment (a container's 64 MiB /dev/shm) refuses it at Open, create
+// or attach, with a SpaceError that says what to enlarge, and leaves no
+// file behind; one that cannot reserve at all keeps the file sparse.
+func TestSegmentRefusedWhenItCannotBeBacked(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "seg")
+	opts := Options{Index: testIndex, RingBytes: 64 << 10}
+	restore := setFallocate(func(int, uint32, int64, int64) error { return unix.ENOSPC })
+	_, err := Open(path, opts)
+	restore()
+	var se *SpaceError
+	if !errors.As(err, &se) || !errors.Is(err, ErrNoSpace) || se.Path != path || se.Size <= 0 {
+		t.Fatalf("create on a full file system: %v", err)
+	}
+	for _, want := range []string{"--shm-size", "--index-capacity", "MiB"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q: %v", want, err)
+		}
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Fatalf("a refused create left %v behind", left)
+	}
+
+	seg, err := Open(path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := seg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	restore = setFallocate(func(int, uint32, int64, int64) error { return unix.ENOSPC })
+	_, err = Open(path, opts)
+	restore()
+	if !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("attach on a full file system: %v", err)
+	}
+
+	restore = setFallocate(func(int, uint32, int64, int64) error { return unix.EOPNOTSUPP })
+	defer restore()
+	seg, err = Open(path, opts)
+	if err != nil {
+		t.Fatalf("attach where the file system cannot reserve: %v", err)
+	}
+	seg.Close()
 }
