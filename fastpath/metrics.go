@@ -217,6 +217,8 @@ var (
 		"Engine-hash mappings the index can hold.", nil, nil)
 	descIndexMapOverflow = prometheus.NewDesc("kvfast_index_engine_map_overflow_total",
 		"Engine-hash mappings refused because the map was full; their blocks were not stored.", nil, nil)
+	descSegmentRetired = prometheus.NewDesc("kvfast_segment_retired",
+		"1 when another router recreated this router's segment (--recreate-segment): engines have left it; restart this router.", nil, nil)
 	descFeedEvents = prometheus.NewDesc("kvfast_feed_events_total",
 		"Event-feed records and blocks by outcome.", []string{"status"}, nil)
 	descZMQConnected = prometheus.NewDesc("kvfast_zmq_connected",
@@ -242,7 +244,7 @@ var (
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descWorkerActiveBlocks, descWorkerPrefill, descWorkerRequests,
 		descWorkerHealthy, descWorkerEjected, descWorkerStalled, descWorkerEjections, descWorkerIndexBlocks, descWorkerRingLag, descIndexEntries, descIndexCapacity,
-		descIndexOverflow, descIndexMapEntries, descIndexMapCapacity, descIndexMapOverflow, descFeedEvents, descZMQConnected, descZMQEvents, descQueueWaiting, descRefused,
+		descIndexOverflow, descIndexMapEntries, descIndexMapCapacity, descIndexMapOverflow, descSegmentRetired, descFeedEvents, descZMQConnected, descZMQEvents, descQueueWaiting, descRefused,
 		descTokenizerInfo, descTokenize, descPrefixCacheSegments, descPrefixCacheEvictions, descPrefixCacheBytes} {
 		ch <- d
 	}
@@ -297,6 +299,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descIndexMapEntries, prometheus.GaugeValue, float64(snap.Index.MapEntries))
 	ch <- prometheus.MustNewConstMetric(descIndexMapCapacity, prometheus.GaugeValue, float64(snap.Index.MapCapacity))
 	ch <- prometheus.MustNewConstMetric(descIndexMapOverflow, prometheus.CounterValue, float64(snap.Index.MapOverflow))
+	retired := 0.0
+	if snap.Index.SegmentRetired {
+		retired = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descSegmentRetired, prometheus.GaugeValue, retired)
 	ch <- prometheus.MustNewConstMetric(descQueueWaiting, prometheus.GaugeValue, float64(snap.Queue.Waiting))
 	ch <- prometheus.MustNewConstMetric(descScaleInUse, prometheus.GaugeValue, snap.PrefillLoadScale)
 	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(snap.Queue.Refused))

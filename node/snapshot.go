@@ -25,7 +25,8 @@ func (n *Node) Snapshot() fastpath.Snapshot {
 		ix = n.index.Stats()
 	}
 	v.Index = fastpath.IndexView{Entries: ix.Entries, Capacity: ix.Capacity, Overflow: ix.Overflow,
-		MapEntries: ix.EngineMapEntries, MapCapacity: ix.EngineMapCapacity, MapOverflow: ix.EngineMapOverflow}
+		MapEntries: ix.EngineMapEntries, MapCapacity: ix.EngineMapCapacity, MapOverflow: ix.EngineMapOverflow,
+		SegmentRetired: n.seg != nil && mapped && n.seg.Retired()}
 	var lag [workers.Max]uint64
 	if n.ingester != nil && mapped {
 		fs := n.ingester.Stats()

@@ -335,3 +335,45 @@ func TestDefaultsAdmitOnlyWhatWorkersCanTake(t *testing.T) {
 		t.Fatal("a worker with more prompt tokens awaiting their first token than the default threshold still takes requests")
 	}
 }
+
+// TestRetiredSegmentIsReported: a router whose segment another router
+// recreated (--recreate-segment) goes on reading the old file, which
+// engines leave; it says so in its log, once a minute, and in
+// /admin/workers and /metrics, so that the operator restarts it.
+func TestRetiredSegmentIsReported(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.RegistryPoll = time.Hour // the test drives syncRegistry itself
+	var lines atomic.Int64
+	cfg.Logger = slog.New(countLog{msg: retiredMessage, n: &lines})
+	old, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	old.syncRegistry()
+	if lines.Load() != 0 || old.Snapshot().Index.SegmentRetired {
+		t.Fatal("a live segment is reported retired")
+	}
+
+	cfg2 := cfg
+	cfg2.Segment.Recreate = true
+	cfg2.Logger = slog.New(slog.DiscardHandler)
+	cfg2.AdminListen = "127.0.0.1:0"
+	successor, err := New(cfg2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer successor.Close()
+	for range 5 {
+		old.syncRegistry()
+	}
+	if got := lines.Load(); got != 1 {
+		t.Fatalf("the retired segment was logged %d times over 5 polls, want once", got)
+	}
+	if !old.Snapshot().Index.SegmentRetired {
+		t.Fatal("the old router's snapshot does not say its segment is retired")
+	}
+	if successor.Snapshot().Index.SegmentRetired {
+		t.Fatal("the successor's new segment is reported retired")
+	}
+}

@@ -112,11 +112,20 @@ func (n *Node) runZMQ(ctx context.Context) {
 	wg.Wait()
 }
 
+const retiredMessage = "another router recreated the segment (--recreate-segment): " +
+	"this router still reads the old file, which engines have left; restart it to attach to the new one"
+
 // syncRegistry brings the worker set in line with the segment's registry
 // and copies every live worker's load page into the scheduler.
 func (n *Node) syncRegistry() {
 	if n.seg == nil {
 		return
+	}
+	if n.seg.Retired() {
+		// Publishers leave a retired segment for its successor, so this
+		// router's workers go stale one by one and it ends up routing
+		// nothing (/ready 503): say why, and what fixes it.
+		n.throttle.Log(n.log, slog.LevelError, "retired", retiredMessage, "segment", n.seg.Path())
 	}
 	var live, registered workers.Set
 	changed := false
