@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -240,5 +241,77 @@ func TestAbortAfterCompletionKeepsConnection(t *testing.T) {
 		if n := pool.Engine(0).client.ConnsCount(); n != 1 {
 			t.Fatalf("request %d: %d engine connections, want the one pooled connection", i, n)
 		}
+	}
+}
+
+// TestAbandonFailsRequestsAsEngineFailures: abandoning an engine the
+// router learned is gone closes its connections, so that a request
+// waiting for its headers fails now as an engine failure another worker
+// may retry, and a stream under way ends with an error event, long
+// before the first-byte and idle timeouts; the slot is then empty, and a
+// later Add starts a fresh engine, with no connection dialed before.
+func TestAbandonFailsRequestsAsEngineFailures(t *testing.T) {
+	plain, streaming := startSilentEngine(t, false), startSilentEngine(t, true)
+	pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{FirstByte: time.Hour, Idle: time.Hour}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, plain.addr())
+	mustAdd(t, pool, 1, streaming.addr())
+
+	waiting := pool.AcquireCall()
+	defer waiting.Release()
+	waiting.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+	done := make(chan error, 1)
+	go func() { done <- waiting.Do(0, nil) }()
+	waitRequests(t, plain, 1)
+
+	stream := pool.AcquireCall()
+	defer stream.Release()
+	stream.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+	rec := newRecorder()
+	if err := stream.Do(1, rec); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	w := bufio.NewWriter(&out)
+	relayed := make(chan error, 1)
+	go func() { relayed <- stream.Relay(w) }()
+
+	pool.Abandon(0)
+	select {
+	case err := <-done:
+		// The broken connection looks stale, and its one retry on the
+		// same engine is refused a connection: either way another
+		// worker may take the request.
+		if !IsRetryable(err) {
+			t.Fatalf("Do on an abandoned engine: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Do still waits on an abandoned engine")
+	}
+	plain.waitClosed(t, "Abandon during Do")
+	if pool.Engine(0) != nil {
+		t.Fatal("the abandoned engine is still in its slot")
+	}
+
+	pool.Abandon(1)
+	select {
+	case err := <-relayed:
+		if !errors.Is(err, ErrEngineFailed) {
+			t.Fatalf("Relay from an abandoned engine: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Relay still waits on an abandoned engine")
+	}
+	rec.wait(t)
+	if !errors.Is(rec.aborted(), ErrEngineFailed) {
+		t.Fatalf("observer of the abandoned stream: %s %v", rec.summary(), rec.aborted())
+	}
+	if !bytes.Contains(out.Bytes(), []byte(`"error"`)) {
+		t.Fatalf("the abandoned stream's client got no error event: %q", out.Bytes())
+	}
+
+	mustAdd(t, pool, 0, plain.addr())
+	if e := pool.Engine(0); e == nil || e.client.ConnsCount() != 0 || e.Outlier().Ejections != 0 {
+		t.Fatal("the engine added after Abandon is not fresh")
 	}
 }

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"errors"
 	"net"
+	"sync"
 	"time"
 )
 
@@ -15,7 +16,8 @@ import (
 // A connection serves one request at a time and fasthttp hands it from the
 // goroutine that sends the request to the one that reads the streamed body
 // with a happens-before edge, so its fields need no synchronisation. Close,
-// the only method called concurrently (to cancel a stream), touches none.
+// the only method called concurrently (to cancel a stream), touches only
+// the engine's connection set, which locks.
 type engineConn struct {
 	net.Conn
 	firstByte, idle time.Duration
@@ -26,6 +28,13 @@ type engineConn struct {
 	// ending, when set, bounds the reads that follow a stream's [DONE]:
 	// all that may still come is the end of the body (expectEnd).
 	ending time.Duration
+	set    *connSet
+}
+
+// Close forgets the connection in its engine's set and closes it.
+func (c *engineConn) Close() error {
+	c.set.remove(c)
+	return c.Conn.Close()
 }
 
 func (c *engineConn) Write(p []byte) (int, error) {
@@ -101,10 +110,60 @@ type dialError struct{ err error }
 func (e *dialError) Error() string { return e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
-func dialEngine(addr string, connect, firstByte, idle time.Duration) (net.Conn, error) {
+func dialEngine(addr string, connect, firstByte, idle time.Duration, set *connSet) (net.Conn, error) {
 	c, err := net.DialTimeout("tcp", addr, connect)
 	if err != nil {
 		return nil, &dialError{err}
 	}
-	return &engineConn{Conn: c, firstByte: firstByte, idle: idle}, nil
+	ec := &engineConn{Conn: c, firstByte: firstByte, idle: idle, set: set}
+	if !set.add(ec) {
+		_ = c.Close()
+		return nil, &dialError{errAbandoned}
+	}
+	return ec, nil
+}
+
+// errAbandoned refuses a connection to an engine Pool.Abandon gave up.
+var errAbandoned = errors.New("the router gave the engine up as gone")
+
+// connSet is an engine's open connections. Dialing and closing a
+// connection touch it, not a request: a keep-alive connection carries
+// many.
+type connSet struct {
+	mu        sync.Mutex
+	conns     map[*engineConn]struct{}
+	abandoned bool
+}
+
+// add records c, unless the engine was abandoned meanwhile.
+func (s *connSet) add(c *engineConn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.abandoned {
+		return false
+	}
+	if s.conns == nil {
+		s.conns = make(map[*engineConn]struct{})
+	}
+	s.conns[c] = struct{}{}
+	return true
+}
+
+func (s *connSet) remove(c *engineConn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+// closeAll closes every connection and refuses new ones. A read or write
+// the close breaks reports net.ErrClosed, an engine failure.
+func (s *connSet) closeAll() {
+	s.mu.Lock()
+	s.abandoned = true
+	conns := s.conns
+	s.conns = nil
+	s.mu.Unlock()
+	for c := range conns {
+		_ = c.Conn.Close()
+	}
 }

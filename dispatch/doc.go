@@ -65,9 +65,11 @@
 // Per worker slot, one Engine: a fasthttp.HostClient whose connections
 // enforce the first-byte and idle timeouts themselves (fasthttp's own read
 // timeout would cut long streams), its last health verdict, and a goroutine
-// running the active health checks, and its outlier record (counters, the
-// ejection state and its timer). The Pool pools Calls with their relay
-// buffers. It does not own the health that selection filters by: each
+// running the active health checks, its outlier record (counters, the
+// ejection state and its timer), and the set of its open connections, so
+// that Abandon, for an engine the router learned is gone, can fail its
+// requests at once instead of at their timeouts. The Pool pools Calls
+// with their relay buffers. It does not own the health that selection filters by: each
 // flip goes to HealthConfig.OnChange, which the server points at the
 // scheduler.
 //

@@ -196,6 +196,9 @@ type Engine struct {
 	// dpRank, when not negative, goes with every request to the engine as
 	// X-Data-Parallel-Rank (PinRank).
 	dpRank atomic.Int64
+	// conns are the engine's open connections, idle or carrying a
+	// request, for Abandon to close.
+	conns connSet
 }
 
 // Add registers the engine at addr (host:port) in slot and starts its health
@@ -227,7 +230,7 @@ func (p *Pool) Add(slot workers.Slot, addr string) (*Engine, error) {
 	e.client = &fasthttp.HostClient{
 		Addr: addr,
 		Dial: func(addr string) (net.Conn, error) {
-			return dialEngine(addr, t.Connect, t.FirstByte, t.Idle)
+			return dialEngine(addr, t.Connect, t.FirstByte, t.Idle, &e.conns)
 		},
 		MaxConns:                      p.cfg.MaxConnsPerEngine,
 		MaxIdleConnDuration:           p.cfg.MaxIdleConnDuration,
@@ -254,6 +257,27 @@ func (p *Pool) Remove(slot workers.Slot) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.removeLocked(slot)
+}
+
+// Abandon removes slot's engine, as Remove, and closes every connection
+// it has, so that the requests it is running fail now, as they would had
+// the engine died: for an engine the router has learned is gone (its
+// heartbeat went stale, a new process took its registration), whose
+// requests would otherwise wait out the first-byte or idle timeout. A
+// request that has sent its client nothing yet may then go to another
+// worker (IsRetryable); a stream already under way ends with an error
+// event.
+func (p *Pool) Abandon(slot workers.Slot) {
+	if !slot.Valid() {
+		return
+	}
+	p.mu.Lock()
+	e := p.engines[slot].Load()
+	p.removeLocked(slot)
+	p.mu.Unlock()
+	if e != nil {
+		e.conns.closeAll()
+	}
 }
 
 func (p *Pool) removeLocked(slot workers.Slot) {

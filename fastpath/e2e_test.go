@@ -181,6 +181,7 @@ func TestClientCancelReleasesReservations(t *testing.T) {
 	}
 	m := r.metrics(t)
 	wantMetric(t, m, `kvfast_worker_active_requests{dp_rank="0",worker="1"}`, 1)
+	wantMetric(t, m, `kvfast_requests_in_flight`, 1)
 
 	cancel() // the client goes away
 	res.resp.Body.Close()
@@ -196,6 +197,7 @@ func TestClientCancelReleasesReservations(t *testing.T) {
 	})
 	m = r.metrics(t)
 	wantMetric(t, m, `kvfast_worker_active_requests{dp_rank="0",worker="1"}`, 0)
+	wantMetric(t, m, `kvfast_requests_in_flight`, 0)
 	wantMetric(t, m, `kvfast_worker_active_blocks{dp_rank="0",worker="1"}`, 0)
 	wantMetric(t, m, `kvfast_worker_prefill_tokens{dp_rank="0",worker="1"}`, 0)
 	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="ok"}`, 0)
@@ -835,6 +837,7 @@ func TestOperationalEndpoints(t *testing.T) {
 			`kvfast_index_entries 0`,
 			`kvfast_index_capacity `,
 			`kvfast_admission_waiting 0`,
+			`kvfast_requests_in_flight 0`,
 			`kvfast_admission_refused_total 0`,
 			`kvfast_dispatch_retries_total 0`,
 			`go_goroutines `,

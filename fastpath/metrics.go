@@ -226,7 +226,9 @@ var (
 	descZMQEvents = prometheus.NewDesc("kvfast_zmq_events_total",
 		"A worker's ZMQ KV-event feed: batches and blocks by outcome.", []string{"worker", "dp_rank", "status"}, nil)
 	descQueueWaiting = prometheus.NewDesc("kvfast_admission_waiting", "Requests waiting in the admission queue.", nil, nil)
-	descRefused      = prometheus.NewDesc("kvfast_admission_refused_total", "Requests refused as overloaded.", nil, nil)
+	descInFlight     = prometheus.NewDesc("kvfast_requests_in_flight",
+		"Requests booked on a worker and not yet released, on every worker, including one that has since left the worker set.", nil, nil)
+	descRefused = prometheus.NewDesc("kvfast_admission_refused_total", "Requests refused as overloaded.", nil, nil)
 
 	descTokenizerInfo = prometheus.NewDesc("kvfast_tokenizer_info",
 		"1 per model: how its text and chat prompts become token ids (mode builtin or remote: exact routing; none: approximate).",
@@ -244,7 +246,7 @@ var (
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descWorkerActiveBlocks, descWorkerPrefill, descWorkerRequests,
 		descWorkerHealthy, descWorkerEjected, descWorkerStalled, descWorkerEjections, descWorkerIndexBlocks, descWorkerRingLag, descIndexEntries, descIndexCapacity,
-		descIndexOverflow, descIndexMapEntries, descIndexMapCapacity, descIndexMapOverflow, descSegmentRetired, descFeedEvents, descZMQConnected, descZMQEvents, descQueueWaiting, descRefused,
+		descIndexOverflow, descIndexMapEntries, descIndexMapCapacity, descIndexMapOverflow, descSegmentRetired, descFeedEvents, descZMQConnected, descZMQEvents, descQueueWaiting, descInFlight, descRefused,
 		descTokenizerInfo, descTokenize, descPrefixCacheSegments, descPrefixCacheEvictions, descPrefixCacheBytes} {
 		ch <- d
 	}
@@ -305,6 +307,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descSegmentRetired, prometheus.GaugeValue, retired)
 	ch <- prometheus.MustNewConstMetric(descQueueWaiting, prometheus.GaugeValue, float64(snap.Queue.Waiting))
+	ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(snap.Queue.Booked-min(snap.Queue.Released, snap.Queue.Booked)))
 	ch <- prometheus.MustNewConstMetric(descScaleInUse, prometheus.GaugeValue, snap.PrefillLoadScale)
 	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(snap.Queue.Refused))
 	for i := range snap.Tokenizers {

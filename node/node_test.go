@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/prompt"
+	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
 )
 
@@ -521,5 +523,126 @@ func TestSnapshotAfterClose(t *testing.T) {
 	v := n.Snapshot()
 	if v.Feed != nil || v.Index.Capacity != 0 {
 		t.Errorf("a closed node reported its segment: feed %v, index %+v", v.Feed, v.Index)
+	}
+}
+
+// TestRequestOnAStaleWorkerGoesElsewhere: a request waiting on an engine
+// whose heartbeat then goes stale (a hung or dead engine the ingester
+// marks down) does not wait out the first-byte timeout: the router gives
+// the engine up, and the request, which has sent its client nothing, is
+// answered by another worker.
+func TestRequestOnAStaleWorkerGoesElsewhere(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Dispatch.Health.Interval = 0 // the silent engine has no /health
+	cfg.HeartbeatGrace = 500 * time.Millisecond
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- n.Serve(ln) }()
+	defer func() {
+		n.Close()
+		<-served
+	}()
+
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	reached := make(chan struct{}, 8)
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				var req http.Request
+				if r, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+					req = *r
+					_, _ = io.Copy(io.Discard, req.Body)
+					reached <- struct{}{}
+				}
+				_, _ = io.Copy(io.Discard, c) // never answers
+			}()
+		}
+	}()
+	pub, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 1, Model: mocker.DefaultModel, BlockSize: 16,
+		KVCapacityBlocks: 1024, Endpoint: "http://" + silent.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	stopBeats := make(chan struct{})
+	beating := make(chan struct{})
+	go func() {
+		defer close(beating)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopBeats:
+				return
+			case <-tick.C:
+				_ = pub.Heartbeat()
+			}
+		}
+	}()
+	defer func() {
+		select {
+		case <-stopBeats:
+		default:
+			close(stopBeats)
+		}
+		<-beating
+	}()
+	waitFor(t, "the silent engine to join", func() bool { return len(n.Snapshot().Workers) == 1 })
+
+	type answer struct {
+		status int
+		worker string
+		err    error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		c := &http.Client{Timeout: testWait}
+		resp, err := c.Post("http://"+ln.Addr().String()+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"mock","prompt":[1,2,3,4,5],"max_tokens":2}`))
+		if err != nil {
+			got <- answer{err: err}
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got <- answer{status: resp.StatusCode, worker: resp.Header.Get("X-Kvfast-Worker")}
+	}()
+	select {
+	case <-reached:
+	case <-time.After(testWait):
+		t.Fatal("the request never reached the silent engine")
+	}
+	eng, err := mocker.Start(mocker.Config{WorkerID: 7, Segment: cfg.Segment.Path, Speedup: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	waitFor(t, "the second engine to join", func() bool { return len(n.Snapshot().Workers) == 2 })
+	close(stopBeats) // the silent engine's heartbeat goes stale
+
+	select {
+	case a := <-got:
+		if a.err != nil || a.status != http.StatusOK || a.worker != "7" {
+			t.Fatalf("the request on the stale engine: status %d from worker %q, %v", a.status, a.worker, a.err)
+		}
+	case <-time.After(testWait):
+		t.Fatal("the request still waits on the engine whose heartbeat went stale")
 	}
 }

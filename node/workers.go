@@ -127,7 +127,9 @@ func (n *Node) syncRegistry() {
 		// nothing (/ready 503): say why, and what fixes it.
 		n.throttle.Log(n.log, slog.LevelError, "retired", retiredMessage, "segment", n.seg.Path())
 	}
-	var live, registered workers.Set
+	// down: slots whose heartbeat the ingester found stale; their engines
+	// are presumed dead.
+	var live, registered, down workers.Set
 	changed := false
 	for i := range workers.Max {
 		slot := workers.Slot(i)
@@ -141,6 +143,9 @@ func (n *Node) syncRegistry() {
 			n.throttle.Log(n.log, slog.LevelWarn, "slot/"+strconv.Itoa(i), "skipping an unreadable registry slot",
 				"slot", slot, "segment", n.seg.Path(), "err", err)
 			continue
+		}
+		if info.State == shm.StateDown {
+			down |= workers.SetOf(slot)
 		}
 		if info.State != shm.StateLive {
 			continue
@@ -156,6 +161,11 @@ func (n *Node) syncRegistry() {
 				// A new engine in the slot: what the router sent the old
 				// one is not in its cache.
 				n.approx.Forget(slot)
+			}
+			if e.present && e.generation != info.Generation {
+				// A new process: the old one's requests will not be
+				// answered, and its ejection record is not the new one's.
+				n.engines.Abandon(slot)
 			}
 			addr, err := hostPort(info.Endpoint)
 			if err == nil {
@@ -198,10 +208,19 @@ func (n *Node) syncRegistry() {
 		e := &n.regState[slot]
 		switch {
 		case e.present && !live.Has(slot):
-			n.log.Info("worker left", "slot", slot, "endpoint", e.endpoint)
+			n.log.Info("worker left", "slot", slot, "endpoint", e.endpoint, "heartbeat_stale", down.Has(slot))
 			n.approx.Forget(slot)
 			n.sched.Remove(slot)
-			n.engines.Remove(slot)
+			if down.Has(slot) {
+				// Its requests would wait out the first-byte or idle
+				// timeout (minutes) for an engine presumed dead: fail
+				// them now, so that those that sent nothing yet go to
+				// another worker. A clean close keeps them: an engine
+				// may drain after it leaves the registry.
+				n.engines.Abandon(slot)
+			} else {
+				n.engines.Remove(slot)
+			}
 			*e = regEntry{}
 			changed = true
 		case e.refused && !registered.Has(slot):
