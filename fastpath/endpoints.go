@@ -378,9 +378,10 @@ type IndexView struct {
 	// MapOverflow counts engine-hash mappings refused for lack of room:
 	// their blocks were not stored, as nothing could remove them.
 	MapOverflow uint64 `json:"engine_map_overflow"`
-	// SegmentRetired says another router recreated the segment this
-	// router reads (--recreate-segment): engines have moved to the new
-	// file, and this router must be restarted to follow them.
+	// SegmentRetired says the segment file this router reads was
+	// recreated by another router (--recreate-segment), deleted or
+	// replaced: engines leave it for the file at the path, and this
+	// router must be restarted to follow them.
 	SegmentRetired bool `json:"segment_retired"`
 }
 

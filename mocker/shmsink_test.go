@@ -1,9 +1,11 @@
 package mocker
 
 import (
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
@@ -100,5 +102,36 @@ func TestShmPublishing(t *testing.T) {
 			e.Close()
 			t.Fatal("started without a segment")
 		}
+	})
+}
+
+// TestShmPublisherFollowsADeletedSegment: an engine whose segment file is
+// deleted (as the router's refusals advise) goes on heartbeating, and once
+// a router has created a new segment at the path it registers there, so
+// that the new router sees it without the engine being restarted.
+func TestShmPublisherFollowsADeletedSegment(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kvfast.shm")
+	opts := shm.Options{Index: radix.Config{Capacity: 4096}, RingBytes: 64 << 10}
+	old, err := shm.Open(path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	e, err := Start(Config{Model: "m", WorkerID: 7, Segment: path, Timing: testTiming, HeartbeatInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := shm.Open(path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	eventually(t, "the engine to register in the new segment", func() bool {
+		ws := fresh.Workers(nil)
+		return len(ws) == 1 && ws[0].WorkerID == 7 && ws[0].State == shm.StateLive
 	})
 }

@@ -26,7 +26,7 @@ func (n *Node) Snapshot() fastpath.Snapshot {
 	}
 	v.Index = fastpath.IndexView{Entries: ix.Entries, Capacity: ix.Capacity, Overflow: ix.Overflow,
 		MapEntries: ix.EngineMapEntries, MapCapacity: ix.EngineMapCapacity, MapOverflow: ix.EngineMapOverflow,
-		SegmentRetired: n.seg != nil && mapped && n.seg.Retired()}
+		SegmentRetired: n.seg != nil && mapped && (n.seg.Retired() || n.seg.Replaced())}
 	var lag [workers.Max]uint64
 	if n.ingester != nil && mapped {
 		fs := n.ingester.Stats()

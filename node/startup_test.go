@@ -377,3 +377,25 @@ func TestRetiredSegmentIsReported(t *testing.T) {
 		t.Fatal("the successor's new segment is reported retired")
 	}
 }
+
+// TestDeletedSegmentIsReported: a segment file deleted under a running
+// router (engines then register again in a new one at the path) is
+// reported as a recreated one is.
+func TestDeletedSegmentIsReported(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.RegistryPoll = time.Hour // the test drives syncRegistry itself
+	var lines atomic.Int64
+	cfg.Logger = slog.New(countLog{msg: retiredMessage, n: &lines})
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if err := os.Remove(cfg.Segment.Path); err != nil {
+		t.Fatal(err)
+	}
+	n.syncRegistry()
+	if lines.Load() != 1 || !n.Snapshot().Index.SegmentRetired {
+		t.Fatalf("a deleted segment: logged %d times, snapshot says retired %v", lines.Load(), n.Snapshot().Index.SegmentRetired)
+	}
+}

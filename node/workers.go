@@ -112,8 +112,8 @@ func (n *Node) runZMQ(ctx context.Context) {
 	wg.Wait()
 }
 
-const retiredMessage = "another router recreated the segment (--recreate-segment): " +
-	"this router still reads the old file, which engines have left; restart it to attach to the new one"
+const retiredMessage = "the segment file was recreated by another router (--recreate-segment), deleted or replaced: " +
+	"this router still reads the old file, which engines leave; restart it to attach to a new one"
 
 // syncRegistry brings the worker set in line with the segment's registry
 // and copies every live worker's load page into the scheduler.
@@ -121,7 +121,7 @@ func (n *Node) syncRegistry() {
 	if n.seg == nil {
 		return
 	}
-	if n.seg.Retired() {
+	if n.seg.Retired() || n.seg.Replaced() {
 		// Publishers leave a retired segment for its successor, so this
 		// router's workers go stale one by one and it ends up routing
 		// nothing (/ready 503): say why, and what fixes it.

@@ -171,7 +171,7 @@ func (p *Publisher) Heartbeat() error {
 	if p.closed {
 		return ErrClosed
 	}
-	if p.seg.Retired() {
+	if p.seg.Retired() || p.seg.Replaced() {
 		return ErrRetired
 	}
 	off := slotOff(p.slot)

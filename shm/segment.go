@@ -356,6 +356,23 @@ func (s *Segment) Bindings() *Bindings { return s.binds }
 // file, leaving this mapping orphaned.
 func (s *Segment) Retired() bool { return atomic.LoadUint64(s.u64(controlOff+controlRetired)) != 0 }
 
+// Replaced reports whether the segment's path no longer names this file:
+// it was deleted (as a refusal's message advises) or another file took
+// its name. Whoever maps it then talks to no one who opens the path
+// later: publishers must register again, as after Retired, and a router
+// must be restarted. It costs two stat calls: for heartbeats and polls,
+// not for hot paths.
+func (s *Segment) Replaced() bool {
+	var mine, named unix.Stat_t
+	if unix.Fstat(int(s.f.Fd()), &mine) != nil {
+		return false
+	}
+	if err := unix.Stat(s.path, &named); err != nil {
+		return errors.Is(err, unix.ENOENT)
+	}
+	return mine.Dev != named.Dev || mine.Ino != named.Ino
+}
+
 func (s *Segment) retire() { atomic.StoreUint64(s.u64(controlOff+controlRetired), 1) }
 
 // u64 and u32 address words whose offsets come from the validated layout;

@@ -160,6 +160,36 @@ func TestRecreateRetiresOldSegment(t *testing.T) {
 	}
 }
 
+// TestDeletedOrReplacedSegmentRetiresPublishers: a segment file that was
+// deleted (as a refusal's message advises) or replaced by another file
+// under its name reaches no router that opens the path later: a
+// publisher's heartbeat says so with ErrRetired, as after a recreate, so
+// that it registers again.
+func TestDeletedOrReplacedSegmentRetiresPublishers(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	p, err := seg.Register(WorkerConfig{WorkerID: 1, BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Heartbeat(); err != nil || seg.Replaced() {
+		t.Fatalf("heartbeat on a live segment: %v (replaced %v)", err, seg.Replaced())
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Heartbeat(); !errors.Is(err, ErrRetired) || !seg.Replaced() {
+		t.Fatalf("heartbeat on a deleted segment: %v", err)
+	}
+	other, err := Open(path, Options{Index: testIndex, RingBytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := p.Heartbeat(); !errors.Is(err, ErrRetired) || !seg.Replaced() || other.Replaced() {
+		t.Fatalf("heartbeat on a segment whose path names another file: %v", err)
+	}
+}
+
 // TestSegmentRefusedWhenItCannotBeBacked: a file system without room for
 // the segment (a container's 64 MiB /dev/shm) refuses it at Open, create
 // or attach, with a SpaceError that says what to enlarge, and leaves no

@@ -121,6 +121,7 @@ class KvfastPublisher:
         self._role = ROLES[role]
         self._lock = threading.Lock()
         self._closed = False
+        self._path = path
         self._fd = os.open(path, os.O_RDWR)
         try:
             self._attach(path)
@@ -395,6 +396,8 @@ class KvfastPublisher:
             off = self._slot_off
             if self._q[(CONTROL_OFF + CONTROL_RETIRED) // 8]:
                 raise Retired("the router recreated the segment")
+            if self._replaced():
+                raise Retired("the segment file was deleted or replaced")
             if self._i[(off + S_GEN) // 4] != self.generation:
                 raise SlotLost("slot %d was registered again by another publisher" % self.slot)
             st = self._q[off // 8] & 0xFF
@@ -439,6 +442,17 @@ class KvfastPublisher:
     def _check(self):
         if self._closed:
             raise ValueError("publisher is closed")
+
+    def _replaced(self):
+        """Whether the path no longer names the mapped file: it was deleted
+        (as the router's refusals advise) or another file took its name, so
+        a router opening the path will never see this registration."""
+        mine = os.fstat(self._fd)
+        try:
+            named = os.stat(self._path)
+        except FileNotFoundError:
+            return True
+        return (mine.st_dev, mine.st_ino) != (named.st_dev, named.st_ino)
 
     def __enter__(self):
         return self

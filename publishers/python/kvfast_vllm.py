@@ -62,28 +62,49 @@ class KvfastEventPublisher:
         )
         self._pub = KvfastPublisher(**self._args)
         self.skipped = 0  # events kvfast cannot represent (LoRA, offload tiers)
+        self.dropped = 0  # event batches lost while no registration was live
         self._stop = threading.Event()
         period = float(_env("KVFAST_HEARTBEAT_S", "1"))
         self._beat = threading.Thread(target=self._heartbeat, args=(period,), daemon=True, name="kvfast-heartbeat")
         self._beat.start()
 
     def _heartbeat(self, period):
+        lost = False  # the registration is gone and a new one has not been made
         while not self._stop.wait(period):
             try:
-                self._pub.heartbeat()
+                if not lost:
+                    self._pub.heartbeat()
+                    continue
             except (SlotLost, Retired):
-                # The router recreated the segment or another registration took
-                # the slot: register again so events keep flowing.
+                # The router recreated the segment, the file was deleted or
+                # replaced, or another registration took the slot: register
+                # again so events keep flowing.
+                lost = True
                 try:
                     self._pub.close(mark_closed=False)
-                    self._pub = KvfastPublisher(**self._args)
                 except Exception:
                     pass
+            except Exception:
+                continue
+            try:
+                # Until a router has created the segment anew this fails, and
+                # the next beat tries again.
+                self._pub = KvfastPublisher(**self._args)
+                lost = False
             except Exception:
                 pass
 
     def publish(self, events):
-        """Map one vLLM KVEventBatch onto kvfast records. Never blocks."""
+        """Map one vLLM KVEventBatch onto kvfast records. Never blocks, and
+        never raises into the engine: while the registration is lost (the
+        heartbeat thread makes a new one) the events are dropped and counted,
+        and the router resyncs the worker when it registers again."""
+        try:
+            self._publish(events)
+        except Exception:
+            self.dropped += 1
+
+    def _publish(self, events):
         pub = self._pub
         for ev in getattr(events, "events", events):
             name = type(ev).__name__
