@@ -6,8 +6,11 @@ import (
 	"strings"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvfast/kvfast/epp"
 	"github.com/kvfast/kvfast/sched"
@@ -248,6 +251,24 @@ func TestNoHealthyEndpoint(t *testing.T) {
 	}
 	st.cancel()
 
+	// The other shapes gateways send: one comma-separated string (what a
+	// header-to-metadata rule extracts), and a bare IP for all its ports.
+	for _, hint := range []*structpb.Value{
+		structpb.NewStringValue("192.0.2.1:8000, " + eps[1].Address),
+		structpb.NewListValue(&structpb.ListValue{Values: []*structpb.Value{structpb.NewStringValue("192.0.2.1:8000," + eps[1].Address)}}),
+		structpb.NewStringValue(strings.TrimSuffix(eps[1].Address, ":8000")),
+	} {
+		st = r.open(t, duplexMode())
+		st.requestHeaders("/v1/completions", false, &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+			epp.DefaultSubsetNamespace: {Fields: map[string]*structpb.Value{epp.KeySubset: hint}}}})
+		st.requestBody(body, true)
+		hr = st.recv()
+		if got := destinationOf(t, hr, hr.GetRequestHeaders().GetResponse()); got != eps[1].Address {
+			t.Fatalf("subset hint %v routed to %s, want %s", hint, got, eps[1].Address)
+		}
+		st.cancel()
+	}
+
 	for _, e := range eps {
 		slot, _ := r.picker.SlotOf(e.Address)
 		r.picker.Sched().SetHealthy(slot, false)
@@ -402,6 +423,43 @@ func TestFallbacksAndServed(t *testing.T) {
 	settled(t, r)
 }
 
+// TestServedFallbackIsBookedWhenBusy: when the gateway reports that a
+// fallback served the request, the booking moves there even if that
+// endpoint is over its busy thresholds, since the request runs there
+// anyway; it used to be refused and the request booked nowhere.
+func TestServedFallbackIsBookedWhenBusy(t *testing.T) {
+	cfg := epp.DefaultConfig()
+	cfg.Fallbacks = 1
+	cfg.Sched.Busy = sched.BusyThresholds{PrefillTokens: 100}
+	eps := endpoints(2)
+	r := startEPP(t, cfg, eps...)
+	streams := make([]*stream, 2)
+	dests := make([]string, 2)
+	for i := range streams {
+		streams[i] = r.open(t, duplexMode())
+		streams[i].requestHeaders("/v1/completions", false, nil)
+		streams[i].requestBody(completionBody(t, tokens(uint32(1000*(i+1)), 200), true), true)
+		hr := streams[i].recv()
+		dests[i] = strings.Split(destinationOf(t, hr, hr.GetRequestHeaders().GetResponse()), ",")[0]
+		streams[i].recv()
+	}
+	if dests[0] == dests[1] {
+		t.Fatalf("both requests went to %s; the test needs one on each endpoint", dests[0])
+	}
+	// The first request's gateway fell back to the second's endpoint,
+	// which is busy with the second request's prefill.
+	streams[0].responseHeaders("200", "text/event-stream", servedBy(dests[1]))
+	streams[0].recv()
+	served, _ := r.picker.SlotOf(dests[1])
+	if got := r.picker.Sched().Load(served).Requests; got != 2 {
+		t.Fatalf("%d requests booked on the endpoint that serves both, want 2", got)
+	}
+	for _, st := range streams {
+		st.cancel()
+	}
+	settled(t, r)
+}
+
 // TestHealthBeforeSync: readiness and the ext_proc service turn SERVING once the
 // picker knows its endpoints.
 func TestHealthBeforeSync(t *testing.T) {
@@ -412,8 +470,109 @@ func TestHealthBeforeSync(t *testing.T) {
 	if code := grpcHealth(t, r.addr, epp.HealthReadiness); code != "NOT_SERVING" {
 		t.Fatalf("readiness %s before sync", code)
 	}
+	if code := grpcHealth(t, r.addr, epp.HealthGIE); code != "NOT_SERVING" {
+		t.Fatalf("%s %s before sync", epp.HealthGIE, code)
+	}
 	r.picker.Sync(endpoints(1))
 	waitFor(t, "readiness", func() bool {
-		return grpcHealth(t, r.addr, extprocv3.ExternalProcessor_ServiceDesc.ServiceName) == "SERVING"
+		return grpcHealth(t, r.addr, extprocv3.ExternalProcessor_ServiceDesc.ServiceName) == "SERVING" &&
+			grpcHealth(t, r.addr, epp.HealthGIE) == "SERVING"
+	})
+}
+
+// TestBodyShapesEnvoySends: the bodies Envoy sends outside the plain
+// cases are answered as it waits for them: in BUFFERED mode one message
+// with end_of_stream false (trailers follow, which it may never send);
+// in BUFFERED_PARTIAL a body cut at the buffer limit, which routes by
+// load instead of failing to parse; a model served under a path prefix;
+// in full duplex a large body in chunks of at most 64 KiB, not ending the
+// stream when trailers follow, and no body answer for trailers without a
+// body.
+func TestBodyShapesEnvoySends(t *testing.T) {
+	eps := endpoints(3)
+	r := startEPP(t, epp.DefaultConfig(), eps...)
+	prompt := tokens(7000, 4*16)
+	cache(t, r, eps[2].Address, prompt, 4)
+
+	t.Run("buffered with trailers to follow", func(t *testing.T) {
+		st := r.open(t, bufferedMode())
+		st.requestHeaders("/v1/completions", false, nil)
+		st.recv()
+		st.requestBody(completionBody(t, prompt, false), false)
+		br := st.recv()
+		b, ok := br.Response.(*extprocv3.ProcessingResponse_RequestBody)
+		if !ok || destinationOf(t, br, b.RequestBody.GetResponse()) != eps[2].Address {
+			t.Fatalf("answer %v, want the body's routed to %s", br.Response, eps[2].Address)
+		}
+		st.cancel()
+	})
+
+	t.Run("partial body", func(t *testing.T) {
+		st := r.open(t, &extprocv3.ProtocolConfiguration{RequestBodyMode: extprocfilter.ProcessingMode_BUFFERED_PARTIAL})
+		st.requestHeaders("/v1/completions", false, nil)
+		st.recv()
+		body := completionBody(t, prompt, false)
+		st.requestBody(body[:len(body)/2], false)
+		br := st.recv()
+		b, ok := br.Response.(*extprocv3.ProcessingResponse_RequestBody)
+		if !ok || destinationOf(t, br, b.RequestBody.GetResponse()) == "" {
+			t.Fatalf("answer %v, want the body's with a destination", br.Response)
+		}
+		st.cancel()
+	})
+
+	t.Run("path prefix", func(t *testing.T) {
+		st := r.open(t, bufferedMode())
+		st.requestHeaders("/llama/v1/completions", false, nil)
+		st.recv()
+		st.requestBody(completionBody(t, prompt, false), true)
+		br := st.recv()
+		if got := destinationOf(t, br, br.GetRequestBody().GetResponse()); got != eps[2].Address {
+			t.Fatalf("a prefixed path routed to %s, want %s, which caches the prompt", got, eps[2].Address)
+		}
+		st.cancel()
+	})
+
+	t.Run("duplex, large body, trailers", func(t *testing.T) {
+		st := r.open(t, duplexMode())
+		st.requestHeaders("/v1/completions", false, nil)
+		body := completionBody(t, tokens(1, 40000), false)
+		st.requestBody(body, false)
+		st.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
+			RequestTrailers: &extprocv3.HttpTrailers{}}})
+		if _, ok := st.recv().Response.(*extprocv3.ProcessingResponse_RequestHeaders); !ok {
+			t.Fatal("the headers' answer does not come first")
+		}
+		var back []byte
+		for {
+			r := st.recv()
+			if _, ok := r.Response.(*extprocv3.ProcessingResponse_RequestTrailers); ok {
+				break
+			}
+			sb := r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+			if sb == nil || len(sb.GetBody()) > 64<<10 || sb.GetEndOfStream() {
+				t.Fatalf("a body answer of %d bytes, end of stream %v: want at most 64 KiB, not ending the stream before the trailers",
+					len(sb.GetBody()), sb.GetEndOfStream())
+			}
+			back = append(back, sb.GetBody()...)
+		}
+		if !bytes.Equal(back, body) {
+			t.Fatalf("the body came back as %d bytes, want the %d sent", len(back), len(body))
+		}
+		st.cancel()
+	})
+
+	t.Run("duplex, trailers without a body", func(t *testing.T) {
+		st := r.open(t, duplexMode())
+		st.requestHeaders("/v1/completions", false, nil)
+		st.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
+			RequestTrailers: &extprocv3.HttpTrailers{}}})
+		if _, ok := st.recv().Response.(*extprocv3.ProcessingResponse_RequestHeaders); !ok {
+			t.Fatal("the headers' answer does not come first")
+		}
+		if r := st.recv(); r.GetRequestTrailers() == nil {
+			t.Fatalf("answer %T after the headers', want the trailers' (no body was sent)", r.Response)
+		}
+		st.cancel()
 	})
 }

@@ -3,6 +3,7 @@ package epp
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -34,6 +35,9 @@ type exchange struct {
 	api  openai.API // 0: a path the picker does not parse
 	body []byte
 	req  openai.ParsedRequest
+	// sawBody: a request body message came; partial: it was cut at
+	// Envoy's buffer limit (BUFFERED_PARTIAL), the rest unseen.
+	sawBody, partial bool
 
 	subset     bool        // the gateway restricted the choice
 	allow      workers.Set // to these endpoints
@@ -137,7 +141,7 @@ func (x *exchange) prepare(ctx context.Context) *openai.Error {
 	p := x.s.p
 	x.hashes, x.exact = x.hashes[:0], !p.useApprox
 	x.sreq = sched.Request{AllowListed: x.subset, Allow: x.allow}
-	if x.api != 0 && len(x.body) > 0 {
+	if x.api != 0 && len(x.body) > 0 && !x.partial {
 		if err := x.s.parser.Parse(x.body, x.api, &x.req); err != nil {
 			if oe, ok := errors.AsType[*openai.Error](err); ok {
 				return oe
@@ -262,10 +266,35 @@ func (x *exchange) readSubset(md *corev3.Metadata) {
 		return
 	}
 	x.subset, x.allow = true, 0
+	if lv := v.GetListValue(); lv != nil {
+		for _, e := range lv.GetValues() {
+			x.allowSubset(e.GetStringValue())
+		}
+		return
+	}
+	x.allowSubset(v.GetStringValue())
+}
+
+// allowSubset adds to x.allow the endpoints one subset hint value names.
+// The protocol's shape is a list of "ip:port" strings; gateways also
+// send one comma-separated string (what a header-to-metadata rule
+// extracts), and a bare IP, which GIE's picker reads as every port of it.
+func (x *exchange) allowSubset(v string) {
 	slots := *x.s.p.slots.Load()
-	for _, e := range v.GetListValue().GetValues() {
-		if w, ok := slots[e.GetStringValue()]; ok {
+	for e := range strings.SplitSeq(v, ",") {
+		e = strings.TrimSpace(e)
+		if w, ok := slots[e]; ok {
 			x.allow |= workers.SetOf(w)
+			continue
+		}
+		if e == "" || strings.Contains(e, ":") && !strings.HasPrefix(e, "[") && strings.Count(e, ":") == 1 {
+			continue // an ip:port the pool does not have
+		}
+		ip := strings.Trim(e, "[]")
+		for addr, w := range slots {
+			if host, _, err := net.SplitHostPort(addr); err == nil && host == ip {
+				x.allow |= workers.SetOf(w)
+			}
 		}
 	}
 }
@@ -293,10 +322,10 @@ func (x *exchange) followServed(md *corev3.Metadata) {
 	if !ok {
 		return
 	}
-	// Booked without waiting: the request already runs there.
+	// Booked whatever its load: the request already runs there.
 	x.sreq.AllowListed, x.sreq.Allow = true, workers.SetOf(slot)
 	x.sreq.Pinned, x.sreq.PinWorker, x.sreq.PinRank = true, info.ID, info.DPRank
-	x.sreq.Scores = nil
+	x.sreq.Scores, x.sreq.Running = nil, true
 	x.h, x.held = x.s.p.guards.Acquire(), true
 	done, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -18,11 +18,14 @@ import (
 )
 
 // The gRPC health services the protocol names: liveness answers SERVING
-// while the process runs; readiness and the ext_proc service itself once
-// the picker knows its endpoints.
+// while the process runs; readiness, the ext_proc service itself and
+// HealthGIE once the picker knows its endpoints.
 const (
 	HealthLiveness  = "liveness"
 	HealthReadiness = "readiness"
+	// HealthGIE is the service GIE's own Helm chart probes (both probes,
+	// for a single replica), so that kvfast can stand in for its picker.
+	HealthGIE = "inference-extension"
 )
 
 // NewGRPC returns a gRPC server that answers ext_proc with s and the gRPC
@@ -70,7 +73,7 @@ func (r *readiness) set(change func(*readiness)) {
 	if r.synced && r.leading {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
-	for _, svc := range []string{"", HealthReadiness, extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
+	for _, svc := range []string{"", HealthReadiness, HealthGIE, extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
 		r.hs.SetServingStatus(svc, st)
 	}
 }

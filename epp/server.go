@@ -102,7 +102,7 @@ func (x *exchange) handle(ctx context.Context, msg *extprocv3.ProcessingRequest)
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		if !x.decided {
 			// Trailers end a body that never said so itself.
-			x.decideAndAnswer(ctx)
+			x.decideAndAnswer(ctx, true)
 			if x.immediate {
 				return
 			}
@@ -128,11 +128,13 @@ func (x *exchange) requestHeaders(ctx context.Context, msg *extprocv3.Processing
 		}
 	}
 	path, _, _ := strings.Cut(x.path, "?")
-	switch strings.TrimSuffix(path, "/") {
-	case fastpath.PathCompletions:
-		x.api = openai.APICompletions
-	case fastpath.PathChatCompletions:
+	// By suffix, as GIE matches: gateways often serve a model under a
+	// prefix (/llama/v1/completions).
+	switch path = strings.TrimSuffix(path, "/"); {
+	case strings.HasSuffix(path, fastpath.PathChatCompletions):
 		x.api = openai.APIChatCompletions
+	case strings.HasSuffix(path, fastpath.PathCompletions):
+		x.api = openai.APICompletions
 	}
 	x.readSubset(msg.GetMetadataContext())
 	switch {
@@ -161,21 +163,35 @@ func (x *exchange) requestBody(ctx context.Context, b *extprocv3.HttpBody) {
 		x.out = append(x.out, passBody(duplex, b.GetBody(), b.GetEndOfStream(), true))
 		return
 	}
+	x.sawBody = true
 	if len(x.body)+len(b.GetBody()) > x.s.p.cfg.MaxBodyBytes {
 		x.refuse(errBodyTooLarge, 0)
 		return
 	}
 	x.body = append(x.body, b.GetBody()...)
-	if !b.GetEndOfStream() && x.reqMode != extprocfilter.ProcessingMode_BUFFERED_PARTIAL {
+	switch {
+	case b.GetEndOfStream():
+	case duplex:
 		return // more of the body follows; nothing is answered yet
+	case x.reqMode == extprocfilter.ProcessingMode_BUFFERED_PARTIAL:
+		// Envoy sent the body up to its buffer limit, and the rest goes
+		// upstream unseen: a cut-off JSON cannot be parsed, so the
+		// request routes by load alone rather than being refused.
+		x.partial = true
+	default:
+		// BUFFERED: Envoy sends the whole body in one message, saying
+		// end_of_stream only when no trailers follow (and trailers it
+		// may never send the picker).
 	}
-	x.decideAndAnswer(ctx)
+	x.decideAndAnswer(ctx, false)
 }
 
 // decideAndAnswer chooses the endpoint once the body is in and answers
 // what the gateway waits for: in full duplex mode the held headers, then
-// the body; otherwise the body, with the destination on it.
-func (x *exchange) decideAndAnswer(ctx context.Context) {
+// the body (none when trailers came without one, and not ending the
+// stream when trailers follow it); otherwise the body, with the
+// destination on it.
+func (x *exchange) decideAndAnswer(ctx context.Context, trailers bool) {
 	x.decide(ctx)
 	if x.immediate {
 		return
@@ -187,13 +203,16 @@ func (x *exchange) decideAndAnswer(ctx context.Context) {
 		return
 	}
 	x.out = append(x.out, x.headersResponse(true))
-	// The body goes upstream in the picker's answers, in pieces that
-	// stay well below gRPC's default 4 MiB message limit.
+	if trailers && !x.sawBody {
+		return // the gateway asked for no body answer
+	}
+	// The body goes upstream in the picker's answers, in pieces of at
+	// most bodyChunk bytes.
 	body := x.body
 	for {
 		n := min(len(body), bodyChunk)
 		last := n == len(body)
-		x.out = append(x.out, passBody(true, body[:n], last, true))
+		x.out = append(x.out, passBody(true, body[:n], last && !trailers, true))
 		body = body[n:]
 		if last {
 			break
@@ -201,7 +220,10 @@ func (x *exchange) decideAndAnswer(ctx context.Context) {
 	}
 }
 
-const bodyChunk = 1 << 20
+// bodyChunk bounds one streamed body answer: Envoy's API recommends at
+// most 64 KiB per full-duplex chunk (processing_mode.proto), and some
+// gateways enforce it; GIE's picker sends 62,000 bytes.
+const bodyChunk = 62000
 
 // passBody answers a body chunk the picker does not change: in full
 // duplex mode by sending it back, otherwise by letting it continue.

@@ -189,3 +189,36 @@ func TestRefusalHints(t *testing.T) {
 		t.Errorf("a retry hint above MaxRetryAfter was accepted: %v", err)
 	}
 }
+
+// TestRunningRequestIsBookedWhateverTheLoad: a request that already runs
+// on its worker (a gateway fell back to it) is booked there at once, past
+// the busy thresholds and ahead of the queue, so that its load is counted;
+// a new request to the same worker still waits.
+func TestRunningRequestIsBookedWhateverTheLoad(t *testing.T) {
+	s := newTestScheduler(t, 1, Config{Busy: BusyThresholds{PrefillTokens: 50}, QueueCapacity: 4})
+	var first, running Reservation
+	mustSelect(t, s, &Request{Hashes: prompt(1, 0, 1, 4), PromptTokens: 64}, &first) // the worker is busy now
+	queued := make(chan outcome, 1)
+	goSelect(s, context.Background(), "queued", Request{Hashes: prompt(2, 0, 2, 4), PromptTokens: 64}, queued)
+	waitFor(t, "the new request to queue", func() bool { return s.queue.len() == 1 })
+
+	d, err := s.Select(context.Background(), &Request{Hashes: prompt(3, 0, 3, 4), PromptTokens: 64,
+		Pinned: true, PinWorker: 100, Running: true}, &running)
+	if err != nil || d.Slot != 0 {
+		t.Fatalf("a running request on a busy worker: %+v, %v", d, err)
+	}
+	if got := s.Load(0); got.Requests != 2 || got.PrefillTokens != 128 {
+		t.Fatalf("load with the running request booked: %+v", got)
+	}
+	if s.queue.len() != 1 {
+		t.Fatal("the running request's booking took the queued request's turn")
+	}
+	running.Release()
+	first.Release()
+	if o := <-queued; o.err != nil {
+		t.Fatalf("the queued request: %v", o.err)
+	} else {
+		o.res.Release()
+	}
+	requireZeroLoad(t, s)
+}

@@ -44,6 +44,12 @@ type Request struct {
 	// QueryOnly returns the decision without booking anything or queueing.
 	QueryOnly bool
 
+	// Running books a request that already runs on the worker it names
+	// (an endpoint picker's gateway fell back to it): the busy thresholds
+	// and the admission queue do not apply, since refusing the booking
+	// would not stop the request, only hide its load.
+	Running bool
+
 	// Cost, when not nil, replaces the global cost parameters for this
 	// request (a full set: copy Config.Cost or DefaultCostParams, edit,
 	// point here).
@@ -133,7 +139,7 @@ func (s *Scheduler) Select(ctx context.Context, req *Request, res *Reservation) 
 		}
 		// Queued requests go first: an arrival joins them unless it is one
 		// of them, woken to retry.
-		if w != nil || s.waiting.Load() == 0 {
+		if w != nil || s.waiting.Load() == 0 || req.Running {
 			tried = true
 			if d, ok := s.tryBook(ws, req, &p, pol, cands, res); ok {
 				if w != nil {
@@ -141,6 +147,9 @@ func (s *Scheduler) Select(ctx context.Context, req *Request, res *Reservation) 
 					s.leave(w, true)
 				}
 				return d, nil
+			}
+			if req.Running {
+				return Decision{}, s.overload() // no eligible worker at all
 			}
 		}
 		if w == nil {
@@ -245,6 +254,9 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 		req.Scores.Busy = busy
 	}
 	free := cands &^ busy
+	if req.Running {
+		free = cands
+	}
 	if free == 0 {
 		s.mu.Unlock()
 		return Decision{}, false

@@ -108,7 +108,7 @@ func bindEPPFlags(fs *flag.FlagSet, cfg *epp.Config, o *eppOptions) {
 	fs.IntVar(&cfg.Sched.BlockSize, "block-size", cfg.Sched.BlockSize, "tokens per KV block; must equal the engines' block size (0: 16)")
 	fs.IntVar(&cfg.IndexCapacity, "index-capacity", cfg.IndexCapacity, "distinct KV blocks the index holds, over every pod")
 	fs.IntVar(&cfg.Fallbacks, "fallbacks", cfg.Fallbacks, "further endpoints, cheapest first, listed after the chosen one for a gateway that retries (0 to 8)")
-	fs.StringVar(&o.bodyMode, "request-body-mode", "full-duplex", "the gateway's request body mode, assumed when Envoy does not say: full-duplex, buffered, buffered-partial or none (route on headers only)")
+	fs.StringVar(&o.bodyMode, "request-body-mode", "full-duplex", "the gateway's request (and response) body mode, assumed when Envoy does not say: full-duplex, buffered, buffered-partial or none (route on headers only)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body the picker reads (413 beyond)")
 	fs.IntVar(&cfg.Sched.QueueCapacity, "queue-capacity", cfg.Sched.QueueCapacity, "requests that may wait when every endpoint is busy; beyond it they get 429 (0: no queue)")
 	fs.DurationVar(&cfg.QueueTimeout, "queue-timeout", cfg.QueueTimeout, "longest wait in the admission queue; past it the request gets 503")
