@@ -1147,3 +1147,27 @@ func TestSeveralChoicesEndWithTheLast(t *testing.T) {
 		})
 	}
 }
+
+// TestModelWithNoLiveWorkerIs503: once every engine serving a model has
+// left (down or restarting), a request naming it gets 503
+// model_unavailable with Retry-After, which clients retry, not the 404
+// of a model the router never served; an unknown model still gets 404.
+func TestModelWithNoLiveWorkerIs503(t *testing.T) {
+	r := startE2ERig(t, rig.Config{Node: e2eConfig(), Engines: 1})
+	body := completionBody(e2eTokens(3, 32), false, 2)
+	if res := r.post(t, "/v1/completions", body, nil); res.status != http.StatusOK {
+		t.Fatalf("with its engine up: %d %s", res.status, res.body)
+	}
+	if err := r.rig.Engines[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the engine to leave", func() bool { return len(r.node.Snapshot().Workers) == 0 })
+	res := r.post(t, "/v1/completions", body, nil)
+	if res.status != http.StatusServiceUnavailable || checkOpenAIError(t, res.body) != "model_unavailable" || res.header.Get("Retry-After") == "" {
+		t.Fatalf("a model whose engines all left: %d %s (Retry-After %q)", res.status, res.body, res.header.Get("Retry-After"))
+	}
+	other := bytes.Replace(body, []byte(`"model":"mock"`), []byte(`"model":"never-served"`), 1)
+	if res := r.post(t, "/v1/completions", other, nil); res.status != http.StatusNotFound || checkOpenAIError(t, res.body) != "model_not_found" {
+		t.Fatalf("a model never served: %d %s", res.status, res.body)
+	}
+}

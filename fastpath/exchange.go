@@ -729,7 +729,13 @@ func outcomeOf(err error) string {
 // --- failures ---
 
 func (ex *exchange) reject(ctx *fasthttp.RequestCtx, e *openai.Error) {
-	ex.count(statusClientError)
+	if e == errModelUnavailable {
+		// The router's side, not the client's: its engines are down.
+		ctx.Response.Header.SetBytesV("Retry-After", ex.s.retryAfter(ex))
+		ex.count(statusUnavailable)
+	} else {
+		ex.count(statusClientError)
+	}
 	writeError(ctx, e.Status, e)
 }
 

@@ -57,8 +57,36 @@ func (s *Server) rebuildModels() {
 		ns.lora, ns.seed = adapter, radix.NamespaceSeed(base, adapter, "")
 		m[adapter] = ns
 	}
+	gone := map[string]struct{}{}
+	if old := s.departed.Load(); old != nil {
+		for name := range *old {
+			gone[name] = struct{}{}
+		}
+	}
+	if old := s.seeds.Load(); old != nil {
+		for name := range *old {
+			gone[name] = struct{}{}
+		}
+	}
+	for name := range m {
+		delete(gone, name)
+	}
+	if len(gone) > maxDeparted {
+		// Models come and go only with the operator's engines; this is a
+		// bound against a deployment that churns adapters for months.
+		for name := range gone {
+			delete(gone, name)
+			if len(gone) <= maxDeparted {
+				break
+			}
+		}
+	}
 	s.seeds.Store(&m)
+	s.departed.Store(&gone)
 }
+
+// maxDeparted bounds the models remembered as once served.
+const maxDeparted = 4096
 
 type modelNamespace struct {
 	name   string // the base model's, which its workers register with
@@ -67,8 +95,12 @@ type modelNamespace struct {
 	render prompt.Renderer // nil: text and chat prompts route approximately
 }
 
-var errUnknownModel = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Param: "model", Code: "model_not_found",
-	Message: "no worker serves the requested model"}
+var (
+	errUnknownModel = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Param: "model", Code: "model_not_found",
+		Message: "no worker serves the requested model"}
+	errModelUnavailable = &openai.Error{Status: 503, Type: openai.TypeServerError, Param: "model", Code: "model_unavailable",
+		Message: "every worker that served the requested model is down; retry later"}
+)
 
 // namespace resolves the request's model to the name the workers use (an
 // adapter's base model), the seed of its block hashes (in the namespace of
@@ -101,6 +133,11 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 			ns, ok = (*s.seeds.Load())[string(r.Model)]
 		}
 		if !ok {
+			if d := s.departed.Load(); d != nil {
+				if _, was := (*d)[string(r.Model)]; was {
+					return "", 0, nil, errModelUnavailable
+				}
+			}
 			return "", 0, nil, errUnknownModel
 		}
 		model, seed, render, lora = ns.name, ns.seed, ns.render, ns.lora

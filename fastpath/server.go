@@ -231,6 +231,10 @@ type Server struct {
 	renderers Renderers
 	settled   <-chan struct{} // Deps.Settled
 	seeds     atomic.Pointer[map[string]modelNamespace]
+	// departed is every model that workers served since start and none
+	// serves now (all its engines down or restarting): a request naming
+	// one gets 503, which clients retry, not 404. Rebuilt with seeds.
+	departed  atomic.Pointer[map[string]struct{}]
 	modelsMu  sync.Mutex        // serialises rebuilds of seeds
 	adapters  map[string]string // LoRA adapter -> base model; under modelsMu
 
