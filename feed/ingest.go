@@ -5,10 +5,12 @@ import (
 	"errors"
 	"log/slog"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvfast/kvfast/internal/logthrottle"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
@@ -50,7 +52,9 @@ type Config struct {
 	// the index is damaged beyond repair, the index is reset and refills
 	// from the engines' events. Default DefaultRepairBudget.
 	RepairBudget time.Duration
-	// Logger receives the repair's progress and outcome. Default: discard.
+	// Logger receives the repair's progress and outcome, and why a
+	// worker's entries were dropped (a gap, garbage, a bad cursor), once a
+	// minute per worker. Default: discard.
 	Logger *slog.Logger
 }
 
@@ -103,6 +107,9 @@ type Ingester struct {
 	pub     published
 	held    bool
 	lastReg time.Time
+	// throttle keeps resyncs that repeat (a ring that keeps overflowing)
+	// to one log line a minute per worker.
+	throttle *logthrottle.Throttle
 
 	// settled is closed once the first Acquire has decided: the role
 	// taken and the index repaired (or reset), or left to another holder.
@@ -123,7 +130,8 @@ func New(seg *shm.Segment, cfg Config) *Ingester {
 	// No record holds more block hashes than fit in a ring, so the scratch
 	// never grows.
 	return &Ingester{seg: seg, ix: seg.Index(), cfg: cfg.withDefaults(),
-		apply: newApplier(seg.Index(), seg.Header().RingBytes/8), settled: make(chan struct{})}
+		apply: newApplier(seg.Index(), seg.Header().RingBytes/8), settled: make(chan struct{}),
+		throttle: logthrottle.New(time.Minute)}
 }
 
 // Settled is closed once the first Acquire (or Run's first attempt) has
@@ -376,6 +384,7 @@ func (in *Ingester) drain(slot workers.Slot, w *worker) int {
 		if err != nil {
 			// Garbage: no boundary after it can be trusted, and whatever
 			// it described is lost, so the worker's entries are suspect.
+			in.noteResync(slot, "a worker's ring holds bytes no publisher writes: its index entries were dropped", "err", err)
 			in.c.garbage++
 			in.c.resyncBytes += r.Resync()
 			in.resync(slot)
@@ -411,7 +420,19 @@ func (in *Ingester) drain(slot workers.Slot, w *worker) int {
 				continue
 			}
 		}
-		if rec.Seq <= w.lastSeq {
+		if rec.Seq < w.lastSeq {
+			// Only the record a crash left between Commit's two stores
+			// comes again (Seq == lastSeq); one further behind means
+			// the persisted cursor is wrong (corrupt bytes, or another
+			// writer), and trusting it would skip this worker's records
+			// until the engine restarts. Start over from this record.
+			in.noteResync(slot, "a worker's ring cursor is ahead of its records: its index entries were dropped",
+				"cursor_seq", w.lastSeq, "record_seq", rec.Seq)
+			in.c.gaps++
+			in.resync(slot)
+			w.lastSeq = rec.Seq - 1
+		}
+		if rec.Seq == w.lastSeq {
 			// Applied before a crash that came between our lastSeq and
 			// tail stores; applying it again would double it.
 			in.c.duplicate++
@@ -419,6 +440,8 @@ func (in *Ingester) drain(slot workers.Slot, w *worker) int {
 			continue
 		}
 		if rec.Seq != w.lastSeq+1 {
+			in.noteResync(slot, "a worker's publisher dropped events (its ring was full): its index entries were dropped",
+				"last_applied_seq", w.lastSeq, "record_seq", rec.Seq)
 			in.c.gaps++
 			in.resync(slot)
 		}
@@ -430,6 +453,13 @@ func (in *Ingester) drain(slot workers.Slot, w *worker) int {
 		}
 	}
 	return n
+}
+
+// noteResync says why a worker's entries are dropped, at most once a
+// minute per worker: the counters alone do not tell an operator which
+// worker lost its view, nor why.
+func (in *Ingester) noteResync(slot workers.Slot, msg string, args ...any) {
+	in.throttle.Log(in.cfg.Logger, slog.LevelWarn, "resync/"+strconv.Itoa(int(slot)), msg, append([]any{"slot", slot}, args...)...)
 }
 
 // resync drops the blocks the index holds for slot. Engines cannot

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -298,5 +299,59 @@ func TestEngineBackBeforeTheScanKeepsItsFirstRecords(t *testing.T) {
 	m.check(t, seg.Index(), again.Slot())
 	if st := in.Stats(); st.SkippedDown != 0 {
 		t.Errorf("%d records skipped as a down worker's", st.SkippedDown)
+	}
+}
+
+// TestCursorAheadOfRecordsResyncs: a ring cursor whose last applied
+// sequence number is ahead of every record (corrupt bytes, another
+// writer) would have every record skipped as already applied until the
+// engine restarts; the ingester instead drops the worker's entries, as
+// after a gap, and applies the records from there.
+func TestCursorAheadOfRecordsResyncs(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	first := acquire(t, seg, Config{})
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := genOps(11, 40)
+	for _, o := range ops[:20] {
+		if err := publishOp(p, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drainAll(first)
+	if err := first.Release(); err != nil {
+		t.Fatal(err)
+	}
+	h := seg.Header()
+	f, err := os.OpenFile(seg.Path(), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seq [8]byte
+	binary.LittleEndian.PutUint64(seq[:], 1<<62)
+	// docs/shm-layout.md: a ring's last applied sequence number is the
+	// u64 at byte 136 of its control block.
+	_, err = f.WriteAt(seq[:], h.RingsOffset+int64(p.Slot())*int64(h.RingStride)+136)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newModel()
+	for _, o := range ops[20:] {
+		if err := publishOp(p, o); err != nil {
+			t.Fatal(err)
+		}
+		m.apply(o)
+	}
+	next := acquire(t, seg, Config{})
+	drainAll(next)
+	st := next.Stats()
+	if st.Duplicate != 0 || st.Records != 20 || st.Gaps != 1 {
+		t.Fatalf("after a cursor ahead of its records: %+v", st)
+	}
+	if st := seg.Index().Stats(); st.WorkerBlocks[p.Slot()] == 0 {
+		t.Fatal("the worker's records after the bad cursor were not applied")
 	}
 }
