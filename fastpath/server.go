@@ -234,9 +234,9 @@ type Server struct {
 	// departed is every model that workers served since start and none
 	// serves now (all its engines down or restarting): a request naming
 	// one gets 503, which clients retry, not 404. Rebuilt with seeds.
-	departed  atomic.Pointer[map[string]struct{}]
-	modelsMu  sync.Mutex        // serialises rebuilds of seeds
-	adapters  map[string]string // LoRA adapter -> base model; under modelsMu
+	departed atomic.Pointer[map[string]struct{}]
+	modelsMu sync.Mutex        // serialises rebuilds of seeds
+	adapters map[string]string // LoRA adapter -> base model; under modelsMu
 
 	metricsOnce sync.Once
 	metricsHTTP fasthttp.RequestHandler
