@@ -32,6 +32,7 @@ type exchange struct {
 	reqMode, respMode extprocfilter.ProcessingMode_BodySendMode
 
 	path string
+	auth string     // the client's Authorization header, for --query-nodes
 	api  openai.API // 0: a path the picker does not parse
 	body []byte
 	req  openai.ParsedRequest

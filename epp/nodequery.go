@@ -72,7 +72,7 @@ func (x *exchange) queryNodes(ctx context.Context) {
 			continue
 		}
 		wg.Go(func() {
-			ans, err := p.askNode(ctx, "http://"+info.Endpoint+path, x.body)
+			ans, err := p.askNode(ctx, "http://"+info.Endpoint+path, x.body, x.auth)
 			if err != nil {
 				p.log.Debug("a node did not say what it caches", "endpoint", info.Endpoint, "err", err)
 				return
@@ -105,14 +105,19 @@ func (x *exchange) queryNodes(ctx context.Context) {
 	}
 }
 
-// askNode posts the request's body to one node's route-only endpoint.
-func (p *Picker) askNode(ctx context.Context, url string, body []byte) (nodeAnswer, error) {
+// askNode posts the request's body to one node's route-only endpoint,
+// with the client's Authorization header: a node that requires API keys
+// (--api-key-file) takes the key the gateway forwards the request with.
+func (p *Picker) askNode(ctx context.Context, url string, body []byte, auth string) (nodeAnswer, error) {
 	var ans nodeAnswer
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return ans, fmt.Errorf("cannot ask %s: %w", url, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
 	resp, err := p.nodes.Do(req)
 	if err != nil {
 		return ans, fmt.Errorf("cannot ask %s: %w", url, err)

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
 	"github.com/kvfast/kvfast/epp"
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/internal/rig"
@@ -25,6 +27,7 @@ type fakeNode struct {
 	overlap, prompt atomic.Int64
 	busy, broken    atomic.Bool
 	asked           atomic.Int64
+	auth            atomic.Value // the last Authorization header
 }
 
 func startFakeNode(t *testing.T) *fakeNode {
@@ -32,6 +35,7 @@ func startFakeNode(t *testing.T) *fakeNode {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+fastpath.PathRouteCompletions, func(w http.ResponseWriter, r *http.Request) {
 		n.asked.Add(1)
+		n.auth.Store(r.Header.Get("Authorization"))
 		if _, err := io.ReadAll(r.Body); err != nil || n.broken.Load() {
 			http.Error(w, "broken", http.StatusInternalServerError)
 			return
@@ -95,6 +99,21 @@ func TestQueryNodes(t *testing.T) {
 	for _, n := range nodes {
 		if n.asked.Load() != 1 {
 			t.Fatalf("node %s asked %d times, want once", n.addr, n.asked.Load())
+		}
+	}
+	// A node that requires API keys gets the client's, which the gateway
+	// forwards the request itself with.
+	st := r.open(t, duplexMode())
+	st.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: headerMap(":method", "POST", ":path", "/v1/completions",
+			"authorization", "Bearer client-key", "content-type", "application/json")}}})
+	st.requestBody(body, true)
+	st.recv()
+	st.recv()
+	st.closeAndWaitEOF()
+	for _, n := range nodes {
+		if got, _ := n.auth.Load().(string); got != "Bearer client-key" {
+			t.Fatalf("node %s was asked with Authorization %q, want the client's", n.addr, got)
 		}
 	}
 	nodes[1].busy.Store(true)

@@ -121,10 +121,13 @@ func (x *exchange) handle(ctx context.Context, msg *extprocv3.ProcessingRequest)
 }
 
 func (x *exchange) requestHeaders(ctx context.Context, msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) {
-	x.api, x.path = 0, ""
+	x.api, x.path, x.auth = 0, "", ""
 	for _, hv := range h.GetHeaders().GetHeaders() {
-		if hv.GetKey() == ":path" {
+		switch hv.GetKey() {
+		case ":path":
 			x.path = headerValue(hv)
+		case "authorization":
+			x.auth = headerValue(hv)
 		}
 	}
 	path, _, _ := strings.Cut(x.path, "?")

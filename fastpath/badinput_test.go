@@ -347,11 +347,13 @@ func TestTransportErrorsLoggedStructured(t *testing.T) {
 
 func TestRedactHidesCredentials(t *testing.T) {
 	for in, want := range map[string]string{
-		"error: Authorization: Bearer abc.def rest": "error: Authorization: [REDACTED] abc.def rest",
-		"authorization: basic dXNlcjpw":             "authorization: [REDACTED] dXNlcjpw",
-		`buf="x-api-key: k1\r\n"`:                   `buf="x-api-key: [REDACTED]\r\n"`,
-		"GET /v1/models?api_key=zzz&x=1":            "GET /v1/models?api_key=[REDACTED]&x=1",
-		"nothing to hide":                           "nothing to hide",
+		"error: Authorization: Bearer abc.def rest":  "error: Authorization: [REDACTED]",
+		"authorization: basic dXNlcjpw\r\nHost: h":   "authorization: [REDACTED]\r\nHost: h",
+		`buf="Authorization: Bearer sk-1 2\r\nX: y"`: `buf="Authorization: [REDACTED]\r\nX: y"`,
+		"cannot serve: bearer sk-abc, retrying":      "cannot serve: bearer [REDACTED], retrying",
+		`buf="x-api-key: k1 k2\r\n"`:                 `buf="x-api-key: [REDACTED]\r\n"`,
+		"GET /v1/models?api_key=zzz&x=1":             "GET /v1/models?api_key=[REDACTED]&x=1",
+		"nothing to hide":                            "nothing to hide",
 	} {
 		if got := fastpath.Redact(in); got != want {
 			t.Errorf("Redact(%q) = %q, want %q", in, got, want)

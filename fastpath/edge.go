@@ -2,6 +2,7 @@ package fastpath
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"crypto/subtle"
 	"io"
 	"net"
@@ -336,15 +337,22 @@ func bearer(ctx *fasthttp.RequestCtx) []byte {
 	return bytes.TrimSpace(v[len(scheme):])
 }
 
-// anyKeyMatches compares tok with every key in constant time, so that
-// neither the position of a mismatch nor which key matched shows in the
-// time taken.
-func anyKeyMatches(tok []byte, keys [][]byte) bool {
-	match := 0
-	for _, k := range keys {
-		match |= subtle.ConstantTimeCompare(tok, k)
+// keyDigest is the SHA-256 digest of an API key or admin token.
+type keyDigest = [sha256.Size]byte
+
+// anyKeyMatches compares tok's digest with every key's in constant time,
+// so that neither the position of a mismatch, nor which key matched, nor
+// a key's length shows in the time taken.
+func anyKeyMatches(tok []byte, keys []keyDigest) bool {
+	if len(tok) == 0 {
+		return false
 	}
-	return match == 1 && len(tok) > 0
+	d := sha256.Sum256(tok)
+	match := 0
+	for i := range keys {
+		match |= subtle.ConstantTimeCompare(d[:], keys[i][:])
+	}
+	return match == 1
 }
 
 // hasObsFold reports a header line continued on the next (obsolete line
@@ -371,9 +379,14 @@ var (
 		Message: "missing or incorrect admin token; send it as Authorization: Bearer TOKEN"}
 )
 
-// credentialMarks start a credential in a message: what follows each, up
-// to the next space, quote or line end, is replaced by redacted.
-var credentialMarks = []string{"authorization:", "bearer ", "api-key:", "api_key=", "api-key=", "token="}
+// credentialMarks start a credential in a message: what follows each is
+// replaced by redacted, up to the line's end for a header's value (a
+// scheme and its credential, "Bearer KEY", are one value), else up to the
+// next space, quote or separator.
+var credentialMarks = []struct {
+	mark        string
+	headerValue bool
+}{{"authorization:", true}, {"api-key:", true}, {"bearer ", false}, {"api_key=", false}, {"api-key=", false}, {"token=", false}}
 
 const redacted = "[REDACTED]"
 
@@ -391,16 +404,15 @@ func redact(msg string) string {
 	last := 0
 	for i := 0; i < len(lower); i++ {
 		for _, m := range credentialMarks {
-			if !bytes.HasPrefix(lower[i:], []byte(m)) {
+			if !bytes.HasPrefix(lower[i:], []byte(m.mark)) {
 				continue
 			}
-			start := i + len(m)
+			start := i + len(m.mark)
 			for start < len(msg) && msg[start] == ' ' {
 				start++
 			}
-			// "Authorization: Bearer X" redacts the scheme too; that is fine.
 			end := start
-			for end < len(msg) && !isCredentialEnd(msg[end]) {
+			for end < len(msg) && !isCredentialEnd(msg[end], m.headerValue) {
 				end++
 			}
 			if end == start {
@@ -418,10 +430,12 @@ func redact(msg string) string {
 	return string(append(out, msg[last:]...))
 }
 
-func isCredentialEnd(c byte) bool {
+func isCredentialEnd(c byte, headerValue bool) bool {
 	switch c {
-	case ' ', '\t', '\r', '\n', '"', '\'', '\\', ',', ';', '&':
+	case '\r', '\n', '"', '\'', '\\':
 		return true
+	case ' ', '\t', ',', ';', '&':
+		return !headerValue
 	}
 	return false
 }

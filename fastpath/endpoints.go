@@ -83,7 +83,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			writeError(ctx, fasthttp.StatusNotFound, errNotFound)
 			return
 		}
-		if s.adminToken != nil && !anyKeyMatches(bearer(ctx), [][]byte{s.adminToken}) {
+		if s.adminToken != nil && !anyKeyMatches(bearer(ctx), s.adminToken) {
 			ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
 			writeError(ctx, fasthttp.StatusUnauthorized, errAdminUnauthorized)
 			return

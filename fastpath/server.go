@@ -2,6 +2,7 @@ package fastpath
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -241,11 +242,13 @@ type Server struct {
 	metricsOnce sync.Once
 	metricsHTTP fasthttp.RequestHandler
 
-	budget     bodyBudget
-	connLimit  connLimiter // per client address, over every listener
-	waits      waitStats   // recent admission-queue waits, for Retry-After
-	apiKeys    [][]byte
-	adminToken []byte
+	budget    bodyBudget
+	connLimit connLimiter // per client address, over every listener
+	waits     waitStats   // recent admission-queue waits, for Retry-After
+	// apiKeys and adminToken hold SHA-256 digests: comparing digests of
+	// one length leaks no key's length through timing.
+	apiKeys    []keyDigest
+	adminToken []keyDigest // empty: no token
 
 	exchanges sync.Pool
 	hangups   *hangup.Watcher                    // nil where client hang-ups cannot be watched
@@ -282,10 +285,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.budget.limit = cfg.BodyBudgetBytes
 	s.connLimit = connLimiter{max: cfg.MaxConnsPerIP, perIP: map[netip.Addr]int{}}
 	for _, k := range cfg.APIKeys {
-		s.apiKeys = append(s.apiKeys, []byte(k))
+		s.apiKeys = append(s.apiKeys, sha256.Sum256([]byte(k)))
 	}
 	if cfg.AdminToken != "" {
-		s.adminToken = []byte(cfg.AdminToken)
+		s.adminToken = []keyDigest{sha256.Sum256([]byte(cfg.AdminToken))}
 	}
 	s.metrics = newMetrics(s)
 	if !cfg.Encode.Off && cfg.Encode.AffinityItems > 0 {

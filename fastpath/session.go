@@ -396,9 +396,11 @@ func (ss *sessions) call(ctx context.Context, endpoint, path string, body any) e
 		return fmt.Errorf("cannot call %s on %s: %w", path, endpoint, err)
 	}
 	defer resp.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	// Drained (bounded) for the connection's reuse, never logged: an
+	// engine's answer is not the router's to print.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("cannot call %s on %s: status %d: %s", path, endpoint, resp.StatusCode, msg)
+		return fmt.Errorf("cannot call %s on %s: status %d", path, endpoint, resp.StatusCode)
 	}
 	return nil
 }

@@ -310,19 +310,24 @@ func (n *Node) ServeAdmin(ln net.Listener) error {
 }
 
 // warnExposure says at start what an operator may not have meant: an API
-// that other hosts reach without an API key, admin endpoints on it
-// without a token.
-func (n *Node) warnExposure(api net.Addr) {
-	if isLoopback(api) {
-		return
-	}
-	if len(n.cfg.HTTP.APIKeys) == 0 {
+// that other hosts reach without an API key, admin endpoints (engines'
+// addresses, models, load) that they reach without a token, on the API
+// listener or on admin, the admin listener (nil: none).
+func (n *Node) warnExposure(api, admin net.Addr) {
+	if !isLoopback(api) && len(n.cfg.HTTP.APIKeys) == 0 {
 		n.log.Warn("the API listener is reachable from other hosts and no API key is set: anyone who reaches it can use the engines (--api-key-file)",
 			"addr", api.String())
 	}
-	if n.cfg.HTTP.AdminOnAPI && n.cfg.HTTP.AdminToken == "" {
+	if n.cfg.HTTP.AdminToken != "" {
+		return
+	}
+	switch {
+	case n.cfg.HTTP.AdminOnAPI && !isLoopback(api):
 		n.log.Warn("the admin endpoints are served on a listener reachable from other hosts without an admin token (--admin-listen, --admin-token-file)",
 			"addr", api.String())
+	case admin != nil && !isLoopback(admin):
+		n.log.Warn("the admin listener is reachable from other hosts and no admin token is set: anyone who reaches it reads /metrics and /admin/workers (--admin-token-file)",
+			"addr", admin.String())
 	}
 }
 
@@ -413,7 +418,11 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("cannot listen on %s (admin): %w", cfg.AdminListen, err)
 		}
 	}
-	n.warnExposure(ln.Addr())
+	var adminAddr net.Addr
+	if adminLn != nil {
+		adminAddr = adminLn.Addr()
+	}
+	n.warnExposure(ln.Addr(), adminAddr)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	served := make(chan error, 2)

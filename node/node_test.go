@@ -486,6 +486,7 @@ func TestWarnExposure(t *testing.T) {
 		{"exposed without keys", "0.0.0.0:8000", nil, false, []string{"no API key"}},
 		{"exposed with keys", "10.1.2.3:8000", []string{"k"}, false, nil},
 		{"exposed admin", "0.0.0.0:8000", []string{"k"}, true, []string{"without an admin token"}},
+		{"exposed admin listener", "127.0.0.1:8000", nil, false, []string{"admin listener is reachable"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf strings.Builder
@@ -495,7 +496,14 @@ func TestWarnExposure(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			n.warnExposure(addr)
+			admin, err := net.ResolveTCPAddr("tcp", "127.0.0.1:8089")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.name == "exposed admin listener" {
+				admin.IP = net.IPv4zero
+			}
+			n.warnExposure(addr, admin)
 			for _, w := range tc.want {
 				if !strings.Contains(buf.String(), w) {
 					t.Errorf("no warning %q in %q", w, buf.String())

@@ -81,8 +81,8 @@ Flags:
 func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *securityFiles) {
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address the router listens on (host:port); use 0.0.0.0:8000 to serve other hosts (then set --api-key-file)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, `address of the admin listener (host:port), which alone serves /admin/... and /metrics; "" serves them on the API listener (then set --admin-token-file)`)
-	fs.StringVar(&sec.adminToken, "admin-token-file", "", "file holding the token /admin/... and /metrics require as Authorization: Bearer TOKEN (none: no token)")
-	fs.StringVar(&sec.apiKeys, "api-key-file", "", "file of API keys, one per line (# comments), that the OpenAI endpoints require as Authorization: Bearer KEY (none: no check)")
+	fs.StringVar(&sec.adminToken, "admin-token-file", "", "file holding the token /admin/... and /metrics require as Authorization: Bearer TOKEN, on its one line (none: no token; read at start-up only)")
+	fs.StringVar(&sec.apiKeys, "api-key-file", "", "file of API keys, one per line (# comments), that the OpenAI endpoints require as Authorization: Bearer KEY (none: no check; read at start-up only: restart to add or revoke a key)")
 	fs.StringVar(&cfg.Segment.Path, "segment", cfg.Segment.Path, `shared-memory segment holding the index and the engines' event feed; "none" runs without one (static workers only)`)
 	fs.BoolVar(&cfg.Segment.Recreate, "recreate-segment", cfg.Segment.Recreate, "format a fresh segment even if a valid one exists (drops the warm index)")
 	fs.BoolVar(&cfg.Segment.AllowForeign, "allow-foreign-segment", cfg.Segment.AllowForeign, "attach to a segment another user owns or that group or others may access (refused otherwise: whoever can write it can register engines and rewrite the index)")
@@ -183,6 +183,10 @@ func (sec securityFiles) load(cfg *node.Config) error {
 		}
 		if cfg.HTTP.AdminToken = strings.TrimSpace(string(b)); cfg.HTTP.AdminToken == "" {
 			return fmt.Errorf("cannot use admin token file %s: it is empty", sec.adminToken)
+		}
+		if strings.ContainsAny(cfg.HTTP.AdminToken, "\r\n") {
+			// No request could send a token with a line break in it.
+			return fmt.Errorf("cannot use admin token file %s: it holds more than one line; the token is its one line", sec.adminToken)
 		}
 	}
 	if sec.apiKeys != "" {

@@ -103,8 +103,12 @@ func TestServeConfig(t *testing.T) {
 		if err := os.WriteFile(empty, []byte("# nothing\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
+		twoLines := filepath.Join(dir, "two-lines")
+		if err := os.WriteFile(twoLines, []byte("tok-a\ntok-b\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		for _, args := range [][]string{{"--api-key-file", empty}, {"--admin-token-file", empty + "x"},
-			{"--body-budget-bytes", "1024"}} {
+			{"--admin-token-file", twoLines}, {"--body-budget-bytes", "1024"}} {
 			if _, code, ok := serveConfig(args, io.Discard); ok || code != 2 {
 				t.Errorf("%q: ok %v, code %d; want exit status 2", args, ok, code)
 			}

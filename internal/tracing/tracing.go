@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"strings"
 	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -44,6 +46,9 @@ func (c *Config) Validate() error {
 	if _, err := parseEndpoint(c.Endpoint); err != nil {
 		return err
 	}
+	if err := checkHeaders(os.Getenv("OTEL_EXPORTER_OTLP_HEADERS"), os.Getenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS")); err != nil {
+		return err
+	}
 	if c.SampleRatio < 0 || c.SampleRatio > 1 {
 		return fmt.Errorf("cannot use trace sample ratio %v: want 0..1", c.SampleRatio)
 	}
@@ -53,19 +58,46 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// checkHeaders refuses OTLP header settings the exporter cannot parse:
+// it would log them, credentials and all, and export without them. The
+// format is the OpenTelemetry one: comma-separated key=value pairs,
+// values URL-encoded. The error names the variable and the entry's
+// place, never its text.
+func checkHeaders(vars ...string) error {
+	names := []string{"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"}
+	for i, v := range vars {
+		if v == "" {
+			continue
+		}
+		for j, entry := range strings.Split(v, ",") {
+			key, value, ok := strings.Cut(entry, "=")
+			if strings.TrimSpace(key) == "" || !ok {
+				return fmt.Errorf("cannot use %s: entry %d is not key=value", names[i], j+1)
+			}
+			if _, err := url.PathUnescape(strings.TrimSpace(value)); err != nil {
+				return fmt.Errorf("cannot use %s: the value of entry %d is not URL-encoded (write %%25 for a %%)", names[i], j+1)
+			}
+		}
+	}
+	return nil
+}
+
 // parseEndpoint splits an OTLP/HTTP endpoint into the exporter's options.
 func parseEndpoint(endpoint string) ([]otlptracehttp.Option, error) {
+	// The errors never quote the endpoint whole: a collector's
+	// credentials may be in it (refused below, but not to be printed).
 	u, err := url.Parse(endpoint)
 	if err != nil {
-		return nil, fmt.Errorf("cannot use OTLP endpoint %q: %w", endpoint, err)
+		return nil, errors.New("cannot use the OTLP endpoint: it is not a URL; want http://host:port or https://host:port")
 	}
+	shown := u.Scheme + "://" + u.Host + u.Path
 	switch {
 	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("cannot use OTLP endpoint %q: want http://host:port or https://host:port", endpoint)
+		return nil, fmt.Errorf("cannot use OTLP endpoint %q: want http://host:port or https://host:port", shown)
 	case u.Host == "":
-		return nil, fmt.Errorf("cannot use OTLP endpoint %q: it names no host", endpoint)
+		return nil, fmt.Errorf("cannot use OTLP endpoint %q: it names no host", shown)
 	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
-		return nil, fmt.Errorf("cannot use OTLP endpoint %q: want no query, fragment or credentials (set headers with OTEL_EXPORTER_OTLP_HEADERS)", endpoint)
+		return nil, fmt.Errorf("cannot use OTLP endpoint %q: want no query, fragment or credentials (set headers with OTEL_EXPORTER_OTLP_HEADERS)", shown)
 	}
 	path := u.Path
 	if path == "" || path == "/" {

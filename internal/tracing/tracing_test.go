@@ -66,3 +66,30 @@ func TestShutdownWithoutCollector(t *testing.T) {
 		t.Errorf("a second Shutdown returned %v, the first %v: want the first's result", second, first)
 	}
 }
+
+// TestRefusalsDoNotPrintCredentials: an endpoint with credentials in it,
+// and OTLP header settings the exporter cannot parse, are refused with
+// errors that do not quote the secrets.
+func TestRefusalsDoNotPrintCredentials(t *testing.T) {
+	for _, endpoint := range []string{"http://user:SECRET@collector:4318", "http://collector:4318/?api_key=SECRET", "http://coll ector/SECRET%zz"} {
+		cfg := DefaultConfig()
+		cfg.Endpoint = endpoint
+		if err := cfg.Validate(); err == nil || strings.Contains(err.Error(), "SECRET") {
+			t.Errorf("Validate(%q) = %v: want a refusal that does not quote the secret", endpoint, err)
+		}
+	}
+	for _, headers := range []string{"Authorization=Bearer SECRET%ZZ", "X-Key SECRET", "a=b,SECRET"} {
+		t.Setenv("OTEL_EXPORTER_OTLP_HEADERS", headers)
+		cfg := DefaultConfig()
+		cfg.Endpoint = "http://collector:4318"
+		if err := cfg.Validate(); err == nil || strings.Contains(err.Error(), "SECRET") {
+			t.Errorf("headers %q: %v: want a refusal that does not quote them", headers, err)
+		}
+	}
+	t.Setenv("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer%20abc,x-tenant=t1")
+	cfg := DefaultConfig()
+	cfg.Endpoint = "http://collector:4318"
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("well-formed headers refused: %v", err)
+	}
+}
