@@ -576,3 +576,26 @@ func TestBodyShapesEnvoySends(t *testing.T) {
 		st.cancel()
 	})
 }
+
+// TestObservabilityModeBooksNothing: in observability mode Envoy ignores
+// the picker's answers and routes the request itself, so the picker
+// answers nothing and books no load on an endpoint the request may never
+// reach.
+func TestObservabilityModeBooksNothing(t *testing.T) {
+	r := startEPP(t, epp.DefaultConfig(), endpoints(2)...)
+	st := r.open(t, duplexMode())
+	for _, m := range []*extprocv3.ProcessingRequest{
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: headerMap(":method", "POST", ":path", "/v1/completions", "content-type", "application/json")}}},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+			Body: completionBody(t, tokens(1, 64), false), EndOfStream: true}}},
+	} {
+		m.ObservabilityMode = true
+		st.send(m)
+	}
+	st.closeAndWaitEOF()
+	settled(t, r)
+	if st := r.picker.Sched().Stats(); st.Booked != 0 {
+		t.Fatalf("observability mode booked %d requests, want none", st.Booked)
+	}
+}

@@ -71,11 +71,14 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			pc := msg.GetProtocolConfig()
 			x.reqMode, x.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
 		}
+		if msg.GetObservabilityMode() {
+			// Envoy ignores every answer and routes the request itself:
+			// a decision would book load on an endpoint the request may
+			// never reach.
+			continue
+		}
 		x.handle(ctx, msg)
 		for _, r := range x.out {
-			if msg.GetObservabilityMode() {
-				break // responses would be ignored
-			}
 			if err := stream.Send(r); err != nil {
 				x.end(false)
 				return status.Errorf(codes.Unknown, "cannot answer the gateway: %v", err)
