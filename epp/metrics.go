@@ -50,7 +50,9 @@ func newMetrics(p *Picker) *metrics {
 	return m
 }
 
-// feedCollector reports every endpoint's event feed, read when scraped.
+// feedCollector reports every endpoint's event feed and the load booked
+// on it, read when scraped, and the requests booked and waiting in all:
+// what an operator needs to see that nothing is left booked.
 type feedCollector struct{ p *Picker }
 
 var (
@@ -60,12 +62,24 @@ var (
 		"KV-event batches applied from the endpoint (live or replayed).", []string{"endpoint"}, nil)
 	feedResyncs = prometheus.NewDesc("kvfast_epp_feed_resyncs_total",
 		"Times the endpoint's entries were cleared to recover from lost events.", []string{"endpoint"}, nil)
+	endpointRequests = prometheus.NewDesc("kvfast_epp_endpoint_active_requests",
+		"Requests booked on the endpoint and not yet released.", []string{"endpoint"}, nil)
+	endpointPrefill = prometheus.NewDesc("kvfast_epp_endpoint_prefill_tokens",
+		"Prompt tokens booked on the endpoint that have not had their first token yet.", []string{"endpoint"}, nil)
+	inFlight = prometheus.NewDesc("kvfast_epp_requests_in_flight",
+		"Requests booked on an endpoint and not yet released, on every endpoint, including one that has since left.", nil, nil)
+	waiting = prometheus.NewDesc("kvfast_epp_admission_waiting",
+		"Requests waiting in the admission queue for an endpoint to be free.", nil, nil)
 )
 
 func (feedCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- feedConnected
 	ch <- feedBatches
 	ch <- feedResyncs
+	ch <- endpointRequests
+	ch <- endpointPrefill
+	ch <- inFlight
+	ch <- waiting
 }
 
 func (c feedCollector) Collect(ch chan<- prometheus.Metric) {
@@ -78,6 +92,14 @@ func (c feedCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(feedBatches, prometheus.CounterValue, float64(st.Batches), addr)
 		ch <- prometheus.MustNewConstMetric(feedResyncs, prometheus.CounterValue, float64(st.Resyncs), addr)
 	}
+	for addr, slot := range *c.p.slots.Load() {
+		ld := c.p.sched.Load(slot)
+		ch <- prometheus.MustNewConstMetric(endpointRequests, prometheus.GaugeValue, float64(ld.Requests), addr)
+		ch <- prometheus.MustNewConstMetric(endpointPrefill, prometheus.GaugeValue, float64(ld.PrefillTokens), addr)
+	}
+	st := c.p.sched.Stats()
+	ch <- prometheus.MustNewConstMetric(inFlight, prometheus.GaugeValue, float64(st.Booked-min(st.Released, st.Booked)))
+	ch <- prometheus.MustNewConstMetric(waiting, prometheus.GaugeValue, float64(st.Waiting))
 }
 
 func (m *metrics) decided(took time.Duration, cached uint32, prompt int) {

@@ -76,7 +76,8 @@ func TestServe(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"kvfast_epp_decisions_total 1", "kvfast_epp_endpoints 2"} {
+	for _, want := range []string{"kvfast_epp_decisions_total 1", "kvfast_epp_endpoints 2", "kvfast_epp_requests_in_flight 0",
+		"kvfast_epp_admission_waiting 0", "kvfast_epp_endpoint_active_requests{endpoint="} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
 		}
