@@ -60,8 +60,11 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		msg, err := stream.Recv()
 		if err != nil {
 			// The gateway half-closes a stream it is done with and resets
-			// one whose HTTP request died (the client left).
-			x.end(err == io.EOF)
+			// one whose HTTP request died (the client left). Envoy also
+			// resets right after closing, so a stream whose response body
+			// the picker is not sent may end either way once the response
+			// began: the engine answered, and it counts as complete.
+			x.end(err == io.EOF || x.respMode == extprocfilter.ProcessingMode_NONE && status.Code(err) == codes.Canceled)
 			if err == io.EOF || ctx.Err() != nil || status.Code(err) == codes.Canceled {
 				return nil
 			}
