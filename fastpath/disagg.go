@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -254,10 +255,19 @@ func (s *Server) decideDisagg(ex *exchange) string {
 		return decisionLocalShort
 	case cfg.LocalCachedFraction > 0 && float64(cached) >= cfg.LocalCachedFraction*float64(prompt):
 		return decisionLocalCached
-	case s.prefillCandidates(ex) == 0:
+	case s.routablePrefill(ex) == 0:
 		return decisionLocalNoWorker
 	}
 	return decisionRemote
+}
+
+// routablePrefill are the prefill candidates that can take the stage now:
+// healthy, not ejected, serving the model. With none, the decode worker
+// prefills, and is booked for it, from the start: a prefill pool that is
+// down is not a remote decision that then falls back.
+func (s *Server) routablePrefill(ex *exchange) workers.Set {
+	preq := s.prefillRequest(ex)
+	return s.sched.Eligible(&preq, 0)
 }
 
 // prefillCandidates are the workers the prefill stage may choose: the
@@ -319,12 +329,19 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		}
 		if err == nil && st.call.StatusCode() >= 300 {
 			err = errPrefillRefused
+			if code := st.call.StatusCode(); code >= 400 && code < 500 {
+				err = errPrefillInvalid
+			}
 			st.abortFailed()
 		}
 		var params []byte
 		if err == nil {
-			if params = topLevelMember(body, "kv_transfer_params"); len(params) == 0 || string(params) == "null" {
-				err = errNoTransferParams
+			if params = topLevelMember(body, "kv_transfer_params"); string(params) == "null" {
+				// vLLM answers none when the request ended at its one
+				// token (an end-of-sequence token): nothing is kept for a
+				// remote decode, and the decode worker computes the
+				// prompt itself, as vLLM's own proxy lets it.
+				params = nil
 			}
 		}
 		if err == nil {
@@ -350,15 +367,17 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	return false
 }
 
+// errPrefillRefused is a prefill engine's 5xx; a 4xx is errPrefillInvalid.
 var (
-	errPrefillRefused   = errors.New("the prefill engine refused the request")
-	errNoTransferParams = errors.New("the prefill engine's answer has no kv_transfer_params")
+	errPrefillRefused = errors.New("the prefill engine refused the request")
+	errPrefillInvalid = errors.New("the prefill engine found the request invalid")
 )
 
 // retryablePrefill: a prefill failure is tried on another prefill worker
-// unless the request itself is at fault, which no worker would accept.
+// unless the request itself is at fault (a 4xx), which no worker would
+// accept, or its client left.
 func retryablePrefill(err error) bool {
-	return !errors.Is(err, dispatch.ErrClientGone)
+	return !errors.Is(err, dispatch.ErrClientGone) && !errors.Is(err, errPrefillInvalid)
 }
 
 // startSGLang starts the SGLang prefill stage: both stages get the
@@ -379,6 +398,11 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	host, portText, err := net.SplitHostPort(d.Endpoint)
 	if err != nil {
 		host = d.Endpoint
+	}
+	if strings.Contains(host, ":") {
+		// An IPv6 address goes bracketed, as SGLang's own load balancer
+		// sends it (mini_lb's maybe_wrap_ipv6_address).
+		host = "[" + host + "]"
 	}
 	port := s.cfg.Disagg.BootstrapPort
 	if port == 0 {

@@ -142,11 +142,15 @@ func appendVLLMPrefillBody(dst, body []byte, chat bool) ([]byte, error) {
 }
 
 // appendVLLMDecodeBody appends the decode stage's body: the client's, with
-// the kv_transfer_params the prefill engine answered.
+// the kv_transfer_params the prefill engine answered (none when params is
+// nil).
 func appendVLLMDecodeBody(dst, body, params []byte) ([]byte, error) {
 	dst, wrote, err := appendMembersExcept(dst, body, "kv_transfer_params")
 	if err != nil {
 		return dst, err
+	}
+	if params == nil {
+		return append(dst, '}'), nil
 	}
 	if wrote {
 		dst = append(dst, ',')

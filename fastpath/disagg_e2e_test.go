@@ -339,6 +339,60 @@ func TestDisaggVLLMFaults(t *testing.T) {
 			t.Errorf("fallback decisions %v, want 1", n)
 		}
 	})
+	t.Run("no kv_transfer_params: the decode computes the prompt", func(t *testing.T) {
+		// vLLM answers "kv_transfer_params": null when the request ended
+		// at its one token; its own proxy then sends the decode as it is.
+		var prefills atomic.Int64
+		ended := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+			prefills.Add(1)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"id":"x","choices":[{"text":"","finish_reason":"stop"}],"kv_transfer_params":null}`)
+		})
+		r := run(t, []node.StaticWorker{prefillOf(5, ended.addr()), prefillOf(3, realPrefill.Addr())}, decodeWorker)
+		resp := r.post(t, fastpath.PathCompletions, body, map[string]string{fastpath.HeaderAllow: "5,10"})
+		if items, _, done, _ := readStream(t, resp.body); resp.status != 200 || items != 6 || !done {
+			t.Fatalf("status %d: %s", resp.status, resp.body)
+		}
+		waitReleased(t, r.node)
+		if prefills.Load() != 1 || decisionCount(t, r, "remote") != 1 {
+			t.Errorf("%d prefill requests and %v remote decisions, want one each: no retry", prefills.Load(), decisionCount(t, r, "remote"))
+		}
+		if v, _ := metricValue(r.metrics(t), "kvfast_dispatch_retries_total"); v != 0 {
+			t.Errorf("%v retries, want none", v)
+		}
+	})
+	t.Run("a 4xx is not retried on another prefill worker", func(t *testing.T) {
+		var refusals atomic.Int64
+		invalid := func(ctx *fasthttp.RequestCtx) {
+			refusals.Add(1)
+			ctx.SetStatusCode(fasthttp.StatusBadRequest)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"error":{"message":"too long","type":"invalid_request_error"}}`)
+		}
+		a, b := startE2EEngine(t, invalid), startE2EEngine(t, invalid)
+		r := run(t, []node.StaticWorker{prefillOf(6, a.addr()), prefillOf(7, b.addr())}, decodeWorker)
+		r.post(t, fastpath.PathCompletions, body, nil)
+		waitReleased(t, r.node)
+		if refusals.Load() != 1 {
+			t.Errorf("the request was sent to %d prefill workers that found it invalid, want 1", refusals.Load())
+		}
+	})
+	t.Run("a prefill pool that is down: local from the start", func(t *testing.T) {
+		r := run(t, []node.StaticWorker{prefillOf(8, realPrefill.Addr())}, decodeWorker)
+		slot, ok := r.node.Scheduler().Resolve(8, 0)
+		if !ok {
+			t.Fatal("the prefill worker is not in the worker set")
+		}
+		r.node.Scheduler().SetHealthy(slot, false)
+		resp := r.post(t, fastpath.PathCompletions, body, nil)
+		if items, _, done, _ := readStream(t, resp.body); resp.status != 200 || items != 6 || !done {
+			t.Fatalf("status %d: %s", resp.status, resp.body)
+		}
+		waitReleased(t, r.node)
+		if n := decisionCount(t, r, "local_no_prefill_worker"); n != 1 {
+			t.Errorf("local_no_prefill_worker decisions %v, want 1 (not a remote decision that falls back)", n)
+		}
+	})
 	t.Run("decode fails after the first byte", func(t *testing.T) {
 		dying := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
 			_ = writeFlush(w, itemEvent(0, "a", ""))
