@@ -331,12 +331,15 @@ type Snapshot struct {
 
 // WorkerView is one worker in a Snapshot.
 type WorkerView struct {
-	Slot             int    `json:"slot"`
-	WorkerID         uint64 `json:"worker_id"`
-	DPRank           uint32 `json:"dp_rank"`
-	Model            string `json:"model"`
-	Endpoint         string `json:"endpoint"`
-	Source           string `json:"source"` // "registry" or "static"
+	Slot     int    `json:"slot"`
+	WorkerID uint64 `json:"worker_id"`
+	DPRank   uint32 `json:"dp_rank"`
+	Model    string `json:"model"`
+	Endpoint string `json:"endpoint"`
+	Source   string `json:"source"` // "registry" or "static"
+	// Role is the worker's part in disaggregated serving: both, prefill,
+	// decode or encode.
+	Role             string `json:"role"`
 	Healthy          bool   `json:"healthy"`
 	KVCapacityBlocks uint64 `json:"kv_capacity_blocks"`
 

@@ -144,7 +144,7 @@ func TestRegistryJoinAndLeave(t *testing.T) {
 	}
 	waitFor(t, "the engine to join", func() bool { return len(n.Snapshot().Workers) == 1 })
 	w := n.Snapshot().Workers[0]
-	if w.WorkerID != 42 || w.DPRank != 1 || w.Source != "registry" || w.Endpoint != eng.Addr() || !w.Healthy || w.Generation == 0 {
+	if w.WorkerID != 42 || w.DPRank != 1 || w.Source != "registry" || w.Role != "both" || w.Endpoint != eng.Addr() || !w.Healthy || w.Generation == 0 {
 		t.Errorf("joined worker %+v", w)
 	}
 	slot, ok := n.Scheduler().Resolve(42, 1)

@@ -46,7 +46,7 @@ func (n *Node) Snapshot() fastpath.Snapshot {
 		}
 		ld := n.sched.Load(w)
 		wv := fastpath.WorkerView{Slot: int(w), WorkerID: info.ID, DPRank: info.DPRank, Model: info.Model, Endpoint: info.Endpoint,
-			Source: "registry", Healthy: ld.Healthy, Stalled: ld.Stalled, KVCapacityBlocks: info.KVCapacityBlocks,
+			Source: "registry", Role: info.Role.String(), Healthy: ld.Healthy, Stalled: ld.Stalled, KVCapacityBlocks: info.KVCapacityBlocks,
 			ActiveBlocks: ld.ActiveBlocks, OutputBlocks: ld.OutputBlocks, PrefillTokens: ld.PrefillTokens, Requests: ld.Requests,
 			EngineRunning: ld.EngineRunning, EngineWaiting: ld.EngineWaiting, EngineKVUsed: ld.EngineKVUsed, EngineKVTotal: ld.EngineKVTotal,
 			IndexBlocks: ix.WorkerBlocks[w], FeedLagBytes: lag[w],
