@@ -224,6 +224,7 @@ func (s *Server) serveDisagg(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff 
 			ok = s.prefillVLLM(ctx, ex)
 		}
 		if ex.clientGone() || ex.h.State() == guard.Aborted {
+			s.metrics.dis.decisions[decision].Inc() // decided, then cancelled
 			ex.failSelect(ctx, context.Canceled)
 			return false
 		}

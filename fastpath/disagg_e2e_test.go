@@ -436,6 +436,9 @@ func TestDisaggVLLMFaults(t *testing.T) {
 		if got := decode.Stats().Requests; got != before {
 			t.Errorf("the decode engine got %d requests after the client left", got-before)
 		}
+		if n := decisionCount(t, r, "remote"); n != 1 {
+			t.Errorf("remote decisions %v, want 1: a request cancelled in its prefill was decided all the same", n)
+		}
 	})
 }
 
