@@ -288,10 +288,10 @@ func (x *exchange) allowSubset(v string) {
 			x.allow |= workers.SetOf(w)
 			continue
 		}
-		if e == "" || strings.Contains(e, ":") && !strings.HasPrefix(e, "[") && strings.Count(e, ":") == 1 {
+		if _, _, err := net.SplitHostPort(e); err == nil || e == "" {
 			continue // an ip:port the pool does not have
 		}
-		ip := strings.Trim(e, "[]")
+		ip := strings.Trim(e, "[]") // a bare IP; IPv6 may come bracketed
 		for addr, w := range slots {
 			if host, _, err := net.SplitHostPort(addr); err == nil && host == ip {
 				x.allow |= workers.SetOf(w)
