@@ -154,6 +154,56 @@ func TestCutWhileWaitingForHeaders(t *testing.T) {
 	}
 }
 
+// TestFailPrefill: a call whose request's prefill failed elsewhere fails
+// with ErrPrefillFailed (502, not retried), whether it still waits for
+// the engine's headers or relays a stream that has not started, and the
+// stream's client is told with an error event; neither is held against
+// the engine, however often it happens.
+func TestFailPrefill(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		eng := startSilentEngine(t, stream)
+		pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{FirstByte: time.Hour, Idle: time.Hour},
+			Outlier: OutlierConfig{Consecutive: 2, FailurePercent: -1, BaseEjection: time.Hour, MaxEjectedPercent: 100}})
+		mustAdd(t, pool, 0, eng.addr())
+		for i := range int64(3) {
+			c := pool.AcquireCall()
+			c.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+			var out bytes.Buffer
+			w := bufio.NewWriter(&out)
+			done := make(chan error, 1)
+			if stream {
+				// The engine sent its headers: the client has its stream.
+				if err := c.Do(0, newRecorder()); err != nil {
+					t.Fatal(err)
+				}
+				go func() { done <- c.Relay(w) }()
+			} else {
+				go func() { done <- c.Do(0, newRecorder()) }()
+				waitRequests(t, eng, i+1)
+			}
+			c.FailPrefill()
+			c.Abort() // a later hang-up does not change what the call failed with
+			select {
+			case err := <-done:
+				if !errors.Is(err, ErrPrefillFailed) || IsRetryable(err) || ErrorStatus(err) != 502 {
+					t.Fatalf("stream %v: %v", stream, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("stream %v: the call still waits on the engine after FailPrefill", stream)
+			}
+			eng.waitClosed(t, "FailPrefill")
+			if stream && !bytes.Contains(out.Bytes(), []byte(`"code":"prefill_failed"`)) {
+				t.Fatalf("the stream's client was not told: %q", out.Bytes())
+			}
+			c.Release()
+		}
+		if st := pool.Engine(0).Outlier(); st.Ejected {
+			t.Fatalf("stream %v: failed prefills were held against the decode engine: %+v", stream, st)
+		}
+		pool.Close()
+	}
+}
+
 // TestAbortBeforeFirstEvent: an event stream whose engine sent its headers
 // and then stays silent (queueing, prefill) is cut by Abort, not by the
 // idle timeout.

@@ -70,8 +70,7 @@ type Call struct {
 
 	cancelMu  sync.Mutex // orders Abort with taking and letting go of conn
 	conn      net.Conn   // cc's connection while the call uses it
-	cancelled bool       // Abort or Cut was called
-	cut       bool       // Cut was called
+	cancelled error      // the kind a cancelled call fails with (Abort, Cut, FailPrefill); nil until then
 
 	// downstream is the client Relay writes to; with downstreamWrite > 0
 	// each write must complete within it (SetClientWriteTimeout).
@@ -109,7 +108,7 @@ func (c *Call) Release() {
 	c.closeStream()
 	c.abort(ErrAbandoned)
 	c.cancelMu.Lock()
-	c.cancelled, c.cut = false, false
+	c.cancelled = nil
 	c.cancelMu.Unlock()
 	c.req.Reset()
 	c.resp.Reset()

@@ -47,6 +47,10 @@ var (
 	// ErrShuttingDown: the router cut the call because it is shutting
 	// down and the request outlived the drain (Call.Cut).
 	ErrShuttingDown = errors.New("kvfast: the router is shutting down")
+	// ErrPrefillFailed: the request's prefill stage, sent to another
+	// engine, failed, so this call was cancelled (Call.FailPrefill): no
+	// fault of this call's engine.
+	ErrPrefillFailed = errors.New("kvfast: the prefill stage of the request failed")
 	// ErrUnknownEngine: no engine is registered in the worker slot.
 	ErrUnknownEngine = errors.New("kvfast: no engine in the worker slot")
 	// ErrAbandoned: the call was released or reused before its response was
@@ -124,6 +128,7 @@ var kinds = [...]struct {
 	{ErrResponseTooLarge, "engine_response_too_large"},
 	{ErrResponseBudget, "response_budget_exceeded"},
 	{ErrShuttingDown, "shutting_down"},
+	{ErrPrefillFailed, "prefill_failed"},
 	{ErrUnknownEngine, "engine_unavailable"},
 	{ErrAbandoned, "abandoned"},
 }

@@ -66,7 +66,8 @@ type outlier struct {
 func isEngineFault(kind error) bool {
 	switch {
 	case errors.Is(kind, ErrClientGone), errors.Is(kind, ErrAbandoned), errors.Is(kind, ErrUnknownEngine),
-		errors.Is(kind, ErrResponseTooLarge), errors.Is(kind, ErrResponseBudget), errors.Is(kind, ErrShuttingDown):
+		errors.Is(kind, ErrResponseTooLarge), errors.Is(kind, ErrResponseBudget), errors.Is(kind, ErrShuttingDown),
+		errors.Is(kind, ErrPrefillFailed):
 		return false
 	}
 	return true

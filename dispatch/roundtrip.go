@@ -54,17 +54,28 @@ func bindConnOps[C interface{ Conn() net.Conn }](
 // on the engine and tells an OpenAI-compatible engine to stop generating.
 // The call then fails, or the next Do fails at once, with ErrClientGone,
 // and its observer gets that abort as its one terminal call.
-func (c *Call) Abort() { c.cancel(false) }
+func (c *Call) Abort() { c.cancel(ErrClientGone) }
 
 // Cut is Abort for a router that is shutting down: the call fails with
 // ErrShuttingDown instead, and a stream's client, still there, is told so
 // with an error event before its stream ends.
-func (c *Call) Cut() { c.cancel(true) }
+func (c *Call) Cut() { c.cancel(ErrShuttingDown) }
 
-func (c *Call) cancel(cut bool) {
+// FailPrefill is Abort for a call that cannot complete because its
+// request's prefill, running elsewhere, failed: an SGLang decode engine
+// would otherwise wait for KV that never comes until its bootstrap
+// timeout. The call fails with ErrPrefillFailed, which is no fault of
+// this call's engine, and a stream's client is told with an error event.
+func (c *Call) FailPrefill() { c.cancel(ErrPrefillFailed) }
+
+// cancel closes the call's connection and records why. The first reason
+// stays, except that a shutdown's cut overrides any: the client, if still
+// there, is owed that reason.
+func (c *Call) cancel(kind error) {
 	c.cancelMu.Lock()
-	c.cancelled = true
-	c.cut = c.cut || cut
+	if c.cancelled == nil || kind == ErrShuttingDown {
+		c.cancelled = kind
+	}
 	if c.conn != nil {
 		_ = c.conn.Close()
 	}
@@ -75,18 +86,19 @@ func (c *Call) cancel(cut bool) {
 func (c *Call) cancelKind() error {
 	c.cancelMu.Lock()
 	defer c.cancelMu.Unlock()
-	if c.cut {
-		return ErrShuttingDown
+	if c.cancelled == nil {
+		return ErrClientGone
 	}
-	return ErrClientGone
+	return c.cancelled
 }
 
-// isCancelled reports whether Abort was called. Failure paths ask it, so
-// that a read broken by Abort is not blamed on the engine.
+// isCancelled reports whether the call was cancelled (Abort, Cut or
+// FailPrefill). Failure paths ask it, so that a read broken by a cancel
+// is not blamed on the engine.
 func (c *Call) isCancelled() bool {
 	c.cancelMu.Lock()
 	defer c.cancelMu.Unlock()
-	return c.cancelled
+	return c.cancelled != nil
 }
 
 // roundTrip sends the request to e and reads the response status and
@@ -168,7 +180,7 @@ func (c *Call) send(e *Engine) (retry bool, err error) {
 func (c *Call) hold(conn net.Conn) bool {
 	c.cancelMu.Lock()
 	defer c.cancelMu.Unlock()
-	if c.cancelled {
+	if c.cancelled != nil {
 		return false
 	}
 	c.conn = conn
@@ -185,7 +197,7 @@ func (c *Call) letGo(reuse bool) {
 	c.cancelMu.Lock()
 	c.conn = nil
 	// After Abort the connection is closed, or about to be: never pool it.
-	reuse = reuse && !c.cancelled
+	reuse = reuse && c.cancelled == nil
 	c.cancelMu.Unlock()
 	if c.br != nil {
 		c.client.ReleaseReader(c.br)

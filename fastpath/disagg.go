@@ -120,6 +120,11 @@ type prefillStage struct {
 	// SGLang sends the prefill request from a goroutine of its own; done
 	// is closed when it has finished with h and call.
 	done chan struct{}
+	// failed: the SGLang prefill failed before the decode's first token,
+	// so the decode call is failed too (failDecode); decodeStarted: the
+	// decode's first token came, so its KV did. Both under the exchange's
+	// hangMu.
+	failed, decodeStarted bool
 }
 
 func (st *prefillStage) OnDispatched() { _ = st.h.Dispatched() }
@@ -356,8 +361,12 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			s.remember(ex, d.Slot)
 			return true
 		}
+		if ex.clientGone() || errors.Is(err, dispatch.ErrClientGone) {
+			return false
+		}
+		s.metrics.dis.prefillFailures.Inc()
 		s.log.Debug("prefill stage failed", "request_id", string(ex.rid), "worker", d.WorkerID, "err", err)
-		if ex.clientGone() || !retryablePrefill(err) {
+		if !retryablePrefill(err) {
 			return false
 		}
 		preq.Allow &^= workers.SetOf(d.Slot)
@@ -436,9 +445,34 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			}
 		}
 		s.metrics.dis.stages[stagePrefill].Observe(seconds(clock.Since(t0)))
+		if err == nil && call.StatusCode() >= 300 {
+			err = errPrefillRefused
+		}
 		endCall(span, err)
+		if err != nil && !errors.Is(err, dispatch.ErrClientGone) && !errors.Is(err, dispatch.ErrShuttingDown) {
+			s.metrics.dis.prefillFailures.Inc()
+			s.log.Debug("prefill stage failed", "request_id", string(ex.rid), "worker", d.WorkerID, "err", err)
+			ex.failDecode()
+		}
 	}(st.call, d.Slot)
 	return true
+}
+
+// failDecode fails the decode call of an SGLang request whose prefill
+// failed, unless the decode has its first token (its KV came all the
+// same): its engine would wait for the room's KV until SGLang's bootstrap
+// timeout, minutes, and the client with it. The client gets a 502
+// prefill_failed, or an error event if its stream has begun; the decode
+// engine sees its connection close and drops the request. sgl-router
+// retries such a request with a new pair; kvfast does not (docs/routing.md).
+func (ex *exchange) failDecode() {
+	ex.hangMu.Lock()
+	ex.pre.failed = !ex.pre.decodeStarted
+	call, failed := ex.call, ex.pre.failed
+	ex.hangMu.Unlock()
+	if failed && call != nil {
+		call.FailPrefill()
+	}
 }
 
 // discardWriter is where an SGLang prefill engine's streamed answer goes.
@@ -475,7 +509,15 @@ func (ex *exchange) decodeDispatched() {
 }
 
 func (ex *exchange) decodeFirstToken(now int64) {
-	if !ex.pre.decided || ex.pre.decodeAnswered == 0 {
+	if !ex.pre.decided {
+		return
+	}
+	if ex.pre.done != nil { // an SGLang prefill may still be running (failDecode)
+		ex.hangMu.Lock()
+		ex.pre.decodeStarted = true
+		ex.hangMu.Unlock()
+	}
+	if ex.pre.decodeAnswered == 0 {
 		return
 	}
 	ex.s.metrics.dis.stages[stageFirstDecode].Observe(seconds(time.Duration(now - ex.pre.decodeAnswered)))

@@ -471,6 +471,93 @@ func TestDisaggSGLang(t *testing.T) {
 	waitFor(t, "the prefill engine to release the rooms' blocks", func() bool { return d.prefill.Stats().KVHeld == 0 })
 }
 
+// TestDisaggSGLangPrefillFails: an SGLang decode engine waits for its
+// room's KV until SGLang's bootstrap timeout, minutes; when the prefill
+// request fails (an error status, or an engine that cannot be reached),
+// the router fails the decode at once: a 502 prefill_failed, or an error
+// event on a stream the decode engine had begun, and the decode engine's
+// connection is closed. Nothing stays booked.
+func TestDisaggSGLangPrefillFails(t *testing.T) {
+	refuse := func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"prefill failed","type":"server_error"}}`)
+	}
+	refusing := startE2EEngine(t, refuse)
+	// Decode engines that wait for KV that never comes, as SGLang's do:
+	// one before answering at all (a plain response), one after sending a
+	// stream's headers (SGLang sends them before the first token).
+	release := make(chan struct{})
+	streamBegun := make(chan struct{}, 1) // room for the last case's, which nothing reads
+	var closedByRouter atomic.Int64
+	silent := startE2EEngine(t, func(*fasthttp.RequestCtx) { <-release })
+	streaming := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
+		_ = writeFlush(w, []byte(": waiting for the room's KV\n\n"))
+		streamBegun <- struct{}{}
+		for {
+			select {
+			case <-release:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if writeFlush(w, []byte(": still waiting\n\n")) != nil {
+				closedByRouter.Add(1) // the router closed the connection
+				return
+			}
+		}
+	}))
+	// A prefill engine that fails once the decode's stream has begun.
+	refusingLate := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		select {
+		case <-streamBegun:
+		case <-release:
+		}
+		refuse(ctx)
+	})
+	t.Cleanup(func() { close(release) })
+
+	for _, c := range []struct {
+		name            string
+		prefill, decode string
+		stream          bool // the client asks for a stream
+		begun           bool // the decode's stream begins before the prefill fails
+	}{
+		{"error status, plain", refusing.addr(), silent.addr(), false, false},
+		{"error status, stream begun", refusingLate.addr(), streaming.addr(), true, true},
+		{"unreachable, plain", deadAddr(t), silent.addr(), false, false},
+		// Here the prefill may fail before the decode is sent, or after
+		// its stream began: either way the client hears prefill_failed.
+		{"unreachable, stream", deadAddr(t), streaming.addr(), true, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := e2eConfig(
+				node.StaticWorker{ID: 1, Endpoint: c.prefill, Model: e2eModel, Role: workers.RolePrefill},
+				node.StaticWorker{ID: 2, Endpoint: c.decode, Model: e2eModel, Role: workers.RoleDecode})
+			cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang}
+			cfg.Dispatch.Outlier.Consecutive = 0
+			r := startE2ERouter(t, cfg)
+			before := closedByRouter.Load()
+			resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(9, 200), c.stream, 6), nil)
+			if !bytes.Contains(resp.body, []byte(`"code":"prefill_failed"`)) {
+				t.Fatalf("status %d, no prefill_failed error: %s", resp.status, resp.body)
+			}
+			switch {
+			case resp.status == http.StatusOK && c.stream:
+				if _, _, done, errEv := readStream(t, resp.body); !errEv || !done {
+					t.Errorf("error event %v, [DONE] %v: %s", errEv, done, resp.body)
+				}
+				waitFor(t, "the decode engine's connection closed", func() bool { return closedByRouter.Load() > before })
+			case resp.status != http.StatusBadGateway || c.begun:
+				t.Errorf("status %d: %s", resp.status, resp.body)
+			}
+			waitReleased(t, r.node)
+			if v, _ := metricValue(r.metrics(t), "kvfast_disagg_prefill_failures_total"); v != 1 {
+				t.Errorf("kvfast_disagg_prefill_failures_total %v, want 1", v)
+			}
+		})
+	}
+}
+
 func chatBody(text string, stream bool) []byte {
 	b, _ := json.Marshal(map[string]any{"model": e2eModel, "stream": stream, "max_tokens": 8,
 		"messages": []map[string]string{{"role": "user", "content": text}}})

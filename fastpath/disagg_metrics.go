@@ -9,8 +9,9 @@ import (
 // disaggMetrics are the collectors of disaggregated serving: decisions,
 // the split of time to first token, and the load each role carries.
 type disaggMetrics struct {
-	decisions map[string]prometheus.Counter
-	stages    map[string]prometheus.Observer
+	decisions       map[string]prometheus.Counter
+	stages          map[string]prometheus.Observer
+	prefillFailures prometheus.Counter
 }
 
 func newDisaggMetrics(reg *prometheus.Registry, s *Server) disaggMetrics {
@@ -32,7 +33,12 @@ func newDisaggMetrics(reg *prometheus.Registry, s *Server) disaggMetrics {
 	for _, st := range []string{stagePrefill, stageTransferWait, stageFirstDecode} {
 		m.stages[st] = stages.WithLabelValues(st)
 	}
-	reg.MustRegister(decisions, stages, &roleLoadCollector{s: s})
+	m.prefillFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvfast_disagg_prefill_failures_total",
+		Help: "Prefill requests of disaggregated requests that failed (refused, broken, an error status); a vLLM prefill is retried on another prefill worker " +
+			"or falls back to the decode worker, an SGLang one fails its request.",
+	})
+	reg.MustRegister(decisions, stages, m.prefillFailures, &roleLoadCollector{s: s})
 	return m
 }
 

@@ -568,14 +568,18 @@ func (ex *exchange) setGuard(h guard.Handle) {
 }
 
 // setCall makes c the request's engine call. A client already gone
-// aborts it at once, so that Do sends nothing.
+// aborts it at once, so that Do sends nothing, as does an SGLang prefill
+// that already failed (failDecode).
 func (ex *exchange) setCall(c *dispatch.Call) {
 	ex.hangMu.Lock()
 	ex.call = c
-	gone := ex.goneLocked()
+	gone, prefillFailed := ex.goneLocked(), ex.pre.failed
 	ex.hangMu.Unlock()
-	if gone {
+	switch {
+	case gone:
 		ex.cancelCall(c)
+	case prefillFailed:
+		c.FailPrefill()
 	}
 }
 
