@@ -354,7 +354,7 @@ func collectZMQ(ch chan<- prometheus.Metric, st feed.ZMQStats, id, rank string) 
 		{"skipped_medium", st.SkippedMedium}, {"skipped_group", st.SkippedGroup}, {"skipped_extra_keys", st.SkippedExtraKeys},
 		{"block_size_mismatch", st.BlockSizeMismatch}, {"unresolved_parent", st.UnresolvedParent},
 		{"unknown_removed", st.UnknownRemoved}, {"multimodal_blocks", st.MultimodalBlocks},
-		{"reused_engine_hash", st.ReusedEngineHash},
+		{"reused_engine_hash", st.ReusedEngineHash}, {"other_rank_batches", st.OtherRankBatches},
 	} {
 		ch <- prometheus.MustNewConstMetric(descZMQEvents, prometheus.CounterValue, float64(kv.v), id, rank, kv.status)
 	}

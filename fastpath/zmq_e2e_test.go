@@ -113,3 +113,44 @@ func TestStaticWorkerZMQFeed(t *testing.T) {
 	}
 	wantMetric(t, text, `kvfast_zmq_connected{dp_rank="0",worker="1"}`, 1)
 }
+
+// TestSharedEndpointRankChecksItsEvents: ranks that share one HTTP
+// endpoint are each one rank, so a rank whose events= socket streams
+// another rank's batches (the base port + r mixed up) has them skipped
+// and counted, not credited to it.
+func TestSharedEndpointRankChecksItsEvents(t *testing.T) {
+	pub := zmq4.NewPub(context.Background())
+	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	eng := startE2EEngine(t, sseHandler(nil))
+	events := "tcp://" + pub.Addr().String()
+	r := startE2ERouter(t, e2eConfig(
+		node.StaticWorker{ID: 1, DPRank: 0, Endpoint: eng.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 1, DPRank: 1, Endpoint: eng.addr(), Model: e2eModel, Events: events, Topic: "kv-events"}))
+
+	bs := radix.DefaultBlockSize
+	payload := vllmStoredBatch(t, []uint64{1000}, e2eTokens(78, bs), bs) // stamped data_parallel_rank 0
+	deadline := time.Now().Add(e2eWait)
+	for seq := uint64(0); ; seq++ {
+		var sb [8]byte
+		binary.BigEndian.PutUint64(sb[:], seq)
+		if err := pub.Send(zmq4.NewMsgFrom([]byte("kv-events"), sb[:], payload)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+		if wv := workerView(t, r.node, 1, 1); wv.ZMQ != nil && wv.ZMQ.OtherRankBatches > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rank 0's batches were not skipped on rank 1: %+v", workerView(t, r.node, 1, 1).ZMQ)
+		}
+	}
+	if wv := workerView(t, r.node, 1, 1); wv.ZMQ.StoredBlocks != 0 || wv.IndexBlocks != 0 {
+		t.Fatalf("rank 0's blocks credited to rank 1: %+v, zmq %+v", wv, wv.ZMQ)
+	}
+	if v, _ := metricValue(r.metrics(t), `kvfast_zmq_events_total{dp_rank="1",status="other_rank_batches",worker="1"}`); v == 0 {
+		t.Error("kvfast_zmq_events_total{status=\"other_rank_batches\"} does not count them")
+	}
+}

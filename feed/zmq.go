@@ -39,6 +39,15 @@ type ZMQConfig struct {
 
 	Slot  workers.Slot // the worker's slot in the index
 	Model string       // block-hash namespace: radix.NamespaceSeed(Model, "", "")
+	// DPRank, with CheckDPRank, is the data-parallel rank the worker is:
+	// a batch stamped with another data_parallel_rank describes another
+	// rank's cache (vLLM's rank r publishes on the base port + r, so the
+	// endpoint is likely the wrong rank's) and is skipped, not credited
+	// here. Worth checking where ranks share one HTTP endpoint (vLLM's
+	// internal load balancing), each worker being one rank; an engine
+	// alone at its endpoint may have been started as any rank.
+	DPRank      uint32
+	CheckDPRank bool
 	// BlockSize is the router's block size; blocks the engine stores in
 	// another size are counted and skipped. Default radix.DefaultBlockSize.
 	BlockSize int
@@ -125,6 +134,9 @@ type ZMQSubscriber struct {
 	running   atomic.Bool
 	connected atomic.Bool
 	c         zmqCounters
+	// warnedRank: the last batch was another rank's and that was logged;
+	// a batch of the worker's own rank clears it. Owned by Run.
+	warnedRank bool
 }
 
 // NewZMQSubscriber checks cfg and returns a subscriber that will write
@@ -475,6 +487,16 @@ func replayReply(f [][]byte) (seq uint64, payload []byte, ok bool) {
 // cannot route on.
 func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 	slot := s.cfg.Slot
+	if s.cfg.CheckDPRank && b.HasDPRank && b.DPRank != int64(s.cfg.DPRank) {
+		s.c.otherRankBatches.Add(1)
+		if !s.warnedRank {
+			s.warnedRank = true
+			s.cfg.Logger.Warn("KV-event batches of another data-parallel rank skipped: is the worker's zmq= endpoint its own rank's (vLLM's rank r publishes on the base port + r)?",
+				"endpoint", s.cfg.Endpoint, "worker_rank", s.cfg.DPRank, "batch_rank", b.DPRank)
+		}
+		return
+	}
+	s.warnedRank = false
 	s.c.batches.Add(1)
 	defer func() { s.c.reusedEngineHash.Add(s.apply.takeReused()) }()
 	for i := range b.Events {
@@ -686,6 +708,7 @@ type zmqCounters struct {
 	skippedExtraKeys, blockSizeMismatch                     atomic.Uint64
 	multimodalBlocks                                        atomic.Uint64
 	unresolvedParent, unknownRemoved, reusedEngineHash      atomic.Uint64
+	otherRankBatches                                        atomic.Uint64
 	lastSeq                                                 atomic.Uint64
 }
 
@@ -723,6 +746,7 @@ type ZMQStats struct {
 	UnresolvedParent  uint64 `json:"unresolved_parent_blocks"`   // blocks whose parent engine hash is unknown
 	UnknownRemoved    uint64 `json:"unknown_removed_blocks"`     // removed hashes with no mapping
 	ReusedEngineHash  uint64 `json:"reused_engine_hash_blocks"`  // blocks not stored: their engine hash already names another block (per-page hashing)
+	OtherRankBatches  uint64 `json:"other_rank_batches"`         // batches of another data-parallel rank, skipped (ZMQConfig.CheckDPRank)
 }
 
 // Stats returns the subscriber's counters. Safe from any goroutine.
@@ -739,7 +763,7 @@ func (s *ZMQSubscriber) Stats() ZMQStats {
 		SkippedExtraKeys: c.skippedExtraKeys.Load(), MultimodalBlocks: c.multimodalBlocks.Load(),
 		BlockSizeMismatch: c.blockSizeMismatch.Load(),
 		UnresolvedParent:  c.unresolvedParent.Load(), UnknownRemoved: c.unknownRemoved.Load(),
-		ReusedEngineHash: c.reusedEngineHash.Load()}
+		ReusedEngineHash: c.reusedEngineHash.Load(), OtherRankBatches: c.otherRankBatches.Load()}
 }
 
 // namespaceSeeds caches radix.NamespaceSeed(model, lora, salt) by lora

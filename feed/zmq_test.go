@@ -876,6 +876,43 @@ func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 	}
 }
 
+// TestZMQOtherRankSkipped: with CheckDPRank, a batch stamped with
+// another data_parallel_rank is another rank's cache and is skipped
+// (counted), while the worker's own rank's batches apply; without it, the
+// rank is not looked at.
+func TestZMQOtherRankSkipped(t *testing.T) {
+	tokens := make([]uint32, testBlockSize)
+	for i := range tokens {
+		tokens[i] = uint32(i + 3)
+	}
+	block := radix.ChainBlockHash(radix.NamespaceSeed(testModel, "", ""), tokens)
+	stored := func(rank byte) []byte {
+		b := encodeBatch(t, vllmMap, []wireEvent{{kind: "BlockStored", hashes: []any{uint64(77)}, tokens: tokens, bs: testBlockSize}})
+		if b[len(b)-1] != 0 {
+			t.Fatalf("the batch does not end with its rank 0: % x", b[len(b)-8:])
+		}
+		b[len(b)-1] = rank // data_parallel_rank, a positive fixint
+		return b
+	}
+	for _, check := range []bool{true, false} {
+		ix := newZMQIndex(t)
+		e := newTestEngine(t, false)
+		s := startSub(t, ix, e, func(c *ZMQConfig) { c.CheckDPRank = check })
+		e.warmUp(t, s, vllmMap)
+		waitSeq(t, s, e.publish(stored(1)))
+		if got := ix.Lookup(block).Has(zmqTestSlot); got == check {
+			t.Fatalf("check %v: rank 1's block stored on rank 0's worker: %v", check, got)
+		}
+		if n := s.Stats().OtherRankBatches; n != map[bool]uint64{true: 1, false: 0}[check] {
+			t.Fatalf("check %v: %d batches of another rank counted", check, n)
+		}
+		waitSeq(t, s, e.publish(stored(0)))
+		if !ix.Lookup(block).Has(zmqTestSlot) {
+			t.Fatalf("check %v: the worker's own rank's block is missing", check)
+		}
+	}
+}
+
 func TestZMQGarbageIsCountedAndSurvived(t *testing.T) {
 	ix := newZMQIndex(t)
 	e := newTestEngine(t, false)

@@ -28,6 +28,12 @@ type regEntry struct {
 // addStatic gives configured engines the highest slots, counting down, so
 // that they stay clear of the registry, which hands out slots from 0 up.
 func (n *Node) addStatic(static []StaticWorker) error {
+	sharedEndpoint := map[string]int{}
+	for _, w := range static {
+		if addr, err := hostPort(w.Endpoint); err == nil {
+			sharedEndpoint[addr]++
+		}
+	}
 	for i, w := range static {
 		slot := workers.Slot(workers.Max - 1 - i)
 		addr, err := hostPort(w.Endpoint)
@@ -54,6 +60,9 @@ func (n *Node) addStatic(static []StaticWorker) error {
 		}
 		sub, err := feed.NewZMQSubscriber(n.index, feed.ZMQConfig{Endpoint: w.Events, Replay: w.Replay, Topic: w.Topic,
 			Slot: slot, Model: w.Model, BlockSize: n.sched.BlockSize(),
+			// A rank that shares its endpoint is one of several behind it
+			// (pinSharedRanks): its events must be its own rank's.
+			DPRank: w.DPRank, CheckDPRank: sharedEndpoint[addr] > 1,
 			Logger: n.log.With("worker", w.ID, "dp_rank", w.DPRank)})
 		if err != nil {
 			return fmt.Errorf("cannot subscribe to static worker %d's events: %w", w.ID, err)
