@@ -90,6 +90,10 @@ type worker struct {
 	poisoned  bool  // ring held garbage; re-examined at the next registry scan
 	removed   bool  // RemoveWorker done for a down or closed worker
 	claimAt   int64 // when the slot was first seen Claiming (monotonic ns)
+	// beat is the last heartbeat read and beatAt when it was first read
+	// (monotonic ns): a heartbeat that has not moved for the grace is
+	// stale whatever its value, one from the future included.
+	beat, beatAt int64
 }
 
 // Ingester applies every worker's ring to the segment's index. Exactly
@@ -327,7 +331,13 @@ func (in *Ingester) scanRegistry() {
 					continue
 				}
 			}
-			if now-beat > grace {
+			if beat != w.beat || w.beatAt == 0 {
+				w.beat, w.beatAt = beat, now
+			}
+			// A heartbeat ahead of this clock (a publisher's bad clock, a
+			// scribble) would never age by its value alone: it is stale
+			// too once it has stood still for the grace.
+			if now-beat > grace || now-w.beatAt > grace {
 				if ok, _ := in.seg.MarkDown(slot, gen, beat); ok {
 					in.ix.RemoveWorker(slot)
 					w.state, w.removed = shm.StateDown, true

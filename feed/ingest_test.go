@@ -199,6 +199,46 @@ func TestGapResyncs(t *testing.T) {
 	}
 }
 
+// TestFutureHeartbeatGoesStale: a heartbeat ahead of the router's clock
+// (a publisher's bad clock, a scribble) never ages by its value; once it
+// has stood still for the grace its worker is marked down all the same,
+// so its slot can be reclaimed, while a worker that keeps beating stays.
+func TestFutureHeartbeatGoesStale(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	in := acquire(t, seg, Config{HeartbeatGrace: time.Second, RegistryEvery: time.Millisecond})
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, err := seg.Register(workerCfg(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	drainAll(in)
+	// The registry slot's heartbeat word (shm/layout.go: registryOff is
+	// two pages in, slots are 512 bytes; shm/registry.go: sHeartbeat 40).
+	future := shm.MonotonicNow() + int64(time.Hour)
+	scribble(t, seg.Path(), 8192+int64(p.Slot())*512+40, binary.LittleEndian.AppendUint64(nil, uint64(future)))
+	if info, _ := seg.Worker(p.Slot()); info.Heartbeat != future {
+		t.Fatalf("the scribble missed the heartbeat: %+v", info)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		live.Heartbeat()
+		drainAll(in)
+		if info, _ := seg.Worker(p.Slot()); info.State == shm.StateDown {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a worker whose heartbeat is an hour ahead was never marked down")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if info, _ := seg.Worker(live.Slot()); info.State != shm.StateLive {
+		t.Fatalf("the beating worker is %v", info.State)
+	}
+}
+
 func TestIngestSurvivesGarbage(t *testing.T) {
 	seg := openSeg(t, 1<<20)
 	in := acquire(t, seg, Config{})
