@@ -18,6 +18,7 @@ import (
 type oneRenderer struct{ r prompt.Renderer }
 
 func (o oneRenderer) Renderer(string) prompt.Renderer { return o.r }
+func (oneRenderer) Forget(func(string) bool)          {}
 
 // chatBenchTokenizer is a real model's tokenizer files: Qwen3's, from the
 // tokenizer package's reference packages (scripts/setup-test-deps.sh

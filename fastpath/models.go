@@ -49,6 +49,9 @@ func (s *Server) rebuildModels() {
 			m[info.Model] = ns
 		}
 	}
+	if s.renderers != nil {
+		s.renderers.Forget(func(model string) bool { _, served := m[model]; return served })
+	}
 	for adapter, base := range s.adapters {
 		ns, served := m[base]
 		if _, clash := m[adapter]; !served || clash || ns.lora != "" {

@@ -38,6 +38,7 @@ func (f *fakeRenderer) Tokens(_ context.Context, dst []uint32, api openai.API, b
 type rendererMap map[string]prompt.Renderer
 
 func (m rendererMap) Renderer(model string) prompt.Renderer { return m[model] }
+func (rendererMap) Forget(func(string) bool)                {}
 
 // newRenderTestServer is newRouteTestServer with rd as benchModel's renderer.
 func newRenderTestServer(tb testing.TB, n int, policy string, rd prompt.Renderer) *Server {

@@ -197,9 +197,10 @@ type Deps struct {
 
 // Renderers resolves a model's prompt renderer (package prompt's
 // Registry). The front end asks when the worker set changes, never per
-// request.
+// request, and then has it forget the models no worker serves any more.
 type Renderers interface {
 	Renderer(model string) prompt.Renderer
+	Forget(keep func(model string) bool)
 }
 
 // State is the node's view of itself, as operators see it.

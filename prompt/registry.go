@@ -38,10 +38,11 @@ type Registry struct {
 
 // entry is one model's decision.
 type entry struct {
-	status   ModelStatus // Model, Mode, Source, Reason
-	renderer Renderer    // nil for ModeNone
-	remote   *Remote     // the renderer, when it is remote
-	builtin  *Builtin    // the renderer, when it is built in
+	configured bool        // a spec names the model: kept for good (Forget)
+	status     ModelStatus // Model, Mode, Source, Reason
+	renderer   Renderer    // nil for ModeNone
+	remote     *Remote     // the renderer, when it is remote
+	builtin    *Builtin    // the renderer, when it is built in
 }
 
 // NewRegistry builds every renderer cfg names explicitly, so that a
@@ -65,6 +66,7 @@ func NewRegistry(cfg Config, opts Options) (*Registry, error) {
 		if err != nil {
 			return nil, err
 		}
+		e.configured = true
 		r.models[s.Model] = e
 		r.opts.Logger.Info("tokenizer configured: text and chat requests route on exact token blocks",
 			"model", s.Model, "mode", e.status.Mode, "source", e.status.Source)
@@ -131,6 +133,25 @@ func (r *Registry) Renderer(model string) Renderer {
 			"model", model, "mode", e.status.Mode, "source", e.status.Source)
 	}
 	return e.renderer
+}
+
+// Forget drops what Renderer decided for the models that no spec names and
+// keep does not hold (the front end keeps the models its workers serve):
+// a model met again is decided again. Without it, engines that come and
+// go under ever new names would grow the registry, and the label sets of
+// the metrics it feeds, for as long as the router runs.
+func (r *Registry) Forget(keep func(model string) bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for model, e := range r.models {
+		if e.configured || keep(model) {
+			continue
+		}
+		if e.remote != nil {
+			e.remote.closeIdle()
+		}
+		delete(r.models, model)
+	}
 }
 
 // Close closes the remote renderers' idle connections to the engines. The

@@ -105,6 +105,24 @@ func TestRegistry(t *testing.T) {
 		s.Remote == nil || len(s.Remote.Engines) != 1 || s.Remote.Engines[0].Completions != "render" {
 		t.Errorf("remote model %+v", s)
 	}
+
+	// Models whose workers left are forgotten, unless a spec names them;
+	// one met again is decided (and logged) again.
+	reg.Forget(func(model string) bool { return model == "Org/Elsewhere" })
+	if st := reg.Status(); len(st) != 2 || st[0].Model != "Org/Elsewhere" || st[1].Model != "mock" {
+		t.Fatalf("after Forget: %+v", st)
+	}
+	reg.Forget(func(string) bool { return false })
+	if st := reg.Status(); len(st) != 1 || st[0].Model != "mock" {
+		t.Fatalf("a configured model was forgotten: %+v", st)
+	}
+	if reg.Renderer("mock") != rd {
+		t.Fatal("the configured renderer was rebuilt")
+	}
+	_ = reg.Renderer("Org/Cached")
+	if n := strings.Count(logs.String(), "model=Org/Cached"); n != 2 {
+		t.Errorf("a model met again was logged %d times in all, want 2", n)
+	}
 }
 
 func TestRegistryRefuses(t *testing.T) {
