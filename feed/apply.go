@@ -14,9 +14,9 @@ type indexWrites interface {
 	Lookup(h uint64) workers.Set
 	MapEngineHash(w workers.Slot, engine, kv uint64) bool
 	LookupEngineHash(w workers.Slot, engine uint64) (uint64, bool)
-	MapEngineHashes(w workers.Slot, engines, kvs []uint64) int
+	MapEngineHashesAgain(w workers.Slot, engines, kvs []uint64, had []int) (int, []int)
 	UnmapEngineHashes(w workers.Slot, engines []uint64, dst []uint64) []uint64
-	Stored(w workers.Slot, hashes []uint64)
+	StoredAgain(w workers.Slot, hashes []uint64, again []int) []int
 	Removed(w workers.Slot, hashes []uint64)
 	Cleared(w workers.Slot)
 	ClearedAll(w workers.Slot)
@@ -50,8 +50,37 @@ type applier struct {
 	ix     indexWrites
 	kv     []uint64 // scratch: one event's kvfast hashes
 	eng    []uint64 // scratch: one event's engine hashes in a keyspace other than the GPU's
+	names  []uint64 // scratch: the engine hashes of the blocks store keeps, or removed takes out
+	again  []int    // scratch: positions of blocks the worker held already (StoredAgain)
+	had    []int    // scratch: positions of engine hashes that named their block already (MapEngineHashesAgain)
 	reused uint64   // blocks not stored: their engine hash named another block (takeReused)
+
+	// copies counts, per worker and engine hash, the copies of a block the
+	// engine holds beyond the first: vLLM does not de-duplicate its cache
+	// (block_pool.py), so two requests computing one prefix at once each
+	// cache a copy, announce its store and, later, its eviction. The index
+	// holds a block once per worker; the count keeps the first eviction
+	// from taking out a block whose other copy is still cached. Bounded
+	// by maxCopies: past it, a copy is not counted and its block is
+	// under-claimed after the first eviction, as without the count. Local
+	// to this process, which is all it needs: a router that restarts
+	// forgets the copies in the same way.
+	copies map[copyKey]uint32
+	// countCopies: a store of a block the worker holds counts as a copy.
+	// The ring ingester clears it for the one record a predecessor killed
+	// mid-apply may have stored in part, which is re-applied, not copied.
+	countCopies bool
 }
+
+// copyKey names a block by its worker and engine hash (in its keyspace).
+type copyKey struct {
+	w      workers.Slot
+	engine uint64
+}
+
+// maxCopies bounds the copies counted per applier: blocks duplicated at
+// once in an engine's cache are a few requests' worth, far below this.
+const maxCopies = 1 << 16
 
 // keyspace is where a worker holds an event's blocks: a KV-cache group
 // and a tier. Blocks and engine mappings of a keyspace other than group 0
@@ -84,7 +113,8 @@ func (k keyspace) keys(hashes []uint64, scratch *[]uint64) []uint64 {
 // newApplier returns an applier whose scratch holds blocks hashes before
 // it grows.
 func newApplier(ix indexWrites, blocks int) applier {
-	return applier{ix: ix, kv: make([]uint64, 0, blocks), eng: make([]uint64, 0, blocks)}
+	return applier{ix: ix, kv: make([]uint64, 0, blocks), eng: make([]uint64, 0, blocks), names: make([]uint64, 0, blocks),
+		countCopies: true}
 }
 
 // resolve returns the kvfast hash of worker w's block named engine in
@@ -162,21 +192,78 @@ func (a *applier) storedByReference(w workers.Slot, k keyspace, engines []uint64
 // store maps engines[i] to kv[i] in keyspace k, then stores the blocks
 // whose mapping found room and whose engine hash did not already name
 // another of the worker's blocks (counted in reused).
+//
+// A block the worker held already, under a name that named it already,
+// is another copy of it (copies); one held under another name is not.
+// Copies are not counted in the rare event that needed mappedOnly.
 func (a *applier) store(w workers.Slot, k keyspace, engines, kv []uint64) int {
 	keys := k.keys(engines, &a.eng)
-	if a.ix.MapEngineHashes(w, keys, kv) < len(kv) {
-		kv = a.mappedOnly(w, k, keys, kv)
+	mapped, had := a.ix.MapEngineHashesAgain(w, keys, kv, a.had[:0])
+	a.had = had[:0]
+	whole := mapped == len(kv)
+	if !whole {
+		kv, keys = a.mappedOnly(w, k, keys, kv)
 	}
-	a.ix.Stored(w, k.keys(kv, &a.kv))
+	a.again = a.ix.StoredAgain(w, k.keys(kv, &a.kv), a.again[:0])
+	if a.countCopies && whole && len(had) > 0 {
+		// Both lists are ascending positions in keys: copies are in both.
+		j := 0
+		for _, i := range a.again {
+			for j < len(had) && had[j] < i {
+				j++
+			}
+			if j < len(had) && had[j] == i {
+				a.copied(w, keys[i])
+			}
+		}
+	}
 	return len(kv)
 }
 
+// copied counts one more copy of worker w's block named engine.
+func (a *applier) copied(w workers.Slot, engine uint64) {
+	key := copyKey{w, engine}
+	if a.copies == nil {
+		a.copies = map[copyKey]uint32{}
+	}
+	if n, ok := a.copies[key]; ok || len(a.copies) < maxCopies {
+		a.copies[key] = n + 1
+	}
+}
+
+// uncopied reports whether worker w's block named engine has a copy left
+// after one is evicted, counting that copy off.
+func (a *applier) uncopied(w workers.Slot, engine uint64) bool {
+	key := copyKey{w, engine}
+	switch n := a.copies[key]; n {
+	case 0:
+		return false
+	case 1:
+		delete(a.copies, key)
+	default:
+		a.copies[key] = n - 1
+	}
+	return true
+}
+
+// forgetCopies drops worker w's copy counts, when its blocks go (a
+// resync, the engine's own clear, RemoveWorker).
+func (a *applier) forgetCopies(w workers.Slot) {
+	for key := range a.copies {
+		if key.w == w {
+			delete(a.copies, key)
+		}
+	}
+}
+
 // mappedOnly keeps the kvfast hashes kv[i] that engines[i] maps to, and
-// counts in reused those whose engine hash names another block the
-// worker holds. A name whose block the worker no longer holds (a resync
-// dropped it and kept the names, or its removal was lost) is stale: the
-// new block takes it. Only a full engine map or a taken name gets here.
-func (a *applier) mappedOnly(w workers.Slot, k keyspace, engines, kv []uint64) []uint64 {
+// returns them with their engine hashes; it counts in reused those whose
+// engine hash names another block the worker holds. A name whose block
+// the worker no longer holds (a resync dropped it and kept the names, or
+// its removal was lost) is stale: the new block takes it. Only a full
+// engine map or a taken name gets here.
+func (a *applier) mappedOnly(w workers.Slot, k keyspace, engines, kv []uint64) (kept, names []uint64) {
+	names = a.names[:0]
 	n := 0
 	for i, e := range engines {
 		got, ok := a.ix.LookupEngineHash(w, e)
@@ -193,9 +280,11 @@ func (a *applier) mappedOnly(w workers.Slot, k keyspace, engines, kv []uint64) [
 			continue // no room in the map
 		}
 		kv[n] = kv[i]
+		names = append(names, e)
 		n++
 	}
-	return kv[:n]
+	a.names = names[:0]
+	return kv[:n], names
 }
 
 // holds reports whether worker w holds the block kv in keyspace k.
@@ -215,10 +304,24 @@ func (a *applier) takeReused() uint64 {
 }
 
 // removed records that worker w evicted the blocks named engines from
-// keyspace k. It returns how many of them resolved to a kvfast hash; the
-// others were never stored (or their store was skipped) and are ignored.
+// keyspace k. It returns how many of them resolved to a kvfast hash or
+// were a counted copy of a block still cached; the others were never
+// stored (or their store was skipped) and are ignored.
 func (a *applier) removed(w workers.Slot, k keyspace, engines []uint64) int {
 	keys := k.keys(engines, &a.eng)
+	copies := 0
+	if len(a.copies) > 0 {
+		// An evicted copy whose block has another copy cached leaves it.
+		names := a.names[:0]
+		for _, e := range keys {
+			if a.uncopied(w, e) {
+				copies++
+			} else {
+				names = append(names, e)
+			}
+		}
+		a.names, keys = names[:0], names
+	}
 	kv := a.kv[:0]
 	for _, e := range keys {
 		if h, ok := a.ix.LookupEngineHash(w, e); ok {
@@ -230,7 +333,7 @@ func (a *applier) removed(w workers.Slot, k keyspace, engines []uint64) int {
 	// The same hashes resolve again, into the same scratch, which Removed
 	// no longer needs.
 	a.ix.UnmapEngineHashes(w, keys, kv[:0])
-	return len(kv)
+	return len(kv) + copies
 }
 
 // cleared drops every block of worker w, keeping its mappings: the feed
@@ -239,6 +342,7 @@ func (a *applier) removed(w workers.Slot, k keyspace, engines []uint64) int {
 // it holds (a resync).
 func (a *applier) cleared(w workers.Slot) {
 	a.ix.Cleared(w)
+	a.forgetCopies(w)
 }
 
 // engineCleared drops every block of worker w and its mappings: the engine
@@ -246,4 +350,5 @@ func (a *applier) cleared(w workers.Slot) {
 // it stores later chains from a block it held before.
 func (a *applier) engineCleared(w workers.Slot) {
 	a.ix.ClearedAll(w)
+	a.forgetCopies(w)
 }

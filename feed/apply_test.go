@@ -44,15 +44,17 @@ func (c *cutIndex) LookupEngineHash(w workers.Slot, engine uint64) (uint64, bool
 	return c.ix.LookupEngineHash(w, engine)
 }
 
-func (c *cutIndex) MapEngineHashes(w workers.Slot, engines, kvs []uint64) int {
+func (c *cutIndex) MapEngineHashesAgain(w workers.Slot, engines, kvs []uint64, had []int) (int, []int) {
 	mapped := 0
-	for i, e := range engines {
-		if c.ix.MapEngineHash(w, e, kvs[i]) {
-			mapped++
+	for i := range engines {
+		n, h := c.ix.MapEngineHashesAgain(w, engines[i:i+1], kvs[i:i+1], nil)
+		mapped += n
+		if len(h) > 0 {
+			had = append(had, i)
 		}
 		c.wrote()
 	}
-	return mapped
+	return mapped, had
 }
 
 func (c *cutIndex) UnmapEngineHashes(w workers.Slot, engines []uint64, dst []uint64) []uint64 {
@@ -65,11 +67,14 @@ func (c *cutIndex) UnmapEngineHashes(w workers.Slot, engines []uint64, dst []uin
 	return dst
 }
 
-func (c *cutIndex) Stored(w workers.Slot, hashes []uint64) {
+func (c *cutIndex) StoredAgain(w workers.Slot, hashes []uint64, again []int) []int {
 	for i := range hashes {
-		c.ix.Stored(w, hashes[i:i+1])
+		if len(c.ix.StoredAgain(w, hashes[i:i+1], nil)) > 0 {
+			again = append(again, i)
+		}
 		c.wrote()
 	}
+	return again
 }
 
 func (c *cutIndex) Removed(w workers.Slot, hashes []uint64) {
@@ -319,6 +324,82 @@ func TestStoredUnderATakenName(t *testing.T) {
 	if removed := a.removed(slot, gpu, []uint64{7}); removed != 1 || ix.Stats().WorkerBlocks[slot] != 0 {
 		t.Fatalf("removed %d; %d blocks left", removed, ix.Stats().WorkerBlocks[slot])
 	}
+	if err := ix.Verify(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCopiesOfABlock: vLLM does not de-duplicate its cache, so two
+// requests computing one prefix at once each cache, announce and later
+// evict a copy. Evicting one copy leaves the block claimed and its name
+// resolving (a later block chains from it); evicting the last takes it
+// out. An engine's clear forgets the copies.
+func TestCopiesOfABlock(t *testing.T) {
+	ix, err := radix.NewHeap(radix.Config{Capacity: 1 << 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const slot = workers.Slot(4)
+	seed := radix.NamespaceSeed(testModel, "", "")
+	a := newApplier(ix, 0)
+	tokens := make([]uint32, 3*testBlockSize)
+	for i := range tokens {
+		tokens[i] = uint32(i + 1)
+	}
+	b1 := radix.ChainBlockHash(seed, tokens[:testBlockSize])
+	b2 := radix.ChainBlockHash(b1, tokens[testBlockSize:2*testBlockSize])
+	b3 := radix.ChainBlockHash(b2, tokens[2*testBlockSize:])
+	held := func(want ...bool) {
+		t.Helper()
+		for i, h := range []uint64{b1, b2, b3} {
+			if got := ix.Lookup(h).Has(slot); got != want[i] {
+				t.Fatalf("block %d held %v, want %v", i+1, got, want[i])
+			}
+		}
+	}
+	for range 2 { // two copies of blocks 11 and 12
+		if n := a.stored(slot, gpu, seed, []uint64{11, 12}, tokens[:2*testBlockSize], nil, testBlockSize); n != 2 {
+			t.Fatalf("stored %d", n)
+		}
+	}
+	if n := a.removed(slot, gpu, []uint64{12, 11}); n != 2 {
+		t.Fatalf("the first copies' eviction resolved %d blocks, want 2", n)
+	}
+	held(true, true, false)
+	parent, ok := a.parent(slot, gpu, seed, 12, true)
+	if !ok || a.stored(slot, gpu, parent, []uint64{13}, tokens[2*testBlockSize:], nil, testBlockSize) != 1 {
+		t.Fatal("a block chained from the remaining copy was not stored")
+	}
+	held(true, true, true)
+	if n := a.removed(slot, gpu, []uint64{13, 12, 11}); n != 3 {
+		t.Fatalf("the last copies' eviction resolved %d blocks, want 3", n)
+	}
+	held(false, false, false)
+
+	// A clear forgets the copies: after it, one eviction takes a block out.
+	a.stored(slot, gpu, seed, []uint64{11}, tokens[:testBlockSize], nil, testBlockSize)
+	a.stored(slot, gpu, seed, []uint64{11}, tokens[:testBlockSize], nil, testBlockSize)
+	a.engineCleared(slot)
+	a.stored(slot, gpu, seed, []uint64{11}, tokens[:testBlockSize], nil, testBlockSize)
+	a.removed(slot, gpu, []uint64{11})
+	held(false, false, false)
+	if len(a.copies) != 0 {
+		t.Fatalf("copies left: %v", a.copies)
+	}
+
+	// One block under two names is not two copies: each name's eviction
+	// unmaps it, so no name outlives its own eviction.
+	a.stored(slot, gpu, seed, []uint64{21}, tokens[:testBlockSize], nil, testBlockSize)
+	a.stored(slot, gpu, seed, []uint64{22}, tokens[:testBlockSize], nil, testBlockSize)
+	if len(a.copies) != 0 {
+		t.Fatalf("a second name counted as a copy: %v", a.copies)
+	}
+	a.removed(slot, gpu, []uint64{22})
+	if _, ok := ix.LookupEngineHash(slot, 22); ok {
+		t.Fatal("an evicted name still maps")
+	}
+	a.removed(slot, gpu, []uint64{21})
+	held(false, false, false)
 	if err := ix.Verify(); err != nil {
 		t.Fatal(err)
 	}

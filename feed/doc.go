@@ -237,7 +237,9 @@
 // storing its sequence number, then the ring tail, both in the segment.
 // A router killed between the two finds the record at the tail with
 // seq <= lastSeq and skips it; one killed mid-apply re-applies the record,
-// which completes it: Stored and Cleared are idempotent, and by the
+// which completes it: Stored and Cleared are idempotent (the first record
+// a successor applies per worker counts no block it finds held as
+// another copy of it, apply.go), and by the
 // invariant above Removed still resolves every block its first attempt
 // left in the index. Records of an older generation are skipped, a newer
 // generation first drops the worker's blocks.

@@ -90,6 +90,9 @@ type worker struct {
 	poisoned  bool  // ring held garbage; re-examined at the next registry scan
 	removed   bool  // RemoveWorker done for a down or closed worker
 	claimAt   int64 // when the slot was first seen Claiming (monotonic ns)
+	// resumed: a record was applied since Acquire, so the next one cannot
+	// be a predecessor's, cut short by its death and applied again.
+	resumed bool
 	// beat is the last heartbeat read and beatAt when it was first read
 	// (monotonic ns): a heartbeat that has not moved for the grace is
 	// stale whatever its value, one from the future included.
@@ -340,6 +343,7 @@ func (in *Ingester) scanRegistry() {
 			if now-beat > grace || now-w.beatAt > grace {
 				if ok, _ := in.seg.MarkDown(slot, gen, beat); ok {
 					in.ix.RemoveWorker(slot)
+					in.apply.forgetCopies(slot)
 					w.state, w.removed = shm.StateDown, true
 					in.c.workersDown++
 				}
@@ -349,6 +353,7 @@ func (in *Ingester) scanRegistry() {
 			if !w.removed || w.state != st {
 				if !w.removed {
 					in.ix.RemoveWorker(slot)
+					in.apply.forgetCopies(slot)
 					w.removed = true
 				}
 				if st == shm.StateClosed && w.state != st {
@@ -375,6 +380,7 @@ func (in *Ingester) adopt(slot workers.Slot, w *worker) bool {
 			in.c.generationBumps++
 		}
 		in.ix.RemoveWorker(slot)
+		in.apply.forgetCopies(slot)
 		in.readers[slot].BeginGeneration(gen)
 		w.gen, w.lastSeq = gen, 0
 	}
@@ -455,9 +461,13 @@ func (in *Ingester) drain(slot workers.Slot, w *worker) int {
 			in.c.gaps++
 			in.resync(slot)
 		}
+		// The first record after taking over may be one a killed
+		// predecessor applied in part: its blocks are stored again, not
+		// copied (apply.go's copies).
+		in.apply.countCopies = w.resumed
 		in.applyRecord(slot, w, rec)
 		r.Commit(rec)
-		w.lastSeq = rec.Seq
+		w.lastSeq, w.resumed = rec.Seq, true
 		if in.onApply != nil {
 			in.onApply(slot, rec)
 		}

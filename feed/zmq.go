@@ -183,6 +183,7 @@ func (s *ZMQSubscriber) Run(ctx context.Context) error {
 	}
 	defer s.running.Store(false)
 	s.ix.RemoveWorker(s.cfg.Slot)
+	s.apply.forgetCopies(s.cfg.Slot)
 	s.synced, s.haveLive, s.unproven = false, false, false
 	wait := s.cfg.RedialMin
 	for {
@@ -281,6 +282,7 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 			case replayUnproven, replayFailed:
 				s.c.rejoins.Add(1)
 				s.ix.RemoveWorker(s.cfg.Slot)
+				s.apply.forgetCopies(s.cfg.Slot)
 				s.synced = false
 				// A replay socket that just failed would only fail again.
 				canReplay = canReplay && res != replayFailed
@@ -309,6 +311,7 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 func (s *ZMQSubscriber) restarted() {
 	s.c.restarts.Add(1)
 	s.ix.RemoveWorker(s.cfg.Slot)
+	s.apply.forgetCopies(s.cfg.Slot)
 	s.synced = false
 }
 

@@ -550,18 +550,34 @@ func (ix *Index) warm(hashes []uint64, engine bool, w workers.Slot) {
 // Stored records that worker w now caches the blocks with these hashes.
 // A block the index has no room for is counted as overflow and skipped.
 func (ix *Index) Stored(w workers.Slot, hashes []uint64) {
+	ix.store(w, hashes, false, nil)
+}
+
+// StoredAgain is Stored that also appends to again the position in hashes
+// of each block w held already, and returns it: an engine that keeps
+// several copies of one block (vLLM does not de-duplicate) announces each
+// copy's store and each copy's eviction, and the feed counts the copies
+// so that evicting one leaves the block claimed.
+func (ix *Index) StoredAgain(w workers.Slot, hashes []uint64, again []int) []int {
+	return ix.store(w, hashes, true, again)
+}
+
+func (ix *Index) store(w workers.Slot, hashes []uint64, collect bool, again []int) []int {
 	ix.checkSlot(w)
 	if invariants.Enabled {
 		defer ix.wrote("Stored", len(hashes))
 	}
-	for len(hashes) > 0 {
-		batch := hashes[:min(writeBatch, len(hashes))]
-		hashes = hashes[len(batch):]
+	for at := 0; at < len(hashes); {
+		batch := hashes[at:min(at+writeBatch, len(hashes))]
 		ix.warm(batch, false, w)
-		for _, h := range batch {
-			ix.updateBlock(storedKey(h), w, true)
+		for i, h := range batch {
+			if ix.updateBlock(storedKey(h), w, true) && collect {
+				again = append(again, at+i)
+			}
 		}
+		at += len(batch)
 	}
+	return again
 }
 
 // Removed records that worker w evicted the blocks with these hashes.
@@ -581,11 +597,12 @@ func (ix *Index) Removed(w workers.Slot, hashes []uint64) {
 	}
 }
 
-// updateBlock adds w to the block key (store) or drops it. It takes the
-// near shard's lock, and the spill shard's too when the key may be spilled
-// or must spill, always ending up holding them in ascending shard order so
-// that two writers never wait for each other's second lock.
-func (ix *Index) updateBlock(key uint64, w workers.Slot, store bool) {
+// updateBlock adds w to the block key (store) or drops it, and reports
+// whether w held it before. It takes the near shard's lock, and the spill
+// shard's too when the key may be spilled or must spill, always ending up
+// holding them in ascending shard order so that two writers never wait
+// for each other's second lock.
+func (ix *Index) updateBlock(key uint64, w workers.Slot, store bool) (had bool) {
 	bit := uint64(workers.SetOf(w))
 	a := ix.nearShard(key)
 	at := &a.blocks
@@ -595,7 +612,7 @@ func (ix *Index) updateBlock(key uint64, w workers.Slot, store bool) {
 	for {
 		i, found := at.scan(key, home, at.window)
 		if found {
-			ix.applyBit(a, i, w, bit, store)
+			had = ix.applyBit(a, i, w, bit, store)
 			break
 		}
 		free := i // an empty slot in the window, or notFound when it is full
@@ -615,7 +632,7 @@ func (ix *Index) updateBlock(key uint64, w workers.Slot, store bool) {
 		j, found := bt.scan(key, bt.spillHome(key), bt.n)
 		switch {
 		case found:
-			ix.applyBit(b, j, w, bit, store)
+			had = ix.applyBit(b, j, w, bit, store)
 		case !store:
 		case free != notFound:
 			ix.insertBlock(a, free, key, w, bit)
@@ -631,6 +648,7 @@ func (ix *Index) updateBlock(key uint64, w workers.Slot, store bool) {
 		b.mu.Unlock()
 	}
 	a.mu.Unlock()
+	return had
 }
 
 // lockSecond locks b while a is held. If b comes after a, it just waits;
@@ -650,16 +668,18 @@ func lockSecond(a, b *shard) bool {
 	return false
 }
 
-func (ix *Index) applyBit(sh *shard, i uint32, w workers.Slot, bit uint64, store bool) {
+func (ix *Index) applyBit(sh *shard, i uint32, w workers.Slot, bit uint64, store bool) (had bool) {
+	s := sh.blocks.at(i)
+	had = s.val.Load()&bit != 0
 	if !store {
 		ix.clearBit(sh, i, w, bit)
-		return
+		return had
 	}
-	s := sh.blocks.at(i)
-	if old := s.val.Load(); old&bit == 0 {
-		s.val.Store(old | bit)
+	if !had {
+		s.val.Store(s.val.Load() | bit)
 		sh.meta.workerBlocks[w].Add(1)
 	}
+	return had
 }
 
 func (ix *Index) insertBlock(sh *shard, i uint32, key uint64, w workers.Slot, bit uint64) bool {
@@ -814,19 +834,29 @@ func (ix *Index) MapEngineHash(w workers.Slot, engine, kv uint64) bool {
 // another block when replace is set and keeping it otherwise. It reports
 // whether engine maps to kv after: false also for a full map.
 func (ix *Index) mapEngineHash(w workers.Slot, engine, kv uint64, replace bool) bool {
+	ok, _ := ix.mapEngineHashHad(w, engine, kv, replace)
+	return ok
+}
+
+// mapEngineHashHad is mapEngineHash that also reports whether the engine
+// hash named kv already.
+func (ix *Index) mapEngineHashHad(w workers.Slot, engine, kv uint64, replace bool) (ok, had bool) {
 	key := mapKey(w, engine)
 	sh := ix.mapShard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	i, found := sh.engine.find(key)
-	switch {
-	case !found:
-		return sh.engine.insertAt(i, key, kv)
-	case replace:
-		sh.engine.at(i).val.Store(kv)
-		return true
+	if !found {
+		return sh.engine.insertAt(i, key, kv), false
 	}
-	return sh.engine.at(i).val.Load() == kv
+	if sh.engine.at(i).val.Load() == kv {
+		return true, true
+	}
+	if replace {
+		sh.engine.at(i).val.Store(kv)
+		return true, false
+	}
+	return false, false
 }
 
 // LookupEngineHash resolves worker w's engine hash to the kvfast hash.
@@ -869,6 +899,20 @@ func (ix *Index) unmapEngineHash(w workers.Slot, engine uint64) (uint64, bool) {
 // a new block take a name whose block w no longer holds). It returns how
 // many of engines[i] map to kvs[i] afterwards.
 func (ix *Index) MapEngineHashes(w workers.Slot, engines, kvs []uint64) int {
+	mapped, _ := ix.mapEngineHashes(w, engines, kvs, false, nil)
+	return mapped
+}
+
+// MapEngineHashesAgain is MapEngineHashes that also appends to had the
+// position of each engine hash that named its kvfast hash already, and
+// returns it: with StoredAgain, how the feed tells a block an engine
+// announces once more under the same name (another copy of it) from one
+// it names anew.
+func (ix *Index) MapEngineHashesAgain(w workers.Slot, engines, kvs []uint64, had []int) (int, []int) {
+	return ix.mapEngineHashes(w, engines, kvs, true, had)
+}
+
+func (ix *Index) mapEngineHashes(w workers.Slot, engines, kvs []uint64, collect bool, had []int) (int, []int) {
 	if len(engines) != len(kvs) {
 		panic("BUG: radix: MapEngineHashes with unequal slices")
 	}
@@ -877,17 +921,21 @@ func (ix *Index) MapEngineHashes(w workers.Slot, engines, kvs []uint64) int {
 		defer ix.wrote("MapEngineHashes", len(engines))
 	}
 	mapped := 0
-	for len(engines) > 0 {
-		n := min(writeBatch, len(engines))
-		ix.warm(engines[:n], true, w)
-		for i := range n {
-			if ix.mapEngineHash(w, engines[i], kvs[i], false) {
+	for at := 0; at < len(engines); {
+		n := min(writeBatch, len(engines)-at)
+		ix.warm(engines[at:at+n], true, w)
+		for i := at; i < at+n; i++ {
+			ok, existed := ix.mapEngineHashHad(w, engines[i], kvs[i], false)
+			if ok {
 				mapped++
 			}
+			if existed && collect {
+				had = append(had, i)
+			}
 		}
-		engines, kvs = engines[n:], kvs[n:]
+		at += n
 	}
-	return mapped
+	return mapped, had
 }
 
 // UnmapEngineHashes is UnmapEngineHash for a batch: it appends to dst the
