@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -471,4 +472,35 @@ func TestIngesterLockTakeover(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestPythonPublisherRespectsLiveHolder: the Python publisher, like the
+// Go one, refuses to register the worker id of an engine that is alive
+// and heartbeating (this process), and stops writing a ring whose slot
+// another registration took.
+func TestPythonPublisherRespectsLiveHolder(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not found")
+	}
+	seg := openSeg(t, 1<<20)
+	p, err := seg.Register(shm.WorkerConfig{WorkerID: 31, Model: "test-model", BlockSize: 4, Endpoint: "127.0.0.1:8031"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(python, "testdata/py_registry.py", seg.Path(), "31", "32")
+	cmd.Env = append(os.Environ(), "KVFAST_PY_DIR="+pythonDir(t))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	if got := strings.Fields(string(out)); !slices.Equal(got, []string{"refused", "lost"}) {
+		t.Fatalf("python publisher: %s", out)
+	}
+	if err := p.Heartbeat(); err != nil {
+		t.Fatalf("the live holder lost its slot: %v", err)
+	}
 }

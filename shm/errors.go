@@ -27,6 +27,10 @@ var (
 	// ErrSlotLost means another publisher took over this worker's slot
 	// (same worker id and DP rank registered again).
 	ErrSlotLost = errors.New("kvfast: worker slot was taken over by another registration")
+	// ErrWorkerLive means another engine, alive and heartbeating, holds
+	// the worker id and DP rank being registered: two engines were given
+	// one id. Taking its slot would leave both writing one ring.
+	ErrWorkerLive = errors.New("kvfast: a live engine holds this worker id and DP rank")
 	// ErrClosed is returned by a closed publisher or segment.
 	ErrClosed = errors.New("kvfast: closed")
 	// ErrRetired means a router recreated the segment under a new file,

@@ -21,8 +21,8 @@ func encodedSeeds() [][]byte {
 	buf := make([]uint64, 512)
 	seg.data = unsafe.Pointer(&buf[0])
 	var h, t, d, pub uint64
-	var bell, sl uint32
-	seg.head, seg.tail, seg.dropped, seg.published, seg.doorbell, seg.sleepers = &h, &t, &d, &pub, &bell, &sl
+	var bell, sl, gen uint32
+	seg.head, seg.tail, seg.dropped, seg.published, seg.doorbell, seg.sleepers, seg.slotGen = &h, &t, &d, &pub, &bell, &sl, &gen
 	seg.writeStored(5, true, []uint64{1, 2}, make([]uint32, 6), 3)
 	seg.writeRemoved([]uint64{7, 8, 9})
 	seg.writeCleared()

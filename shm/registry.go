@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvfast/kvfast/workers"
 	"golang.org/x/sys/unix"
@@ -280,6 +281,42 @@ func (s *Segment) transition(slot workers.Slot, gen uint32, lastBeat int64, from
 	return true, nil
 }
 
+// liveHeartbeat is how recent a holder's heartbeat must be for its slot
+// to be refused to another process registering its worker id: well over
+// any publisher's period (the mock's 250 ms, the Python publisher's 1 s),
+// and short enough that an engine restarted after a crash waits at most
+// this long to take its slot back when its old process id was reused.
+const liveHeartbeat = 5 * time.Second
+
+// liveHolder reports the process holding the slot at off when it is live,
+// not this process, still running and heartbeating: a second engine given
+// the same worker id, not the same engine restarted (whose old process is
+// gone). A process id from another PID namespace that happens to name a
+// process here passes for alive; its heartbeat then ages out.
+func (s *Segment) liveHolder(off int) (holder int, live bool) {
+	if stateOf(atomic.LoadUint64(s.u64(off+sState))) != StateLive {
+		return 0, false
+	}
+	holder = int(atomic.LoadUint32(s.u32(off + sPID)))
+	if holder == 0 || holder == pid {
+		return holder, false
+	}
+	if monoNow()-int64(atomic.LoadUint64(s.u64(off+sHeartbeat))) > liveHeartbeat.Nanoseconds() {
+		return holder, false
+	}
+	if err := unix.Kill(holder, 0); err != nil && err != unix.EPERM {
+		return holder, false // no such process: the holder died
+	}
+	return holder, true
+}
+
+// endpointAt is the endpoint registered in the slot at off, for messages.
+func (s *Segment) endpointAt(off int) string {
+	b := s.bytesAt(off, slotSize)
+	n := int(binary.LittleEndian.Uint16(b[sEndptLen:]))
+	return string(b[sEndpoint:][:min(n, slotSize-sEndpoint)])
+}
+
 // claim registers cfg under the registry lock and returns the slot and
 // its new generation. Preference: the slot this (worker id, DP rank) held
 // before, so a restarted engine keeps its slot and its generation grows;
@@ -314,6 +351,11 @@ func (s *Segment) claim(cfg WorkerConfig) (int, uint32, error) {
 		return 0, 0, fmt.Errorf("cannot register worker %d rank %d in %s: %w", cfg.WorkerID, cfg.DPRank, s.path, ErrRegistryFull)
 	}
 	off := slotOff(pick)
+	if holder, live := s.liveHolder(off); live {
+		return 0, 0, fmt.Errorf("cannot register worker %d rank %d in %s: process %d (endpoint %q) holds it and heartbeats; "+
+			"give each engine its own worker id, or stop that one first: %w",
+			cfg.WorkerID, cfg.DPRank, s.path, holder, s.endpointAt(off), ErrWorkerLive)
+	}
 	sw := s.u64(off + sState)
 	w := nextState(atomic.LoadUint64(sw), StateClaiming)
 	atomic.StoreUint64(sw, w)

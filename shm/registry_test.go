@@ -2,6 +2,10 @@ package shm
 
 import (
 	"errors"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -194,5 +198,64 @@ func TestLoadSeqlock(t *testing.T) {
 	p.Load(Load{Running: 7})
 	if l, err := seg.LoadOf(p.Slot()); err != nil || l.Running != 7 {
 		t.Fatalf("after repair: %+v %v", l, err)
+	}
+}
+
+// TestRegisterRefusesALiveHolder: a second engine given the worker id and
+// rank of one that is alive and heartbeating is refused, saying which
+// process and endpoint hold them; once the holder's heartbeat is old, or
+// its process gone, the slot is taken over (an engine restarted after a
+// crash), and the displaced publisher can no longer write the slot's ring.
+func TestRegisterRefusesALiveHolder(t *testing.T) {
+	seg, _ := openTest(t, Options{})
+	cfg := WorkerConfig{WorkerID: 7, Model: "m", BlockSize: 4, Endpoint: "127.0.0.1:8007"}
+	p, err := seg.Register(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := slotOff(p.slot)
+	// The registration made as if by another process that is alive: this
+	// test's parent.
+	atomic.StoreUint32(seg.u32(off+sPID), uint32(os.Getppid()))
+	if _, err := seg.Register(cfg); !errors.Is(err, ErrWorkerLive) || !strings.Contains(err.Error(), "127.0.0.1:8007") ||
+		!strings.Contains(err.Error(), strconv.Itoa(os.Getppid())) {
+		t.Fatalf("a live holder's worker id was registered again: %v", err)
+	}
+	if err := p.Heartbeat(); err != nil {
+		t.Fatalf("the holder lost its slot to a refused registration: %v", err)
+	}
+
+	// Its heartbeat ages past liveHeartbeat: presumed gone.
+	atomic.StoreUint64(seg.u64(off+sHeartbeat), uint64(monoNow()-2*liveHeartbeat.Nanoseconds()))
+	q, err := seg.Register(cfg)
+	if err != nil || q.Slot() != p.Slot() {
+		t.Fatalf("a stale holder's slot was not taken over: %v", err)
+	}
+	head := seg.RingState(q.Slot()).Head
+	if err := p.Stored(0, false, []uint64{1}, make([]uint32, 4)); !errors.Is(err, ErrSlotLost) {
+		t.Fatalf("the displaced publisher wrote: %v", err)
+	}
+	if err := p.Removed([]uint64{1}); !errors.Is(err, ErrSlotLost) {
+		t.Fatalf("the displaced publisher wrote: %v", err)
+	}
+	if err := p.Cleared(); !errors.Is(err, ErrSlotLost) {
+		t.Fatalf("the displaced publisher wrote: %v", err)
+	}
+	if got := seg.RingState(q.Slot()).Head; got != head {
+		t.Fatalf("the ring's head moved from %d to %d under the displaced publisher", head, got)
+	}
+	if err := q.Stored(0, false, []uint64{1}, make([]uint32, 4)); err != nil {
+		t.Fatalf("the new holder cannot write: %v", err)
+	}
+
+	// A holder whose process has exited, heartbeat fresh: taken over too.
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Skipf("cannot run a short-lived process: %v", err)
+	}
+	atomic.StoreUint32(seg.u32(off+sPID), uint32(cmd.Process.Pid))
+	atomic.StoreUint64(seg.u64(off+sHeartbeat), uint64(monoNow()))
+	if _, err := seg.Register(cfg); err != nil {
+		t.Fatalf("a dead holder's slot was not taken over: %v", err)
 	}
 }

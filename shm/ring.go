@@ -180,6 +180,7 @@ type ringWriter struct {
 	publishedN, droppedN           uint64
 	seq                            uint64 // last seq handed out
 	gen                            uint32
+	slotGen                        *uint32 // the registry slot's generation: another registration's once it moves
 	doorbell, sleepers             *uint32
 }
 
@@ -196,6 +197,7 @@ func (s *Segment) newRingWriter(slot int, gen uint32) ringWriter {
 		size:      uint64(s.lay.ringBytes),
 		maxRecord: s.lay.ringBytes / 4,
 		gen:       gen,
+		slotGen:   s.u32(slotOff(slot) + sGeneration),
 		doorbell:  s.u32(controlOff + controlDoorbell),
 		sleepers:  s.u32(controlOff + controlSleepers),
 	}
@@ -247,6 +249,12 @@ func (w *ringWriter) reserve(n uint64) (off uint64, pad uint64, ok bool) {
 
 // drop accounts for a record that did not fit. Its sequence number is
 // used up, so the consumer sees the gap in the next committed record.
+// lost reports whether another registration took the slot (its
+// generation moved on): its publisher writes the ring now, and two
+// writers would interleave records, which the router must then discard
+// with every block the worker had.
+func (w *ringWriter) lost() bool { return atomic.LoadUint32(w.slotGen) != w.gen }
+
 func (w *ringWriter) drop() error {
 	w.seq++
 	w.droppedN++
@@ -285,6 +293,9 @@ func (w *ringWriter) header(p []byte, size uint64, kind Kind, flags byte, bs int
 // writeStored writes one Stored record; the caller sized it to fit
 // maxRecord.
 func (w *ringWriter) writeStored(parent uint64, hasParent bool, hashes []uint64, tokens []uint32, bs int) error {
+	if w.lost() {
+		return ErrSlotLost
+	}
 	n := uint64(storedSize(len(hashes), bs))
 	off, pad, ok := w.reserve(n)
 	if !ok {
@@ -308,6 +319,9 @@ func (w *ringWriter) writeStored(parent uint64, hasParent bool, hashes []uint64,
 }
 
 func (w *ringWriter) writeRemoved(hashes []uint64) error {
+	if w.lost() {
+		return ErrSlotLost
+	}
 	n := uint64(recordHead + 8*len(hashes))
 	off, pad, ok := w.reserve(n)
 	if !ok {
@@ -321,6 +335,9 @@ func (w *ringWriter) writeRemoved(hashes []uint64) error {
 }
 
 func (w *ringWriter) writeCleared() error {
+	if w.lost() {
+		return ErrSlotLost
+	}
 	off, pad, ok := w.reserve(recordHead)
 	if !ok {
 		return w.drop()

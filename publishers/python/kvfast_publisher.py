@@ -60,6 +60,9 @@ S_ROLE = 60
 ROLES = {"both": 0, "prefill": 1, "decode": 2, "encode": 3}
 MAX_MODEL_LEN, MAX_ENDPOINT_LEN = S_ENDPOINT - S_MODEL, SLOT_SIZE - S_ENDPOINT
 FREE, CLAIMING, LIVE, DOWN, CLOSED = 0, 1, 2, 3, 4
+# How recent a holder's heartbeat must be for its worker id to be refused
+# to another process (shm/registry.go's liveHeartbeat).
+LIVE_HEARTBEAT_NS = 5 * 1000 * 1000 * 1000
 
 # ring control fields
 C_HEAD, C_DROPPED, C_PUBLISHED, C_TAIL = 0, 8, 16, 128
@@ -83,6 +86,11 @@ class SegmentError(Exception):
 
 class SlotLost(Exception):
     """Another registration of the same worker id and DP rank took the slot."""
+
+
+class WorkerLive(SegmentError):
+    """Another engine, alive and heartbeating, holds this worker id and DP
+    rank: two engines were given one id."""
 
 
 class Retired(Exception):
@@ -222,6 +230,13 @@ class KvfastPublisher:
             if pick < 0:
                 raise SegmentError("every worker slot is taken")
             off = REGISTRY_OFF + pick * SLOT_SIZE
+            holder = self._live_holder(off)
+            if holder:
+                n = struct.unpack_from("<H", self._mm, off + S_ENDPT_LEN)[0]
+                endpoint = bytes(self._mm[off + S_ENDPOINT:off + S_ENDPOINT + min(n, SLOT_SIZE - S_ENDPOINT)])
+                raise WorkerLive("worker %d rank %d is held by process %d (endpoint %r), alive and heartbeating: "
+                                 "give each engine its own worker id, or stop that one first"
+                                 % (worker_id, dp_rank, holder, endpoint.decode("utf-8", "replace")))
             word = self._next_state(q[off // 8], CLAIMING)
             q[off // 8] = word
             gen = (i[(off + S_GEN) // 4] + 1) & 0xFFFFFFFF or 1
@@ -256,6 +271,35 @@ class KvfastPublisher:
             q[self._head_w] = h
         self._pos, self._tail_cache = h, t
         self.dropped = q[self._dropped_w]
+
+    def _live_holder(self, off):
+        """The process holding the slot at off when it is live, not this
+        process, still running and heartbeating within LIVE_HEARTBEAT_NS:
+        a second engine given the same worker id, not the same engine
+        restarted after a crash (whose process is gone). 0 otherwise."""
+        if self._q[off // 8] & 0xFF != LIVE:
+            return 0
+        holder = self._i[(off + S_PID) // 4]
+        if holder in (0, os.getpid()):
+            return 0
+        if time.monotonic_ns() - self._q[(off + S_HEARTBEAT) // 8] > LIVE_HEARTBEAT_NS:
+            return 0
+        try:
+            os.kill(holder, 0)
+        except ProcessLookupError:
+            return 0
+        except PermissionError:
+            pass  # alive, another user's
+        except OSError:
+            return 0
+        return holder
+
+    def _lost(self):
+        """Raise SlotLost when another registration took the slot: its
+        publisher writes the ring now, and two writers would interleave
+        records the router must then discard with the worker's blocks."""
+        if self._i[(self._slot_off + S_GEN) // 4] != self.generation:
+            raise SlotLost("slot %d was registered again by another publisher" % self.slot)
 
     # -- ring ----------------------------------------------------------
 
@@ -318,13 +362,15 @@ class KvfastPublisher:
         block_hashes are the engine's 64-bit block hashes, token_ids the
         blocks' tokens (block_size per block, in order), parent_hash the
         engine hash of the first block's parent or None at a sequence
-        start. Returns False if any record was dropped.
+        start. Returns False if any record was dropped; raises SlotLost when
+        another registration took the slot (as removed and cleared do).
         """
         bs = self.block_size
         if len(token_ids) != len(block_hashes) * bs:
             raise ValueError("%d blocks need %d tokens, got %d" % (len(block_hashes), len(block_hashes) * bs, len(token_ids)))
         with self._lock:
             self._check()
+            self._lost()
             ok = True
             hashes, tokens = list(block_hashes), list(token_ids)
             while hashes:
@@ -338,6 +384,7 @@ class KvfastPublisher:
         """Publish that the engine evicted these blocks."""
         with self._lock:
             self._check()
+            self._lost()
             ok = True
             hashes = [h & U64 for h in block_hashes]
             while hashes:
@@ -358,6 +405,7 @@ class KvfastPublisher:
         """Publish that the engine dropped its whole cache."""
         with self._lock:
             self._check()
+            self._lost()
             r = self._reserve(RECORD_HEAD)
             if r is None:
                 return self._drop()

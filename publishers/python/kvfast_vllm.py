@@ -10,10 +10,13 @@ Only vllm's own modules are imported, and only inside register(), so this
 file can be imported (and tested) without vLLM installed.
 """
 
+import logging
 import os
 import threading
 
-from kvfast_publisher import KvfastPublisher, Retired, SlotLost
+from kvfast_publisher import KvfastPublisher, Retired, SlotLost, WorkerLive
+
+_log = logging.getLogger("kvfast")
 
 U64 = (1 << 64) - 1
 
@@ -63,6 +66,7 @@ class KvfastEventPublisher:
         self._pub = KvfastPublisher(**self._args)
         self.skipped = 0  # events kvfast cannot represent (LoRA, offload tiers)
         self.dropped = 0  # event batches lost while no registration was live
+        self._warned_live = False
         self._stop = threading.Event()
         period = float(_env("KVFAST_HEARTBEAT_S", "1"))
         self._beat = threading.Thread(target=self._heartbeat, args=(period,), daemon=True, name="kvfast-heartbeat")
@@ -91,6 +95,12 @@ class KvfastEventPublisher:
                 # the next beat tries again.
                 self._pub = KvfastPublisher(**self._args)
                 lost = False
+            except WorkerLive as e:
+                # Another engine was given this worker id: say so once, and
+                # keep trying, in case it is the one that goes.
+                if not self._warned_live:
+                    self._warned_live = True
+                    _log.warning("kvfast: cannot register again: %s", e)
             except Exception:
                 pass
 

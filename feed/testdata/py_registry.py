@@ -1,0 +1,25 @@
+"""Test driver: the Python publisher refuses a worker id a live engine
+holds (argv[2]) and stops writing a ring once another registration took
+its slot. Prints one word per check that held."""
+import os
+import sys
+
+sys.path.insert(0, os.environ["KVFAST_PY_DIR"])
+import kvfast_publisher  # noqa: E402
+
+seg, held_id, free_id = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+try:
+    kvfast_publisher.KvfastPublisher(seg, worker_id=held_id, model="test-model", block_size=4)
+    print("registered-over-a-live-holder")
+except kvfast_publisher.WorkerLive as e:
+    print("refused" if "give each engine its own worker id" in str(e) else "refused-without-advice:%s" % e)
+
+pub = kvfast_publisher.KvfastPublisher(seg, worker_id=free_id, model="test-model", block_size=4)
+gen_word = (kvfast_publisher.REGISTRY_OFF + pub.slot * kvfast_publisher.SLOT_SIZE + kvfast_publisher.S_GEN) // 4
+pub._i[gen_word] = pub.generation + 1  # as another registration's claim does
+try:
+    pub.stored([1], [1, 2, 3, 4])
+    print("wrote-a-lost-slot")
+except kvfast_publisher.SlotLost:
+    print("lost")
+os._exit(0)
