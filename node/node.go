@@ -401,22 +401,26 @@ func (n *Node) release() error {
 // Run serves cfg on cfg.Listen until ctx ends or SIGINT or SIGTERM
 // arrives, then shuts down gracefully within cfg.ShutdownTimeout.
 func Run(ctx context.Context, cfg Config) error {
-	n, err := New(cfg)
-	if err != nil {
-		return fmt.Errorf("cannot start the router: %w", err)
-	}
+	// Listeners first: an address that cannot be bound fails the start
+	// before the segment is created and engines see a router that is not.
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		_ = n.Close()
-		return fmt.Errorf("cannot listen on %s: %w", cfg.Listen, err)
+		return fmt.Errorf("cannot listen on --listen %s: %w", cfg.Listen, err)
 	}
 	var adminLn net.Listener
 	if cfg.AdminListen != "" {
 		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 			_ = ln.Close()
-			_ = n.Close()
-			return fmt.Errorf("cannot listen on %s (admin): %w", cfg.AdminListen, err)
+			return fmt.Errorf("cannot listen on --admin-listen %s: %w", cfg.AdminListen, err)
 		}
+	}
+	n, err := New(cfg)
+	if err != nil {
+		_ = ln.Close()
+		if adminLn != nil {
+			_ = adminLn.Close()
+		}
+		return fmt.Errorf("cannot start the router: %w", err)
 	}
 	var adminAddr net.Addr
 	if adminLn != nil {
@@ -425,6 +429,10 @@ func Run(ctx context.Context, cfg Config) error {
 	n.warnExposure(ln.Addr(), adminAddr)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go n.ignoreHangUps(ctx, hup)
 	served := make(chan error, 2)
 	go func() { served <- n.Serve(ln) }()
 	if adminLn != nil {
@@ -453,6 +461,22 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	n.log.Info("router stopped")
 	return nil
+}
+
+// ignoreHangUps keeps SIGHUP, which would otherwise kill the router on
+// the spot and cut every stream, from stopping it: kvfast reads its
+// configuration and key files only at start, so there is nothing to
+// reload, and the log says what to do instead. It returns when ctx ends.
+func (n *Node) ignoreHangUps(ctx context.Context, hup <-chan os.Signal) {
+	for {
+		select {
+		case <-hup:
+			n.log.Warn("SIGHUP ignored: kvfast reads its flags and key files only at start; " +
+				"restart it to change them (SIGTERM drains in-flight requests first)")
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // notifyReady tells systemd (a unit of Type=notify) that the router is up

@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -178,6 +180,7 @@ func TestRegistryJoinAndLeave(t *testing.T) {
 type logAddr struct {
 	once *sync.Once
 	addr chan string
+	hup  chan struct{} // a SIGHUP was logged as ignored; nil: not watched
 }
 
 func (h logAddr) Enabled(context.Context, slog.Level) bool { return true }
@@ -185,6 +188,12 @@ func (h logAddr) WithAttrs([]slog.Attr) slog.Handler       { return h }
 func (h logAddr) WithGroup(string) slog.Handler            { return h }
 
 func (h logAddr) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, "SIGHUP ignored") && h.hup != nil {
+		select {
+		case h.hup <- struct{}{}:
+		default:
+		}
+	}
 	if r.Message != "router listening" {
 		return nil
 	}
@@ -203,7 +212,7 @@ func TestRunStopsOnCancel(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Segment.Path = ""
-	logs := logAddr{once: new(sync.Once), addr: make(chan string, 1)}
+	logs := logAddr{once: new(sync.Once), addr: make(chan string, 1), hup: make(chan struct{}, 1)}
 	cfg.Logger = slog.New(logs)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -225,6 +234,16 @@ func TestRunStopsOnCancel(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "ok") {
 		t.Fatalf("/health: %d %s", resp.StatusCode, body)
+	}
+	// SIGHUP, which kills a process that does not catch it, is logged and
+	// ignored while Run serves (it catches it from before it listens).
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-logs.hup:
+	case <-time.After(testWait):
+		t.Fatal("SIGHUP was not logged as ignored")
 	}
 	// The admin endpoints are on the admin listener only.
 	if resp, err := http.Get("http://" + addr + "/admin/workers"); err != nil || resp.StatusCode != http.StatusNotFound {

@@ -246,6 +246,9 @@ func runEPP(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// A hang-up (a closed terminal, a reload) must not cut the gateway's
+	// streams: there is nothing to reload.
+	signal.Ignore(syscall.SIGHUP)
 	if err := epp.Run(ctx, cfg, src, o.listeners); err != nil {
 		cfg.Logger.Error("endpoint picker stopped", "err", err)
 		return 1

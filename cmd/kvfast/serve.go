@@ -69,7 +69,8 @@ known, and the segment's index repaired (or dropped, if it was damaged
 beyond repair; the log says which). The segment must be owned by this
 user with mode 0600 unless --allow-foreign-segment.
 
-Exit status: 0 after a clean shutdown (SIGINT or SIGTERM), 1 on a runtime
+Exit status: 0 after a clean shutdown (SIGINT or SIGTERM, which drain
+in-flight requests first; SIGHUP is logged and ignored), 1 on a runtime
 failure, 2 for bad flags.
 
 Flags:
