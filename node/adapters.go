@@ -52,10 +52,19 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 			continue
 		}
 		unknown := workers.Set(n.unknownModel.Load()).Has(slot)
-		base, got, err := p.fetch(ctx, info.Endpoint, info.Model)
+		base, got, listed, err := p.fetch(ctx, info.Endpoint, info.Model)
 		switch {
 		case err != nil:
 			n.log.Debug("cannot learn an engine's models", "slot", slot, "endpoint", info.Endpoint, "err", err)
+		case !unknown && base != "" && !listed:
+			// A typo in a static worker's model= (or an engine started
+			// with another --served-model-name): every request the router
+			// sends there is refused by the engine, and the model seeds
+			// the block hashes, so its events would never match either.
+			n.throttle.Log(n.log, slog.LevelWarn, "model/"+strconv.Itoa(int(slot)),
+				"a worker's model is not one its engine lists in /v1/models: the engine will refuse the requests routed to it",
+				"slot", slot, "worker", info.ID, "endpoint", info.Endpoint, "model", info.Model, "engine_model", base)
+			p.known[slot] = got
 		case unknown && base != "":
 			if err := n.learnModel(info, base); err != nil {
 				n.throttle.Log(n.log, slog.LevelError, "learn/"+strconv.Itoa(int(slot)),
@@ -92,24 +101,24 @@ func (n *Node) learnModel(info sched.WorkerInfo, model string) error {
 	return nil
 }
 
-// fetch reads one engine's model list: the first base model it lists, and
-// the adapters of model. vLLM lists each LoRA adapter with parent set to
+// fetch reads one engine's model list: the first base model it lists, the
+// adapters of model, and whether model is listed at all. vLLM lists each LoRA adapter with parent set to
 // its base model and each base model with parent null
 // (vllm/entrypoints/openai/serving_models.py, show_available_models).
 // With model "" (not known yet), the base model found is the one whose
 // adapters are kept.
-func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (string, map[string]string, error) {
+func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (base string, got map[string]string, listed bool, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+endpoint+"/v1/models", nil)
 	if err != nil {
-		return "", nil, fmt.Errorf("cannot ask %s for its models: %w", endpoint, err)
+		return "", nil, false, fmt.Errorf("cannot ask %s for its models: %w", endpoint, err)
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return "", nil, fmt.Errorf("cannot ask %s for its models: %w", endpoint, err)
+		return "", nil, false, fmt.Errorf("cannot ask %s for its models: %w", endpoint, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return "", nil, fmt.Errorf("cannot ask %s for its models: status %d", endpoint, resp.StatusCode)
+		return "", nil, false, fmt.Errorf("cannot ask %s for its models: status %d", endpoint, resp.StatusCode)
 	}
 	var list struct {
 		Data []struct {
@@ -118,9 +127,8 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (stri
 		} `json:"data"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&list); err != nil {
-		return "", nil, fmt.Errorf("cannot read %s's model list: %w", endpoint, err)
+		return "", nil, false, fmt.Errorf("cannot read %s's model list: %w", endpoint, err)
 	}
-	base := ""
 	for _, m := range list.Data {
 		if (m.Parent == nil || *m.Parent == "") && m.ID != "" {
 			base = m.ID
@@ -130,8 +138,8 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (stri
 	if model == "" {
 		model = base
 	}
-	var got map[string]string
 	for _, m := range list.Data {
+		listed = listed || m.ID == model
 		if m.Parent != nil && *m.Parent == model && m.ID != "" && m.ID != model {
 			if got == nil {
 				got = map[string]string{}
@@ -139,5 +147,5 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (stri
 			got[m.ID] = model
 		}
 	}
-	return base, got, nil
+	return base, got, listed, nil
 }

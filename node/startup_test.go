@@ -386,3 +386,32 @@ func TestRetiredSegmentIsReported(t *testing.T) {
 		t.Fatal("a router whose segment file was deleted does not say so")
 	}
 }
+
+// TestStaticWorkerWrongModelIsLogged: a static worker configured with a
+// model its engine does not list (a typo in model=) is reported, once,
+// rather than routed to in silence while the engine refuses every
+// request.
+func TestStaticWorkerWrongModelIsLogged(t *testing.T) {
+	eng, err := mocker.Start(mocker.Config{Speedup: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	cfg := testConfig(t)
+	cfg.Segment.Path = ""
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://" + eng.Addr(), Model: "wrongname"}}
+	var warnings atomic.Int64
+	cfg.Logger = slog.New(countLog{msg: "a worker's model is not one its engine lists in /v1/models: the engine will refuse the requests routed to it", n: &warnings})
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	p := newAdapterPoller()
+	for range 3 {
+		p.poll(context.Background(), n)
+	}
+	if got := warnings.Load(); got != 1 {
+		t.Fatalf("the wrong model was reported %d times over 3 polls, want once", got)
+	}
+}
