@@ -512,6 +512,12 @@ func TestAdminSurface(t *testing.T) {
 	if status, _ := request(api, "GET", "/health", "", nil); status != http.StatusOK {
 		t.Errorf("health without a key: %d", status)
 	}
+	// Refusals are counted, so that key guessing can be alerted on.
+	if status, b := request(adminAddr, "GET", "/metrics", "admin-tok", nil); status != http.StatusOK ||
+		!bytes.Contains(b, []byte(`kvfast_auth_refused_total{scope="api"} 5`)) ||
+		!bytes.Contains(b, []byte(`kvfast_auth_refused_total{scope="admin"} 2`)) {
+		t.Errorf("refusals not counted: %d\n%s", status, grepLines(b, "kvfast_auth_refused_total"))
+	}
 	for _, p := range []string{"/v1/completions", "//v1/completions", "/v1/./completions", "/v1/x/../%63ompletions"} {
 		if status, b := request(api, "POST", p, "key-two", body); status != http.StatusOK {
 			t.Errorf("POST %s with a key: %d %s", p, status, b)
@@ -527,4 +533,15 @@ func TestAdminSurface(t *testing.T) {
 	if len(paths) != 4 {
 		t.Errorf("the engine got %d requests, want 4", len(paths))
 	}
+}
+
+// grepLines returns the lines of b that contain s.
+func grepLines(b []byte, s string) string {
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

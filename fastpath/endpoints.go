@@ -86,6 +86,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		if s.adminToken != nil && !anyKeyMatches(bearer(ctx), s.adminToken) {
 			ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
 			writeError(ctx, fasthttp.StatusUnauthorized, errAdminUnauthorized)
+			s.metrics.adminAuthRefused.Inc()
 			return
 		}
 		if p == PathMetrics {
@@ -120,6 +121,7 @@ func (s *Server) apiKeyAccepted(ctx *fasthttp.RequestCtx) bool {
 	if len(s.apiKeys) > 0 && !anyKeyMatches(bearer(ctx), s.apiKeys) {
 		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
 		writeError(ctx, fasthttp.StatusUnauthorized, errUnauthorized)
+		s.metrics.authRefused.Inc()
 		return false
 	}
 	return true

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"net"
 	"strconv"
@@ -407,6 +408,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			break
 		}
 		ex.traceDispatchFailed(err)
+		ex.logFailure("engine attempt failed", err)
 		if !retryable || !dispatch.IsRetryable(err) {
 			ex.failDispatch(ctx, err)
 			return false
@@ -534,9 +536,25 @@ func (ex *exchange) stream(w *bufio.Writer) {
 		status = engineStatus(ex.call.StatusCode())
 	default:
 		status = outcomeOf(err)
+		if status != statusCancelled {
+			ex.logFailure("stream failed", err)
+		}
 	}
 	ex.count(status)
 	ex.cleanup()
+}
+
+// logFailure logs, at debug level, a failed engine call with what lets an
+// operator follow it: the request id the client got, the worker and the
+// failure. Debug, because an engine outage fails many requests at once
+// and kvfast_requests_total counts them; checked first, because the
+// arguments would allocate even when nothing is written.
+func (ex *exchange) logFailure(msg string, err error) {
+	if !ex.s.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	ex.s.log.Debug(msg, "request_id", string(ex.rid), "worker", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank,
+		"endpoint", ex.dec.Endpoint, "err", err)
 }
 
 // --- client hang-up ---

@@ -62,6 +62,9 @@ type metrics struct {
 	stageSched    prometheus.Observer
 	stageTotal    prometheus.Observer
 	retries       prometheus.Counter
+	// authRefused counts requests refused for a missing or wrong key, on
+	// the API listener's endpoints and on the admin endpoints.
+	authRefused, adminAuthRefused prometheus.Counter
 	// multimodalExact and multimodalApprox count requests with images,
 	// audio or video by how they routed (kvfast_multimodal_requests_total).
 	multimodalExact, multimodalApprox prometheus.Counter
@@ -124,6 +127,11 @@ func newMetrics(s *Server) *metrics {
 		Name: "kvfast_dispatch_retries_total",
 		Help: "Requests re-routed to another worker before any byte reached the client, because the chosen engine refused or broke the connection, sent something that is not HTTP, or answered 5xx.",
 	})
+	auth := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvfast_auth_refused_total",
+		Help: "Requests refused with 401 for a missing or wrong bearer token: scope api (--api-key, the OpenAI endpoints) or admin (--admin-token, /metrics and /admin).",
+	}, []string{"scope"})
+	m.authRefused, m.adminAuthRefused = auth.WithLabelValues("api"), auth.WithLabelValues("admin")
 	multimodal := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvfast_multimodal_requests_total",
 		Help: "Requests with images, audio or video, by routing: exact when the engine's render endpoint named each input's hash and placeholders, " +
@@ -151,7 +159,7 @@ func newMetrics(s *Server) *metrics {
 	m.ttft, m.itl, m.isl, m.osl = ttft, itl, isl, osl
 	m.dis = newDisaggMetrics(reg, s)
 	m.enc = newEncodeMetrics(reg)
-	reg.MustRegister(bodyBytes, responseBytes, requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, transport, multimodal,
+	reg.MustRegister(bodyBytes, responseBytes, requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, auth, transport, multimodal,
 		&stateCollector{s: s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
