@@ -51,6 +51,18 @@ var (
 	ErrTorn = errors.New("kvfast: no consistent snapshot (writer busy or dead mid-update)")
 )
 
+// NotSegmentError refuses a file that is not a kvfast segment at all (it
+// does not begin with the magic): a mistyped path, most likely. Unlike a
+// damaged segment it is never overwritten, not even by --recreate-segment.
+type NotSegmentError struct{ Path string }
+
+func (e *NotSegmentError) Error() string {
+	return fmt.Sprintf("kvfast: %s is not a kvfast shm segment (it does not begin with %q): check the path (--segment); "+
+		"kvfast will not overwrite it, even with --recreate-segment; delete it yourself if it is a leftover", e.Path, magic)
+}
+
+func (e *NotSegmentError) Unwrap() error { return ErrIncompatible }
+
 // CorruptError refuses a segment whose bytes cannot be trusted.
 type CorruptError struct {
 	Path   string

@@ -186,7 +186,7 @@ func decodeHeader(path string, b []byte, fileLen int64) (layout, Header, error) 
 	}
 	le := binary.LittleEndian
 	if string(b[hMagic:hMagic+8]) != magic {
-		return layout{}, Header{}, &CorruptError{Path: path, Reason: fmt.Sprintf("bad magic %q, want %q (not a kvfast segment)", b[hMagic:hMagic+8], magic)}
+		return layout{}, Header{}, &NotSegmentError{Path: path}
 	}
 	if v := le.Uint32(b[hVersion:]); v != LayoutVersion {
 		return layout{}, Header{}, &VersionError{Path: path, Have: v, Want: LayoutVersion}

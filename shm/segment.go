@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -120,6 +121,9 @@ func (s *Segment) checkOptions(opts Options) error {
 }
 
 func recreate(path string, opts Options) (*Segment, error) {
+	if err := checkReplaceable(path); err != nil {
+		return nil, err
+	}
 	// Tell publishers on the old file that it is dead. Best effort: the
 	// old file may be too corrupt to attach, and then nobody useful is on it.
 	if old, err := attach(path, false, true); err == nil {
@@ -127,6 +131,29 @@ func recreate(path string, opts Options) (*Segment, error) {
 		old.Close()
 	}
 	return create(path, opts, true)
+}
+
+// checkReplaceable refuses to let recreate replace what is not a kvfast
+// segment: a directory, or a file whose first bytes are not the magic (a
+// mistyped path naming someone's data). A missing, empty or short file,
+// or a segment however damaged, may be replaced.
+func checkReplaceable(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cannot recreate shm segment %s: %w", path, err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return fmt.Errorf("cannot recreate shm segment %s: not a regular file", path)
+	}
+	var head [len(magic)]byte
+	if n, _ := io.ReadFull(f, head[:]); n == len(head) && string(head[:]) != magic {
+		return &NotSegmentError{Path: path}
+	}
+	return nil
 }
 
 // create formats a new segment in a temporary file and only then makes it
@@ -158,6 +185,9 @@ func create(path string, opts Options, replace bool) (*Segment, error) {
 	rand.Read(nonce[:])
 	tmp := fmt.Sprintf("%s.tmp-%d-%x", path, os.Getpid(), nonce[:4])
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("cannot create shm segment %s: directory %s does not exist: %w", path, filepath.Dir(path), fs.ErrNotExist)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cannot create shm segment %s: %w", path, err)
 	}

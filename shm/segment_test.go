@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"os"
@@ -87,7 +88,7 @@ func TestSegmentRefusals(t *testing.T) {
 			return b
 		}, func(err error) bool { return errors.As(err, new(*VersionError)) }},
 		{"bad magic", func(t *testing.T, _ string, b []byte) []byte { b[0] ^= 0xff; return b },
-			func(err error) bool { return errors.As(err, new(*CorruptError)) }},
+			func(err error) bool { return errors.As(err, new(*NotSegmentError)) }},
 		{"checksum", func(t *testing.T, _ string, b []byte) []byte { b[hRingBytes] ^= 1; return b },
 			func(err error) bool { return errors.As(err, new(*CorruptError)) }},
 		{"consistent but lying offset", func(t *testing.T, _ string, b []byte) []byte {
@@ -126,6 +127,17 @@ func TestSegmentRefusals(t *testing.T) {
 			// Publishers never touch the index, so only header damage concerns them.
 			if _, err := Register(path, WorkerConfig{BlockSize: 16}); tc.name != "corrupt index region" && !errors.Is(err, ErrIncompatible) {
 				t.Fatalf("publisher attached a refused segment: %v", err)
+			}
+			if tc.name == "bad magic" {
+				// Not a segment, maybe someone's data: never overwritten.
+				before, _ := os.ReadFile(path)
+				if _, err := Open(path, Options{Index: testIndex, Recreate: true}); !errors.As(err, new(*NotSegmentError)) {
+					t.Fatalf("recreate over a file that is not a segment: %v", err)
+				}
+				if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+					t.Fatal("recreate changed a file that is not a segment")
+				}
+				return
 			}
 			fresh, err := Open(path, Options{Index: testIndex, Recreate: true})
 			if err != nil {

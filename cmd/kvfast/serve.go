@@ -85,7 +85,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.StringVar(&sec.adminToken, "admin-token-file", "", "file holding the token /admin/... and /metrics require as Authorization: Bearer TOKEN, on its one line (none: no token; read at start-up only)")
 	fs.StringVar(&sec.apiKeys, "api-key-file", "", "file of API keys, one per line (# comments), that the OpenAI endpoints require as Authorization: Bearer KEY (none: no check; read at start-up only: restart to add or revoke a key)")
 	fs.StringVar(&cfg.Segment.Path, "segment", cfg.Segment.Path, `shared-memory segment holding the index and the engines' event feed; "none" runs without one (static workers only)`)
-	fs.BoolVar(&cfg.Segment.Recreate, "recreate-segment", cfg.Segment.Recreate, "format a fresh segment even if a valid one exists (drops the warm index)")
+	fs.BoolVar(&cfg.Segment.Recreate, "recreate-segment", cfg.Segment.Recreate, "format a fresh segment even if a valid one exists (drops the warm index); a file at the path that is not a kvfast segment is never overwritten")
 	fs.BoolVar(&cfg.Segment.AllowForeign, "allow-foreign-segment", cfg.Segment.AllowForeign, "attach to a segment another user owns or that group or others may access (refused otherwise: whoever can write it can register engines and rewrite the index)")
 	fs.IntVar(&cfg.Segment.IndexCapacity, "index-capacity", cfg.Segment.IndexCapacity, "distinct KV blocks the index holds (set when the segment is created); about 70 bytes each with the engine-hash map")
 	fs.IntVar(&cfg.Segment.RingBytes, "ring-bytes", cfg.Segment.RingBytes, "bytes of each worker's event ring when the segment is created (0: shm's default, 1 MiB)")
