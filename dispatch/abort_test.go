@@ -365,3 +365,36 @@ func TestAbandonFailsRequestsAsEngineFailures(t *testing.T) {
 		t.Fatal("the engine added after Abandon is not fresh")
 	}
 }
+
+// TestEngineDyingWithTheRequest: an engine that takes the request, drops
+// the connection before answering and is gone when the call tries again
+// failed, with the request in hand: ErrEngineFailed (retryable on another
+// engine), not ErrConnect, which says it could never be reached.
+func TestEngineDyingWithTheRequest(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		var req fasthttp.Request
+		_ = req.Read(bufio.NewReader(c))
+		ln.Close() // the engine is gone before the call tries again
+		c.Close()
+	}()
+	t.Cleanup(func() { ln.Close() })
+	pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{FirstByte: time.Hour}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, addr)
+	c := pool.AcquireCall()
+	defer c.Release()
+	c.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+	err = c.Do(0, newRecorder())
+	if !errors.Is(err, ErrEngineFailed) || errors.Is(err, ErrConnect) || !IsRetryable(err) || ErrorStatus(err) != 502 {
+		t.Fatalf("Do on an engine that died with the request: %v", err)
+	}
+}
