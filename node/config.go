@@ -256,6 +256,9 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("cannot use %s %v: must be positive", p.name, p.v)
 		}
 	}
+	if r := c.Segment.RingBytes; r != 0 && (r < shm.MinRingBytes || r > shm.MaxRingBytes || r&(r-1) != 0) {
+		return fmt.Errorf("cannot use ring size %d bytes: want 0 (the default) or a power of two from %d to %d", r, shm.MinRingBytes, shm.MaxRingBytes)
+	}
 	if c.Segment.IndexCapacity <= 0 {
 		return fmt.Errorf("cannot use index capacity %d: must be positive", c.Segment.IndexCapacity)
 	}
@@ -277,6 +280,9 @@ func (c *Config) Validate() error {
 		seen[key] = i
 	}
 	if _, _, err := sched.ParsePolicy(c.Policy); err != nil {
+		return err
+	}
+	if err := c.Sched.Validate(); err != nil {
 		return err
 	}
 	if err := c.Tokenizers.Validate(); err != nil {

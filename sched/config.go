@@ -90,11 +90,21 @@ func (p CostParams) Validate() error {
 		{"eviction weight", p.EvictionWeight},
 	} {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
-			return fmt.Errorf("cannot use %s %v: %w", f.name, f.v, ErrInvalidConfig)
+			return fmt.Errorf("cannot use %s %v: want a finite number >= 0: %w", f.name, f.v, ErrInvalidConfig)
+		}
+	}
+	// A tier's block is worth at most a GPU block: more would send a
+	// request to a worker for what it must first copy back.
+	for _, w := range [...]struct {
+		name string
+		v    float64
+	}{{"host tier weight", p.HostTierWeight}, {"disk tier weight", p.DiskTierWeight}} {
+		if w.v > 1 {
+			return fmt.Errorf("cannot use %s %v: want a weight in [0, 1] (a GPU block is 1): %w", w.name, w.v, ErrInvalidConfig)
 		}
 	}
 	if p.StallAfter < 0 {
-		return fmt.Errorf("cannot use stall time %v: %w", p.StallAfter, ErrInvalidConfig)
+		return fmt.Errorf("cannot use stall time %v: want >= 0 (0: never stalled): %w", p.StallAfter, ErrInvalidConfig)
 	}
 	return nil
 }
@@ -116,7 +126,7 @@ type BusyThresholds struct {
 func (b BusyThresholds) Validate() error {
 	f := b.DecodeBlocksFraction
 	if math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
-		return fmt.Errorf("cannot use decode busy fraction %v: %w", f, ErrInvalidConfig)
+		return fmt.Errorf("cannot use decode busy fraction %v: want a finite number >= 0 (0: off): %w", f, ErrInvalidConfig)
 	}
 	if b.PrefillTokens < 0 {
 		return fmt.Errorf("cannot use prefill busy threshold %d tokens: %w", b.PrefillTokens, ErrInvalidConfig)
@@ -175,6 +185,13 @@ type Config struct {
 	RetryAfterMin, RetryAfterMax time.Duration
 	// Seed seeds tie-breaking and sampling; 0 picks one from the clock.
 	Seed uint64
+}
+
+// Validate reports whether New would accept c, so that a command can
+// refuse bad settings before it starts anything.
+func (c Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
 }
 
 func (c Config) withDefaults() (Config, error) {
