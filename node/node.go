@@ -445,9 +445,20 @@ func Run(ctx context.Context, cfg Config) error {
 	case <-ctx.Done():
 	}
 	n.notify("STOPPING=1")
-	n.log.Info("shutting down: draining in-flight requests", "deadline", cfg.ShutdownTimeout)
+	n.log.Info("shutting down: draining in-flight requests (a second SIGINT or SIGTERM cuts them now)", "deadline", cfg.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(again)
+	go func() {
+		select {
+		case <-again:
+			n.log.Warn("second signal: cutting in-flight requests now")
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
 	if err := n.Shutdown(sctx); err != nil {
 		n.log.Warn("shutdown cut in-flight requests", "err", err)
 	}
