@@ -134,6 +134,8 @@ type ZMQSubscriber struct {
 	running   atomic.Bool
 	connected atomic.Bool
 	c         zmqCounters
+	// warnedBlockSize: blocks of another block size were logged once.
+	warnedBlockSize bool
 	// warnedRank: the last batch was another rank's and that was logged;
 	// a batch of the worker's own rank clears it. Owned by Run.
 	warnedRank bool
@@ -530,6 +532,12 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 				s.c.unresolvedParent.Add(uint64(unresolved))
 			case ev.BlockSize != int64(bs):
 				s.c.blockSizeMismatch.Add(n)
+				if !s.warnedBlockSize {
+					// Every block will miss: say so once, not per batch.
+					s.warnedBlockSize = true
+					s.cfg.Logger.Warn("KV events in another block size skipped: no prompt can match them; start the router with the engine's block size (--block-size) or the engine with the router's",
+						"endpoint", s.cfg.Endpoint, "engine_block_size", ev.BlockSize, "router_block_size", bs)
+				}
 			case ev.BadTokens:
 				s.c.badEvents.Add(1)
 			case len(ev.Tokens) != len(ev.Hashes)*bs:
