@@ -655,16 +655,19 @@ func groupSpec(kind []byte, window int64, blockSize int) radix.GroupSpec {
 }
 
 // nullBlocks reports how many of a Stored event's blocks the engine left
-// out as null blocks, when its token ids cover more blocks than it names.
-// vLLM's cache_full_blocks skips the null blocks of a sliding-window or
-// mamba group (those past the window, or before the blocks align mode
-// keeps), which lead the range, while token_ids still covers the whole
-// range: the blocks named are its last ones. Elsewhere such an event is
-// not understood and is skipped.
+// unnamed, when its token ids cover more whole blocks than it names:
+// vLLM's cache_full_blocks (vllm/v1/core/block_pool.py) skips the null
+// blocks of a sliding-window or mamba group (those past the window, or
+// before the blocks align mode keeps), and, in releases since it caches a
+// request's prefix hits in the same call, the blocks that were cached
+// already; either way they lead the range, which token_ids still covers
+// whole, and the blocks named are its last ones. The kvfast chain runs
+// through the tokens of the blocks left out, so the blocks named are
+// hashed as the engine's prompt is, whatever became of those. Token ids
+// that are not whole blocks are not understood, and the event is skipped.
 func nullBlocks(ev *VLLMEvent, bs int) (int, bool) {
-	spec := groupSpec(ev.SpecKind, ev.SlidingWindow, bs)
 	blocks := len(ev.Tokens) / bs
-	if spec.Kind != radix.Windowed || len(ev.Tokens)%bs != 0 || blocks <= len(ev.Hashes) {
+	if len(ev.Tokens)%bs != 0 || blocks <= len(ev.Hashes) {
 		return 0, false
 	}
 	return blocks - len(ev.Hashes), true

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -873,6 +874,42 @@ func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 		// token blocks (and the first extra-key block) again; the
 		// adapter's, the host tier's and group 1's are two others each.
 		t.Fatalf("slot holds %d blocks", n)
+	}
+}
+
+// TestZMQCachedLeadingBlocksChainThrough: vLLM's cache_full_blocks names
+// only the blocks it newly caches, while its token ids also cover the
+// leading blocks of the range that were cached already (a prefix hit):
+// the blocks named chain through those tokens, as the engine hashed them.
+func TestZMQCachedLeadingBlocksChainThrough(t *testing.T) {
+	ix := newZMQIndex(t)
+	e := newTestEngine(t, false)
+	s := startSub(t, ix, e, nil)
+	e.warmUp(t, s, vllmMap)
+	block := func(tok uint32) []uint32 {
+		b := make([]uint32, testBlockSize)
+		for i := range b {
+			b[i] = tok + uint32(i)
+		}
+		return b
+	}
+	a, b, c, d := block(100), block(200), block(300), block(400)
+	seq := e.publish(encodeBatch(t, vllmMap, []wireEvent{
+		{kind: "BlockStored", hashes: []any{uint64(1), uint64(2)}, tokens: append(slices.Clone(a), b...), bs: testBlockSize},
+		// Blocks c and d were cached already (named by an earlier
+		// request, or not: the chain needs only their tokens); e is new.
+		{kind: "BlockStored", hashes: []any{uint64(5)}, parent: uint64(2), tokens: slices.Concat(c, d, block(500)), bs: testBlockSize},
+	}))
+	waitSeq(t, s, seq)
+	h := radix.NamespaceSeed(testModel, "", "")
+	for _, blk := range [][]uint32{a, b, c, d, block(500)} {
+		h = radix.ChainBlockHash(h, blk)
+	}
+	if !ix.Lookup(h).Has(zmqTestSlot) {
+		t.Fatalf("the newly cached block was not stored under its chained hash: %+v", s.Stats())
+	}
+	if st := s.Stats(); st.BadEvents != 0 || st.StoredBlocks != 3 {
+		t.Fatalf("stats %+v", st)
 	}
 }
 
