@@ -551,7 +551,8 @@ func (s *Server) responsesWritten(d time.Duration) {
 // garbage, a body over the limit. They are not requests to an OpenAI
 // endpoint, so they are counted apart from kvfast_requests_total
 // (kvfast_http_transport_errors_total), and logged at debug level with
-// the method, path, declared size and reason, never their bytes.
+// the reason (and, for a body too large, the method, path and declared
+// size), never their bytes.
 func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 	var status int
 	var e *openai.Error
@@ -567,10 +568,15 @@ func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 	}
 	s.metrics.transport[reason].Inc()
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
-		h := &ctx.Request.Header
-		s.log.Debug("refused a request that could not be read", "reason", reason, "err", withoutQuotes(err.Error()),
-			"method", string(h.Method()), "path", string(ctx.URI().Path()), "content_length", h.ContentLength(),
-			"remote", ctx.RemoteAddr().String())
+		args := []any{"reason", reason, "err", withoutQuotes(err.Error()), "remote", ctx.RemoteAddr().String()}
+		if reason == transportTooLarge {
+			// Only a body too large comes after a header that was read;
+			// otherwise the header holds fasthttp's defaults (GET /),
+			// which would misname the request.
+			h := &ctx.Request.Header
+			args = append(args, "method", string(h.Method()), "path", string(ctx.URI().Path()), "content_length", h.ContentLength())
+		}
+		s.log.Debug("refused a request that could not be read", args...)
 	}
 	writeError(ctx, status, e)
 	ctx.SetConnectionClose()
