@@ -378,16 +378,21 @@ func (e *Engine) checkHealth() {
 	ticker := time.NewTicker(cfg.Interval)
 	defer ticker.Stop()
 	fails, oks := 0, 0
+	proven := false // a check has passed since Add
 	for {
 		err := client.DoTimeout(req, resp, cfg.Timeout)
 		if err == nil && resp.StatusCode() >= 200 && resp.StatusCode() < 300 {
-			fails, oks = 0, oks+1
+			fails, oks, proven = 0, oks+1, true
 			if oks >= cfg.RecoverAfter {
 				e.setHealthy(true)
 			}
 		} else {
 			fails, oks = fails+1, 0
-			if fails >= cfg.FailAfter {
+			// An engine that has never passed a check is not given
+			// FailAfter tries: it is presumed healthy only until its
+			// first check says otherwise, so /ready does not report a
+			// router ready on engines it cannot reach.
+			if fails >= cfg.FailAfter || !proven {
 				e.setHealthy(false)
 			}
 		}

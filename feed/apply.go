@@ -14,7 +14,7 @@ type indexWrites interface {
 	Lookup(h uint64) workers.Set
 	MapEngineHash(w workers.Slot, engine, kv uint64) bool
 	LookupEngineHash(w workers.Slot, engine uint64) (uint64, bool)
-	MapEngineHashesAgain(w workers.Slot, engines, kvs []uint64, had []int) (int, []int)
+	MapEngineHashes(w workers.Slot, engines, kvs []uint64, had []int) (int, []int)
 	UnmapEngineHashes(w workers.Slot, engines []uint64, dst []uint64) []uint64
 	StoredAgain(w workers.Slot, hashes []uint64, again []int) []int
 	Removed(w workers.Slot, hashes []uint64)
@@ -52,7 +52,7 @@ type applier struct {
 	eng    []uint64 // scratch: one event's engine hashes in a keyspace other than the GPU's
 	names  []uint64 // scratch: the engine hashes of the blocks store keeps, or removed takes out
 	again  []int    // scratch: positions of blocks the worker held already (StoredAgain)
-	had    []int    // scratch: positions of engine hashes that named their block already (MapEngineHashesAgain)
+	had    []int    // scratch: positions of engine hashes that named their block already (MapEngineHashes)
 	reused uint64   // blocks not stored: their engine hash named another block (takeReused)
 
 	// copies counts, per worker and engine hash, the copies of a block the
@@ -198,7 +198,7 @@ func (a *applier) storedByReference(w workers.Slot, k keyspace, engines []uint64
 // Copies are not counted in the rare event that needed mappedOnly.
 func (a *applier) store(w workers.Slot, k keyspace, engines, kv []uint64) int {
 	keys := k.keys(engines, &a.eng)
-	mapped, had := a.ix.MapEngineHashesAgain(w, keys, kv, a.had[:0])
+	mapped, had := a.ix.MapEngineHashes(w, keys, kv, a.had[:0])
 	a.had = had[:0]
 	whole := mapped == len(kv)
 	if !whole {

@@ -44,10 +44,10 @@ func (c *cutIndex) LookupEngineHash(w workers.Slot, engine uint64) (uint64, bool
 	return c.ix.LookupEngineHash(w, engine)
 }
 
-func (c *cutIndex) MapEngineHashesAgain(w workers.Slot, engines, kvs []uint64, had []int) (int, []int) {
+func (c *cutIndex) MapEngineHashes(w workers.Slot, engines, kvs []uint64, had []int) (int, []int) {
 	mapped := 0
 	for i := range engines {
-		n, h := c.ix.MapEngineHashesAgain(w, engines[i:i+1], kvs[i:i+1], nil)
+		n, h := c.ix.MapEngineHashes(w, engines[i:i+1], kvs[i:i+1], nil)
 		mapped += n
 		if len(h) > 0 {
 			had = append(had, i)

@@ -897,22 +897,11 @@ func (ix *Index) unmapEngineHash(w workers.Slot, engine uint64) (uint64, bool) {
 // a page, and the later mapping would leave the earlier block with no
 // name, claimed until the next resync. The caller decides (the feed lets
 // a new block take a name whose block w no longer holds). It returns how
-// many of engines[i] map to kvs[i] afterwards.
-func (ix *Index) MapEngineHashes(w workers.Slot, engines, kvs []uint64) int {
-	mapped, _ := ix.mapEngineHashes(w, engines, kvs, false, nil)
-	return mapped
-}
-
-// MapEngineHashesAgain is MapEngineHashes that also appends to had the
-// position of each engine hash that named its kvfast hash already, and
-// returns it: with StoredAgain, how the feed tells a block an engine
-// announces once more under the same name (another copy of it) from one
-// it names anew.
-func (ix *Index) MapEngineHashesAgain(w workers.Slot, engines, kvs []uint64, had []int) (int, []int) {
-	return ix.mapEngineHashes(w, engines, kvs, true, had)
-}
-
-func (ix *Index) mapEngineHashes(w workers.Slot, engines, kvs []uint64, collect bool, had []int) (int, []int) {
+// many of engines[i] map to kvs[i] afterwards, and appends to had the
+// position of each engine hash that named its kvfast hash already: with
+// StoredAgain, how the feed tells a block an engine announces once more
+// under the same name (another copy of it) from one it names anew.
+func (ix *Index) MapEngineHashes(w workers.Slot, engines, kvs []uint64, had []int) (int, []int) {
 	if len(engines) != len(kvs) {
 		panic("BUG: radix: MapEngineHashes with unequal slices")
 	}
@@ -929,7 +918,7 @@ func (ix *Index) mapEngineHashes(w workers.Slot, engines, kvs []uint64, collect 
 			if ok {
 				mapped++
 			}
-			if existed && collect {
+			if existed {
 				had = append(had, i)
 			}
 		}
