@@ -488,12 +488,24 @@ func TestPythonPublisherRespectsLiveHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Heartbeat(); err != nil {
-		t.Fatal(err)
-	}
+	// The holder heartbeats while the Python publisher watches it.
+	stop, beating := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(beating)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+				_ = p.Heartbeat()
+			}
+		}
+	}()
 	cmd := exec.Command(python, "testdata/py_registry.py", seg.Path(), "31", "32")
 	cmd.Env = append(os.Environ(), "KVFAST_PY_DIR="+pythonDir(t))
 	out, err := cmd.CombinedOutput()
+	close(stop)
+	<-beating
 	if err != nil {
 		t.Fatalf("python: %v\n%s", err, out)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvfast/kvfast/workers"
 )
@@ -73,17 +74,62 @@ func Register(path string, cfg WorkerConfig) (*Publisher, error) {
 	return p, nil
 }
 
+// claimWatching is claim, waiting out a holder of the worker id that is
+// presumed alive: if its heartbeat moves while it is watched, another
+// engine runs under this worker id and rank, and the registration is
+// refused (ErrWorkerLive); if it stands still until liveHeartbeat has
+// passed since the last beat, the holder died (an engine restarted after
+// a crash), and its slot is taken over.
+func (s *Segment) claimWatching(cfg WorkerConfig) (int, uint32, error) {
+	var first *holderPresumedError
+	for {
+		slot, gen, err := s.claim(cfg)
+		var held *holderPresumedError
+		if !errors.As(err, &held) {
+			return slot, gen, err
+		}
+		if first == nil {
+			first = held
+		} else if held.slot != first.slot || held.beat != first.beat {
+			return 0, 0, fmt.Errorf("cannot register worker %d rank %d in %s: process %d (endpoint %q) holds it and heartbeats; "+
+				"give each engine its own worker id, or stop that one first: %w",
+				cfg.WorkerID, cfg.DPRank, s.path, held.holder, held.endpoint, ErrWorkerLive)
+		}
+		time.Sleep(holderWatchPoll)
+	}
+}
+
+// holderWatchPoll is how often claimWatching looks at a holder's
+// heartbeat: well under any publisher's period.
+const holderWatchPoll = 50 * time.Millisecond
+
+// remember records the registration as this process's (registrations).
+func (p *Publisher) remember() {
+	if key, ok := p.seg.regKey(p.slot); ok {
+		registrations.Store(key, p.w.gen)
+	}
+}
+
+// forget drops the registration from this process's, if it is still the
+// one recorded.
+func (p *Publisher) forget() {
+	if key, ok := p.seg.regKey(p.slot); ok {
+		registrations.CompareAndDelete(key, p.w.gen)
+	}
+}
+
 // Register claims a slot in an already-open segment, for an engine that
 // runs in the router's process (the mock engine in tests and demos).
 func (s *Segment) Register(cfg WorkerConfig) (*Publisher, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	slot, gen, err := s.claim(cfg)
+	slot, gen, err := s.claimWatching(cfg)
 	if err != nil {
 		return nil, err
 	}
 	p := &Publisher{seg: s, slot: slot, cfg: cfg, w: s.newRingWriter(slot, gen)}
+	p.remember()
 	per := 8 + 4*cfg.BlockSize
 	p.maxBlocks = (p.w.maxRecord - storedHead - 8) / per
 	p.maxHashes = (p.w.maxRecord - recordHead) / 8
@@ -206,7 +252,9 @@ func (p *Publisher) revive(off int) error {
 	atomic.StoreUint32(p.seg.u32(off+sGeneration), gen)
 	atomic.StoreUint64(p.seg.u64(off+sHeartbeat), uint64(monoNow()))
 	atomic.StoreUint64(sw, nextState(w, StateLive))
+	p.forget()
 	p.w.gen, p.w.seq = gen, 0
+	p.remember()
 	return nil
 }
 
@@ -217,6 +265,7 @@ func (p *Publisher) Close() error {
 		return nil
 	}
 	p.closed = true
+	p.forget()
 	var err error
 	if unlock, _, lerr := p.seg.lockRegistry(true); lerr == nil {
 		off := slotOff(p.slot)

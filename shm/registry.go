@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kvfast/kvfast/workers"
@@ -281,33 +282,81 @@ func (s *Segment) transition(slot workers.Slot, gen uint32, lastBeat int64, from
 	return true, nil
 }
 
-// liveHeartbeat is how recent a holder's heartbeat must be for its slot
-// to be refused to another process registering its worker id: well over
-// any publisher's period (the mock's 250 ms, the Python publisher's 1 s),
-// and short enough that an engine restarted after a crash waits at most
-// this long to take its slot back when its old process id was reused.
+// liveHeartbeat is how recent a holder's heartbeat must be for its worker
+// id to be withheld from another process: well over any publisher's
+// period (the mock's 250 ms, the Python publisher's 1 s; the router marks
+// a worker silent for its --heartbeat-grace, 5 s, down anyway).
 const liveHeartbeat = 5 * time.Second
 
-// liveHolder reports the process holding the slot at off when it is live,
-// not this process, still running and heartbeating: a second engine given
-// the same worker id, not the same engine restarted (whose old process is
-// gone). A process id from another PID namespace that happens to name a
-// process here passes for alive; its heartbeat then ages out.
-func (s *Segment) liveHolder(off int) (holder int, live bool) {
+// holderState is what claim makes of the registration in a slot that a
+// new one of the same worker id and rank would take over.
+type holderState int
+
+const (
+	holderGone    holderState = iota // take it: closed, stale, this process's own, or its process gone
+	holderPresumed                   // heartbeating recently, its process alive or out of sight: watch its heartbeat (Register)
+)
+
+// registrations are the slots this process holds, by segment file and
+// slot, with their generation: a registration of this process is taken
+// over at once (an engine of this process registering again), whatever
+// pid the slot records, since another PID namespace's pid can be any
+// number, this process's included.
+var registrations sync.Map // regKey -> uint32
+
+type regKey struct {
+	dev, ino uint64
+	slot     int
+}
+
+func (s *Segment) regKey(slot int) (regKey, bool) {
+	st, err := s.f.Stat()
+	if err != nil {
+		return regKey{}, false
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return regKey{}, false
+	}
+	return regKey{dev: uint64(sys.Dev), ino: sys.Ino, slot: slot}, true
+}
+
+// holder judges the registration in the slot at off. A process that
+// cannot be signalled (ESRCH) is taken for gone: in this PID namespace it
+// died; an engine in another namespace (a container sharing /dev/shm but
+// not its pids) cannot be told apart from a dead one, and is taken over
+// as before this check existed. A process that can be (or a pid of 0) is
+// presumed alive while it heartbeats: Register watches whether it does.
+func (s *Segment) holder(slot, off int) (holder int, beat int64, st holderState) {
 	if stateOf(atomic.LoadUint64(s.u64(off+sState))) != StateLive {
-		return 0, false
+		return 0, 0, holderGone
 	}
 	holder = int(atomic.LoadUint32(s.u32(off + sPID)))
-	if holder == 0 || holder == pid {
-		return holder, false
+	beat = int64(atomic.LoadUint64(s.u64(off + sHeartbeat)))
+	if key, ok := s.regKey(slot); ok {
+		if gen, mine := registrations.Load(key); mine && gen.(uint32) == atomic.LoadUint32(s.u32(off+sGeneration)) {
+			return holder, beat, holderGone
+		}
 	}
-	if monoNow()-int64(atomic.LoadUint64(s.u64(off+sHeartbeat))) > liveHeartbeat.Nanoseconds() {
-		return holder, false
+	if monoNow()-beat > liveHeartbeat.Nanoseconds() {
+		return holder, beat, holderGone
 	}
-	if err := unix.Kill(holder, 0); err != nil && err != unix.EPERM {
-		return holder, false // no such process: the holder died
+	if holder != 0 && unix.Kill(holder, 0) == unix.ESRCH {
+		return holder, beat, holderGone
 	}
-	return holder, true
+	return holder, beat, holderPresumed
+}
+
+// holderPresumedError is claim's refusal while a presumed-live holder's
+// heartbeat is watched; Register turns it into a wait, or ErrWorkerLive.
+type holderPresumedError struct {
+	slot, holder int
+	beat         int64
+	endpoint     string
+}
+
+func (e *holderPresumedError) Error() string {
+	return fmt.Sprintf("slot %d is held by process %d (endpoint %q), heartbeating", e.slot, e.holder, e.endpoint)
 }
 
 // endpointAt is the endpoint registered in the slot at off, for messages.
@@ -351,10 +400,8 @@ func (s *Segment) claim(cfg WorkerConfig) (int, uint32, error) {
 		return 0, 0, fmt.Errorf("cannot register worker %d rank %d in %s: %w", cfg.WorkerID, cfg.DPRank, s.path, ErrRegistryFull)
 	}
 	off := slotOff(pick)
-	if holder, live := s.liveHolder(off); live {
-		return 0, 0, fmt.Errorf("cannot register worker %d rank %d in %s: process %d (endpoint %q) holds it and heartbeats; "+
-			"give each engine its own worker id, or stop that one first: %w",
-			cfg.WorkerID, cfg.DPRank, s.path, holder, s.endpointAt(off), ErrWorkerLive)
+	if holder, beat, st := s.holder(pick, off); st == holderPresumed {
+		return 0, 0, &holderPresumedError{slot: pick, holder: holder, beat: beat, endpoint: s.endpointAt(off)}
 	}
 	sw := s.u64(off + sState)
 	w := nextState(atomic.LoadUint64(sw), StateClaiming)

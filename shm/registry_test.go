@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestRegistryLifecycle(t *testing.T) {
@@ -202,10 +203,11 @@ func TestLoadSeqlock(t *testing.T) {
 }
 
 // TestRegisterRefusesALiveHolder: a second engine given the worker id and
-// rank of one that is alive and heartbeating is refused, saying which
-// process and endpoint hold them; once the holder's heartbeat is old, or
-// its process gone, the slot is taken over (an engine restarted after a
-// crash), and the displaced publisher can no longer write the slot's ring.
+// rank of one that heartbeats is refused once its heartbeat is seen to
+// move, saying which process and endpoint hold them; a holder whose
+// heartbeat stands still past liveHeartbeat, or whose process is gone, is
+// taken over (an engine restarted after a crash), and the displaced
+// publisher can no longer write the slot's ring.
 func TestRegisterRefusesALiveHolder(t *testing.T) {
 	seg, _ := openTest(t, Options{})
 	cfg := WorkerConfig{WorkerID: 7, Model: "m", BlockSize: 4, Endpoint: "127.0.0.1:8007"}
@@ -214,18 +216,35 @@ func TestRegisterRefusesALiveHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	off := slotOff(p.slot)
-	// The registration made as if by another process that is alive: this
-	// test's parent.
+	// The registration made as if by another process that is alive, this
+	// test's parent: not one of this process's own.
+	p.forget()
 	atomic.StoreUint32(seg.u32(off+sPID), uint32(os.Getppid()))
-	if _, err := seg.Register(cfg); !errors.Is(err, ErrWorkerLive) || !strings.Contains(err.Error(), "127.0.0.1:8007") ||
+	stop := make(chan struct{})
+	beating := make(chan struct{})
+	go func() {
+		defer close(beating)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+				_ = p.Heartbeat()
+			}
+		}
+	}()
+	_, err = seg.Register(cfg)
+	close(stop)
+	<-beating
+	if !errors.Is(err, ErrWorkerLive) || !strings.Contains(err.Error(), "127.0.0.1:8007") ||
 		!strings.Contains(err.Error(), strconv.Itoa(os.Getppid())) {
-		t.Fatalf("a live holder's worker id was registered again: %v", err)
+		t.Fatalf("a heartbeating holder's worker id was registered again: %v", err)
 	}
 	if err := p.Heartbeat(); err != nil {
 		t.Fatalf("the holder lost its slot to a refused registration: %v", err)
 	}
 
-	// Its heartbeat ages past liveHeartbeat: presumed gone.
+	// Its heartbeat stands still past liveHeartbeat: presumed dead.
 	atomic.StoreUint64(seg.u64(off+sHeartbeat), uint64(monoNow()-2*liveHeartbeat.Nanoseconds()))
 	q, err := seg.Register(cfg)
 	if err != nil || q.Slot() != p.Slot() {
@@ -248,7 +267,9 @@ func TestRegisterRefusesALiveHolder(t *testing.T) {
 		t.Fatalf("the new holder cannot write: %v", err)
 	}
 
-	// A holder whose process has exited, heartbeat fresh: taken over too.
+	// A holder whose process has exited, heartbeat fresh: taken over at
+	// once.
+	q.forget()
 	cmd := exec.Command("true")
 	if err := cmd.Run(); err != nil {
 		t.Skipf("cannot run a short-lived process: %v", err)
@@ -257,5 +278,45 @@ func TestRegisterRefusesALiveHolder(t *testing.T) {
 	atomic.StoreUint64(seg.u64(off+sHeartbeat), uint64(monoNow()))
 	if _, err := seg.Register(cfg); err != nil {
 		t.Fatalf("a dead holder's slot was not taken over: %v", err)
+	}
+}
+
+// TestRegisterTakesOverItsOwn: this process registering a worker id it
+// holds already (an engine of it starting again) takes the slot at once,
+// whatever pid the slot records: another PID namespace's pid may equal
+// this process's.
+func TestRegisterTakesOverItsOwn(t *testing.T) {
+	seg, _ := openTest(t, Options{})
+	cfg := WorkerConfig{WorkerID: 8, Model: "m", BlockSize: 4}
+	p, err := seg.Register(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	atomic.StoreUint32(seg.u32(slotOff(p.slot)+sPID), uint32(os.Getppid()))
+	q, err := seg.Register(cfg)
+	if err != nil || q.Slot() != p.Slot() {
+		t.Fatalf("this process's own registration was not taken over: %v", err)
+	}
+	// And a pid equal to this process's does not make another process's
+	// registration this one's: while it heartbeats, it is refused.
+	q.forget()
+	atomic.StoreUint32(seg.u32(slotOff(q.slot)+sPID), uint32(os.Getpid()))
+	stop, beating := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(beating)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+				_ = q.Heartbeat()
+			}
+		}
+	}()
+	_, err = seg.Register(cfg)
+	close(stop)
+	<-beating
+	if !errors.Is(err, ErrWorkerLive) {
+		t.Fatalf("another process's registration under this process's pid was taken over: %v", err)
 	}
 }

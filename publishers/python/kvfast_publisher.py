@@ -93,6 +93,25 @@ class WorkerLive(SegmentError):
     rank: two engines were given one id."""
 
 
+class _HolderPresumed(Exception):
+    """A registration of this worker id and rank heartbeated recently and
+    its process may be alive: watched by __init__ (shm/registry.go)."""
+
+    def __init__(self, slot, holder, beat, endpoint):
+        super().__init__(slot, holder, beat, endpoint)
+        self.slot, self.holder, self.beat, self.endpoint = slot, holder, beat, endpoint
+
+
+# The registrations this process holds, (st_dev, st_ino, slot) ->
+# generation: one of them is taken over at once by a new registration of
+# this process, whatever pid the slot records (another PID namespace's
+# pid may equal this process's).
+_registrations = {}
+_registrations_lock = threading.Lock()
+
+HOLDER_WATCH_POLL_S = 0.05
+
+
 class Retired(Exception):
     """The router recreated the segment; register again."""
 
@@ -131,14 +150,22 @@ class KvfastPublisher:
         self._closed = False
         self._path = path
         self._fd = os.open(path, os.O_RDWR)
+        self._mm = None
         try:
             self._attach(path)
-        except Exception:
+            self.block_size = block_size
+            self._cfg = (worker_id & U64, dp_rank, model_b, block_size, kv_capacity_blocks, endpoint_b)
+            self._claim_watching()
+        except BaseException:
+            # A refused registration (a live holder, a full registry) must
+            # not leak the descriptor: callers retry, once a second.
+            for view in (getattr(self, "_q", None), getattr(self, "_i", None)):
+                if view is not None:
+                    view.release()
+            if self._mm is not None:
+                self._mm.close()
             os.close(self._fd)
             raise
-        self.block_size = block_size
-        self._cfg = (worker_id & U64, dp_rank, model_b, block_size, kv_capacity_blocks, endpoint_b)
-        self._claim()
         self._max_blocks = (self._max_record - STORED_HEAD - 8) // (8 + 4 * block_size)
         self._max_hashes = (self._max_record - RECORD_HEAD) // 8
         if self._max_blocks < 1:
@@ -205,6 +232,42 @@ class KvfastPublisher:
     def _next_state(word, state):
         return ((((word >> 8) + 1) << 8) | state) & U64
 
+    def _reg_key(self, slot):
+        st = os.fstat(self._fd)
+        return (st.st_dev, st.st_ino, slot)
+
+    def _remember(self):
+        with _registrations_lock:
+            _registrations[self._reg_key(self.slot)] = self.generation
+
+    def _forget(self):
+        with _registrations_lock:
+            key = self._reg_key(self.slot)
+            if _registrations.get(key) == self.generation:
+                del _registrations[key]
+
+    def _claim_watching(self):
+        """_claim, waiting out a holder of the worker id presumed alive: if
+        its heartbeat moves while watched, another engine runs under this
+        worker id and rank (WorkerLive); if it stands still until
+        LIVE_HEARTBEAT_NS has passed since its last beat, the holder died
+        and its slot is taken over."""
+        first = None
+        while True:
+            try:
+                self._claim()
+                self._remember()
+                return
+            except _HolderPresumed as h:
+                if first is None:
+                    first = h
+                elif (h.slot, h.beat) != (first.slot, first.beat):
+                    worker_id, dp_rank = self._cfg[0], self._cfg[1]
+                    raise WorkerLive("worker %d rank %d is held by process %d (endpoint %r), heartbeating: "
+                                     "give each engine its own worker id, or stop that one first"
+                                     % (worker_id, dp_rank, h.holder, h.endpoint))
+            time.sleep(HOLDER_WATCH_POLL_S)
+
     def _claim(self):
         worker_id, dp_rank, model_b, block_size, kv_cap, endpoint_b = self._cfg
         q, i = self._q, self._i
@@ -230,13 +293,9 @@ class KvfastPublisher:
             if pick < 0:
                 raise SegmentError("every worker slot is taken")
             off = REGISTRY_OFF + pick * SLOT_SIZE
-            holder = self._live_holder(off)
-            if holder:
-                n = struct.unpack_from("<H", self._mm, off + S_ENDPT_LEN)[0]
-                endpoint = bytes(self._mm[off + S_ENDPOINT:off + S_ENDPOINT + min(n, SLOT_SIZE - S_ENDPOINT)])
-                raise WorkerLive("worker %d rank %d is held by process %d (endpoint %r), alive and heartbeating: "
-                                 "give each engine its own worker id, or stop that one first"
-                                 % (worker_id, dp_rank, holder, endpoint.decode("utf-8", "replace")))
+            presumed = self._holder_presumed(pick, off)
+            if presumed is not None:
+                raise presumed
             word = self._next_state(q[off // 8], CLAIMING)
             q[off // 8] = word
             gen = (i[(off + S_GEN) // 4] + 1) & 0xFFFFFFFF or 1
@@ -272,27 +331,31 @@ class KvfastPublisher:
         self._pos, self._tail_cache = h, t
         self.dropped = q[self._dropped_w]
 
-    def _live_holder(self, off):
-        """The process holding the slot at off when it is live, not this
-        process, still running and heartbeating within LIVE_HEARTBEAT_NS:
-        a second engine given the same worker id, not the same engine
-        restarted after a crash (whose process is gone). 0 otherwise."""
+    def _holder_presumed(self, pick, off):
+        """The registration in the slot at off, as a _HolderPresumed when it
+        heartbeated within LIVE_HEARTBEAT_NS and its process may be alive;
+        None when it may be taken over: not live, this process's own,
+        stale, or its process gone from this PID namespace (an engine in
+        another namespace cannot be told from a dead one)."""
         if self._q[off // 8] & 0xFF != LIVE:
-            return 0
+            return None
+        with _registrations_lock:
+            if _registrations.get(self._reg_key(pick)) == self._i[(off + S_GEN) // 4]:
+                return None
+        beat = self._q[(off + S_HEARTBEAT) // 8]
+        if time.monotonic_ns() - beat > LIVE_HEARTBEAT_NS:
+            return None
         holder = self._i[(off + S_PID) // 4]
-        if holder in (0, os.getpid()):
-            return 0
-        if time.monotonic_ns() - self._q[(off + S_HEARTBEAT) // 8] > LIVE_HEARTBEAT_NS:
-            return 0
-        try:
-            os.kill(holder, 0)
-        except ProcessLookupError:
-            return 0
-        except PermissionError:
-            pass  # alive, another user's
-        except OSError:
-            return 0
-        return holder
+        if holder:
+            try:
+                os.kill(holder, 0)
+            except ProcessLookupError:
+                return None
+            except OSError:
+                pass  # alive, another user's
+        n = struct.unpack_from("<H", self._mm, off + S_ENDPT_LEN)[0]
+        endpoint = bytes(self._mm[off + S_ENDPOINT:off + S_ENDPOINT + min(n, SLOT_SIZE - S_ENDPOINT)])
+        return _HolderPresumed(pick, holder, beat, endpoint.decode("utf-8", "replace"))
 
     def _lost(self):
         """Raise SlotLost when another registration took the slot: its
@@ -463,7 +526,9 @@ class KvfastPublisher:
                 self._i[(off + S_GEN) // 4] = gen
                 self._q[(off + S_HEARTBEAT) // 8] = time.monotonic_ns()
                 self._q[off // 8] = self._next_state(word, LIVE)
+                self._forget()
                 self.generation, self.seq = gen, 0
+                self._remember()
             finally:
                 self._unlock_registry()
 
@@ -473,6 +538,7 @@ class KvfastPublisher:
             if self._closed:
                 return
             self._closed = True
+            self._forget()
             if mark_closed:
                 off = self._slot_off
                 self._lock_registry()
