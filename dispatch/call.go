@@ -67,6 +67,7 @@ type Call struct {
 	cc      any                  // fasthttp's pooled connection
 	br      *bufio.Reader        // reads cc; the body stream reads through it
 	bodyEOF bool                 // the body was read to its end: cc may be pooled
+	reused  bool                 // cc carried an earlier request: a failure before the response may be its staleness
 
 	cancelMu  sync.Mutex // orders Abort with taking and letting go of conn
 	conn      net.Conn   // cc's connection while the call uses it
@@ -228,8 +229,6 @@ func (c *Call) judge(ok bool) {
 func classifyDo(err error) error {
 	var de *dialError
 	switch {
-	case errors.As(err, new(*brokenThenGone)):
-		return ErrEngineFailed
 	case errors.As(err, &de), errors.Is(err, fasthttp.ErrNoFreeConns):
 		return ErrConnect
 	case errors.Is(err, ErrIdleTimeout):

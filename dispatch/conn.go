@@ -29,6 +29,9 @@ type engineConn struct {
 	// all that may still come is the end of the body (expectEnd).
 	ending time.Duration
 	set    *connSet
+	// used: the connection has carried a request (roundtrip.go's stale
+	// retry applies only to such a one).
+	used bool
 }
 
 // Close forgets the connection in its engine's set and closes it.

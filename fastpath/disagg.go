@@ -434,6 +434,12 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		defer close(st.done)
 		t0 := clock.Now()
 		err := call.Do(slot, st)
+		// The prefill failed when it got no success status: refused, a
+		// connection that broke or never was, an error status. Once it
+		// answered 2xx it has computed the prompt, and its KV is on its
+		// way whatever becomes of the rest of its answer (a broken read,
+		// one the router will not hold): the decode is left to finish.
+		failed := err != nil || call.StatusCode() >= 300
 		if err == nil {
 			if call.IsEventStream() {
 				err = call.Relay(discardWriter())
@@ -449,7 +455,7 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			err = errPrefillRefused
 		}
 		endCall(span, err)
-		if err != nil && !errors.Is(err, dispatch.ErrClientGone) && !errors.Is(err, dispatch.ErrShuttingDown) {
+		if failed && !errors.Is(err, dispatch.ErrClientGone) && !errors.Is(err, dispatch.ErrShuttingDown) {
 			s.metrics.dis.prefillFailures.Inc()
 			s.log.Debug("prefill stage failed", "request_id", string(ex.rid), "worker", d.WorkerID, "err", err)
 			ex.failDecode()
@@ -459,8 +465,8 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 }
 
 // failDecode fails the decode call of an SGLang request whose prefill
-// failed, unless the decode has its first token (its KV came all the
-// same): its engine would wait for the room's KV until SGLang's bootstrap
+// failed before answering, unless the decode has its first token (its KV
+// came all the same): its engine would wait for the room's KV until SGLang's bootstrap
 // timeout, minutes, and the client with it. The client gets a 502
 // prefill_failed, or an error event if its stream has begun; the decode
 // engine sees its connection close and drops the request. sgl-router

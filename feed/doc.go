@@ -159,8 +159,10 @@
 // lower tiers of groups other than 0 (offloading a hybrid model is not
 // modelled), another block size, blocks whose hash covers extra keys
 // beyond the namespace and multimodal pairs (prompt embeddings, unknown
-// shapes, from the first such block on), token_ids whose length is not
-// len(block_hashes)·block_size.
+// shapes, from the first such block on), token_ids that are not whole
+// blocks or cover fewer blocks than are named (token_ids covering more
+// whole blocks name the last ones: the engine left out null blocks, or
+// blocks it had cached already, which lead the range).
 //
 // # Undecodable events
 //

@@ -401,6 +401,11 @@ func (n *Node) release() error {
 // Run serves cfg on cfg.Listen until ctx ends or SIGINT or SIGTERM
 // arrives, then shuts down gracefully within cfg.ShutdownTimeout.
 func Run(ctx context.Context, cfg Config) error {
+	// From the start: a SIGHUP while the segment opens must not kill the
+	// router either (ignoreHangUps logs the ones that come while it serves).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	// Listeners first: an address that cannot be bound fails the start
 	// before the segment is created and engines see a router that is not.
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -429,9 +434,6 @@ func Run(ctx context.Context, cfg Config) error {
 	n.warnExposure(ln.Addr(), adminAddr)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	go n.ignoreHangUps(ctx, hup)
 	served := make(chan error, 2)
 	go func() { served <- n.Serve(ln) }()

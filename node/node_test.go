@@ -236,7 +236,7 @@ func TestRunStopsOnCancel(t *testing.T) {
 		t.Fatalf("/health: %d %s", resp.StatusCode, body)
 	}
 	// SIGHUP, which kills a process that does not catch it, is logged and
-	// ignored while Run serves (it catches it from before it listens).
+	// ignored while Run serves (it catches it from its start).
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
