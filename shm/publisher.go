@@ -200,8 +200,8 @@ func (p *Publisher) Cleared() error {
 // Load publishes the engine's current load; Updated and Generation are
 // filled in here.
 func (p *Publisher) Load(l Load) {
-	if p.closed {
-		return
+	if p.closed || p.w.lost() {
+		return // a slot another registration took is its publisher's to write
 	}
 	l.Updated = monoNow()
 	l.Generation = p.w.gen

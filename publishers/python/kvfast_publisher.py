@@ -478,9 +478,12 @@ class KvfastPublisher:
             return True
 
     def load(self, running, waiting, kv_used_blocks, kv_total_blocks):
-        """Publish the engine's load (seqlock write)."""
+        """Publish the engine's load (seqlock write); nothing once another
+        registration took the slot, whose publisher writes its page."""
         with self._lock:
             self._check()
+            if self._i[(self._slot_off + S_GEN) // 4] != self.generation:
+                return
             page = LOAD_OFF + self.slot * LOAD_PAGE_SIZE
             q, w = self._q, (LOAD_OFF + self.slot * LOAD_PAGE_SIZE + L_SEQ) // 8
             v = q[w]
