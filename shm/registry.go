@@ -293,8 +293,8 @@ const liveHeartbeat = 5 * time.Second
 type holderState int
 
 const (
-	holderGone    holderState = iota // take it: closed, stale, this process's own, or its process gone
-	holderPresumed                   // heartbeating recently, its process alive or out of sight: watch its heartbeat (Register)
+	holderGone     holderState = iota // take it: closed, stale, this process's own, or its process gone
+	holderPresumed                    // heartbeating recently, its process alive or out of sight: watch its heartbeat (Register)
 )
 
 // registrations are the slots this process holds, by segment file and
