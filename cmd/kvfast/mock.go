@@ -193,6 +193,14 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 	case *dpRank > math.MaxUint32-uint(*engines):
 		fmt.Fprintf(stderr, "kvfast mock: --dp-rank %d is out of range\n", *dpRank)
 		return 2
+	case *kvBlocks < 1:
+		// The library reads 0 as its default; on the command line it
+		// is a mistake, not a request for 16384.
+		fmt.Fprintf(stderr, "kvfast mock: --kv-blocks %d: want at least 1\n", *kvBlocks)
+		return 2
+	case !(*speedup > 0):
+		fmt.Fprintf(stderr, "kvfast mock: --engine-speedup %v: want a factor > 0 (inf: no waiting)\n", *speedup)
+		return 2
 	}
 
 	engineRole, err := workers.ParseRole(*role)
