@@ -3,6 +3,7 @@ package feed
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -488,7 +489,20 @@ func TestPythonPublisherRespectsLiveHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The holder heartbeats while the Python publisher watches it.
+	// Worker 33's registration records a pid no process has any more, as
+	// an engine in another PID namespace looks from here.
+	unseen, err := seg.Register(shm.WorkerConfig{WorkerID: 33, Model: "test-model", BlockSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exited := exec.Command("true")
+	if err := exited.Run(); err != nil {
+		t.Skipf("cannot run a short-lived process: %v", err)
+	}
+	// docs/shm-layout.md: the registry starts at byte 8192, 512 bytes a
+	// slot, the pid a u32 at byte 12 of it.
+	scribble(t, seg.Path(), 8192+int64(unseen.Slot())*512+12, binary.LittleEndian.AppendUint32(nil, uint32(exited.Process.Pid)))
+	// The holders heartbeat while the Python publisher watches them.
 	stop, beating := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(beating)
@@ -498,10 +512,11 @@ func TestPythonPublisherRespectsLiveHolder(t *testing.T) {
 				return
 			case <-time.After(20 * time.Millisecond):
 				_ = p.Heartbeat()
+				_ = unseen.Heartbeat()
 			}
 		}
 	}()
-	cmd := exec.Command(python, "testdata/py_registry.py", seg.Path(), "31", "32")
+	cmd := exec.Command(python, "testdata/py_registry.py", seg.Path(), "31", "32", "33")
 	cmd.Env = append(os.Environ(), "KVFAST_PY_DIR="+pythonDir(t))
 	out, err := cmd.CombinedOutput()
 	close(stop)
@@ -509,7 +524,7 @@ func TestPythonPublisherRespectsLiveHolder(t *testing.T) {
 	if err != nil {
 		t.Fatalf("python: %v\n%s", err, out)
 	}
-	if got := strings.Fields(string(out)); !slices.Equal(got, []string{"refused", "lost"}) {
+	if got := strings.Fields(string(out)); !slices.Equal(got, []string{"refused", "displaced-refused", "lost"}) {
 		t.Fatalf("python publisher: %s", out)
 	}
 	if err := p.Heartbeat(); err != nil {

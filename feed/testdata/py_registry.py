@@ -7,7 +7,7 @@ import sys
 sys.path.insert(0, os.environ["KVFAST_PY_DIR"])
 import kvfast_publisher  # noqa: E402
 
-seg, held_id, free_id = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+seg, held_id, free_id, unseen_id = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 fds = len(os.listdir("/proc/self/fd"))
 for _ in range(3):
     try:
@@ -19,6 +19,16 @@ for _ in range(3):
 if len(os.listdir("/proc/self/fd")) != fds:
     print("leaked-descriptors")
 print("refused")
+
+# A holder whose process cannot be seen (another PID namespace, as far as
+# this process can tell) while it heartbeats: an engine that registers
+# again after losing its slot (displaced) watches it and is refused; a
+# first registration takes it for dead.
+try:
+    kvfast_publisher.KvfastPublisher(seg, worker_id=unseen_id, model="test-model", block_size=4, displaced=True)
+    print("displaced-took-back-its-slot")
+except kvfast_publisher.WorkerLive:
+    print("displaced-refused")
 
 pub = kvfast_publisher.KvfastPublisher(seg, worker_id=free_id, model="test-model", block_size=4)
 gen_word = (kvfast_publisher.REGISTRY_OFF + pub.slot * kvfast_publisher.SLOT_SIZE + kvfast_publisher.S_GEN) // 4

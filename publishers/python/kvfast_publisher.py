@@ -135,7 +135,13 @@ class KvfastPublisher:
     """
 
     def __init__(self, path, worker_id, model, block_size, dp_rank=0,
-                 kv_capacity_blocks=0, endpoint="", role="both"):
+                 kv_capacity_blocks=0, endpoint="", role="both", displaced=False):
+        """displaced: this engine lost its slot to another registration of
+        its worker id (SlotLost) and registers again. A holder whose
+        process cannot be seen is then watched like a visible one rather
+        than taken for dead: in another PID namespace it is most likely
+        the engine that displaced this one, and taking its slot back would
+        start a tug of war at every heartbeat."""
         if sys.byteorder != "little":
             raise SegmentError("kvfast segments are little-endian; this host is not")
         model_b, endpoint_b = model.encode(), endpoint.encode()
@@ -146,6 +152,7 @@ class KvfastPublisher:
         if role not in ROLES:
             raise ValueError("role %r: want both, prefill, decode or encode" % role)
         self._role = ROLES[role]
+        self._displaced = displaced
         self._lock = threading.Lock()
         self._closed = False
         self._path = path
@@ -350,7 +357,8 @@ class KvfastPublisher:
             try:
                 os.kill(holder, 0)
             except ProcessLookupError:
-                return None
+                if not self._displaced:
+                    return None
             except OSError:
                 pass  # alive, another user's
         n = struct.unpack_from("<H", self._mm, off + S_ENDPT_LEN)[0]

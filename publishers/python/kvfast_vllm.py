@@ -74,16 +74,17 @@ class KvfastEventPublisher:
 
     def _heartbeat(self, period):
         lost = False  # the registration is gone and a new one has not been made
+        displaced = False  # it went to another registration of this worker id
         while not self._stop.wait(period):
             try:
                 if not lost:
                     self._pub.heartbeat()
                     continue
-            except (SlotLost, Retired):
+            except (SlotLost, Retired) as e:
                 # The router recreated the segment, the file was deleted or
                 # replaced, or another registration took the slot: register
                 # again so events keep flowing.
-                lost = True
+                lost, displaced = True, isinstance(e, SlotLost)
                 try:
                     self._pub.close(mark_closed=False)
                 except Exception:
@@ -92,8 +93,9 @@ class KvfastEventPublisher:
                 continue
             try:
                 # Until a router has created the segment anew this fails, and
-                # the next beat tries again.
-                self._pub = KvfastPublisher(**self._args)
+                # the next beat tries again. After losing the slot to another
+                # registration, one that still heartbeats is not taken back.
+                self._pub = KvfastPublisher(displaced=displaced, **self._args)
                 lost = False
             except WorkerLive as e:
                 # Another engine was given this worker id: say so once, and
