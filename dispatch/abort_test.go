@@ -406,3 +406,53 @@ func TestEngineDyingWithTheRequest(t *testing.T) {
 		t.Fatalf("the engine was sent the request %d times, want once", n)
 	}
 }
+
+// TestEngineDyingWithTheRequestOnAPooledConnection: on a keep-alive
+// connection that carried a request before, a break before the response
+// may be staleness, so the request is sent once more on a new connection;
+// when the engine then refuses the connection, it failed with the request
+// (ErrEngineFailed), not one that was never reached (ErrConnect).
+func TestEngineDyingWithTheRequestOnAPooledConnection(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		var req fasthttp.Request
+		if req.Read(br) != nil {
+			return
+		}
+		// The first request is answered; the second is taken, and the
+		// engine dies with it.
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+		req.Reset()
+		_ = req.Read(br)
+		ln.Close()
+	}()
+	pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{FirstByte: time.Hour}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, ln.Addr().String())
+	first := pool.AcquireCall()
+	first.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+	if err := first.Do(0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.ReadBody(); err != nil {
+		t.Fatal(err)
+	}
+	first.Release()
+	c := pool.AcquireCall()
+	defer c.Release()
+	c.SetRequest([]byte("/v1/completions"), []byte(completionBody))
+	err = c.Do(0, newRecorder())
+	if !errors.Is(err, ErrEngineFailed) || errors.Is(err, ErrConnect) || !IsRetryable(err) {
+		t.Fatalf("Do on an engine that died with the request on a pooled connection: %v", err)
+	}
+}

@@ -229,6 +229,8 @@ func (c *Call) judge(ok bool) {
 func classifyDo(err error) error {
 	var de *dialError
 	switch {
+	case errors.As(err, new(*brokenThenGone)):
+		return ErrEngineFailed
 	case errors.As(err, &de), errors.Is(err, fasthttp.ErrNoFreeConns):
 		return ErrConnect
 	case errors.Is(err, ErrIdleTimeout):

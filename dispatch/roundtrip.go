@@ -107,25 +107,45 @@ func (c *Call) isCancelled() bool {
 // engine closed while idle fails before any byte of a response came back,
 // and the engine then never saw the request: that is sent again, once, on
 // a new connection to the same engine. If the engine itself is gone, that
-// attempt fails to connect, and that error lets the caller pick another
-// worker. A connection dialled for this request that fails so is not
-// stale: the engine took the request and broke the connection (it died
-// with it, most likely), and sending it there again could run it twice.
+// attempt fails to connect, which lets the caller pick another worker;
+// it is then a brokenThenGone, as the engine most likely died with the
+// request in hand rather than being unreachable all along. A connection
+// dialled for this request that fails so is not stale: the engine took
+// the request and broke the connection, and sending it there again could
+// run it twice.
 func (c *Call) roundTrip(e *Engine) error {
+	var stale error
 	for attempt := 1; ; attempt++ {
 		retry, err := c.send(e)
 		if err == nil {
 			return nil
 		}
 		if retry && attempt == 1 && c.reused && isStale(err) && !c.isCancelled() {
+			stale = err
 			continue
 		}
 		if err == io.EOF {
 			err = fasthttp.ErrConnectionClosed
 		}
+		if de := (*dialError)(nil); stale != nil && errors.As(err, &de) {
+			return &brokenThenGone{broken: stale, dial: err}
+		}
 		return err
 	}
 }
+
+// brokenThenGone is a pooled connection that broke before the response
+// began, on an engine that then refused a new one: the engine failed
+// (classified ErrEngineFailed), which is not the same as an engine that
+// could not be reached at all (ErrConnect). An engine that stopped
+// cleanly, closing its idle connections, looks the same.
+type brokenThenGone struct{ broken, dial error }
+
+func (e *brokenThenGone) Error() string {
+	return e.broken.Error() + ", then " + e.dial.Error()
+}
+
+func (e *brokenThenGone) Unwrap() []error { return []error{e.broken, e.dial} }
 
 func isStale(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, fasthttp.ErrConnectionClosed) ||

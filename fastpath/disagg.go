@@ -434,15 +434,17 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		defer close(st.done)
 		t0 := clock.Now()
 		err := call.Do(slot, st)
-		// The prefill failed when it got no success status: refused, a
-		// connection that broke or never was, an error status. Once it
-		// answered 2xx it has computed the prompt, and its KV is on its
-		// way whatever becomes of the rest of its answer (a broken read,
-		// one the router will not hold): the decode is left to finish.
+		// The prefill failed when it got no success status (refused, a
+		// connection that broke or never was, an error status), or when
+		// its stream, whose headers come before any work, broke. A plain
+		// 2xx answer comes once the prompt is computed and its KV on its
+		// way, whatever becomes of the rest of it (a broken read, one the
+		// router will not hold): the decode is left to finish.
 		failed := err != nil || call.StatusCode() >= 300
 		if err == nil {
 			if call.IsEventStream() {
 				err = call.Relay(discardWriter())
+				failed = failed || err != nil
 			} else {
 				_, err = call.ReadBody()
 			}

@@ -488,12 +488,15 @@ func TestDisaggSGLangPrefillFails(t *testing.T) {
 	// one before answering at all (a plain response), one after sending a
 	// stream's headers (SGLang sends them before the first token).
 	release := make(chan struct{})
-	streamBegun := make(chan struct{}, 1) // room for the last case's, which nothing reads
+	streamBegun := make(chan struct{}, 1)
 	var closedByRouter atomic.Int64
 	silent := startE2EEngine(t, func(*fasthttp.RequestCtx) { <-release })
 	streaming := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
 		_ = writeFlush(w, []byte(": waiting for the room's KV\n\n"))
-		streamBegun <- struct{}{}
+		select {
+		case streamBegun <- struct{}{}:
+		default: // a case whose prefill does not wait for it
+		}
 		for {
 			select {
 			case <-release:
@@ -514,6 +517,11 @@ func TestDisaggSGLangPrefillFails(t *testing.T) {
 		}
 		refuse(ctx)
 	})
+	// A prefill engine whose stream (headers first, as SGLang's) ends
+	// before the prefill's token: it died computing the prompt.
+	breaking := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
+		_ = writeFlush(w, []byte(": computing\n\n"))
+	}))
 	t.Cleanup(func() { close(release) })
 
 	for _, c := range []struct {
@@ -528,6 +536,7 @@ func TestDisaggSGLangPrefillFails(t *testing.T) {
 		// Here the prefill may fail before the decode is sent, or after
 		// its stream began: either way the client hears prefill_failed.
 		{"unreachable, stream", deadAddr(t), streaming.addr(), true, false},
+		{"prefill stream breaks", breaking.addr(), streaming.addr(), true, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := e2eConfig(

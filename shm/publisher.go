@@ -78,22 +78,29 @@ func Register(path string, cfg WorkerConfig) (*Publisher, error) {
 // presumed alive: if its heartbeat moves while it is watched, another
 // engine runs under this worker id and rank, and the registration is
 // refused (ErrWorkerLive); if it stands still until liveHeartbeat has
-// passed since the last beat, the holder died (an engine restarted after
-// a crash), and its slot is taken over.
+// passed since the last beat, or for liveHeartbeat of watching (a
+// heartbeat ahead of this clock never ages), the holder died (an engine
+// restarted after a crash), and its slot is taken over. The wait is
+// bounded by liveHeartbeat and a poll.
 func (s *Segment) claimWatching(cfg WorkerConfig) (int, uint32, error) {
-	var first *holderPresumedError
+	var first, stood *holderPresumedError
+	var since time.Time
 	for {
-		slot, gen, err := s.claim(cfg)
+		slot, gen, err := s.claim(cfg, stood)
 		var held *holderPresumedError
 		if !errors.As(err, &held) {
 			return slot, gen, err
 		}
 		if first == nil {
-			first = held
+			first, since = held, time.Now()
 		} else if held.slot != first.slot || held.beat != first.beat {
 			return 0, 0, fmt.Errorf("cannot register worker %d rank %d in %s: process %d (endpoint %q) holds it and heartbeats; "+
 				"give each engine its own worker id, or stop that one first: %w",
 				cfg.WorkerID, cfg.DPRank, s.path, held.holder, held.endpoint, ErrWorkerLive)
+		}
+		if time.Since(since) > liveHeartbeat {
+			stood = first
+			continue
 		}
 		time.Sleep(holderWatchPoll)
 	}

@@ -370,7 +370,10 @@ func (s *Segment) endpointAt(off int) string {
 // its new generation. Preference: the slot this (worker id, DP rank) held
 // before, so a restarted engine keeps its slot and its generation grows;
 // then a never-used slot; then one whose worker closed or went down.
-func (s *Segment) claim(cfg WorkerConfig) (int, uint32, error) {
+//
+// stood, when not nil, is a holder claimWatching watched stand still for
+// liveHeartbeat: if the slot still shows that heartbeat, it is taken over.
+func (s *Segment) claim(cfg WorkerConfig, stood *holderPresumedError) (int, uint32, error) {
 	unlock, _, err := s.lockRegistry(true)
 	if err != nil {
 		return 0, 0, err
@@ -400,7 +403,7 @@ func (s *Segment) claim(cfg WorkerConfig) (int, uint32, error) {
 		return 0, 0, fmt.Errorf("cannot register worker %d rank %d in %s: %w", cfg.WorkerID, cfg.DPRank, s.path, ErrRegistryFull)
 	}
 	off := slotOff(pick)
-	if holder, beat, st := s.holder(pick, off); st == holderPresumed {
+	if holder, beat, st := s.holder(pick, off); st == holderPresumed && (stood == nil || stood.slot != pick || stood.beat != beat) {
 		return 0, 0, &holderPresumedError{slot: pick, holder: holder, beat: beat, endpoint: s.endpointAt(off)}
 	}
 	sw := s.u64(off + sState)

@@ -320,3 +320,24 @@ func TestRegisterTakesOverItsOwn(t *testing.T) {
 		t.Fatalf("another process's registration under this process's pid was taken over: %v", err)
 	}
 }
+
+// TestRegisterWaitsOutAFutureHeartbeat: a holder whose heartbeat is ahead
+// of this clock never ages; one that stands still for liveHeartbeat of
+// watching is taken over all the same, so a registration never waits
+// without end.
+func TestRegisterWaitsOutAFutureHeartbeat(t *testing.T) {
+	seg, _ := openTest(t, Options{})
+	cfg := WorkerConfig{WorkerID: 9, Model: "m", BlockSize: 4}
+	p, err := seg.Register(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.forget()
+	off := slotOff(p.slot)
+	atomic.StoreUint32(seg.u32(off+sPID), uint32(os.Getppid()))
+	atomic.StoreUint64(seg.u64(off+sHeartbeat), uint64(monoNow()+int64(time.Hour)))
+	q, err := seg.Register(cfg)
+	if err != nil || q.Slot() != p.Slot() {
+		t.Fatalf("a holder whose heartbeat is an hour ahead and stands still was not taken over: %v", err)
+	}
+}

@@ -257,25 +257,32 @@ class KvfastPublisher:
         """_claim, waiting out a holder of the worker id presumed alive: if
         its heartbeat moves while watched, another engine runs under this
         worker id and rank (WorkerLive); if it stands still until
-        LIVE_HEARTBEAT_NS has passed since its last beat, the holder died
-        and its slot is taken over."""
-        first = None
+        LIVE_HEARTBEAT_NS has passed since its last beat, or for that long
+        while watched (a heartbeat ahead of this clock never ages), the
+        holder died and its slot is taken over."""
+        first = stood = None
+        since = 0.0
         while True:
             try:
-                self._claim()
+                self._claim(stood)
                 self._remember()
                 return
             except _HolderPresumed as h:
                 if first is None:
-                    first = h
+                    first, since = h, time.monotonic()
                 elif (h.slot, h.beat) != (first.slot, first.beat):
                     worker_id, dp_rank = self._cfg[0], self._cfg[1]
                     raise WorkerLive("worker %d rank %d is held by process %d (endpoint %r), heartbeating: "
                                      "give each engine its own worker id, or stop that one first"
                                      % (worker_id, dp_rank, h.holder, h.endpoint))
+                if time.monotonic() - since > LIVE_HEARTBEAT_NS / 1e9:
+                    # Stood still for as long as a stale one would have
+                    # aged (one ahead of this clock never does): take it.
+                    stood = first
+                    continue
             time.sleep(HOLDER_WATCH_POLL_S)
 
-    def _claim(self):
+    def _claim(self, stood=None):
         worker_id, dp_rank, model_b, block_size, kv_cap, endpoint_b = self._cfg
         q, i = self._q, self._i
         self._lock_registry()
@@ -301,7 +308,7 @@ class KvfastPublisher:
                 raise SegmentError("every worker slot is taken")
             off = REGISTRY_OFF + pick * SLOT_SIZE
             presumed = self._holder_presumed(pick, off)
-            if presumed is not None:
+            if presumed is not None and (stood is None or (stood.slot, stood.beat) != (presumed.slot, presumed.beat)):
                 raise presumed
             word = self._next_state(q[off // 8], CLAIMING)
             q[off // 8] = word
