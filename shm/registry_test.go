@@ -220,22 +220,9 @@ func TestRegisterRefusesALiveHolder(t *testing.T) {
 	// test's parent: not one of this process's own.
 	p.forget()
 	atomic.StoreUint32(seg.u32(off+sPID), uint32(os.Getppid()))
-	stop := make(chan struct{})
-	beating := make(chan struct{})
-	go func() {
-		defer close(beating)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-				_ = p.Heartbeat()
-			}
-		}
-	}()
+	stop := keepBeating(p)
 	_, err = seg.Register(cfg)
-	close(stop)
-	<-beating
+	stop()
 	if !errors.Is(err, ErrWorkerLive) || !strings.Contains(err.Error(), "127.0.0.1:8007") ||
 		!strings.Contains(err.Error(), strconv.Itoa(os.Getppid())) {
 		t.Fatalf("a heartbeating holder's worker id was registered again: %v", err)
@@ -301,21 +288,9 @@ func TestRegisterTakesOverItsOwn(t *testing.T) {
 	// registration this one's: while it heartbeats, it is refused.
 	q.forget()
 	atomic.StoreUint32(seg.u32(slotOff(q.slot)+sPID), uint32(os.Getpid()))
-	stop, beating := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(beating)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-				_ = q.Heartbeat()
-			}
-		}
-	}()
+	stop := keepBeating(q)
 	_, err = seg.Register(cfg)
-	close(stop)
-	<-beating
+	stop()
 	if !errors.Is(err, ErrWorkerLive) {
 		t.Fatalf("another process's registration under this process's pid was taken over: %v", err)
 	}
@@ -339,5 +314,26 @@ func TestRegisterWaitsOutAFutureHeartbeat(t *testing.T) {
 	q, err := seg.Register(cfg)
 	if err != nil || q.Slot() != p.Slot() {
 		t.Fatalf("a holder whose heartbeat is an hour ahead and stands still was not taken over: %v", err)
+	}
+}
+
+// keepBeating heartbeats p every 10 ms, as a live engine does, until the
+// function it returns is called; that function returns once it stopped.
+func keepBeating(p *Publisher) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-time.After(10 * time.Millisecond):
+				_ = p.Heartbeat()
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
 	}
 }
