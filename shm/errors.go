@@ -29,7 +29,8 @@ var (
 	ErrSlotLost = errors.New("kvfast: worker slot was taken over by another registration")
 	// ErrWorkerLive means another engine, alive and heartbeating, holds
 	// the worker id and DP rank being registered: two engines were given
-	// one id. Taking its slot would leave both writing one ring.
+	// one id. Taking its slot would leave that engine unseen and publishing
+	// nothing, and the two taking the slot from each other.
 	ErrWorkerLive = errors.New("kvfast: a live engine holds this worker id and DP rank")
 	// ErrClosed is returned by a closed publisher or segment.
 	ErrClosed = errors.New("kvfast: closed")

@@ -324,8 +324,9 @@ func (s *Segment) regKey(slot int) (regKey, bool) {
 // holder judges the registration in the slot at off. A process that
 // cannot be signalled (ESRCH) is taken for gone: in this PID namespace it
 // died; an engine in another namespace (a container sharing /dev/shm but
-// not its pids) cannot be told apart from a dead one, and is taken over
-// as before this check existed. A process that can be (or a pid of 0) is
+// not its pids) cannot be told apart from a dead one, and waiting out
+// every such holder would delay each restart after a crash by 5 s. A
+// process that can be signalled (or a pid of 0) is
 // presumed alive while it heartbeats: Register watches whether it does.
 func (s *Segment) holder(slot, off int) (holder int, beat int64, st holderState) {
 	if stateOf(atomic.LoadUint64(s.u64(off+sState))) != StateLive {
