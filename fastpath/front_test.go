@@ -3,6 +3,7 @@ package fastpath
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"strconv"
 	"testing"
 	"time"
@@ -124,4 +125,25 @@ func released(s *Server) bool {
 		}
 	}
 	return true
+}
+
+// TestModelOfAJoiningWorker: a worker is routable from the moment the
+// scheduler has it, and the node tells the request path of it only after
+// its scan (WorkersChanged). A request for its model in between routes,
+// instead of being answered 404 for a model that is served; a model no
+// worker serves is still 404.
+func TestModelOfAJoiningWorker(t *testing.T) {
+	s := newRouteTestServer(t, 1, "")
+	if err := s.sched.Upsert(sched.WorkerInfo{ID: 7, Slot: 3, Model: "late-model", Endpoint: "127.0.0.1:30"}); err != nil {
+		t.Fatal(err)
+	}
+	body := func(model string) []byte {
+		return []byte(`{"model":"` + model + `","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`)
+	}
+	if code, a, raw := routeOnce(t, s, PathRouteCompletions, body("late-model")); code != http.StatusOK || a.WorkerID != 7 {
+		t.Errorf("the joining worker's model: status %d, worker %d: %s; want 200 from worker 7", code, a.WorkerID, raw)
+	}
+	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body("nobody-serves-this")); code != http.StatusNotFound {
+		t.Errorf("an unknown model: status %d: %s; want 404", code, raw)
+	}
 }

@@ -132,6 +132,15 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 		// The entry carries the name as a string already, so the body's
 		// bytes are never converted (which would allocate).
 		ns, ok := seeds[string(r.Model)]
+		if !ok && s.sched.Serves(r.Model) {
+			// A worker joined and is routable, but the node has not yet
+			// told the request path (WorkersChanged follows its scan):
+			// rebuild now rather than answer 404 for a served model. Only
+			// a served model gets here, so a client naming unknown models
+			// cannot make the router rebuild.
+			s.WorkersChanged()
+			ns, ok = (*s.seeds.Load())[string(r.Model)]
+		}
 		if !ok && s.awaitSettled(ctx) {
 			ns, ok = (*s.seeds.Load())[string(r.Model)]
 		}

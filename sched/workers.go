@@ -228,6 +228,11 @@ func (s *Scheduler) Worker(slot workers.Slot) (WorkerInfo, bool) {
 	return ws.info[slot], ws.present.Has(slot)
 }
 
+// Serves reports whether some worker, healthy or not, serves model.
+func (s *Scheduler) Serves(model []byte) bool {
+	return s.workers.Load().byModel[string(model)] != 0
+}
+
 // Workers returns the set of slots holding a worker.
 func (s *Scheduler) Workers() workers.Set { return s.workers.Load().present }
 
