@@ -78,16 +78,17 @@ type Call struct {
 	downstream      deadliner
 	downstreamWrite time.Duration
 
-	open     bool     // resp holds an engine body stream not yet closed
-	finished bool     // obs had its terminal call, or there is no obs
-	first    bool     // the first item was seen
-	done     bool     // [DONE] was seen
-	midEvent bool     // the client was last sent part of an event, not its end
-	rank     [20]byte // scratch: the pinned rank's digits (HeaderDataParallelRank)
-	charged  int64    // bytes of the pool's response budget ReadBody holds
-	judged   bool     // this attempt's verdict on its engine was recorded
-	choices  int      // completions the request asked for (SetChoices); 0 is one
-	finishes int      // finish reasons seen in this attempt's stream
+	open     bool      // resp holds an engine body stream not yet closed
+	finished bool      // obs had its terminal call, or there is no obs
+	first    bool      // the first item was seen
+	done     bool      // [DONE] was seen
+	midEvent bool      // the client was last sent part of an event, not its end
+	rank     [20]byte  // scratch: the pinned rank's digits (HeaderDataParallelRank)
+	charged  int64     // bytes of the pool's response budget ReadBody holds
+	judged   bool      // this attempt's verdict on its engine was recorded
+	attempts *Attempts // where a 5xx verdict waits for another engine to serve the request (SetAttempts); nil: judged at once
+	choices  int       // completions the request asked for (SetChoices); 0 is one
+	finishes int       // finish reasons seen in this attempt's stream
 }
 
 // errNotEventStream is the cause Relay reports for a plain response, which
@@ -116,6 +117,7 @@ func (c *Call) Release() {
 	c.engine, c.obs = nil, nil
 	c.downstream, c.downstreamWrite = nil, 0
 	c.choices = 0
+	c.attempts = nil
 	// The budget counts what one response needed, not what the pooled
 	// call keeps: a kept buffer is at most four relay buffers.
 	c.pool.responseBytes.Add(-c.charged)
@@ -147,6 +149,12 @@ func (c *Call) SetRequest(uri, body []byte) {
 // and until then the stream's items are counted and a broken stream is a
 // failure. n <= 1 is one completion.
 func (c *Call) SetChoices(n int) { c.choices = n }
+
+// SetAttempts makes a 5xx answer's verdict on its engine wait in a until
+// another attempt of the same request, with this or another Call given
+// a, ends well (Attempts says why). Set it where the request is retried
+// on another engine; without it a 5xx counts against its engine at once.
+func (c *Call) SetAttempts(a *Attempts) { c.attempts = a }
 
 // Do sends the request to slot's engine and waits for the response status
 // and headers (the first-byte timeout). On success it calls
@@ -193,7 +201,11 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	}
 	c.open = true
 	if c.resp.StatusCode() >= 500 {
-		c.judge(false)
+		if c.attempts != nil && c.attempts.hold(e) {
+			c.judged = true
+		} else {
+			c.judge(false)
+		}
 	}
 	if obs != nil {
 		obs.OnDispatched()
@@ -222,6 +234,9 @@ func (c *Call) Discard() error {
 func (c *Call) judge(ok bool) {
 	if !c.judged && c.engine != nil {
 		c.judged = true
+		if ok && c.attempts != nil {
+			c.attempts.served()
+		}
 		c.engine.record(ok)
 	}
 }

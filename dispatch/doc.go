@@ -55,7 +55,12 @@
 // Every attempt is also a verdict on its engine (passive health,
 // OutlierConfig): consecutive failures or a failure rate over a window
 // eject the engine for a backoff that grows with each ejection in a row,
-// with at most MaxEjectedPercent of the engines out at once. An ejection
+// with at most MaxEjectedPercent of the engines out at once. A 5xx of a
+// request whose caller retries it elsewhere waits in the request's
+// Attempts: it counts when another engine serves the request, and at the
+// request's end only against an engine that served nothing else within
+// the window, so that a request every engine fails (its own fault, as
+// far as the router can tell) does not eject healthy engines. An ejection
 // reaches the selector the way active-health flips do, through
 // HealthConfig.OnChange, which reports one routable bit (healthy and not
 // ejected), so a passing /health cannot undo an ejection.

@@ -50,6 +50,7 @@ type OutlierStatus struct {
 // healthMu, which also orders them with active-health flips.
 type outlier struct {
 	consecutive           atomic.Int32
+	lastServed            atomic.Int64 // clock time a request last succeeded; 0: never
 	windowStart           atomic.Int64 // clock time the rate window began
 	requests, failures    atomic.Int32 // within the window
 	ejected               atomic.Bool
@@ -87,6 +88,7 @@ func (e *Engine) record(ok bool) {
 	}
 	reqs := o.requests.Add(1)
 	if ok {
+		o.lastServed.Store(now)
 		if o.consecutive.Load() != 0 {
 			o.consecutive.Store(0)
 		}
@@ -195,4 +197,73 @@ func (e *Engine) Outlier() OutlierStatus {
 		st.Remaining = max(0, time.Duration(o.until.Load()-clock.Now()))
 	}
 	return st
+}
+
+// Attempts is one client request's memory of the engines that answered
+// it with a 5xx, over the attempts of a stage that retries elsewhere
+// (Call.SetAttempts). A 5xx proves an engine sick when another engine
+// then serves the same request. A request that every engine it tries
+// answers with a 5xx (a prompt that crashes the model, sent by mistake or
+// on purpose) is more likely at fault itself: held against each engine,
+// it would eject healthy engines one retry at a time, up to
+// MaxEjectedPercent of the pool, for as long as a client keeps sending
+// it. So a Call given Attempts holds its 5xx verdicts there and records
+// them as failures when a later attempt ends well; when the request ends
+// with verdicts still held, Done counts each against its engine unless
+// that engine served another request within the outlier Window (it
+// works; this request did not). Engines that fail everything still go:
+// they serve nothing. Refused or broken connections and timeouts are
+// judged at once, as without Attempts: they say nothing about the
+// request.
+//
+// The zero value is ready. The owner serialises its attempts, as it does
+// the Call's, and calls Done once the request is over.
+type Attempts struct {
+	held [maxHeldVerdicts]*Engine
+	n    int
+}
+
+// maxHeldVerdicts bounds the 5xx verdicts one request holds back: each
+// retry goes to another engine, so this is more retries than an operator
+// sets. A 5xx past it is judged at once.
+const maxHeldVerdicts = 8
+
+// hold keeps e's 5xx verdict until the request is served, or reports
+// false when there is no room.
+func (a *Attempts) hold(e *Engine) bool {
+	if a.n == len(a.held) {
+		return false
+	}
+	a.held[a.n] = e
+	a.n++
+	return true
+}
+
+// served records the held verdicts as failures: another engine served
+// the request they failed.
+func (a *Attempts) served() {
+	for i := range a.n {
+		a.held[i].record(false)
+		a.held[i] = nil
+	}
+	a.n = 0
+}
+
+// Done settles the verdicts still held when the request is over, no
+// engine having served it: each counts against its engine unless that
+// engine served another request within the outlier Window. It returns
+// how many it did not count, and leaves a ready for another request.
+func (a *Attempts) Done() (unattributed int) {
+	now := clock.Now()
+	for i := range a.n {
+		e := a.held[i]
+		a.held[i] = nil
+		if served := e.out.lastServed.Load(); served != 0 && now-served <= int64(e.pool.cfg.Outlier.Window) {
+			unattributed++
+			continue
+		}
+		e.record(false)
+	}
+	a.n = 0
+	return unattributed
 }

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"bytes"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -245,5 +246,100 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("gave up waiting for %s", what)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestHeldVerdicts: with Attempts, a 5xx counts against its engine when
+// a later attempt of the same request, on another engine, ends well, or
+// when the request ends unserved and the engine has served nothing else
+// within the window. A request every engine answers with a 5xx ejects
+// none of the engines that serve other requests, however often it is
+// sent; engines that fail everything are ejected as before.
+func TestHeldVerdicts(t *testing.T) {
+	p := NewPool(Config{Health: HealthConfig{Interval: -1},
+		Outlier: OutlierConfig{Consecutive: 2, FailurePercent: -1, Window: time.Hour, BaseEjection: time.Hour, MaxEjectedPercent: 100}})
+	defer p.Close()
+	// Slots 0 and 1 fail only the poison prompt; 2 serves everything; 3
+	// and 4 fail everything.
+	poisoned := func(ctx *fasthttp.RequestCtx) {
+		if bytes.Contains(ctx.PostBody(), []byte("poison")) {
+			ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+			return
+		}
+		ctx.SetBodyString(`{"choices":[]}`)
+	}
+	mustAdd(t, p, 0, serve(t, poisoned, nil))
+	mustAdd(t, p, 1, serve(t, poisoned, nil))
+	mustAdd(t, p, 2, serve(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"choices":[]}`) }, nil))
+	mustAdd(t, p, 3, failingEngine(t))
+	mustAdd(t, p, 4, failingEngine(t))
+
+	// send tries the slots in order with one Call and one Attempts, as
+	// the server's retry loop does, reads the last answer whole, and
+	// settles the request.
+	send := func(prompt string, slots ...workers.Slot) (unattributed int) {
+		t.Helper()
+		var a Attempts
+		c := p.AcquireCall()
+		c.SetAttempts(&a)
+		c.SetRequest([]byte("/v1/completions"), []byte(`{"prompt":"`+prompt+`"}`))
+		for i, s := range slots {
+			if err := c.Do(s, nil); err != nil {
+				t.Fatalf("Do on slot %d: %v", s, err)
+			}
+			if i < len(slots)-1 {
+				if err := c.Discard(); !IsRetryable(err) {
+					t.Fatalf("Discard on slot %d: %v is not retryable", s, err)
+				}
+			}
+		}
+		if _, err := c.ReadBody(); err != nil {
+			t.Fatalf("ReadBody: %v", err)
+		}
+		c.Release()
+		return a.Done()
+	}
+	ejected := func(s workers.Slot) bool { return p.Engine(s).Outlier().Ejected }
+
+	send("x", 0)
+	send("x", 1)
+	for range 5 {
+		if n := send("poison", 0, 1); n != 2 {
+			t.Fatalf("a poison prompt both serving engines failed: %d verdicts unattributed, want 2", n)
+		}
+	}
+	if ejected(0) || ejected(1) {
+		t.Fatal("a request no engine served ejected engines that serve others")
+	}
+
+	for range 2 {
+		if n := send("x", 3, 2); n != 0 {
+			t.Fatalf("a request slot 2 served left %d verdicts unattributed", n)
+		}
+	}
+	if !ejected(3) || ejected(2) {
+		t.Errorf("slot 3 failed two requests slot 2 served: ejected %v (want true); slot 2 ejected %v", ejected(3), ejected(2))
+	}
+
+	for range 2 {
+		if n := send("poison", 4, 1); n != 1 {
+			t.Fatalf("a poison prompt failed on a sick and a serving engine: %d verdicts unattributed, want 1", n)
+		}
+	}
+	if !ejected(4) || ejected(1) {
+		t.Errorf("slot 4, which served nothing, failed two requests: ejected %v (want true); slot 1, which serves others, ejected %v", ejected(4), ejected(1))
+	}
+
+	// Without Attempts a 5xx counts at once.
+	for range 2 {
+		c := p.AcquireCall()
+		c.SetRequest([]byte("/v1/completions"), []byte(`{"prompt":"poison"}`))
+		if err := c.Do(0, nil); err != nil {
+			t.Fatalf("Do: %v", err)
+		}
+		c.Release()
+	}
+	if !ejected(0) {
+		t.Error("slot 0 answered two requests 5xx without Attempts but is not ejected")
 	}
 }

@@ -111,9 +111,12 @@ type prefillStage struct {
 	held    bool // h is acquired and not yet released; set under the exchange's hangMu
 	call    *dispatch.Call
 	dec     sched.Decision
-	decided bool   // the request was disaggregated: dec names the prefill worker
-	body    []byte // the prefill request's body
-	decode  []byte // the decode request's body (the client's, rewritten)
+	decided bool // the request was disaggregated: dec names the prefill worker
+	// attempts holds vLLM prefill attempts' 5xx verdicts until a prefill
+	// worker serves the request (dispatch.Attempts).
+	attempts dispatch.Attempts
+	body     []byte // the prefill request's body
+	decode   []byte // the decode request's body (the client's, rewritten)
 
 	decodeSent, decodeAnswered int64 // clock readings for the stage metrics
 
@@ -324,6 +327,9 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		}
 		st.dec = d
 		ex.setPrefillCall(s.engines.AcquireCall())
+		if s.cfg.MaxRetries > 0 {
+			st.call.SetAttempts(&st.attempts)
+		}
 		st.call.SetRequest(routedPath(ex.api), st.body)
 		copyForwardHeaders(ctx, st.call.Request(), ex.rid)
 		span := ex.startCall(spanPrefill, st.call.Request(), &d, stagePrefill)

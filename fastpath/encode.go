@@ -112,7 +112,10 @@ type encodeStage struct {
 	rid  []byte // the item's request id: the client's, suffixed
 	err  error
 	// tried are the encoders that failed this item.
-	tried    workers.Set
+	tried workers.Set
+	// holds the attempts' 5xx verdicts until an encoder serves the item
+	// (dispatch.Attempts).
+	verdicts dispatch.Attempts
 	attempts int        // attempts sent
 	sent     bool       // an attempt was sent and is not yet settled
 	ok       bool       // an encoder encoded the item
@@ -371,6 +374,9 @@ func (s *Server) startEncode(ctx *fasthttp.RequestCtx, ex *exchange, i int, hold
 	st.rid = append(append(st.rid[:0], ex.rid...), "-enc"...)
 	st.rid = strconv.AppendInt(st.rid, int64(i), 10)
 	ex.setEncodeCall(i, s.engines.AcquireCall())
+	if s.cfg.MaxRetries > 0 {
+		st.call.SetAttempts(&st.verdicts)
+	}
 	st.call.SetRequest(pathChatCompletions, st.body)
 	copyForwardHeaders(ctx, st.call.Request(), st.rid)
 	st.span = ex.startCall(spanEncode, st.call.Request(), &d, "encode")

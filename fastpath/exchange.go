@@ -49,10 +49,13 @@ type exchange struct {
 	h      guard.Handle
 	held   bool // h is acquired and not yet released
 	call   *dispatch.Call
-	exact  bool          // hashes are token blocks looked up in the event-fed index
-	pre    prefillStage  // a disaggregated request's prefill stage (disagg.go)
-	media  prompt.Media  // a chat request's multimodal items, read when they go to encoders (encode.go)
-	enc    []encodeStage // one per item of media: the encoder stage (encode.go)
+	// attempts holds the decode attempts' 5xx verdicts until an engine
+	// serves the request (dispatch.Attempts).
+	attempts dispatch.Attempts
+	exact    bool          // hashes are token blocks looked up in the event-fed index
+	pre      prefillStage  // a disaggregated request's prefill stage (disagg.go)
+	media    prompt.Media  // a chat request's multimodal items, read when they go to encoders (encode.go)
+	enc      []encodeStage // one per item of media: the encoder stage (encode.go)
 
 	arrived, lastItem int64
 	firstSeen         bool
@@ -262,7 +265,21 @@ func (ex *exchange) cleanup() {
 		ex.call.Release()
 		ex.call = nil
 	}
+	ex.settleVerdicts()
 	ex.s.releaseExchange(ex)
+}
+
+// settleVerdicts settles the 5xx verdicts the request's stages still
+// hold, no engine having served them (dispatch.Attempts.Done), and counts
+// those held against no engine.
+func (ex *exchange) settleVerdicts() {
+	n := ex.attempts.Done() + ex.pre.attempts.Done()
+	for i := range ex.enc {
+		n += ex.enc[i].verdicts.Done()
+	}
+	if n > 0 {
+		ex.s.metrics.unattributed.Add(float64(n))
+	}
 }
 
 // prepare hashes the prompt and looks up every worker's cached prefix. A
@@ -390,6 +407,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	var body []byte
 	for attempt := 0; ; attempt++ {
 		retryable := attempt < s.cfg.MaxRetries && (!ex.sreq.Pinned || ex.sess.sticky) && ex.sessionRetryable()
+		if attempt == 0 && retryable {
+			// Another engine may answer this request: until one serves it,
+			// a 5xx may be the request's fault rather than the engine's.
+			ex.call.SetAttempts(&ex.attempts)
+		}
 		ex.traceDispatch(ex.call.Request())
 		err := ex.call.Do(ex.dec.Slot, ex)
 		if err == nil && retryable && ex.call.StatusCode() >= 500 {

@@ -62,6 +62,9 @@ type metrics struct {
 	stageSched    prometheus.Observer
 	stageTotal    prometheus.Observer
 	retries       prometheus.Counter
+	// unattributed counts 5xx answers held against no engine: every
+	// engine the request tried answered 5xx (dispatch.Attempts).
+	unattributed prometheus.Counter
 	// authRefused counts requests refused for a missing or wrong key, on
 	// the API listener's endpoints and on the admin endpoints.
 	authRefused, adminAuthRefused prometheus.Counter
@@ -127,6 +130,10 @@ func newMetrics(s *Server) *metrics {
 		Name: "kvfast_dispatch_retries_total",
 		Help: "Requests re-routed to another worker before any byte reached the client, because the chosen engine refused or broke the connection, sent something that is not HTTP, or answered 5xx.",
 	})
+	m.unattributed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvfast_dispatch_unattributed_5xx_total",
+		Help: "Engine 5xx answers not counted against their engines by passive health, because no engine served the request they failed: one every engine it was tried on answered 5xx, which looks like the request's fault (a prompt that crashes the model), not the engines'.",
+	})
 	auth := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvfast_auth_refused_total",
 		Help: "Requests refused with 401 for a missing or wrong bearer token: scope api (--api-key, the OpenAI endpoints) or admin (--admin-token, /metrics and /admin).",
@@ -159,7 +166,7 @@ func newMetrics(s *Server) *metrics {
 	m.ttft, m.itl, m.isl, m.osl = ttft, itl, isl, osl
 	m.dis = newDisaggMetrics(reg, s)
 	m.enc = newEncodeMetrics(reg)
-	reg.MustRegister(bodyBytes, responseBytes, requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, auth, transport, multimodal,
+	reg.MustRegister(bodyBytes, responseBytes, requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, m.unattributed, auth, transport, multimodal,
 		&stateCollector{s: s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

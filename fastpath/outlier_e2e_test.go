@@ -1,6 +1,7 @@
 package fastpath_test
 
 import (
+	"bytes"
 	"net/http"
 	"strconv"
 	"testing"
@@ -95,6 +96,68 @@ func TestSickEnginesAreEjected(t *testing.T) {
 		wantMetric(t, m, `kvfast_worker_ejections_total{dp_rank="0",worker="`+id+`"}`, 1)
 	}
 	wantMetric(t, m, `kvfast_worker_ejected{dp_rank="0",worker="100"}`, 0)
+}
+
+// TestPoisonRequestEjectsNoEngine: a prompt every engine answers with a
+// 500 (one that crashes the model), sent again and again between
+// ordinary requests, is retried on the engines it may go to and answered
+// with the last engine's 500, but counts against no engine, since each
+// serves the other requests; the 5xx answers are counted as
+// unattributed. Without that, it would eject one engine per three
+// sends, up to --eject-max-percent of the pool.
+func TestPoisonRequestEjectsNoEngine(t *testing.T) {
+	const engines, poison = 4, 12
+	poisonBody := completionBody(e2eTokens(99, 32), false, 2)
+	var static []node.StaticWorker
+	for i := range engines {
+		e := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+			ctx.SetContentType("application/json")
+			if bytes.Equal(ctx.PostBody(), poisonBody) {
+				ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+				ctx.SetBodyString(`{"error":{"message":"the model crashed","type":"server_error"}}`)
+				return
+			}
+			ctx.SetBodyString(`{"id":"c","object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}`)
+		})
+		static = append(static, node.StaticWorker{ID: uint64(i + 1), Endpoint: e.addr(), Model: e2eModel})
+	}
+	cfg := e2eConfig(static...)
+	cfg.Policy = "round-robin"
+	cfg.HTTP.MaxRetries = 2
+	cfg.Dispatch.Outlier.Consecutive = 2
+	cfg.Dispatch.Outlier.FailurePercent = 0
+	cfg.Dispatch.Outlier.Window = time.Hour // however slow the machine, the engines served within it
+	cfg.Dispatch.Outlier.MaxEjectedPercent = 100
+	cfg.Dispatch.Outlier.BaseEjection = time.Minute
+	r := startE2ERouter(t, cfg)
+
+	ordinary := func() {
+		t.Helper()
+		for i := range engines {
+			if resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(i+1), 32), false, 2), nil); resp.status != http.StatusOK {
+				t.Fatalf("an ordinary request: status %d: %s", resp.status, resp.body)
+			}
+		}
+	}
+	// Three poison requests in a row are nine attempts, at least two in a
+	// row on every engine: enough to eject each, were they held against it.
+	for i := range poison {
+		if i%3 == 0 {
+			ordinary()
+		}
+		if resp := r.post(t, fastpath.PathCompletions, poisonBody, nil); resp.status != http.StatusInternalServerError {
+			t.Fatalf("poison request %d: status %d: %s; want the engines' 500", i, resp.status, resp.body)
+		}
+	}
+	for i := range engines {
+		if v := workerView(t, r.node, uint64(i+1), 0); v.Ejected || v.Ejections != 0 {
+			t.Errorf("worker %d was ejected %d times by a request no engine served", i+1, v.Ejections)
+		}
+	}
+	waitReleased(t, r.node)
+	m := r.metrics(t)
+	wantMetric(t, m, "kvfast_dispatch_unattributed_5xx_total", poison*3)
+	wantMetric(t, m, "kvfast_dispatch_retries_total", poison*2)
 }
 
 // TestLoneEngineFailureReachesClient: when no other engine could take a
