@@ -175,6 +175,9 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 		return err
 	}
 	c.req.Header.SetHost(e.addr)
+	if a := c.pool.authorization; a != nil {
+		c.req.Header.SetBytesV(fasthttp.HeaderAuthorization, a) // the router's, not the client's
+	}
 	if r := e.dpRank.Load(); r >= 0 {
 		c.req.Header.SetBytesV(HeaderDataParallelRank, strconv.AppendInt(c.rank[:0], r, 10))
 	} else {

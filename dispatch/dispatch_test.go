@@ -637,3 +637,46 @@ func TestResponseLimits(t *testing.T) {
 	}
 	third.Release()
 }
+
+// TestEngineToken: with Config.EngineToken every request to an engine,
+// forwarded or a health check, carries the router's bearer token in
+// place of the client's; without one, the client's goes through.
+func TestEngineToken(t *testing.T) {
+	seen := make(chan string, 16)
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		seen <- string(ctx.Path()) + " " + string(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
+		ctx.SetBodyString(`{"choices":[]}`)
+	}, nil)
+	forward := func(p *Pool) {
+		t.Helper()
+		c := p.AcquireCall()
+		defer c.Release()
+		c.SetRequest([]byte("/v1/completions"), []byte(`{"prompt":[1]}`))
+		c.Request().Header.Set(fasthttp.HeaderAuthorization, "Bearer client-key")
+		if err := c.Do(1, nil); err != nil {
+			t.Fatalf("Do: %v", err)
+		}
+		if _, err := c.ReadBody(); err != nil {
+			t.Fatalf("ReadBody: %v", err)
+		}
+	}
+
+	p := NewPool(Config{EngineToken: "engine-key", Health: HealthConfig{Interval: time.Hour}})
+	mustAdd(t, p, 1, engine)
+	forward(p)
+	got := map[string]bool{<-seen: true, <-seen: true} // the first health check and the request, in either order
+	p.Close()
+	for _, want := range []string{"/health Bearer engine-key", "/v1/completions Bearer engine-key"} {
+		if !got[want] {
+			t.Errorf("the engine saw %v; want %q among them", got, want)
+		}
+	}
+
+	p = NewPool(Config{Health: HealthConfig{Interval: -1}})
+	defer p.Close()
+	mustAdd(t, p, 1, engine)
+	forward(p)
+	if s := <-seen; s != "/v1/completions Bearer client-key" {
+		t.Errorf("without an engine token the engine saw %q; want the client's key", s)
+	}
+}

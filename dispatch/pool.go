@@ -73,6 +73,13 @@ type Config struct {
 	// ReadBody grows it by), so that many large answers at once cannot
 	// take the router's memory. Default 256 MiB.
 	ResponseBudgetBytes int64
+	// EngineToken, when not empty, is the bearer token every request to an
+	// engine carries (Authorization: Bearer EngineToken): forwarded
+	// requests, in place of whatever the client sent, and health checks.
+	// Engines started with an API key of their own (vLLM's and SGLang's
+	// --api-key) then need not share it with clients. Empty: a forwarded
+	// request carries the client's Authorization, if the caller copies it.
+	EngineToken string
 }
 
 // withDefaults fills the zero fields of c from DefaultConfig, and maps a
@@ -151,6 +158,8 @@ type Pool struct {
 	ejected int        // engines ejected now (OutlierConfig.MaxEjectedPercent)
 
 	responseBytes atomic.Int64 // held against ResponseBudgetBytes
+
+	authorization []byte // "Bearer " + cfg.EngineToken; nil without one
 }
 
 // HeaderDataParallelRank names the data-parallel rank a request is for.
@@ -170,12 +179,19 @@ func (p *Pool) PinRank(slot workers.Slot, rank int64) {
 	}
 }
 
+// EngineToken returns Config.EngineToken, for the caller's own requests
+// to the engines (SGLang's session calls).
+func (p *Pool) EngineToken() string { return p.cfg.EngineToken }
+
 // ResponseBytes is what the pool's calls hold of ResponseBudgetBytes now.
 func (p *Pool) ResponseBytes() int64 { return p.responseBytes.Load() }
 
 // NewPool returns an empty pool.
 func NewPool(cfg Config) *Pool {
 	p := &Pool{cfg: cfg.withDefaults()}
+	if p.cfg.EngineToken != "" {
+		p.authorization = []byte("Bearer " + p.cfg.EngineToken)
+	}
 	p.calls.New = func() any { return newCall(p) }
 	return p
 }
@@ -374,6 +390,9 @@ func (e *Engine) checkHealth() {
 	req.Header.SetMethod(fasthttp.MethodGet)
 	req.SetRequestURI(cfg.Path)
 	req.Header.SetHost(e.addr)
+	if a := e.pool.authorization; a != nil {
+		req.Header.SetBytesV(fasthttp.HeaderAuthorization, a)
+	}
 
 	ticker := time.NewTicker(cfg.Interval)
 	defer ticker.Stop()

@@ -2,6 +2,7 @@ package fastpath_test
 
 import (
 	"bytes"
+	"math"
 	"net/http"
 	"strconv"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
 )
 
@@ -190,6 +192,32 @@ func TestLoneEngineFailureReachesClient(t *testing.T) {
 	resp = r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(14, 32), false, 2), nil)
 	if code := checkOpenAIError(t, resp.body); resp.status != http.StatusBadGateway || code != "engine_unavailable" {
 		t.Errorf("a lone unreachable engine: client got %d %s; want 502 engine_unavailable", resp.status, resp.body)
+	}
+	waitReleased(t, r.node)
+}
+
+// TestEngineAPIKey: engines started with an API key of their own (vLLM's
+// --api-key) serve the router's requests when it holds that key
+// (--engine-api-key-file), whatever key the client sent, and the router
+// learns a static worker's model from the engine's guarded /v1/models.
+// Without the key the engine's 401 reaches the client as it came.
+func TestEngineAPIKey(t *testing.T) {
+	eng := startMock(t, mocker.Config{APIKey: "engine-key", Speedup: math.Inf(1)})
+	body := []byte(`{"model":"` + mocker.DefaultModel + `","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17],"max_tokens":2}`)
+	client := map[string]string{"Authorization": "Bearer client-key"}
+
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: "http://" + eng.Addr()}) // its model comes from /v1/models
+	cfg.Dispatch.EngineToken = "engine-key"
+	r := startE2ERouter(t, cfg)
+	if resp := r.post(t, fastpath.PathCompletions, body, client); resp.status != http.StatusOK {
+		t.Fatalf("with the engine key: status %d: %s", resp.status, resp.body)
+	}
+	waitReleased(t, r.node)
+
+	cfg = e2eConfig(node.StaticWorker{ID: 1, Endpoint: "http://" + eng.Addr(), Model: mocker.DefaultModel})
+	r = startE2ERouter(t, cfg)
+	if resp := r.post(t, fastpath.PathCompletions, body, client); resp.status != http.StatusUnauthorized {
+		t.Errorf("without the engine key: status %d: %s; want the engine's 401", resp.status, resp.body)
 	}
 	waitReleased(t, r.node)
 }

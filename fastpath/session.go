@@ -391,6 +391,9 @@ func (ss *sessions) call(ctx context.Context, endpoint, path string, body any) e
 		return fmt.Errorf("cannot call %s on %s: %w", path, endpoint, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if t := ss.s.engines.EngineToken(); t != "" {
+		req.Header.Set("Authorization", "Bearer "+t) // SGLang's --api-key guards everything but /health
+	}
 	resp, err := ss.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("cannot call %s on %s: %w", path, endpoint, err)

@@ -57,6 +57,12 @@ type Config struct {
 	// prompts are used as they are either way.
 	Renderer Renderer
 
+	// APIKey, when set, guards the engine as vLLM's --api-key does: a
+	// request to a path under /v1 without Authorization: Bearer APIKey is
+	// answered 401 {"error":"Unauthorized"}; /health, /tokenize and the
+	// mock's own paths stay open.
+	APIKey string
+
 	// DisableRender makes the engine answer its render endpoints with 404,
 	// as a vLLM release before them (or SGLang) does, so that a router
 	// asking it falls back to /tokenize.

@@ -2,7 +2,9 @@ package mocker
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,7 +33,8 @@ const maxLag = 50 * time.Millisecond
 // goroutine, behind a fasthttp server speaking the OpenAI API.
 type Engine struct {
 	cfg       Config
-	core      *Core // owned by the loop goroutine
+	bearer    []byte // "Bearer " + cfg.APIKey
+	core      *Core  // owned by the loop goroutine
 	ownedPub  func() error
 	zmq       *ZMQPublisher // nil unless Config.ZMQ.Listen is set
 	ln        net.Listener
@@ -136,6 +139,7 @@ func Start(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg:       cfg,
+		bearer:    []byte("Bearer " + cfg.APIKey),
 		core:      core,
 		ownedPub:  ownedPub,
 		zmq:       zp,
@@ -458,6 +462,12 @@ func notify(r *Request) {
 }
 
 func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
+	if e.cfg.APIKey != "" && bytes.HasPrefix(ctx.Path(), []byte("/v1")) && !e.authorized(ctx) {
+		ctx.SetStatusCode(fasthttp.StatusUnauthorized)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":"Unauthorized"}`)
+		return
+	}
 	switch string(ctx.Path()) {
 	case "/v1/completions":
 		e.handleGenerate(ctx, false)
@@ -510,6 +520,12 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 	default:
 		writeError(ctx, &openai.Error{Status: fasthttp.StatusNotFound, Message: "no such endpoint: " + string(ctx.Path()), Type: openai.TypeInvalidRequest})
 	}
+}
+
+// authorized reports whether the request carries the engine's API key,
+// compared in constant time as vLLM compares it.
+func (e *Engine) authorized(ctx *fasthttp.RequestCtx) bool {
+	return subtle.ConstantTimeCompare(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization), e.bearer) == 1
 }
 
 func (e *Engine) method(ctx *fasthttp.RequestCtx, want string) bool {

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,12 +28,13 @@ const adapterPoll = 2 * time.Second
 // goroutine touches it.
 type adapterPoller struct {
 	client *http.Client
+	token  string                         // the engines' bearer token (dispatch.Config.EngineToken); "" for none
 	known  [workers.Max]map[string]string // adapter -> base model, by slot
 	pushed map[string]string
 }
 
-func newAdapterPoller() *adapterPoller {
-	return &adapterPoller{client: &http.Client{Timeout: 2 * time.Second}}
+func newAdapterPoller(token string) *adapterPoller {
+	return &adapterPoller{client: &http.Client{Timeout: 2 * time.Second}, token: token}
 }
 
 // poll refreshes every worker's adapters and tells the front end when
@@ -54,6 +56,11 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 		unknown := workers.Set(n.unknownModel.Load()).Has(slot)
 		base, got, listed, err := p.fetch(ctx, info.Endpoint, info.Model)
 		switch {
+		case errors.Is(err, errEngineAuth):
+			// It will refuse the requests routed to it too.
+			n.throttle.Log(n.log, slog.LevelWarn, "auth/"+strconv.Itoa(int(slot)),
+				"an engine refuses the router's key: start kvfast serve with --engine-api-key-file holding the key the engine was started with",
+				"slot", slot, "worker", info.ID, "endpoint", info.Endpoint, "err", err)
 		case err != nil:
 			n.log.Debug("cannot learn an engine's models", "slot", slot, "endpoint", info.Endpoint, "err", err)
 		case !unknown && base != "" && !listed:
@@ -101,6 +108,10 @@ func (n *Node) learnModel(info sched.WorkerInfo, model string) error {
 	return nil
 }
 
+// errEngineAuth is an engine refusing the router's credentials: no key
+// (--engine-api-key-file) or another than the engine's.
+var errEngineAuth = errors.New("the engine wants an API key the router does not send")
+
 // fetch reads one engine's model list: the first base model it lists, the
 // adapters of model, and whether model is listed at all. vLLM lists each LoRA adapter with parent set to
 // its base model and each base model with parent null
@@ -112,12 +123,21 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (base
 	if err != nil {
 		return "", nil, false, fmt.Errorf("cannot ask %s for its models: %w", endpoint, err)
 	}
+	if p.token != "" {
+		// vLLM keeps everything under /v1 behind its --api-key, SGLang
+		// everything but /health.
+		req.Header.Set("Authorization", "Bearer "+p.token)
+	}
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return "", nil, false, fmt.Errorf("cannot ask %s for its models: %w", endpoint, err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return "", nil, false, fmt.Errorf("cannot ask %s for its models: status %d: %w", endpoint, resp.StatusCode, errEngineAuth)
+	default:
 		return "", nil, false, fmt.Errorf("cannot ask %s for its models: status %d", endpoint, resp.StatusCode)
 	}
 	var list struct {

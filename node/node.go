@@ -134,7 +134,7 @@ func New(cfg Config) (_ *Node, err error) {
 	}
 	n.pinSharedRanks()
 	if n.prompts, err = prompt.NewRegistry(cfg.Tokenizers, prompt.Options{Engines: n,
-		MaxTokenID: cfg.HTTP.MaxTokenID, Logger: n.log}); err != nil {
+		MaxTokenID: cfg.HTTP.MaxTokenID, Logger: n.log, EngineToken: cfg.Dispatch.EngineToken}); err != nil {
 		return nil, err
 	}
 	// Sticky sessions live in the segment, where every router on the node
@@ -192,7 +192,7 @@ const logRepeatEvery = time.Minute
 // RegistryPoll while a static worker's model is still unknown, so that it
 // becomes routable as soon as its engine answers, then every adapterPoll.
 func (n *Node) pollModels(ctx context.Context) {
-	p := newAdapterPoller()
+	p := newAdapterPoller(n.cfg.Dispatch.EngineToken)
 	start := time.Now()
 	t := time.NewTimer(0)
 	defer t.Stop()

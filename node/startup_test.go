@@ -407,11 +407,44 @@ func TestStaticWorkerWrongModelIsLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	p := newAdapterPoller()
+	p := newAdapterPoller("")
 	for range 3 {
 		p.poll(context.Background(), n)
 	}
 	if got := warnings.Load(); got != 1 {
 		t.Fatalf("the wrong model was reported %d times over 3 polls, want once", got)
+	}
+}
+
+// TestEngineWantingAKeyIsLogged: an engine started with an API key that
+// the router does not hold is reported, once, naming the flag that
+// fixes it; with the key the router learns the engine's model.
+func TestEngineWantingAKeyIsLogged(t *testing.T) {
+	eng, err := mocker.Start(mocker.Config{Speedup: 100, APIKey: "engine-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	cfg := testConfig(t)
+	cfg.Segment.Path = ""
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://" + eng.Addr()}}
+	var warnings atomic.Int64
+	cfg.Logger = slog.New(countLog{msg: "an engine refuses the router's key: start kvfast serve with --engine-api-key-file holding the key the engine was started with", n: &warnings})
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	p := newAdapterPoller("")
+	for range 3 {
+		if p.poll(context.Background(), n) {
+			t.Fatal("the static worker's model was learnt without the engine's key")
+		}
+	}
+	if got := warnings.Load(); got != 1 {
+		t.Fatalf("the refused key was reported %d times over 3 polls, want once", got)
+	}
+	if !newAdapterPoller("engine-key").poll(context.Background(), n) {
+		t.Error("with the engine's key the static worker's model is still unknown")
 	}
 }

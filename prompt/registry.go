@@ -16,6 +16,9 @@ type Options struct {
 	// any uint32.
 	MaxTokenID uint32
 	Logger     *slog.Logger
+	// EngineToken is the bearer token remote renderers send the engines
+	// (RemoteConfig.EngineToken); "" for none.
+	EngineToken string
 }
 
 // Modes, the mode label of kvfast_tokenizer_info and kvfast_tokenize_total.
@@ -81,7 +84,7 @@ func (r *Registry) build(model string, src Source) (*entry, error) {
 			return nil, fmt.Errorf("cannot render %s's prompts remotely: the registry has no engines to ask", model)
 		}
 		rm := NewRemote(model, r.opts.Engines, RemoteConfig{Timeout: r.cfg.Timeout,
-			MaxResponseBytes: r.cfg.MaxResponseBytes, MaxTokenID: r.opts.MaxTokenID})
+			MaxResponseBytes: r.cfg.MaxResponseBytes, MaxTokenID: r.opts.MaxTokenID, EngineToken: r.opts.EngineToken})
 		return &entry{status: ModelStatus{Model: model, Mode: ModeRemote, Source: src.String(), Exact: true},
 			renderer: rm, remote: rm}, nil
 	}

@@ -27,6 +27,11 @@ type RemoteConfig struct {
 	// MaxTokenID is the largest id accepted from the engine, normally the
 	// vocabulary size minus one; 0 means any uint32.
 	MaxTokenID uint32
+	// EngineToken, when not empty, goes with every call as Authorization:
+	// Bearer EngineToken, for engines started with an API key (vLLM keeps
+	// its render endpoints, under /v1, behind it; SGLang everything but
+	// /health).
+	EngineToken string
 }
 
 // Remote renders a model's prompts by asking an engine that serves it:
@@ -42,12 +47,22 @@ type Remote struct {
 	calls    sync.Pool
 	outcomes outcomeCounters
 	lastErr  atomic.Pointer[Failure] // for status
+
+	authorization []byte // "Bearer " + cfg.EngineToken; nil without one
+}
+
+// bearer returns an Authorization header's value for token, nil for none.
+func bearer(token string) []byte {
+	if token == "" {
+		return nil
+	}
+	return []byte("Bearer " + token)
 }
 
 // NewRemote returns the remote renderer of model, which asks the engines
 // picks.
 func NewRemote(model string, engines Engines, cfg RemoteConfig) *Remote {
-	rm := &Remote{model: model, engines: engines, cfg: cfg,
+	rm := &Remote{model: model, engines: engines, cfg: cfg, authorization: bearer(cfg.EngineToken),
 		parser: openai.Parser{MaxBodyBytes: max(cfg.MaxResponseBytes, 1), MaxTokenID: cfg.MaxTokenID}}
 	rm.calls.New = func() any { return new(remoteCall) }
 	return rm
@@ -158,6 +173,9 @@ func (rm *Remote) tokens(ctx context.Context, dst []uint32, mm *Multimodal, api 
 		req.Header.SetMethod(fasthttp.MethodPost)
 		req.Header.SetHost(st.addr)
 		req.Header.SetContentType("application/json")
+		if rm.authorization != nil {
+			req.Header.SetBytesV(fasthttp.HeaderAuthorization, rm.authorization)
+		}
 		shape, key := shapeObject, "tokens"
 		switch {
 		case useRender && api01 == 1:

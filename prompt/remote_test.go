@@ -102,6 +102,9 @@ type scriptedEngine struct {
 	calls   atomic.Int64
 	conns   atomic.Int64  // open client connections
 	hang    chan struct{} // closed at cleanup: a hanging handler returns
+	// key, when set, is the bearer token every call must carry, as an
+	// engine started with --api-key wants; others get 401.
+	key atomic.Pointer[string]
 }
 
 type scripted struct {
@@ -142,7 +145,11 @@ func (se *scriptedEngine) set(m map[string]scripted) { se.answers.Store(&m) }
 func (se *scriptedEngine) handle(ctx *fasthttp.RequestCtx) {
 	se.calls.Add(1)
 	a, ok := (*se.answers.Load())[string(ctx.Path())]
+	key := se.key.Load()
 	switch {
+	case key != nil && string(ctx.Request.Header.Peek("Authorization")) != "Bearer "+*key:
+		ctx.SetStatusCode(fasthttp.StatusUnauthorized)
+		ctx.Response.SetBodyRaw([]byte(`{"error":"Unauthorized"}`))
 	case !ok:
 		ctx.SetStatusCode(fasthttp.StatusNotFound)
 		ctx.Response.SetBodyRaw(notFound)
@@ -433,5 +440,28 @@ func TestRemoteBacksOffAStalledEngine(t *testing.T) {
 	}
 	if o := rm.outcomes.load(); o.Timeout != 2 || o.Backoff != 2 {
 		t.Errorf("outcomes %+v", o)
+	}
+}
+
+// TestRemoteEngineToken: an engine started with an API key answers the
+// remote renderer only when it sends RemoteConfig.EngineToken.
+func TestRemoteEngineToken(t *testing.T) {
+	se := startScripted(t)
+	se.set(map[string]scripted{pathRenderChat: {status: 200, body: []byte(`{"token_ids":[1,2,3]}`)}})
+	key := "engine-key"
+	se.key.Store(&key)
+	chat := `{"messages":[{"role":"user","content":"x"}]}`
+	for _, tc := range []struct {
+		token string
+		want  error
+	}{{"", ErrRejected}, {"other-key", ErrRejected}, {key, nil}} {
+		rm := NewRemote("m", FixedEngine(se.addr), RemoteConfig{Timeout: 10 * time.Second, MaxResponseBytes: 2048, EngineToken: tc.token})
+		got, err := rm.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(chat), parse(t, openai.APIChatCompletions, chat))
+		if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			t.Errorf("token %q: error %v, want %v", tc.token, err, tc.want)
+		}
+		if err == nil && !slices.Equal(got, []uint32{1, 2, 3}) {
+			t.Errorf("token %q: ids %v", tc.token, got)
+		}
 	}
 }

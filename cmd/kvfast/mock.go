@@ -147,6 +147,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		dpRank     = fs.Uint("dp-rank", 0, "DP rank of engine 0")
 		ranksAsDP  = fs.Bool("ranks-as-dp", false, "engines share --worker-id and take consecutive DP ranks")
 		tokenizer  = fs.String("tokenizer", "", "tokenize text and chat prompts with the tokenizer in `DIR`, hf:ORG/NAME, or \""+demotok.Name+"\" (the demo's); empty: the toy tokenizer")
+		keyFile    = fs.String("api-key-file", "", "`file` holding an API key on its one line: every engine then wants Authorization: Bearer KEY on paths under /v1, as vLLM started with --api-key does (401 otherwise)")
 		noRender   = fs.Bool("no-render", false, "answer /v1/completions/render and /v1/chat/completions/render with 404, as an engine without them does (a router then asks /tokenize)")
 		heartbeat  = fs.Duration("heartbeat", mocker.DefaultHeartbeatInterval, "heartbeat and load refresh period (wall clock)")
 		stepOver   = fs.Duration("step-overhead", d.StepOverhead, "timing: fixed cost of every step")
@@ -232,6 +233,13 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 			return 2
 		}
 	}
+	apiKey := ""
+	if *keyFile != "" {
+		if apiKey, err = readToken("API key", *keyFile); err != nil {
+			fmt.Fprintf(stderr, "kvfast mock: %v\n", err)
+			return 2
+		}
+	}
 	var renderer mocker.Renderer
 	tokenizerName := "toy tokenizer"
 	if *tokenizer != "" {
@@ -297,6 +305,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 			SlidingWindow:     *window,
 			Renderer:          renderer,
 			DisableRender:     *noRender,
+			APIKey:            apiKey,
 			LoRAAdapters:      loraAdapters(*adapters),
 			Segment:           *segment,
 			WorkerID:          *workerID + uint64(i),

@@ -83,6 +83,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address the router listens on (host:port); use 0.0.0.0:8000 to serve other hosts (then set --api-key-file)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, `address of the admin listener (host:port), which alone serves /admin/... and /metrics; "" serves them on the API listener (then set --admin-token-file)`)
 	fs.StringVar(&sec.adminToken, "admin-token-file", "", "file holding the token /admin/... and /metrics require as Authorization: Bearer TOKEN, on its one line (none: no token; read at start-up only)")
+	fs.StringVar(&sec.engineToken, "engine-api-key-file", "", "file holding the API key the engines were started with (vLLM's or SGLang's --api-key), on its one line: every request to an engine then carries Authorization: Bearer KEY in place of the client's (none: the client's Authorization is forwarded; read at start-up only)")
 	fs.StringVar(&sec.apiKeys, "api-key-file", "", "file of API keys, one per line (# comments), that the OpenAI endpoints require as Authorization: Bearer KEY (none: no check; read at start-up only: restart to add or revoke a key)")
 	fs.StringVar(&cfg.Segment.Path, "segment", cfg.Segment.Path, `shared-memory segment holding the index and the engines' event feed; "none" runs without one (static workers only)`)
 	fs.BoolVar(&cfg.Segment.Recreate, "recreate-segment", cfg.Segment.Recreate, "format a fresh segment even if a valid one exists (drops the warm index); a file at the path that is not a kvfast segment is never overwritten")
@@ -173,22 +174,23 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 
 // securityFiles are the flags naming files of secrets: a secret on the
 // command line would show in every process listing.
-type securityFiles struct{ adminToken, apiKeys string }
+type securityFiles struct{ adminToken, apiKeys, engineToken string }
 
 // load reads the files into cfg.
 func (sec securityFiles) load(cfg *node.Config) error {
 	if sec.adminToken != "" {
-		b, err := os.ReadFile(sec.adminToken)
+		t, err := readToken("admin token", sec.adminToken)
 		if err != nil {
-			return fmt.Errorf("cannot read the admin token: %w", err)
+			return err
 		}
-		if cfg.HTTP.AdminToken = strings.TrimSpace(string(b)); cfg.HTTP.AdminToken == "" {
-			return fmt.Errorf("cannot use admin token file %s: it is empty", sec.adminToken)
+		cfg.HTTP.AdminToken = t
+	}
+	if sec.engineToken != "" {
+		t, err := readToken("engine API key", sec.engineToken)
+		if err != nil {
+			return err
 		}
-		if strings.ContainsAny(cfg.HTTP.AdminToken, "\r\n") {
-			// No request could send a token with a line break in it.
-			return fmt.Errorf("cannot use admin token file %s: it holds more than one line; the token is its one line", sec.adminToken)
-		}
+		cfg.Dispatch.EngineToken = t
 	}
 	if sec.apiKeys != "" {
 		b, err := os.ReadFile(sec.apiKeys)
@@ -205,6 +207,23 @@ func (sec securityFiles) load(cfg *node.Config) error {
 		}
 	}
 	return nil
+}
+
+// readToken reads a file holding one token on its one line.
+func readToken(what, path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("cannot read the %s: %w", what, err)
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" {
+		return "", fmt.Errorf("cannot use %s file %s: it is empty", what, path)
+	}
+	if strings.ContainsAny(t, "\r\n") {
+		// No header could carry a token with a line break in it.
+		return "", fmt.Errorf("cannot use %s file %s: it holds more than one line; the token is its one line", what, path)
+	}
+	return t, nil
 }
 
 // tokenizerFlags collects repeated --tokenizer values.

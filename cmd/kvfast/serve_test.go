@@ -90,12 +90,12 @@ func TestServeConfig(t *testing.T) {
 		if err := os.WriteFile(token, []byte("tok\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		cfg, _, ok := serveConfig([]string{"--api-key-file", keys, "--admin-token-file", token, "--admin-listen", "",
+		cfg, _, ok := serveConfig([]string{"--api-key-file", keys, "--admin-token-file", token, "--engine-api-key-file", token, "--admin-listen", "",
 			"--header-timeout", "3s", "--max-conns-per-ip", "7", "--body-budget-bytes", "33554432"}, io.Discard)
 		if !ok {
 			t.Fatal("serve refused its flags")
 		}
-		if !slices.Equal(cfg.HTTP.APIKeys, []string{"key-a", "key-b"}) || cfg.HTTP.AdminToken != "tok" || cfg.AdminListen != "" ||
+		if !slices.Equal(cfg.HTTP.APIKeys, []string{"key-a", "key-b"}) || cfg.HTTP.AdminToken != "tok" || cfg.Dispatch.EngineToken != "tok" || cfg.AdminListen != "" ||
 			cfg.HTTP.HeaderTimeout != 3*time.Second || cfg.HTTP.MaxConnsPerIP != 7 || cfg.HTTP.BodyBudgetBytes != 32<<20 {
 			t.Errorf("flags not applied: keys %q, token %q, admin %q, %+v", cfg.HTTP.APIKeys, cfg.HTTP.AdminToken, cfg.AdminListen, cfg.HTTP)
 		}
@@ -108,7 +108,8 @@ func TestServeConfig(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, args := range [][]string{{"--api-key-file", empty}, {"--admin-token-file", empty + "x"},
-			{"--admin-token-file", twoLines}, {"--body-budget-bytes", "1024"}} {
+			{"--admin-token-file", twoLines}, {"--engine-api-key-file", twoLines}, {"--engine-api-key-file", empty + "x"},
+			{"--body-budget-bytes", "1024"}} {
 			if _, code, ok := serveConfig(args, io.Discard); ok || code != 2 {
 				t.Errorf("%q: ok %v, code %d; want exit status 2", args, ok, code)
 			}
