@@ -148,7 +148,11 @@ func New(cfg Config) (_ *Node, err error) {
 			return nil, err
 		}
 	}
-	if n.traces, err = tracing.New(cfg.Tracing); err != nil {
+	tcfg := cfg.Tracing
+	if tcfg.Logger == nil {
+		tcfg.Logger = n.log
+	}
+	if n.traces, err = tracing.New(tcfg); err != nil {
 		return nil, err
 	}
 	n.front, err = fastpath.New(cfg.HTTP, fastpath.Deps{

@@ -4,17 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"strings"
 	"sync"
+	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kvfast/kvfast/internal/logthrottle"
 )
 
 // Config is what --otlp-endpoint and its companions set.
@@ -31,6 +36,11 @@ type Config struct {
 	// always traced, one whose client did not is never, so that a trace
 	// is whole across services.
 	SampleRatio float64
+	// Logger, when set, gets the exporter's errors (a collector down or
+	// refusing spans), at most one a minute, instead of the OpenTelemetry
+	// default, which prints each in plain text to stderr and breaks a JSON
+	// log.
+	Logger *slog.Logger
 }
 
 // DefaultConfig has tracing off; setting Endpoint turns it on.
@@ -135,6 +145,13 @@ func New(cfg Config) (*Provider, error) {
 	exp, err := otlptracehttp.New(context.Background(), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("cannot create the OTLP exporter: %w", err)
+	}
+	if cfg.Logger != nil {
+		// The handler is the process's, as OpenTelemetry has one.
+		throttle := logthrottle.New(time.Minute)
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+			throttle.Log(cfg.Logger, slog.LevelWarn, "export", "cannot export traces: spans are dropped", "err", err)
+		}))
 	}
 	res := resource.NewSchemaless(attribute.String("service.name", cfg.ServiceName))
 	tp := sdktrace.NewTracerProvider(

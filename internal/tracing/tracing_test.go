@@ -1,9 +1,16 @@
 package tracing
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 func TestValidateEndpoints(t *testing.T) {
@@ -91,5 +98,52 @@ func TestRefusalsDoNotPrintCredentials(t *testing.T) {
 	cfg.Endpoint = "http://collector:4318"
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("well-formed headers refused: %v", err)
+	}
+}
+
+// lockedBuffer is a log sink safe for the exporter's goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestExportErrorsGoToTheLogger: a collector refusing spans is reported
+// through the router's logger (a JSON log stays JSON), not printed by
+// OpenTelemetry's default handler.
+func TestExportErrorsGoToTheLogger(t *testing.T) {
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "no", http.StatusBadRequest) // not retried by the exporter
+	}))
+	defer collector.Close()
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "10") // ms: export soon, from the processor's own goroutine
+	var logs lockedBuffer
+	cfg := DefaultConfig()
+	cfg.Endpoint = collector.URL
+	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Shutdown(context.Background()) }()
+	_, span := p.Tracer().Start(context.Background(), "refused")
+	span.End()
+	for deadline := time.Now().Add(time.Minute); logs.String() == "" && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	var line struct{ Msg, Err string }
+	if err := json.Unmarshal([]byte(strings.TrimSpace(logs.String())), &line); err != nil || line.Msg != "cannot export traces: spans are dropped" || line.Err == "" {
+		t.Errorf("the log holds %q (%v); want one JSON line reporting the export error", logs.String(), err)
 	}
 }
