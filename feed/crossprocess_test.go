@@ -531,3 +531,18 @@ func TestPythonPublisherRespectsLiveHolder(t *testing.T) {
 		t.Fatalf("the live holder lost its slot: %v", err)
 	}
 }
+
+// TestPythonAdapterUnits runs the vLLM adapter's own tests
+// (publishers/python/test_kvfast_vllm.py), which need no consumer: an
+// engine started before its router, for one.
+func TestPythonAdapterUnits(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not found")
+	}
+	cmd := exec.Command(python, "-B", "-m", "unittest", "test_kvfast_vllm")
+	cmd.Dir = pythonDir(t)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("python3 -m unittest test_kvfast_vllm: %v\n%s", err, out)
+	}
+}

@@ -44,9 +44,18 @@ class KvfastEventPublisher:
     arguments plus the data-parallel rank. The segment path comes from
     "endpoint" when it is a file path (e.g. "/dev/shm/kvfast"), else from
     KVFAST_SEGMENT. The rest comes from the environment:
-    KVFAST_WORKER_ID (default: the engine's port or 0), KVFAST_MODEL,
+    KVFAST_WORKER_ID (default 0: give each engine on the node its own, or
+    the second to start is refused with WorkerLive), KVFAST_MODEL,
     KVFAST_BLOCK_SIZE (default 16), KVFAST_ENDPOINT (the engine's HTTP URL),
     KVFAST_KV_BLOCKS, KVFAST_HEARTBEAT_S (default 1).
+
+    The segment need not exist yet: an engine may start before its router
+    (a container, a unit without the ordering). The publisher then starts
+    unregistered, with _pub None, counts the batches it is given in
+    dropped, and registers at the first heartbeat that finds the segment,
+    as it does after losing a registration. A misconfiguration (a bad
+    block size, a worker id another live engine holds, a segment of
+    another layout) still raises here, where the engine's log shows it.
     """
 
     def __init__(self, data_parallel_rank=0, endpoint=None, attn_dp_rank=None, **_config):
@@ -63,7 +72,14 @@ class KvfastEventPublisher:
             kv_capacity_blocks=int(_env("KVFAST_KV_BLOCKS", "0")),
             endpoint=_env("KVFAST_ENDPOINT", ""),
         )
-        self._pub = KvfastPublisher(**self._args)
+        try:
+            self._pub = KvfastPublisher(**self._args)
+        except FileNotFoundError:
+            # No router has created the segment yet. Failing here would
+            # stop the engine, which has nothing wrong with it; the
+            # heartbeat thread registers once the segment appears.
+            _log.warning("kvfast: no segment at %s yet: KV events are dropped until a router creates it", path)
+            self._pub = None
         self.skipped = 0  # events kvfast cannot represent (LoRA, offload tiers)
         self.dropped = 0  # event batches lost while no registration was live
         self._warned_live = False
@@ -73,7 +89,9 @@ class KvfastEventPublisher:
         self._beat.start()
 
     def _heartbeat(self, period):
-        lost = False  # the registration is gone and a new one has not been made
+        # lost: no registration is live, and a new one has not been made
+        # (from the start when the segment did not exist yet).
+        lost = self._pub is None
         displaced = False  # it went to another registration of this worker id
         while not self._stop.wait(period):
             try:
@@ -95,23 +113,34 @@ class KvfastEventPublisher:
                 # Until a router has created the segment anew this fails, and
                 # the next beat tries again. After losing the slot to another
                 # registration, one that still heartbeats is not taken back.
-                self._pub = KvfastPublisher(displaced=displaced, **self._args)
+                pub = KvfastPublisher(displaced=displaced, **self._args)
+                if self._stop.is_set():
+                    # shutdown() ran meanwhile and closed the publisher it
+                    # saw, not this one: release the slot here.
+                    pub.close()
+                    return
+                self._pub = pub
                 lost = False
+                _log.info("kvfast: registered in %s, slot %d", self._args["path"], pub.slot)
             except WorkerLive as e:
                 # Another engine was given this worker id: say so once, and
                 # keep trying, in case it is the one that goes.
                 if not self._warned_live:
                     self._warned_live = True
-                    _log.warning("kvfast: cannot register again: %s", e)
+                    _log.warning("kvfast: cannot register: %s", e)
             except Exception:
                 pass
 
     def publish(self, events):
         """Map one vLLM KVEventBatch onto kvfast records. Never blocks, and
         never raises into the engine: while the registration is lost (the
-        heartbeat thread makes a new one) the events are dropped and counted,
-        and the router resyncs the worker when it registers again."""
+        heartbeat thread makes a new one), or before the segment exists, the
+        events are dropped and counted, and the router resyncs the worker
+        when it registers."""
         try:
+            if self._pub is None:  # not registered yet: no segment so far
+                self.dropped += 1
+                return
             self._publish(events)
         except Exception:
             self.dropped += 1
@@ -146,7 +175,8 @@ class KvfastEventPublisher:
     def shutdown(self):
         self._stop.set()
         self._beat.join(timeout=2)
-        self._pub.close()
+        if self._pub is not None:  # None: it never registered
+            self._pub.close()
 
 
 def register():

@@ -1,0 +1,160 @@
+"""Tests of the vLLM adapter on its own, without vLLM or a router:
+
+    cd publishers/python && python3 -B -m unittest -v test_kvfast_vllm
+
+The Go suite runs both publishers against the Go consumer (go test ./feed/,
+testdata/py_*.py); these cover what needs no consumer: an engine that
+starts before its router. The segment is formatted here as a router would
+(docs/shm-layout.md: header, then an empty registry), which is all a
+publisher reads.
+"""
+
+import os
+import struct
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvfast_publisher  # noqa: E402
+import kvfast_vllm  # noqa: E402
+
+PAGE = 4096
+
+
+def _align(n, a=PAGE):
+    return (n + a - 1) // a * a
+
+
+def _fnv1a64(data):
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & ((1 << 64) - 1)
+    return h
+
+
+def format_segment(path, ring_bytes=4096, index_bytes=PAGE, bindings_bytes=256):
+    """Create a layout-2 segment at path as the router does: formatted in a
+    temporary file, header last, then renamed into place."""
+    stride = 256 + ring_bytes
+    index_off = _align(49152 + 64 * stride)
+    bindings_off = _align(index_off + index_bytes)
+    size = _align(bindings_off + bindings_bytes)
+    hdr = bytearray(PAGE)
+    hdr[0:8] = b"KVFASTSG"
+    for fmt, off, v in [("<I", 8, 2), ("<I", 12, 4096), ("<Q", 16, size), ("<Q", 24, 0x1234),
+                        ("<Q", 32, time.time_ns()), ("<I", 40, 64), ("<I", 44, 512),
+                        ("<Q", 48, 4096), ("<Q", 56, 4096), ("<Q", 64, 8192), ("<Q", 72, 32768),
+                        ("<Q", 80, 40960), ("<Q", 88, 8192), ("<Q", 96, 49152), ("<Q", 104, stride),
+                        ("<Q", 112, ring_bytes), ("<Q", 120, index_off), ("<Q", 128, index_bytes),
+                        ("<I", 160, 128), ("<I", 164, 256), ("<Q", 168, bindings_off),
+                        ("<Q", 176, bindings_bytes)]:
+        struct.pack_into(fmt, hdr, off, v)
+    struct.pack_into("<Q", hdr, 248, _fnv1a64(hdr[:248]))
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.truncate(size)
+        f.write(hdr)
+    os.chmod(tmp, 0o600)
+    os.rename(tmp, path)
+
+
+def slot_state(path, slot):
+    """The state and worker id a registry slot holds."""
+    with open(path, "rb") as f:
+        f.seek(kvfast_publisher.REGISTRY_OFF + slot * kvfast_publisher.SLOT_SIZE)
+        word, = struct.unpack("<Q", f.read(8))
+        f.seek(kvfast_publisher.REGISTRY_OFF + slot * kvfast_publisher.SLOT_SIZE + kvfast_publisher.S_WORKER_ID)
+        worker, = struct.unpack("<Q", f.read(8))
+    return word & 0xFF, worker
+
+
+class BlockStored:
+    """A stand-in for vllm.distributed.kv_events.BlockStored: the adapter
+    dispatches on the class name."""
+
+    def __init__(self, block_hashes, token_ids, block_size=4, parent_block_hash=None):
+        self.block_hashes, self.token_ids, self.block_size = block_hashes, token_ids, block_size
+        self.parent_block_hash, self.lora_id, self.medium = parent_block_hash, None, "GPU"
+
+
+class KVEventBatch:
+    def __init__(self, events):
+        self.ts, self.events = 0.0, events
+
+
+def wait_for(cond, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+class EngineBeforeRouterTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "kvfast")
+        env = dict(KVFAST_WORKER_ID="7", KVFAST_MODEL="test-model", KVFAST_BLOCK_SIZE="4",
+                   KVFAST_ENDPOINT="http://127.0.0.1:8007", KVFAST_HEARTBEAT_S="0.02")
+        self.saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+
+    def tearDown(self):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        self.dir.cleanup()
+
+    def test_registers_once_the_segment_appears(self):
+        # The engine starts first: constructing the publisher must not
+        # raise (vLLM would stop the engine), and publishing before the
+        # segment exists drops and counts the batch, without raising.
+        pub = kvfast_vllm.KvfastEventPublisher(data_parallel_rank=0, endpoint=self.path, enable_kv_cache_events=True)
+        slot = None
+        try:
+            self.assertIsNone(pub._pub)
+            pub.publish(KVEventBatch([BlockStored([1], [1, 2, 3, 4])]))
+            self.assertEqual(pub.dropped, 1)
+
+            # The router creates the segment: a later heartbeat registers.
+            format_segment(self.path)
+            self.assertTrue(wait_for(lambda: pub._pub is not None), "not registered after the segment appeared")
+            slot = pub._pub.slot
+            self.assertEqual(slot_state(self.path, slot), (kvfast_publisher.LIVE, 7))
+
+            # Events now reach the ring, and heartbeats keep the slot live
+            # under this one registration.
+            reg = pub._pub
+            pub.publish(KVEventBatch([BlockStored([1, 2], list(range(8)))]))
+            self.assertEqual(pub.dropped, 1)
+            self.assertEqual(reg.seq, 1)
+            time.sleep(0.2)
+            self.assertIs(pub._pub, reg)
+            self.assertEqual(slot_state(self.path, slot)[0], kvfast_publisher.LIVE)
+        finally:
+            pub.shutdown()
+        self.assertEqual(slot_state(self.path, slot)[0], kvfast_publisher.CLOSED)
+        self.assertFalse(pub._beat.is_alive())
+
+    def test_shutdown_before_any_segment(self):
+        pub = kvfast_vllm.KvfastEventPublisher(endpoint=self.path)
+        pub.publish(KVEventBatch([]))
+        pub.shutdown()
+        self.assertFalse(pub._beat.is_alive())
+        self.assertEqual(pub.dropped, 1)
+
+    def test_misconfiguration_still_raises(self):
+        # Waiting for the segment is for the one failure that time fixes:
+        # a bad setting raises at once, segment or not.
+        os.environ["KVFAST_BLOCK_SIZE"] = "0"
+        with self.assertRaises(ValueError):
+            kvfast_vllm.KvfastEventPublisher(endpoint=self.path)
+
+
+if __name__ == "__main__":
+    unittest.main()
