@@ -152,8 +152,9 @@ func (c *Call) SetChoices(n int) { c.choices = n }
 
 // SetAttempts makes a 5xx answer's verdict on its engine wait in a until
 // another attempt of the same request, with this or another Call given
-// a, ends well (Attempts says why). Set it where the request is retried
-// on another engine; without it a 5xx counts against its engine at once.
+// a, gets a success status (Attempts says why). Set it where the request
+// is retried on another engine; without it a 5xx counts against its
+// engine at once.
 func (c *Call) SetAttempts(a *Attempts) { c.attempts = a }
 
 // Do sends the request to slot's engine and waits for the response status
@@ -203,12 +204,18 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 		return ferr
 	}
 	c.open = true
-	if c.resp.StatusCode() >= 500 {
+	switch status := c.resp.StatusCode(); {
+	case status >= 500:
 		if c.attempts != nil && c.attempts.hold(e) {
 			c.judged = true
 		} else {
 			c.judge(false)
 		}
+	case status >= 200 && status < 300 && c.attempts != nil:
+		// This engine took the request the held ones failed: they are
+		// judged now, not when its answer ends (a stream may run for
+		// minutes while they draw traffic).
+		c.attempts.served()
 	}
 	if obs != nil {
 		obs.OnDispatched()
@@ -237,9 +244,6 @@ func (c *Call) Discard() error {
 func (c *Call) judge(ok bool) {
 	if !c.judged && c.engine != nil {
 		c.judged = true
-		if ok && c.attempts != nil {
-			c.attempts.served()
-		}
 		c.engine.record(ok)
 	}
 }

@@ -208,13 +208,15 @@ func (e *Engine) Outlier() OutlierStatus {
 // it would eject healthy engines one retry at a time, up to
 // MaxEjectedPercent of the pool, for as long as a client keeps sending
 // it. So a Call given Attempts holds its 5xx verdicts there and records
-// them as failures when a later attempt ends well; when the request ends
-// with verdicts still held, Done counts each against its engine unless
-// that engine served another request within the outlier Window (it
-// works; this request did not). Engines that fail everything still go:
-// they serve nothing. Refused or broken connections and timeouts are
-// judged at once, as without Attempts: they say nothing about the
-// request.
+// them as failures when a later attempt gets a success status; when the
+// request ends with verdicts still held, Done counts each against its
+// engine unless that engine served another request within the outlier
+// Window (it works; this request did not). Engines that fail everything
+// still go: they serve nothing. Refused or broken connections and
+// timeouts are judged at once, as without Attempts: they say nothing
+// about the request. A request that cannot be retried elsewhere (pinned
+// to its worker, say) gets no Attempts: with one engine's word alone, a
+// poisonous request cannot be told from a flaky engine.
 //
 // The zero value is ready. The owner serialises its attempts, as it does
 // the Call's, and calls Done once the request is over.
@@ -254,6 +256,9 @@ func (a *Attempts) served() {
 // engine served another request within the outlier Window. It returns
 // how many it did not count, and leaves a ready for another request.
 func (a *Attempts) Done() (unattributed int) {
+	if a.n == 0 {
+		return 0
+	}
 	now := clock.Now()
 	for i := range a.n {
 		e := a.held[i]

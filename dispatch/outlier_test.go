@@ -250,7 +250,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 }
 
 // TestHeldVerdicts: with Attempts, a 5xx counts against its engine when
-// a later attempt of the same request, on another engine, ends well, or
+// a later attempt of the same request, on another engine, is answered 2xx, or
 // when the request ends unserved and the engine has served nothing else
 // within the window. A request every engine answers with a 5xx ejects
 // none of the engines that serve other requests, however often it is
@@ -328,6 +328,30 @@ func TestHeldVerdicts(t *testing.T) {
 	}
 	if !ejected(4) || ejected(1) {
 		t.Errorf("slot 4, which served nothing, failed two requests: ejected %v (want true); slot 1, which serves others, ejected %v", ejected(4), ejected(1))
+	}
+
+	// The held verdict is recorded when the serving engine answers 2xx,
+	// not when its answer ends (a stream may run for minutes).
+	{
+		var a Attempts
+		c := p.AcquireCall()
+		c.SetAttempts(&a)
+		c.SetRequest([]byte("/v1/completions"), []byte(`{"prompt":"x"}`))
+		if err := c.Do(4, nil); err != nil {
+			t.Fatalf("Do on slot 4: %v", err)
+		}
+		_ = c.Discard()
+		before := p.Engine(4).out.failures.Load()
+		if err := c.Do(2, nil); err != nil {
+			t.Fatalf("Do on slot 2: %v", err)
+		}
+		if got := p.Engine(4).out.failures.Load(); got != before+1 {
+			t.Errorf("after slot 2 answered 2xx, slot 4's failures went %d -> %d; want the held one recorded", before, got)
+		}
+		c.Release()
+		if n := a.Done(); n != 0 {
+			t.Errorf("%d verdicts were still held after slot 2 served the request", n)
+		}
 	}
 
 	// Without Attempts a 5xx counts at once.

@@ -418,6 +418,26 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify b
 	if err := d.Send(zmq4.NewMsgFrom([]byte{}, req[:])); err != nil {
 		return fail(err)
 	}
+	// done ends a replay that stopped before the engine's end marker: the
+	// engine sends its whole buffer from the number asked for, and what
+	// is left of it is read and dropped before the socket closes. zmq4
+	// (v0.17.0) hands each received message to a queue of ten from a
+	// goroutine of the connection's, with a plain channel send that
+	// neither Close nor the context interrupts: left unread, the rest of
+	// a long answer would leave that goroutine, and the messages it
+	// holds, blocked for the life of the process, one per replay.
+	done := func(r replayResult) replayResult {
+		for {
+			msg, err := d.Recv()
+			if err != nil {
+				return r // the deadline or a broken connection: nothing more comes
+			}
+			if seq, payload, ok := replayReply(msg.Frames); ok && seq == endOfReplay && len(payload) == 0 {
+				return r
+			}
+			stall.Reset(s.cfg.ReplayTimeout)
+		}
+	}
 	next := from // the lowest number that moves the replay on
 	for {
 		msg, err := d.Recv()
@@ -433,18 +453,22 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify b
 		if verify {
 			verify = false
 			switch {
-			case end || seq != from:
+			case end:
 				return replayUnproven
+			case seq != from:
+				return done(replayUnproven)
 			case xxhash.Sum64(payload) != s.lastDigest:
-				return replayMismatch
+				return done(replayMismatch)
 			}
 			stall.Reset(s.cfg.ReplayTimeout)
 			next = from + 1
 			continue // applied already: what follows continues it
 		}
 		switch {
-		case end, seq >= until:
+		case end:
 			return replayEnded
+		case seq >= until:
+			return done(replayEnded)
 		case seq < next:
 			s.c.duplicates.Add(1) // a repeat moves nothing on
 			continue

@@ -6,8 +6,10 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"net"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -1198,4 +1200,53 @@ func TestNamespaceSeedsAreBounded(t *testing.T) {
 			t.Fatalf("after %d names: %d entries of %d bytes", i+1, len(c.m), c.bytes)
 		}
 	}
+}
+
+// TestZMQReplayIsReadToItsEnd: an engine answers a replay with its whole
+// buffer, here far past the batch that revealed the gap. The subscriber
+// stops applying at that batch but reads the rest before closing its
+// socket: zmq4's connection goroutine, blocked on a full queue of unread
+// replies, would otherwise outlive the replay forever.
+func TestZMQReplayIsReadToItsEnd(t *testing.T) {
+	ix := newZMQIndex(t)
+	e := newTestEngine(t, true)
+	s := startSub(t, ix, e, func(c *ZMQConfig) { c.ReplayTimeout = time.Minute })
+	e.warmUp(t, s, vllmMap)
+	readers := func() int {
+		buf := make([]byte, 1<<20)
+		return strings.Count(string(buf[:runtime.Stack(buf, true)]), "zmq4.(*qreader).listen")
+	}
+	before := readers() // the subscriber's live socket
+	ops := genOps(27, 200)
+	_, lost := publishOps(t, vllmMap, ops[:50], e.lose)
+	lostPayloads := make([][]byte, len(lost))
+	for i, o := range lost {
+		lostPayloads[i] = encodeBatch(t, vllmMap, wireOps(intHashes, o))
+	}
+	e.mu.Lock()
+	e.serve = func(id []byte, start uint64) {
+		for i, p := range lostPayloads {
+			if e.reply(id, false, start+uint64(i), p) != nil {
+				return
+			}
+		}
+		// Far more than zmq4's queue of ten, all past the gap.
+		for i := range 100 {
+			if e.reply(id, false, 1<<40+uint64(i), lostPayloads[0]) != nil {
+				return
+			}
+		}
+		_ = e.reply(id, false, endOfReplay, []byte{})
+	}
+	e.mu.Unlock()
+	m := newModel()
+	applyAll(m, lost)
+	seqs, after := publishOps(t, vllmMap, ops[50:], e.publish)
+	applyAll(m, after)
+	waitSeq(t, s, seqs[len(seqs)-1])
+	m.check(t, ix, zmqTestSlot)
+	if st := s.Stats(); st.Replays == 0 || st.ReplayFailures != 0 {
+		t.Fatalf("stats %+v: want a replay that did not fail", st)
+	}
+	waitFor(t, func() bool { return readers() <= before }, func() any { return fmt.Sprintf("%d zmq4 readers, %d before the replay", readers(), before) })
 }

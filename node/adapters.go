@@ -110,7 +110,7 @@ func (n *Node) learnModel(info sched.WorkerInfo, model string) error {
 
 // errEngineAuth is an engine refusing the router's credentials: no key
 // (--engine-api-key-file) or another than the engine's.
-var errEngineAuth = errors.New("the engine wants an API key the router does not send")
+var errEngineAuth = errors.New("the engine refuses the router's credentials: it wants an API key the router does not send, or another")
 
 // fetch reads one engine's model list: the first base model it lists, the
 // adapters of model, and whether model is listed at all. vLLM lists each LoRA adapter with parent set to

@@ -133,8 +133,10 @@ func New(cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n.pinSharedRanks()
-	if n.prompts, err = prompt.NewRegistry(cfg.Tokenizers, prompt.Options{Engines: n,
-		MaxTokenID: cfg.HTTP.MaxTokenID, Logger: n.log, EngineToken: cfg.Dispatch.EngineToken}); err != nil {
+	pcfg := cfg.Tokenizers
+	pcfg.EngineToken = cfg.Dispatch.EngineToken // one key for every call to the engines
+	if n.prompts, err = prompt.NewRegistry(pcfg, prompt.Options{Engines: n,
+		MaxTokenID: cfg.HTTP.MaxTokenID, Logger: n.log}); err != nil {
 		return nil, err
 	}
 	// Sticky sessions live in the segment, where every router on the node

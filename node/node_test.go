@@ -425,6 +425,11 @@ func TestRefusedRegistration(t *testing.T) {
 	if _, ok := n.Scheduler().Resolve(1, 0); ok {
 		t.Error("the scheduler still resolves the refused worker")
 	}
+	for i := range workers.Max {
+		if e := n.engines.Engine(workers.Slot(i)); e != nil {
+			t.Errorf("slot %d keeps an engine for the refused registration", i)
+		}
+	}
 }
 
 // TestPickEngine: a remote renderer is pointed at the healthy workers

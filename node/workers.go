@@ -176,14 +176,20 @@ func (n *Node) syncRegistry() {
 				// answered, and its ejection record is not the new one's.
 				n.engines.Abandon(slot)
 			}
+			// The engine first, then the worker: selection may pick the
+			// worker from the moment the scheduler has it (a request for
+			// its model rebuilds the front end's table at once), and the
+			// engine, with its rank pinned if it shares its endpoint, must
+			// be there to take it.
 			addr, err := hostPort(info.Endpoint)
 			if err == nil {
+				_, err = n.engines.Add(slot, addr)
+			}
+			if err == nil {
+				n.pinJoiningRank(slot, addr, info.DPRank)
 				err = n.sched.Upsert(sched.WorkerInfo{ID: info.WorkerID, DPRank: info.DPRank, Slot: slot,
 					Model: info.Model, Endpoint: addr, BlockSize: info.BlockSize, KVCapacityBlocks: info.KVCapacityBlocks,
 					Role: workers.Role(info.Role), Generation: info.Generation})
-			}
-			if err == nil {
-				_, err = n.engines.Add(slot, addr)
 			}
 			if err != nil {
 				// An engine that keeps re-registering with the same flaw
@@ -191,13 +197,11 @@ func (n *Node) syncRegistry() {
 				// throttled by slot as well.
 				n.throttle.Log(n.log, slog.LevelError, "refused/"+strconv.Itoa(i), "cannot route to registered worker", "slot", slot, "worker", info.WorkerID,
 					"dp_rank", info.DPRank, "endpoint", info.Endpoint, "generation", info.Generation, "err", err)
-				if e.present {
-					// The slot's previous registration must not stay
-					// routable under the new, refused one.
-					n.sched.Remove(slot)
-					n.engines.Remove(slot)
-					changed = true
-				}
+				// Neither the slot's previous registration nor an engine
+				// added for the refused one may stay routable.
+				n.sched.Remove(slot)
+				n.engines.Remove(slot)
+				changed = changed || e.present
 				*e = regEntry{refused: true, generation: info.Generation, endpoint: info.Endpoint, model: info.Model}
 				continue
 			}
@@ -239,6 +243,18 @@ func (n *Node) syncRegistry() {
 	if changed {
 		n.pinSharedRanks()
 		n.front.WorkersChanged()
+	}
+}
+
+// pinJoiningRank pins the rank of a worker about to join at addr when a
+// worker already there shares the endpoint; pinSharedRanks, after the
+// scan, pins the others.
+func (n *Node) pinJoiningRank(slot workers.Slot, addr string, rank uint32) {
+	for w := range n.sched.Workers().All() {
+		if info, ok := n.sched.Worker(w); ok && w != slot && info.Endpoint == addr {
+			n.engines.PinRank(slot, int64(rank))
+			return
+		}
 	}
 }
 

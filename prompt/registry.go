@@ -16,9 +16,6 @@ type Options struct {
 	// any uint32.
 	MaxTokenID uint32
 	Logger     *slog.Logger
-	// EngineToken is the bearer token remote renderers send the engines
-	// (RemoteConfig.EngineToken); "" for none.
-	EngineToken string
 }
 
 // Modes, the mode label of kvfast_tokenizer_info and kvfast_tokenize_total.
@@ -84,7 +81,7 @@ func (r *Registry) build(model string, src Source) (*entry, error) {
 			return nil, fmt.Errorf("cannot render %s's prompts remotely: the registry has no engines to ask", model)
 		}
 		rm := NewRemote(model, r.opts.Engines, RemoteConfig{Timeout: r.cfg.Timeout,
-			MaxResponseBytes: r.cfg.MaxResponseBytes, MaxTokenID: r.opts.MaxTokenID, EngineToken: r.opts.EngineToken})
+			MaxResponseBytes: r.cfg.MaxResponseBytes, MaxTokenID: r.opts.MaxTokenID, EngineToken: r.cfg.EngineToken})
 		return &entry{status: ModelStatus{Model: model, Mode: ModeRemote, Source: src.String(), Exact: true},
 			renderer: rm, remote: rm}, nil
 	}
@@ -217,7 +214,7 @@ func (r *Registry) Status() []ModelStatus {
 func Open(model, source string, cfg Config, maxTokenID uint32) (Renderer, error) {
 	if addr, ok := engineAddr(source); ok {
 		return NewRemote(model, FixedEngine(addr), RemoteConfig{Timeout: cfg.Timeout,
-			MaxResponseBytes: cfg.MaxResponseBytes, MaxTokenID: maxTokenID}), nil
+			MaxResponseBytes: cfg.MaxResponseBytes, MaxTokenID: maxTokenID, EngineToken: cfg.EngineToken}), nil
 	}
 	src, err := ParseSource(source)
 	if err != nil {

@@ -29,6 +29,10 @@ type Config struct {
 	// MaxRenderBytes bounds the request body, and the rendered prompt, the
 	// built-in path tokenizes; larger requests route approximately.
 	MaxRenderBytes int
+	// EngineToken is the bearer token remote renderers send the engines
+	// (RemoteConfig.EngineToken); "" for none. kvfast serve sets it from
+	// --engine-api-key-file.
+	EngineToken string
 }
 
 // DefaultConfig is no tokenizer (every text and chat request routes

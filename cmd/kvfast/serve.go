@@ -138,8 +138,8 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.IntVar(&enc.AffinityItems, "encoder-affinity-items", enc.AffinityItems, "recently encoded items remembered per encoder, to send an item again to the encoder whose cache has it (0: choose encoders by load only)")
 	fs.DurationVar(&enc.AffinityTTL, "encoder-affinity-ttl", enc.AffinityTTL, "how long an encoder is trusted to still have an item it encoded")
 	oc := &cfg.Dispatch.Outlier
-	fs.IntVar(&oc.Consecutive, "eject-consecutive", oc.Consecutive, "eject an engine from routing after this many failed requests in a row (refused or reset connection, timeout, 5xx; not a 5xx for a request every engine tried failed, while this engine served others within --eject-window; 0: off)")
-	fs.IntVar(&oc.FailurePercent, "eject-failure-percent", oc.FailurePercent, "eject an engine whose requests failed at least this percentage within --eject-window, once it saw --eject-min-requests there (0: off)")
+	fs.IntVar(&oc.Consecutive, "eject-consecutive", oc.Consecutive, "eject an engine from routing after this many failed requests in a row (refused or reset connection, timeout, 5xx; a 5xx of a request that every engine it was retried on answered 5xx counts only if this engine served nothing else within --eject-window; 0: off)")
+	fs.IntVar(&oc.FailurePercent, "eject-failure-percent", oc.FailurePercent, "eject an engine whose requests failed at least this percentage within --eject-window, once it saw --eject-min-requests there, failures counted as for --eject-consecutive (0: off)")
 	fs.IntVar(&oc.MinRequests, "eject-min-requests", oc.MinRequests, "requests within --eject-window before --eject-failure-percent applies")
 	fs.DurationVar(&oc.Window, "eject-window", oc.Window, "window of --eject-failure-percent, and how recently an engine must have served for a request every engine failed with 5xx to count not against it")
 	fs.DurationVar(&oc.BaseEjection, "eject-base-time", oc.BaseEjection, "first ejection's length; the n-th in a row lasts n times as long")

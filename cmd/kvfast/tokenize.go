@@ -73,6 +73,7 @@ func tokenizeCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) i
 	)
 	// A command can wait longer than routing does.
 	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Second, "longest wait for the engine")
+	keyFile := fs.String("engine-api-key-file", "", "`file` holding the API key the engine was started with, on its one line, sent as kvfast serve sends it")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -86,6 +87,13 @@ func tokenizeCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) i
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintln(stderr, "kvfast tokenize:", err)
 		return 2
+	}
+	if *keyFile != "" {
+		var err error
+		if cfg.EngineToken, err = readToken("engine API key", *keyFile); err != nil {
+			fmt.Fprintln(stderr, "kvfast tokenize:", err)
+			return 2
+		}
 	}
 	in, err := io.ReadAll(stdin)
 	if err != nil {

@@ -84,3 +84,30 @@ func TestTokenizeCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenizeWithEngineKey: an engine started with an API key answers
+// kvfast tokenize when given the key's file, and refuses it without.
+func TestTokenizeWithEngineKey(t *testing.T) {
+	e, err := mocker.Start(mocker.Config{Speedup: math.Inf(1), APIKey: "engine-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	key := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(key, []byte("engine-key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	chat := `{"model":"mock","messages":[{"role":"user","content":"hi"}]}`
+	var out, errOut bytes.Buffer
+	if code := tokenizeCommand([]string{"--tokenizer", e.URL(), "--chat", "--engine-api-key-file", key}, strings.NewReader(chat), &out, &errOut); code != 0 {
+		t.Errorf("with the key: exit %d: %s", code, errOut.String())
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := tokenizeCommand([]string{"--tokenizer", e.URL(), "--chat"}, strings.NewReader(chat), &out, &errOut); code == 0 || !strings.Contains(errOut.String(), "401") {
+		t.Errorf("without the key: exit %d: %s; want the engine's 401", code, errOut.String())
+	}
+	if strings.Contains(errOut.String(), "engine-key") {
+		t.Errorf("the error quotes the key: %s", errOut.String())
+	}
+}
