@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
 )
 
@@ -150,7 +151,7 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (base
 		return "", nil, false, fmt.Errorf("cannot read %s's model list: %w", endpoint, err)
 	}
 	for _, m := range list.Data {
-		if (m.Parent == nil || *m.Parent == "") && m.ID != "" {
+		if (m.Parent == nil || *m.Parent == "") && m.ID != "" && len(m.ID) <= shm.MaxModelLen {
 			base = m.ID
 			break
 		}
@@ -160,7 +161,12 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (base
 	}
 	for _, m := range list.Data {
 		listed = listed || m.ID == model
-		if m.Parent != nil && *m.Parent == model && m.ID != "" && m.ID != model {
+		// A name longer than a registered model's could be, or more
+		// adapters than maxAdapters, is not kept: the front end keeps
+		// every adapter's name, and those of adapters gone, for as long
+		// as the router runs.
+		if m.Parent != nil && *m.Parent == model && m.ID != "" && m.ID != model && len(m.ID) <= shm.MaxModelLen &&
+			len(got) < maxAdapters {
 			if got == nil {
 				got = map[string]string{}
 			}
@@ -169,3 +175,7 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (base
 	}
 	return base, got, listed, nil
 }
+
+// maxAdapters bounds the LoRA adapters kept per engine, far more than a
+// deployment registers with one engine.
+const maxAdapters = 1024

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -446,5 +448,34 @@ func TestEngineWantingAKeyIsLogged(t *testing.T) {
 	}
 	if !newAdapterPoller("engine-key").poll(context.Background(), n) {
 		t.Error("with the engine's key the static worker's model is still unknown")
+	}
+}
+
+// TestAdapterListIsBounded: an engine's /v1/models may list anything; the
+// router keeps at most maxAdapters of its adapters, none with a name
+// longer than a registered model's, since it remembers adapter names for
+// as long as it runs.
+func TestAdapterListIsBounded(t *testing.T) {
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		var b strings.Builder
+		b.WriteString(`{"object":"list","data":[{"id":"base","parent":null},{"id":"` + strings.Repeat("x", 1<<20) + `","parent":"base"}`)
+		for i := range 2 * maxAdapters {
+			fmt.Fprintf(&b, `,{"id":"lora-%d","parent":"base"}`, i)
+		}
+		b.WriteString(`]}`)
+		_, _ = io.WriteString(w, b.String())
+	}))
+	defer engine.Close()
+	base, got, listed, err := newAdapterPoller("").fetch(context.Background(), strings.TrimPrefix(engine.URL, "http://"), "base")
+	if err != nil || base != "base" || !listed {
+		t.Fatalf("fetch: base %q, listed %v, err %v", base, listed, err)
+	}
+	if len(got) != maxAdapters {
+		t.Errorf("kept %d adapters, want %d", len(got), maxAdapters)
+	}
+	for name := range got {
+		if len(name) > shm.MaxModelLen {
+			t.Fatalf("kept an adapter name of %d bytes", len(name))
+		}
 	}
 }
