@@ -215,7 +215,10 @@ func TestRunEndToEnd(t *testing.T) {
 			t.Errorf("request %d: cached %d of %d (sent %d), want %d of %d", i, q.UsageCachedTokens, q.UsagePromptTokens, q.PromptTokens, want, tr.Records[i].InputLength)
 		case q.Chunks != out || q.OutputTokens() != out:
 			t.Errorf("request %d: %d chunks, %d output tokens, want %d", i, q.Chunks, q.OutputTokens(), out)
-		case q.TTFT < firstToken || q.Latency < q.TTFT+time.Duration(out-1)*tokenGap:
+		case q.TTFT < firstToken || q.Latency < firstToken+time.Duration(out-1)*tokenGap:
+			// Lower bounds from the request's start only: a client
+			// descheduled past the first token sees the rest at once,
+			// so the gap between its TTFT and its end says nothing.
 			t.Errorf("request %d: TTFT %v, latency %v: faster than the server can answer", i, q.TTFT, q.Latency)
 		case q.Worker != fmt.Sprintf("w%d", i%2) || q.Status != 200:
 			t.Errorf("request %d: worker %q, status %d", i, q.Worker, q.Status)
