@@ -221,7 +221,7 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 	// Redialling is ours (with backoff and ctx), not zmq4's.
 	sub := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.DialTimeout),
 		zmq4.WithLogger(s.zmqLog()))
-	defer sub.Close()
+	defer closeSocket(sub)
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
 		return false, fmt.Errorf("cannot subscribe to %q: %w", s.cfg.Topic, err)
 	}
@@ -404,7 +404,7 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify b
 	defer stall.Stop()
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.DialTimeout),
 		zmq4.WithTimeout(s.cfg.ReplayTimeout), zmq4.WithLogger(s.zmqLog()))
-	defer d.Close()
+	defer closeSocket(d)
 	fail := func(err error) replayResult {
 		s.c.replayFailures.Add(1)
 		s.cfg.Logger.Warn("KV-event replay failed", "endpoint", s.cfg.Replay, "from", from, "err", err)
@@ -417,26 +417,6 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify b
 	binary.BigEndian.PutUint64(req[:], from)
 	if err := d.Send(zmq4.NewMsgFrom([]byte{}, req[:])); err != nil {
 		return fail(err)
-	}
-	// done ends a replay that stopped before the engine's end marker: the
-	// engine sends its whole buffer from the number asked for, and what
-	// is left of it is read and dropped before the socket closes. zmq4
-	// (v0.17.0) hands each received message to a queue of ten from a
-	// goroutine of the connection's, with a plain channel send that
-	// neither Close nor the context interrupts: left unread, the rest of
-	// a long answer would leave that goroutine, and the messages it
-	// holds, blocked for the life of the process, one per replay.
-	done := func(r replayResult) replayResult {
-		for {
-			msg, err := d.Recv()
-			if err != nil {
-				return r // the deadline or a broken connection: nothing more comes
-			}
-			if seq, payload, ok := replayReply(msg.Frames); ok && seq == endOfReplay && len(payload) == 0 {
-				return r
-			}
-			stall.Reset(s.cfg.ReplayTimeout)
-		}
 	}
 	next := from // the lowest number that moves the replay on
 	for {
@@ -453,22 +433,18 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify b
 		if verify {
 			verify = false
 			switch {
-			case end:
+			case end || seq != from:
 				return replayUnproven
-			case seq != from:
-				return done(replayUnproven)
 			case xxhash.Sum64(payload) != s.lastDigest:
-				return done(replayMismatch)
+				return replayMismatch
 			}
 			stall.Reset(s.cfg.ReplayTimeout)
 			next = from + 1
 			continue // applied already: what follows continues it
 		}
 		switch {
-		case end:
+		case end, seq >= until:
 			return replayEnded
-		case seq >= until:
-			return done(replayEnded)
 		case seq < next:
 			s.c.duplicates.Add(1) // a repeat moves nothing on
 			continue
@@ -477,6 +453,27 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify b
 		next = seq + 1
 		s.c.replayed.Add(1)
 		s.offer(seq, payload)
+	}
+}
+
+// closeSocket closes a socket whose peer may still be sending: an engine
+// answers a replay with its whole buffer from the number asked for, and
+// a replay stops reading at the batch that revealed its gap, or at a
+// failure; a live stream is left when the subscriber stops. zmq4
+// (v0.17.0) hands each received message to a queue of ten from a
+// goroutine of the connection's, with a plain channel send that neither
+// Close nor the context interrupts (qreader.listen): with the queue full,
+// that goroutine, and the messages it holds, would stay blocked for the
+// life of the process, one per socket. Once the socket is closed the
+// queue is emptied, which lets that goroutine see the context done and
+// return. Recv on a closed socket chooses at random between its done
+// context and a queued message, so it is asked 128 times: each call takes
+// a queued message at even odds, and the queue holds ten (and the
+// goroutine one more).
+func closeSocket(d zmq4.Socket) {
+	_ = d.Close()
+	for range 128 {
+		_, _ = d.Recv()
 	}
 }
 
