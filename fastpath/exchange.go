@@ -575,8 +575,12 @@ func (ex *exchange) logFailure(msg string, err error) {
 	if !ex.s.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
+	status := 0 // no answer
+	if ex.call != nil && errors.Is(err, dispatch.ErrEngineError) {
+		status = ex.call.StatusCode() // the error status it answered with
+	}
 	ex.s.log.Debug(msg, "request_id", string(ex.rid), "worker", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank,
-		"endpoint", ex.dec.Endpoint, "err", err)
+		"endpoint", ex.dec.Endpoint, "status", status, "err", err)
 }
 
 // --- client hang-up ---
@@ -773,8 +777,9 @@ func outcomeOf(err error) string {
 // --- failures ---
 
 func (ex *exchange) reject(ctx *fasthttp.RequestCtx, e *openai.Error) {
-	if e == errModelUnavailable {
-		// The router's side, not the client's: its engines are down.
+	if e == errModelUnavailable || e == errModelsPending {
+		// The router's side, not the client's: its engines are down, or
+		// not heard from yet.
 		ctx.Response.Header.SetBytesV("Retry-After", ex.s.retryAfter(ex))
 		ex.count(statusUnavailable)
 	} else {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,5 +146,32 @@ func TestModelOfAJoiningWorker(t *testing.T) {
 	}
 	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body("nobody-serves-this")); code != http.StatusNotFound {
 		t.Errorf("an unknown model: status %d: %s; want 404", code, raw)
+	}
+}
+
+// TestWorkerOfUnknownModel: a static worker whose engine has not told its
+// model yet is not listed as a model named "", and a request for a model
+// no known worker serves is answered 503 while such a worker exists (it
+// may be that worker's model), 404 once none does.
+func TestWorkerOfUnknownModel(t *testing.T) {
+	s := newRouteTestServer(t, 1, "")
+	if err := s.sched.Upsert(sched.WorkerInfo{ID: 7, Slot: 3, Endpoint: "127.0.0.1:30"}); err != nil {
+		t.Fatal(err)
+	}
+	s.WorkersChanged()
+	ctx := newRouteCtx(PathModels, nil, nil)
+	ctx.Request.Header.SetMethod(http.MethodGet)
+	s.handle(ctx)
+	if body := string(ctx.Response.Body()); ctx.Response.StatusCode() != http.StatusOK || strings.Contains(body, `"id":""`) {
+		t.Errorf("GET /v1/models: %d %s; want no model named \"\"", ctx.Response.StatusCode(), body)
+	}
+	body := []byte(`{"model":"later","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`)
+	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusServiceUnavailable || !strings.Contains(string(raw), "not known yet") {
+		t.Errorf("a model no known worker serves, with a worker's model unknown: %d %s; want 503", code, raw)
+	}
+	s.sched.Remove(3)
+	s.WorkersChanged()
+	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusNotFound {
+		t.Errorf("a model no worker serves: %d %s; want 404", code, raw)
 	}
 }

@@ -136,7 +136,7 @@ func newMetrics(s *Server) *metrics {
 	})
 	auth := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvfast_auth_refused_total",
-		Help: "Requests refused with 401 for a missing or wrong bearer token: scope api (--api-key, the OpenAI endpoints) or admin (--admin-token, /metrics and /admin).",
+		Help: "Requests refused with 401 for a missing or wrong bearer token: scope api (--api-key-file, the OpenAI endpoints) or admin (--admin-token-file, /metrics and /admin).",
 	}, []string{"scope"})
 	m.authRefused, m.adminAuthRefused = auth.WithLabelValues("api"), auth.WithLabelValues("admin")
 	multimodal := prometheus.NewCounterVec(prometheus.CounterOpts{

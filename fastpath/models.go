@@ -37,8 +37,15 @@ func (s *Server) SetAdapters(adapters map[string]string) {
 
 func (s *Server) rebuildModels() {
 	m := map[string]modelNamespace{}
+	pending := false
 	for w := range s.sched.Workers().All() {
 		if info, ok := s.sched.Worker(w); ok {
+			if info.Model == "" {
+				// A static worker whose engine has not told its model yet
+				// (GET /v1/models): no model to list or look up.
+				pending = true
+				continue
+			}
 			if _, seen := m[info.Model]; seen {
 				continue
 			}
@@ -86,6 +93,7 @@ func (s *Server) rebuildModels() {
 	}
 	s.seeds.Store(&m)
 	s.departed.Store(&gone)
+	s.modelsPending.Store(pending)
 }
 
 // maxDeparted bounds the models remembered as once served.
@@ -103,6 +111,8 @@ var (
 		Message: "no worker serves the requested model"}
 	errModelUnavailable = &openai.Error{Status: 503, Type: openai.TypeServerError, Param: "model", Code: "model_unavailable",
 		Message: "every worker that served the requested model is down; retry later"}
+	errModelsPending = &openai.Error{Status: 503, Type: openai.TypeServerError, Param: "model", Code: "model_unavailable",
+		Message: "no worker is known to serve the requested model, and some workers' models are not known yet: their engines have not answered GET /v1/models (down, or refusing the router's key: see the router's log)"}
 )
 
 // namespace resolves the request's model to the name the workers use (an
@@ -149,6 +159,11 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 				if _, was := (*d)[string(r.Model)]; was {
 					return "", 0, nil, errModelUnavailable
 				}
+			}
+			if s.modelsPending.Load() {
+				// It may be the model of a worker not heard from yet: not
+				// a client's mistake until that is known.
+				return "", 0, nil, errModelsPending
 			}
 			return "", 0, nil, errUnknownModel
 		}

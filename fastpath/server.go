@@ -233,6 +233,9 @@ type Server struct {
 	renderers Renderers
 	settled   <-chan struct{} // Deps.Settled
 	seeds     atomic.Pointer[map[string]modelNamespace]
+	// modelsPending: some worker's model is not known yet (a static
+	// worker whose engine has not answered GET /v1/models).
+	modelsPending atomic.Bool
 	// departed is every model that workers served since start and none
 	// serves now (all its engines down or restarting): a request naming
 	// one gets 503, which clients retry, not 404. Rebuilt with seeds.

@@ -60,7 +60,7 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 		case errors.Is(err, errEngineAuth):
 			// It will refuse the requests routed to it too.
 			n.throttle.Log(n.log, slog.LevelWarn, "auth/"+strconv.Itoa(int(slot)),
-				"an engine refuses the router's key: start kvfast serve with --engine-api-key-file holding the key the engine was started with",
+				"an engine refuses the router's credentials: give kvfast serve --engine-api-key-file holding the key the engine was started with (none is given, or another)",
 				"slot", slot, "worker", info.ID, "endpoint", info.Endpoint, "err", err)
 		case err != nil:
 			n.log.Debug("cannot learn an engine's models", "slot", slot, "endpoint", info.Endpoint, "err", err)

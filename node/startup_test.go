@@ -431,7 +431,7 @@ func TestEngineWantingAKeyIsLogged(t *testing.T) {
 	cfg.Segment.Path = ""
 	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://" + eng.Addr()}}
 	var warnings atomic.Int64
-	cfg.Logger = slog.New(countLog{msg: "an engine refuses the router's key: start kvfast serve with --engine-api-key-file holding the key the engine was started with", n: &warnings})
+	cfg.Logger = slog.New(countLog{msg: "an engine refuses the router's credentials: give kvfast serve --engine-api-key-file holding the key the engine was started with (none is given, or another)", n: &warnings})
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

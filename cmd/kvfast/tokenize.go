@@ -131,6 +131,9 @@ func tokenizeCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) i
 	ids, err := rd.Tokens(context.Background(), nil, api, body, &req)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvfast tokenize: cannot tokenize:", err)
+		if errors.Is(err, prompt.ErrRejected) && *keyFile == "" {
+			fmt.Fprintln(stderr, "kvfast tokenize: an engine started with --api-key wants it: --engine-api-key-file")
+		}
 		return 1
 	}
 	out := make([]byte, 0, 8*len(ids)+2)
