@@ -151,10 +151,14 @@ func TestModelOfAJoiningWorker(t *testing.T) {
 
 // TestWorkerOfUnknownModel: a static worker whose engine has not told its
 // model yet is not listed as a model named "", and a request for a model
-// no known worker serves is answered 503 while such a worker exists (it
-// may be that worker's model), 404 once none does.
+// no known worker serves is answered 503 while such a worker exists and
+// start-up still waits for it (it may be that worker's model), 404 once
+// start-up has settled or no such worker is left. A request naming the
+// model "" routes as one naming none.
 func TestWorkerOfUnknownModel(t *testing.T) {
 	s := newRouteTestServer(t, 1, "")
+	settled := make(chan struct{})
+	s.settled, s.cfg.QueueTimeout = settled, 10*time.Millisecond
 	if err := s.sched.Upsert(sched.WorkerInfo{ID: 7, Slot: 3, Endpoint: "127.0.0.1:30"}); err != nil {
 		t.Fatal(err)
 	}
@@ -168,6 +172,14 @@ func TestWorkerOfUnknownModel(t *testing.T) {
 	body := []byte(`{"model":"later","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`)
 	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusServiceUnavailable || !strings.Contains(string(raw), "not known yet") {
 		t.Errorf("a model no known worker serves, with a worker's model unknown: %d %s; want 503", code, raw)
+	}
+	empty := []byte(`{"model":"","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`)
+	if code, a, raw := routeOnce(t, s, PathRouteCompletions, empty); code != http.StatusOK || a.WorkerID == 7 {
+		t.Errorf("model \"\": %d, worker %d: %s; want 200 from the known model's worker", code, a.WorkerID, raw)
+	}
+	close(settled)
+	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusNotFound {
+		t.Errorf("after start-up settled: %d %s; want 404", code, raw)
 	}
 	s.sched.Remove(3)
 	s.WorkersChanged()

@@ -125,7 +125,8 @@ var (
 func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model string, seed uint64, render prompt.Renderer, _ *openai.Error) {
 	seeds := *s.seeds.Load()
 	var lora string
-	if r.Model == nil {
+	if len(r.Model) == 0 {
+		// No model, or "" (which vLLM serves as its default model).
 		// Adapters are not models of their own here: only the base
 		// models count.
 		bases := 0
@@ -160,9 +161,10 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 					return "", 0, nil, errModelUnavailable
 				}
 			}
-			if s.modelsPending.Load() {
+			if s.modelsPending.Load() && !s.isSettled() {
 				// It may be the model of a worker not heard from yet: not
-				// a client's mistake until that is known.
+				// a client's mistake until start-up has given up waiting
+				// for it (--discovery-timeout).
 				return "", 0, nil, errModelsPending
 			}
 			return "", 0, nil, errUnknownModel
