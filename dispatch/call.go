@@ -211,6 +211,8 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 		} else {
 			c.judge(false)
 		}
+	case c.Failed():
+		c.judge(false) // the engine refuses the router's own key: no request's doing
 	case status >= 200 && status < 300 && c.attempts != nil:
 		// This engine took the request the held ones failed: they are
 		// judged now, not when its answer ends (a stream may run for
@@ -223,7 +225,7 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	return nil
 }
 
-// Discard gives up the response Do received, a 5xx status, so that the
+// Discard gives up the response Do received, a failure (Failed), so that the
 // request may be sent to another worker before any byte of it reached the
 // client: it closes the engine connection, aborts the observer with
 // ErrEngineError and returns that error, which IsRetryable accepts.
@@ -269,6 +271,22 @@ func classifyDo(err error) error {
 
 // StatusCode returns the engine's response status.
 func (c *Call) StatusCode() int { return c.resp.StatusCode() }
+
+// Failed reports whether the engine's answer is its own failure rather
+// than a verdict on the request: a 5xx, or, when the router sends the
+// engines' key (Config.EngineToken), a 401 or 403, the engine refusing
+// that key (an engine restarted with another), which no client caused.
+// Such an answer may be given up with Discard and the request sent to
+// another worker.
+func (c *Call) Failed() bool {
+	switch s := c.resp.StatusCode(); {
+	case s >= 500:
+		return true
+	case s == fasthttp.StatusUnauthorized || s == fasthttp.StatusForbidden:
+		return c.pool.authorization != nil
+	}
+	return false
+}
 
 var (
 	eventStream = []byte("text/event-stream")

@@ -367,3 +367,39 @@ func TestHeldVerdicts(t *testing.T) {
 		t.Error("slot 0 answered two requests 5xx without Attempts but is not ejected")
 	}
 }
+
+// TestRefusedEngineKeyIsEngineFailure: with an engine key, an engine's
+// 401 or 403 is the engine refusing the router's key (restarted with
+// another): a failure to retry elsewhere and to hold against it. Without
+// one, it is the client's key the engine refused.
+func TestRefusedEngineKeyIsEngineFailure(t *testing.T) {
+	for _, status := range []int{fasthttp.StatusUnauthorized, fasthttp.StatusForbidden} {
+		refusing := serve(t, func(ctx *fasthttp.RequestCtx) {
+			ctx.SetStatusCode(status)
+			ctx.SetBodyString(`{"error":"Unauthorized"}`)
+		}, nil)
+		for _, token := range []string{"engine-key", ""} {
+			p := NewPool(Config{EngineToken: token, Health: HealthConfig{Interval: -1},
+				Outlier: OutlierConfig{Consecutive: 2, FailurePercent: -1, BaseEjection: time.Hour, MaxEjectedPercent: 100}})
+			mustAdd(t, p, 0, refusing)
+			for range 2 {
+				c := p.AcquireCall()
+				c.SetRequest([]byte("/v1/completions"), []byte(`{"prompt":"x"}`))
+				if err := c.Do(0, nil); err != nil {
+					t.Fatalf("Do: %v", err)
+				}
+				if got, want := c.Failed(), token != ""; got != want {
+					t.Errorf("status %d, engine key %q: Failed() = %v, want %v", status, token, got, want)
+				}
+				if _, err := c.ReadBody(); err != nil {
+					t.Fatalf("ReadBody: %v", err)
+				}
+				c.Release()
+			}
+			if got, want := p.Engine(0).Outlier().Ejected, token != ""; got != want {
+				t.Errorf("status %d twice, engine key %q: ejected %v, want %v", status, token, got, want)
+			}
+			p.Close()
+		}
+	}
+}

@@ -341,7 +341,7 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		}
 		if err == nil && st.call.StatusCode() >= 300 {
 			err = errPrefillRefused
-			if code := st.call.StatusCode(); code >= 400 && code < 500 {
+			if code := st.call.StatusCode(); code >= 400 && code < 500 && !st.call.Failed() {
 				err = errPrefillInvalid
 			}
 			st.abortFailed()

@@ -414,7 +414,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		}
 		ex.traceDispatch(ex.call.Request())
 		err := ex.call.Do(ex.dec.Slot, ex)
-		if err == nil && retryable && ex.call.StatusCode() >= 500 {
+		if err == nil && retryable && ex.call.Failed() {
 			if !ex.canTryElsewhere() {
 				retryable = false // no other engine to ask: the client gets this one's answer
 			} else {
@@ -483,7 +483,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	}
 	ctx.SetBody(body)
 	if code := ex.call.StatusCode(); code >= 400 {
-		ex.count(engineStatus(code))
+		if ex.call.Failed() {
+			ex.count(statusEngineError) // a 5xx, or the router's engine key refused
+		} else {
+			ex.count(engineStatus(code))
+		}
 		return false
 	}
 	_ = ex.h.Close()

@@ -221,3 +221,35 @@ func TestEngineAPIKey(t *testing.T) {
 	}
 	waitReleased(t, r.node)
 }
+
+// TestEngineWithAnotherKeyIsRoutedAround: one of two engines was
+// restarted with another key. With the router holding the engines' key,
+// its 401 is the engine's failure: each request it refuses is retried on
+// the other engine and every client request succeeds, and the engine is
+// ejected as any failing engine is.
+func TestEngineWithAnotherKeyIsRoutedAround(t *testing.T) {
+	good := startMock(t, mocker.Config{APIKey: "engine-key", Speedup: math.Inf(1)})
+	other := startMock(t, mocker.Config{APIKey: "rotated-key", Speedup: math.Inf(1)})
+	cfg := e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: "http://" + good.Addr(), Model: mocker.DefaultModel},
+		node.StaticWorker{ID: 2, Endpoint: "http://" + other.Addr(), Model: mocker.DefaultModel})
+	cfg.Dispatch.EngineToken = "engine-key"
+	cfg.Policy = "round-robin" // the refusing engine gets its turns
+	cfg.HTTP.MaxRetries = 1
+	cfg.Dispatch.Outlier.Consecutive = 2
+	cfg.Dispatch.Outlier.FailurePercent = 0
+	cfg.Dispatch.Outlier.MaxEjectedPercent = 50
+	cfg.Dispatch.Outlier.BaseEjection = time.Minute
+	r := startE2ERouter(t, cfg)
+	for i := range 8 {
+		body := completionBody(e2eTokens(uint32(40+i), 32), false, 2)
+		body = bytes.Replace(body, []byte(`"model":"`+e2eModel+`"`), []byte(`"model":"`+mocker.DefaultModel+`"`), 1)
+		if resp := r.post(t, fastpath.PathCompletions, body, nil); resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != "1" {
+			t.Fatalf("request %d: status %d from worker %s: %s", i, resp.status, resp.header.Get(fastpath.HeaderWorker), resp.body)
+		}
+	}
+	if v := workerView(t, r.node, 2, 0); !v.Ejected {
+		t.Errorf("the engine refusing the router's key: ejected %v, %d ejections; want ejected", v.Ejected, v.Ejections)
+	}
+	waitReleased(t, r.node)
+}
