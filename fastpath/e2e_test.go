@@ -1161,7 +1161,12 @@ func TestModelWithNoLiveWorkerIs503(t *testing.T) {
 	if err := r.rig.Engines[0].Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the engine to leave", func() bool { return len(r.node.Snapshot().Workers) == 0 })
+	// The worker leaves the scheduler first and the front end's model
+	// table at the end of the node's scan; in between a request finds the
+	// model but no worker (503 no_worker_available).
+	waitFor(t, "the engine and its model to leave", func() bool {
+		return len(r.node.Snapshot().Workers) == 0 && !bytes.Contains(r.get(t, fastpath.PathModels).body, []byte(`"id":"mock"`))
+	})
 	res := r.post(t, "/v1/completions", body, nil)
 	if res.status != http.StatusServiceUnavailable || checkOpenAIError(t, res.body) != "model_unavailable" || res.header.Get("Retry-After") == "" {
 		t.Fatalf("a model whose engines all left: %d %s (Retry-After %q)", res.status, res.body, res.header.Get("Retry-After"))
