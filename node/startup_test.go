@@ -389,6 +389,24 @@ func TestRetiredSegmentIsReported(t *testing.T) {
 	}
 }
 
+// staticNodeCounting starts a node without a segment whose one static
+// worker is eng, configured with model ("" to learn it), and counts the
+// log records with message msg; the node closes with the test.
+func staticNodeCounting(t *testing.T, eng *mocker.Engine, model, msg string) (*Node, *atomic.Int64) {
+	t.Helper()
+	cfg := testConfig(t)
+	cfg.Segment.Path = ""
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://" + eng.Addr(), Model: model}}
+	var n atomic.Int64
+	cfg.Logger = slog.New(countLog{msg: msg, n: &n})
+	nd, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nd.Close() })
+	return nd, &n
+}
+
 // TestStaticWorkerWrongModelIsLogged: a static worker configured with a
 // model its engine does not list (a typo in model=) is reported, once,
 // rather than routed to in silence while the engine refuses every
@@ -399,16 +417,8 @@ func TestStaticWorkerWrongModelIsLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer eng.Close()
-	cfg := testConfig(t)
-	cfg.Segment.Path = ""
-	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://" + eng.Addr(), Model: "wrongname"}}
-	var warnings atomic.Int64
-	cfg.Logger = slog.New(countLog{msg: "a worker's model is not one its engine lists in /v1/models: the engine will refuse the requests routed to it", n: &warnings})
-	n, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n, warnings := staticNodeCounting(t, eng, "wrongname",
+		"a worker's model is not one its engine lists in /v1/models: the engine will refuse the requests routed to it")
 	p := newAdapterPoller("")
 	for range 3 {
 		p.poll(context.Background(), n)
@@ -427,16 +437,8 @@ func TestEngineWantingAKeyIsLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer eng.Close()
-	cfg := testConfig(t)
-	cfg.Segment.Path = ""
-	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://" + eng.Addr()}}
-	var warnings atomic.Int64
-	cfg.Logger = slog.New(countLog{msg: "an engine refuses the router's credentials: give kvfast serve --engine-api-key-file holding the key the engine was started with (none is given, or another)", n: &warnings})
-	n, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n, warnings := staticNodeCounting(t, eng, "",
+		"an engine refuses the router's credentials: give kvfast serve --engine-api-key-file holding the key the engine was started with (none is given, or another)")
 	p := newAdapterPoller("")
 	for range 3 {
 		if p.poll(context.Background(), n) {
