@@ -385,8 +385,9 @@ type IndexView struct {
 	MapOverflow uint64 `json:"engine_map_overflow"`
 	// SegmentRetired says the segment file this router reads was
 	// recreated by another router (--recreate-segment), deleted or
-	// replaced: engines leave it for the file at the path, and this
-	// router must be restarted to follow them.
+	// replaced, so that engines leave it for the file at the path, or
+	// truncated, so that the router detached from it: either way this
+	// router must be restarted.
 	SegmentRetired bool `json:"segment_retired"`
 }
 

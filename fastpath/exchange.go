@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -340,11 +341,8 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	t1 := clock.Now()
 	ex.sreq.LowerTiers = nil
 	switch {
-	case ex.exact && s.sched.Tiered():
-		s.index.FindTieredMatches(ex.hashes, &ex.overlaps, &ex.lower)
-		ex.sreq.LowerTiers = &ex.lower
 	case ex.exact:
-		s.index.FindMatches(ex.hashes, &ex.overlaps)
+		s.lookup(ex)
 	default:
 		s.approx.FindMatches(ex.hashes, &ex.overlaps)
 	}
@@ -367,6 +365,27 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 		ex.sreq.ExpectedOutputTokens = int(min(min(r.MaxTokens, 1<<30)*choices, 1<<30))
 	}
 	return nil
+}
+
+// lookup fills the exchange's overlaps from the event-fed index. The
+// index may live in the segment's mapping, which a truncated file makes
+// fault: caught, the segment is detached (shm/fault.go) and the request
+// routes as if nothing were cached.
+func (s *Server) lookup(ex *exchange) {
+	var faulted bool
+	defer func() {
+		if faulted {
+			ex.overlaps, ex.sreq.LowerTiers = workers.Overlaps{}, nil
+		}
+	}()
+	defer s.segment.Catch(&faulted)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	if s.sched.Tiered() {
+		s.index.FindTieredMatches(ex.hashes, &ex.overlaps, &ex.lower)
+		ex.sreq.LowerTiers = &ex.lower
+		return
+	}
+	s.index.FindMatches(ex.hashes, &ex.overlaps)
 }
 
 // remember records in the router's history that slot now holds the

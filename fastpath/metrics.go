@@ -233,7 +233,7 @@ var (
 	descIndexMapOverflow = prometheus.NewDesc("kvfast_index_engine_map_overflow_total",
 		"Engine-hash mappings refused because the map was full; their blocks were not stored.", nil, nil)
 	descSegmentRetired = prometheus.NewDesc("kvfast_segment_retired",
-		"1 when this router's segment file was recreated by another router (--recreate-segment), deleted or replaced: engines leave it; restart this router.", nil, nil)
+		"1 when this router's segment file was recreated by another router (--recreate-segment), deleted or replaced (engines leave it), or truncated (the router detached from it): restart this router.", nil, nil)
 	descFeedEvents = prometheus.NewDesc("kvfast_feed_events_total",
 		"Event-feed records and blocks by outcome.", []string{"status"}, nil)
 	descZMQConnected = prometheus.NewDesc("kvfast_zmq_connected",

@@ -173,6 +173,10 @@ type Deps struct {
 	// without zmq=): the index never learns what they cache, so their
 	// exact prompts route on Approx as text prompts do.
 	Silent workers.Set
+	// Segment is the shared-memory segment whose mapping holds Index and
+	// Bindings, nil when they live on the heap: a fault in it (a truncated
+	// file) is caught around every lookup (shm.Segment.Catch).
+	Segment *shm.Segment
 	// Bindings is the sticky-session table: the segment's, so that every
 	// router on the node agrees; nil gives this router one of its own.
 	Bindings *shm.Bindings
@@ -213,6 +217,7 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	index   *radix.Index
+	segment *shm.Segment // holds index, or nil
 	approx  *radix.Approx
 	sched   *sched.Scheduler
 	guards  *guard.Pool
@@ -282,7 +287,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if deps.Logger == nil {
 		deps.Logger = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: deps.Logger, index: deps.Index, approx: deps.Approx, sched: deps.Sched,
+	s := &Server{cfg: cfg, log: deps.Logger, index: deps.Index, segment: deps.Segment, approx: deps.Approx, sched: deps.Sched,
 		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, silent: deps.Silent, tracer: deps.Tracer, renderers: deps.Renderers, settled: deps.Settled,
 		conns: xsync.NewMapOf[net.Conn, *connState](), connsIdle: make(chan struct{}, 1), active: newActivity()}
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}

@@ -238,8 +238,13 @@ func (in *Ingester) Release() error {
 func (in *Ingester) Run(ctx context.Context) error {
 	defer in.Release()
 	defer in.settle() // on every path: a router that stops is not waiting for this
+	// Everything below reads the segment's mapping, which a truncated
+	// file makes fault: each step runs guarded, and a step that faulted
+	// has detached the segment (shm/fault.go), so the next reads it empty.
 	for {
-		ok, err := in.Acquire(ctx)
+		var ok bool
+		var err error
+		in.seg.Guard(func() { ok, err = in.Acquire(ctx) })
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -257,7 +262,9 @@ func (in *Ingester) Run(ctx context.Context) error {
 	}
 	lastWork := time.Now()
 	for ctx.Err() == nil {
-		if in.Poll() > 0 {
+		var polled int
+		in.seg.Guard(func() { polled = in.Poll() })
+		if polled > 0 {
 			lastWork = time.Now()
 			continue
 		}
@@ -270,7 +277,7 @@ func (in *Ingester) Run(ctx context.Context) error {
 		if untilReg := in.cfg.RegistryEvery - time.Since(in.lastReg); untilReg < sleep {
 			sleep = max(untilReg, time.Microsecond)
 		}
-		in.seg.WaitForEvents(sleep, in.watched())
+		in.seg.Guard(func() { in.seg.WaitForEvents(sleep, in.watched()) })
 	}
 	return ctx.Err()
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
 )
 
@@ -61,6 +62,11 @@ type ZMQConfig struct {
 	MaxBatchTokens int // decoder limit, default DefaultMaxBatchTokens
 
 	Logger *slog.Logger // default: discard
+
+	// Segment is the shared-memory segment whose mapping holds the
+	// index, or nil for a heap index: a fault in it (a truncated file) is
+	// caught, and the worker's view rebuilt from live traffic.
+	Segment *shm.Segment
 }
 
 func (c ZMQConfig) withDefaults() ZMQConfig {
@@ -184,12 +190,17 @@ func (s *ZMQSubscriber) Run(ctx context.Context) error {
 		return errZMQRunning
 	}
 	defer s.running.Store(false)
-	s.ix.RemoveWorker(s.cfg.Slot)
-	s.apply.forgetCopies(s.cfg.Slot)
-	s.synced, s.haveLive, s.unproven = false, false, false
+	s.forget()
 	wait := s.cfg.RedialMin
 	for {
-		received, err := s.session(ctx)
+		var received bool
+		var err error
+		if !s.cfg.Segment.Guard(func() { received, err = s.session(ctx) }) {
+			// The segment was detached (shm/fault.go) and reads as empty:
+			// this worker's view is gone with it.
+			err = errors.New("the index's segment file was truncated")
+			s.forget()
+		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -206,6 +217,13 @@ func (s *ZMQSubscriber) Run(ctx context.Context) error {
 		}
 		wait = min(2*wait, s.cfg.RedialMax)
 	}
+}
+
+// forget drops the worker's view, so that the next session rebuilds it.
+func (s *ZMQSubscriber) forget() {
+	s.cfg.Segment.Guard(func() { s.ix.RemoveWorker(s.cfg.Slot) })
+	s.apply.forgetCopies(s.cfg.Slot)
+	s.synced, s.haveLive, s.unproven = false, false, false
 }
 
 // zmqLog routes zmq4's own complaints to the debug log.

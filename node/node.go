@@ -158,7 +158,7 @@ func New(cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n.front, err = fastpath.New(cfg.HTTP, fastpath.Deps{
-		Index: n.index, Approx: n.approx, Sched: n.sched, Engines: n.engines, Bindings: bindings,
+		Index: n.index, Segment: n.seg, Approx: n.approx, Sched: n.sched, Engines: n.engines, Bindings: bindings,
 		UseApprox: useApprox, Silent: n.silentStatic(), Renderers: n.prompts, State: n, Logger: n.log, Settled: n.settled,
 		Tracer: n.traces.Tracer(),
 	})

@@ -13,6 +13,14 @@ import (
 // takes no lock the request path takes.
 func (n *Node) Snapshot() fastpath.Snapshot {
 	var v fastpath.Snapshot
+	// A truncated segment file faults the reads of the index, rings and
+	// registry below: caught, the segment is detached (shm/fault.go) and
+	// this one snapshot is left partial.
+	n.seg.Guard(func() { n.snapshot(&v) })
+	return v
+}
+
+func (n *Node) snapshot(v *fastpath.Snapshot) {
 	v.Policy = n.cfg.Policy
 	// After Close the segment may be unmapped: leave out what lives there
 	// (the index, the rings' lag, the registry) rather than read freed
@@ -26,7 +34,7 @@ func (n *Node) Snapshot() fastpath.Snapshot {
 	}
 	v.Index = fastpath.IndexView{Entries: ix.Entries, Capacity: ix.Capacity, Overflow: ix.Overflow,
 		MapEntries: ix.EngineMapEntries, MapCapacity: ix.EngineMapCapacity, MapOverflow: ix.EngineMapOverflow,
-		SegmentRetired: n.seg != nil && mapped && (n.seg.Retired() || n.seg.Replaced())}
+		SegmentRetired: n.seg != nil && mapped && (n.seg.Retired() || n.seg.Replaced() || n.seg.Lost() != "")}
 	var lag [workers.Max]uint64
 	if n.ingester != nil && mapped {
 		fs := n.ingester.Stats()
@@ -68,5 +76,4 @@ func (n *Node) Snapshot() fastpath.Snapshot {
 		}
 		v.Workers = append(v.Workers, wv)
 	}
-	return v
 }

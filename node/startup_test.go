@@ -481,3 +481,64 @@ func TestAdapterListIsBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestTruncatedSegmentKeepsRouting: a process that truncates the segment
+// file under the router (a publisher opening it with O_TRUNC) makes the
+// next read of the mapping fault; the router catches it, detaches the
+// segment, says so in its log and snapshot, and goes on routing to its
+// static workers, sticky sessions and all, instead of dying of SIGBUS.
+func TestTruncatedSegmentKeepsRouting(t *testing.T) {
+	eng, err := mocker.Start(mocker.Config{Speedup: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	cfg := testConfig(t)
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://" + eng.Addr(), Model: "mock"}}
+	var lost atomic.Int64
+	cfg.Logger = slog.New(countLog{msg: lostMessage, n: &lost})
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := serveNode(t, n)
+	c := &http.Client{Timeout: testWait}
+	post := func() int {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, base+"/v1/completions",
+			strings.NewReader(`{"model":"mock","prompt":[`+strings.Repeat("7,", 40)+`7],"max_tokens":2}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-Kvfast-Session-Id", "conversation-1")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := post(); got != http.StatusOK {
+		t.Fatalf("before the truncation: status %d", got)
+	}
+	if n.Snapshot().Index.SegmentRetired {
+		t.Fatal("an intact segment is reported retired")
+	}
+
+	if err := os.Truncate(cfg.Segment.Path, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if got := post(); got != http.StatusOK {
+			t.Fatalf("request %d after the truncation: status %d", i, got)
+		}
+	}
+	waitFor(t, "the lost segment to be logged", func() bool { return lost.Load() > 0 })
+	if !n.Snapshot().Index.SegmentRetired {
+		t.Fatal("the snapshot does not say the segment must be recreated")
+	}
+	if got := lost.Load(); got != 1 {
+		t.Errorf("the lost segment was logged %d times, want once (throttled)", got)
+	}
+}

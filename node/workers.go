@@ -63,7 +63,7 @@ func (n *Node) addStatic(static []StaticWorker) error {
 			// A rank that shares its endpoint is one of several behind it
 			// (pinSharedRanks): its events must be its own rank's.
 			DPRank: w.DPRank, CheckDPRank: sharedEndpoint[addr] > 1,
-			Logger: n.log.With("worker", w.ID, "dp_rank", w.DPRank)})
+			Logger: n.log.With("worker", w.ID, "dp_rank", w.DPRank), Segment: n.seg})
 		if err != nil {
 			return fmt.Errorf("cannot subscribe to static worker %d's events: %w", w.ID, err)
 		}
@@ -124,12 +124,29 @@ func (n *Node) runZMQ(ctx context.Context) {
 const retiredMessage = "the segment file was recreated by another router (--recreate-segment), deleted or replaced: " +
 	"this router still reads the old file, which engines leave; restart it to attach to a new one"
 
+const lostMessage = "the segment file shrank under the router (a process truncated it): the router detached from it and " +
+	"routes on without its index, registry and sessions, so registered engines are dropped while static and ZMQ-fed " +
+	"workers stay; restart the router with --recreate-segment, then the engines' publishers"
+
 // syncRegistry brings the worker set in line with the segment's registry
 // and copies every live worker's load page into the scheduler.
 func (n *Node) syncRegistry() {
 	if n.seg == nil {
 		return
 	}
+	// A truncated file faults whoever reads past its new end: found here
+	// before anything else touches it, or caught by the guard below (and
+	// the others around the mapping), the segment is detached and reads as
+	// empty from then on (shm/fault.go).
+	n.seg.CheckSize()
+	n.seg.Guard(n.scanRegistry)
+	if why := n.seg.Lost(); why != "" {
+		n.throttle.Log(n.log, slog.LevelError, "lost", lostMessage, "segment", n.seg.Path(), "cause", why)
+	}
+}
+
+// scanRegistry is syncRegistry's reading of the segment.
+func (n *Node) scanRegistry() {
 	if n.seg.Retired() || n.seg.Replaced() {
 		// Publishers leave a retired segment for its successor, so this
 		// router's workers go stale one by one and it ends up routing

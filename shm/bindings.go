@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"runtime"
+	"runtime/debug"
 	"sync/atomic"
 	"unsafe"
 
@@ -94,6 +95,7 @@ type Bindings struct {
 	mask    uint64 // buckets - 1
 	seed    uint64 // keys are hashed with it, so that ids colliding in one segment do not in another
 	monoNow func() int64
+	seg     *Segment // whose file backs the table, nil for a heap table: its faults are caught (fault.go)
 }
 
 // NewBindings returns a heap-backed table of capacity sessions, for a
@@ -162,7 +164,14 @@ func live(touched, now, ttl int64) bool { return now-touched <= ttl }
 // (lazily, here) and reported as BindingExpired. It never blocks on a
 // writer: if the bucket stays locked or keeps changing through a bounded
 // number of reads, it reports a miss, and the request routes normally.
-func (b *Bindings) Lookup(key uint64, now, ttl int64) (Binding, LookupResult) {
+func (b *Bindings) Lookup(key uint64, now, ttl int64) (_ Binding, _ LookupResult) {
+	var faulted bool // a miss
+	defer b.seg.Catch(&faulted)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	return b.lookup(key, now, ttl)
+}
+
+func (b *Bindings) lookup(key uint64, now, ttl int64) (Binding, LookupResult) {
 	bucket := b.bucketOf(key)
 	seq := b.word(bucket)
 	for try := 0; try < 64; try++ {
@@ -265,7 +274,14 @@ const (
 // it is already there. When key's bucket is full of live bindings the
 // least recently touched one is evicted: the table is bounded, and an
 // evicted session just routes normally next time.
-func (b *Bindings) Bind(key, workerID uint64, rank uint32, now, ttl int64) BindResult {
+func (b *Bindings) Bind(key, workerID uint64, rank uint32, now, ttl int64) (_ BindResult) {
+	var faulted bool // BindFailed
+	defer b.seg.Catch(&faulted)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	return b.bind(key, workerID, rank, now, ttl)
+}
+
+func (b *Bindings) bind(key, workerID uint64, rank uint32, now, ttl int64) BindResult {
 	bucket := b.bucketOf(key)
 	v, ok := b.lock(bucket, now)
 	if !ok {
@@ -313,7 +329,14 @@ func (b *Bindings) Bind(key, workerID uint64, rank uint32, now, ttl int64) BindR
 // Unbind removes key's binding if it still names (workerID, rank), so that
 // a router unbinding a worker it found ineligible cannot undo another
 // router's fresh rebind. It reports whether it removed one.
-func (b *Bindings) Unbind(key, workerID uint64, rank uint32, now int64) bool {
+func (b *Bindings) Unbind(key, workerID uint64, rank uint32, now int64) (_ bool) {
+	var faulted bool // nothing removed
+	defer b.seg.Catch(&faulted)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	return b.unbind(key, workerID, rank, now)
+}
+
+func (b *Bindings) unbind(key, workerID uint64, rank uint32, now int64) bool {
 	bucket := b.bucketOf(key)
 	v, ok := b.lock(bucket, now)
 	if !ok {
@@ -336,7 +359,14 @@ func (b *Bindings) Unbind(key, workerID uint64, rank uint32, now int64) bool {
 // Live counts the bindings not idle past ttl. It reads every bucket
 // without locking, for a metrics gauge: a count racing writers may be off
 // by the few entries they move.
-func (b *Bindings) Live(now, ttl int64) int {
+func (b *Bindings) Live(now, ttl int64) (_ int) {
+	var faulted bool // none
+	defer b.seg.Catch(&faulted)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	return b.countLive(now, ttl)
+}
+
+func (b *Bindings) countLive(now, ttl int64) int {
 	n := 0
 	for bucket := uint64(0); bucket <= b.mask; bucket++ {
 		off := bucket * bindingBucketSize

@@ -22,6 +22,13 @@
 //     an OwnerError that says how to fix it, unless Options.AllowForeign
 //     (--allow-foreign-segment). Publishers (Register) may run as other
 //     users and are not checked.
+//   - Truncation (fault.go): a file shortened under its mapping faults
+//     the next access past its end. The router's sections that touch the
+//     mapping run with debug.SetPanicOnFault and defer Segment.Catch
+//     (Bindings does so itself): a fault in the mapping detaches the
+//     segment, replacing its pages with private zero pages that read as
+//     an empty segment, and Lost says why. CheckSize finds a shrunk file
+//     without waiting for a fault. Publishers are not guarded.
 //   - Registry: 64 slots; Register claims one under a cross-process
 //     registry lock (fcntl, so Python can take it with os.lockf);
 //     Workers/Worker read consistent snapshots, and ReadWorker says why a

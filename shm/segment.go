@@ -68,6 +68,14 @@ type Segment struct {
 	closed atomic.Bool
 	mu     sync.Mutex // guards ingester-lock state
 	locked bool
+	fault  faultState // fault.go
+}
+
+func newSegment(path string, f *os.File, mem []byte, lay layout, hdr Header) *Segment {
+	base := unsafe.Pointer(unsafe.SliceData(mem))
+	seg := &Segment{path: path, f: f, mem: mem, base: base, lay: lay, hdr: hdr}
+	seg.fault.base, seg.fault.lo, seg.fault.hi = base, uintptr(base), uintptr(base)+uintptr(len(mem))
+	return seg
 }
 
 // Open creates the segment at path, or attaches to the one already there.
@@ -210,7 +218,7 @@ func create(path string, opts Options, replace bool) (*Segment, error) {
 	if err != nil {
 		return fail(err)
 	}
-	seg := &Segment{path: path, f: f, mem: mem, base: unsafe.Pointer(unsafe.SliceData(mem)), lay: lay}
+	seg := newSegment(path, f, mem, lay, Header{})
 	ix, err := radix.Format(mem[lay.indexOff:lay.indexOff+lay.indexSize], opts.Index)
 	if err != nil {
 		seg.Close()
@@ -225,6 +233,7 @@ func create(path string, opts Options, replace bool) (*Segment, error) {
 	if seg.binds, err = attachBindings(seg.bytesAt(lay.bindingsOff, lay.bindingsSize), seg.hdr.SegmentID); err != nil {
 		panic("BUG: shm: freshly laid out bindings region does not attach: " + err.Error())
 	}
+	seg.binds.seg = seg
 	if replace {
 		err = os.Rename(tmp, path)
 	} else {
@@ -290,7 +299,7 @@ func attach(path string, withIndex, allowForeign bool) (*Segment, error) {
 		f.Close()
 		return nil, fmt.Errorf("cannot map shm segment %s: %w", path, err)
 	}
-	seg := &Segment{path: path, f: f, mem: mem, base: unsafe.Pointer(unsafe.SliceData(mem)), lay: lay, hdr: hdr}
+	seg := newSegment(path, f, mem, lay, hdr)
 	if withIndex {
 		ix, err := radix.Attach(mem[lay.indexOff : lay.indexOff+lay.indexSize])
 		if err != nil {
@@ -304,6 +313,7 @@ func attach(path string, withIndex, allowForeign bool) (*Segment, error) {
 			seg.Close()
 			return nil, &CorruptError{Path: path, Reason: "bindings region: " + err.Error()}
 		}
+		seg.binds.seg = seg
 	}
 	return seg, nil
 }
@@ -360,6 +370,8 @@ func (s *Segment) Close() error {
 	// may hold, so wait for registrations in flight.
 	registryMu.Lock()
 	defer registryMu.Unlock()
+	s.fault.mu.Lock() // a detach in progress maps over the range: not after it is freed
+	defer s.fault.mu.Unlock()
 	err := unix.Munmap(s.mem)
 	s.mem, s.base = nil, nil
 	if cerr := s.f.Close(); err == nil {

@@ -1,0 +1,113 @@
+package shm
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvfast/kvfast/workers"
+)
+
+// A file truncated under the router faults its next access to the mapping;
+// guarded, that access detaches the segment instead of crashing the
+// process, and every later access, guarded or not, reads zero pages.
+func TestTruncatedSegmentDetachesOnFault(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	b := seg.Bindings()
+	key := b.Key([]byte("session"))
+	hour := int64(time.Hour)
+	if res := b.Bind(key, 7, 0, b.Now(), hour); res != BindNew {
+		t.Fatalf("Bind before truncation = %v", res)
+	}
+	seg.Index().Stored(3, []uint64{11, 12})
+
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	var out workers.Overlaps
+	if seg.Guard(func() { seg.Index().FindMatches([]uint64{11, 12}, &out) }) {
+		t.Fatal("a lookup in a truncated segment ran to its end: it should have faulted")
+	}
+	if why := seg.Lost(); !strings.Contains(why, "truncated") {
+		t.Fatalf("Lost() = %q after a fault, want the truncation named", why)
+	}
+
+	// Unguarded from here on: a fault would kill the test binary.
+	if got := seg.Index().FindMatches([]uint64{11, 12}, &out); got != 0 {
+		t.Errorf("detached index matches %v, want none", got)
+	}
+	if _, res := b.Lookup(key, b.Now(), hour); res != BindingMiss {
+		t.Errorf("detached bindings Lookup = %v, want a miss", res)
+	}
+	if ws := seg.Workers(nil); len(ws) != 0 {
+		t.Errorf("detached registry lists %d workers", len(ws))
+	}
+	if !seg.CheckSize() {
+		t.Error("CheckSize() = false on a lost segment")
+	}
+	if err := seg.Close(); err != nil {
+		t.Fatalf("Close after a detach: %v", err)
+	}
+}
+
+// The bindings table guards itself: the request path's session lookups
+// need no guard of their own.
+func TestTruncatedSegmentBindingsMiss(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	b := seg.Bindings()
+	key := b.Key([]byte("session"))
+	b.Bind(key, 7, 0, b.Now(), int64(time.Hour))
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, res := b.Lookup(key, b.Now(), int64(time.Hour)); res != BindingMiss {
+		t.Errorf("Lookup in a truncated segment = %v, want a miss", res)
+	}
+	if seg.Lost() == "" {
+		t.Error("a faulting Lookup did not detach the segment")
+	}
+	if res := b.Bind(key, 8, 0, b.Now(), int64(time.Hour)); res != BindNew {
+		t.Errorf("Bind after the detach = %v, want a new binding in the zeroed table", res)
+	}
+}
+
+// CheckSize detaches a shrunk segment before anything touches the lost
+// pages, and leaves an intact one alone.
+func TestCheckSizeDetachesShrunkFile(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	if seg.CheckSize() || seg.Lost() != "" {
+		t.Fatal("CheckSize detached an intact segment")
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, st.Size()-4096); err != nil {
+		t.Fatal(err)
+	}
+	if !seg.CheckSize() {
+		t.Fatal("CheckSize() = false after the file lost its last page")
+	}
+	if why := seg.Lost(); !strings.Contains(why, "shrank") {
+		t.Errorf("Lost() = %q, want the shrink named", why)
+	}
+	var out workers.Overlaps
+	seg.Index().FindMatches([]uint64{1}, &out) // zero pages: no fault, unguarded
+}
+
+// A panic that is not a fault in the mapping is not the guard's to
+// swallow.
+func TestGuardPassesOtherPanicsOn(t *testing.T) {
+	seg, _ := openTest(t, Options{})
+	defer func() {
+		if r := recover(); r != "not a fault" {
+			t.Errorf("recovered %v, want the original panic", r)
+		}
+		if seg.Lost() != "" {
+			t.Error("an unrelated panic detached the segment")
+		}
+	}()
+	seg.Guard(func() { panic("not a fault") })
+	t.Fatal("Guard returned after a panic")
+}
