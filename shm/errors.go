@@ -35,8 +35,9 @@ var (
 	// ErrClosed is returned by a closed publisher or segment.
 	ErrClosed = errors.New("kvfast: closed")
 	// ErrRetired means a router recreated the segment under a new file,
-	// or the file was deleted or replaced; publishers must register again
-	// (at the path, once a router has created it anew) to be seen.
+	// or the file was deleted, replaced or truncated; publishers must
+	// register again (at the path, once a router has created it anew) to
+	// be seen.
 	ErrRetired = errors.New("kvfast: shm segment was recreated; register again")
 	// ErrForeignSegment is what OwnerError wraps: the segment is not this
 	// user's alone.

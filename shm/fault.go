@@ -33,6 +33,10 @@ import (
 // router calls on every registry poll, detaches as soon as the file is
 // shorter than the mapping, so that an unguarded reader (there should be
 // none) meets the zero pages rather than the fault.
+//
+// A Publisher guards its own methods the same way: one whose segment was
+// detached reports ErrRetired, and an engine registers again by path, as
+// after a recreation, once a router has made the file whole.
 
 // faultState is a Segment's record of a detach.
 type faultState struct {
@@ -51,12 +55,18 @@ func (s *Segment) Catch(faulted *bool) {
 	if v == nil {
 		return
 	}
-	if f, ok := v.(interface{ Addr() uintptr }); ok && s != nil && s.inMapping(f.Addr()) &&
-		s.detach(fmt.Sprintf("a read or write at offset %d of the segment faulted: the file is shorter than its mapping (truncated)", f.Addr()-s.fault.lo)) {
-		*faulted = true
-		return
+	if !s.caught(v) {
+		panic(v)
 	}
-	panic(v)
+	*faulted = true
+}
+
+// caught reports whether v, recovered from a panic, is a memory fault in
+// the mapping, detaching the segment if it is.
+func (s *Segment) caught(v any) bool {
+	f, ok := v.(interface{ Addr() uintptr })
+	return ok && s != nil && s.inMapping(f.Addr()) &&
+		s.detach(fmt.Sprintf("a read or write at offset %d of the segment faulted: the file is shorter than its mapping (truncated)", f.Addr()-s.fault.lo))
 }
 
 // Guard runs f with faults in the mapping caught (Catch) and reports

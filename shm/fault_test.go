@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -110,4 +111,52 @@ func TestGuardPassesOtherPanicsOn(t *testing.T) {
 	}()
 	seg.Guard(func() { panic("not a fault") })
 	t.Fatal("Guard returned after a panic")
+}
+
+// A publisher whose segment file was truncated survives it too: its
+// writes fault, are caught, and say ErrRetired, so that the engine
+// registers again by path once a router has made the file whole.
+func TestTruncatedSegmentPublisherRetires(t *testing.T) {
+	_, path := openTest(t, Options{})
+	p, err := Register(path, WorkerConfig{WorkerID: 1, BlockSize: 16, Endpoint: "http://127.0.0.1:9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	tokens := make([]uint32, 16)
+	if err := p.Stored(0, false, []uint64{1}, tokens); !errors.Is(err, ErrRetired) {
+		t.Errorf("Stored into a truncated segment: %v, want ErrRetired", err)
+	}
+	p.Load(Load{Running: 1}) // reads zero pages now: no fault
+	if err := p.Heartbeat(); !errors.Is(err, ErrRetired) {
+		t.Errorf("Heartbeat on a truncated segment: %v, want ErrRetired", err)
+	}
+	if err := p.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if _, err := Register(path, WorkerConfig{WorkerID: 1, BlockSize: 16, Endpoint: "http://127.0.0.1:9"}); err == nil {
+		t.Error("registered in a truncated file")
+	}
+}
+
+// A heartbeat notices a shrunk file before any write faults on it.
+func TestHeartbeatNoticesShrunkFile(t *testing.T) {
+	_, path := openTest(t, Options{})
+	p, err := Register(path, WorkerConfig{WorkerID: 1, BlockSize: 16, Endpoint: "http://127.0.0.1:9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, st.Size()-4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Heartbeat(); !errors.Is(err, ErrRetired) {
+		t.Errorf("Heartbeat on a shrunk segment: %v, want ErrRetired", err)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -160,7 +161,9 @@ func (p *Publisher) Seq() uint64 { return p.w.seq }
 // engine hash of the first block's parent; hasParent is false for a block
 // at the start of a sequence. Batches too large for one record are split
 // into chained records.
-func (p *Publisher) Stored(parent uint64, hasParent bool, engineHashes []uint64, tokens []uint32) error {
+func (p *Publisher) Stored(parent uint64, hasParent bool, engineHashes []uint64, tokens []uint32) (err error) {
+	defer p.catch(&err)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	if p.closed {
 		return ErrClosed
 	}
@@ -168,7 +171,6 @@ func (p *Publisher) Stored(parent uint64, hasParent bool, engineHashes []uint64,
 	if len(tokens) != len(engineHashes)*bs {
 		return fmt.Errorf("cannot publish %d blocks with %d tokens: want %d tokens per block", len(engineHashes), len(tokens), bs)
 	}
-	var err error
 	for len(engineHashes) > 0 {
 		n := min(len(engineHashes), p.maxBlocks)
 		if e := p.w.writeStored(parent, hasParent, engineHashes[:n], tokens[:n*bs], bs); e != nil {
@@ -181,11 +183,12 @@ func (p *Publisher) Stored(parent uint64, hasParent bool, engineHashes []uint64,
 }
 
 // Removed publishes that the engine evicted the blocks with these hashes.
-func (p *Publisher) Removed(engineHashes []uint64) error {
+func (p *Publisher) Removed(engineHashes []uint64) (err error) {
+	defer p.catch(&err)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	if p.closed {
 		return ErrClosed
 	}
-	var err error
 	for len(engineHashes) > 0 {
 		n := min(len(engineHashes), p.maxHashes)
 		if e := p.w.writeRemoved(engineHashes[:n]); e != nil {
@@ -197,7 +200,9 @@ func (p *Publisher) Removed(engineHashes []uint64) error {
 }
 
 // Cleared publishes that the engine dropped every cached block.
-func (p *Publisher) Cleared() error {
+func (p *Publisher) Cleared() (err error) {
+	defer p.catch(&err)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	if p.closed {
 		return ErrClosed
 	}
@@ -207,6 +212,9 @@ func (p *Publisher) Cleared() error {
 // Load publishes the engine's current load; Updated and Generation are
 // filled in here.
 func (p *Publisher) Load(l Load) {
+	var err error // a fault is the next Heartbeat's to report
+	defer p.catch(&err)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	if p.closed || p.w.lost() {
 		return // a slot another registration took is its publisher's to write
 	}
@@ -220,11 +228,13 @@ func (p *Publisher) Load(l Load) {
 // under a new generation: the router dropped this worker's blocks, and
 // the new generation tells it to expect a fresh sequence. Revived counts
 // how often that happened.
-func (p *Publisher) Heartbeat() error {
+func (p *Publisher) Heartbeat() (err error) {
 	if p.closed {
 		return ErrClosed
 	}
-	if p.seg.Retired() || p.seg.Replaced() {
+	defer p.catch(&err)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	if p.seg.Retired() || p.seg.Replaced() || p.seg.CheckSize() {
 		return ErrRetired
 	}
 	off := slotOff(p.slot)
@@ -263,6 +273,20 @@ func (p *Publisher) revive(off int) error {
 	p.w.gen, p.w.seq = gen, 0
 	p.remember()
 	return nil
+}
+
+// catch is deferred by the methods that write the mapping (fault.go): a
+// fault in it, the file truncated under the engine, detaches the segment
+// and makes the method report ErrRetired.
+func (p *Publisher) catch(err *error) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	if !p.seg.caught(v) {
+		panic(v)
+	}
+	*err = ErrRetired
 }
 
 // Close marks the slot closed (the router drops the worker's blocks) and,
