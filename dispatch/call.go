@@ -576,7 +576,7 @@ const doneGrace = time.Second
 
 // expectEnd bounds the wait for the end of the body after [DONE].
 func (c *Call) expectEnd() {
-	if ec, ok := c.conn.(*engineConn); ok && ec.ending == 0 {
+	if ec, ok := c.conn.(*engineConn); ok {
 		ec.expectEnd(doneGrace)
 	}
 }

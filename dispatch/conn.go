@@ -4,7 +4,9 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"syscall"
 	"time"
+	"unsafe"
 )
 
 // engineConn enforces the first-byte and idle timeouts on one pooled engine
@@ -21,17 +23,28 @@ import (
 type engineConn struct {
 	net.Conn
 	firstByte, idle time.Duration
-	// awaiting is set when a request was written and no byte of the
-	// response has come back yet: the first-byte timeout applies.
+	// awaiting is set from the request's forwarding until its response's
+	// headers are read (gotHeaders): the first-byte timeout applies, as
+	// one deadline, headersBy, so that an engine dribbling its headers a
+	// byte at a time cannot stretch it.
 	awaiting    bool
+	headersBy   time.Time
 	hasDeadline bool
-	// ending, when set, bounds the reads that follow a stream's [DONE]:
-	// all that may still come is the end of the body (expectEnd).
-	ending time.Duration
-	set    *connSet
+	// endBy, when set, bounds the reads that follow a stream's [DONE]:
+	// all that may still come is the end of the body (expectEnd). It is a
+	// deadline, not a timeout per read, so that an engine that goes on
+	// sending after [DONE] is cut all the same.
+	endBy time.Time
+	set   *connSet
 	// used: the connection has carried a request (roundtrip.go's stale
 	// retry applies only to such a one).
 	used bool
+	// raw and peek look for bytes on an idle connection (unsolicited).
+	raw      syscall.RawConn
+	peek     func(fd uintptr) bool
+	peekN    uintptr
+	peekErr  syscall.Errno
+	peekByte [1]byte
 }
 
 // Close forgets the connection in its engine's set and closes it.
@@ -40,27 +53,43 @@ func (c *engineConn) Close() error {
 	return c.Conn.Close()
 }
 
-func (c *engineConn) Write(p []byte) (int, error) {
-	c.awaiting, c.ending = true, 0
-	return c.Conn.Write(p)
+// forwarding starts a request's round trip: until gotHeaders, reads are
+// bounded by the first-byte timeout from now.
+func (c *engineConn) forwarding() {
+	c.awaiting, c.endBy, c.headersBy = true, time.Time{}, time.Time{}
+	if c.firstByte > 0 {
+		c.headersBy = time.Now().Add(c.firstByte)
+	}
 }
 
-// expectEnd bounds the reads until the next request by d: the response has
-// said its last word, and an engine that does not end the body soon after
-// is not waited for.
-func (c *engineConn) expectEnd(d time.Duration) { c.ending = d }
+// gotHeaders ends the first-byte timeout: the response's status and
+// headers have been read, and the body's reads are bounded by the idle
+// timeout.
+func (c *engineConn) gotHeaders() { c.awaiting = false }
+
+// expectEnd bounds the reads until the next request by d from now: the
+// response has said its last word, and an engine that does not end the
+// body soon after is not waited for. Only the first call counts.
+func (c *engineConn) expectEnd(d time.Duration) {
+	if c.endBy.IsZero() {
+		c.endBy = time.Now().Add(d)
+	}
+}
 
 func (c *engineConn) Read(p []byte) (int, error) {
 	awaiting := c.awaiting
-	d := c.idle
-	if awaiting {
-		d = c.firstByte
+	var deadline time.Time
+	switch {
+	case awaiting:
+		deadline = c.headersBy // zero when the first-byte timeout is off
+	case c.idle > 0:
+		deadline = time.Now().Add(c.idle)
 	}
-	if c.ending > 0 && (d <= 0 || c.ending < d) {
-		d = c.ending
+	if !c.endBy.IsZero() && (deadline.IsZero() || c.endBy.Before(deadline)) {
+		deadline = c.endBy
 	}
-	if d > 0 {
-		if err := c.Conn.SetReadDeadline(time.Now().Add(d)); err != nil {
+	if !deadline.IsZero() {
+		if err := c.Conn.SetReadDeadline(deadline); err != nil {
 			return 0, err
 		}
 		c.hasDeadline = true
@@ -71,9 +100,6 @@ func (c *engineConn) Read(p []byte) (int, error) {
 		c.hasDeadline = false
 	}
 	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.awaiting = false
-	}
 	if err != nil {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
@@ -84,6 +110,37 @@ func (c *engineConn) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// unsolicited reports whether an idle pooled connection has something to
+// read, or was closed by its engine: bytes that no request asked for (an
+// engine that sent more than its response's framing said, or a second
+// response) would be read as the next request's answer, handing one
+// client another's completion. Such a connection is not reused. It costs
+// one non-blocking recv with MSG_PEEK and allocates nothing.
+func (c *engineConn) unsolicited() bool {
+	if c.raw == nil {
+		return false
+	}
+	c.peekN, c.peekErr = 0, 0
+	if err := c.raw.Read(c.peek); err != nil {
+		return true // closed under us
+	}
+	switch {
+	case c.peekErr == syscall.EAGAIN:
+		return false // nothing waiting: a clean idle connection
+	case c.peekErr != 0, c.peekN == 0: // an error, or the engine closed it (EOF)
+		return true
+	}
+	return true // bytes nobody asked for
+}
+
+// peekOnce is c.peek: one non-blocking MSG_PEEK recv of a byte.
+func (c *engineConn) peekOnce(fd uintptr) bool {
+	n, _, errno := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&c.peekByte[0])), 1,
+		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	c.peekN, c.peekErr = n, errno
+	return true // never wait for readiness: the answer is now or not at all
 }
 
 // SetReadDeadline ignores fasthttp's deadlines: Read owns them.
@@ -119,6 +176,12 @@ func dialEngine(addr string, connect, firstByte, idle time.Duration, set *connSe
 		return nil, &dialError{err}
 	}
 	ec := &engineConn{Conn: c, firstByte: firstByte, idle: idle, set: set}
+	if sc, ok := c.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			ec.raw = raw
+			ec.peek = ec.peekOnce // bound once: a method value per check would allocate
+		}
+	}
 	if !set.add(ec) {
 		_ = c.Close()
 		return nil, &dialError{errAbandoned}

@@ -31,13 +31,18 @@
 //     connection the engine closed while idle is retried once on the same
 //     engine before any of this is decided.
 //   - ErrWriteTimeout, ErrFirstByteTimeout, ErrIdleTimeout: the engine
-//     stopped reading the request, or was silent too long before its first
-//     byte or between two reads of a started response.
+//     stopped reading the request, took too long to send the response's
+//     headers, or was silent too long between two reads of a started
+//     response.
 //   - ErrResponseTooLarge, ErrResponseBudget: a non-streaming answer over
 //     Config.MaxResponseBodySize, or one that would take the answers held
 //     at once past Config.ResponseBudgetBytes (the router's overload).
 //   - ErrEngineFailed, ErrTruncated, ErrEngineError: the engine broke off,
-//     ended a stream early, or reported an error.
+//     ended a stream early, or reported an error. A response the router
+//     will not relay (a final status outside 2xx, 4xx and 5xx, a
+//     Content-Encoding it did not ask for) is ErrEngineFailed too, and a
+//     pooled connection holding bytes no request asked for is closed
+//     rather than reused (roundtrip.go).
 //   - ErrClientGone: the call was aborted (Abort), or a write to the client
 //     failed; the engine connection is closed, which is how an
 //     OpenAI-compatible engine (vLLM, SGLang) learns to abort. It is never

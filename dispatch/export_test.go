@@ -18,3 +18,6 @@ func (c *Call) StreamWriter() fasthttp.StreamWriter {
 // EndEjection ends e's ejection now, as its timer would, so that tests of
 // the growing backoff need not wait for it.
 func (e *Engine) EndEjection() { e.unEject() }
+
+// Failures is the passive-health failures counted in the current window.
+func (e *Engine) Failures() int32 { return e.out.failures.Load() }

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"fmt"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,9 +22,10 @@ type Timeouts struct {
 	Connect time.Duration
 	// Write bounds sending the request. Default 30s.
 	Write time.Duration
-	// FirstByte bounds the wait from sending the request to the first byte
-	// of the response. A non-streaming response arrives whole, so this must
-	// cover queueing and the whole generation. Default 10m.
+	// FirstByte bounds the wait from sending the request to the end of the
+	// response's headers, as one deadline however slowly they come. A
+	// non-streaming response arrives whole, so this must cover queueing
+	// and the whole generation. Default 10m.
 	FirstByte time.Duration
 	// Idle bounds every later pause between reads of the response, so for
 	// streams it must cover queueing and prefill if the engine sends its
@@ -422,3 +424,10 @@ func (e *Engine) checkHealth() {
 		}
 	}
 }
+
+// RefuseRedirects is the CheckRedirect of every net/http client that calls
+// an engine (its /v1/models, SGLang's session calls): a redirect is
+// answered as the engine's response, never followed, since following it
+// would send the engines' key (--engine-api-key-file) wherever an engine
+// points, and ask that address what only the engine may answer.
+func RefuseRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }

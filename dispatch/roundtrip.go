@@ -1,9 +1,11 @@
 package dispatch
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -155,16 +157,18 @@ func isStale(err error) bool {
 // send is one attempt of roundTrip. retry reports a failure after the
 // connection was had, which a stale one would cause.
 func (c *Call) send(e *Engine) (retry bool, err error) {
-	cc, conn, err := pooledConns.acquire(e.client)
+	cc, conn, err := c.acquire(e)
 	if err != nil {
 		return false, err
 	}
 	c.client, c.cc, c.bodyEOF = e.client, cc, false
 	c.reused = false
-	if ec, ok := conn.(*engineConn); ok {
+	ec, _ := conn.(*engineConn)
+	if ec != nil {
 		// Handed from goroutine to goroutine with the connection, as its
 		// other fields are (engineConn).
 		c.reused, ec.used = ec.used, true
+		ec.forwarding()
 	}
 	if !c.hold(conn) {
 		c.letGo(false)
@@ -199,10 +203,67 @@ func (c *Call) send(e *Engine) (retry bool, err error) {
 		c.letGo(false)
 		return true, err
 	}
+	if ec != nil {
+		ec.gotHeaders()
+	}
+	if err := c.checkResponse(); err != nil {
+		// Its framing cannot be trusted, nor anything after it on the
+		// connection.
+		_ = c.resp.CloseBodyStream()
+		c.resp.Reset()
+		c.letGo(false)
+		return false, err
+	}
 	if c.resp.BodyStream() == nil {
 		c.bodyEOF = true // a status without a body (204, 304)
 	}
 	return false, nil
+}
+
+// acquire takes one of e's connections for the call. A pooled one that
+// has bytes waiting, or that its engine closed, while it sat idle
+// (engineConn.unsolicited) is closed and another taken: what is waiting
+// was never asked for, and reading it as this request's answer would
+// hand the client someone else's. Each one closed so makes room for a
+// new one, so the loop ends with a fresh connection at worst.
+func (c *Call) acquire(e *Engine) (any, net.Conn, error) {
+	for {
+		cc, conn, err := pooledConns.acquire(e.client)
+		if err != nil {
+			return nil, nil, err
+		}
+		if ec, ok := conn.(*engineConn); !ok || !ec.used || !ec.unsolicited() {
+			return cc, conn, nil
+		}
+		pooledConns.close(e.client, cc)
+	}
+}
+
+// checkResponse refuses response headers no OpenAI-compatible engine
+// sends to the router's requests, so that they are not relayed as the
+// engine's answer: a final status outside 2xx, 4xx and 5xx (a 1xx the
+// client cannot use, a redirect to the engine's own address, a status
+// past 599), or a body encoded with a Content-Encoding the router did
+// not ask for, which it could not inspect.
+func (c *Call) checkResponse() error {
+	switch s := c.resp.StatusCode(); {
+	case s < 200 || s > 599 || s >= 300 && s < 400:
+		return &responseError{what: "status " + strconv.Itoa(s)}
+	}
+	if ce := c.resp.Header.ContentEncoding(); len(ce) > 0 && !bytes.EqualFold(ce, identity) {
+		return &responseError{what: "Content-Encoding " + strconv.Quote(string(ce))}
+	}
+	return nil
+}
+
+var identity = []byte("identity")
+
+// responseError is a response the router refuses to relay
+// (checkResponse): the engine failed.
+type responseError struct{ what string }
+
+func (e *responseError) Error() string {
+	return "the engine answered with " + e.what + ", which the router does not relay"
 }
 
 // hold records conn as the one Abort must close, unless Abort came first.
@@ -229,6 +290,10 @@ func (c *Call) letGo(reuse bool) {
 	reuse = reuse && c.cancelled == nil
 	c.cancelMu.Unlock()
 	if c.br != nil {
+		// Bytes read past the response's end are bytes it did not
+		// frame: the connection no longer knows where the next answer
+		// starts.
+		reuse = reuse && c.br.Buffered() == 0
 		c.client.ReleaseReader(c.br)
 		c.br = nil
 	}

@@ -35,7 +35,10 @@ type nodeAnswer struct {
 func newNodeClient(timeout time.Duration) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 64
-	return &http.Client{Transport: tr, Timeout: timeout}
+	// A redirect is the node's answer, not an address to follow with the
+	// picker's request (dispatch.RefuseRedirects says why).
+	return &http.Client{Transport: tr, Timeout: timeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
 // queryNodes asks every candidate node, concurrently and within

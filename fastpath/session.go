@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/guard"
 	"github.com/kvfast/kvfast/internal/logthrottle"
 	"github.com/kvfast/kvfast/openai"
@@ -111,7 +112,7 @@ func newSessions(s *Server, cfg SessionConfig, table *shm.Bindings) (*sessions, 
 		}
 	}
 	ss := &sessions{s: s, cfg: cfg, ttl: int64(cfg.TTL), table: table, throttle: logthrottle.New(time.Minute),
-		client:  &http.Client{Timeout: cfg.ControlTimeout},
+		client:  &http.Client{Timeout: cfg.ControlTimeout, CheckRedirect: dispatch.RefuseRedirects},
 		lookups: map[shm.LookupResult]prometheus.Counter{}, binds: map[shm.BindResult]prometheus.Counter{},
 		unbinds: map[string]prometheus.Counter{}, control: map[string]prometheus.Counter{}}
 	reg := s.metrics.reg

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
@@ -35,7 +36,7 @@ type adapterPoller struct {
 }
 
 func newAdapterPoller(token string) *adapterPoller {
-	return &adapterPoller{client: &http.Client{Timeout: 2 * time.Second}, token: token}
+	return &adapterPoller{client: &http.Client{Timeout: 2 * time.Second, CheckRedirect: dispatch.RefuseRedirects}, token: token}
 }
 
 // poll refreshes every worker's adapters and tells the front end when

@@ -542,3 +542,33 @@ func TestTruncatedSegmentKeepsRouting(t *testing.T) {
 		t.Errorf("the lost segment was logged %d times, want once (throttled)", got)
 	}
 }
+
+// TestModelsPollDoesNotFollowRedirects: an engine that answers GET
+// /v1/models with a redirect must not have the router carry the engines'
+// key (--engine-api-key-file) to wherever it points.
+func TestModelsPollDoesNotFollowRedirects(t *testing.T) {
+	var stolen atomic.Int64
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		stolen.Add(1)
+		_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"mock","object":"model"}]}`)
+	}))
+	defer elsewhere.Close()
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, elsewhere.URL+"/steal", http.StatusTemporaryRedirect)
+	}))
+	defer engine.Close()
+	cfg := testConfig(t)
+	cfg.Segment.Path = ""
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: engine.URL}}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if newAdapterPoller("engine-key").poll(context.Background(), n) {
+		t.Error("a redirect taught the router a model")
+	}
+	if got := stolen.Load(); got != 0 {
+		t.Fatalf("the redirect's target was asked %d times", got)
+	}
+}

@@ -1,0 +1,244 @@
+package dispatch
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Engines that break HTTP's rules, and what the router must not do with
+// what they send.
+
+// rawEngine accepts connections on a loopback port and runs serveConn on
+// each, on its own goroutine, until the test ends.
+func rawEngine(t *testing.T, serveConn func(conn net.Conn, br *bufio.Reader)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() { serveConn(c, bufio.NewReader(c)) })
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// answer writes a complete JSON response whose text names the request's
+// body, so that a client can tell whose answer it got.
+func answer(w io.Writer, body string) {
+	payload := fmt.Sprintf(`{"choices":[{"text":"answer to %s","finish_reason":"stop"}]}`, body)
+	fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(payload), payload)
+}
+
+// readRequest reads one request and returns its body.
+func readRequest(br *bufio.Reader) (string, bool) {
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return "", false
+	}
+	b, _ := io.ReadAll(req.Body)
+	return string(b), true
+}
+
+func roundTripBody(t *testing.T, pool *Pool, body string) (string, error) {
+	t.Helper()
+	c := pool.AcquireCall()
+	defer c.Release()
+	c.SetRequest([]byte("/v1/completions"), []byte(body))
+	if err := c.Do(0, nil); err != nil {
+		return "", err
+	}
+	got, err := c.ReadBody()
+	return string(got), err
+}
+
+// TestUnsolicitedBytesAreNotAnAnswer: an engine that sends more than its
+// response's framing says (a second response, or a Content-Length shorter
+// than its body), with the response or while the connection sits in the
+// pool, must not have those bytes read as the next request's answer:
+// every client gets the answer to its own request.
+func TestUnsolicitedBytesAreNotAnAnswer(t *testing.T) {
+	// Larger than a connection's read buffer, so that what the first
+	// response's reader took in does not hold it all.
+	extra := func(w io.Writer) { answer(w, "nobody"+strings.Repeat(".", 16<<10)) }
+	for _, tc := range []struct {
+		name  string
+		later bool // the extra bytes come once the router is done with the response
+	}{{"with the response", false}, {"while idle", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			inject, injected := make(chan struct{}), make(chan struct{})
+			var answered atomic.Bool
+			engine := rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
+				for {
+					body, ok := readRequest(br)
+					if !ok {
+						return
+					}
+					first := answered.CompareAndSwap(false, true) // the test's first request, on any connection
+					var out strings.Builder
+					answer(&out, body)
+					if first && !tc.later {
+						extra(&out)
+					}
+					if _, err := io.WriteString(conn, out.String()); err != nil {
+						return
+					}
+					if first && tc.later {
+						<-inject
+						extra(conn)
+						close(injected)
+					}
+				}
+			})
+			pool := NewPool(Config{Health: noHealth, MaxIdleConnDuration: time.Minute})
+			defer pool.Close()
+			mustAdd(t, pool, 0, engine)
+			for i, who := range []string{"alice", "bob", "carol"} {
+				got, err := roundTripBody(t, pool, who)
+				if err != nil {
+					t.Fatalf("%s: %v", who, err)
+				}
+				if want := "answer to " + who; !strings.Contains(got, want) {
+					t.Fatalf("%s got %.60q..., want %q", who, got, want)
+				}
+				if i == 0 && tc.later {
+					close(inject) // alice's connection is back in the pool
+					<-injected
+				}
+			}
+		})
+	}
+}
+
+// TestUnrelayableResponsesAreEngineFailures: a final status that is not
+// 2xx, 4xx or 5xx, or a Content-Encoding nobody asked for, is not passed
+// to the client as the engine's answer: the call fails, may go to
+// another worker, and counts against the engine.
+func TestUnrelayableResponsesAreEngineFailures(t *testing.T) {
+	for _, head := range []string{
+		"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n",
+		"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:1/elsewhere\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 600 Nonsense\r\nContent-Length: 2\r\n\r\n{}",
+		"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\n\x1f\x8b\x08\x00",
+	} {
+		status := head[9:12]
+		t.Run(status, func(t *testing.T) {
+			engine := rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
+				for {
+					if _, ok := readRequest(br); !ok {
+						return
+					}
+					if _, err := io.WriteString(conn, head); err != nil {
+						return
+					}
+				}
+			})
+			pool := NewPool(Config{Health: noHealth})
+			defer pool.Close()
+			mustAdd(t, pool, 0, engine)
+			_, err := roundTripBody(t, pool, "x")
+			if !errors.Is(err, ErrEngineFailed) || !IsRetryable(err) || ErrorStatus(err) != fasthttp.StatusBadGateway {
+				t.Fatalf("Do = %v (status %d), want a retryable engine failure, 502", err, ErrorStatus(err))
+			}
+			if got := pool.Engine(0).Failures(); got != 1 {
+				t.Errorf("passive health counted %d failures, want 1", got)
+			}
+		})
+	}
+}
+
+// TestFirstByteTimeoutCoversHeaders: the first-byte timeout bounds the
+// wait for the response's whole header, not for its first byte: an engine
+// that dribbles its headers cannot hold a request past it.
+func TestFirstByteTimeoutCoversHeaders(t *testing.T) {
+	var stopped atomic.Bool
+	engine := rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
+		if _, ok := readRequest(br); !ok {
+			return
+		}
+		if _, err := io.WriteString(conn, "HTTP/1.1 200 OK\r\nX-Slow: "); err != nil {
+			return
+		}
+		for range 100 { // 10 s of one byte every 100 ms, then the rest
+			time.Sleep(100 * time.Millisecond)
+			if _, err := io.WriteString(conn, "a"); err != nil {
+				stopped.Store(true)
+				return
+			}
+		}
+		answer(conn, "late")
+	})
+	pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{FirstByte: 300 * time.Millisecond}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	_, err := roundTripBody(t, pool, "x")
+	if !errors.Is(err, ErrFirstByteTimeout) {
+		t.Fatalf("Do = %v, want the first-byte timeout", err)
+	}
+}
+
+// TestStreamEndsSoonAfterDone: after [DONE] an engine has only the end of
+// the body left to send; one that goes on sending is cut within the grace,
+// instead of holding the client's stream open for as long as it talks.
+func TestStreamEndsSoonAfterDone(t *testing.T) {
+	var engineDone atomic.Bool
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			defer engineDone.Store(true)
+			for _, ev := range vllmStream(3) {
+				_, _ = w.WriteString(ev)
+			}
+			for range 1000 { // 20 s of chatter after [DONE]
+				_, _ = w.WriteString(": still here\n\n")
+				if w.Flush() != nil {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}, nil)
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	rec := newRecorder()
+	addr := serve(t, front(pool, 0, func() Observer { return rec }), nil)
+	status, _, body := post(t, addr, "/v1/completions", completionBody)
+	if status != 200 || !strings.Contains(string(body), "[DONE]") {
+		t.Fatalf("status %d, body %q", status, body)
+	}
+	if engineDone.Load() {
+		t.Fatal("the client's stream lasted as long as the engine's chatter after [DONE]")
+	}
+}
