@@ -308,14 +308,36 @@ var hopByHop = [...][]byte{
 	[]byte("Trailer"), []byte("Upgrade"), []byte("Date"), []byte("Server"),
 }
 
+var connectionHeader = []byte("Connection")
+
+// namedIn reports whether list, a comma-separated header value, names
+// header, ignoring case and blanks.
+func namedIn(list, header []byte) bool {
+	for len(list) > 0 {
+		item := list
+		if i := bytes.IndexByte(list, ','); i >= 0 {
+			item, list = list[:i], list[i+1:]
+		} else {
+			list = nil
+		}
+		if bytes.EqualFold(bytes.TrimSpace(item), header) {
+			return true
+		}
+	}
+	return false
+}
+
 // CopyHeaders sets dst's status and headers from the engine's response,
 // leaving out hop-by-hop headers and the framing, which the server redoes.
 func (c *Call) CopyHeaders(dst *fasthttp.ResponseHeader) {
 	dst.SetStatusCode(c.resp.StatusCode())
+	// Headers the engine's Connection header names are hop-by-hop too
+	// (RFC 9110, 7.6.1).
+	connection := c.resp.Header.PeekBytes(connectionHeader)
 	for k, v := range c.resp.Header.All() {
-		skip := false
+		skip := namedIn(connection, k)
 		for _, h := range hopByHop {
-			if bytes.EqualFold(k, h) {
+			if skip || bytes.EqualFold(k, h) {
 				skip = true
 				break
 			}

@@ -242,3 +242,30 @@ func TestStreamEndsSoonAfterDone(t *testing.T) {
 		t.Fatal("the client's stream lasted as long as the engine's chatter after [DONE]")
 	}
 }
+
+// TestConnectionNamedHeadersStayWithTheEngine: a header the engine's
+// Connection header names belongs to the engine's connection, not to the
+// response, and is not passed on.
+func TestConnectionNamedHeadersStayWithTheEngine(t *testing.T) {
+	engine := rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
+		for {
+			if _, ok := readRequest(br); !ok {
+				return
+			}
+			payload := `{"choices":[{"text":"hi","finish_reason":"stop"}]}`
+			fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nX-Hop: internal\r\nX-Kept: yes\r\n"+
+				"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(payload), payload)
+		}
+	})
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	addr := serve(t, front(pool, 0, nil), nil)
+	status, h, _ := post(t, addr, "/v1/completions", completionBody)
+	if status != 200 || string(h.Peek("X-Kept")) != "yes" {
+		t.Fatalf("status %d, headers %s", status, h.String())
+	}
+	if v := h.Peek("X-Hop"); len(v) != 0 {
+		t.Errorf("X-Hop, named in the engine's Connection header, reached the client: %q", v)
+	}
+}
