@@ -28,7 +28,8 @@
 //     (Bindings does so itself): a fault in the mapping detaches the
 //     segment, replacing its pages with private zero pages that read as
 //     an empty segment, and Lost says why. CheckSize finds a shrunk file
-//     without waiting for a fault. Publishers are not guarded.
+//     without waiting for a fault. A Publisher guards its methods the
+//     same way and reports ErrRetired.
 //   - Registry: 64 slots; Register claims one under a cross-process
 //     registry lock (fcntl, so Python can take it with os.lockf);
 //     Workers/Worker read consistent snapshots, and ReadWorker says why a
