@@ -310,6 +310,18 @@ var hopByHop = [...][]byte{
 
 var connectionHeader = []byte("Connection")
 
+// namedByConnection reports whether one of the engine's Connection headers
+// names header: it is hop-by-hop too (RFC 9110, 7.6.1). Names match
+// whatever their case, since the engine's header names are kept as sent.
+func (c *Call) namedByConnection(header []byte) bool {
+	for k, v := range c.resp.Header.All() {
+		if bytes.EqualFold(k, connectionHeader) && namedIn(v, header) {
+			return true
+		}
+	}
+	return false
+}
+
 // namedIn reports whether list, a comma-separated header value, names
 // header, ignoring case and blanks.
 func namedIn(list, header []byte) bool {
@@ -331,11 +343,8 @@ func namedIn(list, header []byte) bool {
 // leaving out hop-by-hop headers and the framing, which the server redoes.
 func (c *Call) CopyHeaders(dst *fasthttp.ResponseHeader) {
 	dst.SetStatusCode(c.resp.StatusCode())
-	// Headers the engine's Connection header names are hop-by-hop too
-	// (RFC 9110, 7.6.1).
-	connection := c.resp.Header.PeekBytes(connectionHeader)
 	for k, v := range c.resp.Header.All() {
-		skip := namedIn(connection, k)
+		skip := c.namedByConnection(k)
 		for _, h := range hopByHop {
 			if skip || bytes.EqualFold(k, h) {
 				skip = true

@@ -41,7 +41,7 @@ type engineConn struct {
 	used bool
 	// raw and peek look for bytes on an idle connection (unsolicited).
 	raw      syscall.RawConn
-	peek     func(fd uintptr) bool
+	peek     func(fd uintptr)
 	peekN    uintptr
 	peekErr  syscall.Errno
 	peekByte [1]byte
@@ -123,7 +123,10 @@ func (c *engineConn) unsolicited() bool {
 		return false
 	}
 	c.peekN, c.peekErr = 0, 0
-	if err := c.raw.Read(c.peek); err != nil {
+	// Control, not Read: Read would refuse at once under the read
+	// deadline the last response left (a stream's end grace), and this
+	// never waits anyway.
+	if err := c.raw.Control(c.peek); err != nil {
 		return true // closed under us
 	}
 	switch {
@@ -136,11 +139,10 @@ func (c *engineConn) unsolicited() bool {
 }
 
 // peekOnce is c.peek: one non-blocking MSG_PEEK recv of a byte.
-func (c *engineConn) peekOnce(fd uintptr) bool {
+func (c *engineConn) peekOnce(fd uintptr) {
 	n, _, errno := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&c.peekByte[0])), 1,
 		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
 	c.peekN, c.peekErr = n, errno
-	return true // never wait for readiness: the answer is now or not at all
 }
 
 // SetReadDeadline ignores fasthttp's deadlines: Read owns them.

@@ -21,3 +21,16 @@ func (e *Engine) EndEjection() { e.unEject() }
 
 // Failures is the passive-health failures counted in the current window.
 func (e *Engine) Failures() int32 { return e.out.failures.Load() }
+
+// HasUnsolicited reports whether one of e's connections, idle in its pool,
+// has bytes waiting, as the next request's acquire would see them.
+func (e *Engine) HasUnsolicited() bool {
+	e.conns.mu.Lock()
+	defer e.conns.mu.Unlock()
+	for c := range e.conns.conns {
+		if c.unsolicited() {
+			return true
+		}
+	}
+	return false
+}

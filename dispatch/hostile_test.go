@@ -121,6 +121,8 @@ func TestUnsolicitedBytesAreNotAnAnswer(t *testing.T) {
 					}
 				}
 			})
+			var injectOnce sync.Once
+			t.Cleanup(func() { injectOnce.Do(func() { close(inject) }) }) // before the engine's: it may wait on inject
 			pool := NewPool(Config{Health: noHealth, MaxIdleConnDuration: time.Minute})
 			defer pool.Close()
 			mustAdd(t, pool, 0, engine)
@@ -133,8 +135,12 @@ func TestUnsolicitedBytesAreNotAnAnswer(t *testing.T) {
 					t.Fatalf("%s got %.60q..., want %q", who, got, want)
 				}
 				if i == 0 && tc.later {
-					close(inject) // alice's connection is back in the pool
+					injectOnce.Do(func() { close(inject) }) // alice's connection is back in the pool
 					<-injected
+					// Written is not yet received: wait until the bytes
+					// are there to be seen, as they would be after any
+					// pause an idle connection takes.
+					waitUntil(t, "the unsolicited bytes to arrive", pool.Engine(0).HasUnsolicited)
 				}
 			}
 		})
@@ -247,25 +253,64 @@ func TestStreamEndsSoonAfterDone(t *testing.T) {
 // Connection header names belongs to the engine's connection, not to the
 // response, and is not passed on.
 func TestConnectionNamedHeadersStayWithTheEngine(t *testing.T) {
-	engine := rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
-		for {
-			if _, ok := readRequest(br); !ok {
-				return
+	// As Go and Python servers spell them: uvicorn sends lowercase names.
+	for _, connection := range []string{"Connection: keep-alive, X-Hop", "connection: keep-alive, x-hop"} {
+		t.Run(connection[:10], func(t *testing.T) {
+			engine := rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
+				for {
+					if _, ok := readRequest(br); !ok {
+						return
+					}
+					payload := `{"choices":[{"text":"hi","finish_reason":"stop"}]}`
+					fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\n%s\r\nX-Hop: internal\r\nX-Kept: yes\r\n"+
+						"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", connection, len(payload), payload)
+				}
+			})
+			pool := NewPool(Config{Health: noHealth})
+			defer pool.Close()
+			mustAdd(t, pool, 0, engine)
+			addr := serve(t, front(pool, 0, nil), nil)
+			status, h, _ := post(t, addr, "/v1/completions", completionBody)
+			if status != 200 || string(h.Peek("X-Kept")) != "yes" {
+				t.Fatalf("status %d, headers %s", status, h.String())
 			}
-			payload := `{"choices":[{"text":"hi","finish_reason":"stop"}]}`
-			fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nX-Hop: internal\r\nX-Kept: yes\r\n"+
-				"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(payload), payload)
-		}
-	})
-	pool := NewPool(Config{Health: noHealth})
+			if v := h.Peek("X-Hop"); len(v) != 0 {
+				t.Errorf("X-Hop, named in the engine's Connection header, reached the client: %q", v)
+			}
+		})
+	}
+}
+
+// TestStreamConnectionIsReusedAfterTheGrace: the check for unsolicited
+// bytes must not mistake the read deadline a stream's end left on its
+// connection (the grace after [DONE]) for a broken connection: a healthy
+// engine's connection is reused however long it sat idle in the pool.
+func TestStreamConnectionIsReusedAfterTheGrace(t *testing.T) {
+	var mu sync.Mutex
+	conns := map[uint64]bool{}
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		mu.Lock()
+		conns[ctx.ConnID()] = true
+		mu.Unlock()
+		// A pause after each event, [DONE] included: the router's read
+		// of the body's end then runs under the grace's deadline.
+		sseEngine(vllmStream(2), 20*time.Millisecond, nil)(ctx)
+	}, nil)
+	pool := NewPool(Config{Health: noHealth, MaxIdleConnDuration: time.Minute})
 	defer pool.Close()
 	mustAdd(t, pool, 0, engine)
 	addr := serve(t, front(pool, 0, nil), nil)
-	status, h, _ := post(t, addr, "/v1/completions", completionBody)
-	if status != 200 || string(h.Peek("X-Kept")) != "yes" {
-		t.Fatalf("status %d, headers %s", status, h.String())
+	for i := range 2 {
+		if status, _, body := post(t, addr, "/v1/completions", completionBody); status != 200 || !strings.Contains(string(body), "[DONE]") {
+			t.Fatalf("request %d: status %d, body %q", i, status, body)
+		}
+		if i == 0 {
+			time.Sleep(doneGrace + 500*time.Millisecond) // past the deadline the stream's end set
+		}
 	}
-	if v := h.Peek("X-Hop"); len(v) != 0 {
-		t.Errorf("X-Hop, named in the engine's Connection header, reached the client: %q", v)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(conns) != 1 {
+		t.Errorf("two streams a grace apart took %d connections, want 1 reused", len(conns))
 	}
 }

@@ -244,7 +244,12 @@ func (in *Ingester) Run(ctx context.Context) error {
 	for {
 		var ok bool
 		var err error
-		in.seg.Guard(func() { ok, err = in.Acquire(ctx) })
+		if !in.seg.Guard(func() { ok, err = in.Acquire(ctx) }) {
+			// Faulted half-way (the repair, the cursors): give the role
+			// back, and take it again from the start over the detached,
+			// empty segment.
+			_ = in.Release()
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -595,8 +600,13 @@ type Stats struct {
 	LagBytes [workers.Max]uint64 `json:"-"` // committed ring bytes not yet consumed
 }
 
+// Ingesting reports whether this process holds the ingester role. Unlike
+// Stats it reads nothing from the segment.
+func (in *Ingester) Ingesting() bool { return in.pub.ingesting.Load() }
+
 // Stats returns the counters as of the end of the last pass, plus the
-// current ring lags. Safe to call from any goroutine.
+// current ring lags (read from the segment: callers guard it, shm/fault.go).
+// Safe to call from any goroutine.
 func (in *Ingester) Stats() Stats {
 	var a [20]uint64
 	for i := range a {

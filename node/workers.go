@@ -99,7 +99,7 @@ func (n *Node) runZMQ(ctx context.Context) {
 	if n.ingester != nil {
 		t := time.NewTicker(50 * time.Millisecond)
 		defer t.Stop()
-		for !n.ingester.Stats().Ingesting {
+		for !n.ingester.Ingesting() {
 			select {
 			case <-ctx.Done():
 				return

@@ -609,6 +609,14 @@ func (ix *Index) updateBlock(key uint64, w workers.Slot, store bool) (had bool) 
 	home := at.home(key)
 	a.mu.Lock()
 	var b *shard
+	// Deferred: the region may fault under a truncated segment file, and
+	// a caught fault must not leave the shards locked (shm/fault.go).
+	defer func() {
+		if b != nil && b != a {
+			b.mu.Unlock()
+		}
+		a.mu.Unlock()
+	}()
 	for {
 		i, found := at.scan(key, home, at.window)
 		if found {
@@ -644,10 +652,6 @@ func (ix *Index) updateBlock(key uint64, w workers.Slot, store bool) (had bool) 
 		}
 		break
 	}
-	if b != nil && b != a {
-		b.mu.Unlock()
-	}
-	a.mu.Unlock()
 	return had
 }
 
@@ -734,22 +738,29 @@ func (ix *Index) Cleared(w workers.Slot) {
 // clearWorker drops every block of worker w and returns how many slots it
 // scanned to find them.
 func (ix *Index) clearWorker(w workers.Slot) (scanned int) {
-	bit := uint64(workers.SetOf(w))
 	for si := range ix.shards {
-		sh := &ix.shards[si]
-		sh.mu.Lock()
-		if sh.meta.workerBlocks[w].Load() != 0 {
-			for i := uint32(0); i < sh.blocks.n; {
-				if ix.clearBit(sh, i, w, bit) {
-					continue // a later entry moved into i
-				}
-				i++
-			}
-			scanned += int(sh.blocks.n)
-		}
-		sh.mu.Unlock()
+		scanned += ix.clearWorkerIn(&ix.shards[si], w)
 	}
 	return scanned
+}
+
+// clearWorkerIn is clearWorker for one shard. Its lock is released by a
+// defer, so that a fault in the region (a truncated segment file,
+// shm/fault.go) caught by the caller does not leave it held.
+func (ix *Index) clearWorkerIn(sh *shard, w workers.Slot) (scanned int) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.meta.workerBlocks[w].Load() == 0 {
+		return 0
+	}
+	bit := uint64(workers.SetOf(w))
+	for i := uint32(0); i < sh.blocks.n; {
+		if ix.clearBit(sh, i, w, bit) {
+			continue // a later entry moved into i
+		}
+		i++
+	}
+	return int(sh.blocks.n)
 }
 
 // engineMapLive counts the engine-hash mappings held, over every shard.
@@ -786,17 +797,22 @@ func (ix *Index) forgetWorker(w workers.Slot, op string) {
 		defer ix.wrote(op, (scanned+int(ix.geo.shards)*int(ix.geo.mapSlots))/scanPerWrite)
 	}
 	for si := range ix.shards {
-		sh := &ix.shards[si]
-		sh.mu.Lock()
-		for i := uint32(0); i < sh.engine.n; {
-			k := sh.engine.at(i).key.Load()
-			if k != emptyKey && k != busyKey && workers.Slot(k>>mapWorkerShift) == w {
-				sh.engine.deleteAt(i)
-				continue
-			}
-			i++
+		unmapWorkerIn(&ix.shards[si], w)
+	}
+}
+
+// unmapWorkerIn drops worker w's engine-hash mappings from one shard,
+// its lock released by a defer as in clearWorkerIn.
+func unmapWorkerIn(sh *shard, w workers.Slot) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for i := uint32(0); i < sh.engine.n; {
+		k := sh.engine.at(i).key.Load()
+		if k != emptyKey && k != busyKey && workers.Slot(k>>mapWorkerShift) == w {
+			sh.engine.deleteAt(i)
+			continue
 		}
-		sh.mu.Unlock()
+		i++
 	}
 }
 

@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"encoding/binary"
 	"fmt"
 	"runtime/debug"
 	"sync"
@@ -82,11 +83,24 @@ func (s *Segment) Guard(f func()) (ok bool) {
 func (s *Segment) inMapping(addr uintptr) bool { return addr >= s.fault.lo && addr < s.fault.hi }
 
 // CheckSize detaches the segment if its file is now shorter than the
-// mapping, and reports whether the segment is lost. It costs one fstat.
+// mapping, or if its header, immutable once written, changed (a file
+// truncated and grown again reads as zeros), and reports whether the
+// segment is lost. It costs one fstat and a read of the header.
 func (s *Segment) CheckSize() bool {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(s.f.Fd()), &st); err == nil && st.Size < int64(s.fault.hi-s.fault.lo) {
 		s.detach(fmt.Sprintf("the file shrank to %d bytes under a %d-byte mapping (truncated)", st.Size, s.fault.hi-s.fault.lo))
+	}
+	if s.Lost() == "" && s.hdr.SegmentID != 0 {
+		var magicOK bool
+		var id uint64
+		s.Guard(func() {
+			magicOK = string(s.mem[hMagic:hMagic+len(magic)]) == magic
+			id = binary.LittleEndian.Uint64(s.mem[hSegmentID:])
+		})
+		if s.Lost() == "" && (!magicOK || id != s.hdr.SegmentID) {
+			s.detach("the file's header changed under the router (truncated and grown again, or overwritten)")
+		}
 	}
 	return s.Lost() != ""
 }

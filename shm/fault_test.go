@@ -160,3 +160,55 @@ func TestHeartbeatNoticesShrunkFile(t *testing.T) {
 		t.Errorf("Heartbeat on a shrunk segment: %v, want ErrRetired", err)
 	}
 }
+
+// A file truncated and grown back to its size faults nothing (its pages
+// are zeros again), but nothing in it is the segment any more: its
+// header, written once, says so, and CheckSize detaches.
+func TestCheckSizeDetachesRegrownFile(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, st.Size()); err != nil {
+		t.Fatal(err)
+	}
+	if !seg.CheckSize() {
+		t.Fatal("CheckSize() = false on a file truncated and grown back")
+	}
+	if why := seg.Lost(); !strings.Contains(why, "header changed") {
+		t.Errorf("Lost() = %q, want the header named", why)
+	}
+}
+
+// A fault in the middle of an index write leaves no shard locked: after
+// the detach, the index takes writes again instead of hanging its writers
+// (the feed's, the ZMQ subscribers') for good.
+func TestFaultInIndexWriteReleasesItsLocks(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	ix := seg.Index()
+	ix.Stored(3, []uint64{11, 12})
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	// A worker's removal reads the shard's counters under its lock, so
+	// that is where this one faults.
+	if seg.Guard(func() { ix.RemoveWorker(3) }) {
+		t.Fatal("a removal from a truncated segment ran to its end: it should have faulted")
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ix.RemoveWorker(3)
+		ix.Stored(3, []uint64{15})
+		ix.Cleared(3)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("index writes after a caught fault hang: a shard lock was left held")
+	}
+}

@@ -275,6 +275,28 @@ func (p *Publisher) revive(off int) error {
 	return nil
 }
 
+// markClosed sets the slot closed, under the registry lock, if it is
+// still this registration's.
+func (p *Publisher) markClosed() (err error) {
+	defer p.catch(&err)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	unlock, _, err := p.seg.lockRegistry(true)
+	if err != nil {
+		if errors.Is(err, ErrClosed) {
+			return nil
+		}
+		return err
+	}
+	defer unlock()
+	off := slotOff(p.slot)
+	sw := p.seg.u64(off + sState)
+	w := atomic.LoadUint64(sw)
+	if st := stateOf(w); (st == StateLive || st == StateDown) && atomic.LoadUint32(p.seg.u32(off+sGeneration)) == p.w.gen {
+		atomic.StoreUint64(sw, nextState(w, StateClosed))
+	}
+	return nil
+}
+
 // catch is deferred by the methods that write the mapping (fault.go): a
 // fault in it, the file truncated under the engine, detaches the segment
 // and makes the method report ErrRetired.
@@ -297,17 +319,9 @@ func (p *Publisher) Close() error {
 	}
 	p.closed = true
 	p.forget()
-	var err error
-	if unlock, _, lerr := p.seg.lockRegistry(true); lerr == nil {
-		off := slotOff(p.slot)
-		sw := p.seg.u64(off + sState)
-		w := atomic.LoadUint64(sw)
-		if st := stateOf(w); (st == StateLive || st == StateDown) && atomic.LoadUint32(p.seg.u32(off+sGeneration)) == p.w.gen {
-			atomic.StoreUint64(sw, nextState(w, StateClosed))
-		}
-		unlock()
-	} else if !errors.Is(lerr, ErrClosed) {
-		err = lerr
+	err := p.markClosed()
+	if errors.Is(err, ErrRetired) {
+		err = nil // a truncated file (fault.go): there is no slot left to close
 	}
 	if p.ownSeg {
 		if cerr := p.seg.Close(); err == nil {
