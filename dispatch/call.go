@@ -666,8 +666,18 @@ func (c *Call) ReadBody() ([]byte, error) {
 	}
 	body := c.resp.BodyStream()
 	limit := c.pool.cfg.MaxResponseBodySize
-	if c.resp.Header.ContentLength() > limit {
+	cl := c.resp.Header.ContentLength()
+	if cl > limit {
 		return nil, c.fail(ErrResponseTooLarge, nil, nil, false) // refused from its header, unread
+	}
+	if grow := cl + 1 - len(c.buf); grow > 0 {
+		// A length given up front (plus the byte that finds the end) is
+		// allocated once, not by doubling, whose outgrown buffers the
+		// budget does not see until the collector frees them.
+		if !c.chargeResponse(int64(grow)) {
+			return nil, c.fail(ErrResponseBudget, nil, nil, false)
+		}
+		c.buf = make([]byte, cl+1) // nothing read yet: nothing to copy
 	}
 	n := 0
 	for body != nil {

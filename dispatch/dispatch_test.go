@@ -638,6 +638,33 @@ func TestResponseLimits(t *testing.T) {
 	third.Release()
 }
 
+// TestDeclaredLengthIsChargedOnce: a body whose length the engine
+// declares is read into one buffer of that size, charged once; growing by
+// doubling would charge (and allocate) the outgrown sizes too, which a
+// budget just above the body refuses.
+func TestDeclaredLengthIsChargedOnce(t *testing.T) {
+	const relay, size = 1 << 10, 100 << 10
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBody(make([]byte, size)) }, nil)
+	// Doubling from the relay buffer would charge 1+2+…+64 KiB and then
+	// 128 KiB: 255 KiB in all.
+	pool := NewPool(Config{Health: noHealth, RelayBufferSize: relay, MaxResponseBodySize: 1 << 20, ResponseBudgetBytes: size + 1})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	c := pool.AcquireCall()
+	defer c.Release()
+	c.SetRequest([]byte("/v1/completions"), []byte(`{}`))
+	if err := c.Do(0, nil); err != nil {
+		t.Fatal(err)
+	}
+	body, err := c.ReadBody()
+	if err != nil || len(body) != size {
+		t.Fatalf("ReadBody: %d bytes, %v", len(body), err)
+	}
+	if held := pool.ResponseBytes(); held > size+1 {
+		t.Errorf("a %d-byte body holds %d budget bytes", size, held)
+	}
+}
+
 // TestEngineToken: with Config.EngineToken every request to an engine,
 // forwarded or a health check, carries the router's bearer token in
 // place of the client's; without one, the client's goes through.
