@@ -648,6 +648,9 @@ func (c *Call) observe(ev openai.Event) {
 func (c *Call) observeBody(body []byte) {
 	ev := openai.ParseResponse(body)
 	if ev.Kind == openai.EventError {
+		if s := c.resp.StatusCode(); s >= 200 && s < 300 {
+			c.judge(false) // an error under a success status: the engine failed, not the request
+		}
 		c.abort(ErrEngineError)
 		return
 	}

@@ -314,3 +314,22 @@ func TestStreamConnectionIsReusedAfterTheGrace(t *testing.T) {
 		t.Errorf("two streams a grace apart took %d connections, want 1 reused", len(conns))
 	}
 }
+
+// TestErrorUnderA2xxCountsAgainstTheEngine: an engine that reports an
+// error with a success status has failed; passive health counts it, as it
+// would the 5xx the error should have come with.
+func TestErrorUnderA2xxCountsAgainstTheEngine(t *testing.T) {
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"oom","code":500}}`)
+	}, nil)
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	if _, err := roundTripBody(t, pool, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if got := pool.Engine(0).Failures(); got != 1 {
+		t.Errorf("passive health counted %d failures, want 1", got)
+	}
+}

@@ -348,13 +348,14 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		}
 		var params []byte
 		if err == nil {
-			if params = topLevelMember(body, "kv_transfer_params"); string(params) == "null" {
-				// vLLM answers none when the request ended at its one
-				// token (an end-of-sequence token): nothing is kept for a
-				// remote decode, and the decode worker computes the
-				// prompt itself, as vLLM's own proxy lets it.
-				params = nil
-			}
+			err = checkStageAnswer(st.call, body)
+		}
+		if err == nil {
+			// vLLM answers null when the request ended at its one token
+			// (an end-of-sequence token): nothing is kept for a remote
+			// decode, and the decode worker computes the prompt itself,
+			// as vLLM's own proxy lets it.
+			params, err = transferParams(body)
 		}
 		if err == nil {
 			st.decode, err = appendVLLMDecodeBody(st.decode[:0], ex.body, params)
@@ -383,11 +384,57 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	return false
 }
 
-// errPrefillRefused is a prefill engine's 5xx; a 4xx is errPrefillInvalid.
+// errPrefillRefused is a prefill engine's 5xx, or an error in a 2xx
+// answer; a 4xx is errPrefillInvalid.
 var (
 	errPrefillRefused = errors.New("the prefill engine refused the request")
 	errPrefillInvalid = errors.New("the prefill engine found the request invalid")
 )
+
+// errStageGarbled is a 2xx answer of an internal stage (prefill, encode)
+// that is not the JSON completion the router asked for; errStageError one
+// that carries an error object. Both are the engine's failure: the stage
+// is tried elsewhere, and what the answer held goes nowhere.
+var (
+	errStageGarbled = errors.New("the engine's answer is not a JSON completion")
+	errStageError   = errors.New("the engine answered with an error object")
+)
+
+// maxTransferParams bounds the kv_transfer_params a prefill answer may
+// hand to the decode engine: vLLM's hold a block id per prompt block
+// (tens of KiB for the longest prompts), not megabytes.
+const maxTransferParams = 1 << 20
+
+// checkStageAnswer says why a 2xx answer to an internal stage's request
+// is unusable, or nil: the router asked for JSON, not a stream, and an
+// engine that reports an error with a 2xx has failed all the same.
+func checkStageAnswer(call *dispatch.Call, body []byte) error {
+	if call.IsEventStream() {
+		return errStageGarbled
+	}
+	if i := jsonscan.SkipSpace(body, 0); i >= len(body) || body[i] != '{' {
+		return errStageGarbled
+	}
+	if openai.ParseResponse(body).Kind == openai.EventError {
+		return errStageError
+	}
+	return nil
+}
+
+// transferParams returns the kv_transfer_params of a checked prefill
+// answer for the decode request: an object of at most maxTransferParams
+// bytes, or nil where vLLM sends null or none (the request ended at its
+// one token: the decode engine computes the prompt itself).
+func transferParams(body []byte) ([]byte, error) {
+	params := topLevelMember(body, "kv_transfer_params")
+	switch {
+	case params == nil, string(params) == "null":
+		return nil, nil
+	case params[0] != '{', len(params) > maxTransferParams:
+		return nil, errStageGarbled
+	}
+	return params, nil
+}
 
 // retryablePrefill: a prefill failure is tried on another prefill worker
 // unless the request itself is at fault (a 4xx), which no worker would

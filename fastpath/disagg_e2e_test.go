@@ -361,6 +361,40 @@ func TestDisaggVLLMFaults(t *testing.T) {
 			t.Errorf("%v retries, want none", v)
 		}
 	})
+	t.Run("an unusable 2xx answer is a failure: nothing forwarded", func(t *testing.T) {
+		// Each answers 200 but is no prefill a decode engine can use: an
+		// error object, no JSON, a stream, kv_transfer_params that are
+		// not an object or too large. None of it goes to the decode
+		// engine: with no other prefill worker, the decode computes the
+		// prompt itself.
+		for i, answer := range []func(ctx *fasthttp.RequestCtx){
+			func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"error":{"message":"oom","code":500}}`) },
+			func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`<html>busy</html>`) },
+			func(ctx *fasthttp.RequestCtx) {
+				ctx.SetContentType("text/event-stream")
+				ctx.SetBodyString("data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n")
+			},
+			func(ctx *fasthttp.RequestCtx) {
+				ctx.SetBodyString(`{"choices":[{"text":"","finish_reason":"length"}],"kv_transfer_params":"169.254.169.254"}`)
+			},
+			func(ctx *fasthttp.RequestCtx) {
+				ctx.SetBodyString(`{"choices":[{"text":"","finish_reason":"length"}],"kv_transfer_params":{"x":"` +
+					strings.Repeat("y", 2<<20) + `"}}`)
+			},
+		} {
+			bad := startE2EEngine(t, answer)
+			r := run(t, []node.StaticWorker{prefillOf(uint64(20+i), bad.addr())}, decodeWorker)
+			resp := r.post(t, fastpath.PathCompletions, body, nil)
+			if items, _, done, _ := readStream(t, resp.body); resp.status != 200 || items != 6 || !done ||
+				resp.header.Get(fastpath.HeaderPrefillWorker) != "" {
+				t.Fatalf("answer %d: status %d, prefill worker %q: %s", i, resp.status, resp.header.Get(fastpath.HeaderPrefillWorker), resp.body)
+			}
+			waitReleased(t, r.node)
+			if n := decisionCount(t, r, "fallback_local"); n != 1 {
+				t.Errorf("answer %d: fallback decisions %v, want 1 (the answer is no prefill)", i, n)
+			}
+		}
+	})
 	t.Run("a 4xx is not retried on another prefill worker", func(t *testing.T) {
 		var refusals atomic.Int64
 		invalid := func(ctx *fasthttp.RequestCtx) {

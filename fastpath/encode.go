@@ -397,12 +397,16 @@ func (s *Server) runEncode(ex *exchange, i int, wg *sync.WaitGroup) {
 		}
 	}()
 	err := st.call.Do(st.dec.Slot, st)
+	var body []byte
 	if err == nil {
-		_, err = st.call.ReadBody()
+		body, err = st.call.ReadBody()
 	}
 	if err == nil && st.call.StatusCode() >= 300 {
 		err = errEncodeRefused
 		st.abortFailed()
+	}
+	if err == nil {
+		err = checkStageAnswer(st.call, body) // what the encoder cached is unknown: not remembered
 	}
 	st.err = err
 	st.ok = err == nil

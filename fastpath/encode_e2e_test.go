@@ -210,6 +210,36 @@ func TestEncodeFailureRecovers(t *testing.T) {
 	})
 }
 
+// TestEncodeUnusable2xxIsAFailure: an encoder whose answer carries a
+// success status but is no encoding (an error object, a stream where JSON
+// was asked for) has failed: the items fall back to the engine, and
+// affinity does not send the images back to it.
+func TestEncodeUnusable2xxIsAFailure(t *testing.T) {
+	for _, answer := range []func(ctx *fasthttp.RequestCtx){
+		func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"error":{"message":"oom","code":500}}`) },
+		func(ctx *fasthttp.RequestCtx) {
+			ctx.SetContentType("text/event-stream")
+			ctx.SetBodyString("data: [DONE]\n\n")
+		},
+	} {
+		var n atomic.Int64
+		e := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) { n.Add(1); answer(ctx) })
+		bad := node.StaticWorker{ID: 9, Endpoint: "http://" + e.addr(), Model: mocker.DefaultModel, Role: workers.RoleEncode}
+		er := startEncodeRig(t, 0, mocker.Config{}, bad)
+		r := er.r
+		resp := r.post(t, fastpath.PathChatCompletions, imagesChat(false, imageURL("p"), imageURL("q")), nil)
+		if resp.status != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.status, resp.body)
+		}
+		waitReleased(t, r.node)
+		if s := er.agg.EncodeStats(); s.Encoded != 2 || s.HandedOver != 0 {
+			t.Errorf("aggregated engine: %+v; want both images encoded locally", s)
+		}
+		wantMetric(t, r.metrics(t), `kvfast_encode_items_total{outcome="fallback_local"}`, 2)
+		wantMetric(t, r.metrics(t), `kvfast_encode_items_total{outcome="encoded"}`, 0)
+	}
+}
+
 // TestEncodeCancel: a client that leaves while its items are being
 // encoded has every encode stage's booking released at once, though the
 // encoders are still busy, and the request reaches no other engine.
