@@ -3,6 +3,7 @@ package prompt
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/url"
@@ -256,11 +257,41 @@ func (rm *Remote) tokens(ctx context.Context, dst []uint32, mm *Multimodal, api 
 				return dst, rm.fail(ErrBadResponse, c, st, ferr)
 			}
 		}
+		if limit := maxRenderedTokens(len(body), mm); len(ids) > limit {
+			// Every id is booked as prefill on the worker chosen: an
+			// engine answering with millions of ids for a short prompt
+			// would fill every worker's queue with prefill nobody asked for.
+			return dst, rm.fail(ErrBadResponse, c, st, fmt.Errorf("%d ids for a %d-byte request, more than the %d it could render to", len(ids), len(body), limit))
+		}
 		if len(ids) <= cap(dst)-len(dst) {
 			return dst[:len(dst)+len(ids)], nil // decoded in place
 		}
 		return append(dst, ids...), nil
 	}
+}
+
+// Bounds on the ids a render may return for a request of a given size:
+// a tokenizer makes at most a token or so per byte of text, a chat
+// template adds its own text (renderOverheadTokens is far more than any
+// ships), and a media item stands for placeholder tokens, counted from
+// the features when the engine reports them and otherwise allowed for in
+// the overhead (an image's placeholders run to thousands of tokens).
+const (
+	renderTokensPerByte  = 4
+	renderOverheadTokens = 64 << 10
+)
+
+// maxRenderedTokens is the most ids a render of a body of bodyBytes may
+// return, mm holding the multimodal inputs it reported (nil or empty for
+// none).
+func maxRenderedTokens(bodyBytes int, mm *Multimodal) int {
+	n := renderTokensPerByte*bodyBytes + renderOverheadTokens
+	if mm != nil {
+		for _, it := range mm.Items {
+			n += it.Length
+		}
+	}
+	return n
 }
 
 // routeMissing reports whether an answer means the engine has no such

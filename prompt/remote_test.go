@@ -222,6 +222,16 @@ func TestRemoteFailures(t *testing.T) {
 		})
 	}
 
+	t.Run("more ids than the request could render to", func(t *testing.T) {
+		// Each id is booked as prefill: a short prompt rendered to tens
+		// of thousands of ids is the engine's fault, not a long prompt.
+		many := `{"token_ids":[1` + strings.Repeat(",1", 70000) + `]}`
+		se.set(map[string]scripted{pathRenderChat: ok(many)})
+		rm := NewRemote("m", FixedEngine(se.addr), RemoteConfig{Timeout: 10 * time.Second, MaxResponseBytes: 1 << 20, MaxTokenID: 999})
+		if _, err := rm.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(chat), parse(t, openai.APIChatCompletions, chat)); !errors.Is(err, ErrBadResponse) {
+			t.Fatalf("error %v, want ErrBadResponse", err)
+		}
+	})
 	t.Run("a route missing is remembered, an unknown model is not", func(t *testing.T) {
 		se.set(map[string]scripted{pathRenderChat: {status: 404, body: []byte(`{"error":{"message":"no model"}}`)}})
 		rm := NewRemote("m", FixedEngine(se.addr), testRemoteConfig)
