@@ -168,12 +168,40 @@ func (ex *exchange) setPrefillGuard(h guard.Handle) {
 	}
 }
 
+// prefillDrainGrace is how long the end of a request waits for its SGLang
+// prefill engine to finish answering before cutting it.
+const prefillDrainGrace = 2 * time.Second
+
 // releasePrefill ends the prefill stage: it waits for an SGLang prefill
 // sender, then releases the stage's call and guard.
+//
+// It runs once the decode has ended (the request's cleanup) or was never
+// sent. By then a prefill engine has nothing left to give: the decode got
+// its KV, or failed without it. One that is still answering after
+// prefillDrainGrace (dribbling its answer, which the idle timeout, reset
+// by every byte, never ends) is cut, so that it cannot hold the client's
+// stream open, both bookings, and, once its client has left, a request
+// nobody waits for.
 func (ex *exchange) releasePrefill() {
 	st := &ex.pre
 	if st.done != nil {
-		<-st.done
+		select {
+		case <-st.done:
+		default:
+			t := time.NewTimer(prefillDrainGrace)
+			select {
+			case <-st.done:
+			case <-t.C:
+				ex.hangMu.Lock()
+				call := st.call
+				ex.hangMu.Unlock()
+				if call != nil {
+					call.Abort()
+				}
+				<-st.done
+			}
+			t.Stop()
+		}
 		st.done = nil
 	}
 	ex.hangMu.Lock()

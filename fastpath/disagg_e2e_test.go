@@ -601,6 +601,54 @@ func TestDisaggSGLangPrefillFails(t *testing.T) {
 	}
 }
 
+// TestDisaggSGLangDribblingPrefillIsCut: a prefill engine that keeps
+// answering, a byte at a time, after the decode has ended (each byte
+// resets the idle timeout) cannot hold the client's answer, or the
+// bookings, for as long as it dribbles: the router cuts it shortly after
+// the decode is done.
+func TestDisaggSGLangDribblingPrefillIsCut(t *testing.T) {
+	var dribbled atomic.Bool // the prefill engine sent its whole answer
+	cut := make(chan struct{})
+	dribbling := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			for range 600 { // a minute of one byte every 100 ms
+				if writeFlush(w, []byte(" ")) != nil {
+					close(cut)
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			dribbled.Store(true)
+		})
+	})
+	decode := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"x","object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"length"}]}`)
+	})
+	cfg := e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: dribbling.addr(), Model: e2eModel, Role: workers.RolePrefill},
+		node.StaticWorker{ID: 2, Endpoint: decode.addr(), Model: e2eModel, Role: workers.RoleDecode})
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang}
+	r := startE2ERouter(t, cfg)
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(9, 200), false, 1), nil)
+	if resp.status != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	if dribbled.Load() {
+		t.Fatal("the client's answer waited for the prefill engine's whole dribble")
+	}
+	waitFor(t, "the prefill engine's connection cut", func() bool {
+		select {
+		case <-cut:
+			return true
+		default:
+			return false
+		}
+	})
+	waitReleased(t, r.node)
+}
+
 func chatBody(text string, stream bool) []byte {
 	b, _ := json.Marshal(map[string]any{"model": e2eModel, "stream": stream, "max_tokens": 8,
 		"messages": []map[string]string{{"role": "user", "content": text}}})
