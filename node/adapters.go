@@ -10,7 +10,9 @@ import (
 	"maps"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/sched"
@@ -152,7 +154,8 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (base
 		return "", nil, false, fmt.Errorf("cannot read %s's model list: %w", endpoint, err)
 	}
 	for _, m := range list.Data {
-		if (m.Parent == nil || *m.Parent == "") && m.ID != "" && len(m.ID) <= shm.MaxModelLen {
+		if (m.Parent == nil || *m.Parent == "") && m.ID != "" && len(m.ID) <= shm.MaxModelLen &&
+			strings.IndexFunc(m.ID, unicode.IsControl) < 0 { // the decoder made it UTF-8; a name is also a metric label
 			base = m.ID
 			break
 		}
@@ -167,7 +170,7 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (base
 		// every adapter's name, and those of adapters gone, for as long
 		// as the router runs.
 		if m.Parent != nil && *m.Parent == model && m.ID != "" && m.ID != model && len(m.ID) <= shm.MaxModelLen &&
-			len(got) < maxAdapters {
+			strings.IndexFunc(m.ID, unicode.IsControl) < 0 && len(got) < maxAdapters {
 			if got == nil {
 				got = map[string]string{}
 			}

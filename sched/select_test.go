@@ -446,3 +446,24 @@ func TestSelectCreditsLowerTiers(t *testing.T) {
 	}
 	requireZeroLoad(t, s)
 }
+
+// TestUpsertRefusesUnprintableModelNames: a model name becomes a metric
+// label, a log field and a JSON string, and a registration can carry any
+// bytes; one that is not printable UTF-8 is refused (one invalid label
+// value fails every scrape of /metrics). Real names, non-ASCII ones
+// included, pass.
+func TestUpsertRefusesUnprintableModelNames(t *testing.T) {
+	s := newTestScheduler(t, 0, Config{})
+	for i, tc := range []struct {
+		model string
+		ok    bool
+	}{
+		{"Qwen/Qwen3-8B", true}, {"模型-7b", true}, {"", true},
+		{"bad\xffname", false}, {"a\x00b", false}, {"line\nbreak", false},
+	} {
+		err := s.Upsert(WorkerInfo{ID: uint64(i), Slot: workers.Slot(i), Model: tc.model})
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrInvalidConfig)) {
+			t.Errorf("Upsert(model %q) = %v, want ok %v", tc.model, err, tc.ok)
+		}
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"maps"
 	"sync/atomic"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/workers"
@@ -121,6 +123,13 @@ func (s *Scheduler) Upsert(w WorkerInfo) error {
 	if w.BlockSize != 0 && w.BlockSize != s.blockSize {
 		return fmt.Errorf("cannot add worker %d rank %d with block size %d (router uses %d): %w",
 			w.ID, w.DPRank, w.BlockSize, s.blockSize, ErrInvalidConfig)
+	}
+	if !printableName(w.Model) {
+		// A model name is a metric label, a log field and a JSON string:
+		// bytes that are not text would break each (one such label fails
+		// every scrape of /metrics). No served model name has them.
+		return fmt.Errorf("cannot add worker %d rank %d serving model %q: the name is not printable UTF-8: %w",
+			w.ID, w.DPRank, w.Model, ErrInvalidConfig)
 	}
 	w.BlockSize = s.blockSize
 	s.wmu.Lock()
@@ -284,4 +293,18 @@ func (s *Scheduler) busy(ws *workerSet, set workers.Set) workers.Set {
 		}
 	}
 	return out
+}
+
+// printableName reports whether name is valid UTF-8 without control
+// characters.
+func printableName(name string) bool {
+	if !utf8.ValidString(name) {
+		return false
+	}
+	for _, r := range name {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
 }
