@@ -78,17 +78,18 @@ type Call struct {
 	downstream      deadliner
 	downstreamWrite time.Duration
 
-	open     bool      // resp holds an engine body stream not yet closed
-	finished bool      // obs had its terminal call, or there is no obs
-	first    bool      // the first item was seen
-	done     bool      // [DONE] was seen
-	midEvent bool      // the client was last sent part of an event, not its end
-	rank     [20]byte  // scratch: the pinned rank's digits (HeaderDataParallelRank)
-	charged  int64     // bytes of the pool's response budget ReadBody holds
-	judged   bool      // this attempt's verdict on its engine was recorded
-	attempts *Attempts // where a 5xx verdict waits for another engine to serve the request (SetAttempts); nil: judged at once
-	choices  int       // completions the request asked for (SetChoices); 0 is one
-	finishes int       // finish reasons seen in this attempt's stream
+	open          bool      // resp holds an engine body stream not yet closed
+	finished      bool      // obs had its terminal call, or there is no obs
+	first         bool      // the first item was seen
+	done          bool      // [DONE] was seen
+	midEvent      bool      // the client was last sent part of an event, not its end
+	rank          [20]byte  // scratch: the pinned rank's digits (HeaderDataParallelRank)
+	requireObject bool      // RequireObject
+	charged       int64     // bytes of the pool's response budget ReadBody holds
+	judged        bool      // this attempt's verdict on its engine was recorded
+	attempts      *Attempts // where a 5xx verdict waits for another engine to serve the request (SetAttempts); nil: judged at once
+	choices       int       // completions the request asked for (SetChoices); 0 is one
+	finishes      int       // finish reasons seen in this attempt's stream
 }
 
 // errNotEventStream is the cause Relay reports for a plain response, which
@@ -118,6 +119,7 @@ func (c *Call) Release() {
 	c.downstream, c.downstreamWrite = nil, 0
 	c.choices = 0
 	c.attempts = nil
+	c.requireObject = false
 	// The budget counts what one response needed, not what the pooled
 	// call keeps: a kept buffer is at most four relay buffers.
 	c.pool.responseBytes.Add(-c.charged)
@@ -142,6 +144,26 @@ func (c *Call) SetRequest(uri, body []byte) {
 	c.req.SetRequestURIBytes(uri)
 	c.req.Header.SetContentType("application/json")
 	c.req.SetBodyRaw(body)
+}
+
+// RequireObject makes ReadBody count a success answer that is not a JSON
+// object (an event stream, an HTML page, nothing) as the engine's
+// failure, for a request that only a JSON object answers: an internal
+// stage's (a prefill, an encoding), whose answer the router reads rather
+// than relays. Passive health then ejects an engine that keeps answering
+// so.
+func (c *Call) RequireObject() { c.requireObject = true }
+
+// isObject reports whether b, after blanks, starts a JSON object.
+func isObject(b []byte) bool {
+	for _, ch := range b {
+		switch ch {
+		case ' ', '\t', '\n', '\r':
+			continue
+		}
+		return ch == '{'
+	}
+	return false
 }
 
 // SetChoices says the request asks for n completions (OpenAI's n): its
@@ -646,6 +668,11 @@ func (c *Call) observe(ev openai.Event) {
 
 // observeBody reports a complete non-streaming response.
 func (c *Call) observeBody(body []byte) {
+	if c.requireObject && c.resp.StatusCode()/100 == 2 && !isObject(body) {
+		c.judge(false) // not what was asked for: the engine failed
+		c.abort(ErrEngineError)
+		return
+	}
 	ev := openai.ParseResponse(body)
 	if ev.Kind == openai.EventError {
 		if s := c.resp.StatusCode(); s >= 200 && s < 300 {
@@ -673,15 +700,6 @@ func (c *Call) ReadBody() ([]byte, error) {
 	if cl > limit {
 		return nil, c.fail(ErrResponseTooLarge, nil, nil, false) // refused from its header, unread
 	}
-	if grow := cl + 1 - len(c.buf); grow > 0 {
-		// A length given up front (plus the byte that finds the end) is
-		// allocated once, not by doubling, whose outgrown buffers the
-		// budget does not see until the collector frees them.
-		if !c.chargeResponse(int64(grow)) {
-			return nil, c.fail(ErrResponseBudget, nil, nil, false)
-		}
-		c.buf = make([]byte, cl+1) // nothing read yet: nothing to copy
-	}
 	n := 0
 	for body != nil {
 		if n == len(c.buf) {
@@ -689,6 +707,13 @@ func (c *Call) ReadBody() ([]byte, error) {
 				return nil, c.fail(ErrResponseTooLarge, nil, nil, false)
 			}
 			grow := min(len(c.buf), limit-n)
+			if cl >= n {
+				// Doubling stops at the declared length (and the byte that
+				// finds the end), not past it; it is not taken up front,
+				// where an engine that declares much and sends little
+				// would hold the budget with bytes it never sent.
+				grow = min(grow, cl+1-n)
+			}
 			if !c.chargeResponse(int64(grow)) {
 				return nil, c.fail(ErrResponseBudget, nil, nil, false)
 			}

@@ -333,3 +333,70 @@ func TestErrorUnderA2xxCountsAgainstTheEngine(t *testing.T) {
 		t.Errorf("passive health counted %d failures, want 1", got)
 	}
 }
+
+// TestDeclaredLengthIsNotTakenUpFront: an engine that declares a large
+// body and sends it slowly holds budget for what it sent, not for what it
+// declared: declaring is free, and would let one engine starve every
+// other request's answers.
+func TestDeclaredLengthIsNotTakenUpFront(t *testing.T) {
+	const declared = 1 << 20
+	engine := rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
+		if _, ok := readRequest(br); !ok {
+			return
+		}
+		fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", declared, strings.Repeat(" ", 100))
+		_, _ = io.Copy(io.Discard, br) // hold the connection until the router closes it
+	})
+	pool := NewPool(Config{Health: noHealth, RelayBufferSize: 16, MaxResponseBodySize: 4 << 20})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	c := pool.AcquireCall()
+	c.SetRequest([]byte("/v1/completions"), []byte(`{}`))
+	if err := c.Do(0, nil); err != nil {
+		t.Fatal(err)
+	}
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		_, _ = c.ReadBody()
+	}()
+	waitUntil(t, "the body's first bytes charged", func() bool { return pool.ResponseBytes() > 0 })
+	if held := pool.ResponseBytes(); held > declared/2 {
+		t.Errorf("%d budget bytes held for about 100 received", held)
+	}
+	c.Abort()
+	<-read
+	c.Release()
+}
+
+// TestRequireObject: for a request only a JSON object answers (an
+// internal stage's), a 2xx that is no JSON object is the engine's failure
+// in passive health; for a client's request the same answer is relayed
+// as the engine's, uncounted.
+func TestRequireObject(t *testing.T) {
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("<html>busy</html>") }, nil)
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	for _, require := range []bool{false, true} {
+		c := pool.AcquireCall()
+		c.SetRequest([]byte("/v1/completions"), []byte(`{}`))
+		if require {
+			c.RequireObject()
+		}
+		if err := c.Do(0, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.ReadBody(); err != nil {
+			t.Fatal(err)
+		}
+		c.Release()
+		want := int32(0)
+		if require {
+			want = 1
+		}
+		if got := pool.Engine(0).Failures(); got != want {
+			t.Errorf("RequireObject %v: %d failures counted, want %d", require, got, want)
+		}
+	}
+}

@@ -193,8 +193,17 @@ func (ex *exchange) releasePrefill() {
 			case <-st.done:
 			case <-t.C:
 				ex.hangMu.Lock()
-				call := st.call
+				call, started := st.call, st.decodeStarted
 				ex.hangMu.Unlock()
+				if started {
+					// The decode had its first token, so its KV came: the
+					// prefill did its work and only its answer is late.
+					// Its stage ends as answered, not as the engine's
+					// failure the cut would make it.
+					_ = st.h.Close()
+				}
+				ex.s.log.Debug("cut an SGLang prefill answer still coming after the decode ended",
+					"request_id", string(ex.rid), "worker", st.dec.WorkerID, "grace", prefillDrainGrace, "decode_started", started)
 				if call != nil {
 					call.Abort()
 				}
@@ -359,6 +368,7 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			st.call.SetAttempts(&st.attempts)
 		}
 		st.call.SetRequest(routedPath(ex.api), st.body)
+		st.call.RequireObject()
 		copyForwardHeaders(ctx, st.call.Request(), ex.rid)
 		span := ex.startCall(spanPrefill, st.call.Request(), &d, stagePrefill)
 		t0 := clock.Now()
@@ -383,7 +393,7 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			// (an end-of-sequence token): nothing is kept for a remote
 			// decode, and the decode worker computes the prompt itself,
 			// as vLLM's own proxy lets it.
-			params, err = transferParams(body)
+			params, err = transferParams(body, ex.sreq.PromptTokens)
 		}
 		if err == nil {
 			st.decode, err = appendVLLMDecodeBody(st.decode[:0], ex.body, params)
@@ -429,9 +439,16 @@ var (
 )
 
 // maxTransferParams bounds the kv_transfer_params a prefill answer may
-// hand to the decode engine: vLLM's hold a block id per prompt block
-// (tens of KiB for the longest prompts), not megabytes.
-const maxTransferParams = 1 << 20
+// hand to the decode engine for a prompt of promptTokens: vLLM's hold a
+// block id per prompt block per KV-cache group (some 7 bytes each, a
+// block being 16 tokens or more), so 16 bytes per prompt token is room
+// for a dozen groups, and 1 MiB for anything shorter.
+func maxTransferParams(promptTokens int) int { return max(1<<20, 16*promptTokens) }
+
+// errTransferTooLarge is kv_transfer_params past maxTransferParams: every
+// prefill worker of the pool would send as many, so the request is not
+// tried on another, and the decode worker computes the prompt itself.
+var errTransferTooLarge = errors.New("the prefill engine's kv_transfer_params are too large to forward")
 
 // checkStageAnswer says why a 2xx answer to an internal stage's request
 // is unusable, or nil: the router asked for JSON, not a stream, and an
@@ -450,16 +467,19 @@ func checkStageAnswer(call *dispatch.Call, body []byte) error {
 }
 
 // transferParams returns the kv_transfer_params of a checked prefill
-// answer for the decode request: an object of at most maxTransferParams
-// bytes, or nil where vLLM sends null or none (the request ended at its
-// one token: the decode engine computes the prompt itself).
-func transferParams(body []byte) ([]byte, error) {
+// answer for the decode request of a prompt of promptTokens: an object of
+// at most maxTransferParams bytes, or nil where vLLM sends null or none
+// (the request ended at its one token: the decode engine computes the
+// prompt itself).
+func transferParams(body []byte, promptTokens int) ([]byte, error) {
 	params := topLevelMember(body, "kv_transfer_params")
 	switch {
 	case params == nil, string(params) == "null":
 		return nil, nil
-	case params[0] != '{', len(params) > maxTransferParams:
+	case params[0] != '{':
 		return nil, errStageGarbled
+	case len(params) > maxTransferParams(promptTokens):
+		return nil, errTransferTooLarge
 	}
 	return params, nil
 }
@@ -468,7 +488,7 @@ func transferParams(body []byte) ([]byte, error) {
 // unless the request itself is at fault (a 4xx), which no worker would
 // accept, or its client left.
 func retryablePrefill(err error) bool {
-	return !errors.Is(err, dispatch.ErrClientGone) && !errors.Is(err, errPrefillInvalid)
+	return !errors.Is(err, dispatch.ErrClientGone) && !errors.Is(err, errPrefillInvalid) && !errors.Is(err, errTransferTooLarge)
 }
 
 // startSGLang starts the SGLang prefill stage: both stages get the

@@ -378,6 +378,7 @@ func (s *Server) startEncode(ctx *fasthttp.RequestCtx, ex *exchange, i int, hold
 		st.call.SetAttempts(&st.verdicts)
 	}
 	st.call.SetRequest(pathChatCompletions, st.body)
+	st.call.RequireObject()
 	copyForwardHeaders(ctx, st.call.Request(), st.rid)
 	st.span = ex.startCall(spanEncode, st.call.Request(), &d, "encode")
 	return true
