@@ -1,6 +1,7 @@
 package prompt
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -257,7 +258,7 @@ func (rm *Remote) tokens(ctx context.Context, dst []uint32, mm *Multimodal, api 
 				return dst, rm.fail(ErrBadResponse, c, st, ferr)
 			}
 		}
-		if limit := maxRenderedTokens(len(body), mm); len(ids) > limit {
+		if limit := maxRenderedTokens(len(body), mm, r.Messages); len(ids) > limit {
 			// Every id is booked as prefill on the worker chosen: an
 			// engine answering with millions of ids for a short prompt
 			// would fill every worker's queue with prefill nobody asked for.
@@ -273,23 +274,32 @@ func (rm *Remote) tokens(ctx context.Context, dst []uint32, mm *Multimodal, api 
 // Bounds on the ids a render may return for a request of a given size:
 // a tokenizer makes at most a token or so per byte of text, a chat
 // template adds its own text (renderOverheadTokens is far more than any
-// ships), and a media item stands for placeholder tokens, counted from
-// the features when the engine reports them and otherwise allowed for in
-// the overhead (an image's placeholders run to thousands of tokens).
+// ships), and a media item stands for placeholder tokens: counted from
+// the features when the engine reports them, and otherwise allowed
+// renderMediaTokens for each mention of a media part in the messages
+// (Qwen2.5-VL's largest image is 16,384 placeholders; a part names its
+// type twice, so each gets twice that).
 const (
 	renderTokensPerByte  = 4
 	renderOverheadTokens = 64 << 10
+	renderMediaTokens    = 16 << 10
 )
+
+var mediaParts = [...][]byte{[]byte(`"image_url"`), []byte(`"video_url"`), []byte(`"audio_url"`), []byte(`"input_audio"`)}
 
 // maxRenderedTokens is the most ids a render of a body of bodyBytes may
 // return, mm holding the multimodal inputs it reported (nil or empty for
-// none).
-func maxRenderedTokens(bodyBytes int, mm *Multimodal) int {
+// none) and messages the chat request's messages (nil for a completion).
+func maxRenderedTokens(bodyBytes int, mm *Multimodal, messages []byte) int {
 	n := renderTokensPerByte*bodyBytes + renderOverheadTokens
-	if mm != nil {
+	if mm != nil && len(mm.Items) > 0 {
 		for _, it := range mm.Items {
 			n += it.Length
 		}
+		return n
+	}
+	for _, part := range mediaParts {
+		n += renderMediaTokens * bytes.Count(messages, part)
 	}
 	return n
 }

@@ -232,6 +232,19 @@ func TestRemoteFailures(t *testing.T) {
 			t.Fatalf("error %v, want ErrBadResponse", err)
 		}
 	})
+	t.Run("images by URL allow their placeholders", func(t *testing.T) {
+		// /tokenize reports no multimodal features; the two images the
+		// messages name stand for up to 16,384 placeholders each.
+		images := `{"messages":[{"role":"user","content":[{"type":"text","text":"compare"},` +
+			`{"type":"image_url","image_url":{"url":"http://h/a.png"}},{"type":"image_url","image_url":{"url":"http://h/b.png"}}]}]}`
+		ids := `{"tokens":[1` + strings.Repeat(",1", 90000) + `]}`
+		se.set(map[string]scripted{pathTokenize: ok(ids)})
+		rm := NewRemote("m", FixedEngine(se.addr), RemoteConfig{Timeout: 10 * time.Second, MaxResponseBytes: 1 << 20, MaxTokenID: 999})
+		got, err := rm.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(images), parse(t, openai.APIChatCompletions, images))
+		if err != nil || len(got) != 90001 {
+			t.Fatalf("%d ids, %v: the images' placeholders were not allowed for", len(got), err)
+		}
+	})
 	t.Run("a route missing is remembered, an unknown model is not", func(t *testing.T) {
 		se.set(map[string]scripted{pathRenderChat: {status: 404, body: []byte(`{"error":{"message":"no model"}}`)}})
 		rm := NewRemote("m", FixedEngine(se.addr), testRemoteConfig)
