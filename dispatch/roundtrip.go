@@ -215,7 +215,7 @@ func (c *Call) send(e *Engine) (retry bool, err error) {
 		return false, err
 	}
 	if c.resp.BodyStream() == nil {
-		c.bodyEOF = true // a status without a body (204, 304)
+		c.bodyEOF = true // a status without a body (204)
 	}
 	return false, nil
 }

@@ -153,11 +153,20 @@ func TestEncodeAffinity(t *testing.T) {
 // failingEncoder is a static encode worker that refuses every item.
 func failingEncoder(t *testing.T) (node.StaticWorker, *atomic.Int64) {
 	t.Helper()
+	return encoderAnswering(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+		ctx.SetBodyString(`{"error":{"message":"encoder out of memory","type":"server_error"}}`)
+	})
+}
+
+// encoderAnswering is an encode worker answering every item with answer,
+// and the count of items it was sent.
+func encoderAnswering(t *testing.T, answer fasthttp.RequestHandler) (node.StaticWorker, *atomic.Int64) {
+	t.Helper()
 	var n atomic.Int64
 	e := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
 		n.Add(1)
-		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
-		ctx.SetBodyString(`{"error":{"message":"encoder out of memory","type":"server_error"}}`)
+		answer(ctx)
 	})
 	return node.StaticWorker{ID: 9, Endpoint: "http://" + e.addr(), Model: mocker.DefaultModel, Role: workers.RoleEncode}, &n
 }
@@ -222,9 +231,7 @@ func TestEncodeUnusable2xxIsAFailure(t *testing.T) {
 			ctx.SetBodyString("data: [DONE]\n\n")
 		},
 	} {
-		var n atomic.Int64
-		e := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) { n.Add(1); answer(ctx) })
-		bad := node.StaticWorker{ID: 9, Endpoint: "http://" + e.addr(), Model: mocker.DefaultModel, Role: workers.RoleEncode}
+		bad, sent := encoderAnswering(t, answer)
 		er := startEncodeRig(t, 0, mocker.Config{}, bad)
 		r := er.r
 		resp := r.post(t, fastpath.PathChatCompletions, imagesChat(false, imageURL("p"), imageURL("q")), nil)
@@ -237,6 +244,9 @@ func TestEncodeUnusable2xxIsAFailure(t *testing.T) {
 		}
 		wantMetric(t, r.metrics(t), `kvfast_encode_items_total{outcome="fallback_local"}`, 2)
 		wantMetric(t, r.metrics(t), `kvfast_encode_items_total{outcome="encoded"}`, 0)
+		if sent.Load() != 2 {
+			t.Errorf("the broken encoder was sent %d items, want each once", sent.Load())
+		}
 	}
 }
 
