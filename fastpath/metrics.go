@@ -338,7 +338,7 @@ func collectTokenizer(ch chan<- prometheus.Metric, st *prompt.ModelStatus) {
 			v       uint64
 		}{
 			{"ok", o.OK}, {"timeout", o.Timeout}, {"engine_error", o.EngineError}, {"rejected", o.Rejected},
-			{"unsupported", o.Unsupported}, {"bad_response", o.BadResponse}, {"no_engine", o.NoEngine}, {"cancelled", o.Cancelled}, {"backoff", o.Backoff},
+			{"unsupported", o.Unsupported}, {"bad_response", o.BadResponse}, {"no_engine", o.NoEngine}, {"cancelled", o.Cancelled}, {"backoff", o.Backoff}, {"busy", o.Busy},
 		} {
 			ch <- prometheus.MustNewConstMetric(descTokenize, prometheus.CounterValue, float64(kv.v), st.Model, st.Mode, kv.outcome)
 		}

@@ -220,7 +220,7 @@ func TestTokenizerMetrics(t *testing.T) {
 	}
 	// Besides these, only the other outcomes of a and c, all zero: b, which
 	// has no tokenizer, has no counters.
-	if n := len(got); n != 3+2*9+4 {
+	if n := len(got); n != 3+2*10+4 {
 		t.Errorf("%d series: %v", n, got)
 	}
 }

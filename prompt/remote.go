@@ -47,6 +47,7 @@ type Remote struct {
 
 	states   [workers.Max]atomic.Pointer[engineState]
 	calls    sync.Pool
+	inFlight atomic.Int64 // calls under way, at most maxInFlight
 	outcomes outcomeCounters
 	lastErr  atomic.Pointer[Failure] // for status
 
@@ -59,6 +60,19 @@ func bearer(token string) []byte {
 		return nil
 	}
 	return []byte("Bearer " + token)
+}
+
+// renderBudgetBytes bounds the answers one model's renderer may hold at
+// once: each call may hold up to RemoteConfig.MaxResponseBytes, and
+// nothing else bounds how many run at once (one per text or chat request
+// in flight), so without it a sick engine answering every render with
+// megabytes would take the router's memory with it.
+const renderBudgetBytes = 256 << 20
+
+// maxInFlight is how many calls may be under way at once: as many as the
+// budget holds at the largest answer, and at least 8.
+func (rm *Remote) maxInFlight() int64 {
+	return max(8, renderBudgetBytes/int64(max(rm.cfg.MaxResponseBytes, 1)))
 }
 
 // NewRemote returns the remote renderer of model, which asks the engines
@@ -163,6 +177,11 @@ func (rm *Remote) tokens(ctx context.Context, dst []uint32, mm *Multimodal, api 
 	if until := st.backoffUntil.Load(); until != 0 && clock.Now() < until {
 		return dst, ErrBackoff
 	}
+	if rm.inFlight.Add(1) > rm.maxInFlight() {
+		rm.inFlight.Add(-1)
+		return dst, ErrBusy
+	}
+	defer rm.inFlight.Add(-1)
 	c := rm.calls.Get().(*remoteCall)
 	defer rm.release(c)
 	api01 := 0

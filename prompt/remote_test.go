@@ -488,3 +488,63 @@ func TestRemoteEngineToken(t *testing.T) {
 		}
 	}
 }
+
+// TestRemoteBoundsCallsInFlight: a model's renderer holds at most its
+// budget's worth of answers at once; past it a render is not asked for
+// (outcome busy, routed approximately) rather than waited on, so a sick
+// engine answering slowly with megabytes cannot take the router's memory.
+func TestRemoteBoundsCallsInFlight(t *testing.T) {
+	release := make(chan struct{})
+	var arrived atomic.Int64
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		arrived.Add(1)
+		<-release
+		ctx.SetBodyString(`{"token_ids":[1,2,3]}`)
+	}}
+	served := make(chan struct{})
+	go func() { _ = srv.Serve(ln); close(served) }()
+	defer func() { _ = srv.Shutdown(); <-served }()
+
+	// 64 MiB answers: the 256 MiB budget holds 4, the floor is 8.
+	rm := NewRemote("m", FixedEngine(ln.Addr().String()), RemoteConfig{Timeout: time.Minute, MaxResponseBytes: 64 << 20})
+	limit := rm.maxInFlight()
+	if limit != 8 {
+		t.Fatalf("maxInFlight() = %d, want the floor of 8", limit)
+	}
+	chat := `{"messages":[{"role":"user","content":"x"}]}`
+	errs := make(chan error, limit)
+	for range limit {
+		r := parse(t, openai.APIChatCompletions, chat) // on the test's goroutine: it may fail the test
+		go func() {
+			_, err := rm.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(chat), r)
+			errs <- err
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for arrived.Load() < limit {
+		if time.Now().After(deadline) {
+			close(release)
+			t.Fatalf("only %d of %d renders reached the engine", arrived.Load(), limit)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := rm.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(chat), parse(t, openai.APIChatCompletions, chat)); !errors.Is(err, ErrBusy) {
+		t.Errorf("a render past the budget: %v, want ErrBusy", err)
+	}
+	close(release)
+	for range limit {
+		if err := <-errs; err != nil {
+			t.Errorf("a render within the budget: %v", err)
+		}
+	}
+	if o := rm.outcomes.load(); o.Busy != 1 || o.OK != uint64(limit) {
+		t.Errorf("outcomes %+v, want %d ok and 1 busy", o, limit)
+	}
+	if _, err := rm.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(chat), parse(t, openai.APIChatCompletions, chat)); err != nil {
+		t.Errorf("after the calls ended: %v", err)
+	}
+}

@@ -49,6 +49,9 @@ var (
 	// not asked again until its backoff ends, so that a stalled engine
 	// costs requests nothing rather than the timeout each.
 	ErrBackoff = errors.New("the engine failed its last render calls: not asked until its backoff ends")
+	// ErrBusy: as many render calls as the model's budget holds are under
+	// way; the request routes approximately rather than wait.
+	ErrBusy = errors.New("too many render calls in flight for the model")
 )
 
 // Outcomes counts how a renderer's calls ended: the outcome label of
@@ -64,11 +67,12 @@ type Outcomes struct {
 	NoEngine    uint64 `json:"no_engine"`    // ErrNoEngine
 	Cancelled   uint64 `json:"cancelled"`    // the request's context ended first
 	Backoff     uint64 `json:"backoff"`      // ErrBackoff: not asked, the engine is backing off
+	Busy        uint64 `json:"busy"`         // ErrBusy: not asked, too many calls in flight
 }
 
 // outcomeCounters are Outcomes as atomics, bumped on the request path.
 type outcomeCounters struct {
-	ok, timeout, engine, rejected, unsupported, bad, noEngine, cancelled, backoff atomic.Uint64
+	ok, timeout, engine, rejected, unsupported, bad, noEngine, cancelled, backoff, busy atomic.Uint64
 }
 
 // count records how a call ended; err is what Tokens returns.
@@ -88,6 +92,8 @@ func (c *outcomeCounters) count(err error) {
 		c.noEngine.Add(1)
 	case errors.Is(err, ErrBackoff):
 		c.backoff.Add(1)
+	case errors.Is(err, ErrBusy):
+		c.busy.Add(1)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		c.cancelled.Add(1)
 	default:
@@ -98,5 +104,5 @@ func (c *outcomeCounters) count(err error) {
 func (c *outcomeCounters) load() Outcomes {
 	return Outcomes{OK: c.ok.Load(), Timeout: c.timeout.Load(), EngineError: c.engine.Load(), Rejected: c.rejected.Load(),
 		Unsupported: c.unsupported.Load(), BadResponse: c.bad.Load(), NoEngine: c.noEngine.Load(), Cancelled: c.cancelled.Load(),
-		Backoff: c.backoff.Load()}
+		Backoff: c.backoff.Load(), Busy: c.busy.Load()}
 }
