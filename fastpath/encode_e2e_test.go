@@ -200,53 +200,42 @@ func TestEncodeFailureRecovers(t *testing.T) {
 		wantMetric(t, m, `kvfast_encode_items_total{outcome="encoded"}`, 2)
 		wantMetric(t, m, `kvfast_encode_items_total{outcome="fallback_local"}`, 0)
 	})
-	t.Run("fall back to the engine", func(t *testing.T) {
-		bad, refused := failingEncoder(t)
-		er := startEncodeRig(t, 0, mocker.Config{}, bad)
-		r := er.r
-		resp := r.post(t, fastpath.PathChatCompletions, imagesChat(false, imageURL("p"), imageURL("q")), nil)
-		if resp.status != http.StatusOK {
-			t.Fatalf("status %d: %s", resp.status, resp.body)
-		}
-		waitReleased(t, r.node)
-		if refused.Load() != 2 {
-			t.Errorf("the failing encoder got %d items, want each once (no other encoder to retry on)", refused.Load())
-		}
-		if s := er.agg.EncodeStats(); s.Encoded != 2 || s.HandedOver != 0 {
-			t.Errorf("aggregated engine: %+v; want both images encoded locally", s)
-		}
-		wantMetric(t, r.metrics(t), `kvfast_encode_items_total{outcome="fallback_local"}`, 2)
-	})
-}
-
-// TestEncodeUnusable2xxIsAFailure: an encoder whose answer carries a
-// success status but is no encoding (an error object, a stream where JSON
-// was asked for) has failed: the items fall back to the engine, and
-// affinity does not send the images back to it.
-func TestEncodeUnusable2xxIsAFailure(t *testing.T) {
-	for _, answer := range []func(ctx *fasthttp.RequestCtx){
-		func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"error":{"message":"oom","code":500}}`) },
-		func(ctx *fasthttp.RequestCtx) {
+	// With no encoder that works, the aggregated engine encodes the items
+	// itself: the encoder answers each with an error status, or with a
+	// success status that is no encoding (an error object, a stream
+	// where JSON was asked for), which is as much a failure.
+	for name, answer := range map[string]fasthttp.RequestHandler{
+		"fall back to the engine": func(ctx *fasthttp.RequestCtx) {
+			ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+			ctx.SetBodyString(`{"error":{"message":"encoder out of memory","type":"server_error"}}`)
+		},
+		"fall back after an error under a 2xx": func(ctx *fasthttp.RequestCtx) {
+			ctx.SetBodyString(`{"error":{"message":"oom","code":500}}`)
+		},
+		"fall back after a stream": func(ctx *fasthttp.RequestCtx) {
 			ctx.SetContentType("text/event-stream")
 			ctx.SetBodyString("data: [DONE]\n\n")
 		},
 	} {
-		bad, sent := encoderAnswering(t, answer)
-		er := startEncodeRig(t, 0, mocker.Config{}, bad)
-		r := er.r
-		resp := r.post(t, fastpath.PathChatCompletions, imagesChat(false, imageURL("p"), imageURL("q")), nil)
-		if resp.status != http.StatusOK {
-			t.Fatalf("status %d: %s", resp.status, resp.body)
-		}
-		waitReleased(t, r.node)
-		if s := er.agg.EncodeStats(); s.Encoded != 2 || s.HandedOver != 0 {
-			t.Errorf("aggregated engine: %+v; want both images encoded locally", s)
-		}
-		wantMetric(t, r.metrics(t), `kvfast_encode_items_total{outcome="fallback_local"}`, 2)
-		wantMetric(t, r.metrics(t), `kvfast_encode_items_total{outcome="encoded"}`, 0)
-		if sent.Load() != 2 {
-			t.Errorf("the broken encoder was sent %d items, want each once", sent.Load())
-		}
+		t.Run(name, func(t *testing.T) {
+			bad, sent := encoderAnswering(t, answer)
+			er := startEncodeRig(t, 0, mocker.Config{}, bad)
+			r := er.r
+			resp := r.post(t, fastpath.PathChatCompletions, imagesChat(false, imageURL("p"), imageURL("q")), nil)
+			if resp.status != http.StatusOK {
+				t.Fatalf("status %d: %s", resp.status, resp.body)
+			}
+			waitReleased(t, r.node)
+			if sent.Load() != 2 {
+				t.Errorf("the failing encoder got %d items, want each once (no other encoder to retry on)", sent.Load())
+			}
+			if s := er.agg.EncodeStats(); s.Encoded != 2 || s.HandedOver != 0 {
+				t.Errorf("aggregated engine: %+v; want both images encoded locally", s)
+			}
+			m := r.metrics(t)
+			wantMetric(t, m, `kvfast_encode_items_total{outcome="fallback_local"}`, 2)
+			wantMetric(t, m, `kvfast_encode_items_total{outcome="encoded"}`, 0)
+		})
 	}
 }
 
