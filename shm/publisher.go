@@ -162,8 +162,7 @@ func (p *Publisher) Seq() uint64 { return p.w.seq }
 // at the start of a sequence. Batches too large for one record are split
 // into chained records.
 func (p *Publisher) Stored(parent uint64, hasParent bool, engineHashes []uint64, tokens []uint32) (err error) {
-	defer p.catch(&err)
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer p.catch(debug.SetPanicOnFault(true), &err)
 	if p.closed {
 		return ErrClosed
 	}
@@ -184,8 +183,7 @@ func (p *Publisher) Stored(parent uint64, hasParent bool, engineHashes []uint64,
 
 // Removed publishes that the engine evicted the blocks with these hashes.
 func (p *Publisher) Removed(engineHashes []uint64) (err error) {
-	defer p.catch(&err)
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer p.catch(debug.SetPanicOnFault(true), &err)
 	if p.closed {
 		return ErrClosed
 	}
@@ -201,8 +199,7 @@ func (p *Publisher) Removed(engineHashes []uint64) (err error) {
 
 // Cleared publishes that the engine dropped every cached block.
 func (p *Publisher) Cleared() (err error) {
-	defer p.catch(&err)
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer p.catch(debug.SetPanicOnFault(true), &err)
 	if p.closed {
 		return ErrClosed
 	}
@@ -213,8 +210,7 @@ func (p *Publisher) Cleared() (err error) {
 // filled in here.
 func (p *Publisher) Load(l Load) {
 	var err error // a fault is the next Heartbeat's to report
-	defer p.catch(&err)
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer p.catch(debug.SetPanicOnFault(true), &err)
 	if p.closed || p.w.lost() {
 		return // a slot another registration took is its publisher's to write
 	}
@@ -232,8 +228,7 @@ func (p *Publisher) Heartbeat() (err error) {
 	if p.closed {
 		return ErrClosed
 	}
-	defer p.catch(&err)
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer p.catch(debug.SetPanicOnFault(true), &err)
 	if p.seg.Retired() || p.seg.Replaced() || p.seg.CheckSize() {
 		return ErrRetired
 	}
@@ -278,8 +273,7 @@ func (p *Publisher) revive(off int) error {
 // markClosed sets the slot closed, under the registry lock, if it is
 // still this registration's.
 func (p *Publisher) markClosed() (err error) {
-	defer p.catch(&err)
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer p.catch(debug.SetPanicOnFault(true), &err)
 	unlock, _, err := p.seg.lockRegistry(true)
 	if err != nil {
 		if errors.Is(err, ErrClosed) {
@@ -300,7 +294,11 @@ func (p *Publisher) markClosed() (err error) {
 // catch is deferred by the methods that write the mapping (fault.go): a
 // fault in it, the file truncated under the engine, detaches the segment
 // and makes the method report ErrRetired.
-func (p *Publisher) catch(err *error) {
+//
+// prev is what debug.SetPanicOnFault was before the method set it, put
+// back here: one deferred call rather than two, on the ring's path.
+func (p *Publisher) catch(prev bool, err *error) {
+	debug.SetPanicOnFault(prev)
 	v := recover()
 	if v == nil {
 		return
