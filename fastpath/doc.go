@@ -74,9 +74,10 @@
 // (API or admin: Serve and ServeAdmin) and bounds each client address's
 // connections. fasthttp's read timeout is the header timeout, and a
 // header-received hook gives the body its own (Config.ReadTimeout).
-// Request bodies are streamed: the exchange reads its body itself, after
-// charging it to the server's body budget, so a body too large or not
-// fitting is refused from its header, and a refusal sent while the client
+// Request bodies are streamed: the exchange reads its body itself,
+// charging the server's body budget as the bytes arrive, so a body too
+// large is refused from its header and one not fitting as soon as it
+// does not, and a refusal sent while the client
 // is still writing marks the connection to linger (half-close, bounded
 // drain) so that the client reads it. Routes match fasthttp's normalised
 // path; /admin/... and /metrics are served only on the admin listener

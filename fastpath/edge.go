@@ -186,10 +186,15 @@ func (b *bodyBudget) release(n int64) { b.used.Add(-n) }
 // exchanges are bounded by the connections.
 const maxPooledBody = 64 << 10
 
-// readBody reads the request body into ex.buf (ex.body) under the body budget. The
-// server streams request bodies (fasthttp reads only a small prefix before
-// the handler), so an oversized or over-budget body is refused from its
-// headers, before it is read. The charge stays on ex until cleanup.
+// readBody reads the request body into ex.buf (ex.body) under the body
+// budget. The server streams request bodies (fasthttp reads only a small
+// prefix before the handler), so a body over the size limit is refused
+// from its headers, before it is read. The budget is charged as the body
+// arrives, in steps, never for bytes a client has only declared:
+// sixteen connections declaring 16 MiB and sending one byte each would
+// otherwise hold the whole default budget, refusing every other body,
+// until the read timeout cut them. A declared body at most eagerBodyBytes
+// long takes its buffer at once. The charge stays on ex until cleanup.
 func (s *Server) readBody(ctx *fasthttp.RequestCtx, ex *exchange) *openai.Error {
 	r := ctx.RequestBodyStream()
 	if r == nil {
@@ -205,26 +210,16 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, ex *exchange) *openai.Error 
 		lingerOnClose(ctx)
 		return openai.ErrBodyTooLarge
 	}
+	// Growth stops at the declared length, or (chunked) one byte over the
+	// limit, which detects a body past it.
+	ceiling := s.cfg.MaxBodyBytes + 1
 	if declared >= 0 {
-		if err := ex.growBody(declared); err != nil {
-			lingerOnClose(ctx)
-			return err
-		}
-		ex.body = ex.buf[:declared]
-		if _, err := io.ReadFull(r, ex.body); err != nil {
-			return bodyReadFailed(ctx, err)
-		}
-		return nil
+		ceiling = declared
 	}
-	// Chunked: grow as the body arrives, charging each growth before it
-	// happens.
 	buf := ex.buf[:0]
-	for {
+	for declared < 0 || len(buf) < declared {
 		if len(buf) == cap(buf) {
-			want := max(2*cap(buf), 4096)
-			if want > s.cfg.MaxBodyBytes {
-				want = s.cfg.MaxBodyBytes + 1 // one byte over: detects a body past the limit
-			}
+			want := min(max(bodyGrowth*cap(buf), eagerBodyBytes), ceiling)
 			if want <= len(buf) {
 				lingerOnClose(ctx)
 				return openai.ErrBodyTooLarge
@@ -236,22 +231,38 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, ex *exchange) *openai.Error 
 			}
 			buf = ex.buf[:len(buf)]
 		}
-		n, err := r.Read(buf[len(buf):cap(buf)])
+		n, err := r.Read(buf[len(buf):min(cap(buf), ceiling)])
 		buf = buf[:len(buf)+n]
 		ex.buf = buf
 		if len(buf) > s.cfg.MaxBodyBytes {
 			lingerOnClose(ctx)
 			return openai.ErrBodyTooLarge
 		}
+		if err == io.EOF && (declared < 0 || len(buf) == declared) {
+			break
+		}
 		if err == io.EOF {
-			ex.body = buf
-			return nil
+			err = io.ErrUnexpectedEOF // shorter than declared
 		}
 		if err != nil {
 			return bodyReadFailed(ctx, err)
 		}
 	}
+	ex.body = buf
+	return nil
 }
+
+// eagerBodyBytes is the first step of a body's buffer: a body this short
+// (a 1K-token prompt is about 7.5 KB of JSON) is read into one buffer,
+// which the exchange's pool keeps (maxPooledBody). Past it the buffer
+// grows bodyGrowth-fold each time it fills: a client holds at most that
+// many times the bytes it has sent, and the buffers a body outgrows,
+// garbage the budget does not see (the soft memory limit does), add up to
+// a third of the body, where doubling would leave as much as the body.
+const (
+	eagerBodyBytes = 64 << 10
+	bodyGrowth     = 4
+)
 
 // bodyReadFailed closes the connection of a body that could not be read:
 // what is left of it on the wire cannot be told from a next request.

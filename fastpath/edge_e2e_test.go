@@ -205,6 +205,36 @@ func TestBodyBudget(t *testing.T) {
 	}
 }
 
+// TestDeclaredBodyIsChargedAsItArrives: a client that declares a large
+// body and sends none of it holds only the first step of its buffer, so a
+// few such connections cannot take the budget from everyone else (four of
+// them used to hold all of it here, and every other body got 503 until
+// the read timeout).
+func TestDeclaredBodyIsChargedAsItArrives(t *testing.T) {
+	eng := startMock(t, mocker.Config{WorkerID: 1})
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.Addr(), Model: e2eModel})
+	const maxBody = 1 << 20
+	cfg.HTTP.MaxBodyBytes = maxBody
+	cfg.HTTP.BodyBudgetBytes = maxBody
+	r := startE2ERouter(t, cfg)
+	addr := strings.TrimPrefix(r.url, "http://")
+	const idle = 4
+	for i := range idle {
+		c := dialFrom(t, "127.0.0."+strconv.Itoa(2+i), addr)
+		if _, err := io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Type: application/json\r\nContent-Length: "+
+			strconv.Itoa(maxBody)+"\r\n\r\n{"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the idle bodies charged their first step", func() bool {
+		v, _ := metricValue(r.metrics(t), "kvfast_request_body_bytes_in_flight")
+		return v == idle*fastpath.EagerBodyBytes
+	})
+	if resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(3, 64), false, 4), nil); resp.status != 200 {
+		t.Errorf("a small request beside the declared bodies: %d %s", resp.status, resp.body)
+	}
+}
+
 // TestOversizedBodyRefusalIsRead: a client that writes its whole oversized
 // body before it reads, as Python's urllib and requests do, reads the 413
 // instead of a connection reset.

@@ -5,3 +5,7 @@ var Redact = redact
 
 // ClientWentAway is clientWentAway, for its test.
 var ClientWentAway = clientWentAway
+
+// EagerBodyBytes is eagerBodyBytes: what a body declared longer is
+// charged before its bytes arrive.
+const EagerBodyBytes = eagerBodyBytes
