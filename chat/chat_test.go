@@ -2,6 +2,7 @@ package chat_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -135,6 +136,34 @@ func TestRenderingIsBounded(t *testing.T) {
 		if _, err := tpl.Render(nil, in, "", ""); !errors.Is(err, chat.ErrInvalidRequest) {
 			t.Errorf("%s: got %v, want a bounded failure", src, err)
 		}
+	}
+}
+
+// TestWideDictKeepsPythonsSemantics: a dict past the size where it gains
+// an index of its string keys still behaves as Python's: a repeated key
+// keeps its first place and takes the last value, string and non-string
+// keys stay apart, lookups and updates see the same entries.
+func TestWideDictKeepsPythonsSemantics(t *testing.T) {
+	var obj strings.Builder
+	obj.WriteString(`{"d":{`)
+	for i := range 40 {
+		fmt.Fprintf(&obj, `"k%d":%d,`, i, i)
+	}
+	obj.WriteString(`"k5":"last","k39":"again"}}`)
+	var lit []string
+	for i := range 20 {
+		lit = append(lit, fmt.Sprintf("'s%d': %d", i, i))
+	}
+	wideLiteral := strings.Join(lit, ", ")
+	tpl := mustCompile(t, `{{ d|length }} {{ d['k5'] }} {{ d.k39 }} {{ d['k40'] is defined }} `+
+		`{{ (d|list)[5] }} {{ (d|list)[-1] }} {% set e = dict(d, k41=1) %}{{ e|length }} {{ e['k41'] }} `+
+		`{% set f = {1: 'int', `+wideLiteral+`, 1.0: 'float'} %}{{ f[1] }} {{ f['1'] is defined }} {{ f|length }} {{ f['s19'] }}`)
+	got, err := chat.RenderVars(tpl, []byte(obj.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "40 last again False k5 k39 41 1 float False 21 19"; got != want {
+		t.Errorf("got %q, want %q", got, want)
 	}
 }
 

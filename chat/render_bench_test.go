@@ -2,8 +2,10 @@ package chat_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/kvfast/kvfast/chat"
@@ -54,6 +56,35 @@ func BenchmarkRender(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkDecodeWideObject decodes a chat request carrying one object of
+// many keys (in a field the template never reads), at two widths: the
+// time per key should not grow with the width (ns/key). A request can
+// carry tens of thousands of keys within the body limit.
+func BenchmarkDecodeWideObject(b *testing.B) {
+	for _, keys := range []int{1000, 16000} {
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) {
+			var body strings.Builder
+			body.WriteString(`{"messages":[{"role":"user","content":"hi"}],"metadata":{`)
+			for i := range keys {
+				if i > 0 {
+					body.WriteByte(',')
+				}
+				fmt.Fprintf(&body, `"key%d":%d`, i, i)
+			}
+			body.WriteString(`}}`)
+			raw := []byte(body.String())
+			b.SetBytes(int64(len(raw)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := chat.DecodeInput(raw); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(keys), "ns/key")
 		})
 	}
 }

@@ -90,17 +90,32 @@ func (v value) items() []value {
 
 // dict is Python's insertion-ordered dict. Chat-template dicts are small
 // (a message, a tool call), so lookups scan; keys are compared as Python
-// compares them, so 1, 1.0 and True are one key.
+// compares them, so 1, 1.0 and True are one key. A dict that set grows
+// past indexAfter keys gains an index of its string keys: a request can
+// carry one object of tens of thousands of keys (any field, even one the
+// template never reads), and decoding it by scans took seconds of CPU
+// (60,000 keys: 8 s).
 type dict struct {
-	keys []value
-	vals []value
+	keys  []value
+	vals  []value
+	index map[string]int // string keys' positions; nil until set passes indexAfter
 }
+
+// indexAfter is the size past which set indexes a dict's string keys;
+// below it a scan is as fast as hashing.
+const indexAfter = 16
 
 func newDict(n int) *dict {
 	return &dict{keys: make([]value, 0, n), vals: make([]value, 0, n)}
 }
 
 func (d *dict) find(key value) int {
+	if key.k == kStr && d.index != nil {
+		if i, ok := d.index[key.s]; ok {
+			return i
+		}
+		return -1
+	}
 	if key.k == kStr {
 		for i := range d.keys {
 			if d.keys[i].k == kStr && d.keys[i].s == key.s {
@@ -118,6 +133,12 @@ func (d *dict) find(key value) int {
 }
 
 func (d *dict) getStr(key string) (value, bool) {
+	if d.index != nil {
+		if i, ok := d.index[key]; ok {
+			return d.vals[i], true
+		}
+		return undefined, false
+	}
 	for i := range d.keys {
 		if d.keys[i].k == kStr && d.keys[i].s == key {
 			return d.vals[i], true
@@ -134,6 +155,21 @@ func (d *dict) set(key, v value) {
 	}
 	d.keys = append(d.keys, key)
 	d.vals = append(d.vals, v)
+	switch {
+	case d.index != nil:
+		if key.k == kStr {
+			d.index[key.s] = len(d.keys) - 1
+		}
+	case len(d.keys) > indexAfter:
+		// Only set builds the index, never a lookup: a dict a template
+		// only reads may be shared by renders running at once.
+		d.index = make(map[string]int, 2*len(d.keys))
+		for i, k := range d.keys {
+			if k.k == kStr {
+				d.index[k.s] = i
+			}
+		}
+	}
 }
 
 func (d *dict) setStr(key string, v value) { d.set(strValue(key), v) }
