@@ -131,6 +131,38 @@ func TestIdleConnectionFlood(t *testing.T) {
 	wantMetric(t, m, `kvfast_http_transport_errors_total{reason="header_timeout"}`, perIP)
 }
 
+// TestAdminListenerHasItsOwnConnectionBound: an address that fills its
+// connection bound on the API listener can still reach /health and
+// /metrics on the admin listener (a probe or Prometheus sharing the
+// address with busy clients, behind a proxy or SNAT).
+func TestAdminListenerHasItsOwnConnectionBound(t *testing.T) {
+	cfg := e2eConfig()
+	const perIP = 2
+	cfg.HTTP.MaxConnsPerIP = perIP
+	cfg.HTTP.HeaderTimeout = time.Minute // the idle connections hold their share throughout
+	cfg.AdminListen = "127.0.0.1:0"      // served below
+	r := startE2ERouter(t, cfg)
+	api := strings.TrimPrefix(r.url, "http://")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = r.node.ServeAdmin(ln) }() // the rig's Shutdown closes it
+	for range perIP {
+		dialFrom(t, "127.0.0.1", api)
+	}
+	// Accepted in arrival order: once this one is refused, the idle two
+	// hold the address's share on the API listener.
+	if status, _ := getFrom(t, "127.0.0.1", api, fastpath.PathHealth); status != http.StatusTooManyRequests {
+		t.Fatalf("a third API connection from the address: status %d, want 429", status)
+	}
+	for _, path := range []string{fastpath.PathHealth, fastpath.PathMetrics} {
+		if status, err := getFrom(t, "127.0.0.1", ln.Addr().String(), path); status != http.StatusOK {
+			t.Errorf("GET %s on the admin listener from the same address: status %d, %v", path, status, err)
+		}
+	}
+}
+
 // blockingEngine answers generation requests only when release is closed.
 func blockingEngine(t *testing.T) (*e2eEngine, chan struct{}, chan struct{}) {
 	t.Helper()

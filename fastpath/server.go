@@ -251,9 +251,14 @@ type Server struct {
 	metricsOnce sync.Once
 	metricsHTTP fasthttp.RequestHandler
 
-	budget    bodyBudget
-	connLimit connLimiter // per client address, over every listener
-	waits     waitStats   // recent admission-queue waits, for Retry-After
+	budget bodyBudget
+	// Connections per client address, counted apart on the two
+	// listeners: clients that fill their address's bound on the API
+	// listener must not lock the same address (a Prometheus or a probe
+	// beside them, a proxy's or SNAT's shared address) out of /metrics
+	// and /health.
+	connLimit, adminConnLimit connLimiter
+	waits                     waitStats // recent admission-queue waits, for Retry-After
 	// apiKeys and adminToken hold SHA-256 digests: comparing digests of
 	// one length leaks no key's length through timing.
 	apiKeys    []keyDigest
@@ -293,6 +298,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
 	s.budget.limit = cfg.BodyBudgetBytes
 	s.connLimit = connLimiter{max: cfg.MaxConnsPerIP, perIP: map[netip.Addr]int{}}
+	s.adminConnLimit = connLimiter{max: cfg.MaxConnsPerIP, perIP: map[netip.Addr]int{}}
 	for _, k := range cfg.APIKeys {
 		s.apiKeys = append(s.apiKeys, sha256.Sum256([]byte(k)))
 	}
@@ -404,7 +410,11 @@ func (s *Server) serve(ln net.Listener, admin bool) error {
 	s.started = true
 	s.lns = append(s.lns, ln)
 	s.mu.Unlock()
-	err := s.http.Serve(edgeListener{Listener: ln, admin: admin, limit: &s.connLimit})
+	limit := &s.connLimit
+	if admin {
+		limit = &s.adminConnLimit
+	}
+	err := s.http.Serve(edgeListener{Listener: ln, admin: admin, limit: limit})
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
