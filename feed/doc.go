@@ -230,8 +230,14 @@
 // zmq4 allocates each received frame in full as the ZMTP header claims,
 // before reading it; the subscriber therefore dials through transports of
 // its own (zmq_frames.go) that follow the framing as the bytes arrive and
-// break the connection at a header claiming more than 64 MiB, which the
-// feed counts as a disconnect.
+// break the connection at a header claiming more than 64 MiB, at a
+// command of more than 64 KiB or of several frames, and at a READY whose
+// metadata runs past it (zmq4 parses it unchecked and panicked), which
+// the feed counts as a disconnect. The handshake has the dial timeout
+// (zmq4 gives it none: a port that accepted and stayed silent held the
+// feed and the router's shutdown), and a batch whose topic is not the
+// subscription's is garbage (zmq4's SUB leaves filtering to the
+// publisher).
 //
 // # Delivery guarantee
 //

@@ -259,8 +259,11 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 			continue
 		}
 		received = true
-		// [topic, 8-byte big-endian sequence number, msgpack batch]
-		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 {
+		// [topic, 8-byte big-endian sequence number, msgpack batch]. The
+		// topic is checked here too: libzmq's SUB filters what it
+		// receives, zmq4's leaves it to the publisher, and a peer that
+		// ignores the subscription could pass another engine's batches.
+		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 || !strings.HasPrefix(string(msg.Frames[0]), s.cfg.Topic) {
 			// Its sequence number is unknown; if it was a batch, the next
 			// one shows the gap.
 			s.c.garbage.Add(1)

@@ -3,9 +3,11 @@ package feed
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
@@ -23,6 +25,17 @@ import (
 // together (maxZMQFrameBytes), or a peer could send a message of a
 // thousand 60 MiB frames, or ten million empty ones (about 80 bytes of
 // zmq4's per 2 on the wire).
+// Commands get stricter bounds still: zmq4 parses a READY command's
+// metadata without checking its lengths, so a READY whose property
+// claims more bytes than it holds panicked the router (81 bytes from
+// whatever listens on the engine's port). The guard checks each command
+// before zmq4 reads its last byte: at most maxZMTPCommandBytes, a single
+// frame (RFC 23), and a READY's properties within its body. And the
+// handshake has a deadline: zmq4 reads the peer's greeting and READY
+// with none, so a port that accepts and stays silent held the feed, and
+// the router's shutdown, for as long as the peer liked. Until the peer's
+// READY has passed, reads time out after the dialer's timeout, and the
+// dialing socket's context closes the connection when it ends.
 // The feed then counts a disconnect and redials, as for any other
 // broken connection.
 
@@ -37,6 +50,15 @@ const maxZMQFrameBytes = 64 << 20
 // three (topic, sequence, payload), their replay sockets at most four
 // (with the ROUTER's empty delimiter).
 const maxZMQMessageFrames = 8
+
+// maxZMTPCommandBytes bounds one command frame. An engine's commands are
+// its READY (a socket type and perhaps an identity: tens of bytes) and
+// heartbeats.
+const maxZMTPCommandBytes = 64 << 10
+
+// zmtpHandshakeTimeout bounds the peer's greeting and READY when the
+// dialer names no timeout of its own.
+const zmtpHandshakeTimeout = 2 * time.Second
 
 // zmtpGreetingBytes is the size of the greeting that opens a ZMTP 3
 // connection; frames follow it.
@@ -74,7 +96,17 @@ func (t boundedTransport) Dial(ctx context.Context, d transport.Dialer, addr str
 	if err != nil {
 		return nil, err
 	}
-	return &frameGuard{Conn: c, skip: zmtpGreetingBytes}, nil
+	timeout := zmtpHandshakeTimeout
+	if nd, ok := d.(*net.Dialer); ok && nd.Timeout > 0 {
+		timeout = nd.Timeout
+	}
+	if err := c.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("cannot bound the ZMTP handshake: %w", err)
+	}
+	g := &frameGuard{Conn: c, skip: zmtpGreetingBytes, handshaking: true}
+	g.stop = context.AfterFunc(ctx, func() { _ = c.Close() })
+	return g, nil
 }
 
 func (t boundedTransport) Addr(ep string) (string, error) {
@@ -92,7 +124,19 @@ type frameGuard struct {
 	// frames and bytes of the message being read, up to its last frame
 	frames   int
 	msgBytes uint64
-	err      error // the refusal, returned by every later Read
+	// the command being read: its bytes so far, and how many are to come
+	cmd     []byte
+	cmdLeft uint64
+	// handshaking: the peer's READY has not passed yet, and reads have a
+	// deadline
+	handshaking bool
+	stop        func() bool // stops closing the connection when the dialing context ends
+	err         error       // the refusal, returned by every later Read
+}
+
+func (g *frameGuard) Close() error {
+	g.stop()
+	return g.Conn.Close()
 }
 
 func (g *frameGuard) Read(p []byte) (int, error) {
@@ -110,6 +154,18 @@ func (g *frameGuard) Read(p []byte) (int, error) {
 // scan moves the framing state over b.
 func (g *frameGuard) scan(b []byte) error {
 	for len(b) > 0 {
+		if g.cmdLeft > 0 {
+			k := min(uint64(len(b)), g.cmdLeft)
+			g.cmd = append(g.cmd, b[:k]...)
+			g.cmdLeft -= k
+			b = b[k:]
+			if g.cmdLeft == 0 {
+				if err := g.command(); err != nil {
+					return err
+				}
+			}
+			continue
+		}
 		if g.skip > 0 {
 			k := min(uint64(len(b)), g.skip)
 			g.skip -= k
@@ -134,19 +190,75 @@ func (g *frameGuard) scan(b []byte) error {
 		if size > maxZMQFrameBytes {
 			return fmt.Errorf("cannot accept a ZMTP frame of %d bytes from the engine: the limit is %d", size, maxZMQFrameBytes)
 		}
-		if flags := g.hdr[0]; flags&zmtpFlagCommand == 0 {
-			g.frames++
-			g.msgBytes += size
-			switch {
-			case g.frames > maxZMQMessageFrames:
-				return fmt.Errorf("cannot accept a ZMQ message of more than %d frames from the engine", maxZMQMessageFrames)
-			case g.msgBytes > maxZMQFrameBytes:
-				return fmt.Errorf("cannot accept a ZMQ message of more than %d bytes from the engine", maxZMQFrameBytes)
-			case flags&zmtpFlagMore == 0:
-				g.frames, g.msgBytes = 0, 0
+		flags := g.hdr[0]
+		g.frames++
+		g.msgBytes += size
+		switch {
+		case g.frames > maxZMQMessageFrames:
+			return fmt.Errorf("cannot accept a ZMQ message of more than %d frames from the engine", maxZMQMessageFrames)
+		case g.msgBytes > maxZMQFrameBytes:
+			return fmt.Errorf("cannot accept a ZMQ message of more than %d bytes from the engine", maxZMQFrameBytes)
+		case flags&zmtpFlagMore == 0:
+			g.frames, g.msgBytes = 0, 0
+		}
+		if flags&zmtpFlagCommand == 0 {
+			g.skip = size
+			continue
+		}
+		switch {
+		case flags&zmtpFlagMore != 0:
+			return errors.New("cannot accept a ZMTP command of several frames from the engine")
+		case size > maxZMTPCommandBytes:
+			return fmt.Errorf("cannot accept a ZMTP command of %d bytes from the engine: the limit is %d", size, maxZMTPCommandBytes)
+		case size == 0:
+			if err := g.command(); err != nil {
+				return err
 			}
 		}
-		g.skip = size
+		g.cmd, g.cmdLeft = g.cmd[:0], size
+	}
+	return nil
+}
+
+// command checks a whole command (g.cmd) before zmq4 parses it. zmq4's
+// command parser checks its name's length; a READY's metadata it parses
+// without checking, so that is checked here. The first READY ends the
+// handshake and its deadline.
+func (g *frameGuard) command() error {
+	c := g.cmd
+	if len(c) == 0 || int(c[0]) > len(c)-1 {
+		return nil // zmq4 refuses it (ErrBadCmd)
+	}
+	name, body := c[1:1+int(c[0])], c[1+int(c[0]):]
+	if string(name) != "READY" {
+		return nil
+	}
+	if err := checkZMTPMetadata(body); err != nil {
+		return err
+	}
+	if g.handshaking {
+		g.handshaking = false
+		if err := g.Conn.SetReadDeadline(time.Time{}); err != nil {
+			return fmt.Errorf("cannot lift the ZMTP handshake's deadline: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkZMTPMetadata checks that a READY's metadata is a sequence of
+// properties (RFC 23: a 1-byte name length, the name, a 4-byte value
+// length, the value) that ends where the body does.
+func checkZMTPMetadata(p []byte) error {
+	for len(p) > 0 {
+		n := 1 + int(p[0]) + 4
+		if n > len(p) {
+			return errors.New("cannot accept a ZMTP READY from the engine: a property runs past the command")
+		}
+		v := uint64(binary.BigEndian.Uint32(p[n-4 : n]))
+		if v > uint64(len(p)-n) {
+			return errors.New("cannot accept a ZMTP READY from the engine: a property's value runs past the command")
+		}
+		p = p[n+int(v):]
 	}
 	return nil
 }

@@ -5,8 +5,12 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"slices"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/go-zeromq/zmq4"
 )
 
 // zmtpGreeting is a ZMTP 3.0 greeting with the NULL mechanism.
@@ -150,6 +154,178 @@ func evilPub(c net.Conn) {
 	}
 	_, _ = c.Write(longFrameHeader(1 << 62))
 	_, _ = io.Copy(io.Discard, c) // until the subscriber hangs up
+}
+
+// TestFrameGuardChecksCommands: a command is one frame of at most
+// maxZMTPCommandBytes, and a READY's properties end where it does (zmq4
+// parses them unchecked, and panicked on the first case below).
+func TestFrameGuardChecksCommands(t *testing.T) {
+	command := func(flags byte, body string) []byte {
+		return append([]byte{flags, byte(len(body))}, body...)
+	}
+	for _, tc := range []struct {
+		name string
+		wire []byte
+		ok   bool
+	}{
+		{"a READY with a socket type", command(zmtpFlagCommand, "\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB"), true},
+		{"a READY without properties", command(zmtpFlagCommand, "\x05READY"), true},
+		{"a heartbeat", command(zmtpFlagCommand, "\x04PING\x00\x0a"), true},
+		{"an empty command", command(zmtpFlagCommand, ""), true},
+		{"a property's name past the command", command(zmtpFlagCommand, "\x05READY\x01"), false},
+		{"a property's value length cut", command(zmtpFlagCommand, "\x05READY\x01A\x00\x00"), false},
+		{"a property's value past the command", command(zmtpFlagCommand, "\x05READY\x0bSocket-Type\x00\x00\x00\x09PUB"), false},
+		{"a command with more frames", command(zmtpFlagCommand|zmtpFlagMore, "\x05READY"), false},
+		{"a command over the limit", append([]byte{zmtpFlagCommand | zmtpFlagLong}, binary.BigEndian.AppendUint64(nil, maxZMTPCommandBytes+1)...), false},
+	} {
+		for split := 1; split <= 7; split++ {
+			g := frameGuard{skip: zmtpGreetingBytes}
+			var err error
+			for b := append(zmtpGreeting(), tc.wire...); len(b) > 0 && err == nil; b = b[min(split, len(b)):] {
+				err = g.scan(b[:min(split, len(b))])
+			}
+			if (err == nil) != tc.ok {
+				t.Errorf("%s, split %d: err %v, want ok %v", tc.name, split, err, tc.ok)
+			}
+		}
+	}
+}
+
+// FuzzZMTPMetadata: whatever READY body checkZMTPMetadata lets through,
+// zmq4 parses without panicking.
+func FuzzZMTPMetadata(f *testing.F) {
+	f.Add([]byte("\x0bSocket-Type\x00\x00\x00\x03PUB"))
+	f.Add([]byte("\x01"))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if checkZMTPMetadata(body) != nil {
+			return
+		}
+		md := zmq4.Metadata{}
+		if err := md.UnmarshalZMTP(body); err != nil {
+			t.Fatalf("checked metadata that zmq4 refuses: %v", err)
+		}
+	})
+}
+
+// TestZMQHostileHandshakes: a peer on the engine's port that breaks the
+// ZMTP handshake breaks only its connection, and the subscriber dials
+// again: a READY that would have panicked zmq4, a command of two frames,
+// one too large, and a peer that accepts and says nothing (the handshake
+// has the dialer's timeout).
+func TestZMQHostileHandshakes(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ready []byte // after the greetings; nil: the peer stays silent
+	}{
+		{"a READY whose property runs past it", []byte("\x04\x07\x05READY\x01")},
+		{"a READY of two frames", []byte("\x05\x06\x05READY\x04\x06\x05READY")},
+		{"a command of 1 MiB", append([]byte{zmtpFlagCommand | zmtpFlagLong}, binary.BigEndian.AppendUint64(nil, 1<<20)...)},
+		{"silence", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ep := hostilePeer(t, func(c net.Conn) {
+				if tc.ready == nil {
+					_, _ = io.Copy(io.Discard, c)
+					return
+				}
+				if _, err := c.Write(zmtpGreeting()); err != nil {
+					return
+				}
+				var peer [zmtpGreetingBytes]byte
+				if _, err := io.ReadFull(c, peer[:]); err != nil {
+					return
+				}
+				_, _ = c.Write(tc.ready)
+				_, _ = io.Copy(io.Discard, c)
+			})
+			s := startSub(t, newZMQIndex(t), &testEngine{ep: ep}, func(c *ZMQConfig) { c.DialTimeout = 200 * time.Millisecond })
+			waitFor(t, func() bool { return s.Stats().Disconnects >= 2 }, func() any { return s.Stats() })
+		})
+	}
+}
+
+// TestZMQSilentPeerDoesNotHoldShutdown: a subscriber in the handshake
+// with a silent peer stops when its context ends, long before the
+// handshake's timeout (startSub's clean-up waits for Run to return).
+func TestZMQSilentPeerDoesNotHoldShutdown(t *testing.T) {
+	accepted := make(chan struct{}, 1)
+	ep := hostilePeer(t, func(c net.Conn) {
+		accepted <- struct{}{}
+		_, _ = io.Copy(io.Discard, c)
+	})
+	startSub(t, newZMQIndex(t), &testEngine{ep: ep}, func(c *ZMQConfig) { c.DialTimeout = time.Hour })
+	<-accepted
+}
+
+// TestZMQOtherTopicIsGarbage: a publisher that ignores the subscription
+// and sends another topic's batch does not reach the index; the batch is
+// counted as garbage and the next one of the worker's topic applies.
+func TestZMQOtherTopicIsGarbage(t *testing.T) {
+	frame := func(more bool, body []byte) []byte {
+		flags := byte(zmtpFlagLong)
+		if more {
+			flags |= zmtpFlagMore
+		}
+		return append(binary.BigEndian.AppendUint64([]byte{flags}, uint64(len(body))), body...)
+	}
+	message := func(topic string, seq uint64, payload []byte) []byte {
+		return slices.Concat(frame(true, []byte(topic)), frame(true, be64(seq)), frame(false, payload))
+	}
+	stored := encodeBatch(t, vllmMap, wireOps(intHashes, genOps(31, 1)))
+	ep := hostilePeer(t, func(c net.Conn) {
+		if _, err := c.Write(zmtpGreeting()); err != nil {
+			return
+		}
+		var peer [zmtpGreetingBytes]byte
+		if _, err := io.ReadFull(c, peer[:]); err != nil {
+			return
+		}
+		ready := []byte("\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB")
+		wire := slices.Concat(append([]byte{zmtpFlagCommand, byte(len(ready))}, ready...),
+			message("other-engine", 0, stored), message("kv-events", 1, encodeBatch(t, vllmMap, nil)))
+		if _, err := c.Write(wire); err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, c)
+	})
+	ix := newZMQIndex(t)
+	s := startSub(t, ix, &testEngine{ep: ep}, nil)
+	waitSeq(t, s, 1)
+	if st := s.Stats(); st.Garbage != 1 || st.Batches != 1 || st.StoredBlocks != 0 {
+		t.Fatalf("another topic's batch was applied: %+v", st)
+	}
+}
+
+// hostilePeer listens on the loopback and serves every connection with
+// serve until the test ends; the endpoint is the subscriber's to dial.
+func hostilePeer(t *testing.T, serve func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns sync.WaitGroup
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Go(func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(time.Minute))
+				serve(c)
+			})
+		}
+	}()
+	t.Cleanup(func() { // after the subscriber's: clean-ups run last-in first-out
+		_ = ln.Close()
+		<-served
+		conns.Wait()
+	})
+	return "tcp://" + ln.Addr().String()
 }
 
 // FuzzFrameGuard: any bytes, in any split, leave the guard in a state it
