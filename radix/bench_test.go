@@ -303,3 +303,32 @@ func BenchmarkIndexMixed(b *testing.B) {
 		run(b, mm.findMatches, mm.stored, mm.removed)
 	})
 }
+
+// BenchmarkClearedAll is an engine that reports its cache emptied, over and
+// over (a publisher sending nothing else, or clearing after each block),
+// on an index of the router's default capacity: the worker forgotten has
+// no mappings, or the one block it stored since the last clear.
+func BenchmarkClearedAll(b *testing.B) {
+	ix, err := NewHeap(Config{Capacity: 1 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const w = workers.Slot(3)
+	for _, tc := range []struct {
+		name   string
+		stores bool
+	}{{"nothing-stored", false}, {"one-block-each", true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			ix.ClearedAll(w)
+			b.ReportAllocs()
+			var engine uint64
+			for b.Loop() {
+				if tc.stores {
+					engine++
+					ix.MapEngineHash(w, engine, xxhash.Sum64String("block"))
+				}
+				ix.ClearedAll(w)
+			}
+		})
+	}
+}

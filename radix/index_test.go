@@ -389,6 +389,27 @@ func TestClearedAllDropsMappings(t *testing.T) {
 	}
 }
 
+// TestClearedAllFindsMappingsItDidNotMake: forgetting a worker scans only
+// the shards this process mapped it into since it last forgot it, but an
+// index opened on a region another process wrote (a router taking over a
+// warm segment) scans them all the first time.
+func TestClearedAllFindsMappingsItDidNotMake(t *testing.T) {
+	ix := newTestIndex(t, Config{Capacity: 1000})
+	for e := uint64(0); e < 300; e++ {
+		ix.MapEngineHash(1, e, 1000+e)
+	}
+	successor := open(ix.region, ix.geo)
+	successor.ClearedAll(1)
+	if st := ix.Stats(); st.EngineMapEntries != 0 {
+		t.Fatalf("%d mappings left by the first forget of the worker", st.EngineMapEntries)
+	}
+	successor.MapEngineHash(1, 7, 7000)
+	successor.ClearedAll(1)
+	if _, ok := ix.LookupEngineHash(1, 7); ok {
+		t.Fatal("a mapping made after the worker was forgotten outlived the next forget")
+	}
+}
+
 func TestAttachRefusesBadRegions(t *testing.T) {
 	cfg := Config{Capacity: 1000, Shards: 4}
 	size, err := RegionSize(cfg)
