@@ -166,8 +166,9 @@
 //
 // # Undecodable events
 //
-// A payload that is not msgpack, not a batch, or over a limit loses its
-// batch: it is counted as garbage and, its effects being unknown, resyncs
+// A payload that is not msgpack, not a batch, or over a limit (2^18
+// block hashes, 2^22 token ids, 2^16 events: an event costs the decoder
+// some 360 bytes however few it takes on the wire) loses its batch: it is counted as garbage and, its effects being unknown, resyncs
 // the worker. An event that is well-formed msgpack but not a well-formed
 // event (a field of the wrong type, a required field missing, a tag that
 // is not a string) costs only itself: it is counted (bad_events) and the
@@ -179,9 +180,10 @@
 // unknown_removed_blocks; nothing is claimed that the engine lacks. Any
 // other lost event (a BlockRemoved, an AllBlocksCleared, or one whose tag
 // could not be read) may have dropped blocks the index still holds, and
-// nothing later would remove them: the worker is resynced at the lost
-// event's place in the batch, before the events after it apply. A resync
-// keeps the engine mappings, so those events still resolve their parents.
+// nothing later would remove them: the worker is resynced at the last
+// such event's place in the batch, before the events after it apply (one
+// resync per batch: each drops every block). A resync keeps the engine
+// mappings, so those events still resolve their parents.
 // Events of a type this version does not know are well-formed and are
 // only counted (unknown_events).
 //

@@ -17,6 +17,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvfast/kvfast/internal/logthrottle"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
@@ -145,6 +146,10 @@ type ZMQSubscriber struct {
 	// warnedRank: the last batch was another rank's and that was logged;
 	// a batch of the worker's own rank clears it. Owned by Run.
 	warnedRank bool
+	// throttle keeps lines an engine can make repeat at will (a failing
+	// replay on every batch, a group that changes kind on every event) to
+	// one a minute each: 5,000 bad batches had logged 5,000 lines.
+	throttle *logthrottle.Throttle
 }
 
 // NewZMQSubscriber checks cfg and returns a subscriber that will write
@@ -166,7 +171,7 @@ func NewZMQSubscriber(ix *radix.Index, cfg ZMQConfig) (*ZMQSubscriber, error) {
 		return nil, fmt.Errorf("cannot subscribe for worker slot %d: at most %d slots", cfg.Slot, workers.Max)
 	}
 	s := &ZMQSubscriber{ix: ix, cfg: cfg, seed: radix.NamespaceSeed(cfg.Model, "", ""),
-		apply: newApplier(ix, 0)}
+		apply: newApplier(ix, 0), throttle: logthrottle.New(time.Minute)}
 	s.dec.MaxBlocks, s.dec.MaxTokens = cfg.MaxBatchBlocks, cfg.MaxBatchTokens
 	return s, nil
 }
@@ -428,7 +433,7 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify b
 	defer closeSocket(d)
 	fail := func(err error) replayResult {
 		s.c.replayFailures.Add(1)
-		s.cfg.Logger.Warn("KV-event replay failed", "endpoint", s.cfg.Replay, "from", from, "err", err)
+		s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "replay", "KV-event replay failed", "endpoint", s.cfg.Replay, "from", from, "err", err)
 		return replayFailed
 	}
 	if err := d.Dial(guarded(s.cfg.Replay)); err != nil {
@@ -546,11 +551,30 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 	s.warnedRank = false
 	s.c.batches.Add(1)
 	defer func() { s.c.reusedEngineHash.Add(s.apply.takeReused()) }()
+	// An event that cannot be decoded is counted and skipped. A Stored
+	// lost so only under-claims: its blocks are not stored, and blocks
+	// later events chain from them are counted unresolved. Any other (a
+	// Removed, a Cleared, or one whose tag was unreadable) may have
+	// dropped blocks the index still holds, so the worker is resynced at
+	// the last such event of the batch: the events after it still apply
+	// and, as a resync keeps the engine mappings, still resolve their
+	// parents. Only the last: a resync drops every block, so one at each
+	// (up to one per event of a hostile batch) would only redo it.
+	lastLoss := -1
+	for i := range b.Events {
+		if ev := &b.Events[i]; ev.Undecodable && ev.Kind != VLLMBlockStored {
+			lastLoss = i
+		}
+	}
 	for i := range b.Events {
 		ev := &b.Events[i]
 		n := uint64(len(ev.Hashes))
 		if ev.Undecodable {
-			s.undecodable(ev)
+			s.c.badEvents.Add(1)
+			s.cfg.Logger.Debug("undecodable KV event", "endpoint", s.cfg.Endpoint, "kind", ev.Kind, "reason", ev.Reason)
+			if i == lastLoss {
+				s.resync()
+			}
 			continue
 		}
 		switch ev.Kind {
@@ -608,22 +632,6 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 	}
 }
 
-// undecodable counts an event that could not be decoded and keeps the
-// view from claiming what it may have dropped. A Stored that is lost only
-// under-claims: its blocks are not stored, and blocks later events chain
-// from them are counted unresolved. Any other event (a Removed, a Cleared,
-// or one whose tag was unreadable) may have dropped blocks the index still
-// holds, so the worker is resynced at its place in the batch: the events
-// after it still apply, and, as a resync keeps the engine mappings, still
-// resolve their parents.
-func (s *ZMQSubscriber) undecodable(ev *VLLMEvent) {
-	s.c.badEvents.Add(1)
-	s.cfg.Logger.Debug("undecodable KV event", "endpoint", s.cfg.Endpoint, "kind", ev.Kind, "reason", ev.Reason)
-	if ev.Kind != VLLMBlockStored {
-		s.resync()
-	}
-}
-
 // keyspace returns where ev's blocks are held. Blocks it cannot place are
 // counted as skipped and it reports false: a medium it does not know, a
 // group beyond radix.MaxGroups, or a lower tier of a group other than 0
@@ -674,7 +682,7 @@ func (s *ZMQSubscriber) learnGroup(g int, kind []byte, window int64) {
 	}
 	h := s.groups // a copy: readers hold the old one
 	s.ix.SetHybrid(s.cfg.Slot, &h)
-	s.cfg.Logger.Info("KV-cache groups of a hybrid model", "endpoint", s.cfg.Endpoint, "groups", h.N,
+	s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "groups", "KV-cache groups of a hybrid model", "endpoint", s.cfg.Endpoint, "groups", h.N,
 		"group", g, "kind", string(kind), "sliding_window", window)
 }
 
@@ -688,7 +696,10 @@ func groupSpec(kind []byte, window int64, blockSize int) radix.GroupSpec {
 	switch string(kind) {
 	case "sliding_window":
 		if window > 1 {
-			return radix.GroupSpec{Kind: radix.Windowed, WindowBlocks: int(min((window-1+int64(blockSize)-1)/int64(blockSize), math.MaxInt32))}
+			// Clamped first: a window near 2^63 wrapped negative below,
+			// and a negative window credits the last block alone.
+			window = min(window, math.MaxInt32)
+			return radix.GroupSpec{Kind: radix.Windowed, WindowBlocks: int((window - 1 + int64(blockSize) - 1) / int64(blockSize))}
 		}
 	case "mamba":
 		return radix.GroupSpec{Kind: radix.Windowed, WindowBlocks: 1}

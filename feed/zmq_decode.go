@@ -142,6 +142,19 @@ type VLLMBatch struct {
 const (
 	DefaultMaxBatchBlocks = 1 << 18
 	DefaultMaxBatchTokens = 1 << 22
+	// An event costs the decoder some 360 bytes however few it takes on
+	// the wire (a nil is one byte): 4M of them in a 4 MB batch held
+	// 1.6 GB. A step's events number in the hundreds.
+	DefaultMaxBatchEvents = 1 << 16
+)
+
+// The decoder keeps its buffers between batches so that steady decoding
+// allocates nothing, but not past these: one outsized batch must not pin
+// its memory for the life of the feed.
+const (
+	retainEvents = 4096
+	retainHashes = 1 << 15
+	retainTokens = 1 << 18
 )
 
 // VLLMDecoder decodes vLLM's and SGLang's KV-event batches (msgpack, as
@@ -159,6 +172,7 @@ const (
 type VLLMDecoder struct {
 	MaxBlocks int // block hashes per batch; 0 = DefaultMaxBatchBlocks
 	MaxTokens int // token ids per batch; 0 = DefaultMaxBatchTokens
+	MaxEvents int // events per batch; 0 = DefaultMaxBatchEvents
 
 	batch  VLLMBatch
 	hashes []uint64
@@ -174,9 +188,9 @@ type VLLMDecoder struct {
 // caller to count and skip.
 func (d *VLLMDecoder) Decode(payload []byte) (*VLLMBatch, error) {
 	d.r = mpReader{b: payload}
-	d.hashes, d.tokens, d.mm = d.hashes[:0], d.tokens[:0], d.mm[:0]
+	d.hashes, d.tokens, d.mm = trimmed(d.hashes, retainHashes), trimmed(d.tokens, retainTokens), trimmed(d.mm, retainHashes)
 	b := &d.batch
-	*b = VLLMBatch{Events: b.Events[:0]}
+	*b = VLLMBatch{Events: trimmed(b.Events, retainEvents)}
 	if err := d.decodeBatch(); err != nil {
 		return nil, err
 	}
@@ -296,10 +310,22 @@ func (d *VLLMDecoder) dpRank() error {
 	return err
 }
 
+// trimmed empties a buffer for reuse, or drops it if it grew past
+// retain.
+func trimmed[T any](buf []T, retain int) []T {
+	if cap(buf) > retain {
+		return nil
+	}
+	return buf[:0]
+}
+
 func (d *VLLMDecoder) decodeEvents() error {
 	n, err := d.r.arrayLen()
 	if err != nil {
 		return err
+	}
+	if len(d.batch.Events)+n > orDefault(d.MaxEvents, DefaultMaxBatchEvents) {
+		return d.r.failLimit("batch exceeds the event limit")
 	}
 	for range n {
 		d.batch.Events = append(d.batch.Events, VLLMEvent{})

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net"
 	"runtime"
@@ -1164,13 +1165,43 @@ func TestDecodeVLLMBatchLimits(t *testing.T) {
 	ev := wireEvent{kind: "BlockStored", hashes: []any{uint64(1), uint64(2)}, tokens: make([]uint32, 8), bs: 4}
 	payload := encodeBatch(t, vllmMap, []wireEvent{ev, ev})
 	for _, tc := range []struct {
-		blocks, tokens int
-		ok             bool
-	}{{4, 16, true}, {3, 16, false}, {4, 15, false}} {
-		d := VLLMDecoder{MaxBlocks: tc.blocks, MaxTokens: tc.tokens}
+		blocks, tokens, events int
+		ok                     bool
+	}{{4, 16, 2, true}, {3, 16, 2, false}, {4, 15, 2, false}, {4, 16, 1, false}} {
+		d := VLLMDecoder{MaxBlocks: tc.blocks, MaxTokens: tc.tokens, MaxEvents: tc.events}
 		if _, err := d.Decode(payload); (err == nil) != tc.ok {
-			t.Errorf("limits %d/%d: %v", tc.blocks, tc.tokens, err)
+			t.Errorf("limits %d/%d/%d: %v", tc.blocks, tc.tokens, tc.events, err)
 		}
+	}
+	// Events cost the decoder far more than their bytes: a batch of one-byte
+	// nils is refused by count, not decoded into 360 bytes each.
+	nils := append([]byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd}, binary.BigEndian.AppendUint32(nil, DefaultMaxBatchEvents+1)...)
+	nils = append(nils, make([]byte, DefaultMaxBatchEvents+1)...)
+	for i := len(nils) - DefaultMaxBatchEvents - 1; i < len(nils); i++ {
+		nils[i] = 0xc0
+	}
+	var d VLLMDecoder
+	if _, err := d.Decode(nils); err == nil {
+		t.Error("a batch of more events than the limit decoded")
+	}
+}
+
+// TestDecoderDropsOutsizedBuffers: the decoder keeps its buffers between
+// batches, but not those one outsized batch grew.
+func TestDecoderDropsOutsizedBuffers(t *testing.T) {
+	var d VLLMDecoder
+	big := make([]wireEvent, retainEvents+1)
+	for i := range big {
+		big[i] = wireEvent{kind: "BlockStored", hashes: []any{uint64(i)}, tokens: make([]uint32, 4), bs: 4}
+	}
+	if _, err := d.Decode(encodeBatch(t, vllmMap, big)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Decode(encodeBatch(t, vllmMap, big[:1])); err != nil {
+		t.Fatal(err)
+	}
+	if cap(d.batch.Events) > retainEvents {
+		t.Errorf("the decoder kept %d events' room after a batch of one", cap(d.batch.Events))
 	}
 }
 
@@ -1256,4 +1287,60 @@ func TestZMQReplayLeavesNoReader(t *testing.T) {
 		all, blocked := readers()
 		return fmt.Sprintf("%d zmq4 readers (%d blocked), %d before the replays", all, blocked, before)
 	})
+}
+
+// TestUndecodableLossesResyncOnce: a batch whose events may have dropped
+// blocks but cannot be read resyncs the worker once, at the last of them:
+// what was stored before it is dropped, what comes after applies.
+func TestUndecodableLossesResyncOnce(t *testing.T) {
+	ix := newZMQIndex(t)
+	s, err := NewZMQSubscriber(ix, ZMQConfig{Endpoint: "tcp://127.0.0.1:1", Slot: zmqTestSlot, Model: testModel, BlockSize: testBlockSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.offer(0, mpNotation(t, `[1.5, [["BlockStored", [1], null, [1, 2, 3, 4], 4, null], ["BlockRemoved", [true]],
+		["BlockRemoved", [true]], ["BlockStored", [2], null, [5, 6, 7, 8], 4, null], ["BlockRemoved", [true]],
+		["BlockStored", [3], null, [9, 10, 11, 12], 4, null]]]`))
+	st := s.Stats()
+	if st.Resyncs != 1 || st.BadEvents != 3 || st.StoredBlocks != 3 || ix.Stats().WorkerBlocks[zmqTestSlot] != 1 {
+		t.Fatalf("stats %+v, worker blocks %d; want one resync and the last block held", st, ix.Stats().WorkerBlocks[zmqTestSlot])
+	}
+}
+
+// TestGroupSpecClampsTheWindow: a sliding window near 2^63 tokens needs
+// many blocks, not (wrapped negative) one.
+func TestGroupSpecClampsTheWindow(t *testing.T) {
+	for _, w := range []int64{math.MaxInt64, math.MaxInt64 - 2, 1 << 62, 64} {
+		if g := groupSpec([]byte("sliding_window"), w, 16); g.Kind != radix.Windowed || g.WindowBlocks < 4 {
+			t.Errorf("window %d: %+v", w, g)
+		}
+	}
+}
+
+// TestZMQRepeatedComplaintsAreThrottled: what an engine can make happen
+// on every batch (a replay that fails, a group that changes kind) is
+// logged once a minute, not once each time.
+func TestZMQRepeatedComplaintsAreThrottled(t *testing.T) {
+	var log lockedBuffer
+	s, err := NewZMQSubscriber(newZMQIndex(t), ZMQConfig{Endpoint: "tcp://127.0.0.1:1", Replay: freeTCPEndpoint(t),
+		Slot: zmqTestSlot, Model: testModel, BlockSize: testBlockSize, DialTimeout: time.Second,
+		Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if res := s.replay(context.Background(), 0, 5, false); res != replayFailed {
+			t.Fatalf("a replay from a closed port: %v", res)
+		}
+		kind := "sliding_window"
+		if i%2 == 1 {
+			kind = "full_attention"
+		}
+		s.learnGroup(1, []byte(kind), 128)
+	}
+	for _, line := range []string{"KV-event replay failed", "KV-cache groups of a hybrid model"} {
+		if n := strings.Count(log.String(), line); n != 1 {
+			t.Errorf("%q logged %d times, want once", line, n)
+		}
+	}
 }
