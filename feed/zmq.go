@@ -213,8 +213,12 @@ func (s *ZMQSubscriber) Run(ctx context.Context) error {
 			wait = s.cfg.RedialMin
 		}
 		s.c.disconnects.Add(1)
-		s.cfg.Logger.Debug("KV-event feed lost, redialling", "endpoint", s.cfg.Endpoint, "slot", s.cfg.Slot,
-			"err", err, "in", wait)
+		// Said at warning level, once a minute: an endpoint that cannot
+		// be reached (a wrong zmq= port, an engine started without
+		// --kv-events-config) otherwise showed only as
+		// kvfast_zmq_connected 0.
+		s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "lost", "KV-event feed down, redialling",
+			"endpoint", s.cfg.Endpoint, "slot", s.cfg.Slot, "err", err, "in", wait)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

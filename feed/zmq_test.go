@@ -993,6 +993,19 @@ func TestZMQRedialsUntilTheEngineComesUp(t *testing.T) {
 	}
 }
 
+// TestZMQUnreachableFeedIsLogged: an endpoint nothing listens on is
+// said at warning level, once a minute however often it is redialled.
+func TestZMQUnreachableFeedIsLogged(t *testing.T) {
+	var log lockedBuffer
+	s := startSub(t, newZMQIndex(t), &testEngine{ep: freeTCPEndpoint(t)}, func(c *ZMQConfig) {
+		c.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	})
+	waitFor(t, func() bool { return s.Stats().Disconnects >= 3 }, func() any { return s.Stats() })
+	if n := strings.Count(log.String(), "level=WARN msg=\"KV-event feed down, redialling\""); n != 1 {
+		t.Errorf("logged %d times, want once:\n%s", n, log.String())
+	}
+}
+
 func TestZMQRunTwice(t *testing.T) {
 	s, err := NewZMQSubscriber(newZMQIndex(t), ZMQConfig{Endpoint: freeTCPEndpoint(t), Slot: 1, Model: "m"})
 	if err != nil {
