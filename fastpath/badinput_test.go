@@ -35,6 +35,7 @@ func TestBadInput(t *testing.T) {
 		node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel},
 		node.StaticWorker{ID: 2, DPRank: 0, Endpoint: eng.addr(), Model: e2eModel},
 		node.StaticWorker{ID: 2, DPRank: 1, Endpoint: eng.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 3, Endpoint: eng.addr(), Model: "other-model"},
 	)
 	cfg.HTTP.MaxBodyBytes = maxBody
 	cfg.HTTP.MaxTokenID = 1000
@@ -88,6 +89,8 @@ func TestBadInput(t *testing.T) {
 		{name: "unknown pinned worker", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "99"}, status: 404, code: "worker_not_found"},
 		{name: "unknown pinned rank", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "2", fastpath.HeaderDPRank: "7"}, status: 404, code: "worker_not_found"},
 		{name: "ambiguous pin", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "2"}, status: 400, code: "ambiguous_pin"},
+		{name: "pin outside the allow-list", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "1", fastpath.HeaderAllow: "2"}, status: 400, code: "pin_excluded"},
+		{name: "pin to a worker without the model", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "3"}, status: 400, code: "pin_excluded"},
 		// Bad hint headers.
 		{name: "worker not a number", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "abc"}, status: 400, code: "invalid_header"},
 		{name: "negative worker", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "-1"}, status: 400, code: "invalid_header"},

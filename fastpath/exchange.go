@@ -832,6 +832,10 @@ func (ex *exchange) failSelect(ctx *fasthttp.RequestCtx, err error) {
 	case errors.Is(err, sched.ErrPinnedWorkerNotFound):
 		ex.count(statusClientError)
 		writeError(ctx, fasthttp.StatusNotFound, errUnknownPinnedWorker)
+	case errors.Is(err, sched.ErrPinExcluded):
+		// Not a 503: a client told to retry would retry for ever.
+		ex.count(statusClientError)
+		writeError(ctx, fasthttp.StatusBadRequest, errPinExcluded)
 	case errors.Is(err, sched.ErrInvalidRequest):
 		ex.count(statusClientError)
 		writeError(ctx, fasthttp.StatusBadRequest, &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Code: "invalid_request", Message: err.Error()})
@@ -940,6 +944,8 @@ var (
 		Message: "no healthy worker can serve this request now"}
 	errUnknownPinnedWorker = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Param: HeaderWorker, Code: "worker_not_found",
 		Message: "the pinned worker and DP rank are not in the worker set"}
+	errPinExcluded = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderWorker, Code: "pin_excluded",
+		Message: "the pinned worker is excluded by the request itself: it is not in " + HeaderAllow + ", does not serve the requested model, or does not serve this endpoint (its role)"}
 	errShuttingDown = &openai.Error{Status: 503, Type: openai.TypeServerError, Code: "shutting_down",
 		Message: "the router is shutting down; retry on another router"}
 	errClientGone = &openai.Error{Status: 503, Type: openai.TypeServerError, Code: "client_gone",

@@ -12,6 +12,12 @@ var (
 	// request is refused rather than queued.
 	ErrNoEligibleWorker = errors.New("kvfast: no eligible worker")
 
+	// ErrPinExcluded means the request's own filters (its model, its
+	// allow-list, its endpoint's stage) exclude the worker it pins: the
+	// request contradicts itself, which waiting cannot mend. It is an
+	// ErrNoEligibleWorker too.
+	ErrPinExcluded = fmt.Errorf("%w: the request's model, allow-list or endpoint excludes the pinned worker", ErrNoEligibleWorker)
+
 	// ErrPinnedWorkerNotFound means the pinned (worker id, DP rank) pair is
 	// not in the worker set. The rank is never guessed: rank 0 is a real
 	// rank, and an unknown rank is this error rather than a fallback.
@@ -50,8 +56,8 @@ func (e *OverloadError) Error() string {
 func (e *OverloadError) Unwrap() error { return ErrOverloaded }
 
 // PinError reports a pin that cannot be honoured: the pair is unknown
-// (ErrPinnedWorkerNotFound) or known but unhealthy or filtered out
-// (ErrNoEligibleWorker).
+// (ErrPinnedWorkerNotFound), excluded by the request's own filters
+// (ErrPinExcluded), or unhealthy (ErrNoEligibleWorker).
 type PinError struct {
 	WorkerID uint64
 	DPRank   uint32

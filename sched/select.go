@@ -226,7 +226,10 @@ func (s *Scheduler) candidates(ws *workerSet, req *Request) (filtered, healthy w
 		if !ok {
 			return 0, 0, &PinError{WorkerID: req.PinWorker, DPRank: req.PinRank, Err: ErrPinnedWorkerNotFound}
 		}
-		if !(set & up).Has(w) {
+		if !set.Has(w) {
+			return 0, 0, &PinError{WorkerID: req.PinWorker, DPRank: req.PinRank, Err: ErrPinExcluded}
+		}
+		if !up.Has(w) {
 			return 0, 0, &PinError{WorkerID: req.PinWorker, DPRank: req.PinRank, Err: ErrNoEligibleWorker}
 		}
 		set = workers.SetOf(w)
