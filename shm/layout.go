@@ -176,18 +176,30 @@ type Header struct {
 	Bindings       int
 }
 
+// checkMagic refuses head, a file's first bytes (up to len(magic)), unless
+// it is the magic or empty. It runs before any size check: a short file of
+// someone's data is not a truncated segment, and calling it one would tell
+// the operator that --recreate-segment may replace it. An empty file holds
+// nothing to lose.
+func checkMagic(path string, head []byte) error {
+	if len(head) > 0 && string(head) != magic {
+		return &NotSegmentError{Path: path}
+	}
+	return nil
+}
+
 // decodeHeader checks b (the whole mapped file, or at least its first
 // page) against the layout its two free parameters imply. Every stored
 // offset and size must equal the recomputed one and fit in fileLen, so a
 // header that passes cannot point anywhere outside the file.
 func decodeHeader(path string, b []byte, fileLen int64) (layout, Header, error) {
+	if err := checkMagic(path, b[:min(len(b), len(magic))]); err != nil {
+		return layout{}, Header{}, err
+	}
 	if fileLen < headerSize || len(b) < headerSize {
 		return layout{}, Header{}, &CorruptError{Path: path, Reason: fmt.Sprintf("file is %d bytes, shorter than the %d-byte header (truncated?)", fileLen, headerSize)}
 	}
 	le := binary.LittleEndian
-	if string(b[hMagic:hMagic+8]) != magic {
-		return layout{}, Header{}, &NotSegmentError{Path: path}
-	}
 	if v := le.Uint32(b[hVersion:]); v != LayoutVersion {
 		return layout{}, Header{}, &VersionError{Path: path, Have: v, Want: LayoutVersion}
 	}

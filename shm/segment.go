@@ -143,8 +143,8 @@ func recreate(path string, opts Options) (*Segment, error) {
 
 // checkReplaceable refuses to let recreate replace what is not a kvfast
 // segment: a directory, or a file whose first bytes are not the magic (a
-// mistyped path naming someone's data). A missing, empty or short file,
-// or a segment however damaged, may be replaced.
+// mistyped path naming someone's data), however short. A missing or empty
+// file, or a segment however damaged, may be replaced.
 func checkReplaceable(path string) error {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -158,10 +158,11 @@ func checkReplaceable(path string) error {
 		return fmt.Errorf("cannot recreate shm segment %s: not a regular file", path)
 	}
 	var head [len(magic)]byte
-	if n, _ := io.ReadFull(f, head[:]); n == len(head) && string(head[:]) != magic {
-		return &NotSegmentError{Path: path}
+	n, err := io.ReadFull(f, head[:])
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("cannot recreate shm segment %s: %w", path, err)
 	}
-	return nil
+	return checkMagic(path, head[:n])
 }
 
 // create formats a new segment in a temporary file and only then makes it
@@ -267,23 +268,21 @@ func attach(path string, withIndex, allowForeign bool) (*Segment, error) {
 		}
 	}
 	size := st.Size()
-	if size < headerSize {
+	// Validate the header from a private copy first: mapping a huge file
+	// only to refuse it would be wasteful, and the copy cannot change
+	// under us while we check it. The copy is whatever the file has, so
+	// that a short file is judged by its magic before its size.
+	var hb [headerSize]byte
+	n, err := f.ReadAt(hb[:], 0)
+	if err != nil && !errors.Is(err, io.EOF) {
 		f.Close()
-		return nil, &CorruptError{Path: path, Reason: fmt.Sprintf("file is %d bytes, shorter than the %d-byte header (truncated?)", size, headerSize)}
+		return nil, fmt.Errorf("cannot attach shm segment %s: %w", path, err)
 	}
 	if size > 1<<41 {
 		f.Close()
 		return nil, &CorruptError{Path: path, Reason: fmt.Sprintf("file is %d bytes, larger than any layout", size)}
 	}
-	// Validate the header from a private copy first: mapping a huge file
-	// only to refuse it would be wasteful, and the copy cannot change
-	// under us while we check it.
-	var hb [headerSize]byte
-	if _, err := f.ReadAt(hb[:], 0); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("cannot attach shm segment %s: %w", path, err)
-	}
-	lay, hdr, err := decodeHeader(path, hb[:], size)
+	lay, hdr, err := decodeHeader(path, hb[:n], size)
 	if err != nil {
 		f.Close()
 		return nil, err

@@ -89,6 +89,16 @@ func TestSegmentRefusals(t *testing.T) {
 		}, func(err error) bool { return errors.As(err, new(*VersionError)) }},
 		{"bad magic", func(t *testing.T, _ string, b []byte) []byte { b[0] ^= 0xff; return b },
 			func(err error) bool { return errors.As(err, new(*NotSegmentError)) }},
+		// Shorter than the magic or the header, yet not a segment: the magic
+		// is checked first, so neither is taken for a truncated segment.
+		{"six bytes of data", func(t *testing.T, _ string, b []byte) []byte { return []byte("hello\n") },
+			func(err error) bool { return errors.As(err, new(*NotSegmentError)) }},
+		{"nineteen bytes of data", func(t *testing.T, _ string, b []byte) []byte { return []byte("not a segment, data") },
+			func(err error) bool { return errors.As(err, new(*NotSegmentError)) }},
+		{"empty", func(t *testing.T, _ string, b []byte) []byte { return nil },
+			func(err error) bool { return errors.As(err, new(*CorruptError)) }},
+		{"magic only", func(t *testing.T, _ string, b []byte) []byte { return b[:len(magic)] },
+			func(err error) bool { return errors.As(err, new(*CorruptError)) }},
 		{"checksum", func(t *testing.T, _ string, b []byte) []byte { b[hRingBytes] ^= 1; return b },
 			func(err error) bool { return errors.As(err, new(*CorruptError)) }},
 		{"consistent but lying offset", func(t *testing.T, _ string, b []byte) []byte {
@@ -128,8 +138,12 @@ func TestSegmentRefusals(t *testing.T) {
 			if _, err := Register(path, WorkerConfig{BlockSize: 16}); tc.name != "corrupt index region" && !errors.Is(err, ErrIncompatible) {
 				t.Fatalf("publisher attached a refused segment: %v", err)
 			}
-			if tc.name == "bad magic" {
-				// Not a segment, maybe someone's data: never overwritten.
+			if errors.As(err, new(*NotSegmentError)) {
+				// Not a segment, maybe someone's data: never overwritten, and
+				// the first refusal must not suggest that it may be.
+				if strings.Contains(err.Error(), recreateHint) {
+					t.Fatalf("refusal of a file that is not a segment suggests recreating it: %v", err)
+				}
 				before, _ := os.ReadFile(path)
 				if _, err := Open(path, Options{Index: testIndex, Recreate: true}); !errors.As(err, new(*NotSegmentError)) {
 					t.Fatalf("recreate over a file that is not a segment: %v", err)

@@ -182,12 +182,16 @@ class KvfastPublisher:
 
     def _attach(self, path):
         size = os.fstat(self._fd).st_size
-        if size < HEADER_SIZE:
+        hdr = os.pread(self._fd, HEADER_SIZE, 0)
+        # The magic before the size, as the router checks: a short file of
+        # someone's data is not a truncated segment that the router may
+        # recreate over.
+        if hdr and hdr[0:8] != MAGIC:
+            raise SegmentError("%s: not a kvfast segment (it does not begin with %r): check the path; "
+                               "the router will not overwrite it, even with --recreate-segment" % (path, MAGIC.decode()))
+        if size < HEADER_SIZE or len(hdr) < HEADER_SIZE:
             raise SegmentError("%s: file is %d bytes, shorter than the header (truncated?); "
                                "delete it or start the router with --recreate-segment" % (path, size))
-        hdr = os.pread(self._fd, HEADER_SIZE, 0)
-        if hdr[0:8] != MAGIC:
-            raise SegmentError("%s: not a kvfast segment (bad magic)" % path)
         version = struct.unpack_from("<I", hdr, 8)[0]
         if version != LAYOUT_VERSION:
             raise SegmentError("%s: layout version %d, this publisher writes %d; "

@@ -156,5 +156,21 @@ class EngineBeforeRouterTest(unittest.TestCase):
             kvfast_vllm.KvfastEventPublisher(endpoint=self.path)
 
 
+class AttachTest(unittest.TestCase):
+    def test_short_file_is_not_a_segment(self):
+        # The magic is checked before the size, as the router does: a
+        # short file of data is not called a truncated segment, which would
+        # suggest --recreate-segment (the router refuses to replace it).
+        with tempfile.TemporaryDirectory() as d:
+            for data, want in [(b"hello\n", "not a kvfast segment"), (b"not a segment, data", "not a kvfast segment"),
+                               (b"", "truncated?"), (b"KVFASTSG", "truncated?")]:
+                path = os.path.join(d, "seg")
+                with open(path, "wb") as f:
+                    f.write(data)
+                with self.assertRaises(kvfast_publisher.SegmentError) as cm:
+                    kvfast_publisher.KvfastPublisher(path, 1, "m", 16)
+                self.assertIn(want, str(cm.exception), data)
+
+
 if __name__ == "__main__":
     unittest.main()
