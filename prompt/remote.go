@@ -393,6 +393,10 @@ func retryStaleConn(_ *fasthttp.Request, attempts int, err error) (resetTimeout,
 type Failure struct {
 	Kind   error
 	Detail string
+	// Status is the engine's HTTP status, 0 when it did not answer: a
+	// caller's advice depends on it (401 and 403 ask for a key, 404 for
+	// another model).
+	Status int
 }
 
 func (f *Failure) Error() string { return f.Kind.Error() + ": " + f.Detail }
@@ -403,16 +407,18 @@ func (f *Failure) Unwrap() error { return f.Kind }
 // allocate; the path that renders does not.
 func (rm *Remote) fail(kind error, c *remoteCall, st *engineState, cause error) error {
 	detail := "POST " + st.addr + string(c.req.URI().PathOriginal())
+	status := 0
 	if cause != nil {
 		detail += ": " + cause.Error()
 	} else {
+		status = c.resp.StatusCode()
 		body := c.resp.Body()
 		if len(body) > 300 {
 			body = body[:300]
 		}
 		detail += ": status " + strconv.Itoa(c.resp.StatusCode()) + ": " + string(body)
 	}
-	f := &Failure{Kind: kind, Detail: detail}
+	f := &Failure{Kind: kind, Detail: detail, Status: status}
 	rm.lastErr.Store(f)
 	return f
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strconv"
 	"time"
@@ -131,7 +132,10 @@ func tokenizeCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) i
 	ids, err := rd.Tokens(context.Background(), nil, api, body, &req)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvfast tokenize: cannot tokenize:", err)
-		if errors.Is(err, prompt.ErrRejected) && *keyFile == "" {
+		// Only an engine that refuses the caller wants the key; a 404 for an
+		// unknown model, say, wants another --model.
+		var f *prompt.Failure
+		if errors.As(err, &f) && (f.Status == http.StatusUnauthorized || f.Status == http.StatusForbidden) && *keyFile == "" {
 			fmt.Fprintln(stderr, "kvfast tokenize: an engine started with --api-key wants it: --engine-api-key-file")
 		}
 		return 1

@@ -69,6 +69,7 @@ func TestTokenizeCommand(t *testing.T) {
 		code  int
 		says  string
 	}{
+		// An unknown model is not a missing key: no --engine-api-key-file hint.
 		{"x", []string{"--tokenizer", e.URL(), "--model", "other"}, 1, "status 404"},
 		{"x", []string{"--tokenizer", dir}, 1, "cannot load"},
 		{"x", []string{"--tokenizer", filepath.Join(dir, "missing")}, 1, "tokenizer.json"},
@@ -79,8 +80,8 @@ func TestTokenizeCommand(t *testing.T) {
 		{"x", []string{"--tokenizer", e.URL(), "--timeout", "0s"}, 2, "timeout"},
 	} {
 		code, out, errOut := run(tc.stdin, tc.args...)
-		if code != tc.code || out != "" || !strings.Contains(errOut, tc.says) {
-			t.Errorf("%q < %q: exit %d, stdout %q, stderr %q; want exit %d saying %q", tc.args, tc.stdin, code, out, errOut, tc.code, tc.says)
+		if code != tc.code || out != "" || !strings.Contains(errOut, tc.says) || strings.Contains(errOut, "--engine-api-key-file") {
+			t.Errorf("%q < %q: exit %d, stdout %q, stderr %q; want exit %d saying %q, and no hint of an engine key", tc.args, tc.stdin, code, out, errOut, tc.code, tc.says)
 		}
 	}
 }
@@ -104,8 +105,9 @@ func TestTokenizeWithEngineKey(t *testing.T) {
 	}
 	out.Reset()
 	errOut.Reset()
-	if code := tokenizeCommand([]string{"--tokenizer", e.URL(), "--chat"}, strings.NewReader(chat), &out, &errOut); code == 0 || !strings.Contains(errOut.String(), "401") {
-		t.Errorf("without the key: exit %d: %s; want the engine's 401", code, errOut.String())
+	if code := tokenizeCommand([]string{"--tokenizer", e.URL(), "--chat"}, strings.NewReader(chat), &out, &errOut); code == 0 ||
+		!strings.Contains(errOut.String(), "401") || !strings.Contains(errOut.String(), "--engine-api-key-file") {
+		t.Errorf("without the key: exit %d: %s; want the engine's 401 and the hint of --engine-api-key-file", code, errOut.String())
 	}
 	if strings.Contains(errOut.String(), "engine-key") {
 		t.Errorf("the error quotes the key: %s", errOut.String())
