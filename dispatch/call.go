@@ -217,7 +217,7 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 		}
 		ferr := &Error{Slot: slot, Addr: e.addr, Op: "forward to", Kind: kind, Cause: err}
 		if de := (*dialError)(nil); errors.As(err, &de) {
-			e.connectFailed() // refused or unreachable, not merely busy
+			e.connectFailed(de) // refused or unreachable, not merely busy
 		}
 		if isEngineFault(kind) && !errors.Is(err, fasthttp.ErrNoFreeConns) {
 			c.judge(false)

@@ -184,7 +184,12 @@ func TestConnectFailureIsRetryable(t *testing.T) {
 	good := serve(t, sseEngine(vllmStream(2), 0, nil), nil)
 	flips := make(chan string, 4)
 	pool := NewPool(Config{Health: HealthConfig{Interval: time.Hour,
-		OnChange: func(slot workers.Slot, _ string, h bool) { flips <- fmt.Sprint(slot, h) }}})
+		OnChange: func(slot workers.Slot, _ string, h bool, cause error) {
+			if !h && (cause == nil || !strings.Contains(cause.Error(), "connection refused")) {
+				t.Errorf("slot %d turned unroutable for %v, want the refused connection", slot, cause)
+			}
+			flips <- fmt.Sprint(slot, h)
+		}}})
 	defer pool.Close()
 	mustAdd(t, pool, 5, closedAddr(t))
 	mustAdd(t, pool, 6, good)
@@ -410,7 +415,7 @@ func TestHealthChecks(t *testing.T) {
 	flips := make(chan bool, 16)
 	pool := NewPool(Config{Health: HealthConfig{
 		Path: "/healthz", Interval: 10 * time.Millisecond, Timeout: time.Second, FailAfter: 2, RecoverAfter: 2,
-		OnChange: func(slot workers.Slot, addr string, healthy bool) {
+		OnChange: func(slot workers.Slot, addr string, healthy bool, _ error) {
 			if slot != 7 || addr != engine {
 				t.Errorf("OnChange(%d, %s)", slot, addr)
 			}
@@ -452,15 +457,23 @@ func TestHealthChecks(t *testing.T) {
 }
 
 func TestHealthCheckOfDeadEngine(t *testing.T) {
-	flips := make(chan bool, 4)
+	type flip struct {
+		healthy bool
+		cause   error
+	}
+	flips := make(chan flip, 4)
 	pool := NewPool(Config{Health: HealthConfig{Interval: 10 * time.Millisecond, Timeout: 200 * time.Millisecond,
-		OnChange: func(_ workers.Slot, _ string, h bool) { flips <- h }}})
+		OnChange: func(_ workers.Slot, _ string, h bool, cause error) { flips <- flip{h, cause} }}})
 	defer pool.Close()
 	mustAdd(t, pool, 0, closedAddr(t))
 	select {
-	case h := <-flips:
-		if h {
+	case f := <-flips:
+		if f.healthy {
 			t.Fatal("a dead engine stays healthy")
+		}
+		// The operator's question: why.
+		if f.cause == nil || !strings.Contains(f.cause.Error(), "connection refused") {
+			t.Fatalf("a dead engine turned unhealthy for %v, want the refused connection", f.cause)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("a dead engine was never marked unhealthy")
@@ -531,7 +544,7 @@ func TestBusyEngineIsRetryableButHealthy(t *testing.T) {
 	}, nil)
 	flips := make(chan string, 4)
 	pool := NewPool(Config{MaxConnsPerEngine: 1, Health: HealthConfig{Interval: time.Hour,
-		OnChange: func(slot workers.Slot, _ string, h bool) { flips <- fmt.Sprint(slot, h) }}})
+		OnChange: func(slot workers.Slot, _ string, h bool, _ error) { flips <- fmt.Sprint(slot, h) }}})
 	defer pool.Close()
 	mustAdd(t, pool, 0, engine)
 	first := pool.AcquireCall()

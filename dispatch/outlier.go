@@ -131,7 +131,7 @@ func (e *Engine) eject(now int64) {
 	o.requests.Store(0)
 	o.failures.Store(0)
 	o.timer = time.AfterFunc(d, e.unEject)
-	e.reportLocked()
+	e.reportLocked(nil)
 }
 
 // unEject returns e to selection when its ejection ends. It starts with a
@@ -145,7 +145,7 @@ func (e *Engine) unEject() {
 	}
 	e.endEjectionLocked()
 	o.returnedAt = clock.Now()
-	e.reportLocked()
+	e.reportLocked(nil)
 }
 
 // endEjectionLocked clears e's ejection and gives its allowance back.

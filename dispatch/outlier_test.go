@@ -19,7 +19,7 @@ type flips struct {
 	log map[workers.Slot][]bool
 }
 
-func (f *flips) onChange(slot workers.Slot, _ string, routable bool) {
+func (f *flips) onChange(slot workers.Slot, _ string, routable bool, _ error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.log == nil {

@@ -47,8 +47,12 @@ type HealthConfig struct {
 	// with the new state: routable means passing the active checks and not
 	// ejected by passive health (OutlierConfig). Calls for one engine are
 	// serialised and in order, and none comes after Remove returned. It
-	// must not call Pool.Add, Remove or Close.
-	OnChange func(slot workers.Slot, addr string, healthy bool)
+	// must not call Pool.Add, Remove or Close. cause says why an engine
+	// turned unroutable, for the operator: the failed check's error or
+	// status, or the refused connection of a request. It is nil when the
+	// engine turns routable, and for an ejection, which Engine.Outlier
+	// describes.
+	OnChange func(slot workers.Slot, addr string, healthy bool, cause error)
 }
 
 // Config configures a Pool.
@@ -337,37 +341,40 @@ func (p *Pool) Engine(slot workers.Slot) *Engine {
 // setHealthy records an active health verdict and reports a flip. A
 // removed engine's late verdict is dropped, so it cannot mark the slot
 // healthy again.
-func (e *Engine) setHealthy(h bool) {
+func (e *Engine) setHealthy(h bool, cause error) {
 	e.healthMu.Lock()
 	defer e.healthMu.Unlock()
 	if e.healthy == h || e.pool.engines[e.slot].Load() != e {
 		return
 	}
 	e.healthy = h
-	e.reportLocked()
+	e.reportLocked(cause)
 }
 
 // reportLocked tells OnChange when e's routability (active health passing
 // and no ejection) flipped. Both kinds of verdict go through here, so the
 // selector sees one bit per engine and a passing /health cannot undo an
 // ejection.
-func (e *Engine) reportLocked() {
+func (e *Engine) reportLocked(cause error) {
 	r := e.healthy && !e.out.ejected.Load()
 	if r == e.routable {
 		return
 	}
 	e.routable = r
+	if r {
+		cause = nil
+	}
 	if f := e.pool.cfg.Health.OnChange; f != nil {
-		f(e.slot, e.addr, r)
+		f(e.slot, e.addr, r, cause)
 	}
 }
 
 // connectFailed is the passive half of health checking: a refused connection
 // is as clear a verdict as a failed check, so with active checks running to
 // bring the engine back, take it out of selection at once.
-func (e *Engine) connectFailed() {
+func (e *Engine) connectFailed(cause error) {
 	if e.stop != nil {
-		e.setHealthy(false)
+		e.setHealthy(false, cause)
 	}
 }
 
@@ -405,7 +412,7 @@ func (e *Engine) checkHealth() {
 		if err == nil && resp.StatusCode() >= 200 && resp.StatusCode() < 300 {
 			fails, oks, proven = 0, oks+1, true
 			if oks >= cfg.RecoverAfter {
-				e.setHealthy(true)
+				e.setHealthy(true, nil)
 			}
 		} else {
 			fails, oks = fails+1, 0
@@ -414,7 +421,12 @@ func (e *Engine) checkHealth() {
 			// first check says otherwise, so /ready does not report a
 			// router ready on engines it cannot reach.
 			if fails >= cfg.FailAfter || !proven {
-				e.setHealthy(false)
+				if err == nil {
+					err = fmt.Errorf("health check GET %s answered status %d", cfg.Path, resp.StatusCode())
+				} else {
+					err = fmt.Errorf("health check GET %s: %w", cfg.Path, err)
+				}
+				e.setHealthy(false, err)
 			}
 		}
 		select {

@@ -263,14 +263,22 @@ func slotList(set workers.Set) []int {
 // healthChanged is the engine pool's health hook: the scheduler routes
 // only to engines that pass their checks and are not ejected for failing
 // requests.
-func (n *Node) healthChanged(slot workers.Slot, addr string, healthy bool) {
+func (n *Node) healthChanged(slot workers.Slot, addr string, healthy bool, cause error) {
 	n.sched.SetHealthy(slot, healthy)
 	var o dispatch.OutlierStatus
 	if e := n.engines.Engine(slot); e != nil {
 		o = e.Outlier()
 	}
-	n.log.Warn("engine health changed", "slot", slot, "addr", addr, "healthy", healthy,
-		"ejected", o.Ejected, "ejected_for", o.Remaining, "ejections", o.Ejections)
+	args := []any{"slot", slot, "addr", addr, "healthy", healthy,
+		"ejected", o.Ejected, "ejected_for", o.Remaining, "ejections", o.Ejections}
+	if cause != nil {
+		// The operator's first question about an engine gone unhealthy. It
+		// holds no credential: addr is host:port (a worker URL's user info
+		// is dropped when it is parsed), and checks and dials quote no
+		// header.
+		args = append(args, "err", cause)
+	}
+	n.log.Warn("engine health changed", args...)
 }
 
 // every runs f each period until ctx ends.

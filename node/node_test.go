@@ -379,6 +379,64 @@ func (h countLog) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
+// recordLog keeps the attributes of each record with message msg (those
+// of the call; a logger's With attributes are not kept).
+type recordLog struct {
+	msg  string
+	mu   sync.Mutex
+	recs []map[string]string
+}
+
+func (h *recordLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *recordLog) WithGroup(string) slog.Handler            { return h }
+func (h *recordLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != h.msg {
+		return nil
+	}
+	m := map[string]string{}
+	r.Attrs(func(a slog.Attr) bool {
+		m[a.Key] = a.Value.String()
+		return true
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.recs = append(h.recs, m)
+	return nil
+}
+
+func (h *recordLog) records() []map[string]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]map[string]string(nil), h.recs...)
+}
+
+// TestUnhealthyEngineSaysWhy: an unreachable static worker's health
+// change says why (the refused connection), not only healthy=false, and
+// the user info of its URL stays out of the log.
+func TestUnhealthyEngineSaysWhy(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Segment.Path = ""
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://user:s3cret@" + deadAddr(t), Model: "m"}}
+	logged := &recordLog{msg: "engine health changed"}
+	cfg.Logger = slog.New(logged)
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	waitFor(t, "the health change", func() bool { return len(logged.records()) > 0 })
+	rec := logged.records()[0]
+	if rec["healthy"] != "false" || !strings.Contains(rec["err"], "connection refused") {
+		t.Fatalf("health change %v: want healthy=false and err naming the refused connection", rec)
+	}
+	for k, v := range rec {
+		if strings.Contains(v, "s3cret") {
+			t.Fatalf("the log quotes the URL's password in %s: %v", k, rec)
+		}
+	}
+}
+
 // TestRefusedRegistration: an engine the router cannot route to (its
 // block size differs) is reported once, not at every registry poll, and
 // a routable worker whose slot re-registers with a refused registration
