@@ -45,28 +45,36 @@ class KvfastEventPublisher:
     "endpoint" when it is a file path (e.g. "/dev/shm/kvfast"), else from
     KVFAST_SEGMENT. The rest comes from the environment:
     KVFAST_WORKER_ID (default 0: give each engine on the node its own, or
-    the second to start is refused with WorkerLive), KVFAST_MODEL,
-    KVFAST_BLOCK_SIZE (default 16), KVFAST_ENDPOINT (the engine's HTTP URL),
+    the second to start is refused with WorkerLive), KVFAST_MODEL (the
+    served model name, required: vLLM does not pass it), KVFAST_BLOCK_SIZE (default 16), KVFAST_ENDPOINT (the engine's HTTP URL),
     KVFAST_KV_BLOCKS, KVFAST_HEARTBEAT_S (default 1).
 
     The segment need not exist yet: an engine may start before its router
     (a container, a unit without the ordering). The publisher then starts
     unregistered, with _pub None, counts the batches it is given in
     dropped, and registers at the first heartbeat that finds the segment,
-    as it does after losing a registration. A misconfiguration (a bad
-    block size, a worker id another live engine holds, a segment of
-    another layout) still raises here, where the engine's log shows it.
+    as it does after losing a registration. A misconfiguration (no model
+    name, a bad block size, a worker id another live engine holds, a
+    segment of another layout) still raises here, where the engine's log
+    shows it.
     """
 
     def __init__(self, data_parallel_rank=0, endpoint=None, attn_dp_rank=None, **_config):
         if attn_dp_rank is not None:
             data_parallel_rank = attn_dp_rank
         path = endpoint if endpoint and endpoint.startswith("/") else _env("KVFAST_SEGMENT", "/dev/shm/kvfast")
+        model = _env("KVFAST_MODEL")
+        if model is None:
+            # vLLM does not hand its publisher the served model name. A
+            # worker registered without one is listed under no model, so
+            # the router answers 404 to every request for it.
+            raise ValueError("kvfast: KVFAST_MODEL is not set: set it to the name clients send as \"model\" "
+                             "(vllm serve --served-model-name, else the model given to vllm serve)")
         self._dp_rank = int(data_parallel_rank or 0)
         self._args = dict(
             path=path,
             worker_id=int(_env("KVFAST_WORKER_ID", "0")),
-            model=_env("KVFAST_MODEL", ""),
+            model=model,
             block_size=int(_env("KVFAST_BLOCK_SIZE", "16")),
             dp_rank=self._dp_rank,
             kv_capacity_blocks=int(_env("KVFAST_KV_BLOCKS", "0")),

@@ -155,6 +155,20 @@ class EngineBeforeRouterTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             kvfast_vllm.KvfastEventPublisher(endpoint=self.path)
 
+    def test_model_is_required(self):
+        # Registered without a model name, the worker would be listed under
+        # none and the router would answer 404 for the served model.
+        format_segment(self.path)
+        for unset in ("", None):
+            if unset is None:
+                os.environ.pop("KVFAST_MODEL")
+            else:
+                os.environ["KVFAST_MODEL"] = unset
+            with self.assertRaises(ValueError) as cm:
+                kvfast_vllm.KvfastEventPublisher(endpoint=self.path)
+            self.assertIn("KVFAST_MODEL", str(cm.exception))
+            self.assertEqual(slot_state(self.path, 0)[0], kvfast_publisher.FREE)
+
 
 class AttachTest(unittest.TestCase):
     def test_short_file_is_not_a_segment(self):
