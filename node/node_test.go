@@ -437,6 +437,36 @@ func TestUnhealthyEngineSaysWhy(t *testing.T) {
 	}
 }
 
+// TestWorkerWithoutModelIsLogged: a publisher that registers no model
+// name (the vLLM adapter without KVFAST_MODEL) serves nothing through the
+// router; that is said once for the worker, not at every poll.
+func TestWorkerWithoutModelIsLogged(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.RegistryPoll = time.Hour     // the test drives syncRegistry itself
+	cfg.Dispatch.Health.Interval = 0 // no health checks
+	var warnings atomic.Int64
+	cfg.Logger = slog.New(countLog{msg: noModelMessage, n: &warnings})
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 3, BlockSize: cfg.Sched.BlockSize, Endpoint: "http://" + deadAddr(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for range 3 {
+		n.syncRegistry()
+	}
+	if len(n.Snapshot().Workers) != 1 {
+		t.Fatalf("the worker did not join: %+v", n.Snapshot().Workers)
+	}
+	if got := warnings.Load(); got != 1 {
+		t.Fatalf("a worker without a model was reported %d times over 3 polls, want once", got)
+	}
+}
+
 // TestRefusedRegistration: an engine the router cannot route to (its
 // block size differs) is reported once, not at every registry poll, and
 // a routable worker whose slot re-registers with a refused registration

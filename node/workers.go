@@ -128,6 +128,10 @@ const lostMessage = "the segment file shrank under the router (a process truncat
 	"routes on without its index, registry and sessions, so registered engines are dropped while static and ZMQ-fed " +
 	"workers stay; restart the router with --recreate-segment, then the engines' publishers"
 
+const noModelMessage = "a worker registered with no model name: the router lists no model for it in /v1/models and routes " +
+	"no request to it (a request naming its model gets 404); give its publisher the served model name " +
+	"(the vLLM adapter's KVFAST_MODEL)"
+
 // syncRegistry brings the worker set in line with the segment's registry
 // and copies every live worker's load page into the scheduler.
 func (n *Node) syncRegistry() {
@@ -224,6 +228,13 @@ func (n *Node) scanRegistry() {
 			}
 			n.log.Info("worker joined", "slot", slot, "worker", info.WorkerID, "dp_rank", info.DPRank,
 				"model", info.Model, "endpoint", addr, "generation", info.Generation)
+			if info.Model == "" {
+				// Nothing else would say why the engine's model is missing
+				// from /v1/models and its requests get 404. Throttled by
+				// slot, for an engine in a restart loop.
+				n.throttle.Log(n.log, slog.LevelWarn, "nomodel/"+strconv.Itoa(i), noModelMessage, "slot", slot,
+					"worker", info.WorkerID, "dp_rank", info.DPRank, "endpoint", addr)
+			}
 			*e = regEntry{present: true, generation: info.Generation, endpoint: info.Endpoint, model: info.Model}
 			changed = true
 		}
