@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/url"
 	"os"
 	"runtime/debug"
 	"strconv"
@@ -258,8 +260,40 @@ func (w *workerFlags) Set(v string) error {
 	if err != nil {
 		return err
 	}
+	// One engine and rank given twice would be two workers, each booking
+	// part of what the engine runs, so that neither sees its real load.
+	key := engineURL(sw.Endpoint)
+	for i, o := range *w {
+		if o.DPRank == sw.DPRank && engineURL(o.Endpoint) == key {
+			return fmt.Errorf("cannot add engine %s rank %d twice: it is --worker number %d already, and two workers on one engine "+
+				"would split its load accounting; give each rank behind one URL its own rank=, or drop the repeat", key, sw.DPRank, i+1)
+		}
+	}
 	*w = append(*w, sw)
 	return nil
+}
+
+// engineURL is the engine a --worker url= names, as the router dials it:
+// scheme http (the only one ParseStaticWorker takes), the host lowercased
+// and the port as a number. The path is left out because the router drops
+// it: http://h:1/a and http://h:1/b are one engine.
+func engineURL(endpoint string) string {
+	hostport := endpoint
+	if strings.Contains(endpoint, "://") {
+		u, err := url.Parse(endpoint)
+		if err != nil {
+			return endpoint
+		}
+		hostport = u.Host
+	}
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return endpoint
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err == nil {
+		port = strconv.FormatUint(p, 10)
+	}
+	return "http://" + net.JoinHostPort(strings.ToLower(host), port)
 }
 
 // applyEnv sets every flag not given on the command line from

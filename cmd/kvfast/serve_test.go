@@ -54,6 +54,27 @@ func TestServeConfig(t *testing.T) {
 			t.Errorf("static workers %+v", cfg.Static)
 		}
 	})
+	t.Run("one engine given twice", func(t *testing.T) {
+		// Two workers on one engine would split its load accounting: the
+		// same URL, however written, is refused unless the ranks differ.
+		for _, second := range []string{"url=http://127.0.0.1:9001", "url=HTTP://127.0.0.1:9001/", "url=127.0.0.1:09001,id=7",
+			"url=http://127.0.0.1:9001/v1,rank=0"} {
+			var stderr strings.Builder
+			args := []string{"--segment", "none", "--worker", "url=http://127.0.0.1:9001", "--worker", second}
+			if _, code, ok := serveConfig(args, &stderr); ok || code != 2 ||
+				!strings.Contains(stderr.String(), "flag -worker: cannot add engine http://127.0.0.1:9001 rank 0 twice: it is --worker number 1 already") {
+				t.Errorf("%q: ok %v, code %d, %s; want the repeated --worker refused", args, ok, code, stderr.String())
+			}
+		}
+		for _, args := range [][]string{
+			{"--worker", "url=http://127.0.0.1:9001,rank=0", "--worker", "url=http://127.0.0.1:9001,rank=1"},
+			{"--worker", "url=http://127.0.0.1:9001", "--worker", "url=http://127.0.0.1:9002"},
+		} {
+			if _, _, ok := serveConfig(append([]string{"--segment", "none"}, args...), io.Discard); !ok {
+				t.Errorf("%q refused", args)
+			}
+		}
+	})
 	t.Run("start-up and trust flags", func(t *testing.T) {
 		cfg, _, ok := serveConfig([]string{"--allow-foreign-segment", "--discovery-timeout", "3s"}, io.Discard)
 		if !ok || !cfg.Segment.AllowForeign || cfg.DiscoveryTimeout != 3*time.Second {
