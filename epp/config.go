@@ -109,20 +109,32 @@ func DefaultConfig() Config {
 // ErrInvalidConfig is what Validate's errors wrap.
 var ErrInvalidConfig = errors.New("kvfast: invalid endpoint-picker configuration")
 
+// configError is an invalid setting: its message says what is wrong, and
+// it matches ErrInvalidConfig without printing the sentinel's words, which
+// would only say again that it is invalid.
+type configError struct{ msg string }
+
+func (e *configError) Error() string { return e.msg }
+func (e *configError) Unwrap() error { return ErrInvalidConfig }
+
+func invalidf(format string, args ...any) error {
+	return &configError{msg: fmt.Sprintf(format, args...)}
+}
+
 // Validate reports the first setting the picker cannot run with.
 func (c *Config) Validate() error {
 	if c.Model == "" {
-		return fmt.Errorf("cannot pick without the pool's model, which seeds the block hashes: %w", ErrInvalidConfig)
+		return invalidf("cannot pick without the pool's model: give --model, the base model the pool serves, which seeds the block hashes")
 	}
 	if _, _, err := sched.ParsePolicy(c.Policy); err != nil {
-		return err
+		return fmt.Errorf("--policy: %w", err)
 	}
 	switch c.RequestBodyMode {
 	case extprocfilter.ProcessingMode_NONE, extprocfilter.ProcessingMode_BUFFERED,
 		extprocfilter.ProcessingMode_BUFFERED_PARTIAL, extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED:
 	default:
-		return fmt.Errorf("cannot assume request body mode %s: want NONE, BUFFERED, BUFFERED_PARTIAL or FULL_DUPLEX_STREAMED: %w",
-			c.RequestBodyMode, ErrInvalidConfig)
+		return invalidf("cannot assume request body mode %s: want NONE, BUFFERED, BUFFERED_PARTIAL or FULL_DUPLEX_STREAMED",
+			c.RequestBodyMode)
 	}
 	for _, v := range []struct {
 		name string
@@ -130,15 +142,15 @@ func (c *Config) Validate() error {
 	}{{"index capacity", c.IndexCapacity}, {"approx capacity", c.ApproxCapacity},
 		{"approx chunk bytes", c.ApproxChunkBytes}, {"max body bytes", c.MaxBodyBytes}} {
 		if v.n <= 0 {
-			return fmt.Errorf("cannot use %s %d: must be positive: %w", v.name, v.n, ErrInvalidConfig)
+			return invalidf("cannot use %s %d: must be positive", v.name, v.n)
 		}
 	}
 	if c.ApproxTTL <= 0 || c.QueueTimeout <= 0 || (c.QueryNodes && c.QueryTimeout <= 0) {
-		return fmt.Errorf("cannot use approx TTL %s, queue timeout %s and node query timeout %s: each must be positive: %w",
-			c.ApproxTTL, c.QueueTimeout, c.QueryTimeout, ErrInvalidConfig)
+		return invalidf("cannot use approx TTL %s, queue timeout %s and node query timeout %s: each must be positive",
+			c.ApproxTTL, c.QueueTimeout, c.QueryTimeout)
 	}
 	if c.Fallbacks < 0 || c.Fallbacks > 8 {
-		return fmt.Errorf("cannot name %d fallback endpoints: want 0 to 8: %w", c.Fallbacks, ErrInvalidConfig)
+		return invalidf("cannot name %d fallback endpoints: want 0 to 8", c.Fallbacks)
 	}
 	return nil
 }

@@ -280,7 +280,7 @@ func (c *Config) Validate() error {
 		seen[key] = i
 	}
 	if _, _, err := sched.ParsePolicy(c.Policy); err != nil {
-		return err
+		return fmt.Errorf("--policy: %w", err)
 	}
 	if err := c.Sched.Validate(); err != nil {
 		return err

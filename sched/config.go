@@ -1,7 +1,6 @@
 package sched
 
 import (
-	"fmt"
 	"math"
 	"time"
 
@@ -90,7 +89,7 @@ func (p CostParams) Validate() error {
 		{"eviction weight", p.EvictionWeight},
 	} {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
-			return fmt.Errorf("cannot use %s %v: want a finite number >= 0: %w", f.name, f.v, ErrInvalidConfig)
+			return invalidf("cannot use %s %v: want a finite number >= 0", f.name, f.v)
 		}
 	}
 	// A tier's block is worth at most a GPU block: more would send a
@@ -100,11 +99,11 @@ func (p CostParams) Validate() error {
 		v    float64
 	}{{"host tier weight", p.HostTierWeight}, {"disk tier weight", p.DiskTierWeight}} {
 		if w.v > 1 {
-			return fmt.Errorf("cannot use %s %v: want a weight in [0, 1] (a GPU block is 1): %w", w.name, w.v, ErrInvalidConfig)
+			return invalidf("cannot use %s %v: want a weight in [0, 1] (a GPU block is 1)", w.name, w.v)
 		}
 	}
 	if p.StallAfter < 0 {
-		return fmt.Errorf("cannot use stall time %v: want >= 0 (0: never stalled): %w", p.StallAfter, ErrInvalidConfig)
+		return invalidf("cannot use stall time %v: want >= 0 (0: never stalled)", p.StallAfter)
 	}
 	return nil
 }
@@ -126,10 +125,10 @@ type BusyThresholds struct {
 func (b BusyThresholds) Validate() error {
 	f := b.DecodeBlocksFraction
 	if math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
-		return fmt.Errorf("cannot use decode busy fraction %v: want a finite number >= 0 (0: off): %w", f, ErrInvalidConfig)
+		return invalidf("cannot use decode busy fraction %v: want a finite number >= 0 (0: off)", f)
 	}
 	if b.PrefillTokens < 0 {
-		return fmt.Errorf("cannot use prefill busy threshold %d tokens: %w", b.PrefillTokens, ErrInvalidConfig)
+		return invalidf("cannot use prefill busy threshold %d tokens", b.PrefillTokens)
 	}
 	return nil
 }
@@ -199,13 +198,13 @@ func (c Config) withDefaults() (Config, error) {
 		c.BlockSize = radix.DefaultBlockSize
 	}
 	if c.BlockSize < 0 || c.BlockSize > 1<<20 {
-		return c, fmt.Errorf("cannot use block size %d: %w", c.BlockSize, ErrInvalidConfig)
+		return c, invalidf("cannot use block size %d", c.BlockSize)
 	}
 	if c.ActiveBlocks == 0 {
 		c.ActiveBlocks = DefaultActiveBlocks
 	}
 	if c.ActiveBlocks < 0 || c.ActiveBlocks > 1<<30 {
-		return c, fmt.Errorf("cannot track %d active blocks: %w", c.ActiveBlocks, ErrInvalidConfig)
+		return c, invalidf("cannot track %d active blocks", c.ActiveBlocks)
 	}
 	if c.Cost == nil {
 		p := DefaultCostParams()
@@ -236,8 +235,8 @@ func (c Config) withDefaults() (Config, error) {
 		c.RetryAfterMax = DefaultRetryAfterMax
 	}
 	if c.PriorityBump < 0 || c.RetryAfterMax < c.RetryAfterMin || c.RetryAfterMax > MaxRetryAfter {
-		return c, fmt.Errorf("cannot use priority bump %s and retry hint %s..%s (the bump must not be negative, the hint's range not reversed nor reach past %s): %w",
-			c.PriorityBump, c.RetryAfterMin, c.RetryAfterMax, MaxRetryAfter, ErrInvalidConfig)
+		return c, invalidf("cannot use priority bump %s and retry hint %s..%s (the bump must not be negative, the hint's range not reversed nor reach past %s)",
+			c.PriorityBump, c.RetryAfterMin, c.RetryAfterMax, MaxRetryAfter)
 	}
 	return c, nil
 }

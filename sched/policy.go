@@ -1,7 +1,6 @@
 package sched
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 
@@ -62,7 +61,7 @@ func (p Policy) String() string {
 // Validate reports whether p is one of the defined policies.
 func (p Policy) Validate() error {
 	if p >= numPolicies {
-		return fmt.Errorf("cannot use routing policy %s: %w", p, ErrInvalidConfig)
+		return invalidf("cannot use routing policy %s", p)
 	}
 	return nil
 }
@@ -89,8 +88,7 @@ func ParsePolicy(name string) (p Policy, approx bool, err error) {
 	case "affinity":
 		return PolicyAffinity, true, nil
 	}
-	return 0, false, fmt.Errorf("cannot use routing policy %q (want one of %s): %w",
-		name, strings.Join(PolicyNames(), ", "), ErrInvalidConfig)
+	return 0, false, invalidf("cannot use routing policy %q: want one of %s", name, strings.Join(PolicyNames(), ", "))
 }
 
 func (s *Scheduler) policyFor(req *Request) (Policy, error) {

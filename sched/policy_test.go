@@ -51,6 +51,9 @@ func TestParsePolicy(t *testing.T) {
 		if !strings.Contains(msg, fmt.Sprintf("%q", bad)) {
 			t.Errorf("error %q does not name %q", msg, bad)
 		}
+		if strings.Contains(msg, ErrInvalidConfig.Error()) {
+			t.Errorf("error %q repeats the sentinel's words", msg)
+		}
 		for _, n := range names {
 			if !strings.Contains(msg, n) {
 				t.Errorf("error %q does not list %q", msg, n)

@@ -3,6 +3,7 @@ package sched
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/kvfast/kvfast/workers"
@@ -357,8 +358,10 @@ func TestWorkerSetChanges(t *testing.T) {
 		{ID: 1, Slot: 5, BlockSize: 32},
 		{ID: 100, Slot: 5}, // (100, 0) already holds slot 0
 	} {
-		if err := s.Upsert(w); !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("Upsert(%+v) = %v", w, err)
+		if err := s.Upsert(w); !errors.Is(err, ErrInvalidConfig) || strings.Contains(err.Error(), ErrInvalidConfig.Error()) {
+			t.Errorf("Upsert(%+v) = %v; want ErrInvalidConfig, without its words", w, err)
+		} else if w.BlockSize != 0 && !strings.Contains(err.Error(), "--block-size") {
+			t.Errorf("Upsert(%+v) = %v; want the router's flag named", w, err)
 		}
 	}
 	if slot, ok := s.Resolve(101, 0); !ok || slot != 1 {

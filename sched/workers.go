@@ -1,7 +1,6 @@
 package sched
 
 import (
-	"fmt"
 	"maps"
 	"sync/atomic"
 	"unicode"
@@ -118,18 +117,18 @@ type WorkerLoad struct {
 // an over-estimate that drains, never a negative count.
 func (s *Scheduler) Upsert(w WorkerInfo) error {
 	if !w.Slot.Valid() {
-		return fmt.Errorf("cannot add worker %d rank %d at slot %d: %w", w.ID, w.DPRank, w.Slot, ErrInvalidConfig)
+		return invalidf("cannot add worker %d rank %d at slot %d", w.ID, w.DPRank, w.Slot)
 	}
 	if w.BlockSize != 0 && w.BlockSize != s.blockSize {
-		return fmt.Errorf("cannot add worker %d rank %d with block size %d (router uses %d): %w",
-			w.ID, w.DPRank, w.BlockSize, s.blockSize, ErrInvalidConfig)
+		return invalidf("cannot add worker %d rank %d with block size %d: the router's --block-size is %d, and every engine's must equal it",
+			w.ID, w.DPRank, w.BlockSize, s.blockSize)
 	}
 	if !printableName(w.Model) {
 		// A model name is a metric label, a log field and a JSON string:
 		// bytes that are not text would break each (one such label fails
 		// every scrape of /metrics). No served model name has them.
-		return fmt.Errorf("cannot add worker %d rank %d serving model %q: the name is not printable UTF-8: %w",
-			w.ID, w.DPRank, w.Model, ErrInvalidConfig)
+		return invalidf("cannot add worker %d rank %d serving model %q: the name is not printable UTF-8",
+			w.ID, w.DPRank, w.Model)
 	}
 	w.BlockSize = s.blockSize
 	s.wmu.Lock()
@@ -137,8 +136,8 @@ func (s *Scheduler) Upsert(w WorkerInfo) error {
 	key := workerKey{w.ID, w.DPRank}
 	if at, ok := old.bySlot[key]; ok && at != w.Slot {
 		s.wmu.Unlock()
-		return fmt.Errorf("cannot add worker %d rank %d at slot %d: it holds slot %d: %w",
-			w.ID, w.DPRank, w.Slot, at, ErrInvalidConfig)
+		return invalidf("cannot add worker %d rank %d at slot %d: it holds slot %d",
+			w.ID, w.DPRank, w.Slot, at)
 	}
 	prev := &old.info[w.Slot]
 	same := old.present.Has(w.Slot) && prev.ID == w.ID && prev.DPRank == w.DPRank && prev.Generation == w.Generation

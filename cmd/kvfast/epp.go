@@ -15,7 +15,6 @@ import (
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
 	"github.com/kvfast/kvfast/epp"
-	"github.com/kvfast/kvfast/sched"
 )
 
 func init() {
@@ -167,7 +166,7 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 	}
 	cfg.Logger = log
 	if cfg.Sched.BlockSize < 0 || cfg.Sched.QueueCapacity < 0 {
-		return fail(fmt.Errorf("cannot use block size %d and queue capacity %d: must not be negative: %w", cfg.Sched.BlockSize, cfg.Sched.QueueCapacity, sched.ErrInvalidConfig))
+		return fail(fmt.Errorf("cannot use --block-size %d and --queue-capacity %d: neither may be negative", cfg.Sched.BlockSize, cfg.Sched.QueueCapacity))
 	}
 	if cfg.Sched.QueueCapacity == 0 {
 		cfg.Sched.QueueCapacity = -1 // no queue, as kvfast serve reads 0; sched reads 0 as its default

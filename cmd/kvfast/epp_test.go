@@ -60,6 +60,23 @@ func TestEPPConfig(t *testing.T) {
 		}
 	}
 
+	// A refused setting names its flag, and reads once: no sentinel's
+	// "invalid ... configuration" after the reason.
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--endpoint", "10.0.0.1:8000"}, "give --model"},
+		{[]string{"--model", "m", "--endpoint", "10.0.0.1:8000", "--policy", "kv-aware"}, `--policy: cannot use routing policy "kv-aware": want one of`},
+		{[]string{"--model", "m", "--endpoint", "10.0.0.1:8000", "--block-size", "-1"}, "cannot use --block-size -1"},
+	} {
+		var stderr bytes.Buffer
+		eppConfig(tc.args, &stderr)
+		if msg := stderr.String(); !strings.Contains(msg, tc.says) || strings.Contains(msg, "invalid") {
+			t.Errorf("%q: %q; want it to say %q, and not that it is invalid", tc.args, msg, tc.says)
+		}
+	}
+
 	var help bytes.Buffer
 	if _, _, _, code, ok := eppConfig([]string{"--help"}, &help); ok || code != 0 {
 		t.Fatalf("--help: ok %v, status %d", ok, code)

@@ -54,6 +54,14 @@ func TestServeConfig(t *testing.T) {
 			t.Errorf("static workers %+v", cfg.Static)
 		}
 	})
+	t.Run("a policy it has not", func(t *testing.T) {
+		var stderr strings.Builder
+		serveConfig([]string{"--segment", "none", "--policy", "kv-aware"}, &stderr)
+		if msg := stderr.String(); !strings.Contains(msg, `kvfast serve: --policy: cannot use routing policy "kv-aware": want one of kv,`) ||
+			strings.Contains(msg, "invalid") {
+			t.Errorf("--policy kv-aware: %q; want the flag named, and the reason read once", msg)
+		}
+	})
 	t.Run("one engine given twice", func(t *testing.T) {
 		// Two workers on one engine would split its load accounting: the
 		// same URL, however written, is refused unless the ranks differ.
