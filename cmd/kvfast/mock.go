@@ -199,6 +199,12 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		// is a mistake, not a request for 16384.
 		fmt.Fprintf(stderr, "kvfast mock: --kv-blocks %d: want at least 1\n", *kvBlocks)
 		return 2
+	case *blockSize < 1:
+		// As --kv-blocks: 0 is the library's default, 16, which a router
+		// started with another --block-size (serve refuses 0) would not
+		// route to.
+		fmt.Fprintf(stderr, "kvfast mock: --block-size %d: want at least 1 (the router's --block-size)\n", *blockSize)
+		return 2
 	case !(*speedup > 0):
 		fmt.Fprintf(stderr, "kvfast mock: --engine-speedup %v: want a factor > 0 (inf: no waiting)\n", *speedup)
 		return 2

@@ -173,7 +173,8 @@ func TestMockCommand(t *testing.T) {
 			{[]string{"--listen", "127.0.0.1:65535", "--engines", "2"}, 2},
 			{[]string{"--port", "0"}, 2}, // the listen address carries the port
 			{[]string{"extra"}, 2},
-			{[]string{"--listen", "127.0.0.1:0", "--block-size", "-3"}, 1},
+			{[]string{"--listen", "127.0.0.1:0", "--block-size", "-3"}, 2},
+			{[]string{"--listen", "127.0.0.1:0", "--block-size", "0"}, 2}, // not the library's default, 16
 			{[]string{"--listen", "127.0.0.1:0", "--segment", "/nonexistent/kvfast.shm"}, 1},
 			{[]string{"--publish", "bogus"}, 2},
 			{[]string{"--publish", "shm"}, 2}, // without --segment
@@ -194,6 +195,9 @@ func TestMockCommand(t *testing.T) {
 			close(stop)
 			if got := mockCommand(tc.args, &out, &errOut, stop); got != tc.code {
 				t.Errorf("%v: exit %d, want %d; stderr %s", tc.args, got, tc.code, errOut.String())
+			}
+			if slices.Contains(tc.args, "--block-size") && !strings.Contains(errOut.String(), "kvfast mock: --block-size") {
+				t.Errorf("%v: stderr %q does not name --block-size", tc.args, errOut.String())
 			}
 		}
 	})
