@@ -218,7 +218,7 @@ func (s *ZMQSubscriber) Run(ctx context.Context) error {
 		// --kv-events-config) otherwise showed only as
 		// kvfast_zmq_connected 0.
 		s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "lost", "KV-event feed down, redialling",
-			"endpoint", s.cfg.Endpoint, "slot", s.cfg.Slot, "err", err, "in", wait)
+			"events", s.cfg.Endpoint, "slot", s.cfg.Slot, "err", err, "in", wait)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -258,7 +258,7 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 	s.connected.Store(true)
 	defer s.connected.Store(false)
 	s.reconnected()
-	s.cfg.Logger.Info("KV-event feed connected", "endpoint", s.cfg.Endpoint, "slot", s.cfg.Slot)
+	s.cfg.Logger.Info("KV-event feed connected", "events", s.cfg.Endpoint, "slot", s.cfg.Slot)
 	for {
 		msg, err := sub.Recv()
 		if err != nil {
@@ -382,7 +382,7 @@ func (s *ZMQSubscriber) offer(seq uint64, payload []byte) {
 	} else {
 		// The batch is lost, and what it changed with it.
 		s.c.garbage.Add(1)
-		s.cfg.Logger.Debug("undecodable KV-event batch", "endpoint", s.cfg.Endpoint, "seq", seq, "err", err)
+		s.cfg.Logger.Debug("undecodable KV-event batch", "events", s.cfg.Endpoint, "seq", seq, "err", err)
 		s.resync()
 	}
 	// Published last: a reader that sees seq sees its effects.
@@ -437,7 +437,7 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify b
 	defer closeSocket(d)
 	fail := func(err error) replayResult {
 		s.c.replayFailures.Add(1)
-		s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "replay", "KV-event replay failed", "endpoint", s.cfg.Replay, "from", from, "err", err)
+		s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "replay", "KV-event replay failed", "replay", s.cfg.Replay, "from", from, "err", err)
 		return replayFailed
 	}
 	if err := d.Dial(guarded(s.cfg.Replay)); err != nil {
@@ -548,7 +548,7 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 		if !s.warnedRank {
 			s.warnedRank = true
 			s.cfg.Logger.Warn("KV-event batches of another data-parallel rank skipped: is the worker's zmq= endpoint its own rank's (vLLM's rank r publishes on the base port + r)?",
-				"endpoint", s.cfg.Endpoint, "worker_rank", s.cfg.DPRank, "batch_rank", b.DPRank)
+				"events", s.cfg.Endpoint, "worker_rank", s.cfg.DPRank, "batch_rank", b.DPRank)
 		}
 		return
 	}
@@ -575,7 +575,7 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 		n := uint64(len(ev.Hashes))
 		if ev.Undecodable {
 			s.c.badEvents.Add(1)
-			s.cfg.Logger.Debug("undecodable KV event", "endpoint", s.cfg.Endpoint, "kind", ev.Kind, "reason", ev.Reason)
+			s.cfg.Logger.Debug("undecodable KV event", "events", s.cfg.Endpoint, "kind", ev.Kind, "reason", ev.Reason)
 			if i == lastLoss {
 				s.resync()
 			}
@@ -606,7 +606,7 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 					// Every block will miss: say so once, not per batch.
 					s.warnedBlockSize = true
 					s.cfg.Logger.Warn("KV events in another block size skipped: no prompt can match them; start the router with the engine's block size (--block-size) or the engine with the router's",
-						"endpoint", s.cfg.Endpoint, "engine_block_size", ev.BlockSize, "router_block_size", bs)
+						"events", s.cfg.Endpoint, "engine_block_size", ev.BlockSize, "router_block_size", bs)
 				}
 			case ev.BadTokens:
 				s.c.badEvents.Add(1)
@@ -686,7 +686,7 @@ func (s *ZMQSubscriber) learnGroup(g int, kind []byte, window int64) {
 	}
 	h := s.groups // a copy: readers hold the old one
 	s.ix.SetHybrid(s.cfg.Slot, &h)
-	s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "groups", "KV-cache groups of a hybrid model", "endpoint", s.cfg.Endpoint, "groups", h.N,
+	s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "groups", "KV-cache groups of a hybrid model", "events", s.cfg.Endpoint, "groups", h.N,
 		"group", g, "kind", string(kind), "sliding_window", window)
 }
 

@@ -114,7 +114,7 @@ func (n *Node) runZMQ(ctx context.Context) {
 		}
 		wg.Go(func() {
 			if err := sub.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				n.log.Error("ZMQ event feed stopped", "endpoint", sub.Config().Endpoint, "err", err)
+				n.log.Error("ZMQ event feed stopped", "events", sub.Config().Endpoint, "err", err)
 			}
 		})
 	}
