@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -522,15 +523,10 @@ func TestDisaggSGLangPrefillFails(t *testing.T) {
 	// one before answering at all (a plain response), one after sending a
 	// stream's headers (SGLang sends them before the first token).
 	release := make(chan struct{})
-	streamBegun := make(chan struct{}, 1)
 	var closedByRouter atomic.Int64
 	silent := startE2EEngine(t, func(*fasthttp.RequestCtx) { <-release })
 	streaming := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
 		_ = writeFlush(w, []byte(": waiting for the room's KV\n\n"))
-		select {
-		case streamBegun <- struct{}{}:
-		default: // a case whose prefill does not wait for it
-		}
 		for {
 			select {
 			case <-release:
@@ -543,10 +539,15 @@ func TestDisaggSGLangPrefillFails(t *testing.T) {
 			}
 		}
 	}))
-	// A prefill engine that fails once the decode's stream has begun.
+	// A prefill engine that fails once the client holds the decode's
+	// stream: the test says when (failNow), after the response's headers
+	// reached it. Failing once the decode engine had only written them
+	// raced the router's reading them, and under load the router could
+	// still answer 502.
+	failNow := make(chan struct{}, 1)
 	refusingLate := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
 		select {
-		case <-streamBegun:
+		case <-failNow:
 		case <-release:
 		}
 		refuse(ctx)
@@ -580,7 +581,19 @@ func TestDisaggSGLangPrefillFails(t *testing.T) {
 			cfg.Dispatch.Outlier.Consecutive = 0
 			r := startE2ERouter(t, cfg)
 			before := closedByRouter.Load()
-			resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(9, 200), c.stream, 6), nil)
+			body := completionBody(e2eTokens(9, 200), c.stream, 6)
+			var resp e2eResponse
+			if c.begun {
+				stream, _ := r.openStream(t, fastpath.PathCompletions, body, nil)
+				failNow <- struct{}{}
+				got, err := io.ReadAll(stream.Body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp = e2eResponse{status: stream.StatusCode, header: stream.Header, body: got}
+			} else {
+				resp = r.post(t, fastpath.PathCompletions, body, nil)
+			}
 			if !bytes.Contains(resp.body, []byte(`"code":"prefill_failed"`)) {
 				t.Fatalf("status %d, no prefill_failed error: %s", resp.status, resp.body)
 			}
