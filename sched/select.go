@@ -226,11 +226,12 @@ func (s *Scheduler) candidates(ws *workerSet, req *Request) (filtered, healthy w
 		if !ok {
 			return 0, 0, &PinError{WorkerID: req.PinWorker, DPRank: req.PinRank, Err: ErrPinnedWorkerNotFound}
 		}
-		if !set.Has(w) {
-			return 0, 0, &PinError{WorkerID: req.PinWorker, DPRank: req.PinRank, Err: ErrPinExcluded}
-		}
-		if !up.Has(w) {
-			return 0, 0, &PinError{WorkerID: req.PinWorker, DPRank: req.PinRank, Err: ErrNoEligibleWorker}
+		if !(set & up).Has(w) {
+			err := ErrNoEligibleWorker
+			if ws.excludesPin(req, w) {
+				err = ErrPinExcluded
+			}
+			return 0, 0, &PinError{WorkerID: req.PinWorker, DPRank: req.PinRank, Err: err}
 		}
 		set = workers.SetOf(w)
 	}
@@ -238,6 +239,21 @@ func (s *Scheduler) candidates(ws *workerSet, req *Request) (filtered, healthy w
 		return 0, 0, fmt.Errorf("cannot route request among %d workers: %w", ws.present.Len(), ErrNoEligibleWorker)
 	}
 	return set, set & up, nil
+}
+
+// excludesPin reports whether req's own filters exclude worker w, which
+// it pins: its allow-list, its stage, or its model when w's model is
+// known. A static worker given without model= serves none until the
+// engine's /v1/models names it, and until then a pin to it may yet be
+// honoured, as one to an unhealthy worker may.
+func (ws *workerSet) excludesPin(req *Request, w workers.Slot) bool {
+	switch {
+	case req.AllowListed && !req.Allow.Has(w), ws.excluded(req.Stage).Has(w):
+		return true
+	case req.Model != "" && ws.info[w].Model != "":
+		return !ws.byModel[req.Model].Has(w)
+	}
+	return false
 }
 
 // tryBook scores cands and books req on the worker pol chooses among those

@@ -170,6 +170,7 @@ func TestSelectPinsAndAllowLists(t *testing.T) {
 		{ID: 8, DPRank: 0, Slot: 2, Model: "m"},
 		{ID: 9, DPRank: 0, Slot: 3, Model: "other"},
 		{ID: 10, DPRank: 0, Slot: 4, Model: "m"},
+		{ID: 11, DPRank: 0, Slot: 5}, // a static worker without model=, before discovery
 	} {
 		if err := s.Upsert(w); err != nil {
 			t.Fatal(err)
@@ -197,10 +198,11 @@ func TestSelectPinsAndAllowLists(t *testing.T) {
 		{name: "rank 1", opts: []func(*Request){pin(7, 1)}, want: 1},
 		{name: "unresolvable rank is an error, not rank 0", opts: []func(*Request){pin(7, 5)}, wantErr: ErrPinnedWorkerNotFound},
 		{name: "unknown worker", opts: []func(*Request){pin(99, 0)}, wantErr: ErrPinnedWorkerNotFound},
-		{name: "pin outside the allow-list", opts: []func(*Request){pin(7, 0), allow(workers.SetOf(2))}, wantErr: ErrNoEligibleWorker},
+		{name: "pin outside the allow-list", opts: []func(*Request){pin(7, 0), allow(workers.SetOf(2))}, wantErr: ErrPinExcluded},
 		{name: "pin inside the allow-list", opts: []func(*Request){pin(8, 0), allow(workers.SetOf(2) | workers.SetOf(1))}, want: 2},
 		{name: "pinned worker unhealthy", opts: []func(*Request){pin(10, 0)}, wantErr: ErrNoEligibleWorker},
-		{name: "pin to another model's worker", opts: []func(*Request){pin(9, 0), model("m")}, wantErr: ErrNoEligibleWorker},
+		{name: "pin to another model's worker", opts: []func(*Request){pin(9, 0), model("m")}, wantErr: ErrPinExcluded},
+		{name: "pin to a worker whose model is not known yet", opts: []func(*Request){pin(11, 0), model("m")}, wantErr: ErrNoEligibleWorker},
 		{name: "allow-list picks its cheapest", opts: []func(*Request){allow(workers.SetOf(0) | workers.SetOf(2))}, want: 2},
 		{name: "allow-list of one", opts: []func(*Request){allow(workers.SetOf(0))}, want: 0},
 		{name: "empty allow-list", opts: []func(*Request){allow(0)}, wantErr: ErrNoEligibleWorker},
@@ -220,6 +222,9 @@ func TestSelectPinsAndAllowLists(t *testing.T) {
 				if tc.wantErr != nil {
 					if !errors.Is(err, tc.wantErr) {
 						t.Fatalf("query-only %v: err %v, want %v", queryOnly, err, tc.wantErr)
+					}
+					if tc.wantErr != ErrPinExcluded && errors.Is(err, ErrPinExcluded) {
+						t.Fatalf("query-only %v: err %v: a client error for what may pass", queryOnly, err)
 					}
 					if res.Booked() {
 						t.Fatal("failed selection booked load")
