@@ -262,9 +262,12 @@ func (w *workerFlags) Set(v string) error {
 	}
 	// One engine and rank given twice would be two workers, each booking
 	// part of what the engine runs, so that neither sees its real load.
+	// Entries naming different models are let through: one server may
+	// serve several (a gateway, Ollama), each its own worker.
 	key := engineURL(sw.Endpoint)
 	for i, o := range *w {
-		if o.DPRank == sw.DPRank && engineURL(o.Endpoint) == key {
+		differentModels := o.Model != "" && sw.Model != "" && o.Model != sw.Model
+		if o.DPRank == sw.DPRank && engineURL(o.Endpoint) == key && !differentModels {
 			return fmt.Errorf("cannot add engine %s rank %d twice: it is --worker number %d already, and two workers on one engine "+
 				"would split its load accounting; give each rank behind one URL its own rank=, or drop the repeat", key, sw.DPRank, i+1)
 		}

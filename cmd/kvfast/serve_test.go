@@ -77,6 +77,7 @@ func TestServeConfig(t *testing.T) {
 		for _, args := range [][]string{
 			{"--worker", "url=http://127.0.0.1:9001,rank=0", "--worker", "url=http://127.0.0.1:9001,rank=1"},
 			{"--worker", "url=http://127.0.0.1:9001", "--worker", "url=http://127.0.0.1:9002"},
+			{"--worker", "url=http://127.0.0.1:9001,model=a", "--worker", "url=http://127.0.0.1:9001,model=b"},
 		} {
 			if _, _, ok := serveConfig(append([]string{"--segment", "none"}, args...), io.Discard); !ok {
 				t.Errorf("%q refused", args)
