@@ -1189,8 +1189,7 @@ func dictMethod(obj value, name string) (value, bool) {
 		}), true
 	case "copy":
 		return method(name, func(_ *renderer, _ []value, _ []kwarg) (value, error) {
-			c := &dict{keys: append([]value(nil), d.keys...), vals: append([]value(nil), d.vals...)}
-			return dictValue(c), nil
+			return dictValue(d.clone()), nil
 		}), true
 	}
 	return undefined, false

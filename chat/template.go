@@ -185,10 +185,7 @@ func (t *Template) tagFinalMessage(msgs value) (value, string, error) {
 	if !strings.Contains(t.source, "content") {
 		return undefined, "", invalid("continue_final_message is set but the template does not read content")
 	}
-	copyDict := func(d *dict) *dict {
-		return &dict{keys: append([]value(nil), d.keys...), vals: append([]value(nil), d.vals...)}
-	}
-	nd := copyDict(last)
+	nd := last.clone()
 	var final string
 	switch content.k {
 	case kStr:
@@ -203,7 +200,7 @@ func (t *Template) tagFinalMessage(msgs value) (value, string, error) {
 			}
 			if text, ok := parts[i].dict.getStr("text"); ok {
 				final = toStr(text)
-				pd := copyDict(parts[i].dict)
+				pd := parts[i].dict.clone()
 				pd.setStr("text", strValue(toStr(text)+continueTag))
 				parts[i] = dictValue(pd)
 				found = true

@@ -1,7 +1,9 @@
 package chat
 
 import (
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -107,6 +109,12 @@ const indexAfter = 16
 
 func newDict(n int) *dict {
 	return &dict{keys: make([]value, 0, n), vals: make([]value, 0, n)}
+}
+
+// clone copies d, index and all: a copy of a wide dict keeps its fast
+// lookups.
+func (d *dict) clone() *dict {
+	return &dict{keys: slices.Clone(d.keys), vals: slices.Clone(d.vals), index: maps.Clone(d.index)}
 }
 
 func (d *dict) find(key value) int {

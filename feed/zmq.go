@@ -686,7 +686,7 @@ func (s *ZMQSubscriber) learnGroup(g int, kind []byte, window int64) {
 	}
 	h := s.groups // a copy: readers hold the old one
 	s.ix.SetHybrid(s.cfg.Slot, &h)
-	s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "groups", "KV-cache groups of a hybrid model", "events", s.cfg.Endpoint, "groups", h.N,
+	s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "groups/"+strconv.Itoa(g), "KV-cache groups of a hybrid model", "events", s.cfg.Endpoint, "groups", h.N,
 		"group", g, "kind", string(kind), "sliding_window", window)
 }
 

@@ -210,12 +210,13 @@ func (g *frameGuard) scan(b []byte) error {
 			return errors.New("cannot accept a ZMTP command of several frames from the engine")
 		case size > maxZMTPCommandBytes:
 			return fmt.Errorf("cannot accept a ZMTP command of %d bytes from the engine: the limit is %d", size, maxZMTPCommandBytes)
-		case size == 0:
+		}
+		g.cmd, g.cmdLeft = g.cmd[:0], size
+		if size == 0 {
 			if err := g.command(); err != nil {
 				return err
 			}
 		}
-		g.cmd, g.cmdLeft = g.cmd[:0], size
 	}
 	return nil
 }

@@ -340,8 +340,9 @@ func FuzzFrameGuard(f *testing.F) {
 		for b := data; len(b) > 0 && err == nil; b = b[min(step, len(b)):] {
 			err = g.scan(b[:min(step, len(b))])
 		}
-		if err == nil && (g.skip > maxZMQFrameBytes+zmtpGreetingBytes || g.hdrLen > len(g.hdr)-1) {
-			t.Fatalf("state out of range: skip %d, header %d", g.skip, g.hdrLen)
+		if err == nil && (g.skip > maxZMQFrameBytes+zmtpGreetingBytes || g.hdrLen > len(g.hdr)-1 ||
+			g.cmdLeft > maxZMTPCommandBytes || len(g.cmd) > maxZMTPCommandBytes) {
+			t.Fatalf("state out of range: skip %d, header %d, command %d+%d", g.skip, g.hdrLen, len(g.cmd), g.cmdLeft)
 		}
 	})
 }

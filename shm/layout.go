@@ -177,12 +177,13 @@ type Header struct {
 }
 
 // checkMagic refuses head, a file's first bytes (up to len(magic)), unless
-// it is the magic or empty. It runs before any size check: a short file of
+// it is the magic, a prefix of it (a segment truncated that short) or
+// empty. It runs before any size check: a short file of
 // someone's data is not a truncated segment, and calling it one would tell
 // the operator that --recreate-segment may replace it. An empty file holds
 // nothing to lose.
 func checkMagic(path string, head []byte) error {
-	if len(head) > 0 && string(head) != magic {
+	if len(head) > 0 && string(head) != magic[:min(len(head), len(magic))] {
 		return &NotSegmentError{Path: path}
 	}
 	return nil
