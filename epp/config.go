@@ -8,6 +8,7 @@ import (
 
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
+	"github.com/kvfast/kvfast/internal/configerr"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 )
@@ -109,16 +110,10 @@ func DefaultConfig() Config {
 // ErrInvalidConfig is what Validate's errors wrap.
 var ErrInvalidConfig = errors.New("kvfast: invalid endpoint-picker configuration")
 
-// configError is an invalid setting: its message says what is wrong, and
-// it matches ErrInvalidConfig without printing the sentinel's words, which
-// would only say again that it is invalid.
-type configError struct{ msg string }
-
-func (e *configError) Error() string { return e.msg }
-func (e *configError) Unwrap() error { return ErrInvalidConfig }
-
+// invalidf is an error matching ErrInvalidConfig whose text is the formatted
+// message alone.
 func invalidf(format string, args ...any) error {
-	return &configError{msg: fmt.Sprintf(format, args...)}
+	return configerr.New(ErrInvalidConfig, format, args...)
 }
 
 // Validate reports the first setting the picker cannot run with.

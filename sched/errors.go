@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/kvfast/kvfast/internal/configerr"
 )
 
 var (
@@ -37,19 +39,10 @@ var (
 	ErrInvalidConfig = errors.New("kvfast: invalid scheduler configuration")
 )
 
-// configError is an invalid setting. Its message says what is wrong and
-// what would do; it matches ErrInvalidConfig for callers that test, but
-// does not print the sentinel's words, which after the message only say
-// again that it is invalid.
-type configError struct{ msg string }
-
-func (e *configError) Error() string { return e.msg }
-func (e *configError) Unwrap() error { return ErrInvalidConfig }
-
-// invalidf is an error matching ErrInvalidConfig whose text is the
-// formatted message alone.
+// invalidf is an error matching ErrInvalidConfig whose text is the formatted
+// message alone.
 func invalidf(format string, args ...any) error {
-	return &configError{msg: fmt.Sprintf(format, args...)}
+	return configerr.New(ErrInvalidConfig, format, args...)
 }
 
 // OverloadError refuses a request because every eligible worker is busy and
