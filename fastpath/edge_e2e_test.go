@@ -33,6 +33,19 @@ func dialFrom(t *testing.T, local, addr string) net.Conn {
 	return c
 }
 
+// serveAdmin serves r's admin endpoints on a listener of their own (the
+// configuration's AdminListen set, so that the API listener does not) and
+// returns its address; the rig's shutdown closes it.
+func serveAdmin(t *testing.T, r *e2eRouter) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = r.node.ServeAdmin(ln) }()
+	return ln.Addr().String()
+}
+
 // getFrom sends GET path from the loopback address local and returns the
 // status, or 0 and the error if the connection was refused or reset.
 func getFrom(t *testing.T, local, addr, path string) (int, error) {
@@ -143,11 +156,7 @@ func TestAdminListenerHasItsOwnConnectionBound(t *testing.T) {
 	cfg.AdminListen = "127.0.0.1:0"      // served below
 	r := startE2ERouter(t, cfg)
 	api := strings.TrimPrefix(r.url, "http://")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = r.node.ServeAdmin(ln) }() // the rig's Shutdown closes it
+	admin := serveAdmin(t, r)
 	for range perIP {
 		dialFrom(t, "127.0.0.1", api)
 	}
@@ -157,7 +166,7 @@ func TestAdminListenerHasItsOwnConnectionBound(t *testing.T) {
 		t.Fatalf("a third API connection from the address: status %d, want 429", status)
 	}
 	for _, path := range []string{fastpath.PathHealth, fastpath.PathMetrics} {
-		if status, err := getFrom(t, "127.0.0.1", ln.Addr().String(), path); status != http.StatusOK {
+		if status, err := getFrom(t, "127.0.0.1", admin, path); status != http.StatusOK {
 			t.Errorf("GET %s on the admin listener from the same address: status %d, %v", path, status, err)
 		}
 	}
@@ -505,12 +514,7 @@ func TestAdminSurface(t *testing.T) {
 	cfg.HTTP.APIKeys = []string{"key-one", "key-two"}
 	r := startE2ERouter(t, cfg)
 	api := strings.TrimPrefix(r.url, "http://")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = r.node.ServeAdmin(ln) }() // the rig's Shutdown closes it
-	adminAddr := ln.Addr().String()
+	adminAddr := serveAdmin(t, r)
 
 	request := func(addr, method, path, auth string, body []byte) (int, []byte) {
 		t.Helper()

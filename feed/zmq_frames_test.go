@@ -113,47 +113,20 @@ func TestFrameGuardBoundsMessages(t *testing.T) {
 // a frame of 2^62 bytes (zmq4 would allocate it, and panic) breaks only
 // its connection: the subscriber counts the disconnect and dials again.
 func TestZMQHugeFrameClaimIsRefused(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go evilPub(c)
+	// A peer that completes a ZMTP handshake as a PUB socket, then sends a
+	// frame header that claims 2^62 bytes.
+	ep := hostilePeer(t, func(c net.Conn) {
+		if !zmtpGreet(c) {
+			return
 		}
-	}()
-	defer func() {
-		_ = ln.Close()
-		<-served
-	}()
-	s := startSub(t, newZMQIndex(t), &testEngine{ep: "tcp://" + ln.Addr().String()}, nil)
+		if _, err := c.Write(pubReady()); err != nil {
+			return
+		}
+		_, _ = c.Write(longFrameHeader(1 << 62))
+		_, _ = io.Copy(io.Discard, c) // until the subscriber hangs up
+	})
+	s := startSub(t, newZMQIndex(t), &testEngine{ep: ep}, nil)
 	waitFor(t, func() bool { return s.Stats().Disconnects >= 2 }, func() any { return s.Stats() })
-}
-
-// evilPub completes a ZMTP handshake as a PUB socket, then sends a frame
-// header that claims 2^62 bytes.
-func evilPub(c net.Conn) {
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Write(zmtpGreeting()); err != nil {
-		return
-	}
-	var peer [zmtpGreetingBytes]byte
-	if _, err := io.ReadFull(c, peer[:]); err != nil {
-		return
-	}
-	ready := []byte("\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB")
-	if _, err := c.Write(append([]byte{0x04, byte(len(ready))}, ready...)); err != nil {
-		return
-	}
-	_, _ = c.Write(longFrameHeader(1 << 62))
-	_, _ = io.Copy(io.Discard, c) // until the subscriber hangs up
 }
 
 // TestFrameGuardChecksCommands: a command is one frame of at most
@@ -168,7 +141,7 @@ func TestFrameGuardChecksCommands(t *testing.T) {
 		wire []byte
 		ok   bool
 	}{
-		{"a READY with a socket type", command(zmtpFlagCommand, "\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB"), true},
+		{"a READY with a socket type", pubReady(), true},
 		{"a READY without properties", command(zmtpFlagCommand, "\x05READY"), true},
 		{"a heartbeat", command(zmtpFlagCommand, "\x04PING\x00\x0a"), true},
 		{"an empty command", command(zmtpFlagCommand, ""), true},
@@ -228,11 +201,7 @@ func TestZMQHostileHandshakes(t *testing.T) {
 					_, _ = io.Copy(io.Discard, c)
 					return
 				}
-				if _, err := c.Write(zmtpGreeting()); err != nil {
-					return
-				}
-				var peer [zmtpGreetingBytes]byte
-				if _, err := io.ReadFull(c, peer[:]); err != nil {
+				if !zmtpGreet(c) {
 					return
 				}
 				_, _ = c.Write(tc.ready)
@@ -273,16 +242,10 @@ func TestZMQOtherTopicIsGarbage(t *testing.T) {
 	}
 	stored := encodeBatch(t, vllmMap, wireOps(intHashes, genOps(31, 1)))
 	ep := hostilePeer(t, func(c net.Conn) {
-		if _, err := c.Write(zmtpGreeting()); err != nil {
+		if !zmtpGreet(c) {
 			return
 		}
-		var peer [zmtpGreetingBytes]byte
-		if _, err := io.ReadFull(c, peer[:]); err != nil {
-			return
-		}
-		ready := []byte("\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB")
-		wire := slices.Concat(append([]byte{zmtpFlagCommand, byte(len(ready))}, ready...),
-			message("other-engine", 0, stored), message("kv-events", 1, encodeBatch(t, vllmMap, nil)))
+		wire := slices.Concat(pubReady(), message("other-engine", 0, stored), message("kv-events", 1, encodeBatch(t, vllmMap, nil)))
 		if _, err := c.Write(wire); err != nil {
 			return
 		}
@@ -326,6 +289,23 @@ func hostilePeer(t *testing.T, serve func(net.Conn)) string {
 		conns.Wait()
 	})
 	return "tcp://" + ln.Addr().String()
+}
+
+// zmtpGreet exchanges ZMTP greetings with the subscriber on c, as a
+// NULL-mechanism peer, and reports whether it could.
+func zmtpGreet(c net.Conn) bool {
+	if _, err := c.Write(zmtpGreeting()); err != nil {
+		return false
+	}
+	var peer [zmtpGreetingBytes]byte
+	_, err := io.ReadFull(c, peer[:])
+	return err == nil
+}
+
+// pubReady is a PUB socket's READY command, as libzmq sends it.
+func pubReady() []byte {
+	ready := "\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB"
+	return append([]byte{zmtpFlagCommand, byte(len(ready))}, ready...)
 }
 
 // FuzzFrameGuard: any bytes, in any split, leave the guard in a state it
