@@ -1,6 +1,8 @@
 package epp_test
 
 import (
+	"bytes"
+	"fmt"
 	"slices"
 	"strconv"
 	"syscall"
@@ -96,4 +98,21 @@ func processCPU(tb testing.TB) time.Duration {
 		tb.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkScanEvents scans one response chunk of blank lines (each pair
+// an event boundary, the scan's most events per byte) at two sizes: the
+// time per byte should not grow with the chunk (ns/byte), as it did when
+// each event moved the rest of the chunk.
+func BenchmarkScanEvents(b *testing.B) {
+	for _, size := range []int{64 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("bytes=%d", size), func(b *testing.B) {
+			chunk := bytes.Repeat([]byte("\n"), size)
+			b.SetBytes(int64(size))
+			for b.Loop() {
+				epp.ScanChunk(chunk)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(size), "ns/byte")
+		})
+	}
 }

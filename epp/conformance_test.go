@@ -10,6 +10,8 @@ import (
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvfast/kvfast/epp"
@@ -562,6 +564,23 @@ func TestBodyShapesEnvoySends(t *testing.T) {
 		st.cancel()
 	})
 
+	t.Run("buffered, trailers without a body", func(t *testing.T) {
+		// The headers were answered without a destination and no body
+		// comes: the trailers' answer is the one awaited, and it carries
+		// the destination as dynamic metadata.
+		st := r.open(t, bufferedMode())
+		st.requestHeaders("/v1/completions", false, nil)
+		st.recv()
+		st.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
+			RequestTrailers: &extprocv3.HttpTrailers{}}})
+		tr := st.recv()
+		md := tr.GetDynamicMetadata().GetFields()[epp.DefaultDestinationNamespace].GetStructValue().GetFields()[epp.HeaderDestination].GetStringValue()
+		if tr.GetRequestTrailers() == nil || md == "" {
+			t.Fatalf("answer %T with destination metadata %q, want the trailers' with one", tr.Response, md)
+		}
+		st.cancel()
+	})
+
 	t.Run("duplex, trailers without a body", func(t *testing.T) {
 		st := r.open(t, duplexMode())
 		st.requestHeaders("/v1/completions", false, nil)
@@ -575,6 +594,28 @@ func TestBodyShapesEnvoySends(t *testing.T) {
 		}
 		st.cancel()
 	})
+}
+
+// TestRepeatedHeadersEndTheStream: a stream is one request, so headers
+// that come again break the protocol: the stream ends with
+// FailedPrecondition and the request's booking is released (each set of
+// headers used to be decided and booked, the earlier bookings never
+// released).
+func TestRepeatedHeadersEndTheStream(t *testing.T) {
+	r := startEPP(t, epp.DefaultConfig(), endpoints(2)...)
+	for _, mode := range []*extprocv3.ProtocolConfiguration{{}, duplexMode()} {
+		st := r.open(t, mode)
+		st.requestHeaders("/v1/completions", true, nil)
+		st.recv()
+		st.requestHeaders("/v1/completions", true, nil)
+		if _, err := st.s.Recv(); status.Code(err) != codes.FailedPrecondition {
+			t.Fatalf("mode %v: after headers twice: %v, want FailedPrecondition", mode, err)
+		}
+		settled(t, r)
+	}
+	if got := r.picker.Sched().Stats(); got.Booked != 2 || got.Released != 2 {
+		t.Fatalf("booked %d, released %d: want two each", got.Booked, got.Released)
+	}
 }
 
 // TestObservabilityModeBooksNothing: in observability mode Envoy ignores

@@ -49,6 +49,8 @@ type exchange struct {
 	exact      bool
 	dec        sched.Decision
 	dest       string // the destination value: the chosen endpoint, then fallbacks
+	sawHeaders bool   // the request's headers came
+	violation  error  // the gateway broke the protocol: the stream ends with it
 	decided    bool   // dest is set (or the request was refused)
 	immediate  bool   // the picker answered the request itself
 	responded  bool   // the response headers came

@@ -28,3 +28,7 @@ func (s *Server) OpenStreams() int { return int(testutil.ToFloat64(s.metrics.str
 func Serve(ctx context.Context, cfg Config, src Source, l Listeners, ln, hln, mln net.Listener) error {
 	return serve(ctx, cfg, src, l, ln, hln, mln)
 }
+
+// ScanChunk runs the response's event scan over chunk, on an exchange of
+// its own: chunks without a complete data event touch no booking.
+func ScanChunk(chunk []byte) { (&exchange{}).scanEvents(chunk) }

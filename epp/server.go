@@ -81,6 +81,10 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			continue
 		}
 		x.handle(ctx, msg)
+		if x.violation != nil {
+			x.end(false)
+			return x.violation
+		}
 		for _, r := range x.out {
 			if err := stream.Send(r); err != nil {
 				x.end(false)
@@ -102,19 +106,39 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 func (x *exchange) handle(ctx context.Context, msg *extprocv3.ProcessingRequest) {
 	switch m := msg.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
+		if x.sawHeaders {
+			// One stream is one request: a second set of headers would
+			// be decided and booked again, the first booking lost (a
+			// client looping on it held every endpoint busy for good).
+			x.violation = status.Error(codes.FailedPrecondition, "request_headers came twice on one ext_proc stream")
+			return
+		}
+		x.sawHeaders = true
 		x.requestHeaders(ctx, msg, m.RequestHeaders)
 	case *extprocv3.ProcessingRequest_RequestBody:
 		x.requestBody(ctx, m.RequestBody)
 	case *extprocv3.ProcessingRequest_RequestTrailers:
-		if !x.decided {
+		trailers := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+			RequestTrailers: &extprocv3.TrailersResponse{}}}
+		switch {
+		case x.decided:
+		case x.reqMode == extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED:
 			// Trailers end a body that never said so itself.
 			x.decideAndAnswer(ctx, true)
-			if x.immediate {
-				return
-			}
+		default:
+			// The headers were answered without a destination, for the
+			// body's answer to carry it, and no body came: only the
+			// trailers' answer is awaited, and it carries the destination
+			// as dynamic metadata (a header mutation there would change
+			// trailers). A body answer here would answer a message Envoy
+			// never sent.
+			x.decide(ctx)
+			trailers = x.routed(trailers)
 		}
-		x.out = append(x.out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
-			RequestTrailers: &extprocv3.TrailersResponse{}}})
+		if x.immediate {
+			return
+		}
+		x.out = append(x.out, trailers)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		x.responseHeaders(msg, m.ResponseHeaders)
 	case *extprocv3.ProcessingRequest_ResponseBody:
@@ -324,15 +348,19 @@ func (x *exchange) responseBody(b *extprocv3.HttpBody) {
 // event split across chunks is carried over, up to maxCarry bytes.
 func (x *exchange) scanEvents(chunk []byte) {
 	x.carry = append(x.carry, chunk...)
+	// The events found are passed over by offset and the rest moved to
+	// the front once: moving it after each event made a chunk's scan
+	// quadratic (a 1 MiB chunk of newlines, 17 s).
+	off := 0
 	for {
-		end, resume := openai.EventEnd(x.carry, x.lineStart)
+		end, resume := openai.EventEnd(x.carry[off:], x.lineStart)
 		if end < 0 {
 			x.lineStart = resume
 			break
 		}
 		x.lineStart = 0
-		ev := openai.ParseEvent(x.carry[:end])
-		x.carry = x.carry[:copy(x.carry, x.carry[end:])]
+		ev := openai.ParseEvent(x.carry[off : off+end])
+		off += end
 		switch ev.Kind {
 		case openai.EventItem:
 			_ = x.h.OnItem(1, x.finish(ev.FinishReason))
@@ -340,6 +368,7 @@ func (x *exchange) scanEvents(chunk []byte) {
 			_ = x.h.Abort(guard.ReasonEngineError)
 		}
 	}
+	x.carry = x.carry[:copy(x.carry, x.carry[off:])]
 	if len(x.carry) > maxCarry {
 		// Not an event stream after all: stop carrying it.
 		x.carry, x.lineStart = x.carry[:0], -1
