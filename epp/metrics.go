@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -45,8 +46,11 @@ func newMetrics(p *Picker) *metrics {
 	}
 	endpoints := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvfast_epp_endpoints",
 		Help: "Endpoints the picker routes to."}, func() float64 { return float64(p.Endpoints()) })
+	// The runtime's and the process's series too, as the router serves
+	// them: goroutines and resident memory are what show a leak.
 	m.reg.MustRegister(m.streams, m.decisions, m.decisionSeconds, m.promptBlocks, m.cachedBlocks, m.refusals,
-		m.cancelled, m.servedElsewhere, endpoints, feedCollector{p})
+		m.cancelled, m.servedElsewhere, endpoints, feedCollector{p},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 )
 
 // The gRPC health services the protocol names: liveness answers SERVING
@@ -33,8 +34,17 @@ const (
 // SERVING when s's picker has synced its endpoints and, with an Elector,
 // while s leads (SetLeading).
 func NewGRPC(ctx context.Context, s *Server, opts ...grpc.ServerOption) *grpc.Server {
-	// A buffered request body comes in one message.
-	opts = append([]grpc.ServerOption{grpc.MaxRecvMsgSize(s.p.cfg.MaxBodyBytes + 1<<16)}, opts...)
+	// A buffered request body comes in one message. A gateway's HTTP/2
+	// keepalive pings are allowed every 10 s, with or without streams:
+	// grpc-go's default refuses more than one per 5 minutes and answers
+	// with GOAWAY, cutting every stream on the connection (an Envoy with
+	// a 10 s keepalive lost its streams after 30 s). The picker pings a
+	// quiet gateway connection itself, to notice one that died.
+	opts = append([]grpc.ServerOption{
+		grpc.MaxRecvMsgSize(s.p.cfg.MaxBodyBytes + 1<<16),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
+	}, opts...)
 	g := grpc.NewServer(opts...)
 	extprocv3.RegisterExternalProcessorServer(g, s)
 	hs := health.NewServer()
@@ -54,10 +64,11 @@ func NewGRPC(ctx context.Context, s *Server, opts ...grpc.ServerOption) *grpc.Se
 // readiness is what the readiness health services answer: SERVING once
 // the endpoints are known, while this replica leads.
 type readiness struct {
-	mu      sync.Mutex
-	hs      *health.Server
-	synced  bool
-	leading bool
+	mu       sync.Mutex
+	hs       *health.Server
+	synced   bool
+	leading  bool
+	draining bool // shutting down: no new streams, so not ready
 }
 
 func (r *readiness) attach(hs *health.Server) { r.set(func(r *readiness) { r.hs = hs }) }
@@ -70,7 +81,7 @@ func (r *readiness) set(change func(*readiness)) {
 		return
 	}
 	st := healthpb.HealthCheckResponse_NOT_SERVING
-	if r.synced && r.leading {
+	if r.synced && r.leading && !r.draining {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
 	for _, svc := range []string{"", HealthReadiness, HealthGIE, extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
@@ -189,6 +200,9 @@ func serve(ctx context.Context, cfg Config, src Source, l Listeners, ln, hln, ml
 	case runErr = <-errs:
 	}
 	stop()
+	// Not ready from here: a probe that still saw SERVING through the
+	// drain kept the gateway sending to a picker that refuses streams.
+	s.ready.set(func(r *readiness) { r.draining = true })
 	drained := make(chan struct{})
 	go func() {
 		g.GracefulStop()

@@ -77,9 +77,26 @@ func TestServe(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{"kvfast_epp_decisions_total 1", "kvfast_epp_endpoints 2", "kvfast_epp_requests_in_flight 0",
-		"kvfast_epp_admission_waiting 0", "kvfast_epp_endpoint_active_requests{endpoint="} {
+		"kvfast_epp_admission_waiting 0", "kvfast_epp_endpoint_active_requests{endpoint=", "go_goroutines ", "process_resident_memory_bytes "} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+
+	// Shutting down, the picker drains the streams still open, and is not
+	// ready meanwhile.
+	held := r.open(t, duplexMode())
+	held.requestHeaders("/v1/completions", false, nil)
+	waitFor(t, "the held stream to open", func() bool {
+		resp, err := http.Get("http://" + mln.Addr().String() + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(b), "kvfast_epp_streams 1")
+	})
+	cancel()
+	waitFor(t, "readiness to end with the drain", func() bool { return grpcHealth(t, hln.Addr().String(), epp.HealthReadiness) == "NOT_SERVING" })
+	held.cancel()
 }
