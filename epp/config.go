@@ -68,6 +68,10 @@ type Config struct {
 	// MaxBodyBytes bounds a request body the picker buffers to read the
 	// prompt (413 beyond).
 	MaxBodyBytes int
+	// BodyBudgetBytes bounds the request body bytes buffered at once over
+	// every stream: past it a body is refused with 503 and Retry-After
+	// (the per-stream bound alone let 40 streams of 15 MiB take 1.6 GB).
+	BodyBudgetBytes int64
 	// QueueTimeout bounds a request's wait in the admission queue when
 	// every endpoint is busy (503 past it).
 	QueueTimeout time.Duration
@@ -97,6 +101,7 @@ func DefaultConfig() Config {
 		ApproxChunkBytes: radix.DefaultApproxChunkBytes,
 		RequestBodyMode:  extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED,
 		MaxBodyBytes:     16 << 20,
+		BodyBudgetBytes:  256 << 20,
 		QueueTimeout:     30 * time.Second,
 		// Admission as kvfast serve has it: an endpoint over a busy
 		// threshold takes no new request, which waits in the queue.
@@ -139,6 +144,9 @@ func (c *Config) Validate() error {
 		if v.n <= 0 {
 			return invalidf("cannot use %s %d: must be positive", v.name, v.n)
 		}
+	}
+	if c.BodyBudgetBytes < int64(c.MaxBodyBytes) {
+		return invalidf("cannot use --body-budget-bytes %d: must hold at least one body of --max-body-bytes (%d)", c.BodyBudgetBytes, c.MaxBodyBytes)
 	}
 	if c.ApproxTTL <= 0 || c.QueueTimeout <= 0 || (c.QueryNodes && c.QueryTimeout <= 0) {
 		return invalidf("cannot use approx TTL %s, queue timeout %s and node query timeout %s: each must be positive",

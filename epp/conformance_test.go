@@ -228,6 +228,36 @@ func immediate(t *testing.T, st *stream) *extprocv3.ImmediateResponse {
 	return ir.ImmediateResponse
 }
 
+// TestBodyBudget: request bodies buffered at once are bounded over every
+// stream; a body that does not fit is refused with 503 and Retry-After,
+// and the budget is free again once the streams holding it end.
+func TestBodyBudget(t *testing.T) {
+	cfg := epp.DefaultConfig()
+	const chunk = 64 << 10
+	cfg.MaxBodyBytes, cfg.BodyBudgetBytes = 2*chunk, 2*chunk
+	r := startEPP(t, cfg, endpoints(2)...)
+	var held []*stream
+	for range 2 {
+		st := r.open(t, duplexMode())
+		st.requestHeaders("/v1/completions", false, nil)
+		st.requestBody(make([]byte, chunk), false) // more to come: buffered, unanswered
+		held = append(held, st)
+	}
+	waitFor(t, "the two bodies charged", func() bool { return r.server.BodyBytes() == 2*chunk })
+	st := r.open(t, duplexMode())
+	st.requestHeaders("/v1/completions", false, nil)
+	st.requestBody([]byte("{"), false)
+	ir := immediate(t, st)
+	if ir.GetStatus().GetCode() != typev3.StatusCode_ServiceUnavailable || ir.GetDetails() != "kvfast_epp_body_budget_exceeded" {
+		t.Fatalf("over the budget: status %v, details %q; want 503 body_budget_exceeded", ir.GetStatus().GetCode(), ir.GetDetails())
+	}
+	for _, st := range held {
+		st.cancel()
+	}
+	settled(t, r)
+	waitFor(t, "the budget released", func() bool { return r.server.BodyBytes() == 0 })
+}
+
 // TestNoHealthyEndpoint: with every endpoint unhealthy, and with a subset
 // hint that names none the picker knows, the request is answered with
 // 503, as the protocol says; a subset hint naming one known endpoint

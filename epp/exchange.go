@@ -39,6 +39,7 @@ type exchange struct {
 	// sawBody: a request body message came; partial: it was cut at
 	// Envoy's buffer limit (BUFFERED_PARTIAL), the rest unseen.
 	sawBody, partial bool
+	charged          int64 // of the server's body budget, for body
 
 	subset     bool        // the gateway restricted the choice
 	allow      workers.Set // to these endpoints
@@ -71,6 +72,7 @@ func (x *exchange) reset() {
 		panic("BUG: epp: exchange recycled with its guard held")
 	}
 	x.req.Recycle()
+	x.s.bodyBytes.Add(-x.charged)
 	body, hashes, carry := x.body[:0], x.hashes[:0], x.carry[:0]
 	if cap(body) > 1<<20 {
 		body = nil
@@ -101,6 +103,8 @@ var (
 		Message: "every endpoint stayed busy for the whole queue timeout"}
 	errOverloaded = &openai.Error{Status: http.StatusTooManyRequests, Type: "rate_limit_exceeded", Code: "overloaded",
 		Message: "every endpoint is busy and the queue is full"}
+	errBodyBudget = &openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "body_budget_exceeded",
+		Message: "the picker holds as many request body bytes as it may; retry shortly"}
 	errBodyTooLarge = &openai.Error{Status: http.StatusRequestEntityTooLarge, Type: openai.TypeInvalidRequest, Code: "body_too_large",
 		Message: "the request body is larger than the picker reads"}
 )

@@ -32,3 +32,6 @@ func Serve(ctx context.Context, cfg Config, src Source, l Listeners, ln, hln, ml
 // ScanChunk runs the response's event scan over chunk, on an exchange of
 // its own: chunks without a complete data event touch no booking.
 func ScanChunk(chunk []byte) { (&exchange{}).scanEvents(chunk) }
+
+// BodyBytes is the body budget in use.
+func (s *Server) BodyBytes() int64 { return s.bodyBytes.Load() }

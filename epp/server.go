@@ -5,10 +5,13 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -26,14 +29,30 @@ type Server struct {
 	exchanges sync.Pool
 	metrics   *metrics
 	ready     readiness
+	bodyBytes atomic.Int64 // request body bytes buffered over every stream (chargeBody)
 }
 
 // NewServer answers ext_proc streams with p's decisions.
 func NewServer(p *Picker) *Server {
 	s := &Server{p: p, parser: openai.Parser{MaxBodyBytes: p.cfg.MaxBodyBytes}, metrics: newMetrics(p)}
+	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvfast_epp_request_body_bytes",
+		Help: "Request body bytes buffered now over every stream, against --body-budget-bytes."},
+		func() float64 { return float64(s.bodyBytes.Load()) }))
 	s.ready.leading = true
 	s.exchanges.New = func() any { return &exchange{s: s} }
 	return s
+}
+
+// chargeBody takes n more bytes of the body budget for x's body, or
+// reports false, taking none. The charge is x's until the stream ends
+// (reset), when its body is let go.
+func (s *Server) chargeBody(x *exchange, n int) bool {
+	if s.bodyBytes.Add(int64(n)) > s.p.cfg.BodyBudgetBytes {
+		s.bodyBytes.Add(-int64(n))
+		return false
+	}
+	x.charged += int64(n)
+	return true
 }
 
 // Process follows one HTTP request through its phases. It returns when
@@ -199,6 +218,10 @@ func (x *exchange) requestBody(ctx context.Context, b *extprocv3.HttpBody) {
 	x.sawBody = true
 	if len(x.body)+len(b.GetBody()) > x.s.p.cfg.MaxBodyBytes {
 		x.refuse(errBodyTooLarge, 0)
+		return
+	}
+	if !x.s.chargeBody(x, len(b.GetBody())) {
+		x.refuse(errBodyBudget, time.Second)
 		return
 	}
 	x.body = append(x.body, b.GetBody()...)
