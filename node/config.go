@@ -348,6 +348,45 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	return sw, nil
 }
 
+// registeredAddr is hostPort for an endpoint an engine registered in the
+// segment, which any process that can write the segment chooses: only
+// http://host:port (a trailing slash allowed) or host:port, with a port
+// from 1 to 65535. Credentials, a path, a query or a fragment would be
+// dropped by the router without a word (and credentials logged), so they
+// are refused instead.
+func registeredAddr(endpoint string) (string, error) {
+	if strings.Contains(endpoint, "://") {
+		u, err := url.Parse(endpoint)
+		if err != nil {
+			return "", fmt.Errorf("cannot parse endpoint %q", loggableEndpoint(endpoint))
+		}
+		if u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
+			return "", fmt.Errorf("cannot use endpoint %q: want http://host:port, without credentials, path or query", loggableEndpoint(endpoint))
+		}
+	}
+	addr, err := hostPort(endpoint)
+	if err != nil {
+		return "", fmt.Errorf("cannot use endpoint %q: want http://host:port", loggableEndpoint(endpoint))
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 || host == "" || strings.ContainsAny(host, "@/?#") {
+		return "", fmt.Errorf("cannot use endpoint %q: want a host and a port from 1 to 65535", loggableEndpoint(endpoint))
+	}
+	return addr, nil
+}
+
+// loggableEndpoint is an endpoint as it may be logged: any credentials in
+// it replaced.
+func loggableEndpoint(endpoint string) string {
+	if u, err := url.Parse(endpoint); err == nil && u.User != nil {
+		u.User = url.User("REDACTED")
+		endpoint = u.String()
+	} else if err != nil && strings.Contains(endpoint, "@") {
+		endpoint = "(unparseable, with @)"
+	}
+	return endpoint
+}
+
 // hostPort accepts "host:port" or an http URL and returns "host:port".
 func hostPort(endpoint string) (string, error) {
 	if strings.Contains(endpoint, "://") {

@@ -766,3 +766,27 @@ func TestRequestOnAStaleWorkerGoesElsewhere(t *testing.T) {
 		t.Fatal("the request still waits on the engine whose heartbeat went stale")
 	}
 }
+
+// TestRegisteredEndpointsAreStrict: an endpoint from the segment is
+// http://host:port or host:port and nothing the router would silently
+// drop, and the refusal never carries credentials into the log.
+func TestRegisteredEndpointsAreStrict(t *testing.T) {
+	for _, ep := range []string{"127.0.0.1:8000", "http://127.0.0.1:8000", "http://engine-0:8000/", "[::1]:8000"} {
+		if _, err := registeredAddr(ep); err != nil {
+			t.Errorf("%q refused: %v", ep, err)
+		}
+	}
+	for _, ep := range []string{"http://admin:s3cret@127.0.0.1:8000", "evil@127.0.0.1:8000", "http://127.0.0.1:8000/v1",
+		"http://127.0.0.1:8000?x=1", "http://127.0.0.1:8000#f", "127.0.0.1:0", "127.0.0.1:65536", ":8000", "127.0.0.1:8000/x",
+		"https://127.0.0.1:8000"} {
+		_, err := registeredAddr(ep)
+		if err == nil {
+			t.Errorf("%q accepted", ep)
+		} else if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%q: the refusal carries the password: %v", ep, err)
+		}
+	}
+	if got := loggableEndpoint("http://admin:s3cret@127.0.0.1:8000"); strings.Contains(got, "s3cret") {
+		t.Errorf("logged as %q", got)
+	}
+}

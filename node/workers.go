@@ -202,7 +202,7 @@ func (n *Node) scanRegistry() {
 			// its model rebuilds the front end's table at once), and the
 			// engine, with its rank pinned if it shares its endpoint, must
 			// be there to take it.
-			addr, err := hostPort(info.Endpoint)
+			addr, err := registeredAddr(info.Endpoint)
 			if err == nil {
 				_, err = n.engines.Add(slot, addr)
 			}
@@ -217,7 +217,7 @@ func (n *Node) scanRegistry() {
 				// (a restart loop) is a new registration every time:
 				// throttled by slot as well.
 				n.throttle.Log(n.log, slog.LevelError, "refused/"+strconv.Itoa(i), "cannot route to registered worker", "slot", slot, "worker", info.WorkerID,
-					"dp_rank", info.DPRank, "endpoint", info.Endpoint, "generation", info.Generation, "err", err)
+					"dp_rank", info.DPRank, "endpoint", loggableEndpoint(info.Endpoint), "generation", info.Generation, "err", err)
 				// Neither the slot's previous registration nor an engine
 				// added for the refused one may stay routable.
 				n.sched.Remove(slot)
@@ -249,7 +249,7 @@ func (n *Node) scanRegistry() {
 		e := &n.regState[slot]
 		switch {
 		case e.present && !live.Has(slot):
-			n.log.Info("worker left", "slot", slot, "endpoint", e.endpoint, "heartbeat_stale", down.Has(slot))
+			n.log.Info("worker left", "slot", slot, "endpoint", loggableEndpoint(e.endpoint), "heartbeat_stale", down.Has(slot))
 			n.approx.Forget(slot)
 			n.sched.Remove(slot)
 			if down.Has(slot) {
