@@ -369,7 +369,7 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		}
 		st.call.SetRequest(routedPath(ex.api), st.body)
 		st.call.RequireObject()
-		copyForwardHeaders(ctx, st.call.Request(), ex.rid)
+		copyForwardHeaders(ctx, st.call.Request(), ex.rid, ex.via)
 		span := ex.startCall(spanPrefill, st.call.Request(), &d, stagePrefill)
 		t0 := clock.Now()
 		err := st.call.Do(d.Slot, st)
@@ -528,7 +528,7 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	s.remember(ex, d.Slot)
 	ex.setPrefillCall(s.engines.AcquireCall())
 	st.call.SetRequest(routedPath(ex.api), st.decode)
-	copyForwardHeaders(ctx, st.call.Request(), ex.rid)
+	copyForwardHeaders(ctx, st.call.Request(), ex.rid, ex.via)
 	span := ex.startCall(spanPrefill, st.call.Request(), &d, stagePrefill)
 	st.done = make(chan struct{})
 	go func(call *dispatch.Call, slot workers.Slot) {

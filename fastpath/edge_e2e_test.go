@@ -611,3 +611,36 @@ func grepLines(b []byte, s string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestForwardingLoopIsRefused: requests the router forwards name it in
+// X-Kvfast-Via, after the routers the client's request had passed; one
+// that comes back naming it (an engine registered at the router's own
+// address) is refused with 508 instead of being booked and forwarded
+// again, round after round.
+func TestForwardingLoopIsRefused(t *testing.T) {
+	vias := make(chan string, 4)
+	eng := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		vias <- string(ctx.Request.Header.Peek(fastpath.HeaderVia))
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`)
+	})
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel}))
+	body := completionBody(e2eTokens(4, 64), false, 4)
+	if resp := r.post(t, fastpath.PathCompletions, body, map[string]string{fastpath.HeaderVia: "other-router"}); resp.status != 200 {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	via := <-vias
+	first, own, ok := strings.Cut(via, ",")
+	if !ok || first != "other-router" || own == "" {
+		t.Fatalf("forwarded %s %q, want the client's routers, then this one's id", fastpath.HeaderVia, via)
+	}
+	resp := r.post(t, fastpath.PathCompletions, body, map[string]string{fastpath.HeaderVia: "a, " + own})
+	if resp.status != 508 || checkOpenAIError(t, resp.body) != "loop_detected" {
+		t.Fatalf("a request that came back: status %d: %s", resp.status, resp.body)
+	}
+	select {
+	case v := <-vias:
+		t.Fatalf("the looping request reached the engine (%s %q)", fastpath.HeaderVia, v)
+	default:
+	}
+}

@@ -379,7 +379,7 @@ func (s *Server) startEncode(ctx *fasthttp.RequestCtx, ex *exchange, i int, hold
 	}
 	st.call.SetRequest(pathChatCompletions, st.body)
 	st.call.RequireObject()
-	copyForwardHeaders(ctx, st.call.Request(), st.rid)
+	copyForwardHeaders(ctx, st.call.Request(), st.rid, ex.via)
 	st.span = ex.startCall(spanEncode, st.call.Request(), &d, "encode")
 	return true
 }

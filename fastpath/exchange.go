@@ -2,6 +2,7 @@ package fastpath
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -80,6 +81,7 @@ type exchange struct {
 	charged int64  // bytes of buf charged to the server's body budget
 
 	rid []byte // request id, echoed back
+	via []byte // HeaderVia of the requests forwarded: the client's, then this router's
 	out []byte // scratch for response bodies and header values
 	sw  fasthttp.StreamWriter
 }
@@ -124,7 +126,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	}
 	ex.wait.release()
 	ex.releaseBody()
-	*ex = exchange{s: s, sw: ex.sw, req: ex.req, scores: ex.scores, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], out: ex.out[:0], buf: ex.buf,
+	*ex = exchange{s: s, sw: ex.sw, req: ex.req, scores: ex.scores, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], via: ex.via[:0], out: ex.out[:0], buf: ex.buf,
 		sess:  exchangeSession{id: ex.sess.id[:0]},
 		pre:   ex.pre.recycle(),
 		media: ex.media, enc: ex.enc[:0]}
@@ -148,6 +150,17 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 	handedOff := false
 	defer s.settle(ctx, ex, &handedOff)
 	ex.echoRequestID(ctx)
+	if !routeOnly && ex.passedHere(ctx) {
+		// An engine registered at this router's own address, or at a
+		// router that sends here: each round would book and forward
+		// again. The router that sent it counts the 508 against that
+		// engine, which outlier ejection then takes out of routing.
+		ex.count(statusClientError)
+		ex.s.throttle.Log(ex.s.log, slog.LevelError, "loop", "a request came back to the router that forwarded it: some worker's endpoint is this router (or routes to it)",
+			"via", string(ctx.Request.Header.Peek(HeaderVia)))
+		writeError(ctx, fasthttp.StatusLoopDetected, errLoop)
+		return
+	}
 	ex.traceStart(ctx)
 	if rerr := s.readBody(ctx, ex); rerr != nil {
 		if rerr == errBodyBudget {
@@ -422,7 +435,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	// of it: what a front proxy filtered and what the engine serves agree.
 	ex.call.SetRequest(routedPath(ex.api), ex.body)
 	ex.call.SetChoices(int(min(ex.req.Choices, math.MaxInt32)))
-	copyForwardHeaders(ctx, ex.call.Request(), ex.rid)
+	copyForwardHeaders(ctx, ex.call.Request(), ex.rid, ex.via)
 	var body []byte
 	for attempt := 0; ; attempt++ {
 		retryable := attempt < s.cfg.MaxRetries && (!ex.sreq.Pinned || ex.sess.sticky) && ex.sessionRetryable()
@@ -902,7 +915,7 @@ var (
 // copyForwardHeaders passes on what an engine may need from the client's
 // request: credentials and the request id. Everything else about the
 // request is its body, forwarded unchanged.
-func copyForwardHeaders(ctx *fasthttp.RequestCtx, req *fasthttp.Request, rid []byte) {
+func copyForwardHeaders(ctx *fasthttp.RequestCtx, req *fasthttp.Request, rid, via []byte) {
 	if v := ctx.Request.Header.Peek("Authorization"); len(v) > 0 {
 		req.Header.SetBytesV("Authorization", v)
 	}
@@ -915,6 +928,30 @@ func copyForwardHeaders(ctx *fasthttp.RequestCtx, req *fasthttp.Request, rid []b
 		}
 	}
 	req.Header.SetBytesV(HeaderRequestID, rid)
+	req.Header.SetBytesV(HeaderVia, via)
+}
+
+// maxViaBytes bounds the HeaderVia a request brings that the router
+// passes on; a longer one is not, and only this router's id goes on.
+const maxViaBytes = 1024
+
+// passedHere reports whether the request came through this router
+// already (a loop), and otherwise sets ex.via for its engine calls.
+func (ex *exchange) passedHere(ctx *fasthttp.RequestCtx) bool {
+	in := ctx.Request.Header.Peek(HeaderVia)
+	for rest := in; len(rest) > 0; {
+		var id []byte
+		id, rest, _ = bytes.Cut(rest, []byte(","))
+		if bytes.Equal(bytes.TrimSpace(id), ex.s.via) {
+			return true
+		}
+	}
+	ex.via = ex.via[:0]
+	if len(in) > 0 && len(in) <= maxViaBytes {
+		ex.via = append(append(ex.via, in...), ',')
+	}
+	ex.via = append(ex.via, ex.s.via...)
+	return false
 }
 
 func writeError(ctx *fasthttp.RequestCtx, status int, e *openai.Error) {
@@ -944,6 +981,8 @@ var (
 		Message: "no healthy worker can serve this request now"}
 	errUnknownPinnedWorker = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Param: HeaderWorker, Code: "worker_not_found",
 		Message: "the pinned worker and DP rank are not in the worker set"}
+	errLoop = &openai.Error{Status: 508, Type: openai.TypeServerError, Code: "loop_detected",
+		Message: "the request came back to a router it already passed (" + HeaderVia + "): a worker's endpoint is a router on its own path"}
 	errPinExcluded = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderWorker, Code: "pin_excluded",
 		Message: "the pinned worker is excluded by the request itself: it is not in " + HeaderAllow + ", does not serve the requested model, or does not serve this endpoint (its role)"}
 	errShuttingDown = &openai.Error{Status: 503, Type: openai.TypeServerError, Code: "shutting_down",

@@ -31,6 +31,12 @@ const (
 	HeaderPriority = "X-Kvfast-Priority"
 	// HeaderRequestID is echoed back, and generated when absent.
 	HeaderRequestID = "X-Request-Id"
+	// HeaderVia, on requests the router forwards, names the routers the
+	// request has passed (random ids, one per router process, comma-
+	// separated): a request that comes back to a router it names is a
+	// loop (an engine registered at the router's own address) and gets
+	// 508.
+	HeaderVia = "X-Kvfast-Via"
 	// HeaderOverlapBlocks, in responses, is the prefix in blocks the router
 	// expected the serving worker to hold.
 	HeaderOverlapBlocks = "X-Kvfast-Overlap-Blocks"

@@ -3,9 +3,12 @@ package fastpath
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"strings"
@@ -214,18 +217,22 @@ type State interface {
 
 // Server is the HTTP front end: it parses, routes, books and relays.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	index   *radix.Index
-	segment *shm.Segment // holds index, or nil
-	approx  *radix.Approx
-	sched   *sched.Scheduler
-	guards  *guard.Pool
-	engines *dispatch.Pool
-	state   State
-	parser  openai.Parser
-	metrics *metrics
-	http    *fasthttp.Server
+	cfg Config
+	via []byte // this router's id in HeaderVia
+	// throttle keeps lines any client can make repeat (a loop) to one a
+	// minute each.
+	throttle *logthrottle.Throttle
+	log      *slog.Logger
+	index    *radix.Index
+	segment  *shm.Segment // holds index, or nil
+	approx   *radix.Approx
+	sched    *sched.Scheduler
+	guards   *guard.Pool
+	engines  *dispatch.Pool
+	state    State
+	parser   openai.Parser
+	metrics  *metrics
+	http     *fasthttp.Server
 	// sessions is nil when sticky sessions are off (SessionConfig.TTL 0).
 	sessions *sessions
 	// encAffinity remembers which encoder has which item; nil when
@@ -296,6 +303,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, silent: deps.Silent, tracer: deps.Tracer, renderers: deps.Renderers, settled: deps.Settled,
 		conns: xsync.NewMapOf[net.Conn, *connState](), connsIdle: make(chan struct{}, 1), active: newActivity()}
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
+	s.via = hex.AppendEncode(nil, binary.LittleEndian.AppendUint64(nil, rand.Uint64()))
+	s.throttle = logthrottle.New(time.Minute)
 	s.budget.limit = cfg.BodyBudgetBytes
 	s.connLimit = connLimiter{max: cfg.MaxConnsPerIP, perIP: map[netip.Addr]int{}}
 	s.adminConnLimit = connLimiter{max: cfg.MaxConnsPerIP, perIP: map[netip.Addr]int{}}
