@@ -47,6 +47,12 @@ const (
 	// holder does a handful of stores; a second is beyond any stall that
 	// is not a dead or stopped process.
 	bindingLockSteal = int64(1e9)
+	// bindingClockSlack is how far ahead of a reader's clock a lock or
+	// touch time may be and still be taken for one (another process's
+	// read of the shared monotonic clock racing ours). Further ahead it is
+	// garbage: a lock that would never be taken over, a binding that
+	// would never expire.
+	bindingClockSlack = int64(1e9)
 )
 
 // bindingBuckets returns the bucket count that holds capacity sessions: a
@@ -156,9 +162,12 @@ func entryOff(bucket uint64, way int) uint64 {
 }
 
 // live reports whether an entry touched at touched is still bound at now.
-// A touch from the future (a corrupt word, or another process's clock
-// read racing ours) counts as now.
-func live(touched, now, ttl int64) bool { return now-touched <= ttl }
+// A touch slightly in the future (another process's clock read racing
+// ours) counts as now; one further ahead is a corrupt word, and expired.
+func live(touched, now, ttl int64) bool {
+	idle := now - touched
+	return idle <= ttl && idle >= -bindingClockSlack
+}
 
 // Lookup returns key's binding. A binding idle longer than ttl is removed
 // (lazily, here) and reported as BindingExpired. It never blocks on a
@@ -222,7 +231,7 @@ func (b *Bindings) lock(bucket uint64, now int64) (uint64, bool) {
 		v := atomic.LoadUint64(seq)
 		if v&1 != 0 {
 			held := int64(v >> 1)
-			if now-held <= bindingLockSteal {
+			if age := now - held; age <= bindingLockSteal && age >= -bindingClockSlack {
 				if try > 4 {
 					runtime.Gosched()
 				}

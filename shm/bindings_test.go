@@ -169,3 +169,28 @@ func TestBindingsConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestBindingsDistrustFutureTimes: a lock or a touch stamped far ahead of
+// the clock is garbage, not a writer at work or a binding in use: the
+// lock is taken over and the binding expires, so a scribbled bucket does
+// not lose its sessions for good. Slightly ahead (a racing clock read) is
+// still believed.
+func TestBindingsDistrustFutureTimes(t *testing.T) {
+	b, _ := NewBindings(MinBindings)
+	k := b.Key([]byte("s"))
+	const now = int64(100e9)
+	*b.word(b.bucketOf(k)) = uint64(now+bindingClockSlack/2)<<1 | 1
+	if r := b.Bind(k, 1, 0, now, testTTL); r != BindFailed {
+		t.Fatalf("bind while a lock taken a moment ahead is held = %v, want BindFailed", r)
+	}
+	*b.word(b.bucketOf(k)) = uint64(now+3600e9)<<1 | 1
+	if r := b.Bind(k, 1, 0, now, testTTL); r != BindNew {
+		t.Fatalf("bind under a lock stamped an hour ahead = %v, want BindNew", r)
+	}
+	if r := b.Bind(k, 1, 0, now+3600e9, testTTL); r != BindRefreshed {
+		t.Fatalf("a touch an hour ahead = %v", r)
+	}
+	if _, r := b.Lookup(k, now, testTTL); r != BindingExpired {
+		t.Fatalf("a binding touched an hour ahead of the clock: lookup = %v, want BindingExpired", r)
+	}
+}
