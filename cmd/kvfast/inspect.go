@@ -7,6 +7,8 @@ import (
 	"io"
 	"math"
 	"os"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -113,8 +115,10 @@ func inspect(out io.Writer, seg *shm.Segment, perShard bool) error {
 	fmt.Fprintln(tw, "  slot\tstate\tgen\tworker\trank\tmodel\tblock\tkv cap\tblocks\tendpoint\tpid\theartbeat\t")
 	registered := seg.Workers(nil)
 	for _, w := range registered {
+		// Model and endpoint are whatever a publisher wrote: printed
+		// quoted, a newline or terminal escape in one cannot forge rows.
 		fmt.Fprintf(tw, "  %d\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%d\t%s ago\t\n", w.Slot, w.State, w.Generation, w.WorkerID,
-			w.DPRank, w.Model, w.BlockSize, w.KVCapacityBlocks, st.WorkerBlocks[w.Slot], w.Endpoint, w.PID, age(now, w.Heartbeat))
+			w.DPRank, printable(w.Model), w.BlockSize, w.KVCapacityBlocks, st.WorkerBlocks[w.Slot], printable(w.Endpoint), w.PID, age(now, w.Heartbeat))
 	}
 	tw.Flush()
 	if len(registered) == 0 {
@@ -167,4 +171,14 @@ func pct(a, b uint64) float64 {
 		return 0
 	}
 	return 100 * float64(a) / float64(b)
+}
+
+// printable is s as inspect prints a string a publisher wrote: as it is
+// when it is printable and without spaces, else quoted with escapes.
+func printable(s string) string {
+	q := strconv.QuoteToGraphic(s)
+	if q[1:len(q)-1] == s && !strings.ContainsAny(s, " \t") {
+		return s
+	}
+	return q
 }

@@ -40,3 +40,21 @@ func TestInspect(t *testing.T) {
 		t.Fatalf("inspect --verify: exit %d", code)
 	}
 }
+
+// TestInspectQuotesWhatPublishersWrote: a model or endpoint a publisher
+// wrote is printed on one line, escapes and all: a newline in it cannot
+// forge a row, nor a terminal escape reach the terminal.
+func TestInspectQuotesWhatPublishersWrote(t *testing.T) {
+	for in, want := range map[string]string{
+		"llama":                         "llama",
+		"http://127.0.0.1:8000":         "http://127.0.0.1:8000",
+		"x\n  7  live  1  gpt-4":        `"x\n  7  live  1  gpt-4"`,
+		"\x1b[2Jm":                      `"\x1b[2Jm"`,
+		"two words":                     `"two words"`,
+		"http://h:1\r\nX-Injected: yes": `"http://h:1\r\nX-Injected: yes"`,
+	} {
+		if got := printable(in); got != want {
+			t.Errorf("printable(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
