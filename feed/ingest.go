@@ -46,7 +46,8 @@ type Config struct {
 	// the ingester lock. Default 100ms.
 	StandbyPoll time.Duration
 	// Budget caps the records taken from one ring per pass, so one busy
-	// worker cannot starve the others. Default 1024.
+	// worker cannot starve the others; a resync after a gap counts as a
+	// sixteenth of it. Default 1024.
 	Budget int
 	// RepairBudget bounds the index repair Acquire runs; past it, or when
 	// the index is damaged beyond repair, the index is reset and refills
@@ -406,8 +407,8 @@ func (in *Ingester) adopt(slot workers.Slot, w *worker) bool {
 func (in *Ingester) drain(slot workers.Slot, w *worker) int {
 	r := in.readers[slot]
 	rec := &in.rec
-	n := 0
-	for ; n < in.cfg.Budget; n++ {
+	n, resyncWork := 0, 0
+	for ; n+resyncWork < in.cfg.Budget; n++ {
 		ok, err := r.Next(rec)
 		if err != nil {
 			// Garbage: no boundary after it can be trusted, and whatever
@@ -472,6 +473,12 @@ func (in *Ingester) drain(slot workers.Slot, w *worker) int {
 				"last_applied_seq", w.lastSeq, "record_seq", rec.Seq)
 			in.c.gaps++
 			in.resync(slot)
+			// A resync scans the index's shards for the worker's blocks,
+			// far more work than a record: it takes a share of the pass,
+			// so that a ring whose every record leaves a gap cannot hold
+			// the other rings' records back (one such publisher had
+			// delayed them by 164 ms at the median).
+			resyncWork += resyncCost(in.cfg.Budget)
 		}
 		// The first record after taking over may be one a killed
 		// predecessor applied in part: its blocks are stored again, not
@@ -486,6 +493,10 @@ func (in *Ingester) drain(slot workers.Slot, w *worker) int {
 	}
 	return n
 }
+
+// resyncCost is what a resync takes of a ring's per-pass budget: a
+// sixteenth, so that a ring gets at most sixteen resyncs a pass.
+func resyncCost(budget int) int { return max(budget/16, 1) }
 
 // noteResync says why a worker's entries are dropped, at most once a
 // minute per worker: the counters alone do not tell an operator which

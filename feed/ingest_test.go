@@ -199,6 +199,49 @@ func TestGapResyncs(t *testing.T) {
 	}
 }
 
+// TestGapsSpendTheBudget: a resync costs far more than a record, so a
+// ring whose every record leaves a gap is drained a few records a pass,
+// not a whole budget of resyncs, and the other rings still get theirs.
+func TestGapsSpendTheBudget(t *testing.T) {
+	seg := openSeg(t, shm.MinRingBytes)
+	const budget = 64
+	in := acquire(t, seg, Config{Budget: budget})
+	gappy, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	honest, err := seg.Register(workerCfg(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const records = 100
+	for range records {
+		if err := gappy.Cleared(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := honest.Cleared(); err != nil {
+		t.Fatal(err)
+	}
+	// Renumber the gappy ring's records 2, 4, 6, ...: each one a gap.
+	// Cleared records are 24 bytes, back to back from the ring's start
+	// (docs/shm-layout.md: rings at 49152, each a 256-byte control block
+	// then the data; seq at 8 in a record).
+	data := int64(49152 + int(gappy.Slot())*(256+shm.MinRingBytes) + 256)
+	for i := range int64(records) {
+		scribble(t, seg.Path(), data+24*i+8, binary.LittleEndian.AppendUint64(nil, uint64(2*(i+1))))
+	}
+	in.ScanRegistry()
+	in.Poll()
+	st := in.Stats()
+	if st.Gaps == 0 || st.Gaps > 16 {
+		t.Fatalf("%d gaps resynced in one pass of a %d-record budget, want 1 to 16", st.Gaps, budget)
+	}
+	if st.Cleared != st.Gaps+1 {
+		t.Fatalf("%d records applied, %d gaps: the honest ring's record was not drained in the same pass", st.Cleared, st.Gaps)
+	}
+}
+
 // TestFutureHeartbeatGoesStale: a heartbeat ahead of the router's clock
 // (a publisher's bad clock, a scribble) never ages by its value; once it
 // has stood still for the grace its worker is marked down all the same,
