@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -278,7 +279,9 @@ func (n *Node) healthChanged(slot workers.Slot, addr string, healthy bool, cause
 		// header.
 		args = append(args, "err", cause)
 	}
-	n.log.Warn("engine health changed", args...)
+	// Once a minute per slot and direction: an engine flapping (or a
+	// publisher re-registering in a loop) would otherwise log at its rate.
+	n.throttle.Log(n.log, slog.LevelWarn, "health/"+strconv.Itoa(int(slot))+"/"+strconv.FormatBool(healthy), "engine health changed", args...)
 }
 
 // every runs f each period until ctx ends.

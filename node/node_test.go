@@ -363,22 +363,6 @@ func TestCloseWhileRequestsRun(t *testing.T) {
 	}
 }
 
-// countLog is a slog handler counting the records with one message.
-type countLog struct {
-	msg string
-	n   *atomic.Int64
-}
-
-func (h countLog) Enabled(context.Context, slog.Level) bool { return true }
-func (h countLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h countLog) WithGroup(string) slog.Handler            { return h }
-func (h countLog) Handle(_ context.Context, r slog.Record) error {
-	if r.Message == h.msg {
-		h.n.Add(1)
-	}
-	return nil
-}
-
 // recordLog keeps the attributes of each record with message msg (those
 // of the call; a logger's With attributes are not kept).
 type recordLog struct {
@@ -445,7 +429,7 @@ func TestWorkerWithoutModelIsLogged(t *testing.T) {
 	cfg.RegistryPoll = time.Hour     // the test drives syncRegistry itself
 	cfg.Dispatch.Health.Interval = 0 // no health checks
 	var warnings atomic.Int64
-	cfg.Logger = slog.New(countLog{msg: noModelMessage, n: &warnings})
+	cfg.Logger = slog.New(countLog{noModelMessage: &warnings})
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -476,7 +460,7 @@ func TestRefusedRegistration(t *testing.T) {
 	cfg.RegistryPoll = time.Hour     // the test drives syncRegistry itself
 	cfg.Dispatch.Health.Interval = 0 // no health checks
 	var refusals atomic.Int64
-	cfg.Logger = slog.New(countLog{msg: "cannot route to registered worker", n: &refusals})
+	cfg.Logger = slog.New(countLog{"cannot route to registered worker": &refusals})
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -789,4 +773,48 @@ func TestRegisteredEndpointsAreStrict(t *testing.T) {
 	if got := loggableEndpoint("http://admin:s3cret@127.0.0.1:8000"); strings.Contains(got, "s3cret") {
 		t.Errorf("logged as %q", got)
 	}
+}
+
+// TestRegistrationChurnIsThrottled: a publisher that registers and closes
+// over and over is logged joining and leaving once a minute, not at each
+// round.
+func TestRegistrationChurnIsThrottled(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.RegistryPoll = time.Hour     // the test drives syncRegistry itself
+	cfg.Dispatch.Health.Interval = 0 // no health checks
+	var joined, left atomic.Int64
+	cfg.Logger = slog.New(countLog{"worker joined": &joined, "worker left": &left})
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	for range 5 {
+		p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 3, Model: "m", BlockSize: cfg.Sched.BlockSize, Endpoint: "http://" + deadAddr(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.syncRegistry()
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+		n.syncRegistry()
+	}
+	if j, l := joined.Load(), left.Load(); j != 1 || l != 1 {
+		t.Fatalf("5 rounds logged %d joins and %d leaves, want one each", j, l)
+	}
+}
+
+// countLog is a slog handler counting the records of the messages it
+// names.
+type countLog map[string]*atomic.Int64
+
+func (h countLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h countLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h countLog) WithGroup(string) slog.Handler            { return h }
+func (h countLog) Handle(_ context.Context, r slog.Record) error {
+	if n := h[r.Message]; n != nil {
+		n.Add(1)
+	}
+	return nil
 }

@@ -184,7 +184,7 @@ func TestSettlesAfterIndexRepair(t *testing.T) {
 	}
 	f.Close()
 	var dropped atomic.Int64
-	cfg.Logger = slog.New(countLog{msg: "dropped the index: damaged beyond repair; it refills from the engines' next KV events, and routing meanwhile ignores what they cached before", n: &dropped})
+	cfg.Logger = slog.New(countLog{"dropped the index: damaged beyond repair; it refills from the engines' next KV events, and routing meanwhile ignores what they cached before": &dropped})
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -209,7 +209,7 @@ func TestCorruptRegistrySlotIsLogged(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.RegistryPoll = time.Hour // the test drives syncRegistry itself
 	var lines atomic.Int64
-	cfg.Logger = slog.New(countLog{msg: "skipping an unreadable registry slot", n: &lines})
+	cfg.Logger = slog.New(countLog{"skipping an unreadable registry slot": &lines})
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -251,7 +251,7 @@ func TestRefusedEngineInARestartLoopIsLoggedOnce(t *testing.T) {
 	cfg.RegistryPoll = time.Hour // the test drives syncRegistry itself
 	cfg.Dispatch.Health.Interval = 0
 	var refusals atomic.Int64
-	cfg.Logger = slog.New(countLog{msg: "cannot route to registered worker", n: &refusals})
+	cfg.Logger = slog.New(countLog{"cannot route to registered worker": &refusals})
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -295,7 +295,7 @@ func TestForeignSegmentRefused(t *testing.T) {
 		t.Fatalf("refusal %v does not say how to override", err)
 	}
 	var warned atomic.Int64
-	cfg.Logger = slog.New(countLog{msg: "attached to a segment others may access (--allow-foreign-segment): whoever can write it can register engines and rewrite the index", n: &warned})
+	cfg.Logger = slog.New(countLog{"attached to a segment others may access (--allow-foreign-segment): whoever can write it can register engines and rewrite the index": &warned})
 	cfg.Segment.AllowForeign = true
 	n, err = New(cfg)
 	if err != nil {
@@ -347,7 +347,7 @@ func TestRetiredSegmentIsReported(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.RegistryPoll = time.Hour // the test drives syncRegistry itself
 	var lines atomic.Int64
-	cfg.Logger = slog.New(countLog{msg: retiredMessage, n: &lines})
+	cfg.Logger = slog.New(countLog{retiredMessage: &lines})
 	old, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -398,7 +398,7 @@ func staticNodeCounting(t *testing.T, eng *mocker.Engine, model, msg string) (*N
 	cfg.Segment.Path = ""
 	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://" + eng.Addr(), Model: model}}
 	var n atomic.Int64
-	cfg.Logger = slog.New(countLog{msg: msg, n: &n})
+	cfg.Logger = slog.New(countLog{msg: &n})
 	nd, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -496,7 +496,7 @@ func TestTruncatedSegmentKeepsRouting(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://" + eng.Addr(), Model: "mock"}}
 	var lost atomic.Int64
-	cfg.Logger = slog.New(countLog{msg: lostMessage, n: &lost})
+	cfg.Logger = slog.New(countLog{lostMessage: &lost})
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

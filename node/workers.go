@@ -226,7 +226,9 @@ func (n *Node) scanRegistry() {
 				*e = regEntry{refused: true, generation: info.Generation, endpoint: info.Endpoint, model: info.Model}
 				continue
 			}
-			n.log.Info("worker joined", "slot", slot, "worker", info.WorkerID, "dp_rank", info.DPRank,
+			// Joins and leaves once a minute per slot each: a publisher
+			// registering in a loop logged thousands of lines a minute.
+			n.throttle.Log(n.log, slog.LevelInfo, "joined/"+strconv.Itoa(i), "worker joined", "slot", slot, "worker", info.WorkerID, "dp_rank", info.DPRank,
 				"model", info.Model, "endpoint", addr, "generation", info.Generation)
 			if info.Model == "" {
 				// Nothing else would say why the engine's model is missing
@@ -249,7 +251,7 @@ func (n *Node) scanRegistry() {
 		e := &n.regState[slot]
 		switch {
 		case e.present && !live.Has(slot):
-			n.log.Info("worker left", "slot", slot, "endpoint", loggableEndpoint(e.endpoint), "heartbeat_stale", down.Has(slot))
+			n.throttle.Log(n.log, slog.LevelInfo, "left/"+strconv.Itoa(i), "worker left", "slot", slot, "endpoint", loggableEndpoint(e.endpoint), "heartbeat_stale", down.Has(slot))
 			n.approx.Forget(slot)
 			n.sched.Remove(slot)
 			if down.Has(slot) {

@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"time"
+
+	"github.com/kvfast/kvfast/internal/logthrottle"
 )
 
 // Options are what a Registry needs besides its configuration.
@@ -34,6 +37,10 @@ type Registry struct {
 
 	mu     sync.Mutex
 	models map[string]*entry
+	// throttle keeps a model's "tokenizer found or not" line to one a
+	// minute: Forget drops a model whose workers all left, and a worker
+	// re-registering in a loop brought it back each time.
+	throttle *logthrottle.Throttle
 }
 
 // entry is one model's decision.
@@ -56,7 +63,7 @@ func NewRegistry(cfg Config, opts Options) (*Registry, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	r := &Registry{cfg: cfg, opts: opts, models: map[string]*entry{}}
+	r := &Registry{cfg: cfg, opts: opts, models: map[string]*entry{}, throttle: logthrottle.New(time.Minute)}
 	for _, s := range cfg.Specs {
 		if s.Auto {
 			r.auto = true
@@ -126,10 +133,10 @@ func (r *Registry) Renderer(model string) Renderer {
 	}
 	r.models[model] = e
 	if e.renderer == nil {
-		r.opts.Logger.Info("model has no tokenizer: its text and chat requests route approximately (token-id prompts stay exact)",
+		r.throttle.Log(r.opts.Logger, slog.LevelInfo, "none/"+model, "model has no tokenizer: its text and chat requests route approximately (token-id prompts stay exact)",
 			"model", model, "reason", e.status.Reason)
 	} else {
-		r.opts.Logger.Info("tokenizer found: text and chat requests route on exact token blocks",
+		r.throttle.Log(r.opts.Logger, slog.LevelInfo, "found/"+model, "tokenizer found: text and chat requests route on exact token blocks",
 			"model", model, "mode", e.status.Mode, "source", e.status.Source)
 	}
 	return e.renderer
