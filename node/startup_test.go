@@ -572,3 +572,48 @@ func TestModelsPollDoesNotFollowRedirects(t *testing.T) {
 		t.Fatalf("the redirect's target was asked %d times", got)
 	}
 }
+
+// TestRewrittenRegistrationIsRefused: a live slot whose endpoint is
+// rewritten in place, without the new generation a registration takes,
+// is refused (logged once) instead of followed: the router had moved the
+// worker's cache credit, and its clients' requests, to the new endpoint.
+func TestRewrittenRegistrationIsRefused(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.RegistryPoll = time.Hour     // the test drives syncRegistry itself
+	cfg.Dispatch.Health.Interval = 0 // no health checks
+	var lines atomic.Int64
+	cfg.Logger = slog.New(countLog{"a live registration changed without re-registering: the slot is refused until a new registration": &lines})
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 1, Model: "m", BlockSize: 16, Endpoint: "http://127.0.0.1:9001"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	n.syncRegistry()
+	if ws := n.Snapshot().Workers; len(ws) != 1 {
+		t.Fatalf("the worker did not join: %+v", ws)
+	}
+	// docs/shm-layout.md: the registry starts at byte 8192, 512 bytes a
+	// slot, the endpoint at byte 256 of it; the same length, another port.
+	f, err := os.OpenFile(cfg.Segment.Path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("http://127.0.0.1:9666"), 8192+int64(p.Slot())*512+256); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	for range 5 {
+		n.syncRegistry()
+	}
+	if got := lines.Load(); got != 1 {
+		t.Fatalf("the rewrite was logged %d times over 5 polls, want once", got)
+	}
+	if ws := n.Snapshot().Workers; len(ws) != 0 {
+		t.Fatalf("a rewritten slot is routable: %+v", ws)
+	}
+}

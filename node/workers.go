@@ -18,11 +18,26 @@ import (
 // regEntry remembers what the registry said about a slot last time, so
 // that the poll only touches the scheduler and the engine pool on change.
 type regEntry struct {
-	present    bool // routable: in the scheduler and the engine pool
-	refused    bool // this registration cannot be routed to; said once, not retried
-	generation uint32
-	endpoint   string
-	model      string
+	present bool // routable: in the scheduler and the engine pool
+	refused bool // this registration cannot be routed to; said once, not retried
+	id      regIdentity
+}
+
+// regIdentity is what a registration says the worker is. A publisher
+// writes it once, when it registers, under a new generation; within one
+// generation it does not change.
+type regIdentity struct {
+	generation      uint32
+	worker          uint64
+	rank            uint32
+	blockSize       int
+	role            workers.Role
+	endpoint, model string
+}
+
+func identityOf(info shm.WorkerInfo) regIdentity {
+	return regIdentity{generation: info.Generation, worker: info.WorkerID, rank: info.DPRank, blockSize: info.BlockSize,
+		role: info.Role, endpoint: info.Endpoint, model: info.Model}
 }
 
 // addStatic gives configured engines the highest slots, counting down, so
@@ -182,9 +197,26 @@ func (n *Node) scanRegistry() {
 		}
 		registered |= workers.SetOf(slot)
 		e := &n.regState[slot]
-		same := e.generation == info.Generation && e.endpoint == info.Endpoint && e.model == info.Model
+		id := identityOf(info)
+		same := e.id == id
 		if e.refused && same {
 			continue // refused once for this registration; a new one is tried again
+		}
+		if e.present && !same && e.id.generation == id.generation {
+			// Rewritten in place: a publisher re-registering takes a new
+			// generation, so this is some process writing over a live
+			// slot (it had moved a worker's cache credit, and its clients'
+			// credentials, to an endpoint of its choosing). The slot is
+			// refused until it registers anew.
+			n.throttle.Log(n.log, slog.LevelError, "rewritten/"+strconv.Itoa(i), "a live registration changed without re-registering: the slot is refused until a new registration",
+				"slot", slot, "worker", info.WorkerID, "was_worker", e.id.worker, "endpoint", loggableEndpoint(info.Endpoint),
+				"was_endpoint", loggableEndpoint(e.id.endpoint), "generation", info.Generation)
+			n.approx.Forget(slot)
+			n.sched.Remove(slot)
+			n.engines.Remove(slot)
+			*e = regEntry{refused: true, id: id}
+			changed = true
+			continue
 		}
 		if !e.present || !same {
 			if e.present {
@@ -192,7 +224,7 @@ func (n *Node) scanRegistry() {
 				// one is not in its cache.
 				n.approx.Forget(slot)
 			}
-			if e.present && e.generation != info.Generation {
+			if e.present && e.id.generation != info.Generation {
 				// A new process: the old one's requests will not be
 				// answered, and its ejection record is not the new one's.
 				n.engines.Abandon(slot)
@@ -223,7 +255,7 @@ func (n *Node) scanRegistry() {
 				n.sched.Remove(slot)
 				n.engines.Remove(slot)
 				changed = changed || e.present
-				*e = regEntry{refused: true, generation: info.Generation, endpoint: info.Endpoint, model: info.Model}
+				*e = regEntry{refused: true, id: id}
 				continue
 			}
 			// Joins and leaves once a minute per slot each: a publisher
@@ -237,7 +269,7 @@ func (n *Node) scanRegistry() {
 				n.throttle.Log(n.log, slog.LevelWarn, "nomodel/"+strconv.Itoa(i), noModelMessage, "slot", slot,
 					"worker", info.WorkerID, "dp_rank", info.DPRank, "endpoint", addr)
 			}
-			*e = regEntry{present: true, generation: info.Generation, endpoint: info.Endpoint, model: info.Model}
+			*e = regEntry{present: true, id: id}
 			changed = true
 		}
 		live |= workers.SetOf(slot)
@@ -251,7 +283,7 @@ func (n *Node) scanRegistry() {
 		e := &n.regState[slot]
 		switch {
 		case e.present && !live.Has(slot):
-			n.throttle.Log(n.log, slog.LevelInfo, "left/"+strconv.Itoa(i), "worker left", "slot", slot, "endpoint", loggableEndpoint(e.endpoint), "heartbeat_stale", down.Has(slot))
+			n.throttle.Log(n.log, slog.LevelInfo, "left/"+strconv.Itoa(i), "worker left", "slot", slot, "endpoint", loggableEndpoint(e.id.endpoint), "heartbeat_stale", down.Has(slot))
 			n.approx.Forget(slot)
 			n.sched.Remove(slot)
 			if down.Has(slot) {
