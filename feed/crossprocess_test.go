@@ -118,6 +118,20 @@ func runChild(role, seg string) error {
 	case "latency-publisher":
 		n, _ := strconv.Atoi(os.Getenv("KVFAST_OPS_N"))
 		return latencyPublisher(seg, n)
+	case "lock-registry":
+		// Holds the registry lock (docs/shm-layout.md: a write lock on
+		// byte 8192) until its stdin closes, as a hung process would.
+		f, err := os.OpenFile(seg, os.O_RDWR, 0)
+		if err != nil {
+			return err
+		}
+		lk := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: 0, Start: 8192, Len: 1}
+		if err := syscall.FcntlFlock(f.Fd(), syscall.F_SETLKW, &lk); err != nil {
+			return err
+		}
+		fmt.Println("LOCKED")
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		return nil
 	case "ingest":
 		s, err := shm.Open(seg, shm.Options{NoCreate: true})
 		if err != nil {
@@ -544,5 +558,43 @@ func TestPythonAdapterUnits(t *testing.T) {
 	cmd.Dir = pythonDir(t)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("python3 -m unittest test_kvfast_vllm: %v\n%s", err, out)
+	}
+}
+
+// TestHeldRegistryLockDoesNotKeepTheDeadRoutable: a worker whose
+// heartbeat stopped while another process holds the registry lock cannot
+// be marked down, but is reported stale (the router routes it as down)
+// until it can; then it is marked down and no longer stale.
+func TestHeldRegistryLockDoesNotKeepTheDeadRoutable(t *testing.T) {
+	seg := openSeg(t, shm.MinRingBytes)
+	in := acquire(t, seg, Config{HeartbeatGrace: 200 * time.Millisecond, RegistryEvery: time.Millisecond})
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	locker := startChild(t, "lock-registry", seg.Path())
+	locker.expect(t, "LOCKED")
+	waitUntil := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 30s", what)
+			}
+			drainAll(in)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitUntil("the silent worker reported stale", func() bool { return in.Stale().Has(p.Slot()) })
+	if info, _ := seg.Worker(p.Slot()); info.State != shm.StateLive {
+		t.Fatalf("marked %v while the lock was held elsewhere", info.State)
+	}
+	locker.stdin.Close()
+	waitUntil("the worker marked down", func() bool {
+		info, _ := seg.Worker(p.Slot())
+		return info.State == shm.StateDown
+	})
+	if in.Stale().Has(p.Slot()) {
+		t.Fatal("still stale once marked down")
 	}
 }

@@ -113,6 +113,10 @@ type Ingester struct {
 	rec     shm.Record // the record being applied; a field so onApply cannot make it escape per call
 	c       counters
 	pub     published
+	// stale: live slots whose heartbeat is past the grace but which could
+	// not be marked down (the registry lock was held): the router treats
+	// them as down all the same (Stale).
+	stale   atomic.Uint64
 	held    bool
 	lastReg time.Time
 	// throttle keeps resyncs that repeat (a ring that keeps overflowing)
@@ -332,6 +336,9 @@ func (in *Ingester) scanRegistry() {
 		if st != shm.StateClaiming {
 			w.claimAt = 0
 		}
+		if st != shm.StateLive {
+			in.stale.And(^uint64(workers.SetOf(slot)))
+		}
 		switch st {
 		case shm.StateFree:
 			w.state = st
@@ -353,13 +360,25 @@ func (in *Ingester) scanRegistry() {
 			// A heartbeat ahead of this clock (a publisher's bad clock, a
 			// scribble) would never age by its value alone: it is stale
 			// too once it has stood still for the grace.
+			bit := uint64(workers.SetOf(slot))
 			if now-beat > grace || now-w.beatAt > grace {
 				if ok, _ := in.seg.MarkDown(slot, gen, beat); ok {
 					in.ix.RemoveWorker(slot)
 					in.apply.forgetCopies(slot)
 					w.state, w.removed = shm.StateDown, true
 					in.c.workersDown++
+					in.stale.And(^bit)
+				} else if in.stale.Or(bit)&bit == 0 {
+					// Another process holds the registry lock (an engine
+					// registering takes it for a moment; a hung or hostile
+					// one for ever): the dead engine must not stay
+					// routable meanwhile.
+					in.throttle.Log(in.cfg.Logger, slog.LevelWarn, "stale/"+strconv.Itoa(i),
+						"a worker's heartbeat stopped but the registry lock is held elsewhere: it is routed around until it can be marked down",
+						"slot", slot, "heartbeat_age", time.Duration(now-beat))
 				}
+			} else {
+				in.stale.And(^bit)
 			}
 		case shm.StateDown, shm.StateClosed:
 			w.seen = true
@@ -610,6 +629,10 @@ type Stats struct {
 
 	LagBytes [workers.Max]uint64 `json:"-"` // committed ring bytes not yet consumed
 }
+
+// Stale returns the live slots whose heartbeat stopped but which could
+// not be marked down yet: to be routed as down.
+func (in *Ingester) Stale() workers.Set { return workers.Set(in.stale.Load()) }
 
 // Ingesting reports whether this process holds the ingester role. Unlike
 // Stats it reads nothing from the segment.

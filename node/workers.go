@@ -175,6 +175,12 @@ func (n *Node) scanRegistry() {
 	// down: slots whose heartbeat the ingester found stale; their engines
 	// are presumed dead.
 	var live, registered, down workers.Set
+	// stale: live by the registry, dead by their heartbeat, and not yet
+	// marked down (the registry lock is held elsewhere): routed as down.
+	var stale workers.Set
+	if n.ingester != nil {
+		stale = n.ingester.Stale()
+	}
 	changed := false
 	for i := range workers.Max {
 		slot := workers.Slot(i)
@@ -189,10 +195,10 @@ func (n *Node) scanRegistry() {
 				"slot", slot, "segment", n.seg.Path(), "err", err)
 			continue
 		}
-		if info.State == shm.StateDown {
+		if info.State == shm.StateDown || info.State == shm.StateLive && stale.Has(slot) {
 			down |= workers.SetOf(slot)
 		}
-		if info.State != shm.StateLive {
+		if info.State != shm.StateLive || stale.Has(slot) {
 			continue
 		}
 		registered |= workers.SetOf(slot)
