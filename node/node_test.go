@@ -425,16 +425,8 @@ func TestUnhealthyEngineSaysWhy(t *testing.T) {
 // name (the vLLM adapter without KVFAST_MODEL) serves nothing through the
 // router; that is said once for the worker, not at every poll.
 func TestWorkerWithoutModelIsLogged(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.RegistryPoll = time.Hour     // the test drives syncRegistry itself
-	cfg.Dispatch.Health.Interval = 0 // no health checks
 	var warnings atomic.Int64
-	cfg.Logger = slog.New(countLog{noModelMessage: &warnings})
-	n, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n, cfg := pollingNode(t, countLog{noModelMessage: &warnings})
 	p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 3, BlockSize: cfg.Sched.BlockSize, Endpoint: "http://" + deadAddr(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -456,16 +448,8 @@ func TestWorkerWithoutModelIsLogged(t *testing.T) {
 // a routable worker whose slot re-registers with a refused registration
 // leaves the worker set instead of staying routable under it.
 func TestRefusedRegistration(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.RegistryPoll = time.Hour     // the test drives syncRegistry itself
-	cfg.Dispatch.Health.Interval = 0 // no health checks
 	var refusals atomic.Int64
-	cfg.Logger = slog.New(countLog{"cannot route to registered worker": &refusals})
-	n, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n, cfg := pollingNode(t, countLog{"cannot route to registered worker": &refusals})
 
 	good, err := mocker.Start(mocker.Config{WorkerID: 1, Segment: cfg.Segment.Path, Speedup: 100})
 	if err != nil {
@@ -779,16 +763,8 @@ func TestRegisteredEndpointsAreStrict(t *testing.T) {
 // over and over is logged joining and leaving once a minute, not at each
 // round.
 func TestRegistrationChurnIsThrottled(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.RegistryPoll = time.Hour     // the test drives syncRegistry itself
-	cfg.Dispatch.Health.Interval = 0 // no health checks
 	var joined, left atomic.Int64
-	cfg.Logger = slog.New(countLog{"worker joined": &joined, "worker left": &left})
-	n, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n, cfg := pollingNode(t, countLog{"worker joined": &joined, "worker left": &left})
 	for range 5 {
 		p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 3, Model: "m", BlockSize: cfg.Sched.BlockSize, Endpoint: "http://" + deadAddr(t)})
 		if err != nil {
@@ -803,6 +779,23 @@ func TestRegistrationChurnIsThrottled(t *testing.T) {
 	if j, l := joined.Load(), left.Load(); j != 1 || l != 1 {
 		t.Fatalf("5 rounds logged %d joins and %d leaves, want one each", j, l)
 	}
+}
+
+// pollingNode starts a node whose registry the test polls itself
+// (syncRegistry), without health checks, logging into counts; the node
+// is closed when the test ends.
+func pollingNode(t *testing.T, counts countLog) (*Node, Config) {
+	t.Helper()
+	cfg := testConfig(t)
+	cfg.RegistryPoll = time.Hour
+	cfg.Dispatch.Health.Interval = 0
+	cfg.Logger = slog.New(counts)
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n, cfg
 }
 
 // countLog is a slog handler counting the records of the messages it

@@ -578,16 +578,8 @@ func TestModelsPollDoesNotFollowRedirects(t *testing.T) {
 // is refused (logged once) instead of followed: the router had moved the
 // worker's cache credit, and its clients' requests, to the new endpoint.
 func TestRewrittenRegistrationIsRefused(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.RegistryPoll = time.Hour     // the test drives syncRegistry itself
-	cfg.Dispatch.Health.Interval = 0 // no health checks
 	var lines atomic.Int64
-	cfg.Logger = slog.New(countLog{"a live registration changed without re-registering: the slot is refused until a new registration": &lines})
-	n, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n, cfg := pollingNode(t, countLog{"a live registration changed without re-registering: the slot is refused until a new registration": &lines})
 	p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 1, Model: "m", BlockSize: 16, Endpoint: "http://127.0.0.1:9001"})
 	if err != nil {
 		t.Fatal(err)
