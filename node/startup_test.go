@@ -175,14 +175,7 @@ func TestSettlesAfterIndexRepair(t *testing.T) {
 	for i := range junk {
 		junk[i] = byte(r.Uint32())
 	}
-	f, err := os.OpenFile(cfg.Segment.Path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteAt(junk, h.IndexOffset+64); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	scribble(t, cfg.Segment.Path, h.IndexOffset+64, junk)
 	var dropped atomic.Int64
 	cfg.Logger = slog.New(countLog{"dropped the index: damaged beyond repair; it refills from the engines' next KV events, and routing meanwhile ignores what they cached before": &dropped})
 	n, err := New(cfg)
@@ -222,16 +215,7 @@ func TestCorruptRegistrySlotIsLogged(t *testing.T) {
 	defer p.Close()
 	// docs/shm-layout.md: the registry starts at byte 8192, 512 bytes a
 	// slot, the model's length a u16 at byte 56 of it; its field holds 192.
-	f, err := os.OpenFile(cfg.Segment.Path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ml [2]byte
-	binary.LittleEndian.PutUint16(ml[:], 1000)
-	if _, err := f.WriteAt(ml[:], 8192+int64(p.Slot())*512+56); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	scribble(t, cfg.Segment.Path, 8192+int64(p.Slot())*512+56, binary.LittleEndian.AppendUint16(nil, 1000))
 	for range 10 {
 		n.syncRegistry()
 	}
@@ -591,14 +575,7 @@ func TestRewrittenRegistrationIsRefused(t *testing.T) {
 	}
 	// docs/shm-layout.md: the registry starts at byte 8192, 512 bytes a
 	// slot, the endpoint at byte 256 of it; the same length, another port.
-	f, err := os.OpenFile(cfg.Segment.Path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteAt([]byte("http://127.0.0.1:9666"), 8192+int64(p.Slot())*512+256); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	scribble(t, cfg.Segment.Path, 8192+int64(p.Slot())*512+256, []byte("http://127.0.0.1:9666"))
 	for range 5 {
 		n.syncRegistry()
 	}
@@ -607,5 +584,19 @@ func TestRewrittenRegistrationIsRefused(t *testing.T) {
 	}
 	if ws := n.Snapshot().Workers; len(ws) != 0 {
 		t.Fatalf("a rewritten slot is routable: %+v", ws)
+	}
+}
+
+// scribble writes b at off of the segment file at path, as another
+// process with write access to it could.
+func scribble(t *testing.T, path string, off int64, b []byte) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
 	}
 }
