@@ -52,6 +52,9 @@ type Config struct {
 	Policy string
 	// IndexCapacity is the distinct KV blocks the index holds.
 	IndexCapacity int
+	// IndexWorkerShare is the most of the index one pod's blocks may take
+	// (radix.Index.SetWorkerShare).
+	IndexWorkerShare float64
 	// ApproxTTL and ApproxCapacity size the approximate index, which
 	// text and chat prompts route on (by the picker's own decisions).
 	ApproxTTL        time.Duration
@@ -96,6 +99,7 @@ func DefaultConfig() Config {
 	return Config{
 		Policy:           "kv",
 		IndexCapacity:    1 << 20,
+		IndexWorkerShare: radix.DefaultWorkerShare,
 		ApproxTTL:        2 * time.Minute,
 		ApproxCapacity:   1 << 20,
 		ApproxChunkBytes: radix.DefaultApproxChunkBytes,
@@ -144,6 +148,9 @@ func (c *Config) Validate() error {
 		if v.n <= 0 {
 			return invalidf("cannot use %s %d: must be positive", v.name, v.n)
 		}
+	}
+	if s := c.IndexWorkerShare; !(s > 0 && s <= 1) {
+		return invalidf("cannot use --index-worker-share %v: want more than 0 and at most 1 (1: no bound)", s)
 	}
 	if c.BodyBudgetBytes < int64(c.MaxBodyBytes) {
 		return invalidf("cannot use --body-budget-bytes %d: must hold at least one body of --max-body-bytes (%d)", c.BodyBudgetBytes, c.MaxBodyBytes)

@@ -81,6 +81,9 @@ func NewPicker(cfg Config) (*Picker, error) {
 	if p.index, err = radix.NewHeap(radix.Config{Capacity: cfg.IndexCapacity}); err != nil {
 		return nil, fmt.Errorf("cannot create the index: %w", err)
 	}
+	if err := p.index.SetWorkerShare(cfg.IndexWorkerShare); err != nil {
+		return nil, err
+	}
 	if p.approx, err = radix.NewApprox(radix.Config{Capacity: cfg.ApproxCapacity}, cfg.ApproxTTL); err != nil {
 		return nil, fmt.Errorf("cannot create the approximate index: %w", err)
 	}

@@ -364,7 +364,11 @@ type WorkerView struct {
 	EngineKVUsed  uint64 `json:"engine_kv_used_blocks"`
 	EngineKVTotal uint64 `json:"engine_kv_total_blocks"`
 
-	IndexBlocks  uint64 `json:"index_blocks"`
+	IndexBlocks uint64 `json:"index_blocks"`
+	// IndexRefused counts the worker's blocks the index refused for want
+	// of room: a full table, or the worker's share of it
+	// (--index-worker-share). Counted by the router that ingests.
+	IndexRefused uint64 `json:"index_refused_blocks"`
 	FeedLagBytes uint64 `json:"feed_lag_bytes"`
 	Generation   uint32 `json:"generation,omitempty"`
 

@@ -220,6 +220,8 @@ var (
 		"Times passive health checking ejected the worker since it joined.", []string{"worker", "dp_rank"}, nil)
 	descWorkerIndexBlocks = prometheus.NewDesc("kvfast_worker_index_blocks",
 		"Blocks the index holds for the worker.", []string{"worker", "dp_rank"}, nil)
+	descWorkerIndexRefused = prometheus.NewDesc("kvfast_worker_index_refused_total",
+		"The worker's blocks (and their engine-hash mappings) the index refused for want of room, in the table or in the worker's share of it (--index-worker-share); counted by the router that ingests. The router then under-claims the worker's cache.", []string{"worker", "dp_rank"}, nil)
 	descWorkerRingLag = prometheus.NewDesc("kvfast_feed_ring_lag_bytes",
 		"Committed event-ring bytes not yet applied to the index.", []string{"worker", "dp_rank"}, nil)
 	descIndexEntries  = prometheus.NewDesc("kvfast_index_entries", "Distinct blocks in the index.", nil, nil)
@@ -260,7 +262,7 @@ var (
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descWorkerActiveBlocks, descWorkerPrefill, descWorkerRequests,
-		descWorkerHealthy, descWorkerEjected, descWorkerStalled, descWorkerEjections, descWorkerIndexBlocks, descWorkerRingLag, descIndexEntries, descIndexCapacity,
+		descWorkerHealthy, descWorkerEjected, descWorkerStalled, descWorkerEjections, descWorkerIndexBlocks, descWorkerIndexRefused, descWorkerRingLag, descIndexEntries, descIndexCapacity,
 		descIndexOverflow, descIndexMapEntries, descIndexMapCapacity, descIndexMapOverflow, descSegmentRetired, descFeedEvents, descZMQConnected, descZMQEvents, descQueueWaiting, descInFlight, descRefused,
 		descTokenizerInfo, descTokenize, descPrefixCacheSegments, descPrefixCacheEvictions, descPrefixCacheBytes} {
 		ch <- d
@@ -304,6 +306,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descWorkerStalled, prometheus.GaugeValue, stalled, id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerEjections, prometheus.CounterValue, float64(wv.Ejections), id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerIndexBlocks, prometheus.GaugeValue, float64(wv.IndexBlocks), id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerIndexRefused, prometheus.CounterValue, float64(wv.IndexRefused), id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerRingLag, prometheus.GaugeValue, float64(wv.FeedLagBytes), id, rank)
 		if wv.ZMQ != nil {
 			collectZMQ(ch, *wv.ZMQ, id, rank)

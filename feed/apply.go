@@ -16,7 +16,7 @@ type indexWrites interface {
 	LookupEngineHash(w workers.Slot, engine uint64) (uint64, bool)
 	MapEngineHashes(w workers.Slot, engines, kvs []uint64, had []int) (int, []int)
 	UnmapEngineHashes(w workers.Slot, engines []uint64, dst []uint64) []uint64
-	StoredAgain(w workers.Slot, hashes []uint64, again []int) []int
+	StoredAgain(w workers.Slot, hashes []uint64, again []int) ([]int, int)
 	Removed(w workers.Slot, hashes []uint64)
 	Cleared(w workers.Slot)
 	ClearedAll(w workers.Slot)
@@ -204,7 +204,8 @@ func (a *applier) store(w workers.Slot, k keyspace, engines, kv []uint64) int {
 	if !whole {
 		kv, keys = a.mappedOnly(w, k, keys, kv)
 	}
-	a.again = a.ix.StoredAgain(w, k.keys(kv, &a.kv), a.again[:0])
+	again, refused := a.ix.StoredAgain(w, k.keys(kv, &a.kv), a.again[:0])
+	a.again = again
 	if a.countCopies && whole && len(had) > 0 {
 		// Both lists are ascending positions in keys: copies are in both.
 		j := 0
@@ -217,7 +218,7 @@ func (a *applier) store(w workers.Slot, k keyspace, engines, kv []uint64) int {
 			}
 		}
 	}
-	return len(kv)
+	return len(kv) - refused
 }
 
 // copied counts one more copy of worker w's block named engine.

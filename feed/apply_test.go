@@ -67,14 +67,17 @@ func (c *cutIndex) UnmapEngineHashes(w workers.Slot, engines []uint64, dst []uin
 	return dst
 }
 
-func (c *cutIndex) StoredAgain(w workers.Slot, hashes []uint64, again []int) []int {
+func (c *cutIndex) StoredAgain(w workers.Slot, hashes []uint64, again []int) ([]int, int) {
+	refused := 0
 	for i := range hashes {
-		if len(c.ix.StoredAgain(w, hashes[i:i+1], nil)) > 0 {
+		held, r := c.ix.StoredAgain(w, hashes[i:i+1], nil)
+		if len(held) > 0 {
 			again = append(again, i)
 		}
+		refused += r
 		c.wrote()
 	}
-	return again
+	return again, refused
 }
 
 func (c *cutIndex) Removed(w workers.Slot, hashes []uint64) {

@@ -82,6 +82,11 @@ type SegmentConfig struct {
 	// IndexCapacity is the distinct KV blocks the index holds; with a
 	// segment it applies when the segment is created.
 	IndexCapacity int
+	// IndexWorkerShare is the most of the index one worker's blocks may
+	// take (radix.Index.SetWorkerShare), so that a publisher that never
+	// evicts cannot fill it for every other worker. This router's setting
+	// while it ingests, not the segment's.
+	IndexWorkerShare float64
 	// RingBytes sizes each worker's event ring at creation (0: shm's
 	// default).
 	RingBytes int
@@ -145,9 +150,10 @@ func DefaultConfig() Config {
 		Listen:      "127.0.0.1:8000",
 		AdminListen: DefaultAdminListen,
 		Segment: SegmentConfig{
-			Path:          shm.DefaultPath("kvfast"),
-			IndexCapacity: 1 << 20,
-			Sessions:      shm.DefaultBindings,
+			Path:             shm.DefaultPath("kvfast"),
+			IndexCapacity:    1 << 20,
+			IndexWorkerShare: radix.DefaultWorkerShare,
+			Sessions:         shm.DefaultBindings,
 		},
 		RegistryPoll:     100 * time.Millisecond,
 		HeartbeatGrace:   feed.DefaultHeartbeatGrace,
@@ -261,6 +267,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Segment.IndexCapacity <= 0 {
 		return fmt.Errorf("cannot use index capacity %d: must be positive", c.Segment.IndexCapacity)
+	}
+	if s := c.Segment.IndexWorkerShare; !(s > 0 && s <= 1) {
+		return fmt.Errorf("cannot use index worker share %v: want more than 0 and at most 1 (1: no bound)", s)
 	}
 	if c.Approx.Capacity <= 0 {
 		return fmt.Errorf("cannot use approx capacity %d: must be positive", c.Approx.Capacity)

@@ -33,6 +33,8 @@ func TestValidateRefuses(t *testing.T) {
 		{"zero approx TTL", func(c *Config) { c.Approx.TTL = 0 }, "approx TTL"},
 		{"zero shutdown timeout", func(c *Config) { c.ShutdownTimeout = 0 }, "shutdown timeout"},
 		{"zero index capacity", func(c *Config) { c.Segment.IndexCapacity = 0 }, "index capacity"},
+		{"zero index worker share", func(c *Config) { c.Segment.IndexWorkerShare = 0 }, "index worker share"},
+		{"index worker share over 1", func(c *Config) { c.Segment.IndexWorkerShare = 1.5 }, "index worker share"},
 		{"zero approx capacity", func(c *Config) { c.Approx.Capacity = 0 }, "approx capacity"},
 		{"zero block size", func(c *Config) { c.Sched.BlockSize = 0 }, "block size"},
 		{"too many static workers", func(c *Config) {

@@ -65,6 +65,9 @@ type Node struct {
 	// regState is what the registry said about each slot last time; only
 	// the registry loop touches it (and New, before the loop starts).
 	regState [workers.Max]regEntry
+	// refusedSeen is each slot's index refusals at the last look
+	// (watchRefusals); only that loop touches it.
+	refusedSeen [workers.Max]uint64
 
 	stop      context.CancelFunc
 	bg        sync.WaitGroup
@@ -119,6 +122,9 @@ func New(cfg Config) (_ *Node, err error) {
 		n.ingester = feed.New(n.seg, feed.Config{HeartbeatGrace: cfg.HeartbeatGrace, Logger: n.log})
 	} else if n.index, err = radix.NewHeap(radix.Config{Capacity: cfg.Segment.IndexCapacity}); err != nil {
 		return nil, fmt.Errorf("cannot create the index: %w", err)
+	}
+	if err := n.index.SetWorkerShare(cfg.Segment.IndexWorkerShare); err != nil {
+		return nil, err
 	}
 	if n.approx, err = radix.NewApprox(radix.Config{Capacity: cfg.Approx.Capacity}, cfg.Approx.TTL); err != nil {
 		return nil, fmt.Errorf("cannot create the approximate index: %w", err)
@@ -179,6 +185,7 @@ func New(cfg Config) (_ *Node, err error) {
 	n.stop = cancel
 	n.bg.Go(func() { n.every(ctx, cfg.RegistryPoll, n.syncRegistry) })
 	n.bg.Go(func() { n.every(ctx, time.Second, func() { n.approx.Expire(time.Now()) }) })
+	n.bg.Go(func() { n.every(ctx, time.Second, n.watchRefusals) })
 	n.bg.Go(func() { n.runZMQ(ctx) })
 	n.bg.Go(func() { n.pollModels(ctx) })
 	n.bg.Go(func() { n.awaitSettled(ctx) })
@@ -191,6 +198,31 @@ func New(cfg Config) (_ *Node, err error) {
 	}
 	return n, nil
 }
+
+// watchRefusals warns, once a minute per worker, while the index refuses
+// a worker's blocks: from then on the router under-claims its cache, and
+// /metrics alone would not tell an operator why its hit rate fell.
+// Process-local counts only (radix.Index.Refused), so it may run after
+// the segment is unmapped. Only the background loop calls it.
+func (n *Node) watchRefusals() {
+	for i := range workers.Max {
+		slot := workers.Slot(i)
+		refused := n.index.Refused(slot)
+		if refused == n.refusedSeen[i] {
+			continue
+		}
+		if refused > n.refusedSeen[i] {
+			n.throttle.Log(n.log, slog.LevelWarn, "refused/"+strconv.Itoa(i), indexFullMessage,
+				"slot", slot, "refused_blocks", refused, "index_worker_share", n.cfg.Segment.IndexWorkerShare)
+		}
+		n.refusedSeen[i] = refused
+	}
+}
+
+const indexFullMessage = "the index refused a worker's blocks for want of room (the worker holds its share, " +
+	"--index-worker-share, or the index is full): the router under-claims its cache from now on; an engine that " +
+	"never reports evictions, or one with a large lower tier, does this; kvfast_worker_index_blocks shows who " +
+	"holds the index, and --index-capacity (a new segment) makes it larger"
 
 // logRepeatEvery is how often a condition every poll sees again is logged.
 const logRepeatEvery = time.Minute

@@ -784,6 +784,33 @@ func TestRegistrationChurnIsThrottled(t *testing.T) {
 // pollingNode starts a node whose registry the test polls itself
 // (syncRegistry), without health checks, logging into counts; the node
 // is closed when the test ends.
+// A worker whose blocks the index refuses is named in the log (once a
+// minute) and counted per worker, so that an operator can tell why its
+// hits fell and who holds the index.
+func TestIndexRefusalsAreReported(t *testing.T) {
+	counts := countLog{indexFullMessage: new(atomic.Int64)}
+	cfg := testConfig(t)
+	cfg.Segment.IndexWorkerShare = 0.25
+	cfg.Logger = slog.New(counts)
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	hashes := make([]uint64, cfg.Segment.IndexCapacity)
+	for i := range hashes {
+		hashes[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+	}
+	_, refused := n.Index().StoredAgain(2, hashes, nil)
+	if refused < len(hashes)/2 {
+		t.Fatalf("%d of %d blocks refused at a quarter share", refused, len(hashes))
+	}
+	waitFor(t, "the refusals logged", func() bool { return counts[indexFullMessage].Load() > 0 })
+	if got := n.Index().Stats().WorkerRefused[2]; got != uint64(refused) {
+		t.Fatalf("Stats counts %d refusals, want %d", got, refused)
+	}
+}
+
 func pollingNode(t *testing.T, counts countLog) (*Node, Config) {
 	t.Helper()
 	cfg := testConfig(t)

@@ -57,7 +57,7 @@ func (n *Node) snapshot(v *fastpath.Snapshot) {
 			Source: "registry", Role: info.Role.String(), Healthy: ld.Healthy, Stalled: ld.Stalled, KVCapacityBlocks: info.KVCapacityBlocks,
 			ActiveBlocks: ld.ActiveBlocks, OutputBlocks: ld.OutputBlocks, PrefillTokens: ld.PrefillTokens, Requests: ld.Requests,
 			EngineRunning: ld.EngineRunning, EngineWaiting: ld.EngineWaiting, EngineKVUsed: ld.EngineKVUsed, EngineKVTotal: ld.EngineKVTotal,
-			IndexBlocks: ix.WorkerBlocks[w], FeedLagBytes: lag[w],
+			IndexBlocks: ix.WorkerBlocks[w], IndexRefused: ix.WorkerRefused[w], FeedLagBytes: lag[w],
 			Calibration: fastpath.NewCalibrationView(n.sched.Calibration(w), auto)}
 		if e := n.engines.Engine(w); e != nil {
 			o := e.Outlier()

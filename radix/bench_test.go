@@ -1,6 +1,7 @@
 package radix
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -329,6 +330,35 @@ func BenchmarkClearedAll(b *testing.B) {
 				}
 				ix.ClearedAll(w)
 			}
+		})
+	}
+}
+
+// BenchmarkStoreShare is the writers' cost of the per-worker share
+// (share.go): the same store and removal of 32-block tails with the bound
+// at 0.5 (kvfast serve's default) and lifted (1), in one run.
+func BenchmarkStoreShare(b *testing.B) {
+	const eventBlocks = 32
+	r := rand.New(rand.NewPCG(11, 11))
+	prompts := chains(r, 4096, eventBlocks)
+	for _, share := range []float64{1, DefaultWorkerShare} {
+		b.Run(fmt.Sprintf("share=%v", share), func(b *testing.B) {
+			ix, err := NewHeap(Config{Capacity: 1 << 20})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := ix.SetWorkerShare(share); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				p := prompts[i%len(prompts)]
+				ix.Stored(workers.Slot(i%8), p)
+				ix.Removed(workers.Slot(i%8), p)
+				i++
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*2*eventBlocks), "ns/block")
 		})
 	}
 }

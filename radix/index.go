@@ -23,6 +23,12 @@ type Index struct {
 
 	unverified atomic.Int64 // write work since the last invariant check (see wrote)
 
+	// A worker's share of the index (share.go): the most blocks, and
+	// engine-hash mappings, one worker may hold per shard, and the stores
+	// refused per worker for want of room. Process-local.
+	blockQuota, mapQuota atomic.Uint32
+	refused              [workers.Max]atomic.Uint64
+
 	// Hybrid workers (keyspace.go): process-local, set by the feed.
 	hybridMu  sync.Mutex // serialises SetHybrid
 	hybrid    [workers.Max]atomic.Pointer[Hybrid]
@@ -45,6 +51,13 @@ type shard struct {
 	// clears it (a router that becomes the ingester stays it until it
 	// exits).
 	mapped workers.Set
+	// mapHeld counts each worker's engine-hash mappings in this shard, for
+	// its share of the map (share.go). Process-local, under mu: counted
+	// when the index is attached and again by Repair, which a process runs
+	// before it writes a region others wrote. mapped stays beside it
+	// because forgetting must never skip a shard, and a count taken while
+	// another process wrote may be short.
+	mapHeld [workers.Max]uint32
 }
 
 // shardMeta is the region-resident part of a shard (384 bytes; see layout.go).
@@ -105,11 +118,17 @@ func Attach(region []byte) (*Index, error) {
 	if err := checkRegion(region, g.size); err != nil {
 		return nil, err
 	}
-	return open(region, g), nil
+	ix := open(region, g)
+	for i := range ix.shards {
+		ix.shards[i].recountMap()
+	}
+	return ix, nil
 }
 
 func open(region []byte, g geometry) *Index {
 	ix := &Index{region: region, geo: g, shards: make([]shard, g.shards)}
+	ix.blockQuota.Store(g.blockLimit)
+	ix.mapQuota.Store(g.mapLimit)
 	base := unsafe.Pointer(unsafe.SliceData(region))
 	for i := range ix.shards {
 		meta := (*shardMeta)(unsafe.Add(base, g.shardMetaBase+i*shardMetaSize))
@@ -569,9 +588,12 @@ func (ix *Index) Stored(w workers.Slot, hashes []uint64) {
 // of each block w held already, and returns it: an engine that keeps
 // several copies of one block (vLLM does not de-duplicate) announces each
 // copy's store and each copy's eviction, and the feed counts the copies
-// so that evicting one leaves the block claimed.
-func (ix *Index) StoredAgain(w workers.Slot, hashes []uint64, again []int) []int {
-	return ix.store(w, hashes, true, again)
+// so that evicting one leaves the block claimed. It also returns how many
+// blocks were refused for want of room, in the table or in w's share.
+func (ix *Index) StoredAgain(w workers.Slot, hashes []uint64, again []int) ([]int, int) {
+	before := ix.refused[w].Load() // w has one writer (see Stored's callers)
+	again = ix.store(w, hashes, true, again)
+	return again, int(ix.refused[w].Load() - before)
 }
 
 func (ix *Index) store(w workers.Slot, hashes []uint64, collect bool, again []int) []int {
@@ -691,7 +713,7 @@ func (ix *Index) applyBit(sh *shard, i uint32, w workers.Slot, bit uint64, store
 		ix.clearBit(sh, i, w, bit)
 		return had
 	}
-	if !had {
+	if !had && !ix.blockOverQuota(sh, w) {
 		s.val.Store(s.val.Load() | bit)
 		sh.meta.workerBlocks[w].Add(1)
 	}
@@ -699,7 +721,11 @@ func (ix *Index) applyBit(sh *shard, i uint32, w workers.Slot, bit uint64, store
 }
 
 func (ix *Index) insertBlock(sh *shard, i uint32, key uint64, w workers.Slot, bit uint64) bool {
+	if ix.blockOverQuota(sh, w) {
+		return false
+	}
 	if !sh.blocks.insertAt(i, key, bit) {
+		ix.refused[w].Add(1)
 		return false
 	}
 	sh.meta.workerBlocks[w].Add(1)
@@ -789,6 +815,7 @@ func (ix *Index) engineMapLive() uint64 {
 func (ix *Index) RemoveWorker(w workers.Slot) {
 	ix.SetHybrid(w, nil)
 	ix.forgetWorker(w, "RemoveWorker")
+	ix.refused[w].Store(0)
 }
 
 // ClearedAll is Cleared for an engine that reports it emptied its cache
@@ -830,6 +857,7 @@ func unmapWorkerIn(sh *shard, w workers.Slot) {
 		i++
 	}
 	sh.mapped &^= workers.SetOf(w) // after the scan: not if it faulted
+	sh.mapHeld[w] = 0
 }
 
 func (ix *Index) checkSlot(w workers.Slot) {
@@ -879,8 +907,16 @@ func (ix *Index) mapEngineHashHad(w workers.Slot, engine, kv uint64, replace boo
 	defer sh.mu.Unlock()
 	i, found := sh.engine.find(key)
 	if !found {
+		if ix.mapOverQuota(sh, w) {
+			return false, false
+		}
+		if !sh.engine.insertAt(i, key, kv) {
+			ix.refused[w].Add(1)
+			return false, false
+		}
 		sh.mapped |= workers.SetOf(w)
-		return sh.engine.insertAt(i, key, kv), false
+		sh.mapHeld[w]++
+		return true, false
 	}
 	if sh.engine.at(i).val.Load() == kv {
 		return true, true
@@ -920,6 +956,9 @@ func (ix *Index) unmapEngineHash(w workers.Slot, engine uint64) (uint64, bool) {
 	}
 	kv := sh.engine.at(i).val.Load()
 	sh.engine.deleteAt(i)
+	if w := workers.Slot(key >> mapWorkerShift); sh.mapHeld[w] > 0 {
+		sh.mapHeld[w]-- // a count taken while another process wrote may be short
+	}
 	return kv, true
 }
 

@@ -88,6 +88,7 @@ func (ix *Index) Repair(ctx context.Context, opts RepairOptions) (int, error) {
 		if err != nil {
 			return dropped, err
 		}
+		ix.shards[si].recountMap()
 	}
 	// Spill counts first, so that findBlock, which trusts them, sees every
 	// spilled entry while the passes below decide what to keep.
@@ -337,6 +338,7 @@ func (ix *Index) Reset() {
 			t.moveSeq.Add(1)
 		}
 		sh.meta.unresolvedRemovals.Store(0)
+		sh.mapHeld = [workers.Max]uint32{}
 		for w := range sh.meta.workerBlocks {
 			sh.meta.workerBlocks[w].Store(0)
 		}

@@ -23,6 +23,11 @@ type Stats struct {
 	EngineMapBytes     int // bytes of the engine map alone
 	Shards             []ShardStats
 	WorkerBlocks       [workers.Max]uint64 // blocks held per worker slot
+	// WorkerRefused counts, per worker slot, the blocks and engine-hash
+	// mappings refused for want of room: a full table, or the worker's
+	// share of it (SetWorkerShare). This process's writes only; a slot's
+	// count starts again when RemoveWorker frees it.
+	WorkerRefused [workers.Max]uint64
 }
 
 // ShardStats describes one shard.
@@ -58,6 +63,9 @@ func (ix *Index) Stats() Stats {
 		for w := range m.workerBlocks {
 			st.WorkerBlocks[w] += uint64(m.workerBlocks[w].Load())
 		}
+	}
+	for w := range ix.refused {
+		st.WorkerRefused[w] = ix.refused[w].Load()
 	}
 	return st
 }
