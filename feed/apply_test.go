@@ -293,6 +293,31 @@ func TestStoredSkipsBlocksTheMapCannotName(t *testing.T) {
 	}
 }
 
+// TestStoredCountsOnlyWhatTheIndexTook: blocks past the worker's share of
+// the block table are not counted as stored (the feed's stored_blocks).
+func TestStoredCountsOnlyWhatTheIndexTook(t *testing.T) {
+	ix, err := radix.NewHeap(radix.Config{Capacity: 1 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ix.SetWorkerShare(0.25); err != nil {
+		t.Fatal(err)
+	}
+	const slot = workers.Slot(2)
+	a := newApplier(ix, 0)
+	engines := make([]uint64, 1000)
+	tokens := make([]uint32, len(engines)*testBlockSize)
+	for i := range engines {
+		engines[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+		tokens[i*testBlockSize] = uint32(i)
+	}
+	stored := a.stored(slot, gpu, radix.NamespaceSeed(testModel, "", ""), engines, tokens, nil, testBlockSize)
+	st := ix.Stats()
+	if st.WorkerRefused[slot] == 0 || st.WorkerBlocks[slot] != uint64(stored) {
+		t.Fatalf("stored reports %d blocks, the index holds %d and refused %d", stored, st.WorkerBlocks[slot], st.WorkerRefused[slot])
+	}
+}
+
 // TestStoredUnderATakenName: a block whose engine hash names another block
 // the worker holds is not stored (reused), in another event or the same
 // one, so that every held block keeps a name; a name whose block the

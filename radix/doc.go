@@ -80,7 +80,10 @@
 //
 // Memory is fixed when the region is formatted. A store beyond a shard's
 // limit is refused and counted (Stats.Overflow); lookups go on. Deletion
-// shifts later entries back, so churn leaves no dead slots behind.
+// shifts later entries back, so churn leaves no dead slots behind. One
+// worker may hold at most a share of each shard (SetWorkerShare,
+// share.go), so that a publisher that never reports evictions cannot
+// leave no room for the others.
 //
 // # Repair
 //
