@@ -38,8 +38,10 @@
 // The segment is attached only if this user owns it with mode 0600
 // (SegmentConfig.AllowForeign overrides, with a warning in the log).
 // Conditions that every registry poll sees again, a refused registration
-// or an unreadable registry slot, are logged once a minute per slot
-// (internal/logthrottle).
+// or an unreadable registry slot, and state changes a restart loop repeats
+// (joins and leaves, health), are logged once a minute per slot
+// (internal/logthrottle); the last line held back is written when the
+// minute is over, so the log's last word on a slot is its state now.
 //
 // # Ownership
 //

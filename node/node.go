@@ -185,7 +185,12 @@ func New(cfg Config) (_ *Node, err error) {
 	n.stop = cancel
 	n.bg.Go(func() { n.every(ctx, cfg.RegistryPoll, n.syncRegistry) })
 	n.bg.Go(func() { n.every(ctx, time.Second, func() { n.approx.Expire(time.Now()) }) })
-	n.bg.Go(func() { n.every(ctx, time.Second, n.watchRefusals) })
+	n.bg.Go(func() {
+		n.every(ctx, time.Second, func() {
+			n.watchRefusals()
+			n.throttle.Flush() // what it held back, once its minute is over
+		})
+	})
 	n.bg.Go(func() { n.runZMQ(ctx) })
 	n.bg.Go(func() { n.pollModels(ctx) })
 	n.bg.Go(func() { n.awaitSettled(ctx) })
@@ -311,9 +316,11 @@ func (n *Node) healthChanged(slot workers.Slot, addr string, healthy bool, cause
 		// header.
 		args = append(args, "err", cause)
 	}
-	// Once a minute per slot and direction: an engine flapping (or a
-	// publisher re-registering in a loop) would otherwise log at its rate.
-	n.throttle.Log(n.log, slog.LevelWarn, "health/"+strconv.Itoa(int(slot))+"/"+strconv.FormatBool(healthy), "engine health changed", args...)
+	// Once a minute per slot: an engine flapping (or a publisher
+	// re-registering in a loop) would otherwise log at its rate. One key
+	// for both directions, so that the line the throttle writes last
+	// (Flush) is the engine's health now.
+	n.throttle.Log(n.log, slog.LevelWarn, "health/"+strconv.Itoa(int(slot)), "engine health changed", args...)
 }
 
 // every runs f each period until ctx ends.

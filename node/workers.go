@@ -264,9 +264,11 @@ func (n *Node) scanRegistry() {
 				*e = regEntry{refused: true, id: id}
 				continue
 			}
-			// Joins and leaves once a minute per slot each: a publisher
+			// Joins and leaves once a minute per slot: a publisher
 			// registering in a loop logged thousands of lines a minute.
-			n.throttle.Log(n.log, slog.LevelInfo, "joined/"+strconv.Itoa(i), "worker joined", "slot", slot, "worker", info.WorkerID, "dp_rank", info.DPRank,
+			// One key for both, so that the line Flush writes last is the
+			// slot's state now.
+			n.throttle.Log(n.log, slog.LevelInfo, "member/"+strconv.Itoa(i), "worker joined", "slot", slot, "worker", info.WorkerID, "dp_rank", info.DPRank,
 				"model", info.Model, "endpoint", addr, "generation", info.Generation)
 			if info.Model == "" {
 				// Nothing else would say why the engine's model is missing
@@ -289,7 +291,7 @@ func (n *Node) scanRegistry() {
 		e := &n.regState[slot]
 		switch {
 		case e.present && !live.Has(slot):
-			n.throttle.Log(n.log, slog.LevelInfo, "left/"+strconv.Itoa(i), "worker left", "slot", slot, "endpoint", loggableEndpoint(e.id.endpoint), "heartbeat_stale", down.Has(slot))
+			n.throttle.Log(n.log, slog.LevelInfo, "member/"+strconv.Itoa(i), "worker left", "slot", slot, "endpoint", loggableEndpoint(e.id.endpoint), "heartbeat_stale", down.Has(slot))
 			n.approx.Forget(slot)
 			n.sched.Remove(slot)
 			if down.Has(slot) {

@@ -1,6 +1,8 @@
 // Package logthrottle keeps a condition that persists from flooding the
 // log: a line under a key is written at most once per interval, and the
 // next one that gets through says how many were held back meanwhile.
+// Flush writes the last line held back under a key once its interval is
+// over, for conditions that change (an engine that left and came back).
 //
 // # Responsibility
 //

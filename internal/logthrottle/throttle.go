@@ -1,8 +1,10 @@
 package logthrottle
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 )
@@ -17,11 +19,22 @@ type Throttle struct {
 
 	mu   sync.Mutex
 	keys map[string]*entry
+	held int // entries with a held line (Flush's fast path)
 }
 
 type entry struct {
 	last       time.Time // when a line last got through
 	suppressed int       // lines held back since
+	latest     *line     // the last line Log held back, for Flush
+}
+
+// line is a log line held back, as Log was given it.
+type line struct {
+	log   *slog.Logger
+	level slog.Level
+	msg   string
+	args  []any
+	at    time.Time
 }
 
 // New returns a throttle that lets a key's line through at most once per
@@ -50,12 +63,19 @@ func (t *Throttle) Allow(key string) (ok bool, suppressed int) {
 	}
 	suppressed = e.suppressed
 	e.last, e.suppressed = now, 0
+	if e.latest != nil {
+		e.latest = nil
+		t.held--
+	}
 	return true, suppressed
 }
 
 func (t *Throttle) forgetQuiet(now time.Time) {
 	for k, e := range t.keys {
 		if now.Sub(e.last) >= t.interval {
+			if e.latest != nil {
+				t.held--
+			}
 			delete(t.keys, k)
 		}
 	}
@@ -64,13 +84,64 @@ func (t *Throttle) forgetQuiet(now time.Time) {
 // Log writes msg with args at level to log unless a line under key got
 // through within the interval; a line that follows held-back ones carries
 // their count as "repeated".
+//
+// The line held back last under each key is kept, and Flush writes it
+// once the interval is over: a condition that changes (an engine that
+// left and came back within the minute) must not have the log's last
+// word on it be a state that no longer holds.
 func (t *Throttle) Log(log *slog.Logger, level slog.Level, key, msg string, args ...any) {
 	ok, suppressed := t.Allow(key)
 	if !ok {
+		t.hold(key, &line{log: log, level: level, msg: msg, args: args, at: t.now()})
 		return
 	}
 	if suppressed > 0 {
 		args = append(args, "repeated", suppressed)
 	}
 	log.Log(context.Background(), level, msg, args...)
+}
+
+func (t *Throttle) hold(key string, l *line) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.keys[key]
+	if e == nil {
+		return // forgotten meanwhile
+	}
+	if e.latest == nil {
+		t.held++
+	}
+	e.latest = l
+}
+
+// Flush writes, for every key whose interval is over, the last line Log
+// held back under it, with how many were held back in all ("held_back"),
+// in the order they were held back. It is cheap when nothing is held;
+// call it on a timer (a poll loop) for the log to catch up within one
+// interval.
+func (t *Throttle) Flush() {
+	now := t.now()
+	t.mu.Lock()
+	if t.held == 0 {
+		t.mu.Unlock()
+		return
+	}
+	type due struct {
+		l *line
+		n int
+	}
+	var out []due
+	for _, e := range t.keys {
+		if e.latest == nil || now.Sub(e.last) < t.interval {
+			continue
+		}
+		out = append(out, due{e.latest, e.suppressed})
+		e.last, e.suppressed, e.latest = now, 0, nil
+		t.held--
+	}
+	t.mu.Unlock()
+	slices.SortFunc(out, func(a, b due) int { return cmp.Compare(a.l.at.UnixNano(), b.l.at.UnixNano()) })
+	for _, d := range out {
+		d.l.log.Log(context.Background(), d.l.level, d.l.msg, append(d.l.args, "held_back", d.n)...)
+	}
 }
