@@ -11,7 +11,7 @@ seg, held_id, free_id, unseen_id = sys.argv[1], int(sys.argv[2]), int(sys.argv[3
 fds = len(os.listdir("/proc/self/fd"))
 for _ in range(3):
     try:
-        kvfast_publisher.KvfastPublisher(seg, worker_id=held_id, model="test-model", block_size=4)
+        kvfast_publisher.KvfastPublisher(seg, worker_id=held_id, model="test-model", block_size=4, endpoint="127.0.0.1:7790")
         print("registered-over-a-live-holder")
     except kvfast_publisher.WorkerLive as e:
         if "give each engine its own worker id" not in str(e):
@@ -25,12 +25,13 @@ print("refused")
 # again after losing its slot (displaced) watches it and is refused; a
 # first registration takes it for dead.
 try:
-    kvfast_publisher.KvfastPublisher(seg, worker_id=unseen_id, model="test-model", block_size=4, displaced=True)
+    kvfast_publisher.KvfastPublisher(seg, worker_id=unseen_id, model="test-model", block_size=4, endpoint="127.0.0.1:7790",
+                                     displaced=True)
     print("displaced-took-back-its-slot")
 except kvfast_publisher.WorkerLive:
     print("displaced-refused")
 
-pub = kvfast_publisher.KvfastPublisher(seg, worker_id=free_id, model="test-model", block_size=4)
+pub = kvfast_publisher.KvfastPublisher(seg, worker_id=free_id, model="test-model", block_size=4, endpoint="127.0.0.1:7790")
 gen_word = (kvfast_publisher.REGISTRY_OFF + pub.slot * kvfast_publisher.SLOT_SIZE + kvfast_publisher.S_GEN) // 4
 pub._i[gen_word] = pub.generation + 1  # as another registration's claim does
 try:

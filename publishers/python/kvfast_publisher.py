@@ -25,12 +25,14 @@ single aligned 8-byte store. On weakly ordered CPUs (arm64) use the Go
 publisher.
 """
 
+import errno
 import mmap
 import os
 import struct
 import sys
 import threading
 import time
+import urllib.parse
 
 LAYOUT_VERSION = 2
 MAGIC = b"KVFASTSG"
@@ -116,6 +118,24 @@ class Retired(Exception):
     """The router recreated the segment; register again."""
 
 
+def check_endpoint(endpoint):
+    """Raise ValueError unless endpoint is what the router routes to:
+    http://host:port or host:port, port 1 to 65535, no credentials, path
+    or query (the router refuses such a registration, and only its log
+    would say so)."""
+    if not endpoint:
+        raise ValueError("no endpoint: the router needs the engine's HTTP address (http://host:port) to route to it")
+    rest = endpoint
+    if "://" in endpoint:
+        u = urllib.parse.urlsplit(endpoint)
+        if u.scheme != "http" or u.username is not None or u.path not in ("", "/") or u.query or u.fragment:
+            raise ValueError("endpoint %r: want http://host:port, without credentials, path or query" % endpoint.split("@")[-1])
+        rest = u.netloc
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or any(c in host for c in "@/?#") or not port.isdigit() or not 0 < int(port) < 1 << 16:
+        raise ValueError("endpoint %r: want a host and a port from 1 to 65535 (http://host:port)" % endpoint.split("@")[-1])
+
+
 def _fnv1a64(data):
     h = 0xCBF29CE484222325
     for b in data:
@@ -151,12 +171,17 @@ class KvfastPublisher:
             raise ValueError("model or endpoint too long")
         if role not in ROLES:
             raise ValueError("role %r: want both, prefill, decode or encode" % role)
+        check_endpoint(endpoint)
         self._role = ROLES[role]
         self._displaced = displaced
         self._lock = threading.Lock()
         self._closed = False
         self._path = path
-        self._fd = os.open(path, os.O_RDWR)
+        try:
+            self._fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "no kvfast segment here: start the router first "
+                                    "(kvfast serve creates it; its --segment names the path)", path) from None
         self._mm = None
         try:
             self._attach(path)

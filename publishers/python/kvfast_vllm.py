@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 
-from kvfast_publisher import KvfastPublisher, Retired, SlotLost, WorkerLive
+from kvfast_publisher import KvfastPublisher, Retired, SlotLost, WorkerLive, check_endpoint
 
 _log = logging.getLogger("kvfast")
 
@@ -46,7 +46,8 @@ class KvfastEventPublisher:
     KVFAST_SEGMENT. The rest comes from the environment:
     KVFAST_WORKER_ID (default 0: give each engine on the node its own, or
     the second to start is refused with WorkerLive), KVFAST_MODEL (the
-    served model name, required: vLLM does not pass it), KVFAST_BLOCK_SIZE (default 16), KVFAST_ENDPOINT (the engine's HTTP URL),
+    served model name, required: vLLM does not pass it), KVFAST_BLOCK_SIZE (default 16), KVFAST_ENDPOINT (the engine's
+    HTTP address, http://host:port, required),
     KVFAST_KV_BLOCKS, KVFAST_HEARTBEAT_S (default 1).
 
     The segment need not exist yet: an engine may start before its router
@@ -70,6 +71,14 @@ class KvfastEventPublisher:
             # the router answers 404 to every request for it.
             raise ValueError("kvfast: KVFAST_MODEL is not set: set it to the name clients send as \"model\" "
                              "(vllm serve --served-model-name, else the model given to vllm serve)")
+        endpoint_url = _env("KVFAST_ENDPOINT", "")
+        try:
+            check_endpoint(endpoint_url)
+        except ValueError as e:
+            # Registered without a usable address, the worker is refused by
+            # the router, and only the router's log would say so.
+            raise ValueError("kvfast: KVFAST_ENDPOINT: %s: set it to this engine's address as the router reaches it, "
+                             "e.g. http://127.0.0.1:8001 for vllm serve --port 8001" % e) from None
         self._dp_rank = int(data_parallel_rank or 0)
         self._args = dict(
             path=path,
@@ -78,7 +87,7 @@ class KvfastEventPublisher:
             block_size=int(_env("KVFAST_BLOCK_SIZE", "16")),
             dp_rank=self._dp_rank,
             kv_capacity_blocks=int(_env("KVFAST_KV_BLOCKS", "0")),
-            endpoint=_env("KVFAST_ENDPOINT", ""),
+            endpoint=endpoint_url,
         )
         try:
             self._pub = KvfastPublisher(**self._args)

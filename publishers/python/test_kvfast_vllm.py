@@ -170,7 +170,33 @@ class EngineBeforeRouterTest(unittest.TestCase):
             self.assertEqual(slot_state(self.path, 0)[0], kvfast_publisher.FREE)
 
 
+    def test_endpoint_is_required(self):
+        # Registered without a usable address, the router refuses the
+        # worker and only its own log says so.
+        format_segment(self.path)
+        for bad in ("", "127.0.0.1", "http://127.0.0.1:0", "http://u:secret@127.0.0.1:8001", "http://127.0.0.1:8001/v1",
+                    "https://127.0.0.1:8001", None):
+            if bad is None:
+                os.environ.pop("KVFAST_ENDPOINT")
+            else:
+                os.environ["KVFAST_ENDPOINT"] = bad
+            with self.assertRaises(ValueError, msg=repr(bad)) as cm:
+                kvfast_vllm.KvfastEventPublisher(endpoint=self.path)
+            self.assertIn("KVFAST_ENDPOINT", str(cm.exception))
+            self.assertNotIn("secret", str(cm.exception))
+            self.assertEqual(slot_state(self.path, 0)[0], kvfast_publisher.FREE)
+        for good in ("http://127.0.0.1:8001", "127.0.0.1:8001", "http://[::1]:8001/", "engine-0.local:80"):
+            kvfast_publisher.check_endpoint(good)
+
+
 class AttachTest(unittest.TestCase):
+    def test_missing_segment_says_what_to_do(self):
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaises(FileNotFoundError) as cm:
+                kvfast_publisher.KvfastPublisher(os.path.join(d, "seg"), 1, "m", 16, endpoint="127.0.0.1:8001")
+            self.assertIn("start the router first", str(cm.exception))
+
+
     def test_short_file_is_not_a_segment(self):
         # The magic is checked before the size, as the router does: a
         # short file of data is not called a truncated segment, which would
@@ -182,7 +208,7 @@ class AttachTest(unittest.TestCase):
                 with open(path, "wb") as f:
                     f.write(data)
                 with self.assertRaises(kvfast_publisher.SegmentError) as cm:
-                    kvfast_publisher.KvfastPublisher(path, 1, "m", 16)
+                    kvfast_publisher.KvfastPublisher(path, 1, "m", 16, endpoint="127.0.0.1:8001")
                 self.assertIn(want, str(cm.exception), data)
 
 
