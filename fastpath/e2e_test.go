@@ -739,9 +739,12 @@ func TestOperationalEndpoints(t *testing.T) {
 		if ready.Status != "not_ready" || ready.Healthy == nil || *ready.Healthy != 0 {
 			t.Errorf("/ready body %s", resp.body)
 		}
+		// Started before any engine: no model is known yet, which
+		// clients should retry rather than take for a 404.
 		resp = r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(9, 16), false, 1), nil)
-		if resp.status != http.StatusNotFound || checkOpenAIError(t, resp.body) != "model_not_found" {
-			t.Errorf("a request with no workers: %d %s", resp.status, resp.body)
+		if resp.status != http.StatusServiceUnavailable || checkOpenAIError(t, resp.body) != "model_unavailable" ||
+			resp.header.Get("Retry-After") == "" {
+			t.Errorf("a request before any engine registered: %d %v %s", resp.status, resp.header, resp.body)
 		}
 		resp = r.post(t, fastpath.PathCompletions, []byte(`{"prompt":[1,2,3]}`), nil)
 		if resp.status != http.StatusServiceUnavailable || checkOpenAIError(t, resp.body) != "no_worker_available" ||

@@ -813,7 +813,7 @@ func outcomeOf(err error) string {
 // --- failures ---
 
 func (ex *exchange) reject(ctx *fasthttp.RequestCtx, e *openai.Error) {
-	if e == errModelUnavailable || e == errModelsPending {
+	if e == errModelUnavailable || e == errModelsPending || e == errNoEnginesYet {
 		// The router's side, not the client's: its engines are down, or
 		// not heard from yet.
 		ctx.Response.Header.SetBytesV("Retry-After", ex.s.retryAfter(ex))

@@ -151,9 +151,9 @@ func TestModelOfAJoiningWorker(t *testing.T) {
 
 // TestWorkerOfUnknownModel: a static worker whose engine has not told its
 // model yet is not listed as a model named "", and a request for a model
-// no known worker serves is answered 503 while such a worker exists and
-// start-up still waits for it (it may be that worker's model), 404 once
-// start-up has settled or no such worker is left. A request naming the
+// no known worker serves is answered 503 while such a worker exists (it
+// may be that worker's model: an engine still loading, or down past
+// start-up's wait), 404 once no such worker is left. A request naming the
 // model "" routes as one naming none.
 func TestWorkerOfUnknownModel(t *testing.T) {
 	s := newRouteTestServer(t, 1, "")
@@ -178,8 +178,8 @@ func TestWorkerOfUnknownModel(t *testing.T) {
 		t.Errorf("model \"\": %d, worker %d: %s; want 200 from the known model's worker", code, a.WorkerID, raw)
 	}
 	close(settled)
-	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusNotFound {
-		t.Errorf("after start-up settled: %d %s; want 404", code, raw)
+	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusServiceUnavailable {
+		t.Errorf("after start-up settled, a worker's model still unknown: %d %s; want 503", code, raw)
 	}
 	s.sched.Remove(3)
 	s.WorkersChanged()

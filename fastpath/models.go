@@ -96,6 +96,30 @@ func (s *Server) rebuildModels() {
 	s.modelsPending.Store(pending)
 }
 
+// RememberModels tells the request path of models that engines served
+// before this router started (the segment's registry keeps the model of a
+// slot whose engine closed or went down): a request naming one while its
+// engines are away gets 503 model_unavailable, which clients retry, as it
+// would had this router seen them leave, not a 404. Names served now, and
+// any beyond maxDeparted, are ignored.
+func (s *Server) RememberModels(names []string) {
+	s.modelsMu.Lock()
+	defer s.modelsMu.Unlock()
+	gone := map[string]struct{}{}
+	if old := s.departed.Load(); old != nil {
+		for name := range *old {
+			gone[name] = struct{}{}
+		}
+	}
+	served := *s.seeds.Load()
+	for _, name := range names {
+		if _, ok := served[name]; !ok && name != "" && len(gone) < maxDeparted {
+			gone[name] = struct{}{}
+		}
+	}
+	s.departed.Store(&gone)
+}
+
 // maxDeparted bounds the models remembered as once served.
 const maxDeparted = 4096
 
@@ -108,7 +132,9 @@ type modelNamespace struct {
 
 var (
 	errUnknownModel = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Param: "model", Code: "model_not_found",
-		Message: "no worker serves the requested model"}
+		Message: "no worker serves the requested model: GET /v1/models lists the models served (names are case-sensitive)"}
+	errNoEnginesYet = &openai.Error{Status: 503, Type: openai.TypeServerError, Param: "model", Code: "model_unavailable",
+		Message: "no engine has registered with the router yet (still starting?), so no model is known; retry later"}
 	errModelUnavailable = &openai.Error{Status: 503, Type: openai.TypeServerError, Param: "model", Code: "model_unavailable",
 		Message: "every worker that served the requested model is down; retry later"}
 	errModelsPending = &openai.Error{Status: 503, Type: openai.TypeServerError, Param: "model", Code: "model_unavailable",
@@ -161,11 +187,18 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 					return "", 0, nil, errModelUnavailable
 				}
 			}
-			if s.modelsPending.Load() && !s.isSettled() {
-				// It may be the model of a worker not heard from yet: not
-				// a client's mistake until start-up has given up waiting
-				// for it (--discovery-timeout).
+			if s.modelsPending.Load() {
+				// It may be the model of a worker not heard from yet (an
+				// engine still loading, or down): the router cannot tell
+				// a client's mistake from it.
 				return "", 0, nil, errModelsPending
+			}
+			if len(*s.seeds.Load()) == 0 && (s.departed.Load() == nil || len(*s.departed.Load()) == 0) {
+				// No model ever known, in this process or in the
+				// segment's registry (RememberModels): the router started
+				// before its engines, which clients should wait for
+				// rather than take a 404 they do not retry.
+				return "", 0, nil, errNoEnginesYet
 			}
 			return "", 0, nil, errUnknownModel
 		}

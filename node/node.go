@@ -173,6 +173,7 @@ func New(cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n.syncRegistry()
+	n.rememberRegisteredModels()
 	if n.unknownModel.Load() == 0 {
 		n.discoveredOnce.Do(func() { close(n.discovered) })
 		if n.ingester == nil {

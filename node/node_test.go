@@ -839,3 +839,56 @@ func (h countLog) Handle(_ context.Context, r slog.Record) error {
 	}
 	return nil
 }
+
+// TestRestartedRouterKnowsRegisteredModels: a router restarted while its
+// engines are away (closed or down in the registry) answers a request for
+// their model 503 model_unavailable, which clients retry, and not the 404
+// of a model never served.
+func TestRestartedRouterKnowsRegisteredModels(t *testing.T) {
+	cfg := testConfig(t)
+	first, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 1, Model: "gone-model", BlockSize: cfg.Sched.BlockSize,
+		Endpoint: "http://" + deadAddr(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- n.Serve(ln) }()
+	defer func() {
+		n.Close()
+		<-served
+	}()
+	post := func(model string) (int, string) {
+		resp, err := http.Post("http://"+ln.Addr().String()+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"`+model+`","prompt":[1,2,3],"max_tokens":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, body := post("gone-model"); code != http.StatusServiceUnavailable || !strings.Contains(body, "model_unavailable") {
+		t.Fatalf("a model the registry remembers: %d %s; want 503 model_unavailable", code, body)
+	}
+	if code, body := post("never-served"); code != http.StatusNotFound || !strings.Contains(body, "model_not_found") {
+		t.Fatalf("a model never served: %d %s; want 404", code, body)
+	}
+}

@@ -147,6 +147,26 @@ const noModelMessage = "a worker registered with no model name: the router lists
 	"no request to it (a request naming its model gets 404); give its publisher the served model name " +
 	"(the vLLM adapter's KVFAST_MODEL)"
 
+// rememberRegisteredModels tells the front end the models of the
+// registry's slots whose engines closed or went down before this router
+// started, so that a request for one while they restart is a 503 that
+// clients retry, not a 404 (fastpath.Server.RememberModels).
+func (n *Node) rememberRegisteredModels() {
+	if n.seg == nil {
+		return
+	}
+	var names []string
+	n.seg.Guard(func() {
+		for i := range workers.Max {
+			info, err := n.seg.ReadWorker(workers.Slot(i))
+			if err == nil && (info.State == shm.StateClosed || info.State == shm.StateDown) && info.Model != "" {
+				names = append(names, info.Model)
+			}
+		}
+	})
+	n.front.RememberModels(names)
+}
+
 // syncRegistry brings the worker set in line with the segment's registry
 // and copies every live worker's load page into the scheduler.
 func (n *Node) syncRegistry() {
