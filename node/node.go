@@ -288,7 +288,24 @@ func (n *Node) awaitSettled(ctx context.Context) {
 		}
 	}
 	close(n.settled)
-	n.log.Info("router ready", "workers", n.sched.Workers().Len(), "after", time.Since(start).Round(time.Millisecond))
+	n.logSettled(start)
+}
+
+// logSettled says that start-up has settled, and whether /ready agrees.
+func (n *Node) logSettled(start time.Time) {
+	healthy := 0
+	for w := range n.sched.Workers().All() {
+		if n.sched.Load(w).Healthy {
+			healthy++
+		}
+	}
+	if healthy == 0 {
+		// /ready says not_ready: the log must not say ready.
+		n.log.Warn("router started, but no worker is healthy yet: /ready answers 503 and requests wait, then get 503, until one is",
+			"workers", n.sched.Workers().Len(), "after", time.Since(start).Round(time.Millisecond))
+		return
+	}
+	n.log.Info("router ready", "workers", n.sched.Workers().Len(), "healthy", healthy, "after", time.Since(start).Round(time.Millisecond))
 }
 
 func slotList(set workers.Set) []int {

@@ -892,3 +892,28 @@ func TestRestartedRouterKnowsRegisteredModels(t *testing.T) {
 		t.Fatalf("a model never served: %d %s; want 404", code, body)
 	}
 }
+
+// TestReadyLineMatchesReady: start-up that settles with no healthy worker
+// (a static engine that is down) says so in the log, as /ready does,
+// rather than "router ready".
+func TestReadyLineMatchesReady(t *testing.T) {
+	const unready = "router started, but no worker is healthy yet: /ready answers 503 and requests wait, then get 503, until one is"
+	var ready, notReady atomic.Int64
+	cfg := testConfig(t)
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://" + deadAddr(t), Model: "m"}}
+	cfg.Logger = slog.New(countLog{"router ready": &ready, unready: &notReady})
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	// The background settling may come before the first health check
+	// fails; the line is checked once the engine is known down.
+	waitFor(t, "start-up to settle", func() bool { return ready.Load()+notReady.Load() > 0 })
+	waitFor(t, "the health check to fail", func() bool { return !n.sched.Load(0).Healthy })
+	before := ready.Load()
+	n.logSettled(time.Now())
+	if ready.Load() != before || notReady.Load() == 0 {
+		t.Fatal(`"router ready" logged with the only worker's engine down`)
+	}
+}
