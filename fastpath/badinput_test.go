@@ -97,6 +97,8 @@ func TestBadInput(t *testing.T) {
 		{name: "rank without worker", body: ok, hdr: map[string]string{fastpath.HeaderDPRank: "0"}, status: 400, code: "invalid_header"},
 		{name: "rank not a number", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "1", fastpath.HeaderDPRank: "zero"}, status: 400, code: "invalid_header"},
 		{name: "rank over uint32", body: ok, hdr: map[string]string{fastpath.HeaderWorker: "1", fastpath.HeaderDPRank: "4294967296"}, status: 400, code: "invalid_header"},
+		{name: "query-only yes", body: ok, hdr: map[string]string{fastpath.HeaderQueryOnly: "yes"}, status: 400, code: "invalid_header"},
+		{name: "query-only 2", body: ok, hdr: map[string]string{fastpath.HeaderQueryOnly: "2"}, status: 400, code: "invalid_header"},
 		{name: "priority not a number", body: ok, hdr: map[string]string{fastpath.HeaderPriority: "high"}, status: 400, code: "invalid_header"},
 		{name: "priority out of range", body: ok, hdr: map[string]string{fastpath.HeaderPriority: "1000001"}, status: 400, code: "invalid_header"},
 		{name: "allow-list garbage", body: ok, hdr: map[string]string{fastpath.HeaderAllow: "1,zz"}, status: 400, code: "invalid_header"},
@@ -150,6 +152,9 @@ func TestBadInput(t *testing.T) {
 			}
 			if code := checkOpenAIError(t, body); code != "body_too_large" {
 				t.Errorf("code %q", code)
+			}
+			if !bytes.Contains(body, []byte("at most 4096 bytes (the router's --max-body-bytes)")) {
+				t.Errorf("the refusal does not name the limit: %s", body)
 			}
 		})
 	}

@@ -201,14 +201,14 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, ex *exchange) *openai.Error 
 		// Not streamed (a RequestCtx built in process): already in memory.
 		ex.body = ctx.PostBody()
 		if len(ex.body) > s.cfg.MaxBodyBytes {
-			return openai.ErrBodyTooLarge
+			return s.errBodyTooLarge
 		}
 		return nil
 	}
 	declared := ctx.Request.Header.ContentLength()
 	if declared > s.cfg.MaxBodyBytes {
 		lingerOnClose(ctx)
-		return openai.ErrBodyTooLarge
+		return s.errBodyTooLarge
 	}
 	// Growth stops at the declared length, or (chunked) one byte over the
 	// limit, which detects a body past it.
@@ -222,7 +222,7 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, ex *exchange) *openai.Error 
 			want := min(max(bodyGrowth*cap(buf), eagerBodyBytes), ceiling)
 			if want <= len(buf) {
 				lingerOnClose(ctx)
-				return openai.ErrBodyTooLarge
+				return s.errBodyTooLarge
 			}
 			ex.buf = buf
 			if err := ex.growBody(want); err != nil {
@@ -236,7 +236,7 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, ex *exchange) *openai.Error 
 		ex.buf = buf
 		if len(buf) > s.cfg.MaxBodyBytes {
 			lingerOnClose(ctx)
-			return openai.ErrBodyTooLarge
+			return s.errBodyTooLarge
 		}
 		if err == io.EOF && (declared < 0 || len(buf) == declared) {
 			break

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -539,7 +540,7 @@ func TestAdminSurface(t *testing.T) {
 	for _, p := range []string{"/admin/workers", "//admin/workers", "/v1/%2e%2e/admin/workers", "/v1/../admin/workers",
 		"/%61dmin/workers", "/metrics", "/v1/./../metrics"} {
 		for _, m := range []string{"GET", "POST", "DELETE"} {
-			if status, b := request(api, m, p, "admin-tok", nil); status != http.StatusNotFound {
+			if status, b := request(api, m, p, "admin-tok", nil); status != http.StatusNotFound || !bytes.Contains(b, []byte("--admin-listen")) {
 				t.Errorf("API listener: %s %s: %d %s", m, p, status, b)
 			}
 		}
@@ -642,5 +643,27 @@ func TestForwardingLoopIsRefused(t *testing.T) {
 	case v := <-vias:
 		t.Fatalf("the looping request reached the engine (%s %q)", fastpath.HeaderVia, v)
 	default:
+	}
+}
+
+// TestLoopingWorkerIsNamed: the router that forwarded a request which came
+// back (its worker's endpoint answered 508 loop_detected) names that
+// worker and endpoint in its log; the router it came back to cannot.
+func TestLoopingWorkerIsNamed(t *testing.T) {
+	eng := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(fasthttp.StatusLoopDetected)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"loop","type":"server_error","code":"loop_detected"}}`)
+	})
+	logs := newLogCapture()
+	cfg := e2eConfig(node.StaticWorker{ID: 41, Endpoint: eng.addr(), Model: e2eModel})
+	cfg.Logger = slog.New(logs)
+	r := startE2ERouter(t, cfg)
+	if resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(4, 64), false, 4), nil); resp.status != 508 {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	line, ok := logs.find("508 loop_detected")
+	if !ok || !strings.Contains(line, "worker=41") || !strings.Contains(line, "endpoint="+eng.addr()) {
+		t.Fatalf("the looping worker is not named: %q", line)
 	}
 }

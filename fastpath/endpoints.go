@@ -33,8 +33,14 @@ const (
 	PathAdminWorkers         = "/admin/workers"
 )
 
-var errNotFound = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Code: "not_found",
-	Message: "no such endpoint; see the README for the router's endpoints"}
+var (
+	errNotFound = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Code: "not_found",
+		Message: "no such endpoint; see the README for the router's endpoints"}
+	errAdminElsewhere = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Code: "not_found",
+		Message: "/metrics and /admin/workers are served on the admin listener (--admin-listen, 127.0.0.1:8089 by default), not on the API listener"}
+	errAPIElsewhere = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Code: "not_found",
+		Message: "the OpenAI endpoints are served on the API listener (--listen), not on the admin listener"}
+)
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if !s.active.enter() {
@@ -60,7 +66,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	switch p := string(ctx.Path()); p {
 	case PathCompletions, PathChatCompletions, PathRouteCompletions, PathRouteChatCompletions, PathModels:
 		if admin {
-			writeError(ctx, fasthttp.StatusNotFound, errNotFound)
+			writeError(ctx, fasthttp.StatusNotFound, errAPIElsewhere)
 			return
 		}
 		if !s.apiKeyAccepted(ctx) {
@@ -80,7 +86,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 	case PathMetrics, PathAdminWorkers:
 		if !admin && !s.cfg.AdminOnAPI {
-			writeError(ctx, fasthttp.StatusNotFound, errNotFound)
+			writeError(ctx, fasthttp.StatusNotFound, errAdminElsewhere)
 			return
 		}
 		if s.adminToken != nil && !anyKeyMatches(bearer(ctx), s.adminToken) {

@@ -446,6 +446,12 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		}
 		ex.traceDispatch(ex.call.Request())
 		err := ex.call.Do(ex.dec.Slot, ex)
+		if err == nil && ex.call.StatusCode() == fasthttp.StatusLoopDetected {
+			// The router it came back to can only say that some worker
+			// loops; this one knows which.
+			ex.s.throttle.Log(ex.s.log, slog.LevelError, "loop/"+strconv.Itoa(int(ex.dec.Slot)), loopMessage,
+				"worker", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "endpoint", ex.dec.Endpoint)
+		}
 		if err == nil && retryable && ex.call.Failed() {
 			if !ex.canTryElsewhere() {
 				retryable = false // no other engine to ask: the client gets this one's answer
@@ -601,6 +607,9 @@ func (ex *exchange) stream(w *bufio.Writer) {
 	ex.count(status)
 	ex.cleanup()
 }
+
+const loopMessage = "a worker's endpoint sent a request back to this router (508 loop_detected): it is this router's " +
+	"address, or a router that routes here; the engine's real address belongs in its registration or --worker url="
 
 // logFailure logs, at debug level, a failed engine call with what lets an
 // operator follow it: the request id the client got, the worker and the

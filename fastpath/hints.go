@@ -53,6 +53,8 @@ var (
 		Message: HeaderAllow + " must be a comma-separated list of worker ids or id:rank pairs, naming known workers"}
 	errBadPriorityHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderPriority, Code: "invalid_header",
 		Message: HeaderPriority + " must be an integer between -1000000 and 1000000"}
+	errBadQueryOnlyHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderQueryOnly, Code: "invalid_header",
+		Message: HeaderQueryOnly + " must be 1 or true (decide and answer the routing decision only), or 0 or false"}
 	errDirectNeedsWorker = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderWorker, Code: "worker_required",
 		Message: "the router runs in direct mode: every request must name its worker in " + HeaderWorker}
 )
@@ -107,7 +109,15 @@ func (s *Server) readHints(ctx *fasthttp.RequestCtx, ex *exchange) (queryOnly bo
 		ex.sreq.Priority = int32(p)
 	}
 	if v := h.Peek(HeaderQueryOnly); len(v) > 0 {
-		queryOnly = bytes.Equal(v, []byte("1")) || bytes.EqualFold(v, []byte("true"))
+		// Anything else is refused: a value read as "no" would run, and
+		// bill, the generation the client asked not to run.
+		switch {
+		case bytes.Equal(v, []byte("1")) || bytes.EqualFold(v, []byte("true")):
+			queryOnly = true
+		case bytes.Equal(v, []byte("0")) || bytes.EqualFold(v, []byte("false")):
+		default:
+			return false, errBadQueryOnlyHeader
+		}
 	}
 	return queryOnly, nil
 }

@@ -239,6 +239,10 @@ type Server struct {
 	// affinity is off.
 	encAffinity *encoderAffinity
 
+	// errBodyTooLarge is the 413 of a body over MaxBodyBytes, naming the
+	// limit and its flag.
+	errBodyTooLarge *openai.Error
+
 	useApprox bool
 	silent    workers.Set  // Deps.Silent
 	tracer    trace.Tracer // Deps.Tracer; nil: off
@@ -303,6 +307,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, silent: deps.Silent, tracer: deps.Tracer, renderers: deps.Renderers, settled: deps.Settled,
 		conns: xsync.NewMapOf[net.Conn, *connState](), connsIdle: make(chan struct{}, 1), active: newActivity()}
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
+	tooLarge := *openai.ErrBodyTooLarge
+	tooLarge.Message += fmt.Sprintf(": at most %d bytes (the router's --max-body-bytes)", cfg.MaxBodyBytes)
+	s.errBodyTooLarge = &tooLarge
 	s.via = hex.AppendEncode(nil, binary.LittleEndian.AppendUint64(nil, rand.Uint64()))
 	s.throttle = logthrottle.New(time.Minute)
 	s.budget.limit = cfg.BodyBudgetBytes
@@ -366,7 +373,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
 			if ctx.Request.Header.ContentLength() > cfg.MaxBodyBytes {
 				s.metrics.transport[transportTooLarge].Inc()
-				writeError(ctx, fasthttp.StatusRequestEntityTooLarge, openai.ErrBodyTooLarge)
+				writeError(ctx, fasthttp.StatusRequestEntityTooLarge, s.errBodyTooLarge)
 				return fasthttp.StatusRequestEntityTooLarge
 			}
 			return fasthttp.StatusContinue
@@ -586,7 +593,7 @@ func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 	reason := transportMalformed
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		status, e, reason = fasthttp.StatusRequestEntityTooLarge, openai.ErrBodyTooLarge, transportTooLarge
+		status, e, reason = fasthttp.StatusRequestEntityTooLarge, s.errBodyTooLarge, transportTooLarge
 		lingerOnClose(ctx)
 	case isTimeout(err):
 		status, e, reason = fasthttp.StatusRequestTimeout, errRequestTimeout, transportTimeout

@@ -370,8 +370,7 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.StringVar(&out.logLevel, "log-level", out.logLevel, "router log level: debug, info, warn or error")
 	fs.StringVar(&o.SegmentDir, "segment-dir", o.SegmentDir, "`directory` in which each run's segment gets a fresh temporary directory (default: /dev/shm if present, else the system temp dir)")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "bound on one request, from send to end of stream")
-	fs.Usage = func() { printUsage(fs.Output(), fs, demoAbout) }
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, demoAbout); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, out, 0
 		}

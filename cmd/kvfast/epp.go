@@ -137,7 +137,6 @@ var bodyModes = map[string]epp.BodyMode{
 func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Source, int, bool) {
 	fs := flag.NewFlagSet("epp", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() { printUsage(fs.Output(), fs, eppAbout) }
 	cfg := epp.DefaultConfig()
 	var o eppOptions
 	bindEPPFlags(fs, &cfg, &o)
@@ -145,7 +144,7 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 		fmt.Fprintln(stderr, "kvfast epp:", err)
 		return cfg, o, nil, 2, false
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, eppAbout); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, o, nil, 0, false
 		}

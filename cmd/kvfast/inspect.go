@@ -38,8 +38,7 @@ func runInspect(args []string) int {
 	segment := fs.String("segment", shm.DefaultPath("kvfast"), "the segment file to print, as kvfast serve --segment")
 	verify := fs.Bool("verify", false, "also check the index's structural invariants (locks each shard briefly)")
 	shards := fs.Bool("shards", true, "list entries per shard")
-	fs.Usage = func() { printUsage(fs.Output(), fs, inspectAbout) }
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, inspectAbout); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -76,6 +77,22 @@ func main() {
 
 // printUsage writes a command's help: its description, then every flag
 // in the --flag form the descriptions use, with its default.
+// parseFlags parses args into fs. --help prints about and the flags; a
+// bad flag prints the error and how to list the flags, not the list
+// itself (200 lines for serve, which scrolled the error off the screen).
+// It returns fs.Parse's error (flag.ErrHelp for --help).
+func parseFlags(fs *flag.FlagSet, args []string, about string) error {
+	fs.Usage = func() {} // flag calls it for both; told apart below
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		printUsage(fs.Output(), fs, about)
+	case err != nil:
+		fmt.Fprintf(fs.Output(), "run 'kvfast %s --help' for the flags and what they do\n", fs.Name())
+	}
+	return err
+}
+
 func printUsage(w io.Writer, fs *flag.FlagSet, about string) {
 	var b strings.Builder
 	b.WriteString(about)

@@ -121,7 +121,6 @@ func runMock(args []string) int {
 func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) int {
 	fs := flag.NewFlagSet("mock", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() { printUsage(stderr, fs, mockAbout) }
 	d := mocker.DefaultTiming
 	var (
 		listen     = fs.String("listen", "127.0.0.1:8100", "base listen `address` (host:port); engine i uses the port plus i (port 0: a free port per engine)")
@@ -164,7 +163,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		xferBlock  = fs.Duration("transfer-per-block", d.TransferPerBlock, "timing: cost of pulling one block's KV from a remote prefill engine")
 		xferTTL    = fs.Duration("transfer-timeout", mocker.DefaultTransferTimeout, "how long a prefill engine keeps a finished prompt's blocks for a decode that does not pull them")
 	)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, mockAbout); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}

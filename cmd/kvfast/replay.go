@@ -105,8 +105,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		htmlPath    = fs.String("html", "", "also write a self-contained HTML report to `file`")
 		requestsOut = fs.String("requests-out", "", "also write one JSON line per request (timings, usage, worker) to `file`")
 	)
-	fs.Usage = func() { printUsage(fs.Output(), fs, fmt.Sprintf(replayAbout, replay.SharedTracePath)) }
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, fmt.Sprintf(replayAbout, replay.SharedTracePath)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}

@@ -314,7 +314,7 @@ func applyEnv(fs *flag.FlagSet) error {
 		env := "KVFAST_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if v, ok := os.LookupEnv(env); ok {
 			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("cannot use %s=%q: %w", env, v, err))
+				errs = append(errs, fmt.Errorf("cannot use %s=%q as --%s: %w (its --help line says what it takes)", env, v, f.Name, err))
 			}
 		}
 	})
@@ -342,12 +342,11 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() { printUsage(fs.Output(), fs, serveAbout) }
 	cfg := node.DefaultConfig()
 	var lo logOptions
 	var sec securityFiles
 	bindServeFlags(fs, &cfg, &lo, &sec)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, serveAbout); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, 0, false
 		}

@@ -54,6 +54,20 @@ func TestServeConfig(t *testing.T) {
 			t.Errorf("static workers %+v", cfg.Static)
 		}
 	})
+	t.Run("a bad flag: the error, not the flag list", func(t *testing.T) {
+		var stderr strings.Builder
+		if _, code, ok := serveConfig([]string{"--no-such-flag"}, &stderr); ok || code != 2 {
+			t.Fatalf("a bad flag: ok %v, exit %d", ok, code)
+		}
+		if msg := stderr.String(); !strings.Contains(msg, "-no-such-flag") || !strings.Contains(msg, "kvfast serve --help") ||
+			strings.Contains(msg, "--index-capacity") {
+			t.Errorf("stderr:\n%s", msg)
+		}
+		stderr.Reset()
+		if _, code, ok := serveConfig([]string{"--help"}, &stderr); ok || code != 0 || !strings.Contains(stderr.String(), "--index-capacity") {
+			t.Errorf("--help: exit %d, stderr:\n%s", code, stderr.String())
+		}
+	})
 	t.Run("a policy it has not", func(t *testing.T) {
 		var stderr strings.Builder
 		serveConfig([]string{"--segment", "none", "--policy", "kv-aware"}, &stderr)

@@ -70,8 +70,7 @@ func soakCommand(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		cfg.EvictionWeight = &w
 		return nil
 	})
-	fs.Usage = func() { printUsage(fs.Output(), fs, soakAbout) }
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, soakAbout); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}

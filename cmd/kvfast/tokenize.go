@@ -65,7 +65,6 @@ func runTokenize(args []string) int {
 func tokenizeCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() { printUsage(stderr, fs, tokenizeAbout) }
 	cfg := prompt.DefaultConfig()
 	var (
 		source = fs.String("tokenizer", "", "the engine's URL (http://host:port), a tokenizer directory, or hf:ORG/NAME")
@@ -75,7 +74,7 @@ func tokenizeCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) i
 	// A command can wait longer than routing does.
 	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Second, "longest wait for the engine")
 	keyFile := fs.String("engine-api-key-file", "", "`file` holding the API key the engine was started with, on its one line, sent as kvfast serve sends it")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, tokenizeAbout); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
