@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -460,12 +461,14 @@ func TestRouterRestartMidStream(t *testing.T) {
 	t.Logf("child router applied 1..%d, this process %d..%d; duplicates skipped: %d", resumeFrom, resumeFrom+1, n, standby.Stats().Duplicate)
 }
 
-// TestIngesterLockTakeover: a standby Run takes over when the holder dies.
+// TestIngesterLockTakeover: a standby Run takes over when the holder dies,
+// and says, once, that it waits and, once, that it took over.
 func TestIngesterLockTakeover(t *testing.T) {
 	seg := openSeg(t, 1<<20)
 	holder := startChild(t, "ingest", seg.Path())
 	holder.expect(t, "LOCKED")
-	in := New(seg, Config{StandbyPoll: 5 * time.Millisecond})
+	var log lockedBuffer
+	in := New(seg, Config{StandbyPoll: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- in.Run(ctx) }()
@@ -487,6 +490,9 @@ func TestIngesterLockTakeover(t *testing.T) {
 	}
 	cancel()
 	<-done
+	if out := log.String(); strings.Count(out, "another router ingests") != 1 || strings.Count(out, "took over ingesting") != 1 {
+		t.Fatalf("the standby's log:\n%s", out)
+	}
 }
 
 // TestPythonPublisherRespectsLiveHolder: the Python publisher, like the

@@ -246,6 +246,7 @@ func (in *Ingester) Run(ctx context.Context) error {
 	// Everything below reads the segment's mapping, which a truncated
 	// file makes fault: each step runs guarded, and a step that faulted
 	// has detached the segment (shm/fault.go), so the next reads it empty.
+	standby := false
 	for {
 		var ok bool
 		var err error
@@ -262,7 +263,17 @@ func (in *Ingester) Run(ctx context.Context) error {
 			return err
 		}
 		if ok {
+			if standby {
+				in.cfg.Logger.Info("took over ingesting the segment's KV events", "segment", in.seg.Path())
+			}
 			break
+		}
+		if !standby {
+			// Otherwise nothing says why this router's feed counters
+			// stay at zero: it routes on the index the other keeps.
+			standby = true
+			in.cfg.Logger.Info("another router ingests the segment's KV events; this one routes on the index it keeps and takes over if it stops",
+				"segment", in.seg.Path(), "ingester_pid", in.seg.Ingester().PID)
 		}
 		select {
 		case <-ctx.Done():
