@@ -328,13 +328,28 @@ type Snapshot struct {
 	PrefillLoadScale     float64      `json:"prefill_load_scale"`
 	PrefillLoadScaleAuto bool         `json:"prefill_load_scale_auto"`
 	Workers              []WorkerView `json:"workers"`
-	Index                IndexView    `json:"index"`
-	Feed                 *feed.Stats  `json:"feed,omitempty"` // the shm event feed, when there is a segment
-	Queue                QueueView    `json:"queue"`
+	// Refused lists the registrations in the segment's registry that the
+	// router does not route to, and why (a block size not the router's,
+	// an endpoint it cannot use...): a worker missing from Workers.
+	Refused []RefusedView `json:"refused_registrations,omitempty"`
+	Index   IndexView     `json:"index"`
+	Feed    *feed.Stats   `json:"feed,omitempty"` // the shm event feed, when there is a segment
+	Queue   QueueView     `json:"queue"`
 	// Tokenizers is each model's tokenization: every model configured or
 	// served, with its mode (a model with none routes its text and chat
 	// prompts approximately) and its renderer's counters.
 	Tokenizers []prompt.ModelStatus `json:"tokenizers"`
+}
+
+// RefusedView is a registration the router refused, in a Snapshot.
+type RefusedView struct {
+	Slot       int    `json:"slot"`
+	WorkerID   uint64 `json:"worker_id"`
+	DPRank     uint32 `json:"dp_rank"`
+	Model      string `json:"model"`
+	Endpoint   string `json:"endpoint"` // credentials redacted
+	Generation uint32 `json:"generation"`
+	Reason     string `json:"reason"`
 }
 
 // WorkerView is one worker in a Snapshot.

@@ -65,6 +65,9 @@ type Node struct {
 	// regState is what the registry said about each slot last time; only
 	// the registry loop touches it (and New, before the loop starts).
 	regState [workers.Max]regEntry
+	// refusedRegs is the registrations the registry loop refused
+	// (publishRefusals), for Snapshot.
+	refusedRegs atomic.Pointer[[]fastpath.RefusedView]
 	// refusedSeen is each slot's index refusals at the last look
 	// (watchRefusals); only that loop touches it.
 	refusedSeen [workers.Max]uint64

@@ -486,6 +486,17 @@ func TestRefusedRegistration(t *testing.T) {
 			t.Errorf("slot %d keeps an engine for the refused registration", i)
 		}
 	}
+	// /admin/workers lists it, and why, until it goes.
+	if r := n.Snapshot().Refused; len(r) != 1 || r[0].WorkerID != 1 || !strings.Contains(r[0].Reason, "block") {
+		t.Errorf("refused registrations %+v, want worker 1's, with its block size", r)
+	}
+	if err := bad.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n.syncRegistry()
+	if r := n.Snapshot().Refused; len(r) != 0 {
+		t.Errorf("a closed registration still listed as refused: %+v", r)
+	}
 }
 
 // TestPickEngine: a remote renderer is pointed at the healthy workers

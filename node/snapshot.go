@@ -22,6 +22,9 @@ func (n *Node) Snapshot() fastpath.Snapshot {
 
 func (n *Node) snapshot(v *fastpath.Snapshot) {
 	v.Policy = n.cfg.Policy
+	if r := n.refusedRegs.Load(); r != nil {
+		v.Refused = *r
+	}
 	// After Close the segment may be unmapped: leave out what lives there
 	// (the index, the rings' lag, the registry) rather than read freed
 	// memory.

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/feed"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/shm"
@@ -18,8 +19,9 @@ import (
 // regEntry remembers what the registry said about a slot last time, so
 // that the poll only touches the scheduler and the engine pool on change.
 type regEntry struct {
-	present bool // routable: in the scheduler and the engine pool
-	refused bool // this registration cannot be routed to; said once, not retried
+	present bool   // routable: in the scheduler and the engine pool
+	refused bool   // this registration cannot be routed to; said once, not retried
+	reason  string // why it was refused
 	id      regIdentity
 }
 
@@ -201,7 +203,8 @@ func (n *Node) scanRegistry() {
 	if n.ingester != nil {
 		stale = n.ingester.Stale()
 	}
-	changed := false
+	// refusals: the set of refused registrations changed.
+	changed, refusals := false, false
 	for i := range workers.Max {
 		slot := workers.Slot(i)
 		if n.static.Has(slot) {
@@ -240,8 +243,8 @@ func (n *Node) scanRegistry() {
 			n.approx.Forget(slot)
 			n.sched.Remove(slot)
 			n.engines.Remove(slot)
-			*e = regEntry{refused: true, id: id}
-			changed = true
+			*e = regEntry{refused: true, id: id, reason: "the live registration changed without re-registering (a new generation)"}
+			changed, refusals = true, true
 			continue
 		}
 		if !e.present || !same {
@@ -281,7 +284,8 @@ func (n *Node) scanRegistry() {
 				n.sched.Remove(slot)
 				n.engines.Remove(slot)
 				changed = changed || e.present
-				*e = regEntry{refused: true, id: id}
+				*e = regEntry{refused: true, id: id, reason: err.Error()}
+				refusals = true
 				continue
 			}
 			// Joins and leaves once a minute per slot: a publisher
@@ -328,12 +332,29 @@ func (n *Node) scanRegistry() {
 			changed = true
 		case e.refused && !registered.Has(slot):
 			*e = regEntry{}
+			refusals = true
 		}
+	}
+	if refusals {
+		n.publishRefusals()
 	}
 	if changed {
 		n.pinSharedRanks()
 		n.front.WorkersChanged()
 	}
+}
+
+// publishRefusals copies the refused registrations for Snapshot, which
+// runs on other goroutines than the registry loop that owns regState.
+func (n *Node) publishRefusals() {
+	var out []fastpath.RefusedView
+	for i := range n.regState {
+		if e := &n.regState[i]; e.refused {
+			out = append(out, fastpath.RefusedView{Slot: i, WorkerID: e.id.worker, DPRank: e.id.rank, Model: e.id.model,
+				Endpoint: loggableEndpoint(e.id.endpoint), Generation: e.id.generation, Reason: e.reason})
+		}
+	}
+	n.refusedRegs.Store(&out)
 }
 
 // pinJoiningRank pins the rank of a worker about to join at addr when a
