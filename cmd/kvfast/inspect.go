@@ -124,7 +124,16 @@ func inspect(out io.Writer, seg *shm.Segment, perShard bool) error {
 		fmt.Fprintln(out, "  (none registered)")
 	}
 	for s := 0; s < workers.Max; s++ {
-		if n := st.WorkerBlocks[s]; n != 0 && !listed(registered, workers.Slot(s)) {
+		if listed(registered, workers.Slot(s)) {
+			continue
+		}
+		// A slot the router cannot read (a role or length no publisher
+		// writes, bytes torn by a writer) is refused by it: say so here,
+		// where an operator looks for a worker missing from the table.
+		if _, err := seg.ReadWorker(workers.Slot(s)); err != nil {
+			fmt.Fprintf(out, "  slot %d: unreadable registration (the router skips it): %s\n", s, printable(err.Error()))
+		}
+		if n := st.WorkerBlocks[s]; n != 0 {
 			fmt.Fprintf(out, "  slot %d: %d blocks but no registration\n", s, n)
 		}
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"encoding/binary"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -56,5 +58,38 @@ func TestInspectQuotesWhatPublishersWrote(t *testing.T) {
 		if got := printable(in); got != want {
 			t.Errorf("printable(%q) = %s, want %s", in, got, want)
 		}
+	}
+}
+
+// TestInspectShowsUnreadableSlots: a live slot the router cannot read (a
+// role no publisher writes) is named, with why, not left out of the list.
+func TestInspectShowsUnreadableSlots(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "seg")
+	seg, err := shm.Open(path, shm.Options{Index: radix.Config{Capacity: 4096}, RingBytes: shm.MinRingBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	p, err := seg.Register(shm.WorkerConfig{WorkerID: 9, Model: "llama", BlockSize: 16, Endpoint: "http://127.0.0.1:8000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// docs/shm-layout.md: the registry starts at byte 8192, 512 bytes a
+	// slot, the role a u32 at byte 60 of it.
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteAt(binary.LittleEndian.AppendUint32(nil, 77), 8192+int64(p.Slot())*512+60)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := inspect(&out, seg, false); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "unreadable registration") || !strings.Contains(out.String(), "role") {
+		t.Errorf("the unreadable slot is not shown:\n%s", out.String())
 	}
 }
