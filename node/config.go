@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/fastpath"
@@ -287,6 +288,9 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("cannot configure static workers %d and %d: both are worker id %d rank %d (give each --worker its own id= or rank=)", j+1, i+1, w.ID, w.DPRank)
 		}
 		seen[key] = i
+		if err := checkModelName(w.Model); err != nil {
+			return fmt.Errorf("static worker %d: %w", i+1, err)
+		}
 	}
 	if _, _, err := sched.ParsePolicy(c.Policy); err != nil {
 		return fmt.Errorf("--policy: %w", err)
@@ -382,6 +386,20 @@ func registeredAddr(endpoint string) (string, error) {
 		return "", fmt.Errorf("cannot use endpoint %q: want a host and a port from 1 to 65535", loggableEndpoint(endpoint))
 	}
 	return addr, nil
+}
+
+// checkModelName refuses a registered model name no client could send
+// and no operator could read: blank, padded with spaces, or holding a
+// control or separator character (a newline, U+2028). "" is allowed (and
+// warned about: noModelMessage).
+func checkModelName(model string) error {
+	if model == "" {
+		return nil
+	}
+	if strings.TrimSpace(model) != model || strings.IndexFunc(model, func(r rune) bool { return !unicode.IsGraphic(r) }) >= 0 {
+		return fmt.Errorf("cannot use model name %s: blank, padded, or holding a control or line-separator character", strconv.QuoteToASCII(model))
+	}
+	return nil
 }
 
 // loggableEndpoint is an endpoint as it may be logged: any credentials in

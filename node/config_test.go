@@ -33,6 +33,7 @@ func TestValidateRefuses(t *testing.T) {
 		{"zero approx TTL", func(c *Config) { c.Approx.TTL = 0 }, "approx TTL"},
 		{"zero shutdown timeout", func(c *Config) { c.ShutdownTimeout = 0 }, "shutdown timeout"},
 		{"zero index capacity", func(c *Config) { c.Segment.IndexCapacity = 0 }, "index capacity"},
+		{"blank static model", func(c *Config) { c.Static = []StaticWorker{{Endpoint: "127.0.0.1:1", Model: " "}} }, "model name"},
 		{"zero index worker share", func(c *Config) { c.Segment.IndexWorkerShare = 0 }, "index worker share"},
 		{"index worker share over 1", func(c *Config) { c.Segment.IndexWorkerShare = 1.5 }, "index worker share"},
 		{"zero approx capacity", func(c *Config) { c.Approx.Capacity = 0 }, "approx capacity"},
@@ -142,6 +143,19 @@ func TestZeroMeansOff(t *testing.T) {
 		bad(&c)
 		if err := c.Validate(); err == nil {
 			t.Errorf("a negative setting was accepted: %+v %+v", c.Sched.QueueCapacity, c.Dispatch)
+		}
+	}
+}
+
+func TestCheckModelName(t *testing.T) {
+	for _, ok := range []string{"", "mock", "Qwen/Qwen3-8B", "my model", "modèle-é"} {
+		if err := checkModelName(ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{" ", "  ", " mock", "mock ", "a\u2028b", "a\nb", "a\x1b[2Jb", "a\tb"} {
+		if err := checkModelName(bad); err == nil {
+			t.Errorf("%q accepted", bad)
 		}
 	}
 }

@@ -265,6 +265,9 @@ func (n *Node) scanRegistry() {
 			// be there to take it.
 			addr, err := registeredAddr(info.Endpoint)
 			if err == nil {
+				err = checkModelName(info.Model)
+			}
+			if err == nil {
 				_, err = n.engines.Add(slot, addr)
 			}
 			if err == nil {
