@@ -21,10 +21,11 @@ image: ## Build the container image IMAGE (default kvfast:latest, the tag deploy
 	@command -v docker >/dev/null 2>&1 || { echo "make image: docker is not installed; make lint checks the Dockerfile without it" >&2; exit 1; }
 	docker build -t $(IMAGE) .
 
-test: lint ## Everything CI runs: lint, set-up, the whole suite under the race detector, the tokenizer's differential tests without it, the manifests' check, and a two-minute soak.
+test: lint ## Everything CI runs: lint, set-up, the whole suite under the race detector, the tokenizer's differential tests and the index-damage test without it, the manifests' check, and a two-minute soak.
 	@./scripts/setup-test-deps.sh
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	KVFAST_SWEEP=sample $(GO) test -count=1 -timeout 20m -run '^(TestCodePointSweep|TestExactAgainstReference|TestVariantsAgainstReference|TestCutsKeepIDs)$$' ./tokenizer
+	$(GO) test -count=1 -run '^TestDamageWhileIngestingIsMended$$' ./feed
 	$(GO) -C tools test -count=1 ./...
 	@GO=$(GO) ./scripts/check-manifests.sh
 	KVFAST_SOAK=2m $(GO) test -count=1 -timeout 10m -run '^TestSoak$$' -v ./benchmarks/soak

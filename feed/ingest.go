@@ -104,8 +104,11 @@ type worker struct {
 // one Ingester per segment may run at a time; Run and Acquire enforce it
 // with the segment's ingester lock.
 type Ingester struct {
-	seg     *shm.Segment
-	ix      *radix.Index
+	seg *shm.Segment
+	ix  *radix.Index
+	// mended: the index was repaired (mend) for damage found while
+	// ingesting, and not reset since.
+	mended  bool
 	cfg     Config
 	readers [workers.Max]*shm.RingReader
 	workers [workers.Max]worker
@@ -228,6 +231,26 @@ func (in *Ingester) repair(ctx context.Context) error {
 	return nil
 }
 
+// mend repairs an index that a write found damaged while ingesting (a
+// table full below its limit: some process wrote over the segment), which
+// would otherwise refuse every store into that table until a restart, and
+// resets it if the damage is found again before the next reset: a repair
+// that keeps leaving it is not one to trust.
+func (in *Ingester) mend(ctx context.Context) {
+	in.cfg.Logger.Warn("the index refuses stores while it has room: its bytes were changed by something other than the ingester; repairing it")
+	if in.mended {
+		in.ix.Reset()
+		in.c.indexResets++
+		in.mended = false
+		in.cfg.Logger.Warn("dropped the index: damaged again after its repair; it refills from the engines' next KV events")
+		return
+	}
+	resets := in.c.indexResets
+	if err := in.repair(ctx); err == nil && in.c.indexResets == resets {
+		in.mended = true
+	}
+}
+
 // Release gives the ingester role up.
 func (in *Ingester) Release() error {
 	if !in.held {
@@ -283,6 +306,9 @@ func (in *Ingester) Run(ctx context.Context) error {
 	}
 	lastWork := time.Now()
 	for ctx.Err() == nil {
+		if in.ix.Damaged() {
+			in.seg.Guard(func() { in.mend(ctx) })
+		}
 		var polled int
 		in.seg.Guard(func() { polled = in.Poll() })
 		if polled > 0 {

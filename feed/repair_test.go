@@ -10,7 +10,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvfast/kvfast/internal/invariants"
+	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // lockedBuffer is a log sink the test reads while the ingester writes.
@@ -159,4 +162,67 @@ func TestAcquireCancelledDuringRepairGivesTheRoleBack(t *testing.T) {
 		t.Fatalf("the role was not given back: %v %v", ok, err)
 	}
 	other.Release()
+}
+
+// TestDamageWhileIngestingIsMended: random bytes written over the block
+// table while a router ingests (a process writing over the segment) made
+// every later store overflow, with the index reporting room, until a
+// restart. The ingester now repairs, here resets, the index and ingests on.
+//
+// The index's self-checks (internal/invariants, on in race builds) take
+// damage for a writer's bug and panic, as they should; make test runs this
+// test once more without them.
+func TestDamageWhileIngestingIsMended(t *testing.T) {
+	if invariants.Enabled {
+		t.Skip("runs without invariants (make test's second pass): the self-checks panic on the damage this test makes")
+	}
+	seg := openSeg(t, 1<<20)
+	var log lockedBuffer
+	in := New(seg, Config{Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ops := genOps(6, 400)
+	for _, o := range ops[:200] {
+		publishOp(p, o)
+	}
+	waitFor(t, func() bool { return seg.Index().Stats().Entries > 0 }, func() any { return in.Stats() })
+	st := seg.Index().Stats()
+	// layout.go: the index header (64 bytes), then 384 bytes of meta per
+	// shard, then the block table.
+	scribbleIndex(t, seg, 64+int64(len(st.Shards))*384, int64(st.BlockTableBytes))
+	for _, o := range ops[200:] {
+		publishOp(p, o)
+	}
+	waitFor(t, func() bool { return in.Stats().IndexResets == 1 }, func() any { return log.String() })
+	if !strings.Contains(log.String(), "refuses stores while it has room") {
+		t.Fatalf("the log does not say why:\n%s", log.String())
+	}
+	if seg.Index().Damaged() {
+		t.Fatal("still damaged after the reset")
+	}
+	// It ingests on: a new worker's blocks are all stored.
+	q, err := seg.Register(workerCfg(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	hashes := radix.AppendBlockHashes(nil, radix.NamespaceSeed(testModel, "", ""), make([]uint32, 8*testBlockSize), testBlockSize)
+	if err := q.Stored(0, false, []uint64{1, 2, 3, 4, 5, 6, 7, 8}, make([]uint32, 8*testBlockSize)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		var out workers.Overlaps
+		seg.Index().FindMatches(hashes, &out)
+		return out[q.Slot()] == 8
+	}, func() any { return seg.Index().Stats().WorkerBlocks[q.Slot()] })
 }

@@ -29,6 +29,9 @@ type Index struct {
 	blockQuota, mapQuota atomic.Uint32
 	refused              [workers.Max]atomic.Uint64
 
+	// damaged: a table was found full below its limit (Damaged).
+	damaged atomic.Bool
+
 	// Hybrid workers (keyspace.go): process-local, set by the feed.
 	hybridMu  sync.Mutex // serialises SetHybrid
 	hybrid    [workers.Max]atomic.Pointer[Hybrid]
@@ -149,6 +152,7 @@ func open(region []byte, g geometry) *Index {
 			moveSeq:  &meta.blockMoveSeq,
 			live:     &meta.blockLive,
 			overflow: &meta.blockOverflow,
+			damaged:  &ix.damaged,
 		}
 		sh.engine = table{
 			slots:    unsafe.Add(base, g.mapOff+i*int(g.mapSlots)*slotSize),
@@ -160,6 +164,7 @@ func open(region []byte, g geometry) *Index {
 			moveSeq:  &meta.mapMoveSeq,
 			live:     &meta.mapLive,
 			overflow: &meta.mapOverflow,
+			damaged:  &ix.damaged,
 		}
 	}
 	return ix

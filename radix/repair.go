@@ -114,6 +114,7 @@ func (ix *Index) Repair(ctx context.Context, opts RepairOptions) (int, error) {
 		}
 	}
 	ix.resetSpillCounts() // exact again: the passes may have left counts high
+	ix.damaged.Store(false)
 	r.begin("recount", int(ix.geo.shards)*int(ix.geo.blockSlots))
 	for si := range ix.shards {
 		sh := &ix.shards[si]
@@ -313,6 +314,13 @@ func (t *table) repairMap(r *repairRun) (int, error) {
 	}
 }
 
+// Damaged reports whether a write found a table full while its live count
+// was below its limit: bytes its writers did not leave there (a process
+// writing over the segment), which make every store into that table
+// overflow while the index reports room. Repair and Reset clear it; the
+// ingester runs them when it is set.
+func (ix *Index) Damaged() bool { return ix.damaged.Load() }
+
 // Reset empties the index in place: every block, engine-hash mapping,
 // counter and spill count, keeping the geometry. It is what a caller does
 // with a region Repair refused (ErrBeyondRepair); the engines' events then
@@ -322,6 +330,7 @@ func (t *table) repairMap(r *repairRun) (int, error) {
 func (ix *Index) Reset() {
 	ix.lockAll()
 	defer ix.unlockAll()
+	ix.damaged.Store(false)
 	for si := range ix.shards {
 		sh := &ix.shards[si]
 		for _, t := range []*table{&sh.blocks, &sh.engine} {

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/kvfast/kvfast/workers"
 )
@@ -264,4 +265,33 @@ func linearScan(b []byte) uint64 {
 			uint64(b[i+4])<<32 | uint64(b[i+5])<<40 | uint64(b[i+6])<<48 | uint64(b[i+7])<<56
 	}
 	return x
+}
+
+// A table found full while its live count says it has room was written by
+// something other than its writers: Damaged says so, until Repair or
+// Reset.
+func TestDamagedWhenATableIsFullBelowItsLimit(t *testing.T) {
+	ix := newTestIndex(t, Config{Capacity: 1000, Shards: 2})
+	ix.Stored(1, spread(10, 5))
+	if ix.Damaged() {
+		t.Fatal("a sound index reports damage")
+	}
+	// Every block-table slot holds some key, as random bytes leave it.
+	tb := ix.geo.shards * ix.geo.blockSlots
+	for i := range tb {
+		s := (*slot)(unsafe.Add(unsafe.Pointer(&ix.region[ix.geo.tableOff]), uintptr(i)*slotSize))
+		s.key.Store(uint64(i)*0x9e3779b97f4a7c15 | 1<<62)
+		s.val.Store(1)
+	}
+	ix.Stored(2, spread(10, 6))
+	if !ix.Damaged() {
+		t.Fatal("stores into a full table below its limit: no damage reported")
+	}
+	ix.Reset()
+	if ix.Damaged() {
+		t.Fatal("damage reported after Reset")
+	}
+	if _, refused := ix.StoredAgain(2, spread(10, 6), nil); refused != 0 {
+		t.Fatalf("%d blocks refused after Reset", refused)
+	}
 }

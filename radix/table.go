@@ -53,6 +53,9 @@ type table struct {
 	moveSeq  *atomic.Uint64
 	live     *atomic.Uint64
 	overflow *atomic.Uint64
+	// damaged is the index's flag (Index.Damaged), set when the table
+	// proves it was written by something other than its writers.
+	damaged *atomic.Bool
 }
 
 type slot struct {
@@ -254,7 +257,13 @@ func (t *table) find(key uint64) (uint32, bool) {
 // insertAt fills the empty slot i. Writer. It reports false, counting an
 // overflow, when the shard is at its live limit.
 func (t *table) insertAt(i uint32, key, val uint64) bool {
-	if i == notFound || t.live.Load() >= uint64(t.limit) {
+	if live := t.live.Load(); i == notFound || live >= uint64(t.limit) {
+		if (i == notFound && live < uint64(t.limit) || live > uint64(t.limit)) && t.damaged != nil {
+			// Kept under its limit (3/4 of the slots), a table always has
+			// an empty slot, and no writer counts past the limit: these
+			// bytes are not what the writers left.
+			t.damaged.Store(true)
+		}
 		t.overflow.Add(1)
 		return false
 	}
