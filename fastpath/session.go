@@ -79,12 +79,13 @@ const (
 	unbindNotAllowed = "not_allowed" // the request's allow-list excludes it
 	unbindModel      = "model"       // the worker does not serve the request's model
 	unbindBusy       = "busy"        // over a busy threshold for BusyUnbindAfter
+	unbindStalled    = "stalled"     // its requests waited past --stall-after unanswered (a hung engine passing /health)
 	unbindFailed     = "failed"      // the worker failed the request (connect, 5xx) and it was re-routed
 	unbindClosed     = "closed"      // the session was closed (session_control close)
 	unbindOpenFailed = "open_failed" // open_session failed on the chosen worker
 )
 
-var unbindReasons = []string{unbindRemoved, unbindDown, unbindNotAllowed, unbindModel, unbindBusy, unbindFailed, unbindClosed, unbindOpenFailed}
+var unbindReasons = []string{unbindRemoved, unbindDown, unbindNotAllowed, unbindModel, unbindBusy, unbindStalled, unbindFailed, unbindClosed, unbindOpenFailed}
 
 // sessions is the server's sticky-session state.
 type sessions struct {
@@ -235,6 +236,8 @@ func (ss *sessions) ineligible(ex *exchange, b shm.Binding, now int64) string {
 		return unbindRemoved
 	case !e.Healthy:
 		return unbindDown
+	case e.Stalled:
+		return unbindStalled
 	case ex.sreq.AllowListed && !ex.sreq.Allow.Has(slot):
 		return unbindNotAllowed
 	case ex.sreq.Model != "" && e.Model != ex.sreq.Model:

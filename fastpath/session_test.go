@@ -13,6 +13,53 @@ import (
 	"github.com/kvfast/kvfast/workers"
 )
 
+// A bound worker whose requests waited past the stall time unanswered (an
+// engine that hangs while passing /health) loses its sessions, also when
+// the clients gave up on every request before the stall time: a session
+// pinned there timed out request after request until its TTL.
+func TestStickyLeavesAStalledWorker(t *testing.T) {
+	index, _ := radix.NewHeap(radix.Config{Capacity: 1 << 10})
+	approx, _ := radix.NewApprox(radix.Config{Capacity: 1 << 10}, time.Minute)
+	cost := sched.DefaultCostParams()
+	cost.StallAfter = time.Millisecond
+	sc, err := sched.New(sched.Config{Cost: &cost})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const slot = workers.Slot(5)
+	if err := sc.Upsert(sched.WorkerInfo{ID: 9, Slot: slot, Model: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	pool := dispatch.NewPool(dispatch.DefaultConfig())
+	t.Cleanup(pool.Close)
+	s, err := New(DefaultConfig(), Deps{Index: index, Approx: approx, Sched: sc, Engines: pool, State: frontState{"kv"}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	ex := &exchange{s: s}
+	b := shm.Binding{WorkerID: 9}
+	if got := s.sessions.ineligible(ex, b, 0); got != "" {
+		t.Fatalf("an idle worker: %q", got)
+	}
+	// One request waits on it, unanswered, past the stall time, and is
+	// given up on: nothing waits any more, and the next look still sees
+	// the stall.
+	var r sched.Reservation
+	if _, err := sc.Select(context.Background(), &sched.Request{Hashes: []uint64{1, 2}, PromptTokens: 32}, &r); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !sc.Load(slot).Stalled; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiting request never made the worker stalled")
+		}
+	}
+	r.Release()
+	if got := s.sessions.ineligible(ex, b, 0); got != unbindStalled {
+		t.Fatalf("a worker whose last request waited past the stall time: %q, want %q", got, unbindStalled)
+	}
+}
+
 // A busy bound worker keeps its sessions through a transient overload and
 // loses them only once this router has watched it stay busy for
 // BusyUnbindAfter; a stretch it was not seen busy for starts the count

@@ -148,6 +148,21 @@ func (p *progress) stalled(now int64, after time.Duration) bool {
 	return after > 0 && p.awaiting() > 0 && time.Duration(now-p.since.Load()) > after
 }
 
+// overdue reports whether the worker's stall clock has passed after, as
+// stalled does, or did when the last request waiting on it was given up
+// on: between requests nothing waits, and a hung engine whose clients
+// each give up before after would otherwise never be found stalled by
+// the next one to look (a sticky session deciding whether to pin).
+func (p *progress) overdue(now int64, after time.Duration) bool {
+	if after <= 0 {
+		return false
+	}
+	if p.awaiting() > 0 {
+		return time.Duration(now-p.since.Load()) > after
+	}
+	return time.Duration(p.owed.Load()) > after
+}
+
 // unproven reports whether the worker's free cache memory must not count
 // (capacity.go): requests wait on it and it has either never answered
 // since its engine joined or is stalled.

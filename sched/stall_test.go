@@ -48,9 +48,17 @@ func TestProgressStalls(t *testing.T) {
 	check(507, false, false) // 3 + 7 ms
 	check(508, true, true)   // 3 + 8 ms: past after
 	p.closed(g, false, ms(509))
+	// Nothing waits, so nothing is stalled; but the clock passed after,
+	// which a sticky session looking before it books must see.
+	if p.stalled(ms(550), after) || !p.overdue(ms(550), after) {
+		t.Fatalf("with 9 ms owed and nothing waiting: stalled %v, overdue %v", p.stalled(ms(550), after), p.overdue(ms(550), after))
+	}
 	p.booked(ms(600)) // 12 ms owed: stalled at once
 	check(600, true, true)
 	p.closed(g, true, ms(601)) // an answer clears what was owed
+	if p.overdue(ms(650), after) {
+		t.Fatal("overdue after an answer")
+	}
 	p.booked(ms(700))
 	check(709, false, false)
 	p.closed(g, true, ms(709))
@@ -112,14 +120,14 @@ func TestStallWithdrawsInFlightCredit(t *testing.T) {
 		t.Fatalf("before the stall: follow-up to slot %d, credit %d on slot %d; want slot %d, 8", d.Slot, credit, d1.Slot, d1.Slot)
 	}
 	s.backdateProgress(d1.Slot, 2*time.Hour)
-	if !s.Load(d1.Slot).Stalled {
+	if !s.Load(d1.Slot).Stalled || !s.Eligibility(d1.Slot).Stalled {
 		t.Fatal("a worker whose request waited past the stall time is not stalled")
 	}
 	if d, credit := query(); d.Slot == d1.Slot || credit != 0 {
 		t.Fatalf("stalled: follow-up to slot %d, credit %d on the stalled slot %d; want another slot, 0", d.Slot, credit, d1.Slot)
 	}
 	first.PrefillDone()
-	if s.Load(d1.Slot).Stalled {
+	if s.Load(d1.Slot).Stalled || s.Eligibility(d1.Slot).Stalled {
 		t.Fatal("a first token must end the stall")
 	}
 	if d, credit := query(); d.Slot != d1.Slot || credit != 8 {
