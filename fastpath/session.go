@@ -343,11 +343,15 @@ func (ex *exchange) sessionControl(ctx *fasthttp.RequestCtx) bool {
 		return true
 	}
 	ss := ex.s.sessions
+	// The client's credentials go with the calls, as with its request
+	// (an engine that requires its key refused every open), unless the
+	// router has the engines' own key; copied, as the closer outlives ctx.
+	caller := controlCaller{auth: string(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)), rid: string(ex.rid)}
 	if ctl.Open {
 		// Not ctx: fasthttp's RequestCtx is recycled after the handler and
 		// must not parent a context that outlives it; the call is bounded
 		// by ControlTimeout instead.
-		if err := ss.open(context.Background(), ex.dec.Endpoint, string(ex.sess.id), ctl.OpenParams); err != nil {
+		if err := ss.open(context.Background(), ex.dec.Endpoint, string(ex.sess.id), ctl.OpenParams, caller); err != nil {
 			ss.control["open/error"].Inc()
 			ss.throttle.Log(ss.s.log, slog.LevelWarn, "session-open", "cannot open the session on the chosen worker",
 				"worker_id", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "err", err)
@@ -360,16 +364,23 @@ func (ex *exchange) sessionControl(ctx *fasthttp.RequestCtx) bool {
 		ss.control["open/ok"].Inc()
 		ex.sess.opened = true
 	}
-	if ctl.Close {
+	if ctl.Close || ctl.Open {
+		// An open whose request ends before the session is bound (the
+		// client left, the engine failed it) is closed again: nothing
+		// else would close it on the engine.
 		_ = ex.h.Defer(&sessionCloser{ss: ss, endpoint: ex.dec.Endpoint, id: string(ex.sess.id), key: ex.sess.key,
-			workerID: ex.dec.WorkerID, rank: ex.dec.DPRank})
+			workerID: ex.dec.WorkerID, rank: ex.dec.DPRank, caller: caller, unlessBound: !ctl.Close})
 	}
 	return true
 }
 
+// controlCaller is what session control calls carry of the client's
+// request: its Authorization header and its request id.
+type controlCaller struct{ auth, rid string }
+
 // open calls the engine's open_session (SGLang: POST /open_session with
 // capacity_of_str_len and session_id, answered with the session id).
-func (ss *sessions) open(ctx context.Context, endpoint, id string, params []byte) error {
+func (ss *sessions) open(ctx context.Context, endpoint, id string, params []byte, caller controlCaller) error {
 	req := map[string]any{}
 	if len(params) > 0 {
 		if err := json.Unmarshal(params, &req); err != nil {
@@ -380,10 +391,10 @@ func (ss *sessions) open(ctx context.Context, endpoint, id string, params []byte
 		req["capacity_of_str_len"] = defaultSessionCapacity
 	}
 	req["session_id"] = id
-	return ss.call(ctx, endpoint, "/open_session", req)
+	return ss.call(ctx, endpoint, "/open_session", req, caller)
 }
 
-func (ss *sessions) call(ctx context.Context, endpoint, path string, body any) error {
+func (ss *sessions) call(ctx context.Context, endpoint, path string, body any, caller controlCaller) error {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("cannot encode %s: %w", path, err)
@@ -395,8 +406,13 @@ func (ss *sessions) call(ctx context.Context, endpoint, path string, body any) e
 		return fmt.Errorf("cannot call %s on %s: %w", path, endpoint, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(HeaderRequestID, caller.rid)
+	// SGLang's --api-key guards everything but /health: the router's key
+	// for the engines, else the client's, as its request carries it.
 	if t := ss.s.engines.EngineToken(); t != "" {
-		req.Header.Set("Authorization", "Bearer "+t) // SGLang's --api-key guards everything but /health
+		req.Header.Set("Authorization", "Bearer "+t)
+	} else if caller.auth != "" {
+		req.Header.Set("Authorization", caller.auth)
 	}
 	resp, err := ss.client.Do(req)
 	if err != nil {
@@ -421,6 +437,10 @@ type sessionCloser struct {
 	key      uint64
 	workerID uint64
 	rank     uint32
+	caller   controlCaller
+	// unlessBound: the request opened the session; close it only if the
+	// request ended without binding it to this worker.
+	unlessBound bool
 }
 
 // AfterRelease runs once the request's guard is released, on every path;
@@ -428,11 +448,15 @@ type sessionCloser struct {
 func (c *sessionCloser) AfterRelease(guard.Event) {
 	ss := c.ss
 	now := ss.table.Now()
-	if ss.table.Unbind(c.key, c.workerID, c.rank, now) {
+	if c.unlessBound {
+		if b, res := ss.table.Lookup(c.key, now, ss.ttl); res == shm.BindingHit && b.WorkerID == c.workerID && b.DPRank == c.rank {
+			return // opened and bound: the session lives on
+		}
+	} else if ss.table.Unbind(c.key, c.workerID, c.rank, now) {
 		ss.unbinds[unbindClosed].Inc()
 	}
 	go func() {
-		if err := ss.call(context.Background(), c.endpoint, "/close_session", map[string]string{"session_id": c.id}); err != nil {
+		if err := ss.call(context.Background(), c.endpoint, "/close_session", map[string]string{"session_id": c.id}, c.caller); err != nil {
 			ss.control["close/error"].Inc()
 			ss.throttle.Log(ss.s.log, slog.LevelWarn, "session-close", "cannot close the session on its worker",
 				"worker_id", c.workerID, "dp_rank", c.rank, "err", err)

@@ -9,7 +9,9 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +29,7 @@ type sessionEngine struct {
 	ln        *killableListener
 	mu        sync.Mutex
 	log       []string
+	callers   []string // each session control call's Authorization and X-Request-Id
 	openFails bool
 	// atClose, when set, runs as close_session arrives (the test reads the
 	// router's bookings there).
@@ -48,6 +51,7 @@ func startSessionEngine(t *testing.T, handler fasthttp.RequestHandler) *sessionE
 			handler(ctx)
 		case "/open_session":
 			se.note("open " + string(ctx.PostBody()))
+			se.noteCaller(ctx)
 			se.mu.Lock()
 			fail := se.openFails
 			se.mu.Unlock()
@@ -65,6 +69,7 @@ func startSessionEngine(t *testing.T, handler fasthttp.RequestHandler) *sessionE
 				at()
 			}
 			se.note("close " + string(ctx.PostBody()))
+			se.noteCaller(ctx)
 		default:
 			ctx.SetStatusCode(fasthttp.StatusNotFound)
 		}
@@ -91,6 +96,12 @@ func (se *sessionEngine) kill()        { se.ln.kill() }
 func (se *sessionEngine) note(s string) {
 	se.mu.Lock()
 	se.log = append(se.log, s)
+	se.mu.Unlock()
+}
+
+func (se *sessionEngine) noteCaller(ctx *fasthttp.RequestCtx) {
+	se.mu.Lock()
+	se.callers = append(se.callers, string(ctx.Request.Header.Peek("Authorization"))+" "+string(ctx.Request.Header.Peek(fastpath.HeaderRequestID)))
 	se.mu.Unlock()
 }
 
@@ -464,4 +475,64 @@ func TestSessionOpenFailsFast(t *testing.T) {
 	if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != "session_id_required" {
 		t.Fatalf("status %d: %s", resp.status, resp.body)
 	}
+}
+
+// TestSessionControlCarriesTheClient: open_session and close_session go
+// with the client's Authorization, as its request does (an engine that
+// requires its key refused every open), and its request id; and an open
+// whose client leaves before the session is bound is closed again, which
+// nothing else would do.
+func TestSessionControlCarriesTheClient(t *testing.T) {
+	hold := make(chan struct{})
+	defer close(hold)
+	var holding atomic.Bool
+	e := startSessionEngine(t, func(ctx *fasthttp.RequestCtx) {
+		if holding.Load() {
+			<-hold // an engine slow to answer: the client gives up first
+		}
+		plainAnswer(ctx)
+	})
+	r := sessionRouter(t, nil, e)
+	hdr := sessionHeaders("conv-a")
+	hdr["Authorization"] = "Bearer sk-client"
+	hdr[fastpath.HeaderRequestID] = "req-7"
+	resp := r.post(t, fastpath.PathCompletions, []byte(`{"model":"`+e2eModel+`","prompt":[1,2],"session_control":{"open":true,"close":true}}`), hdr)
+	if resp.status != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	waitFor(t, "close_session", func() bool { return len(e.events()) == 3 })
+	e.mu.Lock()
+	callers := append([]string(nil), e.callers...)
+	e.mu.Unlock()
+	if len(callers) != 2 || callers[0] != "Bearer sk-client req-7" || callers[1] != "Bearer sk-client req-7" {
+		t.Fatalf("session control calls carried %q; want the client's key and request id on both", callers)
+	}
+
+	// Opened, then the client leaves before the engine answers: never
+	// bound, so closed.
+	holding.Store(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url+fastpath.PathCompletions,
+		strings.NewReader(`{"model":"`+e2eModel+`","prompt":[1,2],"session_control":{"open":true}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range sessionHeaders("conv-b") {
+		req.Header.Set(k, v)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := r.client.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "the request at the engine", func() bool { return len(e.events()) == 5 })
+	cancel()
+	<-done
+	waitFor(t, "the abandoned session closed", func() bool {
+		ev := e.events()
+		return len(ev) == 6 && ev[5] == `close {"session_id":"conv-b"}`
+	})
+	waitReleased(t, r.node)
 }
