@@ -457,7 +457,14 @@ func checkStageAnswer(call *dispatch.Call, body []byte) error {
 	if call.IsEventStream() {
 		return errStageGarbled
 	}
-	if i := jsonscan.SkipSpace(body, 0); i >= len(body) || body[i] != '{' {
+	// One whole JSON object: an answer cut short (a 200 whose body ends
+	// inside kv_transfer_params) reads as one without the member, a
+	// remote prefill that silently did not happen.
+	i := jsonscan.SkipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return errStageGarbled
+	}
+	if end := jsonscan.SkipValue(body, i, 0); end < 0 || jsonscan.SkipSpace(body, end) != len(body) {
 		return errStageGarbled
 	}
 	if openai.ParseResponse(body).Kind == openai.EventError {

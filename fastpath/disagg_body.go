@@ -74,33 +74,35 @@ func named(key []byte, names []string) bool {
 }
 
 // topLevelMember returns the raw value of body's top-level member name,
-// or nil.
+// or nil. A name given twice is its last value, as Python's json (and so
+// vLLM's and SGLang's servers) reads it.
 func topLevelMember(body []byte, name string) []byte {
 	i := jsonscan.SkipSpace(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		return nil
 	}
 	i++
+	var found []byte
 	for {
 		i = jsonscan.SkipSpace(body, i)
 		if i >= len(body) || body[i] != '"' {
-			return nil
+			return found
 		}
 		keyEnd, _ := jsonscan.ScanString(body, i)
 		if keyEnd < 0 {
-			return nil
+			return found
 		}
 		j := jsonscan.SkipSpace(body, keyEnd)
 		if j >= len(body) || body[j] != ':' {
-			return nil
+			return found
 		}
 		j = jsonscan.SkipSpace(body, j+1)
 		end := jsonscan.SkipValue(body, j, 1)
 		if end < 0 {
-			return nil
+			return found
 		}
 		if string(body[i+1:keyEnd-1]) == name {
-			return body[j:end]
+			found = body[j:end]
 		}
 		i = jsonscan.SkipSpace(body, end)
 		if i < len(body) && body[i] == ',' {

@@ -382,6 +382,11 @@ func TestDisaggVLLMFaults(t *testing.T) {
 				ctx.SetBodyString(`{"choices":[{"text":"","finish_reason":"length"}],"kv_transfer_params":{"x":"` +
 					strings.Repeat("y", 2<<20) + `"}}`)
 			},
+			func(ctx *fasthttp.RequestCtx) {
+				// Cut short inside the params, with a length that says it
+				// is whole: it read as an answer without them.
+				ctx.SetBodyString(`{"choices":[{"text":"","finish_reason":"length"}],"kv_transfer_params":{"do_remote_decode":fal`)
+			},
 		} {
 			bad := startE2EEngine(t, answer)
 			r := run(t, []node.StaticWorker{prefillOf(uint64(20+i), bad.addr())}, decodeWorker)
