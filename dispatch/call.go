@@ -684,6 +684,32 @@ func (c *Call) observeBody(body []byte) {
 	c.end(ev.FinishReason)
 }
 
+// ReadBodyWithin is ReadBody with a deadline on the whole body: past d
+// the call is cut and fails as an idle timeout (ErrIdleTimeout, the
+// engine's fault). It is for answers the router reads itself, a prefill
+// stage's or an encoder's: one small object the engine has finished
+// computing when its headers come, which the idle timeout, reset by every
+// byte, never ends when it is dribbled a byte at a time.
+func (c *Call) ReadBodyWithin(d time.Duration) ([]byte, error) {
+	var mu sync.Mutex
+	over := false
+	t := time.AfterFunc(d, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !over {
+			c.cancel(ErrIdleTimeout)
+		}
+	})
+	body, err := c.ReadBody()
+	// Once over is set, a timer firing late cannot cut the call, which
+	// may be released and reused by then.
+	mu.Lock()
+	over = true
+	mu.Unlock()
+	t.Stop()
+	return body, err
+}
+
 // ReadBody reads the whole non-streaming response, reports it to the
 // observer (complete with its finish_reason, or aborted for an error status
 // or error object) and returns it. The body is valid until Release; the

@@ -214,6 +214,41 @@ func TestFirstByteTimeoutCoversHeaders(t *testing.T) {
 	}
 }
 
+// TestReadBodyWithinCutsADribbledAnswer: an answer whose headers came at
+// once and whose body comes a byte at a time (each byte resetting the idle
+// timeout) is cut at ReadBodyWithin's deadline, as the engine's fault.
+func TestReadBodyWithinCutsADribbledAnswer(t *testing.T) {
+	engine := rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
+		if _, ok := readRequest(br); !ok {
+			return
+		}
+		if _, err := io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"); err != nil {
+			return
+		}
+		for { // a byte every 20 ms, until the router cuts it
+			time.Sleep(20 * time.Millisecond)
+			if _, err := io.WriteString(conn, " "); err != nil {
+				return
+			}
+		}
+	})
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	c := pool.AcquireCall()
+	defer c.Release()
+	c.SetRequest([]byte("/v1/completions"), []byte("x"))
+	if err := c.Do(0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ReadBodyWithin(200 * time.Millisecond); !errors.Is(err, ErrIdleTimeout) {
+		t.Fatalf("ReadBodyWithin = %v, want the idle timeout", err)
+	}
+	if got := pool.Engine(0).Failures(); got != 1 {
+		t.Errorf("passive health counted %d failures, want 1", got)
+	}
+}
+
 // TestStreamEndsSoonAfterDone: after [DONE] an engine has only the end of
 // the body left to send; one that goes on sending is cut within the grace,
 // instead of holding the client's stream open for as long as it talks.

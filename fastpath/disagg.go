@@ -172,6 +172,12 @@ func (ex *exchange) setPrefillGuard(h guard.Handle) {
 // prefill engine to finish answering before cutting it.
 const prefillDrainGrace = 2 * time.Second
 
+// stageBodyTimeout bounds reading a stage's answer (a vLLM prefill's, an
+// encoder's) once its headers came: it is one small JSON object, whole
+// when the engine answers. A prefill engine dribbling it a byte a second
+// had held both stages' bookings for as long as the client waited.
+const stageBodyTimeout = 10 * time.Second
+
 // releasePrefill ends the prefill stage: it waits for an SGLang prefill
 // sender, then releases the stage's call and guard.
 //
@@ -375,7 +381,7 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		err := st.call.Do(d.Slot, st)
 		var body []byte
 		if err == nil {
-			body, err = st.call.ReadBody()
+			body, err = st.call.ReadBodyWithin(stageBodyTimeout)
 		}
 		if err == nil && st.call.StatusCode() >= 300 {
 			err = errPrefillRefused

@@ -400,7 +400,7 @@ func (s *Server) runEncode(ex *exchange, i int, wg *sync.WaitGroup) {
 	err := st.call.Do(st.dec.Slot, st)
 	var body []byte
 	if err == nil {
-		body, err = st.call.ReadBody()
+		body, err = st.call.ReadBodyWithin(stageBodyTimeout)
 	}
 	if err == nil && st.call.StatusCode() >= 300 {
 		err = errEncodeRefused
