@@ -359,14 +359,14 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	}
 	preq := s.prefillRequest(ex)
 	for attempt := 0; attempt <= s.cfg.MaxRetries; attempt++ {
-		if attempt > 0 {
-			s.metrics.retries.Inc()
-		}
 		ex.setPrefillGuard(s.guards.Acquire())
 		d, serr := st.h.Select(&ex.wait, &preq)
 		if serr != nil {
 			ex.releasePrefill()
 			return false
+		}
+		if attempt > 0 {
+			s.metrics.retries.Inc() // counted once there is somewhere to send it
 		}
 		st.dec = d
 		ex.setPrefillCall(s.engines.AcquireCall())

@@ -581,6 +581,18 @@ func TestConnectFailureRetriedElsewhere(t *testing.T) {
 	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="unavailable"}`, 1)
 }
 
+// TestNoRetryCountedWithNowhereToGo: a failed attempt with no other
+// worker to try is not a retry (kvfast_dispatch_retries_total counted one
+// for each such failure).
+func TestNoRetryCountedWithNowhereToGo(t *testing.T) {
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: deadAddr(t), Model: e2eModel}))
+	if resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(6, 32), false, 3), nil); resp.status != http.StatusBadGateway {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	waitReleased(t, r.node)
+	wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 0)
+}
+
 // TestDirectModeRequiresWorker: in direct mode a request must name its
 // worker.
 func TestDirectModeRequiresWorker(t *testing.T) {

@@ -474,7 +474,6 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			return false
 		}
 		// Route again, without the engines that failed.
-		s.metrics.retries.Inc()
 		failed := workers.SetOf(ex.dec.Slot)
 		ex.unstick(unbindFailed)
 		_ = ex.h.Release()
@@ -494,6 +493,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			ex.failSelect(ctx, serr)
 			return false
 		}
+		s.metrics.retries.Inc() // counted once there is somewhere to send it
 		ex.dec = dec
 	}
 	s.remember(ex, ex.dec.Slot)

@@ -244,7 +244,7 @@ var (
 		"A worker's ZMQ KV-event feed: batches and blocks by outcome.", []string{"worker", "dp_rank", "status"}, nil)
 	descQueueWaiting = prometheus.NewDesc("kvfast_admission_waiting", "Requests waiting in the admission queue.", nil, nil)
 	descInFlight     = prometheus.NewDesc("kvfast_requests_in_flight",
-		"Requests booked on a worker and not yet released, on every worker, including one that has since left the worker set.", nil, nil)
+		"Bookings on workers not yet released, on every worker, including one that has since left the worker set: one per request, and one more for each of its stages on another worker (a disaggregated prefill, each image an encoder encodes).", nil, nil)
 	descRefused = prometheus.NewDesc("kvfast_admission_refused_total", "Requests refused as overloaded.", nil, nil)
 
 	descTokenizerInfo = prometheus.NewDesc("kvfast_tokenizer_info",
