@@ -120,6 +120,15 @@ func (s *Server) RememberModels(names []string) {
 	s.departed.Store(&gone)
 }
 
+// modelsUnknown reports whether some worker's model is still to be learned
+// (Deps.ModelsPending).
+func (s *Server) modelsUnknown() bool {
+	if s.pendingModels != nil {
+		return s.pendingModels()
+	}
+	return s.modelsPending.Load()
+}
+
 // maxDeparted bounds the models remembered as once served.
 const maxDeparted = 4096
 
@@ -187,7 +196,7 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 					return "", 0, nil, errModelUnavailable
 				}
 			}
-			if s.modelsPending.Load() {
+			if s.modelsUnknown() {
 				// It may be the model of a worker not heard from yet (an
 				// engine still loading, or down): the router cannot tell
 				// a client's mistake from it.

@@ -200,6 +200,11 @@ type Deps struct {
 	// 503, and a request naming a model no worker serves yet waits for it
 	// (within the queue timeout) rather than getting 404. nil: settled.
 	Settled <-chan struct{}
+	// ModelsPending reports whether some static worker's model is not
+	// known yet (its engine has not answered GET /v1/models): a request
+	// for a model no known worker serves may be for it, and gets 503
+	// rather than 404. nil: any worker without a model counts.
+	ModelsPending func() bool
 }
 
 // Renderers resolves a model's prompt renderer (package prompt's
@@ -250,8 +255,11 @@ type Server struct {
 	settled   <-chan struct{} // Deps.Settled
 	seeds     atomic.Pointer[map[string]modelNamespace]
 	// modelsPending: some worker's model is not known yet (a static
-	// worker whose engine has not answered GET /v1/models).
+	// worker whose engine has not answered GET /v1/models); pendingModels,
+	// when set (Deps.ModelsPending), says so instead, telling those apart
+	// from a publisher that registered without a model.
 	modelsPending atomic.Bool
+	pendingModels func() bool
 	// departed is every model that workers served since start and none
 	// serves now (all its engines down or restarting): a request naming
 	// one gets 503, which clients retry, not 404. Rebuilt with seeds.
@@ -304,7 +312,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		deps.Logger = slog.Default()
 	}
 	s := &Server{cfg: cfg, log: deps.Logger, index: deps.Index, segment: deps.Segment, approx: deps.Approx, sched: deps.Sched,
-		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, silent: deps.Silent, tracer: deps.Tracer, renderers: deps.Renderers, settled: deps.Settled,
+		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, silent: deps.Silent, tracer: deps.Tracer, renderers: deps.Renderers, settled: deps.Settled, pendingModels: deps.ModelsPending,
 		conns: xsync.NewMapOf[net.Conn, *connState](), connsIdle: make(chan struct{}, 1), active: newActivity()}
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
 	tooLarge := *openai.ErrBodyTooLarge

@@ -158,6 +158,10 @@ type exchangeSession struct {
 	// opened: open_session succeeded on the chosen worker, so a re-route
 	// elsewhere would lose the session; retries are off.
 	opened bool
+	// closer is the request's deferred close_session when it opened the
+	// session: told when the request binds it (bindTo), so that it closes
+	// only a session its request never bound.
+	closer *sessionCloser
 }
 
 var (
@@ -331,6 +335,9 @@ func (ex *exchange) bindTo(workerID uint64, rank uint32) {
 	}
 	ss := ex.s.sessions
 	ss.binds[ss.table.Bind(es.key, workerID, rank, ss.table.Now(), ss.ttl)].Inc()
+	if es.closer != nil {
+		es.closer.bound.Store(true)
+	}
 }
 
 // sessionControl runs the request's session_control on the chosen worker
@@ -368,8 +375,12 @@ func (ex *exchange) sessionControl(ctx *fasthttp.RequestCtx) bool {
 		// An open whose request ends before the session is bound (the
 		// client left, the engine failed it) is closed again: nothing
 		// else would close it on the engine.
-		_ = ex.h.Defer(&sessionCloser{ss: ss, endpoint: ex.dec.Endpoint, id: string(ex.sess.id), key: ex.sess.key,
-			workerID: ex.dec.WorkerID, rank: ex.dec.DPRank, caller: caller, unlessBound: !ctl.Close})
+		c := &sessionCloser{ss: ss, endpoint: ex.dec.Endpoint, id: string(ex.sess.id), key: ex.sess.key,
+			workerID: ex.dec.WorkerID, rank: ex.dec.DPRank, caller: caller, unlessBound: !ctl.Close}
+		if c.unlessBound {
+			ex.sess.closer = c
+		}
+		_ = ex.h.Defer(c)
 	}
 	return true
 }
@@ -439,8 +450,9 @@ type sessionCloser struct {
 	rank     uint32
 	caller   controlCaller
 	// unlessBound: the request opened the session; close it only if the
-	// request ended without binding it to this worker.
+	// request ended without binding it (bound).
 	unlessBound bool
+	bound       atomic.Bool
 }
 
 // AfterRelease runs once the request's guard is released, on every path;
@@ -449,7 +461,7 @@ func (c *sessionCloser) AfterRelease(guard.Event) {
 	ss := c.ss
 	now := ss.table.Now()
 	if c.unlessBound {
-		if b, res := ss.table.Lookup(c.key, now, ss.ttl); res == shm.BindingHit && b.WorkerID == c.workerID && b.DPRank == c.rank {
+		if c.bound.Load() {
 			return // opened and bound: the session lives on
 		}
 	} else if ss.table.Unbind(c.key, c.workerID, c.rank, now) {

@@ -88,7 +88,11 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 		default:
 			p.known[slot] = got
 		}
-		maps.Copy(union, p.known[slot])
+		for adapter, base := range p.known[slot] {
+			if checkModelName(adapter) == nil { // a name no client could send is not listed
+				union[adapter] = base
+			}
+		}
 	}
 	if learned {
 		n.front.WorkersChanged()
@@ -103,6 +107,9 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 // learnModel routes the static worker info under the model its engine
 // serves.
 func (n *Node) learnModel(info sched.WorkerInfo, model string) error {
+	if err := checkModelName(model); err != nil {
+		return err
+	}
 	info.Model = model
 	if err := n.sched.Upsert(info); err != nil {
 		return err

@@ -405,8 +405,15 @@ func checkModelName(model string) error {
 // loggableEndpoint is an endpoint as it may be logged: any credentials in
 // it replaced.
 func loggableEndpoint(endpoint string) string {
-	if u, err := url.Parse(endpoint); err == nil && u.User != nil {
-		u.User = url.User("REDACTED")
+	if u, err := url.Parse(endpoint); err == nil && (u.User != nil || u.RawQuery != "" || u.Fragment != "") {
+		// A query may carry a key as well (?api_key=...).
+		if u.User != nil {
+			u.User = url.User("REDACTED")
+		}
+		if u.RawQuery != "" {
+			u.RawQuery = "REDACTED"
+		}
+		u.Fragment = ""
 		endpoint = u.String()
 	} else if err != nil && strings.Contains(endpoint, "@") {
 		endpoint = "(unparseable, with @)"

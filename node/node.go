@@ -98,7 +98,7 @@ func New(cfg Config) (_ *Node, err error) {
 		cfg.HTTP.AdminOnAPI = true
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, discovered: make(chan struct{}), settled: make(chan struct{}),
-		throttle: logthrottle.New(logRepeatEvery)}
+		throttle: logthrottle.NewFlushing(logRepeatEvery)}
 	defer func() {
 		if err != nil {
 			n.release()
@@ -170,7 +170,7 @@ func New(cfg Config) (_ *Node, err error) {
 	n.front, err = fastpath.New(cfg.HTTP, fastpath.Deps{
 		Index: n.index, Segment: n.seg, Approx: n.approx, Sched: n.sched, Engines: n.engines, Bindings: bindings,
 		UseApprox: useApprox, Silent: n.silentStatic(), Renderers: n.prompts, State: n, Logger: n.log, Settled: n.settled,
-		Tracer: n.traces.Tracer(),
+		Tracer: n.traces.Tracer(), ModelsPending: func() bool { return n.unknownModel.Load() != 0 },
 	})
 	if err != nil {
 		return nil, err
@@ -221,7 +221,7 @@ func (n *Node) watchRefusals() {
 			continue
 		}
 		if refused > n.refusedSeen[i] {
-			n.throttle.Log(n.log, slog.LevelWarn, "refused/"+strconv.Itoa(i), indexFullMessage,
+			n.throttle.Log(n.log, slog.LevelWarn, "index-refused/"+strconv.Itoa(i), indexFullMessage,
 				"slot", slot, "refused_blocks", refused, "index_worker_share", n.cfg.Segment.IndexWorkerShare)
 		}
 		n.refusedSeen[i] = refused

@@ -490,12 +490,22 @@ func TestRefusedRegistration(t *testing.T) {
 	if r := n.Snapshot().Refused; len(r) != 1 || r[0].WorkerID != 1 || !strings.Contains(r[0].Reason, "block") {
 		t.Errorf("refused registrations %+v, want worker 1's, with its block size", r)
 	}
+	// Registered anew, correctly, before the next poll: routable, and no
+	// longer listed.
 	if err := bad.Close(); err != nil {
 		t.Fatal(err)
 	}
+	fixed, err := mocker.Start(mocker.Config{WorkerID: 1, Segment: cfg.Segment.Path, Speedup: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fixed.Close()
 	n.syncRegistry()
-	if r := n.Snapshot().Refused; len(r) != 0 {
-		t.Errorf("a closed registration still listed as refused: %+v", r)
+	if r, ws := n.Snapshot().Refused, n.Snapshot().Workers; len(r) != 0 || len(ws) != 1 {
+		t.Errorf("after a good registration: refused %+v, workers %d", r, len(ws))
+	}
+	if err := fixed.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -765,8 +775,10 @@ func TestRegisteredEndpointsAreStrict(t *testing.T) {
 			t.Errorf("%q: the refusal carries the password: %v", ep, err)
 		}
 	}
-	if got := loggableEndpoint("http://admin:s3cret@127.0.0.1:8000"); strings.Contains(got, "s3cret") {
-		t.Errorf("logged as %q", got)
+	for _, ep := range []string{"http://admin:s3cret@127.0.0.1:8000", "http://127.0.0.1:8000/?api_key=s3cret", "http://127.0.0.1:8000/#s3cret"} {
+		if got := loggableEndpoint(ep); strings.Contains(got, "s3cret") {
+			t.Errorf("%q logged as %q", ep, got)
+		}
 	}
 }
 
@@ -886,16 +898,7 @@ func TestRestartedRouterKnowsRegisteredModels(t *testing.T) {
 		n.Close()
 		<-served
 	}()
-	post := func(model string) (int, string) {
-		resp, err := http.Post("http://"+ln.Addr().String()+"/v1/completions", "application/json",
-			strings.NewReader(`{"model":"`+model+`","prompt":[1,2,3],"max_tokens":1}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
-	}
+	post := func(model string) (int, string) { return postModel(t, ln.Addr().String(), model) }
 	if code, body := post("gone-model"); code != http.StatusServiceUnavailable || !strings.Contains(body, "model_unavailable") {
 		t.Fatalf("a model the registry remembers: %d %s; want 503 model_unavailable", code, body)
 	}
@@ -926,5 +929,53 @@ func TestReadyLineMatchesReady(t *testing.T) {
 	n.logSettled(time.Now())
 	if ready.Load() != before || notReady.Load() == 0 {
 		t.Fatal(`"router ready" logged with the only worker's engine down`)
+	}
+}
+
+// postModel posts a completion naming model to the router at addr and
+// returns the status and body.
+func postModel(t *testing.T, addr, model string) (int, string) {
+	t.Helper()
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"`+model+`","prompt":[1,2,3],"max_tokens":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// TestUnknownModelWithAModellessWorker: a publisher registered without a
+// model name is no static worker whose model is still to be learned: a
+// request for a model nobody serves is still a 404, not a 503 clients
+// would retry for ever.
+func TestUnknownModelWithAModellessWorker(t *testing.T) {
+	cfg := testConfig(t)
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- n.Serve(ln) }()
+	defer func() {
+		n.Close()
+		<-served
+	}()
+	for i, model := range []string{"served", ""} {
+		p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: uint64(i + 1), Model: model, BlockSize: cfg.Sched.BlockSize,
+			Endpoint: "http://" + deadAddr(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+	}
+	waitFor(t, "both workers", func() bool { return len(n.Snapshot().Workers) == 2 })
+	if code, body := postModel(t, ln.Addr().String(), "typo"); code != http.StatusNotFound {
+		t.Fatalf("a model nobody serves: %d %s; want 404", code, body)
 	}
 }

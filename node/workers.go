@@ -304,6 +304,7 @@ func (n *Node) scanRegistry() {
 				n.throttle.Log(n.log, slog.LevelWarn, "nomodel/"+strconv.Itoa(i), noModelMessage, "slot", slot,
 					"worker", info.WorkerID, "dp_rank", info.DPRank, "endpoint", addr)
 			}
+			refusals = refusals || e.refused // a refused slot registered anew, and routable
 			*e = regEntry{present: true, id: id}
 			changed = true
 		}

@@ -1,8 +1,9 @@
 // Package logthrottle keeps a condition that persists from flooding the
 // log: a line under a key is written at most once per interval, and the
 // next one that gets through says how many were held back meanwhile.
-// Flush writes the last line held back under a key once its interval is
-// over, for conditions that change (an engine that left and came back).
+// A throttle made with NewFlushing keeps the last line held back under a
+// key, and Flush writes it once its interval is over, for conditions that
+// change (an engine that left and came back).
 //
 // # Responsibility
 //

@@ -16,6 +16,7 @@ const maxKeys = 4096
 type Throttle struct {
 	interval time.Duration
 	now      func() time.Time
+	keep     bool // hold the last line per key for Flush (NewFlushing)
 
 	mu   sync.Mutex
 	keys map[string]*entry
@@ -41,6 +42,16 @@ type line struct {
 // interval.
 func New(interval time.Duration) *Throttle {
 	return &Throttle{interval: interval, now: time.Now, keys: map[string]*entry{}}
+}
+
+// NewFlushing is New for a throttle whose owner calls Flush: it keeps the
+// last line it held back under each key, which Flush writes once the
+// key's interval is over. Keeping costs an allocation per line held back,
+// which a throttle never flushed should not pay.
+func NewFlushing(interval time.Duration) *Throttle {
+	t := New(interval)
+	t.keep = true
+	return t
 }
 
 // Allow reports whether a line under key may be written now and, if so,
@@ -85,14 +96,17 @@ func (t *Throttle) forgetQuiet(now time.Time) {
 // through within the interval; a line that follows held-back ones carries
 // their count as "repeated".
 //
-// The line held back last under each key is kept, and Flush writes it
-// once the interval is over: a condition that changes (an engine that
-// left and came back within the minute) must not have the log's last
-// word on it be a state that no longer holds.
+// A flushing throttle (NewFlushing) keeps the line held back last under
+// each key, and Flush writes it once the interval is over: a condition
+// that changes (an engine that left and came back within the minute)
+// must not have the log's last word on it be a state that no longer
+// holds.
 func (t *Throttle) Log(log *slog.Logger, level slog.Level, key, msg string, args ...any) {
 	ok, suppressed := t.Allow(key)
 	if !ok {
-		t.hold(key, &line{log: log, level: level, msg: msg, args: args, at: t.now()})
+		if t.keep {
+			t.hold(key, &line{log: log, level: level, msg: msg, args: args, at: t.now()})
+		}
 		return
 	}
 	if suppressed > 0 {

@@ -51,7 +51,7 @@ func TestThrottleForgetsQuietKeys(t *testing.T) {
 func TestFlushWritesTheLastHeldLine(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
-	th := New(time.Minute)
+	th := NewFlushing(time.Minute)
 	clock := time.Unix(1_800_000_000, 0)
 	th.now = func() time.Time { return clock }
 	th.Log(log, slog.LevelInfo, "member/3", "worker joined", "slot", 3)
@@ -84,5 +84,20 @@ func TestFlushWritesTheLastHeldLine(t *testing.T) {
 	}
 	if th.held != 0 {
 		t.Fatalf("%d held lines counted after the flush", th.held)
+	}
+}
+
+// A throttle nobody flushes keeps nothing of the lines it holds back.
+func TestPlainThrottleKeepsNoLines(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	th := New(time.Minute)
+	clock := time.Unix(1_800_000_000, 0)
+	th.now = func() time.Time { return clock }
+	for range 3 {
+		th.Log(log, slog.LevelInfo, "k", "line")
+	}
+	if th.held != 0 || th.keys["k"].latest != nil {
+		t.Fatal("a plain throttle kept a held-back line")
 	}
 }
