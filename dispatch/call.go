@@ -691,23 +691,43 @@ func (c *Call) observeBody(body []byte) {
 // computing when its headers come, which the idle timeout, reset by every
 // byte, never ends when it is dribbled a byte at a time.
 func (c *Call) ReadBodyWithin(d time.Duration) ([]byte, error) {
+	defer c.cutAfter(d, ErrIdleTimeout)()
+	return c.ReadBody()
+}
+
+// DoWithin is Do with a bound of its own, d, on the wait for the answer's
+// headers, shorter than Timeouts.FirstByte: past it the call is cut and
+// fails as a first-byte timeout (the engine's fault). It is for a stage
+// the request can do without (an encoder's: the engine encodes the item
+// itself), which a hung engine would otherwise hold for the whole
+// first-byte timeout, per attempt. d <= 0 is Do.
+func (c *Call) DoWithin(slot workers.Slot, obs Observer, d time.Duration) error {
+	if d <= 0 {
+		return c.Do(slot, obs)
+	}
+	defer c.cutAfter(d, ErrFirstByteTimeout)()
+	return c.Do(slot, obs)
+}
+
+// cutAfter cancels the call with kind after d, unless the returned stop
+// is called first. Once stop returns, a timer firing late cannot cut the
+// call, which may be released and reused by then.
+func (c *Call) cutAfter(d time.Duration, kind error) (stop func()) {
 	var mu sync.Mutex
 	over := false
 	t := time.AfterFunc(d, func() {
 		mu.Lock()
 		defer mu.Unlock()
 		if !over {
-			c.cancel(ErrIdleTimeout)
+			c.cancel(kind)
 		}
 	})
-	body, err := c.ReadBody()
-	// Once over is set, a timer firing late cannot cut the call, which
-	// may be released and reused by then.
-	mu.Lock()
-	over = true
-	mu.Unlock()
-	t.Stop()
-	return body, err
+	return func() {
+		mu.Lock()
+		over = true
+		mu.Unlock()
+		t.Stop()
+	}
 }
 
 // ReadBody reads the whole non-streaming response, reports it to the

@@ -249,6 +249,30 @@ func TestReadBodyWithinCutsADribbledAnswer(t *testing.T) {
 	}
 }
 
+// TestDoWithinGivesUpOnASilentEngine: an engine that takes the request and
+// never answers is cut at DoWithin's bound, well inside the first-byte
+// timeout, as a first-byte timeout and the engine's fault.
+func TestDoWithinGivesUpOnASilentEngine(t *testing.T) {
+	engine := rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
+		if _, ok := readRequest(br); !ok {
+			return
+		}
+		_, _ = io.Copy(io.Discard, conn) // never answers
+	})
+	pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{FirstByte: time.Hour}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	c := pool.AcquireCall()
+	defer c.Release()
+	c.SetRequest([]byte("/v1/completions"), []byte("x"))
+	if err := c.DoWithin(0, nil, 200*time.Millisecond); !errors.Is(err, ErrFirstByteTimeout) {
+		t.Fatalf("DoWithin = %v, want the first-byte timeout", err)
+	}
+	if got := pool.Engine(0).Failures(); got != 1 {
+		t.Errorf("passive health counted %d failures, want 1", got)
+	}
+}
+
 // TestStreamEndsSoonAfterDone: after [DONE] an engine has only the end of
 // the body left to send; one that goes on sending is cut within the grace,
 // instead of holding the client's stream open for as long as it talks.

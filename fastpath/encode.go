@@ -58,6 +58,11 @@ type EncodeConfig struct {
 	AffinityItems int
 	// AffinityTTL is how long an encoder is trusted to keep an item.
 	AffinityTTL time.Duration
+	// Timeout bounds the wait for an encoder's answer headers (0: the
+	// first-byte timeout). Past it the item goes to another encoder, or
+	// the engine encodes it: a hung encoder held the request for the
+	// first-byte timeout (10 minutes by default) per attempt.
+	Timeout time.Duration
 }
 
 // Encoder stage defaults: an encoder cache of vLLM's default size (a few
@@ -67,18 +72,24 @@ type EncodeConfig struct {
 const (
 	DefaultEncoderAffinityItems = 1024
 	DefaultEncoderAffinityTTL   = 10 * time.Minute
+	// DefaultEncodeTimeout: encoding an image takes tens of milliseconds
+	// to a few seconds on a loaded encoder.
+	DefaultEncodeTimeout = 30 * time.Second
 )
 
 // DefaultEncodeConfig is the stage kvfast serve starts with: on whenever
 // encode workers are present.
 func DefaultEncodeConfig() EncodeConfig {
 	return EncodeConfig{MaxItems: prompt.DefaultMaxMediaItems, MaxItemBytes: prompt.DefaultMaxMediaItemBytes,
-		AffinityItems: DefaultEncoderAffinityItems, AffinityTTL: DefaultEncoderAffinityTTL}
+		AffinityItems: DefaultEncoderAffinityItems, AffinityTTL: DefaultEncoderAffinityTTL, Timeout: DefaultEncodeTimeout}
 }
 
 func (c *EncodeConfig) validate() error {
 	if c.Off {
 		return nil
+	}
+	if c.Timeout < 0 {
+		return fmt.Errorf("cannot use --encode-timeout %v: want 0 (the first-byte timeout) or more", c.Timeout)
 	}
 	if c.MaxItems <= 0 || c.MaxItemBytes <= 0 || c.AffinityItems < 0 || c.AffinityTTL < 0 {
 		return fmt.Errorf("cannot use encoder stage limits %d items, %d bytes, affinity %d items for %v: want positive limits and a non-negative affinity",
@@ -397,7 +408,7 @@ func (s *Server) runEncode(ex *exchange, i int, wg *sync.WaitGroup) {
 			st.err = errInternalEncode
 		}
 	}()
-	err := st.call.Do(st.dec.Slot, st)
+	err := st.call.DoWithin(st.dec.Slot, st, s.cfg.Encode.Timeout)
 	var body []byte
 	if err == nil {
 		body, err = st.call.ReadBodyWithin(stageBodyTimeout)

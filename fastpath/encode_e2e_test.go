@@ -31,6 +31,13 @@ type encodeRig struct {
 
 func startEncodeRig(t *testing.T, encoders int, engine mocker.Config, static ...node.StaticWorker) *encodeRig {
 	t.Helper()
+	return startEncodeRigWith(t, e2eConfig(static...), encoders, engine, len(static))
+}
+
+// startEncodeRigWith is startEncodeRig for a router config of the test's
+// own, naming static workers of which there are static.
+func startEncodeRigWith(t *testing.T, cfg node.Config, encoders int, engine mocker.Config, static int) *encodeRig {
+	t.Helper()
 	roles := []workers.Role{workers.RoleBoth}
 	for range encoders {
 		roles = append(roles, workers.RoleEncode)
@@ -39,14 +46,14 @@ func startEncodeRig(t *testing.T, encoders int, engine mocker.Config, static ...
 		engine.Speedup = 20
 	}
 	engine.WorkerID = 1
-	r := startE2ERig(t, rig.Config{Node: e2eConfig(static...), Engines: len(roles), Roles: roles, Engine: engine})
+	r := startE2ERig(t, rig.Config{Node: cfg, Engines: len(roles), Roles: roles, Engine: engine})
 	ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
 	defer cancel()
-	if err := r.rig.WaitWorkers(ctx, len(roles)+len(static)); err != nil {
+	if err := r.rig.WaitWorkers(ctx, len(roles)+static); err != nil {
 		t.Fatal(err)
 	}
-	if got := r.node.Scheduler().StageWorkers(sched.StageEncode).Len(); got != encoders+len(static) {
-		t.Fatalf("%d encoders in the worker set, want %d", got, encoders+len(static))
+	if got := r.node.Scheduler().StageWorkers(sched.StageEncode).Len(); got != encoders+static {
+		t.Fatalf("%d encoders in the worker set, want %d", got, encoders+static)
 	}
 	return &encodeRig{r: r, agg: r.rig.Engines[0], encoders: r.rig.Engines[1:]}
 }
@@ -237,6 +244,31 @@ func TestEncodeFailureRecovers(t *testing.T) {
 			wantMetric(t, m, `kvfast_encode_items_total{outcome="encoded"}`, 0)
 		})
 	}
+}
+
+// TestHungEncoderIsGivenUp: an encoder that takes items and never answers
+// is given up on after --encode-timeout, not the first-byte timeout (10
+// minutes by default, per attempt), and the engine encodes the items.
+func TestHungEncoderIsGivenUp(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	hung, sent := encoderAnswering(t, func(*fasthttp.RequestCtx) { <-release })
+	cfg := e2eConfig(hung)
+	cfg.HTTP.Encode.Timeout = 200 * time.Millisecond
+	er := startEncodeRigWith(t, cfg, 0, mocker.Config{}, 1)
+	r := er.r
+	resp := r.post(t, fastpath.PathChatCompletions, imagesChat(false, imageURL("p")), nil)
+	if resp.status != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	waitReleased(t, r.node)
+	if sent.Load() != 1 {
+		t.Errorf("the hung encoder got %d items, want 1", sent.Load())
+	}
+	if s := er.agg.EncodeStats(); s.Encoded != 1 {
+		t.Errorf("aggregated engine: %+v; want the image encoded locally", s)
+	}
+	wantMetric(t, r.metrics(t), `kvfast_encode_items_total{outcome="fallback_local"}`, 1)
 }
 
 // TestEncodeCancel: a client that leaves while its items are being

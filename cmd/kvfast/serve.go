@@ -136,6 +136,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.IntVar(&dis.BootstrapPort, "disagg-bootstrap-port", dis.BootstrapPort, "with --disagg sglang: the prefill engines' bootstrap port (SGLang's default is 8998; 0: the prefill worker's HTTP port, as kvfast mock serves it)")
 	enc := &cfg.HTTP.Encode
 	fs.BoolVar(&enc.Off, "encode-off", enc.Off, "never send multimodal items to encode workers (role=encode): every engine encodes its own requests' images (the stage runs whenever encode workers are present, except under --disagg sglang, whose engines call their encoders themselves)")
+	fs.DurationVar(&enc.Timeout, "encode-timeout", enc.Timeout, "bound on the wait for an encode worker's answer; past it the item goes to another encoder or the engine encodes it itself (0: --first-byte-timeout)")
 	fs.IntVar(&enc.MaxItems, "encode-max-items", enc.MaxItems, "multimodal content parts (image_url, audio_url, input_audio, video_url) one chat request may carry when encode workers are present (400 beyond)")
 	fs.IntVar(&enc.MaxItemBytes, "encode-max-item-bytes", enc.MaxItemBytes, "decoded bytes of one inline item (a data: URL, input_audio), or length of one item's URL, when encode workers are present (413 beyond); the router never downloads a URL")
 	fs.IntVar(&enc.AffinityItems, "encoder-affinity-items", enc.AffinityItems, "recently encoded items remembered per encoder, to send an item again to the encoder whose cache has it (0: choose encoders by load only)")
