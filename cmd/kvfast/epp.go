@@ -153,7 +153,7 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 	if fs.NArg() > 0 {
 		return fail(fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	}
-	if err := applyEnv(fs); err != nil {
+	if err := applyEnv(fs, stderr); err != nil {
 		return fail(err)
 	}
 	mode, ok := bodyModes[o.bodyMode]

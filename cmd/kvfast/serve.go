@@ -303,10 +303,23 @@ func engineURL(endpoint string) string {
 
 // applyEnv sets every flag not given on the command line from
 // KVFAST_<FLAG_NAME>, so that containers can configure the router through
-// the environment.
-func applyEnv(fs *flag.FlagSet) error {
+// the environment. A KVFAST_ variable that names no flag (a misspelling,
+// which would silently change nothing) is warned about on warn, except
+// the publishers' own (publisherEnv).
+func applyEnv(fs *flag.FlagSet, warn io.Writer) error {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		rest, ok := strings.CutPrefix(name, "KVFAST_")
+		if !ok || publisherEnv[name] {
+			continue
+		}
+		if fs.Lookup(strings.ToLower(strings.ReplaceAll(rest, "_", "-"))) == nil {
+			fmt.Fprintf(warn, "kvfast %s: warning: ignoring %s: no flag --%s (kvfast %s --help lists them)\n",
+				fs.Name(), name, strings.ToLower(strings.ReplaceAll(rest, "_", "-")), fs.Name())
+		}
+	}
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
 		if given[f.Name] {
@@ -321,6 +334,12 @@ func applyEnv(fs *flag.FlagSet) error {
 	})
 	return errors.Join(errs...)
 }
+
+// publisherEnv is the KVFAST_ variables that are no flag's: the engines'
+// publishers' (publishers/python), which may share an environment with
+// the router, and the systemd unit's KVFAST_ARGS (deploy/systemd).
+var publisherEnv = map[string]bool{"KVFAST_WORKER_ID": true, "KVFAST_MODEL": true, "KVFAST_ENDPOINT": true,
+	"KVFAST_KV_BLOCKS": true, "KVFAST_HEARTBEAT_S": true, "KVFAST_ARGS": true}
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var lv slog.Level
@@ -357,7 +376,7 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 		fmt.Fprintf(stderr, "kvfast serve: unexpected argument %q\n", fs.Arg(0))
 		return cfg, 2, false
 	}
-	if err := applyEnv(fs); err != nil {
+	if err := applyEnv(fs, stderr); err != nil {
 		fmt.Fprintln(stderr, "kvfast serve:", err)
 		return cfg, 2, false
 	}

@@ -54,6 +54,17 @@ func TestServeConfig(t *testing.T) {
 			t.Errorf("static workers %+v", cfg.Static)
 		}
 	})
+	t.Run("a misspelled KVFAST_ variable is warned about", func(t *testing.T) {
+		t.Setenv("KVFAST_POLICYY", "round-robin")
+		t.Setenv("KVFAST_MODEL", "m") // a publisher's, not the router's
+		var stderr strings.Builder
+		if _, _, ok := serveConfig([]string{"--segment", "none"}, &stderr); !ok {
+			t.Fatalf("refused: %s", stderr.String())
+		}
+		if msg := stderr.String(); !strings.Contains(msg, "ignoring KVFAST_POLICYY") || strings.Contains(msg, "KVFAST_MODEL") {
+			t.Errorf("stderr:\n%s", msg)
+		}
+	})
 	t.Run("a bad flag: the error, not the flag list", func(t *testing.T) {
 		var stderr strings.Builder
 		if _, code, ok := serveConfig([]string{"--no-such-flag"}, &stderr); ok || code != 2 {
