@@ -174,7 +174,7 @@ func (in *Ingester) Acquire(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	in.held = true
-	if err := in.repair(ctx); err != nil {
+	if err := in.repair(ctx, "repairing the index before ingesting"); err != nil {
 		_ = in.Release()
 		return false, err
 	}
@@ -197,11 +197,11 @@ func (in *Ingester) Acquire(ctx context.Context) (bool, error) {
 // replay what they stored through the segment, so it refills from their
 // next events, which is what a resync of one worker does too. Readers go
 // on meanwhile. Only the end of ctx (shutdown) is an error.
-func (in *Ingester) repair(ctx context.Context) error {
+func (in *Ingester) repair(ctx context.Context, why string) error {
 	log := in.cfg.Logger
 	start := time.Now()
 	st := in.ix.Stats()
-	log.Info("repairing the index before ingesting", "entries", st.Entries, "region_bytes", st.RegionBytes, "budget", in.cfg.RepairBudget)
+	log.Info(why, "entries", st.Entries, "region_bytes", st.RegionBytes, "budget", in.cfg.RepairBudget)
 	rctx, cancel := context.WithTimeout(ctx, in.cfg.RepairBudget)
 	defer cancel()
 	var lastLog time.Time
@@ -246,7 +246,7 @@ func (in *Ingester) mend(ctx context.Context) {
 		return
 	}
 	resets := in.c.indexResets
-	if err := in.repair(ctx); err == nil && in.c.indexResets == resets {
+	if err := in.repair(ctx, "repairing the index while ingesting"); err == nil && in.c.indexResets == resets {
 		in.mended = true
 	}
 }
