@@ -58,6 +58,12 @@ type DisaggConfig struct {
 	// the prefill worker's own HTTP port (kvfast's mock engine serves its
 	// bootstrap there).
 	BootstrapPort int
+	// PrefillTimeout bounds the wait for a vLLM prefill worker's answer
+	// (0: the first-byte timeout); past it the prefill is tried on another
+	// prefill worker, or the decode worker prefills. A hung prefill engine
+	// had held its requests for the first-byte timeout (10 minutes by
+	// default) per attempt.
+	PrefillTimeout time.Duration
 }
 
 // Conditional disaggregation's defaults: a prompt whose uncached part is
@@ -66,6 +72,9 @@ type DisaggConfig struct {
 const (
 	DefaultMinRemoteTokens     = 256
 	DefaultLocalCachedFraction = 0.9
+	// DefaultPrefillTimeout: a long prompt's prefill behind a queue takes
+	// seconds to tens of seconds; one past two minutes is given up on.
+	DefaultPrefillTimeout = 2 * time.Minute
 )
 
 func (c *DisaggConfig) validate() error {
@@ -77,6 +86,9 @@ func (c *DisaggConfig) validate() error {
 	if c.MinRemoteTokens < 0 || c.LocalCachedFraction < 0 || c.LocalCachedFraction > 1 {
 		return fmt.Errorf("cannot use disaggregation thresholds %d tokens, %v cached: want tokens >= 0 and a fraction in [0, 1]",
 			c.MinRemoteTokens, c.LocalCachedFraction)
+	}
+	if c.PrefillTimeout < 0 {
+		return fmt.Errorf("cannot use --disagg-prefill-timeout %v: want 0 (the first-byte timeout) or more", c.PrefillTimeout)
 	}
 	if c.BootstrapPort < 0 || c.BootstrapPort > 65535 {
 		return fmt.Errorf("cannot use bootstrap port %d: want 1-65535, or 0 for the prefill worker's HTTP port", c.BootstrapPort)
@@ -378,7 +390,7 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		copyForwardHeaders(ctx, st.call.Request(), ex.rid, ex.via)
 		span := ex.startCall(spanPrefill, st.call.Request(), &d, stagePrefill)
 		t0 := clock.Now()
-		err := st.call.Do(d.Slot, st)
+		err := st.call.DoWithin(d.Slot, st, s.cfg.Disagg.PrefillTimeout)
 		var body []byte
 		if err == nil {
 			body, err = st.call.ReadBodyWithin(stageBodyTimeout)

@@ -447,6 +447,25 @@ func TestDisaggVLLMFaults(t *testing.T) {
 		}
 		waitReleased(t, r.node)
 	})
+	t.Run("a hung prefill is given up on", func(t *testing.T) {
+		// Past --disagg-prefill-timeout, not the first-byte timeout (10
+		// minutes by default, per attempt): the decode worker prefills.
+		hold := make(chan struct{})
+		defer close(hold)
+		hung := startE2EEngine(t, func(*fasthttp.RequestCtx) { <-hold })
+		cfg := e2eConfig(prefillOf(12, hung.addr()), decodeWorker)
+		cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM, PrefillTimeout: 200 * time.Millisecond}
+		cfg.Dispatch.Outlier.Consecutive = 0
+		r := startE2ERouter(t, cfg)
+		resp := r.post(t, fastpath.PathCompletions, body, nil)
+		if items, _, done, _ := readStream(t, resp.body); resp.status != 200 || items != 6 || !done {
+			t.Fatalf("status %d: %s", resp.status, resp.body)
+		}
+		waitReleased(t, r.node)
+		if n := decisionCount(t, r, "fallback_local"); n != 1 {
+			t.Errorf("fallback decisions %v, want 1", n)
+		}
+	})
 	t.Run("client leaves during the prefill", func(t *testing.T) {
 		r := run(t, []node.StaticWorker{prefillOf(4, stuck.addr())}, decodeWorker)
 		before := decode.Stats().Requests

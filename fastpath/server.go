@@ -109,7 +109,8 @@ func DefaultConfig() Config {
 		MaxRetries:       2,
 		Sessions:         DefaultSessionConfig(),
 		// Off until --disagg; the thresholds are what it starts with.
-		Disagg: DisaggConfig{MinRemoteTokens: DefaultMinRemoteTokens, LocalCachedFraction: DefaultLocalCachedFraction},
+		Disagg: DisaggConfig{MinRemoteTokens: DefaultMinRemoteTokens, LocalCachedFraction: DefaultLocalCachedFraction,
+			PrefillTimeout: DefaultPrefillTimeout},
 		Encode: DefaultEncodeConfig(),
 	}
 }
