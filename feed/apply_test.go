@@ -262,6 +262,18 @@ func TestRingAndZMQApplyAlike(t *testing.T) {
 	m.check(t, zix, slot)
 }
 
+// distinctBlocks returns n engine hashes and n blocks of tokens, each
+// block distinct.
+func distinctBlocks(n int) (engines []uint64, tokens []uint32) {
+	engines = make([]uint64, n)
+	tokens = make([]uint32, n*testBlockSize)
+	for i := range engines {
+		engines[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+		tokens[i*testBlockSize] = uint32(i)
+	}
+	return engines, tokens
+}
+
 // TestStoredSkipsBlocksTheMapCannotName: with the engine map full, a
 // store must not leave blocks that no removal could name.
 func TestStoredSkipsBlocksTheMapCannotName(t *testing.T) {
@@ -271,12 +283,7 @@ func TestStoredSkipsBlocksTheMapCannotName(t *testing.T) {
 	}
 	const slot = workers.Slot(3)
 	a := newApplier(ix, 0)
-	engines := make([]uint64, 1000)
-	tokens := make([]uint32, len(engines)*testBlockSize)
-	for i := range engines {
-		engines[i] = uint64(i+1) * 0x9e3779b97f4a7c15
-		tokens[i*testBlockSize] = uint32(i)
-	}
+	engines, tokens := distinctBlocks(1000)
 	stored := a.stored(slot, gpu, radix.NamespaceSeed(testModel, "", ""), engines, tokens, nil, testBlockSize)
 	st := ix.Stats()
 	if st.EngineMapOverflow == 0 || stored == len(engines) {
@@ -305,12 +312,7 @@ func TestStoredCountsOnlyWhatTheIndexTook(t *testing.T) {
 	}
 	const slot = workers.Slot(2)
 	a := newApplier(ix, 0)
-	engines := make([]uint64, 1000)
-	tokens := make([]uint32, len(engines)*testBlockSize)
-	for i := range engines {
-		engines[i] = uint64(i+1) * 0x9e3779b97f4a7c15
-		tokens[i*testBlockSize] = uint32(i)
-	}
+	engines, tokens := distinctBlocks(1000)
 	stored := a.stored(slot, gpu, radix.NamespaceSeed(testModel, "", ""), engines, tokens, nil, testBlockSize)
 	st := ix.Stats()
 	if st.WorkerRefused[slot] == 0 || st.WorkerBlocks[slot] != uint64(stored) {

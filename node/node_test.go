@@ -888,17 +888,8 @@ func TestRestartedRouterKnowsRegisteredModels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- n.Serve(ln) }()
-	defer func() {
-		n.Close()
-		<-served
-	}()
-	post := func(model string) (int, string) { return postModel(t, ln.Addr().String(), model) }
+	url := serveNode(t, n)
+	post := func(model string) (int, string) { return postModel(t, url, model) }
 	if code, body := post("gone-model"); code != http.StatusServiceUnavailable || !strings.Contains(body, "model_unavailable") {
 		t.Fatalf("a model the registry remembers: %d %s; want 503 model_unavailable", code, body)
 	}
@@ -932,11 +923,11 @@ func TestReadyLineMatchesReady(t *testing.T) {
 	}
 }
 
-// postModel posts a completion naming model to the router at addr and
+// postModel posts a completion naming model to the router at url and
 // returns the status and body.
-func postModel(t *testing.T, addr, model string) (int, string) {
+func postModel(t *testing.T, url, model string) (int, string) {
 	t.Helper()
-	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json",
+	resp, err := http.Post(url+"/v1/completions", "application/json",
 		strings.NewReader(`{"model":"`+model+`","prompt":[1,2,3],"max_tokens":1}`))
 	if err != nil {
 		t.Fatal(err)
@@ -956,16 +947,7 @@ func TestUnknownModelWithAModellessWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- n.Serve(ln) }()
-	defer func() {
-		n.Close()
-		<-served
-	}()
+	url := serveNode(t, n)
 	for i, model := range []string{"served", ""} {
 		p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: uint64(i + 1), Model: model, BlockSize: cfg.Sched.BlockSize,
 			Endpoint: "http://" + deadAddr(t)})
@@ -975,7 +957,7 @@ func TestUnknownModelWithAModellessWorker(t *testing.T) {
 		defer p.Close()
 	}
 	waitFor(t, "both workers", func() bool { return len(n.Snapshot().Workers) == 2 })
-	if code, body := postModel(t, ln.Addr().String(), "typo"); code != http.StatusNotFound {
+	if code, body := postModel(t, url, "typo"); code != http.StatusNotFound {
 		t.Fatalf("a model nobody serves: %d %s; want 404", code, body)
 	}
 }
