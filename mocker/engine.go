@@ -411,8 +411,11 @@ func (e *Engine) loop() {
 			default:
 			}
 		}
-		e.deliver(rep.Progressed)
+		// Stats first: a client that has its answer must find it in
+		// Stats (a prefill's kept blocks were read as 0 under load, when
+		// the answer beat the snapshot).
 		e.snapshotStats()
+		e.deliver(rep.Progressed)
 	}
 }
 
