@@ -3,7 +3,9 @@ package feed
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -153,11 +155,16 @@ func TestRingApplyCutAtEveryWrite(t *testing.T) {
 	for _, o := range ops {
 		want.apply(o)
 	}
+	dir := t.TempDir()
 	run := func(cut int) int {
-		seg, err := shm.Open(filepath.Join(t.TempDir(), "seg"), shm.Options{Index: radix.Config{Capacity: 1 << 12}, RingBytes: 1 << 16})
+		// Each cut's segment is removed once done: segments are reserved
+		// on disk in full, and the cuts run to hundreds.
+		path := filepath.Join(dir, "seg"+strconv.Itoa(cut))
+		seg, err := shm.Open(path, shm.Options{Index: radix.Config{Capacity: 1 << 12}, RingBytes: 1 << 16})
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer os.Remove(path)
 		defer seg.Close()
 		p, err := seg.Register(workerCfg(1))
 		if err != nil {

@@ -336,19 +336,31 @@ func TestCrossProcessPublishers(t *testing.T) {
 // half-written may be applied, and everything committed must be.
 func TestPublisherKilledMidWrite(t *testing.T) {
 	t.Run("random kill", func(t *testing.T) {
-		seg := openSeg(t, 16<<20)
-		const n = 60000
-		c := startChild(t, "publish-until-killed", seg.Path(), "KVFAST_WORKER=3", "KVFAST_OPS_N="+strconv.Itoa(n))
+		// 4 MiB rings hold the 30000 records (about 90 bytes each); every
+		// segment is reserved on disk in full, so the rings are kept small.
+		seg := openSeg(t, 4<<20)
+		const n = 30000
+		c := startChild(t, "publish-until-killed", seg.Path(), "KVFAST_WORKER=3", "KVFAST_OPS_N="+strconv.Itoa(n), "KVFAST_PACE=1")
 		c.expect(t, "READY")
-		time.Sleep(time.Duration(2+rand.IntN(10)) * time.Millisecond)
+		// Unpaced, the publisher finished before any sleep-timed kill; paced,
+		// it is killed once it has published a random share of the stream.
+		target := uint64(1 + rand.IntN(n-1))
+		deadline := time.Now().Add(time.Minute)
+		for seg.RingState(0).Published < target {
+			if time.Now().After(deadline) {
+				t.Fatalf("the publisher published %d of %d records in a minute", seg.RingState(0).Published, target)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
 		c.kill(t)
 		in := acquire(t, seg, Config{HeartbeatGrace: time.Hour})
 		var seqs []uint64
 		in.onApply = func(_ workers.Slot, rec *shm.Record) { seqs = append(seqs, rec.Seq) }
 		drainAll(in)
-		if len(seqs) == 0 || len(seqs) == n {
-			t.Logf("killed after %d of %d records (timing-dependent)", len(seqs), n)
+		if uint64(len(seqs)) < target || seg.RingState(0).Dropped != 0 {
+			t.Fatalf("applied %d records after a kill at %d or later (%+v)", len(seqs), target, seg.RingState(0))
 		}
+		t.Logf("killed after %d of %d records", len(seqs), n)
 		for i, s := range seqs {
 			if s != uint64(i+1) {
 				t.Fatalf("record %d has seq %d", i, s)
@@ -400,7 +412,7 @@ func TestPublisherKilledMidWrite(t *testing.T) {
 // continue exactly after the persisted cursor, and the index must end
 // equal to everything published, nothing lost or doubled.
 func TestRouterRestartMidStream(t *testing.T) {
-	seg := openSeg(t, 16<<20)
+	seg := openSeg(t, 4<<20) // holds the 20000 records unconsumed
 	router := startChild(t, "ingest", seg.Path())
 	router.expect(t, "LOCKED")
 
