@@ -134,6 +134,10 @@ def check_endpoint(endpoint):
     host, sep, port = rest.rpartition(":")
     if not sep or not host or any(c in host for c in "@/?#") or not port.isdigit() or not 0 < int(port) < 1 << 16:
         raise ValueError("endpoint %r: want a host and a port from 1 to 65535 (http://host:port)" % endpoint.split("@")[-1])
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        # "::1:8001" does not say where the address ends; Go's
+        # net.SplitHostPort, which the router uses, refuses it.
+        raise ValueError("endpoint %r: write an IPv6 address in brackets, http://[%s]:%s" % (endpoint, host, port))
 
 
 def _fnv1a64(data):

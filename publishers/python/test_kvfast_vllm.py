@@ -175,7 +175,7 @@ class EngineBeforeRouterTest(unittest.TestCase):
         # worker and only its own log says so.
         format_segment(self.path)
         for bad in ("", "127.0.0.1", "http://127.0.0.1:0", "http://u:secret@127.0.0.1:8001", "http://127.0.0.1:8001/v1",
-                    "https://127.0.0.1:8001", None):
+                    "https://127.0.0.1:8001", "::1:8001", "http://::1:8001", None):
             if bad is None:
                 os.environ.pop("KVFAST_ENDPOINT")
             else:
