@@ -51,8 +51,17 @@ func (s Static) Endpoints(context.Context) ([]Endpoint, error) { return slices.C
 func ParseEndpoint(v string) (Endpoint, error) {
 	parts := strings.Split(v, ",")
 	e := Endpoint{Address: strings.TrimPrefix(strings.TrimSpace(parts[0]), "http://")}
+	given := map[string]bool{}
 	for _, kv := range parts[1:] {
 		k, val, _ := strings.Cut(strings.TrimSpace(kv), "=")
+		key := k
+		if key == "events" {
+			key = "zmq"
+		}
+		if given[key] {
+			return e, fmt.Errorf("cannot use endpoint %q: %s= is given twice", v, k)
+		}
+		given[key] = true
 		var err error
 		switch k {
 		case "zmq", "events":
@@ -65,6 +74,9 @@ func ParseEndpoint(v string) (Endpoint, error) {
 		if err != nil {
 			return e, fmt.Errorf("cannot parse %s=%q: %w", k, val, err)
 		}
+	}
+	if e.Replay != "" && e.Replay == e.Events {
+		return e, fmt.Errorf("cannot use endpoint %q: replay= must be the engine's replay socket (vLLM's replay_endpoint), not its zmq= event socket", v)
 	}
 	return e, e.Check()
 }

@@ -184,3 +184,20 @@ func TestRunFollowsSource(t *testing.T) {
 		t.Fatalf("the newcomer inherited %d blocks of the endpoint that left", ov[slotC])
 	}
 }
+
+func TestParseEndpoint(t *testing.T) {
+	got, err := epp.ParseEndpoint("http://10.0.0.1:8000,zmq=tcp://10.0.0.1:5557,replay=tcp://10.0.0.1:5558")
+	if want := (epp.Endpoint{Address: "10.0.0.1:8000", Events: "tcp://10.0.0.1:5557", Replay: "tcp://10.0.0.1:5558"}); err != nil || got != want {
+		t.Fatalf("got %+v, %v; want %+v", got, err, want)
+	}
+	for value, want := range map[string]string{
+		"10.0.0.1:8000,colour=red": `key "colour"`,
+		"10.0.0.1:8000,zmq=tcp://10.0.0.1:5557,events=tcp://10.0.0.1:5558": "events= is given twice",
+		"10.0.0.1:8000,zmq=tcp://10.0.0.1:5557,replay=tcp://10.0.0.1:5557": "not its zmq= event socket",
+		"10.0.0.1:8000,zmq=tcp://*:5557":                                   "wildcard",
+	} {
+		if _, err := epp.ParseEndpoint(value); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v; want an error about %q", value, err, want)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -58,6 +59,11 @@ type ZMQConfig struct {
 	RedialMin     time.Duration // first wait before redialling a lost engine, default 50ms
 	RedialMax     time.Duration // the wait doubles up to this, default 2s
 	ReplayTimeout time.Duration // longest silence of the replay socket mid-replay, default 1s
+	// QuietAfter is how long a connection may carry nothing before the
+	// log says so, once per connection, default 1m: a topic= the engine
+	// does not publish under is filtered out by the engine's own socket
+	// and otherwise looks like an idle engine.
+	QuietAfter time.Duration
 
 	MaxBatchBlocks int // decoder limit, default DefaultMaxBatchBlocks
 	MaxBatchTokens int // decoder limit, default DefaultMaxBatchTokens
@@ -80,6 +86,7 @@ func (c ZMQConfig) withDefaults() ZMQConfig {
 	def(&c.RedialMin, 50*time.Millisecond)
 	def(&c.RedialMax, 2*time.Second)
 	def(&c.ReplayTimeout, time.Second)
+	def(&c.QuietAfter, time.Minute)
 	if c.BlockSize <= 0 {
 		c.BlockSize = radix.DefaultBlockSize
 	}
@@ -141,8 +148,6 @@ type ZMQSubscriber struct {
 	running   atomic.Bool
 	connected atomic.Bool
 	c         zmqCounters
-	// warnedBlockSize: blocks of another block size were logged once.
-	warnedBlockSize bool
 	// warnedRank: the last batch was another rank's and that was logged;
 	// a batch of the worker's own rank clears it. Owned by Run.
 	warnedRank bool
@@ -217,8 +222,14 @@ func (s *ZMQSubscriber) Run(ctx context.Context) error {
 		// be reached (a wrong zmq= port, an engine started without
 		// --kv-events-config) otherwise showed only as
 		// kvfast_zmq_connected 0.
-		s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "lost", "KV-event feed down, redialling",
-			"events", s.cfg.Endpoint, "slot", s.cfg.Slot, "err", err, "in", wait)
+		args := []any{"events", s.cfg.Endpoint, "slot", s.cfg.Slot, "err", err, "in", wait}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			// vLLM binds its publisher only for a wildcard endpoint
+			// (tcp://*:5557) and connects out for any other, so an engine
+			// given the router's view of its address listens nowhere.
+			args = append(args, "hint", "nothing listens there: start the engine with KV events on and a wildcard endpoint it binds (vLLM: \"endpoint\":\"tcp://*:PORT\")")
+		}
+		s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "lost", "KV-event feed down, redialling", args...)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -259,6 +270,16 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 	defer s.connected.Store(false)
 	s.reconnected()
 	s.cfg.Logger.Info("KV-event feed connected", "events", s.cfg.Endpoint, "slot", s.cfg.Slot)
+	var heard atomic.Bool
+	quiet := time.AfterFunc(s.cfg.QuietAfter, func() {
+		if !heard.Load() {
+			s.cfg.Logger.Warn("no KV events since the feed connected: an idle engine sends none, but one that has served "+
+				"requests and sent nothing publishes under another topic (the engine's socket drops what the topic= "+
+				"prefix does not match; vLLM's default topic is empty) or has KV events off",
+				"events", s.cfg.Endpoint, "slot", s.cfg.Slot, "topic", s.cfg.Topic, "connected_for", s.cfg.QuietAfter)
+		}
+	})
+	defer quiet.Stop()
 	for {
 		msg, err := sub.Recv()
 		if err != nil {
@@ -268,6 +289,7 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 			continue
 		}
 		received = true
+		heard.Store(true)
 		// [topic, 8-byte big-endian sequence number, msgpack batch]. The
 		// topic is checked here too: libzmq's SUB filters what it
 		// receives, zmq4's leaves it to the publisher, and a peer that
@@ -313,6 +335,8 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 				s.restarted()
 			case replayUnproven, replayFailed:
 				s.c.rejoins.Add(1)
+				s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "restart", "KV-event feed reconnected and nothing proves the engine is the "+
+					"one before: its cached blocks dropped from the index, rebuilt from its events", "events", s.cfg.Endpoint, "slot", s.cfg.Slot)
 				s.ix.RemoveWorker(s.cfg.Slot)
 				s.apply.forgetCopies(s.cfg.Slot)
 				s.synced = false
@@ -333,6 +357,12 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 		s.c.gaps.Add(1)
 		if canReplay {
 			s.replay(ctx, s.lastSeq+1, seq, false)
+		} else {
+			// offer drops the worker's blocks: what the lost batches
+			// removed may still be claimed.
+			s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "gap", "KV-event batches lost, the worker's cached blocks dropped from the index "+
+				"(a replay= socket would let the router fetch them instead)", "events", s.cfg.Endpoint, "slot", s.cfg.Slot,
+				"after_seq", s.lastSeq, "next_seq", seq)
 		}
 	}
 	s.offer(seq, payload)
@@ -342,6 +372,8 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 // made them is gone, and what it cached with it.
 func (s *ZMQSubscriber) restarted() {
 	s.c.restarts.Add(1)
+	s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "restart", "engine restarted, its cached blocks dropped from the index",
+		"events", s.cfg.Endpoint, "slot", s.cfg.Slot)
 	s.ix.RemoveWorker(s.cfg.Slot)
 	s.apply.forgetCopies(s.cfg.Slot)
 	s.synced = false
@@ -382,7 +414,8 @@ func (s *ZMQSubscriber) offer(seq uint64, payload []byte) {
 	} else {
 		// The batch is lost, and what it changed with it.
 		s.c.garbage.Add(1)
-		s.cfg.Logger.Debug("undecodable KV-event batch", "events", s.cfg.Endpoint, "seq", seq, "err", err)
+		s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "bad", unreadableMessage, "events", s.cfg.Endpoint, "slot", s.cfg.Slot,
+			"seq", seq, "err", err)
 		s.resync()
 	}
 	// Published last: a reader that sees seq sees its effects.
@@ -393,6 +426,12 @@ func (s *ZMQSubscriber) resync() {
 	s.apply.cleared(s.cfg.Slot)
 	s.c.resyncs.Add(1)
 }
+
+// unreadableMessage is logged, once a minute per engine, for batches and
+// events the decoder refused (zmq_decode.go says what it accepts).
+const unreadableMessage = "KV events the router cannot read were skipped, and the worker's cached blocks dropped where they may " +
+	"have removed some: a publisher kvfast does not know (the engine's version, or not an engine), or a damaged stream; " +
+	"kvfast_zmq_events_total counts them (status garbage, bad_events)"
 
 // endOfReplay is the sequence number of vLLM's end-of-replay marker (-1).
 const endOfReplay = ^uint64(0)
@@ -575,7 +614,8 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 		n := uint64(len(ev.Hashes))
 		if ev.Undecodable {
 			s.c.badEvents.Add(1)
-			s.cfg.Logger.Debug("undecodable KV event", "events", s.cfg.Endpoint, "kind", ev.Kind, "reason", ev.Reason)
+			s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "bad", unreadableMessage, "events", s.cfg.Endpoint, "slot", s.cfg.Slot,
+				"kind", ev.Kind, "reason", ev.Reason)
 			if i == lastLoss {
 				s.resync()
 			}
@@ -600,14 +640,17 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 				stored, unresolved := s.apply.storedByReference(slot, k, ev.Hashes)
 				s.c.storedBlocks.Add(uint64(stored))
 				s.c.unresolvedParent.Add(uint64(unresolved))
+			case ev.BlockSize <= 0 || ev.BlockSize > workers.MaxBlockSize:
+				// No engine's size: a broken publisher, not a setting to
+				// correct.
+				s.c.badEvents.Add(1)
+				s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "bad", unreadableMessage, "events", s.cfg.Endpoint, "slot", s.cfg.Slot,
+					"kind", ev.Kind, "reason", "block_size out of range", "block_size", ev.BlockSize)
 			case ev.BlockSize != int64(bs):
 				s.c.blockSizeMismatch.Add(n)
-				if !s.warnedBlockSize {
-					// Every block will miss: say so once, not per batch.
-					s.warnedBlockSize = true
-					s.cfg.Logger.Warn("KV events in another block size skipped: no prompt can match them; start the router with the engine's block size (--block-size) or the engine with the router's",
-						"events", s.cfg.Endpoint, "engine_block_size", ev.BlockSize, "router_block_size", bs)
-				}
+				// Every block will miss: said once a minute, not per batch.
+				s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "blocksize", "KV events in another block size skipped: no prompt can match them; start the router with the engine's block size (--block-size) or the engine with the router's",
+					"events", s.cfg.Endpoint, "slot", s.cfg.Slot, "engine_block_size", ev.BlockSize, "router_block_size", bs)
 			case ev.BadTokens:
 				s.c.badEvents.Add(1)
 			case len(ev.Tokens) != len(ev.Hashes)*bs:

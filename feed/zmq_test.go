@@ -670,7 +670,8 @@ func TestZMQMisbehavingReplayEnds(t *testing.T) {
 func TestZMQGapWithoutReplayResyncs(t *testing.T) {
 	ix := newZMQIndex(t)
 	e := newTestEngine(t, false)
-	s := startSub(t, ix, e, nil)
+	var log lockedBuffer
+	s := startSub(t, ix, e, func(c *ZMQConfig) { c.Logger = slog.New(slog.NewTextHandler(&log, nil)) })
 	e.warmUp(t, s, vllmArray)
 	ops := genOps(22, 300)
 	m := newModel()
@@ -684,6 +685,10 @@ func TestZMQGapWithoutReplayResyncs(t *testing.T) {
 	m.check(t, ix, zmqTestSlot)
 	if st := s.Stats(); st.Gaps != 1 || st.Resyncs != 1 || st.Replays != 0 {
 		t.Fatalf("stats %+v", st)
+	}
+	// The operator learns that routing lost the worker's cache, and why.
+	if !strings.Contains(log.String(), "level=WARN msg=\"KV-event batches lost") {
+		t.Errorf("the gap was not logged:\n%s", log.String())
 	}
 }
 
@@ -767,7 +772,8 @@ func TestZMQJoinCatchesUpFromReplay(t *testing.T) {
 func TestZMQEngineRestartDropsItsBlocks(t *testing.T) {
 	ix := newZMQIndex(t)
 	e := newTestEngine(t, false)
-	s := startSub(t, ix, e, nil)
+	var log lockedBuffer
+	s := startSub(t, ix, e, func(c *ZMQConfig) { c.Logger = slog.New(slog.NewTextHandler(&log, nil)) })
 	e.warmUp(t, s, vllmMap)
 	old := newModel()
 	seqs, bs := publishOps(t, vllmMap, genOps(26, 100), e.publish)
@@ -793,6 +799,9 @@ func TestZMQEngineRestartDropsItsBlocks(t *testing.T) {
 	if st := s.Stats(); st.Restarts != 1 || st.Disconnects < 1 {
 		t.Fatalf("stats %+v", st)
 	}
+	if !strings.Contains(log.String(), "engine restarted, its cached blocks dropped") {
+		t.Errorf("the restart was not logged:\n%s", log.String())
+	}
 	// The old engine's hash mappings went with it.
 	if st := ix.Stats(); st.EngineMapEntries != uint64(len(fresh.engine)) {
 		t.Fatalf("%d engine-map entries, the new engine mapped %d", st.EngineMapEntries, len(fresh.engine))
@@ -802,7 +811,8 @@ func TestZMQEngineRestartDropsItsBlocks(t *testing.T) {
 func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 	ix := newZMQIndex(t)
 	e := newTestEngine(t, false)
-	s := startSub(t, ix, e, nil)
+	var log lockedBuffer
+	s := startSub(t, ix, e, func(c *ZMQConfig) { c.Logger = slog.New(slog.NewTextHandler(&log, nil)) })
 	e.warmUp(t, s, vllmMap)
 	tokens := func(n int) []uint32 {
 		ts := make([]uint32, n*testBlockSize)
@@ -830,6 +840,7 @@ func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 		with(func(ev *wireEvent) { ev.medium = "TAPE" }), // no tier kvfast knows: skipped
 		with(func(ev *wireEvent) { ev.group = 1 }),       // stored in group 1
 		with(func(ev *wireEvent) { ev.group = radix.MaxGroups }),
+		with(func(ev *wireEvent) { ev.bs = -1 }), // no engine's size: a bad event, which must not take the warning below
 		with(func(ev *wireEvent) { ev.bs = 2 * testBlockSize }),
 		with(func(ev *wireEvent) { ev.tokens = ev.tokens[:len(ev.tokens)-1] }),
 		with(func(ev *wireEvent) { ev.parent = uint64(999) }), // unknown parent
@@ -852,10 +863,16 @@ func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 	}
 	st := s.Stats()
 	want := ZMQStats{Connected: true, LastSeq: seq2, Batches: st.Batches, StoredBlocks: 2 + 2 + 2 + 2 + 2 + 1,
-		SkippedLoRA: 2, SkippedMedium: 2, SkippedGroup: 2, BlockSizeMismatch: 2, BadEvents: 2,
+		SkippedLoRA: 2, SkippedMedium: 2, SkippedGroup: 2, BlockSizeMismatch: 2, BadEvents: 3,
 		UnresolvedParent: 2, SkippedExtraKeys: 1, UnknownRemoved: 2 + 1, UnknownEvents: 1}
 	if st != want {
 		t.Fatalf("stats\n got %+v\nwant %+v", st, want)
+	}
+	if !strings.Contains(log.String(), "KV events in another block size skipped") || !strings.Contains(log.String(), "engine_block_size=8 ") {
+		t.Errorf("the engine's block size is not what the log warns of:\n%s", log.String())
+	}
+	if n := strings.Count(log.String(), "KV events the router cannot read"); n != 1 {
+		t.Errorf("the bad events were logged %d times, want once (a minute):\n%s", n, log.String())
 	}
 	seed := radix.NamespaceSeed(testModel, "", "")
 	b1 := radix.ChainBlockHash(seed, tokens(2)[:testBlockSize])
@@ -1004,10 +1021,31 @@ func TestZMQUnreachableFeedIsLogged(t *testing.T) {
 	if n := strings.Count(log.String(), "level=WARN msg=\"KV-event feed down, redialling\" events=tcp://"); n != 1 {
 		t.Errorf("logged %d times, want once:\n%s", n, log.String())
 	}
+	// Refused: the line says what an engine must do to be listening.
+	if !strings.Contains(log.String(), "hint=\"nothing listens there") {
+		t.Errorf("a refused connection without its hint:\n%s", log.String())
+	}
 	// Named events, not endpoint: the endpoint picker's logger names the
 	// pod's address endpoint, and JSON logs kept one of the two.
 	if strings.Contains(log.String(), " endpoint=") {
 		t.Errorf("the feed's socket logged as endpoint:\n%s", log.String())
+	}
+}
+
+// TestZMQQuietFeedIsLogged: a connection that carries nothing is said
+// once: a topic= the engine does not publish under looks just so, since
+// the engine's own socket drops what the subscription does not match.
+func TestZMQQuietFeedIsLogged(t *testing.T) {
+	var log lockedBuffer
+	e := newTestEngine(t, false)
+	startSub(t, newZMQIndex(t), e, func(c *ZMQConfig) {
+		c.Logger = slog.New(slog.NewTextHandler(&log, nil))
+		c.QuietAfter = 20 * time.Millisecond
+	})
+	waitFor(t, func() bool { return strings.Contains(log.String(), "no KV events since the feed connected") },
+		func() any { return log.String() })
+	if !strings.Contains(log.String(), "topic=kv-events") {
+		t.Errorf("the line does not name the topic:\n%s", log.String())
 	}
 }
 

@@ -312,11 +312,22 @@ func (c *Config) Validate() error {
 // id defaults to defaultID.
 func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	sw := StaticWorker{ID: defaultID}
+	given := map[string]bool{}
 	for _, kv := range strings.Split(v, ",") {
 		k, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		if !ok {
 			return sw, fmt.Errorf("cannot parse %q: want key=value pairs", kv)
 		}
+		// A key given twice (url= and endpoint= are one key) is a typo or
+		// a paste: which value was meant cannot be told.
+		key := map[string]string{"endpoint": "url", "dp-rank": "rank", "events": "zmq"}[k]
+		if key == "" {
+			key = k
+		}
+		if given[key] {
+			return sw, fmt.Errorf("cannot parse %q: %s= is given twice", v, k)
+		}
+		given[key] = true
 		var err error
 		switch k {
 		case "url", "endpoint":
@@ -357,6 +368,9 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	}
 	if sw.Events != "" && sw.Model == "" {
 		return sw, errors.New("a worker with zmq= needs model=NAME: the model seeds the block hashes")
+	}
+	if sw.Replay != "" && sw.Replay == sw.Events {
+		return sw, errors.New("replay= must be the engine's replay socket (vLLM's replay_endpoint), not its zmq= event socket")
 	}
 	return sw, nil
 }

@@ -221,8 +221,13 @@ func (n *Node) watchRefusals() {
 			continue
 		}
 		if refused > n.refusedSeen[i] {
+			// The worker's id too: /admin/workers and the metrics name it.
+			args := []any{"slot", slot}
+			if info, ok := n.sched.Worker(slot); ok {
+				args = append(args, "worker", info.ID)
+			}
 			n.throttle.Log(n.log, slog.LevelWarn, "index-refused/"+strconv.Itoa(i), indexFullMessage,
-				"slot", slot, "refused_blocks", refused, "index_worker_share", n.cfg.Segment.IndexWorkerShare)
+				append(args, "refused_blocks", refused, "index_worker_share", n.cfg.Segment.IndexWorkerShare)...)
 		}
 		n.refusedSeen[i] = refused
 	}

@@ -809,27 +809,55 @@ func TestRegistrationChurnIsThrottled(t *testing.T) {
 // minute) and counted per worker, so that an operator can tell why its
 // hits fell and who holds the index.
 func TestIndexRefusalsAreReported(t *testing.T) {
-	counts := countLog{indexFullMessage: new(atomic.Int64)}
+	var refusedBy atomic.Uint64 // the worker id the line names
 	cfg := testConfig(t)
 	cfg.Segment.IndexWorkerShare = 0.25
-	cfg.Logger = slog.New(counts)
+	cfg.Dispatch.Health.Interval = 0
+	// A static worker: a registered one's slot is emptied by the
+	// ingester when it takes up the registration, refusals with it.
+	cfg.Static = []StaticWorker{{ID: 42, Endpoint: deadAddr(t), Model: "m"}}
+	cfg.Logger = slog.New(attrLog{indexFullMessage: func(a slog.Attr) {
+		if a.Key == "worker" {
+			refusedBy.Store(a.Value.Uint64())
+		}
+	}})
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Close()
+	slot, ok := n.sched.Resolve(42, 0)
+	if !ok {
+		t.Fatal("the static worker has no slot")
+	}
 	hashes := make([]uint64, cfg.Segment.IndexCapacity)
 	for i := range hashes {
 		hashes[i] = uint64(i+1) * 0x9e3779b97f4a7c15
 	}
-	_, refused := n.Index().StoredAgain(2, hashes, nil)
+	_, refused := n.Index().StoredAgain(slot, hashes, nil)
 	if refused < len(hashes)/2 {
 		t.Fatalf("%d of %d blocks refused at a quarter share", refused, len(hashes))
 	}
-	waitFor(t, "the refusals logged", func() bool { return counts[indexFullMessage].Load() > 0 })
-	if got := n.Index().Stats().WorkerRefused[2]; got != uint64(refused) {
+	// Named by its id, as /admin/workers and the metrics name it, beside
+	// its slot.
+	waitFor(t, "the refusals logged with the worker's id", func() bool { return refusedBy.Load() == 42 })
+	if got := n.Index().Stats().WorkerRefused[slot]; got != uint64(refused) {
 		t.Fatalf("Stats counts %d refusals, want %d", got, refused)
 	}
+}
+
+// attrLog is a slog handler that shows each attribute of the records of
+// the messages it names to that message's function.
+type attrLog map[string]func(slog.Attr)
+
+func (h attrLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h attrLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h attrLog) WithGroup(string) slog.Handler            { return h }
+func (h attrLog) Handle(_ context.Context, r slog.Record) error {
+	if f := h[r.Message]; f != nil {
+		r.Attrs(func(a slog.Attr) bool { f(a); return true })
+	}
+	return nil
 }
 
 // pollingNode starts a node whose registry the test polls itself

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // CostParams are the knobs of the cost model (see docs/routing.md). The
@@ -197,8 +198,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.BlockSize == 0 {
 		c.BlockSize = radix.DefaultBlockSize
 	}
-	if c.BlockSize < 0 || c.BlockSize > 1<<20 {
-		return c, invalidf("cannot use block size %d", c.BlockSize)
+	if c.BlockSize < 0 || c.BlockSize > workers.MaxBlockSize {
+		return c, invalidf("cannot use block size %d: must be at most %d", c.BlockSize, workers.MaxBlockSize)
 	}
 	if c.ActiveBlocks == 0 {
 		c.ActiveBlocks = DefaultActiveBlocks

@@ -24,8 +24,8 @@ type WorkerConfig struct {
 
 func (c WorkerConfig) validate() error {
 	switch {
-	case c.BlockSize <= 0 || c.BlockSize > 1<<15:
-		return fmt.Errorf("cannot register block size %d: must be in [1, %d]", c.BlockSize, 1<<15)
+	case c.BlockSize <= 0 || c.BlockSize > workers.MaxBlockSize:
+		return fmt.Errorf("cannot register block size %d: must be in [1, %d]", c.BlockSize, workers.MaxBlockSize)
 	case len(c.Model) > MaxModelLen:
 		return fmt.Errorf("cannot register model name of %d bytes: at most %d", len(c.Model), MaxModelLen)
 	case c.Role > workers.RoleEncode:

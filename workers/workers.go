@@ -9,6 +9,12 @@ import (
 // Max is the number of worker slots one node can tell apart.
 const Max = 64
 
+// MaxBlockSize is the most tokens per KV block a router or an engine's
+// registration may give: a shared-memory record carries one block's
+// tokens, and engines' block sizes are far smaller (16 to a few thousand
+// for hybrid models).
+const MaxBlockSize = 1 << 15
+
 // Slot names one of the Max slots.
 type Slot uint8
 

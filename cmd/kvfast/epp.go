@@ -105,7 +105,7 @@ func bindEPPFlags(fs *flag.FlagSet, cfg *epp.Config, o *eppOptions) {
 	fs.DurationVar(&cfg.QueryTimeout, "query-timeout", cfg.QueryTimeout, "with --query-nodes: how long a request waits for the nodes' answers; a node that has not answered counts as caching nothing")
 	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: kv (cache-aware cost model), approx (cache-aware from the picker's own history, no events), affinity (longest prefix on the picker's own history, load only as a tie-break), round-robin, random, least-loaded")
 	fs.IntVar(&cfg.Sched.BlockSize, "block-size", cfg.Sched.BlockSize, "tokens per KV block; must equal the engines' block size (0: 16)")
-	fs.IntVar(&cfg.IndexCapacity, "index-capacity", cfg.IndexCapacity, "distinct KV blocks the index holds, over every pod")
+	fs.IntVar(&cfg.IndexCapacity, "index-capacity", cfg.IndexCapacity, "distinct KV blocks the index holds at least, over every pod (each shard has headroom for uneven hashing, so it may hold more)")
 	fs.Float64Var(&cfg.IndexWorkerShare, "index-worker-share", cfg.IndexWorkerShare, "the most of the index one pod's blocks may take, so that a pod that never reports evictions cannot crowd out the others'; 1: no bound")
 	fs.IntVar(&cfg.Fallbacks, "fallbacks", cfg.Fallbacks, "further endpoints, cheapest first, listed after the chosen one for a gateway that retries (0 to 8)")
 	fs.StringVar(&o.bodyMode, "request-body-mode", "full-duplex", "the gateway's request (and response) body mode, assumed when Envoy does not say: full-duplex, buffered, buffered-partial or none (route on headers only)")

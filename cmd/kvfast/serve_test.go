@@ -173,7 +173,7 @@ func TestServeConfig(t *testing.T) {
 	t.Run("refusals", func(t *testing.T) {
 		for _, args := range [][]string{
 			{"--bogus"}, {"extra"}, {"--policy", "fastest"}, {"--worker", "model=m"}, {"--max-token-id", "4294967296"},
-			{"--block-size", "0"}, {"--log-level", "loud"}, {"--tokenizer", "remote"}, {"--tokenizer", "m=hf:"},
+			{"--block-size", "0"}, {"--block-size", "40000"}, {"--log-level", "loud"}, {"--tokenizer", "remote"}, {"--tokenizer", "m=hf:"},
 			{"--tokenizer", "m=remote", "--tokenizer", "m=remote"}, {"--tokenize-timeout", "0s"},
 			{"--otlp-endpoint", "collector:4318"}, {"--otlp-endpoint", "http://c:4318", "--trace-sample-ratio", "2"},
 		} {

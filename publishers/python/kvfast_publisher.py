@@ -446,20 +446,23 @@ class KvfastPublisher:
         self.seq += 1
         _HEAD.pack_into(self._mm, at, size, kind, flags, bs, self.seq, self.generation, count)
 
-    def _write_stored(self, parent, hashes, tokens):
-        n, bs = len(hashes), self.block_size
-        size = STORED_HEAD + 8 * n + _align(4 * n * bs, 8)
+    def _write_stored(self, parent, hashes, tokens, n):
+        """Write one Stored record of n blocks; hashes and tokens are
+        packed already, so nothing here can fail after the header takes a
+        sequence number (a number spent on no record reads as a gap, and
+        the router drops the worker's whole view)."""
+        size = STORED_HEAD + 8 * n + _align(len(tokens), 8)
         r = self._reserve(size)
         if r is None:
             return self._drop()
         off, pad = r
         at = self._data + off
-        self._header(at, size, STORED, 0 if parent is None else FLAG_PARENT, bs, n)
-        struct.pack_into("<Q", self._mm, at + 24, 0 if parent is None else parent & U64)
-        struct.pack_into("<%dQ" % n, self._mm, at + STORED_HEAD, *[h & U64 for h in hashes])
-        tok = at + STORED_HEAD + 8 * n
-        struct.pack_into("<%dI" % len(tokens), self._mm, tok, *tokens)
-        end = tok + 4 * len(tokens)
+        self._header(at, size, STORED, 0 if parent is None else FLAG_PARENT, self.block_size, n)
+        struct.pack_into("<Q", self._mm, at + 24, 0 if parent is None else parent)
+        self._mm[at + STORED_HEAD:at + STORED_HEAD + len(hashes)] = hashes
+        tok = at + STORED_HEAD + len(hashes)
+        end = tok + len(tokens)
+        self._mm[tok:end] = tokens
         if end < at + size:
             self._mm[end:at + size] = bytes(at + size - end)
         self._commit(pad, size)
@@ -476,28 +479,40 @@ class KvfastPublisher:
         start. Returns False if any record was dropped; raises SlotLost when
         another registration took the slot (as removed and cleared do).
         """
-        bs = self.block_size
-        if len(token_ids) != len(block_hashes) * bs:
-            raise ValueError("%d blocks need %d tokens, got %d" % (len(block_hashes), len(block_hashes) * bs, len(token_ids)))
+        bs, n = self.block_size, len(block_hashes)
+        if len(token_ids) != n * bs:
+            raise ValueError("%d blocks need %d tokens, got %d" % (n, n * bs, len(token_ids)))
+        # Packed before any record is begun: a bad value raises here,
+        # having written nothing.
+        try:
+            hashes = struct.pack("<%dQ" % n, *[h & U64 for h in block_hashes])
+            tokens = struct.pack("<%dI" % len(token_ids), *token_ids)
+            parent = None if parent_hash is None else parent_hash & U64
+        except (struct.error, TypeError) as e:
+            raise ValueError("cannot publish stored blocks: hashes must be integers and token ids integers "
+                             "in [0, 2**32) (%s)" % e) from None
         with self._lock:
             self._check()
             self._lost()
             ok = True
-            hashes, tokens = list(block_hashes), list(token_ids)
-            while hashes:
-                k = min(len(hashes), self._max_blocks)
-                ok = self._write_stored(parent_hash, hashes[:k], tokens[:k * bs]) and ok
-                parent_hash = hashes[k - 1]
-                hashes, tokens = hashes[k:], tokens[k * bs:]
+            i = 0
+            while i < n:
+                k = min(n - i, self._max_blocks)
+                ok = self._write_stored(parent, hashes[8 * i:8 * (i + k)], tokens[4 * bs * i:4 * bs * (i + k)], k) and ok
+                parent = struct.unpack_from("<Q", hashes, 8 * (i + k - 1))[0]
+                i += k
             return ok
 
     def removed(self, block_hashes):
         """Publish that the engine evicted these blocks."""
+        try:
+            hashes = [h & U64 for h in block_hashes]
+        except TypeError as e:
+            raise ValueError("cannot publish removed blocks: hashes must be integers (%s)" % e) from None
         with self._lock:
             self._check()
             self._lost()
             ok = True
-            hashes = [h & U64 for h in block_hashes]
             while hashes:
                 chunk, hashes = hashes[:self._max_hashes], hashes[self._max_hashes:]
                 size = RECORD_HEAD + 8 * len(chunk)

@@ -165,29 +165,55 @@ class KvfastEventPublisher:
     def _publish(self, events):
         pub = self._pub
         for ev in getattr(events, "events", events):
-            name = type(ev).__name__
-            medium = getattr(ev, "medium", None)
-            if medium not in (None, "GPU", "gpu"):
-                self.skipped += 1  # CPU/disk offload tiers are not the engine's device cache
-                continue
-            if name == "BlockStored":
-                if getattr(ev, "lora_id", None) is not None:
-                    # kvfast seeds LoRA namespaces by adapter name, which the
-                    # event does not carry.
-                    self.skipped += 1
-                    continue
-                if ev.block_size != pub.block_size:
-                    self.skipped += 1
-                    continue
-                parent = ev.parent_block_hash
-                pub.stored([engine_hash(h) for h in ev.block_hashes], ev.token_ids,
-                           None if parent is None else engine_hash(parent))
-            elif name == "BlockRemoved":
-                pub.removed([engine_hash(h) for h in ev.block_hashes])
-            elif name == "AllBlocksCleared":
-                pub.cleared()
-            else:
+            # One event at a time: a bad one costs itself, not the removals
+            # after it in the batch (which the router would otherwise
+            # never hear of, and go on claiming the evicted blocks).
+            try:
+                self._publish_event(pub, ev)
+            except SlotLost:
+                raise
+            except Exception:
+                self.dropped += 1
+                if type(ev).__name__ != "BlockStored":
+                    # A removal that did not reach the router leaves it
+                    # claiming blocks the engine dropped; clearing the
+                    # worker's view is the truth it can still tell. A lost
+                    # store only under-claims.
+                    pub.cleared()
+
+    def _publish_event(self, pub, ev):
+        name = type(ev).__name__
+        medium = getattr(ev, "medium", None)
+        if medium not in (None, "GPU", "gpu"):
+            self.skipped += 1  # CPU/disk offload tiers are not the engine's device cache
+            return
+        if name == "BlockStored":
+            if getattr(ev, "lora_id", None) is not None:
+                # kvfast seeds LoRA namespaces by adapter name, which the
+                # event does not carry.
                 self.skipped += 1
+                return
+            if ev.block_size != pub.block_size:
+                self.skipped += 1
+                return
+            if len(ev.token_ids) != len(ev.block_hashes) * pub.block_size:
+                # vLLM leaves out a sliding-window or mamba group's null
+                # blocks (and, in later releases, blocks that were cached
+                # already) while token_ids still covers them. The blocks
+                # it names chain through those tokens, which a shared-memory
+                # record cannot express: skipped, an under-claim (the ZMQ
+                # feed stores them).
+                self.skipped += 1
+                return
+            parent = ev.parent_block_hash
+            pub.stored([engine_hash(h) for h in ev.block_hashes], ev.token_ids,
+                       None if parent is None else engine_hash(parent))
+        elif name == "BlockRemoved":
+            pub.removed([engine_hash(h) for h in ev.block_hashes])
+        elif name == "AllBlocksCleared":
+            pub.cleared()
+        else:
+            self.skipped += 1
 
     def shutdown(self):
         self._stop.set()

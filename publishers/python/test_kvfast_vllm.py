@@ -79,6 +79,11 @@ class BlockStored:
         self.parent_block_hash, self.lora_id, self.medium = parent_block_hash, None, "GPU"
 
 
+class BlockRemoved:
+    def __init__(self, block_hashes):
+        self.block_hashes, self.medium = block_hashes, "GPU"
+
+
 class KVEventBatch:
     def __init__(self, events):
         self.ts, self.events = 0.0, events
@@ -210,6 +215,63 @@ class AttachTest(unittest.TestCase):
                 with self.assertRaises(kvfast_publisher.SegmentError) as cm:
                     kvfast_publisher.KvfastPublisher(path, 1, "m", 16, endpoint="127.0.0.1:8001")
                 self.assertIn(want, str(cm.exception), data)
+
+
+class BadEventTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "kvfast")
+        format_segment(self.path)
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_bad_values_spend_no_sequence_number(self):
+        # A number spent on no record reads as a gap: the router would drop
+        # the worker's whole view for one bad call.
+        p = kvfast_publisher.KvfastPublisher(self.path, 1, "m", 4, endpoint="127.0.0.1:8001")
+        try:
+            self.assertTrue(p.stored([1], [1, 2, 3, 4]))
+            for hashes, tokens, parent in [([2], [1, 2, 3, -1], None), ([2], [1, 2, 3, 1 << 32], None),
+                                           ([2], [1, 2, 3, 4.0], None), (["2"], [1, 2, 3, 4], None),
+                                           ([2], [1, 2, 3, 4], 1.5)]:
+                with self.assertRaises(ValueError):
+                    p.stored(hashes, tokens, parent)
+            with self.assertRaises(ValueError):
+                p.removed([None])
+            self.assertEqual(p.seq, 1)
+            self.assertTrue(p.stored([2], [5, 6, 7, 8], 1))
+            self.assertEqual(p.seq, 2)
+        finally:
+            p.close()
+
+    def test_a_bad_event_costs_only_itself(self):
+        os.environ.update(KVFAST_WORKER_ID="8", KVFAST_MODEL="m", KVFAST_BLOCK_SIZE="4",
+                          KVFAST_ENDPOINT="http://127.0.0.1:8008")
+        try:
+            pub = kvfast_vllm.KvfastEventPublisher(endpoint=self.path)
+        finally:
+            for k in ("KVFAST_WORKER_ID", "KVFAST_MODEL", "KVFAST_BLOCK_SIZE", "KVFAST_ENDPOINT"):
+                os.environ.pop(k)
+        try:
+            self.assertTrue(wait_for(lambda: pub._pub is not None), "not registered")
+            reg = pub._pub
+            # Token ids over 3 blocks for 2 named ones (vLLM's null blocks
+            # of a sliding-window group): skipped, and the removal after it
+            # in the batch still published.
+            pub.publish(KVEventBatch([BlockStored([1, 2], list(range(12))), BlockRemoved([7])]))
+            self.assertEqual((pub.skipped, pub.dropped, reg.seq), (1, 0, 1))
+            # A store with a bad token id: dropped, the removal still goes.
+            pub.publish(KVEventBatch([BlockStored([3], [1, 2, 3, -1]), BlockRemoved([8])]))
+            self.assertEqual((pub.dropped, reg.seq), (1, 2))
+            # A removal that cannot be published clears the worker's view
+            # instead: the router must not go on claiming what it removed.
+            pub.publish(KVEventBatch([BlockRemoved([object()])]))
+            self.assertEqual((pub.dropped, reg.seq), (2, 3))
+            kind = reg._mm[reg._data + reg._pos - kvfast_publisher.RECORD_HEAD + 4]
+            self.assertEqual(kind, kvfast_publisher.CLEARED)
+        finally:
+            pub.shutdown()
 
 
 if __name__ == "__main__":
