@@ -75,6 +75,12 @@ type Config struct {
 	// every stream: past it a body is refused with 503 and Retry-After
 	// (the per-stream bound alone let 40 streams of 15 MiB take 1.6 GB).
 	BodyBudgetBytes int64
+	// BodyIdleTimeout bounds the wait for the next part of a request body
+	// the picker has begun to buffer: a stream that stops mid-body would
+	// otherwise hold its share of the budget (and every other body's
+	// 503) until the gateway gave up on it, or for good from a client
+	// that reaches the picker directly. Past it the request gets 408.
+	BodyIdleTimeout time.Duration
 	// QueueTimeout bounds a request's wait in the admission queue when
 	// every endpoint is busy (503 past it).
 	QueueTimeout time.Duration
@@ -106,6 +112,7 @@ func DefaultConfig() Config {
 		RequestBodyMode:  extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED,
 		MaxBodyBytes:     16 << 20,
 		BodyBudgetBytes:  256 << 20,
+		BodyIdleTimeout:  30 * time.Second,
 		QueueTimeout:     30 * time.Second,
 		// Admission as kvfast serve has it: an endpoint over a busy
 		// threshold takes no new request, which waits in the queue.
@@ -154,6 +161,9 @@ func (c *Config) Validate() error {
 	}
 	if c.BodyBudgetBytes < int64(c.MaxBodyBytes) {
 		return invalidf("cannot use --body-budget-bytes %d: must hold at least one body of --max-body-bytes (%d)", c.BodyBudgetBytes, c.MaxBodyBytes)
+	}
+	if c.BodyIdleTimeout <= 0 {
+		return invalidf("cannot use --body-idle-timeout %s: must be positive", c.BodyIdleTimeout)
 	}
 	if c.ApproxTTL <= 0 || c.QueueTimeout <= 0 || (c.QueryNodes && c.QueryTimeout <= 0) {
 		return invalidf("cannot use approx TTL %s, queue timeout %s and node query timeout %s: each must be positive",

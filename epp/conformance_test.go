@@ -3,8 +3,10 @@ package epp_test
 import (
 	"bytes"
 	"encoding/json"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -264,14 +266,24 @@ func TestBodyBudget(t *testing.T) {
 // routes there.
 func TestNoHealthyEndpoint(t *testing.T) {
 	eps := endpoints(3)
-	r := startEPP(t, epp.DefaultConfig(), eps...)
+	cfg := epp.DefaultConfig()
+	var log lockedBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	r := startEPP(t, cfg, eps...)
 	body := completionBody(t, tokens(1, 40), false)
 
 	st := r.open(t, duplexMode())
 	st.requestHeaders("/v1/completions", false, subsetHint("192.0.2.1:8000"))
 	st.requestBody(body, true)
-	if ir := immediate(t, st); ir.GetStatus().GetCode() != typev3.StatusCode_ServiceUnavailable {
+	ir := immediate(t, st)
+	if ir.GetStatus().GetCode() != typev3.StatusCode_ServiceUnavailable {
 		t.Fatalf("subset of unknown endpoints: status %v, want 503", ir.GetStatus().GetCode())
+	}
+	// The answer and the log tell a subset hint naming no endpoint from an
+	// empty pool.
+	if !strings.Contains(string(ir.GetBody()), "subset hint") || !strings.Contains(log.String(), `msg="request refused" status=503`) ||
+		!strings.Contains(log.String(), "subset hint") {
+		t.Fatalf("the refusal does not say the subset hint named no endpoint: %s\nlog:\n%s", ir.GetBody(), log.String())
 	}
 
 	st = r.open(t, duplexMode())
@@ -308,7 +320,7 @@ func TestNoHealthyEndpoint(t *testing.T) {
 	st = r.open(t, duplexMode())
 	st.requestHeaders("/v1/completions", false, nil)
 	st.requestBody(body, true)
-	ir := immediate(t, st)
+	ir = immediate(t, st)
 	if ir.GetStatus().GetCode() != typev3.StatusCode_ServiceUnavailable {
 		t.Fatalf("no healthy endpoint: status %v, want 503", ir.GetStatus().GetCode())
 	}
@@ -645,6 +657,48 @@ func TestRepeatedHeadersEndTheStream(t *testing.T) {
 	}
 	if got := r.picker.Sched().Stats(); got.Booked != 2 || got.Released != 2 {
 		t.Fatalf("booked %d, released %d: want two each", got.Booked, got.Released)
+	}
+}
+
+// TestBodyBeforeHeadersEndsTheStream: a gateway sends a request's
+// headers first. A body first was decided on, and the headers after it
+// decided and booked again, the first booking never released.
+func TestBodyBeforeHeadersEndsTheStream(t *testing.T) {
+	r := startEPP(t, epp.DefaultConfig(), endpoints(2)...)
+	for _, mode := range []*extprocv3.ProtocolConfiguration{duplexMode(), {RequestBodyMode: extprocfilter.ProcessingMode_STREAMED}} {
+		st := r.open(t, mode)
+		// The stream ends at the body: headers sent after it could find
+		// it closed.
+		st.requestBody(completionBody(t, tokens(1, 64), false), true)
+		if _, err := st.s.Recv(); status.Code(err) != codes.FailedPrecondition {
+			t.Fatalf("mode %v: a body before the headers: %v, want FailedPrecondition", mode, err)
+		}
+		settled(t, r)
+	}
+	if got := r.picker.Sched().Stats(); got.Booked != 0 {
+		t.Fatalf("booked %d requests on streams that broke the protocol", got.Booked)
+	}
+}
+
+// TestStalledBodyIsTimedOut: a body that stops arriving midway is
+// answered 408 after BodyIdleTimeout, and its bytes go back to the budget
+// (a stalled body held them, every other body's 503 with them, for as
+// long as its stream lived).
+func TestStalledBodyIsTimedOut(t *testing.T) {
+	cfg := epp.DefaultConfig()
+	cfg.BodyIdleTimeout = 50 * time.Millisecond
+	r := startEPP(t, cfg, endpoints(2)...)
+	st := r.open(t, duplexMode())
+	st.requestHeaders("/v1/completions", false, nil)
+	st.requestBody([]byte(`{"model":"`+testModel+`","prompt":`), false)
+	resp := st.recv()
+	im := resp.GetImmediateResponse()
+	if im == nil || im.GetStatus().GetCode() != 408 || !strings.Contains(string(im.GetBody()), "--body-idle-timeout") {
+		t.Fatalf("answer %v, want 408 naming --body-idle-timeout", resp)
+	}
+	settled(t, r)
+	if n := r.server.BodyBytes(); n != 0 {
+		t.Fatalf("%d body bytes still held", n)
 	}
 }
 

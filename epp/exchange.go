@@ -3,6 +3,7 @@ package epp
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"slices"
@@ -99,14 +100,16 @@ func (x *exchange) release() {
 var (
 	errNoEndpoint = &openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "no_endpoint",
 		Message: "no endpoint of the pool can serve the request"}
+	errNoSubsetEndpoint = &openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "no_endpoint",
+		Message: "no endpoint the gateway's subset hint names is in the pool, healthy and free to serve the request"}
 	errQueueTimeout = &openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "queue_timeout",
 		Message: "every endpoint stayed busy for the whole queue timeout"}
 	errOverloaded = &openai.Error{Status: http.StatusTooManyRequests, Type: "rate_limit_exceeded", Code: "overloaded",
 		Message: "every endpoint is busy and the queue is full"}
 	errBodyBudget = &openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "body_budget_exceeded",
 		Message: "the picker holds as many request body bytes as it may; retry shortly"}
-	errBodyTooLarge = &openai.Error{Status: http.StatusRequestEntityTooLarge, Type: openai.TypeInvalidRequest, Code: "body_too_large",
-		Message: "the request body is larger than the picker reads"}
+	errBodyStalled = &openai.Error{Status: http.StatusRequestTimeout, Type: openai.TypeInvalidRequest, Code: "body_stalled",
+		Message: "the rest of the request body did not arrive within the picker's --body-idle-timeout"}
 )
 
 // decide chooses the endpoint for the request read so far and books it
@@ -130,7 +133,11 @@ func (x *exchange) decide(ctx context.Context) {
 			x.s.metrics.cancelled.Inc()
 			return
 		}
-		x.refuse(refusalOf(err))
+		e, retry := refusalOf(err)
+		if e == errNoEndpoint && x.subset {
+			e = errNoSubsetEndpoint
+		}
+		x.refuse(e, retry)
 		return
 	}
 	x.dec = dec
@@ -248,6 +255,10 @@ func refusalOf(err error) (*openai.Error, time.Duration) {
 func (x *exchange) refuse(e *openai.Error, retryAfter time.Duration) {
 	x.decided, x.immediate = true, true
 	x.s.metrics.refused(e.Status)
+	// Once a minute per kind: an operator otherwise saw refusals only as
+	// a count by status, and could not tell an empty pool from a subset
+	// hint naming none of it.
+	x.s.p.throttle.Log(x.s.p.log, slog.LevelWarn, "refused/"+e.Code, "request refused", "status", e.Status, "code", e.Code, "message", e.Message)
 	headers := []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")}}}
 	if retryAfter > 0 {
 		headers = append(headers, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "retry-after",

@@ -24,6 +24,8 @@ func (p *Picker) SlotOf(addr string) (workers.Slot, bool) {
 
 func (s *Server) OpenStreams() int { return int(testutil.ToFloat64(s.metrics.streams)) }
 
+func (s *Server) NodeQueryFailures() float64 { return testutil.ToFloat64(s.metrics.nodeQueryFails) }
+
 // Serve is Run on listeners the test opened (hln and mln may be nil).
 func Serve(ctx context.Context, cfg Config, src Source, l Listeners, ln, hln, mln net.Listener) error {
 	return serve(ctx, cfg, src, l, ln, hln, mln)

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"sync"
 	"time"
@@ -77,7 +79,14 @@ func (x *exchange) queryNodes(ctx context.Context) {
 		wg.Go(func() {
 			ans, err := p.askNode(ctx, "http://"+info.Endpoint+path, x.body, x.auth)
 			if err != nil {
-				p.log.Debug("a node did not say what it caches", "endpoint", info.Endpoint, "err", err)
+				// A fleet whose nodes refuse the picker routes by load
+				// alone: said once a minute, and counted.
+				x.s.metrics.nodeQueryFails.Inc()
+				args := []any{"endpoint", info.Endpoint, "err", err}
+				if errors.Is(err, errNodeRefused) {
+					args = append(args, "hint", "the node wants an API key: the picker forwards the client's Authorization, so clients must send a key the node accepts")
+				}
+				p.throttle.Log(p.log, slog.LevelWarn, "node-query", "a node did not say what it caches; the request routes as if it cached nothing there", args...)
 				return
 			}
 			results[i].ans, results[i].ok = ans, true
@@ -108,6 +117,9 @@ func (x *exchange) queryNodes(ctx context.Context) {
 	}
 }
 
+// errNodeRefused is a node's 401 or 403 to a query.
+var errNodeRefused = errors.New("the node refused the query's credentials")
+
 // askNode posts the request's body to one node's route-only endpoint,
 // with the client's Authorization header: a node that requires API keys
 // (--api-key-file) takes the key the gateway forwards the request with.
@@ -129,6 +141,9 @@ func (p *Picker) askNode(ctx context.Context, url string, body []byte, auth stri
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
 		return ans, fmt.Errorf("cannot read %s's answer: %w", url, err)
+	}
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		return ans, fmt.Errorf("%s answered %d: %w", url, resp.StatusCode, errNodeRefused)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return ans, fmt.Errorf("%s answered %d", url, resp.StatusCode)

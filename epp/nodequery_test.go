@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -26,6 +28,7 @@ type fakeNode struct {
 	addr            string
 	overlap, prompt atomic.Int64
 	busy, broken    atomic.Bool
+	wantsKey        atomic.Bool // answers 401, as a node with --api-key-file does to no key
 	asked           atomic.Int64
 	auth            atomic.Value // the last Authorization header
 }
@@ -36,6 +39,10 @@ func startFakeNode(t *testing.T) *fakeNode {
 	mux.HandleFunc("POST "+fastpath.PathRouteCompletions, func(w http.ResponseWriter, r *http.Request) {
 		n.asked.Add(1)
 		n.auth.Store(r.Header.Get("Authorization"))
+		if n.wantsKey.Load() {
+			http.Error(w, "no key", http.StatusUnauthorized)
+			return
+		}
 		if _, err := io.ReadAll(r.Body); err != nil || n.broken.Load() {
 			http.Error(w, "broken", http.StatusInternalServerError)
 			return
@@ -125,6 +132,33 @@ func TestQueryNodes(t *testing.T) {
 		t.Fatalf("with the second broken: routed to %s, want %s", got, nodes[0].addr)
 	}
 	settled(t, r)
+	if n := r.server.NodeQueryFailures(); n != 1 {
+		t.Fatalf("%v node query failures counted, want 1", n)
+	}
+}
+
+// TestNodeQueryRefusedIsSaid: nodes that refuse the picker's queries
+// (they want API keys the clients do not send) leave it routing by load
+// alone; that is counted and said, with what to do, once a minute.
+func TestNodeQueryRefusedIsSaid(t *testing.T) {
+	node := startFakeNode(t)
+	node.wantsKey.Store(true)
+	cfg := epp.DefaultConfig()
+	cfg.QueryNodes = true
+	var log lockedBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	r := startEPP(t, cfg, epp.Endpoint{Address: node.addr})
+	body := completionBody(t, tokens(1, 10*16), false)
+	for range 3 {
+		pick(t, r, body)
+	}
+	settled(t, r)
+	if n := r.server.NodeQueryFailures(); n != 3 {
+		t.Fatalf("%v node query failures counted, want 3", n)
+	}
+	if got := strings.Count(log.String(), "level=WARN msg=\"a node did not say what it caches"); got != 1 || !strings.Contains(log.String(), "wants an API key") {
+		t.Fatalf("logged %d times, want once with the hint:\n%s", got, log.String())
+	}
 }
 
 // TestE2ENodesBehindClusterPicker: two nodes, each a kvfast router with

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvfast/kvfast/feed"
 	"github.com/kvfast/kvfast/guard"
+	"github.com/kvfast/kvfast/internal/logthrottle"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/workers"
@@ -21,8 +22,11 @@ import (
 // events feed, the approximate index, the scheduler and the guards, and
 // which endpoint holds which slot.
 type Picker struct {
-	cfg       Config
-	log       *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// throttle keeps what clients and nodes can make repeat at will
+	// (refusals, failed node queries) to a line a minute per kind.
+	throttle  *logthrottle.Throttle
 	index     *radix.Index
 	approx    *radix.Approx
 	sched     *sched.Scheduler
@@ -76,7 +80,7 @@ func NewPicker(cfg Config) (*Picker, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Picker{cfg: cfg, log: cfg.Logger, useApprox: useApprox, seed: radix.NamespaceSeed(cfg.Model, "", ""),
+	p := &Picker{cfg: cfg, log: cfg.Logger, throttle: logthrottle.New(time.Minute), useApprox: useApprox, seed: radix.NamespaceSeed(cfg.Model, "", ""),
 		synced: make(chan struct{}), members: map[string]*member{}}
 	if p.index, err = radix.NewHeap(radix.Config{Capacity: cfg.IndexCapacity}); err != nil {
 		return nil, fmt.Errorf("cannot create the index: %w", err)

@@ -2,7 +2,9 @@ package epp
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,6 +32,8 @@ type Server struct {
 	metrics   *metrics
 	ready     readiness
 	bodyBytes atomic.Int64 // request body bytes buffered over every stream (chargeBody)
+	// errBodyTooLarge names the limit and the flag that sets it.
+	errBodyTooLarge *openai.Error
 }
 
 // NewServer answers ext_proc streams with p's decisions.
@@ -40,6 +44,8 @@ func NewServer(p *Picker) *Server {
 		func() float64 { return float64(s.bodyBytes.Load()) }))
 	s.ready.leading = true
 	s.exchanges.New = func() any { return &exchange{s: s} }
+	s.errBodyTooLarge = &openai.Error{Status: http.StatusRequestEntityTooLarge, Type: openai.TypeInvalidRequest, Code: "body_too_large",
+		Message: fmt.Sprintf("the request body is larger than the picker reads (%d bytes, its --max-body-bytes)", p.cfg.MaxBodyBytes)}
 	return s
 }
 
@@ -75,8 +81,43 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		x.reset()
 		s.exchanges.Put(x)
 	}()
+	// Messages are received on their own goroutine, so that a body that
+	// stops arriving midway can be timed out (BodyIdleTimeout).
+	in, stop := make(chan received, 1), make(chan struct{})
+	defer close(stop)
+	go receive(stream, in, stop)
+	var idle *time.Timer
+	defer func() {
+		if idle != nil {
+			idle.Stop()
+		}
+	}()
 	for first := true; ; first = false {
-		msg, err := stream.Recv()
+		var stalled <-chan time.Time
+		if x.sawBody && !x.decided {
+			if idle == nil {
+				idle = time.NewTimer(s.p.cfg.BodyIdleTimeout)
+			} else {
+				idle.Reset(s.p.cfg.BodyIdleTimeout)
+			}
+			stalled = idle.C
+		}
+		var msg *extprocv3.ProcessingRequest
+		var err error
+		select {
+		case r := <-in:
+			msg, err = r.msg, r.err
+		case <-stalled:
+			x.refuse(errBodyStalled, 0)
+			for _, r := range x.out {
+				if stream.Send(r) != nil {
+					break
+				}
+			}
+			x.out = x.out[:0]
+			x.end(false)
+			return nil
+		}
 		if err != nil {
 			// The gateway half-closes a stream it is done with and resets
 			// one whose HTTP request died (the client left). Envoy also
@@ -119,6 +160,36 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	}
 }
 
+// errBeforeHeaders ends a stream whose request body or trailers came
+// before its headers, which a gateway never sends: deciding on the body
+// and again on the headers booked the request twice, one booking never
+// released.
+var errBeforeHeaders = status.Error(codes.FailedPrecondition, "request_body or request_trailers came before request_headers on an ext_proc stream")
+
+// received is one message of the gateway, or the error that ended its
+// stream.
+type received struct {
+	msg *extprocv3.ProcessingRequest
+	err error
+}
+
+// receive hands stream's messages to in until the stream ends, or until
+// stop closes (Process returned, which ends the stream and so the Recv
+// that may be waiting).
+func receive(stream extprocv3.ExternalProcessor_ProcessServer, in chan<- received, stop <-chan struct{}) {
+	for {
+		msg, err := stream.Recv()
+		select {
+		case in <- received{msg, err}:
+		case <-stop:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
 // handle turns one message of the gateway into the responses it needs,
 // appended to x.out. A request phase that must wait (the headers in full
 // duplex mode, until the body has arrived) appends none.
@@ -135,8 +206,16 @@ func (x *exchange) handle(ctx context.Context, msg *extprocv3.ProcessingRequest)
 		x.sawHeaders = true
 		x.requestHeaders(ctx, msg, m.RequestHeaders)
 	case *extprocv3.ProcessingRequest_RequestBody:
+		if !x.sawHeaders {
+			x.violation = errBeforeHeaders
+			return
+		}
 		x.requestBody(ctx, m.RequestBody)
 	case *extprocv3.ProcessingRequest_RequestTrailers:
+		if !x.sawHeaders {
+			x.violation = errBeforeHeaders
+			return
+		}
 		trailers := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
 			RequestTrailers: &extprocv3.TrailersResponse{}}}
 		switch {
@@ -217,7 +296,7 @@ func (x *exchange) requestBody(ctx context.Context, b *extprocv3.HttpBody) {
 	}
 	x.sawBody = true
 	if len(x.body)+len(b.GetBody()) > x.s.p.cfg.MaxBodyBytes {
-		x.refuse(errBodyTooLarge, 0)
+		x.refuse(x.s.errBodyTooLarge, 0)
 		return
 	}
 	if !x.s.chargeBody(x, len(b.GetBody())) {
