@@ -65,7 +65,7 @@ func badRequest(param, code, msg string) *Error {
 // Errors returned by Parser.Parse.
 var (
 	ErrMalformedJSON = badRequest("", "invalid_json",
-		"the request body is not valid JSON")
+		"the request body is not valid JSON, or nests arrays and objects more than "+strconv.Itoa(jsonscan.MaxDepth)+" deep")
 	ErrBodyTooLarge = &Error{Status: 413, Type: TypeInvalidRequest, Code: "body_too_large",
 		Message: "the request body is larger than the router accepts"}
 	ErrInvalidUTF8 = badRequest("", "invalid_utf8",
