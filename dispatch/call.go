@@ -147,11 +147,11 @@ func (c *Call) SetRequest(uri, body []byte) {
 }
 
 // RequireObject makes ReadBody count a success answer that is not a JSON
-// object (an event stream, an HTML page, nothing) as the engine's
-// failure, for a request that only a JSON object answers: an internal
-// stage's (a prefill, an encoding), whose answer the router reads rather
-// than relays. Passive health then ejects an engine that keeps answering
-// so.
+// object (an HTML page, bytes, nothing; an event stream, for a stage that
+// only reads objects) as the engine's failure, for a request that only a
+// JSON object answers when it is read whole: an internal stage's (a
+// prefill, an encoding), or a completion's plain answer. Passive health
+// then ejects an engine that keeps answering so.
 func (c *Call) RequireObject() { c.requireObject = true }
 
 // isObject reports whether b, after blanks, starts a JSON object.
@@ -668,11 +668,6 @@ func (c *Call) observe(ev openai.Event) {
 
 // observeBody reports a complete non-streaming response.
 func (c *Call) observeBody(body []byte) {
-	if c.requireObject && c.resp.StatusCode()/100 == 2 && !isObject(body) {
-		c.judge(false) // not what was asked for: the engine failed
-		c.abort(ErrEngineError)
-		return
-	}
 	ev := openai.ParseResponse(body)
 	if ev.Kind == openai.EventError {
 		if s := c.resp.StatusCode(); s >= 200 && s < 300 {
@@ -776,9 +771,17 @@ func (c *Call) ReadBody() ([]byte, error) {
 		}
 	}
 	c.closeStream()
+	if c.requireObject && c.resp.StatusCode()/100 == 2 && !isObject(c.buf[:n]) {
+		// Not what was asked for: the engine failed, and the caller must
+		// not take the bytes for an answer.
+		return nil, c.fail(ErrEngineError, errNotObject, nil, false)
+	}
 	c.observeBody(c.buf[:n])
 	return c.buf[:n], nil
 }
+
+// errNotObject is why a RequireObject call failed.
+var errNotObject = errors.New("a success answer that is not a JSON object")
 
 // chargeResponse takes n more bytes of the pool's response budget for
 // this call, or reports false, taking none, if they do not fit.

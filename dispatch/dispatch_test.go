@@ -456,6 +456,34 @@ func TestHealthChecks(t *testing.T) {
 	}
 }
 
+// TestHealthChecksReachIPv6Engines: an engine at an IPv6 address is
+// checked, as it is forwarded to (the checks dialled IPv4 only, so such
+// an engine failed every one and never took a request).
+func TestHealthChecksReachIPv6Engines(t *testing.T) {
+	if ln, err := net.Listen("tcp", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback here: %v", err)
+	} else {
+		ln.Close()
+	}
+	var checks atomic.Int32
+	engine := serveAt(t, "[::1]:0", func(ctx *fasthttp.RequestCtx) { checks.Add(1) }, nil)
+	flips := make(chan bool, 16)
+	pool := NewPool(Config{Health: HealthConfig{Interval: 10 * time.Millisecond, Timeout: time.Second, FailAfter: 1,
+		OnChange: func(_ workers.Slot, _ string, healthy bool, _ error) { flips <- healthy }}})
+	defer pool.Close()
+	mustAdd(t, pool, 3, engine)
+	deadline := time.After(10 * time.Second)
+	for checks.Load() < 3 {
+		select {
+		case h := <-flips:
+			t.Fatalf("the engine at %s flipped to healthy=%v after %d checks", engine, h, checks.Load())
+		case <-deadline:
+			t.Fatalf("%d checks reached the engine at %s in 10 s", checks.Load(), engine)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
 func TestHealthCheckOfDeadEngine(t *testing.T) {
 	type flip struct {
 		healthy bool

@@ -126,7 +126,13 @@ func (r *recorder) aborted() error {
 // serve runs a fasthttp server for h on a loopback port until the test ends.
 func serve(t testing.TB, h fasthttp.RequestHandler, tune func(*fasthttp.Server)) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return serveAt(t, "127.0.0.1:0", h, tune)
+}
+
+// serveAt is serve on the listen address addr.
+func serveAt(t testing.TB, addr string, h fasthttp.RequestHandler, tune func(*fasthttp.Server)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -428,10 +428,10 @@ func TestDeclaredLengthIsNotTakenUpFront(t *testing.T) {
 	c.Release()
 }
 
-// TestRequireObject: for a request only a JSON object answers (an
-// internal stage's), a 2xx that is no JSON object is the engine's failure
-// in passive health; for a client's request the same answer is relayed
-// as the engine's, uncounted.
+// TestRequireObject: for a request only a JSON object answers, a 2xx
+// that is no JSON object is the engine's failure, in passive health and
+// to the caller, who gets no bytes to take for an answer; without it the
+// same answer is read as the engine's, uncounted.
 func TestRequireObject(t *testing.T) {
 	engine := serve(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("<html>busy</html>") }, nil)
 	pool := NewPool(Config{Health: noHealth})
@@ -446,7 +446,11 @@ func TestRequireObject(t *testing.T) {
 		if err := c.Do(0, nil); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.ReadBody(); err != nil {
+		body, err := c.ReadBody()
+		if require && (!errors.Is(err, ErrEngineError) || body != nil) {
+			t.Fatalf("RequireObject: ReadBody gave %q, %v; want no body and ErrEngineError", body, err)
+		}
+		if !require && err != nil {
 			t.Fatal(err)
 		}
 		c.Release()

@@ -390,7 +390,12 @@ func (e *Engine) checkHealth() {
 		MaxIdleConnDuration:      cfg.Interval + cfg.Timeout,
 		NoDefaultUserAgentHeader: true,
 		MaxResponseBodySize:      64 << 10,
-		DialTimeout:              fasthttp.DialTimeout,
+		// The system's dialer, as forwarding's (dialEngine): fasthttp's
+		// DialTimeout dials IPv4 only, so an engine at [::1]:8000 failed
+		// every check and never took a request.
+		DialTimeout: func(addr string, timeout time.Duration) (net.Conn, error) {
+			return net.DialTimeout("tcp", addr, timeout)
+		},
 	}
 	defer client.CloseIdleConnections()
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()

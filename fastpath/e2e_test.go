@@ -593,6 +593,43 @@ func TestNoRetryCountedWithNowhereToGo(t *testing.T) {
 	wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 0)
 }
 
+// eventData is the JSON object a server-sent event carries.
+func eventData(ev []byte) []byte {
+	return bytes.TrimSuffix(bytes.TrimPrefix(ev, []byte("data: ")), []byte("\n\n"))
+}
+
+// TestGarbageSuccessIsTheEnginesFailure: an engine's 200 that is neither
+// an event stream nor a JSON object (an HTML page, bytes) is a failed
+// attempt, retried elsewhere, not relayed as success (an SDK fails to
+// parse it, without retrying: the router counted it ok).
+func TestGarbageSuccessIsTheEnginesFailure(t *testing.T) {
+	junk := startSessionEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString("\x00\xffNOT JSON <html>")
+	})
+	live := startMock(t, mocker.Config{WorkerID: 2})
+	r := startE2ERouter(t, e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: junk.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, Endpoint: live.Addr(), Model: e2eModel},
+	))
+	for i, stream := range []bool{false, true} {
+		tokens := e2eTokens(uint32(70+i), 80)
+		indexBlocks(t, r.node, 1, 0, tokens) // the junk engine looks best
+		resp := r.post(t, fastpath.PathCompletions, completionBody(tokens, stream, 3), nil)
+		if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != "2" {
+			t.Fatalf("stream %v: status %d from worker %s: %q", stream, resp.status, resp.header.Get(fastpath.HeaderWorker), resp.body)
+		}
+	}
+	wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 2)
+	// Pinned there, the client is told the engine failed.
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(72, 32), false, 3), map[string]string{fastpath.HeaderWorker: "1"})
+	if resp.status != http.StatusBadGateway {
+		t.Fatalf("pinned to the junk engine: status %d: %q", resp.status, resp.body)
+	}
+	checkOpenAIError(t, resp.body)
+	waitReleased(t, r.node)
+}
+
 // TestDirectModeRequiresWorker: in direct mode a request must name its
 // worker.
 func TestDirectModeRequiresWorker(t *testing.T) {
@@ -931,7 +968,7 @@ func TestConcurrentStreamsHammer(t *testing.T) {
 		events := hammerEvents(req.Prompt[0], req.MaxTokens)
 		if !req.Stream {
 			ctx.SetContentType("application/json")
-			ctx.SetBody(events[len(events)-2]) // the terminal item, as a body
+			ctx.SetBody(eventData(events[len(events)-2])) // the terminal item, as a body
 			return
 		}
 		sseHandler(func(w *bufio.Writer) {
@@ -1035,7 +1072,7 @@ func hammerOne(r *e2eRouter, tokens []uint32, n int, stream, leave bool) error {
 		return fmt.Errorf("request %d: %v", tokens[0], err)
 	}
 	if !stream {
-		want = want[len(want)-2 : len(want)-1]
+		want = [][]byte{eventData(want[len(want)-2])}
 	}
 	if resp.StatusCode != http.StatusOK || !bytes.Equal(got, concat(want)) {
 		return fmt.Errorf("request %d (stream %v): status %d, got %q, want %q", tokens[0], stream, resp.StatusCode, got, concat(want))

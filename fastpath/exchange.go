@@ -435,6 +435,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	// of it: what a front proxy filtered and what the engine serves agree.
 	ex.call.SetRequest(routedPath(ex.api), ex.body)
 	ex.call.SetChoices(int(min(ex.req.Choices, math.MaxInt32)))
+	// A completion that is not an event stream is one JSON object: any
+	// other success answer (an HTML page, bytes) is the engine's failure,
+	// retried elsewhere and held against it, not a 200 the client's SDK
+	// fails to parse without retrying.
+	ex.call.RequireObject()
 	copyForwardHeaders(ctx, ex.call.Request(), ex.rid, ex.via)
 	var body []byte
 	for attempt := 0; ; attempt++ {

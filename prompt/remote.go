@@ -354,6 +354,7 @@ func (rm *Remote) engine(slot workers.Slot, addr string) *engineState {
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
 		RetryIfErr:                    retryStaleConn,
+		DialDualStack:                 true, // fasthttp's default dials IPv4 only: an engine at [::1] was unreachable
 	}}
 	for {
 		old := p.Load()

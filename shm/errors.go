@@ -95,12 +95,17 @@ func (e *VersionError) Unwrap() error { return ErrIncompatible }
 type MismatchError struct {
 	Path       string
 	Field      string
+	Flag       string // the setting that asks for Want, as kvfast serve spells it
 	Have, Want int
 }
 
 func (e *MismatchError) Error() string {
-	return fmt.Sprintf("kvfast: cannot attach shm segment %s: it was formatted with %s %d, the options ask for %d; %s",
-		e.Path, e.Field, e.Have, e.Want, recreateHint)
+	// Attaching with the segment's own setting is the fix that keeps it:
+	// recreating it retires the routers and engines using it, and the
+	// warm index with them.
+	return fmt.Sprintf("kvfast: cannot attach shm segment %s: it was formatted with %s %d, the options ask for %d; "+
+		"to attach (as a second router, or after a restart) give %s %d, or, to replace it and everything using it, %s",
+		e.Path, e.Field, e.Have, e.Want, e.Flag, e.Have, recreateHint)
 }
 
 func (e *MismatchError) Unwrap() error { return ErrIncompatible }

@@ -111,10 +111,10 @@ func Open(path string, opts Options) (*Segment, error) {
 
 func (s *Segment) checkOptions(opts Options) error {
 	if opts.RingBytes != 0 && opts.RingBytes != s.lay.ringBytes {
-		return &MismatchError{Path: s.path, Field: "ring size", Have: s.lay.ringBytes, Want: opts.RingBytes}
+		return &MismatchError{Path: s.path, Field: "ring size", Flag: "--ring-bytes", Have: s.lay.ringBytes, Want: opts.RingBytes}
 	}
 	if opts.Index.Capacity != 0 && opts.Index.Capacity != s.lay.indexCfg.Capacity {
-		return &MismatchError{Path: s.path, Field: "index capacity", Have: s.lay.indexCfg.Capacity, Want: opts.Index.Capacity}
+		return &MismatchError{Path: s.path, Field: "index capacity", Flag: "--index-capacity", Have: s.lay.indexCfg.Capacity, Want: opts.Index.Capacity}
 	}
 	if opts.Bindings != 0 && opts.Bindings != s.hdr.Bindings {
 		want, err := BindingsRegionSize(opts.Bindings)
@@ -122,7 +122,7 @@ func (s *Segment) checkOptions(opts Options) error {
 			return err
 		}
 		if want != s.lay.bindingsSize {
-			return &MismatchError{Path: s.path, Field: "session bindings", Have: s.hdr.Bindings, Want: opts.Bindings}
+			return &MismatchError{Path: s.path, Field: "session bindings", Flag: "--session-capacity", Have: s.hdr.Bindings, Want: opts.Bindings}
 		}
 	}
 	return nil

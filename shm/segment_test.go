@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,6 +70,9 @@ func TestSegmentCreateAttach(t *testing.T) {
 	}
 	if _, err := Open(path, Options{RingBytes: 128 << 10}); !errors.As(err, new(*MismatchError)) {
 		t.Fatalf("ring size mismatch: got %v", err)
+	} else if want := fmt.Sprintf("give --ring-bytes %d", seg.lay.ringBytes); !strings.Contains(err.Error(), want) {
+		// The fix that keeps the segment (and whoever uses it) comes first.
+		t.Fatalf("ring size mismatch %q does not say %q", err, want)
 	}
 	if _, err := Open(filepath.Join(t.TempDir(), "none"), Options{NoCreate: true}); !errors.Is(err, ErrNoSegment) {
 		t.Fatalf("NoCreate: got %v", err)
