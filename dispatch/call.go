@@ -774,7 +774,7 @@ func (c *Call) ReadBody() ([]byte, error) {
 	if c.requireObject && c.resp.StatusCode()/100 == 2 && !isObject(c.buf[:n]) {
 		// Not what was asked for: the engine failed, and the caller must
 		// not take the bytes for an answer.
-		return nil, c.fail(ErrEngineError, errNotObject, nil, false)
+		return nil, c.fail(ErrEngineFailed, errNotObject, nil, false)
 	}
 	c.observeBody(c.buf[:n])
 	return c.buf[:n], nil

@@ -25,7 +25,8 @@ var (
 	// ErrIdleTimeout: a started response paused longer than Timeouts.Idle.
 	ErrIdleTimeout = errors.New("kvfast: the engine response stalled beyond the idle timeout")
 	// ErrEngineFailed: the connection broke, or the engine sent something
-	// that is not HTTP, after the request was sent.
+	// that is not HTTP, or a success answer that is not what was asked
+	// for (Call.RequireObject), after the request was sent.
 	ErrEngineFailed = errors.New("kvfast: the engine connection failed")
 	// ErrTruncated: a stream ended without its terminal item or [DONE].
 	ErrTruncated = errors.New("kvfast: the engine stream ended before the response was complete")

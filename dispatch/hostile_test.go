@@ -447,8 +447,8 @@ func TestRequireObject(t *testing.T) {
 			t.Fatal(err)
 		}
 		body, err := c.ReadBody()
-		if require && (!errors.Is(err, ErrEngineError) || body != nil) {
-			t.Fatalf("RequireObject: ReadBody gave %q, %v; want no body and ErrEngineError", body, err)
+		if require && (!errors.Is(err, ErrEngineFailed) || body != nil) {
+			t.Fatalf("RequireObject: ReadBody gave %q, %v; want no body and ErrEngineFailed", body, err)
 		}
 		if !require && err != nil {
 			t.Fatal(err)

@@ -691,7 +691,26 @@ func TestStalledBodyIsTimedOut(t *testing.T) {
 	st := r.open(t, duplexMode())
 	st.requestHeaders("/v1/completions", false, nil)
 	st.requestBody([]byte(`{"model":"`+testModel+`","prompt":`), false)
+	// Empty chunks are no progress: they do not hold the body's share.
+	stop := make(chan struct{})
+	trickled := make(chan struct{})
+	go func() {
+		defer close(trickled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if st.s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+				RequestBody: &extprocv3.HttpBody{}}}) != nil {
+				return
+			}
+		}
+	}()
 	resp := st.recv()
+	close(stop)
+	<-trickled
 	im := resp.GetImmediateResponse()
 	if im == nil || im.GetStatus().GetCode() != 408 || !strings.Contains(string(im.GetBody()), "--body-idle-timeout") {
 		t.Fatalf("answer %v, want 408 naming --body-idle-timeout", resp)

@@ -258,7 +258,11 @@ func (x *exchange) refuse(e *openai.Error, retryAfter time.Duration) {
 	// Once a minute per kind: an operator otherwise saw refusals only as
 	// a count by status, and could not tell an empty pool from a subset
 	// hint naming none of it.
-	x.s.p.throttle.Log(x.s.p.log, slog.LevelWarn, "refused/"+e.Code, "request refused", "status", e.Status, "code", e.Code, "message", e.Message)
+	key := "refused/" + e.Code
+	if e == errNoSubsetEndpoint {
+		key += "/subset" // its own line: one code, two causes
+	}
+	x.s.p.throttle.Log(x.s.p.log, slog.LevelWarn, key, "request refused", "status", e.Status, "code", e.Code, "message", e.Message)
 	headers := []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")}}}
 	if retryAfter > 0 {
 		headers = append(headers, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "retry-after",

@@ -82,11 +82,13 @@ func (x *exchange) queryNodes(ctx context.Context) {
 				// A fleet whose nodes refuse the picker routes by load
 				// alone: said once a minute, and counted.
 				x.s.metrics.nodeQueryFails.Inc()
-				args := []any{"endpoint", info.Endpoint, "err", err}
+				key, args := "node-query", []any{"endpoint", info.Endpoint, "err", err}
 				if errors.Is(err, errNodeRefused) {
+					// Its own line, which a timeout elsewhere cannot hide.
+					key = "node-query/refused"
 					args = append(args, "hint", "the node wants an API key: the picker forwards the client's Authorization, so clients must send a key the node accepts")
 				}
-				p.throttle.Log(p.log, slog.LevelWarn, "node-query", "a node did not say what it caches; the request routes as if it cached nothing there", args...)
+				p.throttle.Log(p.log, slog.LevelWarn, key, "a node did not say what it caches; the request routes as if it cached nothing there", args...)
 				return
 			}
 			results[i].ans, results[i].ok = ans, true

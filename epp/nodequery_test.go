@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
@@ -94,6 +95,7 @@ func TestQueryNodes(t *testing.T) {
 	}
 	cfg := epp.DefaultConfig()
 	cfg.QueryNodes = true
+	cfg.QueryTimeout = 10 * time.Second // a loaded machine must not turn a slow answer into a failure
 	r := startEPP(t, cfg, eps...)
 	body := completionBody(t, tokens(1, 10*16), false)
 
@@ -145,6 +147,7 @@ func TestNodeQueryRefusedIsSaid(t *testing.T) {
 	node.wantsKey.Store(true)
 	cfg := epp.DefaultConfig()
 	cfg.QueryNodes = true
+	cfg.QueryTimeout = 10 * time.Second
 	var log lockedBuffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
 	r := startEPP(t, cfg, epp.Endpoint{Address: node.addr})

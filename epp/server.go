@@ -81,41 +81,41 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		x.reset()
 		s.exchanges.Put(x)
 	}()
-	// Once a body is begun and not yet whole, messages are received on
-	// their own goroutine, so that one that stops arriving midway can be
-	// timed out (BodyIdleTimeout). Only then: receiving every stream so
-	// cost 12-14% more CPU per decision of a 64-token prompt
-	// (BENCHMARKS.md), and most bodies come in one message.
+	// While a body is begun and not yet whole, the next message is
+	// received on a goroutine of its own, so that a body that stops
+	// arriving midway can be timed out (BodyIdleTimeout); the idle clock
+	// runs from its last byte. Only then: receiving every message so cost
+	// 12-14% more CPU per decision of a 64-token prompt (BENCHMARKS.md),
+	// and most bodies come in one message.
+	var want chan struct{}
 	var in chan received
-	var stop chan struct{}
 	var idle *time.Timer
+	held := 0 // body bytes when the idle clock last started
 	defer func() {
-		if stop != nil {
-			close(stop)
+		if want != nil {
+			close(want)
 			idle.Stop()
 		}
 	}()
 	for first := true; ; first = false {
 		var msg *extprocv3.ProcessingRequest
 		var err error
-		waiting := x.sawBody && !x.decided
-		if waiting && in == nil {
-			in, stop = make(chan received, 1), make(chan struct{})
-			idle = time.NewTimer(s.p.cfg.BodyIdleTimeout)
-			go receive(stream, in, stop)
-		}
-		if in == nil {
+		if !x.sawBody || x.decided {
 			msg, err = stream.Recv()
 		} else {
-			var stalled <-chan time.Time
-			if waiting {
+			if want == nil {
+				want, in = make(chan struct{}), make(chan received, 1)
+				idle, held = time.NewTimer(s.p.cfg.BodyIdleTimeout), len(x.body)
+				go receive(stream, want, in)
+			} else if len(x.body) != held {
 				idle.Reset(s.p.cfg.BodyIdleTimeout)
-				stalled = idle.C
+				held = len(x.body)
 			}
+			want <- struct{}{}
 			select {
 			case r := <-in:
 				msg, err = r.msg, r.err
-			case <-stalled:
+			case <-idle.C:
 				x.refuse(errBodyStalled, 0)
 				for _, r := range x.out {
 					if stream.Send(r) != nil {
@@ -182,17 +182,15 @@ type received struct {
 	err error
 }
 
-// receive hands stream's messages to in until the stream ends, or until
-// stop closes (Process returned, which ends the stream and so the Recv
-// that may be waiting).
-func receive(stream extprocv3.ExternalProcessor_ProcessServer, in chan<- received, stop <-chan struct{}) {
-	for {
+// receive receives one message of stream into in for each value on want,
+// until want closes (Process returned) or the stream ends. Process asks
+// for one only when none is outstanding, so in, of capacity one, never
+// blocks, and a Recv still waiting when Process returns ends with the
+// stream.
+func receive(stream extprocv3.ExternalProcessor_ProcessServer, want <-chan struct{}, in chan<- received) {
+	for range want {
 		msg, err := stream.Recv()
-		select {
-		case in <- received{msg, err}:
-		case <-stop:
-			return
-		}
+		in <- received{msg, err}
 		if err != nil {
 			return
 		}

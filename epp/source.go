@@ -51,17 +51,20 @@ func (s Static) Endpoints(context.Context) ([]Endpoint, error) { return slices.C
 func ParseEndpoint(v string) (Endpoint, error) {
 	parts := strings.Split(v, ",")
 	e := Endpoint{Address: strings.TrimPrefix(strings.TrimSpace(parts[0]), "http://")}
-	given := map[string]bool{}
+	given := map[string]string{} // key → the spelling it was first given under
 	for _, kv := range parts[1:] {
 		k, val, _ := strings.Cut(strings.TrimSpace(kv), "=")
 		key := k
 		if key == "events" {
 			key = "zmq"
 		}
-		if given[key] {
+		if first, ok := given[key]; ok {
+			if first != k {
+				return e, fmt.Errorf("cannot use endpoint %q: %s= repeats %s=, another name for it", v, k, first)
+			}
 			return e, fmt.Errorf("cannot use endpoint %q: %s= is given twice", v, k)
 		}
-		given[key] = true
+		given[key] = k
 		var err error
 		switch k {
 		case "zmq", "events":

@@ -192,7 +192,7 @@ func TestParseEndpoint(t *testing.T) {
 	}
 	for value, want := range map[string]string{
 		"10.0.0.1:8000,colour=red": `key "colour"`,
-		"10.0.0.1:8000,zmq=tcp://10.0.0.1:5557,events=tcp://10.0.0.1:5558": "events= is given twice",
+		"10.0.0.1:8000,zmq=tcp://10.0.0.1:5557,events=tcp://10.0.0.1:5558": "events= repeats zmq=",
 		"10.0.0.1:8000,zmq=tcp://10.0.0.1:5557,replay=tcp://10.0.0.1:5557": "not its zmq= event socket",
 		"10.0.0.1:8000,zmq=tcp://*:5557":                                   "wildcard",
 	} {

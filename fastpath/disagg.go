@@ -469,12 +469,10 @@ func maxTransferParams(promptTokens int) int { return max(1<<20, 16*promptTokens
 var errTransferTooLarge = errors.New("the prefill engine's kv_transfer_params are too large to forward")
 
 // checkStageAnswer says why a 2xx answer to an internal stage's request
-// is unusable, or nil: the router asked for JSON, not a stream, and an
-// engine that reports an error with a 2xx has failed all the same.
+// is unusable, or nil: an engine that reports an error with a 2xx has
+// failed all the same. (One that is not a JSON object at all, an event
+// stream among them, failed in ReadBody: the stage's call requires one.)
 func checkStageAnswer(call *dispatch.Call, body []byte) error {
-	if call.IsEventStream() {
-		return errStageGarbled
-	}
 	// One whole JSON object: an answer cut short (a 200 whose body ends
 	// inside kv_transfer_params) reads as one without the member, a
 	// remote prefill that silently did not happen.

@@ -626,7 +626,9 @@ func TestGarbageSuccessIsTheEnginesFailure(t *testing.T) {
 	if resp.status != http.StatusBadGateway {
 		t.Fatalf("pinned to the junk engine: status %d: %q", resp.status, resp.body)
 	}
-	checkOpenAIError(t, resp.body)
+	if code := checkOpenAIError(t, resp.body); code != "engine_failed" {
+		t.Errorf("code %q, want engine_failed", code)
+	}
 	waitReleased(t, r.node)
 }
 

@@ -227,7 +227,7 @@ func (s *ZMQSubscriber) Run(ctx context.Context) error {
 			// vLLM binds its publisher only for a wildcard endpoint
 			// (tcp://*:5557) and connects out for any other, so an engine
 			// given the router's view of its address listens nowhere.
-			args = append(args, "hint", "nothing listens there: start the engine with KV events on and a wildcard endpoint it binds (vLLM: \"endpoint\":\"tcp://*:PORT\")")
+			args = append(args, "hint", "nothing listens there: the engine is not up yet, or it does not bind this port: start it with KV events on and a wildcard endpoint it binds (vLLM: \"endpoint\":\"tcp://*:PORT\")")
 		}
 		s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "lost", "KV-event feed down, redialling", args...)
 		select {
@@ -289,17 +289,23 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 			continue
 		}
 		received = true
-		heard.Store(true)
 		// [topic, 8-byte big-endian sequence number, msgpack batch]. The
 		// topic is checked here too: libzmq's SUB filters what it
 		// receives, zmq4's leaves it to the publisher, and a peer that
 		// ignores the subscription could pass another engine's batches.
-		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 || !strings.HasPrefix(string(msg.Frames[0]), s.cfg.Topic) {
+		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 {
 			// Its sequence number is unknown; if it was a batch, the next
 			// one shows the gap.
-			s.c.garbage.Add(1)
+			s.unreadable(&s.c.garbage, "message not [topic, seq, batch]", "frames", len(msg.Frames))
 			continue
 		}
+		if !strings.HasPrefix(string(msg.Frames[0]), s.cfg.Topic) {
+			// Not heard: a publisher that ignores the subscription and
+			// publishes under another topic is the quiet line's case.
+			s.unreadable(&s.c.garbage, "batch under another topic", "topic", s.cfg.Topic, "batch_topic", strconv.Quote(string(msg.Frames[0])))
+			continue
+		}
+		heard.Store(true)
 		s.onLive(ctx, binary.BigEndian.Uint64(msg.Frames[1]), msg.Frames[2])
 	}
 }
@@ -335,7 +341,7 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 				s.restarted()
 			case replayUnproven, replayFailed:
 				s.c.rejoins.Add(1)
-				s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "restart", "KV-event feed reconnected and nothing proves the engine is the "+
+				s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "rejoin", "KV-event feed reconnected and nothing proves the engine is the "+
 					"one before: its cached blocks dropped from the index, rebuilt from its events", "events", s.cfg.Endpoint, "slot", s.cfg.Slot)
 				s.ix.RemoveWorker(s.cfg.Slot)
 				s.apply.forgetCopies(s.cfg.Slot)
@@ -413,9 +419,7 @@ func (s *ZMQSubscriber) offer(seq uint64, payload []byte) {
 		s.applyBatch(b)
 	} else {
 		// The batch is lost, and what it changed with it.
-		s.c.garbage.Add(1)
-		s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "bad", unreadableMessage, "events", s.cfg.Endpoint, "slot", s.cfg.Slot,
-			"seq", seq, "err", err)
+		s.unreadable(&s.c.garbage, "undecodable batch", "seq", seq, "err", err)
 		s.resync()
 	}
 	// Published last: a reader that sees seq sees its effects.
@@ -425,6 +429,14 @@ func (s *ZMQSubscriber) offer(seq uint64, payload []byte) {
 func (s *ZMQSubscriber) resync() {
 	s.apply.cleared(s.cfg.Slot)
 	s.c.resyncs.Add(1)
+}
+
+// unreadable counts, in counter, a message, batch or event the router
+// cannot use, and says so once a minute per engine with reason.
+func (s *ZMQSubscriber) unreadable(counter *atomic.Uint64, reason string, args ...any) {
+	counter.Add(1)
+	s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "bad", unreadableMessage,
+		append([]any{"events", s.cfg.Endpoint, "slot", s.cfg.Slot, "reason", reason}, args...)...)
 }
 
 // unreadableMessage is logged, once a minute per engine, for batches and
@@ -495,7 +507,7 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify b
 		}
 		seq, payload, ok := replayReply(msg.Frames)
 		if msg.Type == zmq4.CmdMsg || !ok {
-			s.c.garbage.Add(1)
+			s.unreadable(&s.c.garbage, "replay reply not [seq, payload]", "replay", s.cfg.Replay)
 			continue
 		}
 		end := seq == endOfReplay && len(payload) == 0
@@ -613,9 +625,7 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 		ev := &b.Events[i]
 		n := uint64(len(ev.Hashes))
 		if ev.Undecodable {
-			s.c.badEvents.Add(1)
-			s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "bad", unreadableMessage, "events", s.cfg.Endpoint, "slot", s.cfg.Slot,
-				"kind", ev.Kind, "reason", ev.Reason)
+			s.unreadable(&s.c.badEvents, ev.Reason, "kind", ev.Kind)
 			if i == lastLoss {
 				s.resync()
 			}
@@ -643,22 +653,21 @@ func (s *ZMQSubscriber) applyBatch(b *VLLMBatch) {
 			case ev.BlockSize <= 0 || ev.BlockSize > workers.MaxBlockSize:
 				// No engine's size: a broken publisher, not a setting to
 				// correct.
-				s.c.badEvents.Add(1)
-				s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "bad", unreadableMessage, "events", s.cfg.Endpoint, "slot", s.cfg.Slot,
-					"kind", ev.Kind, "reason", "block_size out of range", "block_size", ev.BlockSize)
+				s.unreadable(&s.c.badEvents, "block_size out of range", "kind", ev.Kind, "block_size", ev.BlockSize)
 			case ev.BlockSize != int64(bs):
 				s.c.blockSizeMismatch.Add(n)
 				// Every block will miss: said once a minute, not per batch.
 				s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "blocksize", "KV events in another block size skipped: no prompt can match them; start the router with the engine's block size (--block-size) or the engine with the router's",
 					"events", s.cfg.Endpoint, "slot", s.cfg.Slot, "engine_block_size", ev.BlockSize, "router_block_size", bs)
 			case ev.BadTokens:
-				s.c.badEvents.Add(1)
+				s.unreadable(&s.c.badEvents, "token ids out of range", "kind", ev.Kind)
 			case len(ev.Tokens) != len(ev.Hashes)*bs:
 				if skip, ok := nullBlocks(ev, bs); ok {
 					s.learnGroupOf(ev)
 					s.stored(ev, k, bs, skip)
 				} else {
-					s.c.badEvents.Add(1)
+					s.unreadable(&s.c.badEvents, "token ids do not cover the blocks named", "kind", ev.Kind,
+						"blocks", len(ev.Hashes), "tokens", len(ev.Tokens))
 				}
 			default:
 				s.learnGroupOf(ev)

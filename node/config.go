@@ -312,7 +312,7 @@ func (c *Config) Validate() error {
 // id defaults to defaultID.
 func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	sw := StaticWorker{ID: defaultID}
-	given := map[string]bool{}
+	given := map[string]string{} // key → the spelling it was first given under
 	for _, kv := range strings.Split(v, ",") {
 		k, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		if !ok {
@@ -324,10 +324,13 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 		if key == "" {
 			key = k
 		}
-		if given[key] {
+		if first, ok := given[key]; ok {
+			if first != k {
+				return sw, fmt.Errorf("cannot parse %q: %s= repeats %s=, another name for it", v, k, first)
+			}
 			return sw, fmt.Errorf("cannot parse %q: %s= is given twice", v, k)
 		}
-		given[key] = true
+		given[key] = k
 		var err error
 		switch k {
 		case "url", "endpoint":

@@ -99,7 +99,7 @@ func TestParseStaticWorker(t *testing.T) {
 		{value: "url=http://h:1,model=m,zmq=tcp://h:5557,replay=h:5558", err: "replay"},
 		{value: "url=http://h:1,model=m,topic=kv-events", err: "belong to"},
 		{value: "url=http://h:1,model=m,zmq=tcp://h:5557,zmq=tcp://h:5558", err: "zmq= is given twice"},
-		{value: "url=http://h:1,endpoint=http://h:2", err: "endpoint= is given twice"},
+		{value: "url=http://h:1,endpoint=http://h:2", err: "endpoint= repeats url="},
 		{value: "url=http://h:1,model=m,model=n", err: "model= is given twice"},
 		{value: "url=http://h:1,model=m,zmq=tcp://h:5557,replay=tcp://h:5557", err: "not its zmq= event socket"},
 	} {

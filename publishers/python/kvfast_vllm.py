@@ -97,8 +97,10 @@ class KvfastEventPublisher:
             # heartbeat thread registers once the segment appears.
             _log.warning("kvfast: no segment at %s yet: KV events are dropped until a router creates it", path)
             self._pub = None
-        self.skipped = 0  # events kvfast cannot represent (LoRA, offload tiers)
-        self.dropped = 0  # event batches lost while no registration was live
+        self.skipped = 0  # events kvfast cannot represent (LoRA, offload tiers, null blocks)
+        # Lost: whole batches while no registration was live, and single
+        # events that could not be published (bad values).
+        self.dropped = 0
         self._warned_live = False
         self._stop = threading.Event()
         period = float(_env("KVFAST_HEARTBEAT_S", "1"))
@@ -173,6 +175,10 @@ class KvfastEventPublisher:
             except SlotLost:
                 raise
             except Exception:
+                if pub._closed or pub is not self._pub:
+                    # The registration went (the heartbeat closed or
+                    # replaced it), not the event: the batch is lost whole.
+                    raise
                 self.dropped += 1
                 if type(ev).__name__ != "BlockStored":
                     # A removal that did not reach the router leaves it
