@@ -139,6 +139,39 @@ func TestRenderingIsBounded(t *testing.T) {
 	}
 }
 
+// TestCostlyRenderingIsCutShort: a template that grows a string in a loop
+// copies it whole on each step (DeepSeek-V3 joins its system messages so),
+// and a request of many short system messages, each string well within
+// MaxOutputBytes, made it cost seconds of CPU; the bytes built together
+// are bounded, and the request is only too costly, not invalid.
+func TestCostlyRenderingIsCutShort(t *testing.T) {
+	src := `{% set ns = namespace(system_prompt='') %}{%- for message in messages %}{%- if message['role'] == 'system' %}` +
+		`{% set ns.system_prompt = ns.system_prompt + '\n\n' + message['content'] %}{%- endif %}{%- endfor %}{{ ns.system_prompt }}`
+	var body strings.Builder
+	body.WriteString(`{"messages":[`)
+	for range 18000 {
+		body.WriteString(`{"role":"system","content":"aaaaaaaaaaaaaaaaaaaaaaaaaaa"},`)
+	}
+	body.WriteString(`{"role":"user","content":"u"}]}`)
+	many, err := chat.DecodeInput([]byte(body.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl := mustCompile(t, src)
+	if _, err := tpl.Render(nil, many, "", ""); !errors.Is(err, chat.ErrTooCostly) || errors.Is(err, chat.ErrInvalidRequest) {
+		t.Fatalf("18,000 system messages: %v, want ErrTooCostly alone", err)
+	}
+	few, _ := chat.DecodeInput([]byte(`{"messages":[{"role":"system","content":"a"},{"role":"system","content":"b"},{"role":"user","content":"u"}]}`))
+	if out, err := tpl.Render(nil, few, "", ""); err != nil || string(out) != "\n\na\n\nb" {
+		t.Fatalf("two system messages: %q, %v", out, err)
+	}
+	// A list grown in a loop is bounded the same way.
+	lists := mustCompile(t, `{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = ns.l + [i] %}{% endfor %}{{ ns.l|length }}`)
+	if _, err := lists.Render(nil, few, "", ""); !errors.Is(err, chat.ErrTooCostly) {
+		t.Fatalf("a list grown 100,000 times: %v, want ErrTooCostly", err)
+	}
+}
+
 // TestWideDictKeepsPythonsSemantics: a dict past the size where it gains
 // an index of its string keys still behaves as Python's: a repeated key
 // keeps its first place and takes the last value, string and non-string

@@ -25,9 +25,11 @@
 // Input. Tokenizing the result is the tokenizer package's job, and caching
 // tokenized prefixes the prompt package's.
 //
-// Every rendering is bounded (Limits): output size, loop iterations and
-// macro recursion, so that no template or request can make it run or grow
-// without end. Errors the request caused wrap ErrInvalidRequest (the
+// Every rendering is bounded (Limits): output size, bytes built by
+// concatenation, loop iterations and macro recursion, so that no template
+// or request can make it run or grow without end; a rendering stopped for
+// the bytes it builds wraps ErrTooCostly (the request is fine; the router
+// routes it unrendered). Errors the request caused wrap ErrInvalidRequest (the
 // router answers 400, as vLLM does); content this package cannot render
 // as the engine would (media in a string-content template) wraps
 // ErrUnsupported, for the caller to fall back to approximate routing.

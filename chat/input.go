@@ -15,6 +15,12 @@ import (
 // limits). vLLM answers all of these with 400, and so should the router.
 var ErrInvalidRequest = errors.New("invalid chat request")
 
+// ErrTooCostly is what Render's errors wrap when rendering would take
+// more work than Limits.MaxBuiltBytes allows: nothing is wrong with the
+// request, which the engine renders itself; the router routes it without
+// the rendered prompt.
+var ErrTooCostly = errors.New("chat request too costly to render for routing")
+
 // ErrUnsupported says the request is valid but cannot be rendered exactly
 // here: images, audio or video in a conversation whose template prints
 // content as a string, where the engine inserts its model's own

@@ -163,11 +163,13 @@ func (t *Template) execute(dst []byte, g *globals) ([]byte, error) {
 	r.frames = append(r.frames[:0], 0)
 	r.globals = g
 	r.limits = t.Limits
-	r.steps, r.depth = 0, 0
+	r.steps, r.depth, r.built = 0, 0, 0
 	r.now = t.now
 	if _, err := r.execBody(t.root); err != nil {
 		var re *renderError
 		switch {
+		case errors.Is(err, errCostly):
+			return r.out[:r.base], fmt.Errorf("%w: cannot render chat template: %w", ErrTooCostly, err)
 		case errors.As(err, &re), errors.Is(err, errLimit):
 			return r.out[:r.base], fmt.Errorf("%w: cannot render chat template: %w", ErrInvalidRequest, err)
 		}

@@ -125,6 +125,9 @@ func (b *Builtin) tokens(bufs *builtinBufs, dst []uint32, api openai.API, body [
 		if errors.Is(err, chat.ErrInvalidRequest) {
 			return dst, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
+		if errors.Is(err, chat.ErrTooCostly) {
+			return dst, ErrTooLarge // routed as a prompt over --tokenize-max-bytes is
+		}
 		if err != nil {
 			return dst, err
 		}
