@@ -66,7 +66,7 @@ func TestBadInput(t *testing.T) {
 		{name: "token as string", body: []byte(`{"prompt":[1,"2"]}`), status: 400, code: "invalid_type"},
 		{name: "fractional token", body: []byte(`{"prompt":[1.5]}`), status: 400, code: "invalid_type"},
 		{name: "token as bool", body: []byte(`{"prompt":[1,true]}`), status: 400, code: "invalid_type"},
-		{name: "stream string", body: []byte(`{"prompt":[1],"stream":"yes"}`), status: 400, code: "invalid_type"},
+		{name: "stream string", body: []byte(`{"prompt":[1],"stream":"maybe"}`), status: 400, code: "invalid_type"},
 		{name: "max_tokens string", body: []byte(`{"prompt":[1],"max_tokens":"ten"}`), status: 400, code: "invalid_type"},
 		{name: "max_tokens zero", body: []byte(`{"prompt":[1],"max_tokens":0}`), status: 400, code: "invalid_value"},
 		{name: "messages string", path: fastpath.PathChatCompletions, body: []byte(`{"messages":"hi"}`), status: 400, code: "invalid_type"},

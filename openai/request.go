@@ -414,8 +414,52 @@ func (p *parser) boolField(i, f int, dst *bool, typeErr *Error) int {
 	case 'n':
 		return jsonscan.ScanLiteral(b, i, "null")
 	}
+	// What pydantic's lax mode, and so vLLM, also reads as a bool: 0 and
+	// 1, and a few words (chat's laxBool has the same list).
+	end := jsonscan.SkipValue(b, i, 1)
+	if end > i {
+		tok := b[i:end]
+		if tok[0] == '"' && len(tok) >= 2 {
+			tok = tok[1 : len(tok)-1]
+		}
+		for _, w := range laxTrue {
+			if equalFoldASCII(tok, w) {
+				*dst = true
+				return end
+			}
+		}
+		for _, w := range laxFalse {
+			if equalFoldASCII(tok, w) {
+				return end
+			}
+		}
+	}
 	p.errs[f] = typeErr
-	return jsonscan.SkipValue(b, i, 1)
+	return end
+}
+
+// laxTrue and laxFalse are pydantic's lax spellings of a bool, as string
+// contents or numbers.
+var (
+	laxTrue  = []string{"1", "1.0", "on", "t", "true", "y", "yes"}
+	laxFalse = []string{"0", "0.0", "off", "f", "false", "n", "no"}
+)
+
+// equalFoldASCII reports whether b is s, ignoring ASCII case.
+func equalFoldASCII(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range len(b) {
+		c := b[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != s[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // countField parses max_tokens-like fields: a positive integer or null.

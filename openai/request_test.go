@@ -162,7 +162,8 @@ func TestParseRejects(t *testing.T) {
 		{"exponent token", APICompletions, Parser{}, `{"prompt":[1e3]}`, ErrPromptType},
 		{"array of bools", APICompletions, Parser{}, `{"prompt":[true]}`, ErrPromptType},
 		{"nested strings", APICompletions, Parser{}, `{"prompt":[["a"]]}`, ErrPromptType},
-		{"stream string", APICompletions, Parser{}, `{"prompt":"x","stream":"yes"}`, ErrStreamType},
+		{"stream string", APICompletions, Parser{}, `{"prompt":"x","stream":"maybe"}`, ErrStreamType},
+		{"stream number", APICompletions, Parser{}, `{"prompt":"x","stream":2}`, ErrStreamType},
 		{"max_tokens string", APICompletions, Parser{}, `{"prompt":"x","max_tokens":"5"}`, ErrMaxTokensType},
 		{"max_tokens fraction", APICompletions, Parser{}, `{"prompt":"x","max_tokens":1.5}`, ErrMaxTokensType},
 		{"max_tokens zero", APICompletions, Parser{}, `{"prompt":"x","max_tokens":0}`, ErrMaxTokensRange},
@@ -408,8 +409,28 @@ func TestAddSpecialTokens(t *testing.T) {
 		}
 	}
 	r := new(ParsedRequest)
-	if err := (&Parser{}).Parse([]byte(`{"prompt":"hi","add_special_tokens":1}`), APICompletions, r); err != ErrAddSpecialTokensType {
-		t.Errorf("a number for add_special_tokens: %v", err)
+	if err := (&Parser{}).Parse([]byte(`{"prompt":"hi","add_special_tokens":2}`), APICompletions, r); err != ErrAddSpecialTokensType {
+		t.Errorf("2 for add_special_tokens: %v", err)
+	}
+}
+
+// TestLaxBooleans: vLLM reads its bool fields as pydantic's lax mode does,
+// so a request it serves is not refused here.
+func TestLaxBooleans(t *testing.T) {
+	for value, want := range map[string]bool{`"true"`: true, `"Yes"`: true, `"on"`: true, `1`: true, `1.0`: true, `"1"`: true,
+		`"false"`: false, `"NO"`: false, `"off"`: false, `0`: false, `0.0`: false, `"f"`: false} {
+		r := new(ParsedRequest)
+		body := `{"prompt":"hi","stream":` + value + `,"add_special_tokens":` + value + `}`
+		if err := (&Parser{}).Parse([]byte(body), APICompletions, r); err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		add := SpecialOmit
+		if want {
+			add = SpecialAdd
+		}
+		if r.Stream != want || r.AddSpecialTokens != add {
+			t.Errorf("%s: stream %v, add_special_tokens %d; want %v, %d", value, r.Stream, r.AddSpecialTokens, want, add)
+		}
 	}
 }
 
