@@ -26,7 +26,7 @@ type Limits struct {
 	// rendering builds by concatenation, together: a template that grows
 	// a string in a loop copies it whole each time (DeepSeek-V3's joins
 	// every system message so), and 18,000 short system messages cost
-	// 1.8 s of CPU to render when only each string was bounded. 0: no
+	// seconds of CPU to render when only each string was bounded. 0: no
 	// bound.
 	MaxBuiltBytes int
 }
