@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvfast/kvfast/epp"
+	"github.com/kvfast/kvfast/internal/syncbuf"
 	"github.com/kvfast/kvfast/sched"
 )
 
@@ -267,7 +268,7 @@ func TestBodyBudget(t *testing.T) {
 func TestNoHealthyEndpoint(t *testing.T) {
 	eps := endpoints(3)
 	cfg := epp.DefaultConfig()
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
 	r := startEPP(t, cfg, eps...)
 	body := completionBody(t, tokens(1, 40), false)

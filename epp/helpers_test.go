@@ -1,14 +1,12 @@
 package epp_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -314,22 +312,4 @@ func grpcHealth(t testing.TB, addr, service string) string {
 		t.Fatal(err)
 	}
 	return resp.GetStatus().String()
-}
-
-// lockedBuffer is a log sink the test reads while the picker writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/internal/rig"
 	"github.com/kvfast/kvfast/internal/rig/rigtest"
+	"github.com/kvfast/kvfast/internal/syncbuf"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/radix"
 )
@@ -148,7 +149,7 @@ func TestNodeQueryRefusedIsSaid(t *testing.T) {
 	cfg := epp.DefaultConfig()
 	cfg.QueryNodes = true
 	cfg.QueryTimeout = 10 * time.Second
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
 	r := startEPP(t, cfg, epp.Endpoint{Address: node.addr})
 	body := completionBody(t, tokens(1, 10*16), false)

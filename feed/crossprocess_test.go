@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfast/kvfast/internal/syncbuf"
 	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -479,7 +480,7 @@ func TestIngesterLockTakeover(t *testing.T) {
 	seg := openSeg(t, 1<<20)
 	holder := startChild(t, "ingest", seg.Path())
 	holder.expect(t, "LOCKED")
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	in := New(seg, Config{StandbyPoll: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -1,38 +1,19 @@
 package feed
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"math/rand/v2"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/kvfast/kvfast/internal/invariants"
+	"github.com/kvfast/kvfast/internal/syncbuf"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
 )
-
-// lockedBuffer is a log sink the test reads while the ingester writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // scribbleIndex writes random bytes over the index region of the segment
 // file from offset from (past the index header) for n bytes, through the
@@ -94,7 +75,7 @@ func TestAcquireRepairsOrResetsADamagedIndex(t *testing.T) {
 			seg := openSeg(t, 1<<20)
 			fillIndex(t, seg)
 			scribbleIndex(t, seg, tc.from, tc.n)
-			var log lockedBuffer
+			var log syncbuf.Buffer
 			in := New(seg, Config{Logger: slog.New(slog.NewTextHandler(&log, nil))})
 			select {
 			case <-in.Settled():
@@ -177,7 +158,7 @@ func TestDamageWhileIngestingIsMended(t *testing.T) {
 		t.Skip("runs without invariants (make test's second pass): the self-checks panic on the damage this test makes")
 	}
 	seg := openSeg(t, 1<<20)
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	in := New(seg, Config{Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

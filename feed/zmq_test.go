@@ -22,6 +22,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/kvfast/kvfast/internal/syncbuf"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -670,7 +671,7 @@ func TestZMQMisbehavingReplayEnds(t *testing.T) {
 func TestZMQGapWithoutReplayResyncs(t *testing.T) {
 	ix := newZMQIndex(t)
 	e := newTestEngine(t, false)
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	s := startSub(t, ix, e, func(c *ZMQConfig) { c.Logger = slog.New(slog.NewTextHandler(&log, nil)) })
 	e.warmUp(t, s, vllmArray)
 	ops := genOps(22, 300)
@@ -772,7 +773,7 @@ func TestZMQJoinCatchesUpFromReplay(t *testing.T) {
 func TestZMQEngineRestartDropsItsBlocks(t *testing.T) {
 	ix := newZMQIndex(t)
 	e := newTestEngine(t, false)
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	s := startSub(t, ix, e, func(c *ZMQConfig) { c.Logger = slog.New(slog.NewTextHandler(&log, nil)) })
 	e.warmUp(t, s, vllmMap)
 	old := newModel()
@@ -811,7 +812,7 @@ func TestZMQEngineRestartDropsItsBlocks(t *testing.T) {
 func TestZMQSkipsWhatItCannotRoute(t *testing.T) {
 	ix := newZMQIndex(t)
 	e := newTestEngine(t, false)
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	s := startSub(t, ix, e, func(c *ZMQConfig) { c.Logger = slog.New(slog.NewTextHandler(&log, nil)) })
 	e.warmUp(t, s, vllmMap)
 	tokens := func(n int) []uint32 {
@@ -1013,7 +1014,7 @@ func TestZMQRedialsUntilTheEngineComesUp(t *testing.T) {
 // TestZMQUnreachableFeedIsLogged: an endpoint nothing listens on is
 // said at warning level, once a minute however often it is redialled.
 func TestZMQUnreachableFeedIsLogged(t *testing.T) {
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	s := startSub(t, newZMQIndex(t), &testEngine{ep: freeTCPEndpoint(t)}, func(c *ZMQConfig) {
 		c.Logger = slog.New(slog.NewTextHandler(&log, nil))
 	})
@@ -1036,7 +1037,7 @@ func TestZMQUnreachableFeedIsLogged(t *testing.T) {
 // once: a topic= the engine does not publish under looks just so, since
 // the engine's own socket drops what the subscription does not match.
 func TestZMQQuietFeedIsLogged(t *testing.T) {
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	e := newTestEngine(t, false)
 	startSub(t, newZMQIndex(t), e, func(c *ZMQConfig) {
 		c.Logger = slog.New(slog.NewTextHandler(&log, nil))
@@ -1377,7 +1378,7 @@ func TestGroupSpecClampsTheWindow(t *testing.T) {
 // on every batch (a replay that fails, a group that changes kind) is
 // logged once a minute, not once each time.
 func TestZMQRepeatedComplaintsAreThrottled(t *testing.T) {
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	s, err := NewZMQSubscriber(newZMQIndex(t), ZMQConfig{Endpoint: "tcp://127.0.0.1:1", Replay: freeTCPEndpoint(t),
 		Slot: zmqTestSlot, Model: testModel, BlockSize: testBlockSize, DialTimeout: time.Second,
 		Logger: slog.New(slog.NewTextHandler(&log, nil))})

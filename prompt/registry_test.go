@@ -1,38 +1,19 @@
 package prompt
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvfast/kvfast/internal/syncbuf"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/openai"
 )
-
-// logBuffer is a slog handler's output, safe to read while handlers write.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func specs(t *testing.T, vs ...string) []Spec {
 	t.Helper()
@@ -56,7 +37,7 @@ func TestRegistry(t *testing.T) {
 	t.Setenv("HOME", t.TempDir())
 	writeTokenizerDir(t, filepath.Join(hub, "models--Org--Cached", "snapshots", "r1"), true)
 
-	var logs logBuffer
+	var logs syncbuf.Buffer
 	cfg := DefaultConfig()
 	cfg.Specs = specs(t, "mock=remote", "auto")
 	reg, err := NewRegistry(cfg, Options{Engines: FixedEngine(e.Addr()), Logger: slog.New(slog.NewTextHandler(&logs, nil))})

@@ -9,35 +9,17 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvfast/kvfast/benchmarks/demo/demotok"
+	"github.com/kvfast/kvfast/internal/syncbuf"
 	"github.com/kvfast/kvfast/openai"
 )
 
-// lockedBuffer lets the test read what the command prints while it runs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestMockCommand(t *testing.T) {
 	t.Run("serves N engines until stopped", func(t *testing.T) {
-		var out, errOut lockedBuffer
+		var out, errOut syncbuf.Buffer
 		stop := make(chan struct{})
 		code := make(chan int, 1)
 		go func() {
@@ -76,7 +58,7 @@ func TestMockCommand(t *testing.T) {
 		}
 	})
 	t.Run("publishes on ZMQ", func(t *testing.T) {
-		var out, errOut lockedBuffer
+		var out, errOut syncbuf.Buffer
 		stop := make(chan struct{})
 		code := make(chan int, 1)
 		go func() {
@@ -114,7 +96,7 @@ func TestMockCommand(t *testing.T) {
 		}
 	})
 	t.Run("the demo tokenizer", func(t *testing.T) {
-		var out, errOut lockedBuffer
+		var out, errOut syncbuf.Buffer
 		stop := make(chan struct{})
 		code := make(chan int, 1)
 		go func() {
@@ -190,7 +172,7 @@ func TestMockCommand(t *testing.T) {
 			{[]string{"--listen", "127.0.0.1:0", "--host-blocks", "-1"}, 1},
 			{[]string{"--listen", "127.0.0.1:0", "--sliding-window", "1"}, 1},
 		} {
-			var out, errOut lockedBuffer
+			var out, errOut syncbuf.Buffer
 			stop := make(chan struct{})
 			close(stop)
 			if got := mockCommand(tc.args, &out, &errOut, stop); got != tc.code {

@@ -1,16 +1,16 @@
 package tracing
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvfast/kvfast/internal/syncbuf"
 )
 
 func TestValidateEndpoints(t *testing.T) {
@@ -101,24 +101,6 @@ func TestRefusalsDoNotPrintCredentials(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log sink safe for the exporter's goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestExportErrorsGoToTheLogger: a collector refusing spans is reported
 // through the router's logger (a JSON log stays JSON), not printed by
 // OpenTelemetry's default handler.
@@ -128,7 +110,7 @@ func TestExportErrorsGoToTheLogger(t *testing.T) {
 	}))
 	defer collector.Close()
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "10") // ms: export soon, from the processor's own goroutine
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	cfg := DefaultConfig()
 	cfg.Endpoint = collector.URL
 	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
