@@ -28,6 +28,10 @@ type Builtin struct {
 	// maxBytes bounds the body and the rendered text a request may have
 	// for the router to tokenize it (ErrTooLarge beyond).
 	maxBytes int
+	// budget, shared by a registry's built-in renderers, bounds the bytes
+	// they render at once (ErrBusy beyond); nil, as Open leaves it for
+	// the mock engine and kvfast tokenize, is no bound.
+	budget *builtinBudget
 
 	outcomes outcomeCounters
 	bufs     sync.Pool // *builtinBufs
@@ -84,6 +88,18 @@ func NewBuiltin(model string, files Files, cfg Config) (*Builtin, error) {
 
 // Tokens implements Renderer.
 func (b *Builtin) Tokens(_ context.Context, dst []uint32, api openai.API, body []byte, r *openai.ParsedRequest) ([]uint32, error) {
+	if len(body) > b.maxBytes {
+		b.outcomes.unsupported.Add(1)
+		return dst, ErrTooLarge
+	}
+	if b.budget != nil {
+		n := int64(len(body))
+		if !b.budget.acquire(n) {
+			b.outcomes.busy.Add(1)
+			return dst, ErrBusy
+		}
+		defer b.budget.release(n)
+	}
 	bufs, _ := b.bufs.Get().(*builtinBufs)
 	if bufs == nil {
 		bufs = new(builtinBufs)
@@ -104,9 +120,6 @@ func (b *Builtin) Tokens(_ context.Context, dst []uint32, api openai.API, body [
 }
 
 func (b *Builtin) tokens(bufs *builtinBufs, dst []uint32, api openai.API, body []byte, r *openai.ParsedRequest) ([]uint32, error) {
-	if len(body) > b.maxBytes {
-		return dst, ErrTooLarge
-	}
 	var addSpecial bool
 	switch r.Prompt {
 	case openai.PromptText:

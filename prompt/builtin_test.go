@@ -3,6 +3,7 @@ package prompt
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -126,5 +127,57 @@ func TestBuiltinRefusals(t *testing.T) {
 	b.status(&st)
 	if st.Outcomes == nil || st.Outcomes.Unsupported != 1 || st.Outcomes.Rejected != 1 || st.PrefixCache == nil {
 		t.Errorf("status %+v", st)
+	}
+}
+
+// TestBuiltinBudget: a registry's built-in renderers share one budget of
+// bytes rendered at once; past it a request is not rendered but refused
+// with ErrBusy (routed approximately, counted busy), and a lone request
+// larger than the whole budget is still rendered.
+func TestBuiltinBudget(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Specs = specs(t, "a="+tinyDir, "b="+tinyDir)
+	body := `{"messages":[{"role":"user","content":"hello there"}]}`
+	cfg.MaxRenderInFlightBytes = int64(len(body)) + 10
+	reg, err := NewRegistry(cfg, Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := reg.Renderer("a").(*Builtin), reg.Renderer("b").(*Builtin)
+	if a.budget == nil || a.budget != b.budget {
+		t.Fatalf("budgets %p and %p: want one, shared", a.budget, b.budget)
+	}
+	render := func(rd *Builtin, body string) error {
+		_, err := rd.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(body), parse(t, openai.APIChatCompletions, body))
+		return err
+	}
+	if err := render(b, body); err != nil {
+		t.Fatalf("with nothing in flight: %v", err)
+	}
+	// Another model's prompt of 11 bytes is being rendered.
+	if !a.budget.acquire(11) {
+		t.Fatal("the empty budget refused 11 bytes")
+	}
+	if err := render(b, body); !errors.Is(err, ErrBusy) {
+		t.Fatalf("over the budget: %v, want ErrBusy", err)
+	}
+	a.budget.release(11)
+	if err := render(b, body); err != nil {
+		t.Fatalf("after the other prompt ended: %v", err)
+	}
+	long := `{"messages":[{"role":"user","content":"` + strings.Repeat("the system ", 20) + `"}]}`
+	if err := render(a, long); err != nil {
+		t.Fatalf("a lone prompt over the whole budget: %v", err)
+	}
+	if n := a.budget.inFlight.Load(); n != 0 {
+		t.Errorf("%d bytes still held after every call returned", n)
+	}
+	var st ModelStatus
+	b.status(&st)
+	if st.Outcomes == nil || st.Outcomes.Busy != 1 || st.Outcomes.OK != 2 {
+		t.Errorf("model b's outcomes %+v, want 2 ok and 1 busy", st.Outcomes)
+	}
+	if o, err := Open("m", tinyDir, DefaultConfig(), 0); err != nil || o.(*Builtin).budget != nil {
+		t.Errorf("Open (the mock engine's renderer, which must render every prompt): %v, budget %v", err, o)
 	}
 }

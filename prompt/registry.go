@@ -41,6 +41,9 @@ type Registry struct {
 	// minute: Forget drops a model whose workers all left, and a worker
 	// re-registering in a loop brought it back each time.
 	throttle *logthrottle.Throttle
+	// budget is every built-in renderer's: the CPU they share is the
+	// router's, whichever model a prompt is for.
+	budget *builtinBudget
 }
 
 // entry is one model's decision.
@@ -63,7 +66,8 @@ func NewRegistry(cfg Config, opts Options) (*Registry, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	r := &Registry{cfg: cfg, opts: opts, models: map[string]*entry{}, throttle: logthrottle.New(time.Minute)}
+	r := &Registry{cfg: cfg, opts: opts, models: map[string]*entry{}, throttle: logthrottle.New(time.Minute),
+		budget: &builtinBudget{limit: cfg.MaxRenderInFlightBytes}}
 	for _, s := range cfg.Specs {
 		if s.Auto {
 			r.auto = true
@@ -100,6 +104,7 @@ func (r *Registry) build(model string, src Source) (*entry, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.budget = r.budget
 	return &entry{status: ModelStatus{Model: model, Mode: ModeBuiltin, Source: files.Dir, Exact: true},
 		renderer: b, builtin: b}, nil
 }

@@ -49,9 +49,10 @@ var (
 	// not asked again until its backoff ends, so that a stalled engine
 	// costs requests nothing rather than the timeout each.
 	ErrBackoff = errors.New("the engine failed its last render calls: not asked until its backoff ends")
-	// ErrBusy: as many render calls as the model's budget holds are under
-	// way; the request routes approximately rather than wait.
-	ErrBusy = errors.New("too many render calls in flight for the model")
+	// ErrBusy: as many render calls as the budget holds are under way (a
+	// remote model's answers, the built-in renderers' prompt bytes); the
+	// request routes approximately rather than wait.
+	ErrBusy = errors.New("too many prompts are being rendered at once")
 )
 
 // Outcomes counts how a renderer's calls ended: the outcome label of
@@ -67,7 +68,7 @@ type Outcomes struct {
 	NoEngine    uint64 `json:"no_engine"`    // ErrNoEngine
 	Cancelled   uint64 `json:"cancelled"`    // the request's context ended first
 	Backoff     uint64 `json:"backoff"`      // ErrBackoff: not asked, the engine is backing off
-	Busy        uint64 `json:"busy"`         // ErrBusy: not asked, too many calls in flight
+	Busy        uint64 `json:"busy"`         // ErrBusy: not rendered, too many calls in flight
 }
 
 // outcomeCounters are Outcomes as atomics, bumped on the request path.

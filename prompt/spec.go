@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"time"
@@ -29,6 +30,11 @@ type Config struct {
 	// MaxRenderBytes bounds the request body, and the rendered prompt, the
 	// built-in path tokenizes; larger requests route approximately.
 	MaxRenderBytes int
+	// MaxRenderInFlightBytes bounds the request bodies all built-in
+	// renderers work on at once; past it a request routes approximately
+	// rather than add its rendering to the router's CPU queue (one request
+	// at a time is always admitted). See builtinBudget.
+	MaxRenderInFlightBytes int64
 	// EngineToken is the bearer token remote renderers send the engines
 	// (RemoteConfig.EngineToken); "" for none. kvfast serve sets it from
 	// --engine-api-key-file.
@@ -41,7 +47,11 @@ func DefaultConfig() Config {
 	return Config{Timeout: 200 * time.Millisecond, MaxResponseBytes: 4 << 20, PrefixCacheBytes: 64 << 20,
 		// About 256K tokens of text: past the context of the models
 		// routed today, and a few milliseconds of tokenizing.
-		MaxRenderBytes: 1 << 20}
+		MaxRenderBytes: 1 << 20,
+		// Two of the largest prompts per CPU: a few tenths of a second of
+		// work queued per core at worst, which a health check's goroutine
+		// waits out well within its timeout.
+		MaxRenderInFlightBytes: int64(runtime.GOMAXPROCS(0)) * 2 << 20}
 }
 
 // Validate reports the first setting the registry cannot run with.
@@ -54,6 +64,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxRenderBytes <= 0 {
 		return fmt.Errorf("cannot use tokenize max bytes %d: must be positive", c.MaxRenderBytes)
+	}
+	if c.MaxRenderInFlightBytes <= 0 {
+		return fmt.Errorf("cannot use tokenize in-flight bytes %d: must be positive", c.MaxRenderInFlightBytes)
 	}
 	if c.PrefixCacheBytes < 0 {
 		return fmt.Errorf("cannot use tokenize cache bytes %d: must not be negative (0: no cache)", c.PrefixCacheBytes)

@@ -169,6 +169,8 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.DurationVar(&cfg.Tokenizers.Timeout, "tokenize-timeout", cfg.Tokenizers.Timeout, "longest wait for an engine to render a prompt (MODEL=remote); past it the request routes approximately")
 	fs.Int64Var(&cfg.Tokenizers.PrefixCacheBytes, "tokenize-cache-bytes", cfg.Tokenizers.PrefixCacheBytes, "per built-in tokenizer, bytes of tokenized prompt prefixes kept so that a conversation's next turn tokenizes only its tail (0: no cache)")
 	fs.IntVar(&cfg.Tokenizers.MaxRenderBytes, "tokenize-max-bytes", cfg.Tokenizers.MaxRenderBytes, "largest request body (and rendered prompt) the built-in tokenizer tokenizes; larger requests route approximately")
+	fs.Int64Var(&cfg.Tokenizers.MaxRenderInFlightBytes, "tokenize-inflight-bytes", cfg.Tokenizers.MaxRenderInFlightBytes, "request bytes the built-in tokenizers render at once, all models together, 2 MiB per CPU unless set; past it a request routes approximately "+
+		`(kvfast_tokenize_total{outcome="busy"}) rather than queue its rendering ahead of the router's other work; one request at a time is always rendered`)
 	fs.IntVar(&cfg.Tokenizers.MaxResponseBytes, "tokenize-max-response-bytes", cfg.Tokenizers.MaxResponseBytes, "largest render or tokenize answer accepted from an engine (MODEL=remote)")
 	tr := &cfg.Tracing
 	fs.StringVar(&tr.Endpoint, "otlp-endpoint", tr.Endpoint, "export a span tree per request (route: hash, lookup, select; queue; dispatch; first token; prefill and encode stages) to this OpenTelemetry collector over OTLP/HTTP: http://host:4318 or https://...; an empty path means /v1/traces (empty: tracing off, at no cost)")
