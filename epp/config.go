@@ -81,6 +81,11 @@ type Config struct {
 	// 503) until the gateway gave up on it, or for good from a client
 	// that reaches the picker directly. Past it the request gets 408.
 	BodyIdleTimeout time.Duration
+	// BodyTimeout bounds the whole wait for a body the picker has begun
+	// to buffer, however steadily it trickles: a byte every
+	// BodyIdleTimeout would otherwise hold its share for as long as the
+	// sender liked. Past it the request gets 408.
+	BodyTimeout time.Duration
 	// QueueTimeout bounds a request's wait in the admission queue when
 	// every endpoint is busy (503 past it).
 	QueueTimeout time.Duration
@@ -113,7 +118,9 @@ func DefaultConfig() Config {
 		MaxBodyBytes:     16 << 20,
 		BodyBudgetBytes:  256 << 20,
 		BodyIdleTimeout:  30 * time.Second,
-		QueueTimeout:     30 * time.Second,
+		// 16 MiB (--max-body-bytes) at about 0.5 Mbit/s.
+		BodyTimeout:  5 * time.Minute,
+		QueueTimeout: 30 * time.Second,
 		// Admission as kvfast serve has it: an endpoint over a busy
 		// threshold takes no new request, which waits in the queue.
 		Sched:                sched.Config{Busy: sched.DefaultBusy, QueueCapacity: sched.DefaultQueueCapacity},
@@ -164,6 +171,9 @@ func (c *Config) Validate() error {
 	}
 	if c.BodyIdleTimeout <= 0 {
 		return invalidf("cannot use --body-idle-timeout %s: must be positive", c.BodyIdleTimeout)
+	}
+	if c.BodyTimeout <= 0 {
+		return invalidf("cannot use --body-timeout %s: must be positive", c.BodyTimeout)
 	}
 	if c.ApproxTTL <= 0 || c.QueueTimeout <= 0 || (c.QueryNodes && c.QueryTimeout <= 0) {
 		return invalidf("cannot use approx TTL %s, queue timeout %s and node query timeout %s: each must be positive",

@@ -722,6 +722,56 @@ func TestStalledBodyIsTimedOut(t *testing.T) {
 	}
 }
 
+// TestTricklingBodyIsTimedOut: a body that keeps arriving, a byte at a
+// time well within BodyIdleTimeout, is answered 408 once BodyTimeout has
+// passed since it began, and its bytes go back to the budget.
+func TestTricklingBodyIsTimedOut(t *testing.T) {
+	cfg := epp.DefaultConfig()
+	cfg.BodyIdleTimeout = time.Hour
+	cfg.BodyTimeout = 100 * time.Millisecond
+	r := startEPP(t, cfg, endpoints(2)...)
+	st := r.open(t, duplexMode())
+	st.requestHeaders("/v1/completions", false, nil)
+	st.requestBody([]byte(`{"model":"`+testModel+`","prompt":`), false)
+	stop := make(chan struct{})
+	trickled := make(chan struct{})
+	go func() {
+		defer close(trickled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if st.s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+				RequestBody: &extprocv3.HttpBody{Body: []byte(" ")}}}) != nil {
+				return
+			}
+		}
+	}()
+	got := make(chan *extprocv3.ProcessingResponse, 1)
+	go func() {
+		resp, _ := st.s.Recv() // nil when the stream ends unanswered
+		got <- resp
+	}()
+	var resp *extprocv3.ProcessingResponse
+	select {
+	case resp = <-got:
+	case <-time.After(time.Minute):
+		t.Fatal("a body trickling for a minute was still being read")
+	}
+	close(stop)
+	<-trickled
+	im := resp.GetImmediateResponse()
+	if im == nil || im.GetStatus().GetCode() != 408 || !strings.Contains(string(im.GetBody()), "--body-timeout") {
+		t.Fatalf("answer %v, want 408 naming --body-timeout", resp)
+	}
+	settled(t, r)
+	if n := r.server.BodyBytes(); n != 0 {
+		t.Fatalf("%d body bytes still held", n)
+	}
+}
+
 // TestObservabilityModeBooksNothing: in observability mode Envoy ignores
 // the picker's answers and routes the request itself, so the picker
 // answers nothing and books no load on an endpoint the request may never

@@ -110,6 +110,8 @@ var (
 		Message: "the picker holds as many request body bytes as it may; retry shortly"}
 	errBodyStalled = &openai.Error{Status: http.StatusRequestTimeout, Type: openai.TypeInvalidRequest, Code: "body_stalled",
 		Message: "the rest of the request body did not arrive within the picker's --body-idle-timeout"}
+	errBodyTimeout = &openai.Error{Status: http.StatusRequestTimeout, Type: openai.TypeInvalidRequest, Code: "body_timeout",
+		Message: "the request body was not whole within the picker's --body-timeout"}
 )
 
 // decide chooses the endpoint for the request read so far and books it

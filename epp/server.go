@@ -83,13 +83,17 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	}()
 	// While a body is begun and not yet whole, the next message is
 	// received on a goroutine of its own, so that a body that stops
-	// arriving midway can be timed out (BodyIdleTimeout); the idle clock
-	// runs from its last byte. Only then: receiving every message so cost
-	// 12-14% more CPU per decision of a 64-token prompt (BENCHMARKS.md),
-	// and most bodies come in one message.
+	// arriving midway can be timed out (BodyIdleTimeout, from its last
+	// byte), as can one that trickles for too long (BodyTimeout, from the
+	// first part that left it incomplete). One timer serves both: it is
+	// set to whichever ends first. Only then: receiving every message so
+	// cost 12-14% more CPU per decision of a 64-token prompt
+	// (BENCHMARKS.md), and most bodies come in one message.
 	var want chan struct{}
 	var in chan received
 	var idle *time.Timer
+	var deadline time.Time
+	wait := func() time.Duration { return min(s.p.cfg.BodyIdleTimeout, time.Until(deadline)) }
 	held := 0 // body bytes when the idle clock last started
 	defer func() {
 		if want != nil {
@@ -105,10 +109,11 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		} else {
 			if want == nil {
 				want, in = make(chan struct{}), make(chan received, 1)
-				idle, held = time.NewTimer(s.p.cfg.BodyIdleTimeout), len(x.body)
+				deadline = time.Now().Add(s.p.cfg.BodyTimeout)
+				idle, held = time.NewTimer(wait()), len(x.body)
 				go receive(stream, want, in)
 			} else if len(x.body) != held {
-				idle.Reset(s.p.cfg.BodyIdleTimeout)
+				idle.Reset(wait())
 				held = len(x.body)
 			}
 			want <- struct{}{}
@@ -116,7 +121,11 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			case r := <-in:
 				msg, err = r.msg, r.err
 			case <-idle.C:
-				x.refuse(errBodyStalled, 0)
+				if time.Now().Before(deadline) {
+					x.refuse(errBodyStalled, 0)
+				} else {
+					x.refuse(errBodyTimeout, 0)
+				}
 				for _, r := range x.out {
 					if stream.Send(r) != nil {
 						break

@@ -110,6 +110,7 @@ func bindEPPFlags(fs *flag.FlagSet, cfg *epp.Config, o *eppOptions) {
 	fs.IntVar(&cfg.Fallbacks, "fallbacks", cfg.Fallbacks, "further endpoints, cheapest first, listed after the chosen one for a gateway that retries (0 to 8)")
 	fs.StringVar(&o.bodyMode, "request-body-mode", "full-duplex", "the gateway's request (and response) body mode, assumed when Envoy does not say: full-duplex, buffered, buffered-partial or none (route on headers only)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body the picker reads (413 beyond)")
+	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", cfg.BodyTimeout, "longest wait for the whole of a request body the picker has begun to read, however steadily it arrives (408 past it), so that a body trickling a byte per --body-idle-timeout does not hold its share of --body-budget-bytes")
 	fs.DurationVar(&cfg.BodyIdleTimeout, "body-idle-timeout", cfg.BodyIdleTimeout, "longest wait for the next part of a request body the picker has begun to read (408 past it), so that a stalled body does not hold its share of --body-budget-bytes")
 	fs.Int64Var(&cfg.BodyBudgetBytes, "body-budget-bytes", cfg.BodyBudgetBytes, "request body bytes buffered at once over every stream; a body that does not fit gets 503 with Retry-After (at least --max-body-bytes)")
 	fs.IntVar(&cfg.Sched.QueueCapacity, "queue-capacity", cfg.Sched.QueueCapacity, "requests that may wait when every endpoint is busy; beyond it they get 429 (0: no queue)")
