@@ -45,6 +45,7 @@ type Input struct {
 	continueFinal       bool
 	addSpecialTokens    bool
 	hasMedia            bool
+	ownTemplate         bool // a chat_template of the request's own
 
 	// The messages as a template sees them, built on first use for each
 	// of vLLM's two content formats.
@@ -81,6 +82,12 @@ func (in *Input) AddSpecialTokens() bool { return in.addSpecialTokens }
 // rendered here match the engine's only up to them.
 func (in *Input) HasMedia() bool { return in.hasMedia }
 
+// HasOwnTemplate reports whether the request names a chat_template of its
+// own, which an engine that trusts request templates renders instead of
+// the model's (vLLM's --trust-request-chat-template; refused otherwise),
+// so that the model's template does not give the engine's tokens.
+func (in *Input) HasOwnTemplate() bool { return in.ownTemplate }
+
 // DecodeInput reads a chat-completions body as vLLM reads it for its chat
 // template: messages (string or content-part content, tool calls, tool
 // results, reasoning), tools, documents, chat_template_kwargs,
@@ -112,6 +119,8 @@ func DecodeInput(body []byte) (*Input, error) {
 			in.continueFinal, err = laxBool(val, "continue_final_message")
 		case "add_special_tokens":
 			in.addSpecialTokens, err = laxBool(val, "add_special_tokens")
+		case "chat_template":
+			in.ownTemplate = val.k != kNone
 		case "chat_template_kwargs":
 			switch val.k {
 			case kNone:

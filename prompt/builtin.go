@@ -53,6 +53,12 @@ const maxPooledText = 1 << 20
 // only the engine's render endpoint can report.
 var ErrMedia = errors.New("multimodal content: the engine's placeholder tokens are its own")
 
+// ErrOwnTemplate is why a chat request carrying its own chat_template
+// routes approximately: an engine that accepts it (vLLM with
+// --trust-request-chat-template) renders that template, not the model's,
+// and the router does not compile a client's template per request.
+var ErrOwnTemplate = errors.New("the request names a chat_template of its own")
+
 // ErrTooLarge is why a request larger than MaxRenderBytes routes
 // approximately: tokenizing it would cost the router more than the
 // routing is worth, and an engine would most likely refuse it anyway.
@@ -132,6 +138,9 @@ func (b *Builtin) tokens(bufs *builtinBufs, dst []uint32, api openai.API, body [
 			return dst, ErrNoChatTemplate
 		}
 		in, err := chat.DecodeInput(body)
+		if err == nil && in.HasOwnTemplate() {
+			return dst, ErrOwnTemplate
+		}
 		if err == nil {
 			bufs.text, err = b.tmpl.Render(bufs.text[:0], in, b.bos, b.eos)
 		}
@@ -147,6 +156,7 @@ func (b *Builtin) tokens(bufs *builtinBufs, dst []uint32, api openai.API, body [
 		if in.HasMedia() {
 			return dst, ErrMedia
 		}
+
 		if len(bufs.text) > b.maxBytes {
 			return dst, ErrTooLarge
 		}

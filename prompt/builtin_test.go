@@ -105,6 +105,16 @@ func TestBuiltinRefusals(t *testing.T) {
 	if err == nil || errors.Is(err, ErrInvalidRequest) {
 		t.Errorf("media in a string template: %v, want an approximate fallback", err)
 	}
+	for _, own := range []string{`"{{ messages[0].content }}"`, `""`} {
+		body := `{"messages":[{"role":"user","content":"hi"}],"chat_template":` + own + `}`
+		if _, err := b.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(body), parse(t, openai.APIChatCompletions, body)); !errors.Is(err, ErrOwnTemplate) {
+			t.Errorf("chat_template %s: %v, want ErrOwnTemplate (the engine would render it, not the model's)", own, err)
+		}
+	}
+	nullTemplate := `{"messages":[{"role":"user","content":"hi"}],"chat_template":null}`
+	if _, err := b.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(nullTemplate), parse(t, openai.APIChatCompletions, nullTemplate)); err != nil {
+		t.Errorf("chat_template null is the model's template: %v", err)
+	}
 	bad := `{"messages":[{"role":"user","content":7}]}`
 	if _, err := b.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(bad), parse(t, openai.APIChatCompletions, bad)); !errors.Is(err, ErrInvalidRequest) {
 		t.Errorf("content 7: %v, want ErrInvalidRequest", err)
@@ -125,7 +135,7 @@ func TestBuiltinRefusals(t *testing.T) {
 	}
 	var st ModelStatus
 	b.status(&st)
-	if st.Outcomes == nil || st.Outcomes.Unsupported != 1 || st.Outcomes.Rejected != 1 || st.PrefixCache == nil {
+	if st.Outcomes == nil || st.Outcomes.Unsupported != 3 || st.Outcomes.Rejected != 1 || st.PrefixCache == nil {
 		t.Errorf("status %+v", st)
 	}
 }
