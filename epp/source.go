@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/internal/keyvals"
 )
 
 // Endpoint is one engine the gateway can forward to: a pod of the
@@ -49,22 +50,17 @@ func (s Static) Endpoints(context.Context) ([]Endpoint, error) { return slices.C
 // ParseEndpoint reads the --endpoint syntax:
 // "ip:port[,zmq=tcp://ip:port[,replay=tcp://ip:port]]".
 func ParseEndpoint(v string) (Endpoint, error) {
-	parts := strings.Split(v, ",")
-	e := Endpoint{Address: strings.TrimPrefix(strings.TrimSpace(parts[0]), "http://")}
-	given := map[string]string{} // key → the spelling it was first given under
-	for _, kv := range parts[1:] {
-		k, val, _ := strings.Cut(strings.TrimSpace(kv), "=")
-		key := k
-		if key == "events" {
-			key = "zmq"
+	addr, list, _ := strings.Cut(v, ",")
+	e := Endpoint{Address: strings.TrimPrefix(strings.TrimSpace(addr), "http://")}
+	var pairs []keyvals.Pair
+	if list != "" {
+		var err error
+		if pairs, err = keyvals.Split(list, map[string]string{"events": "zmq"}); err != nil {
+			return e, fmt.Errorf("cannot use endpoint %q: %w", v, err)
 		}
-		if first, ok := given[key]; ok {
-			if first != k {
-				return e, fmt.Errorf("cannot use endpoint %q: %s= repeats %s=, another name for it", v, k, first)
-			}
-			return e, fmt.Errorf("cannot use endpoint %q: %s= is given twice", v, k)
-		}
-		given[key] = k
+	}
+	for _, kv := range pairs {
+		k, val := kv.Key, kv.Value
 		var err error
 		switch k {
 		case "zmq", "events":

@@ -14,6 +14,7 @@ import (
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/internal/keyvals"
 	"github.com/kvfast/kvfast/internal/tracing"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
@@ -312,26 +313,12 @@ func (c *Config) Validate() error {
 // id defaults to defaultID.
 func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	sw := StaticWorker{ID: defaultID}
-	given := map[string]string{} // key → the spelling it was first given under
-	for _, kv := range strings.Split(v, ",") {
-		k, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
-		if !ok {
-			return sw, fmt.Errorf("cannot parse %q: want key=value pairs", kv)
-		}
-		// A key given twice (url= and endpoint= are one key) is a typo or
-		// a paste: which value was meant cannot be told.
-		key := map[string]string{"endpoint": "url", "dp-rank": "rank", "events": "zmq"}[k]
-		if key == "" {
-			key = k
-		}
-		if first, ok := given[key]; ok {
-			if first != k {
-				return sw, fmt.Errorf("cannot parse %q: %s= repeats %s=, another name for it", v, k, first)
-			}
-			return sw, fmt.Errorf("cannot parse %q: %s= is given twice", v, k)
-		}
-		given[key] = k
-		var err error
+	pairs, err := keyvals.Split(v, map[string]string{"endpoint": "url", "dp-rank": "rank", "events": "zmq"})
+	if err != nil {
+		return sw, fmt.Errorf("cannot parse %q: %w", v, err)
+	}
+	for _, kv := range pairs {
+		k, val := kv.Key, kv.Value
 		switch k {
 		case "url", "endpoint":
 			sw.Endpoint = val
