@@ -99,8 +99,8 @@
 // from, the pool of exchanges (and the body, parsed request and hash
 // buffers inside them), the guard pool, the
 // model table (namespace seed and renderer per model, and per LoRA
-// adapter the node learned from the engines' model lists: its base model's
-// workers and renderer, its own namespace), and the Prometheus
+// adapter the node learned from the engines' model lists: the workers that
+// list it, its base model's renderer, its own namespace), and the Prometheus
 // registry. It borrows the index, the approximate index, the scheduler, the
 // engine pool and the renderers from package node, which owns them, their
 // background work and the worker

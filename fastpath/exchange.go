@@ -303,9 +303,16 @@ func (ex *exchange) settleVerdicts() {
 // The body itself reaches the engine unchanged either way.
 func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai.Error {
 	r := &ex.req
-	model, seed, render, err := s.namespace(ctx, r)
+	model, seed, render, only, err := s.namespace(ctx, r)
 	if err != nil {
 		return err
+	}
+	if only != 0 {
+		// An adapter: only the engines that list it can serve it.
+		if !ex.sreq.AllowListed {
+			ex.sreq.AllowListed, ex.sreq.Allow = true, workers.AllSlots
+		}
+		ex.sreq.Allow &= only
 	}
 	t0 := clock.Now()
 	ex.tr.routeAt = t0

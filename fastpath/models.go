@@ -20,15 +20,23 @@ func (s *Server) WorkersChanged() {
 	s.rebuildModels()
 }
 
-// SetAdapters tells the request path which model names are LoRA adapters,
-// each mapped to its base model (the parent an engine's GET /v1/models
-// gives it). A request naming an adapter routes among its base model's
-// workers, in the adapter's namespace NamespaceSeed(base, adapter, salt),
-// where the feed puts the blocks an engine reports under that lora_name.
-// An adapter whose base model no worker serves is ignored; one that names
-// a served base model stays the base model. The node calls it when the
-// adapters its engines list change.
-func (s *Server) SetAdapters(adapters map[string]string) {
+// Adapter is a LoRA adapter the engines list: its base model (the
+// parent an engine's GET /v1/models gives it) and the workers whose
+// engines list it.
+type Adapter struct {
+	Base    string
+	Workers workers.Set
+}
+
+// SetAdapters tells the request path which model names are LoRA adapters.
+// A request naming an adapter routes among the workers that list it (an
+// engine without the adapter refuses the request: vLLM answers 404), in
+// the adapter's namespace NamespaceSeed(base, adapter, salt), where the
+// feed puts the blocks an engine reports under that lora_name. An adapter
+// whose base model no worker serves is ignored; one that names a served
+// base model stays the base model. The node calls it when the adapters
+// its engines list change.
+func (s *Server) SetAdapters(adapters map[string]Adapter) {
 	s.modelsMu.Lock()
 	defer s.modelsMu.Unlock()
 	s.adapters = adapters
@@ -59,12 +67,12 @@ func (s *Server) rebuildModels() {
 	if s.renderers != nil {
 		s.renderers.Forget(func(model string) bool { _, served := m[model]; return served })
 	}
-	for adapter, base := range s.adapters {
-		ns, served := m[base]
-		if _, clash := m[adapter]; !served || clash || ns.lora != "" {
+	for adapter, a := range s.adapters {
+		ns, served := m[a.Base]
+		if _, clash := m[adapter]; !served || clash || ns.lora != "" || a.Workers == 0 {
 			continue
 		}
-		ns.lora, ns.seed = adapter, radix.NamespaceSeed(base, adapter, "")
+		ns.lora, ns.seed, ns.only = adapter, radix.NamespaceSeed(a.Base, adapter, ""), a.Workers
 		m[adapter] = ns
 	}
 	gone := map[string]struct{}{}
@@ -133,8 +141,11 @@ func (s *Server) modelsUnknown() bool {
 const maxDeparted = 4096
 
 type modelNamespace struct {
-	name   string // the base model's, which its workers register with
-	lora   string // the LoRA adapter a request names, "" for the base model
+	name string // the base model's, which its workers register with
+	lora string // the LoRA adapter a request names, "" for the base model
+	// only, for an adapter, is the workers whose engines list it; a base
+	// model's requests go to any worker serving it (0).
+	only   workers.Set
 	seed   uint64
 	render prompt.Renderer // nil: text and chat prompts route approximately
 }
@@ -152,12 +163,13 @@ var (
 
 // namespace resolves the request's model to the name the workers use (an
 // adapter's base model), the seed of its block hashes (in the namespace of
-// the adapter it names and of its cache_salt) and its prompt renderer. A
+// the adapter it names and of its cache_salt), its prompt renderer and,
+// for an adapter, the workers that list it (0: no restriction). A
 // missing model routes among all workers (with the model's seed and
 // renderer only if there is exactly one base model). A model no worker
 // serves waits, while the node is still starting, for its discovery to
 // settle (see awaitSettled).
-func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model string, seed uint64, render prompt.Renderer, _ *openai.Error) {
+func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model string, seed uint64, render prompt.Renderer, only workers.Set, _ *openai.Error) {
 	seeds := *s.seeds.Load()
 	var lora string
 	if len(r.Model) == 0 {
@@ -172,7 +184,7 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 			}
 		}
 		if bases != 1 {
-			return "", radix.NamespaceSeed("", "", string(r.CacheSalt)), nil, nil
+			return "", radix.NamespaceSeed("", "", string(r.CacheSalt)), nil, 0, nil
 		}
 	} else {
 		// The entry carries the name as a string already, so the body's
@@ -193,32 +205,32 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 		if !ok {
 			if d := s.departed.Load(); d != nil {
 				if _, was := (*d)[string(r.Model)]; was {
-					return "", 0, nil, errModelUnavailable
+					return "", 0, nil, 0, errModelUnavailable
 				}
 			}
 			if s.modelsUnknown() {
 				// It may be the model of a worker not heard from yet (an
 				// engine still loading, or down): the router cannot tell
 				// a client's mistake from it.
-				return "", 0, nil, errModelsPending
+				return "", 0, nil, 0, errModelsPending
 			}
 			if len(*s.seeds.Load()) == 0 && (s.departed.Load() == nil || len(*s.departed.Load()) == 0) {
 				// No model ever known, in this process or in the
 				// segment's registry (RememberModels): the router started
 				// before its engines, which clients should wait for
 				// rather than take a 404 they do not retry.
-				return "", 0, nil, errNoEnginesYet
+				return "", 0, nil, 0, errNoEnginesYet
 			}
-			return "", 0, nil, errUnknownModel
+			return "", 0, nil, 0, errUnknownModel
 		}
-		model, seed, render, lora = ns.name, ns.seed, ns.render, ns.lora
+		model, seed, render, lora, only = ns.name, ns.seed, ns.render, ns.lora, ns.only
 	}
 	if len(r.CacheSalt) > 0 {
 		// Salted requests are rare and get their own namespace; computing
 		// it allocates the strings, which is acceptable off the common path.
 		seed = radix.NamespaceSeed(model, lora, string(r.CacheSalt))
 	}
-	return model, seed, render, nil
+	return model, seed, render, only, nil
 }
 
 // isSettled reports whether the node's start-up has settled (Deps.Settled).

@@ -198,3 +198,45 @@ func wantNamespaces(t *testing.T, r *e2eRouter, prompt []uint32, blocks uint32, 
 		}
 	}
 }
+
+// TestAdapterRoutesToItsEngines: a request naming a LoRA adapter goes
+// only to workers whose engines list it, however the load falls: an
+// engine without the adapter refuses it (vLLM's 404 "The model ... does
+// not exist"), which the router once caused for half of such requests.
+func TestAdapterRoutesToItsEngines(t *testing.T) {
+	var static []node.StaticWorker
+	for i, adapters := range [][]string{nil, {"sql"}, nil} {
+		eng := startMock(t, mocker.Config{Listen: "127.0.0.1:0", Model: e2eModel, LoRAAdapters: adapters})
+		static = append(static, node.StaticWorker{ID: uint64(i + 1), Endpoint: eng.Addr(), Model: e2eModel})
+	}
+	r := startE2ERouter(t, e2eConfig(static...))
+	body := func(i int) []byte {
+		return []byte(`{"model":"sql","max_tokens":1,"prompt":[` + strconv.Itoa(1000+i) + `,2,3]}`)
+	}
+	deadline := time.Now().Add(e2eWait)
+	for {
+		resp := r.post(t, fastpath.PathRouteCompletions, body(0), nil)
+		if resp.status == http.StatusOK {
+			var d routeDecision
+			decodeJSON(t, resp.body, &d)
+			if d.WorkerID != 2 || len(d.Workers) != 1 {
+				t.Fatalf("route-only for adapter sql: worker %d among %+v, want worker 2 alone", d.WorkerID, d.Workers)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the router never learned adapter sql")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for i := range 9 {
+		resp := r.post(t, fastpath.PathCompletions, body(i), nil)
+		if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != "2" {
+			t.Fatalf("request %d for adapter sql: %d from worker %q: %s", i, resp.status, resp.header.Get(fastpath.HeaderWorker), resp.body)
+		}
+	}
+	// An allow-list without the adapter's engine leaves no candidate.
+	if resp := r.post(t, fastpath.PathCompletions, body(0), map[string]string{fastpath.HeaderAllow: "1,3"}); resp.status == http.StatusOK {
+		t.Fatalf("adapter sql allowed only on workers without it: %d from worker %q", resp.status, resp.header.Get(fastpath.HeaderWorker))
+	}
+}

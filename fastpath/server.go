@@ -265,8 +265,8 @@ type Server struct {
 	// serves now (all its engines down or restarting): a request naming
 	// one gets 503, which clients retry, not 404. Rebuilt with seeds.
 	departed atomic.Pointer[map[string]struct{}]
-	modelsMu sync.Mutex        // serialises rebuilds of seeds
-	adapters map[string]string // LoRA adapter -> base model; under modelsMu
+	modelsMu sync.Mutex         // serialises rebuilds of seeds
+	adapters map[string]Adapter // by LoRA adapter name; under modelsMu
 
 	metricsOnce sync.Once
 	metricsHTTP fasthttp.RequestHandler

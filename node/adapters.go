@@ -15,6 +15,7 @@ import (
 	"unicode"
 
 	"github.com/kvfast/kvfast/dispatch"
+	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
@@ -34,7 +35,7 @@ type adapterPoller struct {
 	client *http.Client
 	token  string                         // the engines' bearer token (dispatch.Config.EngineToken); "" for none
 	known  [workers.Max]map[string]string // adapter -> base model, by slot
-	pushed map[string]string
+	pushed map[string]fastpath.Adapter
 }
 
 func newAdapterPoller(token string) *adapterPoller {
@@ -48,7 +49,7 @@ func newAdapterPoller(token string) *adapterPoller {
 // whether every static worker's model is known.
 func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 	live := n.sched.Workers()
-	union := map[string]string{}
+	union := map[string]fastpath.Adapter{}
 	learned := false
 	for i := range workers.Max {
 		slot := workers.Slot(i)
@@ -89,9 +90,17 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 			p.known[slot] = got
 		}
 		for adapter, base := range p.known[slot] {
-			if checkModelName(adapter) == nil { // a name no client could send is not listed
-				union[adapter] = base
+			if checkModelName(adapter) != nil { // a name no client could send is not listed
+				continue
 			}
+			a := union[adapter]
+			if a.Base != "" && a.Base != base {
+				// Engines disagree on the adapter's base model: the
+				// first slot's stands, the others do not serve it here.
+				continue
+			}
+			a.Base, a.Workers = base, a.Workers|workers.SetOf(slot)
+			union[adapter] = a
 		}
 	}
 	if learned {
@@ -99,6 +108,7 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 	}
 	if !maps.Equal(union, p.pushed) {
 		p.pushed = union
+		n.adapters.Store(&union)
 		n.front.SetAdapters(union)
 	}
 	return n.unknownModel.Load() == 0

@@ -47,6 +47,9 @@ type Node struct {
 	zmq    [workers.Max]*feed.ZMQSubscriber // static workers' event feeds, by slot
 
 	renderTurn atomic.Uint64 // PickEngine's round robin
+	// adapters is what the adapter poller last told the front end, for
+	// PickEngine: an adapter's prompt is rendered by an engine that has it.
+	adapters atomic.Pointer[map[string]fastpath.Adapter]
 
 	// unknownModel is the static workers configured without a model whose
 	// engines have not yet said which they serve (the model poll learns it).

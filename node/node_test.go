@@ -21,6 +21,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/shm"
@@ -527,7 +528,7 @@ func TestPickEngine(t *testing.T) {
 	defer n.Close()
 	seen := map[string]int{}
 	for range 10 {
-		slot, addr, ok := n.PickEngine("a")
+		slot, addr, ok := n.PickEngine("a", []byte("a"))
 		if info, _ := n.sched.Worker(slot); !ok || info.Endpoint != addr || info.Model != "a" {
 			t.Fatalf("picked slot %d %q (%v) for model a", slot, addr, ok)
 		}
@@ -536,13 +537,30 @@ func TestPickEngine(t *testing.T) {
 	if seen["127.0.0.1:9001"] != 5 || seen["127.0.0.1:9003"] != 5 {
 		t.Fatalf("picks %v: want the two engines of model a in turn", seen)
 	}
-	if _, _, ok := n.PickEngine("c"); ok {
+	if _, _, ok := n.PickEngine("c", nil); ok {
 		t.Fatal("picked an engine for a model no worker serves")
 	}
-	slot, _, _ := n.PickEngine("b")
+	slot, _, _ := n.PickEngine("b", nil)
 	n.sched.SetHealthy(slot, false)
-	if _, addr, ok := n.PickEngine("b"); ok {
+	if _, addr, ok := n.PickEngine("b", nil); ok {
 		t.Fatalf("picked the unhealthy engine %s", addr)
+	}
+	// A request naming a LoRA adapter is rendered by an engine that lists
+	// it: one without it refuses the render (vLLM's 404).
+	var third workers.Slot
+	for w := range n.sched.Workers().All() {
+		if info, _ := n.sched.Worker(w); info.Endpoint == "127.0.0.1:9003" {
+			third = w
+		}
+	}
+	n.adapters.Store(&map[string]fastpath.Adapter{"sql": {Base: "a", Workers: workers.SetOf(third)}})
+	for range 4 {
+		if slot, addr, ok := n.PickEngine("a", []byte("sql")); !ok || slot != third {
+			t.Fatalf("picked slot %d %q (%v) for adapter sql, which only slot %d lists", slot, addr, ok, third)
+		}
+	}
+	if _, addr, ok := n.PickEngine("a", []byte("nosuch")); ok {
+		t.Fatalf("picked %s for an adapter no engine lists", addr)
 	}
 }
 

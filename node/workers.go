@@ -398,11 +398,21 @@ func (n *Node) pinSharedRanks() {
 }
 
 // PickEngine is the engine a remote prompt renderer asks for model's
-// prompt ids (prompt.Engines): a healthy worker serving model, taken in
-// turn so that rendering spreads over the model's engines.
-func (n *Node) PickEngine(model string) (workers.Slot, string, bool) {
+// prompt ids (prompt.Engines): a healthy worker serving model, and the
+// adapter the request names when it names one, taken in turn so that
+// rendering spreads over the model's engines.
+func (n *Node) PickEngine(model string, requested []byte) (workers.Slot, string, bool) {
+	only := workers.AllSlots
+	if len(requested) > 0 && string(requested) != model {
+		only = 0
+		if m := n.adapters.Load(); m != nil {
+			if a, ok := (*m)[string(requested)]; ok && a.Base == model {
+				only = a.Workers
+			}
+		}
+	}
 	var serving workers.Set
-	for w := range n.sched.Workers().All() {
+	for w := range (n.sched.Workers() & only).All() {
 		if info, ok := n.sched.Worker(w); ok && info.Model == model && n.sched.Load(w).Healthy {
 			serving |= workers.SetOf(w)
 		}

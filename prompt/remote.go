@@ -169,7 +169,7 @@ func (rm *Remote) tokens(ctx context.Context, dst []uint32, mm *Multimodal, api 
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	slot, addr, ok := rm.engines.PickEngine(rm.model)
+	slot, addr, ok := rm.engines.PickEngine(rm.model, r.Model)
 	if !ok {
 		return dst, ErrNoEngine
 	}
@@ -474,7 +474,9 @@ func (rm *Remote) status() RemoteStatus {
 type FixedEngine string
 
 // PickEngine returns the engine, in slot 0.
-func (e FixedEngine) PickEngine(string) (workers.Slot, string, bool) { return 0, string(e), true }
+func (e FixedEngine) PickEngine(string, []byte) (workers.Slot, string, bool) {
+	return 0, string(e), true
+}
 
 // engineAddr reads an engine URL, http://host:port (a path is ignored),
 // into host:port.

@@ -316,12 +316,12 @@ func TestRemoteFailures(t *testing.T) {
 
 type noEngines struct{}
 
-func (noEngines) PickEngine(string) (workers.Slot, string, bool) { return 0, "", false }
+func (noEngines) PickEngine(string, []byte) (workers.Slot, string, bool) { return 0, "", false }
 
 // movingEngine names whichever engine the test last set, in one slot.
 type movingEngine struct{ addr atomic.Pointer[string] }
 
-func (m *movingEngine) PickEngine(string) (workers.Slot, string, bool) {
+func (m *movingEngine) PickEngine(string, []byte) (workers.Slot, string, bool) {
 	return 3, *m.addr.Load(), true
 }
 

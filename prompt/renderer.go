@@ -30,9 +30,11 @@ var ErrInvalidRequest = errors.New("the request cannot be rendered")
 // Engines picks the engine a Remote asks: any healthy worker serving the
 // model. The node implements it over its worker set.
 type Engines interface {
-	// PickEngine returns a healthy worker serving model: its slot and its
-	// host:port. ok is false when there is none.
-	PickEngine(model string) (slot workers.Slot, addr string, ok bool)
+	// PickEngine returns a healthy worker serving model, and requested
+	// (the request's own model name: a LoRA adapter of model, or model
+	// itself): its slot and its host:port. ok is false when there is
+	// none.
+	PickEngine(model string, requested []byte) (slot workers.Slot, addr string, ok bool)
 }
 
 // The kinds of failure a Remote returns (as a *Failure, which errors.Is
