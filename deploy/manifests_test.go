@@ -204,3 +204,30 @@ func TestManifestsRunKvfastAsShipped(t *testing.T) {
 		t.Fatalf("found %d containers running kvfast in kubernetes/, want 4 or more", found)
 	}
 }
+
+// vllmEventEndpointRE finds the endpoint of a vLLM --kv-events-config.
+var vllmEventEndpointRE = regexp.MustCompile(`"endpoint":\s*"([^"]*)"`)
+
+// TestManifestsBindVLLMEventSockets: vLLM's ZMQ publisher binds its
+// endpoint only when it is a wildcard (tcp://*:PORT, an IPv6 "::"
+// address) or ipc:// and connects out otherwise, so an engine given
+// tcp://127.0.0.1:5557 listens nowhere and the router's zmq= finds nothing
+// to subscribe to. A shipped manifest had done so.
+func TestManifestsBindVLLMEventSockets(t *testing.T) {
+	found := 0
+	for _, d := range readManifests(t) {
+		if !strings.Contains(d.text, "--kv-events-config") {
+			continue
+		}
+		for _, m := range vllmEventEndpointRE.FindAllStringSubmatch(d.text, -1) {
+			found++
+			ep := m[1]
+			if !strings.Contains(ep, "*") && !strings.Contains(ep, "::") && !strings.HasPrefix(ep, "ipc://") {
+				t.Errorf("%s: vLLM event endpoint %q: vLLM connects out to it rather than bind it; give tcp://*:PORT", d.where, ep)
+			}
+		}
+	}
+	if found == 0 {
+		t.Fatal("no vLLM event endpoint found in the manifests: the check reads nothing")
+	}
+}
