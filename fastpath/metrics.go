@@ -227,13 +227,13 @@ var (
 	descIndexEntries  = prometheus.NewDesc("kvfast_index_entries", "Distinct blocks in the index.", nil, nil)
 	descIndexCapacity = prometheus.NewDesc("kvfast_index_capacity", "Distinct blocks the index can hold.", nil, nil)
 	descIndexOverflow = prometheus.NewDesc("kvfast_index_overflow_total",
-		"Block stores refused because the index was full.", nil, nil)
+		"Block stores refused: the index was full, or the block's worker held its --index-worker-share of the index (kvfast_worker_index_refused_total names it).", nil, nil)
 	descIndexMapEntries = prometheus.NewDesc("kvfast_index_engine_map_entries",
 		"Engine-hash mappings the index holds (each stored block's name on its worker).", nil, nil)
 	descIndexMapCapacity = prometheus.NewDesc("kvfast_index_engine_map_capacity",
 		"Engine-hash mappings the index can hold.", nil, nil)
 	descIndexMapOverflow = prometheus.NewDesc("kvfast_index_engine_map_overflow_total",
-		"Engine-hash mappings refused because the map was full; their blocks were not stored.", nil, nil)
+		"Engine-hash mappings refused (their blocks were not stored): the map was full, or the worker held its --index-worker-share of it (kvfast_worker_index_refused_total names it).", nil, nil)
 	descSegmentRetired = prometheus.NewDesc("kvfast_segment_retired",
 		"1 when this router's segment file was recreated by another router (--recreate-segment), deleted or replaced (engines leave it), or truncated (the router detached from it): restart this router.", nil, nil)
 	descFeedEvents = prometheus.NewDesc("kvfast_feed_events_total",
