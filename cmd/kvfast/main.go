@@ -27,7 +27,9 @@ func register(name, summary string, run func(args []string) int) {
 	subcommands[name] = subcommand{summary: summary, run: run}
 }
 
-func usage() {
+// usage lists the commands on w: standard output when asked for, standard
+// error after a mistake.
+func usage(w io.Writer) {
 	var b strings.Builder
 	b.WriteString("kvfast: a KV-cache-aware LLM router for one multi-GPU node.\n\n")
 	b.WriteString("Usage: kvfast <command> [flags]\n\nCommands:\n")
@@ -40,36 +42,42 @@ func usage() {
 		fmt.Fprintf(&b, "  %-10s %s\n", n, subcommands[n].summary)
 	}
 	b.WriteString("\nRun 'kvfast <command> --help' (or 'kvfast help <command>') for the flags of one command.\n")
-	fmt.Fprint(os.Stderr, b.String())
+	fmt.Fprint(w, b.String())
 }
 
+// helpOutput is where --help writes, nil for the command's own error
+// writer. main sets standard output, so that "kvfast serve --help | less"
+// shows the help; the tests read it from the writer they give.
+var helpOutput io.Writer
+
 func main() {
+	helpOutput = os.Stdout
 	if len(os.Args) < 2 {
-		usage()
+		usage(os.Stderr)
 		os.Exit(2)
 	}
 	name := os.Args[1]
 	switch name {
 	case "-h", "--help":
-		usage()
+		usage(os.Stdout)
 		return
 	case "help":
 		// "kvfast help serve" is "kvfast serve --help".
 		if len(os.Args) < 3 {
-			usage()
+			usage(os.Stdout)
 			return
 		}
 		if cmd, ok := subcommands[os.Args[2]]; ok {
 			os.Exit(cmd.run([]string{"--help"}))
 		}
 		fmt.Fprintf(os.Stderr, "kvfast: unknown command %q\n\n", os.Args[2])
-		usage()
+		usage(os.Stderr)
 		os.Exit(2)
 	}
 	cmd, ok := subcommands[name]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "kvfast: unknown command %q\n\n", name)
-		usage()
+		usage(os.Stderr)
 		os.Exit(2)
 	}
 	os.Exit(cmd.run(os.Args[2:]))
@@ -83,10 +91,24 @@ func main() {
 // It returns fs.Parse's error (flag.ErrHelp for --help).
 func parseFlags(fs *flag.FlagSet, args []string, about string) error {
 	fs.Usage = func() {} // flag calls it for both; told apart below
+	// The flag package prints its errors with one dash ("flag provided but
+	// not defined: -bogus"); the help and the docs spell flags with two.
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
 	err := fs.Parse(args)
+	fs.SetOutput(out)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		msg := strings.Replace(err.Error(), "defined: -", "defined: --", 1)
+		msg = strings.Replace(msg, " for flag -", " for flag --", 1)
+		fmt.Fprintln(out, msg)
+	}
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		printUsage(fs.Output(), fs, about)
+		w := helpOutput
+		if w == nil {
+			w = fs.Output()
+		}
+		printUsage(w, fs, about)
 	case err != nil:
 		fmt.Fprintf(fs.Output(), "run 'kvfast %s --help' for the flags and what they do\n", fs.Name())
 	}
