@@ -95,7 +95,7 @@ func TestServeConfig(t *testing.T) {
 			var stderr strings.Builder
 			args := []string{"--segment", "none", "--worker", "url=http://127.0.0.1:9001", "--worker", second}
 			if _, code, ok := serveConfig(args, &stderr); ok || code != 2 ||
-				!strings.Contains(stderr.String(), "flag -worker: cannot add engine http://127.0.0.1:9001 rank 0 twice: it is --worker number 1 already") {
+				!strings.Contains(stderr.String(), "flag --worker: cannot add engine http://127.0.0.1:9001 rank 0 twice: it is --worker number 1 already") {
 				t.Errorf("%q: ok %v, code %d, %s; want the repeated --worker refused", args, ok, code, stderr.String())
 			}
 		}
