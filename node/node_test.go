@@ -1007,3 +1007,33 @@ func TestUnknownModelWithAModellessWorker(t *testing.T) {
 		t.Fatalf("a model nobody serves: %d %s; want 404", code, body)
 	}
 }
+
+// TestEngineCollidingWithStaticWorker: an engine registering the worker
+// id and rank a static --worker has (a --worker without id= takes its
+// position, 0, 1, ..., which is also an engine's default id) is refused,
+// and the refusal names the --worker to change rather than two slots.
+func TestEngineCollidingWithStaticWorker(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.RegistryPoll = time.Hour
+	cfg.Dispatch.Health.Interval = 0
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.Static = []StaticWorker{{ID: 0, Endpoint: "127.0.0.1:9", Model: "mock"}}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	eng, err := mocker.Start(mocker.Config{WorkerID: 0, Segment: cfg.Segment.Path, Speedup: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	n.syncRegistry()
+	r := n.Snapshot().Refused
+	if len(r) != 1 || !strings.Contains(r[0].Reason, "static --worker number 1 (127.0.0.1:9) is worker 0 rank 0 already: give it id=N") {
+		t.Fatalf("refused registrations %+v: want the engine refused, naming --worker number 1", r)
+	}
+	if err := eng.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -271,6 +271,9 @@ func (n *Node) scanRegistry() {
 				_, err = n.engines.Add(slot, addr)
 			}
 			if err == nil {
+				err = n.staticHolds(info.WorkerID, info.DPRank)
+			}
+			if err == nil {
 				n.pinJoiningRank(slot, addr, info.DPRank)
 				err = n.sched.Upsert(sched.WorkerInfo{ID: info.WorkerID, DPRank: info.DPRank, Slot: slot,
 					Model: info.Model, Endpoint: addr, BlockSize: info.BlockSize, KVCapacityBlocks: info.KVCapacityBlocks,
@@ -395,6 +398,20 @@ func (n *Node) pinSharedRanks() {
 			n.engines.PinRank(w, rank)
 		}
 	}
+}
+
+// staticHolds refuses a registering engine whose worker id and rank a
+// static --worker already has. The scheduler would refuse it too, naming
+// slots; this says which flag to change, since a --worker without id=
+// takes its position (0, 1, ...), the id an engine gets by default.
+func (n *Node) staticHolds(id uint64, rank uint32) error {
+	for w := range n.static.All() {
+		if info, ok := n.sched.Worker(w); ok && info.ID == id && info.DPRank == rank {
+			return fmt.Errorf("static --worker number %d (%s) is worker %d rank %d already: give it id=N unused by the segment's engines (without id= a --worker takes its position, 0, 1, ...), or start the engine with another worker id",
+				workers.Max-int(w), info.Endpoint, id, rank)
+		}
+	}
+	return nil
 }
 
 // PickEngine is the engine a remote prompt renderer asks for model's
