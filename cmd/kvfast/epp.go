@@ -64,7 +64,9 @@ Lease) are served there and, in plain text for the kubelet's probes, on
 docs/epp.md has the protocol, its sources and the deployments.
 
 Every flag can also be set through the environment: --some-flag is
-KVFAST_SOME_FLAG. A flag on the command line wins over the environment.
+KVFAST_EPP_SOME_FLAG (kvfast serve's KVFAST_SOME_FLAG variables, which
+the container image sets, are not read). A flag on the command line wins
+over the environment.
 
 Exit status: 0 after a clean shutdown (SIGINT or SIGTERM), 1 on a runtime
 failure, 2 for bad flags.
@@ -155,7 +157,7 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 	if fs.NArg() > 0 {
 		return fail(fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	}
-	if err := applyEnv(fs, stderr); err != nil {
+	if err := applyEnv(fs, eppEnvPrefix, stderr); err != nil {
 		return fail(err)
 	}
 	mode, ok := bodyModes[o.bodyMode]

@@ -88,6 +88,32 @@ func TestEPPConfig(t *testing.T) {
 	}
 }
 
+// TestEPPEnvironment: the picker reads KVFAST_EPP_<FLAG>, and ignores
+// kvfast serve's KVFAST_<FLAG> (the container image sets KVFAST_LISTEN
+// for the router, which had moved a picker off :9002).
+func TestEPPEnvironment(t *testing.T) {
+	t.Setenv("KVFAST_LISTEN", "0.0.0.0:8000")
+	t.Setenv("KVFAST_ADMIN_LISTEN", "0.0.0.0:8089")
+	t.Setenv("KVFAST_EPP_METRICS_LISTEN", "127.0.0.1:9191")
+	var stderr bytes.Buffer
+	_, o, _, _, ok := eppConfig([]string{"--model", "m", "--endpoint", "10.0.0.1:8000"}, &stderr)
+	if !ok {
+		t.Fatalf("refused: %s", stderr.String())
+	}
+	if o.listeners.GRPC != ":9002" || o.listeners.Metrics != "127.0.0.1:9191" {
+		t.Errorf("listen %q, metrics %q: want the default and KVFAST_EPP_METRICS_LISTEN's", o.listeners.GRPC, o.listeners.Metrics)
+	}
+	if stderr.Len() != 0 {
+		t.Errorf("warned about the router's variables: %s", stderr.String())
+	}
+	// And the router ignores the picker's.
+	t.Setenv("KVFAST_EPP_LISTEN", ":9002")
+	stderr.Reset()
+	if _, _, ok := serveConfig([]string{"--segment", "none"}, &stderr); !ok || stderr.Len() != 0 {
+		t.Errorf("kvfast serve beside KVFAST_EPP_ variables: ok %v, %s", ok, stderr.String())
+	}
+}
+
 // TestManifestsUseRealFlags: every kvfast container in deploy/kubernetes
 // runs a command with flags (and KVFAST_ environment variables) that
 // command has, with values it accepts.
@@ -108,10 +134,12 @@ func TestManifestsUseRealFlags(t *testing.T) {
 			containers++
 			fs := flag.NewFlagSet(c.args[0], flag.ContinueOnError)
 			fs.SetOutput(io.Discard)
+			prefix := serveEnvPrefix
 			switch c.args[0] {
 			case "epp":
 				cfg, o := epp.DefaultConfig(), eppOptions{}
 				bindEPPFlags(fs, &cfg, &o)
+				prefix = eppEnvPrefix
 			case "serve":
 				cfg := node.DefaultConfig()
 				var lo logOptions
@@ -125,7 +153,12 @@ func TestManifestsUseRealFlags(t *testing.T) {
 				t.Errorf("%s: kvfast %v: %v", f, c.args, err)
 			}
 			for _, env := range c.env {
-				name := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(env, "KVFAST_")), "_", "-")
+				rest, ok := strings.CutPrefix(env, prefix)
+				if !ok || prefix == serveEnvPrefix && strings.HasPrefix(env, eppEnvPrefix) {
+					t.Errorf("%s: %s is not read by kvfast %s, whose variables start %s", f, env, c.args[0], prefix)
+					continue
+				}
+				name := strings.ReplaceAll(strings.ToLower(rest), "_", "-")
 				if fs.Lookup(name) == nil {
 					t.Errorf("%s: %s names no flag of kvfast %s", f, env, c.args[0])
 				}

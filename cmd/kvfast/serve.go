@@ -304,18 +304,28 @@ func engineURL(endpoint string) string {
 	return "http://" + net.JoinHostPort(strings.ToLower(host), port)
 }
 
+// Environment prefixes: kvfast serve reads KVFAST_<FLAG>, kvfast epp
+// KVFAST_EPP_<FLAG>, so that the router's environment (the container
+// image's KVFAST_LISTEN, a systemd env file) does not configure a picker
+// started beside it, nor the picker's the router.
+const (
+	serveEnvPrefix = "KVFAST_"
+	eppEnvPrefix   = "KVFAST_EPP_"
+)
+
 // applyEnv sets every flag not given on the command line from
-// KVFAST_<FLAG_NAME>, so that containers can configure the router through
-// the environment. A KVFAST_ variable that names no flag (a misspelling,
-// which would silently change nothing) is warned about on warn, except
-// the publishers' own (publisherEnv).
-func applyEnv(fs *flag.FlagSet, warn io.Writer) error {
+// prefix<FLAG_NAME>, so that containers can configure the command through
+// the environment. A variable of the prefix that names no flag (a
+// misspelling, which would silently change nothing) is warned about on
+// warn, except the publishers' own (publisherEnv) and, for serve, the
+// picker's.
+func applyEnv(fs *flag.FlagSet, prefix string, warn io.Writer) error {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
-		rest, ok := strings.CutPrefix(name, "KVFAST_")
-		if !ok || publisherEnv[name] {
+		rest, ok := strings.CutPrefix(name, prefix)
+		if !ok || publisherEnv[name] || prefix == serveEnvPrefix && strings.HasPrefix(name, eppEnvPrefix) {
 			continue
 		}
 		if fs.Lookup(strings.ToLower(strings.ReplaceAll(rest, "_", "-"))) == nil {
@@ -328,7 +338,7 @@ func applyEnv(fs *flag.FlagSet, warn io.Writer) error {
 		if given[f.Name] {
 			return
 		}
-		env := "KVFAST_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		env := prefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if v, ok := os.LookupEnv(env); ok {
 			if err := fs.Set(f.Name, v); err != nil {
 				errs = append(errs, fmt.Errorf("cannot use %s=%q as --%s: %w (its --help line says what it takes)", env, v, f.Name, err))
@@ -379,7 +389,7 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 		fmt.Fprintf(stderr, "kvfast serve: unexpected argument %q\n", fs.Arg(0))
 		return cfg, 2, false
 	}
-	if err := applyEnv(fs, stderr); err != nil {
+	if err := applyEnv(fs, serveEnvPrefix, stderr); err != nil {
 		fmt.Fprintln(stderr, "kvfast serve:", err)
 		return cfg, 2, false
 	}
