@@ -612,6 +612,10 @@ func (e *Engine) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 		return
 	}
 	h := &respHead{created: time.Now().Unix(), model: e.modelJSON, chat: chat}
+	if r.LoRA != "" {
+		// vLLM answers with the adapter's name (OpenAIServingModels.model_name).
+		h.model = jsonscan.AppendQuoted(nil, r.LoRA)
+	}
 	prefix := "cmpl-"
 	if chat {
 		prefix = "chatcmpl-"

@@ -597,6 +597,16 @@ func TestModelsListAdapters(t *testing.T) {
 			t.Fatalf("adapter card %d: %s", i, b)
 		}
 	}
+	// An answer names the model the request named, adapter or base, as
+	// vLLM's do.
+	for _, model := range []string{"base", "sql", "chat-\"x\""} {
+		q, _ := json.Marshal(model)
+		status, b := do(t, "POST", e.URL()+"/v1/completions", `{"model":`+string(q)+`,"prompt":[1,2,3],"max_tokens":1}`)
+		var resp struct{ Model string }
+		if err := json.Unmarshal(b, &resp); status != 200 || err != nil || resp.Model != model {
+			t.Errorf("a request for %q answered %d, model %q: %s", model, status, resp.Model, b)
+		}
+	}
 }
 
 // TestNamespacesDoNotShareCache: an adapter's and a salted request's

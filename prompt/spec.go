@@ -135,7 +135,7 @@ func ParseSpec(v string) (Spec, error) {
 	}
 	model, src, ok := strings.Cut(v, "=")
 	if !ok || model == "" || src == "" {
-		return Spec{}, fmt.Errorf("cannot parse tokenizer %q: want MODEL=DIR, MODEL=hf:ORG/NAME, MODEL=remote or auto", v)
+		return Spec{}, fmt.Errorf("cannot parse tokenizer %q: want MODEL=DIR, MODEL=hf:ORG/NAME, MODEL=remote, MODEL=demo (kvfast serve and mock: the demo tokenizer) or auto", v)
 	}
 	s, err := ParseSource(src)
 	if err != nil {

@@ -37,7 +37,7 @@ func runInspect(args []string) int {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	segment := fs.String("segment", shm.DefaultPath("kvfast"), "the segment file to print, as kvfast serve --segment")
 	verify := fs.Bool("verify", false, "also check the index's structural invariants (locks each shard briefly)")
-	shards := fs.Bool("shards", true, "list entries per shard")
+	shards := fs.Bool("shards", true, "list entries per shard (--shards=false for the totals alone)")
 	if err := parseFlags(fs, args, inspectAbout); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0

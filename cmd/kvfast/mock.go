@@ -220,7 +220,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		return 2
 	}
 	switch {
-	case *window > 0 && (*segment != "" || *publish == "zmq-sglang"):
+	case *window > 0 && *publish != "zmq":
 		fmt.Fprintln(stderr, "kvfast mock: --sliding-window needs vLLM's events (--publish zmq): shm records and SGLang's events cannot name KV-cache groups")
 		return 2
 	case *window > 0 && *hostBlocks > 0:

@@ -231,7 +231,7 @@ func loadReplayTrace(path string, opts replay.TraceOptions, notef func(string, .
 	case "":
 		tr, err := replay.LoadDefaultTrace(opts)
 		if err == nil && tr.Source == replay.EmbeddedTraceName {
-			notef("%s not found; using the embedded trace (its last 600 records)", replay.SharedTracePath)
+			notef("no --trace given (and no %s): replaying the embedded trace, the last 600 records of the Mooncake synthetic trace; --trace FILE replays another", replay.SharedTracePath)
 		}
 		return tr, err
 	}

@@ -41,7 +41,8 @@ Runs the router. Engines join in two ways:
 
 Endpoints: POST /v1/completions, /v1/chat/completions (streaming and not),
 POST /v1/route/completions, /v1/route/chat/completions (the decision only),
-GET /v1/models, /v1/models/{id}, /metrics, /health, /ready, /admin/workers.
+GET /v1/models, /v1/models/{id}, /health, /ready; on --admin-listen: GET
+/metrics, /admin/workers (and /health, /ready).
 
 Text and chat prompts route on exact token blocks for the models given a
 tokenizer (--tokenizer): the router renders each one into the token ids

@@ -67,7 +67,7 @@ func tokenizeCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) i
 	fs.SetOutput(stderr)
 	cfg := prompt.DefaultConfig()
 	var (
-		source = fs.String("tokenizer", "", "the engine's URL (http://host:port), a tokenizer directory, or hf:ORG/NAME")
+		source = fs.String("tokenizer", "", "the engine's URL (http://host:port), a tokenizer directory, hf:ORG/NAME, or demo (kvfast mock --tokenizer demo's)")
 		chat   = fs.Bool("chat", false, "stdin is a chat-completions request body, not a prompt")
 		model  = fs.String("model", "", "the served model name, sent with a prompt (a chat body names its own)")
 	)
