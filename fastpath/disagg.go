@@ -129,6 +129,9 @@ type prefillStage struct {
 	attempts dispatch.Attempts
 	body     []byte // the prefill request's body
 	decode   []byte // the decode request's body (the client's, rewritten)
+	// client is the client's own body while decode replaces it (vLLM):
+	// a retried decode sends it instead, computing the prompt itself.
+	client []byte
 
 	decodeSent, decodeAnswered int64 // clock readings for the stage metrics
 
@@ -302,6 +305,9 @@ func (s *Server) serveDisagg(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff 
 	s.metrics.dis.decisions[decision].Inc()
 	if ex.pre.decided {
 		ex.setPrefillHeaders(ctx)
+		if s.cfg.Disagg.Protocol != DisaggSGLang {
+			ex.pre.client = ex.body
+		}
 		ex.body = ex.pre.decode
 	}
 	ex.pre.decodeSent = clock.Now()

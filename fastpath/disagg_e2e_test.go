@@ -329,6 +329,37 @@ func TestDisaggVLLMFaults(t *testing.T) {
 			t.Errorf("remote decisions %v, want 3", n)
 		}
 	})
+	t.Run("a retried decode computes the prompt itself", func(t *testing.T) {
+		// The first decode engine may have pulled the KV before failing,
+		// and the prefill engine freed it: a second pull is refused
+		// (vLLM's 409, relayed as the client's own 400). Each of these
+		// decode engines fails a request naming remote KV, as such a
+		// pull does, and answers one that does not.
+		var local atomic.Int64
+		pulling := func(ctx *fasthttp.RequestCtx) {
+			ctx.SetContentType("application/json")
+			if bytes.Contains(ctx.PostBody(), []byte(`"kv_transfer_params"`)) {
+				ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+				ctx.SetBodyString(`{"error":{"message":"the KV pull failed","type":"server_error"}}`)
+				return
+			}
+			local.Add(1)
+			ctx.SetBodyString(`{"id":"x","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"length"}]}`)
+		}
+		a, b := startE2EEngine(t, pulling), startE2EEngine(t, pulling)
+		cfg := e2eConfig(prefillOf(3, realPrefill.Addr()),
+			node.StaticWorker{ID: 11, Endpoint: a.addr(), Model: e2eModel, Role: workers.RoleDecode},
+			node.StaticWorker{ID: 12, Endpoint: b.addr(), Model: e2eModel, Role: workers.RoleDecode})
+		cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM}
+		cfg.HTTP.MaxRetries = 2
+		cfg.Dispatch.Outlier.Consecutive = 0
+		r := startE2ERouter(t, cfg)
+		resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(7, 200), false, 6), nil)
+		if resp.status != 200 || local.Load() != 1 {
+			t.Fatalf("status %d, %d local decodes: %s", resp.status, local.Load(), resp.body)
+		}
+		waitReleased(t, r.node)
+	})
 	t.Run("falls back to a local prefill", func(t *testing.T) {
 		r := run(t, []node.StaticWorker{prefillOf(1, broken.addr()), prefillOf(2, deadAddr(t))}, decodeWorker)
 		resp := r.post(t, fastpath.PathCompletions, body, nil)

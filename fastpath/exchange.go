@@ -507,6 +507,15 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		}
 		s.metrics.retries.Inc() // counted once there is somewhere to send it
 		ex.dec = dec
+		if ex.pre.client != nil {
+			// The failed decode engine may have pulled the prompt's KV,
+			// which the prefill engine then freed: another decode
+			// engine's pull of it could only be refused (vLLM answers
+			// 409, which reached the client as its own 400). The retry
+			// computes the prompt where it lands, booked so.
+			ex.body, ex.pre.client = ex.pre.client, nil
+			ex.call.SetRequest(routedPath(ex.api), ex.body)
+		}
 	}
 	s.remember(ex, ex.dec.Slot)
 	ex.bindSession()
