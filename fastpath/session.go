@@ -21,7 +21,6 @@ import (
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/shm"
-	"github.com/kvfast/kvfast/workers"
 )
 
 // Sticky sessions. A request names its session in HeaderSession; the
@@ -95,9 +94,6 @@ type sessions struct {
 	table    *shm.Bindings
 	throttle *logthrottle.Throttle
 	client   *http.Client // open_session, close_session
-	// busySince is when this router first saw each slot busy in the
-	// current stretch, busySeen when it last did (CLOCK_MONOTONIC ns).
-	busySince, busySeen [workers.Max]atomic.Int64
 
 	lookups map[shm.LookupResult]prometheus.Counter
 	binds   map[shm.BindResult]prometheus.Counter
@@ -217,7 +213,7 @@ func (s *Server) stickyRoute(ctx *fasthttp.RequestCtx, ex *exchange, queryOnly b
 	if res != shm.BindingHit {
 		return nil
 	}
-	if reason := ss.ineligible(ex, b, now); reason != "" {
+	if reason := ss.ineligible(ex, b); reason != "" {
 		if !queryOnly {
 			ss.unbind(es, b, reason, now)
 		}
@@ -229,7 +225,7 @@ func (s *Server) stickyRoute(ctx *fasthttp.RequestCtx, ex *exchange, queryOnly b
 }
 
 // ineligible returns why binding b cannot take ex, or "".
-func (ss *sessions) ineligible(ex *exchange, b shm.Binding, now int64) string {
+func (ss *sessions) ineligible(ex *exchange, b shm.Binding) string {
 	slot, ok := ss.s.sched.Resolve(b.WorkerID, b.DPRank)
 	if !ok {
 		return unbindRemoved
@@ -247,17 +243,9 @@ func (ss *sessions) ineligible(ex *exchange, b shm.Binding, now int64) string {
 	case ex.sreq.Model != "" && e.Model != ex.sreq.Model:
 		return unbindModel
 	}
-	if !e.Busy {
-		ss.busySince[slot].Store(0)
-		return ""
-	}
-	// Busy: transient unless this router has watched it stay busy. A
-	// stretch not seen for a second is a new stretch.
-	if since := ss.busySince[slot].Load(); since == 0 || now-ss.busySeen[slot].Load() > int64(time.Second) {
-		ss.busySince[slot].Store(now)
-	}
-	ss.busySeen[slot].Store(now)
-	if after := int64(ss.cfg.BusyUnbindAfter); after > 0 && now-ss.busySince[slot].Load() >= after {
+	// Busy: transient unless the worker has stayed busy, as this
+	// router's selections saw it, for BusyUnbindAfter.
+	if after := ss.cfg.BusyUnbindAfter; e.Busy && after > 0 && e.BusyFor >= after {
 		return unbindBusy
 	}
 	return ""

@@ -39,7 +39,7 @@ func TestStickyLeavesAStalledWorker(t *testing.T) {
 	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
 	ex := &exchange{s: s}
 	b := shm.Binding{WorkerID: 9}
-	if got := s.sessions.ineligible(ex, b, 0); got != "" {
+	if got := s.sessions.ineligible(ex, b); got != "" {
 		t.Fatalf("an idle worker: %q", got)
 	}
 	// One request waits on it, unanswered, past the stall time, and is
@@ -55,15 +55,15 @@ func TestStickyLeavesAStalledWorker(t *testing.T) {
 		}
 	}
 	r.Release()
-	if got := s.sessions.ineligible(ex, b, 0); got != unbindStalled {
+	if got := s.sessions.ineligible(ex, b); got != unbindStalled {
 		t.Fatalf("a worker whose last request waited past the stall time: %q, want %q", got, unbindStalled)
 	}
 }
 
 // A busy bound worker keeps its sessions through a transient overload and
-// loses them only once this router has watched it stay busy for
-// BusyUnbindAfter; a stretch it was not seen busy for starts the count
-// again.
+// loses them only once it has stayed busy for BusyUnbindAfter, as this
+// router's selections saw it (sched's TestBusyStretch has the stretch's
+// rules); a recovery starts the count again.
 func TestStickyBusyUnbindNeedsSustainedOverload(t *testing.T) {
 	index, _ := radix.NewHeap(radix.Config{Capacity: 1 << 10})
 	approx, _ := radix.NewApprox(radix.Config{Capacity: 1 << 10}, time.Minute)
@@ -76,7 +76,7 @@ func TestStickyBusyUnbindNeedsSustainedOverload(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
-	cfg.Sessions.BusyUnbindAfter = 500 * time.Millisecond
+	cfg.Sessions.BusyUnbindAfter = 50 * time.Millisecond
 	pool := dispatch.NewPool(dispatch.DefaultConfig())
 	t.Cleanup(pool.Close)
 	s, err := New(cfg, Deps{Index: index, Approx: approx, Sched: sc, Engines: pool, State: frontState{"kv"}, Logger: slog.New(slog.DiscardHandler)})
@@ -86,43 +86,42 @@ func TestStickyBusyUnbindNeedsSustainedOverload(t *testing.T) {
 	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
 	ex := &exchange{s: s}
 	b := shm.Binding{WorkerID: 9}
-	ms := func(n int64) int64 { return 1e12 + n*int64(time.Millisecond) }
-	sc.SetEngineLoad(slot, 0, 0, 90, 100) // KV 90% used: busy
-	for _, step := range []struct {
-		at   int64
-		busy bool
-		want string
-	}{
-		{0, true, ""},       // first seen busy
-		{400, true, ""},     // transient
-		{800, true, "busy"}, // busy for 800 ms, seen at least once a second
-		{900, false, ""},    // recovered: the count resets
-		{1000, true, ""},
-		{1400, true, ""},
-		{3000, true, ""}, // not seen busy for 1.6 s: a new stretch
-		{3400, true, ""},
-		{3500, true, "busy"},
-	} {
-		used := uint64(10)
-		if step.busy {
-			used = 90
+	busyFor := func() time.Duration {
+		t.Helper()
+		sc.SetEngineLoad(slot, 0, 0, 90, 100) // KV 90% used: busy
+		start := time.Now()
+		for deadline := start.Add(10 * time.Second); time.Now().Before(deadline); {
+			if got := s.sessions.ineligible(ex, b); got == unbindBusy {
+				return time.Since(start)
+			} else if got != "" {
+				t.Fatalf("busy worker: ineligible = %q", got)
+			}
+			time.Sleep(time.Millisecond) // another turn of the session
 		}
-		sc.SetEngineLoad(slot, 0, 0, used, 100)
-		if got := s.sessions.ineligible(ex, b, ms(step.at)); got != step.want {
-			t.Fatalf("at %d ms (busy %v): ineligible = %q, want %q", step.at, step.busy, got, step.want)
-		}
+		t.Fatal("a worker busy for 10 s kept its sessions")
+		return 0
+	}
+	if d := busyFor(); d < cfg.Sessions.BusyUnbindAfter {
+		t.Fatalf("unbound after %v busy, before BusyUnbindAfter (%v)", d, cfg.Sessions.BusyUnbindAfter)
+	}
+	sc.SetEngineLoad(slot, 0, 0, 10, 100) // recovered: the count resets
+	if got := s.sessions.ineligible(ex, b); got != "" {
+		t.Fatalf("recovered worker: ineligible = %q", got)
+	}
+	if d := busyFor(); d < cfg.Sessions.BusyUnbindAfter {
+		t.Fatalf("after a recovery, unbound after %v busy, before BusyUnbindAfter", d)
 	}
 	sc.SetHealthy(slot, false)
-	if got := s.sessions.ineligible(ex, b, ms(4000)); got != unbindDown {
+	if got := s.sessions.ineligible(ex, b); got != unbindDown {
 		t.Fatalf("unhealthy: %q", got)
 	}
 	ex.sreq.Model = "other"
 	sc.SetHealthy(slot, true)
-	if got := s.sessions.ineligible(ex, b, ms(4000)); got != unbindModel {
+	if got := s.sessions.ineligible(ex, b); got != unbindModel {
 		t.Fatalf("another model: %q", got)
 	}
 	sc.Remove(slot)
-	if got := s.sessions.ineligible(ex, b, ms(4000)); got != unbindRemoved {
+	if got := s.sessions.ineligible(ex, b); got != unbindRemoved {
 		t.Fatalf("removed: %q", got)
 	}
 }

@@ -167,7 +167,7 @@ func (s *Scheduler) admit() {
 	}
 	ws := s.workers.Load()
 	up := ws.present & workers.Set(s.healthy.Load())
-	free := up &^ s.busy(ws, up)
+	free := up &^ s.busy(ws, up, clock.Now())
 	budget := free.Len()
 	keep := q.list[:0]
 	for _, w := range q.list {

@@ -39,6 +39,9 @@ type Scheduler struct {
 	// progress is each worker's answers, for stall detection
 	// (stall.go).
 	progress [workers.Max]progress
+	// stretch is how long each worker has been busy as selections saw it
+	// (busy.go), for the sessions that leave a worker that stays busy.
+	stretch [workers.Max]busyStretch
 
 	params     atomic.Pointer[CostParams]
 	thresholds atomic.Pointer[BusyThresholds]

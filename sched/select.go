@@ -268,7 +268,7 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 	now := clock.Now()
 	s.table.scan(req.Hashes, uint64(cands), idx, &acc)
 	s.score(ws, req, p, cands, &acc, &costs, now)
-	busy := s.busy(ws, cands)
+	busy := s.busy(ws, cands, now)
 	if req.Scores != nil {
 		req.Scores.Busy = busy
 	}
@@ -342,8 +342,9 @@ func (s *Scheduler) query(req *Request, p *CostParams, pol Policy) (Decision, er
 	s.mu.Lock()
 	s.table.scan(req.Hashes, uint64(cands), nil, &acc)
 	s.mu.Unlock()
-	s.score(ws, req, p, cands, &acc, &costs, clock.Now())
-	busy := s.busy(ws, cands)
+	now := clock.Now()
+	s.score(ws, req, p, cands, &acc, &costs, now)
+	busy := s.busy(ws, cands, now)
 	if req.Scores != nil {
 		req.Scores.Busy = busy
 	}

@@ -1,6 +1,8 @@
 package sched
 
 import (
+	"time"
+
 	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -8,9 +10,12 @@ import (
 // Eligibility is what a sticky session needs to know of its bound worker
 // before it pins a request there.
 type Eligibility struct {
-	Present bool   // the slot holds a worker
-	Healthy bool   // and it is routable
-	Busy    bool   // and it is over a busy threshold right now
+	Present bool // the slot holds a worker
+	Healthy bool // and it is routable
+	Busy    bool // and it is over a busy threshold right now
+	// BusyFor is how long it has been busy, as the selections that
+	// weighed it saw it (0 when it is not busy).
+	BusyFor time.Duration
 	Model   string // the model it serves
 	// Stalled: its requests have waited longer than StallAfter without an
 	// answer, counting those given up on since its last answer (stall.go):
@@ -30,11 +35,17 @@ func (s *Scheduler) Eligibility(slot workers.Slot) Eligibility {
 	if !ws.present.Has(slot) {
 		return Eligibility{}
 	}
-	return Eligibility{
+	now := clock.Now()
+	busy := s.busy(ws, workers.SetOf(slot), now) != 0
+	e := Eligibility{
 		Present: true,
 		Healthy: workers.Set(s.healthy.Load()).Has(slot),
-		Busy:    s.busy(ws, workers.SetOf(slot)) != 0,
+		Busy:    busy,
 		Model:   ws.info[slot].Model,
-		Stalled: s.progress[slot].overdue(clock.Now(), s.params.Load().StallAfter),
+		Stalled: s.progress[slot].overdue(now, s.params.Load().StallAfter),
 	}
+	if busy {
+		e.BusyFor = time.Duration(s.stretch[slot].length(now))
+	}
+	return e
 }

@@ -265,12 +265,21 @@ func (s *Scheduler) Load(slot workers.Slot) WorkerLoad {
 	}
 }
 
-// busy returns the members of set over a busy threshold.
-func (s *Scheduler) busy(ws *workerSet, set workers.Set) workers.Set {
+// busy returns the members of set over a busy threshold, and notes what
+// it found at now in each member's busy stretch (busy.go).
+func (s *Scheduler) busy(ws *workerSet, set workers.Set, now int64) workers.Set {
 	th := s.thresholds.Load()
 	if th.DecodeBlocksFraction <= 0 && th.PrefillTokens <= 0 {
 		return 0
 	}
+	out := s.overThreshold(ws, th, set)
+	for w := range set.All() {
+		s.stretch[w].note(out.Has(w), now)
+	}
+	return out
+}
+
+func (s *Scheduler) overThreshold(ws *workerSet, th *BusyThresholds, set workers.Set) workers.Set {
 	var out workers.Set
 	for w := range set.All() {
 		l := &s.live[w]

@@ -1,0 +1,49 @@
+package sched
+
+import "sync/atomic"
+
+// busyStretchGap is how long a worker may go unobserved before a busy
+// observation starts a new stretch: the router cannot tell what it was
+// in between.
+const busyStretchGap = int64(1e9)
+
+// busyStretchWrite bounds how often an observation of a busy worker
+// writes its last-seen time: selections run on every core, and the
+// stretch needs no finer grain.
+const busyStretchWrite = int64(10e6)
+
+// busyStretch is one worker's current stretch over a busy threshold, as
+// the selections that weighed it saw it: since when (0: not busy when
+// last seen) and when last seen busy, CLOCK_MONOTONIC ns. Every
+// selection that weighs a worker's busy state notes it, pinned and
+// session requests included, so the stretch grows with the traffic the
+// worker gets, not only with one session's turns, seconds apart.
+type busyStretch struct {
+	since, seen atomic.Int64
+}
+
+// note records one observation at now. A free worker costs one load.
+func (b *busyStretch) note(busy bool, now int64) {
+	if !busy {
+		if b.since.Load() != 0 {
+			b.since.Store(0)
+		}
+		return
+	}
+	seen := b.seen.Load()
+	if b.since.Load() == 0 || now-seen > busyStretchGap {
+		b.since.Store(now)
+	}
+	if now-seen > busyStretchWrite {
+		b.seen.Store(now)
+	}
+}
+
+// length is how long the worker has been busy at now, 0 when it is not.
+func (b *busyStretch) length(now int64) int64 {
+	since := b.since.Load()
+	if since == 0 || now-b.seen.Load() > busyStretchGap {
+		return 0
+	}
+	return now - since
+}

@@ -1,0 +1,70 @@
+package sched
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvfast/kvfast/workers"
+)
+
+// TestBusyStretch: a stretch starts at the first busy observation, grows
+// while observations keep coming at least once a second, and starts again
+// after a free observation or a second without any.
+func TestBusyStretch(t *testing.T) {
+	var b busyStretch
+	ms := func(n int64) int64 { return 1e12 + n*int64(time.Millisecond) }
+	for _, step := range []struct {
+		at   int64
+		busy bool
+		want int64 // ms busy, after noting the step
+	}{
+		{0, true, 0},
+		{400, true, 400},
+		{800, true, 800},
+		{900, false, 0}, // recovered
+		{1000, true, 0},
+		{1400, true, 400},
+		{3000, true, 0}, // not seen for 1.6 s: a new stretch
+		{3400, true, 400},
+		{3405, true, 405}, // seen 5 ms later: not written, still counted
+		{4400, true, 1400},
+	} {
+		b.note(step.busy, ms(step.at))
+		if got := b.length(ms(step.at)); got != step.want*int64(time.Millisecond) {
+			t.Fatalf("at %d ms (busy %v): length %v, want %d ms", step.at, step.busy, time.Duration(got), step.want)
+		}
+	}
+	if got := b.length(ms(5500)); got != 0 {
+		t.Fatalf("a stretch not seen for 1.1 s is still %v long", time.Duration(got))
+	}
+}
+
+// TestBusyStretchFedBySelections: the selections that weigh a worker feed
+// its stretch, so a session looked up only now sees how long the worker
+// has been busy under everyone's traffic, not from its own lookup (a
+// chat's turns are seconds apart, which restarted a stretch kept by
+// session lookups alone, and a worker busy for good kept its sessions).
+func TestBusyStretchFedBySelections(t *testing.T) {
+	s, err := New(Config{Busy: BusyThresholds{DecodeBlocksFraction: 0.5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const slot = workers.Slot(2)
+	if err := s.Upsert(WorkerInfo{ID: 1, Slot: slot, Model: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	s.SetEngineLoad(slot, 0, 0, 90, 100) // busy
+	req := Request{Model: "m", PromptTokens: 16, QueryOnly: true}
+	start := time.Now()
+	for time.Since(start) < 50*time.Millisecond {
+		if _, err := s.Select(context.Background(), &req, nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond) // other clients' requests, arriving
+	}
+	e := s.Eligibility(slot)
+	if !e.Busy || e.BusyFor < 50*time.Millisecond {
+		t.Fatalf("eligibility %+v after selections saw the worker busy for 50 ms: want BusyFor of at least that", e)
+	}
+}
