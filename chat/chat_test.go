@@ -206,12 +206,34 @@ func TestCompileRefusesWhatItCannotRender(t *testing.T) {
 		`{{ x | nosuchfilter }}`, `{% if x is nosuchtest %}{% endif %}`, `{% for x in y %}`, `{{ (((`,
 		strings.Repeat("(", 1000) + "1" + strings.Repeat(")", 1000),
 		`{{ 'unterminated }}`, `{# unterminated`,
+		// Calls chat does not implement: they would render undefined and
+		// fail every request, where jinja2 renders them.
+		`{{ 'x'.ljust(5) }}`, `{{ 'x'.zfill(4) }}`, `{{ m.content.swapcase() }}`,
+		`{% for m in messages %}{% if loop.changed(m.role) %}{{ m.role }}{% endif %}{% endfor %}`,
+		`{% set sep = joiner(', ') %}`, `{% set c = cycler('a', 'b') %}{{ c.next() }}`, `{{ nosuchfunction() }}`,
 	} {
 		if src[0] == '(' {
 			src = "{{ " + src + " }}"
 		}
 		if _, err := chat.Compile(src); err == nil {
 			t.Errorf("%.40s: compiled", src)
+		}
+	}
+}
+
+// TestCompileAcceptsTheCallsItRenders: what chat implements compiles, as
+// do calls of names the template binds and the methods the sandbox
+// refuses (list.append fails there as here).
+func TestCompileAcceptsTheCallsItRenders(t *testing.T) {
+	for _, src := range []string{
+		`{{ messages[0].content.strip().split(' ')|join('-') }}`, `{{ raise_exception('no') if false }}`,
+		`{{ range(3)|list }}`, `{% set ns = namespace(a=1) %}{{ ns.a }}`, `{{ {'a': 1}.get('a') }}`,
+		`{{ {'a': 1}.items()|list }}`, `{{ [1, 2].index(2) }}`, `{% for x in [1] %}{{ loop.cycle('a', 'b') }}{% endfor %}`,
+		`{% macro m(f) %}{{ f() }}{% endmacro %}{{ m(raise_exception) }}`, `{% call m() %}x{% endcall %}{% macro m() %}{{ caller() }}{% endmacro %}`,
+		`{% set xs = [] %}{{ xs.append(1) }}`, `{{ strftime_now('%Y') }}`,
+	} {
+		if _, err := chat.Compile(src); err != nil {
+			t.Errorf("%s: %v", src, err)
 		}
 	}
 }

@@ -26,9 +26,10 @@ type Template struct {
 
 // Compile parses a chat template (the chat_template of a
 // tokenizer_config.json). It refuses what it cannot render as Jinja2
-// would: unknown filters and tests, and tags outside the set chat
-// templates use (include, import, extends and do are not available in
-// transformers' environment either).
+// would: unknown filters and tests, calls of methods and functions it
+// does not implement, and tags outside the set chat templates use
+// (include, import, extends and do are not available in transformers'
+// environment either).
 func Compile(source string) (*Template, error) {
 	if len(source) > maxTemplateBytes {
 		return nil, fmt.Errorf("cannot compile chat template: larger than %d bytes", maxTemplateBytes)
@@ -40,6 +41,9 @@ func Compile(source string) (*Template, error) {
 	p := &parser{toks: toks, names: map[string]bool{}}
 	root, _, err := p.parseBody()
 	if err != nil {
+		return nil, fmt.Errorf("cannot compile chat template: %w", err)
+	}
+	if err := checkCalls(root); err != nil {
 		return nil, fmt.Errorf("cannot compile chat template: %w", err)
 	}
 	t := &Template{root: root, source: source, reads: p.names, Limits: DefaultLimits, now: time.Now}
