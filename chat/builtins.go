@@ -791,11 +791,10 @@ func fCenter(_ *renderer, v value, args []value, kw []kwarg) (value, error) {
 	if w.k != kInt || int(w.n) <= n {
 		return strValue(s), nil
 	}
-	total := int(min(w.n, 1<<16)) - n
-	left := total / 2
-	if total%2 == 1 && n%2 == 1 {
-		left++
-	}
+	width := int(min(w.n, 1<<16))
+	total := width - n
+	// CPython's pad: the odd space goes left when the width is odd.
+	left := total/2 + total&width&1
 	return strValue(strings.Repeat(" ", left) + s + strings.Repeat(" ", total-left)), nil
 }
 
