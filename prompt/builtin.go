@@ -164,17 +164,19 @@ func (b *Builtin) tokens(bufs *builtinBufs, dst []uint32, api openai.API, body [
 	default:
 		return dst, ErrNotRendered
 	}
-	if b.cache == nil {
-		return b.tok.Encode(dst, bufs.text, addSpecial), nil
-	}
-	// The post-processor's tokens wrap the whole text; the cached segments
-	// are the text's own ids.
-	prefix, suffix := b.tok.Affixes()
+	// The special tokens wrap the whole text, as the engine's tokenizer
+	// class puts them (EngineAffixes); the cached segments are the text's
+	// own ids.
+	prefix, suffix := b.tok.EngineAffixes()
 	if addSpecial {
 		dst = append(dst, prefix...)
 	}
-	bufs.cuts = b.tok.AppendCuts(bufs.cuts[:0], bufs.text)
-	dst = b.cache.Encode(dst, b.tok, b.seed, bufs.text, bufs.cuts)
+	if b.cache == nil {
+		dst = b.tok.Encode(dst, bufs.text, false)
+	} else {
+		bufs.cuts = b.tok.AppendCuts(bufs.cuts[:0], bufs.text)
+		dst = b.cache.Encode(dst, b.tok, b.seed, bufs.text, bufs.cuts)
+	}
 	if addSpecial {
 		dst = append(dst, suffix...)
 	}

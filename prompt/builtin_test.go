@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -189,5 +191,48 @@ func TestBuiltinBudget(t *testing.T) {
 	}
 	if o, err := Open("m", tinyDir, DefaultConfig(), 0); err != nil || o.(*Builtin).budget != nil {
 		t.Errorf("Open (the mock engine's renderer, which must render every prompt): %v, budget %v", err, o)
+	}
+}
+
+// TestBuiltinEngineAffixes: a tokenizer class whose transformers
+// constructor rebuilds the post-processor (LlamaTokenizerFast, as
+// DeepSeek-V3 ships) gets BOS and EOS as add_bos_token and add_eos_token
+// say, whatever tokenizer.json's post-processor adds (here nothing): the
+// engine's text prompts begin with BOS, and so must the router's.
+func TestBuiltinEngineAffixes(t *testing.T) {
+	tokJSON, err := os.ReadFile(filepath.Join(tinyDir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"prompt":"the system"}`
+	plain := builtinTokens(t, tinyBuiltin(t, 0), openai.APICompletions, body)
+	bos, eos := uint32(282), uint32(283) // <|im_start|>, <|im_end|> in the tiny vocabulary
+	for _, tc := range []struct {
+		config string
+		want   []uint32
+	}{
+		{`{"tokenizer_class":"LlamaTokenizerFast","bos_token":"<|im_start|>","eos_token":"<|im_end|>","add_bos_token":true}`, append([]uint32{bos}, plain...)},
+		{`{"tokenizer_class":"LlamaTokenizerFast","bos_token":"<|im_start|>","eos_token":"<|im_end|>"}`, append([]uint32{bos}, plain...)}, // add_bos_token defaults to true
+		{`{"tokenizer_class":"GemmaTokenizerFast","bos_token":"<|im_start|>","eos_token":"<|im_end|>","add_bos_token":false,"add_eos_token":true}`, append(slices.Clone(plain), eos)},
+		{`{"tokenizer_class":"PreTrainedTokenizerFast","bos_token":"<|im_start|>","add_bos_token":true}`, plain}, // tokenizer.json decides
+	} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), tokJSON, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(tc.config), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, cache := range []int64{0, 1 << 20} {
+			cfg := DefaultConfig()
+			cfg.PrefixCacheBytes = cache
+			b, err := NewBuiltin("m", Files{Dir: dir}, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := builtinTokens(t, b, openai.APICompletions, body); !slices.Equal(got, tc.want) {
+				t.Errorf("%s (cache %d): %v, want %v", tc.config, cache, got, tc.want)
+			}
+		}
 	}
 }

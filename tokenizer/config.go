@@ -18,6 +18,7 @@ func parseConfig(b []byte) (Config, error) {
 		ChatTemplate json.RawMessage `json:"chat_template"`
 		AddBOSToken  *bool           `json:"add_bos_token"`
 		AddEOSToken  *bool           `json:"add_eos_token"`
+		Class        string          `json:"tokenizer_class"`
 	}
 	if err := json.Unmarshal(b, &f); err != nil {
 		return c, fmt.Errorf("cannot parse tokenizer_config.json: %w", err)
@@ -32,7 +33,7 @@ func parseConfig(b []byte) (Config, error) {
 	if c.ChatTemplate, c.ChatTemplates, err = chatTemplates(f.ChatTemplate); err != nil {
 		return c, fmt.Errorf("cannot read tokenizer_config.json chat_template: %w", err)
 	}
-	c.AddBOSToken, c.AddEOSToken = f.AddBOSToken, f.AddEOSToken
+	c.AddBOSToken, c.AddEOSToken, c.TokenizerClass = f.AddBOSToken, f.AddEOSToken, f.Class
 	return c, nil
 }
 

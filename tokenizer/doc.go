@@ -45,10 +45,13 @@
 //
 // Config reports what tokenizer_config.json (and chat_template.jinja,
 // which transformers prefers to the config's own template) says: the BOS
-// and EOS tokens, the chat templates, add_bos_token and add_eos_token.
-// Encode follows tokenizer.json alone; transformers' Llama- and
-// Gemma-style tokenizer classes rebuild the post-processor from
-// add_bos_token and add_eos_token, which a caller mimicking them applies.
+// and EOS tokens, the chat templates, add_bos_token, add_eos_token and
+// tokenizer_class. Encode follows tokenizer.json alone (so that it can be
+// checked against Hugging Face's tokenizers, which read only that file);
+// transformers' Llama- and Gemma-style tokenizer classes rebuild the
+// post-processor from add_bos_token and add_eos_token, and EngineAffixes
+// gives the special tokens they put around a sequence, which the router's
+// renderer (package prompt) uses.
 //
 // # Trust
 //

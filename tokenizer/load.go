@@ -154,6 +154,7 @@ func New(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 			return nil, err
 		}
 	}
+	t.setEngineAffixes()
 	return t, nil
 }
 

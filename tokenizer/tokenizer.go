@@ -21,8 +21,10 @@ type Tokenizer struct {
 	pre        []preTokenizer
 	model      *bpeModel
 
-	// The post-processor's special tokens around a single sequence.
-	prefix, suffix []uint32
+	// The post-processor's special tokens around a single sequence, and
+	// those transformers' tokenizer class puts there (EngineAffixes).
+	prefix, suffix             []uint32
+	enginePrefix, engineSuffix []uint32
 
 	vocabSize int
 	config    Config
@@ -51,8 +53,11 @@ type Config struct {
 	ChatTemplates map[string]string
 	// AddBOSToken and AddEOSToken are as given, nil when absent.
 	// transformers' Llama- and Gemma-style tokenizer classes rebuild the
-	// post-processor from them; Encode follows tokenizer.json alone.
+	// post-processor from them; Encode follows tokenizer.json alone, and
+	// EngineAffixes follows transformers.
 	AddBOSToken, AddEOSToken *bool
+	// TokenizerClass is the class transformers loads the files as.
+	TokenizerClass string
 }
 
 // Size limits on operator-supplied files: they are read whole, so a
@@ -136,10 +141,51 @@ func (t *Tokenizer) Encode(dst []uint32, text []byte, addSpecial bool) []uint32 
 	return dst
 }
 
-// Affixes are the post-processor's special tokens around a single
-// sequence: Encode(text, true) is prefix, Encode(text, false), suffix. The
-// slices are the tokenizer's own; callers must not modify them.
-func (t *Tokenizer) Affixes() (prefix, suffix []uint32) { return t.prefix, t.suffix }
+// EngineAffixes are the special tokens an engine's transformers tokenizer
+// puts around a single sequence when asked to add them: those of
+// tokenizer.json's post-processor (Encode(text, true) is prefix,
+// Encode(text, false), suffix), except for the classes whose constructor
+// replaces that post-processor with BOS and EOS as add_bos_token (default
+// true) and add_eos_token (default false) say
+// (LlamaTokenizerFast.update_post_processor, and Gemma's): DeepSeek-V3's
+// tokenizer.json adds nothing, its config says LlamaTokenizerFast with
+// add_bos_token, and vLLM's prompts begin with BOS. The slices are the
+// tokenizer's own; callers must not modify them.
+func (t *Tokenizer) EngineAffixes() (prefix, suffix []uint32) { return t.enginePrefix, t.engineSuffix }
+
+// rebuildsPostProcessor lists the tokenizer classes whose transformers
+// constructor rebuilds the post-processor from add_bos_token and
+// add_eos_token.
+var rebuildsPostProcessor = map[string]bool{
+	"LlamaTokenizer": true, "LlamaTokenizerFast": true,
+	"CodeLlamaTokenizer": true, "CodeLlamaTokenizerFast": true,
+	"GemmaTokenizer": true, "GemmaTokenizerFast": true,
+}
+
+// setEngineAffixes derives EngineAffixes from the config, once loaded. A
+// BOS or EOS text that is not one token of the vocabulary leaves that
+// side as tokenizer.json has it.
+func (t *Tokenizer) setEngineAffixes() {
+	t.enginePrefix, t.engineSuffix = t.prefix, t.suffix
+	c := &t.config
+	if !rebuildsPostProcessor[c.TokenizerClass] {
+		return
+	}
+	side := func(add *bool, byDefault bool, text string, fallback []uint32) []uint32 {
+		if add != nil {
+			byDefault = *add
+		}
+		if !byDefault {
+			return nil
+		}
+		if ids := t.Encode(nil, []byte(text), false); text != "" && len(ids) == 1 {
+			return ids
+		}
+		return fallback
+	}
+	t.enginePrefix = side(c.AddBOSToken, true, c.BOSToken, t.prefix)
+	t.engineSuffix = side(c.AddEOSToken, false, c.EOSToken, t.suffix)
+}
 
 // AppendCuts appends to dst, ascending, the byte offsets at which text may
 // be cut without changing its ids: Encode(text) equals the Encode of the
