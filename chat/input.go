@@ -120,12 +120,18 @@ func DecodeInput(body []byte) (*Input, error) {
 		case "add_special_tokens":
 			in.addSpecialTokens, err = laxBool(val, "add_special_tokens")
 		case "chat_template":
-			in.ownTemplate = val.k != kNone
+			in.ownTemplate = in.ownTemplate || namesTemplate(val)
 		case "chat_template_kwargs":
 			switch val.k {
 			case kNone:
 			case kDict:
 				for j, k := range val.dict.keys {
+					if k.s == "chat_template" {
+						// vLLM takes it as the request's own template,
+						// as the top-level field (_validate_chat_template).
+						in.ownTemplate = in.ownTemplate || namesTemplate(val.dict.vals[j])
+						continue
+					}
 					in.kwargs = append(in.kwargs, binding{k.s, val.dict.vals[j]})
 				}
 			default:
@@ -144,6 +150,11 @@ func DecodeInput(body []byte) (*Input, error) {
 	}
 	return in, nil
 }
+
+// namesTemplate reports whether a request's chat_template names a template
+// of its own: vLLM renders request.chat_template or the model's, so null
+// and "" are the model's.
+func namesTemplate(v value) bool { return v.k != kNone && !(v.k == kStr && v.s == "") }
 
 // laxBool accepts what pydantic's lax mode accepts for a bool.
 func laxBool(v value, field string) (bool, error) {

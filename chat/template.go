@@ -103,7 +103,7 @@ func (t *Template) Render(dst []byte, in *Input, bos, eos string) ([]byte, error
 	}
 	for _, kw := range in.kwargs {
 		switch kw.name {
-		case "chat_template", "tokenize":
+		case "tokenize":
 			return dst, invalid("chat_template_kwargs may not set %s", kw.name)
 		case "conversation", "tools", "messages":
 			if t.reads[kw.name] || hfParams[kw.name] {

@@ -107,15 +107,19 @@ func TestBuiltinRefusals(t *testing.T) {
 	if err == nil || errors.Is(err, ErrInvalidRequest) {
 		t.Errorf("media in a string template: %v, want an approximate fallback", err)
 	}
-	for _, own := range []string{`"{{ messages[0].content }}"`, `""`} {
-		body := `{"messages":[{"role":"user","content":"hi"}],"chat_template":` + own + `}`
+	for _, body := range []string{
+		`{"messages":[{"role":"user","content":"hi"}],"chat_template":"{{ messages[0].content }}"}`,
+		`{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"chat_template":"{{ 1 }}"}}`,
+	} {
 		if _, err := b.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(body), parse(t, openai.APIChatCompletions, body)); !errors.Is(err, ErrOwnTemplate) {
-			t.Errorf("chat_template %s: %v, want ErrOwnTemplate (the engine would render it, not the model's)", own, err)
+			t.Errorf("%s: %v, want ErrOwnTemplate (the engine would render it, not the model's)", body, err)
 		}
 	}
-	nullTemplate := `{"messages":[{"role":"user","content":"hi"}],"chat_template":null}`
-	if _, err := b.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(nullTemplate), parse(t, openai.APIChatCompletions, nullTemplate)); err != nil {
-		t.Errorf("chat_template null is the model's template: %v", err)
+	for _, model := range []string{`null`, `""`} { // vLLM: request.chat_template or the model's
+		body := `{"messages":[{"role":"user","content":"hi"}],"chat_template":` + model + `}`
+		if _, err := b.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(body), parse(t, openai.APIChatCompletions, body)); err != nil {
+			t.Errorf("chat_template %s is the model's template: %v", model, err)
+		}
 	}
 	bad := `{"messages":[{"role":"user","content":7}]}`
 	if _, err := b.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(bad), parse(t, openai.APIChatCompletions, bad)); !errors.Is(err, ErrInvalidRequest) {
