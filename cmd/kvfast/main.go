@@ -98,8 +98,15 @@ func parseFlags(fs *flag.FlagSet, args []string, about string) error {
 	err := fs.Parse(args)
 	fs.SetOutput(out)
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		msg := strings.Replace(err.Error(), "defined: -", "defined: --", 1)
-		msg = strings.Replace(msg, " for flag -", " for flag --", 1)
+		msg := err.Error()
+		switch {
+		case strings.HasPrefix(msg, "flag provided but not defined: -"), strings.HasPrefix(msg, "flag needs an argument: -"):
+			msg = strings.Replace(msg, ": -", ": --", 1)
+		case strings.HasPrefix(msg, "invalid boolean value "):
+			msg = strings.Replace(msg, " for -", " for --", 1)
+		case strings.HasPrefix(msg, "invalid value "):
+			msg = strings.Replace(msg, " for flag -", " for flag --", 1)
+		}
 		fmt.Fprintln(out, msg)
 	}
 	switch {

@@ -211,3 +211,19 @@ func TestServeDemoTokenizer(t *testing.T) {
 		t.Errorf("the directory outlived cleanup: %v", err)
 	}
 }
+
+// TestFlagErrorsSpellTwoDashes: the flag package's errors name a flag with
+// one dash; the help and the docs spell it with two, and so do the errors.
+func TestFlagErrorsSpellTwoDashes(t *testing.T) {
+	for args, want := range map[string]string{
+		"--bogus":                 "flag provided but not defined: --bogus",
+		"--listen":                "flag needs an argument: --listen",
+		"--index-capacity=x":      `invalid value "x" for flag --index-capacity`,
+		"--credit-in-flight=many": `invalid boolean value "many" for --credit-in-flight`,
+	} {
+		var stderr strings.Builder
+		if _, code, ok := serveConfig([]string{args}, &stderr); ok || code != 2 || !strings.Contains(stderr.String(), want) {
+			t.Errorf("%s: ok %v, code %d, %q; want %q", args, ok, code, stderr.String(), want)
+		}
+	}
+}
