@@ -358,6 +358,9 @@ func TestDisaggVLLMFaults(t *testing.T) {
 		if resp.status != 200 || local.Load() != 1 {
 			t.Fatalf("status %d, %d local decodes: %s", resp.status, local.Load(), resp.body)
 		}
+		if p := resp.header.Get(fastpath.HeaderPrefillWorker); p != "" {
+			t.Errorf("the answer names prefill worker %s, though the decode worker computed the prompt", p)
+		}
 		waitReleased(t, r.node)
 	})
 	t.Run("falls back to a local prefill", func(t *testing.T) {

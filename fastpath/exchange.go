@@ -515,6 +515,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			// computes the prompt where it lands, booked so.
 			ex.body, ex.pre.client = ex.pre.client, nil
 			ex.call.SetRequest(routedPath(ex.api), ex.body)
+			// No longer disaggregated: no prefill worker to name, and no
+			// transfer in the stage metrics.
+			ex.pre.decided = false
+			ctx.Response.Header.Del(HeaderPrefillWorker)
+			ctx.Response.Header.Del(HeaderPrefillDPRank)
 		}
 	}
 	s.remember(ex, ex.dec.Slot)
