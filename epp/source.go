@@ -50,10 +50,10 @@ func (s Static) Endpoints(context.Context) ([]Endpoint, error) { return slices.C
 // ParseEndpoint reads the --endpoint syntax:
 // "ip:port[,zmq=tcp://ip:port[,replay=tcp://ip:port]]".
 func ParseEndpoint(v string) (Endpoint, error) {
-	addr, list, _ := strings.Cut(v, ",")
+	addr, list, hasList := strings.Cut(v, ",")
 	e := Endpoint{Address: strings.TrimPrefix(strings.TrimSpace(addr), "http://")}
 	var pairs []keyvals.Pair
-	if list != "" {
+	if hasList {
 		var err error
 		if pairs, err = keyvals.Split(list, map[string]string{"events": "zmq"}); err != nil {
 			return e, fmt.Errorf("cannot use endpoint %q: %w", v, err)

@@ -14,8 +14,9 @@ import "sync/atomic"
 // Bytes rather than calls, so that small prompts, which cost microseconds,
 // are not refused while a few large ones are rendered unless those fill
 // the budget. A request is always admitted when nothing else is being
-// rendered, so a budget below --tokenize-max-bytes still lets the largest
-// prompt through, one at a time.
+// rendered, so a budget below --tokenize-max-bytes still renders the
+// largest prompts when they come alone (beside others they route
+// approximately).
 type builtinBudget struct {
 	limit    int64
 	inFlight atomic.Int64
