@@ -88,23 +88,23 @@ func nodeExprs(n node) []expr {
 	case *setNode:
 		return []expr{n.e}
 	case *setBlockNode:
-		out := make([]expr, len(n.filters))
-		for i, f := range n.filters {
-			out[i] = f
-		}
-		return out
+		return filterExprs(n.filters)
 	case *macroNode:
 		return n.defaults
 	case *callBlockNode:
 		return []expr{n.call}
 	case *filterBlockNode:
-		out := make([]expr, len(n.filters))
-		for i, f := range n.filters {
-			out[i] = f
-		}
-		return out
+		return filterExprs(n.filters)
 	}
 	return nil
+}
+
+func filterExprs(fs []*filterExpr) []expr {
+	out := make([]expr, len(fs))
+	for i, f := range fs {
+		out[i] = f
+	}
+	return out
 }
 
 // walkExpr calls fn on e and every expression inside it.

@@ -693,25 +693,9 @@ func TestStalledBodyIsTimedOut(t *testing.T) {
 	st.requestHeaders("/v1/completions", false, nil)
 	st.requestBody([]byte(`{"model":"`+testModel+`","prompt":`), false)
 	// Empty chunks are no progress: they do not hold the body's share.
-	stop := make(chan struct{})
-	trickled := make(chan struct{})
-	go func() {
-		defer close(trickled)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			if st.s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-				RequestBody: &extprocv3.HttpBody{}}}) != nil {
-				return
-			}
-		}
-	}()
+	stop := st.trickle(nil)
 	resp := st.recv()
-	close(stop)
-	<-trickled
+	stop()
 	im := resp.GetImmediateResponse()
 	if im == nil || im.GetStatus().GetCode() != 408 || !strings.Contains(string(im.GetBody()), "--body-idle-timeout") {
 		t.Fatalf("answer %v, want 408 naming --body-idle-timeout", resp)
@@ -733,22 +717,7 @@ func TestTricklingBodyIsTimedOut(t *testing.T) {
 	st := r.open(t, duplexMode())
 	st.requestHeaders("/v1/completions", false, nil)
 	st.requestBody([]byte(`{"model":"`+testModel+`","prompt":`), false)
-	stop := make(chan struct{})
-	trickled := make(chan struct{})
-	go func() {
-		defer close(trickled)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			if st.s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-				RequestBody: &extprocv3.HttpBody{Body: []byte(" ")}}}) != nil {
-				return
-			}
-		}
-	}()
+	stop := st.trickle([]byte(" "))
 	got := make(chan *extprocv3.ProcessingResponse, 1)
 	go func() {
 		resp, _ := st.s.Recv() // nil when the stream ends unanswered
@@ -760,8 +729,7 @@ func TestTricklingBodyIsTimedOut(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("a body trickling for a minute was still being read")
 	}
-	close(stop)
-	<-trickled
+	stop()
 	im := resp.GetImmediateResponse()
 	if im == nil || im.GetStatus().GetCode() != 408 || !strings.Contains(string(im.GetBody()), "--body-timeout") {
 		t.Fatalf("answer %v, want 408 naming --body-timeout", resp)

@@ -180,6 +180,31 @@ func (st *stream) recv() *extprocv3.ProcessingResponse {
 	return r
 }
 
+// trickle sends chunk as a request body part every 5 ms, as a client
+// whose body dribbles in (nil: empty parts), until the returned stop is
+// called, which waits for the sender to end.
+func (st *stream) trickle(chunk []byte) (stop func()) {
+	done, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if st.s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+				RequestBody: &extprocv3.HttpBody{Body: chunk}}}) != nil {
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-ended
+	}
+}
+
 // closeAndWaitEOF half-closes the stream, as Envoy does when it is done,
 // and waits for the picker to end it.
 func (st *stream) closeAndWaitEOF() {
