@@ -35,6 +35,11 @@ type adapterPoller struct {
 	client *http.Client
 	token  string                         // the engines' bearer token (dispatch.Config.EngineToken); "" for none
 	known  [workers.Max]map[string]string // adapter -> base model, by slot
+	// of is the registration each slot's known list came from: an engine
+	// that takes the slot over (another endpoint, or a restart, which
+	// bumps the generation) starts with no adapters until it lists its
+	// own, even when it does not answer.
+	of     [workers.Max]sched.WorkerInfo
 	pushed map[string]fastpath.Adapter
 }
 
@@ -44,7 +49,8 @@ func newAdapterPoller(token string) *adapterPoller {
 
 // poll refreshes every worker's adapters and tells the front end when
 // the union changed. An engine that does not answer keeps what it listed
-// last; a worker that left loses its entry. A static worker whose model is
+// last; a worker that left, or whose slot another engine took, loses its
+// entry. A static worker whose model is
 // still unknown takes the first base model its engine lists. poll reports
 // whether every static worker's model is known.
 func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
@@ -55,8 +61,11 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 		slot := workers.Slot(i)
 		info, ok := n.sched.Worker(slot)
 		if !live.Has(slot) || !ok {
-			p.known[slot] = nil
+			p.known[slot], p.of[slot] = nil, sched.WorkerInfo{}
 			continue
+		}
+		if !sameEngine(info, p.of[slot]) {
+			p.known[slot], p.of[slot] = nil, info
 		}
 		unknown := workers.Set(n.unknownModel.Load()).Has(slot)
 		base, got, listed, err := p.fetch(ctx, info.Endpoint, info.Model)
@@ -112,6 +121,12 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 		n.front.SetAdapters(union)
 	}
 	return n.unknownModel.Load() == 0
+}
+
+// sameEngine reports whether two registrations of a slot are one engine.
+// A static worker's learned model changes its info, not its engine.
+func sameEngine(a, b sched.WorkerInfo) bool {
+	return a.ID == b.ID && a.DPRank == b.DPRank && a.Endpoint == b.Endpoint && a.Generation == b.Generation
 }
 
 // learnModel routes the static worker info under the model its engine

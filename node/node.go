@@ -50,6 +50,10 @@ type Node struct {
 	// adapters is what the adapter poller last told the front end, for
 	// PickEngine: an adapter's prompt is rendered by an engine that has it.
 	adapters atomic.Pointer[map[string]fastpath.Adapter]
+	// membersChanged wakes the adapter poller when the registry loop sees
+	// an engine join or leave, so that a slot's new engine is not routed
+	// its predecessor's adapters until the next poll.
+	membersChanged chan struct{}
 
 	// unknownModel is the static workers configured without a model whose
 	// engines have not yet said which they serve (the model poll learns it).
@@ -101,7 +105,7 @@ func New(cfg Config) (_ *Node, err error) {
 		cfg.HTTP.AdminOnAPI = true
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, discovered: make(chan struct{}), settled: make(chan struct{}),
-		throttle: logthrottle.NewFlushing(logRepeatEvery)}
+		membersChanged: make(chan struct{}, 1), throttle: logthrottle.NewFlushing(logRepeatEvery)}
 	defer func() {
 		if err != nil {
 			n.release()
@@ -246,7 +250,8 @@ const logRepeatEvery = time.Minute
 
 // pollModels asks every engine which models and adapters it serves: every
 // RegistryPoll while a static worker's model is still unknown, so that it
-// becomes routable as soon as its engine answers, then every adapterPoll.
+// becomes routable as soon as its engine answers, then every adapterPoll,
+// and at once when an engine joins or leaves.
 func (n *Node) pollModels(ctx context.Context) {
 	p := newAdapterPoller(n.cfg.Dispatch.EngineToken)
 	start := time.Now()
@@ -257,6 +262,8 @@ func (n *Node) pollModels(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-n.membersChanged:
+			t.Stop()
 		}
 		period := adapterPoll
 		if p.poll(ctx, n) {

@@ -466,6 +466,51 @@ func TestAdapterListIsBounded(t *testing.T) {
 	}
 }
 
+// TestAdapterListFollowsTheSlotsEngine: an engine that takes over a
+// slot (the same worker id, restarted without the adapter) is not routed
+// its predecessor's adapters, even while it does not answer /v1/models.
+func TestAdapterListFollowsTheSlotsEngine(t *testing.T) {
+	n, cfg := pollingNode(t, countLog{})
+	first, err := mocker.Start(mocker.Config{WorkerID: 1, Segment: cfg.Segment.Path, Speedup: 100, LoRAAdapters: []string{"sql"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.syncRegistry()
+	slot, ok := n.Scheduler().Resolve(1, 0)
+	if !ok {
+		t.Fatal("the first engine did not join")
+	}
+	p := newAdapterPoller("")
+	p.poll(context.Background(), n)
+	if a := p.pushed["sql"]; !a.Workers.Has(slot) {
+		t.Fatalf("adapters %+v, want sql on slot %d", p.pushed, slot)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	second, err := mocker.Start(mocker.Config{WorkerID: 1, Segment: cfg.Segment.Path, Speedup: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	n.syncRegistry()
+	if again, ok := n.Scheduler().Resolve(1, 0); !ok || again != slot {
+		t.Fatalf("the second engine is in slot %d (%v), want %d", again, ok, slot)
+	}
+	p.client = &http.Client{Transport: unreachable{}}
+	p.poll(context.Background(), n)
+	if a, ok := p.pushed["sql"]; ok && a.Workers.Has(slot) {
+		t.Errorf("slot %d's new engine, which lists no adapter, is routed the old one's: %+v", slot, p.pushed)
+	}
+}
+
+// unreachable is a transport to engines that do not answer.
+type unreachable struct{}
+
+func (unreachable) RoundTrip(*http.Request) (*http.Response, error) {
+	return nil, errors.New("connection refused")
+}
+
 // TestTruncatedSegmentKeepsRouting: a process that truncates the segment
 // file under the router (a publisher opening it with O_TRUNC) makes the
 // next read of the mapping fault; the router catches it, detaches the

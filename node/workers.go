@@ -348,6 +348,10 @@ func (n *Node) scanRegistry() {
 	if changed {
 		n.pinSharedRanks()
 		n.front.WorkersChanged()
+		select {
+		case n.membersChanged <- struct{}{}:
+		default: // a poll is due already
+		}
 	}
 }
 
