@@ -1,18 +1,20 @@
 package chat
 
-import "fmt"
+import "slices"
 
-// checkCalls refuses a template that calls a method or a function chat
-// does not implement (str.ljust, loop.changed, joiner(), ...). Such a
-// call renders as an undefined value, which fails every request with an
-// error the caller answers 400, while transformers renders the template
-// and vLLM serves it: refused at Compile, the model routes approximately
-// instead (or the router says at start-up that it cannot render it).
+// markUnimplemented marks the template's calls of methods and functions
+// chat does not implement (str.ljust, loop.changed, joiner(), ...) and
+// lists them. Unmarked, such a call would render as an undefined value
+// and fail its request with an error the caller answers 400, where
+// transformers renders the template and vLLM serves the request. Marked,
+// a rendering that reaches one fails with ErrUnsupported instead, and
+// that request routes approximately, while requests that never reach it
+// (a tools branch, say) still render exactly.
 //
 // A name the template itself binds (set, for, macro and its parameters,
 // the call block's caller) may hold anything, and is allowed; so is a
 // method jinja2's sandbox refuses (list.append): it fails there too.
-func checkCalls(root []node) error {
+func markUnimplemented(root []node) (calls []string) {
 	bound := map[string]bool{"caller": true}
 	walkNodes(root, func(n node) {
 		switch n := n.(type) {
@@ -33,29 +35,31 @@ func checkCalls(root []node) error {
 			}
 		}
 	})
-	var err error
-	check := func(e expr) {
+	mark := func(e expr) {
 		c, ok := e.(*callExpr)
-		if !ok || err != nil {
+		if !ok {
 			return
 		}
 		switch fn := c.fn.(type) {
 		case *nameExpr:
 			if _, global := builtinGlobals[fn.name]; !global && !bound[fn.name] {
-				err = fmt.Errorf("it calls %s(), which chat does not implement", fn.name)
+				c.unimplemented = fn.name + "()"
 			}
 		case *attrExpr:
 			if !knownMethod(fn.name) {
-				err = fmt.Errorf("it calls the method .%s(), which chat does not implement", fn.name)
+				c.unimplemented = "." + fn.name + "()"
 			}
+		}
+		if c.unimplemented != "" && !slices.Contains(calls, c.unimplemented) {
+			calls = append(calls, c.unimplemented)
 		}
 	}
 	walkNodes(root, func(n node) {
 		for _, e := range nodeExprs(n) {
-			walkExpr(e, check)
+			walkExpr(e, mark)
 		}
 	})
-	return err
+	return calls
 }
 
 // knownMethod reports whether some value chat renders has a method name:

@@ -206,17 +206,45 @@ func TestCompileRefusesWhatItCannotRender(t *testing.T) {
 		`{{ x | nosuchfilter }}`, `{% if x is nosuchtest %}{% endif %}`, `{% for x in y %}`, `{{ (((`,
 		strings.Repeat("(", 1000) + "1" + strings.Repeat(")", 1000),
 		`{{ 'unterminated }}`, `{# unterminated`,
-		// Calls chat does not implement: they would render undefined and
-		// fail every request, where jinja2 renders them.
-		`{{ 'x'.ljust(5) }}`, `{{ 'x'.zfill(4) }}`, `{{ m.content.swapcase() }}`,
-		`{% for m in messages %}{% if loop.changed(m.role) %}{{ m.role }}{% endif %}{% endfor %}`,
-		`{% set sep = joiner(', ') %}`, `{% set c = cycler('a', 'b') %}{{ c.next() }}`, `{{ nosuchfunction() }}`,
 	} {
 		if src[0] == '(' {
 			src = "{{ " + src + " }}"
 		}
 		if _, err := chat.Compile(src); err == nil {
 			t.Errorf("%.40s: compiled", src)
+		}
+	}
+}
+
+// TestUnimplementedCallsFallBack: a template that calls what chat does
+// not implement compiles; a rendering that reaches such a call fails with
+// ErrUnsupported (the request routes approximately: jinja2 would render
+// it, so it is no client error), and one that does not reach it renders.
+func TestUnimplementedCallsFallBack(t *testing.T) {
+	for _, c := range []struct{ src, call string }{
+		{`{{ 'x'.ljust(5) }}`, ".ljust()"},
+		{`{{ 'x'.zfill(4) }}`, ".zfill()"},
+		{`{% for m in messages %}{{ m.content.swapcase() }}{% endfor %}`, ".swapcase()"},
+		{`{% for m in messages %}{% if loop.changed(m.role) %}{{ m.role }}{% endif %}{% endfor %}`, ".changed()"},
+		{`{% set sep = joiner(', ') %}`, "joiner()"},
+		{`{% set c = cycler('a', 'b') %}{{ c.next() }}`, "cycler()"},
+		{`{{ nosuchfunction() }}`, "nosuchfunction()"},
+	} {
+		tpl, err := chat.Compile(`{% if tools %}` + c.src + `{% else %}plain{% endif %}`)
+		if err != nil {
+			t.Errorf("%s: %v", c.src, err)
+			continue
+		}
+		if got := tpl.Unimplemented(); len(got) == 0 || got[0] != c.call {
+			t.Errorf("%s: unimplemented %q, want %s first", c.src, got, c.call)
+		}
+		out, err := render(tpl, []byte(`{"messages":[{"role":"user","content":"hi"}]}`), "", "")
+		if err != nil || out != "plain" {
+			t.Errorf("%s: a rendering that does not reach the call: %q, %v", c.src, out, err)
+		}
+		_, err = render(tpl, []byte(`{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]}`), "", "")
+		if !errors.Is(err, chat.ErrUnsupported) || errors.Is(err, chat.ErrInvalidRequest) {
+			t.Errorf("%s: a rendering that reaches the call: %v, want ErrUnsupported", c.src, err)
 		}
 	}
 }
@@ -232,8 +260,13 @@ func TestCompileAcceptsTheCallsItRenders(t *testing.T) {
 		`{% macro m(f) %}{{ f() }}{% endmacro %}{{ m(raise_exception) }}`, `{% call m() %}x{% endcall %}{% macro m() %}{{ caller() }}{% endmacro %}`,
 		`{% set xs = [] %}{{ xs.append(1) }}`, `{{ strftime_now('%Y') }}`,
 	} {
-		if _, err := chat.Compile(src); err != nil {
+		tpl, err := chat.Compile(src)
+		if err != nil {
 			t.Errorf("%s: %v", src, err)
+			continue
+		}
+		if calls := tpl.Unimplemented(); len(calls) != 0 {
+			t.Errorf("%s: %q marked unimplemented", src, calls)
 		}
 	}
 }

@@ -31,8 +31,9 @@
 // the bytes it builds wraps ErrTooCostly (the request is fine; the router
 // routes it unrendered). Errors the request caused wrap ErrInvalidRequest (the
 // router answers 400, as vLLM does); content this package cannot render
-// as the engine would (media in a string-content template) wraps
-// ErrUnsupported, for the caller to fall back to approximate routing.
+// as the engine would (media in a string-content template, a call of a
+// method or function it does not implement) wraps ErrUnsupported, for the
+// caller to fall back to approximate routing.
 //
 // # What it owns
 //

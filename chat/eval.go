@@ -904,6 +904,9 @@ func (r *renderer) evalArgs(args []expr, kws []kwExpr) ([]value, []kwarg, error)
 }
 
 func (r *renderer) callFunc(e *callExpr, extra *kwarg) (value, error) {
+	if e.unimplemented != "" {
+		return undefined, fmt.Errorf("%w: the template calls %s, which chat does not implement", ErrUnsupported, e.unimplemented)
+	}
 	fnv, err := r.eval(e.fn)
 	if err != nil {
 		return undefined, err

@@ -24,7 +24,9 @@ var ErrTooCostly = errors.New("chat request too costly to render for routing")
 // ErrUnsupported says the request is valid but cannot be rendered exactly
 // here: images, audio or video in a conversation whose template prints
 // content as a string, where the engine inserts its model's own
-// placeholders. The caller should fall back to approximate routing.
+// placeholders, or a rendering that reaches a call chat does not
+// implement (Template.Unimplemented). The caller should fall back to
+// approximate routing.
 var ErrUnsupported = errors.New("chat request cannot be rendered exactly")
 
 var errJSON = errors.New("malformed JSON")

@@ -73,6 +73,9 @@ type (
 		fn   expr
 		args []expr
 		kw   []kwExpr
+		// unimplemented names the call when it is one chat does not
+		// implement (markUnimplemented); "" for the rest.
+		unimplemented string
 	}
 	kwExpr struct {
 		name string

@@ -205,6 +205,9 @@ func TestRenderMatchesReference(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tpl.model, err)
 		}
+		if calls := ct.Unimplemented(); len(calls) != 0 {
+			t.Errorf("%s calls %q, which chat does not implement: its requests reaching them would route approximately", tpl.model, calls)
+		}
 		chat.SetNow(ct, referenceNow)
 		compiled[tpl.model] = ct
 	}

@@ -3,6 +3,7 @@ package chat
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -22,14 +23,23 @@ type Template struct {
 	Limits Limits
 	// now is strftime_now's clock; tests pin it.
 	now func() time.Time
+	// unimplemented is what Unimplemented returns.
+	unimplemented []string
 }
+
+// Unimplemented lists the calls the template makes of methods and
+// functions chat does not implement, in the template's order, as
+// ".ljust()" or "joiner()". A rendering that reaches one of them fails
+// with ErrUnsupported; the others render exactly.
+func (t *Template) Unimplemented() []string { return slices.Clone(t.unimplemented) }
 
 // Compile parses a chat template (the chat_template of a
 // tokenizer_config.json). It refuses what it cannot render as Jinja2
-// would: unknown filters and tests, calls of methods and functions it
-// does not implement, and tags outside the set chat templates use
-// (include, import, extends and do are not available in transformers'
-// environment either).
+// would: unknown filters and tests, and tags outside the set chat
+// templates use (include, import, extends and do are not available in
+// transformers' environment either). Calls of methods and functions chat
+// does not implement compile (Unimplemented lists them): a rendering
+// that reaches one fails with ErrUnsupported.
 func Compile(source string) (*Template, error) {
 	if len(source) > maxTemplateBytes {
 		return nil, fmt.Errorf("cannot compile chat template: larger than %d bytes", maxTemplateBytes)
@@ -43,10 +53,8 @@ func Compile(source string) (*Template, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot compile chat template: %w", err)
 	}
-	if err := checkCalls(root); err != nil {
-		return nil, fmt.Errorf("cannot compile chat template: %w", err)
-	}
-	t := &Template{root: root, source: source, reads: p.names, Limits: DefaultLimits, now: time.Now}
+	t := &Template{root: root, source: source, reads: p.names, Limits: DefaultLimits, now: time.Now,
+		unimplemented: markUnimplemented(root)}
 	t.format = detectFormat(root)
 	return t, nil
 }
@@ -75,7 +83,8 @@ const maxPooledOutput = 1 << 20
 // Render appends to dst the prompt text the engine renders for in, with
 // bos and eos as the tokenizer's bos_token and eos_token ("" when the
 // tokenizer has none). Errors the request caused wrap ErrInvalidRequest;
-// media content in a template that prints content as a string wraps
+// media content in a template that prints content as a string, and a
+// rendering that reaches a call chat does not implement, wrap
 // ErrUnsupported.
 func (t *Template) Render(dst []byte, in *Input, bos, eos string) ([]byte, error) {
 	msgs, err := in.conversation(t.format)

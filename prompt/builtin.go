@@ -92,6 +92,15 @@ func NewBuiltin(model string, files Files, cfg Config) (*Builtin, error) {
 	return b, nil
 }
 
+// unimplementedCalls lists what the model's chat template calls that
+// kvfast does not render (chat.Template.Unimplemented).
+func (b *Builtin) unimplementedCalls() []string {
+	if b.tmpl == nil {
+		return nil
+	}
+	return b.tmpl.Unimplemented()
+}
+
 // Tokens implements Renderer.
 func (b *Builtin) Tokens(_ context.Context, dst []uint32, api openai.API, body []byte, r *openai.ParsedRequest) ([]uint32, error) {
 	if len(body) > b.maxBytes {

@@ -146,6 +146,51 @@ func TestBuiltinRefusals(t *testing.T) {
 	}
 }
 
+// TestBuiltinUnimplementedCall: a chat template that calls a method chat
+// does not implement loads (the log and the model's status say which), its
+// requests that never reach the call render exactly, and those that do
+// route approximately, counted unsupported, never answered 400.
+func TestBuiltinUnimplementedCall(t *testing.T) {
+	dir := t.TempDir()
+	tok, err := os.ReadFile(filepath.Join(tinyDir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := `{"eos_token":"<|im_end|>","tokenizer_class":"PreTrainedTokenizerFast","chat_template":` +
+		`"{% if tools %}{{ 'tools:'.ljust(8) }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"}`
+	for name, data := range map[string][]byte{"tokenizer.json": tok, "tokenizer_config.json": []byte(config)} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.Specs = specs(t, "m="+dir)
+	var logs strings.Builder
+	reg, err := NewRegistry(cfg, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatalf("the template did not load: %v", err)
+	}
+	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), ".ljust()") {
+		t.Errorf("the log does not name the call:\n%s", logs.String())
+	}
+	if st := reg.Status(); len(st) != 1 || !st[0].Exact || !strings.Contains(st[0].Reason, ".ljust()") {
+		t.Errorf("status %+v, want exact with the call named", st)
+	}
+	b := reg.Renderer("m").(*Builtin)
+	plain := `{"messages":[{"role":"user","content":"hello there"}]}`
+	if got, want := builtinTokens(t, b, openai.APIChatCompletions, plain), b.tok.Encode(nil, []byte("hello there"), false); !slices.Equal(got, want) {
+		t.Errorf("without tools: %v, want %v", got, want)
+	}
+	tools := `{"messages":[{"role":"user","content":"hello there"}],"tools":[{"type":"function","function":{"name":"f"}}]}`
+	_, err = b.Tokens(context.Background(), nil, openai.APIChatCompletions, []byte(tools), parse(t, openai.APIChatCompletions, tools))
+	if err == nil || errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("with tools: %v, want an approximate fallback", err)
+	}
+	if o := b.outcomes.load(); o.OK != 1 || o.Unsupported != 1 || o.Rejected != 0 {
+		t.Errorf("outcomes %+v, want one ok and one unsupported", o)
+	}
+}
+
 // TestBuiltinBudget: a registry's built-in renderers share one budget of
 // bytes rendered at once; past it a request is not rendered but refused
 // with ErrBusy (routed approximately, counted busy), and a lone request

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -105,8 +106,14 @@ func (r *Registry) build(model string, src Source) (*entry, error) {
 		return nil, err
 	}
 	b.budget = r.budget
-	return &entry{status: ModelStatus{Model: model, Mode: ModeBuiltin, Source: files.Dir, Exact: true},
-		renderer: b, builtin: b}, nil
+	st := ModelStatus{Model: model, Mode: ModeBuiltin, Source: files.Dir, Exact: true}
+	if calls := b.unimplementedCalls(); len(calls) > 0 {
+		st.Reason = "the chat template calls " + strings.Join(calls, ", ") +
+			", which kvfast does not render: chat requests whose rendering reaches them route approximately"
+		r.opts.Logger.Warn("a chat template calls what kvfast does not render: chat requests whose rendering reaches those calls route approximately, the rest exactly",
+			"model", model, "calls", strings.Join(calls, ", "), "source", files.Dir)
+	}
+	return &entry{status: st, renderer: b, builtin: b}, nil
 }
 
 // Renderer returns model's renderer, or nil when the model's text and chat
@@ -186,8 +193,10 @@ type ModelStatus struct {
 	Mode   string `json:"mode"`             // ModeBuiltin, ModeRemote or ModeNone
 	Source string `json:"source,omitempty"` // the tokenizer's directory, or "remote"
 	// Exact is true when text and chat requests route on token blocks.
-	Exact  bool   `json:"exact"`
-	Reason string `json:"reason,omitempty"` // why not, when not
+	Exact bool `json:"exact"`
+	// Reason is why not, when not exact, or what a built-in renderer
+	// cannot render exactly.
+	Reason string `json:"reason,omitempty"`
 	// Outcomes counts the renderer's calls (nil without one).
 	Outcomes *Outcomes     `json:"outcomes,omitempty"`
 	Remote   *RemoteStatus `json:"remote,omitempty"`
