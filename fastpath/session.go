@@ -45,7 +45,8 @@ type SessionConfig struct {
 	// BusyUnbindAfter moves a session off a worker that has stayed over a
 	// busy threshold this long. A shorter overload is transient: the
 	// session's requests wait in the admission queue for their worker,
-	// where its KV is. 0: a busy worker never loses its sessions.
+	// where its KV is, and one still waiting when the worker has been
+	// busy this long moves too. 0: a busy worker never loses its sessions.
 	BusyUnbindAfter time.Duration
 	// ControlTimeout bounds one open_session or close_session call.
 	ControlTimeout time.Duration
@@ -221,6 +222,9 @@ func (s *Server) stickyRoute(ctx *fasthttp.RequestCtx, ex *exchange, queryOnly b
 	}
 	es.sticky, es.bound = true, b
 	ex.sreq.Pinned, ex.sreq.PinWorker, ex.sreq.PinRank = true, b.WorkerID, b.DPRank
+	// A turn that queues behind its busy worker moves, as the next turn
+	// would, once the worker has stayed busy for BusyUnbindAfter.
+	ex.sreq.PinBusyLimit = ss.cfg.BusyUnbindAfter
 	return nil
 }
 
@@ -278,7 +282,11 @@ func (ex *exchange) selectSticky() (sched.Decision, error) {
 	if _, pinned := errors.AsType[*sched.PinError](err); !pinned {
 		return dec, err
 	}
-	ex.unstick(unbindDown)
+	reason := unbindDown
+	if errors.Is(err, sched.ErrPinBusy) {
+		reason = unbindBusy // it queued behind its worker for BusyUnbindAfter
+	}
+	ex.unstick(reason)
 	return ex.h.Select(&ex.wait, &ex.sreq)
 }
 
@@ -292,7 +300,7 @@ func (ex *exchange) unstick(reason string) {
 	ss := ex.s.sessions
 	ss.unbind(es, es.bound, reason, ss.table.Now())
 	es.sticky = false
-	ex.sreq.Pinned, ex.sreq.PinWorker, ex.sreq.PinRank = false, 0, 0
+	ex.sreq.Pinned, ex.sreq.PinWorker, ex.sreq.PinRank, ex.sreq.PinBusyLimit = false, 0, 0, 0
 }
 
 // retryable reports whether a failed attempt may be re-routed as far as

@@ -244,15 +244,24 @@ func TestStickyUnbindsIneligibleWorker(t *testing.T) {
 	waitReleased(t, r.node)
 }
 
-// Transient overload does not unbind: a request of a session whose worker
-// is busy waits in the admission queue for that worker, though others are
-// idle.
-func TestStickyIgnoresTransientOverload(t *testing.T) {
-	release := make(chan struct{})
+// busyBoundWorker is a session bound to one of two engines, whose
+// worker is then held busy by one request in prefill until release.
+type busyBoundWorker struct {
+	r       *e2eRouter
+	bound   string     // the session's worker id
+	release func()     // lets the held prefill finish
+	blocked chan error // the held request's outcome
+}
+
+// holdBoundWorker starts two engines that hold a body asking for 7
+// tokens in prefill (no token yet) until release and answer others at
+// once, a router whose busy threshold is one request in prefill, binds
+// session "conv" and makes its worker busy.
+func holdBoundWorker(t *testing.T, busyUnbind time.Duration) *busyBoundWorker {
+	held := make(chan struct{})
 	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { close(release) }) })
-	// A body asking for 7 tokens is held in prefill (no token yet) until
-	// release; others are answered at once.
+	release := func() { once.Do(func() { close(held) }) }
+	t.Cleanup(release)
 	handler := func(ctx *fasthttp.RequestCtx) {
 		if !bytes.Contains(ctx.PostBody(), []byte(`"max_tokens":7`)) {
 			plainAnswer(ctx)
@@ -260,7 +269,7 @@ func TestStickyIgnoresTransientOverload(t *testing.T) {
 		}
 		sseHandler(func(w *bufio.Writer) {
 			_ = writeFlush(w, []byte(": prefilling\n\n"))
-			<-release
+			<-held
 			_ = writeFlush(w, itemEvent(0, "a", "stop"))
 			_ = writeFlush(w, []byte(doneEvent))
 		})(ctx)
@@ -268,6 +277,7 @@ func TestStickyIgnoresTransientOverload(t *testing.T) {
 	r := sessionRouter(t, func(c *node.Config) {
 		c.Sched.Busy.PrefillTokens = 1 // one request in prefill makes a worker busy
 		c.Sched.Busy.DecodeBlocksFraction = 0
+		c.HTTP.Sessions.BusyUnbindAfter = busyUnbind
 	}, startSessionEngine(t, handler), startSessionEngine(t, handler))
 	bound := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 64), false, 4), sessionHeaders("conv")))
 	id, _ := strconv.ParseUint(bound, 10, 64)
@@ -280,25 +290,56 @@ func TestStickyIgnoresTransientOverload(t *testing.T) {
 		blocked <- err
 	}()
 	waitFor(t, "the bound worker busy with a prefill", func() bool { return workerView(t, r.node, id, 0).PrefillTokens > 0 })
+	return &busyBoundWorker{r: r, bound: bound, release: release, blocked: blocked}
+}
+
+// Transient overload does not unbind: a request of a session whose worker
+// is busy waits in the admission queue for that worker, though others are
+// idle.
+func TestStickyIgnoresTransientOverload(t *testing.T) {
+	h := holdBoundWorker(t, time.Hour)
+	r := h.r
 	queued := make(chan e2eResponse, 1)
 	go func() {
 		resp, _ := postNoFatal(r, completionBody(e2eTokens(2, 64), false, 4), sessionHeaders("conv"))
 		queued <- resp
 	}()
 	waitFor(t, "the session's request to queue for its busy worker", func() bool { return r.node.Snapshot().Queue.Waiting > 0 })
-	once.Do(func() { close(release) })
-	if err := <-blocked; err != nil {
+	h.release()
+	if err := <-h.blocked; err != nil {
 		t.Fatal(err)
 	}
 	got := <-queued
-	if got.status != http.StatusOK || got.header.Get(fastpath.HeaderWorker) != bound {
-		t.Fatalf("queued request: status %d, worker %q; want 200 from the bound worker %s", got.status, got.header.Get(fastpath.HeaderWorker), bound)
+	if got.status != http.StatusOK || got.header.Get(fastpath.HeaderWorker) != h.bound {
+		t.Fatalf("queued request: status %d, worker %q; want 200 from the bound worker %s", got.status, got.header.Get(fastpath.HeaderWorker), h.bound)
 	}
 	m := r.metrics(t)
 	for _, reason := range []string{"busy", "down", "failed", "removed"} {
 		if v := metricOr0(m, `kvfast_session_unbinds_total{reason="`+reason+`"}`); v != 0 {
 			t.Fatalf("transient overload unbound the session (%s: %v)", reason, v)
 		}
+	}
+	waitReleased(t, r.node)
+}
+
+// A session's request queued behind its worker moves once the worker has
+// stayed busy for --session-busy-unbind, as the session's next request
+// would, instead of waiting out the queue timeout; the session follows it.
+func TestStickyQueuedRequestMovesOffAWorkerThatStaysBusy(t *testing.T) {
+	h := holdBoundWorker(t, 100*time.Millisecond)
+	r := h.r
+	got := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(2, 64), false, 4), sessionHeaders("conv"))
+	moved := servedBy(t, got)
+	if moved == h.bound {
+		t.Fatalf("the queued request was served by its busy worker %s", moved)
+	}
+	wantMetric(t, r.metrics(t), `kvfast_session_unbinds_total{reason="busy"}`, 1)
+	if again := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(3, 64), false, 4), sessionHeaders("conv"))); again != moved {
+		t.Errorf("the session's next request went to %s, not to %s where it moved", again, moved)
+	}
+	h.release()
+	if err := <-h.blocked; err != nil {
+		t.Fatal(err)
 	}
 	waitReleased(t, r.node)
 }

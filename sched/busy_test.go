@@ -2,9 +2,11 @@ package sched
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/workers"
 )
 
@@ -81,4 +83,38 @@ func TestBusyStretchFedBySelections(t *testing.T) {
 		}
 		return
 	}
+}
+
+// TestPinLapsesOnAWorkerThatStaysBusy: a pinned request queued behind its
+// busy worker gives up with ErrPinBusy once the worker has been busy for
+// its PinBusyLimit (a sticky session's turn is then routed anew), leaving
+// nothing queued or booked; without a limit it waits on, and is booked
+// there as soon as the worker frees up.
+func TestPinLapsesOnAWorkerThatStaysBusy(t *testing.T) {
+	s := newTestScheduler(t, 2, Config{Busy: BusyThresholds{DecodeBlocksFraction: 0.5}, QueueCapacity: 8})
+	s.SetEngineLoad(0, 0, 0, 900, 1000) // slot 0 busy, slot 1 free
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pinned := Request{Model: "m", PromptTokens: 16, Pinned: true, PinWorker: 100, PinBusyLimit: 50 * time.Millisecond}
+	var res Reservation
+	_, err := s.Select(ctx, &pinned, &res)
+	if pe, ok := errors.AsType[*PinError](err); !ok || !errors.Is(err, ErrPinBusy) || pe.WorkerID != 100 {
+		t.Fatalf("a pin to a worker busy past the limit: %v, want a PinError wrapping ErrPinBusy", err)
+	}
+	if got := time.Duration(s.stretch[0].length(clock.Now())); got < pinned.PinBusyLimit {
+		t.Errorf("lapsed with the worker busy for %v, under the limit", got)
+	}
+	requireZeroLoad(t, s)
+
+	out := make(chan outcome, 1)
+	pinned.PinBusyLimit = 0
+	goSelect(s, ctx, "unlimited", pinned, out)
+	waitFor(t, "the pinned request to queue", func() bool { return s.Stats().Waiting == 1 })
+	s.SetEngineLoad(0, 0, 0, 100, 1000) // free again
+	o := <-out
+	if o.err != nil || o.d.Slot != 0 {
+		t.Fatalf("an unlimited pin: worker %d, %v; want booked on slot 0", o.d.Slot, o.err)
+	}
+	o.res.Release()
+	requireZeroLoad(t, s)
 }

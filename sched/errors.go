@@ -25,6 +25,11 @@ var (
 	// rank, and an unknown rank is this error rather than a fallback.
 	ErrPinnedWorkerNotFound = errors.New("kvfast: pinned worker not found")
 
+	// ErrPinBusy means the request waited in the admission queue for the
+	// worker it pins until that worker had stayed busy for the request's
+	// PinBusyLimit: the pin lapsed, and the caller may route it anew.
+	ErrPinBusy = errors.New("kvfast: the pinned worker stayed busy")
+
 	// ErrOverloaded means every eligible worker is busy and the admission
 	// queue is full. It always arrives wrapped in an *OverloadError that
 	// carries a retry hint.
@@ -65,7 +70,8 @@ func (e *OverloadError) Unwrap() error { return ErrOverloaded }
 
 // PinError reports a pin that cannot be honoured: the pair is unknown
 // (ErrPinnedWorkerNotFound), excluded by the request's own filters
-// (ErrPinExcluded), or unhealthy (ErrNoEligibleWorker).
+// (ErrPinExcluded), unhealthy (ErrNoEligibleWorker), or busy for longer
+// than the request would wait for it (ErrPinBusy).
 type PinError struct {
 	WorkerID uint64
 	DPRank   uint32

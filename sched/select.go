@@ -28,6 +28,13 @@ type Request struct {
 	Pinned    bool
 	PinWorker uint64
 	PinRank   uint32
+	// PinBusyLimit, when not 0, lets the pin lapse while the request waits
+	// in the admission queue: once the pinned worker has been busy this
+	// long (busy.go's stretch, as every selection saw it), Select gives up
+	// with a *PinError wrapping ErrPinBusy instead of waiting on. A sticky
+	// session's turn queued behind its busy worker is moved this way, as
+	// its next turn would be.
+	PinBusyLimit time.Duration
 
 	// AllowListed restricts the request to the slots in Allow.
 	AllowListed bool
@@ -169,16 +176,78 @@ func (s *Scheduler) Select(ctx context.Context, req *Request, res *Reservation) 
 			return Decision{}, err
 		}
 		s.admit()
-		select {
-		case <-w.wake:
-		case <-ctx.Done():
-			if !s.queue.remove(w) {
-				<-w.wake // admit woke it as ctx ended; the wake-up passes on in leave
-			}
+		if err := s.wait(ctx, w, ws, req); err != nil {
 			s.leave(w, false)
-			return Decision{}, fmt.Errorf("cannot wait for a free worker: %w", context.Cause(ctx))
+			return Decision{}, err
 		}
 	}
+}
+
+// pinLapseCheck bounds how long a waiting pinned request goes without
+// looking at its worker: often enough that the busy stretch it extends
+// is not broken by busyStretchGap.
+const pinLapseCheck = 250 * time.Millisecond
+
+// wait blocks until w is woken to retry (nil), ctx ends, or the worker
+// req pins has stayed busy for req.PinBusyLimit. On error w is out of the
+// queue, with any wake-up token still in it for leave.
+func (s *Scheduler) wait(ctx context.Context, w *waiter, ws *workerSet, req *Request) error {
+	var lapse <-chan time.Time
+	var slot workers.Slot
+	if req.Pinned && req.PinBusyLimit > 0 {
+		slot = ws.bySlot[workerKey{req.PinWorker, req.PinRank}] // candidates found it
+		t := time.NewTimer(s.untilLapse(ws, slot, req.PinBusyLimit))
+		defer t.Stop()
+		lapse = t.C
+		for {
+			select {
+			case <-w.wake:
+				return nil
+			case <-ctx.Done():
+				return s.giveUp(ctx, w)
+			case <-lapse:
+			}
+			next := s.untilLapse(ws, slot, req.PinBusyLimit)
+			if next > 0 {
+				t.Reset(next)
+				continue
+			}
+			if !s.queue.remove(w) {
+				<-w.wake // woken meanwhile: retry as any woken waiter does
+				return nil
+			}
+			return &PinError{WorkerID: req.PinWorker, DPRank: req.PinRank, Err: ErrPinBusy}
+		}
+	}
+	select {
+	case <-w.wake:
+		return nil
+	case <-ctx.Done():
+		return s.giveUp(ctx, w)
+	}
+}
+
+// giveUp takes w out of the queue because ctx ended.
+func (s *Scheduler) giveUp(ctx context.Context, w *waiter) error {
+	if !s.queue.remove(w) {
+		<-w.wake // admit woke it as ctx ended; the wake-up passes on in leave
+	}
+	return fmt.Errorf("cannot wait for a free worker: %w", context.Cause(ctx))
+}
+
+// untilLapse looks at slot's busy state (which extends its busy stretch)
+// and returns how long until the stretch reaches limit, at most
+// pinLapseCheck; 0 once it has.
+func (s *Scheduler) untilLapse(ws *workerSet, slot workers.Slot, limit time.Duration) time.Duration {
+	now := clock.Now()
+	if s.busy(ws, workers.SetOf(slot), now) == 0 {
+		return pinLapseCheck // free: the waiter is woken, or is about to be
+	}
+	left := limit - time.Duration(s.stretch[slot].length(now))
+	if left <= 0 {
+		return 0
+	}
+	return min(left, pinLapseCheck)
 }
 
 func (s *Scheduler) paramsFor(req *Request) (CostParams, error) {
