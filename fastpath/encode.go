@@ -109,6 +109,7 @@ const (
 	encodeEncoded   = "encoded"        // an encoder encoded it
 	encodeDuplicate = "duplicate"      // the same item appeared earlier in the request
 	encodeFallback  = "fallback_local" // every attempt failed: the prefill engine encodes it
+	encodeRefused   = "refused"        // an encoder answered 4xx: not retried, the prefill engine judges it
 )
 
 // encodeStage is one item's trip to an encoder: its own guard, engine
@@ -129,6 +130,7 @@ type encodeStage struct {
 	verdicts dispatch.Attempts
 	attempts int        // attempts sent
 	sent     bool       // an attempt was sent and is not yet settled
+	refused  bool       // an encoder judged the item with a 4xx: not retried
 	ok       bool       // an encoder encoded the item
 	settled  bool       // ok, or given up: no more attempts
 	span     trace.Span // the attempt's trace span; nil when the request is not traced
@@ -309,9 +311,14 @@ func (s *Server) serveEncode(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		}
 	}
 	for i := range ex.enc {
-		if !ex.enc[i].ok {
+		switch st := &ex.enc[i]; {
+		case st.ok:
+		case st.refused:
+			s.metrics.enc.outcomes[encodeRefused].Inc()
+			s.log.Debug("an encoder refused the item: the prefill engine gets it as sent", "request_id", string(ex.rid), "item", i)
+		default:
 			s.metrics.enc.outcomes[encodeFallback].Inc()
-			s.log.Debug("encoder stage failed: the prefill engine encodes the item", "request_id", string(ex.rid), "item", i, "err", ex.enc[i].err)
+			s.log.Debug("encoder stage failed: the prefill engine encodes the item", "request_id", string(ex.rid), "item", i, "err", st.err)
 		}
 	}
 	s.metrics.enc.stage.Observe(seconds(clock.Since(t0)))
@@ -413,7 +420,13 @@ func (s *Server) runEncode(ex *exchange, i int, wg *sync.WaitGroup) {
 	if err == nil {
 		body, err = st.call.ReadBodyWithin(stageBodyTimeout)
 	}
-	if err == nil && st.call.StatusCode() >= 300 {
+	if code := st.call.StatusCode(); err == nil && code >= 300 {
+		// A 4xx judges the item (a modality or format the model does not
+		// take, a picture that does not decode): every encoder of the
+		// model would refuse it alike, so it is not retried on another;
+		// the prefill engine gets it and answers the client as the
+		// engine does. A timeout or a throttle is the encoder's state.
+		st.refused = code >= 400 && code < 500 && code != fasthttp.StatusRequestTimeout && code != fasthttp.StatusTooManyRequests
 		err = errEncodeRefused
 		st.abortFailed()
 	}
@@ -440,7 +453,7 @@ func (s *Server) finishEncode(ex *exchange, i int) {
 		s.metrics.enc.outcomes[encodeEncoded].Inc()
 		s.encAffinity.record(it.ID, slot, time.Now())
 	} else {
-		st.settled = st.attempts > s.cfg.MaxRetries
+		st.settled = st.refused || st.attempts > s.cfg.MaxRetries
 		st.tried |= workers.SetOf(slot)
 		s.encAffinity.forget(it.ID, slot)
 		s.log.Debug("encoder failed an item", "request_id", string(ex.rid), "worker", st.dec.WorkerID, "err", st.err)

@@ -207,6 +207,34 @@ func TestEncodeFailureRecovers(t *testing.T) {
 		wantMetric(t, m, `kvfast_encode_items_total{outcome="encoded"}`, 2)
 		wantMetric(t, m, `kvfast_encode_items_total{outcome="fallback_local"}`, 0)
 	})
+	// A 4xx judges the item, which every encoder would judge alike: it is
+	// not retried on another encoder, and the engine gets it as sent.
+	t.Run("a 4xx is not retried", func(t *testing.T) {
+		bad, refused := encoderAnswering(t, func(ctx *fasthttp.RequestCtx) {
+			ctx.SetStatusCode(fasthttp.StatusBadRequest)
+			ctx.SetBodyString(`{"error":{"message":"audio input is not supported","type":"BadRequestError"}}`)
+		})
+		er := startEncodeRig(t, 1, mocker.Config{}, bad)
+		r := er.r
+		resp := r.post(t, fastpath.PathChatCompletions, imagesChat(false, imageURL("p"), imageURL("q")), nil)
+		if resp.status != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.status, resp.body)
+		}
+		waitReleased(t, r.node)
+		if refused.Load() != 1 {
+			t.Errorf("the refusing encoder got %d items, want 1", refused.Load())
+		}
+		if s := er.encoders[0].EncodeStats(); s.Encoded != 1 {
+			t.Errorf("the other encoder encoded %d items, want only its own", s.Encoded)
+		}
+		if s := er.agg.EncodeStats(); s.HandedOver != 1 || s.Encoded != 1 {
+			t.Errorf("aggregated engine: %+v; want one image handed over and the refused one encoded", s)
+		}
+		m := r.metrics(t)
+		wantMetric(t, m, `kvfast_encode_items_total{outcome="encoded"}`, 1)
+		wantMetric(t, m, `kvfast_encode_items_total{outcome="refused"}`, 1)
+		wantMetric(t, m, `kvfast_encode_items_total{outcome="fallback_local"}`, 0)
+	})
 	// With no encoder that works, the aggregated engine encodes the items
 	// itself: the encoder answers each with an error status, or with a
 	// success status that is no encoding (an error object, a stream
@@ -372,4 +400,28 @@ func TestEncodeThenDisagg(t *testing.T) {
 	if s := dec.Stats(); s.BlocksTransferred == 0 {
 		t.Error("the decode engine pulled no KV")
 	}
+}
+
+// TestEncodeNotRunForARefusedRequest: a request that selection refuses
+// whatever the load (pinned to an encoder, or to a worker its allow-list
+// excludes) is refused before any of its items is encoded.
+func TestEncodeNotRunForARefusedRequest(t *testing.T) {
+	enc, asked := encoderAnswering(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+	})
+	er := startEncodeRig(t, 0, mocker.Config{}, enc)
+	r := er.r
+	for _, hdr := range []map[string]string{
+		{fastpath.HeaderWorker: "9"},
+		{fastpath.HeaderWorker: "1", fastpath.HeaderAllow: "9"},
+	} {
+		resp := r.post(t, fastpath.PathChatCompletions, imagesChat(false, imageURL("x")), hdr)
+		if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != "pin_excluded" {
+			t.Errorf("%v: %d %s, want 400 pin_excluded", hdr, resp.status, resp.body)
+		}
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("the encoder was sent %d items of requests refused anyway", n)
+	}
+	waitReleased(t, r.node)
 }

@@ -27,9 +27,9 @@ func newEncodeMetrics(reg *prometheus.Registry) encodeMetrics {
 	})
 	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvfast_encode_items_total",
-		Help: "Multimodal items by outcome: encoded (on an encoder), duplicate (the same item earlier in the request), fallback_local (every encoder attempt failed; the prefill engine encodes it).",
+		Help: "Multimodal items by outcome: encoded (on an encoder), duplicate (the same item earlier in the request), fallback_local (every encoder attempt failed; the prefill engine encodes it), refused (an encoder answered 4xx; not retried, the prefill engine gets the item as sent).",
 	}, []string{"outcome"})
-	for _, o := range []string{encodeEncoded, encodeDuplicate, encodeFallback} {
+	for _, o := range []string{encodeEncoded, encodeDuplicate, encodeFallback, encodeRefused} {
 		m.outcomes[o] = outcomes.WithLabelValues(o)
 	}
 	affinity := prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -104,6 +104,7 @@ const (
 	maxPooledHashes       = 1 << 16
 	maxPooledTokens       = 1 << 18
 	maxPooledEncodeStages = 64
+	maxPooledEncodeBody   = 64 << 10
 )
 
 func (s *Server) releaseExchange(ex *exchange) {
@@ -123,6 +124,11 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.media.Reset()
 	if cap(ex.enc) > maxPooledEncodeStages {
 		ex.enc = nil
+	}
+	for i := range ex.enc[:cap(ex.enc)] {
+		if st := &ex.enc[:cap(ex.enc)][i]; cap(st.body) > maxPooledEncodeBody {
+			st.body = nil // one 20 MiB image must not stay pinned in the pool
+		}
 	}
 	ex.wait.release()
 	ex.releaseBody()
@@ -200,6 +206,15 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 	if s.disaggregating() && (ex.req.Session.Open || ex.req.Session.Close) {
 		ex.reject(ctx, errSessionControlDisagg)
 		return
+	}
+	if len(ex.media.Items) > 0 {
+		// The encoder stage may encode dozens of items: a request that
+		// selection will refuse whatever the load (a pin to an encoder,
+		// no healthy worker for it) is refused before, not after.
+		if err := s.sched.Routable(&ex.sreq); err != nil {
+			ex.failSelect(ctx, err)
+			return
+		}
 	}
 	if len(ex.media.Items) > 0 && !s.serveEncode(ctx, ex) {
 		ex.failSelect(ctx, context.Canceled) // the client left during the encoder stage

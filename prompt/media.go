@@ -131,9 +131,14 @@ func (m *Media) readPart(part []byte, lim MediaLimits, pb, tb *[maxEscapedKey]by
 		}
 		p = next
 		if string(key) == "type" {
+			// A repeated key is the last one's, as the engines' JSON
+			// decoders (Python's, Go's) read it: a part that says "text"
+			// and then "image_url" is an image there, and must count
+			// against the item limit and go to an encoder here.
+			kind, payloadKey = 0, nil
 			end, escaped := jsonscan.ScanString(val, 0)
 			if end != len(val) {
-				return nil
+				continue
 			}
 			switch t := unescapedKey(val[1:end-1], escaped, tb); string(t) {
 			case "image_url":
@@ -146,8 +151,6 @@ func (m *Media) readPart(part []byte, lim MediaLimits, pb, tb *[maxEscapedKey]by
 				}
 			case "video_url":
 				kind, payloadKey = MediaVideo, keyVideoURL
-			default:
-				return nil
 			}
 		}
 	}
@@ -292,9 +295,11 @@ func cutDataURL(u []byte) (data []byte, base64Encoded, ok bool) {
 }
 
 // hashInline hashes an inline item's decoded bytes, decoding base64 in
-// chunks on the stack: the decoded item is never held whole. Data that is
-// not valid base64 is hashed as it is: the identity is still its
-// content's, and the engine is the one to refuse it.
+// chunks on the stack: the decoded item is never held whole. Whitespace
+// is skipped, so that base64 wrapped at any width (MIME's 76 columns, PEM's
+// 64) is the same item as unwrapped. Data that is not valid base64 is
+// hashed as it is: the identity is still its content's, and the engine is
+// the one to refuse it.
 func hashInline(data []byte, base64Encoded bool, lim MediaLimits) (MediaItem, *openai.Error) {
 	if !base64Encoded {
 		if len(data) > lim.MaxItemBytes {
@@ -304,20 +309,35 @@ func hashInline(data []byte, base64Encoded bool, lim MediaLimits) (MediaItem, *o
 	}
 	var d xxhash.Digest
 	d.Reset()
-	var chunk [3 << 10]byte // decodes 4 KiB of base64 at a time
-	n := 0
-	for rest := data; len(rest) > 0; {
-		take := min(len(rest), 4<<10)
-		got, err := base64.StdEncoding.Decode(chunk[:], rest[:take])
+	var text [4 << 10]byte  // base64 without whitespace, a multiple of 4 until the last chunk
+	var chunk [3 << 10]byte // its decoding
+	n, held := 0, 0
+	for i := 0; i <= len(data); i++ {
+		if i < len(data) {
+			switch c := data[i]; c {
+			case '\n', '\r', ' ', '\t':
+				continue
+			default:
+				text[held] = c
+				held++
+				if held < len(text) {
+					continue
+				}
+			}
+		}
+		if held == 0 {
+			continue
+		}
+		got, err := base64.StdEncoding.Decode(chunk[:], text[:held])
 		if err != nil {
 			return MediaItem{ID: xxhash.Sum64(data), Inline: true, Bytes: len(data)}, nil
 		}
+		held = 0
 		n += got
 		if n > lim.MaxItemBytes {
 			return MediaItem{}, ErrMediaTooLarge
 		}
 		_, _ = d.Write(chunk[:got])
-		rest = rest[take:]
 	}
 	return MediaItem{ID: d.Sum64(), Inline: true, Bytes: n}, nil
 }

@@ -1,7 +1,9 @@
 package prompt
 
 import (
+	"bytes"
 	"encoding/base64"
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -63,6 +65,39 @@ func TestMediaItems(t *testing.T) {
 	if len(m2.Items) != 2 || m2.Items[0].ID == a.ID || m2.Items[1].Kind != MediaVideo {
 		t.Errorf("items %+v", m2.Items)
 	}
+	// Base64 wrapped at 76 columns, as MIME encoders write it, is the same
+	// item as unwrapped, however long.
+	big := make([]byte, 9000)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	flat := base64.StdEncoding.EncodeToString(big)
+	var wrapped strings.Builder
+	for rest := flat; len(rest) > 0; rest = rest[min(len(rest), 76):] {
+		wrapped.WriteString(rest[:min(len(rest), 76)] + `\r\n`)
+	}
+	wide := MediaLimits{MaxItems: 4, MaxItemBytes: 1 << 20}
+	m4, err := parseMedia(t, `[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,`+flat+`"}},
+		{"type":"image_url","image_url":{"url":"data:image/png;base64,`+wrapped.String()+`"}}]}]`, wide)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m4.Items) != 2 || m4.Items[0].ID != m4.Items[1].ID || m4.Items[1].Bytes != len(big) {
+		for i, it := range m4.Items {
+			t.Logf("item %d: id %x, %d bytes", i, it.ID, it.Bytes)
+		}
+		t.Errorf("wrapped and unwrapped base64 of %d bytes are not one item", len(big))
+	}
+	// A repeated "type" is the last one's, as the engine's JSON decoder
+	// reads it.
+	m5, err := parseMedia(t, `[{"role":"user","content":[{"type":"text","type":"image_url","image_url":{"url":"https://example.com/a.png"}},
+		{"type":"image_url","type":"text","text":"x","image_url":{"url":"https://example.com/b.png"}}]}]`, testMediaLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m5.Items) != 1 || !strings.Contains(string(m5.Items[0].Part), "a.png") {
+		t.Errorf("parts with a repeated type: %d items, want the first part's", len(m5.Items))
+	}
 	// Text-only prompts have none.
 	if m3, err := parseMedia(t, `[{"role":"user","content":"hi"},{"role":"user","content":[{"type":"text","text":"x"}]}]`, testMediaLimits); err != nil || len(m3.Items) != 0 {
 		t.Errorf("text prompt: %+v, %v", m3.Items, err)
@@ -86,4 +121,50 @@ func TestMediaLimits(t *testing.T) {
 	if _, err := parseMedia(t, `[{"role":"user","content":[{"type":"image_url","image_url":{"url":"`+longURL+`"}}]}]`, testMediaLimits); err != ErrMediaTooLarge {
 		t.Errorf("a 2 KiB URL under a 1 KiB limit: %v", err)
 	}
+}
+
+// FuzzMedia: whatever messages a client sends, Parse stays within its
+// limits, and every item it returns is a content part of the request
+// whose type, as encoding/json reads it (the last of a repeated key, as
+// the engines' decoders read it), is the item's kind.
+func FuzzMedia(f *testing.F) {
+	for _, s := range []string{
+		`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://e.com/a"}}]}]`,
+		`[{"role":"user","content":[{"type":"text","type":"image_url","image_url":{"url":"data:image/png;base64,AAAA\r\nAAAA"}}]}]`,
+		`[{"content":[{"type":"input_audio","input_audio":{"data":"cGNt","format":"wav"}},{"type":"video_url","video_url":{"url":"x"}}]}]`,
+		`[{"content":[{"type":"image_url","type":7,"image_url":{"url":"u"}}]}]`,
+	} {
+		f.Add([]byte(s))
+	}
+	kinds := map[string]MediaKind{"image_url": MediaImage, "audio_url": MediaAudio, "input_audio": MediaAudio, "video_url": MediaVideo}
+	f.Fuzz(func(t *testing.T, messages []byte) {
+		if !json.Valid(messages) {
+			return // Parse is given the request's messages, valid JSON
+		}
+		lim := MediaLimits{MaxItems: 3, MaxItemBytes: 64}
+		var m Media
+		if err := m.Parse(messages, lim); err != nil {
+			if err != ErrTooManyMedia && err != ErrMediaTooLarge {
+				t.Fatalf("refusal %v", err)
+			}
+			return
+		}
+		if len(m.Items) > lim.MaxItems {
+			t.Fatalf("%d items over a limit of %d", len(m.Items), lim.MaxItems)
+		}
+		for _, it := range m.Items {
+			if it.Bytes > lim.MaxItemBytes {
+				t.Fatalf("an item of %d bytes over a limit of %d", it.Bytes, lim.MaxItemBytes)
+			}
+			if !bytes.Contains(messages, it.Part) {
+				t.Fatalf("item %q is not part of the request", it.Part)
+			}
+			var part struct {
+				Type string `json:"type"`
+			}
+			if err := json.Unmarshal(it.Part, &part); err != nil || kinds[part.Type] != it.Kind {
+				t.Fatalf("item %q of kind %v: encoding/json reads type %q (%v)", it.Part, it.Kind, part.Type, err)
+			}
+		}
+	})
 }

@@ -278,6 +278,16 @@ func (s *Scheduler) Eligible(req *Request, except workers.Set) workers.Set {
 	return up &^ except
 }
 
+// Routable returns the error Select would refuse req with at once,
+// whatever the load: a pin to an unknown or excluded worker, or no
+// healthy worker passing its filters; nil otherwise. It books nothing.
+// A caller about to do costly work before selecting (the encoder stage)
+// refuses such a request first.
+func (s *Scheduler) Routable(req *Request) error {
+	_, _, err := s.candidates(s.workers.Load(), req)
+	return err
+}
+
 // candidates returns the workers passing req's filters, and those of them
 // that are healthy.
 func (s *Scheduler) candidates(ws *workerSet, req *Request) (filtered, healthy workers.Set, err error) {
