@@ -197,8 +197,17 @@
 // batches still missing after that cost the worker its entries (Cleared),
 // never a claim the engine may have dropped. A subscriber starts by
 // dropping the slot's blocks and, with a replay socket, catches up from
-// sequence 0 (exact if the engine's replay buffer still holds its whole
-// history). The live stream waits while a replay runs, so a replay ends
+// sequence 0 as soon as it connects, without waiting for the engine's next
+// batch, which an idle engine may not send for hours (exact if the
+// engine's replay buffer still holds its whole history). An engine sends
+// its whole buffer in one burst through a ROUTER socket that drops what
+// exceeds its send high-water mark (vLLM's: the default 1,000 messages,
+// its buffer 10,000 batches), so replies are read up to 64 MiB ahead of
+// applying them, and a hole among them, a batch missing after others
+// came, is asked for again from the missing number (replay_holes, up to
+// 32 times per replay) rather than cleared over; a first reply past the
+// number asked for means the buffer no longer holds it. The live stream
+// waits while a replay runs, so a replay ends
 // at the live batch that called for it (a reply numbered at or past it
 // ends the replay there), a reply that does not move the sequence on is
 // not progress against the stall timeout, and a replay lasts 30 stall

@@ -270,6 +270,13 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 	defer s.connected.Store(false)
 	s.reconnected()
 	s.cfg.Logger.Info("KV-event feed connected", "events", s.cfg.Endpoint, "slot", s.cfg.Slot)
+	if !s.synced && s.cfg.Replay != "" {
+		// Joining (the router started, or the view was dropped): catch up
+		// from the engine's replay buffer now, not at its next batch. A
+		// warm engine that serves nothing publishes nothing, and its cache
+		// would stay invisible until it did.
+		s.replay(ctx, 0, endOfReplay, false)
+	}
 	var heard atomic.Bool
 	quiet := time.AfterFunc(s.cfg.QuietAfter, func() {
 		if !heard.Load() {
@@ -473,35 +480,70 @@ const (
 // progress against the stall timeout, and the whole replay has
 // maxReplayTimeouts stall timeouts at most.
 //
+// An engine answers with its whole buffer in one burst (vLLM's is 10,000
+// batches), through a ROUTER socket that silently drops what exceeds its
+// send high-water mark (1,000 messages) while the reader is behind. So
+// replies are read ahead of applying them (replayRound), and a hole in
+// the middle of the replies, where a batch is missing after others came,
+// is asked for again from the missing number, up to maxReplayReasks
+// times, rather than resynced over; a reply that starts past the number
+// asked for means the buffer no longer holds it, and is resynced over.
+//
 // With verify, from is the batch applied last, and the first reply must be
 // that batch, byte for byte, for the rest to be taken as its continuation:
 // an engine's replay buffer holds the payloads it published, so only the
 // engine that published it returns the same bytes under that number.
 func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify bool) replayResult {
-	s.c.replays.Add(1)
 	rctx, cancel := context.WithTimeout(ctx, maxReplayTimeouts*s.cfg.ReplayTimeout)
 	defer cancel()
 	stall := time.AfterFunc(s.cfg.ReplayTimeout, cancel)
 	defer stall.Stop()
+	r := replayState{from: from, until: until, next: from, verify: verify, stall: stall}
+	for asked := 0; ; asked++ {
+		res, hole := s.replayRound(rctx, &r, asked < maxReplayReasks)
+		if !hole {
+			return res
+		}
+		s.c.replayHoles.Add(1)
+	}
+}
+
+// replayState is one replay's progress across its requests.
+type replayState struct {
+	from, until uint64
+	next        uint64 // the lowest number that moves the replay on
+	verify      bool   // the first reply must be batch from, as applied
+	stall       *time.Timer
+}
+
+// replayRound makes one replay request, from r.next, and offers its
+// replies. With reask, a hole among the replies ends the round with hole
+// set, for the caller to ask again from r.next.
+func (s *ZMQSubscriber) replayRound(rctx context.Context, r *replayState, reask bool) (_ replayResult, hole bool) {
+	s.c.replays.Add(1)
+	start := r.next
+	fail := func(err error) (replayResult, bool) {
+		s.c.replayFailures.Add(1)
+		s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "replay", "KV-event replay failed", "replay", s.cfg.Replay, "from", start, "err", err)
+		return replayFailed, false
+	}
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.DialTimeout),
 		zmq4.WithTimeout(s.cfg.ReplayTimeout), zmq4.WithLogger(s.zmqLog()))
-	defer closeSocket(d)
-	fail := func(err error) replayResult {
-		s.c.replayFailures.Add(1)
-		s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "replay", "KV-event replay failed", "replay", s.cfg.Replay, "from", from, "err", err)
-		return replayFailed
-	}
 	if err := d.Dial(guarded(s.cfg.Replay)); err != nil {
+		closeSocket(d)
 		return fail(err)
 	}
 	var req [8]byte
-	binary.BigEndian.PutUint64(req[:], from)
+	binary.BigEndian.PutUint64(req[:], start)
 	if err := d.Send(zmq4.NewMsgFrom([]byte{}, req[:])); err != nil {
+		closeSocket(d)
 		return fail(err)
 	}
-	next := from // the lowest number that moves the replay on
+	ahead := readAhead(d)
+	defer ahead.stop()
+	moved := false // this round offered a batch
 	for {
-		msg, err := d.Recv()
+		msg, err := ahead.next()
 		if err != nil {
 			return fail(err)
 		}
@@ -511,30 +553,123 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify b
 			continue
 		}
 		end := seq == endOfReplay && len(payload) == 0
-		if verify {
-			verify = false
+		if r.verify {
+			r.verify = false
 			switch {
-			case end || seq != from:
-				return replayUnproven
+			case end || seq != r.from:
+				return replayUnproven, false
 			case xxhash.Sum64(payload) != s.lastDigest:
-				return replayMismatch
+				return replayMismatch, false
 			}
-			stall.Reset(s.cfg.ReplayTimeout)
-			next = from + 1
+			r.stall.Reset(s.cfg.ReplayTimeout)
+			r.next = r.from + 1
 			continue // applied already: what follows continues it
 		}
 		switch {
-		case end, seq >= until:
-			return replayEnded
-		case seq < next:
+		case end, seq >= r.until:
+			return replayEnded, false
+		case seq < r.next:
 			s.c.duplicates.Add(1) // a repeat moves nothing on
 			continue
+		case seq > r.next && moved && reask:
+			return replayEnded, true // dropped on the way: ask again from r.next
 		}
-		stall.Reset(s.cfg.ReplayTimeout)
-		next = seq + 1
+		r.stall.Reset(s.cfg.ReplayTimeout)
+		r.next = seq + 1
+		moved = true
 		s.c.replayed.Add(1)
 		s.offer(seq, payload)
 	}
+}
+
+// maxReplayReasks bounds the requests one replay makes again after holes.
+// Each one that ends in a hole has moved the replay on by at least the
+// engine's send high-water mark, so a whole 10,000-batch buffer needs
+// about ten at worst.
+const maxReplayReasks = 32
+
+// replayAheadBytes bounds the replies read ahead of applying them: enough
+// for an engine's whole replay buffer of ordinary batches, and a bound on
+// what one replay holds when batches are large.
+const replayAheadBytes = 64 << 20
+
+// aheadReader reads a replay socket's messages on a goroutine of its own,
+// up to replayAheadBytes ahead of the reader, so that the engine's ROUTER,
+// which drops replies past its high-water mark, is drained as fast as the
+// network delivers while the batches are applied one by one.
+type aheadReader struct {
+	d       zmq4.Socket
+	msgs    chan zmq4.Msg
+	err     error // why msgs closed; read once it is
+	queued  atomic.Int64
+	drained chan struct{} // a token: bytes were taken off the queue
+	done    chan struct{} // closed by stop
+	exited  chan struct{} // closed when the goroutine returns
+}
+
+func readAhead(d zmq4.Socket) *aheadReader {
+	a := &aheadReader{d: d, msgs: make(chan zmq4.Msg, 4096), drained: make(chan struct{}, 1),
+		done: make(chan struct{}), exited: make(chan struct{})}
+	go a.run()
+	return a
+}
+
+func msgBytes(m zmq4.Msg) int64 {
+	n := int64(0)
+	for _, f := range m.Frames {
+		n += int64(len(f))
+	}
+	return n
+}
+
+func (a *aheadReader) run() {
+	defer close(a.exited)
+	defer close(a.msgs)
+	for {
+		msg, err := a.d.Recv()
+		if err != nil {
+			a.err = err
+			return
+		}
+		n := msgBytes(msg)
+		for a.queued.Load() > 0 && a.queued.Load()+n > replayAheadBytes {
+			select {
+			case <-a.drained:
+			case <-a.done:
+				return
+			}
+		}
+		a.queued.Add(n)
+		select {
+		case a.msgs <- msg:
+		case <-a.done:
+			return
+		}
+	}
+}
+
+// next returns the next message read, or why reading stopped.
+func (a *aheadReader) next() (zmq4.Msg, error) {
+	msg, ok := <-a.msgs
+	if !ok {
+		return zmq4.Msg{}, a.err
+	}
+	a.queued.Add(-msgBytes(msg))
+	select {
+	case a.drained <- struct{}{}:
+	default:
+	}
+	return msg, nil
+}
+
+// stop closes the socket, waits for the reading goroutine to return
+// (Recv on a closed socket returns), then drains the socket as
+// closeSocket does.
+func (a *aheadReader) stop() {
+	close(a.done)
+	_ = a.d.Close()
+	<-a.exited
+	drainClosed(a.d)
 }
 
 // closeSocket closes a socket whose peer may still be sending: an engine
@@ -553,6 +688,11 @@ func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify b
 // goroutine one more).
 func closeSocket(d zmq4.Socket) {
 	_ = d.Close()
+	drainClosed(d)
+}
+
+// drainClosed empties a closed socket's queue (closeSocket).
+func drainClosed(d zmq4.Socket) {
 	for range 128 {
 		_, _ = d.Recv()
 	}
@@ -824,7 +964,7 @@ func (s *ZMQSubscriber) stored(ev *VLLMEvent, k keyspace, bs, skip int) {
 type zmqCounters struct {
 	batches, replayed, storedBlocks, removedBlocks, cleared atomic.Uint64
 	gaps, replays, replayFailures, resyncs, restarts        atomic.Uint64
-	rejoins                                                 atomic.Uint64
+	rejoins, replayHoles                                    atomic.Uint64
 	duplicates, garbage, disconnects                        atomic.Uint64
 	badEvents, unknownEvents                                atomic.Uint64
 	skippedLoRA, skippedMedium, skippedGroup                atomic.Uint64
@@ -850,6 +990,7 @@ type ZMQStats struct {
 	Gaps           uint64 `json:"gaps"`            // sequence gaps on the live stream
 	Replays        uint64 `json:"replays"`         // replay requests made
 	ReplayFailures uint64 `json:"replay_failures"` // replays that failed or stalled
+	ReplayHoles    uint64 `json:"replay_holes"`    // replies missing mid-replay (dropped by the engine's socket), asked for again
 	Resyncs        uint64 `json:"resyncs"`         // times the worker's entries were cleared to recover
 	Restarts       uint64 `json:"restarts"`        // publisher restarts (sequence or ts went back, replay showed another history)
 	Rejoins        uint64 `json:"rejoins"`         // reconnects whose continuity could not be proven: the worker's view was rebuilt
@@ -878,7 +1019,7 @@ func (s *ZMQSubscriber) Stats() ZMQStats {
 	return ZMQStats{Connected: s.connected.Load(), LastSeq: c.lastSeq.Load(),
 		Batches: c.batches.Load(), Replayed: c.replayed.Load(), StoredBlocks: c.storedBlocks.Load(),
 		RemovedBlocks: c.removedBlocks.Load(), Cleared: c.cleared.Load(),
-		Gaps: c.gaps.Load(), Replays: c.replays.Load(), ReplayFailures: c.replayFailures.Load(),
+		Gaps: c.gaps.Load(), Replays: c.replays.Load(), ReplayFailures: c.replayFailures.Load(), ReplayHoles: c.replayHoles.Load(),
 		Resyncs: c.resyncs.Load(), Restarts: c.restarts.Load(), Rejoins: c.rejoins.Load(), Duplicates: c.duplicates.Load(),
 		Garbage: c.garbage.Load(), Disconnects: c.disconnects.Load(),
 		BadEvents: c.badEvents.Load(), UnknownEvents: c.unknownEvents.Load(),

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -767,6 +768,70 @@ func TestZMQJoinCatchesUpFromReplay(t *testing.T) {
 	m.check(t, ix, zmqTestSlot)
 	if st := s.Stats(); st.Replays != 1 || st.Gaps != 0 || st.Resyncs != 0 || st.Replayed < uint64(len(early)) {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestZMQJoinCatchesUpWhileIdle: a router (re)started in front of a warm
+// engine that publishes nothing more catches up from the replay buffer as
+// soon as it connects: the engine's cache is routable without waiting
+// for its next batch, which an idle engine may not send for hours.
+func TestZMQJoinCatchesUpWhileIdle(t *testing.T) {
+	ix := newZMQIndex(t)
+	e := newTestEngine(t, true)
+	ops := genOps(27, 200)
+	m := newModel()
+	seqs, early := publishOps(t, vllmMap, ops, e.publish)
+	applyAll(m, early)
+	s := startSub(t, ix, e, nil)
+	waitSeq(t, s, seqs[len(seqs)-1])
+	m.check(t, ix, zmqTestSlot)
+	if st := s.Stats(); st.Replays != 1 || st.Resyncs != 0 || st.Replayed != uint64(len(seqs)) {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestZMQReplayHoleIsAskedAgain: replies the engine's ROUTER dropped in the
+// middle of a replay (past its send high-water mark, silently) are asked
+// for again from the first one missing, instead of costing the worker its
+// entries.
+func TestZMQReplayHoleIsAskedAgain(t *testing.T) {
+	ix := newZMQIndex(t)
+	e := newTestEngine(t, true)
+	s := startSub(t, ix, e, func(c *ZMQConfig) { c.ReplayTimeout = time.Minute })
+	e.warmUp(t, s, vllmMap)
+	ops := genOps(28, 300)
+	m := newModel()
+	_, lost := publishOps(t, vllmMap, ops[:200], e.lose)
+	applyAll(m, lost)
+	var asked atomic.Int32
+	e.mu.Lock()
+	e.serve = func(id []byte, start uint64) {
+		e.mu.Lock()
+		var todo []sentBatch
+		for _, b := range e.buffer {
+			if b.seq >= start {
+				todo = append(todo, b)
+			}
+		}
+		e.mu.Unlock()
+		first := asked.Add(1) == 1
+		for i, b := range todo {
+			if first && i >= 20 && i < 30 {
+				continue // dropped past the high-water mark
+			}
+			if e.reply(id, false, b.seq, b.payload) != nil {
+				return
+			}
+		}
+		_ = e.reply(id, false, endOfReplay, []byte{})
+	}
+	e.mu.Unlock()
+	seqs, after := publishOps(t, vllmMap, ops[200:], e.publish)
+	applyAll(m, after)
+	waitSeq(t, s, seqs[len(seqs)-1])
+	m.check(t, ix, zmqTestSlot)
+	if st := s.Stats(); st.ReplayHoles != 1 || st.Resyncs != 0 || asked.Load() != 2 {
+		t.Fatalf("%d replay requests, stats %+v", asked.Load(), st)
 	}
 }
 
