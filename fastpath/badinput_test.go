@@ -48,6 +48,7 @@ func TestBadInput(t *testing.T) {
 		body   []byte
 		hdr    map[string]string
 		status int
+		msg    string // the message says this, when set
 		code   string
 	}{
 		// Malformed JSON.
@@ -69,6 +70,7 @@ func TestBadInput(t *testing.T) {
 		{name: "stream string", body: []byte(`{"prompt":[1],"stream":"maybe"}`), status: 400, code: "invalid_type"},
 		{name: "max_tokens string", body: []byte(`{"prompt":[1],"max_tokens":"ten"}`), status: 400, code: "invalid_type"},
 		{name: "max_tokens zero", body: []byte(`{"prompt":[1],"max_tokens":0}`), status: 400, code: "invalid_value"},
+		{name: "max_tokens past int64", body: []byte(`{"prompt":[1],"max_tokens":99999999999999999999999999}`), status: 400, code: "invalid_value", msg: "at most"},
 		{name: "messages string", path: fastpath.PathChatCompletions, body: []byte(`{"messages":"hi"}`), status: 400, code: "invalid_type"},
 		// Limits.
 		{name: "negative token", body: []byte(`{"prompt":[1,-2,3]}`), status: 400, code: "token_out_of_range"},
@@ -106,8 +108,8 @@ func TestBadInput(t *testing.T) {
 		{name: "allow-list unknown rank", body: ok, hdr: map[string]string{fastpath.HeaderAllow: "2:5"}, status: 400, code: "invalid_header"},
 		// Wrong method or path.
 		{name: "GET completions", method: http.MethodGet, status: 405, code: "method_not_allowed"},
-		{name: "POST models", path: fastpath.PathModels, body: ok, status: 405, code: "method_not_allowed"},
-		{name: "DELETE a model", method: http.MethodDelete, path: fastpath.PathModels + "/" + e2eModel, status: 405, code: "method_not_allowed"},
+		{name: "POST models", path: fastpath.PathModels, body: ok, status: 405, code: "method_not_allowed", msg: "GET and HEAD only"},
+		{name: "DELETE a model", method: http.MethodDelete, path: fastpath.PathModels + "/" + e2eModel, status: 405, code: "method_not_allowed", msg: "GET and HEAD only"},
 		{name: "unknown path", path: "/v1/embeddings", body: ok, status: 404, code: "not_found"},
 	}
 	for _, tc := range cases {
@@ -128,6 +130,9 @@ func TestBadInput(t *testing.T) {
 			}
 			if code := checkOpenAIError(t, resp.body); code != tc.code {
 				t.Errorf("code %q, want %q: %s", code, tc.code, resp.body)
+			}
+			if !bytes.Contains(resp.body, []byte(tc.msg)) {
+				t.Errorf("the message does not say %q: %s", tc.msg, resp.body)
 			}
 			if v := r.node.Snapshot(); v.Queue.Booked != 0 || !reservationsReleased(v) {
 				t.Errorf("a refused request booked load: queue %+v", v.Queue)

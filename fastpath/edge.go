@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -12,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvfast/kvfast/openai"
@@ -53,7 +55,22 @@ type connLimiter struct {
 	max   int // 0: no bound
 	mu    sync.Mutex
 	perIP map[netip.Addr]int
+	// refused counts the connections refused
+	// (kvfast_http_transport_errors_total{reason="too_many_connections"}).
+	refused prometheus.Counter
+	// lingering bounds the refusals being written and drained at once:
+	// past it a refused connection is closed at once, reset or not.
+	lingering chan struct{}
 }
+
+func (l *connLimiter) init(max int, refused prometheus.Counter) {
+	l.max, l.perIP, l.refused = max, map[netip.Addr]int{}, refused
+	l.lingering = make(chan struct{}, maxRefusalsLingering)
+}
+
+// maxRefusalsLingering bounds the goroutines answering refused
+// connections, each for at most lingerTime.
+const maxRefusalsLingering = 64
 
 func (l *connLimiter) enter(ip netip.Addr) bool {
 	if l.max <= 0 {
@@ -79,14 +96,43 @@ func (l *connLimiter) exit(ip netip.Addr) {
 	}
 }
 
-// refuse answers a connection over its address's bound with 429 and
-// closes it. The answer fits in the socket buffer of a new connection, so
-// the write does not hold up accepting; the deadline makes sure.
+// refuse answers a connection over its address's bound with 429, in the
+// OpenAI error format with Retry-After, as other overload refusals are
+// answered, and closes it. The answer is written and the connection
+// drained on a goroutine of its own, so that accepting goes on: a client
+// that writes its whole request before reading (Python's urllib) reads
+// the 429 instead of a reset, as a refused body's client does
+// (edgeConn.Close). Past maxRefusalsLingering at once, a refusal is
+// written without waiting and the connection closed.
 func (l *connLimiter) refuse(c net.Conn) {
-	_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-	_, _ = io.WriteString(c, "HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
-	_ = c.Close()
+	l.refused.Inc()
+	select {
+	case l.lingering <- struct{}{}:
+	default:
+		_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		_, _ = c.Write(tooManyConnsAnswer)
+		_ = c.Close()
+		return
+	}
+	go func() {
+		defer func() { <-l.lingering }()
+		_ = c.SetDeadline(time.Now().Add(lingerTime))
+		if _, err := c.Write(tooManyConnsAnswer); err == nil {
+			if tc, ok := c.(interface{ CloseWrite() error }); ok && tc.CloseWrite() == nil {
+				_, _ = io.CopyN(io.Discard, c, lingerBytes)
+			}
+		}
+		_ = c.Close()
+	}()
 }
+
+// tooManyConnsAnswer is the whole response to a connection over its
+// address's bound.
+var tooManyConnsAnswer = func() []byte {
+	body := (&openai.Error{Status: 429, Type: openai.TypeServerError, Code: "too_many_connections",
+		Message: "this client address has as many connections open as the router allows (--max-conns-per-ip); reuse them, or retry after the Retry-After interval"}).AppendJSON(nil)
+	return fmt.Appendf(nil, "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}()
 
 func remoteIP(c net.Conn) netip.Addr {
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {

@@ -3,6 +3,7 @@ package fastpath_test
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -170,6 +171,55 @@ func TestAdminListenerHasItsOwnConnectionBound(t *testing.T) {
 		if status, err := getFrom(t, "127.0.0.1", admin, path); status != http.StatusOK {
 			t.Errorf("GET %s on the admin listener from the same address: status %d, %v", path, status, err)
 		}
+	}
+}
+
+// TestConnectionLimitRefusalIsRead: a connection over its address's
+// bound is answered 429 in the OpenAI error format with Retry-After, and
+// a client that writes its whole request, a large body included, before
+// it reads (Python's urllib) reads that answer, not a reset; the refusal
+// is counted.
+func TestConnectionLimitRefusalIsRead(t *testing.T) {
+	cfg := e2eConfig()
+	cfg.HTTP.MaxConnsPerIP = 1
+	cfg.HTTP.HeaderTimeout = time.Minute // the idle connection holds the share throughout
+	cfg.AdminListen = "127.0.0.1:0"      // served below, with its own bound
+	r := startE2ERouter(t, cfg)
+	addr := strings.TrimPrefix(r.url, "http://")
+	admin := serveAdmin(t, r)
+	dialFrom(t, "127.0.0.1", addr)
+	// Accepted in arrival order: a GET from the same address is refused
+	// once the idle connection holds the share.
+	waitFor(t, "the idle connection to hold the address's share", func() bool {
+		status, _ := getFrom(t, "127.0.0.1", addr, fastpath.PathHealth)
+		return status == http.StatusTooManyRequests
+	})
+	c := dialFrom(t, "127.0.0.1", addr)
+	_ = c.SetDeadline(time.Now().Add(e2eWait))
+	body := bytes.Repeat([]byte("x"), 4<<20) // far past the socket buffers
+	if _, err := fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(body); err != nil {
+		t.Fatalf("writing the body before reading: %v (the refusal reset the connection)", err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("reading the refusal: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" || checkOpenAIError(t, b) != "too_many_connections" {
+		t.Errorf("refusal: %d, Retry-After %q, %s", resp.StatusCode, resp.Header.Get("Retry-After"), b)
+	}
+	mr, err := http.Get("http://" + admin + fastpath.PathMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(mr.Body)
+	mr.Body.Close()
+	if v := metricOr0(string(m), `kvfast_http_transport_errors_total{reason="too_many_connections"}`); v < 2 {
+		t.Errorf("refusals counted: %v, want at least 2", v)
 	}
 }
 

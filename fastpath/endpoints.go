@@ -266,7 +266,7 @@ func readOnly(ctx *fasthttp.RequestCtx) bool {
 		return true
 	}
 	ctx.Response.Header.Set("Allow", "GET, HEAD")
-	writeError(ctx, fasthttp.StatusMethodNotAllowed, errMethodNotAllowed)
+	writeError(ctx, fasthttp.StatusMethodNotAllowed, errReadOnlyMethod)
 	return false
 }
 

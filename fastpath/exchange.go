@@ -1023,6 +1023,8 @@ func asRequestError(err error) *openai.Error {
 var (
 	errMethodNotAllowed = &openai.Error{Status: 405, Type: openai.TypeInvalidRequest, Code: "method_not_allowed",
 		Message: "this endpoint accepts POST only"}
+	errReadOnlyMethod = &openai.Error{Status: 405, Type: openai.TypeInvalidRequest, Code: "method_not_allowed",
+		Message: "this endpoint accepts GET and HEAD only"}
 	errOverloaded = &openai.Error{Status: 429, Type: openai.TypeServerError, Code: "overloaded",
 		Message: "every eligible worker is busy and the admission queue is full; retry after the Retry-After interval"}
 	errQueueTimeout = &openai.Error{Status: 503, Type: openai.TypeServerError, Code: "queue_timeout",

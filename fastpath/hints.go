@@ -176,12 +176,18 @@ func (s *Server) parseAllow(v []byte) (workers.Set, bool) {
 }
 
 // echoRequestID keeps the client's request id, or makes one, so that logs
-// of the router and the engine can be joined.
+// of the router and the engine can be joined. A made id names this router
+// process (the first half of its random X-Kvfast-Via id) before its
+// count: vLLM takes X-Request-Id for its own request id, and two routers
+// on one node, or one restarted, must not send an engine the same id
+// twice.
 func (ex *exchange) echoRequestID(ctx *fasthttp.RequestCtx) {
 	if v := ctx.Request.Header.Peek(HeaderRequestID); len(v) > 0 && len(v) <= 128 {
 		ex.rid = append(ex.rid[:0], v...)
 	} else {
 		ex.rid = append(ex.rid[:0], "kvf-"...)
+		ex.rid = append(ex.rid, ex.s.via[:len(ex.s.via)/2]...)
+		ex.rid = append(ex.rid, '-')
 		ex.rid = strconv.AppendUint(ex.rid, ex.s.requestID.Add(1), 36)
 	}
 	// Set now, so refusals carry it too.

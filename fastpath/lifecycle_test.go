@@ -157,6 +157,13 @@ func TestRequestIDOnRefusals(t *testing.T) {
 	if !strings.HasPrefix(resp.header.Get(fastpath.HeaderRequestID), "kvf-") {
 		t.Fatalf("generated request id %q", resp.header.Get(fastpath.HeaderRequestID))
 	}
+	// Another router process (a second one on the node, or this one
+	// restarted) makes other ids: vLLM takes them for its own.
+	other := startE2ERouter(t, e2eConfig())
+	again := other.post(t, fastpath.PathCompletions, []byte(`{"prompt":`), nil)
+	if a, b := resp.header.Get(fastpath.HeaderRequestID), again.header.Get(fastpath.HeaderRequestID); a == b {
+		t.Errorf("two routers' first requests both got id %q", a)
+	}
 }
 
 type streamResult struct {

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -322,8 +321,6 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.via = hex.AppendEncode(nil, binary.LittleEndian.AppendUint64(nil, rand.Uint64()))
 	s.throttle = logthrottle.New(time.Minute)
 	s.budget.limit = cfg.BodyBudgetBytes
-	s.connLimit = connLimiter{max: cfg.MaxConnsPerIP, perIP: map[netip.Addr]int{}}
-	s.adminConnLimit = connLimiter{max: cfg.MaxConnsPerIP, perIP: map[netip.Addr]int{}}
 	for _, k := range cfg.APIKeys {
 		s.apiKeys = append(s.apiKeys, sha256.Sum256([]byte(k)))
 	}
@@ -331,6 +328,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.adminToken = []keyDigest{sha256.Sum256([]byte(cfg.AdminToken))}
 	}
 	s.metrics = newMetrics(s)
+	s.connLimit.init(cfg.MaxConnsPerIP, s.metrics.transport[transportConnLimit])
+	s.adminConnLimit.init(cfg.MaxConnsPerIP, s.metrics.transport[transportConnLimit])
 	if !cfg.Encode.Off && cfg.Encode.AffinityItems > 0 {
 		s.encAffinity = newEncoderAffinity(cfg.Encode.AffinityItems, cfg.Encode.AffinityTTL)
 	}
@@ -630,6 +629,8 @@ const (
 	transportTimeout   = "header_timeout"
 	transportTooLarge  = "body_too_large"
 	transportMalformed = "malformed"
+	// transportConnLimit is exported from the listeners' connLimiters.
+	transportConnLimit = "too_many_connections"
 )
 
 // fasthttpLogger hands fasthttp's own reports (connections it could not

@@ -97,11 +97,11 @@ var (
 	ErrMaxTokensType = badRequest("max_tokens", "invalid_type",
 		"max_tokens and max_completion_tokens must be integers")
 	ErrMaxTokensRange = badRequest("max_tokens", "invalid_value",
-		"max_tokens and max_completion_tokens must be at least 1")
+		"max_tokens and max_completion_tokens must be at least 1 and at most 9223372036854775807")
 	ErrChoicesType = badRequest("n", "invalid_type",
 		"n must be an integer")
 	ErrChoicesRange = badRequest("n", "invalid_value",
-		"n must be at least 1")
+		"n must be at least 1 and at most 9223372036854775807")
 	ErrCacheSaltType = badRequest("cache_salt", "invalid_type",
 		"cache_salt must be a non-empty string")
 )
