@@ -2,7 +2,9 @@ package openai
 
 import (
 	"math"
+	"strconv"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/kvfast/kvfast/internal/jsonscan"
 )
@@ -462,16 +464,37 @@ func equalFoldASCII(b []byte, s string) bool {
 	return true
 }
 
-// countField parses max_tokens-like fields: a positive integer or null.
+// countField parses max_tokens-like fields: a positive integer or null,
+// read as vLLM's pydantic models read an int field in their default (lax)
+// mode: a float with no fractional part (2048.0, 2e3) and a string of
+// decimal digits ("5") are that integer too; a fraction is a type error.
+// A client that computes max_tokens as a float sends 2048.0, which the
+// engine serves.
 func (p *parser) countField(i, f int, dst *int64, typeErr, rangeErr *Error) int {
 	b := p.b
 	p.errs[f] = nil
 	*dst = 0
 	c := b[i]
-	if c == 'n' {
+	switch {
+	case c == 'n':
 		return jsonscan.ScanLiteral(b, i, "null")
-	}
-	if c != '-' && (c < '0' || c > '9') {
+	case c == '"':
+		end, escaped := jsonscan.ScanString(b, i)
+		if end < 0 {
+			return -1
+		}
+		digits := b[i+1 : end-1]
+		var buf [24]byte
+		if escaped {
+			digits = jsonscan.AppendUnescaped(buf[:0], digits)
+		}
+		if !isInteger(digits) {
+			p.errs[f] = typeErr
+			return end
+		}
+		*dst, p.errs[f] = countValue(digits, rangeErr)
+		return end
+	case c != '-' && (c < '0' || c > '9'):
 		p.errs[f] = typeErr
 		return jsonscan.SkipValue(b, i, 1)
 	}
@@ -479,31 +502,59 @@ func (p *parser) countField(i, f int, dst *int64, typeErr, rangeErr *Error) int 
 	if end < 0 {
 		return -1
 	}
-	for j := i; j < end; j++ {
-		if d := b[j]; d == '.' || d == 'e' || d == 'E' {
+	if num := b[i:end]; !isInteger(num) {
+		// Only a fraction, exponent or both are left: JSON has no other
+		// number. Integral values count; vLLM refuses the rest.
+		v, err := strconv.ParseFloat(unsafe.String(unsafe.SliceData(num), len(num)), 64)
+		switch {
+		case err == nil && v != math.Trunc(v):
 			p.errs[f] = typeErr
-			return end
+		case err != nil || v < 1 || v >= math.MaxInt64:
+			p.errs[f] = rangeErr
+		default:
+			*dst = int64(v)
 		}
-	}
-	if c == '-' {
-		p.errs[f] = rangeErr
 		return end
 	}
+	*dst, p.errs[f] = countValue(b[i:end], rangeErr)
+	return end
+}
+
+// isInteger reports whether b is a decimal integer: an optional minus
+// sign and digits.
+func isInteger(b []byte) bool {
+	if len(b) > 0 && b[0] == '-' {
+		b = b[1:]
+	}
+	if len(b) == 0 {
+		return false
+	}
+	for _, d := range b {
+		if d < '0' || d > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// countValue is the decimal integer b (isInteger) when it is at least 1
+// and fits an int64, else rangeErr.
+func countValue(b []byte, rangeErr *Error) (int64, *Error) {
+	if b[0] == '-' {
+		return 0, rangeErr
+	}
 	var v int64
-	for j := i; j < end; j++ {
-		d := int64(b[j] - '0')
+	for _, c := range b {
+		d := int64(c - '0')
 		if v > (math.MaxInt64-d)/10 {
-			p.errs[f] = rangeErr
-			return end
+			return 0, rangeErr
 		}
 		v = v*10 + d
 	}
 	if v < 1 {
-		p.errs[f] = rangeErr
-		return end
+		return 0, rangeErr
 	}
-	*dst = v
-	return end
+	return v, nil
 }
 
 func (p *parser) prompt(i int) int {

@@ -3,7 +3,9 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -154,27 +156,44 @@ func oracle(body []byte, api API, maxTok uint32) (oracleResult, error) {
 	default:
 		errs[fStream] = ErrStreamType
 	}
+	// vLLM's pydantic int fields, lax: integers, integral floats, strings
+	// of decimal digits.
+	integer := regexp.MustCompile(`^-?[0-9]+$`)
 	count := func(key string, f int, typeErr, rangeErr *Error) int64 {
+		var s string
 		switch v := m[key].(type) {
 		case nil:
+			return 0
 		case json.Number:
-			s := string(v)
-			switch {
-			case strings.ContainsAny(s, ".eE"):
+			s = string(v)
+		case string:
+			if !integer.MatchString(v) {
 				errs[f] = typeErr
-			case strings.HasPrefix(s, "-"):
-				errs[f] = rangeErr
-			default:
-				n, err := strconv.ParseInt(s, 10, 64)
-				if err != nil || n < 1 {
-					errs[f] = rangeErr
-				}
-				return n
+				return 0
 			}
+			s = v
 		default:
 			errs[f] = typeErr
+			return 0
 		}
-		return 0
+		if !integer.MatchString(s) {
+			x, err := strconv.ParseFloat(s, 64)
+			switch {
+			case err == nil && x != math.Trunc(x):
+				errs[f] = typeErr
+			case err != nil || x < 1 || x >= math.MaxInt64:
+				errs[f] = rangeErr
+			default:
+				return int64(x)
+			}
+			return 0
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 1 {
+			errs[f] = rangeErr
+			return 0
+		}
+		return n
 	}
 	mt := count("max_tokens", fMaxTokens, ErrMaxTokensType, ErrMaxTokensRange)
 	mc := count("max_completion_tokens", fMaxCompl, ErrMaxTokensType, ErrMaxTokensRange)
