@@ -259,6 +259,26 @@ func TestBodyBudget(t *testing.T) {
 	}
 	settled(t, r)
 	waitFor(t, "the budget released", func() bool { return r.server.BodyBytes() == 0 })
+
+	// A body routed and answered is no longer held while its response
+	// streams: as many such requests as the budget allows twice over
+	// stay open, and the next one is still served.
+	body := completionBody(t, tokens(1, 40), false)
+	cfg.MaxBodyBytes, cfg.BodyBudgetBytes = len(body), int64(len(body))
+	r = startEPP(t, cfg, endpoints(2)...)
+	for range 3 {
+		st := r.open(t, duplexMode())
+		st.requestHeaders("/v1/completions", false, nil)
+		st.requestBody(body, true)
+		if hr := st.recv(); hr.GetRequestHeaders() == nil {
+			t.Fatalf("a request while earlier ones stream: %v, want its routed headers", hr)
+		}
+		if got := st.recv().GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody(); len(got) != len(body) {
+			t.Fatalf("the body answered with %d bytes, want %d in one piece", len(got), len(body))
+		}
+		waitFor(t, "the answered body released", func() bool { return r.server.BodyBytes() == 0 })
+		t.Cleanup(st.cancel)
+	}
 }
 
 // TestNoHealthyEndpoint: with every endpoint unhealthy, and with a subset

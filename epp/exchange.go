@@ -88,6 +88,19 @@ func (x *exchange) reset() {
 		fallbackBy: x.fallbackBy[:0], out: x.out[:0]}
 }
 
+// releaseBody gives back x's body and its charge of the body budget once
+// the body has been answered: the decision is made and nothing reads the
+// body again.
+func (x *exchange) releaseBody() {
+	x.s.bodyBytes.Add(-x.charged)
+	x.charged = 0
+	if cap(x.body) > 1<<20 {
+		x.body = nil
+	} else {
+		x.body = x.body[:0]
+	}
+}
+
 func (x *exchange) release() {
 	if x.held {
 		x.held = false

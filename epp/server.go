@@ -50,8 +50,8 @@ func NewServer(p *Picker) *Server {
 }
 
 // chargeBody takes n more bytes of the body budget for x's body, or
-// reports false, taking none. The charge is x's until the stream ends
-// (reset), when its body is let go.
+// reports false, taking none. The charge is x's until its body has been
+// answered (releaseBody) or the stream ends (reset).
 func (s *Server) chargeBody(x *exchange, n int) bool {
 	if s.bodyBytes.Add(int64(n)) > s.p.cfg.BodyBudgetBytes {
 		s.bodyBytes.Add(-int64(n))
@@ -170,6 +170,13 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			}
 		}
 		x.out = x.out[:0]
+		if x.decided && x.charged > 0 {
+			// The body went upstream in the answers just sent (full
+			// duplex) or goes on from the gateway's own copy: the picker
+			// holds none of it for the rest of the request, which may
+			// stream for minutes.
+			x.releaseBody()
+		}
 		if x.immediate {
 			// The gateway answers the client itself and ends the stream.
 			x.end(false)
