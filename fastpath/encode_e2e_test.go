@@ -157,15 +157,6 @@ func TestEncodeAffinity(t *testing.T) {
 	wantMetric(t, m, `kvfast_encoder_affinity_total{result="miss"}`, 2)
 }
 
-// failingEncoder is a static encode worker that refuses every item.
-func failingEncoder(t *testing.T) (node.StaticWorker, *atomic.Int64) {
-	t.Helper()
-	return encoderAnswering(t, func(ctx *fasthttp.RequestCtx) {
-		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
-		ctx.SetBodyString(`{"error":{"message":"encoder out of memory","type":"server_error"}}`)
-	})
-}
-
 // encoderAnswering is an encode worker answering every item with answer,
 // and the count of items it was sent.
 func encoderAnswering(t *testing.T, answer fasthttp.RequestHandler) (node.StaticWorker, *atomic.Int64) {
@@ -183,58 +174,45 @@ func encoderAnswering(t *testing.T, answer fasthttp.RequestHandler) (node.Static
 // encodes it itself. Either way the request completes and every booking
 // is released.
 func TestEncodeFailureRecovers(t *testing.T) {
-	t.Run("retry on another encoder", func(t *testing.T) {
-		bad, refused := failingEncoder(t)
-		er := startEncodeRig(t, 1, mocker.Config{}, bad)
-		r := er.r
-		// Two items, booked one after the other, go to the two encoders:
-		// the failing one gets one of them, which is retried on the other.
-		resp := r.post(t, fastpath.PathChatCompletions, imagesChat(false, imageURL("p"), imageURL("q")), nil)
-		if resp.status != http.StatusOK {
-			t.Fatalf("status %d: %s", resp.status, resp.body)
-		}
-		waitReleased(t, r.node)
-		if refused.Load() != 1 {
-			t.Errorf("the failing encoder got %d items, want 1", refused.Load())
-		}
-		if s := er.encoders[0].EncodeStats(); s.Encoded != 2 {
-			t.Errorf("the working encoder encoded %d items, want both", s.Encoded)
-		}
-		if s := er.agg.EncodeStats(); s.HandedOver != 2 || s.Encoded != 0 {
-			t.Errorf("aggregated engine: %+v; want both images handed over", s)
-		}
-		m := r.metrics(t)
-		wantMetric(t, m, `kvfast_encode_items_total{outcome="encoded"}`, 2)
-		wantMetric(t, m, `kvfast_encode_items_total{outcome="fallback_local"}`, 0)
-	})
-	// A 4xx judges the item, which every encoder would judge alike: it is
-	// not retried on another encoder, and the engine gets it as sent.
-	t.Run("a 4xx is not retried", func(t *testing.T) {
-		bad, refused := encoderAnswering(t, func(ctx *fasthttp.RequestCtx) {
-			ctx.SetStatusCode(fasthttp.StatusBadRequest)
-			ctx.SetBodyString(`{"error":{"message":"audio input is not supported","type":"BadRequestError"}}`)
+	// Two items, booked one after the other, go to the two encoders: the
+	// bad one gets one of them. A 5xx is retried on the other encoder; a
+	// 4xx judges the item, which every encoder would judge alike: it is
+	// not retried, and the engine gets it as sent.
+	for _, tc := range []struct {
+		name                    string
+		status                  int
+		goodEncoded, aggEncoded int64 // aggEncoded: by the engine, refused by the bad encoder
+	}{
+		{"retry on another encoder", fasthttp.StatusInternalServerError, 2, 0},
+		{"a 4xx is not retried", fasthttp.StatusBadRequest, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bad, sent := encoderAnswering(t, func(ctx *fasthttp.RequestCtx) {
+				ctx.SetStatusCode(tc.status)
+				ctx.SetBodyString(`{"error":{"message":"cannot encode the item","type":"BadRequestError"}}`)
+			})
+			er := startEncodeRig(t, 1, mocker.Config{}, bad)
+			r := er.r
+			resp := r.post(t, fastpath.PathChatCompletions, imagesChat(false, imageURL("p"), imageURL("q")), nil)
+			if resp.status != http.StatusOK {
+				t.Fatalf("status %d: %s", resp.status, resp.body)
+			}
+			waitReleased(t, r.node)
+			if sent.Load() != 1 {
+				t.Errorf("the bad encoder got %d items, want 1", sent.Load())
+			}
+			if s := er.encoders[0].EncodeStats(); s.Encoded != tc.goodEncoded {
+				t.Errorf("the working encoder encoded %d items, want %d", s.Encoded, tc.goodEncoded)
+			}
+			if s := er.agg.EncodeStats(); s.HandedOver != 2-tc.aggEncoded || s.Encoded != tc.aggEncoded {
+				t.Errorf("aggregated engine: %+v; want %d images handed over, %d encoded", s, 2-tc.aggEncoded, tc.aggEncoded)
+			}
+			m := r.metrics(t)
+			wantMetric(t, m, `kvfast_encode_items_total{outcome="encoded"}`, float64(tc.goodEncoded))
+			wantMetric(t, m, `kvfast_encode_items_total{outcome="refused"}`, float64(tc.aggEncoded))
+			wantMetric(t, m, `kvfast_encode_items_total{outcome="fallback_local"}`, 0)
 		})
-		er := startEncodeRig(t, 1, mocker.Config{}, bad)
-		r := er.r
-		resp := r.post(t, fastpath.PathChatCompletions, imagesChat(false, imageURL("p"), imageURL("q")), nil)
-		if resp.status != http.StatusOK {
-			t.Fatalf("status %d: %s", resp.status, resp.body)
-		}
-		waitReleased(t, r.node)
-		if refused.Load() != 1 {
-			t.Errorf("the refusing encoder got %d items, want 1", refused.Load())
-		}
-		if s := er.encoders[0].EncodeStats(); s.Encoded != 1 {
-			t.Errorf("the other encoder encoded %d items, want only its own", s.Encoded)
-		}
-		if s := er.agg.EncodeStats(); s.HandedOver != 1 || s.Encoded != 1 {
-			t.Errorf("aggregated engine: %+v; want one image handed over and the refused one encoded", s)
-		}
-		m := r.metrics(t)
-		wantMetric(t, m, `kvfast_encode_items_total{outcome="encoded"}`, 1)
-		wantMetric(t, m, `kvfast_encode_items_total{outcome="refused"}`, 1)
-		wantMetric(t, m, `kvfast_encode_items_total{outcome="fallback_local"}`, 0)
-	})
+	}
 	// With no encoder that works, the aggregated engine encodes the items
 	// itself: the encoder answers each with an error status, or with a
 	// success status that is no encoding (an error object, a stream
