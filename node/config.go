@@ -279,6 +279,9 @@ func (c *Config) Validate() error {
 	if c.Sched.BlockSize <= 0 {
 		return fmt.Errorf("cannot use block size %d: must be positive", c.Sched.BlockSize)
 	}
+	if r := c.Segment.RingBytes; r != 0 && shm.BlocksPerRecord(r, c.Sched.BlockSize) < 1 {
+		return fmt.Errorf("cannot use ring size %d bytes with block size %d: no engine could publish one block of it (a record takes at most a quarter of the ring); give a larger --ring-bytes", r, c.Sched.BlockSize)
+	}
 	if len(c.Static) > workers.Max {
 		return fmt.Errorf("cannot configure %d static workers: at most %d", len(c.Static), workers.Max)
 	}

@@ -38,6 +38,7 @@ func TestValidateRefuses(t *testing.T) {
 		{"index worker share over 1", func(c *Config) { c.Segment.IndexWorkerShare = 1.5 }, "index worker share"},
 		{"zero approx capacity", func(c *Config) { c.Approx.Capacity = 0 }, "approx capacity"},
 		{"zero block size", func(c *Config) { c.Sched.BlockSize = 0 }, "block size"},
+		{"a block larger than the ring takes", func(c *Config) { c.Segment.RingBytes, c.Sched.BlockSize = 4096, 256 }, "no engine could publish one block"},
 		{"too many static workers", func(c *Config) {
 			c.Static = make([]StaticWorker, workers.Max+1)
 		}, "static workers"},

@@ -132,19 +132,27 @@ func (s *Segment) Register(cfg WorkerConfig) (*Publisher, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	// Before the slot is claimed: a worker that can publish no block must
+	// not go live.
+	if BlocksPerRecord(s.lay.ringBytes, cfg.BlockSize) < 1 {
+		return nil, fmt.Errorf("cannot register block size %d: one block does not fit a %d-byte ring", cfg.BlockSize, s.lay.ringBytes)
+	}
 	slot, gen, err := s.claimWatching(cfg)
 	if err != nil {
 		return nil, err
 	}
 	p := &Publisher{seg: s, slot: slot, cfg: cfg, w: s.newRingWriter(slot, gen)}
 	p.remember()
-	per := 8 + 4*cfg.BlockSize
-	p.maxBlocks = (p.w.maxRecord - storedHead - 8) / per
+	p.maxBlocks = BlocksPerRecord(s.lay.ringBytes, cfg.BlockSize)
 	p.maxHashes = (p.w.maxRecord - recordHead) / 8
-	if p.maxBlocks < 1 {
-		return nil, fmt.Errorf("cannot register block size %d: one block does not fit a %d-byte ring", cfg.BlockSize, s.lay.ringBytes)
-	}
 	return p, nil
+}
+
+// BlocksPerRecord is how many blocks of blockSize tokens one Stored record
+// carries in a ring of ringBytes (a record takes at most a quarter of the
+// ring). Below 1, no publisher of that block size can publish anything.
+func BlocksPerRecord(ringBytes, blockSize int) int {
+	return (ringBytes/4 - storedHead - 8) / (8 + 4*blockSize)
 }
 
 // Slot returns the registry slot this publisher holds.

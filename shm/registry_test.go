@@ -101,6 +101,21 @@ func TestRegistryRejectsBadConfig(t *testing.T) {
 	}
 }
 
+// TestRegistryRefusesABlockTheRingCannotCarry: a block size of which not
+// one block fits a record of the ring is refused before a slot is
+// claimed: the worker never goes live.
+func TestRegistryRefusesABlockTheRingCannotCarry(t *testing.T) {
+	seg, _ := openTest(t, Options{RingBytes: MinRingBytes})
+	for range 3 {
+		if _, err := seg.Register(WorkerConfig{WorkerID: 1, BlockSize: 256, Endpoint: "127.0.0.1:8001"}); err == nil {
+			t.Fatal("registered a block size no record can carry")
+		}
+	}
+	if ws := seg.Workers(nil); len(ws) != 0 {
+		t.Fatalf("refused registrations left slots behind: %+v", ws)
+	}
+}
+
 func TestExpireClaim(t *testing.T) {
 	seg, _ := openTest(t, Options{})
 	sw := seg.u64(slotOff(5) + sState)

@@ -28,6 +28,7 @@ publisher.
 import errno
 import mmap
 import os
+import platform
 import struct
 import sys
 import threading
@@ -132,12 +133,29 @@ def check_endpoint(endpoint):
             raise ValueError("endpoint %r: want http://host:port, without credentials, path or query" % endpoint.split("@")[-1])
         rest = u.netloc
     host, sep, port = rest.rpartition(":")
-    if not sep or not host or any(c in host for c in "@/?#") or not port.isdigit() or not 0 < int(port) < 1 << 16:
+    # ASCII digits only: str.isdigit also takes "４５" and "٤٥", which int()
+    # reads and the router's Go parser refuses.
+    if not sep or not host or any(c in host for c in "@/?#") or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 1 << 16:
         raise ValueError("endpoint %r: want a host and a port from 1 to 65535 (http://host:port)" % endpoint.split("@")[-1])
     if ":" in host and not (host.startswith("[") and host.endswith("]")):
         # "::1:8001" does not say where the address ends; Go's
         # net.SplitHostPort, which the router uses, refuses it.
         raise ValueError("endpoint %r: write an IPv6 address in brackets, http://[%s]:%s" % (endpoint, host, port))
+
+
+def check_uint(name, value, bits):
+    """Raise ValueError unless value is an int (not a bool) that fits an
+    unsigned field of bits bits: checked before anything is written, so
+    that a bad value cannot leave a registry slot or load page half
+    written."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << bits:
+        raise ValueError("%s %r: want an integer from 0 to %d" % (name, value, (1 << bits) - 1))
+
+
+# The ring's commit protocol relies on x86-64's total store order (module
+# docstring); a weakly ordered CPU could publish a commit before the bytes
+# it commits.
+STORE_ORDERED_MACHINES = ("x86_64", "amd64", "x64")
 
 
 def _fnv1a64(data):
@@ -168,7 +186,14 @@ class KvfastPublisher:
         start a tug of war at every heartbeat."""
         if sys.byteorder != "little":
             raise SegmentError("kvfast segments are little-endian; this host is not")
+        if platform.machine().lower() not in STORE_ORDERED_MACHINES:
+            raise SegmentError("this publisher's commit protocol needs x86-64's store ordering, and this host is %s: "
+                               "use the Go publisher (shm.Register) here" % platform.machine())
         model_b, endpoint_b = model.encode(), endpoint.encode()
+        check_uint("worker_id", worker_id, 64)
+        check_uint("dp_rank", dp_rank, 32)
+        check_uint("kv_capacity_blocks", kv_capacity_blocks, 64)
+        check_uint("block_size", block_size, 32)
         if not 0 < block_size <= 1 << 15:
             raise ValueError("block size %d out of range" % block_size)
         if len(model_b) > MAX_MODEL_LEN or len(endpoint_b) > MAX_ENDPOINT_LEN:
@@ -190,7 +215,14 @@ class KvfastPublisher:
         try:
             self._attach(path)
             self.block_size = block_size
-            self._cfg = (worker_id & U64, dp_rank, model_b, block_size, kv_capacity_blocks, endpoint_b)
+            self._max_blocks = (self._max_record - STORED_HEAD - 8) // (8 + 4 * block_size)
+            self._max_hashes = (self._max_record - RECORD_HEAD) // 8
+            if self._max_blocks < 1:
+                # Before registering: a worker that can publish no block
+                # must not go live.
+                raise ValueError("one block of %d tokens does not fit the segment's ring; the router's --ring-bytes "
+                                 "must be larger" % block_size)
+            self._cfg = (worker_id, dp_rank, model_b, block_size, kv_capacity_blocks, endpoint_b)
             self._claim_watching()
         except BaseException:
             # A refused registration (a live holder, a full registry) must
@@ -202,10 +234,6 @@ class KvfastPublisher:
                 self._mm.close()
             os.close(self._fd)
             raise
-        self._max_blocks = (self._max_record - STORED_HEAD - 8) // (8 + 4 * block_size)
-        self._max_hashes = (self._max_record - RECORD_HEAD) // 8
-        if self._max_blocks < 1:
-            raise ValueError("one block of %d tokens does not fit the ring" % block_size)
 
     # -- segment -------------------------------------------------------
 
@@ -543,6 +571,9 @@ class KvfastPublisher:
     def load(self, running, waiting, kv_used_blocks, kv_total_blocks):
         """Publish the engine's load (seqlock write); nothing once another
         registration took the slot, whose publisher writes its page."""
+        for name, v in (("running", running), ("waiting", waiting), ("kv_used_blocks", kv_used_blocks),
+                        ("kv_total_blocks", kv_total_blocks)):
+            check_uint(name, v, 64)  # before the seqlock write: a half-written page would stay
         with self._lock:
             self._check()
             if self._i[(self._slot_off + S_GEN) // 4] != self.generation:

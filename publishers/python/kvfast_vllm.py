@@ -11,6 +11,7 @@ file can be imported (and tested) without vLLM installed.
 """
 
 import logging
+import math
 import os
 import threading
 
@@ -30,6 +31,11 @@ def engine_hash(h):
     if isinstance(h, (bytes, bytearray, memoryview)):
         return int.from_bytes(bytes(h[:8]).ljust(8, b"\0"), "little")
     return int(h) & U64
+
+
+# HEARTBEAT_WARN_S is half the router's default --heartbeat-grace: a
+# longer period leaves no room for one late beat.
+HEARTBEAT_WARN_S = 2.5
 
 
 def _env(name, default=None):
@@ -80,6 +86,18 @@ class KvfastEventPublisher:
             raise ValueError("kvfast: KVFAST_ENDPOINT: %s: set it to this engine's address as the router reaches it, "
                              "e.g. http://127.0.0.1:8001 for vllm serve --port 8001" % e) from None
         self._dp_rank = int(data_parallel_rank or 0)
+        # Read before registering: a bad period must stop the engine with
+        # a clear error, not leave a registration that never heartbeats.
+        try:
+            period = float(_env("KVFAST_HEARTBEAT_S", "1"))
+        except ValueError:
+            period = math.nan
+        if not 0 < period < math.inf:
+            raise ValueError("kvfast: KVFAST_HEARTBEAT_S=%r: want a number of seconds above 0 (default 1)"
+                             % _env("KVFAST_HEARTBEAT_S"))
+        if period >= HEARTBEAT_WARN_S:
+            _log.warning("kvfast: KVFAST_HEARTBEAT_S=%g: a router with the default --heartbeat-grace (5 s) takes the "
+                         "worker for dead between two beats; keep it well under the router's grace", period)
         self._args = dict(
             path=path,
             worker_id=int(_env("KVFAST_WORKER_ID", "0")),
@@ -97,13 +115,13 @@ class KvfastEventPublisher:
             # heartbeat thread registers once the segment appears.
             _log.warning("kvfast: no segment at %s yet: KV events are dropped until a router creates it", path)
             self._pub = None
-        self.skipped = 0  # events kvfast cannot represent (LoRA, offload tiers, null blocks)
+        self.skipped = 0  # events kvfast cannot represent (LoRA, extra keys, offload tiers, null blocks, block size)
+        self._warned_size = False
         # Lost: whole batches while no registration was live, and single
         # events that could not be published (bad values).
         self.dropped = 0
         self._warned_live = False
         self._stop = threading.Event()
-        period = float(_env("KVFAST_HEARTBEAT_S", "1"))
         self._beat = threading.Thread(target=self._heartbeat, args=(period,), daemon=True, name="kvfast-heartbeat")
         self._beat.start()
 
@@ -194,12 +212,27 @@ class KvfastEventPublisher:
             self.skipped += 1  # CPU/disk offload tiers are not the engine's device cache
             return
         if name == "BlockStored":
-            if getattr(ev, "lora_id", None) is not None:
+            if getattr(ev, "lora_id", None) is not None or getattr(ev, "lora_name", None) is not None:
                 # kvfast seeds LoRA namespaces by adapter name, which the
-                # event does not carry.
+                # event does not carry (or a shared-memory record cannot).
+                self.skipped += 1
+                return
+            if any(k is not None for k in getattr(ev, "extra_keys", None) or ()):
+                # The engine hashed these blocks with more than their
+                # tokens (a multimodal item's hash, a cache salt, prompt
+                # embeddings), which a shared-memory record cannot carry:
+                # stored as plain tokens they would match a request with
+                # another image or salt, a claim the engine cannot honour.
+                # Skipped: an under-claim (the ZMQ feed hashes them).
                 self.skipped += 1
                 return
             if ev.block_size != pub.block_size:
+                if not self._warned_size:
+                    self._warned_size = True
+                    _log.warning("kvfast: the engine stores blocks of %s tokens and KVFAST_BLOCK_SIZE is %d: "
+                                 "its blocks are skipped, and the router routes to it without cache credit; set "
+                                 "KVFAST_BLOCK_SIZE (and the router's --block-size) to vLLM's --block-size",
+                                 ev.block_size, pub.block_size)
                 self.skipped += 1
                 return
             if len(ev.token_ids) != len(ev.block_hashes) * pub.block_size:

@@ -160,6 +160,18 @@ class EngineBeforeRouterTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             kvfast_vllm.KvfastEventPublisher(endpoint=self.path)
 
+    def test_heartbeat_period_is_checked_before_registering(self):
+        # A bad period must stop the engine before it registers: a worker
+        # registered by a publisher that then fails to start its heartbeat
+        # stays listed until the router's grace passes.
+        format_segment(self.path)
+        for bad in ("1s", "0", "-1", "nan", "inf"):
+            os.environ["KVFAST_HEARTBEAT_S"] = bad
+            with self.assertRaises(ValueError, msg=bad) as cm:
+                kvfast_vllm.KvfastEventPublisher(endpoint=self.path)
+            self.assertIn("KVFAST_HEARTBEAT_S", str(cm.exception))
+            self.assertEqual(slot_state(self.path, 0)[0], kvfast_publisher.FREE, bad)
+
     def test_model_is_required(self):
         # Registered without a model name, the worker would be listed under
         # none and the router would answer 404 for the served model.
@@ -217,6 +229,49 @@ class AttachTest(unittest.TestCase):
                 self.assertIn(want, str(cm.exception), data)
 
 
+class RegistrationTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "kvfast")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_bad_arguments_write_nothing(self):
+        # Checked before the registry slot is touched: a value that fails
+        # half way would leave the slot claimed, its generation bumped.
+        format_segment(self.path)
+        good = dict(worker_id=1, model="m", block_size=16, dp_rank=0, kv_capacity_blocks=0, endpoint="127.0.0.1:8001")
+        for name, bad in [("block_size", 16.0), ("block_size", True), ("dp_rank", -1), ("dp_rank", 1 << 32),
+                          ("dp_rank", 0.5), ("kv_capacity_blocks", -1), ("worker_id", -1), ("worker_id", "1"),
+                          ("endpoint", "127.0.0.1:\uff14\uff15")]:
+            with self.assertRaises(ValueError, msg="%s=%r" % (name, bad)):
+                kvfast_publisher.KvfastPublisher(self.path, **dict(good, **{name: bad}))
+            self.assertEqual(slot_state(self.path, 0)[0], kvfast_publisher.FREE, "%s=%r" % (name, bad))
+
+    def test_a_block_that_does_not_fit_the_ring_is_refused_before_registering(self):
+        format_segment(self.path, ring_bytes=4096)
+        for _ in range(3):
+            with self.assertRaises(ValueError) as cm:
+                kvfast_publisher.KvfastPublisher(self.path, 1, "m", 4096, endpoint="127.0.0.1:8001")
+            self.assertIn("ring", str(cm.exception))
+            self.assertEqual(slot_state(self.path, 0)[0], kvfast_publisher.FREE)
+
+    def test_bad_load_writes_nothing(self):
+        format_segment(self.path)
+        p = kvfast_publisher.KvfastPublisher(self.path, 1, "m", 4, endpoint="127.0.0.1:8001")
+        try:
+            p.load(1, 2, 3, 4)
+            page = kvfast_publisher.LOAD_OFF + p.slot * kvfast_publisher.LOAD_PAGE_SIZE
+            before = bytes(p._mm[page:page + 64])
+            for args in [(-1, 0, 0, 0), (1.5, 0, 0, 0), (0, 0, 1 << 64, 0), (0, 0, 0, "3")]:
+                with self.assertRaises(ValueError, msg=repr(args)):
+                    p.load(*args)
+            self.assertEqual(bytes(p._mm[page:page + 64]), before)
+        finally:
+            p.close()
+
+
 class BadEventTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
@@ -264,10 +319,27 @@ class BadEventTest(unittest.TestCase):
             # A store with a bad token id: dropped, the removal still goes.
             pub.publish(KVEventBatch([BlockStored([3], [1, 2, 3, -1]), BlockRemoved([8])]))
             self.assertEqual((pub.dropped, reg.seq), (1, 2))
+            # A store whose blocks the engine hashed with extra keys (an
+            # image's hash, a cache salt) or for a LoRA adapter: skipped,
+            # never stored as plain tokens another request would match.
+            salted = BlockStored([5], [1, 2, 3, 4])
+            salted.extra_keys = [("salt-a",)]
+            adapter = BlockStored([6], [1, 2, 3, 4])
+            adapter.lora_name = "sql"
+            plain = BlockStored([7], [1, 2, 3, 4])
+            plain.extra_keys = [None]
+            pub.publish(KVEventBatch([salted, adapter, plain]))
+            self.assertEqual((pub.skipped, pub.dropped, reg.seq), (3, 1, 3))
+            # Another block size: skipped, and said once in the log.
+            with self.assertLogs("kvfast", "WARNING") as logs:
+                pub.publish(KVEventBatch([BlockStored([9], list(range(8)), block_size=8)] * 2))
+            self.assertEqual(len(logs.output), 1)
+            self.assertIn("KVFAST_BLOCK_SIZE", logs.output[0])
+            self.assertEqual((pub.skipped, reg.seq), (5, 3))
             # A removal that cannot be published clears the worker's view
             # instead: the router must not go on claiming what it removed.
             pub.publish(KVEventBatch([BlockRemoved([object()])]))
-            self.assertEqual((pub.dropped, reg.seq), (2, 3))
+            self.assertEqual((pub.dropped, reg.seq), (2, 4))
             kind = reg._mm[reg._data + reg._pos - kvfast_publisher.RECORD_HEAD + 4]
             self.assertEqual(kind, kvfast_publisher.CLEARED)
         finally:
