@@ -85,6 +85,21 @@ if ! /usr/bin/python3 -c 'import jinja2' >/dev/null 2>&1; then
 		exit 1
 	fi
 fi
+# feed's libzmq test: a publisher built as vLLM's is, on Debian's pyzmq.
+why="feed's TestZMQCatchUpFromALibzmqReplaySocket replays from a libzmq ROUTER, as vLLM's publisher has"
+if ! /usr/bin/python3 -c 'import zmq, msgpack' >/dev/null 2>&1; then
+	if can_apt; then
+		say "Python's pyzmq or msgpack is missing; $why."
+		say "installing them now: apt-get update && apt-get install -y python3-zmq python3-msgpack"
+		apt_install python3-zmq python3-msgpack
+		say "installed pyzmq $(/usr/bin/python3 -c 'import zmq; print(zmq.pyzmq_version())')"
+	else
+		say "Python's pyzmq or msgpack is missing; $why."
+		say "install them, e.g.: sudo apt-get install python3-zmq python3-msgpack"
+		say "(or, as root, rerun with KVFAST_INSTALL_DEPS=1 to let this script apt-get them)"
+		exit 1
+	fi
+fi
 # deploy's tests check the Prometheus rules and the dashboard's queries
 # with promtool, from Debian's prometheus package. Outside CI the test
 # skips, saying so, when promtool is missing.
