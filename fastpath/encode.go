@@ -425,8 +425,15 @@ func (s *Server) runEncode(ex *exchange, i int, wg *sync.WaitGroup) {
 		// take, a picture that does not decode): every encoder of the
 		// model would refuse it alike, so it is not retried on another;
 		// the prefill engine gets it and answers the client as the
-		// engine does. A timeout or a throttle is the encoder's state.
-		st.refused = code >= 400 && code < 500 && code != fasthttp.StatusRequestTimeout && code != fasthttp.StatusTooManyRequests
+		// engine does. A timeout, a throttle, a model the encoder does not
+		// serve (404) and a refusal of the engines' key (Call.Failed: an
+		// encoder restarted with another) are the encoder's state.
+		switch {
+		case code >= 500, st.call.Failed():
+		case code == fasthttp.StatusNotFound, code == fasthttp.StatusRequestTimeout, code == fasthttp.StatusTooManyRequests:
+		default:
+			st.refused = code >= 400
+		}
 		err = errEncodeRefused
 		st.abortFailed()
 	}

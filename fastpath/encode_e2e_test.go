@@ -175,8 +175,8 @@ func encoderAnswering(t *testing.T, answer fasthttp.RequestHandler) (node.Static
 // is released.
 func TestEncodeFailureRecovers(t *testing.T) {
 	// Two items, booked one after the other, go to the two encoders: the
-	// bad one gets one of them. A 5xx is retried on the other encoder; a
-	// 4xx judges the item, which every encoder would judge alike: it is
+	// bad one gets one of them. A 5xx or a 404 is retried on the other
+	// encoder; another 4xx judges the item, which every encoder would judge alike: it is
 	// not retried, and the engine gets it as sent.
 	for _, tc := range []struct {
 		name                    string
@@ -184,6 +184,7 @@ func TestEncodeFailureRecovers(t *testing.T) {
 		goodEncoded, aggEncoded int64 // aggEncoded: by the engine, refused by the bad encoder
 	}{
 		{"retry on another encoder", fasthttp.StatusInternalServerError, 2, 0},
+		{"a 404 is the encoder's (it does not serve the model): retried", fasthttp.StatusNotFound, 2, 0},
 		{"a 4xx is not retried", fasthttp.StatusBadRequest, 1, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

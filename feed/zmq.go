@@ -496,9 +496,7 @@ const (
 func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify bool) replayResult {
 	rctx, cancel := context.WithTimeout(ctx, maxReplayTimeouts*s.cfg.ReplayTimeout)
 	defer cancel()
-	stall := time.AfterFunc(s.cfg.ReplayTimeout, cancel)
-	defer stall.Stop()
-	r := replayState{from: from, until: until, next: from, verify: verify, stall: stall}
+	r := replayState{from: from, until: until, next: from, verify: verify}
 	for asked := 0; ; asked++ {
 		res, hole := s.replayRound(rctx, &r, asked < maxReplayReasks)
 		if !hole {
@@ -513,21 +511,27 @@ type replayState struct {
 	from, until uint64
 	next        uint64 // the lowest number that moves the replay on
 	verify      bool   // the first reply must be batch from, as applied
-	stall       *time.Timer
 }
 
 // replayRound makes one replay request, from r.next, and offers its
-// replies. With reask, a hole among the replies ends the round with hole
-// set, for the caller to ask again from r.next.
+// replies. With reask, a hole among the replies, or replies that stop
+// short of the end marker after some came (the engine's socket dropped
+// the tail, marker and all), ends the round with hole set, for the caller
+// to ask again from r.next. Within rctx, which bounds the whole replay,
+// the round is given up after ReplayTimeout without progress.
 func (s *ZMQSubscriber) replayRound(rctx context.Context, r *replayState, reask bool) (_ replayResult, hole bool) {
 	s.c.replays.Add(1)
+	round, stop := context.WithCancel(rctx)
+	defer stop()
+	stall := time.AfterFunc(s.cfg.ReplayTimeout, stop)
+	defer stall.Stop()
 	start := r.next
 	fail := func(err error) (replayResult, bool) {
 		s.c.replayFailures.Add(1)
 		s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "replay", "KV-event replay failed", "replay", s.cfg.Replay, "from", start, "err", err)
 		return replayFailed, false
 	}
-	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.DialTimeout),
+	d := zmq4.NewDealer(round, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.DialTimeout),
 		zmq4.WithTimeout(s.cfg.ReplayTimeout), zmq4.WithLogger(s.zmqLog()))
 	if err := d.Dial(guarded(s.cfg.Replay)); err != nil {
 		closeSocket(d)
@@ -545,6 +549,9 @@ func (s *ZMQSubscriber) replayRound(rctx context.Context, r *replayState, reask 
 	for {
 		msg, err := ahead.next()
 		if err != nil {
+			if moved && reask && rctx.Err() == nil {
+				return replayEnded, true // the tail was dropped: ask again from r.next
+			}
 			return fail(err)
 		}
 		seq, payload, ok := replayReply(msg.Frames)
@@ -561,8 +568,8 @@ func (s *ZMQSubscriber) replayRound(rctx context.Context, r *replayState, reask 
 			case xxhash.Sum64(payload) != s.lastDigest:
 				return replayMismatch, false
 			}
-			r.stall.Reset(s.cfg.ReplayTimeout)
-			r.next = r.from + 1
+			stall.Reset(s.cfg.ReplayTimeout)
+			r.next, moved = r.from+1, true
 			continue // applied already: what follows continues it
 		}
 		switch {
@@ -574,7 +581,7 @@ func (s *ZMQSubscriber) replayRound(rctx context.Context, r *replayState, reask 
 		case seq > r.next && moved && reask:
 			return replayEnded, true // dropped on the way: ask again from r.next
 		}
-		r.stall.Reset(s.cfg.ReplayTimeout)
+		stall.Reset(s.cfg.ReplayTimeout)
 		r.next = seq + 1
 		moved = true
 		s.c.replayed.Add(1)

@@ -257,13 +257,24 @@ func (n *Node) pollModels(ctx context.Context) {
 	start := time.Now()
 	t := time.NewTimer(0)
 	defer t.Stop()
+	var polled, next time.Time // the last poll, and when the timer fires
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
 		case <-n.membersChanged:
-			t.Stop()
+			// Soon, but not more often than adapterKickGap: an engine in a
+			// restart loop joins and leaves at every registry scan, and
+			// each poll asks every engine.
+			if at := polled.Add(adapterKickGap); at.Before(next) {
+				if now := time.Now(); at.Before(now) {
+					at = now
+				}
+				t.Reset(time.Until(at))
+				next = at
+			}
+			continue
+		case <-t.C:
 		}
 		period := adapterPoll
 		if p.poll(ctx, n) {
@@ -271,9 +282,15 @@ func (n *Node) pollModels(ctx context.Context) {
 		} else if time.Since(start) < n.cfg.DiscoveryTimeout {
 			period = n.cfg.RegistryPoll
 		}
+		polled = time.Now()
+		next = polled.Add(period)
 		t.Reset(period)
 	}
 }
+
+// adapterKickGap is the least time between two adapter polls that engines
+// joining or leaving bring forward.
+const adapterKickGap = 250 * time.Millisecond
 
 // awaitSettled closes n.settled, which /ready and requests naming a model
 // no worker serves yet wait for, once start-up has settled: every static
