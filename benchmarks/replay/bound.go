@@ -2,7 +2,9 @@ package replay
 
 // Bound is the prefix hit rate of an infinite cache shared by every worker:
 // a block counts as a hit when the whole chain of hash ids up to and
-// including it appeared in an earlier request. No router can beat it, so a
+// including it appeared in an earlier request, for as many of its tokens
+// as an earlier request had of it (a short last block caches only its
+// own tokens, and nothing after it can hit). No router can beat it, so a
 // measured hit rate is judged against it.
 type Bound struct {
 	// Tokens is HitTokens/PromptTokens. It is the figure to compare with a
@@ -26,20 +28,23 @@ func (t *Trace) HitBound(blockTokens int) Bound {
 	if blockTokens <= 0 {
 		blockTokens = tbs
 	}
-	hits := t.hitBlocks()
+	hits := t.prefixHits()
 	var b Bound
 	for i := range t.Records {
 		r := &t.Records[i]
 		n := len(r.HashIDs)
-		h := int(hits[i])
+		h := hits[i]
 		last := scaledBlockLen(r.lastBlockTokens(tbs), tbs, blockTokens)
 		b.PromptTokens += int64((n-1)*blockTokens + last)
 		b.TotalBlocks += int64(n)
-		b.HitBlocks += int64(h)
-		if h == n {
+		b.HitBlocks += int64(h.blocks)
+		switch {
+		case int(h.blocks) == n:
 			b.HitTokens += int64((n-1)*blockTokens + last)
-		} else {
-			b.HitTokens += int64(h * blockTokens)
+		case h.partial > 0:
+			b.HitTokens += int64(int(h.blocks)*blockTokens + scaledBlockLen(int(h.partial), tbs, blockTokens))
+		default:
+			b.HitTokens += int64(int(h.blocks) * blockTokens)
 		}
 	}
 	if b.PromptTokens > 0 {
@@ -49,13 +54,22 @@ func (t *Trace) HitBound(blockTokens int) Bound {
 	return b
 }
 
-func (t *Trace) hitBlocks() []int32 {
+// prefixHit is how much of one record an infinite cache already holds when
+// it arrives: its leading blocks held whole, then the tokens held of the
+// next one (a block an earlier request had only the first tokens of, as
+// its short last block).
+type prefixHit struct {
+	blocks  int32
+	partial int32 // trace tokens of block number blocks; 0: none
+}
+
+func (t *Trace) prefixHits() []prefixHit {
 	a := t.analysis
 	if a == nil { // a Trace built by hand rather than loaded
-		return countPrefixHits(t.Records)
+		return countPrefixHits(t.Records, t.blockSize())
 	}
-	a.once.Do(func() { a.hitBlocks = countPrefixHits(a.records) })
-	return a.hitBlocks[:len(t.Records)]
+	a.once.Do(func() { a.hits = countPrefixHits(a.records, t.blockSize()) })
+	return a.hits[:len(t.Records)]
 }
 
 // prefixEdge is one edge of the trie of hash-id chains: a node id (0 is the
@@ -67,24 +81,42 @@ type prefixEdge struct {
 	id     uint64
 }
 
-func countPrefixHits(records []Record) []int32 {
-	hits := make([]int32, len(records))
+// countPrefixHits walks the records in order through a trie of their
+// hash-id chains, each node remembering the most tokens of its block any
+// record had: a request whose short last block was id 7 cached only those
+// tokens of it, so a later request with id 7 whole finds them and no more,
+// and nothing after them.
+func countPrefixHits(records []Record, traceBlockSize int) []prefixHit {
+	hits := make([]prefixHit, len(records))
 	trie := make(map[prefixEdge]uint32)
-	next := uint32(1)
+	held := []int32{0} // by node: tokens of its block seen so far
 	for i := range records {
+		r := &records[i]
 		node, matching := uint32(0), true
-		for _, id := range records[i].HashIDs {
+		for j, id := range r.HashIDs {
+			tokens := int32(traceBlockSize)
+			if j == len(r.HashIDs)-1 {
+				tokens = int32(r.lastBlockTokens(traceBlockSize))
+			}
 			e := prefixEdge{node, id}
 			child, seen := trie[e]
 			if !seen {
-				child = next
-				next++
+				child = uint32(len(held))
+				held = append(held, 0)
 				trie[e] = child
-				matching = false
 			}
 			if matching {
-				hits[i]++
+				switch have := held[child]; {
+				case have >= tokens:
+					hits[i].blocks++
+				case have > 0:
+					hits[i].partial = have
+					matching = false
+				default:
+					matching = false
+				}
 			}
+			held[child] = max(held[child], tokens)
 			node = child
 		}
 	}

@@ -1,10 +1,13 @@
 package replay
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -238,8 +241,9 @@ func TestRunEndToEnd(t *testing.T) {
 	if want := 60.0 / 120.0; sum.HitRate != want {
 		t.Errorf("hit rate %v, want %v", sum.HitRate, want)
 	}
-	// Bound over all 7 records: hits 16+24+24+8 of 136 tokens.
-	if want := 72.0 / 136.0; res.Bound.Tokens != want || sum.HitRate > res.Bound.Tokens {
+	// Bound over all 7 records: hits 16+20+24+8 of 136 tokens (record
+	// 2's block 4 is whole, and record 1 had only its first 4 tokens).
+	if want := 68.0 / 136.0; res.Bound.Tokens != want || sum.HitRate > res.Bound.Tokens {
 		t.Errorf("bound %v, want %v, above the measured %v", res.Bound.Tokens, want, sum.HitRate)
 	}
 	if wantGaps := 2 + 0 + 3 + 1 + 4; len(res.Gaps) != wantGaps {
@@ -330,6 +334,62 @@ func TestRunFailures(t *testing.T) {
 			t.Fatal(err)
 		}
 		if q := res.Requests[0]; q.OK() || !strings.Contains(q.Err, "deadline") {
+			t.Fatalf("request: %+v", q)
+		}
+	})
+	t.Run("refused before the body is read", func(t *testing.T) {
+		// A router that answers 429 from the request's header and resets
+		// the connection with the body unread, as its edge does past its
+		// lingering bound: the request ends, failed, and Run returns. (A
+		// 600-request burst against a real router once left requests
+		// waiting for ever for the transport to close their bodies; this
+		// stand-in does not reproduce that hold, which replay now bounds.)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var conns []net.Conn
+		var mu sync.Mutex
+		t.Cleanup(func() {
+			ln.Close()
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range conns {
+				c.Close()
+			}
+		})
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				conns = append(conns, c)
+				mu.Unlock()
+				go func() {
+					_, _ = bufio.NewReader(c).ReadString('\n') // the request line: enough to answer
+					_, _ = io.WriteString(c, "HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+					_ = c.Close() // unread bytes: a reset
+				}()
+			}
+		}()
+		ids := make([]string, 1024) // 512K tokens, some MB of body: past the socket buffers
+		for i := range ids {
+			ids[i] = fmt.Sprint(i)
+		}
+		big, err := ReadTrace(strings.NewReader(`{"timestamp":0,"input_length":524288,"output_length":1,"hash_ids":[`+
+			strings.Join(ids, ",")+`]}`), "big", TraceOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		res, err := Run(ctx, Config{RouterURL: "http://" + ln.Addr().String(), Trace: big})
+		if err != nil {
+			t.Fatalf("Run: %v (it did not end the refused request)", err)
+		}
+		if q := res.Requests[0]; q.OK() || q.Err == "" {
 			t.Fatalf("request: %+v", q)
 		}
 	})

@@ -27,7 +27,10 @@ const (
 	DefaultModel = "mock"
 	// DefaultMaxInFlight caps open requests in timestamp mode, so that a
 	// router that stops answering costs file descriptors, not the machine.
-	DefaultMaxInFlight = 1024
+	// It is kvfast serve's default --max-conns-per-ip: each request in
+	// flight holds a connection from this one address, and a burst past
+	// the router's bound would be refused 429 by the router's edge.
+	DefaultMaxInFlight = 256
 	// WorkerHeader is the response header in which the router may name the
 	// worker that served a request.
 	WorkerHeader = "x-kvfast-worker"
@@ -510,9 +513,15 @@ func (r *runner) do(ctx context.Context, i int, b *requestBuffers) {
 	}
 	body := &closeSignalReader{Reader: bytes.NewReader(b.body), closed: make(chan struct{})}
 	// The transport may still read the body after Do returns, even after
-	// an error; b.body is reused only once the transport has closed it,
-	// which it always does.
-	defer body.wait()
+	// an error; b.body is reused only once the transport has closed it.
+	// It closes it on its own goroutine, which a connection the router
+	// refused before reading can keep waiting: past bodyReleaseWait the
+	// buffer is left to the transport and the next request makes its own.
+	defer func() {
+		if !body.closedWithin(bodyReleaseWait) {
+			b.body = nil
+		}
+	}()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.endpoint, body)
 	if err != nil {
 		panic("BUG: replay: request for a validated URL failed: " + err.Error())
@@ -558,7 +567,26 @@ func (c *closeSignalReader) Close() error {
 	return nil
 }
 
-func (c *closeSignalReader) wait() { <-c.closed }
+// closedWithin reports whether the body was closed, waiting at most d.
+func (c *closeSignalReader) closedWithin(d time.Duration) bool {
+	select {
+	case <-c.closed:
+		return true
+	default:
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-c.closed:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// bodyReleaseWait bounds how long a finished request waits for the
+// transport to let go of its body.
+const bodyReleaseWait = time.Second
 
 // streamChunk is the part of an OpenAI completion chunk replay reads. It
 // also accepts chat deltas and both error shapes (OpenAI's {"error":{...}}

@@ -267,12 +267,12 @@ func (t *Trace) Span() time.Duration {
 	return t.Records[len(t.Records)-1].Timestamp - t.Records[0].Timestamp
 }
 
-// prefixAnalysis caches, per record, how many leading blocks repeat a
-// prefix chain seen in an earlier record. It is computed once for the root
+// prefixAnalysis caches, per record, how much of it repeats a prefix
+// chain seen in an earlier record (prefixHit). It is computed once for the root
 // trace; heads reuse it, since record i's value depends only on records
 // before i.
 type prefixAnalysis struct {
-	records   []Record // the root trace's, in arrival order
-	once      sync.Once
-	hitBlocks []int32
+	records []Record // the root trace's, in arrival order
+	once    sync.Once
+	hits    []prefixHit
 }
