@@ -112,7 +112,7 @@ func TestOptions(t *testing.T) {
 	if AllPolicies[0] != "kv" {
 		t.Fatal("DefaultOptions shares its policy list with AllPolicies")
 	}
-	tr, err := LoadTrace(EmbeddedTrace)
+	tr, err := LoadTrace(EmbeddedTrace, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,6 +123,13 @@ func TestOptions(t *testing.T) {
 	o.KVBlocks = 64
 	if err := o.CheckFits(tr); err == nil || !strings.Contains(err.Error(), "longest request") {
 		t.Errorf("64 blocks per engine: %v", err)
+	}
+	// A capacity sweep's points are checked before any is run: at 0.01x
+	// of the working set the longest request fits no engine.
+	o = DefaultOptions()
+	o.Capacities = []float64{1, 0.01}
+	if err := o.CheckFits(tr); err == nil || !strings.Contains(err.Error(), "at 0.01x capacity") {
+		t.Errorf("a sweep down to 0.01x: %v", err)
 	}
 	for _, bad := range []func(*Options){
 		func(o *Options) { o.Policies = nil },
@@ -200,7 +207,7 @@ func TestDisaggRun(t *testing.T) {
 	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	tr, err := LoadTrace(p)
+	tr, err := LoadTrace(p, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +261,7 @@ func TestCapacitySweepRun(t *testing.T) {
 	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	tr, err := LoadTrace(p)
+	tr, err := LoadTrace(p, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,11 +309,35 @@ func TestCapacitySweepRun(t *testing.T) {
 
 func TestGeneratedTraceNames(t *testing.T) {
 	for _, name := range []string{"gen:low", "gen:high"} {
-		if tr, err := LoadTrace(name); err != nil || tr.Len() == 0 {
+		if tr, err := LoadTrace(name, 0); err != nil || tr.Len() == 0 {
 			t.Errorf("LoadTrace(%q): %v", name, err)
 		}
 	}
-	if _, err := LoadTrace("gen:medium"); err == nil || !strings.Contains(err.Error(), "low, high") && !strings.Contains(err.Error(), "high, low") {
+	if _, err := LoadTrace("gen:medium", 0); err == nil || !strings.Contains(err.Error(), "low, high") && !strings.Contains(err.Error(), "high, low") {
 		t.Errorf("LoadTrace(gen:medium): %v", err)
+	}
+}
+
+// TestTraceBlockSize: a trace file whose hash ids stand for another
+// number of tokens than 512 is read at the size given; the embedded and
+// generated traces keep their own and refuse another.
+func TestTraceBlockSize(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "bs16.jsonl")
+	if err := os.WriteFile(p, []byte(`{"timestamp":0,"input_length":40,"output_length":2,"hash_ids":[1,2,3]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadTrace(p, 0); err == nil {
+		t.Error("3 hash ids for 40 tokens read at 512 tokens per id")
+	}
+	if tr, err := LoadTrace(p, 16); err != nil || tr.BlockSize != 16 {
+		t.Errorf("at 16 tokens per id: %v", err)
+	}
+	for _, name := range []string{EmbeddedTrace, "gen:low"} {
+		if _, err := LoadTrace(name, 16); err == nil {
+			t.Errorf("%s read at 16 tokens per id", name)
+		}
+		if _, err := LoadTrace(name, replay.DefaultTraceBlockSize); err != nil {
+			t.Errorf("%s at its own block size: %v", name, err)
+		}
 	}
 }

@@ -81,7 +81,7 @@ func TestEncodeRun(t *testing.T) {
 	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	tr, err := LoadTrace(p)
+	tr, err := LoadTrace(p, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

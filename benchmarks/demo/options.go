@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -101,8 +102,12 @@ type Options struct {
 	// conversation with images (multimodal.go).
 	Workload string
 	// Trace is a Mooncake JSONL file, or EmbeddedTrace.
-	Trace       string
-	MaxRequests int // replay only the first N records (0: all)
+	Trace string
+	// TraceBlockSize is the tokens one hash id of a Trace file stands for
+	// (0: replay.DefaultTraceBlockSize); the embedded and generated traces
+	// have their own.
+	TraceBlockSize int
+	MaxRequests    int // replay only the first N records (0: all)
 	// Capacities, when set, sweeps the engines' capacity instead of
 	// using KVBlocks: for each fraction of the replayed prompts' working
 	// set (distinct KV blocks), KVBlocks becomes that share of it per
@@ -376,9 +381,26 @@ func ParsePolicies(list, workload string) ([]string, error) {
 // "gen:low" or "gen:high".
 const GeneratedTracePrefix = "gen:"
 
-// LoadTrace reads the trace at path, the embedded one, or generates one
-// named gen:NAME.
-func LoadTrace(path string) (*replay.Trace, error) {
+// LoadTrace reads the trace at path, with traceBlockSize tokens per hash
+// id (0: the default), the embedded one, or generates one named gen:NAME;
+// those two have their own block size, and traceBlockSize must be 0.
+func LoadTrace(path string, traceBlockSize int) (*replay.Trace, error) {
+	tr, err := loadBuiltinTrace(path)
+	switch {
+	case err != nil:
+		return nil, err
+	case tr == nil:
+		return replay.LoadTrace(path, replay.TraceOptions{BlockSize: traceBlockSize})
+	case traceBlockSize != 0 && traceBlockSize != cmp.Or(tr.BlockSize, replay.DefaultTraceBlockSize):
+		return nil, fmt.Errorf("cannot give the %s trace %d tokens per hash id: it has its own, %d; a trace block size is for a trace file",
+			cmp.Or(path, EmbeddedTrace), traceBlockSize, cmp.Or(tr.BlockSize, replay.DefaultTraceBlockSize))
+	}
+	return tr, nil
+}
+
+// loadBuiltinTrace returns the embedded trace or a generated one, or nil
+// for a path that names neither.
+func loadBuiltinTrace(path string) (*replay.Trace, error) {
 	if path == EmbeddedTrace || path == "" {
 		return replay.EmbeddedTrace(replay.TraceOptions{})
 	}
@@ -390,7 +412,7 @@ func LoadTrace(path string) (*replay.Trace, error) {
 		}
 		return replay.Generate(cfg)
 	}
-	return replay.LoadTrace(path, replay.TraceOptions{})
+	return nil, nil
 }
 
 // CheckFits reports whether every request the demo replays from tr fits
@@ -417,9 +439,26 @@ func (o *Options) CheckFits(tr *replay.Trace) error {
 		}
 		longest = max(longest, prompt+out)
 	}
-	if capacity := o.KVBlocks * o.BlockSize; longest > capacity {
+	if len(o.Capacities) == 0 {
+		return o.fits(longest, o.KVBlocks)
+	}
+	// A capacity sweep sizes the engines from the working set: each
+	// point is checked now, before the first is run.
+	ws := replayed.WorkingSetBlocks(o.BlockTokens, o.BlockSize)
+	for _, f := range o.Capacities {
+		if err := o.fits(longest, sweepKVBlocks(f, ws, o.Engines)); err != nil {
+			return fmt.Errorf("at %gx capacity: %w", f, err)
+		}
+	}
+	return nil
+}
+
+// fits reports whether a request of longest tokens fits an engine of
+// kvBlocks blocks.
+func (o *Options) fits(longest, kvBlocks int) error {
+	if capacity := kvBlocks * o.BlockSize; longest > capacity {
 		return fmt.Errorf("cannot fit the longest request: it needs %d tokens but an engine holds %d (%d KV blocks x %d): "+
-			"raise the KV blocks or lower the tokens per hash id", longest, capacity, o.KVBlocks, o.BlockSize)
+			"raise the KV blocks or lower the tokens per hash id", longest, capacity, kvBlocks, o.BlockSize)
 	}
 	return nil
 }

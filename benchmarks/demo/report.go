@@ -130,7 +130,12 @@ func Checks(workload string, runs []PolicyRun) []Check {
 		if !ok {
 			continue
 		}
-		if kv.HitRateKnown() {
+		if kv.HitRateKnown() && !kv.Comparable() {
+			checks = append(checks, Check{
+				Target: fmt.Sprintf("%s prefix hit rate >= 90%% of %s", name, bound),
+				Detail: fmt.Sprintf("not judged: %d of %d requests answered with usage", kv.UsageReports, kv.Records),
+			})
+		} else if kv.HitRateKnown() {
 			f := kv.HitFractionOfBound()
 			checks = append(checks, Check{
 				Target: fmt.Sprintf("%s prefix hit rate >= 90%% of %s", name, bound),
@@ -146,7 +151,7 @@ func Checks(workload string, runs []PolicyRun) []Check {
 				Met:    ratio >= 3,
 			})
 		}
-		if lru := kv.PooledLRU; lru != nil && kv.HitRateKnown() && lru.Tokens > 0 {
+		if lru := kv.PooledLRU; lru != nil && kv.Comparable() && lru.Tokens > 0 {
 			f := kv.HitFractionOfLRU()
 			checks = append(checks, Check{
 				Target: fmt.Sprintf("%s prefix hit rate >= 95%% of the pooled-LRU reference", name),

@@ -29,7 +29,7 @@ func runSweep(ctx context.Context, o Options, tr *replay.Trace) (*Report, error)
 	for _, f := range o.Capacities {
 		at := o
 		at.Capacities = nil
-		at.KVBlocks = int(math.Ceil(f * float64(ws) / float64(o.Engines)))
+		at.KVBlocks = sweepKVBlocks(f, ws, o.Engines)
 		o.notef("capacity %gx of the working set (%d blocks): %d KV blocks per engine", f, ws, at.KVBlocks)
 		r, err := Run(ctx, at, tr)
 		if err != nil {
@@ -45,6 +45,12 @@ func runSweep(ctx context.Context, o Options, tr *replay.Trace) (*Report, error)
 	}
 	rep.Options.Capacities = o.Capacities
 	return rep, nil
+}
+
+// sweepKVBlocks is each engine's KV blocks at fraction f of a working set
+// of ws blocks shared by engines.
+func sweepKVBlocks(f float64, ws, engines int) int {
+	return int(math.Ceil(f * float64(ws) / float64(engines)))
 }
 
 // sweepPolicies lists the sweep's policies in run order.

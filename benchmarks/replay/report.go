@@ -73,10 +73,14 @@ func (s *Summary) WriteText(w io.Writer) error {
 		formatMillis(s.ITLP90), formatMillis(s.ITLP99))
 	fmt.Fprintf(&b, "latency     p50 %s  p99 %s (end to end)\n", formatMillis(s.LatencyP50), formatMillis(s.LatencyP99))
 	fmt.Fprintf(&b, "throughput  %.2f req/s  %.0f output tok/s\n", s.RequestsPerSec, s.OutputTokensPerSec)
-	if s.HitRateKnown() {
+	switch {
+	case s.Comparable():
 		fmt.Fprintf(&b, "prefix hits %.3f of prompt tokens (%s of the infinite-cache bound %.3f)\n",
 			s.HitRate, formatPercent(s.HitFractionOfBound()), s.Bound.Tokens)
-	} else {
+	case s.HitRateKnown():
+		fmt.Fprintf(&b, "prefix hits %.3f of prompt tokens over the %d of %d requests answered with usage; not compared with the bound (%.3f), which covers all of them\n",
+			s.HitRate, s.UsageReports, s.Records, s.Bound.Tokens)
+	default:
 		fmt.Fprintf(&b, "prefix hits n/a: no response reported usage (infinite-cache bound %.3f)\n", s.Bound.Tokens)
 	}
 	if p := s.PooledLRU; p != nil {

@@ -22,6 +22,9 @@ type Summary struct {
 	Requests  int // attempted
 	Succeeded int
 	Errors    int
+	// Records is the trace's requests, all of which Bound and PooledLRU
+	// cover, attempted or not.
+	Records int
 
 	TTFTP50, TTFTP90, TTFTP99 time.Duration
 	// ITL is over every inter-chunk gap of every successful request.
@@ -57,19 +60,26 @@ type Summary struct {
 // HitRateKnown reports whether any response carried usage.
 func (s *Summary) HitRateKnown() bool { return s.UsageReports > 0 }
 
-// HitFractionOfBound is HitRate/Bound.Tokens, NaN when either is unknown
-// or the bound is zero.
+// Comparable reports whether the measured hit rate covers the requests
+// the references do: every request of the trace answered with usage. A
+// run whose requests failed measured the survivors only, and a request
+// that failed cached nothing for those after it, so neither ratio means
+// anything then.
+func (s *Summary) Comparable() bool { return s.HitRateKnown() && s.UsageReports == s.Records }
+
+// HitFractionOfBound is HitRate/Bound.Tokens, NaN when either is unknown,
+// the bound is zero or the run is not Comparable.
 func (s *Summary) HitFractionOfBound() float64 {
-	if !s.HitRateKnown() || s.Bound.Tokens == 0 {
+	if !s.Comparable() || s.Bound.Tokens == 0 {
 		return math.NaN()
 	}
 	return s.HitRate / s.Bound.Tokens
 }
 
 // HitFractionOfLRU is HitRate over the pooled-LRU reference's, NaN when
-// either is unknown or the reference is zero.
+// either is unknown, the reference is zero or the run is not Comparable.
 func (s *Summary) HitFractionOfLRU() float64 {
-	if !s.HitRateKnown() || s.PooledLRU == nil || s.PooledLRU.Tokens == 0 {
+	if !s.Comparable() || s.PooledLRU == nil || s.PooledLRU.Tokens == 0 {
 		return math.NaN()
 	}
 	return s.HitRate / s.PooledLRU.Tokens
@@ -89,6 +99,7 @@ func (r *Result) Summary() Summary {
 		PooledLRU:   r.PooledLRU,
 		HitRate:     math.NaN(),
 		Workers:     map[string]int{},
+		Records:     len(r.Requests),
 	}
 	ttft := make([]time.Duration, 0, len(r.Requests))
 	lat := make([]time.Duration, 0, len(r.Requests))

@@ -71,7 +71,9 @@ func fakeResult(ttftMs []float64, cached, prompt int, failures int) *Result {
 	for i := range failures {
 		r.Requests = append(r.Requests, RequestResult{Index: len(ttftMs) + i, Attempted: true, Err: "HTTP 503: busy", Status: 503})
 	}
-	r.Requests = append(r.Requests, RequestResult{Index: len(r.Requests)}) // never sent
+	if failures > 0 {
+		r.Requests = append(r.Requests, RequestResult{Index: len(r.Requests)}) // never sent
+	}
 	return r
 }
 
@@ -88,8 +90,13 @@ func TestSummary(t *testing.T) {
 	if s.ITLMean != 2*time.Millisecond || s.ITLP50 != 2*time.Millisecond || s.ITLP90 != 3*time.Millisecond || s.ITLP99 != 3*time.Millisecond {
 		t.Fatalf("ITL mean %v, p50 %v, p90 %v, p99 %v", s.ITLMean, s.ITLP50, s.ITLP90, s.ITLP99)
 	}
-	if s.HitRate != 0.3 || math.Abs(s.HitFractionOfBound()-0.5) > 1e-12 {
-		t.Fatalf("hit rate %v (%v of bound)", s.HitRate, s.HitFractionOfBound())
+	// Two requests failed and one was never sent: the hit rate is the
+	// survivors', which the bound over all of them does not compare with.
+	if s.HitRate != 0.3 || s.Comparable() || !math.IsNaN(s.HitFractionOfBound()) {
+		t.Fatalf("hit rate %v (%v of bound), comparable %v", s.HitRate, s.HitFractionOfBound(), s.Comparable())
+	}
+	if all := fakeResult([]float64{40, 10}, 30, 100, 0).Summary(); !all.Comparable() || math.Abs(all.HitFractionOfBound()-0.5) > 1e-12 {
+		t.Fatalf("every request answered: %v of bound", all.HitFractionOfBound())
 	}
 	if s.RequestsPerSec != 2 || s.OutputTokensPerSec != 10 {
 		t.Fatalf("throughput %v req/s, %v tok/s", s.RequestsPerSec, s.OutputTokensPerSec)

@@ -251,7 +251,7 @@ func demoCommand(ctx context.Context, args []string, stdout, stderr io.Writer, s
 		return code
 	}
 	say := func(format string, a ...any) { fmt.Fprintf(stderr, "kvfast demo: "+format+"\n", a...) }
-	tr, err := demo.LoadTrace(o.Trace)
+	tr, err := demo.LoadTrace(o.Trace, o.TraceBlockSize)
 	if err == nil {
 		err = o.CheckFits(tr)
 	}
@@ -331,6 +331,7 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.StringVar(&o.Workload, "workload", o.Workload, "what each trace record becomes: tokens (a token-id prompt), chat (a conversation) or multimodal (a conversation with images)")
 	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, "chat workload: the engines' tokenizer, a `DIR` or hf:ORG/NAME (default: the demo's own)")
 	fs.StringVar(&o.Trace, "trace", o.Trace, "trace `file` (Mooncake JSONL), \"embedded\" for the last 600 records of the shipped trace, or gen:low or gen:high for a generated trace of low or high reuse")
+	fs.IntVar(&o.TraceBlockSize, "trace-block-size", replay.DefaultTraceBlockSize, "tokens one hash id of a --trace file stands for (the embedded and generated traces have their own)")
 	fs.IntVar(&o.MaxRequests, "max-requests", o.MaxRequests, "replay only the first `N` records of the trace (0: all)")
 	fs.Float64Var(&o.Speedup, "speedup", o.Speedup, "divide the trace's inter-arrival times by `factor`")
 	fs.Float64Var(&o.EngineSpeedup, "engine-speedup", o.EngineSpeedup, "divide the engines' simulated time by `factor` (inf: engines never wait); load grows with --speedup / --engine-speedup")
