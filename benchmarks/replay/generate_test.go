@@ -24,7 +24,7 @@ func TestGeneratedTracesAreDeterministicAndDifferInReuse(t *testing.T) {
 		var buf bytes.Buffer
 		for i := range a.Records {
 			r := &a.Records[i]
-			ts, in, out := float64(r.Timestamp)/float64(time.Millisecond), int64(r.InputLength), int64(r.OutputLength)
+			ts, in, out := float64(r.Timestamp)/float64(time.Millisecond), wholeNumber(r.InputLength), wholeNumber(r.OutputLength)
 			line, err := json.Marshal(wireRecord{Timestamp: &ts, InputLength: &in, OutputLength: &out, HashIDs: r.HashIDs})
 			if err != nil {
 				t.Fatal(err)

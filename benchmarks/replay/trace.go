@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"sync"
@@ -72,10 +73,34 @@ func (r *Record) lastBlockTokens(traceBlockSize int) int {
 // wireRecord mirrors the JSON line. Pointers tell a missing field from a
 // zero one; unknown fields are ignored so that richer traces still load.
 type wireRecord struct {
-	Timestamp    *float64 `json:"timestamp"`
-	InputLength  *int64   `json:"input_length"`
-	OutputLength *int64   `json:"output_length"`
-	HashIDs      []uint64 `json:"hash_ids"`
+	Timestamp    *float64     `json:"timestamp"`
+	InputLength  *wholeNumber `json:"input_length"`
+	OutputLength *wholeNumber `json:"output_length"`
+	HashIDs      []uint64     `json:"hash_ids"`
+}
+
+// wholeNumber is a length: an integer, written as one or, as Python and
+// pandas write a column of numbers, with a zero fraction (512.0).
+type wholeNumber int64
+
+func (n *wholeNumber) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		return fmt.Errorf("%s is a string, not a number", b)
+	}
+	var f json.Number
+	if err := json.Unmarshal(b, &f); err != nil {
+		return err
+	}
+	if i, err := f.Int64(); err == nil {
+		*n = wholeNumber(i)
+		return nil
+	}
+	v, err := f.Float64()
+	if err != nil || v != math.Trunc(v) || math.Abs(v) > 1<<53 {
+		return fmt.Errorf("%s is not a whole number", b)
+	}
+	*n = wholeNumber(v)
+	return nil
 }
 
 // DecodeRecord parses one JSONL line of a Mooncake-format trace whose hash
@@ -100,7 +125,7 @@ func DecodeRecord(line []byte, blockSize int) (Record, error) {
 	case len(w.HashIDs) == 0:
 		return Record{}, errors.New("hash_ids is missing or empty")
 	}
-	ts, in, out := *w.Timestamp, *w.InputLength, *w.OutputLength
+	ts, in, out := *w.Timestamp, int64(*w.InputLength), int64(*w.OutputLength)
 	if !(ts >= 0 && ts <= maxTimestampMillis) {
 		return Record{}, fmt.Errorf("timestamp %v ms is outside [0, %g]", ts, float64(maxTimestampMillis))
 	}

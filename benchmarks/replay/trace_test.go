@@ -38,8 +38,10 @@ func TestDecodeRecord(t *testing.T) {
 		{"too few ids", `{"timestamp":0,"input_length":513,"output_length":1,"hash_ids":[1]}`, Record{}, "needs 2 blocks"},
 		{"too many ids", `{"timestamp":0,"input_length":512,"output_length":1,"hash_ids":[1,2]}`, Record{}, "needs 1 blocks"},
 		{"negative id", `{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[-1]}`, Record{}, "cannot unmarshal"},
-		{"fractional length", `{"timestamp":0,"input_length":1.5,"output_length":1,"hash_ids":[1]}`, Record{}, "cannot unmarshal"},
-		{"string length", `{"timestamp":0,"input_length":"1","output_length":1,"hash_ids":[1]}`, Record{}, "cannot unmarshal"},
+		{"fractional length", `{"timestamp":0,"input_length":1.5,"output_length":1,"hash_ids":[1]}`, Record{}, "1.5 is not a whole number"},
+		{"string length", `{"timestamp":0,"input_length":"1","output_length":1,"hash_ids":[1]}`, Record{}, "is a string"},
+		{"lengths written as floats, as pandas writes them", `{"timestamp":0.0,"input_length":512.0,"output_length":2e1,"hash_ids":[1]}`,
+			Record{InputLength: 512, OutputLength: 20, HashIDs: []uint64{1}}, ""},
 		{"not json", `timestamp=0`, Record{}, "invalid character"},
 		{"array", `[1,2]`, Record{}, "cannot unmarshal"},
 	}
