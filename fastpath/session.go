@@ -274,19 +274,23 @@ func (ss *sessions) unbind(es *exchangeSession, b shm.Binding, reason string, no
 // by the failed attempt, so the guard selects again.
 func (ex *exchange) selectSticky() (sched.Decision, error) {
 	dec, err := ex.h.Select(&ex.wait, &ex.sreq)
-	if err == nil || !ex.sess.sticky {
+	if !ex.sess.sticky {
 		return dec, err
+	}
+	if err == nil {
+		if dec.PinLapsed {
+			// It queued behind its worker for BusyUnbindAfter, and Select
+			// routed it unpinned: the session follows it.
+			ex.unstick(unbindBusy)
+		}
+		return dec, nil
 	}
 	// AsType, unlike As, lets nothing escape: a sticky request refused
 	// in a traffic spike passes here too.
 	if _, pinned := errors.AsType[*sched.PinError](err); !pinned {
 		return dec, err
 	}
-	reason := unbindDown
-	if errors.Is(err, sched.ErrPinBusy) {
-		reason = unbindBusy // it queued behind its worker for BusyUnbindAfter
-	}
-	ex.unstick(reason)
+	ex.unstick(unbindDown)
 	return ex.h.Select(&ex.wait, &ex.sreq)
 }
 

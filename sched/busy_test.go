@@ -2,7 +2,6 @@ package sched
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -86,35 +85,62 @@ func TestBusyStretchFedBySelections(t *testing.T) {
 }
 
 // TestPinLapsesOnAWorkerThatStaysBusy: a pinned request queued behind its
-// busy worker gives up with ErrPinBusy once the worker has been busy for
-// its PinBusyLimit (a sticky session's turn is then routed anew), leaving
-// nothing queued or booked; without a limit it waits on, and is booked
-// there as soon as the worker frees up.
+// busy worker loses its pin once the worker has been busy for its
+// PinBusyLimit (a sticky session's turn is then routed anew), keeps its
+// place in the queue ahead of later arrivals, and is booked elsewhere
+// (Decision.PinLapsed); without a limit it waits on, and is booked there
+// as soon as the worker frees up.
 func TestPinLapsesOnAWorkerThatStaysBusy(t *testing.T) {
-	s := newTestScheduler(t, 2, Config{Busy: BusyThresholds{DecodeBlocksFraction: 0.5}, QueueCapacity: 8})
-	s.SetEngineLoad(0, 0, 0, 900, 1000) // slot 0 busy, slot 1 free
+	s := newTestScheduler(t, 2, Config{Busy: BusyThresholds{PrefillTokens: 1}, QueueCapacity: 8})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pinned := Request{Model: "m", PromptTokens: 16, Pinned: true, PinWorker: 100, PinBusyLimit: 50 * time.Millisecond}
-	var res Reservation
-	_, err := s.Select(ctx, &pinned, &res)
-	if pe, ok := errors.AsType[*PinError](err); !ok || !errors.Is(err, ErrPinBusy) || pe.WorkerID != 100 {
-		t.Fatalf("a pin to a worker busy past the limit: %v, want a PinError wrapping ErrPinBusy", err)
+	// One request in prefill on each worker makes both busy.
+	var held [2]Reservation
+	for i := range held {
+		if _, err := s.Select(ctx, &Request{Model: "m", PromptTokens: 16, Pinned: true, PinWorker: 100 + uint64(i)}, &held[i]); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if got := time.Duration(s.stretch[0].length(clock.Now())); got < pinned.PinBusyLimit {
+	out := make(chan outcome, 2)
+	goSelect(s, ctx, "pinned", Request{Model: "m", PromptTokens: 16, Pinned: true, PinWorker: 100, PinBusyLimit: 50 * time.Millisecond}, out)
+	waitFor(t, "the pinned request to queue", func() bool { return s.Stats().Waiting == 1 })
+	goSelect(s, ctx, "later", Request{Model: "m", PromptTokens: 16}, out)
+	waitFor(t, "a later request to queue behind it", func() bool { return s.Stats().Waiting == 2 })
+	// The pin lapses: the first waiter, the pinned request, may now go to
+	// either worker, and is still first.
+	waitFor(t, "the pin to lapse", func() bool {
+		s.queue.mu.Lock()
+		defer s.queue.mu.Unlock()
+		return len(s.queue.list) == 2 && s.queue.list[0].eligible.Has(1)
+	})
+	held[1].Release() // room on worker 1 for one request
+	o := <-out
+	if o.name != "pinned" || o.err != nil || o.d.Slot != 1 || !o.d.PinLapsed {
+		t.Fatalf("first admitted: %s on slot %d, lapsed %v, %v; want the pinned request, lapsed, on slot 1", o.name, o.d.Slot, o.d.PinLapsed, o.err)
+	}
+	if got := time.Duration(s.stretch[0].length(clock.Now())); got < 50*time.Millisecond {
 		t.Errorf("lapsed with the worker busy for %v, under the limit", got)
+	}
+	o.res.Release()
+	held[0].Release()
+	if o := <-out; o.name != "later" || o.err != nil || o.d.PinLapsed {
+		t.Fatalf("the later request: %+v", o)
+	} else {
+		o.res.Release()
 	}
 	requireZeroLoad(t, s)
 
-	out := make(chan outcome, 1)
-	pinned.PinBusyLimit = 0
-	goSelect(s, ctx, "unlimited", pinned, out)
-	waitFor(t, "the pinned request to queue", func() bool { return s.Stats().Waiting == 1 })
-	s.SetEngineLoad(0, 0, 0, 100, 1000) // free again
-	o := <-out
-	if o.err != nil || o.d.Slot != 0 {
-		t.Fatalf("an unlimited pin: worker %d, %v; want booked on slot 0", o.d.Slot, o.err)
+	// Without a limit the pin holds until its worker frees up.
+	if _, err := s.Select(ctx, &Request{Model: "m", PromptTokens: 16, Pinned: true, PinWorker: 100}, &held[0]); err != nil {
+		t.Fatal(err)
 	}
-	o.res.Release()
+	goSelect(s, ctx, "unlimited", Request{Model: "m", PromptTokens: 16, Pinned: true, PinWorker: 100}, out)
+	waitFor(t, "the pinned request to queue", func() bool { return s.Stats().Waiting == 1 })
+	held[0].Release()
+	if o := <-out; o.err != nil || o.d.Slot != 0 || o.d.PinLapsed {
+		t.Fatalf("an unlimited pin: slot %d, lapsed %v, %v; want booked on slot 0", o.d.Slot, o.d.PinLapsed, o.err)
+	} else {
+		o.res.Release()
+	}
 	requireZeroLoad(t, s)
 }

@@ -25,11 +25,6 @@ var (
 	// rank, and an unknown rank is this error rather than a fallback.
 	ErrPinnedWorkerNotFound = errors.New("kvfast: pinned worker not found")
 
-	// ErrPinBusy means the request waited in the admission queue for the
-	// worker it pins until that worker had stayed busy for the request's
-	// PinBusyLimit: the pin lapsed, and the caller may route it anew.
-	ErrPinBusy = errors.New("kvfast: the pinned worker stayed busy")
-
 	// ErrOverloaded means every eligible worker is busy and the admission
 	// queue is full. It always arrives wrapped in an *OverloadError that
 	// carries a retry hint.
@@ -70,8 +65,7 @@ func (e *OverloadError) Unwrap() error { return ErrOverloaded }
 
 // PinError reports a pin that cannot be honoured: the pair is unknown
 // (ErrPinnedWorkerNotFound), excluded by the request's own filters
-// (ErrPinExcluded), unhealthy (ErrNoEligibleWorker), or busy for longer
-// than the request would wait for it (ErrPinBusy).
+// (ErrPinExcluded), or unhealthy (ErrNoEligibleWorker).
 type PinError struct {
 	WorkerID uint64
 	DPRank   uint32

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -30,10 +31,11 @@ type Request struct {
 	PinRank   uint32
 	// PinBusyLimit, when not 0, lets the pin lapse while the request waits
 	// in the admission queue: once the pinned worker has been busy this
-	// long (busy.go's stretch, as every selection saw it), Select gives up
-	// with a *PinError wrapping ErrPinBusy instead of waiting on. A sticky
-	// session's turn queued behind its busy worker is moved this way, as
-	// its next turn would be.
+	// long (busy.go's stretch, as every selection saw it), Select clears
+	// the request's pin and routes it among the workers its other filters
+	// allow, keeping its place in the queue, and says so in
+	// Decision.PinLapsed. A sticky session's turn queued behind its busy
+	// worker is moved this way, as its next turn would be.
 	PinBusyLimit time.Duration
 
 	// AllowListed restricts the request to the slots in Allow.
@@ -88,6 +90,9 @@ type Decision struct {
 	// over a busy threshold: a real request would have queued.
 	Busy   bool
 	Queued time.Duration // time spent in the admission queue
+	// PinLapsed: the request's pin lapsed while it waited (PinBusyLimit),
+	// and Select cleared it in the request and routed it unpinned.
+	PinLapsed bool
 }
 
 // Scores are the per-worker terms of one selection, for route-only queries
@@ -136,7 +141,7 @@ func (s *Scheduler) Select(ctx context.Context, req *Request, res *Reservation) 
 		return Decision{}, fmt.Errorf("cannot book into a reservation that is missing or already booked: %w", ErrInvalidRequest)
 	}
 	var w *waiter
-	tried := false
+	tried, lapsed := false, false
 	for {
 		ws := s.workers.Load()
 		filtered, cands, err := s.candidates(ws, req)
@@ -153,6 +158,7 @@ func (s *Scheduler) Select(ctx context.Context, req *Request, res *Reservation) 
 					d.Queued = clock.Since(w.since)
 					s.leave(w, true)
 				}
+				d.PinLapsed = lapsed
 				return d, nil
 			}
 			if req.Running {
@@ -176,12 +182,23 @@ func (s *Scheduler) Select(ctx context.Context, req *Request, res *Reservation) 
 			return Decision{}, err
 		}
 		s.admit()
-		if err := s.wait(ctx, w, ws, req); err != nil {
+		switch err := s.wait(ctx, w, ws, req); {
+		case err == errPinLapsed:
+			// Out of the queue, still counted as waiting: routed anew on
+			// the next turn, it goes back to its place (its key) if it
+			// must wait again.
+			req.Pinned, req.PinWorker, req.PinRank, req.PinBusyLimit = false, 0, 0, 0
+			lapsed = true
+		case err != nil:
 			s.leave(w, false)
 			return Decision{}, err
 		}
 	}
 }
+
+// errPinLapsed is wait's report that the pinned worker stayed busy for
+// the request's PinBusyLimit.
+var errPinLapsed = errors.New("the pinned worker stayed busy")
 
 // pinLapseCheck bounds how long a waiting pinned request goes without
 // looking at its worker: often enough that the busy stretch it extends
@@ -189,8 +206,8 @@ func (s *Scheduler) Select(ctx context.Context, req *Request, res *Reservation) 
 const pinLapseCheck = 250 * time.Millisecond
 
 // wait blocks until w is woken to retry (nil), ctx ends, or the worker
-// req pins has stayed busy for req.PinBusyLimit. On error w is out of the
-// queue, with any wake-up token still in it for leave.
+// req pins has stayed busy for req.PinBusyLimit (errPinLapsed). On error w
+// is out of the queue, with any wake-up token still in it for leave.
 func (s *Scheduler) wait(ctx context.Context, w *waiter, ws *workerSet, req *Request) error {
 	var lapse <-chan time.Time
 	var slot workers.Slot
@@ -216,7 +233,7 @@ func (s *Scheduler) wait(ctx context.Context, w *waiter, ws *workerSet, req *Req
 				<-w.wake // woken meanwhile: retry as any woken waiter does
 				return nil
 			}
-			return &PinError{WorkerID: req.PinWorker, DPRank: req.PinRank, Err: ErrPinBusy}
+			return errPinLapsed
 		}
 	}
 	select {
