@@ -2,8 +2,6 @@ package feed
 
 import (
 	"bufio"
-	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -73,21 +71,8 @@ func TestZMQCatchUpFromALibzmqReplaySocket(t *testing.T) {
 	}
 
 	ix := newZMQIndex(t)
-	s, err := NewZMQSubscriber(ix, ZMQConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", pubPort),
-		Replay: fmt.Sprintf("tcp://127.0.0.1:%d", replayPort), Topic: "kv", Slot: zmqTestSlot, Model: testModel,
-		BlockSize: testBlockSize, ReplayTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-ran; !errors.Is(err, context.Canceled) {
-			t.Errorf("Run returned %v", err)
-		}
-	})
+	s := startSubAt(t, ix, fmt.Sprintf("tcp://127.0.0.1:%d", pubPort), fmt.Sprintf("tcp://127.0.0.1:%d", replayPort),
+		func(c *ZMQConfig) { c.Topic, c.ReplayTimeout = "kv", 10*time.Second })
 	deadline := time.Now().Add(time.Minute)
 	for st := s.Stats(); st.Batches < batches; st = s.Stats() {
 		if time.Now().After(deadline) {

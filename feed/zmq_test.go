@@ -476,7 +476,14 @@ func newZMQIndex(t testing.TB) *radix.Index {
 // startSub runs a subscriber for e until the test ends.
 func startSub(t testing.TB, ix *radix.Index, e *testEngine, tweak func(*ZMQConfig)) *ZMQSubscriber {
 	t.Helper()
-	cfg := ZMQConfig{Endpoint: e.ep, Replay: e.replayEp, Topic: "kv-events", Slot: zmqTestSlot, Model: testModel,
+	return startSubAt(t, ix, e.ep, e.replayEp, tweak)
+}
+
+// startSubAt runs a subscriber for the engine publishing at ep, with the
+// replay socket replayEp ("" for none), until the test ends.
+func startSubAt(t testing.TB, ix *radix.Index, ep, replayEp string, tweak func(*ZMQConfig)) *ZMQSubscriber {
+	t.Helper()
+	cfg := ZMQConfig{Endpoint: ep, Replay: replayEp, Topic: "kv-events", Slot: zmqTestSlot, Model: testModel,
 		BlockSize: testBlockSize, RedialMin: 5 * time.Millisecond, RedialMax: 20 * time.Millisecond,
 		ReplayTimeout: 500 * time.Millisecond}
 	if tweak != nil {
