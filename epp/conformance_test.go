@@ -701,6 +701,33 @@ func TestBodyBeforeHeadersEndsTheStream(t *testing.T) {
 	}
 }
 
+// TestMessageWithoutPhaseEndsTheStream: a message that names no phase
+// has no answer; one was left unanswered, the gateway waiting on it and
+// the request's booking held until the gateway gave up.
+func TestMessageWithoutPhaseEndsTheStream(t *testing.T) {
+	r := startEPP(t, epp.DefaultConfig(), endpoints(2)...)
+	for _, headersFirst := range []bool{false, true} {
+		st := r.open(t, duplexMode())
+		if headersFirst {
+			st.requestHeaders("/v1/completions", false, nil)
+			st.requestBody(completionBody(t, tokens(1, 64), false), true)
+			if resp := st.recv(); resp.GetRequestHeaders() == nil {
+				t.Fatalf("answer %v, want the headers' answer", resp)
+			}
+			for resp := st.recv(); resp.GetRequestBody() == nil; resp = st.recv() {
+			}
+		}
+		st.send(&extprocv3.ProcessingRequest{})
+		if _, err := st.s.Recv(); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("headers first %v: a message without a phase: %v, want InvalidArgument", headersFirst, err)
+		}
+		settled(t, r)
+	}
+	if got := r.picker.Sched().Stats(); got.Booked != got.Released {
+		t.Fatalf("booked %d, released %d", got.Booked, got.Released)
+	}
+}
+
 // TestStalledBodyIsTimedOut: a body that stops arriving midway is
 // answered 408 after BodyIdleTimeout, and its bytes go back to the budget
 // (a stalled body held them, every other body's 503 with them, for as

@@ -268,8 +268,17 @@ func (x *exchange) handle(ctx context.Context, msg *extprocv3.ProcessingRequest)
 		x.complete()
 		x.out = append(x.out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
 			ResponseTrailers: &extprocv3.TrailersResponse{}}})
+	default:
+		// No phase (or one newer than this build knows) has no answer
+		// the gateway would accept, and a gateway waiting for one would
+		// hold the request, and its booking, until its own timeout.
+		x.violation = errNoPhase
 	}
 }
+
+// errNoPhase ends a stream whose message names no request or response
+// phase this picker knows.
+var errNoPhase = status.Error(codes.InvalidArgument, "an ext_proc message named no request or response phase: want request_headers, request_body, request_trailers, response_headers, response_body or response_trailers")
 
 func (x *exchange) requestHeaders(ctx context.Context, msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) {
 	x.api, x.path, x.auth = 0, "", ""
