@@ -390,13 +390,25 @@ func TestEncodeNotRunForARefusedRequest(t *testing.T) {
 	})
 	er := startEncodeRig(t, 0, mocker.Config{}, enc)
 	r := er.r
-	for _, hdr := range []map[string]string{
-		{fastpath.HeaderWorker: "9"},
-		{fastpath.HeaderWorker: "1", fastpath.HeaderAllow: "9"},
+	for _, tc := range []struct {
+		hdr  map[string]string
+		code string
+	}{
+		{map[string]string{fastpath.HeaderWorker: "9"}, "pin_excluded"},
+		// An allow-list of encoders alone has no worker to generate on.
+		{map[string]string{fastpath.HeaderWorker: "1", fastpath.HeaderAllow: "9"}, "allow_excluded"},
 	} {
-		resp := r.post(t, fastpath.PathChatCompletions, imagesChat(false, imageURL("x")), hdr)
-		if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != "pin_excluded" {
-			t.Errorf("%v: %d %s, want 400 pin_excluded", hdr, resp.status, resp.body)
+		resp := r.post(t, fastpath.PathChatCompletions, imagesChat(false, imageURL("x")), tc.hdr)
+		if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != tc.code {
+			t.Errorf("%v: %d %s, want 400 %s", tc.hdr, resp.status, resp.body, tc.code)
+		}
+	}
+	// So does one without a pin, with or without images: whatever the
+	// load, a client error.
+	for path, body := range map[string][]byte{fastpath.PathChatCompletions: imagesChat(false, imageURL("x")), fastpath.PathCompletions: []byte(`{"prompt":[1,2,3],"max_tokens":1}`)} {
+		resp := r.post(t, path, body, map[string]string{fastpath.HeaderAllow: "9"})
+		if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != "allow_excluded" {
+			t.Errorf("allow-list of the encoder alone: %d %s, want 400 allow_excluded", resp.status, resp.body)
 		}
 	}
 	if n := asked.Load(); n != 0 {
