@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"math"
 	"strconv"
 	"unicode/utf8"
@@ -416,36 +417,62 @@ func (p *parser) boolField(i, f int, dst *bool, typeErr *Error) int {
 	case 'n':
 		return jsonscan.ScanLiteral(b, i, "null")
 	}
-	// What pydantic's lax mode, and so vLLM, also reads as a bool: 0 and
-	// 1, and a few words (chat's laxBool has the same list).
-	end := jsonscan.SkipValue(b, i, 1)
-	if end > i {
-		tok := b[i:end]
-		if tok[0] == '"' && len(tok) >= 2 {
-			tok = tok[1 : len(tok)-1]
+	// What pydantic's lax mode, and so vLLM, also reads as a bool: the
+	// numbers 0 and 1 (0.0 and 1e0 too: the JSON value is what counts),
+	// and a few words as strings (pydantic-core's str_as_bool; chat's
+	// laxBool has the same list).
+	switch c := b[i]; {
+	case c == '"':
+		end, escaped := jsonscan.ScanString(b, i)
+		if end < 0 {
+			return -1
 		}
-		for _, w := range laxTrue {
-			if equalFoldASCII(tok, w) {
-				*dst = true
-				return end
-			}
+		word := b[i+1 : end-1]
+		var buf [32]byte
+		if escaped && len(word) <= 30 { // longer holds more than a word
+			word = jsonscan.AppendUnescaped(buf[:0], word)
 		}
-		for _, w := range laxFalse {
-			if equalFoldASCII(tok, w) {
-				return end
-			}
+		switch {
+		case oneOfFold(word, laxTrue):
+			*dst = true
+		case !oneOfFold(word, laxFalse):
+			p.errs[f] = typeErr
 		}
+		return end
+	case c == '-' || '0' <= c && c <= '9':
+		end := jsonscan.ScanNumber(b, i)
+		if end < 0 {
+			return -1
+		}
+		v, err := strconv.ParseFloat(unsafe.String(&b[i], end-i), 64)
+		switch {
+		case err == nil && v == 1:
+			*dst = true
+		case err != nil || v != 0:
+			p.errs[f] = typeErr
+		}
+		return end
 	}
 	p.errs[f] = typeErr
-	return end
+	return jsonscan.SkipValue(b, i, 1)
 }
 
-// laxTrue and laxFalse are pydantic's lax spellings of a bool, as string
-// contents or numbers.
+// laxTrue and laxFalse are pydantic's lax spellings of a bool in a
+// string, matched without regard to case.
 var (
-	laxTrue  = []string{"1", "1.0", "on", "t", "true", "y", "yes"}
-	laxFalse = []string{"0", "0.0", "off", "f", "false", "n", "no"}
+	laxTrue  = []string{"1", "on", "t", "true", "y", "yes"}
+	laxFalse = []string{"0", "off", "f", "false", "n", "no"}
 )
+
+// oneOfFold reports whether b is one of words, ASCII case folded.
+func oneOfFold(b []byte, words []string) bool {
+	for _, w := range words {
+		if equalFoldASCII(b, w) {
+			return true
+		}
+	}
+	return false
+}
 
 // equalFoldASCII reports whether b is s, ignoring ASCII case.
 func equalFoldASCII(b []byte, s string) bool {
@@ -466,10 +493,10 @@ func equalFoldASCII(b []byte, s string) bool {
 
 // countField parses max_tokens-like fields: a positive integer or null,
 // read as vLLM's pydantic models read an int field in their default (lax)
-// mode: a float with no fractional part (2048.0, 2e3) and a string of
-// decimal digits ("5") are that integer too; a fraction is a type error.
-// A client that computes max_tokens as a float sends 2048.0, which the
-// engine serves.
+// mode: a float with no fractional part (2048.0, 2e3), a string that
+// pydantic reads as an integer ("5", "+5", "5.00", "1_000"), and true are
+// that integer too; a fraction is a type error. A client that computes
+// max_tokens as a float sends 2048.0, which the engine serves.
 func (p *parser) countField(i, f int, dst *int64, typeErr, rangeErr *Error) int {
 	b := p.b
 	p.errs[f] = nil
@@ -478,6 +505,12 @@ func (p *parser) countField(i, f int, dst *int64, typeErr, rangeErr *Error) int 
 	switch {
 	case c == 'n':
 		return jsonscan.ScanLiteral(b, i, "null")
+	case c == 't':
+		*dst = 1
+		return jsonscan.ScanLiteral(b, i, "true")
+	case c == 'f':
+		p.errs[f] = rangeErr // false is 0
+		return jsonscan.ScanLiteral(b, i, "false")
 	case c == '"':
 		end, escaped := jsonscan.ScanString(b, i)
 		if end < 0 {
@@ -488,6 +521,7 @@ func (p *parser) countField(i, f int, dst *int64, typeErr, rangeErr *Error) int 
 		if escaped {
 			digits = jsonscan.AppendUnescaped(buf[:0], digits)
 		}
+		digits = laxIntString(digits)
 		if !isInteger(digits) {
 			p.errs[f] = typeErr
 			return end
@@ -520,21 +554,52 @@ func (p *parser) countField(i, f int, dst *int64, typeErr, rangeErr *Error) int 
 	return end
 }
 
+// laxIntString returns the part of a string isInteger should read when
+// pydantic's lax mode reads it as an integer, following pydantic-core's
+// str_as_int: the string as a signed integer; failing that, with a
+// fraction of zeros only cut ("5.", "5.00"); failing that, with single
+// underscores between its characters ("1_000"), which isInteger and
+// countValue skip. A leading plus sign is dropped. Anything else comes
+// back nil or as it was, for isInteger to refuse.
+func laxIntString(s []byte) []byte {
+	if dot := bytes.IndexByte(s, '.'); dot >= 0 {
+		if len(bytes.TrimLeft(s[dot+1:], "0")) != 0 || bytes.IndexByte(s[:dot], '_') >= 0 {
+			return nil
+		}
+		return withoutPlus(s[:dot])
+	}
+	if bytes.IndexByte(s, '_') >= 0 && (s[0] == '_' || s[len(s)-1] == '_' || bytes.Contains(s, []byte("__"))) {
+		return nil
+	}
+	return withoutPlus(s)
+}
+
+// withoutPlus drops the plus sign Rust's integer parsing, and so
+// pydantic, accepts.
+func withoutPlus(s []byte) []byte {
+	if len(s) > 1 && s[0] == '+' && s[1] != '-' && s[1] != '+' {
+		return s[1:]
+	}
+	return s
+}
+
 // isInteger reports whether b is a decimal integer: an optional minus
-// sign and digits.
+// sign and digits. Underscores are skipped: only a string's integer
+// (laxIntString, which checks where they stand) can hold them.
 func isInteger(b []byte) bool {
 	if len(b) > 0 && b[0] == '-' {
 		b = b[1:]
 	}
-	if len(b) == 0 {
-		return false
-	}
+	digits := false
 	for _, d := range b {
-		if d < '0' || d > '9' {
+		switch {
+		case '0' <= d && d <= '9':
+			digits = true
+		case d != '_':
 			return false
 		}
 	}
-	return true
+	return digits
 }
 
 // countValue is the decimal integer b (isInteger) when it is at least 1
@@ -545,6 +610,9 @@ func countValue(b []byte, rangeErr *Error) (int64, *Error) {
 	}
 	var v int64
 	for _, c := range b {
+		if c == '_' {
+			continue
+		}
 		d := int64(c - '0')
 		if v > (math.MaxInt64-d)/10 {
 			return 0, rangeErr

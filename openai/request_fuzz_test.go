@@ -21,6 +21,8 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","prompt":[1,2,3],"stream":true,"max_tokens":16}`,
 		`{"prompt":"hello","cache_salt":"s","max_completion_tokens":3}`,
 		`{"prompt":[1,2],"n":3}`, `{"prompt":[1],"n":0}`, `{"prompt":[1],"n":"2"}`, `{"prompt":[1],"n":1.5}`,
+		`{"prompt":[1],"n":"+2","max_tokens":"1_0","max_completion_tokens":"5.00"}`, `{"prompt":[1],"n":true,"max_tokens":false}`,
+		`{"prompt":[1],"n":"+_2","max_tokens":"1_0.0","max_completion_tokens":"5.5"}`,
 		`{"prompt":[[1,2]],"x":{"y":[null,true,false,-1.5e3]}}`,
 		`{"prompt":["a","b"]}`,
 		`{"prompt":[1,"a"],"stream":"x"}`,
@@ -149,29 +151,75 @@ func oracle(body []byte, api API, maxTok uint32) (oracleResult, error) {
 	}
 	res.model = str("model", fModel, ErrModelType, false)
 	res.salt = str("cache_salt", fCacheSalt, ErrCacheSaltType, true)
+	// pydantic's lax bool: true and false, the numbers 0 and 1, and
+	// str_as_bool's words in a string, in any case.
 	switch v := m["stream"].(type) {
 	case nil:
 	case bool:
 		res.stream = v
+	case json.Number:
+		switch x, err := strconv.ParseFloat(string(v), 64); {
+		case err == nil && (x == 0 || x == 1):
+			res.stream = x == 1
+		default:
+			errs[fStream] = ErrStreamType
+		}
+	case string:
+		switch strings.ToLower(v) {
+		case "1", "on", "t", "true", "y", "yes":
+			res.stream = true
+		case "0", "off", "f", "false", "n", "no":
+		default:
+			errs[fStream] = ErrStreamType
+		}
 	default:
 		errs[fStream] = ErrStreamType
 	}
-	// vLLM's pydantic int fields, lax: integers, integral floats, strings
-	// of decimal digits.
+	// vLLM's pydantic int fields, lax: integers, integral floats, true
+	// and false, strings pydantic-core's str_as_int reads (a signed
+	// integer; else one with a fraction of zeros; else one with single
+	// underscores inside).
 	integer := regexp.MustCompile(`^-?[0-9]+$`)
+	signed := regexp.MustCompile(`^[+-]?[0-9]+$`)
+	zeros := regexp.MustCompile(`^([^.]*)\.0*$`)
+	laxString := func(v string) (string, bool) {
+		switch {
+		case signed.MatchString(v):
+		case strings.Contains(v, "."):
+			m := zeros.FindStringSubmatch(v)
+			if m == nil || !signed.MatchString(m[1]) {
+				return "", false
+			}
+			v = m[1]
+		case strings.Contains(v, "_") && !strings.HasPrefix(v, "_") && !strings.HasSuffix(v, "_") && !strings.Contains(v, "__"):
+			v = strings.ReplaceAll(v, "_", "")
+			if !signed.MatchString(v) {
+				return "", false
+			}
+		default:
+			return "", false
+		}
+		return strings.TrimPrefix(v, "+"), true
+	}
 	count := func(key string, f int, typeErr, rangeErr *Error) int64 {
 		var s string
 		switch v := m[key].(type) {
 		case nil:
 			return 0
+		case bool:
+			if !v {
+				errs[f] = rangeErr
+				return 0
+			}
+			return 1
 		case json.Number:
 			s = string(v)
 		case string:
-			if !integer.MatchString(v) {
+			var ok bool
+			if s, ok = laxString(v); !ok {
 				errs[f] = typeErr
 				return 0
 			}
-			s = v
 		default:
 			errs[f] = typeErr
 			return 0

@@ -66,6 +66,12 @@ func TestParseAccepts(t *testing.T) {
 		{"a digit string, escaped", APICompletions,
 			`{"prompt":"x","max_tokens":"\u0035"}`,
 			want{kind: PromptText, text: "x", maxTokens: 5}},
+		{"pydantic's lax integer strings and true", APICompletions,
+			`{"prompt":"x","max_tokens":"+7","max_completion_tokens":"1_024","n":true}`,
+			want{kind: PromptText, text: "x", maxTokens: 1024}},
+		{"a string integer with a fraction of zeros", APICompletions,
+			`{"prompt":"x","max_tokens":"5."}`,
+			want{kind: PromptText, text: "x", maxTokens: 5}},
 		{"an exponent", APICompletions,
 			`{"prompt":"x","max_tokens":1e3}`,
 			want{kind: PromptText, text: "x", maxTokens: 1000}},
@@ -176,6 +182,13 @@ func TestParseRejects(t *testing.T) {
 		{"max_tokens word", APICompletions, Parser{}, `{"prompt":"x","max_tokens":"five"}`, ErrMaxTokensType},
 		{"max_tokens fraction", APICompletions, Parser{}, `{"prompt":"x","max_tokens":1.5}`, ErrMaxTokensType},
 		{"max_tokens zero", APICompletions, Parser{}, `{"prompt":"x","max_tokens":0}`, ErrMaxTokensRange},
+		{"max_tokens false", APICompletions, Parser{}, `{"prompt":"x","max_tokens":false}`, ErrMaxTokensRange},
+		{"max_tokens string fraction", APICompletions, Parser{}, `{"prompt":"x","max_tokens":"5.5"}`, ErrMaxTokensType},
+		{"max_tokens double sign", APICompletions, Parser{}, `{"prompt":"x","max_tokens":"++5"}`, ErrMaxTokensType},
+		{"max_tokens double underscore", APICompletions, Parser{}, `{"prompt":"x","max_tokens":"1__0"}`, ErrMaxTokensType},
+		{"max_tokens trailing underscore", APICompletions, Parser{}, `{"prompt":"x","max_tokens":"10_"}`, ErrMaxTokensType},
+		{"max_tokens underscores and a fraction", APICompletions, Parser{}, `{"prompt":"x","max_tokens":"1_000.0"}`, ErrMaxTokensType},
+		{"max_tokens padded", APICompletions, Parser{}, `{"prompt":"x","max_tokens":" 5"}`, ErrMaxTokensType},
 		{"max_tokens negative", APICompletions, Parser{}, `{"prompt":"x","max_completion_tokens":-3}`, ErrMaxTokensRange},
 		{"max_tokens overflow", APICompletions, Parser{}, `{"prompt":"x","max_tokens":9223372036854775808}`, ErrMaxTokensRange},
 		{"empty cache salt", APICompletions, Parser{}, `{"prompt":"x","cache_salt":""}`, ErrCacheSaltType},
@@ -426,8 +439,8 @@ func TestAddSpecialTokens(t *testing.T) {
 // TestLaxBooleans: vLLM reads its bool fields as pydantic's lax mode does,
 // so a request it serves is not refused here.
 func TestLaxBooleans(t *testing.T) {
-	for value, want := range map[string]bool{`"true"`: true, `"Yes"`: true, `"on"`: true, `1`: true, `1.0`: true, `"1"`: true,
-		`"false"`: false, `"NO"`: false, `"off"`: false, `0`: false, `0.0`: false, `"f"`: false} {
+	for value, want := range map[string]bool{`"true"`: true, `"Yes"`: true, `"on"`: true, `1`: true, `1.0`: true, `1e0`: true, `"1"`: true,
+		`"false"`: false, `"NO"`: false, `"off"`: false, `0`: false, `0.0`: false, `-0`: false, `"f"`: false, `"\u0030"`: false, `"\u0074rue"`: true} {
 		r := new(ParsedRequest)
 		body := `{"prompt":"hi","stream":` + value + `,"add_special_tokens":` + value + `}`
 		if err := (&Parser{}).Parse([]byte(body), APICompletions, r); err != nil {
@@ -439,6 +452,17 @@ func TestLaxBooleans(t *testing.T) {
 		}
 		if r.Stream != want || r.AddSpecialTokens != add {
 			t.Errorf("%s: stream %v, add_special_tokens %d; want %v, %d", value, r.Stream, r.AddSpecialTokens, want, add)
+		}
+	}
+}
+
+// TestLaxBooleansRefused: what pydantic refuses as a bool is refused:
+// other numbers, and number-like strings str_as_bool does not list.
+func TestLaxBooleansRefused(t *testing.T) {
+	for _, value := range []string{`2`, `0.5`, `"1.0"`, `"0.0"`, `"2"`, `"yess"`, `""`, `[]`} {
+		body := `{"prompt":"hi","stream":` + value + `}`
+		if err := (&Parser{}).Parse([]byte(body), APICompletions, new(ParsedRequest)); !errors.Is(err, ErrStreamType) {
+			t.Errorf("%s: %v, want %v", body, err, ErrStreamType)
 		}
 	}
 }
