@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/prompt"
+	"github.com/kvfast/kvfast/radix"
 )
 
 // TestServeConfig: serve's flags bind to node.DefaultConfig, so that no
@@ -225,5 +226,33 @@ func TestFlagErrorsSpellTwoDashes(t *testing.T) {
 		if _, code, ok := serveConfig([]string{args}, &stderr); ok || code != 2 || !strings.Contains(stderr.String(), want) {
 			t.Errorf("%s: ok %v, code %d, %q; want %q", args, ok, code, stderr.String(), want)
 		}
+	}
+}
+
+// TestMemoryLimitCountsTheHeapIndex: the soft memory limit covers the
+// index when it lives on the heap (--segment none) and the prefix-token
+// caches of the models named with --tokenizer. Under the bare limit a
+// 16M-block index in memory kept the collector running back to back.
+func TestMemoryLimitCountsTheHeapIndex(t *testing.T) {
+	limit := func(args ...string) int64 {
+		t.Helper()
+		cfg, _, ok := serveConfig(args, io.Discard)
+		if !ok {
+			t.Fatalf("serveConfig(%q) refused", args)
+		}
+		return memoryLimit(cfg)
+	}
+	mapped := limit("--index-capacity", "16777216")
+	region, err := radix.RegionSize(radix.Config{Capacity: 16777216})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := limit("--segment", "none", "--index-capacity", "16777216"); got != mapped+int64(region) {
+		t.Errorf("index on the heap: limit %d, want %d (mapped) + %d (the index)", got, mapped, region)
+	}
+	cfg, _, _ := serveConfig(nil, io.Discard)
+	dir := t.TempDir()
+	if got := limit("--index-capacity", "16777216", "--tokenizer", "a="+dir, "--tokenizer", "b="+dir, "--tokenizer", "c=remote"); got != mapped+2*cfg.Tokenizers.PrefixCacheBytes {
+		t.Errorf("two built-in tokenizers and a remote one: limit %d, want %d + 2 prefix caches of %d", got, mapped, cfg.Tokenizers.PrefixCacheBytes)
 	}
 }
