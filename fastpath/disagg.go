@@ -613,6 +613,30 @@ func (ex *exchange) failDecode() {
 	}
 }
 
+// prefillFailed waits up to wait for an SGLang prefill's outcome and
+// reports whether it failed (failDecode). False without one.
+func (ex *exchange) prefillFailed(wait time.Duration) bool {
+	if ex.pre.done == nil {
+		return false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ex.pre.done:
+	case <-t.C:
+		return false
+	}
+	ex.hangMu.Lock()
+	defer ex.hangMu.Unlock()
+	return ex.pre.failed
+}
+
+// sglangVerdictWait bounds how long a decode engine's error answer waits
+// for its SGLang prefill's outcome, which decides what the client is
+// told: a prefill still running when the decode has failed is seldom the
+// cause.
+const sglangVerdictWait = 5 * time.Second
+
 // discardWriter is where an SGLang prefill engine's streamed answer goes.
 func discardWriter() *bufio.Writer { return bufio.NewWriterSize(io.Discard, 4096) }
 

@@ -766,3 +766,104 @@ func TestDisaggRefusesSessionControl(t *testing.T) {
 	}
 	waitReleased(t, d.r.node)
 }
+
+// TestDisaggSGLangDecodeFailureIsNotRetried: a decode engine of an
+// SGLang pair that fails before its first byte is not retried on another
+// decode engine with the same bootstrap room: the prefill engine hands
+// the room's KV to the engine that claimed it, and the other waited for
+// it until the client gave up (10 minutes at --first-byte-timeout).
+func TestDisaggSGLangDecodeFailureIsNotRetried(t *testing.T) {
+	prefill := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"choices":[{"index":0,"text":"x","finish_reason":"length"}]}`)
+	})
+	failing := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"decode failed","type":"server_error"}}`)
+	})
+	healthy := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}`)
+	})
+	cfg := e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: prefill.addr(), Model: e2eModel, Role: workers.RolePrefill},
+		node.StaticWorker{ID: 2, Endpoint: failing.addr(), Model: e2eModel, Role: workers.RoleDecode},
+		node.StaticWorker{ID: 3, Endpoint: healthy.addr(), Model: e2eModel, Role: workers.RoleDecode})
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang}
+	cfg.Policy = "round-robin" // both decode engines are tried in two requests
+	cfg.Dispatch.Outlier.Consecutive = 0
+	r := startE2ERouter(t, cfg)
+	statuses := map[int]int{}
+	for i := range 2 {
+		resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(20+i), 200), false, 4), nil)
+		statuses[resp.status]++
+	}
+	if statuses[http.StatusOK] != 1 || statuses[http.StatusInternalServerError] != 1 {
+		t.Errorf("statuses %v, want one 200 (the healthy decode engine) and the failed one's 500", statuses)
+	}
+	rooms := map[string]int{}
+	for _, e := range []*e2eEngine{failing, healthy} {
+		e.mu.Lock()
+		for _, b := range e.bodies {
+			var v struct {
+				Room json.RawMessage `json:"bootstrap_room"`
+			}
+			if err := json.Unmarshal(b, &v); err != nil || len(v.Room) == 0 {
+				t.Errorf("decode request without a bootstrap_room: %s", b)
+			}
+			rooms[string(v.Room)]++
+		}
+		e.mu.Unlock()
+	}
+	for room, n := range rooms {
+		if n > 1 {
+			t.Errorf("bootstrap_room %s sent to %d decode engines", room, n)
+		}
+	}
+	if v, _ := metricValue(r.metrics(t), "kvfast_dispatch_retries_total"); v != 0 {
+		t.Errorf("kvfast_dispatch_retries_total %v, want 0", v)
+	}
+	waitReleased(t, r.node)
+}
+
+// TestDisaggSGLangDecodeRefusalAfterPrefillFailure: an SGLang decode
+// engine whose KV pull the failing prefill engine refused answers with
+// its own 4xx about the transfer, which could reach the client before
+// the router heard the prefill fail: a 400 the client must not retry,
+// about a field it never sent. The client is told prefill_failed.
+func TestDisaggSGLangDecodeRefusalAfterPrefillFailure(t *testing.T) {
+	release := make(chan struct{})
+	prefill := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		<-release
+		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"prefill failed","type":"server_error"}}`)
+	})
+	decode := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(fasthttp.StatusBadRequest)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"the prefill engine refused the KV pull","type":"invalid_request_error","param":"kv_transfer_params"}}`)
+	})
+	cfg := e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: prefill.addr(), Model: e2eModel, Role: workers.RolePrefill},
+		node.StaticWorker{ID: 2, Endpoint: decode.addr(), Model: e2eModel, Role: workers.RoleDecode})
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang}
+	cfg.Dispatch.Outlier.Consecutive = 0
+	r := startE2ERouter(t, cfg)
+	answered := make(chan e2eResponse, 1)
+	go func() {
+		answered <- r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(30, 200), false, 4), nil)
+	}()
+	// The prefill fails only once the router holds the decode's refusal.
+	waitFor(t, "the decode engine's answer", func() bool {
+		v, _ := metricValue(r.metrics(t), `kvfast_disagg_stage_seconds_count{stage="transfer_wait"}`)
+		return v >= 1
+	})
+	close(release)
+	resp := <-answered
+	if resp.status != http.StatusBadGateway || checkOpenAIError(t, resp.body) != "prefill_failed" {
+		t.Errorf("status %d %s, want 502 prefill_failed", resp.status, resp.body)
+	}
+	waitReleased(t, r.node)
+}

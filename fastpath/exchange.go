@@ -445,6 +445,16 @@ func (ex *exchange) canTryElsewhere() bool {
 	return ex.s.sched.Eligible(req, workers.SetOf(ex.dec.Slot)) != 0
 }
 
+// pairedSGLang reports whether the decode request is one half of an SGLang
+// prefill/decode pair. Its room is spent on the engine that was sent it:
+// the prefill engine hands the prompt's KV to whichever decode engine
+// claimed the room, and another decode engine sent the same room would
+// wait for KV that never comes, until its bootstrap timeout. So the pair
+// is not retried: the client gets the decode engine's answer or a 502.
+func (ex *exchange) pairedSGLang() bool {
+	return ex.pre.decided && ex.s.cfg.Disagg.Protocol == DisaggSGLang
+}
+
 // forward sends the request to the chosen engine and hands a stream to its
 // relay goroutine. Until a byte of the answer reaches the client, a failed
 // attempt (refused or broken connection, garbage, a 5xx: dispatch's
@@ -465,7 +475,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	copyForwardHeaders(ctx, ex.call.Request(), ex.rid, ex.via)
 	var body []byte
 	for attempt := 0; ; attempt++ {
-		retryable := attempt < s.cfg.MaxRetries && (!ex.sreq.Pinned || ex.sess.sticky) && ex.sessionRetryable()
+		retryable := attempt < s.cfg.MaxRetries && (!ex.sreq.Pinned || ex.sess.sticky) && ex.sessionRetryable() && !ex.pairedSGLang()
 		if attempt == 0 && retryable {
 			// Another engine may answer this request: until one serves it,
 			// a 5xx may be the request's fault rather than the engine's.
@@ -473,6 +483,14 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		}
 		ex.traceDispatch(ex.call.Request())
 		err := ex.call.Do(ex.dec.Slot, ex)
+		if err == nil && ex.call.StatusCode() >= 400 && ex.pairedSGLang() && ex.prefillFailed(sglangVerdictWait) {
+			// The decode engine refused the request because its prefill
+			// failed (the KV pull was refused) before the router heard of
+			// that failure: the client hears the cause, a 502 it may
+			// retry, not the decode's 4xx about a transfer it never asked
+			// for.
+			err = dispatch.ErrPrefillFailed
+		}
 		if err == nil && ex.call.StatusCode() == fasthttp.StatusLoopDetected {
 			// The router it came back to can only say that some worker
 			// loops; this one knows which.
