@@ -266,6 +266,16 @@ func (ex *exchange) setPrefillCall(c *dispatch.Call) {
 // disaggregating reports whether requests are routed in two stages.
 func (s *Server) disaggregating() bool { return s.cfg.Disagg.Protocol != DisaggOff }
 
+// generatingStage is the stage of the worker that answers a request: the
+// decode stage when disaggregating (prefill workers only prefill), else
+// any worker but an encoder.
+func (s *Server) generatingStage() sched.Stage {
+	if s.disaggregating() {
+		return sched.StageDecode
+	}
+	return sched.StageAny
+}
+
 // serveDisagg routes a request in two stages (or, as conditional
 // disaggregation decides, in one on a decode-capable worker) and hands
 // the decode stage to forward, which relays it as any request. It

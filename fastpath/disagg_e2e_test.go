@@ -562,6 +562,12 @@ func TestDisaggSGLang(t *testing.T) {
 		t.Errorf("%d blocks transferred, %d prefills finished", transferred, d.prefill.Stats().Finished)
 	}
 	waitFor(t, "the prefill engine to release the rooms' blocks", func() bool { return d.prefill.Stats().KVHeld == 0 })
+	// An allow-list of the prefill worker alone has no worker to decode
+	// on, whatever the load: a client error, not a 503 to retry.
+	resp := r.post(t, fastpath.PathChatCompletions, chatBody("hi", false), map[string]string{fastpath.HeaderAllow: "1"})
+	if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != "allow_excluded" {
+		t.Errorf("allow-list of the prefill worker: %d %s, want 400 allow_excluded", resp.status, resp.body)
+	}
 }
 
 // TestDisaggSGLangPrefillFails: an SGLang decode engine waits for its

@@ -16,7 +16,6 @@ import (
 	"github.com/kvfast/kvfast/internal/jsonscan"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/prompt"
-	"github.com/kvfast/kvfast/sched"
 )
 
 // Paths the router serves. The route-only endpoints take the same bodies as
@@ -142,9 +141,7 @@ func (s *Server) routeOnly(ctx *fasthttp.RequestCtx, ex *exchange) {
 	// scores nothing (a pinned or policy pick) leaves as it found it.
 	ex.scores.Eligible, ex.scores.Busy = 0, 0
 	ex.sreq.Scores = ex.scores
-	if s.disaggregating() {
-		ex.sreq.Stage = sched.StageDecode
-	}
+	ex.sreq.Stage = s.generatingStage()
 	dec, err := s.sched.Select(ctx, &ex.sreq, nil)
 	s.metrics.stageSched.Observe(seconds(clock.Since(ex.lastItem)))
 	ex.traceRoute(&dec, err)

@@ -8,7 +8,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvfast/kvfast/openai"
-	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/workers"
 )
 
@@ -52,8 +51,8 @@ var (
 		Message: "the pinned worker has several DP ranks; set " + HeaderDPRank}
 	errBadAllowHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderAllow, Code: "invalid_header",
 		Message: HeaderAllow + " must be a comma-separated list of worker ids or id:rank pairs, naming known workers"}
-	errAllowOnlyEncoders = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderAllow, Code: "allow_excluded",
-		Message: HeaderAllow + " names only encode workers, which generate nothing: name at least one worker that serves the model"}
+	errAllowNoGenerator = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderAllow, Code: "allow_excluded",
+		Message: HeaderAllow + " names no worker that generates: only encode workers, or (disaggregated) only prefill workers; name at least one that decodes"}
 	errBadPriorityHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderPriority, Code: "invalid_header",
 		Message: HeaderPriority + " must be an integer between -1000000 and 1000000"}
 	errBadQueryOnlyHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderQueryOnly, Code: "invalid_header",
@@ -102,10 +101,10 @@ func (s *Server) readHints(ctx *fasthttp.RequestCtx, ex *exchange) (queryOnly bo
 		if !ok {
 			return false, errBadAllowHeader
 		}
-		if set&^s.sched.StageWorkers(sched.StageEncode) == 0 {
+		if set&s.sched.StageWorkers(s.generatingStage()) == 0 {
 			// Not the 503 selection would give: a client told to retry
 			// would retry for ever.
-			return false, errAllowOnlyEncoders
+			return false, errAllowNoGenerator
 		}
 		ex.sreq.AllowListed, ex.sreq.Allow = true, set
 	}
