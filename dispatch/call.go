@@ -528,6 +528,7 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 	start, end := 0, 0
 	lineStart := 0  // openai.EventEnd's resume point, relative to start
 	inspect := true // false while passing through an event too big for buf
+	timed := false  // an incomplete event's clock runs (pieceStarted)
 	for {
 		if end == len(buf) {
 			if start > 0 {
@@ -576,6 +577,16 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 				return ErrClientGone, err
 			}
 			c.midEvent = false
+		}
+		switch {
+		case end == start:
+			if timed {
+				c.pieceEnded()
+				timed = false
+			}
+		case !timed || start > sent: // a new event has begun
+			c.pieceStarted()
+			timed = true
 		}
 		if c.done && rerr == nil {
 			c.expectEnd()
@@ -626,6 +637,21 @@ var blankLine = []byte("\n\n")
 // chunked body's last chunk follows [DONE]), and the client's stream ends
 // only when it does.
 const doneGrace = time.Second
+
+// pieceStarted and pieceEnded time a piece of the answer: an event, or
+// a plain answer's body, must be whole within the idle timeout of its
+// first byte (engineConn.pieceBy).
+func (c *Call) pieceStarted() {
+	if ec, ok := c.conn.(*engineConn); ok {
+		ec.pieceStarted()
+	}
+}
+
+func (c *Call) pieceEnded() {
+	if ec, ok := c.conn.(*engineConn); ok {
+		ec.pieceEnded()
+	}
+}
 
 // expectEnd bounds the wait for the end of the body after [DONE].
 func (c *Call) expectEnd() {
@@ -736,6 +762,7 @@ func (c *Call) ReadBody() ([]byte, error) {
 		return nil, c.fail(ErrAbandoned, nil, nil, false)
 	}
 	body := c.resp.BodyStream()
+	c.pieceStarted() // the whole body within the idle timeout: an engine writes it at once
 	limit := c.pool.cfg.MaxResponseBodySize
 	cl := c.resp.Header.ContentLength()
 	if cl > limit {

@@ -35,7 +35,13 @@ type engineConn struct {
 	// deadline, not a timeout per read, so that an engine that goes on
 	// sending after [DONE] is cut all the same.
 	endBy time.Time
-	set   *connSet
+	// pieceBy, when set, is when the piece of the answer being read (one
+	// event of a stream, or a plain answer's body) must be whole: its
+	// first byte's arrival plus the idle timeout, so that an engine
+	// dribbling it a byte at a time, each byte resetting the idle
+	// timeout, cannot hold the request for hours.
+	pieceBy time.Time
+	set     *connSet
 	// used: the connection has carried a request (roundtrip.go's stale
 	// retry applies only to such a one).
 	used bool
@@ -56,7 +62,7 @@ func (c *engineConn) Close() error {
 // forwarding starts a request's round trip: until gotHeaders, reads are
 // bounded by the first-byte timeout from now.
 func (c *engineConn) forwarding() {
-	c.awaiting, c.endBy, c.headersBy = true, time.Time{}, time.Time{}
+	c.awaiting, c.endBy, c.headersBy, c.pieceBy = true, time.Time{}, time.Time{}, time.Time{}
 	if c.firstByte > 0 {
 		c.headersBy = time.Now().Add(c.firstByte)
 	}
@@ -76,6 +82,16 @@ func (c *engineConn) expectEnd(d time.Duration) {
 	}
 }
 
+// pieceStarted starts the clock of a piece of the answer (pieceBy);
+// pieceEnded stops it.
+func (c *engineConn) pieceStarted() {
+	if c.idle > 0 {
+		c.pieceBy = time.Now().Add(c.idle)
+	}
+}
+
+func (c *engineConn) pieceEnded() { c.pieceBy = time.Time{} }
+
 func (c *engineConn) Read(p []byte) (int, error) {
 	awaiting := c.awaiting
 	var deadline time.Time
@@ -87,6 +103,9 @@ func (c *engineConn) Read(p []byte) (int, error) {
 	}
 	if !c.endBy.IsZero() && (deadline.IsZero() || c.endBy.Before(deadline)) {
 		deadline = c.endBy
+	}
+	if !awaiting && !c.pieceBy.IsZero() && (deadline.IsZero() || c.pieceBy.Before(deadline)) {
+		deadline = c.pieceBy
 	}
 	if !deadline.IsZero() {
 		if err := c.Conn.SetReadDeadline(deadline); err != nil {

@@ -463,3 +463,70 @@ func TestRequireObject(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleTimeoutBoundsAWholeBody: a plain answer's body must be whole
+// within the idle timeout of its headers. Each byte of one dribbled a
+// byte every 20 ms reset the idle timeout, and a request waited as long
+// as the engine dribbled: hours at a byte a second.
+func TestIdleTimeoutBoundsAWholeBody(t *testing.T) {
+	const spaces = 100 // two seconds of dribbling, ten idle timeouts
+	engine := rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
+		if _, ok := readRequest(br); !ok {
+			return
+		}
+		if _, err := fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", spaces+2); err != nil {
+			return
+		}
+		for range spaces {
+			time.Sleep(20 * time.Millisecond)
+			if _, err := io.WriteString(conn, " "); err != nil {
+				return
+			}
+		}
+		_, _ = io.WriteString(conn, "}")
+	})
+	pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{Idle: 200 * time.Millisecond}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	c := pool.AcquireCall()
+	defer c.Release()
+	c.SetRequest([]byte("/v1/completions"), []byte("x"))
+	if err := c.Do(0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if body, err := c.ReadBody(); !errors.Is(err, ErrIdleTimeout) {
+		t.Fatalf("ReadBody = %q, %v; want the idle timeout", body, err)
+	}
+}
+
+// TestIdleTimeoutBoundsAnEvent: an event of a stream must be whole within
+// the idle timeout of its first byte; one dribbled a byte every 20 ms
+// ends the stream as an idle timeout.
+func TestIdleTimeoutBoundsAnEvent(t *testing.T) {
+	event := vllmStream(1)[0]
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			for i := range len(event) { // a second or more for one event
+				_ = w.WriteByte(event[i])
+				if w.Flush() != nil {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			_, _ = w.WriteString("data: [DONE]\n\n")
+		})
+	}, nil)
+	pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{Idle: 200 * time.Millisecond}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	rec := newRecorder()
+	addr := serve(t, front(pool, 0, func() Observer { return rec }), nil)
+	if status, _, body := post(t, addr, "/v1/completions", completionBody); status != 200 {
+		t.Fatalf("status %d, body %q", status, body)
+	}
+	rec.wait(t)
+	if err := rec.aborted(); !errors.Is(err, ErrIdleTimeout) {
+		t.Fatalf("stream ended with %v (%s), want the idle timeout", err, rec.summary())
+	}
+}

@@ -29,7 +29,11 @@ type Timeouts struct {
 	FirstByte time.Duration
 	// Idle bounds every later pause between reads of the response, so for
 	// streams it must cover queueing and prefill if the engine sends its
-	// headers first, as vLLM does. Default 2m.
+	// headers first, as vLLM does. It also bounds how long one event of a
+	// stream, or a plain answer's whole body, takes to arrive from its
+	// first byte: an engine dribbling one, each byte resetting the pause,
+	// would otherwise hold the request for as long as it dribbles.
+	// Default 2m.
 	Idle time.Duration
 }
 
