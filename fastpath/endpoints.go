@@ -359,8 +359,11 @@ type WorkerView struct {
 	Source   string `json:"source"` // "registry" or "static"
 	// Role is the worker's part in disaggregated serving: both, prefill,
 	// decode or encode.
-	Role             string `json:"role"`
-	Healthy          bool   `json:"healthy"`
+	Role    string `json:"role"`
+	Healthy bool   `json:"healthy"`
+	// ModelUnlisted: the engine's GET /v1/models does not list Model, so
+	// the model's requests go to other workers while one can take them.
+	ModelUnlisted    bool   `json:"model_unlisted,omitempty"`
 	KVCapacityBlocks uint64 `json:"kv_capacity_blocks"`
 
 	// Passive health (dispatch.OutlierConfig): whether the worker is

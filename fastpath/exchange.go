@@ -329,6 +329,8 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 		}
 		ex.sreq.Allow &= only
 	}
+	ex.sreq.Model = model
+	s.avoidUnlisted(&ex.sreq)
 	t0 := clock.Now()
 	ex.tr.routeAt = t0
 	exactBlocks, tokens := r.Prompt == openai.PromptTokens, r.Tokens

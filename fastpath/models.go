@@ -7,6 +7,7 @@ import (
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/workers"
 )
 
@@ -18,6 +19,28 @@ func (s *Server) WorkersChanged() {
 	s.modelsMu.Lock()
 	defer s.modelsMu.Unlock()
 	s.rebuildModels()
+}
+
+// SetModelUnlisted tells the request path which workers' engines do not
+// list their worker's model in GET /v1/models: an engine restarted with
+// another --served-model-name, or a static worker's model= mistyped. The
+// engine refuses that model's requests (vLLM answers 404), so while
+// another worker can serve a request, these are not routed it. The node
+// calls it after every poll of the engines' models.
+func (s *Server) SetModelUnlisted(set workers.Set) { s.unlisted.Store(uint64(set)) }
+
+// avoidUnlisted keeps the request off workers whose engines do not list
+// its model, unless no other worker could take it (the client then hears
+// the engine's refusal) or it pins one.
+func (s *Server) avoidUnlisted(req *sched.Request) {
+	bad := workers.Set(s.unlisted.Load())
+	if bad == 0 || req.Pinned || s.sched.Eligible(req, bad) == 0 {
+		return
+	}
+	if !req.AllowListed {
+		req.AllowListed, req.Allow = true, workers.AllSlots
+	}
+	req.Allow &^= bad
 }
 
 // Adapter is a LoRA adapter the engines list: its base model (the

@@ -240,3 +240,36 @@ func TestAdapterRoutesToItsEngines(t *testing.T) {
 		t.Fatalf("adapter sql allowed only on workers without it: %d from worker %q", resp.status, resp.header.Get(fastpath.HeaderWorker))
 	}
 }
+
+// TestEngineNotListingItsModelIsAvoided: an engine restarted under
+// another --served-model-name (or a static worker's model= mistyped)
+// refuses the model's requests with 404; while another worker serves the
+// model, the router routes them there instead of sending about half of
+// them to be refused, and /admin/workers says why.
+func TestEngineNotListingItsModelIsAvoided(t *testing.T) {
+	other := startMock(t, mocker.Config{WorkerID: 1, Model: "other-model"})
+	good := startMock(t, mocker.Config{WorkerID: 2})
+	r := startE2ERouter(t, e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: other.Addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, Endpoint: good.Addr(), Model: e2eModel}))
+	waitFor(t, "worker 1 reported as not listing its model", func() bool {
+		for _, w := range r.node.Snapshot().Workers {
+			if w.WorkerID == 1 {
+				return w.ModelUnlisted
+			}
+		}
+		return false
+	})
+	for i := range 8 {
+		resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(40+i), 64), false, 2), nil)
+		if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != "2" {
+			t.Fatalf("request %d: status %d from worker %q: %s", i, resp.status, resp.header.Get(fastpath.HeaderWorker), resp.body)
+		}
+	}
+	// Pinned, it goes where it is pinned, and the client hears the
+	// engine's refusal.
+	if resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(50, 64), false, 2), map[string]string{fastpath.HeaderWorker: "1"}); resp.status != http.StatusNotFound {
+		t.Errorf("pinned to worker 1: status %d: %s", resp.status, resp.body)
+	}
+	waitReleased(t, r.node)
+}

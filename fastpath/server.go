@@ -266,6 +266,9 @@ type Server struct {
 	departed atomic.Pointer[map[string]struct{}]
 	modelsMu sync.Mutex         // serialises rebuilds of seeds
 	adapters map[string]Adapter // by LoRA adapter name; under modelsMu
+	// unlisted are the workers whose engines do not list their model in
+	// GET /v1/models (SetModelUnlisted): a workers.Set.
+	unlisted atomic.Uint64
 
 	metricsOnce sync.Once
 	metricsHTTP fasthttp.RequestHandler

@@ -57,6 +57,7 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 	live := n.sched.Workers()
 	union := map[string]fastpath.Adapter{}
 	learned := false
+	var unlisted workers.Set
 	for i := range workers.Max {
 		slot := workers.Slot(i)
 		info, ok := n.sched.Worker(slot)
@@ -77,15 +78,17 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 				"slot", slot, "worker", info.ID, "endpoint", info.Endpoint, "err", err)
 		case err != nil:
 			n.log.Debug("cannot learn an engine's models", "slot", slot, "endpoint", info.Endpoint, "err", err)
+			unlisted |= workers.Set(n.unlisted.Load()) & workers.SetOf(slot) // as it listed last
 		case !unknown && base != "" && !listed:
 			// A typo in a static worker's model= (or an engine started
 			// with another --served-model-name): every request the router
 			// sends there is refused by the engine, and the model seeds
 			// the block hashes, so its events would never match either.
 			n.throttle.Log(n.log, slog.LevelWarn, "model/"+strconv.Itoa(int(slot)),
-				"a worker's model is not one its engine lists in /v1/models: the engine will refuse the requests routed to it",
+				"a worker's model is not one its engine lists in /v1/models: the engine refuses the model's requests, which go to other workers while one serves it",
 				"slot", slot, "worker", info.ID, "endpoint", info.Endpoint, "model", info.Model, "engine_model", base)
 			p.known[slot] = got
+			unlisted |= workers.SetOf(slot)
 		case unknown && base != "":
 			if err := n.learnModel(info, base); err != nil {
 				n.throttle.Log(n.log, slog.LevelError, "learn/"+strconv.Itoa(int(slot)),
@@ -115,6 +118,8 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 	if learned {
 		n.front.WorkersChanged()
 	}
+	n.unlisted.Store(uint64(unlisted))
+	n.front.SetModelUnlisted(unlisted)
 	if !maps.Equal(union, p.pushed) {
 		p.pushed = union
 		n.adapters.Store(&union)

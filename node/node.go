@@ -50,6 +50,9 @@ type Node struct {
 	// adapters is what the adapter poller last told the front end, for
 	// PickEngine: an adapter's prompt is rendered by an engine that has it.
 	adapters atomic.Pointer[map[string]fastpath.Adapter]
+	// unlisted are the workers whose engines, when last asked, did not
+	// list their model (adapters.go): a workers.Set.
+	unlisted atomic.Uint64
 	// membersChanged wakes the adapter poller when the registry loop sees
 	// an engine join or leave, so that a slot's new engine is not routed
 	// its predecessor's adapters until the next poll.

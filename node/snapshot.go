@@ -62,6 +62,7 @@ func (n *Node) snapshot(v *fastpath.Snapshot) {
 			EngineRunning: ld.EngineRunning, EngineWaiting: ld.EngineWaiting, EngineKVUsed: ld.EngineKVUsed, EngineKVTotal: ld.EngineKVTotal,
 			IndexBlocks: ix.WorkerBlocks[w], IndexRefused: ix.WorkerRefused[w], FeedLagBytes: lag[w],
 			Calibration: fastpath.NewCalibrationView(n.sched.Calibration(w), auto)}
+		wv.ModelUnlisted = workers.Set(n.unlisted.Load()).Has(w)
 		if e := n.engines.Engine(w); e != nil {
 			o := e.Outlier()
 			wv.Ejected, wv.EjectedSeconds, wv.Ejections = o.Ejected, o.Remaining.Seconds(), o.Ejections

@@ -402,7 +402,7 @@ func TestStaticWorkerWrongModelIsLogged(t *testing.T) {
 	}
 	defer eng.Close()
 	n, warnings := staticNodeCounting(t, eng, "wrongname",
-		"a worker's model is not one its engine lists in /v1/models: the engine will refuse the requests routed to it")
+		"a worker's model is not one its engine lists in /v1/models: the engine refuses the model's requests, which go to other workers while one serves it")
 	p := newAdapterPoller("")
 	for range 3 {
 		p.poll(context.Background(), n)
