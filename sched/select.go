@@ -376,6 +376,7 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 		s.mu.Unlock()
 		return Decision{}, false
 	}
+	free = s.progressing(p, free, now)
 	// A pin is not a round-robin turn: it must not push the rotation on.
 	w := s.choose(pol, req, &costs, free, p.Temperature, !req.Pinned)
 	shared := s.inFlightCredit(p, w, acc.get(uint(w)), now)
@@ -449,6 +450,7 @@ func (s *Scheduler) query(req *Request, p *CostParams, pol Policy) (Decision, er
 	if allBusy {
 		free = cands
 	}
+	free = s.progressing(p, free, now)
 	w := s.choose(pol, req, &costs, free, p.Temperature, false)
 	info := &ws.info[w]
 	return Decision{

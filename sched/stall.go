@@ -178,3 +178,25 @@ func (s *Scheduler) inFlightCredit(p *CostParams, w workers.Slot, shared uint32,
 	}
 	return shared
 }
+
+// progressing narrows free to the workers that are not stalled, when any
+// is: a stalled worker is chosen only when every free candidate is. Its
+// withdrawn credit does not keep traffic off it by itself: a request
+// whose prompt costs nothing (a two-word prompt routed by its text) ties
+// on every worker, and half of a burst went to an engine that had kept
+// a hundred requests waiting.
+func (s *Scheduler) progressing(p *CostParams, free workers.Set, now int64) workers.Set {
+	if p.StallAfter <= 0 {
+		return free
+	}
+	var stalled workers.Set
+	for w := range free.All() {
+		if s.progress[w].stalled(now, p.StallAfter) {
+			stalled |= workers.SetOf(w)
+		}
+	}
+	if stalled == free {
+		return free
+	}
+	return free &^ stalled
+}

@@ -137,6 +137,33 @@ func TestStallWithdrawsInFlightCredit(t *testing.T) {
 	requireZeroLoad(t, s)
 }
 
+// TestStalledWorkerIsChosenLast: a request that costs nothing anywhere
+// (no prompt tokens, nothing cached) ties on every worker; a stalled
+// worker, which has kept requests waiting past StallAfter, is not among
+// the tied while another is free, and is chosen when only it is left.
+func TestStalledWorkerIsChosenLast(t *testing.T) {
+	cost := DefaultCostParams()
+	cost.StallAfter = time.Hour // the test moves the clock (backdateProgress)
+	s := newTestScheduler(t, 2, Config{Cost: &cost})
+	var hung Reservation
+	mustSelect(t, s, &Request{Pinned: true, PinWorker: 100}, &hung)
+	s.backdateProgress(0, 2*time.Hour)
+	if !s.Load(0).Stalled {
+		t.Fatal("the worker whose request waited past the stall time is not stalled")
+	}
+	for range 20 {
+		if d := mustSelect(t, s, &Request{QueryOnly: true}, nil); d.Slot != 1 {
+			t.Fatalf("a free request went to the stalled slot %d", d.Slot)
+		}
+	}
+	allow := workers.SetOf(0)
+	if d := mustSelect(t, s, &Request{QueryOnly: true, AllowListed: true, Allow: allow}, nil); d.Slot != 0 {
+		t.Fatalf("only the stalled worker allowed: slot %d", d.Slot)
+	}
+	hung.Release()
+	requireZeroLoad(t, s)
+}
+
 // What counts as an answer: a stream's first token (a disaggregated
 // decode stage's own, not the end of its remote prefill); for a request
 // that is not streamed, its completion (Answered). A request given up on
