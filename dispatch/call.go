@@ -692,9 +692,8 @@ func (c *Call) observe(ev openai.Event) {
 	}
 }
 
-// observeBody reports a complete non-streaming response.
-func (c *Call) observeBody(body []byte) {
-	ev := openai.ParseResponse(body)
+// observeBody reports a complete non-streaming response, parsed.
+func (c *Call) observeBody(ev openai.Event) {
 	if ev.Kind == openai.EventError {
 		if s := c.resp.StatusCode(); s >= 200 && s < 300 {
 			c.judge(false) // an error under a success status: the engine failed, not the request
@@ -798,17 +797,27 @@ func (c *Call) ReadBody() ([]byte, error) {
 		}
 	}
 	c.closeStream()
-	if c.requireObject && c.resp.StatusCode()/100 == 2 && !isObject(c.buf[:n]) {
+	ev := openai.ParseResponse(c.buf[:n])
+	if c.requireObject && c.resp.StatusCode()/100 == 2 {
 		// Not what was asked for: the engine failed, and the caller must
-		// not take the bytes for an answer.
-		return nil, c.fail(ErrEngineFailed, errNotObject, nil, false)
+		// not take the bytes for an answer (nor relay an error as a
+		// success its client would count as one).
+		switch {
+		case !isObject(c.buf[:n]):
+			return nil, c.fail(ErrEngineFailed, errNotObject, nil, false)
+		case ev.Kind == openai.EventError:
+			return nil, c.fail(ErrEngineFailed, errErrorUnder2xx, nil, false)
+		}
 	}
-	c.observeBody(c.buf[:n])
+	c.observeBody(ev)
 	return c.buf[:n], nil
 }
 
-// errNotObject is why a RequireObject call failed.
-var errNotObject = errors.New("a success answer that is not a JSON object")
+// errNotObject and errErrorUnder2xx are why a RequireObject call failed.
+var (
+	errNotObject     = errors.New("a success answer that is not a JSON object")
+	errErrorUnder2xx = errors.New("an error object under a success status")
+)
 
 // chargeResponse takes n more bytes of the pool's response budget for
 // this call, or reports false, taking none, if they do not fit.

@@ -433,7 +433,16 @@ func TestDeclaredLengthIsNotTakenUpFront(t *testing.T) {
 // to the caller, who gets no bytes to take for an answer; without it the
 // same answer is read as the engine's, uncounted.
 func TestRequireObject(t *testing.T) {
-	engine := serve(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("<html>busy</html>") }, nil)
+	for _, answer := range []string{"<html>busy</html>", `{"object":"error","message":"boom","type":"InternalServerError","code":500}`, `{"error":{"message":"oom"}}`} {
+		t.Run(answer, func(t *testing.T) { testRequireObject(t, answer) })
+	}
+}
+
+// testRequireObject: an engine answering 200 with answer, which is no
+// completion, fails a call that requires one (an error object relayed as
+// a 200 was counted a success, and never retried elsewhere).
+func testRequireObject(t *testing.T, answer string) {
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(answer) }, nil)
 	pool := NewPool(Config{Health: noHealth})
 	defer pool.Close()
 	mustAdd(t, pool, 0, engine)
@@ -454,8 +463,13 @@ func TestRequireObject(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.Release()
-		want := int32(0)
-		if require {
+		// An error under a 2xx counts against the engine either way; the
+		// count runs on over both calls.
+		var want int32
+		switch {
+		case answer[0] == '{' && require:
+			want = 2
+		case answer[0] == '{' || require:
 			want = 1
 		}
 		if got := pool.Engine(0).Failures(); got != want {

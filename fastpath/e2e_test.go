@@ -599,13 +599,23 @@ func eventData(ev []byte) []byte {
 }
 
 // TestGarbageSuccessIsTheEnginesFailure: an engine's 200 that is neither
-// an event stream nor a JSON object (an HTML page, bytes) is a failed
-// attempt, retried elsewhere, not relayed as success (an SDK fails to
-// parse it, without retrying: the router counted it ok).
+// an event stream nor a JSON object (an HTML page, bytes), or that is an
+// error object, is a failed attempt, retried elsewhere, not relayed as
+// success (an SDK fails to parse it, without retrying: the router counted
+// it ok).
 func TestGarbageSuccessIsTheEnginesFailure(t *testing.T) {
+	for _, answer := range []string{"\x00\xffNOT JSON <html>",
+		// vLLM's error shape, and OpenAI's, under a 200.
+		`{"object":"error","message":"boom","type":"InternalServerError","param":null,"code":500}`,
+		`{"error":{"message":"boom","type":"server_error"}}`} {
+		t.Run(answer, func(t *testing.T) { testGarbageSuccess(t, answer) })
+	}
+}
+
+func testGarbageSuccess(t *testing.T, answer string) {
 	junk := startSessionEngine(t, func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("application/json")
-		ctx.SetBodyString("\x00\xffNOT JSON <html>")
+		ctx.SetBodyString(answer)
 	})
 	live := startMock(t, mocker.Config{WorkerID: 2})
 	r := startE2ERouter(t, e2eConfig(
