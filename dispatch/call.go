@@ -247,6 +247,20 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	return nil
 }
 
+// RefuseUnaskedStream fails the call, as its engine's fault, when Do
+// received a 2xx event stream for a request that did not ask for one:
+// its client expects one JSON object and would get server-sent events. It
+// returns that error (IsRetryable accepts it), or nil for any other
+// answer.
+func (c *Call) RefuseUnaskedStream() error {
+	if c.resp.StatusCode()/100 != 2 || !c.IsEventStream() {
+		return nil
+	}
+	return c.fail(ErrEngineFailed, errUnaskedStream, nil, false)
+}
+
+var errUnaskedStream = errors.New("an event stream answering a request that asked for one object")
+
 // Discard gives up the response Do received, a failure (Failed), so that the
 // request may be sent to another worker before any byte of it reached the
 // client: it closes the engine connection, aborts the observer with

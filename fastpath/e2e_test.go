@@ -642,6 +642,39 @@ func testGarbageSuccess(t *testing.T, answer string) {
 	waitReleased(t, r.node)
 }
 
+// TestUnaskedStreamIsTheEnginesFailure: an engine that answers a request
+// for one JSON object with an event stream (it streams whatever it is
+// asked) fails that attempt, retried elsewhere: its client expects an
+// object, and got server-sent events. A request that asked for a stream
+// takes the stream.
+func TestUnaskedStreamIsTheEnginesFailure(t *testing.T) {
+	streaming := startSessionEngine(t, sseHandler(func(w *bufio.Writer) {
+		_ = writeFlush(w, []byte(`data: {"choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n"))
+	}))
+	live := startMock(t, mocker.Config{WorkerID: 2})
+	r := startE2ERouter(t, e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: streaming.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, Endpoint: live.Addr(), Model: e2eModel},
+	))
+	for i, stream := range []bool{false, true} {
+		tokens := e2eTokens(uint32(80+i), 80)
+		indexBlocks(t, r.node, 1, 0, tokens) // the streaming engine looks best
+		resp := r.post(t, fastpath.PathCompletions, completionBody(tokens, stream, 3), nil)
+		want := "2"
+		if stream {
+			want = "1"
+		}
+		if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != want {
+			t.Fatalf("stream %v: status %d from worker %s, want 200 from %s: %q", stream, resp.status, resp.header.Get(fastpath.HeaderWorker), want, resp.body)
+		}
+		if ct := resp.header.Get("Content-Type"); stream != strings.HasPrefix(ct, "text/event-stream") {
+			t.Errorf("stream %v: Content-Type %q", stream, ct)
+		}
+	}
+	wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 1)
+	waitReleased(t, r.node)
+}
+
 // TestDirectModeRequiresWorker: in direct mode a request must name its
 // worker.
 func TestDirectModeRequiresWorker(t *testing.T) {

@@ -493,6 +493,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			// for.
 			err = dispatch.ErrPrefillFailed
 		}
+		if err == nil && !ex.req.Stream {
+			err = ex.call.RefuseUnaskedStream()
+		}
 		if err == nil && ex.call.StatusCode() == fasthttp.StatusLoopDetected {
 			// The router it came back to can only say that some worker
 			// loops; this one knows which.
