@@ -353,6 +353,11 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	if sw.Endpoint == "" {
 		return sw, errors.New("a static worker needs url=http://host:port")
 	}
+	if u, err := url.Parse(sw.Endpoint); err == nil && (u.User != nil || u.RawQuery != "" || u.Fragment != "") {
+		// The router dials host:port and would drop them without a word:
+		// an engine's key goes in --engine-api-key-file.
+		return sw, fmt.Errorf("cannot use url=%s: credentials, a query or a fragment in a worker's URL are not sent; give the engines' key with --engine-api-key-file", loggableEndpoint(sw.Endpoint))
+	}
 	if _, err := hostPort(sw.Endpoint); err != nil {
 		return sw, err
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 )
@@ -107,7 +108,7 @@ func parseFlags(fs *flag.FlagSet, args []string, about string) error {
 		case strings.HasPrefix(msg, "invalid value "):
 			msg = strings.Replace(msg, " for flag -", " for flag --", 1)
 		}
-		fmt.Fprintln(out, msg)
+		fmt.Fprintln(out, redactCredentials(msg))
 	}
 	switch {
 	case errors.Is(err, flag.ErrHelp):
@@ -138,4 +139,19 @@ func printUsage(w io.Writer, fs *flag.FlagSet, about string) {
 		b.WriteByte('\n')
 	})
 	_, _ = io.WriteString(w, b.String())
+}
+
+// urlUserinfo and urlQuery find the secrets a URL in a flag's value may
+// carry: user:password@ after its scheme, and a query (?api_key=...).
+var (
+	urlUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s"',]*@`)
+	urlQuery    = regexp.MustCompile(`(://[^\s"',?]*)\?[^\s"',]*`)
+)
+
+// redactCredentials replaces the credentials and queries of the URLs in
+// a message about a flag's value: the flag package quotes the value
+// whole, and the message goes to stderr, and so to the journal.
+func redactCredentials(msg string) string {
+	msg = urlUserinfo.ReplaceAllString(msg, "${1}REDACTED@")
+	return urlQuery.ReplaceAllString(msg, "${1}?REDACTED")
 }

@@ -343,7 +343,7 @@ func applyEnv(fs *flag.FlagSet, prefix string, warn io.Writer) error {
 		env := prefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if v, ok := os.LookupEnv(env); ok {
 			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("cannot use %s=%q as --%s: %w (its --help line says what it takes)", env, v, f.Name, err))
+				errs = append(errs, errors.New(redactCredentials(fmt.Sprintf("cannot use %s=%q as --%s: %v (its --help line says what it takes)", env, v, f.Name, err))))
 			}
 		}
 	})

@@ -229,6 +229,42 @@ func TestFlagErrorsSpellTwoDashes(t *testing.T) {
 	}
 }
 
+// TestWorkerSecretsAreRefusedUnprinted: credentials or a query in a
+// --worker URL were accepted and silently dropped (the engine then
+// refused the router), and a bad --worker value was printed whole,
+// password included, to stderr and the journal. They are refused, and
+// no error prints them, from a flag or from KVFAST_WORKER.
+func TestWorkerSecretsAreRefusedUnprinted(t *testing.T) {
+	for _, v := range []string{
+		"url=http://ops:HUNTER2@127.0.0.1:8000,model=m",
+		"url=http://127.0.0.1:8000/?api_key=HUNTER2,model=m",
+		"url=https://ops:HUNTER2@127.0.0.1:8000,bogus=1",
+		"url=http://127.0.0.1:8000,model=m,zmq=tcp://u:HUNTER2@127.0.0.1:5557,bogus=1",
+	} {
+		var stderr strings.Builder
+		if _, _, ok := serveConfig([]string{"--segment", "none", "--worker", v}, &stderr); ok {
+			t.Errorf("--worker %s accepted", v)
+		}
+		if strings.Contains(stderr.String(), "HUNTER2") || !strings.Contains(stderr.String(), "--worker") {
+			t.Errorf("--worker %s: %q", v, stderr.String())
+		}
+		t.Setenv("KVFAST_WORKER", v)
+		stderr.Reset()
+		if _, _, ok := serveConfig([]string{"--segment", "none"}, &stderr); ok {
+			t.Errorf("KVFAST_WORKER=%s accepted", v)
+		}
+		if strings.Contains(stderr.String(), "HUNTER2") || !strings.Contains(stderr.String(), "KVFAST_WORKER") {
+			t.Errorf("KVFAST_WORKER=%s: %q", v, stderr.String())
+		}
+		os.Unsetenv("KVFAST_WORKER")
+	}
+	var stderr strings.Builder
+	serveConfig([]string{"--segment", "none", "--worker", "url=http://ops:HUNTER2@127.0.0.1:8000,model=m"}, &stderr)
+	if !strings.Contains(stderr.String(), "--engine-api-key-file") {
+		t.Errorf("the refusal does not say where the key goes: %q", stderr.String())
+	}
+}
+
 // TestMemoryLimitCountsTheHeapIndex: the soft memory limit covers the
 // index when it lives on the heap (--segment none) and the prefix-token
 // caches of the models named with --tokenizer. Under the bare limit a
