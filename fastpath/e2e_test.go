@@ -1273,3 +1273,21 @@ func TestModelWithNoLiveWorkerIs503(t *testing.T) {
 		t.Fatalf("a model never served: %d %s", res.status, res.body)
 	}
 }
+
+// TestRequestDurationCountsEveryRequest: the time to first token and
+// the gaps between tokens exist only for streams; every request, streamed
+// or not, is timed end to end (a dashboard of a router whose clients do
+// not stream had no latency at all).
+func TestRequestDurationCountsEveryRequest(t *testing.T) {
+	eng := startMock(t, mocker.Config{WorkerID: 1})
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.Addr(), Model: e2eModel}))
+	for i, stream := range []bool{false, false, true} {
+		if resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(90+i), 32), stream, 2), nil); resp.status != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.status, resp.body)
+		}
+	}
+	waitReleased(t, r.node)
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_request_duration_seconds_count{endpoint="completions"}`, 3)
+	wantMetric(t, m, "kvfast_time_to_first_token_seconds_count", 1)
+}

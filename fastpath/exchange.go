@@ -281,6 +281,13 @@ func (s *Server) settle(ctx *fasthttp.RequestCtx, ex *exchange, handedOff *bool)
 func (ex *exchange) cleanup() {
 	ex.watch.Stop() // no HangUp runs after this
 	ex.watch = hangup.Registration{}
+	if ex.outcome != "" { // counted in kvfast_requests_total
+		i := 0
+		if ex.api == openai.APIChatCompletions {
+			i = 1
+		}
+		ex.s.metrics.duration[i].Observe(seconds(clock.Since(ex.arrived)))
+	}
 	for i := range ex.enc {
 		ex.releaseEncode(i)
 	}

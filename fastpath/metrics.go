@@ -50,6 +50,7 @@ type metrics struct {
 	reg *prometheus.Registry
 
 	requests      map[string]prometheus.Counter
+	duration      [2]prometheus.Observer // by endpoint: completions, chat_completions
 	ttft          prometheus.Observer
 	itl           prometheus.Observer
 	isl           prometheus.Observer
@@ -91,13 +92,18 @@ func newMetrics(s *Server) *metrics {
 		m.requests["chat/"+st] = requests.WithLabelValues("chat_completions", st)
 	}
 	latency := prometheus.ExponentialBuckets(0.001, 2, 16) // 1 ms .. 33 s
+	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "kvfast_request_duration_seconds", Buckets: prometheus.ExponentialBuckets(0.001, 2, 20), // 1 ms .. 524 s
+		Help: "From the request's arrival at the router to the end of its answer (a stream's last byte relayed), for every request kvfast_requests_total counts, streamed or not.",
+	}, []string{"endpoint"})
+	m.duration = [2]prometheus.Observer{duration.WithLabelValues("completions"), duration.WithLabelValues("chat_completions")}
 	ttft := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "kvfast_time_to_first_token_seconds", Buckets: latency,
-		Help: "From the request's arrival at the router to the first output token relayed.",
+		Help: "From the request's arrival at the router to the first output token relayed, for streamed requests (a plain answer's first token is its last: kvfast_request_duration_seconds).",
 	})
 	itl := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "kvfast_inter_token_latency_seconds", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
-		Help: "Gap between consecutive streamed output items.",
+		Help: "Gap between consecutive streamed output items (streamed requests only).",
 	})
 	tokens := prometheus.ExponentialBuckets(16, 2, 14) // 16 .. 131072
 	isl := prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -166,7 +172,7 @@ func newMetrics(s *Server) *metrics {
 	m.ttft, m.itl, m.isl, m.osl = ttft, itl, isl, osl
 	m.dis = newDisaggMetrics(reg, s)
 	m.enc = newEncodeMetrics(reg)
-	reg.MustRegister(bodyBytes, responseBytes, requests, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, m.unattributed, auth, transport, multimodal,
+	reg.MustRegister(bodyBytes, responseBytes, requests, duration, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, m.unattributed, auth, transport, multimodal,
 		&stateCollector{s: s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
