@@ -318,6 +318,11 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	sw := StaticWorker{ID: defaultID}
 	pairs, err := keyvals.Split(v, map[string]string{"endpoint": "url", "dp-rank": "rank", "events": "zmq"})
 	if err != nil {
+		if strings.Contains(v, "@") {
+			// The parts the error quotes may be pieces of a password
+			// (one holding a comma): quote none.
+			return sw, errors.New("cannot parse the value: want key=value pairs separated by commas (credentials in a URL are refused anyway: give the engines' key with --engine-api-key-file)")
+		}
 		return sw, fmt.Errorf("cannot parse %q: %w", v, err)
 	}
 	for _, kv := range pairs {

@@ -141,16 +141,19 @@ func printUsage(w io.Writer, fs *flag.FlagSet, about string) {
 	_, _ = io.WriteString(w, b.String())
 }
 
-// urlUserinfo and urlQuery find the secrets a URL in a flag's value may
-// carry: user:password@ after its scheme, and a query (?api_key=...).
+// urlUserinfo, urlQuery and urlFragment find the secrets a URL in a
+// flag's value may carry: user:password@ after its scheme (up to the last
+// @ before a space, as a URL parser splits it, whatever the password
+// holds), a query (?api_key=...) and a fragment. They may take more of
+// the message than the URL: better than leaving part of a password.
 var (
-	urlUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s"',]*@`)
-	urlQuery    = regexp.MustCompile(`(://[^\s"',?]*)\?[^\s"',]*`)
+	urlUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)\S*@`)
+	urlQuery    = regexp.MustCompile(`(://[^\s?#]*)[?#]\S*`)
 )
 
-// redactCredentials replaces the credentials and queries of the URLs in
-// a message about a flag's value: the flag package quotes the value
-// whole, and the message goes to stderr, and so to the journal.
+// redactCredentials replaces the credentials, queries and fragments of
+// the URLs in a message about a flag's value: the flag package quotes the
+// value whole, and the message goes to stderr, and so to the journal.
 func redactCredentials(msg string) string {
 	msg = urlUserinfo.ReplaceAllString(msg, "${1}REDACTED@")
 	return urlQuery.ReplaceAllString(msg, "${1}?REDACTED")

@@ -464,8 +464,9 @@ const baselineMemory = 224 << 20
 // the defaults: the event-fed index itself when it lives in memory
 // (--segment none) rather than in the mapped segment, and a prefix-token
 // cache per model named with --tokenizer. A limit below the live heap
-// makes the collector run back to back: a 16M-block index in memory
-// under the bare limit cost the router 3.5x the CPU per request.
+// makes the collector run back to back: with a 16M-block index in
+// memory, 1,000 small requests ran 282 collections under the bare limit
+// and none with the index counted.
 func setMemoryLimit(cfg node.Config) {
 	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
 		return

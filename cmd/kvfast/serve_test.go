@@ -240,12 +240,17 @@ func TestWorkerSecretsAreRefusedUnprinted(t *testing.T) {
 		"url=http://127.0.0.1:8000/?api_key=HUNTER2,model=m",
 		"url=https://ops:HUNTER2@127.0.0.1:8000,bogus=1",
 		"url=http://127.0.0.1:8000,model=m,zmq=tcp://u:HUNTER2@127.0.0.1:5557,bogus=1",
+		// A password holding @, /, a comma or a quote; a fragment.
+		"url=http://admin:HUN@TER2@10.0.0.1:8000,model=m",
+		"url=http://u:HUN/TER2@h:1,model=m",
+		`url=http://u:HUN,TER2"x@h:1,model=m`,
+		"url=http://h:1/#HUNTER2,model=m",
 	} {
 		var stderr strings.Builder
 		if _, _, ok := serveConfig([]string{"--segment", "none", "--worker", v}, &stderr); ok {
 			t.Errorf("--worker %s accepted", v)
 		}
-		if strings.Contains(stderr.String(), "HUNTER2") || !strings.Contains(stderr.String(), "--worker") {
+		if strings.Contains(stderr.String(), "HUNTER2") || strings.Contains(stderr.String(), "TER2") || !strings.Contains(stderr.String(), "--worker") {
 			t.Errorf("--worker %s: %q", v, stderr.String())
 		}
 		t.Setenv("KVFAST_WORKER", v)
@@ -253,7 +258,7 @@ func TestWorkerSecretsAreRefusedUnprinted(t *testing.T) {
 		if _, _, ok := serveConfig([]string{"--segment", "none"}, &stderr); ok {
 			t.Errorf("KVFAST_WORKER=%s accepted", v)
 		}
-		if strings.Contains(stderr.String(), "HUNTER2") || !strings.Contains(stderr.String(), "KVFAST_WORKER") {
+		if strings.Contains(stderr.String(), "HUNTER2") || strings.Contains(stderr.String(), "TER2") || !strings.Contains(stderr.String(), "KVFAST_WORKER") {
 			t.Errorf("KVFAST_WORKER=%s: %q", v, stderr.String())
 		}
 		os.Unsetenv("KVFAST_WORKER")
