@@ -143,6 +143,10 @@ type prefillStage struct {
 	// decode's first token came, so its KV did. Both under the exchange's
 	// hangMu.
 	failed, decodeStarted bool
+	// refused: the SGLang prefill engine answered a 4xx, judging the
+	// request (too long, a parameter it refuses), which the decode engine
+	// judges alike: its 4xx is the client's answer. Under hangMu.
+	refused bool
 }
 
 func (st *prefillStage) OnDispatched() { _ = st.h.Dispatched() }
@@ -597,6 +601,11 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			err = errPrefillRefused
 		}
 		endCall(span, err)
+		if code := call.StatusCode(); code >= 400 && code < 500 && !call.Failed() {
+			ex.hangMu.Lock()
+			st.refused = true
+			ex.hangMu.Unlock()
+		}
 		if failed && !errors.Is(err, dispatch.ErrClientGone) && !errors.Is(err, dispatch.ErrShuttingDown) {
 			s.metrics.dis.prefillFailures.Inc()
 			s.log.Debug("prefill stage failed", "request_id", string(ex.rid), "worker", d.WorkerID, "err", err)
@@ -624,7 +633,8 @@ func (ex *exchange) failDecode() {
 }
 
 // prefillFailed waits up to wait for an SGLang prefill's outcome and
-// reports whether it failed (failDecode). False without one.
+// reports whether it failed (failDecode) other than by refusing the
+// request with a 4xx. False without one.
 func (ex *exchange) prefillFailed(wait time.Duration) bool {
 	if ex.pre.done == nil {
 		return false
@@ -638,7 +648,7 @@ func (ex *exchange) prefillFailed(wait time.Duration) bool {
 	}
 	ex.hangMu.Lock()
 	defer ex.hangMu.Unlock()
-	return ex.pre.failed
+	return ex.pre.failed && !ex.pre.refused
 }
 
 // sglangVerdictWait bounds how long a decode engine's error answer waits

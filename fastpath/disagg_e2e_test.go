@@ -839,10 +839,25 @@ func TestDisaggSGLangDecodeFailureIsNotRetried(t *testing.T) {
 // the router heard the prefill fail: a 400 the client must not retry,
 // about a field it never sent. The client is told prefill_failed.
 func TestDisaggSGLangDecodeRefusalAfterPrefillFailure(t *testing.T) {
+	// A prefill that refuses the request itself (a 4xx: too long, say)
+	// judges it as the decode engine does: the client gets the decode's
+	// 4xx, not a 502 to retry for ever.
+	for _, tc := range []struct {
+		prefillStatus int
+		status        int
+		code          string
+	}{{fasthttp.StatusInternalServerError, http.StatusBadGateway, "prefill_failed"}, {fasthttp.StatusBadRequest, http.StatusBadRequest, ""}} {
+		t.Run(strconv.Itoa(tc.prefillStatus), func(t *testing.T) {
+			testDecodeRefusalAfterPrefill(t, tc.prefillStatus, tc.status, tc.code)
+		})
+	}
+}
+
+func testDecodeRefusalAfterPrefill(t *testing.T, prefillStatus, status int, code string) {
 	release := make(chan struct{})
 	prefill := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
 		<-release
-		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+		ctx.SetStatusCode(prefillStatus)
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"error":{"message":"prefill failed","type":"server_error"}}`)
 	})
@@ -868,8 +883,8 @@ func TestDisaggSGLangDecodeRefusalAfterPrefillFailure(t *testing.T) {
 	})
 	close(release)
 	resp := <-answered
-	if resp.status != http.StatusBadGateway || checkOpenAIError(t, resp.body) != "prefill_failed" {
-		t.Errorf("status %d %s, want 502 prefill_failed", resp.status, resp.body)
+	if resp.status != status || code != "" && checkOpenAIError(t, resp.body) != code {
+		t.Errorf("status %d %s, want %d %s", resp.status, resp.body, status, code)
 	}
 	waitReleased(t, r.node)
 }

@@ -492,7 +492,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		}
 		ex.traceDispatch(ex.call.Request())
 		err := ex.call.Do(ex.dec.Slot, ex)
-		if err == nil && ex.call.StatusCode() >= 400 && ex.pairedSGLang() && ex.prefillFailed(sglangVerdictWait) {
+		if code := ex.call.StatusCode(); err == nil && code >= 400 && code < 500 && ex.pairedSGLang() && ex.prefillFailed(sglangVerdictWait) {
 			// The decode engine refused the request because its prefill
 			// failed (the KV pull was refused) before the router heard of
 			// that failure: the client hears the cause, a 502 it may
