@@ -34,7 +34,14 @@ func (s *Server) SetModelUnlisted(set workers.Set) { s.unlisted.Store(uint64(set
 // the engine's refusal) or it pins one.
 func (s *Server) avoidUnlisted(req *sched.Request) {
 	bad := workers.Set(s.unlisted.Load())
-	if bad == 0 || req.Pinned || s.sched.Eligible(req, bad) == 0 {
+	if bad == 0 || req.Pinned {
+		return
+	}
+	// Another worker must be able to generate it: disaggregated, a
+	// prefill worker is no alternative to a decode worker.
+	q := *req
+	q.Stage = s.generatingStage()
+	if s.sched.Eligible(&q, bad) == 0 {
 		return
 	}
 	if !req.AllowListed {

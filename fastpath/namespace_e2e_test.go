@@ -18,6 +18,7 @@ import (
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // namespacedBatch is a vLLM v0.26 batch with one BlockStored of a whole
@@ -272,4 +273,27 @@ func TestEngineNotListingItsModelIsAvoided(t *testing.T) {
 		t.Errorf("pinned to worker 1: status %d: %s", resp.status, resp.body)
 	}
 	waitReleased(t, r.node)
+
+	// Disaggregated, a prefill worker is no alternative to the one decode
+	// worker: its engine's refusal reaches the client, not a 503 that no
+	// worker can take the request.
+	prefill := startMock(t, mocker.Config{WorkerID: 3, Role: workers.RolePrefill})
+	decode := startMock(t, mocker.Config{WorkerID: 4, Role: workers.RoleDecode, Model: "other-model"})
+	cfg := e2eConfig(
+		node.StaticWorker{ID: 3, Endpoint: prefill.Addr(), Model: e2eModel, Role: workers.RolePrefill},
+		node.StaticWorker{ID: 4, Endpoint: decode.Addr(), Model: e2eModel, Role: workers.RoleDecode})
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM}
+	rd := startE2ERouter(t, cfg)
+	waitFor(t, "the decode worker reported as not listing its model", func() bool {
+		for _, w := range rd.node.Snapshot().Workers {
+			if w.WorkerID == 4 {
+				return w.ModelUnlisted
+			}
+		}
+		return false
+	})
+	if resp := rd.post(t, fastpath.PathCompletions, completionBody(e2eTokens(60, 64), false, 2), nil); resp.status != http.StatusNotFound {
+		t.Errorf("disaggregated, the decode engine not listing the model: status %d: %s", resp.status, resp.body)
+	}
+	waitReleased(t, rd.node)
 }
