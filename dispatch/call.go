@@ -560,6 +560,10 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 				if err := c.write(w, buf[:end-keep]); err != nil {
 					return ErrClientGone, err
 				}
+				// The client took its time over the event's part: the
+				// engine's clock starts again from here.
+				c.pieceStarted()
+				timed = true
 				c.midEvent = true
 				if lineStart < end-keep {
 					lineStart = -1 // mid-line: the rest of this line is not blank
