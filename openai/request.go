@@ -494,7 +494,7 @@ func equalFoldASCII(b []byte, s string) bool {
 // countField parses max_tokens-like fields: a positive integer or null,
 // read as vLLM's pydantic models read an int field in their default (lax)
 // mode: a float with no fractional part (2048.0, 2e3), a string that
-// pydantic reads as an integer ("5", "+5", "5.00", "1_000"), and true are
+// pydantic reads as an integer ("5", " +5 ", "5.00", "1_000"), and true are
 // that integer too; a fraction is a type error. A client that computes
 // max_tokens as a float sends 2048.0, which the engine serves.
 func (p *parser) countField(i, f int, dst *int64, typeErr, rangeErr *Error) int {
@@ -556,22 +556,20 @@ func (p *parser) countField(i, f int, dst *int64, typeErr, rangeErr *Error) int 
 
 // laxIntString returns the part of a string isInteger should read when
 // pydantic's lax mode reads it as an integer, following pydantic-core's
-// str_as_int: the string as a signed integer; failing that, with a
-// fraction of zeros only cut ("5.", "5.00"); failing that, with single
-// underscores between its characters ("1_000"), which isInteger and
-// countValue skip. A leading plus sign is dropped. Anything else comes
-// back nil or as it was, for isInteger to refuse.
+// clean_int_str (its current rules; older releases differed): whitespace
+// trimmed, a plus sign dropped, a non-empty fraction of zeros cut ("5.0",
+// not "5."), then single underscores between its characters allowed
+// ("1_000", "4_2.0"), which isInteger and countValue skip. Anything else
+// comes back nil or as it was, for isInteger to refuse.
 func laxIntString(s []byte) []byte {
-	if dot := bytes.IndexByte(s, '.'); dot >= 0 {
-		if len(bytes.TrimLeft(s[dot+1:], "0")) != 0 || bytes.IndexByte(s[:dot], '_') >= 0 {
-			return nil
-		}
-		return withoutPlus(s[:dot])
+	s = withoutPlus(bytes.TrimSpace(s))
+	if dot := bytes.IndexByte(s, '.'); dot >= 0 && dot < len(s)-1 && len(bytes.TrimLeft(s[dot+1:], "0")) == 0 {
+		s = s[:dot]
 	}
 	if bytes.IndexByte(s, '_') >= 0 && (s[0] == '_' || s[len(s)-1] == '_' || bytes.Contains(s, []byte("__"))) {
 		return nil
 	}
-	return withoutPlus(s)
+	return s
 }
 
 // withoutPlus drops the plus sign Rust's integer parsing, and so

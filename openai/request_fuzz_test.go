@@ -176,30 +176,30 @@ func oracle(body []byte, api API, maxTok uint32) (oracleResult, error) {
 		errs[fStream] = ErrStreamType
 	}
 	// vLLM's pydantic int fields, lax: integers, integral floats, true
-	// and false, strings pydantic-core's str_as_int reads (a signed
-	// integer; else one with a fraction of zeros; else one with single
-	// underscores inside).
+	// and false, strings pydantic-core's clean_int_str reads (trimmed, a
+	// plus sign dropped, a non-empty fraction of zeros cut, then single
+	// underscores inside removed).
 	integer := regexp.MustCompile(`^-?[0-9]+$`)
-	signed := regexp.MustCompile(`^[+-]?[0-9]+$`)
-	zeros := regexp.MustCompile(`^([^.]*)\.0*$`)
+	signed := regexp.MustCompile(`^-?[0-9]+$`)
+	zeros := regexp.MustCompile(`^(.*)\.0+$`)
 	laxString := func(v string) (string, bool) {
-		switch {
-		case signed.MatchString(v):
-		case strings.Contains(v, "."):
-			m := zeros.FindStringSubmatch(v)
-			if m == nil || !signed.MatchString(m[1]) {
-				return "", false
-			}
+		v = strings.TrimSpace(v)
+		if strings.HasPrefix(v, "+") && !strings.HasPrefix(v, "+-") && !strings.HasPrefix(v, "++") {
+			v = v[1:]
+		}
+		if m := zeros.FindStringSubmatch(v); m != nil {
 			v = m[1]
-		case strings.Contains(v, "_") && !strings.HasPrefix(v, "_") && !strings.HasSuffix(v, "_") && !strings.Contains(v, "__"):
-			v = strings.ReplaceAll(v, "_", "")
-			if !signed.MatchString(v) {
+		}
+		if strings.Contains(v, "_") {
+			if strings.HasPrefix(v, "_") || strings.HasSuffix(v, "_") || strings.Contains(v, "__") {
 				return "", false
 			}
-		default:
+			v = strings.ReplaceAll(v, "_", "")
+		}
+		if !signed.MatchString(v) {
 			return "", false
 		}
-		return strings.TrimPrefix(v, "+"), true
+		return v, true
 	}
 	count := func(key string, f int, typeErr, rangeErr *Error) int64 {
 		var s string
