@@ -73,7 +73,7 @@ func TestStreamRelayedByteExact(t *testing.T) {
 	// Extra fields, odd spacing and key order: forwarded untouched.
 	tokens := e2eTokens(1, 64)
 	body := append([]byte("{ \"stream\" : true ,\"temperature\":0.25, \"stream_options\": {\"include_usage\": true},\n \"prompt\":"),
-		completionBody(tokens, false, 4)[len(`{"model":"mock","prompt":`):]...)
+		completionBody(tokens, true, 4)[len(`{"model":"mock","prompt":`):]...)
 	body = append(body[:len(body)-1], `, "model":"mock", "echo": false}`...)
 
 	t.Run("stream", func(t *testing.T) {
