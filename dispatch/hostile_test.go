@@ -232,21 +232,30 @@ func TestReadBodyWithinCutsADribbledAnswer(t *testing.T) {
 			}
 		}
 	})
-	pool := NewPool(Config{Health: noHealth})
-	defer pool.Close()
-	mustAdd(t, pool, 0, engine)
-	c := pool.AcquireCall()
-	defer c.Release()
-	c.SetRequest([]byte("/v1/completions"), []byte("x"))
-	if err := c.Do(0, nil); err != nil {
-		t.Fatal(err)
-	}
+	pool, c := answeredCall(t, Config{Health: noHealth}, engine)
 	if _, err := c.ReadBodyWithin(200 * time.Millisecond); !errors.Is(err, ErrIdleTimeout) {
 		t.Fatalf("ReadBodyWithin = %v, want the idle timeout", err)
 	}
 	if got := pool.Engine(0).Failures(); got != 1 {
 		t.Errorf("passive health counted %d failures, want 1", got)
 	}
+}
+
+// answeredCall sends a request to engine, as slot 0 of a pool of cfg,
+// and returns the pool and the call once the answer's headers are read;
+// both go when the test ends.
+func answeredCall(t *testing.T, cfg Config, engine string) (*Pool, *Call) {
+	t.Helper()
+	pool := NewPool(cfg)
+	t.Cleanup(func() { pool.Close() })
+	mustAdd(t, pool, 0, engine)
+	c := pool.AcquireCall()
+	t.Cleanup(c.Release) // before the pool's Close: cleanups run last-in first-out
+	c.SetRequest([]byte("/v1/completions"), []byte("x"))
+	if err := c.Do(0, nil); err != nil {
+		t.Fatal(err)
+	}
+	return pool, c
 }
 
 // TestDoWithinGivesUpOnASilentEngine: an engine that takes the request and
@@ -499,15 +508,7 @@ func TestIdleTimeoutBoundsAWholeBody(t *testing.T) {
 		}
 		_, _ = io.WriteString(conn, "}")
 	})
-	pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{Idle: 200 * time.Millisecond}})
-	defer pool.Close()
-	mustAdd(t, pool, 0, engine)
-	c := pool.AcquireCall()
-	defer c.Release()
-	c.SetRequest([]byte("/v1/completions"), []byte("x"))
-	if err := c.Do(0, nil); err != nil {
-		t.Fatal(err)
-	}
+	_, c := answeredCall(t, Config{Health: noHealth, Timeouts: Timeouts{Idle: 200 * time.Millisecond}}, engine)
 	if body, err := c.ReadBody(); !errors.Is(err, ErrIdleTimeout) {
 		t.Fatalf("ReadBody = %q, %v; want the idle timeout", body, err)
 	}

@@ -336,6 +336,8 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 		}
 		ex.sreq.Allow &= only
 	}
+	// The model filters selection, and first what avoidUnlisted counts as
+	// another worker.
 	ex.sreq.Model = model
 	s.avoidUnlisted(&ex.sreq)
 	t0 := clock.Now()
@@ -400,7 +402,6 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	ex.tr.hashAt, ex.tr.lookupAt, ex.tr.selectAt = t0, t1, t2
 	ex.sreq.Hashes = ex.hashes
 	ex.sreq.Overlaps = &ex.overlaps
-	ex.sreq.Model = model
 	if r.MaxTokens > 0 {
 		// Every choice generates up to max_tokens, and the relay counts
 		// the items of all of them. Each factor is capped before they
