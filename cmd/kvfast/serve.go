@@ -465,8 +465,9 @@ const baselineMemory = 224 << 20
 // (--segment none) rather than in the mapped segment, and a prefix-token
 // cache per model named with --tokenizer. A limit below the live heap
 // makes the collector run back to back: with a 16M-block index in
-// memory, 1,000 small requests ran 282 collections under the bare limit
-// and none with the index counted.
+// memory, 1,000 small requests ran hundreds of collections under the bare
+// limit and none with the index counted (BENCHMARKS.md,
+// scripts/gc-heap-index.sh).
 func setMemoryLimit(cfg node.Config) {
 	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
 		return
