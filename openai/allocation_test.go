@@ -27,6 +27,7 @@ func TestParseAllocations(t *testing.T) {
 			`"session_control":{"\u006fpen":{"capacity_of_str_len":65536},"close":false}}`)},
 		{"refused: batch", APICompletions, []byte(`{"prompt":[[1],[2]]}`)},
 		{"refused: malformed", APICompletions, []byte(`{"prompt":[1,2,`)},
+		{"refused: numbers out of range", APICompletions, []byte(`{"prompt":"x","max_tokens":1e999,"stream":-1E+400}`)},
 	}
 	p := Parser{MaxTokenID: 151935}
 	r := new(ParsedRequest)

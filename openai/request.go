@@ -444,11 +444,11 @@ func (p *parser) boolField(i, f int, dst *bool, typeErr *Error) int {
 		if end < 0 {
 			return -1
 		}
-		v, err := strconv.ParseFloat(unsafe.String(&b[i], end-i), 64)
+		v, ok := parseNumber(b[i:end])
 		switch {
-		case err == nil && v == 1:
+		case ok && v == 1:
 			*dst = true
-		case err != nil || v != 0:
+		case !ok || v != 0:
 			p.errs[f] = typeErr
 		}
 		return end
@@ -539,11 +539,11 @@ func (p *parser) countField(i, f int, dst *int64, typeErr, rangeErr *Error) int 
 	if num := b[i:end]; !isInteger(num) {
 		// Only a fraction, exponent or both are left: JSON has no other
 		// number. Integral values count; vLLM refuses the rest.
-		v, err := strconv.ParseFloat(unsafe.String(unsafe.SliceData(num), len(num)), 64)
+		v, ok := parseNumber(num)
 		switch {
-		case err == nil && v != math.Trunc(v):
+		case ok && v != math.Trunc(v):
 			p.errs[f] = typeErr
-		case err != nil || v < 1 || v >= math.MaxInt64:
+		case !ok || v < 1 || v >= math.MaxInt64:
 			p.errs[f] = rangeErr
 		default:
 			*dst = int64(v)
@@ -828,4 +828,79 @@ func (p *parser) messages(i int) int {
 			return -1
 		}
 	}
+}
+
+// parseNumber reads a JSON number (jsonscan.ScanNumber accepted it) as a
+// float64, reporting false where it is not finite. Numbers far beyond
+// what any field here takes (above 1e21 in magnitude) are refused before
+// strconv sees them: its range error is allocated, and a client could
+// make every request pay for one with "max_tokens":1e999.
+func parseNumber(num []byte) (float64, bool) {
+	if decimalMagnitude(num) > 21 {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(unsafe.String(unsafe.SliceData(num), len(num)), 64)
+	return v, err == nil
+}
+
+// decimalMagnitude is the power of ten just above the absolute value of
+// the JSON number num: 1 for 5, 3 for 123.4, -1 for 0.05, 2 for 1e1. Zero
+// (any number with no non-zero digit) is reported as very small.
+func decimalMagnitude(num []byte) int {
+	const clamp = 1 << 20 // far beyond float64's range, far from overflow
+	i := 0
+	if i < len(num) && num[i] == '-' {
+		i++
+	}
+	mag, seen, frac := 0, false, false
+	for ; i < len(num); i++ {
+		switch c := num[i]; {
+		case c == '.':
+			frac = true
+		case c >= '0' && c <= '9':
+			switch {
+			case c != '0' && !seen:
+				seen = true
+				if !frac {
+					mag = 1
+				}
+			case seen && !frac:
+				if mag < clamp {
+					mag++
+				}
+			case !seen && frac:
+				if mag > -clamp {
+					mag--
+				}
+			}
+		default: // 'e' or 'E': the exponent follows
+			if !seen {
+				return -clamp
+			}
+			return mag + exponent(num[i+1:], clamp)
+		}
+	}
+	if !seen {
+		return -clamp
+	}
+	return mag
+}
+
+// exponent is the signed decimal integer b (a JSON number's exponent),
+// clamped to ±limit.
+func exponent(b []byte, limit int) int {
+	sign := 1
+	if len(b) > 0 && (b[0] == '+' || b[0] == '-') {
+		if b[0] == '-' {
+			sign = -1
+		}
+		b = b[1:]
+	}
+	e := 0
+	for _, c := range b {
+		if e < limit {
+			e = e*10 + int(c-'0')
+		}
+	}
+	return sign * min(e, limit)
 }

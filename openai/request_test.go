@@ -496,3 +496,46 @@ func TestParseSessionControl(t *testing.T) {
 		}
 	}
 }
+
+func TestDecimalMagnitude(t *testing.T) {
+	for _, tc := range []struct {
+		num  string
+		want int
+	}{
+		{"5", 1}, {"-5", 1}, {"123.4", 3}, {"0.05", -1}, {"0.5", 0}, {"1e1", 2},
+		{"10", 2}, {"99", 2}, {"100.0", 3}, {"0012", 2}, {"1.5E-3", -2}, {"2e+3", 4},
+		{"1e999", 1000}, {"-1e-999", -998},
+	} {
+		if got := decimalMagnitude([]byte(tc.num)); got != tc.want {
+			t.Errorf("decimalMagnitude(%s) = %d, want %d", tc.num, got, tc.want)
+		}
+	}
+	for _, zero := range []string{"0", "-0", "0.000", "0e999", "0.0E+99999999999999999999"} {
+		if got := decimalMagnitude([]byte(zero)); got > -100 {
+			t.Errorf("decimalMagnitude(%s) = %d, want very small", zero, got)
+		}
+	}
+	if got := decimalMagnitude([]byte("1e99999999999999999999999")); got < 1000 {
+		t.Errorf("a huge exponent read as magnitude %d", got)
+	}
+}
+
+// TestParseNumberAgreesWithStrconv: refusing early must not change what
+// any number means: the pre-check only spares strconv's allocated error.
+func TestParseNumberAgreesWithStrconv(t *testing.T) {
+	for _, num := range []string{"0", "1", "-1", "1.0", "1e0", "10e-1", "0.1e1", "1e19", "9.3e18",
+		"9223372036854775807", "1e21", "9.9e20", "1e22", "1.7e308", "1.8e308", "1e999", "-1e999",
+		"1e-999", "0e999", "123456789012345678901234567890", "0.000000000000000000001e21"} {
+		v, ok := parseNumber([]byte(num))
+		want, err := strconv.ParseFloat(num, 64)
+		if decimalMagnitude([]byte(num)) > 21 {
+			if ok {
+				t.Errorf("parseNumber(%s) took a number above 1e21", num)
+			}
+			continue
+		}
+		if ok != (err == nil) || ok && v != want {
+			t.Errorf("parseNumber(%s) = %v, %v; strconv says %v, %v", num, v, ok, want, err)
+		}
+	}
+}
