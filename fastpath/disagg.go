@@ -58,11 +58,12 @@ type DisaggConfig struct {
 	// the prefill worker's own HTTP port (kvfast's mock engine serves its
 	// bootstrap there).
 	BootstrapPort int
-	// PrefillTimeout bounds the wait for a vLLM prefill worker's answer
-	// (0: the first-byte timeout); past it the prefill is tried on another
-	// prefill worker, or the decode worker prefills. A hung prefill engine
-	// had held its requests for the first-byte timeout (10 minutes by
-	// default) per attempt.
+	// PrefillTimeout bounds the wait for a prefill worker's answer (0: the
+	// first-byte timeout). Past it a vLLM prefill is tried on another
+	// prefill worker, or the decode worker prefills; an SGLang request
+	// fails as its prefill failing does (its decode is already paired).
+	// A hung prefill engine had held its requests for the first-byte
+	// timeout (10 minutes by default), per attempt.
 	PrefillTimeout time.Duration
 }
 
@@ -577,7 +578,10 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	go func(call *dispatch.Call, slot workers.Slot) {
 		defer close(st.done)
 		t0 := clock.Now()
-		err := call.Do(slot, st)
+		// A prefill engine that never answers holds the decode engine,
+		// which waits for the room's KV, and the client: bounded as a
+		// vLLM prefill is.
+		err := call.DoWithin(slot, st, s.cfg.Disagg.PrefillTimeout)
 		// The prefill failed when it got no success status (refused, a
 		// connection that broke or never was, an error status), or when
 		// its stream, whose headers come before any work, broke. A plain

@@ -621,6 +621,10 @@ func TestDisaggSGLangPrefillFails(t *testing.T) {
 	breaking := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
 		_ = writeFlush(w, []byte(": computing\n\n"))
 	}))
+	// A prefill engine that never answers (stopped, or wedged): past
+	// --disagg-prefill-timeout, not the first-byte timeout (10 minutes),
+	// the request fails.
+	hung := startE2EEngine(t, func(*fasthttp.RequestCtx) { <-release })
 	t.Cleanup(func() { close(release) })
 
 	for _, c := range []struct {
@@ -628,20 +632,23 @@ func TestDisaggSGLangPrefillFails(t *testing.T) {
 		prefill, decode string
 		stream          bool // the client asks for a stream
 		begun           bool // the decode's stream begins before the prefill fails
+		prefillTimeout  time.Duration
 	}{
-		{"error status, plain", refusing.addr(), silent.addr(), false, false},
-		{"error status, stream begun", refusingLate.addr(), streaming.addr(), true, true},
-		{"unreachable, plain", deadAddr(t), silent.addr(), false, false},
+		{"error status, plain", refusing.addr(), silent.addr(), false, false, 0},
+		{"error status, stream begun", refusingLate.addr(), streaming.addr(), true, true, 0},
+		{"unreachable, plain", deadAddr(t), silent.addr(), false, false, 0},
 		// Here the prefill may fail before the decode is sent, or after
 		// its stream began: either way the client hears prefill_failed.
-		{"unreachable, stream", deadAddr(t), streaming.addr(), true, false},
-		{"prefill stream breaks", breaking.addr(), streaming.addr(), true, false},
+		{"unreachable, stream", deadAddr(t), streaming.addr(), true, false, 0},
+		{"prefill stream breaks", breaking.addr(), streaming.addr(), true, false, 0},
+		{"prefill hangs, plain", hung.addr(), silent.addr(), false, false, 200 * time.Millisecond},
+		{"prefill hangs, stream", hung.addr(), streaming.addr(), true, false, 200 * time.Millisecond},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := e2eConfig(
 				node.StaticWorker{ID: 1, Endpoint: c.prefill, Model: e2eModel, Role: workers.RolePrefill},
 				node.StaticWorker{ID: 2, Endpoint: c.decode, Model: e2eModel, Role: workers.RoleDecode})
-			cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang}
+			cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, PrefillTimeout: c.prefillTimeout}
 			cfg.Dispatch.Outlier.Consecutive = 0
 			r := startE2ERouter(t, cfg)
 			before := closedByRouter.Load()
