@@ -82,6 +82,7 @@ type Call struct {
 	finished      bool      // obs had its terminal call, or there is no obs
 	first         bool      // the first item was seen
 	done          bool      // [DONE] was seen
+	generated     bool      // the stream's last finish_reason was seen: only usage and [DONE] are left
 	midEvent      bool      // the client was last sent part of an event, not its end
 	rank          [20]byte  // scratch: the pinned rank's digits (HeaderDataParallelRank)
 	requireObject bool      // RequireObject
@@ -189,7 +190,7 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	c.closeStream()
 	c.abort(ErrAbandoned)
 	c.obs, c.finished, c.first, c.done, c.judged, c.midEvent = obs, obs == nil, false, false, false, false
-	c.finishes = 0
+	c.finishes, c.generated = 0, false
 	e := c.pool.Engine(slot)
 	c.engine = e
 	if e == nil {
@@ -607,12 +608,14 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 			timed = true
 		}
 		if c.done && rerr == nil {
-			c.expectEnd()
+			c.expectEnd(doneGrace)
 		}
 		if rerr != nil {
-			if c.done && errors.Is(rerr, ErrIdleTimeout) {
-				// [DONE] came and the body did not end: the response is
-				// whole, the connection is not reusable (bodyEOF stays
+			if (c.done || c.generated) && errors.Is(rerr, ErrIdleTimeout) {
+				// [DONE], or the last finish_reason, came and the body did
+				// not end: the response is whole (what an engine may send
+				// after the finish, a usage chunk and [DONE], comes at
+				// once), and the connection is not reusable (bodyEOF stays
 				// false, so closeStream closes it).
 				return nil, nil
 			}
@@ -656,6 +659,13 @@ var blankLine = []byte("\n\n")
 // only when it does.
 const doneGrace = time.Second
 
+// finishGrace is how long the relay waits, after a stream's last
+// finish_reason, for the engine to end it. vLLM and SGLang send the usage
+// chunk and [DONE] straight after it; an engine that stalls there had
+// held its client for the whole idle timeout (2 minutes by default)
+// after the answer was complete.
+const finishGrace = 10 * time.Second
+
 // pieceStarted and pieceEnded time a piece of the answer: an event, or
 // a plain answer's body, must be whole within the idle timeout of its
 // first byte (engineConn.pieceBy).
@@ -671,10 +681,11 @@ func (c *Call) pieceEnded() {
 	}
 }
 
-// expectEnd bounds the wait for the end of the body after [DONE].
-func (c *Call) expectEnd() {
+// expectEnd bounds the wait for the end of the body after [DONE] or the
+// last finish_reason.
+func (c *Call) expectEnd(grace time.Duration) {
 	if ec, ok := c.conn.(*engineConn); ok {
-		ec.expectEnd(doneGrace)
+		ec.expectEnd(grace)
 	}
 }
 
@@ -693,6 +704,8 @@ func (c *Call) observe(ev openai.Event) {
 		if ev.FinishReason != nil {
 			if c.finishes++; c.finishes >= c.choices {
 				c.finish(ev.FinishReason)
+				c.generated = true
+				c.expectEnd(finishGrace)
 			}
 		}
 	case openai.EventDone:

@@ -75,10 +75,12 @@ func (c *engineConn) gotHeaders() { c.awaiting = false }
 
 // expectEnd bounds the reads until the next request by d from now: the
 // response has said its last word, and an engine that does not end the
-// body soon after is not waited for. Only the first call counts.
+// body soon after is not waited for. A later call can only shorten the
+// bound (the relay repeats it after [DONE], which shortens the one the
+// last finish_reason set).
 func (c *engineConn) expectEnd(d time.Duration) {
-	if c.endBy.IsZero() {
-		c.endBy = time.Now().Add(d)
+	if by := time.Now().Add(d); c.endBy.IsZero() || by.Before(c.endBy) {
+		c.endBy = by
 	}
 }
 

@@ -317,6 +317,47 @@ func TestStreamEndsSoonAfterDone(t *testing.T) {
 	}
 }
 
+// TestStreamEndsSoonAfterTheLastFinish: an engine that has sent its last
+// finish_reason and usage and then stalls, sending neither [DONE] nor the
+// body's end, holds the client's complete answer for finishGrace, not
+// for as long as it keeps the connection alive.
+func TestStreamEndsSoonAfterTheLastFinish(t *testing.T) {
+	var engineDone atomic.Bool
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			defer engineDone.Store(true)
+			evs := vllmStream(3)
+			for _, ev := range evs[:len(evs)-1] { // all but [DONE]
+				_, _ = w.WriteString(ev)
+			}
+			for range 3000 { // a minute of keep-alive comments, which reset the idle timeout
+				_, _ = w.WriteString(": still here\n\n")
+				if w.Flush() != nil {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}, nil)
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	rec := newRecorder()
+	addr := serve(t, front(pool, 0, func() Observer { return rec }), nil)
+	status, _, body := post(t, addr, "/v1/completions", completionBody)
+	if status != 200 || !strings.Contains(string(body), `"completion_tokens":3`) || strings.Contains(string(body), "error") {
+		t.Fatalf("status %d, body %q", status, body)
+	}
+	if engineDone.Load() {
+		t.Fatal("the client's stream lasted as long as the engine's chatter after the last finish_reason")
+	}
+	rec.wait(t)
+	if got := rec.summary(); got != "dispatched first item×3 complete:stop" {
+		t.Errorf("observer saw %q", got)
+	}
+}
+
 // TestConnectionNamedHeadersStayWithTheEngine: a header the engine's
 // Connection header names belongs to the engine's connection, not to the
 // response, and is not passed on.
