@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -562,6 +563,44 @@ func TestPythonPublisherRespectsLiveHolder(t *testing.T) {
 	}
 	if err := p.Heartbeat(); err != nil {
 		t.Fatalf("the live holder lost its slot: %v", err)
+	}
+}
+
+// TestPythonPublisherSkipsReservedSlots: the Python publisher never
+// claims a slot a router reserved for a static worker, not for an engine
+// with that worker's id, nor when it is the last slot left.
+func TestPythonPublisherSkipsReservedSlots(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not found")
+	}
+	seg := openSeg(t, 1<<20)
+	slots, _, err := seg.Reserve([]shm.Reservation{{WorkerID: 40, Model: "test-model"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	register := func(id int) string {
+		cmd := exec.Command(python, "testdata/py_reserved.py", seg.Path(), strconv.Itoa(id))
+		cmd.Env = append(os.Environ(), "KVFAST_PY_DIR="+pythonDir(t))
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("python: %v\n%s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if got := register(40); got == strconv.Itoa(int(slots[0])) || strings.HasPrefix(got, "error") {
+		t.Fatalf("the static worker's id registered into: %s (its reserved slot is %d)", got, slots[0])
+	}
+	for id := uint64(100); ; id++ {
+		if _, err := seg.Register(shm.WorkerConfig{WorkerID: id, Model: "test-model", BlockSize: 4}); err != nil {
+			if !errors.Is(err, shm.ErrRegistryFull) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if got := register(41); got != "full" {
+		t.Fatalf("with only the reserved slot left, the Python publisher got: %s", got)
 	}
 }
 

@@ -182,6 +182,12 @@ func (in *Ingester) Acquire(ctx context.Context) (bool, error) {
 		in.readers[i] = in.seg.Reader(workers.Slot(i))
 		gen, last := in.readers[i].Cursor()
 		in.workers[i] = worker{gen: gen, lastSeq: last}
+		// Before anything else writes the index: the static workers' ZMQ
+		// feeds start once this process ingests, and a reserved slot's
+		// new generation must not wipe what they write.
+		if st, gen, _ := in.seg.SlotState(workers.Slot(i)); st == shm.StateReserved {
+			in.reserved(workers.Slot(i), &in.workers[i], gen)
+		}
 	}
 	in.lastReg = time.Time{}
 	in.pub.ingesting.Store(true)
@@ -379,6 +385,8 @@ func (in *Ingester) scanRegistry() {
 		switch st {
 		case shm.StateFree:
 			w.state = st
+		case shm.StateReserved:
+			in.reserved(slot, w, gen)
 		case shm.StateClaiming:
 			if w.claimAt == 0 {
 				w.claimAt = now
@@ -432,6 +440,20 @@ func (in *Ingester) scanRegistry() {
 			}
 		}
 	}
+}
+
+// reserved notes a slot a router reserved for a static worker (its ZMQ
+// feed, or nothing, writes its blocks): its ring is not read, and a new
+// reservation (a new generation) starts with no blocks, since what the
+// index holds for the slot is an earlier engine's.
+func (in *Ingester) reserved(slot workers.Slot, w *worker, gen uint32) {
+	if gen != w.gen {
+		in.ix.RemoveWorker(slot)
+		in.apply.forgetCopies(slot)
+		in.readers[slot].BeginGeneration(gen)
+		w.gen, w.lastSeq = gen, 0
+	}
+	w.state, w.seen, w.removed = shm.StateReserved, false, false
 }
 
 // adopt reads a live slot's registration and, if its generation differs

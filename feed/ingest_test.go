@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 func TestIngestMatchesModel(t *testing.T) {
@@ -436,5 +437,42 @@ func TestCursorAheadOfRecordsResyncs(t *testing.T) {
 	}
 	if st := seg.Index().Stats(); st.WorkerBlocks[p.Slot()] == 0 {
 		t.Fatal("the worker's records after the bad cursor were not applied")
+	}
+}
+
+// TestReservedSlot: a slot a router reserves for a static worker (whose
+// ZMQ feed writes its blocks) starts empty under a new reservation, found
+// before the feeds start (Acquire), and then keeps what the feed writes,
+// through registry scans and an ingester restart.
+func TestReservedSlot(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	ix := seg.Index()
+	// An earlier engine's blocks, left under the slot the reservation
+	// takes (its close was never ingested).
+	top := workers.Slot(workers.Max - 1)
+	ix.StoredAgain(top, []uint64{1, 2, 3}, nil)
+	slots, gens, err := seg.Reserve([]shm.Reservation{{WorkerID: 7, Model: testModel}})
+	if err != nil || slots[0] != top {
+		t.Fatalf("reserved %v: %v", slots, err)
+	}
+	in := acquire(t, seg, Config{})
+	if got := ix.Stats().WorkerBlocks[top]; got != 0 {
+		t.Fatalf("a new reservation kept %d blocks of the slot's earlier engine", got)
+	}
+	ix.StoredAgain(top, []uint64{4, 5}, nil) // the static worker's feed
+	drainAll(in)
+	drainAll(in)
+	if got := ix.Stats().WorkerBlocks[top]; got != 2 {
+		t.Fatalf("registry scans left %d of the feed's 2 blocks", got)
+	}
+	// A restarted router: the same reservation, the same blocks.
+	in.Release()
+	if again, againGens, err := seg.Reserve([]shm.Reservation{{WorkerID: 7, Model: testModel}}); err != nil || again[0] != top || againGens[0] != gens[0] {
+		t.Fatalf("reserved again %v %v: %v", again, againGens, err)
+	}
+	in = acquire(t, seg, Config{})
+	drainAll(in)
+	if got := ix.Stats().WorkerBlocks[top]; got != 2 {
+		t.Fatalf("a restart under the same reservation left %d of 2 blocks", got)
 	}
 }

@@ -43,8 +43,12 @@ type Node struct {
 	front    *fastpath.Server
 	traces   *tracing.Provider // nil: tracing off
 
-	static workers.Set                      // slots configured statically
-	zmq    [workers.Max]*feed.ZMQSubscriber // static workers' event feeds, by slot
+	static workers.Set // slots configured statically
+	// reserved holds the generation of each static slot's registry
+	// reservation (shm/reserve.go), which syncRegistry keeps fresh; zero
+	// without a segment.
+	reserved [workers.Max]uint32
+	zmq      [workers.Max]*feed.ZMQSubscriber // static workers' event feeds, by slot
 
 	renderTurn atomic.Uint64 // PickEngine's round robin
 	// adapters is what the adapter poller last told the front end, for

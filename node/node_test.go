@@ -24,6 +24,7 @@ import (
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/prompt"
+	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -848,6 +849,9 @@ func TestIndexRefusalsAreReported(t *testing.T) {
 	if !ok {
 		t.Fatal("the static worker has no slot")
 	}
+	// Written as its ZMQ feed would, once this router ingests: the
+	// ingester empties a newly reserved slot before that.
+	waitFor(t, "the ingester role", n.ingester.Ingesting)
 	hashes := make([]uint64, cfg.Segment.IndexCapacity)
 	for i := range hashes {
 		hashes[i] = uint64(i+1) * 0x9e3779b97f4a7c15
@@ -1035,5 +1039,91 @@ func TestEngineCollidingWithStaticWorker(t *testing.T) {
 	}
 	if err := eng.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRegisteredEngineNeverSharesAStaticSlot: a registry slot is an index
+// slot, so an engine registered into a static worker's slot had its
+// blocks credited to the static worker. The router reserves its static
+// workers' slots: around an engine already live in the highest slot (a
+// warm segment), and against every later registration, up to a full
+// registry.
+func TestRegisteredEngineNeverSharesAStaticSlot(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Dispatch.Health.Interval = 0
+	seg, err := shm.Open(cfg.Segment.Path, shm.Options{Index: radix.Config{Capacity: cfg.Segment.IndexCapacity}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fill the registry, then close all but the highest slot's engine,
+	// which caches a prompt's blocks.
+	var pubs []*shm.Publisher
+	for id := range uint64(workers.Max) {
+		p, err := seg.Register(shm.WorkerConfig{WorkerID: 100 + id, Model: "m", BlockSize: 4, Endpoint: deadAddr(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pubs = append(pubs, p)
+	}
+	for _, p := range pubs[:workers.Max-1] {
+		p.Close()
+	}
+	top := pubs[workers.Max-1]
+	defer top.Close()
+	if top.Slot() != workers.Max-1 {
+		t.Fatalf("the last registration took slot %d", top.Slot())
+	}
+	hashes := []uint64{11, 12, 13}
+	if err := top.Stored(0, false, hashes, make([]uint32, 4*len(hashes))); err != nil {
+		t.Fatal(err)
+	}
+	stopBeating := make(chan struct{})
+	defer close(stopBeating)
+	go func() {
+		for {
+			select {
+			case <-stopBeating:
+				return
+			case <-time.After(50 * time.Millisecond):
+				_ = top.Heartbeat()
+			}
+		}
+	}()
+	if err := seg.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg.Static = []StaticWorker{{ID: 7, Endpoint: deadAddr(t), Model: "m"}}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	static, ok := n.sched.Resolve(7, 0)
+	if !ok || static == top.Slot() {
+		t.Fatalf("the static worker is in slot %d (found %v), the live engine's", static, ok)
+	}
+	waitFor(t, "the live engine's blocks indexed", func() bool {
+		return n.Index().Stats().WorkerBlocks[top.Slot()] == uint64(len(hashes))
+	})
+	if got := n.Index().Stats().WorkerBlocks[static]; got != 0 {
+		t.Fatalf("the static worker is credited with %d blocks it never cached", got)
+	}
+	// Every later registration lands elsewhere; the last ones find the
+	// registry full.
+	full := false
+	for id := uint64(1000); !full; id++ {
+		p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: id, Model: "m", BlockSize: 4, Endpoint: deadAddr(t)})
+		switch {
+		case errors.Is(err, shm.ErrRegistryFull):
+			full = true
+		case err != nil:
+			t.Fatal(err)
+		default:
+			defer p.Close()
+			if p.Slot() == static {
+				t.Fatalf("engine %d registered into the static worker's slot %d", id, static)
+			}
+		}
 	}
 }

@@ -42,8 +42,11 @@ func identityOf(info shm.WorkerInfo) regIdentity {
 		role: info.Role, endpoint: info.Endpoint, model: info.Model}
 }
 
-// addStatic gives configured engines the highest slots, counting down, so
-// that they stay clear of the registry, which hands out slots from 0 up.
+// addStatic gives configured engines the highest slots, counting down.
+// With a segment the slots are reserved in its registry (shm.Reserve),
+// which then hands none of them to a registering engine: the registry's
+// slots are the index's, and an engine registered into a static worker's
+// slot had its blocks credited to the static worker.
 func (n *Node) addStatic(static []StaticWorker) error {
 	sharedEndpoint := map[string]int{}
 	for _, w := range static {
@@ -51,8 +54,12 @@ func (n *Node) addStatic(static []StaticWorker) error {
 			sharedEndpoint[addr]++
 		}
 	}
+	slots, err := n.staticSlots(static)
+	if err != nil {
+		return err
+	}
 	for i, w := range static {
-		slot := workers.Slot(workers.Max - 1 - i)
+		slot := slots[i]
 		addr, err := hostPort(w.Endpoint)
 		if err != nil {
 			return fmt.Errorf("cannot use static worker %d: %w", w.ID, err)
@@ -87,6 +94,50 @@ func (n *Node) addStatic(static []StaticWorker) error {
 		n.zmq[slot] = sub
 	}
 	return nil
+}
+
+// staticSlots picks the static workers' slots: reserved in the segment's
+// registry, or without one the highest, counting down.
+func (n *Node) staticSlots(static []StaticWorker) ([]workers.Slot, error) {
+	if n.seg == nil || len(static) == 0 {
+		slots := make([]workers.Slot, len(static))
+		for i := range static {
+			slots[i] = workers.Slot(workers.Max - 1 - i)
+		}
+		return slots, nil
+	}
+	rs := make([]shm.Reservation, len(static))
+	for i, w := range static {
+		rs[i] = shm.Reservation{WorkerID: w.ID, DPRank: w.DPRank, Model: w.Model, Endpoint: w.Endpoint,
+			Role: w.Role, KVCapacityBlocks: w.KVBlocks}
+	}
+	var slots []workers.Slot
+	var gens []uint32
+	var err error
+	if !n.seg.Guard(func() { slots, gens, err = n.seg.Reserve(rs) }) && err == nil {
+		err = errors.New("the segment's file was truncated")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot place the static workers in the segment's registry: %w", err)
+	}
+	for i, slot := range slots {
+		n.reserved[slot] = gens[i]
+	}
+	return slots, nil
+}
+
+// keepReservations refreshes the static workers' registry reservations,
+// and says so loudly if one was lost: another router found it stale (this
+// one stopped for a minute) and released it, and a registering engine may
+// now share the static worker's slot.
+func (n *Node) keepReservations() {
+	for slot := range n.static.All() {
+		if gen := n.reserved[slot]; gen != 0 && !n.seg.KeepReserved(slot, gen) {
+			n.throttle.Log(n.log, slog.LevelError, "reservation/"+strconv.Itoa(int(slot)),
+				"a static worker's registry reservation was released by another router (this one was stopped for over a minute): restart this router to reserve it again",
+				"slot", slot, "segment", n.seg.Path())
+		}
+	}
 }
 
 // silentStatic returns the static workers that publish no KV events.
@@ -180,6 +231,7 @@ func (n *Node) syncRegistry() {
 	// the others around the mapping), the segment is detached and reads as
 	// empty from then on (shm/fault.go).
 	n.seg.CheckSize()
+	n.seg.Guard(n.keepReservations)
 	n.seg.Guard(n.scanRegistry)
 	if why := n.seg.Lost(); why != "" {
 		n.throttle.Log(n.log, slog.LevelError, "lost", lostMessage, "segment", n.seg.Path(), "cause", why)

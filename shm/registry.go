@@ -21,6 +21,10 @@ const (
 	StateLive     WorkerState = 2
 	StateDown     WorkerState = 3 // the router saw the heartbeat stop and dropped the blocks
 	StateClosed   WorkerState = 4 // the publisher closed cleanly
+	// StateReserved: a router holds the slot for an engine it was
+	// configured with (--worker), whose index slot it is; publishers
+	// never claim it (reserve.go).
+	StateReserved WorkerState = 5
 )
 
 func (s WorkerState) String() string {
@@ -35,6 +39,8 @@ func (s WorkerState) String() string {
 		return "down"
 	case StateClosed:
 		return "closed"
+	case StateReserved:
+		return "reserved"
 	}
 	return fmt.Sprintf("state(%d)", uint8(s))
 }
@@ -144,7 +150,7 @@ func decodeSlot(b []byte, info *WorkerInfo) error {
 	le := binary.LittleEndian
 	word := le.Uint64(b[sState:])
 	st := stateOf(word)
-	if st > StateClosed {
+	if st > StateReserved {
 		return fmt.Errorf("unknown worker state %d", uint8(st))
 	}
 	ml, el := int(le.Uint16(b[sModelLen:])), int(le.Uint16(b[sEndptLen:]))
@@ -216,8 +222,8 @@ func (s *Segment) ReadWorker(slot workers.Slot) (WorkerInfo, error) {
 	return WorkerInfo{}, fmt.Errorf("cannot read registry slot %d: %w", slot, ErrTorn)
 }
 
-// Workers appends a snapshot of every registered (live, down or closed)
-// slot to dst, in slot order.
+// Workers appends a snapshot of every registered (live, down, closed or
+// reserved) slot to dst, in slot order.
 func (s *Segment) Workers(dst []WorkerInfo) []WorkerInfo {
 	for i := 0; i < workers.Max; i++ {
 		if info, ok := s.Worker(workers.Slot(i)); ok {
@@ -370,7 +376,8 @@ func (s *Segment) endpointAt(off int) string {
 // claim registers cfg under the registry lock and returns the slot and
 // its new generation. Preference: the slot this (worker id, DP rank) held
 // before, so a restarted engine keeps its slot and its generation grows;
-// then a never-used slot; then one whose worker closed or went down.
+// then a never-used slot; then one whose worker closed or went down. A
+// slot a router reserved (StateReserved) is never claimed.
 //
 // stood, when not nil, is a holder claimWatching watched stand still for
 // liveHeartbeat: if the slot still shows that heartbeat, it is taken over.
@@ -383,7 +390,7 @@ func (s *Segment) claim(cfg WorkerConfig, stood *holderPresumedError) (int, uint
 	pick := -1
 	for _, want := range []func(st WorkerState, off int) bool{
 		func(st WorkerState, off int) bool {
-			return st != StateFree && atomic.LoadUint64(s.u64(off+sWorkerID)) == cfg.WorkerID &&
+			return st != StateFree && st != StateReserved && atomic.LoadUint64(s.u64(off+sWorkerID)) == cfg.WorkerID &&
 				atomic.LoadUint32(s.u32(off+sDPRank)) == cfg.DPRank
 		},
 		func(st WorkerState, _ int) bool { return st == StateFree },

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvfast/kvfast/workers"
 )
 
 func TestRegistryLifecycle(t *testing.T) {
@@ -352,3 +354,111 @@ func keepBeating(p *Publisher) (stop func()) {
 		<-done
 	}
 }
+
+// TestReserve: slots a router reserves for its static workers are never
+// claimed by a registering engine, even once every other slot is taken
+// or an engine shares a static worker's id; a router restarted with the
+// same list keeps its slots and generations, and a stale reservation is
+// released to the next router that reserves.
+func TestReserve(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	// A live engine already holds the highest slot (every slot was
+	// registered, then all but the highest closed): the reservation goes
+	// around it, not over it.
+	var first []*Publisher
+	for id := range uint64(workersMax) {
+		p, err := seg.Register(WorkerConfig{WorkerID: 100 + id, BlockSize: 16, Endpoint: "127.0.0.1:9000"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first = append(first, p)
+	}
+	for _, p := range first[:workersMax-1] {
+		p.Close()
+	}
+	defer first[workersMax-1].Close()
+	if first[workersMax-1].Slot() != workersMax-1 {
+		t.Fatalf("the last registration took slot %d", first[workersMax-1].Slot())
+	}
+
+	static := []Reservation{{WorkerID: 1, Model: "m", Endpoint: "http://127.0.0.1:8001"}, {WorkerID: 2, Model: "m"}}
+	slots, gens, err := seg.Reserve(static)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slots[0] != workersMax-2 || slots[1] != workersMax-3 {
+		t.Fatalf("reserved slots %v, want %d and %d (the top one is live)", slots, workersMax-2, workersMax-3)
+	}
+	for i, slot := range slots {
+		info, err := seg.ReadWorker(slot)
+		if err != nil || info.State != StateReserved || info.WorkerID != static[i].WorkerID || info.Generation != gens[i] {
+			t.Fatalf("slot %d: %+v, %v", slot, info, err)
+		}
+	}
+	// An engine with a static worker's id does not take its slot.
+	same, err := Register(path, WorkerConfig{WorkerID: 1, BlockSize: 16, Endpoint: "127.0.0.1:9001"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer same.Close()
+	if same.Slot() == slots[0] {
+		t.Fatal("an engine with a static worker's id took its reserved slot")
+	}
+	// Fill the registry: the last registrations fail rather than land in
+	// a reserved slot.
+	var pubs []*Publisher
+	defer func() {
+		for _, p := range pubs {
+			p.Close()
+		}
+	}()
+	for id := uint64(1000); ; id++ {
+		p, err := seg.Register(WorkerConfig{WorkerID: id, BlockSize: 16, Endpoint: "127.0.0.1:9002"})
+		if err != nil {
+			if !errors.Is(err, ErrRegistryFull) {
+				t.Fatal(err)
+			}
+			break
+		}
+		if p.Slot() == slots[0] || p.Slot() == slots[1] {
+			t.Fatalf("registration %d took reserved slot %d", id, p.Slot())
+		}
+		pubs = append(pubs, p)
+	}
+	if want := int(workersMax) - 1 - 2 - 1; len(pubs) != want { // the live top one, two reserved, same
+		t.Fatalf("%d registrations fitted, want %d", len(pubs), want)
+	}
+
+	// The same list again (a restarted router): same slots, same
+	// generations, so the ingester keeps their blocks.
+	again, againGens, err := seg.Reserve(static)
+	if err != nil || again[0] != slots[0] || again[1] != slots[1] || againGens[0] != gens[0] || againGens[1] != gens[1] {
+		t.Fatalf("reserving again: %v %v, %v; want %v %v", again, againGens, err, slots, gens)
+	}
+	if !seg.KeepReserved(slots[0], gens[0]) || seg.KeepReserved(slots[0], gens[0]+1) {
+		t.Fatal("KeepReserved does not tell its own reservation from another generation's")
+	}
+
+	// A router with another list, while the first one's reservations are
+	// fresh, cannot take them: the registry is full.
+	if _, _, err := seg.Reserve([]Reservation{{WorkerID: 3}}); !errors.Is(err, ErrRegistryFull) {
+		t.Fatalf("reserving over fresh reservations: %v", err)
+	}
+	// Once they are stale, the next router takes one and releases the
+	// other; the first router learns it lost its slots.
+	for _, slot := range slots {
+		atomic.StoreUint64(seg.u64(slotOff(int(slot))+sHeartbeat), uint64(monoNow()-2*reservationStale.Nanoseconds()))
+	}
+	got, _, err := seg.Reserve([]Reservation{{WorkerID: 3}})
+	if err != nil || got[0] != slots[0] {
+		t.Fatalf("reserving over stale reservations: %v, %v", got, err)
+	}
+	if st, _, _ := seg.SlotState(slots[1]); st != StateClosed {
+		t.Fatalf("a stale reservation left over is %v, want closed", st)
+	}
+	if seg.KeepReserved(slots[0], gens[0]) {
+		t.Fatal("the first router still holds a slot another router took")
+	}
+}
+
+const workersMax = workers.Max

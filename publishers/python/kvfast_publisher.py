@@ -63,6 +63,9 @@ S_ROLE = 60
 ROLES = {"both": 0, "prefill": 1, "decode": 2, "encode": 3}
 MAX_MODEL_LEN, MAX_ENDPOINT_LEN = S_ENDPOINT - S_MODEL, SLOT_SIZE - S_ENDPOINT
 FREE, CLAIMING, LIVE, DOWN, CLOSED = 0, 1, 2, 3, 4
+# A slot a router reserved for an engine it was configured with (--worker):
+# it is that engine's index slot, and a publisher never claims it.
+RESERVED = 5
 # How recent a holder's heartbeat must be for its worker id to be refused
 # to another process (shm/registry.go's liveHeartbeat).
 LIVE_HEARTBEAT_NS = 5 * 1000 * 1000 * 1000
@@ -353,7 +356,7 @@ class KvfastPublisher:
 
             pick = -1
             for want in (
-                lambda n, st: st != FREE and q[(REGISTRY_OFF + n * SLOT_SIZE + S_WORKER_ID) // 8] == worker_id
+                lambda n, st: st not in (FREE, RESERVED) and q[(REGISTRY_OFF + n * SLOT_SIZE + S_WORKER_ID) // 8] == worker_id
                 and i[(REGISTRY_OFF + n * SLOT_SIZE + S_DP_RANK) // 4] == dp_rank,
                 lambda n, st: st == FREE,
                 lambda n, st: st in (CLOSED, CLAIMING),
@@ -427,8 +430,8 @@ class KvfastPublisher:
             except ProcessLookupError:
                 if not self._displaced:
                     return None
-            except OSError:
-                pass  # alive, another user's
+            except (OSError, OverflowError):
+                pass  # alive, another user's; or a pid no process here has (another namespace's, or scribbled)
         n = struct.unpack_from("<H", self._mm, off + S_ENDPT_LEN)[0]
         endpoint = bytes(self._mm[off + S_ENDPOINT:off + S_ENDPOINT + min(n, SLOT_SIZE - S_ENDPOINT)])
         return _HolderPresumed(pick, holder, beat, endpoint.decode("utf-8", "replace"))
