@@ -192,7 +192,10 @@ func (n *Node) runZMQ(ctx context.Context) {
 const retiredMessage = "the segment file was recreated by another router (--recreate-segment), deleted or replaced: " +
 	"this router still reads the old file, which engines leave; restart it to attach to a new one"
 
-const lostMessage = "the segment file shrank under the router (a process truncated it): the router detached from it and " +
+const retiredInPlaceMessage = "the segment file is marked retired but still in place (a stray write, or a recreate that " +
+	"failed half-way): engines leave it and no successor will come; restart the router with --recreate-segment, then the engines' publishers"
+
+const lostMessage = "the segment file was truncated or its header overwritten under the router: the router detached from it and " +
 	"routes on without its index, registry and sessions, so registered engines are dropped while static and ZMQ-fed " +
 	"workers stay; restart the router with --recreate-segment, then the engines' publishers"
 
@@ -240,11 +243,16 @@ func (n *Node) syncRegistry() {
 
 // scanRegistry is syncRegistry's reading of the segment.
 func (n *Node) scanRegistry() {
-	if n.seg.Retired() || n.seg.Replaced() {
+	switch replaced := n.seg.Replaced(); {
+	case replaced:
 		// Publishers leave a retired segment for its successor, so this
 		// router's workers go stale one by one and it ends up routing
 		// nothing (/ready 503): say why, and what fixes it.
 		n.throttle.Log(n.log, slog.LevelError, "retired", retiredMessage, "segment", n.seg.Path())
+	case n.seg.Retired():
+		// Marked retired, yet still the file under the path: no successor
+		// will come, and a restart would attach to this file again.
+		n.throttle.Log(n.log, slog.LevelError, "retired", retiredInPlaceMessage, "segment", n.seg.Path())
 	}
 	// down: slots whose heartbeat the ingester found stale; their engines
 	// are presumed dead.

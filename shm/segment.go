@@ -101,7 +101,7 @@ func Open(path string, opts Options) (*Segment, error) {
 		if opts.NoCreate {
 			return nil, fmt.Errorf("cannot attach shm segment %s: %w", path, ErrNoSegment)
 		}
-		seg, err = create(path, opts, false)
+		seg, err = create(path, opts, nil)
 		if errors.Is(err, fs.ErrExist) && attempt < 3 {
 			continue // another router created it first; attach to theirs
 		}
@@ -132,13 +132,18 @@ func recreate(path string, opts Options) (*Segment, error) {
 	if err := checkReplaceable(path); err != nil {
 		return nil, err
 	}
-	// Tell publishers on the old file that it is dead. Best effort: the
-	// old file may be too corrupt to attach, and then nobody useful is on it.
-	if old, err := attach(path, false, true); err == nil {
-		old.retire()
-		old.Close()
-	}
-	return create(path, opts, true)
+	// Tell publishers on the old file that it is dead, once the new one is
+	// ready to take its name: a recreate that fails (an option out of
+	// range, no room in /dev/shm) must leave the old file in service, not
+	// retired under its own name, which every publisher then leaves for a
+	// successor that never comes. Best effort: the old file may be too
+	// corrupt to attach, and then nobody useful is on it.
+	return create(path, opts, func() {
+		if old, err := attach(path, false, true); err == nil {
+			old.retire()
+			old.Close()
+		}
+	})
 }
 
 // checkReplaceable refuses to let recreate replace what is not a kvfast
@@ -167,9 +172,10 @@ func checkReplaceable(path string) error {
 
 // create formats a new segment in a temporary file and only then makes it
 // visible under path, so no process ever attaches a half-formatted
-// segment. With replace unset it fails with fs.ErrExist if path appeared
-// in the meantime.
-func create(path string, opts Options, replace bool) (*Segment, error) {
+// segment. With replace nil it fails with fs.ErrExist if path appeared in
+// the meantime; otherwise it calls replace, then renames the new file
+// over whatever path names.
+func create(path string, opts Options, replace func()) (*Segment, error) {
 	ringBytes := opts.RingBytes
 	if ringBytes == 0 {
 		ringBytes = DefaultRingBytes
@@ -235,7 +241,8 @@ func create(path string, opts Options, replace bool) (*Segment, error) {
 		panic("BUG: shm: freshly laid out bindings region does not attach: " + err.Error())
 	}
 	seg.binds.seg = seg
-	if replace {
+	if replace != nil {
+		replace()
 		err = os.Rename(tmp, path)
 	} else {
 		err = os.Link(tmp, path)

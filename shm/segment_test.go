@@ -190,6 +190,27 @@ func TestRecreateRetiresOldSegment(t *testing.T) {
 	}
 }
 
+// TestFailedRecreateLeavesTheSegmentInService: a recreate that fails
+// (options out of range) must not retire the file still in service under
+// the path, which every publisher would then leave for a successor that
+// never comes.
+func TestFailedRecreateLeavesTheSegmentInService(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	p, err := seg.Register(WorkerConfig{WorkerID: 1, BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(path, Options{Index: radix.Config{Capacity: 1 << 40}, Recreate: true}); err == nil {
+		t.Fatal("recreated a segment with a 2^40-block index")
+	}
+	if seg.Retired() || seg.Replaced() {
+		t.Fatalf("the failed recreate retired (%v) or replaced (%v) the segment", seg.Retired(), seg.Replaced())
+	}
+	if err := p.Heartbeat(); err != nil {
+		t.Fatalf("heartbeat after a failed recreate: %v", err)
+	}
+}
+
 // TestDeletedOrReplacedSegmentRetiresPublishers: a segment file that was
 // deleted (as a refusal's message advises) or replaced by another file
 // under its name reaches no router that opens the path later: a
