@@ -125,9 +125,13 @@ func New(cfg Config) (_ *Node, err error) {
 	if cfg.Segment.Path != "" {
 		n.seg, err = shm.Open(cfg.Segment.Path, shm.Options{Index: radix.Config{Capacity: cfg.Segment.IndexCapacity},
 			RingBytes: cfg.Segment.RingBytes, Recreate: cfg.Segment.Recreate, AllowForeign: cfg.Segment.AllowForeign,
-			Bindings: cfg.Segment.Sessions})
+			Bindings: cfg.Segment.Sessions, ResetDamagedIndex: true})
 		if err != nil {
 			return nil, err
+		}
+		if why := n.seg.IndexReset(); why != "" {
+			n.log.Warn("dropped the index: its header was damaged (a stray write to the segment); it refills from the engines' next KV events",
+				"segment", cfg.Segment.Path, "damage", why)
 		}
 		if cfg.Segment.AllowForeign {
 			if st, serr := os.Stat(cfg.Segment.Path); serr == nil && st.Mode().Perm()&0o077 != 0 {

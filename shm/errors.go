@@ -69,6 +69,7 @@ func (e *NotSegmentError) Unwrap() error { return ErrIncompatible }
 type CorruptError struct {
 	Path   string
 	Reason string
+	index  bool // the index region's header is what failed (Options.ResetDamagedIndex)
 }
 
 func (e *CorruptError) Error() string {

@@ -42,8 +42,15 @@ type Options struct {
 	// when attaching; another value must match the file's.
 	Bindings int
 	// Recreate formats a fresh segment even if a valid one exists. The old
-	// file is marked retired first so that attached publishers notice.
+	// file is marked retired once the new one is ready, so that attached
+	// publishers notice.
 	Recreate bool
+	// ResetDamagedIndex formats the index region afresh, empty, when its
+	// own header is damaged (a stray write) and no process ingests the
+	// segment; IndexReset says so. Without it such a segment is refused
+	// (*CorruptError). The index is soft state, refilled by the engines'
+	// next KV events; a router sets it, kvfast inspect does not.
+	ResetDamagedIndex bool
 	// NoCreate refuses to create a missing segment (ErrNoSegment).
 	NoCreate bool
 	// AllowForeign attaches to an existing segment that another user owns
@@ -57,18 +64,20 @@ type Options struct {
 // also attaches the radix index); a publisher gets one through Register.
 // All methods are safe for concurrent use.
 type Segment struct {
-	path   string
-	f      *os.File
-	mem    []byte
-	base   unsafe.Pointer
-	lay    layout
-	hdr    Header
-	ix     *radix.Index // nil for publisher-only attachments
-	binds  *Bindings    // nil for publisher-only attachments
-	closed atomic.Bool
-	mu     sync.Mutex // guards ingester-lock state
-	locked bool
-	fault  faultState // fault.go
+	path  string
+	f     *os.File
+	mem   []byte
+	base  unsafe.Pointer
+	lay   layout
+	hdr   Header
+	ix    *radix.Index // nil for publisher-only attachments
+	binds *Bindings    // nil for publisher-only attachments
+	// indexReset says why Open formatted the index afresh, or "".
+	indexReset string
+	closed     atomic.Bool
+	mu         sync.Mutex // guards ingester-lock state
+	locked     bool
+	fault      faultState // fault.go
 }
 
 func newSegment(path string, f *os.File, mem []byte, lay layout, hdr Header) *Segment {
@@ -88,6 +97,9 @@ func Open(path string, opts Options) (*Segment, error) {
 	}
 	for attempt := 0; ; attempt++ {
 		seg, err := attach(path, true, opts.AllowForeign)
+		if cerr := (*CorruptError)(nil); errors.As(err, &cerr) && cerr.index && opts.ResetDamagedIndex {
+			seg, err = resetIndex(path, opts.AllowForeign, cerr)
+		}
 		if err == nil {
 			if err := seg.checkOptions(opts); err != nil {
 				seg.Close()
@@ -310,19 +322,62 @@ func attach(path string, withIndex, allowForeign bool) (*Segment, error) {
 		ix, err := radix.Attach(mem[lay.indexOff : lay.indexOff+lay.indexSize])
 		if err != nil {
 			seg.Close()
-			return nil, &CorruptError{Path: path, Reason: "index region: " + err.Error()}
+			return nil, &CorruptError{Path: path, Reason: "index region: " + err.Error(), index: true}
 		}
-		seg.ix = ix
-		// The region's geometry comes from the validated header; its
-		// contents are hints that Bindings bounds-checks by construction.
-		if seg.binds, err = attachBindings(seg.bytesAt(lay.bindingsOff, lay.bindingsSize), hdr.SegmentID); err != nil {
+		if err := seg.attachRegions(ix); err != nil {
 			seg.Close()
-			return nil, &CorruptError{Path: path, Reason: "bindings region: " + err.Error()}
+			return nil, err
 		}
-		seg.binds.seg = seg
 	}
 	return seg, nil
 }
+
+// attachRegions makes ix the segment's index and attaches its bindings.
+func (s *Segment) attachRegions(ix *radix.Index) error {
+	s.ix = ix
+	// The region's geometry comes from the validated header; its contents
+	// are hints that Bindings bounds-checks by construction.
+	var err error
+	if s.binds, err = attachBindings(s.bytesAt(s.lay.bindingsOff, s.lay.bindingsSize), s.hdr.SegmentID); err != nil {
+		return &CorruptError{Path: s.path, Reason: "bindings region: " + err.Error()}
+	}
+	s.binds.seg = s
+	return nil
+}
+
+// resetIndex attaches a segment whose index region's header is damaged
+// (damage), formatting the region afresh: under the ingester lock, so
+// that no process is writing the index meanwhile. A segment another
+// process ingests is refused as damaged, saying so.
+func resetIndex(path string, allowForeign bool, damage *CorruptError) (*Segment, error) {
+	seg, err := attach(path, false, allowForeign)
+	if err != nil {
+		return nil, err
+	}
+	ok, err := seg.TryLockIngester()
+	if !ok {
+		seg.Close()
+		if err != nil {
+			return nil, err
+		}
+		return nil, &CorruptError{Path: path, Reason: damage.Reason + " (another process ingests the segment: stop it first)", index: true}
+	}
+	defer seg.UnlockIngester()
+	ix, err := radix.Format(seg.mem[seg.lay.indexOff:seg.lay.indexOff+seg.lay.indexSize], seg.lay.indexCfg)
+	if err == nil {
+		err = seg.attachRegions(ix)
+	}
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	seg.indexReset = damage.Reason
+	return seg, nil
+}
+
+// IndexReset says why Open formatted the index afresh
+// (Options.ResetDamagedIndex), or "" if it did not.
+func (s *Segment) IndexReset() string { return s.indexReset }
 
 // fallocate is unix.Fallocate; tests make it report a full file system.
 var fallocate = unix.Fallocate

@@ -287,3 +287,60 @@ func TestSegmentRefusedWhenItCannotBeBacked(t *testing.T) {
 	}
 	seg.Close()
 }
+
+// TestDamagedIndexHeaderIsReset: a stray write over the index region's
+// header made every router restart fail until an operator recreated the
+// segment; a router (ResetDamagedIndex) now formats the region afresh,
+// unless another process ingests the segment. kvfast inspect still
+// refuses it.
+func TestDamagedIndexHeaderIsReset(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	seg.Index().Stored(3, []uint64{1, 2})
+	p, err := seg.Register(WorkerConfig{WorkerID: 1, BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	off := int64(seg.lay.indexOff)
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("garbage!"), off); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	if _, err := Open(path, Options{NoCreate: true}); !errors.As(err, new(*CorruptError)) {
+		t.Fatalf("attach without the reset: %v", err)
+	}
+	// Another process ingests (here, this test's first handle): refused.
+	if ok, err := seg.TryLockIngester(); !ok || err != nil {
+		t.Fatalf("ingester lock: %v %v", ok, err)
+	}
+	if _, err := Open(path, Options{ResetDamagedIndex: true}); err == nil || !strings.Contains(err.Error(), "another process ingests") {
+		t.Fatalf("reset under a live ingester: %v", err)
+	}
+	seg.UnlockIngester()
+
+	fresh, err := Open(path, Options{ResetDamagedIndex: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	if fresh.IndexReset() == "" || fresh.Index().Stats().Entries != 0 {
+		t.Fatalf("reset %q, entries %d", fresh.IndexReset(), fresh.Index().Stats().Entries)
+	}
+	fresh.Index().Stored(3, []uint64{1})
+	if fresh.Index().Stats().WorkerBlocks[3] != 1 {
+		t.Fatal("the reset index takes no store")
+	}
+	if err := p.Heartbeat(); err != nil {
+		t.Fatalf("the registered engine lost its registration: %v", err)
+	}
+	again, err := Open(path, Options{NoCreate: true})
+	if err != nil {
+		t.Fatalf("attach after the reset: %v", err)
+	}
+	again.Close()
+}
