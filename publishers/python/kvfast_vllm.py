@@ -117,6 +117,7 @@ class KvfastEventPublisher:
             self._pub = None
         self.skipped = 0  # events kvfast cannot represent (LoRA, extra keys, offload tiers, null blocks, block size)
         self._warned_size = False
+        self._warned_group = False
         # Lost: whole batches while no registration was live, and single
         # events that could not be published (bad values).
         self.dropped = 0
@@ -210,6 +211,21 @@ class KvfastEventPublisher:
         medium = getattr(ev, "medium", None)
         if medium not in (None, "GPU", "gpu"):
             self.skipped += 1  # CPU/disk offload tiers are not the engine's device cache
+            return
+        if getattr(ev, "group_idx", None) not in (None, 0):
+            # A hybrid model's other KV-cache groups (sliding window,
+            # mamba) send their own stores and removals of the same block
+            # hashes; a shared-memory record cannot say which group it is
+            # about, and published as one group, a block the full-attention
+            # group evicted stayed claimed while another group's copy stood.
+            # Only group 0 is published.
+            if not self._warned_group:
+                self._warned_group = True
+                _log.warning("kvfast: the engine runs a hybrid model (KV events of group %s): the shared-memory "
+                             "publisher follows its full-attention group only, and the router cannot see a sliding "
+                             "window's evictions; for exact credit use vLLM's ZMQ KV-event feed instead "
+                             "(--worker ...,zmq=tcp://HOST:PORT)", getattr(ev, "group_idx", None))
+            self.skipped += 1
             return
         if name == "BlockStored":
             if getattr(ev, "lora_id", None) is not None or getattr(ev, "lora_name", None) is not None:

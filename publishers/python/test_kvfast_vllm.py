@@ -342,6 +342,19 @@ class BadEventTest(unittest.TestCase):
             self.assertEqual((pub.dropped, reg.seq), (2, 4))
             kind = reg._mm[reg._data + reg._pos - kvfast_publisher.RECORD_HEAD + 4]
             self.assertEqual(kind, kvfast_publisher.CLEARED)
+            # A hybrid model's other groups: skipped, and said once. Stored
+            # as group 0's, a group-0 removal had left the block claimed.
+            window_store = BlockStored([10], [1, 2, 3, 4])
+            window_store.group_idx = 1
+            window_removal = BlockRemoved([10])
+            window_removal.group_idx = 1
+            full_store = BlockStored([10], [1, 2, 3, 4])
+            full_store.group_idx = 0
+            with self.assertLogs("kvfast", "WARNING") as logs:
+                pub.publish(KVEventBatch([full_store, window_store, window_removal, window_store]))
+            self.assertEqual(len(logs.output), 1)
+            self.assertIn("hybrid", logs.output[0])
+            self.assertEqual((pub.skipped, reg.seq), (8, 5))
         finally:
             pub.shutdown()
 
