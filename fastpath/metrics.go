@@ -372,7 +372,7 @@ func collectZMQ(ch chan<- prometheus.Metric, st feed.ZMQStats, id, rank string) 
 	}{
 		{"batches_applied", st.Batches}, {"batches_replayed", st.Replayed}, {"blocks_stored", st.StoredBlocks},
 		{"blocks_removed", st.RemovedBlocks}, {"cleared", st.Cleared}, {"gaps", st.Gaps}, {"replays", st.Replays},
-		{"replay_failures", st.ReplayFailures}, {"replay_holes", st.ReplayHoles}, {"resyncs", st.Resyncs}, {"restarts", st.Restarts}, {"rejoins", st.Rejoins},
+		{"replay_failures", st.ReplayFailures}, {"replay_holes", st.ReplayHoles}, {"replay_rejected", st.ReplayRejected}, {"resyncs", st.Resyncs}, {"restarts", st.Restarts}, {"rejoins", st.Rejoins},
 		{"duplicates", st.Duplicates}, {"garbage", st.Garbage}, {"disconnects", st.Disconnects},
 		{"bad_events", st.BadEvents}, {"unknown_events", st.UnknownEvents}, {"skipped_lora", st.SkippedLoRA},
 		{"skipped_medium", st.SkippedMedium}, {"skipped_group", st.SkippedGroup}, {"skipped_extra_keys", st.SkippedExtraKeys},

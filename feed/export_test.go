@@ -9,3 +9,7 @@ func (in *Ingester) ScanRegistry() {
 	in.scanRegistry()
 	in.publish()
 }
+
+// ReplayConfirmed reports whether no batch of the replay made at
+// connection waits for a live batch to prove it the engine's.
+func (s *ZMQSubscriber) ReplayConfirmed() bool { return !s.replayUnconfirmed.Load() }

@@ -144,6 +144,10 @@ type ZMQSubscriber struct {
 	// applied, and nothing yet shows that the engine now streaming is the
 	// one whose state the index holds.
 	unproven bool
+	// replayUnconfirmed: the replay made at connection applied batches
+	// that no live batch has yet proven this engine's (provenReplay).
+	// Written by the Run goroutine; atomic for tests that wait on it.
+	replayUnconfirmed atomic.Bool
 
 	running   atomic.Bool
 	connected atomic.Bool
@@ -275,7 +279,13 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 		// from the engine's replay buffer now, not at its next batch. A
 		// warm engine that serves nothing publishes nothing, and its cache
 		// would stay invisible until it did.
-		s.replay(ctx, 0, endOfReplay, false)
+		// Nothing to prove what it applies against yet: the first live
+		// batch will. Set before, so that nothing reads the batches it
+		// applies as confirmed.
+		s.replayUnconfirmed.Store(true)
+		before := s.c.replayed.Load()
+		s.replay(ctx, 0, endOfReplay, false, 0)
+		s.replayUnconfirmed.Store(s.c.replayed.Load() != before)
 	}
 	var heard atomic.Bool
 	quiet := time.AfterFunc(s.cfg.QuietAfter, func() {
@@ -336,12 +346,23 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 	}
 	s.haveLive, s.lastLive = true, seq
 	canReplay := s.cfg.Replay != ""
+	if s.replayUnconfirmed.Load() {
+		// What the replay at connection applied is this engine's only if
+		// its replay socket has this live batch, as published.
+		if s.synced {
+			if res := s.replay(ctx, seq, seq, false, xxhash.Sum64(payload)); res != replayEnded {
+				s.rejectReplay(seq, res)
+				canReplay = false // it would only answer with the same history
+			}
+		}
+		s.replayUnconfirmed.Store(false)
+	}
 	if s.unproven {
 		s.unproven = false
 		if s.synced {
 			res := replayUnproven
 			if canReplay {
-				res = s.replay(ctx, s.lastSeq, seq, true)
+				res = s.replay(ctx, s.lastSeq, seq, true, 0)
 			}
 			switch res {
 			case replayMismatch:
@@ -364,12 +385,12 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 		// of the engine's history is safe to apply, and the replay buffer
 		// may hold all of it.
 		if seq > 0 && canReplay {
-			s.replay(ctx, 0, seq, false)
+			s.provenReplay(ctx, 0, seq, payload)
 		}
 	case seq > s.lastSeq+1:
 		s.c.gaps.Add(1)
 		if canReplay {
-			s.replay(ctx, s.lastSeq+1, seq, false)
+			s.provenReplay(ctx, s.lastSeq+1, seq, payload)
 		} else {
 			// offer drops the worker's blocks: what the lost batches
 			// removed may still be claimed.
@@ -379,6 +400,37 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 		}
 	}
 	s.offer(seq, payload)
+}
+
+// provenReplay replays from from up to the live batch until (whose
+// payload is live), and keeps what it applied only if the replay proved
+// itself this engine's: its reply numbered until must be the live batch,
+// byte for byte. An engine's replay socket answers after the batch it
+// last published is in its buffer (vLLM appends each batch as it sends
+// it, on the thread that serves replays), so the engine's own replay
+// always carries it; a replay= socket of another engine, or of a process
+// that is not an engine, does not. Applied all the same, its batches had
+// credited this worker with another engine's blocks.
+func (s *ZMQSubscriber) provenReplay(ctx context.Context, from, until uint64, live []byte) {
+	before := s.c.replayed.Load()
+	res := s.replay(ctx, from, until, false, xxhash.Sum64(live))
+	if res == replayEnded || s.c.replayed.Load() == before {
+		return // proven, or nothing applied: the live batch decides as ever
+	}
+	s.rejectReplay(until, res)
+}
+
+// rejectReplay drops what a replay that did not prove itself this
+// engine's applied (provenReplay).
+func (s *ZMQSubscriber) rejectReplay(live uint64, res replayResult) {
+	s.c.replayRejected.Add(1)
+	s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "unproven", "KV-event replay not proven this engine's (its replies did not "+
+		"include the live batch as published): what it applied is dropped and the worker's view rebuilt from its live events; "+
+		"check that replay= names this engine's replay socket", "events", s.cfg.Endpoint, "replay", s.cfg.Replay, "slot", s.cfg.Slot,
+		"live_seq", live, "result", res.String())
+	s.ix.RemoveWorker(s.cfg.Slot)
+	s.apply.forgetCopies(s.cfg.Slot)
+	s.synced = false
 }
 
 // restarted drops the worker's blocks and engine mappings: the engine that
@@ -459,11 +511,25 @@ const endOfReplay = ^uint64(0)
 type replayResult int
 
 const (
-	replayEnded    replayResult = iota // the engine sent its end marker
+	replayEnded    replayResult = iota // the engine sent its end marker, or (proving) the live batch as published
 	replayFailed                       // the socket failed or stalled
-	replayUnproven                     // verifying: the batch to compare was not there
-	replayMismatch                     // verifying: the batch differs from the one applied
+	replayUnproven                     // the batch to compare was not there
+	replayMismatch                     // the batch differs from the one compared with
 )
+
+func (r replayResult) String() string {
+	switch r {
+	case replayEnded:
+		return "ended"
+	case replayFailed:
+		return "failed"
+	case replayUnproven:
+		return "live batch missing"
+	case replayMismatch:
+		return "live batch differs"
+	}
+	return "unknown"
+}
 
 // replay asks the engine's replay socket for every batch from seq from on
 // and offers each, up to the live batch until that called for it (which
@@ -493,10 +559,13 @@ const (
 // that batch, byte for byte, for the rest to be taken as its continuation:
 // an engine's replay buffer holds the payloads it published, so only the
 // engine that published it returns the same bytes under that number.
-func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify bool) replayResult {
+// With untilDigest (not 0), the reply numbered until must be there with
+// that digest: the replay ends replayEnded only then, replayUnproven when
+// it ends without it (provenReplay).
+func (s *ZMQSubscriber) replay(ctx context.Context, from, until uint64, verify bool, untilDigest uint64) replayResult {
 	rctx, cancel := context.WithTimeout(ctx, maxReplayTimeouts*s.cfg.ReplayTimeout)
 	defer cancel()
-	r := replayState{from: from, until: until, next: from, verify: verify}
+	r := replayState{from: from, until: until, next: from, verify: verify, untilDigest: untilDigest}
 	for asked := 0; ; asked++ {
 		res, hole := s.replayRound(rctx, &r, asked < maxReplayReasks)
 		if !hole {
@@ -511,6 +580,15 @@ type replayState struct {
 	from, until uint64
 	next        uint64 // the lowest number that moves the replay on
 	verify      bool   // the first reply must be batch from, as applied
+	untilDigest uint64 // not 0: the reply numbered until must have this digest
+}
+
+// ended is how a replay that saw no reply numbered until ended.
+func (r *replayState) ended() replayResult {
+	if r.untilDigest != 0 {
+		return replayUnproven
+	}
+	return replayEnded
 }
 
 // replayRound makes one replay request, from r.next, and offers its
@@ -573,13 +651,20 @@ func (s *ZMQSubscriber) replayRound(rctx context.Context, r *replayState, reask 
 			continue // applied already: what follows continues it
 		}
 		switch {
-		case end, seq >= r.until:
+		case end:
+			return r.ended(), false
+		case seq == r.until && r.untilDigest != 0:
+			if xxhash.Sum64(payload) != r.untilDigest {
+				return replayMismatch, false
+			}
 			return replayEnded, false
 		case seq < r.next:
 			s.c.duplicates.Add(1) // a repeat moves nothing on
 			continue
 		case seq > r.next && moved && reask:
 			return replayEnded, true // dropped on the way: ask again from r.next
+		case seq >= r.until:
+			return r.ended(), false
 		}
 		stall.Reset(s.cfg.ReplayTimeout)
 		r.next = seq + 1
@@ -971,7 +1056,7 @@ func (s *ZMQSubscriber) stored(ev *VLLMEvent, k keyspace, bs, skip int) {
 type zmqCounters struct {
 	batches, replayed, storedBlocks, removedBlocks, cleared atomic.Uint64
 	gaps, replays, replayFailures, resyncs, restarts        atomic.Uint64
-	rejoins, replayHoles                                    atomic.Uint64
+	rejoins, replayHoles, replayRejected                    atomic.Uint64
 	duplicates, garbage, disconnects                        atomic.Uint64
 	badEvents, unknownEvents                                atomic.Uint64
 	skippedLoRA, skippedMedium, skippedGroup                atomic.Uint64
@@ -998,6 +1083,7 @@ type ZMQStats struct {
 	Replays        uint64 `json:"replays"`         // replay requests made
 	ReplayFailures uint64 `json:"replay_failures"` // replays that failed or stalled
 	ReplayHoles    uint64 `json:"replay_holes"`    // replies missing mid-replay (dropped by the engine's socket), asked for again
+	ReplayRejected uint64 `json:"replay_rejected"` // replays not proven this engine's (the live batch missing or different): what they applied was dropped
 	Resyncs        uint64 `json:"resyncs"`         // times the worker's entries were cleared to recover
 	Restarts       uint64 `json:"restarts"`        // publisher restarts (sequence or ts went back, replay showed another history)
 	Rejoins        uint64 `json:"rejoins"`         // reconnects whose continuity could not be proven: the worker's view was rebuilt
@@ -1027,7 +1113,8 @@ func (s *ZMQSubscriber) Stats() ZMQStats {
 		Batches: c.batches.Load(), Replayed: c.replayed.Load(), StoredBlocks: c.storedBlocks.Load(),
 		RemovedBlocks: c.removedBlocks.Load(), Cleared: c.cleared.Load(),
 		Gaps: c.gaps.Load(), Replays: c.replays.Load(), ReplayFailures: c.replayFailures.Load(), ReplayHoles: c.replayHoles.Load(),
-		Resyncs: c.resyncs.Load(), Restarts: c.restarts.Load(), Rejoins: c.rejoins.Load(), Duplicates: c.duplicates.Load(),
+		ReplayRejected: c.replayRejected.Load(),
+		Resyncs:        c.resyncs.Load(), Restarts: c.restarts.Load(), Rejoins: c.rejoins.Load(), Duplicates: c.duplicates.Load(),
 		Garbage: c.garbage.Load(), Disconnects: c.disconnects.Load(),
 		BadEvents: c.badEvents.Load(), UnknownEvents: c.unknownEvents.Load(),
 		SkippedLoRA: c.skippedLoRA.Load(), SkippedMedium: c.skippedMedium.Load(), SkippedGroup: c.skippedGroup.Load(),

@@ -432,7 +432,10 @@ func (e *testEngine) warmUp(t testing.TB, s *ZMQSubscriber, f wireFormat) uint64
 		before := s.Stats().Batches
 		seq := e.publish(empty)
 		for range 20 {
-			if s.Stats().Batches > before {
+			// Received, and what the replay at connection applied proven by
+			// a live batch (the proof is a replay of its own, which tests
+			// counting replays must not see).
+			if s.Stats().Batches > before && s.ReplayConfirmed() {
 				waitSeq(t, s, seq)
 				return seq
 			}
@@ -623,6 +626,40 @@ func TestZMQGapIsReplayed(t *testing.T) {
 				t.Fatalf("%d replays served", e.replaysServed())
 			}
 		})
+	}
+}
+
+// TestZMQReplayOfAnotherEngineIsRejected: a replay= socket that is not
+// the live engine's (a misconfiguration) answers with another history.
+// Its batches are applied as they come, and dropped once the replay has
+// not proven itself by the live batch as published: at connection, when
+// the first live batch comes, and after a gap. Kept, they had credited the
+// worker with the other engine's blocks.
+func TestZMQReplayOfAnotherEngineIsRejected(t *testing.T) {
+	ix := newZMQIndex(t)
+	live := newTestEngine(t, false)
+	other := newTestEngine(t, true)
+	// The other engine's history, longer than anything the live one
+	// publishes here, so that every replay finds batches under the numbers
+	// asked for.
+	publishOps(t, vllmMap, genOps(31, 1200), other.lose)
+	s := startSubAt(t, ix, live.ep, other.replayEp, nil)
+	live.warmUp(t, s, vllmMap)
+	if st := s.Stats(); st.ReplayRejected != 1 || st.Replayed == 0 {
+		t.Fatalf("the replay at connection: stats %+v", st)
+	}
+	ops := genOps(32, 300)
+	m := newModel()
+	_, before := publishOps(t, vllmMap, ops[:100], live.publish)
+	publishOps(t, vllmMap, ops[100:200], live.lose)
+	seqs, after := publishOps(t, vllmMap, ops[200:], live.publish)
+	applyAll(m, before)
+	m.apply(op{Op: "cleared"}) // the view dropped, and rebuilt from the live batches
+	applyAll(m, after)
+	waitSeq(t, s, seqs[len(seqs)-1])
+	m.check(t, ix, zmqTestSlot)
+	if st := s.Stats(); st.ReplayRejected != 2 || st.Gaps != 1 {
+		t.Fatalf("after a gap: stats %+v", st)
 	}
 }
 
@@ -1464,7 +1501,7 @@ func TestZMQRepeatedComplaintsAreThrottled(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		if res := s.replay(context.Background(), 0, 5, false); res != replayFailed {
+		if res := s.replay(context.Background(), 0, 5, false, 0); res != replayFailed {
 			t.Fatalf("a replay from a closed port: %v", res)
 		}
 		kind := "sliding_window"
