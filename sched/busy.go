@@ -14,21 +14,40 @@ const busyStretchWrite = int64(10e6)
 
 // busyStretch is one worker's current stretch over a busy threshold, as
 // the selections that weighed it saw it: since when (0: not busy when
-// last seen) and when last seen busy, CLOCK_MONOTONIC ns. Every
-// selection that weighs a worker's busy state notes it, pinned and
-// session requests included, so the stretch grows with the traffic the
-// worker gets, not only with one session's turns, seconds apart.
+// last seen), when last seen busy, and since when seen free without a
+// busy observation between (0: not), CLOCK_MONOTONIC ns. Every selection
+// that weighs a worker's busy state notes it, pinned and session requests
+// included, so the stretch grows with the traffic the worker gets, not
+// only with one session's turns, seconds apart.
+//
+// A stretch ends once the worker has been seen free for busyStretchGap,
+// not at the first free observation: a saturated worker with requests
+// queued for it dips under its threshold every time one ends, and the
+// admission queue's next waiter sees it free at that very moment. Ended
+// there, the stretch never grew past one request's prefill, and a session
+// bound to a worker that stayed saturated was never unbound.
 type busyStretch struct {
-	since, seen atomic.Int64
+	since, seen, freeSince atomic.Int64
 }
 
-// note records one observation at now. A free worker costs one load.
+// note records one observation at now. A worker free for a while costs
+// one load.
 func (b *busyStretch) note(busy bool, now int64) {
 	if !busy {
-		if b.since.Load() != 0 {
+		if b.since.Load() == 0 {
+			return
+		}
+		switch free := b.freeSince.Load(); {
+		case free == 0:
+			b.freeSince.CompareAndSwap(0, now)
+		case now-free > busyStretchGap:
 			b.since.Store(0)
+			b.freeSince.Store(0)
 		}
 		return
+	}
+	if b.freeSince.Load() != 0 {
+		b.freeSince.Store(0)
 	}
 	seen := b.seen.Load()
 	if b.since.Load() == 0 || now-seen > busyStretchGap {

@@ -10,8 +10,10 @@ import (
 )
 
 // TestBusyStretch: a stretch starts at the first busy observation, grows
-// while observations keep coming at least once a second, and starts again
-// after a free observation or a second without any.
+// while observations keep coming at least once a second, lives through
+// dips under the threshold (a saturated worker's, as each request ends),
+// and starts again after a second seen free or a second without any
+// observation.
 func TestBusyStretch(t *testing.T) {
 	var b busyStretch
 	ms := func(n int64) int64 { return 1e12 + n*int64(time.Millisecond) }
@@ -23,20 +25,25 @@ func TestBusyStretch(t *testing.T) {
 		{0, true, 0},
 		{400, true, 400},
 		{800, true, 800},
-		{900, false, 0}, // recovered
-		{1000, true, 0},
-		{1400, true, 400},
-		{3000, true, 0}, // not seen for 1.6 s: a new stretch
-		{3400, true, 400},
-		{3405, true, 405}, // seen 5 ms later: not written, still counted
-		{4400, true, 1400},
+		{900, false, 900}, // a dip: the queue's next request admitted
+		{1000, true, 1000},
+		{1400, true, 1400},
+		{1500, false, 1500},
+		{2000, false, 2000},
+		{2600, false, 0}, // free for 1.1 s: recovered
+		{2700, true, 0},
+		{3100, true, 400},
+		{4800, true, 0}, // not seen for 1.7 s: a new stretch
+		{5200, true, 400},
+		{5205, true, 405}, // seen 5 ms later: not written, still counted
+		{6200, true, 1400},
 	} {
 		b.note(step.busy, ms(step.at))
 		if got := b.length(ms(step.at)); got != step.want*int64(time.Millisecond) {
 			t.Fatalf("at %d ms (busy %v): length %v, want %d ms", step.at, step.busy, time.Duration(got), step.want)
 		}
 	}
-	if got := b.length(ms(5500)); got != 0 {
+	if got := b.length(ms(7300)); got != 0 {
 		t.Fatalf("a stretch not seen for 1.1 s is still %v long", time.Duration(got))
 	}
 }
@@ -142,5 +149,36 @@ func TestPinLapsesOnAWorkerThatStaysBusy(t *testing.T) {
 	} else {
 		o.res.Release()
 	}
+	requireZeroLoad(t, s)
+}
+
+// TestBusyStretchLivesThroughAdmissions: a saturated worker dips under
+// its threshold each time a request ends, and the queue's next waiter is
+// admitted at that moment, seeing it free. The stretch lives on: ended
+// there, it never grew past one request, and a session bound to a worker
+// that stayed saturated was never unbound (--session-busy-unbind).
+func TestBusyStretchLivesThroughAdmissions(t *testing.T) {
+	s := newTestScheduler(t, 2, Config{Busy: BusyThresholds{PrefillTokens: 1}, QueueCapacity: 8})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pinned := Request{Model: "m", PromptTokens: 16, Pinned: true, PinWorker: 100}
+	var held Reservation
+	if _, err := s.Select(ctx, &pinned, &held); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan outcome, 1)
+	goSelect(s, ctx, "queued", pinned, out)
+	waitFor(t, "the pinned request to queue", func() bool { return s.Stats().Waiting == 1 })
+	start := clock.Now()
+	waitFor(t, "the stretch to reach 50 ms", func() bool { return s.stretch[0].length(clock.Now()) >= int64(50*time.Millisecond) })
+	held.Release() // the worker dips; the waiter is admitted and fills it again
+	o := <-out
+	if o.err != nil || o.d.Slot != 0 {
+		t.Fatalf("the queued request: slot %d, %v", o.d.Slot, o.err)
+	}
+	if got := s.stretch[0].length(clock.Now()); got < int64(50*time.Millisecond) {
+		t.Fatalf("the stretch is %v after an admission, begun over %v before", time.Duration(got), time.Duration(clock.Now()-start))
+	}
+	o.res.Release()
 	requireZeroLoad(t, s)
 }
