@@ -73,7 +73,11 @@ type progress struct {
 	// owed is the stall clock's reading when the last waiting request
 	// left unanswered, carried over to the next wait.
 	owed atomic.Int64
-	_    [64 - 8 - 8 - 8]byte
+	// pausedAt is when the last request waiting on the worker left
+	// unanswered, or when a request last tried a worker found overdue
+	// (shunned); 0 after an answer.
+	pausedAt atomic.Int64
+	_        [64 - 8 - 8 - 8 - 8]byte
 }
 
 const (
@@ -117,8 +121,10 @@ func (p *progress) closed(gen uint32, answered bool, now int64) {
 		switch {
 		case answered:
 			p.since.Store(now)
+			p.pausedAt.Store(0)
 		case next&waitingCount == 0:
 			p.owed.Store(max(now-p.since.Load(), 0))
+			p.pausedAt.Store(now)
 		}
 		return
 	}
@@ -135,6 +141,7 @@ func (p *progress) renew(now int64) {
 		}
 	}
 	p.owed.Store(0)
+	p.pausedAt.Store(0)
 	p.since.Store(now)
 }
 
@@ -163,6 +170,29 @@ func (p *progress) overdue(now int64, after time.Duration) bool {
 	return time.Duration(p.owed.Load()) > after
 }
 
+// shunned reports whether selection passes the worker over while other
+// free workers progress: it is stalled, or nothing waits on it but its
+// clock had passed after when the last request waiting on it was given up
+// on (overdue). Between requests a hung engine whose clients each gave up
+// on it was otherwise no worse than any other, and the next request, a
+// session's next turn say, went to it and hung too. Once every after,
+// one selection may try it all the same: an engine that recovered
+// answers that request and is cleared; a hung one is stalled again the
+// moment the request is booked, and holds only that one.
+func (p *progress) shunned(now int64, after time.Duration) bool {
+	if p.stalled(now, after) {
+		return true
+	}
+	if after <= 0 || p.awaiting() > 0 || time.Duration(p.owed.Load()) <= after {
+		return false
+	}
+	paused := p.pausedAt.Load()
+	if time.Duration(now-paused) <= after {
+		return true
+	}
+	return !p.pausedAt.CompareAndSwap(paused, now) // the first selection past the window tries it
+}
+
 // unproven reports whether the worker's free cache memory must not count
 // (capacity.go): requests wait on it and it has either never answered
 // since its engine joined or is stalled.
@@ -179,8 +209,9 @@ func (s *Scheduler) inFlightCredit(p *CostParams, w workers.Slot, shared uint32,
 	return shared
 }
 
-// progressing narrows free to the workers that are not stalled, when any
-// is: a stalled worker is chosen only when every free candidate is. Its
+// progressing narrows free to the workers that are not shunned (stalled,
+// or left overdue by its last requests), when any is: such a worker is
+// chosen only when every free candidate is. Its
 // withdrawn credit does not keep traffic off it by itself: a request
 // whose prompt costs nothing (a two-word prompt routed by its text) ties
 // on every worker, and half of a burst went to an engine that had kept
@@ -191,7 +222,7 @@ func (s *Scheduler) progressing(p *CostParams, free workers.Set, now int64) work
 	}
 	var stalled workers.Set
 	for w := range free.All() {
-		if s.progress[w].stalled(now, p.StallAfter) {
+		if s.progress[w].shunned(now, p.StallAfter) {
 			stalled |= workers.SetOf(w)
 		}
 	}

@@ -86,6 +86,45 @@ func TestProgressStalls(t *testing.T) {
 	check(1200, false, false)
 }
 
+// TestShunnedBetweenRequests: a worker whose last waiting request was
+// given up on past StallAfter is passed over by the next selections,
+// though nothing waits on it (a hung engine's next request, a session's
+// next turn, had gone to it and hung too), except for one probe per
+// StallAfter; an answer clears it.
+func TestShunnedBetweenRequests(t *testing.T) {
+	const after = 10 * time.Millisecond
+	ms := func(n int64) int64 { return n * int64(time.Millisecond) }
+	var p progress
+	g := p.booked(ms(0))
+	if p.shunned(ms(5), after) || !p.shunned(ms(11), after) {
+		t.Fatal("shunned is not stalled while a request waits")
+	}
+	p.closed(g, false, ms(15)) // its client gave up after 15 ms
+	if !p.shunned(ms(16), after) || !p.shunned(ms(25), after) {
+		t.Fatal("a worker left overdue is not passed over")
+	}
+	if p.shunned(ms(26), after) {
+		t.Fatal("no probe once StallAfter has passed since the pause")
+	}
+	if !p.shunned(ms(26), after) || !p.shunned(ms(36), after) {
+		t.Fatal("more than one probe in a window")
+	}
+	g = p.booked(ms(37)) // the probe is booked: stalled at once
+	if !p.stalled(ms(37), after) {
+		t.Fatal("a probe on an overdue worker is not stalled at once")
+	}
+	p.closed(g, true, ms(40)) // and answered: the engine recovered
+	if p.shunned(ms(41), after) || p.overdue(ms(41), after) {
+		t.Fatal("an answer does not clear the worker")
+	}
+	// A short pause (under StallAfter in all) shuns nothing.
+	g = p.booked(ms(50))
+	p.closed(g, false, ms(55))
+	if p.shunned(ms(56), after) {
+		t.Fatal("a 5 ms wait shunned the worker")
+	}
+}
+
 // An engine that keeps a request waiting past StallAfter loses the credit
 // for the prefix that request holds, so its follow-ups go elsewhere; its
 // first token restores it.
@@ -160,8 +199,15 @@ func TestStalledWorkerIsChosenLast(t *testing.T) {
 	if d := mustSelect(t, s, &Request{QueryOnly: true, AllowListed: true, Allow: allow}, nil); d.Slot != 0 {
 		t.Fatalf("only the stalled worker allowed: slot %d", d.Slot)
 	}
+	// Its client gives up: nothing waits on the worker any more, but it
+	// stays last choice until it answers (one probe an hour here).
 	hung.Release()
 	requireZeroLoad(t, s)
+	for range 20 {
+		if d := mustSelect(t, s, &Request{QueryOnly: true}, nil); d.Slot != 1 {
+			t.Fatalf("a free request went to slot %d, whose last request was given up on unanswered", d.Slot)
+		}
+	}
 }
 
 // What counts as an answer: a stream's first token (a disaggregated
