@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvfast/kvfast/dispatch"
+	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/workers"
@@ -185,5 +186,45 @@ func TestWorkerOfUnknownModel(t *testing.T) {
 	s.WorkersChanged()
 	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusNotFound {
 		t.Errorf("a model no worker serves: %d %s; want 404", code, raw)
+	}
+}
+
+// TestUnloadedAdapter: an adapter unloaded from engines that still serve
+// its base model is gone for good: a 404, as GET /v1/models/{id} says,
+// once its base model has been served for adapterReturnGrace without it
+// (a restarted engine lists its adapters within a few polls). It had been
+// a 503 for the router's life, which clients retried for ever. An adapter
+// whose engines all left is a 503 until they are back.
+func TestUnloadedAdapter(t *testing.T) {
+	s := newRouteTestServer(t, 2, "")
+	body := []byte(`{"model":"sql","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`)
+	s.SetAdapters(map[string]Adapter{"sql": {Base: benchModel, Workers: s.sched.Workers()}})
+	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusOK {
+		t.Fatalf("a served adapter: %d %s", code, raw)
+	}
+	s.SetAdapters(nil)
+	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusServiceUnavailable {
+		t.Fatalf("an adapter just gone: %d %s; want 503 while the engines may still list it", code, raw)
+	}
+	age := func() { // as if adapterReturnGrace had passed
+		d := *s.departed.Load()
+		e := d["sql"]
+		e.baseBack -= int64(adapterReturnGrace)
+		d["sql"] = e
+	}
+	age()
+	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusNotFound {
+		t.Fatalf("an adapter unloaded for good: %d %s; want 404", code, raw)
+	}
+
+	// Its engines leave with it: 503 until they are back, however long.
+	s.SetAdapters(map[string]Adapter{"sql": {Base: benchModel, Workers: s.sched.Workers()}})
+	for w := range s.sched.Workers().All() {
+		s.sched.Remove(w)
+	}
+	s.SetAdapters(nil)
+	s.WorkersChanged()
+	if d, ok := (*s.departed.Load())["sql"]; !ok || !d.unavailable(clock.Now()+int64(time.Hour)) {
+		t.Fatalf("an adapter whose engines all left: departed %+v (%v); want a 503 until they are back", d, ok)
 	}
 }

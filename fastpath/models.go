@@ -2,8 +2,10 @@ package fastpath
 
 import (
 	"context"
+	"maps"
 	"time"
 
+	"github.com/kvfast/kvfast/internal/clock"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
@@ -105,19 +107,31 @@ func (s *Server) rebuildModels() {
 		ns.lora, ns.seed, ns.only = adapter, radix.NamespaceSeed(a.Base, adapter, ""), a.Workers
 		m[adapter] = ns
 	}
-	gone := map[string]struct{}{}
+	now := clock.Now()
+	gone := map[string]departure{}
 	if old := s.departed.Load(); old != nil {
-		for name := range *old {
-			gone[name] = struct{}{}
-		}
+		maps.Copy(gone, *old)
 	}
 	if old := s.seeds.Load(); old != nil {
-		for name := range *old {
-			gone[name] = struct{}{}
+		for name, ns := range *old {
+			if _, still := m[name]; !still {
+				gone[name] = departure{adapterOf: ns.name, lora: ns.lora != ""}
+			}
 		}
 	}
-	for name := range m {
-		delete(gone, name)
+	for name, d := range gone {
+		switch _, baseServed := m[d.adapterOf]; {
+		case m[name].name != "":
+			delete(gone, name) // served again
+		case d.lora && baseServed && d.baseBack == 0:
+			d.baseBack = now
+			gone[name] = d
+		case d.lora && baseServed && !d.unavailable(now):
+			delete(gone, name) // unloaded for good: a 404 like any unknown name
+		case d.lora && !baseServed:
+			d.baseBack = 0
+			gone[name] = d
+		}
 	}
 	if len(gone) > maxDeparted {
 		// Models come and go only with the operator's engines; this is a
@@ -143,19 +157,40 @@ func (s *Server) rebuildModels() {
 func (s *Server) RememberModels(names []string) {
 	s.modelsMu.Lock()
 	defer s.modelsMu.Unlock()
-	gone := map[string]struct{}{}
+	gone := map[string]departure{}
 	if old := s.departed.Load(); old != nil {
-		for name := range *old {
-			gone[name] = struct{}{}
-		}
+		maps.Copy(gone, *old)
 	}
 	served := *s.seeds.Load()
 	for _, name := range names {
 		if _, ok := served[name]; !ok && name != "" && len(gone) < maxDeparted {
-			gone[name] = struct{}{}
+			gone[name] = departure{}
 		}
 	}
 	s.departed.Store(&gone)
+}
+
+// departure is a model no worker serves any more. A LoRA adapter departs
+// with its engines (restarting: 503, retry) or alone, unloaded from
+// engines that still serve its base model: then it is gone for good, a
+// 404 as GET /v1/models/{id} says, once its base model has been back for
+// adapterReturnGrace, time for the engines' adapters to be polled again.
+// Kept a 503 for the router's life, a client retried it for ever.
+type departure struct {
+	adapterOf string // the base model of an adapter (lora), or the model itself
+	lora      bool
+	baseBack  int64 // clock reading when the adapter's base model was served again; 0 while it is not
+}
+
+// adapterReturnGrace is how long a departed adapter stays a 503 after its
+// base model is served again: a few adapter polls (node's adapterPoll, 2
+// s), for a restarted engine to list the adapters it loaded.
+const adapterReturnGrace = 10 * time.Second
+
+// unavailable reports whether a request naming a departed model gets 503
+// (its engines may come back) rather than 404, at now.
+func (d departure) unavailable(now int64) bool {
+	return !d.lora || d.baseBack == 0 || time.Duration(now-d.baseBack) < adapterReturnGrace
 }
 
 // modelsUnknown reports whether some worker's model is still to be learned
@@ -234,7 +269,7 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 		}
 		if !ok {
 			if d := s.departed.Load(); d != nil {
-				if _, was := (*d)[string(r.Model)]; was {
+				if dep, was := (*d)[string(r.Model)]; was && dep.unavailable(clock.Now()) {
 					return "", 0, nil, 0, errModelUnavailable
 				}
 			}

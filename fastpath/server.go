@@ -262,8 +262,9 @@ type Server struct {
 	pendingModels func() bool
 	// departed is every model that workers served since start and none
 	// serves now (all its engines down or restarting): a request naming
-	// one gets 503, which clients retry, not 404. Rebuilt with seeds.
-	departed atomic.Pointer[map[string]struct{}]
+	// one gets 503, which clients retry, not 404 (an adapter, only while
+	// its base model is away: departure). Rebuilt with seeds.
+	departed atomic.Pointer[map[string]departure]
 	modelsMu sync.Mutex         // serialises rebuilds of seeds
 	adapters map[string]Adapter // by LoRA adapter name; under modelsMu
 	// unlisted are the workers whose engines do not list their model in
