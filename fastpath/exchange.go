@@ -329,12 +329,18 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	if err != nil {
 		return err
 	}
+	clientAllow := ex.sreq.AllowListed // X-Kvfast-Allow
 	if only != 0 {
 		// An adapter: only the engines that list it can serve it.
 		if !ex.sreq.AllowListed {
 			ex.sreq.AllowListed, ex.sreq.Allow = true, workers.AllSlots
 		}
 		ex.sreq.Allow &= only
+	}
+	if clientAllow && model != "" && ex.sreq.Allow&s.sched.ModelWorkers(model) == 0 {
+		// Not the 503 selection would give: a client told to retry would
+		// retry for ever.
+		return errAllowNoModel
 	}
 	// The model filters selection, and first what avoidUnlisted counts as
 	// another worker.

@@ -228,3 +228,32 @@ func TestUnloadedAdapter(t *testing.T) {
 		t.Fatalf("an adapter whose engines all left: departed %+v (%v); want a 503 until they are back", d, ok)
 	}
 }
+
+// TestAllowListWithoutTheModel: an allow-list naming no worker that
+// serves the requested model or adapter is the client's mistake, a 400,
+// as a pin to such a worker is; a 503 was retried for ever.
+func TestAllowListWithoutTheModel(t *testing.T) {
+	s := newTestFront(t, DefaultConfig(), "", []frontWorker{
+		{endpoint: "127.0.0.1:9", model: benchModel}, {endpoint: "127.0.0.1:10", model: benchModel}, {endpoint: "127.0.0.1:11", model: "other"}})
+	second, _ := s.sched.Resolve(2, 0)
+	s.SetAdapters(map[string]Adapter{"sql": {Base: benchModel, Workers: workers.SetOf(second)}})
+	for _, c := range []struct {
+		model, allow string
+		want         int
+	}{
+		{"other", "1", http.StatusBadRequest},
+		{"other", "1,2", http.StatusBadRequest},
+		{"other", "3", http.StatusOK},
+		{"sql", "1", http.StatusBadRequest}, // serves the base model, not the adapter
+		{"sql", "2", http.StatusOK},
+		{benchModel, "1", http.StatusOK},
+	} {
+		ctx := newRouteCtx(PathRouteCompletions, []byte(`{"model":"`+c.model+`","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`),
+			map[string]string{HeaderAllow: c.allow})
+		s.handle(ctx)
+		if got := ctx.Response.StatusCode(); got != c.want ||
+			got == http.StatusBadRequest && !strings.Contains(string(ctx.Response.Body()), `"code":"allow_excluded"`) {
+			t.Errorf("model %s, allow %s: %d %s; want %d", c.model, c.allow, got, ctx.Response.Body(), c.want)
+		}
+	}
+}

@@ -53,6 +53,8 @@ var (
 		Message: HeaderAllow + " must be a comma-separated list of worker ids or id:rank pairs, naming known workers"}
 	errAllowNoGenerator = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderAllow, Code: "allow_excluded",
 		Message: HeaderAllow + " names no worker that generates: only encode workers, or (disaggregated) only prefill workers; name at least one that decodes"}
+	errAllowNoModel = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderAllow, Code: "allow_excluded",
+		Message: HeaderAllow + " names no worker that serves the requested model (or LoRA adapter): GET /admin/workers lists the workers and their models"}
 	errBadPriorityHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderPriority, Code: "invalid_header",
 		Message: HeaderPriority + " must be an integer between -1000000 and 1000000"}
 	errBadQueryOnlyHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderQueryOnly, Code: "invalid_header",

@@ -241,6 +241,9 @@ func (s *Scheduler) Serves(model []byte) bool {
 	return s.workers.Load().byModel[string(model)] != 0
 }
 
+// ModelWorkers returns the workers that serve model, healthy or not.
+func (s *Scheduler) ModelWorkers(model string) workers.Set { return s.workers.Load().byModel[model] }
+
 // Workers returns the set of slots holding a worker.
 func (s *Scheduler) Workers() workers.Set { return s.workers.Load().present }
 
