@@ -40,6 +40,10 @@ type exchange struct {
 	hashes   []uint64
 	overlaps workers.Overlaps
 	lower    workers.LowerTiers
+	// adapterWorkers are the workers whose engines list the LoRA adapter
+	// the request names (0: it names none): a session bound elsewhere
+	// moves for its model, not for an allow-list.
+	adapterWorkers workers.Set
 	// scores is the route-only answer's per-worker table (3 KiB). It is
 	// allocated with the exchange and kept across reuse instead of being
 	// zeroed with the rest of it on every request: the scheduler writes
@@ -332,6 +336,7 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	clientAllow := ex.sreq.AllowListed // X-Kvfast-Allow
 	if only != 0 {
 		// An adapter: only the engines that list it can serve it.
+		ex.adapterWorkers = only
 		if !ex.sreq.AllowListed {
 			ex.sreq.AllowListed, ex.sreq.Allow = true, workers.AllSlots
 		}

@@ -242,10 +242,11 @@ func (ss *sessions) ineligible(ex *exchange, b shm.Binding) string {
 		return unbindDown
 	case e.Stalled:
 		return unbindStalled
+	case ex.sreq.Model != "" && e.Model != ex.sreq.Model,
+		ex.adapterWorkers != 0 && !ex.adapterWorkers.Has(slot): // does not serve the adapter named
+		return unbindModel
 	case ex.sreq.AllowListed && !ex.sreq.Allow.Has(slot):
 		return unbindNotAllowed
-	case ex.sreq.Model != "" && e.Model != ex.sreq.Model:
-		return unbindModel
 	}
 	// Busy: transient unless the worker has stayed busy, as this
 	// router's selections saw it, for BusyUnbindAfter.

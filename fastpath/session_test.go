@@ -125,6 +125,14 @@ func TestStickyBusyUnbindNeedsSustainedOverload(t *testing.T) {
 	if got := s.sessions.ineligible(ex, b); got != unbindModel {
 		t.Fatalf("another model: %q", got)
 	}
+	// A LoRA adapter its engine does not list: its model too, though the
+	// front end narrowed the allow-list to the adapter's workers.
+	ex.sreq.Model, ex.adapterWorkers = "m", workers.SetOf(slot+1)
+	ex.sreq.AllowListed, ex.sreq.Allow = true, ex.adapterWorkers
+	if got := s.sessions.ineligible(ex, b); got != unbindModel {
+		t.Fatalf("an adapter its engine does not list: %q", got)
+	}
+	ex.sreq.AllowListed, ex.adapterWorkers = false, 0
 	sc.Remove(slot)
 	if got := s.sessions.ineligible(ex, b); got != unbindRemoved {
 		t.Fatalf("removed: %q", got)
