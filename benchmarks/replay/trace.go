@@ -3,6 +3,7 @@ package replay
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	_ "embed"
 	"encoding/json"
 	"errors"
@@ -206,8 +207,10 @@ func LoadDefaultTrace(opts TraceOptions) (*Trace, error) {
 }
 
 // ReadTrace reads a Mooncake-format JSONL stream; source names it in error
-// messages. Blank lines are skipped. Records are stably sorted by
-// timestamp, so a trace that is out of order replays in arrival order.
+// messages. A gzip-compressed stream is decompressed and a leading UTF-8
+// byte order mark skipped. Blank lines are skipped. Records are stably
+// sorted by timestamp, so a trace that is out of order replays in arrival
+// order.
 func ReadTrace(r io.Reader, source string, opts TraceOptions) (*Trace, error) {
 	bs := opts.BlockSize
 	if bs == 0 {
@@ -215,6 +218,10 @@ func ReadTrace(r io.Reader, source string, opts TraceOptions) (*Trace, error) {
 	}
 	if bs < 0 {
 		return nil, fmt.Errorf("cannot read trace %s: block size %d is negative", source, bs)
+	}
+	r, err := plainTrace(r)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read trace %s: %w", source, err)
 	}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes)
@@ -259,6 +266,25 @@ func ReadTrace(r io.Reader, source string, opts TraceOptions) (*Trace, error) {
 	}
 	t.analysis = &prefixAnalysis{records: t.Records}
 	return t, nil
+}
+
+// plainTrace undoes what tools commonly do to a JSONL file on its way
+// here: traces are shared gzipped (the line bound still applies to the
+// decompressed lines), and Windows editors and PowerShell start UTF-8
+// files with a byte order mark, which JSON does not allow.
+func plainTrace(r io.Reader) (io.Reader, error) {
+	br := bufio.NewReader(r)
+	if magic, _ := br.Peek(2); bytes.Equal(magic, []byte{0x1f, 0x8b}) {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, fmt.Errorf("cannot decompress the gzip stream: %w", err)
+		}
+		br = bufio.NewReader(zr)
+	}
+	if bom, _ := br.Peek(3); bytes.Equal(bom, []byte("\xef\xbb\xbf")) {
+		_, _ = br.Discard(3)
+	}
+	return br, nil
 }
 
 func (t *Trace) blockSize() int {

@@ -2,6 +2,8 @@ package replay
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"math"
@@ -92,6 +94,19 @@ func TestReadTrace(t *testing.T) {
 		}
 		if msg := err.Error(); !strings.HasPrefix(msg, "cannot decode trace record at x.jsonl:3: hash_ids") {
 			t.Fatalf("message %q", msg)
+		}
+	})
+	t.Run("byte order mark and gzip", func(t *testing.T) {
+		const in = "{\"timestamp\":0,\"input_length\":1,\"output_length\":1,\"hash_ids\":[7]}\n"
+		var gz bytes.Buffer
+		zw := gzip.NewWriter(&gz)
+		_, _ = zw.Write([]byte("\ufeff" + in))
+		_ = zw.Close()
+		for name, data := range map[string][]byte{"bom": []byte("\ufeff" + in), "gzip with bom": gz.Bytes()} {
+			tr, err := ReadTrace(bytes.NewReader(data), name, TraceOptions{})
+			if err != nil || tr.Len() != 1 || tr.Records[0].HashIDs[0] != 7 {
+				t.Fatalf("%s: trace %+v, error %v", name, tr, err)
+			}
 		}
 	})
 	t.Run("empty", func(t *testing.T) {

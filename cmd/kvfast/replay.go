@@ -25,8 +25,9 @@ func init() {
 
 const replayAbout = `Usage: kvfast replay [flags]
 
-Replays a Mooncake-format trace (JSONL: timestamp in ms, input_length,
-output_length, hash_ids) through a running router as streaming requests.
+Replays a Mooncake-format trace (JSONL, gzipped or not: timestamp in ms,
+input_length, output_length, hash_ids) through a running router as
+streaming requests.
 
 --workload tokens (the default) sends each record to /v1/completions as a
 token-id prompt: each hash id becomes a fixed pseudo-random block of
