@@ -124,9 +124,9 @@ func buildHTMLReport(results []NamedResult, now time.Time) htmlReport {
 		}
 		rep.Rows = append(rep.Rows, htmlRow{
 			Name: nr.Name, Color: color, Requests: s.Requests, Errors: s.Errors,
-			TTFTP50: formatMillis(s.TTFTP50), TTFTP90: formatMillis(s.TTFTP90), TTFTP99: formatMillis(s.TTFTP99),
-			ITLP50: formatMillis(s.ITLP50), ITLP90: formatMillis(s.ITLP90), ITLP99: formatMillis(s.ITLP99),
-			E2E:     formatMillis(s.LatencyP50),
+			TTFTP50: s.latency(s.TTFTP50), TTFTP90: s.latency(s.TTFTP90), TTFTP99: s.latency(s.TTFTP99),
+			ITLP50: s.itl(s.ITLP50), ITLP90: s.itl(s.ITLP90), ITLP99: s.itl(s.ITLP99),
+			E2E:     s.latency(s.LatencyP50),
 			HitRate: formatRate(s.HitRate, s.HitRateKnown()), Bound: fmt.Sprintf("%.3f", s.Bound.Tokens),
 			OfBound: formatPercent(s.HitFractionOfBound()),
 			LRU:     formatLRU(s.PooledLRU), OfLRU: formatPercent(s.HitFractionOfLRU()),

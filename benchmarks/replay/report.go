@@ -35,8 +35,8 @@ func WriteTable(w io.Writer, results []NamedResult) error {
 		s := nr.Result.Summary()
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t",
 			nr.Name, s.Requests, s.Errors,
-			formatMillis(s.TTFTP50), formatMillis(s.TTFTP90), formatMillis(s.TTFTP99),
-			formatMillis(s.ITLP50), formatMillis(s.ITLP90), formatMillis(s.ITLP99), formatMillis(s.LatencyP50),
+			s.latency(s.TTFTP50), s.latency(s.TTFTP90), s.latency(s.TTFTP99),
+			s.itl(s.ITLP50), s.itl(s.ITLP90), s.itl(s.ITLP99), s.latency(s.LatencyP50),
 			formatRate(s.HitRate, s.HitRateKnown()), s.Bound.Tokens,
 			formatPercent(s.HitFractionOfBound()))
 		if withLRU {
@@ -68,10 +68,10 @@ func (s *Summary) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "trace       %s (%s, %s)\n", s.Source, perID, mode)
 	fmt.Fprintf(&b, "requests    %d sent, %d ok, %d failed in %s\n", s.Requests, s.Succeeded, s.Errors, s.Duration.Round(time.Millisecond))
-	fmt.Fprintf(&b, "TTFT        p50 %s  p90 %s  p99 %s\n", formatMillis(s.TTFTP50), formatMillis(s.TTFTP90), formatMillis(s.TTFTP99))
-	fmt.Fprintf(&b, "ITL         mean %s  p50 %s  p90 %s  p99 %s\n", formatMillis(s.ITLMean), formatMillis(s.ITLP50),
-		formatMillis(s.ITLP90), formatMillis(s.ITLP99))
-	fmt.Fprintf(&b, "latency     p50 %s  p99 %s (end to end)\n", formatMillis(s.LatencyP50), formatMillis(s.LatencyP99))
+	fmt.Fprintf(&b, "TTFT        p50 %s  p90 %s  p99 %s\n", s.latency(s.TTFTP50), s.latency(s.TTFTP90), s.latency(s.TTFTP99))
+	fmt.Fprintf(&b, "ITL         mean %s  p50 %s  p90 %s  p99 %s\n", s.itl(s.ITLMean), s.itl(s.ITLP50),
+		s.itl(s.ITLP90), s.itl(s.ITLP99))
+	fmt.Fprintf(&b, "latency     p50 %s  p99 %s (end to end)\n", s.latency(s.LatencyP50), s.latency(s.LatencyP99))
 	fmt.Fprintf(&b, "throughput  %.2f req/s  %.0f output tok/s\n", s.RequestsPerSec, s.OutputTokensPerSec)
 	switch {
 	case s.Comparable():
@@ -120,6 +120,22 @@ func formatMillis(d time.Duration) string {
 	default:
 		return fmt.Sprintf("%.1fms", ms)
 	}
+}
+
+// latency prints a TTFT or latency figure, n/a when none was measured.
+func (s *Summary) latency(d time.Duration) string {
+	if !s.LatencyKnown() {
+		return "n/a"
+	}
+	return formatMillis(d)
+}
+
+// itl prints an inter-token latency figure, n/a when none was measured.
+func (s *Summary) itl(d time.Duration) string {
+	if !s.ITLKnown() {
+		return "n/a"
+	}
+	return formatMillis(d)
 }
 
 func formatRate(r float64, known bool) string {

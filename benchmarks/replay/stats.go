@@ -26,9 +26,13 @@ type Summary struct {
 	// cover, attempted or not.
 	Records int
 
+	// TTFT and Latency are over the successful requests, zero (and
+	// reported n/a) without one.
 	TTFTP50, TTFTP90, TTFTP99 time.Duration
-	// ITL is over every inter-chunk gap of every successful request.
+	// ITL is over every inter-chunk gap of every successful request
+	// (ITLGaps of them), zero (and reported n/a) without one.
 	ITLMean, ITLP50, ITLP90, ITLP99 time.Duration
+	ITLGaps                         int
 	LatencyP50, LatencyP99          time.Duration // end to end
 
 	Duration           time.Duration
@@ -56,6 +60,14 @@ type Summary struct {
 	// ErrorSamples holds the first few distinct error messages.
 	ErrorSamples []string
 }
+
+// LatencyKnown reports whether TTFT and latency were measured: a request
+// that failed has neither, so a run without a success has no figures, and
+// zeros would read as an infinitely fast router.
+func (s *Summary) LatencyKnown() bool { return s.Succeeded > 0 }
+
+// ITLKnown reports whether any inter-token gap was measured.
+func (s *Summary) ITLKnown() bool { return s.ITLGaps > 0 }
 
 // HitRateKnown reports whether any response carried usage.
 func (s *Summary) HitRateKnown() bool { return s.UsageReports > 0 }
@@ -136,6 +148,7 @@ func (r *Result) Summary() Summary {
 	s.LatencyP50, s.LatencyP99 = Percentile(lat, 0.50), Percentile(lat, 0.99)
 	gaps := slices.Clone(r.Gaps)
 	slices.Sort(gaps)
+	s.ITLGaps = len(gaps)
 	s.ITLMean = Mean(gaps)
 	s.ITLP50, s.ITLP90, s.ITLP99 = Percentile(gaps, 0.50), Percentile(gaps, 0.90), Percentile(gaps, 0.99)
 	if secs := r.Duration.Seconds(); secs > 0 {
@@ -190,10 +203,18 @@ func Mean(values []time.Duration) time.Duration {
 	return time.Duration(math.Round(sum / float64(len(values))))
 }
 
-// MarshalJSON writes durations as milliseconds and an unknown hit rate as
-// null, so that the output is easy to consume from any language.
+// MarshalJSON writes durations as milliseconds and an unknown hit rate or
+// latency as null, so that the output is easy to consume from any language.
 func (s Summary) MarshalJSON() ([]byte, error) {
 	ms := func(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }
+	msIf := func(d time.Duration, known bool) *float64 {
+		if !known {
+			return nil
+		}
+		v := ms(d)
+		return &v
+	}
+	lat, itl := s.LatencyKnown(), s.ITLKnown()
 	var hit, ofBound, ofLRU *float64
 	if s.HitRateKnown() {
 		h := s.HitRate
@@ -215,15 +236,15 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 		Requests           int            `json:"requests"`
 		Succeeded          int            `json:"succeeded"`
 		Errors             int            `json:"errors"`
-		TTFTP50            float64        `json:"ttft_p50_ms"`
-		TTFTP90            float64        `json:"ttft_p90_ms"`
-		TTFTP99            float64        `json:"ttft_p99_ms"`
-		ITLMean            float64        `json:"itl_mean_ms"`
-		ITLP50             float64        `json:"itl_p50_ms"`
-		ITLP90             float64        `json:"itl_p90_ms"`
-		ITLP99             float64        `json:"itl_p99_ms"`
-		LatencyP50         float64        `json:"latency_p50_ms"`
-		LatencyP99         float64        `json:"latency_p99_ms"`
+		TTFTP50            *float64       `json:"ttft_p50_ms"`
+		TTFTP90            *float64       `json:"ttft_p90_ms"`
+		TTFTP99            *float64       `json:"ttft_p99_ms"`
+		ITLMean            *float64       `json:"itl_mean_ms"`
+		ITLP50             *float64       `json:"itl_p50_ms"`
+		ITLP90             *float64       `json:"itl_p90_ms"`
+		ITLP99             *float64       `json:"itl_p99_ms"`
+		LatencyP50         *float64       `json:"latency_p50_ms"`
+		LatencyP99         *float64       `json:"latency_p99_ms"`
 		Duration           float64        `json:"duration_s"`
 		RequestsPerSec     float64        `json:"requests_per_s"`
 		OutputTokens       int64          `json:"output_tokens"`
@@ -242,9 +263,9 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 	}{
 		s.Source, s.Workload, s.Mode, s.Speedup, s.Concurrency, s.BlockTokens,
 		s.Requests, s.Succeeded, s.Errors,
-		ms(s.TTFTP50), ms(s.TTFTP90), ms(s.TTFTP99),
-		ms(s.ITLMean), ms(s.ITLP50), ms(s.ITLP90), ms(s.ITLP99),
-		ms(s.LatencyP50), ms(s.LatencyP99),
+		msIf(s.TTFTP50, lat), msIf(s.TTFTP90, lat), msIf(s.TTFTP99, lat),
+		msIf(s.ITLMean, itl), msIf(s.ITLP50, itl), msIf(s.ITLP90, itl), msIf(s.ITLP99, itl),
+		msIf(s.LatencyP50, lat), msIf(s.LatencyP99, lat),
 		s.Duration.Seconds(), s.RequestsPerSec, s.OutputTokens, s.OutputTokensPerSec,
 		s.UsageReports, s.UsagePromptTokens, s.UsageCachedTokens,
 		hit, s.Bound, ofBound, s.PooledLRU, ofLRU, ms(s.MaxSendLag), s.Workers, s.ErrorSamples,

@@ -129,6 +129,24 @@ func TestSummary(t *testing.T) {
 	if err := noUsage.WriteText(&text); err != nil || !strings.Contains(text.String(), "prefix hits n/a") {
 		t.Fatalf("text: %q, %v", text.String(), err)
 	}
+
+	// Every request failed: no TTFT or latency was measured, and a zero
+	// would read as an instant answer.
+	failed := fakeResult(nil, 0, 0, 2).Summary()
+	js, err = json.Marshal(failed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, field := range []string{"ttft_p50_ms", "ttft_p99_ms", "itl_mean_ms", "itl_p50_ms", "latency_p50_ms", "latency_p99_ms"} {
+		if !strings.Contains(string(js), `"`+field+`":null`) {
+			t.Fatalf("%s is not null when every request failed: %s", field, js)
+		}
+	}
+	text.Reset()
+	if err := failed.WriteText(&text); err != nil || strings.Contains(text.String(), "0.0ms") ||
+		!strings.Contains(text.String(), "TTFT        p50 n/a") || !strings.Contains(text.String(), "latency     p50 n/a") {
+		t.Fatalf("text when every request failed: %q, %v", text.String(), err)
+	}
 }
 
 func TestWriteTable(t *testing.T) {
