@@ -77,6 +77,10 @@ func (s *Summary) WriteText(w io.Writer) error {
 	case s.Comparable():
 		fmt.Fprintf(&b, "prefix hits %.3f of prompt tokens (%s of the infinite-cache bound %.3f)\n",
 			s.HitRate, formatPercent(s.HitFractionOfBound()), s.Bound.Tokens)
+		if s.WarmCaches() {
+			fmt.Fprintf(&b, "warning     the hit rate exceeds the bound, which assumes caches empty at the start: the engines were warm "+
+				"(from an earlier run?); restart them, or POST /reset_prefix_cache to each engine (vLLM, kvfast mock) between runs\n")
+		}
 	case s.HitRateKnown():
 		fmt.Fprintf(&b, "prefix hits %.3f of prompt tokens over the %d of %d requests answered with usage; not compared with the bound (%.3f), which covers all of them\n",
 			s.HitRate, s.UsageReports, s.Records, s.Bound.Tokens)

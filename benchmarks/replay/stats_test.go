@@ -95,8 +95,21 @@ func TestSummary(t *testing.T) {
 	if s.HitRate != 0.3 || s.Comparable() || !math.IsNaN(s.HitFractionOfBound()) {
 		t.Fatalf("hit rate %v (%v of bound), comparable %v", s.HitRate, s.HitFractionOfBound(), s.Comparable())
 	}
-	if all := fakeResult([]float64{40, 10}, 30, 100, 0).Summary(); !all.Comparable() || math.Abs(all.HitFractionOfBound()-0.5) > 1e-12 {
+	all := fakeResult([]float64{40, 10}, 30, 100, 0).Summary()
+	if !all.Comparable() || math.Abs(all.HitFractionOfBound()-0.5) > 1e-12 {
 		t.Fatalf("every request answered: %v of bound", all.HitFractionOfBound())
+	}
+	// A second run against warm engines: every prompt hits, far above the
+	// bound of 0.6, which assumes cold caches.
+	warm := fakeResult([]float64{40, 10}, 95, 100, 0).Summary()
+	var warmText strings.Builder
+	if err := warm.WriteText(&warmText); err != nil || !warm.WarmCaches() ||
+		!strings.Contains(warmText.String(), "the engines were warm") || !strings.Contains(warmText.String(), "/reset_prefix_cache") {
+		t.Fatalf("warm caches: %v, text %q, %v", warm.WarmCaches(), warmText.String(), err)
+	}
+	var coldText strings.Builder
+	if err := all.WriteText(&coldText); err != nil || all.WarmCaches() || strings.Contains(coldText.String(), "warm") {
+		t.Fatalf("cold caches: %v, text %q, %v", all.WarmCaches(), coldText.String(), err)
 	}
 	if s.RequestsPerSec != 2 || s.OutputTokensPerSec != 10 {
 		t.Fatalf("throughput %v req/s, %v tok/s", s.RequestsPerSec, s.OutputTokensPerSec)

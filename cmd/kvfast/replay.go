@@ -58,6 +58,10 @@ Requests leave at their trace time divided by --speedup, or, with
 p50/p90/p99, inter-token latency, end-to-end latency, throughput, errors,
 and the prefix hit rate the engines reported (cached_tokens/prompt_tokens)
 next to the best an infinite shared cache could reach on the same requests.
+That bound assumes the engines' caches start empty: replayed again against
+warm engines, the hit rate exceeds it, and the report says so. Restart the
+engines, or POST /reset_prefix_cache to each engine (vLLM, kvfast mock),
+between runs.
 
 Without --trace, the shipped trace is used if it exists at
   %s
