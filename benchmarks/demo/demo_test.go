@@ -57,6 +57,14 @@ func withLRU(runs []PolicyRun, hit float64) []PolicyRun {
 	return runs
 }
 
+// zeroBound gives every run's result an infinite-cache bound of 0.
+func zeroBound(runs []PolicyRun) []PolicyRun {
+	for i := range runs {
+		runs[i].Result.Bound = replay.Bound{}
+	}
+	return runs
+}
+
 func TestChecks(t *testing.T) {
 	ms := time.Millisecond
 	runs := func(kvTTFT time.Duration, kvHit float64, others ...any) []PolicyRun {
@@ -88,9 +96,15 @@ func TestChecks(t *testing.T) {
 			[]PolicyRun{{Policy: "kv", Result: fakeResult(10, ms, 0.5)}, {Policy: PolicyKVBuiltin, Result: fakeResult(10, 10*ms, 0.47)},
 				{Policy: PolicyKVRemote, Result: fakeResult(10, 12*ms, 0.40)}, {Policy: "approx", Result: fakeResult(10, 11*ms, 0.4)}},
 			[]bool{true, true, false, false}},
+		// A trace in which nothing repeats has a bound of 0: no fraction
+		// of it to judge, so the target is neither met nor missed.
+		{"bound of zero", "", zeroBound(runs(10*ms, 0.0, "round-robin", 30*ms, 0.0)), []bool{false, true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			checks := Checks(tc.workload, tc.runs)
+			if tc.name == "bound of zero" && (!checks[0].NotJudged || strings.Contains(checks[0].Detail, "NaN")) {
+				t.Errorf("check %q (%s) is judged", checks[0].Target, checks[0].Detail)
+			}
 			if len(checks) != len(tc.met) {
 				t.Fatalf("checks %+v, want %d", checks, len(tc.met))
 			}

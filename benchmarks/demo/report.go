@@ -104,6 +104,9 @@ type Check struct {
 	Target string `json:"target"`
 	Detail string `json:"detail"`
 	Met    bool   `json:"met"`
+	// NotJudged is set, with Met false, when the run cannot tell whether
+	// the target was met: Detail says why.
+	NotJudged bool `json:"not_judged,omitempty"`
 }
 
 // Checks judges the targets of the routing-quality benchmark that the
@@ -132,8 +135,17 @@ func Checks(workload string, runs []PolicyRun) []Check {
 		}
 		if kv.HitRateKnown() && !kv.Comparable() {
 			checks = append(checks, Check{
-				Target: fmt.Sprintf("%s prefix hit rate >= 90%% of %s", name, bound),
-				Detail: fmt.Sprintf("not judged: %d of %d requests answered with usage", kv.UsageReports, kv.Records),
+				Target:    fmt.Sprintf("%s prefix hit rate >= 90%% of %s", name, bound),
+				Detail:    fmt.Sprintf("not judged: %d of %d requests answered with usage", kv.UsageReports, kv.Records),
+				NotJudged: true,
+			})
+		} else if kv.HitRateKnown() && kv.Bound.Tokens == 0 {
+			// No request repeats an earlier one's prefix, so no policy
+			// can hit and there is no fraction to judge.
+			checks = append(checks, Check{
+				Target:    fmt.Sprintf("%s prefix hit rate >= 90%% of %s", name, bound),
+				Detail:    fmt.Sprintf("not judged: the bound is 0, no request repeats an earlier one's prefix (hit rate %.3f)", kv.HitRate),
+				NotJudged: true,
 			})
 		} else if kv.HitRateKnown() {
 			f := kv.HitFractionOfBound()
@@ -246,7 +258,10 @@ func (rep *Report) WriteText(w io.Writer) error {
 	}
 	for _, c := range rep.Checks {
 		verdict := "met    "
-		if !c.Met {
+		switch {
+		case c.NotJudged:
+			verdict = "n/a    "
+		case !c.Met:
 			verdict = "NOT met"
 		}
 		fmt.Fprintf(w, "target %s  %s: %s\n", verdict, c.Target, c.Detail)
