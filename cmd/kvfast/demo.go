@@ -417,5 +417,8 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	if err := o.Validate(); err != nil {
 		return bad("%v", err)
 	}
+	if err := checkWritable(out.out); err != nil {
+		return bad("--html: %v", err)
+	}
 	return o, out, -1
 }

@@ -54,6 +54,17 @@ func TestDemoDisaggFlags(t *testing.T) {
 	}
 }
 
+// TestDemoUnwritableHTML: an --html path that cannot be created is a
+// usage error before the run, not a lost report after it.
+func TestDemoUnwritableHTML(t *testing.T) {
+	var stderr strings.Builder
+	missing := filepath.Join(t.TempDir(), "missing", "r.html")
+	if _, _, code := parseDemoFlags([]string{"--html", missing}, &stderr); code != 2 ||
+		!strings.Contains(stderr.String(), "--html: cannot create "+missing) {
+		t.Fatalf("code %d, stderr %q", code, stderr.String())
+	}
+}
+
 func TestDemoCommand(t *testing.T) {
 	trace := writeDemoTrace(t)
 	run := func(args ...string) (int, string, string) {

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"slices"
@@ -132,6 +133,12 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		fmt.Fprintf(stderr, "kvfast replay: --speedup %v: want a positive factor\n", *speedup)
 		return 2
 	}
+	for flagName, path := range map[string]string{"html": *htmlPath, "requests-out": *requestsOut} {
+		if err := checkWritable(path); err != nil {
+			fmt.Fprintf(stderr, "kvfast replay: --%s: %v\n", flagName, err)
+			return 2
+		}
+	}
 	notef := func(format string, a ...any) {
 		if !*quiet {
 			fmt.Fprintf(stderr, "kvfast replay: "+format+"\n", a...)
@@ -241,6 +248,26 @@ func loadReplayTrace(path string, opts replay.TraceOptions, notef func(string, .
 		return tr, err
 	}
 	return replay.LoadTrace(path, opts)
+}
+
+// checkWritable reports whether path ("": none) can be created, before a
+// run of minutes whose report would otherwise be lost at its end. It
+// leaves the file system as it was: a file it had to create is removed,
+// an existing one is not truncated until the report is written.
+func checkWritable(path string) error {
+	if path == "" {
+		return nil
+	}
+	_, statErr := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o666)
+	if err != nil {
+		return fmt.Errorf("cannot create %s: %w", path, err)
+	}
+	_ = f.Close()
+	if errors.Is(statErr, fs.ErrNotExist) {
+		_ = os.Remove(path)
+	}
+	return nil
 }
 
 // replayWriteFile writes a file through a buffer, reporting close errors,

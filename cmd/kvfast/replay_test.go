@@ -73,6 +73,46 @@ func TestReplayCommand(t *testing.T) {
 			}
 		}
 	})
+	t.Run("unwritable output fails before the run", func(t *testing.T) {
+		var mu sync.Mutex
+		requests := 0
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			requests++
+			mu.Unlock()
+			http.Error(w, "no", http.StatusServiceUnavailable)
+		}))
+		t.Cleanup(srv.Close)
+		dir := t.TempDir()
+		missing := filepath.Join(dir, "missing", "x")
+		for _, flagName := range []string{"--html", "--requests-out"} {
+			code, _, stderr := run("--router", srv.URL, "--trace", trace, "--speedup", "100", flagName, missing)
+			mu.Lock()
+			n := requests
+			mu.Unlock()
+			if code != 2 || n != 0 || !strings.Contains(stderr, flagName+": cannot create "+missing) {
+				t.Fatalf("%s: code %d after %d requests, stderr %q", flagName, code, n, stderr)
+			}
+		}
+		// The check leaves no file behind, nor truncates an existing one.
+		kept := filepath.Join(dir, "kept.html")
+		if err := os.WriteFile(kept, []byte("old"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		fresh := filepath.Join(dir, "fresh.jsonl")
+		if err := checkWritable(kept); err != nil {
+			t.Fatal(err)
+		}
+		if err := checkWritable(fresh); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := os.ReadFile(kept); err != nil || string(b) != "old" {
+			t.Fatalf("existing file now %q, %v", b, err)
+		}
+		if _, err := os.Stat(fresh); !os.IsNotExist(err) {
+			t.Fatalf("checked path left behind: %v", err)
+		}
+	})
 	t.Run("json, html and per-request output", func(t *testing.T) {
 		dir := t.TempDir()
 		htmlPath, reqPath := filepath.Join(dir, "r.html"), filepath.Join(dir, "r.jsonl")
