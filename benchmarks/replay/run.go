@@ -84,6 +84,9 @@ type Config struct {
 	EngineBlockSize      int
 	// Model is sent in every request; DefaultModel if empty.
 	Model string
+	// APIKey, when set, is sent in every request as Authorization: Bearer
+	// APIKey, for a router started with --api-key-file.
+	APIKey string
 	// Timeout bounds one request from send to the end of its stream;
 	// 0 means no bound beyond ctx.
 	Timeout time.Duration
@@ -195,6 +198,7 @@ type runner struct {
 	isChat    bool
 	body      requestBody
 	endpoint  string
+	auth      string // the Authorization header's value, "" for none
 	client    *http.Client
 	ownClient bool
 	timeout   time.Duration
@@ -283,6 +287,9 @@ func newRunner(cfg Config) (*runner, error) {
 		maxOut:   cfg.MaxOutputTokens,
 		speedup:  cfg.Speedup,
 		inFlight: cfg.MaxInFlight,
+	}
+	if cfg.APIKey != "" {
+		r.auth = "Bearer " + cfg.APIKey
 	}
 	if r.speedup == 0 {
 		r.speedup = 1
@@ -529,6 +536,9 @@ func (r *runner) do(ctx context.Context, i int, b *requestBuffers) {
 	req.ContentLength = int64(len(b.body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
+	if r.auth != "" {
+		req.Header.Set("Authorization", r.auth)
+	}
 
 	sent := time.Now()
 	rr.Sent = sent.Sub(r.start)

@@ -102,6 +102,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		blockTokens = fs.Int("block-tokens", 0, "tokens (chat: words) to send per hash id, to shrink prompts (0: the trace block size)")
 		maxOutput   = fs.Int("max-output-tokens", 0, "cap max_tokens, which is the trace's output_length (0: no cap)")
 		model       = fs.String("model", replay.DefaultModel, "model name to send")
+		keyFile     = fs.String("api-key-file", "", "`file` holding an API key on its one line, sent as Authorization: Bearer KEY, for a router started with --api-key-file")
 		seed        = fs.Uint64("token-seed", 0, "seed of the hash-id-to-token (chat: to-text) mapping")
 		vocab       = fs.Uint("vocab", replay.DefaultVocab, "token ids are drawn from [0, vocab) (tokens workload)")
 		timeout     = fs.Duration("timeout", 5*time.Minute, "bound on one request, from send to end of stream (0: none)")
@@ -145,6 +146,15 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		}
 	}
 
+	apiKey := ""
+	if *keyFile != "" {
+		var err error
+		if apiKey, err = readToken("API key", *keyFile); err != nil {
+			fmt.Fprintf(stderr, "kvfast replay: %v\n", err)
+			return 2
+		}
+	}
+
 	tr, err := loadReplayTrace(*tracePath, replay.TraceOptions{BlockSize: *traceBlock}, notef)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvfast replay: %v\n", err)
@@ -162,6 +172,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		Chat:            replay.ChatSynth{BlockWords: *blockTokens, Seed: *seed},
 		MaxOutputTokens: *maxOutput,
 		Model:           *model,
+		APIKey:          apiKey,
 		Timeout:         *timeout,
 		ProgressLabel:   *label,
 	}

@@ -73,6 +73,45 @@ func TestReplayCommand(t *testing.T) {
 			}
 		}
 	})
+	t.Run("api key", func(t *testing.T) {
+		const key = "s3cret-replay-key"
+		open := replayStandIn(t, false)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Authorization") != "Bearer "+key {
+				http.Error(w, `{"error":{"message":"invalid API key"}}`, http.StatusUnauthorized)
+				return
+			}
+			proxy, err := http.NewRequest(r.Method, open+r.URL.Path, r.Body)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp, err := http.DefaultClient.Do(proxy)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			w.WriteHeader(resp.StatusCode)
+			_, _ = io.Copy(w, resp.Body)
+		}))
+		t.Cleanup(srv.Close)
+		keyPath := filepath.Join(t.TempDir(), "key")
+		if err := os.WriteFile(keyPath, []byte(key+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"--router", srv.URL, "--trace", trace, "--speedup", "100", "--block-tokens", "16"}
+		if code, stdout, stderr := run(args...); code != 1 || !strings.Contains(stdout, "HTTP 401") {
+			t.Fatalf("without the key: code %d, stdout %s, stderr %s", code, stdout, stderr)
+		}
+		code, stdout, stderr := run(append(args, "--api-key-file", keyPath)...)
+		if code != 0 || strings.Contains(stdout+stderr, key) {
+			t.Fatalf("with the key: code %d, stdout %s, stderr %s", code, stdout, stderr)
+		}
+		if code, _, stderr := run(append(args, "--api-key-file", filepath.Join(t.TempDir(), "none"))...); code != 2 || !strings.Contains(stderr, "cannot read the API key") {
+			t.Fatalf("missing key file: code %d, stderr %s", code, stderr)
+		}
+	})
 	t.Run("unwritable output fails before the run", func(t *testing.T) {
 		var mu sync.Mutex
 		requests := 0
