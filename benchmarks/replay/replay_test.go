@@ -10,12 +10,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
 )
 
@@ -311,6 +313,68 @@ func TestRunOptions(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestRunBodyLimit: a request larger than the router accepts is refused
+// before anything is sent, and before its prompt is built: a record of
+// 51M tokens would take gigabytes.
+func TestRunBodyLimit(t *testing.T) {
+	if DefaultMaxBodyBytes != openai.DefaultMaxBodyBytes {
+		t.Fatalf("DefaultMaxBodyBytes %d is not the router's default %d", DefaultMaxBodyBytes, openai.DefaultMaxBodyBytes)
+	}
+	s := newStandIn(t, 0, 0)
+	var huge strings.Builder
+	huge.WriteString(`{"timestamp":0,"input_length":8,"output_length":1,"hash_ids":[1]}` + "\n")
+	huge.WriteString(`{"timestamp":1,"input_length":51200000,"output_length":4,"hash_ids":[0`)
+	for i := 1; i < 100000; i++ {
+		fmt.Fprintf(&huge, ",%d", i)
+	}
+	huge.WriteString("]}\n")
+	tr, err := ReadTrace(strings.NewReader(huge.String()), "huge.jsonl", TraceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, workload := range []string{WorkloadTokens, WorkloadChat} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, err := Run(context.Background(), Config{RouterURL: s.srv.URL, Trace: tr, Workload: workload})
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "huge.jsonl:2") || !strings.Contains(err.Error(), "at least") {
+			t.Fatalf("%s: error %v, want one naming huge.jsonl:2", workload, err)
+		}
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<20 {
+			t.Errorf("%s: refusing allocated %d MB", workload, grew>>20)
+		}
+	}
+	if n := len(s.received()); n != 0 {
+		t.Fatalf("%d requests sent", n)
+	}
+
+	// Near the limit the body is measured exactly: the largest body of the
+	// tiny trace fits a limit of its size, not one byte less.
+	tiny := loadTiny(t)
+	for _, workload := range []string{WorkloadTokens, WorkloadChat} {
+		rb, largest, line := newRequestBody(DefaultModel), 0, 0
+		synth, chat := TokenSynth{TraceBlockSize: 8}.normalized(), ChatSynth{TraceBlockSize: 8}.normalized()
+		for i := range tiny.Records {
+			rec := &tiny.Records[i]
+			body := rb.appendBody(nil, synth.AppendPrompt(nil, rec), max(rec.OutputLength, 1))
+			if workload == WorkloadChat {
+				body = rb.appendChat(nil, chat, rec, max(rec.OutputLength, 1))
+			}
+			if len(body) > largest {
+				largest, line = len(body), rec.Line
+			}
+		}
+		if _, err := Run(context.Background(), Config{RouterURL: s.srv.URL, Trace: tiny, Workload: workload, MaxRequests: 5, MaxBodyBytes: largest}); err != nil {
+			t.Errorf("%s: limit %d, the largest body: %v", workload, largest, err)
+		}
+		_, err := Run(context.Background(), Config{RouterURL: s.srv.URL, Trace: tiny, Workload: workload, MaxBodyBytes: largest - 1})
+		if want := fmt.Sprintf("tiny.jsonl:%d", line); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), want) ||
+			!strings.Contains(err.Error(), fmt.Sprintf("a body of %d bytes", largest)) {
+			t.Errorf("%s: limit %d: error %v, want one naming %s", workload, largest-1, err, want)
+		}
+	}
 }
 
 func TestRunFailures(t *testing.T) {

@@ -82,6 +82,10 @@ type Config struct {
 	// tokens, which the trace does not know.
 	PooledCapacityBlocks int
 	EngineBlockSize      int
+	// MaxBodyBytes is the largest request body to send, the router's
+	// --max-body-bytes; 0 means DefaultMaxBodyBytes. Run refuses a trace
+	// with a larger request before sending anything.
+	MaxBodyBytes int
 	// Model is sent in every request; DefaultModel if empty.
 	Model string
 	// APIKey, when set, is sent in every request as Authorization: Bearer
@@ -203,6 +207,7 @@ type runner struct {
 	ownClient bool
 	timeout   time.Duration
 	maxOut    int
+	maxBody   int
 	speedup   float64
 	inFlight  int
 	bar       *progressbar.ProgressBar
@@ -248,6 +253,8 @@ func newRunner(cfg Config) (*runner, error) {
 		return nil, bad("max output tokens %d is negative", cfg.MaxOutputTokens)
 	case cfg.Timeout < 0:
 		return nil, bad("timeout %v is negative", cfg.Timeout)
+	case cfg.MaxBodyBytes < 0:
+		return nil, bad("max body bytes %d is negative", cfg.MaxBodyBytes)
 	}
 	trace := cfg.Trace.Head(cfg.MaxRequests)
 	synth := cfg.Tokens
@@ -285,8 +292,15 @@ func newRunner(cfg Config) (*runner, error) {
 		client:   cfg.Client,
 		timeout:  cfg.Timeout,
 		maxOut:   cfg.MaxOutputTokens,
+		maxBody:  cfg.MaxBodyBytes,
 		speedup:  cfg.Speedup,
 		inFlight: cfg.MaxInFlight,
+	}
+	if r.maxBody == 0 {
+		r.maxBody = DefaultMaxBodyBytes
+	}
+	if err := r.checkBodies(); err != nil {
+		return nil, bad("%v", err)
 	}
 	if cfg.APIKey != "" {
 		r.auth = "Bearer " + cfg.APIKey
@@ -489,6 +503,15 @@ func (b *requestBuffers) trim() {
 	}
 }
 
+// maxTokens is the max_tokens of rec's request.
+func (r *runner) maxTokens(rec *Record) int {
+	n := max(rec.OutputLength, 1) // 0 is not a valid max_tokens
+	if r.maxOut > 0 {
+		n = min(n, r.maxOut)
+	}
+	return n
+}
+
 // do sends request i and fills in r.res.Requests[i].
 func (r *runner) do(ctx context.Context, i int, b *requestBuffers) {
 	rec := &r.trace.Records[i]
@@ -500,10 +523,7 @@ func (r *runner) do(ctx context.Context, i int, b *requestBuffers) {
 		}
 	}()
 
-	maxTokens := max(rec.OutputLength, 1) // 0 is not a valid max_tokens
-	if r.maxOut > 0 {
-		maxTokens = min(maxTokens, r.maxOut)
-	}
+	maxTokens := r.maxTokens(rec)
 	if r.isChat {
 		b.body = r.body.appendChat(b.body[:0], r.chat, rec, maxTokens)
 		rr.PromptTokens, _ = r.chat.PromptLen(rec)

@@ -76,7 +76,8 @@ Examples:
   kvfast replay --workload chat --block-tokens 128 --max-requests 200 --speedup 4
 
 Exit status: 0 if every request succeeded, 1 if any failed or the replay
-was interrupted, 2 for bad flags or an unreadable trace.
+was interrupted, 2 for bad flags, an unreadable trace, or a request that
+would be larger than --max-body-bytes.
 
 Flags:
 `
@@ -102,6 +103,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		blockTokens = fs.Int("block-tokens", 0, "tokens (chat: words) to send per hash id, to shrink prompts (0: the trace block size)")
 		maxOutput   = fs.Int("max-output-tokens", 0, "cap max_tokens, which is the trace's output_length (0: no cap)")
 		model       = fs.String("model", replay.DefaultModel, "model name to send")
+		maxBody     = fs.Int("max-body-bytes", replay.DefaultMaxBodyBytes, "largest request body to send, the router's --max-body-bytes: a trace with a larger request is refused before the run")
 		keyFile     = fs.String("api-key-file", "", "`file` holding an API key on its one line, sent as Authorization: Bearer KEY, for a router started with --api-key-file")
 		seed        = fs.Uint64("token-seed", 0, "seed of the hash-id-to-token (chat: to-text) mapping")
 		vocab       = fs.Uint("vocab", replay.DefaultVocab, "token ids are drawn from [0, vocab) (tokens workload)")
@@ -172,6 +174,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		Chat:            replay.ChatSynth{BlockWords: *blockTokens, Seed: *seed},
 		MaxOutputTokens: *maxOutput,
 		Model:           *model,
+		MaxBodyBytes:    *maxBody,
 		APIKey:          apiKey,
 		Timeout:         *timeout,
 		ProgressLabel:   *label,

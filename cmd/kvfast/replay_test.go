@@ -67,6 +67,7 @@ func TestReplayCommand(t *testing.T) {
 			{"--bogus"}, {"extra"}, {"--speedup", "0"}, {"--vocab", "0"}, {"--workload", "images"},
 			{"--trace", filepath.Join(t.TempDir(), "missing.jsonl")},
 			{"--trace", trace, "--trace-block-size", "8"}, // 600 tokens need 75 blocks of 8
+			{"--trace", trace, "--max-body-bytes", "1000"},
 		} {
 			if code, _, stderr := run(args...); code != 2 || stderr == "" {
 				t.Errorf("%q: code %d, stderr %q", args, code, stderr)
