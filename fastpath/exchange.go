@@ -580,7 +580,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		}
 	}
 	s.remember(ex, ex.dec.Slot)
-	ex.bindSession()
+	if code := ex.call.StatusCode(); code >= 200 && code < 300 {
+		// Accepted. An engine's refusal (a 4xx judging the request, a
+		// 5xx passed through) neither binds nor refreshes the session.
+		ex.bindSession()
+	}
 	s.metrics.promptBlocks.Add(float64(len(ex.hashes)))
 	s.metrics.cachedBlocks.Add(float64(ex.dec.OverlapBlocks))
 

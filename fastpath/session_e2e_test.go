@@ -178,6 +178,25 @@ func TestStickyBindAndRefresh(t *testing.T) {
 	wantMetric(t, m, `kvfast_session_bindings`, 1)
 }
 
+// An engine's refusal of a request (a 4xx judging it) is not its
+// acceptance: the session does not bind to it.
+func TestStickyDoesNotBindOnARefusal(t *testing.T) {
+	refuse := startSessionEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(http.StatusBadRequest)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"object":"error","message":"n must be 1","type":"BadRequestError","code":400}`)
+	})
+	r := sessionRouter(t, nil, refuse)
+	if res := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 32), false, 4), sessionHeaders("conv")); res.status != http.StatusBadRequest {
+		t.Fatalf("status %d: %s", res.status, res.body)
+	}
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_session_bindings`, 0)
+	if v := metricOr0(m, `kvfast_session_binds_total{result="new"}`); v != 0 {
+		t.Fatalf("a refused request bound its session (%v binds)", v)
+	}
+}
+
 // A binding idle past the TTL expires: the next request of the session is
 // routed afresh and binds again.
 func TestStickyExpires(t *testing.T) {
