@@ -41,6 +41,8 @@ type adapterPoller struct {
 	// own, even when it does not answer.
 	of     [workers.Max]sched.WorkerInfo
 	pushed map[string]fastpath.Adapter
+	// dropped counts the adapters fetch did not keep in its last call.
+	dropped int
 }
 
 func newAdapterPoller(token string) *adapterPoller {
@@ -69,7 +71,14 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 			p.known[slot], p.of[slot] = nil, info
 		}
 		unknown := workers.Set(n.unknownModel.Load()).Has(slot)
+		p.dropped = 0
 		base, got, listed, err := p.fetch(ctx, info.Endpoint, info.Model)
+		if p.dropped > 0 {
+			// Their requests get 404 from the router: say why.
+			n.throttle.Log(n.log, slog.LevelWarn, "adapters-dropped/"+strconv.Itoa(int(slot)),
+				"an engine lists LoRA adapters the router does not route: names over 192 bytes or with control characters, or beyond 1024 per engine; requests naming them get 404",
+				"slot", slot, "worker", info.ID, "endpoint", info.Endpoint, "dropped", p.dropped)
+		}
 		switch {
 		case errors.Is(err, errEngineAuth):
 			// It will refuse the requests routed to it too.
@@ -206,13 +215,17 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (base
 		// adapters than maxAdapters, is not kept: the front end keeps
 		// every adapter's name, and those of adapters gone, for as long
 		// as the router runs.
-		if m.Parent != nil && *m.Parent == model && m.ID != "" && m.ID != model && len(m.ID) <= shm.MaxModelLen &&
-			strings.IndexFunc(m.ID, unicode.IsControl) < 0 && len(got) < maxAdapters {
-			if got == nil {
-				got = map[string]string{}
-			}
-			got[m.ID] = model
+		if m.Parent == nil || *m.Parent != model || m.ID == "" || m.ID == model {
+			continue
 		}
+		if len(m.ID) > shm.MaxModelLen || strings.IndexFunc(m.ID, unicode.IsControl) >= 0 || len(got) >= maxAdapters {
+			p.dropped++
+			continue
+		}
+		if got == nil {
+			got = map[string]string{}
+		}
+		got[m.ID] = model
 	}
 	return base, got, listed, nil
 }

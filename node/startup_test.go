@@ -452,12 +452,17 @@ func TestAdapterListIsBounded(t *testing.T) {
 		_, _ = io.WriteString(w, b.String())
 	}))
 	defer engine.Close()
-	base, got, listed, err := newAdapterPoller("").fetch(context.Background(), strings.TrimPrefix(engine.URL, "http://"), "base")
+	p := newAdapterPoller("")
+	base, got, listed, err := p.fetch(context.Background(), strings.TrimPrefix(engine.URL, "http://"), "base")
 	if err != nil || base != "base" || !listed {
 		t.Fatalf("fetch: base %q, listed %v, err %v", base, listed, err)
 	}
 	if len(got) != maxAdapters {
 		t.Errorf("kept %d adapters, want %d", len(got), maxAdapters)
+	}
+	// Counted, for the poll's warning: their requests get 404.
+	if p.dropped != 1+maxAdapters {
+		t.Errorf("%d adapters counted as dropped, want %d", p.dropped, 1+maxAdapters)
 	}
 	for name := range got {
 		if len(name) > shm.MaxModelLen {
