@@ -137,6 +137,9 @@ func tokenizeCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) i
 		if errors.As(err, &f) && (f.Status == http.StatusUnauthorized || f.Status == http.StatusForbidden) && *keyFile == "" {
 			fmt.Fprintln(stderr, "kvfast tokenize: an engine started with --api-key wants it: --engine-api-key-file")
 		}
+		if errors.Is(err, prompt.ErrInvalidRequest) {
+			return 2 // the input's fault (a template's raise_exception, say), as the engine would answer 400
+		}
 		return 1
 	}
 	out := make([]byte, 0, 8*len(ids)+2)

@@ -88,6 +88,18 @@ func TestTokenizeCommand(t *testing.T) {
 
 // TestTokenizeWithEngineKey: an engine started with an API key answers
 // kvfast tokenize when given the key's file, and refuses it without.
+// TestTokenizeRefusedInputExits2: a chat request the template or the
+// chat rules refuse is bad input (exit 2, as the help says), not a failure
+// to get the ids (1).
+func TestTokenizeRefusedInputExits2(t *testing.T) {
+	var out, errOut bytes.Buffer
+	bad := `{"model":"m","messages":[{"role":"user","content":"hi"}],"continue_final_message":true,"add_generation_prompt":true}`
+	if code := tokenizeCommand([]string{"--tokenizer", "demo", "--chat"}, strings.NewReader(bad), &out, &errOut); code != 2 ||
+		!strings.Contains(errOut.String(), "continue_final_message") {
+		t.Fatalf("exit %d: %s; want 2 and the reason", code, errOut.String())
+	}
+}
+
 func TestTokenizeWithEngineKey(t *testing.T) {
 	e, err := mocker.Start(mocker.Config{Speedup: math.Inf(1), APIKey: "engine-key"})
 	if err != nil {
