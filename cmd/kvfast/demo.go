@@ -367,7 +367,7 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.DurationVar(&o.Timing.DecodeAttentionPer1K, "decode-attention-per-1k", o.Timing.DecodeAttentionPer1K, "engine timing: cost per 1024 context tokens read in a decode step")
 	fs.StringVar(&out.out, "html", out.out, "write the HTML report to `file` (empty: none)")
 	fs.BoolVar(&out.json, "json", out.json, "print the results as JSON instead of tables")
-	fs.BoolVar(&out.quiet, "quiet", out.quiet, "no progress bars or notes on stderr")
+	fs.BoolVar(&out.quiet, "quiet", out.quiet, "no progress bars or notes on stderr, and only the routers' errors unless --log-level says otherwise")
 	fs.StringVar(&out.logLevel, "log-level", out.logLevel, "router log level: debug, info, warn or error")
 	fs.StringVar(&o.SegmentDir, "segment-dir", o.SegmentDir, "`directory` in which each run's segment gets a fresh temporary directory (default: /dev/shm if present, else the system temp dir)")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "bound on one request, from send to end of stream")
@@ -416,6 +416,15 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	}
 	if err := o.Validate(); err != nil {
 		return bad("%v", err)
+	}
+	if out.quiet {
+		// Each run's router starts before its engines, and says so at warn
+		// level: quiet means the routers' errors only, unless asked.
+		set := false
+		fs.Visit(func(f *flag.Flag) { set = set || f.Name == "log-level" })
+		if !set {
+			out.logLevel = "error"
+		}
 	}
 	if err := checkWritable(out.out); err != nil {
 		return bad("--html: %v", err)

@@ -237,3 +237,23 @@ func TestDemoCommand(t *testing.T) {
 		}
 	})
 }
+
+// TestDemoQuietLogsErrorsOnly: --quiet leaves the routers' warnings out
+// (each run's router starts before its engines and warns of it), unless
+// --log-level asks for them.
+func TestDemoQuietLogsErrorsOnly(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--quiet"}, "error"},
+		{[]string{"--quiet", "--log-level", "info"}, "info"},
+		{nil, "warn"},
+	} {
+		var stderr strings.Builder
+		_, out, code := parseDemoFlags(append(c.args, "--html", ""), &stderr)
+		if code != -1 || out.logLevel != c.want {
+			t.Errorf("%v: exit %d, log level %q; want %q (%s)", c.args, code, out.logLevel, c.want, stderr.String())
+		}
+	}
+}
