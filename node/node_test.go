@@ -1069,7 +1069,6 @@ func TestRegisteredEngineNeverSharesAStaticSlot(t *testing.T) {
 		p.Close()
 	}
 	top := pubs[workers.Max-1]
-	defer top.Close()
 	if top.Slot() != workers.Max-1 {
 		t.Fatalf("the last registration took slot %d", top.Slot())
 	}
@@ -1077,9 +1076,11 @@ func TestRegisteredEngineNeverSharesAStaticSlot(t *testing.T) {
 	if err := top.Stored(0, false, hashes, make([]uint32, 4*len(hashes))); err != nil {
 		t.Fatal(err)
 	}
-	stopBeating := make(chan struct{})
-	defer close(stopBeating)
+	// The engine heartbeats until the test ends; then it closes, and its
+	// segment after it (the publisher writes through seg's mapping).
+	stopBeating, beating := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(beating)
 		for {
 			select {
 			case <-stopBeating:
@@ -1089,9 +1090,12 @@ func TestRegisteredEngineNeverSharesAStaticSlot(t *testing.T) {
 			}
 		}
 	}()
-	if err := seg.Close(); err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(func() {
+		close(stopBeating)
+		<-beating
+		_ = top.Close()
+		_ = seg.Close()
+	})
 
 	cfg.Static = []StaticWorker{{ID: 7, Endpoint: deadAddr(t), Model: "m"}}
 	n, err := New(cfg)
