@@ -137,11 +137,15 @@ type VLLMBatch struct {
 }
 
 // Default decoder limits. One engine step stores the blocks of at most
-// max_num_batched_tokens new tokens (tens of thousands), so these are far
-// above any honest batch and bound what a hostile one can make us hold.
+// max_num_batched_tokens new tokens (tens of thousands; a million-token
+// prompt prefilled in one step stays under the token bound) and evicts
+// about as many blocks as it allocates, so these are far above any honest
+// batch and bound what a hostile one can make us hold: with the frame
+// bound they fix (maxZMQFrameBytes), a feed's socket queue (zmq4 holds
+// ten messages) is at most 200 MiB, where 64 MiB frames made it 640.
 const (
-	DefaultMaxBatchBlocks = 1 << 18
-	DefaultMaxBatchTokens = 1 << 22
+	DefaultMaxBatchBlocks = 1 << 17
+	DefaultMaxBatchTokens = 1 << 21
 	// An event costs the decoder some 360 bytes however few it takes on
 	// the wire (a nil is one byte): 4M of them in a 4 MB batch held
 	// 1.6 GB. A step's events number in the hundreds.

@@ -23,7 +23,7 @@ import (
 // zmq4 also keeps every frame of a message until its last: the guard
 // bounds a message's frames (maxZMQMessageFrames) and their bytes
 // together (maxZMQFrameBytes), or a peer could send a message of a
-// thousand 60 MiB frames, or ten million empty ones (about 80 bytes of
+// thousand 19 MiB frames, or ten million empty ones (about 80 bytes of
 // zmq4's per 2 on the wire).
 // Commands get stricter bounds still: zmq4 parses a READY command's
 // metadata without checking its lengths, so a READY whose property
@@ -42,9 +42,11 @@ import (
 // maxZMQFrameBytes bounds one frame from an engine. The decoder's own
 // limits (DefaultMaxBatchBlocks block hashes of at most 32 bytes and
 // DefaultMaxBatchTokens token ids of at most 5 bytes each in msgpack)
-// fit in about 30 MiB, so a batch the decoder would accept is never cut
-// here; what is larger is refused by the decoder anyway.
-const maxZMQFrameBytes = 64 << 20
+// and DefaultMaxBatchEvents envelopes fit in about 19 MiB
+// (TestDecoderLimitsFitTheFrameBound), so a batch the decoder would
+// accept is never cut here; what is larger is refused by the decoder
+// anyway.
+const maxZMQFrameBytes = 20 << 20
 
 // maxZMQMessageFrames bounds the frames of one message. The engines send
 // three (topic, sequence, payload), their replay sockets at most four

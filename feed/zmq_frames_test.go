@@ -326,3 +326,16 @@ func FuzzFrameGuard(f *testing.F) {
 		}
 	})
 }
+
+// TestDecoderLimitsFitTheFrameBound: a batch at the decoder's limits,
+// written as large as msgpack allows (32-byte block hashes as bin 8 with
+// its 2-byte header, token ids as uint32 with their 1-byte tag, and each
+// event's envelope), fits one frame, so the frame bound never cuts a
+// batch the decoder would take.
+func TestDecoderLimitsFitTheFrameBound(t *testing.T) {
+	const eventEnvelope = 64 // tag, array headers, parent hash, block size, lora, medium
+	worst := DefaultMaxBatchBlocks*(2+32) + DefaultMaxBatchTokens*5 + DefaultMaxBatchEvents*eventEnvelope
+	if worst > maxZMQFrameBytes {
+		t.Fatalf("a batch at the decoder's limits may take %d bytes, over the %d-byte frame bound", worst, maxZMQFrameBytes)
+	}
+}
