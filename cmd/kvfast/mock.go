@@ -207,6 +207,12 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 	case !(*speedup > 0):
 		fmt.Fprintf(stderr, "kvfast mock: --engine-speedup %v: want a factor > 0 (inf: no waiting)\n", *speedup)
 		return 2
+	case *maxBatched < 1 || *maxSeqs < 1 || *defMax < 1 || *heartbeat <= 0:
+		// As --kv-blocks: the library reads 0 as its default, which on the
+		// command line would silently be another value than the one given.
+		fmt.Fprintf(stderr, "kvfast mock: --max-batched-tokens %d, --max-seqs %d, --default-max-tokens %d and --heartbeat %v: want each above 0\n",
+			*maxBatched, *maxSeqs, *defMax, *heartbeat)
+		return 2
 	}
 
 	engineRole, err := workers.ParseRole(*role)

@@ -185,3 +185,18 @@ func TestMockCommand(t *testing.T) {
 		}
 	})
 }
+
+// TestMockRefusesZeroSizes: a size or period of 0 on the command line is
+// a mistake (the library reads it as its default, another value than the
+// one given), refused before any engine starts.
+func TestMockRefusesZeroSizes(t *testing.T) {
+	for _, args := range [][]string{
+		{"--kv-blocks", "0"}, {"--block-size", "0"}, {"--max-batched-tokens", "0"},
+		{"--max-seqs", "0"}, {"--default-max-tokens", "0"}, {"--heartbeat", "0s"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := mockCommand(append(args, "--listen", "127.0.0.1:0"), &out, &errOut, make(chan struct{})); code != 2 {
+			t.Errorf("%v: exit %d (%s), want 2", args, code, errOut.String())
+		}
+	}
+}
