@@ -16,6 +16,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/kvfast/kvfast/benchmarks/demo"
+	"github.com/kvfast/kvfast/benchmarks/demo/demotok"
 	"github.com/kvfast/kvfast/benchmarks/replay"
 )
 
@@ -329,7 +330,7 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.IntVar(&o.Engines, "engines", o.Engines, "mock engines to start for each policy")
 	fs.StringVar(&policies, "policies", policies, "comma-separated `list` of routing policies to compare: kv, approx, affinity, round-robin, random, least-loaded, with --workload chat kv-builtin and kv-remote, or all (default: all for tokens, kv-builtin,kv-remote,approx for chat)")
 	fs.StringVar(&o.Workload, "workload", o.Workload, "what each trace record becomes: tokens (a token-id prompt), chat (a conversation) or multimodal (a conversation with images)")
-	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, "chat workload: the engines' tokenizer, a `DIR` or hf:ORG/NAME (default: the demo's own)")
+	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, "chat workload: the engines' tokenizer, a `DIR` or hf:ORG/NAME (default, or demo: the demo's own)")
 	fs.StringVar(&o.Trace, "trace", o.Trace, "trace `file` (Mooncake JSONL), \"embedded\" for the last 600 records of the shipped trace, or gen:low or gen:high for a generated trace of low or high reuse")
 	fs.IntVar(&o.TraceBlockSize, "trace-block-size", replay.DefaultTraceBlockSize, "tokens one hash id of a --trace file stands for (the embedded and generated traces have their own)")
 	fs.IntVar(&o.MaxRequests, "max-requests", o.MaxRequests, "replay only the first `N` records of the trace (0: all)")
@@ -413,6 +414,9 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 		if policies == "" {
 			o.Policies = o.Policies[:1]
 		}
+	}
+	if o.Tokenizer == demotok.Name {
+		o.Tokenizer = "" // the default, by the name kvfast mock and tokenize know it by
 	}
 	if err := o.Validate(); err != nil {
 		return bad("%v", err)

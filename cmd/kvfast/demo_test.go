@@ -257,3 +257,13 @@ func TestDemoQuietLogsErrorsOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoTokenizerByName: --tokenizer demo names the demo's own
+// tokenizer, as kvfast mock and tokenize know it.
+func TestDemoTokenizerByName(t *testing.T) {
+	var stderr strings.Builder
+	o, _, code := parseDemoFlags([]string{"--workload", "chat", "--tokenizer", "demo", "--html", ""}, &stderr)
+	if code != -1 || o.Tokenizer != "" {
+		t.Fatalf("exit %d, tokenizer %q: %s", code, o.Tokenizer, stderr.String())
+	}
+}
