@@ -275,7 +275,9 @@ func runPolicy(ctx context.Context, o *Options, spec runSpec, tr *replay.Trace, 
 		})
 		run.Released = werr == nil
 		o.noteCalibration(spec.name, &v)
-		if werr != nil {
+		if werr != nil && ctx.Err() == nil {
+			// Cut short by the run's end (an interrupt) the wait says
+			// nothing of a leak, and the interrupt is reported already.
 			err = errors.Join(err, fmt.Errorf("cannot see every booking released (queue %+v): %w", v.Queue, werr))
 		}
 	}
