@@ -20,9 +20,11 @@ import (
 // Mooncake trace.
 const DefaultTraceBlockSize = 512
 
-// maxTimestampMillis keeps a timestamp well inside time.Duration's range
-// (about 292 years) so that scaling by a speed-up can never overflow.
-const maxTimestampMillis = 1e12
+// maxTimestampMillis keeps a timestamp inside time.Duration's range
+// (about 292 years; scaling by a speed-up is clamped, scaleDuration) while
+// taking Unix-epoch milliseconds, which some traces carry (replays start
+// at the first record's time): 4e12 ms is the year 2096.
+const maxTimestampMillis = 4e12
 
 // maxLineBytes bounds one trace line. The longest Mooncake records are a few
 // kilobytes; a megabyte-sized line is a corrupt file, not a long prompt.

@@ -26,6 +26,8 @@ func TestDecodeRecord(t *testing.T) {
 			Record{Timestamp: 277 * time.Millisecond, InputLength: 1100, OutputLength: 92, HashIDs: []uint64{4, 5, 6}}, ""},
 		{"exact multiple", `{"timestamp":0,"input_length":1024,"output_length":1,"hash_ids":[0,1]}`,
 			Record{InputLength: 1024, OutputLength: 1, HashIDs: []uint64{0, 1}}, ""},
+		{"Unix-epoch milliseconds", `{"timestamp":1733500000000,"input_length":1,"output_length":1,"hash_ids":[3]}`,
+			Record{Timestamp: 1733500000000 * time.Millisecond, InputLength: 1, OutputLength: 1, HashIDs: []uint64{3}}, ""},
 		{"fractional ms and extra fields", `{"timestamp":1.5,"input_length":1,"output_length":0,"hash_ids":[9],"session":"a"}`,
 			Record{Timestamp: 1500 * time.Microsecond, InputLength: 1, HashIDs: []uint64{9}}, ""},
 		{"missing timestamp", `{"input_length":1,"output_length":1,"hash_ids":[1]}`, Record{}, "timestamp is missing"},
