@@ -664,7 +664,7 @@ const doneGrace = time.Second
 // chunk and [DONE] straight after it; an engine that stalls there had
 // held its client for the whole idle timeout (2 minutes by default)
 // after the answer was complete.
-const finishGrace = 10 * time.Second
+var finishGrace = 10 * time.Second // a variable for tests (export_test.go)
 
 // pieceStarted and pieceEnded time a piece of the answer: an event, or
 // a plain answer's body, must be whole within the idle timeout of its
@@ -681,6 +681,13 @@ func (c *Call) pieceEnded() {
 	}
 }
 
+// clearEnd lifts expectEnd's bound.
+func (c *Call) clearEnd() {
+	if ec, ok := c.conn.(*engineConn); ok {
+		ec.endBy = time.Time{}
+	}
+}
+
 // expectEnd bounds the wait for the end of the body after [DONE] or the
 // last finish_reason.
 func (c *Call) expectEnd(grace time.Duration) {
@@ -694,6 +701,13 @@ func (c *Call) observe(ev openai.Event) {
 	switch ev.Kind {
 	case openai.EventItem:
 		if c.finished {
+			if c.generated && !c.done {
+				// More items after the last finish_reason (an engine that
+				// repeats a choice's finish): the answer goes on, and the
+				// grace that would cut it does not stand.
+				c.generated = false
+				c.clearEnd()
+			}
 			return
 		}
 		if !c.first {

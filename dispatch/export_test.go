@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"bufio"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -33,4 +34,13 @@ func (e *Engine) HasUnsolicited() bool {
 		}
 	}
 	return false
+}
+
+// setFinishGrace shortens the grace after a stream's last finish_reason
+// for a test, which must not run in parallel with others; the returned
+// func restores it.
+func setFinishGrace(d time.Duration) (restore func()) {
+	old := finishGrace
+	finishGrace = d
+	return func() { finishGrace = old }
 }

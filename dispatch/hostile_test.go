@@ -322,6 +322,7 @@ func TestStreamEndsSoonAfterDone(t *testing.T) {
 // body's end, holds the client's complete answer for finishGrace, not
 // for as long as it keeps the connection alive.
 func TestStreamEndsSoonAfterTheLastFinish(t *testing.T) {
+	defer setFinishGrace(time.Second)()
 	var engineDone atomic.Bool
 	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("text/event-stream")
@@ -355,6 +356,37 @@ func TestStreamEndsSoonAfterTheLastFinish(t *testing.T) {
 	rec.wait(t)
 	if got := rec.summary(); got != "dispatched first item×3 complete:stop" {
 		t.Errorf("observer saw %q", got)
+	}
+}
+
+// TestItemsAfterAFinishKeepTheStream: an engine that repeats a finish
+// (a choice's finish_reason, then more items) is still answering: the
+// grace after the last finish_reason does not cut what follows.
+func TestItemsAfterAFinishKeepTheStream(t *testing.T) {
+	defer setFinishGrace(time.Second)()
+	steps := int(finishGrace/(100*time.Millisecond)) + 20 // items past the grace
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			_, _ = w.WriteString(chunk(0, "tok", "stop"))
+			for i := range steps {
+				_, _ = w.WriteString(chunk(i+1, "more", ""))
+				if w.Flush() != nil {
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			_, _ = w.WriteString("data: [DONE]\n\n")
+		})
+	}, nil)
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	rec := newRecorder()
+	addr := serve(t, front(pool, 0, func() Observer { return rec }), nil)
+	status, _, body := post(t, addr, "/v1/completions", completionBody)
+	if n := strings.Count(string(body), `"more`); status != 200 || n != steps || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+		t.Fatalf("status %d, %d of %d items after the finish, body ends %q", status, n, steps, body[max(0, len(body)-40):])
 	}
 }
 

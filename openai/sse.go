@@ -258,7 +258,10 @@ func choiceReason(b []byte, i int) (reason []byte, end int) {
 		}
 		if !seen && bytes.Equal(key, keyFinishReason) {
 			seen = true
-			if b[vs] == '"' {
+			if b[vs] == '"' && i-1 > vs+1 {
+				// An empty string is no reason: some servers send "" for
+				// null, and a choice still generating must not read as
+				// finished.
 				reason = b[vs+1 : i-1]
 			}
 		}

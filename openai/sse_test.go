@@ -114,12 +114,13 @@ func TestParseResponse(t *testing.T) {
 		{"not an object", `[{"choices":[{}]}]`, EventOther, ""},
 		{"malformed choice", `{"choices":[{"finish_reason":"stop",}]}`, EventOther, ""},
 		{"bad escape in a key", `{"ch\qoices":[{}]}`, EventOther, ""},
+		{"an empty finish_reason is none", `{"choices":[{"text":"a","finish_reason":""}]}`, EventItem, ""},
 		{"trailing bytes are the engine's", `{"choices":[{"finish_reason":"stop"}]} trailing`, EventItem, "stop"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ev := ParseResponse([]byte(tc.body))
-			if ev.Kind != tc.kind || string(ev.FinishReason) != tc.reason {
+			if ev.Kind != tc.kind || string(ev.FinishReason) != tc.reason || tc.reason == "" && ev.FinishReason != nil {
 				t.Fatalf("ParseResponse = %v %q, want %v %q", ev.Kind, ev.FinishReason, tc.kind, tc.reason)
 			}
 		})
