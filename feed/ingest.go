@@ -387,6 +387,9 @@ func (in *Ingester) scanRegistry() {
 			w.state = st
 		case shm.StateReserved:
 			in.reserved(slot, w, gen)
+			// Left by a router that is gone: free for publishers again
+			// (closed: emptied at the next scan).
+			_, _ = in.seg.ReleaseStale(slot)
 		case shm.StateClaiming:
 			if w.claimAt == 0 {
 				w.claimAt = now

@@ -462,3 +462,41 @@ func TestReserve(t *testing.T) {
 }
 
 const workersMax = workers.Max
+
+// TestReleaseStaleReservation: a reservation its router no longer
+// refreshes is released by the ingester's scan (ReleaseStale), so that
+// slots a router left do not stay out of the publishers' reach when no
+// router reserves any more; a fresh one stays. And a router waiting for
+// the registry lock gives up, saying why, rather than hang at start-up
+// behind a publisher stopped mid-registration.
+func TestReleaseStaleReservation(t *testing.T) {
+	seg, _ := openTest(t, Options{})
+	slots, _, err := seg.Reserve([]Reservation{{WorkerID: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := seg.ReleaseStale(slots[0]); ok || err != nil {
+		t.Fatalf("a fresh reservation released: %v %v", ok, err)
+	}
+	atomic.StoreUint64(seg.u64(slotOff(int(slots[0]))+sHeartbeat), uint64(monoNow()-2*reservationStale.Nanoseconds()))
+	if ok, err := seg.ReleaseStale(slots[0]); !ok || err != nil {
+		t.Fatalf("a stale reservation kept: %v %v", ok, err)
+	}
+	if st, _, _ := seg.SlotState(slots[0]); st != StateClosed {
+		t.Fatalf("released to %v, want closed", st)
+	}
+	p, err := seg.Register(WorkerConfig{WorkerID: 2, BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+
+	unlock, _, err := seg.lockRegistry(true) // a publisher mid-registration
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	if _, err := seg.lockRegistryWithin(50 * time.Millisecond); err == nil || !strings.Contains(err.Error(), "held it") {
+		t.Fatalf("waiting for a held registry lock: %v", err)
+	}
+}

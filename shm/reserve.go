@@ -43,13 +43,14 @@ const reservationStale = time.Minute
 
 // Reserve reserves one registry slot for each of ws, in order, and returns
 // them with their generations. A reservation already held for the same
-// worker id and rank is kept (its generation too, so the ingester keeps
-// its blocks: a router restarted with the same --worker list starts warm);
-// otherwise the highest slot that is free, closed, down, abandoned
+// worker id and rank is kept, its generation too, so that the ingester
+// does not empty it (its ZMQ feed, which starts by forgetting what the
+// slot held, rebuilds it from the engine's replay); otherwise the highest slot that is free, closed, down, abandoned
 // mid-claim, or reserved but stale is taken under a new generation. Stale
-// reservations left over are released.
+// reservations left over are released. The registry lock is waited for
+// reserveLockWait at most.
 func (s *Segment) Reserve(ws []Reservation) ([]workers.Slot, []uint32, error) {
-	unlock, _, err := s.lockRegistry(true)
+	unlock, err := s.lockRegistryWithin(reserveLockWait)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -127,6 +128,60 @@ func (s *Segment) Reserve(ws []Reservation) ([]workers.Slot, []uint32, error) {
 		}
 	}
 	return slots, gens, nil
+}
+
+// reserveLockWait bounds Reserve's wait for the registry lock: a
+// registration holds it for microseconds, and one that holds it longer is
+// a publisher stopped or hung while registering, which must not keep the
+// router from starting, silent, and deaf to SIGTERM.
+const reserveLockWait = 10 * time.Second
+
+// lockRegistryWithin takes the registry lock, trying without blocking
+// until d has passed.
+func (s *Segment) lockRegistryWithin(d time.Duration) (unlock func(), err error) {
+	deadline := time.Now().Add(d)
+	for {
+		unlock, ok, err := s.lockRegistry(false)
+		switch {
+		case err != nil:
+			return nil, err
+		case ok:
+			return unlock, nil
+		case time.Now().After(deadline):
+			return nil, fmt.Errorf("cannot lock the registry of %s: another process has held it for %v "+
+				"(a publisher stopped or hung while registering: find it with fuser %s, and stop it)", s.path, d, s.path)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ReleaseStale releases slot's reservation if nobody has refreshed it for
+// reservationStale (its router is gone): to closed, which the ingester
+// empties and a publisher may claim. The ingester calls it for every
+// reserved slot it scans, so that reservations a router left do not hold
+// registry slots for ever once no router reserves any more. It gives up
+// rather than wait when the registry lock is held.
+func (s *Segment) ReleaseStale(slot workers.Slot) (bool, error) {
+	if !slot.Valid() {
+		return false, nil
+	}
+	off := slotOff(int(slot))
+	if stateOf(atomic.LoadUint64(s.u64(off+sState))) != StateReserved ||
+		monoNow()-int64(atomic.LoadUint64(s.u64(off+sHeartbeat))) <= reservationStale.Nanoseconds() {
+		return false, nil
+	}
+	unlock, ok, err := s.lockRegistry(false)
+	if !ok {
+		return false, err
+	}
+	defer unlock()
+	sw := s.u64(off + sState)
+	w := atomic.LoadUint64(sw)
+	if stateOf(w) != StateReserved || monoNow()-int64(atomic.LoadUint64(s.u64(off+sHeartbeat))) <= reservationStale.Nanoseconds() {
+		return false, nil
+	}
+	atomic.StoreUint64(sw, nextState(w, StateClosed))
+	return true, nil
 }
 
 // KeepReserved refreshes the reservation of slot under gen (Reserve's)
