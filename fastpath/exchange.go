@@ -342,9 +342,10 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 		}
 		ex.sreq.Allow &= only
 	}
-	if clientAllow && model != "" && ex.sreq.Allow&s.sched.ModelWorkers(model) == 0 {
+	if clientAllow && model != "" && ex.sreq.Allow&s.sched.ModelWorkers(model) == 0 && !s.modelsUnknown() {
 		// Not the 503 selection would give: a client told to retry would
-		// retry for ever.
+		// retry for ever. Unless a static worker's model is still to be
+		// learned: the list may name it.
 		return errAllowNoModel
 	}
 	// The model filters selection, and first what avoidUnlisted counts as

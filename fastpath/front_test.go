@@ -208,13 +208,35 @@ func TestUnloadedAdapter(t *testing.T) {
 	}
 	age := func() { // as if adapterReturnGrace had passed
 		d := *s.departed.Load()
-		e := d["sql"]
-		e.baseBack -= int64(adapterReturnGrace)
-		d["sql"] = e
+		if e, ok := d["sql"]; ok && e.baseBack != 0 {
+			e.baseBack -= int64(adapterReturnGrace)
+			d["sql"] = e
+		}
 	}
 	age()
 	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusNotFound {
 		t.Fatalf("an adapter unloaded for good: %d %s; want 404", code, raw)
+	}
+
+	// Its only engine restarts while another serves the base model: 503
+	// however long the restart, until that engine is back without it.
+	a, _ := s.sched.Resolve(1, 0)
+	infoA, _ := s.sched.Worker(a)
+	s.SetAdapters(map[string]Adapter{"sql": {Base: benchModel, Workers: workers.SetOf(a)}})
+	s.sched.Remove(a)
+	s.SetAdapters(nil)
+	s.WorkersChanged()
+	age()
+	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusServiceUnavailable {
+		t.Fatalf("an adapter whose engine restarts: %d %s; want 503", code, raw)
+	}
+	if err := s.sched.Upsert(infoA); err != nil {
+		t.Fatal(err)
+	}
+	s.WorkersChanged() // back, without the adapter
+	age()
+	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusNotFound {
+		t.Fatalf("an adapter its engine came back without: %d %s; want 404", code, raw)
 	}
 
 	// Its engines leave with it: 503 until they are back, however long.
@@ -255,5 +277,18 @@ func TestAllowListWithoutTheModel(t *testing.T) {
 			got == http.StatusBadRequest && !strings.Contains(string(ctx.Response.Body()), `"code":"allow_excluded"`) {
 			t.Errorf("model %s, allow %s: %d %s; want %d", c.model, c.allow, got, ctx.Response.Body(), c.want)
 		}
+	}
+	// A static worker whose model is still to be learned may be the one
+	// the list names: not the client's mistake yet.
+	s.cfg.QueueTimeout = 10 * time.Millisecond
+	if err := s.sched.Upsert(sched.WorkerInfo{ID: 7, Slot: 9, Endpoint: "127.0.0.1:30"}); err != nil {
+		t.Fatal(err)
+	}
+	s.WorkersChanged()
+	ctx := newRouteCtx(PathRouteCompletions, []byte(`{"model":"other","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`),
+		map[string]string{HeaderAllow: "7"})
+	s.handle(ctx)
+	if got := ctx.Response.StatusCode(); got == http.StatusBadRequest {
+		t.Errorf("an allow-list naming a worker of unknown model: %d %s; want it routed or a 503 to retry", got, ctx.Response.Body())
 	}
 }

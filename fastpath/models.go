@@ -115,12 +115,17 @@ func (s *Server) rebuildModels() {
 	if old := s.seeds.Load(); old != nil {
 		for name, ns := range *old {
 			if _, still := m[name]; !still {
-				gone[name] = departure{adapterOf: ns.name, lora: ns.lora != ""}
+				gone[name] = departure{adapterOf: ns.name, lora: ns.lora != "", workers: ns.only}
 			}
 		}
 	}
 	for name, d := range gone {
-		switch _, baseServed := m[d.adapterOf]; {
+		// An adapter's engines are back when a worker that listed it
+		// serves its base model again: the slot's engine restarted, or
+		// the adapter was unloaded from it. Another engine serving the
+		// base model says nothing of the adapter's.
+		baseServed := d.lora && s.sched.ModelWorkers(d.adapterOf)&d.workers != 0
+		switch {
 		case m[name].name != "":
 			delete(gone, name) // served again
 		case d.lora && baseServed && d.baseBack == 0:
@@ -173,13 +178,15 @@ func (s *Server) RememberModels(names []string) {
 // departure is a model no worker serves any more. A LoRA adapter departs
 // with its engines (restarting: 503, retry) or alone, unloaded from
 // engines that still serve its base model: then it is gone for good, a
-// 404 as GET /v1/models/{id} says, once its base model has been back for
-// adapterReturnGrace, time for the engines' adapters to be polled again.
-// Kept a 503 for the router's life, a client retried it for ever.
+// 404 as GET /v1/models/{id} says, once the workers that listed it have
+// served its base model for adapterReturnGrace without it, time for their
+// adapters to be polled again. Kept a 503 for the router's life, a client
+// retried it for ever.
 type departure struct {
 	adapterOf string // the base model of an adapter (lora), or the model itself
 	lora      bool
-	baseBack  int64 // clock reading when the adapter's base model was served again; 0 while it is not
+	workers   workers.Set // the workers that listed the adapter
+	baseBack  int64       // clock reading when one of them served the base model again; 0 while none does
 }
 
 // adapterReturnGrace is how long a departed adapter stays a 503 after its
