@@ -7,6 +7,12 @@ import "sync/atomic"
 // in between.
 const busyStretchGap = int64(1e9)
 
+// busyDipTolerance is how long a busy stretch lives through observations
+// of the worker under its threshold (busyStretch): the pinned waiters of
+// a saturated worker look at it every pinLapseCheck, so a dip between two
+// admissions is seen busy again within it.
+const busyDipTolerance = int64(pinLapseCheck)
+
 // busyStretchWrite bounds how often an observation of a busy worker
 // writes its last-seen time: selections run on every core, and the
 // stretch needs no finer grain.
@@ -20,12 +26,15 @@ const busyStretchWrite = int64(10e6)
 // included, so the stretch grows with the traffic the worker gets, not
 // only with one session's turns, seconds apart.
 //
-// A stretch ends once the worker has been seen free for busyStretchGap,
-// not at the first free observation: a saturated worker with requests
-// queued for it dips under its threshold every time one ends, and the
-// admission queue's next waiter sees it free at that very moment. Ended
-// there, the stretch never grew past one request's prefill, and a session
-// bound to a worker that stayed saturated was never unbound.
+// A stretch ends once the worker has been seen free for busyDipTolerance
+// without a busy observation between, not at the first free observation:
+// a saturated worker with requests queued for it dips under its threshold
+// every time one ends, and the admission queue's next waiter sees it free
+// at that very moment, before its own booking fills it again. Ended there,
+// the stretch never grew past one request's prefill, and a session bound
+// to a worker that stayed saturated was never unbound. A longer tolerance
+// kept a mostly idle worker busy for good: one over its threshold for
+// 50 ms in every 900 never ended its stretch.
 type busyStretch struct {
 	since, seen, freeSince atomic.Int64
 }
@@ -40,7 +49,7 @@ func (b *busyStretch) note(busy bool, now int64) {
 		switch free := b.freeSince.Load(); {
 		case free == 0:
 			b.freeSince.CompareAndSwap(0, now)
-		case now-free > busyStretchGap:
+		case now-free > busyDipTolerance:
 			b.since.Store(0)
 			b.freeSince.Store(0)
 		}

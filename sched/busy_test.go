@@ -12,8 +12,8 @@ import (
 // TestBusyStretch: a stretch starts at the first busy observation, grows
 // while observations keep coming at least once a second, lives through
 // dips under the threshold (a saturated worker's, as each request ends),
-// and starts again after a second seen free or a second without any
-// observation.
+// and starts again once seen free for busyDipTolerance or after a second
+// without any observation.
 func TestBusyStretch(t *testing.T) {
 	var b busyStretch
 	ms := func(n int64) int64 { return 1e12 + n*int64(time.Millisecond) }
@@ -29,21 +29,27 @@ func TestBusyStretch(t *testing.T) {
 		{1000, true, 1000},
 		{1400, true, 1400},
 		{1500, false, 1500},
-		{2000, false, 2000},
-		{2600, false, 0}, // free for 1.1 s: recovered
+		{1700, false, 1700},
+		{1800, false, 0}, // free for 300 ms: recovered
 		{2700, true, 0},
 		{3100, true, 400},
-		{4800, true, 0}, // not seen for 1.7 s: a new stretch
-		{5200, true, 400},
-		{5205, true, 405}, // seen 5 ms later: not written, still counted
-		{6200, true, 1400},
+		{3200, false, 3200 - 2700},
+		{3300, true, 3300 - 2700}, // busy again: the dip is forgotten
+		{3500, false, 3500 - 2700},
+		{3700, false, 3700 - 2700}, // 200 ms since the dip began, not 400
+		{3800, true, 3800 - 2700},
+		{4000, true, 1300},
+		{5200, true, 0}, // not seen for 1.2 s: a new stretch
+		{5600, true, 400},
+		{5605, true, 405}, // seen 5 ms later: not written, still counted
+		{6600, true, 1400},
 	} {
 		b.note(step.busy, ms(step.at))
 		if got := b.length(ms(step.at)); got != step.want*int64(time.Millisecond) {
 			t.Fatalf("at %d ms (busy %v): length %v, want %d ms", step.at, step.busy, time.Duration(got), step.want)
 		}
 	}
-	if got := b.length(ms(7300)); got != 0 {
+	if got := b.length(ms(7700)); got != 0 {
 		t.Fatalf("a stretch not seen for 1.1 s is still %v long", time.Duration(got))
 	}
 }
@@ -181,4 +187,21 @@ func TestBusyStretchLivesThroughAdmissions(t *testing.T) {
 	}
 	o.res.Release()
 	requireZeroLoad(t, s)
+}
+
+// TestMostlyIdleWorkerIsNotBusy: a worker over its threshold for 50 ms in
+// every 900, observed every 10 ms, never has a stretch much longer than
+// one busy spell and the dip tolerance after it (a longer tolerance had
+// kept it "busy" for good, unbinding its sessions at every spell).
+func TestMostlyIdleWorkerIsNotBusy(t *testing.T) {
+	var b busyStretch
+	longest := int64(0)
+	for at := int64(0); at < 30_000; at += 10 {
+		now := 1e12 + at*int64(time.Millisecond)
+		b.note(at%900 < 50, now)
+		longest = max(longest, b.length(now))
+	}
+	if limit := 50*int64(time.Millisecond) + busyDipTolerance + 20*int64(time.Millisecond); longest > limit {
+		t.Fatalf("the longest stretch was %v, over %v", time.Duration(longest), time.Duration(limit))
+	}
 }

@@ -74,8 +74,7 @@ type progress struct {
 	// left unanswered, carried over to the next wait.
 	owed atomic.Int64
 	// pausedAt is when the last request waiting on the worker left
-	// unanswered, or when a request last tried a worker found overdue
-	// (shunned); 0 after an answer.
+	// unanswered (shunned); 0 after an answer.
 	pausedAt atomic.Int64
 	_        [64 - 8 - 8 - 8 - 8]byte
 }
@@ -173,12 +172,15 @@ func (p *progress) overdue(now int64, after time.Duration) bool {
 // shunned reports whether selection passes the worker over while other
 // free workers progress: it is stalled, or nothing waits on it but its
 // clock had passed after when the last request waiting on it was given up
-// on (overdue). Between requests a hung engine whose clients each gave up
-// on it was otherwise no worse than any other, and the next request, a
-// session's next turn say, went to it and hung too. Once every after,
-// one selection may try it all the same: an engine that recovered
-// answers that request and is cleared; a hung one is stalled again the
-// moment the request is booked, and holds only that one.
+// on (overdue) less than after ago. Between requests a hung engine whose
+// clients each gave up on it was otherwise no worse than any other, and
+// the next request, a session's next turn say, went to it and hung too.
+// Once after has passed since its last request was given up on, it
+// competes again: the first request booked on it is stalled at once
+// (its wait resumes from what was owed), so the others pass it over
+// while that one waits; an engine that recovered answers it and is
+// cleared, a hung one holds only it. Selections that book nothing (a
+// route-only answer) do not use that chance up.
 func (p *progress) shunned(now int64, after time.Duration) bool {
 	if p.stalled(now, after) {
 		return true
@@ -186,11 +188,7 @@ func (p *progress) shunned(now int64, after time.Duration) bool {
 	if after <= 0 || p.awaiting() > 0 || time.Duration(p.owed.Load()) <= after {
 		return false
 	}
-	paused := p.pausedAt.Load()
-	if time.Duration(now-paused) <= after {
-		return true
-	}
-	return !p.pausedAt.CompareAndSwap(paused, now) // the first selection past the window tries it
+	return time.Duration(now-p.pausedAt.Load()) <= after
 }
 
 // unproven reports whether the worker's free cache memory must not count

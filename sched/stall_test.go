@@ -89,8 +89,8 @@ func TestProgressStalls(t *testing.T) {
 // TestShunnedBetweenRequests: a worker whose last waiting request was
 // given up on past StallAfter is passed over by the next selections,
 // though nothing waits on it (a hung engine's next request, a session's
-// next turn, had gone to it and hung too), except for one probe per
-// StallAfter; an answer clears it.
+// next turn, had gone to it and hung too), for StallAfter after its last
+// request was given up on; an answer clears it.
 func TestShunnedBetweenRequests(t *testing.T) {
 	const after = 10 * time.Millisecond
 	ms := func(n int64) int64 { return n * int64(time.Millisecond) }
@@ -103,18 +103,22 @@ func TestShunnedBetweenRequests(t *testing.T) {
 	if !p.shunned(ms(16), after) || !p.shunned(ms(25), after) {
 		t.Fatal("a worker left overdue is not passed over")
 	}
-	if p.shunned(ms(26), after) {
-		t.Fatal("no probe once StallAfter has passed since the pause")
+	// StallAfter past the pause it competes again, however many
+	// selections look (those that book nothing use nothing up).
+	if p.shunned(ms(26), after) || p.shunned(ms(27), after) {
+		t.Fatal("no second chance once StallAfter has passed since the pause")
 	}
-	if !p.shunned(ms(26), after) || !p.shunned(ms(36), after) {
-		t.Fatal("more than one probe in a window")
+	g = p.booked(ms(28)) // the chance is booked: stalled at once
+	if !p.shunned(ms(28), after) || !p.stalled(ms(28), after) {
+		t.Fatal("a request booked on an overdue worker does not make it stalled at once")
 	}
-	g = p.booked(ms(37)) // the probe is booked: stalled at once
-	if !p.stalled(ms(37), after) {
-		t.Fatal("a probe on an overdue worker is not stalled at once")
+	p.closed(g, false, ms(30)) // given up on again: another window
+	if !p.shunned(ms(31), after) || p.shunned(ms(41), after) {
+		t.Fatal("a second pause does not start a new window")
 	}
-	p.closed(g, true, ms(40)) // and answered: the engine recovered
-	if p.shunned(ms(41), after) || p.overdue(ms(41), after) {
+	g = p.booked(ms(42))
+	p.closed(g, true, ms(43)) // answered: the engine recovered
+	if p.shunned(ms(44), after) || p.overdue(ms(44), after) {
 		t.Fatal("an answer does not clear the worker")
 	}
 	// A short pause (under StallAfter in all) shuns nothing.
