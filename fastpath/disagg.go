@@ -58,8 +58,9 @@ type DisaggConfig struct {
 	// the prefill worker's own HTTP port (kvfast's mock engine serves its
 	// bootstrap there).
 	BootstrapPort int
-	// PrefillTimeout bounds the wait for a prefill worker's answer (0: the
-	// first-byte timeout). Past it a vLLM prefill is tried on another
+	// PrefillTimeout bounds the wait for a prefill worker's answer, its
+	// headers (0: the first-byte timeout); an SGLang prefill streaming its
+	// answer is then bounded by the relay's idle timeout. Past it a vLLM prefill is tried on another
 	// prefill worker, or the decode worker prefills; an SGLang request
 	// fails as its prefill failing does (its decode is already paired).
 	// A hung prefill engine had held its requests for the first-byte
