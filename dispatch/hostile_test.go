@@ -282,19 +282,18 @@ func TestDoWithinGivesUpOnASilentEngine(t *testing.T) {
 	}
 }
 
-// TestStreamEndsSoonAfterDone: after [DONE] an engine has only the end of
-// the body left to send; one that goes on sending is cut within the grace,
-// instead of holding the client's stream open for as long as it talks.
-func TestStreamEndsSoonAfterDone(t *testing.T) {
-	var engineDone atomic.Bool
-	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+// chatteringEngine streams events and then a comment every 20 ms, times
+// over, for as long as the connection lasts; done is set once it stops.
+func chatteringEngine(t *testing.T, events []string, times int) (addr string, done *atomic.Bool) {
+	done = new(atomic.Bool)
+	addr = serve(t, func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("text/event-stream")
 		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-			defer engineDone.Store(true)
-			for _, ev := range vllmStream(3) {
+			defer done.Store(true)
+			for _, ev := range events {
 				_, _ = w.WriteString(ev)
 			}
-			for range 1000 { // 20 s of chatter after [DONE]
+			for range times {
 				_, _ = w.WriteString(": still here\n\n")
 				if w.Flush() != nil {
 					return
@@ -303,6 +302,14 @@ func TestStreamEndsSoonAfterDone(t *testing.T) {
 			}
 		})
 	}, nil)
+	return addr, done
+}
+
+// TestStreamEndsSoonAfterDone: after [DONE] an engine has only the end of
+// the body left to send; one that goes on sending is cut within the grace,
+// instead of holding the client's stream open for as long as it talks.
+func TestStreamEndsSoonAfterDone(t *testing.T) {
+	engine, engineDone := chatteringEngine(t, vllmStream(3), 1000) // 20 s of chatter after [DONE]
 	pool := NewPool(Config{Health: noHealth})
 	defer pool.Close()
 	mustAdd(t, pool, 0, engine)
@@ -323,24 +330,10 @@ func TestStreamEndsSoonAfterDone(t *testing.T) {
 // for as long as it keeps the connection alive.
 func TestStreamEndsSoonAfterTheLastFinish(t *testing.T) {
 	defer setFinishGrace(time.Second)()
-	var engineDone atomic.Bool
-	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("text/event-stream")
-		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-			defer engineDone.Store(true)
-			evs := vllmStream(3)
-			for _, ev := range evs[:len(evs)-1] { // all but [DONE]
-				_, _ = w.WriteString(ev)
-			}
-			for range 3000 { // a minute of keep-alive comments, which reset the idle timeout
-				_, _ = w.WriteString(": still here\n\n")
-				if w.Flush() != nil {
-					return
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-		})
-	}, nil)
+	evs := vllmStream(3)
+	// All but [DONE], then a minute of keep-alive comments, which reset
+	// the idle timeout.
+	engine, engineDone := chatteringEngine(t, evs[:len(evs)-1], 3000)
 	pool := NewPool(Config{Health: noHealth})
 	defer pool.Close()
 	mustAdd(t, pool, 0, engine)
