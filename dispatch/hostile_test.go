@@ -305,17 +305,24 @@ func chatteringEngine(t *testing.T, events []string, times int) (addr string, do
 	return addr, done
 }
 
+// relayFrom posts a completion through a front end over the one engine at
+// addr, and returns the client's answer and what the observer saw.
+func relayFrom(t *testing.T, engine string) (status int, body []byte, rec *recorder) {
+	pool := NewPool(Config{Health: noHealth})
+	t.Cleanup(pool.Close)
+	mustAdd(t, pool, 0, engine)
+	rec = newRecorder()
+	addr := serve(t, front(pool, 0, func() Observer { return rec }), nil)
+	status, _, body = post(t, addr, "/v1/completions", completionBody)
+	return status, body, rec
+}
+
 // TestStreamEndsSoonAfterDone: after [DONE] an engine has only the end of
 // the body left to send; one that goes on sending is cut within the grace,
 // instead of holding the client's stream open for as long as it talks.
 func TestStreamEndsSoonAfterDone(t *testing.T) {
 	engine, engineDone := chatteringEngine(t, vllmStream(3), 1000) // 20 s of chatter after [DONE]
-	pool := NewPool(Config{Health: noHealth})
-	defer pool.Close()
-	mustAdd(t, pool, 0, engine)
-	rec := newRecorder()
-	addr := serve(t, front(pool, 0, func() Observer { return rec }), nil)
-	status, _, body := post(t, addr, "/v1/completions", completionBody)
+	status, body, _ := relayFrom(t, engine)
 	if status != 200 || !strings.Contains(string(body), "[DONE]") {
 		t.Fatalf("status %d, body %q", status, body)
 	}
@@ -334,12 +341,7 @@ func TestStreamEndsSoonAfterTheLastFinish(t *testing.T) {
 	// All but [DONE], then a minute of keep-alive comments, which reset
 	// the idle timeout.
 	engine, engineDone := chatteringEngine(t, evs[:len(evs)-1], 3000)
-	pool := NewPool(Config{Health: noHealth})
-	defer pool.Close()
-	mustAdd(t, pool, 0, engine)
-	rec := newRecorder()
-	addr := serve(t, front(pool, 0, func() Observer { return rec }), nil)
-	status, _, body := post(t, addr, "/v1/completions", completionBody)
+	status, body, rec := relayFrom(t, engine)
 	if status != 200 || !strings.Contains(string(body), `"completion_tokens":3`) || strings.Contains(string(body), "error") {
 		t.Fatalf("status %d, body %q", status, body)
 	}
@@ -372,12 +374,7 @@ func TestItemsAfterAFinishKeepTheStream(t *testing.T) {
 			_, _ = w.WriteString("data: [DONE]\n\n")
 		})
 	}, nil)
-	pool := NewPool(Config{Health: noHealth})
-	defer pool.Close()
-	mustAdd(t, pool, 0, engine)
-	rec := newRecorder()
-	addr := serve(t, front(pool, 0, func() Observer { return rec }), nil)
-	status, _, body := post(t, addr, "/v1/completions", completionBody)
+	status, body, _ := relayFrom(t, engine)
 	if n := strings.Count(string(body), `"more`); status != 200 || n != steps || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
 		t.Fatalf("status %d, %d of %d items after the finish, body ends %q", status, n, steps, body[max(0, len(body)-40):])
 	}
