@@ -612,20 +612,33 @@ func TestGarbageSuccessIsTheEnginesFailure(t *testing.T) {
 	}
 }
 
+// routerBesideAMock starts a router over two workers: 1, an engine that
+// answers with handler, and 2, a mock engine.
+func routerBesideAMock(t *testing.T, handler fasthttp.RequestHandler) *e2eRouter {
+	t.Helper()
+	odd := startSessionEngine(t, handler)
+	live := startMock(t, mocker.Config{WorkerID: 2})
+	return startE2ERouter(t, e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: odd.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, Endpoint: live.Addr(), Model: e2eModel},
+	))
+}
+
+// postCachedOnWorker1 indexes tokens as cached on worker 1, so that it
+// looks best, and posts a completion of them.
+func (r *e2eRouter) postCachedOnWorker1(t *testing.T, tokens []uint32, stream bool) e2eResponse {
+	t.Helper()
+	indexBlocks(t, r.node, 1, 0, tokens)
+	return r.post(t, fastpath.PathCompletions, completionBody(tokens, stream, 3), nil)
+}
+
 func testGarbageSuccess(t *testing.T, answer string) {
-	junk := startSessionEngine(t, func(ctx *fasthttp.RequestCtx) {
+	r := routerBesideAMock(t, func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(answer)
 	})
-	live := startMock(t, mocker.Config{WorkerID: 2})
-	r := startE2ERouter(t, e2eConfig(
-		node.StaticWorker{ID: 1, Endpoint: junk.addr(), Model: e2eModel},
-		node.StaticWorker{ID: 2, Endpoint: live.Addr(), Model: e2eModel},
-	))
 	for i, stream := range []bool{false, true} {
-		tokens := e2eTokens(uint32(70+i), 80)
-		indexBlocks(t, r.node, 1, 0, tokens) // the junk engine looks best
-		resp := r.post(t, fastpath.PathCompletions, completionBody(tokens, stream, 3), nil)
+		resp := r.postCachedOnWorker1(t, e2eTokens(uint32(70+i), 80), stream) // the junk engine looks best
 		if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != "2" {
 			t.Fatalf("stream %v: status %d from worker %s: %q", stream, resp.status, resp.header.Get(fastpath.HeaderWorker), resp.body)
 		}
@@ -648,18 +661,11 @@ func testGarbageSuccess(t *testing.T, answer string) {
 // object, and got server-sent events. A request that asked for a stream
 // takes the stream.
 func TestUnaskedStreamIsTheEnginesFailure(t *testing.T) {
-	streaming := startSessionEngine(t, sseHandler(func(w *bufio.Writer) {
+	r := routerBesideAMock(t, sseHandler(func(w *bufio.Writer) {
 		_ = writeFlush(w, []byte(`data: {"choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n"))
 	}))
-	live := startMock(t, mocker.Config{WorkerID: 2})
-	r := startE2ERouter(t, e2eConfig(
-		node.StaticWorker{ID: 1, Endpoint: streaming.addr(), Model: e2eModel},
-		node.StaticWorker{ID: 2, Endpoint: live.Addr(), Model: e2eModel},
-	))
 	for i, stream := range []bool{false, true} {
-		tokens := e2eTokens(uint32(80+i), 80)
-		indexBlocks(t, r.node, 1, 0, tokens) // the streaming engine looks best
-		resp := r.post(t, fastpath.PathCompletions, completionBody(tokens, stream, 3), nil)
+		resp := r.postCachedOnWorker1(t, e2eTokens(uint32(80+i), 80), stream) // the streaming engine looks best
 		want := "2"
 		if stream {
 			want = "1"
