@@ -195,7 +195,9 @@ func TestMockRefusesZeroSizes(t *testing.T) {
 		{"--max-seqs", "0"}, {"--default-max-tokens", "0"}, {"--heartbeat", "0s"},
 	} {
 		var out, errOut bytes.Buffer
-		if code := mockCommand(append(args, "--listen", "127.0.0.1:0"), &out, &errOut, make(chan struct{})); code != 2 {
+		stopped := make(chan struct{})
+		close(stopped) // taken, the engines would stop at once: exit 0, not a hang
+		if code := mockCommand(append(args, "--listen", "127.0.0.1:0"), &out, &errOut, stopped); code != 2 {
 			t.Errorf("%v: exit %d (%s), want 2", args, code, errOut.String())
 		}
 	}
