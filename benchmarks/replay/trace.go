@@ -111,36 +111,47 @@ func (n *wholeNumber) UnmarshalJSON(b []byte) error {
 // replayed: the fields are present and in range, and hash_ids has exactly
 // the number of blocks input_length needs. Line is left zero.
 func DecodeRecord(line []byte, blockSize int) (Record, error) {
+	rec, _, err := decodeRecord(line, blockSize, false)
+	return rec, err
+}
+
+// decodeRecord is DecodeRecord, which with untimed accepts a record
+// without a timestamp and reports whether it had one.
+func decodeRecord(line []byte, blockSize int, untimed bool) (rec Record, timed bool, err error) {
 	if blockSize <= 0 {
-		return Record{}, fmt.Errorf("trace block size %d is not positive", blockSize)
+		return Record{}, false, fmt.Errorf("trace block size %d is not positive", blockSize)
 	}
 	var w wireRecord
 	if err := json.Unmarshal(line, &w); err != nil {
-		return Record{}, err
+		return Record{}, false, err
 	}
 	switch {
-	case w.Timestamp == nil:
-		return Record{}, errors.New("timestamp is missing")
+	case w.Timestamp == nil && !untimed:
+		return Record{}, false, errors.New("timestamp is missing (only a replay at a fixed concurrency does without)")
 	case w.InputLength == nil:
-		return Record{}, errors.New("input_length is missing")
+		return Record{}, false, errors.New("input_length is missing")
 	case w.OutputLength == nil:
-		return Record{}, errors.New("output_length is missing")
+		return Record{}, false, errors.New("output_length is missing")
 	case len(w.HashIDs) == 0:
-		return Record{}, errors.New("hash_ids is missing or empty")
+		return Record{}, false, errors.New("hash_ids is missing or empty")
 	}
-	ts, in, out := *w.Timestamp, int64(*w.InputLength), int64(*w.OutputLength)
+	var ts float64
+	if w.Timestamp != nil {
+		ts = *w.Timestamp
+	}
+	in, out := int64(*w.InputLength), int64(*w.OutputLength)
 	if !(ts >= 0 && ts <= maxTimestampMillis) {
-		return Record{}, fmt.Errorf("timestamp %v ms is outside [0, %g]", ts, float64(maxTimestampMillis))
+		return Record{}, false, fmt.Errorf("timestamp %v ms is outside [0, %g]", ts, float64(maxTimestampMillis))
 	}
 	if in <= 0 {
-		return Record{}, fmt.Errorf("input_length %d is not positive", in)
+		return Record{}, false, fmt.Errorf("input_length %d is not positive", in)
 	}
 	if out < 0 || out > 1<<31-1 {
-		return Record{}, fmt.Errorf("output_length %d is out of range", out)
+		return Record{}, false, fmt.Errorf("output_length %d is out of range", out)
 	}
 	// (in-1)/bs+1 is ceil(in/bs) without the overflow of in+bs-1.
 	if need := (in-1)/int64(blockSize) + 1; need != int64(len(w.HashIDs)) {
-		return Record{}, fmt.Errorf("input_length %d needs %d blocks of %d tokens but hash_ids has %d (is the trace block size right?)",
+		return Record{}, false, fmt.Errorf("input_length %d needs %d blocks of %d tokens but hash_ids has %d (is the trace block size right?)",
 			in, need, blockSize, len(w.HashIDs))
 	}
 	return Record{
@@ -148,7 +159,7 @@ func DecodeRecord(line []byte, blockSize int) (Record, error) {
 		InputLength:  int(in),
 		OutputLength: int(out),
 		HashIDs:      w.HashIDs,
-	}, nil
+	}, w.Timestamp != nil, nil
 }
 
 // TraceOptions say how to read a trace.
@@ -158,6 +169,10 @@ type TraceOptions struct {
 	BlockSize int
 	// MaxRecords stops reading after this many records; 0 reads all.
 	MaxRecords int
+	// Untimed accepts records without a timestamp, for a replay that
+	// ignores arrival times (Config.Concurrency): such a record takes the
+	// timestamp of the record before it, so it keeps its place in the file.
+	Untimed bool
 }
 
 // Trace is a loaded trace, ordered by arrival time. It is immutable after
@@ -229,16 +244,21 @@ func ReadTrace(r io.Reader, source string, opts TraceOptions) (*Trace, error) {
 	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes)
 	t := &Trace{Source: source, BlockSize: bs}
 	line := 0
+	var last time.Duration // the latest timestamp read, for untimed records
 	for sc.Scan() {
 		line++
 		text := bytes.TrimSpace(sc.Bytes())
 		if len(text) == 0 {
 			continue
 		}
-		rec, err := DecodeRecord(text, bs)
+		rec, timed, err := decodeRecord(text, bs, opts.Untimed)
 		if err != nil {
 			return nil, &RecordError{Source: source, Line: line, Err: err}
 		}
+		if !timed {
+			rec.Timestamp = last
+		}
+		last = rec.Timestamp
 		rec.Line = line
 		t.Records = append(t.Records, rec)
 		if opts.MaxRecords > 0 && len(t.Records) == opts.MaxRecords {

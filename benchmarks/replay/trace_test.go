@@ -81,6 +81,32 @@ func TestDecodeRecord(t *testing.T) {
 }
 
 func TestReadTrace(t *testing.T) {
+	t.Run("untimed records keep their place", func(t *testing.T) {
+		in := `{"input_length":1,"output_length":1,"hash_ids":[1]}
+{"timestamp":7,"input_length":1,"output_length":1,"hash_ids":[2]}
+{"input_length":1,"output_length":1,"hash_ids":[3]}
+{"timestamp":3,"input_length":1,"output_length":1,"hash_ids":[4]}
+`
+		if _, err := ReadTrace(strings.NewReader(in), "x", TraceOptions{}); err == nil || !strings.Contains(err.Error(), "timestamp is missing") {
+			t.Fatalf("a timed read accepted a record without a timestamp: %v", err)
+		}
+		tr, err := ReadTrace(strings.NewReader(in), "x", TraceOptions{Untimed: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []uint64
+		var stamps []time.Duration
+		for _, r := range tr.Records {
+			ids, stamps = append(ids, r.HashIDs[0]), append(stamps, r.Timestamp)
+		}
+		// The third record takes the second's 7 ms; the fourth, timed
+		// earlier, moves ahead of both.
+		wantIDs := []uint64{1, 4, 2, 3}
+		wantStamps := []time.Duration{0, 3 * time.Millisecond, 7 * time.Millisecond, 7 * time.Millisecond}
+		if !reflect.DeepEqual(ids, wantIDs) || !reflect.DeepEqual(stamps, wantStamps) {
+			t.Fatalf("records %v at %v, want %v at %v", ids, stamps, wantIDs, wantStamps)
+		}
+	})
 	t.Run("error names source and line", func(t *testing.T) {
 		in := `{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[1]}
 

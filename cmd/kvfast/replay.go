@@ -27,8 +27,8 @@ func init() {
 const replayAbout = `Usage: kvfast replay [flags]
 
 Replays a Mooncake-format trace (JSONL, gzipped or not: timestamp in ms,
-input_length, output_length, hash_ids) through a running router as
-streaming requests.
+which --concurrency does without, input_length, output_length, hash_ids)
+through a running router as streaming requests.
 
 --workload tokens (the default) sends each record to /v1/completions as a
 token-id prompt: each hash id becomes a fixed pseudo-random block of
@@ -157,7 +157,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		}
 	}
 
-	tr, err := loadReplayTrace(*tracePath, replay.TraceOptions{BlockSize: *traceBlock}, notef)
+	tr, err := loadReplayTrace(*tracePath, replay.TraceOptions{BlockSize: *traceBlock, Untimed: *concurrency > 0}, notef)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvfast replay: %v\n", err)
 		return 2

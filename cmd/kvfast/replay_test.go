@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -237,6 +238,23 @@ func TestReplayCommand(t *testing.T) {
 		defer mu.Unlock()
 		if len(paths) != 6 || paths[0] != "/v1/chat/completions" || bodies[0] != "user" {
 			t.Fatalf("the router got %v, conversations ending with %v", paths, bodies)
+		}
+	})
+	t.Run("untimed trace", func(t *testing.T) {
+		untimed := filepath.Join(t.TempDir(), "untimed.jsonl")
+		raw, err := os.ReadFile(trace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(untimed, regexp.MustCompile(`"timestamp":\d+,`).ReplaceAll(raw, nil), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if code, _, stderr := run("--router", replayStandIn(t, false), "--trace", untimed, "--quiet"); code != 2 || !strings.Contains(stderr, "timestamp is missing") {
+			t.Fatalf("timestamp mode: code %d, stderr %s", code, stderr)
+		}
+		code, stdout, stderr := run("--router", replayStandIn(t, false), "--trace", untimed, "--concurrency", "2", "--quiet")
+		if code != 0 || !strings.Contains(stdout, "6 sent, 6 ok") {
+			t.Fatalf("at a fixed concurrency: code %d, stderr %s, report:\n%s", code, stderr, stdout)
 		}
 	})
 	t.Run("text report and failures", func(t *testing.T) {
