@@ -207,8 +207,12 @@ func (s *Server) stickyRoute(ctx *fasthttp.RequestCtx, ex *exchange, queryOnly b
 		return nil // the client's own pin wins; the session binds where it lands
 	}
 	now := ss.table.Now()
-	b, res := ss.table.Lookup(es.key, now, ss.ttl)
-	if !queryOnly {
+	var b shm.Binding
+	var res shm.LookupResult
+	if queryOnly {
+		b, res = ss.table.Peek(es.key, now, ss.ttl)
+	} else {
+		b, res = ss.table.Lookup(es.key, now, ss.ttl)
 		ss.lookups[res].Inc()
 	}
 	if res != shm.BindingHit {

@@ -177,10 +177,20 @@ func (b *Bindings) Lookup(key uint64, now, ttl int64) (_ Binding, _ LookupResult
 	var faulted bool // a miss
 	defer b.seg.Catch(&faulted)
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	return b.lookup(key, now, ttl)
+	return b.lookup(key, now, ttl, true)
 }
 
-func (b *Bindings) lookup(key uint64, now, ttl int64) (Binding, LookupResult) {
+// Peek is Lookup without the removal: a read that must leave no trace,
+// such as a route-only query, so that the session's next real request
+// still finds its binding expired (and is counted so).
+func (b *Bindings) Peek(key uint64, now, ttl int64) (_ Binding, _ LookupResult) {
+	var faulted bool // a miss
+	defer b.seg.Catch(&faulted)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	return b.lookup(key, now, ttl, false)
+}
+
+func (b *Bindings) lookup(key uint64, now, ttl int64, remove bool) (Binding, LookupResult) {
 	bucket := b.bucketOf(key)
 	seq := b.word(bucket)
 	for try := 0; try < 64; try++ {
@@ -215,7 +225,9 @@ func (b *Bindings) lookup(key uint64, now, ttl int64) (Binding, LookupResult) {
 		case live(found.Touched, now, ttl):
 			return found, BindingHit
 		}
-		b.expire(key, now, ttl)
+		if remove {
+			b.expire(key, now, ttl)
+		}
 		return Binding{}, BindingExpired
 	}
 	return Binding{}, BindingMiss

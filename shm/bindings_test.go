@@ -31,6 +31,11 @@ func TestBindingsBindRefreshExpire(t *testing.T) {
 	if _, r := b.Lookup(k, 150+testTTL, testTTL); r != BindingHit {
 		t.Fatalf("after a refresh, lookup = %v, want a hit", r)
 	}
+	for range 2 {
+		if _, r := b.Peek(k, 201+testTTL, testTTL); r != BindingExpired {
+			t.Fatalf("idle past the TTL, peek = %v, want BindingExpired (a peek removes nothing)", r)
+		}
+	}
 	if _, r := b.Lookup(k, 201+testTTL, testTTL); r != BindingExpired {
 		t.Fatalf("idle past the TTL, lookup = %v, want BindingExpired", r)
 	}
