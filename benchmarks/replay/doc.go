@@ -15,7 +15,7 @@
 //
 // # What it owns
 //
-//   - Trace loading and validation (LoadTrace, ReadTrace, DecodeRecord), and
+//   - Trace loading and validation (LoadTrace, ReadTrace), and
 //     a trimmed copy of the shipped trace compiled in (EmbeddedTrace).
 //   - The infinite-cache bound (Trace.HitBound): the fraction of prompt
 //     tokens in blocks whose whole chain of hash ids an earlier request

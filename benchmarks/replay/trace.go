@@ -106,17 +106,12 @@ func (n *wholeNumber) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// DecodeRecord parses one JSONL line of a Mooncake-format trace whose hash
+// decodeRecord parses one JSONL line of a Mooncake-format trace whose hash
 // ids each stand for blockSize tokens. It checks that the record can be
-// replayed: the fields are present and in range, and hash_ids has exactly
-// the number of blocks input_length needs. Line is left zero.
-func DecodeRecord(line []byte, blockSize int) (Record, error) {
-	rec, _, err := decodeRecord(line, blockSize, false)
-	return rec, err
-}
-
-// decodeRecord is DecodeRecord, which with untimed accepts a record
-// without a timestamp and reports whether it had one.
+// replayed: the fields are present (the timestamp may be missing if
+// untimed, and timed says whether it was there) and in range, and
+// hash_ids has exactly the number of blocks input_length needs. Line is
+// left zero.
 func decodeRecord(line []byte, blockSize int, untimed bool) (rec Record, timed bool, err error) {
 	if blockSize <= 0 {
 		return Record{}, false, fmt.Errorf("trace block size %d is not positive", blockSize)

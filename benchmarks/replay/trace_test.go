@@ -15,6 +15,12 @@ import (
 	"time"
 )
 
+// decode is decodeRecord as a timed replay runs it.
+func decode(line []byte, blockSize int) (Record, error) {
+	rec, _, err := decodeRecord(line, blockSize, false)
+	return rec, err
+}
+
 func TestDecodeRecord(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -51,7 +57,7 @@ func TestDecodeRecord(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := DecodeRecord([]byte(tt.line), DefaultTraceBlockSize)
+			got, err := decode([]byte(tt.line), DefaultTraceBlockSize)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
@@ -68,13 +74,13 @@ func TestDecodeRecord(t *testing.T) {
 	}
 	t.Run("block size", func(t *testing.T) {
 		line := []byte(`{"timestamp":0,"input_length":20,"output_length":1,"hash_ids":[1,2,3]}`)
-		if _, err := DecodeRecord(line, 8); err != nil {
+		if _, err := decode(line, 8); err != nil {
 			t.Fatalf("3 blocks of 8 hold 20 tokens: %v", err)
 		}
-		if _, err := DecodeRecord(line, 512); err == nil {
+		if _, err := decode(line, 512); err == nil {
 			t.Fatal("3 blocks of 512 accepted for 20 tokens")
 		}
-		if _, err := DecodeRecord(line, 0); err == nil {
+		if _, err := decode(line, 0); err == nil {
 			t.Fatal("block size 0 accepted")
 		}
 	})
@@ -277,7 +283,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, line []byte, blockSize int) {
-		r, err := DecodeRecord(line, blockSize)
+		r, err := decode(line, blockSize)
 		if err != nil {
 			return
 		}
@@ -293,7 +299,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r2, err := DecodeRecord(again, blockSize)
+		r2, err := decode(again, blockSize)
 		if err != nil {
 			t.Fatalf("re-encoded record %s rejected: %v", again, err)
 		}
