@@ -329,9 +329,14 @@ type Snapshot struct {
 	// router does not route to, and why (a block size not the router's,
 	// an endpoint it cannot use...): a worker missing from Workers.
 	Refused []RefusedView `json:"refused_registrations,omitempty"`
-	Index   IndexView     `json:"index"`
-	Feed    *feed.Stats   `json:"feed,omitempty"` // the shm event feed, when there is a segment
-	Queue   QueueView     `json:"queue"`
+	// Down lists the registrations whose engines the router presumes dead
+	// (their heartbeat stopped) and that no engine has registered over
+	// since: a worker missing from Workers that /metrics still reports
+	// unhealthy, until its engine comes back or its slot is taken.
+	Down  []DownView  `json:"down_registrations,omitempty"`
+	Index IndexView   `json:"index"`
+	Feed  *feed.Stats `json:"feed,omitempty"` // the shm event feed, when there is a segment
+	Queue QueueView   `json:"queue"`
 	// Tokenizers is each model's tokenization: every model configured or
 	// served, with its mode (a model with none routes its text and chat
 	// prompts approximately) and its renderer's counters.
@@ -347,6 +352,16 @@ type RefusedView struct {
 	Endpoint   string `json:"endpoint"` // credentials redacted
 	Generation uint32 `json:"generation"`
 	Reason     string `json:"reason"`
+}
+
+// DownView is a registration presumed dead, in a Snapshot.
+type DownView struct {
+	Slot       int    `json:"slot"`
+	WorkerID   uint64 `json:"worker_id"`
+	DPRank     uint32 `json:"dp_rank"`
+	Model      string `json:"model"`
+	Endpoint   string `json:"endpoint"` // credentials redacted
+	Generation uint32 `json:"generation"`
 }
 
 // WorkerView is one worker in a Snapshot.

@@ -217,7 +217,7 @@ var (
 	descWorkerRequests = prometheus.NewDesc("kvfast_worker_active_requests",
 		"Requests in flight on the worker, as booked by the router.", []string{"worker", "dp_rank"}, nil)
 	descWorkerHealthy = prometheus.NewDesc("kvfast_worker_healthy",
-		"1 if the worker is eligible for routing (registered, up and passing health checks).", []string{"worker", "dp_rank"}, nil)
+		"1 if the worker is eligible for routing (registered, up and passing health checks); 0 also for a registered engine presumed dead (its heartbeat stopped) until it or another engine registers in its slot.", []string{"worker", "dp_rank"}, nil)
 	descWorkerEjected = prometheus.NewDesc("kvfast_worker_ejected",
 		"1 while passive health checking has ejected the worker for failing requests.", []string{"worker", "dp_rank"}, nil)
 	descWorkerStalled = prometheus.NewDesc("kvfast_worker_stalled",
@@ -276,6 +276,30 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	describeCalibration(ch)
 }
 
+// collectDown reports each registration presumed dead as an unhealthy
+// worker: the scheduler has dropped it, and without this its series would
+// vanish with it, so that an alert on kvfast_worker_healthy == 0 never
+// fired for an engine that crashed. A worker listed live under the same
+// labels (its engine back in another slot) speaks for itself, and a pair
+// is reported once: a registry may hold it down in two slots.
+func collectDown(ch chan<- prometheus.Metric, snap *Snapshot) {
+	type key struct {
+		id   uint64
+		rank uint32
+	}
+	seen := make(map[key]bool, len(snap.Workers)+len(snap.Down))
+	for i := range snap.Workers {
+		seen[key{snap.Workers[i].WorkerID, snap.Workers[i].DPRank}] = true
+	}
+	for _, d := range snap.Down {
+		if k := (key{d.WorkerID, d.DPRank}); !seen[k] {
+			seen[k] = true
+			ch <- prometheus.MustNewConstMetric(descWorkerHealthy, prometheus.GaugeValue, 0,
+				strconv.FormatUint(d.WorkerID, 10), strconv.FormatUint(uint64(d.DPRank), 10))
+		}
+	}
+}
+
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	snap := c.s.state.Snapshot()
 	if fs := snap.Feed; fs != nil {
@@ -319,6 +343,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		collectCalibration(ch, wv.Calibration, id, rank)
 	}
+	collectDown(ch, &snap)
 	ch <- prometheus.MustNewConstMetric(descIndexEntries, prometheus.GaugeValue, float64(snap.Index.Entries))
 	ch <- prometheus.MustNewConstMetric(descIndexCapacity, prometheus.GaugeValue, float64(snap.Index.Capacity))
 	ch <- prometheus.MustNewConstMetric(descIndexOverflow, prometheus.CounterValue, float64(snap.Index.Overflow))

@@ -1131,3 +1131,95 @@ func TestRegisteredEngineNeverSharesAStaticSlot(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadEngineStaysUnhealthy: an engine registered in the segment whose
+// heartbeat stops leaves the worker set, but not /metrics: its
+// kvfast_worker_healthy series stays, at 0, so that an alert on it fires
+// (it had vanished with the worker), and /admin/workers lists it among
+// the down registrations, until the engine registers again.
+func TestDeadEngineStaysUnhealthy(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Dispatch.Health.Interval = 0
+	cfg.HeartbeatGrace = 200 * time.Millisecond
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- n.ServeAdmin(ln) }()
+	defer func() {
+		n.Close()
+		<-served
+	}()
+	healthy := func() string {
+		resp, err := http.Get("http://" + ln.Addr().String() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		var lines []string
+		for l := range strings.Lines(string(body)) {
+			if strings.HasPrefix(l, "kvfast_worker_healthy{") {
+				lines = append(lines, strings.TrimSpace(l))
+			}
+		}
+		return strings.Join(lines, "; ")
+	}
+	reg := shm.WorkerConfig{WorkerID: 3, Model: mocker.DefaultModel, BlockSize: 16, KVCapacityBlocks: 1024, Endpoint: deadAddr(t)}
+	pub, err := shm.Register(cfg.Segment.Path, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	// The engine beats while beating is set, however slow the machine.
+	var beating atomic.Bool
+	beating.Store(true)
+	stop := make(chan struct{})
+	beats := make(chan struct{})
+	go func() {
+		defer close(beats)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				if beating.Load() {
+					_ = pub.Heartbeat()
+				}
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		<-beats
+	}()
+	waitFor(t, "the engine to join", func() bool { return len(n.Snapshot().Workers) == 1 })
+	beating.Store(false) // the engine dies
+	waitFor(t, "the engine to be presumed dead", func() bool {
+		v := n.Snapshot()
+		return len(v.Workers) == 0 && len(v.Down) == 1
+	})
+	if d := n.Snapshot().Down[0]; d.WorkerID != 3 || d.Model != mocker.DefaultModel {
+		t.Fatalf("down registration %+v, want worker 3", d)
+	}
+	if got, want := healthy(), `kvfast_worker_healthy{dp_rank="0",worker="3"} 0`; got != want {
+		t.Fatalf("/metrics says %q, want %q", got, want)
+	}
+	// Back: the series is the live worker's, once.
+	beating.Store(true)
+	waitFor(t, "the engine to come back", func() bool {
+		v := n.Snapshot()
+		return len(v.Workers) == 1 && len(v.Down) == 0
+	})
+	if got, want := healthy(), `kvfast_worker_healthy{dp_rank="0",worker="3"} 1`; got != want {
+		t.Fatalf("/metrics says %q, want %q", got, want)
+	}
+}

@@ -25,6 +25,9 @@ func (n *Node) snapshot(v *fastpath.Snapshot) {
 	if r := n.refusedRegs.Load(); r != nil {
 		v.Refused = *r
 	}
+	if d := n.downRegs.Load(); d != nil {
+		v.Down = *d
+	}
 	// After Close the segment may be unmapped: leave out what lives there
 	// (the index, the rings' lag, the registry) rather than read freed
 	// memory.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -263,6 +264,7 @@ func (n *Node) scanRegistry() {
 	if n.ingester != nil {
 		stale = n.ingester.Stale()
 	}
+	var downViews []fastpath.DownView
 	// refusals: the set of refused registrations changed.
 	changed, refusals := false, false
 	for i := range workers.Max {
@@ -280,6 +282,8 @@ func (n *Node) scanRegistry() {
 		}
 		if info.State == shm.StateDown || info.State == shm.StateLive && stale.Has(slot) {
 			down |= workers.SetOf(slot)
+			downViews = append(downViews, fastpath.DownView{Slot: i, WorkerID: info.WorkerID, DPRank: info.DPRank,
+				Model: info.Model, Endpoint: loggableEndpoint(info.Endpoint), Generation: info.Generation})
 		}
 		if info.State != shm.StateLive || stale.Has(slot) {
 			continue
@@ -404,6 +408,9 @@ func (n *Node) scanRegistry() {
 	}
 	if refusals {
 		n.publishRefusals()
+	}
+	if prev := n.downRegs.Load(); prev == nil || !slices.Equal(*prev, downViews) {
+		n.downRegs.Store(&downViews)
 	}
 	if changed {
 		n.pinSharedRanks()
