@@ -265,14 +265,19 @@ var errUnaskedStream = errors.New("an event stream answering a request that aske
 // Discard gives up the response Do received, a failure (Failed), so that the
 // request may be sent to another worker before any byte of it reached the
 // client: it closes the engine connection, aborts the observer with
-// ErrEngineError and returns that error, which IsRetryable accepts.
+// ErrEngineError (ErrEngineAuth for a refusal of the router's key) and
+// returns that error, which IsRetryable accepts.
 func (c *Call) Discard() error {
 	var addr string
 	var slot workers.Slot
 	if c.engine != nil {
 		addr, slot = c.engine.addr, c.engine.slot
 	}
-	err := &Error{Slot: slot, Addr: addr, Op: "forward to", Kind: ErrEngineError}
+	kind := ErrEngineError
+	if c.resp.StatusCode() < 500 {
+		kind = ErrEngineAuth
+	}
+	err := &Error{Slot: slot, Addr: addr, Op: "forward to", Kind: kind}
 	c.closeStream()
 	c.abort(err)
 	return err

@@ -33,6 +33,11 @@ var (
 	// ErrEngineError: the engine answered with an error status or an error
 	// event; the client received the engine's own error.
 	ErrEngineError = errors.New("kvfast: the engine reported an error")
+	// ErrEngineAuth: the engine refused the router's engine API key
+	// (Config.EngineToken) with a 401 or 403 (Call.Failed): a fault of
+	// the router's configuration, not of the client's key, so the client
+	// is not shown the engine's refusal.
+	ErrEngineAuth = errors.New("kvfast: the engine refused the router's engine API key (--engine-api-key-file)")
 	// ErrClientGone: the client left (Call.Abort), or writing to it
 	// failed, so the upstream request was cancelled by closing its
 	// connection.
@@ -62,12 +67,12 @@ var (
 // IsRetryable reports whether err, from Do, Discard or ReadBody, allows
 // sending the same request to another worker: the engine refused the
 // connection, broke it or sent garbage instead of an answer, or answered
-// with a 5xx (Discard). Whether any byte already reached the client is the
+// with a 5xx or refused the router's key (Discard). Whether any byte already reached the client is the
 // caller's to know: a relayed stream is never sent again. Timeouts are
 // not retried, since the engine may still be generating, nor is a busy
 // pool or a departed client.
 func IsRetryable(err error) bool {
-	return errors.Is(err, ErrConnect) || errors.Is(err, ErrEngineFailed) || errors.Is(err, ErrEngineError)
+	return errors.Is(err, ErrConnect) || errors.Is(err, ErrEngineFailed) || errors.Is(err, ErrEngineError) || errors.Is(err, ErrEngineAuth)
 }
 
 // Error is the error of one forwarded request: which engine, at which step,
@@ -125,6 +130,7 @@ var kinds = [...]struct {
 	{ErrWriteTimeout, "engine_timeout"},
 	{ErrTruncated, "engine_stream_truncated"},
 	{ErrEngineError, "engine_error"},
+	{ErrEngineAuth, "engine_auth_failed"},
 	{ErrClientGone, "client_gone"},
 	{ErrResponseTooLarge, "engine_response_too_large"},
 	{ErrResponseBudget, "response_budget_exceeded"},

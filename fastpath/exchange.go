@@ -522,11 +522,17 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			ex.s.throttle.Log(ex.s.log, slog.LevelError, "loop/"+strconv.Itoa(int(ex.dec.Slot)), loopMessage,
 				"worker", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "endpoint", ex.dec.Endpoint)
 		}
-		if err == nil && retryable && ex.call.Failed() {
-			if !ex.canTryElsewhere() {
-				retryable = false // no other engine to ask: the client gets this one's answer
-			} else {
+		if err == nil && ex.call.Failed() {
+			switch {
+			case retryable && ex.canTryElsewhere():
 				err = ex.call.Discard()
+			case ex.call.StatusCode() < 500:
+				// The engine refused the router's own key: relayed, its
+				// 401 would tell the client that the client's key is
+				// wrong. A 502 names the router's.
+				err, retryable = ex.call.Discard(), false
+			default:
+				retryable = false // no other engine to ask: the client gets this one's answer
 			}
 		}
 		if err == nil && !ex.call.IsEventStream() {

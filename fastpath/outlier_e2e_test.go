@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -200,7 +201,9 @@ func TestLoneEngineFailureReachesClient(t *testing.T) {
 // --api-key) serve the router's requests when it holds that key
 // (--engine-api-key-file), whatever key the client sent, and the router
 // learns a static worker's model from the engine's guarded /v1/models.
-// Without the key the engine's 401 reaches the client as it came.
+// Without the key the engine's 401 reaches the client as it came; with a
+// wrong one, the client gets a 502 that names the router's key, not a 401
+// that blames its own.
 func TestEngineAPIKey(t *testing.T) {
 	eng := startMock(t, mocker.Config{APIKey: "engine-key", Speedup: math.Inf(1)})
 	body := []byte(`{"model":"` + mocker.DefaultModel + `","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17],"max_tokens":2}`)
@@ -218,6 +221,13 @@ func TestEngineAPIKey(t *testing.T) {
 	r = startE2ERouter(t, cfg)
 	if resp := r.post(t, fastpath.PathCompletions, body, client); resp.status != http.StatusUnauthorized {
 		t.Errorf("without the engine key: status %d: %s; want the engine's 401", resp.status, resp.body)
+	}
+	waitReleased(t, r.node)
+
+	cfg.Dispatch.EngineToken = "stale-key"
+	r = startE2ERouter(t, cfg)
+	if resp := r.post(t, fastpath.PathCompletions, body, client); resp.status != http.StatusBadGateway || !strings.Contains(string(resp.body), `"code":"engine_auth_failed"`) {
+		t.Errorf("with a key the engine refuses: status %d: %s; want a 502 engine_auth_failed", resp.status, resp.body)
 	}
 	waitReleased(t, r.node)
 }
