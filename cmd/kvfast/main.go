@@ -141,20 +141,27 @@ func printUsage(w io.Writer, fs *flag.FlagSet, about string) {
 	_, _ = io.WriteString(w, b.String())
 }
 
-// urlUserinfo, urlQuery and urlFragment find the secrets a URL in a
-// flag's value may carry: user:password@ after its scheme (up to the last
-// @ before a space, as a URL parser splits it, whatever the password
-// holds), a query (?api_key=...) and a fragment. They may take more of
-// the message than the URL: better than leaving part of a password.
+// urlUserinfo and urlQuery find the secrets a URL in a flag's value may
+// carry: user:password@ after its scheme (up to the last @ before a
+// space, as a URL parser splits it, whatever the password holds), and a
+// query (?api_key=...) or fragment, up to a space or the closing quote of
+// a %q-quoted value (escaped quotes inside are taken), and not a colon
+// that ends it (the message's own). secretPair finds a key=value whose key
+// names a secret, as in a --worker value with an api_key= the router does
+// not take. They may take more of the message than the secret: better
+// than leaving part of a password.
 var (
 	urlUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)\S*@`)
-	urlQuery    = regexp.MustCompile(`(://[^\s?#]*)[?#]\S*`)
+	urlQuery    = regexp.MustCompile(`(://[^\s?#"\\]*)([?#])(?:[^\s"\\]|\\.)*(?:[^\s"\\:]|\\.)`)
+	secretPair  = regexp.MustCompile(`(?i)\b((?:api[_-]?key|token|password|passwd|secret|auth[a-z_]*)=)(?:[^\s,"\\]|\\.)*`)
 )
 
 // redactCredentials replaces the credentials, queries and fragments of
-// the URLs in a message about a flag's value: the flag package quotes the
-// value whole, and the message goes to stderr, and so to the journal.
+// the URLs in a message about a flag's value, and the values of keys that
+// name secrets: the flag package quotes the value whole, and the message
+// goes to stderr, and so to the journal.
 func redactCredentials(msg string) string {
 	msg = urlUserinfo.ReplaceAllString(msg, "${1}REDACTED@")
-	return urlQuery.ReplaceAllString(msg, "${1}?REDACTED")
+	msg = urlQuery.ReplaceAllString(msg, "${1}${2}REDACTED")
+	return secretPair.ReplaceAllString(msg, "${1}REDACTED")
 }

@@ -245,12 +245,15 @@ func TestWorkerSecretsAreRefusedUnprinted(t *testing.T) {
 		"url=http://u:HUN/TER2@h:1,model=m",
 		`url=http://u:HUN,TER2"x@h:1,model=m`,
 		"url=http://h:1/#HUNTER2,model=m",
+		// A key the router does not take, which names a secret.
+		"url=http://127.0.0.1:8000,model=m,api_key=HUNTER2",
+		"url=http://127.0.0.1:8000,model=m,Token=HUNTER2,x=1",
 	} {
 		var stderr strings.Builder
 		if _, _, ok := serveConfig([]string{"--segment", "none", "--worker", v}, &stderr); ok {
 			t.Errorf("--worker %s accepted", v)
 		}
-		if strings.Contains(stderr.String(), "HUNTER2") || strings.Contains(stderr.String(), "TER2") || !strings.Contains(stderr.String(), "--worker") {
+		if strings.Contains(stderr.String(), "HUNTER2") || strings.Contains(stderr.String(), "TER2") || !strings.Contains(stderr.String(), `" for flag --worker`) {
 			t.Errorf("--worker %s: %q", v, stderr.String())
 		}
 		t.Setenv("KVFAST_WORKER", v)
