@@ -148,10 +148,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--policy: %w", err)
 	}
 	switch c.RequestBodyMode {
-	case extprocfilter.ProcessingMode_NONE, extprocfilter.ProcessingMode_BUFFERED,
+	case extprocfilter.ProcessingMode_NONE, extprocfilter.ProcessingMode_STREAMED, extprocfilter.ProcessingMode_BUFFERED,
 		extprocfilter.ProcessingMode_BUFFERED_PARTIAL, extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED:
 	default:
-		return invalidf("cannot assume request body mode %s: want NONE, BUFFERED, BUFFERED_PARTIAL or FULL_DUPLEX_STREAMED",
+		return invalidf("cannot assume request body mode %s: want NONE, STREAMED, BUFFERED, BUFFERED_PARTIAL or FULL_DUPLEX_STREAMED",
 			c.RequestBodyMode)
 	}
 	for _, v := range []struct {

@@ -3,7 +3,7 @@ package epp
 import (
 	"context"
 	"fmt"
-	"net"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -26,8 +26,10 @@ type Endpoint struct {
 
 // Check reports whether e can be routed to.
 func (e Endpoint) Check() error {
-	if _, _, err := net.SplitHostPort(e.Address); err != nil {
-		return fmt.Errorf("cannot use endpoint %q: want ip:port: %w", e.Address, err)
+	// An IP, not a host name: the gateway's original-destination cluster
+	// connects to the address named, which the protocol says is ip:port.
+	if ap, err := netip.ParseAddrPort(e.Address); err != nil || ap.Port() == 0 {
+		return fmt.Errorf("cannot use endpoint %q: want ip:port, an IP address and a port that is not 0", e.Address)
 	}
 	if e.Events == "" && e.Replay != "" {
 		return fmt.Errorf("cannot use endpoint %s: a replay socket belongs to an event feed", e.Address)

@@ -110,11 +110,11 @@ func bindEPPFlags(fs *flag.FlagSet, cfg *epp.Config, o *eppOptions) {
 	fs.IntVar(&cfg.IndexCapacity, "index-capacity", cfg.IndexCapacity, "distinct KV blocks the index holds at least, over every pod (each shard has headroom for uneven hashing, so it may hold more)")
 	fs.Float64Var(&cfg.IndexWorkerShare, "index-worker-share", cfg.IndexWorkerShare, "the most of the index one pod's blocks may take, so that a pod that never reports evictions cannot crowd out the others'; 1: no bound")
 	fs.IntVar(&cfg.Fallbacks, "fallbacks", cfg.Fallbacks, "further endpoints, cheapest first, listed after the chosen one for a gateway that retries (0 to 8)")
-	fs.StringVar(&o.bodyMode, "request-body-mode", "full-duplex", "the gateway's request (and response) body mode, assumed when Envoy does not say: full-duplex, buffered, buffered-partial or none (route on headers only)")
+	fs.StringVar(&o.bodyMode, "request-body-mode", "full-duplex", "the gateway's request (and response) body mode, assumed when Envoy does not say: full-duplex, buffered, buffered-partial, or none or streamed (route on headers only)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body the picker reads (413 beyond)")
 	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", cfg.BodyTimeout, "longest wait for the whole of a request body the picker has begun to read, however steadily it arrives (408 past it), so that a body trickling a byte per --body-idle-timeout does not hold its share of --body-budget-bytes")
 	fs.DurationVar(&cfg.BodyIdleTimeout, "body-idle-timeout", cfg.BodyIdleTimeout, "longest wait for the next part of a request body the picker has begun to read (408 past it), so that a stalled body does not hold its share of --body-budget-bytes")
-	fs.Int64Var(&cfg.BodyBudgetBytes, "body-budget-bytes", cfg.BodyBudgetBytes, "request body bytes buffered at once over every stream; a body that does not fit gets 503 with Retry-After (at least --max-body-bytes)")
+	fs.Int64Var(&cfg.BodyBudgetBytes, "body-budget-bytes", cfg.BodyBudgetBytes, "request body bytes buffered at once over every stream, at least --max-body-bytes; a body that does not fit gets 503 with Retry-After")
 	fs.IntVar(&cfg.Sched.QueueCapacity, "queue-capacity", cfg.Sched.QueueCapacity, "requests that may wait when every endpoint is busy; beyond it they get 429 (0: no queue)")
 	fs.DurationVar(&cfg.QueueTimeout, "queue-timeout", cfg.QueueTimeout, "longest wait in the admission queue; past it the request gets 503")
 	fs.Float64Var(&cfg.Sched.Busy.DecodeBlocksFraction, "busy-decode-fraction", cfg.Sched.Busy.DecodeBlocksFraction, "admission: an endpoint whose decode blocks exceed this fraction of its KV capacity takes no new request (0: off)")
@@ -134,6 +134,7 @@ var bodyModes = map[string]epp.BodyMode{
 	"buffered":         extprocfilter.ProcessingMode_BUFFERED,
 	"buffered-partial": extprocfilter.ProcessingMode_BUFFERED_PARTIAL,
 	"none":             extprocfilter.ProcessingMode_NONE,
+	"streamed":         extprocfilter.ProcessingMode_STREAMED,
 }
 
 // eppConfig parses epp's command line (and environment). It returns the
@@ -162,7 +163,7 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 	}
 	mode, ok := bodyModes[o.bodyMode]
 	if !ok {
-		return fail(fmt.Errorf("cannot use request body mode %q: want full-duplex, buffered, buffered-partial or none", o.bodyMode))
+		return fail(fmt.Errorf("cannot use request body mode %q: want full-duplex, buffered, buffered-partial, none or streamed", o.bodyMode))
 	}
 	cfg.RequestBodyMode = mode
 	log, err := newLogger(stderr, o.log.level, o.log.format)

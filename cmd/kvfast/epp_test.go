@@ -43,13 +43,21 @@ func TestEPPConfig(t *testing.T) {
 		t.Errorf("endpoints %+v, want %+v", src, want)
 	}
 
+	// STREAMED, as Envoy may announce it: routed on the headers, as none.
+	if cfg, _, _, _, ok := eppConfig([]string{"--model", "m", "--endpoint", "10.0.0.1:8000", "--request-body-mode", "streamed"}, io.Discard); !ok ||
+		cfg.RequestBodyMode != extprocfilter.ProcessingMode_STREAMED {
+		t.Errorf("--request-body-mode streamed: ok %v, mode %v", ok, cfg.RequestBodyMode)
+	}
+
 	for _, bad := range [][]string{
 		{"--endpoint", "10.0.0.1:8000"}, // no model
 		{"--model", "m"},                // no endpoints
 		{"--model", "m", "--endpoint", "10.0.0.1"},
+		{"--model", "m", "--endpoint", "localhost:8000"}, // a host name: the gateway connects to an IP
+		{"--model", "m", "--endpoint", "10.0.0.1:0"},
 		{"--model", "m", "--endpoint", "10.0.0.1:8000,zmq=udp://x"},
 		{"--model", "m", "--endpoint", "10.0.0.1:8000", "--pool", "p"},
-		{"--model", "m", "--endpoint", "10.0.0.1:8000", "--request-body-mode", "streamed"},
+		{"--model", "m", "--endpoint", "10.0.0.1:8000", "--request-body-mode", "duplex"},
 		{"--model", "m", "--endpoint", "10.0.0.1:8000", "--fallbacks", "9"},
 		{"--model", "m", "--pool", "p"}, // not in a pod
 		{"--model", "m", "--endpoint", "10.0.0.1:8000", "--queue-capacity", "-1"},
