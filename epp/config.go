@@ -86,6 +86,14 @@ type Config struct {
 	// BodyIdleTimeout would otherwise hold its share for as long as the
 	// sender liked. Past it the request gets 408.
 	BodyTimeout time.Duration
+	// ResponseTimeout bounds how long a routed request's booking waits on
+	// the gateway: for the response's headers (the endpoint's first
+	// byte, as kvfast serve's --first-byte-timeout), or for the gateway
+	// to take one of the picker's answers. Past it the booking is
+	// released (the stream stays, for the gateway to end): a hung
+	// endpoint or a gateway that stopped reading would otherwise hold
+	// the endpoint's load, and steer requests away from it, for good.
+	ResponseTimeout time.Duration
 	// QueueTimeout bounds a request's wait in the admission queue when
 	// every endpoint is busy (503 past it).
 	QueueTimeout time.Duration
@@ -121,6 +129,9 @@ func DefaultConfig() Config {
 		// 16 MiB (--max-body-bytes) at about 0.5 Mbit/s.
 		BodyTimeout:  5 * time.Minute,
 		QueueTimeout: 30 * time.Second,
+		// As kvfast serve's --first-byte-timeout: a long prompt behind a
+		// deep queue may take minutes to its first token.
+		ResponseTimeout: 10 * time.Minute,
 		// Admission as kvfast serve has it: an endpoint over a busy
 		// threshold takes no new request, which waits in the queue.
 		Sched:                sched.Config{Busy: sched.DefaultBusy, QueueCapacity: sched.DefaultQueueCapacity},
@@ -171,6 +182,9 @@ func (c *Config) Validate() error {
 	}
 	if c.BodyIdleTimeout <= 0 {
 		return invalidf("cannot use --body-idle-timeout %s: must be positive", c.BodyIdleTimeout)
+	}
+	if c.ResponseTimeout <= 0 {
+		return invalidf("cannot use --response-timeout %s: must be positive", c.ResponseTimeout)
 	}
 	if c.BodyTimeout <= 0 {
 		return invalidf("cannot use --body-timeout %s: must be positive", c.BodyTimeout)

@@ -2,6 +2,7 @@ package epp_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
@@ -807,5 +808,69 @@ func TestObservabilityModeBooksNothing(t *testing.T) {
 	settled(t, r)
 	if st := r.picker.Sched().Stats(); st.Booked != 0 {
 		t.Fatalf("observability mode booked %d requests, want none", st.Booked)
+	}
+}
+
+// TestGatewayThatLeavesARequestWaiting: a routed request whose response
+// headers never come (a hung endpoint, and no route timeout), or whose
+// gateway stops taking the picker's answers, keeps its booking only for
+// --response-timeout; the stream lives on until the gateway ends it, and
+// its end releases nothing twice.
+func TestGatewayThatLeavesARequestWaiting(t *testing.T) {
+	cfg := epp.DefaultConfig()
+	cfg.ResponseTimeout = 200 * time.Millisecond
+	eps := endpoints(2)
+	r := startEPP(t, cfg, eps...)
+	booked := func() int {
+		n := 0
+		for _, ep := range eps {
+			slot, _ := r.picker.SlotOf(ep.Address)
+			n += int(r.picker.Sched().Load(slot).Requests)
+		}
+		return n
+	}
+
+	// No response headers: the booking goes after the timeout.
+	st := r.open(t, duplexMode())
+	st.requestHeaders("/v1/completions", false, nil)
+	st.requestBody(completionBody(t, tokens(1, 64), true), true)
+	st.recv()
+	st.recv()
+	if got := booked(); got != 1 {
+		t.Fatalf("routed: %d booked, want 1", got)
+	}
+	waitFor(t, "the waiting request's booking to be released", func() bool { return booked() == 0 })
+	// The response comes after all: relayed, and nothing more released.
+	st.responseHeaders("200", "text/event-stream", nil)
+	st.recv()
+	st.responseBody([]byte(sseChunk("a", "stop")), true)
+	st.recv()
+	st.closeAndWaitEOF()
+	settled(t, r)
+
+	// A gateway that stops reading: the picker's answers to a large body
+	// (sent back upstream in full duplex) fill the stream's flow-control
+	// window, and its Send blocks. The stream has no deadline of its own,
+	// which would end it, and release the booking, anyway.
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ps, err := r.client.Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st = &stream{t: t, s: ps, cancel: cancel, mode: duplexMode()}
+	st.requestHeaders("/v1/completions", false, nil)
+	body := completionBody(t, tokens(1, 400_000), true)
+	for len(body) > 0 {
+		n := min(len(body), 60_000)
+		st.requestBody(body[:n], n == len(body))
+		body = body[n:]
+	}
+	waitFor(t, "the request to be routed", func() bool { return r.picker.Sched().Stats().Booked == 2 })
+	waitFor(t, "the unread request's booking to be released", func() bool { return booked() == 0 })
+	st.cancel()
+	settled(t, r)
+	if s := r.picker.Sched().Stats(); s.Booked != 2 || s.Released != 2 {
+		t.Fatalf("booked %d, released %d: want two each", s.Booked, s.Released)
 	}
 }

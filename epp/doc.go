@@ -23,8 +23,10 @@
 // trailers), passing every chunk through unchanged, and turns them into
 // guard transitions: response headers dispatch the request, SSE items
 // release its prefill load and book its output, the end of the response
-// completes it, and a stream that breaks or ends early aborts it. Every
-// booking is released exactly once, on every path. docs/epp.md cites the
+// completes it, and a stream that breaks or ends early aborts it; a
+// watchdog (watchdog.go) aborts it when the gateway leaves it waiting
+// past Config.ResponseTimeout, for response headers or to take an
+// answer. Every booking is released exactly once, on every path. docs/epp.md cites the
 // protocol's sources.
 //
 // Picker owns the routing state (index, approximate index, scheduler,

@@ -64,6 +64,8 @@ type exchange struct {
 	fallbackBy []workers.Slot
 
 	out []*extprocv3.ProcessingResponse // answers to the current message
+
+	watch *watchdog // made with the exchange, kept across streams
 }
 
 // reset readies x for its next stream, keeping its buffers unless one
@@ -85,7 +87,7 @@ func (x *exchange) reset() {
 		carry = nil
 	}
 	*x = exchange{s: x.s, req: x.req, body: body, hashes: hashes, carry: carry,
-		fallbackBy: x.fallbackBy[:0], out: x.out[:0]}
+		fallbackBy: x.fallbackBy[:0], out: x.out[:0], watch: x.watch}
 }
 
 // releaseBody gives back x's body and its charge of the body budget once

@@ -23,6 +23,8 @@ type metrics struct {
 	cancelled       prometheus.Counter
 	servedElsewhere prometheus.Counter
 	nodeQueryFails  prometheus.Counter
+	// responseTimeouts: bookings the watchdog released.
+	responseTimeouts prometheus.Counter
 }
 
 func newMetrics(p *Picker) *metrics {
@@ -46,13 +48,15 @@ func newMetrics(p *Picker) *metrics {
 			Help: "Requests the gateway reported served by a fallback endpoint (the booking moved there)."}),
 		nodeQueryFails: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvfast_epp_node_query_failures_total",
 			Help: "Node queries (--query-nodes) that failed or timed out: the request routed as if that node cached nothing."}),
+		responseTimeouts: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvfast_epp_response_timeouts_total",
+			Help: "Bookings released because the gateway left the routed request waiting past --response-timeout: no response headers came, or it did not take the picker's answer."}),
 	}
 	endpoints := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvfast_epp_endpoints",
 		Help: "Endpoints the picker routes to."}, func() float64 { return float64(p.Endpoints()) })
 	// The runtime's and the process's series too, as the router serves
 	// them: goroutines and resident memory are what show a leak.
 	m.reg.MustRegister(m.streams, m.decisions, m.decisionSeconds, m.promptBlocks, m.cachedBlocks, m.refusals,
-		m.cancelled, m.servedElsewhere, m.nodeQueryFails, endpoints, feedCollector{p},
+		m.cancelled, m.servedElsewhere, m.nodeQueryFails, m.responseTimeouts, endpoints, feedCollector{p},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -43,7 +43,7 @@ func NewServer(p *Picker) *Server {
 		Help: "Request body bytes buffered now over every stream, against --body-budget-bytes."},
 		func() float64 { return float64(s.bodyBytes.Load()) }))
 	s.ready.leading = true
-	s.exchanges.New = func() any { return &exchange{s: s} }
+	s.exchanges.New = func() any { return &exchange{s: s, watch: newWatchdog(s.metrics.responseTimeouts)} }
 	s.errBodyTooLarge = &openai.Error{Status: http.StatusRequestEntityTooLarge, Type: openai.TypeInvalidRequest, Code: "body_too_large",
 		Message: fmt.Sprintf("the request body is larger than the picker reads (%d bytes, its --max-body-bytes)", p.cfg.MaxBodyBytes)}
 	return s
@@ -72,6 +72,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	s.metrics.streams.Inc()
 	defer func() {
 		s.metrics.streams.Dec()
+		x.watch.disarm() // a panic may unwind through an armed call
 		if x.held {
 			// Only a panic unwinding through handle gets here with the
 			// booking held: release it before the process goes down.
@@ -105,7 +106,11 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		var msg *extprocv3.ProcessingRequest
 		var err error
 		if !x.sawBody || x.decided {
+			if x.held && !x.responded {
+				x.watch.arm(x.h, s.p.cfg.ResponseTimeout)
+			}
 			msg, err = stream.Recv()
+			x.watch.disarm()
 		} else {
 			if want == nil {
 				want, in = make(chan struct{}), make(chan received, 1)
@@ -163,12 +168,17 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			x.end(false)
 			return x.violation
 		}
+		if x.held {
+			x.watch.arm(x.h, s.p.cfg.ResponseTimeout)
+		}
 		for _, r := range x.out {
 			if err := stream.Send(r); err != nil {
+				x.watch.disarm()
 				x.end(false)
 				return status.Errorf(codes.Unknown, "cannot answer the gateway: %v", err)
 			}
 		}
+		x.watch.disarm()
 		x.out = x.out[:0]
 		if x.decided && x.charged > 0 {
 			// The body went upstream in the answers just sent (full

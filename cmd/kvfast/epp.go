@@ -114,6 +114,7 @@ func bindEPPFlags(fs *flag.FlagSet, cfg *epp.Config, o *eppOptions) {
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body the picker reads (413 beyond)")
 	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", cfg.BodyTimeout, "longest wait for the whole of a request body the picker has begun to read, however steadily it arrives (408 past it), so that a body trickling a byte per --body-idle-timeout does not hold its share of --body-budget-bytes")
 	fs.DurationVar(&cfg.BodyIdleTimeout, "body-idle-timeout", cfg.BodyIdleTimeout, "longest wait for the next part of a request body the picker has begun to read (408 past it), so that a stalled body does not hold its share of --body-budget-bytes")
+	fs.DurationVar(&cfg.ResponseTimeout, "response-timeout", cfg.ResponseTimeout, "longest a routed request's booking waits on the gateway, for the response's headers or to take one of the picker's answers; past it the booking is released (its endpoint's load freed) and the stream left for the gateway to end")
 	fs.Int64Var(&cfg.BodyBudgetBytes, "body-budget-bytes", cfg.BodyBudgetBytes, "request body bytes buffered at once over every stream, at least --max-body-bytes; a body that does not fit gets 503 with Retry-After")
 	fs.IntVar(&cfg.Sched.QueueCapacity, "queue-capacity", cfg.Sched.QueueCapacity, "requests that may wait when every endpoint is busy; beyond it they get 429 (0: no queue)")
 	fs.DurationVar(&cfg.QueueTimeout, "queue-timeout", cfg.QueueTimeout, "longest wait in the admission queue; past it the request gets 503")
