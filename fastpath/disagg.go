@@ -106,9 +106,12 @@ const (
 	decisionLocalCached   = "local_cached" // decode worker caches LocalCachedFraction of the prompt
 	decisionLocalNoWorker = "local_no_prefill_worker"
 	decisionFallback      = "fallback_local" // every prefill attempt failed: prefilled locally
+	// decisionNoPrefillWorker: the decode worker cannot prefill (an SGLang
+	// decode engine) and no prefill worker can: a 503.
+	decisionNoPrefillWorker = "no_prefill_worker"
 )
 
-var allDecisions = []string{decisionRemote, decisionLocalShort, decisionLocalCached, decisionLocalNoWorker, decisionFallback}
+var allDecisions = []string{decisionRemote, decisionLocalShort, decisionLocalCached, decisionLocalNoWorker, decisionFallback, decisionNoPrefillWorker}
 
 // Stages of a disaggregated request's time to first token, the values of
 // kvfast_disagg_stage_seconds's stage label.
@@ -134,6 +137,9 @@ type prefillStage struct {
 	// client is the client's own body while decode replaces it (vLLM):
 	// a retried decode sends it instead, computing the prompt itself.
 	client []byte
+	// clean is the client's body without the transfer fields it sent
+	// (stripTransferFields), when it sent any.
+	clean []byte
 
 	decodeSent, decodeAnswered int64 // clock readings for the stage metrics
 
@@ -171,10 +177,10 @@ func (st *prefillStage) abortFailed() {
 
 // recycle keeps the stage's buffers for the exchange's next request.
 func (st *prefillStage) recycle() prefillStage {
-	if cap(st.body) > 1<<20 || cap(st.decode) > 1<<20 {
+	if cap(st.body) > 1<<20 || cap(st.decode) > 1<<20 || cap(st.clean) > 1<<20 {
 		return prefillStage{}
 	}
-	return prefillStage{body: st.body[:0], decode: st.decode[:0]}
+	return prefillStage{body: st.body[:0], decode: st.decode[:0], clean: st.clean[:0]}
 }
 
 // setPrefillGuard makes h the prefill stage's guard, held; as setGuard, a
@@ -294,7 +300,22 @@ func (s *Server) serveDisagg(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff 
 	if !s.book(ctx, ex) {
 		return false
 	}
+	ex.stripTransferFields(s.cfg.Disagg.Protocol)
 	decision := s.decideDisagg(ex)
+	if decision == decisionNoPrefillWorker {
+		s.metrics.dis.decisions[decision].Inc()
+		if ex.sreq.AllowListed && s.prefillCandidates(ex) == 0 {
+			// The client's allow-list left no prefill worker: a 503
+			// would have it retry for ever.
+			ex.count(statusClientError)
+			writeError(ctx, fasthttp.StatusBadRequest, errAllowNoPrefill)
+			return false
+		}
+		ex.count(statusUnavailable)
+		ctx.Response.Header.SetBytesV("Retry-After", s.retryAfter(ex))
+		writeError(ctx, fasthttp.StatusServiceUnavailable, errNoPrefillWorker)
+		return false
+	}
 	if decision == decisionRemote {
 		// The decode worker computes none of the prompt: its prefill
 		// booking goes now, before it misleads other selections.
@@ -337,6 +358,15 @@ func (s *Server) decideDisagg(ex *exchange) string {
 	cached := int(ex.dec.OverlapBlocks) * s.sched.BlockSize()
 	prompt := ex.sreq.PromptTokens
 	switch {
+	case cfg.Protocol == DisaggSGLang && s.roleOf(ex.dec.Slot) == workers.RoleDecode:
+		// An SGLang engine started in decode mode computes no prompt of
+		// its own: given one without bootstrap fields it waits for a KV
+		// transfer that never comes. Every request it answers is paired
+		// with a prefill, as sgl-router's PD mode pairs them.
+		if s.routablePrefill(ex) == 0 {
+			return decisionNoPrefillWorker
+		}
+		return decisionRemote
 	case prompt-cached < cfg.MinRemoteTokens:
 		return decisionLocalShort
 	case cfg.LocalCachedFraction > 0 && float64(cached) >= cfg.LocalCachedFraction*float64(prompt):
@@ -346,6 +376,52 @@ func (s *Server) decideDisagg(ex *exchange) string {
 	}
 	return decisionRemote
 }
+
+// roleOf is the role of the worker in slot (both, if it just left).
+func (s *Server) roleOf(slot workers.Slot) workers.Role {
+	info, _ := s.sched.Worker(slot)
+	return info.Role
+}
+
+// errNoPrefillWorker answers a request whose decode worker cannot compute
+// its prompt when no prefill worker can take it; errAllowNoPrefill when
+// the client's allow-list named none.
+var (
+	errNoPrefillWorker = &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: "service_unavailable", Code: "no_prefill_worker",
+		Message: "no prefill worker can take the request, and its decode worker (an SGLang decode engine) cannot compute the prompt itself"}
+	errAllowNoPrefill = &openai.Error{Status: fasthttp.StatusBadRequest, Type: openai.TypeInvalidRequest, Param: HeaderAllow, Code: "allow_excluded",
+		Message: HeaderAllow + " names no prefill worker, and an SGLang decode engine cannot compute a prompt itself: name a prefill worker too"}
+)
+
+// stripTransferFields drops from the client's body the fields by which
+// the stages of a disaggregated request find each other: vLLM's
+// kv_transfer_params, SGLang's bootstrap address and room. Only the
+// router may set them. A client's own would reach a decode engine on
+// every path that forwards its body as it came (a local decision, the
+// fallback after failed prefills, a retried decode), and have it pull KV
+// from, or hold it for, whatever host the client named.
+func (ex *exchange) stripTransferFields(protocol string) {
+	fields := vllmTransferFields
+	if protocol == DisaggSGLang {
+		fields = sglangTransferFields
+	}
+	for _, f := range fields {
+		if topLevelMember(ex.body, f) == nil {
+			continue
+		}
+		clean, _, err := appendMembersExcept(ex.pre.clean[:0], ex.body, fields...)
+		if err == nil { // not an object: the parser would have refused it
+			ex.pre.clean = append(clean, '}')
+			ex.body = ex.pre.clean
+		}
+		return
+	}
+}
+
+var (
+	vllmTransferFields   = []string{"kv_transfer_params"}
+	sglangTransferFields = []string{"bootstrap_host", "bootstrap_port", "bootstrap_room"}
+)
 
 // routablePrefill are the prefill candidates that can take the stage now:
 // healthy, not ejected, serving the model. With none, the decode worker

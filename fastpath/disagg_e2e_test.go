@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -568,6 +569,59 @@ func TestDisaggSGLang(t *testing.T) {
 	if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != "allow_excluded" {
 		t.Errorf("allow-list of the prefill worker: %d %s, want 400 allow_excluded", resp.status, resp.body)
 	}
+}
+
+// TestDisaggVLLMClientTransferParamsAreDropped: kv_transfer_params are
+// the router's to set. A client's own, on a request the decode worker
+// prefills itself, would have the engine pull KV from whatever host they
+// name (here a port nothing listens on, which fails the request).
+func TestDisaggVLLMClientTransferParamsAreDropped(t *testing.T) {
+	d := startDisaggRig(t, fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM, MinRemoteTokens: 64}, false)
+	r := d.r
+	host, port, _ := net.SplitHostPort(deadAddr(t))
+	params := `"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"x","remote_block_ids":[1],` +
+		`"remote_request_id":"r","remote_host":"` + host + `","remote_port":` + port + `},`
+	body := bytes.Replace(completionBody(e2eTokens(9, 20), false, 4), []byte("{"), []byte("{"+params), 1)
+	resp := r.post(t, fastpath.PathCompletions, body, nil)
+	if resp.status != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	if n := decisionCount(t, r, "local_short"); n != 1 {
+		t.Errorf("local_short decisions %v, want 1", n)
+	}
+	waitReleased(t, r.node)
+}
+
+// TestDisaggSGLangDecodeEnginesNeverPrefill: an SGLang engine in decode
+// mode computes no prompt itself; sent one without bootstrap fields it
+// waits for a transfer that never comes. A prompt short enough, or cached
+// enough, to prefill locally on a decode worker that could (vLLM's, or a
+// both-role engine) is paired with a prefill all the same, and the
+// client's own bootstrap fields never reach an engine. With no prefill
+// worker allowed the request is refused, not sent.
+func TestDisaggSGLangDecodeEnginesNeverPrefill(t *testing.T) {
+	d := startDisaggRig(t, fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, MinRemoteTokens: 64, LocalCachedFraction: 0.9}, true)
+	r := d.r
+	body := []byte(`{"model":"` + e2eModel + `","messages":[{"role":"user","content":"hi"}],"max_tokens":4,` +
+		`"bootstrap_host":"10.6.6.6","bootstrap_port":1,"bootstrap_room":7}`)
+	for range 2 { // the second is cached on its decode worker
+		resp := r.post(t, fastpath.PathChatCompletions, body, nil)
+		if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderPrefillWorker) != "1" {
+			t.Fatalf("a short prompt: status %d, prefill worker %q: %s", resp.status, resp.header.Get(fastpath.HeaderPrefillWorker), resp.body)
+		}
+		waitReleased(t, r.node)
+	}
+	if n := decisionCount(t, r, "remote"); n != 2 {
+		t.Errorf("remote decisions %v, want 2", n)
+	}
+	resp := r.post(t, fastpath.PathChatCompletions, body, map[string]string{fastpath.HeaderAllow: "2,3"})
+	if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != "allow_excluded" {
+		t.Errorf("an allow-list of decode workers: %d %s, want 400 allow_excluded", resp.status, resp.body)
+	}
+	if n := decisionCount(t, r, "no_prefill_worker"); n != 1 {
+		t.Errorf("no_prefill_worker decisions %v, want 1", n)
+	}
+	waitReleased(t, r.node)
 }
 
 // TestDisaggSGLangPrefillFails: an SGLang decode engine waits for its
