@@ -12,6 +12,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvfast/kvfast/internal/jsonscan"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -155,16 +156,17 @@ func (c *Call) SetRequest(uri, body []byte) {
 // then ejects an engine that keeps answering so.
 func (c *Call) RequireObject() { c.requireObject = true }
 
-// isObject reports whether b, after blanks, starts a JSON object.
+// isObject reports whether b is one whole JSON object, blanks aside. A
+// first '{' is not enough: an answer cut short with a Content-Length
+// that matches what was sent (an engine that died mid-write behind a
+// proxy that had buffered its headers) starts as one.
 func isObject(b []byte) bool {
-	for _, ch := range b {
-		switch ch {
-		case ' ', '\t', '\n', '\r':
-			continue
-		}
-		return ch == '{'
+	i := jsonscan.SkipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return false
 	}
-	return false
+	end := jsonscan.SkipValue(b, i, 0)
+	return end >= 0 && jsonscan.SkipSpace(b, end) == len(b)
 }
 
 // SetChoices says the request asks for n completions (OpenAI's n): its

@@ -502,9 +502,6 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		}
 		var params []byte
 		if err == nil {
-			err = checkStageAnswer(st.call, body)
-		}
-		if err == nil {
 			// vLLM answers null when the request ended at its one token
 			// (an end-of-sequence token): nothing is kept for a remote
 			// decode, and the decode worker computes the prompt itself,
@@ -545,14 +542,11 @@ var (
 	errPrefillInvalid = errors.New("the prefill engine found the request invalid")
 )
 
-// errStageGarbled is a 2xx answer of an internal stage (prefill, encode)
-// that is not the JSON completion the router asked for; errStageError one
-// that carries an error object. Both are the engine's failure: the stage
-// is tried elsewhere, and what the answer held goes nowhere.
-var (
-	errStageGarbled = errors.New("the engine's answer is not a JSON completion")
-	errStageError   = errors.New("the engine answered with an error object")
-)
+// errStageGarbled is a prefill's answer whose kv_transfer_params are not
+// an object: the engine's failure, tried elsewhere. (An answer that is
+// not one whole JSON object, or an error object under a 2xx, failed in
+// ReadBody: the stage's call requires an object.)
+var errStageGarbled = errors.New("the engine's answer is not a JSON completion")
 
 // maxTransferParams bounds the kv_transfer_params a prefill answer may
 // hand to the decode engine for a prompt of promptTokens: vLLM's hold a
@@ -565,27 +559,6 @@ func maxTransferParams(promptTokens int) int { return max(1<<20, 16*promptTokens
 // prefill worker of the pool would send as many, so the request is not
 // tried on another, and the decode worker computes the prompt itself.
 var errTransferTooLarge = errors.New("the prefill engine's kv_transfer_params are too large to forward")
-
-// checkStageAnswer says why a 2xx answer to an internal stage's request
-// is unusable, or nil: an engine that reports an error with a 2xx has
-// failed all the same. (One that is not a JSON object at all, an event
-// stream among them, failed in ReadBody: the stage's call requires one.)
-func checkStageAnswer(call *dispatch.Call, body []byte) error {
-	// One whole JSON object: an answer cut short (a 200 whose body ends
-	// inside kv_transfer_params) reads as one without the member, a
-	// remote prefill that silently did not happen.
-	i := jsonscan.SkipSpace(body, 0)
-	if i >= len(body) || body[i] != '{' {
-		return errStageGarbled
-	}
-	if end := jsonscan.SkipValue(body, i, 0); end < 0 || jsonscan.SkipSpace(body, end) != len(body) {
-		return errStageGarbled
-	}
-	if openai.ParseResponse(body).Kind == openai.EventError {
-		return errStageError
-	}
-	return nil
-}
 
 // transferParams returns the kv_transfer_params of a checked prefill
 // answer for the decode request of a prompt of promptTokens: an object of

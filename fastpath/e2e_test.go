@@ -599,15 +599,17 @@ func eventData(ev []byte) []byte {
 }
 
 // TestGarbageSuccessIsTheEnginesFailure: an engine's 200 that is neither
-// an event stream nor a JSON object (an HTML page, bytes), or that is an
-// error object, is a failed attempt, retried elsewhere, not relayed as
+// an event stream nor a whole JSON object (an HTML page, bytes, an object
+// cut short), or that is an error object, is a failed attempt, retried elsewhere, not relayed as
 // success (an SDK fails to parse it, without retrying: the router counted
 // it ok).
 func TestGarbageSuccessIsTheEnginesFailure(t *testing.T) {
 	for _, answer := range []string{"\x00\xffNOT JSON <html>",
 		// vLLM's error shape, and OpenAI's, under a 200.
 		`{"object":"error","message":"boom","type":"InternalServerError","param":null,"code":500}`,
-		`{"error":{"message":"boom","type":"server_error"}}`} {
+		`{"error":{"message":"boom","type":"server_error"}}`,
+		// Cut short, with a Content-Length of what was sent.
+		`{"id":"x","choices":[{"text":"a"`} {
 		t.Run(answer, func(t *testing.T) { testGarbageSuccess(t, answer) })
 	}
 }
