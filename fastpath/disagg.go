@@ -495,7 +495,7 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		}
 		if err == nil && st.call.StatusCode() >= 300 {
 			err = errPrefillRefused
-			if code := st.call.StatusCode(); code >= 400 && code < 500 && !st.call.Failed() {
+			if judgesRequest(st.call) {
 				err = errPrefillInvalid
 			}
 			st.abortFailed()
@@ -535,8 +535,26 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	return false
 }
 
-// errPrefillRefused is a prefill engine's 5xx, or an error in a 2xx
-// answer; a 4xx is errPrefillInvalid.
+// judgesRequest reports whether an internal stage's error answer judges
+// the request itself, as every engine of the model would (a 4xx: too
+// long, a parameter or an item it refuses), so that another engine
+// would only say the same; or else the engine's state, which another
+// may not share: a 5xx, a refusal of the router's key (Call.Failed: an
+// engine restarted with another), a timeout (408), a throttle (429), a
+// model it does not serve (404).
+func judgesRequest(call *dispatch.Call) bool {
+	switch code := call.StatusCode(); {
+	case code < 400 || code >= 500 || call.Failed():
+		return false
+	case code == fasthttp.StatusNotFound, code == fasthttp.StatusRequestTimeout, code == fasthttp.StatusTooManyRequests:
+		return false
+	}
+	return true
+}
+
+// errPrefillRefused is a prefill engine's 5xx or other refusal of its
+// own state; one judging the request (judgesRequest) is
+// errPrefillInvalid.
 var (
 	errPrefillRefused = errors.New("the prefill engine refused the request")
 	errPrefillInvalid = errors.New("the prefill engine found the request invalid")

@@ -436,6 +436,24 @@ func TestDisaggVLLMFaults(t *testing.T) {
 			}
 		}
 	})
+	t.Run("a throttle is retried on another prefill worker", func(t *testing.T) {
+		var throttled atomic.Int64
+		busy := func(ctx *fasthttp.RequestCtx) {
+			throttled.Add(1)
+			ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"error":{"message":"busy","type":"rate_limit_exceeded"}}`)
+		}
+		a := startE2EEngine(t, busy)
+		r := run(t, []node.StaticWorker{prefillOf(30, a.addr()), prefillOf(31, realPrefill.Addr())}, decodeWorker)
+		indexBlocks(t, r.node, 30, 0, e2eTokens(7, 200)) // the throttled worker looks best
+		resp := r.post(t, fastpath.PathCompletions, body, nil)
+		if resp.status != 200 || resp.header.Get(fastpath.HeaderPrefillWorker) != "31" || throttled.Load() != 1 {
+			t.Fatalf("status %d, prefill worker %q after %d throttled attempts: %s", resp.status,
+				resp.header.Get(fastpath.HeaderPrefillWorker), throttled.Load(), resp.body)
+		}
+		waitReleased(t, r.node)
+	})
 	t.Run("a 4xx is not retried on another prefill worker", func(t *testing.T) {
 		var refusals atomic.Int64
 		invalid := func(ctx *fasthttp.RequestCtx) {

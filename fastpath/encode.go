@@ -421,20 +421,12 @@ func (s *Server) runEncode(ex *exchange, i int, wg *sync.WaitGroup) {
 		// error: what the encoder cached is unknown, so not remembered.
 		_, err = st.call.ReadBodyWithin(stageBodyTimeout)
 	}
-	if code := st.call.StatusCode(); err == nil && code >= 300 {
-		// A 4xx judges the item (a modality or format the model does not
-		// take, a picture that does not decode): every encoder of the
-		// model would refuse it alike, so it is not retried on another;
-		// the prefill engine gets it and answers the client as the
-		// engine does. A timeout, a throttle, a model the encoder does not
-		// serve (404) and a refusal of the engines' key (Call.Failed: an
-		// encoder restarted with another) are the encoder's state.
-		switch {
-		case code >= 500, st.call.Failed():
-		case code == fasthttp.StatusNotFound, code == fasthttp.StatusRequestTimeout, code == fasthttp.StatusTooManyRequests:
-		default:
-			st.refused = code >= 400
-		}
+	if err == nil && st.call.StatusCode() >= 300 {
+		// A refusal judging the item (a modality or format the model
+		// does not take, a picture that does not decode) is not retried
+		// on another encoder; the prefill engine gets the item and
+		// answers the client as the engine does.
+		st.refused = judgesRequest(st.call)
 		err = errEncodeRefused
 		st.abortFailed()
 	}
