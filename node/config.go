@@ -214,6 +214,17 @@ func (c *Config) libraryConfigs() (sched.Config, dispatch.Config) {
 
 // Validate reports the first setting a router cannot run with.
 func (c *Config) Validate() error {
+	for _, l := range []struct{ flag, addr string }{{"--listen", c.Listen}, {"--admin-listen", c.AdminListen}} {
+		if l.addr == "" && l.flag == "--admin-listen" {
+			continue // no admin listener
+		}
+		// Checked here, not at the first Listen: a typo is a usage error
+		// (exit 2) that says which flag, not a router that stopped.
+		_, port, err := net.SplitHostPort(l.addr)
+		if _, perr := strconv.ParseUint(port, 10, 16); err != nil || perr != nil {
+			return fmt.Errorf("cannot listen on %s %q: want host:port, a port from 0 to 65535 (as 127.0.0.1:8000 or :8000)", l.flag, l.addr)
+		}
+	}
 	if c.Sched.QueueCapacity < 0 {
 		return fmt.Errorf("cannot use queue capacity %d: must not be negative (0: no queue)", c.Sched.QueueCapacity)
 	}

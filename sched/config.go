@@ -125,8 +125,10 @@ type BusyThresholds struct {
 // Validate reports whether the thresholds are usable.
 func (b BusyThresholds) Validate() error {
 	f := b.DecodeBlocksFraction
-	if math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
-		return invalidf("cannot use decode busy fraction %v: want a finite number >= 0 (0: off)", f)
+	if !(f >= 0 && f <= 1) {
+		// Past 1 it would never hold: the operator meant something else
+		// (a percentage?) than turning the threshold off, which is 0.
+		return invalidf("cannot use decode busy fraction %v: want a fraction of the KV capacity, from 0 (off) to 1", f)
 	}
 	if b.PrefillTokens < 0 {
 		return invalidf("cannot use prefill busy threshold %d tokens", b.PrefillTokens)

@@ -383,7 +383,7 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 		return o, out, 2
 	}
 	if fs.NArg() > 0 {
-		return bad("unexpected argument %q", fs.Arg(0))
+		return bad("%s", extraArgument(fs))
 	}
 	var err error
 	if policies == "" {

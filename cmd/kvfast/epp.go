@@ -157,7 +157,7 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 		return cfg, o, nil, 2, false
 	}
 	if fs.NArg() > 0 {
-		return fail(fmt.Errorf("unexpected argument %q", fs.Arg(0)))
+		return fail(errors.New(extraArgument(fs)))
 	}
 	if err := applyEnv(fs, eppEnvPrefix, stderr); err != nil {
 		return fail(err)

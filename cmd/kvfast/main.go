@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 )
 
 // subcommand is one verb of the kvfast command line.
@@ -107,6 +108,7 @@ func parseFlags(fs *flag.FlagSet, args []string, about string) error {
 			msg = strings.Replace(msg, " for -", " for --", 1)
 		case strings.HasPrefix(msg, "invalid value "):
 			msg = strings.Replace(msg, " for flag -", " for flag --", 1)
+			msg += valueHint(fs, msg)
 		}
 		fmt.Fprintln(out, redactCredentials(msg))
 	}
@@ -139,6 +141,48 @@ func printUsage(w io.Writer, fs *flag.FlagSet, about string) {
 		b.WriteByte('\n')
 	})
 	_, _ = io.WriteString(w, b.String())
+}
+
+// valueHint says what a flag whose value did not parse takes, when its
+// type says it: the flag package's own "parse error" does not.
+func valueHint(fs *flag.FlagSet, msg string) string {
+	_, rest, _ := strings.Cut(msg, " for flag --")
+	name, _, _ := strings.Cut(rest, ":")
+	if f := fs.Lookup(name); f != nil {
+		return typeHint(f)
+	}
+	return ""
+}
+
+// typeHint says what f's type takes, or "" for a type of its own (whose
+// error says why).
+func typeHint(f *flag.Flag) string {
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return ""
+	}
+	switch g.Get().(type) {
+	case time.Duration:
+		return " (want a duration with its unit, such as 500ms, 30s, 2m or 1h30m)"
+	case int, int64, uint, uint64:
+		return " (want a whole number)"
+	case float64:
+		return " (want a number)"
+	case bool:
+		return " (want true or false)"
+	}
+	return ""
+}
+
+// extraArgument is the error for an argument left after the flags,
+// which kvfast's commands take none of. A boolean flag takes its value
+// only after '=': "--flag false" sets it and leaves "false" behind.
+func extraArgument(fs *flag.FlagSet) string {
+	msg := fmt.Sprintf("unexpected argument %q", fs.Arg(0))
+	if a := fs.Arg(0); a == "true" || a == "false" {
+		msg += " (a true/false flag takes its value after '=', as in --flag=" + a + ")"
+	}
+	return msg
 }
 
 // urlUserinfo and urlQuery find the secrets a URL in a flag's value may

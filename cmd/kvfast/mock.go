@@ -170,7 +170,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvfast mock: unexpected argument %q\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "kvfast mock: %s\n", extraArgument(fs))
 		return 2
 	}
 	host, portStr, err := net.SplitHostPort(*listen)

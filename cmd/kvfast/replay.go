@@ -121,7 +121,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvfast replay: unexpected argument %q\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "kvfast replay: %s\n", extraArgument(fs))
 		return 2
 	}
 	if *vocab == 0 || *vocab > 1<<32-1 {

@@ -343,7 +343,11 @@ func applyEnv(fs *flag.FlagSet, prefix string, warn io.Writer) error {
 		env := prefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if v, ok := os.LookupEnv(env); ok {
 			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, errors.New(redactCredentials(fmt.Sprintf("cannot use %s=%q as --%s: %v (its --help line says what it takes)", env, v, f.Name, err))))
+				hint := typeHint(f)
+				if hint == "" {
+					hint = " (its --help line says what it takes)"
+				}
+				errs = append(errs, errors.New(redactCredentials(fmt.Sprintf("cannot use %s=%q as --%s: %v%s", env, v, f.Name, err, hint))))
 			}
 		}
 	})
@@ -388,7 +392,7 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 		return cfg, 2, false
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvfast serve: unexpected argument %q\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "kvfast serve: %s\n", extraArgument(fs))
 		return cfg, 2, false
 	}
 	if err := applyEnv(fs, serveEnvPrefix, stderr); err != nil {

@@ -88,6 +88,29 @@ func TestServeConfig(t *testing.T) {
 			t.Errorf("--policy kv-aware: %q; want the flag named, and the reason read once", msg)
 		}
 	})
+	t.Run("a bad value: what the flag takes", func(t *testing.T) {
+		for _, tc := range []struct{ args, says string }{
+			{"--queue-timeout 5", "want a duration with its unit"},
+			{"--max-body-bytes 32MiB", "want a whole number"},
+			{"--busy-decode-fraction x", "want a number"},
+			{"--credit-in-flight false", "takes its value after '=', as in --flag=false"},
+			{"--busy-decode-fraction 2", "from 0 (off) to 1"},
+			{"--trace-sample-ratio 2", "want 0..1"},
+			{"--listen 127.0.0.1", `cannot listen on --listen "127.0.0.1": want host:port`},
+			{"--admin-listen 127.0.0.1:99999", "want host:port, a port from 0 to 65535"},
+		} {
+			var stderr strings.Builder
+			args := append([]string{"--segment", "none"}, strings.Fields(tc.args)...)
+			if _, code, ok := serveConfig(args, &stderr); ok || code != 2 || !strings.Contains(stderr.String(), tc.says) {
+				t.Errorf("%s: ok %v, exit %d, %q; want exit 2 saying %q", tc.args, ok, code, stderr.String(), tc.says)
+			}
+		}
+		t.Setenv("KVFAST_CREDIT_IN_FLIGHT", "no")
+		var stderr strings.Builder
+		if _, code, ok := serveConfig([]string{"--segment", "none"}, &stderr); ok || code != 2 || !strings.Contains(stderr.String(), "want true or false") {
+			t.Errorf("KVFAST_CREDIT_IN_FLIGHT=no: ok %v, exit %d, %q", ok, code, stderr.String())
+		}
+	})
 	t.Run("one engine given twice", func(t *testing.T) {
 		// Two workers on one engine would split its load accounting: the
 		// same URL, however written, is refused unless the ranks differ.

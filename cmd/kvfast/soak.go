@@ -77,7 +77,7 @@ func soakCommand(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvfast soak: unexpected argument %q\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "kvfast soak: %s\n", extraArgument(fs))
 		return 2
 	}
 	log, err := newLogger(stderr, logLevel, "text")

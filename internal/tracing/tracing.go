@@ -50,6 +50,11 @@ func DefaultConfig() Config {
 
 // Validate reports a setting New cannot use.
 func (c *Config) Validate() error {
+	// Checked with or without an endpoint: a bad ratio is a typo now, not
+	// only once tracing is turned on.
+	if !(c.SampleRatio >= 0 && c.SampleRatio <= 1) {
+		return fmt.Errorf("cannot use trace sample ratio %v: want 0..1", c.SampleRatio)
+	}
 	if c.Endpoint == "" {
 		return nil
 	}
@@ -58,9 +63,6 @@ func (c *Config) Validate() error {
 	}
 	if err := checkHeaders(os.Getenv("OTEL_EXPORTER_OTLP_HEADERS"), os.Getenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS")); err != nil {
 		return err
-	}
-	if c.SampleRatio < 0 || c.SampleRatio > 1 {
-		return fmt.Errorf("cannot use trace sample ratio %v: want 0..1", c.SampleRatio)
 	}
 	if c.ServiceName == "" {
 		return errors.New("cannot trace without a service name")
