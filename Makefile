@@ -15,7 +15,7 @@ help: ## List the targets with what they do.
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## Build bin/kvfast.
-	$(GO) build -o $(BIN) ./cmd/kvfast
+	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/kvfast
 
 image: ## Build the container image IMAGE (default kvfast:latest, the tag deploy/kubernetes runs) from the Dockerfile; needs Docker (docs/deploy.md).
 	@command -v docker >/dev/null 2>&1 || { echo "make image: docker is not installed; make lint checks the Dockerfile without it" >&2; exit 1; }

@@ -57,7 +57,7 @@ func newMetrics(p *Picker) *metrics {
 	// them: goroutines and resident memory are what show a leak.
 	m.reg.MustRegister(m.streams, m.decisions, m.decisionSeconds, m.promptBlocks, m.cachedBlocks, m.refusals,
 		m.cancelled, m.servedElsewhere, m.nodeQueryFails, m.responseTimeouts, endpoints, feedCollector{p},
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewBuildInfoCollector())
 	return m
 }
 

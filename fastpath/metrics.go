@@ -174,7 +174,7 @@ func newMetrics(s *Server) *metrics {
 	m.enc = newEncodeMetrics(reg)
 	reg.MustRegister(bodyBytes, responseBytes, requests, duration, ttft, itl, isl, osl, m.promptBlocks, m.cachedBlocks, stages, m.retries, m.unattributed, auth, transport, multimodal,
 		&stateCollector{s: s},
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewBuildInfoCollector())
 	return m
 }
 

@@ -63,6 +63,9 @@ func main() {
 	case "-h", "--help":
 		usage(os.Stdout)
 		return
+	case "--version", "-version":
+		printVersion(os.Stdout)
+		return
 	case "help":
 		// "kvfast help serve" is "kvfast serve --help".
 		if len(os.Args) < 3 {

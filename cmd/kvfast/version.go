@@ -1,0 +1,45 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+)
+
+func init() {
+	register("version", "print the build: module version, commit and Go release", func(args []string) int {
+		if len(args) > 0 {
+			fmt.Fprintf(os.Stderr, "kvfast version: takes no arguments\n")
+			return 2
+		}
+		printVersion(os.Stdout)
+		return 0
+	})
+}
+
+// printVersion writes what the binary was built from, as the Go
+// toolchain recorded it: a binary built from a checkout carries its
+// commit (and whether the tree had changes), one built by go install its
+// module version. An operator asked "which kvfast is this?" reads it here
+// or in /metrics' go_build_info.
+func printVersion(w io.Writer) {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		fmt.Fprintln(w, "kvfast (no build information)")
+		return
+	}
+	settings := map[string]string{}
+	for _, s := range bi.Settings {
+		settings[s.Key] = s.Value
+	}
+	fmt.Fprintf(w, "kvfast %s\n", bi.Main.Version)
+	if rev := settings["vcs.revision"]; rev != "" {
+		dirty := ""
+		if settings["vcs.modified"] == "true" {
+			dirty = " (with uncommitted changes)"
+		}
+		fmt.Fprintf(w, "commit %s%s, %s\n", rev, dirty, settings["vcs.time"])
+	}
+	fmt.Fprintf(w, "built with %s for %s/%s\n", bi.GoVersion, settings["GOOS"], settings["GOARCH"])
+}
