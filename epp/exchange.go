@@ -186,6 +186,7 @@ func (x *exchange) prepare(ctx context.Context) *openai.Error {
 			lora := ""
 			if m != nil && string(m) != p.cfg.Model {
 				lora = string(m)
+				x.adapterEndpoints(m)
 			}
 			seed = radix.NamespaceSeed(p.cfg.Model, lora, string(x.req.CacheSalt))
 		}

@@ -37,6 +37,9 @@ type Picker struct {
 
 	// slots is the request path's view of membership: address → slot.
 	slots atomic.Pointer[map[string]workers.Slot]
+	// adapters is the request path's view of which endpoints list which
+	// LoRA adapter of the pool's model (adapters.go).
+	adapters atomic.Pointer[map[string]workers.Set]
 	// silent are the members without an event feed (a workers.Set): their
 	// exact prompts route on the router's own history.
 	silent atomic.Uint64
@@ -102,6 +105,8 @@ func NewPicker(cfg Config) (*Picker, error) {
 	}
 	empty := map[string]workers.Slot{}
 	p.slots.Store(&empty)
+	none := map[string]workers.Set{}
+	p.adapters.Store(&none)
 	p.ctx, p.stop = context.WithCancel(context.Background())
 	return p, nil
 }

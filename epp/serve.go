@@ -162,6 +162,7 @@ func serve(ctx context.Context, cfg Config, src Source, l Listeners, ln, hln, ml
 	g := NewGRPC(ctx, s, opts...)
 	var wg sync.WaitGroup
 	wg.Go(func() { p.Run(ctx, src, l.Poll) })
+	wg.Go(func() { p.RunAdapters(ctx, adapterPoll) })
 	if l.Elector != nil {
 		wg.Go(func() { l.Elector.Run(ctx, s.SetLeading) })
 	}

@@ -2,10 +2,8 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
@@ -162,11 +161,9 @@ func (n *Node) learnModel(info sched.WorkerInfo, model string) error {
 // (--engine-api-key-file) or another than the engine's.
 var errEngineAuth = errors.New("the engine refuses the router's credentials: it wants an API key the router does not send, or another")
 
-// fetch reads one engine's model list: the first base model it lists, the
-// adapters of model, and whether model is listed at all. vLLM lists each LoRA adapter with parent set to
-// its base model and each base model with parent null
-// (vllm/entrypoints/openai/serving_models.py, show_available_models).
-// With model "" (not known yet), the base model found is the one whose
+// fetch reads one engine's model list (openai.ReadModelList): the first
+// base model it lists, the adapters of model, and whether model is listed
+// at all. With model "" (not known yet), the base model found is the one whose
 // adapters are kept.
 func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (base string, got map[string]string, listed bool, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+endpoint+"/v1/models", nil)
@@ -190,17 +187,12 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (base
 	default:
 		return "", nil, false, fmt.Errorf("cannot ask %s for its models: status %d", endpoint, resp.StatusCode)
 	}
-	var list struct {
-		Data []struct {
-			ID     string  `json:"id"`
-			Parent *string `json:"parent"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&list); err != nil {
+	list, err := openai.ReadModelList(resp.Body, 4<<20)
+	if err != nil {
 		return "", nil, false, fmt.Errorf("cannot read %s's model list: %w", endpoint, err)
 	}
-	for _, m := range list.Data {
-		if (m.Parent == nil || *m.Parent == "") && m.ID != "" && len(m.ID) <= shm.MaxModelLen &&
+	for _, m := range list {
+		if m.Parent == "" && m.ID != "" && len(m.ID) <= shm.MaxModelLen &&
 			strings.IndexFunc(m.ID, unicode.IsControl) < 0 { // the decoder made it UTF-8; a name is also a metric label
 			base = m.ID
 			break
@@ -209,13 +201,13 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (base
 	if model == "" {
 		model = base
 	}
-	for _, m := range list.Data {
+	for _, m := range list {
 		listed = listed || m.ID == model
 		// A name longer than a registered model's could be, or more
 		// adapters than maxAdapters, is not kept: the front end keeps
 		// every adapter's name, and those of adapters gone, for as long
 		// as the router runs.
-		if m.Parent == nil || *m.Parent != model || m.ID == "" || m.ID == model {
+		if m.Parent == "" || m.Parent != model || m.ID == "" || m.ID == model {
 			continue
 		}
 		if len(m.ID) > shm.MaxModelLen || strings.IndexFunc(m.ID, unicode.IsControl) >= 0 || len(got) >= maxAdapters {

@@ -1,0 +1,159 @@
+package epp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+
+	"github.com/kvfast/kvfast/openai"
+	"github.com/kvfast/kvfast/workers"
+)
+
+// adapterPoll is how often every endpoint is asked which LoRA adapters it
+// serves, as kvfast serve asks its engines: adapters are loaded at engine
+// start or, rarely, at run time, so an adapter's first requests after a
+// load may go anywhere for a few seconds.
+const adapterPoll = 2 * time.Second
+
+// Bounds on what one endpoint's list may make the picker hold: names a
+// request's model could be, and no more of them than a deployment loads.
+const (
+	maxAdapterName     = 256
+	maxAdaptersPerPod  = 1024
+	modelListByteLimit = 4 << 20
+)
+
+// adapterPoller keeps, for the request path, which endpoints list which
+// LoRA adapter of the pool's model (Picker.adapters). An endpoint that
+// does not answer keeps what it listed last; one that left the pool is
+// forgotten. Only RunAdapters' goroutine touches it.
+type adapterPoller struct {
+	p      *Picker
+	client *http.Client
+	known  map[string]map[string]bool // endpoint address → its adapters
+}
+
+// RunAdapters asks the pool's endpoints for their LoRA adapters (GET
+// /v1/models) every period until ctx ends, so that a request naming an
+// adapter goes to an endpoint that serves it: another would answer 404,
+// or load the adapter at the cost of another's slot.
+func (p *Picker) RunAdapters(ctx context.Context, period time.Duration) {
+	a := &adapterPoller{p: p, known: map[string]map[string]bool{},
+		client: &http.Client{Timeout: 2 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.poll(ctx)
+		t.Reset(period)
+	}
+}
+
+// poll asks every endpoint at once and publishes the result.
+func (a *adapterPoller) poll(ctx context.Context) {
+	slots := *a.p.slots.Load()
+	type answer struct {
+		addr  string
+		names map[string]bool
+		err   error
+	}
+	answers := make(chan answer, len(slots))
+	var wg sync.WaitGroup
+	for addr := range slots {
+		wg.Go(func() {
+			names, err := a.fetch(ctx, addr)
+			answers <- answer{addr, names, err}
+		})
+	}
+	wg.Wait()
+	close(answers)
+	for ans := range answers {
+		if ans.err != nil {
+			if ctx.Err() == nil {
+				a.p.throttle.Log(a.p.log, slog.LevelWarn, "adapters/"+ans.addr, "cannot learn an endpoint's LoRA adapters; keeping what it listed last",
+					"endpoint", ans.addr, "err", ans.err)
+			}
+			continue
+		}
+		a.known[ans.addr] = ans.names
+	}
+	for addr := range a.known {
+		if _, ok := slots[addr]; !ok {
+			delete(a.known, addr)
+		}
+	}
+	byName := map[string]workers.Set{}
+	for addr, names := range a.known {
+		for n := range names {
+			byName[n] |= workers.SetOf(slots[addr])
+		}
+	}
+	a.p.adapters.Store(&byName)
+}
+
+// errModelsAuth is an endpoint that keeps /v1/models behind an API key
+// (vLLM's --api-key): the picker holds none, so it cannot learn the
+// endpoint's adapters, and requests naming one route among all.
+var errModelsAuth = errors.New("the endpoint wants an API key for /v1/models, which the picker does not hold: requests naming an adapter route among every endpoint")
+
+// fetch returns the adapters of the pool's model that the endpoint at
+// addr lists.
+func (a *adapterPoller) fetch(ctx context.Context, addr string) (map[string]bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/models", nil)
+	if err != nil {
+		return nil, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
+	}
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return nil, errModelsAuth
+	default:
+		return nil, fmt.Errorf("cannot ask %s for its models: status %d", addr, resp.StatusCode)
+	}
+	list, err := openai.ReadModelList(resp.Body, modelListByteLimit)
+	if err != nil {
+		return nil, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
+	}
+	names := map[string]bool{}
+	for _, m := range list {
+		if m.Parent != a.p.cfg.Model || m.ID == "" || m.ID == a.p.cfg.Model || len(m.ID) > maxAdapterName ||
+			strings.IndexFunc(m.ID, unicode.IsControl) >= 0 {
+			continue
+		}
+		if len(names) == maxAdaptersPerPod {
+			break
+		}
+		names[m.ID] = true
+	}
+	return names, nil
+}
+
+// adapterEndpoints narrows x's candidates to the endpoints that list the
+// adapter the request names, when any does and the gateway's subset
+// leaves one of them; otherwise the request routes among all, and an
+// endpoint that cannot serve it answers as its engine does.
+func (x *exchange) adapterEndpoints(adapter []byte) {
+	set := (*x.s.p.adapters.Load())[string(adapter)]
+	switch {
+	case set == 0:
+	case !x.sreq.AllowListed:
+		x.sreq.AllowListed, x.sreq.Allow = true, set
+	case x.sreq.Allow&set != 0:
+		x.sreq.Allow &= set
+	}
+}

@@ -1,0 +1,81 @@
+package epp_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvfast/kvfast/epp"
+)
+
+// modelServer is an endpoint's GET /v1/models, as vLLM answers it: the
+// base model, and each adapter with the base model as its parent.
+func modelServer(t *testing.T, adapters ...string) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/models" {
+			http.NotFound(w, r)
+			return
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, `{"object":"list","data":[{"id":%q,"object":"model","parent":null}`, testModel)
+		for _, a := range adapters {
+			fmt.Fprintf(&b, `,{"id":%q,"object":"model","parent":%q}`, a, testModel)
+		}
+		b.WriteString("]}")
+		_, _ = w.Write([]byte(b.String()))
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// TestAdapterRequestsGoWhereTheAdapterIs: a request naming a LoRA adapter
+// goes to an endpoint that lists it in /v1/models; another would answer
+// 404 (or load it in place of another adapter). A request for the base
+// model, or for an adapter no endpoint lists, routes among all.
+func TestAdapterRequestsGoWhereTheAdapterIs(t *testing.T) {
+	with, without := modelServer(t, "lora-a"), modelServer(t)
+	r := startEPP(t, epp.DefaultConfig(), epp.Endpoint{Address: with}, epp.Endpoint{Address: without})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.picker.RunAdapters(ctx, 10*time.Millisecond)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	// Each prompt new: the endpoints publish no events, so a prompt seen
+	// before would follow the picker's history of it.
+	prompts := uint32(0)
+	route := func(model string) string {
+		t.Helper()
+		prompts++
+		st := r.open(t, duplexMode())
+		st.requestHeaders("/v1/completions", false, nil)
+		st.requestBody(bytes.Replace(completionBody(t, tokens(prompts*1000, 64), false), []byte(`"`+testModel+`"`), []byte(`"`+model+`"`), 1), true)
+		hr := st.recv()
+		dest := destinationOf(t, hr, hr.GetRequestHeaders().GetResponse())
+		st.cancel()
+		return dest
+	}
+	// Until the first poll the adapter routes anywhere; then only there.
+	waitFor(t, "the adapter's endpoint to be learned", func() bool { return route("lora-a") == with })
+	seen := map[string]int{}
+	for range 32 {
+		if dest := route("lora-a"); dest != with {
+			t.Fatalf("a request for lora-a went to %s, which does not list it", dest)
+		}
+		seen[route("lora-unknown")]++
+	}
+	if len(seen) != 2 {
+		t.Errorf("requests for an adapter no endpoint lists went to %v; want both endpoints", seen)
+	}
+	settled(t, r)
+}
