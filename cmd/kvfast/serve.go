@@ -370,6 +370,15 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
+		// A duration as the flags and the text format write it ("30s"),
+		// not slog's JSON default of integer nanoseconds, which an
+		// operator reading a log line misreads by orders of magnitude.
+		opts.ReplaceAttr = func(_ []string, a slog.Attr) slog.Attr {
+			if a.Value.Kind() == slog.KindDuration {
+				a.Value = slog.StringValue(a.Value.Duration().String())
+			}
+			return a
+		}
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("cannot use log format %q: want text or json", format)

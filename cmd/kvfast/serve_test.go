@@ -323,3 +323,17 @@ func TestMemoryLimitCountsTheHeapIndex(t *testing.T) {
 		t.Errorf("two built-in tokenizers and a remote one: limit %d, want %d + 2 prefix caches of %d", got, mapped, cfg.Tokenizers.PrefixCacheBytes)
 	}
 }
+
+// TestJSONLogDurations: a duration in a JSON log line reads as the flags
+// write it, not as integer nanoseconds.
+func TestJSONLogDurations(t *testing.T) {
+	var b strings.Builder
+	log, err := newLogger(&b, "info", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Info("waiting", "deadline", 30*time.Second)
+	if !strings.Contains(b.String(), `"deadline":"30s"`) {
+		t.Fatalf("log line %s", b.String())
+	}
+}
