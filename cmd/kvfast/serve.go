@@ -88,7 +88,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, `address of the admin listener (host:port), which alone serves /admin/... and /metrics; "" serves them on the API listener (then set --admin-token-file)`)
 	fs.StringVar(&sec.adminToken, "admin-token-file", "", "file holding the token /admin/... and /metrics require as Authorization: Bearer TOKEN, on its one line (none: no token; read at start-up only)")
 	fs.StringVar(&sec.engineToken, "engine-api-key-file", "", "file holding the API key the engines were started with (vLLM's or SGLang's --api-key), on its one line: every request to an engine then carries Authorization: Bearer KEY in place of the client's (none: the client's Authorization is forwarded; read at start-up only)")
-	fs.StringVar(&sec.apiKeys, "api-key-file", "", "file of API keys, one per line (# comments), that the OpenAI endpoints require as Authorization: Bearer KEY (none: no check; read at start-up only: restart to add or revoke a key)")
+	fs.StringVar(&sec.apiKeys, "api-key-file", "", "file of API keys, one per line (a line starting with # is a comment), that the OpenAI endpoints require as Authorization: Bearer KEY (none: no check; read at start-up only: restart to add or revoke a key)")
 	fs.StringVar(&cfg.Segment.Path, "segment", cfg.Segment.Path, `shared-memory segment holding the index and the engines' event feed; "none" runs without one (static workers only)`)
 	fs.BoolVar(&cfg.Segment.Recreate, "recreate-segment", cfg.Segment.Recreate, "format a fresh segment even if a valid one exists (drops the warm index); a file at the path that is not a kvfast segment is never overwritten")
 	fs.BoolVar(&cfg.Segment.AllowForeign, "allow-foreign-segment", cfg.Segment.AllowForeign, "attach to a segment another user owns or that group or others may access (refused otherwise: whoever can write it can register engines and rewrite the index)")
@@ -206,10 +206,20 @@ func (sec securityFiles) load(cfg *node.Config) error {
 		if err != nil {
 			return fmt.Errorf("cannot read the API keys: %w", err)
 		}
+		n := 0
 		for line := range strings.Lines(string(b)) {
-			if k := strings.TrimSpace(line); k != "" && !strings.HasPrefix(k, "#") {
-				cfg.HTTP.APIKeys = append(cfg.HTTP.APIKeys, k)
+			n++
+			k := strings.TrimSpace(line)
+			if k == "" || strings.HasPrefix(k, "#") {
+				continue
 			}
+			if strings.ContainsAny(k, " \t") {
+				// "KEY # note" would be taken whole as the key, which no
+				// client sends: every request with the key refused.
+				// The line number, never the line: it holds a secret.
+				return fmt.Errorf("cannot use API key file %s: line %d holds a space; a key is the whole line, and a comment a line of its own that starts with #", sec.apiKeys, n)
+			}
+			cfg.HTTP.APIKeys = append(cfg.HTTP.APIKeys, k)
 		}
 		if len(cfg.HTTP.APIKeys) == 0 {
 			return fmt.Errorf("cannot use API key file %s: it holds no key", sec.apiKeys)

@@ -186,11 +186,16 @@ func TestServeConfig(t *testing.T) {
 		if err := os.WriteFile(twoLines, []byte("tok-a\ntok-b\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
+		commented := filepath.Join(dir, "commented")
+		if err := os.WriteFile(commented, []byte("# keys\nsk-live-AAA # prod\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		for _, args := range [][]string{{"--api-key-file", empty}, {"--admin-token-file", empty + "x"},
 			{"--admin-token-file", twoLines}, {"--engine-api-key-file", twoLines}, {"--engine-api-key-file", empty + "x"},
-			{"--body-budget-bytes", "1024"}} {
-			if _, code, ok := serveConfig(args, io.Discard); ok || code != 2 {
-				t.Errorf("%q: ok %v, code %d; want exit status 2", args, ok, code)
+			{"--body-budget-bytes", "1024"}, {"--api-key-file", commented}} {
+			var stderr strings.Builder
+			if _, code, ok := serveConfig(args, &stderr); ok || code != 2 || strings.Contains(stderr.String(), "AAA") {
+				t.Errorf("%q: ok %v, code %d, %q; want exit status 2, no key printed", args, ok, code, stderr.String())
 			}
 		}
 	})
