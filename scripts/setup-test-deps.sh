@@ -16,17 +16,19 @@
 # installed next to its lock file. deploy's tests run promtool (Debian's
 # prometheus package) on the Prometheus rules and the dashboard's queries.
 #
-# The script installs system packages only when asked to: as root, with
-# apt-get, and with KVFAST_INSTALL_DEPS=1 or CI=true (a CI machine is
-# disposable). It then prints the command and the reason before running it.
-# Otherwise it says what is missing and how to install it, and fails.
+# As root with apt-get it installs the system packages missing (Debian's
+# python3-jinja2, python3-zmq, python3-msgpack, prometheus for promtool,
+# Node.js), printing the command and the reason first, so that make test
+# passes on a fresh machine; KVFAST_INSTALL_DEPS=0 forbids it. Otherwise,
+# or when forbidden, it says what is missing and how to install it, and
+# fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "setup-test-deps: $*" >&2; }
 
-opted_in=
-if [ "${KVFAST_INSTALL_DEPS:-}" = 1 ] || [ "${CI:-}" = true ]; then
-	opted_in=1
+opted_in=1
+if [ "${KVFAST_INSTALL_DEPS:-}" = 0 ]; then
+	opted_in=
 fi
 # can_apt: the opt-in rule for installing system packages.
 can_apt() { [ -n "$opted_in" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
@@ -53,7 +55,7 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 	else
 		say "Node.js 20+ and npm are missing; $why."
 		say "install them, e.g.: sudo apt-get install nodejs npm"
-		say "(or, as root, rerun with KVFAST_INSTALL_DEPS=1 to let this script apt-get them)"
+		say "(as root, and without KVFAST_INSTALL_DEPS=0, this script apt-gets them)"
 		exit 1
 	fi
 fi
@@ -81,7 +83,7 @@ if ! /usr/bin/python3 -c 'import jinja2' >/dev/null 2>&1; then
 	else
 		say "Python's jinja2 is missing; $why."
 		say "install it, e.g.: sudo apt-get install python3-jinja2"
-		say "(or, as root, rerun with KVFAST_INSTALL_DEPS=1 to let this script apt-get it)"
+		say "(as root, and without KVFAST_INSTALL_DEPS=0, this script apt-gets it)"
 		exit 1
 	fi
 fi
@@ -96,13 +98,13 @@ if ! /usr/bin/python3 -c 'import zmq, msgpack' >/dev/null 2>&1; then
 	else
 		say "Python's pyzmq or msgpack is missing; $why."
 		say "install them, e.g.: sudo apt-get install python3-zmq python3-msgpack"
-		say "(or, as root, rerun with KVFAST_INSTALL_DEPS=1 to let this script apt-get them)"
+		say "(as root, and without KVFAST_INSTALL_DEPS=0, this script apt-gets them)"
 		exit 1
 	fi
 fi
 # deploy's tests check the Prometheus rules and the dashboard's queries
-# with promtool, from Debian's prometheus package. Outside CI the test
-# skips, saying so, when promtool is missing.
+# with promtool, from Debian's prometheus package. Where it cannot be
+# installed, outside CI, the test skips, saying so.
 why="deploy's TestRulesPassPromtool runs promtool check rules and promtool test rules"
 if ! command -v promtool >/dev/null 2>&1; then
 	if can_apt; then
@@ -116,7 +118,7 @@ if ! command -v promtool >/dev/null 2>&1; then
 		exit 1
 	else
 		say "note: promtool is missing, so deploy's promtool checks will skip; $why."
-		say "install it, e.g.: sudo apt-get install prometheus (or, as root, rerun with KVFAST_INSTALL_DEPS=1)"
+		say "install it, e.g.: sudo apt-get install prometheus (as root, and without KVFAST_INSTALL_DEPS=0, this script apt-gets it)"
 	fi
 fi
 # npm_ci_if_stale DIR WHY: npm ci in DIR when any package its lock file
