@@ -43,6 +43,10 @@
 //     Content-Encoding it did not ask for) is ErrEngineFailed too, and a
 //     pooled connection holding bytes no request asked for is closed
 //     rather than reused (roundtrip.go).
+//   - ErrEngineAuth: the engine refused the router's own engine key with
+//     a 401 or 403 (Call.Failed, Call.Discard): retried elsewhere like an
+//     engine error, and answered as a 502 of its own, never relayed as a
+//     401 the client would take for a refusal of its key.
 //   - ErrClientGone: the call was aborted (Abort), or a write to the client
 //     failed; the engine connection is closed, which is how an
 //     OpenAI-compatible engine (vLLM, SGLang) learns to abort. It is never

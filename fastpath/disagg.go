@@ -300,20 +300,16 @@ func (s *Server) serveDisagg(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff 
 	if !s.book(ctx, ex) {
 		return false
 	}
-	ex.stripTransferFields(s.cfg.Disagg.Protocol)
+	if !ex.stripTransferFields(s.cfg.Disagg.Protocol) {
+		// Not a JSON object after all: the parser read it as one, so
+		// this is a bug, and the body must not go on unstripped.
+		ex.count(statusClientError)
+		writeError(ctx, fasthttp.StatusBadRequest, errBodyNotObject)
+		return false
+	}
 	decision := s.decideDisagg(ex)
 	if decision == decisionNoPrefillWorker {
-		s.metrics.dis.decisions[decision].Inc()
-		if ex.sreq.AllowListed && s.prefillCandidates(ex) == 0 {
-			// The client's allow-list left no prefill worker: a 503
-			// would have it retry for ever.
-			ex.count(statusClientError)
-			writeError(ctx, fasthttp.StatusBadRequest, errAllowNoPrefill)
-			return false
-		}
-		ex.count(statusUnavailable)
-		ctx.Response.Header.SetBytesV("Retry-After", s.retryAfter(ex))
-		writeError(ctx, fasthttp.StatusServiceUnavailable, errNoPrefillWorker)
+		s.refuseNoPrefill(ctx, ex, nil)
 		return false
 	}
 	if decision == decisionRemote {
@@ -321,14 +317,23 @@ func (s *Server) serveDisagg(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff 
 		// booking goes now, before it misleads other selections.
 		_ = ex.h.PrefillRemote()
 		var ok bool
+		var perr error
 		if s.cfg.Disagg.Protocol == DisaggSGLang {
-			ok = s.startSGLang(ctx, ex)
+			perr = s.startSGLang(ctx, ex)
+			ok = perr == nil
 		} else {
 			ok = s.prefillVLLM(ctx, ex)
 		}
 		if ex.clientGone() || ex.h.State() == guard.Aborted {
 			s.metrics.dis.decisions[decision].Inc() // decided, then cancelled
 			ex.failSelect(ctx, context.Canceled)
+			return false
+		}
+		if !ok && s.cfg.Disagg.Protocol == DisaggSGLang && s.roleOf(ex.dec.Slot) == workers.RoleDecode {
+			// No prefill could be booked (every prefill worker busy, the
+			// queue full or timed out): a decode engine cannot fall back
+			// to computing the prompt.
+			s.refuseNoPrefill(ctx, ex, perr)
 			return false
 		}
 		if !ok {
@@ -377,6 +382,26 @@ func (s *Server) decideDisagg(ex *exchange) string {
 	return decisionRemote
 }
 
+// refuseNoPrefill answers a request whose decode worker cannot compute
+// its prompt (an SGLang decode engine) when no prefill worker could take
+// it: a 400 when the client's allow-list named none (a 503 would have it
+// retry for ever), the selection's own refusal when every prefill worker
+// was busy (selErr: 429 or 503 queue_timeout), else a 503.
+func (s *Server) refuseNoPrefill(ctx *fasthttp.RequestCtx, ex *exchange, selErr error) {
+	s.metrics.dis.decisions[decisionNoPrefillWorker].Inc()
+	switch _, overloaded := errors.AsType[*sched.OverloadError](selErr); {
+	case ex.sreq.AllowListed && s.prefillCandidates(ex) == 0:
+		ex.count(statusClientError)
+		writeError(ctx, fasthttp.StatusBadRequest, errAllowNoPrefill)
+	case overloaded, errors.Is(selErr, context.DeadlineExceeded):
+		ex.failSelect(ctx, selErr)
+	default:
+		ex.count(statusUnavailable)
+		ctx.Response.Header.SetBytesV("Retry-After", s.retryAfter(ex))
+		writeError(ctx, fasthttp.StatusServiceUnavailable, errNoPrefillWorker)
+	}
+}
+
 // roleOf is the role of the worker in slot (both, if it just left).
 func (s *Server) roleOf(slot workers.Slot) workers.Role {
 	info, _ := s.sched.Worker(slot)
@@ -400,7 +425,10 @@ var (
 // every path that forwards its body as it came (a local decision, the
 // fallback after failed prefills, a retried decode), and have it pull KV
 // from, or hold it for, whatever host the client named.
-func (ex *exchange) stripTransferFields(protocol string) {
+//
+// It reports false, leaving the body as it was, when the body cannot be
+// read as a JSON object: the request must then not be sent.
+func (ex *exchange) stripTransferFields(protocol string) bool {
 	fields := vllmTransferFields
 	if protocol == DisaggSGLang {
 		fields = sglangTransferFields
@@ -410,13 +438,20 @@ func (ex *exchange) stripTransferFields(protocol string) {
 			continue
 		}
 		clean, _, err := appendMembersExcept(ex.pre.clean[:0], ex.body, fields...)
-		if err == nil { // not an object: the parser would have refused it
-			ex.pre.clean = append(clean, '}')
-			ex.body = ex.pre.clean
+		if err != nil {
+			return false
 		}
-		return
+		ex.pre.clean = append(clean, '}')
+		ex.body = ex.pre.clean
+		return true
 	}
+	return true
 }
+
+// errBodyNotObject answers a body the disaggregation stages could not
+// rewrite.
+var errBodyNotObject = &openai.Error{Status: fasthttp.StatusBadRequest, Type: openai.TypeInvalidRequest, Code: "invalid_body",
+	Message: "the request body is not a JSON object"}
 
 var (
 	vllmTransferFields   = []string{"kv_transfer_params"}
@@ -608,15 +643,17 @@ func retryablePrefill(err error) bool {
 // room, the prefill request is sent from a goroutine of its own, and the
 // decode request goes on at once (forward), so that the decode engine
 // pairs with the prefill engine by room while both run. The prefill's
-// answer is read and dropped; cleanup waits for the sender.
-func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
+// answer is read and dropped; cleanup waits for the sender. An error is
+// why no prefill was sent: no prefill worker could be booked (Select's
+// error), or the body could not be rewritten.
+func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) error {
 	st := &ex.pre
 	preq := s.prefillRequest(ex)
 	ex.setPrefillGuard(s.guards.Acquire())
 	d, err := st.h.Select(&ex.wait, &preq)
 	if err != nil {
 		ex.releasePrefill()
-		return false
+		return err
 	}
 	host, portText, err := net.SplitHostPort(d.Endpoint)
 	if err != nil {
@@ -634,7 +671,7 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	room := rand.Uint64() >> 1 // SGLang reads the room as a signed 64-bit integer
 	if st.decode, err = appendSGLangBody(st.decode[:0], ex.body, host, port, room); err != nil {
 		ex.releasePrefill()
-		return false
+		return err
 	}
 	st.dec, st.decided = d, true
 	s.remember(ex, d.Slot)
@@ -673,7 +710,7 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			err = errPrefillRefused
 		}
 		endCall(span, err)
-		if code := call.StatusCode(); code >= 400 && code < 500 && !call.Failed() {
+		if judgesRequest(call) {
 			ex.hangMu.Lock()
 			st.refused = true
 			ex.hangMu.Unlock()
@@ -684,7 +721,7 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			ex.failDecode()
 		}
 	}(st.call, d.Slot)
-	return true
+	return nil
 }
 
 // failDecode fails the decode call of an SGLang request whose prefill

@@ -11,7 +11,9 @@ import (
 // few top-level members replaced. These helpers copy the body's members
 // except the named ones and append the replacements, without building a
 // tree: a body is already known to be a valid JSON object (the parser
-// read it). A member spelled with escapes in its name is copied as is.
+// read it). A member's name is compared as JSON decodes it: a client
+// that spells kv_transfer_param\u0073 means kv_transfer_params to the
+// engine's Python json, and must mean it here too.
 
 var errNotObject = errors.New("the body is not a JSON object")
 
@@ -34,7 +36,7 @@ func appendMembersExcept(dst, body []byte, drop ...string) ([]byte, bool, error)
 		if i >= len(body) || body[i] != '"' {
 			return dst, wrote, errNotObject
 		}
-		keyEnd, _ := jsonscan.ScanString(body, i)
+		keyEnd, escaped := jsonscan.ScanString(body, i)
 		if keyEnd < 0 {
 			return dst, wrote, errNotObject
 		}
@@ -48,7 +50,7 @@ func appendMembersExcept(dst, body []byte, drop ...string) ([]byte, bool, error)
 		if end < 0 {
 			return dst, wrote, errNotObject
 		}
-		if !named(key, drop) {
+		if !named(key, escaped, drop) {
 			if wrote {
 				dst = append(dst, ',')
 			}
@@ -64,13 +66,24 @@ func appendMembersExcept(dst, body []byte, drop ...string) ([]byte, bool, error)
 	}
 }
 
-func named(key []byte, names []string) bool {
+// named reports whether the raw member name key (escaped: it holds
+// escapes) decodes to one of names.
+func named(key []byte, escaped bool, names []string) bool {
 	for _, n := range names {
-		if string(key) == n {
+		if keyIs(key, escaped, n) {
 			return true
 		}
 	}
 	return false
+}
+
+// keyIs reports whether the raw member name key decodes to name.
+func keyIs(key []byte, escaped bool, name string) bool {
+	if !escaped {
+		return string(key) == name
+	}
+	var buf [64]byte // the names compared are short: no allocation for them
+	return string(jsonscan.AppendUnescaped(buf[:0], key)) == name
 }
 
 // topLevelMember returns the raw value of body's top-level member name,
@@ -88,7 +101,7 @@ func topLevelMember(body []byte, name string) []byte {
 		if i >= len(body) || body[i] != '"' {
 			return found
 		}
-		keyEnd, _ := jsonscan.ScanString(body, i)
+		keyEnd, escaped := jsonscan.ScanString(body, i)
 		if keyEnd < 0 {
 			return found
 		}
@@ -101,7 +114,7 @@ func topLevelMember(body []byte, name string) []byte {
 		if end < 0 {
 			return found
 		}
-		if string(body[i+1:keyEnd-1]) == name {
+		if keyIs(body[i+1:keyEnd-1], escaped, name) {
 			found = body[j:end]
 		}
 		i = jsonscan.SkipSpace(body, end)

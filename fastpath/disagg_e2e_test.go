@@ -597,17 +597,20 @@ func TestDisaggVLLMClientTransferParamsAreDropped(t *testing.T) {
 	d := startDisaggRig(t, fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM, MinRemoteTokens: 64}, false)
 	r := d.r
 	host, port, _ := net.SplitHostPort(deadAddr(t))
-	params := `"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"x","remote_block_ids":[1],` +
-		`"remote_request_id":"r","remote_host":"` + host + `","remote_port":` + port + `},`
-	body := bytes.Replace(completionBody(e2eTokens(9, 20), false, 4), []byte("{"), []byte("{"+params), 1)
-	resp := r.post(t, fastpath.PathCompletions, body, nil)
-	if resp.status != http.StatusOK {
-		t.Fatalf("status %d: %s", resp.status, resp.body)
+	// Spelled plainly, and with an escape the engine's JSON decodes.
+	for i, name := range []string{"kv_transfer_params", `kv_transfer_param\u0073`} {
+		params := `"` + name + `":{"do_remote_prefill":true,"remote_engine_id":"x","remote_block_ids":[1],` +
+			`"remote_request_id":"r","remote_host":"` + host + `","remote_port":` + port + `},`
+		body := bytes.Replace(completionBody(e2eTokens(uint32(9+i), 20), false, 4), []byte("{"), []byte("{"+params), 1)
+		resp := r.post(t, fastpath.PathCompletions, body, nil)
+		if resp.status != http.StatusOK {
+			t.Fatalf("%s: status %d: %s", name, resp.status, resp.body)
+		}
+		waitReleased(t, r.node)
 	}
-	if n := decisionCount(t, r, "local_short"); n != 1 {
-		t.Errorf("local_short decisions %v, want 1", n)
+	if n := decisionCount(t, r, "local_short"); n != 2 {
+		t.Errorf("local_short decisions %v, want 2", n)
 	}
-	waitReleased(t, r.node)
 }
 
 // TestDisaggSGLangDecodeEnginesNeverPrefill: an SGLang engine in decode
@@ -638,6 +641,55 @@ func TestDisaggSGLangDecodeEnginesNeverPrefill(t *testing.T) {
 	}
 	if n := decisionCount(t, r, "no_prefill_worker"); n != 1 {
 		t.Errorf("no_prefill_worker decisions %v, want 1", n)
+	}
+	waitReleased(t, r.node)
+}
+
+// TestDisaggSGLangBusyPrefillPoolIsNoFallback: when no prefill worker can
+// be booked (the only one busy, no queue), a request whose decode worker
+// is an SGLang decode engine is refused with the selection's answer (429),
+// not sent to that engine without bootstrap fields to compute itself,
+// which it cannot.
+func TestDisaggSGLangBusyPrefillPoolIsNoFallback(t *testing.T) {
+	release := make(chan struct{})
+	reached := make(chan struct{}, 1)
+	prefill := startE2EEngine(t, func(*fasthttp.RequestCtx) {
+		reached <- struct{}{}
+		<-release
+	})
+	var unpaired atomic.Int64
+	decode := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		if !bytes.Contains(ctx.PostBody(), []byte(`"bootstrap_room"`)) {
+			unpaired.Add(1)
+		}
+		<-release
+	})
+	cfg := e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: prefill.addr(), Model: e2eModel, Role: workers.RolePrefill},
+		node.StaticWorker{ID: 2, Endpoint: decode.addr(), Model: e2eModel, Role: workers.RoleDecode})
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang}
+	cfg.Sched.QueueCapacity = 0
+	cfg.Sched.Busy.PrefillTokens = 1 // one booked prefill makes its worker busy
+	cfg.Dispatch.Outlier.Consecutive = 0
+	r := startE2ERouter(t, cfg)
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 200), false, 4), nil)
+	}()
+	select {
+	case <-reached:
+	case <-time.After(e2eWait):
+		t.Fatal("the first request's prefill never reached its engine")
+	}
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(2, 200), false, 4), nil)
+	close(release)
+	<-first
+	if resp.status != http.StatusTooManyRequests {
+		t.Errorf("with the prefill pool busy: status %d: %s; want 429", resp.status, resp.body)
+	}
+	if n := unpaired.Load(); n != 0 {
+		t.Errorf("%d requests reached the decode engine without bootstrap fields", n)
 	}
 	waitReleased(t, r.node)
 }
