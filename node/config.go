@@ -329,12 +329,8 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	sw := StaticWorker{ID: defaultID}
 	pairs, err := keyvals.Split(v, map[string]string{"endpoint": "url", "dp-rank": "rank", "events": "zmq"})
 	if err != nil {
-		if strings.Contains(v, "@") {
-			// The parts the error quotes may be pieces of a password
-			// (one holding a comma): quote none.
-			return sw, errors.New("cannot parse the value: want key=value pairs separated by commas (credentials in a URL are refused anyway: give the engines' key with --engine-api-key-file)")
-		}
-		return sw, fmt.Errorf("cannot parse %q: %w", v, err)
+		// The value is not quoted: any part of it may be a secret.
+		return sw, fmt.Errorf("cannot parse the value: %w (credentials in a URL are refused anyway: give the engines' key with --engine-api-key-file)", err)
 	}
 	for _, kv := range pairs {
 		k, val := kv.Key, kv.Value
@@ -443,26 +439,31 @@ func loggableEndpoint(endpoint string) string {
 		}
 		u.Fragment = ""
 		endpoint = u.String()
-	} else if err != nil && strings.Contains(endpoint, "@") {
-		endpoint = "(unparseable, with @)"
+	} else if i := strings.LastIndexByte(endpoint, '@'); i >= 0 {
+		// No URL whose userinfo the parser found (user:password@host
+		// without a scheme reads as an opaque URL): what precedes the @
+		// may be a password.
+		endpoint = "REDACTED@" + endpoint[i+1:]
 	}
 	return endpoint
 }
 
 // hostPort accepts "host:port" or an http URL and returns "host:port".
 func hostPort(endpoint string) (string, error) {
+	// The errors show the endpoint as it may be logged: a scheme-less
+	// user:password@host is no URL the parser redacts.
 	if strings.Contains(endpoint, "://") {
 		u, err := url.Parse(endpoint)
 		if err != nil {
-			return "", fmt.Errorf("cannot parse endpoint %q: %w", endpoint, err)
+			return "", fmt.Errorf("cannot parse endpoint %q (want http://host:port)", loggableEndpoint(endpoint))
 		}
 		if u.Scheme != "http" {
-			return "", fmt.Errorf("cannot use endpoint %q: only http engines are supported", endpoint)
+			return "", fmt.Errorf("cannot use endpoint %q: only http engines are supported", loggableEndpoint(endpoint))
 		}
 		endpoint = u.Host
 	}
-	if _, _, err := net.SplitHostPort(endpoint); err != nil {
-		return "", fmt.Errorf("cannot use endpoint %q: want host:port or http://host:port", endpoint)
+	if _, _, err := net.SplitHostPort(endpoint); err != nil || strings.Contains(endpoint, "@") {
+		return "", fmt.Errorf("cannot use endpoint %q: want host:port or http://host:port", loggableEndpoint(endpoint))
 	}
 	return endpoint, nil
 }

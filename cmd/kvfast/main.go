@@ -111,7 +111,7 @@ func parseFlags(fs *flag.FlagSet, args []string, about string) error {
 			msg = strings.Replace(msg, " for -", " for --", 1)
 		case strings.HasPrefix(msg, "invalid value "):
 			msg = strings.Replace(msg, " for flag -", " for flag --", 1)
-			msg += valueHint(fs, msg)
+			msg = withoutFreeText(fs, msg) + valueHint(fs, msg)
 		}
 		fmt.Fprintln(out, redactCredentials(msg))
 	}
@@ -144,6 +144,25 @@ func printUsage(w io.Writer, fs *flag.FlagSet, about string) {
 		b.WriteByte('\n')
 	})
 	_, _ = io.WriteString(w, b.String())
+}
+
+// withoutFreeText leaves the value out of the flag package's message
+// (invalid value "V" for flag --name: why) when the flag takes free text:
+// a URL, a list of key=value pairs, a path, any of which may hold a
+// credential that no pattern can be trusted to find. The error after it
+// says what is wrong, naming the key or redacting the URL at fault. A
+// number's, a duration's or a boolean's value stays: it holds no secret,
+// and seeing it helps.
+func withoutFreeText(fs *flag.FlagSet, msg string) string {
+	_, rest, ok := strings.Cut(strings.TrimPrefix(msg, "invalid value "), " for flag --")
+	if !ok {
+		return msg
+	}
+	name, _, _ := strings.Cut(rest, ":")
+	if f := fs.Lookup(name); f != nil && typeHint(f) != "" {
+		return msg
+	}
+	return "invalid value for flag --" + rest
 }
 
 // valueHint says what a flag whose value did not parse takes, when its

@@ -353,11 +353,12 @@ func applyEnv(fs *flag.FlagSet, prefix string, warn io.Writer) error {
 		env := prefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if v, ok := os.LookupEnv(env); ok {
 			if err := fs.Set(f.Name, v); err != nil {
-				hint := typeHint(f)
+				// A free-text value is not repeated (withoutFreeText).
+				hint, shown := typeHint(f), fmt.Sprintf("%s=%q", env, v)
 				if hint == "" {
-					hint = " (its --help line says what it takes)"
+					hint, shown = " (its --help line says what it takes)", env
 				}
-				errs = append(errs, errors.New(redactCredentials(fmt.Sprintf("cannot use %s=%q as --%s: %v%s", env, v, f.Name, err, hint))))
+				errs = append(errs, errors.New(redactCredentials(fmt.Sprintf("cannot use %s as --%s: %v%s", shown, f.Name, err, hint))))
 			}
 		}
 	})

@@ -276,12 +276,19 @@ func TestWorkerSecretsAreRefusedUnprinted(t *testing.T) {
 		// A key the router does not take, which names a secret.
 		"url=http://127.0.0.1:8000,model=m,api_key=HUNTER2",
 		"url=http://127.0.0.1:8000,model=m,Token=HUNTER2,x=1",
+		// Keys no list of secret names holds, a secret cut at a comma,
+		// a password without a scheme, a query holding a space.
+		"url=http://127.0.0.1:8000,model=m,access_token=HUNTER2",
+		"url=http://127.0.0.1:8000,model=m,api_key:HUNTER2",
+		"url=http://127.0.0.1:8000,model=m,api_key=HUN,TER2",
+		"url=u:HUNTER2@127.0.0.1:8000,model=m",
+		"url=http://127.0.0.1:8000/?token=HUN TER2,model=m",
 	} {
 		var stderr strings.Builder
 		if _, _, ok := serveConfig([]string{"--segment", "none", "--worker", v}, &stderr); ok {
 			t.Errorf("--worker %s accepted", v)
 		}
-		if strings.Contains(stderr.String(), "HUNTER2") || strings.Contains(stderr.String(), "TER2") || !strings.Contains(stderr.String(), `" for flag --worker`) {
+		if strings.Contains(stderr.String(), "HUNTER2") || strings.Contains(stderr.String(), "TER2") || !strings.Contains(stderr.String(), "invalid value for flag --worker: ") {
 			t.Errorf("--worker %s: %q", v, stderr.String())
 		}
 		t.Setenv("KVFAST_WORKER", v)

@@ -14,10 +14,14 @@ type Pair struct{ Key, Value string }
 func Split(list string, aliases map[string]string) ([]Pair, error) {
 	var pairs []Pair
 	given := map[string]string{} // canonical key → the spelling it was first given under
+	n := 0
 	for item := range strings.SplitSeq(list, ",") {
+		n++
 		k, v, ok := strings.Cut(strings.TrimSpace(item), "=")
 		if !ok {
-			return nil, fmt.Errorf("want key=value pairs, got %q", item)
+			// Its place, not its text: an item without "=" may be the
+			// rest of a value cut at a comma, such as a password's.
+			return nil, fmt.Errorf("want key=value pairs separated by commas: item %d has no '='", n)
 		}
 		key := k
 		if canonical, ok := aliases[k]; ok {

@@ -17,8 +17,8 @@ func TestSplit(t *testing.T) {
 		"model=m,model=n":                "model= is given twice",
 		"url=http://h:1,endpoint=h:2":    "endpoint= repeats url=, another name for it",
 		"events=tcp://h:1,zmq=tcp://h:2": "zmq= repeats events=, another name for it",
-		"url=http://h:1,model":           `want key=value pairs, got "model"`,
-		"":                               `want key=value pairs, got ""`,
+		"url=http://h:1,model":           `want key=value pairs separated by commas: item 2 has no '='`,
+		"":                               `want key=value pairs separated by commas: item 1 has no '='`,
 	} {
 		if _, err := Split(list, aliases); err == nil || !strings.Contains(err.Error(), msg) {
 			t.Errorf("%q: %v, want %q", list, err, msg)
