@@ -215,13 +215,14 @@ func (c *Config) libraryConfigs() (sched.Config, dispatch.Config) {
 // Validate reports the first setting a router cannot run with.
 func (c *Config) Validate() error {
 	for _, l := range []struct{ flag, addr string }{{"--listen", c.Listen}, {"--admin-listen", c.AdminListen}} {
-		if l.addr == "" && l.flag == "--admin-listen" {
-			continue // no admin listener
+		if l.addr == "" {
+			continue // no admin listener; a library caller serving on listeners of its own
 		}
 		// Checked here, not at the first Listen: a typo is a usage error
-		// (exit 2) that says which flag, not a router that stopped.
+		// (exit 2) that says which flag, not a router that stopped. A
+		// port may be named (http), as net.Listen takes it.
 		_, port, err := net.SplitHostPort(l.addr)
-		if _, perr := strconv.ParseUint(port, 10, 16); err != nil || perr != nil {
+		if _, perr := net.LookupPort("tcp", port); err != nil || perr != nil {
 			return fmt.Errorf("cannot listen on %s %q: want host:port, a port from 0 to 65535 (as 127.0.0.1:8000 or :8000)", l.flag, l.addr)
 		}
 	}

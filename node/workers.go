@@ -282,8 +282,12 @@ func (n *Node) scanRegistry() {
 		}
 		if info.State == shm.StateDown || info.State == shm.StateLive && stale.Has(slot) {
 			down |= workers.SetOf(slot)
-			downViews = append(downViews, fastpath.DownView{Slot: i, WorkerID: info.WorkerID, DPRank: info.DPRank,
-				Model: info.Model, Endpoint: loggableEndpoint(info.Endpoint), Generation: info.Generation})
+			if e := &n.regState[slot]; !(e.refused && e.id == identityOf(info)) {
+				// A registration this router refused was never routed,
+				// and never reported healthy: its death is no worker's.
+				downViews = append(downViews, fastpath.DownView{Slot: i, WorkerID: info.WorkerID, DPRank: info.DPRank,
+					Model: info.Model, Endpoint: loggableEndpoint(info.Endpoint), Generation: info.Generation})
+			}
 		}
 		if info.State != shm.StateLive || stale.Has(slot) {
 			continue

@@ -108,7 +108,7 @@ func parseFlags(fs *flag.FlagSet, args []string, about string) error {
 		case strings.HasPrefix(msg, "flag provided but not defined: -"), strings.HasPrefix(msg, "flag needs an argument: -"):
 			msg = strings.Replace(msg, ": -", ": --", 1)
 		case strings.HasPrefix(msg, "invalid boolean value "):
-			msg = strings.Replace(msg, " for -", " for --", 1)
+			msg = strings.Replace(msg, " for -", " for --", 1) + " (want true or false)"
 		case strings.HasPrefix(msg, "invalid value "):
 			msg = strings.Replace(msg, " for flag -", " for flag --", 1)
 			msg = withoutFreeText(fs, msg) + valueHint(fs, msg)

@@ -94,6 +94,7 @@ func TestServeConfig(t *testing.T) {
 			{"--max-body-bytes 32MiB", "want a whole number"},
 			{"--busy-decode-fraction x", "want a number"},
 			{"--credit-in-flight false", "takes its value after '=', as in --flag=false"},
+			{"--credit-in-flight=no", "want true or false"},
 			{"--busy-decode-fraction 2", "from 0 (off) to 1"},
 			{"--trace-sample-ratio 2", "want 0..1"},
 			{"--listen 127.0.0.1", `cannot listen on --listen "127.0.0.1": want host:port`},
