@@ -9,6 +9,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -208,6 +210,7 @@ func create(path string, opts Options, replace func()) (*Segment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot create shm segment %s: %w", path, err)
 	}
+	sweepStaleTemps(path)
 	var nonce [8]byte
 	rand.Read(nonce[:])
 	tmp := fmt.Sprintf("%s.tmp-%d-%x", path, os.Getpid(), nonce[:4])
@@ -264,6 +267,31 @@ func create(path string, opts Options, replace func()) (*Segment, error) {
 		return nil, fmt.Errorf("cannot publish shm segment %s: %w", path, err)
 	}
 	return seg, nil
+}
+
+// sweepStaleTemps removes the temporary files that create left beside
+// path in processes that died before they could remove them (killed
+// while formatting): each is as large as a segment and fully allocated,
+// in tmpfs memory, and a crash loop had filled /dev/shm with them until
+// no segment fit. A file whose process still runs (another router
+// creating the segment now) is left alone. A process in another PID
+// namespace, which looks dead from here, would lose its file and fail to
+// publish its segment, saying so; its next start succeeds.
+func sweepStaleTemps(path string) {
+	names, _ := filepath.Glob(path + ".tmp-*")
+	for _, name := range names {
+		pidText, _, _ := strings.Cut(strings.TrimPrefix(name, path+".tmp-"), "-")
+		pid, err := strconv.Atoi(pidText)
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if err := unix.Kill(pid, 0); !errors.Is(err, unix.ESRCH) {
+			continue // alive, or not ours to signal: not known dead
+		}
+		if st, err := os.Lstat(name); err == nil && st.Mode().IsRegular() {
+			_ = os.Remove(name)
+		}
+	}
 }
 
 // attach maps an existing segment and validates it; withIndex also

@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -343,4 +345,36 @@ func TestDamagedIndexHeaderIsReset(t *testing.T) {
 		t.Fatalf("attach after the reset: %v", err)
 	}
 	again.Close()
+}
+
+// TestCreateSweepsDeadProcessesTemps: a process killed while it formatted
+// a segment leaves its temporary file, as large as a segment, in tmpfs
+// memory; a crash loop filled /dev/shm with them. The next create removes
+// those of dead processes, and leaves a live one's (a router creating the
+// segment now) alone.
+func TestCreateSweepsDeadProcessesTemps(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "seg")
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Skipf("cannot run a process to outlive: %v", err)
+	}
+	dead := fmt.Sprintf("%s.tmp-%d-00000000", path, gone.Process.Pid)
+	live := fmt.Sprintf("%s.tmp-%d-00000000", path, os.Getppid())
+	for _, name := range []string{dead, live} {
+		if err := os.WriteFile(name, make([]byte, 4096), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seg, err := Open(path, Options{Index: testIndex, RingBytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	if _, err := os.Stat(dead); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a dead process's temporary file is still there: %v", err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("a live process's temporary file was removed: %v", err)
+	}
 }
