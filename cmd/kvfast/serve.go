@@ -367,9 +367,12 @@ func applyEnv(fs *flag.FlagSet, prefix string, warn io.Writer) error {
 
 // publisherEnv is the KVFAST_ variables that are no flag's: the engines'
 // publishers' (publishers/python), which may share an environment with
-// the router, and the systemd unit's KVFAST_ARGS (deploy/systemd).
+// the router, the systemd unit's KVFAST_ARGS (deploy/systemd), and the
+// test set-up's KVFAST_INSTALL_DEPS (scripts/setup-test-deps.sh), which
+// CI exports.
 var publisherEnv = map[string]bool{"KVFAST_WORKER_ID": true, "KVFAST_MODEL": true, "KVFAST_ENDPOINT": true,
-	"KVFAST_KV_BLOCKS": true, "KVFAST_HEARTBEAT_S": true, "KVFAST_ARGS": true}
+	"KVFAST_KV_BLOCKS": true, "KVFAST_HEARTBEAT_S": true, "KVFAST_ARGS": true,
+	"KVFAST_INSTALL_DEPS": true}
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var lv slog.Level
