@@ -743,7 +743,7 @@ func (ix *Index) insertBlock(sh *shard, i uint32, key uint64, w workers.Slot, bi
 func (ix *Index) clearBit(sh *shard, i uint32, w workers.Slot, bit uint64) (shifted bool) {
 	s := sh.blocks.at(i)
 	old := s.val.Load()
-	if old&bit == 0 {
+	if old&bit == 0 || s.key.Load() == emptyKey { // an empty slot's value is no block, whatever it holds
 		return false
 	}
 	sh.meta.workerBlocks[w].Add(^uint32(0))

@@ -262,6 +262,14 @@ func (ix *Index) repairBlocks(t *table, r *repairRun) (int, error) {
 		}
 		s := t.at(i)
 		k := s.key.Load()
+		if k == emptyKey && s.val.Load() != 0 {
+			// An empty slot with a value no writer left (a stray write):
+			// a scan for a worker's blocks reads values, and took its
+			// bits for blocks, decrementing counters that never counted
+			// them until they wrapped.
+			s.val.Store(0)
+			dropped++
+		}
 		drop := k == busyKey
 		if k != emptyKey && k != busyKey {
 			ft, j, found := ix.findBlock(k)
@@ -295,6 +303,10 @@ func (t *table) repairMap(r *repairRun) (int, error) {
 			}
 			s := t.at(i)
 			k := s.key.Load()
+			if k == emptyKey && s.val.Load() != 0 {
+				s.val.Store(0) // as in repairBlocks
+				n++
+			}
 			drop := k == busyKey
 			if k != emptyKey && k != busyKey {
 				j, found := t.find(k)

@@ -153,6 +153,11 @@ func (ix *Index) verifyBlocks(sh *shard, perWorker *[workers.Max]uint64) error {
 		s := t.at(i)
 		k := s.key.Load()
 		if k == emptyKey {
+			if v := s.val.Load(); v != 0 {
+				// A worker scan reads the value, not the key: it would
+				// take these bits for blocks.
+				return fmt.Errorf("empty slot %d holds value %#x", i, v)
+			}
 			continue
 		}
 		if k == busyKey {
