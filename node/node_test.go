@@ -1141,6 +1141,8 @@ func TestDeadEngineStaysUnhealthy(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Dispatch.Health.Interval = 0
 	cfg.HeartbeatGrace = 200 * time.Millisecond
+	var downLines atomic.Int64
+	cfg.Logger = slog.New(countLog{workerDownMessage: &downLines})
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -1209,6 +1211,11 @@ func TestDeadEngineStaysUnhealthy(t *testing.T) {
 	})
 	if d := n.Snapshot().Down[0]; d.WorkerID != 3 || d.Model != mocker.DefaultModel {
 		t.Fatalf("down registration %+v, want worker 3", d)
+	}
+	// Logged as the incident it is, though the slot's join was logged
+	// within the minute.
+	if got := downLines.Load(); got != 1 {
+		t.Errorf("the engine's death was logged %d times, want once", got)
 	}
 	if got, want := healthy(), `kvfast_worker_healthy{dp_rank="0",worker="3"} 0`; got != want {
 		t.Fatalf("/metrics says %q, want %q", got, want)

@@ -17,6 +17,9 @@ import (
 	"github.com/kvfast/kvfast/workers"
 )
 
+// workerDownMessage is logged when a registered engine's heartbeat stops.
+const workerDownMessage = "worker down: its heartbeat stopped; its blocks are dropped and requests waiting on it go elsewhere"
+
 // regEntry remembers what the registry said about a slot last time, so
 // that the poll only touches the scheduler and the engine pool on change.
 type regEntry struct {
@@ -390,7 +393,15 @@ func (n *Node) scanRegistry() {
 		e := &n.regState[slot]
 		switch {
 		case e.present && !live.Has(slot):
-			n.throttle.Log(n.log, slog.LevelInfo, "member/"+strconv.Itoa(i), "worker left", "slot", slot, "endpoint", loggableEndpoint(e.id.endpoint), "heartbeat_stale", down.Has(slot))
+			if down.Has(slot) {
+				// An engine presumed dead is an incident: its own key, so
+				// that the join line a minute's throttle keeps per slot
+				// (an engine in a restart loop) cannot hold it back.
+				n.throttle.Log(n.log, slog.LevelWarn, "down/"+strconv.Itoa(i), workerDownMessage,
+					"slot", slot, "worker", e.id.worker, "endpoint", loggableEndpoint(e.id.endpoint), "generation", e.id.generation)
+			} else {
+				n.throttle.Log(n.log, slog.LevelInfo, "member/"+strconv.Itoa(i), "worker left", "slot", slot, "endpoint", loggableEndpoint(e.id.endpoint))
+			}
 			n.approx.Forget(slot)
 			n.sched.Remove(slot)
 			if down.Has(slot) {
