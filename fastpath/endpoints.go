@@ -333,35 +333,33 @@ type Snapshot struct {
 	// (their heartbeat stopped) and that no engine has registered over
 	// since: a worker missing from Workers that /metrics still reports
 	// unhealthy, until its engine comes back or its slot is taken.
-	Down  []DownView  `json:"down_registrations,omitempty"`
-	Index IndexView   `json:"index"`
-	Feed  *feed.Stats `json:"feed,omitempty"` // the shm event feed, when there is a segment
-	Queue QueueView   `json:"queue"`
+	Down  []RegistrationView `json:"down_registrations,omitempty"`
+	Index IndexView          `json:"index"`
+	Feed  *feed.Stats        `json:"feed,omitempty"` // the shm event feed, when there is a segment
+	Queue QueueView          `json:"queue"`
 	// Tokenizers is each model's tokenization: every model configured or
 	// served, with its mode (a model with none routes its text and chat
 	// prompts approximately) and its renderer's counters.
 	Tokenizers []prompt.ModelStatus `json:"tokenizers"`
 }
 
-// RefusedView is a registration the router refused, in a Snapshot.
-type RefusedView struct {
+// RegistrationView is a registration in the segment's registry, in a
+// Snapshot: one presumed dead (Snapshot.Down), or a refused one's
+// identity.
+type RegistrationView struct {
 	Slot       int    `json:"slot"`
 	WorkerID   uint64 `json:"worker_id"`
 	DPRank     uint32 `json:"dp_rank"`
 	Model      string `json:"model"`
 	Endpoint   string `json:"endpoint"` // credentials redacted
 	Generation uint32 `json:"generation"`
-	Reason     string `json:"reason"`
 }
 
-// DownView is a registration presumed dead, in a Snapshot.
-type DownView struct {
-	Slot       int    `json:"slot"`
-	WorkerID   uint64 `json:"worker_id"`
-	DPRank     uint32 `json:"dp_rank"`
-	Model      string `json:"model"`
-	Endpoint   string `json:"endpoint"` // credentials redacted
-	Generation uint32 `json:"generation"`
+// RefusedView is a registration the router refused, and why, in a
+// Snapshot.
+type RefusedView struct {
+	RegistrationView
+	Reason string `json:"reason"`
 }
 
 // WorkerView is one worker in a Snapshot.

@@ -84,7 +84,7 @@ type Node struct {
 	refusedRegs atomic.Pointer[[]fastpath.RefusedView]
 	// downRegs is the registrations the registry loop found presumed
 	// dead, for the snapshot; replaced when the set changes.
-	downRegs atomic.Pointer[[]fastpath.DownView]
+	downRegs atomic.Pointer[[]fastpath.RegistrationView]
 	// refusedSeen is each slot's index refusals at the last look
 	// (watchRefusals); only that loop touches it.
 	refusedSeen [workers.Max]uint64

@@ -667,17 +667,8 @@ func TestRequestOnAStaleWorkerGoesElsewhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer n.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- n.Serve(ln) }()
-	defer func() {
-		n.Close()
-		<-served
-	}()
+	ln, stop := serveOn(t, n, n.Serve)
+	defer stop()
 
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -709,29 +700,9 @@ func TestRequestOnAStaleWorkerGoesElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	stopBeats := make(chan struct{})
-	beating := make(chan struct{})
-	go func() {
-		defer close(beating)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stopBeats:
-				return
-			case <-tick.C:
-				_ = pub.Heartbeat()
-			}
-		}
-	}()
-	defer func() {
-		select {
-		case <-stopBeats:
-		default:
-			close(stopBeats)
-		}
-		<-beating
-	}()
+	var beating atomic.Bool
+	beating.Store(true)
+	defer heartbeat(pub, &beating)()
 	waitFor(t, "the silent engine to join", func() bool { return len(n.Snapshot().Workers) == 1 })
 
 	type answer struct {
@@ -763,7 +734,7 @@ func TestRequestOnAStaleWorkerGoesElsewhere(t *testing.T) {
 	}
 	defer eng.Close()
 	waitFor(t, "the second engine to join", func() bool { return len(n.Snapshot().Workers) == 2 })
-	close(stopBeats) // the silent engine's heartbeat goes stale
+	beating.Store(false) // the silent engine's heartbeat goes stale
 
 	select {
 	case a := <-got:
@@ -1147,17 +1118,8 @@ func TestDeadEngineStaysUnhealthy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer n.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- n.ServeAdmin(ln) }()
-	defer func() {
-		n.Close()
-		<-served
-	}()
+	ln, stop := serveOn(t, n, n.ServeAdmin)
+	defer stop()
 	healthy := func() string {
 		resp, err := http.Get("http://" + ln.Addr().String() + "/metrics")
 		if err != nil {
@@ -1182,27 +1144,7 @@ func TestDeadEngineStaysUnhealthy(t *testing.T) {
 	// The engine beats while beating is set, however slow the machine.
 	var beating atomic.Bool
 	beating.Store(true)
-	stop := make(chan struct{})
-	beats := make(chan struct{})
-	go func() {
-		defer close(beats)
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				if beating.Load() {
-					_ = pub.Heartbeat()
-				}
-			}
-		}
-	}()
-	defer func() {
-		close(stop)
-		<-beats
-	}()
+	defer heartbeat(pub, &beating)()
 	waitFor(t, "the engine to join", func() bool { return len(n.Snapshot().Workers) == 1 })
 	beating.Store(false) // the engine dies
 	waitFor(t, "the engine to be presumed dead", func() bool {
@@ -1228,5 +1170,47 @@ func TestDeadEngineStaysUnhealthy(t *testing.T) {
 	})
 	if got, want := healthy(), `kvfast_worker_healthy{dp_rank="0",worker="3"} 1`; got != want {
 		t.Fatalf("/metrics says %q, want %q", got, want)
+	}
+}
+
+// serveOn serves n on a loopback listener with serve (n.Serve or
+// n.ServeAdmin); stop closes the node and waits for serve to return.
+func serveOn(t *testing.T, n *Node, serve func(net.Listener) error) (ln net.Listener, stop func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		n.Close()
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- serve(ln) }()
+	return ln, func() {
+		n.Close()
+		<-served
+	}
+}
+
+// heartbeat keeps pub's heartbeat going every 10 ms while beating is set;
+// the function it returns stops it, and must run before pub closes.
+func heartbeat(pub *shm.Publisher, beating *atomic.Bool) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+				if beating.Load() {
+					_ = pub.Heartbeat()
+				}
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
 	}
 }

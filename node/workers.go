@@ -267,7 +267,7 @@ func (n *Node) scanRegistry() {
 	if n.ingester != nil {
 		stale = n.ingester.Stale()
 	}
-	var downViews []fastpath.DownView
+	var downViews []fastpath.RegistrationView
 	// refusals: the set of refused registrations changed.
 	changed, refusals := false, false
 	for i := range workers.Max {
@@ -288,7 +288,7 @@ func (n *Node) scanRegistry() {
 			if e := &n.regState[slot]; !(e.refused && e.id == identityOf(info)) {
 				// A registration this router refused was never routed,
 				// and never reported healthy: its death is no worker's.
-				downViews = append(downViews, fastpath.DownView{Slot: i, WorkerID: info.WorkerID, DPRank: info.DPRank,
+				downViews = append(downViews, fastpath.RegistrationView{Slot: i, WorkerID: info.WorkerID, DPRank: info.DPRank,
 					Model: info.Model, Endpoint: loggableEndpoint(info.Endpoint), Generation: info.Generation})
 			}
 		}
@@ -443,8 +443,8 @@ func (n *Node) publishRefusals() {
 	var out []fastpath.RefusedView
 	for i := range n.regState {
 		if e := &n.regState[i]; e.refused {
-			out = append(out, fastpath.RefusedView{Slot: i, WorkerID: e.id.worker, DPRank: e.id.rank, Model: e.id.model,
-				Endpoint: loggableEndpoint(e.id.endpoint), Generation: e.id.generation, Reason: e.reason})
+			out = append(out, fastpath.RefusedView{RegistrationView: fastpath.RegistrationView{Slot: i, WorkerID: e.id.worker, DPRank: e.id.rank,
+				Model: e.id.model, Endpoint: loggableEndpoint(e.id.endpoint), Generation: e.id.generation}, Reason: e.reason})
 		}
 	}
 	n.refusedRegs.Store(&out)
