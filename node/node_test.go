@@ -694,15 +694,8 @@ func TestRequestOnAStaleWorkerGoesElsewhere(t *testing.T) {
 			}()
 		}
 	}()
-	pub, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 1, Model: mocker.DefaultModel, BlockSize: 16,
-		KVCapacityBlocks: 1024, Endpoint: "http://" + silent.Addr().String()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	var beating atomic.Bool
-	beating.Store(true)
-	defer heartbeat(pub, &beating)()
+	beating, stopEngine := beatingEngine(t, cfg.Segment.Path, 1, "http://"+silent.Addr().String())
+	defer stopEngine()
 	waitFor(t, "the silent engine to join", func() bool { return len(n.Snapshot().Workers) == 1 })
 
 	type answer struct {
@@ -1135,16 +1128,8 @@ func TestDeadEngineStaysUnhealthy(t *testing.T) {
 		}
 		return strings.Join(lines, "; ")
 	}
-	reg := shm.WorkerConfig{WorkerID: 3, Model: mocker.DefaultModel, BlockSize: 16, KVCapacityBlocks: 1024, Endpoint: deadAddr(t)}
-	pub, err := shm.Register(cfg.Segment.Path, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	// The engine beats while beating is set, however slow the machine.
-	var beating atomic.Bool
-	beating.Store(true)
-	defer heartbeat(pub, &beating)()
+	beating, stopEngine := beatingEngine(t, cfg.Segment.Path, 3, deadAddr(t))
+	defer stopEngine()
 	waitFor(t, "the engine to join", func() bool { return len(n.Snapshot().Workers) == 1 })
 	beating.Store(false) // the engine dies
 	waitFor(t, "the engine to be presumed dead", func() bool {
@@ -1190,9 +1175,19 @@ func serveOn(t *testing.T, n *Node, serve func(net.Listener) error) (ln net.List
 	}
 }
 
-// heartbeat keeps pub's heartbeat going every 10 ms while beating is set;
-// the function it returns stops it, and must run before pub closes.
-func heartbeat(pub *shm.Publisher, beating *atomic.Bool) (stop func()) {
+// beatingEngine registers an engine (worker id, endpoint) in the segment
+// at path and keeps its heartbeat going every 10 ms, however slow the
+// machine, while the flag it returns is set (it starts set); stop ends
+// the heartbeat and closes the registration.
+func beatingEngine(t *testing.T, path string, id uint64, endpoint string) (beating *atomic.Bool, stop func()) {
+	t.Helper()
+	pub, err := shm.Register(path, shm.WorkerConfig{WorkerID: id, Model: mocker.DefaultModel, BlockSize: 16,
+		KVCapacityBlocks: 1024, Endpoint: endpoint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	beating = new(atomic.Bool)
+	beating.Store(true)
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
@@ -1209,8 +1204,9 @@ func heartbeat(pub *shm.Publisher, beating *atomic.Bool) (stop func()) {
 			}
 		}
 	}()
-	return func() {
+	return beating, func() {
 		close(quit)
-		<-done
+		<-done // no heartbeat after the close
+		_ = pub.Close()
 	}
 }
