@@ -26,8 +26,11 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 # CGO_ENABLED=0 makes the binary static (deploy's TestDockerfileBuildsStaticBinary
-# runs this very command and checks the result's ELF headers).
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/kvfast ./cmd/kvfast
+# runs this very command and checks the result's ELF headers). The build
+# context holds no .git, so Go cannot stamp the commit: make image passes
+# it as KVFAST_VERSION (git describe), which kvfast version prints.
+ARG KVFAST_VERSION=
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.buildVersion=${KVFAST_VERSION}" -o /out/kvfast ./cmd/kvfast
 RUN go version -m /out/kvfast | grep -q 'CGO_ENABLED=0'
 
 FROM gcr.io/distroless/static-debian12:nonroot AS runtime

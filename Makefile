@@ -19,7 +19,7 @@ build: ## Build bin/kvfast.
 
 image: ## Build the container image IMAGE (default kvfast:latest, the tag deploy/kubernetes runs) from the Dockerfile; needs Docker (docs/deploy.md).
 	@command -v docker >/dev/null 2>&1 || { echo "make image: docker is not installed; make lint checks the Dockerfile without it" >&2; exit 1; }
-	docker build -t $(IMAGE) .
+	docker build --build-arg KVFAST_VERSION=$$(git describe --always --dirty 2>/dev/null) -t $(IMAGE) .
 
 test: lint ## Everything CI runs: lint, set-up, the whole suite under the race detector, the tokenizer's differential tests and the index-damage test without it, the manifests' check, and a two-minute soak.
 	@./scripts/setup-test-deps.sh

@@ -18,11 +18,17 @@ func init() {
 	})
 }
 
+// buildVersion is set by the container image's build (-X), whose context
+// holds no .git for the toolchain to stamp: git describe of the checkout
+// it was built from.
+var buildVersion string
+
 // printVersion writes what the binary was built from, as the Go
 // toolchain recorded it: a binary built from a checkout carries its
 // commit (and whether the tree had changes), one built by go install its
-// module version. An operator asked "which kvfast is this?" reads it here
-// or in /metrics' go_build_info.
+// module version, the container image's the version it was given. An
+// operator asked "which kvfast is this?" reads it here or in /metrics'
+// go_build_info.
 func printVersion(w io.Writer) {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
@@ -33,7 +39,11 @@ func printVersion(w io.Writer) {
 	for _, s := range bi.Settings {
 		settings[s.Key] = s.Value
 	}
-	fmt.Fprintf(w, "kvfast %s\n", bi.Main.Version)
+	version := bi.Main.Version
+	if buildVersion != "" {
+		version = buildVersion
+	}
+	fmt.Fprintf(w, "kvfast %s\n", version)
 	if rev := settings["vcs.revision"]; rev != "" {
 		dirty := ""
 		if settings["vcs.modified"] == "true" {
