@@ -191,7 +191,7 @@ func TestParseEndpoint(t *testing.T) {
 		t.Fatalf("got %+v, %v; want %+v", got, err, want)
 	}
 	for value, want := range map[string]string{
-		"10.0.0.1:8000,colour=red": `key "colour"`,
+		"10.0.0.1:8000,colour=red": "the key of item 2",
 		"10.0.0.1:8000,zmq=tcp://10.0.0.1:5557,events=tcp://10.0.0.1:5558": "events= repeats zmq=",
 		"10.0.0.1:8000,zmq=tcp://10.0.0.1:5557,replay=tcp://10.0.0.1:5557": "not its zmq= event socket",
 		"10.0.0.1:8000,zmq=tcp://*:5557":                                   "wildcard",

@@ -19,6 +19,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvfast/kvfast/internal/logthrottle"
+	"github.com/kvfast/kvfast/internal/redact"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
@@ -102,18 +103,18 @@ func CheckZMQEndpoint(ep string) error {
 	scheme, addr, ok := strings.Cut(ep, "://")
 	switch {
 	case !ok:
-		return fmt.Errorf("cannot use ZMQ endpoint %q: want tcp://host:port or ipc://path", ep)
+		return fmt.Errorf("cannot use ZMQ endpoint %q: want tcp://host:port or ipc://path", redact.Endpoint(ep))
 	case scheme == "ipc" && addr != "":
 		return nil
 	case scheme != "tcp":
-		return fmt.Errorf("cannot use ZMQ endpoint %q: only tcp:// and ipc:// are supported", ep)
+		return fmt.Errorf("cannot use ZMQ endpoint %q: only tcp:// and ipc:// are supported", redact.Endpoint(ep))
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("cannot use ZMQ endpoint %q: want tcp://host:port", ep)
+		return fmt.Errorf("cannot use ZMQ endpoint %q: want tcp://host:port", redact.Endpoint(ep))
 	}
 	if host == "" || host == "*" {
-		return fmt.Errorf("cannot use ZMQ endpoint %q: a wildcard is where the engine binds; dial its address (tcp://127.0.0.1:%s)", ep, port)
+		return fmt.Errorf("cannot use ZMQ endpoint %q: a wildcard is where the engine binds; dial its address (tcp://127.0.0.1:%s)", redact.Endpoint(ep), port)
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/feed"
 	"github.com/kvfast/kvfast/internal/keyvals"
+	"github.com/kvfast/kvfast/internal/redact"
 	"github.com/kvfast/kvfast/internal/tracing"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
@@ -333,7 +334,7 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 		// The value is not quoted: any part of it may be a secret.
 		return sw, fmt.Errorf("cannot parse the value: %w (credentials in a URL are refused anyway: give the engines' key with --engine-api-key-file)", err)
 	}
-	for _, kv := range pairs {
+	for i, kv := range pairs {
 		k, val := kv.Key, kv.Value
 		switch k {
 		case "url", "endpoint":
@@ -357,10 +358,16 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 		case "role":
 			sw.Role, err = workers.ParseRole(val)
 		default:
-			return sw, fmt.Errorf("cannot use key %q: want url, id, rank, model, kv-blocks, role, zmq, replay or topic", k)
+			// Neither the key nor the value is shown: an item may be the
+			// rest of a password cut at a comma.
+			return sw, fmt.Errorf("cannot use the key of item %d: want url, id, rank, model, kv-blocks, role, zmq, replay or topic", i+1)
 		}
 		if err != nil {
-			return sw, fmt.Errorf("cannot parse %s=%q: %w", k, val, err)
+			switch k {
+			case "zmq", "events", "replay":
+				return sw, fmt.Errorf("cannot parse %s=: %w", k, err) // the error shows the endpoint redacted
+			}
+			return sw, fmt.Errorf("cannot parse the value of %s= (item %d): %s", k, i+1, valueWanted[k])
 		}
 	}
 	if sw.Endpoint == "" {
@@ -369,7 +376,7 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	if u, err := url.Parse(sw.Endpoint); err == nil && (u.User != nil || u.RawQuery != "" || u.Fragment != "") {
 		// The router dials host:port and would drop them without a word:
 		// an engine's key goes in --engine-api-key-file.
-		return sw, fmt.Errorf("cannot use url=%s: credentials, a query or a fragment in a worker's URL are not sent; give the engines' key with --engine-api-key-file", loggableEndpoint(sw.Endpoint))
+		return sw, fmt.Errorf("cannot use url=%s: credentials, a query or a fragment in a worker's URL are not sent; give the engines' key with --engine-api-key-file", redact.Endpoint(sw.Endpoint))
 	}
 	if _, err := hostPort(sw.Endpoint); err != nil {
 		return sw, err
@@ -396,19 +403,19 @@ func registeredAddr(endpoint string) (string, error) {
 	if strings.Contains(endpoint, "://") {
 		u, err := url.Parse(endpoint)
 		if err != nil {
-			return "", fmt.Errorf("cannot parse endpoint %q", loggableEndpoint(endpoint))
+			return "", fmt.Errorf("cannot parse endpoint %q", redact.Endpoint(endpoint))
 		}
 		if u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
-			return "", fmt.Errorf("cannot use endpoint %q: want http://host:port, without credentials, path or query", loggableEndpoint(endpoint))
+			return "", fmt.Errorf("cannot use endpoint %q: want http://host:port, without credentials, path or query", redact.Endpoint(endpoint))
 		}
 	}
 	addr, err := hostPort(endpoint)
 	if err != nil {
-		return "", fmt.Errorf("cannot use endpoint %q: want http://host:port", loggableEndpoint(endpoint))
+		return "", fmt.Errorf("cannot use endpoint %q: want http://host:port", redact.Endpoint(endpoint))
 	}
 	host, port, _ := net.SplitHostPort(addr)
 	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 || host == "" || strings.ContainsAny(host, "@/?#") {
-		return "", fmt.Errorf("cannot use endpoint %q: want a host and a port from 1 to 65535", loggableEndpoint(endpoint))
+		return "", fmt.Errorf("cannot use endpoint %q: want a host and a port from 1 to 65535", redact.Endpoint(endpoint))
 	}
 	return addr, nil
 }
@@ -427,26 +434,11 @@ func checkModelName(model string) error {
 	return nil
 }
 
-// loggableEndpoint is an endpoint as it may be logged: any credentials in
-// it replaced.
-func loggableEndpoint(endpoint string) string {
-	if u, err := url.Parse(endpoint); err == nil && (u.User != nil || u.RawQuery != "" || u.Fragment != "") {
-		// A query may carry a key as well (?api_key=...).
-		if u.User != nil {
-			u.User = url.User("REDACTED")
-		}
-		if u.RawQuery != "" {
-			u.RawQuery = "REDACTED"
-		}
-		u.Fragment = ""
-		endpoint = u.String()
-	} else if i := strings.LastIndexByte(endpoint, '@'); i >= 0 {
-		// No URL whose userinfo the parser found (user:password@host
-		// without a scheme reads as an opaque URL): what precedes the @
-		// may be a password.
-		endpoint = "REDACTED@" + endpoint[i+1:]
-	}
-	return endpoint
+// valueWanted says what a --worker key takes, for an error that must not
+// show the value it refused.
+var valueWanted = map[string]string{
+	"id": "want a whole number", "rank": "want a whole number", "dp-rank": "want a whole number",
+	"kv-blocks": "want a whole number", "role": "want prefill, decode, encode or both",
 }
 
 // hostPort accepts "host:port" or an http URL and returns "host:port".
@@ -456,15 +448,15 @@ func hostPort(endpoint string) (string, error) {
 	if strings.Contains(endpoint, "://") {
 		u, err := url.Parse(endpoint)
 		if err != nil {
-			return "", fmt.Errorf("cannot parse endpoint %q (want http://host:port)", loggableEndpoint(endpoint))
+			return "", fmt.Errorf("cannot parse endpoint %q (want http://host:port)", redact.Endpoint(endpoint))
 		}
 		if u.Scheme != "http" {
-			return "", fmt.Errorf("cannot use endpoint %q: only http engines are supported", loggableEndpoint(endpoint))
+			return "", fmt.Errorf("cannot use endpoint %q: only http engines are supported", redact.Endpoint(endpoint))
 		}
 		endpoint = u.Host
 	}
 	if _, _, err := net.SplitHostPort(endpoint); err != nil || strings.Contains(endpoint, "@") {
-		return "", fmt.Errorf("cannot use endpoint %q: want host:port or http://host:port", loggableEndpoint(endpoint))
+		return "", fmt.Errorf("cannot use endpoint %q: want host:port or http://host:port", redact.Endpoint(endpoint))
 	}
 	return endpoint, nil
 }

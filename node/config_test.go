@@ -90,7 +90,7 @@ func TestParseStaticWorker(t *testing.T) {
 		{value: "url=http://h:1,role=vision", err: "role="},
 		{value: "model=m", err: "needs url"},
 		{value: "url=http://h:1,id", err: "key=value"},
-		{value: "url=http://h:1,colour=red", err: `key "colour"`},
+		{value: "url=http://h:1,colour=red", err: "the key of item 2"},
 		{value: "url=http://h:1,id=x", err: "id="},
 		{value: "url=http://h:1,rank=4294967296", err: "rank="},
 		{value: "url=https://h:1", err: "only http"},

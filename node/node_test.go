@@ -22,6 +22,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/internal/redact"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
@@ -759,7 +760,7 @@ func TestRegisteredEndpointsAreStrict(t *testing.T) {
 		}
 	}
 	for _, ep := range []string{"http://admin:s3cret@127.0.0.1:8000", "http://127.0.0.1:8000/?api_key=s3cret", "http://127.0.0.1:8000/#s3cret"} {
-		if got := loggableEndpoint(ep); strings.Contains(got, "s3cret") {
+		if got := redact.Endpoint(ep); strings.Contains(got, "s3cret") {
 			t.Errorf("%q logged as %q", ep, got)
 		}
 	}
@@ -1208,5 +1209,35 @@ func beatingEngine(t *testing.T, path string, id uint64, endpoint string) (beati
 		close(quit)
 		<-done // no heartbeat after the close
 		_ = pub.Close()
+	}
+}
+
+// TestRefusedRegistrationThatDies: a registration the router refused was
+// never routed, and is no worker down when its engine dies: not in
+// down_registrations nor unhealthy in /metrics, however many polls later
+// (the refusal was forgotten at the next poll, which then reported it).
+func TestRefusedRegistrationThatDies(t *testing.T) {
+	n, cfg := pollingNode(t, countLog{})
+	pub, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 7, Model: "m", BlockSize: 32, Endpoint: "http://" + deadAddr(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	n.syncRegistry()
+	if r := n.Snapshot().Refused; len(r) != 1 {
+		t.Fatalf("refused registrations %+v, want worker 7's", r)
+	}
+	info, err := n.seg.ReadWorker(pub.Slot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := n.seg.MarkDown(pub.Slot(), info.Generation, info.Heartbeat); !ok || err != nil {
+		t.Fatalf("cannot mark the refused registration down: %v, %v", ok, err)
+	}
+	for poll := range 3 {
+		n.syncRegistry()
+		if d := n.Snapshot().Down; len(d) != 0 {
+			t.Fatalf("poll %d: the dead refused registration is reported down: %+v", poll, d)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/feed"
+	"github.com/kvfast/kvfast/internal/redact"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
@@ -268,6 +269,7 @@ func (n *Node) scanRegistry() {
 		stale = n.ingester.Stale()
 	}
 	var downViews []fastpath.RegistrationView
+	var refusedDown workers.Set // refused registrations the registry holds down
 	// refusals: the set of refused registrations changed.
 	changed, refusals := false, false
 	for i := range workers.Max {
@@ -285,11 +287,15 @@ func (n *Node) scanRegistry() {
 		}
 		if info.State == shm.StateDown || info.State == shm.StateLive && stale.Has(slot) {
 			down |= workers.SetOf(slot)
-			if e := &n.regState[slot]; !(e.refused && e.id == identityOf(info)) {
+			if e := &n.regState[slot]; e.refused && e.id == identityOf(info) {
 				// A registration this router refused was never routed,
 				// and never reported healthy: its death is no worker's.
+				// Its refusal is kept while the registry holds it down,
+				// or the next poll would forget it and report it.
+				refusedDown |= workers.SetOf(slot)
+			} else {
 				downViews = append(downViews, fastpath.RegistrationView{Slot: i, WorkerID: info.WorkerID, DPRank: info.DPRank,
-					Model: info.Model, Endpoint: loggableEndpoint(info.Endpoint), Generation: info.Generation})
+					Model: info.Model, Endpoint: redact.Endpoint(info.Endpoint), Generation: info.Generation})
 			}
 		}
 		if info.State != shm.StateLive || stale.Has(slot) {
@@ -309,8 +315,8 @@ func (n *Node) scanRegistry() {
 			// credentials, to an endpoint of its choosing). The slot is
 			// refused until it registers anew.
 			n.throttle.Log(n.log, slog.LevelError, "rewritten/"+strconv.Itoa(i), "a live registration changed without re-registering: the slot is refused until a new registration",
-				"slot", slot, "worker", info.WorkerID, "was_worker", e.id.worker, "endpoint", loggableEndpoint(info.Endpoint),
-				"was_endpoint", loggableEndpoint(e.id.endpoint), "generation", info.Generation)
+				"slot", slot, "worker", info.WorkerID, "was_worker", e.id.worker, "endpoint", redact.Endpoint(info.Endpoint),
+				"was_endpoint", redact.Endpoint(e.id.endpoint), "generation", info.Generation)
 			n.approx.Forget(slot)
 			n.sched.Remove(slot)
 			n.engines.Remove(slot)
@@ -355,7 +361,7 @@ func (n *Node) scanRegistry() {
 				// (a restart loop) is a new registration every time:
 				// throttled by slot as well.
 				n.throttle.Log(n.log, slog.LevelError, "refused/"+strconv.Itoa(i), "cannot route to registered worker", "slot", slot, "worker", info.WorkerID,
-					"dp_rank", info.DPRank, "endpoint", loggableEndpoint(info.Endpoint), "generation", info.Generation, "err", err)
+					"dp_rank", info.DPRank, "endpoint", redact.Endpoint(info.Endpoint), "generation", info.Generation, "err", err)
 				// Neither the slot's previous registration nor an engine
 				// added for the refused one may stay routable.
 				n.sched.Remove(slot)
@@ -398,9 +404,9 @@ func (n *Node) scanRegistry() {
 				// that the join line a minute's throttle keeps per slot
 				// (an engine in a restart loop) cannot hold it back.
 				n.throttle.Log(n.log, slog.LevelWarn, "down/"+strconv.Itoa(i), workerDownMessage,
-					"slot", slot, "worker", e.id.worker, "endpoint", loggableEndpoint(e.id.endpoint), "generation", e.id.generation)
+					"slot", slot, "worker", e.id.worker, "endpoint", redact.Endpoint(e.id.endpoint), "generation", e.id.generation)
 			} else {
-				n.throttle.Log(n.log, slog.LevelInfo, "member/"+strconv.Itoa(i), "worker left", "slot", slot, "endpoint", loggableEndpoint(e.id.endpoint))
+				n.throttle.Log(n.log, slog.LevelInfo, "member/"+strconv.Itoa(i), "worker left", "slot", slot, "endpoint", redact.Endpoint(e.id.endpoint))
 			}
 			n.approx.Forget(slot)
 			n.sched.Remove(slot)
@@ -416,7 +422,7 @@ func (n *Node) scanRegistry() {
 			}
 			*e = regEntry{}
 			changed = true
-		case e.refused && !registered.Has(slot):
+		case e.refused && !registered.Has(slot) && !refusedDown.Has(slot):
 			*e = regEntry{}
 			refusals = true
 		}
@@ -444,7 +450,7 @@ func (n *Node) publishRefusals() {
 	for i := range n.regState {
 		if e := &n.regState[i]; e.refused {
 			out = append(out, fastpath.RefusedView{RegistrationView: fastpath.RegistrationView{Slot: i, WorkerID: e.id.worker, DPRank: e.id.rank,
-				Model: e.id.model, Endpoint: loggableEndpoint(e.id.endpoint), Generation: e.id.generation}, Reason: e.reason})
+				Model: e.id.model, Endpoint: redact.Endpoint(e.id.endpoint), Generation: e.id.generation}, Reason: e.reason})
 		}
 	}
 	n.refusedRegs.Store(&out)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -110,8 +111,7 @@ func parseFlags(fs *flag.FlagSet, args []string, about string) error {
 		case strings.HasPrefix(msg, "invalid boolean value "):
 			msg = strings.Replace(msg, " for -", " for --", 1) + " (want true or false)"
 		case strings.HasPrefix(msg, "invalid value "):
-			msg = strings.Replace(msg, " for flag -", " for flag --", 1)
-			msg = withoutFreeText(fs, msg) + valueHint(fs, msg)
+			msg = valueErrorMessage(fs, msg)
 		}
 		fmt.Fprintln(out, redactCredentials(msg))
 	}
@@ -146,34 +146,31 @@ func printUsage(w io.Writer, fs *flag.FlagSet, about string) {
 	_, _ = io.WriteString(w, b.String())
 }
 
-// withoutFreeText leaves the value out of the flag package's message
-// (invalid value "V" for flag --name: why) when the flag takes free text:
-// a URL, a list of key=value pairs, a path, any of which may hold a
-// credential that no pattern can be trusted to find. The error after it
-// says what is wrong, naming the key or redacting the URL at fault. A
-// number's, a duration's or a boolean's value stays: it holds no secret,
-// and seeing it helps.
-func withoutFreeText(fs *flag.FlagSet, msg string) string {
-	_, rest, ok := strings.Cut(strings.TrimPrefix(msg, "invalid value "), " for flag --")
+// valueErrorMessage rewrites the flag package's message for a value that
+// did not parse, `invalid value "V" for flag -name: why`: the flag with
+// two dashes, as the help spells it; the value left out when the flag
+// takes free text (a URL, a list of key=value pairs, a path, any of which
+// may hold a credential that no pattern can be trusted to find; the error
+// after it says what is wrong, naming the item or redacting the URL at
+// fault), kept for a number, a duration or a boolean, which hold no
+// secret; and what the flag's type takes. The quoted value is skipped as
+// Go quoted it, so that text in it that looks like the rest of the
+// message cannot be taken for it.
+func valueErrorMessage(fs *flag.FlagSet, msg string) string {
+	quoted, err := strconv.QuotedPrefix(strings.TrimPrefix(msg, "invalid value "))
+	if err != nil {
+		return "invalid value for a flag (the message could not be read)"
+	}
+	rest, ok := strings.CutPrefix(msg[len("invalid value ")+len(quoted):], " for flag -")
 	if !ok {
-		return msg
+		return "invalid value for a flag (the message could not be read)"
 	}
 	name, _, _ := strings.Cut(rest, ":")
-	if f := fs.Lookup(name); f != nil && typeHint(f) != "" {
-		return msg
+	f := fs.Lookup(name)
+	if f == nil || typeHint(f) == "" {
+		return "invalid value for flag --" + rest
 	}
-	return "invalid value for flag --" + rest
-}
-
-// valueHint says what a flag whose value did not parse takes, when its
-// type says it: the flag package's own "parse error" does not.
-func valueHint(fs *flag.FlagSet, msg string) string {
-	_, rest, _ := strings.Cut(msg, " for flag --")
-	name, _, _ := strings.Cut(rest, ":")
-	if f := fs.Lookup(name); f != nil {
-		return typeHint(f)
-	}
-	return ""
+	return "invalid value " + quoted + " for flag --" + rest + typeHint(f)
 }
 
 // typeHint says what f's type takes, or "" for a type of its own (whose

@@ -284,6 +284,8 @@ func TestWorkerSecretsAreRefusedUnprinted(t *testing.T) {
 		"url=http://127.0.0.1:8000,model=m,api_key=HUN,TER2",
 		"url=u:HUNTER2@127.0.0.1:8000,model=m",
 		"url=http://127.0.0.1:8000/?token=HUN TER2,model=m",
+		// A value holding what reads as the rest of the flag's message.
+		"url=http://h:1,model=m,x=HUNTER2 for flag -block-size: ",
 	} {
 		var stderr strings.Builder
 		if _, _, ok := serveConfig([]string{"--segment", "none", "--worker", v}, &stderr); ok {
