@@ -82,6 +82,12 @@ func keyIs(key []byte, escaped bool, name string) bool {
 	if !escaped {
 		return string(key) == name
 	}
+	// An escape takes 2 to 6 bytes for one: a raw key shorter than name,
+	// or more than six times longer, cannot decode to it (and a long one
+	// would be decoded, into the heap, once per name compared).
+	if len(key) < len(name) || len(key) > 6*len(name) {
+		return false
+	}
 	var buf [64]byte // the names compared are short: no allocation for them
 	return string(jsonscan.AppendUnescaped(buf[:0], key)) == name
 }

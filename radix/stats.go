@@ -200,6 +200,9 @@ func (t *table) verifyMap() error {
 		k := t.at(i).key.Load()
 		switch {
 		case k == emptyKey:
+			if v := t.at(i).val.Load(); v != 0 {
+				return fmt.Errorf("empty slot %d holds value %#x", i, v)
+			}
 			continue
 		case k == busyKey:
 			return fmt.Errorf("slot %d left busy", i)

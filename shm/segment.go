@@ -9,8 +9,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -278,21 +278,33 @@ func create(path string, opts Options, replace func()) (*Segment, error) {
 // namespace, which looks dead from here, would lose its file and fail to
 // publish its segment, saying so; its next start succeeds.
 func sweepStaleTemps(path string) {
-	names, _ := filepath.Glob(path + ".tmp-*")
-	for _, name := range names {
-		pidText, _, _ := strings.Cut(strings.TrimPrefix(name, path+".tmp-"), "-")
-		pid, err := strconv.Atoi(pidText)
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		// Exactly create's name: <base>.tmp-<pid>-<8 hex digits>.
+		m := tempName.FindStringSubmatch(e.Name())
+		if m == nil || m[1] != base || !e.Type().IsRegular() {
+			continue
+		}
+		pid, err := strconv.Atoi(m[2])
 		if err != nil || pid <= 0 || pid == os.Getpid() {
 			continue
 		}
 		if err := unix.Kill(pid, 0); !errors.Is(err, unix.ESRCH) {
 			continue // alive, or not ours to signal: not known dead
 		}
-		if st, err := os.Lstat(name); err == nil && st.Mode().IsRegular() {
-			_ = os.Remove(name)
-		}
+		_ = os.Remove(filepath.Join(dir, e.Name()))
 	}
 }
+
+// tempName matches the names create gives its temporary files.
+var tempName = regexp.MustCompile(`^(.+)\.tmp-([0-9]+)-[0-9a-f]{8}$`)
 
 // attach maps an existing segment and validates it; withIndex also
 // attaches the radix index (routers and inspect need it, publishers not).

@@ -361,7 +361,9 @@ func TestCreateSweepsDeadProcessesTemps(t *testing.T) {
 	}
 	dead := fmt.Sprintf("%s.tmp-%d-00000000", path, gone.Process.Pid)
 	live := fmt.Sprintf("%s.tmp-%d-00000000", path, os.Getppid())
-	for _, name := range []string{dead, live} {
+	// Another segment whose name only starts like a temporary file.
+	other := fmt.Sprintf("%s.tmp-%d", path, gone.Process.Pid)
+	for _, name := range []string{dead, live, other} {
 		if err := os.WriteFile(name, make([]byte, 4096), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -376,5 +378,8 @@ func TestCreateSweepsDeadProcessesTemps(t *testing.T) {
 	}
 	if _, err := os.Stat(live); err != nil {
 		t.Errorf("a live process's temporary file was removed: %v", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("a file not named as create names its temporary files was removed: %v", err)
 	}
 }
