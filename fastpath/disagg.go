@@ -302,9 +302,12 @@ func (s *Server) serveDisagg(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff 
 	}
 	if !ex.stripTransferFields(s.cfg.Disagg.Protocol) {
 		// Not a JSON object after all: the parser read it as one, so
-		// this is a bug, and the body must not go on unstripped.
-		ex.count(statusClientError)
-		writeError(ctx, fasthttp.StatusBadRequest, errBodyNotObject)
+		// this is the router's bug, and the body must not go on
+		// unstripped. (Counted with the failures past the client's
+		// reach; the parser makes the path unreachable, so it has no
+		// label of its own.)
+		ex.count(statusEngineError)
+		writeError(ctx, fasthttp.StatusInternalServerError, errBodyNotObject)
 		return false
 	}
 	decision := s.decideDisagg(ex)
@@ -390,6 +393,9 @@ func (s *Server) decideDisagg(ex *exchange) string {
 func (s *Server) refuseNoPrefill(ctx *fasthttp.RequestCtx, ex *exchange, selErr error) {
 	s.metrics.dis.decisions[decisionNoPrefillWorker].Inc()
 	switch _, overloaded := errors.AsType[*sched.OverloadError](selErr); {
+	case errors.Is(selErr, errNotObject): // the body could not be rewritten: the router's bug
+		ex.count(statusEngineError)
+		writeError(ctx, fasthttp.StatusInternalServerError, errBodyNotObject)
 	case ex.sreq.AllowListed && s.prefillCandidates(ex) == 0:
 		ex.count(statusClientError)
 		writeError(ctx, fasthttp.StatusBadRequest, errAllowNoPrefill)
@@ -449,9 +455,10 @@ func (ex *exchange) stripTransferFields(protocol string) bool {
 }
 
 // errBodyNotObject answers a body the disaggregation stages could not
-// rewrite.
-var errBodyNotObject = &openai.Error{Status: fasthttp.StatusBadRequest, Type: openai.TypeInvalidRequest, Code: "invalid_body",
-	Message: "the request body is not a JSON object"}
+// rewrite, which the parser had accepted as a JSON object: the router's
+// failure, not the client's.
+var errBodyNotObject = &openai.Error{Status: fasthttp.StatusInternalServerError, Type: openai.TypeServerError, Code: "internal_error",
+	Message: "the router could not rewrite the request body for its stages"}
 
 var (
 	vllmTransferFields   = []string{"kv_transfer_params"}
