@@ -1,12 +1,3 @@
-// Package redact makes an endpoint, URL or address from configuration or
-// from an engine's registration safe to show in a log line or an error:
-// whatever may be a credential is replaced.
-//
-// It is deliberately blunt. An endpoint whose credentials the router
-// refuses anyway is shown only so that an operator can tell which one is
-// meant, so taking too much (a query that held no key, the part of a
-// password before a comma) costs nothing, and taking too little leaks a
-// secret into the journal.
 package redact
 
 import (
