@@ -656,3 +656,72 @@ func TestHeldRegistryLockDoesNotKeepTheDeadRoutable(t *testing.T) {
 		t.Fatal("still stale once marked down")
 	}
 }
+
+// TestPythonPublisherRevives: the Python publisher, marked down while it
+// was paused, takes its registration back as it was (the Go publisher's
+// TestPausedWorkerRevivesWithItsBlocks), so that what it cached before,
+// during and after the pause is claimed exactly, with no gap.
+func TestPythonPublisherRevives(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not found")
+	}
+	seg := openSeg(t, 1<<20)
+	in := acquire(t, seg, Config{HeartbeatGrace: time.Hour})
+	ops := genOps(12, 90)
+	cmd := exec.Command(python, "testdata/py_publish.py", seg.Path(), writeOps(t, ops), "41", "revive")
+	cmd.Env = append(os.Environ(), "KVFAST_PY_DIR="+pythonDir(t))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr syncbuf.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	lines := bufio.NewScanner(stdout)
+	readLine := func() []string {
+		t.Helper()
+		if !lines.Scan() {
+			t.Fatalf("python stopped: %v\n%s", lines.Err(), stderr.String())
+		}
+		return strings.Fields(lines.Text())
+	}
+	before := readLine()
+	slotN, _ := strconv.Atoi(before[0])
+	slot := workers.Slot(slotN)
+	drainAll(in)
+	_, gen, beat := seg.SlotState(slot)
+	if ok, err := seg.MarkDown(slot, gen, beat); !ok || err != nil {
+		t.Fatalf("MarkDown: %v %v", ok, err)
+	}
+	drainAll(in)
+	if _, err := io.WriteString(stdin, "\n"); err != nil {
+		t.Fatal(err)
+	}
+	after := readLine()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("python: %v\n%s", err, stderr.String())
+	}
+	drainAll(in)
+	if after[0] != before[0] || after[1] != before[1] || after[2] != strconv.Itoa(len(ops)) {
+		t.Fatalf("python went from slot, generation, seq %v to %v, want the same slot and generation and seq %d", before, after, len(ops))
+	}
+	if info, _ := seg.Worker(slot); info.State != shm.StateLive || info.Generation != gen {
+		t.Fatalf("revived as %+v, want live under generation %d", info, gen)
+	}
+	want := newModel()
+	for _, o := range ops {
+		want.apply(o)
+	}
+	want.check(t, seg.Index(), slot)
+	if st := in.Stats(); st.WorkersRevived != 1 || st.Gaps != 0 || st.SkippedDown != 0 || st.GenerationBumps != 0 {
+		t.Fatalf("stats after the revival %+v", st)
+	}
+}

@@ -8,9 +8,10 @@
 // The ingest loop and its policy: applying Stored/Removed/Cleared to the
 // index through one apply path shared with the ZMQ subscriber (below);
 // detecting sequence gaps and garbage and resyncing the worker (clearing
-// its entries); following the registry (new workers, generation bumps,
-// stale heartbeats, clean closes, each of which drops the stale blocks
-// with RemoveWorker); and the counters in Stats.
+// its entries); following the registry (new workers and generation bumps,
+// clean closes, which drop the stale blocks with RemoveWorker at once, and
+// stale heartbeats, whose worker keeps its blocks for DownRetention in case
+// it was only paused and revives); and the counters in Stats.
 //
 // # Taking over the index
 //

@@ -20,6 +20,14 @@ import (
 // before it is taken for dead.
 const DefaultHeartbeatGrace = 5 * time.Second
 
+// DefaultDownRetention is how long the index keeps the blocks of an
+// engine marked down for a stale heartbeat. An engine only paused past
+// the grace (stopped, swapped out, a long collection) resumes with its
+// cache intact and announces nothing it already holds, so blocks dropped
+// at the mark would stay unclaimed until evicted; an engine that is dead
+// holds index room it will not use for this long.
+const DefaultDownRetention = 2 * time.Minute
+
 // DefaultRepairBudget is how long the index repair at Acquire may take
 // before the index is dropped instead. A sound 1M-block index repairs in
 // a fraction of a second (BENCHMARKS.md), so the budget is only reached
@@ -30,9 +38,13 @@ const DefaultRepairBudget = 10 * time.Second
 // Config tunes an Ingester. Zero values take the defaults.
 type Config struct {
 	// HeartbeatGrace is how long a live worker may go without a heartbeat
-	// before it is marked down and its blocks removed. Default
+	// before it is marked down (routed to no more). Default
 	// DefaultHeartbeatGrace.
 	HeartbeatGrace time.Duration
+	// DownRetention is how long a worker marked down keeps its blocks, and
+	// its ring is still applied, in case it resumes; past it the blocks
+	// are removed. Default DefaultDownRetention.
+	DownRetention time.Duration
 	// RegistryEvery is how often the registry is rescanned for new,
 	// restarted, closed and silent workers. Default 5ms.
 	RegistryEvery time.Duration
@@ -66,6 +78,7 @@ func (c Config) withDefaults() Config {
 		}
 	}
 	def(&c.HeartbeatGrace, DefaultHeartbeatGrace)
+	def(&c.DownRetention, DefaultDownRetention)
 	def(&c.RegistryEvery, 5*time.Millisecond)
 	def(&c.IdleSpin, 50*time.Microsecond)
 	def(&c.MaxSleep, time.Millisecond)
@@ -90,6 +103,7 @@ type worker struct {
 	seen      bool  // registry slot read at least once since Acquire
 	poisoned  bool  // ring held garbage; re-examined at the next registry scan
 	removed   bool  // RemoveWorker done for a down or closed worker
+	downAt    int64 // when this process saw the slot go down (monotonic ns)
 	claimAt   int64 // when the slot was first seen Claiming (monotonic ns)
 	// resumed: a record was applied since Acquire, so the next one cannot
 	// be a predecessor's, cut short by its death and applied again.
@@ -411,9 +425,9 @@ func (in *Ingester) scanRegistry() {
 			bit := uint64(workers.SetOf(slot))
 			if now-beat > grace || now-w.beatAt > grace {
 				if ok, _ := in.seg.MarkDown(slot, gen, beat); ok {
-					in.ix.RemoveWorker(slot)
-					in.apply.forgetCopies(slot)
-					w.state, w.removed = shm.StateDown, true
+					// Its blocks stay for DownRetention (scanDown): the
+					// registry's state keeps the worker out of routing.
+					w.state, w.downAt = shm.StateDown, now
 					in.c.workersDown++
 					in.stale.And(^bit)
 				} else if in.stale.Or(bit)&bit == 0 {
@@ -428,21 +442,38 @@ func (in *Ingester) scanRegistry() {
 			} else {
 				in.stale.And(^bit)
 			}
-		case shm.StateDown, shm.StateClosed:
+		case shm.StateDown:
 			w.seen = true
-			if !w.removed || w.state != st {
-				if !w.removed {
-					in.ix.RemoveWorker(slot)
-					in.apply.forgetCopies(slot)
-					w.removed = true
-				}
-				if st == shm.StateClosed && w.state != st {
-					in.c.workersClosed++
-				}
+			if w.state != st {
+				w.state, w.downAt = st, now // down before this process looked, or marked by it
+			}
+			// Another generation's down slot (a registration that died
+			// while claiming it) holds none of these blocks' engine. The
+			// heartbeat's age bounds the retention across router restarts,
+			// downAt when that heartbeat is from the future.
+			retain := in.cfg.DownRetention.Nanoseconds()
+			if !w.removed && (gen != w.gen || now-w.downAt > retain || now-beat > grace+retain) {
+				in.removeWorker(slot, w)
+			}
+		case shm.StateClosed:
+			w.seen = true
+			if !w.removed {
+				in.removeWorker(slot, w)
+			}
+			if w.state != st {
+				in.c.workersClosed++
 				w.state = st
 			}
 		}
 	}
+}
+
+// removeWorker drops every block and engine-hash mapping the index holds
+// for a worker that is gone.
+func (in *Ingester) removeWorker(slot workers.Slot, w *worker) {
+	in.ix.RemoveWorker(slot)
+	in.apply.forgetCopies(slot)
+	w.removed = true
 }
 
 // reserved notes a slot a router reserved for a static worker (its ZMQ
@@ -477,6 +508,15 @@ func (in *Ingester) adopt(slot workers.Slot, w *worker) bool {
 		in.apply.forgetCopies(slot)
 		in.readers[slot].BeginGeneration(gen)
 		w.gen, w.lastSeq = gen, 0
+	} else if w.state == shm.StateDown {
+		// Its publisher revived the registration: the engine was paused,
+		// not dead, and still holds what it cached.
+		in.c.workersRevived++
+		if !w.removed {
+			in.throttle.Log(in.cfg.Logger, slog.LevelInfo, "revived/"+strconv.Itoa(int(slot)),
+				"a worker marked down resumed: its blocks were kept", "slot", slot, "generation", gen,
+				"down_for", time.Duration(shm.MonotonicNow()-w.downAt))
+		}
 	}
 	w.seed = radix.NamespaceSeed(info.Model, "", "")
 	w.blockSize = info.BlockSize
@@ -521,13 +561,28 @@ func (in *Ingester) drain(slot workers.Slot, w *worker) int {
 			// engine publishes first would be lost.
 			wasLive := w.state == shm.StateLive
 			if !in.adopt(slot, w) || w.gen != rec.Gen {
-				if wasLive {
+				ownDown := w.state == shm.StateDown && rec.Gen == w.gen
+				switch {
+				case ownDown && !w.removed:
+					// Presumed dead, its blocks kept for a revival: its
+					// records keep them true (it is routed to meanwhile by
+					// no one).
+				case wasLive:
 					in.c.rejected++
-				} else {
+					r.Skip(rec)
+					continue
+				case ownDown && rec.Seq > w.lastSeq:
+					// Its blocks are gone; consumed in order all the same,
+					// so that a revival is not taken for lost records.
 					in.c.skippedDown++
+					r.Commit(rec)
+					w.lastSeq = rec.Seq
+					continue
+				default:
+					in.c.skippedDown++
+					r.Skip(rec)
+					continue
 				}
-				r.Skip(rec)
-				continue
 			}
 		}
 		if rec.Seq < w.lastSeq {
@@ -632,21 +687,21 @@ type counters struct {
 	unresolvedParent, unknownRemoved, blockSizeMismatch uint64
 	garbage, resyncBytes, gaps, resyncs                 uint64
 	generationBumps, workersDown, workersClosed         uint64
-	repairedSlots, indexResets                          uint64
+	repairedSlots, indexResets, workersRevived          uint64
 }
 
 type published struct {
-	c         [20]atomic.Uint64
+	c         [21]atomic.Uint64
 	last      counters
 	ingesting atomic.Bool
 }
 
-func (c *counters) array() [20]uint64 {
-	return [20]uint64{c.records, c.storedBlocks, c.removedBlocks, c.cleared,
+func (c *counters) array() [21]uint64 {
+	return [21]uint64{c.records, c.storedBlocks, c.removedBlocks, c.cleared,
 		c.stale, c.duplicate, c.skippedDown, c.rejected,
 		c.unresolvedParent, c.unknownRemoved, c.blockSizeMismatch,
 		c.garbage, c.resyncBytes, c.gaps, c.resyncs,
-		c.generationBumps, c.workersDown, c.workersClosed, c.repairedSlots, c.indexResets}
+		c.generationBumps, c.workersDown, c.workersClosed, c.repairedSlots, c.indexResets, c.workersRevived}
 }
 
 func (in *Ingester) publish() {
@@ -685,6 +740,7 @@ type Stats struct {
 
 	GenerationBumps uint64 `json:"generation_bumps"` // engine restarts seen
 	WorkersDown     uint64 `json:"workers_down"`     // workers marked down for a stale heartbeat
+	WorkersRevived  uint64 `json:"workers_revived"`  // workers marked down whose publisher resumed the registration
 	WorkersClosed   uint64 `json:"workers_closed"`   // workers that closed cleanly
 	RepairedSlots   uint64 `json:"repaired_slots"`   // index slots dropped repairing a dead ingester's half-done writes
 	IndexResets     uint64 `json:"index_resets"`     // times the index was dropped: damaged beyond repair, or repair over its budget
@@ -704,7 +760,7 @@ func (in *Ingester) Ingesting() bool { return in.pub.ingesting.Load() }
 // current ring lags (read from the segment: callers guard it, shm/fault.go).
 // Safe to call from any goroutine.
 func (in *Ingester) Stats() Stats {
-	var a [20]uint64
+	var a [21]uint64
 	for i := range a {
 		a[i] = in.pub.c[i].Load()
 	}
@@ -713,7 +769,7 @@ func (in *Ingester) Stats() Stats {
 		Stale: a[4], Duplicate: a[5], SkippedDown: a[6], Rejected: a[7],
 		UnresolvedParent: a[8], UnknownRemoved: a[9], BlockSizeMismatch: a[10],
 		Garbage: a[11], ResyncBytes: a[12], Gaps: a[13], Resyncs: a[14],
-		GenerationBumps: a[15], WorkersDown: a[16], WorkersClosed: a[17], RepairedSlots: a[18], IndexResets: a[19]}
+		GenerationBumps: a[15], WorkersDown: a[16], WorkersClosed: a[17], RepairedSlots: a[18], IndexResets: a[19], WorkersRevived: a[20]}
 	for i := range st.LagBytes {
 		st.LagBytes[i] = in.seg.RingState(workers.Slot(i)).Lag()
 	}

@@ -94,13 +94,47 @@ func TestGenerationBumpDropsStaleBlocks(t *testing.T) {
 	}
 }
 
-func TestStaleHeartbeatRemovesWorker(t *testing.T) {
+// markDownSilent publishes ops for p and a beating worker, then lets p's
+// heartbeat go stale until the ingester marks it down.
+func markDownSilent(t *testing.T, seg *shm.Segment, in *Ingester, p, live *shm.Publisher, ops []op) {
+	t.Helper()
+	for _, o := range ops {
+		publishOp(p, o)
+		publishOp(live, o)
+	}
+	p.Heartbeat()
+	live.Heartbeat()
+	drainAll(in)
+	if seg.Index().Stats().WorkerBlocks[p.Slot()] == 0 {
+		t.Fatal("nothing ingested")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		live.Heartbeat()
+		drainAll(in)
+		if info, _ := seg.Worker(p.Slot()); info.State == shm.StateDown {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("silent worker never marked down")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestPausedWorkerRevivesWithItsBlocks: an engine paused past the grace
+// (SIGSTOP, swapped out) is marked down, and resumes with its cache
+// intact. It announces nothing it already holds, so the router keeps its
+// blocks, applies what it publishes meanwhile, and takes the registration
+// back as it was: what it cached before the pause, and what it caches
+// after it on top of that, is claimed exactly.
+func TestPausedWorkerRevivesWithItsBlocks(t *testing.T) {
 	seg := openSeg(t, 1<<20)
 	// The grace is also how long this goroutine may stall between a
 	// heartbeat and the scan after it before a worker that is live is
 	// marked down: a second, not a few hundred milliseconds a loaded
 	// machine can take.
-	in := acquire(t, seg, Config{HeartbeatGrace: time.Second, RegistryEvery: time.Millisecond})
+	in := acquire(t, seg, Config{HeartbeatGrace: time.Second, RegistryEvery: time.Millisecond, DownRetention: time.Hour})
 	p, err := seg.Register(workerCfg(1))
 	if err != nil {
 		t.Fatal(err)
@@ -109,41 +143,87 @@ func TestStaleHeartbeatRemovesWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m0 := newModel()
-	for _, o := range genOps(1, 30) {
+	ops := genOps(1, 60)
+	m := newModel()
+	for _, o := range ops[:30] {
+		m.apply(o)
+	}
+	markDownSilent(t, seg, in, p, live, ops[:30])
+	m.check(t, seg.Index(), p.Slot())
+	if in.Stats().WorkersDown != 1 {
+		t.Fatalf("WorkersDown %d", in.Stats().WorkersDown)
+	}
+	// What it publishes while down (its heartbeat stuck, its events not)
+	// keeps the kept blocks true.
+	for _, o := range ops[30:45] {
 		publishOp(p, o)
-		publishOp(live, o)
-		m0.apply(o)
+		m.apply(o)
 	}
-	p.Heartbeat()
-	live.Heartbeat()
 	drainAll(in)
-	m0.check(t, seg.Index(), p.Slot())
-	if seg.Index().Stats().WorkerBlocks[p.Slot()] == 0 {
-		t.Fatal("nothing ingested")
+	m.check(t, seg.Index(), p.Slot())
+	gen := p.Generation()
+	if err := p.Heartbeat(); err != nil {
+		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	if info, _ := seg.Worker(p.Slot()); info.State != shm.StateLive || info.Generation != gen {
+		t.Fatalf("revived as %+v, want live under generation %d", info, gen)
+	}
+	for _, o := range ops[45:] {
+		publishOp(p, o)
+		m.apply(o)
+	}
+	drainAll(in)
+	m.check(t, seg.Index(), p.Slot())
+	st := in.Stats()
+	if st.WorkersRevived != 1 || st.Gaps != 0 || st.Resyncs != 0 || st.SkippedDown != 0 || st.UnresolvedParent != 0 || st.GenerationBumps != 0 {
+		t.Fatalf("stats after a revival %+v", st)
+	}
+	// A clean Close removes the worker at once.
+	p.Close()
+	drainAll(in)
+	if n := seg.Index().Stats().WorkerBlocks[p.Slot()]; n != 0 {
+		t.Fatalf("closed worker still holds %d blocks", n)
+	}
+	if err := seg.Index().Verify(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDeadWorkerLosesItsBlocks: a worker down past the retention is
+// taken for dead and its blocks are removed; if it resumes after all,
+// what it published meanwhile is consumed in order (no gap, no resync)
+// and it starts over from what it publishes next.
+func TestDeadWorkerLosesItsBlocks(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	in := acquire(t, seg, Config{HeartbeatGrace: time.Second, RegistryEvery: time.Millisecond, DownRetention: 200 * time.Millisecond})
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, err := seg.Register(workerCfg(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	markDownSilent(t, seg, in, p, live, genOps(1, 30))
+	deadline := time.Now().Add(30 * time.Second)
+	for seg.Index().Stats().WorkerBlocks[p.Slot()] != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a worker down past the retention kept its blocks")
+		}
 		live.Heartbeat()
 		drainAll(in)
-		if info, _ := seg.Worker(p.Slot()); info.State == shm.StateDown {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("silent worker never marked down")
-		}
 		time.Sleep(5 * time.Millisecond)
-	}
-	if n := seg.Index().Stats().WorkerBlocks[p.Slot()]; n != 0 {
-		t.Fatalf("down worker still holds %d blocks", n)
 	}
 	if seg.Index().Stats().WorkerBlocks[live.Slot()] == 0 {
 		t.Fatal("the live worker lost its blocks")
 	}
-	if in.Stats().WorkersDown != 1 {
-		t.Fatalf("WorkersDown %d", in.Stats().WorkersDown)
+	for _, o := range genOps(2, 5) {
+		publishOp(p, o)
 	}
-	// It comes back: a fresh generation whose records apply again.
+	drainAll(in)
+	if n := seg.Index().Stats().WorkerBlocks[p.Slot()]; n != 0 {
+		t.Fatalf("a dead worker's records stored %d blocks", n)
+	}
 	if err := p.Heartbeat(); err != nil {
 		t.Fatal(err)
 	}
@@ -154,11 +234,9 @@ func TestStaleHeartbeatRemovesWorker(t *testing.T) {
 	}
 	drainAll(in)
 	m.check(t, seg.Index(), p.Slot())
-	// A clean Close removes the worker too.
-	p.Close()
-	drainAll(in)
-	if n := seg.Index().Stats().WorkerBlocks[p.Slot()]; n != 0 {
-		t.Fatalf("closed worker still holds %d blocks", n)
+	st := in.Stats()
+	if st.SkippedDown != 5 || st.Gaps != 0 || st.Resyncs != 0 || st.WorkersRevived != 1 {
+		t.Fatalf("stats after a late revival %+v", st)
 	}
 }
 

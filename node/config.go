@@ -46,7 +46,7 @@ type Config struct {
 	// read into the worker set.
 	RegistryPoll time.Duration
 	// HeartbeatGrace: a registered engine silent this long is marked down
-	// and its blocks dropped.
+	// (its blocks are dropped feed.DefaultDownRetention later).
 	HeartbeatGrace time.Duration
 	// DiscoveryTimeout bounds how long start-up waits for static workers
 	// configured without a model to say which they serve (GET /v1/models)

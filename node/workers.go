@@ -19,7 +19,7 @@ import (
 )
 
 // workerDownMessage is logged when a registered engine's heartbeat stops.
-const workerDownMessage = "worker down: its heartbeat stopped; its blocks are dropped and requests waiting on it go elsewhere"
+const workerDownMessage = "worker down: its heartbeat stopped; requests waiting on it go elsewhere, and its blocks are kept for a while in case it was only paused"
 
 // regEntry remembers what the registry said about a slot last time, so
 // that the poll only touches the scheduler and the engine pool on change.

@@ -228,10 +228,10 @@ func (p *Publisher) Load(l Load) {
 }
 
 // Heartbeat tells the router the engine is alive. If the router already
-// marked the worker down (the heartbeat came too late) the slot is revived
-// under a new generation: the router dropped this worker's blocks, and
-// the new generation tells it to expect a fresh sequence. Revived counts
-// how often that happened.
+// marked the worker down (the heartbeat came too late: the engine was
+// paused) the registration is revived as it was, generation and sequence
+// numbers kept: the router kept its blocks and applied its records for a
+// while (feed.Config.DownRetention), and takes it back where it stopped.
 func (p *Publisher) Heartbeat() (err error) {
 	if p.closed {
 		return ErrClosed
@@ -265,16 +265,8 @@ func (p *Publisher) revive(off int) error {
 	if stateOf(w) != StateDown || atomic.LoadUint32(p.seg.u32(off+sGeneration)) != p.w.gen {
 		return ErrSlotLost
 	}
-	gen := p.w.gen + 1
-	if gen == 0 {
-		gen = 1
-	}
-	atomic.StoreUint32(p.seg.u32(off+sGeneration), gen)
 	atomic.StoreUint64(p.seg.u64(off+sHeartbeat), uint64(monoNow()))
 	atomic.StoreUint64(sw, nextState(w, StateLive))
-	p.forget()
-	p.w.gen, p.w.seq = gen, 0
-	p.remember()
 	return nil
 }
 

@@ -19,7 +19,7 @@ const (
 	StateFree     WorkerState = 0 // never used
 	StateClaiming WorkerState = 1 // a publisher is writing its fields; readers skip it
 	StateLive     WorkerState = 2
-	StateDown     WorkerState = 3 // the router saw the heartbeat stop and dropped the blocks
+	StateDown     WorkerState = 3 // the router saw the heartbeat stop: routed to no more, its blocks kept a while
 	StateClosed   WorkerState = 4 // the publisher closed cleanly
 	// StateReserved: a router holds the slot for an engine it was
 	// configured with (--worker), whose index slot it is; publishers
@@ -242,9 +242,10 @@ func (s *Segment) SlotState(slot workers.Slot) (st WorkerState, gen uint32, hear
 }
 
 // MarkDown moves a live slot whose heartbeat is still lastBeat to Down, so
-// its publisher learns on its next heartbeat that the router dropped its
-// blocks. It reports whether the transition happened; it gives up rather
-// than wait if a registration holds the registry lock.
+// that it is routed to no more and its publisher, if it was only paused,
+// revives it on its next heartbeat. It reports whether the transition
+// happened; it gives up rather than wait if a registration holds the
+// registry lock.
 func (s *Segment) MarkDown(slot workers.Slot, gen uint32, lastBeat int64) (bool, error) {
 	return s.transition(slot, gen, lastBeat, StateLive, StateDown)
 }

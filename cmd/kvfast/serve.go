@@ -161,7 +161,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.DurationVar(&cfg.Dispatch.Timeouts.FirstByte, "first-byte-timeout", cfg.Dispatch.Timeouts.FirstByte, "time from forwarding to the engine's response headers (0: no limit)")
 	fs.DurationVar(&cfg.Dispatch.Timeouts.Idle, "stream-idle-timeout", cfg.Dispatch.Timeouts.Idle, "longest pause inside an engine's response, and longest one event of a stream, or a plain answer's body, may take to arrive whole from its first byte (0: no limit)")
 	fs.DurationVar(&cfg.Dispatch.Health.Interval, "health-interval", cfg.Dispatch.Health.Interval, "how often engines' /health is checked (0: never)")
-	fs.DurationVar(&cfg.HeartbeatGrace, "heartbeat-grace", cfg.HeartbeatGrace, "a registered engine silent this long is marked down, its blocks dropped and its in-flight requests failed (those that sent the client nothing yet go to another worker)")
+	fs.DurationVar(&cfg.HeartbeatGrace, "heartbeat-grace", cfg.HeartbeatGrace, "a registered engine silent this long is marked down and its in-flight requests failed (those that sent the client nothing yet go to another worker); its blocks are kept for 2m in case it was only paused, then dropped")
 	fs.DurationVar(&cfg.DiscoveryTimeout, "discovery-timeout", cfg.DiscoveryTimeout, "at start-up, how long /ready stays 503 (and requests naming an unknown model wait) for static workers configured without model= to say which they serve")
 	fs.Var((*tokenizerFlags)(&cfg.Tokenizers.Specs), "tokenizer", `how a model's text and chat prompts become token ids, so that they route on exact blocks; repeatable: `+
 		`"MODEL=remote" (ask an engine serving it: vLLM's render endpoint, else /tokenize), "MODEL=DIR" (tokenizer.json and tokenizer_config.json), `+

@@ -1,6 +1,7 @@
 """Test driver: publish a JSON-lines ops file through the Python publisher
-(mode "direct") or through the vLLM adapter with stand-in event classes
-(mode "vllm"). Prints the slot and generation it registered under."""
+(mode "direct"), through it across a revival (mode "revive"), or through
+the vLLM adapter with stand-in event classes (mode "vllm"). Prints the
+slot, generation and sequence number it registered and ended under."""
 import json
 import os
 import sys
@@ -11,9 +12,9 @@ import kvfast_publisher  # noqa: E402
 seg, ops_path, worker_id, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 ops = [json.loads(line) for line in open(ops_path)]
 
-if mode == "direct":
-    pub = kvfast_publisher.KvfastPublisher(seg, worker_id=worker_id, model="test-model", block_size=4,
-                                           dp_rank=3, kv_capacity_blocks=777, endpoint="http://127.0.0.1:7777")
+
+
+def publish_direct(pub, ops):
     for o in ops:
         if o["op"] == "stored":
             assert pub.stored(o["hashes"], o["tokens"], o.get("parent"))
@@ -21,6 +22,28 @@ if mode == "direct":
             assert pub.removed(o["hashes"])
         else:
             assert pub.cleared()
+
+
+if mode == "revive":
+    # A third of the ops, then wait (a line on stdin) while the router
+    # marks the worker down; a third while down; heartbeat (the revival);
+    # the rest.
+    pub = kvfast_publisher.KvfastPublisher(seg, worker_id=worker_id, model="test-model", block_size=4,
+                                           endpoint="http://127.0.0.1:7779")
+    third = len(ops) // 3
+    publish_direct(pub, ops[:third])
+    print(pub.slot, pub.generation, pub.seq, flush=True)
+    sys.stdin.readline()
+    publish_direct(pub, ops[third:2 * third])
+    pub.heartbeat()
+    publish_direct(pub, ops[2 * third:])
+    print(pub.slot, pub.generation, pub.seq, flush=True)
+    os._exit(0)
+
+if mode == "direct":
+    pub = kvfast_publisher.KvfastPublisher(seg, worker_id=worker_id, model="test-model", block_size=4,
+                                           dp_rank=3, kv_capacity_blocks=777, endpoint="http://127.0.0.1:7777")
+    publish_direct(pub, ops)
     pub.load(running=5, waiting=2, kv_used_blocks=40, kv_total_blocks=777)
     pub.heartbeat()
     print(pub.slot, pub.generation, pub.seq, flush=True)

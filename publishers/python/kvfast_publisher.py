@@ -598,8 +598,10 @@ class KvfastPublisher:
     def heartbeat(self):
         """Tell the router the engine is alive.
 
-        If the router already marked the worker down, the slot is revived
-        under a new generation (the router dropped this worker's blocks).
+        If the router already marked the worker down (the engine was
+        paused past the grace), the registration is revived as it was,
+        generation and sequence numbers kept: the router keeps a down
+        worker's blocks, and applies its events, for a while.
         Raises SlotLost or Retired when the publisher must register anew.
         """
         with self._lock:
@@ -622,13 +624,8 @@ class KvfastPublisher:
                 word = self._q[off // 8]
                 if word & 0xFF != DOWN or self._i[(off + S_GEN) // 4] != self.generation:
                     raise SlotLost("slot %d changed while reviving" % self.slot)
-                gen = (self.generation + 1) & 0xFFFFFFFF or 1
-                self._i[(off + S_GEN) // 4] = gen
                 self._q[(off + S_HEARTBEAT) // 8] = time.monotonic_ns()
                 self._q[off // 8] = self._next_state(word, LIVE)
-                self._forget()
-                self.generation, self.seq = gen, 0
-                self._remember()
             finally:
                 self._unlock_registry()
 
