@@ -383,12 +383,23 @@ func TestRunFailures(t *testing.T) {
 		s := newStandIn(t, 0, 0)
 		url := s.srv.URL
 		s.srv.Close()
-		res, err := Run(context.Background(), Config{RouterURL: url, Trace: tr, Concurrency: 2})
+		// A key in the URL's credentials or query stays out of the
+		// failures the report prints.
+		keyed := strings.Replace(url, "://", "://user:sekrit1@", 1) + "/?key=sekrit2"
+		res, err := Run(context.Background(), Config{RouterURL: keyed, Trace: tr, Concurrency: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if sum := res.Summary(); sum.Errors != tr.Len() || sum.Succeeded != 0 {
 			t.Fatalf("summary %+v", sum)
+		}
+		for _, r := range res.Requests {
+			if r.Err == "" || strings.Contains(r.Err, "sekrit") {
+				t.Fatalf("a failure reads %q", r.Err)
+			}
+		}
+		if _, err := Run(context.Background(), Config{RouterURL: "http://user:sekrit3@[::1", Trace: tr}); err == nil || strings.Contains(err.Error(), "sekrit") {
+			t.Fatalf("an unparsable URL's error: %v", err)
 		}
 	})
 	t.Run("timeout", func(t *testing.T) {

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/schollz/progressbar/v3"
+
+	"github.com/kvfast/kvfast/internal/redact"
 )
 
 const (
@@ -361,17 +363,28 @@ func endpointURL(base, path string) (string, error) {
 	if base == "" {
 		base = DefaultRouterURL
 	}
+	// A URL's credentials or query may hold a key: its errors name it
+	// redacted.
 	u, err := url.Parse(base)
 	if err != nil {
-		return "", fmt.Errorf("router URL %q: %v", base, err)
+		return "", fmt.Errorf("router URL %q cannot be parsed", redact.Endpoint(base))
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return "", fmt.Errorf("router URL %q is not an http(s) URL with a host", base)
+		return "", fmt.Errorf("router URL %q is not an http(s) URL with a host", redact.Endpoint(base))
 	}
 	if !strings.HasSuffix(u.Path, path) {
 		u.Path = strings.TrimSuffix(u.Path, "/") + path
 	}
 	return u.String(), nil
+}
+
+// redactURLError hides what the router URL's query holds (Go strips its
+// password already) in the client's error, which the report prints.
+func redactURLError(err error) error {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		ue.URL = redact.Endpoint(ue.URL)
+	}
+	return err
 }
 
 func newHTTPClient(conns int) *http.Client {
@@ -564,7 +577,7 @@ func (r *runner) do(ctx context.Context, i int, b *requestBuffers) {
 	rr.Sent = sent.Sub(r.start)
 	resp, err := r.client.Do(req)
 	if err != nil {
-		rr.Err = err.Error()
+		rr.Err = redactURLError(err).Error()
 		return
 	}
 	defer resp.Body.Close()
