@@ -102,9 +102,13 @@ func (a *adapterPoller) poll(ctx context.Context) {
 }
 
 // errModelsAuth is an endpoint that keeps /v1/models behind an API key
-// (vLLM's --api-key): the picker holds none, so it cannot learn the
-// endpoint's adapters, and requests naming one route among all.
-var errModelsAuth = errors.New("the endpoint wants an API key for /v1/models, which the picker does not hold: requests naming an adapter route among every endpoint")
+// (vLLM's --api-key) the picker does not hold, or refused the one it
+// holds: it cannot learn the endpoint's adapters, and requests naming one
+// route among all.
+var (
+	errModelsAuth    = errors.New("the endpoint wants an API key for /v1/models, and the picker holds none (--engine-api-key-file): requests naming an adapter route among every endpoint")
+	errModelsRefused = errors.New("the endpoint refused the picker's --engine-api-key-file key for /v1/models: requests naming an adapter route among every endpoint")
+)
 
 // fetch returns the adapters of the pool's model that the endpoint at
 // addr lists.
@@ -112,6 +116,9 @@ func (a *adapterPoller) fetch(ctx context.Context, addr string) (map[string]bool
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/models", nil)
 	if err != nil {
 		return nil, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
+	}
+	if a.p.cfg.EngineToken != "" {
+		req.Header.Set("Authorization", "Bearer "+a.p.cfg.EngineToken)
 	}
 	resp, err := a.client.Do(req)
 	if err != nil {
@@ -121,6 +128,9 @@ func (a *adapterPoller) fetch(ctx context.Context, addr string) (map[string]bool
 	switch resp.StatusCode {
 	case http.StatusOK:
 	case http.StatusUnauthorized, http.StatusForbidden:
+		if a.p.cfg.EngineToken != "" {
+			return nil, errModelsRefused
+		}
 		return nil, errModelsAuth
 	default:
 		return nil, fmt.Errorf("cannot ask %s for its models: status %d", addr, resp.StatusCode)

@@ -17,9 +17,21 @@ import (
 // base model, and each adapter with the base model as its parent.
 func modelServer(t *testing.T, adapters ...string) string {
 	t.Helper()
+	return keyedModelServer(t, "", adapters...)
+}
+
+// keyedModelServer is modelServer behind vLLM's --api-key: 401 without
+// Authorization: Bearer key, unless key is empty.
+func keyedModelServer(t *testing.T, key string, adapters ...string) string {
+	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/v1/models" {
 			http.NotFound(w, r)
+			return
+		}
+		if key != "" && r.Header.Get("Authorization") != "Bearer "+key {
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = w.Write([]byte(`{"error":"Unauthorized"}`))
 			return
 		}
 		var b strings.Builder
@@ -39,8 +51,20 @@ func modelServer(t *testing.T, adapters ...string) string {
 // 404 (or load it in place of another adapter). A request for the base
 // model, or for an adapter no endpoint lists, routes among all.
 func TestAdapterRequestsGoWhereTheAdapterIs(t *testing.T) {
-	with, without := modelServer(t, "lora-a"), modelServer(t)
-	r := startEPP(t, epp.DefaultConfig(), epp.Endpoint{Address: with}, epp.Endpoint{Address: without})
+	t.Run("open", func(t *testing.T) {
+		adapterRouting(t, "", modelServer(t, "lora-a"), modelServer(t))
+	})
+	// Engines started with an API key keep /v1/models behind it: the
+	// picker asks with --engine-api-key-file's key.
+	t.Run("keyed", func(t *testing.T) {
+		adapterRouting(t, "engine-key", keyedModelServer(t, "engine-key", "lora-a"), keyedModelServer(t, "engine-key"))
+	})
+}
+
+func adapterRouting(t *testing.T, key, with, without string) {
+	cfg := epp.DefaultConfig()
+	cfg.EngineToken = key
+	r := startEPP(t, cfg, epp.Endpoint{Address: with}, epp.Endpoint{Address: without})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {

@@ -62,6 +62,11 @@ type Config struct {
 	ApproxChunkBytes int
 	// Topic is the ZMQ subscription prefix of every endpoint's events.
 	Topic string
+	// EngineToken is the API key the endpoints' engines were started with
+	// (vLLM's --api-key), which keeps their GET /v1/models, where the
+	// picker learns their LoRA adapters, behind Authorization: Bearer.
+	// Empty: the picker asks without one. Never logged.
+	EngineToken string
 
 	// RequestBodyMode is assumed when the gateway does not say which it
 	// uses (Envoy sends ProcessingRequest.protocol_config on each

@@ -86,6 +86,7 @@ type eppOptions struct {
 	lease              epp.Elector
 	secure             bool
 	certPath           string
+	engineToken        string // file of the engines' API key
 }
 
 func bindEPPFlags(fs *flag.FlagSet, cfg *epp.Config, o *eppOptions) {
@@ -101,6 +102,7 @@ func bindEPPFlags(fs *flag.FlagSet, cfg *epp.Config, o *eppOptions) {
 	fs.StringVar(&o.namespace, "pool-namespace", "", "the InferencePool's namespace (default: the picker's own)")
 	fs.IntVar(&o.eventsPort, "events-port", 5557, "with --pool: every pod's ZMQ KV-event port (0: the pods publish none; the picker then routes on its own history, --policy approx)")
 	fs.IntVar(&o.replay, "replay-port", 0, "with --pool: every pod's ZMQ replay port (0: none)")
+	fs.StringVar(&o.engineToken, "engine-api-key-file", "", "file holding the API key the engines were started with (vLLM's --api-key), on its one line: the picker sends it when it asks each endpoint's GET /v1/models for its LoRA adapters (none: it asks without; read at start-up only)")
 	fs.StringVar(&cfg.Topic, "topic", cfg.Topic, "ZMQ subscription prefix of the KV events (vLLM's kv-events-config topic)")
 	fs.Var(&o.static, "endpoint", `a static endpoint, repeatable: "ip:port[,zmq=tcp://ip:port[,replay=tcp://ip:port]]" (zmq: the engine's KV-event PUB socket, vLLM/SGLang wire format); exclusive with --pool`)
 	fs.BoolVar(&cfg.QueryNodes, "query-nodes", cfg.QueryNodes, "the endpoints are kvfast routers, one per node: ask each, per request, what it caches of the prompt (its route-only endpoint, which books nothing) instead of following engines' events (use with --events-port 0)")
@@ -172,6 +174,11 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 		return fail(err)
 	}
 	cfg.Logger = log
+	if o.engineToken != "" {
+		if cfg.EngineToken, err = readToken("engine API key", o.engineToken); err != nil {
+			return fail(err)
+		}
+	}
 	if cfg.Sched.BlockSize < 0 || cfg.Sched.QueueCapacity < 0 {
 		return fail(fmt.Errorf("cannot use --block-size %d and --queue-capacity %d: neither may be negative", cfg.Sched.BlockSize, cfg.Sched.QueueCapacity))
 	}

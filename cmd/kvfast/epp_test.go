@@ -43,6 +43,24 @@ func TestEPPConfig(t *testing.T) {
 		t.Errorf("endpoints %+v, want %+v", src, want)
 	}
 
+	// The engines' key, from its file; a missing or empty file refused.
+	keyFile := filepath.Join(t.TempDir(), "engine-key")
+	if err := os.WriteFile(keyFile, []byte("sk-engine\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, _, _, _, ok := eppConfig([]string{"--model", "m", "--endpoint", "10.0.0.1:8000", "--engine-api-key-file", keyFile}, io.Discard); !ok || cfg.EngineToken != "sk-engine" {
+		t.Errorf("--engine-api-key-file: ok %v, key read %q", ok, cfg.EngineToken)
+	}
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{empty, filepath.Join(t.TempDir(), "missing")} {
+		if _, _, _, code, ok := eppConfig([]string{"--model", "m", "--endpoint", "10.0.0.1:8000", "--engine-api-key-file", f}, io.Discard); ok || code != 2 {
+			t.Errorf("--engine-api-key-file %s: ok %v, status %d; want refused with 2", f, ok, code)
+		}
+	}
+
 	// STREAMED, as Envoy may announce it: routed on the headers, as none.
 	if cfg, _, _, _, ok := eppConfig([]string{"--model", "m", "--endpoint", "10.0.0.1:8000", "--request-body-mode", "streamed"}, io.Discard); !ok ||
 		cfg.RequestBodyMode != extprocfilter.ProcessingMode_STREAMED {
