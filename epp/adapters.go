@@ -29,14 +29,24 @@ const (
 	modelListByteLimit = 4 << 20
 )
 
+// endpointDownAfter is how many polls in a row an endpoint may go
+// unanswered (refused, reset, timed out, or a 5xx) before it is routed
+// around. A static endpoint has no other health signal (a pool's pods
+// have their readiness), and a dead one would otherwise keep its share
+// of requests, each failing at the gateway. Its first answer puts it
+// back.
+const endpointDownAfter = 3
+
 // adapterPoller keeps, for the request path, which endpoints list which
-// LoRA adapter of the pool's model (Picker.adapters). An endpoint that
-// does not answer keeps what it listed last; one that left the pool is
-// forgotten. Only RunAdapters' goroutine touches it.
+// LoRA adapter of the pool's model (Picker.adapters), and which do not
+// answer at all. An endpoint that does not answer keeps what it listed
+// last; one that left the pool is forgotten. Only RunAdapters' goroutine
+// touches it.
 type adapterPoller struct {
 	p      *Picker
 	client *http.Client
 	known  map[string]map[string]bool // endpoint address → its adapters
+	misses map[string]int             // endpoint address → polls unanswered in a row
 }
 
 // RunAdapters asks the pool's endpoints for their LoRA adapters (GET
@@ -44,7 +54,7 @@ type adapterPoller struct {
 // adapter goes to an endpoint that serves it: another would answer 404,
 // or load the adapter at the cost of another's slot.
 func (p *Picker) RunAdapters(ctx context.Context, period time.Duration) {
-	a := &adapterPoller{p: p, known: map[string]map[string]bool{},
+	a := &adapterPoller{p: p, known: map[string]map[string]bool{}, misses: map[string]int{},
 		client: &http.Client{Timeout: 2 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -63,21 +73,26 @@ func (p *Picker) RunAdapters(ctx context.Context, period time.Duration) {
 func (a *adapterPoller) poll(ctx context.Context) {
 	slots := *a.p.slots.Load()
 	type answer struct {
-		addr  string
-		names map[string]bool
-		err   error
+		addr     string
+		names    map[string]bool
+		answered bool
+		err      error
 	}
 	answers := make(chan answer, len(slots))
 	var wg sync.WaitGroup
 	for addr := range slots {
 		wg.Go(func() {
-			names, err := a.fetch(ctx, addr)
-			answers <- answer{addr, names, err}
+			names, answered, err := a.fetch(ctx, addr)
+			answers <- answer{addr, names, answered, err}
 		})
 	}
 	wg.Wait()
 	close(answers)
+	if ctx.Err() != nil {
+		return // the shutdown cut the polls short: they tell nothing
+	}
 	for ans := range answers {
+		a.health(ans.addr, slots[ans.addr], ans.answered)
 		if ans.err != nil {
 			if ctx.Err() == nil {
 				a.p.throttle.Log(a.p.log, slog.LevelWarn, "adapters/"+ans.addr, "cannot learn an endpoint's LoRA adapters; keeping what it listed last",
@@ -90,6 +105,11 @@ func (a *adapterPoller) poll(ctx context.Context) {
 	for addr := range a.known {
 		if _, ok := slots[addr]; !ok {
 			delete(a.known, addr)
+		}
+	}
+	for addr := range a.misses {
+		if _, ok := slots[addr]; !ok {
+			delete(a.misses, addr)
 		}
 	}
 	byName := map[string]workers.Set{}
@@ -110,34 +130,58 @@ var (
 	errModelsRefused = errors.New("the endpoint refused the picker's --engine-api-key-file key for /v1/models: requests naming an adapter route among every endpoint")
 )
 
+// health routes around an endpoint that has not answered
+// endpointDownAfter polls in a row, and back to it at its first answer.
+func (a *adapterPoller) health(addr string, slot workers.Slot, answered bool) {
+	if answered {
+		if a.misses[addr] >= endpointDownAfter {
+			a.p.sched.SetHealthy(slot, true)
+			a.p.log.Info("an endpoint answers again: routed to", "endpoint", addr)
+		}
+		delete(a.misses, addr)
+		return
+	}
+	a.misses[addr]++
+	if a.misses[addr] >= endpointDownAfter {
+		// Again at every poll: a pod that re-joined the slot meanwhile
+		// came back healthy.
+		a.p.sched.SetHealthy(slot, false)
+		if a.misses[addr] == endpointDownAfter {
+			a.p.log.Warn("an endpoint has not answered its last polls: routed around until it answers",
+				"endpoint", addr, "polls", endpointDownAfter)
+		}
+	}
+}
+
 // fetch returns the adapters of the pool's model that the endpoint at
-// addr lists.
-func (a *adapterPoller) fetch(ctx context.Context, addr string) (map[string]bool, error) {
+// addr lists, and whether it answered at all: a failed connection or a
+// 5xx is no answer, a 4xx is one.
+func (a *adapterPoller) fetch(ctx context.Context, addr string) (map[string]bool, bool, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/models", nil)
 	if err != nil {
-		return nil, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
+		return nil, false, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
 	}
 	if a.p.cfg.EngineToken != "" {
 		req.Header.Set("Authorization", "Bearer "+a.p.cfg.EngineToken)
 	}
 	resp, err := a.client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
+		return nil, false, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
 	}
 	defer resp.Body.Close()
-	switch resp.StatusCode {
-	case http.StatusOK:
-	case http.StatusUnauthorized, http.StatusForbidden:
+	switch {
+	case resp.StatusCode == http.StatusOK:
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
 		if a.p.cfg.EngineToken != "" {
-			return nil, errModelsRefused
+			return nil, true, errModelsRefused
 		}
-		return nil, errModelsAuth
+		return nil, true, errModelsAuth
 	default:
-		return nil, fmt.Errorf("cannot ask %s for its models: status %d", addr, resp.StatusCode)
+		return nil, resp.StatusCode < 500, fmt.Errorf("cannot ask %s for its models: status %d", addr, resp.StatusCode)
 	}
 	list, err := openai.ReadModelList(resp.Body, modelListByteLimit)
 	if err != nil {
-		return nil, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
+		return nil, true, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
 	}
 	names := map[string]bool{}
 	for _, m := range list {
@@ -150,7 +194,7 @@ func (a *adapterPoller) fetch(ctx context.Context, addr string) (map[string]bool
 		}
 		names[m.ID] = true
 	}
-	return names, nil
+	return names, true, nil
 }
 
 // adapterEndpoints narrows x's candidates to the endpoints that list the

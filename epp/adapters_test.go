@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -100,6 +101,71 @@ func adapterRouting(t *testing.T, key, with, without string) {
 	}
 	if len(seen) != 2 {
 		t.Errorf("requests for an adapter no endpoint lists went to %v; want both endpoints", seen)
+	}
+	settled(t, r)
+}
+
+// TestSilentEndpointIsRoutedAround: a static endpoint has no readiness;
+// one that stops answering the picker's polls (here 503, as a proxy in
+// front of a dead engine answers; refused connections count alike) is
+// routed around after a few polls, and routed to again at its first
+// answer.
+func TestSilentEndpointIsRoutedAround(t *testing.T) {
+	var down atomic.Bool
+	sick := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model","parent":null}]}`, testModel)
+	}))
+	t.Cleanup(sick.Close)
+	sickAddr, well := strings.TrimPrefix(sick.URL, "http://"), modelServer(t)
+	r := startEPP(t, epp.DefaultConfig(), epp.Endpoint{Address: sickAddr}, epp.Endpoint{Address: well})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.picker.RunAdapters(ctx, 10*time.Millisecond)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	prompts := uint32(0)
+	route := func() string {
+		t.Helper()
+		prompts++
+		st := r.open(t, duplexMode())
+		st.requestHeaders("/v1/completions", false, nil)
+		st.requestBody(completionBody(t, tokens(prompts*1000, 64), false), true)
+		hr := st.recv()
+		dest := destinationOf(t, hr, hr.GetRequestHeaders().GetResponse())
+		st.cancel()
+		return dest
+	}
+	healthy := func(addr string) bool {
+		slot, ok := r.picker.SlotOf(addr)
+		if !ok {
+			t.Fatalf("no worker for %s", addr)
+		}
+		return r.picker.Sched().Load(slot).Healthy
+	}
+	down.Store(true)
+	waitFor(t, "the silent endpoint to be routed around", func() bool { return !healthy(sickAddr) })
+	for range 16 {
+		if dest := route(); dest != well {
+			t.Fatalf("a request went to %s, which stopped answering", dest)
+		}
+	}
+	down.Store(false)
+	waitFor(t, "the endpoint to be routed to again", func() bool { return healthy(sickAddr) })
+	seen := map[string]int{}
+	for range 32 {
+		seen[route()]++
+	}
+	if seen[sickAddr] == 0 {
+		t.Errorf("no request went to the endpoint once it answered again: %v", seen)
 	}
 	settled(t, r)
 }

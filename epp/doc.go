@@ -31,7 +31,8 @@
 //
 // Picker owns the routing state (index, approximate index, scheduler,
 // guard pool), which endpoints serve which LoRA adapter (RunAdapters
-// polls their GET /v1/models), and the endpoint membership: Sync brings the scheduler and
+// polls their GET /v1/models, and routes around one that leaves three
+// polls in a row unanswered), and the endpoint membership: Sync brings the scheduler and
 // the ZMQ subscribers in line with a list of endpoints, which a Source
 // gives: a static list (Static) or the InferencePool's ready pods read
 // from the Kubernetes API server (Kube, plain HTTPS with the pod's

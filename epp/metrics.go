@@ -75,6 +75,8 @@ var (
 		"Times the endpoint's entries were cleared to recover from lost events.", []string{"endpoint"}, nil)
 	endpointRequests = prometheus.NewDesc("kvfast_epp_endpoint_active_requests",
 		"Requests booked on the endpoint and not yet released.", []string{"endpoint"}, nil)
+	endpointHealthy = prometheus.NewDesc("kvfast_epp_endpoint_healthy",
+		"1 while the endpoint is routed to; 0 once it has not answered the picker's last polls of its /v1/models (refused, timed out, 5xx), until it answers.", []string{"endpoint"}, nil)
 	endpointPrefill = prometheus.NewDesc("kvfast_epp_endpoint_prefill_tokens",
 		"Prompt tokens booked on the endpoint that have not had their first token yet.", []string{"endpoint"}, nil)
 	inFlight = prometheus.NewDesc("kvfast_epp_requests_in_flight",
@@ -88,6 +90,7 @@ func (feedCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- feedBatches
 	ch <- feedResyncs
 	ch <- endpointRequests
+	ch <- endpointHealthy
 	ch <- endpointPrefill
 	ch <- inFlight
 	ch <- waiting
@@ -105,7 +108,12 @@ func (c feedCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for addr, slot := range *c.p.slots.Load() {
 		ld := c.p.sched.Load(slot)
+		healthy := 0.0
+		if ld.Healthy {
+			healthy = 1
+		}
 		ch <- prometheus.MustNewConstMetric(endpointRequests, prometheus.GaugeValue, float64(ld.Requests), addr)
+		ch <- prometheus.MustNewConstMetric(endpointHealthy, prometheus.GaugeValue, healthy, addr)
 		ch <- prometheus.MustNewConstMetric(endpointPrefill, prometheus.GaugeValue, float64(ld.PrefillTokens), addr)
 	}
 	st := c.p.sched.Stats()
