@@ -47,6 +47,9 @@ type adapterPoller struct {
 	client *http.Client
 	known  map[string]map[string]bool // endpoint address → its adapters
 	misses map[string]int             // endpoint address → polls unanswered in a row
+	// routedAround: the endpoints health marked unhealthy, for its log
+	// lines at each change.
+	routedAround map[string]bool
 }
 
 // RunAdapters asks the pool's endpoints for their LoRA adapters (GET
@@ -54,7 +57,7 @@ type adapterPoller struct {
 // adapter goes to an endpoint that serves it: another would answer 404,
 // or load the adapter at the cost of another's slot.
 func (p *Picker) RunAdapters(ctx context.Context, period time.Duration) {
-	a := &adapterPoller{p: p, known: map[string]map[string]bool{}, misses: map[string]int{},
+	a := &adapterPoller{p: p, known: map[string]map[string]bool{}, misses: map[string]int{}, routedAround: map[string]bool{},
 		client: &http.Client{Timeout: 2 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -92,7 +95,11 @@ func (a *adapterPoller) poll(ctx context.Context) {
 		return // the shutdown cut the polls short: they tell nothing
 	}
 	for ans := range answers {
-		a.health(ans.addr, slots[ans.addr], ans.answered)
+		if ans.answered {
+			delete(a.misses, ans.addr)
+		} else {
+			a.misses[ans.addr]++
+		}
 		if ans.err != nil {
 			if ctx.Err() == nil {
 				a.p.throttle.Log(a.p.log, slog.LevelWarn, "adapters/"+ans.addr, "cannot learn an endpoint's LoRA adapters; keeping what it listed last",
@@ -112,6 +119,7 @@ func (a *adapterPoller) poll(ctx context.Context) {
 			delete(a.misses, addr)
 		}
 	}
+	a.health(slots)
 	byName := map[string]workers.Set{}
 	for addr, names := range a.known {
 		for n := range names {
@@ -130,25 +138,45 @@ var (
 	errModelsRefused = errors.New("the endpoint refused the picker's --engine-api-key-file key for /v1/models: requests naming an adapter route among every endpoint")
 )
 
-// health routes around an endpoint that has not answered
-// endpointDownAfter polls in a row, and back to it at its first answer.
-func (a *adapterPoller) health(addr string, slot workers.Slot, answered bool) {
-	if answered {
+// health routes around the endpoints that have not answered
+// endpointDownAfter polls in a row, and back to each at its first answer.
+// When none answers, the fault is likelier the picker's own (a network
+// policy that lets only the gateway reach the engines) than every
+// engine's: all stay routed, rather than refusing every request.
+func (a *adapterPoller) health(slots map[string]workers.Slot) {
+	silent := 0
+	for addr := range slots {
 		if a.misses[addr] >= endpointDownAfter {
-			a.p.sched.SetHealthy(slot, true)
-			a.p.log.Info("an endpoint answers again: routed to", "endpoint", addr)
+			silent++
 		}
-		delete(a.misses, addr)
-		return
 	}
-	a.misses[addr]++
-	if a.misses[addr] >= endpointDownAfter {
-		// Again at every poll: a pod that re-joined the slot meanwhile
-		// came back healthy.
-		a.p.sched.SetHealthy(slot, false)
-		if a.misses[addr] == endpointDownAfter {
+	failOpen := silent == len(slots)
+	if failOpen && silent > 0 {
+		a.p.throttle.Log(a.p.log, slog.LevelWarn, "endpoints/silent",
+			"no endpoint answers the picker's polls of /v1/models: all stay routed (is the picker kept from reaching them?)",
+			"endpoints", silent)
+	}
+	for addr, slot := range slots {
+		down := !failOpen && a.misses[addr] >= endpointDownAfter
+		switch {
+		case down && !a.routedAround[addr]:
 			a.p.log.Warn("an endpoint has not answered its last polls: routed around until it answers",
 				"endpoint", addr, "polls", endpointDownAfter)
+		case !down && a.routedAround[addr]:
+			a.p.log.Info("an endpoint is routed to again", "endpoint", addr)
+		}
+		// At every poll: a pod that re-joined the slot meanwhile came
+		// back healthy.
+		a.p.sched.SetHealthy(slot, !down)
+		if down {
+			a.routedAround[addr] = true
+		} else {
+			delete(a.routedAround, addr)
+		}
+	}
+	for addr := range a.routedAround {
+		if _, ok := slots[addr]; !ok {
+			delete(a.routedAround, addr)
 		}
 	}
 }

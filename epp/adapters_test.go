@@ -111,16 +111,9 @@ func adapterRouting(t *testing.T, key, with, without string) {
 // routed around after a few polls, and routed to again at its first
 // answer.
 func TestSilentEndpointIsRoutedAround(t *testing.T) {
-	var down atomic.Bool
-	sick := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if down.Load() {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model","parent":null}]}`, testModel)
-	}))
-	t.Cleanup(sick.Close)
-	sickAddr, well := strings.TrimPrefix(sick.URL, "http://"), modelServer(t)
+	var down, wellDown atomic.Bool
+	var sickPolls, wellPolls atomic.Int64
+	sickAddr, well := silenceableModelServer(t, &down, &sickPolls), silenceableModelServer(t, &wellDown, &wellPolls)
 	r := startEPP(t, epp.DefaultConfig(), epp.Endpoint{Address: sickAddr}, epp.Endpoint{Address: well})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -167,5 +160,33 @@ func TestSilentEndpointIsRoutedAround(t *testing.T) {
 	if seen[sickAddr] == 0 {
 		t.Errorf("no request went to the endpoint once it answered again: %v", seen)
 	}
+	// None answers: likelier the picker's own network than every engine,
+	// so all stay routed rather than every request refused.
+	down.Store(true)
+	wellDown.Store(true)
+	// Polls run one after another: once each endpoint has seen the 8th,
+	// the picker has judged the 7th, past its 3 misses.
+	sick0, well0 := sickPolls.Load(), wellPolls.Load()
+	waitFor(t, "polls to go unanswered", func() bool { return sickPolls.Load()-sick0 >= 8 && wellPolls.Load()-well0 >= 8 })
+	if !healthy(sickAddr) || !healthy(well) {
+		t.Fatalf("with no endpoint answering, healthy: %v and %v; want both routed", healthy(sickAddr), healthy(well))
+	}
+	route()
 	settled(t, r)
+}
+
+// silenceableModelServer is modelServer answering 503 while silent is
+// set, counting the requests it gets.
+func silenceableModelServer(t *testing.T, silent *atomic.Bool, polls *atomic.Int64) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		polls.Add(1)
+		if silent.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model","parent":null}]}`, testModel)
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
 }
