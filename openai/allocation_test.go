@@ -25,6 +25,8 @@ func TestParseAllocations(t *testing.T) {
 			strings.Repeat("[", 500) + strings.Repeat("]", 500) + `}`)},
 		{"session control", APIChatCompletions, []byte(`{"messages":[{"role":"user","content":"hi"}],` +
 			`"session_control":{"\u006fpen":{"capacity_of_str_len":65536},"close":false}}`)},
+		{"token ids written as floats", APICompletions, []byte(`{"prompt":[1.0,-0,2e3,151935.0]}`)},
+		{"refused: token ids 1e999 and 1.5", APICompletions, []byte(`{"prompt":[1e999,1.5]}`)},
 		{"refused: batch", APICompletions, []byte(`{"prompt":[[1],[2]]}`)},
 		{"refused: malformed", APICompletions, []byte(`{"prompt":[1,2,`)},
 		{"refused: numbers out of range", APICompletions, []byte(`{"prompt":"x","max_tokens":1e999,"stream":-1E+400}`)},

@@ -728,10 +728,9 @@ func (p *parser) tokens(i, depth int) int {
 		c := b[j]
 		if c < '0' || c > '9' {
 			if c == '-' {
-				p.errs[fPrompt] = ErrTokenOutOfRange
-			} else {
-				p.errs[fPrompt] = ErrPromptType
+				return p.laxTokens(i, j, depth)
 			}
+			p.errs[fPrompt] = ErrPromptType
 			return jsonscan.SkipValue(b, i, depth-1)
 		}
 		v := uint64(c - '0')
@@ -751,8 +750,11 @@ func (p *parser) tokens(i, depth int) int {
 		if j < len(b) {
 			switch b[j] {
 			case '.', 'e', 'E':
-				p.errs[fPrompt] = ErrPromptType
-				return jsonscan.SkipValue(b, i, depth-1)
+				start := j - 1
+				for start > 0 && b[start-1] >= '0' && b[start-1] <= '9' {
+					start--
+				}
+				return p.laxTokens(i, start, depth)
 			}
 		}
 		if v > maxTok {
@@ -778,6 +780,51 @@ func (p *parser) tokens(i, depth int) int {
 		case ']':
 			// For a batch, promptArray then checks this array is alone.
 			r.Prompt = PromptTokens
+			return j + 1
+		default:
+			return -1
+		}
+	}
+}
+
+// laxTokens reads the rest of the token array at b[i] from its element
+// at b[j], a number that is not a plain non-negative integer (-0, 1.0,
+// 1e3), which tokens leaves to it. Python engines read such a number as a
+// float and take it for a token id when it is integral (pydantic's lax
+// int), so the router routes on that id; every later element is read the
+// same way.
+func (p *parser) laxTokens(i, j, depth int) int {
+	b := p.b
+	for {
+		end := jsonscan.ScanNumber(b, j)
+		if end < 0 {
+			p.errs[fPrompt] = ErrPromptType
+			return jsonscan.SkipValue(b, i, depth-1)
+		}
+		var fault *Error
+		switch f, ok := parseNumber(b[j:end]); {
+		case !ok:
+			fault = ErrTokenOutOfRange // beyond 1e21
+		case f != math.Trunc(f):
+			fault = ErrPromptType
+		case f < 0 || f > float64(p.maxTok): // -0 is 0, not below it
+			fault = ErrTokenOutOfRange
+		default:
+			p.r.Tokens = append(p.r.Tokens, uint32(f))
+		}
+		if fault != nil {
+			p.errs[fPrompt] = fault
+			return jsonscan.SkipValue(b, i, depth-1)
+		}
+		j = jsonscan.SkipSpace(b, end)
+		if j >= len(b) {
+			return -1
+		}
+		switch b[j] {
+		case ',':
+			j = jsonscan.SkipSpace(b, j+1)
+		case ']':
+			p.r.Prompt = PromptTokens
 			return j + 1
 		default:
 			return -1

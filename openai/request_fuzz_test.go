@@ -30,6 +30,7 @@ func FuzzParseRequest(f *testing.F) {
 		`{"messages":[],"prompt":[-1]}`,
 		`{"prompt":[4294967296],"max_tokens":0}`,
 		`{"prompt":[70000]}`,
+		`{"prompt":[1.0,-0,2e0,-0.0E1,65535.00]}`, `{"prompt":[[1.5]]}`, `{"prompt":[1,-1e-999,65536.0]}`,
 		`[1,2]`,
 		`{"prompt":"x"`,
 		`{"\u0070rompt":"x","prompt":null}`,
@@ -296,17 +297,23 @@ func oraclePrompt(v any, maxTok uint32) (PromptKind, []uint32, any, *Error) {
 				return nil, ErrPromptType
 			}
 			s := string(n)
+			if u, err := strconv.ParseUint(s, 10, 64); err == nil {
+				if u > uint64(maxTok) {
+					return nil, ErrTokenOutOfRange
+				}
+				out = append(out, uint32(u))
+				continue
+			}
+			// pydantic's lax int, as for the int fields: an integral
+			// float is its integer, -0 included.
+			x, err := strconv.ParseFloat(s, 64)
 			switch {
-			case strings.HasPrefix(s, "-"):
-				return nil, ErrTokenOutOfRange
-			case strings.ContainsAny(s, ".eE"):
+			case err == nil && x != math.Trunc(x):
 				return nil, ErrPromptType
-			}
-			u, err := strconv.ParseUint(s, 10, 64)
-			if err != nil || u > uint64(maxTok) {
+			case err != nil || x < 0 || x > float64(maxTok):
 				return nil, ErrTokenOutOfRange
 			}
-			out = append(out, uint32(u))
+			out = append(out, uint32(x))
 		}
 		return out, nil
 	}

@@ -174,7 +174,11 @@ func TestParseRejects(t *testing.T) {
 		{"prompt number", APICompletions, Parser{}, `{"prompt":5}`, ErrPromptType},
 		{"mixed token array", APICompletions, Parser{}, `{"prompt":[1,"a"]}`, ErrPromptType},
 		{"fractional token", APICompletions, Parser{}, `{"prompt":[1.5]}`, ErrPromptType},
-		{"exponent token", APICompletions, Parser{}, `{"prompt":[1e3]}`, ErrPromptType},
+		{"fractional exponent token", APICompletions, Parser{}, `{"prompt":[15e-1]}`, ErrPromptType},
+		{"negative float token", APICompletions, Parser{}, `{"prompt":[2,-1.0]}`, ErrTokenOutOfRange},
+		{"float token over vocabulary", APICompletions, Parser{MaxTokenID: 1000}, `{"prompt":[1.001e3]}`, ErrTokenOutOfRange},
+		{"token 1e999", APICompletions, Parser{}, `{"prompt":[1e999]}`, ErrTokenOutOfRange},
+		{"token written 1.", APICompletions, Parser{}, `{"prompt":[1.]}`, ErrMalformedJSON},
 		{"array of bools", APICompletions, Parser{}, `{"prompt":[true]}`, ErrPromptType},
 		{"nested strings", APICompletions, Parser{}, `{"prompt":[["a"]]}`, ErrPromptType},
 		{"stream string", APICompletions, Parser{}, `{"prompt":"x","stream":"maybe"}`, ErrStreamType},
@@ -266,6 +270,28 @@ func TestParseTokenBodies(t *testing.T) {
 			if !slices.Equal(r.Tokens, tokens) {
 				t.Fatalf("n=%d sep=%q: tokens differ", n, sep)
 			}
+		}
+	}
+}
+
+// TestParseIntegralNumberTokens: vLLM and SGLang read a prompt's token
+// ids with pydantic, whose lax int takes an integral float (1.0, 1e3, and
+// -0 as 0); a client that writes ids so (a float array serialized by
+// Python) is routed on those ids, not refused.
+func TestParseIntegralNumberTokens(t *testing.T) {
+	p := Parser{MaxTokenID: 151935}
+	r := new(ParsedRequest)
+	for body, want := range map[string][]uint32{
+		`{"prompt":[1.0,2.00, 3e0,-0,-0.0,1e3,151935.0]}`: {1, 2, 3, 0, 0, 1000, 151935},
+		`{"prompt":[[7.0,8]]}`:                           {7, 8},
+		`{"prompt":[0.5e1,1E+2,20e-1]}`:                  {5, 100, 2},
+	} {
+		if err := p.Parse([]byte(body), APICompletions, r); err != nil {
+			t.Errorf("%s: %v", body, err)
+			continue
+		}
+		if r.Prompt != PromptTokens || !slices.Equal(r.Tokens, want) {
+			t.Errorf("%s: read %v, want %v", body, r.Tokens, want)
 		}
 	}
 }
