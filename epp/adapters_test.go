@@ -66,30 +66,8 @@ func adapterRouting(t *testing.T, key, with, without string) {
 	cfg := epp.DefaultConfig()
 	cfg.EngineToken = key
 	r := startEPP(t, cfg, epp.Endpoint{Address: with}, epp.Endpoint{Address: without})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		r.picker.RunAdapters(ctx, 10*time.Millisecond)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	// Each prompt new: the endpoints publish no events, so a prompt seen
-	// before would follow the picker's history of it.
-	prompts := uint32(0)
-	route := func(model string) string {
-		t.Helper()
-		prompts++
-		st := r.open(t, duplexMode())
-		st.requestHeaders("/v1/completions", false, nil)
-		st.requestBody(bytes.Replace(completionBody(t, tokens(prompts*1000, 64), false), []byte(`"`+testModel+`"`), []byte(`"`+model+`"`), 1), true)
-		hr := st.recv()
-		dest := destinationOf(t, hr, hr.GetRequestHeaders().GetResponse())
-		st.cancel()
-		return dest
-	}
+	pollAdapters(t, r)
+	route := freshRouter(t, r)
 	// Until the first poll the adapter routes anywhere; then only there.
 	waitFor(t, "the adapter's endpoint to be learned", func() bool { return route("lora-a") == with })
 	seen := map[string]int{}
@@ -115,28 +93,9 @@ func TestSilentEndpointIsRoutedAround(t *testing.T) {
 	var sickPolls, wellPolls atomic.Int64
 	sickAddr, well := silenceableModelServer(t, &down, &sickPolls), silenceableModelServer(t, &wellDown, &wellPolls)
 	r := startEPP(t, epp.DefaultConfig(), epp.Endpoint{Address: sickAddr}, epp.Endpoint{Address: well})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		r.picker.RunAdapters(ctx, 10*time.Millisecond)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	prompts := uint32(0)
-	route := func() string {
-		t.Helper()
-		prompts++
-		st := r.open(t, duplexMode())
-		st.requestHeaders("/v1/completions", false, nil)
-		st.requestBody(completionBody(t, tokens(prompts*1000, 64), false), true)
-		hr := st.recv()
-		dest := destinationOf(t, hr, hr.GetRequestHeaders().GetResponse())
-		st.cancel()
-		return dest
-	}
+	pollAdapters(t, r)
+	routeModel := freshRouter(t, r)
+	route := func() string { return routeModel(testModel) }
 	healthy := func(addr string) bool {
 		slot, ok := r.picker.SlotOf(addr)
 		if !ok {
@@ -189,4 +148,36 @@ func silenceableModelServer(t *testing.T, silent *atomic.Bool, polls *atomic.Int
 	}))
 	t.Cleanup(srv.Close)
 	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// pollAdapters runs the picker's adapter poll, every 10 ms, for the test.
+func pollAdapters(t *testing.T, r *eppRig) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.picker.RunAdapters(ctx, 10*time.Millisecond)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
+// freshRouter returns a function that routes a new prompt for a model and
+// returns the endpoint chosen. Each prompt is new: the endpoints publish
+// no events, so a prompt seen before would follow the picker's history.
+func freshRouter(t *testing.T, r *eppRig) func(model string) string {
+	prompts := uint32(0)
+	return func(model string) string {
+		t.Helper()
+		prompts++
+		st := r.open(t, duplexMode())
+		st.requestHeaders("/v1/completions", false, nil)
+		st.requestBody(bytes.Replace(completionBody(t, tokens(prompts*1000, 64), false), []byte(`"`+testModel+`"`), []byte(`"`+model+`"`), 1), true)
+		hr := st.recv()
+		dest := destinationOf(t, hr, hr.GetRequestHeaders().GetResponse())
+		st.cancel()
+		return dest
+	}
 }

@@ -113,6 +113,15 @@ func readOps(path string) ([]op, error) {
 	return ops, nil
 }
 
+// publishAll publishes ops through p, in order, and applies them to m:
+// what the index must then hold for p's slot.
+func publishAll(p *shm.Publisher, m *model, ops []op) {
+	for _, o := range ops {
+		_ = publishOp(p, o)
+		m.apply(o)
+	}
+}
+
 func publishOp(p *shm.Publisher, o op) error {
 	switch o.Op {
 	case "stored":

@@ -60,10 +60,7 @@ func TestGenerationBumpDropsStaleBlocks(t *testing.T) {
 	}
 	ops := genOps(5, 50)
 	m := newModel()
-	for _, o := range ops[:40] {
-		publishOp(old, o)
-		m.apply(o)
-	}
+	publishAll(old, m, ops[:40])
 	drainAll(in)
 	m.check(t, seg.Index(), old.Slot())
 	// Unconsumed records of the old generation must not survive the bump.
@@ -78,10 +75,7 @@ func TestGenerationBumpDropsStaleBlocks(t *testing.T) {
 		t.Fatalf("restart got slot %d gen %d", restarted.Slot(), restarted.Generation())
 	}
 	fresh := newModel()
-	for _, o := range genOps(6, 20) {
-		publishOp(restarted, o)
-		fresh.apply(o)
-	}
+	publishAll(restarted, fresh, genOps(6, 20))
 	drainAll(in)
 	for h := range m.all {
 		if !fresh.present[h] && seg.Index().Lookup(h).Has(old.Slot()) {
@@ -155,10 +149,7 @@ func TestPausedWorkerRevivesWithItsBlocks(t *testing.T) {
 	}
 	// What it publishes while down (its heartbeat stuck, its events not)
 	// keeps the kept blocks true.
-	for _, o := range ops[30:45] {
-		publishOp(p, o)
-		m.apply(o)
-	}
+	publishAll(p, m, ops[30:45])
 	drainAll(in)
 	m.check(t, seg.Index(), p.Slot())
 	gen := p.Generation()
@@ -168,10 +159,7 @@ func TestPausedWorkerRevivesWithItsBlocks(t *testing.T) {
 	if info, _ := seg.Worker(p.Slot()); info.State != shm.StateLive || info.Generation != gen {
 		t.Fatalf("revived as %+v, want live under generation %d", info, gen)
 	}
-	for _, o := range ops[45:] {
-		publishOp(p, o)
-		m.apply(o)
-	}
+	publishAll(p, m, ops[45:])
 	drainAll(in)
 	m.check(t, seg.Index(), p.Slot())
 	st := in.Stats()
@@ -228,10 +216,7 @@ func TestDeadWorkerLosesItsBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := newModel()
-	for _, o := range genOps(9, 10) {
-		publishOp(p, o)
-		m.apply(o)
-	}
+	publishAll(p, m, genOps(9, 10))
 	drainAll(in)
 	m.check(t, seg.Index(), p.Slot())
 	st := in.Stats()
@@ -394,10 +379,7 @@ func TestIngestSurvivesGarbage(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := newModel()
-	for _, o := range genOps(2, 20) {
-		publishOp(p, o)
-		m.apply(o)
-	}
+	publishAll(p, m, genOps(2, 20))
 	drainAll(in)
 	m.check(t, seg.Index(), p.Slot())
 	if err := seg.Index().Verify(); err != nil {
@@ -452,10 +434,7 @@ func TestEngineBackBeforeTheScanKeepsItsFirstRecords(t *testing.T) {
 		t.Fatalf("re-registered into slot %d, not %d", again.Slot(), p.Slot())
 	}
 	m := newModel()
-	for _, o := range genOps(12, 20) {
-		publishOp(again, o)
-		m.apply(o)
-	}
+	publishAll(again, m, genOps(12, 20))
 	for in.Poll() > 0 {
 	}
 	m.check(t, seg.Index(), again.Slot())
