@@ -24,6 +24,8 @@ import (
 //	new [block-size=N]      a fresh index and subscriber (model test-model, default block size 4)
 //	apply                   offer the input payload as the next batch; print what the
 //	                        subscriber counted and how many blocks the worker holds
+//	restart                 the engine restarted (as the live stream shows it): the
+//	                        subscriber drops its view, and batches are numbered from 0
 //	holds tokens=a,b,… [lora=name] [salt=s] [tier=gpu|host|disk] [group=N] [mm=(id@offset+length,…)]
 //	                        whether the worker holds each block of that token
 //	                        chain, hashed in the namespace of lora and salt,
@@ -54,13 +56,15 @@ func TestZMQConformance(t *testing.T) {
 			case "new":
 				sc = newConformance(t, d)
 				return ""
-			case "apply", "holds", "match":
+			case "apply", "restart", "holds", "match":
 				if sc == nil {
 					d.Fatalf(t, "%s before new", d.Cmd)
 				}
 				switch d.Cmd {
 				case "apply":
 					return sc.apply(mpNotation(t, d.Input))
+				case "restart":
+					return sc.restart()
 				case "match":
 					return sc.match(t, d)
 				}
@@ -157,6 +161,21 @@ func newConformance(t *testing.T, d *datadriven.TestData) *conformance {
 func (c *conformance) apply(payload []byte) string {
 	c.s.offer(c.seq, payload)
 	c.seq++
+	return c.report()
+}
+
+// restart is what the subscriber does when the live stream shows the
+// engine restarted (its numbering went back): the engine numbers its
+// batches from 0 again.
+func (c *conformance) restart() string {
+	c.s.restarted()
+	c.seq = 0
+	return c.report()
+}
+
+// report prints what the subscriber counted since the last report, and
+// how many blocks the worker holds.
+func (c *conformance) report() string {
 	st := c.s.Stats()
 	delta := []struct {
 		name      string

@@ -246,9 +246,20 @@ func (s *ZMQSubscriber) Run(ctx context.Context) error {
 
 // forget drops the worker's view, so that the next session rebuilds it.
 func (s *ZMQSubscriber) forget() {
-	s.cfg.Segment.Guard(func() { s.ix.RemoveWorker(s.cfg.Slot) })
+	s.cfg.Segment.Guard(s.dropView)
+	s.haveLive, s.unproven = false, false
+}
+
+// dropView drops what the index holds for the worker (its blocks, engine
+// mappings and KV-cache groups: RemoveWorker forgets the hybrid rule too)
+// and what the subscriber learned with it, so that the engine's next
+// events rebuild all of it. The groups must be learned again, or a hybrid
+// engine's blocks would be credited as full attention from then on.
+func (s *ZMQSubscriber) dropView() {
+	s.ix.RemoveWorker(s.cfg.Slot)
 	s.apply.forgetCopies(s.cfg.Slot)
-	s.synced, s.haveLive, s.unproven = false, false, false
+	s.groups = radix.Hybrid{}
+	s.synced = false
 }
 
 // zmqLog routes zmq4's own complaints to the debug log.
@@ -372,9 +383,7 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 				s.c.rejoins.Add(1)
 				s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "rejoin", "KV-event feed reconnected and nothing proves the engine is the "+
 					"one before: its cached blocks dropped from the index, rebuilt from its events", "events", s.cfg.Endpoint, "slot", s.cfg.Slot)
-				s.ix.RemoveWorker(s.cfg.Slot)
-				s.apply.forgetCopies(s.cfg.Slot)
-				s.synced = false
+				s.dropView()
 				// A replay socket that just failed would only fail again.
 				canReplay = canReplay && res != replayFailed
 			}
@@ -429,9 +438,7 @@ func (s *ZMQSubscriber) rejectReplay(live uint64, res replayResult) {
 		"include the live batch as published): what it applied is dropped and the worker's view rebuilt from its live events; "+
 		"check that replay= names this engine's replay socket", "events", s.cfg.Endpoint, "replay", s.cfg.Replay, "slot", s.cfg.Slot,
 		"live_seq", live, "result", res.String())
-	s.ix.RemoveWorker(s.cfg.Slot)
-	s.apply.forgetCopies(s.cfg.Slot)
-	s.synced = false
+	s.dropView()
 }
 
 // restarted drops the worker's blocks and engine mappings: the engine that
@@ -440,9 +447,7 @@ func (s *ZMQSubscriber) restarted() {
 	s.c.restarts.Add(1)
 	s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "restart", "engine restarted, its cached blocks dropped from the index",
 		"events", s.cfg.Endpoint, "slot", s.cfg.Slot)
-	s.ix.RemoveWorker(s.cfg.Slot)
-	s.apply.forgetCopies(s.cfg.Slot)
-	s.synced = false
+	s.dropView()
 }
 
 // clockStepTolerance is how far a batch's ts may run behind its
