@@ -167,8 +167,8 @@
 //
 // # Undecodable events
 //
-// A payload that is not msgpack, not a batch, or over a limit (2^18
-// block hashes, 2^22 token ids, 2^16 events: an event costs the decoder
+// A payload that is not msgpack, not a batch, or over a limit (2^17
+// block hashes, 2^21 token ids, 2^16 events: an event costs the decoder
 // some 360 bytes however few it takes on the wire) loses its batch: it is counted as garbage and, its effects being unknown, resyncs
 // the worker. An event that is well-formed msgpack but not a well-formed
 // event (a field of the wrong type, a required field missing, a tag that
@@ -213,7 +213,8 @@
 // ends the replay there), a reply that does not move the sequence on is
 // not progress against the stall timeout, and a replay lasts 30 stall
 // timeouts at most: a replay socket that repeats itself or lies about
-// numbers cannot freeze the worker's view.
+// numbers cannot freeze the worker's view (see below for batches numbered
+// past the engine's).
 //
 // An engine that restarts numbers its batches from 0 again and has an
 // empty cache. Two signals prove a restart wherever they appear: a
@@ -226,15 +227,25 @@
 // connection is redialled with backoff, and across it nothing is trusted
 // that is not proven: the engine may have restarted meanwhile and
 // published as many batches as the router had seen, or more, so that its
-// first batch looks like the next one or like a gap. On the first live
-// batch after a reconnect the subscriber asks the replay socket for the
-// batch it applied last: the same engine returns it byte for byte from its
-// buffer (the bytes include the engine's timestamp), and what follows is
-// then replayed and applied as the continuation it is. Different bytes
-// prove a restart (restarts); a missing batch (evicted from the buffer), a
-// failed replay, or no replay socket prove nothing: the view is dropped
-// and rebuilt as at start, from the replay buffer's history where there is
-// one, else from live traffic (rejoins). An engine's own start time, from
+// first batch looks like the next one or like a gap. As soon as the
+// connection is back, before any live batch (a restarted engine left idle
+// sends none, and its predecessor's prefixes would stay claimed), the
+// subscriber asks the replay socket for the batch it applied last: the
+// same engine returns it byte for byte from its buffer (the bytes include
+// the engine's timestamp), and what follows is then replayed and applied
+// as the continuation it is. Different bytes prove a restart (restarts);
+// a missing batch (evicted from the buffer, or a restarted engine's empty
+// one), a failed replay, or no replay socket prove nothing: the view is
+// dropped and rebuilt as at start, from the replay buffer's history where
+// there is one, else from live traffic (rejoins).
+//
+// A live batch numbered at or below the last batch applied is a repeat
+// (the batches an engine publishes while a replay catches up come again
+// live) only if it is the batch applied under that number, byte for byte
+// (the digests of the last 4,096 applied are kept): otherwise the
+// numbering the view followed is not the stream's (a replay socket that
+// numbered its batches past the engine's), and what the replay applied is
+// dropped (replay_rejected) before the batch applies. An engine's own start time, from
 // its HTTP API, would be another proof; this package does not call the
 // engine's HTTP API. SGLang's RadixCache publishes AllBlocksCleared when
 // it starts, so the replay of a restarted SGLang's history begins by
@@ -242,7 +253,7 @@
 // zmq4 allocates each received frame in full as the ZMTP header claims,
 // before reading it; the subscriber therefore dials through transports of
 // its own (zmq_frames.go) that follow the framing as the bytes arrive and
-// break the connection at a header claiming more than 64 MiB, at a
+// break the connection at a header claiming more than 20 MiB, at a
 // command of more than 64 KiB or of several frames, and at a READY whose
 // metadata runs past it (zmq4 parses it unchecked and panicked), which
 // the feed counts as a disconnect. The handshake has the dial timeout

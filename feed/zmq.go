@@ -141,10 +141,13 @@ type ZMQSubscriber struct {
 	lastTS     float64 // ts of batch lastSeq, if it decoded
 	haveLive   bool
 	lastLive   uint64 // last batch received on the live stream
-	// unproven: the connection was lost and redialled since lastSeq was
-	// applied, and nothing yet shows that the engine now streaming is the
-	// one whose state the index holds.
-	unproven bool
+	// replayDown: the replay socket failed this session; asking again
+	// would only fail again.
+	replayDown bool
+	// recent holds the digests of the batches applied last, by sequence
+	// number, so that a live batch numbered at or below the last one
+	// applied is taken for a repeat only if it is one (offer).
+	recent [recentBatches]appliedBatch
 	// replayUnconfirmed: the replay made at connection applied batches
 	// that no live batch has yet proven this engine's (provenReplay).
 	// Written by the Run goroutine; atomic for tests that wait on it.
@@ -247,7 +250,7 @@ func (s *ZMQSubscriber) Run(ctx context.Context) error {
 // forget drops the worker's view, so that the next session rebuilds it.
 func (s *ZMQSubscriber) forget() {
 	s.cfg.Segment.Guard(s.dropView)
-	s.haveLive, s.unproven = false, false
+	s.haveLive = false
 }
 
 // dropView drops what the index holds for the worker (its blocks, engine
@@ -284,21 +287,10 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 	}
 	s.connected.Store(true)
 	defer s.connected.Store(false)
-	s.reconnected()
-	s.cfg.Logger.Info("KV-event feed connected", "events", s.cfg.Endpoint, "slot", s.cfg.Slot)
-	if !s.synced && s.cfg.Replay != "" {
-		// Joining (the router started, or the view was dropped): catch up
-		// from the engine's replay buffer now, not at its next batch. A
-		// warm engine that serves nothing publishes nothing, and its cache
-		// would stay invisible until it did.
-		// Nothing to prove what it applies against yet: the first live
-		// batch will. Set before, so that nothing reads the batches it
-		// applies as confirmed.
-		s.replayUnconfirmed.Store(true)
-		before := s.c.replayed.Load()
-		s.replay(ctx, 0, endOfReplay, false, 0)
-		s.replayUnconfirmed.Store(s.c.replayed.Load() != before)
-	}
+	// Once a minute: an engine whose socket keeps dropping (or a peer
+	// reconnecting in a loop) would log a line per connection.
+	s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "connected", "KV-event feed connected", "events", s.cfg.Endpoint, "slot", s.cfg.Slot)
+	s.joined(ctx)
 	var heard atomic.Bool
 	quiet := time.AfterFunc(s.cfg.QuietAfter, func() {
 		if !heard.Load() {
@@ -339,14 +331,46 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 	}
 }
 
-// reconnected marks the start of a session. A lost connection is how an
-// engine restart looks from here, and a restarted engine numbers its
-// batches from 0 again, so a sequence number alone cannot tell a
-// restarted engine that has already published more batches than the
-// router had seen from a gap: continuity must be proven before the
-// index's view of the worker is trusted again (onLive).
-func (s *ZMQSubscriber) reconnected() {
-	s.unproven = s.synced
+// joined runs once a session's connection is up, before its first live
+// batch, which an idle engine may not send for hours. A lost connection
+// is how an engine restart looks from here, and a restarted engine
+// numbers its batches from 0 again, so a sequence number alone cannot
+// tell a restarted engine that has already published more batches than
+// the router had seen from a gap: after a reconnect the view the index
+// holds is kept only if the replay socket proves the engine the same (it
+// returns the batch applied last, byte for byte), and what it published
+// meanwhile is replayed; else the view is dropped now, not at the next
+// batch, or a restarted engine left idle would keep its predecessor's
+// prefixes claimed. Joining (the router started, or the view was
+// dropped), it catches up from the engine's replay buffer, so that a warm
+// engine that serves nothing is credited with its cache.
+func (s *ZMQSubscriber) joined(ctx context.Context) {
+	s.replayDown = false
+	if s.synced {
+		res := replayUnproven
+		if s.cfg.Replay != "" {
+			res = s.replay(ctx, s.lastSeq, endOfReplay, true, 0)
+		}
+		switch res {
+		case replayMismatch:
+			s.restarted()
+		case replayUnproven, replayFailed:
+			s.c.rejoins.Add(1)
+			s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "rejoin", "KV-event feed reconnected and nothing proves the engine is the "+
+				"one before: its cached blocks dropped from the index, rebuilt from its events", "events", s.cfg.Endpoint, "slot", s.cfg.Slot)
+			s.dropView()
+			s.replayDown = res == replayFailed
+		}
+	}
+	if !s.synced && s.cfg.Replay != "" && !s.replayDown {
+		// Nothing to prove what it applies against yet: the first live
+		// batch will. Set before, so that nothing reads the batches it
+		// applies as confirmed.
+		s.replayUnconfirmed.Store(true)
+		before := s.c.replayed.Load()
+		s.replay(ctx, 0, endOfReplay, false, 0)
+		s.replayUnconfirmed.Store(s.c.replayed.Load() != before)
+	}
 }
 
 // onLive handles a batch from the live stream.
@@ -357,7 +381,7 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 		s.restarted()
 	}
 	s.haveLive, s.lastLive = true, seq
-	canReplay := s.cfg.Replay != ""
+	canReplay := s.cfg.Replay != "" && !s.replayDown
 	if s.replayUnconfirmed.Load() {
 		// What the replay at connection applied is this engine's only if
 		// its replay socket has this live batch, as published.
@@ -368,26 +392,6 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 			}
 		}
 		s.replayUnconfirmed.Store(false)
-	}
-	if s.unproven {
-		s.unproven = false
-		if s.synced {
-			res := replayUnproven
-			if canReplay {
-				res = s.replay(ctx, s.lastSeq, seq, true, 0)
-			}
-			switch res {
-			case replayMismatch:
-				s.restarted()
-			case replayUnproven, replayFailed:
-				s.c.rejoins.Add(1)
-				s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "rejoin", "KV-event feed reconnected and nothing proves the engine is the "+
-					"one before: its cached blocks dropped from the index, rebuilt from its events", "events", s.cfg.Endpoint, "slot", s.cfg.Slot)
-				s.dropView()
-				// A replay socket that just failed would only fail again.
-				canReplay = canReplay && res != replayFailed
-			}
-		}
 	}
 	switch {
 	case !s.synced:
@@ -461,9 +465,17 @@ const clockStepTolerance = 1.0 // seconds
 // before it first cost the worker its entries, since whatever they removed
 // may still be claimed.
 func (s *ZMQSubscriber) offer(seq uint64, payload []byte) {
+	digest := xxhash.Sum64(payload)
 	if s.synced && seq <= s.lastSeq {
-		s.c.duplicates.Add(1)
-		return
+		if r := s.recent[seq%recentBatches]; r.seq == seq && r.digest == digest {
+			s.c.duplicates.Add(1) // a live batch the replay had applied already
+			return
+		}
+		// Not the batch applied under that number: the numbering the view
+		// followed is not this stream's. A replay socket that numbered its
+		// batches past the engine's would otherwise have every live batch
+		// dropped as a repeat, and the view frozen with what it made up.
+		s.rejectReplay(seq, replayMismatch)
 	}
 	if s.synced && seq != s.lastSeq+1 {
 		s.resync()
@@ -474,7 +486,8 @@ func (s *ZMQSubscriber) offer(seq uint64, payload []byte) {
 		// this batch continues and not the one the index holds.
 		s.restarted()
 	}
-	s.synced, s.lastSeq, s.lastDigest = true, seq, xxhash.Sum64(payload)
+	s.synced, s.lastSeq, s.lastDigest = true, seq, digest
+	s.recent[seq%recentBatches] = appliedBatch{seq: seq, digest: digest}
 	if err == nil {
 		if !math.IsNaN(b.TS) && !math.IsInf(b.TS, 0) {
 			// A timestamp that is not a number says nothing of the clock,
@@ -490,6 +503,16 @@ func (s *ZMQSubscriber) offer(seq uint64, payload []byte) {
 	// Published last: a reader that sees seq sees its effects.
 	s.c.lastSeq.Store(seq)
 }
+
+// recentBatches is how many applied batches' digests offer keeps: the
+// live batches an engine publishes while the replay that catches up with
+// it runs come again on the live stream, already applied (a replay of a
+// full 10,000-batch buffer takes a few seconds; an engine publishes tens
+// to hundreds of batches a second).
+const recentBatches = 4096
+
+// appliedBatch is a batch offer applied: its number and payload digest.
+type appliedBatch struct{ seq, digest uint64 }
 
 func (s *ZMQSubscriber) resync() {
 	s.apply.cleared(s.cfg.Slot)

@@ -65,8 +65,9 @@ func TestZMQRestartedEngineAheadOfTheRouter(t *testing.T) {
 				t.Fatalf("stats %+v", st)
 			}
 			if replay {
-				// The comparison replay, then the whole history.
-				if st.Restarts-base.Restarts != 1 || st.Rejoins != 0 || st.Replays-base.Replays != 2 {
+				// The comparison replay, the whole history, and the first
+				// live batch's check that the history was this engine's.
+				if st.Restarts-base.Restarts != 1 || st.Rejoins != 0 || st.Replays-base.Replays != 3 {
 					t.Fatalf("stats %+v", st)
 				}
 			} else if st.Rejoins != 1 || st.Restarts != base.Restarts {
@@ -129,7 +130,11 @@ func TestZMQReconnectNextNumberIsNotProof(t *testing.T) {
 	applyAll(old, live(t, s, nil, &next, genOps(41, 80)))
 	old.check(t, s.ix, zmqTestSlot)
 
-	s.reconnected()
+	// The view is dropped as the connection comes back, before any batch.
+	s.joined(context.Background())
+	if n := s.ix.Stats().WorkerBlocks[zmqTestSlot]; n != 0 {
+		t.Fatalf("%d blocks still claimed after a reconnect nothing proves", n)
+	}
 	fresh := newModel()
 	for h := range old.all {
 		fresh.all[h] = true
@@ -152,15 +157,17 @@ func TestZMQReconnectProvenByReplay(t *testing.T) {
 	m := newModel()
 	applyAll(m, live(t, s, e, &next, genOps(43, 80)))
 
-	s.reconnected()
-	_, missed := publishOps(t, vllmMap, genOps(44, 40), e.lose)
+	// What it published while the router was away is replayed as the
+	// connection comes back, once the batch applied last is proven.
+	seqs, missed := publishOps(t, vllmMap, genOps(44, 40), e.lose)
+	next = seqs[len(seqs)-1] + 1
 	applyAll(m, missed)
+	s.joined(context.Background())
+	m.check(t, s.ix, zmqTestSlot)
 	applyAll(m, live(t, s, e, &next, genOps(45, 40)))
 	m.check(t, s.ix, zmqTestSlot)
-	// The replay may also return the live batch that prompted it, already
-	// in the engine's buffer; its live copy is then a duplicate.
 	if st := s.Stats(); st.Rejoins != 0 || st.Restarts != 0 || st.Gaps != 0 || st.Resyncs != 0 ||
-		st.Replays != 1 || st.Replayed < uint64(len(missed)) {
+		st.Replays != 1 || st.Replayed != uint64(len(missed)) {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -175,18 +182,22 @@ func TestZMQReconnectPastTheReplayBuffer(t *testing.T) {
 	old := newModel()
 	applyAll(old, live(t, s, e, &next, genOps(46, 80)))
 
-	s.reconnected()
 	seqs, missed := publishOps(t, vllmMap, genOps(47, 40), e.lose)
+	next = seqs[len(seqs)-1] + 1
 	e.forget(seqs[2])
+	s.joined(context.Background())
 	fresh := newModel()
 	// What the new view holds: the buffer's suffix applied to nothing.
 	for h := range old.all {
 		fresh.all[h] = true
 	}
 	applyAll(fresh, missed[2:])
+	fresh.check(t, s.ix, zmqTestSlot)
 	applyAll(fresh, live(t, s, e, &next, genOps(48, 20)))
 	fresh.check(t, s.ix, zmqTestSlot)
-	if st := s.Stats(); st.Rejoins != 1 || st.Restarts != 0 || st.Replays != 2 || st.ReplayFailures != 0 {
+	// The proof, the catch-up from the buffer, and the first live batch's
+	// check that the catch-up was this engine's.
+	if st := s.Stats(); st.Rejoins != 1 || st.Restarts != 0 || st.Replays != 3 || st.ReplayFailures != 0 || st.ReplayRejected != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -227,5 +238,67 @@ func TestZMQTimestampBackwardsIsARestart(t *testing.T) {
 	fresh.check(t, s.ix, zmqTestSlot)
 	if st := s.Stats(); st.Restarts != 1 || st.Gaps != 0 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestZMQReplayNumberedPastTheEngine: the replay socket answers the
+// catch-up at connection with a batch numbered far past anything the
+// engine published, then truthfully. The live batches, numbered from 0,
+// were dropped as repeats of what the view had applied, freezing it with
+// a block no engine held; now a live batch that differs from the batch
+// applied under its number drops what the replay made up.
+func TestZMQReplayNumberedPastTheEngine(t *testing.T) {
+	e := newTestEngine(t, true)
+	e.replyWithTopic()
+	s := newDrivenSub(t, e)
+	madeUp := newModel()
+	b := batches(genOps(51, 10))
+	e.mu.Lock()
+	e.buffer = append(e.buffer, sentBatch{seq: 1_000_000, payload: encodeBatch(t, vllmMap, wireOps(intHashes, b[0]))})
+	e.mu.Unlock()
+	applyAll(madeUp, b[:1])
+	s.joined(context.Background())
+	madeUp.check(t, s.ix, zmqTestSlot)
+
+	e.mu.Lock()
+	e.buffer = nil // truthful from now on
+	e.mu.Unlock()
+	var next uint64
+	m := newModel()
+	for h := range madeUp.all {
+		m.all[h] = true // must be gone
+	}
+	applyAll(m, live(t, s, e, &next, genOps(52, 40)))
+	m.check(t, s.ix, zmqTestSlot)
+	if st := s.Stats(); st.ReplayRejected != 1 || st.Duplicates != 0 || st.LastSeq != next-1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestZMQRestartSeenAtReconnect: an engine that restarts and then stays
+// idle publishes nothing that would show the restart; its predecessor's
+// blocks are dropped as the connection comes back, with a replay socket
+// (which no longer holds the batch applied last) or without.
+func TestZMQRestartSeenAtReconnect(t *testing.T) {
+	for _, replay := range []bool{true, false} {
+		t.Run(map[bool]string{true: "replay", false: "no-replay"}[replay], func(t *testing.T) {
+			ix := newZMQIndex(t)
+			e := newTestEngine(t, replay)
+			s := startSub(t, ix, e, nil)
+			e.warmUp(t, s, vllmMap)
+			old := newModel()
+			seqs, bs := publishOps(t, vllmMap, genOps(53, 60), e.publish)
+			applyAll(old, bs)
+			waitSeq(t, s, seqs[len(seqs)-1])
+			old.check(t, ix, zmqTestSlot)
+
+			ep, replayEp := e.ep, e.replayEp
+			e.close()
+			e = listenTestEngineAt(t, ep, replayEp)
+			waitFor(t, func() bool { return ix.Stats().WorkerBlocks[zmqTestSlot] == 0 }, func() any { return s.Stats() })
+			if st := s.Stats(); st.Rejoins != 1 || st.Restarts != 0 {
+				t.Fatalf("stats %+v", st)
+			}
+		})
 	}
 }

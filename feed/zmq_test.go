@@ -427,7 +427,7 @@ func (e *testEngine) replaysServed() int {
 func (e *testEngine) warmUp(t testing.TB, s *ZMQSubscriber, f wireFormat) uint64 {
 	t.Helper()
 	empty := encodeBatch(t, f, nil)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		before := s.Stats().Batches
 		seq := e.publish(empty)
@@ -456,7 +456,8 @@ func waitSeq(t testing.TB, s *ZMQSubscriber, seq uint64) {
 
 func waitFor(t testing.TB, cond func() bool, state func() any) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	// Generous: it bounds a failure, and a loaded CI machine is slow.
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out; state: %+v", state())
