@@ -387,6 +387,35 @@ func TestApproxRoutingWithStaticWorkers(t *testing.T) {
 	waitReleased(t, r.node)
 }
 
+// TestRefusedRequestsLeaveNoHistory: a request the engine refused cached
+// nothing there, so the router's history does not credit the worker with
+// its prompt: any client could otherwise steer text prompts, and inflate
+// their overlap, with requests it knows will be refused.
+func TestRefusedRequestsLeaveNoHistory(t *testing.T) {
+	var static []node.StaticWorker
+	for i := range 2 {
+		e := startMock(t, mocker.Config{WorkerID: uint64(i + 1)})
+		static = append(static, node.StaticWorker{ID: uint64(i + 1), Endpoint: e.URL(), Model: e2eModel})
+	}
+	cfg := e2eConfig(static...)
+	cfg.Policy = "approx"
+	r := startE2ERouter(t, cfg)
+	prompt := strings.Repeat("refused words ", 60)
+	// The mock engine generates one choice per request: n 3 is its 400.
+	resp := r.post(t, fastpath.PathCompletions, []byte(`{"model":"mock","max_tokens":2,"n":3,"prompt":"`+prompt+`"}`), nil)
+	if resp.status != http.StatusBadRequest {
+		t.Fatalf("status %d, want the engine's 400: %s", resp.status, resp.body)
+	}
+	resp = r.post(t, fastpath.PathCompletions, []byte(`{"model":"mock","max_tokens":2,"prompt":"`+prompt+`"}`), nil)
+	if resp.status != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	if got := resp.header.Get(fastpath.HeaderOverlapBlocks); got != "0" {
+		t.Errorf("after the engine refused the prompt, the router credits %s blocks of it", got)
+	}
+	waitReleased(t, r.node)
+}
+
 // TestPinToDPRank: a pin to rank 0 of a two-rank worker reaches rank 0's
 // engine, and pins that name no worker are refused, not guessed.
 func TestPinToDPRank(t *testing.T) {

@@ -586,10 +586,12 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			ctx.Response.Header.Del(HeaderPrefillDPRank)
 		}
 	}
-	s.remember(ex, ex.dec.Slot)
 	if code := ex.call.StatusCode(); code >= 200 && code < 300 {
 		// Accepted. An engine's refusal (a 4xx judging the request, a
-		// 5xx passed through) neither binds nor refreshes the session.
+		// 5xx passed through) cached nothing: it neither enters the
+		// history (which a client could otherwise steer with requests it
+		// knows are refused) nor binds or refreshes the session.
+		s.remember(ex, ex.dec.Slot)
 		ex.bindSession()
 	}
 	s.metrics.promptBlocks.Add(float64(len(ex.hashes)))
