@@ -150,6 +150,27 @@ func TestModelOfAJoiningWorker(t *testing.T) {
 	}
 }
 
+// TestRequestWithoutModel: a request that names no model goes to the one
+// model served; where several are, each engine would answer with its own
+// (whichever the request reached), so it is refused.
+func TestRequestWithoutModel(t *testing.T) {
+	s := newRouteTestServer(t, 1, "")
+	for _, body := range []string{`{"prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`,
+		`{"model":"","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`} {
+		if code, _, raw := routeOnce(t, s, PathRouteCompletions, []byte(body)); code != http.StatusOK {
+			t.Errorf("%s with one model served: %d %s; want 200", body, code, raw)
+		}
+	}
+	if err := s.sched.Upsert(sched.WorkerInfo{ID: 7, Slot: 3, Model: "other-model", Endpoint: "127.0.0.1:30"}); err != nil {
+		t.Fatal(err)
+	}
+	s.WorkersChanged()
+	code, _, raw := routeOnce(t, s, PathRouteCompletions, []byte(`{"prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`))
+	if code != http.StatusBadRequest || !strings.Contains(string(raw), "model_required") {
+		t.Errorf("no model with two served: %d %s; want 400 model_required", code, raw)
+	}
+}
+
 // TestWorkerOfUnknownModel: a static worker whose engine has not told its
 // model yet is not listed as a model named "", and a request for a model
 // no known worker serves is answered 503 while such a worker exists (it

@@ -229,6 +229,8 @@ var (
 		Message: "no engine has registered with the router yet (still starting?), so no model is known; retry later"}
 	errModelUnavailable = &openai.Error{Status: 503, Type: openai.TypeServerError, Param: "model", Code: "model_unavailable",
 		Message: "every worker that served the requested model is down; retry later"}
+	errModelRequired = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: "model", Code: "model_required",
+		Message: "the router serves several models: name one in model (GET /v1/models lists them)"}
 	errModelsPending = &openai.Error{Status: 503, Type: openai.TypeServerError, Param: "model", Code: "model_unavailable",
 		Message: "no worker is known to serve the requested model, and some workers' models are not known yet: their engines have not answered GET /v1/models (down, or refusing the router's key: see the router's log)"}
 )
@@ -237,8 +239,9 @@ var (
 // adapter's base model), the seed of its block hashes (in the namespace of
 // the adapter it names and of its cache_salt), its prompt renderer and,
 // for an adapter, the workers that list it (0: no restriction). A
-// missing model routes among all workers (with the model's seed and
-// renderer only if there is exactly one base model). A model no worker
+// missing model is the one base model served; with several it is
+// refused (each engine would answer with its own, whichever the request
+// reached), and with none yet it routes among all. A model no worker
 // serves waits, while the node is still starting, for its discovery to
 // settle (see awaitSettled).
 func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model string, seed uint64, render prompt.Renderer, only workers.Set, _ *openai.Error) {
@@ -255,7 +258,10 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 				model, seed, render = ns.name, ns.seed, ns.render
 			}
 		}
-		if bases != 1 {
+		switch {
+		case bases > 1:
+			return "", 0, nil, 0, errModelRequired
+		case bases == 0:
 			return "", radix.NamespaceSeed("", "", string(r.CacheSalt)), nil, 0, nil
 		}
 	} else {
