@@ -110,6 +110,10 @@ func TestBadInput(t *testing.T) {
 		{name: "GET completions", method: http.MethodGet, status: 405, code: "method_not_allowed"},
 		{name: "POST models", path: fastpath.PathModels, body: ok, status: 405, code: "method_not_allowed", msg: "GET and HEAD only"},
 		{name: "DELETE a model", method: http.MethodDelete, path: fastpath.PathModels + "/" + e2eModel, status: 405, code: "method_not_allowed", msg: "GET and HEAD only"},
+		{name: "POST health", path: fastpath.PathHealth, body: ok, status: 405, code: "method_not_allowed", msg: "GET and HEAD only"},
+		{name: "PUT ready", method: http.MethodPut, path: fastpath.PathReady, status: 405, code: "method_not_allowed", msg: "GET and HEAD only"},
+		{name: "DELETE metrics", method: http.MethodDelete, path: fastpath.PathMetrics, status: 405, code: "method_not_allowed", msg: "GET and HEAD only"},
+		{name: "POST admin workers", path: fastpath.PathAdminWorkers, body: ok, status: 405, code: "method_not_allowed", msg: "GET and HEAD only"},
 		{name: "unknown path", path: "/v1/embeddings", body: ok, status: 404, code: "not_found"},
 	}
 	for _, tc := range cases {

@@ -88,6 +88,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			writeError(ctx, fasthttp.StatusNotFound, errAdminElsewhere)
 			return
 		}
+		if !readOnly(ctx) {
+			return
+		}
 		if s.adminToken != nil && !anyKeyMatches(bearer(ctx), s.adminToken) {
 			ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
 			writeError(ctx, fasthttp.StatusUnauthorized, errAdminUnauthorized)
@@ -100,10 +103,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			s.serveAdminWorkers(ctx)
 		}
 	case PathHealth:
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"status":"ok"}`)
+		if readOnly(ctx) {
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"status":"ok"}`)
+		}
 	case PathReady:
-		s.serveReady(ctx)
+		if readOnly(ctx) {
+			s.serveReady(ctx)
+		}
 	default:
 		// GET /v1/models/{id}, as the OpenAI clients' models.retrieve
 		// asks; an id may hold slashes (org/name).
