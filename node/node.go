@@ -350,7 +350,7 @@ func (n *Node) logSettled(start time.Time) {
 	}
 	if healthy == 0 {
 		// /ready says not_ready: the log must not say ready.
-		n.log.Warn("router started, but no worker is healthy yet: /ready answers 503 and requests wait, then get 503, until one is",
+		n.log.Warn("router started, but no worker is healthy yet: /ready answers 503, and requests get 503 until one is (at once with no worker known, after the queue wait with workers down)",
 			"workers", n.sched.Workers().Len(), "after", time.Since(start).Round(time.Millisecond))
 		return
 	}

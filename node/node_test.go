@@ -917,7 +917,7 @@ func TestRestartedRouterKnowsRegisteredModels(t *testing.T) {
 // (a static engine that is down) says so in the log, as /ready does,
 // rather than "router ready".
 func TestReadyLineMatchesReady(t *testing.T) {
-	const unready = "router started, but no worker is healthy yet: /ready answers 503 and requests wait, then get 503, until one is"
+	const unready = "router started, but no worker is healthy yet: /ready answers 503, and requests get 503 until one is (at once with no worker known, after the queue wait with workers down)"
 	var ready, notReady atomic.Int64
 	cfg := testConfig(t)
 	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://" + deadAddr(t), Model: "m"}}
