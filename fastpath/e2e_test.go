@@ -832,6 +832,18 @@ func TestRouteOnlyReturnsDecision(t *testing.T) {
 			t.Errorf("a chat decision is approximate, with no cached token count: %s", resp.body)
 		}
 	})
+	t.Run("cached whole", func(t *testing.T) {
+		// The engine computes a prompt's last token whatever it caches: a
+		// prompt of whole blocks cached whole reuses all but its last.
+		whole := e2eTokens(900, 64) // 4 blocks
+		indexBlocks(t, r.node, 2, 0, whole)
+		resp := r.post(t, fastpath.PathRouteCompletions, completionBody(whole, false, 4), nil)
+		var d routeDecision
+		decodeJSON(t, resp.body, &d)
+		if d.WorkerID != 2 || d.OverlapBlocks != 4 || d.CachedTokens == nil || *d.CachedTokens != 48 {
+			t.Errorf("a prompt of 4 blocks cached whole on worker 2: %s; want 4 overlap blocks, 48 cached tokens", resp.body)
+		}
+	})
 	t.Run("allow-list", func(t *testing.T) {
 		resp := r.post(t, fastpath.PathRouteCompletions, body, map[string]string{fastpath.HeaderAllow: "1"})
 		var d routeDecision
@@ -847,7 +859,7 @@ func TestRouteOnlyReturnsDecision(t *testing.T) {
 	if n := e1.requests.Load() + e2.requests.Load(); n != 0 {
 		t.Errorf("route-only reached the engines %d times", n)
 	}
-	wantMetric(t, r.metrics(t), `kvfast_requests_total{endpoint="completions",status="route_only"}`, 3)
+	wantMetric(t, r.metrics(t), `kvfast_requests_total{endpoint="completions",status="route_only"}`, 4)
 }
 
 // TestOperationalEndpoints covers /health, /ready, /v1/models, /metrics and

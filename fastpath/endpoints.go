@@ -182,7 +182,14 @@ func (s *Server) appendRouteJSON(b []byte, ex *exchange) []byte {
 	b = strconv.AppendUint(b, uint64(dec.OverlapBlocks), 10)
 	b = append(b, `,"cached_tokens":`...)
 	if ex.exact {
-		b = strconv.AppendUint(b, uint64(dec.OverlapBlocks)*bs, 10)
+		// As the engine will count them: it computes at least the
+		// prompt's last token, so a prompt cached whole, of whole blocks,
+		// reuses all but its last block (vLLM's max_cache_hit_length).
+		cached := uint64(dec.OverlapBlocks) * bs
+		if most := uint64(max(ex.sreq.PromptTokens-1, 0)) / bs * bs; cached > most {
+			cached = most
+		}
+		b = strconv.AppendUint(b, cached, 10)
 	} else {
 		b = append(b, "null"...) // overlap counted in text chunks, not tokens
 	}
