@@ -294,7 +294,7 @@ func TestZMQRestartSeenAtReconnect(t *testing.T) {
 
 			ep, replayEp := e.ep, e.replayEp
 			e.close()
-			e = listenTestEngineAt(t, ep, replayEp)
+			listenTestEngineAt(t, ep, replayEp) // restarted, and idle: it publishes nothing
 			waitFor(t, func() bool { return ix.Stats().WorkerBlocks[zmqTestSlot] == 0 }, func() any { return s.Stats() })
 			if st := s.Stats(); st.Rejoins != 1 || st.Restarts != 0 {
 				t.Fatalf("stats %+v", st)

@@ -283,8 +283,8 @@ func TestParseIntegralNumberTokens(t *testing.T) {
 	r := new(ParsedRequest)
 	for body, want := range map[string][]uint32{
 		`{"prompt":[1.0,2.00, 3e0,-0,-0.0,1e3,151935.0]}`: {1, 2, 3, 0, 0, 1000, 151935},
-		`{"prompt":[[7.0,8]]}`:                           {7, 8},
-		`{"prompt":[0.5e1,1E+2,20e-1]}`:                  {5, 100, 2},
+		`{"prompt":[[7.0,8]]}`:                            {7, 8},
+		`{"prompt":[0.5e1,1E+2,20e-1]}`:                   {5, 100, 2},
 	} {
 		if err := p.Parse([]byte(body), APICompletions, r); err != nil {
 			t.Errorf("%s: %v", body, err)
