@@ -38,14 +38,17 @@ func badRequest(param, format string, args ...any) *openai.Error {
 }
 
 type wireRequest struct {
-	Model               string          `json:"model"`
-	CacheSalt           string          `json:"cache_salt"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Messages            []wireMessage   `json:"messages"`
-	MaxTokens           *int64          `json:"max_tokens"`
-	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
-	N                   *int64          `json:"n"`
-	Stream              bool            `json:"stream"`
+	Model     string          `json:"model"`
+	CacheSalt string          `json:"cache_salt"`
+	Prompt    json.RawMessage `json:"prompt"`
+	Messages  []wireMessage   `json:"messages"`
+	// max_tokens, max_completion_tokens, n and stream are read by the
+	// router's parser (parseRequest), laxly, as vLLM's pydantic reads them:
+	// "5", 5.0 and "true" are a client's to send.
+	MaxTokens           json.RawMessage `json:"max_tokens"`
+	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+	N                   json.RawMessage `json:"n"`
+	Stream              json.RawMessage `json:"stream"`
 	KVTransferParams    json.RawMessage `json:"kv_transfer_params"`
 	BootstrapHost       *string         `json:"bootstrap_host"`
 	BootstrapPort       *int            `json:"bootstrap_port"`
@@ -73,7 +76,7 @@ type wirePart struct {
 // vLLM ignores unknown ones. A text or chat prompt is tokenized by rd, the
 // engine's renderer, or, when rd is nil, by the toy tokenizer.
 func parseRequest(ctx context.Context, body []byte, chat bool, rd Renderer, dst *apiRequest) *openai.Error {
-	*dst = apiRequest{chat: chat, tokens: dst.tokens[:0], maxTokens: -1}
+	*dst = apiRequest{chat: chat, tokens: dst.tokens[:0], maxTokens: -1, prompt: dst.prompt}
 	var w wireRequest
 	if err := json.Unmarshal(body, &w); err != nil {
 		return badRequest("", "cannot parse request body: %v", err)
@@ -82,26 +85,15 @@ func parseRequest(ctx context.Context, body []byte, chat bool, rd Renderer, dst 
 	if err := dst.disagg.read(&w); err != nil {
 		return err
 	}
-	dst.stream = w.Stream
+	if err := readScalars(body, chat, dst); err != nil {
+		return err
+	}
 	if w.StreamOptions != nil {
-		if !w.Stream {
+		if !dst.stream {
 			return badRequest("stream_options", "stream_options is only allowed when stream is true")
 		}
 		dst.includeUsage = w.StreamOptions.IncludeUsage
 		dst.continuousUsage = w.StreamOptions.ContinuousUsageStats
-	}
-	if w.N != nil && *w.N != 1 {
-		return badRequest("n", "n must be 1: the mock engine generates one choice per request")
-	}
-	mt, param := w.MaxTokens, "max_tokens"
-	if chat && w.MaxCompletionTokens != nil {
-		mt, param = w.MaxCompletionTokens, "max_completion_tokens"
-	}
-	if mt != nil {
-		if *mt < 1 || *mt > math.MaxInt32 {
-			return badRequest(param, "%s must be at least 1, got %d", param, *mt)
-		}
-		dst.maxTokens = int(*mt)
 	}
 
 	var err *openai.Error
@@ -128,6 +120,41 @@ func parseRequest(ctx context.Context, body []byte, chat bool, rd Renderer, dst 
 			p = "messages"
 		}
 		return badRequest(p, "the prompt is empty")
+	}
+	return nil
+}
+
+// readScalars reads stream, n and max_tokens (max_completion_tokens for
+// chat, if given) with the router's own parser, which reads them as
+// vLLM's pydantic models do in lax mode: a client's "5", 5.0, "1_000" or
+// "true" means what it means to vLLM. The prompt is read again after,
+// into the same buffers.
+func readScalars(body []byte, chat bool, dst *apiRequest) *openai.Error {
+	api := openai.APICompletions
+	if chat {
+		api = openai.APIChatCompletions
+	}
+	pr := &dst.prompt
+	pr.Tokens = dst.tokens[:0]
+	// The HTTP server bounds the body; the parse needs no second limit.
+	p := openai.Parser{MaxBodyBytes: math.MaxInt}
+	if err := p.Parse(body, api, pr); err != nil {
+		var e *openai.Error
+		if errors.As(err, &e) && e.Param != "prompt" && e.Param != "messages" {
+			return badRequest(e.Param, "%s", e.Message)
+		}
+		// The prompt's faults are the prompt reader's to report, below.
+	}
+	dst.tokens = pr.Tokens[:0]
+	dst.stream = pr.Stream
+	if pr.Choices > 1 {
+		return badRequest("n", "n must be 1: the mock engine generates one choice per request")
+	}
+	if pr.MaxTokens > 0 {
+		if pr.MaxTokens > math.MaxInt32 {
+			return badRequest("max_tokens", "max_tokens must be at most %d, got %d", math.MaxInt32, pr.MaxTokens)
+		}
+		dst.maxTokens = int(pr.MaxTokens)
 	}
 	return nil
 }

@@ -43,7 +43,9 @@ func TestParseRequest(t *testing.T) {
 			tokens: chat(ChatMessage{"assistant", ""}, ChatMessage{"user", "x"}), maxTokens: -1},
 
 		{name: "not json", body: `{"prompt":[1,2`, errParam: "-"},
-		{name: "wrong type", body: `{"prompt":[1],"max_tokens":"many"}`, errParam: "-"},
+		{name: "wrong type", body: `{"prompt":[1],"max_tokens":"many"}`, errParam: "max_tokens"},
+		{name: "lax scalars", body: `{"prompt":[1],"max_tokens":"5","n":"1","stream":"true"}`, tokens: []uint32{1}, maxTokens: 5, stream: true}, // as vLLM (pydantic, lax) reads them
+		{name: "integral float max_tokens", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":1e1}`, tokens: chat(ChatMessage{"user", "x"}), maxTokens: 10},
 		{name: "no prompt", body: `{"model":"m"}`, errParam: "prompt"},
 		{name: "null prompt", body: `{"prompt":null}`, errParam: "prompt"},
 		{name: "empty ids", body: `{"prompt":[]}`, errParam: "prompt"},
