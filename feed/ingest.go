@@ -455,6 +455,14 @@ func (in *Ingester) scanRegistry() {
 			if !w.removed && (gen != w.gen || now-w.downAt > retain || now-beat > grace+retain) {
 				in.removeWorker(slot, w)
 			}
+			if !w.removed && w.blockSize == 0 {
+				// Down before this process took over: its ring is still
+				// applied, which needs its model and block size (adopt
+				// reads them only for a live slot).
+				if info, ok := in.seg.Worker(slot); ok && info.Generation == w.gen {
+					w.seed, w.blockSize = radix.NamespaceSeed(info.Model, "", ""), info.BlockSize
+				}
+			}
 		case shm.StateClosed:
 			w.seen = true
 			if !w.removed {

@@ -177,13 +177,24 @@ func TestPausedWorkerRevivesWithItsBlocks(t *testing.T) {
 	}
 }
 
+// markDown marks p's slot down as the ingester does when its heartbeat
+// goes stale, without waiting for a grace to pass.
+func markDown(t *testing.T, seg *shm.Segment, in *Ingester, p *shm.Publisher) {
+	t.Helper()
+	_, gen, beat := seg.SlotState(p.Slot())
+	if ok, err := seg.MarkDown(p.Slot(), gen, beat); !ok || err != nil {
+		t.Fatalf("MarkDown: %v %v", ok, err)
+	}
+	drainAll(in)
+}
+
 // TestDeadWorkerLosesItsBlocks: a worker down past the retention is
 // taken for dead and its blocks are removed; if it resumes after all,
 // what it published meanwhile is consumed in order (no gap, no resync)
 // and it starts over from what it publishes next.
 func TestDeadWorkerLosesItsBlocks(t *testing.T) {
 	seg := openSeg(t, 1<<20)
-	in := acquire(t, seg, Config{HeartbeatGrace: time.Second, RegistryEvery: time.Millisecond, DownRetention: 200 * time.Millisecond})
+	in := acquire(t, seg, Config{DownRetention: 200 * time.Millisecond})
 	p, err := seg.Register(workerCfg(1))
 	if err != nil {
 		t.Fatal(err)
@@ -192,13 +203,20 @@ func TestDeadWorkerLosesItsBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	markDownSilent(t, seg, in, p, live, genOps(1, 30))
+	for _, o := range genOps(1, 30) {
+		publishOp(p, o)
+		publishOp(live, o)
+	}
+	drainAll(in)
+	markDown(t, seg, in, p)
+	if seg.Index().Stats().WorkerBlocks[p.Slot()] == 0 {
+		t.Fatal("the blocks went at the mark, not after the retention")
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for seg.Index().Stats().WorkerBlocks[p.Slot()] != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("a worker down past the retention kept its blocks")
 		}
-		live.Heartbeat()
 		drainAll(in)
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -222,6 +240,37 @@ func TestDeadWorkerLosesItsBlocks(t *testing.T) {
 	st := in.Stats()
 	if st.SkippedDown != 5 || st.Gaps != 0 || st.Resyncs != 0 || st.WorkersRevived != 1 {
 		t.Fatalf("stats after a late revival %+v", st)
+	}
+}
+
+// TestDownWorkerAcrossATakeover: a router that takes the ingester role
+// while a worker is down (a restart, a standby) keeps its blocks, and
+// applies what it publishes meanwhile as its predecessor would: its
+// model and block size are read from the down registration.
+func TestDownWorkerAcrossATakeover(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	first := New(seg, Config{HeartbeatGrace: time.Hour})
+	if ok, err := first.Acquire(context.Background()); !ok || err != nil {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := genOps(3, 40)
+	m := newModel()
+	publishAll(p, m, ops[:20])
+	drainAll(first)
+	markDown(t, seg, first, p)
+	if err := first.Release(); err != nil {
+		t.Fatal(err)
+	}
+	next := acquire(t, seg, Config{})
+	publishAll(p, m, ops[20:])
+	drainAll(next)
+	m.check(t, seg.Index(), p.Slot())
+	if st := next.Stats(); st.BlockSizeMismatch != 0 || st.SkippedDown != 0 {
+		t.Fatalf("stats after the takeover %+v", st)
 	}
 }
 

@@ -141,9 +141,6 @@ type ZMQSubscriber struct {
 	lastTS     float64 // ts of batch lastSeq, if it decoded
 	haveLive   bool
 	lastLive   uint64 // last batch received on the live stream
-	// replayDown: the replay socket failed this session; asking again
-	// would only fail again.
-	replayDown bool
 	// recent holds the digests of the batches applied last, by sequence
 	// number, so that a live batch numbered at or below the last one
 	// applied is taken for a repeat only if it is one (offer).
@@ -250,7 +247,6 @@ func (s *ZMQSubscriber) Run(ctx context.Context) error {
 // forget drops the worker's view, so that the next session rebuilds it.
 func (s *ZMQSubscriber) forget() {
 	s.cfg.Segment.Guard(s.dropView)
-	s.haveLive = false
 }
 
 // dropView drops what the index holds for the worker (its blocks, engine
@@ -262,7 +258,10 @@ func (s *ZMQSubscriber) dropView() {
 	s.ix.RemoveWorker(s.cfg.Slot)
 	s.apply.forgetCopies(s.cfg.Slot)
 	s.groups = radix.Hybrid{}
-	s.synced = false
+	// The live numbering seen says nothing of the stream that rebuilds
+	// the view: a restarted engine's first batch, numbered below the
+	// old one's, is no second restart.
+	s.synced, s.haveLive = false, false
 }
 
 // zmqLog routes zmq4's own complaints to the debug log.
@@ -345,7 +344,7 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 // dropped), it catches up from the engine's replay buffer, so that a warm
 // engine that serves nothing is credited with its cache.
 func (s *ZMQSubscriber) joined(ctx context.Context) {
-	s.replayDown = false
+	replayBroke := false
 	if s.synced {
 		res := replayUnproven
 		if s.cfg.Replay != "" {
@@ -359,10 +358,12 @@ func (s *ZMQSubscriber) joined(ctx context.Context) {
 			s.throttle.Log(s.cfg.Logger, slog.LevelInfo, "rejoin", "KV-event feed reconnected and nothing proves the engine is the "+
 				"one before: its cached blocks dropped from the index, rebuilt from its events", "events", s.cfg.Endpoint, "slot", s.cfg.Slot)
 			s.dropView()
-			s.replayDown = res == replayFailed
+			// A replay socket that just failed would only fail again now;
+			// a gap later in the session asks it again.
+			replayBroke = res == replayFailed
 		}
 	}
-	if !s.synced && s.cfg.Replay != "" && !s.replayDown {
+	if !s.synced && s.cfg.Replay != "" && !replayBroke {
 		// Nothing to prove what it applies against yet: the first live
 		// batch will. Set before, so that nothing reads the batches it
 		// applies as confirmed.
@@ -381,7 +382,7 @@ func (s *ZMQSubscriber) onLive(ctx context.Context, seq uint64, payload []byte) 
 		s.restarted()
 	}
 	s.haveLive, s.lastLive = true, seq
-	canReplay := s.cfg.Replay != "" && !s.replayDown
+	canReplay := s.cfg.Replay != ""
 	if s.replayUnconfirmed.Load() {
 		// What the replay at connection applied is this engine's only if
 		// its replay socket has this live batch, as published.
@@ -471,11 +472,23 @@ func (s *ZMQSubscriber) offer(seq uint64, payload []byte) {
 			s.c.duplicates.Add(1) // a live batch the replay had applied already
 			return
 		}
-		// Not the batch applied under that number: the numbering the view
-		// followed is not this stream's. A replay socket that numbered its
-		// batches past the engine's would otherwise have every live batch
-		// dropped as a repeat, and the view frozen with what it made up.
-		s.rejectReplay(seq, replayMismatch)
+		if s.lastSeq-seq >= recentBatches {
+			// Too far behind for the digests kept to tell: nothing shows
+			// the view to be this stream's (a replay that ran far ahead of
+			// a fast engine's live stream, or numbers made up).
+			s.c.rejoins.Add(1)
+			s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "behind", "a live KV-event batch is numbered more than 4,096 below "+
+				"the last one applied, too far to tell a repeat: the worker's cached blocks dropped from the index, rebuilt from its events",
+				"events", s.cfg.Endpoint, "slot", s.cfg.Slot, "live_seq", seq, "last_applied_seq", s.lastSeq)
+			s.dropView()
+		} else {
+			// Not the batch applied under that number: the numbering the
+			// view followed is not this stream's. A replay socket that
+			// numbered its batches past the engine's would otherwise have
+			// every live batch dropped as a repeat, and the view frozen
+			// with what it made up.
+			s.rejectReplay(seq, replayMismatch)
+		}
 	}
 	if s.synced && seq != s.lastSeq+1 {
 		s.resync()

@@ -3,6 +3,7 @@ package feed
 import (
 	"context"
 	"math"
+	"strconv"
 	"testing"
 )
 
@@ -242,36 +243,45 @@ func TestZMQTimestampBackwardsIsARestart(t *testing.T) {
 }
 
 // TestZMQReplayNumberedPastTheEngine: the replay socket answers the
-// catch-up at connection with a batch numbered far past anything the
-// engine published, then truthfully. The live batches, numbered from 0,
-// were dropped as repeats of what the view had applied, freezing it with
-// a block no engine held; now a live batch that differs from the batch
-// applied under its number drops what the replay made up.
+// catch-up at connection with a batch numbered past anything the engine
+// published, then truthfully. The live batches, numbered from 0, were
+// dropped as repeats of what the view had applied, freezing it with a
+// block no engine held; now a live batch that is not the batch applied
+// under its number drops what the replay made up (replay_rejected), and
+// one too far below the last number applied to tell (more than the 4,096
+// digests kept) drops the view as well (a rejoin).
 func TestZMQReplayNumberedPastTheEngine(t *testing.T) {
-	e := newTestEngine(t, true)
-	e.replyWithTopic()
-	s := newDrivenSub(t, e)
-	madeUp := newModel()
-	b := batches(genOps(51, 10))
-	e.mu.Lock()
-	e.buffer = append(e.buffer, sentBatch{seq: 1_000_000, payload: encodeBatch(t, vllmMap, wireOps(intHashes, b[0]))})
-	e.mu.Unlock()
-	applyAll(madeUp, b[:1])
-	s.joined(context.Background())
-	madeUp.check(t, s.ix, zmqTestSlot)
+	for _, tc := range []struct {
+		lie               uint64
+		rejected, rejoins uint64
+	}{{100, 1, 0}, {1_000_000, 0, 1}} {
+		t.Run(strconv.FormatUint(tc.lie, 10), func(t *testing.T) {
+			e := newTestEngine(t, true)
+			e.replyWithTopic()
+			s := newDrivenSub(t, e)
+			madeUp := newModel()
+			b := batches(genOps(51, 10))
+			e.mu.Lock()
+			e.buffer = append(e.buffer, sentBatch{seq: tc.lie, payload: encodeBatch(t, vllmMap, wireOps(intHashes, b[0]))})
+			e.mu.Unlock()
+			applyAll(madeUp, b[:1])
+			s.joined(context.Background())
+			madeUp.check(t, s.ix, zmqTestSlot)
 
-	e.mu.Lock()
-	e.buffer = nil // truthful from now on
-	e.mu.Unlock()
-	var next uint64
-	m := newModel()
-	for h := range madeUp.all {
-		m.all[h] = true // must be gone
-	}
-	applyAll(m, live(t, s, e, &next, genOps(52, 40)))
-	m.check(t, s.ix, zmqTestSlot)
-	if st := s.Stats(); st.ReplayRejected != 1 || st.Duplicates != 0 || st.LastSeq != next-1 {
-		t.Fatalf("stats %+v", st)
+			e.mu.Lock()
+			e.buffer = nil // truthful from now on
+			e.mu.Unlock()
+			var next uint64
+			m := newModel()
+			for h := range madeUp.all {
+				m.all[h] = true // must be gone
+			}
+			applyAll(m, live(t, s, e, &next, genOps(52, 40)))
+			m.check(t, s.ix, zmqTestSlot)
+			if st := s.Stats(); st.ReplayRejected != tc.rejected || st.Rejoins != tc.rejoins || st.Duplicates != 0 || st.LastSeq != next-1 {
+				t.Fatalf("stats %+v", st)
+			}
+		})
 	}
 }
 
@@ -300,5 +310,38 @@ func TestZMQRestartSeenAtReconnect(t *testing.T) {
 				t.Fatalf("stats %+v", st)
 			}
 		})
+	}
+}
+
+// TestZMQReplayFailingAtReconnectIsAskedAgain: a replay socket that fails
+// the check as the connection comes back (an engine that binds it a moment
+// after its publisher, a stall) costs the view then, but a gap later in
+// the same session is still replayed, not cleared over.
+func TestZMQReplayFailingAtReconnectIsAskedAgain(t *testing.T) {
+	e := newTestEngine(t, true)
+	e.replyWithTopic()
+	s := newDrivenSub(t, e)
+	var next uint64
+	live(t, s, e, &next, genOps(54, 40))
+
+	e.mu.Lock()
+	e.serve = func([]byte, uint64) {} // answers nothing: the replay stalls out
+	e.mu.Unlock()
+	s.joined(context.Background())
+	if st := s.Stats(); st.ReplayFailures != 1 || st.Rejoins != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	e.mu.Lock()
+	e.serve = nil
+	e.mu.Unlock()
+	m := newModel()
+	applyAll(m, live(t, s, e, &next, genOps(55, 20)))
+	_, missed := publishOps(t, vllmMap, genOps(56, 20), e.lose)
+	applyAll(m, missed)
+	next += uint64(len(missed))
+	applyAll(m, live(t, s, e, &next, genOps(57, 20)))
+	m.check(t, s.ix, zmqTestSlot)
+	if st := s.Stats(); st.Gaps != 1 || st.Resyncs != 0 || st.Replayed < uint64(len(missed)) {
+		t.Fatalf("stats %+v", st)
 	}
 }
