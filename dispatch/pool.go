@@ -452,3 +452,15 @@ func (e *Engine) checkHealth() {
 // would send the engines' key (--engine-api-key-file) wherever an engine
 // points, and ask that address what only the engine may answer.
 func RefuseRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// EngineHTTPClient is the net/http client of the router's own calls to
+// engines (their /v1/models, SGLang's session calls), each bounded by
+// timeout. It refuses redirects (RefuseRedirects) and, unlike net/http's
+// default, ignores HTTP_PROXY and its kin: the engines are the router's
+// neighbours, a proxy would be handed the engines' key, and a health
+// judged through one would be the proxy's.
+func EngineHTTPClient(timeout time.Duration) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil
+	return &http.Client{Transport: tr, Timeout: timeout, CheckRedirect: RefuseRedirects}
+}

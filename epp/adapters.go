@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -58,7 +59,7 @@ type adapterPoller struct {
 // or load the adapter at the cost of another's slot.
 func (p *Picker) RunAdapters(ctx context.Context, period time.Duration) {
 	a := &adapterPoller{p: p, known: map[string]map[string]bool{}, misses: map[string]int{}, routedAround: map[string]bool{},
-		client: &http.Client{Timeout: 2 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+		client: dispatch.EngineHTTPClient(2 * time.Second)}
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -156,7 +157,13 @@ func (a *adapterPoller) health(slots map[string]workers.Slot) {
 			"no endpoint answers the picker's polls of /v1/models: all stay routed (is the picker kept from reaching them?)",
 			"endpoints", silent)
 	}
+	current := *a.p.slots.Load()
 	for addr, slot := range slots {
+		if now, ok := current[addr]; !ok || now != slot {
+			// It left, or its slot went to another endpoint (Sync ran
+			// while the polls were out): its misses are not the slot's.
+			continue
+		}
 		down := !failOpen && a.misses[addr] >= endpointDownAfter
 		switch {
 		case down && !a.routedAround[addr]:

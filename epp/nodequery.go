@@ -37,6 +37,9 @@ type nodeAnswer struct {
 func newNodeClient(timeout time.Duration) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 64
+	// Straight to the nodes, in the cluster: a proxy from the environment
+	// would be handed the clients' keys (the queries carry them).
+	tr.Proxy = nil
 	// A redirect is the node's answer, not an address to follow with the
 	// picker's request (dispatch.RefuseRedirects says why).
 	return &http.Client{Transport: tr, Timeout: timeout,

@@ -110,7 +110,7 @@ func newSessions(s *Server, cfg SessionConfig, table *shm.Bindings) (*sessions, 
 		}
 	}
 	ss := &sessions{s: s, cfg: cfg, ttl: int64(cfg.TTL), table: table, throttle: logthrottle.New(time.Minute),
-		client:  &http.Client{Timeout: cfg.ControlTimeout, CheckRedirect: dispatch.RefuseRedirects},
+		client:  dispatch.EngineHTTPClient(cfg.ControlTimeout),
 		lookups: map[shm.LookupResult]prometheus.Counter{}, binds: map[shm.BindResult]prometheus.Counter{},
 		unbinds: map[string]prometheus.Counter{}, control: map[string]prometheus.Counter{}}
 	reg := s.metrics.reg

@@ -45,7 +45,7 @@ type adapterPoller struct {
 }
 
 func newAdapterPoller(token string) *adapterPoller {
-	return &adapterPoller{client: &http.Client{Timeout: 2 * time.Second, CheckRedirect: dispatch.RefuseRedirects}, token: token}
+	return &adapterPoller{client: dispatch.EngineHTTPClient(2 * time.Second), token: token}
 }
 
 // poll refreshes every worker's adapters and tells the front end when
