@@ -55,7 +55,11 @@ func TestEPPConfig(t *testing.T) {
 	if err := os.WriteFile(empty, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{empty, filepath.Join(t.TempDir(), "missing")} {
+	control := filepath.Join(t.TempDir(), "control")
+	if err := os.WriteFile(control, []byte("sk-\x01engine\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{empty, control, filepath.Join(t.TempDir(), "missing")} {
 		if _, _, _, code, ok := eppConfig([]string{"--model", "m", "--endpoint", "10.0.0.1:8000", "--engine-api-key-file", f}, io.Discard); ok || code != 2 {
 			t.Errorf("--engine-api-key-file %s: ok %v, status %d; want refused with 2", f, ok, code)
 		}

@@ -161,7 +161,8 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.DurationVar(&cfg.Dispatch.Timeouts.FirstByte, "first-byte-timeout", cfg.Dispatch.Timeouts.FirstByte, "time from forwarding to the engine's response headers (0: no limit)")
 	fs.DurationVar(&cfg.Dispatch.Timeouts.Idle, "stream-idle-timeout", cfg.Dispatch.Timeouts.Idle, "longest pause inside an engine's response, and longest one event of a stream, or a plain answer's body, may take to arrive whole from its first byte (0: no limit)")
 	fs.DurationVar(&cfg.Dispatch.Health.Interval, "health-interval", cfg.Dispatch.Health.Interval, "how often engines' /health is checked (0: never)")
-	fs.DurationVar(&cfg.HeartbeatGrace, "heartbeat-grace", cfg.HeartbeatGrace, "a registered engine silent this long is marked down and its in-flight requests failed (those that sent the client nothing yet go to another worker); its blocks are kept for 2m in case it was only paused, then dropped")
+	fs.DurationVar(&cfg.HeartbeatGrace, "heartbeat-grace", cfg.HeartbeatGrace, "a registered engine silent this long is marked down and its in-flight requests failed (those that sent the client nothing yet go to another worker); its blocks are kept for --down-retention")
+	fs.DurationVar(&cfg.DownRetention, "down-retention", cfg.DownRetention, "how long the index keeps the blocks of an engine marked down, in case it was only paused (stopped, swapped out) and resumes with its cache, which it will not announce again; 0: dropped at once")
 	fs.DurationVar(&cfg.DiscoveryTimeout, "discovery-timeout", cfg.DiscoveryTimeout, "at start-up, how long /ready stays 503 (and requests naming an unknown model wait) for static workers configured without model= to say which they serve")
 	fs.Var((*tokenizerFlags)(&cfg.Tokenizers.Specs), "tokenizer", `how a model's text and chat prompts become token ids, so that they route on exact blocks; repeatable: `+
 		`"MODEL=remote" (ask an engine serving it: vLLM's render endpoint, else /tokenize), "MODEL=DIR" (tokenizer.json and tokenizer_config.json), `+
@@ -241,6 +242,11 @@ func readToken(what, path string) (string, error) {
 	if strings.ContainsAny(t, "\r\n") {
 		// No header could carry a token with a line break in it.
 		return "", fmt.Errorf("cannot use %s file %s: it holds more than one line; the token is its one line", what, path)
+	}
+	if strings.IndexFunc(t, func(r rune) bool { return r < ' ' || r == 0x7f }) >= 0 {
+		// Nor one with a control character: every request carrying it
+		// would fail, and look like a network fault.
+		return "", fmt.Errorf("cannot use %s file %s: it holds a control character", what, path)
 	}
 	return t, nil
 }
