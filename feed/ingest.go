@@ -43,7 +43,8 @@ type Config struct {
 	HeartbeatGrace time.Duration
 	// DownRetention is how long a worker marked down keeps its blocks, and
 	// its ring is still applied, in case it resumes; past it the blocks
-	// are removed. Default DefaultDownRetention.
+	// are removed. Default DefaultDownRetention; negative: none, the
+	// blocks are removed at the mark.
 	DownRetention time.Duration
 	// RegistryEvery is how often the registry is rescanned for new,
 	// restarted, closed and silent workers. Default 5ms.
@@ -78,7 +79,9 @@ func (c Config) withDefaults() Config {
 		}
 	}
 	def(&c.HeartbeatGrace, DefaultHeartbeatGrace)
-	def(&c.DownRetention, DefaultDownRetention)
+	if c.DownRetention == 0 {
+		c.DownRetention = DefaultDownRetention
+	}
 	def(&c.RegistryEvery, 5*time.Millisecond)
 	def(&c.IdleSpin, 50*time.Microsecond)
 	def(&c.MaxSleep, time.Millisecond)

@@ -243,6 +243,26 @@ func TestDeadWorkerLosesItsBlocks(t *testing.T) {
 	}
 }
 
+// TestNoDownRetention: with no retention (kvfast serve --down-retention
+// 0) a worker's blocks go as it is marked down.
+func TestNoDownRetention(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	in := acquire(t, seg, Config{DownRetention: -1})
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishAll(p, newModel(), genOps(4, 20))
+	drainAll(in)
+	if seg.Index().Stats().WorkerBlocks[p.Slot()] == 0 {
+		t.Fatal("nothing ingested")
+	}
+	markDown(t, seg, in, p)
+	if n := seg.Index().Stats().WorkerBlocks[p.Slot()]; n != 0 {
+		t.Fatalf("%d blocks kept with no retention", n)
+	}
+}
+
 // TestDownWorkerAcrossATakeover: a router that takes the ingester role
 // while a worker is down (a restart, a standby) keeps its blocks, and
 // applies what it publishes meanwhile as its predecessor would: its

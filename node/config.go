@@ -45,9 +45,12 @@ type Config struct {
 	// RegistryPoll is how often the segment's registry and load pages are
 	// read into the worker set.
 	RegistryPoll time.Duration
-	// HeartbeatGrace: a registered engine silent this long is marked down
-	// (its blocks are dropped feed.DefaultDownRetention later).
+	// HeartbeatGrace: a registered engine silent this long is marked down.
 	HeartbeatGrace time.Duration
+	// DownRetention is how long the index keeps the blocks of an engine
+	// marked down, in case it was only paused and resumes (0: dropped at
+	// the mark).
+	DownRetention time.Duration
 	// DiscoveryTimeout bounds how long start-up waits for static workers
 	// configured without a model to say which they serve (GET /v1/models)
 	// before the router calls itself ready without them.
@@ -160,6 +163,7 @@ func DefaultConfig() Config {
 		},
 		RegistryPoll:     100 * time.Millisecond,
 		HeartbeatGrace:   feed.DefaultHeartbeatGrace,
+		DownRetention:    feed.DefaultDownRetention,
 		DiscoveryTimeout: 30 * time.Second,
 		Policy:           "kv",
 		Approx:           ApproxConfig{TTL: 2 * time.Minute, Capacity: 1 << 20},
@@ -276,6 +280,9 @@ func (c *Config) Validate() error {
 		if p.v <= 0 {
 			return fmt.Errorf("cannot use %s %v: must be positive", p.name, p.v)
 		}
+	}
+	if c.DownRetention < 0 {
+		return fmt.Errorf("cannot use down retention %v: must be 0 (none) or more", c.DownRetention)
 	}
 	if r := c.Segment.RingBytes; r != 0 && (r < shm.MinRingBytes || r > shm.MaxRingBytes || r&(r-1) != 0) {
 		return fmt.Errorf("cannot use ring size %d bytes: want 0 (the default) or a power of two from %d to %d", r, shm.MinRingBytes, shm.MaxRingBytes)

@@ -30,6 +30,7 @@ func TestValidateRefuses(t *testing.T) {
 	}{
 		{"zero registry poll", func(c *Config) { c.RegistryPoll = 0 }, "registry poll"},
 		{"negative heartbeat grace", func(c *Config) { c.HeartbeatGrace = -time.Second }, "heartbeat grace"},
+		{"negative down retention", func(c *Config) { c.DownRetention = -time.Second }, "down retention"},
 		{"zero approx TTL", func(c *Config) { c.Approx.TTL = 0 }, "approx TTL"},
 		{"zero shutdown timeout", func(c *Config) { c.ShutdownTimeout = 0 }, "shutdown timeout"},
 		{"zero index capacity", func(c *Config) { c.Segment.IndexCapacity = 0 }, "index capacity"},

@@ -143,7 +143,11 @@ func New(cfg Config) (_ *Node, err error) {
 			}
 		}
 		n.index = n.seg.Index()
-		n.ingester = feed.New(n.seg, feed.Config{HeartbeatGrace: cfg.HeartbeatGrace, Logger: n.log})
+		retention := cfg.DownRetention
+		if retention == 0 {
+			retention = -1 // none: feed reads 0 as its default
+		}
+		n.ingester = feed.New(n.seg, feed.Config{HeartbeatGrace: cfg.HeartbeatGrace, DownRetention: retention, Logger: n.log})
 	} else if n.index, err = radix.NewHeap(radix.Config{Capacity: cfg.Segment.IndexCapacity}); err != nil {
 		return nil, fmt.Errorf("cannot create the index: %w", err)
 	}
