@@ -102,6 +102,13 @@ func markDownSilent(t *testing.T, seg *shm.Segment, in *Ingester, p, live *shm.P
 	if seg.Index().Stats().WorkerBlocks[p.Slot()] == 0 {
 		t.Fatal("nothing ingested")
 	}
+	waitMarkedDown(t, seg, in, p, live, "silent worker never marked down")
+}
+
+// waitMarkedDown ingests, live beating, until p's slot is marked down;
+// failing with why past a generous deadline.
+func waitMarkedDown(t *testing.T, seg *shm.Segment, in *Ingester, p, live *shm.Publisher, why string) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		live.Heartbeat()
@@ -110,7 +117,7 @@ func markDownSilent(t *testing.T, seg *shm.Segment, in *Ingester, p, live *shm.P
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("silent worker never marked down")
+			t.Fatal(why)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -398,18 +405,7 @@ func TestFutureHeartbeatGoesStale(t *testing.T) {
 	if info, _ := seg.Worker(p.Slot()); info.Heartbeat != future {
 		t.Fatalf("the scribble missed the heartbeat: %+v", info)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		live.Heartbeat()
-		drainAll(in)
-		if info, _ := seg.Worker(p.Slot()); info.State == shm.StateDown {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("a worker whose heartbeat is an hour ahead was never marked down")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitMarkedDown(t, seg, in, p, live, "a worker whose heartbeat is an hour ahead was never marked down")
 	if info, _ := seg.Worker(live.Slot()); info.State != shm.StateLive {
 		t.Fatalf("the beating worker is %v", info.State)
 	}
