@@ -60,6 +60,9 @@ type adapterPoller struct {
 func (p *Picker) RunAdapters(ctx context.Context, period time.Duration) {
 	a := &adapterPoller{p: p, known: map[string]map[string]bool{}, misses: map[string]int{}, routedAround: map[string]bool{},
 		client: dispatch.EngineHTTPClient(2 * time.Second)}
+	// Its kept-alive connections go with the poller, not at the idle
+	// timeout.
+	defer a.client.CloseIdleConnections()
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {

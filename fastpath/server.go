@@ -482,6 +482,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	defer s.hangups.Close() // after the drain: the requests it cut stop their watches
+	if s.sessions != nil {
+		// The session calls' kept-alive connections to engines go with
+		// the server, not at the idle timeout.
+		defer s.sessions.client.CloseIdleConnections()
+	}
 	// fasthttp counts a connection that has not yet carried a request as
 	// busy for its first five seconds: a client's or balancer's spare dial
 	// would hold the shutdown that long.

@@ -272,6 +272,9 @@ const logRepeatEvery = time.Minute
 // and at once when an engine joins or leaves.
 func (n *Node) pollModels(ctx context.Context) {
 	p := newAdapterPoller(n.cfg.Dispatch.EngineToken)
+	// Its kept-alive connections (two goroutines each) go with the node,
+	// not at the transport's idle timeout.
+	defer p.client.CloseIdleConnections()
 	start := time.Now()
 	t := time.NewTimer(0)
 	defer t.Stop()

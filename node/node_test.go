@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -70,6 +71,46 @@ func deadAddr(t *testing.T) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return addr
+}
+
+// TestCloseDropsEngineConnections: the model poll's kept-alive
+// connections to engines (two goroutines each) close with the node, not
+// at the transport's 90 s idle timeout: a soak's restarted routers had
+// left theirs, and its goroutine check waited 89 of its 90 s.
+func TestCloseDropsEngineConnections(t *testing.T) {
+	var asked atomic.Int64
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			asked.Add(1)
+			_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+			return
+		}
+		_, _ = io.WriteString(w, "{}")
+	}))
+	defer engine.Close()
+	_, _ = fasthttp.DialTimeout(deadAddr(t), time.Second) // fasthttp's dialer goroutine, counted in the baseline
+	baseline := runtime.NumGoroutine()
+	cfg := testConfig(t)
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: engine.URL, Model: "m"}}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the engine's models to be asked", func() bool { return asked.Load() > 0 })
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Well short of the idle timeout: the engine pool's cleaners take a
+	// few seconds (TestCloseStopsBackgroundWork).
+	deadline := time.Now().Add(60 * time.Second)
+	for runtime.NumGoroutine() > baseline {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines after Close, %d before New:\n%s", runtime.NumGoroutine(), baseline,
+				buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // TestCloseStopsBackgroundWork: everything New starts (registry sync,
