@@ -681,7 +681,6 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) error {
 		return err
 	}
 	st.dec, st.decided = d, true
-	s.remember(ex, d.Slot)
 	ex.setPrefillCall(s.engines.AcquireCall())
 	st.call.SetRequest(routedPath(ex.api), st.decode)
 	copyForwardHeaders(ctx, st.call.Request(), ex.rid, ex.via)
@@ -717,6 +716,12 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) error {
 			err = errPrefillRefused
 		}
 		endCall(span, err)
+		if !failed {
+			// Its engine computed the prompt: the history may say so
+			// (the exchange outlives this goroutine: releasePrefill waits
+			// for it).
+			s.remember(ex, slot)
+		}
 		if judgesRequest(call) {
 			ex.hangMu.Lock()
 			st.refused = true
