@@ -102,7 +102,14 @@ func TestCloseDropsEngineConnections(t *testing.T) {
 	}
 	// Well short of the idle timeout: the engine pool's cleaners take a
 	// few seconds (TestCloseStopsBackgroundWork).
-	deadline := time.Now().Add(60 * time.Second)
+	waitGoroutines(t, baseline, 60*time.Second)
+}
+
+// waitGoroutines waits up to within for the goroutines to be back at
+// baseline, and fails with every goroutine's stack if they are not.
+func waitGoroutines(t *testing.T, baseline int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for runtime.NumGoroutine() > baseline {
 		if time.Now().After(deadline) {
 			buf := make([]byte, 1<<20)
@@ -151,15 +158,7 @@ func TestCloseStopsBackgroundWork(t *testing.T) {
 	// The engine pool's HTTP clients stop their idle-connection cleaners
 	// within a few seconds of their last connection: fasthttp gives no way
 	// to stop them sooner.
-	deadline := time.Now().Add(testWait)
-	for runtime.NumGoroutine() > baseline {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			t.Fatalf("%d goroutines after Close, %d before New:\n%s", runtime.NumGoroutine(), baseline,
-				buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitGoroutines(t, baseline, testWait)
 
 	cfg.Static = nil
 	again, err := New(cfg)
