@@ -411,7 +411,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 // per request under external load"). The buffer lives as long as its
 // connection, so --max-conns connections hold up to that many times 8 KiB
 // (78 MiB at the default 10000; 39 MiB before). A header that does not
-// fit is answered 400 (TestHeaderLimit).
+// fit is answered 431 (TestHeaderLimit).
 const readBufferBytes = 8 << 10
 
 // ErrServerClosed is what Serve returns when Shutdown came first: the
@@ -614,6 +614,10 @@ func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 		lingerOnClose(ctx)
 	case isTimeout(err):
 		status, e, reason = fasthttp.StatusRequestTimeout, errRequestTimeout, transportTimeout
+	case errors.As(err, new(*fasthttp.ErrSmallBuffer)):
+		// The header outgrew the connection's read buffer: RFC 6585's
+		// 431 tells the client what to shorten, where 400 says nothing.
+		status, e, reason = fasthttp.StatusRequestHeaderFieldsTooLarge, errHeaderTooLarge, transportHeaderTooLarge
 	default:
 		status, e = fasthttp.StatusBadRequest, errUnreadableRequest
 	}
@@ -638,6 +642,9 @@ const (
 	transportTimeout   = "header_timeout"
 	transportTooLarge  = "body_too_large"
 	transportMalformed = "malformed"
+	// transportHeaderTooLarge is a header that does not fit the read
+	// buffer (431).
+	transportHeaderTooLarge = "header_too_large"
 	// transportConnLimit is exported from the listeners' connLimiters.
 	transportConnLimit = "too_many_connections"
 )
@@ -702,5 +709,6 @@ func isTimeout(err error) bool {
 
 var (
 	errRequestTimeout    = &openai.Error{Message: "the request was not received within the read timeout", Type: openai.TypeInvalidRequest, Code: "request_timeout"}
+	errHeaderTooLarge    = &openai.Error{Message: fmt.Sprintf("the request header does not fit the router's %d KiB read buffer", readBufferBytes>>10), Type: openai.TypeInvalidRequest, Code: "header_too_large"}
 	errUnreadableRequest = &openai.Error{Message: "the request could not be read as HTTP", Type: openai.TypeInvalidRequest, Code: "bad_request"}
 )

@@ -287,13 +287,16 @@ func TestHeaderLimit(t *testing.T) {
 		status int
 	}{
 		{"fits", readBufferBytes - 1024, http.StatusOK},
-		{"larger than the buffer", readBufferBytes + 256, http.StatusBadRequest},
+		{"larger than the buffer", readBufferBytes + 256, http.StatusRequestHeaderFieldsTooLarge},
 		{"small again", 16, http.StatusOK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, got := postWith(t, url+PathRouteCompletions, body, map[string]string{"X-Padding": strings.Repeat("p", tc.header)})
 			if status != tc.status {
 				t.Fatalf("status %d, want %d: %s", status, tc.status, got)
+			}
+			if status == http.StatusRequestHeaderFieldsTooLarge && !strings.Contains(string(got), `"header_too_large"`) {
+				t.Fatalf("431 without its code: %s", got)
 			}
 		})
 	}
