@@ -397,8 +397,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		// its bytes (credentials) into the log.
 		SecureErrorLogMessage: true,
 		NoDefaultServerHeader: true,
-		NoDefaultDate:         true,
-		CloseOnShutdown:       true,
+		// Date stays (RFC 9110 §6.6.1 asks it of a server with a clock):
+		// fasthttp formats it once a second, not per response.
+		CloseOnShutdown: true,
 	}
 	return s, nil
 }

@@ -276,7 +276,7 @@ func getPath(t *testing.T, url, path string) (int, []byte) {
 
 // TestHeaderLimit pins what the connection read buffer (readBufferBytes)
 // does to headers: one that fits is served, one larger than the buffer is
-// refused with 400 and its connection closed, and the router goes on
+// refused with 431 and its connection closed, and the router goes on
 // serving.
 func TestHeaderLimit(t *testing.T) {
 	url, _, _ := servedFront(t, func(*Server) {})
@@ -299,5 +299,30 @@ func TestHeaderLimit(t *testing.T) {
 				t.Fatalf("431 without its code: %s", got)
 			}
 		})
+	}
+}
+
+// TestDateHeader: answers carry a Date, as RFC 9110 asks of a server with
+// a clock (caches and clients read ages and skew from it).
+func TestDateHeader(t *testing.T) {
+	url, _, _ := servedFront(t, func(*Server) {})
+	ctx, cancel := context.WithTimeout(context.Background(), serverWait)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+PathRouteCompletions, bytes.NewReader(mockBody(1, 32, false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	date, err := http.ParseTime(resp.Header.Get("Date"))
+	if err != nil {
+		t.Fatalf("status %d, Date %q: %v", resp.StatusCode, resp.Header.Get("Date"), err)
+	}
+	if d := time.Since(date); d > time.Hour || d < -time.Hour {
+		t.Fatalf("Date %v is %v from now", date, d)
 	}
 }
