@@ -155,7 +155,8 @@ func parseContainers(doc string) []podContainer {
 // period longer than the drain; and rollout strategies that can finish.
 func TestManifestsRunKvfastAsShipped(t *testing.T) {
 	// SIGTERM drains for --shutdown-timeout (epp: --drain-timeout, the
-	// same 30 s), then the router flushes spans for at most 5 s.
+	// same 30 s), after the router's --shutdown-delay, then the router
+	// flushes spans for at most 5 s.
 	drain := node.DefaultConfig().ShutdownTimeout + 5*time.Second
 	found := 0
 	for _, d := range readManifests(t) {
@@ -169,11 +170,21 @@ func TestManifestsRunKvfastAsShipped(t *testing.T) {
 			t.Errorf("%s: %d image lines but %d containers read: write containers as the other manifests do, so that none goes unchecked", d.where, n, parsed)
 		}
 		kvfast := false
+		var delay time.Duration // the longest --shutdown-delay, served before the drain
 		for _, c := range d.containers {
 			if !c.runsKvfast() {
 				continue
 			}
 			kvfast = true
+			for _, a := range c.args {
+				if v, ok := strings.CutPrefix(a, "--shutdown-delay="); ok {
+					dl, err := time.ParseDuration(v)
+					if err != nil {
+						t.Errorf("%s: container %s: %s: %v", d.where, c.name, a, err)
+					}
+					delay = max(delay, dl)
+				}
+			}
 			found++
 			if c.image != "kvfast:latest" {
 				t.Errorf("%s: container %s runs image %q: keep kvfast:latest (TestManifestsUseRealFlags finds kvfast's containers by it) and rename it in an overlay (images:, docs/deploy.md)", d.where, c.name, c.image)
@@ -191,8 +202,8 @@ func TestManifestsRunKvfastAsShipped(t *testing.T) {
 		m := graceRE.FindStringSubmatch(d.text)
 		if m == nil {
 			t.Errorf("%s: no terminationGracePeriodSeconds: the default 30 s SIGKILLs kvfast before its drain (%v) ends", d.where, drain)
-		} else if s, _ := strconv.Atoi(m[1]); time.Duration(s)*time.Second <= drain {
-			t.Errorf("%s: terminationGracePeriodSeconds %s, want more than the drain (%v)", d.where, m[1], drain)
+		} else if s, _ := strconv.Atoi(m[1]); time.Duration(s)*time.Second <= delay+drain {
+			t.Errorf("%s: terminationGracePeriodSeconds %s, want more than the shutdown delay and the drain (%v)", d.where, m[1], delay+drain)
 		}
 		// A pod that takes a whole GPU node (one per host) has no room to
 		// start beside its predecessor unless a GPU node is spare.

@@ -49,6 +49,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	defer s.active.exit()
+	if s.draining.Load() {
+		ctx.SetConnectionClose()
+	}
 	if hasObsFold(ctx.Request.Header.RawHeaders()) {
 		// A header fasthttp read but that a proxy may read another way:
 		// refused before it is a request, like what fasthttp cannot read.
@@ -303,6 +306,11 @@ func entryOf(name string, ns modelNamespace, created int64) modelEntry {
 // healthy worker. Orchestrators hold traffic back until it does.
 func (s *Server) serveReady(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
+	if s.draining.Load() {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString(`{"status":"draining","healthy_workers":` + strconv.Itoa(s.eligible().Len()) + `}`)
+		return
+	}
 	if !s.isSettled() {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		ctx.SetBodyString(`{"status":"starting","healthy_workers":0}`)

@@ -260,6 +260,9 @@ type Server struct {
 	// from a publisher that registered without a model.
 	modelsPending atomic.Bool
 	pendingModels func() bool
+	// draining is set by Drain: the router is about to shut down and asks
+	// to be taken out of rotation while it still serves.
+	draining atomic.Bool
 	// departed is every model that workers served since start and none
 	// serves now (all its engines down or restarting): a request naming
 	// one gets 503, which clients retry, not 404 (an adapter, only while
@@ -414,6 +417,16 @@ func New(cfg Config, deps Deps) (*Server, error) {
 // (78 MiB at the default 10000; 39 MiB before). A header that does not
 // fit is answered 431 (TestHeaderLimit).
 const readBufferBytes = 8 << 10
+
+// Drain takes the router out of rotation without refusing anything:
+// /ready answers 503 "draining" and every answer closes its connection, so
+// that balancers stop sending and keep-alive clients dial again (reaching
+// another router) while requests still in flight, and new ones that come
+// meanwhile, are served. Shutdown then stops accepting. Drain is for the
+// time between a SIGTERM and the moment a balancer has seen the router
+// go: Kubernetes removes a terminating pod's endpoints while the pod
+// already has its SIGTERM.
+func (s *Server) Drain() { s.draining.Store(true) }
 
 // ErrServerClosed is what Serve returns when Shutdown came first: the
 // caller asked for the stop, so it is not a failure.

@@ -72,6 +72,10 @@ type Config struct {
 	// ShutdownTimeout is how long Run lets in-flight streams finish after
 	// its context ends, before it cuts them.
 	ShutdownTimeout time.Duration
+	// ShutdownDelay is how long Run keeps serving after its context ends,
+	// with /ready answering 503 (fastpath.Server.Drain), before the
+	// drain: the time a balancer takes to stop sending. 0: none.
+	ShutdownDelay time.Duration
 
 	// Tracing exports a span tree per request to an OpenTelemetry
 	// collector (--otlp-endpoint); off while its Endpoint is empty.
@@ -280,6 +284,9 @@ func (c *Config) Validate() error {
 		if p.v <= 0 {
 			return fmt.Errorf("cannot use %s %v: must be positive", p.name, p.v)
 		}
+	}
+	if c.ShutdownDelay < 0 {
+		return fmt.Errorf("cannot use shutdown delay %v: must be 0 (none) or more", c.ShutdownDelay)
 	}
 	if c.DownRetention < 0 {
 		return fmt.Errorf("cannot use down retention %v: must be 0 (none) or more", c.DownRetention)

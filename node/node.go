@@ -536,6 +536,12 @@ func Run(ctx context.Context, cfg Config) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	// SIGINT and SIGTERM from the start too: one that comes while New
+	// opens the segment (seconds, for a large index) stops the router
+	// once New returns, cleanly, where the default action killed it and
+	// left its half-made segment file in /dev/shm.
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 	// Listeners first: an address that cannot be bound fails the start
 	// before the segment is created and engines see a router that is not.
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -557,13 +563,19 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		return fmt.Errorf("cannot start the router: %w", err)
 	}
+	if ctx.Err() != nil {
+		_ = ln.Close()
+		if adminLn != nil {
+			_ = adminLn.Close()
+		}
+		n.log.Info("stopped during start-up: nothing was served")
+		return n.Close()
+	}
 	var adminAddr net.Addr
 	if adminLn != nil {
 		adminAddr = adminLn.Addr()
 	}
 	n.warnExposure(ln.Addr(), adminAddr)
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	go n.ignoreHangUps(ctx, hup)
 	served := make(chan error, 2)
 	go func() { served <- n.Serve(ln) }()
@@ -577,16 +589,35 @@ func Run(ctx context.Context, cfg Config) error {
 	case <-ctx.Done():
 	}
 	n.notify("STOPPING=1")
-	n.log.Info("shutting down: draining in-flight requests (a second SIGINT or SIGTERM cuts them now)", "deadline", cfg.ShutdownTimeout)
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-	defer cancel()
 	again := make(chan os.Signal, 1)
 	signal.Notify(again, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(again)
+	cut, done := make(chan struct{}), make(chan struct{})
+	defer close(done)
 	go func() {
 		select {
 		case <-again:
 			n.log.Warn("second signal: cutting in-flight requests now")
+			close(cut)
+		case <-done:
+		}
+	}()
+	if cfg.ShutdownDelay > 0 {
+		n.front.Drain()
+		n.log.Info("shutting down: serving on while balancers see /ready answer 503 (a second SIGINT or SIGTERM cuts everything now)", "delay", cfg.ShutdownDelay)
+		wait := time.NewTimer(cfg.ShutdownDelay)
+		select {
+		case <-wait.C:
+		case <-cut:
+		}
+		wait.Stop()
+	}
+	n.log.Info("shutting down: draining in-flight requests (a second SIGINT or SIGTERM cuts them now)", "deadline", cfg.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-cut:
 			cancel()
 		case <-sctx.Done():
 		}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -1279,5 +1281,140 @@ func TestRefusedRegistrationThatDies(t *testing.T) {
 		if d := n.Snapshot().Down; len(d) != 0 {
 			t.Fatalf("poll %d: the dead refused registration is reported down: %+v", poll, d)
 		}
+	}
+}
+
+// TestRunStoppedDuringStartup: a SIGTERM that comes while New opens the
+// segment (seconds, for a large index) ends Run cleanly once New returns,
+// where it used to kill the process and leave its half-made segment file.
+// The router runs in a child process (this test binary again) so that the
+// signal's default action, if it were not caught, kills the child and not
+// the tests; the child's listener accepts once Run catches the signal.
+func TestRunStoppedDuringStartup(t *testing.T) {
+	if dir := os.Getenv("KVFAST_TEST_STARTUP_CHILD"); dir != "" {
+		cfg := testConfig(t)
+		cfg.Segment.Path = filepath.Join(dir, "kvfast.shm")
+		cfg.Segment.IndexCapacity = 1 << 22 // a start-up long enough to signal into
+		cfg.Listen = os.Getenv("KVFAST_TEST_STARTUP_LISTEN")
+		if err := Run(context.Background(), cfg); err != nil {
+			t.Fatalf("Run = %v, want nil", err)
+		}
+		return
+	}
+	dir := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	child := exec.Command(os.Args[0], "-test.run=^TestRunStoppedDuringStartup$", "-test.count=1")
+	child.Env = append(os.Environ(), "KVFAST_TEST_STARTUP_CHILD="+dir, "KVFAST_TEST_STARTUP_LISTEN="+addr)
+	var out bytes.Buffer
+	child.Stdout, child.Stderr = &out, &out
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- child.Wait() }()
+	deadline := time.Now().Add(testWait)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("the child exited before listening: %v\n%s", err, out.Bytes())
+		default:
+		}
+		if time.Now().After(deadline) {
+			_ = child.Process.Kill()
+			<-exited
+			t.Fatalf("the child never listened on %s:\n%s", addr, out.Bytes())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if err := child.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("the child, sent SIGTERM as it started: %v\n%s", err, out.Bytes())
+		}
+	case <-time.After(2 * testWait):
+		_ = child.Process.Kill()
+		<-exited
+		t.Fatalf("the child did not stop after SIGTERM:\n%s", out.Bytes())
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() != "kvfast.shm" {
+			t.Errorf("left in the segment directory: %s", e.Name())
+		}
+	}
+}
+
+// TestRunDrainsBeforeClosing: with a shutdown delay, a stop first takes the
+// router out of rotation while it still serves (/ready 503 "draining",
+// every answer closing its connection); a second signal ends the wait.
+func TestRunDrainsBeforeClosing(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Segment.Path = ""
+	cfg.ShutdownDelay = time.Hour // only the second signal can end it
+	logs := logAddr{once: new(sync.Once), addr: make(chan string, 1), hup: make(chan struct{}, 1)}
+	cfg.Logger = slog.New(logs)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- Run(ctx, cfg) }()
+	var addr string
+	select {
+	case addr = <-logs.addr:
+	case err := <-ran:
+		t.Fatalf("Run returned before serving: %v", err)
+	case <-time.After(testWait):
+		t.Fatal("Run never logged its address")
+	}
+	get := func(path string) (int, string, bool) {
+		t.Helper()
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatalf("GET %s while draining: %v", path, err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body), resp.Close
+	}
+	cancel()
+	waitFor(t, "/ready to say draining", func() bool {
+		status, body, _ := get("/ready")
+		return status == http.StatusServiceUnavailable && strings.Contains(body, `"draining"`)
+	})
+	if status, _, closed := get("/health"); status != http.StatusOK || !closed {
+		t.Fatalf("/health while draining: status %d, connection closed %v; want 200 and closed", status, closed)
+	}
+	select {
+	case err := <-ran:
+		t.Fatalf("Run returned %v before its shutdown delay ended", err)
+	default:
+	}
+	// Run catches SIGINT while it shuts down: the second signal.
+	if err := syscall.Kill(os.Getpid(), syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-ran:
+		if err != nil {
+			t.Fatalf("Run returned %v", err)
+		}
+	case <-time.After(testWait):
+		t.Fatal("a second signal did not end the shutdown delay")
 	}
 }
