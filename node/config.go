@@ -469,8 +469,36 @@ func hostPort(endpoint string) (string, error) {
 		}
 		endpoint = u.Host
 	}
-	if _, _, err := net.SplitHostPort(endpoint); err != nil || strings.Contains(endpoint, "@") {
+	host, port, err := net.SplitHostPort(endpoint)
+	if err != nil || strings.Contains(endpoint, "@") {
 		return "", fmt.Errorf("cannot use endpoint %q: want host:port or http://host:port", redact.Endpoint(endpoint))
 	}
+	// Checked here, so that a typo (http//host:port, port 99999) stops
+	// the start instead of failing every health check once it runs.
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return "", fmt.Errorf("cannot use endpoint %q: the port must be a number from 1 to 65535", redact.Endpoint(endpoint))
+	}
+	if net.ParseIP(host) == nil && !validHostname(host) {
+		return "", fmt.Errorf("cannot use endpoint %q: %q is neither an IP address nor a host name", redact.Endpoint(endpoint), host)
+	}
 	return endpoint, nil
+}
+
+// validHostname: dot-separated labels of letters, digits, '-' and '_'
+// (which some DNS names carry), none empty or longer than 63 bytes.
+func validHostname(host string) bool {
+	if host == "" || len(host) > 253 {
+		return false
+	}
+	for label := range strings.SplitSeq(strings.TrimSuffix(host, "."), ".") {
+		if label == "" || len(label) > 63 {
+			return false
+		}
+		for _, c := range []byte(label) {
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
 }

@@ -99,6 +99,9 @@ func TestServeConfig(t *testing.T) {
 			{"--trace-sample-ratio 2", "want 0..1"},
 			{"--listen 127.0.0.1", `cannot listen on --listen "127.0.0.1": want host:port`},
 			{"--admin-listen 127.0.0.1:99999", "want host:port, a port from 0 to 65535"},
+			{"--worker url=http//127.0.0.1:9001", `"http//127.0.0.1" is neither an IP address nor a host name`},
+			{"--worker url=http://127.0.0.1:99999", "the port must be a number from 1 to 65535"},
+			{"--worker url=http://engine-0.local:0", "the port must be a number from 1 to 65535"},
 		} {
 			var stderr strings.Builder
 			args := append([]string{"--segment", "none"}, strings.Fields(tc.args)...)
