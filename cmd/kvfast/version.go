@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -8,14 +10,32 @@ import (
 )
 
 func init() {
-	register("version", "print the build: module version, commit and Go release", func(args []string) int {
-		if len(args) > 0 {
-			fmt.Fprintf(os.Stderr, "kvfast version: takes no arguments\n")
-			return 2
+	register("version", "print the build: module version, commit and Go release", runVersion)
+}
+
+const versionAbout = `Usage: kvfast version
+
+Prints what the binary was built from: its module version (or the version
+an image build stamped), the commit and whether the tree had changes, and
+the Go release and platform.
+
+`
+
+func runVersion(args []string) int {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	if err := parseFlags(fs, args, versionAbout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
 		}
-		printVersion(os.Stdout)
-		return 0
-	})
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "kvfast version: takes no arguments")
+		return 2
+	}
+	printVersion(os.Stdout)
+	return 0
 }
 
 // buildVersion is set by the container image's build (-X), whose context
@@ -27,8 +47,9 @@ var buildVersion string
 // toolchain recorded it: a binary built from a checkout carries its
 // commit (and whether the tree had changes), one built by go install its
 // module version, the container image's the version it was given. An
-// operator asked "which kvfast is this?" reads it here or in /metrics'
-// go_build_info.
+// operator asked "which kvfast is this?" reads it here (/metrics'
+// go_build_info has the module version alone: "(devel)" for a build from
+// a checkout or an image).
 func printVersion(w io.Writer) {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
