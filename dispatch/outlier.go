@@ -59,7 +59,8 @@ type outlier struct {
 	multiplier            int   // under healthMu
 	returnedAt            int64 // clock time of the last return; under healthMu
 	timer                 *time.Timer
-	heldEjectionAllowance bool // counted in Pool.ejected; under healthMu
+	heldEjectionAllowance bool   // counted in Pool.ejected; under healthMu
+	heldGroup             uint32 // the group it is counted in; under healthMu
 }
 
 // isEngineFault reports whether a failure of a forwarded request counts
@@ -114,7 +115,8 @@ func (e *Engine) eject(now int64) {
 	e.healthMu.Lock()
 	defer e.healthMu.Unlock()
 	o := &e.out
-	if o.ejected.Load() || p.engines[e.slot].Load() != e || !p.reserveEjection() {
+	group := e.ejectGroup.Load()
+	if o.ejected.Load() || p.engines[e.slot].Load() != e || !p.reserveEjection(group) {
 		return
 	}
 	if o.multiplier > 0 && cfg.BaseEjection > 0 {
@@ -123,7 +125,7 @@ func (e *Engine) eject(now int64) {
 	}
 	o.multiplier++
 	d := min(time.Duration(o.multiplier)*cfg.BaseEjection, cfg.MaxEjection)
-	o.heldEjectionAllowance = true
+	o.heldEjectionAllowance, o.heldGroup = true, group
 	o.until.Store(now + int64(d))
 	o.ejections.Add(1)
 	o.ejected.Store(true)
@@ -161,30 +163,35 @@ func (e *Engine) endEjectionLocked() {
 	if o.heldEjectionAllowance {
 		o.heldEjectionAllowance = false
 		e.pool.ejectMu.Lock()
-		e.pool.ejected--
+		if e.pool.ejected[o.heldGroup]--; e.pool.ejected[o.heldGroup] == 0 {
+			delete(e.pool.ejected, o.heldGroup)
+		}
 		e.pool.ejectMu.Unlock()
 	}
 }
 
-// reserveEjection counts one more ejected engine if MaxEjectedPercent of
-// the engines in the pool allows it.
-func (p *Pool) reserveEjection() bool {
+// reserveEjection counts one more ejected engine of group if
+// MaxEjectedPercent of the pool's engines in that group allows it.
+func (p *Pool) reserveEjection(group uint32) bool {
 	pct := p.cfg.Outlier.MaxEjectedPercent
 	if pct <= 0 {
 		return false
 	}
 	n := 0
 	for i := range p.engines {
-		if p.engines[i].Load() != nil {
+		if e := p.engines[i].Load(); e != nil && e.ejectGroup.Load() == group {
 			n++
 		}
 	}
 	p.ejectMu.Lock()
 	defer p.ejectMu.Unlock()
-	if (p.ejected+1)*100 > n*pct {
+	if (p.ejected[group]+1)*100 > n*pct {
 		return false
 	}
-	p.ejected++
+	if p.ejected == nil {
+		p.ejected = map[uint32]int{}
+	}
+	p.ejected[group]++
 	return true
 }
 

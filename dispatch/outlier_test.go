@@ -58,6 +58,36 @@ func call(t *testing.T, p *Pool, slot workers.Slot) {
 	}
 }
 
+// TestEjectionBoundedPerGroup: MaxEjectedPercent bounds each ejection
+// group apart. Two prefill engines and one decode engine all fail: one
+// prefill engine may go (half of its group), the lone decode engine may
+// not, though one of three engines would be within half of the pool.
+func TestEjectionBoundedPerGroup(t *testing.T) {
+	var f flips
+	p := NewPool(Config{Health: HealthConfig{Interval: -1, OnChange: f.onChange},
+		Outlier: OutlierConfig{Consecutive: 2, FailurePercent: -1, BaseEjection: time.Hour, MaxEjectedPercent: 50}})
+	defer p.Close()
+	const prefill, decode = 1, 2
+	for s, g := range []uint32{decode, prefill, prefill} {
+		e, err := p.Add(workers.Slot(s), failingEngine(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.SetEjectionGroup(g)
+	}
+	for range 5 {
+		for s := range workers.Slot(3) {
+			call(t, p, s)
+		}
+	}
+	if p.Engine(0).Outlier().Ejected {
+		t.Error("the only decode engine was ejected")
+	}
+	if a, b := p.Engine(1).Outlier().Ejected, p.Engine(2).Outlier().Ejected; a == b {
+		t.Errorf("prefill engines ejected: %v and %v, want exactly one", a, b)
+	}
+}
+
 // TestEjectionBoundedByMaxEjectedPercent: four engines all fail, but only
 // half of them (50%) may be ejected at once; the other two stay routable
 // however often they fail.

@@ -164,8 +164,8 @@ type Pool struct {
 	calls   sync.Pool
 	closed  bool
 
-	ejectMu sync.Mutex // guards ejected; taken inside an engine's healthMu
-	ejected int        // engines ejected now (OutlierConfig.MaxEjectedPercent)
+	ejectMu sync.Mutex     // guards ejected; taken inside an engine's healthMu
+	ejected map[uint32]int // engines ejected now, by ejection group (OutlierConfig.MaxEjectedPercent)
 
 	responseBytes atomic.Int64 // held against ResponseBudgetBytes
 
@@ -225,7 +225,17 @@ type Engine struct {
 	// conns are the engine's open connections, idle or carrying a
 	// request, for Abandon to close.
 	conns connSet
+	// ejectGroup is the engines that can stand in for this one
+	// (SetEjectionGroup); MaxEjectedPercent bounds each group apart.
+	ejectGroup atomic.Uint32
 }
+
+// SetEjectionGroup puts e among the engines that can stand in for one
+// another: MaxEjectedPercent bounds the ejected share of each group apart,
+// so that encoders or prefill engines cannot make room for ejecting the
+// last engine that generates. The router groups engines by their role in
+// disaggregated serving. All start in group 0.
+func (e *Engine) SetEjectionGroup(g uint32) { e.ejectGroup.Store(g) }
 
 // Add registers the engine at addr (host:port) in slot and starts its health
 // checks. Re-adding the same address is a no-op; a different address

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/feed"
 	"github.com/kvfast/kvfast/internal/redact"
@@ -73,9 +74,11 @@ func (n *Node) addStatic(static []StaticWorker) error {
 			Endpoint: addr, KVCapacityBlocks: w.KVBlocks, Role: w.Role}); err != nil {
 			return fmt.Errorf("cannot add static worker %d rank %d: %w", w.ID, w.DPRank, err)
 		}
-		if _, err := n.engines.Add(slot, addr); err != nil {
+		e, err := n.engines.Add(slot, addr)
+		if err != nil {
 			return err
 		}
+		e.SetEjectionGroup(uint32(w.Role))
 		n.static |= workers.SetOf(slot)
 		if w.Model == "" {
 			// Learned from the engine's GET /v1/models (pollModels).
@@ -345,7 +348,12 @@ func (n *Node) scanRegistry() {
 				err = checkModelName(info.Model)
 			}
 			if err == nil {
-				_, err = n.engines.Add(slot, addr)
+				var e *dispatch.Engine
+				if e, err = n.engines.Add(slot, addr); err == nil {
+					// Passive health ejects at most a share of the
+					// engines that can stand in for this one.
+					e.SetEjectionGroup(uint32(info.Role))
+				}
 			}
 			if err == nil {
 				err = n.staticHolds(info.WorkerID, info.DPRank)
