@@ -3,6 +3,7 @@ package fastpath
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -155,7 +156,17 @@ type prefillStage struct {
 	// request (too long, a parameter it refuses), which the decode engine
 	// judges alike: its 4xx is the client's answer. Under hangMu.
 	refused bool
+	// refusal is that 4xx answer's status and JSON body (at most
+	// maxRefusalBytes): the client's answer when the prefill's verdict
+	// came first and the decode call was failed on it. Written before
+	// refused is set.
+	refusalStatus int
+	refusal       []byte
 }
+
+// maxRefusalBytes bounds the SGLang prefill refusal kept for the client:
+// an engine's error object is a few hundred bytes.
+const maxRefusalBytes = 16 << 10
 
 func (st *prefillStage) OnDispatched() { _ = st.h.Dispatched() }
 func (st *prefillStage) OnFirstToken() {}
@@ -180,7 +191,7 @@ func (st *prefillStage) recycle() prefillStage {
 	if cap(st.body) > 1<<20 || cap(st.decode) > 1<<20 || cap(st.clean) > 1<<20 {
 		return prefillStage{}
 	}
-	return prefillStage{body: st.body[:0], decode: st.decode[:0], clean: st.clean[:0]}
+	return prefillStage{body: st.body[:0], decode: st.decode[:0], clean: st.clean[:0], refusal: st.refusal[:0]}
 }
 
 // setPrefillGuard makes h the prefill stage's guard, held; as setGuard, a
@@ -705,7 +716,13 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) error {
 				err = call.Relay(discardWriter())
 				failed = failed || err != nil
 			} else {
-				_, err = call.ReadBody()
+				var body []byte
+				body, err = call.ReadBody()
+				if err == nil && judgesRequest(call) && len(body) <= maxRefusalBytes && json.Valid(body) {
+					// Kept for the client: the engine's own words on
+					// why the request is invalid (prefillRefusal).
+					st.refusalStatus, st.refusal = call.StatusCode(), append(st.refusal[:0], body...)
+				}
 			}
 			if err == nil && call.StatusCode() < 300 {
 				_ = st.h.Close()
@@ -751,6 +768,27 @@ func (ex *exchange) failDecode() {
 	if failed && call != nil {
 		call.FailPrefill()
 	}
+}
+
+// prefillRefusal writes the SGLang prefill engine's own 4xx as the
+// client's answer when the decode call failed on it (failDecode): the
+// request is at fault, and the decode engine would have said so too had
+// it answered first. It reports false, writing nothing, when the prefill
+// did not refuse the request or its answer was not kept.
+func (ex *exchange) prefillRefusal(ctx *fasthttp.RequestCtx) bool {
+	ex.hangMu.Lock()
+	refused := ex.pre.refused && len(ex.pre.refusal) > 0
+	ex.hangMu.Unlock()
+	if !refused {
+		return false
+	}
+	ex.count(statusEngineRejected)
+	ctx.Response.Reset()
+	ctx.Response.Header.SetBytesV(HeaderRequestID, ex.rid)
+	ctx.SetStatusCode(ex.pre.refusalStatus)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(ex.pre.refusal)
+	return true
 }
 
 // prefillFailed waits up to wait for an SGLang prefill's outcome and

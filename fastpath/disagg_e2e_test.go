@@ -809,6 +809,37 @@ func TestDisaggSGLangPrefillFails(t *testing.T) {
 	}
 }
 
+// TestDisaggSGLangPrefillRefusalReachesClient: an SGLang prefill engine
+// that refuses the request itself (a 4xx: a prompt too long) while the
+// decode engine still waits for the room's KV: the decode is failed at
+// once, and the client gets the prefill engine's own 4xx, its words on
+// what is wrong, not a 502 prefill_failed to retry for ever.
+func TestDisaggSGLangPrefillRefusalReachesClient(t *testing.T) {
+	const refusal = `{"error":{"message":"the prompt is 9000 tokens, over max_model_len 8192","type":"BadRequestError","code":400}}`
+	prefill := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(fasthttp.StatusBadRequest)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(refusal)
+	})
+	release := make(chan struct{})
+	decode := startE2EEngine(t, func(*fasthttp.RequestCtx) { <-release })
+	t.Cleanup(func() { close(release) })
+	cfg := e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: prefill.addr(), Model: e2eModel, Role: workers.RolePrefill},
+		node.StaticWorker{ID: 2, Endpoint: decode.addr(), Model: e2eModel, Role: workers.RoleDecode})
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang}
+	cfg.Dispatch.Outlier.Consecutive = 0
+	r := startE2ERouter(t, cfg)
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(31, 200), false, 4), nil)
+	if resp.status != http.StatusBadRequest || string(resp.body) != refusal {
+		t.Fatalf("status %d %s; want the prefill engine's 400 %s", resp.status, resp.body, refusal)
+	}
+	waitReleased(t, r.node)
+	if v, _ := metricValue(r.metrics(t), `kvfast_requests_total{endpoint="completions",status="engine_rejected"}`); v != 1 {
+		t.Errorf(`kvfast_requests_total{status="engine_rejected"} %v, want 1`, v)
+	}
+}
+
 // TestDisaggSGLangDribblingPrefillIsCut: a prefill engine that keeps
 // answering, a byte at a time, after the decode has ended (each byte
 // resets the idle timeout) cannot hold the client's answer, or the

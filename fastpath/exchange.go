@@ -546,7 +546,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		ex.traceDispatchFailed(err)
 		ex.logFailure("engine attempt failed", err)
 		if !retryable || !dispatch.IsRetryable(err) {
-			ex.failDispatch(ctx, err)
+			if !errors.Is(err, dispatch.ErrPrefillFailed) || !ex.prefillRefusal(ctx) {
+				ex.failDispatch(ctx, err)
+			}
 			return false
 		}
 		// Route again, without the engines that failed.
