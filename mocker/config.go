@@ -153,6 +153,21 @@ const (
 	DefaultTransferTimeout   = 480 * time.Second // vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT
 )
 
+// MaxKVBlocks bounds an engine's GPU and host pools: the cache's tables
+// are allocated whole at start, about 115 bytes a block, so this is some
+// 1.9 GB, where the int32 bound the block ids allow (2^31) asked for 250 GB
+// and ended in the runtime's out-of-memory crash. A real engine holds far
+// fewer: an 80 GB GPU, some 500k blocks of 16 tokens of an 8B model.
+const MaxKVBlocks = 1 << 24
+
+// Check reports what New would refuse in cfg, without starting anything:
+// for a command that starts engines later, so that a bad value is a usage
+// error at once.
+func (cfg Config) Check() error {
+	_, err := cfg.withDefaults()
+	return err
+}
+
 // withDefaults fills zero fields and checks the result.
 func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Listen == "" {
@@ -200,8 +215,8 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fmt.Errorf("cannot configure mock engine: transfer timeout %v is negative", cfg.TransferTimeout)
 	case cfg.BlockSize < 1:
 		return cfg, fmt.Errorf("cannot configure mock engine: block size %d is not positive", cfg.BlockSize)
-	case cfg.KVBlocks < 1 || cfg.KVBlocks > math.MaxInt32:
-		return cfg, fmt.Errorf("cannot configure mock engine: KV capacity %d blocks is out of range", cfg.KVBlocks)
+	case cfg.KVBlocks < 1 || cfg.KVBlocks > MaxKVBlocks:
+		return cfg, fmt.Errorf("cannot configure mock engine: KV capacity %d blocks is out of range (1..%d)", cfg.KVBlocks, MaxKVBlocks)
 	case cfg.MaxBatchedTokens < 1:
 		return cfg, fmt.Errorf("cannot configure mock engine: max batched tokens %d is not positive", cfg.MaxBatchedTokens)
 	case cfg.MaxSeqs < 1:
@@ -212,8 +227,8 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fmt.Errorf("cannot configure mock engine: speed-up %v is not positive", cfg.Speedup)
 	case cfg.HeartbeatInterval < 0:
 		return cfg, fmt.Errorf("cannot configure mock engine: heartbeat interval %v is negative", cfg.HeartbeatInterval)
-	case cfg.HostBlocks < 0 || cfg.HostBlocks > math.MaxInt32:
-		return cfg, fmt.Errorf("cannot configure mock engine: host pool of %d blocks is out of range", cfg.HostBlocks)
+	case cfg.HostBlocks < 0 || cfg.HostBlocks > MaxKVBlocks:
+		return cfg, fmt.Errorf("cannot configure mock engine: host pool of %d blocks is out of range (0..%d)", cfg.HostBlocks, MaxKVBlocks)
 	case cfg.SlidingWindow < 0 || cfg.SlidingWindow == 1:
 		return cfg, fmt.Errorf("cannot configure mock engine: sliding window of %d tokens is not 0 or at least 2", cfg.SlidingWindow)
 	case cfg.SlidingWindow > 0 && cfg.HostBlocks > 0:

@@ -126,7 +126,7 @@ func TestOptions(t *testing.T) {
 	if AllPolicies[0] != "kv" {
 		t.Fatal("DefaultOptions shares its policy list with AllPolicies")
 	}
-	tr, err := LoadTrace(EmbeddedTrace, 0)
+	tr, err := LoadTrace(EmbeddedTrace, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,6 +157,11 @@ func TestOptions(t *testing.T) {
 		func(o *Options) { o.Capacities = []float64{0} },
 		func(o *Options) { o.Capacities, o.Workload = []float64{1}, replay.WorkloadChat },
 		func(o *Options) { o.Timing.StepOverhead = -time.Second },
+		// 0 had the report's wait loop step by nothing, for ever.
+		func(o *Options) { o.MaxBatchedTokens = 0 },
+		func(o *Options) { o.MaxSeqs = 0 },
+		func(o *Options) { o.BlockSize = 100000 },
+		func(o *Options) { o.KVBlocks = 1 << 40 },
 		func(o *Options) { o.Workload = "images" },
 		func(o *Options) { o.Tokenizer = "/some/dir" },
 		func(o *Options) { o.Policies = []string{PolicyKVRemote} },
@@ -221,7 +226,7 @@ func TestDisaggRun(t *testing.T) {
 	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	tr, err := LoadTrace(p, 0)
+	tr, err := LoadTrace(p, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +280,7 @@ func TestCapacitySweepRun(t *testing.T) {
 	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	tr, err := LoadTrace(p, 0)
+	tr, err := LoadTrace(p, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,11 +328,11 @@ func TestCapacitySweepRun(t *testing.T) {
 
 func TestGeneratedTraceNames(t *testing.T) {
 	for _, name := range []string{"gen:low", "gen:high"} {
-		if tr, err := LoadTrace(name, 0); err != nil || tr.Len() == 0 {
+		if tr, err := LoadTrace(name, 0, false); err != nil || tr.Len() == 0 {
 			t.Errorf("LoadTrace(%q): %v", name, err)
 		}
 	}
-	if _, err := LoadTrace("gen:medium", 0); err == nil || !strings.Contains(err.Error(), "low, high") && !strings.Contains(err.Error(), "high, low") {
+	if _, err := LoadTrace("gen:medium", 0, false); err == nil || !strings.Contains(err.Error(), "low, high") && !strings.Contains(err.Error(), "high, low") {
 		t.Errorf("LoadTrace(gen:medium): %v", err)
 	}
 }
@@ -340,18 +345,35 @@ func TestTraceBlockSize(t *testing.T) {
 	if err := os.WriteFile(p, []byte(`{"timestamp":0,"input_length":40,"output_length":2,"hash_ids":[1,2,3]}`+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LoadTrace(p, 0); err == nil {
+	if _, err := LoadTrace(p, 0, false); err == nil {
 		t.Error("3 hash ids for 40 tokens read at 512 tokens per id")
 	}
-	if tr, err := LoadTrace(p, 16); err != nil || tr.BlockSize != 16 {
+	if tr, err := LoadTrace(p, 16, false); err != nil || tr.BlockSize != 16 {
 		t.Errorf("at 16 tokens per id: %v", err)
 	}
 	for _, name := range []string{EmbeddedTrace, "gen:low"} {
-		if _, err := LoadTrace(name, 16); err == nil {
+		if _, err := LoadTrace(name, 16, false); err == nil {
 			t.Errorf("%s read at 16 tokens per id", name)
 		}
-		if _, err := LoadTrace(name, replay.DefaultTraceBlockSize); err != nil {
+		if _, err := LoadTrace(name, replay.DefaultTraceBlockSize, false); err != nil {
 			t.Errorf("%s at its own block size: %v", name, err)
 		}
+	}
+}
+
+// TestUntimedTrace: records without timestamps load for a replay at a
+// fixed concurrency, as kvfast replay loads them, and are refused for one
+// that keeps the trace's time.
+func TestUntimedTrace(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "untimed.jsonl")
+	if err := os.WriteFile(p, []byte(`{"input_length":600,"output_length":4,"hash_ids":[1,2]}`+"\n"+
+		`{"input_length":600,"output_length":4,"hash_ids":[1,3]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadTrace(p, 0, false); err == nil {
+		t.Error("records without timestamps loaded for a timed replay")
+	}
+	if tr, err := LoadTrace(p, 0, true); err != nil || tr.Len() != 2 {
+		t.Errorf("untimed: %v", err)
 	}
 }

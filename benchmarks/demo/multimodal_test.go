@@ -81,7 +81,7 @@ func TestEncodeRun(t *testing.T) {
 	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	tr, err := LoadTrace(p, 0)
+	tr, err := LoadTrace(p, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -274,12 +274,19 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("cannot use engine speedup %v: want a positive factor or inf", o.EngineSpeedup)
 	case o.BlockTokens < 1:
 		return fmt.Errorf("cannot send %d tokens per hash id: want at least 1", o.BlockTokens)
-	case o.BlockSize < 1:
-		return fmt.Errorf("cannot use block size %d: want at least 1", o.BlockSize)
+	case o.BlockSize < 1 || o.BlockSize > workers.MaxBlockSize:
+		return fmt.Errorf("cannot use block size %d: want 1..%d", o.BlockSize, workers.MaxBlockSize)
 	case o.KVBlocks < 1:
 		return fmt.Errorf("cannot give engines %d KV blocks: want at least 1", o.KVBlocks)
 	case o.MaxRequests < 0 || o.Concurrency < 0 || o.MaxOutputTokens < 0 || o.ApproxTTL < 0:
 		return errors.New("cannot use a negative request count, concurrency, output cap or approx TTL")
+	case o.MaxBatchedTokens < 1 || o.MaxSeqs < 1:
+		// 0 is no engine default here: the report's waits divide prompts
+		// into steps of MaxBatchedTokens.
+		return fmt.Errorf("cannot give engines steps of %d tokens and %d sequences: want at least 1 of each", o.MaxBatchedTokens, o.MaxSeqs)
+	}
+	if err := o.engineConfig(nil).Check(); err != nil {
+		return err
 	}
 	for i, f := range o.Capacities {
 		if !(f > 0) || math.IsInf(f, 1) || i > 0 && f <= o.Capacities[i-1] {
@@ -384,13 +391,15 @@ const GeneratedTracePrefix = "gen:"
 // LoadTrace reads the trace at path, with traceBlockSize tokens per hash
 // id (0: the default), the embedded one, or generates one named gen:NAME;
 // those two have their own block size, and traceBlockSize must be 0.
-func LoadTrace(path string, traceBlockSize int) (*replay.Trace, error) {
+// untimed accepts a file's records without timestamps, for a replay at a
+// fixed concurrency (--concurrency), as kvfast replay does.
+func LoadTrace(path string, traceBlockSize int, untimed bool) (*replay.Trace, error) {
 	tr, err := loadBuiltinTrace(path)
 	switch {
 	case err != nil:
 		return nil, err
 	case tr == nil:
-		return replay.LoadTrace(path, replay.TraceOptions{BlockSize: traceBlockSize})
+		return replay.LoadTrace(path, replay.TraceOptions{BlockSize: traceBlockSize, Untimed: untimed})
 	case traceBlockSize != 0 && traceBlockSize != cmp.Or(tr.BlockSize, replay.DefaultTraceBlockSize):
 		return nil, fmt.Errorf("cannot give the %s trace %d tokens per hash id: it has its own, %d; a trace block size is for a trace file",
 			cmp.Or(path, EmbeddedTrace), traceBlockSize, cmp.Or(tr.BlockSize, replay.DefaultTraceBlockSize))

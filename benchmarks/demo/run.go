@@ -225,19 +225,8 @@ func runPolicy(ctx context.Context, o *Options, spec runSpec, tr *replay.Trace, 
 		Node:       cfg,
 		SegmentDir: o.SegmentDir,
 		Engines:    o.Engines,
-		Engine: mocker.Config{
-			Model:            replay.DefaultModel,
-			BlockSize:        o.BlockSize,
-			KVBlocks:         o.KVBlocks,
-			MaxBatchedTokens: o.MaxBatchedTokens,
-			MaxSeqs:          o.MaxSeqs,
-			Timing:           o.Timing,
-			Speedup:          o.EngineSpeedup,
-			Renderer:         engineTok,
-			// Encode engines only.
-			EncoderCacheItems: o.EncoderCacheItems,
-		},
-		Roles: spec.roles,
+		Engine:     o.engineConfig(engineTok),
+		Roles:      spec.roles,
 	})
 	if err != nil {
 		return run, err
@@ -346,4 +335,20 @@ func routerConfig(o *Options, name string, tok *tokenizer) (node.Config, error) 
 	cfg.Segment.IndexCapacity = max(cfg.Segment.IndexCapacity, 2*o.Engines*o.KVBlocks)
 	cfg.Logger = o.Logger
 	return cfg, nil
+}
+
+// engineConfig is the mock engines' configuration.
+func (o *Options) engineConfig(tok mocker.Renderer) mocker.Config {
+	return mocker.Config{
+		Model:            replay.DefaultModel,
+		BlockSize:        o.BlockSize,
+		KVBlocks:         o.KVBlocks,
+		MaxBatchedTokens: o.MaxBatchedTokens,
+		MaxSeqs:          o.MaxSeqs,
+		Timing:           o.Timing,
+		Speedup:          o.EngineSpeedup,
+		Renderer:         tok,
+		// Encode engines only.
+		EncoderCacheItems: o.EncoderCacheItems,
+	}
 }

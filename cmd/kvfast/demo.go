@@ -252,7 +252,7 @@ func demoCommand(ctx context.Context, args []string, stdout, stderr io.Writer, s
 		return code
 	}
 	say := func(format string, a ...any) { fmt.Fprintf(stderr, "kvfast demo: "+format+"\n", a...) }
-	tr, err := demo.LoadTrace(o.Trace, o.TraceBlockSize)
+	tr, err := demo.LoadTrace(o.Trace, o.TraceBlockSize, o.Concurrency > 0)
 	if err == nil {
 		err = o.CheckFits(tr)
 	}
