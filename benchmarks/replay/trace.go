@@ -248,6 +248,12 @@ func ReadTrace(r io.Reader, source string, opts TraceOptions) (*Trace, error) {
 		}
 		rec, timed, err := decodeRecord(text, bs, opts.Untimed)
 		if err != nil {
+			// The scanner hands over what it read of the last line before
+			// it reports a read error (a gzip stream cut short): that
+			// error, not the half line's JSON, is what is wrong.
+			if !sc.Scan() && sc.Err() != nil && !errors.Is(sc.Err(), bufio.ErrTooLong) {
+				return nil, fmt.Errorf("cannot read trace %s after line %d: %w", source, line-1, sc.Err())
+			}
 			return nil, &RecordError{Source: source, Line: line, Err: err}
 		}
 		if !timed {

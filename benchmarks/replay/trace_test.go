@@ -6,6 +6,8 @@ import (
 	"compress/gzip"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -141,6 +143,20 @@ func TestReadTrace(t *testing.T) {
 			if err != nil || tr.Len() != 1 || tr.Records[0].HashIDs[0] != 7 {
 				t.Fatalf("%s: trace %+v, error %v", name, tr, err)
 			}
+		}
+	})
+	t.Run("gzip cut short", func(t *testing.T) {
+		var plain bytes.Buffer
+		for i := range 2000 {
+			fmt.Fprintf(&plain, `{"timestamp":%d,"input_length":1,"output_length":1,"hash_ids":[%d]}`+"\n", i, i)
+		}
+		var gz bytes.Buffer
+		zw := gzip.NewWriter(&gz)
+		_, _ = zw.Write(plain.Bytes())
+		_ = zw.Close()
+		_, err := ReadTrace(bytes.NewReader(gz.Bytes()[:gz.Len()/2]), "cut.jsonl.gz", TraceOptions{})
+		if err == nil || errors.Is(err, ErrBadRecord) || !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("error = %v, want the stream's unexpected EOF, not a bad record", err)
 		}
 	})
 	t.Run("empty", func(t *testing.T) {
