@@ -282,6 +282,18 @@ func TestRunOptions(t *testing.T) {
 			t.Errorf("bound %+v, want the head's %+v", res.Bound, want)
 		}
 	})
+	t.Run("base URL ending in /v1", func(t *testing.T) {
+		// As the OpenAI clients take it: /v1/v1/completions was a 404.
+		res, err := Run(context.Background(), Config{RouterURL: s.srv.URL + "/v1/", Trace: tr, Concurrency: 1, MaxRequests: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, q := range res.Requests {
+			if !q.OK() {
+				t.Errorf("request %d: %+v", i, q)
+			}
+		}
+	})
 	t.Run("output cap and smaller blocks", func(t *testing.T) {
 		res, err := Run(context.Background(), Config{RouterURL: s.srv.URL + "/v1/completions", Trace: tr, Concurrency: 3,
 			MaxRequests: 5, MaxOutputTokens: 2, Tokens: TokenSynth{BlockTokens: 4}})

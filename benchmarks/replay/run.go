@@ -51,7 +51,8 @@ var ErrBadConfig = errors.New("kvfast: bad replay config")
 type Config struct {
 	// RouterURL is the router's base URL (DefaultRouterURL if empty); the
 	// workload's endpoint, /v1/completions or /v1/chat/completions, is
-	// appended unless the path already ends with it.
+	// appended unless the path already ends with it, without a second /v1
+	// when the base URL ends in one (as the OpenAI clients take it).
 	RouterURL string
 	// Trace is the workload. Required.
 	Trace *Trace
@@ -373,7 +374,14 @@ func endpointURL(base, path string) (string, error) {
 		return "", fmt.Errorf("router URL %q is not an http(s) URL with a host", redact.Endpoint(base))
 	}
 	if !strings.HasSuffix(u.Path, path) {
-		u.Path = strings.TrimSuffix(u.Path, "/") + path
+		base := strings.TrimSuffix(u.Path, "/")
+		if strings.HasPrefix(path, "/v1/") {
+			// A base URL as the OpenAI clients take it ends in /v1: the
+			// path appended has its own (/v1/v1/completions was a 404
+			// for every request).
+			base = strings.TrimSuffix(base, "/v1")
+		}
+		u.Path = base + path
 	}
 	return u.String(), nil
 }
