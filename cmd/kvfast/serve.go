@@ -451,13 +451,11 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 
 // writeDemoTokenizer gives every --tokenizer MODEL=demo the files of the
 // demo tokenizer the mock engines use (kvfast mock --tokenizer demo),
-// written to a temporary directory that cleanup removes. A directory
-// named "demo" in the working directory still wins.
+// written to a temporary directory that cleanup removes. "demo" names the
+// built-in whatever the working directory holds, as it does for kvfast
+// mock and kvfast tokenize: a tokenizer directory named demo is ./demo.
 func writeDemoTokenizer(cfg *node.Config) (cleanup func(), err error) {
 	cleanup = func() {}
-	if _, err := os.Stat(demotok.Name); err == nil {
-		return cleanup, nil
-	}
 	dir := ""
 	for i, s := range cfg.Tokenizers.Specs {
 		if s.Source.Kind != prompt.SourceDir || s.Source.Path != demotok.Name {

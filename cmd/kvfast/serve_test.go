@@ -355,3 +355,29 @@ func TestJSONLogDurations(t *testing.T) {
 		t.Fatalf("log line %s", b.String())
 	}
 }
+
+// TestDemoTokenizerIgnoresWorkingDirectory: MODEL=demo is the built-in
+// tokenizer wherever serve runs, as for kvfast mock and tokenize; a
+// directory named demo there (the repo's benchmarks/ has one) had taken
+// its place and failed the start.
+func TestDemoTokenizerIgnoresWorkingDirectory(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "demo"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	cfg := node.DefaultConfig()
+	cfg.Tokenizers.Specs = []prompt.Spec{{Model: "mock", Source: prompt.Source{Kind: prompt.SourceDir, Path: "demo"}}}
+	cleanup, err := writeDemoTokenizer(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanup()
+	got := cfg.Tokenizers.Specs[0].Source.Path
+	if got == "demo" {
+		t.Fatal("MODEL=demo left pointing at ./demo")
+	}
+	if _, err := os.Stat(filepath.Join(got, "tokenizer.json")); err != nil {
+		t.Fatalf("the built-in tokenizer's files: %v", err)
+	}
+}
