@@ -320,12 +320,16 @@ const adapterKickGap = 250 * time.Millisecond
 // ingester, or another router holds that role). Registered workers are
 // routable already: New synced the registry before it returned.
 func (n *Node) awaitSettled(ctx context.Context) {
+	start := time.Now()
 	select {
 	case <-n.settled:
-		return // settled in New
+		// Settled in New (no static worker waits on its model, no index to
+		// repair): said all the same, so that the log has its ready line,
+		// or its warning that nothing can be routed.
+		n.logSettled(start)
+		return
 	default:
 	}
-	start := time.Now()
 	timeout := time.NewTimer(n.cfg.DiscoveryTimeout)
 	defer timeout.Stop()
 	select {

@@ -1418,3 +1418,23 @@ func TestRunDrainsBeforeClosing(t *testing.T) {
 		t.Fatal("a second signal did not end the shutdown delay")
 	}
 }
+
+// TestReadyLineWhenSettledInNew: a router that settles as New returns (no
+// segment, no worker waiting on its model) still says how it started: the
+// warning when nothing can be routed, the ready line when a worker can be.
+func TestReadyLineWhenSettledInNew(t *testing.T) {
+	const unready = "router started, but no worker is healthy yet: /ready answers 503, and requests get 503 until one is (at once with no worker known, after the queue wait with workers down)"
+	var ready, notReady atomic.Int64
+	cfg := testConfig(t)
+	cfg.Segment.Path = ""
+	cfg.Logger = slog.New(countLog{"router ready": &ready, unready: &notReady})
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	waitFor(t, "the start-up line", func() bool { return ready.Load()+notReady.Load() > 0 })
+	if notReady.Load() != 1 || ready.Load() != 0 {
+		t.Fatalf("with no worker: %d ready lines, %d warnings; want the warning alone", ready.Load(), notReady.Load())
+	}
+}
