@@ -204,6 +204,9 @@ func serve(ctx context.Context, cfg Config, src Source, l Listeners, ln, hln, ml
 	// Not ready from here: a probe that still saw SERVING through the
 	// drain kept the gateway sending to a picker that refuses streams.
 	s.ready.set(func(r *readiness) { r.draining = true })
+	if runErr == nil {
+		p.log.Info("shutting down: readiness NOT_SERVING, open streams drain", "deadline", l.Drain)
+	}
 	drained := make(chan struct{})
 	go func() {
 		g.GracefulStop()
@@ -228,5 +231,6 @@ func serve(ctx context.Context, cfg Config, src Source, l Listeners, ln, hln, ml
 	if runErr != nil {
 		return fmt.Errorf("cannot serve: %w", runErr)
 	}
+	p.log.Info("endpoint picker stopped")
 	return nil
 }
