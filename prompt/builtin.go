@@ -76,14 +76,14 @@ func NewBuiltin(model string, files Files, cfg Config) (*Builtin, error) {
 	cacheBytes, maxRenderBytes := cfg.PrefixCacheBytes, cfg.MaxRenderBytes
 	tok, err := tokenizer.Load(files.Dir)
 	if err != nil {
-		return nil, fmt.Errorf("cannot load %s's tokenizer: %w", model, err)
+		return nil, fmt.Errorf("cannot load the tokenizer of model %q: %w", model, err)
 	}
 	tc := tok.Config()
 	b := &Builtin{model: model, tok: tok, bos: tc.BOSToken, eos: tc.EOSToken, maxBytes: maxRenderBytes,
 		seed: xxhash.Sum64String("kvfast/prompt-cache\x00" + files.Dir)}
 	if tc.ChatTemplate != "" {
 		if b.tmpl, err = chat.Compile(tc.ChatTemplate); err != nil {
-			return nil, fmt.Errorf("cannot compile %s's chat template: %w", model, err)
+			return nil, fmt.Errorf("cannot compile the chat template of model %q: %w", model, err)
 		}
 	}
 	if cacheBytes > 0 {

@@ -99,7 +99,7 @@ func (r *Registry) build(model string, src Source) (*entry, error) {
 	}
 	files, err := ResolveFiles(src)
 	if err != nil {
-		return nil, fmt.Errorf("cannot configure %s's tokenizer: %w", model, err)
+		return nil, fmt.Errorf("cannot configure the tokenizer of model %q: %w", model, err)
 	}
 	b, err := NewBuiltin(model, files, r.cfg)
 	if err != nil {
