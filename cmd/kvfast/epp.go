@@ -161,7 +161,8 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 	if fs.NArg() > 0 {
 		return fail(errors.New(extraArgument(fs)))
 	}
-	if err := applyEnv(fs, eppEnvPrefix, stderr); err != nil {
+	unknownEnv, err := applyEnv(fs, eppEnvPrefix)
+	if err != nil {
 		return fail(err)
 	}
 	mode, ok := bodyModes[o.bodyMode]
@@ -173,6 +174,7 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 	if err != nil {
 		return fail(err)
 	}
+	warnUnknownEnv(log, "epp", unknownEnv)
 	cfg.Logger = log
 	if o.engineToken != "" {
 		if cfg.EngineToken, err = readToken("engine API key", o.engineToken); err != nil {

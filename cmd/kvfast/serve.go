@@ -334,11 +334,11 @@ const (
 
 // applyEnv sets every flag not given on the command line from
 // prefix<FLAG_NAME>, so that containers can configure the command through
-// the environment. A variable of the prefix that names no flag (a
-// misspelling, which would silently change nothing) is warned about on
-// warn, except the publishers' own (publisherEnv) and, for serve, the
-// picker's.
-func applyEnv(fs *flag.FlagSet, prefix string, warn io.Writer) error {
+// the environment. It returns the variables of the prefix that name no
+// flag (a misspelling, which would silently change nothing), for the
+// caller to warn about in its log, except the publishers' own
+// (publisherEnv) and, for serve, the picker's.
+func applyEnv(fs *flag.FlagSet, prefix string) (unknown []string, err error) {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	for _, kv := range os.Environ() {
@@ -348,8 +348,7 @@ func applyEnv(fs *flag.FlagSet, prefix string, warn io.Writer) error {
 			continue
 		}
 		if fs.Lookup(strings.ToLower(strings.ReplaceAll(rest, "_", "-"))) == nil {
-			fmt.Fprintf(warn, "kvfast %s: warning: ignoring %s: no flag --%s (kvfast %s --help lists them)\n",
-				fs.Name(), name, strings.ToLower(strings.ReplaceAll(rest, "_", "-")), fs.Name())
+			unknown = append(unknown, name)
 		}
 	}
 	var errs []error
@@ -369,7 +368,17 @@ func applyEnv(fs *flag.FlagSet, prefix string, warn io.Writer) error {
 			}
 		}
 	})
-	return errors.Join(errs...)
+	return unknown, errors.Join(errs...)
+}
+
+// warnUnknownEnv logs the variables applyEnv found naming no flag of
+// command, in the log's own format (a plain line before JSON ones broke
+// a log shipper's parsing).
+func warnUnknownEnv(log *slog.Logger, command string, unknown []string) {
+	for _, name := range unknown {
+		log.Warn("ignoring an environment variable that names no flag (kvfast "+command+" --help lists them)",
+			"variable", name, "flag", "--"+strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(strings.TrimPrefix(name, eppEnvPrefix), serveEnvPrefix), "_", "-")))
+	}
 }
 
 // publisherEnv is the KVFAST_ variables that are no flag's: the engines'
@@ -425,7 +434,8 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 		fmt.Fprintf(stderr, "kvfast serve: %s\n", extraArgument(fs))
 		return cfg, 2, false
 	}
-	if err := applyEnv(fs, serveEnvPrefix, stderr); err != nil {
+	unknownEnv, err := applyEnv(fs, serveEnvPrefix)
+	if err != nil {
 		fmt.Fprintln(stderr, "kvfast serve:", err)
 		return cfg, 2, false
 	}
@@ -441,6 +451,7 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 		fmt.Fprintln(stderr, "kvfast serve:", err)
 		return cfg, 2, false
 	}
+	warnUnknownEnv(log, "serve", unknownEnv)
 	cfg.Logger = log
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintln(stderr, "kvfast serve:", err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
@@ -62,8 +63,17 @@ func TestServeConfig(t *testing.T) {
 		if _, _, ok := serveConfig([]string{"--segment", "none"}, &stderr); !ok {
 			t.Fatalf("refused: %s", stderr.String())
 		}
-		if msg := stderr.String(); !strings.Contains(msg, "ignoring KVFAST_POLICYY") || strings.Contains(msg, "KVFAST_MODEL") {
+		if msg := stderr.String(); !strings.Contains(msg, "variable=KVFAST_POLICYY") || !strings.Contains(msg, "flag=--policyy") || strings.Contains(msg, "KVFAST_MODEL") {
 			t.Errorf("stderr:\n%s", msg)
+		}
+		// In the log's format: with JSON logs, a JSON line.
+		stderr.Reset()
+		if _, _, ok := serveConfig([]string{"--segment", "none", "--log-format", "json"}, &stderr); !ok {
+			t.Fatalf("refused: %s", stderr.String())
+		}
+		var line struct{ Level, Msg, Variable string }
+		if err := json.Unmarshal([]byte(strings.TrimSpace(stderr.String())), &line); err != nil || line.Level != "WARN" || line.Variable != "KVFAST_POLICYY" {
+			t.Errorf("with --log-format json: %v %+v\n%s", err, line, stderr.String())
 		}
 	})
 	t.Run("a bad flag: the error, not the flag list", func(t *testing.T) {
