@@ -216,6 +216,12 @@ func create(path string, opts Options, replace func()) (*Segment, error) {
 	tmp := fmt.Sprintf("%s.tmp-%d-%x", path, os.Getpid(), nonce[:4])
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, fs.ErrNotExist) {
+		// ENOENT from a create is a missing directory, or a file system
+		// (procfs, sysfs) that creates no files where it says the
+		// directory is.
+		if st, serr := os.Stat(filepath.Dir(path)); serr == nil && st.IsDir() {
+			return nil, fmt.Errorf("cannot create shm segment %s: directory %s takes no new files (%w): use a directory on tmpfs, such as /dev/shm", path, filepath.Dir(path), err)
+		}
 		return nil, fmt.Errorf("cannot create shm segment %s: directory %s does not exist: %w", path, filepath.Dir(path), fs.ErrNotExist)
 	}
 	if err != nil {
@@ -313,6 +319,16 @@ var tempName = regexp.MustCompile(`^(.+)\.tmp-([0-9]+)-[0-9a-f]{8}$`)
 func attach(path string, withIndex, allowForeign bool) (*Segment, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
+		if st, serr := os.Stat(path); errors.Is(err, fs.ErrPermission) && serr == nil {
+			// Someone else's segment: say whose, and what mends it.
+			owner := -1
+			if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+				owner = int(sys.Uid)
+			}
+			return nil, fmt.Errorf("cannot attach shm segment %s: %w: it is owned by uid %d with mode %#o, and the router runs as uid %d; "+
+				"delete it (or start the router with --recreate-segment), or give it to this user: `chown %d %s && chmod 600 %s`",
+				path, err, owner, st.Mode().Perm(), os.Geteuid(), os.Geteuid(), path, path)
+		}
 		return nil, err
 	}
 	st, err := f.Stat()
