@@ -241,6 +241,9 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 			ofLRU = &f
 		}
 	}
+	// records is the trace's requests, which bound and pooled_lru cover;
+	// comparable, that every one reported usage, so that hit_rate may be
+	// set against them (not after an interrupt).
 	return json.Marshal(struct {
 		Source             string         `json:"source"`
 		Workload           string         `json:"workload"`
@@ -248,9 +251,11 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 		Speedup            float64        `json:"speedup,omitempty"`
 		Concurrency        int            `json:"concurrency,omitempty"`
 		BlockTokens        int            `json:"block_tokens"`
+		Records            int            `json:"records"`
 		Requests           int            `json:"requests"`
 		Succeeded          int            `json:"succeeded"`
 		Errors             int            `json:"errors"`
+		Comparable         bool           `json:"comparable"`
 		TTFTP50            *float64       `json:"ttft_p50_ms"`
 		TTFTP90            *float64       `json:"ttft_p90_ms"`
 		TTFTP99            *float64       `json:"ttft_p99_ms"`
@@ -277,7 +282,7 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 		ErrorSamples       []string       `json:"error_samples,omitempty"`
 	}{
 		s.Source, s.Workload, s.Mode, s.Speedup, s.Concurrency, s.BlockTokens,
-		s.Requests, s.Succeeded, s.Errors,
+		s.Records, s.Requests, s.Succeeded, s.Errors, s.Comparable(),
 		msIf(s.TTFTP50, lat), msIf(s.TTFTP90, lat), msIf(s.TTFTP99, lat),
 		msIf(s.ITLMean, itl), msIf(s.ITLP50, itl), msIf(s.ITLP90, itl), msIf(s.ITLP99, itl),
 		msIf(s.LatencyP50, lat), msIf(s.LatencyP99, lat),

@@ -129,6 +129,13 @@ func TestSummary(t *testing.T) {
 	if back["ttft_p50_ms"] != 25.0 || back["itl_p50_ms"] != 2.0 || back["itl_p90_ms"] != 3.0 || back["hit_rate"] != 0.3 || back["errors"] != 2.0 {
 		t.Fatalf("JSON %s", js)
 	}
+	// Not every record reported usage: the JSON says so, as the text does.
+	if back["comparable"] != false || back["records"] != float64(s.Records) {
+		t.Fatalf("records and comparable: JSON %s", js)
+	}
+	if js, err := json.Marshal(all); err != nil || !strings.Contains(string(js), `"comparable":true`) {
+		t.Fatalf("every request answered: JSON %s, %v", js, err)
+	}
 
 	noUsage := fakeResult([]float64{1}, 0, 0, 0).Summary()
 	if noUsage.HitRateKnown() || !math.IsNaN(noUsage.HitFractionOfBound()) {
