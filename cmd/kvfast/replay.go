@@ -12,11 +12,13 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/term"
 
+	"github.com/kvfast/kvfast/benchmarks/demo"
 	"github.com/kvfast/kvfast/benchmarks/replay"
 )
 
@@ -94,7 +96,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 	var (
 		router      = fs.String("router", replay.DefaultRouterURL, "router base `URL`; /v1/completions (chat: /v1/chat/completions) is appended")
 		workload    = fs.String("workload", replay.WorkloadTokens, "what each record becomes: tokens (token-id prompts), chat (conversations) or multimodal (conversations with images)")
-		tracePath   = fs.String("trace", "", "trace `file` (JSONL), or \"embedded\" (default: "+replay.SharedTracePath+" if present, else embedded)")
+		tracePath   = fs.String("trace", "", "trace `file` (JSONL), \"embedded\", or a generated trace, gen:low or gen:high, as kvfast demo's (default: "+replay.SharedTracePath+" if present, else embedded)")
 		traceBlock  = fs.Int("trace-block-size", replay.DefaultTraceBlockSize, "tokens per hash id in the trace")
 		maxRequests = fs.Int("max-requests", 0, "replay only the first `N` records (0: all)")
 		speedup     = fs.Float64("speedup", 1, "divide trace time by `factor` (timestamp mode)")
@@ -260,6 +262,10 @@ func loadReplayTrace(path string, opts replay.TraceOptions, notef func(string, .
 			notef("no --trace given (and no %s): replaying the embedded trace, the last 600 records of the Mooncake synthetic trace; --trace FILE replays another", replay.SharedTracePath)
 		}
 		return tr, err
+	}
+	if strings.HasPrefix(path, demo.GeneratedTracePrefix) {
+		// The demo's generated traces, by the same names.
+		return demo.LoadTrace(path, opts.BlockSize, opts.Untimed)
 	}
 	return replay.LoadTrace(path, opts)
 }

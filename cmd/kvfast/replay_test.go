@@ -69,10 +69,19 @@ func TestReplayCommand(t *testing.T) {
 			{"--trace", filepath.Join(t.TempDir(), "missing.jsonl")},
 			{"--trace", trace, "--trace-block-size", "8"}, // 600 tokens need 75 blocks of 8
 			{"--trace", trace, "--max-body-bytes", "1000"},
+			{"--trace", "gen:medium"},                          // no such generated trace
+			{"--trace", "gen:low", "--trace-block-size", "16"}, // it has its own
 		} {
 			if code, _, stderr := run(args...); code != 2 || stderr == "" {
 				t.Errorf("%q: code %d, stderr %q", args, code, stderr)
 			}
+		}
+	})
+	t.Run("a generated trace, as the demo's", func(t *testing.T) {
+		open := replayStandIn(t, false)
+		code, stdout, stderr := run("--router", open, "--trace", "gen:low", "--max-requests", "3", "--concurrency", "1", "--block-tokens", "4", "--json")
+		if code != 0 || !strings.Contains(stdout, `"source": "generated:low"`) {
+			t.Fatalf("code %d, stdout %s, stderr %s", code, stdout, stderr)
 		}
 	})
 	t.Run("api key", func(t *testing.T) {
