@@ -49,9 +49,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	defer s.active.exit()
-	if s.draining.Load() {
-		ctx.SetConnectionClose()
-	}
+	// Checked as the handler returns, before fasthttp writes the header
+	// (a stream's too): an error answer resets the response, flag and
+	// all, and a request that began before Drain ends after it.
+	defer s.closeIfDraining(ctx)
 	if hasObsFold(ctx.Request.Header.RawHeaders()) {
 		// A header fasthttp read but that a proxy may read another way:
 		// refused before it is a request, like what fasthttp cannot read.
@@ -300,6 +301,14 @@ func entryOf(name string, ns modelNamespace, created int64) modelEntry {
 		m.Parent = ns.name
 	}
 	return m
+}
+
+// closeIfDraining makes the answer close its connection while the router
+// drains (Drain), so that keep-alive clients dial again elsewhere.
+func (s *Server) closeIfDraining(ctx *fasthttp.RequestCtx) {
+	if s.draining.Load() {
+		ctx.SetConnectionClose()
+	}
 }
 
 // serveReady says whether the router can route at all: at least one

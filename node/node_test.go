@@ -1368,6 +1368,18 @@ func TestRunDrainsBeforeClosing(t *testing.T) {
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Segment.Path = ""
 	cfg.ShutdownDelay = time.Hour // only the second signal can end it
+	// An engine that passes its health checks and drops every completion
+	// unanswered: the router's 502 resets the response it had begun.
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/completions" {
+			return // 200: /health, /v1/models
+		}
+		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			c.Close()
+		}
+	}))
+	defer engine.Close()
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: engine.URL, Model: "m"}}
 	logs := logAddr{once: new(sync.Once), addr: make(chan string, 1), hup: make(chan struct{}, 1)}
 	cfg.Logger = slog.New(logs)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -1399,6 +1411,15 @@ func TestRunDrainsBeforeClosing(t *testing.T) {
 	})
 	if status, _, closed := get("/health"); status != http.StatusOK || !closed {
 		t.Fatalf("/health while draining: status %d, connection closed %v; want 200 and closed", status, closed)
+	}
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":[1,2,3],"max_tokens":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || !resp.Close {
+		t.Fatalf("a failed completion while draining: status %d, connection closed %v; want 502 and closed", resp.StatusCode, resp.Close)
 	}
 	select {
 	case err := <-ran:
