@@ -64,7 +64,8 @@
 // Every attempt is also a verdict on its engine (passive health,
 // OutlierConfig): consecutive failures or a failure rate over a window
 // eject the engine for a backoff that grows with each ejection in a row,
-// with at most MaxEjectedPercent of the engines out at once. A 5xx of a
+// with at most MaxEjectedPercent of each ejection group's engines (the
+// router's groups are roles: Engine.SetEjectionGroup) out at once. A 5xx of a
 // request whose caller retries it elsewhere waits in the request's
 // Attempts: it counts when another engine serves the request, and at the
 // request's end only against an engine that served nothing else within

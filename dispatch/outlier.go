@@ -31,10 +31,12 @@ type OutlierConfig struct {
 	// engine then serves without being ejected again forgives one step.
 	// Defaults 30s and 5m.
 	BaseEjection, MaxEjection time.Duration
-	// MaxEjectedPercent bounds the share of the pool's engines ejected at
-	// once, rounded down: ejection must not empty the pool because of a
-	// fault on the router's side. An engine over the bound stays in
-	// selection, and retries route around it. Default 50.
+	// MaxEjectedPercent bounds the share of each ejection group's engines
+	// (Engine.SetEjectionGroup) ejected at once, rounded down: ejection
+	// must not empty the pool, or a role's part of it, because of a fault
+	// on the router's side. Below 100 the last engine of a group is never
+	// ejected. An engine over the bound stays in selection, and retries
+	// route around it. Default 50.
 	MaxEjectedPercent int
 }
 

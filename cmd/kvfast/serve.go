@@ -151,7 +151,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.DurationVar(&oc.Window, "eject-window", oc.Window, "window of --eject-failure-percent, and how recently an engine must have served for a request every engine failed with 5xx to count not against it")
 	fs.DurationVar(&oc.BaseEjection, "eject-base-time", oc.BaseEjection, "first ejection's length; the n-th in a row lasts n times as long")
 	fs.DurationVar(&oc.MaxEjection, "eject-max-time", oc.MaxEjection, "longest ejection")
-	fs.IntVar(&oc.MaxEjectedPercent, "eject-max-percent", oc.MaxEjectedPercent, "at most this percentage of the engines of each role (both, prefill, decode, encode; rounded down) is ejected at once, so a lone engine of its role never is (0: no ejection)")
+	fs.IntVar(&oc.MaxEjectedPercent, "eject-max-percent", oc.MaxEjectedPercent, "at most this percentage of the engines of each role (both, prefill, decode, encode; rounded down) is ejected at once, so that below 100 a lone engine of its role never is (0: no ejection)")
 	fs.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", cfg.HTTP.MaxConnsPerIP, "concurrent connections from one client address, beyond which it gets 429, counted apart on the API and admin listeners (0: no bound; behind one proxy, raise it to --max-conns)")
 	fs.Int64Var(&cfg.HTTP.BodyBudgetBytes, "body-budget-bytes", cfg.HTTP.BodyBudgetBytes, "request body bytes held in memory at once over all requests; charged as bodies arrive (64 KiB at once, then fourfold); a body that does not fit gets 503 with Retry-After (at least --max-body-bytes)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM, how long in-flight streams may finish before they are cut")
