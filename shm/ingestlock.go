@@ -54,6 +54,41 @@ func (s *Segment) UnlockIngester() error {
 	return unix.Flock(int(s.f.Fd()), unix.LOCK_UN)
 }
 
+// IngesterHeld reports whether some process (this one included) holds
+// the ingester role now: the flock, which the kernel drops with its
+// holder, not the recorded PID, which outlives it and names a process of
+// another PID namespace when the router runs in a container. It probes
+// with a shared lock taken, and at once released, on a description of
+// its own of the same file.
+func (s *Segment) IngesterHeld() (bool, error) {
+	if s.closed.Load() {
+		return false, ErrClosed
+	}
+	// Closing any descriptor of the file drops this process's POSIX record
+	// locks on it, the registry lock among them (as Close, wait for
+	// registrations in flight).
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	f, err := os.Open(fmt.Sprintf("/proc/self/fd/%d", s.f.Fd()))
+	if err != nil {
+		return false, fmt.Errorf("cannot probe the ingester lock of %s: %w", s.path, err)
+	}
+	defer f.Close()
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	switch {
+	case err == unix.EWOULDBLOCK:
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("cannot probe the ingester lock of %s: %w", s.path, err)
+	}
+	return false, nil // closing f drops the shared lock
+}
+
 // IngesterInfo is who ingests, as recorded by the lock holder.
 type IngesterInfo struct {
 	PID   uint64

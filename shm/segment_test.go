@@ -383,3 +383,44 @@ func TestCreateSweepsDeadProcessesTemps(t *testing.T) {
 		t.Errorf("a file not named as create names its temporary files was removed: %v", err)
 	}
 }
+
+// TestIngesterHeld: the probe reports the flock, whoever holds it (this
+// handle or another), and leaves it as it found it.
+func TestIngesterHeld(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	other, err := Open(path, Options{NoCreate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	held := func(s *Segment) bool {
+		t.Helper()
+		h, err := s.IngesterHeld()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	if held(seg) || held(other) {
+		t.Fatal("held before anyone locked it")
+	}
+	if ok, err := seg.TryLockIngester(); !ok || err != nil {
+		t.Fatalf("lock: %v %v", ok, err)
+	}
+	if !held(seg) || !held(other) {
+		t.Fatal("not held while a handle holds it")
+	}
+	// The probe took nothing: the other handle still cannot lock.
+	if ok, _ := other.TryLockIngester(); ok {
+		t.Fatal("a second ingester after the probe")
+	}
+	if err := seg.UnlockIngester(); err != nil {
+		t.Fatal(err)
+	}
+	if held(other) {
+		t.Fatal("held after the unlock")
+	}
+	if ok, err := other.TryLockIngester(); !ok || err != nil {
+		t.Fatalf("the other handle cannot lock after the probes: %v %v", ok, err)
+	}
+}

@@ -12,8 +12,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -80,12 +78,15 @@ const verifyAttempts = 5
 // that never clear are reported as inconclusive, not as damage.
 func verifyIndex(seg *shm.Segment, stdout, stderr io.Writer) int {
 	pid := seg.Ingester().PID
-	live := pid != 0 && pid <= math.MaxInt32 && !errors.Is(unix.Kill(int(pid), 0), unix.ESRCH)
+	live, err := seg.IngesterHeld()
+	if err != nil {
+		fmt.Fprintln(stderr, "kvfast:", err)
+		live = true // unknown: a failed check is then inconclusive, not damage
+	}
 	attempts := 1
 	if live {
 		attempts = verifyAttempts
 	}
-	var err error
 	for i := range attempts {
 		if err = seg.Index().Verify(); err == nil {
 			if i > 0 {
