@@ -163,15 +163,18 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 	}
 	unknownEnv, err := applyEnv(fs, eppEnvPrefix)
 	if err != nil {
+		printUnknownEnv(stderr, "epp", unknownEnv)
 		return fail(err)
 	}
 	mode, ok := bodyModes[o.bodyMode]
 	if !ok {
+		printUnknownEnv(stderr, "epp", unknownEnv)
 		return fail(fmt.Errorf("cannot use request body mode %q: want full-duplex, buffered, buffered-partial, none or streamed", o.bodyMode))
 	}
 	cfg.RequestBodyMode = mode
 	log, err := newLogger(stderr, o.log.level, o.log.format)
 	if err != nil {
+		printUnknownEnv(stderr, "epp", unknownEnv)
 		return fail(err)
 	}
 	warnUnknownEnv(log, "epp", unknownEnv)

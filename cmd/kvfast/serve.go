@@ -371,13 +371,27 @@ func applyEnv(fs *flag.FlagSet, prefix string) (unknown []string, err error) {
 	return unknown, errors.Join(errs...)
 }
 
+// printUnknownEnv is warnUnknownEnv for a start that fails before there
+// is a log: a plain line each, since a misspelt variable may be why it
+// failed.
+func printUnknownEnv(w io.Writer, command string, unknown []string) {
+	for _, name := range unknown {
+		fmt.Fprintf(w, "kvfast %s: warning: ignoring %s: no flag --%s (kvfast %s --help lists them)\n", command, name, envFlagName(name), command)
+	}
+}
+
+// envFlagName is the flag a KVFAST_ or KVFAST_EPP_ variable would set.
+func envFlagName(name string) string {
+	return strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(strings.TrimPrefix(name, eppEnvPrefix), serveEnvPrefix), "_", "-"))
+}
+
 // warnUnknownEnv logs the variables applyEnv found naming no flag of
 // command, in the log's own format (a plain line before JSON ones broke
 // a log shipper's parsing).
 func warnUnknownEnv(log *slog.Logger, command string, unknown []string) {
 	for _, name := range unknown {
 		log.Warn("ignoring an environment variable that names no flag (kvfast "+command+" --help lists them)",
-			"variable", name, "flag", "--"+strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(strings.TrimPrefix(name, eppEnvPrefix), serveEnvPrefix), "_", "-")))
+			"variable", name, "flag", "--"+envFlagName(name))
 	}
 }
 
@@ -436,6 +450,7 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 	}
 	unknownEnv, err := applyEnv(fs, serveEnvPrefix)
 	if err != nil {
+		printUnknownEnv(stderr, "serve", unknownEnv)
 		fmt.Fprintln(stderr, "kvfast serve:", err)
 		return cfg, 2, false
 	}
@@ -443,11 +458,13 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 		cfg.Segment.Path = ""
 	}
 	if err := sec.load(&cfg); err != nil {
+		printUnknownEnv(stderr, "serve", unknownEnv)
 		fmt.Fprintln(stderr, "kvfast serve:", err)
 		return cfg, 2, false
 	}
 	log, err := newLogger(stderr, lo.level, lo.format)
 	if err != nil {
+		printUnknownEnv(stderr, "serve", unknownEnv)
 		fmt.Fprintln(stderr, "kvfast serve:", err)
 		return cfg, 2, false
 	}

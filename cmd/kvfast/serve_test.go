@@ -66,7 +66,14 @@ func TestServeConfig(t *testing.T) {
 		if msg := stderr.String(); !strings.Contains(msg, "variable=KVFAST_POLICYY") || !strings.Contains(msg, "flag=--policyy") || strings.Contains(msg, "KVFAST_MODEL") {
 			t.Errorf("stderr:\n%s", msg)
 		}
-		// In the log's format: with JSON logs, a JSON line.
+		// A start that fails before there is a log still names it: the
+		// misspelling may be why it failed.
+		stderr.Reset()
+		if _, code, ok := serveConfig([]string{"--segment", "none", "--log-format", "yaml"}, &stderr); ok || code != 2 ||
+			!strings.Contains(stderr.String(), "ignoring KVFAST_POLICYY") {
+			t.Errorf("a failed start: ok %v, exit %d, stderr:\n%s", ok, code, stderr.String())
+		}
+		// Otherwise in the log's format: with JSON logs, a JSON line.
 		stderr.Reset()
 		if _, _, ok := serveConfig([]string{"--segment", "none", "--log-format", "json"}, &stderr); !ok {
 			t.Fatalf("refused: %s", stderr.String())
