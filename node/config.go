@@ -478,7 +478,10 @@ func hostPort(endpoint string) (string, error) {
 	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
 		return "", fmt.Errorf("cannot use endpoint %q: the port must be a number from 1 to 65535", redact.Endpoint(endpoint))
 	}
-	if net.ParseIP(host) == nil && !validHostname(host) {
+	// An empty host dials this machine; an IPv6 address may carry a zone
+	// (fe80::1%eth0).
+	addr, _, _ := strings.Cut(host, "%")
+	if host != "" && net.ParseIP(addr) == nil && !validHostname(host) {
 		return "", fmt.Errorf("cannot use endpoint %q: %q is neither an IP address nor a host name", redact.Endpoint(endpoint), host)
 	}
 	return endpoint, nil

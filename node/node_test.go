@@ -1441,8 +1441,10 @@ func TestRunDrainsBeforeClosing(t *testing.T) {
 }
 
 // TestReadyLineWhenSettledInNew: a router that settles as New returns (no
-// segment, no worker waiting on its model) still says how it started: the
-// warning when nothing can be routed, the ready line when a worker can be.
+// segment, no worker waiting on its model) still says how it started:
+// here, with no worker, the warning that nothing can be routed (it logged
+// nothing; the ready line is logSettled's other branch, which
+// TestReadyLineMatchesReady covers).
 func TestReadyLineWhenSettledInNew(t *testing.T) {
 	const unready = "router started, but no worker is healthy yet: /ready answers 503, and requests get 503 until one is (at once with no worker known, after the queue wait with workers down)"
 	var ready, notReady atomic.Int64
@@ -1457,5 +1459,22 @@ func TestReadyLineWhenSettledInNew(t *testing.T) {
 	waitFor(t, "the start-up line", func() bool { return ready.Load()+notReady.Load() > 0 })
 	if notReady.Load() != 1 || ready.Load() != 0 {
 		t.Fatalf("with no worker: %d ready lines, %d warnings; want the warning alone", ready.Load(), notReady.Load())
+	}
+}
+
+// TestHostPort: what a worker's endpoint may be. A typo is refused at
+// start; what dialed before the host check stays accepted.
+func TestHostPort(t *testing.T) {
+	for _, ok := range []string{"127.0.0.1:8000", "http://127.0.0.1:8000", "engine-0.svc.cluster.local:8000", "engine_0:8000",
+		"[::1]:8000", "[fe80::1%eth0]:8000", ":8000", "localhost:09001"} {
+		if _, err := hostPort(ok); err != nil {
+			t.Errorf("hostPort(%q): %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"http//127.0.0.1:8000", "127.0.0.1:99999", "127.0.0.1:0", "host:port", "ftp://h:1",
+		"user:pw@h:1", "127.0.0.1", "a..b:80", "bad host:80"} {
+		if _, err := hostPort(bad); err == nil {
+			t.Errorf("hostPort(%q) accepted", bad)
+		}
 	}
 }
