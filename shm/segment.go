@@ -326,8 +326,9 @@ func attach(path string, withIndex, allowForeign bool) (*Segment, error) {
 				owner = int(sys.Uid)
 			}
 			return nil, fmt.Errorf("cannot attach shm segment %s: %w: it is owned by uid %d with mode %#o, and the router runs as uid %d; "+
-				"delete it (or start the router with --recreate-segment), or give it to this user: `chown %d %s && chmod 600 %s`",
-				path, err, owner, st.Mode().Perm(), os.Geteuid(), os.Geteuid(), path, path)
+				"its owner or root can delete it (in a sticky directory such as /dev/shm no one else can, nor replace it with --recreate-segment), "+
+				"or give it to this user: `chown %d %s && chmod 600 %s`; or run the router as uid %d, or give it another --segment",
+				path, err, owner, st.Mode().Perm(), os.Geteuid(), os.Geteuid(), path, path, owner)
 		}
 		return nil, err
 	}
