@@ -145,6 +145,12 @@ func TestOptions(t *testing.T) {
 	if err := o.CheckFits(tr); err == nil || !strings.Contains(err.Error(), "at 0.01x capacity") {
 		t.Errorf("a sweep down to 0.01x: %v", err)
 	}
+	// And the engines each point asks for: at 10^5 times the working set,
+	// more blocks than a mock engine allocates.
+	o.Capacities = []float64{1, 1e5}
+	if err := o.CheckFits(tr); err == nil || !strings.Contains(err.Error(), "at 100000x capacity") {
+		t.Errorf("a sweep up to 1e5x: %v", err)
+	}
 	for _, bad := range []func(*Options){
 		func(o *Options) { o.Policies = nil },
 		func(o *Options) { o.Policies = []string{"fastest"} },

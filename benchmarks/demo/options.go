@@ -455,7 +455,14 @@ func (o *Options) CheckFits(tr *replay.Trace) error {
 	// point is checked now, before the first is run.
 	ws := replayed.WorkingSetBlocks(o.BlockTokens, o.BlockSize)
 	for _, f := range o.Capacities {
-		if err := o.fits(longest, sweepKVBlocks(f, ws, o.Engines)); err != nil {
+		kv := sweepKVBlocks(f, ws, o.Engines)
+		err := o.fits(longest, kv)
+		if err == nil {
+			at := *o
+			at.KVBlocks = kv
+			err = at.engineConfig(nil).Check()
+		}
+		if err != nil {
 			return fmt.Errorf("at %gx capacity: %w", f, err)
 		}
 	}
