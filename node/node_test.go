@@ -1292,7 +1292,12 @@ func TestRefusedRegistrationThatDies(t *testing.T) {
 // the tests; the child's listener accepts once Run catches the signal.
 func TestRunStoppedDuringStartup(t *testing.T) {
 	if dir := os.Getenv("KVFAST_TEST_STARTUP_CHILD"); dir != "" {
-		cfg := testConfig(t)
+		// Not testConfig: its t.TempDir would outlive a child the signal
+		// kills; everything goes in the parent's directory.
+		cfg := DefaultConfig()
+		cfg.Logger = slog.New(slog.DiscardHandler)
+		cfg.AdminListen = "127.0.0.1:0"
+		cfg.Approx.Capacity = 1 << 12
 		cfg.Segment.Path = filepath.Join(dir, "kvfast.shm")
 		cfg.Segment.IndexCapacity = 1 << 22 // a start-up long enough to signal into
 		cfg.Listen = os.Getenv("KVFAST_TEST_STARTUP_LISTEN")
