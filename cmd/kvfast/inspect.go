@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvfast/kvfast/internal/redact"
 	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -156,7 +157,7 @@ func inspect(out io.Writer, seg *shm.Segment, perShard bool) error {
 		// Model and endpoint are whatever a publisher wrote: printed
 		// quoted, a newline or terminal escape in one cannot forge rows.
 		fmt.Fprintf(tw, "  %d\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%d\t%s ago\t\n", w.Slot, w.State, w.Generation, w.WorkerID,
-			w.DPRank, printable(w.Model), w.BlockSize, w.KVCapacityBlocks, st.WorkerBlocks[w.Slot], printable(w.Endpoint), w.PID, age(now, w.Heartbeat))
+			w.DPRank, printable(w.Model), w.BlockSize, w.KVCapacityBlocks, st.WorkerBlocks[w.Slot], printable(redact.Endpoint(w.Endpoint)), w.PID, age(now, w.Heartbeat))
 	}
 	tw.Flush()
 	if len(registered) == 0 {

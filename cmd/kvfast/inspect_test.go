@@ -136,3 +136,25 @@ func TestInspectVerifyLiveSegment(t *testing.T) {
 		t.Fatalf("damaged, a live router: exit %d, %q %q", code, out.String(), errOut.String())
 	}
 }
+
+// TestInspectRedactsEndpointCredentials: an endpoint registered with a
+// user:password (which the router refuses to route to, and logs redacted)
+// is printed redacted too.
+func TestInspectRedactsEndpointCredentials(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "seg")
+	seg, err := shm.Open(path, shm.Options{Index: radix.Config{Capacity: 4096}, RingBytes: shm.MinRingBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	if _, err := seg.Register(shm.WorkerConfig{WorkerID: 9, Model: "llama", BlockSize: 16, Endpoint: "http://user:s3cret@127.0.0.1:8000"}); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := inspect(&out, seg, false); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "s3cret") || !strings.Contains(out.String(), "REDACTED@127.0.0.1:8000") {
+		t.Fatalf("output:\n%s", out.String())
+	}
+}
