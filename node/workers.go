@@ -347,6 +347,14 @@ func (n *Node) scanRegistry() {
 			if err == nil {
 				err = checkModelName(info.Model)
 			}
+			if err == nil && info.BlockSize == 0 {
+				// A static worker may leave its block size to the router's;
+				// a registration states it, as its records do: at 0 each
+				// of them would be a mismatch, the worker routed to with
+				// nothing of its cache ever indexed.
+				err = fmt.Errorf("cannot add worker %d rank %d with block size 0: the router's --block-size is %d, and every engine's must equal it",
+					info.WorkerID, info.DPRank, n.sched.BlockSize())
+			}
 			if err == nil {
 				var e *dispatch.Engine
 				if e, err = n.engines.Add(slot, addr); err == nil {
