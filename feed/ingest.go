@@ -103,11 +103,15 @@ type worker struct {
 	state     shm.WorkerState
 	seed      uint64 // namespace seed of the worker's model
 	blockSize int
-	seen      bool  // registry slot read at least once since Acquire
-	poisoned  bool  // ring held garbage; re-examined at the next registry scan
-	removed   bool  // RemoveWorker done for a down or closed worker
-	downAt    int64 // when this process saw the slot go down (monotonic ns)
-	claimAt   int64 // when the slot was first seen Claiming (monotonic ns)
+	seen      bool // registry slot read at least once since Acquire
+	poisoned  bool // ring held garbage; re-examined once its head moves (poisonHead)
+	// poisonHead is the ring's head when it was found to hold garbage: a
+	// head that stays wrong (unaligned, past the ring) is not counted
+	// again at every scan, only once the producer writes.
+	poisonHead uint64
+	removed    bool  // RemoveWorker done for a down or closed worker
+	downAt     int64 // when this process saw the slot go down (monotonic ns)
+	claimAt    int64 // when the slot was first seen Claiming (monotonic ns)
 	// resumed: a record was applied since Acquire, so the next one cannot
 	// be a predecessor's, cut short by its death and applied again.
 	resumed bool
@@ -391,7 +395,9 @@ func (in *Ingester) scanRegistry() {
 	for i := range in.workers {
 		slot := workers.Slot(i)
 		w := &in.workers[i]
-		w.poisoned = false
+		if w.poisoned && in.readers[i].Head() != w.poisonHead {
+			w.poisoned = false
+		}
 		st, gen, beat := in.seg.SlotState(slot)
 		if st != shm.StateClaiming {
 			w.claimAt = 0
@@ -550,15 +556,17 @@ func (in *Ingester) drain(slot workers.Slot, w *worker) int {
 			in.c.resyncBytes += r.Resync()
 			in.resync(slot)
 			// A producer that keeps writing garbage (say, an unaligned head)
-			// must not keep the ingester spinning: look again at the next
-			// registry scan.
-			w.poisoned = true
+			// must not keep the ingester spinning, nor the garbage count
+			// climbing: look again once it has written since.
+			w.poisoned, w.poisonHead = true, r.Head()
 			return n
 		}
 		if !ok {
 			break
 		}
-		if rec.Gen < w.gen {
+		if int32(rec.Gen-w.gen) < 0 {
+			// Older, counted modulo 2^32: after 0xffffffff the registry's
+			// next generation is 1, which is newer, not stale.
 			in.c.stale++
 			r.Skip(rec)
 			continue

@@ -598,3 +598,36 @@ func TestReservedSlot(t *testing.T) {
 		t.Fatalf("a restart under the same reservation left %d of 2 blocks", got)
 	}
 }
+
+// TestStuckGarbageCountedOnce: a ring whose head stays wrong (unaligned,
+// left so by a publisher that then closed) is garbage once, not again at
+// every registry scan (it had counted some 195 a second, for ever, which
+// made the garbage and resync counts useless); a head that moves is read
+// again.
+func TestStuckGarbageCountedOnce(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	in := acquire(t, seg, Config{})
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range genOps(1, 5) {
+		publishOp(p, o)
+	}
+	drainAll(in)
+	hdr := seg.Header()
+	ring := hdr.RingsOffset + int64(p.Slot())*int64(hdr.RingStride)
+	st := seg.RingState(p.Slot())
+	scribble(t, seg.Path(), ring, binary.LittleEndian.AppendUint64(nil, st.Head+4))
+	for range 20 {
+		drainAll(in)
+	}
+	if s := in.Stats(); s.Garbage != 1 {
+		t.Fatalf("an unaligned head that never moves counted %d times as garbage, want once", s.Garbage)
+	}
+	scribble(t, seg.Path(), ring, binary.LittleEndian.AppendUint64(nil, st.Head+12))
+	drainAll(in)
+	if s := in.Stats(); s.Garbage != 2 {
+		t.Fatalf("a head that moved (still wrong) was not read again: garbage %d, want 2", s.Garbage)
+	}
+}

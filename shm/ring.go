@@ -384,6 +384,10 @@ func (s *Segment) initReader(r *RingReader, slot workers.Slot) {
 // Pending reports whether the producer has committed bytes not yet read.
 func (r *RingReader) Pending() bool { return atomic.LoadUint64(r.head) != r.pos }
 
+// Head is the producer's head word as it is now: a consumer that found
+// garbage waits for it to move before it reads the ring again.
+func (r *RingReader) Head() uint64 { return atomic.LoadUint64(r.head) }
+
 // Cursor returns the persisted generation and last applied sequence
 // number: the consumer's position in the publisher's numbering.
 func (r *RingReader) Cursor() (gen uint32, lastSeq uint64) {
