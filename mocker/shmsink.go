@@ -12,12 +12,13 @@ import (
 // calls it from its loop goroutine only.
 type ShmPublisher struct {
 	p      *shm.Publisher
-	path   string // set when the publisher was registered by path
+	path   string       // set when the publisher was registered by path
+	seg    *shm.Segment // set when it was registered in an open segment
 	worker shm.WorkerConfig
 	hashes []uint64
 	tokens []uint32
 	// Reregistered counts registrations renewed after the router
-	// recreated the segment.
+	// recreated the segment, or after another registration took the slot.
 	Reregistered uint64
 }
 
@@ -66,17 +67,29 @@ func (s *ShmPublisher) Load(running, waiting, kvUsed, kvTotal uint64) error {
 
 // Heartbeat implements Publisher. When the router has recreated the
 // segment and the publisher was registered by path, it registers again
-// in the new segment. The router then knows none of the blocks cached
-// before: it underestimates this engine's cache until they are evicted and
-// stored again, which costs routing quality but never correctness.
+// in the new segment; when another registration took its slot (the
+// router marked it down while it was paused and a new engine got the
+// slot), it registers again in the same one, as the Python publisher does
+// (a slot whose holder still heartbeats is not taken: shm.ErrWorkerLive).
+// The router then knows none of the blocks cached before: it
+// underestimates this engine's cache until they are evicted and stored
+// again, which costs routing quality but never correctness.
 func (s *ShmPublisher) Heartbeat() error {
 	err := s.p.Heartbeat()
-	if !errors.Is(err, shm.ErrRetired) || s.path == "" {
+	var p *shm.Publisher
+	var rerr error
+	switch {
+	case errors.Is(err, shm.ErrRetired) && s.path != "":
+		p, rerr = shm.Register(s.path, s.worker)
+	case errors.Is(err, shm.ErrSlotLost) && s.path != "":
+		p, rerr = shm.Register(s.path, s.worker)
+	case errors.Is(err, shm.ErrSlotLost) && s.seg != nil:
+		p, rerr = s.seg.Register(s.worker)
+	default:
 		return err
 	}
-	p, rerr := shm.Register(s.path, s.worker)
 	if rerr != nil {
-		return fmt.Errorf("cannot register again with shm segment %s: %w", s.path, rerr)
+		return fmt.Errorf("cannot register again with shm segment after %v: %w", err, rerr)
 	}
 	_ = s.p.Close()
 	s.p = p
@@ -105,7 +118,7 @@ func openSegmentPublisher(cfg Config, endpoint string) (*ShmPublisher, error) {
 		if err != nil {
 			return nil, fmt.Errorf("cannot register mock engine %s in shm segment %s: %w", endpoint, cfg.SegmentHandle.Path(), err)
 		}
-		return &ShmPublisher{p: p, worker: wc}, nil
+		return &ShmPublisher{p: p, seg: cfg.SegmentHandle, worker: wc}, nil
 	}
 	p, err := shm.Register(cfg.Segment, wc)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // TestShmPublishing runs an engine registered in a real segment file and
@@ -134,4 +135,62 @@ func TestShmPublisherFollowsADeletedSegment(t *testing.T) {
 		ws := fresh.Workers(nil)
 		return len(ws) == 1 && ws[0].WorkerID == 7 && ws[0].State == shm.StateLive
 	})
+}
+
+// TestShmPublisherRegistersAgainAfterLosingItsSlot: an engine paused past
+// the router's grace is marked down, and a new engine may take its slot
+// when no other is free; once it runs again it registers anew (it stayed
+// out of the worker set for good, counting publish errors).
+func TestShmPublisherRegistersAgainAfterLosingItsSlot(t *testing.T) {
+	for _, byPath := range []bool{true, false} {
+		path := filepath.Join(t.TempDir(), "kvfast.shm")
+		seg, err := shm.Open(path, shm.Options{Index: radix.Config{Capacity: 4096}, RingBytes: 64 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer seg.Close()
+		c := Config{SegmentHandle: seg}
+		if byPath {
+			c = Config{Segment: path}
+		}
+		c.Model, c.WorkerID, c.BlockSize, c.KVBlocks = "m", 100, 16, 64
+		sp, err := openSegmentPublisher(c, "127.0.0.1:9")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Every other slot taken, then the engine marked down and its
+		// slot given to a newcomer.
+		var others []*shm.Publisher
+		for id := uint64(1); len(seg.Workers(nil)) < workers.Max; id++ {
+			p, err := seg.Register(shm.WorkerConfig{WorkerID: id, Model: "m", BlockSize: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			others = append(others, p)
+		}
+		slot := sp.p.Slot()
+		_, gen, beat := seg.SlotState(slot)
+		if ok, err := seg.MarkDown(slot, gen, beat); !ok || err != nil {
+			t.Fatalf("mark down: %v %v", ok, err)
+		}
+		newcomer, err := seg.Register(shm.WorkerConfig{WorkerID: 200, Model: "m", BlockSize: 16})
+		if err != nil || newcomer.Slot() != slot {
+			t.Fatalf("the newcomer did not take the down slot %d: %v (slot %d of %d)", slot, err, newcomer.Slot(), len(seg.Workers(nil)))
+		}
+		for _, p := range append(others, newcomer) {
+			if err := p.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := sp.Heartbeat(); err != nil || sp.Reregistered != 1 {
+			t.Fatalf("heartbeat after losing the slot: %v, re-registered %d times", err, sp.Reregistered)
+		}
+		live := slices.ContainsFunc(seg.Workers(nil), func(w shm.WorkerInfo) bool { return w.WorkerID == 100 && w.State == shm.StateLive })
+		if !live {
+			t.Fatalf("worker 100 is not live again: %+v", seg.Workers(nil))
+		}
+		if err := sp.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

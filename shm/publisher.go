@@ -132,6 +132,15 @@ func (s *Segment) Register(cfg WorkerConfig) (*Publisher, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if s.Retired() {
+		// A router retires a segment after another file took its path; a
+		// retired file still at its path is a stray write or a router
+		// that died mid-recreate. Registering in it would be retired at
+		// the next heartbeat, registered again, for ever, each time
+		// dropping the worker's blocks.
+		return nil, fmt.Errorf("cannot register in shm segment %s: it is marked retired and no new segment took its path "+
+			"(restart the router with --recreate-segment): %w", s.path, ErrRetired)
+	}
 	// Before the slot is claimed: a worker that can publish no block must
 	// not go live.
 	if BlocksPerRecord(s.lay.ringBytes, cfg.BlockSize) < 1 {

@@ -226,6 +226,12 @@ class KvfastPublisher:
                 raise ValueError("one block of %d tokens does not fit the segment's ring; the router's --ring-bytes "
                                  "must be larger" % block_size)
             self._cfg = (worker_id, dp_rank, model_b, block_size, kv_capacity_blocks, endpoint_b)
+            if self._q[(CONTROL_OFF + CONTROL_RETIRED) // 8]:
+                # Retired, yet still at its path (a stray write, a router
+                # that died recreating it): a registration here would be
+                # retired at its first heartbeat, for ever.
+                raise Retired("the segment is marked retired and no new segment took its path: "
+                              "restart the router with --recreate-segment")
             self._claim_watching()
         except BaseException:
             # A refused registration (a live holder, a full registry) must
