@@ -251,26 +251,35 @@ func (h logAddr) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
+// startRun runs Run(ctx, cfg) on a goroutine with a logger that catches
+// the API listener's address, and returns that address once it is
+// logged, the logger's channels, and where Run's result will come.
+func startRun(ctx context.Context, t *testing.T, cfg Config) (string, logAddr, chan error) {
+	t.Helper()
+	logs := logAddr{once: new(sync.Once), addr: make(chan string, 1), hup: make(chan struct{}, 1)}
+	cfg.Logger = slog.New(logs)
+	ran := make(chan error, 1)
+	go func() { ran <- Run(ctx, cfg) }()
+	select {
+	case addr := <-logs.addr:
+		return addr, logs, ran
+	case err := <-ran:
+		t.Fatalf("Run returned before serving: %v", err)
+	case <-time.After(testWait):
+		t.Fatal("Run never logged its address")
+	}
+	return "", logs, ran // not reached: t.Fatal ends the test
+}
+
 // TestRunStopsOnCancel: Run serves until its context ends, then shuts
 // down and returns nil.
 func TestRunStopsOnCancel(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Segment.Path = ""
-	logs := logAddr{once: new(sync.Once), addr: make(chan string, 1), hup: make(chan struct{}, 1)}
-	cfg.Logger = slog.New(logs)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ran := make(chan error, 1)
-	go func() { ran <- Run(ctx, cfg) }()
-	var addr string
-	select {
-	case addr = <-logs.addr:
-	case err := <-ran:
-		t.Fatalf("Run returned before serving: %v", err)
-	case <-time.After(testWait):
-		t.Fatal("Run never logged its address")
-	}
+	addr, logs, ran := startRun(ctx, t, cfg)
 	resp, err := http.Get("http://" + addr + "/health")
 	if err != nil {
 		t.Fatal(err)
@@ -1385,20 +1394,9 @@ func TestRunDrainsBeforeClosing(t *testing.T) {
 	}))
 	defer engine.Close()
 	cfg.Static = []StaticWorker{{ID: 1, Endpoint: engine.URL, Model: "m"}}
-	logs := logAddr{once: new(sync.Once), addr: make(chan string, 1), hup: make(chan struct{}, 1)}
-	cfg.Logger = slog.New(logs)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ran := make(chan error, 1)
-	go func() { ran <- Run(ctx, cfg) }()
-	var addr string
-	select {
-	case addr = <-logs.addr:
-	case err := <-ran:
-		t.Fatalf("Run returned before serving: %v", err)
-	case <-time.After(testWait):
-		t.Fatal("Run never logged its address")
-	}
+	addr, _, ran := startRun(ctx, t, cfg)
 	get := func(path string) (int, string, bool) {
 		t.Helper()
 		resp, err := http.Get("http://" + addr + path)
