@@ -1,6 +1,8 @@
 package demo
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -381,5 +383,68 @@ func TestUntimedTrace(t *testing.T) {
 	}
 	if tr, err := LoadTrace(p, 0, true); err != nil || tr.Len() != 2 {
 		t.Errorf("untimed: %v", err)
+	}
+}
+
+// TestInterruptedRunKeepsFinishedPolicies interrupts a run as soon as its
+// first policy (or its first capacity's policies) finish: the report keeps
+// what finished, says it was interrupted, and judges only whole capacities.
+func TestInterruptedRunKeepsFinishedPolicies(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "tiny.jsonl")
+	var b strings.Builder
+	for i := range 6 {
+		fmt.Fprintf(&b, `{"timestamp":%d,"input_length":1536,"output_length":4,"hash_ids":[1,2,%d]}`+"\n", 50*i, 10+i)
+	}
+	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := LoadTrace(p, 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name       string
+		capacities []float64
+		finished   int // policies done before the interrupt
+		wantRuns   int
+		wantSweep  int
+		judged     bool // the finished capacity's targets
+	}{
+		{name: "policies", finished: 1, wantRuns: 1},
+		{name: "capacities", capacities: []float64{1, 2}, finished: 2, wantRuns: 2, wantSweep: 1, judged: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := DefaultOptions()
+			o.Trace, o.Policies, o.Engines, o.Capacities = p, []string{"kv", "affinity"}, 2, tc.capacities
+			o.BlockTokens, o.EngineSpeedup, o.Concurrency, o.KVBlocks = 16, math.Inf(1), 2, 64
+			o.SegmentDir = t.TempDir()
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			done := 0
+			o.Notef = func(format string, a ...any) {
+				if strings.Contains(format, "done in") {
+					if done++; done == tc.finished {
+						cancel()
+					}
+				}
+			}
+			rep, err := Run(ctx, o, tr)
+			if !errors.Is(err, context.Canceled) || rep == nil {
+				t.Fatalf("Run: %v, report %v; want the interrupt and a report", err, rep)
+			}
+			if !rep.Interrupted || len(rep.Runs) != tc.wantRuns || len(rep.Sweep) != tc.wantSweep || (len(rep.Checks) > 0) != tc.judged {
+				t.Fatalf("interrupted %v, %d runs, %d sweep points, checks %+v", rep.Interrupted, len(rep.Runs), len(rep.Sweep), rep.Checks)
+			}
+			if s := rep.Runs[0].Result.Summary(); rep.Runs[0].Policy != "kv" || s.Succeeded != 6 {
+				t.Errorf("first run %s: %d ok, want kv with 6", rep.Runs[0].Policy, s.Succeeded)
+			}
+			var text, js strings.Builder
+			if err := rep.WriteText(&text); err != nil || !strings.HasPrefix(text.String(), "interrupted:") {
+				t.Errorf("text report (%v) does not begin by saying it was interrupted:\n%s", err, text.String())
+			}
+			if err := rep.WriteJSON(&js, ""); err != nil || !strings.Contains(js.String(), `"interrupted": true`) {
+				t.Errorf("JSON report (%v) lacks the interrupt:\n%s", err, js.String())
+			}
+		})
 	}
 }

@@ -26,6 +26,10 @@ type Report struct {
 	Sweep []SweepPoint
 	// Failed: some policy's replay failed around it or had failed requests.
 	Failed bool
+	// Interrupted: the run ended early (an interrupt); Runs and Sweep hold
+	// only what finished, and Checks only the capacities every policy
+	// finished (none without a sweep).
+	Interrupted bool
 	// Images describes the images the multimodal workload sent.
 	Images ImageLoad
 }
@@ -223,6 +227,13 @@ func (rep *Report) WriteHTML(w io.Writer) error {
 // timing warning and a line recalling the setup.
 func (rep *Report) WriteText(w io.Writer) error {
 	o := &rep.Options
+	if rep.Interrupted {
+		judged := "no target is judged"
+		if len(rep.Sweep) > 0 {
+			judged = "targets are judged at the capacities every policy finished"
+		}
+		fmt.Fprintf(w, "interrupted: only what finished is shown, and %s\n\n", judged)
+	}
 	if len(rep.Sweep) > 0 {
 		if err := rep.writeSweep(w); err != nil {
 			return err
@@ -412,6 +423,7 @@ type jsonReport struct {
 	Checks           []Check          `json:"checks"`
 	Sweep            []jsonSweepPoint `json:"capacity_sweep,omitempty"`
 	Report           string           `json:"report,omitempty"`
+	Interrupted      bool             `json:"interrupted,omitempty"` // only what finished is here
 }
 
 type jsonPolicy struct {
@@ -432,7 +444,7 @@ func (rep *Report) WriteJSON(w io.Writer, htmlPath string) error {
 		BlockTokens: o.BlockTokens, Speedup: o.Speedup, PrefillLoadScale: o.PrefillLoadScale, AutoLoadScale: o.AutoPrefillLoadScale,
 		OverlapCredit: o.OverlapCredit, Temperature: o.Temperature, EvictionWeight: o.EvictionWeight,
 		ApproxTTL: o.ApproxTTL.Seconds(), Checks: rep.Checks,
-		Report: htmlPath,
+		Report: htmlPath, Interrupted: rep.Interrupted,
 		Timing: map[string]int64{
 			"step_overhead": int64(o.Timing.StepOverhead), "prefill_per_token": int64(o.Timing.PrefillPerToken),
 			"prefill_attention_per_1k": int64(o.Timing.PrefillAttentionPer1K),

@@ -52,9 +52,11 @@ type tokenizer struct {
 
 // Run replays tr once per policy, each against a fresh segment, router and
 // engines, and judges the results. It stops with an error when a policy
-// could not be replayed at all or ctx ended; a policy whose replay ran
-// but failed around it (or whose requests failed) marks the report
-// Failed, and the demo goes on.
+// could not be replayed at all or ctx ended; in the second case it also
+// returns the report of the policies that finished before, marked
+// Interrupted and not judged. A policy whose replay ran but failed around
+// it (or whose requests failed) marks the report Failed, and the demo
+// goes on.
 func Run(ctx context.Context, o Options, tr *replay.Trace) (*Report, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -110,8 +112,16 @@ func Run(ctx context.Context, o Options, tr *replay.Trace) (*Report, error) {
 	for _, spec := range o.runSpecs() {
 		began := time.Now()
 		run, err := runPolicy(ctx, &o, spec, tr, tok)
+		if ctx.Err() != nil {
+			// The policy cut short is left out; the ones before it stand.
+			rep.Interrupted = true
+			if err == nil {
+				err = context.Cause(ctx)
+			}
+			return rep, fmt.Errorf("%s: %w", spec.name, err)
+		}
 		if err != nil {
-			if run.Result == nil || ctx.Err() != nil {
+			if run.Result == nil {
 				return nil, fmt.Errorf("%s: %w", spec.name, err)
 			}
 			o.warnf("%s: %v", spec.name, err)

@@ -33,7 +33,19 @@ func runSweep(ctx context.Context, o Options, tr *replay.Trace) (*Report, error)
 		o.notef("capacity %gx of the working set (%d blocks): %d KV blocks per engine", f, ws, at.KVBlocks)
 		r, err := Run(ctx, at, tr)
 		if err != nil {
-			return nil, fmt.Errorf("at %gx capacity: %w", f, err)
+			if r == nil {
+				return nil, fmt.Errorf("at %gx capacity: %w", f, err)
+			}
+			// Interrupted: the capacities every policy finished stand; a
+			// point cut short is shown alone only when it is the first.
+			rep.Interrupted = true
+			if len(rep.Sweep) == 0 {
+				rep.Options, rep.Runs = r.Options, r.Runs
+				rep.Failed = rep.Failed || r.Failed
+			} else {
+				rep.Options.Capacities = o.Capacities[:len(rep.Sweep)]
+			}
+			return rep, fmt.Errorf("at %gx capacity: %w", f, err)
 		}
 		rep.Options, rep.Runs = r.Options, r.Runs
 		rep.Failed = rep.Failed || r.Failed

@@ -224,7 +224,8 @@ Examples:
 
 Exit status: 0 if every request of every policy succeeded (whether or not
 the targets were met), 1 if any failed or the run was interrupted, 2 for
-bad flags or an unreadable trace.
+bad flags or an unreadable trace. An interrupt (Ctrl-C) still prints the
+policies that finished before it, without the HTML report.
 
 Flags:
 `
@@ -273,10 +274,20 @@ func demoCommand(ctx context.Context, args []string, stdout, stderr io.Writer, s
 	rep, err := demo.Run(ctx, o, tr)
 	if err != nil {
 		say("%v", err)
-		return 1
+		if rep == nil || len(rep.Runs) == 0 {
+			return 1
+		}
+		// What finished before an interrupt is still worth its minutes:
+		// printed, but no HTML report, which has no place to say it is
+		// partial.
+		say("interrupted: the report holds only what finished")
+		out.out = ""
 	}
 
 	status := 0
+	if rep.Interrupted {
+		status = 1
+	}
 	html := ""
 	if out.out != "" {
 		if err := replayWriteFile(out.out, rep.WriteHTML); err != nil {

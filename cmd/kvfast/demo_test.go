@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/kvfast/kvfast/benchmarks/demo"
+	"github.com/kvfast/kvfast/internal/syncbuf"
 )
 
 // writeDemoTrace writes 8 requests 100 ms apart that share their first two
@@ -142,6 +144,25 @@ func TestDemoCommand(t *testing.T) {
 			}
 		}
 	})
+	t.Run("interrupt prints what finished", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		html := filepath.Join(t.TempDir(), "report.html")
+		var out strings.Builder
+		errOut := &cancelOnWrite{cancel: cancel, after: "done in"}
+		code := demoCommand(ctx, append(tiny, "--html", html), &out, errOut, false)
+		if code != 1 {
+			t.Fatalf("code %d, want 1\nstdout:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
+		}
+		stdout := out.String()
+		if !strings.HasPrefix(stdout, "interrupted:") || !strings.Contains(stdout, "kv ") || strings.Contains(stdout, "round-robin") ||
+			strings.Contains(stdout, "\ntarget ") {
+			t.Errorf("want kv's results alone, said to be interrupted, no target:\n%s", stdout)
+		}
+		if _, err := os.Stat(html); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("an interrupted demo wrote its HTML report (%v)", err)
+		}
+	})
 	t.Run("json", func(t *testing.T) {
 		code, stdout, stderr := run(append(tiny, "--json", "--html", "", "--max-requests", "6")...)
 		if code != 0 {
@@ -266,4 +287,19 @@ func TestDemoTokenizerByName(t *testing.T) {
 	if code != -1 || o.Tokenizer != "" {
 		t.Fatalf("exit %d, tokenizer %q: %s", code, o.Tokenizer, stderr.String())
 	}
+}
+
+// cancelOnWrite is a stderr that cancels the run once a line containing
+// after has been written to it.
+type cancelOnWrite struct {
+	syncbuf.Buffer
+	cancel context.CancelFunc
+	after  string
+}
+
+func (w *cancelOnWrite) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), w.after) {
+		defer w.cancel()
+	}
+	return w.Buffer.Write(p)
 }
