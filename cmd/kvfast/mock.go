@@ -331,6 +331,13 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		if *ranksAsDP {
 			cfg.WorkerID, cfg.DPRank = *workerID, uint32(*dpRank)+uint32(i)
 		}
+		if err := cfg.Check(); err != nil {
+			// A value no engine takes is the flags' fault, told apart
+			// from an engine that cannot start (a port in use).
+			fmt.Fprintf(stderr, "kvfast mock: %v\n", err)
+			closeAll()
+			return 2
+		}
 		e, err := mocker.Start(cfg)
 		if err != nil {
 			fmt.Fprintf(stderr, "kvfast mock: engine %d: %v\n", i, err)

@@ -169,11 +169,12 @@ func TestMockCommand(t *testing.T) {
 			{[]string{"--sliding-window", "64", "--publish", "zmq-sglang"}, 2},
 			{[]string{"--sliding-window", "64", "--segment", "/dev/shm/x"}, 2},
 			{[]string{"--sliding-window", "64", "--host-blocks", "8", "--publish", "zmq"}, 2},
-			{[]string{"--listen", "127.0.0.1:0", "--host-blocks", "-1"}, 1},
-			// Refused, where the runtime's out-of-memory crash ended it.
-			{[]string{"--listen", "127.0.0.1:0", "--kv-blocks", "2000000000"}, 1},
+			{[]string{"--listen", "127.0.0.1:0", "--host-blocks", "-1"}, 2},
+			// Refused, where the runtime's out-of-memory crash ended it;
+			// values no engine takes are usage errors like the flags'.
+			{[]string{"--listen", "127.0.0.1:0", "--kv-blocks", "2000000000"}, 2},
 			{[]string{"--listen", "127.0.0.1:0", "--sliding-window", "64"}, 2}, // no events to name the groups in
-			{[]string{"--listen", "127.0.0.1:0", "--publish", "zmq", "--zmq-listen", "tcp://127.0.0.1:0", "--sliding-window", "1"}, 1},
+			{[]string{"--listen", "127.0.0.1:0", "--publish", "zmq", "--zmq-listen", "tcp://127.0.0.1:0", "--sliding-window", "1"}, 2},
 		} {
 			var out, errOut syncbuf.Buffer
 			stop := make(chan struct{})
