@@ -492,11 +492,18 @@ func TestRunFailures(t *testing.T) {
 		if time.Since(start) > 5*time.Second {
 			t.Fatal("Run did not stop promptly")
 		}
-		if a, b := res.Requests[0], res.Requests[1]; !a.Attempted || a.OK() || b.Attempted {
+		if a, b := res.Requests[0], res.Requests[1]; !a.Attempted || a.OK() || !a.Interrupted || b.Attempted {
 			t.Fatalf("requests after cancel: %+v, %+v", a, b)
 		}
-		if sum := res.Summary(); sum.Requests != 1 || sum.Errors != 1 {
+		// The request the interrupt cut is neither the router's failure
+		// nor a success.
+		sum := res.Summary()
+		if sum.Requests != 0 || sum.Errors != 0 || sum.Interrupted != 1 {
 			t.Fatalf("summary %+v", sum)
+		}
+		var text strings.Builder
+		if err := sum.WriteText(&text); err != nil || !strings.Contains(text.String(), "1 more cut short by the interrupt") {
+			t.Errorf("report (%v) does not count the cut request:\n%s", err, text.String())
 		}
 	})
 }

@@ -67,7 +67,11 @@ func (s *Summary) WriteText(w io.Writer) error {
 		perID = fmt.Sprintf("%s, %d words per hash id", s.Workload, s.BlockTokens)
 	}
 	fmt.Fprintf(&b, "trace       %s (%s, %s)\n", s.Source, perID, mode)
-	fmt.Fprintf(&b, "requests    %d sent, %d ok, %d failed in %s\n", s.Requests, s.Succeeded, s.Errors, s.Duration.Round(time.Millisecond))
+	cut := ""
+	if s.Interrupted > 0 {
+		cut = fmt.Sprintf(" (%d more cut short by the interrupt, not counted)", s.Interrupted)
+	}
+	fmt.Fprintf(&b, "requests    %d sent, %d ok, %d failed in %s%s\n", s.Requests, s.Succeeded, s.Errors, s.Duration.Round(time.Millisecond), cut)
 	fmt.Fprintf(&b, "TTFT        p50 %s  p90 %s  p99 %s\n", s.latency(s.TTFTP50), s.latency(s.TTFTP90), s.latency(s.TTFTP99))
 	fmt.Fprintf(&b, "ITL         mean %s  p50 %s  p90 %s  p99 %s\n", s.itl(s.ITLMean), s.itl(s.ITLP50),
 		s.itl(s.ITLP90), s.itl(s.ITLP99))

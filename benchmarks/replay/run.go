@@ -133,10 +133,13 @@ type Result struct {
 // RequestResult is one request's outcome. Durations are offsets from
 // Result.Started (Scheduled, Sent) or from Sent (TTFT, Latency).
 type RequestResult struct {
-	Index     int           `json:"index"` // in the replayed trace
-	Line      int           `json:"line"`  // in the trace file
-	Attempted bool          `json:"attempted"`
-	Scheduled time.Duration `json:"scheduled_ns"`
+	Index     int  `json:"index"` // in the replayed trace
+	Line      int  `json:"line"`  // in the trace file
+	Attempted bool `json:"attempted"`
+	// Interrupted: sent, then cut short by the run's end (an interrupt),
+	// so neither a success nor the router's failure.
+	Interrupted bool          `json:"interrupted,omitempty"`
+	Scheduled   time.Duration `json:"scheduled_ns"`
 	// Sent - Scheduled is the client's own lag; it should stay near zero.
 	Sent    time.Duration `json:"sent_ns"`
 	TTFT    time.Duration `json:"ttft_ns"`    // to the first SSE event with output
@@ -544,6 +547,11 @@ func (r *runner) do(ctx context.Context, i int, b *requestBuffers) {
 		}
 	}()
 
+	defer func() {
+		if rr.Err != "" && ctx.Err() != nil {
+			rr.Interrupted = true
+		}
+	}()
 	maxTokens := r.maxTokens(rec)
 	if r.isChat {
 		b.body = r.body.appendChat(b.body[:0], r.chat, rec, maxTokens)
@@ -554,9 +562,10 @@ func (r *runner) do(ctx context.Context, i int, b *requestBuffers) {
 		rr.PromptTokens = len(b.tokens)
 	}
 
+	reqCtx := ctx
 	if r.timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.timeout)
+		reqCtx, cancel = context.WithTimeout(ctx, r.timeout)
 		defer cancel()
 	}
 	body := &closeSignalReader{Reader: bytes.NewReader(b.body), closed: make(chan struct{})}
@@ -570,7 +579,7 @@ func (r *runner) do(ctx context.Context, i int, b *requestBuffers) {
 			b.body = nil
 		}
 	}()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.endpoint, body)
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, r.endpoint, body)
 	if err != nil {
 		panic("BUG: replay: request for a validated URL failed: " + err.Error())
 	}

@@ -19,9 +19,11 @@ type Summary struct {
 	Concurrency int
 	BlockTokens int
 
-	Requests  int // attempted
+	Requests  int // attempted, Interrupted not counted
 	Succeeded int
 	Errors    int
+	// Interrupted were sent and then cut short by the run's end.
+	Interrupted int
 	// Records is the trace's requests, all of which Bound and PooledLRU
 	// cover, attempted or not.
 	Records int
@@ -133,6 +135,10 @@ func (r *Result) Summary() Summary {
 	for i := range r.Requests {
 		q := &r.Requests[i]
 		if !q.Attempted {
+			continue
+		}
+		if q.Interrupted {
+			s.Interrupted++
 			continue
 		}
 		s.Requests++
@@ -255,6 +261,7 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 		Requests           int            `json:"requests"`
 		Succeeded          int            `json:"succeeded"`
 		Errors             int            `json:"errors"`
+		Interrupted        int            `json:"interrupted,omitempty"`
 		Comparable         bool           `json:"comparable"`
 		TTFTP50            *float64       `json:"ttft_p50_ms"`
 		TTFTP90            *float64       `json:"ttft_p90_ms"`
@@ -282,7 +289,7 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 		ErrorSamples       []string       `json:"error_samples,omitempty"`
 	}{
 		s.Source, s.Workload, s.Mode, s.Speedup, s.Concurrency, s.BlockTokens,
-		s.Records, s.Requests, s.Succeeded, s.Errors, s.Comparable(),
+		s.Records, s.Requests, s.Succeeded, s.Errors, s.Interrupted, s.Comparable(),
 		msIf(s.TTFTP50, lat), msIf(s.TTFTP90, lat), msIf(s.TTFTP99, lat),
 		msIf(s.ITLMean, itl), msIf(s.ITLP50, itl), msIf(s.ITLP90, itl), msIf(s.ITLP99, itl),
 		msIf(s.LatencyP50, lat), msIf(s.LatencyP99, lat),

@@ -79,7 +79,9 @@ Examples:
 
 Exit status: 0 if every request succeeded, 1 if any failed or the replay
 was interrupted, 2 for bad flags, an unreadable trace, or a request that
-would be larger than --max-body-bytes.
+would be larger than --max-body-bytes. An interrupt (Ctrl-C) still prints
+the report of what finished; requests it cut short are counted apart, not
+as failed.
 
 Flags:
 `
