@@ -429,7 +429,7 @@ func (s *Server) roleOf(slot workers.Slot) workers.Role {
 // its prompt when no prefill worker can take it; errAllowNoPrefill when
 // the client's allow-list named none.
 var (
-	errNoPrefillWorker = &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: "service_unavailable", Code: "no_prefill_worker",
+	errNoPrefillWorker = &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServerError, Code: "no_prefill_worker",
 		Message: "no prefill worker can take the request, and its decode worker (an SGLang decode engine) cannot compute the prompt itself"}
 	errAllowNoPrefill = &openai.Error{Status: fasthttp.StatusBadRequest, Type: openai.TypeInvalidRequest, Param: HeaderAllow, Code: "allow_excluded",
 		Message: HeaderAllow + " names no prefill worker, and an SGLang decode engine cannot compute a prompt itself: name a prefill worker too"}
