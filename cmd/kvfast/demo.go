@@ -147,8 +147,8 @@ add the template's five per message and the replies, so for chat the
 bound is approximate. Those make the prompts 14% longer than the token
 workload's (3.49M prompt tokens against 3.07M), so the default
 --kv-blocks, sized for the token workload, leaves the engines less
-headroom: kv routing evicted about 6k blocks on chat against about 200
-on the token workload in one run each. A line per tokenizing policy counts
+headroom: the same caches evict about twice as much (BENCHMARKS.md).
+A line per tokenizing policy counts
 the requests it tokenized and those it routed approximately because
 rendering failed.
 
