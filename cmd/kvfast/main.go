@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvfast/kvfast/internal/redact"
 )
 
 // subcommand is one verb of the kvfast command line.
@@ -197,7 +199,8 @@ func typeHint(f *flag.Flag) string {
 // which kvfast's commands take none of. A boolean flag takes its value
 // only after '=': "--flag false" sets it and leaves "false" behind.
 func extraArgument(fs *flag.FlagSet) string {
-	msg := fmt.Sprintf("unexpected argument %q", fs.Arg(0))
+	// A stray argument may be a URL meant for a flag, credentials and all.
+	msg := fmt.Sprintf("unexpected argument %q", redact.Endpoint(fs.Arg(0)))
 	if a := fs.Arg(0); a == "true" || a == "false" {
 		msg += " (a true/false flag takes its value after '=', as in --flag=" + a + ")"
 	}

@@ -306,6 +306,11 @@ func TestWorkerSecretsAreRefusedUnprinted(t *testing.T) {
 		"url=http://127.0.0.1:8000/?token=HUN TER2,model=m",
 		// A value holding what reads as the rest of the flag's message.
 		"url=http://h:1,model=m,x=HUNTER2 for flag -block-size: ",
+		// A password holding an unescaped '?' or '#', which ended the
+		// authority before its '@' (a review's finds).
+		"url=http://user:HUNTER2?x@127.0.0.1:8000,model=m",
+		"url=http://user:HUNTER2#x@127.0.0.1:8000,model=m",
+		"url=http://127.0.0.1:8000,model=m,zmq=tcp://u:HUNTER2?x@127.0.0.1:5557",
 	} {
 		var stderr strings.Builder
 		if _, _, ok := serveConfig([]string{"--segment", "none", "--worker", v}, &stderr); ok {
@@ -323,6 +328,14 @@ func TestWorkerSecretsAreRefusedUnprinted(t *testing.T) {
 			t.Errorf("KVFAST_WORKER=%s: %q", v, stderr.String())
 		}
 		os.Unsetenv("KVFAST_WORKER")
+	}
+	// A URL left after the flags, meant for one.
+	for _, arg := range []string{"http://u:HUNTER2@127.0.0.1:1", "u:HUNTER2?x@127.0.0.1:1"} {
+		var stderr strings.Builder
+		if _, code, ok := serveConfig([]string{"--segment", "none", arg}, &stderr); ok || code != 2 ||
+			strings.Contains(stderr.String(), "HUNTER2") || !strings.Contains(stderr.String(), "unexpected argument") {
+			t.Errorf("argument %s: ok %v, code %d, %q", arg, ok, code, stderr.String())
+		}
 	}
 	var stderr strings.Builder
 	serveConfig([]string{"--segment", "none", "--worker", "url=http://ops:HUNTER2@127.0.0.1:8000,model=m"}, &stderr)

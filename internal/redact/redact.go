@@ -6,15 +6,22 @@ import (
 )
 
 // Endpoint returns endpoint with every part that may hold a credential
-// replaced by REDACTED: a URL's user:password@ (with a scheme or without
-// one, where the parser sees an opaque URL and no userinfo), its query
-// and its fragment; in text no URL parser accepts, everything from the
-// first '?' or '#', and everything before the last '@'.
+// replaced by REDACTED: everything before the last '@' (after the scheme),
+// a URL's query and its fragment, and in text no URL parser accepts,
+// everything from the first '?' or '#'.
 func Endpoint(endpoint string) string {
+	// The userinfo goes first, on the raw text: a password written with an
+	// unescaped '?', '#' or '/' ends the authority early for a parser (or
+	// for the cut below), which would then keep it. A '@' in a path or
+	// query costs the host in the shown text, not a secret.
+	scheme, rest := "", endpoint
+	if i := strings.Index(endpoint, "://"); i >= 0 {
+		scheme, rest = endpoint[:i+len("://")], endpoint[i+len("://"):]
+	}
+	if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+		endpoint = scheme + "REDACTED@" + rest[i+1:]
+	}
 	if u, err := url.Parse(endpoint); err == nil {
-		if u.User != nil {
-			u.User = url.User("REDACTED")
-		}
 		if u.RawQuery != "" || u.ForceQuery {
 			u.RawQuery, u.ForceQuery = "REDACTED", false
 		}
@@ -22,11 +29,6 @@ func Endpoint(endpoint string) string {
 		endpoint = u.String()
 	} else if i := strings.IndexAny(endpoint, "?#"); i >= 0 {
 		endpoint = endpoint[:i] + "?REDACTED"
-	}
-	// A scheme-less user:password@host is an opaque URL: the parser found
-	// no userinfo, and the password is still there.
-	if i := strings.LastIndexByte(endpoint, '@'); i >= 0 && !strings.HasSuffix(endpoint[:i], "REDACTED") {
-		endpoint = "REDACTED@" + endpoint[i+1:]
 	}
 	return endpoint
 }
