@@ -479,10 +479,11 @@ func (e FixedEngine) PickEngine(string, []byte) (workers.Slot, string, bool) {
 }
 
 // engineAddr reads an engine URL, http://host:port (a path is ignored),
-// into host:port.
+// into host:port. A URL with credentials or a query is not one: they
+// would be dropped unsaid.
 func engineAddr(v string) (string, bool) {
 	u, err := url.Parse(v)
-	if err != nil || u.Scheme != "http" || u.Host == "" {
+	if err != nil || u.Scheme != "http" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.ForceQuery {
 		return "", false
 	}
 	host := u.Host

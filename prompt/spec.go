@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/kvfast/kvfast/internal/redact"
 )
 
 // Config is a router's tokenizer configuration. Start from DefaultConfig;
@@ -139,7 +141,7 @@ func ParseSpec(v string) (Spec, error) {
 	}
 	s, err := ParseSource(src)
 	if err != nil {
-		return Spec{}, fmt.Errorf("cannot parse tokenizer %q: %w", v, err)
+		return Spec{}, fmt.Errorf("cannot parse tokenizer for model %q: %w", model, err)
 	}
 	return Spec{Model: model, Source: s}, nil
 }
@@ -159,6 +161,11 @@ func ParseSource(v string) (Source, error) {
 		return Source{Kind: SourceHF, Path: repo}, nil
 	case v == "":
 		return Source{}, errors.New("cannot use an empty tokenizer source")
+	case strings.Contains(v, "://"):
+		// Not a directory: quoted whole, a URL's credentials would reach
+		// the log in the error that no such directory exists.
+		return Source{}, fmt.Errorf("cannot use tokenizer source %q: a URL is taken only as an engine's http://host:port, by kvfast tokenize and kvfast mock, "+
+			"with no credentials or query (the engines' key goes in --engine-api-key-file)", redact.Endpoint(v))
 	}
 	return Source{Kind: SourceDir, Path: v}, nil
 }

@@ -32,6 +32,18 @@ func TestParseSpec(t *testing.T) {
 			t.Errorf("ParseSpec(%q) = %+v, want an error", in, s)
 		}
 	}
+	// A URL is no directory: refused, its credentials unquoted (a review
+	// saw them in the error that no such directory exists).
+	for _, in := range []string{"m=http://u:HUNTER2@127.0.0.1:8000", "m=https://u:HUNTER2@h:1", "m=http://u:HUNTER2?x@h:1"} {
+		if s, err := ParseSpec(in); err == nil || strings.Contains(err.Error(), "HUNTER2") || !strings.Contains(err.Error(), "URL") {
+			t.Errorf("ParseSpec(%q) = %+v, %v; want an error naming no secret", in, s, err)
+		}
+	}
+	for _, src := range []string{"http://u:HUNTER2@127.0.0.1:8000", "http://127.0.0.1:8000/?token=HUNTER2", "https://u:HUNTER2@h:1"} {
+		if r, err := Open("m", src, DefaultConfig(), 0); err == nil || strings.Contains(err.Error(), "HUNTER2") {
+			t.Errorf("Open(%q) = %v, %v; want an error naming no secret", src, r, err)
+		}
+	}
 	if got := (Source{Kind: SourceHF, Path: "a/b"}).String(); got != "hf:a/b" {
 		t.Errorf("String = %q", got)
 	}
