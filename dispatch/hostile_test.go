@@ -610,3 +610,23 @@ func TestIdleTimeoutBoundsAnEvent(t *testing.T) {
 		t.Fatalf("stream ended with %v (%s), want the idle timeout", err, rec.summary())
 	}
 }
+
+// TestMalformedAnswerBytesStayOutOfErrors: fasthttp quotes the bytes of
+// an answer it cannot parse in its error, which reaches the log; an engine
+// that echoes its request there would put a client's key or prompt in
+// the journal (a secrets review saw it).
+func TestMalformedAnswerBytesStayOutOfErrors(t *testing.T) {
+	engine := rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
+		if _, ok := readRequest(br); ok {
+			_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: zzSECRET-ECHO\r\n\r\n")
+		}
+		_ = conn.Close()
+	})
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	_, err := roundTripBody(t, pool, "prompt")
+	if err == nil || strings.Contains(err.Error(), "SECRET-ECHO") {
+		t.Fatalf("error %v: want one that quotes none of the answer", err)
+	}
+}

@@ -275,6 +275,9 @@ func (p *Pool) Add(slot workers.Slot, addr string) (*Engine, error) {
 		NoDefaultUserAgentHeader:      true,
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
+		// A malformed answer's bytes stay out of the error text, which the
+		// log carries: an engine may echo a request's key or prompt.
+		SecureErrorLogMessage: true,
 	}
 	p.engines[slot].Store(e)
 	if p.cfg.Health.Interval > 0 {
@@ -403,6 +406,7 @@ func (e *Engine) checkHealth() {
 		WriteTimeout:             cfg.Timeout,
 		MaxIdleConnDuration:      cfg.Interval + cfg.Timeout,
 		NoDefaultUserAgentHeader: true,
+		SecureErrorLogMessage:    true, // as the engine's request client
 		MaxResponseBodySize:      64 << 10,
 		// The system's dialer, as forwarding's (dialEngine): fasthttp's
 		// DialTimeout dials IPv4 only, so an engine at [::1]:8000 failed

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -201,7 +202,7 @@ func (c *Call) send(e *Engine) (retry bool, err error) {
 	if err := c.resp.Read(c.br); err != nil {
 		c.resp.Reset()
 		c.letGo(false)
-		return true, err
+		return true, withoutAnswerBytes(err)
 	}
 	if ec != nil {
 		ec.gotHeaders()
@@ -304,3 +305,28 @@ func (c *Call) letGo(reuse bool) {
 	}
 	c.client, c.cc = nil, nil
 }
+
+// withoutAnswerBytes is err with the bytes fasthttp quotes of an answer it
+// cannot parse (", contents: ...") cut from its text: an engine that
+// echoes its request there would put a client's key or prompt into the
+// log. The HostClient's SecureErrorLogMessage does the same for its own
+// reads, but this read is the call's. What err wraps (a timeout) is kept.
+func withoutAnswerBytes(err error) error {
+	msg := err.Error()
+	i := strings.Index(msg, "buffer size=")
+	if i < 0 {
+		i = strings.Index(msg, "contents:")
+	}
+	if i < 0 {
+		return err
+	}
+	return &answerHidden{msg: strings.TrimRight(msg[:i], ", :") + " (the answer's bytes are not shown)", err: err}
+}
+
+type answerHidden struct {
+	msg string
+	err error
+}
+
+func (e *answerHidden) Error() string { return e.msg }
+func (e *answerHidden) Unwrap() error { return e.err }

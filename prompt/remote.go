@@ -353,6 +353,7 @@ func (rm *Remote) engine(slot workers.Slot, addr string) *engineState {
 		NoDefaultUserAgentHeader:      true,
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
+		SecureErrorLogMessage:         true, // no engine bytes in the errors /admin/workers shows
 		RetryIfErr:                    retryStaleConn,
 		DialDualStack:                 true, // fasthttp's default dials IPv4 only: an engine at [::1] was unreachable
 	}}
