@@ -243,6 +243,9 @@ func (s *Server) book(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	ex.setGuard(s.guards.Acquire())
 	ex.watchClient(ctx)
 	dec, err := ex.selectSticky()
+	if err == nil {
+		dec, err = s.claimSession(ex, dec)
+	}
 	if ex.wait.queued() {
 		s.waits.observe(clock.Since(ex.lastItem))
 	}
@@ -297,6 +300,7 @@ func (ex *exchange) cleanup() {
 	}
 	ex.releasePrefill()
 	ex.traceEnd()
+	ex.endSession()
 	if ex.held {
 		ex.held = false
 		_ = ex.h.Release()

@@ -24,9 +24,10 @@ import (
 )
 
 // Sticky sessions. A request names its session in HeaderSession; the
-// first one routes normally and binds the session to the worker and rank
-// that served it, in the bindings table every router on the segment
-// shares (shm.Bindings). Later requests of the session are pinned to that
+// first one routes normally and claims the session for the worker and
+// rank chosen (claimSession), a claim that becomes its binding when the
+// engine accepts the request, in the bindings table every router on the
+// segment shares (shm.Bindings). Later requests of the session are pinned to that
 // worker while it is eligible, and refresh the binding; a binding idle
 // for SessionConfig.TTL expires. docs/routing.md has the rules.
 
@@ -120,9 +121,9 @@ func newSessions(s *Server, cfg SessionConfig, table *shm.Bindings) (*sessions, 
 		ss.lookups[r] = lookups.WithLabelValues(name)
 	}
 	binds := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvfast_session_binds_total",
-		Help: "Sticky-session bind attempts by result: new, refreshed, rebound (moved to another worker), evicted (a new binding that pushed out the least recently used one), failed (the bucket stayed locked)."}, []string{"result"})
+		Help: "Sticky-session bind attempts by result: new, refreshed, rebound (moved to another worker), evicted (a new binding that pushed out the least recently used one), failed (the bucket stayed locked), followed (a session's first request found it bound meanwhile by a concurrent one, and followed it)."}, []string{"result"})
 	for r, name := range map[shm.BindResult]string{shm.BindNew: "new", shm.BindRefreshed: "refreshed", shm.BindReplaced: "rebound",
-		shm.BindEvicted: "evicted", shm.BindFailed: "failed"} {
+		shm.BindEvicted: "evicted", shm.BindFailed: "failed", shm.BindHeld: "followed"} {
 		ss.binds[r] = binds.WithLabelValues(name)
 	}
 	unbinds := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvfast_session_unbinds_total",
@@ -152,6 +153,15 @@ type exchangeSession struct {
 	active bool // the request names a session and sessions are on
 	sticky bool // the request is pinned by its binding, not by the client
 	bound  shm.Binding
+	// claimed: the request bound its unbound session at selection
+	// (claimSession) and no engine has accepted it yet; a request that
+	// ends so takes the binding back.
+	claimed     bool
+	claimResult shm.BindResult // the claim's, counted when it is confirmed
+	// accepted: an engine accepted the request and bindTo bound the
+	// session to bound's worker, whose binding is touched again when the
+	// request ends.
+	accepted bool
 	// opened: open_session succeeded on the chosen worker, so a re-route
 	// elsewhere would lose the session; retries are off.
 	opened bool
@@ -299,15 +309,81 @@ func (ex *exchange) selectSticky() (sched.Decision, error) {
 	return ex.h.Select(&ex.wait, &ex.sreq)
 }
 
+// claimSession binds a session that had no binding to the worker just
+// chosen for its request, at once: binding only when an engine accepts
+// the request (bindTo) left the session unbound for as long as that took
+// (a whole generation for a non-streamed answer), and the session's
+// other requests meanwhile went where selection sent them, each binding
+// it in turn. When a concurrent request claimed the session first, this
+// one follows it there: its booking is given back and it is selected
+// again, pinned to that worker, unless the worker cannot take it.
+func (s *Server) claimSession(ex *exchange, dec sched.Decision) (sched.Decision, error) {
+	es := &ex.sess
+	if !es.active || es.sticky || ex.sreq.Pinned || ex.req.Session.Close {
+		// Not a session; bound already; pinned by the client (it binds
+		// where it lands); or closing it.
+		return dec, nil
+	}
+	ss := s.sessions
+	b, res := ss.table.Claim(es.key, dec.WorkerID, dec.DPRank, ss.table.Now(), ss.ttl)
+	switch {
+	case res == shm.BindFailed:
+		return dec, nil // it binds when accepted, as before
+	case res != shm.BindHeld:
+		// Counted once an engine accepts the request (bindTo).
+		es.sticky, es.bound, es.claimed, es.claimResult = true, b, true, res
+		return dec, nil
+	}
+	ss.binds[shm.BindHeld].Inc()
+	if b.WorkerID == dec.WorkerID && b.DPRank == dec.DPRank {
+		es.sticky, es.bound = true, b
+		return dec, nil
+	}
+	if ss.ineligible(ex, b) != "" {
+		return dec, nil // the other request's worker went meanwhile: this one rebinds on acceptance
+	}
+	_ = ex.h.Release()
+	ex.setGuard(s.guards.Acquire())
+	es.sticky, es.bound = true, b
+	ex.sreq.Pinned, ex.sreq.PinWorker, ex.sreq.PinRank = true, b.WorkerID, b.DPRank
+	ex.sreq.PinBusyLimit = ss.cfg.BusyUnbindAfter
+	return ex.selectSticky()
+}
+
+// endSession runs when the request ends: a claim no engine accepted is
+// taken back, and an accepted request's binding is touched, so that the
+// session's idle time runs from the end of its turn, not from its start
+// (a stream longer than the TTL lost its binding as it ended).
+func (ex *exchange) endSession() {
+	es := &ex.sess
+	if !es.active || ex.s.sessions == nil {
+		return
+	}
+	ss := ex.s.sessions
+	switch {
+	case es.claimed:
+		es.claimed = false
+		ss.table.Unbind(es.key, es.bound.WorkerID, es.bound.DPRank, ss.table.Now())
+	case es.accepted && !ex.req.Session.Close:
+		ss.table.Touch(es.key, es.bound.WorkerID, es.bound.DPRank, ss.table.Now())
+	}
+}
+
 // unstick drops the binding's pin from the request and the binding from
-// the table, for reason.
+// the table, for reason. A claim this request made is only taken back:
+// the session was never bound anywhere else.
 func (ex *exchange) unstick(reason string) {
 	es := &ex.sess
 	if !es.sticky {
 		return
 	}
 	ss := ex.s.sessions
-	ss.unbind(es, es.bound, reason, ss.table.Now())
+	if es.claimed {
+		es.claimed = false
+		ss.table.Unbind(es.key, es.bound.WorkerID, es.bound.DPRank, ss.table.Now())
+	} else {
+		ss.unbind(es, es.bound, reason, ss.table.Now())
+	}
 	es.sticky = false
 	ex.sreq.Pinned, ex.sreq.PinWorker, ex.sreq.PinRank, ex.sreq.PinBusyLimit = false, 0, 0, 0
 }
@@ -339,7 +415,13 @@ func (ex *exchange) bindTo(workerID uint64, rank uint32) {
 		return
 	}
 	ss := ex.s.sessions
-	ss.binds[ss.table.Bind(es.key, workerID, rank, ss.table.Now(), ss.ttl)].Inc()
+	res := ss.table.Bind(es.key, workerID, rank, ss.table.Now(), ss.ttl)
+	if es.claimed && res == shm.BindRefreshed {
+		res = es.claimResult // the claim, now confirmed
+	}
+	ss.binds[res].Inc()
+	es.claimed, es.accepted = false, true
+	es.bound = shm.Binding{WorkerID: workerID, DPRank: rank}
 	if es.closer != nil {
 		es.closer.bound.Store(true)
 	}

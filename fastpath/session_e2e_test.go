@@ -598,3 +598,71 @@ func TestSessionControlCarriesTheClient(t *testing.T) {
 	})
 	waitReleased(t, r.node)
 }
+
+// Concurrent first requests of one new session agree on one worker: the
+// session is claimed when the first is routed, not when its engine
+// accepts it (a non-streamed answer is accepted only once generated, and
+// the others went where selection sent them, split across workers).
+func TestStickyConcurrentFirstRequestsAgree(t *testing.T) {
+	const n = 8
+	release := make(chan struct{})
+	var arrived atomic.Int32
+	hold := func(ctx *fasthttp.RequestCtx) {
+		arrived.Add(1)
+		<-release
+		plainAnswer(ctx)
+	}
+	a, b := startSessionEngine(t, hold), startSessionEngine(t, hold)
+	r := sessionRouter(t, nil, a, b)
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	got := make(chan string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			res, err := postNoFatal(r, completionBody(e2eTokens(uint32(10+i), 64), false, 4), sessionHeaders("together"))
+			if err != nil || res.status != http.StatusOK {
+				got <- fmt.Sprintf("error %v, status %d", err, res.status)
+				return
+			}
+			got <- res.header.Get(fastpath.HeaderWorker)
+		})
+	}
+	// Every request is held by an engine before any is answered.
+	waitFor(t, "every request at an engine", func() bool { return arrived.Load() == n })
+	once.Do(func() { close(release) })
+	wg.Wait()
+	close(got)
+	workersSeen := map[string]int{}
+	for w := range got {
+		workersSeen[w]++
+	}
+	if len(workersSeen) != 1 {
+		t.Fatalf("the session's concurrent first requests went to %v, want one worker", workersSeen)
+	}
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_session_binds_total{result="new"}`, 1)
+	wantMetric(t, m, `kvfast_session_bindings`, 1)
+}
+
+// A turn longer than the TTL keeps its session: idle time runs from the
+// end of the turn (the binding was touched only when the engine accepted
+// the request, and the next turn found it expired).
+func TestStickyLongTurnOutlivesTheTTL(t *testing.T) {
+	const ttl = 2 * time.Second
+	slow := sseHandler(func(w *bufio.Writer) {
+		for range 6 { // 3 s: longer than the TTL
+			if writeFlush(w, []byte(`data: {"choices":[{"index":0,"text":"x","finish_reason":null}]}`+"\n\n")) != nil {
+				return
+			}
+			time.Sleep(ttl / 4)
+		}
+		_ = writeFlush(w, []byte(`data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n"))
+	})
+	a, b := startSessionEngine(t, slow), startSessionEngine(t, slow)
+	r := sessionRouter(t, func(c *node.Config) { c.HTTP.Sessions.TTL = ttl }, a, b)
+	servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 64), true, 4), sessionHeaders("long")))
+	// Right after the turn the session has been idle for no time: its
+	// binding is live (the gauge counts live bindings only).
+	wantMetric(t, r.metrics(t), `kvfast_session_bindings`, 1)
+}

@@ -289,6 +289,7 @@ const (
 	BindNew                         // a new binding in a free or expired way
 	BindReplaced                    // key was bound elsewhere; now here
 	BindEvicted                     // a new binding that evicted the bucket's least recently used live one
+	BindHeld                        // Claim: key already had a live binding, left as it was
 )
 
 // Bind binds key to (workerID, rank) at now, or refreshes the binding if
@@ -299,14 +300,55 @@ func (b *Bindings) Bind(key, workerID uint64, rank uint32, now, ttl int64) (_ Bi
 	var faulted bool // BindFailed
 	defer b.seg.Catch(&faulted)
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	return b.bind(key, workerID, rank, now, ttl)
+	_, res := b.bind(key, workerID, rank, now, ttl, false)
+	return res
 }
 
-func (b *Bindings) bind(key, workerID uint64, rank uint32, now, ttl int64) BindResult {
+// Claim is Bind for a session found unbound a moment ago: it binds key
+// to (workerID, rank) unless key has a live binding by now, which it
+// leaves as it is and returns with BindHeld. Concurrent first requests of
+// one session thus agree on one worker, the first to claim it.
+func (b *Bindings) Claim(key, workerID uint64, rank uint32, now, ttl int64) (_ Binding, _ BindResult) {
+	var faulted bool // BindFailed
+	defer b.seg.Catch(&faulted)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	return b.bind(key, workerID, rank, now, ttl, true)
+}
+
+// Touch refreshes key's binding to now if it still names (workerID,
+// rank), even idle past ttl but not yet removed: a turn that ran longer
+// than the TTL keeps its session, whose idle time starts when the turn
+// ends. It reports whether it did.
+func (b *Bindings) Touch(key, workerID uint64, rank uint32, now int64) (_ bool) {
+	var faulted bool // not touched
+	defer b.seg.Catch(&faulted)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	bucket := b.bucketOf(key)
 	v, ok := b.lock(bucket, now)
 	if !ok {
-		return BindFailed
+		return false
+	}
+	touched := false
+	for way := range bindingWays {
+		e := entryOff(bucket, way)
+		if atomic.LoadUint64(b.word(e+beKey)) == key &&
+			atomic.LoadUint64(b.word(e+beWorker)) == workerID &&
+			uint32(atomic.LoadUint64(b.word(e+beRank))) == rank {
+			atomic.StoreUint64(b.word(e+beTouched), uint64(now))
+			touched = true
+		}
+	}
+	b.unlock(bucket, v)
+	return touched
+}
+
+// bind binds key, or with claim only when it has no live binding, and
+// returns the binding that holds afterwards.
+func (b *Bindings) bind(key, workerID uint64, rank uint32, now, ttl int64, claim bool) (Binding, BindResult) {
+	bucket := b.bucketOf(key)
+	v, ok := b.lock(bucket, now)
+	if !ok {
+		return Binding{}, BindFailed
 	}
 	match, free, lru := -1, -1, -1
 	var lruTouched int64
@@ -315,6 +357,14 @@ func (b *Bindings) bind(key, workerID uint64, rank uint32, now, ttl int64) BindR
 		k := atomic.LoadUint64(b.word(e + beKey))
 		if k == key {
 			match = way
+			if held := (Binding{
+				WorkerID: atomic.LoadUint64(b.word(e + beWorker)),
+				DPRank:   uint32(atomic.LoadUint64(b.word(e + beRank))),
+				Touched:  int64(atomic.LoadUint64(b.word(e + beTouched))),
+			}); claim && live(held.Touched, now, ttl) {
+				b.unlock(bucket, v)
+				return held, BindHeld
+			}
 			break
 		}
 		touched := int64(atomic.LoadUint64(b.word(e + beTouched)))
@@ -344,7 +394,7 @@ func (b *Bindings) bind(key, workerID uint64, rank uint32, now, ttl int64) BindR
 	atomic.StoreUint64(b.word(e+beRank), uint64(rank))
 	atomic.StoreUint64(b.word(e+beTouched), uint64(now))
 	b.unlock(bucket, v)
-	return res
+	return Binding{WorkerID: workerID, DPRank: rank, Touched: now}, res
 }
 
 // Unbind removes key's binding if it still names (workerID, rank), so that

@@ -16,7 +16,9 @@ func TestBindingsZeroAllocs(t *testing.T) {
 			t.Fatal("lost the binding")
 		}
 		b.Bind(k, 1, 0, now, testTTL)
+		b.Claim(k, 1, 0, now, testTTL)
+		b.Touch(k, 1, 0, now)
 	}); n != 0 {
-		t.Fatalf("key, lookup and refresh: %v allocs per run", n)
+		t.Fatalf("key, lookup, refresh, claim and touch: %v allocs per run", n)
 	}
 }

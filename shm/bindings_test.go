@@ -69,6 +69,36 @@ func TestBindingsRebindAndUnbind(t *testing.T) {
 	}
 }
 
+// Claim binds only a session with no live binding, and hands back the
+// one that holds; Touch refreshes only a binding still naming its worker,
+// even one idle past the TTL that no lookup has removed yet.
+func TestBindingsClaimAndTouch(t *testing.T) {
+	b, _ := NewBindings(MinBindings)
+	k := b.Key([]byte("s"))
+	if got, r := b.Claim(k, 1, 0, 10, testTTL); r != BindNew || got.WorkerID != 1 {
+		t.Fatalf("claim of an unbound session = %+v, %v; want worker 1, BindNew", got, r)
+	}
+	if got, r := b.Claim(k, 2, 0, 20, testTTL); r != BindHeld || got.WorkerID != 1 || got.Touched != 10 {
+		t.Fatalf("claim of a claimed session = %+v, %v; want worker 1's binding, untouched, BindHeld", got, r)
+	}
+	if got, r := b.Claim(k, 2, 0, 11+testTTL, testTTL); r != BindReplaced || got.WorkerID != 2 {
+		t.Fatalf("claim of an expired binding = %+v, %v; want worker 2, BindReplaced", got, r)
+	}
+	if b.Touch(k, 1, 0, 30) {
+		t.Fatal("Touch of a binding naming another worker touched it")
+	}
+	idle := 12 + 2*testTTL // worker 2's binding, made at 11+TTL, is idle past the TTL
+	if _, r := b.Peek(k, idle, testTTL); r != BindingExpired {
+		t.Fatalf("peek = %v, want BindingExpired", r)
+	}
+	if !b.Touch(k, 2, 0, idle) {
+		t.Fatal("Touch of the session's own binding, idle past the TTL but not removed, did nothing")
+	}
+	if got, r := b.Lookup(k, idle, testTTL); r != BindingHit || got.WorkerID != 2 || got.Touched != idle {
+		t.Fatalf("after Touch, lookup = %+v, %v; want worker 2 touched at %d", got, r, idle)
+	}
+}
+
 func TestBindingsBoundedEvictsLeastRecentlyUsed(t *testing.T) {
 	b, _ := NewBindings(MinBindings) // one bucket of bindingWays
 	if b.Capacity() != bindingWays {
