@@ -9,3 +9,10 @@ var ClientWentAway = clientWentAway
 // EagerBodyBytes is eagerBodyBytes: what a body declared longer is
 // charged before its bytes arrive.
 const EagerBodyBytes = eagerBodyBytes
+
+// SetMaxPendingCloses sets maxPendingCloses until the returned restore.
+func SetMaxPendingCloses(n int64) (restore func()) {
+	old := maxPendingCloses
+	maxPendingCloses = n
+	return func() { maxPendingCloses = old }
+}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
@@ -21,6 +22,7 @@ import (
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/shm"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // Sticky sessions. A request names its session in HeaderSession; the
@@ -100,7 +102,9 @@ type sessions struct {
 	lookups map[shm.LookupResult]prometheus.Counter
 	binds   map[shm.BindResult]prometheus.Counter
 	unbinds map[string]prometheus.Counter
-	control map[string]prometheus.Counter // "open/ok", "open/error", "close/ok", "close/error"
+	control map[string]prometheus.Counter // "open/ok", "open/error", "close/ok", "close/error", "close/dropped"
+	// pendingCloses counts the close_session calls in flight.
+	pendingCloses atomic.Int64
 }
 
 func newSessions(s *Server, cfg SessionConfig, table *shm.Bindings) (*sessions, error) {
@@ -132,12 +136,13 @@ func newSessions(s *Server, cfg SessionConfig, table *shm.Bindings) (*sessions, 
 		ss.unbinds[r] = unbinds.WithLabelValues(r)
 	}
 	control := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvfast_session_control_total",
-		Help: "Engine session lifecycle calls (SGLang open_session, close_session) by operation and result."}, []string{"op", "result"})
+		Help: "Engine session lifecycle calls (SGLang open_session, close_session) by operation and result: ok, error, or for close dropped (not sent: too many closes already in flight)."}, []string{"op", "result"})
 	for _, op := range []string{"open", "close"} {
 		for _, res := range []string{"ok", "error"} {
 			ss.control[op+"/"+res] = control.WithLabelValues(op, res)
 		}
 	}
+	ss.control["close/dropped"] = control.WithLabelValues("close", "dropped")
 	live := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvfast_session_bindings",
 		Help: "Live sticky-session bindings in the table (shared by every router on the segment)."},
 		func() float64 { return float64(table.Live(table.Now(), ss.ttl)) })
@@ -173,7 +178,7 @@ type exchangeSession struct {
 
 var (
 	errBadSessionHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderSession, Code: "invalid_header",
-		Message: HeaderSession + " must be 1 to 256 bytes"}
+		Message: HeaderSession + " must be 1 to 256 bytes of UTF-8"}
 	errSessionControlNeedsID = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: "session_control", Code: "session_id_required",
 		Message: "session_control needs the session named in " + HeaderSession}
 	errSessionsOff = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: "session_control", Code: "sessions_disabled",
@@ -200,7 +205,9 @@ func (s *Server) stickyRoute(ctx *fasthttp.RequestCtx, ex *exchange, queryOnly b
 		}
 		return nil
 	}
-	if len(v) > maxSessionIDBytes {
+	if len(v) > maxSessionIDBytes || !utf8.Valid(v) {
+		// Not UTF-8, it would reach SGLang's session_id as U+FFFD, and
+		// two distinct ids one engine session.
 		return errBadSessionHeader
 	}
 	ss := s.sessions
@@ -257,7 +264,10 @@ func (ss *sessions) ineligible(ex *exchange, b shm.Binding) string {
 	case e.Stalled:
 		return unbindStalled
 	case ex.sreq.Model != "" && e.Model != ex.sreq.Model,
-		ex.adapterWorkers != 0 && !ex.adapterWorkers.Has(slot): // does not serve the adapter named
+		ex.adapterWorkers != 0 && !ex.adapterWorkers.Has(slot), // does not serve the adapter named
+		// Its engine no longer lists the model: avoidUnlisted took it off
+		// the request's allow-list, which the client may not have sent.
+		ex.sreq.AllowListed && !ex.sreq.Allow.Has(slot) && workers.Set(ss.s.unlisted.Load()).Has(slot):
 		return unbindModel
 	case ex.sreq.AllowListed && !ex.sreq.Allow.Has(slot):
 		return unbindNotAllowed
@@ -451,7 +461,7 @@ func (ex *exchange) sessionControl(ctx *fasthttp.RequestCtx) bool {
 				"worker_id", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "err", err)
 			ex.unstick(unbindOpenFailed)
 			_ = ex.h.DispatchFailed()
-			ex.count(statusUnavailable)
+			ex.count(statusEngineError) // the worker's failure, not a want of workers
 			writeError(ctx, errSessionOpen.Status, errSessionOpen)
 			return false
 		}
@@ -542,6 +552,15 @@ type sessionCloser struct {
 	bound       atomic.Bool
 }
 
+// maxPendingCloses bounds the close_session calls in flight at once. Each
+// holds a goroutine and a connection for up to ControlTimeout, and runs
+// after its request has been answered, so neither --max-conns nor any
+// client's patience bounds them: 1,500 closes against hung engines held
+// 3,000 goroutines and 1,000 file descriptors (a review's run). Past it a
+// close is not sent, counted and logged; the engine keeps that session
+// until it times it out.
+var maxPendingCloses int64 = 256
+
 // AfterRelease runs once the request's guard is released, on every path;
 // the call itself goes to a goroutine, as Release must not block.
 func (c *sessionCloser) AfterRelease(guard.Event) {
@@ -554,7 +573,16 @@ func (c *sessionCloser) AfterRelease(guard.Event) {
 	} else if ss.table.Unbind(c.key, c.workerID, c.rank, now) {
 		ss.unbinds[unbindClosed].Inc()
 	}
+	if ss.pendingCloses.Add(1) > maxPendingCloses {
+		ss.pendingCloses.Add(-1)
+		ss.control["close/dropped"].Inc()
+		ss.throttle.Log(ss.s.log, slog.LevelWarn, "session-close-dropped",
+			"too many session closes in flight (engines slow to answer close_session): this one is not sent, and its engine keeps the session until it times it out",
+			"worker_id", c.workerID, "dp_rank", c.rank, "in_flight", maxPendingCloses)
+		return
+	}
 	go func() {
+		defer ss.pendingCloses.Add(-1)
 		if err := ss.call(context.Background(), c.endpoint, "/close_session", map[string]string{"session_id": c.id}, c.caller); err != nil {
 			ss.control["close/error"].Inc()
 			ss.throttle.Log(ss.s.log, slog.LevelWarn, "session-close", "cannot close the session on its worker",

@@ -34,6 +34,8 @@ type sessionEngine struct {
 	// atClose, when set, runs as close_session arrives (the test reads the
 	// router's bookings there).
 	atClose func()
+	// lists is the model GET /v1/models names ("": the tests' model).
+	lists string
 }
 
 func startSessionEngine(t *testing.T, handler fasthttp.RequestHandler) *sessionEngine {
@@ -70,6 +72,15 @@ func startSessionEngine(t *testing.T, handler fasthttp.RequestHandler) *sessionE
 			}
 			se.note("close " + string(ctx.PostBody()))
 			se.noteCaller(ctx)
+		case "/v1/models":
+			se.mu.Lock()
+			model := se.lists
+			se.mu.Unlock()
+			if model == "" {
+				model = e2eModel
+			}
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"object":"list","data":[{"id":"` + model + `","object":"model"}]}`)
 		default:
 			ctx.SetStatusCode(fasthttp.StatusNotFound)
 		}
@@ -665,4 +676,84 @@ func TestStickyLongTurnOutlivesTheTTL(t *testing.T) {
 	// Right after the turn the session has been idle for no time: its
 	// binding is live (the gauge counts live bindings only).
 	wantMetric(t, r.metrics(t), `kvfast_session_bindings`, 1)
+}
+
+// close_session calls in flight are bounded: past the bound a close is not
+// sent but counted (each held a goroutine and a connection for up to
+// --session-control-timeout, after its request was answered, so nothing
+// else bounded them).
+func TestSessionClosesInFlightAreBounded(t *testing.T) {
+	defer fastpath.SetMaxPendingCloses(2)()
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer unblock()
+	e := startSessionEngine(t, plainAnswer)
+	var held atomic.Int32
+	e.mu.Lock()
+	e.atClose = func() { held.Add(1); <-release }
+	e.mu.Unlock()
+	r := sessionRouter(t, nil, e)
+	body := []byte(`{"model":"` + e2eModel + `","prompt":[1,2,3,4],"max_tokens":4,"session_control":{"close":true}}`)
+	for i := range 3 {
+		if res := r.post(t, fastpath.PathCompletions, body, sessionHeaders(fmt.Sprint("closing-", i))); res.status != http.StatusOK {
+			t.Fatalf("request %d: status %d: %s", i, res.status, res.body)
+		}
+	}
+	waitFor(t, "one close dropped and two held by the engine", func() bool {
+		return metricOr0(r.metrics(t), `kvfast_session_control_total{op="close",result="dropped"}`) == 1 && held.Load() == 2
+	})
+	unblock()
+	waitFor(t, "the two closes answered", func() bool {
+		return metricOr0(r.metrics(t), `kvfast_session_control_total{op="close",result="ok"}`) == 2
+	})
+	if n := held.Load(); n != 2 {
+		t.Fatalf("the engine saw %d closes, want 2", n)
+	}
+}
+
+// A bound worker whose engine stops listing the session's model loses the
+// session for the model's sake, not the allow-list's, which the client
+// never sent (the router's own narrowing read as one).
+func TestStickyUnbindsAWorkerThatStopsListingTheModel(t *testing.T) {
+	a, b := startSessionEngine(t, plainAnswer), startSessionEngine(t, plainAnswer)
+	r := sessionRouter(t, nil, a, b)
+	first := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 64), false, 4), sessionHeaders("unl")))
+	bound, boundID := a, uint64(1)
+	if first == "2" {
+		bound, boundID = b, 2
+	}
+	bound.mu.Lock()
+	bound.lists = "another-model"
+	bound.mu.Unlock()
+	waitFor(t, "the bound worker's engine seen not to list the model", func() bool {
+		for _, w := range r.node.Snapshot().Workers {
+			if w.WorkerID == boundID && w.ModelUnlisted {
+				return true
+			}
+		}
+		return false
+	})
+	if got := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(2, 64), false, 4), sessionHeaders("unl"))); got == first {
+		t.Fatalf("the session stayed on worker %s, whose engine no longer lists its model", got)
+	}
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_session_unbinds_total{reason="model"}`, 1)
+	wantMetric(t, m, `kvfast_session_unbinds_total{reason="not_allowed"}`, 0)
+}
+
+// A session id must be 1 to 256 bytes of UTF-8: past that, or not UTF-8
+// (two such ids reached SGLang as one session_id, their bytes replaced by
+// U+FFFD), it is a 400.
+func TestStickySessionIDIsChecked(t *testing.T) {
+	r := sessionRouter(t, nil, startSessionEngine(t, plainAnswer))
+	for _, id := range []string{strings.Repeat("s", 257), "u-\xff", "u-\xfe"} {
+		res := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 32), false, 4), sessionHeaders(id))
+		if res.status != http.StatusBadRequest || !strings.Contains(string(res.body), "invalid_header") {
+			t.Errorf("session id %.20q: status %d %s, want 400 invalid_header", id, res.status, res.body)
+		}
+	}
+	if got := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 32), false, 4), sessionHeaders(strings.Repeat("é", 128)))); got == "" {
+		t.Fatal("a 256-byte UTF-8 session id was not served")
+	}
 }
