@@ -238,6 +238,10 @@ func (c *Config) Validate() error {
 	if c.Sched.QueueCapacity < 0 {
 		return fmt.Errorf("cannot use queue capacity %d: must not be negative (0: no queue)", c.Sched.QueueCapacity)
 	}
+	if _, err := shm.BindingsRegionSize(c.Segment.Sessions); err != nil {
+		// A usage error, not a router that stopped at start-up.
+		return fmt.Errorf("cannot use --session-capacity %d: must be %d to %d", c.Segment.Sessions, shm.MinBindings, shm.MaxBindings)
+	}
 	for _, t := range []struct {
 		name string
 		v    time.Duration

@@ -119,6 +119,8 @@ func TestServeConfig(t *testing.T) {
 			{"--worker url=http//127.0.0.1:9001", `"http//127.0.0.1" is neither an IP address nor a host name`},
 			{"--worker url=http://127.0.0.1:99999", "the port must be a number from 1 to 65535"},
 			{"--worker url=http://engine-0.local:0", "the port must be a number from 1 to 65535"},
+			{"--session-capacity 0", "cannot use --session-capacity 0: must be 7 to"},
+			{"--session-capacity 117440513", "must be 7 to 117440512"},
 		} {
 			var stderr strings.Builder
 			args := append([]string{"--segment", "none"}, strings.Fields(tc.args)...)
