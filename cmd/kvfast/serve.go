@@ -474,6 +474,10 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 		fmt.Fprintln(stderr, "kvfast serve:", err)
 		return cfg, 2, false
 	}
+	if se := cfg.HTTP.Sessions; se.TTL > 0 && se.BusyUnbindAfter > 0 && cfg.HTTP.QueueTimeout > 0 && cfg.HTTP.QueueTimeout < se.BusyUnbindAfter {
+		log.Warn("a sticky session's turn that queues behind its busy worker gets 503 at --queue-timeout before --session-busy-unbind would move it to an idle worker; "+
+			"set --session-busy-unbind at most --queue-timeout", "queue_timeout", cfg.HTTP.QueueTimeout, "session_busy_unbind", se.BusyUnbindAfter)
+	}
 	return cfg, 0, true
 }
 

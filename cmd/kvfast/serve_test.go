@@ -56,6 +56,20 @@ func TestServeConfig(t *testing.T) {
 			t.Errorf("static workers %+v", cfg.Static)
 		}
 	})
+	t.Run("a queue timeout shorter than the session busy unbind is warned about", func(t *testing.T) {
+		var stderr strings.Builder
+		if _, _, ok := serveConfig([]string{"--segment", "none", "--queue-timeout", "2s", "--session-busy-unbind", "6s"}, &stderr); !ok {
+			t.Fatalf("refused: %s", stderr.String())
+		}
+		if !strings.Contains(stderr.String(), "set --session-busy-unbind at most --queue-timeout") {
+			t.Errorf("no warning: %q", stderr.String())
+		}
+		stderr.Reset()
+		serveConfig([]string{"--segment", "none"}, &stderr)
+		if strings.Contains(stderr.String(), "session-busy-unbind") {
+			t.Errorf("the defaults are warned about: %q", stderr.String())
+		}
+	})
 	t.Run("a misspelled KVFAST_ variable is warned about", func(t *testing.T) {
 		t.Setenv("KVFAST_POLICYY", "round-robin")
 		t.Setenv("KVFAST_MODEL", "m") // a publisher's, not the router's
