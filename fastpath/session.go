@@ -167,6 +167,11 @@ type exchangeSession struct {
 	// session to bound's worker, whose binding is touched again when the
 	// request ends.
 	accepted bool
+	// closeEndpoint, when set, is the engine of the worker the session was
+	// bound to (closeAt) when the request, closing it, had to go elsewhere:
+	// its close_session goes there.
+	closeEndpoint string
+	closeAt       shm.Binding
 	// opened: open_session succeeded on the chosen worker, so a re-route
 	// elsewhere would lose the session; retries are off.
 	opened bool
@@ -238,6 +243,16 @@ func (s *Server) stickyRoute(ctx *fasthttp.RequestCtx, ex *exchange, queryOnly b
 	if reason := ss.ineligible(ex, b); reason != "" {
 		if !queryOnly {
 			ss.unbind(es, b, reason, now)
+			if ctl.Close && reason != unbindRemoved {
+				// The request goes elsewhere, but the engine session
+				// lives on the bound worker's engine: its close goes
+				// there, or it would stay open for good.
+				if slot, ok := ss.s.sched.Resolve(b.WorkerID, b.DPRank); ok {
+					if info, ok := ss.s.sched.Worker(slot); ok {
+						es.closeAt, es.closeEndpoint = b, info.Endpoint
+					}
+				}
+			}
 		}
 		return nil
 	}
@@ -474,6 +489,9 @@ func (ex *exchange) sessionControl(ctx *fasthttp.RequestCtx) bool {
 		// else would close it on the engine.
 		c := &sessionCloser{ss: ss, endpoint: ex.dec.Endpoint, id: string(ex.sess.id), key: ex.sess.key,
 			workerID: ex.dec.WorkerID, rank: ex.dec.DPRank, caller: caller, unlessBound: !ctl.Close}
+		if ctl.Close && ex.sess.closeEndpoint != "" {
+			c.endpoint, c.workerID, c.rank = ex.sess.closeEndpoint, ex.sess.closeAt.WorkerID, ex.sess.closeAt.DPRank
+		}
 		if c.unlessBound {
 			ex.sess.closer = c
 		}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -755,5 +756,28 @@ func TestStickySessionIDIsChecked(t *testing.T) {
 	}
 	if got := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 32), false, 4), sessionHeaders(strings.Repeat("é", 128)))); got == "" {
 		t.Fatal("a 256-byte UTF-8 session id was not served")
+	}
+}
+
+// A request that closes its session but cannot go to the bound worker
+// (here its allow-list excludes it) is served elsewhere, and the
+// close_session still goes to the bound worker's engine, where the
+// engine session lives (it went to the other, which had none).
+func TestSessionCloseGoesToTheBoundWorker(t *testing.T) {
+	a, b := startSessionEngine(t, plainAnswer), startSessionEngine(t, plainAnswer)
+	r := sessionRouter(t, nil, a, b)
+	x := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 64), false, 4), sessionHeaders("leaving")))
+	bound, other, otherID := a, b, "2"
+	if x == "2" {
+		bound, other, otherID = b, a, "1"
+	}
+	body := []byte(`{"model":"` + e2eModel + `","prompt":[1,2,3,4],"max_tokens":4,"session_control":{"close":true}}`)
+	if got := servedBy(t, r.post(t, fastpath.PathCompletions, body, sessionHeaders("leaving", fastpath.HeaderAllow, otherID))); got != otherID {
+		t.Fatalf("the closing request went to %s, want %s", got, otherID)
+	}
+	closed := func(e *sessionEngine) bool { return slices.Contains(e.events(), `close {"session_id":"leaving"}`) }
+	waitFor(t, "close_session at the bound worker's engine", func() bool { return closed(bound) })
+	if closed(other) {
+		t.Fatalf("close_session went to the worker that served the request too: %q", other.events())
 	}
 }
