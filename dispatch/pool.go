@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvfast/kvfast/internal/clock"
+	"github.com/kvfast/kvfast/internal/redact"
 	"github.com/kvfast/kvfast/workers"
 	"github.com/valyala/fasthttp"
 )
@@ -447,7 +448,7 @@ func (e *Engine) checkHealth() {
 				if err == nil {
 					err = fmt.Errorf("health check GET %s answered status %d", cfg.Path, resp.StatusCode())
 				} else {
-					err = fmt.Errorf("health check GET %s: %w", cfg.Path, err)
+					err = fmt.Errorf("health check GET %s: %w", cfg.Path, redact.AnswerError(err))
 				}
 				e.setHealthy(false, err)
 			}

@@ -6,10 +6,10 @@ import (
 	"io"
 	"net"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
+	"github.com/kvfast/kvfast/internal/redact"
 	"github.com/valyala/fasthttp"
 )
 
@@ -306,27 +306,8 @@ func (c *Call) letGo(reuse bool) {
 	c.client, c.cc = nil, nil
 }
 
-// withoutAnswerBytes is err with the bytes fasthttp quotes of an answer it
-// cannot parse (", contents: ...") cut from its text: an engine that
-// echoes its request there would put a client's key or prompt into the
-// log. The HostClient's SecureErrorLogMessage does the same for its own
-// reads, but this read is the call's. What err wraps (a timeout) is kept.
+// withoutAnswerBytes is redact.AnswerError with the call's own timeouts
+// kept as they are.
 func withoutAnswerBytes(err error) error {
-	msg := err.Error()
-	i := strings.Index(msg, "buffer size=")
-	if i < 0 {
-		i = strings.Index(msg, "contents:")
-	}
-	if i < 0 {
-		return err
-	}
-	return &answerHidden{msg: strings.TrimRight(msg[:i], ", :") + " (the answer's bytes are not shown)", err: err}
+	return redact.AnswerError(err, ErrFirstByteTimeout, ErrIdleTimeout)
 }
-
-type answerHidden struct {
-	msg string
-	err error
-}
-
-func (e *answerHidden) Error() string { return e.msg }
-func (e *answerHidden) Unwrap() error { return e.err }

@@ -18,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvfast/kvfast/internal/clock"
+	"github.com/kvfast/kvfast/internal/redact"
 	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -224,7 +225,7 @@ func (rm *Remote) tokens(ctx context.Context, dst []uint32, mm *Multimodal, api 
 			if kind != ErrBadResponse {
 				st.failed()
 			}
-			return dst, rm.fail(kind, c, st, err)
+			return dst, rm.fail(kind, c, st, redact.AnswerError(err))
 		}
 		status := c.resp.StatusCode()
 		if status >= 500 && !routeMissing(status, c.resp.Body()) {

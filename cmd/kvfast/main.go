@@ -217,6 +217,7 @@ func extraArgument(fs *flag.FlagSet) string {
 // not take. They may take more of the message than the secret: better
 // than leaving part of a password.
 var (
+	urlToken    = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://\S*`)
 	urlUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)\S*@`)
 	urlQuery    = regexp.MustCompile(`(://[^\s?#"\\]*)([?#])(?:[^\s"\\]|\\.)*(?:[^\s"\\:]|\\.)`)
 	secretPair  = regexp.MustCompile(`(?i)\b((?:api[_-]?key|token|password|passwd|secret|auth[a-z_]*)=)(?:[^\s,"\\]|\\.)*`)
@@ -227,6 +228,18 @@ var (
 // name secrets: the flag package quotes the value whole, and the message
 // goes to stderr, and so to the journal.
 func redactCredentials(msg string) string {
+	// A '?' or '#' before a URL's last '@' is a password holding one or a
+	// query holding an '@', which no rule can tell apart: the whole
+	// token after the scheme goes.
+	msg = urlToken.ReplaceAllStringFunc(msg, func(tok string) string {
+		i := strings.Index(tok, "://") + len("://")
+		if at := strings.LastIndexByte(tok, '@'); at > i {
+			if q := strings.IndexAny(tok[i:], "?#"); q >= 0 && i+q < at {
+				return tok[:i] + "REDACTED"
+			}
+		}
+		return tok
+	})
 	msg = urlUserinfo.ReplaceAllString(msg, "${1}REDACTED@")
 	msg = urlQuery.ReplaceAllString(msg, "${1}${2}REDACTED")
 	return secretPair.ReplaceAllString(msg, "${1}REDACTED")

@@ -327,6 +327,8 @@ func TestWorkerSecretsAreRefusedUnprinted(t *testing.T) {
 		"url=http://user:HUNTER2?x@127.0.0.1:8000,model=m",
 		"url=http://user:HUNTER2#x@127.0.0.1:8000,model=m",
 		"url=http://127.0.0.1:8000,model=m,zmq=tcp://u:HUNTER2?x@127.0.0.1:5557",
+		// A query holding an '@' before a secret (the diff review's find).
+		"url=http://127.0.0.1:8000/?user=a@b.c&sig=HUNTER2,model=m",
 	} {
 		var stderr strings.Builder
 		if _, _, ok := serveConfig([]string{"--segment", "none", "--worker", v}, &stderr); ok {
@@ -344,6 +346,15 @@ func TestWorkerSecretsAreRefusedUnprinted(t *testing.T) {
 			t.Errorf("KVFAST_WORKER=%s: %q", v, stderr.String())
 		}
 		os.Unsetenv("KVFAST_WORKER")
+	}
+	// A URL given to a flag of another type, which the flag package
+	// quotes whole: a '?' before its last '@' hides everything after the
+	// scheme (a password holding it, or a query holding an '@').
+	for _, v := range []string{"http://u:HUNTER2?x@h:1", "http://h:1/?user=a@b.c&sig=HUNTER2"} {
+		var stderr strings.Builder
+		if _, code, ok := serveConfig([]string{"--segment", "none", "--queue-timeout", v}, &stderr); ok || code != 2 || strings.Contains(stderr.String(), "HUNTER2") {
+			t.Errorf("--queue-timeout %s: ok %v, code %d, %q", v, ok, code, stderr.String())
+		}
 	}
 	// A URL left after the flags, meant for one.
 	for _, arg := range []string{"http://u:HUNTER2@127.0.0.1:1", "u:HUNTER2?x@127.0.0.1:1"} {

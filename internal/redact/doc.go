@@ -1,7 +1,7 @@
-// Package redact makes an endpoint, URL or address safe to show in a log
-// line or an error, wherever it came from (a flag, the environment, an
-// engine's registration in the segment): whatever may be a credential is
-// replaced.
+// Package redact makes an endpoint, URL or address, or an engine's
+// unreadable answer, safe to show in a log line or an error, wherever it
+// came from (a flag, the environment, an engine's registration in the
+// segment, an engine's bytes): whatever may be a credential is replaced.
 //
 // # Responsibility
 //
@@ -12,8 +12,13 @@
 // that held no key, the part of a password before a comma) costs nothing,
 // while taking too little leaks a secret into the journal.
 //
+// AnswerError does the same for the error of an engine answer that could
+// not be read as HTTP (dispatch's calls and health checks, the remote
+// tokenizer): the HTTP library quotes the bytes it could not parse, which
+// an engine echoing its request fills with the engines' key and a prompt.
+//
 // # Ownership and concurrency
 //
-// Endpoint is a pure function of its argument: it keeps nothing and may
-// be called from any goroutine.
+// Endpoint and AnswerError are pure functions of their arguments: they
+// keep nothing and may be called from any goroutine.
 package redact
