@@ -565,6 +565,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		ex.sreq.Allow &^= failed
 		ex.setGuard(s.guards.Acquire())
 		dec, serr := ex.h.Select(&ex.wait, &ex.sreq)
+		if serr == nil {
+			// Its claim was taken back: claimed again where it goes.
+			dec, serr = s.claimSession(ex, dec)
+		}
 		if errors.Is(serr, sched.ErrNoEligibleWorker) {
 			// Nowhere else to try: the client hears what went wrong with
 			// the engine that was tried, not that no worker exists.

@@ -163,6 +163,10 @@ type exchangeSession struct {
 	// ends so takes the binding back.
 	claimed     bool
 	claimResult shm.BindResult // the claim's, counted when it is confirmed
+	// followed: the request found its session claimed by a concurrent
+	// request after choosing, and was pinned to that worker; the binding
+	// is the other request's.
+	followed bool
 	// accepted: an engine accepted the request and bindTo bound the
 	// session to bound's worker, whose binding is touched again when the
 	// request ends.
@@ -359,17 +363,18 @@ func (s *Server) claimSession(ex *exchange, dec sched.Decision) (sched.Decision,
 		es.sticky, es.bound, es.claimed, es.claimResult = true, b, true, res
 		return dec, nil
 	}
-	ss.binds[shm.BindHeld].Inc()
 	if b.WorkerID == dec.WorkerID && b.DPRank == dec.DPRank {
-		es.sticky, es.bound = true, b
+		ss.binds[shm.BindHeld].Inc()
+		es.sticky, es.bound, es.followed = true, b, true
 		return dec, nil
 	}
 	if ss.ineligible(ex, b) != "" {
 		return dec, nil // the other request's worker went meanwhile: this one rebinds on acceptance
 	}
+	ss.binds[shm.BindHeld].Inc()
 	_ = ex.h.Release()
 	ex.setGuard(s.guards.Acquire())
-	es.sticky, es.bound = true, b
+	es.sticky, es.bound, es.followed = true, b, true
 	ex.sreq.Pinned, ex.sreq.PinWorker, ex.sreq.PinRank = true, b.WorkerID, b.DPRank
 	ex.sreq.PinBusyLimit = ss.cfg.BusyUnbindAfter
 	return ex.selectSticky()
@@ -388,7 +393,7 @@ func (ex *exchange) endSession() {
 	switch {
 	case es.claimed:
 		es.claimed = false
-		ss.table.Unbind(es.key, es.bound.WorkerID, es.bound.DPRank, ss.table.Now())
+		ss.table.Unclaim(es.key, es.bound.WorkerID, es.bound.DPRank, es.bound.Touched, ss.table.Now())
 	case es.accepted && !ex.req.Session.Close:
 		ss.table.Touch(es.key, es.bound.WorkerID, es.bound.DPRank, ss.table.Now())
 	}
@@ -404,12 +409,13 @@ func (ex *exchange) unstick(reason string) {
 	}
 	ss := ex.s.sessions
 	if es.claimed {
+		// Only if no other request bound or touched it since.
 		es.claimed = false
-		ss.table.Unbind(es.key, es.bound.WorkerID, es.bound.DPRank, ss.table.Now())
+		ss.table.Unclaim(es.key, es.bound.WorkerID, es.bound.DPRank, es.bound.Touched, ss.table.Now())
 	} else {
 		ss.unbind(es, es.bound, reason, ss.table.Now())
 	}
-	es.sticky = false
+	es.sticky, es.followed = false, false
 	ex.sreq.Pinned, ex.sreq.PinWorker, ex.sreq.PinRank, ex.sreq.PinBusyLimit = false, 0, 0, 0
 }
 
@@ -474,7 +480,12 @@ func (ex *exchange) sessionControl(ctx *fasthttp.RequestCtx) bool {
 			ss.control["open/error"].Inc()
 			ss.throttle.Log(ss.s.log, slog.LevelWarn, "session-open", "cannot open the session on the chosen worker",
 				"worker_id", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "err", err)
-			ex.unstick(unbindOpenFailed)
+			if !ex.sess.followed {
+				// A follower's open failing (a concurrent open of the
+				// session, which its claimer made) leaves the binding
+				// to its claimer.
+				ex.unstick(unbindOpenFailed)
+			}
 			_ = ex.h.DispatchFailed()
 			ex.count(statusEngineError) // the worker's failure, not a want of workers
 			writeError(ctx, errSessionOpen.Status, errSessionOpen)

@@ -661,9 +661,11 @@ func TestStickyConcurrentFirstRequestsAgree(t *testing.T) {
 // end of the turn (the binding was touched only when the engine accepted
 // the request, and the next turn found it expired).
 func TestStickyLongTurnOutlivesTheTTL(t *testing.T) {
-	const ttl = 2 * time.Second
+	// The check after the turn must come within the TTL: 3 s is ample on
+	// a loaded machine, and the turn takes 4.5.
+	const ttl = 3 * time.Second
 	slow := sseHandler(func(w *bufio.Writer) {
-		for range 6 { // 3 s: longer than the TTL
+		for range 6 { // 4.5 s: longer than the TTL
 			if writeFlush(w, []byte(`data: {"choices":[{"index":0,"text":"x","finish_reason":null}]}`+"\n\n")) != nil {
 				return
 			}
@@ -694,7 +696,8 @@ func TestSessionClosesInFlightAreBounded(t *testing.T) {
 	e.mu.Lock()
 	e.atClose = func() { held.Add(1); <-release }
 	e.mu.Unlock()
-	r := sessionRouter(t, nil, e)
+	// The held closes must outlive the test's waits on a loaded machine.
+	r := sessionRouter(t, func(c *node.Config) { c.HTTP.Sessions.ControlTimeout = time.Hour }, e)
 	body := []byte(`{"model":"` + e2eModel + `","prompt":[1,2,3,4],"max_tokens":4,"session_control":{"close":true}}`)
 	for i := range 3 {
 		if res := r.post(t, fastpath.PathCompletions, body, sessionHeaders(fmt.Sprint("closing-", i))); res.status != http.StatusOK {

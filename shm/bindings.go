@@ -307,7 +307,8 @@ func (b *Bindings) Bind(key, workerID uint64, rank uint32, now, ttl int64) (_ Bi
 // Claim is Bind for a session found unbound a moment ago: it binds key
 // to (workerID, rank) unless key has a live binding by now, which it
 // leaves as it is and returns with BindHeld. Concurrent first requests of
-// one session thus agree on one worker, the first to claim it.
+// one session thus agree on one worker, the first to claim it. Unlike
+// Bind it evicts no live binding: in a full bucket it is BindFailed.
 func (b *Bindings) Claim(key, workerID uint64, rank uint32, now, ttl int64) (_ Binding, _ BindResult) {
 	var faulted bool // BindFailed
 	defer b.seg.Catch(&faulted)
@@ -378,6 +379,13 @@ func (b *Bindings) bind(key, workerID uint64, rank uint32, now, ttl int64, claim
 		}
 	}
 	victim, res := lru, BindEvicted
+	if claim && match < 0 && free < 0 {
+		// A claim evicts no live binding: its request may yet be refused,
+		// and a client could churn the table with such requests. The
+		// binding is made, evicting, once an engine accepts (Bind).
+		b.unlock(bucket, v)
+		return Binding{}, BindFailed
+	}
 	switch {
 	case match >= 0:
 		e := entryOff(bucket, match)
@@ -395,6 +403,33 @@ func (b *Bindings) bind(key, workerID uint64, rank uint32, now, ttl int64, claim
 	atomic.StoreUint64(b.word(e+beTouched), uint64(now))
 	b.unlock(bucket, v)
 	return Binding{WorkerID: workerID, DPRank: rank, Touched: now}, res
+}
+
+// Unclaim takes back a claim: it removes key's binding if it still names
+// (workerID, rank) and was touched at touched, the claim's own stamp, so
+// that a binding another request has bound or touched since stays.
+func (b *Bindings) Unclaim(key, workerID uint64, rank uint32, touched, now int64) (_ bool) {
+	var faulted bool // nothing removed
+	defer b.seg.Catch(&faulted)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	bucket := b.bucketOf(key)
+	v, ok := b.lock(bucket, now)
+	if !ok {
+		return false
+	}
+	removed := false
+	for way := range bindingWays {
+		e := entryOff(bucket, way)
+		if atomic.LoadUint64(b.word(e+beKey)) == key &&
+			atomic.LoadUint64(b.word(e+beWorker)) == workerID &&
+			uint32(atomic.LoadUint64(b.word(e+beRank))) == rank &&
+			int64(atomic.LoadUint64(b.word(e+beTouched))) == touched {
+			atomic.StoreUint64(b.word(e+beKey), 0)
+			removed = true
+		}
+	}
+	b.unlock(bucket, v)
+	return removed
 }
 
 // Unbind removes key's binding if it still names (workerID, rank), so that

@@ -18,7 +18,8 @@ func TestBindingsZeroAllocs(t *testing.T) {
 		b.Bind(k, 1, 0, now, testTTL)
 		b.Claim(k, 1, 0, now, testTTL)
 		b.Touch(k, 1, 0, now)
+		b.Unclaim(k, 2, 0, now, now)
 	}); n != 0 {
-		t.Fatalf("key, lookup, refresh, claim and touch: %v allocs per run", n)
+		t.Fatalf("key, lookup, refresh, claim, touch and unclaim: %v allocs per run", n)
 	}
 }

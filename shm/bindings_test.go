@@ -87,6 +87,23 @@ func TestBindingsClaimAndTouch(t *testing.T) {
 	if b.Touch(k, 1, 0, 30) {
 		t.Fatal("Touch of a binding naming another worker touched it")
 	}
+	// A claim is taken back only while untouched since: another request's
+	// bind or touch of it makes it that request's too.
+	b2, _ := NewBindings(MinBindings)
+	k2 := b2.Key([]byte("s2"))
+	c, _ := b2.Claim(k2, 3, 0, 40, testTTL)
+	b2.Bind(k2, 3, 0, 41, testTTL) // a follower accepted
+	if b2.Unclaim(k2, 3, 0, c.Touched, 42) {
+		t.Fatal("Unclaim removed a binding another request bound since")
+	}
+	if _, r := b2.Lookup(k2, 42, testTTL); r != BindingHit {
+		t.Fatalf("after a refused Unclaim, lookup = %v, want a hit", r)
+	}
+	k3 := b2.Key([]byte("s3"))
+	c, _ = b2.Claim(k3, 3, 0, 50, testTTL)
+	if !b2.Unclaim(k3, 3, 0, c.Touched, 51) {
+		t.Fatal("Unclaim of an untouched claim removed nothing")
+	}
 	idle := 12 + 2*testTTL // worker 2's binding, made at 11+TTL, is idle past the TTL
 	if _, r := b.Peek(k, idle, testTTL); r != BindingExpired {
 		t.Fatalf("peek = %v, want BindingExpired", r)
@@ -96,6 +113,23 @@ func TestBindingsClaimAndTouch(t *testing.T) {
 	}
 	if got, r := b.Lookup(k, idle, testTTL); r != BindingHit || got.WorkerID != 2 || got.Touched != idle {
 		t.Fatalf("after Touch, lookup = %+v, %v; want worker 2 touched at %d", got, r, idle)
+	}
+}
+
+// A claim evicts no live binding: in a full bucket it fails, and the
+// binding is made (evicting) only once an engine accepts the request.
+func TestBindingsClaimEvictsNothing(t *testing.T) {
+	b, _ := NewBindings(MinBindings) // one bucket
+	for i := range b.Capacity() {
+		if r := b.Bind(b.Key(fmt.Appendf(nil, "s%d", i)), 1, 0, 10, testTTL); r != BindNew {
+			t.Fatalf("bind %d = %v", i, r)
+		}
+	}
+	if _, r := b.Claim(b.Key([]byte("new")), 2, 0, 20, testTTL); r != BindFailed {
+		t.Fatalf("claim in a full bucket = %v, want BindFailed", r)
+	}
+	if n := b.Live(20, testTTL); n != b.Capacity() {
+		t.Fatalf("after the claim %d live bindings, want %d", n, b.Capacity())
 	}
 }
 

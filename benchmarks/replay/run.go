@@ -547,11 +547,6 @@ func (r *runner) do(ctx context.Context, i int, b *requestBuffers) {
 		}
 	}()
 
-	defer func() {
-		if rr.Err != "" && ctx.Err() != nil {
-			rr.Interrupted = true
-		}
-	}()
 	maxTokens := r.maxTokens(rec)
 	if r.isChat {
 		b.body = r.body.appendChat(b.body[:0], r.chat, rec, maxTokens)
@@ -577,6 +572,13 @@ func (r *runner) do(ctx context.Context, i int, b *requestBuffers) {
 	defer func() {
 		if !body.closedWithin(bodyReleaseWait) {
 			b.body = nil
+		}
+	}()
+	// Judged before the wait above (deferred calls run last first): a
+	// failure then an interrupt within that wait is the failure.
+	defer func() {
+		if rr.Err != "" && ctx.Err() != nil {
+			rr.Interrupted = true
 		}
 	}()
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, r.endpoint, body)

@@ -13,14 +13,30 @@ import (
 )
 
 // TestREADMENamesEveryErrorCode: every error code the router's own
-// answers can carry is in README.md's table, so that a new refusal cannot
+// answers can carry is in README.md's table of them, so that a new refusal cannot
 // ship undocumented. The codes are read from the packages' sources: the
 // Code of each openai.Error literal, the code given to badRequest, and
 // dispatch's table of failure kinds.
 func TestREADMENamesEveryErrorCode(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	text, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The table: its rows, after the sentence that introduces it.
+	const intro = "Every answer the router makes itself names its `code`"
+	_, after, ok := strings.Cut(string(text), intro)
+	if !ok {
+		t.Fatalf("README.md lacks the error-code table's introduction %q", intro)
+	}
+	var readme strings.Builder
+	inTable := false
+	for line := range strings.Lines(after) {
+		if strings.HasPrefix(line, "|") {
+			inTable = true
+			readme.WriteString(line)
+		} else if inTable {
+			break
+		}
 	}
 	codes := map[string]string{} // code -> where
 	for _, pkg := range []string{"fastpath", "dispatch", "openai", "prompt"} {
@@ -73,7 +89,7 @@ func TestREADMENamesEveryErrorCode(t *testing.T) {
 	delete(codes, "abandoned")
 	var missing []string
 	for code, where := range codes {
-		if !strings.Contains(string(readme), "`"+code+"`") {
+		if !strings.Contains(readme.String(), "`"+code+"`") {
 			missing = append(missing, code+" ("+where+")")
 		}
 	}
