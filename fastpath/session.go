@@ -163,10 +163,6 @@ type exchangeSession struct {
 	// ends so takes the binding back.
 	claimed     bool
 	claimResult shm.BindResult // the claim's, counted when it is confirmed
-	// followed: the request found its session claimed by a concurrent
-	// request after choosing, and was pinned to that worker; the binding
-	// is the other request's.
-	followed bool
 	// accepted: an engine accepted the request and bindTo bound the
 	// session to bound's worker, whose binding is touched again when the
 	// request ends.
@@ -365,7 +361,7 @@ func (s *Server) claimSession(ex *exchange, dec sched.Decision) (sched.Decision,
 	}
 	if b.WorkerID == dec.WorkerID && b.DPRank == dec.DPRank {
 		ss.binds[shm.BindHeld].Inc()
-		es.sticky, es.bound, es.followed = true, b, true
+		es.sticky, es.bound = true, b
 		return dec, nil
 	}
 	if ss.ineligible(ex, b) != "" {
@@ -374,7 +370,7 @@ func (s *Server) claimSession(ex *exchange, dec sched.Decision) (sched.Decision,
 	ss.binds[shm.BindHeld].Inc()
 	_ = ex.h.Release()
 	ex.setGuard(s.guards.Acquire())
-	es.sticky, es.bound, es.followed = true, b, true
+	es.sticky, es.bound = true, b
 	ex.sreq.Pinned, ex.sreq.PinWorker, ex.sreq.PinRank = true, b.WorkerID, b.DPRank
 	ex.sreq.PinBusyLimit = ss.cfg.BusyUnbindAfter
 	return ex.selectSticky()
@@ -415,7 +411,7 @@ func (ex *exchange) unstick(reason string) {
 	} else {
 		ss.unbind(es, es.bound, reason, ss.table.Now())
 	}
-	es.sticky, es.followed = false, false
+	es.sticky = false
 	ex.sreq.Pinned, ex.sreq.PinWorker, ex.sreq.PinRank, ex.sreq.PinBusyLimit = false, 0, 0, 0
 }
 
@@ -480,11 +476,17 @@ func (ex *exchange) sessionControl(ctx *fasthttp.RequestCtx) bool {
 			ss.control["open/error"].Inc()
 			ss.throttle.Log(ss.s.log, slog.LevelWarn, "session-open", "cannot open the session on the chosen worker",
 				"worker_id", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "err", err)
-			if !ex.sess.followed {
-				// A follower's open failing (a concurrent open of the
-				// session, which its claimer made) leaves the binding
-				// to its claimer.
-				ex.unstick(unbindOpenFailed)
+			var refusal *controlRefusal
+			switch {
+			case ex.sess.claimed:
+				ex.unstick(unbindOpenFailed) // this request's own claim, taken back
+			case errors.As(err, &refusal) && refusal.status/100 == 4:
+				// The engine refused this open (a session of that id open
+				// already, which an earlier or concurrent request opened
+				// there; bad parameters): the binding stays with the
+				// session.
+			default:
+				ex.unstick(unbindOpenFailed) // the worker failed: the next turn goes elsewhere
 			}
 			_ = ex.h.DispatchFailed()
 			ex.count(statusEngineError) // the worker's failure, not a want of workers
@@ -560,9 +562,19 @@ func (ss *sessions) call(ctx context.Context, endpoint, path string, body any, c
 	// engine's answer is not the router's to print.
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("cannot call %s on %s: status %d", path, endpoint, resp.StatusCode)
+		return &controlRefusal{path: path, endpoint: endpoint, status: resp.StatusCode}
 	}
 	return nil
+}
+
+// controlRefusal is an engine's non-2xx answer to a session call.
+type controlRefusal struct {
+	path, endpoint string
+	status         int
+}
+
+func (e *controlRefusal) Error() string {
+	return fmt.Sprintf("cannot call %s on %s: status %d", e.path, e.endpoint, e.status)
 }
 
 // sessionCloser is the deferred close_session of one request. It owns

@@ -784,3 +784,25 @@ func TestSessionCloseGoesToTheBoundWorker(t *testing.T) {
 		t.Fatalf("close_session went to the worker that served the request too: %q", other.events())
 	}
 }
+
+// An engine's 4xx to open_session (a session of that id open there
+// already, from an earlier or concurrent request) fails the request but
+// leaves the session bound where it lives.
+func TestSessionOpenRefusalKeepsTheBinding(t *testing.T) {
+	a, b := startSessionEngine(t, plainAnswer), startSessionEngine(t, plainAnswer)
+	r := sessionRouter(t, nil, a, b)
+	first := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 64), false, 4), sessionHeaders("kept")))
+	for _, e := range []*sessionEngine{a, b} {
+		e.mu.Lock()
+		e.openFails = true // 400, as to a session that exists
+		e.mu.Unlock()
+	}
+	resp := r.post(t, fastpath.PathCompletions, []byte(`{"model":"`+e2eModel+`","prompt":[1,2],"session_control":{"open":true}}`), sessionHeaders("kept"))
+	if resp.status != http.StatusBadGateway || checkOpenAIError(t, resp.body) != "session_open_failed" {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	if got := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(2, 64), false, 4), sessionHeaders("kept"))); got != first {
+		t.Fatalf("after the refused open the session went to %s, bound to %s", got, first)
+	}
+	wantMetric(t, r.metrics(t), `kvfast_session_unbinds_total{reason="open_failed"}`, 0)
+}
