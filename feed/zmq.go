@@ -513,6 +513,7 @@ func (s *ZMQSubscriber) offer(seq uint64, payload []byte) {
 		s.unreadable(&s.c.garbage, "undecodable batch", "seq", seq, "err", err)
 		s.resync()
 	}
+	s.dec.Release() // the payload is not held until the next batch
 	// Published last: a reader that sees seq sees its effects.
 	s.c.lastSeq.Store(seq)
 }

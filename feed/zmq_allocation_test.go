@@ -68,6 +68,7 @@ func TestZMQDecodeZeroAllocs(t *testing.T) {
 			if _, err := d.Decode(payload); err != nil {
 				t.Fatal(err)
 			}
+			d.Release()
 		}); allocs != 0 {
 			t.Errorf("%.40s…: %v allocs per decode", src, allocs)
 		}

@@ -185,6 +185,17 @@ type VLLMDecoder struct {
 	r      mpReader
 }
 
+// Release drops what the decoder holds of the last payload: its reader and
+// the last batch's events, whose byte fields alias the payload, so that a
+// large payload (up to the frame bound, 20 MiB) is not kept alive until
+// the next one arrives. The batch Decode returned is no longer valid. It
+// keeps the decoder's buffers and allocates nothing.
+func (d *VLLMDecoder) Release() {
+	d.r = mpReader{}
+	clear(d.batch.Events)
+	d.batch.Events = d.batch.Events[:0]
+}
+
 // Decode decodes payload. The batch and its slices are the decoder's own
 // and are overwritten by the next call. A payload that is not a batch, or
 // exceeds the limits, yields a *DecodeError; an event that cannot be used

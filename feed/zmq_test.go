@@ -1520,3 +1520,25 @@ func TestZMQRepeatedComplaintsAreThrottled(t *testing.T) {
 		}
 	}
 }
+
+// TestZMQDecoderReleasesThePayload: once a batch is applied the decoder
+// holds nothing of its payload (its reader, and the events' byte fields
+// that alias it), so that a 20 MiB payload is not kept alive until the
+// next batch arrives (a review saw one payload's worth stay per feed).
+func TestZMQDecoderReleasesThePayload(t *testing.T) {
+	payload := mpNotation(t, `[1.5, [{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": null,
+	  "token_ids": [1, 2, 3, 4], "block_size": 4, "lora_id": 2, "medium": "GPU", "lora_name": "a"}], 0]`)
+	var d VLLMDecoder
+	b, err := d.Decode(payload)
+	if err != nil || len(b.Events) != 1 || string(b.Events[0].LoRAName) != "a" {
+		t.Fatalf("Decode = %+v, %v", b, err)
+	}
+	d.Release()
+	if d.r.b != nil || len(d.batch.Events) != 0 || d.batch.Events[:1][0].LoRAName != nil {
+		t.Fatal("the decoder still holds the payload after Release")
+	}
+	// It decodes on as before.
+	if b, err := d.Decode(payload); err != nil || len(b.Events) != 1 {
+		t.Fatalf("Decode after Release = %+v, %v", b, err)
+	}
+}
