@@ -324,23 +324,31 @@ func (b *Bindings) Touch(key, workerID uint64, rank uint32, now int64) (_ bool) 
 	var faulted bool // not touched
 	defer b.seg.Catch(&faulted)
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	return b.onEntry(key, workerID, rank, now, func(e uint64) bool {
+		atomic.StoreUint64(b.word(e+beTouched), uint64(now))
+		return true
+	})
+}
+
+// onEntry runs act, under the bucket's lock, on key's entry if it names
+// (workerID, rank), and reports whether act did anything.
+func (b *Bindings) onEntry(key, workerID uint64, rank uint32, now int64, act func(entry uint64) bool) bool {
 	bucket := b.bucketOf(key)
 	v, ok := b.lock(bucket, now)
 	if !ok {
 		return false
 	}
-	touched := false
+	acted := false
 	for way := range bindingWays {
 		e := entryOff(bucket, way)
 		if atomic.LoadUint64(b.word(e+beKey)) == key &&
 			atomic.LoadUint64(b.word(e+beWorker)) == workerID &&
 			uint32(atomic.LoadUint64(b.word(e+beRank))) == rank {
-			atomic.StoreUint64(b.word(e+beTouched), uint64(now))
-			touched = true
+			acted = act(e) || acted
 		}
 	}
 	b.unlock(bucket, v)
-	return touched
+	return acted
 }
 
 // bind binds key, or with claim only when it has no live binding, and
@@ -412,24 +420,13 @@ func (b *Bindings) Unclaim(key, workerID uint64, rank uint32, touched, now int64
 	var faulted bool // nothing removed
 	defer b.seg.Catch(&faulted)
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	bucket := b.bucketOf(key)
-	v, ok := b.lock(bucket, now)
-	if !ok {
-		return false
-	}
-	removed := false
-	for way := range bindingWays {
-		e := entryOff(bucket, way)
-		if atomic.LoadUint64(b.word(e+beKey)) == key &&
-			atomic.LoadUint64(b.word(e+beWorker)) == workerID &&
-			uint32(atomic.LoadUint64(b.word(e+beRank))) == rank &&
-			int64(atomic.LoadUint64(b.word(e+beTouched))) == touched {
-			atomic.StoreUint64(b.word(e+beKey), 0)
-			removed = true
+	return b.onEntry(key, workerID, rank, now, func(e uint64) bool {
+		if int64(atomic.LoadUint64(b.word(e+beTouched))) != touched {
+			return false
 		}
-	}
-	b.unlock(bucket, v)
-	return removed
+		atomic.StoreUint64(b.word(e+beKey), 0)
+		return true
+	})
 }
 
 // Unbind removes key's binding if it still names (workerID, rank), so that
@@ -443,23 +440,10 @@ func (b *Bindings) Unbind(key, workerID uint64, rank uint32, now int64) (_ bool)
 }
 
 func (b *Bindings) unbind(key, workerID uint64, rank uint32, now int64) bool {
-	bucket := b.bucketOf(key)
-	v, ok := b.lock(bucket, now)
-	if !ok {
-		return false
-	}
-	removed := false
-	for way := range bindingWays {
-		e := entryOff(bucket, way)
-		if atomic.LoadUint64(b.word(e+beKey)) == key &&
-			atomic.LoadUint64(b.word(e+beWorker)) == workerID &&
-			uint32(atomic.LoadUint64(b.word(e+beRank))) == rank {
-			atomic.StoreUint64(b.word(e+beKey), 0)
-			removed = true
-		}
-	}
-	b.unlock(bucket, v)
-	return removed
+	return b.onEntry(key, workerID, rank, now, func(e uint64) bool {
+		atomic.StoreUint64(b.word(e+beKey), 0)
+		return true
+	})
 }
 
 // Live counts the bindings not idle past ttl. It reads every bucket

@@ -226,18 +226,7 @@ func TestParseDisagg(t *testing.T) {
 // prompts' blocks, and the table shows the latency percentiles side by
 // side with the engines by role.
 func TestDisaggRun(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "tiny.jsonl")
-	var b strings.Builder
-	for i := range 6 {
-		fmt.Fprintf(&b, `{"timestamp":%d,"input_length":1536,"output_length":4,"hash_ids":[1,2,%d]}`+"\n", 50*i, 10+i)
-	}
-	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := LoadTrace(p, 0, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, tr := tinyTrace(t)
 	o := DefaultOptions()
 	o.Trace, o.Policies, o.Engines, o.Disagg = p, []string{"kv"}, 2, DisaggSpec{Prefill: 1, Decode: 1}
 	o.DisaggMinRemoteTokens, o.DisaggLocalCachedFraction = 0, 0
@@ -280,18 +269,7 @@ func TestDisaggRun(t *testing.T) {
 }
 
 func TestCapacitySweepRun(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "tiny.jsonl")
-	var b strings.Builder
-	for i := range 6 {
-		fmt.Fprintf(&b, `{"timestamp":%d,"input_length":1536,"output_length":4,"hash_ids":[1,2,%d]}`+"\n", 50*i, 10+i)
-	}
-	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := LoadTrace(p, 0, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, tr := tinyTrace(t)
 	o := DefaultOptions()
 	o.Trace, o.Policies, o.Engines, o.Capacities = p, []string{"kv", "affinity"}, 2, []float64{1, 2}
 	o.BlockTokens, o.EngineSpeedup, o.Concurrency = 16, math.Inf(1), 2
@@ -390,18 +368,7 @@ func TestUntimedTrace(t *testing.T) {
 // first policy (or its first capacity's policies) finish: the report keeps
 // what finished, says it was interrupted, and judges only whole capacities.
 func TestInterruptedRunKeepsFinishedPolicies(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "tiny.jsonl")
-	var b strings.Builder
-	for i := range 6 {
-		fmt.Fprintf(&b, `{"timestamp":%d,"input_length":1536,"output_length":4,"hash_ids":[1,2,%d]}`+"\n", 50*i, 10+i)
-	}
-	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := LoadTrace(p, 0, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, tr := tinyTrace(t)
 	for _, tc := range []struct {
 		name       string
 		capacities []float64
@@ -447,4 +414,23 @@ func TestInterruptedRunKeepsFinishedPolicies(t *testing.T) {
 			}
 		})
 	}
+}
+
+// tinyTrace writes six requests 50 ms apart that share their first two
+// hash ids and differ in the third, and loads them.
+func tinyTrace(t *testing.T) (string, *replay.Trace) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "tiny.jsonl")
+	var b strings.Builder
+	for i := range 6 {
+		fmt.Fprintf(&b, `{"timestamp":%d,"input_length":1536,"output_length":4,"hash_ids":[1,2,%d]}`+"\n", 50*i, 10+i)
+	}
+	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := LoadTrace(p, 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, tr
 }
