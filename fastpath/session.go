@@ -388,11 +388,17 @@ func (ex *exchange) endSession() {
 	ss := ex.s.sessions
 	switch {
 	case es.claimed:
-		es.claimed = false
-		ss.table.Unclaim(es.key, es.bound.WorkerID, es.bound.DPRank, es.bound.Touched, ss.table.Now())
+		ss.takeBack(es)
 	case es.accepted && !ex.req.Session.Close:
 		ss.table.Touch(es.key, es.bound.WorkerID, es.bound.DPRank, ss.table.Now())
 	}
+}
+
+// takeBack takes back es's claim, unless another request has bound or
+// touched the binding since (its stamp moved), which makes it theirs.
+func (ss *sessions) takeBack(es *exchangeSession) {
+	es.claimed = false
+	ss.table.Unclaim(es.key, es.bound.WorkerID, es.bound.DPRank, es.bound.Touched, ss.table.Now())
 }
 
 // unstick drops the binding's pin from the request and the binding from
@@ -405,9 +411,7 @@ func (ex *exchange) unstick(reason string) {
 	}
 	ss := ex.s.sessions
 	if es.claimed {
-		// Only if no other request bound or touched it since.
-		es.claimed = false
-		ss.table.Unclaim(es.key, es.bound.WorkerID, es.bound.DPRank, es.bound.Touched, ss.table.Now())
+		ss.takeBack(es)
 	} else {
 		ss.unbind(es, es.bound, reason, ss.table.Now())
 	}

@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -73,18 +71,7 @@ func TestMultimodalOptions(t *testing.T) {
 // them over, and the table and the HTML report have the comparison's
 // columns.
 func TestEncodeRun(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "tiny.jsonl")
-	var b strings.Builder
-	for i := range 6 {
-		fmt.Fprintf(&b, `{"timestamp":%d,"input_length":1536,"output_length":4,"hash_ids":[1,2,%d]}`+"\n", 50*i, 10+i)
-	}
-	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := LoadTrace(p, 0, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, tr := tinyTrace(t)
 	o := DefaultOptions()
 	o.Trace, o.Workload, o.Policies, o.Engines, o.Encode = p, replay.WorkloadMultimodal, []string{PolicyKVRemote}, 3, EncodeSpec{2}
 	// Every user turn carries one of two images: every request has two
