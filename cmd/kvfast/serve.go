@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/url"
@@ -204,9 +205,9 @@ func (sec securityFiles) load(cfg *node.Config) error {
 		cfg.Dispatch.EngineToken = t
 	}
 	if sec.apiKeys != "" {
-		b, err := os.ReadFile(sec.apiKeys)
+		b, err := readSecretFile("API keys", sec.apiKeys)
 		if err != nil {
-			return fmt.Errorf("cannot read the API keys: %w", err)
+			return err
 		}
 		n := 0
 		for line := range strings.Lines(string(b)) {
@@ -230,11 +231,27 @@ func (sec securityFiles) load(cfg *node.Config) error {
 	return nil
 }
 
+// readSecretFile reads a file of secrets. A name it cannot open is not
+// repeated: an operator who gave the key itself where its file's path
+// belongs would otherwise find it in the log ("open sk-...: no such
+// file"). A file that opens is a path, and later errors may name it.
+func readSecretFile(what, path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		return b, nil
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return nil, fmt.Errorf("cannot read the %s: %s %w (the file name given is not repeated, in case it is the secret itself)", what, pe.Op, pe.Err)
+	}
+	return nil, fmt.Errorf("cannot read the %s: %w", what, err)
+}
+
 // readToken reads a file holding one token on its one line.
 func readToken(what, path string) (string, error) {
-	b, err := os.ReadFile(path)
+	b, err := readSecretFile(what, path)
 	if err != nil {
-		return "", fmt.Errorf("cannot read the %s: %w", what, err)
+		return "", err
 	}
 	t := strings.TrimSpace(string(b))
 	if t == "" {

@@ -235,6 +235,15 @@ func TestServeConfig(t *testing.T) {
 				t.Errorf("%q: ok %v, code %d, %q; want exit status 2, no key printed", args, ok, code, stderr.String())
 			}
 		}
+		// The key itself given where its file's path belongs: refused,
+		// and not repeated in the error that names the flag's file.
+		for _, flag := range []string{"--api-key-file", "--admin-token-file", "--engine-api-key-file"} {
+			var stderr strings.Builder
+			if _, code, ok := serveConfig([]string{flag, "sk-live-BBB"}, &stderr); ok || code != 2 ||
+				strings.Contains(stderr.String(), "BBB") || !strings.Contains(stderr.String(), "no such file") {
+				t.Errorf("%s sk-live-BBB: ok %v, code %d, %q; want exit status 2, the file missing, the key not printed", flag, ok, code, stderr.String())
+			}
+		}
 	})
 	t.Run("refusals", func(t *testing.T) {
 		for _, args := range [][]string{
