@@ -245,8 +245,10 @@ func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
 	}
 	seeds := *s.seeds.Load()
 	names := make([]string, 0, len(seeds))
-	for n := range seeds {
-		names = append(names, n)
+	for n, ns := range seeds {
+		if !ns.alias {
+			names = append(names, n)
+		}
 	}
 	sort.Strings(names)
 	out := struct {

@@ -2,8 +2,10 @@ package fastpath
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -269,6 +271,53 @@ func TestUnloadedAdapter(t *testing.T) {
 	s.WorkersChanged()
 	if d, ok := (*s.departed.Load())["sql"]; !ok || !d.unavailable(clock.Now()+int64(time.Hour)) {
 		t.Fatalf("an adapter whose engines all left: departed %+v (%v); want a 503 until they are back", d, ok)
+	}
+}
+
+// TestAdapterAsBaseColonAdapter: SGLang takes a LoRA adapter as
+// "base:adapter" in model, and lists it as "adapter" with its base as
+// parent. Such a request routes as one naming the adapter: among the
+// workers listing it, in its namespace. It was a 404. GET /v1/models
+// lists the adapter once, and a model really named so keeps its name.
+func TestAdapterAsBaseColonAdapter(t *testing.T) {
+	s := newTestFront(t, DefaultConfig(), "", []frontWorker{
+		{endpoint: "127.0.0.1:9", model: benchModel}, {endpoint: "127.0.0.1:10", model: benchModel}, {endpoint: "127.0.0.1:11", model: "m:sql"}})
+	second, _ := s.sched.Resolve(2, 0)
+	s.SetAdapters(map[string]Adapter{"sql": {Base: benchModel, Workers: workers.SetOf(second)}})
+	for _, c := range []struct {
+		model, allow string
+		want         int
+	}{
+		{benchModel + ":sql", "1", http.StatusBadRequest}, // serves the base model, not the adapter
+		{benchModel + ":sql", "2", http.StatusOK},
+		{benchModel + ":nosuch", "2", http.StatusNotFound},
+		{"m:sql", "3", http.StatusOK}, // a served model, not an alias
+		{"m:sql", "2", http.StatusBadRequest},
+	} {
+		ctx := newRouteCtx(PathRouteCompletions, []byte(`{"model":"`+c.model+`","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`),
+			map[string]string{HeaderAllow: c.allow})
+		s.handle(ctx)
+		if got := ctx.Response.StatusCode(); got != c.want {
+			t.Errorf("model %s, allow %s: %d %s; want %d", c.model, c.allow, got, ctx.Response.Body(), c.want)
+		}
+	}
+	seeds := *s.seeds.Load()
+	if a, b := seeds["sql"], seeds[benchModel+":sql"]; a.seed != b.seed || a.only != b.only || a.name != benchModel {
+		t.Errorf("the alias %+v is not the adapter %+v", b, a)
+	}
+	ctx := newRouteCtx(PathModels, nil, nil)
+	ctx.Request.Header.SetMethod(http.MethodGet)
+	s.handle(ctx)
+	var list struct{ Data []struct{ ID string } }
+	if err := json.Unmarshal(ctx.Response.Body(), &list); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+	}
+	if want := []string{"m:sql", benchModel, "sql"}; !slices.Equal(ids, want) {
+		t.Errorf("GET /v1/models lists %q; want %q, no alias", ids, want)
 	}
 }
 

@@ -107,6 +107,21 @@ func (s *Server) rebuildModels() {
 		ns.lora, ns.seed, ns.only = adapter, radix.NamespaceSeed(a.Base, adapter, ""), a.Workers
 		m[adapter] = ns
 	}
+	for adapter, a := range s.adapters {
+		// SGLang also takes an adapter as "base:adapter" in model (it
+		// lists the adapter by its own name, its base as parent). The
+		// body goes on as the client wrote it, so such a request reaches
+		// the same workers in the same namespace as one naming the
+		// adapter alone; GET /v1/models lists only the adapter's name. A
+		// model or adapter really named so keeps its name: the aliases
+		// come after every real name.
+		ns, listed := m[adapter]
+		alias := a.Base + ":" + adapter
+		if _, taken := m[alias]; listed && ns.lora == adapter && !taken {
+			ns.alias = true
+			m[alias] = ns
+		}
+	}
 	now := clock.Now()
 	gone := map[string]departure{}
 	if old := s.departed.Load(); old != nil {
@@ -220,6 +235,9 @@ type modelNamespace struct {
 	only   workers.Set
 	seed   uint64
 	render prompt.Renderer // nil: text and chat prompts route approximately
+	// alias marks an adapter's "base:adapter" spelling (SGLang's), which
+	// GET /v1/models does not list.
+	alias bool
 }
 
 var (
