@@ -275,30 +275,36 @@ func TestUnloadedAdapter(t *testing.T) {
 }
 
 // TestAdapterAsBaseColonAdapter: SGLang takes a LoRA adapter as
-// "base:adapter" in model, and lists it as "adapter" with its base as
-// parent. Such a request routes as one naming the adapter: among the
-// workers listing it, in its namespace. It was a 404. GET /v1/models
-// lists the adapter once, and a model really named so keeps its name.
+// "base:adapter" in model, or as lora_path beside the base model, and
+// lists it as "adapter" with its base as parent. Such a request routes as
+// one naming the adapter: among the workers listing it, in its namespace.
+// It was a 404, or routed as the base model. GET /v1/models lists the
+// adapter once, and a model really named so keeps its name.
 func TestAdapterAsBaseColonAdapter(t *testing.T) {
 	s := newTestFront(t, DefaultConfig(), "", []frontWorker{
 		{endpoint: "127.0.0.1:9", model: benchModel}, {endpoint: "127.0.0.1:10", model: benchModel}, {endpoint: "127.0.0.1:11", model: "m:sql"}})
 	second, _ := s.sched.Resolve(2, 0)
 	s.SetAdapters(map[string]Adapter{"sql": {Base: benchModel, Workers: workers.SetOf(second)}})
 	for _, c := range []struct {
-		model, allow string
-		want         int
+		model, loraPath, allow string
+		want                   int
 	}{
-		{benchModel + ":sql", "1", http.StatusBadRequest}, // serves the base model, not the adapter
-		{benchModel + ":sql", "2", http.StatusOK},
-		{benchModel + ":nosuch", "2", http.StatusNotFound},
-		{"m:sql", "3", http.StatusOK}, // a served model, not an alias
-		{"m:sql", "2", http.StatusBadRequest},
+		{benchModel + ":sql", "", "1", http.StatusBadRequest}, // serves the base model, not the adapter
+		{benchModel + ":sql", "", "2", http.StatusOK},
+		{benchModel + ":nosuch", "", "2", http.StatusNotFound},
+		{"m:sql", "", "3", http.StatusOK}, // a served model, not an alias
+		{"m:sql", "", "2", http.StatusBadRequest},
+		// SGLang's older spelling: the base model, and lora_path.
+		{benchModel, "sql", "1", http.StatusBadRequest},
+		{benchModel, "sql", "2", http.StatusOK},
+		{benchModel, "nosuch", "1", http.StatusOK}, // the engine's to refuse
+		{"m:sql", "sql", "3", http.StatusOK},       // not that model's adapter
 	} {
-		ctx := newRouteCtx(PathRouteCompletions, []byte(`{"model":"`+c.model+`","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`),
+		ctx := newRouteCtx(PathRouteCompletions, []byte(`{"model":"`+c.model+`","lora_path":"`+c.loraPath+`","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`),
 			map[string]string{HeaderAllow: c.allow})
 		s.handle(ctx)
 		if got := ctx.Response.StatusCode(); got != c.want {
-			t.Errorf("model %s, allow %s: %d %s; want %d", c.model, c.allow, got, ctx.Response.Body(), c.want)
+			t.Errorf("model %s, lora_path %q, allow %s: %d %s; want %d", c.model, c.loraPath, c.allow, got, ctx.Response.Body(), c.want)
 		}
 	}
 	seeds := *s.seeds.Load()

@@ -321,6 +321,14 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 		}
 		model, seed, render, lora, only = ns.name, ns.seed, ns.render, ns.lora, ns.only
 	}
+	if lora == "" && len(r.LoRAPath) > 0 {
+		// SGLang's lora_path asks the base model for an adapter: route
+		// as a request naming it would. One the engines do not list is
+		// theirs to refuse.
+		if a, ok := (*s.seeds.Load())[string(r.LoRAPath)]; ok && a.lora != "" && !a.alias && a.name == model {
+			seed, lora, only = a.seed, a.lora, a.only
+		}
+	}
 	if len(r.CacheSalt) > 0 {
 		// Salted requests are rare and get their own namespace; computing
 		// it allocates the strings, which is acceptable off the common path.

@@ -56,7 +56,12 @@ type ParsedRequest struct {
 	// CacheSalt is vLLM's cache_salt, nil when absent. Requests with
 	// different salts never share cached blocks.
 	CacheSalt []byte
-	Prompt    PromptKind
+	// LoRAPath is SGLang's lora_path when a string: the LoRA adapter a
+	// request for the base model asks for (SGLang's older spelling of
+	// model "base:adapter"). nil when absent or not a string (a list,
+	// one adapter per prompt of a batch, is the engine's to judge).
+	LoRAPath []byte
+	Prompt   PromptKind
 	// Tokens holds the prompt token ids when Prompt is PromptTokens.
 	Tokens []uint32
 	// Text is the prompt string exactly as it appears between the quotes in
@@ -82,8 +87,8 @@ type ParsedRequest struct {
 	// Session is the request's session_control (session.go).
 	Session SessionControl
 
-	modelBuf, saltBuf   []byte
-	maxTokens, maxCompl int64
+	modelBuf, saltBuf, loraBuf []byte
+	maxTokens, maxCompl        int64
 }
 
 // SpecialTokens is what a request says of add_special_tokens.
@@ -101,6 +106,7 @@ func (r *ParsedRequest) Reset() {
 		Tokens:   r.Tokens[:0],
 		modelBuf: r.modelBuf[:0],
 		saltBuf:  r.saltBuf[:0],
+		loraBuf:  r.loraBuf[:0],
 	}
 }
 
@@ -140,6 +146,9 @@ func (r *ParsedRequest) Recycle() {
 	if cap(r.saltBuf) > 1024 {
 		r.saltBuf = nil
 	}
+	if cap(r.loraBuf) > 1024 {
+		r.loraBuf = nil
+	}
 	r.Reset()
 }
 
@@ -157,6 +166,7 @@ const (
 	fChoices
 	fAddSpecial
 	fSessionControl
+	fLoRAPath
 	numFields
 )
 
@@ -372,6 +382,9 @@ func (p *parser) field(key []byte, i int) int {
 		return p.countField(i, fChoices, &r.Choices, ErrChoicesType, ErrChoicesRange)
 	case "session_control":
 		return p.sessionControl(i)
+	case "lora_path":
+		// No type error: a list is a batch's, which SGLang judges.
+		return p.stringField(i, fLoRAPath, &r.LoRAPath, &r.loraBuf, nil, false)
 	}
 	return jsonscan.SkipValue(p.b, i, 1)
 }

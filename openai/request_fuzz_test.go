@@ -20,6 +20,7 @@ func FuzzParseRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","prompt":[1,2,3],"stream":true,"max_tokens":16}`,
 		`{"prompt":"hello","cache_salt":"s","max_completion_tokens":3}`,
+		`{"model":"m","lora_path":"a","prompt":[1],"lora_path":["b"]}`, `{"lora_path":"s\u0071l","messages":[]}`,
 		`{"prompt":[1,2],"n":3}`, `{"prompt":[1],"n":0}`, `{"prompt":[1],"n":"2"}`, `{"prompt":[1],"n":1.5}`,
 		`{"prompt":[1],"n":"+2","max_tokens":"1_0","max_completion_tokens":"5.00"}`, `{"prompt":[1],"n":true,"max_tokens":false}`,
 		`{"prompt":[1],"n":"+_2","max_tokens":"1_0.0","max_completion_tokens":"5.5"}`,
@@ -87,6 +88,7 @@ func FuzzParseRequest(f *testing.F) {
 
 type oracleResult struct {
 	model, salt    any
+	lora           any
 	stream         bool
 	maxTokens      int64
 	choices        int64
@@ -152,6 +154,7 @@ func oracle(body []byte, api API, maxTok uint32) (oracleResult, error) {
 	}
 	res.model = str("model", fModel, ErrModelType, false)
 	res.salt = str("cache_salt", fCacheSalt, ErrCacheSaltType, true)
+	res.lora = str("lora_path", fLoRAPath, nil, false) // a list is the engine's to judge
 	// pydantic's lax bool: true and false, the numbers 0 and 1, and
 	// str_as_bool's words in a string, in any case.
 	switch v := m["stream"].(type) {
@@ -389,6 +392,7 @@ func checkAgainstOracle(t *testing.T, r *ParsedRequest, want oracleResult) {
 	}
 	sameString("model", r.Model, want.model)
 	sameString("cache_salt", r.CacheSalt, want.salt)
+	sameString("lora_path", r.LoRAPath, want.lora)
 	if r.Stream != want.stream || r.MaxTokens != want.maxTokens || r.Choices != want.choices || r.Prompt != want.kind {
 		t.Fatalf("got stream=%v max=%d kind=%d, want %+v", r.Stream, r.MaxTokens, r.Prompt, want)
 	}

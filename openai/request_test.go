@@ -17,6 +17,7 @@ import (
 func TestParseAccepts(t *testing.T) {
 	type want struct {
 		model, salt string
+		lora        string
 		kind        PromptKind
 		tokens      []uint32
 		text        string // raw, as in the body
@@ -98,6 +99,12 @@ func TestParseAccepts(t *testing.T) {
 		{"completions ignores messages", APICompletions,
 			`{"messages":7,"prompt":"p"}`,
 			want{kind: PromptText, text: "p"}},
+		{"SGLang's lora_path, a string; escaped", APIChatCompletions,
+			`{"model":"m","lora_path":"s\u0071l","messages":[{}]}`,
+			want{model: "m", lora: "sql", kind: PromptMessages, messages: `[{}]`}},
+		{"SGLang's lora_path, a batch's list: the engine's to judge", APICompletions,
+			`{"lora_path":["sql"],"prompt":"p"}`,
+			want{kind: PromptText, text: "p"}},
 		{"surrounding whitespace", APICompletions,
 			" \r\n\t{ \"prompt\" :\"p\" } \n",
 			want{kind: PromptText, text: "p"}},
@@ -110,7 +117,7 @@ func TestParseAccepts(t *testing.T) {
 				t.Fatalf("Parse: %v", err)
 			}
 			got := want{
-				model: string(r.Model), salt: string(r.CacheSalt), kind: r.Prompt,
+				model: string(r.Model), salt: string(r.CacheSalt), lora: string(r.LoRAPath), kind: r.Prompt,
 				tokens: r.Tokens, text: string(r.Text), messages: string(r.Messages),
 				stream: r.Stream, maxTokens: r.MaxTokens,
 			}
