@@ -235,6 +235,24 @@ func (a *adapterPoller) fetch(ctx context.Context, addr string) (map[string]bool
 	return names, true, nil
 }
 
+// adapterOf is the LoRA adapter the request names, nil for the pool's
+// model: a model other than the pool's, or SGLang's spellings, the pool's
+// model with ":adapter" after it, or beside it an adapter in lora_path
+// (one the endpoints list: vLLM ignores the field).
+func (x *exchange) adapterOf() []byte {
+	m, base := x.req.Model, x.s.p.cfg.Model
+	switch {
+	case m == nil || string(m) == base:
+		if a := x.req.LoRAPath; len(a) > 0 && (*x.s.p.adapters.Load())[string(a)] != 0 {
+			return a
+		}
+		return nil
+	case len(m) > len(base)+1 && m[len(base)] == ':' && string(m[:len(base)]) == base:
+		return m[len(base)+1:]
+	}
+	return m
+}
+
 // adapterEndpoints narrows x's candidates to the endpoints that list the
 // adapter the request names, when any does and the gateway's subset
 // leaves one of them; otherwise the request routes among all, and an

@@ -48,8 +48,9 @@ func keyedModelServer(t *testing.T, key string, adapters ...string) string {
 }
 
 // TestAdapterRequestsGoWhereTheAdapterIs: a request naming a LoRA adapter
-// goes to an endpoint that lists it in /v1/models; another would answer
-// 404 (or load it in place of another adapter). A request for the base
+// (as model, or SGLang's base:adapter or lora_path) goes to an endpoint
+// that lists it in /v1/models; another would answer 404 (or load it in
+// place of another adapter). A request for the base
 // model, or for an adapter no endpoint lists, routes among all.
 func TestAdapterRequestsGoWhereTheAdapterIs(t *testing.T) {
 	t.Run("open", func(t *testing.T) {
@@ -72,8 +73,12 @@ func adapterRouting(t *testing.T, key, with, without string) {
 	waitFor(t, "the adapter's endpoint to be learned", func() bool { return route("lora-a") == with })
 	seen := map[string]int{}
 	for range 32 {
-		if dest := route("lora-a"); dest != with {
-			t.Fatalf("a request for lora-a went to %s, which does not list it", dest)
+		// SGLang's spellings too: base:adapter, and lora_path beside the
+		// base model (spliced into the body in model's place).
+		for _, model := range []string{"lora-a", testModel + ":lora-a", testModel + `","lora_path":"lora-a`} {
+			if dest := route(model); dest != with {
+				t.Fatalf("a request for lora-a as model %q went to %s, which does not list it", model, dest)
+			}
 		}
 		seen[route("lora-unknown")]++
 	}

@@ -180,15 +180,13 @@ func (x *exchange) prepare(ctx context.Context) *openai.Error {
 			return &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Code: "invalid_body", Message: err.Error()}
 		}
 		seed := p.seed
-		if m := x.req.Model; (m != nil && string(m) != p.cfg.Model) || len(x.req.CacheSalt) > 0 {
+		if a := x.adapterOf(); a != nil || len(x.req.CacheSalt) > 0 {
 			// An adapter's or a salted request's own namespace; building
 			// it allocates, off the common path.
-			lora := ""
-			if m != nil && string(m) != p.cfg.Model {
-				lora = string(m)
-				x.adapterEndpoints(m)
+			if a != nil {
+				x.adapterEndpoints(a)
 			}
-			seed = radix.NamespaceSeed(p.cfg.Model, lora, string(x.req.CacheSalt))
+			seed = radix.NamespaceSeed(p.cfg.Model, string(a), string(x.req.CacheSalt))
 		}
 		bs := p.sched.BlockSize()
 		if x.req.Prompt == openai.PromptTokens {
