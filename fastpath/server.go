@@ -722,7 +722,7 @@ func isTimeout(err error) bool {
 }
 
 var (
-	errRequestTimeout    = &openai.Error{Message: "the request was not received within the read timeout", Type: openai.TypeInvalidRequest, Code: "request_timeout"}
+	errRequestTimeout    = &openai.Error{Message: "the request header was not received within the header timeout", Type: openai.TypeInvalidRequest, Code: "request_timeout"}
 	errHeaderTooLarge    = &openai.Error{Message: fmt.Sprintf("the request header does not fit the router's %d KiB read buffer", readBufferBytes>>10), Type: openai.TypeInvalidRequest, Code: "header_too_large"}
 	errUnreadableRequest = &openai.Error{Message: "the request could not be read as HTTP", Type: openai.TypeInvalidRequest, Code: "bad_request"}
 )

@@ -221,6 +221,22 @@ func (c *Config) libraryConfigs() (sched.Config, dispatch.Config) {
 	return s, d
 }
 
+// sameListener reports whether two listen addresses (both valid) would
+// take one port: the same port, not 0 (any free one), on the same host
+// or with either on every interface. Which names one host (localhost and
+// 127.0.0.1) is not resolved; the bind then fails as it would.
+func sameListener(a, b string) bool {
+	if a == "" || b == "" {
+		return false
+	}
+	ha, pa, _ := net.SplitHostPort(a)
+	hb, pb, _ := net.SplitHostPort(b)
+	na, _ := net.LookupPort("tcp", pa)
+	nb, _ := net.LookupPort("tcp", pb)
+	every := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return na != 0 && na == nb && (ha == hb || every(ha) || every(hb))
+}
+
 // Validate reports the first setting a router cannot run with.
 func (c *Config) Validate() error {
 	for _, l := range []struct{ flag, addr string }{{"--listen", c.Listen}, {"--admin-listen", c.AdminListen}} {
@@ -234,6 +250,9 @@ func (c *Config) Validate() error {
 		if _, perr := net.LookupPort("tcp", port); err != nil || perr != nil {
 			return fmt.Errorf("cannot listen on %s %q: want host:port, a port from 0 to 65535 (as 127.0.0.1:8000 or :8000)", l.flag, l.addr)
 		}
+	}
+	if sameListener(c.Listen, c.AdminListen) {
+		return fmt.Errorf("cannot listen on --listen %q and --admin-listen %q: they name one port; the admin endpoints need a listener of their own (or --admin-listen '' for none)", c.Listen, c.AdminListen)
 	}
 	if c.Sched.QueueCapacity < 0 {
 		return fmt.Errorf("cannot use queue capacity %d: must not be negative (0: no queue)", c.Sched.QueueCapacity)
@@ -260,10 +279,13 @@ func (c *Config) Validate() error {
 	for _, n := range []struct {
 		name string
 		v    int
-	}{{"eject consecutive", o.Consecutive}, {"eject failure percent", o.FailurePercent}, {"eject max percent", o.MaxEjectedPercent}} {
-		if n.v < 0 || n.v > 100 && n.name != "eject consecutive" {
-			return fmt.Errorf("cannot use %s %d: must be 0 (off) or positive, a percentage at most 100", n.name, n.v)
+	}{{"eject failure percent", o.FailurePercent}, {"eject max percent", o.MaxEjectedPercent}} {
+		if n.v < 0 || n.v > 100 {
+			return fmt.Errorf("cannot use %s %d: must be a percentage, 0 (off) to 100", n.name, n.v)
 		}
+	}
+	if o.Consecutive < 0 {
+		return fmt.Errorf("cannot use eject consecutive %d: must be a count of failures, 0 (off) or more", o.Consecutive)
 	}
 	if o.FailurePercent > 0 && o.MinRequests <= 0 {
 		return fmt.Errorf("cannot use eject min requests %d: must be positive", o.MinRequests)

@@ -95,13 +95,17 @@ var (
 	ErrAddSpecialTokensType = badRequest("add_special_tokens", "invalid_type",
 		"add_special_tokens must be a boolean")
 	ErrMaxTokensType = badRequest("max_tokens", "invalid_type",
-		"max_tokens and max_completion_tokens must be integers")
+		"max_tokens must be an integer")
+	ErrMaxCompletionTokensType = badRequest("max_completion_tokens", "invalid_type",
+		"max_completion_tokens must be an integer")
 	ErrMaxTokensRange = badRequest("max_tokens", "invalid_value",
-		"max_tokens and max_completion_tokens must be at least 1 and at most 9223372036854775807")
+		"max_tokens must be a positive integer (at most 2^63-1)")
+	ErrMaxCompletionTokensRange = badRequest("max_completion_tokens", "invalid_value",
+		"max_completion_tokens must be a positive integer (at most 2^63-1)")
 	ErrChoicesType = badRequest("n", "invalid_type",
 		"n must be an integer")
 	ErrChoicesRange = badRequest("n", "invalid_value",
-		"n must be at least 1 and at most 9223372036854775807")
+		"n must be a positive integer (at most 2^63-1)")
 	ErrCacheSaltType = badRequest("cache_salt", "invalid_type",
 		"cache_salt must be a non-empty string")
 )

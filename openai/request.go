@@ -377,7 +377,7 @@ func (p *parser) field(key []byte, i int) int {
 	case "max_tokens":
 		return p.countField(i, fMaxTokens, &r.maxTokens, ErrMaxTokensType, ErrMaxTokensRange)
 	case "max_completion_tokens":
-		return p.countField(i, fMaxCompl, &r.maxCompl, ErrMaxTokensType, ErrMaxTokensRange)
+		return p.countField(i, fMaxCompl, &r.maxCompl, ErrMaxCompletionTokensType, ErrMaxCompletionTokensRange)
 	case "n":
 		return p.countField(i, fChoices, &r.Choices, ErrChoicesType, ErrChoicesRange)
 	case "session_control":

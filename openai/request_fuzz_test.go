@@ -248,7 +248,7 @@ func oracle(body []byte, api API, maxTok uint32) (oracleResult, error) {
 		return n
 	}
 	mt := count("max_tokens", fMaxTokens, ErrMaxTokensType, ErrMaxTokensRange)
-	mc := count("max_completion_tokens", fMaxCompl, ErrMaxTokensType, ErrMaxTokensRange)
+	mc := count("max_completion_tokens", fMaxCompl, ErrMaxCompletionTokensType, ErrMaxCompletionTokensRange)
 	res.choices = count("n", fChoices, ErrChoicesType, ErrChoicesRange)
 	res.maxTokens = mt
 	if mc != 0 {

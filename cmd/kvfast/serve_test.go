@@ -135,6 +135,10 @@ func TestServeConfig(t *testing.T) {
 			{"--worker url=http://engine-0.local:0", "the port must be a number from 1 to 65535"},
 			{"--session-capacity 0", "cannot use --session-capacity 0: must be 7 to"},
 			{"--session-capacity 117440513", "must be 7 to 117440512"},
+			{"--listen 127.0.0.1:41500 --admin-listen 127.0.0.1:41500", "they name one port"},
+			{"--listen :8000 --admin-listen 127.0.0.1:8000", "they name one port"},
+			{"--eject-consecutive -1", "a count of failures"},
+			{"--eject-max-percent 101", "a percentage, 0 (off) to 100"},
 		} {
 			var stderr strings.Builder
 			args := append([]string{"--segment", "none"}, strings.Fields(tc.args)...)
