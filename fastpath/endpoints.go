@@ -36,7 +36,7 @@ var (
 	errNotFound = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Code: "not_found",
 		Message: "no such endpoint; see the README for the router's endpoints"}
 	errAdminElsewhere = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Code: "not_found",
-		Message: "/metrics and /admin/workers are served on the admin listener (--admin-listen, 127.0.0.1:8089 by default), not on the API listener"}
+		Message: "/metrics and /admin/workers are served on the admin listener (--admin-listen), not on the API listener"}
 	errAPIElsewhere = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Code: "not_found",
 		Message: "the OpenAI endpoints are served on the API listener (--listen), not on the admin listener"}
 )

@@ -244,7 +244,7 @@ var (
 	errUnknownModel = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Param: "model", Code: "model_not_found",
 		Message: "no worker serves the requested model: GET /v1/models lists the models served (names are case-sensitive)"}
 	errNoEnginesYet = &openai.Error{Status: 503, Type: openai.TypeServerError, Param: "model", Code: "model_unavailable",
-		Message: "no engine has registered with the router yet (still starting?), so no model is known; retry later"}
+		Message: "no engine has registered with the router yet (still starting, or refused: the router's log and refused_registrations in /admin/workers say why), so no model is known; retry later"}
 	errModelUnavailable = &openai.Error{Status: 503, Type: openai.TypeServerError, Param: "model", Code: "model_unavailable",
 		Message: "every worker that served the requested model is down; retry later"}
 	errModelRequired = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: "model", Code: "model_required",

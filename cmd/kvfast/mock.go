@@ -124,7 +124,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 	d := mocker.DefaultTiming
 	var (
 		listen     = fs.String("listen", "127.0.0.1:8100", "base listen `address` (host:port); engine i uses the port plus i (port 0: a free port per engine)")
-		engines    = fs.Int("engines", 1, "number of engines to run")
+		engines    = fs.Int("engines", 1, fmt.Sprintf("number of engines to run, 1 to %d", workers.Max))
 		model      = fs.String("model", mocker.DefaultModel, "served model `name`")
 		blockSize  = fs.Int("block-size", radix.DefaultBlockSize, "tokens per KV block (must equal the router's)")
 		kvBlocks   = fs.Int("kv-blocks", mocker.DefaultKVBlocks, fmt.Sprintf("KV cache capacity per engine, in blocks (at most %d: the cache is allocated whole at start, about 115 bytes a block)", mocker.MaxKVBlocks))
