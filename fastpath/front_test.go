@@ -327,6 +327,35 @@ func TestAdapterAsBaseColonAdapter(t *testing.T) {
 	}
 }
 
+// TestRepeatedHintHeader: a hint header sent twice is refused. The first
+// copy had counted, so a client's X-Kvfast-Allow before a gateway's own
+// was the one used.
+func TestRepeatedHintHeader(t *testing.T) {
+	s := newRouteTestServer(t, 3, "")
+	body := []byte(`{"model":"` + benchModel + `","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`)
+	for _, c := range []struct{ header, first, second string }{
+		{HeaderAllow, "3", "1"}, {HeaderWorker, "1", "2"}, {HeaderDPRank, "0", "0"},
+		{HeaderPriority, "1", "2"}, {HeaderQueryOnly, "0", "1"}, {HeaderSession, "a", "b"},
+	} {
+		ctx := newRouteCtx(PathRouteCompletions, body, nil)
+		if c.header == HeaderDPRank {
+			ctx.Request.Header.Set(HeaderWorker, "1")
+		}
+		ctx.Request.Header.Add(c.header, c.first)
+		ctx.Request.Header.Add(c.header, c.second)
+		s.handle(ctx)
+		if got := ctx.Response.StatusCode(); got != http.StatusBadRequest ||
+			!strings.Contains(string(ctx.Response.Body()), `"param":"`+c.header+`","code":"invalid_header"`) {
+			t.Errorf("%s twice: %d %s; want 400 invalid_header naming it", c.header, got, ctx.Response.Body())
+		}
+	}
+	ctx := newRouteCtx(PathRouteCompletions, body, map[string]string{HeaderAllow: "3,1", HeaderWorker: "1"})
+	s.handle(ctx)
+	if got := ctx.Response.StatusCode(); got != http.StatusOK {
+		t.Errorf("each hint once: %d %s", got, ctx.Response.Body())
+	}
+}
+
 // TestAllowListWithoutTheModel: an allow-list naming no worker that
 // serves the requested model or adapter is the client's mistake, a 400,
 // as a pin to such a worker is; a 503 was retried for ever.

@@ -59,14 +59,35 @@ var (
 		Message: HeaderPriority + " must be an integer between -1000000 and 1000000"}
 	errBadQueryOnlyHeader = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderQueryOnly, Code: "invalid_header",
 		Message: HeaderQueryOnly + " must be 1 or true (decide and answer the routing decision only), or 0 or false"}
+	// repeatedHint refuses a hint header sent twice, by header: which copy
+	// counts is not the client's to guess, and a proxy that appends its
+	// own X-Kvfast-Allow after a client's must not find the client's used.
+	repeatedHint = func() (refusals []hintRefusal) {
+		for _, h := range []string{HeaderWorker, HeaderDPRank, HeaderAllow, HeaderPriority, HeaderQueryOnly, HeaderSession} {
+			refusals = append(refusals, hintRefusal{h, &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: h,
+				Code: "invalid_header", Message: h + " was sent more than once; send it once"}})
+		}
+		return refusals
+	}()
 	errDirectNeedsWorker = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: HeaderWorker, Code: "worker_required",
 		Message: "the router runs in direct mode: every request must name its worker in " + HeaderWorker}
 )
+
+type hintRefusal struct {
+	header string
+	err    *openai.Error
+}
 
 // readHints fills the selection request from the routing headers. It
 // reports whether the request is query-only.
 func (s *Server) readHints(ctx *fasthttp.RequestCtx, ex *exchange) (queryOnly bool, _ *openai.Error) {
 	h := &ctx.Request.Header
+	for _, r := range repeatedHint {
+		// PeekAll only for a header present: most requests carry none.
+		if len(h.Peek(r.header)) > 0 && len(h.PeekAll(r.header)) > 1 {
+			return false, r.err
+		}
+	}
 	if v := h.Peek(HeaderWorker); len(v) > 0 {
 		id, err := strconv.ParseUint(b2s(v), 10, 64)
 		if err != nil {
