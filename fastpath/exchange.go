@@ -928,7 +928,7 @@ func outcomeOf(err error) string {
 // --- failures ---
 
 func (ex *exchange) reject(ctx *fasthttp.RequestCtx, e *openai.Error) {
-	if e == errModelUnavailable || e == errModelsPending || e == errNoEnginesYet {
+	if e == errModelUnavailable || e == errModelsPending || e == errNoEnginesYet || e == errPinnedWorkerDown {
 		// The router's side, not the client's: its engines are down, or
 		// not heard from yet.
 		ctx.Response.Header.SetBytesV("Retry-After", ex.s.retryAfter(ex))
@@ -957,6 +957,8 @@ func (ex *exchange) failSelect(ctx *fasthttp.RequestCtx, err error) {
 		ctx.Response.Header.SetBytesV("Retry-After", ex.out)
 		ex.count(statusOverloaded)
 		writeError(ctx, fasthttp.StatusTooManyRequests, errOverloaded)
+	case errors.Is(err, sched.ErrPinnedWorkerNotFound) && ex.s.pinnedDown(ex.sreq.PinWorker):
+		ex.reject(ctx, errPinnedWorkerDown)
 	case errors.Is(err, sched.ErrPinnedWorkerNotFound):
 		ex.count(statusClientError)
 		writeError(ctx, fasthttp.StatusNotFound, errUnknownPinnedWorker)
@@ -1096,6 +1098,8 @@ var (
 		Message: "every eligible worker stayed busy for the whole admission-queue timeout; retry after the Retry-After interval"}
 	errNoWorker = &openai.Error{Status: 503, Type: openai.TypeServerError, Code: "no_worker_available",
 		Message: "no healthy worker can serve this request now"}
+	errPinnedWorkerDown = &openai.Error{Status: 503, Type: openai.TypeServerError, Param: HeaderWorker, Code: "no_worker_available",
+		Message: "the pinned worker's engine is presumed dead (its heartbeat stopped; GET /admin/workers lists it under down_registrations); retry later"}
 	errUnknownPinnedWorker = &openai.Error{Status: 404, Type: openai.TypeInvalidRequest, Param: HeaderWorker, Code: "worker_not_found",
 		Message: "the pinned worker and DP rank are not in the worker set"}
 	errLoop = &openai.Error{Status: 508, Type: openai.TypeServerError, Code: "loop_detected",

@@ -356,6 +356,37 @@ func TestRepeatedHintHeader(t *testing.T) {
 	}
 }
 
+// TestPinToDownRegistration: a pin to an engine presumed dead (its
+// registration down, the scheduler without it) is a 503 to retry, with
+// or without its rank, where a pin to an id never seen stays a 404.
+func TestPinToDownRegistration(t *testing.T) {
+	s := newRouteTestServer(t, 2, "")
+	s.SetDown([]RegistrationView{{WorkerID: 99, Model: benchModel}})
+	body := []byte(`{"model":"` + benchModel + `","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`)
+	for _, c := range []struct {
+		hdr  map[string]string
+		want int
+	}{
+		{map[string]string{HeaderWorker: "99"}, http.StatusServiceUnavailable},
+		{map[string]string{HeaderWorker: "99", HeaderDPRank: "0"}, http.StatusServiceUnavailable},
+		{map[string]string{HeaderWorker: "98"}, http.StatusNotFound},
+		{map[string]string{HeaderWorker: "98", HeaderDPRank: "0"}, http.StatusNotFound},
+	} {
+		ctx := newRouteCtx(PathRouteCompletions, body, c.hdr)
+		s.handle(ctx)
+		if got := ctx.Response.StatusCode(); got != c.want ||
+			got == http.StatusServiceUnavailable && len(ctx.Response.Header.Peek("Retry-After")) == 0 {
+			t.Errorf("%v: %d %s; want %d", c.hdr, got, ctx.Response.Body(), c.want)
+		}
+	}
+	s.SetDown(nil) // back, or gone for good
+	ctx := newRouteCtx(PathRouteCompletions, body, map[string]string{HeaderWorker: "99"})
+	s.handle(ctx)
+	if got := ctx.Response.StatusCode(); got != http.StatusNotFound {
+		t.Errorf("a pin to a registration no longer down: %d; want 404", got)
+	}
+}
+
 // TestAllowListWithoutTheModel: an allow-list naming no worker that
 // serves the requested model or adapter is the client's mistake, a 400,
 // as a pin to such a worker is; a 503 was retried for ever.

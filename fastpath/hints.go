@@ -106,6 +106,9 @@ func (s *Server) readHints(ctx *fasthttp.RequestCtx, ex *exchange) (queryOnly bo
 			ranks, only := s.ranksOf(id)
 			switch ranks {
 			case 0:
+				if s.pinnedDown(id) {
+					return false, errPinnedWorkerDown
+				}
 				return false, errUnknownPinnedWorker
 			case 1:
 				ex.sreq.PinRank = only

@@ -3,6 +3,7 @@ package fastpath
 import (
 	"context"
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/kvfast/kvfast/internal/clock"
@@ -30,6 +31,25 @@ func (s *Server) WorkersChanged() {
 // another worker can serve a request, these are not routed it. The node
 // calls it after every poll of the engines' models.
 func (s *Server) SetModelUnlisted(set workers.Set) { s.unlisted.Store(uint64(set)) }
+
+// SetDown tells the request path which registrations the node presumes
+// dead (Snapshot.Down). The node calls it whenever that list changes.
+func (s *Server) SetDown(down []RegistrationView) {
+	ids := make([]uint64, 0, len(down))
+	for _, d := range down {
+		ids = append(ids, d.WorkerID)
+	}
+	s.downIDs.Store(&ids)
+}
+
+// pinnedDown reports whether a pin to id, a worker the scheduler does not
+// know, names an engine presumed dead rather than no engine at all.
+func (s *Server) pinnedDown(id uint64) bool {
+	if ids := s.downIDs.Load(); ids != nil {
+		return slices.Contains(*ids, id)
+	}
+	return false
+}
 
 // avoidUnlisted keeps the request off workers whose engines do not list
 // its model, unless no other worker could take it (the client then hears

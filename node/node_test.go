@@ -1165,6 +1165,8 @@ func TestDeadEngineStaysUnhealthy(t *testing.T) {
 	}
 	ln, stop := serveOn(t, n, n.ServeAdmin)
 	defer stop()
+	api, stopAPI := serveOn(t, n, n.Serve)
+	defer stopAPI()
 	healthy := func() string {
 		resp, err := http.Get("http://" + ln.Addr().String() + "/metrics")
 		if err != nil {
@@ -1198,6 +1200,26 @@ func TestDeadEngineStaysUnhealthy(t *testing.T) {
 	}
 	if got, want := healthy(), `kvfast_worker_healthy{dp_rank="0",worker="3"} 0`; got != want {
 		t.Fatalf("/metrics says %q, want %q", got, want)
+	}
+	// A pin to it is a 503 to retry, as to any unhealthy worker; it was
+	// the 404 of a worker never seen, which clients do not retry.
+	for _, rank := range []string{""} { // with a rank: the model's 503 first, its only engine down
+		req, _ := http.NewRequest(http.MethodPost, "http://"+api.Addr().String()+"/v1/completions",
+			strings.NewReader(`{"model":"`+mocker.DefaultModel+`","prompt":[1,2,3],"max_tokens":1}`))
+		req.Header.Set("X-Kvfast-Worker", "3")
+		if rank != "" {
+			req.Header.Set("X-Kvfast-Dp-Rank", rank)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
+			!strings.Contains(string(body), `"code":"no_worker_available"`) {
+			t.Errorf("a pin to the dead engine (rank %q): %d %v %s; want 503 with Retry-After", rank, resp.StatusCode, resp.Header, body)
+		}
 	}
 	// Back: the series is the live worker's, once.
 	beating.Store(true)

@@ -448,6 +448,7 @@ func (n *Node) scanRegistry() {
 	}
 	if prev := n.downRegs.Load(); prev == nil || !slices.Equal(*prev, downViews) {
 		n.downRegs.Store(&downViews)
+		n.front.SetDown(downViews)
 	}
 	if changed {
 		n.pinSharedRanks()
