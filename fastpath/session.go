@@ -61,8 +61,11 @@ func DefaultSessionConfig() SessionConfig {
 }
 
 func (c *SessionConfig) validate() error {
-	if c.TTL < 0 || c.BusyUnbindAfter < 0 {
-		return fmt.Errorf("cannot use session TTL %v or busy unbind %v: must not be negative", c.TTL, c.BusyUnbindAfter)
+	if c.TTL < 0 {
+		return fmt.Errorf("cannot use session TTL %v: must not be negative (0: no sticky sessions)", c.TTL)
+	}
+	if c.BusyUnbindAfter < 0 {
+		return fmt.Errorf("cannot use session busy unbind %v: must not be negative (0: never unbind a busy worker's sessions)", c.BusyUnbindAfter)
 	}
 	if c.TTL > 0 && c.ControlTimeout <= 0 {
 		return fmt.Errorf("cannot use session control timeout %v: must be positive", c.ControlTimeout)

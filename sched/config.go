@@ -131,7 +131,7 @@ func (b BusyThresholds) Validate() error {
 		return invalidf("cannot use decode busy fraction %v: want a fraction of the KV capacity, from 0 (off) to 1", f)
 	}
 	if b.PrefillTokens < 0 {
-		return invalidf("cannot use prefill busy threshold %d tokens", b.PrefillTokens)
+		return invalidf("cannot use prefill busy threshold %d tokens: want a count of tokens, 0 (off) or more", b.PrefillTokens)
 	}
 	return nil
 }

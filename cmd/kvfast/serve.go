@@ -119,8 +119,11 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.IntVar(&cfg.HTTP.MaxBodyBytes, "max-body-bytes", cfg.HTTP.MaxBodyBytes, "largest request body accepted (413 beyond)")
 	fs.Func("max-token-id", "largest token id accepted in a prompt, usually vocabulary size - 1 (0: any uint32)", func(v string) error {
 		id, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			return errors.New("want a whole number from 0 to 4294967295")
+		}
 		cfg.HTTP.MaxTokenID = uint32(id)
-		return err
+		return nil
 	})
 	fs.DurationVar(&cfg.HTTP.HeaderTimeout, "header-timeout", cfg.HTTP.HeaderTimeout, "time allowed for a complete request header, from a connection's accept or a keep-alive request's first byte (cuts idle and slow-header connections)")
 	fs.DurationVar(&cfg.HTTP.ReadTimeout, "read-timeout", cfg.HTTP.ReadTimeout, "time allowed to read a request body, after its header (cuts slow uploads)")

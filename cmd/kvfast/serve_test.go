@@ -138,6 +138,10 @@ func TestServeConfig(t *testing.T) {
 			{"--listen 127.0.0.1:41500 --admin-listen 127.0.0.1:41500", "they name one port"},
 			{"--listen :8000 --admin-listen 127.0.0.1:8000", "they name one port"},
 			{"--eject-consecutive -1", "a count of failures"},
+			{"--max-token-id -1", "want a whole number from 0 to 4294967295"},
+			{"--session-ttl -1s", "session TTL -1s: must not be negative"},
+			{"--session-busy-unbind -1s", "session busy unbind -1s: must not be negative"},
+			{"--busy-prefill-tokens -1", "a count of tokens, 0 (off) or more"},
 			{"--eject-max-percent 101", "a percentage, 0 (off) to 100"},
 		} {
 			var stderr strings.Builder
