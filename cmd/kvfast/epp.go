@@ -161,7 +161,7 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 	if fs.NArg() > 0 {
 		return fail(errors.New(extraArgument(fs)))
 	}
-	unknownEnv, err := applyEnv(fs, eppEnvPrefix)
+	unknownEnv, fromEnv, err := applyEnv(fs, eppEnvPrefix)
 	if err != nil {
 		printUnknownEnv(stderr, "epp", unknownEnv)
 		return fail(err)
@@ -191,6 +191,9 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 		cfg.Sched.QueueCapacity = -1 // no queue, as kvfast serve reads 0; sched reads 0 as its default
 	}
 	if err := cfg.Validate(); err != nil {
+		if note := envNote(fromEnv); note != "" {
+			err = fmt.Errorf("%w %s", err, note)
+		}
 		return fail(err)
 	}
 	src, err := eppSource(o)

@@ -352,13 +352,24 @@ const (
 	eppEnvPrefix   = "KVFAST_EPP_"
 )
 
+// envNote says which flags an error about their values may owe to the
+// environment ("" for none): an error naming --policy for a value the
+// command line never gave sends the operator looking in the wrong place.
+func envNote(applied []string) string {
+	if len(applied) == 0 {
+		return ""
+	}
+	return "(set from the environment: " + strings.Join(applied, ", ") + ")"
+}
+
 // applyEnv sets every flag not given on the command line from
 // prefix<FLAG_NAME>, so that containers can configure the command through
 // the environment. It returns the variables of the prefix that name no
 // flag (a misspelling, which would silently change nothing), for the
 // caller to warn about in its log, except the publishers' own
-// (publisherEnv) and, for serve, the picker's.
-func applyEnv(fs *flag.FlagSet, prefix string) (unknown []string, err error) {
+// (publisherEnv) and, for serve, the picker's; and those it applied, for
+// an error about a flag's value to say where the value came from.
+func applyEnv(fs *flag.FlagSet, prefix string) (unknown, applied []string, err error) {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	for _, kv := range os.Environ() {
@@ -378,6 +389,7 @@ func applyEnv(fs *flag.FlagSet, prefix string) (unknown []string, err error) {
 		}
 		env := prefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if v, ok := os.LookupEnv(env); ok {
+			applied = append(applied, env)
 			if err := fs.Set(f.Name, v); err != nil {
 				// A free-text value is not repeated (withoutFreeText).
 				hint, shown := typeHint(f), fmt.Sprintf("%s=%q", env, v)
@@ -388,7 +400,7 @@ func applyEnv(fs *flag.FlagSet, prefix string) (unknown []string, err error) {
 			}
 		}
 	})
-	return unknown, errors.Join(errs...)
+	return unknown, applied, errors.Join(errs...)
 }
 
 // printUnknownEnv is warnUnknownEnv for a start that fails before there
@@ -468,7 +480,7 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 		fmt.Fprintf(stderr, "kvfast serve: %s\n", extraArgument(fs))
 		return cfg, 2, false
 	}
-	unknownEnv, err := applyEnv(fs, serveEnvPrefix)
+	unknownEnv, fromEnv, err := applyEnv(fs, serveEnvPrefix)
 	if err != nil {
 		printUnknownEnv(stderr, "serve", unknownEnv)
 		fmt.Fprintln(stderr, "kvfast serve:", err)
@@ -491,6 +503,9 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 	warnUnknownEnv(log, "serve", unknownEnv)
 	cfg.Logger = log
 	if err := cfg.Validate(); err != nil {
+		if note := envNote(fromEnv); note != "" {
+			err = fmt.Errorf("%w %s", err, note)
+		}
 		fmt.Fprintln(stderr, "kvfast serve:", err)
 		return cfg, 2, false
 	}

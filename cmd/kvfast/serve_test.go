@@ -155,6 +155,14 @@ func TestServeConfig(t *testing.T) {
 		if _, code, ok := serveConfig([]string{"--segment", "none"}, &stderr); ok || code != 2 || !strings.Contains(stderr.String(), "want true or false") {
 			t.Errorf("KVFAST_CREDIT_IN_FLIGHT=no: ok %v, exit %d, %q", ok, code, stderr.String())
 		}
+		// A value that parses but the router refuses names its variable.
+		t.Setenv("KVFAST_CREDIT_IN_FLIGHT", "")
+		os.Unsetenv("KVFAST_CREDIT_IN_FLIGHT")
+		t.Setenv("KVFAST_POLICY", "fastest")
+		stderr.Reset()
+		if _, code, ok := serveConfig([]string{"--segment", "none"}, &stderr); ok || code != 2 || !strings.Contains(stderr.String(), "set from the environment: KVFAST_POLICY") {
+			t.Errorf("KVFAST_POLICY=fastest: ok %v, exit %d, %q; want exit 2 naming the variable", ok, code, stderr.String())
+		}
 	})
 	t.Run("one engine given twice", func(t *testing.T) {
 		// Two workers on one engine would split its load accounting: the
