@@ -139,7 +139,7 @@ func TestEPPEnvironment(t *testing.T) {
 	// And the router ignores the picker's.
 	t.Setenv("KVFAST_EPP_LISTEN", ":9002")
 	stderr.Reset()
-	if _, _, ok := serveConfig([]string{"--segment", "none"}, &stderr); !ok || stderr.Len() != 0 {
+	if _, _, ok := serveConfig([]string{"--segment", "none", "--worker", "url=http://127.0.0.1:9001"}, &stderr); !ok || stderr.Len() != 0 {
 		t.Errorf("kvfast serve beside KVFAST_EPP_ variables: ok %v, %s", ok, stderr.String())
 	}
 }

@@ -509,6 +509,9 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 		fmt.Fprintln(stderr, "kvfast serve:", err)
 		return cfg, 2, false
 	}
+	if cfg.Segment.Path == "" && len(cfg.Static) == 0 {
+		log.Warn("no segment and no --worker: no engine can join this router, and every request gets 503 until it is restarted with --worker url=... (or with a segment engines register in)")
+	}
 	if se := cfg.HTTP.Sessions; se.TTL > 0 && se.BusyUnbindAfter > 0 && cfg.HTTP.QueueTimeout > 0 && cfg.HTTP.QueueTimeout < se.BusyUnbindAfter {
 		log.Warn("a sticky session's turn that queues behind its busy worker gets 503 at --queue-timeout before --session-busy-unbind would move it to an idle worker; "+
 			"set --session-busy-unbind at most --queue-timeout", "queue_timeout", cfg.HTTP.QueueTimeout, "session_busy_unbind", se.BusyUnbindAfter)

@@ -89,12 +89,17 @@ func TestServeConfig(t *testing.T) {
 		}
 		// Otherwise in the log's format: with JSON logs, a JSON line.
 		stderr.Reset()
-		if _, _, ok := serveConfig([]string{"--segment", "none", "--log-format", "json"}, &stderr); !ok {
+		if _, _, ok := serveConfig([]string{"--segment", "none", "--worker", "url=http://127.0.0.1:9001", "--log-format", "json"}, &stderr); !ok {
 			t.Fatalf("refused: %s", stderr.String())
 		}
 		var line struct{ Level, Msg, Variable string }
 		if err := json.Unmarshal([]byte(strings.TrimSpace(stderr.String())), &line); err != nil || line.Level != "WARN" || line.Variable != "KVFAST_POLICYY" {
 			t.Errorf("with --log-format json: %v %+v\n%s", err, line, stderr.String())
+		}
+		// No segment and no --worker: nothing can ever join.
+		stderr.Reset()
+		if _, _, ok := serveConfig([]string{"--segment", "none"}, &stderr); !ok || !strings.Contains(stderr.String(), "no engine can join this router") {
+			t.Errorf("no segment, no worker: ok %v, %s; want a warning that nothing can join", ok, stderr.String())
 		}
 	})
 	t.Run("a bad flag: the error, not the flag list", func(t *testing.T) {
