@@ -551,6 +551,7 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 	lineStart := 0  // openai.EventEnd's resume point, relative to start
 	inspect := true // false while passing through an event too big for buf
 	timed := false  // an incomplete event's clock runs (pieceStarted)
+	passed := 0     // bytes of an event too big for buf sent so far
 	for {
 		if end == len(buf) {
 			if start > 0 {
@@ -565,13 +566,26 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 				if lineStart == end-1 && buf[end-1] == '\r' {
 					keep = 1
 				}
+				// Bounded as a plain answer is: the idle timeout below
+				// cannot cut an engine that sends one event as fast as
+				// the client takes it.
+				if passed += end - keep; passed > c.pool.cfg.MaxResponseBodySize {
+					return ErrResponseTooLarge, nil
+				}
+				wrote := time.Now()
 				if err := c.write(w, buf[:end-keep]); err != nil {
 					return ErrClientGone, err
 				}
-				// The client took its time over the event's part: the
-				// engine's clock starts again from here.
-				c.pieceStarted()
-				timed = true
+				// The time the client took over the event's part is not
+				// the engine's: its clock is put back by that much, not
+				// started again (which let an engine dribbling one endless
+				// event in parts hold the stream past the idle timeout).
+				if timed {
+					c.pieceDelayed(time.Since(wrote))
+				} else {
+					c.pieceStarted()
+					timed = true
+				}
 				c.midEvent = true
 				if lineStart < end-keep {
 					lineStart = -1 // mid-line: the rest of this line is not blank
@@ -594,7 +608,7 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 			if inspect {
 				c.observe(openai.ParseEvent(buf[start : start+evEnd]))
 			}
-			inspect = true
+			inspect, passed = true, 0
 			start += evEnd
 			lineStart = 0
 		}
@@ -675,10 +689,17 @@ var finishGrace = 10 * time.Second // a variable for tests (export_test.go)
 
 // pieceStarted and pieceEnded time a piece of the answer: an event, or
 // a plain answer's body, must be whole within the idle timeout of its
-// first byte (engineConn.pieceBy).
+// first byte (engineConn.pieceBy); pieceDelayed gives it the time the
+// relay spent writing part of it to a slow client.
 func (c *Call) pieceStarted() {
 	if ec, ok := c.conn.(*engineConn); ok {
 		ec.pieceStarted()
+	}
+}
+
+func (c *Call) pieceDelayed(d time.Duration) {
+	if ec, ok := c.conn.(*engineConn); ok {
+		ec.pieceDelayed(d)
 	}
 }
 

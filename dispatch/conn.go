@@ -94,6 +94,13 @@ func (c *engineConn) pieceStarted() {
 
 func (c *engineConn) pieceEnded() { c.pieceBy = time.Time{} }
 
+// pieceDelayed moves a running piece's deadline d later.
+func (c *engineConn) pieceDelayed(d time.Duration) {
+	if !c.pieceBy.IsZero() {
+		c.pieceBy = c.pieceBy.Add(d)
+	}
+}
+
 func (c *engineConn) Read(p []byte) (int, error) {
 	awaiting := c.awaiting
 	var deadline time.Time

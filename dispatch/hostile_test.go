@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -608,6 +609,41 @@ func TestIdleTimeoutBoundsAnEvent(t *testing.T) {
 	rec.wait(t)
 	if err := rec.aborted(); !errors.Is(err, ErrIdleTimeout) {
 		t.Fatalf("stream ended with %v (%s), want the idle timeout", err, rec.summary())
+	}
+}
+
+// TestEndlessEventIsCut: one event that never ends, sent as fast as the
+// relay takes it, ends the stream once it outgrows what the router takes
+// of a plain answer (MaxResponseBodySize). Each buffer of it the relay
+// passed on restarted the event's idle clock, and gigabytes went through
+// for as long as the client waited.
+func TestEndlessEventIsCut(t *testing.T) {
+	var sent atomic.Int64
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			_, _ = w.WriteString(`data: {"id":"`)
+			part := bytes.Repeat([]byte("a"), 64<<10)
+			for sent.Load() < 1<<30 { // past it the relay never cut it: the test fails below
+				if _, err := w.Write(part); err != nil || w.Flush() != nil {
+					return
+				}
+				sent.Add(int64(len(part)))
+			}
+		})
+	}, nil)
+	pool := NewPool(Config{Health: noHealth, MaxResponseBodySize: 1 << 20})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	rec := newRecorder()
+	addr := serve(t, front(pool, 0, func() Observer { return rec }), nil)
+	status, _, body := post(t, addr, "/v1/completions", completionBody)
+	if status != 200 || !bytes.HasSuffix(body, sseErrors[kindOf(ErrResponseTooLarge)]) {
+		t.Fatalf("status %d, %d bytes ending %q; want the event cut with engine_response_too_large", status, len(body), body[max(0, len(body)-120):])
+	}
+	rec.wait(t)
+	if err := rec.aborted(); !errors.Is(err, ErrResponseTooLarge) || len(body) > 2<<20 {
+		t.Fatalf("stream ended with %v after %d bytes relayed (%d sent); want it cut past 1 MiB", err, len(body), sent.Load())
 	}
 }
 
