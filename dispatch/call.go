@@ -92,6 +92,10 @@ type Call struct {
 	attempts      *Attempts // where a 5xx verdict waits for another engine to serve the request (SetAttempts); nil: judged at once
 	choices       int       // completions the request asked for (SetChoices); 0 is one
 	finishes      int       // finish reasons seen in this attempt's stream
+	// pending is how many bytes of the stream AwaitStream read into buf,
+	// which Relay sends first, and pendingErr what that read said after.
+	pending    int
+	pendingErr error
 }
 
 // errNotEventStream is the cause Relay reports for a plain response, which
@@ -120,6 +124,7 @@ func (c *Call) Release() {
 	c.engine, c.obs = nil, nil
 	c.downstream, c.downstreamWrite = nil, 0
 	c.choices = 0
+	c.pending, c.pendingErr = 0, nil
 	c.attempts = nil
 	c.requireObject = false
 	// The budget counts what one response needed, not what the pooled
@@ -193,6 +198,7 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	c.abort(ErrAbandoned)
 	c.obs, c.finished, c.first, c.done, c.judged, c.midEvent = obs, obs == nil, false, false, false, false
 	c.finishes, c.generated = 0, false
+	c.pending, c.pendingErr = 0, nil
 	e := c.pool.Engine(slot)
 	c.engine = e
 	if e == nil {
@@ -249,6 +255,42 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	}
 	return nil
 }
+
+// AwaitStream waits, for a 2xx event stream, until its body's first
+// bytes arrive, before anything is sent to the client (which is answered
+// only once the handler has returned). An engine that sends a stream's
+// headers and then ends its body, or breaks the connection or stalls
+// past the idle timeout, before any byte of it has failed with nothing
+// relayed: AwaitStream fails the call as its engine's fault, and the
+// error (IsRetryable accepts a broken or empty stream) lets the request
+// be sent elsewhere; such a stream had reached the client as a 200 with
+// an error event. The bytes read are the first Relay sends. nil for any
+// other answer, and once bytes came.
+func (c *Call) AwaitStream() error {
+	if !c.open || c.resp.StatusCode()/100 != 2 || !c.IsEventStream() {
+		return nil
+	}
+	body := c.resp.BodyStream()
+	if body == nil {
+		return nil // no body at all: Relay's to end
+	}
+	for {
+		n, err := body.Read(c.buf)
+		if n > 0 {
+			c.pending, c.pendingErr = n, err
+			return nil
+		}
+		switch {
+		case err == io.EOF:
+			c.bodyEOF = true
+			return c.fail(ErrEngineFailed, errEmptyStream, nil, false)
+		case err != nil:
+			return c.fail(c.readFailure(err), err, nil, false)
+		}
+	}
+}
+
+var errEmptyStream = errors.New("the event stream ended before its first byte")
 
 // RefuseUnaskedStream fails the call, as its engine's fault, when Do
 // received a 2xx event stream for a request that did not ask for one:
@@ -552,8 +594,12 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 	inspect := true // false while passing through an event too big for buf
 	timed := false  // an incomplete event's clock runs (pieceStarted)
 	passed := 0     // bytes of an event too big for buf sent so far
+	// What AwaitStream read comes first, without waiting for more.
+	end, c.pending = c.pending, 0
+	preread, prereadErr := end > 0, c.pendingErr
+	c.pendingErr = nil
 	for {
-		if end == len(buf) {
+		if end == len(buf) && !preread {
 			if start > 0 {
 				end = copy(buf, buf[start:end])
 				start = 0
@@ -596,7 +642,13 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 				inspect = false
 			}
 		}
-		n, rerr := r.Read(buf[end:])
+		var n int
+		var rerr error
+		if preread {
+			preread, rerr = false, prereadErr
+		} else {
+			n, rerr = r.Read(buf[end:])
+		}
 		end += n
 		sent := start
 		for {

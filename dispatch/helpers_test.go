@@ -224,6 +224,13 @@ func front(pool *Pool, slot workers.Slot, obs func() Observer) fasthttp.RequestH
 			ctx.SetBody(AppendErrorJSON(nil, err))
 			return
 		}
+		if err := call.AwaitStream(); err != nil {
+			call.Release()
+			ctx.SetStatusCode(ErrorStatus(err))
+			ctx.SetContentType("application/json")
+			ctx.SetBody(AppendErrorJSON(nil, err))
+			return
+		}
 		call.CopyHeaders(&ctx.Response.Header)
 		if call.IsEventStream() {
 			ctx.SetBodyStreamWriter(call.StreamWriter())

@@ -647,6 +647,66 @@ func TestEndlessEventIsCut(t *testing.T) {
 	}
 }
 
+// TestStreamEndingBeforeItsFirstByte: an engine that sends a stream's
+// headers and then ends the body, or drops the connection, has failed
+// before anything reached the client: AwaitStream says so with an error
+// that lets the request go elsewhere, counted against the engine. It had
+// reached the client as a 200 with an error event.
+func TestStreamEndingBeforeItsFirstByte(t *testing.T) {
+	for name, tail := range map[string]string{"empty body": "0\r\n\r\n", "dropped": ""} {
+		t.Run(name, func(t *testing.T) {
+			engine := rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
+				if _, ok := readRequest(br); !ok {
+					return
+				}
+				_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+tail)
+				conn.Close()
+			})
+			pool, c := answeredCall(t, Config{Health: noHealth}, engine)
+			err := c.AwaitStream()
+			if !IsRetryable(err) || !errors.Is(err, ErrEngineFailed) {
+				t.Fatalf("AwaitStream = %v; want a retryable engine failure", err)
+			}
+			if got := pool.Engine(0).Failures(); got != 1 {
+				t.Errorf("%d failures counted against the engine, want 1", got)
+			}
+		})
+	}
+}
+
+// TestAwaitedStreamRelaysWhole: what AwaitStream read is relayed first,
+// without waiting for more, and the rest after it: byte for byte, events
+// observed, whether the first read held part of an event, several, or as
+// much as the relay buffer holds.
+func TestAwaitedStreamRelaysWhole(t *testing.T) {
+	for _, bufSize := range []int{200, 4096} { // an event in a small buffer, and the default
+		evs := vllmStream(5)
+		want := strings.Join(evs, "")
+		engine := rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
+			if _, ok := readRequest(br); !ok {
+				return
+			}
+			_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"+evs[0]+evs[1])
+			time.Sleep(50 * time.Millisecond) // the first read ends within the second event, or after it
+			_, _ = io.WriteString(conn, strings.Join(evs[2:], ""))
+			conn.Close()
+		})
+		pool := NewPool(Config{Health: noHealth, RelayBufferSize: bufSize})
+		mustAdd(t, pool, 0, engine)
+		rec := newRecorder()
+		addr := serve(t, front(pool, 0, func() Observer { return rec }), nil)
+		status, _, body := post(t, addr, "/v1/completions", completionBody)
+		if status != 200 || string(body) != want {
+			t.Errorf("buffer %d: status %d, body %q; want %q", bufSize, status, body, want)
+		}
+		rec.wait(t)
+		if got := rec.summary(); !strings.HasPrefix(got, "dispatched first") || !strings.HasSuffix(got, "complete:length") && !strings.HasSuffix(got, "complete:stop") {
+			t.Errorf("buffer %d: observer saw %q", bufSize, got)
+		}
+		pool.Close()
+	}
+}
+
 // TestMalformedAnswerBytesStayOutOfErrors: fasthttp quotes the bytes of
 // an answer it cannot parse in its error, which reaches the log; an engine
 // that echoes its request there would put a client's key or prompt in

@@ -610,6 +610,38 @@ func TestConnectFailureRetriedElsewhere(t *testing.T) {
 	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="unavailable"}`, 1)
 }
 
+// TestEmptyStreamRetriedElsewhere: the worker the router prefers answers
+// a stream's headers and then ends it without a byte; nothing reached the
+// client, so the request is re-routed to a live worker, or, pinned,
+// answered with a 502. It had reached the client as a 200 with an error
+// event.
+func TestEmptyStreamRetriedElsewhere(t *testing.T) {
+	live := startMock(t, mocker.Config{WorkerID: 2})
+	empty := startE2EEngine(t, sseHandler(func(*bufio.Writer) {}))
+	r := startE2ERouter(t, e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: empty.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, Endpoint: live.Addr(), Model: e2eModel},
+	))
+	for i := range 2 {
+		tokens := e2eTokens(uint32(70+i), 80)
+		indexBlocks(t, r.node, 1, 0, tokens) // the empty worker looks best
+		resp := r.post(t, fastpath.PathCompletions, completionBody(tokens, true, 3), nil)
+		if resp.status != http.StatusOK || !bytes.HasSuffix(resp.body, []byte(doneEvent)) || bytes.Contains(resp.body, []byte(`"error"`)) {
+			t.Fatalf("attempt %d: status %d: %s", i, resp.status, resp.body)
+		}
+		if got := resp.header.Get(fastpath.HeaderWorker); got != "2" {
+			t.Errorf("attempt %d served by worker %s, want the live worker 2", i, got)
+		}
+	}
+	wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 2)
+	// Pinned, the client hears a 502 it may retry, not a 200.
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(72, 80), true, 3), map[string]string{fastpath.HeaderWorker: "1"})
+	if resp.status != http.StatusBadGateway || checkOpenAIError(t, resp.body) != "engine_failed" {
+		t.Errorf("pinned to the empty engine: status %d: %s", resp.status, resp.body)
+	}
+	waitReleased(t, r.node)
+}
+
 // TestNoRetryCountedWithNowhereToGo: a failed attempt with no other
 // worker to try is not a retry (kvfast_dispatch_retries_total counted one
 // for each such failure).

@@ -544,6 +544,14 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			// it, so a failure while reading it may still be retried.
 			body, err = ex.call.ReadBody()
 		}
+		if err == nil && ex.call.IsEventStream() && !ex.pairedSGLang() {
+			// Nor has the client seen a stream before its first bytes:
+			// one that ends (or breaks) before them may go elsewhere, or
+			// be answered with a status the client can retry on. (A
+			// paired SGLang decode sends its headers before the prefill
+			// is done, and its failures have their own answers.)
+			err = ex.call.AwaitStream()
+		}
 		if err == nil {
 			break
 		}
