@@ -84,6 +84,7 @@ type Call struct {
 	first         bool      // the first item was seen
 	done          bool      // [DONE] was seen
 	generated     bool      // the stream's last finish_reason was seen: only usage and [DONE] are left
+	erred         bool      // the stream carried the engine's own error event: only [DONE] is left
 	midEvent      bool      // the client was last sent part of an event, not its end
 	rank          [20]byte  // scratch: the pinned rank's digits (HeaderDataParallelRank)
 	requireObject bool      // RequireObject
@@ -197,7 +198,7 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	c.closeStream()
 	c.abort(ErrAbandoned)
 	c.obs, c.finished, c.first, c.done, c.judged, c.midEvent = obs, obs == nil, false, false, false, false
-	c.finishes, c.generated = 0, false
+	c.finishes, c.generated, c.erred = 0, false, false
 	c.pending, c.pendingErr = 0, nil
 	e := c.pool.Engine(slot)
 	c.engine = e
@@ -483,6 +484,14 @@ func (c *Call) Relay(w *bufio.Writer) error {
 		} else {
 			c.closeStream()
 			c.end(nil)
+			if c.erred && !c.done {
+				// After its error event the engine ended (or was cut)
+				// without [DONE]: the stream ends as the router ends one
+				// it breaks off.
+				if err := c.write(w, doneEvent); err != nil {
+					return c.fail(ErrClientGone, err, w, true)
+				}
+			}
 			// The server writes the stream's last chunk after Relay: give
 			// it a deadline of its own, not what is left of the last
 			// write's, which a long silence before the end used up.
@@ -492,6 +501,10 @@ func (c *Call) Relay(w *bufio.Writer) error {
 	}
 	return c.fail(kind, cause, w, true)
 }
+
+// EngineErred reports whether the relayed stream carried the engine's own
+// error event: relayed to its end, the answer still failed.
+func (c *Call) EngineErred() bool { return c.erred }
 
 // extendDeadline gives the next write to the client the whole write
 // timeout, when one is set (SetClientWriteTimeout).
@@ -535,8 +548,14 @@ func (c *Call) fail(kind, cause error, w *bufio.Writer, sse bool) error {
 	}
 	c.closeStream()
 	c.abort(err)
+	// The server writes the stream's last chunk after Relay, as after a
+	// whole answer (a failure after a long silence had left the client
+	// a body without its end).
+	c.extendDeadline()
 	return err
 }
+
+var doneEvent = []byte("data: [DONE]\n\n")
 
 // deadliner is the client's side of a relay: its connection.
 type deadliner interface{ SetWriteDeadline(time.Time) error }
@@ -781,7 +800,7 @@ func (c *Call) observe(ev openai.Event) {
 	switch ev.Kind {
 	case openai.EventItem:
 		if c.finished {
-			if c.generated && !c.done {
+			if c.generated && !c.done && !c.erred {
 				// More items after the last finish_reason (an engine that
 				// repeats a choice's finish): the answer goes on, and the
 				// grace that would cut it does not stand.
@@ -814,6 +833,12 @@ func (c *Call) observe(ev openai.Event) {
 			}
 			c.abort(&Error{Slot: slot, Addr: addr, Op: "relay from", Kind: ErrEngineError})
 		}
+		// The engine's error ends its answer (vLLM sends [DONE] next):
+		// one that then stalls is not waited for past the grace (it had
+		// held the client for the whole idle timeout, and then left its
+		// stream unterminated), nor do later items lift it.
+		c.generated, c.erred = true, true
+		c.expectEnd(finishGrace)
 	}
 }
 

@@ -355,6 +355,43 @@ func TestStreamEndsSoonAfterTheLastFinish(t *testing.T) {
 	}
 }
 
+// TestEngineErrorThenStall: an engine that sends its own error event and
+// then neither [DONE] nor the body's end has ended its answer: the client's
+// stream ends within the grace, with [DONE] after the engine's error.
+// It waited for the whole idle timeout, and then got no [DONE].
+func TestEngineErrorThenStall(t *testing.T) {
+	defer setFinishGrace(200 * time.Millisecond)()
+	errorEvent := `data: {"object":"error","message":"boom","type":"InternalServerError","code":500}` + "\n\n"
+	stalled := make(chan struct{})
+	engine := serve(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			_, _ = w.WriteString(chunk(0, "tok", "") + errorEvent)
+			if w.Flush() != nil {
+				return
+			}
+			select { // until the relay lets go of the connection, or a minute
+			case <-stalled:
+			case <-time.After(time.Minute):
+			}
+		})
+	}, nil)
+	defer close(stalled)
+	pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{Idle: time.Minute}})
+	defer pool.Close()
+	mustAdd(t, pool, 0, engine)
+	rec := newRecorder()
+	addr := serve(t, front(pool, 0, func() Observer { return rec }), nil)
+	status, _, body := post(t, addr, "/v1/completions", completionBody)
+	if want := chunk(0, "tok", "") + errorEvent + "data: [DONE]\n\n"; status != 200 || string(body) != want {
+		t.Fatalf("status %d, body %q; want %q", status, body, want)
+	}
+	rec.wait(t)
+	if err := rec.aborted(); !errors.Is(err, ErrEngineError) {
+		t.Errorf("observer: %v (%s); want the engine's error", err, rec.summary())
+	}
+}
+
 // TestItemsAfterAFinishKeepTheStream: an engine that repeats a finish
 // (a choice's finish_reason, then more items) is still answering: the
 // grace after the last finish_reason does not cut what follows.

@@ -40,6 +40,11 @@ func FuzzSSEScan(f *testing.F) {
 		}
 		rest, tail := got[whole:], data[whole:]
 		errEvent := sseErrors[kindOf(ErrTruncated)]
+		if errSeen, doneSeen := terminalEvents(data); errSeen && !doneSeen && !bytes.HasSuffix(rest, errEvent) {
+			// After the engine's own error event, a stream that ends
+			// without [DONE] gets it from the relay.
+			rest, _ = bytes.CutSuffix(rest, doneEvent)
+		}
 		switch {
 		case len(rest) == 0 && len(tail) == 0: // a clean end
 		case len(tail) > 0 && bytes.Equal(rest, append(bytes.Clone(tail), "\n\n"...)): // the last event completed
@@ -95,6 +100,25 @@ func oneShotItems(b []byte) int {
 		b = b[n:]
 	}
 	return items
+}
+
+// terminalEvents reports whether b holds an error event and a [DONE],
+// its last event counted whether or not it ends.
+func terminalEvents(b []byte) (errSeen, doneSeen bool) {
+	for len(b) > 0 {
+		n, _ := openai.EventEnd(b, 0)
+		if n < 0 {
+			n = len(b)
+		}
+		switch openai.ParseEvent(b[:n]).Kind {
+		case openai.EventError:
+			errSeen = true
+		case openai.EventDone:
+			doneSeen = true
+		}
+		b = b[n:]
+	}
+	return errSeen, doneSeen
 }
 
 // itemCounter is an Observer that counts the items it is told of.

@@ -203,6 +203,26 @@ func TestClientCancelReleasesReservations(t *testing.T) {
 	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="ok"}`, 0)
 }
 
+// TestEngineErrorEventCounted: a stream the engine ends with its own
+// error event (vLLM's way of failing a generation it has begun) is
+// relayed as it came, and counted an engine error, not an ok.
+func TestEngineErrorEventCounted(t *testing.T) {
+	eng := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
+		_ = writeFlush(w, itemEvent(0, " tok", ""))
+		_ = writeFlush(w, []byte(`data: {"object":"error","message":"boom","type":"InternalServerError","param":null,"code":500}`+"\n\n"))
+		_ = writeFlush(w, []byte(doneEvent))
+	}))
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.addr(), Model: e2eModel}))
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(80, 32), true, 3), nil)
+	if resp.status != http.StatusOK || !bytes.Contains(resp.body, []byte(`"message":"boom"`)) || !bytes.HasSuffix(resp.body, []byte(doneEvent)) {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	waitReleased(t, r.node)
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="engine_error"}`, 1)
+	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="ok"}`, 0)
+}
+
 // TestEngineKilledMidStream: the client gets what the engine sent, then an
 // OpenAI error event, and the load is released.
 func TestEngineKilledMidStream(t *testing.T) {

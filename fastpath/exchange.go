@@ -708,6 +708,10 @@ func (ex *exchange) stream(w *bufio.Writer) {
 	err := ex.call.Relay(w)
 	status := statusOK
 	switch {
+	case err == nil && ex.call.EngineErred():
+		// Relayed whole, but the engine's own error event ended it (the
+		// guard was aborted then): not an ok in kvfast_requests_total.
+		status = statusEngineError
 	case err == nil && ex.call.StatusCode() < 400:
 		_ = ex.h.Close()
 	case err == nil:
