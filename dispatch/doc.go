@@ -19,8 +19,10 @@
 // engine answered (OnDispatched), the first token (OnFirstToken), each item
 // (OnItem), and exactly one end, OnComplete with the finish_reason before
 // the terminal item reaches the client, or OnAbort with the reason. The
-// guard adapts itself to Observer; the server calls Relay from the body
-// stream writer it gives fasthttp.
+// guard adapts itself to Observer; the server calls AwaitStream before it
+// answers (so that a stream with no byte after its headers is a failed
+// attempt, not a 200), then Relay from the body stream writer it gives
+// fasthttp.
 //
 // Failures are classified so that the caller can act on them:
 //   - ErrConnect: no connection could be made (refused, connect timeout,
@@ -34,9 +36,10 @@
 //     stopped reading the request, took too long to send the response's
 //     headers, or was silent too long between two reads of a started
 //     response.
-//   - ErrResponseTooLarge, ErrResponseBudget: a non-streaming answer over
-//     Config.MaxResponseBodySize, or one that would take the answers held
-//     at once past Config.ResponseBudgetBytes (the router's overload).
+//   - ErrResponseTooLarge, ErrResponseBudget: a non-streaming answer (or
+//     one event of a stream) over Config.MaxResponseBodySize, or one that
+//     would take the answers held at once past Config.ResponseBudgetBytes
+//     (the router's overload).
 //   - ErrEngineFailed, ErrTruncated, ErrEngineError: the engine broke off,
 //     ended a stream early, or reported an error. A response the router
 //     will not relay (a final status outside 2xx, 4xx and 5xx, a
