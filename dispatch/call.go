@@ -484,13 +484,8 @@ func (c *Call) Relay(w *bufio.Writer) error {
 		} else {
 			c.closeStream()
 			c.end(nil)
-			if c.erred && !c.done {
-				// After its error event the engine ended (or was cut)
-				// without [DONE]: the stream ends as the router ends one
-				// it breaks off.
-				if err := c.write(w, doneEvent); err != nil {
-					return c.fail(ErrClientGone, err, w, true)
-				}
+			if err := c.closeErred(w); err != nil {
+				return c.fail(ErrClientGone, err, w, true)
 			}
 			// The server writes the stream's last chunk after Relay: give
 			// it a deadline of its own, not what is left of the last
@@ -538,13 +533,17 @@ func (c *Call) fail(kind, cause error, w *bufio.Writer, sse bool) error {
 	if isEngineFault(kind) {
 		c.judge(false)
 	}
-	if sse && kind != ErrClientGone && !c.finished && !c.done {
+	switch {
+	case !sse || kind == ErrClientGone:
+	case !c.finished && !c.done:
 		if c.midEvent {
 			// End the event cut short, so that the error is an event of
 			// its own.
 			_ = c.write(w, blankLine)
 		}
 		_ = c.write(w, sseErrors[kindOf(kind)])
+	default:
+		_ = c.closeErred(w) // broken after the engine's own error event
 	}
 	c.closeStream()
 	c.abort(err)
@@ -556,6 +555,23 @@ func (c *Call) fail(kind, cause error, w *bufio.Writer, sse bool) error {
 }
 
 var doneEvent = []byte("data: [DONE]\n\n")
+
+// closeErred ends a stream that carried the engine's own error event and
+// no [DONE] as the router ends one it breaks off, with [DONE] (after a
+// blank line, if the client was last sent part of an event, so that it
+// stands alone). Nothing for any other stream.
+func (c *Call) closeErred(w *bufio.Writer) error {
+	if !c.erred || c.done {
+		return nil
+	}
+	if c.midEvent {
+		if err := c.write(w, blankLine); err != nil {
+			return err
+		}
+		c.midEvent = false
+	}
+	return c.write(w, doneEvent)
+}
 
 // deadliner is the client's side of a relay: its connection.
 type deadliner interface{ SetWriteDeadline(time.Time) error }
@@ -634,9 +650,10 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 				// Bounded as a plain answer is: the idle timeout below
 				// cannot cut an engine that sends one event as fast as
 				// the client takes it.
-				if passed += end - keep; passed > c.pool.cfg.MaxResponseBodySize {
+				if passed+end-keep > c.pool.cfg.MaxResponseBodySize {
 					return ErrResponseTooLarge, nil
 				}
+				passed += end - keep
 				wrote := time.Now()
 				if err := c.write(w, buf[:end-keep]); err != nil {
 					return ErrClientGone, err
@@ -675,6 +692,9 @@ func (c *Call) relayEvents(r io.Reader, w *bufio.Writer) (kind, cause error) {
 			if evEnd < 0 {
 				lineStart = resume
 				break
+			}
+			if passed+evEnd > c.pool.cfg.MaxResponseBodySize {
+				return ErrResponseTooLarge, nil
 			}
 			if inspect {
 				c.observe(openai.ParseEvent(buf[start : start+evEnd]))
@@ -831,13 +851,17 @@ func (c *Call) observe(ev openai.Event) {
 			if c.engine != nil {
 				addr, slot = c.engine.addr, c.engine.slot
 			}
+			// The engine failed the answer it had begun: a failure for
+			// passive health, as an error under a 2xx plain answer is.
+			c.judge(false)
 			c.abort(&Error{Slot: slot, Addr: addr, Op: "relay from", Kind: ErrEngineError})
+			c.erred = true
 		}
 		// The engine's error ends its answer (vLLM sends [DONE] next):
 		// one that then stalls is not waited for past the grace (it had
 		// held the client for the whole idle timeout, and then left its
 		// stream unterminated), nor do later items lift it.
-		c.generated, c.erred = true, true
+		c.generated = true
 		c.expectEnd(finishGrace)
 	}
 }

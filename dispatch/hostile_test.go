@@ -390,6 +390,11 @@ func TestEngineErrorThenStall(t *testing.T) {
 	if err := rec.aborted(); !errors.Is(err, ErrEngineError) {
 		t.Errorf("observer: %v (%s); want the engine's error", err, rec.summary())
 	}
+	// A failure for passive health, as an error under a 2xx plain
+	// answer is; it had counted as a success.
+	if got := pool.Engine(0).Failures(); got != 1 {
+		t.Errorf("%d failures counted against the engine, want 1", got)
+	}
 }
 
 // TestItemsAfterAFinishKeepTheStream: an engine that repeats a finish

@@ -210,3 +210,66 @@ func TestReleaseAbandons(t *testing.T) {
 		t.Fatalf("Release: abort %v, closed %v", rec.aborted(), src.closed)
 	}
 }
+
+// TestStreamAfterTheEngineError: a stream that carried the engine's own
+// error event ends with [DONE] however it ends (the engine's body ending,
+// or breaking), standing alone after an event the client got only part
+// of; and the error counts against the engine once.
+func TestStreamAfterTheEngineError(t *testing.T) {
+	errorEvent := `data: {"object":"error","message":"boom","code":500}` + "\n\n"
+	part := "data: {\"x\":\"" + strings.Repeat("a", 1000) // an event larger than the buffer, cut
+	for _, tc := range []struct {
+		name, stream string
+		err          error
+		want         string
+	}{
+		{"ended", errorEvent, nil, errorEvent + "data: [DONE]\n\n"},
+		{"broken", errorEvent, io.ErrUnexpectedEOF, errorEvent + "data: [DONE]\n\n"},
+		{"ended mid-event", errorEvent + part, nil, errorEvent + part + "\n\ndata: [DONE]\n\n"},
+		{"broken mid-event", errorEvent + part, io.ErrUnexpectedEOF, ""}, // what of the event was sent, then [DONE]
+		{"with its own [DONE]", errorEvent + "data: [DONE]\n\n", nil, errorEvent + "data: [DONE]\n\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := newRecorder()
+			src := &splitReader{data: []byte(tc.stream), sizes: []int{100}, err: tc.err}
+			c := relayCall(t, 256, "text/event-stream", 200, src, rec)
+			defer c.Release()
+			var out bytes.Buffer
+			_ = c.Relay(bufio.NewWriterSize(&out, 16))
+			got := out.String()
+			if tc.want == "" {
+				if sent, ok := strings.CutSuffix(got, "\n\ndata: [DONE]\n\n"); !ok || !strings.HasPrefix(tc.stream, sent) || len(sent) <= len(errorEvent) {
+					t.Errorf("relayed %q; want the error event, part of the cut one, a blank line and [DONE]", got)
+				}
+			} else if got != tc.want {
+				t.Errorf("relayed %q\nwant    %q", got, tc.want)
+			}
+			rec.wait(t)
+			if err := rec.aborted(); !errors.Is(err, ErrEngineError) {
+				t.Errorf("observer: %v; want the engine's error", err)
+			}
+		})
+	}
+}
+
+// TestStreamEventBound: one event larger than MaxResponseBodySize ends
+// the stream, whether or not it fits the relay buffer.
+func TestStreamEventBound(t *testing.T) {
+	small := chunk(0, "tok", "")
+	big := "data: {\"x\":\"" + strings.Repeat("a", 8000) + "\"}\n\n"
+	p := NewPool(Config{Health: noHealth, MaxResponseBodySize: 1024})
+	c := p.AcquireCall()
+	defer c.Release()
+	rec := newRecorder()
+	c.obs, c.finished, c.open = rec, false, true
+	c.resp.SetStatusCode(200)
+	c.resp.Header.SetContentType("text/event-stream")
+	c.resp.SetBodyStream(&splitReader{data: []byte(small + big + small), sizes: []int{4096}}, -1)
+	var out bytes.Buffer
+	if err := c.Relay(bufio.NewWriterSize(&out, 16)); !errors.Is(err, ErrResponseTooLarge) {
+		t.Fatalf("Relay = %v; want the event refused as too large", err)
+	}
+	if want := small + string(sseErrors[kindOf(ErrResponseTooLarge)]); out.String() != want {
+		t.Errorf("relayed %q\nwant    %q", out.String(), want)
+	}
+}

@@ -349,7 +349,15 @@ func TestRepeatedHintHeader(t *testing.T) {
 			t.Errorf("%s twice: %d %s; want 400 invalid_header naming it", c.header, got, ctx.Response.Body())
 		}
 	}
-	ctx := newRouteCtx(PathRouteCompletions, body, map[string]string{HeaderAllow: "3,1", HeaderWorker: "1"})
+	// A first copy sent empty is a copy too: it hid the gateway's list.
+	ctx := newRouteCtx(PathRouteCompletions, body, map[string]string{HeaderWorker: "1"})
+	ctx.Request.Header.Add(HeaderAllow, "")
+	ctx.Request.Header.Add(HeaderAllow, "2")
+	s.handle(ctx)
+	if got := ctx.Response.StatusCode(); got != http.StatusBadRequest {
+		t.Errorf("an empty %s, then another: %d %s; want 400", HeaderAllow, got, ctx.Response.Body())
+	}
+	ctx = newRouteCtx(PathRouteCompletions, body, map[string]string{HeaderAllow: "3,1", HeaderWorker: "1"})
 	s.handle(ctx)
 	if got := ctx.Response.StatusCode(); got != http.StatusOK {
 		t.Errorf("each hint once: %d %s", got, ctx.Response.Body())

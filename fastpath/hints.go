@@ -83,8 +83,9 @@ type hintRefusal struct {
 func (s *Server) readHints(ctx *fasthttp.RequestCtx, ex *exchange) (queryOnly bool, _ *openai.Error) {
 	h := &ctx.Request.Header
 	for _, r := range repeatedHint {
-		// PeekAll only for a header present: most requests carry none.
-		if len(h.Peek(r.header)) > 0 && len(h.PeekAll(r.header)) > 1 {
+		// PeekAll, not Peek: a first copy sent empty ("X-Kvfast-Allow:")
+		// is a copy too, and would hide the one after it.
+		if len(h.PeekAll(r.header)) > 1 {
 			return false, r.err
 		}
 	}
