@@ -245,11 +245,6 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 		}
 	case c.Failed():
 		c.judge(false) // the engine refuses the router's own key: no request's doing
-	case status >= 200 && status < 300 && c.attempts != nil:
-		// This engine took the request the held ones failed: they are
-		// judged now, not when its answer ends (a stream may run for
-		// minutes while they draw traffic).
-		c.attempts.served()
 	}
 	if obs != nil {
 		obs.OnDispatched()
@@ -831,6 +826,7 @@ func (c *Call) observe(ev openai.Event) {
 		}
 		if !c.first {
 			c.first = true
+			c.served()
 			c.obs.OnFirstToken()
 		}
 		c.obs.OnItem(1)
@@ -983,8 +979,23 @@ func (c *Call) ReadBody() ([]byte, error) {
 			return nil, c.fail(ErrEngineFailed, errErrorUnder2xx, nil, false)
 		}
 	}
+	if ev.Kind != openai.EventError {
+		c.served()
+	}
 	c.observeBody(ev)
 	return c.buf[:n], nil
+}
+
+// served settles the 5xx verdicts held for this request (SetAttempts) as
+// failures once this engine has served it: a plain answer accepted, or a
+// stream's first item. Not at its 2xx headers, which an answer that turns
+// out empty, broken or not an object follows, to be retried elsewhere:
+// then no engine had served the request yet. Not at the answer's end
+// either: a stream may run for minutes while those engines draw traffic.
+func (c *Call) served() {
+	if c.attempts != nil && c.resp.StatusCode()/100 == 2 {
+		c.attempts.served()
+	}
 }
 
 // errNotObject and errErrorUnder2xx are why a RequireObject call failed.

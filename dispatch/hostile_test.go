@@ -716,6 +716,60 @@ func TestStreamEndingBeforeItsFirstByte(t *testing.T) {
 	}
 }
 
+// TestHeldVerdictWaitsForAServedStream: a 5xx held for a request that
+// another engine may serve counts once one does, not at the 2xx headers
+// of a stream that then proves empty: that engine served nothing.
+func TestHeldVerdictWaitsForAServedStream(t *testing.T) {
+	answer := func(head, body string) string {
+		return rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
+			if _, ok := readRequest(br); ok {
+				_, _ = io.WriteString(conn, head+body)
+			}
+			conn.Close()
+		})
+	}
+	sse := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+	pool := NewPool(Config{Health: noHealth})
+	defer pool.Close()
+	mustAdd(t, pool, 0, answer("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 2\r\nConnection: close\r\n\r\n", "{}"))
+	mustAdd(t, pool, 1, answer(sse, ""))
+	mustAdd(t, pool, 2, answer(sse, strings.Join(vllmStream(2), "")))
+	var a Attempts
+	c := pool.AcquireCall()
+	defer c.Release()
+	c.SetAttempts(&a)
+	c.SetRequest([]byte("/v1/completions"), []byte(`{"prompt":"x","stream":true}`))
+	if err := c.Do(0, newRecorder()); err != nil || c.StatusCode() != 500 {
+		t.Fatalf("Do on the 5xx engine: %v, status %d", err, c.StatusCode())
+	}
+	_ = c.Discard()
+	if err := c.Do(1, newRecorder()); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AwaitStream(); !IsRetryable(err) {
+		t.Fatalf("AwaitStream on the empty stream = %v; want a retryable failure", err)
+	}
+	if got := pool.Engine(0).Failures(); got != 0 {
+		t.Errorf("the 5xx counted (%d failures) when an empty stream's headers came; nothing served the request", got)
+	}
+	if err := c.Do(2, newRecorder()); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AwaitStream(); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := c.Relay(bufio.NewWriter(&out)); err != nil {
+		t.Fatal(err)
+	}
+	if got := pool.Engine(0).Failures(); got != 1 {
+		t.Errorf("after another engine's stream served the request, the 5xx engine has %d failures; want 1", got)
+	}
+	if n := a.Done(); n != 0 {
+		t.Errorf("%d verdicts still held after the request was served", n)
+	}
+}
+
 // TestAwaitedStreamRelaysWhole: what AwaitStream read is relayed first,
 // without waiting for more, and the rest after it: byte for byte, events
 // observed, whether the first read held part of an event, several, or as

@@ -360,8 +360,11 @@ func TestHeldVerdicts(t *testing.T) {
 		t.Errorf("slot 4, which served nothing, failed two requests: ejected %v (want true); slot 1, which serves others, ejected %v", ejected(4), ejected(1))
 	}
 
-	// The held verdict is recorded when the serving engine answers 2xx,
-	// not when its answer ends (a stream may run for minutes).
+	// The held verdict is recorded when the serving engine's answer is
+	// accepted (a plain answer read whole, a stream's first item), not at
+	// its 2xx headers (an answer that then proves empty or broken is
+	// retried: nothing served the request yet), nor when a stream ends (it
+	// may run for minutes).
 	{
 		var a Attempts
 		c := p.AcquireCall()
@@ -375,8 +378,14 @@ func TestHeldVerdicts(t *testing.T) {
 		if err := c.Do(2, nil); err != nil {
 			t.Fatalf("Do on slot 2: %v", err)
 		}
+		if got := p.Engine(4).out.failures.Load(); got != before {
+			t.Errorf("at slot 2's 2xx headers, slot 4's failures went %d -> %d; want the held one still held", before, got)
+		}
+		if _, err := c.ReadBody(); err != nil {
+			t.Fatalf("ReadBody from slot 2: %v", err)
+		}
 		if got := p.Engine(4).out.failures.Load(); got != before+1 {
-			t.Errorf("after slot 2 answered 2xx, slot 4's failures went %d -> %d; want the held one recorded", before, got)
+			t.Errorf("after slot 2's answer was read, slot 4's failures went %d -> %d; want the held one recorded", before, got)
 		}
 		c.Release()
 		if n := a.Done(); n != 0 {
