@@ -78,6 +78,10 @@ func main() {
 		if cmd, ok := subcommands[os.Args[2]]; ok {
 			os.Exit(cmd.run([]string{"--help"}))
 		}
+		if os.Args[2] == "help" {
+			usage(os.Stdout)
+			return
+		}
 		fmt.Fprintf(os.Stderr, "kvfast: unknown command %q\n\n", os.Args[2])
 		usage(os.Stderr)
 		os.Exit(2)

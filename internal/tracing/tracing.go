@@ -104,6 +104,11 @@ func parseEndpoint(endpoint string) ([]otlptracehttp.Option, error) {
 	}
 	shown := u.Scheme + "://" + u.Host + u.Path
 	switch {
+	case u.Scheme == "" || u.Opaque != "":
+		// A bare word or host:port (which parses as scheme "host"):
+		// quoting "://garbage" or "collector://" would show what the
+		// operator never wrote.
+		return nil, errors.New("cannot use the OTLP endpoint: it names no http:// or https:// scheme; want http://host:port or https://host:port")
 	case u.Scheme != "http" && u.Scheme != "https":
 		return nil, fmt.Errorf("cannot use OTLP endpoint %q: want http://host:port or https://host:port", shown)
 	case u.Host == "":

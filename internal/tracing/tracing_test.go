@@ -34,6 +34,15 @@ func TestValidateEndpoints(t *testing.T) {
 			t.Errorf("Validate(%q) = %v, want ok %v", tc.endpoint, err, tc.ok)
 		}
 	}
+	// Without a scheme, the error names no endpoint the operator never
+	// wrote ("://garbage", "collector://").
+	for _, endpoint := range []string{"garbage", "collector:4318"} {
+		cfg := DefaultConfig()
+		cfg.Endpoint = endpoint
+		if err := cfg.Validate(); err == nil || strings.Contains(err.Error(), "://\"") || strings.Contains(err.Error(), `"://`) || !strings.Contains(err.Error(), "no http:// or https:// scheme") {
+			t.Errorf("Validate(%q) = %v; want the missing scheme named, nothing quoted", endpoint, err)
+		}
+	}
 	cfg := DefaultConfig()
 	cfg.Endpoint, cfg.SampleRatio = "http://collector:4318", 1.5
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "sample ratio") {
