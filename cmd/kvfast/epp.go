@@ -191,10 +191,7 @@ func eppConfig(args []string, stderr io.Writer) (epp.Config, eppOptions, epp.Sou
 		cfg.Sched.QueueCapacity = -1 // no queue, as kvfast serve reads 0; sched reads 0 as its default
 	}
 	if err := cfg.Validate(); err != nil {
-		if note := envNote(fromEnv); note != "" {
-			err = fmt.Errorf("%w %s", err, note)
-		}
-		return fail(err)
+		return fail(withEnvNote(err, fromEnv))
 	}
 	src, err := eppSource(o)
 	if err != nil {

@@ -352,14 +352,14 @@ const (
 	eppEnvPrefix   = "KVFAST_EPP_"
 )
 
-// envNote says which flags an error about their values may owe to the
-// environment ("" for none): an error naming --policy for a value the
+// withEnvNote adds to err which flags it may owe to the environment (the
+// variables applyEnv applied): an error naming --policy for a value the
 // command line never gave sends the operator looking in the wrong place.
-func envNote(applied []string) string {
+func withEnvNote(err error, applied []string) error {
 	if len(applied) == 0 {
-		return ""
+		return err
 	}
-	return "(set from the environment: " + strings.Join(applied, ", ") + ")"
+	return fmt.Errorf("%w (set from the environment: %s)", err, strings.Join(applied, ", "))
 }
 
 // applyEnv sets every flag not given on the command line from
@@ -503,10 +503,7 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 	warnUnknownEnv(log, "serve", unknownEnv)
 	cfg.Logger = log
 	if err := cfg.Validate(); err != nil {
-		if note := envNote(fromEnv); note != "" {
-			err = fmt.Errorf("%w %s", err, note)
-		}
-		fmt.Fprintln(stderr, "kvfast serve:", err)
+		fmt.Fprintln(stderr, "kvfast serve:", withEnvNote(err, fromEnv))
 		return cfg, 2, false
 	}
 	if cfg.Segment.Path == "" && len(cfg.Static) == 0 {
