@@ -362,6 +362,13 @@ const (
 	pathChatCompletions = "/v1/chat/completions"
 )
 
+// CheckRouterURL reports whether base is a router base URL Run can use,
+// so that a command can refuse it before announcing a run.
+func CheckRouterURL(base string) error {
+	_, err := endpointURL(base, pathCompletions)
+	return err
+}
+
 // endpointURL turns a router base URL into its endpoint at path.
 func endpointURL(base, path string) (string, error) {
 	if base == "" {

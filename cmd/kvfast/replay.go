@@ -140,6 +140,10 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		fmt.Fprintf(stderr, "kvfast replay: --speedup %v: want a positive factor\n", *speedup)
 		return 2
 	}
+	if err := replay.CheckRouterURL(*router); err != nil {
+		fmt.Fprintf(stderr, "kvfast replay: --router: %v\n", err)
+		return 2
+	}
 	for flagName, path := range map[string]string{"html": *htmlPath, "requests-out": *requestsOut} {
 		if err := checkWritable(path); err != nil {
 			fmt.Fprintf(stderr, "kvfast replay: --%s: %v\n", flagName, err)

@@ -123,6 +123,12 @@ func TestReplayCommand(t *testing.T) {
 			t.Fatalf("missing key file: code %d, stderr %s", code, stderr)
 		}
 	})
+	t.Run("a router that is no URL is refused before the plan", func(t *testing.T) {
+		code, _, stderr := run("--router", "notaurl", "--trace", trace, "--speedup", "100")
+		if code != 2 || !strings.Contains(stderr, "--router: router URL") || strings.Contains(stderr, "requests from") {
+			t.Fatalf("code %d, stderr %q", code, stderr)
+		}
+	})
 	t.Run("unwritable output fails before the run", func(t *testing.T) {
 		var mu sync.Mutex
 		requests := 0
