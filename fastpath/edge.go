@@ -33,6 +33,9 @@ type edgeListener struct {
 	net.Listener
 	admin bool
 	limit *connLimiter
+	// tlsRefused counts and logs a connection that began a TLS handshake
+	// (edgeConn.Read).
+	tlsRefused func(remote net.Addr, admin bool)
 }
 
 func (l edgeListener) Accept() (net.Conn, error) {
@@ -46,7 +49,7 @@ func (l edgeListener) Accept() (net.Conn, error) {
 			l.limit.refuse(c)
 			continue
 		}
-		return &edgeConn{Conn: c, admin: l.admin, ip: ip, limit: l.limit}, nil
+		return &edgeConn{Conn: c, admin: l.admin, ip: ip, limit: l.limit, tlsRefused: l.tlsRefused}, nil
 	}
 }
 
@@ -156,7 +159,52 @@ type edgeConn struct {
 	closed atomic.Bool
 	ip     netip.Addr
 	limit  *connLimiter
+	// begun is set by the first read that returned bytes. Only the
+	// goroutine serving the connection reads it.
+	begun      bool
+	tlsRefused func(remote net.Addr, admin bool)
 }
+
+// Read reads from the client. A client whose first byte opens a TLS
+// handshake record (a URL of https:// for a plain-HTTP listener, the
+// commonest misconfiguration in front of a router) is answered at once
+// with a plain 400 and its connection ended: fasthttp would wait the
+// whole --header-timeout for a request line a ClientHello never ends,
+// and then answer 408. A TLS client cannot read the answer, but reading
+// it at all is what makes its library report the well-known symptom
+// (OpenSSL's "wrong version number", Go's "first record does not look
+// like a TLS handshake"), where a close would read as a network fault.
+// No HTTP request begins with this byte.
+func (c *edgeConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if c.begun || n == 0 {
+		return n, err
+	}
+	c.begun = true
+	if p[0] != tlsHandshakeRecord {
+		return n, err
+	}
+	if c.tlsRefused != nil {
+		c.tlsRefused(c.RemoteAddr(), c.admin)
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(lingerTime))
+	_, _ = c.Write(tlsOnPlainHTTPAnswer)
+	// The ClientHello is unread: a plain close would reset the
+	// connection and could drop the answer at the client.
+	c.linger.Store(true)
+	return 0, io.EOF
+}
+
+// tlsHandshakeRecord is the content type byte of a TLS handshake record,
+// the first byte a TLS client sends (RFC 8446, section 5.1).
+const tlsHandshakeRecord = 0x16
+
+// tlsOnPlainHTTPAnswer is the whole response to a connection that began a
+// TLS handshake.
+var tlsOnPlainHTTPAnswer = func() []byte {
+	body := errTLSOnPlainHTTP.AppendJSON(nil)
+	return fmt.Appendf(nil, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}()
 
 // NetConn returns the accepted connection, so that the hang-up watcher
 // (internal/hangup) can poll its socket.
@@ -428,6 +476,8 @@ var (
 		Message: "the request body could not be read in full"}
 	errBodyTimeout = &openai.Error{Status: 408, Type: openai.TypeInvalidRequest, Code: "request_timeout",
 		Message: "the request body was not received within the read timeout"}
+	errTLSOnPlainHTTP = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Code: "tls_on_plain_http",
+		Message: "the router serves plain HTTP on this port, and the client began a TLS handshake: use an http:// URL, or terminate TLS in front of the router"}
 	errObsFold = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Code: "bad_request",
 		Message: "folded header lines are not accepted"}
 	errUnauthorized = &openai.Error{Status: 401, Type: openai.TypeInvalidRequest, Code: "invalid_api_key",

@@ -3,6 +3,8 @@ package fastpath_test
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -716,4 +718,48 @@ func TestLoopingWorkerIsNamed(t *testing.T) {
 	if !ok || !strings.Contains(line, "worker=41") || !strings.Contains(line, "endpoint="+eng.addr()) {
 		t.Fatalf("the looping worker is not named: %q", line)
 	}
+}
+
+// TestTLSOnPlainHTTPIsRefusedAtOnce: a client that speaks TLS to the
+// plain-HTTP listener (an https:// URL) has its handshake fail as soon as
+// it is sent, with the error TLS libraries give for a plain-HTTP server,
+// not after the header timeout; the raw answer is a 400 naming the
+// mistake, counted apart from requests; the listener serves the next
+// client as before.
+func TestTLSOnPlainHTTPIsRefusedAtOnce(t *testing.T) {
+	cfg := e2eConfig()
+	cfg.HTTP.HeaderTimeout = time.Hour // far past the test's own wait: only a refusal ends it
+	r := startE2ERouter(t, cfg)
+	addr := strings.TrimPrefix(r.url, "http://")
+
+	c := dialFrom(t, "127.0.0.1", addr)
+	_ = c.SetDeadline(time.Now().Add(e2eWait))
+	err := tls.Client(c, &tls.Config{ServerName: "kvfast", MinVersion: tls.VersionTLS12}).Handshake()
+	var notTLS tls.RecordHeaderError
+	if !errors.As(err, &notTLS) || !bytes.HasPrefix(notTLS.RecordHeader[:], []byte("HTTP/")) {
+		t.Fatalf("handshake with the plain-HTTP listener: %v, want a record header error quoting an HTTP answer", err)
+	}
+
+	raw := dialFrom(t, "127.0.0.1", addr)
+	_ = raw.SetDeadline(time.Now().Add(e2eWait))
+	// A ClientHello's record header and a few bytes of its body.
+	if _, err := raw.Write([]byte{0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(raw), nil)
+	if err != nil {
+		t.Fatalf("the raw answer: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), `"code":"tls_on_plain_http"`) {
+		t.Errorf("the raw answer: %d %s", resp.StatusCode, body)
+	}
+
+	if status, err := getFrom(t, "127.0.0.1", addr, fastpath.PathHealth); status != http.StatusOK {
+		t.Fatalf("a plain client after them: status %d, %v", status, err)
+	}
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_http_transport_errors_total{reason="tls_handshake"}`, 2)
+	wantMetric(t, m, `kvfast_http_transport_errors_total{reason="malformed"}`, 0)
 }

@@ -460,7 +460,7 @@ func (s *Server) serve(ln net.Listener, admin bool) error {
 	if admin {
 		limit = &s.adminConnLimit
 	}
-	err := s.http.Serve(edgeListener{Listener: ln, admin: admin, limit: limit})
+	err := s.http.Serve(edgeListener{Listener: ln, admin: admin, limit: limit, tlsRefused: s.tlsRefused})
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
@@ -655,6 +655,21 @@ func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 	ctx.SetConnectionClose()
 }
 
+// tlsRefused counts a connection that began a TLS handshake on a
+// plain-HTTP listener, and warns (once a minute, any client can repeat it)
+// with the client's address, so that an operator can find the client
+// configured with https://.
+func (s *Server) tlsRefused(remote net.Addr, admin bool) {
+	s.metrics.transport[transportTLS].Inc()
+	listener := "api"
+	if admin {
+		listener = "admin"
+	}
+	s.throttle.Log(s.log, slog.LevelWarn, "tls-on-plain-http",
+		"a client began a TLS handshake on a plain-HTTP listener and was refused: its URL should be http://, or TLS terminated in front of the router",
+		"listener", listener, "remote", remote.String())
+}
+
 // Reasons of kvfast_http_transport_errors_total.
 const (
 	transportTimeout   = "header_timeout"
@@ -665,6 +680,8 @@ const (
 	transportHeaderTooLarge = "header_too_large"
 	// transportConnLimit is exported from the listeners' connLimiters.
 	transportConnLimit = "too_many_connections"
+	// transportTLS is a connection that began a TLS handshake.
+	transportTLS = "tls_handshake"
 )
 
 // fasthttpLogger hands fasthttp's own reports (connections it could not
