@@ -1,6 +1,7 @@
 package chat
 
 import (
+	"fmt"
 	"math"
 	"sort"
 	"strconv"
@@ -38,6 +39,9 @@ func argOf(args []value, kw []kwarg, i int, name string, def value) value {
 }
 
 func (r *renderer) applyFilter(f *filterExpr, v value) (value, error) {
+	if f.unimplemented {
+		return undefined, fmt.Errorf("%w: the template uses the %s filter, which chat does not implement", ErrUnsupported, f.name)
+	}
 	args, kws, err := r.evalArgs(f.args, f.kw)
 	if err != nil {
 		return undefined, err
@@ -46,6 +50,9 @@ func (r *renderer) applyFilter(f *filterExpr, v value) (value, error) {
 }
 
 func (r *renderer) applyTest(t *testExpr, v value) (bool, error) {
+	if t.unimplemented {
+		return false, fmt.Errorf("%w: the template uses the %s test, which chat does not implement", ErrUnsupported, t.name)
+	}
 	args, _, err := r.evalArgs(t.args, nil)
 	if err != nil {
 		return false, err
@@ -112,16 +119,16 @@ func init() {
 			return items[len(items)-1], nil
 		},
 		"lower": func(_ *renderer, v value, _ []value, _ []kwarg) (value, error) {
-			return strValue(strings.ToLower(toStr(v))), nil
+			return casedValue(pyLower(toStr(v)))
 		},
 		"upper": func(_ *renderer, v value, _ []value, _ []kwarg) (value, error) {
-			return strValue(strings.ToUpper(toStr(v))), nil
+			return casedValue(pyUpper(toStr(v)))
 		},
 		"capitalize": func(_ *renderer, v value, _ []value, _ []kwarg) (value, error) {
-			return strValue(pyCapitalize(toStr(v))), nil
+			return casedValue(pyCapitalize(toStr(v)))
 		},
 		"title": func(_ *renderer, v value, _ []value, _ []kwarg) (value, error) {
-			return strValue(jinjaTitle(toStr(v))), nil
+			return casedValue(jinjaTitle(toStr(v)))
 		},
 		"default": fDefault, "d": fDefault,
 		"replace": func(_ *renderer, v value, args []value, kw []kwarg) (value, error) {
@@ -190,11 +197,20 @@ func init() {
 		},
 		"batch":  fBatch,
 		"center": fCenter,
-		"format": func(r *renderer, v value, args []value, _ []kwarg) (value, error) {
-			if len(args) == 1 {
-				return r.percentFormat(toStr(v), args[0])
+		// Jinja2's format filter is value % (kwargs or args): the
+		// arguments as a tuple even when there is one.
+		"format": func(r *renderer, v value, args []value, kw []kwarg) (value, error) {
+			if len(kw) == 0 {
+				return r.percentFormat(toStr(v), tupleValue(args))
 			}
-			return r.percentFormat(toStr(v), tupleValue(args))
+			if len(args) > 0 {
+				return undefined, rtErr("can't handle positional and keyword arguments at the same time")
+			}
+			d := newDict(len(kw))
+			for _, k := range kw {
+				d.setStr(k.name, k.v)
+			}
+			return r.percentFormat(toStr(v), dictValue(d))
 		},
 		"attr": func(r *renderer, v value, args []value, _ []kwarg) (value, error) {
 			if len(args) == 0 {
@@ -279,14 +295,10 @@ func init() {
 			}
 			return !truth(m), nil
 		},
-		"lower": func(v value, _ []value) (bool, error) {
-			s := toStr(v)
-			return strings.ToLower(s) == s, nil
-		},
-		"upper": func(v value, _ []value) (bool, error) {
-			s := toStr(v)
-			return strings.ToUpper(s) == s, nil
-		},
+		// Jinja2's lower and upper tests are str.islower and str.isupper:
+		// a string with no cased character is neither.
+		"lower":   func(v value, _ []value) (bool, error) { return strPredicate(toStr(v), "islower") },
+		"upper":   func(v value, _ []value) (bool, error) { return strPredicate(toStr(v), "isupper") },
 		"escaped": func(v value, _ []value) (bool, error) { return false, nil },
 		"in": func(v value, args []value) (bool, error) {
 			if len(args) != 1 {
@@ -393,14 +405,14 @@ func fInt(_ *renderer, v value, args []value, kw []kwarg) (value, error) {
 		if math.IsInf(v.f, 0) || math.IsNaN(v.f) {
 			return def, nil
 		}
-		return intValue(int64(v.f)), nil
+		return truncFloat(v.f), nil
 	case kStr:
 		s := strings.TrimFunc(strings.ReplaceAll(v.s, "_", ""), pyIsSpace)
 		if n, err := strconv.ParseInt(s, int(base.n), 64); err == nil {
 			return intValue(n), nil
 		}
 		if f, err := strconv.ParseFloat(s, 64); err == nil && !math.IsInf(f, 0) && !math.IsNaN(f) {
-			return intValue(int64(f)), nil
+			return truncFloat(f), nil
 		}
 	}
 	return def, nil
@@ -802,54 +814,6 @@ func wordRe(s string) []string {
 	return strings.FieldsFunc(s, func(r rune) bool { return !(unicode.IsLetter(r) || unicode.IsDigit(r) || r == '_') })
 }
 
-func pyCapitalize(s string) string {
-	r, size := utf8.DecodeRuneInString(s)
-	if size == 0 {
-		return s
-	}
-	return string(unicode.ToTitle(r)) + strings.ToLower(s[size:])
-}
-
-// jinjaTitle is Jinja2's title filter: each word, split at whitespace and
-// at -({[<, gets an upper-case first letter and lower-case rest.
-func jinjaTitle(s string) string {
-	var b strings.Builder
-	start := true
-	for _, r := range s {
-		if pyIsSpace(r) || strings.ContainsRune("-({[<", r) {
-			b.WriteRune(r)
-			start = true
-			continue
-		}
-		if start {
-			b.WriteRune(unicode.ToUpper(r))
-			start = false
-		} else {
-			b.WriteRune(unicode.ToLower(r))
-		}
-	}
-	return b.String()
-}
-
-// pyTitle is Python's str.title: a letter after a non-letter starts a word.
-func pyTitle(s string) string {
-	var b strings.Builder
-	prevLetter := false
-	for _, r := range s {
-		isL := unicode.IsLetter(r)
-		switch {
-		case isL && !prevLetter:
-			b.WriteRune(unicode.ToTitle(r))
-		case isL:
-			b.WriteRune(unicode.ToLower(r))
-		default:
-			b.WriteRune(r)
-		}
-		prevLetter = isL
-	}
-	return b.String()
-}
-
 // pyStrip is str.strip/lstrip/rstrip (sides: 1 left, 2 right, 3 both).
 func pyStrip(s string, chars value, sides int) string {
 	cut := pyIsSpace
@@ -1048,13 +1012,13 @@ func strMethod(obj value, name string) (value, bool) {
 			return strValue(pyReplace(s, old, nw, int(max(min(n, 1<<30), -1)))), nil
 		}), true
 	case "upper":
-		return method(name, func(_ *renderer, _ []value, _ []kwarg) (value, error) { return strValue(strings.ToUpper(s)), nil }), true
+		return method(name, func(_ *renderer, _ []value, _ []kwarg) (value, error) { return casedValue(pyUpper(s)) }), true
 	case "lower":
-		return method(name, func(_ *renderer, _ []value, _ []kwarg) (value, error) { return strValue(strings.ToLower(s)), nil }), true
+		return method(name, func(_ *renderer, _ []value, _ []kwarg) (value, error) { return casedValue(pyLower(s)) }), true
 	case "title":
-		return method(name, func(_ *renderer, _ []value, _ []kwarg) (value, error) { return strValue(pyTitle(s)), nil }), true
+		return method(name, func(_ *renderer, _ []value, _ []kwarg) (value, error) { return casedValue(pyTitle(s)) }), true
 	case "capitalize":
-		return method(name, func(_ *renderer, _ []value, _ []kwarg) (value, error) { return strValue(pyCapitalize(s)), nil }), true
+		return method(name, func(_ *renderer, _ []value, _ []kwarg) (value, error) { return casedValue(pyCapitalize(s)) }), true
 	case "find", "rfind", "index", "rindex", "count":
 		return method(name, func(_ *renderer, args []value, kw []kwarg) (value, error) {
 			if len(args) == 0 {
@@ -1101,55 +1065,15 @@ func strMethod(obj value, name string) (value, bool) {
 		}), true
 	case "format":
 		return method(name, func(r *renderer, args []value, kw []kwarg) (value, error) {
-			return pyFormat(s, args, kw)
+			return r.pyFormat(s, args, kw)
 		}), true
 	case "isdigit", "isalpha", "isalnum", "isspace", "islower", "isupper", "isnumeric", "isdecimal":
 		return method(name, func(_ *renderer, _ []value, _ []kwarg) (value, error) {
-			return boolValue(strPredicate(s, name)), nil
+			ok, err := strPredicate(s, name)
+			return boolValue(ok), err
 		}), true
 	}
 	return undefined, false
-}
-
-func strPredicate(s, name string) bool {
-	if s == "" {
-		return false
-	}
-	cased := false
-	for _, r := range s {
-		switch name {
-		case "isdigit", "isnumeric", "isdecimal":
-			if !unicode.IsDigit(r) {
-				return false
-			}
-		case "isalpha":
-			if !unicode.IsLetter(r) {
-				return false
-			}
-		case "isalnum":
-			if !unicode.IsLetter(r) && !unicode.IsDigit(r) {
-				return false
-			}
-		case "isspace":
-			if !pyIsSpace(r) {
-				return false
-			}
-		case "islower":
-			if unicode.IsUpper(r) || unicode.IsTitle(r) {
-				return false
-			}
-			cased = cased || unicode.IsLower(r)
-		case "isupper":
-			if unicode.IsLower(r) || unicode.IsTitle(r) {
-				return false
-			}
-			cased = cased || unicode.IsUpper(r)
-		}
-	}
-	if name == "islower" || name == "isupper" {
-		return cased
-	}
-	return true
 }
 
 func dictMethod(obj value, name string) (value, bool) {
@@ -1245,179 +1169,6 @@ func isUnsafeMethod(obj value, name string) bool {
 		}
 	}
 	return false
-}
-
-// pyFormat is str.format for the forms templates use: {}, {0}, {name},
-// with an optional !r or !s conversion; format specs are not supported.
-func pyFormat(s string, args []value, kw []kwarg) (value, error) {
-	var b []byte
-	auto := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c == '}' {
-			if i+1 < len(s) && s[i+1] == '}' {
-				i++
-			}
-			b = append(b, '}')
-			continue
-		}
-		if c != '{' {
-			b = append(b, c)
-			continue
-		}
-		if i+1 < len(s) && s[i+1] == '{' {
-			b = append(b, '{')
-			i++
-			continue
-		}
-		end := strings.IndexByte(s[i:], '}')
-		if end < 0 {
-			return undefined, rtErr("single '{' encountered in format string")
-		}
-		field := s[i+1 : i+end]
-		i += end
-		conv := byte('s')
-		if j := strings.IndexByte(field, '!'); j >= 0 && j+1 < len(field) {
-			conv = field[j+1]
-			field = field[:j]
-		}
-		if strings.ContainsRune(field, ':') {
-			return undefined, rtErr("format specs are not supported")
-		}
-		var v value
-		switch {
-		case field == "":
-			if auto >= len(args) {
-				return undefined, rtErr("Replacement index %d out of range", auto)
-			}
-			v = args[auto]
-			auto++
-		case field[0] >= '0' && field[0] <= '9':
-			n, _ := strconv.Atoi(field)
-			if n >= len(args) {
-				return undefined, rtErr("Replacement index %d out of range", n)
-			}
-			v = args[n]
-		default:
-			found := false
-			for _, k := range kw {
-				if k.name == field {
-					v, found = k.v, true
-				}
-			}
-			if !found {
-				return undefined, rtErr("KeyError: %q", field)
-			}
-		}
-		if conv == 'r' {
-			b = appendRepr(b, v)
-		} else {
-			b = appendStr(b, v)
-		}
-	}
-	return strValue(string(b)), nil
-}
-
-// percentFormat is Python's printf-style str % args for %s, %r, %d, %i,
-// %f (with precision), %x and %%.
-func (r *renderer) percentFormat(f string, arg value) (value, error) {
-	var args []value
-	var mapping *dict
-	switch arg.k {
-	case kTuple:
-		args = arg.items()
-	case kDict:
-		mapping = arg.dict
-		args = []value{arg}
-	default:
-		args = []value{arg}
-	}
-	var b []byte
-	ai := 0
-	for i := 0; i < len(f); i++ {
-		c := f[i]
-		if c != '%' {
-			b = append(b, c)
-			continue
-		}
-		i++
-		if i >= len(f) {
-			return undefined, rtErr("incomplete format")
-		}
-		var v value
-		if f[i] == '(' && mapping != nil {
-			end := strings.IndexByte(f[i:], ')')
-			if end < 0 {
-				return undefined, rtErr("incomplete format key")
-			}
-			key := f[i+1 : i+end]
-			var ok bool
-			if v, ok = mapping.getStr(key); !ok {
-				return undefined, rtErr("KeyError: %q", key)
-			}
-			i += end + 1
-		}
-		spec := i
-		for i < len(f) && strings.IndexByte("0123456789.-+ #", f[i]) >= 0 {
-			i++
-		}
-		if i >= len(f) {
-			return undefined, rtErr("incomplete format")
-		}
-		conv := f[i]
-		if conv == '%' {
-			b = append(b, '%')
-			continue
-		}
-		if mapping == nil || v.k == kUndefined && f[spec-1] != ')' {
-			if ai >= len(args) {
-				return undefined, rtErr("not enough arguments for format string")
-			}
-			v = args[ai]
-			ai++
-		}
-		prec := -1
-		if dot := strings.IndexByte(f[spec:i], '.'); dot >= 0 {
-			prec, _ = strconv.Atoi(f[spec+dot+1 : i])
-		}
-		switch conv {
-		case 's':
-			b = appendStr(b, v)
-		case 'r':
-			b = appendRepr(b, v)
-		case 'd', 'i':
-			if !isNumber(v) {
-				return undefined, rtErr("%%d format: a real number is required, not %s", typeName(v))
-			}
-			if v.k == kFloat {
-				b = strconv.AppendInt(b, int64(v.f), 10)
-			} else {
-				b = appendRepr(b, intValue(v.n))
-			}
-		case 'f', 'F':
-			if !isNumber(v) {
-				return undefined, rtErr("must be real number, not %s", typeName(v))
-			}
-			if prec < 0 {
-				prec = 6
-			}
-			b = strconv.AppendFloat(b, toFloat(v), 'f', prec, 64)
-		case 'x':
-			if v.k != kInt {
-				return undefined, rtErr("%%x format: an integer is required")
-			}
-			b = strconv.AppendInt(b, v.n, 16)
-		default:
-			return undefined, rtErr("unsupported format character '%c'", conv)
-		}
-		if err := r.checkSize(len(b)); err != nil {
-			return undefined, err
-		}
-	}
-	if ai < len(args) && mapping == nil && arg.k == kTuple {
-		return undefined, rtErr("not all arguments converted during string formatting")
-	}
-	return strValue(string(b)), nil
 }
 
 func unicodeNonPrintable(r rune) bool {

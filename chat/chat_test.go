@@ -302,6 +302,8 @@ func FuzzCompileRender(f *testing.F) {
 		`{{ '%s %d' % ('a', 1) }}{{ 'a,b'.split(',')|join('|') }}{{ {'k': [1, 2.5, none]}|dictsort }}`,
 		`{%- if messages[0]['role'] == 'system' -%}{{ raise_exception('x') }}{%- endif -%}`,
 		`{% raw %}{{{% endraw %}{# c #}{{ 1 if true else 2 }}{{ (1,) }}{{ range(3)|list }}`,
+		`{{ '%-+#08.3x|%5.2e|%c' % (255, 1.5, 65) }}{{ '{:*^+#012,.2f}|{0!r:>5}|{x:_}'.format(1234.5, x=10**9) }}`,
+		`{{ 'Straße ǆ 日a'|upper }}{{ 'x'.title() }}{{ '²'.isdigit() }}{{ '' is lower }}{{ messages|groupby('role') }}`,
 	} {
 		f.Add(s)
 	}

@@ -601,6 +601,9 @@ func (r *renderer) getAttr(obj value, name string) (value, error) {
 		if m, ok := dictMethod(obj, name); ok {
 			return m, nil
 		}
+		if err := errUnimplementedMethod(obj, name); err != nil {
+			return undefined, err
+		}
 		if v, ok := obj.dict.getStr(name); ok {
 			return v, nil
 		}
@@ -617,9 +620,15 @@ func (r *renderer) getAttr(obj value, name string) (value, error) {
 		if m, ok := strMethod(obj, name); ok {
 			return m, nil
 		}
+		if err := errUnimplementedMethod(obj, name); err != nil {
+			return undefined, err
+		}
 	case kList, kTuple:
 		if m, ok := listMethod(obj, name); ok {
 			return m, nil
+		}
+		if err := errUnimplementedMethod(obj, name); err != nil {
+			return undefined, err
 		}
 	case kLoop:
 		return loopAttr(obj.loop, name)

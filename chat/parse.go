@@ -3,6 +3,7 @@ package chat
 import (
 	"fmt"
 	"math/big"
+	"slices"
 	"strconv"
 )
 
@@ -86,12 +87,15 @@ type (
 		name string
 		args []expr
 		kw   []kwExpr
+		// unimplemented marks a Jinja2 filter chat does not implement.
+		unimplemented bool
 	}
 	testExpr struct {
-		arg    expr
-		name   string
-		args   []expr
-		negate bool
+		arg           expr
+		name          string
+		args          []expr
+		negate        bool
+		unimplemented bool // a Jinja2 test chat does not implement
 	}
 	unaryExpr struct {
 		op string // "-", "+", "not"
@@ -126,6 +130,31 @@ type parser struct {
 	// chat_template_kwargs filter (which keeps only the kwargs a template
 	// could read).
 	names map[string]bool
+	// unimplemented lists the Jinja2 filters and tests the template uses
+	// that chat does not implement, as "|groupby" or "is callable".
+	unimplemented []string
+}
+
+// jinjaFilters and jinjaTests are Jinja2's own (3.1): a template using
+// one chat does not implement compiles, and a rendering that reaches it
+// fails with ErrUnsupported; any other unknown name fails the template in
+// Jinja2 too.
+var (
+	jinjaFilters = []string{"abs", "attr", "batch", "capitalize", "center", "count", "d", "default", "dictsort", "e",
+		"escape", "filesizeformat", "first", "float", "forceescape", "format", "groupby", "indent", "int", "items",
+		"join", "last", "length", "list", "lower", "map", "max", "min", "pprint", "random", "reject", "rejectattr",
+		"replace", "reverse", "round", "safe", "select", "selectattr", "slice", "sort", "string", "striptags", "sum",
+		"title", "tojson", "trim", "truncate", "unique", "upper", "urlencode", "urlize", "wordcount", "wordwrap", "xmlattr"}
+	jinjaTests = []string{"boolean", "callable", "defined", "divisibleby", "eq", "equalto", "escaped", "even", "false",
+		"filter", "float", "ge", "greaterthan", "gt", "in", "integer", "iterable", "le", "lessthan", "lower", "lt",
+		"mapping", "ne", "none", "number", "odd", "sameas", "sequence", "string", "test", "true", "undefined", "upper"}
+)
+
+// unimplementedName records a Jinja2 filter or test chat lacks.
+func (p *parser) unimplementedName(what string) {
+	if !slices.Contains(p.unimplemented, what) {
+		p.unimplemented = append(p.unimplemented, what)
+	}
 }
 
 func (p *parser) peek() token { return p.toks[p.pos] }
@@ -1000,7 +1029,11 @@ func (p *parser) parseFilter(arg expr) (*filterExpr, error) {
 		}
 	}
 	if !knownFilter(name) {
-		return nil, p.errorf("no filter named %q", name)
+		if !slices.Contains(jinjaFilters, name) {
+			return nil, p.errorf("no filter named %q", name)
+		}
+		f.unimplemented = true
+		p.unimplementedName("|" + name)
 	}
 	return f, nil
 }
@@ -1036,7 +1069,11 @@ func (p *parser) parseFilterExpr(e expr) (expr, error) {
 			}
 			t.name = name
 			if !knownTest(name) {
-				return nil, p.errorf("no test named %q", name)
+				if !slices.Contains(jinjaTests, name) {
+					return nil, p.errorf("no test named %q", name)
+				}
+				t.unimplemented = true
+				p.unimplementedName("is " + name)
 			}
 			nt := p.peek()
 			switch {

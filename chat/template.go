@@ -29,17 +29,20 @@ type Template struct {
 
 // Unimplemented lists the calls the template makes of methods and
 // functions chat does not implement, in the template's order, as
-// ".ljust()" or "joiner()". A rendering that reaches one of them fails
-// with ErrUnsupported; the others render exactly.
+// ".ljust()" or "joiner()", then the Jinja2 filters and tests it uses
+// that chat does not implement, as "|groupby" or "is callable". A
+// rendering that reaches one of them fails with ErrUnsupported; the
+// others render exactly.
 func (t *Template) Unimplemented() []string { return slices.Clone(t.unimplemented) }
 
 // Compile parses a chat template (the chat_template of a
 // tokenizer_config.json). It refuses what it cannot render as Jinja2
-// would: unknown filters and tests, and tags outside the set chat
+// would: filters and tests Jinja2 does not have, and tags outside the set chat
 // templates use (include, import, extends and do are not available in
 // transformers' environment either). Calls of methods and functions chat
-// does not implement compile (Unimplemented lists them): a rendering
-// that reaches one fails with ErrUnsupported.
+// does not implement compile (Unimplemented lists them), and so do
+// Jinja2's filters and tests that chat lacks: a rendering that reaches one
+// fails with ErrUnsupported.
 func Compile(source string) (*Template, error) {
 	if len(source) > maxTemplateBytes {
 		return nil, fmt.Errorf("cannot compile chat template: larger than %d bytes", maxTemplateBytes)
@@ -54,7 +57,7 @@ func Compile(source string) (*Template, error) {
 		return nil, fmt.Errorf("cannot compile chat template: %w", err)
 	}
 	t := &Template{root: root, source: source, reads: p.names, Limits: DefaultLimits, now: time.Now,
-		unimplemented: markUnimplemented(root)}
+		unimplemented: append(markUnimplemented(root), p.unimplemented...)}
 	t.format = detectFormat(root)
 	return t, nil
 }
