@@ -258,7 +258,7 @@ func toStr(v value) string {
 func appendRepr(dst []byte, v value) []byte {
 	switch v.k {
 	case kUndefined:
-		return dst
+		return append(dst, "Undefined"...) // jinja2.Undefined's repr
 	case kNone:
 		return append(dst, "None"...)
 	case kBool:
