@@ -1057,6 +1057,21 @@ func nullBlocks(ev *VLLMEvent, bs int) (int, bool) {
 	return blocks - len(ev.Hashes), true
 }
 
+// sglangContentHashedRoot is Python's hash(()), the parent SGLang's
+// releases from its PR #6824 (June 2025) to its PR #13488 (November 2025)
+// give the first page under the radix tree's root (the root's empty key,
+// hashed). Those releases name each page by a hash of its own tokens,
+// and the pages of one tree node by the parent node's last page: no
+// consumer can follow the chain, and the fix was to send sequence hashes.
+// The feed does not guess at the chain (a guess over-claims); it says
+// what the engine is.
+const sglangContentHashedRoot = 5740354900026072187
+
+const contentHashedMessage = "the engine names a first block's parent by Python's hash of the empty tuple: an SGLang " +
+	"release from June to November 2025 (its PRs #6824 to #13488), which hashes each page's tokens alone. Its KV " +
+	"events cannot be followed, and the router credits none of its cache (counted unresolved_parent_blocks): " +
+	"upgrade SGLang"
+
 // stored stores a Stored event's blocks; the event's token ids begin with
 // skip null blocks it does not name (nullBlocks), which the chain of
 // kvfast hashes runs through.
@@ -1070,6 +1085,9 @@ func (s *ZMQSubscriber) stored(ev *VLLMEvent, k keyspace, bs, skip int) {
 	parent, ok := s.apply.parent(s.cfg.Slot, k, seed, ev.Parent, ev.HasParent)
 	if !ok {
 		s.c.unresolvedParent.Add(uint64(len(ev.Hashes)))
+		if ev.Parent == sglangContentHashedRoot {
+			s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "content-hashed", contentHashedMessage, "events", s.cfg.Endpoint, "slot", s.cfg.Slot)
+		}
 		return
 	}
 	tokens := ev.Tokens[skip*bs:]

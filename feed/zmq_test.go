@@ -1169,6 +1169,37 @@ func TestZMQQuietFeedIsLogged(t *testing.T) {
 	}
 }
 
+// TestZMQContentHashedSGLangIsNamed: SGLang's releases of mid-2025 give
+// a first page the parent hash(()) (the radix root's empty key) and hash
+// pages alone; their events are not followed, and the log says which
+// engine that is and what to do, once.
+func TestZMQContentHashedSGLangIsNamed(t *testing.T) {
+	var log syncbuf.Buffer
+	e := newTestEngine(t, false)
+	s := startSub(t, newZMQIndex(t), e, func(c *ZMQConfig) { c.Logger = slog.New(slog.NewTextHandler(&log, nil)) })
+	e.warmUp(t, s, vllmArray)
+	page := func(first uint32) []uint32 {
+		ts := make([]uint32, testBlockSize)
+		for i := range ts {
+			ts[i] = first + uint32(i)
+		}
+		return ts
+	}
+	root := int64(5740354900026072187) // Python 3: hash(())
+	seq := e.publish(encodeBatch(t, vllmArray, []wireEvent{
+		{kind: "BlockStored", hashes: []any{int64(-11)}, parent: root, tokens: page(21), bs: testBlockSize},
+		{kind: "BlockStored", hashes: []any{int64(-12)}, parent: root, tokens: page(41), bs: testBlockSize},
+		{kind: "BlockStored", hashes: []any{int64(-13)}, parent: int64(999), tokens: page(61), bs: testBlockSize},
+	}))
+	waitSeq(t, s, seq)
+	if st := s.Stats(); st.UnresolvedParent != 3 || st.StoredBlocks != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if n := strings.Count(log.String(), "an SGLang release from June to November 2025"); n != 1 {
+		t.Errorf("named %d times, want once:\n%s", n, log.String())
+	}
+}
+
 func TestZMQRunTwice(t *testing.T) {
 	s, err := NewZMQSubscriber(newZMQIndex(t), ZMQConfig{Endpoint: freeTCPEndpoint(t), Slot: 1, Model: "m"})
 	if err != nil {
