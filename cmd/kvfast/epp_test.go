@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/kvfast/kvfast/epp"
 	"github.com/kvfast/kvfast/node"
+	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 )
 
@@ -121,6 +123,37 @@ func TestEPPConfig(t *testing.T) {
 // TestEPPEnvironment: the picker reads KVFAST_EPP_<FLAG>, and ignores
 // kvfast serve's KVFAST_<FLAG> (the container image sets KVFAST_LISTEN
 // for the router, which had moved a picker off :9002).
+// TestEPPMemoryLimit: the picker's soft memory limit counts its body
+// budget and both of its heap indexes, as serve's counts its own.
+func TestEPPMemoryLimit(t *testing.T) {
+	limit := func(args ...string) int64 {
+		t.Helper()
+		cfg, _, _, code, ok := eppConfig(append([]string{"--model", "m", "--endpoint", "127.0.0.1:8001"}, args...), io.Discard)
+		if !ok {
+			t.Fatalf("eppConfig(%q) refused: exit %d", args, code)
+		}
+		return eppMemoryLimit(cfg)
+	}
+	base := limit()
+	if base <= baselineMemory+epp.DefaultConfig().BodyBudgetBytes {
+		t.Fatalf("default limit %d counts no index beyond the baseline and the body budget", base)
+	}
+	if got := limit("--body-budget-bytes", strconv.FormatInt(2*epp.DefaultConfig().BodyBudgetBytes, 10)); got != base+epp.DefaultConfig().BodyBudgetBytes {
+		t.Errorf("twice the body budget: limit %d, want %d", got, base+epp.DefaultConfig().BodyBudgetBytes)
+	}
+	small, err := radix.RegionSize(radix.Config{Capacity: epp.DefaultConfig().IndexCapacity})
+	if err != nil {
+		t.Fatal(err)
+	}
+	large, err := radix.RegionSize(radix.Config{Capacity: 4 * epp.DefaultConfig().IndexCapacity})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := limit("--index-capacity", strconv.Itoa(4*epp.DefaultConfig().IndexCapacity)); got != base+int64(large-small) {
+		t.Errorf("four times the index: limit %d, want %d", got, base+int64(large-small))
+	}
+}
+
 func TestEPPEnvironment(t *testing.T) {
 	t.Setenv("KVFAST_LISTEN", "0.0.0.0:8000")
 	t.Setenv("KVFAST_ADMIN_LISTEN", "0.0.0.0:8089")

@@ -567,13 +567,16 @@ const baselineMemory = 224 << 20
 // memory, 1,000 small requests ran hundreds of collections under the bare
 // limit and none with the index counted (BENCHMARKS.md,
 // scripts/gc-heap-index.sh).
-func setMemoryLimit(cfg node.Config) {
+func setMemoryLimit(cfg node.Config) { applyMemoryLimit(memoryLimit(cfg), cfg.Logger) }
+
+// applyMemoryLimit sets limit as the runtime's soft memory limit, unless
+// GOMEMLIMIT sets one.
+func applyMemoryLimit(limit int64, log *slog.Logger) {
 	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
 		return
 	}
-	limit := memoryLimit(cfg)
 	debug.SetMemoryLimit(limit)
-	cfg.Logger.Debug("memory limit set", "bytes", limit)
+	log.Debug("memory limit set", "bytes", limit)
 }
 
 // memoryLimit is the soft limit setMemoryLimit sets for cfg.
