@@ -282,6 +282,47 @@ func TestBodyBudget(t *testing.T) {
 	}
 }
 
+// TestSubsetQueueTimeoutSaysSo: a request whose subset hint names only a
+// busy endpoint waits the queue timeout and is refused with 503
+// queue_timeout saying that the subset's endpoints stayed busy, not every
+// endpoint (the others were idle), while a request without the hint is
+// routed to an idle one meanwhile.
+func TestSubsetQueueTimeoutSaysSo(t *testing.T) {
+	eps := endpoints(3)
+	cfg := epp.DefaultConfig()
+	cfg.Sched.Busy.PrefillTokens = 10 // one request's prompt makes its endpoint busy
+	cfg.QueueTimeout = 200 * time.Millisecond
+	r := startEPP(t, cfg, eps...)
+	body := completionBody(t, tokens(1, 40), false)
+
+	held := r.open(t, duplexMode())
+	held.requestHeaders("/v1/completions", false, subsetHint(eps[1].Address))
+	held.requestBody(body, true)
+	hr := held.recv()
+	if got := destinationOf(t, hr, hr.GetRequestHeaders().GetResponse()); got != eps[1].Address {
+		t.Fatalf("first request routed to %s, want %s", got, eps[1].Address)
+	}
+	t.Cleanup(held.cancel) // its prompt stays booked: no response comes
+
+	st := r.open(t, duplexMode())
+	st.requestHeaders("/v1/completions", false, nil)
+	st.requestBody(body, true)
+	free := st.recv()
+	if got := destinationOf(t, free, free.GetRequestHeaders().GetResponse()); got == eps[1].Address || got == "" {
+		t.Fatalf("a request without a hint routed to %q, want an idle endpoint", got)
+	}
+	st.cancel()
+
+	st = r.open(t, duplexMode())
+	st.requestHeaders("/v1/completions", false, subsetHint(eps[1].Address))
+	st.requestBody(body, true)
+	ir := immediate(t, st)
+	if ir.GetStatus().GetCode() != typev3.StatusCode_ServiceUnavailable || !strings.Contains(string(ir.GetBody()), `"queue_timeout"`) ||
+		!strings.Contains(string(ir.GetBody()), "subset hint") {
+		t.Fatalf("a request for the busy subset: %v %s", ir.GetStatus().GetCode(), ir.GetBody())
+	}
+}
+
 // TestNoHealthyEndpoint: with every endpoint unhealthy, and with a subset
 // hint that names none the picker knows, the request is answered with
 // 503, as the protocol says; a subset hint naming one known endpoint

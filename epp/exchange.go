@@ -119,6 +119,8 @@ var (
 		Message: "no endpoint the gateway's subset hint names is in the pool, healthy and free to serve the request"}
 	errQueueTimeout = &openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "queue_timeout",
 		Message: "every endpoint stayed busy for the whole queue timeout"}
+	errSubsetQueueTimeout = &openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "queue_timeout",
+		Message: "every endpoint the gateway's subset hint names stayed busy for the whole queue timeout"}
 	errOverloaded = &openai.Error{Status: http.StatusTooManyRequests, Type: "rate_limit_exceeded", Code: "overloaded",
 		Message: "every endpoint is busy and the queue is full"}
 	errBodyBudget = &openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "body_budget_exceeded",
@@ -151,8 +153,11 @@ func (x *exchange) decide(ctx context.Context) {
 			return
 		}
 		e, retry := refusalOf(err)
-		if e == errNoEndpoint && x.subset {
+		switch {
+		case e == errNoEndpoint && x.subset:
 			e = errNoSubsetEndpoint
+		case e == errQueueTimeout && x.subset:
+			e = errSubsetQueueTimeout
 		}
 		x.refuse(e, retry)
 		return

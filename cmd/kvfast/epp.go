@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvfast/kvfast/epp"
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/workers"
 )
 
 func init() {
@@ -53,7 +54,8 @@ The gateway's ext_proc filter should send the request body in
 FULL_DUPLEX_STREAMED mode (GIE's gateways do), or BUFFERED; Envoy says
 which on each stream, and --request-body-mode is assumed when it does not.
 No eligible pod: 503; every pod busy and the queue full: 429; a body the
-picker cannot parse: 400.
+picker cannot parse: 400 (so is a completions prompt listing several
+prompts, batch_not_supported; a list of one is that prompt).
 
 ext_proc is served over TLS (--secure-serving, self-signed unless
 --cert-path), as GIE's own picker serves it, so that gateways set up for
@@ -234,6 +236,10 @@ func eppSource(o eppOptions) (epp.Source, error) {
 		return k, nil
 	case len(o.static) == 0:
 		return nil, errors.New("no endpoints: give --pool NAME (in-cluster) or --endpoint ip:port,zmq=... (repeatable)")
+	case len(o.static) > workers.Max:
+		// Past the slots the picker would drop some endpoint, not
+		// necessarily the last given, and only log it.
+		return nil, fmt.Errorf("%d --endpoint values: the picker routes to at most %d endpoints", len(o.static), workers.Max)
 	}
 	return epp.Static(o.static), nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/workers"
 )
 
 // TestEPPConfig: epp's flags land in the picker's configuration and its
@@ -85,6 +87,7 @@ func TestEPPConfig(t *testing.T) {
 		{"--model", "m", "--endpoint", "10.0.0.1:8000", "--fallbacks", "9"},
 		{"--model", "m", "--pool", "p"}, // not in a pod
 		{"--model", "m", "--endpoint", "10.0.0.1:8000", "--queue-capacity", "-1"},
+		tooManyEndpoints(), // more than the slots: one would be dropped, not the last
 	} {
 		t.Setenv("KUBERNETES_SERVICE_HOST", "")
 		if _, _, _, code, ok := eppConfig(bad, io.Discard); ok || code != 2 {
@@ -274,4 +277,14 @@ func kvfastContainers(manifest string) []container {
 		}
 	}
 	return out
+}
+
+// tooManyEndpoints is epp's flags with one --endpoint more than the
+// picker has slots.
+func tooManyEndpoints() []string {
+	args := []string{"--model", "m"}
+	for i := range workers.Max + 1 {
+		args = append(args, "--endpoint", fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1))
+	}
+	return args
 }
