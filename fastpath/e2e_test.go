@@ -1392,3 +1392,57 @@ func TestRequestDurationCountsEveryRequest(t *testing.T) {
 	wantMetric(t, m, `kvfast_request_duration_seconds_count{endpoint="completions"}`, 3)
 	wantMetric(t, m, "kvfast_time_to_first_token_seconds_count", 1)
 }
+
+// TestReadyNeedsAWorkerThatAnswers: /ready and kvfast_routable_workers
+// count the healthy workers that can answer a request whole. An encoder
+// or a prefill engine healthy alone, or SGLang's decode engines with no
+// prefill engine, leave the router not ready (every request got 503
+// while /ready said ready); a vLLM decode engine is ready alone, as it
+// computes the prompt itself when no prefill engine is up.
+func TestReadyNeedsAWorkerThatAnswers(t *testing.T) {
+	live := func(id uint64, role workers.Role) node.StaticWorker {
+		eng := startMock(t, mocker.Config{WorkerID: id, Role: role, ECStore: mocker.NewECStore()})
+		return node.StaticWorker{ID: id, Endpoint: eng.Addr(), Model: e2eModel, Role: role}
+	}
+	const deadID = 9
+	dead := func(role workers.Role) node.StaticWorker {
+		return node.StaticWorker{ID: deadID, Endpoint: deadAddr(t), Model: e2eModel, Role: role}
+	}
+	for _, tc := range []struct {
+		name    string
+		disagg  string
+		workers []node.StaticWorker
+		ready   int
+	}{
+		{"an encoder alone", fastpath.DisaggOff, []node.StaticWorker{live(1, workers.RoleEncode), dead(workers.RoleBoth)}, 0},
+		{"an encoder and an engine", fastpath.DisaggOff, []node.StaticWorker{live(1, workers.RoleEncode), live(2, workers.RoleBoth)}, 1},
+		{"vLLM, a prefill engine alone", fastpath.DisaggVLLM, []node.StaticWorker{live(1, workers.RolePrefill), dead(workers.RoleDecode)}, 0},
+		{"vLLM, a decode engine alone", fastpath.DisaggVLLM, []node.StaticWorker{dead(workers.RolePrefill), live(2, workers.RoleDecode)}, 1},
+		{"SGLang, a decode engine alone", fastpath.DisaggSGLang, []node.StaticWorker{dead(workers.RolePrefill), live(2, workers.RoleDecode)}, 0},
+		{"SGLang, both stages", fastpath.DisaggSGLang, []node.StaticWorker{live(1, workers.RolePrefill), live(2, workers.RoleDecode)}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := e2eConfig(tc.workers...)
+			cfg.HTTP.Disagg.Protocol = tc.disagg
+			cfg.Dispatch.Health.Interval = 100 * time.Millisecond // the dead engine found out
+			r := startE2ERouter(t, cfg)
+			// The live engines healthy and the dead one not, as their
+			// health checks find them.
+			waitFor(t, "every worker's health checked", func() bool {
+				snap := r.node.Snapshot()
+				for _, w := range snap.Workers {
+					if w.Healthy != (w.WorkerID != deadID) {
+						return false
+					}
+				}
+				return len(snap.Workers) == len(tc.workers)
+			})
+			resp := r.get(t, fastpath.PathReady)
+			if wantStatus := map[bool]int{true: 200, false: 503}[tc.ready > 0]; resp.status != wantStatus ||
+				!strings.Contains(string(resp.body), fmt.Sprintf(`"healthy_workers":%d`, tc.ready)) {
+				t.Errorf("/ready: %d %s, want %d with %d workers", resp.status, resp.body, wantStatus, tc.ready)
+			}
+			wantMetric(t, r.metrics(t), "kvfast_routable_workers", float64(tc.ready))
+		})
+	}
+}

@@ -319,7 +319,7 @@ func (s *Server) serveReady(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
 	if s.draining.Load() {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-		ctx.SetBodyString(`{"status":"draining","healthy_workers":` + strconv.Itoa(s.eligible().Len()) + `}`)
+		ctx.SetBodyString(`{"status":"draining","healthy_workers":` + strconv.Itoa(s.routable().Len()) + `}`)
 		return
 	}
 	if !s.isSettled() {
@@ -327,7 +327,7 @@ func (s *Server) serveReady(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString(`{"status":"starting","healthy_workers":0}`)
 		return
 	}
-	n := s.eligible().Len()
+	n := s.routable().Len()
 	if n == 0 {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		ctx.SetBodyString(`{"status":"not_ready","healthy_workers":0}`)

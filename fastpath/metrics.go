@@ -250,7 +250,7 @@ var (
 		"A worker's ZMQ KV-event feed: batches and blocks by outcome.", []string{"worker", "dp_rank", "status"}, nil)
 	descQueueWaiting = prometheus.NewDesc("kvfast_admission_waiting", "Requests waiting in the admission queue.", nil, nil)
 	descRoutable     = prometheus.NewDesc("kvfast_routable_workers",
-		"Workers healthy enough to route to, as /ready counts them: at 0 every request is refused (503).", nil, nil)
+		"Healthy workers that can answer a request whole, as /ready counts them (encoders and prefill-only workers do not; under SGLang disaggregation, decode workers only while a prefill-capable one is healthy): at 0 every request is refused (503).", nil, nil)
 	descInFlight = prometheus.NewDesc("kvfast_requests_in_flight",
 		"Bookings on workers not yet released, on every worker, including one that has since left the worker set: one per request, and one more for each of its stages on another worker (a disaggregated prefill, each image an encoder encodes).", nil, nil)
 	descRefused = prometheus.NewDesc("kvfast_admission_refused_total", "Requests refused as overloaded.", nil, nil)
@@ -317,12 +317,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descFeedEvents, prometheus.CounterValue, float64(kv.v), kv.status)
 		}
 	}
-	routable := 0
 	for i := range snap.Workers {
 		wv := &snap.Workers[i]
-		if wv.Healthy {
-			routable++
-		}
 		id, rank := strconv.FormatUint(wv.WorkerID, 10), strconv.FormatUint(uint64(wv.DPRank), 10)
 		healthy, ejected, stalled := 0.0, 0.0, 0.0
 		if wv.Healthy {
@@ -362,7 +358,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descSegmentRetired, prometheus.GaugeValue, retired)
 	ch <- prometheus.MustNewConstMetric(descQueueWaiting, prometheus.GaugeValue, float64(snap.Queue.Waiting))
-	ch <- prometheus.MustNewConstMetric(descRoutable, prometheus.GaugeValue, float64(routable))
+	ch <- prometheus.MustNewConstMetric(descRoutable, prometheus.GaugeValue, float64(c.s.routable().Len()))
 	ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(snap.Queue.Booked-min(snap.Queue.Released, snap.Queue.Booked)))
 	ch <- prometheus.MustNewConstMetric(descScaleInUse, prometheus.GaugeValue, snap.PrefillLoadScale)
 	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(snap.Queue.Refused))

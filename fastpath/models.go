@@ -391,6 +391,22 @@ func (s *Server) awaitSettled(ctx context.Context) bool {
 	return false
 }
 
+// routable is the healthy workers that can answer a request whole: those
+// that generate (never an encoder; under disaggregation, those that can
+// decode), and under SGLang's protocol, where a decode-only engine cannot
+// compute a prompt, only while a worker that can prefill is healthy too.
+// /ready and kvfast_routable_workers count them: workers healthy in a
+// role that serves no request alone (an encoder, a prefill engine) left
+// the router ready while every request was refused.
+func (s *Server) routable() workers.Set {
+	healthy := s.eligible()
+	gen := healthy & s.sched.StageWorkers(s.generatingStage())
+	if s.cfg.Disagg.Protocol == DisaggSGLang && healthy&s.sched.StageWorkers(sched.StagePrefill) == 0 {
+		return 0
+	}
+	return gen
+}
+
 // eligible is the set of workers selection may use right now.
 func (s *Server) eligible() workers.Set {
 	var set workers.Set
