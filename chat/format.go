@@ -14,7 +14,8 @@ import (
 // its format-spec mini-language. Widths, fills, alignments, signs,
 // precisions and the usual conversions format as CPython formats them.
 // What is not implemented (a '*' width, %a, nested fields, a field's
-// attribute or index, grouping beside zero padding, a few float forms)
+// attribute or index, grouping beside zero padding, '#' or a precision on
+// a float with no type)
 // fails with ErrUnsupported, so that the request routes approximately: it
 // is valid, and the engine renders it. What Python itself refuses (a
 // number for %s's neighbour %d given a string, too few arguments) fails as
@@ -56,6 +57,7 @@ func (r *renderer) percentFormat(f string, arg value) (value, error) {
 	}
 	var b []byte
 	ai := 0
+	keyedSeen := false
 	for i := 0; i < len(f); i++ {
 		c := f[i]
 		if c != '%' {
@@ -125,8 +127,12 @@ func (r *renderer) percentFormat(f string, arg value) (value, error) {
 			return undefined, rtErr("incomplete format")
 		}
 		spec.typ = f[i]
-		if !keyed {
-			if ai >= len(args) {
+		if keyed {
+			keyedSeen = true
+		} else {
+			// After a keyed conversion Python has no positional
+			// argument left, the mapping included.
+			if ai >= len(args) || keyedSeen {
 				return undefined, rtErr("not enough arguments for format string")
 			}
 			v = args[ai]
@@ -208,7 +214,13 @@ func appendPercent(b []byte, v value, spec fmtSpec, zero bool) ([]byte, error) {
 		if !isNumber(v) {
 			return b, rtErr("must be real number, not %s", typeName(v))
 		}
-		f := toFloat(v)
+		f := v.f
+		if v.k != kFloat {
+			var err error
+			if f, err = intToFloat(v); err != nil {
+				return b, err
+			}
+		}
 		digits, err := floatDigits(math.Abs(f), spec)
 		if err != nil {
 			return b, err
@@ -597,10 +609,10 @@ func appendFormatted(b []byte, v value, text string) ([]byte, error) {
 			}
 			neg, digits := intDigits(v, spec.typ)
 			if spec.grouping != 0 {
-				if spec.typ != 0 && spec.typ != 'd' || spec.fill == '0' && spec.align == '=' {
-					return b, errFormatUnsupported("grouping with %q", text)
+				var err error
+				if digits, err = groupDigits(digits, spec, text); err != nil {
+					return b, err
 				}
-				digits = group3(digits, spec.grouping)
 			}
 			prefix := ""
 			if spec.alt {
@@ -608,8 +620,13 @@ func appendFormatted(b []byte, v value, text string) ([]byte, error) {
 			}
 			return appendAligned(b, signOf(neg, spec.sign), prefix, digits, spec), nil
 		case 'c':
-			if spec.sign != 0 || spec.alt {
+			switch {
+			case spec.sign != 0 || spec.alt:
 				return b, rtErr("Sign not allowed with integer format specifier 'c'")
+			case spec.prec >= 0:
+				return b, rtErr("Precision not allowed in integer format specifier")
+			case spec.grouping != 0:
+				return b, rtErr("Cannot specify '%c' with 'c'.", spec.grouping)
 			}
 			s, err := charOf(v)
 			if err != nil {
@@ -617,7 +634,11 @@ func appendFormatted(b []byte, v value, text string) ([]byte, error) {
 			}
 			return appendAligned(b, "", "", s, spec), nil
 		case 'e', 'E', 'f', 'F', 'g', 'G', '%':
-			return appendFloatFormatted(b, toFloat(v), spec, text)
+			f, err := intToFloat(v)
+			if err != nil {
+				return b, err
+			}
+			return appendFloatFormatted(b, f, spec, text)
 		}
 		return b, rtErr("Unknown format code '%c' for object of type 'int'", spec.typ)
 	case kFloat:
@@ -626,13 +647,19 @@ func appendFormatted(b []byte, v value, text string) ([]byte, error) {
 		}
 		switch spec.typ {
 		case 0:
-			if spec.prec >= 0 || spec.alt || spec.grouping != 0 {
+			if spec.prec >= 0 || spec.alt {
 				return b, errFormatUnsupported("the float format %q", text)
 			}
 			if math.IsInf(v.f, 0) || math.IsNaN(v.f) {
 				return appendFloatFormatted(b, v.f, fmtSpec{fill: spec.fill, align: spec.align, sign: spec.sign, width: spec.width, prec: -1, typ: 'f'}, text)
 			}
 			digits := string(appendPyFloat(nil, math.Abs(v.f), false))
+			if spec.grouping != 0 {
+				var err error
+				if digits, err = groupDigits(digits, spec, text); err != nil {
+					return b, err
+				}
+			}
 			return appendAligned(b, signOf(math.Signbit(v.f), spec.sign), "", digits, spec), nil
 		case 'e', 'E', 'f', 'F', 'g', 'G', '%':
 			return appendFloatFormatted(b, v.f, spec, text)
@@ -648,32 +675,57 @@ func appendFloatFormatted(b []byte, f float64, spec fmtSpec, text string) ([]byt
 		return b, err
 	}
 	if spec.grouping != 0 {
-		if spec.typ != 'f' && spec.typ != 'F' || spec.fill == '0' && spec.align == '=' || math.IsInf(f, 0) || math.IsNaN(f) {
-			return b, errFormatUnsupported("grouping with %q", text)
-		}
-		whole, frac, hasPoint := strings.Cut(digits, ".")
-		digits = group3(whole, spec.grouping)
-		if hasPoint {
-			digits += "." + frac
+		if digits, err = groupDigits(digits, spec, text); err != nil {
+			return b, err
 		}
 	}
 	return appendAligned(b, signOf(math.Signbit(f) && !math.IsNaN(f), spec.sign), "", digits, spec), nil
 }
 
-// group3 separates decimal digits in threes from the right.
-func group3(digits string, sep byte) string {
-	if len(digits) <= 3 {
-		return digits
+// groupDigits separates the leading run of digits of a formatted number
+// (all of an integer's, a float's whole part) as the spec's grouping says:
+// in threes for decimal digits, in fours for '_' with x, o or b (',' is
+// not allowed with those).
+func groupDigits(digits string, spec fmtSpec, text string) (string, error) {
+	every := 3
+	switch spec.typ {
+	case 'x', 'X', 'o', 'b':
+		if spec.grouping == ',' {
+			return "", rtErr("Cannot specify ',' with '%c'.", spec.typ)
+		}
+		every = 4
+	}
+	if spec.fill == '0' && spec.align == '=' {
+		// Python groups the zero padding too.
+		return "", errFormatUnsupported("grouping with zero padding (%q)", text)
+	}
+	run := 0
+	for run < len(digits) && (digits[run] >= '0' && digits[run] <= '9' || every == 4 && strings.IndexByte("abcdefABCDEF", digits[run]) >= 0) {
+		run++
+	}
+	if run <= every {
+		return digits, nil
 	}
 	var sb strings.Builder
-	head := len(digits) % 3
+	head := run % every
 	if head == 0 {
-		head = 3
+		head = every
 	}
 	sb.WriteString(digits[:head])
-	for i := head; i < len(digits); i += 3 {
-		sb.WriteByte(sep)
-		sb.WriteString(digits[i : i+3])
+	for i := head; i < run; i += every {
+		sb.WriteByte(spec.grouping)
+		sb.WriteString(digits[i : i+every])
 	}
-	return sb.String()
+	sb.WriteString(digits[run:])
+	return sb.String(), nil
+}
+
+// intToFloat is Python's float(n) for a float conversion of an integer:
+// one too large for a float is an OverflowError, not inf.
+func intToFloat(v value) (float64, error) {
+	f := toFloat(v)
+	if math.IsInf(f, 0) {
+		return 0, rtErr("OverflowError: int too large to convert to float")
+	}
+	return f, nil
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/kvfast/kvfast/workers"
 )
@@ -47,6 +48,18 @@ func NewApprox(cfg Config, ttl time.Duration) (*Approx, error) {
 		return nil, err
 	}
 	return &Approx{ix: ix, ttl: ttl, ring: make([]approxRecord, cfg.Capacity)}, nil
+}
+
+// ApproxMemory is the memory NewApprox(cfg, ttl) takes: its heap index
+// and its ring of assumptions. A process counts it in its soft memory
+// limit.
+func ApproxMemory(cfg Config) (int, error) {
+	cfg.EngineMapCapacity = cfg.Capacity
+	n, err := RegionSize(cfg)
+	if err != nil {
+		return 0, err
+	}
+	return n + cfg.Capacity*int(unsafe.Sizeof(approxRecord{})), nil
 }
 
 // FindMatches is Index.FindMatches over the current assumptions.

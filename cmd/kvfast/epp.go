@@ -290,10 +290,11 @@ func runEPP(args []string) int {
 // under the default 256 MiB budget).
 func eppMemoryLimit(cfg epp.Config) int64 {
 	limit := baselineMemory + cfg.BodyBudgetBytes
-	for _, c := range []radix.Config{{Capacity: cfg.IndexCapacity}, {Capacity: cfg.ApproxCapacity, EngineMapCapacity: cfg.ApproxCapacity}} {
-		if n, err := radix.RegionSize(c); err == nil {
-			limit += int64(n)
-		}
+	if n, err := radix.RegionSize(radix.Config{Capacity: cfg.IndexCapacity}); err == nil {
+		limit += int64(n)
+	}
+	if n, err := radix.ApproxMemory(radix.Config{Capacity: cfg.ApproxCapacity}); err == nil {
+		limit += int64(n)
 	}
 	return limit
 }

@@ -123,9 +123,6 @@ func TestEPPConfig(t *testing.T) {
 	}
 }
 
-// TestEPPEnvironment: the picker reads KVFAST_EPP_<FLAG>, and ignores
-// kvfast serve's KVFAST_<FLAG> (the container image sets KVFAST_LISTEN
-// for the router, which had moved a picker off :9002).
 // TestEPPMemoryLimit: the picker's soft memory limit counts its body
 // budget and both of its heap indexes, as serve's counts its own.
 func TestEPPMemoryLimit(t *testing.T) {
@@ -157,6 +154,9 @@ func TestEPPMemoryLimit(t *testing.T) {
 	}
 }
 
+// TestEPPEnvironment: the picker reads KVFAST_EPP_<FLAG>, and ignores
+// kvfast serve's KVFAST_<FLAG> (the container image sets KVFAST_LISTEN
+// for the router, which had moved a picker off :9002).
 func TestEPPEnvironment(t *testing.T) {
 	t.Setenv("KVFAST_LISTEN", "0.0.0.0:8000")
 	t.Setenv("KVFAST_ADMIN_LISTEN", "0.0.0.0:8089")
