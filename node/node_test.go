@@ -1487,6 +1487,25 @@ func TestReadyLineWhenSettledInNew(t *testing.T) {
 	}
 }
 
+// TestReadyLineAwaitingEngines: a router with a segment and no worker yet,
+// the usual start (engines register after it), says so at info level,
+// not with the warning of workers that are down.
+func TestReadyLineAwaitingEngines(t *testing.T) {
+	const unready = "router started, but no worker is healthy yet: /ready answers 503, and requests get 503 until one is (at once with no worker known, after the queue wait with workers down)"
+	var awaiting, notReady atomic.Int64
+	cfg := testConfig(t)
+	cfg.Logger = slog.New(countLog{awaitingEnginesMessage: &awaiting, unready: &notReady})
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	waitFor(t, "the start-up line", func() bool { return awaiting.Load()+notReady.Load() > 0 })
+	if awaiting.Load() != 1 || notReady.Load() != 0 {
+		t.Fatalf("a segment and no engine yet: %d awaiting lines, %d warnings; want the awaiting line alone", awaiting.Load(), notReady.Load())
+	}
+}
+
 // TestHostPort: what a worker's endpoint may be. A typo is refused at
 // start; what dialed before the host check stays accepted.
 func TestHostPort(t *testing.T) {
