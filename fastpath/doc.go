@@ -72,7 +72,9 @@
 // The edge (edge.go) stands between the network and that path. Every
 // connection comes through edgeListener, which tags it with its listener
 // (API or admin: Serve and ServeAdmin) and bounds each client address's
-// connections. fasthttp's read timeout is the header timeout, and a
+// connections; a connection whose first byte opens a TLS handshake is
+// answered 400 at once (the listeners serve plain HTTP), where it would
+// wait the header timeout. fasthttp's read timeout is the header timeout, and a
 // header-received hook gives the body its own (Config.ReadTimeout).
 // Request bodies are streamed: the exchange reads its body itself,
 // charging the server's body budget as the bytes arrive, so a body too
