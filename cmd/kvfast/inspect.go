@@ -51,6 +51,12 @@ func runInspect(args []string) int {
 	}
 	// Inspect only reports, and trusts nothing it reads: it may look at a
 	// segment the router would refuse to attach.
+	if fi, err := os.Stat(*segment); err == nil && fi.IsDir() {
+		// A bare "is a directory" from the open would not say what to give.
+		fmt.Fprintf(os.Stderr, "kvfast inspect: --segment %s is a directory: give the segment file itself, as kvfast serve --segment names it (default %s)\n",
+			*segment, shm.DefaultPath("kvfast"))
+		return 2
+	}
 	seg, err := shm.Open(*segment, shm.Options{NoCreate: true, AllowForeign: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

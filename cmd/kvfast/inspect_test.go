@@ -35,6 +35,9 @@ func TestInspect(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
+	if code := runInspect([]string{"--segment", t.TempDir()}); code != 2 {
+		t.Errorf("a directory for --segment: exit %d, want 2 (a usage error that says to give the file)", code)
+	}
 	if code := runInspect([]string{"--segment", filepath.Join(t.TempDir(), "missing")}); code != 1 {
 		t.Fatalf("missing segment: exit %d", code)
 	}
