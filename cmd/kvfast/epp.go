@@ -286,8 +286,7 @@ func runEPP(args []string) int {
 // (memoryLimit): the baseline and the body budget, and the picker's two
 // indexes, which live on the heap. Without it a flood of large bodies
 // leaves the heap to grow to several times the body budget over finished
-// ones before the collector runs (a review saw 1.2 GB of resident memory
-// under the default 256 MiB budget).
+// ones before the collector runs.
 func eppMemoryLimit(cfg epp.Config) int64 {
 	limit := baselineMemory + cfg.BodyBudgetBytes
 	if n, err := radix.RegionSize(radix.Config{Capacity: cfg.IndexCapacity}); err == nil {
