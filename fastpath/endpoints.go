@@ -409,7 +409,12 @@ type WorkerView struct {
 	Healthy bool   `json:"healthy"`
 	// ModelUnlisted: the engine's GET /v1/models does not list Model, so
 	// the model's requests go to other workers while one can take them.
-	ModelUnlisted    bool   `json:"model_unlisted,omitempty"`
+	ModelUnlisted bool `json:"model_unlisted,omitempty"`
+	// KeyRefused: the engine refused the router's credentials
+	// (--engine-api-key-file) when last asked for its models, so it
+	// would refuse every request: it is not counted ready and is routed
+	// requests only while no other worker can take them.
+	KeyRefused       bool   `json:"key_refused,omitempty"`
 	KVCapacityBlocks uint64 `json:"kv_capacity_blocks"`
 
 	// Passive health (dispatch.OutlierConfig): whether the worker is

@@ -32,6 +32,13 @@ func (s *Server) WorkersChanged() {
 // calls it after every poll of the engines' models.
 func (s *Server) SetModelUnlisted(set workers.Set) { s.unlisted.Store(uint64(set)) }
 
+// SetKeyRefused tells the request path which workers' engines refuse the
+// router's credentials (--engine-api-key-file missing or another key):
+// they would refuse every request, so they are avoided as workers whose
+// engines do not list their model are, and /ready does not count them.
+// The node calls it after every poll of the engines' models.
+func (s *Server) SetKeyRefused(set workers.Set) { s.keyRefused.Store(uint64(set)) }
+
 // SetDown tells the request path which registrations the node presumes
 // dead (Snapshot.Down). The node calls it whenever that list changes.
 func (s *Server) SetDown(down []RegistrationView) {
@@ -52,10 +59,10 @@ func (s *Server) pinnedDown(id uint64) bool {
 }
 
 // avoidUnlisted keeps the request off workers whose engines do not list
-// its model, unless no other worker could take it (the client then hears
-// the engine's refusal) or it pins one.
+// its model or refuse the router's key, unless no other worker could take
+// it (the client then hears the engine's refusal) or it pins one.
 func (s *Server) avoidUnlisted(req *sched.Request) {
-	bad := workers.Set(s.unlisted.Load())
+	bad := workers.Set(s.unlisted.Load()) | workers.Set(s.keyRefused.Load())
 	if bad == 0 || req.Pinned {
 		return
 	}
@@ -397,9 +404,11 @@ func (s *Server) awaitSettled(ctx context.Context) bool {
 // compute a prompt, only while a worker that can prefill is healthy too.
 // /ready and kvfast_routable_workers count them: workers healthy in a
 // role that serves no request alone (an encoder, a prefill engine) left
-// the router ready while every request was refused.
+// the router ready while every request was refused. An engine that
+// refuses the router's key answers its health check (neither vLLM nor
+// SGLang keeps /health behind it) and nothing else, so it does not count.
 func (s *Server) routable() workers.Set {
-	healthy := s.eligible()
+	healthy := s.eligible() &^ workers.Set(s.keyRefused.Load())
 	gen := healthy & s.sched.StageWorkers(s.generatingStage())
 	if s.cfg.Disagg.Protocol == DisaggSGLang && healthy&s.sched.StageWorkers(sched.StagePrefill) == 0 {
 		return 0

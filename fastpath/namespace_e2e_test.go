@@ -297,3 +297,69 @@ func TestEngineNotListingItsModelIsAvoided(t *testing.T) {
 	}
 	waitReleased(t, rd.node)
 }
+
+// TestEngineRefusingTheKeyIsAvoided: an engine started with another API
+// key than the router's --engine-api-key-file answers its health check
+// and refuses every request. It is not counted by /ready (a probe passed
+// on a router whose every request failed) and, while another worker can
+// take a request, is not routed one; /admin/workers says why. Without a
+// key of its own the router forwards the clients', which the engine may
+// take: then it is routed as any other.
+func TestEngineRefusingTheKeyIsAvoided(t *testing.T) {
+	locked := startMock(t, mocker.Config{WorkerID: 1, APIKey: "the-engine-key"})
+	open := startMock(t, mocker.Config{WorkerID: 2})
+	cfg := e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: locked.Addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, Endpoint: open.Addr(), Model: e2eModel})
+	cfg.Dispatch.EngineToken = "a-stale-key"
+	r := startE2ERouter(t, cfg)
+	waitFor(t, "worker 1 reported as refusing the router's key", func() bool {
+		return workerView(t, r.node, 1, 0).KeyRefused
+	})
+	if v := workerView(t, r.node, 2, 0); v.KeyRefused {
+		t.Fatal("worker 2, which takes any key, is reported as refusing the router's")
+	}
+	var ready struct {
+		Status  string `json:"status"`
+		Healthy int    `json:"healthy_workers"`
+	}
+	resp := r.get(t, fastpath.PathReady)
+	decodeJSON(t, resp.body, &ready)
+	if resp.status != http.StatusOK || ready.Healthy != 1 {
+		t.Fatalf("/ready with one of two engines refusing the key: %d %s, want 200 and one worker", resp.status, resp.body)
+	}
+	for i := range 8 {
+		resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(70+i), 64), false, 2), nil)
+		if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != "2" {
+			t.Fatalf("request %d: status %d from worker %q: %s", i, resp.status, resp.header.Get(fastpath.HeaderWorker), resp.body)
+		}
+	}
+	waitReleased(t, r.node)
+
+	// Alone, it leaves the router not ready.
+	cfg = e2eConfig(node.StaticWorker{ID: 1, Endpoint: locked.Addr(), Model: e2eModel})
+	cfg.Dispatch.EngineToken = "a-stale-key"
+	lone := startE2ERouter(t, cfg)
+	waitFor(t, "the lone worker reported as refusing the router's key", func() bool {
+		return workerView(t, lone.node, 1, 0).KeyRefused
+	})
+	if resp := lone.get(t, fastpath.PathReady); resp.status != http.StatusServiceUnavailable {
+		t.Errorf("/ready with its one engine refusing the router's key: %d %s, want 503", resp.status, resp.body)
+	}
+	wantMetric(t, lone.metrics(t), "kvfast_routable_workers", 0)
+
+	// Without a key of the router's own, a client holding the engine's
+	// key is served there.
+	keyless := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: locked.Addr(), Model: e2eModel}))
+	waitFor(t, "the keyless router ready", func() bool {
+		return keyless.get(t, fastpath.PathReady).status == http.StatusOK
+	})
+	if v := workerView(t, keyless.node, 1, 0); v.KeyRefused {
+		t.Error("without --engine-api-key-file, an engine refusing the router's model poll is reported as refusing its key")
+	}
+	resp = keyless.post(t, fastpath.PathCompletions, completionBody(e2eTokens(90, 64), false, 2), map[string]string{"Authorization": "Bearer the-engine-key"})
+	if resp.status != http.StatusOK {
+		t.Errorf("a client with the engine's key, through a router without one: %d %s", resp.status, resp.body)
+	}
+	waitReleased(t, keyless.node)
+}

@@ -273,6 +273,9 @@ type Server struct {
 	// unlisted are the workers whose engines do not list their model in
 	// GET /v1/models (SetModelUnlisted): a workers.Set.
 	unlisted atomic.Uint64
+	// keyRefused are the workers whose engines refuse the router's
+	// credentials (SetKeyRefused): a workers.Set.
+	keyRefused atomic.Uint64
 	// downIDs are the worker ids of registrations presumed dead (their
 	// engines' heartbeat stopped): the scheduler has dropped them, but a
 	// pin to one is a 503 to retry, not the 404 of an id never seen.

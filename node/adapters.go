@@ -58,7 +58,7 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 	live := n.sched.Workers()
 	union := map[string]fastpath.Adapter{}
 	learned := false
-	var unlisted workers.Set
+	var unlisted, keyRefused workers.Set
 	for i := range workers.Max {
 		slot := workers.Slot(i)
 		info, ok := n.sched.Worker(slot)
@@ -84,6 +84,11 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 			n.throttle.Log(n.log, slog.LevelWarn, "auth/"+strconv.Itoa(int(slot)),
 				"an engine refuses the router's credentials: give kvfast serve --engine-api-key-file holding the key the engine was started with (none is given, or another)",
 				"slot", slot, "worker", info.ID, "endpoint", info.Endpoint, "err", err)
+			if p.token != "" {
+				// Without a key of the router's own, clients' keys are
+				// forwarded as they came, and the engine may take theirs.
+				keyRefused |= workers.SetOf(slot)
+			}
 		case err != nil:
 			n.log.Debug("cannot learn an engine's models", "slot", slot, "endpoint", info.Endpoint, "err", err)
 			unlisted |= workers.Set(n.unlisted.Load()) & workers.SetOf(slot) // as it listed last
@@ -128,6 +133,8 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 	}
 	n.unlisted.Store(uint64(unlisted))
 	n.front.SetModelUnlisted(unlisted)
+	n.keyRefused.Store(uint64(keyRefused))
+	n.front.SetKeyRefused(keyRefused)
 	if !maps.Equal(union, p.pushed) {
 		p.pushed = union
 		n.adapters.Store(&union)

@@ -57,6 +57,9 @@ type Node struct {
 	// unlisted are the workers whose engines, when last asked, did not
 	// list their model (adapters.go): a workers.Set.
 	unlisted atomic.Uint64
+	// keyRefused are the workers whose engines, when last asked, refused
+	// the router's credentials (adapters.go): a workers.Set.
+	keyRefused atomic.Uint64
 	// membersChanged wakes the adapter poller when the registry loop sees
 	// an engine join or leave, so that a slot's new engine is not routed
 	// its predecessor's adapters until the next poll.

@@ -66,6 +66,7 @@ func (n *Node) snapshot(v *fastpath.Snapshot) {
 			IndexBlocks: ix.WorkerBlocks[w], IndexRefused: ix.WorkerRefused[w], FeedLagBytes: lag[w],
 			Calibration: fastpath.NewCalibrationView(n.sched.Calibration(w), auto)}
 		wv.ModelUnlisted = workers.Set(n.unlisted.Load()).Has(w)
+		wv.KeyRefused = workers.Set(n.keyRefused.Load()).Has(w)
 		if e := n.engines.Engine(w); e != nil {
 			o := e.Outlier()
 			wv.Ejected, wv.EjectedSeconds, wv.Ejections = o.Ejected, o.Remaining.Seconds(), o.Ejections
