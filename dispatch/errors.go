@@ -27,7 +27,7 @@ var (
 	// ErrEngineFailed: the connection broke, or the engine sent something
 	// that is not HTTP, or a success answer that is not what was asked
 	// for (Call.RequireObject), after the request was sent.
-	ErrEngineFailed = errors.New("kvfast: the engine connection failed")
+	ErrEngineFailed = errors.New("kvfast: the engine broke the connection or sent a malformed answer")
 	// ErrTruncated: a stream ended without its terminal item or [DONE].
 	ErrTruncated = errors.New("kvfast: the engine stream ended before the response was complete")
 	// ErrEngineError: the engine answered with an error status or an error
@@ -73,6 +73,17 @@ var (
 // pool or a departed client.
 func IsRetryable(err error) bool {
 	return errors.Is(err, ErrConnect) || errors.Is(err, ErrEngineFailed) || errors.Is(err, ErrEngineError) || errors.Is(err, ErrEngineAuth)
+}
+
+// IsMalformedAnswer reports whether err, an ErrEngineFailed, is an answer
+// that came whole but is not what an OpenAI-compatible engine sends: a
+// success that is not a JSON object or carries an error object, or a
+// stream answering a request that asked for one object. One engine
+// answering so is likely no engine at all (a worker URL naming another
+// service), which an operator must hear of, where a broken connection is
+// an engine's everyday failure.
+func IsMalformedAnswer(err error) bool {
+	return errors.Is(err, errNotObject) || errors.Is(err, errErrorUnder2xx) || errors.Is(err, errUnaskedStream)
 }
 
 // Error is the error of one forwarded request: which engine, at which step,

@@ -720,6 +720,31 @@ func TestLoopingWorkerIsNamed(t *testing.T) {
 	}
 }
 
+// TestMalformedAnswerIsNamed: a worker URL that names some other HTTP
+// service answers 200 with what no engine sends. The client's 502 says
+// the answer was malformed, not only that a connection failed, and the
+// router warns, naming the worker, where a broken connection is logged
+// at debug level only.
+func TestMalformedAnswerIsNamed(t *testing.T) {
+	eng := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/html")
+		ctx.SetBodyString("<html>a dashboard</html>")
+	})
+	logs := newLogCapture()
+	cfg := e2eConfig(node.StaticWorker{ID: 42, Endpoint: eng.addr(), Model: e2eModel})
+	cfg.Logger = slog.New(logs)
+	r := startE2ERouter(t, cfg)
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(5, 64), false, 4), nil)
+	if resp.status != http.StatusBadGateway || checkOpenAIError(t, resp.body) != "engine_failed" || !bytes.Contains(resp.body, []byte("malformed answer")) {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	line, ok := logs.find("no OpenAI-compatible engine sends")
+	if !ok || !strings.Contains(line, "worker=42") || !strings.Contains(line, "endpoint="+eng.addr()) || !strings.Contains(line, "not a JSON object") {
+		t.Fatalf("the worker that answered so is not named: %q", line)
+	}
+	waitReleased(t, r.node)
+}
+
 // TestTLSOnPlainHTTPIsRefusedAtOnce: a client that speaks TLS to the
 // plain-HTTP listener (an https:// URL) has its handshake fail as soon as
 // it is sent, with the error TLS libraries give for a plain-HTTP server,

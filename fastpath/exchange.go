@@ -733,8 +733,14 @@ const loopMessage = "a worker's endpoint sent a request back to this router (508
 // operator follow it: the request id the client got, the worker and the
 // failure. Debug, because an engine outage fails many requests at once
 // and kvfast_requests_total counts them; checked first, because the
-// arguments would allocate even when nothing is written.
+// arguments would allocate even when nothing is written. An answer no
+// engine sends is also a warning, once a minute per worker.
 func (ex *exchange) logFailure(msg string, err error) {
+	if dispatch.IsMalformedAnswer(err) {
+		ex.s.throttle.Log(ex.s.log, slog.LevelWarn, "malformed/"+strconv.Itoa(int(ex.dec.Slot)),
+			"an engine answered with something no OpenAI-compatible engine sends (is the worker's URL an engine?); its requests are retried elsewhere and count against its passive health",
+			"worker", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "endpoint", ex.dec.Endpoint, "err", err)
+	}
 	if !ex.s.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}

@@ -252,7 +252,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	if sameListener(c.Listen, c.AdminListen) {
-		return fmt.Errorf("cannot listen on --listen %q and --admin-listen %q: they name one port; the admin endpoints need a listener of their own (or --admin-listen '' for none)", c.Listen, c.AdminListen)
+		return fmt.Errorf("cannot listen on --listen %q and --admin-listen %q: they name one port; the admin endpoints need a listener of their own (or --admin-listen '' to serve them on the API listener, behind --admin-token-file)", c.Listen, c.AdminListen)
 	}
 	if c.Sched.QueueCapacity < 0 {
 		return fmt.Errorf("cannot use queue capacity %d: must not be negative (0: no queue)", c.Sched.QueueCapacity)
