@@ -44,7 +44,7 @@ var (
 	ErrClientGone = errors.New("kvfast: the client went away")
 	// ErrResponseTooLarge: a non-streaming response exceeded
 	// Config.MaxResponseBodySize.
-	ErrResponseTooLarge = errors.New("kvfast: the engine response is larger than the router accepts")
+	ErrResponseTooLarge = errors.New("kvfast: the engine response is larger than the router accepts (its --max-response-bytes)")
 	// ErrResponseBudget: reading a non-streaming response would take the
 	// bytes the router holds of such responses, over all requests, past
 	// Config.ResponseBudgetBytes. The router's overload, not the engine's

@@ -51,6 +51,11 @@ func newMetrics(p *Picker) *metrics {
 		responseTimeouts: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvfast_epp_response_timeouts_total",
 			Help: "Bookings released because the gateway left the routed request waiting past --response-timeout: no response headers came, or it did not take the picker's answer."}),
 	}
+	// Every status the picker answers with is a series from the start, so
+	// that a rate over it, and an alert on it, need no first refusal.
+	for _, status := range refusalStatuses {
+		m.refusals.WithLabelValues(strconv.Itoa(status))
+	}
 	endpoints := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvfast_epp_endpoints",
 		Help: "Endpoints the picker routes to."}, func() float64 { return float64(p.Endpoints()) })
 	// The runtime's and the process's series too, as the router serves
@@ -127,6 +132,11 @@ func (m *metrics) decided(took time.Duration, cached uint32, prompt int) {
 	m.promptBlocks.Add(float64(prompt))
 	m.cachedBlocks.Add(float64(cached))
 }
+
+// refusalStatuses are the statuses of the picker's own answers
+// (exchange.go, server.go).
+var refusalStatuses = []int{http.StatusBadRequest, http.StatusRequestTimeout, http.StatusRequestEntityTooLarge,
+	http.StatusTooManyRequests, http.StatusServiceUnavailable}
 
 func (m *metrics) refused(status int) { m.refusals.WithLabelValues(strconv.Itoa(status)).Inc() }
 

@@ -77,7 +77,9 @@ func TestServe(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{"kvfast_epp_decisions_total 1", "kvfast_epp_endpoints 2", "kvfast_epp_requests_in_flight 0",
-		"kvfast_epp_admission_waiting 0", "kvfast_epp_endpoint_active_requests{endpoint=", "kvfast_epp_endpoint_healthy{endpoint=", "go_goroutines ", "process_resident_memory_bytes "} {
+		"kvfast_epp_admission_waiting 0", "kvfast_epp_endpoint_active_requests{endpoint=", "kvfast_epp_endpoint_healthy{endpoint=", "go_goroutines ", "process_resident_memory_bytes ",
+		// No refusal yet, and its series are there to rate and alert on.
+		`kvfast_epp_refusals_total{status="503"} 0`, `kvfast_epp_refusals_total{status="429"} 0`} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
 		}

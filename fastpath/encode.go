@@ -168,7 +168,14 @@ func (s *Server) readMedia(ex *exchange) *openai.Error {
 	if !s.encoding(ex) {
 		return nil
 	}
-	return ex.media.Parse(ex.req.Messages, prompt.MediaLimits{MaxItems: s.cfg.Encode.MaxItems, MaxItemBytes: s.cfg.Encode.MaxItemBytes})
+	switch err := ex.media.Parse(ex.req.Messages, prompt.MediaLimits{MaxItems: s.cfg.Encode.MaxItems, MaxItemBytes: s.cfg.Encode.MaxItemBytes}); err {
+	case prompt.ErrTooManyMedia:
+		return s.errTooManyMedia
+	case prompt.ErrMediaTooLarge:
+		return s.errMediaTooLarge
+	default:
+		return err
+	}
 }
 
 // setEncodeStages makes ex.enc n fresh stages, keeping their buffers,

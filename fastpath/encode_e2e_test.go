@@ -327,15 +327,24 @@ func TestEncodeCancel(t *testing.T) {
 // accepts, or a larger one, is refused with a clear client error before
 // any encoder is asked.
 func TestEncodeMediaLimits(t *testing.T) {
-	er := startEncodeRig(t, 1, mocker.Config{})
+	cfg := e2eConfig()
+	cfg.HTTP.Encode.MaxItemBytes = 1 << 10
+	er := startEncodeRigWith(t, cfg, 1, mocker.Config{}, 0)
 	r := er.r
 	urls := make([]string, 65)
 	for i := range urls {
 		urls[i] = "https://example.com/" + strings.Repeat("i", i+1) + ".png"
 	}
 	resp := r.post(t, fastpath.PathChatCompletions, imagesChat(false, urls...), nil)
-	if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != "too_many_media_items" {
+	if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != "too_many_media_items" ||
+		!bytes.Contains(resp.body, []byte("at most 64 (the router's --encode-max-items)")) {
 		t.Errorf("65 images: %d %s", resp.status, resp.body)
+	}
+	huge := "data:image/png;base64," + strings.Repeat("QUFB", 1<<10)
+	resp = r.post(t, fastpath.PathChatCompletions, imagesChat(false, huge), nil)
+	if resp.status != http.StatusRequestEntityTooLarge || checkOpenAIError(t, resp.body) != "media_item_too_large" ||
+		!bytes.Contains(resp.body, []byte("at most 1024 bytes (the router's --encode-max-item-bytes)")) {
+		t.Errorf("an image of 3 KiB: %d %s", resp.status, resp.body)
 	}
 	if s := er.encoders[0].EncodeStats(); s.Encoded != 0 {
 		t.Errorf("an encoder was asked: %+v", s)

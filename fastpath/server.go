@@ -247,6 +247,9 @@ type Server struct {
 	// errBodyTooLarge is the 413 of a body over MaxBodyBytes, naming the
 	// limit and its flag.
 	errBodyTooLarge *openai.Error
+	// errTooManyMedia and errMediaTooLarge are prompt's refusals of a
+	// request over the media limits, naming the limit and its flag.
+	errTooManyMedia, errMediaTooLarge *openai.Error
 
 	useApprox bool
 	silent    workers.Set  // Deps.Silent
@@ -332,6 +335,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	tooLarge := *openai.ErrBodyTooLarge
 	tooLarge.Message += fmt.Sprintf(": at most %d bytes (the router's --max-body-bytes)", cfg.MaxBodyBytes)
 	s.errBodyTooLarge = &tooLarge
+	tooMany, tooBig := *prompt.ErrTooManyMedia, *prompt.ErrMediaTooLarge
+	tooMany.Message += fmt.Sprintf(": at most %d (the router's --encode-max-items)", cfg.Encode.MaxItems)
+	tooBig.Message += fmt.Sprintf(": at most %d bytes (the router's --encode-max-item-bytes)", cfg.Encode.MaxItemBytes)
+	s.errTooManyMedia, s.errMediaTooLarge = &tooMany, &tooBig
 	s.via = hex.AppendEncode(nil, binary.LittleEndian.AppendUint64(nil, rand.Uint64()))
 	s.throttle = logthrottle.New(time.Minute)
 	s.budget.limit = cfg.BodyBudgetBytes

@@ -376,12 +376,17 @@ func endpointURL(base, path string) (string, error) {
 	}
 	// A URL's credentials or query may hold a key: its errors name it
 	// redacted.
+	hint := ""
+	if !strings.Contains(base, "://") {
+		// host:port alone parses as a scheme and an opaque path, or not.
+		hint = ": give its scheme, as in http://" + redact.Endpoint(base)
+	}
 	u, err := url.Parse(base)
 	if err != nil {
-		return "", fmt.Errorf("router URL %q cannot be parsed", redact.Endpoint(base))
+		return "", fmt.Errorf("router URL %q cannot be parsed%s", redact.Endpoint(base), hint)
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return "", fmt.Errorf("router URL %q is not an http(s) URL with a host", redact.Endpoint(base))
+		return "", fmt.Errorf("router URL %q is not an http(s) URL with a host%s", redact.Endpoint(base), hint)
 	}
 	if !strings.HasSuffix(u.Path, path) {
 		base := strings.TrimSuffix(u.Path, "/")

@@ -108,7 +108,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		maxOutput   = fs.Int("max-output-tokens", 0, "cap max_tokens, which is the trace's output_length (0: no cap)")
 		model       = fs.String("model", replay.DefaultModel, "model name to send")
 		maxBody     = fs.Int("max-body-bytes", replay.DefaultMaxBodyBytes, "largest request body to send, the router's --max-body-bytes: a trace with a larger request is refused before the run")
-		keyFile     = fs.String("api-key-file", "", "`file` holding an API key on its one line, sent as Authorization: Bearer KEY, for a router started with --api-key-file")
+		keyFile     = fs.String("api-key-file", "", "`file` holding an API key, sent as Authorization: Bearer KEY, for a router started with --api-key-file: that file serves (its first key is sent)")
 		seed        = fs.Uint64("token-seed", 0, "seed of the hash-id-to-token (chat: to-text) mapping")
 		vocab       = fs.Uint("vocab", replay.DefaultVocab, "token ids are drawn from [0, vocab) (tokens workload)")
 		timeout     = fs.Duration("timeout", 5*time.Minute, "bound on one request, from send to end of stream (0: none)")
@@ -159,10 +159,13 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 	apiKey := ""
 	if *keyFile != "" {
 		var err error
-		if apiKey, err = readToken("API key", *keyFile); err != nil {
+		// The router's own key file serves: its first key is sent.
+		keys, err := readAPIKeys(*keyFile)
+		if err != nil {
 			fmt.Fprintf(stderr, "kvfast replay: %v\n", err)
 			return 2
 		}
+		apiKey = keys[0]
 	}
 
 	tr, err := loadReplayTrace(*tracePath, replay.TraceOptions{BlockSize: *traceBlock, Untimed: *concurrency > 0}, notef)

@@ -107,8 +107,10 @@ func TestReplayCommand(t *testing.T) {
 			_, _ = io.Copy(w, resp.Body)
 		}))
 		t.Cleanup(srv.Close)
+		// The router's own --api-key-file, comments and all: its first key
+		// is sent.
 		keyPath := filepath.Join(t.TempDir(), "key")
-		if err := os.WriteFile(keyPath, []byte(key+"\n"), 0o600); err != nil {
+		if err := os.WriteFile(keyPath, []byte("# the team's keys\n\n"+key+"\nsk-another\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		args := []string{"--router", srv.URL, "--trace", trace, "--speedup", "100", "--block-tokens", "16"}
@@ -127,6 +129,13 @@ func TestReplayCommand(t *testing.T) {
 		code, _, stderr := run("--router", "notaurl", "--trace", trace, "--speedup", "100")
 		if code != 2 || !strings.Contains(stderr, "--router: router URL") || strings.Contains(stderr, "requests from") {
 			t.Fatalf("code %d, stderr %q", code, stderr)
+		}
+		// host:port without its scheme, either way it fails to parse.
+		for _, router := range []string{"127.0.0.1:8080", "localhost:8080"} {
+			code, _, stderr := run("--router", router, "--trace", trace, "--speedup", "100")
+			if code != 2 || !strings.Contains(stderr, "give its scheme, as in http://"+router) {
+				t.Errorf("--router %s: code %d, stderr %q", router, code, stderr)
+			}
 		}
 	})
 	t.Run("unwritable output fails before the run", func(t *testing.T) {

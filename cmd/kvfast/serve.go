@@ -19,6 +19,7 @@ import (
 	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/shm"
 )
 
 func init() {
@@ -208,30 +209,42 @@ func (sec securityFiles) load(cfg *node.Config) error {
 		cfg.Dispatch.EngineToken = t
 	}
 	if sec.apiKeys != "" {
-		b, err := readSecretFile("API keys", sec.apiKeys)
+		keys, err := readAPIKeys(sec.apiKeys)
 		if err != nil {
 			return err
 		}
-		n := 0
-		for line := range strings.Lines(string(b)) {
-			n++
-			k := strings.TrimSpace(line)
-			if k == "" || strings.HasPrefix(k, "#") {
-				continue
-			}
-			if strings.ContainsAny(k, " \t") {
-				// "KEY # note" would be taken whole as the key, which no
-				// client sends: every request with the key refused.
-				// The line number, never the line: it holds a secret.
-				return fmt.Errorf("cannot use API key file %s: line %d holds a space; a key is the whole line, and a comment a line of its own that starts with #", sec.apiKeys, n)
-			}
-			cfg.HTTP.APIKeys = append(cfg.HTTP.APIKeys, k)
-		}
-		if len(cfg.HTTP.APIKeys) == 0 {
-			return fmt.Errorf("cannot use API key file %s: it holds no key", sec.apiKeys)
-		}
+		cfg.HTTP.APIKeys = keys
 	}
 	return nil
+}
+
+// readAPIKeys reads an --api-key-file: a key per line, blank lines and
+// lines starting with # ignored. It holds at least one key.
+func readAPIKeys(path string) ([]string, error) {
+	b, err := readSecretFile("API keys", path)
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	n := 0
+	for line := range strings.Lines(string(b)) {
+		n++
+		k := strings.TrimSpace(line)
+		if k == "" || strings.HasPrefix(k, "#") {
+			continue
+		}
+		if strings.ContainsAny(k, " \t") {
+			// "KEY # note" would be taken whole as the key, which no
+			// client sends: every request with the key refused.
+			// The line number, never the line: it holds a secret.
+			return nil, fmt.Errorf("cannot use API key file %s: line %d holds a space; a key is the whole line, and a comment a line of its own that starts with #", path, n)
+		}
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("cannot use API key file %s: it holds no key", path)
+	}
+	return keys, nil
 }
 
 // readSecretFile reads a file of secrets. A name it cannot open is not
@@ -504,6 +517,12 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 	cfg.Logger = log
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintln(stderr, "kvfast serve:", withEnvNote(err, fromEnv))
+		return cfg, 2, false
+	}
+	if fi, err := os.Stat(cfg.Segment.Path); cfg.Segment.Path != "" && err == nil && fi.IsDir() {
+		// A bare "is a directory" from the open would not say what to give.
+		fmt.Fprintf(stderr, "kvfast serve: --segment %s is a directory: give the segment file itself (default %s), or none\n",
+			cfg.Segment.Path, shm.DefaultPath("kvfast"))
 		return cfg, 2, false
 	}
 	if cfg.Segment.Path == "" && len(cfg.Static) == 0 {

@@ -56,6 +56,13 @@ func TestServeConfig(t *testing.T) {
 			t.Errorf("static workers %+v", cfg.Static)
 		}
 	})
+	t.Run("a directory as the segment is a usage error that says what to give", func(t *testing.T) {
+		var stderr strings.Builder
+		_, code, ok := serveConfig([]string{"--segment", t.TempDir()}, &stderr)
+		if ok || code != 2 || !strings.Contains(stderr.String(), "is a directory: give the segment file itself") {
+			t.Errorf("--segment DIR: ok %v, status %d, %q", ok, code, stderr.String())
+		}
+	})
 	t.Run("a queue timeout shorter than the session busy unbind is warned about", func(t *testing.T) {
 		var stderr strings.Builder
 		if _, _, ok := serveConfig([]string{"--segment", "none", "--queue-timeout", "2s", "--session-busy-unbind", "6s"}, &stderr); !ok {
