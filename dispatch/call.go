@@ -302,6 +302,20 @@ func (c *Call) RefuseUnaskedStream() error {
 
 var errUnaskedStream = errors.New("an event stream answering a request that asked for one object")
 
+// RefuseUnaskedObject is RefuseUnaskedStream's mirror, for a request that
+// asked for a stream: a 2xx answer that is not an event stream (one JSON
+// object, an HTML page) fails the call as its engine's fault. A client's
+// SDK would read the object as a stream of no events, an empty
+// completion, and report no error.
+func (c *Call) RefuseUnaskedObject() error {
+	if c.resp.StatusCode()/100 != 2 || c.IsEventStream() {
+		return nil
+	}
+	return c.fail(ErrEngineFailed, errUnaskedObject, nil, false)
+}
+
+var errUnaskedObject = errors.New("a plain answer to a request that asked for an event stream")
+
 // Discard gives up the response Do received, a failure (Failed), so that the
 // request may be sent to another worker before any byte of it reached the
 // client: it closes the engine connection, aborts the observer with

@@ -77,13 +77,15 @@ func IsRetryable(err error) bool {
 
 // IsMalformedAnswer reports whether err, an ErrEngineFailed, is an answer
 // that came whole but is not what an OpenAI-compatible engine sends: a
-// success that is not a JSON object or carries an error object, or a
-// stream answering a request that asked for one object. One engine
+// success that is not a JSON object or carries an error object, a stream
+// answering a request that asked for one object, or a plain answer to a
+// request that asked for a stream. One engine
 // answering so is likely no engine at all (a worker URL naming another
 // service), which an operator must hear of, where a broken connection is
 // an engine's everyday failure.
 func IsMalformedAnswer(err error) bool {
-	return errors.Is(err, errNotObject) || errors.Is(err, errErrorUnder2xx) || errors.Is(err, errUnaskedStream)
+	return errors.Is(err, errNotObject) || errors.Is(err, errErrorUnder2xx) || errors.Is(err, errUnaskedStream) ||
+		errors.Is(err, errUnaskedObject)
 }
 
 // Error is the error of one forwarded request: which engine, at which step,

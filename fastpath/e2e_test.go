@@ -764,6 +764,33 @@ func TestUnaskedStreamIsTheEnginesFailure(t *testing.T) {
 	waitReleased(t, r.node)
 }
 
+// TestUnaskedObjectIsTheEnginesFailure: the mirror of the above. An
+// engine that answers a request for a stream with one JSON object fails
+// that attempt, retried elsewhere: relayed, the client's SDK read it as a
+// stream of no events, an empty completion, and reported nothing. A
+// request for one object takes the object.
+func TestUnaskedObjectIsTheEnginesFailure(t *testing.T) {
+	r := routerBesideAMock(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"x","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`)
+	})
+	for i, stream := range []bool{true, false} {
+		resp := r.postCachedOnWorker1(t, e2eTokens(uint32(90+i), 80), stream) // the plain engine looks best
+		want := "1"
+		if stream {
+			want = "2"
+		}
+		if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != want {
+			t.Fatalf("stream %v: status %d from worker %s, want 200 from %s: %q", stream, resp.status, resp.header.Get(fastpath.HeaderWorker), want, resp.body)
+		}
+		if ct := resp.header.Get("Content-Type"); stream != strings.HasPrefix(ct, "text/event-stream") {
+			t.Errorf("stream %v: Content-Type %q", stream, ct)
+		}
+	}
+	wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 1)
+	waitReleased(t, r.node)
+}
+
 // TestDirectModeRequiresWorker: in direct mode a request must name its
 // worker.
 func TestDirectModeRequiresWorker(t *testing.T) {

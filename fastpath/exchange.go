@@ -517,7 +517,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			// for.
 			err = dispatch.ErrPrefillFailed
 		}
-		if err == nil && !ex.req.Stream {
+		switch {
+		case err != nil:
+		case ex.req.Stream:
+			err = ex.call.RefuseUnaskedObject()
+		default:
 			err = ex.call.RefuseUnaskedStream()
 		}
 		if err == nil && ex.call.StatusCode() == fasthttp.StatusLoopDetected {
