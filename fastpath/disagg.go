@@ -407,7 +407,7 @@ func (s *Server) refuseNoPrefill(ctx *fasthttp.RequestCtx, ex *exchange, selErr 
 	case errors.Is(selErr, errNotObject): // the body could not be rewritten: the router's bug
 		ex.count(statusEngineError)
 		writeError(ctx, fasthttp.StatusInternalServerError, errBodyNotObject)
-	case ex.sreq.AllowListed && s.prefillCandidates(ex) == 0:
+	case ex.clientAllowed && s.sched.StageWorkers(sched.StagePrefill)&ex.clientAllow&^workers.SetOf(ex.dec.Slot) == 0:
 		ex.count(statusClientError)
 		writeError(ctx, fasthttp.StatusBadRequest, errAllowNoPrefill)
 	case overloaded, errors.Is(selErr, context.DeadlineExceeded):

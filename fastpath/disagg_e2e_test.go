@@ -1050,3 +1050,31 @@ func testDecodeRefusalAfterPrefill(t *testing.T, prefillStatus, status int, code
 	}
 	waitReleased(t, r.node)
 }
+
+// TestDisaggSGLangPrefillRefusingTheKey: under --disagg sglang, the one
+// prefill engine refuses the router's engine key (restarted with a new
+// one), so no request can be served. The client, which sent no allow-list,
+// is told to retry (503), not that its allow-list named no prefill worker
+// (a 400 SDKs do not retry): the router's own narrowing is not the
+// client's.
+func TestDisaggSGLangPrefillRefusingTheKey(t *testing.T) {
+	prefill := startMock(t, mocker.Config{WorkerID: 1, Role: workers.RolePrefill, SGLangBootstrap: true, APIKey: "rotated-key"})
+	decode := startMock(t, mocker.Config{WorkerID: 2, Role: workers.RoleDecode, SGLangBootstrap: true, APIKey: "engine-key"})
+	cfg := e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: prefill.Addr(), Model: e2eModel, Role: workers.RolePrefill},
+		node.StaticWorker{ID: 2, Endpoint: decode.Addr(), Model: e2eModel, Role: workers.RoleDecode})
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang}
+	cfg.Dispatch.EngineToken = "engine-key"
+	r := startE2ERouter(t, cfg)
+	waitFor(t, "the prefill worker reported as refusing the router's key", func() bool {
+		return workerView(t, r.node, 1, 0).KeyRefused
+	})
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(3, 200), false, 4), nil)
+	if resp.status != http.StatusServiceUnavailable || checkOpenAIError(t, resp.body) == "allow_excluded" {
+		t.Errorf("no allow-list, the prefill engine refusing the key: %d %s, want a 503", resp.status, resp.body)
+	}
+	if ready := r.get(t, fastpath.PathReady); ready.status != http.StatusServiceUnavailable {
+		t.Errorf("/ready: %d %s, want 503", ready.status, ready.body)
+	}
+	waitReleased(t, r.node)
+}

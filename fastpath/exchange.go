@@ -44,6 +44,12 @@ type exchange struct {
 	// the request names (0: it names none): a session bound elsewhere
 	// moves for its model, not for an allow-list.
 	adapterWorkers workers.Set
+	// clientAllowed and clientAllow are the client's X-Kvfast-Allow, as
+	// sent: the router narrows sreq.Allow further on its own (adapters,
+	// engines not listing the model or refusing the router's key), and a
+	// refusal blamed on the client's list must be of the client's list.
+	clientAllowed bool
+	clientAllow   workers.Set
 	// scores is the route-only answer's per-worker table (3 KiB). It is
 	// allocated with the exchange and kept across reuse instead of being
 	// zeroed with the rest of it on every request: the scheduler writes
@@ -338,6 +344,7 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 		return err
 	}
 	clientAllow := ex.sreq.AllowListed // X-Kvfast-Allow
+	ex.clientAllowed, ex.clientAllow = clientAllow, ex.sreq.Allow
 	if only != 0 {
 		// An adapter: only the engines that list it can serve it.
 		ex.adapterWorkers = only
@@ -742,7 +749,7 @@ const loopMessage = "a worker's endpoint sent a request back to this router (508
 func (ex *exchange) logFailure(msg string, err error) {
 	if dispatch.IsMalformedAnswer(err) {
 		ex.s.throttle.Log(ex.s.log, slog.LevelWarn, "malformed/"+strconv.Itoa(int(ex.dec.Slot)),
-			"an engine answered with something no OpenAI-compatible engine sends (is the worker's URL an engine?); its requests are retried elsewhere and count against its passive health",
+			"an engine answered with something no OpenAI-compatible engine sends (is the worker's URL an engine?); its requests are retried elsewhere when another worker can take them, and count against its passive health",
 			"worker", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "endpoint", ex.dec.Endpoint, "err", err)
 	}
 	if !ex.s.log.Enabled(context.Background(), slog.LevelDebug) {

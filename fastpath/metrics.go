@@ -250,7 +250,7 @@ var (
 		"A worker's ZMQ KV-event feed: batches and blocks by outcome.", []string{"worker", "dp_rank", "status"}, nil)
 	descQueueWaiting = prometheus.NewDesc("kvfast_admission_waiting", "Requests waiting in the admission queue.", nil, nil)
 	descRoutable     = prometheus.NewDesc("kvfast_routable_workers",
-		"Healthy workers that can answer a request whole, as /ready counts them (encoders and prefill-only workers do not; under SGLang disaggregation, decode workers only while a prefill-capable one is healthy): at 0 every request is refused (503).", nil, nil)
+		"Healthy workers that can answer a request whole, as /ready counts them (encoders and prefill-only workers do not; under SGLang disaggregation, decode workers only while a prefill-capable one is healthy; not an engine refusing the router's engine key): at 0 every request is refused (503) or fails (502 engine_auth_failed).", nil, nil)
 	descInFlight = prometheus.NewDesc("kvfast_requests_in_flight",
 		"Bookings on workers not yet released, on every worker, including one that has since left the worker set: one per request, and one more for each of its stages on another worker (a disaggregated prefill, each image an encoder encodes).", nil, nil)
 	descRefused = prometheus.NewDesc("kvfast_admission_refused_total", "Requests refused as overloaded.", nil, nil)

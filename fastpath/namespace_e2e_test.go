@@ -334,6 +334,8 @@ func TestEngineRefusingTheKeyIsAvoided(t *testing.T) {
 			t.Fatalf("request %d: status %d from worker %q: %s", i, resp.status, resp.header.Get(fastpath.HeaderWorker), resp.body)
 		}
 	}
+	// Not sent there and retried: not sent there at all.
+	wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 0)
 	waitReleased(t, r.node)
 
 	// Alone, it leaves the router not ready.

@@ -84,6 +84,7 @@ const (
 	unbindDown       = "down"        // the worker is unhealthy or ejected
 	unbindNotAllowed = "not_allowed" // the request's allow-list excludes it
 	unbindModel      = "model"       // the worker does not serve the request's model
+	unbindKeyRefused = "key_refused" // its engine refuses the router's engine key
 	unbindBusy       = "busy"        // over a busy threshold for BusyUnbindAfter
 	unbindStalled    = "stalled"     // its requests waited past --stall-after unanswered (a hung engine passing /health)
 	unbindFailed     = "failed"      // the worker failed the request (connect, 5xx) and it was re-routed
@@ -91,7 +92,7 @@ const (
 	unbindOpenFailed = "open_failed" // open_session failed on the chosen worker
 )
 
-var unbindReasons = []string{unbindRemoved, unbindDown, unbindNotAllowed, unbindModel, unbindBusy, unbindStalled, unbindFailed, unbindClosed, unbindOpenFailed}
+var unbindReasons = []string{unbindRemoved, unbindDown, unbindNotAllowed, unbindModel, unbindKeyRefused, unbindBusy, unbindStalled, unbindFailed, unbindClosed, unbindOpenFailed}
 
 // sessions is the server's sticky-session state.
 type sessions struct {
@@ -287,6 +288,9 @@ func (ss *sessions) ineligible(ex *exchange, b shm.Binding) string {
 		// the request's allow-list, which the client may not have sent.
 		ex.sreq.AllowListed && !ex.sreq.Allow.Has(slot) && workers.Set(ss.s.unlisted.Load()).Has(slot):
 		return unbindModel
+	case ex.sreq.AllowListed && !ex.sreq.Allow.Has(slot) && workers.Set(ss.s.keyRefused.Load()).Has(slot):
+		// avoidUnlisted took it off too.
+		return unbindKeyRefused
 	case ex.sreq.AllowListed && !ex.sreq.Allow.Has(slot):
 		return unbindNotAllowed
 	}

@@ -84,14 +84,17 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 			n.throttle.Log(n.log, slog.LevelWarn, "auth/"+strconv.Itoa(int(slot)),
 				"an engine refuses the router's credentials: give kvfast serve --engine-api-key-file holding the key the engine was started with (none is given, or another)",
 				"slot", slot, "worker", info.ID, "endpoint", info.Endpoint, "err", err)
-			if p.token != "" {
+			if p.token != "" && errors.Is(err, errKeyRefused) {
 				// Without a key of the router's own, clients' keys are
 				// forwarded as they came, and the engine may take theirs.
+				// A 403 may be a proxy's rule for this one path (vLLM and
+				// SGLang refuse a key with 401): only logged.
 				keyRefused |= workers.SetOf(slot)
 			}
 		case err != nil:
 			n.log.Debug("cannot learn an engine's models", "slot", slot, "endpoint", info.Endpoint, "err", err)
-			unlisted |= workers.Set(n.unlisted.Load()) & workers.SetOf(slot) // as it listed last
+			unlisted |= workers.Set(n.unlisted.Load()) & workers.SetOf(slot)     // as it listed last
+			keyRefused |= workers.Set(n.keyRefused.Load()) & workers.SetOf(slot) // as it answered last
 		case !unknown && base != "" && !listed:
 			// A typo in a static worker's model= (or an engine started
 			// with another --served-model-name): every request the router
@@ -133,8 +136,8 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 	}
 	n.unlisted.Store(uint64(unlisted))
 	n.front.SetModelUnlisted(unlisted)
+	n.front.SetKeyRefused(keyRefused) // first: /admin/workers showing it means /ready counts it
 	n.keyRefused.Store(uint64(keyRefused))
-	n.front.SetKeyRefused(keyRefused)
 	if !maps.Equal(union, p.pushed) {
 		p.pushed = union
 		n.adapters.Store(&union)
@@ -168,6 +171,10 @@ func (n *Node) learnModel(info sched.WorkerInfo, model string) error {
 // (--engine-api-key-file) or another than the engine's.
 var errEngineAuth = errors.New("the engine refuses the router's credentials: it wants an API key the router does not send, or another")
 
+// errKeyRefused is errEngineAuth from a 401, the status vLLM and SGLang
+// refuse a key with.
+var errKeyRefused = fmt.Errorf("%w", errEngineAuth)
+
 // fetch reads one engine's model list (openai.ReadModelList): the first
 // base model it lists, the adapters of model, and whether model is listed
 // at all. With model "" (not known yet), the base model found is the one whose
@@ -189,7 +196,9 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (base
 	defer resp.Body.Close()
 	switch resp.StatusCode {
 	case http.StatusOK:
-	case http.StatusUnauthorized, http.StatusForbidden:
+	case http.StatusUnauthorized:
+		return "", nil, false, fmt.Errorf("cannot ask %s for its models: status %d: %w", endpoint, resp.StatusCode, errKeyRefused)
+	case http.StatusForbidden:
 		return "", nil, false, fmt.Errorf("cannot ask %s for its models: status %d: %w", endpoint, resp.StatusCode, errEngineAuth)
 	default:
 		return "", nil, false, fmt.Errorf("cannot ask %s for its models: status %d", endpoint, resp.StatusCode)

@@ -239,6 +239,10 @@ func readAPIKeys(path string) ([]string, error) {
 			// The line number, never the line: it holds a secret.
 			return nil, fmt.Errorf("cannot use API key file %s: line %d holds a space; a key is the whole line, and a comment a line of its own that starts with #", path, n)
 		}
+		if strings.IndexFunc(k, func(r rune) bool { return r < ' ' || r == 0x7f }) >= 0 {
+			// No header could carry it: every request with it would fail.
+			return nil, fmt.Errorf("cannot use API key file %s: line %d holds a control character", path, n)
+		}
 		keys = append(keys, k)
 	}
 	if len(keys) == 0 {
