@@ -37,6 +37,9 @@ type sessionEngine struct {
 	atClose func()
 	// lists is the model GET /v1/models names ("": the tests' model).
 	lists string
+	// refusesKey makes GET /v1/models answer 401, as an engine restarted
+	// with another --api-key does.
+	refusesKey bool
 }
 
 func startSessionEngine(t *testing.T, handler fasthttp.RequestHandler) *sessionEngine {
@@ -75,8 +78,12 @@ func startSessionEngine(t *testing.T, handler fasthttp.RequestHandler) *sessionE
 			se.noteCaller(ctx)
 		case "/v1/models":
 			se.mu.Lock()
-			model := se.lists
+			model, refuses := se.lists, se.refusesKey
 			se.mu.Unlock()
+			if refuses {
+				ctx.SetStatusCode(fasthttp.StatusUnauthorized)
+				return
+			}
 			if model == "" {
 				model = e2eModel
 			}
@@ -743,6 +750,30 @@ func TestStickyUnbindsAWorkerThatStopsListingTheModel(t *testing.T) {
 	}
 	m := r.metrics(t)
 	wantMetric(t, m, `kvfast_session_unbinds_total{reason="model"}`, 1)
+	wantMetric(t, m, `kvfast_session_unbinds_total{reason="not_allowed"}`, 0)
+}
+
+// A bound worker whose engine refuses the router's engine key loses the
+// session for that reason, not for an allow-list the client never sent.
+func TestStickyUnbindsAWorkerRefusingTheKey(t *testing.T) {
+	a, b := startSessionEngine(t, plainAnswer), startSessionEngine(t, plainAnswer)
+	r := sessionRouter(t, func(c *node.Config) { c.Dispatch.EngineToken = "engine-key" }, a, b)
+	first := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 64), false, 4), sessionHeaders("key")))
+	bound, boundID := a, uint64(1)
+	if first == "2" {
+		bound, boundID = b, 2
+	}
+	bound.mu.Lock()
+	bound.refusesKey = true
+	bound.mu.Unlock()
+	waitFor(t, "the bound worker's engine seen to refuse the router's key", func() bool {
+		return workerView(t, r.node, boundID, 0).KeyRefused
+	})
+	if got := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(2, 64), false, 4), sessionHeaders("key"))); got == first {
+		t.Fatalf("the session stayed on worker %s, whose engine refuses the router's key", got)
+	}
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_session_unbinds_total{reason="key_refused"}`, 1)
 	wantMetric(t, m, `kvfast_session_unbinds_total{reason="not_allowed"}`, 0)
 }
 
