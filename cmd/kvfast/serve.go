@@ -525,8 +525,8 @@ func serveConfig(args []string, stderr io.Writer) (node.Config, int, bool) {
 	}
 	if fi, err := os.Stat(cfg.Segment.Path); cfg.Segment.Path != "" && err == nil && fi.IsDir() {
 		// A bare "is a directory" from the open would not say what to give.
-		fmt.Fprintf(stderr, "kvfast serve: --segment %s is a directory: give the segment file itself (default %s), or none\n",
-			cfg.Segment.Path, shm.DefaultPath("kvfast"))
+		fmt.Fprintln(stderr, "kvfast serve:", withEnvNote(fmt.Errorf("--segment %s is a directory: give the segment file itself (default %s), or none",
+			cfg.Segment.Path, shm.DefaultPath("kvfast")), fromEnv))
 		return cfg, 2, false
 	}
 	if cfg.Segment.Path == "" && len(cfg.Static) == 0 {
