@@ -576,6 +576,7 @@ func (s *Server) prefillVLLM(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			return false
 		}
 		s.metrics.dis.prefillFailures.Inc()
+		s.warnMalformed(d, err)
 		s.log.Debug("prefill stage failed", "request_id", string(ex.rid), "worker", d.WorkerID, "err", err)
 		if !retryablePrefill(err) {
 			return false

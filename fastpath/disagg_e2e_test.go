@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -1075,6 +1076,33 @@ func TestDisaggSGLangPrefillRefusingTheKey(t *testing.T) {
 	}
 	if ready := r.get(t, fastpath.PathReady); ready.status != http.StatusServiceUnavailable {
 		t.Errorf("/ready: %d %s, want 503", ready.status, ready.body)
+	}
+	waitReleased(t, r.node)
+}
+
+// TestDisaggMalformedPrefillAnswerIsNamed: a prefill worker's URL naming
+// some other service answers 200 with a page. The decode engine computes
+// the prompt itself, and the router warns, naming the prefill worker, as
+// it does for a worker answering a whole request so.
+func TestDisaggMalformedPrefillAnswerIsNamed(t *testing.T) {
+	page := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/html")
+		ctx.SetBodyString("<html>a dashboard</html>")
+	})
+	decode := startMock(t, mocker.Config{WorkerID: 2, Role: workers.RoleDecode})
+	logs := newLogCapture()
+	cfg := e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: page.addr(), Model: e2eModel, Role: workers.RolePrefill},
+		node.StaticWorker{ID: 2, Endpoint: decode.Addr(), Model: e2eModel, Role: workers.RoleDecode})
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM, MinRemoteTokens: 1}
+	cfg.Logger = slog.New(logs)
+	r := startE2ERouter(t, cfg)
+	if resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(6, 128), false, 4), nil); resp.status != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.status, resp.body)
+	}
+	line, ok := logs.find("no OpenAI-compatible engine sends")
+	if !ok || !strings.Contains(line, "worker=1") || !strings.Contains(line, "endpoint="+page.addr()) {
+		t.Fatalf("the prefill worker that answered so is not named: %q", line)
 	}
 	waitReleased(t, r.node)
 }

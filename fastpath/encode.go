@@ -460,6 +460,7 @@ func (s *Server) finishEncode(ex *exchange, i int) {
 		st.settled = st.refused || st.attempts > s.cfg.MaxRetries
 		st.tried |= workers.SetOf(slot)
 		s.encAffinity.forget(it.ID, slot)
+		s.warnMalformed(st.dec, st.err)
 		s.log.Debug("encoder failed an item", "request_id", string(ex.rid), "worker", st.dec.WorkerID, "err", st.err)
 	}
 	ex.releaseEncode(i)

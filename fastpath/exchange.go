@@ -747,11 +747,7 @@ const loopMessage = "a worker's endpoint sent a request back to this router (508
 // arguments would allocate even when nothing is written. An answer no
 // engine sends is also a warning, once a minute per worker.
 func (ex *exchange) logFailure(msg string, err error) {
-	if dispatch.IsMalformedAnswer(err) {
-		ex.s.throttle.Log(ex.s.log, slog.LevelWarn, "malformed/"+strconv.Itoa(int(ex.dec.Slot)),
-			"an engine answered with something no OpenAI-compatible engine sends (is the worker's URL an engine?); its requests are retried elsewhere when another worker can take them, and count against its passive health",
-			"worker", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "endpoint", ex.dec.Endpoint, "err", err)
-	}
+	ex.s.warnMalformed(ex.dec, err)
 	if !ex.s.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
@@ -761,6 +757,19 @@ func (ex *exchange) logFailure(msg string, err error) {
 	}
 	ex.s.log.Debug(msg, "request_id", string(ex.rid), "worker", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank,
 		"endpoint", ex.dec.Endpoint, "status", status, "err", err)
+}
+
+// warnMalformed warns, once a minute per worker, of an answer no
+// OpenAI-compatible engine sends (dispatch.IsMalformedAnswer), at any
+// stage: an operator must hear of a worker URL naming another service,
+// where an engine's broken connection is everyday and logged at debug.
+func (s *Server) warnMalformed(d sched.Decision, err error) {
+	if !dispatch.IsMalformedAnswer(err) {
+		return
+	}
+	s.throttle.Log(s.log, slog.LevelWarn, "malformed/"+strconv.Itoa(int(d.Slot)),
+		"an engine answered with something no OpenAI-compatible engine sends (is the worker's URL an engine?); its requests are retried elsewhere when another worker can take them, and count against its passive health",
+		"worker", d.WorkerID, "dp_rank", d.DPRank, "endpoint", d.Endpoint, "err", err)
 }
 
 // --- client hang-up ---
