@@ -143,7 +143,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.wait.release()
 	ex.releaseBody()
 	*ex = exchange{s: s, sw: ex.sw, req: ex.req, scores: ex.scores, tokens: ex.tokens[:0], hashes: ex.hashes[:0], rid: ex.rid[:0], via: ex.via[:0], out: ex.out[:0], buf: ex.buf,
-		sess:  exchangeSession{id: ex.sess.id[:0]},
+		sess:  exchangeSession{id: ex.sess.id[:0], scoped: ex.sess.scoped[:0]},
 		pre:   ex.pre.recycle(),
 		media: ex.media, enc: ex.enc[:0]}
 	s.exchanges.Put(ex)

@@ -3,6 +3,7 @@ package fastpath
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -157,8 +158,11 @@ func newSessions(s *Server, cfg SessionConfig, table *shm.Bindings) (*sessions, 
 // exchangeSession is one request's session state, part of the pooled
 // exchange.
 type exchangeSession struct {
-	id     []byte // the session id, copied from the header
-	key    uint64
+	id  []byte // the session id, copied from the header
+	key uint64
+	// scoped is the id behind its API key's digest, hashed into key when
+	// the router holds API keys (scopeSession).
+	scoped []byte
 	active bool // the request names a session and sessions are on
 	sticky bool // the request is pinned by its binding, not by the client
 	bound  shm.Binding
@@ -198,6 +202,21 @@ var (
 		Message: "the chosen worker could not open the session (SGLang open_session); nothing was generated"}
 )
 
+// sessionKey is the binding table's key of the request's session. With
+// API keys, each key has a namespace of its own: one tenant naming
+// another's session id neither lands on its worker (which would say where
+// that session lives) nor moves it. Routers sharing a segment and its
+// keys agree on the key; the digest is of the key, never the key. The
+// id an SGLang engine gets is the client's, in the engine's one namespace.
+func (s *Server) sessionKey(ctx *fasthttp.RequestCtx, es *exchangeSession) uint64 {
+	if len(s.apiKeys) == 0 {
+		return s.sessions.table.Key(es.id)
+	}
+	d := sha256.Sum256(bearer(ctx))
+	es.scoped = append(append(es.scoped[:0], d[:16]...), es.id...)
+	return s.sessions.table.Key(es.scoped)
+}
+
 // stickyRoute reads the request's session and, when it is bound to a
 // worker that can serve the request, pins the request there. A bound
 // worker that cannot (gone, down, outside the allow-list, not serving the
@@ -228,7 +247,7 @@ func (s *Server) stickyRoute(ctx *fasthttp.RequestCtx, ex *exchange, queryOnly b
 	}
 	es.active = true
 	es.id = append(es.id[:0], v...)
-	es.key = ss.table.Key(es.id)
+	es.key = s.sessionKey(ctx, es)
 	if ex.sreq.Pinned {
 		return nil // the client's own pin wins; the session binds where it lands
 	}

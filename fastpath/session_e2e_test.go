@@ -777,6 +777,34 @@ func TestStickyUnbindsAWorkerRefusingTheKey(t *testing.T) {
 	wantMetric(t, m, `kvfast_session_unbinds_total{reason="not_allowed"}`, 0)
 }
 
+// With API keys, each key has its own session namespace: a tenant naming
+// another's session id is not routed to that session's worker (which
+// would say where it lives) and cannot move it with an allow-list.
+func TestStickySessionsAreScopedByAPIKey(t *testing.T) {
+	a, b := startSessionEngine(t, plainAnswer), startSessionEngine(t, plainAnswer)
+	r := sessionRouter(t, func(c *node.Config) { c.HTTP.APIKeys = []string{"key-a", "key-b"} }, a, b)
+	as := func(key string, extra ...string) map[string]string {
+		return sessionHeaders("chat-1", append([]string{"Authorization", "Bearer " + key}, extra...)...)
+	}
+	first := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 64), false, 4), as("key-a")))
+	other := "1"
+	if first == "1" {
+		other = "2"
+	}
+	// Tenant b, same id, allowed only the other worker: routed there, and
+	// tenant a's binding is not touched.
+	if got := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(2, 64), false, 4), as("key-b", fastpath.HeaderAllow, other))); got != other {
+		t.Fatalf("tenant b served by %s, want %s", got, other)
+	}
+	for i := range 3 {
+		if got := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(3+i), 64), false, 4), as("key-a"))); got != first {
+			t.Fatalf("tenant a's turn %d served by %s, want its session's worker %s", i, got, first)
+		}
+	}
+	m := r.metrics(t)
+	wantMetric(t, m, `kvfast_session_unbinds_total{reason="not_allowed"}`, 0)
+}
+
 // A session id must be 1 to 256 bytes of UTF-8: past that, or not UTF-8
 // (two such ids reached SGLang as one session_id, their bytes replaced by
 // U+FFFD), it is a 400.
