@@ -1072,6 +1072,16 @@ const contentHashedMessage = "the engine names a first block's parent by Python'
 	"events cannot be followed, and the router credits none of its cache (counted unresolved_parent_blocks): " +
 	"upgrade SGLang"
 
+// unresolvedMessage explains blocks chained to a parent the feed never saw
+// stored, from an engine with no replay socket: stored before the router
+// followed the engine (it started, or reconnected, since), the parent
+// stays unknown for as long as the engine keeps it, and a shared system
+// prompt's block is kept for good, so every conversation chained to it
+// goes uncredited.
+const unresolvedMessage = "the engine's events chain to blocks stored before this router followed it (it started or reconnected since): " +
+	"those and every block chained to them, a shared system prompt's included, credit no cache until the engine stores them again; " +
+	"give the worker a replay socket (replay=, vLLM's replay_endpoint) or keep the index in a segment across router restarts"
+
 // stored stores a Stored event's blocks; the event's token ids begin with
 // skip null blocks it does not name (nullBlocks), which the chain of
 // kvfast hashes runs through.
@@ -1085,8 +1095,11 @@ func (s *ZMQSubscriber) stored(ev *VLLMEvent, k keyspace, bs, skip int) {
 	parent, ok := s.apply.parent(s.cfg.Slot, k, seed, ev.Parent, ev.HasParent)
 	if !ok {
 		s.c.unresolvedParent.Add(uint64(len(ev.Hashes)))
-		if ev.Parent == sglangContentHashedRoot {
+		switch {
+		case ev.Parent == sglangContentHashedRoot:
 			s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "content-hashed", contentHashedMessage, "events", s.cfg.Endpoint, "slot", s.cfg.Slot)
+		case s.cfg.Replay == "":
+			s.throttle.Log(s.cfg.Logger, slog.LevelWarn, "unresolved", unresolvedMessage, "events", s.cfg.Endpoint, "slot", s.cfg.Slot)
 		}
 		return
 	}

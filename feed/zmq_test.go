@@ -1200,6 +1200,40 @@ func TestZMQContentHashedSGLangIsNamed(t *testing.T) {
 	}
 }
 
+// TestZMQUnresolvedParentIsExplained: without a replay socket, blocks
+// chained to a parent stored before the router followed the engine are
+// not credited, and the log says why and what to do, once a minute; with
+// one, the replay fills such gaps and the line is not written.
+func TestZMQUnresolvedParentIsExplained(t *testing.T) {
+	for _, replay := range []bool{false, true} {
+		var log syncbuf.Buffer
+		e := newTestEngine(t, replay)
+		s := startSub(t, newZMQIndex(t), e, func(c *ZMQConfig) { c.Logger = slog.New(slog.NewTextHandler(&log, nil)) })
+		e.warmUp(t, s, vllmArray)
+		ts := make([]uint32, testBlockSize)
+		for i := range ts {
+			ts[i] = 81 + uint32(i)
+		}
+		var seq uint64
+		for h := range 3 {
+			seq = e.publish(encodeBatch(t, vllmArray, []wireEvent{
+				{kind: "BlockStored", hashes: []any{int64(-21 - h)}, parent: int64(4242), tokens: ts, bs: testBlockSize},
+			}))
+		}
+		waitSeq(t, s, seq)
+		if st := s.Stats(); st.UnresolvedParent != 3 {
+			t.Fatalf("replay %v: stats %+v", replay, st)
+		}
+		want := 1
+		if replay {
+			want = 0
+		}
+		if n := strings.Count(log.String(), "chain to blocks stored before this router followed it"); n != want {
+			t.Errorf("replay %v: explained %d times, want %d:\n%s", replay, n, want, log.String())
+		}
+	}
+}
+
 func TestZMQRunTwice(t *testing.T) {
 	s, err := NewZMQSubscriber(newZMQIndex(t), ZMQConfig{Endpoint: freeTCPEndpoint(t), Slot: 1, Model: "m"})
 	if err != nil {
