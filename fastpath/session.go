@@ -507,10 +507,22 @@ func (ex *exchange) sessionControl(ctx *fasthttp.RequestCtx) bool {
 			ss.throttle.Log(ss.s.log, slog.LevelWarn, "session-open", "cannot open the session on the chosen worker",
 				"worker_id", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "err", err)
 			var refusal *controlRefusal
+			refused := errors.As(err, &refusal) && refusal.status/100 == 4
+			if !refused {
+				// The engine may have opened it all the same (the call
+				// timed out while it worked; a 5xx after the fact): close
+				// it again, as an open whose client left is, once the
+				// engine has had as long again to finish the open (a close
+				// before it would find no session, and the open then
+				// stand). A refusal is not closed: the session it names is
+				// another request's.
+				_ = ex.h.Defer(&sessionCloser{ss: ss, endpoint: ex.dec.Endpoint, id: string(ex.sess.id), key: ex.sess.key,
+					workerID: ex.dec.WorkerID, rank: ex.dec.DPRank, caller: caller, unlessBound: true, after: ss.cfg.ControlTimeout})
+			}
 			switch {
 			case ex.sess.claimed:
 				ex.unstick(unbindOpenFailed) // this request's own claim, taken back
-			case errors.As(err, &refusal) && refusal.status/100 == 4:
+			case refused:
 				// The engine refused this open (a session of that id open
 				// already, which an earlier or concurrent request opened
 				// there; bad parameters): the binding stays with the
@@ -621,6 +633,9 @@ type sessionCloser struct {
 	// request ended without binding it (bound).
 	unlessBound bool
 	bound       atomic.Bool
+	// after delays the call: a failed open's close waits for the engine
+	// to finish the open it may still be working on.
+	after time.Duration
 }
 
 // maxPendingCloses bounds the close_session calls in flight at once. Each
@@ -654,6 +669,9 @@ func (c *sessionCloser) AfterRelease(guard.Event) {
 	}
 	go func() {
 		defer ss.pendingCloses.Add(-1)
+		if c.after > 0 {
+			<-time.After(c.after)
+		}
 		if err := ss.call(context.Background(), c.endpoint, "/close_session", map[string]string{"session_id": c.id}, c.caller); err != nil {
 			ss.control["close/error"].Inc()
 			ss.throttle.Log(ss.s.log, slog.LevelWarn, "session-close", "cannot close the session on its worker",

@@ -32,6 +32,9 @@ type sessionEngine struct {
 	log       []string
 	callers   []string // each session control call's Authorization and X-Request-Id
 	openFails bool
+	// openDelay holds open_session that long before answering (and
+	// opening).
+	openDelay time.Duration
 	// atClose, when set, runs as close_session arrives (the test reads the
 	// router's bookings there).
 	atClose func()
@@ -59,8 +62,9 @@ func startSessionEngine(t *testing.T, handler fasthttp.RequestHandler) *sessionE
 			se.note("open " + string(ctx.PostBody()))
 			se.noteCaller(ctx)
 			se.mu.Lock()
-			fail := se.openFails
+			fail, delay := se.openFails, se.openDelay
 			se.mu.Unlock()
+			time.Sleep(delay) // an engine slow to open: the router's call times out first
 			if fail {
 				ctx.SetStatusCode(fasthttp.StatusBadRequest)
 				ctx.SetBodyString(`{"object":"error","message":"session exists"}`)
@@ -803,6 +807,26 @@ func TestStickySessionsAreScopedByAPIKey(t *testing.T) {
 	}
 	m := r.metrics(t)
 	wantMetric(t, m, `kvfast_session_unbinds_total{reason="not_allowed"}`, 0)
+}
+
+// An open_session that times out may still open the session on the
+// engine: the router closes it again, so that it does not hold the
+// engine's memory until its own timeout, and a retried open of that id
+// is not refused as a session that exists.
+func TestStickyTimedOutOpenIsClosed(t *testing.T) {
+	e := startSessionEngine(t, plainAnswer)
+	e.openDelay = 2 * time.Second
+	r := sessionRouter(t, func(c *node.Config) { c.HTTP.Sessions.ControlTimeout = 50 * time.Millisecond }, e)
+	body := []byte(`{"model":"` + e2eModel + `","prompt":[1,2,3,4],"max_tokens":4,"session_control":{"open":{}}}`)
+	if res := r.post(t, fastpath.PathCompletions, body, sessionHeaders("slow-open")); res.status != http.StatusBadGateway {
+		t.Fatalf("status %d: %s", res.status, res.body)
+	}
+	waitFor(t, "the timed-out open closed again", func() bool {
+		return metricOr0(r.metrics(t), `kvfast_session_control_total{op="close",result="ok"}`) == 1
+	})
+	if log := e.events(); !slices.Contains(log, `close {"session_id":"slow-open"}`) {
+		t.Errorf("the engine's calls: %q", log)
+	}
 }
 
 // A session id must be 1 to 256 bytes of UTF-8: past that, or not UTF-8
