@@ -205,7 +205,8 @@ const retiredInPlaceMessage = "the segment file is marked retired but still in p
 
 const lostMessage = "the segment file was truncated or its header overwritten under the router: the router detached from it and " +
 	"routes on without its index, registry and sessions, so registered engines are dropped while static and ZMQ-fed " +
-	"workers stay; restart the router with --recreate-segment, then the engines' publishers"
+	"workers stay; restart the router with --recreate-segment, then the engines' publishers (a file whose header was " +
+	"overwritten or zeroed is no longer a kvfast segment, which --recreate-segment never overwrites: delete it first)"
 
 const noModelMessage = "a worker registered with no model name: the router lists no model for it in /v1/models and routes " +
 	"no request to it (a request naming its model gets 404); give its publisher the served model name " +

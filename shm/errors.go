@@ -124,7 +124,7 @@ type OwnerError struct {
 func (e *OwnerError) Error() string {
 	return fmt.Sprintf("kvfast: cannot attach shm segment %s: it is owned by uid %d with mode %#o, and the router (uid %d) only trusts a segment "+
 		"it owns with mode 0600, since whoever can write it can register engines and rewrite the index; "+
-		"delete the file (or start the router with --recreate-segment), or `chown %d %s && chmod 600 %s` if it is yours, "+
+		"delete the file (or, if it is a kvfast segment, start the router with --recreate-segment), or `chown %d %s && chmod 600 %s` if it is yours, "+
 		"or pass --allow-foreign-segment to attach anyway",
 		e.Path, e.Owner, e.Mode, e.UID, e.UID, e.Path, e.Path)
 }
