@@ -161,7 +161,7 @@ type exchangeSession struct {
 	id  []byte // the session id, copied from the header
 	key uint64
 	// scoped is the id behind its API key's digest, hashed into key when
-	// the router holds API keys (scopeSession).
+	// the router holds API keys (sessionKey).
 	scoped []byte
 	active bool // the request names a session and sessions are on
 	sticky bool // the request is pinned by its binding, not by the client
@@ -639,7 +639,8 @@ type sessionCloser struct {
 }
 
 // maxPendingCloses bounds the close_session calls in flight at once. Each
-// holds a goroutine and a connection for up to ControlTimeout, and runs
+// holds a goroutine for up to ControlTimeout (twice that for a failed
+// open's close, which waits first) and a connection for one, and runs
 // after its request has been answered, so neither --max-conns nor any
 // client's patience bounds them: 1,500 closes against hung engines held
 // 3,000 goroutines and 1,000 file descriptors (a review's run). Past it a
