@@ -33,7 +33,7 @@ func (s *Server) WorkersChanged() {
 func (s *Server) SetModelUnlisted(set workers.Set) { s.unlisted.Store(uint64(set)) }
 
 // SetKeyRefused tells the request path which workers' engines refuse the
-// router's credentials (--engine-api-key-file missing or another key):
+// router's own engine key (--engine-api-key-file) with a 401:
 // they would refuse every request, so they are avoided as workers whose
 // engines do not list their model are, and /ready does not count them.
 // The node calls it after every poll of the engines' models.
