@@ -46,8 +46,7 @@
 //     Content-Encoding it did not ask for; a 2xx that is not the shape
 //     asked for: RequireObject, RefuseUnaskedStream, RefuseUnaskedObject)
 //     is ErrEngineFailed too, and a pooled connection holding bytes no
-//     request asked for is closed
-//     rather than reused (roundtrip.go).
+//     request asked for is closed rather than reused (roundtrip.go).
 //   - ErrEngineAuth: the engine refused the router's own engine key with
 //     a 401 or 403 (Call.Failed, Call.Discard): retried elsewhere like an
 //     engine error, and answered as a 502 of its own, never relayed as a
