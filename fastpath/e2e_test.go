@@ -738,57 +738,45 @@ func testGarbageSuccess(t *testing.T, answer string) {
 	waitReleased(t, r.node)
 }
 
-// TestUnaskedStreamIsTheEnginesFailure: an engine that answers a request
-// for one JSON object with an event stream (it streams whatever it is
-// asked) fails that attempt, retried elsewhere: its client expects an
-// object, and got server-sent events. A request that asked for a stream
-// takes the stream.
-func TestUnaskedStreamIsTheEnginesFailure(t *testing.T) {
-	r := routerBesideAMock(t, sseHandler(func(w *bufio.Writer) {
-		_ = writeFlush(w, []byte(`data: {"choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n"))
-	}))
-	for i, stream := range []bool{false, true} {
-		resp := r.postCachedOnWorker1(t, e2eTokens(uint32(80+i), 80), stream) // the streaming engine looks best
-		want := "2"
-		if stream {
-			want = "1"
-		}
-		if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != want {
-			t.Fatalf("stream %v: status %d from worker %s, want 200 from %s: %q", stream, resp.status, resp.header.Get(fastpath.HeaderWorker), want, resp.body)
-		}
-		if ct := resp.header.Get("Content-Type"); stream != strings.HasPrefix(ct, "text/event-stream") {
-			t.Errorf("stream %v: Content-Type %q", stream, ct)
-		}
+// TestUnaskedShapeIsTheEnginesFailure: an engine that answers in the
+// other shape than asked fails that attempt, retried elsewhere: a stream
+// to a request for one JSON object (its client got server-sent events),
+// or one object to a request for a stream (relayed, the client's SDK read
+// a stream of no events, an empty completion, and reported nothing). A
+// request asking for the shape the engine sends takes it.
+func TestUnaskedShapeIsTheEnginesFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		streams bool // the odd engine's one shape
+		engine  fasthttp.RequestHandler
+	}{
+		{"stream", true, sseHandler(func(w *bufio.Writer) {
+			_ = writeFlush(w, []byte(`data: {"choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n"))
+		})},
+		{"object", false, func(ctx *fasthttp.RequestCtx) {
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"id":"x","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := routerBesideAMock(t, tc.engine)
+			for i, stream := range []bool{false, true} {
+				resp := r.postCachedOnWorker1(t, e2eTokens(uint32(80+i), 80), stream) // the odd engine looks best
+				want := "2"
+				if stream == tc.streams {
+					want = "1"
+				}
+				if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != want {
+					t.Fatalf("stream %v: status %d from worker %s, want 200 from %s: %q", stream, resp.status, resp.header.Get(fastpath.HeaderWorker), want, resp.body)
+				}
+				if ct := resp.header.Get("Content-Type"); stream != strings.HasPrefix(ct, "text/event-stream") {
+					t.Errorf("stream %v: Content-Type %q", stream, ct)
+				}
+			}
+			wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 1)
+			waitReleased(t, r.node)
+		})
 	}
-	wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 1)
-	waitReleased(t, r.node)
-}
-
-// TestUnaskedObjectIsTheEnginesFailure: the mirror of the above. An
-// engine that answers a request for a stream with one JSON object fails
-// that attempt, retried elsewhere: relayed, the client's SDK read it as a
-// stream of no events, an empty completion, and reported nothing. A
-// request for one object takes the object.
-func TestUnaskedObjectIsTheEnginesFailure(t *testing.T) {
-	r := routerBesideAMock(t, func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"id":"x","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`)
-	})
-	for i, stream := range []bool{true, false} {
-		resp := r.postCachedOnWorker1(t, e2eTokens(uint32(90+i), 80), stream) // the plain engine looks best
-		want := "1"
-		if stream {
-			want = "2"
-		}
-		if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != want {
-			t.Fatalf("stream %v: status %d from worker %s, want 200 from %s: %q", stream, resp.status, resp.header.Get(fastpath.HeaderWorker), want, resp.body)
-		}
-		if ct := resp.header.Get("Content-Type"); stream != strings.HasPrefix(ct, "text/event-stream") {
-			t.Errorf("stream %v: Content-Type %q", stream, ct)
-		}
-	}
-	wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 1)
-	waitReleased(t, r.node)
 }
 
 // TestDirectModeRequiresWorker: in direct mode a request must name its

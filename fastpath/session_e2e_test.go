@@ -727,58 +727,40 @@ func TestSessionClosesInFlightAreBounded(t *testing.T) {
 	}
 }
 
-// A bound worker whose engine stops listing the session's model loses the
-// session for the model's sake, not the allow-list's, which the client
-// never sent (the router's own narrowing read as one).
-func TestStickyUnbindsAWorkerThatStopsListingTheModel(t *testing.T) {
-	a, b := startSessionEngine(t, plainAnswer), startSessionEngine(t, plainAnswer)
-	r := sessionRouter(t, nil, a, b)
-	first := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 64), false, 4), sessionHeaders("unl")))
-	bound, boundID := a, uint64(1)
-	if first == "2" {
-		bound, boundID = b, 2
-	}
-	bound.mu.Lock()
-	bound.lists = "another-model"
-	bound.mu.Unlock()
-	waitFor(t, "the bound worker's engine seen not to list the model", func() bool {
-		for _, w := range r.node.Snapshot().Workers {
-			if w.WorkerID == boundID && w.ModelUnlisted {
-				return true
+// A bound worker that avoidUnlisted takes off the request's allow-list,
+// because its engine stops listing the session's model or refuses the
+// router's engine key, loses the session for that reason, not for an
+// allow-list the client never sent (the router's own narrowing read as
+// one).
+func TestStickyUnbindsAWorkerTheRouterAvoids(t *testing.T) {
+	for _, tc := range []struct {
+		reason string
+		sicken func(*sessionEngine)
+		seen   func(fastpath.WorkerView) bool
+	}{
+		{"model", func(e *sessionEngine) { e.lists = "another-model" }, func(w fastpath.WorkerView) bool { return w.ModelUnlisted }},
+		{"key_refused", func(e *sessionEngine) { e.refusesKey = true }, func(w fastpath.WorkerView) bool { return w.KeyRefused }},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			a, b := startSessionEngine(t, plainAnswer), startSessionEngine(t, plainAnswer)
+			r := sessionRouter(t, func(c *node.Config) { c.Dispatch.EngineToken = "engine-key" }, a, b)
+			first := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 64), false, 4), sessionHeaders("avoided")))
+			bound, boundID := a, uint64(1)
+			if first == "2" {
+				bound, boundID = b, 2
 			}
-		}
-		return false
-	})
-	if got := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(2, 64), false, 4), sessionHeaders("unl"))); got == first {
-		t.Fatalf("the session stayed on worker %s, whose engine no longer lists its model", got)
+			bound.mu.Lock()
+			tc.sicken(bound)
+			bound.mu.Unlock()
+			waitFor(t, "the bound worker reported "+tc.reason, func() bool { return tc.seen(workerView(t, r.node, boundID, 0)) })
+			if got := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(2, 64), false, 4), sessionHeaders("avoided"))); got == first {
+				t.Fatalf("the session stayed on worker %s", got)
+			}
+			m := r.metrics(t)
+			wantMetric(t, m, `kvfast_session_unbinds_total{reason="`+tc.reason+`"}`, 1)
+			wantMetric(t, m, `kvfast_session_unbinds_total{reason="not_allowed"}`, 0)
+		})
 	}
-	m := r.metrics(t)
-	wantMetric(t, m, `kvfast_session_unbinds_total{reason="model"}`, 1)
-	wantMetric(t, m, `kvfast_session_unbinds_total{reason="not_allowed"}`, 0)
-}
-
-// A bound worker whose engine refuses the router's engine key loses the
-// session for that reason, not for an allow-list the client never sent.
-func TestStickyUnbindsAWorkerRefusingTheKey(t *testing.T) {
-	a, b := startSessionEngine(t, plainAnswer), startSessionEngine(t, plainAnswer)
-	r := sessionRouter(t, func(c *node.Config) { c.Dispatch.EngineToken = "engine-key" }, a, b)
-	first := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 64), false, 4), sessionHeaders("key")))
-	bound, boundID := a, uint64(1)
-	if first == "2" {
-		bound, boundID = b, 2
-	}
-	bound.mu.Lock()
-	bound.refusesKey = true
-	bound.mu.Unlock()
-	waitFor(t, "the bound worker's engine seen to refuse the router's key", func() bool {
-		return workerView(t, r.node, boundID, 0).KeyRefused
-	})
-	if got := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(2, 64), false, 4), sessionHeaders("key"))); got == first {
-		t.Fatalf("the session stayed on worker %s, whose engine refuses the router's key", got)
-	}
-	m := r.metrics(t)
-	wantMetric(t, m, `kvfast_session_unbinds_total{reason="key_refused"}`, 1)
-	wantMetric(t, m, `kvfast_session_unbinds_total{reason="not_allowed"}`, 0)
 }
 
 // With API keys, each key has its own session namespace: a tenant naming

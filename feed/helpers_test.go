@@ -23,6 +23,16 @@ const (
 
 var testIndex = radix.Config{Capacity: 1 << 16}
 
+// countingBlock is one block's token ids, first, first+1, ...: distinct
+// firsts far enough apart make distinct blocks.
+func countingBlock(first uint32) []uint32 {
+	b := make([]uint32, testBlockSize)
+	for i := range b {
+		b[i] = first + uint32(i)
+	}
+	return b
+}
+
 // op is one publisher call; ops files carry them to child processes (Go
 // and Python) as JSON lines.
 type op struct {

@@ -1026,23 +1026,16 @@ func TestZMQCachedLeadingBlocksChainThrough(t *testing.T) {
 	e := newTestEngine(t, false)
 	s := startSub(t, ix, e, nil)
 	e.warmUp(t, s, vllmMap)
-	block := func(tok uint32) []uint32 {
-		b := make([]uint32, testBlockSize)
-		for i := range b {
-			b[i] = tok + uint32(i)
-		}
-		return b
-	}
-	a, b, c, d := block(100), block(200), block(300), block(400)
+	a, b, c, d := countingBlock(100), countingBlock(200), countingBlock(300), countingBlock(400)
 	seq := e.publish(encodeBatch(t, vllmMap, []wireEvent{
 		{kind: "BlockStored", hashes: []any{uint64(1), uint64(2)}, tokens: append(slices.Clone(a), b...), bs: testBlockSize},
 		// Blocks c and d were cached already (named by an earlier
 		// request, or not: the chain needs only their tokens); e is new.
-		{kind: "BlockStored", hashes: []any{uint64(5)}, parent: uint64(2), tokens: slices.Concat(c, d, block(500)), bs: testBlockSize},
+		{kind: "BlockStored", hashes: []any{uint64(5)}, parent: uint64(2), tokens: slices.Concat(c, d, countingBlock(500)), bs: testBlockSize},
 	}))
 	waitSeq(t, s, seq)
 	h := radix.NamespaceSeed(testModel, "", "")
-	for _, blk := range [][]uint32{a, b, c, d, block(500)} {
+	for _, blk := range [][]uint32{a, b, c, d, countingBlock(500)} {
 		h = radix.ChainBlockHash(h, blk)
 	}
 	if !ix.Lookup(h).Has(zmqTestSlot) {
@@ -1178,18 +1171,11 @@ func TestZMQContentHashedSGLangIsNamed(t *testing.T) {
 	e := newTestEngine(t, false)
 	s := startSub(t, newZMQIndex(t), e, func(c *ZMQConfig) { c.Logger = slog.New(slog.NewTextHandler(&log, nil)) })
 	e.warmUp(t, s, vllmArray)
-	page := func(first uint32) []uint32 {
-		ts := make([]uint32, testBlockSize)
-		for i := range ts {
-			ts[i] = first + uint32(i)
-		}
-		return ts
-	}
 	root := int64(5740354900026072187) // Python 3: hash(())
 	seq := e.publish(encodeBatch(t, vllmArray, []wireEvent{
-		{kind: "BlockStored", hashes: []any{int64(-11)}, parent: root, tokens: page(21), bs: testBlockSize},
-		{kind: "BlockStored", hashes: []any{int64(-12)}, parent: root, tokens: page(41), bs: testBlockSize},
-		{kind: "BlockStored", hashes: []any{int64(-13)}, parent: int64(999), tokens: page(61), bs: testBlockSize},
+		{kind: "BlockStored", hashes: []any{int64(-11)}, parent: root, tokens: countingBlock(21), bs: testBlockSize},
+		{kind: "BlockStored", hashes: []any{int64(-12)}, parent: root, tokens: countingBlock(41), bs: testBlockSize},
+		{kind: "BlockStored", hashes: []any{int64(-13)}, parent: int64(999), tokens: countingBlock(61), bs: testBlockSize},
 	}))
 	waitSeq(t, s, seq)
 	if st := s.Stats(); st.UnresolvedParent != 3 || st.StoredBlocks != 0 {
@@ -1210,10 +1196,7 @@ func TestZMQUnresolvedParentIsExplained(t *testing.T) {
 		e := newTestEngine(t, replay)
 		s := startSub(t, newZMQIndex(t), e, func(c *ZMQConfig) { c.Logger = slog.New(slog.NewTextHandler(&log, nil)) })
 		e.warmUp(t, s, vllmArray)
-		ts := make([]uint32, testBlockSize)
-		for i := range ts {
-			ts[i] = 81 + uint32(i)
-		}
+		ts := countingBlock(81)
 		var seq uint64
 		for h := range 3 {
 			seq = e.publish(encodeBatch(t, vllmArray, []wireEvent{
