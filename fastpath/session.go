@@ -202,6 +202,25 @@ var (
 		Message: "the chosen worker could not open the session (SGLang open_session); nothing was generated"}
 )
 
+// sessionOpenRefused is the client's answer when the engine refused its
+// open_session with a 4xx that judges the request, not the engine: a
+// session of that id open there already, or open parameters it rejects.
+// A 502 had told SDKs to retry an open that fails the same way each time.
+// 401 and 403 (the engine's key), 408 and 429 (its load) stay 502: not
+// the client's to fix.
+func sessionOpenRefused(err error) *openai.Error {
+	refusal, ok := errors.AsType[*controlRefusal](err)
+	if !ok || refusal.status/100 != 4 {
+		return nil
+	}
+	switch refusal.status {
+	case 401, 403, 408, 429:
+		return nil
+	}
+	return &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: "session_control", Code: "session_open_refused",
+		Message: fmt.Sprintf("the chosen worker refused to open the session (SGLang open_session answered %d): a session of that id is open there already, or it rejects the open parameters; nothing was generated", refusal.status)}
+}
+
 // sessionKey is the binding table's key of the request's session. With
 // API keys, each key has a namespace of its own: one tenant naming
 // another's session id neither lands on its worker (which would say where
@@ -531,6 +550,11 @@ func (ex *exchange) sessionControl(ctx *fasthttp.RequestCtx) bool {
 				ex.unstick(unbindOpenFailed) // the worker failed: the next turn goes elsewhere
 			}
 			_ = ex.h.DispatchFailed()
+			if e := sessionOpenRefused(err); e != nil {
+				ex.count(statusEngineRejected) // the client's open, judged by the engine
+				writeError(ctx, e.Status, e)
+				return false
+			}
 			ex.count(statusEngineError) // the worker's failure, not a want of workers
 			writeError(ctx, errSessionOpen.Status, errSessionOpen)
 			return false

@@ -27,11 +27,12 @@ import (
 // test's handler), open_session and close_session, with a log of what
 // arrived, in order.
 type sessionEngine struct {
-	ln        *killableListener
-	mu        sync.Mutex
-	log       []string
-	callers   []string // each session control call's Authorization and X-Request-Id
-	openFails bool
+	ln      *killableListener
+	mu      sync.Mutex
+	log     []string
+	callers []string // each session control call's Authorization and X-Request-Id
+	// openFails makes open_session answer this status (0: open).
+	openFails int
 	// openDelay holds open_session that long before answering (and
 	// opening).
 	openDelay time.Duration
@@ -65,8 +66,8 @@ func startSessionEngine(t *testing.T, handler fasthttp.RequestHandler) *sessionE
 			fail, delay := se.openFails, se.openDelay
 			se.mu.Unlock()
 			time.Sleep(delay) // an engine slow to open: the router's call times out first
-			if fail {
-				ctx.SetStatusCode(fasthttp.StatusBadRequest)
+			if fail != 0 {
+				ctx.SetStatusCode(fail)
 				ctx.SetBodyString(`{"object":"error","message":"session exists"}`)
 				return
 			}
@@ -540,23 +541,41 @@ func TestSessionOpenCloseOrdering(t *testing.T) {
 	}
 }
 
-// An open that the worker refuses fails the request before dispatch.
+// An open that the worker refuses fails the request before dispatch: as
+// the client's error when the engine judged the open (a session of that
+// id exists), as the engine's when it failed or refused the router.
 func TestSessionOpenFailsFast(t *testing.T) {
-	e := startSessionEngine(t, plainAnswer)
-	e.mu.Lock()
-	e.openFails = true
-	e.mu.Unlock()
-	r := sessionRouter(t, nil, e)
-	resp := r.post(t, fastpath.PathCompletions, []byte(`{"model":"`+e2eModel+`","prompt":[1,2],"session_control":{"open":true}}`), sessionHeaders("conv"))
-	if resp.status != http.StatusBadGateway || checkOpenAIError(t, resp.body) != "session_open_failed" {
-		t.Fatalf("status %d: %s", resp.status, resp.body)
+	for _, tc := range []struct {
+		engine     int
+		wantStatus int
+		wantCode   string
+	}{
+		{fasthttp.StatusBadRequest, http.StatusBadRequest, "session_open_refused"},
+		{fasthttp.StatusConflict, http.StatusBadRequest, "session_open_refused"},
+		{fasthttp.StatusInternalServerError, http.StatusBadGateway, "session_open_failed"},
+		{fasthttp.StatusUnauthorized, http.StatusBadGateway, "session_open_failed"},
+		{fasthttp.StatusTooManyRequests, http.StatusBadGateway, "session_open_failed"},
+	} {
+		t.Run(strconv.Itoa(tc.engine), func(t *testing.T) {
+			e := startSessionEngine(t, plainAnswer)
+			e.mu.Lock()
+			e.openFails = tc.engine
+			e.mu.Unlock()
+			r := sessionRouter(t, nil, e)
+			resp := r.post(t, fastpath.PathCompletions, []byte(`{"model":"`+e2eModel+`","prompt":[1,2],"session_control":{"open":true}}`), sessionHeaders("conv"))
+			if resp.status != tc.wantStatus || checkOpenAIError(t, resp.body) != tc.wantCode {
+				t.Fatalf("status %d: %s; want %d %s", resp.status, resp.body, tc.wantStatus, tc.wantCode)
+			}
+			if ev := e.events(); len(ev) == 0 || !strings.HasPrefix(ev[0], "open ") || slices.Contains(ev, "generate") {
+				t.Fatalf("engine saw %q; want the failed open and no generation", ev)
+			}
+			waitReleased(t, r.node)
+		})
 	}
-	if ev := e.events(); len(ev) != 1 {
-		t.Fatalf("engine saw %q; want only the failed open", ev)
-	}
-	waitReleased(t, r.node)
 	// Without a session id, session_control is refused.
-	resp = r.post(t, fastpath.PathCompletions, []byte(`{"model":"`+e2eModel+`","prompt":[1,2],"session_control":{"close":true}}`), nil)
+	e := startSessionEngine(t, plainAnswer)
+	r := sessionRouter(t, nil, e)
+	resp := r.post(t, fastpath.PathCompletions, []byte(`{"model":"`+e2eModel+`","prompt":[1,2],"session_control":{"close":true}}`), nil)
 	if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != "session_id_required" {
 		t.Fatalf("status %d: %s", resp.status, resp.body)
 	}
@@ -859,11 +878,11 @@ func TestSessionOpenRefusalKeepsTheBinding(t *testing.T) {
 	first := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 64), false, 4), sessionHeaders("kept")))
 	for _, e := range []*sessionEngine{a, b} {
 		e.mu.Lock()
-		e.openFails = true // 400, as to a session that exists
+		e.openFails = fasthttp.StatusBadRequest // as to a session that exists
 		e.mu.Unlock()
 	}
 	resp := r.post(t, fastpath.PathCompletions, []byte(`{"model":"`+e2eModel+`","prompt":[1,2],"session_control":{"open":true}}`), sessionHeaders("kept"))
-	if resp.status != http.StatusBadGateway || checkOpenAIError(t, resp.body) != "session_open_failed" {
+	if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != "session_open_refused" {
 		t.Fatalf("status %d: %s", resp.status, resp.body)
 	}
 	if got := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(2, 64), false, 4), sessionHeaders("kept"))); got != first {
