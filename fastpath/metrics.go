@@ -244,6 +244,10 @@ var (
 		"1 when this router's segment file was recreated by another router (--recreate-segment), deleted or replaced (engines leave it), or truncated (the router detached from it): restart this router.", nil, nil)
 	descFeedEvents = prometheus.NewDesc("kvfast_feed_events_total",
 		"Event-feed records and blocks by outcome.", []string{"status"}, nil)
+	descFeedIngesting = prometheus.NewDesc("kvfast_feed_ingesting",
+		"1 while this router applies the segment's KV-event rings to the index (one router per segment does; the others stand by, route on the index it keeps, and take over if it dies).", nil, nil)
+	descFeedHolderStalled = prometheus.NewDesc("kvfast_feed_ingester_stalled",
+		"1 on a standby router that has seen the router holding the ingester role apply none of the events waiting in the rings for 30s: hung alive, it keeps the role and every router on the segment routes on a stale index. Stop it and a standby takes over.", nil, nil)
 	descZMQConnected = prometheus.NewDesc("kvfast_zmq_connected",
 		"1 while the router is subscribed to the worker's ZMQ KV-event socket.", []string{"worker", "dp_rank"}, nil)
 	descZMQEvents = prometheus.NewDesc("kvfast_zmq_events_total",
@@ -271,7 +275,7 @@ var (
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descWorkerActiveBlocks, descWorkerPrefill, descWorkerRequests,
 		descWorkerHealthy, descWorkerEjected, descWorkerStalled, descWorkerEjections, descWorkerIndexBlocks, descWorkerIndexRefused, descWorkerRingLag, descIndexEntries, descIndexCapacity,
-		descIndexOverflow, descIndexMapEntries, descIndexMapCapacity, descIndexMapOverflow, descSegmentRetired, descFeedEvents, descZMQConnected, descZMQEvents, descQueueWaiting, descRoutable, descInFlight, descRefused,
+		descIndexOverflow, descIndexMapEntries, descIndexMapCapacity, descIndexMapOverflow, descSegmentRetired, descFeedEvents, descFeedIngesting, descFeedHolderStalled, descZMQConnected, descZMQEvents, descQueueWaiting, descRoutable, descInFlight, descRefused,
 		descTokenizerInfo, descTokenize, descPrefixCacheSegments, descPrefixCacheEvictions, descPrefixCacheBytes} {
 		ch <- d
 	}
@@ -316,6 +320,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		} {
 			ch <- prometheus.MustNewConstMetric(descFeedEvents, prometheus.CounterValue, float64(kv.v), kv.status)
 		}
+		ch <- prometheus.MustNewConstMetric(descFeedIngesting, prometheus.GaugeValue, boolGauge(fs.Ingesting))
+		ch <- prometheus.MustNewConstMetric(descFeedHolderStalled, prometheus.GaugeValue, boolGauge(fs.IngesterStalled))
 	}
 	for i := range snap.Workers {
 		wv := &snap.Workers[i]
@@ -410,4 +416,12 @@ func collectZMQ(ch chan<- prometheus.Metric, st feed.ZMQStats, id, rank string) 
 	} {
 		ch <- prometheus.MustNewConstMetric(descZMQEvents, prometheus.CounterValue, float64(kv.v), id, rank, kv.status)
 	}
+}
+
+// boolGauge is a gauge's value for a condition: 1 while it holds.
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

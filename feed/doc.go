@@ -26,6 +26,13 @@
 // and the index safe, or another process holding it); the node keeps
 // /ready at 503 until then.
 //
+// A standby (Run, while another process holds the lock) also watches the
+// holder: the kernel frees the lock when its holder dies, not when it
+// hangs alive, and a hung holder freezes every router's index. Events
+// waiting in the rings with no consumer cursor moving for
+// Config.StallAfter make Stats.IngesterStalled true and a warning once a
+// minute.
+//
 // # Applying events
 //
 // Ring records and ZMQ events reach the index through one path (apply.go),

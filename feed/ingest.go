@@ -58,6 +58,12 @@ type Config struct {
 	// StandbyPoll is how often a router that is not the ingester retries
 	// the ingester lock. Default 100ms.
 	StandbyPoll time.Duration
+	// StallAfter is how long a standby watches events wait in the rings
+	// while the holder of the lock consumes none of them before it calls
+	// the holder stalled (Stats.IngesterStalled, and a warning once a
+	// minute): a router that hangs alive (stopped, stuck) keeps the lock
+	// and freezes the index of every router on the segment. Default 30s.
+	StallAfter time.Duration
 	// Budget caps the records taken from one ring per pass, so one busy
 	// worker cannot starve the others; a resync after a gap counts as a
 	// sixteenth of it. Default 1024.
@@ -86,6 +92,7 @@ func (c Config) withDefaults() Config {
 	def(&c.IdleSpin, 50*time.Microsecond)
 	def(&c.MaxSleep, time.Millisecond)
 	def(&c.StandbyPoll, 100*time.Millisecond)
+	def(&c.StallAfter, 30*time.Second)
 	def(&c.RepairBudget, DefaultRepairBudget)
 	if c.Budget <= 0 {
 		c.Budget = 1024
@@ -146,6 +153,7 @@ type Ingester struct {
 	// throttle keeps resyncs that repeat (a ring that keeps overflowing)
 	// to one log line a minute per worker.
 	throttle *logthrottle.Throttle
+	holder   holderWatch // a standby's watch on the lock holder (watchHolder)
 
 	// settled is closed once the first Acquire has decided: the role
 	// taken and the index repaired (or reset), or left to another holder.
@@ -316,6 +324,7 @@ func (in *Ingester) Run(ctx context.Context) error {
 			if standby {
 				in.cfg.Logger.Info("took over ingesting the segment's KV events", "segment", in.seg.Path())
 			}
+			in.pub.holderStalled.Store(false)
 			break
 		}
 		if !standby {
@@ -325,6 +334,7 @@ func (in *Ingester) Run(ctx context.Context) error {
 			in.cfg.Logger.Info("another router ingests the segment's KV events; this one routes on the index it keeps and takes over if it stops",
 				"segment", in.seg.Path(), "ingester_pid", in.seg.Ingester().PID)
 		}
+		in.seg.Guard(func() { in.watchHolder(time.Now()) })
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -354,6 +364,52 @@ func (in *Ingester) Run(ctx context.Context) error {
 		in.seg.Guard(func() { in.seg.WaitForEvents(sleep, in.watched()) })
 	}
 	return ctx.Err()
+}
+
+// holderWatch is a standby's view of the lock holder's progress: the
+// rings' consumer cursors as last read, and since when none has moved
+// while events waited.
+type holderWatch struct {
+	tails   [workers.Max]uint64
+	idle    time.Time // zero: some cursor moved, or nothing waited, at the last look
+	started bool
+}
+
+// watchHolder looks, from a standby, whether the holder of the ingester
+// lock still consumes the rings. The lock alone cannot say: the kernel
+// drops it when its holder dies, not when it hangs alive (stopped, stuck
+// in a write), and then no router applies events and every router's
+// index goes stale, silently but for the rings' lag. Stalled: events
+// waited in some ring, and no cursor moved, for StallAfter.
+func (in *Ingester) watchHolder(now time.Time) {
+	hw := &in.holder
+	moved, waiting := !hw.started, uint64(0)
+	for i := range hw.tails {
+		st := in.seg.RingState(workers.Slot(i))
+		if st.Tail != hw.tails[i] {
+			hw.tails[i], moved = st.Tail, true
+		}
+		// Only a live worker's ring must be consumed: a closed one's
+		// rest is left until the slot is registered again.
+		if state, _, _ := in.seg.SlotState(workers.Slot(i)); state == shm.StateLive {
+			waiting += st.Lag()
+		}
+	}
+	hw.started = true
+	if moved || waiting == 0 {
+		hw.idle = time.Time{}
+		in.pub.holderStalled.Store(false)
+		return
+	}
+	if hw.idle.IsZero() {
+		hw.idle = now
+	}
+	if stalled := now.Sub(hw.idle); stalled >= in.cfg.StallAfter {
+		in.pub.holderStalled.Store(true)
+		in.throttle.Log(in.cfg.Logger, slog.LevelWarn, "holder-stalled",
+			"the router that ingests the segment's KV events has applied none of those waiting in its rings: if it is hung (stopped, stuck), stop it and this router takes over; until then every router on the segment routes on a stale index",
+			"segment", in.seg.Path(), "ingester_pid", in.seg.Ingester().PID, "stalled_for", stalled.Round(time.Second), "waiting_bytes", waiting)
+	}
 }
 
 // watched is the set of rings Poll would drain.
@@ -710,9 +766,10 @@ type counters struct {
 }
 
 type published struct {
-	c         [21]atomic.Uint64
-	last      counters
-	ingesting atomic.Bool
+	c             [21]atomic.Uint64
+	last          counters
+	ingesting     atomic.Bool
+	holderStalled atomic.Bool
 }
 
 func (c *counters) array() [21]uint64 {
@@ -737,6 +794,10 @@ func (in *Ingester) publish() {
 // applied; the others count records or blocks by what happened to them.
 type Stats struct {
 	Ingesting bool `json:"ingesting"` // this process holds the ingester role
+	// IngesterStalled: this process is a standby and has seen the lock's
+	// holder consume none of the events waiting in the rings for
+	// Config.StallAfter.
+	IngesterStalled bool `json:"ingester_stalled"`
 
 	Records       uint64 `json:"records"`        // records applied to the index
 	StoredBlocks  uint64 `json:"stored_blocks"`  // blocks stored
@@ -783,7 +844,7 @@ func (in *Ingester) Stats() Stats {
 	for i := range a {
 		a[i] = in.pub.c[i].Load()
 	}
-	st := Stats{Ingesting: in.pub.ingesting.Load(),
+	st := Stats{Ingesting: in.pub.ingesting.Load(), IngesterStalled: in.pub.holderStalled.Load(),
 		Records: a[0], StoredBlocks: a[1], RemovedBlocks: a[2], Cleared: a[3],
 		Stale: a[4], Duplicate: a[5], SkippedDown: a[6], Rejected: a[7],
 		UnresolvedParent: a[8], UnknownRemoved: a[9], BlockSizeMismatch: a[10],

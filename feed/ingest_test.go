@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvfast/kvfast/internal/syncbuf"
 	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -630,4 +633,46 @@ func TestStuckGarbageCountedOnce(t *testing.T) {
 	if s := in.Stats(); s.Garbage != 2 {
 		t.Fatalf("a head that moved (still wrong) was not read again: garbage %d, want 2", s.Garbage)
 	}
+}
+
+// TestStandbySeesAHungHolder: a router that holds the ingester lock but
+// consumes nothing (stopped, stuck) keeps the lock, which only its death
+// frees; a standby says so once events have waited StallAfter, and stops
+// saying so once the holder consumes them.
+func TestStandbySeesAHungHolder(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	holder := acquire(t, seg, Config{}) // never polled until the end: hung
+	other, err := shm.Open(seg.Path(), shm.Options{Index: testIndex, RingBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	var log syncbuf.Buffer
+	standby := New(other, Config{StandbyPoll: 5 * time.Millisecond, StallAfter: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- standby.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range genOps(5, 20) {
+		publishOp(p, o)
+	}
+	stats := func() any { return standby.Stats() }
+	waitFor(t, func() bool { return standby.Stats().IngesterStalled }, stats)
+	if out := log.String(); !strings.Contains(out, "has applied none of those waiting") || !strings.Contains(out, "ingester_pid=") {
+		t.Fatalf("the standby's log:\n%s", out)
+	}
+	if standby.Stats().Ingesting {
+		t.Fatal("the standby took the role from a live holder")
+	}
+	drainAll(holder)
+	waitFor(t, func() bool { return !standby.Stats().IngesterStalled }, stats)
 }
