@@ -118,5 +118,6 @@
 // decoded without reflection, by openai. At Speedup 1 an engine spends far
 // less CPU than the time it simulates, so tens of engines share a small
 // machine; at high speed-ups the HTTP and JSON work per token, not the
-// scheduler, is the limit. See BenchmarkMock* for numbers.
+// scheduler, is the limit. BenchmarkMock* measure it (BENCHMARKS.md, "The
+// mock engine").
 package mocker
