@@ -90,7 +90,9 @@
 // PR #37482) or as maps with the tag under "type", in any mix (vLLM v0.26
 // sends an array batch of map events); block hashes as uint64, as int64
 // (SGLang's, often negative; taken as their 64 bits) or as sha256 digests
-// (bytes, folded with XXH64), either way only keys of the engine map;
+// (bytes, taken as vLLM's own int form of them, the low 64 bits read
+// big-endian, so that an engine naming a block both ways names one key),
+// either way only keys of the engine map;
 // SGLang's BlockStoredWithMetadata, whose metadata map sits in the array
 // slot where vLLM has lora_name; SGLang's EAGLE bigram token_ids
 // ([[t0,t1],[t1,t2],…], whose first elements are the block's tokens).

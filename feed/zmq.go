@@ -313,7 +313,11 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 		// topic is checked here too: libzmq's SUB filters what it
 		// receives, zmq4's leaves it to the publisher, and a peer that
 		// ignores the subscription could pass another engine's batches.
-		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 {
+		// With its snapshot endpoint on, vLLM appends its 16-byte stream
+		// id to the sequence frame (ZmqEventPublisher._publisher_thread:
+		// seq.to_bytes(8, "big") + _snapshot_stream_id); the number is
+		// the same first 8 bytes.
+		if len(msg.Frames) != 3 || !isSeqFrame(msg.Frames[1]) {
 			// Its sequence number is unknown; if it was a batch, the next
 			// one shows the gap.
 			s.unreadable(&s.c.garbage, "message not [topic, seq, batch]", "frames", len(msg.Frames))
@@ -329,6 +333,10 @@ func (s *ZMQSubscriber) session(ctx context.Context) (received bool, _ error) {
 		s.onLive(ctx, binary.BigEndian.Uint64(msg.Frames[1]), msg.Frames[2])
 	}
 }
+
+// isSeqFrame reports whether f is a live batch's sequence frame: the 8-byte
+// number, alone or followed by vLLM's 16-byte snapshot stream id.
+func isSeqFrame(f []byte) bool { return len(f) == 8 || len(f) == 8+16 }
 
 // joined runs once a session's connection is up, before its first live
 // batch, which an idle engine may not send for hours. A lost connection

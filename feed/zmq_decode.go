@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/workers"
 )
@@ -68,7 +66,8 @@ type VLLMEvent struct {
 	Kind VLLMEventKind
 	// Hashes are the engine's block hashes: an int hash as its 64 bits
 	// (SGLang's negative int64s as their two's complement), a bytes hash
-	// (vLLM's sha256 digests) folded with XXH64.
+	// (vLLM's sha256 digests) as vLLM's own int form of it: the low 64
+	// bits, big-endian.
 	Hashes    []uint64
 	Parent    uint64 // engine hash of the first block's parent, if HasParent
 	HasParent bool
@@ -1112,7 +1111,11 @@ func (r *mpReader) optInt() (int64, error) {
 }
 
 // blockHash reads an engine block hash: an integer (its 64 bits) or bytes
-// (vLLM's digests, folded to 64 bits with XXH64).
+// (vLLM's digests), taken as vLLM's maybe_convert_block_hash makes its
+// int form: the low 64 bits of the bytes read as one big-endian integer.
+// One engine can name a block both ways (vLLM's OffloadingConnector has
+// sent its host tier's raw digests beside the GPU's ints), and only that
+// fold makes the two names one key.
 func (r *mpReader) blockHash() (uint64, error) {
 	c, err := r.peek()
 	if err != nil {
@@ -1126,7 +1129,14 @@ func (r *mpReader) blockHash() (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return xxhash.Sum64(b), nil
+	if n := len(b); n >= 8 {
+		return binary.BigEndian.Uint64(b[n-8:]), nil
+	}
+	var h uint64
+	for _, c := range b {
+		h = h<<8 | uint64(c)
+	}
+	return h, nil
 }
 
 // count checks that n elements of at least min bytes each can still follow.

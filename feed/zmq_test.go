@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -253,6 +252,9 @@ type testEngine struct {
 	// (a misbehaving replay socket).
 	serve   func(id []byte, start uint64)
 	stopped sync.WaitGroup
+	// streamID follows the sequence number in live batches' sequence
+	// frame, as vLLM's snapshot stream id does (nil: none).
+	streamID []byte
 }
 
 type sentBatch struct {
@@ -385,9 +387,10 @@ func (e *testEngine) emit(payload []byte, send bool) uint64 {
 	if e.router != nil {
 		e.buffer = append(e.buffer, sentBatch{seq, payload})
 	}
+	seqFrame := append(be64(seq), e.streamID...)
 	e.mu.Unlock()
 	if send {
-		e.sendRaw(e.topic, be64(seq), payload)
+		e.sendRaw(e.topic, seqFrame, payload)
 	}
 	return seq
 }
@@ -1108,6 +1111,34 @@ func TestZMQGarbageIsCountedAndSurvived(t *testing.T) {
 	}
 }
 
+// TestZMQSnapshotStreamID: with its snapshot endpoint on, vLLM follows
+// each live batch's sequence number with its 16-byte stream id in the same
+// frame; those batches are applied (they were all garbage, and each
+// dropped the worker's view), and the replay still fills a gap.
+func TestZMQSnapshotStreamID(t *testing.T) {
+	ix := newZMQIndex(t)
+	e := newTestEngine(t, true)
+	e.streamID = []byte("0123456789abcdef")
+	s := startSub(t, ix, e, nil)
+	e.warmUp(t, s, vllmMap)
+	m := newModel()
+	bs := batches(genOps(31, 60))
+	for i, b := range bs {
+		send := e.publish
+		if i == len(bs)/2 {
+			send = e.lose // a gap, filled from the replay socket
+		}
+		send(encodeBatch(t, vllmMap, wireOps(intHashes, b)))
+		applyAll(m, [][]op{b})
+	}
+	last := e.publish(encodeBatch(t, vllmMap, nil))
+	waitSeq(t, s, last)
+	m.check(t, ix, zmqTestSlot)
+	if st := s.Stats(); st.Garbage != 0 || st.Resyncs != 0 || st.Gaps != 1 || st.Replayed == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
 func TestZMQRedialsUntilTheEngineComesUp(t *testing.T) {
 	ep := freeTCPEndpoint(t)
 	ix := newZMQIndex(t)
@@ -1290,7 +1321,7 @@ func TestDecodeVLLMBatch(t *testing.T) {
 			}
 			ev := b.Events[0]
 			if ev.Kind != VLLMBlockStored || len(ev.Hashes) != 3 || ev.Hashes[0] != 1 || ev.Hashes[1] != uint64(1<<64-2) ||
-				ev.Hashes[2] != xxhash.Sum64(sha) || !ev.HasParent || ev.Parent != math.MaxUint64 || ev.BlockSize != 2 ||
+				ev.Hashes[2] != binary.BigEndian.Uint64(sha[len(sha)-8:]) || !ev.HasParent || ev.Parent != math.MaxUint64 || ev.BlockSize != 2 ||
 				len(ev.Tokens) != 6 || ev.Tokens[2] != math.MaxUint32 || ev.BadTokens || ev.LoRA || ev.Tier != workers.TierGPU ||
 				ev.ExtraKeysFrom != map[bool]int{true: 3, false: 1}[f == sglangArray] || ev.Group != 0 {
 				t.Fatalf("stored %+v", ev)

@@ -81,8 +81,9 @@ pub = kvfast_vllm.KvfastEventPublisher(data_parallel_rank=1, endpoint=seg, enabl
 
 
 def as_bytes(h):
-    # vLLM's sha256-based hashes arrive as bytes; fold must agree with ints.
-    return h.to_bytes(8, "little") + b"\xaa" * 24
+    # vLLM's sha256-based hashes arrive as bytes; their low 64 bits,
+    # big-endian, are the int vLLM would have sent, and the fold's result.
+    return b"\xaa" * 24 + h.to_bytes(8, "big")
 
 
 batch = []

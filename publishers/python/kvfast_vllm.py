@@ -25,11 +25,12 @@ U64 = (1 << 64) - 1
 def engine_hash(h):
     """Fold a vLLM ExternalBlockHash (bytes or int) into 64 bits.
 
-    The router treats engine hashes as opaque keys, so any stable 64-bit
-    fold works as long as stored and removed events fold alike.
+    Bytes become vLLM's own int form of them (maybe_convert_block_hash:
+    the low 64 bits of the big-endian integer), as the router's ZMQ feed
+    takes them, so that a block named both ways is one key.
     """
     if isinstance(h, (bytes, bytearray, memoryview)):
-        return int.from_bytes(bytes(h[:8]).ljust(8, b"\0"), "little")
+        return int.from_bytes(bytes(h), "big") & U64
     return int(h) & U64
 
 
