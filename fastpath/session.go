@@ -216,6 +216,9 @@ func sessionOpenRefused(err error) *openai.Error {
 	switch refusal.status {
 	case 401, 403, 408, 429:
 		return nil
+	case 404, 405:
+		return &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: "session_control", Code: "session_control_unsupported",
+			Message: fmt.Sprintf("the chosen worker has no SGLang open_session (it answered %d; vLLM has none): session_control needs SGLang engines; nothing was generated", refusal.status)}
 	}
 	return &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: "session_control", Code: "session_open_refused",
 		Message: fmt.Sprintf("the chosen worker refused to open the session (SGLang open_session answered %d): a session of that id is open there already, or it rejects the open parameters; nothing was generated", refusal.status)}

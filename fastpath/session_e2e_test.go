@@ -552,6 +552,7 @@ func TestSessionOpenFailsFast(t *testing.T) {
 	}{
 		{fasthttp.StatusBadRequest, http.StatusBadRequest, "session_open_refused"},
 		{fasthttp.StatusConflict, http.StatusBadRequest, "session_open_refused"},
+		{fasthttp.StatusNotFound, http.StatusBadRequest, "session_control_unsupported"}, // an engine without sessions (vLLM)
 		{fasthttp.StatusInternalServerError, http.StatusBadGateway, "session_open_failed"},
 		{fasthttp.StatusUnauthorized, http.StatusBadGateway, "session_open_failed"},
 		{fasthttp.StatusTooManyRequests, http.StatusBadGateway, "session_open_failed"},
