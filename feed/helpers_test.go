@@ -237,6 +237,19 @@ func acquire(t testing.TB, seg *shm.Segment, cfg Config) *Ingester {
 	return in
 }
 
+// runUntilCleanup runs in.Run in the background until the test ends:
+// before the segments opened earlier in the test close (cleanups run last
+// in, first out).
+func runUntilCleanup(t testing.TB, in *Ingester) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
 // drainAll polls until no ring has pending records.
 func drainAll(in *Ingester) {
 	in.ScanRegistry()

@@ -646,17 +646,11 @@ func TestStandbySeesAHungHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer other.Close()
+	t.Cleanup(func() { other.Close() }) // after the standby stops
 	var log syncbuf.Buffer
 	standby := New(other, Config{StandbyPoll: 5 * time.Millisecond, StallAfter: 50 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&log, nil))})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- standby.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	runUntilCleanup(t, standby)
 
 	p, err := seg.Register(workerCfg(1))
 	if err != nil {

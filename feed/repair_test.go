@@ -160,13 +160,7 @@ func TestDamageWhileIngestingIsMended(t *testing.T) {
 	seg := openSeg(t, 1<<20)
 	var log syncbuf.Buffer
 	in := New(seg, Config{Logger: slog.New(slog.NewTextHandler(&log, nil))})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- in.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	runUntilCleanup(t, in)
 	p, err := seg.Register(workerCfg(1))
 	if err != nil {
 		t.Fatal(err)
