@@ -75,6 +75,10 @@ func InCluster(namespace, pool string) (*Kube, error) {
 		Namespace: namespace, Pool: pool, Client: &http.Client{Transport: tr, Timeout: 10 * time.Second}}, nil
 }
 
+// maxTargetPorts is the most target ports an InferencePool lists (its CRD's
+// maxItems).
+const maxTargetPorts = 8
+
 // The parts of the objects the picker reads.
 type (
 	inferencePool struct {
@@ -104,9 +108,13 @@ type (
 	}
 )
 
-// Endpoints lists the pool's ready pods, each at the pool's target port.
-// A pod being deleted, without an IP yet, or not Ready is left out: the
-// picker routes only where the gateway can forward.
+// Endpoints lists the pool's ready pods, each at each of the pool's target
+// ports: the InferencePool treats every port as an endpoint of its own (a
+// data-parallel rank's server, up to 8), and the i-th port's engine
+// publishes its KV events on EventsPort+i (ReplayPort+i), as vLLM offsets
+// its event sockets by the rank. A pod being deleted, without an IP yet,
+// or not Ready is left out: the picker routes only where the gateway can
+// forward.
 func (k *Kube) Endpoints(ctx context.Context) ([]Endpoint, error) {
 	var pool inferencePool
 	if err := k.get(ctx, "/apis/inference.networking.k8s.io/v1/namespaces/"+url.PathEscape(k.Namespace)+
@@ -116,7 +124,16 @@ func (k *Kube) Endpoints(ctx context.Context) ([]Endpoint, error) {
 	if len(pool.Spec.TargetPorts) == 0 || len(pool.Spec.Selector.MatchLabels) == 0 {
 		return nil, fmt.Errorf("cannot route for InferencePool %s/%s: it has no target port or no selector", k.Namespace, k.Pool)
 	}
-	port := strconv.Itoa(pool.Spec.TargetPorts[0].Number)
+	if len(pool.Spec.TargetPorts) > maxTargetPorts {
+		// The CRD allows 8; more is an API server that does not check it.
+		return nil, fmt.Errorf("cannot route for InferencePool %s/%s: it lists %d target ports, more than the %d the InferencePool allows",
+			k.Namespace, k.Pool, len(pool.Spec.TargetPorts), maxTargetPorts)
+	}
+	for _, tp := range pool.Spec.TargetPorts {
+		if tp.Number < 1 || tp.Number > 65535 {
+			return nil, fmt.Errorf("cannot route for InferencePool %s/%s: target port %d is not a port", k.Namespace, k.Pool, tp.Number)
+		}
+	}
 	var sel []string
 	for key, v := range pool.Spec.Selector.MatchLabels {
 		sel = append(sel, key+"="+v)
@@ -136,14 +153,19 @@ func (k *Kube) Endpoints(ctx context.Context) ([]Endpoint, error) {
 		if !ready || pod.Status.PodIP == "" || pod.Metadata.DeletionTimestamp != nil {
 			continue
 		}
-		e := Endpoint{Address: net.JoinHostPort(pod.Status.PodIP, port), Name: pod.Metadata.Name}
-		if k.EventsPort > 0 {
-			e.Events = "tcp://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(k.EventsPort))
-			if k.ReplayPort > 0 {
-				e.Replay = "tcp://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(k.ReplayPort))
+		for i, tp := range pool.Spec.TargetPorts {
+			e := Endpoint{Address: net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(tp.Number)), Name: pod.Metadata.Name}
+			if len(pool.Spec.TargetPorts) > 1 {
+				e.Name += ":" + strconv.Itoa(tp.Number)
 			}
+			if k.EventsPort > 0 {
+				e.Events = "tcp://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(k.EventsPort+i))
+				if k.ReplayPort > 0 {
+					e.Replay = "tcp://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(k.ReplayPort+i))
+				}
+			}
+			eps = append(eps, e)
 		}
-		eps = append(eps, e)
 	}
 	return eps, nil
 }

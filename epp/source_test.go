@@ -128,6 +128,41 @@ func TestKubeSource(t *testing.T) {
 	}
 }
 
+// TestKubeSourceTargetPorts: every target port of the pool is an endpoint
+// of its own (a data-parallel rank's server), whose events are on the
+// events and replay ports offset by its place in the list, as vLLM offsets
+// its sockets by the rank; a pool listing more ports than its CRD allows,
+// or a number that is no port, is refused, not cut short.
+func TestKubeSourceTargetPorts(t *testing.T) {
+	f, url := startFakeAPIServer(t)
+	f.token = ""
+	f.pool = `{"spec":{"selector":{"matchLabels":{"app":"vllm"}},"targetPorts":[{"number":8000},{"number":8001}]}}`
+	f.pods = `{"kind":"PodList","items":[` + pod("vllm-0", "10.1.0.5", true, false) + `]}`
+	k := &epp.Kube{APIServer: url, Namespace: "llm", Pool: "qwen", EventsPort: 5557, ReplayPort: 5600}
+	eps, err := k.Endpoints(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []epp.Endpoint{
+		{Address: "10.1.0.5:8000", Events: "tcp://10.1.0.5:5557", Replay: "tcp://10.1.0.5:5600", Name: "vllm-0:8000"},
+		{Address: "10.1.0.5:8001", Events: "tcp://10.1.0.5:5558", Replay: "tcp://10.1.0.5:5601", Name: "vllm-0:8001"},
+	}
+	if !slices.Equal(eps, want) {
+		t.Fatalf("endpoints %+v, want %+v", eps, want)
+	}
+	for pool, why := range map[string]string{
+		`{"spec":{"selector":{"matchLabels":{"app":"vllm"}},"targetPorts":[{"number":1},{"number":2},{"number":3},{"number":4},{"number":5},{"number":6},{"number":7},{"number":8},{"number":9}]}}`: "9 target ports",
+		`{"spec":{"selector":{"matchLabels":{"app":"vllm"}},"targetPorts":[{"number":70000}]}}`:                                                                                                     "target port 70000",
+	} {
+		f.mu.Lock()
+		f.pool = pool
+		f.mu.Unlock()
+		if _, err := k.Endpoints(context.Background()); err == nil || !strings.Contains(err.Error(), why) {
+			t.Errorf("%s: %v; want an error naming %q", pool, err, why)
+		}
+	}
+}
+
 // TestRunFollowsSource: Run syncs the picker with the source as pods come
 // and go; a failed poll keeps the last endpoints; an endpoint that leaves
 // loses its slot and its blocks, and a newcomer may take the slot.

@@ -93,7 +93,7 @@ type eppOptions struct {
 }
 
 func bindEPPFlags(fs *flag.FlagSet, cfg *epp.Config, o *eppOptions) {
-	fs.StringVar(&o.listeners.GRPC, "listen", ":9002", "address of the ext_proc gRPC service (host:port); 9002 is the port InferencePool's endpointPickerRef defaults to")
+	fs.StringVar(&o.listeners.GRPC, "listen", ":9002", "address of the ext_proc gRPC service (host:port); 9002 is the conventional port: name it in the InferencePool's endpointPickerRef")
 	fs.StringVar(&o.listeners.Health, "health-listen", ":9003", `address of the gRPC health services alone, in plain text, for the kubelet's grpc probes (host:port; "" for none)`)
 	fs.BoolVar(&o.secure, "secure-serving", true, "serve ext_proc over TLS, as GIE's own picker does by default (with a self-signed certificate unless --cert-path; gateways connect without verifying it); false: plain HTTP/2")
 	fs.StringVar(&o.certPath, "cert-path", "", "with --secure-serving: directory of tls.crt and tls.key (a mounted TLS secret) instead of a self-signed certificate")
