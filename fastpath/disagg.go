@@ -54,10 +54,13 @@ type DisaggConfig struct {
 	// this share of the prompt, it prefills the rest itself. 0 disables
 	// the rule.
 	LocalCachedFraction float64
-	// BootstrapPort is the port of an SGLang prefill engine's bootstrap
-	// server, sent as bootstrap_port (SGLang's default is 8998); 0 sends
-	// the prefill worker's own HTTP port (kvfast's mock engine serves its
-	// bootstrap there).
+	// BootstrapPort is the port of the SGLang prefill engines' bootstrap
+	// server, sent as bootstrap_port to a prefill worker whose WorkerInfo
+	// names none. 0 sends none: each engine then takes its own
+	// --disaggregation-bootstrap-port (SGLang's default, 8998), which
+	// suits prefill engines that all use one port. BootstrapHTTPPort
+	// sends the prefill worker's HTTP port, where kvfast's mock engine
+	// serves its bootstrap.
 	BootstrapPort int
 	// PrefillTimeout bounds the wait for a prefill worker's answer, its
 	// headers (0: the first-byte timeout); an SGLang prefill streaming its
@@ -93,11 +96,15 @@ func (c *DisaggConfig) validate() error {
 	if c.PrefillTimeout < 0 {
 		return fmt.Errorf("cannot use --disagg-prefill-timeout %v: want 0 (the first-byte timeout) or more", c.PrefillTimeout)
 	}
-	if c.BootstrapPort < 0 || c.BootstrapPort > 65535 {
-		return fmt.Errorf("cannot use bootstrap port %d: want 1-65535, or 0 for the prefill worker's HTTP port", c.BootstrapPort)
+	if (c.BootstrapPort < 0 && c.BootstrapPort != BootstrapHTTPPort) || c.BootstrapPort > 65535 {
+		return fmt.Errorf("cannot use bootstrap port %d: want 1-65535, 0 for the engines' own, or the prefill worker's HTTP port", c.BootstrapPort)
 	}
 	return nil
 }
+
+// BootstrapHTTPPort, as DisaggConfig.BootstrapPort, sends each prefill
+// worker's HTTP port as its bootstrap port (kvfast's mock engine).
+const BootstrapHTTPPort = -1
 
 // Disaggregation decisions, the values of kvfast_disagg_decisions_total's
 // decision label.
@@ -107,12 +114,16 @@ const (
 	decisionLocalCached   = "local_cached" // decode worker caches LocalCachedFraction of the prompt
 	decisionLocalNoWorker = "local_no_prefill_worker"
 	decisionFallback      = "fallback_local" // every prefill attempt failed: prefilled locally
+	// decisionLocalAggregated: under SGLang's protocol, the chosen worker
+	// is an aggregated engine (role both), which neither hands over nor
+	// takes in KV: it computes the prompt itself.
+	decisionLocalAggregated = "local_aggregated"
 	// decisionNoPrefillWorker: the decode worker cannot prefill (an SGLang
 	// decode engine) and no prefill worker can: a 503.
 	decisionNoPrefillWorker = "no_prefill_worker"
 )
 
-var allDecisions = []string{decisionRemote, decisionLocalShort, decisionLocalCached, decisionLocalNoWorker, decisionFallback, decisionNoPrefillWorker}
+var allDecisions = []string{decisionRemote, decisionLocalShort, decisionLocalCached, decisionLocalNoWorker, decisionFallback, decisionNoPrefillWorker, decisionLocalAggregated}
 
 // Stages of a disaggregated request's time to first token, the values of
 // kvfast_disagg_stage_seconds's stage label.
@@ -386,6 +397,13 @@ func (s *Server) decideDisagg(ex *exchange) string {
 			return decisionNoPrefillWorker
 		}
 		return decisionRemote
+	case cfg.Protocol == DisaggSGLang:
+		// An SGLang engine that is not a decode engine (disaggregation
+		// mode null: role both)
+		// ignores the bootstrap fields: paired with a prefill engine, it
+		// would compute the prompt all the same, and the prefill engine
+		// wait for a decode that never pulls.
+		return decisionLocalAggregated
 	case prompt-cached < cfg.MinRemoteTokens:
 		return decisionLocalShort
 	case cfg.LocalCachedFraction > 0 && float64(cached) >= cfg.LocalCachedFraction*float64(prompt):
@@ -407,7 +425,7 @@ func (s *Server) refuseNoPrefill(ctx *fasthttp.RequestCtx, ex *exchange, selErr 
 	case errors.Is(selErr, errNotObject): // the body could not be rewritten: the router's bug
 		ex.count(statusEngineError)
 		writeError(ctx, fasthttp.StatusInternalServerError, errBodyNotObject)
-	case ex.clientAllowed && s.sched.StageWorkers(sched.StagePrefill)&ex.clientAllow&^workers.SetOf(ex.dec.Slot) == 0:
+	case ex.clientAllowed && s.prefillPool()&ex.clientAllow&^workers.SetOf(ex.dec.Slot) == 0:
 		ex.count(statusClientError)
 		writeError(ctx, fasthttp.StatusBadRequest, errAllowNoPrefill)
 	case overloaded, errors.Is(selErr, context.DeadlineExceeded):
@@ -437,7 +455,7 @@ var (
 
 // stripTransferFields drops from the client's body the fields by which
 // the stages of a disaggregated request find each other: vLLM's
-// kv_transfer_params, SGLang's bootstrap address and room. Only the
+// kv_transfer_params, SGLang's bootstrap address, room and prefill rank. Only the
 // router may set them. A client's own would reach a decode engine on
 // every path that forwards its body as it came (a local decision, the
 // fallback after failed prefills, a retried decode), and have it pull KV
@@ -473,7 +491,7 @@ var errBodyNotObject = &openai.Error{Status: fasthttp.StatusInternalServerError,
 
 var (
 	vllmTransferFields   = []string{"kv_transfer_params"}
-	sglangTransferFields = []string{"bootstrap_host", "bootstrap_port", "bootstrap_room"}
+	sglangTransferFields = []string{"bootstrap_host", "bootstrap_port", "bootstrap_room", "disagg_prefill_dp_rank"}
 )
 
 // routablePrefill are the prefill candidates that can take the stage now:
@@ -489,11 +507,23 @@ func (s *Server) routablePrefill(ex *exchange) workers.Set {
 // prefill pool, under the request's allow-list, without the decode worker
 // (a both-role worker prefilling for itself is a local prefill).
 func (s *Server) prefillCandidates(ex *exchange) workers.Set {
-	set := s.sched.StageWorkers(sched.StagePrefill) &^ workers.SetOf(ex.dec.Slot)
+	set := s.prefillPool() &^ workers.SetOf(ex.dec.Slot)
 	if ex.sreq.AllowListed {
 		set &= ex.sreq.Allow
 	}
 	return set
+}
+
+// prefillPool is every worker that can run a remote prefill, healthy or
+// not: under SGLang's protocol only engines started in prefill mode (an
+// aggregated one ignores the bootstrap fields and generates the whole
+// answer, which no decode engine then receives), else the prefill stage's
+// workers, both-role ones among them.
+func (s *Server) prefillPool() workers.Set {
+	if s.cfg.Disagg.Protocol == DisaggSGLang {
+		return s.sched.RoleWorkers(workers.RolePrefill)
+	}
+	return s.sched.StageWorkers(sched.StagePrefill)
 }
 
 // prefillRequest is the selection request of the prefill stage: the same
@@ -684,17 +714,30 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) error {
 		host = "[" + host + "]"
 	}
 	port := s.cfg.Disagg.BootstrapPort
-	if port == 0 {
+	if info, _ := s.sched.Worker(d.Slot); info.BootstrapPort > 0 {
+		port = info.BootstrapPort
+	}
+	if port == BootstrapHTTPPort {
 		port, _ = strconv.Atoi(portText)
 	}
-	room := rand.Uint64() >> 1 // SGLang reads the room as a signed 64-bit integer
-	if st.decode, err = appendSGLangBody(st.decode[:0], ex.body, host, port, room); err != nil {
+	room := sglangRoom(d.DPRank)
+	b := sglangBootstrap{host: host, port: port, room: room, prefillRank: -1}
+	if st.body, err = appendSGLangBody(st.body[:0], ex.body, b); err != nil {
+		ex.releasePrefill()
+		return err
+	}
+	// The decode engine is told which of the prefill engine's
+	// data-parallel ranks holds the KV (SGLang's disagg_prefill_dp_rank,
+	// as its router sends it); the room says it too, for releases that
+	// read only the room.
+	b.prefillRank = int64(d.DPRank)
+	if st.decode, err = appendSGLangBody(st.decode[:0], ex.body, b); err != nil {
 		ex.releasePrefill()
 		return err
 	}
 	st.dec, st.decided = d, true
 	ex.setPrefillCall(s.engines.AcquireCall())
-	st.call.SetRequest(routedPath(ex.api), st.decode)
+	st.call.SetRequest(routedPath(ex.api), st.body)
 	copyForwardHeaders(ctx, st.call.Request(), ex.rid, ex.via)
 	span := ex.startCall(spanPrefill, st.call.Request(), &d, stagePrefill)
 	st.done = make(chan struct{})
@@ -715,7 +758,9 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) error {
 		if err == nil {
 			if call.IsEventStream() {
 				err = call.Relay(discardWriter())
-				failed = failed || err != nil
+				// An error event ends an SGLang prefill that aborted
+				// after its stream began (its KV will not come).
+				failed = failed || err != nil || call.EngineErred()
 			} else {
 				var body []byte
 				body, err = call.ReadBody()
@@ -752,6 +797,22 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) error {
 		}
 	}(st.call, d.Slot)
 	return nil
+}
+
+// roomStride is a multiple of every data-parallel size up to 16, and of
+// 32 and 64: a room that is the rank plus a multiple of it leaves that
+// rank as the room modulo any such size. SGLang's decode engines before
+// disagg_prefill_dp_rank pull a room's KV from prefill rank room %
+// prefill_dp_size, and its prefill engines without a pinned rank compute
+// it there too. 2^63 / roomStride still leaves 3.2e12 rooms to draw from.
+const roomStride = 2882880
+
+// sglangRoom draws a bootstrap room (SGLang reads it as a signed 64-bit
+// integer) that names prefillRank as room % dp for the data-parallel
+// sizes roomStride covers.
+func sglangRoom(prefillRank uint32) uint64 {
+	n := (uint64(1)<<63 - 1 - uint64(prefillRank)) / roomStride
+	return rand.Uint64N(n)*roomStride + uint64(prefillRank)
 }
 
 // failDecode fails the decode call of an SGLang request whose prefill

@@ -181,11 +181,11 @@ func appendVLLMDecodeBody(dst, body, params []byte) ([]byte, error) {
 	return append(dst, '}'), nil
 }
 
-// appendSGLangBody appends the body both stages of an SGLang request get:
-// the client's, with the prefill engine's bootstrap address and the room
-// that pairs the two stages.
-func appendSGLangBody(dst, body []byte, host string, port int, room uint64) ([]byte, error) {
-	dst, wrote, err := appendMembersExcept(dst, body, "bootstrap_host", "bootstrap_port", "bootstrap_room")
+// appendSGLangBody appends the body a stage of an SGLang request gets: the
+// client's, with the prefill engine's bootstrap address and the room that
+// pairs the two stages (and, for the decode stage, the prefill's rank).
+func appendSGLangBody(dst, body []byte, b sglangBootstrap) ([]byte, error) {
+	dst, wrote, err := appendMembersExcept(dst, body, sglangTransferFields...)
 	if err != nil {
 		return dst, err
 	}
@@ -193,10 +193,27 @@ func appendSGLangBody(dst, body []byte, host string, port int, room uint64) ([]b
 		dst = append(dst, ',')
 	}
 	dst = append(dst, `"bootstrap_host":`...)
-	dst = jsonscan.AppendQuoted(dst, host)
-	dst = append(dst, `,"bootstrap_port":`...)
-	dst = strconv.AppendInt(dst, int64(port), 10)
+	dst = jsonscan.AppendQuoted(dst, b.host)
+	if b.port > 0 {
+		dst = append(dst, `,"bootstrap_port":`...)
+		dst = strconv.AppendInt(dst, int64(b.port), 10)
+	}
 	dst = append(dst, `,"bootstrap_room":`...)
-	dst = strconv.AppendUint(dst, room, 10)
+	dst = strconv.AppendUint(dst, b.room, 10)
+	if b.prefillRank >= 0 {
+		dst = append(dst, `,"disagg_prefill_dp_rank":`...)
+		dst = strconv.AppendInt(dst, b.prefillRank, 10)
+	}
 	return append(dst, '}'), nil
+}
+
+// sglangBootstrap is what an SGLang request's stages are told of each
+// other: the prefill engine's bootstrap address (port 0: none sent, the
+// engine's own default), the room, and for the decode stage the prefill
+// engine's data-parallel rank (-1: none sent).
+type sglangBootstrap struct {
+	host        string
+	port        int
+	room        uint64
+	prefillRank int64
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -559,7 +560,7 @@ func TestDisaggVLLMFaults(t *testing.T) {
 // the same bootstrap_room, at once; the decode engine pairs with the
 // prefill engine by room and its stream is relayed.
 func TestDisaggSGLang(t *testing.T) {
-	d := startDisaggRig(t, fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, MinRemoteTokens: 64}, true)
+	d := startDisaggRig(t, fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, BootstrapPort: fastpath.BootstrapHTTPPort, MinRemoteTokens: 64}, true)
 	r := d.r
 	for i, stream := range []bool{true, false} {
 		text := strings.Repeat("a long system prompt number "+strconv.Itoa(i)+" ", 40)
@@ -587,6 +588,113 @@ func TestDisaggSGLang(t *testing.T) {
 	resp := r.post(t, fastpath.PathChatCompletions, chatBody("hi", false), map[string]string{fastpath.HeaderAllow: "1"})
 	if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != "allow_excluded" {
 		t.Errorf("allow-list of the prefill worker: %d %s, want 400 allow_excluded", resp.status, resp.body)
+	}
+}
+
+// TestDisaggSGLangStageBodies pins what real SGLang engines need of the
+// two bodies: no bootstrap_port unless one is configured (each engine
+// then takes its own --disaggregation-bootstrap-port; the prefill's HTTP
+// port, sent before, is never its bootstrap server), a worker's own
+// bootstrap-port= before the router's; a room that names the prefill's
+// data-parallel rank as room % dp, and disagg_prefill_dp_rank to the
+// decode alone (the prefill of rank 3 of a DP engine otherwise computed
+// the KV where the decode did not look); a client's own of those fields
+// dropped. An aggregated SGLang engine (role both) is never a prefill
+// (it ignores the bootstrap fields and generates the whole answer), and
+// as the decode worker it computes the prompt itself.
+func TestDisaggSGLangStageBodies(t *testing.T) {
+	bodies := make(chan string, 16)
+	recording := func(stage string) fasthttp.RequestHandler {
+		return func(ctx *fasthttp.RequestCtx) {
+			bodies <- stage + " " + string(ctx.PostBody())
+			plainAnswer(ctx)
+		}
+	}
+	prefill, decode, both := startE2EEngine(t, recording("prefill")), startE2EEngine(t, recording("decode")), startE2EEngine(t, recording("both"))
+	for _, c := range []struct {
+		name           string
+		global, worker int
+		wantPort       string
+	}{
+		{"no port configured", 0, 0, ""},
+		{"the router's port", 8998, 0, "8998"},
+		{"the worker's own port", 8998, 9001, "9001"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := e2eConfig(
+				node.StaticWorker{ID: 1, DPRank: 3, Endpoint: prefill.addr(), Model: e2eModel, Role: workers.RolePrefill, BootstrapPort: c.worker},
+				node.StaticWorker{ID: 2, Endpoint: decode.addr(), Model: e2eModel, Role: workers.RoleDecode},
+				node.StaticWorker{ID: 3, Endpoint: both.addr(), Model: e2eModel, Role: workers.RoleBoth})
+			cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, BootstrapPort: c.global}
+			r := startE2ERouter(t, cfg)
+			body := bytes.Replace(completionBody(e2eTokens(9, 200), false, 4), []byte("{"),
+				[]byte(`{"bootstrap_room":7,"disagg_prefill_dp_rank":0,`), 1)
+			resp := r.post(t, fastpath.PathCompletions, body, map[string]string{fastpath.HeaderWorker: "2"})
+			if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderPrefillWorker) != "1" {
+				t.Fatalf("status %d, prefill worker %q: %s", resp.status, resp.header.Get(fastpath.HeaderPrefillWorker), resp.body)
+			}
+			got := map[string]map[string]any{}
+			for range 2 {
+				stage, raw, _ := strings.Cut(<-bodies, " ")
+				var m map[string]any
+				dec := json.NewDecoder(strings.NewReader(raw))
+				dec.UseNumber() // a room is 63 bits: not a float64
+				if err := dec.Decode(&m); err != nil {
+					t.Fatal(err)
+				}
+				got[stage] = m
+			}
+			pre, dec := got["prefill"], got["decode"]
+			if pre == nil || dec == nil {
+				t.Fatalf("stages seen: %v", got)
+			}
+			for stage, m := range got {
+				port, sent := m["bootstrap_port"]
+				if c.wantPort == "" && sent || c.wantPort != "" && fmt.Sprint(port) != c.wantPort {
+					t.Errorf("%s: bootstrap_port %v (sent %v), want %q", stage, port, sent, c.wantPort)
+				}
+				if fmt.Sprint(m["bootstrap_room"]) != fmt.Sprint(pre["bootstrap_room"]) || m["bootstrap_host"] != "127.0.0.1" {
+					t.Errorf("%s: bootstrap %v %v, prefill's room %v", stage, m["bootstrap_host"], m["bootstrap_room"], pre["bootstrap_room"])
+				}
+			}
+			room, err := strconv.ParseUint(fmt.Sprint(pre["bootstrap_room"]), 10, 64)
+			if err != nil || room == 7 || room >= 1<<63 {
+				t.Fatalf("room %v: %v", pre["bootstrap_room"], err)
+			}
+			for _, dp := range []uint64{4, 8, 12, 16, 32, 64} {
+				if room%dp != 3 {
+					t.Errorf("room %d %% %d = %d, want the prefill's rank 3", room, dp, room%dp)
+				}
+			}
+			if _, sent := pre["disagg_prefill_dp_rank"]; sent || fmt.Sprint(dec["disagg_prefill_dp_rank"]) != "3" {
+				t.Errorf("disagg_prefill_dp_rank: prefill %v, decode %v; want none and 3", pre["disagg_prefill_dp_rank"], dec["disagg_prefill_dp_rank"])
+			}
+			waitReleased(t, r.node)
+
+			// The aggregated engine, chosen to answer, computes the prompt;
+			// with only it and the decode engine allowed, no prefill is left.
+			resp = r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(10, 200), false, 4), map[string]string{fastpath.HeaderWorker: "3"})
+			if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderPrefillWorker) != "" {
+				t.Fatalf("on the aggregated engine: status %d, prefill worker %q: %s", resp.status, resp.header.Get(fastpath.HeaderPrefillWorker), resp.body)
+			}
+			if stage, raw, _ := strings.Cut(<-bodies, " "); stage != "both" || strings.Contains(raw, "bootstrap") {
+				t.Errorf("the aggregated engine's request: %s %s", stage, raw)
+			}
+			resp = r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(11, 200), false, 4),
+				map[string]string{fastpath.HeaderWorker: "2", fastpath.HeaderAllow: "2,3"})
+			if resp.status != http.StatusBadRequest || checkOpenAIError(t, resp.body) != "allow_excluded" {
+				t.Errorf("decode engine without a prefill engine allowed: %d %s, want 400 allow_excluded", resp.status, resp.body)
+			}
+			if n := decisionCount(t, r, "local_aggregated"); n != 1 {
+				t.Errorf("local_aggregated decisions %v, want 1", n)
+			}
+			waitReleased(t, r.node)
+			select {
+			case b := <-bodies:
+				t.Errorf("an engine got a request it should not have: %s", b)
+			default:
+			}
+		})
 	}
 }
 
@@ -622,7 +730,7 @@ func TestDisaggVLLMClientTransferParamsAreDropped(t *testing.T) {
 // client's own bootstrap fields never reach an engine. With no prefill
 // worker allowed the request is refused, not sent.
 func TestDisaggSGLangDecodeEnginesNeverPrefill(t *testing.T) {
-	d := startDisaggRig(t, fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, MinRemoteTokens: 64, LocalCachedFraction: 0.9}, true)
+	d := startDisaggRig(t, fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, BootstrapPort: fastpath.BootstrapHTTPPort, MinRemoteTokens: 64, LocalCachedFraction: 0.9}, true)
 	r := d.r
 	body := []byte(`{"model":"` + e2eModel + `","messages":[{"role":"user","content":"hi"}],"max_tokens":4,` +
 		`"bootstrap_host":"10.6.6.6","bootstrap_port":1,"bootstrap_room":7}`)
@@ -668,7 +776,7 @@ func TestDisaggSGLangBusyPrefillPoolIsNoFallback(t *testing.T) {
 	cfg := e2eConfig(
 		node.StaticWorker{ID: 1, Endpoint: prefill.addr(), Model: e2eModel, Role: workers.RolePrefill},
 		node.StaticWorker{ID: 2, Endpoint: decode.addr(), Model: e2eModel, Role: workers.RoleDecode})
-	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang}
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, BootstrapPort: fastpath.BootstrapHTTPPort}
 	cfg.Sched.QueueCapacity = 0
 	cfg.Sched.Busy.PrefillTokens = 1 // one booked prefill makes its worker busy
 	cfg.Dispatch.Outlier.Consecutive = 0
@@ -750,6 +858,12 @@ func TestDisaggSGLangPrefillFails(t *testing.T) {
 	// --disagg-prefill-timeout, not the first-byte timeout (10 minutes),
 	// the request fails.
 	hung := startE2EEngine(t, func(*fasthttp.RequestCtx) { <-release })
+	// A prefill engine that aborts the request after its stream began: an
+	// error event under the 200, as SGLang ends a stream it failed.
+	aborting := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
+		_ = writeFlush(w, []byte(`data: {"error":{"message":"Prefill aborted","type":"InternalServerError","code":500}}`+"\n\n"))
+		_ = writeFlush(w, []byte("data: [DONE]\n\n"))
+	}))
 	t.Cleanup(func() { close(release) })
 
 	for _, c := range []struct {
@@ -766,6 +880,7 @@ func TestDisaggSGLangPrefillFails(t *testing.T) {
 		// its stream began: either way the client hears prefill_failed.
 		{"unreachable, stream", deadAddr(t), streaming.addr(), true, false, 0},
 		{"prefill stream breaks", breaking.addr(), streaming.addr(), true, false, 0},
+		{"prefill stream aborts", aborting.addr(), streaming.addr(), true, false, 0},
 		{"prefill hangs, plain", hung.addr(), silent.addr(), false, false, 200 * time.Millisecond},
 		{"prefill hangs, stream", hung.addr(), streaming.addr(), true, false, 200 * time.Millisecond},
 	} {
@@ -773,7 +888,7 @@ func TestDisaggSGLangPrefillFails(t *testing.T) {
 			cfg := e2eConfig(
 				node.StaticWorker{ID: 1, Endpoint: c.prefill, Model: e2eModel, Role: workers.RolePrefill},
 				node.StaticWorker{ID: 2, Endpoint: c.decode, Model: e2eModel, Role: workers.RoleDecode})
-			cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, PrefillTimeout: c.prefillTimeout}
+			cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, BootstrapPort: fastpath.BootstrapHTTPPort, PrefillTimeout: c.prefillTimeout}
 			cfg.Dispatch.Outlier.Consecutive = 0
 			r := startE2ERouter(t, cfg)
 			before := closedByRouter.Load()
@@ -828,7 +943,7 @@ func TestDisaggSGLangPrefillRefusalReachesClient(t *testing.T) {
 	cfg := e2eConfig(
 		node.StaticWorker{ID: 1, Endpoint: prefill.addr(), Model: e2eModel, Role: workers.RolePrefill},
 		node.StaticWorker{ID: 2, Endpoint: decode.addr(), Model: e2eModel, Role: workers.RoleDecode})
-	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang}
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, BootstrapPort: fastpath.BootstrapHTTPPort}
 	cfg.Dispatch.Outlier.Consecutive = 0
 	r := startE2ERouter(t, cfg)
 	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(31, 200), false, 4), nil)
@@ -869,7 +984,7 @@ func TestDisaggSGLangDribblingPrefillIsCut(t *testing.T) {
 	cfg := e2eConfig(
 		node.StaticWorker{ID: 1, Endpoint: dribbling.addr(), Model: e2eModel, Role: workers.RolePrefill},
 		node.StaticWorker{ID: 2, Endpoint: decode.addr(), Model: e2eModel, Role: workers.RoleDecode})
-	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang}
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, BootstrapPort: fastpath.BootstrapHTTPPort}
 	r := startE2ERouter(t, cfg)
 	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(9, 200), false, 1), nil)
 	if resp.status != http.StatusOK {
@@ -959,7 +1074,7 @@ func TestDisaggSGLangDecodeFailureIsNotRetried(t *testing.T) {
 		node.StaticWorker{ID: 1, Endpoint: prefill.addr(), Model: e2eModel, Role: workers.RolePrefill},
 		node.StaticWorker{ID: 2, Endpoint: failing.addr(), Model: e2eModel, Role: workers.RoleDecode},
 		node.StaticWorker{ID: 3, Endpoint: healthy.addr(), Model: e2eModel, Role: workers.RoleDecode})
-	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang}
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, BootstrapPort: fastpath.BootstrapHTTPPort}
 	cfg.Policy = "round-robin" // both decode engines are tried in two requests
 	cfg.Dispatch.Outlier.Consecutive = 0
 	r := startE2ERouter(t, cfg)
@@ -1032,7 +1147,7 @@ func testDecodeRefusalAfterPrefill(t *testing.T, prefillStatus, status int, code
 	cfg := e2eConfig(
 		node.StaticWorker{ID: 1, Endpoint: prefill.addr(), Model: e2eModel, Role: workers.RolePrefill},
 		node.StaticWorker{ID: 2, Endpoint: decode.addr(), Model: e2eModel, Role: workers.RoleDecode})
-	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang}
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, BootstrapPort: fastpath.BootstrapHTTPPort}
 	cfg.Dispatch.Outlier.Consecutive = 0
 	r := startE2ERouter(t, cfg)
 	answered := make(chan e2eResponse, 1)
@@ -1064,7 +1179,7 @@ func TestDisaggSGLangPrefillRefusingTheKey(t *testing.T) {
 	cfg := e2eConfig(
 		node.StaticWorker{ID: 1, Endpoint: prefill.Addr(), Model: e2eModel, Role: workers.RolePrefill},
 		node.StaticWorker{ID: 2, Endpoint: decode.Addr(), Model: e2eModel, Role: workers.RoleDecode})
-	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang}
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, BootstrapPort: fastpath.BootstrapHTTPPort}
 	cfg.Dispatch.EngineToken = "engine-key"
 	r := startE2ERouter(t, cfg)
 	waitFor(t, "the prefill worker reported as refusing the router's key", func() bool {

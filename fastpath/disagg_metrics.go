@@ -20,7 +20,7 @@ func newDisaggMetrics(reg *prometheus.Registry, s *Server) disaggMetrics {
 		Name: "kvfast_disagg_decisions_total",
 		Help: "Disaggregated requests by where their prompt was prefilled: remote (a prefill worker), local_short (uncached remainder under --disagg-min-remote-tokens), " +
 			"local_cached (the decode worker caches --disagg-local-cached-fraction of it), local_no_prefill_worker, fallback_local (every prefill attempt failed), " +
-			"no_prefill_worker (refused: an SGLang decode engine cannot compute a prompt, and no prefill worker could take it).",
+			"no_prefill_worker (refused: an SGLang decode engine cannot compute a prompt, and no prefill worker could take it), local_aggregated (SGLang: the chosen worker is an aggregated engine, which computes the prompt itself).",
 	}, []string{"decision"})
 	for _, d := range allDecisions {
 		m.decisions[d] = decisions.WithLabelValues(d)

@@ -1411,7 +1411,7 @@ func TestRequestDurationCountsEveryRequest(t *testing.T) {
 // TestReadyNeedsAWorkerThatAnswers: /ready and kvfast_routable_workers
 // count the healthy workers that can answer a request whole. An encoder
 // or a prefill engine healthy alone, or SGLang's decode engines with no
-// prefill engine, leave the router not ready (every request got 503
+// prefill engine (an aggregated engine is none), leave the router not ready (every request got 503
 // while /ready said ready); a vLLM decode engine is ready alone, as it
 // computes the prompt itself when no prefill engine is up.
 func TestReadyNeedsAWorkerThatAnswers(t *testing.T) {
@@ -1435,6 +1435,9 @@ func TestReadyNeedsAWorkerThatAnswers(t *testing.T) {
 		{"vLLM, a decode engine alone", fastpath.DisaggVLLM, []node.StaticWorker{dead(workers.RolePrefill), live(2, workers.RoleDecode)}, 1},
 		{"SGLang, a decode engine alone", fastpath.DisaggSGLang, []node.StaticWorker{dead(workers.RolePrefill), live(2, workers.RoleDecode)}, 0},
 		{"SGLang, both stages", fastpath.DisaggSGLang, []node.StaticWorker{live(1, workers.RolePrefill), live(2, workers.RoleDecode)}, 1},
+		// An aggregated SGLang engine answers alone but is no prefill: the
+		// decode engine beside it cannot answer.
+		{"SGLang, an aggregated and a decode engine", fastpath.DisaggSGLang, []node.StaticWorker{live(1, workers.RoleBoth), live(2, workers.RoleDecode), dead(workers.RolePrefill)}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := e2eConfig(tc.workers...)

@@ -400,8 +400,9 @@ func (s *Server) awaitSettled(ctx context.Context) bool {
 
 // routable is the healthy workers that can answer a request whole: those
 // that generate (never an encoder; under disaggregation, those that can
-// decode), and under SGLang's protocol, where a decode-only engine cannot
-// compute a prompt, only while a worker that can prefill is healthy too.
+// decode), and under SGLang's protocol, where a decode engine cannot
+// compute a prompt, decode engines only while a prefill engine is healthy
+// too (an aggregated engine, role both, is no prefill there).
 // /ready and kvfast_routable_workers count them: workers healthy in a
 // role that serves no request alone (an encoder, a prefill engine) left
 // the router ready while every request was refused. An engine that
@@ -410,8 +411,8 @@ func (s *Server) awaitSettled(ctx context.Context) bool {
 func (s *Server) routable() workers.Set {
 	healthy := s.eligible() &^ workers.Set(s.keyRefused.Load())
 	gen := healthy & s.sched.StageWorkers(s.generatingStage())
-	if s.cfg.Disagg.Protocol == DisaggSGLang && healthy&s.sched.StageWorkers(sched.StagePrefill) == 0 {
-		return 0
+	if s.cfg.Disagg.Protocol == DisaggSGLang && healthy&s.prefillPool() == 0 {
+		gen &^= s.sched.RoleWorkers(workers.RoleDecode)
 	}
 	return gen
 }

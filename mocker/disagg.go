@@ -77,16 +77,18 @@ func (d *disaggRequest) read(w *wireRequest) *openai.Error {
 	if w.BootstrapHost != nil {
 		d.host, n = *w.BootstrapHost, n+1
 	}
-	if w.BootstrapPort != nil {
-		d.port, n = *w.BootstrapPort, n+1
-	}
 	if w.BootstrapRoom != nil {
 		d.room, n = *w.BootstrapRoom, n+1
 	}
-	switch n {
-	case 0:
-	case 3:
-		d.bootstrap = true
+	switch {
+	case n == 0 && w.BootstrapPort == nil:
+	case n == 2 && w.BootstrapPort == nil:
+		// SGLang fills in its own --disaggregation-bootstrap-port; the
+		// mock serves its bootstrap on its HTTP port, which only the
+		// router can name.
+		return badRequest("bootstrap_port", "kvfast mock serves its bootstrap on its HTTP port and has no default one: run the router with --disagg-bootstrap-port http")
+	case n == 2:
+		d.port, d.bootstrap = *w.BootstrapPort, true
 	default:
 		return badRequest("bootstrap_room", "bootstrap_host, bootstrap_port and bootstrap_room go together")
 	}

@@ -82,3 +82,20 @@ func TestTransferTimeout(t *testing.T) {
 		t.Errorf("decode of expired blocks: %d, want 400", status)
 	}
 }
+
+// TestSGLangBootstrapNeedsItsPort: SGLang fills a missing bootstrap_port
+// with its own default; the mock serves its bootstrap on its HTTP port,
+// which it cannot guess for another engine, so it says what the router
+// must send instead of pairing nothing; the three fields still go
+// together otherwise.
+func TestSGLangBootstrapNeedsItsPort(t *testing.T) {
+	e := startEngine(t, Config{Role: workers.RolePrefill, BlockSize: 16, Speedup: 1000, SGLangBootstrap: true})
+	prompt := tokenPrompt(40, 2)
+	status, body := do(t, "POST", e.URL()+"/v1/completions", `{"prompt":`+prompt+`,"bootstrap_host":"127.0.0.1","bootstrap_room":7}`)
+	if status != 400 || !strings.Contains(string(body), "--disagg-bootstrap-port http") {
+		t.Errorf("no bootstrap_port: %d %s", status, body)
+	}
+	if status, body := do(t, "POST", e.URL()+"/v1/completions", `{"prompt":`+prompt+`,"bootstrap_port":1,"bootstrap_room":7}`); status != 400 || !strings.Contains(string(body), "go together") {
+		t.Errorf("no bootstrap_host: %d %s", status, body)
+	}
+}

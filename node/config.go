@@ -128,6 +128,9 @@ type StaticWorker struct {
 	// Role is the worker's part in disaggregated serving (role=prefill,
 	// decode, encode or both; both when absent).
 	Role workers.Role
+	// BootstrapPort is an SGLang prefill engine's bootstrap port
+	// (bootstrap-port=N), 0 for the router's --disagg-bootstrap-port.
+	BootstrapPort int
 
 	// Events is the engine's ZMQ KV-event PUB socket (tcp://host:port),
 	// for engines that publish vLLM's wire format (stock vLLM and SGLang);
@@ -365,11 +368,11 @@ func (c *Config) Validate() error {
 }
 
 // ParseStaticWorker reads the --worker syntax:
-// "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,role=prefill|decode|encode|both][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]".
+// "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,role=prefill|decode|encode|both][,bootstrap-port=N][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]".
 // id defaults to defaultID.
 func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	sw := StaticWorker{ID: defaultID}
-	pairs, err := keyvals.Split(v, map[string]string{"endpoint": "url", "dp-rank": "rank", "events": "zmq"})
+	pairs, err := keyvals.Split(v, map[string]string{"endpoint": "url", "dp-rank": "rank", "events": "zmq", "bootstrap_port": "bootstrap-port"})
 	if err != nil {
 		// The value is not quoted: any part of it may be a secret.
 		return sw, fmt.Errorf("cannot parse the value: %w (credentials in a URL are refused anyway: give the engines' key with --engine-api-key-file)", err)
@@ -397,10 +400,16 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 			sw.Topic = val
 		case "role":
 			sw.Role, err = workers.ParseRole(val)
+		case "bootstrap-port", "bootstrap_port":
+			var p uint64
+			if p, err = strconv.ParseUint(val, 10, 16); err == nil && p == 0 {
+				err = errors.New("port 0")
+			}
+			sw.BootstrapPort = int(p)
 		default:
 			// Neither the key nor the value is shown: an item may be the
 			// rest of a password cut at a comma.
-			return sw, fmt.Errorf("cannot use the key of item %d: want url, id, rank, model, kv-blocks, role, zmq, replay or topic", i+1)
+			return sw, fmt.Errorf("cannot use the key of item %d: want url, id, rank, model, kv-blocks, role, bootstrap-port, zmq, replay or topic", i+1)
 		}
 		if err != nil {
 			switch k {
@@ -420,6 +429,9 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	}
 	if _, err := hostPort(sw.Endpoint); err != nil {
 		return sw, err
+	}
+	if sw.BootstrapPort != 0 && sw.Role != workers.RolePrefill {
+		return sw, errors.New("bootstrap-port= belongs to a prefill worker (role=prefill): the SGLang engine whose bootstrap server it names")
 	}
 	if sw.Events == "" && (sw.Replay != "" || sw.Topic != "") {
 		return sw, errors.New("replay= and topic= belong to a worker's zmq= event feed")
@@ -478,7 +490,7 @@ func checkModelName(model string) error {
 // show the value it refused.
 var valueWanted = map[string]string{
 	"id": "want a whole number", "rank": "want a whole number", "dp-rank": "want a whole number",
-	"kv-blocks": "want a whole number", "role": "want prefill, decode, encode or both",
+	"kv-blocks": "want a whole number", "role": "want prefill, decode, encode or both", "bootstrap-port": "want a port from 1 to 65535", "bootstrap_port": "want a port from 1 to 65535",
 }
 
 // hostPort accepts "host:port" or an http URL and returns "host:port".

@@ -71,7 +71,7 @@ func (n *Node) addStatic(static []StaticWorker) error {
 			return fmt.Errorf("cannot use static worker %d: %w", w.ID, err)
 		}
 		if err := n.sched.Upsert(sched.WorkerInfo{ID: w.ID, DPRank: w.DPRank, Slot: slot, Model: w.Model,
-			Endpoint: addr, KVCapacityBlocks: w.KVBlocks, Role: w.Role}); err != nil {
+			Endpoint: addr, KVCapacityBlocks: w.KVBlocks, Role: w.Role, BootstrapPort: w.BootstrapPort}); err != nil {
 			return fmt.Errorf("cannot add static worker %d rank %d: %w", w.ID, w.DPRank, err)
 		}
 		e, err := n.engines.Add(slot, addr)

@@ -47,6 +47,23 @@ func (ws *workerSet) setRole(w workers.Slot, r workers.Role) {
 	}
 }
 
+// RoleWorkers returns the present workers whose role is r, healthy or not:
+// under SGLang's protocol a prefill must be an engine started in prefill
+// mode, not any worker that can prefill (an aggregated engine ignores the
+// bootstrap fields and generates the whole answer).
+func (s *Scheduler) RoleWorkers(r workers.Role) workers.Set {
+	ws := s.workers.Load()
+	switch r {
+	case workers.RolePrefill:
+		return ws.present & ws.onlyPrefill
+	case workers.RoleDecode:
+		return ws.present & ws.onlyDecode
+	case workers.RoleEncode:
+		return ws.present & ws.onlyEncode
+	}
+	return ws.present &^ (ws.onlyPrefill | ws.onlyDecode | ws.onlyEncode)
+}
+
 // StageWorkers returns the present workers that can run stage, healthy or
 // not: the front end asks whether a two-stage route exists at all.
 func (s *Scheduler) StageWorkers(stage Stage) workers.Set {

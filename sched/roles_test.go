@@ -37,6 +37,12 @@ func TestStageFiltersByRole(t *testing.T) {
 			t.Errorf("stage %d: eligible %b, want %b", c.stage, sc.Eligible, c.want)
 		}
 	}
+	for r, want := range map[workers.Role]workers.Set{workers.RolePrefill: workers.SetOf(0), workers.RoleDecode: workers.SetOf(1) | workers.SetOf(3),
+		workers.RoleBoth: workers.SetOf(2), workers.RoleEncode: workers.SetOf(4)} {
+		if got := s.RoleWorkers(r); got != want {
+			t.Errorf("role %v: workers %b, want %b", r, got, want)
+		}
+	}
 	// A role change on re-upsert moves the worker between the sets, and
 	// removal clears it.
 	if err := s.Upsert(WorkerInfo{ID: 100, Slot: 0, Model: "m", Endpoint: "h:1", Role: workers.RoleDecode}); err != nil {

@@ -21,6 +21,10 @@ type WorkerInfo struct {
 	BlockSize        int          // 0 means the router's block size; anything else must equal it
 	KVCapacityBlocks uint64       // 0 if unknown (the load page's total is used instead)
 	Role             workers.Role // disaggregated serving's part for the worker (roles.go)
+	// BootstrapPort is an SGLang prefill engine's bootstrap port, when it
+	// is not the one every prefill engine uses (co-located engines each
+	// need their own); 0: the router's --disagg-bootstrap-port.
+	BootstrapPort int
 	// Generation tells apart successive engines of one identity in one
 	// slot (the shm registry bumps it when an engine re-registers, as a
 	// restarted one does): a new value is a new engine, whose cache,

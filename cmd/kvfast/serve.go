@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/kvfast/kvfast/benchmarks/demo/demotok"
+	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
@@ -98,7 +99,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.Float64Var(&cfg.Segment.IndexWorkerShare, "index-worker-share", cfg.Segment.IndexWorkerShare, "the most of the index one worker's blocks may take, so that an engine that never reports evictions cannot crowd out the others' (refusals: kvfast_worker_index_refused_total); 1: no bound")
 	fs.IntVar(&cfg.Segment.RingBytes, "ring-bytes", cfg.Segment.RingBytes, "bytes of each worker's event ring when the segment is created (0: shm's default, 1 MiB, or, attaching, whatever the segment has)")
 	fs.IntVar(&cfg.Sched.BlockSize, "block-size", cfg.Sched.BlockSize, "tokens per KV block; must equal the engines' block size")
-	fs.Var((*workerFlags)(&cfg.Static), "worker", `a static engine, repeatable: "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,role=prefill|decode|encode|both][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]" (id: the worker id, by default the flag's position, 0, 1, ..., which must differ from the ids of engines registering in the segment; zmq: the engine's KV-event PUB socket, vLLM/SGLang wire format; needs model; role: its part in disaggregated serving, see --disagg; encode workers take chat requests' images, audio and video first, see --encode-max-items)`)
+	fs.Var((*workerFlags)(&cfg.Static), "worker", `a static engine, repeatable: "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,role=prefill|decode|encode|both][,bootstrap-port=N][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]" (id: the worker id, by default the flag's position, 0, 1, ..., which must differ from the ids of engines registering in the segment; zmq: the engine's KV-event PUB socket, vLLM/SGLang wire format; needs model; role: its part in disaggregated serving, see --disagg; bootstrap-port: an SGLang prefill engine's --disaggregation-bootstrap-port, when it is not --disagg-bootstrap-port; encode workers take chat requests' images, audio and video first, see --encode-max-items)`)
 	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: kv (cache-aware cost model), approx (cache-aware from the router's own history, no events), affinity (longest prefix on the router's own history, load only as a tie-break), round-robin, random, least-loaded")
 	cost := cfg.Sched.Cost
 	fs.Float64Var(&cost.OverlapCredit, "overlap-credit", cost.OverlapCredit, "weight of a worker's cached prefix blocks against its prefill cost (0 ignores the cache)")
@@ -137,11 +138,22 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.DurationVar(&cfg.HTTP.Sessions.BusyUnbindAfter, "session-busy-unbind", cfg.HTTP.Sessions.BusyUnbindAfter, "move a session off its worker once that worker has stayed over a busy threshold this long; shorter overload is transient and the session's requests queue for their worker, until it has been busy this long (0: never)")
 	fs.DurationVar(&cfg.HTTP.Sessions.ControlTimeout, "session-control-timeout", cfg.HTTP.Sessions.ControlTimeout, "bound on one SGLang open_session or close_session call (session_control)")
 	dis := &cfg.HTTP.Disagg
-	fs.StringVar(&dis.Protocol, "disagg", dis.Protocol, "route requests in two stages, prefill on a prefill worker then decode on a decode worker (workers' role=), in the engines' `protocol`: vllm (NixlConnector kv_transfer_params) or sglang (bootstrap_host/port/room); empty: off")
+	fs.StringVar(&dis.Protocol, "disagg", dis.Protocol, "route requests in two stages, prefill on a prefill worker then decode on a decode worker (workers' role=), in the engines' `protocol`: vllm (the NixlConnector's kv_transfer_params; not vLLM's Mooncake, P2pNccl or LMCache connectors) or sglang (bootstrap_host/port/room); empty: off")
 	fs.IntVar(&dis.MinRemoteTokens, "disagg-min-remote-tokens", dis.MinRemoteTokens, "with --disagg: prefill on the decode worker when the part of the prompt it does not cache is shorter than this many tokens")
 	fs.Float64Var(&dis.LocalCachedFraction, "disagg-local-cached-fraction", dis.LocalCachedFraction, "with --disagg: prefill on the decode worker when it caches at least this fraction of the prompt (0: off)")
 	fs.DurationVar(&dis.PrefillTimeout, "disagg-prefill-timeout", dis.PrefillTimeout, "with --disagg: bound on the wait for a prefill worker's answer (its headers; a streamed answer then has --stream-idle-timeout); past it a vLLM prefill is tried on another prefill worker, or the decode worker prefills, and an SGLang request fails with 502 prefill_failed (0: --first-byte-timeout)")
-	fs.IntVar(&dis.BootstrapPort, "disagg-bootstrap-port", dis.BootstrapPort, "with --disagg sglang: the prefill engines' bootstrap port (SGLang's default is 8998; 0: the prefill worker's HTTP port, as kvfast mock serves it)")
+	fs.Func("disagg-bootstrap-port", "with --disagg sglang: the bootstrap `port` of the prefill engines (their --disaggregation-bootstrap-port) where a worker gives no bootstrap-port=; unset or 0 sends none, and each engine takes its own (SGLang's default, 8998); http: the prefill worker's HTTP port, where kvfast mock serves its bootstrap", func(v string) error {
+		if v == "http" {
+			dis.BootstrapPort = fastpath.BootstrapHTTPPort
+			return nil
+		}
+		p, err := strconv.ParseUint(v, 10, 16)
+		if err != nil {
+			return errors.New("want a port from 1 to 65535, 0 for the engines' own, or http")
+		}
+		dis.BootstrapPort = int(p)
+		return nil
+	})
 	enc := &cfg.HTTP.Encode
 	fs.BoolVar(&enc.Off, "encode-off", enc.Off, "never send multimodal items to encode workers (role=encode): every engine encodes its own requests' images (the stage runs whenever encode workers are present, except under --disagg sglang, whose engines call their encoders themselves)")
 	fs.DurationVar(&enc.Timeout, "encode-timeout", enc.Timeout, "bound on the wait for an encode worker's answer; past it the item goes to another encoder or the engine encodes it itself (0: --first-byte-timeout)")

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
@@ -54,6 +55,18 @@ func TestServeConfig(t *testing.T) {
 		// Repeated --worker flags take consecutive default ids.
 		if len(cfg.Static) != 2 || cfg.Static[0].ID != 0 || cfg.Static[1].ID != 9 {
 			t.Errorf("static workers %+v", cfg.Static)
+		}
+	})
+	t.Run("the SGLang bootstrap port: none, a number, or the workers' HTTP port", func(t *testing.T) {
+		for value, want := range map[string]int{"0": 0, "8998": 8998, "http": fastpath.BootstrapHTTPPort} {
+			cfg, _, ok := serveConfig([]string{"--segment", "none", "--disagg", "sglang", "--disagg-bootstrap-port", value}, io.Discard)
+			if !ok || cfg.HTTP.Disagg.BootstrapPort != want {
+				t.Errorf("--disagg-bootstrap-port %s: ok %v, port %d, want %d", value, ok, cfg.HTTP.Disagg.BootstrapPort, want)
+			}
+		}
+		var stderr strings.Builder
+		if _, code, ok := serveConfig([]string{"--disagg-bootstrap-port", "8998x"}, &stderr); ok || code != 2 || !strings.Contains(stderr.String(), "or http") {
+			t.Errorf("a bad port: ok %v, status %d, %q", ok, code, stderr.String())
 		}
 	})
 	t.Run("a directory as the segment is a usage error that says what to give", func(t *testing.T) {
