@@ -33,8 +33,9 @@ type Kube struct {
 	// Namespace and Pool name the InferencePool.
 	Namespace, Pool string
 	// EventsPort is the port of every pod's ZMQ KV-event socket (vLLM's
-	// --kv-events-config endpoint, tcp://*:5557 by default); 0: the pods
-	// publish none. ReplayPort is the replay socket's, 0 for none.
+	// --kv-events-config endpoint, tcp://*:5557 by default) for the engine
+	// at the pool's first target port, EventsPort+i for the i-th; 0: the
+	// pods publish none. ReplayPort is the replay socket's, 0 for none.
 	EventsPort, ReplayPort int
 	// Client makes the requests; InCluster sets one that trusts the
 	// cluster's CA.
@@ -133,6 +134,10 @@ func (k *Kube) Endpoints(ctx context.Context) ([]Endpoint, error) {
 		if tp.Number < 1 || tp.Number > 65535 {
 			return nil, fmt.Errorf("cannot route for InferencePool %s/%s: target port %d is not a port", k.Namespace, k.Pool, tp.Number)
 		}
+	}
+	if last := len(pool.Spec.TargetPorts) - 1; max(k.EventsPort, k.ReplayPort)+last > 65535 {
+		return nil, fmt.Errorf("cannot route for InferencePool %s/%s: its %d target ports put the event sockets past port 65535 (--events-port %d, --replay-port %d)",
+			k.Namespace, k.Pool, last+1, k.EventsPort, k.ReplayPort)
 	}
 	var sel []string
 	for key, v := range pool.Spec.Selector.MatchLabels {

@@ -161,6 +161,13 @@ func TestKubeSourceTargetPorts(t *testing.T) {
 			t.Errorf("%s: %v; want an error naming %q", pool, err, why)
 		}
 	}
+	f.mu.Lock()
+	f.pool = `{"spec":{"selector":{"matchLabels":{"app":"vllm"}},"targetPorts":[{"number":8000},{"number":8001}]}}`
+	f.mu.Unlock()
+	k.EventsPort = 65535
+	if _, err := k.Endpoints(context.Background()); err == nil || !strings.Contains(err.Error(), "past port 65535") {
+		t.Errorf("the second port's events past 65535: %v", err)
+	}
 }
 
 // TestRunFollowsSource: Run syncs the picker with the source as pods come

@@ -642,6 +642,9 @@ func judgesRequest(call *dispatch.Call) bool {
 var (
 	errPrefillRefused = errors.New("the prefill engine refused the request")
 	errPrefillInvalid = errors.New("the prefill engine found the request invalid")
+	// errPrefillAborted: an SGLang prefill's stream ended with the engine's
+	// own error event (it aborted the request after its headers).
+	errPrefillAborted = errors.New("the prefill engine aborted the request in its stream")
 )
 
 // errStageGarbled is a prefill's answer whose kv_transfer_params are not
@@ -721,20 +724,16 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) error {
 		port, _ = strconv.Atoi(portText)
 	}
 	room := sglangRoom(d.DPRank)
-	b := sglangBootstrap{host: host, port: port, room: room, prefillRank: -1}
-	if st.body, err = appendSGLangBody(st.body[:0], ex.body, b); err != nil {
+	if st.body, err = appendSGLangBody(st.body[:0], ex.body, sglangBootstrap{host: host, port: port, room: room}); err != nil {
 		ex.releasePrefill()
 		return err
 	}
 	// The decode engine is told which of the prefill engine's
 	// data-parallel ranks holds the KV (SGLang's disagg_prefill_dp_rank,
 	// as its router sends it); the room says it too, for releases that
-	// read only the room.
-	b.prefillRank = int64(d.DPRank)
-	if st.decode, err = appendSGLangBody(st.decode[:0], ex.body, b); err != nil {
-		ex.releasePrefill()
-		return err
-	}
+	// read only the room. The prefill's body with that member added.
+	st.decode = appendMember(append(st.decode[:0], st.body[:len(st.body)-1]...), true, "disagg_prefill_dp_rank", "")
+	st.decode = append(strconv.AppendUint(st.decode, uint64(d.DPRank), 10), '}')
 	st.dec, st.decided = d, true
 	ex.setPrefillCall(s.engines.AcquireCall())
 	st.call.SetRequest(routedPath(ex.api), st.body)
@@ -758,9 +757,12 @@ func (s *Server) startSGLang(ctx *fasthttp.RequestCtx, ex *exchange) error {
 		if err == nil {
 			if call.IsEventStream() {
 				err = call.Relay(discardWriter())
-				// An error event ends an SGLang prefill that aborted
-				// after its stream began (its KV will not come).
-				failed = failed || err != nil || call.EngineErred()
+				if err == nil && call.EngineErred() {
+					// An error event ends an SGLang prefill that aborted
+					// after its stream began: its KV will not come.
+					err = errPrefillAborted
+				}
+				failed = failed || err != nil
 			} else {
 				var body []byte
 				body, err = call.ReadBody()

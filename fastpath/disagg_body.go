@@ -181,9 +181,10 @@ func appendVLLMDecodeBody(dst, body, params []byte) ([]byte, error) {
 	return append(dst, '}'), nil
 }
 
-// appendSGLangBody appends the body a stage of an SGLang request gets: the
-// client's, with the prefill engine's bootstrap address and the room that
-// pairs the two stages (and, for the decode stage, the prefill's rank).
+// appendSGLangBody appends the body the prefill stage of an SGLang request
+// gets: the client's, with the prefill engine's bootstrap address and the
+// room that pairs the two stages (the decode stage's adds the prefill's
+// rank to it).
 func appendSGLangBody(dst, body []byte, b sglangBootstrap) ([]byte, error) {
 	dst, wrote, err := appendMembersExcept(dst, body, sglangTransferFields...)
 	if err != nil {
@@ -200,20 +201,14 @@ func appendSGLangBody(dst, body []byte, b sglangBootstrap) ([]byte, error) {
 	}
 	dst = append(dst, `,"bootstrap_room":`...)
 	dst = strconv.AppendUint(dst, b.room, 10)
-	if b.prefillRank >= 0 {
-		dst = append(dst, `,"disagg_prefill_dp_rank":`...)
-		dst = strconv.AppendInt(dst, b.prefillRank, 10)
-	}
 	return append(dst, '}'), nil
 }
 
-// sglangBootstrap is what an SGLang request's stages are told of each
-// other: the prefill engine's bootstrap address (port 0: none sent, the
-// engine's own default), the room, and for the decode stage the prefill
-// engine's data-parallel rank (-1: none sent).
+// sglangBootstrap is what both stages of an SGLang request are told of
+// the prefill engine: its bootstrap address (port 0: none sent, the
+// engine's own default) and the room.
 type sglangBootstrap struct {
-	host        string
-	port        int
-	room        uint64
-	prefillRank int64
+	host string
+	port int
+	room uint64
 }

@@ -390,8 +390,11 @@ func (in *Ingester) watchHolder(now time.Time) {
 			hw.tails[i], moved = st.Tail, true
 		}
 		// Only a live worker's ring must be consumed: a closed one's
-		// rest is left until the slot is registered again.
-		if state, _, _ := in.seg.SlotState(workers.Slot(i)); state == shm.StateLive {
+		// rest is left until the slot is registered again. A head that is
+		// not 8-aligned is a producer's garbage, which the holder resyncs
+		// past to the aligned word below it and then leaves, a few bytes
+		// short of it, until the head moves again: no work waiting.
+		if state, _, _ := in.seg.SlotState(workers.Slot(i)); state == shm.StateLive && st.Head%8 == 0 {
 			waiting += st.Lag()
 		}
 	}
@@ -405,10 +408,10 @@ func (in *Ingester) watchHolder(now time.Time) {
 		hw.idle = now
 	}
 	if stalled := now.Sub(hw.idle); stalled >= in.cfg.StallAfter {
-		in.pub.holderStalled.Store(true)
 		in.throttle.Log(in.cfg.Logger, slog.LevelWarn, "holder-stalled",
 			"the router that ingests the segment's KV events has applied none of those waiting in its rings: if it is hung (stopped, stuck), stop it and this router takes over; until then every router on the segment routes on a stale index",
 			"segment", in.seg.Path(), "ingester_pid", in.seg.Ingester().PID, "stalled_for", stalled.Round(time.Second), "waiting_bytes", waiting)
+		in.pub.holderStalled.Store(true) // after the warning, which a reader of the flag may look for
 	}
 }
 

@@ -670,3 +670,49 @@ func TestStandbySeesAHungHolder(t *testing.T) {
 	drainAll(holder)
 	waitFor(t, func() bool { return !standby.Stats().IngesterStalled }, stats)
 }
+
+// TestStandbyIgnoresAnUnalignedHead: a producer's unaligned head leaves a
+// few bytes of lag the holder resyncs past and then never consumes (the
+// ring waits for its head to move); a standby must not take that for a
+// hung holder, and still must once real events wait. The clock is the
+// test's: watchHolder takes the time.
+func TestStandbyIgnoresAnUnalignedHead(t *testing.T) {
+	seg := openSeg(t, 1<<20)
+	holder := acquire(t, seg, Config{})
+	p, err := seg.Register(workerCfg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range genOps(1, 5) {
+		publishOp(p, o)
+	}
+	drainAll(holder)
+	hdr := seg.Header()
+	ring := hdr.RingsOffset + int64(p.Slot())*int64(hdr.RingStride)
+	scribble(t, seg.Path(), ring, binary.LittleEndian.AppendUint64(nil, seg.RingState(p.Slot()).Head+4))
+	drainAll(holder)
+	if lag := seg.RingState(p.Slot()).Lag(); lag != 4 {
+		t.Fatalf("lag %d after the holder resynced past the unaligned head, want 4", lag)
+	}
+	other, err := shm.Open(seg.Path(), shm.Options{Index: testIndex, RingBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	standby := New(other, Config{StallAfter: time.Second})
+	now := time.Now()
+	for m := range 3 { // a first look, then two a minute apart
+		standby.watchHolder(now.Add(time.Duration(m) * time.Minute))
+	}
+	if standby.Stats().IngesterStalled {
+		t.Fatal("a standby called the holder stalled for the bytes of an unaligned head")
+	}
+	for _, o := range genOps(2, 5) {
+		publishOp(p, o) // the holder, hung, consumes none of these
+	}
+	standby.watchHolder(now.Add(3 * time.Minute))
+	standby.watchHolder(now.Add(4 * time.Minute))
+	if !standby.Stats().IngesterStalled {
+		t.Fatal("events waited a minute unconsumed and the standby said nothing")
+	}
+}
