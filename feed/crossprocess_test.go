@@ -104,7 +104,7 @@ func runChild(role, seg string) error {
 			return err
 		}
 		h := s.Header()
-		ring := h.RingsOffset + int64(p.Slot())*int64(h.RingStride)
+		ring := ringAt(s, p.Slot())
 		head := s.RingState(p.Slot()).Head
 		rec := make([]byte, 56)
 		rec[0], rec[4], rec[6] = 56, byte(shm.KindStored), testBlockSize

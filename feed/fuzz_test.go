@@ -32,7 +32,7 @@ func FuzzIngest(f *testing.F) {
 	}
 	in.ScanRegistry()
 	h := seg.Header()
-	ring := h.RingsOffset + int64(p.Slot())*int64(h.RingStride)
+	ring := ringAt(seg, p.Slot())
 	fd, err := os.OpenFile(seg.Path(), os.O_RDWR, 0)
 	if err != nil {
 		f.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -428,11 +427,9 @@ func TestIngestSurvivesGarbage(t *testing.T) {
 	drainAll(in)
 	// Scribble over the ring: a record header claiming to be enormous,
 	// committed by a buggy producer.
-	hdr := seg.Header()
-	ring := hdr.RingsOffset + int64(p.Slot())*int64(hdr.RingStride)
 	st := seg.RingState(p.Slot())
-	scribble(t, seg.Path(), ring+256+int64(st.Head%uint64(hdr.RingBytes)), []byte{0xf8, 0xff, 0xff, 0x0f, 1, 0, 4, 0})
-	scribble(t, seg.Path(), ring, binary.LittleEndian.AppendUint64(nil, st.Head+32)) // "commit" it
+	scribble(t, seg.Path(), ringAt(seg, p.Slot())+256+int64(st.Head%uint64(seg.Header().RingBytes)), []byte{0xf8, 0xff, 0xff, 0x0f, 1, 0, 4, 0})
+	scribbleHead(t, seg, p.Slot(), st.Head+32) // "commit" it
 	drainAll(in)
 	if s := in.Stats(); s.Garbage == 0 || s.Resyncs == 0 {
 		t.Fatalf("garbage not detected: %+v", s)
@@ -533,20 +530,9 @@ func TestCursorAheadOfRecordsResyncs(t *testing.T) {
 	if err := first.Release(); err != nil {
 		t.Fatal(err)
 	}
-	h := seg.Header()
-	f, err := os.OpenFile(seg.Path(), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var seq [8]byte
-	binary.LittleEndian.PutUint64(seq[:], 1<<62)
 	// docs/shm-layout.md: a ring's last applied sequence number is the
 	// u64 at byte 136 of its control block.
-	_, err = f.WriteAt(seq[:], h.RingsOffset+int64(p.Slot())*int64(h.RingStride)+136)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	scribble(t, seg.Path(), ringAt(seg, p.Slot())+136, binary.LittleEndian.AppendUint64(nil, 1<<62))
 	m := newModel()
 	for _, o := range ops[20:] {
 		if err := publishOp(p, o); err != nil {
@@ -618,17 +604,15 @@ func TestStuckGarbageCountedOnce(t *testing.T) {
 		publishOp(p, o)
 	}
 	drainAll(in)
-	hdr := seg.Header()
-	ring := hdr.RingsOffset + int64(p.Slot())*int64(hdr.RingStride)
 	st := seg.RingState(p.Slot())
-	scribble(t, seg.Path(), ring, binary.LittleEndian.AppendUint64(nil, st.Head+4))
+	scribbleHead(t, seg, p.Slot(), st.Head+4)
 	for range 20 {
 		drainAll(in)
 	}
 	if s := in.Stats(); s.Garbage != 1 {
 		t.Fatalf("an unaligned head that never moves counted %d times as garbage, want once", s.Garbage)
 	}
-	scribble(t, seg.Path(), ring, binary.LittleEndian.AppendUint64(nil, st.Head+12))
+	scribbleHead(t, seg, p.Slot(), st.Head+12)
 	drainAll(in)
 	if s := in.Stats(); s.Garbage != 2 {
 		t.Fatalf("a head that moved (still wrong) was not read again: garbage %d, want 2", s.Garbage)
@@ -687,9 +671,7 @@ func TestStandbyIgnoresAnUnalignedHead(t *testing.T) {
 		publishOp(p, o)
 	}
 	drainAll(holder)
-	hdr := seg.Header()
-	ring := hdr.RingsOffset + int64(p.Slot())*int64(hdr.RingStride)
-	scribble(t, seg.Path(), ring, binary.LittleEndian.AppendUint64(nil, seg.RingState(p.Slot()).Head+4))
+	scribbleHead(t, seg, p.Slot(), seg.RingState(p.Slot()).Head+4)
 	drainAll(holder)
 	if lag := seg.RingState(p.Slot()).Lag(); lag != 4 {
 		t.Fatalf("lag %d after the holder resynced past the unaligned head, want 4", lag)
