@@ -399,10 +399,9 @@ func (s *Server) decideDisagg(ex *exchange) string {
 		return decisionRemote
 	case cfg.Protocol == DisaggSGLang:
 		// An SGLang engine that is not a decode engine (disaggregation
-		// mode null: role both)
-		// ignores the bootstrap fields: paired with a prefill engine, it
-		// would compute the prompt all the same, and the prefill engine
-		// wait for a decode that never pulls.
+		// mode null: role both) ignores the bootstrap fields: paired with
+		// a prefill engine, it would compute the prompt all the same, and
+		// the prefill engine wait for a decode that never pulls.
 		return decisionLocalAggregated
 	case prompt-cached < cfg.MinRemoteTokens:
 		return decisionLocalShort
@@ -455,8 +454,8 @@ var (
 
 // stripTransferFields drops from the client's body the fields by which
 // the stages of a disaggregated request find each other: vLLM's
-// kv_transfer_params, SGLang's bootstrap address, room and prefill rank. Only the
-// router may set them. A client's own would reach a decode engine on
+// kv_transfer_params, SGLang's bootstrap address, room and prefill rank.
+// Only the router may set them. A client's own would reach a decode engine on
 // every path that forwards its body as it came (a local decision, the
 // fallback after failed prefills, a retried decode), and have it pull KV
 // from, or hold it for, whatever host the client named.
