@@ -232,9 +232,7 @@ func TestDeadWorkerLosesItsBlocks(t *testing.T) {
 	if seg.Index().Stats().WorkerBlocks[live.Slot()] == 0 {
 		t.Fatal("the live worker lost its blocks")
 	}
-	for _, o := range genOps(2, 5) {
-		publishOp(p, o)
-	}
+	publishAll(p, newModel(), genOps(2, 5))
 	drainAll(in)
 	if n := seg.Index().Stats().WorkerBlocks[p.Slot()]; n != 0 {
 		t.Fatalf("a dead worker's records stored %d blocks", n)
@@ -600,9 +598,7 @@ func TestStuckGarbageCountedOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range genOps(1, 5) {
-		publishOp(p, o)
-	}
+	publishAll(p, newModel(), genOps(1, 5))
 	drainAll(in)
 	st := seg.RingState(p.Slot())
 	scribbleHead(t, seg, p.Slot(), st.Head+4)
@@ -640,9 +636,7 @@ func TestStandbySeesAHungHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range genOps(5, 20) {
-		publishOp(p, o)
-	}
+	publishAll(p, newModel(), genOps(5, 20))
 	stats := func() any { return standby.Stats() }
 	waitFor(t, func() bool { return standby.Stats().IngesterStalled }, stats)
 	if out := log.String(); !strings.Contains(out, "has applied none of those waiting") || !strings.Contains(out, "ingester_pid=") {
@@ -667,9 +661,7 @@ func TestStandbyIgnoresAnUnalignedHead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range genOps(1, 5) {
-		publishOp(p, o)
-	}
+	publishAll(p, newModel(), genOps(1, 5))
 	drainAll(holder)
 	scribbleHead(t, seg, p.Slot(), seg.RingState(p.Slot()).Head+4)
 	drainAll(holder)
@@ -689,9 +681,7 @@ func TestStandbyIgnoresAnUnalignedHead(t *testing.T) {
 	if standby.Stats().IngesterStalled {
 		t.Fatal("a standby called the holder stalled for the bytes of an unaligned head")
 	}
-	for _, o := range genOps(2, 5) {
-		publishOp(p, o) // the holder, hung, consumes none of these
-	}
+	publishAll(p, newModel(), genOps(2, 5)) // the holder, hung, consumes none of these
 	standby.watchHolder(now.Add(3 * time.Minute))
 	standby.watchHolder(now.Add(4 * time.Minute))
 	if !standby.Stats().IngesterStalled {
