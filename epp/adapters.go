@@ -46,8 +46,8 @@ const endpointDownAfter = 3
 type adapterPoller struct {
 	p      *Picker
 	client *http.Client
-	known  map[string]map[string]bool // endpoint address → its adapters
-	misses map[string]int             // endpoint address → polls unanswered in a row
+	known  map[string]endpointModels // endpoint address → its adapters
+	misses map[string]int            // endpoint address → polls unanswered in a row
 	// routedAround: the endpoints health marked unhealthy, for its log
 	// lines at each change.
 	routedAround map[string]bool
@@ -58,7 +58,7 @@ type adapterPoller struct {
 // adapter goes to an endpoint that serves it: another would answer 404,
 // or load the adapter at the cost of another's slot.
 func (p *Picker) RunAdapters(ctx context.Context, period time.Duration) {
-	a := &adapterPoller{p: p, known: map[string]map[string]bool{}, misses: map[string]int{}, routedAround: map[string]bool{},
+	a := &adapterPoller{p: p, known: map[string]endpointModels{}, misses: map[string]int{}, routedAround: map[string]bool{},
 		client: dispatch.EngineHTTPClient(2 * time.Second)}
 	// Its kept-alive connections go with the poller, not at the idle
 	// timeout.
@@ -81,7 +81,7 @@ func (a *adapterPoller) poll(ctx context.Context) {
 	slots := *a.p.slots.Load()
 	type answer struct {
 		addr     string
-		names    map[string]bool
+		models   endpointModels
 		answered bool
 		err      error
 	}
@@ -89,8 +89,8 @@ func (a *adapterPoller) poll(ctx context.Context) {
 	var wg sync.WaitGroup
 	for addr := range slots {
 		wg.Go(func() {
-			names, answered, err := a.fetch(ctx, addr)
-			answers <- answer{addr, names, answered, err}
+			models, answered, err := a.fetch(ctx, addr)
+			answers <- answer{addr, models, answered, err}
 		})
 	}
 	wg.Wait()
@@ -111,7 +111,7 @@ func (a *adapterPoller) poll(ctx context.Context) {
 			}
 			continue
 		}
-		a.known[ans.addr] = ans.names
+		a.known[ans.addr] = ans.models
 	}
 	for addr := range a.known {
 		if _, ok := slots[addr]; !ok {
@@ -125,11 +125,16 @@ func (a *adapterPoller) poll(ctx context.Context) {
 	}
 	a.health(slots)
 	byName := map[string]workers.Set{}
-	for addr, names := range a.known {
-		for n := range names {
+	var sglang workers.Set
+	for addr, models := range a.known {
+		for n := range models.adapters {
 			byName[n] |= workers.SetOf(slots[addr])
 		}
+		if models.sglang {
+			sglang |= workers.SetOf(slots[addr])
+		}
 	}
+	a.p.sglang.Store(uint64(sglang)) // first: a request reading the adapters then finds their engines' kind
 	a.p.adapters.Store(&byName)
 }
 
@@ -191,74 +196,100 @@ func (a *adapterPoller) health(slots map[string]workers.Slot) {
 	}
 }
 
+// endpointModels is what one endpoint's GET /v1/models says.
+type endpointModels struct {
+	adapters map[string]bool // the adapters of the pool's model it lists
+	// sglang: its engine is SGLang (owned_by), which alone reads an
+	// adapter in lora_path or as "base:adapter"; vLLM ignores lora_path
+	// and answers "base:adapter" with 404.
+	sglang bool
+}
+
 // fetch returns the adapters of the pool's model that the endpoint at
 // addr lists, and whether it answered at all: a failed connection or a
-// 5xx is no answer, a 4xx is one.
-func (a *adapterPoller) fetch(ctx context.Context, addr string) (map[string]bool, bool, error) {
+// 5xx is no answer, a 4xx is one. An adapter whose parent is another name
+// the endpoint serves its model under is the pool model's too (vLLM gives
+// its adapters the first of its --served-model-name names as parent).
+func (a *adapterPoller) fetch(ctx context.Context, addr string) (endpointModels, bool, error) {
+	var got endpointModels
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/models", nil)
 	if err != nil {
-		return nil, false, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
+		return got, false, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
 	}
 	if a.p.cfg.EngineToken != "" {
 		req.Header.Set("Authorization", "Bearer "+a.p.cfg.EngineToken)
 	}
 	resp, err := a.client.Do(req)
 	if err != nil {
-		return nil, false, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
+		return got, false, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
 	}
 	defer resp.Body.Close()
 	switch {
 	case resp.StatusCode == http.StatusOK:
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
 		if a.p.cfg.EngineToken != "" {
-			return nil, true, errModelsRefused
+			return got, true, errModelsRefused
 		}
-		return nil, true, errModelsAuth
+		return got, true, errModelsAuth
 	default:
-		return nil, resp.StatusCode < 500, fmt.Errorf("cannot ask %s for its models: status %d", addr, resp.StatusCode)
+		return got, resp.StatusCode < 500, fmt.Errorf("cannot ask %s for its models: status %d", addr, resp.StatusCode)
 	}
 	list, err := openai.ReadModelList(resp.Body, modelListByteLimit)
 	if err != nil {
-		return nil, true, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
+		return got, true, fmt.Errorf("cannot ask %s for its models: %w", addr, err)
 	}
-	names := map[string]bool{}
+	bases := map[string]bool{}
 	for _, m := range list {
-		if m.Parent != a.p.cfg.Model || m.ID == "" || m.ID == a.p.cfg.Model || len(m.ID) > maxAdapterName ||
+		if m.Parent == "" && m.ID != "" {
+			bases[m.ID] = true
+			got.sglang = got.sglang || m.OwnedBy == openai.OwnedBySGLang
+		}
+	}
+	got.adapters = map[string]bool{}
+	for _, m := range list {
+		if !bases[a.p.cfg.Model] || !bases[m.Parent] || m.ID == "" || bases[m.ID] || len(m.ID) > maxAdapterName ||
 			strings.IndexFunc(m.ID, unicode.IsControl) >= 0 {
 			continue
 		}
-		if len(names) == maxAdaptersPerPod {
+		if len(got.adapters) == maxAdaptersPerPod {
 			break
 		}
-		names[m.ID] = true
+		got.adapters[m.ID] = true
 	}
-	return names, true, nil
+	return got, true, nil
 }
 
 // adapterOf is the LoRA adapter the request names, nil for the pool's
 // model: a model other than the pool's, or SGLang's spellings, the pool's
-// model with ":adapter" after it, or beside it an adapter in lora_path
-// (one the endpoints list: vLLM ignores the field).
-func (x *exchange) adapterOf() []byte {
+// model with ":adapter" after it, or beside it an adapter in lora_path.
+// sglangOnly says the adapter was named in one of SGLang's spellings,
+// which only SGLang endpoints read: lora_path counts only while an SGLang
+// endpoint lists the adapter (vLLM ignores the field and serves the base
+// model, so the adapter's namespace would claim a cache it does not use).
+func (x *exchange) adapterOf() (adapter []byte, sglangOnly bool) {
 	m, base := x.req.Model, x.s.p.cfg.Model
 	switch {
 	case m == nil || string(m) == base:
-		if a := x.req.LoRAPath; len(a) > 0 && (*x.s.p.adapters.Load())[string(a)] != 0 {
-			return a
+		a := x.req.LoRAPath
+		if len(a) > 0 && (*x.s.p.adapters.Load())[string(a)]&workers.Set(x.s.p.sglang.Load()) != 0 {
+			return a, true
 		}
-		return nil
+		return nil, false
 	case len(m) > len(base)+1 && m[len(base)] == ':' && string(m[:len(base)]) == base:
-		return m[len(base)+1:]
+		return m[len(base)+1:], true
 	}
-	return m
+	return m, false
 }
 
 // adapterEndpoints narrows x's candidates to the endpoints that list the
-// adapter the request names, when any does and the gateway's subset
+// adapter the request names (the SGLang ones, for its spellings), when any does and the gateway's subset
 // leaves one of them; otherwise the request routes among all, and an
 // endpoint that cannot serve it answers as its engine does.
-func (x *exchange) adapterEndpoints(adapter []byte) {
+func (x *exchange) adapterEndpoints(adapter []byte, sglangOnly bool) {
 	set := (*x.s.p.adapters.Load())[string(adapter)]
+	if sglangOnly {
+		set &= workers.Set(x.s.p.sglang.Load())
+	}
 	switch {
 	case set == 0:
 	case !x.sreq.AllowListed:

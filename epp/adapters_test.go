@@ -18,12 +18,13 @@ import (
 // base model, and each adapter with the base model as its parent.
 func modelServer(t *testing.T, adapters ...string) string {
 	t.Helper()
-	return keyedModelServer(t, "", adapters...)
+	return keyedModelServer(t, "", "vllm", adapters...)
 }
 
-// keyedModelServer is modelServer behind vLLM's --api-key: 401 without
-// Authorization: Bearer key, unless key is empty.
-func keyedModelServer(t *testing.T, key string, adapters ...string) string {
+// keyedModelServer is an engine's GET /v1/models (owned_by names the
+// engine: vllm, sglang) behind its --api-key: 401 without Authorization:
+// Bearer key, unless key is empty.
+func keyedModelServer(t *testing.T, key, ownedBy string, adapters ...string) string {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/v1/models" {
@@ -36,9 +37,9 @@ func keyedModelServer(t *testing.T, key string, adapters ...string) string {
 			return
 		}
 		var b strings.Builder
-		fmt.Fprintf(&b, `{"object":"list","data":[{"id":%q,"object":"model","parent":null}`, testModel)
+		fmt.Fprintf(&b, `{"object":"list","data":[{"id":%q,"object":"model","owned_by":%q,"parent":null}`, testModel, ownedBy)
 		for _, a := range adapters {
-			fmt.Fprintf(&b, `,{"id":%q,"object":"model","parent":%q}`, a, testModel)
+			fmt.Fprintf(&b, `,{"id":%q,"object":"model","owned_by":%q,"parent":%q}`, a, ownedBy, testModel)
 		}
 		b.WriteString("]}")
 		_, _ = w.Write([]byte(b.String()))
@@ -48,22 +49,28 @@ func keyedModelServer(t *testing.T, key string, adapters ...string) string {
 }
 
 // TestAdapterRequestsGoWhereTheAdapterIs: a request naming a LoRA adapter
-// (as model, or SGLang's base:adapter or lora_path) goes to an endpoint
-// that lists it in /v1/models; another would answer 404 (or load it in
-// place of another adapter). A request for the base
-// model, or for an adapter no endpoint lists, routes among all.
+// goes to an endpoint that lists it in /v1/models; another would answer
+// 404 (or load it in place of another adapter). SGLang's spellings
+// (base:adapter, lora_path beside the base model) do so among SGLang
+// engines only: vLLM ignores lora_path, serving the base model, and
+// refuses base:adapter, so there they route as the base model does, among
+// all. A request for the base model, or for an adapter no endpoint lists,
+// routes among all.
 func TestAdapterRequestsGoWhereTheAdapterIs(t *testing.T) {
-	t.Run("open", func(t *testing.T) {
-		adapterRouting(t, "", modelServer(t, "lora-a"), modelServer(t))
+	t.Run("SGLang", func(t *testing.T) {
+		adapterRouting(t, "", true, keyedModelServer(t, "", "sglang", "lora-a"), keyedModelServer(t, "", "sglang"))
+	})
+	t.Run("vLLM", func(t *testing.T) {
+		adapterRouting(t, "", false, modelServer(t, "lora-a"), modelServer(t))
 	})
 	// Engines started with an API key keep /v1/models behind it: the
 	// picker asks with --engine-api-key-file's key.
 	t.Run("keyed", func(t *testing.T) {
-		adapterRouting(t, "engine-key", keyedModelServer(t, "engine-key", "lora-a"), keyedModelServer(t, "engine-key"))
+		adapterRouting(t, "engine-key", true, keyedModelServer(t, "engine-key", "sglang", "lora-a"), keyedModelServer(t, "engine-key", "sglang"))
 	})
 }
 
-func adapterRouting(t *testing.T, key, with, without string) {
+func adapterRouting(t *testing.T, key string, sglang bool, with, without string) {
 	cfg := epp.DefaultConfig()
 	cfg.EngineToken = key
 	r := startEPP(t, cfg, epp.Endpoint{Address: with}, epp.Endpoint{Address: without})
@@ -71,19 +78,29 @@ func adapterRouting(t *testing.T, key, with, without string) {
 	route := freshRouter(t, r)
 	// Until the first poll the adapter routes anywhere; then only there.
 	waitFor(t, "the adapter's endpoint to be learned", func() bool { return route("lora-a") == with })
+	// SGLang's spellings: base:adapter, and lora_path beside the base
+	// model (spliced into the body in model's place).
+	spellings := []string{testModel + ":lora-a", testModel + `","lora_path":"lora-a`}
 	seen := map[string]int{}
+	spelled := map[string]int{}
 	for range 32 {
-		// SGLang's spellings too: base:adapter, and lora_path beside the
-		// base model (spliced into the body in model's place).
-		for _, model := range []string{"lora-a", testModel + ":lora-a", testModel + `","lora_path":"lora-a`} {
-			if dest := route(model); dest != with {
+		if dest := route("lora-a"); dest != with {
+			t.Fatalf("a request for lora-a went to %s, which does not list it", dest)
+		}
+		for _, model := range spellings {
+			dest := route(model)
+			if sglang && dest != with {
 				t.Fatalf("a request for lora-a as model %q went to %s, which does not list it", model, dest)
 			}
+			spelled[dest]++
 		}
 		seen[route("lora-unknown")]++
 	}
 	if len(seen) != 2 {
 		t.Errorf("requests for an adapter no endpoint lists went to %v; want both endpoints", seen)
+	}
+	if !sglang && len(spelled) != 2 {
+		t.Errorf("SGLang's spellings of an adapter only vLLM engines list went to %v; want both endpoints", spelled)
 	}
 	settled(t, r)
 }

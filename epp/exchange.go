@@ -185,11 +185,11 @@ func (x *exchange) prepare(ctx context.Context) *openai.Error {
 			return &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Code: "invalid_body", Message: err.Error()}
 		}
 		seed := p.seed
-		if a := x.adapterOf(); a != nil || len(x.req.CacheSalt) > 0 {
+		if a, sglangOnly := x.adapterOf(); a != nil || len(x.req.CacheSalt) > 0 {
 			// An adapter's or a salted request's own namespace; building
 			// it allocates, off the common path.
 			if a != nil {
-				x.adapterEndpoints(a)
+				x.adapterEndpoints(a, sglangOnly)
 			}
 			seed = radix.NamespaceSeed(p.cfg.Model, string(a), string(x.req.CacheSalt))
 		}

@@ -40,6 +40,9 @@ type Picker struct {
 	// adapters is the request path's view of which endpoints list which
 	// LoRA adapter of the pool's model (adapters.go).
 	adapters atomic.Pointer[map[string]workers.Set]
+	// sglang is the endpoints whose engines say they are SGLang (a
+	// workers.Set), which alone read SGLang's spellings of an adapter.
+	sglang atomic.Uint64
 	// silent are the members without an event feed (a workers.Set): their
 	// exact prompts route on the router's own history.
 	silent atomic.Uint64

@@ -1,6 +1,7 @@
 package fastpath
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/kvfast/kvfast/dispatch"
 	"github.com/kvfast/kvfast/internal/clock"
+	"github.com/kvfast/kvfast/openai"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
 	"github.com/kvfast/kvfast/workers"
@@ -226,8 +228,10 @@ func TestUnloadedAdapter(t *testing.T) {
 		t.Fatalf("a served adapter: %d %s", code, raw)
 	}
 	s.SetAdapters(nil)
-	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusServiceUnavailable {
-		t.Fatalf("an adapter just gone: %d %s; want 503 while the engines may still list it", code, raw)
+	if code, _, raw := routeOnce(t, s, PathRouteCompletions, body); code != http.StatusServiceUnavailable ||
+		!bytes.Contains(raw, []byte("no longer list it")) {
+		// Its engines serve the base model: not "every worker is down".
+		t.Fatalf("an adapter just gone: %d %s; want 503 saying its engines no longer list it", code, raw)
 	}
 	age := func() { // as if adapterReturnGrace had passed
 		d := *s.departed.Load()
@@ -277,28 +281,35 @@ func TestUnloadedAdapter(t *testing.T) {
 // TestAdapterAsBaseColonAdapter: SGLang takes a LoRA adapter as
 // "base:adapter" in model, or as lora_path beside the base model, and
 // lists it as "adapter" with its base as parent. Such a request routes as
-// one naming the adapter: among the workers listing it, in its namespace.
-// It was a 404, or routed as the base model. GET /v1/models lists the
-// adapter once, and a model really named so keeps its name.
+// one naming the adapter, in its namespace, among the SGLang workers
+// listing it: vLLM answers "base:adapter" with 404 and ignores lora_path,
+// serving the base model, so crediting a vLLM worker with the adapter's
+// blocks claimed a cache its engine would not use. GET /v1/models lists
+// the adapter once, and a model really named so keeps its name.
 func TestAdapterAsBaseColonAdapter(t *testing.T) {
 	s := newTestFront(t, DefaultConfig(), "", []frontWorker{
-		{endpoint: "127.0.0.1:9", model: benchModel}, {endpoint: "127.0.0.1:10", model: benchModel}, {endpoint: "127.0.0.1:11", model: "m:sql"}})
-	second, _ := s.sched.Resolve(2, 0)
-	s.SetAdapters(map[string]Adapter{"sql": {Base: benchModel, Workers: workers.SetOf(second)}})
+		{endpoint: "127.0.0.1:9", model: benchModel}, {endpoint: "127.0.0.1:10", model: benchModel},
+		{endpoint: "127.0.0.1:11", model: "m:sql"}, {endpoint: "127.0.0.1:12", model: benchModel}})
+	second, _ := s.sched.Resolve(2, 0) // SGLang, lists sql
+	fourth, _ := s.sched.Resolve(4, 0) // vLLM, lists sql
+	s.SetAdapters(map[string]Adapter{"sql": {Base: benchModel, Workers: workers.SetOf(second) | workers.SetOf(fourth), SGLang: workers.SetOf(second)}})
 	for _, c := range []struct {
 		model, loraPath, allow string
 		want                   int
 	}{
 		{benchModel + ":sql", "", "1", http.StatusBadRequest}, // serves the base model, not the adapter
 		{benchModel + ":sql", "", "2", http.StatusOK},
+		{benchModel + ":sql", "", "4", http.StatusBadRequest}, // vLLM: the engine's 404
 		{benchModel + ":nosuch", "", "2", http.StatusNotFound},
+		{"sql", "", "4", http.StatusOK},   // the adapter's own name: every engine listing it
 		{"m:sql", "", "3", http.StatusOK}, // a served model, not an alias
 		{"m:sql", "", "2", http.StatusBadRequest},
 		// SGLang's older spelling: the base model, and lora_path.
 		{benchModel, "sql", "1", http.StatusBadRequest},
 		{benchModel, "sql", "2", http.StatusOK},
-		{benchModel, "nosuch", "1", http.StatusOK}, // the engine's to refuse
-		{"m:sql", "sql", "3", http.StatusOK},       // not that model's adapter
+		{benchModel, "sql", "4", http.StatusBadRequest}, // vLLM would answer from the base model
+		{benchModel, "nosuch", "1", http.StatusOK},      // the engine's to refuse
+		{"m:sql", "sql", "3", http.StatusOK},            // not that model's adapter
 	} {
 		ctx := newRouteCtx(PathRouteCompletions, []byte(`{"model":"`+c.model+`","lora_path":"`+c.loraPath+`","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`),
 			map[string]string{HeaderAllow: c.allow})
@@ -308,7 +319,7 @@ func TestAdapterAsBaseColonAdapter(t *testing.T) {
 		}
 	}
 	seeds := *s.seeds.Load()
-	if a, b := seeds["sql"], seeds[benchModel+":sql"]; a.seed != b.seed || a.only != b.only || a.name != benchModel {
+	if a, b := seeds["sql"], seeds[benchModel+":sql"]; a.seed != b.seed || a.name != benchModel {
 		t.Errorf("the alias %+v is not the adapter %+v", b, a)
 	}
 	ctx := newRouteCtx(PathModels, nil, nil)
@@ -324,6 +335,22 @@ func TestAdapterAsBaseColonAdapter(t *testing.T) {
 	}
 	if want := []string{"m:sql", benchModel, "sql"}; !slices.Equal(ids, want) {
 		t.Errorf("GET /v1/models lists %q; want %q, no alias", ids, want)
+	}
+
+	// Only vLLM engines list the adapter: "base:adapter" is a model no
+	// one serves, and lora_path is ignored, the request the base model's.
+	s = newTestFront(t, DefaultConfig(), "", []frontWorker{{endpoint: "127.0.0.1:9", model: benchModel}, {endpoint: "127.0.0.1:10", model: benchModel}})
+	second, _ = s.sched.Resolve(2, 0)
+	s.SetAdapters(map[string]Adapter{"sql": {Base: benchModel, Workers: workers.SetOf(second)}})
+	ctx = newRouteCtx(PathRouteCompletions, []byte(`{"model":"`+benchModel+`:sql","prompt":[1,2,3]}`), nil)
+	s.handle(ctx)
+	if got := ctx.Response.StatusCode(); got != http.StatusNotFound {
+		t.Errorf("base:adapter with no SGLang engine listing it: %d %s; want 404", got, ctx.Response.Body())
+	}
+	_, seed, _, only, err := s.namespace(context.Background(), &openai.ParsedRequest{Model: []byte(benchModel), LoRAPath: []byte("sql")})
+	if err != nil || seed != radix.NamespaceSeed(benchModel, "", "") || only != 0 {
+		t.Errorf("lora_path with no SGLang engine listing the adapter: seed %x, only %v, err %v; want the base model's (%x), any worker",
+			seed, only, err, radix.NamespaceSeed(benchModel, "", ""))
 	}
 }
 

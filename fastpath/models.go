@@ -80,11 +80,16 @@ func (s *Server) avoidUnlisted(req *sched.Request) {
 }
 
 // Adapter is a LoRA adapter the engines list: its base model (the
-// parent an engine's GET /v1/models gives it) and the workers whose
-// engines list it.
+// parent an engine's GET /v1/models gives it), the workers whose
+// engines list it, and those of them that are SGLang engines.
 type Adapter struct {
 	Base    string
 	Workers workers.Set
+	// SGLang is the workers of Workers whose engines are SGLang (owned_by
+	// "sglang"): only they take the adapter in lora_path beside the base
+	// model, or as "base:adapter". vLLM (and the mock) ignore lora_path,
+	// answering from the base model, and refuse "base:adapter" with 404.
+	SGLang workers.Set
 }
 
 // SetAdapters tells the request path which model names are LoRA adapters.
@@ -131,21 +136,23 @@ func (s *Server) rebuildModels() {
 		if _, clash := m[adapter]; !served || clash || ns.lora != "" || a.Workers == 0 {
 			continue
 		}
-		ns.lora, ns.seed, ns.only = adapter, radix.NamespaceSeed(a.Base, adapter, ""), a.Workers
+		ns.lora, ns.seed, ns.only, ns.sglang = adapter, radix.NamespaceSeed(a.Base, adapter, ""), a.Workers, a.Workers&a.SGLang
 		m[adapter] = ns
 	}
 	for adapter, a := range s.adapters {
 		// SGLang also takes an adapter as "base:adapter" in model (it
 		// lists the adapter by its own name, its base as parent). The
 		// body goes on as the client wrote it, so such a request reaches
-		// the same workers in the same namespace as one naming the
-		// adapter alone; GET /v1/models lists only the adapter's name. A
+		// the SGLang workers among the adapter's, in the same namespace as
+		// one naming the adapter alone; GET /v1/models lists only the
+		// adapter's name. Without an SGLang worker listing the adapter the
+		// name is unknown (vLLM answers such a model with 404 too). A
 		// model or adapter really named so keeps its name: the aliases
 		// come after every real name.
 		ns, listed := m[adapter]
 		alias := a.Base + ":" + adapter
-		if _, taken := m[alias]; listed && ns.lora == adapter && !taken {
-			ns.alias = true
+		if _, taken := m[alias]; listed && ns.lora == adapter && ns.sglang != 0 && !taken {
+			ns.alias, ns.only = true, ns.sglang
 			m[alias] = ns
 		}
 	}
@@ -259,7 +266,10 @@ type modelNamespace struct {
 	lora string // the LoRA adapter a request names, "" for the base model
 	// only, for an adapter, is the workers whose engines list it; a base
 	// model's requests go to any worker serving it (0).
-	only   workers.Set
+	only workers.Set
+	// sglang, for an adapter, is the workers of only whose engines are
+	// SGLang, which alone read its SGLang spellings.
+	sglang workers.Set
 	seed   uint64
 	render prompt.Renderer // nil: text and chat prompts route approximately
 	// alias marks an adapter's "base:adapter" spelling (SGLang's), which
@@ -274,6 +284,11 @@ var (
 		Message: "no engine has registered with the router yet (still starting, or refused: the router's log and refused_registrations in /admin/workers say why), so no model is known; retry later"}
 	errModelUnavailable = &openai.Error{Status: 503, Type: openai.TypeServerError, Param: "model", Code: "model_unavailable",
 		Message: "every worker that served the requested model is down; retry later"}
+	// errAdapterUnlisted is an adapter whose engines serve its base model
+	// again without listing it: restarted and not yet listing it, or the
+	// adapter was unloaded (a 404 once adapterReturnGrace has passed).
+	errAdapterUnlisted = &openai.Error{Status: 503, Type: openai.TypeServerError, Param: "model", Code: "model_unavailable",
+		Message: "the engines that served this LoRA adapter no longer list it: restarted (they may list it again within seconds) or the adapter was unloaded; retry later"}
 	errModelRequired = &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: "model", Code: "model_required",
 		Message: "the router serves several models: name one in model (GET /v1/models lists them)"}
 	errModelsPending = &openai.Error{Status: 503, Type: openai.TypeServerError, Param: "model", Code: "model_unavailable",
@@ -328,6 +343,9 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 		if !ok {
 			if d := s.departed.Load(); d != nil {
 				if dep, was := (*d)[string(r.Model)]; was && dep.unavailable(clock.Now()) {
+					if dep.lora && dep.baseBack != 0 {
+						return "", 0, nil, 0, errAdapterUnlisted
+					}
 					return "", 0, nil, 0, errModelUnavailable
 				}
 			}
@@ -350,10 +368,13 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 	}
 	if lora == "" && len(r.LoRAPath) > 0 {
 		// SGLang's lora_path asks the base model for an adapter: route
-		// as a request naming it would. One the engines do not list is
-		// theirs to refuse.
-		if a, ok := (*s.seeds.Load())[string(r.LoRAPath)]; ok && a.lora != "" && !a.alias && a.name == model {
-			seed, lora, only = a.seed, a.lora, a.only
+		// as a request naming it would, among the SGLang engines that list
+		// it. vLLM ignores the field and answers from the base model, so
+		// where no SGLang engine lists the adapter the request is the base
+		// model's (crediting the adapter's blocks would claim a cache the
+		// engine does not use). One no engine lists is SGLang's to refuse.
+		if a, ok := (*s.seeds.Load())[string(r.LoRAPath)]; ok && a.lora != "" && !a.alias && a.name == model && a.sglang != 0 {
+			seed, lora, only = a.seed, a.lora, a.sglang
 		}
 	}
 	if len(r.CacheSalt) > 0 {

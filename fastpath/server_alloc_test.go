@@ -77,7 +77,7 @@ func TestRouteOnlyAllocations(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newRouteTestServer(t, 4, tc.policy)
 			if tc.adapter {
-				s.SetAdapters(map[string]Adapter{"sql": {Base: benchModel, Workers: s.sched.Workers()}})
+				s.SetAdapters(map[string]Adapter{"sql": {Base: benchModel, Workers: s.sched.Workers(), SGLang: s.sched.Workers()}})
 			}
 			if tc.encoder {
 				if err := s.sched.Upsert(sched.WorkerInfo{ID: 99, Slot: 4, Model: benchModel, Endpoint: "127.0.0.1:99", Role: workers.RoleEncode}); err != nil {

@@ -22,8 +22,9 @@ import (
 
 // adapterPoll is how often the node asks every engine which LoRA adapters
 // it serves. Adapters are loaded at engine start or, rarely, at run time
-// (vLLM's /v1/load_lora_adapter), so a few seconds' delay only routes an
-// adapter's first requests without cache credit.
+// (vLLM's /v1/load_lora_adapter): until the next poll lists one loaded at
+// run time, its requests get the router's 404, and one unloaded still
+// goes to the engine that dropped it (README says so).
 const adapterPoll = 2 * time.Second
 
 // adapterPoller learns from each engine's GET /v1/models the LoRA
@@ -38,7 +39,10 @@ type adapterPoller struct {
 	// that takes the slot over (another endpoint, or a restart, which
 	// bumps the generation) starts with no adapters until it lists its
 	// own, even when it does not answer.
-	of     [workers.Max]sched.WorkerInfo
+	of [workers.Max]sched.WorkerInfo
+	// sglang is the slots whose engines said they are SGLang, as they
+	// answered last.
+	sglang workers.Set
 	pushed map[string]fastpath.Adapter
 	// dropped counts the adapters fetch did not keep in its last call.
 	dropped int
@@ -64,14 +68,23 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 		info, ok := n.sched.Worker(slot)
 		if !live.Has(slot) || !ok {
 			p.known[slot], p.of[slot] = nil, sched.WorkerInfo{}
+			p.sglang &^= workers.SetOf(slot)
 			continue
 		}
 		if !sameEngine(info, p.of[slot]) {
 			p.known[slot], p.of[slot] = nil, info
+			p.sglang &^= workers.SetOf(slot)
 		}
 		unknown := workers.Set(n.unknownModel.Load()).Has(slot)
 		p.dropped = 0
-		base, got, listed, err := p.fetch(ctx, info.Endpoint, info.Model)
+		got, err := p.fetch(ctx, info.Endpoint, info.Model)
+		base := got.base
+		if err == nil {
+			p.sglang &^= workers.SetOf(slot)
+			if got.sglang {
+				p.sglang |= workers.SetOf(slot)
+			}
+		}
 		if p.dropped > 0 {
 			// Their requests get 404 from the router: say why.
 			n.throttle.Log(n.log, slog.LevelWarn, "adapters-dropped/"+strconv.Itoa(int(slot)),
@@ -95,7 +108,7 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 			n.log.Debug("cannot learn an engine's models", "slot", slot, "endpoint", info.Endpoint, "err", err)
 			unlisted |= workers.Set(n.unlisted.Load()) & workers.SetOf(slot)     // as it listed last
 			keyRefused |= workers.Set(n.keyRefused.Load()) & workers.SetOf(slot) // as it answered last
-		case !unknown && base != "" && !listed:
+		case !unknown && base != "" && !got.listed:
 			// A typo in a static worker's model= (or an engine started
 			// with another --served-model-name): every request the router
 			// sends there is refused by the engine, and the model seeds
@@ -103,7 +116,7 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 			n.throttle.Log(n.log, slog.LevelWarn, "model/"+strconv.Itoa(int(slot)),
 				"a worker's model is not one its engine lists in /v1/models: the engine refuses the model's requests, which go to other workers while one serves it",
 				"slot", slot, "worker", info.ID, "endpoint", info.Endpoint, "model", info.Model, "engine_model", base)
-			p.known[slot] = got
+			p.known[slot] = got.adapters
 			unlisted |= workers.SetOf(slot)
 		case unknown && base != "":
 			if err := n.learnModel(info, base); err != nil {
@@ -113,9 +126,9 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 				break
 			}
 			learned = true
-			p.known[slot] = got
+			p.known[slot] = got.adapters
 		default:
-			p.known[slot] = got
+			p.known[slot] = got.adapters
 		}
 		for adapter, base := range p.known[slot] {
 			if checkModelName(adapter) != nil { // a name no client could send is not listed
@@ -128,6 +141,7 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 				continue
 			}
 			a.Base, a.Workers = base, a.Workers|workers.SetOf(slot)
+			a.SGLang |= p.sglang & workers.SetOf(slot)
 			union[adapter] = a
 		}
 	}
@@ -175,14 +189,30 @@ var errEngineAuth = errors.New("the engine refuses the router's credentials: it 
 // refuse a key with.
 var errKeyRefused = fmt.Errorf("%w", errEngineAuth)
 
+// engineModels is what one engine's GET /v1/models says.
+type engineModels struct {
+	base     string            // the first base model listed
+	adapters map[string]string // adapter -> the worker's model, its base
+	listed   bool              // whether the worker's model is listed at all
+	// sglang: the engine is SGLang (owned_by), which alone reads the
+	// spellings of an adapter that name its base model as well
+	// (lora_path, "base:adapter"); vLLM and the mock ignore lora_path and
+	// refuse "base:adapter" as a model they do not serve.
+	sglang bool
+}
+
 // fetch reads one engine's model list (openai.ReadModelList): the first
 // base model it lists, the adapters of model, and whether model is listed
 // at all. With model "" (not known yet), the base model found is the one whose
-// adapters are kept.
-func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (base string, got map[string]string, listed bool, err error) {
+// adapters are kept. An adapter whose parent is another of the engine's
+// base models is the worker's too: an engine serving one model under
+// several names (vLLM's --served-model-name a b) gives its adapters the
+// first name as parent, whichever name the worker was registered with.
+func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (engineModels, error) {
+	var got engineModels
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+endpoint+"/v1/models", nil)
 	if err != nil {
-		return "", nil, false, fmt.Errorf("cannot ask %s for its models: %w", endpoint, err)
+		return got, fmt.Errorf("cannot ask %s for its models: %w", endpoint, err)
 	}
 	if p.token != "" {
 		// vLLM keeps everything under /v1 behind its --api-key, SGLang
@@ -191,51 +221,54 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (base
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return "", nil, false, fmt.Errorf("cannot ask %s for its models: %w", endpoint, err)
+		return got, fmt.Errorf("cannot ask %s for its models: %w", endpoint, err)
 	}
 	defer resp.Body.Close()
 	switch resp.StatusCode {
 	case http.StatusOK:
 	case http.StatusUnauthorized:
-		return "", nil, false, fmt.Errorf("cannot ask %s for its models: status %d: %w", endpoint, resp.StatusCode, errKeyRefused)
+		return got, fmt.Errorf("cannot ask %s for its models: status %d: %w", endpoint, resp.StatusCode, errKeyRefused)
 	case http.StatusForbidden:
-		return "", nil, false, fmt.Errorf("cannot ask %s for its models: status %d: %w", endpoint, resp.StatusCode, errEngineAuth)
+		return got, fmt.Errorf("cannot ask %s for its models: status %d: %w", endpoint, resp.StatusCode, errEngineAuth)
 	default:
-		return "", nil, false, fmt.Errorf("cannot ask %s for its models: status %d", endpoint, resp.StatusCode)
+		return got, fmt.Errorf("cannot ask %s for its models: status %d", endpoint, resp.StatusCode)
 	}
 	list, err := openai.ReadModelList(resp.Body, 4<<20)
 	if err != nil {
-		return "", nil, false, fmt.Errorf("cannot read %s's model list: %w", endpoint, err)
+		return got, fmt.Errorf("cannot read %s's model list: %w", endpoint, err)
 	}
+	bases := map[string]bool{}
 	for _, m := range list {
 		if m.Parent == "" && m.ID != "" && len(m.ID) <= shm.MaxModelLen &&
 			strings.IndexFunc(m.ID, unicode.IsControl) < 0 { // the decoder made it UTF-8; a name is also a metric label
-			base = m.ID
-			break
+			if got.base == "" {
+				got.base, got.sglang = m.ID, m.OwnedBy == openai.OwnedBySGLang
+			}
+			bases[m.ID] = true
 		}
 	}
 	if model == "" {
-		model = base
+		model = got.base
 	}
+	got.listed = bases[model]
 	for _, m := range list {
-		listed = listed || m.ID == model
 		// A name longer than a registered model's could be, or more
 		// adapters than maxAdapters, is not kept: the front end keeps
 		// every adapter's name, and those of adapters gone, for as long
 		// as the router runs.
-		if m.Parent == "" || m.Parent != model || m.ID == "" || m.ID == model {
+		if !got.listed || m.Parent == "" || !bases[m.Parent] || m.ID == "" || bases[m.ID] {
 			continue
 		}
-		if len(m.ID) > shm.MaxModelLen || strings.IndexFunc(m.ID, unicode.IsControl) >= 0 || len(got) >= maxAdapters {
+		if len(m.ID) > shm.MaxModelLen || strings.IndexFunc(m.ID, unicode.IsControl) >= 0 || len(got.adapters) >= maxAdapters {
 			p.dropped++
 			continue
 		}
-		if got == nil {
-			got = map[string]string{}
+		if got.adapters == nil {
+			got.adapters = map[string]string{}
 		}
-		got[m.ID] = model
+		got.adapters[m.ID] = model
 	}
-	return base, got, listed, nil
+	return got, nil
 }
 
 // maxAdapters bounds the LoRA adapters kept per engine, far more than a

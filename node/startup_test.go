@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -453,10 +454,11 @@ func TestAdapterListIsBounded(t *testing.T) {
 	}))
 	defer engine.Close()
 	p := newAdapterPoller("")
-	base, got, listed, err := p.fetch(context.Background(), strings.TrimPrefix(engine.URL, "http://"), "base")
-	if err != nil || base != "base" || !listed {
-		t.Fatalf("fetch: base %q, listed %v, err %v", base, listed, err)
+	models, err := p.fetch(context.Background(), strings.TrimPrefix(engine.URL, "http://"), "base")
+	if err != nil || models.base != "base" || !models.listed {
+		t.Fatalf("fetch: base %q, listed %v, err %v", models.base, models.listed, err)
 	}
+	got := models.adapters
 	if len(got) != maxAdapters {
 		t.Errorf("kept %d adapters, want %d", len(got), maxAdapters)
 	}
@@ -467,6 +469,39 @@ func TestAdapterListIsBounded(t *testing.T) {
 	for name := range got {
 		if len(name) > shm.MaxModelLen {
 			t.Fatalf("kept an adapter name of %d bytes", len(name))
+		}
+	}
+}
+
+// TestAdapterListReadsTheEngine: an engine serving one model under
+// several names gives its adapters the first as parent (vLLM's
+// --served-model-name a b); a worker registered under another of them
+// serves them too (they were dropped unsaid, and their requests got the
+// router's 404). owned_by tells SGLang from vLLM, whose adapters the
+// router must not credit to SGLang's spellings.
+func TestAdapterListReadsTheEngine(t *testing.T) {
+	for _, c := range []struct {
+		name, list, model string
+		want              map[string]string
+		listed, sglang    bool
+	}{
+		{"vLLM, second served name", `[{"id":"a","owned_by":"vllm","parent":null},{"id":"b","owned_by":"vllm","parent":null},{"id":"sql","owned_by":"vllm","parent":"a"}]`,
+			"b", map[string]string{"sql": "b"}, true, false},
+		{"SGLang", `[{"id":"a","owned_by":"sglang"},{"id":"sql","owned_by":"sglang","parent":"a"}]`,
+			"a", map[string]string{"sql": "a"}, true, true},
+		{"another engine's model", `[{"id":"a","owned_by":"vllm"},{"id":"sql","parent":"a"}]`,
+			"c", nil, false, false},
+		{"an adapter of an unlisted base", `[{"id":"a"},{"id":"sql","parent":"z"}]`,
+			"a", nil, true, false},
+	} {
+		engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = io.WriteString(w, `{"object":"list","data":`+c.list+`}`)
+		}))
+		models, err := newAdapterPoller("").fetch(context.Background(), strings.TrimPrefix(engine.URL, "http://"), c.model)
+		engine.Close()
+		if err != nil || !maps.Equal(models.adapters, c.want) || models.listed != c.listed || models.sglang != c.sglang {
+			t.Errorf("%s: adapters %v, listed %v, sglang %v, err %v; want %v, %v, %v",
+				c.name, models.adapters, models.listed, models.sglang, err, c.want, c.listed, c.sglang)
 		}
 	}
 }
