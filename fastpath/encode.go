@@ -467,9 +467,11 @@ func (s *Server) finishEncode(ex *exchange, i int) {
 }
 
 // appendEncodeBody appends the encoder request of one content part: the
-// client's model and mm_processor_kwargs (which the engines fold into the
-// item's mm_hash, so the encoder must hash it as the prefill engine
-// will), one user message holding only the part, one token, no stream.
+// client's model, mm_processor_kwargs and media_io_kwargs (the first the
+// engines fold into the item's mm_hash, the second decides how the item
+// is decoded, a video's frames, which the hash is taken over: the encoder
+// must see the item as the prefill engine will), one user message holding
+// only the part, one token, no stream.
 func appendEncodeBody(b []byte, ex *exchange, part []byte) []byte {
 	b = append(b, '{')
 	if ex.req.Model != nil {
@@ -477,10 +479,14 @@ func appendEncodeBody(b []byte, ex *exchange, part []byte) []byte {
 		b = jsonscan.AppendQuoted(b, b2s(ex.req.Model))
 		b = append(b, ',')
 	}
-	if kw := topLevelMember(ex.body, "mm_processor_kwargs"); kw != nil {
-		b = append(b, `"mm_processor_kwargs":`...)
-		b = append(b, kw...)
-		b = append(b, ',')
+	for _, name := range [...]string{"mm_processor_kwargs", "media_io_kwargs"} {
+		if kw := topLevelMember(ex.body, name); kw != nil {
+			b = append(b, '"')
+			b = append(b, name...)
+			b = append(b, `":`...)
+			b = append(b, kw...)
+			b = append(b, ',')
+		}
 	}
 	b = append(b, `"messages":[{"role":"user","content":[`...)
 	b = append(b, part...)

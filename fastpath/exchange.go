@@ -388,13 +388,18 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	bs := s.sched.BlockSize()
 	// An engine hashes an image's blocks with the image's hash: with the
 	// inputs the renderer learned, so does the router, and the prompt
-	// routes exactly; without them, its blocks from the first image on
-	// cannot match, and it is counted as approximate.
+	// routes exactly. Without them (a built-in template, /tokenize, a
+	// render without features) the token ids hold the same placeholders
+	// for every image, and hashed as text they would match another image's
+	// blocks: those the router booked for requests in flight, and those of
+	// an engine whose events carry no multimodal keys. Such a prompt
+	// routes approximately, on text that stops at its first image.
 	switch {
 	case len(ex.mm.Items) > 0:
 		s.metrics.multimodalExact.Inc()
 	case r.Prompt == openai.PromptMessages && prompt.HasMultimodalParts(r.Messages):
 		s.metrics.multimodalApprox.Inc()
+		exactBlocks = false
 	}
 	if exactBlocks {
 		ex.hashes = radix.AppendBlockHashesMM(ex.hashes[:0], seed, tokens, bs, ex.mm.Items)

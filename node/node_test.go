@@ -564,7 +564,8 @@ func TestRefusedRegistration(t *testing.T) {
 }
 
 // TestPickEngine: a remote renderer is pointed at the healthy workers
-// serving its model, in turn, and at none when no healthy one does.
+// serving its model, in turn, never an encoder (it runs for encoding
+// alone), and at none when no healthy one does.
 func TestPickEngine(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Segment.Path = ""
@@ -573,6 +574,7 @@ func TestPickEngine(t *testing.T) {
 		{ID: 1, Endpoint: "127.0.0.1:9001", Model: "a"},
 		{ID: 2, Endpoint: "127.0.0.1:9002", Model: "b"},
 		{ID: 3, Endpoint: "127.0.0.1:9003", Model: "a"},
+		{ID: 4, Endpoint: "127.0.0.1:9004", Model: "a", Role: workers.RoleEncode},
 	}
 	n, err := New(cfg)
 	if err != nil {
@@ -614,6 +616,10 @@ func TestPickEngine(t *testing.T) {
 	}
 	if _, addr, ok := n.PickEngine("a", []byte("nosuch")); ok {
 		t.Fatalf("picked %s for an adapter no engine lists", addr)
+	}
+	// SGLang's "base:adapter" spelling names the same adapter.
+	if slot, addr, ok := n.PickEngine("a", []byte("a:sql")); !ok || slot != third {
+		t.Fatalf("picked slot %d %q (%v) for a:sql, which only slot %d lists", slot, addr, ok, third)
 	}
 }
 

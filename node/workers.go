@@ -526,18 +526,26 @@ func (n *Node) staticHolds(id uint64, rank uint32) error {
 
 // PickEngine is the engine a remote prompt renderer asks for model's
 // prompt ids (prompt.Engines): a healthy worker serving model, and the
-// adapter the request names when it names one, taken in turn so that
-// rendering spreads over the model's engines.
+// adapter the request names when it names one (by its name, or as
+// SGLang's "model:adapter"), taken in turn so that rendering spreads over
+// the model's engines. Encoders are not asked: they run for encoding
+// alone (vLLM's --mm-encoder-only), and fetching and preprocessing a
+// request's media there is work taken from the encoder pool.
 func (n *Node) PickEngine(model string, requested []byte) (workers.Slot, string, bool) {
 	only := workers.AllSlots
 	if len(requested) > 0 && string(requested) != model {
 		only = 0
+		name := requested
+		if len(name) > len(model)+1 && name[len(model)] == ':' && string(name[:len(model)]) == model {
+			name = name[len(model)+1:]
+		}
 		if m := n.adapters.Load(); m != nil {
-			if a, ok := (*m)[string(requested)]; ok && a.Base == model {
+			if a, ok := (*m)[string(name)]; ok && a.Base == model {
 				only = a.Workers
 			}
 		}
 	}
+	only &^= n.sched.RoleWorkers(workers.RoleEncode)
 	var serving workers.Set
 	for w := range (n.sched.Workers() & only).All() {
 		if info, ok := n.sched.Worker(w); ok && info.Model == model && n.sched.Load(w).Healthy {
