@@ -11,6 +11,7 @@ import (
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/sched"
+	"github.com/kvfast/kvfast/shm"
 	"github.com/kvfast/kvfast/workers"
 )
 
@@ -338,6 +339,10 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 			ns, ok = (*s.seeds.Load())[string(r.Model)]
 		}
 		if !ok && s.awaitSettled(ctx) {
+			ns, ok = (*s.seeds.Load())[string(r.Model)]
+		}
+		if !ok && s.refreshModels != nil && len(r.Model) <= shm.MaxModelLen && s.refreshModels(ctx) {
+			// Perhaps an adapter loaded since the engines were last asked.
 			ns, ok = (*s.seeds.Load())[string(r.Model)]
 		}
 		if !ok {

@@ -205,6 +205,12 @@ type Deps struct {
 	// for a model no known worker serves may be for it, and gets 503
 	// rather than 404. nil: any worker without a model counts.
 	ModelsPending func() bool
+	// RefreshModels, if set, asks the engines for their models again and
+	// waits (boundedly) for their answers; it reports whether they came.
+	// A request naming a model no worker is known to serve calls it once
+	// before its 404: an adapter loaded at run time is served from its
+	// first request. nil: the 404 is answered at once.
+	RefreshModels func(ctx context.Context) bool
 }
 
 // Renderers resolves a model's prompt renderer (package prompt's
@@ -263,6 +269,7 @@ type Server struct {
 	// from a publisher that registered without a model.
 	modelsPending atomic.Bool
 	pendingModels func() bool
+	refreshModels func(context.Context) bool // Deps.RefreshModels; nil: none
 	// draining is set by Drain: the router is about to shut down and asks
 	// to be taken out of rotation while it still serves.
 	draining atomic.Bool
@@ -329,7 +336,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		deps.Logger = slog.Default()
 	}
 	s := &Server{cfg: cfg, log: deps.Logger, index: deps.Index, segment: deps.Segment, approx: deps.Approx, sched: deps.Sched,
-		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, silent: deps.Silent, tracer: deps.Tracer, renderers: deps.Renderers, settled: deps.Settled, pendingModels: deps.ModelsPending,
+		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, silent: deps.Silent, tracer: deps.Tracer, renderers: deps.Renderers, settled: deps.Settled, pendingModels: deps.ModelsPending, refreshModels: deps.RefreshModels,
 		conns: xsync.NewMapOf[net.Conn, *connState](), connsIdle: make(chan struct{}, 1), active: newActivity()}
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
 	tooLarge := *openai.ErrBodyTooLarge

@@ -22,9 +22,10 @@ import (
 
 // adapterPoll is how often the node asks every engine which LoRA adapters
 // it serves. Adapters are loaded at engine start or, rarely, at run time
-// (vLLM's /v1/load_lora_adapter): until the next poll lists one loaded at
-// run time, its requests get the router's 404, and one unloaded still
-// goes to the engine that dropped it (README says so).
+// (vLLM's /v1/load_lora_adapter): a request naming a model the router
+// does not know brings the next poll forward (Node.RefreshModels), and
+// until the next poll an adapter unloaded still goes to the engine that
+// dropped it (README says so).
 const adapterPoll = 2 * time.Second
 
 // adapterPoller learns from each engine's GET /v1/models the LoRA

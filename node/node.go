@@ -64,6 +64,11 @@ type Node struct {
 	// an engine join or leave, so that a slot's new engine is not routed
 	// its predecessor's adapters until the next poll.
 	membersChanged chan struct{}
+	// polled is closed when the next model poll has run: a request naming
+	// a model no worker is known to serve waits for it (RefreshModels).
+	// pollMu guards the swap that each poll makes.
+	pollMu sync.Mutex
+	polled chan struct{}
 
 	// unknownModel is the static workers configured without a model whose
 	// engines have not yet said which they serve (the model poll learns it).
@@ -118,7 +123,7 @@ func New(cfg Config) (_ *Node, err error) {
 		cfg.HTTP.AdminOnAPI = true
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, discovered: make(chan struct{}), settled: make(chan struct{}),
-		membersChanged: make(chan struct{}, 1), throttle: logthrottle.NewFlushing(logRepeatEvery)}
+		membersChanged: make(chan struct{}, 1), polled: make(chan struct{}), throttle: logthrottle.NewFlushing(logRepeatEvery)}
 	defer func() {
 		if err != nil {
 			n.release()
@@ -199,6 +204,7 @@ func New(cfg Config) (_ *Node, err error) {
 		Index: n.index, Segment: n.seg, Approx: n.approx, Sched: n.sched, Engines: n.engines, Bindings: bindings,
 		UseApprox: useApprox, Silent: n.silentStatic(), Renderers: n.prompts, State: n, Logger: n.log, Settled: n.settled,
 		Tracer: n.traces.Tracer(), ModelsPending: func() bool { return n.unknownModel.Load() != 0 },
+		RefreshModels: n.RefreshModels,
 	})
 	if err != nil {
 		return nil, err
@@ -301,11 +307,16 @@ func (n *Node) pollModels(ctx context.Context) {
 		case <-t.C:
 		}
 		period := adapterPoll
+		n.pollMu.Lock()
+		done := n.polled // those waiting since before this poll began
+		n.polled = make(chan struct{})
+		n.pollMu.Unlock()
 		if p.poll(ctx, n) {
 			n.discoveredOnce.Do(func() { close(n.discovered) })
 		} else if time.Since(start) < n.cfg.DiscoveryTimeout {
 			period = n.cfg.RegistryPoll
 		}
+		close(done)
 		polled = time.Now()
 		next = polled.Add(period)
 		t.Reset(period)
@@ -313,8 +324,40 @@ func (n *Node) pollModels(ctx context.Context) {
 }
 
 // adapterKickGap is the least time between two adapter polls that engines
-// joining or leaving bring forward.
+// joining or leaving, or requests naming unknown models, bring forward.
 const adapterKickGap = 250 * time.Millisecond
+
+// refreshWait bounds how long a request naming a model no worker is known
+// to serve waits for the engines to be asked again (RefreshModels): a
+// poll brought forward runs within adapterKickGap, and asks each engine
+// within its 2 s client timeout.
+const refreshWait = 3 * time.Second
+
+// RefreshModels brings the next model poll forward and waits for it to
+// have run (fastpath.Deps.RefreshModels): an adapter loaded at run time
+// (vLLM's /v1/load_lora_adapter) is routed from its first request instead
+// of answered 404 until the next regular poll. Polls stay at least
+// adapterKickGap apart however many requests ask, and all that wait on
+// one are answered by it. It reports whether a poll ran, false when ctx
+// ended or refreshWait passed first.
+func (n *Node) RefreshModels(ctx context.Context) bool {
+	n.pollMu.Lock()
+	done := n.polled
+	n.pollMu.Unlock()
+	select {
+	case n.membersChanged <- struct{}{}:
+	default: // a poll is due already
+	}
+	t := time.NewTimer(refreshWait)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return false
+}
 
 // awaitSettled closes n.settled, which /ready and requests naming a model
 // no worker serves yet wait for, once start-up has settled: every static

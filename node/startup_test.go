@@ -685,3 +685,46 @@ func scribble(t *testing.T, path string, off int64, b []byte) {
 		t.Fatal(err)
 	}
 }
+
+// TestAdapterLoadedAtRunTimeIsServed: an adapter loaded on an engine at
+// run time (vLLM's /v1/load_lora_adapter) is routed from its first
+// request: the router asks the engines again before answering 404 for a
+// model it does not know. It had answered 404 until its next poll, up to
+// 2 s, and a client does not retry a 404. A name no engine lists is
+// still a 404.
+func TestAdapterLoadedAtRunTimeIsServed(t *testing.T) {
+	var loaded atomic.Bool
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("/v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		list := `{"object":"list","data":[{"id":"m","object":"model","parent":null}`
+		if loaded.Load() {
+			list += `,{"id":"new","object":"model","parent":"m"}`
+		}
+		io.WriteString(w, list+`]}`)
+	})
+	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"c","object":"text_completion","model":"new","choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}`)
+	})
+	eng := httptest.NewServer(mux)
+	defer eng.Close()
+	cfg := testConfig(t)
+	cfg.Segment.Path = ""
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: eng.URL, Model: "m"}}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := serveNode(t, n)
+	if code, body := postModel(t, url, "m"); code != http.StatusOK {
+		t.Fatalf("the base model: %d %s", code, body)
+	}
+	loaded.Store(true)
+	if code, body := postModel(t, url, "new"); code != http.StatusOK {
+		t.Fatalf("an adapter loaded a moment ago: %d %s; want 200", code, body)
+	}
+	if code, body := postModel(t, url, "never-loaded"); code != http.StatusNotFound {
+		t.Fatalf("a name no engine lists: %d %s; want 404", code, body)
+	}
+}
