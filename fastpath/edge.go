@@ -45,19 +45,24 @@ func (l edgeListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		ip := remoteIP(c)
-		if !l.limit.enter(ip) {
-			l.limit.refuse(c)
+		if refusal := l.limit.enter(ip); refusal != nil {
+			l.limit.refuse(c, refusal)
 			continue
 		}
 		return &edgeConn{Conn: c, admin: l.admin, ip: ip, limit: l.limit, tlsRefused: l.tlsRefused}, nil
 	}
 }
 
-// connLimiter counts open connections per client address.
+// connLimiter counts a listener's open connections, in all and per
+// client address. The bound in all is kept here too, not by fasthttp's
+// Concurrency, which answers a connection over it with a plain-text 503
+// of its own that no client parses as an API error.
 type connLimiter struct {
-	max   int // 0: no bound
-	mu    sync.Mutex
-	perIP map[netip.Addr]int
+	max      int // per address; 0: no bound
+	maxTotal int // in all; 0: no bound
+	mu       sync.Mutex
+	total    int
+	perIP    map[netip.Addr]int
 	// refused counts the connections refused
 	// (kvfast_http_transport_errors_total{reason="too_many_connections"}).
 	refused prometheus.Counter
@@ -66,8 +71,8 @@ type connLimiter struct {
 	lingering chan struct{}
 }
 
-func (l *connLimiter) init(max int, refused prometheus.Counter) {
-	l.max, l.perIP, l.refused = max, map[netip.Addr]int{}, refused
+func (l *connLimiter) init(max, maxTotal int, refused prometheus.Counter) {
+	l.max, l.maxTotal, l.perIP, l.refused = max, maxTotal, map[netip.Addr]int{}, refused
 	l.lingering = make(chan struct{}, maxRefusalsLingering)
 }
 
@@ -75,52 +80,63 @@ func (l *connLimiter) init(max int, refused prometheus.Counter) {
 // connections, each for at most lingerTime.
 const maxRefusalsLingering = 64
 
-func (l *connLimiter) enter(ip netip.Addr) bool {
-	if l.max <= 0 {
-		return true
+// enter admits a connection from ip, or returns the answer that refuses
+// it.
+func (l *connLimiter) enter(ip netip.Addr) (refusal []byte) {
+	if l.max <= 0 && l.maxTotal <= 0 {
+		return nil
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.perIP[ip] >= l.max {
-		return false
+	switch {
+	case l.maxTotal > 0 && l.total >= l.maxTotal:
+		return tooManyConnsInAllAnswer
+	case l.max > 0 && l.perIP[ip] >= l.max:
+		return tooManyConnsAnswer
 	}
-	l.perIP[ip]++
-	return true
+	l.total++
+	if l.max > 0 {
+		l.perIP[ip]++
+	}
+	return nil
 }
 
 func (l *connLimiter) exit(ip netip.Addr) {
-	if l.max <= 0 {
+	if l.max <= 0 && l.maxTotal <= 0 {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.perIP[ip]--; l.perIP[ip] <= 0 {
-		delete(l.perIP, ip)
+	l.total--
+	if l.max > 0 {
+		if l.perIP[ip]--; l.perIP[ip] <= 0 {
+			delete(l.perIP, ip)
+		}
 	}
 }
 
-// refuse answers a connection over its address's bound with 429, in the
-// OpenAI error format with Retry-After, as other overload refusals are
-// answered, and closes it. The answer is written and the connection
+// refuse answers a connection over its address's bound with 429, or over
+// the listener's with 503, in the OpenAI error format with Retry-After, as
+// other overload refusals are answered, and closes it. The answer is written and the connection
 // drained on a goroutine of its own, so that accepting goes on: a client
 // that writes its whole request before reading (Python's urllib) reads
 // the 429 instead of a reset, as a refused body's client does
 // (edgeConn.Close). Past maxRefusalsLingering at once, a refusal is
 // written without waiting and the connection closed.
-func (l *connLimiter) refuse(c net.Conn) {
+func (l *connLimiter) refuse(c net.Conn, answer []byte) {
 	l.refused.Inc()
 	select {
 	case l.lingering <- struct{}{}:
 	default:
 		_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-		_, _ = c.Write(tooManyConnsAnswer)
+		_, _ = c.Write(answer)
 		_ = c.Close()
 		return
 	}
 	go func() {
 		defer func() { <-l.lingering }()
 		_ = c.SetDeadline(time.Now().Add(lingerTime))
-		if _, err := c.Write(tooManyConnsAnswer); err == nil {
+		if _, err := c.Write(answer); err == nil {
 			if tc, ok := c.(interface{ CloseWrite() error }); ok && tc.CloseWrite() == nil {
 				_, _ = io.CopyN(io.Discard, c, lingerBytes)
 			}
@@ -130,12 +146,18 @@ func (l *connLimiter) refuse(c net.Conn) {
 }
 
 // tooManyConnsAnswer is the whole response to a connection over its
-// address's bound.
-var tooManyConnsAnswer = func() []byte {
-	body := (&openai.Error{Status: 429, Type: openai.TypeServerError, Code: "too_many_connections",
-		Message: "this client address has as many connections open as the router allows (--max-conns-per-ip); reuse them, or retry after the Retry-After interval"}).AppendJSON(nil)
-	return fmt.Appendf(nil, "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-}()
+// address's bound, and tooManyConnsInAllAnswer to one over the listener's.
+var (
+	tooManyConnsAnswer = refusalAnswer("429 Too Many Requests", &openai.Error{Status: 429, Type: openai.TypeServerError, Code: "too_many_connections",
+		Message: "this client address has as many connections open as the router allows (--max-conns-per-ip); reuse them, or retry after the Retry-After interval"})
+	tooManyConnsInAllAnswer = refusalAnswer("503 Service Unavailable", &openai.Error{Status: 503, Type: openai.TypeServerError, Code: "too_many_connections",
+		Message: "the router has as many client connections open as it allows (--max-conns); retry after the Retry-After interval"})
+)
+
+func refusalAnswer(status string, e *openai.Error) []byte {
+	body := e.AppendJSON(nil)
+	return fmt.Appendf(nil, "HTTP/1.1 %s\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", status, len(body), body)
+}
 
 func remoteIP(c net.Conn) netip.Addr {
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {

@@ -788,3 +788,99 @@ func TestTLSOnPlainHTTPIsRefusedAtOnce(t *testing.T) {
 	wantMetric(t, m, `kvfast_http_transport_errors_total{reason="tls_handshake"}`, 2)
 	wantMetric(t, m, `kvfast_http_transport_errors_total{reason="malformed"}`, 0)
 }
+
+// TestEdgeRefusesBeforeTheBody: what the edge can judge from the header it
+// answers before reading the body. A multipart body was parsed whole by
+// fasthttp (into memory and temporary files) before the handler ran, past
+// --max-body-bytes, the body budget and the API key; a client asking to
+// send its body (Expect: 100-continue) without a valid key was told to go
+// on, and refused only once the body came.
+func TestEdgeRefusesBeforeTheBody(t *testing.T) {
+	eng := startMock(t, mocker.Config{WorkerID: 1})
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.Addr(), Model: e2eModel})
+	const maxBody = 64 << 10
+	cfg.HTTP.MaxBodyBytes = maxBody
+	cfg.HTTP.APIKeys = []string{"key-one"}
+	r := startE2ERouter(t, cfg)
+	addr := strings.TrimPrefix(r.url, "http://")
+	answer := func(head, body string) (int, string) {
+		t.Helper()
+		c := dialFrom(t, "127.0.0.1", addr)
+		_ = c.SetDeadline(time.Now().Add(e2eWait))
+		if _, err := io.WriteString(c, head+body); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("no answer before the rest of the body: %v", err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, checkOpenAIError(t, b)
+	}
+	// Four times the limit declared, a sixteenth of it sent: the answer
+	// must come without the rest.
+	multipart := "POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nAuthorization: Bearer key-one\r\n" +
+		"Content-Type: multipart/form-data; boundary=xyz\r\nContent-Length: " + strconv.Itoa(4*maxBody) + "\r\n\r\n"
+	part := "--xyz\r\nContent-Disposition: form-data; name=\"f\"; filename=\"a\"\r\n\r\n" + strings.Repeat("A", maxBody/16)
+	if status, code := answer(multipart, part); status != http.StatusRequestEntityTooLarge || code != "body_too_large" {
+		t.Errorf("an oversized multipart body: %d %s; want 413 body_too_large before it is read", status, code)
+	}
+	unkeyed := "POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Type: multipart/form-data; boundary=xyz\r\n" +
+		"Content-Length: " + strconv.Itoa(maxBody) + "\r\n\r\n"
+	if status, code := answer(unkeyed, part); status != http.StatusUnauthorized || code != "invalid_api_key" {
+		t.Errorf("a multipart body without a key: %d %s; want 401 invalid_api_key before it is read", status, code)
+	}
+	expect := "POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n" +
+		"Content-Length: 1000\r\n\r\n"
+	if status, code := answer(expect, ""); status != http.StatusUnauthorized || code != "invalid_api_key" {
+		t.Errorf("Expect: 100-continue without a key: %d %s; want 401 invalid_api_key instead of 100", status, code)
+	}
+	if status, code := answer(strings.Replace(expect, "Expect:", "Authorization: Bearer key-two\r\nExpect:", 1), ""); status != http.StatusUnauthorized {
+		t.Errorf("Expect: 100-continue with a wrong key: %d %s; want 401", status, code)
+	}
+}
+
+// TestConnectionLimitAnswersAsTheAPI: a connection over --max-conns is
+// answered 503 in the OpenAI error format, with Retry-After; it got
+// fasthttp's own plain-text 503, which clients cannot parse. The admin
+// listener keeps its own bound, so an operator still gets in.
+func TestConnectionLimitAnswersAsTheAPI(t *testing.T) {
+	eng := startMock(t, mocker.Config{WorkerID: 1})
+	cfg := e2eConfig(node.StaticWorker{ID: 1, Endpoint: eng.Addr(), Model: e2eModel})
+	cfg.AdminListen = "127.0.0.1:0"
+	cfg.HTTP.MaxConns = 2
+	cfg.HTTP.MaxConnsPerIP = 0
+	r := startE2ERouter(t, cfg)
+	addr := strings.TrimPrefix(r.url, "http://")
+	adminAddr := serveAdmin(t, r)
+	for range cfg.HTTP.MaxConns {
+		// Held open; one request each proves the router accepted it.
+		c := dialFrom(t, "127.0.0.1", addr)
+		_ = c.SetDeadline(time.Now().Add(e2eWait))
+		if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: kvfast\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("a connection within the limit: %v %v", resp, err)
+		}
+		resp.Body.Close()
+	}
+	c := dialFrom(t, "127.0.0.1", addr)
+	_ = c.SetDeadline(time.Now().Add(e2eWait))
+	_, _ = io.WriteString(c, "GET /health HTTP/1.1\r\nHost: kvfast\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("the connection over the limit: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
+		checkOpenAIError(t, b) != "too_many_connections" {
+		t.Errorf("over --max-conns: %d, Retry-After %q, %s; want 503 too_many_connections with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), b)
+	}
+	if status, err := getFrom(t, "127.0.0.1", adminAddr, fastpath.PathHealth); status != http.StatusOK {
+		t.Errorf("the admin listener while the API's connections are all taken: %d %v", status, err)
+	}
+}

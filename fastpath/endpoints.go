@@ -131,6 +131,16 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 
 var modelsPrefix = []byte(PathModels + "/")
 
+// keyedPath reports whether a request to path is one the API key guards
+// and carries a body: the completion endpoints.
+func keyedPath(path []byte) bool {
+	switch string(path) {
+	case PathCompletions, PathChatCompletions, PathRouteCompletions, PathRouteChatCompletions:
+		return true
+	}
+	return false
+}
+
 // apiKeyAccepted reports whether the request may use the OpenAI endpoints
 // (any key, when --api-key sets none), and answers 401 if not.
 func (s *Server) apiKeyAccepted(ctx *fasthttp.RequestCtx) bool {

@@ -155,7 +155,7 @@ func newMetrics(s *Server) *metrics {
 	m.multimodalApprox = multimodal.WithLabelValues("approximate")
 	transport := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvfast_http_transport_errors_total",
-		Help: "Connections answered before a request could be read, by reason: header_timeout (idle or slow header), header_too_large (431), body_too_large (413 from the Content-Length of an Expect: 100-continue request, before its body; other 413s are client_error in kvfast_requests_total), malformed, too_many_connections (over --max-conns-per-ip: answered 429 and closed), tls_handshake (a client spoke TLS to the plain-HTTP listener: answered 400 and closed). Not counted in kvfast_requests_total.",
+		Help: "Connections answered before a request could be read, by reason: header_timeout (idle or slow header), header_too_large (431), body_too_large (413 from the Content-Length of an Expect: 100-continue request, before its body; other 413s are client_error in kvfast_requests_total), malformed, too_many_connections (over --max-conns-per-ip, answered 429, or over --max-conns, answered 503, and closed), tls_handshake (a client spoke TLS to the plain-HTTP listener: answered 400 and closed). Not counted in kvfast_requests_total.",
 	}, []string{"reason"})
 	m.transport = map[string]prometheus.Counter{}
 	for _, r := range []string{transportTimeout, transportHeaderTooLarge, transportTooLarge, transportMalformed, transportConnLimit, transportTLS} {

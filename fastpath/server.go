@@ -356,8 +356,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.adminToken = []keyDigest{sha256.Sum256([]byte(cfg.AdminToken))}
 	}
 	s.metrics = newMetrics(s)
-	s.connLimit.init(cfg.MaxConnsPerIP, s.metrics.transport[transportConnLimit])
-	s.adminConnLimit.init(cfg.MaxConnsPerIP, s.metrics.transport[transportConnLimit])
+	// The admin listener has a bound of its own, so that a flood of API
+	// connections leaves the operator's scrapes and checks their way in.
+	s.connLimit.init(cfg.MaxConnsPerIP, cfg.MaxConns, s.metrics.transport[transportConnLimit])
+	s.adminConnLimit.init(cfg.MaxConnsPerIP, adminMaxConns, s.metrics.transport[transportConnLimit])
 	if !cfg.Encode.Off && cfg.Encode.AffinityItems > 0 {
 		s.encAffinity = newEncoderAffinity(cfg.Encode.AffinityItems, cfg.Encode.AffinityTTL)
 	}
@@ -406,17 +408,29 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		// is answered with whatever the response holds, so the refusal
 		// carries the same OpenAI error as any other oversized body
 		// (TestExpectContinue checks this still holds).
+		// A client without a valid API key hears so before it sends its
+		// body too.
 		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
 			if ctx.Request.Header.ContentLength() > cfg.MaxBodyBytes {
 				s.metrics.transport[transportTooLarge].Inc()
 				writeError(ctx, fasthttp.StatusRequestEntityTooLarge, s.errBodyTooLarge)
 				return fasthttp.StatusRequestEntityTooLarge
 			}
+			if !fromAdminListener(ctx) && keyedPath(ctx.Path()) && !s.apiKeyAccepted(ctx) {
+				return fasthttp.StatusUnauthorized
+			}
 			return fasthttp.StatusContinue
 		},
-		IdleTimeout:  cfg.IdleTimeout,
-		WriteTimeout: cfg.WriteTimeout, // a stream's relay moves it on at each write
-		Concurrency:  cfg.MaxConns,
+		// A multipart body would be parsed (into memory and temporary
+		// files, up to the whole body) before the handler runs, past the
+		// body limit, the body budget and the key check: bodies are JSON
+		// here, read by the handler under those bounds.
+		DisablePreParseMultipartForm: true,
+		IdleTimeout:                  cfg.IdleTimeout,
+		WriteTimeout:                 cfg.WriteTimeout, // a stream's relay moves it on at each write
+		// The listeners bound their connections (connLimiter), answering
+		// as the API does; this only backs them up.
+		Concurrency: backstopConcurrency(cfg.MaxConns),
 		// Errors about a request fasthttp could not parse must not carry
 		// its bytes (credentials) into the log.
 		SecureErrorLogMessage: true,
@@ -426,6 +440,19 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		CloseOnShutdown: true,
 	}
 	return s, nil
+}
+
+// adminMaxConns bounds the admin listener's connections: Prometheus, the
+// health checks and an operator need a few.
+const adminMaxConns = 256
+
+// backstopConcurrency is fasthttp's bound on connections served at once:
+// above both listeners' own (connLimiter), so never what refuses one.
+func backstopConcurrency(maxConns int) int {
+	if maxConns <= 0 {
+		return 0 // fasthttp's default
+	}
+	return maxConns + adminMaxConns
 }
 
 // readBufferBytes is each connection's read buffer, which also bounds a

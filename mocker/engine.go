@@ -158,11 +158,14 @@ func Start(cfg Config) (*Engine, error) {
 		Handler:            e.handle,
 		Name:               "kvfast-mock",
 		MaxRequestBodySize: 64 << 20,
-		ReadTimeout:        60 * time.Second,
-		IdleTimeout:        120 * time.Second,
-		CloseOnShutdown:    true,
-		Logger:             quietLogger{},
-		ConnState:          e.trackConn,
+		// Bodies are JSON: a multipart one is not parsed into memory and
+		// temporary files before the handler refuses it.
+		DisablePreParseMultipartForm: true,
+		ReadTimeout:                  60 * time.Second,
+		IdleTimeout:                  120 * time.Second,
+		CloseOnShutdown:              true,
+		Logger:                       quietLogger{},
+		ConnState:                    e.trackConn,
 	}
 	if w, err := hangup.New(); err == nil {
 		e.hangups = w
