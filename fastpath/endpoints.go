@@ -426,6 +426,12 @@ type WorkerView struct {
 	// requests only while no other worker can take them.
 	KeyRefused       bool   `json:"key_refused,omitempty"`
 	KVCapacityBlocks uint64 `json:"kv_capacity_blocks"`
+	// Adapters is the LoRA adapters of Model the engine listed when last
+	// asked, sorted: the requests naming one go to the workers listing it.
+	Adapters []string `json:"adapters,omitempty"`
+	// SGLang: the engine says it is SGLang (owned_by), whose spellings of
+	// an adapter (lora_path, "base:adapter") it alone is sent.
+	SGLang bool `json:"sglang,omitempty"`
 
 	// Passive health (dispatch.OutlierConfig): whether the worker is
 	// ejected now, for how many more seconds, and how often it was.

@@ -153,6 +153,7 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 	n.front.SetModelUnlisted(unlisted)
 	n.front.SetKeyRefused(keyRefused) // first: /admin/workers showing it means /ready counts it
 	n.keyRefused.Store(uint64(keyRefused))
+	n.sglang.Store(uint64(p.sglang))
 	if !maps.Equal(union, p.pushed) {
 		p.pushed = union
 		n.adapters.Store(&union)

@@ -1,6 +1,8 @@
 package node
 
 import (
+	"slices"
+
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/radix"
 	"github.com/kvfast/kvfast/shm"
@@ -67,6 +69,15 @@ func (n *Node) snapshot(v *fastpath.Snapshot) {
 			Calibration: fastpath.NewCalibrationView(n.sched.Calibration(w), auto)}
 		wv.ModelUnlisted = workers.Set(n.unlisted.Load()).Has(w)
 		wv.KeyRefused = workers.Set(n.keyRefused.Load()).Has(w)
+		wv.SGLang = workers.Set(n.sglang.Load()).Has(w)
+		if m := n.adapters.Load(); m != nil {
+			for name, a := range *m {
+				if a.Workers.Has(w) {
+					wv.Adapters = append(wv.Adapters, name)
+				}
+			}
+			slices.Sort(wv.Adapters)
+		}
 		if e := n.engines.Engine(w); e != nil {
 			o := e.Outlier()
 			wv.Ejected, wv.EjectedSeconds, wv.Ejections = o.Ejected, o.Remaining.Seconds(), o.Ejections

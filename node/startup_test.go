@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -524,6 +525,12 @@ func TestAdapterListFollowsTheSlotsEngine(t *testing.T) {
 	p.poll(context.Background(), n)
 	if a := p.pushed["sql"]; !a.Workers.Has(slot) {
 		t.Fatalf("adapters %+v, want sql on slot %d", p.pushed, slot)
+	}
+	// /admin/workers says so, and that the mock is no SGLang engine.
+	for _, wv := range n.Snapshot().Workers {
+		if wv.Slot == int(slot) && (!slices.Equal(wv.Adapters, []string{"sql"}) || wv.SGLang) {
+			t.Errorf("the worker's view lists adapters %q, sglang %v; want [sql], false", wv.Adapters, wv.SGLang)
+		}
 	}
 	if err := first.Close(); err != nil {
 		t.Fatal(err)
