@@ -691,6 +691,22 @@ func TestForwardingLoopIsRefused(t *testing.T) {
 	if resp.status != 508 || checkOpenAIError(t, resp.body) != "loop_detected" {
 		t.Fatalf("a request that came back: status %d: %s", resp.status, resp.body)
 	}
+	// Named in a second copy of the header (a proxy's own line): a loop
+	// all the same.
+	c := dialFrom(t, "127.0.0.1", strings.TrimPrefix(r.url, "http://"))
+	_ = c.SetDeadline(time.Now().Add(e2eWait))
+	if _, err := io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: kvfast\r\nContent-Type: application/json\r\n"+
+		fastpath.HeaderVia+": a\r\n"+fastpath.HeaderVia+": "+own+"\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+string(body)); err != nil {
+		t.Fatal(err)
+	}
+	twice, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	twice.Body.Close()
+	if twice.StatusCode != 508 {
+		t.Fatalf("a request naming the router in a second %s line: status %d, want 508", fastpath.HeaderVia, twice.StatusCode)
+	}
 	select {
 	case v := <-vias:
 		t.Fatalf("the looping request reached the engine (%s %q)", fastpath.HeaderVia, v)

@@ -1096,19 +1096,23 @@ func copyForwardHeaders(ctx *fasthttp.RequestCtx, req *fasthttp.Request, rid, vi
 const maxViaBytes = 1024
 
 // passedHere reports whether the request came through this router
-// already (a loop), and otherwise sets ex.via for its engine calls.
+// already (a loop), and otherwise sets ex.via for its engine calls. Every
+// copy of the header counts: a proxy may add a line of its own rather
+// than extend the one there, and a loop seen only in the first copy would
+// go round until some timeout.
 func (ex *exchange) passedHere(ctx *fasthttp.RequestCtx) bool {
-	in := ctx.Request.Header.Peek(HeaderVia)
-	for rest := in; len(rest) > 0; {
-		var id []byte
-		id, rest, _ = bytes.Cut(rest, []byte(","))
-		if bytes.Equal(bytes.TrimSpace(id), ex.s.via) {
-			return true
-		}
-	}
 	ex.via = ex.via[:0]
-	if len(in) > 0 && len(in) <= maxViaBytes {
-		ex.via = append(append(ex.via, in...), ',')
+	for _, in := range ctx.Request.Header.PeekAll(HeaderVia) {
+		for rest := in; len(rest) > 0; {
+			var id []byte
+			id, rest, _ = bytes.Cut(rest, []byte(","))
+			if bytes.Equal(bytes.TrimSpace(id), ex.s.via) {
+				return true
+			}
+		}
+		if len(in) > 0 && len(ex.via)+len(in) < maxViaBytes {
+			ex.via = append(append(ex.via, in...), ',')
+		}
 	}
 	ex.via = append(ex.via, ex.s.via...)
 	return false

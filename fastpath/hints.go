@@ -236,9 +236,10 @@ func (s *Server) parseAllow(v []byte) (workers.Set, bool) {
 // process (the first half of its random X-Kvfast-Via id) before its
 // count: vLLM takes X-Request-Id for its own request id, and two routers
 // on one node, or one restarted, must not send an engine the same id
-// twice.
+// twice. A client's id is kept only if it is printable ASCII: it goes
+// into the log, the traces and the engine's own request id.
 func (ex *exchange) echoRequestID(ctx *fasthttp.RequestCtx) {
-	if v := ctx.Request.Header.Peek(HeaderRequestID); len(v) > 0 && len(v) <= 128 {
+	if v := ctx.Request.Header.Peek(HeaderRequestID); len(v) > 0 && len(v) <= 128 && printableASCII(v) {
 		ex.rid = append(ex.rid[:0], v...)
 	} else {
 		ex.rid = append(ex.rid[:0], "kvf-"...)
@@ -248,6 +249,17 @@ func (ex *exchange) echoRequestID(ctx *fasthttp.RequestCtx) {
 	}
 	// Set now, so refusals carry it too.
 	ctx.Response.Header.SetBytesV(HeaderRequestID, ex.rid)
+}
+
+// printableASCII reports whether b holds only printable ASCII
+// characters, spaces included.
+func printableASCII(b []byte) bool {
+	for _, c := range b {
+		if c < 0x20 || c > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // b2s views b as a string for parsing; the string must not outlive b.

@@ -153,6 +153,12 @@ func TestRequestIDOnRefusals(t *testing.T) {
 	if resp.status != http.StatusBadRequest || resp.header.Get(fastpath.HeaderRequestID) != "req-42" {
 		t.Fatalf("status %d, request id %q", resp.status, resp.header.Get(fastpath.HeaderRequestID))
 	}
+	// An id that is not printable ASCII is replaced: it would go into
+	// the log and to the engine as it came.
+	resp = r.post(t, fastpath.PathCompletions, []byte(`{"prompt":`), map[string]string{fastpath.HeaderRequestID: "ab\xffcd"})
+	if !strings.HasPrefix(resp.header.Get(fastpath.HeaderRequestID), "kvf-") {
+		t.Fatalf("a request id with a byte over 0x7e: echoed as %q, want one of the router's", resp.header.Get(fastpath.HeaderRequestID))
+	}
 	resp = r.post(t, fastpath.PathCompletions, []byte(`{"prompt":`), nil)
 	if !strings.HasPrefix(resp.header.Get(fastpath.HeaderRequestID), "kvf-") {
 		t.Fatalf("generated request id %q", resp.header.Get(fastpath.HeaderRequestID))
