@@ -337,6 +337,23 @@ func (c *Call) Discard() error {
 	return err
 }
 
+// DiscardUnserved gives up a 404 answer to a request naming a LoRA adapter
+// that the engine listed, as Discard does, so that the request may go to
+// another engine listing it: the adapter was unloaded there since the
+// router last asked. It returns ErrAdapterGone, which IsRetryable accepts;
+// the engine was judged healthy (it answered properly).
+func (c *Call) DiscardUnserved() error {
+	var addr string
+	var slot workers.Slot
+	if c.engine != nil {
+		addr, slot = c.engine.addr, c.engine.slot
+	}
+	err := &Error{Slot: slot, Addr: addr, Op: "forward to", Kind: ErrAdapterGone}
+	c.closeStream()
+	c.abort(err)
+	return err
+}
+
 // judge records this attempt's verdict on its engine for passive health,
 // once.
 func (c *Call) judge(ok bool) {

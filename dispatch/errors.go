@@ -38,6 +38,10 @@ var (
 	// the router's configuration, not of the client's key, so the client
 	// is not shown the engine's refusal.
 	ErrEngineAuth = errors.New("kvfast: the engine refused the router's engine API key (--engine-api-key-file)")
+	// ErrAdapterGone: the engine answered 404 to a request naming a LoRA
+	// adapter it listed when last asked: unloaded since (Call.DiscardUnserved).
+	// Another engine listing the adapter may serve it.
+	ErrAdapterGone = errors.New("kvfast: the engine no longer serves the LoRA adapter the request names; retry later")
 	// ErrClientGone: the client left (Call.Abort), or writing to it
 	// failed, so the upstream request was cancelled by closing its
 	// connection.
@@ -72,7 +76,8 @@ var (
 // not retried, since the engine may still be generating, nor is a busy
 // pool or a departed client.
 func IsRetryable(err error) bool {
-	return errors.Is(err, ErrConnect) || errors.Is(err, ErrEngineFailed) || errors.Is(err, ErrEngineError) || errors.Is(err, ErrEngineAuth)
+	return errors.Is(err, ErrConnect) || errors.Is(err, ErrEngineFailed) || errors.Is(err, ErrEngineError) || errors.Is(err, ErrEngineAuth) ||
+		errors.Is(err, ErrAdapterGone)
 }
 
 // IsMalformedAnswer reports whether err, an ErrEngineFailed, is an answer
@@ -117,7 +122,7 @@ func (e *Error) Unwrap() []error {
 // with err and no retry is left.
 func ErrorStatus(err error) int {
 	switch {
-	case errors.Is(err, ErrUnknownEngine), errors.Is(err, ErrResponseBudget), errors.Is(err, ErrShuttingDown):
+	case errors.Is(err, ErrUnknownEngine), errors.Is(err, ErrResponseBudget), errors.Is(err, ErrShuttingDown), errors.Is(err, ErrAdapterGone):
 		return 503
 	case errors.Is(err, ErrFirstByteTimeout), errors.Is(err, ErrIdleTimeout), errors.Is(err, ErrWriteTimeout):
 		return 504
@@ -144,6 +149,7 @@ var kinds = [...]struct {
 	{ErrTruncated, "engine_stream_truncated"},
 	{ErrEngineError, "engine_error"},
 	{ErrEngineAuth, "engine_auth_failed"},
+	{ErrAdapterGone, "model_unavailable"},
 	{ErrClientGone, "client_gone"},
 	{ErrResponseTooLarge, "engine_response_too_large"},
 	{ErrResponseBudget, "response_budget_exceeded"},

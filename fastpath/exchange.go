@@ -542,6 +542,17 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			ex.s.throttle.Log(ex.s.log, slog.LevelError, "loop/"+strconv.Itoa(int(ex.dec.Slot)), loopMessage,
 				"worker", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "endpoint", ex.dec.Endpoint)
 		}
+		if err == nil && ex.call.StatusCode() == fasthttp.StatusNotFound && ex.adapterWorkers != 0 &&
+			retryable && ex.canTryElsewhere() {
+			// The engine listed the adapter the request names when last
+			// asked, and has unloaded it since: another engine listing it
+			// may serve it, and the next poll, brought forward, sends
+			// later requests there alone.
+			if s.refreshModels != nil {
+				s.refreshModels(doneContext)
+			}
+			err = ex.call.DiscardUnserved()
+		}
 		if err == nil && ex.call.Failed() {
 			switch {
 			case retryable && ex.canTryElsewhere():

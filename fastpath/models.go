@@ -390,6 +390,14 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 	return model, seed, render, only, nil
 }
 
+// doneContext is a context already done: Deps.RefreshModels given it
+// brings the next poll forward without waiting for it.
+var doneContext = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
 // isSettled reports whether the node's start-up has settled (Deps.Settled).
 func (s *Server) isSettled() bool {
 	if s.settled == nil {

@@ -209,7 +209,8 @@ type Deps struct {
 	// waits (boundedly) for their answers; it reports whether they came.
 	// A request naming a model no worker is known to serve calls it once
 	// before its 404: an adapter loaded at run time is served from its
-	// first request. nil: the 404 is answered at once.
+	// first request. nil: the 404 is answered at once. With a ctx already
+	// done it only brings the poll forward.
 	RefreshModels func(ctx context.Context) bool
 }
 

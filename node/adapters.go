@@ -23,9 +23,9 @@ import (
 // adapterPoll is how often the node asks every engine which LoRA adapters
 // it serves. Adapters are loaded at engine start or, rarely, at run time
 // (vLLM's /v1/load_lora_adapter): a request naming a model the router
-// does not know brings the next poll forward (Node.RefreshModels), and
-// until the next poll an adapter unloaded still goes to the engine that
-// dropped it (README says so).
+// does not know brings the next poll forward (Node.RefreshModels), and so
+// does an engine's 404 to an adapter it listed, whose request then goes to
+// another engine listing it.
 const adapterPoll = 2 * time.Second
 
 // adapterPoller learns from each engine's GET /v1/models the LoRA

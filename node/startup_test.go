@@ -735,3 +735,54 @@ func TestAdapterLoadedAtRunTimeIsServed(t *testing.T) {
 		t.Fatalf("a name no engine lists: %d %s; want 404", code, body)
 	}
 }
+
+// TestAdapterUnloadedIsServedElsewhere: an engine that unloaded an adapter
+// it listed when last asked answers its requests 404; until the next poll
+// the router still sends them there. Such a request goes to another
+// engine listing the adapter instead of reaching the client as a 404,
+// which clients do not retry.
+func TestAdapterUnloadedIsServedElsewhere(t *testing.T) {
+	var unloadedHits atomic.Int64
+	engine := func(unloaded bool) *httptest.Server {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+		mux.HandleFunc("/v1/models", func(w http.ResponseWriter, _ *http.Request) {
+			// Both list it: the unloaded one still did when the router asked.
+			io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model","parent":null},{"id":"sql","object":"model","parent":"m"}]}`)
+		})
+		mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			if unloaded {
+				unloadedHits.Add(1)
+				w.WriteHeader(http.StatusNotFound)
+				io.WriteString(w, `{"object":"error","message":"The model `+"`sql`"+` does not exist.","type":"NotFoundError","param":null,"code":404}`)
+				return
+			}
+			io.WriteString(w, `{"id":"c","object":"text_completion","model":"sql","choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}`)
+		})
+		srv := httptest.NewServer(mux)
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	gone, kept := engine(true), engine(false)
+	cfg := testConfig(t)
+	cfg.Segment.Path = ""
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: gone.URL, Model: "m"}, {ID: 2, Endpoint: kept.URL, Model: "m"}}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := serveNode(t, n)
+	waitFor(t, "both engines to list the adapter", func() bool {
+		m := n.adapters.Load()
+		return m != nil && (*m)["sql"].Workers.Len() == 2
+	})
+	for i := 0; unloadedHits.Load() < 3; i++ {
+		if i == 200 {
+			t.Fatalf("no request reached the engine that unloaded the adapter in %d", i)
+		}
+		if code, body := postModel(t, url, "sql"); code != http.StatusOK {
+			t.Fatalf("request %d for the adapter: %d %s; want 200 from the engine that still serves it", i, code, body)
+		}
+	}
+}
