@@ -199,9 +199,10 @@ func (a *adapterPoller) health(slots map[string]workers.Slot) {
 // endpointModels is what one endpoint's GET /v1/models says.
 type endpointModels struct {
 	adapters map[string]bool // the adapters of the pool's model it lists
-	// sglang: its engine is SGLang (owned_by), which alone reads an
-	// adapter in lora_path or as "base:adapter"; vLLM ignores lora_path
-	// and answers "base:adapter" with 404.
+	// sglang: its engine may read an adapter in lora_path or as
+	// "base:adapter", SGLang's spellings: it does not say it is vLLM or
+	// the mock (openai.ReadsAdapterSpellings); vLLM ignores lora_path and
+	// answers "base:adapter" with 404.
 	sglang bool
 }
 
@@ -241,8 +242,10 @@ func (a *adapterPoller) fetch(ctx context.Context, addr string) (endpointModels,
 	bases := map[string]bool{}
 	for _, m := range list {
 		if m.Parent == "" && m.ID != "" {
+			if len(bases) == 0 {
+				got.sglang = openai.ReadsAdapterSpellings(m.OwnedBy) // the first base's word, as kvfast serve takes it
+			}
 			bases[m.ID] = true
-			got.sglang = got.sglang || m.OwnedBy == openai.OwnedBySGLang
 		}
 	}
 	got.adapters = map[string]bool{}

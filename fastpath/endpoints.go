@@ -279,6 +279,10 @@ func (s *Server) serveModel(ctx *fasthttp.RequestCtx, id string) {
 		return
 	}
 	ns, ok := (*s.seeds.Load())[id]
+	if !ok && s.refreshWorthy([]byte(id)) && s.refresh(ctx) {
+		// As a request naming it would: perhaps an adapter loaded since.
+		ns, ok = (*s.seeds.Load())[id]
+	}
 	if !ok {
 		writeError(ctx, fasthttp.StatusNotFound, errUnknownModel)
 		return
@@ -429,9 +433,10 @@ type WorkerView struct {
 	// Adapters is the LoRA adapters of Model the engine listed when last
 	// asked, sorted: the requests naming one go to the workers listing it.
 	Adapters []string `json:"adapters,omitempty"`
-	// SGLang: the engine says it is SGLang (owned_by), whose spellings of
-	// an adapter (lora_path, "base:adapter") it alone is sent.
-	SGLang bool `json:"sglang,omitempty"`
+	// SGLangSpellings: the engine may read SGLang's spellings of an
+	// adapter (lora_path, "base:adapter"), which are sent to such engines
+	// alone: its model list does not say it is vLLM or the mock.
+	SGLangSpellings bool `json:"sglang_adapter_spellings,omitempty"`
 
 	// Passive health (dispatch.OutlierConfig): whether the worker is
 	// ejected now, for how many more seconds, and how often it was.

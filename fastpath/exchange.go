@@ -393,7 +393,8 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	// for every image, and hashed as text they would match another image's
 	// blocks: those the router booked for requests in flight, and those of
 	// an engine whose events carry no multimodal keys. Such a prompt
-	// routes approximately, on text that stops at its first image.
+	// routes approximately: its JSON text holds each item's URL or data,
+	// where another image's prompt stops matching.
 	switch {
 	case len(ex.mm.Items) > 0:
 		s.metrics.multimodalExact.Inc()

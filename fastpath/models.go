@@ -86,9 +86,10 @@ func (s *Server) avoidUnlisted(req *sched.Request) {
 type Adapter struct {
 	Base    string
 	Workers workers.Set
-	// SGLang is the workers of Workers whose engines are SGLang (owned_by
-	// "sglang"): only they take the adapter in lora_path beside the base
-	// model, or as "base:adapter". vLLM (and the mock) ignore lora_path,
+	// SGLang is the workers of Workers whose engines may take the adapter
+	// in SGLang's spellings, lora_path beside the base model or
+	// "base:adapter": those not known to ignore them (openai.
+	// ReadsAdapterSpellings). vLLM (and the mock) ignore lora_path,
 	// answering from the base model, and refuse "base:adapter" with 404.
 	SGLang workers.Set
 }
@@ -341,7 +342,7 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 		if !ok && s.awaitSettled(ctx) {
 			ns, ok = (*s.seeds.Load())[string(r.Model)]
 		}
-		if !ok && s.refreshModels != nil && len(r.Model) <= shm.MaxModelLen && s.refreshModels(ctx) {
+		if !ok && s.refreshWorthy(r.Model) && s.refresh(ctx) {
 			// Perhaps an adapter loaded since the engines were last asked.
 			ns, ok = (*s.seeds.Load())[string(r.Model)]
 		}
@@ -389,6 +390,37 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 	}
 	return model, seed, render, only, nil
 }
+
+// refreshWorthy reports whether a request naming model, which no worker
+// is known to serve, should have the engines asked again before it is
+// answered: a name an adapter could have, not one of a model known to
+// have left (answered at once as such).
+func (s *Server) refreshWorthy(model []byte) bool {
+	if s.refreshModels == nil || len(model) > shm.MaxModelLen {
+		return false
+	}
+	if d := s.departed.Load(); d != nil {
+		if _, gone := (*d)[string(model)]; gone {
+			return false
+		}
+	}
+	return true
+}
+
+// refresh waits for the engines to be asked for their models again
+// (Deps.RefreshModels), unless maxRefreshWaiters requests wait already:
+// then the request is answered at once, and a flood of unknown names
+// holds no more than that many requests.
+func (s *Server) refresh(ctx context.Context) bool {
+	defer s.refreshWaiters.Add(-1)
+	if s.refreshWaiters.Add(1) > maxRefreshWaiters {
+		return false
+	}
+	return s.refreshModels(ctx)
+}
+
+// maxRefreshWaiters bounds the requests waiting at once for a model poll.
+const maxRefreshWaiters = 64
 
 // doneContext is a context already done: Deps.RefreshModels given it
 // brings the next poll forward without waiting for it.

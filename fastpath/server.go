@@ -268,9 +268,10 @@ type Server struct {
 	// worker whose engine has not answered GET /v1/models); pendingModels,
 	// when set (Deps.ModelsPending), says so instead, telling those apart
 	// from a publisher that registered without a model.
-	modelsPending atomic.Bool
-	pendingModels func() bool
-	refreshModels func(context.Context) bool // Deps.RefreshModels; nil: none
+	modelsPending  atomic.Bool
+	pendingModels  func() bool
+	refreshModels  func(context.Context) bool // Deps.RefreshModels; nil: none
+	refreshWaiters atomic.Int32               // requests in refresh
 	// draining is set by Drain: the router is about to shut down and asks
 	// to be taken out of rotation while it still serves.
 	draining atomic.Bool
@@ -449,12 +450,8 @@ const adminMaxConns = 256
 
 // backstopConcurrency is fasthttp's bound on connections served at once:
 // above both listeners' own (connLimiter), so never what refuses one.
-func backstopConcurrency(maxConns int) int {
-	if maxConns <= 0 {
-		return 0 // fasthttp's default
-	}
-	return maxConns + adminMaxConns
-}
+// Validate keeps maxConns positive.
+func backstopConcurrency(maxConns int) int { return maxConns + adminMaxConns }
 
 // readBufferBytes is each connection's read buffer, which also bounds a
 // request's header. fasthttp's default of 4 KiB takes two reads for a

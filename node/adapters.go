@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
@@ -45,8 +46,6 @@ type adapterPoller struct {
 	// answered last.
 	sglang workers.Set
 	pushed map[string]fastpath.Adapter
-	// dropped counts the adapters fetch did not keep in its last call.
-	dropped int
 }
 
 func newAdapterPoller(token string) *adapterPoller {
@@ -64,6 +63,16 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 	union := map[string]fastpath.Adapter{}
 	learned := false
 	var unlisted, keyRefused workers.Set
+	// The engines are asked at once: a request naming an unknown model
+	// waits for the whole poll (RefreshModels), and one slow engine
+	// must not make it wait for every other one's answer too.
+	var infos [workers.Max]sched.WorkerInfo
+	var answers [workers.Max]struct {
+		got engineModels
+		err error
+	}
+	var fetched sync.WaitGroup
+	var asked workers.Set
 	for i := range workers.Max {
 		slot := workers.Slot(i)
 		info, ok := n.sched.Worker(slot)
@@ -76,9 +85,14 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 			p.known[slot], p.of[slot] = nil, info
 			p.sglang &^= workers.SetOf(slot)
 		}
+		infos[slot], asked = info, asked|workers.SetOf(slot)
+		fetched.Go(func() { answers[slot].got, answers[slot].err = p.fetch(ctx, info.Endpoint, info.Model) })
+	}
+	fetched.Wait()
+	for slot := range asked.All() {
+		info := infos[slot]
 		unknown := workers.Set(n.unknownModel.Load()).Has(slot)
-		p.dropped = 0
-		got, err := p.fetch(ctx, info.Endpoint, info.Model)
+		got, err := answers[slot].got, answers[slot].err
 		base := got.base
 		if err == nil {
 			p.sglang &^= workers.SetOf(slot)
@@ -86,11 +100,11 @@ func (p *adapterPoller) poll(ctx context.Context, n *Node) (discovered bool) {
 				p.sglang |= workers.SetOf(slot)
 			}
 		}
-		if p.dropped > 0 {
+		if got.dropped > 0 {
 			// Their requests get 404 from the router: say why.
 			n.throttle.Log(n.log, slog.LevelWarn, "adapters-dropped/"+strconv.Itoa(int(slot)),
 				"an engine lists LoRA adapters the router does not route: names over 192 bytes or with control characters, or beyond 1024 per engine; requests naming them get 404",
-				"slot", slot, "worker", info.ID, "endpoint", info.Endpoint, "dropped", p.dropped)
+				"slot", slot, "worker", info.ID, "endpoint", info.Endpoint, "dropped", got.dropped)
 		}
 		switch {
 		case errors.Is(err, errEngineAuth):
@@ -196,10 +210,12 @@ type engineModels struct {
 	base     string            // the first base model listed
 	adapters map[string]string // adapter -> the worker's model, its base
 	listed   bool              // whether the worker's model is listed at all
-	// sglang: the engine is SGLang (owned_by), which alone reads the
-	// spellings of an adapter that name its base model as well
-	// (lora_path, "base:adapter"); vLLM and the mock ignore lora_path and
-	// refuse "base:adapter" as a model they do not serve.
+	dropped  int               // adapters not kept: over the bounds
+	// sglang: the engine may read the spellings of an adapter that name
+	// its base model as well (lora_path, "base:adapter"), SGLang's: it
+	// does not say it is vLLM or the mock (openai.ReadsAdapterSpellings),
+	// which ignore lora_path and refuse "base:adapter" as a model they do
+	// not serve.
 	sglang bool
 }
 
@@ -244,7 +260,7 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (engi
 		if m.Parent == "" && m.ID != "" && len(m.ID) <= shm.MaxModelLen &&
 			strings.IndexFunc(m.ID, unicode.IsControl) < 0 { // the decoder made it UTF-8; a name is also a metric label
 			if got.base == "" {
-				got.base, got.sglang = m.ID, m.OwnedBy == openai.OwnedBySGLang
+				got.base, got.sglang = m.ID, openai.ReadsAdapterSpellings(m.OwnedBy)
 			}
 			bases[m.ID] = true
 		}
@@ -262,7 +278,7 @@ func (p *adapterPoller) fetch(ctx context.Context, endpoint, model string) (engi
 			continue
 		}
 		if len(m.ID) > shm.MaxModelLen || strings.IndexFunc(m.ID, unicode.IsControl) >= 0 || len(got.adapters) >= maxAdapters {
-			p.dropped++
+			got.dropped++
 			continue
 		}
 		if got.adapters == nil {

@@ -290,6 +290,12 @@ func (n *Node) pollModels(ctx context.Context) {
 	start := time.Now()
 	t := time.NewTimer(0)
 	defer t.Stop()
+	defer func() {
+		// No poll comes any more: those waiting for one hear so now.
+		n.pollMu.Lock()
+		close(n.polled)
+		n.pollMu.Unlock()
+	}()
 	var polled, next time.Time // the last poll, and when the timer fires
 	for {
 		select {
@@ -332,8 +338,8 @@ const adapterKickGap = 250 * time.Millisecond
 
 // refreshWait bounds how long a request naming a model no worker is known
 // to serve waits for the engines to be asked again (RefreshModels): a
-// poll brought forward runs within adapterKickGap, and asks each engine
-// within its 2 s client timeout.
+// poll brought forward runs within adapterKickGap, and asks every engine
+// at once, each within its 2 s client timeout.
 const refreshWait = 3 * time.Second
 
 // RefreshModels brings the next model poll forward and waits for it to

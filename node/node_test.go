@@ -608,7 +608,7 @@ func TestPickEngine(t *testing.T) {
 			third = w
 		}
 	}
-	n.adapters.Store(&map[string]fastpath.Adapter{"sql": {Base: "a", Workers: workers.SetOf(third)}})
+	n.adapters.Store(&map[string]fastpath.Adapter{"sql": {Base: "a", Workers: workers.SetOf(third), SGLang: workers.SetOf(third)}})
 	for range 4 {
 		if slot, addr, ok := n.PickEngine("a", []byte("sql")); !ok || slot != third {
 			t.Fatalf("picked slot %d %q (%v) for adapter sql, which only slot %d lists", slot, addr, ok, third)
@@ -617,9 +617,14 @@ func TestPickEngine(t *testing.T) {
 	if _, addr, ok := n.PickEngine("a", []byte("nosuch")); ok {
 		t.Fatalf("picked %s for an adapter no engine lists", addr)
 	}
-	// SGLang's "base:adapter" spelling names the same adapter.
+	// SGLang's "base:adapter" spelling names the same adapter, on the
+	// engines that read it.
 	if slot, addr, ok := n.PickEngine("a", []byte("a:sql")); !ok || slot != third {
 		t.Fatalf("picked slot %d %q (%v) for a:sql, which only slot %d lists", slot, addr, ok, third)
+	}
+	n.adapters.Store(&map[string]fastpath.Adapter{"sql": {Base: "a", Workers: workers.SetOf(third)}})
+	if _, addr, ok := n.PickEngine("a", []byte("a:sql")); ok {
+		t.Fatalf("picked %s for a:sql, which no engine that reads the spelling lists", addr)
 	}
 }
 

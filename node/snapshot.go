@@ -55,6 +55,17 @@ func (n *Node) snapshot(v *fastpath.Snapshot) {
 	v.Workers = []fastpath.WorkerView{}
 	auto := n.cfg.Sched.Cost != nil && n.cfg.Sched.Cost.AutoPrefillLoadScale
 	v.PrefillLoadScale, v.PrefillLoadScaleAuto = n.sched.PrefillLoadScale(), auto
+	var adapters [workers.Max][]string // each worker's, from one walk of the union
+	if m := n.adapters.Load(); m != nil {
+		for name, a := range *m {
+			for w := range a.Workers.All() {
+				adapters[w] = append(adapters[w], name)
+			}
+		}
+		for w := range adapters {
+			slices.Sort(adapters[w])
+		}
+	}
 	for w := range n.sched.Workers().All() {
 		info, ok := n.sched.Worker(w)
 		if !ok {
@@ -69,15 +80,8 @@ func (n *Node) snapshot(v *fastpath.Snapshot) {
 			Calibration: fastpath.NewCalibrationView(n.sched.Calibration(w), auto)}
 		wv.ModelUnlisted = workers.Set(n.unlisted.Load()).Has(w)
 		wv.KeyRefused = workers.Set(n.keyRefused.Load()).Has(w)
-		wv.SGLang = workers.Set(n.sglang.Load()).Has(w)
-		if m := n.adapters.Load(); m != nil {
-			for name, a := range *m {
-				if a.Workers.Has(w) {
-					wv.Adapters = append(wv.Adapters, name)
-				}
-			}
-			slices.Sort(wv.Adapters)
-		}
+		wv.SGLangSpellings = workers.Set(n.sglang.Load()).Has(w)
+		wv.Adapters = adapters[w]
 		if e := n.engines.Engine(w); e != nil {
 			o := e.Outlier()
 			wv.Ejected, wv.EjectedSeconds, wv.Ejections = o.Ejected, o.Remaining.Seconds(), o.Ejections

@@ -464,8 +464,8 @@ func TestAdapterListIsBounded(t *testing.T) {
 		t.Errorf("kept %d adapters, want %d", len(got), maxAdapters)
 	}
 	// Counted, for the poll's warning: their requests get 404.
-	if p.dropped != 1+maxAdapters {
-		t.Errorf("%d adapters counted as dropped, want %d", p.dropped, 1+maxAdapters)
+	if models.dropped != 1+maxAdapters {
+		t.Errorf("%d adapters counted as dropped, want %d", models.dropped, 1+maxAdapters)
 	}
 	for name := range got {
 		if len(name) > shm.MaxModelLen {
@@ -478,8 +478,8 @@ func TestAdapterListIsBounded(t *testing.T) {
 // several names gives its adapters the first as parent (vLLM's
 // --served-model-name a b); a worker registered under another of them
 // serves them too (they were dropped unsaid, and their requests got the
-// router's 404). owned_by tells SGLang from vLLM, whose adapters the
-// router must not credit to SGLang's spellings.
+// router's 404). owned_by tells vLLM and the mock, whose adapters the
+// router must not credit to SGLang's spellings, from SGLang and others.
 func TestAdapterListReadsTheEngine(t *testing.T) {
 	for _, c := range []struct {
 		name, list, model string
@@ -492,8 +492,13 @@ func TestAdapterListReadsTheEngine(t *testing.T) {
 			"a", map[string]string{"sql": "a"}, true, true},
 		{"another engine's model", `[{"id":"a","owned_by":"vllm"},{"id":"sql","parent":"a"}]`,
 			"c", nil, false, false},
-		{"an adapter of an unlisted base", `[{"id":"a"},{"id":"sql","parent":"z"}]`,
+		{"an adapter of an unlisted base", `[{"id":"a","owned_by":"vllm"},{"id":"sql","parent":"z"}]`,
 			"a", nil, true, false},
+		// SGLang behind a proxy that rewrites owned_by, or an engine of
+		// another name: only vLLM and the mock are known not to read
+		// SGLang's spellings.
+		{"another owner", `[{"id":"a","owned_by":"organization-owner"},{"id":"sql","parent":"a"}]`,
+			"a", map[string]string{"sql": "a"}, true, true},
 	} {
 		engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			_, _ = io.WriteString(w, `{"object":"list","data":`+c.list+`}`)
@@ -528,8 +533,8 @@ func TestAdapterListFollowsTheSlotsEngine(t *testing.T) {
 	}
 	// /admin/workers says so, and that the mock is no SGLang engine.
 	for _, wv := range n.Snapshot().Workers {
-		if wv.Slot == int(slot) && (!slices.Equal(wv.Adapters, []string{"sql"}) || wv.SGLang) {
-			t.Errorf("the worker's view lists adapters %q, sglang %v; want [sql], false", wv.Adapters, wv.SGLang)
+		if wv.Slot == int(slot) && (!slices.Equal(wv.Adapters, []string{"sql"}) || wv.SGLangSpellings) {
+			t.Errorf("the worker's view lists adapters %q, sglang %v; want [sql], false", wv.Adapters, wv.SGLangSpellings)
 		}
 	}
 	if err := first.Close(); err != nil {
@@ -697,16 +702,19 @@ func scribble(t *testing.T, path string, off int64, b []byte) {
 // run time (vLLM's /v1/load_lora_adapter) is routed from its first
 // request: the router asks the engines again before answering 404 for a
 // model it does not know. It had answered 404 until its next poll, up to
-// 2 s, and a client does not retry a 404. A name no engine lists is
-// still a 404.
+// 2 s, and a client does not retry a 404. GET /v1/models/{id} does the
+// same. A name no engine lists is still a 404.
 func TestAdapterLoadedAtRunTimeIsServed(t *testing.T) {
-	var loaded atomic.Bool
+	var loaded, late atomic.Bool
 	mux := http.NewServeMux()
 	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("/v1/models", func(w http.ResponseWriter, _ *http.Request) {
 		list := `{"object":"list","data":[{"id":"m","object":"model","parent":null}`
 		if loaded.Load() {
 			list += `,{"id":"new","object":"model","parent":"m"}`
+		}
+		if late.Load() {
+			list += `,{"id":"late","object":"model","parent":"m"}`
 		}
 		io.WriteString(w, list+`]}`)
 	})
@@ -730,6 +738,13 @@ func TestAdapterLoadedAtRunTimeIsServed(t *testing.T) {
 	loaded.Store(true)
 	if code, body := postModel(t, url, "new"); code != http.StatusOK {
 		t.Fatalf("an adapter loaded a moment ago: %d %s; want 200", code, body)
+	}
+	late.Store(true)
+	if code := getStatus(t, url+"/v1/models/late"); code != http.StatusOK {
+		t.Fatalf("GET /v1/models/ of an adapter loaded a moment ago: %d; want 200", code)
+	}
+	if code := getStatus(t, url+"/v1/models/other"); code != http.StatusNotFound {
+		t.Fatalf("GET /v1/models/ of a name no engine lists: %d; want 404", code)
 	}
 	if code, body := postModel(t, url, "never-loaded"); code != http.StatusNotFound {
 		t.Fatalf("a name no engine lists: %d %s; want 404", code, body)

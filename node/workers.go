@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -535,13 +536,14 @@ func (n *Node) PickEngine(model string, requested []byte) (workers.Slot, string,
 	only := workers.AllSlots
 	if len(requested) > 0 && string(requested) != model {
 		only = 0
-		name := requested
-		if len(name) > len(model)+1 && name[len(model)] == ':' && string(name[:len(model)]) == model {
-			name = name[len(model)+1:]
-		}
 		if m := n.adapters.Load(); m != nil {
-			if a, ok := (*m)[string(name)]; ok && a.Base == model {
+			if a, ok := (*m)[string(requested)]; ok && a.Base == model {
 				only = a.Workers
+			} else if name, ok := bytes.CutPrefix(requested, []byte(model+":")); ok {
+				// SGLang's spelling: only engines that read it.
+				if a, ok := (*m)[string(name)]; ok && a.Base == model {
+					only = a.Workers & a.SGLang
+				}
 			}
 		}
 	}

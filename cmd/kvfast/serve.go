@@ -131,7 +131,7 @@ func bindServeFlags(fs *flag.FlagSet, cfg *node.Config, lo *logOptions, sec *sec
 	fs.DurationVar(&cfg.HTTP.ReadTimeout, "read-timeout", cfg.HTTP.ReadTimeout, "time allowed to read a request body, after its header (cuts slow uploads)")
 	fs.DurationVar(&cfg.HTTP.IdleTimeout, "idle-timeout", cfg.HTTP.IdleTimeout, "keep-alive connections idle this long are closed")
 	fs.DurationVar(&cfg.HTTP.WriteTimeout, "write-timeout", cfg.HTTP.WriteTimeout, "time allowed for each write to a client (a plain answer whole, each write of a stream): a client that stops reading is cut and its request released")
-	fs.IntVar(&cfg.HTTP.MaxConns, "max-conns", cfg.HTTP.MaxConns, "concurrent connections to the API listener, beyond which a connection gets 503 too_many_connections (the admin listener has its own bound of 256; 0: no bound)")
+	fs.IntVar(&cfg.HTTP.MaxConns, "max-conns", cfg.HTTP.MaxConns, "concurrent connections to the API listener, beyond which a connection gets 503 too_many_connections (the admin listener has its own bound of 256)")
 	fs.IntVar(&cfg.HTTP.MaxRetries, "max-retries", cfg.HTTP.MaxRetries, "re-routes to another worker when an engine refuses or resets the connection or answers 5xx (or 401/403 to --engine-api-key-file's key), before any byte reaches the client; 0 disables")
 	fs.DurationVar(&cfg.HTTP.Sessions.TTL, "session-ttl", cfg.HTTP.Sessions.TTL, "sticky sessions (X-Kvfast-Session-Id): a session's binding to its worker expires after this long without a request (0: sticky sessions off)")
 	fs.IntVar(&cfg.Segment.Sessions, "session-capacity", cfg.Segment.Sessions, "sticky sessions the bindings table holds (set when the segment is created, and a router attaching to it must give the same; the least recently used binding in a full bucket is evicted)")
