@@ -473,8 +473,13 @@ func (o *Options) CheckFits(tr *replay.Trace) error {
 // kvBlocks blocks.
 func (o *Options) fits(longest, kvBlocks int) error {
 	if capacity := kvBlocks * o.BlockSize; longest > capacity {
+		raise := "raise --kv-blocks"
+		if len(o.Capacities) > 0 {
+			// The sweep sizes the engines itself: --kv-blocks is not read.
+			raise = "raise the smallest of --capacities, or use fewer --engines"
+		}
 		return fmt.Errorf("cannot fit the longest request: it needs %d tokens but an engine holds %d (%d KV blocks x %d): "+
-			"raise the KV blocks or lower the tokens per hash id", longest, capacity, kvBlocks, o.BlockSize)
+			"%s, or lower --block-tokens", longest, capacity, kvBlocks, o.BlockSize, raise)
 	}
 	return nil
 }

@@ -25,7 +25,11 @@ func TestGeneratedTracesAreDeterministicAndDifferInReuse(t *testing.T) {
 		for i := range a.Records {
 			r := &a.Records[i]
 			ts, in, out := float64(r.Timestamp)/float64(time.Millisecond), wholeNumber(r.InputLength), wholeNumber(r.OutputLength)
-			line, err := json.Marshal(wireRecord{Timestamp: &ts, InputLength: &in, OutputLength: &out, HashIDs: r.HashIDs})
+			ids := make([]hashID, len(r.HashIDs))
+			for j, h := range r.HashIDs {
+				ids[j] = hashID(h)
+			}
+			line, err := json.Marshal(wireRecord{Timestamp: &ts, InputLength: &in, OutputLength: &out, HashIDs: ids})
 			if err != nil {
 				t.Fatal(err)
 			}

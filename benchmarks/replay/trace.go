@@ -12,6 +12,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -79,7 +80,24 @@ type wireRecord struct {
 	Timestamp    *float64     `json:"timestamp"`
 	InputLength  *wholeNumber `json:"input_length"`
 	OutputLength *wholeNumber `json:"output_length"`
-	HashIDs      []uint64     `json:"hash_ids"`
+	HashIDs      []hashID     `json:"hash_ids"`
+}
+
+// hashID is one of a record's hash ids: a non-negative integer below
+// 2^64. A null (which encoding/json would take for 0, another block's id)
+// or a number of another form is refused, naming the field.
+type hashID uint64
+
+func (h *hashID) UnmarshalJSON(b []byte) error {
+	v, err := strconv.ParseUint(string(b), 10, 64)
+	if err != nil {
+		if len(b) > 32 {
+			b = append(b[:29:29], "..."...)
+		}
+		return fmt.Errorf("hash_ids holds %s: want non-negative integers below 2^64", b)
+	}
+	*h = hashID(v)
+	return nil
 }
 
 // wholeNumber is a length: an integer, written as one or, as Python and
@@ -146,14 +164,18 @@ func decodeRecord(line []byte, blockSize int, untimed bool) (rec Record, timed b
 	}
 	// (in-1)/bs+1 is ceil(in/bs) without the overflow of in+bs-1.
 	if need := (in-1)/int64(blockSize) + 1; need != int64(len(w.HashIDs)) {
-		return Record{}, false, fmt.Errorf("input_length %d needs %d blocks of %d tokens but hash_ids has %d (is the trace block size right?)",
+		return Record{}, false, fmt.Errorf("input_length %d needs %d hash ids, one per block of %d tokens, but hash_ids has %d (is the trace block size right?)",
 			in, need, blockSize, len(w.HashIDs))
+	}
+	ids := make([]uint64, len(w.HashIDs))
+	for i, h := range w.HashIDs {
+		ids[i] = uint64(h)
 	}
 	return Record{
 		Timestamp:    time.Duration(ts * float64(time.Millisecond)),
 		InputLength:  int(in),
 		OutputLength: int(out),
-		HashIDs:      w.HashIDs,
+		HashIDs:      ids,
 	}, w.Timestamp != nil, nil
 }
 
@@ -180,8 +202,12 @@ type Trace struct {
 	analysis *prefixAnalysis // shared with traces made by Head
 }
 
-// LoadTrace reads a Mooncake-format JSONL file.
+// LoadTrace reads a Mooncake-format JSONL file, or the standard input
+// for "-".
 func LoadTrace(path string, opts TraceOptions) (*Trace, error) {
+	if path == "-" {
+		return ReadTrace(os.Stdin, "stdin", opts)
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("cannot open trace %s: %w", path, err)

@@ -47,9 +47,12 @@ func TestDecodeRecord(t *testing.T) {
 		{"huge timestamp", `{"timestamp":1e300,"input_length":1,"output_length":1,"hash_ids":[1]}`, Record{}, "outside"},
 		{"zero input", `{"timestamp":0,"input_length":0,"output_length":1,"hash_ids":[1]}`, Record{}, "not positive"},
 		{"negative output", `{"timestamp":0,"input_length":1,"output_length":-3,"hash_ids":[1]}`, Record{}, "output_length -3"},
-		{"too few ids", `{"timestamp":0,"input_length":513,"output_length":1,"hash_ids":[1]}`, Record{}, "needs 2 blocks"},
-		{"too many ids", `{"timestamp":0,"input_length":512,"output_length":1,"hash_ids":[1,2]}`, Record{}, "needs 1 blocks"},
-		{"negative id", `{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[-1]}`, Record{}, "cannot unmarshal"},
+		{"too few ids", `{"timestamp":0,"input_length":513,"output_length":1,"hash_ids":[1]}`, Record{}, "needs 2 hash ids"},
+		{"too many ids", `{"timestamp":0,"input_length":512,"output_length":1,"hash_ids":[1,2]}`, Record{}, "needs 1 hash ids"},
+		{"negative id", `{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[-1]}`, Record{}, "hash_ids holds -1: want non-negative integers"},
+		// encoding/json takes a null in a []uint64 for 0, another block's id.
+		{"null id", `{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[null]}`, Record{}, "hash_ids holds null"},
+		{"fractional id", `{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[1.5]}`, Record{}, "hash_ids holds 1.5"},
 		{"fractional length", `{"timestamp":0,"input_length":1.5,"output_length":1,"hash_ids":[1]}`, Record{}, "1.5 is not a whole number"},
 		{"string length", `{"timestamp":0,"input_length":"1","output_length":1,"hash_ids":[1]}`, Record{}, "is a string"},
 		{"lengths written as floats, as pandas writes them", `{"timestamp":0.0,"input_length":512.0,"output_length":2e1,"hash_ids":[1]}`,
@@ -326,4 +329,24 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatalf("round trip moved timestamp %v to %v", r.Timestamp, r2.Timestamp)
 		}
 	})
+}
+
+// TestLoadTraceFromStdin: "-" reads the trace from the standard input, as
+// a pipeline gives it (cat trace.jsonl.gz | kvfast replay --trace -).
+func TestLoadTraceFromStdin(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdin := os.Stdin
+	os.Stdin = r
+	t.Cleanup(func() { os.Stdin = stdin; r.Close() })
+	go func() {
+		_, _ = io.WriteString(w, `{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[9]}`+"\n")
+		w.Close()
+	}()
+	tr, err := LoadTrace("-", TraceOptions{})
+	if err != nil || tr.Len() != 1 || tr.Records[0].HashIDs[0] != 9 {
+		t.Fatalf("trace %+v, error %v; want the one record written to the standard input", tr, err)
+	}
 }

@@ -342,7 +342,7 @@ func parseDemoFlags(args []string, stderr io.Writer) (demo.Options, demoOutput, 
 	fs.StringVar(&policies, "policies", policies, "comma-separated `list` of routing policies to compare: kv, approx, affinity, round-robin, random, least-loaded, with --workload chat kv-builtin and kv-remote, or all (default: all for tokens, kv-builtin,kv-remote,approx for chat)")
 	fs.StringVar(&o.Workload, "workload", o.Workload, "what each trace record becomes: tokens (a token-id prompt), chat (a conversation) or multimodal (a conversation with images)")
 	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, "chat workload: the engines' tokenizer, a `DIR` or hf:ORG/NAME (default, or demo: the demo's own)")
-	fs.StringVar(&o.Trace, "trace", o.Trace, "trace `file` (Mooncake JSONL), \"embedded\" for the last 600 records of the shipped trace, or gen:low or gen:high for a generated trace of low or high reuse")
+	fs.StringVar(&o.Trace, "trace", o.Trace, "trace `file` (Mooncake JSONL; - for the standard input), \"embedded\" for the last 600 records of the shipped trace, or gen:low or gen:high for a generated trace of low or high reuse")
 	fs.IntVar(&o.TraceBlockSize, "trace-block-size", replay.DefaultTraceBlockSize, "tokens one hash id of a --trace file stands for (the embedded and generated traces have their own)")
 	fs.IntVar(&o.MaxRequests, "max-requests", o.MaxRequests, "replay only the first `N` records of the trace (0: all)")
 	fs.Float64Var(&o.Speedup, "speedup", o.Speedup, "divide the trace's inter-arrival times by `factor`")

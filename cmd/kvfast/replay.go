@@ -98,7 +98,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 	var (
 		router      = fs.String("router", replay.DefaultRouterURL, "router base `URL`; /v1/completions (chat: /v1/chat/completions) is appended")
 		workload    = fs.String("workload", replay.WorkloadTokens, "what each record becomes: tokens (token-id prompts), chat (conversations) or multimodal (conversations with images)")
-		tracePath   = fs.String("trace", "", "trace `file` (JSONL), \"embedded\", or a generated trace, gen:low or gen:high, as kvfast demo's (default: "+replay.SharedTracePath+" if present, else embedded)")
+		tracePath   = fs.String("trace", "", "trace `file` (JSONL; - for the standard input), \"embedded\", or a generated trace, gen:low or gen:high, as kvfast demo's (default: "+replay.SharedTracePath+" if present, else embedded)")
 		traceBlock  = fs.Int("trace-block-size", replay.DefaultTraceBlockSize, "tokens per hash id in the trace")
 		maxRequests = fs.Int("max-requests", 0, "replay only the first `N` records (0: all)")
 		speedup     = fs.Float64("speedup", 1, "divide trace time by `factor` (timestamp mode)")
@@ -128,8 +128,10 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		fmt.Fprintf(stderr, "kvfast replay: %s\n", extraArgument(fs))
 		return 2
 	}
-	if *vocab == 0 || *vocab > 1<<32-1 {
-		fmt.Fprintf(stderr, "kvfast replay: --vocab %d: want 1..%d\n", *vocab, uint32(1<<32-1))
+	if *vocab < minVocab || *vocab > 1<<32-1 {
+		// Fewer ids make distinct hash ids' blocks alike: the engines
+		// would cache what the trace says is new, and the bound mislead.
+		fmt.Fprintf(stderr, "kvfast replay: --vocab %d: want %d..%d\n", *vocab, minVocab, uint32(1<<32-1))
 		return 2
 	}
 	if !slices.Contains(replay.Workloads, *workload) {
@@ -319,3 +321,8 @@ func replayWriteFile(path string, write func(io.Writer) error) error {
 	}
 	return nil
 }
+
+// minVocab is the smallest --vocab: with fewer token ids, blocks of
+// distinct hash ids come out alike too often for the trace's sharing to
+// be the prompts'.
+const minVocab = 256

@@ -65,7 +65,7 @@ func TestReplayCommand(t *testing.T) {
 	})
 	t.Run("usage errors", func(t *testing.T) {
 		for _, args := range [][]string{
-			{"--bogus"}, {"extra"}, {"--speedup", "0"}, {"--vocab", "0"}, {"--workload", "images"},
+			{"--bogus"}, {"extra"}, {"--speedup", "0"}, {"--vocab", "0"}, {"--vocab", "1"}, {"--workload", "images"},
 			{"--trace", filepath.Join(t.TempDir(), "missing.jsonl")},
 			{"--trace", trace, "--trace-block-size", "8"}, // 600 tokens need 75 blocks of 8
 			{"--trace", trace, "--max-body-bytes", "1000"},
