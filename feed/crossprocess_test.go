@@ -566,6 +566,27 @@ func TestPythonPublisherRespectsLiveHolder(t *testing.T) {
 	}
 }
 
+// TestPythonPublisherLocksAcrossThreads: two publishers of one process
+// exclude each other from the registry. POSIX record locks belong to the
+// process, so the second publisher's lock did not wait for the first's,
+// and two threads could claim one slot.
+func TestPythonPublisherLocksAcrossThreads(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not found")
+	}
+	seg := openSeg(t, 1<<20)
+	cmd := exec.Command(python, "testdata/py_lock_threads.py", seg.Path())
+	cmd.Env = append(os.Environ(), "KVFAST_PY_DIR="+pythonDir(t))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	if got := strings.TrimSpace(string(out)); got != "waited" {
+		t.Fatalf("the second publisher's registry lock: %s; want it to wait for the first's", got)
+	}
+}
+
 // TestPythonPublisherSkipsReservedSlots: the Python publisher never
 // claims a slot a router reserved for a static worker, not for an engine
 // with that worker's id, nor when it is the last slot left.

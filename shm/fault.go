@@ -1,7 +1,7 @@
 package shm
 
 import (
-	"encoding/binary"
+	"bytes"
 	"fmt"
 	"runtime/debug"
 	"sync"
@@ -92,13 +92,12 @@ func (s *Segment) CheckSize() bool {
 		s.detach(fmt.Sprintf("the file shrank to %d bytes under a %d-byte mapping (truncated)", st.Size, s.fault.hi-s.fault.lo))
 	}
 	if s.Lost() == "" && s.hdr.SegmentID != 0 {
-		var magicOK bool
-		var id uint64
-		s.Guard(func() {
-			magicOK = string(s.mem[hMagic:hMagic+len(magic)]) == magic
-			id = binary.LittleEndian.Uint64(s.mem[hSegmentID:])
-		})
-		if s.Lost() == "" && (!magicOK || id != s.hdr.SegmentID) {
+		// Every byte of it: a version or size rewritten in place leaves
+		// the router serving while every publisher, inspect and the next
+		// router refuse the file.
+		var same bool
+		s.Guard(func() { same = bytes.Equal(s.mem[:len(s.header)], s.header[:]) })
+		if s.Lost() == "" && !same {
 			s.detach("the file's header changed under the router (truncated and grown again, or overwritten)")
 		}
 	}

@@ -184,6 +184,33 @@ func TestCheckSizeDetachesRegrownFile(t *testing.T) {
 	}
 }
 
+// A header byte rewritten in place (the layout version, here) is an
+// overwrite too: the router served on while every publisher, inspect and
+// the next router refused the file. A segment attached afresh, and one
+// just created, do not take their own header for a change.
+func TestCheckSizeDetachesRewrittenHeader(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	again, err := Open(path, Options{Index: testIndex, RingBytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if seg.CheckSize() || again.CheckSize() {
+		t.Fatalf("an unchanged header read as changed: %q, %q", seg.Lost(), again.Lost())
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte{3}, hVersion); err != nil {
+		t.Fatal(err)
+	}
+	if !seg.CheckSize() || !strings.Contains(seg.Lost(), "header changed") {
+		t.Fatalf("a rewritten layout version: lost %q, want the header named", seg.Lost())
+	}
+}
+
 // A fault in the middle of an index write leaves no shard locked: after
 // the detach, the index takes writes again instead of hanging its writers
 // (the feed's, the ZMQ subscribers') for good.

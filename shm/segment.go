@@ -66,14 +66,17 @@ type Options struct {
 // also attaches the radix index); a publisher gets one through Register.
 // All methods are safe for concurrent use.
 type Segment struct {
-	path  string
-	f     *os.File
-	mem   []byte
-	base  unsafe.Pointer
-	lay   layout
-	hdr   Header
-	ix    *radix.Index // nil for publisher-only attachments
-	binds *Bindings    // nil for publisher-only attachments
+	path string
+	f    *os.File
+	mem  []byte
+	base unsafe.Pointer
+	lay  layout
+	hdr  Header
+	// header is the header's bytes as attached, checksum included:
+	// immutable once written, so any change is an overwrite (CheckSize).
+	header [headerSumOff + 8]byte
+	ix     *radix.Index // nil for publisher-only attachments
+	binds  *Bindings    // nil for publisher-only attachments
 	// indexReset says why Open formatted the index afresh, or "".
 	indexReset string
 	closed     atomic.Bool
@@ -258,6 +261,7 @@ func create(path string, opts Options, replace func()) (*Segment, error) {
 	if _, seg.hdr, err = decodeHeader(path, mem, int64(len(mem))); err != nil {
 		panic("BUG: shm: freshly encoded header does not decode: " + err.Error())
 	}
+	copy(seg.header[:], mem)
 	if seg.binds, err = attachBindings(seg.bytesAt(lay.bindingsOff, lay.bindingsSize), seg.hdr.SegmentID); err != nil {
 		panic("BUG: shm: freshly laid out bindings region does not attach: " + err.Error())
 	}
@@ -375,6 +379,7 @@ func attach(path string, withIndex, allowForeign bool) (*Segment, error) {
 		return nil, fmt.Errorf("cannot map shm segment %s: %w", path, err)
 	}
 	seg := newSegment(path, f, mem, lay, hdr)
+	copy(seg.header[:], hb[:n]) // as validated
 	if withIndex {
 		ix, err := radix.Attach(mem[lay.indexOff : lay.indexOff+lay.indexSize])
 		if err != nil {

@@ -115,6 +115,12 @@ class _HolderPresumed(Exception):
 _registrations = {}
 _registrations_lock = threading.Lock()
 
+# POSIX record locks belong to the process, not the descriptor: two
+# publishers of one process (threads, each with its own descriptor) would
+# both hold the registry lock at once and could claim one slot, and one's
+# unlock would drop the other's. This serialises them in the process.
+_registry_process_lock = threading.RLock()
+
 HOLDER_WATCH_POLL_S = 0.05
 
 
@@ -298,12 +304,20 @@ class KvfastPublisher:
         self._max_record = ring_bytes // 4
 
     def _lock_registry(self):
-        os.lseek(self._fd, REGISTRY_OFF, os.SEEK_SET)
-        os.lockf(self._fd, os.F_LOCK, 1)
+        _registry_process_lock.acquire()
+        try:
+            os.lseek(self._fd, REGISTRY_OFF, os.SEEK_SET)
+            os.lockf(self._fd, os.F_LOCK, 1)
+        except BaseException:
+            _registry_process_lock.release()
+            raise
 
     def _unlock_registry(self):
-        os.lseek(self._fd, REGISTRY_OFF, os.SEEK_SET)
-        os.lockf(self._fd, os.F_ULOCK, 1)
+        try:
+            os.lseek(self._fd, REGISTRY_OFF, os.SEEK_SET)
+            os.lockf(self._fd, os.F_ULOCK, 1)
+        finally:
+            _registry_process_lock.release()
 
     @staticmethod
     def _next_state(word, state):
