@@ -505,7 +505,7 @@ func (in *Ingester) scanRegistry() {
 					// routable meanwhile.
 					in.throttle.Log(in.cfg.Logger, slog.LevelWarn, "stale/"+strconv.Itoa(i),
 						"a worker's heartbeat stopped but the registry lock is held elsewhere: it is routed around until it can be marked down",
-						"slot", slot, "heartbeat_age", time.Duration(now-beat))
+						"slot", slot, "heartbeat_age", time.Duration(now-beat), "lock_holder_pid", in.seg.RegistryLockHolder())
 				}
 			} else {
 				in.stale.And(^bit)

@@ -138,6 +138,21 @@ func (s *Segment) lockRegistry(wait bool) (unlock func(), ok bool, err error) {
 	}, true, nil
 }
 
+// RegistryLockHolder returns the pid of another process holding the
+// registry lock now, as the kernel reports it (F_GETLK), or 0 when none
+// does or its pid is not visible from this PID namespace: for a log line
+// that names whom the lock waits on.
+func (s *Segment) RegistryLockHolder() int {
+	if s.closed.Load() {
+		return 0
+	}
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: registryOff, Len: 1}
+	if err := unix.FcntlFlock(s.f.Fd(), unix.F_GETLK, &lk); err != nil || lk.Type == unix.F_UNLCK {
+		return 0
+	}
+	return int(lk.Pid)
+}
+
 func slotOff(slot int) int { return registryOff + slot*slotSize }
 
 // decodeSlot reads the fields of a 512-byte slot image. It trusts nothing:

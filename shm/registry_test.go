@@ -2,6 +2,7 @@ package shm
 
 import (
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -499,5 +500,46 @@ func TestReleaseStaleReservation(t *testing.T) {
 	defer unlock()
 	if _, err := seg.lockRegistryWithin(50 * time.Millisecond); err == nil || !strings.Contains(err.Error(), "held it") {
 		t.Fatalf("waiting for a held registry lock: %v", err)
+	}
+}
+
+// TestRegistryLockHolderNamesTheProcess: while another process holds the
+// registry lock (a publisher stopped mid-registration), RegistryLockHolder
+// names its pid, which the ingester's warning about a worker it cannot
+// mark down reports; with none held, 0.
+func TestRegistryLockHolderNamesTheProcess(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not found")
+	}
+	seg, path := openTest(t, Options{})
+	if pid := seg.RegistryLockHolder(); pid != 0 {
+		t.Fatalf("no lock held, holder %d", pid)
+	}
+	// The publishers' lock: byte 8192, one byte (docs/shm-layout.md).
+	cmd := exec.Command(python, "-c", `import os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+os.lseek(fd, 8192, os.SEEK_SET)
+os.lockf(fd, os.F_LOCK, 1)
+print("locked", flush=True)
+sys.stdin.read()`, path)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); _ = cmd.Wait() })
+	line := make([]byte, len("locked\n"))
+	if _, err := io.ReadFull(stdout, line); err != nil || string(line) != "locked\n" {
+		t.Fatalf("the locking process said %q: %v", line, err)
+	}
+	if pid := seg.RegistryLockHolder(); pid != cmd.Process.Pid {
+		t.Fatalf("holder %d, want the locking process %d", pid, cmd.Process.Pid)
 	}
 }
