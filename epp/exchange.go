@@ -205,6 +205,7 @@ func (x *exchange) prepare(ctx context.Context) *openai.Error {
 		if x.req.MaxTokens > 0 {
 			x.sreq.ExpectedOutputTokens = int(min(x.req.MaxTokens, 1<<30))
 		}
+		x.sreq.Unstreamed = !x.req.Stream
 	}
 	switch {
 	case p.cfg.QueryNodes:

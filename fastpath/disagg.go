@@ -531,6 +531,7 @@ func (s *Server) prefillRequest(ex *exchange) sched.Request {
 	preq := ex.sreq
 	preq.Stage = sched.StagePrefill
 	preq.ExpectedOutputTokens = 0
+	preq.Unstreamed = false // its one token, at its answer, is its first
 	preq.Scores = nil
 	preq.Pinned = false // a pin names the worker that answers: the decode worker
 	preq.AllowListed, preq.Allow = true, s.prefillCandidates(ex)

@@ -431,6 +431,7 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	ex.tr.hashAt, ex.tr.lookupAt, ex.tr.selectAt = t0, t1, t2
 	ex.sreq.Hashes = ex.hashes
 	ex.sreq.Overlaps = &ex.overlaps
+	ex.sreq.Unstreamed = !r.Stream
 	if r.MaxTokens > 0 {
 		// Every choice generates up to max_tokens, and the relay counts
 		// the items of all of them. Each factor is capped before they

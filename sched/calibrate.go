@@ -109,6 +109,10 @@ type calibrator struct {
 	// request learns how much prefill the worker finished while it
 	// waited: its own, what was queued ahead, and what shared its steps.
 	retired atomic.Int64
+	// blindPrefill is the part of the worker's booked prefill tokens that
+	// unstreamed requests hold (Request.Unstreamed): no first token
+	// releases them, so a request booked behind them cannot be timed.
+	blindPrefill atomic.Int64
 }
 
 // batchArea integrates a worker's requests in flight over time, so that a
@@ -314,11 +318,20 @@ func (s *Scheduler) pooledScale(prefill, decode workers.Set) float64 {
 }
 
 // median sorts v (non-empty) and returns its median.
+// median is v's middle value; of an even count, the geometric mean of
+// the middle two. The values are scales and rates, which err by factors:
+// with two workers the arithmetic mean let one sick engine's fit (a
+// scale of 52 beside a healthy 0.33) set everyone's scale (26), where the
+// geometric one stays between them in ratio (4.1).
 func median(v []float64) float64 {
 	slices.Sort(v)
 	m := v[len(v)/2]
 	if len(v)%2 == 0 {
-		m = (v[len(v)/2-1] + m) / 2
+		if lo := v[len(v)/2-1]; lo > 0 {
+			m = math.Sqrt(lo * m)
+		} else {
+			m = (lo + m) / 2
+		}
 	}
 	return m
 }

@@ -245,6 +245,41 @@ func TestReservationFeedsCalibration(t *testing.T) {
 	}
 }
 
+// TestUnstreamedAheadTeachesNothing: a request booked behind an
+// unstreamed one's prompt (which stays counted until that request ends,
+// computed long before) teaches the prefill fit nothing: it took the
+// stale tokens for work its wait paid for, and a mix of streamed and
+// unstreamed clients pulled the fitted cost per token down 73-fold. Once
+// the unstreamed request is released, the next one teaches again, and the
+// counters return to zero.
+func TestUnstreamedAheadTeachesNothing(t *testing.T) {
+	s := newTestScheduler(t, 1, Config{BlockSize: 16})
+	var blind, behind, after Reservation
+	book := func(res *Reservation, first uint64, unstreamed bool) {
+		t.Helper()
+		if _, err := s.Select(context.Background(), &Request{Hashes: prompt(first, 0, 1, 4), PromptTokens: 70, Unstreamed: unstreamed}, res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	book(&blind, 1, true)
+	book(&behind, 2, false)
+	behind.PrefillDone()
+	if got := s.Calibration(0).PrefillSamples; got != 0 {
+		t.Fatalf("a first token booked behind an unstreamed prompt taught the fit: %d samples", got)
+	}
+	behind.Release()
+	blind.Release()
+	book(&after, 3, false)
+	after.PrefillDone()
+	if got := s.Calibration(0).PrefillSamples; got != 1 {
+		t.Fatalf("once the unstreamed request ended, a first token taught %d samples, want 1", got)
+	}
+	after.Release()
+	if l, c := &s.live[0], &s.calib[0]; l.prefillTokens.Load() != 0 || c.blindPrefill.Load() != 0 {
+		t.Fatalf("prefill %d, unstreamed prefill %d left booked", l.prefillTokens.Load(), c.blindPrefill.Load())
+	}
+}
+
 // TestDisaggregatedPoolScale: without workers of both roles, the scale
 // comes from the prefill workers' prefill slope and the decode workers'
 // decode fit, neither of which times the other half; an encoder has no
@@ -277,8 +312,9 @@ func TestDisaggregatedPoolScale(t *testing.T) {
 	for range autoScaleEvery {
 		s.calibrated()
 	}
-	alpha := (s.calib[0].prefill.m + s.calib[1].prefill.m) / 2
-	gamma := (s.calib[2].decode.m + s.calib[3].decode.m) / 2
+	// Two votes each: their geometric mean (median).
+	alpha := math.Sqrt(s.calib[0].prefill.m * s.calib[1].prefill.m)
+	gamma := math.Sqrt(s.calib[2].decode.m * s.calib[3].decode.m)
 	want := scaleOf(alpha, gamma, s.calib[2].context.mean, s.calib[2].output.mean)
 	if got := s.PrefillLoadScale(); !within(got, want, 1e-9) || !within(got, 220e-6*5000/(200*140e-6), 0.1) || within(got, prior, 0.5) {
 		t.Fatalf("pool scale %v, want %v (about %v), away from the prior %v", got, want, 220e-6*5000/(200*140e-6), prior)

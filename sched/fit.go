@@ -42,11 +42,6 @@ const (
 	// data: generous, so that a prior far from the truth is not taken
 	// for the measurement and the data's outliers for the rule.
 	initialScale = 0.5
-	// priorFade is the observations after which the prior weighs half
-	// its initial worth.
-	priorFade = 8
-	// priorFloor is the part of the prior that never fades.
-	priorFloor = 1
 	// minScale keeps the scale from collapsing on noiseless data, which
 	// would turn every later change of regime into an outlier.
 	minScale = 0.01
@@ -103,9 +98,11 @@ func (l *robustLine) floor() float64 {
 // the level follows the data, instead of the line pivoting on one prior
 // point far from them; and data that do spread soon outweigh it.
 func (l *robustLine) solve() {
-	// The prior fades as observations come, to priorFloor of its worth:
-	// enough to hold a slope the data leave open.
-	pw := l.priorWeight * (priorFloor + (1-priorFloor)*priorFade/(priorFade+float64(l.samples)))
+	// The prior keeps its weight however many observations come: the
+	// data's sums decay to about 500 of them, which outweigh it wherever
+	// they spread, and where they do not (a batch that hardly varies) it
+	// is what holds the slope.
+	pw := l.priorWeight
 	if l.n <= 0 || l.w <= 0 {
 		l.c, l.m = l.c0, l.m0
 		return

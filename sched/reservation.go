@@ -30,8 +30,13 @@ type Reservation struct {
 	engineGen      uint32 // the engine generation it was counted on
 
 	// What the worker's calibration learns from (calibrate.go).
-	bookedAt      int64 // clock.Now at booking
-	prefillAhead  int64 // prefill tokens booked on the worker, this request's included
+	bookedAt     int64 // clock.Now at booking
+	prefillAhead int64 // prefill tokens booked on the worker, this request's included
+	// blindAhead is the prefill tokens of unstreamed requests booked on
+	// the worker before this one: while any are, the first token's wait
+	// cannot be told apart (Request.Unstreamed).
+	blindAhead    int64
+	unstreamed    bool  // Request.Unstreamed: its prefill counts in blindPrefill
 	retiredAtBook int64 // the worker's calibrator.retired then
 	firstAt       int64 // clock.Now at the first token
 	areaAtFirst   int64 // the worker's batchArea then
@@ -98,6 +103,7 @@ func (r *Reservation) RemotePrefillDone() {
 	}
 	r.prefillDone = true
 	r.s.live[r.slot].prefillTokens.Add(-r.prefill)
+	r.releaseBlind()
 	if r.waiting {
 		r.waiting, r.awaitDecode = false, true
 		r.s.progress[r.slot].closed(r.engineGen, false, clock.Now())
@@ -123,6 +129,7 @@ func (r *Reservation) prefilled(now int64) {
 	r.prefillDone = true
 	l := &r.s.live[r.slot]
 	l.prefillTokens.Add(-r.prefill)
+	r.releaseBlind()
 	r.firstAt = now
 	c := &r.s.calib[r.slot]
 	r.areaAtFirst = c.batch.read(r.firstAt)
@@ -132,9 +139,21 @@ func (r *Reservation) prefilled(now int64) {
 	done := max(r.prefillAhead, c.retired.Add(r.prefill)-r.retiredAtBook)
 	// A decode stage that computed its prompt here (conditional
 	// disaggregation kept it local) has a first token like any other.
-	c.observePrefill(done, time.Duration(r.firstAt-r.bookedAt))
-	r.s.calibrated()
+	// One booked behind an unstreamed request's prompt does not: that
+	// prompt stays counted until its request ends, computed or not.
+	if r.blindAhead == 0 {
+		c.observePrefill(done, time.Duration(r.firstAt-r.bookedAt))
+		r.s.calibrated()
+	}
 	r.s.wakeWaiters()
+}
+
+// releaseBlind takes an unstreamed request's prefill out of the worker's
+// blindPrefill, with the prefillTokens it is part of.
+func (r *Reservation) releaseBlind() {
+	if r.unstreamed {
+		r.s.calib[r.slot].blindPrefill.Add(-r.prefill)
+	}
 }
 
 // Answered records that the engine answered the request: a request that
@@ -226,6 +245,7 @@ func (r *Reservation) Release() {
 	l.activeBlocks.Add(-s.table.release(r.idx[:r.n], uint(r.slot)))
 	if !r.prefillDone {
 		l.prefillTokens.Add(-r.prefill)
+		r.releaseBlind()
 	}
 	now := clock.Now()
 	if r.waiting {

@@ -73,6 +73,13 @@ type Request struct {
 	// toward zero as generation approaches it.
 	ExpectedOutputTokens int
 
+	// Unstreamed says the request will report no first token (a
+	// completion asked for as one object): its prompt stays booked as
+	// prefill until it ends, long after the engine computed it, so a
+	// request booked behind it cannot tell what its own wait paid for,
+	// and its first token teaches the worker's calibration nothing.
+	Unstreamed bool
+
 	// Scores, when not nil, receives every eligible worker's cost terms.
 	Scores *Scores
 }
@@ -390,6 +397,10 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 	// What the first token will have waited for: the prefill booked here
 	// ahead of this request, and its own (calibrate.go).
 	ahead := l.prefillTokens.Add(prefill)
+	blindAhead := s.calib[w].blindPrefill.Load()
+	if req.Unstreamed {
+		s.calib[w].blindPrefill.Add(prefill)
+	}
 	s.written[w].Add(int64(n) - int64(overlap))
 	l.requests.Add(1)
 	gen := s.progress[w].booked(now)
@@ -408,6 +419,8 @@ func (s *Scheduler) tryBook(ws *workerSet, req *Request, p *CostParams, pol Poli
 		trackOutput:    p.TrackOutputBlocks,
 		bookedAt:       now, // before the table scan: microseconds, against TTFTs of milliseconds
 		prefillAhead:   ahead,
+		blindAhead:     blindAhead,
+		unstreamed:     req.Unstreamed,
 		retiredAtBook:  retired,
 		stage:          req.Stage,
 		waiting:        true,
