@@ -117,8 +117,9 @@ func (l *connLimiter) exit(ip netip.Addr) {
 
 // refuse answers a connection over its address's bound with 429, or over
 // the listener's with 503, in the OpenAI error format with Retry-After, as
-// other overload refusals are answered, and closes it. The answer is written and the connection
-// drained on a goroutine of its own, so that accepting goes on: a client
+// other overload refusals are answered, and closes it. The answer is
+// written and the connection drained on a goroutine of its own, so that
+// accepting goes on: a client
 // that writes its whole request before reading (Python's urllib) reads
 // the 429 instead of a reset, as a refused body's client does
 // (edgeConn.Close). Past maxRefusalsLingering at once, a refusal is

@@ -82,7 +82,7 @@ func (s *Server) avoidUnlisted(req *sched.Request) {
 
 // Adapter is a LoRA adapter the engines list: its base model (the
 // parent an engine's GET /v1/models gives it), the workers whose
-// engines list it, and those of them that are SGLang engines.
+// engines list it, and those of them that read SGLang's spellings.
 type Adapter struct {
 	Base    string
 	Workers workers.Set
@@ -145,10 +145,10 @@ func (s *Server) rebuildModels() {
 		// SGLang also takes an adapter as "base:adapter" in model (it
 		// lists the adapter by its own name, its base as parent). The
 		// body goes on as the client wrote it, so such a request reaches
-		// the SGLang workers among the adapter's, in the same namespace as
-		// one naming the adapter alone; GET /v1/models lists only the
-		// adapter's name. Without an SGLang worker listing the adapter the
-		// name is unknown (vLLM answers such a model with 404 too). A
+		// the adapter's workers that read the spelling (Adapter.SGLang),
+		// in the same namespace as one naming the adapter alone; GET
+		// /v1/models lists only the adapter's name. Without such a worker
+		// the name is unknown (vLLM answers such a model with 404 too). A
 		// model or adapter really named so keeps its name: the aliases
 		// come after every real name.
 		ns, listed := m[adapter]
@@ -269,8 +269,8 @@ type modelNamespace struct {
 	// only, for an adapter, is the workers whose engines list it; a base
 	// model's requests go to any worker serving it (0).
 	only workers.Set
-	// sglang, for an adapter, is the workers of only whose engines are
-	// SGLang, which alone read its SGLang spellings.
+	// sglang, for an adapter, is the workers of only whose engines may
+	// read its SGLang spellings (Adapter.SGLang).
 	sglang workers.Set
 	seed   uint64
 	render prompt.Renderer // nil: text and chat prompts route approximately
@@ -374,11 +374,12 @@ func (s *Server) namespace(ctx context.Context, r *openai.ParsedRequest) (model 
 	}
 	if lora == "" && len(r.LoRAPath) > 0 {
 		// SGLang's lora_path asks the base model for an adapter: route
-		// as a request naming it would, among the SGLang engines that list
-		// it. vLLM ignores the field and answers from the base model, so
-		// where no SGLang engine lists the adapter the request is the base
-		// model's (crediting the adapter's blocks would claim a cache the
-		// engine does not use). One no engine lists is SGLang's to refuse.
+		// as a request naming it would, among the engines listing it that
+		// may read the field. vLLM ignores it and answers from the base
+		// model, so where no such engine lists the adapter the request is
+		// the base model's (crediting the adapter's blocks would claim a
+		// cache the engine does not use). One no engine lists is the
+		// engine's to refuse.
 		if a, ok := (*s.seeds.Load())[string(r.LoRAPath)]; ok && a.lora != "" && !a.alias && a.name == model && a.sglang != 0 {
 			seed, lora, only = a.seed, a.lora, a.sglang
 		}

@@ -42,8 +42,8 @@ type adapterPoller struct {
 	// bumps the generation) starts with no adapters until it lists its
 	// own, even when it does not answer.
 	of [workers.Max]sched.WorkerInfo
-	// sglang is the slots whose engines said they are SGLang, as they
-	// answered last.
+	// sglang is the slots whose engines may read SGLang's spellings of an
+	// adapter (engineModels.sglang), as they answered last.
 	sglang workers.Set
 	pushed map[string]fastpath.Adapter
 }

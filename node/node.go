@@ -60,8 +60,9 @@ type Node struct {
 	// keyRefused are the workers whose engines, when last asked, refused
 	// the router's credentials (adapters.go): a workers.Set.
 	keyRefused atomic.Uint64
-	// sglang are the workers whose engines, when last asked, said they
-	// are SGLang (adapters.go): a workers.Set, for /admin/workers.
+	// sglang are the workers whose engines, when last asked, may read
+	// SGLang's spellings of an adapter (adapters.go, engineModels.sglang):
+	// a workers.Set, for /admin/workers.
 	sglang atomic.Uint64
 	// membersChanged wakes the adapter poller when the registry loop sees
 	// an engine join or leave, so that a slot's new engine is not routed

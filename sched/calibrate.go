@@ -317,12 +317,12 @@ func (s *Scheduler) pooledScale(prefill, decode workers.Set) float64 {
 	return scaleOf(alpha, median(decodes[:n]), median(contexts[:n]), median(outputs[:n]))
 }
 
-// median sorts v (non-empty) and returns its median.
-// median is v's middle value; of an even count, the geometric mean of
-// the middle two. The values are scales and rates, which err by factors:
-// with two workers the arithmetic mean let one sick engine's fit (a
-// scale of 52 beside a healthy 0.33) set everyone's scale (26), where the
-// geometric one stays between them in ratio (4.1).
+// median sorts v (non-empty) and returns its middle value; of an even
+// count, the geometric mean of the middle two. The values are scales and
+// rates, which err by factors: with two workers the arithmetic mean let
+// one sick engine's fit (a scale of 52 beside a healthy 0.33) set
+// everyone's scale (26), where the geometric one stays between them in
+// ratio (4.1).
 func median(v []float64) float64 {
 	slices.Sort(v)
 	m := v[len(v)/2]
