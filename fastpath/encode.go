@@ -260,7 +260,7 @@ func (s *Server) serveEncode(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	}
 	t0 := clock.Now()
 	s.metrics.enc.items.Observe(float64(len(items)))
-	ex.wait.reset(ctx, s.cfg.QueueTimeout)
+	ex.wait.reset(s.cut, s.cfg.QueueTimeout)
 	ex.watchClient(ctx)
 	ex.setEncodeStages(len(items))
 	pending := 0

@@ -279,7 +279,7 @@ func (s *Server) serveModel(ctx *fasthttp.RequestCtx, id string) {
 		return
 	}
 	ns, ok := (*s.seeds.Load())[id]
-	if !ok && s.refreshWorthy([]byte(id)) && s.refresh(ctx) {
+	if !ok && s.refreshWorthy([]byte(id)) && s.refresh(s.cut) {
 		// As a request naming it would: perhaps an adapter loaded since.
 		ns, ok = (*s.seeds.Load())[id]
 	}

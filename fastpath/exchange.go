@@ -197,7 +197,9 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 		ex.reject(ctx, rerr)
 		return
 	}
-	if rerr := s.prepare(ctx, ex.body, ex); rerr != nil {
+	// Under the server's cut, not ctx: a render or a wait for the node's
+	// models that a drain began is not refused for it.
+	if rerr := s.prepare(s.cut, ex.body, ex); rerr != nil {
 		ex.reject(ctx, rerr)
 		return
 	}
@@ -245,7 +247,7 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 // (selectSticky), the wait and the stage are measured, and a refusal is
 // answered. It reports whether ex.dec holds a booked decision.
 func (s *Server) book(ctx *fasthttp.RequestCtx, ex *exchange) bool {
-	ex.wait.reset(ctx, s.cfg.QueueTimeout)
+	ex.wait.reset(s.cut, s.cfg.QueueTimeout)
 	ex.setGuard(s.guards.Acquire())
 	ex.watchClient(ctx)
 	dec, err := ex.selectSticky()

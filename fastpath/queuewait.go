@@ -9,11 +9,12 @@ import (
 	"github.com/kvfast/kvfast/internal/clock"
 )
 
-// queueWait is the context a request waits in the admission queue under.
-// fasthttp's RequestCtx is a context too, but its Done only closes at
-// server shutdown: a request whose client left would keep its place and be
-// sent to an engine long after. queueWait adds the operator's queue
-// timeout. sched.Select asks for Done only when it has to queue, so the
+// queueWait is the context a request waits in the admission queue under:
+// the server's cut (done when Shutdown cuts requests, not when it begins
+// draining), the operator's queue timeout, and the client's hang-up
+// (exchange.HangUp cancels it). fasthttp's RequestCtx would not do: its
+// Done closes when Shutdown begins, which refused the queued requests a
+// drain should serve, and never when the client leaves. sched.Select asks for Done only when it has to queue, so the
 // timer and channel exist only for requests that actually wait; the common
 // path allocates nothing.
 type queueWait struct {

@@ -318,6 +318,13 @@ type Server struct {
 	// its client, still there, is told so.
 	cutting   atomic.Bool
 	connsIdle chan struct{} // cap 1: once cutting, the last request's response was written
+	// cut is done when Shutdown cuts. Requests wait under it, not under
+	// their RequestCtx, whose Done fasthttp closes when Shutdown begins:
+	// a request waiting for a worker (the admission queue) or for the
+	// node's models keeps its place while the router drains, and is
+	// served if a worker frees up before the deadline.
+	cut       context.Context
+	cutNow    context.CancelFunc
 	requestID atomic.Uint64
 
 	mu      sync.Mutex
@@ -340,6 +347,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s := &Server{cfg: cfg, log: deps.Logger, index: deps.Index, segment: deps.Segment, approx: deps.Approx, sched: deps.Sched,
 		engines: deps.Engines, state: deps.State, useApprox: deps.UseApprox, silent: deps.Silent, tracer: deps.Tracer, renderers: deps.Renderers, settled: deps.Settled, pendingModels: deps.ModelsPending, refreshModels: deps.RefreshModels,
 		conns: xsync.NewMapOf[net.Conn, *connState](), connsIdle: make(chan struct{}, 1), active: newActivity()}
+	s.cut, s.cutNow = context.WithCancel(context.Background())
 	s.parser = openai.Parser{MaxBodyBytes: cfg.MaxBodyBytes, MaxTokenID: cfg.MaxTokenID}
 	tooLarge := *openai.ErrBodyTooLarge
 	tooLarge.Message += fmt.Sprintf(": at most %d bytes (the router's --max-body-bytes)", cfg.MaxBodyBytes)
@@ -537,6 +545,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.closed = true
 	started, lns := s.started, s.lns
 	s.mu.Unlock()
+	defer s.cutNow() // whatever waits under it is over by now
 	if !started {
 		s.hangups.Close()
 		return nil
@@ -557,6 +566,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return true
 	})
 	err := s.http.ShutdownWithContext(ctx)
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		// fasthttp's wait for open connections ended with the drain's
+		// deadline: whether requests were left running is said once,
+		// below.
+		err = nil
+	}
 	// A Serve that has not yet handed its listener to fasthttp left it
 	// nothing to close, and would then accept forever: close them ourselves.
 	for _, ln := range lns {
@@ -573,6 +588,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// 503. Once they have, or after streamCutGrace, the client
 	// connections are closed.
 	s.cutting.Store(true)
+	s.cutNow()
 	s.hangups.HangUpAll()
 	s.drainAgain()
 	s.responsesWritten(streamCutGrace)

@@ -682,18 +682,25 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		wait.Stop()
 	}
-	n.log.Info("shutting down: draining in-flight requests (a second SIGINT or SIGTERM cuts them now)", "deadline", cfg.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
-	go func() {
-		select {
-		case <-cut:
-			cancel()
-		case <-sctx.Done():
-		}
-	}()
+	select {
+	case <-cut: // the second signal's warning said it: nothing drains
+		cancel()
+	default:
+		inFlight, queued := n.requestsInFlight()
+		n.log.Info("shutting down: draining in-flight requests (a second SIGINT or SIGTERM cuts them now)",
+			"deadline", cfg.ShutdownTimeout, "in_flight", inFlight, "queued", queued)
+		go func() {
+			select {
+			case <-cut:
+				cancel()
+			case <-sctx.Done():
+			}
+		}()
+	}
 	if err := n.Shutdown(sctx); err != nil {
-		n.log.Warn("shutdown cut in-flight requests", "err", err)
+		n.log.Warn("shutdown cut requests still running", "err", err)
 	}
 	if err := <-served; err != nil {
 		return err
@@ -705,6 +712,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	n.log.Info("router stopped")
 	return nil
+}
+
+// requestsInFlight is how many requests are booked on workers and how
+// many wait in the admission queue, for the shutdown's log.
+func (n *Node) requestsInFlight() (inFlight uint64, queued int) {
+	q := n.sched.Stats()
+	return q.Booked - min(q.Released, q.Booked), q.Waiting
 }
 
 // ignoreHangUps keeps SIGHUP, which would otherwise kill the router on
