@@ -426,6 +426,11 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 		// The router dials host:port and would drop them without a word:
 		// an engine's key goes in --engine-api-key-file.
 		return sw, fmt.Errorf("cannot use url=%s: credentials, a query or a fragment in a worker's URL are not sent; give the engines' key with --engine-api-key-file", redact.Endpoint(sw.Endpoint))
+	} else if err == nil && u.Host != "" && !rootPath(u.Path) {
+		// Nor is a path: the router calls /v1/... at the host's root, so
+		// an engine behind a path prefix was never reached. (An OpenAI
+		// base URL's /v1 is that root's API, and taken for it.)
+		return sw, fmt.Errorf("cannot use url=%s: a path in a worker's URL is not sent (the router calls /v1/... at the engine's root); give http://host:port", redact.Endpoint(sw.Endpoint))
 	}
 	if _, err := hostPort(sw.Endpoint); err != nil {
 		return sw, err
@@ -443,6 +448,16 @@ func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 		return sw, errors.New("replay= must be the engine's replay socket (vLLM's replay_endpoint), not its zmq= event socket")
 	}
 	return sw, nil
+}
+
+// rootPath reports whether a worker URL's path names the engine's root:
+// none, "/", or the OpenAI base URL's "/v1".
+func rootPath(p string) bool {
+	switch p {
+	case "", "/", "/v1", "/v1/":
+		return true
+	}
+	return false
 }
 
 // registeredAddr is hostPort for an endpoint an engine registered in the

@@ -8,12 +8,14 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net"
 	"net/url"
 	"os"
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/kvfast/kvfast/benchmarks/demo/demotok"
 	"github.com/kvfast/kvfast/fastpath"
@@ -267,17 +269,40 @@ func readAPIKeys(path string) ([]string, error) {
 // repeated: an operator who gave the key itself where its file's path
 // belongs would otherwise find it in the log ("open sk-...: no such
 // file"). A file that opens is a path, and later errors may name it.
+//
+// Only a regular file or a pipe (a named one, or a shell's <(...)) is
+// read, and at most maxSecretFileBytes of it: /dev/zero given by mistake
+// filled memory, and a FIFO nobody writes held start-up silently (opened
+// without blocking, it reads as empty and is refused as such).
 func readSecretFile(what, path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
-	if err == nil {
-		return b, nil
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		if pe, ok := errors.AsType[*fs.PathError](err); ok {
+			return nil, fmt.Errorf("cannot read the %s: %s %w (the file name given is not repeated, in case it is the secret itself)", what, pe.Op, pe.Err)
+		}
+		return nil, fmt.Errorf("cannot read the %s: %w", what, err)
 	}
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return nil, fmt.Errorf("cannot read the %s: %s %w (the file name given is not repeated, in case it is the secret itself)", what, pe.Op, pe.Err)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the %s file %s: %w", what, path, err)
 	}
-	return nil, fmt.Errorf("cannot read the %s: %w", what, err)
+	if m := st.Mode(); !m.IsRegular() && m&fs.ModeNamedPipe == 0 {
+		return nil, fmt.Errorf("cannot read the %s file %s: it is not a regular file or a pipe (mode %s)", what, path, m.Type())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the %s file %s: %w", what, path, err)
+	}
+	if len(b) > maxSecretFileBytes {
+		return nil, fmt.Errorf("cannot use the %s file %s: it is larger than %d bytes", what, path, maxSecretFileBytes)
+	}
+	return b, nil
 }
+
+// maxSecretFileBytes bounds a key or token file: tens of thousands of
+// keys, one per line.
+const maxSecretFileBytes = 1 << 20
 
 // readToken reads a file holding one token on its one line.
 func readToken(what, path string) (string, error) {
@@ -616,18 +641,29 @@ func applyMemoryLimit(limit int64, log *slog.Logger) {
 
 // memoryLimit is the soft limit setMemoryLimit sets for cfg.
 func memoryLimit(cfg node.Config) int64 {
-	limit := baselineMemory + cfg.HTTP.BodyBudgetBytes + cfg.Dispatch.ResponseBudgetBytes
+	// Saturating: budgets of math.MaxInt64 (meant as "no bound") wrapped
+	// the sum to a few hundred MiB, or below zero.
+	limit := addSat(baselineMemory, cfg.HTTP.BodyBudgetBytes)
+	limit = addSat(limit, cfg.Dispatch.ResponseBudgetBytes)
 	if cfg.Segment.Path == "" {
 		if n, err := radix.RegionSize(radix.Config{Capacity: cfg.Segment.IndexCapacity}); err == nil {
-			limit += int64(n)
+			limit = addSat(limit, int64(min(n, math.MaxInt64)))
 		}
 	}
 	for _, spec := range cfg.Tokenizers.Specs {
 		if !spec.Auto && spec.Source.Kind != prompt.SourceRemote {
-			limit += cfg.Tokenizers.PrefixCacheBytes
+			limit = addSat(limit, cfg.Tokenizers.PrefixCacheBytes)
 		}
 	}
 	return limit
+}
+
+// addSat adds two non-negative sizes, stopping at math.MaxInt64.
+func addSat(a, b int64) int64 {
+	if b > math.MaxInt64-a {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 func runServe(args []string) int {

@@ -1,14 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -486,5 +489,65 @@ func TestDemoTokenizerIgnoresWorkingDirectory(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(got, "tokenizer.json")); err != nil {
 		t.Fatalf("the built-in tokenizer's files: %v", err)
+	}
+}
+
+// TestMemoryLimitSaturates: budgets meant as "no bound" do not wrap the
+// soft limit round to a few hundred MiB, or below zero.
+func TestMemoryLimitSaturates(t *testing.T) {
+	for _, budget := range []string{"9223372036854775807", "4611686018427387904"} {
+		cfg, _, ok := serveConfig([]string{"--segment", "none", "--body-budget-bytes", budget, "--response-budget-bytes", budget}, io.Discard)
+		if !ok {
+			t.Fatalf("budgets of %s refused", budget)
+		}
+		if got := memoryLimit(cfg); got != math.MaxInt64 {
+			t.Errorf("budgets of %s: limit %d, want %d", budget, got, int64(math.MaxInt64))
+		}
+	}
+}
+
+// TestSecretFilesAreBounded: a key file is read only if it is a regular
+// file or a pipe, and only up to maxSecretFileBytes. /dev/zero filled
+// memory, and a FIFO nobody writes held start-up without a word.
+func TestSecretFilesAreBounded(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "token")
+	if err := os.WriteFile(good, []byte("sk-good\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := readToken("admin token", good); err != nil || tok != "sk-good" {
+		t.Fatalf("a regular file: %q, %v", tok, err)
+	}
+	big := filepath.Join(dir, "big")
+	if err := os.WriteFile(big, bytes.Repeat([]byte("k"), maxSecretFileBytes+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readSecretFile("API keys", big); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Errorf("a file over the bound: %v", err)
+	}
+	if _, err := readSecretFile("API keys", "/dev/zero"); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("/dev/zero: %v", err)
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Nobody writes it: refused as empty, not waited on for ever (the
+	// test's own deadline is the bound if that regresses).
+	if _, err := readToken("admin token", fifo); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Errorf("a FIFO nobody writes: %v", err)
+	}
+	// A pipe with a writer, as a shell's <(...) gives, is read.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	go func() {
+		_, _ = w.WriteString("sk-piped\n")
+		w.Close()
+	}()
+	if tok, err := readToken("admin token", "/dev/fd/"+strconv.Itoa(int(r.Fd()))); err != nil || tok != "sk-piped" {
+		t.Errorf("a pipe: %q, %v", tok, err)
 	}
 }
