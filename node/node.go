@@ -137,6 +137,15 @@ func New(cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The tokenizers are built before the segment is opened: a tokenizer
+	// that cannot be loaded (a wrong path) must not leave a new segment
+	// file behind.
+	pcfg := cfg.Tokenizers
+	pcfg.EngineToken = cfg.Dispatch.EngineToken // one key for every call to the engines
+	if n.prompts, err = prompt.NewRegistry(pcfg, prompt.Options{Engines: n,
+		MaxTokenID: cfg.HTTP.MaxTokenID, Logger: n.log}); err != nil {
+		return nil, fmt.Errorf("--tokenizer: %w", err)
+	}
 	if cfg.Segment.Path != "" {
 		n.seg, err = shm.Open(cfg.Segment.Path, shm.Options{Index: radix.Config{Capacity: cfg.Segment.IndexCapacity},
 			RingBytes: cfg.Segment.RingBytes, Recreate: cfg.Segment.Recreate, AllowForeign: cfg.Segment.AllowForeign,
@@ -180,12 +189,6 @@ func New(cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n.pinSharedRanks()
-	pcfg := cfg.Tokenizers
-	pcfg.EngineToken = cfg.Dispatch.EngineToken // one key for every call to the engines
-	if n.prompts, err = prompt.NewRegistry(pcfg, prompt.Options{Engines: n,
-		MaxTokenID: cfg.HTTP.MaxTokenID, Logger: n.log}); err != nil {
-		return nil, err
-	}
 	// Sticky sessions live in the segment, where every router on the node
 	// sees them; without one, in this router's own table.
 	var bindings *shm.Bindings

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -1531,5 +1532,27 @@ func TestHostPort(t *testing.T) {
 		if _, err := hostPort(bad); err == nil {
 			t.Errorf("hostPort(%q) accepted", bad)
 		}
+	}
+}
+
+// TestBadTokenizerLeavesNoSegment: a tokenizer that cannot be loaded is
+// refused before the segment is opened, so a router that cannot start
+// leaves no segment file behind (a 132 MiB one, at the defaults), and the
+// error names the flag.
+func TestBadTokenizerLeavesNoSegment(t *testing.T) {
+	cfg := testConfig(t)
+	spec, err := prompt.ParseSpec("m=" + filepath.Join(t.TempDir(), "missing"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Tokenizers.Specs = []prompt.Spec{spec}
+	if n, err := New(cfg); err == nil {
+		_ = n.Close()
+		t.Fatal("New accepted a tokenizer directory that does not exist")
+	} else if !strings.Contains(err.Error(), "--tokenizer") {
+		t.Errorf("the error does not name the flag: %v", err)
+	}
+	if _, err := os.Stat(cfg.Segment.Path); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a refused start left the segment behind: %v", err)
 	}
 }
