@@ -157,6 +157,9 @@ func New(cfg Config) (_ *Node, err error) {
 			n.log.Warn("dropped the index: its header was damaged (a stray write to the segment); it refills from the engines' next KV events",
 				"segment", cfg.Segment.Path, "damage", why)
 		}
+		if pid, ok := n.seg.Displaced(); ok {
+			n.log.Warn(displacedMessage, "segment", cfg.Segment.Path, "displaced_pid", pid)
+		}
 		if cfg.Segment.AllowForeign {
 			if st, serr := os.Stat(cfg.Segment.Path); serr == nil && st.Mode().Perm()&0o077 != 0 {
 				n.log.Warn("attached to a segment others may access (--allow-foreign-segment): whoever can write it can register engines and rewrite the index",

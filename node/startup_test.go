@@ -346,13 +346,19 @@ func TestRetiredSegmentIsReported(t *testing.T) {
 
 	cfg2 := cfg
 	cfg2.Segment.Recreate = true
-	cfg2.Logger = slog.New(slog.DiscardHandler)
+	var displaced atomic.Int64
+	cfg2.Logger = slog.New(countLog{displacedMessage: &displaced})
 	cfg2.AdminListen = "127.0.0.1:0"
 	successor, err := New(cfg2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer successor.Close()
+	// The successor says whom it displaced: the old router ingests (its
+	// standby loop took the role) until it is restarted.
+	if displaced.Load() != 1 {
+		t.Errorf("recreating the segment of a running router was logged %d times, want once", displaced.Load())
+	}
 	for range 5 {
 		old.syncRegistry()
 	}

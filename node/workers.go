@@ -201,6 +201,9 @@ func (n *Node) runZMQ(ctx context.Context) {
 const retiredMessage = "the segment file was recreated by another router (--recreate-segment), deleted or replaced: " +
 	"this router still reads the old file, which engines leave; restart it to attach to a new one"
 
+const displacedMessage = "recreated the segment under a running router (--recreate-segment): that router reads the retired file " +
+	"from now on, reports kvfast_segment_retired and must be restarted; engines move to the new file"
+
 const retiredInPlaceMessage = "the segment file is marked retired but still in place (a stray write, or a recreate that " +
 	"failed half-way): engines leave it and no successor will come; restart the router with --recreate-segment, then the engines' publishers"
 

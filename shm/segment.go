@@ -79,10 +79,14 @@ type Segment struct {
 	binds  *Bindings    // nil for publisher-only attachments
 	// indexReset says why Open formatted the index afresh, or "".
 	indexReset string
-	closed     atomic.Bool
-	mu         sync.Mutex // guards ingester-lock state
-	locked     bool
-	fault      faultState // fault.go
+	// displaced is the recorded pid of the router that ingested the file
+	// this one replaced (Options.Recreate) while it still held the role,
+	// or 0.
+	displaced uint64
+	closed    atomic.Bool
+	mu        sync.Mutex // guards ingester-lock state
+	locked    bool
+	fault     faultState // fault.go
 }
 
 func newSegment(path string, f *os.File, mem []byte, lay layout, hdr Header) *Segment {
@@ -155,12 +159,20 @@ func recreate(path string, opts Options) (*Segment, error) {
 	// retired under its own name, which every publisher then leaves for a
 	// successor that never comes. Best effort: the old file may be too
 	// corrupt to attach, and then nobody useful is on it.
-	return create(path, opts, func() {
+	var displaced uint64
+	seg, err := create(path, opts, func() {
 		if old, err := attach(path, false, true); err == nil {
+			if held, herr := old.IngesterHeld(); herr == nil && held {
+				displaced = max(old.Ingester().PID, 1)
+			}
 			old.retire()
 			old.Close()
 		}
 	})
+	if seg != nil {
+		seg.displaced = displaced
+	}
+	return seg, err
 }
 
 // checkReplaceable refuses to let recreate replace what is not a kvfast
@@ -440,6 +452,12 @@ func resetIndex(path string, allowForeign bool, damage *CorruptError) (*Segment,
 // IndexReset says why Open formatted the index afresh
 // (Options.ResetDamagedIndex), or "" if it did not.
 func (s *Segment) IndexReset() string { return s.indexReset }
+
+// Displaced reports whether Open (Options.Recreate) replaced a file that a
+// running router still ingested, and that router's pid as it recorded it
+// (in its own PID namespace; 1 when it recorded none). That router reads
+// the retired file from then on, until it is restarted.
+func (s *Segment) Displaced() (pid uint64, ok bool) { return s.displaced, s.displaced != 0 }
 
 // fallocate is unix.Fallocate; tests make it report a full file system.
 var fallocate = unix.Fallocate

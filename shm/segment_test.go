@@ -190,6 +190,28 @@ func TestRecreateRetiresOldSegment(t *testing.T) {
 	if fresh.Header().SegmentID == seg.Header().SegmentID {
 		t.Fatal("recreate kept the segment id")
 	}
+	if _, ok := fresh.Displaced(); ok {
+		t.Error("a recreate over a segment no router ingests says it displaced one")
+	}
+}
+
+// TestRecreateNamesTheRouterItDisplaces: recreating a segment whose
+// ingester lock is held tells the caller, with the holder's recorded pid,
+// so that the router that recreates can say which router now reads a
+// retired file.
+func TestRecreateNamesTheRouterItDisplaces(t *testing.T) {
+	seg, path := openTest(t, Options{})
+	if ok, err := seg.TryLockIngester(); !ok || err != nil {
+		t.Fatalf("TryLockIngester = %v, %v", ok, err)
+	}
+	fresh, err := Open(path, Options{Index: testIndex, RingBytes: 64 << 10, Recreate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	if pid, ok := fresh.Displaced(); !ok || pid != uint64(os.Getpid()) {
+		t.Fatalf("Displaced = %d, %v; want this process's pid %d", pid, ok, os.Getpid())
+	}
 }
 
 // TestFailedRecreateLeavesTheSegmentInService: a recreate that fails
