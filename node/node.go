@@ -157,6 +157,10 @@ func New(cfg Config) (_ *Node, err error) {
 			n.log.Warn("dropped the index: its header was damaged (a stray write to the segment); it refills from the engines' next KV events",
 				"segment", cfg.Segment.Path, "damage", why)
 		}
+		if fsType, ok := n.seg.MemoryBacked(); !ok {
+			n.log.Warn("the segment is on a disk-backed file system, not tmpfs (as /dev/shm is): the kernel writes its pages back to disk; give --segment a path under /dev/shm unless that is meant",
+				"segment", cfg.Segment.Path, "fs_type", fmt.Sprintf("%#x", fsType))
+		}
 		if pid, ok := n.seg.Displaced(); ok {
 			n.log.Warn(displacedMessage, "segment", cfg.Segment.Path, "displaced_pid", pid)
 		}

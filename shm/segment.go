@@ -453,6 +453,23 @@ func resetIndex(path string, allowForeign bool, damage *CorruptError) (*Segment,
 // (Options.ResetDamagedIndex), or "" if it did not.
 func (s *Segment) IndexReset() string { return s.indexReset }
 
+// MemoryBacked reports whether the segment's file lives on a file system
+// kept in memory (tmpfs, as /dev/shm is, ramfs, hugetlbfs), and the file
+// system's type otherwise. On a disk-backed one the kernel writes the
+// mapped pages back to disk, and engines registering under /dev/shm look
+// for another file. An error reading it reports true: nothing to warn of.
+func (s *Segment) MemoryBacked() (fsType int64, ok bool) {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(s.f.Fd()), &st); err != nil {
+		return 0, true
+	}
+	switch st.Type {
+	case unix.TMPFS_MAGIC, unix.RAMFS_MAGIC, unix.HUGETLBFS_MAGIC:
+		return st.Type, true
+	}
+	return st.Type, false
+}
+
 // Displaced reports whether Open (Options.Recreate) replaced a file that a
 // running router still ingested, and that router's pid as it recorded it
 // (in its own PID namespace; 1 when it recorded none). That router reads

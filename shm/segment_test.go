@@ -446,3 +446,31 @@ func TestIngesterHeld(t *testing.T) {
 		t.Fatalf("the other handle cannot lock after the probes: %v %v", ok, err)
 	}
 }
+
+// TestMemoryBacked: a segment under /dev/shm is on tmpfs; one on a
+// disk-backed file system is reported with its type, for the router's
+// warning (a relative --segment path put it in the working directory).
+func TestMemoryBacked(t *testing.T) {
+	if dir, err := os.MkdirTemp("/dev/shm", "kvfast-test-"); err == nil {
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		seg, err := Open(filepath.Join(dir, "seg"), Options{Index: testIndex, RingBytes: 64 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer seg.Close()
+		if fsType, ok := seg.MemoryBacked(); !ok {
+			t.Errorf("a segment under /dev/shm is reported on a disk-backed file system (type %#x)", fsType)
+		}
+	}
+	seg, path := openTest(t, Options{})
+	var st unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(path), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Type == unix.TMPFS_MAGIC {
+		t.Skip("the test's temp dir is on tmpfs: no disk-backed file system to try")
+	}
+	if fsType, ok := seg.MemoryBacked(); ok || fsType != st.Type {
+		t.Errorf("a segment on file system type %#x: MemoryBacked = %#x, %v", st.Type, fsType, ok)
+	}
+}
