@@ -258,7 +258,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("cannot listen on --listen %q and --admin-listen %q: they name one port; the admin endpoints need a listener of their own (or --admin-listen '' to serve them on the API listener, behind --admin-token-file)", c.Listen, c.AdminListen)
 	}
 	if c.Sched.QueueCapacity < 0 {
-		return fmt.Errorf("cannot use queue capacity %d: must not be negative (0: no queue)", c.Sched.QueueCapacity)
+		return fmt.Errorf("cannot use --queue-capacity %d: must not be negative (0: no queue)", c.Sched.QueueCapacity)
 	}
 	if _, err := shm.BindingsRegionSize(c.Segment.Sessions); err != nil {
 		// A usage error, not a router that stopped at start-up.
@@ -268,11 +268,11 @@ func (c *Config) Validate() error {
 		name string
 		v    time.Duration
 	}{
-		{"connect timeout", c.Dispatch.Timeouts.Connect},
-		{"write timeout", c.Dispatch.Timeouts.Write},
-		{"first-byte timeout", c.Dispatch.Timeouts.FirstByte},
-		{"stream idle timeout", c.Dispatch.Timeouts.Idle},
-		{"health interval", c.Dispatch.Health.Interval},
+		{"--connect-timeout", c.Dispatch.Timeouts.Connect},
+		{"--write-timeout", c.Dispatch.Timeouts.Write},
+		{"--first-byte-timeout", c.Dispatch.Timeouts.FirstByte},
+		{"--stream-idle-timeout", c.Dispatch.Timeouts.Idle},
+		{"--health-interval", c.Dispatch.Health.Interval},
 	} {
 		if t.v < 0 {
 			return fmt.Errorf("cannot use %s %v: must not be negative (0: none)", t.name, t.v)
@@ -282,32 +282,32 @@ func (c *Config) Validate() error {
 	for _, n := range []struct {
 		name string
 		v    int
-	}{{"eject failure percent", o.FailurePercent}, {"eject max percent", o.MaxEjectedPercent}} {
+	}{{"--eject-failure-percent", o.FailurePercent}, {"--eject-max-percent", o.MaxEjectedPercent}} {
 		if n.v < 0 || n.v > 100 {
 			return fmt.Errorf("cannot use %s %d: must be a percentage, 0 (off) to 100", n.name, n.v)
 		}
 	}
 	if o.Consecutive < 0 {
-		return fmt.Errorf("cannot use eject consecutive %d: must be a count of failures, 0 (off) or more", o.Consecutive)
+		return fmt.Errorf("cannot use --eject-consecutive %d: must be a count of failures, 0 (off) or more", o.Consecutive)
 	}
 	if o.FailurePercent > 0 && o.MinRequests <= 0 {
-		return fmt.Errorf("cannot use eject min requests %d: must be positive", o.MinRequests)
+		return fmt.Errorf("cannot use --eject-min-requests %d: must be positive", o.MinRequests)
 	}
 	if d := &c.Dispatch; d.MaxResponseBodySize <= 0 || d.ResponseBudgetBytes < int64(d.MaxResponseBodySize) {
-		return fmt.Errorf("cannot use max response bytes %d and response budget %d: both must be positive, the budget at least the max", d.MaxResponseBodySize, d.ResponseBudgetBytes)
+		return fmt.Errorf("cannot use --max-response-bytes %d and --response-budget-bytes %d: both must be positive, the budget at least the max", d.MaxResponseBodySize, d.ResponseBudgetBytes)
 	}
 	positive := []struct {
 		name string
 		v    time.Duration
 	}{
-		{"eject window", o.Window},
-		{"eject base time", o.BaseEjection},
-		{"eject max time", o.MaxEjection},
+		{"--eject-window", o.Window},
+		{"--eject-base-time", o.BaseEjection},
+		{"--eject-max-time", o.MaxEjection},
 		{"registry poll", c.RegistryPoll},
-		{"heartbeat grace", c.HeartbeatGrace},
-		{"discovery timeout", c.DiscoveryTimeout},
-		{"approx TTL", c.Approx.TTL},
-		{"shutdown timeout", c.ShutdownTimeout},
+		{"--heartbeat-grace", c.HeartbeatGrace},
+		{"--discovery-timeout", c.DiscoveryTimeout},
+		{"--approx-ttl", c.Approx.TTL},
+		{"--shutdown-timeout", c.ShutdownTimeout},
 	}
 	for _, p := range positive {
 		if p.v <= 0 {
@@ -315,25 +315,25 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.ShutdownDelay < 0 {
-		return fmt.Errorf("cannot use shutdown delay %v: must be 0 (none) or more", c.ShutdownDelay)
+		return fmt.Errorf("cannot use --shutdown-delay %v: must be 0 (none) or more", c.ShutdownDelay)
 	}
 	if c.DownRetention < 0 {
-		return fmt.Errorf("cannot use down retention %v: must be 0 (none) or more", c.DownRetention)
+		return fmt.Errorf("cannot use --down-retention %v: must be 0 (none) or more", c.DownRetention)
 	}
 	if r := c.Segment.RingBytes; r != 0 && (r < shm.MinRingBytes || r > shm.MaxRingBytes || r&(r-1) != 0) {
-		return fmt.Errorf("cannot use ring size %d bytes: want 0 (the default) or a power of two from %d to %d", r, shm.MinRingBytes, shm.MaxRingBytes)
+		return fmt.Errorf("cannot use --ring-bytes %d: want 0 (the default) or a power of two from %d to %d", r, shm.MinRingBytes, shm.MaxRingBytes)
 	}
 	if c.Segment.IndexCapacity <= 0 {
-		return fmt.Errorf("cannot use index capacity %d: must be positive", c.Segment.IndexCapacity)
+		return fmt.Errorf("cannot use --index-capacity %d: must be positive", c.Segment.IndexCapacity)
 	}
 	if s := c.Segment.IndexWorkerShare; !(s > 0 && s <= 1) {
-		return fmt.Errorf("cannot use index worker share %v: want more than 0 and at most 1 (1: no bound)", s)
+		return fmt.Errorf("cannot use --index-worker-share %v: want more than 0 and at most 1 (1: no bound)", s)
 	}
 	if c.Approx.Capacity <= 0 {
 		return fmt.Errorf("cannot use approx capacity %d: must be positive", c.Approx.Capacity)
 	}
 	if c.Sched.BlockSize <= 0 {
-		return fmt.Errorf("cannot use block size %d: must be positive", c.Sched.BlockSize)
+		return fmt.Errorf("cannot use --block-size %d: must be positive", c.Sched.BlockSize)
 	}
 	if r := c.Segment.RingBytes; r != 0 && shm.BlocksPerRecord(r, c.Sched.BlockSize) < 1 {
 		return fmt.Errorf("cannot use ring size %d bytes with block size %d: no engine could publish one block of it (a record takes at most a quarter of the ring); give a larger --ring-bytes", r, c.Sched.BlockSize)

@@ -29,16 +29,16 @@ func TestValidateRefuses(t *testing.T) {
 		want   string
 	}{
 		{"zero registry poll", func(c *Config) { c.RegistryPoll = 0 }, "registry poll"},
-		{"negative heartbeat grace", func(c *Config) { c.HeartbeatGrace = -time.Second }, "heartbeat grace"},
-		{"negative down retention", func(c *Config) { c.DownRetention = -time.Second }, "down retention"},
-		{"zero approx TTL", func(c *Config) { c.Approx.TTL = 0 }, "approx TTL"},
-		{"zero shutdown timeout", func(c *Config) { c.ShutdownTimeout = 0 }, "shutdown timeout"},
-		{"zero index capacity", func(c *Config) { c.Segment.IndexCapacity = 0 }, "index capacity"},
+		{"negative heartbeat grace", func(c *Config) { c.HeartbeatGrace = -time.Second }, "--heartbeat-grace"},
+		{"negative down retention", func(c *Config) { c.DownRetention = -time.Second }, "--down-retention"},
+		{"zero approx TTL", func(c *Config) { c.Approx.TTL = 0 }, "--approx-ttl"},
+		{"zero shutdown timeout", func(c *Config) { c.ShutdownTimeout = 0 }, "--shutdown-timeout"},
+		{"zero index capacity", func(c *Config) { c.Segment.IndexCapacity = 0 }, "--index-capacity"},
 		{"blank static model", func(c *Config) { c.Static = []StaticWorker{{Endpoint: "127.0.0.1:1", Model: " "}} }, "model name"},
-		{"zero index worker share", func(c *Config) { c.Segment.IndexWorkerShare = 0 }, "index worker share"},
-		{"index worker share over 1", func(c *Config) { c.Segment.IndexWorkerShare = 1.5 }, "index worker share"},
+		{"zero index worker share", func(c *Config) { c.Segment.IndexWorkerShare = 0 }, "--index-worker-share"},
+		{"index worker share over 1", func(c *Config) { c.Segment.IndexWorkerShare = 1.5 }, "--index-worker-share"},
 		{"zero approx capacity", func(c *Config) { c.Approx.Capacity = 0 }, "approx capacity"},
-		{"zero block size", func(c *Config) { c.Sched.BlockSize = 0 }, "block size"},
+		{"zero block size", func(c *Config) { c.Sched.BlockSize = 0 }, "--block-size"},
 		{"a block larger than the ring takes", func(c *Config) { c.Segment.RingBytes, c.Sched.BlockSize = 4096, 256 }, "no engine could publish one block"},
 		{"too many static workers", func(c *Config) {
 			c.Static = make([]StaticWorker, workers.Max+1)
@@ -48,7 +48,7 @@ func TestValidateRefuses(t *testing.T) {
 		}, "static workers 1 and 3: both are worker id 1 rank 0"},
 		{"response budget under one response", func(c *Config) {
 			c.Dispatch.ResponseBudgetBytes = int64(c.Dispatch.MaxResponseBodySize) - 1
-		}, "response budget"},
+		}, "--response-budget-bytes"},
 		{"unknown policy", func(c *Config) { c.Policy = "fastest" }, "fastest"},
 		{"empty policy", func(c *Config) { c.Policy = "" }, "policy"},
 		{"front end: zero queue timeout", func(c *Config) { c.HTTP.QueueTimeout = 0 }, "queue timeout"},
