@@ -203,7 +203,9 @@ func (in *Ingester) Acquire(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	in.held = true
-	if err := in.repair(ctx, "repairing the index before ingesting"); err != nil {
+	// Every start checks: whether the last ingester stopped in the middle
+	// of a write (a crash) is not recorded anywhere.
+	if err := in.repair(ctx, "checking the index before ingesting (an ingester that stopped mid-write leaves it half written)"); err != nil {
 		_ = in.Release()
 		return false, err
 	}
@@ -248,6 +250,9 @@ func (in *Ingester) repair(ctx context.Context, why string) error {
 	}})
 	in.c.repairedSlots += uint64(n)
 	switch {
+	case err == nil && n == 0:
+		log.Info("index checked: nothing to repair", "entries", in.ix.Stats().Entries, "elapsed", time.Since(start).Round(time.Millisecond))
+		return nil
 	case err == nil:
 		log.Info("index repaired", "dropped_slots", n, "entries", in.ix.Stats().Entries, "elapsed", time.Since(start).Round(time.Millisecond))
 		return nil

@@ -100,7 +100,7 @@ func TestAcquireRepairsOrResetsADamagedIndex(t *testing.T) {
 			if got := st.IndexResets == 1; got != tc.wantReset {
 				t.Fatalf("index resets %d, want reset %v; log:\n%s", st.IndexResets, tc.wantReset, out)
 			}
-			for _, want := range []string{"repairing the index before ingesting"} {
+			for _, want := range []string{"checking the index before ingesting"} {
 				if !strings.Contains(out, want) {
 					t.Fatalf("log lacks %q:\n%s", want, out)
 				}
