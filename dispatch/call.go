@@ -229,7 +229,7 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 		if de := (*dialError)(nil); errors.As(err, &de) {
 			e.connectFailed(de) // refused or unreachable, not merely busy
 		}
-		if isEngineFault(kind) && !errors.Is(err, fasthttp.ErrNoFreeConns) {
+		if isEngineFault(kind) {
 			c.judge(false)
 		}
 		c.abort(ferr)
@@ -237,7 +237,10 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	}
 	c.open = true
 	switch status := c.resp.StatusCode(); {
-	case status >= 500:
+	case status >= 500 || status == fasthttp.StatusTooManyRequests:
+		// A 429 is judged as a 5xx is: an engine refusing everything at
+		// once would otherwise look the least loaded, and draw the traffic
+		// it refuses.
 		if c.attempts != nil && c.attempts.hold(e) {
 			c.judged = true
 		} else {
@@ -328,7 +331,10 @@ func (c *Call) Discard() error {
 		addr, slot = c.engine.addr, c.engine.slot
 	}
 	kind := ErrEngineError
-	if c.resp.StatusCode() < 500 {
+	switch c.resp.StatusCode() {
+	case fasthttp.StatusTooManyRequests:
+		kind = ErrEngineOverloaded
+	case fasthttp.StatusUnauthorized, fasthttp.StatusForbidden:
 		kind = ErrEngineAuth
 	}
 	err := &Error{Slot: slot, Addr: addr, Op: "forward to", Kind: kind}
@@ -368,7 +374,9 @@ func classifyDo(err error) error {
 	switch {
 	case errors.As(err, new(*brokenThenGone)):
 		return ErrEngineFailed
-	case errors.As(err, &de), errors.Is(err, fasthttp.ErrNoFreeConns):
+	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		return ErrConnsExhausted
+	case errors.As(err, &de):
 		return ErrConnect
 	case errors.Is(err, ErrIdleTimeout):
 		return ErrIdleTimeout
@@ -386,14 +394,14 @@ func classifyDo(err error) error {
 func (c *Call) StatusCode() int { return c.resp.StatusCode() }
 
 // Failed reports whether the engine's answer is its own failure rather
-// than a verdict on the request: a 5xx, or, when the router sends the
-// engines' key (Config.EngineToken), a 401 or 403, the engine refusing
-// that key (an engine restarted with another), which no client caused.
-// Such an answer may be given up with Discard and the request sent to
-// another worker.
+// than a verdict on the request: a 5xx, a 429 (the engine is overloaded),
+// or, when the router sends the engines' key (Config.EngineToken), a 401
+// or 403, the engine refusing that key (an engine restarted with
+// another), which no client caused. Such an answer may be given up with
+// Discard and the request sent to another worker.
 func (c *Call) Failed() bool {
 	switch s := c.resp.StatusCode(); {
-	case s >= 500:
+	case s >= 500, s == fasthttp.StatusTooManyRequests:
 		return true
 	case s == fasthttp.StatusUnauthorized || s == fasthttp.StatusForbidden:
 		return c.pool.authorization != nil

@@ -586,6 +586,13 @@ func TestBusyEngineIsRetryableButHealthy(t *testing.T) {
 	if !IsRetryable(err) || !errors.Is(err, fasthttp.ErrNoFreeConns) {
 		t.Fatalf("Do on a busy engine = %v", err)
 	}
+	// Not "cannot connect to the engine" (a 502 that sent operators
+	// looking for a network fault): the router's own bound, a 503 that
+	// names it.
+	if !errors.Is(err, ErrConnsExhausted) || errors.Is(err, ErrConnect) || ErrorStatus(err) != 503 ||
+		!bytes.Contains(AppendErrorJSON(nil, err), []byte(`"engine_connections_exhausted"`)) {
+		t.Fatalf("Do on a busy engine = %v, status %d, body %s", err, ErrorStatus(err), AppendErrorJSON(nil, err))
+	}
 	if got := drain(flips); got != "[]" {
 		t.Fatalf("a busy engine flipped health: %s", got)
 	}

@@ -13,9 +13,14 @@ import (
 // test with errors.Is.
 var (
 	// ErrConnect: no connection to the engine could be had (refused,
-	// unreachable, connect timeout, or every pooled connection busy). The
-	// request never left the router, so it may go to another worker.
+	// unreachable, connect timeout). The request never left the router,
+	// so it may go to another worker.
 	ErrConnect = errors.New("kvfast: cannot connect to the engine")
+	// ErrConnsExhausted: every connection the router may open to the
+	// engine (Config.MaxConnsPerEngine) carries a request already. The
+	// request never left the router, so it may go to another worker; it
+	// is the router's bound, not the engine's fault.
+	ErrConnsExhausted = errors.New("kvfast: every connection the router may open to the engine is in use (its --max-conns-per-engine)")
 	// ErrFirstByteTimeout: the engine took the request but sent no response
 	// within Timeouts.FirstByte.
 	ErrFirstByteTimeout = errors.New("kvfast: the engine did not answer within the first-byte timeout")
@@ -33,6 +38,10 @@ var (
 	// ErrEngineError: the engine answered with an error status or an error
 	// event; the client received the engine's own error.
 	ErrEngineError = errors.New("kvfast: the engine reported an error")
+	// ErrEngineOverloaded: the engine refused the request with 429 Too
+	// Many Requests (Call.Failed), which says nothing of the request:
+	// another engine may take it.
+	ErrEngineOverloaded = errors.New("kvfast: the engine refused the request as overloaded (429)")
 	// ErrEngineAuth: the engine refused the router's engine API key
 	// (Config.EngineToken) with a 401 or 403 (Call.Failed): a fault of
 	// the router's configuration, not of the client's key, so the client
@@ -70,14 +79,15 @@ var (
 
 // IsRetryable reports whether err, from Do, Discard or ReadBody, allows
 // sending the same request to another worker: the engine refused the
-// connection, broke it or sent garbage instead of an answer, or answered
-// with a 5xx or refused the router's key (Discard). Whether any byte already reached the client is the
-// caller's to know: a relayed stream is never sent again. Timeouts are
-// not retried, since the engine may still be generating, nor is a busy
-// pool or a departed client.
+// connection, broke it or sent garbage instead of an answer, answered
+// with a 5xx or a 429 or refused the router's key (Discard), or every
+// connection the router may open to it was in use. Whether any byte
+// already reached the client is the caller's to know: a relayed stream is
+// never sent again. Timeouts are not retried, since the engine may still
+// be generating, nor is a departed client.
 func IsRetryable(err error) bool {
 	return errors.Is(err, ErrConnect) || errors.Is(err, ErrEngineFailed) || errors.Is(err, ErrEngineError) || errors.Is(err, ErrEngineAuth) ||
-		errors.Is(err, ErrAdapterGone)
+		errors.Is(err, ErrAdapterGone) || errors.Is(err, ErrEngineOverloaded) || errors.Is(err, ErrConnsExhausted)
 }
 
 // IsMalformedAnswer reports whether err, an ErrEngineFailed, is an answer
@@ -122,8 +132,11 @@ func (e *Error) Unwrap() []error {
 // with err and no retry is left.
 func ErrorStatus(err error) int {
 	switch {
-	case errors.Is(err, ErrUnknownEngine), errors.Is(err, ErrResponseBudget), errors.Is(err, ErrShuttingDown), errors.Is(err, ErrAdapterGone):
+	case errors.Is(err, ErrUnknownEngine), errors.Is(err, ErrResponseBudget), errors.Is(err, ErrShuttingDown), errors.Is(err, ErrAdapterGone),
+		errors.Is(err, ErrConnsExhausted):
 		return 503
+	case errors.Is(err, ErrEngineOverloaded):
+		return 429
 	case errors.Is(err, ErrFirstByteTimeout), errors.Is(err, ErrIdleTimeout), errors.Is(err, ErrWriteTimeout):
 		return 504
 	}
@@ -143,6 +156,8 @@ var kinds = [...]struct {
 }{
 	{ErrEngineFailed, "engine_failed"}, // first: the kind of unclassified errors
 	{ErrConnect, "engine_unavailable"},
+	{ErrConnsExhausted, "engine_connections_exhausted"},
+	{ErrEngineOverloaded, "engine_overloaded"},
 	{ErrFirstByteTimeout, "engine_timeout"},
 	{ErrIdleTimeout, "engine_timeout"},
 	{ErrWriteTimeout, "engine_timeout"},

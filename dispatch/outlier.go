@@ -15,8 +15,9 @@ import (
 // Consecutive, FailurePercent or MaxEjectedPercent disables that part.
 //
 // A failure is a refused connection, a reset or garbage instead of an
-// answer, a stream that breaks off, a timeout, or a 5xx status. A client
-// that leaves, a busy connection pool or a 4xx is no verdict on the engine.
+// answer, a stream that breaks off, a timeout, a 5xx status or a 429. A
+// client that leaves, a busy connection pool or another 4xx is no verdict
+// on the engine.
 type OutlierConfig struct {
 	// Consecutive failures in a row eject the engine. Default 5.
 	Consecutive int
@@ -71,7 +72,7 @@ func isEngineFault(kind error) bool {
 	switch {
 	case errors.Is(kind, ErrClientGone), errors.Is(kind, ErrAbandoned), errors.Is(kind, ErrUnknownEngine),
 		errors.Is(kind, ErrResponseTooLarge), errors.Is(kind, ErrResponseBudget), errors.Is(kind, ErrShuttingDown),
-		errors.Is(kind, ErrPrefillFailed):
+		errors.Is(kind, ErrPrefillFailed), errors.Is(kind, ErrConnsExhausted):
 		return false
 	}
 	return true

@@ -630,6 +630,70 @@ func TestConnectFailureRetriedElsewhere(t *testing.T) {
 	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="unavailable"}`, 1)
 }
 
+// TestThrottlingEngineRetriedElsewhere: an engine that answers 429 at
+// once is asked no more than once per request: the request goes to
+// another worker, and the refusals count against the engine for passive
+// health until it is ejected. It had looked the least loaded of all (its
+// bookings released at once) and drew nearly every request, each relayed
+// to its client as a 429. Pinned, the engine's own 429 reaches the client
+// with its Retry-After.
+func TestThrottlingEngineRetriedElsewhere(t *testing.T) {
+	var throttled atomic.Int64
+	busy := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		throttled.Add(1)
+		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
+		ctx.Response.Header.Set("Retry-After", "7")
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"busy","type":"rate_limit_exceeded","code":429}}`)
+	})
+	live := startMock(t, mocker.Config{WorkerID: 2})
+	cfg := e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: busy.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, Endpoint: live.Addr(), Model: e2eModel},
+	)
+	cfg.Dispatch.Outlier.Consecutive = 3
+	r := startE2ERouter(t, cfg)
+	for i := range 3 {
+		tokens := e2eTokens(uint32(70+i), 80)
+		indexBlocks(t, r.node, 1, 0, tokens) // the throttling worker looks best
+		resp := r.post(t, fastpath.PathCompletions, completionBody(tokens, false, 3), nil)
+		if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != "2" {
+			t.Fatalf("request %d: status %d from worker %q: %s", i, resp.status, resp.header.Get(fastpath.HeaderWorker), resp.body)
+		}
+		if got := throttled.Load(); got != int64(i+1) {
+			t.Fatalf("request %d: the throttling engine was asked %d times in all, want %d", i, got, i+1)
+		}
+	}
+	waitReleased(t, r.node)
+	if !workerView(t, r.node, 1, 0).Ejected {
+		t.Error("three 429s in a row, each served elsewhere, did not eject the engine")
+	}
+	// Ejected, it is routed around without being asked.
+	tokens := e2eTokens(79, 80)
+	indexBlocks(t, r.node, 1, 0, tokens)
+	if resp := r.post(t, fastpath.PathCompletions, completionBody(tokens, false, 3), nil); resp.status != http.StatusOK || throttled.Load() != 3 {
+		t.Fatalf("after the ejection: status %d, the engine asked %d times: %s", resp.status, throttled.Load(), resp.body)
+	}
+	waitReleased(t, r.node)
+}
+
+// TestThrottlingEngineAloneRelaysItsAnswer: with no other worker to try,
+// the engine's own 429 reaches the client, Retry-After and all.
+func TestThrottlingEngineAloneRelaysItsAnswer(t *testing.T) {
+	busy := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
+		ctx.Response.Header.Set("Retry-After", "7")
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"busy","type":"rate_limit_exceeded","code":429}}`)
+	})
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: busy.addr(), Model: e2eModel}))
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(80, 80), false, 3), nil)
+	if resp.status != http.StatusTooManyRequests || resp.header.Get("Retry-After") != "7" || !bytes.Contains(resp.body, []byte(`"busy"`)) {
+		t.Fatalf("status %d, Retry-After %q: %s; want the engine's 429", resp.status, resp.header.Get("Retry-After"), resp.body)
+	}
+	waitReleased(t, r.node)
+}
+
 // TestEmptyStreamRetriedElsewhere: the worker the router prefers answers
 // a stream's headers and then ends it without a byte; nothing reached the
 // client, so the request is re-routed to a live worker, or, pinned,

@@ -561,7 +561,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			switch {
 			case retryable && ex.canTryElsewhere():
 				err = ex.call.Discard()
-			case ex.call.StatusCode() < 500:
+			case ex.call.StatusCode() == fasthttp.StatusUnauthorized || ex.call.StatusCode() == fasthttp.StatusForbidden:
 				// The engine refused the router's own key: relayed, its
 				// 401 would tell the client that the client's key is
 				// wrong. A 502 names the router's.
@@ -975,7 +975,7 @@ func outcomeOf(err error) string {
 		return statusTimeout
 	case errors.Is(err, dispatch.ErrConnect), errors.Is(err, dispatch.ErrUnknownEngine):
 		return statusUnavailable
-	case errors.Is(err, dispatch.ErrResponseBudget):
+	case errors.Is(err, dispatch.ErrResponseBudget), errors.Is(err, dispatch.ErrEngineOverloaded), errors.Is(err, dispatch.ErrConnsExhausted):
 		return statusOverloaded
 	case errors.Is(err, dispatch.ErrShuttingDown):
 		return statusUnavailable
@@ -1042,7 +1042,12 @@ func (ex *exchange) failDispatch(ctx *fasthttp.RequestCtx, err error) {
 	ex.count(outcomeOf(err))
 	ctx.Response.Reset()
 	ctx.Response.Header.SetBytesV(HeaderRequestID, ex.rid)
-	ctx.SetStatusCode(dispatch.ErrorStatus(err))
+	status := dispatch.ErrorStatus(err)
+	if status == fasthttp.StatusTooManyRequests || status == fasthttp.StatusServiceUnavailable {
+		// Load, not a fault: the client is told when to come back.
+		ctx.Response.Header.SetBytesV("Retry-After", ex.s.retryAfter(ex))
+	}
+	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	ex.out = dispatch.AppendErrorJSON(ex.out[:0], err)
 	ctx.SetBody(ex.out)

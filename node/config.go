@@ -269,7 +269,7 @@ func (c *Config) Validate() error {
 		v    time.Duration
 	}{
 		{"--connect-timeout", c.Dispatch.Timeouts.Connect},
-		{"--write-timeout", c.Dispatch.Timeouts.Write},
+		{"--engine-write-timeout", c.Dispatch.Timeouts.Write},
 		{"--first-byte-timeout", c.Dispatch.Timeouts.FirstByte},
 		{"--stream-idle-timeout", c.Dispatch.Timeouts.Idle},
 		{"--health-interval", c.Dispatch.Health.Interval},
@@ -286,6 +286,9 @@ func (c *Config) Validate() error {
 		if n.v < 0 || n.v > 100 {
 			return fmt.Errorf("cannot use %s %d: must be a percentage, 0 (off) to 100", n.name, n.v)
 		}
+	}
+	if c.Dispatch.MaxConnsPerEngine <= 0 {
+		return fmt.Errorf("cannot use --max-conns-per-engine %d: must be positive", c.Dispatch.MaxConnsPerEngine)
 	}
 	if o.Consecutive < 0 {
 		return fmt.Errorf("cannot use --eject-consecutive %d: must be a count of failures, 0 (off) or more", o.Consecutive)
