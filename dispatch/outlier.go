@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -105,14 +106,17 @@ func (e *Engine) record(ok bool) {
 	}
 	byRun := cfg.Consecutive > 0 && int(n) >= cfg.Consecutive
 	byRate := cfg.FailurePercent > 0 && int(reqs) >= cfg.MinRequests && int(fails)*100 >= cfg.FailurePercent*int(reqs)
-	if byRun || byRate {
-		e.eject(now)
+	switch {
+	case byRun:
+		e.eject(now, fmt.Errorf("ejected by passive health checking: %d failed requests in a row", n))
+	case byRate:
+		e.eject(now, fmt.Errorf("ejected by passive health checking: %d of its last %d requests failed", fails, reqs))
 	}
 }
 
 // eject takes e out of selection for its backoff, if the pool's bound
 // allows another ejection.
-func (e *Engine) eject(now int64) {
+func (e *Engine) eject(now int64, cause error) {
 	p := e.pool
 	cfg := &p.cfg.Outlier
 	e.healthMu.Lock()
@@ -136,7 +140,7 @@ func (e *Engine) eject(now int64) {
 	o.requests.Store(0)
 	o.failures.Store(0)
 	o.timer = time.AfterFunc(d, e.unEject)
-	e.reportLocked(nil)
+	e.reportLocked(fmt.Errorf("%w, for %v", cause, d))
 }
 
 // unEject returns e to selection when its ejection ends. It starts with a

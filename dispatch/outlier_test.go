@@ -3,6 +3,7 @@ package dispatch
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,17 +16,21 @@ import (
 
 // flips records OnChange calls.
 type flips struct {
-	mu  sync.Mutex
-	log map[workers.Slot][]bool
+	mu     sync.Mutex
+	log    map[workers.Slot][]bool
+	causes []string // of the flips to unroutable, in order
 }
 
-func (f *flips) onChange(slot workers.Slot, _ string, routable bool, _ error) {
+func (f *flips) onChange(slot workers.Slot, _ string, routable bool, cause error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.log == nil {
 		f.log = map[workers.Slot][]bool{}
 	}
 	f.log[slot] = append(f.log[slot], routable)
+	if !routable && cause != nil {
+		f.causes = append(f.causes, cause.Error())
+	}
 }
 
 func (f *flips) of(slot workers.Slot) []bool {
@@ -175,6 +180,14 @@ func TestEjectionBackoffGrowsAndEngineReturns(t *testing.T) {
 	}
 	if got, want := f.of(0), []bool{false, true, false, true, false, true, false, true}; len(got) != len(want) {
 		t.Errorf("OnChange flips %v, want %v", got, want)
+	}
+	// Each ejection says why, and for how long: the log line an
+	// operator reads had said only ejected=true.
+	f.mu.Lock()
+	causes := f.causes
+	f.mu.Unlock()
+	if len(causes) != 4 || !strings.Contains(causes[0], "3 failed requests in a row") || !strings.Contains(causes[0], "for 1h0m0s") {
+		t.Errorf("ejection causes %q", causes)
 	}
 
 	// The timer ends an ejection by itself.

@@ -761,6 +761,42 @@ func TestMalformedAnswerIsNamed(t *testing.T) {
 	waitReleased(t, r.node)
 }
 
+// TestFailingEngineIsNamed: an engine whose requests time out, below the
+// ejection thresholds, is named in a warning once a minute, where each
+// failure had been logged at debug level only and an operator chasing
+// 504s could not tell which engine sent them.
+func TestFailingEngineIsNamed(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	eng := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		select {
+		case <-release:
+		case <-time.After(e2eWait):
+		}
+	})
+	logs := newLogCapture()
+	cfg := e2eConfig(node.StaticWorker{ID: 43, Endpoint: eng.addr(), Model: e2eModel})
+	cfg.Dispatch.Timeouts.FirstByte = 50 * time.Millisecond
+	cfg.Logger = slog.New(logs)
+	r := startE2ERouter(t, cfg)
+	for i := range 2 {
+		resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(6+i), 64), false, 4), nil)
+		if resp.status != http.StatusGatewayTimeout || checkOpenAIError(t, resp.body) != "engine_timeout" {
+			t.Fatalf("request %d: status %d: %s", i, resp.status, resp.body)
+		}
+	}
+	const msg = "an engine's request failed"
+	line, ok := logs.find(msg)
+	if !ok || !strings.HasPrefix(line, "WARN") || !strings.Contains(line, "worker=43") || !strings.Contains(line, "endpoint="+eng.addr()) ||
+		!strings.Contains(line, "first-byte timeout") {
+		t.Fatalf("the failing worker is not named in a warning: %q", line)
+	}
+	if n := logs.count(msg); n != 1 {
+		t.Errorf("two failures within a minute logged %d warnings, want 1", n)
+	}
+	waitReleased(t, r.node)
+}
+
 // TestTLSOnPlainHTTPIsRefusedAtOnce: a client that speaks TLS to the
 // plain-HTTP listener (an https:// URL) has its handshake fail as soon as
 // it is sent, with the error TLS libraries give for a plain-HTTP server,

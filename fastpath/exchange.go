@@ -767,16 +767,38 @@ const loopMessage = "a worker's endpoint sent a request back to this router (508
 // arguments would allocate even when nothing is written. An answer no
 // engine sends is also a warning, once a minute per worker.
 func (ex *exchange) logFailure(msg string, err error) {
-	ex.s.warnMalformed(ex.dec, err)
+	if dispatch.IsMalformedAnswer(err) {
+		ex.s.warnMalformed(ex.dec, err)
+	} else if engineFault(err) {
+		// Below the ejection thresholds an engine's failures (timeouts,
+		// 5xx, broken streams) were seen per worker only at debug: an
+		// operator chasing 504s could not tell which engine sent them.
+		ex.s.throttle.Log(ex.s.log, slog.LevelWarn, "failing/"+strconv.Itoa(int(ex.dec.Slot)),
+			"an engine's request failed (logged once a minute per worker; every one at debug level)",
+			"worker", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "endpoint", ex.dec.Endpoint, "err", err)
+	}
 	if !ex.s.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
 	status := 0 // no answer
-	if ex.call != nil && errors.Is(err, dispatch.ErrEngineError) {
+	if ex.call != nil && (errors.Is(err, dispatch.ErrEngineError) || errors.Is(err, dispatch.ErrEngineOverloaded)) {
 		status = ex.call.StatusCode() // the error status it answered with
 	}
 	ex.s.log.Debug(msg, "request_id", string(ex.rid), "worker", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank,
 		"endpoint", ex.dec.Endpoint, "status", status, "err", err)
+}
+
+// engineFault reports whether err, an engine call's failure, is the
+// engine's doing: not the client's leaving, the router's own bounds or
+// shutdown, or another stage's failure.
+func engineFault(err error) bool {
+	for _, notEngine := range [...]error{dispatch.ErrClientGone, dispatch.ErrShuttingDown, dispatch.ErrAbandoned,
+		dispatch.ErrPrefillFailed, dispatch.ErrResponseBudget, dispatch.ErrConnsExhausted, dispatch.ErrAdapterGone} {
+		if errors.Is(err, notEngine) {
+			return false
+		}
+	}
+	return true
 }
 
 // warnMalformed warns, once a minute per worker, of an answer no
