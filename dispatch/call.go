@@ -291,6 +291,32 @@ func (c *Call) AwaitStream() error {
 
 var errEmptyStream = errors.New("the event stream ended before its first byte")
 
+// RefuseFailedStart fails the call when the stream AwaitStream waited for
+// opens with the engine's error event (an engine whose generation failed
+// before its first token: a dead engine core answers every request so).
+// Nothing reached the client, so the request may go to another worker;
+// the verdict is held as a 5xx's is (SetAttempts), so that a prompt that
+// fails everywhere does not eject the engines it tried. Call it only when
+// another worker can take the request: otherwise the client is better
+// served by the engine's own error, relayed. It returns that error
+// (IsRetryable accepts it), or nil for a stream that began otherwise or
+// whose first event is not whole in the bytes AwaitStream read.
+func (c *Call) RefuseFailedStart() error {
+	if c.pending == 0 {
+		return nil
+	}
+	end, _ := openai.EventEnd(c.buf[:c.pending], 0)
+	if end < 0 || openai.ParseEvent(c.buf[:end]).Kind != openai.EventError {
+		return nil
+	}
+	if !c.judged && c.attempts != nil && c.engine != nil && c.attempts.hold(c.engine) {
+		c.judged = true
+	}
+	return c.fail(ErrEngineError, errFailedStart, nil, false)
+}
+
+var errFailedStart = errors.New("the event stream began with the engine's error event")
+
 // RefuseUnaskedStream fails the call, as its engine's fault, when Do
 // received a 2xx event stream for a request that did not ask for one:
 // its client expects one JSON object and would get server-sent events. It

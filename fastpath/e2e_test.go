@@ -726,6 +726,35 @@ func TestEmptyStreamRetriedElsewhere(t *testing.T) {
 	waitReleased(t, r.node)
 }
 
+// TestStreamOpeningWithAnErrorRetriedElsewhere: an engine whose
+// generation fails at once (a dead engine core) answers 200 and its error
+// event first; nothing reached the client, so the request goes to another
+// worker. Pinned, the client gets the engine's own error event, relayed.
+func TestStreamOpeningWithAnErrorRetriedElsewhere(t *testing.T) {
+	live := startMock(t, mocker.Config{WorkerID: 2})
+	const failure = `data: {"error":{"message":"engine core died","type":"InternalServerError","code":500}}` + "\n\n"
+	failing := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
+		_ = writeFlush(w, []byte(failure+doneEvent))
+	}))
+	r := startE2ERouter(t, e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: failing.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, Endpoint: live.Addr(), Model: e2eModel},
+	))
+	tokens := e2eTokens(73, 80)
+	indexBlocks(t, r.node, 1, 0, tokens) // the failing worker looks best
+	resp := r.post(t, fastpath.PathCompletions, completionBody(tokens, true, 3), nil)
+	if resp.status != http.StatusOK || !bytes.HasSuffix(resp.body, []byte(doneEvent)) || bytes.Contains(resp.body, []byte(`"error"`)) ||
+		resp.header.Get(fastpath.HeaderWorker) != "2" {
+		t.Fatalf("status %d from worker %q: %s", resp.status, resp.header.Get(fastpath.HeaderWorker), resp.body)
+	}
+	wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 1)
+	resp = r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(74, 80), true, 3), map[string]string{fastpath.HeaderWorker: "1"})
+	if resp.status != http.StatusOK || !bytes.Contains(resp.body, []byte("engine core died")) {
+		t.Errorf("pinned to the failing engine: status %d: %s; want its error event relayed", resp.status, resp.body)
+	}
+	waitReleased(t, r.node)
+}
+
 // TestNoRetryCountedWithNowhereToGo: a failed attempt with no other
 // worker to try is not a retry (kvfast_dispatch_retries_total counted one
 // for each such failure).
