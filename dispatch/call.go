@@ -229,7 +229,7 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 		if de := (*dialError)(nil); errors.As(err, &de) {
 			e.connectFailed(de) // refused or unreachable, not merely busy
 		}
-		if isEngineFault(kind) {
+		if IsEngineFault(kind) {
 			c.judge(false)
 		}
 		c.abort(ferr)
@@ -237,10 +237,11 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 	}
 	c.open = true
 	switch status := c.resp.StatusCode(); {
-	case status >= 500 || status == fasthttp.StatusTooManyRequests:
-		// A 429 is judged as a 5xx is: an engine refusing everything at
-		// once would otherwise look the least loaded, and draw the traffic
-		// it refuses.
+	case status == fasthttp.StatusTooManyRequests:
+		// Load, not sickness: retried elsewhere (Failed), but no verdict,
+		// as Envoy's outlier detection gives none. Counted, five pinned
+		// requests to an engine shedding load ejected it for everyone.
+	case status >= 500:
 		if c.attempts != nil && c.attempts.hold(e) {
 			c.judged = true
 		} else {
@@ -292,8 +293,9 @@ func (c *Call) AwaitStream() error {
 var errEmptyStream = errors.New("the event stream ended before its first byte")
 
 // RefuseFailedStart fails the call when the stream AwaitStream waited for
-// opens with the engine's error event (an engine whose generation failed
-// before its first token: a dead engine core answers every request so).
+// opens with the engine's error event coded 5xx (an engine whose
+// generation failed before its first token: a dead engine core answers
+// every request so).
 // Nothing reached the client, so the request may go to another worker;
 // the verdict is held as a 5xx's is (SetAttempts), so that a prompt that
 // fails everywhere does not eject the engines it tried. Call it only when
@@ -306,7 +308,13 @@ func (c *Call) RefuseFailedStart() error {
 		return nil
 	}
 	end, _ := openai.EventEnd(c.buf[:c.pending], 0)
-	if end < 0 || openai.ParseEvent(c.buf[:end]).Kind != openai.EventError {
+	if end < 0 {
+		return nil
+	}
+	// Only an error the engine itself calls a server failure: one it
+	// codes 4xx (a schema or grammar it refuses) is the request's, and
+	// every engine would answer it so.
+	if ev := openai.ParseEvent(c.buf[:end]); ev.Kind != openai.EventError || ev.ErrorCode < 500 {
 		return nil
 	}
 	if !c.judged && c.attempts != nil && c.engine != nil && c.attempts.hold(c.engine) {
@@ -590,7 +598,7 @@ func (c *Call) fail(kind, cause error, w *bufio.Writer, sse bool) error {
 		addr, slot = c.engine.addr, c.engine.slot
 	}
 	err := &Error{Slot: slot, Addr: addr, Op: "relay from", Kind: kind, Cause: cause}
-	if isEngineFault(kind) {
+	if IsEngineFault(kind) {
 		c.judge(false)
 	}
 	switch {

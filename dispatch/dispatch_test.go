@@ -671,7 +671,7 @@ func TestResponseLimits(t *testing.T) {
 		t.Fatalf("one response holds %d budget bytes", held)
 	}
 	second, err := read("/big")
-	if !errors.Is(err, ErrResponseBudget) || ErrorStatus(err) != 503 || isEngineFault(ErrResponseBudget) {
+	if !errors.Is(err, ErrResponseBudget) || ErrorStatus(err) != 503 || IsEngineFault(ErrResponseBudget) {
 		t.Fatalf("a second response past the budget: %v (status %d)", err, ErrorStatus(err))
 	}
 	second.Release()

@@ -16,9 +16,9 @@ import (
 // Consecutive, FailurePercent or MaxEjectedPercent disables that part.
 //
 // A failure is a refused connection, a reset or garbage instead of an
-// answer, a stream that breaks off, a timeout, a 5xx status or a 429. A
-// client that leaves, a busy connection pool or another 4xx is no verdict
-// on the engine.
+// answer, a stream that breaks off, a timeout, or a 5xx status. A client
+// that leaves, a busy connection pool or a 4xx (a 429 too: load, not
+// sickness) is no verdict on the engine.
 type OutlierConfig struct {
 	// Consecutive failures in a row eject the engine. Default 5.
 	Consecutive int
@@ -67,14 +67,16 @@ type outlier struct {
 	heldGroup             uint32 // the group it is counted in; under healthMu
 }
 
-// isEngineFault reports whether a failure of a forwarded request counts
-// against its engine.
-func isEngineFault(kind error) bool {
-	switch {
-	case errors.Is(kind, ErrClientGone), errors.Is(kind, ErrAbandoned), errors.Is(kind, ErrUnknownEngine),
-		errors.Is(kind, ErrResponseTooLarge), errors.Is(kind, ErrResponseBudget), errors.Is(kind, ErrShuttingDown),
-		errors.Is(kind, ErrPrefillFailed), errors.Is(kind, ErrConnsExhausted):
-		return false
+// IsEngineFault reports whether err, a failure of a forwarded request,
+// is its engine's doing, and so counts against it: not the client's
+// leaving, the router's own bounds or shutdown, another stage's failure,
+// or an engine's state (a 429, an adapter it unloaded).
+func IsEngineFault(err error) bool {
+	for _, not := range [...]error{ErrClientGone, ErrAbandoned, ErrUnknownEngine, ErrResponseTooLarge, ErrResponseBudget,
+		ErrShuttingDown, ErrPrefillFailed, ErrConnsExhausted, ErrEngineOverloaded, ErrAdapterGone} {
+		if errors.Is(err, not) {
+			return false
+		}
 	}
 	return true
 }
@@ -106,17 +108,28 @@ func (e *Engine) record(ok bool) {
 	}
 	byRun := cfg.Consecutive > 0 && int(n) >= cfg.Consecutive
 	byRate := cfg.FailurePercent > 0 && int(reqs) >= cfg.MinRequests && int(fails)*100 >= cfg.FailurePercent*int(reqs)
-	switch {
-	case byRun:
-		e.eject(now, fmt.Errorf("ejected by passive health checking: %d failed requests in a row", n))
-	case byRate:
-		e.eject(now, fmt.Errorf("ejected by passive health checking: %d of its last %d requests failed", fails, reqs))
+	if byRun || byRate {
+		e.eject(now, ejectionWhy{byRun: byRun, run: n, fails: fails, reqs: reqs})
 	}
+}
+
+// ejectionWhy is what tripped an ejection, formatted only for one that
+// happens: an engine over the ejection bound fails on without allocating.
+type ejectionWhy struct {
+	byRun            bool
+	run, fails, reqs int32
+}
+
+func (w ejectionWhy) String() string {
+	if w.byRun {
+		return fmt.Sprintf("%d failed requests in a row", w.run)
+	}
+	return fmt.Sprintf("%d of its last %d requests failed", w.fails, w.reqs)
 }
 
 // eject takes e out of selection for its backoff, if the pool's bound
 // allows another ejection.
-func (e *Engine) eject(now int64, cause error) {
+func (e *Engine) eject(now int64, why ejectionWhy) {
 	p := e.pool
 	cfg := &p.cfg.Outlier
 	e.healthMu.Lock()
@@ -140,7 +153,7 @@ func (e *Engine) eject(now int64, cause error) {
 	o.requests.Store(0)
 	o.failures.Store(0)
 	o.timer = time.AfterFunc(d, e.unEject)
-	e.reportLocked(fmt.Errorf("%w, for %v", cause, d))
+	e.reportLocked(fmt.Errorf("ejected by passive health checking: %v, for %v", why, d))
 }
 
 // unEject returns e to selection when its ejection ends. It starts with a

@@ -630,13 +630,13 @@ func TestConnectFailureRetriedElsewhere(t *testing.T) {
 	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="unavailable"}`, 1)
 }
 
-// TestThrottlingEngineRetriedElsewhere: an engine that answers 429 at
-// once is asked no more than once per request: the request goes to
-// another worker, and the refusals count against the engine for passive
-// health until it is ejected. It had looked the least loaded of all (its
-// bookings released at once) and drew nearly every request, each relayed
-// to its client as a 429. Pinned, the engine's own 429 reaches the client
-// with its Retry-After.
+// TestThrottlingEngineRetriedElsewhere: a request an engine refuses with
+// 429 goes to another worker. It had been relayed to its client as a 429,
+// and an engine refusing everything at once (its bookings released at
+// once, so the least loaded) drew nearly every request. A 429 is load,
+// not sickness: it never ejects the engine, not even when pinned requests
+// get it, which would have taken an engine shedding load away from
+// everyone.
 func TestThrottlingEngineRetriedElsewhere(t *testing.T) {
 	var throttled atomic.Int64
 	busy := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
@@ -653,10 +653,10 @@ func TestThrottlingEngineRetriedElsewhere(t *testing.T) {
 	)
 	cfg.Dispatch.Outlier.Consecutive = 3
 	r := startE2ERouter(t, cfg)
-	for i := range 3 {
+	for i := range 4 {
 		tokens := e2eTokens(uint32(70+i), 80)
 		indexBlocks(t, r.node, 1, 0, tokens) // the throttling worker looks best
-		resp := r.post(t, fastpath.PathCompletions, completionBody(tokens, false, 3), nil)
+		resp := r.post(t, fastpath.PathCompletions, completionBody(tokens, i%2 == 0, 3), nil)
 		if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != "2" {
 			t.Fatalf("request %d: status %d from worker %q: %s", i, resp.status, resp.header.Get(fastpath.HeaderWorker), resp.body)
 		}
@@ -664,66 +664,20 @@ func TestThrottlingEngineRetriedElsewhere(t *testing.T) {
 			t.Fatalf("request %d: the throttling engine was asked %d times in all, want %d", i, got, i+1)
 		}
 	}
-	waitReleased(t, r.node)
-	if !workerView(t, r.node, 1, 0).Ejected {
-		t.Error("three 429s in a row, each served elsewhere, did not eject the engine")
-	}
-	// Ejected, it is routed around without being asked.
-	tokens := e2eTokens(79, 80)
-	indexBlocks(t, r.node, 1, 0, tokens)
-	if resp := r.post(t, fastpath.PathCompletions, completionBody(tokens, false, 3), nil); resp.status != http.StatusOK || throttled.Load() != 3 {
-		t.Fatalf("after the ejection: status %d, the engine asked %d times: %s", resp.status, throttled.Load(), resp.body)
-	}
-	waitReleased(t, r.node)
-}
-
-// TestThrottlingEngineAloneRelaysItsAnswer: with no other worker to try,
-// the engine's own 429 reaches the client, Retry-After and all.
-func TestThrottlingEngineAloneRelaysItsAnswer(t *testing.T) {
-	busy := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
-		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
-		ctx.Response.Header.Set("Retry-After", "7")
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"error":{"message":"busy","type":"rate_limit_exceeded","code":429}}`)
-	})
-	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: busy.addr(), Model: e2eModel}))
-	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(80, 80), false, 3), nil)
-	if resp.status != http.StatusTooManyRequests || resp.header.Get("Retry-After") != "7" || !bytes.Contains(resp.body, []byte(`"busy"`)) {
-		t.Fatalf("status %d, Retry-After %q: %s; want the engine's 429", resp.status, resp.header.Get("Retry-After"), resp.body)
-	}
-	waitReleased(t, r.node)
-}
-
-// TestEmptyStreamRetriedElsewhere: the worker the router prefers answers
-// a stream's headers and then ends it without a byte; nothing reached the
-// client, so the request is re-routed to a live worker, or, pinned,
-// answered with a 502. It had reached the client as a 200 with an error
-// event.
-func TestEmptyStreamRetriedElsewhere(t *testing.T) {
-	live := startMock(t, mocker.Config{WorkerID: 2})
-	empty := startE2EEngine(t, sseHandler(func(*bufio.Writer) {}))
-	r := startE2ERouter(t, e2eConfig(
-		node.StaticWorker{ID: 1, Endpoint: empty.addr(), Model: e2eModel},
-		node.StaticWorker{ID: 2, Endpoint: live.Addr(), Model: e2eModel},
-	))
-	for i := range 2 {
-		tokens := e2eTokens(uint32(70+i), 80)
-		indexBlocks(t, r.node, 1, 0, tokens) // the empty worker looks best
-		resp := r.post(t, fastpath.PathCompletions, completionBody(tokens, true, 3), nil)
-		if resp.status != http.StatusOK || !bytes.HasSuffix(resp.body, []byte(doneEvent)) || bytes.Contains(resp.body, []byte(`"error"`)) {
-			t.Fatalf("attempt %d: status %d: %s", i, resp.status, resp.body)
-		}
-		if got := resp.header.Get(fastpath.HeaderWorker); got != "2" {
-			t.Errorf("attempt %d served by worker %s, want the live worker 2", i, got)
+	for i := range 4 {
+		resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(75+i), 80), false, 3), map[string]string{fastpath.HeaderWorker: "1"})
+		if resp.status != http.StatusTooManyRequests || resp.header.Get("Retry-After") != "7" {
+			t.Fatalf("pinned request %d: status %d, Retry-After %q: %s; want the engine's 429", i, resp.status, resp.header.Get("Retry-After"), resp.body)
 		}
 	}
-	wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 2)
-	// Pinned, the client hears a 502 it may retry, not a 200.
-	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(72, 80), true, 3), map[string]string{fastpath.HeaderWorker: "1"})
-	if resp.status != http.StatusBadGateway || checkOpenAIError(t, resp.body) != "engine_failed" {
-		t.Errorf("pinned to the empty engine: status %d: %s", resp.status, resp.body)
-	}
 	waitReleased(t, r.node)
+	if workerView(t, r.node, 1, 0).Ejected {
+		t.Error("an engine answering 429 was ejected by passive health checking")
+	}
+	m := r.metrics(t)
+	wantMetric(t, m, "kvfast_dispatch_retries_total", 4)
+	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="overloaded"}`, 4)
+	wantMetric(t, m, "kvfast_dispatch_unattributed_5xx_total", 0)
 }
 
 // TestStreamOpeningWithAnErrorRetriedElsewhere: an engine whose
@@ -753,6 +707,29 @@ func TestStreamOpeningWithAnErrorRetriedElsewhere(t *testing.T) {
 		t.Errorf("pinned to the failing engine: status %d: %s; want its error event relayed", resp.status, resp.body)
 	}
 	waitReleased(t, r.node)
+}
+
+// TestStreamOpeningWithARequestErrorIsRelayed: an error event the engine
+// codes 4xx (a schema or grammar it refuses) is the request's fault, which
+// every engine would find: relayed from the first engine, not retried.
+func TestStreamOpeningWithARequestErrorIsRelayed(t *testing.T) {
+	var asked atomic.Int64
+	const refusal = `data: {"error":{"message":"invalid grammar","type":"BadRequestError","param":null,"code":400}}` + "\n\n"
+	handler := sseHandler(func(w *bufio.Writer) {
+		asked.Add(1)
+		_ = writeFlush(w, []byte(refusal+doneEvent))
+	})
+	a, b := startE2EEngine(t, handler), startE2EEngine(t, handler)
+	r := startE2ERouter(t, e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: a.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, Endpoint: b.addr(), Model: e2eModel},
+	))
+	resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(75, 80), true, 3), nil)
+	if resp.status != http.StatusOK || !bytes.Contains(resp.body, []byte("invalid grammar")) || asked.Load() != 1 {
+		t.Fatalf("status %d after %d engine calls: %s; want the first engine's refusal relayed", resp.status, asked.Load(), resp.body)
+	}
+	waitReleased(t, r.node)
+	wantMetric(t, r.metrics(t), "kvfast_dispatch_retries_total", 0)
 }
 
 // TestNoRetryCountedWithNowhereToGo: a failed attempt with no other

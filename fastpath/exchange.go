@@ -601,7 +601,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 		}
 		// Route again, without the engines that failed.
 		failed := workers.SetOf(ex.dec.Slot)
-		ex.unstick(unbindFailed)
+		if errors.Is(err, dispatch.ErrEngineOverloaded) || errors.Is(err, dispatch.ErrConnsExhausted) {
+			ex.unstick(unbindBusy) // load, not a failure: said apart in kvfast_session_unbinds_total
+		} else {
+			ex.unstick(unbindFailed)
+		}
 		_ = ex.h.Release()
 		if !ex.sreq.AllowListed {
 			ex.sreq.AllowListed, ex.sreq.Allow = true, workers.AllSlots
@@ -671,7 +675,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 	}
 	ctx.SetBody(body)
 	if code := ex.call.StatusCode(); code >= 400 {
-		if ex.call.Failed() {
+		if ex.call.Failed() && code != fasthttp.StatusTooManyRequests {
 			ex.count(statusEngineError) // a 5xx, or the router's engine key refused
 		} else {
 			ex.count(engineStatus(code))
@@ -765,22 +769,27 @@ func (ex *exchange) stream(w *bufio.Writer) {
 const loopMessage = "a worker's endpoint sent a request back to this router (508 loop_detected): it is this router's " +
 	"address, or a router that routes here; the engine's real address belongs in its registration or --worker url="
 
-// logFailure logs, at debug level, a failed engine call with what lets an
-// operator follow it: the request id the client got, the worker and the
-// failure. Debug, because an engine outage fails many requests at once
-// and kvfast_requests_total counts them; checked first, because the
-// arguments would allocate even when nothing is written. An answer no
-// engine sends is also a warning, once a minute per worker.
+// logFailure logs a failed engine call with what lets an operator follow
+// it: the request id the client got, the worker and the failure. Every
+// one at debug level, because an engine outage fails many requests at
+// once and kvfast_requests_total counts them; an engine's own failures
+// also as a warning once a minute per worker (below the ejection
+// thresholds they were seen per worker nowhere else, and 504s could not
+// be traced to an engine), and an answer no engine sends as its own
+// warning. The levels and the throttle are asked first: the arguments
+// would allocate even when nothing is written.
 func (ex *exchange) logFailure(msg string, err error) {
-	if dispatch.IsMalformedAnswer(err) {
+	switch {
+	case dispatch.IsMalformedAnswer(err):
 		ex.s.warnMalformed(ex.dec, err)
-	} else if engineFault(err) {
-		// Below the ejection thresholds an engine's failures (timeouts,
-		// 5xx, broken streams) were seen per worker only at debug: an
-		// operator chasing 504s could not tell which engine sent them.
-		ex.s.throttle.Log(ex.s.log, slog.LevelWarn, "failing/"+strconv.Itoa(int(ex.dec.Slot)),
-			"an engine's request failed (logged once a minute per worker; every one at debug level)",
-			"worker", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "endpoint", ex.dec.Endpoint, "err", err)
+	case dispatch.IsEngineFault(err):
+		if ok, held := ex.s.throttle.Allow(failingKeys[ex.dec.Slot%workers.Max]); ok {
+			args := []any{"worker", ex.dec.WorkerID, "dp_rank", ex.dec.DPRank, "endpoint", ex.dec.Endpoint, "err", err}
+			if held > 0 {
+				args = append(args, "repeated", held)
+			}
+			ex.s.log.Warn("an engine's request failed (logged once a minute per worker; every one at debug level)", args...)
+		}
 	}
 	if !ex.s.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
@@ -793,18 +802,14 @@ func (ex *exchange) logFailure(msg string, err error) {
 		"endpoint", ex.dec.Endpoint, "status", status, "err", err)
 }
 
-// engineFault reports whether err, an engine call's failure, is the
-// engine's doing: not the client's leaving, the router's own bounds or
-// shutdown, or another stage's failure.
-func engineFault(err error) bool {
-	for _, notEngine := range [...]error{dispatch.ErrClientGone, dispatch.ErrShuttingDown, dispatch.ErrAbandoned,
-		dispatch.ErrPrefillFailed, dispatch.ErrResponseBudget, dispatch.ErrConnsExhausted, dispatch.ErrAdapterGone} {
-		if errors.Is(err, notEngine) {
-			return false
-		}
+// failingKeys are logFailure's throttle keys, one per worker slot, made
+// once.
+var failingKeys = func() (k [workers.Max]string) {
+	for i := range k {
+		k[i] = "failing/" + strconv.Itoa(i)
 	}
-	return true
-}
+	return k
+}()
 
 // warnMalformed warns, once a minute per worker, of an answer no
 // OpenAI-compatible engine sends (dispatch.IsMalformedAnswer), at any

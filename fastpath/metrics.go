@@ -134,7 +134,7 @@ func newMetrics(s *Server) *metrics {
 	m.stageTotal = stages.WithLabelValues(stageTotal)
 	m.retries = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvfast_dispatch_retries_total",
-		Help: "Requests re-routed to another worker before any byte reached the client, because the chosen engine refused or broke the connection, sent something that is not HTTP, or answered 5xx.",
+		Help: "Requests re-routed to another worker before any byte reached the client, because the chosen engine refused or broke the connection, sent something that is not HTTP, answered 5xx or 429, opened its stream with an error event, or had every connection in use (--max-conns-per-engine).",
 	})
 	m.unattributed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvfast_dispatch_unattributed_5xx_total",

@@ -86,7 +86,7 @@ const (
 	unbindNotAllowed = "not_allowed" // the request's allow-list excludes it
 	unbindModel      = "model"       // the worker does not serve the request's model
 	unbindKeyRefused = "key_refused" // its engine refuses the router's engine key
-	unbindBusy       = "busy"        // over a busy threshold for BusyUnbindAfter
+	unbindBusy       = "busy"        // over a busy threshold for BusyUnbindAfter, or its engine refused a request as overloaded (429) or had no connection free
 	unbindStalled    = "stalled"     // its requests waited past --stall-after unanswered (a hung engine passing /health)
 	unbindFailed     = "failed"      // the worker failed the request (connect, 5xx) and it was re-routed
 	unbindClosed     = "closed"      // the session was closed (session_control close)

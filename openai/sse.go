@@ -42,6 +42,11 @@ type Event struct {
 	// FinishReason is the first non-null choices[].finish_reason of an
 	// item, which makes it the terminal item. It aliases the scanned bytes.
 	FinishReason []byte
+	// ErrorCode is an error's integer "code", where vLLM and SGLang put
+	// the HTTP status of the failure ({"error":{…,"code":500}}, or vLLM's
+	// older top-level {"object":"error",…,"code":400}); 0 when the error
+	// has none (a string code, or an `event: error` line).
+	ErrorCode int
 }
 
 // EventEnd scans b, the start of an event stream, for the blank line that
@@ -126,6 +131,7 @@ func ParseEvent(ev []byte) Event {
 }
 
 var (
+	keyCode         = []byte("code")
 	keyError        = []byte("error")
 	keyObject       = []byte("object")
 	keyChoices      = []byte("choices")
@@ -145,7 +151,7 @@ func ParseResponse(b []byte) Event {
 		return Event{}
 	}
 	var ev Event
-	choices := 0
+	choices, topCode := 0, 0
 	i = jsonscan.SkipSpace(b, i+1)
 	for i < len(b) && b[i] == '"' {
 		ks := i + 1
@@ -166,7 +172,12 @@ func ParseResponse(b []byte) Event {
 		case bytes.Equal(key, keyError):
 			if b[i] != 'n' { // anything but null
 				ev.Kind = EventError
+				if b[i] == '{' {
+					ev.ErrorCode = objectCode(b, i)
+				}
 			}
+		case bytes.Equal(key, keyCode):
+			topCode = intAt(b, i)
 		case bytes.Equal(key, keyObject):
 			if b[i] == '"' && bytes.HasPrefix(b[i+1:], []byte(`error"`)) {
 				ev.Kind = EventError
@@ -193,12 +204,58 @@ func ParseResponse(b []byte) Event {
 	switch {
 	case ev.Kind == EventError:
 		ev.FinishReason = nil
+		if ev.ErrorCode == 0 {
+			ev.ErrorCode = topCode
+		}
 	case choices > 0:
 		ev.Kind = EventItem
 	default:
 		ev.FinishReason = nil
 	}
 	return ev
+}
+
+// objectCode returns the integer "code" of the object at b[i] == '{', or
+// 0 when it has none or is not JSON.
+func objectCode(b []byte, i int) int {
+	i = jsonscan.SkipSpace(b, i+1)
+	for i < len(b) && b[i] == '"' {
+		ks := i + 1
+		if i, _ = jsonscan.ScanString(b, i); i < 0 {
+			return 0
+		}
+		key := b[ks : i-1]
+		if i = jsonscan.SkipSpace(b, i); i >= len(b) || b[i] != ':' {
+			return 0
+		}
+		if i = jsonscan.SkipSpace(b, i+1); i >= len(b) {
+			return 0
+		}
+		if bytes.Equal(key, keyCode) {
+			return intAt(b, i)
+		}
+		if i = jsonscan.SkipValue(b, i, 2); i < 0 {
+			return 0
+		}
+		if i = jsonscan.SkipSpace(b, i); i < len(b) && b[i] == ',' {
+			i = jsonscan.SkipSpace(b, i+1)
+		}
+	}
+	return 0
+}
+
+// intAt returns the JSON number at b[i] when it is a small non-negative
+// integer (an HTTP status), else 0.
+func intAt(b []byte, i int) int {
+	n, end := 0, i
+	for end < len(b) && end-i < 4 && b[end] >= '0' && b[end] <= '9' {
+		n = n*10 + int(b[end]-'0')
+		end++
+	}
+	if end == i || (end < len(b) && (b[end] == '.' || b[end] == 'e' || b[end] == 'E' || (b[end] >= '0' && b[end] <= '9'))) {
+		return 0
+	}
+	return n
 }
 
 // scanChoices counts the elements of the choices array at b[i] == '[' and

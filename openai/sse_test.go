@@ -100,6 +100,37 @@ func TestParseEvent(t *testing.T) {
 	}
 }
 
+// TestErrorCode: an error's integer code, where vLLM and SGLang put the
+// failure's HTTP status, is read from either shape of error they send;
+// anything else reads as none.
+func TestErrorCode(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		code int
+	}{
+		{`{"error":{"object":"error","message":"boom","type":"BadRequestError","param":null,"code":400}}`, 400},
+		{`{"error": {"message": "engine core died", "type": "InternalServerError", "code": 500}}`, 500},
+		{`{"object":"error","message":"x","type":"InternalServerError","param":null,"code":503}`, 503},
+		{`{"code":500,"object":"error","message":"x"}`, 500},
+		{`{"error":{"message":"x","code":"server_error"}}`, 0},
+		{`{"error":{"message":"x"}}`, 0},
+		{`{"error":{"nested":{"code":500},"message":"x"}}`, 0},
+		{`{"error":{"code":500.5}}`, 0},
+		{`{"error":{"code":5e2}}`, 0},
+		{`{"error":{"code":12345}}`, 0},
+		{`{"error":"a string"}`, 0},
+		{`{"error":{"code":-500}}`, 0},
+		{`{"choices":[{"text":"x"}],"code":500}`, 0}, // not an error: no code
+	} {
+		if ev := ParseResponse([]byte(tc.body)); ev.ErrorCode != tc.code {
+			t.Errorf("%s: ErrorCode %d, want %d", tc.body, ev.ErrorCode, tc.code)
+		}
+	}
+	if ev := ParseEvent([]byte("event: error\ndata: {\"code\":500}\n\n")); ev.Kind != EventError || ev.ErrorCode != 0 {
+		t.Errorf("an event: error line: %+v", ev)
+	}
+}
+
 func TestParseResponse(t *testing.T) {
 	cases := []struct {
 		name, body string
