@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -539,22 +538,8 @@ func TestGracefulShutdownCompletesStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	shutdownDone := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
-		defer cancel()
-		shutdownDone <- r.node.Shutdown(ctx)
-	}()
 	// New connections are refused while the stream drains.
-	addr := strings.TrimPrefix(r.url, "http://")
-	waitFor(t, "the listener to close", func() bool {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err != nil {
-			return true
-		}
-		c.Close()
-		return false
-	})
+	shutdownDone := r.beginShutdown(t)
 	select {
 	case err := <-shutdownDone:
 		t.Fatalf("Shutdown returned (%v) while a stream was in flight", err)

@@ -2,7 +2,6 @@ package fastpath_test
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -115,21 +114,7 @@ func TestShutdownDrainsTheAdmissionQueue(t *testing.T) {
 	queued := sendRaw(t, r, completionBody(e2eTokens(25, 64), false, 4))
 	waitFor(t, "the second request to queue", func() bool { return r.node.Snapshot().Queue.Waiting == 1 })
 
-	shutdownDone := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
-		defer cancel()
-		shutdownDone <- r.node.Shutdown(ctx)
-	}()
-	addr := strings.TrimPrefix(r.url, "http://")
-	waitFor(t, "the listener to close", func() bool {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err != nil {
-			return true
-		}
-		c.Close()
-		return false
-	})
+	shutdownDone := r.beginShutdown(t)
 	// Nothing may answer the queued request while the engine holds the
 	// first: a read that times out is the pass. (Under heavy load a wrong
 	// answer could come later than this window and go unseen here; it

@@ -213,6 +213,29 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// beginShutdown starts the router's graceful Shutdown (bounded by
+// e2eWait) and returns once its listener refuses connections, with the
+// channel Shutdown's result arrives on.
+func (r *e2eRouter) beginShutdown(t *testing.T) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
+		defer cancel()
+		done <- r.node.Shutdown(ctx)
+	}()
+	addr := strings.TrimPrefix(r.url, "http://")
+	waitFor(t, "the listener to close", func() bool {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return true
+		}
+		c.Close()
+		return false
+	})
+	return done
+}
+
 // workerView returns the admin view of worker id, rank.
 func workerView(t *testing.T, n *node.Node, id uint64, rank uint32) fastpath.WorkerView {
 	t.Helper()
