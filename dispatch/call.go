@@ -304,23 +304,30 @@ var errEmptyStream = errors.New("the event stream ended before its first byte")
 // (IsRetryable accepts it), or nil for a stream that began otherwise or
 // whose first event is not whole in the bytes AwaitStream read.
 func (c *Call) RefuseFailedStart() error {
-	if c.pending == 0 {
-		return nil
-	}
-	end, _ := openai.EventEnd(c.buf[:c.pending], 0)
-	if end < 0 {
-		return nil
-	}
-	// Only an error the engine itself calls a server failure: one it
-	// codes 4xx (a schema or grammar it refuses) is the request's, and
-	// every engine would answer it so.
-	if ev := openai.ParseEvent(c.buf[:end]); ev.Kind != openai.EventError || ev.ErrorCode < 500 {
+	if !c.OpensWithServerError() {
 		return nil
 	}
 	if !c.judged && c.attempts != nil && c.engine != nil && c.attempts.hold(c.engine) {
 		c.judged = true
 	}
 	return c.fail(ErrEngineError, errFailedStart, nil, false)
+}
+
+// OpensWithServerError reports whether the stream AwaitStream waited for
+// opens with an error event the engine codes 5xx, whole in the bytes read:
+// the cheap test before RefuseFailedStart. Only an error the engine itself
+// calls a server failure counts: one it codes 4xx (a schema or grammar it
+// refuses) is the request's, and every engine would answer it so.
+func (c *Call) OpensWithServerError() bool {
+	if c.pending == 0 {
+		return false
+	}
+	end, _ := openai.EventEnd(c.buf[:c.pending], 0)
+	if end < 0 {
+		return false
+	}
+	ev := openai.ParseEvent(c.buf[:end])
+	return ev.Kind == openai.EventError && ev.ErrorCode >= 500
 }
 
 var errFailedStart = errors.New("the event stream began with the engine's error event")

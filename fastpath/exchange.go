@@ -582,7 +582,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange) (handedOff bool
 			// paired SGLang decode sends its headers before the prefill
 			// is done, and its failures have their own answers.)
 			err = ex.call.AwaitStream()
-			if err == nil && retryable && ex.canTryElsewhere() {
+			if err == nil && retryable && ex.call.OpensWithServerError() && ex.canTryElsewhere() {
 				// An engine whose generation failed at once sent its
 				// error event first: another worker may serve it.
 				err = ex.call.RefuseFailedStart()
