@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfast/kvfast/internal/testnet"
 	"github.com/kvfast/kvfast/workers"
 	"github.com/valyala/fasthttp"
 )
@@ -191,7 +192,7 @@ func TestConnectFailureIsRetryable(t *testing.T) {
 			flips <- fmt.Sprint(slot, h)
 		}}})
 	defer pool.Close()
-	mustAdd(t, pool, 5, closedAddr(t))
+	mustAdd(t, pool, 5, testnet.RefusingAddr(t))
 	mustAdd(t, pool, 6, good)
 
 	c := pool.AcquireCall()
@@ -493,7 +494,7 @@ func TestHealthCheckOfDeadEngine(t *testing.T) {
 	pool := NewPool(Config{Health: HealthConfig{Interval: 10 * time.Millisecond, Timeout: 200 * time.Millisecond,
 		OnChange: func(_ workers.Slot, _ string, h bool, cause error) { flips <- flip{h, cause} }}})
 	defer pool.Close()
-	mustAdd(t, pool, 0, closedAddr(t))
+	mustAdd(t, pool, 0, testnet.RefusingAddr(t))
 	select {
 	case f := <-flips:
 		if f.healthy {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfast/kvfast/internal/testnet"
 	"github.com/kvfast/kvfast/workers"
 	"github.com/valyala/fasthttp"
 )
@@ -46,7 +47,7 @@ func TestHammerExactlyOneTerminal(t *testing.T) {
 	pool := NewPool(Config{Health: noHealth})
 	defer pool.Close()
 	mustAdd(t, pool, 0, engine)
-	mustAdd(t, pool, 1, closedAddr(t))
+	mustAdd(t, pool, 1, testnet.RefusingAddr(t))
 
 	var mu sync.Mutex
 	var recs []*recorder

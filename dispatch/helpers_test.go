@@ -268,18 +268,6 @@ func post(t testing.TB, addr, uri, body string) (int, *fasthttp.ResponseHeader, 
 	return resp.StatusCode(), h, bytes.Clone(resp.Body())
 }
 
-// closedAddr returns a loopback address nobody listens on.
-func closedAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
-}
-
 // noHealth disables active checks, for tests about forwarding.
 var noHealth = HealthConfig{Interval: -1}
 

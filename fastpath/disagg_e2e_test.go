@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/internal/rig"
+	"github.com/kvfast/kvfast/internal/testnet"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/workers"
@@ -319,7 +320,7 @@ func TestDisaggVLLMFaults(t *testing.T) {
 	body := completionBody(e2eTokens(7, 200), true, 6)
 
 	t.Run("retried on another prefill worker", func(t *testing.T) {
-		r := run(t, []node.StaticWorker{prefillOf(1, broken.addr()), prefillOf(2, deadAddr(t)), prefillOf(3, realPrefill.Addr())}, decodeWorker)
+		r := run(t, []node.StaticWorker{prefillOf(1, broken.addr()), prefillOf(2, testnet.RefusingAddr(t)), prefillOf(3, realPrefill.Addr())}, decodeWorker)
 		for range 3 {
 			resp := r.post(t, fastpath.PathCompletions, body, nil)
 			if items, _, done, errEv := readStream(t, resp.body); resp.status != 200 || items != 6 || !done || errEv ||
@@ -367,7 +368,7 @@ func TestDisaggVLLMFaults(t *testing.T) {
 		waitReleased(t, r.node)
 	})
 	t.Run("falls back to a local prefill", func(t *testing.T) {
-		r := run(t, []node.StaticWorker{prefillOf(1, broken.addr()), prefillOf(2, deadAddr(t))}, decodeWorker)
+		r := run(t, []node.StaticWorker{prefillOf(1, broken.addr()), prefillOf(2, testnet.RefusingAddr(t))}, decodeWorker)
 		resp := r.post(t, fastpath.PathCompletions, body, nil)
 		if items, _, done, _ := readStream(t, resp.body); resp.status != 200 || items != 6 || !done || resp.header.Get(fastpath.HeaderPrefillWorker) != "" {
 			t.Fatalf("status %d, prefill %q: %s", resp.status, resp.header.Get(fastpath.HeaderPrefillWorker), resp.body)
@@ -705,7 +706,7 @@ func TestDisaggSGLangStageBodies(t *testing.T) {
 func TestDisaggVLLMClientTransferParamsAreDropped(t *testing.T) {
 	d := startDisaggRig(t, fastpath.DisaggConfig{Protocol: fastpath.DisaggVLLM, MinRemoteTokens: 64}, false)
 	r := d.r
-	host, port, _ := net.SplitHostPort(deadAddr(t))
+	host, port, _ := net.SplitHostPort(testnet.RefusingAddr(t))
 	// Spelled plainly, and with an escape the engine's JSON decodes.
 	for i, name := range []string{"kv_transfer_params", `kv_transfer_param\u0073`} {
 		params := `"` + name + `":{"do_remote_prefill":true,"remote_engine_id":"x","remote_block_ids":[1],` +
@@ -875,10 +876,10 @@ func TestDisaggSGLangPrefillFails(t *testing.T) {
 	}{
 		{"error status, plain", refusing.addr(), silent.addr(), false, false, 0},
 		{"error status, stream begun", refusingLate.addr(), streaming.addr(), true, true, 0},
-		{"unreachable, plain", deadAddr(t), silent.addr(), false, false, 0},
+		{"unreachable, plain", testnet.RefusingAddr(t), silent.addr(), false, false, 0},
 		// Here the prefill may fail before the decode is sent, or after
 		// its stream began: either way the client hears prefill_failed.
-		{"unreachable, stream", deadAddr(t), streaming.addr(), true, false, 0},
+		{"unreachable, stream", testnet.RefusingAddr(t), streaming.addr(), true, false, 0},
 		{"prefill stream breaks", breaking.addr(), streaming.addr(), true, false, 0},
 		{"prefill stream aborts", aborting.addr(), streaming.addr(), true, false, 0},
 		{"prefill hangs, plain", hung.addr(), silent.addr(), false, false, 200 * time.Millisecond},

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/internal/rig"
+	"github.com/kvfast/kvfast/internal/testnet"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
 	"github.com/kvfast/kvfast/workers"
@@ -570,7 +571,7 @@ func TestGracefulShutdownCompletesStreams(t *testing.T) {
 func TestConnectFailureRetriedElsewhere(t *testing.T) {
 	live := startMock(t, mocker.Config{WorkerID: 2})
 	r := startE2ERouter(t, e2eConfig(
-		node.StaticWorker{ID: 1, Endpoint: deadAddr(t), Model: e2eModel},
+		node.StaticWorker{ID: 1, Endpoint: testnet.RefusingAddr(t), Model: e2eModel},
 		node.StaticWorker{ID: 2, Endpoint: live.Addr(), Model: e2eModel},
 	))
 	tokens := e2eTokens(6, 80)
@@ -721,7 +722,7 @@ func TestStreamOpeningWithARequestErrorIsRelayed(t *testing.T) {
 // worker to try is not a retry (kvfast_dispatch_retries_total counted one
 // for each such failure).
 func TestNoRetryCountedWithNowhereToGo(t *testing.T) {
-	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: deadAddr(t), Model: e2eModel}))
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 1, Endpoint: testnet.RefusingAddr(t), Model: e2eModel}))
 	if resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(6, 32), false, 3), nil); resp.status != http.StatusBadGateway {
 		t.Fatalf("status %d: %s", resp.status, resp.body)
 	}
@@ -1476,7 +1477,7 @@ func TestReadyNeedsAWorkerThatAnswers(t *testing.T) {
 	}
 	const deadID = 9
 	dead := func(role workers.Role) node.StaticWorker {
-		return node.StaticWorker{ID: deadID, Endpoint: deadAddr(t), Model: e2eModel, Role: role}
+		return node.StaticWorker{ID: deadID, Endpoint: testnet.RefusingAddr(t), Model: e2eModel, Role: role}
 	}
 	for _, tc := range []struct {
 		name    string

@@ -499,18 +499,6 @@ func writeFlush(w *bufio.Writer, p []byte) error {
 	return w.Flush()
 }
 
-// deadAddr returns a loopback address nothing listens on.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 // decodeJSON unmarshals body into v or fails the test.
 func decodeJSON(t *testing.T, body []byte, v any) {
 	t.Helper()

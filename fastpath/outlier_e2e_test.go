@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvfast/kvfast/fastpath"
+	"github.com/kvfast/kvfast/internal/testnet"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/node"
 )
@@ -187,7 +188,7 @@ func TestLoneEngineFailureReachesClient(t *testing.T) {
 	}
 	waitReleased(t, r.node)
 
-	cfg = e2eConfig(node.StaticWorker{ID: 2, Endpoint: deadAddr(t), Model: e2eModel})
+	cfg = e2eConfig(node.StaticWorker{ID: 2, Endpoint: testnet.RefusingAddr(t), Model: e2eModel})
 	cfg.HTTP.MaxRetries = 2
 	r = startE2ERouter(t, cfg)
 	resp = r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(14, 32), false, 2), nil)

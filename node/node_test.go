@@ -27,6 +27,7 @@ import (
 
 	"github.com/kvfast/kvfast/fastpath"
 	"github.com/kvfast/kvfast/internal/redact"
+	"github.com/kvfast/kvfast/internal/testnet"
 	"github.com/kvfast/kvfast/mocker"
 	"github.com/kvfast/kvfast/prompt"
 	"github.com/kvfast/kvfast/radix"
@@ -64,18 +65,6 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// deadAddr returns a loopback address nothing listens on.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 // TestCloseDropsEngineConnections: the model poll's kept-alive
 // connections to engines (two goroutines each) close with the node, not
 // at the transport's 90 s idle timeout: a soak's restarted routers had
@@ -91,7 +80,7 @@ func TestCloseDropsEngineConnections(t *testing.T) {
 		_, _ = io.WriteString(w, "{}")
 	}))
 	defer engine.Close()
-	_, _ = fasthttp.DialTimeout(deadAddr(t), time.Second) // fasthttp's dialer goroutine, counted in the baseline
+	_, _ = fasthttp.DialTimeout(testnet.RefusingAddr(t), time.Second) // fasthttp's dialer goroutine, counted in the baseline
 	baseline := runtime.NumGoroutine()
 	cfg := testConfig(t)
 	cfg.Static = []StaticWorker{{ID: 1, Endpoint: engine.URL, Model: "m"}}
@@ -131,11 +120,11 @@ func TestCloseStopsBackgroundWork(t *testing.T) {
 	// fasthttp's default dialer starts one goroutine for the life of the
 	// process on its first dial; start it now, so that the baseline
 	// counts it.
-	_, _ = fasthttp.DialTimeout(deadAddr(t), time.Second)
+	_, _ = fasthttp.DialTimeout(testnet.RefusingAddr(t), time.Second)
 	baseline := runtime.NumGoroutine()
 	cfg := testConfig(t)
 	cfg.Dispatch.Health.Interval = 5 * time.Millisecond
-	cfg.Static = []StaticWorker{{ID: 1, Endpoint: deadAddr(t), Model: "m", Events: "tcp://" + deadAddr(t)}}
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: testnet.RefusingAddr(t), Model: "m", Events: "tcp://" + testnet.RefusingAddr(t)}}
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -456,7 +445,7 @@ func (h *recordLog) records() []map[string]string {
 func TestUnhealthyEngineSaysWhy(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Segment.Path = ""
-	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://user:s3cret@" + deadAddr(t), Model: "m"}}
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://user:s3cret@" + testnet.RefusingAddr(t), Model: "m"}}
 	logged := &recordLog{msg: "engine health changed"}
 	cfg.Logger = slog.New(logged)
 	n, err := New(cfg)
@@ -482,7 +471,7 @@ func TestUnhealthyEngineSaysWhy(t *testing.T) {
 func TestWorkerWithoutModelIsLogged(t *testing.T) {
 	var warnings atomic.Int64
 	n, cfg := pollingNode(t, countLog{noModelMessage: &warnings})
-	p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 3, BlockSize: cfg.Sched.BlockSize, Endpoint: "http://" + deadAddr(t)})
+	p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 3, BlockSize: cfg.Sched.BlockSize, Endpoint: "http://" + testnet.RefusingAddr(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -837,7 +826,7 @@ func TestRegistrationChurnIsThrottled(t *testing.T) {
 	var joined, left atomic.Int64
 	n, cfg := pollingNode(t, countLog{"worker joined": &joined, "worker left": &left})
 	for range 5 {
-		p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 3, Model: "m", BlockSize: cfg.Sched.BlockSize, Endpoint: "http://" + deadAddr(t)})
+		p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 3, Model: "m", BlockSize: cfg.Sched.BlockSize, Endpoint: "http://" + testnet.RefusingAddr(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -862,7 +851,7 @@ func TestIndexRefusalsAreReported(t *testing.T) {
 	cfg.Dispatch.Health.Interval = 0
 	// A static worker: a registered one's slot is emptied by the
 	// ingester when it takes up the registration, refusals with it.
-	cfg.Static = []StaticWorker{{ID: 42, Endpoint: deadAddr(t), Model: "m"}}
+	cfg.Static = []StaticWorker{{ID: 42, Endpoint: testnet.RefusingAddr(t), Model: "m"}}
 	cfg.Logger = slog.New(attrLog{indexFullMessage: func(a slog.Attr) {
 		if a.Key == "worker" {
 			refusedBy.Store(a.Value.Uint64())
@@ -952,7 +941,7 @@ func TestRestartedRouterKnowsRegisteredModels(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 1, Model: "gone-model", BlockSize: cfg.Sched.BlockSize,
-		Endpoint: "http://" + deadAddr(t)})
+		Endpoint: "http://" + testnet.RefusingAddr(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -983,7 +972,7 @@ func TestReadyLineMatchesReady(t *testing.T) {
 	const unready = "router started, but no worker is healthy yet: /ready answers 503, and requests get 503 until one is (at once with no worker known, after the queue wait with workers down)"
 	var ready, notReady atomic.Int64
 	cfg := testConfig(t)
-	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://" + deadAddr(t), Model: "m"}}
+	cfg.Static = []StaticWorker{{ID: 1, Endpoint: "http://" + testnet.RefusingAddr(t), Model: "m"}}
 	cfg.Logger = slog.New(countLog{"router ready": &ready, unready: &notReady})
 	n, err := New(cfg)
 	if err != nil {
@@ -1028,7 +1017,7 @@ func TestUnknownModelWithAModellessWorker(t *testing.T) {
 	url := serveNode(t, n)
 	for i, model := range []string{"served", ""} {
 		p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: uint64(i + 1), Model: model, BlockSize: cfg.Sched.BlockSize,
-			Endpoint: "http://" + deadAddr(t)})
+			Endpoint: "http://" + testnet.RefusingAddr(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1087,7 +1076,7 @@ func TestRegisteredEngineNeverSharesAStaticSlot(t *testing.T) {
 	// which caches a prompt's blocks.
 	var pubs []*shm.Publisher
 	for id := range uint64(workers.Max) {
-		p, err := seg.Register(shm.WorkerConfig{WorkerID: 100 + id, Model: "m", BlockSize: 4, Endpoint: deadAddr(t)})
+		p, err := seg.Register(shm.WorkerConfig{WorkerID: 100 + id, Model: "m", BlockSize: 4, Endpoint: testnet.RefusingAddr(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1125,7 +1114,7 @@ func TestRegisteredEngineNeverSharesAStaticSlot(t *testing.T) {
 		_ = seg.Close()
 	})
 
-	cfg.Static = []StaticWorker{{ID: 7, Endpoint: deadAddr(t), Model: "m"}}
+	cfg.Static = []StaticWorker{{ID: 7, Endpoint: testnet.RefusingAddr(t), Model: "m"}}
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -1145,7 +1134,7 @@ func TestRegisteredEngineNeverSharesAStaticSlot(t *testing.T) {
 	// registry full.
 	full := false
 	for id := uint64(1000); !full; id++ {
-		p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: id, Model: "m", BlockSize: 4, Endpoint: deadAddr(t)})
+		p, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: id, Model: "m", BlockSize: 4, Endpoint: testnet.RefusingAddr(t)})
 		switch {
 		case errors.Is(err, shm.ErrRegistryFull):
 			full = true
@@ -1194,7 +1183,7 @@ func TestDeadEngineStaysUnhealthy(t *testing.T) {
 		}
 		return strings.Join(lines, "; ")
 	}
-	beating, stopEngine := beatingEngine(t, cfg.Segment.Path, 3, deadAddr(t))
+	beating, stopEngine := beatingEngine(t, cfg.Segment.Path, 3, testnet.RefusingAddr(t))
 	defer stopEngine()
 	waitFor(t, "the engine to join", func() bool { return len(n.Snapshot().Workers) == 1 })
 	beating.Store(false) // the engine dies
@@ -1303,7 +1292,7 @@ func beatingEngine(t *testing.T, path string, id uint64, endpoint string) (beati
 // (the refusal was forgotten at the next poll, which then reported it).
 func TestRefusedRegistrationThatDies(t *testing.T) {
 	n, cfg := pollingNode(t, countLog{})
-	pub, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 7, Model: "m", BlockSize: 32, Endpoint: "http://" + deadAddr(t)})
+	pub, err := shm.Register(cfg.Segment.Path, shm.WorkerConfig{WorkerID: 7, Model: "m", BlockSize: 32, Endpoint: "http://" + testnet.RefusingAddr(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
