@@ -1502,8 +1502,18 @@ func TestReadyNeedsAWorkerThatAnswers(t *testing.T) {
 			r := startE2ERouter(t, cfg)
 			// The live engines healthy and the dead one not, as their
 			// health checks find them.
+			var seen []string
+			defer func() {
+				if t.Failed() {
+					t.Logf("workers last seen (id, healthy, ejected, endpoint): %v", seen)
+				}
+			}()
 			waitFor(t, "every worker's health checked", func() bool {
 				snap := r.node.Snapshot()
+				seen = seen[:0]
+				for _, w := range snap.Workers {
+					seen = append(seen, fmt.Sprintf("%d %v %v %s", w.WorkerID, w.Healthy, w.Ejected, w.Endpoint))
+				}
 				for _, w := range snap.Workers {
 					if w.Healthy != (w.WorkerID != deadID) {
 						return false
