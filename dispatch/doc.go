@@ -25,13 +25,16 @@
 // fasthttp.
 //
 // Failures are classified so that the caller can act on them:
-//   - ErrConnect: no connection could be made (refused, connect timeout,
-//     every connection busy). Nothing reached the engine or the client, so
-//     the request may be sent to another worker (IsRetryable, which also
-//     accepts ErrEngineFailed and a 5xx given up with Discard, as long as
-//     the caller has sent the client nothing). A pooled
-//     connection the engine closed while idle is retried once on the same
-//     engine before any of this is decided.
+//   - ErrConnect, ErrConnsExhausted: no connection could be made
+//     (refused, connect timeout), or every connection the router may open
+//     to the engine (Config.MaxConnsPerEngine) carries a request; the
+//     latter is the router's bound, no verdict on the engine. Nothing
+//     reached the engine or the client, so the request may be sent to
+//     another worker (IsRetryable, which also accepts ErrEngineFailed and
+//     a 5xx or 429 given up with Discard, as long as the caller has sent
+//     the client nothing). A pooled connection the engine closed while
+//     idle is retried once on the same engine before any of this is
+//     decided.
 //   - ErrWriteTimeout, ErrFirstByteTimeout, ErrIdleTimeout: the engine
 //     stopped reading the request, took too long to send the response's
 //     headers, or was silent too long between two reads of a started
@@ -47,6 +50,12 @@
 //     asked for: RequireObject, RefuseUnaskedStream, RefuseUnaskedObject)
 //     is ErrEngineFailed too, and a pooled connection holding bytes no
 //     request asked for is closed rather than reused (roundtrip.go).
+//   - ErrEngineOverloaded: the engine answered 429 (Call.Failed,
+//     Call.Discard): retried elsewhere, but no verdict for passive
+//     health (load, not sickness). A stream that opens with an error
+//     event the engine codes 5xx may be given up too
+//     (Call.OpensWithServerError, Call.RefuseFailedStart), its verdict
+//     held as a 5xx's is.
 //   - ErrEngineAuth: the engine refused the router's own engine key with
 //     a 401 or 403 (Call.Failed, Call.Discard): retried elsewhere like an
 //     engine error, and answered as a 502 of its own, never relayed as a
