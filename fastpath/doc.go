@@ -20,7 +20,8 @@
 // into the guard before the engine is called; from then on every path,
 // including a panic in the handler and a stream whose client vanished,
 // releases it exactly once. Until a byte of the answer reaches the client,
-// a refused or broken engine connection or a 5xx re-routes to another
+// a refused or broken engine connection, a full connection pool, a 5xx
+// or 429, or a stream opening with a 5xx error event re-routes to another
 // worker (dispatch.IsRetryable), up to MaxRetries times; each attempt's
 // guard is released before the next is booked. While a request is served
 // its client connection is watched for a hang-up (internal/hangup): a
