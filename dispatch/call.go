@@ -241,6 +241,8 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 		// Load, not sickness: retried elsewhere (Failed), but no verdict,
 		// as Envoy's outlier detection gives none. Counted, five pinned
 		// requests to an engine shedding load ejected it for everyone.
+		// Its Retry-After keeps the next requests off it (Throttled).
+		e.throttle(throttleFor(&c.resp.Header, time.Now()))
 	case status >= 500:
 		if c.attempts != nil && c.attempts.hold(e) {
 			c.judged = true

@@ -52,7 +52,9 @@
 //     request asked for is closed rather than reused (roundtrip.go).
 //   - ErrEngineOverloaded: the engine answered 429 (Call.Failed,
 //     Call.Discard): retried elsewhere, but no verdict for passive
-//     health (load, not sickness). A stream that opens with an error
+//     health (load, not sickness). The pool remembers for how long its
+//     Retry-After asked not to be sent requests (Pool.Throttled, bounded
+//     by MaxThrottle), for the caller to send them elsewhere meanwhile. A stream that opens with an error
 //     event the engine codes 5xx may be given up too
 //     (Call.OpensWithServerError, Call.RefuseFailedStart), its verdict
 //     held as a 5xx's is.

@@ -170,6 +170,8 @@ type Pool struct {
 
 	responseBytes atomic.Int64 // held against ResponseBudgetBytes
 
+	throttled atomic.Uint64 // workers.Set of engines whose 429 may still hold (Throttled)
+
 	authorization []byte // "Bearer " + cfg.EngineToken; nil without one
 }
 
@@ -229,6 +231,10 @@ type Engine struct {
 	// ejectGroup is the engines that can stand in for this one
 	// (SetEjectionGroup); MaxEjectedPercent bounds each group apart.
 	ejectGroup atomic.Uint32
+	// throttledUntil is the clock time until which the engine's 429s asked
+	// not to be sent requests; throttles counts those 429s (throttle.go).
+	throttledUntil atomic.Int64
+	throttles      atomic.Uint64
 }
 
 // SetEjectionGroup puts e among the engines that can stand in for one

@@ -23,7 +23,10 @@
 // a refused or broken engine connection, a full connection pool, a 5xx
 // or 429, or a stream opening with a 5xx error event re-routes to another
 // worker (dispatch.IsRetryable), up to MaxRetries times; each attempt's
-// guard is released before the next is booked. While a request is served
+// guard is released before the next is booked. An engine that answered
+// 429 is left off later requests' allow-lists for the time its
+// Retry-After asked (dispatch.Pool.Throttled), while another worker can
+// take them and no pin or session binds them to it. While a request is served
 // its client connection is watched for a hang-up (internal/hangup): a
 // client that leaves while queued gives up its queue slot, and one that
 // leaves while its answer is awaited or relayed has its guard aborted,

@@ -619,16 +619,18 @@ func TestConnectFailureRetriedElsewhere(t *testing.T) {
 // TestThrottlingEngineRetriedElsewhere: a request an engine refuses with
 // 429 goes to another worker. It had been relayed to its client as a 429,
 // and an engine refusing everything at once (its bookings released at
-// once, so the least loaded) drew nearly every request. A 429 is load,
-// not sickness: it never ejects the engine, not even when pinned requests
-// get it, which would have taken an engine shedding load away from
-// everyone.
+// once, so the least loaded) drew nearly every request. The engine's
+// Retry-After then keeps requests off it while another worker can take
+// them: without that, each request's first attempt went there and cost a
+// round trip. A 429 is load, not sickness: it never ejects the engine,
+// not even when pinned requests get it, which would have taken an engine
+// shedding load away from everyone.
 func TestThrottlingEngineRetriedElsewhere(t *testing.T) {
 	var throttled atomic.Int64
 	busy := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
 		throttled.Add(1)
 		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
-		ctx.Response.Header.Set("Retry-After", "7")
+		ctx.Response.Header.Set("Retry-After", "30") // the longest the router honours: the test is not timed
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"error":{"message":"busy","type":"rate_limit_exceeded","code":429}}`)
 	})
@@ -646,13 +648,16 @@ func TestThrottlingEngineRetriedElsewhere(t *testing.T) {
 		if resp.status != http.StatusOK || resp.header.Get(fastpath.HeaderWorker) != "2" {
 			t.Fatalf("request %d: status %d from worker %q: %s", i, resp.status, resp.header.Get(fastpath.HeaderWorker), resp.body)
 		}
-		if got := throttled.Load(); got != int64(i+1) {
-			t.Fatalf("request %d: the throttling engine was asked %d times in all, want %d", i, got, i+1)
+		if got := throttled.Load(); got != 1 {
+			t.Fatalf("request %d: the throttling engine was asked %d times in all, want only the first request's attempt", i, got)
 		}
+	}
+	if wv := workerView(t, r.node, 1, 0); wv.Throttles != 1 || wv.ThrottledSeconds <= 0 {
+		t.Errorf("worker 1 in /admin/workers: %d throttles, throttled for %.1fs; want 1 and its Retry-After", wv.Throttles, wv.ThrottledSeconds)
 	}
 	for i := range 4 {
 		resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(75+i), 80), false, 3), map[string]string{fastpath.HeaderWorker: "1"})
-		if resp.status != http.StatusTooManyRequests || resp.header.Get("Retry-After") != "7" {
+		if resp.status != http.StatusTooManyRequests || resp.header.Get("Retry-After") != "30" {
 			t.Fatalf("pinned request %d: status %d, Retry-After %q: %s; want the engine's 429", i, resp.status, resp.header.Get("Retry-After"), resp.body)
 		}
 	}
@@ -661,9 +666,42 @@ func TestThrottlingEngineRetriedElsewhere(t *testing.T) {
 		t.Error("an engine answering 429 was ejected by passive health checking")
 	}
 	m := r.metrics(t)
-	wantMetric(t, m, "kvfast_dispatch_retries_total", 4)
+	wantMetric(t, m, "kvfast_dispatch_retries_total", 1)
 	wantMetric(t, m, `kvfast_requests_total{endpoint="completions",status="overloaded"}`, 4)
 	wantMetric(t, m, "kvfast_dispatch_unattributed_5xx_total", 0)
+	wantMetric(t, m, `kvfast_worker_throttled{dp_rank="0",worker="1"}`, 1)
+	wantMetric(t, m, `kvfast_worker_throttled{dp_rank="0",worker="2"}`, 0)
+	wantMetric(t, m, `kvfast_worker_throttles_total{dp_rank="0",worker="1"}`, 5)
+}
+
+// TestEveryEngineThrottling: when every engine answers 429, a request
+// still goes to them (a throttled engine is avoided only while another can
+// take the request), and the client gets the last one's 429, which says
+// when to come back.
+func TestEveryEngineThrottling(t *testing.T) {
+	var asked atomic.Int64
+	handler := func(ctx *fasthttp.RequestCtx) {
+		asked.Add(1)
+		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
+		ctx.Response.Header.Set("Retry-After", "20")
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"busy","type":"rate_limit_exceeded","code":429}}`)
+	}
+	a, b := startE2EEngine(t, handler), startE2EEngine(t, handler)
+	r := startE2ERouter(t, e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: a.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, Endpoint: b.addr(), Model: e2eModel},
+	))
+	for i := range 2 {
+		resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(90+i), 80), false, 3), nil)
+		if resp.status != http.StatusTooManyRequests || !bytes.Contains(resp.body, []byte(`"busy"`)) || resp.header.Get("Retry-After") != "20" {
+			t.Fatalf("request %d: status %d, Retry-After %q: %s; want the engine's 429 relayed", i, resp.status, resp.header.Get("Retry-After"), resp.body)
+		}
+		if got, want := asked.Load(), int64(2*(i+1)); got != want {
+			t.Errorf("after request %d the engines were asked %d times, want %d: each request tries both", i, got, want)
+		}
+	}
+	waitReleased(t, r.node)
 }
 
 // TestStreamOpeningWithAnErrorRetriedElsewhere: an engine whose

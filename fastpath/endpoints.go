@@ -443,6 +443,12 @@ type WorkerView struct {
 	Ejected        bool    `json:"ejected"`
 	EjectedSeconds float64 `json:"ejected_seconds,omitempty"`
 	Ejections      uint64  `json:"ejections"`
+	// The engine's 429s (dispatch.Pool.Throttled): for how many more
+	// seconds its last ones asked not to be sent requests, during which
+	// requests go to it only when no other worker can take them, and how
+	// many it answered.
+	ThrottledSeconds float64 `json:"throttled_seconds,omitempty"`
+	Throttles        uint64  `json:"throttles"`
 	// Stalled: requests have waited on the worker without an answer for
 	// longer than the stall time; its in-flight prompts earn no credit.
 	Stalled bool `json:"stalled"`

@@ -211,6 +211,8 @@ func (s *Server) serveOpenAI(ctx *fasthttp.RequestCtx, api openai.API, routeOnly
 		ex.reject(ctx, rerr)
 		return
 	}
+	// After the session's binding, which it leaves pinned.
+	s.avoidThrottled(&ex.sreq)
 	if routeOnly || queryOnly {
 		s.routeOnly(ctx, ex)
 		return

@@ -224,6 +224,10 @@ var (
 		"1 while requests have waited on the worker without an answer (a first token, or a whole answer when not streamed) for longer than the stall time (--stall-after); its in-flight prompts then earn no cache credit and its free cache memory does not count.", []string{"worker", "dp_rank"}, nil)
 	descWorkerEjections = prometheus.NewDesc("kvfast_worker_ejections_total",
 		"Times passive health checking ejected the worker since it joined.", []string{"worker", "dp_rank"}, nil)
+	descWorkerThrottled = prometheus.NewDesc("kvfast_worker_throttled",
+		"1 while the worker's engine, having answered 429, is avoided for the time its Retry-After asked (at most 30s; 1s without one): requests go to it only when no other worker can take them.", []string{"worker", "dp_rank"}, nil)
+	descWorkerThrottles = prometheus.NewDesc("kvfast_worker_throttles_total",
+		"429 answers of the worker's engine since it joined.", []string{"worker", "dp_rank"}, nil)
 	descWorkerIndexBlocks = prometheus.NewDesc("kvfast_worker_index_blocks",
 		"Blocks the index holds for the worker.", []string{"worker", "dp_rank"}, nil)
 	descWorkerIndexRefused = prometheus.NewDesc("kvfast_worker_index_refused_total",
@@ -274,7 +278,7 @@ var (
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descWorkerActiveBlocks, descWorkerPrefill, descWorkerRequests,
-		descWorkerHealthy, descWorkerEjected, descWorkerStalled, descWorkerEjections, descWorkerIndexBlocks, descWorkerIndexRefused, descWorkerRingLag, descIndexEntries, descIndexCapacity,
+		descWorkerHealthy, descWorkerEjected, descWorkerStalled, descWorkerEjections, descWorkerThrottled, descWorkerThrottles, descWorkerIndexBlocks, descWorkerIndexRefused, descWorkerRingLag, descIndexEntries, descIndexCapacity,
 		descIndexOverflow, descIndexMapEntries, descIndexMapCapacity, descIndexMapOverflow, descSegmentRetired, descFeedEvents, descFeedIngesting, descFeedHolderStalled, descZMQConnected, descZMQEvents, descQueueWaiting, descRoutable, descInFlight, descRefused,
 		descTokenizerInfo, descTokenize, descPrefixCacheSegments, descPrefixCacheEvictions, descPrefixCacheBytes} {
 		ch <- d
@@ -343,6 +347,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descWorkerEjected, prometheus.GaugeValue, ejected, id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerStalled, prometheus.GaugeValue, stalled, id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerEjections, prometheus.CounterValue, float64(wv.Ejections), id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerThrottled, prometheus.GaugeValue, boolGauge(wv.ThrottledSeconds > 0), id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerThrottles, prometheus.CounterValue, float64(wv.Throttles), id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerIndexBlocks, prometheus.GaugeValue, float64(wv.IndexBlocks), id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerIndexRefused, prometheus.CounterValue, float64(wv.IndexRefused), id, rank)
 		ch <- prometheus.MustNewConstMetric(descWorkerRingLag, prometheus.GaugeValue, float64(wv.FeedLagBytes), id, rank)

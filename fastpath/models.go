@@ -63,7 +63,23 @@ func (s *Server) pinnedDown(id uint64) bool {
 // its model or refuse the router's key, unless no other worker could take
 // it (the client then hears the engine's refusal) or it pins one.
 func (s *Server) avoidUnlisted(req *sched.Request) {
-	bad := workers.Set(s.unlisted.Load()) | workers.Set(s.keyRefused.Load())
+	s.avoid(req, workers.Set(s.unlisted.Load())|workers.Set(s.keyRefused.Load()))
+}
+
+// avoidThrottled keeps the request off workers whose engines answered 429
+// and asked for a while without requests (dispatch.Pool.Throttled), unless
+// no other worker could take it or it pins one: a session's binding too,
+// which moves only if its engine answers this request 429 again. Without
+// it every request's first attempt would go to an engine shedding load,
+// which answers fast and so looks the least loaded, and cost a round
+// trip before the retry elsewhere.
+func (s *Server) avoidThrottled(req *sched.Request) {
+	s.avoid(req, s.engines.Throttled())
+}
+
+// avoid takes bad off req's allow-list when another worker could still
+// generate it and req pins none.
+func (s *Server) avoid(req *sched.Request, bad workers.Set) {
 	if bad == 0 || req.Pinned {
 		return
 	}

@@ -783,6 +783,40 @@ func TestStickyUnbindsAWorkerTheRouterAvoids(t *testing.T) {
 	}
 }
 
+// A session bound to a worker whose engine answered another request 429
+// stays there: the engine's Retry-After keeps other requests off it, but
+// a session's binding is a pin, which moves only if the engine answers
+// the session's own request 429.
+func TestStickySessionStaysOnAThrottledWorker(t *testing.T) {
+	throttling := func(ctx *fasthttp.RequestCtx) {
+		if bytes.Contains(ctx.PostBody(), []byte(`"max_tokens":7`)) {
+			ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
+			ctx.Response.Header.Set("Retry-After", "30")
+			return
+		}
+		plainAnswer(ctx)
+	}
+	a, b := startSessionEngine(t, throttling), startSessionEngine(t, throttling)
+	r := sessionRouter(t, nil, a, b)
+	first := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(1, 64), false, 4), sessionHeaders("throttled")))
+	other := "1"
+	if first == "1" {
+		other = "2"
+	}
+	if resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(2, 64), false, 7), map[string]string{fastpath.HeaderWorker: first}); resp.status != http.StatusTooManyRequests {
+		t.Fatalf("pinned to the throttling engine: status %d: %s", resp.status, resp.body)
+	}
+	for i := range 3 {
+		if got := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(10+i), 64), false, 4), sessionHeaders("throttled"))); got != first {
+			t.Fatalf("turn %d of the session went to worker %s, bound to throttled %s", i+2, got, first)
+		}
+		if got := servedBy(t, r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(20+i), 64), false, 4), nil)); got != other {
+			t.Fatalf("request %d without a session went to worker %s while %s is throttled", i, got, first)
+		}
+	}
+	wantMetric(t, r.metrics(t), `kvfast_session_unbinds_total{reason="busy"}`, 0)
+}
+
 // With API keys, each key has its own session namespace: a tenant naming
 // another's session id is not routed to that session's worker (which
 // would say where it lives) and cannot move it with an allow-list.

@@ -85,6 +85,8 @@ func (n *Node) snapshot(v *fastpath.Snapshot) {
 		if e := n.engines.Engine(w); e != nil {
 			o := e.Outlier()
 			wv.Ejected, wv.EjectedSeconds, wv.Ejections = o.Ejected, o.Remaining.Seconds(), o.Ejections
+			t := e.Throttle()
+			wv.ThrottledSeconds, wv.Throttles = t.Remaining.Seconds(), t.Throttles
 		}
 		if n.static.Has(w) {
 			wv.Source = "static"
