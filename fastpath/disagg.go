@@ -87,17 +87,19 @@ func (c *DisaggConfig) validate() error {
 	switch c.Protocol {
 	case DisaggOff, DisaggVLLM, DisaggSGLang:
 	default:
-		return fmt.Errorf("cannot use disaggregation protocol %q: want vllm, sglang or none", c.Protocol)
+		return fmt.Errorf("cannot use --disagg %q: want vllm, sglang or none", c.Protocol)
 	}
-	if c.MinRemoteTokens < 0 || c.LocalCachedFraction < 0 || c.LocalCachedFraction > 1 {
-		return fmt.Errorf("cannot use disaggregation thresholds %d tokens, %v cached: want tokens >= 0 and a fraction in [0, 1]",
-			c.MinRemoteTokens, c.LocalCachedFraction)
+	if c.MinRemoteTokens < 0 {
+		return fmt.Errorf("cannot use --disagg-min-remote-tokens %d: must not be negative", c.MinRemoteTokens)
+	}
+	if !(c.LocalCachedFraction >= 0 && c.LocalCachedFraction <= 1) {
+		return fmt.Errorf("cannot use --disagg-local-cached-fraction %v: want a fraction in [0, 1]", c.LocalCachedFraction)
 	}
 	if c.PrefillTimeout < 0 {
 		return fmt.Errorf("cannot use --disagg-prefill-timeout %v: want 0 (the first-byte timeout) or more", c.PrefillTimeout)
 	}
 	if (c.BootstrapPort < 0 && c.BootstrapPort != BootstrapHTTPPort) || c.BootstrapPort > 65535 {
-		return fmt.Errorf("cannot use bootstrap port %d: want 1-65535, 0 for the engines' own, or the prefill worker's HTTP port", c.BootstrapPort)
+		return fmt.Errorf("cannot use --disagg-bootstrap-port %d: want 1-65535, 0 for the engines' own, or the prefill worker's HTTP port", c.BootstrapPort)
 	}
 	return nil
 }

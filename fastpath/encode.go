@@ -91,9 +91,19 @@ func (c *EncodeConfig) validate() error {
 	if c.Timeout < 0 {
 		return fmt.Errorf("cannot use --encode-timeout %v: want 0 (the first-byte timeout) or more", c.Timeout)
 	}
-	if c.MaxItems <= 0 || c.MaxItemBytes <= 0 || c.AffinityItems < 0 || c.AffinityTTL < 0 {
-		return fmt.Errorf("cannot use encoder stage limits %d items, %d bytes, affinity %d items for %v: want positive limits and a non-negative affinity",
-			c.MaxItems, c.MaxItemBytes, c.AffinityItems, c.AffinityTTL)
+	for _, n := range []struct {
+		name string
+		v    int64
+	}{{"--encode-max-items", int64(c.MaxItems)}, {"--encode-max-item-bytes", int64(c.MaxItemBytes)}} {
+		if n.v <= 0 {
+			return fmt.Errorf("cannot use %s %d: must be positive", n.name, n.v)
+		}
+	}
+	if c.AffinityItems < 0 {
+		return fmt.Errorf("cannot use --encoder-affinity-items %d: must not be negative (0: no affinity)", c.AffinityItems)
+	}
+	if c.AffinityTTL < 0 {
+		return fmt.Errorf("cannot use --encoder-affinity-ttl %v: must not be negative", c.AffinityTTL)
 	}
 	return nil
 }

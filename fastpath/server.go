@@ -127,7 +127,7 @@ func (c *Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"queue timeout", c.QueueTimeout}, {"header timeout", c.HeaderTimeout}, {"read timeout", c.ReadTimeout}, {"idle timeout", c.IdleTimeout}, {"write timeout", c.WriteTimeout}} {
+	}{{"--queue-timeout", c.QueueTimeout}, {"--header-timeout", c.HeaderTimeout}, {"--read-timeout", c.ReadTimeout}, {"--idle-timeout", c.IdleTimeout}, {"--write-timeout", c.WriteTimeout}} {
 		if d.v <= 0 {
 			return fmt.Errorf("cannot use %s %v: must be positive", d.name, d.v)
 		}
@@ -135,19 +135,19 @@ func (c *Config) Validate() error {
 	for _, n := range []struct {
 		name string
 		v    int
-	}{{"approx chunk bytes", c.ApproxChunkBytes}, {"max body bytes", c.MaxBodyBytes}, {"max conns", c.MaxConns}} {
+	}{{"approx chunk bytes", c.ApproxChunkBytes}, {"--max-body-bytes", c.MaxBodyBytes}, {"--max-conns", c.MaxConns}} {
 		if n.v <= 0 {
 			return fmt.Errorf("cannot use %s %d: must be positive", n.name, n.v)
 		}
 	}
 	if c.MaxRetries < 0 {
-		return fmt.Errorf("cannot use max retries %d: must not be negative", c.MaxRetries)
+		return fmt.Errorf("cannot use --max-retries %d: must not be negative", c.MaxRetries)
 	}
 	if c.MaxConnsPerIP < 0 {
-		return fmt.Errorf("cannot use max conns per IP %d: must not be negative (0: no bound)", c.MaxConnsPerIP)
+		return fmt.Errorf("cannot use --max-conns-per-ip %d: must not be negative (0: no bound)", c.MaxConnsPerIP)
 	}
 	if c.BodyBudgetBytes < int64(c.MaxBodyBytes) {
-		return fmt.Errorf("cannot use body budget %d bytes: must hold at least one body of max body bytes (%d)", c.BodyBudgetBytes, c.MaxBodyBytes)
+		return fmt.Errorf("cannot use --body-budget-bytes %d: must hold at least one body of --max-body-bytes (%d)", c.BodyBudgetBytes, c.MaxBodyBytes)
 	}
 	if err := c.Sessions.validate(); err != nil {
 		return err

@@ -63,13 +63,13 @@ func DefaultSessionConfig() SessionConfig {
 
 func (c *SessionConfig) validate() error {
 	if c.TTL < 0 {
-		return fmt.Errorf("cannot use session TTL %v: must not be negative (0: no sticky sessions)", c.TTL)
+		return fmt.Errorf("cannot use --session-ttl %v: must not be negative (0: no sticky sessions)", c.TTL)
 	}
 	if c.BusyUnbindAfter < 0 {
-		return fmt.Errorf("cannot use session busy unbind %v: must not be negative (0: never unbind a busy worker's sessions)", c.BusyUnbindAfter)
+		return fmt.Errorf("cannot use --session-busy-unbind %v: must not be negative (0: never unbind a busy worker's sessions)", c.BusyUnbindAfter)
 	}
 	if c.TTL > 0 && c.ControlTimeout <= 0 {
-		return fmt.Errorf("cannot use session control timeout %v: must be positive", c.ControlTimeout)
+		return fmt.Errorf("cannot use --session-control-timeout %v: must be positive", c.ControlTimeout)
 	}
 	return nil
 }

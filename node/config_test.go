@@ -51,8 +51,8 @@ func TestValidateRefuses(t *testing.T) {
 		}, "--response-budget-bytes"},
 		{"unknown policy", func(c *Config) { c.Policy = "fastest" }, "fastest"},
 		{"empty policy", func(c *Config) { c.Policy = "" }, "policy"},
-		{"front end: zero queue timeout", func(c *Config) { c.HTTP.QueueTimeout = 0 }, "queue timeout"},
-		{"front end: negative retries", func(c *Config) { c.HTTP.MaxRetries = -1 }, "max retries"},
+		{"front end: zero queue timeout", func(c *Config) { c.HTTP.QueueTimeout = 0 }, "--queue-timeout"},
+		{"front end: negative retries", func(c *Config) { c.HTTP.MaxRetries = -1 }, "--max-retries"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()

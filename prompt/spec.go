@@ -59,19 +59,19 @@ func DefaultConfig() Config {
 // Validate reports the first setting the registry cannot run with.
 func (c *Config) Validate() error {
 	if c.Timeout <= 0 {
-		return fmt.Errorf("cannot use tokenize timeout %v: must be positive", c.Timeout)
+		return fmt.Errorf("cannot use --tokenize-timeout %v: must be positive", c.Timeout)
 	}
 	if c.MaxResponseBytes <= 0 {
-		return fmt.Errorf("cannot use tokenize max response bytes %d: must be positive", c.MaxResponseBytes)
+		return fmt.Errorf("cannot use --tokenize-max-response-bytes %d: must be positive", c.MaxResponseBytes)
 	}
 	if c.MaxRenderBytes <= 0 {
-		return fmt.Errorf("cannot use tokenize max bytes %d: must be positive", c.MaxRenderBytes)
+		return fmt.Errorf("cannot use --tokenize-max-bytes %d: must be positive", c.MaxRenderBytes)
 	}
 	if c.MaxRenderInFlightBytes <= 0 {
-		return fmt.Errorf("cannot use tokenize in-flight bytes %d: must be positive", c.MaxRenderInFlightBytes)
+		return fmt.Errorf("cannot use --tokenize-inflight-bytes %d: must be positive", c.MaxRenderInFlightBytes)
 	}
 	if c.PrefixCacheBytes < 0 {
-		return fmt.Errorf("cannot use tokenize cache bytes %d: must not be negative (0: no cache)", c.PrefixCacheBytes)
+		return fmt.Errorf("cannot use --tokenize-cache-bytes %d: must not be negative (0: no cache)", c.PrefixCacheBytes)
 	}
 	seen := map[string]bool{}
 	for _, s := range c.Specs {

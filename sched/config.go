@@ -82,12 +82,12 @@ func (p CostParams) Validate() error {
 		name string
 		v    float64
 	}{
-		{"overlap credit", p.OverlapCredit},
-		{"prefill load scale", p.PrefillLoadScale},
-		{"temperature", p.Temperature},
-		{"host tier weight", p.HostTierWeight},
-		{"disk tier weight", p.DiskTierWeight},
-		{"eviction weight", p.EvictionWeight},
+		{"--overlap-credit", p.OverlapCredit},
+		{"--prefill-load-scale", p.PrefillLoadScale},
+		{"--temperature", p.Temperature},
+		{"--host-tier-weight", p.HostTierWeight},
+		{"--disk-tier-weight", p.DiskTierWeight},
+		{"--eviction-weight", p.EvictionWeight},
 	} {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
 			return invalidf("cannot use %s %v: want a finite number >= 0", f.name, f.v)
@@ -98,13 +98,13 @@ func (p CostParams) Validate() error {
 	for _, w := range [...]struct {
 		name string
 		v    float64
-	}{{"host tier weight", p.HostTierWeight}, {"disk tier weight", p.DiskTierWeight}} {
+	}{{"--host-tier-weight", p.HostTierWeight}, {"--disk-tier-weight", p.DiskTierWeight}} {
 		if w.v > 1 {
 			return invalidf("cannot use %s %v: want a weight in [0, 1] (a GPU block is 1)", w.name, w.v)
 		}
 	}
 	if p.StallAfter < 0 {
-		return invalidf("cannot use stall time %v: want >= 0 (0: never stalled)", p.StallAfter)
+		return invalidf("cannot use --stall-after %v: want >= 0 (0: never stalled)", p.StallAfter)
 	}
 	return nil
 }
@@ -128,10 +128,10 @@ func (b BusyThresholds) Validate() error {
 	if !(f >= 0 && f <= 1) {
 		// Past 1 it would never hold: the operator meant something else
 		// (a percentage?) than turning the threshold off, which is 0.
-		return invalidf("cannot use decode busy fraction %v: want a fraction of the KV capacity, from 0 (off) to 1", f)
+		return invalidf("cannot use --busy-decode-fraction %v: want a fraction of the KV capacity, from 0 (off) to 1", f)
 	}
 	if b.PrefillTokens < 0 {
-		return invalidf("cannot use prefill busy threshold %d tokens: want a count of tokens, 0 (off) or more", b.PrefillTokens)
+		return invalidf("cannot use --busy-prefill-tokens %d: want a count of tokens, 0 (off) or more", b.PrefillTokens)
 	}
 	return nil
 }
@@ -201,7 +201,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.BlockSize = radix.DefaultBlockSize
 	}
 	if c.BlockSize < 0 || c.BlockSize > workers.MaxBlockSize {
-		return c, invalidf("cannot use block size %d: must be at most %d", c.BlockSize, workers.MaxBlockSize)
+		return c, invalidf("cannot use --block-size %d: must be at most %d", c.BlockSize, workers.MaxBlockSize)
 	}
 	if c.ActiveBlocks == 0 {
 		c.ActiveBlocks = DefaultActiveBlocks

@@ -167,8 +167,8 @@ func TestServeConfig(t *testing.T) {
 			{"--listen :8000 --admin-listen 127.0.0.1:8000", "they name one port"},
 			{"--eject-consecutive -1", "a count of failures"},
 			{"--max-token-id -1", "want a whole number from 0 to 4294967295"},
-			{"--session-ttl -1s", "session TTL -1s: must not be negative"},
-			{"--session-busy-unbind -1s", "session busy unbind -1s: must not be negative"},
+			{"--session-ttl -1s", "cannot use --session-ttl -1s: must not be negative"},
+			{"--session-busy-unbind -1s", "cannot use --session-busy-unbind -1s: must not be negative"},
 			{"--busy-prefill-tokens -1", "a count of tokens, 0 (off) or more"},
 			{"--eject-max-percent 101", "a percentage, 0 (off) to 100"},
 		} {
@@ -176,6 +176,23 @@ func TestServeConfig(t *testing.T) {
 			args := append([]string{"--segment", "none"}, strings.Fields(tc.args)...)
 			if _, code, ok := serveConfig(args, &stderr); ok || code != 2 || !strings.Contains(stderr.String(), tc.says) {
 				t.Errorf("%s: ok %v, exit %d, %q; want exit 2 saying %q", tc.args, ok, code, stderr.String(), tc.says)
+			}
+		}
+		// A value in range for its type but refused by the part of the
+		// router that uses it: the message names the flag the operator
+		// typed, not the setting's name inside the code.
+		for _, args := range []string{"--stall-after -1s", "--busy-decode-fraction 2", "--busy-prefill-tokens -1", "--eviction-weight -1",
+			"--overlap-credit -1", "--temperature -1", "--host-tier-weight 2", "--disk-tier-weight -1", "--block-size 65536",
+			"--max-conns 0", "--max-conns-per-ip -1", "--max-retries -1", "--max-body-bytes 0", "--body-budget-bytes 1",
+			"--queue-timeout -1s", "--header-timeout 0s", "--read-timeout -1s", "--idle-timeout 0s", "--write-timeout -1s",
+			"--session-control-timeout 0s", "--encode-max-items 0", "--encode-max-item-bytes 0", "--encoder-affinity-items -1",
+			"--encoder-affinity-ttl -1s", "--disagg fast", "--disagg-min-remote-tokens -1", "--disagg-local-cached-fraction 1.5", "--disagg-local-cached-fraction NaN",
+			"--tokenize-timeout 0s", "--tokenize-max-response-bytes 0", "--tokenize-max-bytes 0",
+			"--tokenize-inflight-bytes 0", "--tokenize-cache-bytes -1"} {
+			var stderr strings.Builder
+			fields := strings.Fields(args)
+			if _, code, ok := serveConfig(append([]string{"--segment", "none"}, fields...), &stderr); ok || code != 2 || !strings.Contains(stderr.String(), "cannot use "+fields[0]+" ") {
+				t.Errorf("%s: ok %v, exit %d, %q; want exit 2 naming %s", args, ok, code, stderr.String(), fields[0])
 			}
 		}
 		t.Setenv("KVFAST_CREDIT_IN_FLIGHT", "no")
