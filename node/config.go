@@ -371,10 +371,14 @@ func (c *Config) Validate() error {
 }
 
 // ParseStaticWorker reads the --worker syntax:
-// "url=http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,role=prefill|decode|encode|both][,bootstrap-port=N][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]".
-// id defaults to defaultID.
+// "[url=]http://host:port[,id=N][,rank=N][,model=NAME][,kv-blocks=N][,role=prefill|decode|encode|both][,bootstrap-port=N][,zmq=tcp://host:port[,replay=tcp://host:port][,topic=T]]".
+// id defaults to defaultID. A first item without '=' is the url, as in
+// kvfast epp's --endpoint and as an operator first writes it.
 func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	sw := StaticWorker{ID: defaultID}
+	if first, _, _ := strings.Cut(v, ","); !strings.Contains(first, "=") && strings.TrimSpace(first) != "" {
+		v = "url=" + strings.TrimSpace(v)
+	}
 	pairs, err := keyvals.Split(v, map[string]string{"endpoint": "url", "dp-rank": "rank", "events": "zmq", "bootstrap_port": "bootstrap-port"})
 	if err != nil {
 		// The value is not quoted: any part of it may be a secret.
