@@ -18,28 +18,60 @@ import (
 // Code of each openai.Error literal, the code given to badRequest, and
 // dispatch's table of failure kinds.
 func TestREADMENamesEveryErrorCode(t *testing.T) {
-	text, err := os.ReadFile("../../README.md")
+	table := docTable(t, "../../README.md", "Every answer the router makes itself names its `code`")
+	codes := errorCodes(t, "fastpath", "dispatch", "openai", "prompt")
+	if len(codes) < 30 {
+		t.Fatalf("found only %d error codes; the source scan has stopped finding them: %v", len(codes), codes)
+	}
+	// The router's own bookkeeping: a call released before its response
+	// was relayed has no client left to answer.
+	delete(codes, "abandoned")
+	wantNamed(t, "README.md", table, codes)
+}
+
+// TestEPPDocNamesEveryErrorCode: docs/epp.md's table names every code the
+// picker's own refusals carry (those of the request parser it shares with
+// kvfast serve are in README.md's).
+func TestEPPDocNamesEveryErrorCode(t *testing.T) {
+	table := docTable(t, "../../docs/epp.md", "The picker's own refusals name their `code`")
+	codes := errorCodes(t, "epp")
+	if len(codes) < 8 {
+		t.Fatalf("found only %d error codes; the source scan has stopped finding them: %v", len(codes), codes)
+	}
+	wantNamed(t, "docs/epp.md", table, codes)
+}
+
+// docTable returns the rows of the first table after intro in the
+// Markdown file at path.
+func docTable(t *testing.T, path, intro string) string {
+	t.Helper()
+	text, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The table: its rows, after the sentence that introduces it.
-	const intro = "Every answer the router makes itself names its `code`"
 	_, after, ok := strings.Cut(string(text), intro)
 	if !ok {
-		t.Fatalf("README.md lacks the error-code table's introduction %q", intro)
+		t.Fatalf("%s lacks the error-code table's introduction %q", path, intro)
 	}
-	var readme strings.Builder
+	var table strings.Builder
 	inTable := false
 	for line := range strings.Lines(after) {
 		if strings.HasPrefix(line, "|") {
 			inTable = true
-			readme.WriteString(line)
+			table.WriteString(line)
 		} else if inTable {
 			break
 		}
 	}
+	return table.String()
+}
+
+// errorCodes reads the error codes of the packages' sources, with where
+// each is written.
+func errorCodes(t *testing.T, pkgs ...string) map[string]string {
+	t.Helper()
 	codes := map[string]string{} // code -> where
-	for _, pkg := range []string{"fastpath", "dispatch", "openai", "prompt"} {
+	for _, pkg := range pkgs {
 		files, err := filepath.Glob(filepath.Join("../..", pkg, "*.go"))
 		if err != nil {
 			t.Fatal(err)
@@ -81,20 +113,19 @@ func TestREADMENamesEveryErrorCode(t *testing.T) {
 			})
 		}
 	}
-	if len(codes) < 30 {
-		t.Fatalf("found only %d error codes; the source scan has stopped finding them: %v", len(codes), codes)
-	}
-	// The router's own bookkeeping: a call released before its response
-	// was relayed has no client left to answer.
-	delete(codes, "abandoned")
+	return codes
+}
+
+func wantNamed(t *testing.T, doc, table string, codes map[string]string) {
+	t.Helper()
 	var missing []string
 	for code, where := range codes {
-		if !strings.Contains(readme.String(), "`"+code+"`") {
+		if !strings.Contains(table, "`"+code+"`") {
 			missing = append(missing, code+" ("+where+")")
 		}
 	}
 	slices.Sort(missing)
 	for _, m := range missing {
-		t.Errorf("README.md does not name the error code %s", m)
+		t.Errorf("%s does not name the error code %s", doc, m)
 	}
 }
