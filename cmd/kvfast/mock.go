@@ -133,7 +133,7 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		maxLen     = fs.Int("max-model-len", 0, "prompt plus max_tokens at most (0: the KV capacity in tokens)")
 		defMax     = fs.Int("default-max-tokens", mocker.DefaultMaxTokens, "max_tokens of requests that set none")
 		speedup    = fs.Float64("engine-speedup", 1, "divide simulated time by `factor` (inf: no waiting at all)")
-		segment    = fs.String("segment", "", "shm segment `path` to register in and publish KV events to (the router creates it)")
+		segment    = fs.String("segment", "", "shm segment `path` to register in and publish KV events to (the router creates it; unset or \"none\", as kvfast serve takes it: no segment)")
 		publish    = fs.String("publish", "", "KV-event `transport`: shm (the default with --segment), zmq (vLLM's wire format) or zmq-sglang (SGLang's)")
 		zmqListen  = fs.String("zmq-listen", "tcp://127.0.0.1:5557", "with --publish zmq*: engine 0's KV-event PUB `endpoint`; engine i uses the port plus i (port 0: a free port each)")
 		zmqReplay  = fs.String("zmq-replay", "", "with --publish zmq*: engine 0's replay ROUTER `endpoint`, numbered like --zmq-listen (\"\": no replay socket)")
@@ -219,6 +219,9 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 	if err != nil {
 		fmt.Fprintf(stderr, "kvfast mock: --role: %v\n", err)
 		return 2
+	}
+	if *segment == "none" {
+		*segment = "" // kvfast serve's spelling of no segment
 	}
 	zmqFormat, err := publishMode(*publish, *segment)
 	if err != nil {

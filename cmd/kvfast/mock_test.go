@@ -192,6 +192,18 @@ func TestMockCommand(t *testing.T) {
 // TestMockRefusesZeroSizes: a size or period of 0 on the command line is
 // a mistake (the library reads it as its default, another value than the
 // one given), refused before any engine starts.
+// TestMockWithoutASegment: --segment none is no segment, as kvfast serve
+// takes it; it had been taken for a file named "none", which no router
+// had created, and the engines failed to start.
+func TestMockWithoutASegment(t *testing.T) {
+	var out, errOut bytes.Buffer
+	stopped := make(chan struct{})
+	close(stopped)
+	if code := mockCommand([]string{"--segment", "none", "--listen", "127.0.0.1:0"}, &out, &errOut, stopped); code != 0 {
+		t.Errorf("--segment none: exit %d (%s), want 0", code, errOut.String())
+	}
+}
+
 func TestMockRefusesZeroSizes(t *testing.T) {
 	for _, args := range [][]string{
 		{"--kv-blocks", "0"}, {"--block-size", "0"}, {"--max-batched-tokens", "0"},
