@@ -24,10 +24,15 @@ type engineConn struct {
 	net.Conn
 	firstByte, idle time.Duration
 	// awaiting is set from the request's forwarding until its response's
-	// headers are read (gotHeaders): the first-byte timeout applies, as
-	// one deadline, headersBy, so that an engine dribbling its headers a
-	// byte at a time cannot stretch it.
+	// headers are read (gotHeaders), and for an event stream until its
+	// body's first bytes: the first-byte timeout applies, as one deadline,
+	// headersBy, so that an engine dribbling its headers a byte at a time
+	// cannot stretch it. vLLM's API server sends a stream's headers at
+	// once and its first event after queueing and prefill, which may take
+	// minutes: the wait for a first token is the first-byte timeout's,
+	// streamed or not, not a pause inside an answer under way.
 	awaiting    bool
+	bodyFirst   bool // awaiting a stream's first body bytes, its headers read
 	headersBy   time.Time
 	hasDeadline bool
 	// endBy, when set, bounds the reads that follow a stream's [DONE]:
@@ -62,7 +67,7 @@ func (c *engineConn) Close() error {
 // forwarding starts a request's round trip: until gotHeaders, reads are
 // bounded by the first-byte timeout from now.
 func (c *engineConn) forwarding() {
-	c.awaiting, c.endBy, c.headersBy, c.pieceBy = true, time.Time{}, time.Time{}, time.Time{}
+	c.awaiting, c.bodyFirst, c.endBy, c.headersBy, c.pieceBy = true, false, time.Time{}, time.Time{}, time.Time{}
 	if c.firstByte > 0 {
 		c.headersBy = time.Now().Add(c.firstByte)
 	}
@@ -70,8 +75,9 @@ func (c *engineConn) forwarding() {
 
 // gotHeaders ends the first-byte timeout: the response's status and
 // headers have been read, and the body's reads are bounded by the idle
-// timeout.
-func (c *engineConn) gotHeaders() { c.awaiting = false }
+// timeout. For a stream none of whose body was read with its headers
+// (bodyPending), it ends with the body's first bytes instead.
+func (c *engineConn) gotHeaders(bodyPending bool) { c.awaiting, c.bodyFirst = bodyPending, bodyPending }
 
 // expectEnd bounds the reads until the next request by d from now: the
 // response has said its last word, and an engine that does not end the
@@ -128,6 +134,9 @@ func (c *engineConn) Read(p []byte) (int, error) {
 		c.hasDeadline = false
 	}
 	n, err := c.Conn.Read(p)
+	if n > 0 && c.bodyFirst {
+		c.awaiting, c.bodyFirst = false, false
+	}
 	if err != nil {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {

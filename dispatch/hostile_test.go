@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -831,4 +832,49 @@ func TestMalformedAnswerBytesStayOutOfErrors(t *testing.T) {
 			t.Errorf("answer %.40q: error %v; want one that quotes none of the answer", answer, err)
 		}
 	}
+}
+
+// TestStreamFirstTokenIsUnderTheFirstByteTimeout: vLLM's API server sends
+// a stream's headers at once and its first event after queueing and
+// prefill. That wait is the first token's, bounded by the first-byte
+// timeout as a plain answer's is, not by the idle timeout between the
+// pieces of an answer under way: a stream whose prefill outlasted the
+// idle timeout (2 minutes by default, against 10 for the first byte) was
+// cut with a 504 that the same request unstreamed would not have had.
+func TestStreamFirstTokenIsUnderTheFirstByteTimeout(t *testing.T) {
+	events := vllmStream(3)
+	headersFirst := func(delay time.Duration, body string) string {
+		return rawEngine(t, func(conn net.Conn, br *bufio.Reader) {
+			if _, ok := readRequest(br); !ok {
+				return
+			}
+			_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+			// Queueing and prefill; over early if the router hangs up, or
+			// the test ends and closes the connection.
+			_ = conn.SetReadDeadline(time.Now().Add(delay))
+			if _, err := br.ReadByte(); !errors.Is(err, os.ErrDeadlineExceeded) {
+				return
+			}
+			_, _ = io.WriteString(conn, body)
+			conn.Close()
+		})
+	}
+	t.Run("a prefill longer than the idle timeout", func(t *testing.T) {
+		engine := headersFirst(time.Second, strings.Join(events, ""))
+		_, c := answeredCall(t, Config{Health: noHealth, Timeouts: Timeouts{FirstByte: time.Minute, Idle: 100 * time.Millisecond}}, engine)
+		if err := c.AwaitStream(); err != nil {
+			t.Fatalf("AwaitStream = %v; want the stream, its first event within the first-byte timeout", err)
+		}
+		var out bytes.Buffer
+		if err := c.Relay(bufio.NewWriter(&out)); err != nil || out.String() != strings.Join(events, "") {
+			t.Fatalf("Relay = %v, relayed %q", err, out.String())
+		}
+	})
+	t.Run("no first event within the first-byte timeout", func(t *testing.T) {
+		engine := headersFirst(time.Minute, "")
+		_, c := answeredCall(t, Config{Health: noHealth, Timeouts: Timeouts{FirstByte: 200 * time.Millisecond, Idle: time.Minute}}, engine)
+		if err := c.AwaitStream(); !errors.Is(err, ErrFirstByteTimeout) {
+			t.Fatalf("AwaitStream = %v; want ErrFirstByteTimeout", err)
+		}
+	})
 }

@@ -24,13 +24,14 @@ type Timeouts struct {
 	// Write bounds sending the request. Default 30s.
 	Write time.Duration
 	// FirstByte bounds the wait from sending the request to the end of the
-	// response's headers, as one deadline however slowly they come. A
-	// non-streaming response arrives whole, so this must cover queueing
-	// and the whole generation. Default 10m.
+	// response's headers, as one deadline however slowly they come, and
+	// for a 2xx event stream to its body's first bytes (vLLM sends a
+	// stream's headers at once and its first event after queueing and
+	// prefill). A non-streaming response arrives whole, so this must cover
+	// queueing and the whole generation. Default 10m.
 	FirstByte time.Duration
-	// Idle bounds every later pause between reads of the response, so for
-	// streams it must cover queueing and prefill if the engine sends its
-	// headers first, as vLLM does. It also bounds how long one event of a
+	// Idle bounds every later pause between reads of the response. It
+	// also bounds how long one event of a
 	// stream, or a plain answer's whole body, takes to arrive from its
 	// first byte: an engine dribbling one, each byte resetting the pause,
 	// would otherwise hold the request for as long as it dribbles.

@@ -205,7 +205,9 @@ func (c *Call) send(e *Engine) (retry bool, err error) {
 		return true, withoutAnswerBytes(err)
 	}
 	if ec != nil {
-		ec.gotHeaders()
+		// A 2xx stream's first bytes are its first token: under the
+		// first-byte timeout still, unless they came with the headers.
+		ec.gotHeaders(c.resp.StatusCode()/100 == 2 && c.IsEventStream() && c.br.Buffered() == 0)
 	}
 	if err := c.checkResponse(); err != nil {
 		// Its framing cannot be trusted, nor anything after it on the
