@@ -1173,6 +1173,15 @@ func (ex *exchange) passedHere(ctx *fasthttp.RequestCtx) bool {
 }
 
 func writeError(ctx *fasthttp.RequestCtx, status int, e *openai.Error) {
+	if len(ctx.Response.Header.Peek(HeaderRequestID)) == 0 {
+		// A refusal before the exchange (a key, a method, a body too
+		// large) echoes the client's id too, as every answer of the
+		// completion endpoints does: a client's SDK reports it with the
+		// error.
+		if v := clientRequestID(ctx); v != nil {
+			ctx.Response.Header.SetBytesV(HeaderRequestID, v)
+		}
+	}
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	// Render into the response's own (pooled) body buffer, so that a flood

@@ -239,7 +239,7 @@ func (s *Server) parseAllow(v []byte) (workers.Set, bool) {
 // twice. A client's id is kept only if it is printable ASCII: it goes
 // into the log, the traces and the engine's own request id.
 func (ex *exchange) echoRequestID(ctx *fasthttp.RequestCtx) {
-	if v := ctx.Request.Header.Peek(HeaderRequestID); len(v) > 0 && len(v) <= 128 && printableASCII(v) {
+	if v := clientRequestID(ctx); v != nil {
 		ex.rid = append(ex.rid[:0], v...)
 	} else {
 		ex.rid = append(ex.rid[:0], "kvf-"...)
@@ -249,6 +249,15 @@ func (ex *exchange) echoRequestID(ctx *fasthttp.RequestCtx) {
 	}
 	// Set now, so refusals carry it too.
 	ctx.Response.Header.SetBytesV(HeaderRequestID, ex.rid)
+}
+
+// clientRequestID returns the request's X-Request-Id if the router keeps
+// it (printable ASCII, at most 128 bytes), else nil.
+func clientRequestID(ctx *fasthttp.RequestCtx) []byte {
+	if v := ctx.Request.Header.Peek(HeaderRequestID); len(v) > 0 && len(v) <= 128 && printableASCII(v) {
+		return v
+	}
+	return nil
 }
 
 // printableASCII reports whether b holds only printable ASCII

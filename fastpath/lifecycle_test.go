@@ -163,6 +163,25 @@ func TestRequestIDOnRefusals(t *testing.T) {
 	if !strings.HasPrefix(resp.header.Get(fastpath.HeaderRequestID), "kvf-") {
 		t.Fatalf("generated request id %q", resp.header.Get(fastpath.HeaderRequestID))
 	}
+	// Refused before the exchange reads the request (its method, its
+	// key, its size), the client's id is echoed all the same.
+	if resp := r.do(t, http.MethodGet, fastpath.PathCompletions, nil, map[string]string{fastpath.HeaderRequestID: "req-get"}); resp.status != http.StatusMethodNotAllowed ||
+		resp.header.Get(fastpath.HeaderRequestID) != "req-get" {
+		t.Errorf("GET: status %d, request id %q", resp.status, resp.header.Get(fastpath.HeaderRequestID))
+	}
+	cfg := e2eConfig()
+	cfg.HTTP.APIKeys = []string{"sk-test"}
+	cfg.HTTP.MaxBodyBytes = 1 << 10
+	keyed := startE2ERouter(t, cfg)
+	if resp := keyed.post(t, fastpath.PathCompletions, []byte(`{"prompt":"x"}`), map[string]string{fastpath.HeaderRequestID: "req-401"}); resp.status != http.StatusUnauthorized ||
+		resp.header.Get(fastpath.HeaderRequestID) != "req-401" {
+		t.Errorf("no key: status %d, request id %q", resp.status, resp.header.Get(fastpath.HeaderRequestID))
+	}
+	big := []byte(`{"prompt":"` + strings.Repeat("x", 2<<10) + `"}`)
+	if resp := keyed.post(t, fastpath.PathCompletions, big, map[string]string{"Authorization": "Bearer sk-test", fastpath.HeaderRequestID: "req-413"}); resp.status != http.StatusRequestEntityTooLarge ||
+		resp.header.Get(fastpath.HeaderRequestID) != "req-413" {
+		t.Errorf("body too large: status %d, request id %q", resp.status, resp.header.Get(fastpath.HeaderRequestID))
+	}
 	// Another router process (a second one on the node, or this one
 	// restarted) makes other ids: vLLM takes them for its own.
 	other := startE2ERouter(t, e2eConfig())
