@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -1566,5 +1568,46 @@ func TestReadyNeedsAWorkerThatAnswers(t *testing.T) {
 			}
 			wantMetric(t, r.metrics(t), "kvfast_routable_workers", float64(tc.ready))
 		})
+	}
+}
+
+// TestPromptEmbedsRouted: vLLM's prompt_embeds with an empty prompt, as
+// vLLM's own example sends it through the OpenAI client, reaches the
+// engine unchanged (it was refused with 400 empty_prompt), and the same
+// embeddings sent again go where they went before.
+func TestPromptEmbedsRouted(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []string
+	answer := func(ctx *fasthttp.RequestCtx) {
+		mu.Lock()
+		bodies = append(bodies, string(ctx.PostBody()))
+		mu.Unlock()
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"x","object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}`)
+	}
+	a, b := startE2EEngine(t, answer), startE2EEngine(t, answer)
+	r := startE2ERouter(t, e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: a.addr(), Model: e2eModel},
+		node.StaticWorker{ID: 2, Endpoint: b.addr(), Model: e2eModel},
+	))
+	embeds := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte("tensor bytes "), 4000))
+	body := []byte(`{"model":"` + e2eModel + `","prompt":"","prompt_embeds":"` + embeds + `","max_tokens":4}`)
+	first := r.post(t, fastpath.PathCompletions, body, nil)
+	if first.status != http.StatusOK {
+		t.Fatalf("status %d: %s", first.status, first.body)
+	}
+	again := r.post(t, fastpath.PathCompletions, body, nil)
+	if again.status != http.StatusOK || again.header.Get(fastpath.HeaderWorker) != first.header.Get(fastpath.HeaderWorker) ||
+		again.header.Get(fastpath.HeaderOverlapBlocks) == "0" {
+		t.Errorf("the same embeddings again: status %d, worker %q (first %q), overlap %q blocks", again.status,
+			again.header.Get(fastpath.HeaderWorker), first.header.Get(fastpath.HeaderWorker), again.header.Get(fastpath.HeaderOverlapBlocks))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bodies) != 2 || bodies[0] != string(body) {
+		t.Errorf("the engines got %d bodies, the first %d bytes; want the client's %d bytes unchanged", len(bodies), len(bodies[0]), len(body))
+	}
+	if resp := r.post(t, fastpath.PathCompletions, []byte(`{"model":"`+e2eModel+`","prompt_embeds":["AAAA","BBBB"]}`), nil); resp.status != http.StatusBadRequest {
+		t.Errorf("a batch of embeddings: status %d, want 400", resp.status)
 	}
 }

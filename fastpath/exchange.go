@@ -336,6 +336,17 @@ func (ex *exchange) settleVerdicts() {
 	}
 }
 
+// A prompt_embeds tensor is torch.save's bytes in base64: a hidden size of
+// 2,048 to 8,192 values of 2 or 4 bytes makes 5 to 44 KiB of base64 per
+// token. 8 KiB per token errs toward more tokens for small models and
+// fewer for large ones. Only its first embedsHashedBytes are hashed: the
+// same embeddings sent again match there, and different ones differ
+// early (the serialized header holds their shape).
+const (
+	embedsBytesPerToken = 8 << 10
+	embedsHashedBytes   = 4 << 10
+)
+
 // prepare hashes the prompt and looks up every worker's cached prefix. A
 // text or chat prompt whose model has a renderer is first turned into the
 // engine's token ids and then hashed as token blocks, as a token-id prompt
@@ -371,7 +382,7 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	ex.tr.routeAt = t0
 	exactBlocks, tokens := r.Prompt == openai.PromptTokens, r.Tokens
 	ex.mm.Reset()
-	if !exactBlocks && render != nil {
+	if (r.Prompt == openai.PromptText || r.Prompt == openai.PromptMessages) && render != nil {
 		var rerr error
 		if mr, ok := render.(prompt.MultimodalRenderer); ok {
 			ex.tokens, rerr = mr.TokensMultimodal(ctx, ex.tokens[:0], &ex.mm, ex.api, body, r)
@@ -410,6 +421,15 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 		ex.hashes = radix.AppendBlockHashesMM(ex.hashes[:0], seed, tokens, bs, ex.mm.Items)
 		ex.exact = !s.useApprox
 		ex.sreq.PromptTokens = len(tokens)
+	} else if r.Prompt == openai.PromptEmbeds {
+		// A serialized tensor of a hidden size the router does not know:
+		// its length says little of its tokens, and its bytes say where
+		// the same embeddings went before, no more. Its head is hashed,
+		// and its prefill estimated at embedsBytesPerToken.
+		ex.sreq.PromptTokens = max(len(r.Embeds)/embedsBytesPerToken, bs)
+		ex.hashes = radix.AppendApproxHashes(ex.hashes[:0], radix.ApproxSeed(seed), r.Embeds[:min(len(r.Embeds), embedsHashedBytes)], s.cfg.ApproxChunkBytes)
+		ex.hashes = ex.hashes[:min(len(ex.hashes), ex.sreq.PromptTokens/bs)]
+		ex.exact = false
 	} else {
 		ex.hashes = radix.AppendApproxHashes(ex.hashes[:0], radix.ApproxSeed(seed), r.ApproxText(), s.cfg.ApproxChunkBytes)
 		ex.exact = false

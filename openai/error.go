@@ -86,6 +86,10 @@ var (
 		"prompt token ids must be integers between 0 and the model's largest token id")
 	ErrPromptType = badRequest("prompt", "invalid_type",
 		"prompt must be a string, an array of token ids, or an array holding one string or one array of token ids")
+	ErrEmbedsType = badRequest("prompt_embeds", "invalid_type",
+		"prompt_embeds must be a base64 string (a serialized tensor) or an array holding one")
+	ErrEmbedsBatch = badRequest("prompt_embeds", "batch_not_supported",
+		"a batch of several prompt embeddings is not supported; send one request per prompt")
 	ErrMessagesType = badRequest("messages", "invalid_type",
 		"messages must be an array of objects")
 	ErrModelType = badRequest("model", "invalid_type",

@@ -32,6 +32,10 @@ const (
 	PromptTokens              // Tokens: exact, KV-aware routing
 	PromptText                // Text: approximate routing by text chunks
 	PromptMessages            // Messages: approximate routing by text chunks
+	// PromptEmbeds: vLLM's prompt_embeds (Embeds) with no prompt, or an
+	// empty one, as vLLM's own example sends it. The tensor is no text a
+	// tokenizer reads: routed approximately by its bytes, and by load.
+	PromptEmbeds
 )
 
 // Parser reads the few fields routing needs from an OpenAI completions or
@@ -73,7 +77,11 @@ type ParsedRequest struct {
 	// and no more: reading roles and content, for a tokenizer or a chat
 	// template, belongs in this package as a walk over these bytes.
 	Messages []byte
-	Stream   bool
+	// Embeds is vLLM's prompt_embeds, a base64 string (a serialized
+	// tensor) as it appears between its quotes, or nil. It is the prompt
+	// (PromptEmbeds) only when prompt is absent or empty.
+	Embeds []byte
+	Stream bool
 	// MaxTokens is max_completion_tokens if given, else max_tokens, else 0:
 	// the precedence engines apply.
 	MaxTokens int64
@@ -118,6 +126,8 @@ func (r *ParsedRequest) ApproxText() []byte {
 		return r.Text
 	case PromptMessages:
 		return r.Messages
+	case PromptEmbeds:
+		return r.Embeds
 	}
 	return nil
 }
@@ -167,6 +177,7 @@ const (
 	fAddSpecial
 	fSessionControl
 	fLoRAPath
+	fEmbeds
 	numFields
 )
 
@@ -225,6 +236,11 @@ func (p *Parser) run(body []byte, api API, r *ParsedRequest, whole bool) error {
 	case ps.notObject:
 		err = ErrNotObject
 	default:
+		if r.Embeds != nil && ps.errs[fEmbeds] == nil && r.Prompt == PromptNone && (ps.errs[fPrompt] == nil || ps.errs[fPrompt] == ErrEmptyPrompt) {
+			// vLLM takes the embeddings for the prompt; the OpenAI
+			// client sends an empty prompt beside them.
+			ps.errs[fPrompt], r.Prompt = nil, PromptEmbeds
+		}
 		for _, e := range ps.errs {
 			if e != nil {
 				err = e
@@ -385,6 +401,10 @@ func (p *parser) field(key []byte, i int) int {
 	case "lora_path":
 		// No type error: a list is a batch's, which SGLang judges.
 		return p.stringField(i, fLoRAPath, &r.LoRAPath, &r.loraBuf, nil, false)
+	case "prompt_embeds":
+		if p.api != APIChatCompletions {
+			return p.promptEmbeds(i)
+		}
 	}
 	return jsonscan.SkipValue(p.b, i, 1)
 }
@@ -659,6 +679,47 @@ func (p *parser) prompt(i int) int {
 		return jsonscan.ScanLiteral(b, i, "null")
 	}
 	p.errs[fPrompt] = ErrPromptType
+	return jsonscan.SkipValue(b, i, 1)
+}
+
+// promptEmbeds reads vLLM's prompt_embeds at b[i]: a base64 string, or a
+// batch of one. An empty string or array is no embeddings.
+func (p *parser) promptEmbeds(i int) int {
+	b := p.b
+	p.errs[fEmbeds], p.r.Embeds = nil, nil
+	switch b[i] {
+	case '"':
+		end, _ := jsonscan.ScanString(b, i)
+		if end > i+2 {
+			p.r.Embeds = b[i+1 : end-1]
+		}
+		return end
+	case '[':
+		if j := jsonscan.SkipSpace(b, i+1); j < len(b) && b[j] == '"' {
+			end, _ := jsonscan.ScanString(b, j)
+			if end < 0 {
+				return -1
+			}
+			switch k := jsonscan.SkipSpace(b, end); {
+			case k < len(b) && b[k] == ']':
+				if end > j+2 {
+					p.r.Embeds = b[j+1 : end-1]
+				}
+				return k + 1
+			case k < len(b) && b[k] == ',':
+				p.errs[fEmbeds] = ErrEmbedsBatch
+			}
+		} else if j < len(b) && b[j] == ']' {
+			return j + 1
+		}
+		if p.errs[fEmbeds] == nil {
+			p.errs[fEmbeds] = ErrEmbedsType
+		}
+		return jsonscan.SkipValue(b, i, 1)
+	case 'n':
+		return jsonscan.ScanLiteral(b, i, "null")
+	}
+	p.errs[fEmbeds] = ErrEmbedsType
 	return jsonscan.SkipValue(b, i, 1)
 }
 

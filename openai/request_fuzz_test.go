@@ -20,7 +20,10 @@ func FuzzParseRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","prompt":[1,2,3],"stream":true,"max_tokens":16}`,
 		`{"prompt":"hello","cache_salt":"s","max_completion_tokens":3}`,
-		`{"model":"m","lora_path":"a","prompt":[1],"lora_path":["b"]}`, `{"lora_path":"s\u0071l","messages":[]}`,
+		`{"model":"m","lora_path":"a","prompt":[1],"lora_path":["b"]}`,
+		`{"prompt":"","prompt_embeds":"AAAA"}`, `{"prompt_embeds":["AAAA"]}`, `{"prompt_embeds":["A","B"],"prompt":""}`,
+		`{"prompt_embeds":[1],"prompt":"x"}`, `{"prompt_embeds":"","prompt":""}`, `{"prompt_embeds":[],"prompt":[]}`,
+		`{"prompt_embeds":"AA","prompt":"text"}`, `{"prompt_embeds":null}`, `{"prompt_embeds":{"a":1}}`, `{"lora_path":"s\u0071l","messages":[]}`,
 		`{"prompt":[1,2],"n":3}`, `{"prompt":[1],"n":0}`, `{"prompt":[1],"n":"2"}`, `{"prompt":[1],"n":1.5}`,
 		`{"prompt":[1],"n":"+2","max_tokens":"1_0","max_completion_tokens":"5.00"}`, `{"prompt":[1],"n":true,"max_tokens":false}`,
 		`{"prompt":[1],"n":"+_2","max_tokens":"1_0.0","max_completion_tokens":"5.5"}`,
@@ -95,6 +98,7 @@ type oracleResult struct {
 	kind           PromptKind
 	tokens         []uint32
 	text, messages any
+	embeds         any            // the prompt_embeds string, when the prompt
 	session        SessionControl // OpenParams is only non-nil or nil
 }
 
@@ -272,6 +276,33 @@ func oracle(body []byte, api API, maxTok uint32) (oracleResult, error) {
 		}
 	} else {
 		res.kind, res.tokens, res.text, errs[fPrompt] = oraclePrompt(m["prompt"], maxTok)
+		// vLLM's prompt_embeds: a string, or a list of one; with no
+		// prompt, or an empty one, it is the prompt.
+		var embeds string
+		switch v := m["prompt_embeds"].(type) {
+		case nil:
+		case string:
+			embeds = v
+		case []any:
+			switch {
+			case len(v) > 1:
+				errs[fEmbeds] = ErrEmbedsBatch
+				if _, ok := v[0].(string); !ok {
+					errs[fEmbeds] = ErrEmbedsType
+				}
+			case len(v) == 1:
+				if s, ok := v[0].(string); ok {
+					embeds = s
+				} else {
+					errs[fEmbeds] = ErrEmbedsType
+				}
+			}
+		default:
+			errs[fEmbeds] = ErrEmbedsType
+		}
+		if embeds != "" && errs[fEmbeds] == nil && res.kind == PromptNone && (errs[fPrompt] == nil || errs[fPrompt] == ErrEmptyPrompt) {
+			res.kind, res.embeds, errs[fPrompt] = PromptEmbeds, embeds, nil
+		}
 	}
 	res.session, errs[fSessionControl] = oracleSession(m["session_control"])
 	for _, e := range errs {
@@ -404,6 +435,10 @@ func checkAgainstOracle(t *testing.T, r *ParsedRequest, want oracleResult) {
 	case PromptText:
 		if got := decodeString(r.Text); len(r.Text) == 0 || got != want.text.(string) {
 			t.Fatalf("text %q, want %q", got, want.text)
+		}
+	case PromptEmbeds:
+		if got := decodeString(r.Embeds); len(r.Embeds) == 0 || got != want.embeds.(string) {
+			t.Fatalf("embeds %q, want %q", got, want.embeds)
 		}
 	case PromptMessages:
 		if len(r.Messages) < 2 || r.Messages[0] != '[' || r.Messages[len(r.Messages)-1] != ']' || !json.Valid(r.Messages) {
