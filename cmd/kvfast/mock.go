@@ -5,13 +5,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/kvfast/kvfast/benchmarks/demo/demotok"
 	"github.com/kvfast/kvfast/mocker"
@@ -278,6 +281,15 @@ func mockCommand(args []string, stdout, stderr io.Writer, stop <-chan struct{}) 
 		}
 	}
 
+	if *segment != "" {
+		switch there, err := awaitSegment(*segment, stderr, stop); {
+		case err != nil:
+			fmt.Fprintf(stderr, "kvfast mock: %v\n", err)
+			return 1
+		case !there:
+			return 0 // stopped while waiting
+		}
+	}
 	var started []*mocker.Engine
 	closeAll := func() int {
 		code := 0
@@ -433,4 +445,33 @@ func loraAdapters(list string) []string {
 		}
 	}
 	return names
+}
+
+// awaitSegment waits until the segment file at path exists, as the
+// engines find it again when the router recreates it: started together
+// with the router (a script, a unit each), the engines must not lose the
+// race for its creation. The router creates the file whole (written
+// aside, then renamed into place), so one that exists can be attached.
+// It reports false when stop comes first, and an error when no router
+// could create it: its directory does not exist.
+func awaitSegment(path string, stderr io.Writer, stop <-chan struct{}) (bool, error) {
+	const poll = 100 * time.Millisecond
+	told := false
+	for {
+		if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+			return true, nil // there, or unreadable: registration says which
+		}
+		if _, err := os.Stat(filepath.Dir(path)); err != nil {
+			return false, fmt.Errorf("cannot wait for the segment %s: %w", path, err)
+		}
+		if !told {
+			fmt.Fprintf(stderr, "kvfast mock: waiting for a router to create the segment %s (kvfast serve --segment %s)\n", path, path)
+			told = true
+		}
+		select {
+		case <-stop:
+			return false, nil
+		case <-time.After(poll):
+		}
+	}
 }

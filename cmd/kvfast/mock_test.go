@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -15,6 +16,8 @@ import (
 	"github.com/kvfast/kvfast/benchmarks/demo/demotok"
 	"github.com/kvfast/kvfast/internal/syncbuf"
 	"github.com/kvfast/kvfast/openai"
+	"github.com/kvfast/kvfast/radix"
+	"github.com/kvfast/kvfast/shm"
 )
 
 func TestMockCommand(t *testing.T) {
@@ -215,5 +218,42 @@ func TestMockRefusesZeroSizes(t *testing.T) {
 		if code := mockCommand(append(args, "--listen", "127.0.0.1:0"), &out, &errOut, stopped); code != 2 {
 			t.Errorf("%v: exit %d (%s), want 2", args, code, errOut.String())
 		}
+	}
+}
+
+// TestMockWaitsForTheSegment: engines started before their router (the
+// README's quick start, pasted) wait for it to create the segment, then
+// register; they had exited at once, the router then left with none.
+func TestMockWaitsForTheSegment(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "seg")
+	var out, errOut syncbuf.Buffer
+	stop := make(chan struct{})
+	code := make(chan int, 1)
+	go func() {
+		code <- mockCommand([]string{"--segment", path, "--listen", "127.0.0.1:0", "--engine-speedup", "inf"}, &out, &errOut, stop)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(errOut.String(), "waiting for a router to create the segment") {
+		if time.Now().After(deadline) {
+			close(stop)
+			t.Fatalf("no word of waiting; stdout %q, stderr %q, exit %d", out.String(), errOut.String(), <-code)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	seg, err := shm.Open(path, shm.Options{Index: radix.Config{Capacity: 1 << 12}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	for !strings.Contains(out.String(), "running") {
+		if time.Now().After(deadline) {
+			close(stop)
+			t.Fatalf("no start banner after the segment appeared; stderr %q, exit %d", errOut.String(), <-code)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(stop)
+	if c := <-code; c != 0 {
+		t.Fatalf("exit %d; stderr: %s", c, errOut.String())
 	}
 }
