@@ -231,19 +231,6 @@ func EmbeddedTrace(opts TraceOptions) (*Trace, error) {
 	return ReadTrace(bytes.NewReader(embeddedTrace), EmbeddedTraceName, opts)
 }
 
-// SharedTracePath is where the shipped trace sits relative to the root of
-// a kvfast checkout.
-const SharedTracePath = "../shared/traces/mooncake_synthetic.jsonl"
-
-// LoadDefaultTrace loads SharedTracePath, relative to the working
-// directory, if it exists, and the embedded trace otherwise.
-func LoadDefaultTrace(opts TraceOptions) (*Trace, error) {
-	if _, err := os.Stat(SharedTracePath); err == nil {
-		return LoadTrace(SharedTracePath, opts)
-	}
-	return EmbeddedTrace(opts)
-}
-
 // ReadTrace reads a Mooncake-format JSONL stream; source names it in error
 // messages. A gzip-compressed stream is decompressed and a leading UTF-8
 // byte order mark skipped. Blank lines are skipped. Records are stably

@@ -66,10 +66,9 @@ warm engines, the hit rate exceeds it, and the report says so. Restart the
 engines, or POST /reset_prefix_cache to each engine (vLLM, kvfast mock),
 between runs.
 
-Without --trace, the shipped trace is used if it exists at
-  %s
-relative to the working directory; otherwise its last 600 records, which
-are built into this binary (--trace embedded).
+Without --trace, the last 600 records of the Mooncake synthetic trace,
+built into this binary (--trace embedded), are replayed, wherever the
+command runs.
 
 Examples:
   kvfast replay --max-requests 200 --speedup 4
@@ -98,7 +97,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 	var (
 		router      = fs.String("router", replay.DefaultRouterURL, "router base `URL`; /v1/completions (chat: /v1/chat/completions) is appended")
 		workload    = fs.String("workload", replay.WorkloadTokens, "what each record becomes: tokens (token-id prompts), chat (conversations) or multimodal (conversations with images)")
-		tracePath   = fs.String("trace", "", "trace `file` (JSONL; - for the standard input), \"embedded\", or a generated trace, gen:low or gen:high, as kvfast demo's (default: "+replay.SharedTracePath+" if present, else embedded)")
+		tracePath   = fs.String("trace", "", "trace `file` (JSONL; - for the standard input), \"embedded\", or a generated trace, gen:low or gen:high, as kvfast demo's (default: embedded, the last 600 records of the Mooncake synthetic trace)")
 		traceBlock  = fs.Int("trace-block-size", replay.DefaultTraceBlockSize, "tokens per hash id in the trace")
 		maxRequests = fs.Int("max-requests", 0, "replay only the first `N` records (0: all)")
 		speedup     = fs.Float64("speedup", 1, "divide trace time by `factor` (timestamp mode)")
@@ -118,7 +117,7 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 		htmlPath    = fs.String("html", "", "also write a self-contained HTML report to `file`")
 		requestsOut = fs.String("requests-out", "", "also write one JSON line per request (timings, usage, worker) to `file`")
 	)
-	if err := parseFlags(fs, args, fmt.Sprintf(replayAbout, replay.SharedTracePath)); err != nil {
+	if err := parseFlags(fs, args, replayAbout); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
@@ -262,17 +261,15 @@ func replayCommand(args []string, stdout, stderr io.Writer, stderrIsTTY bool) in
 }
 
 // loadReplayTrace resolves --trace: a path, "embedded", or empty for the
-// shared trace if it is there and the embedded one otherwise.
+// embedded one. The default does not depend on the working directory: a
+// replay run from elsewhere must replay the same requests.
 func loadReplayTrace(path string, opts replay.TraceOptions, notef func(string, ...any)) (*replay.Trace, error) {
 	switch path {
 	case "embedded":
 		return replay.EmbeddedTrace(opts)
 	case "":
-		tr, err := replay.LoadDefaultTrace(opts)
-		if err == nil && tr.Source == replay.EmbeddedTraceName {
-			notef("no --trace given (and no %s): replaying the embedded trace, the last 600 records of the Mooncake synthetic trace; --trace FILE replays another", replay.SharedTracePath)
-		}
-		return tr, err
+		notef("no --trace given: replaying the embedded trace, the last 600 records of the Mooncake synthetic trace; --trace FILE replays another")
+		return replay.EmbeddedTrace(opts)
 	}
 	if strings.HasPrefix(path, demo.GeneratedTracePrefix) {
 		// The demo's generated traces, by the same names.
