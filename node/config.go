@@ -376,7 +376,10 @@ func (c *Config) Validate() error {
 // kvfast epp's --endpoint and as an operator first writes it.
 func ParseStaticWorker(v string, defaultID uint64) (StaticWorker, error) {
 	sw := StaticWorker{ID: defaultID}
-	if first, _, _ := strings.Cut(v, ","); !strings.Contains(first, "=") && strings.TrimSpace(first) != "" {
+	first, _, _ := strings.Cut(v, ",")
+	first = strings.ToLower(strings.TrimSpace(first))
+	if first != "" && !strings.Contains(first, "=") || strings.HasPrefix(first, "http://") || strings.HasPrefix(first, "https://") {
+		// A URL's query may hold '=' too: it is refused as a query, below.
 		v = "url=" + strings.TrimSpace(v)
 	}
 	pairs, err := keyvals.Split(v, map[string]string{"endpoint": "url", "dp-rank": "rank", "events": "zmq", "bootstrap_port": "bootstrap-port"})

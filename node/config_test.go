@@ -81,6 +81,7 @@ func TestParseStaticWorker(t *testing.T) {
 		{value: "http://127.0.0.1:8001", want: StaticWorker{ID: 7, Endpoint: "http://127.0.0.1:8001"}},
 		{value: " 127.0.0.1:8001 ,model=m", want: StaticWorker{ID: 7, Endpoint: "127.0.0.1:8001", Model: "m"}},
 		{value: "http://h:1,url=http://h:2", err: "url= is given twice"},
+		{value: "http://h:1?api_key=zzz", err: "a query or a fragment in a worker's URL are not sent"},
 		{value: "http://h:1,model", err: "item 2 has no '='"},
 		{value: "", err: "item 1 has no '='"},
 		{value: "endpoint=127.0.0.1:8001, model=m, kv-blocks=512, dp-rank=2",
