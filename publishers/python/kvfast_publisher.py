@@ -138,8 +138,12 @@ def check_endpoint(endpoint):
     rest = endpoint
     if "://" in endpoint:
         u = urllib.parse.urlsplit(endpoint)
-        if u.scheme != "http" or u.username is not None or u.path not in ("", "/") or u.query or u.fragment:
-            raise ValueError("endpoint %r: want http://host:port, without credentials, path or query" % endpoint.split("@")[-1])
+        if u.username is not None:
+            # The credentials are not quoted: they may be a secret.
+            raise ValueError("endpoint %r holds credentials, which the router does not send: give the engines' key to the router (--engine-api-key-file)"
+                             % (u.scheme + "://REDACTED@" + endpoint.split("@")[-1]))
+        if u.scheme != "http" or u.path not in ("", "/") or u.query or u.fragment:
+            raise ValueError("endpoint %r: want http://host:port, without a path, query or fragment" % endpoint.split("?")[0].split("#")[0])
         rest = u.netloc
     host, sep, port = rest.rpartition(":")
     # ASCII digits only: str.isdigit also takes "４５" and "٤٥", which int()

@@ -204,6 +204,13 @@ class EngineBeforeRouterTest(unittest.TestCase):
             self.assertEqual(slot_state(self.path, 0)[0], kvfast_publisher.FREE)
         for good in ("http://127.0.0.1:8001", "127.0.0.1:8001", "http://[::1]:8001/", "engine-0.local:80"):
             kvfast_publisher.check_endpoint(good)
+        # Credentials are named as such, redacted, not mistaken for a
+        # scheme or a path; a query is not quoted either.
+        for bad, says in (("http://u:secret@127.0.0.1:8001", "holds credentials"), ("http://127.0.0.1:8001?key=secret", "query")):
+            with self.assertRaises(ValueError) as cm:
+                kvfast_publisher.check_endpoint(bad)
+            self.assertIn(says, str(cm.exception))
+            self.assertNotIn("secret", str(cm.exception))
 
 
 class AttachTest(unittest.TestCase):
