@@ -161,6 +161,11 @@ func New(cfg Config) (_ *Node, err error) {
 			n.log.Warn("the segment is on a disk-backed file system, not tmpfs (as /dev/shm is): the kernel writes its pages back to disk; give --segment a path under /dev/shm unless that is meant",
 				"segment", cfg.Segment.Path, "fs_type", fmt.Sprintf("%#x", fsType))
 		}
+		if cfg.Segment.Recreate {
+			// Said every time: a flag left in a unit file drops the warm
+			// index at every restart.
+			n.log.Info(recreatedMessage, "segment", cfg.Segment.Path)
+		}
 		if pid, ok := n.seg.Displaced(); ok {
 			n.log.Warn(displacedMessage, "segment", cfg.Segment.Path, "displaced_pid", pid)
 		}

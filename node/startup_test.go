@@ -346,8 +346,8 @@ func TestRetiredSegmentIsReported(t *testing.T) {
 
 	cfg2 := cfg
 	cfg2.Segment.Recreate = true
-	var displaced atomic.Int64
-	cfg2.Logger = slog.New(countLog{displacedMessage: &displaced})
+	var displaced, recreated atomic.Int64
+	cfg2.Logger = slog.New(countLog{displacedMessage: &displaced, recreatedMessage: &recreated})
 	cfg2.AdminListen = "127.0.0.1:0"
 	successor, err := New(cfg2)
 	if err != nil {
@@ -358,6 +358,10 @@ func TestRetiredSegmentIsReported(t *testing.T) {
 	// standby loop took the role) until it is restarted.
 	if displaced.Load() != 1 {
 		t.Errorf("recreating the segment of a running router was logged %d times, want once", displaced.Load())
+	}
+	// Said whether or not a router was displaced: the warm index is gone.
+	if recreated.Load() != 1 {
+		t.Errorf("recreating the segment was logged %d times, want once", recreated.Load())
 	}
 	for range 5 {
 		old.syncRegistry()

@@ -201,6 +201,9 @@ func (n *Node) runZMQ(ctx context.Context) {
 const retiredMessage = "the segment file was recreated by another router (--recreate-segment), deleted or replaced: " +
 	"this router still reads the old file, which engines leave; restart it to attach to a new one"
 
+const recreatedMessage = "formatted a fresh segment (--recreate-segment): the index, engine registrations and sticky-session " +
+	"bindings of the file there before are dropped; engines register again, and the index refills from their next KV events"
+
 const displacedMessage = "recreated the segment under a running router (--recreate-segment): that router reads the retired file " +
 	"from now on, reports kvfast_segment_retired and must be restarted; engines move to the new file"
 
