@@ -913,7 +913,7 @@ func (c *Call) observe(ev openai.Event) {
 		}
 		c.obs.OnItem(1)
 		if ev.FinishReason != nil {
-			if c.finishes++; c.finishes >= c.choices {
+			if c.finishes += ev.Finishes; c.finishes >= c.choices {
 				c.finish(ev.FinishReason)
 				c.generated = true
 				c.expectEnd(finishGrace)

@@ -1457,6 +1457,48 @@ func TestSeveralChoicesEndWithTheLast(t *testing.T) {
 	}
 }
 
+// TestSeveralChoicesEndingInOneEvent: an engine that ends two of a
+// request's n=2 choices in one event has ended the request: its booking
+// is released there, and a stream that then ends without [DONE] is whole.
+// The two finishes had counted as one: the booking was held until the
+// stream ended, and the client got engine_stream_truncated after a
+// complete answer.
+func TestSeveralChoicesEndingInOneEvent(t *testing.T) {
+	both := []byte(`data: {"id":"cmpl-standin","object":"text_completion","created":1,"model":"` + e2eModel +
+		`","choices":[{"index":0,"text":" a","finish_reason":"stop"},{"index":1,"text":" b","finish_reason":"length"}]}` + "\n\n")
+	end := make(chan struct{})
+	eng := startE2EEngine(t, sseHandler(func(w *bufio.Writer) {
+		_ = writeFlush(w, itemEvent(0, " x", ""))
+		_ = writeFlush(w, both)
+		<-end // the engine holds the stream open after the last finish
+	}))
+	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 5, Endpoint: eng.addr(), Model: e2eModel}))
+	body := bytes.Replace(completionBody(e2eTokens(3, 40), true, 2), []byte(`"stream"`), []byte(`"n":2,"stream"`), 1)
+	resp, _ := r.openStream(t, fastpath.PathCompletions, body, nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	br := bufio.NewReader(resp.Body)
+	for range 2 {
+		if _, err := readEvent(br); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the booking released at the last choice's finish", func() bool { return workerView(t, r.node, 5, 0).Requests == 0 })
+	close(end)
+	rest, err := io.ReadAll(br)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("reading the rest: %v", err)
+	}
+	if bytes.Contains(rest, []byte(`"error"`)) {
+		t.Errorf("after both choices finished: %q", rest)
+	}
+	waitFor(t, "the request to be counted ok", func() bool {
+		v, _ := metricValue(r.metrics(t), `kvfast_requests_total{endpoint="completions",status="ok"}`)
+		return v == 1
+	})
+}
+
 // TestModelWithNoLiveWorkerIs503: once every engine serving a model has
 // left (down or restarting), a request naming it gets 503
 // model_unavailable with Retry-After, which clients retry, not the 404

@@ -42,6 +42,10 @@ type Event struct {
 	// FinishReason is the first non-null choices[].finish_reason of an
 	// item, which makes it the terminal item. It aliases the scanned bytes.
 	FinishReason []byte
+	// Finishes is how many of the item's choices carry a non-null
+	// finish_reason: vLLM and SGLang send one choice per event, but an
+	// engine may end several of a request's n choices in one.
+	Finishes int
 	// ErrorCode is an error's integer "code", where vLLM and SGLang put
 	// the HTTP status of the failure ({"error":{…,"code":500}}, or vLLM's
 	// older top-level {"object":"error",…,"code":400}); 0 when the error
@@ -184,12 +188,13 @@ func ParseResponse(b []byte) Event {
 			}
 		case bytes.Equal(key, keyChoices) && b[i] == '[':
 			var reason []byte
-			choices, reason, i = scanChoices(b, i)
+			var finishes int
+			choices, reason, finishes, i = scanChoices(b, i)
 			if i < 0 {
 				return Event{}
 			}
 			if ev.FinishReason == nil {
-				ev.FinishReason = reason
+				ev.FinishReason, ev.Finishes = reason, finishes
 			}
 		}
 		if i == vs {
@@ -203,14 +208,14 @@ func ParseResponse(b []byte) Event {
 	}
 	switch {
 	case ev.Kind == EventError:
-		ev.FinishReason = nil
+		ev.FinishReason, ev.Finishes = nil, 0
 		if ev.ErrorCode == 0 {
 			ev.ErrorCode = topCode
 		}
 	case choices > 0:
 		ev.Kind = EventItem
 	default:
-		ev.FinishReason = nil
+		ev.FinishReason, ev.Finishes = nil, 0
 	}
 	return ev
 }
@@ -259,33 +264,36 @@ func intAt(b []byte, i int) int {
 }
 
 // scanChoices counts the elements of the choices array at b[i] == '[' and
-// returns the first string finish_reason among them and the index after the
-// array, or -1.
-func scanChoices(b []byte, i int) (n int, reason []byte, end int) {
+// those with a string finish_reason, and returns the first such reason and
+// the index after the array, or -1.
+func scanChoices(b []byte, i int) (n int, reason []byte, finishes int, end int) {
 	i = jsonscan.SkipSpace(b, i+1)
 	for i < len(b) && b[i] != ']' {
 		n++
 		if b[i] == '{' {
 			var r []byte
-			if r, i = choiceReason(b, i); reason == nil {
+			if r, i = choiceReason(b, i); r != nil {
+				finishes++
+			}
+			if reason == nil {
 				reason = r
 			}
 		} else {
 			i = jsonscan.SkipValue(b, i, 2)
 		}
 		if i < 0 {
-			return n, reason, -1
+			return n, reason, finishes, -1
 		}
 		if i = jsonscan.SkipSpace(b, i); i < len(b) && b[i] == ',' {
 			i = jsonscan.SkipSpace(b, i+1)
 		} else if i >= len(b) || b[i] != ']' {
-			return n, reason, -1
+			return n, reason, finishes, -1
 		}
 	}
 	if i >= len(b) {
-		return n, reason, -1
+		return n, reason, finishes, -1
 	}
-	return n, reason, i + 1
+	return n, reason, finishes, i + 1
 }
 
 // choiceReason walks the choice object at b[i] == '{' and returns the raw

@@ -183,3 +183,24 @@ func vllmStream(n int) []string {
 		"data: [DONE]\n\n")
 	return evs
 }
+
+// TestFinishes: an item counts every choice that carries a finish_reason,
+// so that a request for n choices ends when all of them have, however an
+// engine groups them into events.
+func TestFinishes(t *testing.T) {
+	for _, tc := range []struct {
+		body     string
+		finishes int
+	}{
+		{`{"choices":[{"index":0,"text":"a","finish_reason":null}]}`, 0},
+		{`{"choices":[{"index":0,"text":"a","finish_reason":"stop"}]}`, 1},
+		{`{"choices":[{"index":0,"finish_reason":"stop"},{"index":1,"finish_reason":"length"}]}`, 2},
+		{`{"choices":[{"index":0,"finish_reason":null},{"index":1,"finish_reason":"length"}]}`, 1},
+		{`{"choices":[{"index":0,"finish_reason":""},{"index":1,"finish_reason":"stop"},{"index":2,"finish_reason":"stop"}]}`, 2},
+		{`{"error":{"message":"x","code":500},"choices":[{"finish_reason":"stop"}]}`, 0},
+	} {
+		if ev := ParseResponse([]byte(tc.body)); ev.Finishes != tc.finishes {
+			t.Errorf("%s: Finishes %d, want %d", tc.body, ev.Finishes, tc.finishes)
+		}
+	}
+}
