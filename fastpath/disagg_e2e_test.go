@@ -1222,3 +1222,35 @@ func TestDisaggMalformedPrefillAnswerIsNamed(t *testing.T) {
 	}
 	waitReleased(t, r.node)
 }
+
+// TestDisaggThrottledPrefillStillAsked: a prefill engine's 429 does not
+// take the prefill pool off later requests' allow-lists (which also bound
+// the prefill stage's candidates): with SGLang's protocol every request
+// after one 429 was refused 503 no_prefill_worker for the whole
+// Retry-After, the prefill engine never asked again.
+func TestDisaggThrottledPrefillStillAsked(t *testing.T) {
+	var asked atomic.Int64
+	prefill := startE2EEngine(t, func(ctx *fasthttp.RequestCtx) {
+		asked.Add(1)
+		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
+		ctx.Response.Header.Set("Retry-After", "30")
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"busy","type":"rate_limit_exceeded","code":429}}`)
+	})
+	decode := startE2EEngine(t, plainAnswer)
+	cfg := e2eConfig(
+		node.StaticWorker{ID: 1, Endpoint: prefill.addr(), Model: e2eModel, Role: workers.RolePrefill},
+		node.StaticWorker{ID: 2, Endpoint: decode.addr(), Model: e2eModel, Role: workers.RoleDecode})
+	cfg.HTTP.Disagg = fastpath.DisaggConfig{Protocol: fastpath.DisaggSGLang, BootstrapPort: fastpath.BootstrapHTTPPort}
+	r := startE2ERouter(t, cfg)
+	for i := range 2 {
+		resp := r.post(t, fastpath.PathCompletions, completionBody(e2eTokens(uint32(20+i), 200), false, 4), nil)
+		if bytes.Contains(resp.body, []byte("no_prefill_worker")) {
+			t.Fatalf("request %d: %d %s; the throttled prefill engine was taken out of the pool", i, resp.status, resp.body)
+		}
+		if got := asked.Load(); got != int64(i+1) {
+			t.Fatalf("after request %d the prefill engine was asked %d times, want %d", i, got, i+1)
+		}
+		waitReleased(t, r.node)
+	}
+}

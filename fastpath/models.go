@@ -72,9 +72,15 @@ func (s *Server) avoidUnlisted(req *sched.Request) {
 // which moves only if its engine answers this request 429 again. Without
 // it every request's first attempt would go to an engine shedding load,
 // which answers fast and so looks the least loaded, and cost a round
-// trip before the retry elsewhere.
+// trip before the retry elsewhere. Only workers that generate are taken
+// off: the allow-list also bounds the prefill stage's candidates, and a
+// prefill pool taken off whole would turn every request away (SGLang) or
+// prefill it locally (vLLM); a prefill engine's or an encoder's 429 is
+// retried by its own stage.
 func (s *Server) avoidThrottled(req *sched.Request) {
-	s.avoid(req, s.engines.Throttled())
+	if t := s.engines.Throttled(); t != 0 {
+		s.avoid(req, t&s.sched.StageWorkers(s.generatingStage()))
+	}
 }
 
 // avoid takes bad off req's allow-list when another worker could still
