@@ -262,7 +262,7 @@ func (c *Call) Do(slot workers.Slot, obs Observer) error {
 // bytes arrive, before anything is sent to the client (which is answered
 // only once the handler has returned). An engine that sends a stream's
 // headers and then ends its body, or breaks the connection or stalls
-// past the idle timeout, before any byte of it has failed with nothing
+// past the first-byte timeout, before any byte of it has failed with nothing
 // relayed: AwaitStream fails the call as its engine's fault, and the
 // error (IsRetryable accepts a broken or empty stream) lets the request
 // be sent elsewhere; such a stream had reached the client as a 200 with
@@ -968,17 +968,23 @@ func (c *Call) ReadBodyWithin(d time.Duration) ([]byte, error) {
 }
 
 // DoWithin is Do with a bound of its own, d, on the wait for the answer's
-// headers, shorter than Timeouts.FirstByte: past it the call is cut and
-// fails as a first-byte timeout (the engine's fault). It is for a stage
-// the request can do without (an encoder's: the engine encodes the item
-// itself), which a hung engine would otherwise hold for the whole
-// first-byte timeout, per attempt. d <= 0 is Do.
+// headers, and for a 2xx stream's first bytes, shorter than
+// Timeouts.FirstByte: past it the call is cut and fails as a first-byte
+// timeout (the engine's fault). It is for a stage the request can do
+// without or must not wait long for (an encoder's: the engine encodes the
+// item itself; a prefill's), which a hung engine would otherwise hold for
+// the whole first-byte timeout, per attempt. d <= 0 is Do.
 func (c *Call) DoWithin(slot workers.Slot, obs Observer, d time.Duration) error {
 	if d <= 0 {
 		return c.Do(slot, obs)
 	}
+	by := time.Now().Add(d)
 	defer c.cutAfter(d, ErrFirstByteTimeout)()
-	return c.Do(slot, obs)
+	err := c.Do(slot, obs)
+	if ec, ok := c.conn.(*engineConn); ok && err == nil {
+		ec.awaitBodyBy(by)
+	}
+	return err
 }
 
 // cutAfter cancels the call with kind after d, unless the returned stop

@@ -79,6 +79,14 @@ func (c *engineConn) forwarding() {
 // (bodyPending), it ends with the body's first bytes instead.
 func (c *engineConn) gotHeaders(bodyPending bool) { c.awaiting, c.bodyFirst = bodyPending, bodyPending }
 
+// awaitBodyBy brings the deadline of a stream's first bytes forward to t,
+// a bound of the call's own (Call.DoWithin).
+func (c *engineConn) awaitBodyBy(t time.Time) {
+	if c.bodyFirst && (c.headersBy.IsZero() || t.Before(c.headersBy)) {
+		c.headersBy = t
+	}
+}
+
 // expectEnd bounds the reads until the next request by d from now: the
 // response has said its last word, and an engine that does not end the
 // body soon after is not waited for. A later call can only shorten the

@@ -870,6 +870,30 @@ func TestStreamFirstTokenIsUnderTheFirstByteTimeout(t *testing.T) {
 			t.Fatalf("Relay = %v, relayed %q", err, out.String())
 		}
 	})
+	t.Run("no first event within a DoWithin bound", func(t *testing.T) {
+		// A prefill stage's own bound covers its stream's first bytes
+		// too: a hung prefill is not held for the first-byte timeout.
+		engine := headersFirst(time.Minute, "")
+		pool := NewPool(Config{Health: noHealth, Timeouts: Timeouts{FirstByte: time.Hour, Idle: time.Hour}})
+		t.Cleanup(pool.Close)
+		mustAdd(t, pool, 0, engine)
+		c := pool.AcquireCall()
+		t.Cleanup(c.Release)
+		c.SetRequest([]byte("/v1/completions"), []byte("x"))
+		if err := c.DoWithin(0, nil, 200*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- c.AwaitStream() }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrFirstByteTimeout) {
+				t.Fatalf("AwaitStream = %v; want ErrFirstByteTimeout", err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("AwaitStream still waits a minute past the call's 200ms bound")
+		}
+	})
 	t.Run("no first event within the first-byte timeout", func(t *testing.T) {
 		engine := headersFirst(time.Minute, "")
 		_, c := answeredCall(t, Config{Health: noHealth, Timeouts: Timeouts{FirstByte: 200 * time.Millisecond, Idle: time.Minute}}, engine)

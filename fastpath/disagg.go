@@ -63,8 +63,9 @@ type DisaggConfig struct {
 	// serves its bootstrap.
 	BootstrapPort int
 	// PrefillTimeout bounds the wait for a prefill worker's answer, its
-	// headers (0: the first-byte timeout); an SGLang prefill streaming its
-	// answer is then bounded by the relay's idle timeout. Past it a vLLM prefill is tried on another
+	// headers and a streamed answer's first bytes (0: the first-byte
+	// timeout); an SGLang prefill streaming its answer is then bounded by
+	// the relay's idle timeout. Past it a vLLM prefill is tried on another
 	// prefill worker, or the decode worker prefills; an SGLang request
 	// fails as its prefill failing does (its decode is already paired).
 	// A hung prefill engine had held its requests for the first-byte
