@@ -194,10 +194,15 @@ func (x *exchange) prepare(ctx context.Context) *openai.Error {
 			seed = radix.NamespaceSeed(p.cfg.Model, string(a), string(x.req.CacheSalt))
 		}
 		bs := p.sched.BlockSize()
-		if x.req.Prompt == openai.PromptTokens {
+		switch x.req.Prompt {
+		case openai.PromptTokens:
 			x.hashes = radix.AppendBlockHashes(x.hashes, seed, x.req.Tokens, bs)
 			x.sreq.PromptTokens = len(x.req.Tokens)
-		} else {
+		case openai.PromptEmbeds:
+			// vLLM's prompt_embeds, as kvfast serve routes it.
+			x.hashes, x.sreq.PromptTokens = radix.AppendEmbedsHashes(x.hashes, radix.ApproxSeed(seed), x.req.Embeds, p.cfg.ApproxChunkBytes, bs)
+			x.exact = false
+		default:
 			x.hashes = radix.AppendApproxHashes(x.hashes, radix.ApproxSeed(seed), x.req.ApproxText(), p.cfg.ApproxChunkBytes)
 			x.exact = false
 			x.sreq.PromptTokens = max(len(x.req.ApproxText())/4, len(x.hashes)*bs)

@@ -336,17 +336,6 @@ func (ex *exchange) settleVerdicts() {
 	}
 }
 
-// A prompt_embeds tensor is torch.save's bytes in base64: a hidden size of
-// 2,048 to 8,192 values of 2 or 4 bytes makes 5 to 44 KiB of base64 per
-// token. 8 KiB per token errs toward more tokens for small models and
-// fewer for large ones. Only its first embedsHashedBytes are hashed: the
-// same embeddings sent again match there, and different ones differ
-// early (the serialized header holds their shape).
-const (
-	embedsBytesPerToken = 8 << 10
-	embedsHashedBytes   = 4 << 10
-)
-
 // prepare hashes the prompt and looks up every worker's cached prefix. A
 // text or chat prompt whose model has a renderer is first turned into the
 // engine's token ids and then hashed as token blocks, as a token-id prompt
@@ -424,11 +413,8 @@ func (s *Server) prepare(ctx context.Context, body []byte, ex *exchange) *openai
 	} else if r.Prompt == openai.PromptEmbeds {
 		// A serialized tensor of a hidden size the router does not know:
 		// its length says little of its tokens, and its bytes say where
-		// the same embeddings went before, no more. Its head is hashed,
-		// and its prefill estimated at embedsBytesPerToken.
-		ex.sreq.PromptTokens = max(len(r.Embeds)/embedsBytesPerToken, bs)
-		ex.hashes = radix.AppendApproxHashes(ex.hashes[:0], radix.ApproxSeed(seed), r.Embeds[:min(len(r.Embeds), embedsHashedBytes)], s.cfg.ApproxChunkBytes)
-		ex.hashes = ex.hashes[:min(len(ex.hashes), ex.sreq.PromptTokens/bs)]
+		// the same embeddings went before, no more.
+		ex.hashes, ex.sreq.PromptTokens = radix.AppendEmbedsHashes(ex.hashes[:0], radix.ApproxSeed(seed), r.Embeds, s.cfg.ApproxChunkBytes, bs)
 		ex.exact = false
 	} else {
 		ex.hashes = radix.AppendApproxHashes(ex.hashes[:0], radix.ApproxSeed(seed), r.ApproxText(), s.cfg.ApproxChunkBytes)

@@ -54,3 +54,25 @@ func AppendApproxHashes(dst []uint64, seed uint64, text []byte, chunkBytes int) 
 	}
 	return dst
 }
+
+// A prompt_embeds tensor is torch.save's bytes in base64: a hidden size of
+// 2,048 to 8,192 values of 2 or 4 bytes makes 5 to 44 KiB of base64 per
+// token. EmbedsBytesPerToken errs toward more tokens for small models and
+// fewer for large ones. Only its first EmbedsHashedBytes are hashed: the
+// same embeddings sent again match there, and different ones differ early
+// (the serialized header holds their shape).
+const (
+	EmbedsBytesPerToken = 8 << 10
+	EmbedsHashedBytes   = 4 << 10
+)
+
+// AppendEmbedsHashes appends the approximate hashes of a prompt_embeds
+// tensor (its base64 text) to dst, at most one per block of the prompt's
+// estimated length, and returns them with that estimate, in tokens, for
+// load accounting: at least one block of blockSize tokens.
+func AppendEmbedsHashes(dst []uint64, seed uint64, embeds []byte, chunkBytes, blockSize int) ([]uint64, int) {
+	tokens := max(len(embeds)/EmbedsBytesPerToken, blockSize)
+	n := len(dst)
+	dst = AppendApproxHashes(dst, seed, embeds[:min(len(embeds), EmbedsHashedBytes)], chunkBytes)
+	return dst[:n+min(len(dst)-n, tokens/max(blockSize, 1))], tokens
+}

@@ -1,6 +1,7 @@
 package radix
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 	"strings"
@@ -74,4 +75,26 @@ func BenchmarkApproxHashes(b *testing.B) {
 		dst = AppendApproxHashes(dst[:0], seed, text, DefaultApproxChunkBytes)
 	}
 	b.ReportMetric(float64(b.N*len(dst))/b.Elapsed().Seconds(), "chunks/s")
+}
+
+// TestAppendEmbedsHashes: a prompt_embeds tensor is estimated at
+// EmbedsBytesPerToken, at least one block, and hashed on its head, never
+// into more hashes than its estimated blocks; the same tensor hashes the
+// same.
+func TestAppendEmbedsHashes(t *testing.T) {
+	seed := ApproxSeed(NamespaceSeed("m", "", ""))
+	big := bytes.Repeat([]byte("QUJD"), 64<<10) // 256 KiB of base64
+	hashes, tokens := AppendEmbedsHashes(nil, seed, big, DefaultApproxChunkBytes, 16)
+	if tokens != len(big)/EmbedsBytesPerToken || len(hashes) != min(EmbedsHashedBytes/DefaultApproxChunkBytes, tokens/16) {
+		t.Errorf("%d bytes: %d tokens, %d hashes", len(big), tokens, len(hashes))
+	}
+	again, _ := AppendEmbedsHashes(nil, seed, big, DefaultApproxChunkBytes, 16)
+	if !slices.Equal(hashes, again) {
+		t.Error("the same tensor hashed differently")
+	}
+	small := big[:1000]
+	hashes, tokens = AppendEmbedsHashes([]uint64{7}, seed, small, DefaultApproxChunkBytes, 16)
+	if tokens != 16 || len(hashes) != 2 || hashes[0] != 7 {
+		t.Errorf("%d bytes: %d tokens, hashes %v; want one block, one hash after dst's", len(small), tokens, hashes)
+	}
 }
