@@ -192,21 +192,33 @@ func TestMockCommand(t *testing.T) {
 	})
 }
 
-// TestMockRefusesZeroSizes: a size or period of 0 on the command line is
-// a mistake (the library reads it as its default, another value than the
-// one given), refused before any engine starts.
 // TestMockWithoutASegment: --segment none is no segment, as kvfast serve
 // takes it; it had been taken for a file named "none", which no router
 // had created, and the engines failed to start.
 func TestMockWithoutASegment(t *testing.T) {
-	var out, errOut bytes.Buffer
-	stopped := make(chan struct{})
-	close(stopped)
-	if code := mockCommand([]string{"--segment", "none", "--listen", "127.0.0.1:0"}, &out, &errOut, stopped); code != 0 {
-		t.Errorf("--segment none: exit %d (%s), want 0", code, errOut.String())
+	var out, errOut syncbuf.Buffer
+	stop := make(chan struct{})
+	code := make(chan int, 1)
+	go func() {
+		code <- mockCommand([]string{"--segment", "none", "--listen", "127.0.0.1:0", "--engine-speedup", "inf"}, &out, &errOut, stop)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(out.String(), "running") {
+		if time.Now().After(deadline) || strings.Contains(errOut.String(), "waiting for a router") {
+			close(stop)
+			t.Fatalf("--segment none: no start banner; stderr %q, exit %d", errOut.String(), <-code)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(stop)
+	if c := <-code; c != 0 || strings.Contains(out.String(), "events to none") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", c, out.String(), errOut.String())
 	}
 }
 
+// TestMockRefusesZeroSizes: a size or period of 0 on the command line is
+// a mistake (the library reads it as its default, another value than the
+// one given), refused before any engine starts.
 func TestMockRefusesZeroSizes(t *testing.T) {
 	for _, args := range [][]string{
 		{"--kv-blocks", "0"}, {"--block-size", "0"}, {"--max-batched-tokens", "0"},
