@@ -135,25 +135,40 @@ def check_endpoint(endpoint):
     would say so)."""
     if not endpoint:
         raise ValueError("no endpoint: the router needs the engine's HTTP address (http://host:port) to route to it")
+    # Only the scheme, host and port are ever quoted: credentials, a path
+    # or a query may hold a secret.
+    shown = _shown_endpoint(endpoint)
     rest = endpoint
     if "://" in endpoint:
         u = urllib.parse.urlsplit(endpoint)
         if u.username is not None:
-            # The credentials are not quoted: they may be a secret.
             raise ValueError("endpoint %r holds credentials, which the router does not send: give the engines' key to the router (--engine-api-key-file)"
-                             % (u.scheme + "://REDACTED@" + endpoint.split("@")[-1]))
+                             % shown)
         if u.scheme != "http" or u.path not in ("", "/") or u.query or u.fragment:
-            raise ValueError("endpoint %r: want http://host:port, without a path, query or fragment" % endpoint.split("?")[0].split("#")[0])
+            raise ValueError("endpoint %r: want http://host:port, without a path, query or fragment" % shown)
         rest = u.netloc
     host, sep, port = rest.rpartition(":")
     # ASCII digits only: str.isdigit also takes "４５" and "٤٥", which int()
     # reads and the router's Go parser refuses.
-    if not sep or not host or any(c in host for c in "@/?#") or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 1 << 16:
-        raise ValueError("endpoint %r: want a host and a port from 1 to 65535 (http://host:port)" % endpoint.split("@")[-1])
+    if not sep or not host or any(c in host + port for c in "@/?#") or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 1 << 16:
+        raise ValueError("endpoint %r: want a host and a port from 1 to 65535 (http://host:port, without credentials, a path or a query)" % shown)
     if ":" in host and not (host.startswith("[") and host.endswith("]")):
         # "::1:8001" does not say where the address ends; Go's
         # net.SplitHostPort, which the router uses, refuses it.
-        raise ValueError("endpoint %r: write an IPv6 address in brackets, http://[%s]:%s" % (endpoint, host, port))
+        raise ValueError("endpoint %r: write an IPv6 address in brackets, http://[%s]:%s" % (shown, host, port))
+
+
+def _shown_endpoint(endpoint):
+    """endpoint as an error may quote it: its scheme, host and port, with
+    credentials replaced and any path, query or fragment cut off."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep:
+        scheme, rest = "", endpoint
+    for cut in "/?#":
+        rest = rest.split(cut)[0]
+    if "@" in rest:
+        rest = "REDACTED@" + rest.rsplit("@", 1)[-1]
+    return scheme + sep + rest
 
 
 def check_uint(name, value, bits):

@@ -206,7 +206,9 @@ class EngineBeforeRouterTest(unittest.TestCase):
             kvfast_publisher.check_endpoint(good)
         # Credentials are named as such, redacted, not mistaken for a
         # scheme or a path; a query is not quoted either.
-        for bad, says in (("http://u:secret@127.0.0.1:8001", "holds credentials"), ("http://127.0.0.1:8001?key=secret", "query")):
+        for bad, says in (("http://u:secret@127.0.0.1:8001", "holds credentials"), ("http://127.0.0.1:8001?key=secret", "query"),
+                          ("http://u:p@127.0.0.1:8001?key=secret", "holds credentials"), ("127.0.0.1:8001?key=secret", "port"),
+                          ("http://127.0.0.1:8001/tok-secret", "path"), ("u:secret@127.0.0.1:8001", "port")):
             with self.assertRaises(ValueError) as cm:
                 kvfast_publisher.check_endpoint(bad)
             self.assertIn(says, str(cm.exception))
