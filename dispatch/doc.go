@@ -54,10 +54,10 @@
 //     Call.Discard): retried elsewhere, but no verdict for passive
 //     health (load, not sickness). The pool remembers for how long its
 //     Retry-After asked not to be sent requests (Pool.Throttled, bounded
-//     by MaxThrottle), for the caller to send them elsewhere meanwhile. A stream that opens with an error
-//     event the engine codes 5xx may be given up too
-//     (Call.OpensWithServerError, Call.RefuseFailedStart), its verdict
-//     held as a 5xx's is.
+//     by MaxThrottle), for the caller to send them elsewhere meanwhile.
+//     A stream that opens with an error event the engine codes 5xx may
+//     be given up too (Call.OpensWithServerError,
+//     Call.RefuseFailedStart), its verdict held as a 5xx's is.
 //   - ErrEngineAuth: the engine refused the router's own engine key with
 //     a 401 or 403 (Call.Failed, Call.Discard): retried elsewhere like an
 //     engine error, and answered as a 502 of its own, never relayed as a

@@ -41,6 +41,8 @@ func throttleFor(resp *fasthttp.ResponseHeader, now time.Time) time.Duration {
 	}
 	if n, err := fasthttp.ParseUint(v); err == nil {
 		return time.Duration(min(n, int(MaxThrottle/time.Second))) * time.Second
+	} else if allDigits(v) {
+		return MaxThrottle // too many seconds to count: a long time
 	}
 	if t, err := fasthttp.ParseHTTPDate(v); err == nil {
 		return min(max(t.Sub(now), 0), MaxThrottle)
@@ -102,4 +104,13 @@ type ThrottleStatus struct {
 // Throttle returns e's 429 state. It reads atomics only.
 func (e *Engine) Throttle() ThrottleStatus {
 	return ThrottleStatus{Throttles: e.throttles.Load(), Remaining: max(0, time.Duration(e.throttledUntil.Load()-clock.Now()))}
+}
+
+func allDigits(b []byte) bool {
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return len(b) > 0
 }

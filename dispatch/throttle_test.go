@@ -21,7 +21,7 @@ func TestThrottleForReadsRetryAfter(t *testing.T) {
 		{"0", 0},
 		{"3600", MaxThrottle}, // asked again sooner
 		{"9223372036854", MaxThrottle},
-		{"99999999999999999999", DefaultThrottle},
+		{"99999999999999999999", MaxThrottle},
 		{"-3", DefaultThrottle},
 		{"soon", DefaultThrottle},
 		{now.Add(12 * time.Second).Format(http.TimeFormat), 12 * time.Second},

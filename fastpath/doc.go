@@ -26,7 +26,9 @@
 // guard is released before the next is booked. An engine that answered
 // 429 is left off later requests' allow-lists for the time its
 // Retry-After asked (dispatch.Pool.Throttled), while another worker can
-// take them and no pin or session binds them to it. While a request is served
+// take them and no pin or session binds them to it; engines that
+// generate only (a prefill engine's or an encoder's 429 is retried by its
+// stage). While a request is served
 // its client connection is watched for a hang-up (internal/hangup): a
 // client that leaves while queued gives up its queue slot, and one that
 // leaves while its answer is awaited or relayed has its guard aborted,
