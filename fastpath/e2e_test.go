@@ -1392,6 +1392,18 @@ func TestShutdownDeadlineCutsStreams(t *testing.T) {
 	waitReleased(t, r.node)
 }
 
+// openTwoChoiceStream asks r for a stream of n=2 completions and returns
+// its body, its status checked.
+func openTwoChoiceStream(t *testing.T, r *e2eRouter) *bufio.Reader {
+	t.Helper()
+	body := bytes.Replace(completionBody(e2eTokens(3, 40), true, 2), []byte(`"stream"`), []byte(`"n":2,"stream"`), 1)
+	resp, _ := r.openStream(t, fastpath.PathCompletions, body, nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	return bufio.NewReader(resp.Body)
+}
+
 // TestSeveralChoicesEndWithTheLast: a streamed request for n=2
 // completions keeps its booking until the second choice finishes, and a
 // stream that breaks after only the first finished is a failure the
@@ -1416,12 +1428,7 @@ func TestSeveralChoicesEndWithTheLast(t *testing.T) {
 				_ = writeFlush(w, []byte(doneEvent))
 			}))
 			r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 5, Endpoint: eng.addr(), Model: e2eModel}))
-			body := bytes.Replace(completionBody(e2eTokens(3, 40), true, 2), []byte(`"stream"`), []byte(`"n":2,"stream"`), 1)
-			resp, _ := r.openStream(t, fastpath.PathCompletions, body, nil)
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("status %d", resp.StatusCode)
-			}
-			br := bufio.NewReader(resp.Body)
+			br := openTwoChoiceStream(t, r)
 			if ev, err := readEvent(br); err != nil || !bytes.Contains(ev, []byte(`"finish_reason":"stop"`)) {
 				t.Fatalf("first event %q, %v", ev, err)
 			}
@@ -1473,12 +1480,7 @@ func TestSeveralChoicesEndingInOneEvent(t *testing.T) {
 		<-end // the engine holds the stream open after the last finish
 	}))
 	r := startE2ERouter(t, e2eConfig(node.StaticWorker{ID: 5, Endpoint: eng.addr(), Model: e2eModel}))
-	body := bytes.Replace(completionBody(e2eTokens(3, 40), true, 2), []byte(`"stream"`), []byte(`"n":2,"stream"`), 1)
-	resp, _ := r.openStream(t, fastpath.PathCompletions, body, nil)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	br := bufio.NewReader(resp.Body)
+	br := openTwoChoiceStream(t, r)
 	for range 2 {
 		if _, err := readEvent(br); err != nil {
 			t.Fatal(err)
